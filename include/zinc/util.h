@@ -1,0 +1,105 @@
+/* zinc utilities: status codes and per-thread error detail, logging, size
+ * strings and clocks. Every other zinc header builds on this one. */
+#ifndef ZINC_UTIL_H
+#define ZINC_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdarg.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(ZN_BUILDING_LIB) && defined(__GNUC__)
+#define ZN_API __attribute__((visibility("default")))
+#else
+#define ZN_API
+#endif
+
+#if defined(__GNUC__)
+#define ZN_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define ZN_PRINTF(f, a)
+#endif
+
+/* ---- status codes --------------------------------------------------------
+ * Functions return 0 on success or a negative code: -errno for OS and
+ * io_uring errors, or one of zinc's own codes below (all below -4095, outside
+ * errno's range). zn_strerror() names any of them. */
+enum {
+    ZN_OK = 0,
+    ZN_ECONFIG = -10001,   /* bad configuration value, key or file */
+    ZN_ECUDA = -10002,     /* CUDA runtime call failed */
+    ZN_ECUBLAS = -10003,   /* cuBLAS call failed */
+    ZN_ENCCL = -10004,     /* NCCL call failed */
+    ZN_EMPI = -10005,      /* MPI call failed */
+    ZN_ECORRUPT = -10006,  /* checksum mismatch or malformed file */
+    ZN_ENODEV = -10007,    /* requested device not present */
+    ZN_EBUDGET = -10008,   /* a tier budget would be exceeded */
+    ZN_ENOFIT = -10009,    /* the plan does not fit the tiers */
+    ZN_EUNSUPPORTED = -10010, /* valid request that zinc does not implement */
+    ZN_EARG = -10011,      /* bad command-line argument */
+    ZN_ETIMEOUT = -10012,  /* a collective or peer did not answer in time */
+    ZN_EINTERNAL = -10013, /* an impossible state: a bug in zinc */
+};
+
+/* Short name of a status code ("configuration error", strerror(-code), ...).
+ * Never NULL; the string is static. */
+ZN_API const char *zn_strerror(int code);
+
+/* The detail message of the last failure on this thread: which key, file,
+ * offset or call failed. Empty string when nothing was recorded. The string
+ * is thread-local and valid until the next zn_set_error on this thread. */
+ZN_API const char *zn_last_error(void);
+
+/* Records a detail message for the calling thread and returns `code`, so that
+ * callers can write `return zn_set_error(-EINVAL, "...")`. */
+ZN_API int zn_set_error(int code, const char *fmt, ...) ZN_PRINTF(2, 3);
+ZN_API int zn_set_errorv(int code, const char *fmt, va_list ap);
+
+/* Prefixes the current detail message with more context ("loading x: ")
+ * and returns `code`. */
+ZN_API int zn_error_prefix(int code, const char *fmt, ...) ZN_PRINTF(2, 3);
+
+ZN_API void zn_clear_error(void);
+
+/* ---- logging -------------------------------------------------------------
+ * Level from ZINC_LOG=debug|info|warn|error (default info); messages go to
+ * stderr as "zinc: <level>: text". zn_log_set_level overrides the variable. */
+typedef enum { ZN_LOG_DEBUG = 0, ZN_LOG_INFO, ZN_LOG_WARN, ZN_LOG_ERROR, ZN_LOG_OFF } zn_log_level;
+
+ZN_API void zn_log(zn_log_level lvl, const char *fmt, ...) ZN_PRINTF(2, 3);
+ZN_API void zn_log_set_level(zn_log_level lvl);
+ZN_API zn_log_level zn_log_get_level(void);
+/* Parses "debug", "info", "warn", "error", "off". Returns 0 or ZN_ECONFIG. */
+ZN_API int zn_log_parse_level(const char *s, zn_log_level *out);
+
+#define zn_debug(...) zn_log(ZN_LOG_DEBUG, __VA_ARGS__)
+#define zn_info(...)  zn_log(ZN_LOG_INFO, __VA_ARGS__)
+#define zn_warn(...)  zn_log(ZN_LOG_WARN, __VA_ARGS__)
+#define zn_error(...) zn_log(ZN_LOG_ERROR, __VA_ARGS__)
+
+/* Warns once per `flag` (a static int the caller owns); thread-safe. */
+ZN_API void zn_warn_once(int *flag, const char *fmt, ...) ZN_PRINTF(2, 3);
+
+/* ---- sizes ---------------------------------------------------------------
+ * Parses "24GiB", "512MB", "1.5TiB", "4k", "1e9", "123". Binary units (KiB,
+ * MiB, GiB, TiB, and the single letters K, M, G, T) are powers of 1024;
+ * decimal units (kB, MB, GB, TB) powers of 1000. The result must be a whole
+ * number of bytes that fits in uint64. Returns 0, or ZN_ECONFIG with a
+ * message naming the string. */
+ZN_API int zn_parse_size(const char *s, uint64_t *out);
+
+/* Formats bytes as "1.50 GiB" into buf (>= 16 bytes); returns buf. */
+ZN_API char *zn_format_size(uint64_t bytes, char *buf, size_t len);
+
+/* ---- clocks --------------------------------------------------------------*/
+/* Monotonic time in nanoseconds and in seconds. */
+ZN_API uint64_t zn_now_ns(void);
+ZN_API double zn_now_s(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

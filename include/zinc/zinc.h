@@ -1,0 +1,7 @@
+/* zinc: the whole public API. Each subsystem has its own header. */
+#ifndef ZINC_ZINC_H
+#define ZINC_ZINC_H
+
+#include "zinc/util.h"
+
+#endif

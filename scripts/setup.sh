@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what zinc needs (Debian 12 packages) when something is missing, and
+# configures the meson build directories. Idempotent: quick when all is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pkgs=(build-essential meson ninja-build pkg-config liburing-dev libhwloc-dev
+      libjansson-dev libopenblas-openmp-dev libomp-dev libopenmpi-dev openmpi-bin
+      fio e2fsprogs iproute2 python3)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The CUDA toolkit is optional; when it sits in /usr/local/cuda, use it.
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+fi
+
+setup_dir() {  # setup_dir DIR [meson options...]
+    local dir=$1; shift
+    if [ ! -f "$dir/build.ninja" ]; then
+        meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; exit 1; }
+        rm -f "$dir.setup.log"
+    fi
+}
+for d in "$@"; do
+    case "$d" in
+        build)        setup_dir build ;;
+        build-nocuda) setup_dir build-nocuda -Dcuda=disabled -Dnccl=disabled ;;
+        build-asan)   setup_dir build-asan -Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false ;;
+        build-tsan)   setup_dir build-tsan -Dcuda=disabled -Db_sanitize=thread -Db_lundef=false ;;
+        *) echo "setup: unknown build dir $d" >&2; exit 2 ;;
+    esac
+done

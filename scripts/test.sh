@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole test suite: the default build (CUDA compiled when the toolkit is
+# present; GPU tests skip without a GPU), a build without CUDA, and the unit
+# suite under AddressSanitizer+UBSan. Ends with "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/cuda/bin:$PATH"
+bash scripts/setup.sh build build-nocuda build-asan || exit 1
+
+jobs=$(nproc)
+pass=0 fail=0 skip=0
+run() {  # run DIR [meson test args...]
+    local dir=$1; shift
+    echo "== $dir: building"
+    ninja -C "$dir" >"$dir/ninja.log" 2>&1 || { cat "$dir/ninja.log"; fail=$((fail + 1)); return; }
+    echo "== $dir: testing $*"
+    meson test -C "$dir" --print-errorlogs --num-processes "$jobs" "$@"
+    local log="$dir/meson-logs/testlog.json"
+    if [ -f "$log" ]; then
+        local p f s
+        p=$(grep -c '"result": "OK"' "$log")
+        s=$(grep -c '"result": "SKIP"' "$log")
+        f=$(grep -c -E '"result": "(FAIL|TIMEOUT|ERROR|UNEXPECTEDPASS)"' "$log")
+        pass=$((pass + p)) skip=$((skip + s)) fail=$((fail + f))
+    else
+        fail=$((fail + 1))
+    fi
+}
+run build "$@"
+run build-nocuda "$@"
+run build-asan --suite unit "$@"
+echo
+echo "tests: $pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]

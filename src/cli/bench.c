@@ -1,0 +1,34 @@
+/* `zinc bench <what>`: dispatches to the benchmark drivers. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const zn_cli_cmd benches[] = {
+    { NULL, NULL, NULL },
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: zinc bench <what> [args]\n\nbenchmarks:\n");
+    for (size_t i = 0; benches[i].name; i++)
+        fprintf(f, "  %-8s %s\n", benches[i].name, benches[i].summary);
+}
+
+int zn_cmd_bench(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; benches[i].name; i++)
+        if (!strcmp(argv[1], benches[i].name))
+            return benches[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "zinc: error: unknown benchmark '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,54 @@
+/* Entry point of the `zinc` command: dispatches to the subcommands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "zinc/zinc.h"
+#include "cli/cli.h"
+#include "zn_build_config.h"
+
+static const zn_cli_cmd commands[] = {
+    { "info", zn_cmd_info, "machine report: NUMA, memory, GPUs, NVMe, io_uring, O_DIRECT" },
+    { "plan", zn_cmd_plan, "place a model's training state into the tiers of a config" },
+    { "bench", zn_cmd_bench, "offload bandwidth benchmarks (nvme, adam, pcie, ...)" },
+};
+
+int zn_cli_fail(int rc, const char *what)
+{
+    const char *detail = zn_last_error();
+    if (what && *what)
+        fprintf(stderr, "zinc: error: %s: %s\n", what, *detail ? detail : zn_strerror(rc));
+    else
+        fprintf(stderr, "zinc: error: %s\n", *detail ? detail : zn_strerror(rc));
+    return 1;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: zinc <command> [args]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n`zinc <command> --help` describes each one. "
+               "Log level: ZINC_LOG=debug|info|warn|error.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("zinc %s\n", ZN_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "zinc: error: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
