@@ -99,6 +99,23 @@ ZN_API char *zn_format_size(uint64_t bytes, char *buf, size_t len);
 ZN_API uint64_t zn_now_ns(void);
 ZN_API double zn_now_s(void);
 
+/* ---- element types -------------------------------------------------------
+ * The floating-point types that zinc stores and moves. The 16-bit ones are
+ * raw bit patterns (uint16_t) in memory; include/zinc/optim.h converts. */
+typedef enum { ZN_DTYPE_F32 = 0, ZN_DTYPE_BF16 = 1, ZN_DTYPE_F16 = 2 } zn_dtype;
+
+/* Bytes per element (4 or 2), or 0 for a value outside the enum. */
+static inline size_t zn_dtype_size(zn_dtype t)
+{
+    return t == ZN_DTYPE_F32 ? 4 : (t == ZN_DTYPE_BF16 || t == ZN_DTYPE_F16) ? 2 : 0;
+}
+
+/* "f32", "bf16", "f16", or "?" for a value outside the enum. */
+static inline const char *zn_dtype_name(zn_dtype t)
+{
+    return t == ZN_DTYPE_F32 ? "f32" : t == ZN_DTYPE_BF16 ? "bf16" : t == ZN_DTYPE_F16 ? "f16" : "?";
+}
+
 #ifdef __cplusplus
 }
 #endif
