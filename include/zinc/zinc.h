@@ -3,5 +3,6 @@
 #define ZINC_ZINC_H
 
 #include "zinc/util.h"
+#include "zinc/model.h"
 
 #endif

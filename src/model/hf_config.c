@@ -1,0 +1,440 @@
+/* Hugging Face config.json <-> zn_model_dims, and parameter counts. The keys
+ * and defaults follow transformers' LlamaConfig and Qwen2Config; anything zinc
+ * cannot compute exactly (sliding windows, other RoPE scalings, MLP bias) is
+ * refused rather than silently ignored. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "zinc/model.h"
+#include "model/model-impl.h"
+
+void zn_model_dims_default(zn_model_dims *d)
+{
+    memset(d, 0, sizeof *d);
+    d->arch = ZN_ARCH_LLAMA;
+    d->hidden = 256;
+    d->n_layers = 4;
+    d->n_heads = 8;
+    d->n_kv_heads = 4;
+    d->head_dim = 32;
+    d->intermediate = 688;
+    d->vocab = 320;
+    d->max_pos = 2048;
+    d->rope_theta = 10000.0;
+    d->rope_type = ZN_ROPE_DEFAULT;
+    d->rms_eps = 1e-5;
+    d->tie_embeddings = 0;
+    d->qkv_bias = 0;
+    d->o_bias = 0;
+}
+
+/* Limits that keep every derived size (elements of any tensor, bytes of a
+ * layer) far from int64 overflow; real models are orders of magnitude below. */
+#define DIM_MAX ((int64_t)1 << 24)
+#define LAYERS_MAX 4096
+
+int zn_model_dims_validate(const zn_model_dims *d)
+{
+#define POS(f, max)                                                            \
+    if (d->f <= 0 || d->f > (max))                                             \
+        return zn_set_error(ZN_ECONFIG, "model dims: " #f " = %lld must be in 1..%lld", \
+                            (long long)d->f, (long long)(max));
+    if (d->arch != ZN_ARCH_LLAMA && d->arch != ZN_ARCH_QWEN2)
+        return zn_set_error(ZN_ECONFIG, "model dims: unknown arch %d", (int)d->arch);
+    POS(hidden, DIM_MAX);
+    POS(n_layers, LAYERS_MAX);
+    POS(n_heads, 4096);
+    POS(n_kv_heads, 4096);
+    POS(head_dim, 65536);
+    POS(intermediate, DIM_MAX);
+    POS(vocab, DIM_MAX);
+    POS(max_pos, (int64_t)1 << 30);
+#undef POS
+    if (d->n_heads % d->n_kv_heads)
+        return zn_set_error(ZN_ECONFIG,
+                            "model dims: num_attention_heads (%lld) is not a multiple of "
+                            "num_key_value_heads (%lld)",
+                            (long long)d->n_heads, (long long)d->n_kv_heads);
+    if (d->head_dim % 2)
+        return zn_set_error(ZN_ECONFIG, "model dims: head_dim (%lld) must be even for RoPE",
+                            (long long)d->head_dim);
+    if (d->n_heads * d->head_dim > DIM_MAX)
+        return zn_set_error(ZN_ECONFIG, "model dims: num_attention_heads x head_dim too large");
+    if (!(d->rope_theta > 0) || !isfinite(d->rope_theta))
+        return zn_set_error(ZN_ECONFIG, "model dims: rope_theta must be a positive number");
+    if (!(d->rms_eps > 0) || !isfinite(d->rms_eps) || d->rms_eps > 1)
+        return zn_set_error(ZN_ECONFIG, "model dims: rms_norm_eps must be in (0, 1]");
+    if (d->rope_type == ZN_ROPE_LLAMA3) {
+        if (!(d->rope_factor >= 1) || !isfinite(d->rope_factor))
+            return zn_set_error(ZN_ECONFIG, "model dims: rope_scaling.factor must be >= 1");
+        if (!(d->rope_low_freq_factor > 0) || !(d->rope_high_freq_factor > d->rope_low_freq_factor) ||
+            !isfinite(d->rope_high_freq_factor))
+            return zn_set_error(ZN_ECONFIG, "model dims: rope_scaling needs 0 < low_freq_factor "
+                                            "< high_freq_factor");
+        if (d->rope_orig_max_pos <= 0)
+            return zn_set_error(ZN_ECONFIG, "model dims: rope_scaling."
+                                            "original_max_position_embeddings must be positive");
+    } else if (d->rope_type != ZN_ROPE_DEFAULT) {
+        return zn_set_error(ZN_ECONFIG, "model dims: unknown rope type %d", (int)d->rope_type);
+    }
+    return 0;
+}
+
+/* ---- parsing ------------------------------------------------------------ */
+
+typedef struct {
+    const char *name; /* file name for messages */
+    json_t *root;
+} cfg_ctx;
+
+static int get_int(cfg_ctx *c, const char *key, int required, int64_t def, int64_t *out)
+{
+    json_t *v = json_object_get(c->root, key);
+    if (!v || json_is_null(v)) {
+        if (required)
+            return zn_set_error(ZN_ECONFIG, "%s: missing key '%s'", c->name, key);
+        *out = def;
+        return 0;
+    }
+    if (!json_is_integer(v))
+        return zn_set_error(ZN_ECONFIG, "%s: key '%s' must be an integer", c->name, key);
+    json_int_t x = json_integer_value(v);
+    if (x <= 0)
+        return zn_set_error(ZN_ECONFIG, "%s: key '%s' must be positive, got %lld", c->name, key,
+                            (long long)x);
+    *out = (int64_t)x;
+    return 0;
+}
+
+static int get_num_in(cfg_ctx *c, json_t *obj, const char *where, const char *key, int required,
+                      double def, double *out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        if (required)
+            return zn_set_error(ZN_ECONFIG, "%s: missing key '%s%s'", c->name, where, key);
+        *out = def;
+        return 0;
+    }
+    if (!json_is_number(v))
+        return zn_set_error(ZN_ECONFIG, "%s: key '%s%s' must be a number", c->name, where, key);
+    *out = json_number_value(v);
+    if (!isfinite(*out))
+        return zn_set_error(ZN_ECONFIG, "%s: key '%s%s' is not finite", c->name, where, key);
+    return 0;
+}
+
+static int get_bool(cfg_ctx *c, const char *key, int def, int *out)
+{
+    json_t *v = json_object_get(c->root, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_boolean(v))
+        return zn_set_error(ZN_ECONFIG, "%s: key '%s' must be true or false", c->name, key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int get_str(cfg_ctx *c, const char *key, const char **out)
+{
+    json_t *v = json_object_get(c->root, key);
+    if (!v || json_is_null(v)) {
+        *out = NULL;
+        return 0;
+    }
+    if (!json_is_string(v))
+        return zn_set_error(ZN_ECONFIG, "%s: key '%s' must be a string", c->name, key);
+    *out = json_string_value(v);
+    return 0;
+}
+
+static int parse_rope_scaling(cfg_ctx *c, zn_model_dims *d)
+{
+    json_t *rs = json_object_get(c->root, "rope_scaling");
+    if (!rs || json_is_null(rs))
+        return 0;
+    if (!json_is_object(rs))
+        return zn_set_error(ZN_ECONFIG, "%s: key 'rope_scaling' must be an object or null",
+                            c->name);
+    json_t *t = json_object_get(rs, "rope_type");
+    if (!t)
+        t = json_object_get(rs, "type"); /* older transformers spelling */
+    if (!t || !json_is_string(t))
+        return zn_set_error(ZN_ECONFIG, "%s: key 'rope_scaling.rope_type' must be a string",
+                            c->name);
+    const char *type = json_string_value(t);
+    if (!strcmp(type, "default"))
+        return 0;
+    if (strcmp(type, "llama3"))
+        return zn_set_error(ZN_EUNSUPPORTED,
+                            "%s: rope_scaling.rope_type '%s' is not supported (zinc implements "
+                            "'default' and 'llama3')", c->name, type);
+    int rc;
+    double orig;
+    d->rope_type = ZN_ROPE_LLAMA3;
+    if ((rc = get_num_in(c, rs, "rope_scaling.", "factor", 1, 0, &d->rope_factor)) ||
+        (rc = get_num_in(c, rs, "rope_scaling.", "low_freq_factor", 1, 0,
+                         &d->rope_low_freq_factor)) ||
+        (rc = get_num_in(c, rs, "rope_scaling.", "high_freq_factor", 1, 0,
+                         &d->rope_high_freq_factor)) ||
+        (rc = get_num_in(c, rs, "rope_scaling.", "original_max_position_embeddings", 1, 0,
+                         &orig)))
+        return rc;
+    if (orig != floor(orig) || orig <= 0 || orig > 1e12)
+        return zn_set_error(ZN_ECONFIG,
+                            "%s: key 'rope_scaling.original_max_position_embeddings' must be a "
+                            "positive integer", c->name);
+    d->rope_orig_max_pos = (int64_t)orig;
+    return 0;
+}
+
+static int parse_root(cfg_ctx *c, zn_model_dims *d)
+{
+    int rc;
+    const char *s;
+
+    if (!json_is_object(c->root))
+        return zn_set_error(ZN_ECONFIG, "%s: top level must be a JSON object", c->name);
+    memset(d, 0, sizeof *d);
+
+    if ((rc = get_str(c, "model_type", &s)))
+        return rc;
+    if (!s)
+        return zn_set_error(ZN_ECONFIG, "%s: missing key 'model_type'", c->name);
+    if (!strcmp(s, "llama"))
+        d->arch = ZN_ARCH_LLAMA;
+    else if (!strcmp(s, "qwen2"))
+        d->arch = ZN_ARCH_QWEN2;
+    else
+        return zn_set_error(ZN_EUNSUPPORTED,
+                            "%s: model_type '%s' is not supported (zinc implements 'llama' and "
+                            "'qwen2')", c->name, s);
+
+    if ((rc = get_str(c, "hidden_act", &s)))
+        return rc;
+    if (s && strcmp(s, "silu"))
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: hidden_act '%s' is not supported (only 'silu')",
+                            c->name, s);
+
+    if ((rc = get_int(c, "hidden_size", 1, 0, &d->hidden)) ||
+        (rc = get_int(c, "num_hidden_layers", 1, 0, &d->n_layers)) ||
+        (rc = get_int(c, "num_attention_heads", 1, 0, &d->n_heads)) ||
+        (rc = get_int(c, "intermediate_size", 1, 0, &d->intermediate)) ||
+        (rc = get_int(c, "vocab_size", 1, 0, &d->vocab)) ||
+        (rc = get_int(c, "num_key_value_heads", 0, d->n_heads, &d->n_kv_heads)) ||
+        (rc = get_int(c, "max_position_embeddings", 0,
+                      d->arch == ZN_ARCH_QWEN2 ? 32768 : 2048, &d->max_pos)))
+        return rc;
+    if (d->hidden % d->n_heads && !json_object_get(c->root, "head_dim"))
+        return zn_set_error(ZN_ECONFIG,
+                            "%s: hidden_size (%lld) is not a multiple of num_attention_heads "
+                            "(%lld) and there is no 'head_dim'", c->name, (long long)d->hidden,
+                            (long long)d->n_heads);
+    if ((rc = get_int(c, "head_dim", 0, d->hidden / d->n_heads, &d->head_dim)))
+        return rc;
+
+    if ((rc = get_num_in(c, c->root, "", "rope_theta", 0, 10000.0, &d->rope_theta)) ||
+        (rc = get_num_in(c, c->root, "", "rms_norm_eps", 0, 1e-6, &d->rms_eps)))
+        return rc;
+    if ((rc = parse_rope_scaling(c, d)))
+        return rc;
+    if ((rc = get_bool(c, "tie_word_embeddings", 0, &d->tie_embeddings)))
+        return rc;
+
+    int flag;
+    if (d->arch == ZN_ARCH_QWEN2) {
+        d->qkv_bias = 1; /* Qwen2Attention: q/k/v bias=True, o_proj bias=False */
+        if ((rc = get_bool(c, "use_sliding_window", 0, &flag)))
+            return rc;
+        if (flag)
+            return zn_set_error(ZN_EUNSUPPORTED,
+                                "%s: use_sliding_window=true is not supported (zinc computes full "
+                                "causal attention)", c->name);
+    } else {
+        if ((rc = get_bool(c, "attention_bias", 0, &flag)))
+            return rc;
+        d->qkv_bias = d->o_bias = flag;
+    }
+    if ((rc = get_bool(c, "mlp_bias", 0, &flag)))
+        return rc;
+    if (flag)
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: mlp_bias=true is not supported", c->name);
+
+    if ((rc = zn_model_dims_validate(d)))
+        return zn_error_prefix(rc, "%s", c->name);
+    return 0;
+}
+
+int zn_model_dims_from_json(zn_model_dims *d, const char *text, const char *name)
+{
+    json_error_t jerr;
+    cfg_ctx c = { name ? name : "config", NULL };
+
+    c.root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    if (!c.root)
+        return zn_set_error(ZN_ECONFIG, "%s: line %d: %s", c.name, jerr.line, jerr.text);
+    int rc = parse_root(&c, d);
+    json_decref(c.root);
+    return rc;
+}
+
+int zn_model_dims_from_hf(zn_model_dims *d, const char *path)
+{
+    char file[4096];
+    struct stat st;
+    json_error_t jerr;
+
+    if (stat(path, &st))
+        return zn_set_error(-errno, "%s: %s", path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) {
+        if ((size_t)snprintf(file, sizeof file, "%s/config.json", path) >= sizeof file)
+            return zn_set_error(-ENAMETOOLONG, "%s: path too long", path);
+    } else {
+        if ((size_t)snprintf(file, sizeof file, "%s", path) >= sizeof file)
+            return zn_set_error(-ENAMETOOLONG, "%s: path too long", path);
+    }
+    if (stat(file, &st))
+        return zn_set_error(-errno, "%s: %s", file, strerror(errno));
+    if (st.st_size > (16 << 20))
+        return zn_set_error(ZN_ECONFIG, "%s: %lld bytes is too large for a config.json", file,
+                            (long long)st.st_size);
+    json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        if (access(file, R_OK))
+            return zn_set_error(-errno, "%s: %s", file, strerror(errno));
+        return zn_set_error(ZN_ECONFIG, "%s: line %d: %s", file, jerr.line, jerr.text);
+    }
+    cfg_ctx c = { file, root };
+    int rc = parse_root(&c, d);
+    json_decref(root);
+    return rc;
+}
+
+/* ---- writing ------------------------------------------------------------ */
+
+static int set_or_fail(json_t *o, const char *k, json_t *v)
+{
+    if (!v || json_object_set_new(o, k, v))
+        return -1;
+    return 0;
+}
+
+int zn_model_dims_write_hf(const zn_model_dims *d, const char *path)
+{
+    int rc = zn_model_dims_validate(d);
+    if (rc)
+        return rc;
+    if (d->o_bias != d->qkv_bias && d->arch == ZN_ARCH_LLAMA)
+        return zn_set_error(ZN_ECONFIG, "model dims: llama's attention_bias covers q/k/v and o "
+                                        "alike; qkv_bias != o_bias cannot be written");
+    if (d->arch == ZN_ARCH_QWEN2 && (!d->qkv_bias || d->o_bias))
+        return zn_set_error(ZN_ECONFIG, "model dims: qwen2 always has q/k/v bias and no o bias");
+
+    int is_qwen = d->arch == ZN_ARCH_QWEN2;
+    json_t *o = json_object();
+    int bad = !o;
+    if (!bad) {
+        json_t *arch = json_array();
+        bad |= !arch || json_array_append_new(arch, json_string(is_qwen ? "Qwen2ForCausalLM"
+                                                                        : "LlamaForCausalLM"));
+        bad |= set_or_fail(o, "architectures", arch);
+        bad |= set_or_fail(o, "model_type", json_string(is_qwen ? "qwen2" : "llama"));
+        bad |= set_or_fail(o, "hidden_act", json_string("silu"));
+        bad |= set_or_fail(o, "hidden_size", json_integer(d->hidden));
+        bad |= set_or_fail(o, "intermediate_size", json_integer(d->intermediate));
+        bad |= set_or_fail(o, "num_hidden_layers", json_integer(d->n_layers));
+        bad |= set_or_fail(o, "num_attention_heads", json_integer(d->n_heads));
+        bad |= set_or_fail(o, "num_key_value_heads", json_integer(d->n_kv_heads));
+        bad |= set_or_fail(o, "head_dim", json_integer(d->head_dim));
+        bad |= set_or_fail(o, "vocab_size", json_integer(d->vocab));
+        bad |= set_or_fail(o, "max_position_embeddings", json_integer(d->max_pos));
+        bad |= set_or_fail(o, "rope_theta", json_real(d->rope_theta));
+        bad |= set_or_fail(o, "rms_norm_eps", json_real(d->rms_eps));
+        bad |= set_or_fail(o, "tie_word_embeddings", json_boolean(d->tie_embeddings));
+        bad |= set_or_fail(o, "torch_dtype", json_string("bfloat16"));
+        if (!is_qwen)
+            bad |= set_or_fail(o, "attention_bias", json_boolean(d->qkv_bias));
+        else
+            bad |= set_or_fail(o, "use_sliding_window", json_false());
+        if (d->rope_type == ZN_ROPE_LLAMA3) {
+            json_t *rs = json_object();
+            bad |= !rs;
+            if (rs) {
+                bad |= set_or_fail(rs, "rope_type", json_string("llama3"));
+                bad |= set_or_fail(rs, "factor", json_real(d->rope_factor));
+                bad |= set_or_fail(rs, "low_freq_factor", json_real(d->rope_low_freq_factor));
+                bad |= set_or_fail(rs, "high_freq_factor", json_real(d->rope_high_freq_factor));
+                bad |= set_or_fail(rs, "original_max_position_embeddings",
+                                   json_integer(d->rope_orig_max_pos));
+            }
+            bad |= set_or_fail(o, "rope_scaling", rs);
+        } else {
+            bad |= set_or_fail(o, "rope_scaling", json_null());
+        }
+    }
+    if (bad) {
+        json_decref(o);
+        return zn_set_error(-ENOMEM, "%s: out of memory building config.json", path);
+    }
+    char tmp[4096];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
+        json_decref(o);
+        return zn_set_error(-ENAMETOOLONG, "%s: path too long", path);
+    }
+    rc = json_dump_file(o, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+    json_decref(o);
+    if (rc) {
+        int e = errno ? errno : EIO;
+        unlink(tmp);
+        return zn_set_error(-e, "%s: cannot write: %s", tmp, strerror(e));
+    }
+    if (rename(tmp, path)) {
+        int e = errno;
+        unlink(tmp);
+        return zn_set_error(-e, "%s: rename from %s: %s", path, tmp, strerror(e));
+    }
+    return 0;
+}
+
+/* ---- parameter counts --------------------------------------------------- */
+
+int zn_model_num_blocks(const zn_model_dims *d)
+{
+    return (int)d->n_layers + 2;
+}
+
+uint64_t zn_model_block_param_count(const zn_model_dims *d, int block)
+{
+    uint64_t h = (uint64_t)d->hidden, v = (uint64_t)d->vocab;
+    uint64_t qd = (uint64_t)(d->n_heads * d->head_dim), kvd = (uint64_t)(d->n_kv_heads * d->head_dim);
+    if (block < 0 || block > d->n_layers + 1)
+        return 0;
+    if (block == 0)
+        return v * h;
+    if (block == d->n_layers + 1)
+        return h + (d->tie_embeddings ? 0 : v * h);
+    uint64_t n = 2 * h;                           /* input + post-attention RMSNorm */
+    n += h * qd + 2 * h * kvd + qd * h;           /* q, k, v, o */
+    if (d->qkv_bias)
+        n += qd + 2 * kvd;
+    if (d->o_bias)
+        n += h;
+    n += 3 * h * (uint64_t)d->intermediate;       /* gate, up, down */
+    return n;
+}
+
+uint64_t zn_model_param_count(const zn_model_dims *d)
+{
+    uint64_t n = 0;
+    for (int b = 0; b < zn_model_num_blocks(d); b++)
+        n += zn_model_block_param_count(d, b);
+    return n;
+}

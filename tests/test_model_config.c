@@ -1,0 +1,163 @@
+/* HF config.json parsing and parameter counts: the published sizes of real
+ * models (from their config.json files, weights not needed), defaults, the
+ * llama3 rope_scaling block, and clear errors for bad or unsupported keys. */
+#include <errno.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "zinc/model.h"
+#include "zt.h"
+#include "test_model_fixtures.h"
+
+static void check_count(const char *file, uint64_t want)
+{
+    zn_model_dims d;
+    int rc = zn_model_dims_from_hf(&d, zt_fixture(file));
+    ZT_CHECK_MSG(rc == 0, "%s: rc %d: %s", file, rc, zn_last_error());
+    if (rc)
+        return;
+    ZT_EQ_U64(zn_model_param_count(&d), want);
+    uint64_t sum = 0;
+    for (int b = 0; b < zn_model_num_blocks(&d); b++)
+        sum += zn_model_block_param_count(&d, b);
+    ZT_EQ_U64(sum, want);
+    ZT_EQ_U64(zn_model_block_param_count(&d, -1), 0);
+    ZT_EQ_U64(zn_model_block_param_count(&d, zn_model_num_blocks(&d)), 0);
+}
+
+static int parse(const char *text, zn_model_dims *d)
+{
+    zn_clear_error();
+    return zn_model_dims_from_json(d, text, "cfg.json");
+}
+
+#define BASE "\"model_type\":\"llama\",\"hidden_size\":64,\"num_hidden_layers\":2," \
+             "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320"
+
+int main(void)
+{
+    zn_model_dims d;
+
+    /* Published parameter counts. */
+    check_count("configs/llama-2-7b.json", 6738415616ull);
+    check_count("configs/llama-3-8b.json", 8030261248ull);
+    check_count("configs/llama-3.1-8b.json", 8030261248ull);
+    check_count("configs/qwen2.5-7b.json", 7615616512ull);
+    check_count("configs/qwen2.5-14b.json", 14770033664ull);
+    check_count("configs/qwen2.5-0.5b.json", 494032768ull); /* tied embeddings */
+
+    /* Fields of a real config. */
+    ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("configs/qwen2.5-7b.json")), 0);
+    ZT_EQ_INT(d.arch, ZN_ARCH_QWEN2);
+    ZT_EQ_INT(d.hidden, 3584);
+    ZT_EQ_INT(d.n_layers, 28);
+    ZT_EQ_INT(d.n_heads, 28);
+    ZT_EQ_INT(d.n_kv_heads, 4);
+    ZT_EQ_INT(d.head_dim, 128);
+    ZT_EQ_INT(d.intermediate, 18944);
+    ZT_EQ_INT(d.vocab, 152064);
+    ZT_EQ_INT(d.max_pos, 131072);
+    ZT_CHECK(d.rope_theta == 1000000.0);
+    ZT_CHECK(d.rms_eps == 1e-6);
+    ZT_EQ_INT(d.qkv_bias, 1);
+    ZT_EQ_INT(d.o_bias, 0);
+    ZT_EQ_INT(d.tie_embeddings, 0);
+    ZT_EQ_INT(d.rope_type, ZN_ROPE_DEFAULT);
+    ZT_EQ_INT(zn_model_num_blocks(&d), 30);
+
+    ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("configs/llama-3.1-8b.json")), 0);
+    ZT_EQ_INT(d.rope_type, ZN_ROPE_LLAMA3);
+    ZT_CHECK(d.rope_factor == 8.0);
+    ZT_CHECK(d.rope_low_freq_factor == 1.0);
+    ZT_CHECK(d.rope_high_freq_factor == 4.0);
+    ZT_EQ_INT(d.rope_orig_max_pos, 8192);
+    ZT_CHECK(d.rope_theta == 500000.0);
+    ZT_EQ_INT(d.qkv_bias, 0);
+
+    ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("configs/llama-2-7b.json")), 0);
+    ZT_CHECK(d.rope_theta == 10000.0); /* absent: LlamaConfig's default */
+    ZT_CHECK(d.rms_eps == 1e-5);
+
+    /* Defaults for optional keys. */
+    ZT_EQ_INT(parse("{" BASE "}", &d), 0);
+    ZT_EQ_INT(d.n_kv_heads, 4);
+    ZT_EQ_INT(d.head_dim, 16);
+    ZT_EQ_INT(d.max_pos, 2048);
+    ZT_CHECK(d.rms_eps == 1e-6);
+    ZT_EQ_INT(parse("{" BASE ",\"attention_bias\":true,\"num_key_value_heads\":null}", &d), 0);
+    ZT_EQ_INT(d.qkv_bias, 1);
+    ZT_EQ_INT(d.o_bias, 1);
+    ZT_EQ_INT(d.n_kv_heads, 4);
+    /* Bias parameters are counted: 2 x (64 q + 64 k + 64 v + 64 o) on top. */
+    zn_model_dims nb;
+    ZT_EQ_INT(parse("{" BASE "}", &nb), 0);
+    ZT_EQ_U64(zn_model_param_count(&d) - zn_model_param_count(&nb), 2 * 4 * 64);
+
+    /* Errors name the file and the key. */
+    ZT_EQ_INT(parse("{\"model_type\":\"llama\"}", &d), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "cfg.json");
+    ZT_CONTAINS(zn_last_error(), "hidden_size");
+    ZT_EQ_INT(parse("{" BASE ",\"num_key_value_heads\":3}", &d), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "num_key_value_heads");
+    ZT_EQ_INT(parse("{" BASE ",\"rope_theta\":\"big\"}", &d), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "rope_theta");
+    ZT_EQ_INT(parse("{" BASE ",\"tie_word_embeddings\":1}", &d), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "tie_word_embeddings");
+    ZT_EQ_INT(parse("{\"model_type\":\"llama\",\"hidden_size\":-64}", &d), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "hidden_size");
+    ZT_EQ_INT(parse("{\"model_type\":\"llama\",\"hidden_size\":64.5}", &d), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "hidden_size");
+    ZT_EQ_INT(parse("{" BASE ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8}}", &d),
+              ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "rope_scaling.low_freq_factor");
+    ZT_EQ_INT(parse("{" BASE ",\"hidden_size\":64}", &d), ZN_ECONFIG); /* duplicate key */
+    ZT_CONTAINS(zn_last_error(), "cfg.json");
+    ZT_EQ_INT(parse("{" BASE, &d), ZN_ECONFIG);
+    ZT_EQ_INT(parse("[1]", &d), ZN_ECONFIG);
+
+    /* Valid but unsupported: refused, never ignored. */
+    const char *unsupported[] = {
+        "{" BASE ",\"model_type\":\"gpt2\"}",
+        "{" BASE ",\"hidden_act\":\"gelu\"}",
+        "{" BASE ",\"mlp_bias\":true}",
+        "{" BASE ",\"rope_scaling\":{\"type\":\"linear\",\"factor\":2.0}}",
+    };
+    ZT_EQ_INT(parse("{\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+                    "\"intermediate_size\":128,\"vocab_size\":320,\"model_type\":\"gpt2\"}",
+                    &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "gpt2");
+    for (size_t i = 1; i < sizeof unsupported / sizeof unsupported[0]; i++) {
+        int rc = parse(unsupported[i], &d);
+        ZT_CHECK_MSG(rc == ZN_EUNSUPPORTED, "case %zu: rc %d (%s)", i, rc, zn_last_error());
+    }
+    ZT_EQ_INT(parse("{\"model_type\":\"qwen2\",\"hidden_size\":64,\"num_hidden_layers\":2,"
+                    "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320,"
+                    "\"use_sliding_window\":true}", &d), ZN_EUNSUPPORTED);
+
+    /* A missing file is an OS error naming the path. */
+    ZT_EQ_INT(zn_model_dims_from_hf(&d, "/nonexistent/zinc/config.json"), -ENOENT);
+    ZT_CONTAINS(zn_last_error(), "/nonexistent/zinc/config.json");
+
+    /* Round trip through write_hf. */
+    zn_model_dims a, b;
+    ZT_EQ_INT(zn_model_dims_from_hf(&a, zt_fixture("configs/llama-3.1-8b.json")), 0);
+    char tmpl[] = "/tmp/zn_cfgXXXXXX";
+    ZT_CHECK(mkdtemp(tmpl) != NULL);
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", tmpl);
+    ZT_EQ_INT(zn_model_dims_write_hf(&a, path), 0);
+    ZT_EQ_INT(zn_model_dims_from_hf(&b, tmpl), 0);
+    ZT_CHECK(memcmp(&a, &b, sizeof a) == 0);
+    ZT_EQ_INT(zn_model_dims_from_hf(&a, zt_fixture("configs/qwen2.5-0.5b.json")), 0);
+    ZT_EQ_INT(zn_model_dims_write_hf(&a, path), 0);
+    ZT_EQ_INT(zn_model_dims_from_hf(&b, path), 0);
+    ZT_CHECK(memcmp(&a, &b, sizeof a) == 0);
+    unlink(path);
+    rmdir(tmpl);
+
+    zn_model_dims_default(&d);
+    ZT_EQ_INT(zn_model_dims_validate(&d), 0);
+    d.n_kv_heads = 3;
+    ZT_EQ_INT(zn_model_dims_validate(&d), ZN_ECONFIG);
+    return zt_done();
+}
