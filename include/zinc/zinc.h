@@ -3,6 +3,7 @@
 #define ZINC_ZINC_H
 
 #include "zinc/util.h"
+#include "zinc/device.h"
 #include "zinc/model.h"
 
 #endif

@@ -1,0 +1,405 @@
+/* zinc device layer: one interface over a CUDA GPU and a host-emulated GPU.
+ * A device owns a capped memory arena (the GPU tier), pinned host memory
+ * (counted against the CPU tier), in-order streams, events, copies, GEMM and
+ * the element-wise kernels and reductions of a Llama-family decoder.
+ *
+ * Backends
+ *   "cuda", "cuda:N"  cudart + cuBLAS; own kernels (src/gpu/cuda_kernels.cu).
+ *   "host"            a device in host memory: every stream is a worker
+ *                     thread that runs its queue in order; copies are memcpy
+ *                     on that thread; GEMM is OpenBLAS (OpenMP build), the
+ *                     other kernels are the plain C reference kernels
+ *                     (single-threaded per stream). bf16 is stored as uint16
+ *                     and computed in fp32.
+ *   "auto"            CUDA when a GPU answers, else host (with an info line).
+ *
+ * Conventions
+ *   - Every function returns 0 or a negative zinc status (util.h) with the
+ *     detail in zn_last_error(), unless its comment says otherwise.
+ *   - "device pointer" = memory from zn_dev_alloc (or an offset into it).
+ *     Kernels and copies read/write device pointers only, except the host
+ *     side of zn_dev_copy_h2d / _d2h.
+ *   - Every operation that takes a stream is asynchronous: it is queued on
+ *     the stream and returns at once; the arguments are checked at the call
+ *     (bad arguments fail then, nothing is queued). Failures that happen
+ *     while the work runs (a CUDA fault) are sticky on the stream and are
+ *     returned by the next zn_dev_stream_sync / zn_dev_event_sync.
+ *     Host buffers passed to copies must stay valid until the copy is done.
+ *   - stream == NULL means the device's default stream (an ordinary stream
+ *     created with the device; it does NOT synchronise with other streams,
+ *     unlike CUDA's legacy stream 0).
+ *   - Element counts and leading dimensions are in elements, not bytes.
+ *   - Tensors are a device pointer + a zn_dtype. Math is fp32 (fp32
+ *     accumulation in GEMM and reductions) whatever the storage type.
+ *   - Where an output may alias an input it says so; otherwise it must not.
+ *   - Thread safety: a device, its streams and events may be used from
+ *     several threads; calls that queue on the same stream are serialised in
+ *     the order they take the stream's lock.
+ *   - Results are deterministic (same backend, same inputs, same order of
+ *     calls => same bits): no kernel uses floating-point atomics. */
+#ifndef ZINC_DEVICE_H
+#define ZINC_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "zinc/util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct zn_dev zn_dev;
+typedef struct zn_stream zn_stream;
+typedef struct zn_event zn_event;
+
+/* Element types: zn_dtype from util.h. Only ZN_DTYPE_F32 and ZN_DTYPE_BF16
+ * are accepted here (ZN_DTYPE_F16 -> ZN_EUNSUPPORTED). bf16 is the top half
+ * of an fp32 (round to nearest even, NaN kept), as in torch; host-side
+ * conversion: zn_f32_to_bf16 / zn_bf16_to_f32 in optim.h. */
+
+/* ---- creation ----------------------------------------------------------------*/
+typedef enum { ZN_DEV_HOST = 0, ZN_DEV_CUDA = 1 } zn_dev_kind;
+
+typedef struct zn_dev_config {
+    /* "auto" (default), "host", "cuda" (= "cuda:0") or "cuda:N". */
+    const char *name;
+    /* Size of the device arena = the GPU tier budget (tiers.gpu), bytes.
+     * 0 = auto: on CUDA the free memory minus gpu_margin; on host a quarter
+     * of physical RAM. The whole arena is reserved at creation (one
+     * cudaMalloc; on host an mmap that is committed as pages are touched). */
+    uint64_t gpu_budget;
+    /* With gpu_budget = 0 on CUDA: memory left to the CUDA context, cuBLAS
+     * workspaces and other processes. Default 1 GiB. */
+    uint64_t gpu_margin;
+    /* Cap on pinned host memory from zn_dev_host_alloc/_register (tiers.cpu),
+     * bytes; 0 = no cap. */
+    uint64_t cpu_budget;
+    /* NUMA node for pinned host memory: -1 (default) = the node nearest the
+     * GPU (CUDA: sysfs numa_node of its PCI device; host backend: the node
+     * of the CPU that creates the device). */
+    int numa_node;
+    /* Host backend: OpenMP threads that OpenBLAS may use for one GEMM on
+     * one stream's worker thread (omp_set_num_threads on that worker).
+     * 0 (default) = the OpenMP default (OMP_NUM_THREADS or all cores).
+     * Several streams running GEMMs at once each get their own team. */
+    int host_blas_threads;
+} zn_dev_config;
+
+ZN_API zn_dev_config zn_dev_config_default(void);
+
+/* Creates a device. Returns 0, ZN_ENODEV (no such device / no GPU / built
+ * without CUDA; the message carries the CUDA error text), ZN_EBUDGET (the
+ * budget is larger than the device's free memory), ZN_ECONFIG (bad name),
+ * ZN_ECUDA / ZN_ECUBLAS, or -errno. *out is NULL on failure. */
+ZN_API int zn_dev_create(zn_dev **out, const zn_dev_config *cfg);
+
+/* Drains and destroys every stream still alive, frees events, the arena
+ * and pinned memory still held (with a warning naming what leaked).
+ * Accepts NULL. */
+ZN_API void zn_dev_destroy(zn_dev *d);
+
+typedef struct zn_dev_info {
+    zn_dev_kind kind;
+    int ordinal;               /* CUDA device ordinal; 0 for host */
+    char name[128];            /* "NVIDIA A10" / "host (emulated GPU)" */
+    char pci_bus_id[32];       /* "0000:17:00.0"; "" on host */
+    int numa_node;             /* node of pinned memory; -1 unknown */
+    uint64_t total_mem;        /* physical memory of the device, bytes */
+    uint64_t free_mem;         /* free at creation (before the arena) */
+    int cc_major, cc_minor;    /* compute capability; 0 on host */
+    int sm_count;              /* SMs; host: CPU cores */
+    int pcie_gen;              /* current link generation, 0 unknown */
+    int pcie_width;            /* current link width (lanes), 0 unknown */
+    double pcie_peak_gbs;      /* one direction, GB/s (1e9), 0 unknown */
+    char driver[64];           /* "CUDA runtime 13.0, driver 13.0" / BLAS */
+} zn_dev_info;
+
+ZN_API void zn_dev_get_info(const zn_dev *d, zn_dev_info *out);
+ZN_API zn_dev_kind zn_dev_get_kind(const zn_dev *d);
+
+/* ---- device memory (the arena) ---------------------------------------------
+ * Best-fit allocation with coalescing inside the arena; every block is
+ * aligned to ZN_DEV_ALIGN bytes. */
+#define ZN_DEV_ALIGN 256
+
+typedef struct zn_dev_mem {
+    uint64_t budget;           /* arena size */
+    uint64_t used;             /* live bytes (rounded to ZN_DEV_ALIGN) */
+    uint64_t peak;             /* high-water mark of used */
+    uint64_t largest_free;     /* largest block that can be allocated now */
+    uint64_t n_allocs;         /* live allocations */
+    uint64_t host_budget;      /* cpu_budget (0 = no cap) */
+    uint64_t host_used;        /* pinned bytes live */
+    uint64_t host_peak;        /* high-water mark of host_used */
+    int host_locked;           /* 1: pinned memory is page-locked; 0: the
+                                  OS refused (RLIMIT_MEMLOCK) -- pageable */
+} zn_dev_mem;
+
+/* Allocates `bytes` (> 0) of device memory. `what` names the request in
+ * errors ("layer 3 wq"); may be NULL. Returns 0, or ZN_EBUDGET with a message
+ * naming the request, the budget, the live bytes and the largest free block
+ * (fragmentation), or ZN_EARG. Contents are undefined. */
+ZN_API int zn_dev_alloc(zn_dev *d, size_t bytes, const char *what, void **out);
+/* Frees at once: no work queued on any stream may still use the block.
+ * Accepts NULL. A pointer not from this arena is reported (zn_error) and
+ * ignored. */
+ZN_API void zn_dev_free(zn_dev *d, void *p);
+/* Stream-ordered free: the block returns to the arena when `s` reaches this
+ * point (after all work queued on `s` before it). Returns 0 or ZN_EARG. */
+ZN_API int zn_dev_free_on(zn_dev *d, zn_stream *s, void *p);
+
+ZN_API void zn_dev_mem_stats(const zn_dev *d, zn_dev_mem *out);
+/* Sets peak = used and host_peak = host_used. */
+ZN_API void zn_dev_reset_peak(zn_dev *d);
+
+/* ---- pinned host memory ------------------------------------------------------
+ * Page-locked host memory on the device's NUMA node, the fast path for
+ * copies: CUDA = hwloc-bound pages + cudaHostRegister (cudaHostAlloc when the
+ * node is unknown); host = hwloc_alloc_membind + mlock (warned once and
+ * reported in zn_dev_mem.host_locked when the OS refuses mlock). Counted
+ * against cpu_budget. Page aligned. Returns 0, ZN_EBUDGET (message names the
+ * request, the budget and the use), -ENOMEM, ZN_ECUDA. */
+ZN_API int zn_dev_host_alloc(zn_dev *d, size_t bytes, const char *what, void **out);
+/* Accepts NULL; the device must be idle with respect to this buffer. */
+ZN_API void zn_dev_host_free(zn_dev *d, void *p);
+/* Page-locks memory the caller allocated (page-aligned start and length
+ * recommended), counted against cpu_budget like zn_dev_host_alloc. */
+ZN_API int zn_dev_host_register(zn_dev *d, void *p, size_t bytes, const char *what);
+ZN_API void zn_dev_host_unregister(zn_dev *d, void *p);
+
+/* ---- streams and events ------------------------------------------------------*/
+/* Creates an in-order stream. `name` (may be NULL) shows in errors and logs.
+ * Returns 0, ZN_ECUDA, ZN_ECUBLAS or -errno. */
+ZN_API int zn_dev_stream_create(zn_dev *d, const char *name, zn_stream **out);
+/* Waits for the work queued on the stream, then destroys it. Accepts NULL
+ * (the default stream cannot be destroyed; passing it is a no-op). */
+ZN_API void zn_dev_stream_destroy(zn_dev *d, zn_stream *s);
+/* Blocks until the stream is idle. Returns 0 or the first failure of the
+ * stream's work since the last sync (then cleared). */
+ZN_API int zn_dev_stream_sync(zn_dev *d, zn_stream *s);
+/* zn_dev_stream_sync on every stream of the device. */
+ZN_API int zn_dev_sync(zn_dev *d);
+/* Runs fn(arg) on a host thread when the stream reaches this point; the
+ * stream waits for fn to return. fn must not call zn_dev functions that
+ * queue work or synchronise (as with cudaLaunchHostFunc). */
+ZN_API int zn_dev_launch_host_fn(zn_dev *d, zn_stream *s, void (*fn)(void *arg), void *arg);
+
+ZN_API int zn_dev_event_create(zn_dev *d, zn_event **out);
+/* May be called while streams still wait on the event (resources are
+ * released when the waits are done). Accepts NULL. */
+ZN_API void zn_dev_event_destroy(zn_dev *d, zn_event *e);
+/* Captures the work queued on `s` so far; a later record replaces it. */
+ZN_API int zn_dev_event_record(zn_dev *d, zn_event *e, zn_stream *s);
+/* Work queued on `s` after this call waits until the event's latest record
+ * (as of this call) has completed. An event never recorded: no wait. */
+ZN_API int zn_dev_stream_wait_event(zn_dev *d, zn_stream *s, zn_event *e);
+/* Blocks until the event's latest record has completed. Returns 0 or the
+ * sticky failure of the stream it was recorded on. */
+ZN_API int zn_dev_event_sync(zn_dev *d, zn_event *e);
+/* 1 = completed (or never recorded), 0 = pending, < 0 = error. */
+ZN_API int zn_dev_event_query(zn_dev *d, zn_event *e);
+/* Milliseconds between two completed records. ZN_EARG if either has not
+ * been recorded or has not completed. */
+ZN_API int zn_dev_event_elapsed_ms(zn_dev *d, zn_event *start, zn_event *end, float *ms);
+
+/* ---- copies --------------------------------------------------------------------
+ * Asynchronous on `s`. Host memory from zn_dev_host_alloc gives the DMA
+ * path on CUDA; pageable host memory works but is staged by the driver.
+ * The host buffer must stay valid until the stream passes the copy. */
+ZN_API int zn_dev_copy_h2d(zn_dev *d, zn_stream *s, void *dst, const void *src, size_t bytes);
+ZN_API int zn_dev_copy_d2h(zn_dev *d, zn_stream *s, void *dst, const void *src, size_t bytes);
+ZN_API int zn_dev_copy_d2d(zn_dev *d, zn_stream *s, void *dst, const void *src, size_t bytes);
+/* Sets `bytes` bytes of device memory to (unsigned char)value. */
+ZN_API int zn_dev_memset(zn_dev *d, zn_stream *s, void *dst, int value, size_t bytes);
+/* x[0..n) = value (converted to dt). */
+ZN_API int zn_dev_fill(zn_dev *d, zn_stream *s, void *x, zn_dtype dt, int64_t n, float value);
+
+/* ---- GEMM ------------------------------------------------------------------------
+ * ROW-MAJOR, like C arrays and torch tensors:
+ *     C[m x n] = alpha * op(A)[m x k] . op(B)[k x n] + beta * C
+ * op(X) = X (ZN_NOTRANS) or X^T (ZN_TRANS). lda is the distance in elements
+ * between consecutive rows of A *as stored*: A stored m x k (lda >= k) when
+ * not transposed, k x m (lda >= m) when transposed; same for B (stored
+ * k x n, ldb >= n, or n x k, ldb >= k) and C (m x n, ldc >= n).
+ * Example, a torch Linear y = x W^T with W[out][in], x[tokens][in]:
+ *     zn_dev_gemm(d, s, ZN_NOTRANS, ZN_TRANS, tokens, out, in,
+ *                 1, x, dt, in, W, dt, in, 0, y, dt, out);
+ * Types (A and B must have the same type; fp32 accumulation always):
+ *     A,B f32  -> C f32;   A,B bf16 -> C f32 or C bf16.
+ * beta == 0: C is not read (NaN/garbage in C does not propagate).
+ * m, n or k == 0 is allowed (k == 0: C = beta * C).
+ * Returns 0, ZN_EARG (bad sizes or leading dimensions),
+ * ZN_EUNSUPPORTED (type combination; on CUDA a size over INT32_MAX). */
+typedef enum { ZN_NOTRANS = 0, ZN_TRANS = 1 } zn_trans;
+
+ZN_API int zn_dev_gemm(zn_dev *d, zn_stream *s, zn_trans transA, zn_trans transB,
+                       int64_t m, int64_t n, int64_t k, float alpha,
+                       const void *A, zn_dtype A_dtype, int64_t lda,
+                       const void *B, zn_dtype B_dtype, int64_t ldb,
+                       float beta, void *C, zn_dtype C_dtype, int64_t ldc);
+
+/* `batch` independent GEMMs; matrix i uses A + i*strideA, B + i*strideB,
+ * C + i*strideC (strides in elements; a stride of 0 reuses one matrix, which
+ * is how GQA shares one K/V head among a group of query heads). C strides
+ * must not make two outputs overlap. */
+ZN_API int zn_dev_gemm_strided_batched(zn_dev *d, zn_stream *s,
+                                       zn_trans transA, zn_trans transB,
+                                       int64_t m, int64_t n, int64_t k, float alpha,
+                                       const void *A, zn_dtype A_dtype, int64_t lda,
+                                       int64_t strideA,
+                                       const void *B, zn_dtype B_dtype, int64_t ldb,
+                                       int64_t strideB,
+                                       float beta, void *C, zn_dtype C_dtype, int64_t ldc,
+                                       int64_t strideC, int64_t batch);
+
+/* ---- element-wise kernels and reductions (Llama decoder) ----------------------
+ * All asynchronous on `s`; plain C reference = the host backend; CUDA kernels
+ * in cuda_kernels.cu. "rows x dim" tensors are contiguous row-major unless a
+ * leading dimension is given. Outputs marked "+=" accumulate; the others
+ * overwrite. */
+
+/* Embedding. out[t][:] = table[ids[t]][:] for t < n_tokens.
+ * ids: device int32[n_tokens]; table: [vocab][dim]; out: [n_tokens][dim].
+ * An id outside [0, vocab) gives a row of zeros (token data is validated by
+ * the loader, not here). */
+ZN_API int zn_dev_embedding_fwd(zn_dev *d, zn_stream *s, const int32_t *ids,
+                                int64_t n_tokens, const void *table, zn_dtype table_dt,
+                                int64_t vocab, int64_t dim, void *out, zn_dtype out_dt);
+/* Scatter-add: dtable[ids[t]][:] += dout[t][:] (dtable must be F32; ids
+ * outside [0, vocab) are skipped). Deterministic (no atomics). */
+ZN_API int zn_dev_embedding_bwd(zn_dev *d, zn_stream *s, const int32_t *ids,
+                                int64_t n_tokens, const void *dout, zn_dtype dout_dt,
+                                int64_t vocab, int64_t dim, float *dtable);
+
+/* RMSNorm (Llama/Qwen2): rstd[r] = 1/sqrt(mean_j x[r][j]^2 + eps),
+ * y[r][j] = w[j] * x[r][j] * rstd[r]. fp32 reductions. rstd (device
+ * float[rows]) is saved for the backward; may be NULL. y may alias x. */
+ZN_API int zn_dev_rmsnorm_fwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt,
+                              const void *w, zn_dtype w_dt, void *y, zn_dtype y_dt,
+                              float *rstd, int64_t rows, int64_t dim, float eps);
+/* dx = rstd * (w*dy - x * rstd^2 * mean_j(w_j dy_j x_j))   (overwrites dx)
+ * dw[j] += sum_r dy[r][j] * x[r][j] * rstd[r]              (dw is F32, +=)
+ * rstd from the forward. dx may alias dy. dw may be NULL (frozen weight). */
+ZN_API int zn_dev_rmsnorm_bwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt,
+                              const void *w, zn_dtype w_dt, const float *rstd,
+                              const void *dy, zn_dtype dy_dt, void *dx, zn_dtype dx_dt,
+                              float *dw, int64_t rows, int64_t dim);
+
+/* RoPE, rotate-half convention (HF Llama / Qwen2), IN PLACE on x:
+ * x is [tokens][n_heads][head_dim] with rows ld elements apart (ld >=
+ * n_heads*head_dim, so q or k inside a fused qkv row works). For each token
+ * t, head h, i < head_dim/2, with a = (float)pos[t] * inv_freq[i] (fp32):
+ *     x1 = x[i], x2 = x[i + head_dim/2]
+ *     x[i]              = x1*cos(a) - x2*sin(a)
+ *     x[i + head_dim/2] = x2*cos(a) + x1*sin(a)
+ * pos: device int32[tokens]; inv_freq: device float[head_dim/2] (see
+ * zn_rope_inv_freq, which also applies Llama-3 rope_scaling). head_dim even.
+ * The backward applies the transposed rotation (angle -a) to dx in place. */
+ZN_API int zn_dev_rope_fwd(zn_dev *d, zn_stream *s, void *x, zn_dtype dt, int64_t tokens,
+                           int64_t n_heads, int64_t head_dim, int64_t ld,
+                           const int32_t *pos, const float *inv_freq);
+ZN_API int zn_dev_rope_bwd(zn_dev *d, zn_stream *s, void *dx, zn_dtype dt, int64_t tokens,
+                           int64_t n_heads, int64_t head_dim, int64_t ld,
+                           const int32_t *pos, const float *inv_freq);
+
+/* Llama-3 "rope_type": "llama3" parameters (HF config rope_scaling). */
+typedef struct zn_rope_scaling {
+    double factor;                 /* 8.0 for Llama 3.1 */
+    double low_freq_factor;        /* 1.0 */
+    double high_freq_factor;       /* 4.0 */
+    double original_max_position;  /* original_max_position_embeddings, 8192 */
+} zn_rope_scaling;
+
+/* Host helper: inv_freq[i] = theta^(-2i/head_dim) for i < head_dim/2, then
+ * the Llama-3 scaling when sc != NULL (HF _compute_llama3_parameters).
+ * Upload the table with zn_dev_copy_h2d. */
+ZN_API void zn_rope_inv_freq(float *inv_freq, int64_t head_dim, double theta,
+                             const zn_rope_scaling *sc);
+
+/* Causal softmax over attention scores S, [batch][rows][cols] contiguous;
+ * row r is query position q_offset + r, column j is key position j:
+ *     P[b][r][j] = softmax_j(scale * S[b][r][j]) over j <= q_offset + r,
+ *     P[b][r][j] = 0 for j > q_offset + r.
+ * fp32 math. P may alias S. (Training: rows == cols, q_offset = 0.) */
+ZN_API int zn_dev_softmax_causal_fwd(zn_dev *d, zn_stream *s, const void *S, zn_dtype S_dt,
+                                     void *P, zn_dtype P_dt, int64_t batch, int64_t rows,
+                                     int64_t cols, int64_t q_offset, float scale);
+/* dS = scale * P * (dP - sum_j P*dP) (0 where masked). dS may alias dP. */
+ZN_API int zn_dev_softmax_causal_bwd(zn_dev *d, zn_stream *s, const void *P, zn_dtype P_dt,
+                                     const void *dP, zn_dtype dP_dt, void *dS, zn_dtype dS_dt,
+                                     int64_t batch, int64_t rows, int64_t cols,
+                                     int64_t q_offset, float scale);
+
+/* SwiGLU over n elements, all tensors of type dt: out = silu(gate) * up,
+ * silu(g) = g / (1 + exp(-g)). out may alias gate or up. */
+ZN_API int zn_dev_swiglu_fwd(zn_dev *d, zn_stream *s, const void *gate, const void *up,
+                             void *out, zn_dtype dt, int64_t n);
+/* dgate = dout * up * sig(g) * (1 + g*(1 - sig(g))), dup = dout * silu(g).
+ * dgate / dup may alias gate / up (each its own input), not dout. */
+ZN_API int zn_dev_swiglu_bwd(zn_dev *d, zn_stream *s, const void *gate, const void *up,
+                             const void *dout, void *dgate, void *dup, zn_dtype dt,
+                             int64_t n);
+
+/* y = a + b (all of type dt; y may alias a or b). */
+ZN_API int zn_dev_add(zn_dev *d, zn_stream *s, const void *a, const void *b, void *y,
+                      zn_dtype dt, int64_t n);
+/* y += x (mixed types allowed, e.g. an F32 accumulator += a BF16 grad). */
+ZN_API int zn_dev_add_inplace(zn_dev *d, zn_stream *s, void *y, zn_dtype y_dt,
+                              const void *x, zn_dtype x_dt, int64_t n);
+/* x *= alpha. */
+ZN_API int zn_dev_scale(zn_dev *d, zn_stream *s, void *x, zn_dtype dt, int64_t n, float alpha);
+/* y += alpha * x (mixed types allowed). */
+ZN_API int zn_dev_axpy(zn_dev *d, zn_stream *s, float alpha, const void *x, zn_dtype x_dt,
+                       void *y, zn_dtype y_dt, int64_t n);
+
+/* Bias (Qwen2 q/k/v projections): y[r][c] += bias[c], y is [rows][cols]
+ * with rows ld elements apart (ld >= cols). */
+ZN_API int zn_dev_bias_add(zn_dev *d, zn_stream *s, void *y, zn_dtype y_dt, int64_t ld,
+                           const void *bias, zn_dtype bias_dt, int64_t rows, int64_t cols);
+/* dbias[c] += sum_r dy[r][c] (dbias F32, +=; column sum in fixed order). */
+ZN_API int zn_dev_bias_grad(zn_dev *d, zn_stream *s, const void *dy, zn_dtype dy_dt,
+                            int64_t ld, float *dbias, int64_t rows, int64_t cols);
+
+/* y[i] = x[i] converted (f32 <-> bf16, or a copy for equal types). */
+ZN_API int zn_dev_cast(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, void *y,
+                       zn_dtype y_dt, int64_t n);
+
+/* Cross-entropy over a vocabulary produced chunk by chunk (the logits of
+ * the whole vocabulary never exist at once). Rows are tokens; a chunk holds
+ * the logits of vocabulary columns [v0, v0 + cols), rows ld elements apart.
+ * targets: device int32[rows]; a target < 0 (HF's -100) ignores the row.
+ * Per-row state in device float[rows] arrays (online logsumexp):
+ *     run_max: max logit so far; run_sum: sum exp(logit - run_max);
+ *     tgt: the target's logit (set by the chunk that holds it).
+ * first != 0 starts the state from this chunk (no need to initialise). */
+ZN_API int zn_dev_xent_fwd_chunk(zn_dev *d, zn_stream *s, const void *logits, zn_dtype dt,
+                                 int64_t rows, int64_t cols, int64_t ld, int64_t v0,
+                                 const int32_t *targets, float *run_max, float *run_sum,
+                                 float *tgt, int first);
+/* After the last chunk: lse[r] = run_max + log(run_sum); loss[r] = lse - tgt
+ * (0 for ignored rows). loss may be NULL. lse is what the backward needs. */
+ZN_API int zn_dev_xent_finish(zn_dev *d, zn_stream *s, const float *run_max,
+                              const float *run_sum, const float *tgt,
+                              const int32_t *targets, int64_t rows, float *lse,
+                              float *loss);
+/* dlogits = grad_scale * (exp(logit - lse) - onehot(target)) for the chunk
+ * (0 for ignored rows); grad_scale is typically 1/(number of target tokens).
+ * dlogits may alias logits (same dtype and ld). */
+ZN_API int zn_dev_xent_bwd_chunk(zn_dev *d, zn_stream *s, const void *logits, zn_dtype dt,
+                                 int64_t rows, int64_t cols, int64_t ld, int64_t v0,
+                                 const int32_t *targets, const float *lse, float grad_scale,
+                                 void *dlogits, zn_dtype dlogits_dt, int64_t ld_d);
+
+/* Reductions into one device float: *out = sum x[i]^2 (sumsq) or sum x[i]
+ * (sum); with accumulate != 0, *out += instead (e.g. a grad norm over many
+ * tensors, or a loss over several micro-batches). Deterministic order. */
+ZN_API int zn_dev_sumsq(zn_dev *d, zn_stream *s, const void *x, zn_dtype dt, int64_t n,
+                        float *out, int accumulate);
+ZN_API int zn_dev_sum(zn_dev *d, zn_stream *s, const void *x, zn_dtype dt, int64_t n,
+                      float *out, int accumulate);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
