@@ -7,6 +7,11 @@
 
 #include <stdio.h>
 
+#include "zinc/config.h"
+#include "zinc/model.h"
+#include "zinc/plan.h"
+#include "zinc/topo.h"
+
 typedef struct {
     const char *name;
     int (*run)(int argc, char **argv);
@@ -23,5 +28,19 @@ int zn_cmd_plan(int argc, char **argv);
 int zn_cmd_bench(int argc, char **argv);
 
 /* `zinc bench <what>` subcommands (bench.c holds the table). */
+
+/* cli_model.c: the model a config describes (model.path or dimensions). */
+int zn_cli_model_dims(const zn_config *cfg, zn_model_dims *d);
+uint64_t zn_cli_persistent_params(const zn_model_dims *d, uint64_t threshold);
+int zn_cli_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gpu_free,
+                   zn_plan_budgets *b);
+void zn_cli_plan_input(const zn_config *cfg, const zn_model_dims *d, int world,
+                       uint64_t *blocks, zn_plan_input *in);
+
+/* Parses the options every config-taking command shares: --set KEY=VALUE
+ * (repeatable). Other arguments are left in place, compacted to the front
+ * of argv; returns the new argc, or -1 after printing a usage error. The
+ * override strings point into argv. */
+int zn_cli_take_sets(int argc, char **argv, const char **sets, int max_sets, int *n_sets);
 
 #endif

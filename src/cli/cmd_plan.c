@@ -1,2 +1,156 @@
+/* `zinc plan CONFIG`: the model's training state by class and tier, against
+ * the config's budgets. Exit 0 when it fits, 1 when it does not (with what
+ * is short and the setting that would fix it), 2 on bad usage. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
 #include "cli/cli.h"
-int zn_cmd_plan(int argc, char **argv) { (void)argc; (void)argv; return 0; }
+#include "zinc/zinc.h"
+
+int zn_cli_take_sets(int argc, char **argv, const char **sets, int max_sets, int *n_sets)
+{
+    int out = 1;
+    *n_sets = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        if (!strcmp(argv[i], "--set")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "zinc: error: --set needs KEY=VALUE\n");
+                return -1;
+            }
+            v = argv[++i];
+        } else if (!strncmp(argv[i], "--set=", 6)) {
+            v = argv[i] + 6;
+        }
+        if (v) {
+            if (*n_sets >= max_sets) {
+                fprintf(stderr, "zinc: error: more than %d --set options\n", max_sets);
+                return -1;
+            }
+            sets[(*n_sets)++] = v;
+            continue;
+        }
+        argv[out++] = argv[i];
+    }
+    return out;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: zinc plan CONFIG [--set KEY=VALUE]... [--world N] [--print-config]\n"
+        "\n"
+        "Places the model's training state (16-bit params, fp32 master, Adam m and v,\n"
+        "gradients, checkpointed activations, working buffers) into the tiers of\n"
+        "CONFIG (a DeepSpeed-style JSON file) and prints bytes per class and tier.\n"
+        "Exits 1 when it does not fit, naming what is short and the fix.\n"
+        "  --set KEY=VALUE   override a config key (e.g. tiers.gpu=24GiB)\n"
+        "  --world N         ranks sharing the state (ZeRO); default 1\n"
+        "  --print-config    print the effective config (defaults included)\n");
+}
+
+int zn_cmd_plan(int argc, char **argv)
+{
+    const char *sets[64];
+    int n_sets;
+    argc = zn_cli_take_sets(argc, argv, sets, 64, &n_sets);
+    if (argc < 0)
+        return 2;
+    const char *path = NULL;
+    int world = 1;
+    bool print_cfg = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--world") && i + 1 < argc) {
+            char *end;
+            long w = strtol(argv[++i], &end, 10);
+            if (*end || w < 1 || w > 65536) {
+                fprintf(stderr, "zinc: error: --world %s: expected a rank count 1..65536\n",
+                        argv[i]);
+                return 2;
+            }
+            world = (int)w;
+        } else if (!strcmp(argv[i], "--print-config")) {
+            print_cfg = true;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "zinc: error: plan: unknown option '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        } else if (!path) {
+            path = argv[i];
+        } else {
+            fprintf(stderr, "zinc: error: plan: one CONFIG only ('%s' is extra)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!path) {
+        usage(stderr);
+        return 2;
+    }
+
+    zn_config cfg;
+    int rc = zn_config_load(&cfg, path, sets, n_sets);
+    if (rc)
+        return zn_cli_fail(rc, NULL);
+    if ((rc = zn_config_resolve_batch(&cfg, world)))
+        return zn_cli_fail(rc, NULL);
+    if (print_cfg) {
+        char *s = zn_config_dump(&cfg);
+        if (s)
+            printf("%s\n", s);
+        free(s);
+    }
+    zn_model_dims d;
+    if ((rc = zn_cli_model_dims(&cfg, &d)))
+        return zn_cli_fail(rc, NULL);
+    zn_topo topo;
+    if ((rc = zn_topo_discover(&topo)))
+        return zn_cli_fail(rc, "topology");
+    zn_plan_budgets budgets;
+    if ((rc = zn_cli_budgets(&cfg, &topo, 0, &budgets)))
+        return zn_cli_fail(rc, NULL);
+
+    int nb = zn_model_num_blocks(&d);
+    uint64_t *blocks = calloc((size_t)nb, sizeof *blocks);
+    if (!blocks)
+        return zn_cli_fail(-12, "out of memory");
+    zn_plan_input in;
+    zn_cli_plan_input(&cfg, &d, world, blocks, &in);
+    zn_plan plan;
+    rc = zn_plan_compute(&plan, &cfg, &in, &budgets);
+    free(blocks);
+    if (rc && rc != ZN_ENOFIT)
+        return zn_cli_fail(rc, NULL);
+
+    char b1[32], b2[32], b3[32];
+    printf("plan for %s\n", path);
+    double pc = (double)plan.params_total;
+    printf("  model        %s, %.2f%s parameters (%lld layers, hidden %lld, heads %lld/%lld, "
+           "vocab %lld)\n", d.arch == ZN_ARCH_QWEN2 ? "qwen2" : "llama",
+           pc >= 1e9 ? pc / 1e9 : pc / 1e6, pc >= 1e9 ? "B" : "M", (long long)d.n_layers, (long long)d.hidden,
+           (long long)d.n_heads, (long long)d.n_kv_heads, (long long)d.vocab);
+    printf("  batch        micro %lld x seq %lld, accumulation %lld, world %d (global %lld)\n",
+           (long long)cfg.train_micro_batch_size_per_gpu, (long long)cfg.data.seq_len,
+           (long long)cfg.gradient_accumulation_steps, world, (long long)cfg.train_batch_size);
+    printf("  offload      params -> %s, optimizer -> %s, ZeRO stage %d, %s\n",
+           zn_offload_device_name(cfg.zero.offload_param.device),
+           zn_offload_device_name(cfg.zero.offload_optimizer.device), cfg.zero.stage,
+           in.param_bytes == 2 ? (cfg.bf16 ? "bf16" : "fp16") : "fp32");
+    printf("  live window  %s of params on the GPU at once (largest block %s); "
+           "optimizer sub-group %s\n",
+           zn_format_size(plan.live_window * (uint64_t)in.param_bytes, b1, sizeof b1),
+           zn_format_size(plan.largest_block * (uint64_t)in.param_bytes, b2, sizeof b2),
+           zn_format_size(plan.sub_group * 4, b3, sizeof b3));
+    printf("\n");
+    zn_plan_print(&plan, stdout);
+    if (!plan.fits) {
+        fprintf(stderr, "\nzinc: error: does not fit: %s\n", plan.why);
+        return 1;
+    }
+    printf("\nfits.\n");
+    return 0;
+}

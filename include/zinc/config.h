@@ -1,0 +1,214 @@
+/* zinc's configuration: a JSON file with DeepSpeed's keys (ds_config.json)
+ * plus zinc's own sections `tiers`, `model`, `data` and `train`. Parsing is
+ * strict: syntax errors give file:line:column, unknown keys are errors with
+ * the closest known key suggested, DeepSpeed keys that zinc does not
+ * implement are accepted only at their DeepSpeed default, and every value is
+ * range-checked. The full key list is docs/config.md. */
+#ifndef ZINC_CONFIG_H
+#define ZINC_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "zinc/util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ZN_PATH_MAX 1024
+#define ZN_MAX_NVME_PATHS 16
+
+/* Where a piece of state lives: DeepSpeed's offload "device" strings. */
+typedef enum { ZN_OFFLOAD_NONE = 0, ZN_OFFLOAD_CPU, ZN_OFFLOAD_NVME } zn_offload_device;
+
+typedef struct {
+    zn_offload_device device;
+    char nvme_path[ZN_PATH_MAX];
+    bool pin_memory;
+    int64_t buffer_count;
+    int64_t buffer_size;  /* elements */
+    int64_t max_in_cpu;   /* elements kept in pinned RAM when device = nvme */
+} zn_config_offload_param;
+
+typedef struct {
+    zn_offload_device device;
+    char nvme_path[ZN_PATH_MAX];
+    bool pin_memory;
+    int64_t buffer_count;
+    double ratio;
+    bool pipeline_read;
+    bool pipeline_write;
+} zn_config_offload_optimizer;
+
+typedef struct {
+    int stage;
+    zn_config_offload_param offload_param;
+    zn_config_offload_optimizer offload_optimizer;
+    int64_t sub_group_size;                     /* elements */
+    int64_t stage3_prefetch_bucket_size;        /* elements */
+    int64_t stage3_max_live_parameters;         /* elements */
+    int64_t stage3_max_reuse_distance;          /* elements */
+    int64_t stage3_param_persistence_threshold; /* elements */
+    int64_t reduce_bucket_size;                 /* elements */
+    int64_t allgather_bucket_size;              /* elements */
+    bool overlap_comm;
+    bool contiguous_gradients;
+} zn_config_zero;
+
+typedef struct {
+    int64_t block_size;  /* bytes per request */
+    int64_t queue_depth; /* requests in flight per thread */
+    int64_t intra_op_parallelism;
+    bool single_submit;
+    bool overlap_events;
+} zn_config_aio;
+
+typedef enum { ZN_OPT_ADAM = 0, ZN_OPT_ADAMW } zn_optimizer_type;
+
+typedef struct {
+    zn_optimizer_type type;
+    double lr, beta1, beta2, eps, weight_decay;
+    bool bias_correction;
+    bool adam_w_mode; /* decoupled weight decay (always true for AdamW) */
+} zn_config_optimizer;
+
+typedef enum {
+    ZN_SCHED_NONE = 0, ZN_SCHED_WARMUP_LR, ZN_SCHED_WARMUP_DECAY_LR, ZN_SCHED_WARMUP_COSINE_LR
+} zn_scheduler_type;
+
+typedef struct {
+    zn_scheduler_type type;
+    double warmup_min_lr, warmup_max_lr;  /* WarmupLR, WarmupDecayLR */
+    int64_t warmup_num_steps;
+    int64_t total_num_steps;              /* WarmupDecayLR, WarmupCosineLR */
+    int warmup_type;                      /* 0 "log" (DeepSpeed's default), 1 "linear" */
+    double warmup_min_ratio, cos_min_ratio; /* WarmupCosineLR */
+} zn_config_scheduler;
+
+typedef struct {
+    bool enabled;
+    double loss_scale; /* 0 = dynamic */
+    int initial_scale_power;
+    int64_t loss_scale_window;
+    int hysteresis;
+    double min_loss_scale;
+} zn_config_fp16;
+
+typedef struct {
+    bool cpu_checkpointing;  /* keep checkpointed activations in pinned RAM */
+    bool contiguous_memory_optimization;
+    bool partition_activations;
+    bool synchronize_checkpoint_boundary;
+    bool profile;
+} zn_config_act_ckpt;
+
+typedef struct {
+    char path[ZN_PATH_MAX];
+    uint64_t size;   /* bytes; 0 with size_auto = free space of the file system */
+    bool size_auto;
+} zn_config_nvme_path;
+
+typedef struct {
+    uint64_t gpu;  bool gpu_auto;  /* bytes of HBM zinc may use */
+    uint64_t cpu;  bool cpu_auto;  /* bytes of pinned host RAM zinc may use */
+    int n_nvme;
+    zn_config_nvme_path nvme[ZN_MAX_NVME_PATHS];
+    bool keep_swap;                /* keep swap files after a clean exit */
+} zn_config_tiers;
+
+/* The model: an HF folder (path) or dimensions with HF config.json's names. */
+typedef struct {
+    char path[ZN_PATH_MAX];      /* "" = built from the dimensions below */
+    int arch;                    /* 0 "llama", 1 "qwen2" (HF model_type) */
+    int64_t hidden_size;
+    int64_t num_hidden_layers;
+    int64_t num_attention_heads;
+    int64_t num_key_value_heads;
+    int64_t intermediate_size;
+    int64_t vocab_size;
+    int64_t head_dim;            /* 0 = hidden_size / num_attention_heads */
+    int64_t max_position_embeddings;
+    double rope_theta;
+    double rms_norm_eps;
+    bool tie_word_embeddings;
+    bool attention_bias;         /* q/k/v bias (Qwen2 always has it) */
+    double init_std;
+    uint64_t seed;
+} zn_config_model;
+
+typedef struct {
+    char path[ZN_PATH_MAX];  /* token file; "" = built-in synthetic set */
+    int64_t seq_len;
+    uint64_t seed;
+} zn_config_data;
+
+typedef struct {
+    char dir[ZN_PATH_MAX];   /* "" = no checkpoints */
+    int64_t every;           /* steps; 0 = only at the end */
+    int64_t keep_last;
+    bool continue_on_error;  /* a failed save warns and training goes on */
+} zn_config_checkpoint;
+
+typedef struct {
+    int64_t steps;
+    int64_t log_every;
+    uint64_t seed;
+    char device[32];         /* "auto", "host", "cuda", "cuda:N" */
+    int64_t threads;         /* CPU threads; 0 = OMP_NUM_THREADS or all cores */
+    bool activation_checkpointing;
+    zn_config_checkpoint checkpoint;
+} zn_config_train;
+
+typedef struct zn_config {
+    char source[ZN_PATH_MAX];  /* file it came from, or "(embedded)" */
+
+    /* DeepSpeed's top-level keys. 0 in a batch key means "derive it". */
+    int64_t train_batch_size;
+    int64_t train_micro_batch_size_per_gpu;
+    int64_t gradient_accumulation_steps;
+    double gradient_clipping;  /* 0 = off */
+    zn_config_optimizer optimizer;
+    zn_config_scheduler scheduler;
+    bool bf16;
+    zn_config_fp16 fp16;
+    zn_config_zero zero;
+    zn_config_aio aio;
+    zn_config_act_ckpt activation_checkpointing;
+
+    /* zinc's own sections. */
+    zn_config_tiers tiers;
+    zn_config_model model;
+    zn_config_data data;
+    zn_config_train train;
+} zn_config;
+
+/* Fills `cfg` with every default (DeepSpeed's for its keys). */
+ZN_API void zn_config_default(zn_config *cfg);
+
+/* Parses a config file. `overrides` is an array of n "key.path=value"
+ * strings applied to the JSON before validation (value parsed as JSON, or
+ * taken as a string when it is not JSON). Returns 0, -errno when the file
+ * cannot be read, or ZN_ECONFIG with zn_last_error() naming the file, the
+ * line:column or key path and what is wrong. */
+ZN_API int zn_config_load(zn_config *cfg, const char *path,
+                          const char *const *overrides, int n_overrides);
+
+/* The same from a string in memory; `name` labels error messages. */
+ZN_API int zn_config_parse(zn_config *cfg, const char *json, const char *name,
+                           const char *const *overrides, int n_overrides);
+
+/* Resolves the three batch keys against the world size the way DeepSpeed
+ * does (any two give the third; all three must agree). */
+ZN_API int zn_config_resolve_batch(zn_config *cfg, int world_size);
+
+ZN_API const char *zn_offload_device_name(zn_offload_device d);
+
+/* Writes the effective configuration as JSON (every key, defaults
+ * included); the caller frees the string with free(). NULL on OOM. */
+ZN_API char *zn_config_dump(const zn_config *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

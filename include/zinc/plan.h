@@ -1,0 +1,82 @@
+/* The placement planner: how many bytes of each class of training state a
+ * model needs, and in which tier (GPU HBM, pinned CPU RAM, NVMe) each class
+ * lives under a config's offload settings. `zinc plan` prints it; `zinc
+ * train` refuses to start when it does not fit. The planner knows nothing
+ * about models: the caller passes per-block parameter counts and the
+ * activation shape. */
+#ifndef ZINC_PLAN_H
+#define ZINC_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "zinc/config.h"
+#include "zinc/util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { ZN_TIER_GPU = 0, ZN_TIER_CPU, ZN_TIER_NVME, ZN_TIER_COUNT } zn_tier;
+
+typedef enum {
+    ZN_STATE_PARAMS = 0,   /* 16-bit working parameters (fp32 on the host backend) */
+    ZN_STATE_MASTER,       /* fp32 master parameters */
+    ZN_STATE_ADAM_M,       /* Adam first moment, fp32 */
+    ZN_STATE_ADAM_V,       /* Adam second moment, fp32 */
+    ZN_STATE_GRADS,        /* fp32 gradient accumulators */
+    ZN_STATE_ACT_CKPT,     /* checkpointed layer inputs, all layers */
+    ZN_STATE_WORK,         /* working buffers: live parameter window, layer
+                              activations, swap/staging buffers */
+    ZN_STATE_COUNT
+} zn_state_class;
+
+/* What the planner needs to know about the model and the run. */
+typedef struct {
+    int n_blocks;                   /* blocks in execution order */
+    const uint64_t *block_params;   /* parameters (elements) per block */
+    uint64_t persistent_params;     /* elements small enough to stay on the GPU
+                                       (stage3_param_persistence_threshold) */
+    /* activation shape */
+    int64_t n_layers, hidden, n_heads, n_kv_heads, head_dim, intermediate, vocab;
+    int64_t micro_batch, seq_len;
+    int param_bytes;                /* 2 (bf16/fp16 on a GPU) or 4 (fp32, host) */
+    int world_size;
+    bool activation_checkpointing;
+} zn_plan_input;
+
+/* Budgets in bytes, "auto" already resolved by the caller. */
+typedef struct {
+    uint64_t bytes[ZN_TIER_COUNT];
+} zn_plan_budgets;
+
+typedef struct {
+    uint64_t params_total;                          /* elements, whole model */
+    uint64_t bytes[ZN_STATE_COUNT][ZN_TIER_COUNT];  /* this rank's bytes */
+    uint64_t tier_total[ZN_TIER_COUNT];
+    uint64_t budget[ZN_TIER_COUNT];
+    uint64_t largest_block;                         /* elements */
+    uint64_t live_window;                           /* elements on the GPU at once */
+    uint64_t sub_group;                             /* optimizer sub-group, elements */
+    bool fits;
+    char why[2048];   /* when it does not fit: what is short, by how much, and the fix */
+} zn_plan;
+
+ZN_API const char *zn_tier_name(zn_tier t);
+ZN_API const char *zn_state_name(zn_state_class c);
+
+/* Computes the plan. Returns 0 when it fits, ZN_ENOFIT when it does not
+ * (plan->why and zn_last_error() say what is short and which setting would
+ * fix it), ZN_ECONFIG for inconsistent input. The plan is filled in both
+ * of the first two cases. */
+ZN_API int zn_plan_compute(zn_plan *plan, const zn_config *cfg, const zn_plan_input *in,
+                           const zn_plan_budgets *budgets);
+
+/* Prints the class x tier table with budgets and headroom. */
+ZN_API void zn_plan_print(const zn_plan *plan, FILE *f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

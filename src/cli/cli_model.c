@@ -1,0 +1,177 @@
+/* The model a config describes, as zn_model_dims: from an HF folder
+ * (model.path) or from the dimensions in the config's `model` section. */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/statvfs.h>
+
+#include "zinc/config.h"
+#include "zinc/model.h"
+#include "cli/cli.h"
+
+int zn_cli_model_dims(const zn_config *cfg, zn_model_dims *d)
+{
+    const zn_config_model *m = &cfg->model;
+    if (m->path[0]) {
+        int rc = zn_model_dims_from_hf(d, m->path);
+        if (rc)
+            return zn_error_prefix(rc, "%s: model.path", cfg->source);
+        return 0;
+    }
+    if (!m->hidden_size)
+        return zn_set_error(ZN_ECONFIG, "%s: no model: set model.path to an HF model folder "
+                            "or give model.hidden_size, num_hidden_layers, ...", cfg->source);
+    zn_model_dims_default(d);
+    d->arch = m->arch == 1 ? ZN_ARCH_QWEN2 : ZN_ARCH_LLAMA;
+    d->hidden = m->hidden_size;
+    d->n_layers = m->num_hidden_layers;
+    d->n_heads = m->num_attention_heads;
+    d->n_kv_heads = m->num_key_value_heads ? m->num_key_value_heads : m->num_attention_heads;
+    d->head_dim = m->head_dim ? m->head_dim : m->hidden_size / m->num_attention_heads;
+    d->intermediate = m->intermediate_size;
+    d->vocab = m->vocab_size;
+    d->max_pos = m->max_position_embeddings;
+    d->rope_theta = m->rope_theta;
+    d->rope_type = ZN_ROPE_DEFAULT;
+    d->rms_eps = m->rms_norm_eps;
+    d->tie_embeddings = m->tie_word_embeddings;
+    d->qkv_bias = d->arch == ZN_ARCH_QWEN2 ? 1 : m->attention_bias;
+    d->o_bias = d->arch == ZN_ARCH_LLAMA ? m->attention_bias : 0;
+    int rc = zn_model_dims_validate(d);
+    if (rc)
+        return zn_error_prefix(rc, "%s: model", cfg->source);
+    return 0;
+}
+
+/* Elements of parameter tensors smaller than `threshold`: those stay on
+ * the GPU (DeepSpeed's stage3_param_persistence_threshold). */
+uint64_t zn_cli_persistent_params(const zn_model_dims *d, uint64_t threshold)
+{
+    uint64_t H = (uint64_t)d->hidden, hd = (uint64_t)d->head_dim;
+    uint64_t q = (uint64_t)d->n_heads * hd, kv = (uint64_t)d->n_kv_heads * hd;
+    uint64_t I = (uint64_t)d->intermediate, V = (uint64_t)d->vocab;
+    /* One decoder layer's tensors, then the embedding, final norm, head. */
+    uint64_t layer[] = {
+        H, H,                                    /* input / post-attention norms */
+        H * q, H * kv, H * kv, q * H,            /* q, k, v, o projections */
+        d->qkv_bias ? q : 0, d->qkv_bias ? kv : 0, d->qkv_bias ? kv : 0,
+        d->o_bias ? H : 0,
+        H * I, H * I, I * H,                     /* gate, up, down */
+    };
+    uint64_t per_layer = 0;
+    for (size_t i = 0; i < sizeof layer / sizeof layer[0]; i++)
+        if (layer[i] && layer[i] < threshold)
+            per_layer += layer[i];
+    uint64_t total = per_layer * (uint64_t)d->n_layers;
+    if (V * H < threshold)
+        total += V * H * (d->tie_embeddings ? 1 : 2);
+    if (H < threshold)
+        total += H;
+    return total;
+}
+
+/* Free bytes of the file system that holds `path`, or that will hold it:
+ * a swap directory is created at start-up, so a missing one is measured at
+ * its nearest existing parent. */
+static int fs_free(const char *path, uint64_t *out)
+{
+    char p[ZN_PATH_MAX];
+    snprintf(p, sizeof p, "%s", path);
+    for (;;) {
+        struct statvfs sv;
+        if (statvfs(p, &sv) == 0) {
+            *out = (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize;
+            return 0;
+        }
+        if (errno != ENOENT)
+            return -errno;
+        char *slash = strrchr(p, '/');
+        if (!slash) {
+            snprintf(p, sizeof p, ".");
+            continue;
+        }
+        if (slash == p) {
+            p[1] = '\0';
+            continue;
+        }
+        *slash = '\0';
+    }
+}
+
+/* Resolves the three tier budgets of a config; "auto" becomes: GPU, the
+ * device's free memory less a 1 GiB margin (the host backend: a quarter of
+ * RAM, as its arena does); CPU, 90% of MemAvailable; NVMe, the free space of
+ * each path's file system. nvme_path directories of the offload sections
+ * count as auto-sized NVMe paths when tiers.nvme does not list them. */
+int zn_cli_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gpu_free,
+                   zn_plan_budgets *b)
+{
+    memset(b, 0, sizeof *b);
+    if (cfg->tiers.gpu_auto)
+        b->bytes[ZN_TIER_GPU] = gpu_free ? (gpu_free > (1ull << 30) ? gpu_free - (1ull << 30) : 0)
+                                         : topo->mem_total / 4;
+    else
+        b->bytes[ZN_TIER_GPU] = cfg->tiers.gpu;
+    b->bytes[ZN_TIER_CPU] = cfg->tiers.cpu_auto ? (uint64_t)((double)topo->mem_available * 0.9)
+                                                : cfg->tiers.cpu;
+    const char *extra[2] = { cfg->zero.offload_param.nvme_path,
+                             cfg->zero.offload_optimizer.nvme_path };
+    for (int i = 0; i < cfg->tiers.n_nvme; i++) {
+        const zn_config_nvme_path *np = &cfg->tiers.nvme[i];
+        if (!np->size_auto) {
+            b->bytes[ZN_TIER_NVME] += np->size;
+            continue;
+        }
+        uint64_t fr;
+        int rc = fs_free(np->path, &fr);
+        if (rc)
+            return zn_set_error(rc, "%s: tiers.nvme[%d].path %s: %s", cfg->source, i,
+                                np->path, strerror(-rc));
+        b->bytes[ZN_TIER_NVME] += fr;
+    }
+    for (int j = 0; j < 2; j++) {
+        if (!extra[j][0] || (j == 1 && !strcmp(extra[0], extra[1])))
+            continue;
+        bool listed = false;
+        for (int i = 0; i < cfg->tiers.n_nvme; i++)
+            listed |= !strcmp(cfg->tiers.nvme[i].path, extra[j]);
+        if (listed)
+            continue;
+        uint64_t fr;
+        int rc = fs_free(extra[j], &fr);
+        if (rc)
+            return zn_set_error(rc, "%s: zero_optimization.%s.nvme_path %s: %s", cfg->source,
+                                j ? "offload_optimizer" : "offload_param", extra[j],
+                                strerror(-rc));
+        b->bytes[ZN_TIER_NVME] += fr;
+    }
+    return 0;
+}
+
+/* The planner's input for a model and a config. `blocks` must hold
+ * zn_model_num_blocks(d) entries. */
+void zn_cli_plan_input(const zn_config *cfg, const zn_model_dims *d, int world,
+                       uint64_t *blocks, zn_plan_input *in)
+{
+    int nb = zn_model_num_blocks(d);
+    for (int i = 0; i < nb; i++)
+        blocks[i] = zn_model_block_param_count(d, i);
+    memset(in, 0, sizeof *in);
+    in->n_blocks = nb;
+    in->block_params = blocks;
+    in->persistent_params =
+        zn_cli_persistent_params(d, (uint64_t)cfg->zero.stage3_param_persistence_threshold);
+    in->n_layers = d->n_layers;
+    in->hidden = d->hidden;
+    in->n_heads = d->n_heads;
+    in->n_kv_heads = d->n_kv_heads;
+    in->head_dim = d->head_dim;
+    in->intermediate = d->intermediate;
+    in->vocab = d->vocab;
+    in->micro_batch = cfg->train_micro_batch_size_per_gpu;
+    in->seq_len = cfg->data.seq_len;
+    in->param_bytes = (cfg->bf16 || cfg->fp16.enabled) ? 2 : 4;
+    in->world_size = world;
+    in->activation_checkpointing = cfg->train.activation_checkpointing;
+}

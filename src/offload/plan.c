@@ -1,0 +1,276 @@
+/* The placement planner: bytes of each state class and the tier that holds
+ * them, from the offload settings (DeepSpeed's rules) and the tier budgets.
+ * The sizes follow ZeRO's accounting: 16-bit params 2 B, fp32 master, m and
+ * v 4 B each, fp32 gradient accumulators 4 B per parameter (DeepSpeed
+ * ZeRO-Offload paper, Table 1 and section 4). */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "zinc/plan.h"
+
+const char *zn_tier_name(zn_tier t)
+{
+    static const char *n[] = { "gpu", "cpu", "nvme" };
+    return (unsigned)t < ZN_TIER_COUNT ? n[t] : "?";
+}
+
+const char *zn_state_name(zn_state_class c)
+{
+    static const char *n[] = {
+        "params (working)", "master (fp32)", "adam m (fp32)", "adam v (fp32)",
+        "grads (fp32)", "activations (ckpt)", "working buffers",
+    };
+    return (unsigned)c < ZN_STATE_COUNT ? n[c] : "?";
+}
+
+static uint64_t ceil_div(uint64_t a, uint64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+static uint64_t min_u64(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+
+static uint64_t max_u64(uint64_t a, uint64_t b)
+{
+    return a > b ? a : b;
+}
+
+static zn_tier tier_of(zn_offload_device d)
+{
+    return d == ZN_OFFLOAD_NONE ? ZN_TIER_GPU : d == ZN_OFFLOAD_CPU ? ZN_TIER_CPU : ZN_TIER_NVME;
+}
+
+/* Bytes of one decoder layer's transient activations during its backward
+ * (recompute + gradients), per micro-batch. Per token: the layer input, two
+ * norm outputs, q, attention output, o-proj output, MLP output (7 x hidden),
+ * k and v (2 x kv width), gate, up and the SwiGLU product (3 x intermediate),
+ * each with a gradient of the same size alive at the peak: x2. Attention
+ * scores and probabilities are fp32, per head: batch x heads x seq^2 x 4 B,
+ * probs and their gradient: x2. The loss head adds one chunk of logits. */
+static uint64_t layer_work_bytes(const zn_plan_input *in)
+{
+    uint64_t tokens = (uint64_t)in->micro_batch * (uint64_t)in->seq_len;
+    uint64_t kv = (uint64_t)in->n_kv_heads * (uint64_t)in->head_dim;
+    uint64_t per_tok = (7 * (uint64_t)in->hidden + 2 * kv + 3 * (uint64_t)in->intermediate) * 2;
+    uint64_t act = tokens * per_tok * (uint64_t)in->param_bytes;
+    uint64_t scores = (uint64_t)in->micro_batch * (uint64_t)in->n_heads *
+                      (uint64_t)in->seq_len * (uint64_t)in->seq_len * 4 * 2;
+    uint64_t chunk = min_u64((uint64_t)in->vocab, 16384);
+    uint64_t logits = tokens * chunk * 4 * 2;
+    return act + max_u64(scores, logits);
+}
+
+static void add(zn_plan *p, zn_state_class c, zn_tier t, uint64_t bytes)
+{
+    p->bytes[c][t] += bytes;
+}
+
+int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
+                    const zn_plan_budgets *b)
+{
+    memset(p, 0, sizeof *p);
+    if (in->n_blocks < 1 || !in->block_params || in->world_size < 1 ||
+        (in->param_bytes != 2 && in->param_bytes != 4) || in->micro_batch < 1 ||
+        in->seq_len < 1)
+        return zn_set_error(ZN_ECONFIG, "plan: inconsistent input (blocks %d, world %d, "
+                            "param bytes %d, micro batch %lld, seq %lld)", in->n_blocks,
+                            in->world_size, in->param_bytes, (long long)in->micro_batch,
+                            (long long)in->seq_len);
+    const zn_config_zero *z = &cfg->zero;
+    const uint64_t W = (uint64_t)in->world_size;
+    const uint64_t pb = (uint64_t)in->param_bytes;
+
+    uint64_t P = 0, largest = 0;
+    for (int i = 0; i < in->n_blocks; i++) {
+        P += in->block_params[i];
+        largest = max_u64(largest, in->block_params[i]);
+    }
+    p->params_total = P;
+    p->largest_block = largest;
+
+    /* ZeRO sharding: stage 1 shards optimizer states, 2 adds gradients,
+     * 3 adds parameters. */
+    uint64_t P_param = z->stage >= 3 ? ceil_div(P, W) : P;
+    uint64_t P_opt = z->stage >= 1 ? ceil_div(P, W) : P;
+    uint64_t P_grad = z->stage >= 2 ? ceil_div(P, W) : P;
+    uint64_t persistent = min_u64(in->persistent_params, P);
+
+    /* 16-bit params. */
+    zn_tier ptier = tier_of(z->offload_param.device);
+    if (ptier == ZN_TIER_GPU) {
+        add(p, ZN_STATE_PARAMS, ZN_TIER_GPU, P_param * pb);
+    } else {
+        uint64_t pers_shard = z->stage >= 3 ? ceil_div(persistent, W) : persistent;
+        uint64_t rest = P_param > pers_shard ? P_param - pers_shard : 0;
+        add(p, ZN_STATE_PARAMS, ZN_TIER_GPU, pers_shard * pb);
+        if (ptier == ZN_TIER_CPU) {
+            add(p, ZN_STATE_PARAMS, ZN_TIER_CPU, rest * pb);
+        } else {
+            uint64_t in_cpu = min_u64((uint64_t)z->offload_param.max_in_cpu, rest);
+            add(p, ZN_STATE_PARAMS, ZN_TIER_CPU, in_cpu * pb);
+            add(p, ZN_STATE_PARAMS, ZN_TIER_NVME, (rest - in_cpu) * pb);
+        }
+    }
+
+    /* Optimizer states (+ gradient accumulators, which follow them: DeepSpeed
+     * swaps gradients to NVMe with the optimizer). offload_optimizer.ratio is
+     * the fraction of sub-groups stepped on the CPU; the rest stay on the GPU. */
+    zn_tier otier = tier_of(z->offload_optimizer.device);
+    double ratio = otier == ZN_TIER_GPU ? 0.0 : z->offload_optimizer.ratio;
+    uint64_t opt_off = (uint64_t)((double)P_opt * ratio);
+    uint64_t grad_off = (uint64_t)((double)P_grad * ratio);
+    for (int c = ZN_STATE_MASTER; c <= ZN_STATE_ADAM_V; c++) {
+        add(p, (zn_state_class)c, otier == ZN_TIER_GPU ? ZN_TIER_GPU : otier, opt_off * 4);
+        add(p, (zn_state_class)c, ZN_TIER_GPU, (P_opt - opt_off) * 4);
+    }
+    add(p, ZN_STATE_GRADS, otier, grad_off * 4);
+    add(p, ZN_STATE_GRADS, ZN_TIER_GPU, (P_grad - grad_off) * 4);
+
+    /* Activations. With checkpointing only each layer's input is kept;
+     * without it every layer's transient activations stay until backward. */
+    uint64_t tokens = (uint64_t)in->micro_batch * (uint64_t)in->seq_len;
+    uint64_t work_layer = layer_work_bytes(in);
+    if (in->activation_checkpointing) {
+        uint64_t ckpt = (uint64_t)in->n_layers * tokens * (uint64_t)in->hidden * pb;
+        add(p, ZN_STATE_ACT_CKPT,
+            cfg->activation_checkpointing.cpu_checkpointing ? ZN_TIER_CPU : ZN_TIER_GPU, ckpt);
+    } else {
+        add(p, ZN_STATE_ACT_CKPT, ZN_TIER_GPU, (uint64_t)in->n_layers * work_layer / 2);
+    }
+
+    /* GPU working set: the live parameter window (the block in use and the
+     * prefetched ones, bounded by stage3_max_live_parameters and
+     * stage3_prefetch_bucket_size), the block's 16-bit gradients before they
+     * go to the host, and one layer's transient activations. */
+    uint64_t window = 0;
+    if (ptier != ZN_TIER_GPU || W > 1) {
+        uint64_t want = largest + (uint64_t)z->stage3_prefetch_bucket_size;
+        window = max_u64(largest, min_u64((uint64_t)z->stage3_max_live_parameters, want));
+        window = min_u64(window, P);
+        /* The window holds whole blocks: at least the largest one. */
+        window = max_u64(window, largest);
+    }
+    p->live_window = window;
+    add(p, ZN_STATE_WORK, ZN_TIER_GPU, window * pb + largest * pb + work_layer);
+
+    /* Host working set: NVMe staging buffers for parameters and optimizer
+     * sub-groups (DeepSpeed's buffer_count x buffer_size and buffer_count x
+     * sub_group_size). */
+    uint64_t sub = min_u64((uint64_t)z->sub_group_size, P_opt);
+    p->sub_group = sub;
+    if (ptier == ZN_TIER_NVME)
+        add(p, ZN_STATE_WORK, ZN_TIER_CPU, (uint64_t)z->offload_param.buffer_count *
+            min_u64((uint64_t)z->offload_param.buffer_size, max_u64(largest, 1)) * pb);
+    if (otier == ZN_TIER_NVME)
+        add(p, ZN_STATE_WORK, ZN_TIER_CPU,
+            (uint64_t)z->offload_optimizer.buffer_count * sub * 4);
+
+    for (int t = 0; t < ZN_TIER_COUNT; t++) {
+        p->budget[t] = b->bytes[t];
+        for (int c = 0; c < ZN_STATE_COUNT; c++)
+            p->tier_total[t] += p->bytes[c][t];
+    }
+
+    /* Feasibility and the fix for the first tier that is short. */
+    p->fits = true;
+    size_t used = 0;
+    char need[32], have[32], short_by[32];
+    for (int t = 0; t < ZN_TIER_COUNT; t++) {
+        if (p->tier_total[t] <= p->budget[t])
+            continue;
+        p->fits = false;
+        zn_format_size(p->tier_total[t], need, sizeof need);
+        zn_format_size(p->budget[t], have, sizeof have);
+        zn_format_size(p->tier_total[t] - p->budget[t], short_by, sizeof short_by);
+        used += (size_t)snprintf(p->why + used, sizeof p->why - used,
+                                 "%s%s tier needs %s, its budget is %s (short by %s)",
+                                 used ? "; " : "", zn_tier_name((zn_tier)t), need, have, short_by);
+        if (used >= sizeof p->why)
+            break;
+        char fix[512] = "";
+        uint64_t opt_bytes = (p->bytes[ZN_STATE_MASTER][t] + p->bytes[ZN_STATE_ADAM_M][t] +
+                              p->bytes[ZN_STATE_ADAM_V][t] + p->bytes[ZN_STATE_GRADS][t]);
+        char ob[32], pbs[32], nv[32];
+        zn_format_size(p->budget[ZN_TIER_NVME], nv, sizeof nv);
+        if (t == ZN_TIER_GPU) {
+            if (otier == ZN_TIER_GPU && opt_bytes)
+                snprintf(fix, sizeof fix, "zero_optimization.offload_optimizer.device=cpu "
+                         "moves %s of optimizer state off the GPU (needs stage >= 1)",
+                         zn_format_size(opt_bytes, ob, sizeof ob));
+            else if (ptier == ZN_TIER_GPU)
+                snprintf(fix, sizeof fix, "zero_optimization.offload_param.device=cpu moves "
+                         "%s of parameters off the GPU (needs stage 3)",
+                         zn_format_size(p->bytes[ZN_STATE_PARAMS][t], pbs, sizeof pbs));
+            else if (p->bytes[ZN_STATE_ACT_CKPT][t] && in->activation_checkpointing)
+                snprintf(fix, sizeof fix, "activation_checkpointing.cpu_checkpointing=true "
+                         "moves %s of activations to pinned RAM, or lower "
+                         "train_micro_batch_size_per_gpu / data.seq_len",
+                         zn_format_size(p->bytes[ZN_STATE_ACT_CKPT][t], ob, sizeof ob));
+            else
+                snprintf(fix, sizeof fix, "lower train_micro_batch_size_per_gpu, data.seq_len "
+                         "or stage3_max_live_parameters / stage3_prefetch_bucket_size");
+        } else if (t == ZN_TIER_CPU) {
+            if (otier == ZN_TIER_CPU && opt_bytes)
+                snprintf(fix, sizeof fix, "zero_optimization.offload_optimizer.device=nvme "
+                         "needs %s on nvme; tiers.nvme has %s",
+                         zn_format_size(opt_bytes + p->tier_total[ZN_TIER_NVME], ob, sizeof ob), nv);
+            else if (ptier == ZN_TIER_CPU && p->bytes[ZN_STATE_PARAMS][t])
+                snprintf(fix, sizeof fix, "zero_optimization.offload_param.device=nvme "
+                         "needs %s on nvme; tiers.nvme has %s",
+                         zn_format_size(p->bytes[ZN_STATE_PARAMS][t] +
+                                        p->tier_total[ZN_TIER_NVME], ob, sizeof ob), nv);
+            else if (ptier == ZN_TIER_NVME && p->bytes[ZN_STATE_PARAMS][t])
+                snprintf(fix, sizeof fix, "lower zero_optimization.offload_param.max_in_cpu");
+            else
+                snprintf(fix, sizeof fix, "raise tiers.cpu, or lower buffer_count / "
+                         "sub_group_size / buffer_size");
+        } else {
+            snprintf(fix, sizeof fix, "give tiers.nvme more space (another path, or a larger "
+                     "size) or move state to the cpu tier");
+        }
+        used += (size_t)snprintf(p->why + used, sizeof p->why - used, ": %s", fix);
+        if (used >= sizeof p->why)
+            break;
+    }
+    if (!p->fits)
+        return zn_set_error(ZN_ENOFIT, "%s", p->why);
+    return 0;
+}
+
+void zn_plan_print(const zn_plan *p, FILE *f)
+{
+    char buf[32];
+    fprintf(f, "%-20s %14s %14s %14s\n", "state", "gpu", "cpu", "nvme");
+    for (int c = 0; c < ZN_STATE_COUNT; c++) {
+        fprintf(f, "%-20s", zn_state_name((zn_state_class)c));
+        for (int t = 0; t < ZN_TIER_COUNT; t++) {
+            if (p->bytes[c][t])
+                fprintf(f, " %14s", zn_format_size(p->bytes[c][t], buf, sizeof buf));
+            else
+                fprintf(f, " %14s", "-");
+        }
+        fputc('\n', f);
+    }
+    fprintf(f, "%-20s", "total");
+    for (int t = 0; t < ZN_TIER_COUNT; t++)
+        fprintf(f, " %14s", zn_format_size(p->tier_total[t], buf, sizeof buf));
+    fprintf(f, "\n%-20s", "budget");
+    for (int t = 0; t < ZN_TIER_COUNT; t++)
+        fprintf(f, " %14s", zn_format_size(p->budget[t], buf, sizeof buf));
+    fprintf(f, "\n%-20s", "headroom");
+    for (int t = 0; t < ZN_TIER_COUNT; t++) {
+        if (p->tier_total[t] <= p->budget[t]) {
+            fprintf(f, " %14s", zn_format_size(p->budget[t] - p->tier_total[t], buf, sizeof buf));
+        } else {
+            char s[40];
+            snprintf(s, sizeof s, "-%s", zn_format_size(p->tier_total[t] - p->budget[t], buf,
+                                                        sizeof buf));
+            fprintf(f, " %14s", s);
+        }
+    }
+    fputc('\n', f);
+}
