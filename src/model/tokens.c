@@ -1,0 +1,390 @@
+/* Token data: the ZNTOKENS file (mmap), the synthetic Markov-chain dataset,
+ * and the loader (windows, per-epoch seeded shuffle, data-parallel slices).
+ * Everything is a pure function of (data, seed, step, rank), so a restarted
+ * or re-sharded run sees the same sequences. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "zinc/tokens.h"
+
+struct zn_tokens {
+    char *name;
+    const unsigned char *ids; /* mapped ids (after the header) or heap */
+    void *map;                /* whole mapping, or NULL */
+    size_t map_len;
+    uint32_t *owned;          /* synthetic data */
+    uint64_t count;
+    uint32_t vocab;
+    int width;
+};
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+__extension__ typedef unsigned __int128 u128;
+
+/* Uniform in [0, n) without modulo bias (Lemire's method). */
+static uint64_t rand_below(uint64_t *s, uint64_t n)
+{
+    u128 m = (u128)splitmix64(s) * n;
+    uint64_t lo = (uint64_t)m;
+    if (lo < n) {
+        uint64_t t = -n % n;
+        while (lo < t) {
+            m = (u128)splitmix64(s) * n;
+            lo = (uint64_t)m;
+        }
+    }
+    return (uint64_t)(m >> 64);
+}
+
+static uint32_t rd_u32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t rd_u64(const unsigned char *p)
+{
+    return (uint64_t)rd_u32(p) | (uint64_t)rd_u32(p + 4) << 32;
+}
+
+void zn_tokens_close(zn_tokens *t)
+{
+    if (!t)
+        return;
+    if (t->map)
+        munmap(t->map, t->map_len);
+    free(t->owned);
+    free(t->name);
+    free(t);
+}
+
+int zn_tokens_open(zn_tokens **out, const char *path)
+{
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return zn_set_error(-errno, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st)) {
+        int e = errno;
+        close(fd);
+        return zn_set_error(-e, "%s: fstat: %s", path, strerror(e));
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    unsigned char h[ZN_TOKENS_HEADER];
+    if (size < ZN_TOKENS_HEADER || pread(fd, h, sizeof h, 0) != (ssize_t)sizeof h) {
+        close(fd);
+        return zn_set_error(ZN_ECORRUPT, "%s: %llu bytes is too short for a token file header",
+                            path, (unsigned long long)size);
+    }
+    uint32_t version = rd_u32(h + 8), width = rd_u32(h + 12), vocab = rd_u32(h + 24);
+    uint64_t count = rd_u64(h + 16);
+    const char *bad = NULL;
+    char msg[160];
+    if (memcmp(h, ZN_TOKENS_MAGIC, 8))
+        bad = "bad magic (not a zinc token file)";
+    else if (version != ZN_TOKENS_VERSION)
+        snprintf(msg, sizeof msg, "version %u (zinc reads %d)", version, ZN_TOKENS_VERSION),
+            bad = msg;
+    else if (width != 2 && width != 4)
+        snprintf(msg, sizeof msg, "width %u (must be 2 or 4)", width), bad = msg;
+    else if (count > (size - ZN_TOKENS_HEADER) / width ||
+             ZN_TOKENS_HEADER + count * width != size)
+        snprintf(msg, sizeof msg, "count %llu x width %u + %d header bytes != file size %llu",
+                 (unsigned long long)count, width, ZN_TOKENS_HEADER, (unsigned long long)size),
+            bad = msg;
+    else if (width == 2 && vocab > 65536)
+        snprintf(msg, sizeof msg, "vocab %u does not fit 16-bit ids", vocab), bad = msg;
+    if (bad) {
+        close(fd);
+        return zn_set_error(ZN_ECORRUPT, "%s: %s", path, bad);
+    }
+    zn_tokens *t = calloc(1, sizeof *t);
+    if (!t || !(t->name = strdup(path))) {
+        free(t);
+        close(fd);
+        return zn_set_error(-ENOMEM, "out of memory");
+    }
+    t->map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (t->map == MAP_FAILED) {
+        t->map = NULL;
+        zn_tokens_close(t);
+        return zn_set_error(-e, "%s: mmap: %s", path, strerror(e));
+    }
+    t->map_len = size;
+    t->ids = (const unsigned char *)t->map + ZN_TOKENS_HEADER;
+    t->count = count;
+    t->vocab = vocab;
+    t->width = (int)width;
+    *out = t;
+    return 0;
+}
+
+/* The synthetic chain's successor probabilities (sum 1). */
+static const double syn_p[4] = { 0.6, 0.2, 0.15, 0.05 };
+
+double zn_tokens_synthetic_entropy(void)
+{
+    double h = 0;
+    for (int k = 0; k < 4; k++)
+        h -= syn_p[k] * log(syn_p[k]);
+    return h;
+}
+
+int zn_tokens_synthetic(zn_tokens **out, uint64_t count, uint32_t vocab, uint64_t seed)
+{
+    *out = NULL;
+    if (vocab < 8)
+        return zn_set_error(ZN_EARG, "synthetic data: vocab %u must be >= 8", vocab);
+    if (count == 0 || count > ((uint64_t)1 << 34))
+        return zn_set_error(ZN_EARG, "synthetic data: count %llu must be in 1..2^34",
+                            (unsigned long long)count);
+    zn_tokens *t = calloc(1, sizeof *t);
+    uint32_t *succ = malloc((size_t)vocab * 4 * sizeof *succ);
+    if (!t || !succ || !(t->name = strdup("synthetic")) ||
+        !(t->owned = malloc(count * sizeof *t->owned))) {
+        free(succ);
+        zn_tokens_close(t);
+        return zn_set_error(-ENOMEM, "synthetic data: out of memory for %llu tokens",
+                            (unsigned long long)count);
+    }
+    /* Each token's 4 distinct successors, drawn from its own stream. */
+    for (uint32_t v = 0; v < vocab; v++) {
+        uint64_t s = seed * 0x2545f4914f6cdd1dull ^ ((uint64_t)v << 32 | 0x5eed);
+        for (int k = 0; k < 4; k++) {
+            uint32_t c;
+            int dup;
+            do {
+                c = (uint32_t)rand_below(&s, vocab);
+                dup = 0;
+                for (int j = 0; j < k; j++)
+                    dup |= succ[v * 4 + j] == c;
+            } while (dup);
+            succ[v * 4 + k] = c;
+        }
+    }
+    uint64_t s = seed ^ 0x6a09e667f3bcc909ull;
+    uint32_t cur = (uint32_t)rand_below(&s, vocab);
+    for (uint64_t i = 0; i < count; i++) {
+        t->owned[i] = cur;
+        double u = (double)(splitmix64(&s) >> 11) * 0x1.0p-53, acc = 0;
+        int k = 3;
+        for (int j = 0; j < 4; j++) {
+            acc += syn_p[j];
+            if (u < acc) {
+                k = j;
+                break;
+            }
+        }
+        cur = succ[cur * 4 + k];
+    }
+    free(succ);
+    t->ids = (const unsigned char *)t->owned;
+    t->count = count;
+    t->vocab = vocab;
+    t->width = 4;
+    *out = t;
+    return 0;
+}
+
+uint64_t zn_tokens_count(const zn_tokens *t)
+{
+    return t->count;
+}
+
+uint32_t zn_tokens_vocab(const zn_tokens *t)
+{
+    return t->vocab;
+}
+
+int zn_tokens_width(const zn_tokens *t)
+{
+    return t->width;
+}
+
+const char *zn_tokens_name(const zn_tokens *t)
+{
+    return t->name;
+}
+
+uint32_t zn_tokens_get(const zn_tokens *t, uint64_t i)
+{
+    const unsigned char *p = t->ids + i * (uint64_t)t->width;
+    return t->width == 2 ? (uint32_t)p[0] | (uint32_t)p[1] << 8 : rd_u32(p);
+}
+
+int zn_tokens_write(const char *path, const uint32_t *ids, uint64_t n, int width, uint32_t vocab)
+{
+    if (width != 2 && width != 4)
+        return zn_set_error(ZN_EARG, "%s: width %d must be 2 or 4", path, width);
+    for (uint64_t i = 0; i < n; i++)
+        if ((width == 2 && ids[i] > 0xffff) || (vocab && ids[i] >= vocab))
+            return zn_set_error(ZN_EARG, "%s: token %llu = %u does not fit %s", path,
+                                (unsigned long long)i, ids[i],
+                                vocab && ids[i] >= vocab ? "the vocab" : "16 bits");
+    char tmp[4096];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
+        return zn_set_error(-ENAMETOOLONG, "%s: path too long", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return zn_set_error(-errno, "%s: %s", tmp, strerror(errno));
+    unsigned char h[ZN_TOKENS_HEADER] = { 0 };
+    memcpy(h, ZN_TOKENS_MAGIC, 8);
+    for (int i = 0; i < 4; i++) {
+        h[8 + i] = (unsigned char)(ZN_TOKENS_VERSION >> (8 * i));
+        h[12 + i] = (unsigned char)((uint32_t)width >> (8 * i));
+        h[24 + i] = (unsigned char)(vocab >> (8 * i));
+    }
+    for (int i = 0; i < 8; i++)
+        h[16 + i] = (unsigned char)(n >> (8 * i));
+    int ok = fwrite(h, 1, sizeof h, f) == sizeof h;
+    unsigned char buf[4096];
+    size_t fill = 0;
+    for (uint64_t i = 0; i < n && ok; i++) {
+        for (int b = 0; b < width; b++)
+            buf[fill++] = (unsigned char)(ids[i] >> (8 * b));
+        if (fill + 4 > sizeof buf) {
+            ok = fwrite(buf, 1, fill, f) == fill;
+            fill = 0;
+        }
+    }
+    if (ok && fill)
+        ok = fwrite(buf, 1, fill, f) == fill;
+    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int e = errno ? errno : EIO;
+    if (fclose(f))
+        ok = 0;
+    if (!ok || rename(tmp, path)) {
+        if (ok)
+            e = errno;
+        unlink(tmp);
+        return zn_set_error(-e, "%s: write: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+/* ---- loader ---------------------------------------------------------------- */
+
+struct zn_loader {
+    const zn_tokens *t;
+    zn_loader_config cfg;
+    uint64_t n_windows, steps_per_epoch;
+    uint64_t *perm;
+    uint64_t perm_epoch;
+    int have_perm;
+};
+
+zn_loader_config zn_loader_config_default(void)
+{
+    zn_loader_config c = { .seq_len = 256, .batch = 4, .rank = 0, .world = 1, .seed = 1234,
+                           .shuffle = 1, .vocab = 0 };
+    return c;
+}
+
+int zn_loader_create(zn_loader **out, const zn_tokens *t, const zn_loader_config *cfg)
+{
+    *out = NULL;
+    if (cfg->seq_len <= 0 || cfg->batch <= 0 || cfg->world <= 0 || cfg->rank < 0 ||
+        cfg->rank >= cfg->world || cfg->vocab < 0)
+        return zn_set_error(ZN_EARG, "loader: bad seq_len %lld / batch %lld / rank %d of %d",
+                            (long long)cfg->seq_len, (long long)cfg->batch, cfg->rank,
+                            cfg->world);
+    if (cfg->vocab && t->vocab > (uint64_t)cfg->vocab)
+        return zn_set_error(ZN_ECONFIG, "%s: token ids go up to vocab %u but the model's vocab is "
+                                        "%lld", t->name, t->vocab, (long long)cfg->vocab);
+    uint64_t n = t->count > 0 ? (t->count - 1) / (uint64_t)cfg->seq_len : 0;
+    uint64_t g = (uint64_t)cfg->world * (uint64_t)cfg->batch;
+    if (n < g)
+        return zn_set_error(ZN_ECONFIG, "%s: %llu tokens make %llu sequences of %lld, fewer than "
+                                        "one global batch (%llu = %d ranks x %lld)",
+                            t->name, (unsigned long long)t->count, (unsigned long long)n,
+                            (long long)cfg->seq_len, (unsigned long long)g, cfg->world,
+                            (long long)cfg->batch);
+    zn_loader *l = calloc(1, sizeof *l);
+    if (!l || !(l->perm = malloc(n * sizeof *l->perm))) {
+        free(l);
+        return zn_set_error(-ENOMEM, "loader: out of memory for %llu sequences",
+                            (unsigned long long)n);
+    }
+    l->t = t;
+    l->cfg = *cfg;
+    l->n_windows = n;
+    l->steps_per_epoch = n / g;
+    *out = l;
+    return 0;
+}
+
+void zn_loader_destroy(zn_loader *l)
+{
+    if (!l)
+        return;
+    free(l->perm);
+    free(l);
+}
+
+uint64_t zn_loader_num_windows(const zn_loader *l)
+{
+    return l->n_windows;
+}
+
+uint64_t zn_loader_steps_per_epoch(const zn_loader *l)
+{
+    return l->steps_per_epoch;
+}
+
+static void make_perm(zn_loader *l, uint64_t epoch)
+{
+    uint64_t n = l->n_windows;
+    for (uint64_t i = 0; i < n; i++)
+        l->perm[i] = i;
+    if (l->cfg.shuffle) {
+        uint64_t s = l->cfg.seed ^ (epoch + 1) * 0xd1b54a32d192ed03ull;
+        for (uint64_t i = n - 1; i > 0; i--) {
+            uint64_t j = rand_below(&s, i + 1), x = l->perm[i];
+            l->perm[i] = l->perm[j];
+            l->perm[j] = x;
+        }
+    }
+    l->perm_epoch = epoch;
+    l->have_perm = 1;
+}
+
+int zn_loader_get(zn_loader *l, uint64_t step, int32_t *inputs, int32_t *targets)
+{
+    uint64_t epoch = step / l->steps_per_epoch, s = step % l->steps_per_epoch;
+    if (!l->have_perm || l->perm_epoch != epoch)
+        make_perm(l, epoch);
+    int64_t L = l->cfg.seq_len, B = l->cfg.batch;
+    uint64_t base = s * (uint64_t)l->cfg.world * (uint64_t)B + (uint64_t)l->cfg.rank * (uint64_t)B;
+    for (int64_t b = 0; b < B; b++) {
+        uint64_t w = l->perm[base + (uint64_t)b], first = w * (uint64_t)L;
+        for (int64_t i = 0; i <= L; i++) {
+            uint32_t id = zn_tokens_get(l->t, first + (uint64_t)i);
+            if (l->cfg.vocab && id >= (uint64_t)l->cfg.vocab)
+                return zn_set_error(ZN_ECORRUPT, "%s: token %llu is %u, outside the model's vocab "
+                                                 "(%lld)", l->t->name,
+                                    (unsigned long long)(first + (uint64_t)i), id,
+                                    (long long)l->cfg.vocab);
+            if (i < L)
+                inputs[b * L + i] = (int32_t)id;
+            if (i > 0)
+                targets[b * L + i - 1] = (int32_t)id;
+        }
+    }
+    return 0;
+}
