@@ -1040,7 +1040,15 @@ char *zn_config_dump(const zn_config *c)
         json_t *v = NULL;
         switch (k->kind) {
         case K_BOOL: v = json_boolean(*(const bool *)(base + k->off)); break;
-        case K_INT: case K_BATCH: v = json_integer(*(const int64_t *)(base + k->off)); break;
+        case K_INT: {
+            /* A value outside the key's range is "unset" (model dimensions
+             * when model.path is used): leave it out. */
+            int64_t n = *(const int64_t *)(base + k->off);
+            if ((double)n >= k->min && (double)n <= k->max)
+                v = json_integer(n);
+            break;
+        }
+        case K_BATCH: v = json_integer(*(const int64_t *)(base + k->off)); break;
         case K_INT32: v = json_integer(*(const int *)(base + k->off)); break;
         case K_NUM: v = json_real(*(const double *)(base + k->off)); break;
         case K_STR: v = json_string(base + k->off); break;

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The `zinc` command's exit codes and error texts: 0 success, 1 failure with
+# "zinc: error: ...", 2 bad usage.
+set -u
+zinc=$1
+src=$2
+pass=0 fail=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# expect CODE PATTERN -- ARGS...: runs zinc ARGS, checks the exit code and
+# that stdout+stderr matches PATTERN (grep -E).
+expect() {
+    local want=$1 pat=$2
+    shift 3
+    local out rc
+    out=$("$zinc" "$@" 2>&1)
+    rc=$?
+    if [ "$rc" -ne "$want" ]; then
+        echo "FAIL: zinc $*: exit $rc, expected $want"; echo "$out" | head -5
+        fail=$((fail + 1)); return
+    fi
+    if ! grep -qE -- "$pat" <<<"$out"; then
+        echo "FAIL: zinc $*: output does not match /$pat/:"; echo "$out" | head -5
+        fail=$((fail + 1)); return
+    fi
+    pass=$((pass + 1))
+}
+
+expect 2 "usage: zinc" --
+expect 0 "commands:" -- --help
+expect 0 "^zinc [0-9]" -- --version
+expect 2 "unknown command 'frob'" -- frob
+expect 0 "cores" -- info
+expect 0 '"cores": [0-9]+' -- info --json
+expect 2 "unknown argument" -- info --bogus
+expect 0 "fits" -- plan "$src/examples/tiny.json"
+expect 0 "14.77B parameters" -- plan "$src/examples/a10-qwen2.5-14b-nvme.json"
+expect 0 "7.62B parameters" -- plan "$src/examples/a10-qwen2.5-7b.json"
+expect 1 "cpu tier needs .*offload_optimizer.device=nvme needs" -- \
+    plan "$src/examples/a10-qwen2.5-7b.json" --set tiers.cpu=64GiB
+expect 1 "offload_parm: unknown key \(did you mean 'offload_param'\?\)" -- \
+    plan "$src/examples/tiny.json" --set zero_optimization.offload_parm.device=cpu
+expect 1 "cannot open config" -- plan "$tmp/missing.json"
+printf '{\n "train_batch_size": 4,\n "zero_optimization": {"stage": 3,}\n}\n' > "$tmp/bad.json"
+expect 1 "bad.json:3:" -- plan "$tmp/bad.json"
+expect 2 "--set needs KEY=VALUE" -- plan "$src/examples/tiny.json" --set
+expect 2 "unknown option" -- plan "$src/examples/tiny.json" --frob
+expect 2 "expected a rank count" -- plan "$src/examples/tiny.json" --world 0
+expect 0 '"stage": 3' -- plan "$src/examples/tiny.json" --print-config
+
+echo "cli: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

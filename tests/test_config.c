@@ -1,0 +1,225 @@
+/* The config parser: good files, each class of bad file, and the text of
+ * the errors (the key path, the line:column, the suggestion). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "zinc/config.h"
+#include "zt.h"
+
+#ifndef ZN_SOURCE_ROOT
+#error "ZN_SOURCE_ROOT must point at the source tree"
+#endif
+
+static int parse(zn_config *c, const char *json)
+{
+    return zn_config_parse(c, json, "t.json", NULL, 0);
+}
+
+/* Expects the JSON to be refused with a message containing `want`. */
+static void bad(const char *json, const char *want)
+{
+    zn_config c;
+    int rc = parse(&c, json);
+    ZT_CHECK_MSG(rc == ZN_ECONFIG, "expected ZN_ECONFIG for %s, got %d", json, rc);
+    ZT_CONTAINS(zn_last_error(), want);
+}
+
+static void test_defaults(void)
+{
+    zn_config c;
+    ZT_EQ_INT(parse(&c, "{}"), 0);
+    /* DeepSpeed's defaults (shared/reference/deepspeed.md, section 2). */
+    ZT_EQ_INT(c.zero.stage, 0);
+    ZT_EQ_INT(c.zero.sub_group_size, 1000000000);
+    ZT_EQ_INT(c.zero.stage3_prefetch_bucket_size, 50000000);
+    ZT_EQ_INT(c.zero.stage3_param_persistence_threshold, 100000);
+    ZT_EQ_INT(c.zero.offload_param.buffer_count, 5);
+    ZT_EQ_INT(c.zero.offload_param.buffer_size, 100000000);
+    ZT_EQ_INT(c.zero.offload_param.max_in_cpu, 1000000000);
+    ZT_EQ_INT(c.zero.offload_optimizer.buffer_count, 4);
+    ZT_EQ_INT(c.aio.block_size, 1048576);
+    ZT_EQ_INT(c.aio.queue_depth, 8);
+    ZT_EQ_INT(c.aio.intra_op_parallelism, 1);
+    ZT_CHECK(c.aio.overlap_events);
+    ZT_CHECK(!c.aio.single_submit);
+    ZT_CHECK(c.optimizer.lr == 1e-3 && c.optimizer.beta1 == 0.9 && c.optimizer.beta2 == 0.999);
+    ZT_CHECK(c.optimizer.bias_correction);
+    ZT_EQ_INT(c.fp16.initial_scale_power, 16);
+    ZT_EQ_INT(c.fp16.loss_scale_window, 1000);
+    ZT_EQ_INT(c.fp16.hysteresis, 2);
+    ZT_CHECK(c.tiers.gpu_auto && c.tiers.cpu_auto);
+    ZT_EQ_INT(zn_config_resolve_batch(&c, 1), 0);
+    ZT_EQ_INT(c.train_batch_size, 1);
+}
+
+static void test_good(void)
+{
+    zn_config c;
+    int rc = parse(&c,
+        "{\"train_batch_size\": 32, \"gradient_accumulation_steps\": 4,"
+        " \"steps_per_print\": 7, \"wall_clock_breakdown\": false,"
+        " \"optimizer\": {\"type\": \"adamw\", \"params\": {\"lr\": 2e-5, \"betas\": [0.8, 0.99],"
+        "   \"weight_decay\": 0.1, \"torch_adam\": false}},"
+        " \"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"total_num_steps\": 100,"
+        "   \"warmup_num_steps\": 10, \"warmup_max_lr\": 2e-5}},"
+        " \"bf16\": {\"enabled\": true},"
+        " \"zero_optimization\": {\"stage\": 3, \"sub_group_size\": 1e8,"
+        "   \"reduce_scatter\": true, \"stage3_gather_16bit_weights_on_model_save\": true,"
+        "   \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nvme\", \"max_in_cpu\": 5e8},"
+        "   \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": null}},"
+        " \"aio\": {\"thread_count\": 3, \"queue_depth\": 32},"
+        " \"tiers\": {\"gpu\": \"24GiB\", \"cpu\": \"auto\","
+        "   \"nvme\": [{\"path\": \"/a\", \"size\": \"1TiB\"}, {\"path\": \"/b\"}]},"
+        " \"_note\": \"keys starting with _ are comments\"}");
+    ZT_CHECK_MSG(rc == 0, "parse failed: %s", zn_last_error());
+    ZT_EQ_INT(c.optimizer.type, ZN_OPT_ADAMW);
+    ZT_CHECK(c.optimizer.adam_w_mode);
+    ZT_CHECK(c.optimizer.lr == 2e-5 && c.optimizer.beta1 == 0.8 && c.optimizer.beta2 == 0.99);
+    ZT_EQ_INT(c.scheduler.type, ZN_SCHED_WARMUP_DECAY_LR);
+    ZT_EQ_INT(c.scheduler.total_num_steps, 100);
+    ZT_CHECK(c.bf16);
+    ZT_EQ_INT(c.zero.stage, 3);
+    ZT_EQ_INT(c.zero.sub_group_size, 100000000);
+    ZT_EQ_INT(c.zero.offload_param.device, ZN_OFFLOAD_NVME);
+    ZT_EQ_STR(c.zero.offload_param.nvme_path, "/nvme");
+    ZT_EQ_INT(c.zero.offload_param.max_in_cpu, 500000000);
+    ZT_EQ_INT(c.zero.offload_optimizer.device, ZN_OFFLOAD_CPU);
+    ZT_CHECK(c.zero.offload_optimizer.pin_memory); /* null keeps the default */
+    ZT_EQ_INT(c.aio.intra_op_parallelism, 3);      /* thread_count is the old name */
+    ZT_EQ_INT(c.train.log_every, 7);               /* steps_per_print */
+    ZT_CHECK(!c.tiers.gpu_auto);
+    ZT_EQ_U64(c.tiers.gpu, 24ull << 30);
+    ZT_CHECK(c.tiers.cpu_auto);
+    ZT_EQ_INT(c.tiers.n_nvme, 2);
+    ZT_EQ_U64(c.tiers.nvme[0].size, 1ull << 40);
+    ZT_CHECK(!c.tiers.nvme[0].size_auto);
+    ZT_CHECK(c.tiers.nvme[1].size_auto);
+    ZT_EQ_INT(zn_config_resolve_batch(&c, 2), 0);
+    ZT_EQ_INT(c.train_micro_batch_size_per_gpu, 4);
+
+    /* The dump parses back to the same config. */
+    char *dump = zn_config_dump(&c);
+    ZT_CHECK(dump != NULL);
+    zn_config c2;
+    rc = parse(&c2, dump);
+    ZT_CHECK_MSG(rc == 0, "re-parsing the dump failed: %s\n%s", zn_last_error(), dump);
+    ZT_CHECK(c2.optimizer.lr == c.optimizer.lr);
+    ZT_EQ_INT(c2.zero.offload_param.max_in_cpu, c.zero.offload_param.max_in_cpu);
+    ZT_EQ_U64(c2.tiers.nvme[0].size, c.tiers.nvme[0].size);
+    ZT_EQ_INT(c2.tiers.n_nvme, 2);
+    ZT_EQ_INT(c2.scheduler.type, c.scheduler.type);
+    ZT_EQ_INT(c2.train_batch_size, c.train_batch_size);
+    free(dump);
+}
+
+static void test_bad(void)
+{
+    /* Syntax errors carry line:column. */
+    bad("{\n  \"a\": 1,\n}", "t.json:3:1");
+    bad("[1, 2]", "top level must be an object");
+    bad("{\"train_batch_size\": 1, \"train_batch_size\": 2}", "duplicate");
+    /* Unknown keys: the path and the closest key. */
+    bad("{\"zero_optimization\": {\"offload_parm\": {}}}",
+        "zero_optimization.offload_parm: unknown key (did you mean 'offload_param'?)");
+    bad("{\"zero_optimization\": {\"offload_param\": {\"devise\": \"cpu\"}}}",
+        "did you mean 'device'?");
+    bad("{\"sub_group_size\": 5}", "it belongs at 'zero_optimization.sub_group_size'");
+    bad("{\"frobnicate\": 5}", "frobnicate: unknown key");
+    /* DeepSpeed keys zinc does not implement. */
+    bad("{\"zero_optimization\": {\"reduce_scatter\": false}}",
+        "reduce_scatter is not implemented by zinc; only its default (true) is accepted");
+    bad("{\"zero_optimization\": {\"cpu_offload\": true}}", "offload_optimizer.device");
+    bad("{\"flops_profiler\": {}}", "flops_profiler is not implemented by zinc");
+    bad("{\"aio\": {\"use_gds\": true}}", "use_gds");
+    /* Types and ranges. */
+    bad("{\"zero_optimization\": {\"stage\": 4}}", "zero_optimization.stage: 4 is out of range [0, 3]");
+    bad("{\"zero_optimization\": {\"stage\": \"3\"}}", "expected an integer, got a string");
+    bad("{\"zero_optimization\": {\"sub_group_size\": 1.5}}", "expected an integer, got 1.5");
+    bad("{\"zero_optimization\": {\"offload_param\": {\"device\": \"disk\"}}}",
+        "'disk' is not one of none|cpu|nvme");
+    bad("{\"optimizer\": {\"type\": \"SGD\"}}", "'SGD' is not one of Adam|AdamW");
+    bad("{\"optimizer\": {\"params\": {\"betas\": [0.9]}}}", "expected [beta1, beta2]");
+    bad("{\"optimizer\": {\"params\": {\"betas\": [0.9, 1.5]}}}", "must be in [0, 1)");
+    bad("{\"bf16\": {\"enabled\": 1}}", "expected true or false");
+    bad("{\"tiers\": {\"gpu\": \"24GB!\"}}", "tiers.gpu: size '24GB!'");
+    bad("{\"tiers\": {\"gpu\": -5}}", "must not be negative");
+    bad("{\"tiers\": {\"nvme\": [{\"size\": \"1GiB\"}]}}", "tiers.nvme[0]: missing 'path'");
+    bad("{\"tiers\": {\"nvme\": [{\"path\": \"/x\", \"speed\": 1}]}}", "unknown key 'speed'");
+    bad("{\"train_micro_batch_size_per_gpu\": 0}", "must be >= 1, or \"auto\"");
+    bad("{\"aio\": {\"block_size\": 5000}}", "aio.block_size: 5000 is not a multiple of 4096");
+    /* Cross-key rules. */
+    bad("{\"bf16\": {\"enabled\": true}, \"fp16\": {\"enabled\": true}}", "choose one");
+    bad("{\"zero_optimization\": {\"stage\": 2, \"offload_param\": {\"device\": \"cpu\"}}}",
+        "offload_param needs zero_optimization.stage = 3");
+    bad("{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\"}}}",
+        "needs offload_optimizer.nvme_path or tiers.nvme");
+    bad("{\"scheduler\": {\"type\": \"WarmupCosineLR\"}}", "total_num_steps is required");
+    bad("{\"model\": {\"hidden_size\": 64, \"num_hidden_layers\": 2}}", "give either 'path'");
+    bad("{\"model\": {\"hidden_size\": 60, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+        " \"intermediate_size\": 10, \"vocab_size\": 10}}", "not a multiple of num_attention_heads");
+    bad("{\"train\": {\"checkpoint\": {\"every\": 5}}}", "train.checkpoint.dir is not");
+
+    /* Batch arithmetic. */
+    zn_config c;
+    ZT_EQ_INT(parse(&c, "{\"train_batch_size\": 10, \"train_micro_batch_size_per_gpu\": 3}"), 0);
+    ZT_EQ_INT(zn_config_resolve_batch(&c, 1), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "not divisible");
+    ZT_EQ_INT(parse(&c, "{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": 2,"
+                        " \"gradient_accumulation_steps\": 2}"), 0);
+    ZT_EQ_INT(zn_config_resolve_batch(&c, 1), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "train_batch_size (8) != ");
+    ZT_EQ_INT(zn_config_resolve_batch(&c, 2), 0);
+}
+
+static void test_overrides(void)
+{
+    zn_config c;
+    const char *sets[] = { "zero_optimization.stage=3", "tiers.gpu=2GiB",
+                           "optimizer.params.lr=0.5", "train.device=host",
+                           "zero_optimization.offload_param.device=cpu" };
+    int rc = zn_config_parse(&c, "{\"zero_optimization\": {\"stage\": 1}}", "t.json", sets, 5);
+    ZT_CHECK_MSG(rc == 0, "overrides failed: %s", zn_last_error());
+    ZT_EQ_INT(c.zero.stage, 3);
+    ZT_EQ_U64(c.tiers.gpu, 2ull << 30);
+    ZT_CHECK(c.optimizer.lr == 0.5);
+    ZT_EQ_STR(c.train.device, "host");
+    ZT_EQ_INT(c.zero.offload_param.device, ZN_OFFLOAD_CPU);
+    const char *badset[] = { "zero_optimization.stage.x=1" };
+    ZT_EQ_INT(zn_config_parse(&c, "{\"zero_optimization\": {\"stage\": 1}}", "t.json", badset, 1),
+              ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "'zero_optimization.stage' is not an object");
+    const char *noeq[] = { "tiers.gpu" };
+    ZT_EQ_INT(zn_config_parse(&c, "{}", "t.json", noeq, 1), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "expected key.path=value");
+    const char *typo[] = { "tiers.gpus=1GiB" };
+    ZT_EQ_INT(zn_config_parse(&c, "{}", "t.json", typo, 1), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "tiers.gpus: unknown key (did you mean 'gpu'?)");
+}
+
+static void test_files(void)
+{
+    static const char *files[] = { "examples/tiny.json", "examples/a10-qwen2.5-7b.json",
+                                   "examples/a10-qwen2.5-14b-nvme.json" };
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", ZN_SOURCE_ROOT, files[i]);
+        zn_config c;
+        int rc = zn_config_load(&c, path, NULL, 0);
+        ZT_CHECK_MSG(rc == 0, "%s: %s", files[i], zn_last_error());
+        ZT_EQ_INT(zn_config_resolve_batch(&c, 1), 0);
+    }
+    zn_config c;
+    ZT_EQ_INT(zn_config_load(&c, "/nonexistent/ds.json", NULL, 0), -ENOENT);
+    ZT_CONTAINS(zn_last_error(), "/nonexistent/ds.json");
+}
+
+int main(void)
+{
+    test_defaults();
+    test_good();
+    test_bad();
+    test_overrides();
+    test_files();
+    return zt_done();
+}

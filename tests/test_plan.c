@@ -1,0 +1,154 @@
+/* The planner: byte figures computed by hand for a small model, the
+ * not-fits explanation, ZeRO sharding, and the parameter counts of real
+ * models (published figures) from the config's model section. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "zinc/config.h"
+#include "zinc/model.h"
+#include "zinc/plan.h"
+#include "cli/cli.h"
+#include "zt.h"
+
+static const uint64_t blocks[] = { 100, 1000, 1000, 100 };
+
+static zn_plan_input small_input(int world)
+{
+    zn_plan_input in = {
+        .n_blocks = 4, .block_params = blocks, .persistent_params = 10,
+        .n_layers = 2, .hidden = 8, .n_heads = 2, .n_kv_heads = 2, .head_dim = 4,
+        .intermediate = 16, .vocab = 100, .micro_batch = 1, .seq_len = 4,
+        .param_bytes = 2, .world_size = world, .activation_checkpointing = true,
+    };
+    return in;
+}
+
+static void small_config(zn_config *c)
+{
+    const char *json =
+        "{\"zero_optimization\": {\"stage\": 3,"
+        "  \"offload_param\": {\"device\": \"cpu\"},"
+        "  \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/x\"}}}";
+    if (zn_config_parse(c, json, "small", NULL, 0))
+        ZT_SETUP_FAIL("config: %s", zn_last_error());
+}
+
+static void test_hand_computed(void)
+{
+    zn_config c;
+    small_config(&c);
+    zn_plan_input in = small_input(1);
+    zn_plan_budgets b = { { 11668, 39580, 35200 } };
+    zn_plan p;
+    int rc = zn_plan_compute(&p, &c, &in, &b);
+    ZT_CHECK_MSG(rc == 0, "plan: %s", zn_last_error());
+    ZT_EQ_U64(p.params_total, 2200);
+    ZT_EQ_U64(p.bytes[ZN_STATE_PARAMS][ZN_TIER_GPU], 20);       /* 10 persistent x 2 B */
+    ZT_EQ_U64(p.bytes[ZN_STATE_PARAMS][ZN_TIER_CPU], 4380);     /* 2190 x 2 B */
+    ZT_EQ_U64(p.bytes[ZN_STATE_MASTER][ZN_TIER_NVME], 8800);    /* 2200 x 4 B */
+    ZT_EQ_U64(p.bytes[ZN_STATE_ADAM_M][ZN_TIER_NVME], 8800);
+    ZT_EQ_U64(p.bytes[ZN_STATE_ADAM_V][ZN_TIER_NVME], 8800);
+    ZT_EQ_U64(p.bytes[ZN_STATE_GRADS][ZN_TIER_NVME], 8800);
+    ZT_EQ_U64(p.bytes[ZN_STATE_ACT_CKPT][ZN_TIER_GPU], 128);    /* 2 layers x 4 tok x 8 x 2 B */
+    /* window 2200 x 2 + block grads 1000 x 2 + layer work 1920 + logits chunk 3200 */
+    ZT_EQ_U64(p.bytes[ZN_STATE_WORK][ZN_TIER_GPU], 4400 + 2000 + 5120);
+    ZT_EQ_U64(p.bytes[ZN_STATE_WORK][ZN_TIER_CPU], 4 * 2200 * 4); /* buffer_count x sub-group */
+    ZT_EQ_U64(p.tier_total[ZN_TIER_GPU], 11668);
+    ZT_EQ_U64(p.tier_total[ZN_TIER_CPU], 39580);
+    ZT_EQ_U64(p.tier_total[ZN_TIER_NVME], 35200);
+    ZT_CHECK(p.fits);
+
+    /* One byte short on the GPU: refused, with the amount and the fix. */
+    b.bytes[ZN_TIER_GPU] = 11667;
+    rc = zn_plan_compute(&p, &c, &in, &b);
+    ZT_EQ_INT(rc, ZN_ENOFIT);
+    ZT_CHECK(!p.fits);
+    ZT_CONTAINS(p.why, "gpu tier needs 11.39 KiB");
+    ZT_CONTAINS(p.why, "short by 1 B");
+    ZT_CONTAINS(p.why, "cpu_checkpointing=true");
+    ZT_CONTAINS(zn_last_error(), "short by 1 B");
+
+    /* CPU short with the optimizer on the CPU: suggests NVMe with the figure. */
+    const char *sets[] = { "zero_optimization.offload_optimizer.device=cpu" };
+    if (zn_config_parse(&c, "{\"zero_optimization\": {\"stage\": 3, \"offload_param\":"
+                            " {\"device\": \"cpu\"}}}", "small", sets, 1))
+        ZT_SETUP_FAIL("config: %s", zn_last_error());
+    zn_plan_budgets b2 = { { 1 << 20, 1000, 0 } };
+    rc = zn_plan_compute(&p, &c, &in, &b2);
+    ZT_EQ_INT(rc, ZN_ENOFIT);
+    ZT_CONTAINS(p.why, "cpu tier needs");
+    ZT_CONTAINS(p.why, "offload_optimizer.device=nvme needs 34.38 KiB on nvme; tiers.nvme has 0 B");
+}
+
+static void test_sharded(void)
+{
+    zn_config c;
+    small_config(&c);
+    zn_plan_input in = small_input(2);
+    zn_plan_budgets b = { { 1 << 30, 1 << 30, 1 << 30 } };
+    zn_plan p;
+    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &b), 0);
+    /* Stage 3 over 2 ranks: each rank owns half of everything. */
+    ZT_EQ_U64(p.bytes[ZN_STATE_PARAMS][ZN_TIER_GPU], 5 * 2);
+    ZT_EQ_U64(p.bytes[ZN_STATE_PARAMS][ZN_TIER_CPU], 1095 * 2);
+    ZT_EQ_U64(p.bytes[ZN_STATE_MASTER][ZN_TIER_NVME], 1100 * 4);
+    ZT_EQ_U64(p.bytes[ZN_STATE_GRADS][ZN_TIER_NVME], 1100 * 4);
+    /* Stage 1: only the optimizer state is sharded. */
+    const char *sets[] = { "zero_optimization.stage=1" };
+    if (zn_config_parse(&c, "{\"zero_optimization\": {\"offload_optimizer\": {\"device\":"
+                            " \"cpu\"}}}", "s1", sets, 1))
+        ZT_SETUP_FAIL("config: %s", zn_last_error());
+    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &b), 0);
+    ZT_EQ_U64(p.bytes[ZN_STATE_PARAMS][ZN_TIER_GPU], 2200 * 2);
+    ZT_EQ_U64(p.bytes[ZN_STATE_MASTER][ZN_TIER_CPU], 1100 * 4);
+    ZT_EQ_U64(p.bytes[ZN_STATE_GRADS][ZN_TIER_CPU], 2200 * 4);
+}
+
+/* Published parameter counts, from the models' config.json values. */
+static void test_real_models(void)
+{
+    static const struct { const char *name, *json; uint64_t params; } models[] = {
+        { "Llama-2-7B", "{\"model\": {\"model_type\": \"llama\", \"hidden_size\": 4096,"
+          " \"num_hidden_layers\": 32, \"num_attention_heads\": 32, \"num_key_value_heads\": 32,"
+          " \"intermediate_size\": 11008, \"vocab_size\": 32000}}", 6738415616ull },
+        { "Llama-3-8B", "{\"model\": {\"model_type\": \"llama\", \"hidden_size\": 4096,"
+          " \"num_hidden_layers\": 32, \"num_attention_heads\": 32, \"num_key_value_heads\": 8,"
+          " \"intermediate_size\": 14336, \"vocab_size\": 128256, \"rope_theta\": 500000}}",
+          8030261248ull },
+        { "Qwen2.5-7B", "{\"model\": {\"model_type\": \"qwen2\", \"hidden_size\": 3584,"
+          " \"num_hidden_layers\": 28, \"num_attention_heads\": 28, \"num_key_value_heads\": 4,"
+          " \"intermediate_size\": 18944, \"vocab_size\": 152064}}", 7615616512ull },
+        { "Qwen2.5-14B", "{\"model\": {\"model_type\": \"qwen2\", \"hidden_size\": 5120,"
+          " \"num_hidden_layers\": 48, \"num_attention_heads\": 40, \"num_key_value_heads\": 8,"
+          " \"intermediate_size\": 13824, \"vocab_size\": 152064}}", 14770033664ull },
+    };
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        zn_config c;
+        if (zn_config_parse(&c, models[i].json, models[i].name, NULL, 0))
+            ZT_SETUP_FAIL("%s: %s", models[i].name, zn_last_error());
+        zn_model_dims d;
+        int rc = zn_cli_model_dims(&c, &d);
+        ZT_CHECK_MSG(rc == 0, "%s: %s", models[i].name, zn_last_error());
+        uint64_t n = zn_model_param_count(&d);
+        ZT_CHECK_MSG(n == models[i].params, "%s: %llu parameters, published %llu",
+                     models[i].name, (unsigned long long)n, (unsigned long long)models[i].params);
+        /* The planner sums the same blocks. */
+        uint64_t *bl = calloc((size_t)zn_model_num_blocks(&d), sizeof *bl);
+        zn_plan_input in;
+        zn_config_resolve_batch(&c, 1);
+        zn_cli_plan_input(&c, &d, 1, bl, &in);
+        zn_plan_budgets b = { { UINT64_MAX / 4, UINT64_MAX / 4, UINT64_MAX / 4 } };
+        zn_plan p;
+        ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &b), 0);
+        ZT_EQ_U64(p.params_total, models[i].params);
+        free(bl);
+    }
+}
+
+int main(void)
+{
+    test_hand_computed();
+    test_sharded();
+    test_real_models();
+    return zt_done();
+}
