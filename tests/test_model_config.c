@@ -93,6 +93,25 @@ int main(void)
     ZT_EQ_INT(parse("{" BASE "}", &nb), 0);
     ZT_EQ_U64(zn_model_param_count(&d) - zn_model_param_count(&nb), 2 * 4 * 64);
 
+    /* transformers 5 spelling: rope_parameters carries theta and type. */
+    ZT_EQ_INT(parse("{" BASE ",\"rope_parameters\":{\"rope_theta\":500000.0,\"rope_type\":"
+                    "\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+                    "\"original_max_position_embeddings\":32},\"layer_types\":"
+                    "[\"full_attention\",\"full_attention\"]}", &d), 0);
+    ZT_CHECK(d.rope_theta == 500000.0);
+    ZT_EQ_INT(d.rope_type, ZN_ROPE_LLAMA3);
+    ZT_EQ_INT(d.rope_orig_max_pos, 32);
+    ZT_EQ_INT(parse("{" BASE ",\"rope_parameters\":{\"rope_theta\":1000000.0,\"rope_type\":"
+                    "\"default\"}}", &d), 0);
+    ZT_CHECK(d.rope_theta == 1000000.0);
+    ZT_EQ_INT(d.rope_type, ZN_ROPE_DEFAULT);
+    ZT_EQ_INT(parse("{" BASE ",\"rope_theta\":10.0,\"rope_parameters\":{\"rope_theta\":20.0}}",
+                    &d), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "disagree");
+    ZT_EQ_INT(parse("{" BASE ",\"layer_types\":[\"full_attention\",\"sliding_attention\"]}", &d),
+              ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "layer_types[1]");
+
     /* Errors name the file and the key. */
     ZT_EQ_INT(parse("{\"model_type\":\"llama\"}", &d), ZN_ECONFIG);
     ZT_CONTAINS(zn_last_error(), "cfg.json");

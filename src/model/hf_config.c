@@ -156,9 +156,41 @@ static int get_str(cfg_ctx *c, const char *key, const char **out)
     return 0;
 }
 
-static int parse_rope_scaling(cfg_ctx *c, zn_model_dims *d)
+/* RoPE: transformers < 5 writes rope_theta and rope_scaling (null or
+ * {rope_type|type, ...}); transformers 5 writes rope_parameters {rope_type,
+ * rope_theta, ...}. Both are read; where both give a theta they must agree. */
+static int parse_rope(cfg_ctx *c, zn_model_dims *d)
 {
+    int rc;
+    json_t *rp = json_object_get(c->root, "rope_parameters");
     json_t *rs = json_object_get(c->root, "rope_scaling");
+    const char *rs_name = "rope_scaling.";
+    if (rp && !json_is_null(rp)) {
+        if (!json_is_object(rp))
+            return zn_set_error(ZN_ECONFIG, "%s: key 'rope_parameters' must be an object",
+                                c->name);
+        if (rs && !json_is_null(rs))
+            return zn_set_error(ZN_ECONFIG, "%s: both 'rope_parameters' and 'rope_scaling' are "
+                                            "set; keep one", c->name);
+        rs = rp;
+        rs_name = "rope_parameters.";
+    }
+    if ((rc = get_num_in(c, c->root, "", "rope_theta", 0, 0.0, &d->rope_theta)))
+        return rc;
+    if (rs == rp && rp && !json_is_null(rp)) {
+        double t;
+        if ((rc = get_num_in(c, rp, rs_name, "rope_theta", 0, 0.0, &t)))
+            return rc;
+        if (t != 0.0 && d->rope_theta != 0.0 && t != d->rope_theta)
+            return zn_set_error(ZN_ECONFIG, "%s: rope_theta (%g) and rope_parameters.rope_theta "
+                                            "(%g) disagree", c->name, d->rope_theta, t);
+        if (t != 0.0)
+            d->rope_theta = t;
+    }
+    if (d->rope_theta == 0.0)
+        d->rope_theta = 10000.0; /* LlamaConfig / Qwen2Config default */
+
+    d->rope_type = ZN_ROPE_DEFAULT;
     if (!rs || json_is_null(rs))
         return 0;
     if (!json_is_object(rs))
@@ -167,31 +199,29 @@ static int parse_rope_scaling(cfg_ctx *c, zn_model_dims *d)
     json_t *t = json_object_get(rs, "rope_type");
     if (!t)
         t = json_object_get(rs, "type"); /* older transformers spelling */
+    if (!t && rs == rp)
+        return 0; /* rope_parameters with only a theta */
     if (!t || !json_is_string(t))
-        return zn_set_error(ZN_ECONFIG, "%s: key 'rope_scaling.rope_type' must be a string",
-                            c->name);
+        return zn_set_error(ZN_ECONFIG, "%s: key '%srope_type' must be a string", c->name,
+                            rs_name);
     const char *type = json_string_value(t);
     if (!strcmp(type, "default"))
         return 0;
     if (strcmp(type, "llama3"))
         return zn_set_error(ZN_EUNSUPPORTED,
-                            "%s: rope_scaling.rope_type '%s' is not supported (zinc implements "
-                            "'default' and 'llama3')", c->name, type);
-    int rc;
+                            "%s: %srope_type '%s' is not supported (zinc implements 'default' "
+                            "and 'llama3')", c->name, rs_name, type);
     double orig;
     d->rope_type = ZN_ROPE_LLAMA3;
-    if ((rc = get_num_in(c, rs, "rope_scaling.", "factor", 1, 0, &d->rope_factor)) ||
-        (rc = get_num_in(c, rs, "rope_scaling.", "low_freq_factor", 1, 0,
-                         &d->rope_low_freq_factor)) ||
-        (rc = get_num_in(c, rs, "rope_scaling.", "high_freq_factor", 1, 0,
-                         &d->rope_high_freq_factor)) ||
-        (rc = get_num_in(c, rs, "rope_scaling.", "original_max_position_embeddings", 1, 0,
-                         &orig)))
+    if ((rc = get_num_in(c, rs, rs_name, "factor", 1, 0, &d->rope_factor)) ||
+        (rc = get_num_in(c, rs, rs_name, "low_freq_factor", 1, 0, &d->rope_low_freq_factor)) ||
+        (rc = get_num_in(c, rs, rs_name, "high_freq_factor", 1, 0, &d->rope_high_freq_factor)) ||
+        (rc = get_num_in(c, rs, rs_name, "original_max_position_embeddings", 1, 0, &orig)))
         return rc;
     if (orig != floor(orig) || orig <= 0 || orig > 1e12)
         return zn_set_error(ZN_ECONFIG,
-                            "%s: key 'rope_scaling.original_max_position_embeddings' must be a "
-                            "positive integer", c->name);
+                            "%s: key '%soriginal_max_position_embeddings' must be a positive "
+                            "integer", c->name, rs_name);
     d->rope_orig_max_pos = (int64_t)orig;
     return 0;
 }
@@ -241,23 +271,38 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
     if ((rc = get_int(c, "head_dim", 0, d->hidden / d->n_heads, &d->head_dim)))
         return rc;
 
-    if ((rc = get_num_in(c, c->root, "", "rope_theta", 0, 10000.0, &d->rope_theta)) ||
-        (rc = get_num_in(c, c->root, "", "rms_norm_eps", 0, 1e-6, &d->rms_eps)))
+    if ((rc = get_num_in(c, c->root, "", "rms_norm_eps", 0, 1e-6, &d->rms_eps)))
         return rc;
-    if ((rc = parse_rope_scaling(c, d)))
+    if ((rc = parse_rope(c, d)))
         return rc;
     if ((rc = get_bool(c, "tie_word_embeddings", 0, &d->tie_embeddings)))
         return rc;
 
     int flag;
     if (d->arch == ZN_ARCH_QWEN2) {
-        d->qkv_bias = 1; /* Qwen2Attention: q/k/v bias=True, o_proj bias=False */
         if ((rc = get_bool(c, "use_sliding_window", 0, &flag)))
             return rc;
         if (flag)
             return zn_set_error(ZN_EUNSUPPORTED,
                                 "%s: use_sliding_window=true is not supported (zinc computes full "
                                 "causal attention)", c->name);
+    }
+    /* transformers 5: per-layer attention kinds. */
+    json_t *lt = json_object_get(c->root, "layer_types");
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt))
+            return zn_set_error(ZN_ECONFIG, "%s: key 'layer_types' must be an array", c->name);
+        size_t i;
+        json_t *x;
+        json_array_foreach(lt, i, x) {
+            if (!json_is_string(x) || strcmp(json_string_value(x), "full_attention"))
+                return zn_set_error(ZN_EUNSUPPORTED, "%s: layer_types[%zu] is not "
+                                                     "\"full_attention\" (zinc computes full causal "
+                                                     "attention only)", c->name, i);
+        }
+    }
+    if (d->arch == ZN_ARCH_QWEN2) {
+        d->qkv_bias = 1; /* Qwen2Attention: q/k/v bias=True, o_proj bias=False */
     } else {
         if ((rc = get_bool(c, "attention_bias", 0, &flag)))
             return rc;
