@@ -3,6 +3,9 @@
 #define ZINC_ZINC_H
 
 #include "zinc/util.h"
+#include "zinc/config.h"
+#include "zinc/topo.h"
+#include "zinc/plan.h"
 #include "zinc/device.h"
 #include "zinc/model.h"
 
