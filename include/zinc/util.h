@@ -116,6 +116,13 @@ static inline const char *zn_dtype_name(zn_dtype t)
     return t == ZN_DTYPE_F32 ? "f32" : t == ZN_DTYPE_BF16 ? "bf16" : t == ZN_DTYPE_F16 ? "f16" : "?";
 }
 
+/* ---- checksums -----------------------------------------------------------
+ * crc32c (Castagnoli). Start with crc = 0; pass the previous result to
+ * continue over the next piece: zn_crc32c(zn_crc32c(0, a, n), b, m) equals
+ * the crc of a followed by b. Uses the SSE4.2 crc32 instruction where the CPU
+ * has it (chosen at run time), a table otherwise. Thread-safe. */
+ZN_API uint32_t zn_crc32c(uint32_t crc, const void *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif
