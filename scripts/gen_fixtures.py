@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Generates zinc's PyTorch reference fixtures in tests/fixtures/.
+
+Two tiny random decoders, built and run by Hugging Face transformers:
+  tiny-llama  llama, GQA 4/2 heads, llama3 rope_scaling, untied lm_head,
+              weights stored as bf16 (one model.safetensors)
+  tiny-qwen2  qwen2, GQA 4/2 heads, q/k/v bias, tied embeddings, weights
+              stored as fp32 in two shards + model.safetensors.index.json
+For each: config.json (as transformers writes it), the weights, and
+reference.json with the batch (inputs, targets; some targets -100 for
+qwen2), the mean cross-entropy, a slice of logits and the L2 norm of every
+parameter's gradient. The reference runs in float64 on the very values
+stored on disk, so it is the exact answer that zinc's fp32 must approach.
+tokens.tok (ZNTOKENS format, docs/tokens.md) holds the shared token stream:
+its (count-1)/seq_len windows are exactly the batch rows.
+
+Usage: python3 scripts/gen_fixtures.py [--out tests/fixtures]
+Without torch importable, it makes .venv-fixtures/ beside the repository's
+top folder, installs scripts/requirements-fixtures.txt there with pip and
+re-runs itself inside it. Only PyPI is needed. CI never runs this.
+"""
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV = os.path.join(ROOT, ".venv-fixtures")
+
+
+def ensure_torch():
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+        import safetensors  # noqa: F401
+        return
+    except ImportError:
+        pass
+    py = os.path.join(VENV, "bin", "python")
+    if os.path.abspath(sys.executable) == os.path.abspath(py):
+        sys.exit("gen_fixtures: torch/transformers still missing inside " + VENV)
+    if not os.path.exists(py):
+        print("gen_fixtures: creating", VENV, flush=True)
+        subprocess.check_call([sys.executable, "-m", "venv", VENV])
+    req = os.path.join(ROOT, "scripts", "requirements-fixtures.txt")
+    subprocess.check_call([py, "-m", "pip", "install", "-q", "-r", req])
+    os.execv(py, [py] + sys.argv)
+
+
+VOCAB = 320
+SEQ = 16
+BATCH = 2
+
+
+def write_tokens(path, ids, vocab):
+    with open(path, "wb") as f:
+        f.write(b"ZNTOKENS")
+        f.write(struct.pack("<IIQII", 1, 2, len(ids), vocab, 0))
+        f.write(struct.pack("<%dH" % len(ids), *ids))
+
+
+def randomize(model, torch, gen):
+    """Weights large enough that every op matters (HF's 0.02 init makes the
+    logits nearly uniform, which would make a loss comparison weak)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+            elif name.endswith(".bias"):
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+            elif "embed_tokens" in name:
+                # Tied: the same matrix makes the logits, keep them O(1).
+                std = 0.3 if model.config.tie_word_embeddings else 1.0
+                p.copy_(std * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+            else:
+                fan_in = p.shape[1]
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * (1.5 / fan_in ** 0.5))
+
+
+def make(kind, out, tokens, torch, transformers, save_file):
+    gen = torch.Generator().manual_seed(1 if kind == "llama" else 2)
+    common = dict(hidden_size=64, intermediate_size=128 if kind == "llama" else 96,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  vocab_size=VOCAB, max_position_embeddings=64, hidden_act="silu")
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(
+            **common, rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False,
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+            rope_theta=10000.0)
+        cls = transformers.LlamaForCausalLM
+    else:
+        cfg = transformers.Qwen2Config(**common, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                       rope_theta=1000000.0, use_sliding_window=False)
+        cls = transformers.Qwen2ForCausalLM
+    cfg._attn_implementation = "eager"
+    model = cls(cfg).to(torch.float64)
+    randomize(model, torch, gen)
+    if kind == "qwen2":
+        model.tie_weights()
+
+    # What goes on disk, and the exact values the reference computes with.
+    disk_dtype = torch.bfloat16 if kind == "llama" else torch.float32
+    tensors = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            q = p.to(disk_dtype)
+            p.copy_(q.to(torch.float64))
+            tensors[name] = q.contiguous()
+    if cfg.tie_word_embeddings:
+        assert "lm_head.weight" not in tensors
+
+    d = os.path.join(out, "tiny-" + kind)
+    os.makedirs(d, exist_ok=True)
+    for f in os.listdir(d):
+        os.remove(os.path.join(d, f))
+    cfg.save_pretrained(d)
+    meta = {"format": "pt"}
+    if kind == "llama":
+        save_file(tensors, os.path.join(d, "model.safetensors"), metadata=meta)
+    else:
+        names = sorted(tensors)
+        first = [n for n in names if n.startswith("model.embed_tokens") or n.startswith("model.layers.0.")]
+        rest = [n for n in names if n not in first]
+        files = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": rest}
+        wm = {}
+        total = 0
+        for fname, group in files.items():
+            save_file({n: tensors[n] for n in group}, os.path.join(d, fname), metadata=meta)
+            for n in group:
+                wm[n] = fname
+                total += tensors[n].numel() * tensors[n].element_size()
+        with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": wm}, f, indent=2, sort_keys=True)
+
+    # The batch: rows are the loader's windows of tokens.tok.
+    ids = torch.tensor(tokens, dtype=torch.long)
+    inputs = torch.stack([ids[b * SEQ: b * SEQ + SEQ] for b in range(BATCH)])
+    targets = torch.stack([ids[b * SEQ + 1: b * SEQ + SEQ + 1] for b in range(BATCH)])
+    eval_targets = targets.clone()
+    if kind == "qwen2":
+        targets[0, 3] = -100
+        targets[1, 0] = -100
+        targets[1, 15] = -100
+
+    model.train()
+    model.zero_grad()
+    logits = model(input_ids=inputs).logits  # [B, T, V] float64
+    ce = torch.nn.functional.cross_entropy
+    loss = ce(logits.reshape(-1, VOCAB), targets.reshape(-1), ignore_index=-100)
+    loss.backward()
+    with torch.no_grad():
+        eval_loss = ce(logits.reshape(-1, VOCAB), eval_targets.reshape(-1)).item()
+    positions = [[0, 0], [0, 7], [0, 15], [1, 5], [1, 15]]
+    ref = {
+        "generator": "scripts/gen_fixtures.py",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "precision": "float64 on the stored values",
+        "weights_dtype": "bf16" if kind == "llama" else "f32",
+        "batch": BATCH,
+        "seq_len": SEQ,
+        "inputs": inputs.reshape(-1).tolist(),
+        "targets": targets.reshape(-1).tolist(),
+        "loss": loss.item(),
+        "eval_loss": eval_loss,
+        "logits": {"positions": positions,
+                   "values": [logits[b, t].tolist() for b, t in positions]},
+        "grad_norms": {n: p.grad.norm().item() for n, p in model.named_parameters()},
+    }
+    with open(os.path.join(d, "reference.json"), "w") as f:
+        json.dump(ref, f, indent=1)
+    print("%s: loss %.6f, eval_loss %.6f, %d parameters" %
+          (d, ref["loss"], eval_loss, sum(p.numel() for p in model.parameters())))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
+    args = ap.parse_args()
+    ensure_torch()
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1234)
+    tokens = torch.randint(0, VOCAB, (BATCH * SEQ + 1,), generator=g).tolist()
+    os.makedirs(args.out, exist_ok=True)
+    write_tokens(os.path.join(args.out, "tokens.tok"), tokens, VOCAB)
+    for kind in ("llama", "qwen2"):
+        make(kind, args.out, tokens, torch, transformers, save_file)
+
+
+if __name__ == "__main__":
+    main()
