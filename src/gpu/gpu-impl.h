@@ -1,0 +1,241 @@
+/* Private side of the device layer: the backend vtable (ggml-backend style),
+ * the operation descriptors that streams carry, the arena allocator and the
+ * helpers shared by the host and CUDA backends. */
+#ifndef ZN_GPU_IMPL_H
+#define ZN_GPU_IMPL_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "zinc/device.h"
+#include "zn_build_config.h"
+
+/* ---- bf16 on the host (same rounding as the CUDA kernels) ----------------*/
+static inline float zn_gpu_bf2f(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t zn_gpu_f2bf(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* ---- the arena: best fit over an address-ordered block list -------------*/
+typedef struct zn_arena_blk zn_arena_blk;
+typedef struct zn_arena {
+    uintptr_t base;
+    uint64_t size;
+    uint64_t used, peak, n_live;
+    zn_arena_blk *head;       /* all blocks by address */
+    zn_arena_blk *free_list;  /* free blocks, unordered */
+    zn_arena_blk **buckets;   /* live blocks by address (chained hash) */
+    size_t n_buckets;
+} zn_arena;
+
+int zn_arena_init(zn_arena *a, void *base, uint64_t size);
+void zn_arena_fini(zn_arena *a);
+/* Returns the offset-aligned block or NULL (no block large enough). */
+void *zn_arena_alloc(zn_arena *a, uint64_t bytes);
+/* Returns the size of the freed block, or 0 if p is not a live block. */
+uint64_t zn_arena_free(zn_arena *a, void *p);
+uint64_t zn_arena_largest_free(const zn_arena *a);
+/* Number of blocks in the list and free blocks (tests check coalescing). */
+void zn_arena_counts(const zn_arena *a, size_t *blocks, size_t *free_blocks);
+
+/* ---- operations carried by streams ------------------------------------*/
+typedef enum {
+    ZN_OPK_COPY = 1,
+    ZN_OPK_MEMSET,
+    ZN_OPK_FILL,
+    ZN_OPK_HOST_FN,
+    ZN_OPK_GEMM,
+    ZN_OPK_EMB_FWD,
+    ZN_OPK_EMB_BWD,
+    ZN_OPK_RMS_FWD,
+    ZN_OPK_RMS_BWD,
+    ZN_OPK_ROPE,
+    ZN_OPK_SOFTMAX_FWD,
+    ZN_OPK_SOFTMAX_BWD,
+    ZN_OPK_SWIGLU_FWD,
+    ZN_OPK_SWIGLU_BWD,
+    ZN_OPK_ADD,
+    ZN_OPK_AXPY,
+    ZN_OPK_SCALE,
+    ZN_OPK_BIAS_ADD,
+    ZN_OPK_BIAS_GRAD,
+    ZN_OPK_CAST,
+    ZN_OPK_XENT_FWD,
+    ZN_OPK_XENT_FINISH,
+    ZN_OPK_XENT_BWD,
+    ZN_OPK_REDUCE,
+    /* host backend only: stream bookkeeping */
+    ZN_OPK_EV_RECORD,
+    ZN_OPK_EV_WAIT,
+} zn_op_kind;
+
+typedef enum { ZN_COPY_H2D = 0, ZN_COPY_D2H, ZN_COPY_D2D } zn_copy_dir;
+
+typedef struct zn_op {
+    zn_op_kind kind;
+    union {
+        struct { void *dst; const void *src; size_t bytes; zn_copy_dir dir; } copy;
+        struct { void *dst; int value; size_t bytes; } memset;
+        struct { void *x; zn_dtype dt; int64_t n; float value; } fill;
+        struct { void (*fn)(void *); void *arg; } host_fn;
+        struct {
+            zn_trans ta, tb;
+            int64_t m, n, k, lda, ldb, ldc, sa, sb, sc, batch;
+            float alpha, beta;
+            const void *A, *B; void *C;
+            zn_dtype adt, bdt, cdt;
+        } gemm;
+        struct {
+            const int32_t *ids; int64_t n_tokens, vocab, dim;
+            const void *table; zn_dtype table_dt; void *out; zn_dtype out_dt;
+            const void *dout; zn_dtype dout_dt; float *dtable;
+        } emb;
+        struct {
+            const void *x; zn_dtype x_dt; const void *w; zn_dtype w_dt;
+            void *y; zn_dtype y_dt; float *rstd; int64_t rows, dim; float eps;
+        } rms_fwd;
+        struct {
+            const void *x; zn_dtype x_dt; const void *w; zn_dtype w_dt;
+            const float *rstd; const void *dy; zn_dtype dy_dt; void *dx; zn_dtype dx_dt;
+            float *dw; int64_t rows, dim;
+        } rms_bwd;
+        struct {
+            void *x; zn_dtype dt; int64_t tokens, n_heads, head_dim, ld;
+            const int32_t *pos; const float *inv_freq; int inverse;
+        } rope;
+        struct {
+            const void *S; zn_dtype S_dt; void *P; zn_dtype P_dt;
+            const void *dP; zn_dtype dP_dt; const void *Pin; zn_dtype Pin_dt;
+            int64_t batch, rows, cols, q_offset; float scale;
+        } softmax;
+        struct {
+            const void *gate, *up, *dout; void *out, *dgate, *dup;
+            zn_dtype dt; int64_t n;
+        } swiglu;
+        struct {   /* add: y = a + b; axpy: y += alpha x; scale: x *= alpha */
+            const void *a, *b; void *y; zn_dtype a_dt, y_dt; int64_t n; float alpha;
+        } ew;
+        struct {
+            void *y; const void *dy; zn_dtype y_dt; int64_t ld;
+            const void *bias; zn_dtype bias_dt; float *dbias; int64_t rows, cols;
+        } bias;
+        struct { const void *x; zn_dtype x_dt; void *y; zn_dtype y_dt; int64_t n; } cast;
+        struct {
+            const void *logits; zn_dtype dt; int64_t rows, cols, ld, v0;
+            const int32_t *targets; float *run_max, *run_sum, *tgt; int first;
+            const float *lse; float *lse_out, *loss; float grad_scale;
+            const float *cmax, *csum, *ctgt;
+            void *dlogits; zn_dtype d_dt; int64_t ld_d;
+        } xent;
+        struct { const void *x; zn_dtype dt; int64_t n; float *out; int accumulate, square; } reduce;
+        struct { void *ev; uint64_t gen; } ev;
+    } u;
+} zn_op;
+
+/* ---- the vtable ---------------------------------------------------------
+ * Common code (device.c) checks arguments, keeps the arena and the pinned
+ * accounting, and builds zn_op descriptors; a backend moves bytes and runs
+ * ops. Stream/event objects are common with a backend `impl`. */
+typedef struct zn_dev_ops {
+    const char *name;
+    void (*destroy)(zn_dev *d);                    /* backend part only */
+    void (*arena_release)(zn_dev *d, void *base, uint64_t bytes);
+    int (*host_alloc)(zn_dev *d, size_t bytes, void **out, int *locked);
+    void (*host_free)(zn_dev *d, void *p, size_t bytes);
+    int (*host_register)(zn_dev *d, void *p, size_t bytes, int *locked);
+    void (*host_unregister)(zn_dev *d, void *p, size_t bytes);
+    int (*stream_create)(zn_dev *d, zn_stream *s);
+    void (*stream_destroy)(zn_dev *d, zn_stream *s);   /* drains first */
+    int (*stream_sync)(zn_dev *d, zn_stream *s);
+    int (*event_create)(zn_dev *d, zn_event *e);
+    void (*event_destroy)(zn_dev *d, zn_event *e);
+    int (*event_record)(zn_dev *d, zn_event *e, zn_stream *s);
+    int (*stream_wait_event)(zn_dev *d, zn_stream *s, zn_event *e);
+    int (*event_sync)(zn_dev *d, zn_event *e);
+    int (*event_query)(zn_dev *d, zn_event *e);
+    int (*event_elapsed_ms)(zn_dev *d, zn_event *a, zn_event *b, float *ms);
+    int (*submit)(zn_dev *d, zn_stream *s, const zn_op *op);
+} zn_dev_ops;
+
+struct zn_stream {
+    zn_dev *dev;
+    zn_stream *next;          /* device's list, under dev->lock */
+    char name[48];
+    void *impl;
+};
+
+struct zn_event {
+    zn_dev *dev;
+    void *impl;
+};
+
+typedef struct zn_host_buf {
+    void *p;
+    size_t bytes;
+    int registered;           /* from zn_dev_host_register */
+    char what[40];
+} zn_host_buf;
+
+struct zn_dev {
+    const zn_dev_ops *ops;
+    zn_dev_config cfg;
+    zn_dev_info info;
+    pthread_mutex_t lock;     /* arena, host buffers, stream list */
+    zn_arena arena;
+    void *arena_base;
+    uint64_t arena_bytes;
+    zn_host_buf *host_bufs;
+    size_t n_host_bufs, cap_host_bufs;
+    uint64_t host_used, host_peak;
+    int host_locked;
+    void *topo;               /* hwloc_topology_t */
+    zn_stream *streams;
+    zn_stream *default_stream;
+    void *impl;               /* backend */
+};
+
+/* Backends. Each fills d->ops, d->info, d->impl, d->arena_base/_bytes. */
+int zn_host_backend_create(zn_dev *d);
+#if defined(ZN_HAVE_CUDA) && ZN_HAVE_CUDA
+int zn_cuda_backend_create(zn_dev *d, int ordinal);
+#endif
+
+/* Pinned host memory on the host backend and the NUMA binding both use. */
+int zn_gpu_numa_alloc(zn_dev *d, size_t bytes, void **out);
+void zn_gpu_numa_free(zn_dev *d, void *p, size_t bytes);
+
+/* The plain C reference of every op except copies, host functions and
+ * events: runs `op` synchronously on the calling thread. GEMM uses OpenBLAS;
+ * bf16 GEMM converts tiles into `*scratch` (grown with realloc, owned by the
+ * caller, freed with free()). Returns 0 or -ENOMEM. */
+int zn_host_run_op(const zn_op *op, float **scratch, size_t *scratch_len);
+
+/* PCIe link of a PCI device from sysfs ("0000:17:00.0"): generation, width
+ * and one-direction peak GB/s. Returns 0 or -errno. */
+int zn_gpu_pcie_link(const char *bus_id, int *gen, int *width, double *peak_gbs);
+/* sysfs numa_node of a PCI device, -1 if unknown. */
+int zn_gpu_pci_numa_node(const char *bus_id);
+
+#if defined(ZN_HAVE_CUDA) && ZN_HAVE_CUDA
+/* The ceiling for `zinc bench pcie`: a plain cudaMemcpyAsync loop on one
+ * stream, `block` bytes per copy, `iters` copies, between a cudaHostAlloc
+ * buffer and a cudaMalloc buffer outside the arena. dir 0 = H2D, 1 = D2H.
+ * Returns 0 and GB/s in *gbs, or ZN_ECUDA. */
+int zn_cuda_plain_copy_gbs(zn_dev *d, int dir, size_t block, int iters, double *gbs);
+#endif
+
+#endif

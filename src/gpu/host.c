@@ -1,0 +1,452 @@
+/* The host backend: a "GPU" in host memory with the same semantics as CUDA.
+ * Each stream is a worker thread draining a bounded in-order queue; copies
+ * are memcpy on that thread, kernels the C reference (host_kernels.c), GEMM
+ * OpenBLAS. Events carry a generation counter, so a stream that waits on an
+ * event blocks its worker until the recording stream has passed the record.
+ * The arena is one mmap capped at the GPU budget, like HBM. */
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cblas.h>
+#include <hwloc.h>
+#include <omp.h>
+
+#include "gpu/gpu-impl.h"
+
+/* Ops a stream holds before a producer blocks (CUDA's queue is bounded too). */
+enum { HQ_CAP = 1024 };
+
+typedef struct hevent {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t rec_gen, done_gen;   /* latest record queued / completed */
+    uint64_t t_ns;                /* when done_gen completed */
+    int err;                      /* sticky error of the recording stream then */
+    int refs;                     /* owner + queued records and waits */
+} hevent;
+
+typedef struct hstream {
+    pthread_t th;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_idle, cv_space;
+    zn_op q[HQ_CAP];
+    size_t head, count;
+    int busy, quit;
+    int err;
+    char errmsg[512];
+    float *scratch;
+    size_t slen;
+    int blas_threads;
+    char name[48];
+} hstream;
+
+static void ev_unref(hevent *e)
+{
+    if (__atomic_sub_fetch(&e->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        pthread_mutex_destroy(&e->mu);
+        pthread_cond_destroy(&e->cv);
+        free(e);
+    }
+}
+
+static void exec_op(hstream *hs, const zn_op *op)
+{
+    int rc = 0;
+    switch (op->kind) {
+    case ZN_OPK_COPY:
+        memcpy(op->u.copy.dst, op->u.copy.src, op->u.copy.bytes);
+        break;
+    case ZN_OPK_HOST_FN:
+        op->u.host_fn.fn(op->u.host_fn.arg);
+        break;
+    case ZN_OPK_EV_RECORD: {
+        hevent *e = op->u.ev.ev;
+        pthread_mutex_lock(&hs->mu);
+        int err = hs->err;
+        pthread_mutex_unlock(&hs->mu);
+        pthread_mutex_lock(&e->mu);
+        if (op->u.ev.gen > e->done_gen) {
+            e->done_gen = op->u.ev.gen;
+            e->t_ns = zn_now_ns();
+            e->err = err;
+        }
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        ev_unref(e);
+        break;
+    }
+    case ZN_OPK_EV_WAIT: {
+        hevent *e = op->u.ev.ev;
+        pthread_mutex_lock(&e->mu);
+        while (e->done_gen < op->u.ev.gen)
+            pthread_cond_wait(&e->cv, &e->mu);
+        pthread_mutex_unlock(&e->mu);
+        ev_unref(e);
+        break;
+    }
+    default:
+        rc = zn_host_run_op(op, &hs->scratch, &hs->slen);
+        break;
+    }
+    if (rc) {
+        pthread_mutex_lock(&hs->mu);
+        if (!hs->err) {
+            hs->err = rc;
+            snprintf(hs->errmsg, sizeof hs->errmsg, "%s", zn_last_error());
+        }
+        pthread_mutex_unlock(&hs->mu);
+    }
+}
+
+static void *worker(void *arg)
+{
+    hstream *hs = arg;
+    if (hs->blas_threads > 0)
+        omp_set_num_threads(hs->blas_threads);
+    pthread_mutex_lock(&hs->mu);
+    for (;;) {
+        while (hs->count == 0 && !hs->quit)
+            pthread_cond_wait(&hs->cv_work, &hs->mu);
+        if (hs->count == 0)
+            break;                      /* quit, and the queue is drained */
+        zn_op op = hs->q[hs->head];
+        hs->head = (hs->head + 1) % HQ_CAP;
+        hs->count--;
+        hs->busy = 1;
+        pthread_cond_signal(&hs->cv_space);
+        pthread_mutex_unlock(&hs->mu);
+        exec_op(hs, &op);
+        pthread_mutex_lock(&hs->mu);
+        hs->busy = 0;
+        if (hs->count == 0)
+            pthread_cond_broadcast(&hs->cv_idle);
+    }
+    pthread_mutex_unlock(&hs->mu);
+    return NULL;
+}
+
+static int push(hstream *hs, const zn_op *op)
+{
+    pthread_mutex_lock(&hs->mu);
+    while (hs->count == HQ_CAP)
+        pthread_cond_wait(&hs->cv_space, &hs->mu);
+    hs->q[(hs->head + hs->count) % HQ_CAP] = *op;
+    hs->count++;
+    pthread_cond_signal(&hs->cv_work);
+    pthread_mutex_unlock(&hs->mu);
+    return 0;
+}
+
+/* ---- streams -------------------------------------------------------------*/
+static int h_stream_create(zn_dev *d, zn_stream *s)
+{
+    hstream *hs = calloc(1, sizeof *hs);
+    if (!hs)
+        return zn_set_error(-ENOMEM, "host stream: out of memory");
+    pthread_mutex_init(&hs->mu, NULL);
+    pthread_cond_init(&hs->cv_work, NULL);
+    pthread_cond_init(&hs->cv_idle, NULL);
+    pthread_cond_init(&hs->cv_space, NULL);
+    hs->blas_threads = d->cfg.host_blas_threads;
+    snprintf(hs->name, sizeof hs->name, "%s", s->name);
+    int rc = pthread_create(&hs->th, NULL, worker, hs);
+    if (rc) {
+        pthread_mutex_destroy(&hs->mu);
+        pthread_cond_destroy(&hs->cv_work);
+        pthread_cond_destroy(&hs->cv_idle);
+        pthread_cond_destroy(&hs->cv_space);
+        free(hs);
+        return zn_set_error(-rc, "host stream: pthread_create: %s", strerror(rc));
+    }
+    char tn[16];
+    snprintf(tn, sizeof tn, "zn:%.12s", s->name);
+    pthread_setname_np(hs->th, tn);    /* cosmetic; failure is harmless */
+    hs->started = 1;
+    s->impl = hs;
+    return 0;
+}
+
+static void h_stream_destroy(zn_dev *d, zn_stream *s)
+{
+    hstream *hs = s->impl;
+    if (!hs)
+        return;
+    pthread_mutex_lock(&hs->mu);
+    hs->quit = 1;
+    pthread_cond_signal(&hs->cv_work);
+    pthread_mutex_unlock(&hs->mu);
+    if (hs->started)
+        pthread_join(hs->th, NULL);
+    if (hs->err)
+        zn_warn("host stream '%s' destroyed with an unreported failure: %s", hs->name,
+                hs->errmsg);
+    free(hs->scratch);
+    pthread_mutex_destroy(&hs->mu);
+    pthread_cond_destroy(&hs->cv_work);
+    pthread_cond_destroy(&hs->cv_idle);
+    pthread_cond_destroy(&hs->cv_space);
+    free(hs);
+    s->impl = NULL;
+}
+
+static int h_stream_sync(zn_dev *d, zn_stream *s)
+{
+    hstream *hs = s->impl;
+    pthread_mutex_lock(&hs->mu);
+    while (hs->count || hs->busy)
+        pthread_cond_wait(&hs->cv_idle, &hs->mu);
+    int rc = hs->err;
+    if (rc) {
+        zn_set_error(rc, "%s", hs->errmsg);
+        hs->err = 0;
+        hs->errmsg[0] = '\0';
+    }
+    pthread_mutex_unlock(&hs->mu);
+    return rc;
+}
+
+static int h_submit(zn_dev *d, zn_stream *s, const zn_op *op)
+{
+    return push(s->impl, op);
+}
+
+/* ---- events -----------------------------------------------------------*/
+static int h_event_create(zn_dev *d, zn_event *e)
+{
+    hevent *he = calloc(1, sizeof *he);
+    if (!he)
+        return zn_set_error(-ENOMEM, "host event: out of memory");
+    pthread_mutex_init(&he->mu, NULL);
+    pthread_cond_init(&he->cv, NULL);
+    he->refs = 1;
+    e->impl = he;
+    return 0;
+}
+
+static void h_event_destroy(zn_dev *d, zn_event *e)
+{
+    if (e->impl)
+        ev_unref(e->impl);
+    e->impl = NULL;
+}
+
+static int h_event_record(zn_dev *d, zn_event *e, zn_stream *s)
+{
+    hevent *he = e->impl;
+    zn_op op = { .kind = ZN_OPK_EV_RECORD };
+    /* Take the generation and queue the record under the stream's order:
+     * two records racing from two threads each get their own generation. */
+    pthread_mutex_lock(&he->mu);
+    op.u.ev.gen = ++he->rec_gen;
+    pthread_mutex_unlock(&he->mu);
+    __atomic_add_fetch(&he->refs, 1, __ATOMIC_ACQ_REL);
+    op.u.ev.ev = he;
+    return push(s->impl, &op);
+}
+
+static int h_stream_wait_event(zn_dev *d, zn_stream *s, zn_event *e)
+{
+    hevent *he = e->impl;
+    zn_op op = { .kind = ZN_OPK_EV_WAIT };
+    pthread_mutex_lock(&he->mu);
+    op.u.ev.gen = he->rec_gen;
+    int done = he->done_gen >= he->rec_gen;
+    pthread_mutex_unlock(&he->mu);
+    if (done)
+        return 0;      /* nothing pending: no need to queue a wait */
+    __atomic_add_fetch(&he->refs, 1, __ATOMIC_ACQ_REL);
+    op.u.ev.ev = he;
+    return push(s->impl, &op);
+}
+
+static int h_event_sync(zn_dev *d, zn_event *e)
+{
+    hevent *he = e->impl;
+    pthread_mutex_lock(&he->mu);
+    uint64_t target = he->rec_gen;
+    while (he->done_gen < target)
+        pthread_cond_wait(&he->cv, &he->mu);
+    int err = he->err;
+    pthread_mutex_unlock(&he->mu);
+    if (err)
+        return zn_set_error(err, "event: the stream it was recorded on had failed "
+                            "(zn_dev_stream_sync on that stream has the detail)");
+    return 0;
+}
+
+static int h_event_query(zn_dev *d, zn_event *e)
+{
+    hevent *he = e->impl;
+    pthread_mutex_lock(&he->mu);
+    int done = he->done_gen >= he->rec_gen;
+    pthread_mutex_unlock(&he->mu);
+    return done;
+}
+
+static int h_event_elapsed(zn_dev *d, zn_event *a, zn_event *b, float *ms)
+{
+    hevent *ea = a->impl, *eb = b->impl;
+    uint64_t ta = 0, tb = 0;
+    int ok = 1;
+    pthread_mutex_lock(&ea->mu);
+    ok &= ea->rec_gen > 0 && ea->done_gen >= ea->rec_gen;
+    ta = ea->t_ns;
+    pthread_mutex_unlock(&ea->mu);
+    pthread_mutex_lock(&eb->mu);
+    ok &= eb->rec_gen > 0 && eb->done_gen >= eb->rec_gen;
+    tb = eb->t_ns;
+    pthread_mutex_unlock(&eb->mu);
+    if (!ok)
+        return zn_set_error(ZN_EARG, "event elapsed: an event has not been recorded or "
+                            "has not completed");
+    *ms = (float)(((double)tb - (double)ta) / 1e6);
+    return 0;
+}
+
+/* ---- memory --------------------------------------------------------------*/
+static void h_arena_release(zn_dev *d, void *base, uint64_t bytes)
+{
+    if (munmap(base, bytes))
+        zn_warn("host arena: munmap: %s", strerror(errno));
+}
+
+static int lock_pages(void *p, size_t bytes, int *locked)
+{
+    static int warned;
+    if (mlock(p, bytes) == 0) {
+        *locked = 1;
+        return 0;
+    }
+    int e = errno;
+    struct rlimit rl = { 0, 0 };
+    getrlimit(RLIMIT_MEMLOCK, &rl);
+    char lim[32];
+    if (rl.rlim_cur == RLIM_INFINITY)
+        snprintf(lim, sizeof lim, "unlimited");
+    else
+        zn_format_size((uint64_t)rl.rlim_cur, lim, sizeof lim);
+    zn_warn_once(&warned, "pinned memory: mlock refused (%s; RLIMIT_MEMLOCK = %s): "
+                 "pinned buffers stay pageable", strerror(e), lim);
+    *locked = 0;
+    return 0;
+}
+
+static int h_host_alloc(zn_dev *d, size_t bytes, void **out, int *locked)
+{
+    int rc = zn_gpu_numa_alloc(d, bytes, out);
+    if (rc)
+        return rc;
+    return lock_pages(*out, bytes, locked);
+}
+
+static void h_host_free(zn_dev *d, void *p, size_t bytes)
+{
+    munlock(p, bytes);   /* fails harmlessly when mlock had been refused */
+    zn_gpu_numa_free(d, p, bytes);
+}
+
+static int h_host_register(zn_dev *d, void *p, size_t bytes, int *locked)
+{
+    return lock_pages(p, bytes, locked);
+}
+
+static void h_host_unregister(zn_dev *d, void *p, size_t bytes)
+{
+    munlock(p, bytes);
+}
+
+static void h_destroy(zn_dev *d)
+{
+    (void)d;
+}
+
+static const zn_dev_ops host_ops = {
+    .name = "host",
+    .destroy = h_destroy,
+    .arena_release = h_arena_release,
+    .host_alloc = h_host_alloc,
+    .host_free = h_host_free,
+    .host_register = h_host_register,
+    .host_unregister = h_host_unregister,
+    .stream_create = h_stream_create,
+    .stream_destroy = h_stream_destroy,
+    .stream_sync = h_stream_sync,
+    .event_create = h_event_create,
+    .event_destroy = h_event_destroy,
+    .event_record = h_event_record,
+    .stream_wait_event = h_stream_wait_event,
+    .event_sync = h_event_sync,
+    .event_query = h_event_query,
+    .event_elapsed_ms = h_event_elapsed,
+    .submit = h_submit,
+};
+
+/* NUMA node of the CPU this thread last ran on; -1 if unknown. */
+static int current_node(zn_dev *d)
+{
+    hwloc_topology_t t = d->topo;
+    if (!t)
+        return -1;
+    int node = -1;
+    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    if (set && hwloc_get_last_cpu_location(t, set, HWLOC_CPUBIND_THREAD) == 0) {
+        hwloc_obj_t n = NULL;
+        while ((n = hwloc_get_next_obj_by_type(t, HWLOC_OBJ_NUMANODE, n)))
+            if (hwloc_bitmap_intersects(n->cpuset, set)) {
+                node = (int)n->os_index;
+                break;
+            }
+    }
+    if (node < 0) {
+        hwloc_obj_t n = hwloc_get_next_obj_by_type(t, HWLOC_OBJ_NUMANODE, NULL);
+        node = n ? (int)n->os_index : -1;
+    }
+    hwloc_bitmap_free(set);
+    return node;
+}
+
+int zn_host_backend_create(zn_dev *d)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    uint64_t phys = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+    uint64_t budget = d->cfg.gpu_budget;
+
+    if (budget == 0)
+        budget = phys / 4;
+    if (budget < 1u << 20)
+        budget = 1u << 20;   /* a tiny budget still gets a usable arena */
+    budget = (budget + 4095) & ~(uint64_t)4095;
+    void *base = mmap(NULL, budget, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) {
+        char b[32];
+        return zn_set_error(-errno, "host device: cannot reserve an arena of %s: %s",
+                            zn_format_size(budget, b, sizeof b), strerror(errno));
+    }
+    /* The arena is counted exactly: the allocator sees `gpu_budget` bytes
+     * (rounded down to ZN_DEV_ALIGN), not the page-rounded mapping. */
+    d->ops = &host_ops;
+    d->arena_base = base;
+    d->arena_bytes = budget;
+    if (d->cfg.gpu_budget && d->cfg.gpu_budget >= (1u << 20))
+        d->arena_bytes = d->cfg.gpu_budget;
+
+    zn_dev_info *in = &d->info;
+    memset(in, 0, sizeof *in);
+    in->kind = ZN_DEV_HOST;
+    snprintf(in->name, sizeof in->name, "host (emulated GPU)");
+    in->numa_node = d->cfg.numa_node >= 0 ? d->cfg.numa_node : current_node(d);
+    in->total_mem = phys;
+    in->free_mem = phys;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    in->sm_count = ncpu > 0 ? (int)ncpu : 1;
+    snprintf(in->driver, sizeof in->driver, "OpenBLAS %.50s", openblas_get_config());
+    return 0;
+}

@@ -1,0 +1,477 @@
+/* The plain C reference of every device kernel, and the host backend's
+ * implementation of them: one thread (the stream's worker), fp32 math with
+ * double accumulation in reductions, bf16 as uint16. GEMM goes to OpenBLAS
+ * (bf16 operands converted to fp32 tiles first). The CUDA kernels in
+ * cuda_kernels.cu follow these line by line. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include <cblas.h>
+
+#include "gpu/gpu-impl.h"
+
+static inline float ldf(const void *p, zn_dtype dt, int64_t i)
+{
+    return dt == ZN_DTYPE_F32 ? ((const float *)p)[i] : zn_gpu_bf2f(((const uint16_t *)p)[i]);
+}
+
+static inline void stf(void *p, zn_dtype dt, int64_t i, float v)
+{
+    if (dt == ZN_DTYPE_F32)
+        ((float *)p)[i] = v;
+    else
+        ((uint16_t *)p)[i] = zn_gpu_f2bf(v);
+}
+
+static inline const char *cadv(const void *p, zn_dtype dt, int64_t n)
+{
+    return (const char *)p + n * (int64_t)zn_dtype_size(dt);
+}
+
+static inline char *adv(void *p, zn_dtype dt, int64_t n)
+{
+    return (char *)p + n * (int64_t)zn_dtype_size(dt);
+}
+
+/* ---- GEMM ----------------------------------------------------------------*/
+static int grow(float **scratch, size_t *len, size_t need)
+{
+    if (*len >= need)
+        return 0;
+    float *p = realloc(*scratch, need * sizeof(float));
+    if (!p)
+        return zn_set_error(-ENOMEM, "host gemm: no memory for %zu bytes of fp32 tiles",
+                            need * sizeof(float));
+    *scratch = p;
+    *len = need;
+    return 0;
+}
+
+/* C[m x n] (row-major, ldc) = beta * C, with beta == 0 writing zeros (so that
+ * NaN in an unread C does not survive, as BLAS promises). */
+static void scale_c(void *C, zn_dtype cdt, int64_t m, int64_t n, int64_t ldc, float beta)
+{
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            int64_t o = i * ldc + j;
+            stf(C, cdt, o, beta == 0.0f ? 0.0f : beta * ldf(C, cdt, o));
+        }
+}
+
+enum { GEMM_MB = 256, GEMM_KB = 256 };
+
+static int gemm_one(const zn_op *op, const void *A, const void *B, void *C, float **scratch,
+                    size_t *slen)
+{
+    const int64_t m = op->u.gemm.m, n = op->u.gemm.n, k = op->u.gemm.k;
+    const int64_t lda = op->u.gemm.lda, ldb = op->u.gemm.ldb, ldc = op->u.gemm.ldc;
+    const int ta = op->u.gemm.ta == ZN_TRANS, tb = op->u.gemm.tb == ZN_TRANS;
+    const float alpha = op->u.gemm.alpha, beta = op->u.gemm.beta;
+    const zn_dtype adt = op->u.gemm.adt, cdt = op->u.gemm.cdt;
+
+    if (k == 0 || alpha == 0.0f) {
+        scale_c(C, cdt, m, n, ldc, beta);
+        return 0;
+    }
+    if (adt == ZN_DTYPE_F32) {
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                    tb ? CblasTrans : CblasNoTrans, (blasint)m, (blasint)n, (blasint)k, alpha,
+                    A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
+        return 0;
+    }
+    /* bf16 operands: gather op(A) and op(B) tiles as fp32, then sgemm into an
+     * fp32 row block of C (C itself when it is fp32). */
+    const int64_t mb = m < GEMM_MB ? m : GEMM_MB, kb = k < GEMM_KB ? k : GEMM_KB;
+    const size_t need_a = (size_t)(mb * kb), need_b = (size_t)(kb * n);
+    const size_t need_c = cdt == ZN_DTYPE_F32 ? 0 : (size_t)(mb * n);
+    int rc = grow(scratch, slen, need_a + need_b + need_c);
+    if (rc)
+        return rc;
+    float *At = *scratch, *Bt = At + need_a, *Cf = Bt + need_b;
+    const uint16_t *a16 = A, *b16 = B;
+
+    for (int64_t i0 = 0; i0 < m; i0 += mb) {
+        const int64_t mr = m - i0 < mb ? m - i0 : mb;
+        float *cb;
+        int64_t ldcb;
+        if (cdt == ZN_DTYPE_F32) {
+            cb = (float *)C + i0 * ldc;
+            ldcb = ldc;
+            scale_c(cb, ZN_DTYPE_F32, mr, n, ldc, beta);
+        } else {
+            cb = Cf;
+            ldcb = n;
+            for (int64_t i = 0; i < mr; i++)
+                for (int64_t j = 0; j < n; j++)
+                    Cf[i * n + j] = beta == 0.0f ? 0.0f :
+                        beta * zn_gpu_bf2f(((const uint16_t *)C)[(i0 + i) * ldc + j]);
+        }
+        for (int64_t p0 = 0; p0 < k; p0 += kb) {
+            const int64_t kr = k - p0 < kb ? k - p0 : kb;
+            for (int64_t i = 0; i < mr; i++)
+                for (int64_t p = 0; p < kr; p++) {
+                    int64_t r = i0 + i, c = p0 + p;
+                    At[i * kr + p] = zn_gpu_bf2f(ta ? a16[c * lda + r] : a16[r * lda + c]);
+                }
+            for (int64_t p = 0; p < kr; p++)
+                for (int64_t j = 0; j < n; j++) {
+                    int64_t r = p0 + p;
+                    Bt[p * n + j] = zn_gpu_bf2f(tb ? b16[j * ldb + r] : b16[r * ldb + j]);
+                }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)mr, (blasint)n,
+                        (blasint)kr, alpha, At, (blasint)kr, Bt, (blasint)n, 1.0f, cb,
+                        (blasint)ldcb);
+        }
+        if (cdt != ZN_DTYPE_F32)
+            for (int64_t i = 0; i < mr; i++)
+                for (int64_t j = 0; j < n; j++)
+                    ((uint16_t *)C)[(i0 + i) * ldc + j] = zn_gpu_f2bf(Cf[i * n + j]);
+    }
+    return 0;
+}
+
+static int run_gemm(const zn_op *op, float **scratch, size_t *slen)
+{
+    for (int64_t b = 0; b < op->u.gemm.batch; b++) {
+        int rc = gemm_one(op, cadv(op->u.gemm.A, op->u.gemm.adt, b * op->u.gemm.sa),
+                          cadv(op->u.gemm.B, op->u.gemm.bdt, b * op->u.gemm.sb),
+                          adv(op->u.gemm.C, op->u.gemm.cdt, b * op->u.gemm.sc), scratch, slen);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* ---- Llama kernels -----------------------------------------------------*/
+static void emb_fwd(const zn_op *op)
+{
+    const int64_t dim = op->u.emb.dim;
+    for (int64_t t = 0; t < op->u.emb.n_tokens; t++) {
+        int64_t id = op->u.emb.ids[t];
+        int ok = id >= 0 && id < op->u.emb.vocab;
+        for (int64_t j = 0; j < dim; j++)
+            stf(op->u.emb.out, op->u.emb.out_dt, t * dim + j,
+                ok ? ldf(op->u.emb.table, op->u.emb.table_dt, id * dim + j) : 0.0f);
+    }
+}
+
+static void emb_bwd(const zn_op *op)
+{
+    const int64_t dim = op->u.emb.dim;
+    for (int64_t t = 0; t < op->u.emb.n_tokens; t++) {
+        int64_t id = op->u.emb.ids[t];
+        if (id < 0 || id >= op->u.emb.vocab)
+            continue;
+        float *row = op->u.emb.dtable + id * dim;
+        for (int64_t j = 0; j < dim; j++)
+            row[j] += ldf(op->u.emb.dout, op->u.emb.dout_dt, t * dim + j);
+    }
+}
+
+static void rms_fwd(const zn_op *op)
+{
+    const int64_t dim = op->u.rms_fwd.dim;
+    const zn_dtype xt = op->u.rms_fwd.x_dt;
+    for (int64_t r = 0; r < op->u.rms_fwd.rows; r++) {
+        double ss = 0;
+        for (int64_t j = 0; j < dim; j++) {
+            double v = ldf(op->u.rms_fwd.x, xt, r * dim + j);
+            ss += v * v;
+        }
+        float rs = 1.0f / sqrtf((float)(ss / (double)dim) + op->u.rms_fwd.eps);
+        /* Read the whole row's x before y overwrites it (y may alias x). */
+        for (int64_t j = 0; j < dim; j++) {
+            float x = ldf(op->u.rms_fwd.x, xt, r * dim + j);
+            float w = ldf(op->u.rms_fwd.w, op->u.rms_fwd.w_dt, j);
+            stf(op->u.rms_fwd.y, op->u.rms_fwd.y_dt, r * dim + j, w * (x * rs));
+        }
+        if (op->u.rms_fwd.rstd)
+            op->u.rms_fwd.rstd[r] = rs;
+    }
+}
+
+static void rms_bwd(const zn_op *op)
+{
+    const int64_t dim = op->u.rms_bwd.dim, rows = op->u.rms_bwd.rows;
+    const zn_dtype xt = op->u.rms_bwd.x_dt, wt = op->u.rms_bwd.w_dt, dyt = op->u.rms_bwd.dy_dt;
+    for (int64_t r = 0; r < rows; r++) {
+        const float rs = op->u.rms_bwd.rstd[r];
+        double dot = 0;
+        for (int64_t j = 0; j < dim; j++)
+            dot += (double)ldf(op->u.rms_bwd.w, wt, j) * ldf(op->u.rms_bwd.dy, dyt, r * dim + j) *
+                   ldf(op->u.rms_bwd.x, xt, r * dim + j);
+        const float c = (float)(dot / (double)dim) * rs * rs;
+        for (int64_t j = 0; j < dim; j++) {
+            float x = ldf(op->u.rms_bwd.x, xt, r * dim + j);
+            float dy = ldf(op->u.rms_bwd.dy, dyt, r * dim + j);
+            float w = ldf(op->u.rms_bwd.w, wt, j);
+            stf(op->u.rms_bwd.dx, op->u.rms_bwd.dx_dt, r * dim + j, rs * (w * dy - x * c));
+        }
+    }
+}
+
+/* dw[j] += sum_r dy*x*rstd in row order; runs before rms_bwd because dx may
+ * alias dy. */
+static void rms_bwd_dw(const zn_op *op)
+{
+    const int64_t dim = op->u.rms_bwd.dim, rows = op->u.rms_bwd.rows;
+    for (int64_t j = 0; j < dim; j++) {
+        double acc = 0;
+        for (int64_t r = 0; r < rows; r++)
+            acc += (double)ldf(op->u.rms_bwd.dy, op->u.rms_bwd.dy_dt, r * dim + j) *
+                   ldf(op->u.rms_bwd.x, op->u.rms_bwd.x_dt, r * dim + j) * op->u.rms_bwd.rstd[r];
+        op->u.rms_bwd.dw[j] += (float)acc;
+    }
+}
+
+static void rope(const zn_op *op)
+{
+    const int64_t hd = op->u.rope.head_dim, half = hd / 2;
+    const zn_dtype dt = op->u.rope.dt;
+    const float sign = op->u.rope.inverse ? -1.0f : 1.0f;
+    for (int64_t t = 0; t < op->u.rope.tokens; t++) {
+        const float p = (float)op->u.rope.pos[t];
+        for (int64_t h = 0; h < op->u.rope.n_heads; h++) {
+            int64_t base = t * op->u.rope.ld + h * hd;
+            for (int64_t i = 0; i < half; i++) {
+                float a = p * op->u.rope.inv_freq[i];
+                float c = cosf(a), s = sign * sinf(a);
+                float x1 = ldf(op->u.rope.x, dt, base + i);
+                float x2 = ldf(op->u.rope.x, dt, base + i + half);
+                stf(op->u.rope.x, dt, base + i, x1 * c - x2 * s);
+                stf(op->u.rope.x, dt, base + i + half, x2 * c + x1 * s);
+            }
+        }
+    }
+}
+
+static void softmax_fwd(const zn_op *op)
+{
+    const int64_t rows = op->u.softmax.rows, cols = op->u.softmax.cols;
+    const float scale = op->u.softmax.scale;
+    const zn_dtype st = op->u.softmax.S_dt, pt = op->u.softmax.P_dt;
+    for (int64_t b = 0; b < op->u.softmax.batch; b++)
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t o = (b * rows + r) * cols;
+            int64_t lim = op->u.softmax.q_offset + r + 1;   /* valid keys: j < lim */
+            if (lim > cols)
+                lim = cols;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < lim; j++) {
+                float v = scale * ldf(op->u.softmax.S, st, o + j);
+                mx = v > mx ? v : mx;
+            }
+            double sum = 0;
+            for (int64_t j = 0; j < lim; j++)
+                sum += expf(scale * ldf(op->u.softmax.S, st, o + j) - mx);
+            const float inv = (float)(1.0 / sum);
+            for (int64_t j = 0; j < cols; j++)
+                stf(op->u.softmax.P, pt, o + j,
+                    j < lim ? expf(scale * ldf(op->u.softmax.S, st, o + j) - mx) * inv : 0.0f);
+        }
+}
+
+static void softmax_bwd(const zn_op *op)
+{
+    const int64_t rows = op->u.softmax.rows, cols = op->u.softmax.cols;
+    const float scale = op->u.softmax.scale;
+    const zn_dtype pt = op->u.softmax.Pin_dt, dpt = op->u.softmax.dP_dt;
+    for (int64_t b = 0; b < op->u.softmax.batch; b++)
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t o = (b * rows + r) * cols;
+            int64_t lim = op->u.softmax.q_offset + r + 1;
+            if (lim > cols)
+                lim = cols;
+            double dot = 0;
+            for (int64_t j = 0; j < lim; j++)
+                dot += (double)ldf(op->u.softmax.Pin, pt, o + j) *
+                       ldf(op->u.softmax.dP, dpt, o + j);
+            const float fd = (float)dot;
+            for (int64_t j = 0; j < cols; j++) {
+                float v = 0.0f;
+                if (j < lim)
+                    v = scale * ldf(op->u.softmax.Pin, pt, o + j) *
+                        (ldf(op->u.softmax.dP, dpt, o + j) - fd);
+                stf(op->u.softmax.P, op->u.softmax.P_dt, o + j, v);
+            }
+        }
+}
+
+static inline float sigm(float g)
+{
+    return 1.0f / (1.0f + expf(-g));
+}
+
+static void swiglu_fwd(const zn_op *op)
+{
+    const zn_dtype dt = op->u.swiglu.dt;
+    for (int64_t i = 0; i < op->u.swiglu.n; i++) {
+        float g = ldf(op->u.swiglu.gate, dt, i), u = ldf(op->u.swiglu.up, dt, i);
+        stf(op->u.swiglu.out, dt, i, g * sigm(g) * u);
+    }
+}
+
+static void swiglu_bwd(const zn_op *op)
+{
+    const zn_dtype dt = op->u.swiglu.dt;
+    for (int64_t i = 0; i < op->u.swiglu.n; i++) {
+        float g = ldf(op->u.swiglu.gate, dt, i), u = ldf(op->u.swiglu.up, dt, i);
+        float d = ldf(op->u.swiglu.dout, dt, i);
+        float sg = sigm(g);
+        stf(op->u.swiglu.dgate, dt, i, d * u * sg * (1.0f + g * (1.0f - sg)));
+        stf(op->u.swiglu.dup, dt, i, d * g * sg);
+    }
+}
+
+static void ew_op(const zn_op *op)
+{
+    const int64_t n = op->u.ew.n;
+    const zn_dtype at = op->u.ew.a_dt, yt = op->u.ew.y_dt;
+    switch (op->kind) {
+    case ZN_OPK_ADD:
+        for (int64_t i = 0; i < n; i++)
+            stf(op->u.ew.y, yt, i, ldf(op->u.ew.a, at, i) + ldf(op->u.ew.b, at, i));
+        break;
+    case ZN_OPK_AXPY:
+        for (int64_t i = 0; i < n; i++)
+            stf(op->u.ew.y, yt, i, ldf(op->u.ew.y, yt, i) + op->u.ew.alpha * ldf(op->u.ew.a, at, i));
+        break;
+    default: /* ZN_OPK_SCALE */
+        for (int64_t i = 0; i < n; i++)
+            stf(op->u.ew.y, yt, i, op->u.ew.alpha * ldf(op->u.ew.y, yt, i));
+        break;
+    }
+}
+
+static void bias_add(const zn_op *op)
+{
+    for (int64_t r = 0; r < op->u.bias.rows; r++)
+        for (int64_t c = 0; c < op->u.bias.cols; c++) {
+            int64_t o = r * op->u.bias.ld + c;
+            stf(op->u.bias.y, op->u.bias.y_dt, o,
+                ldf(op->u.bias.y, op->u.bias.y_dt, o) + ldf(op->u.bias.bias, op->u.bias.bias_dt, c));
+        }
+}
+
+static void bias_grad(const zn_op *op)
+{
+    for (int64_t c = 0; c < op->u.bias.cols; c++) {
+        double acc = 0;
+        for (int64_t r = 0; r < op->u.bias.rows; r++)
+            acc += ldf(op->u.bias.dy, op->u.bias.y_dt, r * op->u.bias.ld + c);
+        op->u.bias.dbias[c] += (float)acc;
+    }
+}
+
+static void xent_fwd(const zn_op *op)
+{
+    const int64_t cols = op->u.xent.cols, ld = op->u.xent.ld, v0 = op->u.xent.v0;
+    const zn_dtype dt = op->u.xent.dt;
+    for (int64_t r = 0; r < op->u.xent.rows; r++) {
+        float m = op->u.xent.first ? -INFINITY : op->u.xent.run_max[r];
+        float s = op->u.xent.first ? 0.0f : op->u.xent.run_sum[r];
+        float cm = -INFINITY;
+        for (int64_t j = 0; j < cols; j++) {
+            float v = ldf(op->u.xent.logits, dt, r * ld + j);
+            cm = v > cm ? v : cm;
+        }
+        const float nm = cm > m ? cm : m;
+        double cs = 0;
+        for (int64_t j = 0; j < cols; j++)
+            cs += expf(ldf(op->u.xent.logits, dt, r * ld + j) - nm);
+        s = (m == -INFINITY ? 0.0f : s * expf(m - nm)) + (float)cs;
+        op->u.xent.run_max[r] = nm;
+        op->u.xent.run_sum[r] = s;
+        int64_t t = op->u.xent.targets[r];
+        if (op->u.xent.first)
+            op->u.xent.tgt[r] = 0.0f;
+        if (t >= v0 && t < v0 + cols)
+            op->u.xent.tgt[r] = ldf(op->u.xent.logits, dt, r * ld + (t - v0));
+    }
+}
+
+static void xent_finish(const zn_op *op)
+{
+    for (int64_t r = 0; r < op->u.xent.rows; r++) {
+        float lse = op->u.xent.cmax[r] + logf(op->u.xent.csum[r]);
+        op->u.xent.lse_out[r] = lse;
+        if (op->u.xent.loss)
+            op->u.xent.loss[r] = op->u.xent.targets[r] < 0 ? 0.0f : lse - op->u.xent.ctgt[r];
+    }
+}
+
+static void xent_bwd(const zn_op *op)
+{
+    const int64_t cols = op->u.xent.cols, v0 = op->u.xent.v0;
+    const zn_dtype dt = op->u.xent.dt, ddt = op->u.xent.d_dt;
+    const float gs = op->u.xent.grad_scale;
+    for (int64_t r = 0; r < op->u.xent.rows; r++) {
+        const int64_t t = op->u.xent.targets[r];
+        const float lse = op->u.xent.lse[r];
+        for (int64_t j = 0; j < cols; j++) {
+            float g = 0.0f;
+            if (t >= 0) {
+                float p = expf(ldf(op->u.xent.logits, dt, r * op->u.xent.ld + j) - lse);
+                g = gs * (p - (v0 + j == t ? 1.0f : 0.0f));
+            }
+            stf(op->u.xent.dlogits, ddt, r * op->u.xent.ld_d + j, g);
+        }
+    }
+}
+
+static void reduce(const zn_op *op)
+{
+    double acc = 0;
+    for (int64_t i = 0; i < op->u.reduce.n; i++) {
+        double v = ldf(op->u.reduce.x, op->u.reduce.dt, i);
+        acc += op->u.reduce.square ? v * v : v;
+    }
+    if (op->u.reduce.accumulate)
+        acc += *op->u.reduce.out;
+    *op->u.reduce.out = (float)acc;
+}
+
+int zn_host_run_op(const zn_op *op, float **scratch, size_t *scratch_len)
+{
+    switch (op->kind) {
+    case ZN_OPK_MEMSET:
+        memset(op->u.memset.dst, op->u.memset.value, op->u.memset.bytes);
+        return 0;
+    case ZN_OPK_FILL:
+        for (int64_t i = 0; i < op->u.fill.n; i++)
+            stf(op->u.fill.x, op->u.fill.dt, i, op->u.fill.value);
+        return 0;
+    case ZN_OPK_GEMM:
+        return run_gemm(op, scratch, scratch_len);
+    case ZN_OPK_EMB_FWD: emb_fwd(op); return 0;
+    case ZN_OPK_EMB_BWD: emb_bwd(op); return 0;
+    case ZN_OPK_RMS_FWD: rms_fwd(op); return 0;
+    case ZN_OPK_RMS_BWD:
+        if (op->u.rms_bwd.dw)
+            rms_bwd_dw(op);
+        rms_bwd(op);
+        return 0;
+    case ZN_OPK_ROPE: rope(op); return 0;
+    case ZN_OPK_SOFTMAX_FWD: softmax_fwd(op); return 0;
+    case ZN_OPK_SOFTMAX_BWD: softmax_bwd(op); return 0;
+    case ZN_OPK_SWIGLU_FWD: swiglu_fwd(op); return 0;
+    case ZN_OPK_SWIGLU_BWD: swiglu_bwd(op); return 0;
+    case ZN_OPK_ADD:
+    case ZN_OPK_AXPY:
+    case ZN_OPK_SCALE: ew_op(op); return 0;
+    case ZN_OPK_BIAS_ADD: bias_add(op); return 0;
+    case ZN_OPK_BIAS_GRAD: bias_grad(op); return 0;
+    case ZN_OPK_CAST:
+        for (int64_t i = 0; i < op->u.cast.n; i++)
+            stf(op->u.cast.y, op->u.cast.y_dt, i, ldf(op->u.cast.x, op->u.cast.x_dt, i));
+        return 0;
+    case ZN_OPK_XENT_FWD: xent_fwd(op); return 0;
+    case ZN_OPK_XENT_FINISH: xent_finish(op); return 0;
+    case ZN_OPK_XENT_BWD: xent_bwd(op); return 0;
+    case ZN_OPK_REDUCE: reduce(op); return 0;
+    default:
+        return zn_set_error(ZN_EINTERNAL, "host kernels: op kind %d is not a kernel",
+                            (int)op->kind);
+    }
+}
