@@ -1,0 +1,125 @@
+/* zinc CPU optimizer: the fused Adam/AdamW step that runs on offloaded fp32
+ * master weights (OpenMP + AVX-512 / AVX2+FMA / scalar, chosen at run time),
+ * the global gradient norm, and fp32 <-> bf16/fp16 conversion. */
+#ifndef ZINC_OPTIM_H
+#define ZINC_OPTIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "zinc/util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Adam / AdamW ----------------------------------------------------------
+ * Hyperparameters of one parameter group for one step. Semantics follow
+ * DeepSpeed's cpu_adam (and torch.optim.Adam/AdamW):
+ *   g  = grad * g_scale
+ *   g += weight_decay * p                 (Adam, adamw_mode == 0, wd > 0)
+ *   m  = beta1 * m + (1 - beta1) * g
+ *   v  = beta2 * v + (1 - beta2) * g * g
+ *   p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)
+ *        + lr * weight_decay * p         (the second term: AdamW only,
+ *                                          adamw_mode != 0, wd > 0)
+ * with bc1 = 1 - beta1^step, bc2 = 1 - beta2^step when bias_correction is
+ * set, else bc1 = bc2 = 1. */
+typedef struct {
+    float lr;
+    float beta1, beta2;
+    float eps;
+    float weight_decay;
+    int adamw_mode;       /* nonzero: decoupled weight decay (AdamW) */
+    int bias_correction;  /* nonzero: divide by 1 - beta^step */
+    int64_t step;         /* 1 for the first step (count after incrementing) */
+    int threads;          /* OpenMP threads; 0: omp_get_max_threads()
+                             (OMP_NUM_THREADS). Results never depend on it. */
+} zn_adam_params;
+
+/* lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0, adamw_mode 1,
+ * bias_correction 1, step 1, threads 0 (DeepSpeed's defaults). */
+ZN_API zn_adam_params zn_adam_params_default(void);
+
+/* One fused Adam/AdamW step over n elements, in one pass over memory: reads
+ * p, g, m, v once and writes p, m, v (and p16_out) once.
+ *   p, m, v   fp32 master weights and moments, updated in place.
+ *   g         gradients of g_dtype (F32, BF16 or F16); multiplied by g_scale
+ *             (1/loss_scale, 1/accumulation steps, clipping coefficient, or
+ *             1) before use. Not modified.
+ *   p16_out   optional (NULL): receives the updated p rounded to p16_dtype
+ *             (BF16 or F16, round to nearest even, NaN stays a quiet NaN).
+ *             p16_dtype is ignored when p16_out is NULL.
+ * No alignment is required. The arrays must not overlap. Each element's
+ * result depends only on its inputs and the selected SIMD path (see
+ * zn_adam_set_isa): never on the thread count or on where threads split.
+ * Returns 0; -EINVAL (with zn_last_error) for NULL arrays with n > 0, a bad
+ * dtype, step < 1 with bias correction, a non-finite lr/eps/weight_decay/
+ * g_scale, beta outside [0, 1), eps < 0; n == 0 is a no-op. */
+ZN_API int zn_adam_step(const zn_adam_params *hp, float *p, float *m, float *v,
+                        const void *g, zn_dtype g_dtype, float g_scale,
+                        void *p16_out, zn_dtype p16_dtype, size_t n);
+
+/* SIMD paths. ZN_ISA_AUTO picks the best one the CPU (and the build)
+ * supports; the environment variable ZINC_SIMD=avx512|avx2|scalar|auto sets
+ * the starting choice (an unknown or unsupported value is warned about and
+ * ignored). AVX-512 needs AVX512F+BW+VL; AVX2 needs AVX2+FMA+F16C. */
+typedef enum { ZN_ISA_AUTO = 0, ZN_ISA_SCALAR = 1, ZN_ISA_AVX2 = 2, ZN_ISA_AVX512 = 3 } zn_isa;
+
+/* Forces a path for zn_adam_step and zn_grad_norm_sq (process wide; call
+ * it while no step runs). Returns 0, or ZN_EUNSUPPORTED (path
+ * not built in or not supported by this CPU; the choice is unchanged) or
+ * -EINVAL (not a zn_isa value). */
+ZN_API int zn_adam_set_isa(zn_isa isa);
+
+/* The path in use now (never ZN_ISA_AUTO) and its name ("avx512", "avx2",
+ * "scalar"). */
+ZN_API zn_isa zn_adam_get_isa(void);
+ZN_API const char *zn_adam_isa_name(void);
+
+/* Whether `isa` is built in and supported by this CPU (SCALAR always is).
+ * zn_isa_name(isa) names any value ("auto", ..., "?"). */
+ZN_API int zn_adam_isa_available(zn_isa isa);
+ZN_API const char *zn_isa_name(zn_isa isa);
+
+/* ---- global gradient norm ----------------------------------------------
+ * One tensor (or a slice of one) for zn_grad_norm_sq. */
+typedef struct {
+    const void *data;
+    size_t n;            /* elements */
+    zn_dtype dtype;      /* F32, BF16 or F16 */
+} zn_grad_span;
+
+/* Sum of the squares of every element of every span, accumulated in double
+ * (each square of a 16- or 32-bit float is exact in double). The order of
+ * additions is fixed by the data alone, so the result is bit-identical for
+ * any thread count and for every SIMD path. `threads` as in zn_adam_params.
+ * *out_nonfinite (optional) is set to 1 when some element is NaN or Inf
+ * (then *out_sq is NaN or Inf), else 0: the fp16 overflow check.
+ * Returns 0, -EINVAL (NULL spans or data with n > 0, bad dtype, NULL
+ * out_sq), -ENOMEM. */
+ZN_API int zn_grad_norm_sq(const zn_grad_span *spans, size_t nspans, int threads,
+                           double *out_sq, int *out_nonfinite);
+
+/* ---- fp32 <-> bf16 / fp16 ----------------------------------------------
+ * fp32 -> 16 bit rounds to nearest, ties to even; overflow goes to Inf;
+ * subnormals are kept (no flush to zero); a NaN stays NaN with its sign and
+ * the top payload bits, and is made quiet (as x86's vcvtps2ph does).
+ * 16 bit -> fp32 is exact (an fp16 NaN is made quiet, as vcvtph2ps does;
+ * bf16 -> fp32 keeps every bit). */
+ZN_API uint16_t zn_f32_to_bf16(float x);
+ZN_API float zn_bf16_to_f32(uint16_t h);
+ZN_API uint16_t zn_f32_to_f16(float x);
+ZN_API float zn_f16_to_f32(uint16_t h);
+
+/* Converts n elements between any two zn_dtype types (same type: a copy),
+ * with the rounding above, in parallel for large n. dst and src must not
+ * overlap unless they are equal and the types are equal. Returns 0 or
+ * -EINVAL. */
+ZN_API int zn_convert(void *dst, zn_dtype dst_dtype, const void *src, zn_dtype src_dtype,
+                      size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,218 @@
+/* Private to the CPU optimizer (adam.c, gradnorm.c, half.c and the per-ISA
+ * kernel files optim_*.c, each compiled with its own target flags): the
+ * kernel table, the per-call constants, and the scalar element formulas
+ * that every path follows. */
+#ifndef ZN_OFFLOAD_OPTIM_IMPL_H
+#define ZN_OFFLOAD_OPTIM_IMPL_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "zinc/optim.h"
+
+/* The SIMD files are built (with `#pragma GCC target`) for x86-64 GCC. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ZN_OPTIM_X86 1
+#else
+#define ZN_OPTIM_X86 0
+#endif
+
+/* Per-call constants of one Adam step, computed once in double and rounded
+ * to float, so that every path and every thread uses the same values. */
+typedef struct {
+    float b1, omb1;      /* beta1, 1 - beta1 */
+    float b2, omb2;      /* beta2, 1 - beta2 */
+    float step_size;     /* -lr / (1 - beta1^t) */
+    float bc2;           /* 1 / sqrt(1 - beta2^t) */
+    float eps;
+    float g_scale;
+    float l2;            /* weight_decay (Adam L2 mode), used when use_l2 */
+    float decay;         /* -lr * weight_decay (AdamW), used when use_decay */
+    int use_l2, use_decay;
+} zn_adam_k;
+
+/* Updates elements [0, n) of the given arrays. c (16-bit copy, c_dtype
+ * BF16/F16) may be NULL. A kernel may use non-temporal stores for c; it
+ * ends with a store fence when it did. */
+typedef void (*zn_adam_kernel_fn)(const zn_adam_k *k, float *p, float *m, float *v,
+                                  const void *g, zn_dtype g_dtype,
+                                  void *c, zn_dtype c_dtype, size_t n);
+
+/* Sum of squares of x[0, n) (n <= ZN_NORM_CHUNK) in the canonical order:
+ * element i goes to double accumulator i % 16; then for s = 8, 4, 2, 1:
+ * acc[j] += acc[j + s] (j < s); the result is acc[0]. Every path follows
+ * this order exactly, so all paths give the same bits. */
+typedef double (*zn_norm_chunk_fn)(const void *x, zn_dtype dtype, size_t n);
+#define ZN_NORM_CHUNK ((size_t)1 << 14)
+
+/* Benchmark ceilings with Adam's memory pattern: read p, g, m, v, write p,
+ * m, v unchanged (and c: the low half of p's bits, with the same store kind
+ * the kernel uses); and the STREAM triad a = b + s * c. */
+typedef void (*zn_rmw_fn)(float *p, float *m, float *v, const void *g, zn_dtype g_dtype,
+                          void *c, size_t n);
+typedef void (*zn_triad_fn)(float *a, const float *b, const float *c, float s, size_t n);
+
+typedef struct {
+    zn_isa isa;
+    const char *name;
+    zn_adam_kernel_fn adam;
+    zn_norm_chunk_fn norm_chunk;
+    zn_rmw_fn rmw;
+    zn_triad_fn triad;
+} zn_optim_ops;
+
+/* Per-ISA tables (defined only when built; see src/offload/meson.build). */
+extern const zn_optim_ops zn_optim_ops_scalar;
+extern const zn_optim_ops zn_optim_ops_avx2;
+extern const zn_optim_ops zn_optim_ops_avx512;
+
+/* The table of `isa` (ZN_ISA_AUTO: the one in use), or NULL when it is not
+ * built in or the CPU lacks it. */
+const zn_optim_ops *zn_optim_get_ops(zn_isa isa);
+
+/* The plain scalar loop of the benchmark (optim_plain.c, built without
+ * vectorisation): fp32/bf16/fp16 grads, optional copy. */
+void zn_adam_plain_kernel(const zn_adam_k *k, float *p, float *m, float *v, const void *g,
+                          zn_dtype g_dtype, void *c, zn_dtype c_dtype, size_t n);
+
+/* Checks the arguments of zn_adam_step and fills the constants. Returns 0 or
+ * -EINVAL with a message. */
+int zn_adam_prepare(const zn_adam_params *hp, float *p, float *m, float *v, const void *g,
+                    zn_dtype g_dtype, float g_scale, void *c, zn_dtype c_dtype, size_t n,
+                    zn_adam_k *out);
+
+/* zn_adam_step with an explicit kernel (tests, benchmark). */
+int zn_adam_step_with(zn_adam_kernel_fn kern, const zn_adam_params *hp, float *p, float *m,
+                      float *v, const void *g, zn_dtype g_dtype, float g_scale, void *c,
+                      zn_dtype c_dtype, size_t n);
+
+/* The threads that zn_adam_step uses for n elements when asked for
+ * `threads` (0: OpenMP default): 1 below a size where a parallel region
+ * costs more than it saves. */
+int zn_optim_threads(int threads, size_t n);
+
+/* Element range [lo, hi) of thread `t` of `nt` over n elements: contiguous
+ * blocks split on multiples of ZN_OPTIM_BLOCK elements, so that every split
+ * starts on a whole vector and a whole cache line. The benchmark first-
+ * touches its arrays with the same split. */
+#define ZN_OPTIM_BLOCK ((size_t)64)
+static inline void zn_optim_range(size_t n, int nt, int t, size_t *lo, size_t *hi)
+{
+    size_t nb = (n + ZN_OPTIM_BLOCK - 1) / ZN_OPTIM_BLOCK;
+    size_t b0 = nb * (size_t)t / (size_t)nt, b1 = nb * (size_t)(t + 1) / (size_t)nt;
+    *lo = b0 * ZN_OPTIM_BLOCK < n ? b0 * ZN_OPTIM_BLOCK : n;
+    *hi = b1 * ZN_OPTIM_BLOCK < n ? b1 * ZN_OPTIM_BLOCK : n;
+}
+
+/* ---- scalar formulas (the reference for every SIMD path) ---------------- */
+
+static inline uint32_t zn_f32_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+
+static inline float zn_bits_f32(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* Round to nearest even on the bits; a NaN keeps sign and top payload and
+ * gets the quiet bit. */
+static inline uint16_t zn_bf16_round(float x)
+{
+    uint32_t u = zn_f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float zn_bf16_widen(uint16_t h)
+{
+    return zn_bits_f32((uint32_t)h << 16);
+}
+
+/* IEEE binary16, round to nearest even, the same bits as x86's vcvtps2ph
+ * with imm 0 (checked exhaustively by tests/test_half.c). */
+static inline uint16_t zn_f16_round(float x)
+{
+    uint32_t u = zn_f32_bits(x);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)                       /* NaN */
+        return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u)                      /* >= 65520 (a tie above 65504): Inf */
+        return (uint16_t)(sign | 0x7c00u);
+    if (a >= 0x38800000u) {                    /* >= 2^-14: normal half */
+        uint32_t r = a - 0x38000000u;          /* rebias the exponent: 127 - 15 = 112 */
+        r += 0xfffu + ((r >> 13) & 1u);
+        return (uint16_t)(sign | (r >> 13));
+    }
+    if (a <= 0x33000000u)                      /* <= 2^-25: 0 (2^-25 ties to even 0) */
+        return (uint16_t)sign;
+    /* subnormal half: count units of 2^-24 */
+    uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126u - e;                 /* 14 .. 24 */
+    uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u)))
+        q++;
+    return (uint16_t)(sign | q);
+}
+
+static inline float zn_f16_widen(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+    if (e == 0x1f)   /* Inf, or NaN made quiet as vcvtph2ps does */
+        return zn_bits_f32(sign | 0x7f800000u | (mant << 13) | (mant ? 0x400000u : 0u));
+    if (e == 0) {
+        float f = (float)mant * 0x1p-24f;      /* exact: mant < 2^10 */
+        return zn_bits_f32(sign | zn_f32_bits(f));
+    }
+    return zn_bits_f32(sign | ((e + 112u) << 23) | (mant << 13));
+}
+
+static inline float zn_load_elem(const void *x, zn_dtype t, size_t i)
+{
+    if (t == ZN_DTYPE_F32)
+        return ((const float *)x)[i];
+    if (t == ZN_DTYPE_BF16)
+        return zn_bf16_widen(((const uint16_t *)x)[i]);
+    return zn_f16_widen(((const uint16_t *)x)[i]);
+}
+
+static inline uint16_t zn_round_elem(float x, zn_dtype t)
+{
+    return t == ZN_DTYPE_BF16 ? zn_bf16_round(x) : zn_f16_round(x);
+}
+
+/* One element of the Adam step, without fused multiply-adds (the portable
+ * path; the SIMD paths use FMA and may differ in the last bit). */
+static inline void zn_adam_elem(const zn_adam_k *k, float *pp, float *mp, float *vp, float g)
+{
+    float p = *pp, m = *mp, v = *vp;
+    g = g * k->g_scale;
+    if (k->use_l2)
+        g = p * k->l2 + g;
+    m = k->b1 * m + k->omb1 * g;
+    v = k->b2 * v + (k->omb2 * g) * g;
+    float den = sqrtf(v) * k->bc2 + k->eps;
+    float upd = m / den;
+    /* both decrements are summed before they meet p: one rounding at p's
+     * magnitude per step instead of two */
+    float dp = k->step_size * upd;
+    if (k->use_decay)
+        dp = p * k->decay + dp;
+    p = p + dp;
+    *pp = p;
+    *mp = m;
+    *vp = v;
+}
+
+#endif

@@ -1,0 +1,204 @@
+/* AVX-512 (F, BW, VL) kernels of the CPU optimizer (this file alone is
+ * built for that target; adam.c checks the CPU before calling it). Tails
+ * use masked loads and stores of the same vector code, so an element's
+ * result never depends on where a thread's range ends. */
+#include "offload/optim-impl.h"
+
+#if ZN_OPTIM_X86
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
+#include <immintrin.h>
+
+#define W 16
+
+/* As in optim_avx2.c: small copies stay in cache with ordinary stores. */
+#define NT_MIN ((size_t)1 << 16)
+
+static inline __m512 load_g(const void *g, zn_dtype gt, size_t i, __mmask16 k)
+{
+    if (gt == ZN_DTYPE_F32)
+        return _mm512_maskz_loadu_ps(k, (const float *)g + i);
+    __m256i h = _mm256_maskz_loadu_epi16(k, (const uint16_t *)g + i);
+    if (gt == ZN_DTYPE_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+static inline __m256i round16(__m512 x, zn_dtype ct)
+{
+    if (ct == ZN_DTYPE_F16)
+        return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512i u = _mm512_castps_si512(x);
+    __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)),
+                                                     _mm512_set1_epi32(0x7fff)));
+    r = _mm512_srli_epi32(r, 16);
+    __mmask16 isnan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, isnan, hi, _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);   /* values < 2^16: truncation is exact */
+}
+
+typedef struct {
+    __m512 b1, omb1, b2, omb2, step, bc2, eps, gs, l2, decay;
+} consts;
+
+static inline consts load_consts(const zn_adam_k *k)
+{
+    consts c = {
+        _mm512_set1_ps(k->b1), _mm512_set1_ps(k->omb1), _mm512_set1_ps(k->b2),
+        _mm512_set1_ps(k->omb2), _mm512_set1_ps(k->step_size), _mm512_set1_ps(k->bc2),
+        _mm512_set1_ps(k->eps), _mm512_set1_ps(k->g_scale), _mm512_set1_ps(k->l2),
+        _mm512_set1_ps(k->decay),
+    };
+    return c;
+}
+
+/* W elements at offset i under mask `mk` (all ones in the body): the
+ * formula of zn_adam_elem with FMAs, as in optim_avx2.c. */
+static inline __attribute__((always_inline)) void
+vec16(const consts *K, int l2, int decay, float *p, float *m, float *v, const void *g,
+      zn_dtype gt, void *c, zn_dtype ct, int nt, size_t i, __mmask16 mk)
+{
+    __m512 pv = _mm512_maskz_loadu_ps(mk, p + i), mv = _mm512_maskz_loadu_ps(mk, m + i);
+    __m512 vv = _mm512_maskz_loadu_ps(mk, v + i);
+    __m512 gv = _mm512_mul_ps(load_g(g, gt, i, mk), K->gs);
+    if (l2)
+        gv = _mm512_fmadd_ps(pv, K->l2, gv);
+    mv = _mm512_fmadd_ps(K->b1, mv, _mm512_mul_ps(K->omb1, gv));
+    vv = _mm512_fmadd_ps(K->b2, vv, _mm512_mul_ps(_mm512_mul_ps(K->omb2, gv), gv));
+    __m512 den = _mm512_fmadd_ps(_mm512_sqrt_ps(vv), K->bc2, K->eps);
+    __m512 upd = _mm512_div_ps(mv, den);
+    __m512 dp = _mm512_mul_ps(K->step, upd);
+    if (decay)
+        dp = _mm512_fmadd_ps(pv, K->decay, dp);
+    pv = _mm512_add_ps(pv, dp);
+    _mm512_mask_storeu_ps(p + i, mk, pv);
+    _mm512_mask_storeu_ps(m + i, mk, mv);
+    _mm512_mask_storeu_ps(v + i, mk, vv);
+    if (c) {
+        __m256i h = round16(pv, ct);
+        if (nt)
+            _mm256_stream_si256((__m256i *)((uint16_t *)c + i), h);
+        else
+            _mm256_mask_storeu_epi16((uint16_t *)c + i, mk, h);
+    }
+}
+
+static inline __attribute__((always_inline)) void
+adam_body(const zn_adam_k *k, float *p, float *m, float *v, const void *g, zn_dtype gt,
+          void *c, zn_dtype ct, size_t n)
+{
+    consts K = load_consts(k);
+    int l2 = k->use_l2, decay = k->use_decay;
+    int nt = c && n >= NT_MIN && ((uintptr_t)c & 31) == 0;
+    size_t i = 0;
+    for (; i + W <= n; i += W)
+        vec16(&K, l2, decay, p, m, v, g, gt, c, ct, nt, i, (__mmask16)0xffff);
+    if (nt)
+        _mm_sfence();
+    if (i < n)
+        vec16(&K, l2, decay, p, m, v, g, gt, c, ct, 0, i, (__mmask16)((1u << (n - i)) - 1));
+}
+
+static void avx512_adam(const zn_adam_k *k, float *p, float *m, float *v, const void *g,
+                        zn_dtype gt, void *c, zn_dtype ct, size_t n)
+{
+#define CASE(G, C, CP)                                                    \
+    if (gt == (G) && (CP) == (c != NULL) && (!(CP) || ct == (C))) {       \
+        adam_body(k, p, m, v, g, G, c, C, n);                             \
+        return;                                                           \
+    }
+    CASE(ZN_DTYPE_F32, ZN_DTYPE_BF16, 0)
+    CASE(ZN_DTYPE_F32, ZN_DTYPE_BF16, 1)
+    CASE(ZN_DTYPE_F32, ZN_DTYPE_F16, 1)
+    CASE(ZN_DTYPE_BF16, ZN_DTYPE_BF16, 0)
+    CASE(ZN_DTYPE_BF16, ZN_DTYPE_BF16, 1)
+    CASE(ZN_DTYPE_BF16, ZN_DTYPE_F16, 1)
+    CASE(ZN_DTYPE_F16, ZN_DTYPE_BF16, 0)
+    CASE(ZN_DTYPE_F16, ZN_DTYPE_BF16, 1)
+    CASE(ZN_DTYPE_F16, ZN_DTYPE_F16, 1)
+#undef CASE
+}
+
+/* ---- gradient norm: 16 double lanes in two registers ------------------ */
+
+static inline double norm_body(const void *x, zn_dtype t, size_t n)
+{
+    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+    for (size_t i = 0; i < n; i += W) {
+        /* masked-off lanes load 0.0 and add nothing */
+        __mmask16 mk = n - i >= W ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 x16 = load_g(x, t, i, mk);
+        __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(x16));
+        __m512d d1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(
+            _mm512_castps_pd(x16), 1)));
+        a0 = _mm512_fmadd_pd(d0, d0, a0);
+        a1 = _mm512_fmadd_pd(d1, d1, a1);
+    }
+    /* s = 8, 4, 2, 1 of the canonical order */
+    __m512d s8 = _mm512_add_pd(a0, a1);
+    __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));
+    __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
+
+static double avx512_norm_chunk(const void *x, zn_dtype t, size_t n)
+{
+    if (t == ZN_DTYPE_F32)
+        return norm_body(x, ZN_DTYPE_F32, n);
+    if (t == ZN_DTYPE_BF16)
+        return norm_body(x, ZN_DTYPE_BF16, n);
+    return norm_body(x, ZN_DTYPE_F16, n);
+}
+
+/* ---- benchmark ceilings ------------------------------------------------- */
+
+static inline void rmw_body(float *p, float *m, float *v, const void *g, zn_dtype gt, void *c,
+                            size_t n)
+{
+    int nt = c && n >= NT_MIN && ((uintptr_t)c & 31) == 0;
+    for (size_t i = 0; i < n; i += W) {
+        __mmask16 mk = n - i >= W ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 pv = _mm512_maskz_loadu_ps(mk, p + i), mv = _mm512_maskz_loadu_ps(mk, m + i);
+        __m512 vv = _mm512_maskz_loadu_ps(mk, v + i), gv = load_g(g, gt, i, mk);
+        /* opaque to the compiler: the stores below must happen */
+        __asm__ volatile("" : "+v"(pv), "+v"(mv), "+v"(vv), "+v"(gv));
+        _mm512_mask_storeu_ps(p + i, mk, pv);
+        _mm512_mask_storeu_ps(m + i, mk, mv);
+        _mm512_mask_storeu_ps(v + i, mk, vv);
+        if (c) {
+            /* the low halves of p's bits: a pack, no arithmetic */
+            __m256i h = _mm512_cvtepi32_epi16(_mm512_castps_si512(pv));
+            if (nt && mk == 0xffff)
+                _mm256_stream_si256((__m256i *)((uint16_t *)c + i), h);
+            else
+                _mm256_mask_storeu_epi16((uint16_t *)c + i, mk, h);
+        }
+    }
+    if (nt)
+        _mm_sfence();
+}
+
+static void avx512_rmw(float *p, float *m, float *v, const void *g, zn_dtype gt, void *c,
+                       size_t n)
+{
+    if (gt == ZN_DTYPE_F32)
+        rmw_body(p, m, v, g, ZN_DTYPE_F32, c, n);
+    else
+        rmw_body(p, m, v, g, ZN_DTYPE_BF16, c, n);
+}
+
+static void avx512_triad(float *a, const float *b, const float *c, float s, size_t n)
+{
+    __m512 sv = _mm512_set1_ps(s);
+    for (size_t i = 0; i < n; i += W) {
+        __mmask16 mk = n - i >= W ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(a + i, mk,
+                              _mm512_fmadd_ps(sv, _mm512_maskz_loadu_ps(mk, c + i),
+                                              _mm512_maskz_loadu_ps(mk, b + i)));
+    }
+}
+
+const zn_optim_ops zn_optim_ops_avx512 = {
+    ZN_ISA_AVX512, "avx512", avx512_adam, avx512_norm_chunk, avx512_rmw, avx512_triad,
+};
+#endif

@@ -1,0 +1,284 @@
+/* fp32 <-> bf16 / fp16 rounding, bit for bit: every one of the 2^32 fp32
+ * inputs against an independent value-based reference (bf16) and against
+ * the CPU's own vcvtps2ph (fp16, when the CPU has F16C); ties, subnormals,
+ * overflow, Inf and NaN against the value-based fp16 reference; every
+ * 16-bit input widened; zn_convert for every dtype pair. */
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "zinc/optim.h"
+#include "offload/optim-impl.h"
+#include "zt.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_X86 1
+#else
+#define HAVE_X86 0
+#endif
+
+/* ---- references that reason about values, not bits ---------------------- */
+
+/* Nearest bf16 by comparing distances to the two neighbours (ties: even). */
+static uint16_t ref_bf16(uint32_t u)
+{
+    float x = zn_bits_f32(u);
+    if (isnan(x))
+        return (uint16_t)((u >> 16) | 0x40);
+    uint16_t lo = (uint16_t)(u >> 16);          /* truncation: toward zero */
+    if ((u & 0xffff) == 0)
+        return lo;
+    double dx = fabs((double)x), dl = fabs((double)zn_bits_f32((uint32_t)lo << 16));
+    /* the neighbour away from zero; past the largest bf16 it is 2^128 = Inf */
+    double dh = (lo & 0x7fff) == 0x7f7f ? ldexp(1, 128)
+                                       : fabs((double)zn_bits_f32((uint32_t)(lo + 1) << 16));
+    if (dx - dl < dh - dx)
+        return lo;
+    if (dx - dl > dh - dx)
+        return (uint16_t)(lo + 1);
+    return (lo & 1) ? (uint16_t)(lo + 1) : lo;
+}
+
+/* Nearest binary16 by scaling to units of the target's ulp and rint(). */
+static uint16_t ref_f16(uint32_t u)
+{
+    float x = zn_bits_f32(u);
+    uint16_t s = (uint16_t)((u >> 16) & 0x8000);
+    if (isnan(x))
+        return (uint16_t)(s | 0x7e00 | ((u >> 13) & 0x3ff));
+    double d = fabs((double)x);
+    if (d >= 65520.0)                            /* 65504 + half an ulp, ties to Inf */
+        return (uint16_t)(s | 0x7c00);
+    int e = d < 0x1p-14 ? -14 : ilogb(d);
+    double ulp = ldexp(1, e - 10);
+    double q = rint(d / ulp);                    /* exact scaling; rint: ties to even */
+    double y = q * ulp;
+    if (y == 0)
+        return s;
+    if (y < 0x1p-14)
+        return (uint16_t)(s | (uint16_t)q);
+    int ey = ilogb(y);
+    return (uint16_t)(s | (uint16_t)((ey + 15) << 10) | (uint16_t)(ldexp(y, -ey) * 1024 - 1024));
+}
+
+static double ref_f16_value(uint16_t h)
+{
+    int e = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    double s = (h & 0x8000) ? -1 : 1;
+    if (e == 0)
+        return s * ldexp(mant, -24);
+    if (e == 31)
+        return mant ? NAN : s * INFINITY;
+    return s * ldexp(1024 + mant, e - 25);
+}
+
+#if HAVE_X86
+__attribute__((target("avx,f16c"))) static void hw_f16_8(const uint32_t *in, uint16_t *out)
+{
+    __m256 x = _mm256_loadu_ps((const float *)in);
+    _mm_storeu_si128((__m128i *)out, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+}
+
+__attribute__((target("f16c"))) static uint32_t hw_f16_widen(uint16_t h)
+{
+    __m128 x = _mm_cvtph_ps(_mm_cvtsi32_si128(h));
+    return zn_f32_bits(_mm_cvtss_f32(x));
+}
+#endif
+
+/* ---- sweeps ------------------------------------------------------------ */
+
+static void sweep_bf16(void)
+{
+    uint64_t bad = 0, first = 0;
+#pragma omp parallel for schedule(static) reduction(+ : bad)
+    for (uint64_t hi = 0; hi < 65536; hi++) {
+        for (uint32_t lo = 0; lo < 65536; lo++) {
+            uint32_t u = (uint32_t)(hi << 16) | lo;
+            if (zn_bf16_round(zn_bits_f32(u)) != ref_bf16(u)) {
+                if (!bad)
+                    __atomic_store_n(&first, u, __ATOMIC_RELAXED);
+                bad++;
+            }
+        }
+    }
+    ZT_CHECK_MSG(bad == 0, "bf16: %llu of 2^32 inputs round wrongly (e.g. 0x%08llx)",
+                 (unsigned long long)bad, (unsigned long long)first);
+    /* the public entry points are the same code */
+    size_t pub = 0;
+    for (uint64_t u = 0; u < (1ull << 32); u += 65521)
+        pub += zn_f32_to_bf16(zn_bits_f32((uint32_t)u)) != ref_bf16((uint32_t)u);
+    ZT_EQ_U64(pub, 0);
+    size_t wbad = 0;
+    for (uint32_t h = 0; h < 65536; h++)
+        wbad += zn_f32_bits(zn_bf16_to_f32((uint16_t)h)) != h << 16;
+    ZT_EQ_U64(wbad, 0);
+}
+
+static void sweep_f16_hw(void)
+{
+#if HAVE_X86
+    if (!__builtin_cpu_supports("f16c") || !__builtin_cpu_supports("avx")) {
+        printf("note: fp16 sweep against vcvtps2ph skipped: no F16C on this CPU\n");
+        return;
+    }
+    uint64_t bad = 0, first = 0;
+#pragma omp parallel for schedule(static) reduction(+ : bad)
+    for (uint64_t hi = 0; hi < 65536; hi++) {
+        uint32_t in[8];
+        uint16_t out[8];
+        for (uint32_t lo = 0; lo < 65536; lo += 8) {
+            for (int j = 0; j < 8; j++)
+                in[j] = (uint32_t)(hi << 16) | (lo + (uint32_t)j);
+            hw_f16_8(in, out);
+            for (int j = 0; j < 8; j++) {
+                if (zn_f16_round(zn_bits_f32(in[j])) != out[j]) {
+                    if (!bad)
+                        __atomic_store_n(&first, in[j], __ATOMIC_RELAXED);
+                    bad++;
+                }
+            }
+        }
+    }
+    ZT_CHECK_MSG(bad == 0, "f16: %llu of 2^32 inputs differ from vcvtps2ph (e.g. 0x%08llx)",
+                 (unsigned long long)bad, (unsigned long long)first);
+    size_t wbad = 0;
+    for (uint32_t h = 0; h < 65536; h++)
+        wbad += zn_f32_bits(zn_f16_to_f32((uint16_t)h)) != hw_f16_widen((uint16_t)h);
+    ZT_CHECK_MSG(wbad == 0, "f16 widen: %zu of 65536 differ from vcvtph2ps", wbad);
+#else
+    printf("note: fp16 sweep against vcvtps2ph skipped: not an x86-64 build\n");
+#endif
+}
+
+/* Every rounding position of binary16 with the bit patterns that decide it
+ * (below, at and above the tie), the f16-subnormal range at a stride, and
+ * the edges, against the value-based reference. */
+static void sweep_f16_ref(void)
+{
+    static const uint32_t lows[] = { 0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x0800 };
+    uint64_t bad = 0, first = 0;
+#pragma omp parallel for schedule(static) reduction(+ : bad)
+    for (uint32_t hi = 0; hi < (1u << 19); hi++) {
+        for (size_t j = 0; j < sizeof lows / sizeof lows[0]; j++) {
+            uint32_t u = hi << 13 | lows[j];
+            if (zn_f32_to_f16(zn_bits_f32(u)) != ref_f16(u)) {
+                if (!bad)
+                    __atomic_store_n(&first, u, __ATOMIC_RELAXED);
+                bad++;
+            }
+        }
+    }
+    /* below 2^-14 the rounding position moves: take every input there, both signs */
+#pragma omp parallel for schedule(static) reduction(+ : bad)
+    for (uint32_t u = 0x32800000; u < 0x38800000; u++) {
+        uint32_t w = u | ((u & 1) << 31);
+        if (zn_f32_to_f16(zn_bits_f32(w)) != ref_f16(w)) {
+            if (!bad)
+                __atomic_store_n(&first, w, __ATOMIC_RELAXED);
+            bad++;
+        }
+    }
+    ZT_CHECK_MSG(bad == 0, "f16: %llu inputs differ from the value-based rounding (e.g. "
+                 "0x%08llx)", (unsigned long long)bad, (unsigned long long)first);
+
+    /* named cases */
+    ZT_EQ_INT(zn_f32_to_f16(65504.0f), 0x7bff);
+    ZT_EQ_INT(zn_f32_to_f16(65519.996f), 0x7bff);
+    ZT_EQ_INT(zn_f32_to_f16(65520.0f), 0x7c00);          /* tie above the max: Inf */
+    ZT_EQ_INT(zn_f32_to_f16(-INFINITY), 0xfc00);
+    ZT_EQ_INT(zn_f32_to_f16(0x1p-24f), 0x0001);
+    ZT_EQ_INT(zn_f32_to_f16(0x1p-25f), 0x0000);          /* tie: to even zero */
+    ZT_EQ_INT(zn_f32_to_f16(0x1.8p-24f), 0x0002);        /* tie: to even 2 */
+    ZT_EQ_INT(zn_f32_to_f16(0x1.000002p-25f), 0x0001);
+    ZT_EQ_INT(zn_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);   /* tie: to even 1.0 */
+    ZT_EQ_INT(zn_f32_to_f16(1.0f + 0x3p-11f), 0x3c02);
+    ZT_EQ_INT(zn_f32_to_f16(zn_bits_f32(0x7f800001)), 0x7e00);   /* sNaN: quiet */
+    ZT_EQ_INT(zn_f32_to_f16(zn_bits_f32(0xffc00000)), 0xfe00);
+    ZT_EQ_INT(zn_f32_to_bf16(zn_bits_f32(0x7f800001)), 0x7fc0);  /* not Inf */
+    ZT_EQ_INT(zn_f32_to_bf16(zn_bits_f32(0x3f808000)), 0x3f80);  /* tie: even */
+    ZT_EQ_INT(zn_f32_to_bf16(zn_bits_f32(0x3f818000)), 0x3f82);
+    ZT_EQ_INT(zn_f32_to_bf16(zn_bits_f32(0x7f7fffff)), 0x7f80);  /* overflow: Inf */
+    ZT_EQ_INT(zn_f32_to_bf16(zn_bits_f32(0x00008000)), 0x0000);  /* subnormal tie */
+    ZT_EQ_INT(zn_f32_to_bf16(zn_bits_f32(0x00018000)), 0x0002);
+
+    size_t wbad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        double want = ref_f16_value((uint16_t)h);
+        float got = zn_f16_to_f32((uint16_t)h);
+        if (isnan(want) ? !isnan(got) || (zn_f32_bits(got) >> 13 & 0x3ff) != ((h & 0x3ffu) | 0x200u) ||
+                              (zn_f32_bits(got) >> 31) != (h >> 15u)
+                        : (double)got != want || !signbit(got) != !signbit(want))
+            wbad++;
+    }
+    ZT_CHECK_MSG(wbad == 0, "f16 widen: %zu of 65536 values wrong", wbad);
+}
+
+static void check_convert(void)
+{
+    const size_t n = 200003;   /* parallel and with a tail */
+    float *f = malloc(n * 4), *f2 = malloc(n * 4);
+    uint16_t *h = malloc(n * 2), *h2 = malloc(n * 2);
+    if (!f || !f2 || !h || !h2)
+        ZT_SETUP_FAIL("out of memory");
+    uint32_t x = 12345;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 1664525u + 1013904223u;
+        f[i] = zn_bits_f32(x);
+    }
+    static const zn_dtype t[] = { ZN_DTYPE_F32, ZN_DTYPE_BF16, ZN_DTYPE_F16 };
+    for (int a = 1; a < 3; a++) {
+        /* f32 -> 16 bit */
+        ZT_EQ_INT(zn_convert(h, t[a], f, ZN_DTYPE_F32, n), 0);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            bad += h[i] != (a == 1 ? zn_f32_to_bf16(f[i]) : zn_f32_to_f16(f[i]));
+        ZT_EQ_U64(bad, 0);
+        /* 16 bit -> f32 */
+        ZT_EQ_INT(zn_convert(f2, ZN_DTYPE_F32, h, t[a], n), 0);
+        bad = 0;
+        for (size_t i = 0; i < n; i++)
+            bad += zn_f32_bits(f2[i]) !=
+                   zn_f32_bits(a == 1 ? zn_bf16_to_f32(h[i]) : zn_f16_to_f32(h[i]));
+        ZT_EQ_U64(bad, 0);
+        /* 16 bit -> the other 16 bit: one rounding of the exact value */
+        int b = 3 - a;
+        ZT_EQ_INT(zn_convert(h2, t[b], h, t[a], n), 0);
+        bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            float w = a == 1 ? zn_bf16_to_f32(h[i]) : zn_f16_to_f32(h[i]);
+            bad += h2[i] != (b == 1 ? zn_f32_to_bf16(w) : zn_f32_to_f16(w));
+        }
+        ZT_EQ_U64(bad, 0);
+        /* same type: a copy */
+        ZT_EQ_INT(zn_convert(h2, t[a], h, t[a], n), 0);
+        ZT_CHECK(!memcmp(h2, h, n * 2));
+    }
+    ZT_EQ_INT(zn_convert(f2, ZN_DTYPE_F32, f, ZN_DTYPE_F32, n), 0);
+    ZT_CHECK(!memcmp(f2, f, n * 4));
+    ZT_EQ_INT(zn_convert(h, (zn_dtype)5, f, ZN_DTYPE_F32, n), -EINVAL);
+    ZT_EQ_INT(zn_convert(NULL, ZN_DTYPE_BF16, f, ZN_DTYPE_F32, n), -EINVAL);
+    ZT_EQ_INT(zn_convert(f, ZN_DTYPE_BF16, f, ZN_DTYPE_F32, n), -EINVAL);
+    ZT_EQ_INT(zn_convert(NULL, ZN_DTYPE_BF16, NULL, ZN_DTYPE_F32, 0), 0);
+    free(f);
+    free(f2);
+    free(h);
+    free(h2);
+}
+
+int main(void)
+{
+    double t0 = zn_now_s();
+    sweep_bf16();
+    double t1 = zn_now_s();
+    sweep_f16_hw();
+    double t2 = zn_now_s();
+    sweep_f16_ref();
+    check_convert();
+    printf("bf16 sweep %.1f s, f16 hardware sweep %.1f s, rest %.1f s (%d threads)\n",
+           t1 - t0, t2 - t1, zn_now_s() - t2, omp_get_max_threads());
+    return zt_done();
+}
