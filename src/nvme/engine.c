@@ -214,6 +214,8 @@ static void complete_block(zn_aio *a, zn_blk *b, int status, const char *msg)
         a->hist[hist_idx(dt)]++;
         a->hist_n++;
     }
+    if (status == ZN_ECORRUPT)
+        a->st.crc_mismatches++;
     if (status && !r->status) {
         r->status = status;
         free(r->errmsg);
