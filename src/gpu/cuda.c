@@ -1,8 +1,504 @@
-/* CUDA backend (being written). */
+/* The CUDA backend: cudart streams and events, one cudaMalloc arena capped
+ * at the GPU budget, pinned memory bound to the GPU's NUMA node, cuBLAS
+ * GemmEx (fp32 compute) for GEMM and the kernels of cuda_kernels.cu. Every
+ * CUDA and cuBLAS call goes through ZN_CUDA_TRY / ZN_CUBLAS_TRY, which
+ * record the call, file:line and the library's error text. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
 #include "gpu/gpu-impl.h"
+
+static int cuda_fail(cudaError_t e, const char *call, const char *file, int line)
+{
+    return zn_set_error(ZN_ECUDA, "%s failed at %s:%d: %s (%s)", call, file, line,
+                        cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+static int cublas_fail(cublasStatus_t s, const char *call, const char *file, int line)
+{
+    return zn_set_error(ZN_ECUBLAS, "%s failed at %s:%d: %s (%s)", call, file, line,
+                        cublasGetStatusString(s), cublasGetStatusName(s));
+}
+
+/* Return on failure (functions without cleanup). */
+#define ZN_CUDA_TRY(call)                                                        \
+    do {                                                                         \
+        cudaError_t e_ = (call);                                                 \
+        if (e_ != cudaSuccess)                                                   \
+            return cuda_fail(e_, #call, __FILE__, __LINE__);                     \
+    } while (0)
+
+#define ZN_CUBLAS_TRY(call)                                                      \
+    do {                                                                         \
+        cublasStatus_t s_ = (call);                                              \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                         \
+            return cublas_fail(s_, #call, __FILE__, __LINE__);                   \
+    } while (0)
+
+/* Set rc and jump to `fail` (functions with cleanup). */
+#define ZN_CUDA_TRY_GOTO(call)                                                   \
+    do {                                                                         \
+        cudaError_t e_ = (call);                                                 \
+        if (e_ != cudaSuccess) {                                                 \
+            rc = cuda_fail(e_, #call, __FILE__, __LINE__);                       \
+            goto fail;                                                           \
+        }                                                                        \
+    } while (0)
+
+#define ZN_CUBLAS_TRY_GOTO(call)                                                 \
+    do {                                                                         \
+        cublasStatus_t s_ = (call);                                              \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                       \
+            rc = cublas_fail(s_, #call, __FILE__, __LINE__);                     \
+            goto fail;                                                           \
+        }                                                                        \
+    } while (0)
+
+/* Log-and-continue for teardown paths that have no one to report to. */
+#define ZN_CUDA_WARN(call)                                                       \
+    do {                                                                         \
+        cudaError_t e_ = (call);                                                 \
+        if (e_ != cudaSuccess)                                                   \
+            zn_warn("%s failed at %s:%d: %s", #call, __FILE__, __LINE__,         \
+                    cudaGetErrorString(e_));                                     \
+    } while (0)
+
+typedef struct cdev {
+    int ordinal;
+    int bound_host;        /* pinned memory = hwloc-bound pages + cudaHostRegister */
+} cdev;
+
+typedef struct cstream {
+    cudaStream_t st;
+    cublasHandle_t blas;
+    float *scratch;        /* ZN_CUDA_SCRATCH floats, outside the arena */
+} cstream;
+
+/* The runtime's current device is per thread: set it on whichever thread
+ * calls in (cheap when it is already current). */
+static int use(zn_dev *d)
+{
+    cdev *c = d->impl;
+    int cur = -1;
+    ZN_CUDA_TRY(cudaGetDevice(&cur));
+    if (cur != c->ordinal)
+        ZN_CUDA_TRY(cudaSetDevice(c->ordinal));
+    return 0;
+}
+
+/* ---- memory ---------------------------------------------------------------*/
+static void c_arena_release(zn_dev *d, void *base, uint64_t bytes)
+{
+    if (use(d) == 0)
+        ZN_CUDA_WARN(cudaFree(base));
+}
+
+static int c_host_alloc(zn_dev *d, size_t bytes, void **out, int *locked)
+{
+    cdev *c = d->impl;
+    int rc;
+    *locked = 1;
+    if ((rc = use(d)))
+        return rc;
+    if (c->bound_host) {
+        void *p;
+        if ((rc = zn_gpu_numa_alloc(d, bytes, &p)))
+            return rc;
+        cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+        if (e != cudaSuccess) {
+            zn_gpu_numa_free(d, p, bytes);
+            return cuda_fail(e, "cudaHostRegister(p, bytes, cudaHostRegisterDefault)",
+                             __FILE__, __LINE__);
+        }
+        *out = p;
+        return 0;
+    }
+    ZN_CUDA_TRY(cudaHostAlloc(out, bytes, cudaHostAllocDefault));
+    return 0;
+}
+
+static void c_host_free(zn_dev *d, void *p, size_t bytes)
+{
+    cdev *c = d->impl;
+    if (use(d))
+        return;
+    if (c->bound_host) {
+        ZN_CUDA_WARN(cudaHostUnregister(p));
+        zn_gpu_numa_free(d, p, bytes);
+    } else {
+        ZN_CUDA_WARN(cudaFreeHost(p));
+    }
+}
+
+static int c_host_register(zn_dev *d, void *p, size_t bytes, int *locked)
+{
+    int rc;
+    *locked = 1;
+    if ((rc = use(d)))
+        return rc;
+    ZN_CUDA_TRY(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
+    return 0;
+}
+
+static void c_host_unregister(zn_dev *d, void *p, size_t bytes)
+{
+    if (use(d) == 0)
+        ZN_CUDA_WARN(cudaHostUnregister(p));
+}
+
+/* ---- streams and events ------------------------------------------------*/
+static int c_stream_create(zn_dev *d, zn_stream *s)
+{
+    int rc;
+    cstream *cs = calloc(1, sizeof *cs);
+    if (!cs)
+        return zn_set_error(-ENOMEM, "cuda stream: out of memory");
+    if ((rc = use(d)))
+        goto fail;
+    ZN_CUDA_TRY_GOTO(cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking));
+    ZN_CUBLAS_TRY_GOTO(cublasCreate(&cs->blas));
+    ZN_CUBLAS_TRY_GOTO(cublasSetStream(cs->blas, cs->st));
+    /* Plain fp32 (no TF32) unless a compute type asks otherwise. */
+    ZN_CUBLAS_TRY_GOTO(cublasSetMathMode(cs->blas, CUBLAS_DEFAULT_MATH));
+    ZN_CUDA_TRY_GOTO(cudaMalloc((void **)&cs->scratch, ZN_CUDA_SCRATCH * sizeof(float)));
+    s->impl = cs;
+    return 0;
+
+fail:
+    if (cs->blas && cublasDestroy(cs->blas) != CUBLAS_STATUS_SUCCESS)
+        zn_warn("cublasDestroy failed while cleaning up a stream");
+    if (cs->st)
+        ZN_CUDA_WARN(cudaStreamDestroy(cs->st));
+    free(cs);
+    return rc;
+}
+
+static void c_stream_destroy(zn_dev *d, zn_stream *s)
+{
+    cstream *cs = s->impl;
+    if (!cs)
+        return;
+    if (use(d) == 0) {
+        ZN_CUDA_WARN(cudaStreamSynchronize(cs->st));
+        if (cs->blas) {
+            cublasStatus_t st = cublasDestroy(cs->blas);
+            if (st != CUBLAS_STATUS_SUCCESS)
+                zn_warn("cublasDestroy: %s", cublasGetStatusString(st));
+        }
+        if (cs->scratch)
+            ZN_CUDA_WARN(cudaFree(cs->scratch));
+        ZN_CUDA_WARN(cudaStreamDestroy(cs->st));
+    }
+    free(cs);
+    s->impl = NULL;
+}
+
+static int c_stream_sync(zn_dev *d, zn_stream *s)
+{
+    cstream *cs = s->impl;
+    int rc;
+    if ((rc = use(d)))
+        return rc;
+    ZN_CUDA_TRY(cudaStreamSynchronize(cs->st));
+    return 0;
+}
+
+static int c_event_create(zn_dev *d, zn_event *e)
+{
+    int rc;
+    cudaEvent_t ev;
+    if ((rc = use(d)))
+        return rc;
+    ZN_CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDefault));
+    e->impl = ev;
+    return 0;
+}
+
+static void c_event_destroy(zn_dev *d, zn_event *e)
+{
+    if (e->impl && use(d) == 0)
+        ZN_CUDA_WARN(cudaEventDestroy((cudaEvent_t)e->impl));
+    e->impl = NULL;
+}
+
+static int c_event_record(zn_dev *d, zn_event *e, zn_stream *s)
+{
+    int rc;
+    if ((rc = use(d)))
+        return rc;
+    ZN_CUDA_TRY(cudaEventRecord((cudaEvent_t)e->impl, ((cstream *)s->impl)->st));
+    return 0;
+}
+
+static int c_stream_wait_event(zn_dev *d, zn_stream *s, zn_event *e)
+{
+    int rc;
+    if ((rc = use(d)))
+        return rc;
+    ZN_CUDA_TRY(cudaStreamWaitEvent(((cstream *)s->impl)->st, (cudaEvent_t)e->impl, 0));
+    return 0;
+}
+
+static int c_event_sync(zn_dev *d, zn_event *e)
+{
+    int rc;
+    if ((rc = use(d)))
+        return rc;
+    ZN_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)e->impl));
+    return 0;
+}
+
+static int c_event_query(zn_dev *d, zn_event *e)
+{
+    int rc;
+    if ((rc = use(d)))
+        return rc;
+    cudaError_t r = cudaEventQuery((cudaEvent_t)e->impl);
+    if (r == cudaSuccess)
+        return 1;
+    if (r == cudaErrorNotReady)
+        return 0;
+    return cuda_fail(r, "cudaEventQuery(e)", __FILE__, __LINE__);
+}
+
+static int c_event_elapsed(zn_dev *d, zn_event *a, zn_event *b, float *ms)
+{
+    int rc;
+    if ((rc = use(d)))
+        return rc;
+    ZN_CUDA_TRY(cudaEventElapsedTime(ms, (cudaEvent_t)a->impl, (cudaEvent_t)b->impl));
+    return 0;
+}
+
+/* ---- ops -----------------------------------------------------------------*/
+static cudaDataType_t cuda_type(zn_dtype dt)
+{
+    return dt == ZN_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF;
+}
+
+static int fits_int(int64_t v)
+{
+    return v >= 0 && v <= 0x7fffffff;
+}
+
+/* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: hand
+ * cuBLAS B as the first operand and swap m and n. */
+static int c_gemm(cstream *cs, const zn_op *op)
+{
+    const int64_t m = op->u.gemm.m, n = op->u.gemm.n, k = op->u.gemm.k;
+    if (!fits_int(m) || !fits_int(n) || !fits_int(k) || !fits_int(op->u.gemm.lda) ||
+        !fits_int(op->u.gemm.ldb) || !fits_int(op->u.gemm.ldc) || !fits_int(op->u.gemm.batch))
+        return zn_set_error(ZN_EUNSUPPORTED, "gemm on CUDA: a size or leading dimension "
+                            "exceeds INT32_MAX (m %lld n %lld k %lld)", (long long)m,
+                            (long long)n, (long long)k);
+    const cublasOperation_t opA = op->u.gemm.ta == ZN_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t opB = op->u.gemm.tb == ZN_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const float alpha = op->u.gemm.alpha, beta = op->u.gemm.beta;
+    const cudaDataType_t at = cuda_type(op->u.gemm.adt), ct = cuda_type(op->u.gemm.cdt);
+
+    if (op->u.gemm.batch == 1)
+        ZN_CUBLAS_TRY(cublasGemmEx(cs->blas, opB, opA, (int)n, (int)m, (int)k, &alpha,
+                                   op->u.gemm.B, at, (int)op->u.gemm.ldb, op->u.gemm.A, at,
+                                   (int)op->u.gemm.lda, &beta, op->u.gemm.C, ct,
+                                   (int)op->u.gemm.ldc, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
+    else
+        ZN_CUBLAS_TRY(cublasGemmStridedBatchedEx(
+            cs->blas, opB, opA, (int)n, (int)m, (int)k, &alpha, op->u.gemm.B, at,
+            (int)op->u.gemm.ldb, (long long)op->u.gemm.sb, op->u.gemm.A, at,
+            (int)op->u.gemm.lda, (long long)op->u.gemm.sa, &beta, op->u.gemm.C, ct,
+            (int)op->u.gemm.ldc, (long long)op->u.gemm.sc, (int)op->u.gemm.batch,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return 0;
+}
+
+static int c_submit(zn_dev *d, zn_stream *s, const zn_op *op)
+{
+    cstream *cs = s->impl;
+    int rc;
+    if ((rc = use(d)))
+        return rc;
+    switch (op->kind) {
+    case ZN_OPK_COPY: {
+        static const enum cudaMemcpyKind kinds[] = { cudaMemcpyHostToDevice,
+                                                     cudaMemcpyDeviceToHost,
+                                                     cudaMemcpyDeviceToDevice };
+        ZN_CUDA_TRY(cudaMemcpyAsync(op->u.copy.dst, op->u.copy.src, op->u.copy.bytes,
+                                    kinds[op->u.copy.dir], cs->st));
+        return 0;
+    }
+    case ZN_OPK_MEMSET:
+        ZN_CUDA_TRY(cudaMemsetAsync(op->u.memset.dst, op->u.memset.value, op->u.memset.bytes,
+                                    cs->st));
+        return 0;
+    case ZN_OPK_HOST_FN:
+        ZN_CUDA_TRY(cudaLaunchHostFunc(cs->st, op->u.host_fn.fn, op->u.host_fn.arg));
+        return 0;
+    case ZN_OPK_GEMM:
+        if (op->u.gemm.k > 0 && op->u.gemm.alpha != 0.0f)
+            return c_gemm(cs, op);
+        break;   /* C = beta * C: a kernel (beta == 0 writes zeros) */
+    default:
+        break;
+    }
+    const char *what = "?";
+    cudaError_t e = (cudaError_t)zn_cuda_run_kernel(op, cs->st, cs->scratch, &what);
+    if (e != cudaSuccess)
+        return cuda_fail(e, what, __FILE__, __LINE__);
+    return 0;
+}
+
+static void c_destroy(zn_dev *d)
+{
+    free(d->impl);
+    d->impl = NULL;
+}
+
+static const zn_dev_ops cuda_ops = {
+    .name = "cuda",
+    .destroy = c_destroy,
+    .arena_release = c_arena_release,
+    .host_alloc = c_host_alloc,
+    .host_free = c_host_free,
+    .host_register = c_host_register,
+    .host_unregister = c_host_unregister,
+    .stream_create = c_stream_create,
+    .stream_destroy = c_stream_destroy,
+    .stream_sync = c_stream_sync,
+    .event_create = c_event_create,
+    .event_destroy = c_event_destroy,
+    .event_record = c_event_record,
+    .stream_wait_event = c_stream_wait_event,
+    .event_sync = c_event_sync,
+    .event_query = c_event_query,
+    .event_elapsed_ms = c_event_elapsed,
+    .submit = c_submit,
+};
 
 int zn_cuda_backend_create(zn_dev *d, int ordinal)
 {
-    (void)d;
-    return zn_set_error(ZN_ENODEV, "cuda:%d: CUDA backend not built yet", ordinal);
+    int n = 0, rc = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();   /* clear the sticky error for later calls */
+        return zn_set_error(ZN_ENODEV, "cuda:%d: no usable GPU: cudaGetDeviceCount: %s (%s)",
+                            ordinal, cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    if (n == 0)
+        return zn_set_error(ZN_ENODEV, "cuda:%d: no CUDA device present", ordinal);
+    if (ordinal >= n)
+        return zn_set_error(ZN_ENODEV, "cuda:%d: only %d CUDA device%s present", ordinal, n,
+                            n == 1 ? "" : "s");
+
+    cdev *c = calloc(1, sizeof *c);
+    if (!c)
+        return zn_set_error(-ENOMEM, "cuda device: out of memory");
+    c->ordinal = ordinal;
+    d->impl = c;
+    d->ops = &cuda_ops;
+    void *base = NULL;
+
+    ZN_CUDA_TRY_GOTO(cudaSetDevice(ordinal));
+    struct cudaDeviceProp prop;
+    ZN_CUDA_TRY_GOTO(cudaGetDeviceProperties(&prop, ordinal));
+    zn_dev_info *in = &d->info;
+    memset(in, 0, sizeof *in);
+    in->kind = ZN_DEV_CUDA;
+    in->ordinal = ordinal;
+    snprintf(in->name, sizeof in->name, "%.127s", prop.name);
+    in->cc_major = prop.major;
+    in->cc_minor = prop.minor;
+    in->sm_count = prop.multiProcessorCount;
+    ZN_CUDA_TRY_GOTO(cudaDeviceGetPCIBusId(in->pci_bus_id, (int)sizeof in->pci_bus_id, ordinal));
+    if (zn_gpu_pcie_link(in->pci_bus_id, &in->pcie_gen, &in->pcie_width, &in->pcie_peak_gbs))
+        zn_debug("cuda:%d: PCIe link of %s unknown (sysfs)", ordinal, in->pci_bus_id);
+    in->numa_node = d->cfg.numa_node >= 0 ? d->cfg.numa_node : zn_gpu_pci_numa_node(in->pci_bus_id);
+    c->bound_host = in->numa_node >= 0 && d->topo != NULL;
+    int rtv = 0, drv = 0;
+    ZN_CUDA_TRY_GOTO(cudaRuntimeGetVersion(&rtv));
+    ZN_CUDA_TRY_GOTO(cudaDriverGetVersion(&drv));
+    snprintf(in->driver, sizeof in->driver, "CUDA runtime %d.%d, driver %d.%d", rtv / 1000,
+             (rtv % 1000) / 10, drv / 1000, (drv % 1000) / 10);
+
+    size_t fr = 0, tot = 0;
+    ZN_CUDA_TRY_GOTO(cudaMemGetInfo(&fr, &tot));
+    in->total_mem = tot;
+    in->free_mem = fr;
+    uint64_t budget = d->cfg.gpu_budget;
+    if (budget == 0) {
+        if (fr <= d->cfg.gpu_margin + (64u << 20)) {
+            rc = zn_set_error(ZN_EBUDGET, "cuda:%d (%s): %zu bytes free, not more than the "
+                              "margin of %llu bytes", ordinal, in->name, fr,
+                              (unsigned long long)d->cfg.gpu_margin);
+            goto fail;
+        }
+        budget = fr - d->cfg.gpu_margin;
+    } else if (budget > fr) {
+        char b1[32], b2[32];
+        rc = zn_set_error(ZN_EBUDGET, "cuda:%d (%s): GPU budget %llu bytes (%s) exceeds the "
+                          "free memory %zu bytes (%s)", ordinal, in->name,
+                          (unsigned long long)budget, zn_format_size(budget, b1, sizeof b1), fr,
+                          zn_format_size(fr, b2, sizeof b2));
+        goto fail;
+    }
+    ZN_CUDA_TRY_GOTO(cudaMalloc(&base, budget));
+    d->arena_base = base;
+    d->arena_bytes = budget;
+    return 0;
+
+fail:
+    free(c);
+    d->impl = NULL;
+    d->ops = NULL;
+    return rc;
+}
+
+/* ---- the plain copy loop: the ceiling for `zinc bench pcie` -------------*/
+int zn_cuda_plain_copy_gbs(zn_dev *d, int dir, size_t block, int iters, double *gbs)
+{
+    int rc;
+    void *h = NULL, *dv = NULL;
+    cudaStream_t st = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    *gbs = 0;
+    if ((rc = use(d)))
+        return rc;
+    ZN_CUDA_TRY_GOTO(cudaHostAlloc(&h, block, cudaHostAllocDefault));
+    ZN_CUDA_TRY_GOTO(cudaMalloc(&dv, block));
+    ZN_CUDA_TRY_GOTO(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    ZN_CUDA_TRY_GOTO(cudaEventCreate(&e0));
+    ZN_CUDA_TRY_GOTO(cudaEventCreate(&e1));
+    memset(h, 1, block);
+    enum cudaMemcpyKind kind = dir == 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    void *dst = dir == 0 ? dv : h;
+    const void *src = dir == 0 ? h : dv;
+    /* one warm-up copy, then the timed loop */
+    ZN_CUDA_TRY_GOTO(cudaMemcpyAsync(dst, src, block, kind, st));
+    ZN_CUDA_TRY_GOTO(cudaEventRecord(e0, st));
+    for (int i = 0; i < iters; i++)
+        ZN_CUDA_TRY_GOTO(cudaMemcpyAsync(dst, src, block, kind, st));
+    ZN_CUDA_TRY_GOTO(cudaEventRecord(e1, st));
+    ZN_CUDA_TRY_GOTO(cudaEventSynchronize(e1));
+    float ms = 0;
+    ZN_CUDA_TRY_GOTO(cudaEventElapsedTime(&ms, e0, e1));
+    *gbs = ms > 0 ? (double)block * iters / (ms * 1e-3) / 1e9 : 0;
+    rc = 0;
+
+fail:
+    if (e1)
+        ZN_CUDA_WARN(cudaEventDestroy(e1));
+    if (e0)
+        ZN_CUDA_WARN(cudaEventDestroy(e0));
+    if (st)
+        ZN_CUDA_WARN(cudaStreamDestroy(st));
+    if (dv)
+        ZN_CUDA_WARN(cudaFree(dv));
+    if (h)
+        ZN_CUDA_WARN(cudaFreeHost(h));
+    return rc;
 }

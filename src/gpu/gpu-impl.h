@@ -11,6 +11,10 @@
 #include "zinc/device.h"
 #include "zn_build_config.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ---- bf16 on the host (same rounding as the CUDA kernels) ----------------*/
 static inline float zn_gpu_bf2f(uint16_t h)
 {
@@ -236,6 +240,18 @@ int zn_gpu_pci_numa_node(const char *bus_id);
  * buffer and a cudaMalloc buffer outside the arena. dir 0 = H2D, 1 = D2H.
  * Returns 0 and GB/s in *gbs, or ZN_ECUDA. */
 int zn_cuda_plain_copy_gbs(zn_dev *d, int dir, size_t block, int iters, double *gbs);
+
+/* cuda_kernels.cu: launches the kernel(s) of `op` (any kind that
+ * zn_host_run_op handles except GEMM) on `stream` (a cudaStream_t).
+ * `scratch` is a per-stream device buffer of ZN_CUDA_SCRATCH floats for the
+ * two-phase deterministic reductions. Returns a cudaError_t (0 = launched);
+ * *what names the kernel that failed. */
+#define ZN_CUDA_SCRATCH (1u << 20)
+int zn_cuda_run_kernel(const zn_op *op, void *stream, float *scratch, const char **what);
+#endif
+
+#ifdef __cplusplus
+}
 #endif
 
 #endif
