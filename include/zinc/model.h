@@ -88,6 +88,196 @@ ZN_API uint64_t zn_model_block_param_count(const zn_model_dims *d, int block);
  * Llama-2-7B. */
 ZN_API uint64_t zn_model_param_count(const zn_model_dims *d);
 
+/* Model FLOPs of one forward + backward over batch x seq tokens (no
+ * recompute counted): 6 x (matmul parameters) x tokens, plus causal
+ * attention 6 x batch x seq^2 x n_heads x head_dim per layer (QK^T and PV:
+ * 4 seq^2 qd forward, half of it masked, backward twice the forward), plus
+ * the lm_head's 6 x tokens x hidden x vocab. For `block` >= 0 only that
+ * block (the embedding counts 0); -1 = the whole model. */
+ZN_API double zn_model_flops(const zn_model_dims *d, int block, int64_t batch, int64_t seq);
+
+/* ==== compute: blocks with forward and backward =============================
+ * The model is a list of blocks run in order (block numbers as above):
+ *   0            embedding:    x = embed_tokens[ids]
+ *   1..L         layer l-1:    x = x + attn(rmsnorm(x)); x = x + mlp(rmsnorm(x))
+ *   L+1          head:         loss = mean xent(lm_head(rmsnorm(x)), targets)
+ * A zn_model holds NO weights. Every forward/backward takes the block's
+ * parameters as an array of device pointers (in the order of
+ * zn_model_block_param) and its gradients as an array of fp32 device
+ * pointers that are ADDED to (+=; the caller zeroes them), so a scheduler
+ * decides where parameters and gradients live. All calls are asynchronous on
+ * the given stream (NULL = the device's default stream) and return 0 or a
+ * device-layer error (the arguments are checked at the call).
+ *
+ * Precision: parameters and activations (x between blocks) are in
+ * cfg.dtype (F32 on the host backend; BF16 on CUDA by default); GEMMs
+ * accumulate in fp32; RMSNorm, softmax and cross-entropy reduce in fp32;
+ * gradients are fp32.
+ *
+ * Memory (N = batch x seq tokens, per model, allocated once from the device
+ * arena at zn_model_create; zn_model_workspace_bytes says how much):
+ *   layer workspace  N x (3H + 4(qd + 2kvd) + 2qd + 3I) activations + 2 N H
+ *                    fp32 grads + n_heads x seq^2 x (4 + 2 x dtype) bytes of
+ *                    attention scores/probabilities (ONE sequence at a time:
+ *                    O(heads x seq^2) per layer, not O(batch x heads x seq^2)),
+ *   head             N x chunk x (4 + dtype) logits of one vocabulary chunk
+ *                    (the full N x vocab logits never exist) + N x H,
+ *   where H = hidden, qd = n_heads x head_dim, kvd = n_kv_heads x head_dim,
+ *   I = intermediate. Activation checkpointing (default) keeps only each
+ *   layer's input x (owned by the caller) and recomputes the layer in its
+ *   backward; without it the caller passes a `saved` buffer per layer of
+ *   zn_model_layer_saved_bytes() and the backward recomputes only the
+ *   attention probabilities, one sequence at a time. */
+
+typedef struct zn_dev zn_dev;       /* include/zinc/device.h */
+typedef struct zn_stream zn_stream;
+
+typedef struct zn_model zn_model;
+
+typedef struct {
+    zn_dtype dtype;     /* parameters and activations: ZN_DTYPE_F32 or BF16.
+                           Default: BF16 on a CUDA device, F32 on host. */
+    int64_t max_batch;  /* the workspace is sized for batch x seq tokens */
+    int64_t max_seq;    /* (defaults 1 x 512) */
+    int checkpoint;     /* 1 (default): recompute each layer in its backward */
+    int64_t xent_chunk; /* vocabulary columns per cross-entropy chunk;
+                           0 (default) = up to 256 MiB of fp32 logits */
+} zn_model_config;
+
+/* Defaults for device `dev` (which picks the dtype); dev may be NULL (F32). */
+ZN_API zn_model_config zn_model_config_default(const zn_dev *dev);
+
+/* Device bytes zn_model_create allocates for these dims and config. */
+ZN_API uint64_t zn_model_workspace_bytes(const zn_model_dims *d, const zn_model_config *cfg);
+
+/* Creates the compute object: validates dims, allocates the workspace from
+ * dev's arena, uploads the RoPE table. Returns 0, ZN_ECONFIG (bad dims or
+ * config), ZN_EBUDGET (the workspace does not fit the arena), or a device
+ * error. `d` is copied; `dev` must outlive the model. */
+ZN_API int zn_model_create(zn_model **out, zn_dev *dev, const zn_model_dims *d,
+                           const zn_model_config *cfg);
+ZN_API void zn_model_destroy(zn_model *m); /* accepts NULL; device must be idle */
+
+ZN_API const zn_model_dims *zn_model_get_dims(const zn_model *m);
+ZN_API const zn_model_config *zn_model_get_config(const zn_model *m);
+ZN_API zn_dev *zn_model_get_dev(const zn_model *m);
+
+/* One parameter tensor of a block. */
+typedef struct {
+    char name[96];      /* Hugging Face name: "model.layers.3.self_attn.q_proj.weight" */
+    int ndim;           /* 1 or 2 */
+    int64_t shape[2];   /* [out, in] for a projection, as in torch */
+    int64_t numel;
+    int owner_block;    /* -1: this block's own tensor. >= 0: the same tensor
+                           as in that block (the head's lm_head when
+                           tie_word_embeddings: pass the embedding's
+                           parameter and gradient pointers again) */
+} zn_param_info;
+
+/* Number of parameter tensors of block b, 0 when b is out of range. */
+ZN_API int zn_model_block_nparams(const zn_model_dims *d, int block);
+/* Fills *out for tensor i of block b. Returns 0 or ZN_EARG. */
+ZN_API int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_param_info *out);
+
+/* Sets the batch for the following block calls: ids and targets are host
+ * arrays of batch x seq int32 (row-major; a target < 0 is ignored, like
+ * HF's -100), copied to the device on `s` before this returns. The mean
+ * loss divides by the number of non-ignored targets (zn_model_batch_tokens)
+ * unless grad_scale is set with zn_model_set_loss_scale. Returns 0, ZN_EARG
+ * (batch x seq beyond the configured maximum, an id outside the vocab) or a
+ * device error. */
+ZN_API int zn_model_set_batch(zn_model *m, zn_stream *s, int64_t batch, int64_t seq,
+                              const int32_t *ids, const int32_t *targets);
+/* Non-ignored targets of the current batch. */
+ZN_API int64_t zn_model_batch_tokens(const zn_model *m);
+/* The loss is sum(xent) * scale; default 1 / zn_model_batch_tokens (a
+ * mean). For gradient accumulation over k micro-batches, pass
+ * 1 / (targets of all k). Call after zn_model_set_batch. */
+ZN_API void zn_model_set_loss_scale(zn_model *m, float scale);
+
+/* Bytes of one activation tensor between blocks: batch x seq x hidden x dtype. */
+ZN_API uint64_t zn_model_act_bytes(const zn_model *m);
+/* Bytes of one layer's saved activations when checkpointing is off. */
+ZN_API uint64_t zn_model_layer_saved_bytes(const zn_model *m);
+
+/* Embedding (block 0). x_out: [N][hidden] of cfg.dtype. */
+ZN_API int zn_model_embed_fwd(zn_model *m, zn_stream *s, void *const *params, void *x_out);
+/* dtable += scatter(dx). dx: [N][hidden] of cfg.dtype. */
+ZN_API int zn_model_embed_bwd(zn_model *m, zn_stream *s, void *const *params, const void *dx,
+                              float *const *grads);
+
+/* Decoder layer `layer` (0-based; block layer + 1). x_in and x_out are
+ * [N][hidden] of cfg.dtype and must differ. `saved`: NULL when
+ * checkpointing (nothing is kept), else a device buffer of
+ * zn_model_layer_saved_bytes() that the forward fills for the backward. */
+ZN_API int zn_model_layer_fwd(zn_model *m, zn_stream *s, int layer, void *const *params,
+                              const void *x_in, void *x_out, void *saved);
+/* Given the layer's input x_in (the checkpoint) or its `saved` buffer, and
+ * dy = dL/dx_out, writes dx = dL/dx_in and adds the parameter gradients.
+ * dx may alias dy. */
+ZN_API int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params,
+                              const void *x_in, const void *saved, const void *dy, void *dx,
+                              float *const *grads);
+
+/* Head (final norm + lm_head + cross-entropy). Forward: the loss of the
+ * batch (sum of per-token xent x loss scale) into the model's loss slot (read
+ * with zn_model_read_loss); keeps per-token log-sum-exp for the backward,
+ * so head_bwd must follow head_fwd with the same x_in. */
+ZN_API int zn_model_head_fwd(zn_model *m, zn_stream *s, void *const *params, const void *x_in);
+/* dx = dL/dx_in (cfg.dtype), gradients +=. Recomputes the logits chunk by
+ * chunk. */
+ZN_API int zn_model_head_bwd(zn_model *m, zn_stream *s, void *const *params, const void *x_in,
+                             void *dx, float *const *grads);
+/* Logits of rows [row0, row0 + nrows) of the batch (row = b * seq + t),
+ * all vocabulary columns, as fp32 into device memory out[nrows][vocab].
+ * For tests and eval. It reuses the head's saved state: run head_fwd again
+ * before a head_bwd. */
+ZN_API int zn_model_head_logits(zn_model *m, zn_stream *s, void *const *params,
+                                const void *x_in, int64_t row0, int64_t nrows, float *out);
+/* Waits for `s` and returns the loss of the last head_fwd. */
+ZN_API int zn_model_read_loss(zn_model *m, zn_stream *s, float *loss);
+
+/* ==== a simple driver: every parameter resident on the device ===============
+ * For tests, `zinc eval` and small models. The issue-7 scheduler drives the
+ * blocks above directly with offloaded parameters instead. */
+typedef struct zn_model_state zn_model_state;
+
+/* Allocates every parameter (cfg.dtype) and, with with_grads, an fp32
+ * gradient per parameter (zeroed), plus the activations between blocks.
+ * Parameters are uninitialised until init_random or load. Returns 0,
+ * ZN_EBUDGET or a device error. */
+ZN_API int zn_model_state_create(zn_model_state **out, zn_model *m, int with_grads);
+ZN_API void zn_model_state_destroy(zn_model_state *st); /* accepts NULL */
+
+/* Seeded init like transformers' (normal(0, 0.02) weights, ones for norms,
+ * zero biases); the values are a function of (seed, tensor, element) only. */
+ZN_API int zn_model_state_init_random(zn_model_state *st, uint64_t seed);
+/* Loads a Hugging Face checkpoint (a folder with model.safetensors or a
+ * sharded index, or a .safetensors file) tensor by tensor, converting
+ * bf16/fp16/fp32 to cfg.dtype. Every parameter must be present with its
+ * shape (message names the tensor and the file); lm_head.weight of a tied
+ * model and tensors zinc does not use (rotary inv_freq) are skipped with
+ * a debug line. Returns 0, -errno, ZN_ECORRUPT, ZN_ECONFIG. */
+ZN_API int zn_model_state_load(zn_model_state *st, const char *path);
+/* Writes config.json and model.safetensors (cfg.dtype) into folder `dir`
+ * (which must exist): a checkpoint transformers can load. */
+ZN_API int zn_model_state_save(zn_model_state *st, const char *dir);
+
+/* Parameter / gradient pointer arrays of a block, for the block calls. */
+ZN_API void *const *zn_model_state_params(zn_model_state *st, int block);
+ZN_API float *const *zn_model_state_grads(zn_model_state *st, int block);
+ZN_API int zn_model_state_zero_grads(zn_model_state *st, zn_stream *s);
+
+/* Forward over all blocks for the current batch; *loss = the loss (mean
+ * over targets by default). Synchronises `s`. */
+ZN_API int zn_model_state_forward(zn_model_state *st, zn_stream *s, float *loss);
+/* Forward and backward; gradients are added. *loss as above. */
+ZN_API int zn_model_state_forward_backward(zn_model_state *st, zn_stream *s, float *loss);
+/* After a forward: logits of rows [row0, row0 + nrows) into host memory
+ * out[nrows][vocab] (fp32). Synchronises `s`. */
+ZN_API int zn_model_state_logits(zn_model_state *st, zn_stream *s, int64_t row0, int64_t nrows,
+                                 float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,788 @@
+/* The Llama-family decoder as blocks (embedding, layers, head) whose forward
+ * and backward take their parameters as device pointers: the model owns only
+ * a workspace for one layer at a time, the batch's ids/targets and the RoPE
+ * table. All compute goes through the device interface (device.h), so the
+ * same code runs on the host backend (fp32) and on CUDA (bf16 + fp32
+ * accumulation). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "zinc/device.h"
+#include "zinc/model.h"
+#include "model/model-impl.h"
+
+#define TRY(x)                                                                 \
+    do {                                                                       \
+        int rc_ = (x);                                                         \
+        if (rc_)                                                               \
+            return rc_;                                                        \
+    } while (0)
+
+/* Layer parameter slots, in the order of zn_model_block_param. */
+enum {
+    P_IN_NORM, P_WQ, P_WK, P_WV, P_WO, P_POST_NORM, P_WG, P_WU, P_WD,
+    P_BQ, P_BK, P_BV, P_BO, P_NSLOTS
+};
+
+/* Activations of one layer (forward results needed by the backward). */
+typedef struct {
+    void *h1;      /* [N][H]   rmsnorm(x_in) */
+    float *rstd1;  /* [N] */
+    void *qkv;     /* [N][qkv_ld] q | k | v, q and k after RoPE */
+    void *attn;    /* [N][qd]  attention output before o_proj */
+    void *x_mid;   /* [N][H]   x_in + o_proj(attn) */
+    void *h2;      /* [N][H]   rmsnorm(x_mid) */
+    float *rstd2;  /* [N] */
+    void *gate;    /* [N][I] */
+    void *up;      /* [N][I] */
+    void *act;     /* [N][I]   silu(gate) * up */
+} layer_acts;
+
+struct zn_model {
+    zn_dev *dev;
+    zn_model_dims d;
+    zn_model_config cfg;
+    zn_dtype dt;
+    size_t esz;
+    int64_t H, qd, kvd, I, V, nh, nkv, hd, g, qkv_ld;
+    int64_t max_n, max_t, chunk;
+
+    void *mem;          /* the one arena block everything below lives in */
+    uint64_t mem_bytes;
+    int32_t *ids, *targets, *pos;
+    float *inv_freq;
+    float *loss;        /* scalar */
+    /* head */
+    void *hN;
+    float *rstdN, *lse, *row_loss, *run_max, *run_sum, *tgt, *logits, *dhN;
+    void *dlogits;
+    /* layer workspace */
+    layer_acts w;
+    float *SS, *dP;     /* [nh][T][T] fp32 scores; dP (may alias) */
+    void *P, *dS;       /* [nh][T][T] probabilities / score grads (cfg.dtype) */
+    float *dh, *dxm32;  /* [N][H] fp32 */
+    void *dxm;          /* [N][H] cfg.dtype (aliases dxm32 for f32) */
+    void *d_attn;       /* [N][qd] */
+    void *dqkv;         /* [N][qkv_ld] */
+
+    /* current batch */
+    int64_t B, T, N, n_valid;
+    float loss_scale;
+    int32_t *staging;   /* host: 3 x max_n */
+};
+
+/* ---- sizes ------------------------------------------------------------------ */
+
+#define ALIGN 256
+static uint64_t al(uint64_t x)
+{
+    return (x + ALIGN - 1) & ~(uint64_t)(ALIGN - 1);
+}
+
+typedef struct {
+    unsigned char *base; /* NULL: only count */
+    uint64_t off;
+} carver;
+
+static void *carve(carver *c, uint64_t bytes)
+{
+    void *p = c->base ? c->base + c->off : NULL;
+    c->off += al(bytes ? bytes : 1);
+    return p;
+}
+
+static void carve_acts(carver *c, layer_acts *a, int64_t N, int64_t H, int64_t qkv_ld,
+                       int64_t qd, int64_t I, size_t esz)
+{
+    a->h1 = carve(c, (uint64_t)(N * H) * esz);
+    a->rstd1 = carve(c, (uint64_t)N * 4);
+    a->qkv = carve(c, (uint64_t)(N * qkv_ld) * esz);
+    a->attn = carve(c, (uint64_t)(N * qd) * esz);
+    a->x_mid = carve(c, (uint64_t)(N * H) * esz);
+    a->h2 = carve(c, (uint64_t)(N * H) * esz);
+    a->rstd2 = carve(c, (uint64_t)N * 4);
+    a->gate = carve(c, (uint64_t)(N * I) * esz);
+    a->up = carve(c, (uint64_t)(N * I) * esz);
+    a->act = carve(c, (uint64_t)(N * I) * esz);
+}
+
+static int64_t default_chunk(int64_t V, int64_t N)
+{
+    int64_t c = ((int64_t)64 << 20) / (N > 0 ? N : 1); /* 256 MiB of fp32 logits */
+    c = c / 64 * 64;
+    if (c < 256)
+        c = 256;
+    return c >= V ? V : c;
+}
+
+/* Lays out (or, with base NULL, measures) everything of a model. */
+static void layout(zn_model *m, unsigned char *base)
+{
+    carver c = { base, 0 };
+    int64_t N = m->max_n, T = m->max_t, H = m->H;
+    size_t esz = m->esz;
+    int f32 = m->dt == ZN_DTYPE_F32;
+
+    m->ids = carve(&c, (uint64_t)N * 4);
+    m->targets = carve(&c, (uint64_t)N * 4);
+    m->pos = carve(&c, (uint64_t)N * 4);
+    m->inv_freq = carve(&c, (uint64_t)m->hd / 2 * 4);
+    m->loss = carve(&c, 4);
+    m->hN = carve(&c, (uint64_t)(N * H) * esz);
+    m->rstdN = carve(&c, (uint64_t)N * 4);
+    m->lse = carve(&c, (uint64_t)N * 4);
+    m->row_loss = carve(&c, (uint64_t)N * 4);
+    m->run_max = carve(&c, (uint64_t)N * 4);
+    m->run_sum = carve(&c, (uint64_t)N * 4);
+    m->tgt = carve(&c, (uint64_t)N * 4);
+    m->dhN = carve(&c, (uint64_t)(N * H) * 4);
+    m->logits = carve(&c, (uint64_t)(N * m->chunk) * 4);
+    m->dlogits = f32 ? (void *)m->logits : carve(&c, (uint64_t)(N * m->chunk) * esz);
+
+    carve_acts(&c, &m->w, N, H, m->qkv_ld, m->qd, m->I, esz);
+    uint64_t sq = (uint64_t)(m->nh * T * T);
+    m->SS = carve(&c, sq * 4);
+    if (f32) {
+        m->P = m->SS;
+        m->dP = carve(&c, sq * 4);
+        m->dS = m->dP;
+    } else {
+        m->P = carve(&c, sq * esz);
+        m->dP = m->SS;
+        m->dS = carve(&c, sq * esz);
+    }
+    m->dh = carve(&c, (uint64_t)(N * H) * 4);
+    m->dxm32 = carve(&c, (uint64_t)(N * H) * 4);
+    m->dxm = f32 ? (void *)m->dxm32 : carve(&c, (uint64_t)(N * H) * esz);
+    m->d_attn = carve(&c, (uint64_t)(N * m->qd) * esz);
+    m->dqkv = carve(&c, (uint64_t)(N * m->qkv_ld) * esz);
+    m->mem_bytes = c.off;
+}
+
+static void set_shapes(zn_model *m, const zn_model_dims *d, const zn_model_config *cfg)
+{
+    m->d = *d;
+    m->cfg = *cfg;
+    m->dt = cfg->dtype;
+    m->esz = zn_dtype_size(cfg->dtype);
+    m->H = d->hidden;
+    m->nh = d->n_heads;
+    m->nkv = d->n_kv_heads;
+    m->hd = d->head_dim;
+    m->g = d->n_heads / d->n_kv_heads;
+    m->qd = d->n_heads * d->head_dim;
+    m->kvd = d->n_kv_heads * d->head_dim;
+    m->qkv_ld = m->qd + 2 * m->kvd;
+    m->I = d->intermediate;
+    m->V = d->vocab;
+    m->max_t = cfg->max_seq;
+    m->max_n = cfg->max_batch * cfg->max_seq;
+    m->chunk = cfg->xent_chunk > 0 ? (cfg->xent_chunk < d->vocab ? cfg->xent_chunk : d->vocab)
+                                   : default_chunk(d->vocab, m->max_n);
+}
+
+zn_model_config zn_model_config_default(const zn_dev *dev)
+{
+    zn_model_config c;
+    memset(&c, 0, sizeof c);
+    c.dtype = dev && zn_dev_get_kind(dev) == ZN_DEV_CUDA ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+    c.max_batch = 1;
+    c.max_seq = 512;
+    c.checkpoint = 1;
+    c.xent_chunk = 0;
+    return c;
+}
+
+static int check_config(const zn_model_config *cfg)
+{
+    if (cfg->dtype != ZN_DTYPE_F32 && cfg->dtype != ZN_DTYPE_BF16)
+        return zn_set_error(ZN_ECONFIG, "model: dtype %s (must be f32 or bf16)",
+                            zn_dtype_name(cfg->dtype));
+    if (cfg->max_batch <= 0 || cfg->max_seq <= 0 || cfg->max_batch > (1 << 20) ||
+        cfg->max_seq > (1 << 20) || cfg->max_batch * cfg->max_seq > ((int64_t)1 << 28))
+        return zn_set_error(ZN_ECONFIG, "model: max_batch %lld x max_seq %lld out of range",
+                            (long long)cfg->max_batch, (long long)cfg->max_seq);
+    if (cfg->xent_chunk < 0)
+        return zn_set_error(ZN_ECONFIG, "model: xent_chunk must be >= 0");
+    return 0;
+}
+
+uint64_t zn_model_workspace_bytes(const zn_model_dims *d, const zn_model_config *cfg)
+{
+    zn_model m;
+    memset(&m, 0, sizeof m);
+    if (zn_model_dims_validate(d) || check_config(cfg))
+        return 0;
+    set_shapes(&m, d, cfg);
+    layout(&m, NULL);
+    return m.mem_bytes;
+}
+
+int zn_model_create(zn_model **out, zn_dev *dev, const zn_model_dims *d,
+                    const zn_model_config *cfg)
+{
+    int rc;
+    *out = NULL;
+    if ((rc = zn_model_dims_validate(d)) || (rc = check_config(cfg)))
+        return rc;
+    if (d->max_pos < cfg->max_seq)
+        zn_warn("model: max_seq %lld is beyond max_position_embeddings %lld",
+                (long long)cfg->max_seq, (long long)d->max_pos);
+    zn_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return zn_set_error(-ENOMEM, "out of memory");
+    m->dev = dev;
+    set_shapes(m, d, cfg);
+    layout(m, NULL);
+    m->staging = malloc((size_t)m->max_n * 3 * sizeof *m->staging);
+    if (!m->staging) {
+        free(m);
+        return zn_set_error(-ENOMEM, "out of memory");
+    }
+    if ((rc = zn_dev_alloc(dev, m->mem_bytes, "model workspace", &m->mem))) {
+        zn_model_destroy(m);
+        return rc;
+    }
+    layout(m, m->mem);
+
+    /* RoPE frequencies, once. */
+    float *inv = malloc((size_t)m->hd / 2 * sizeof *inv);
+    if (!inv) {
+        zn_model_destroy(m);
+        return zn_set_error(-ENOMEM, "out of memory");
+    }
+    zn_rope_scaling sc = { d->rope_factor, d->rope_low_freq_factor, d->rope_high_freq_factor,
+                           (double)d->rope_orig_max_pos };
+    zn_rope_inv_freq(inv, m->hd, d->rope_theta, d->rope_type == ZN_ROPE_LLAMA3 ? &sc : NULL);
+    rc = zn_dev_copy_h2d(dev, NULL, m->inv_freq, inv, (size_t)m->hd / 2 * 4);
+    if (!rc)
+        rc = zn_dev_stream_sync(dev, NULL);
+    free(inv);
+    if (rc) {
+        zn_model_destroy(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+void zn_model_destroy(zn_model *m)
+{
+    if (!m)
+        return;
+    if (m->mem)
+        zn_dev_free(m->dev, m->mem);
+    free(m->staging);
+    free(m);
+}
+
+const zn_model_dims *zn_model_get_dims(const zn_model *m)
+{
+    return &m->d;
+}
+
+const zn_model_config *zn_model_get_config(const zn_model *m)
+{
+    return &m->cfg;
+}
+
+zn_dev *zn_model_get_dev(const zn_model *m)
+{
+    return m->dev;
+}
+
+/* ---- parameter lists ---------------------------------------------------------- */
+
+static int layer_slot_present(const zn_model_dims *d, int slot)
+{
+    if (slot >= P_BQ && slot <= P_BV)
+        return d->qkv_bias;
+    if (slot == P_BO)
+        return d->o_bias;
+    return slot >= 0 && slot < P_NSLOTS;
+}
+
+/* Index of `slot` in a layer's parameter array, or -1 when absent. */
+static int slot_index(const zn_model_dims *d, int slot)
+{
+    if (!layer_slot_present(d, slot))
+        return -1;
+    int idx = 0;
+    for (int s = 0; s < slot; s++)
+        idx += layer_slot_present(d, s);
+    return idx;
+}
+
+int zn_model_block_nparams(const zn_model_dims *d, int block)
+{
+    if (block < 0 || block > d->n_layers + 1)
+        return 0;
+    if (block == 0)
+        return 1;
+    if (block == d->n_layers + 1)
+        return 2;
+    int n = 0;
+    for (int s = 0; s < P_NSLOTS; s++)
+        n += layer_slot_present(d, s);
+    return n;
+}
+
+int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_param_info *out)
+{
+    memset(out, 0, sizeof *out);
+    out->owner_block = -1;
+    if (i < 0 || i >= zn_model_block_nparams(d, block))
+        return zn_set_error(ZN_EARG, "model: block %d has no parameter %d", block, i);
+    int64_t H = d->hidden, qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
+    int64_t I = d->intermediate;
+    if (block == 0 || (block == d->n_layers + 1 && i == 1)) {
+        int tied = block != 0 && d->tie_embeddings;
+        snprintf(out->name, sizeof out->name, "%s",
+                 block == 0 || tied ? "model.embed_tokens.weight" : "lm_head.weight");
+        out->ndim = 2;
+        out->shape[0] = d->vocab;
+        out->shape[1] = H;
+        out->owner_block = tied ? 0 : -1;
+    } else if (block == d->n_layers + 1) {
+        snprintf(out->name, sizeof out->name, "model.norm.weight");
+        out->ndim = 1;
+        out->shape[0] = H;
+    } else {
+        int slot = 0, k = -1;
+        for (slot = 0; slot < P_NSLOTS; slot++)
+            if (layer_slot_present(d, slot) && ++k == i)
+                break;
+        static const struct {
+            const char *name;
+            int ndim;
+        } slots[P_NSLOTS] = {
+            [P_IN_NORM] = { "input_layernorm.weight", 1 },
+            [P_WQ] = { "self_attn.q_proj.weight", 2 },
+            [P_WK] = { "self_attn.k_proj.weight", 2 },
+            [P_WV] = { "self_attn.v_proj.weight", 2 },
+            [P_WO] = { "self_attn.o_proj.weight", 2 },
+            [P_POST_NORM] = { "post_attention_layernorm.weight", 1 },
+            [P_WG] = { "mlp.gate_proj.weight", 2 },
+            [P_WU] = { "mlp.up_proj.weight", 2 },
+            [P_WD] = { "mlp.down_proj.weight", 2 },
+            [P_BQ] = { "self_attn.q_proj.bias", 1 },
+            [P_BK] = { "self_attn.k_proj.bias", 1 },
+            [P_BV] = { "self_attn.v_proj.bias", 1 },
+            [P_BO] = { "self_attn.o_proj.bias", 1 },
+        };
+        const int64_t shapes[P_NSLOTS][2] = {
+            [P_IN_NORM] = { H, 0 },   [P_WQ] = { qd, H },  [P_WK] = { kvd, H },
+            [P_WV] = { kvd, H },      [P_WO] = { H, qd },  [P_POST_NORM] = { H, 0 },
+            [P_WG] = { I, H },        [P_WU] = { I, H },   [P_WD] = { H, I },
+            [P_BQ] = { qd, 0 },       [P_BK] = { kvd, 0 }, [P_BV] = { kvd, 0 },
+            [P_BO] = { H, 0 },
+        };
+        snprintf(out->name, sizeof out->name, "model.layers.%d.%s", block - 1, slots[slot].name);
+        out->ndim = slots[slot].ndim;
+        out->shape[0] = shapes[slot][0];
+        out->shape[1] = shapes[slot][1];
+    }
+    out->numel = out->shape[0] * (out->ndim == 2 ? out->shape[1] : 1);
+    return 0;
+}
+
+/* ---- FLOPs ---------------------------------------------------------------------- */
+
+double zn_model_flops(const zn_model_dims *d, int block, int64_t batch, int64_t seq)
+{
+    double tokens = (double)batch * (double)seq;
+    double H = (double)d->hidden, qd = (double)(d->n_heads * d->head_dim);
+    double kvd = (double)(d->n_kv_heads * d->head_dim), I = (double)d->intermediate;
+    double layer = 6.0 * tokens * (H * qd * 2 + H * kvd * 2 + 3 * H * I) +
+                   /* QK^T and PV: 2 x 2 x T^2 x qd per sequence forward, half
+                    * masked (causal); backward twice the forward. */
+                   3.0 * 2.0 * (double)batch * (double)seq * (double)seq * qd;
+    double head = 6.0 * tokens * H * (double)d->vocab;
+    if (block == 0)
+        return 0;
+    if (block > 0 && block <= d->n_layers)
+        return layer;
+    if (block == d->n_layers + 1)
+        return head;
+    return layer * (double)d->n_layers + head;
+}
+
+/* ---- batch ------------------------------------------------------------------------ */
+
+int zn_model_set_batch(zn_model *m, zn_stream *s, int64_t batch, int64_t seq,
+                       const int32_t *ids, const int32_t *targets)
+{
+    if (batch <= 0 || seq <= 0 || seq > m->max_t || batch * seq > m->max_n)
+        return zn_set_error(ZN_EARG, "model: batch %lld x seq %lld exceeds the configured %lld "
+                                     "x %lld", (long long)batch, (long long)seq,
+                            (long long)m->cfg.max_batch, (long long)m->max_t);
+    int64_t N = batch * seq, valid = 0;
+    for (int64_t i = 0; i < N; i++) {
+        if (ids[i] < 0 || ids[i] >= m->V)
+            return zn_set_error(ZN_EARG, "model: input id %d at [%lld][%lld] is outside the vocab "
+                                         "(%lld)", ids[i], (long long)(i / seq),
+                                (long long)(i % seq), (long long)m->V);
+        if (targets && targets[i] >= m->V)
+            return zn_set_error(ZN_EARG, "model: target %d at [%lld][%lld] is outside the vocab "
+                                         "(%lld)", targets[i], (long long)(i / seq),
+                                (long long)(i % seq), (long long)m->V);
+        valid += targets && targets[i] >= 0;
+    }
+    int32_t *h = m->staging;
+    memcpy(h, ids, (size_t)N * 4);
+    for (int64_t i = 0; i < N; i++) {
+        h[N + i] = targets ? targets[i] : -1;
+        h[2 * N + i] = (int32_t)(i % seq);
+    }
+    TRY(zn_dev_copy_h2d(m->dev, s, m->ids, h, (size_t)N * 4));
+    TRY(zn_dev_copy_h2d(m->dev, s, m->targets, h + N, (size_t)N * 4));
+    TRY(zn_dev_copy_h2d(m->dev, s, m->pos, h + 2 * N, (size_t)N * 4));
+    TRY(zn_dev_stream_sync(m->dev, s));
+    m->B = batch;
+    m->T = seq;
+    m->N = N;
+    m->n_valid = valid;
+    m->loss_scale = valid ? 1.0f / (float)valid : 0.0f;
+    return 0;
+}
+
+int64_t zn_model_batch_tokens(const zn_model *m)
+{
+    return m->n_valid;
+}
+
+void zn_model_set_loss_scale(zn_model *m, float scale)
+{
+    m->loss_scale = scale;
+}
+
+uint64_t zn_model_act_bytes(const zn_model *m)
+{
+    return (uint64_t)(m->max_n * m->H) * m->esz;
+}
+
+uint64_t zn_model_layer_saved_bytes(const zn_model *m)
+{
+    carver c = { NULL, 0 };
+    layer_acts a;
+    carve_acts(&c, &a, m->max_n, m->H, m->qkv_ld, m->qd, m->I, m->esz);
+    return c.off;
+}
+
+static int need_batch(const zn_model *m)
+{
+    if (!m->N)
+        return zn_set_error(ZN_EARG, "model: no batch set (zn_model_set_batch)");
+    return 0;
+}
+
+/* Byte offset helper for typed device pointers. */
+static void *at(const void *p, int64_t elems, size_t esz)
+{
+    return (unsigned char *)p + elems * (int64_t)esz;
+}
+
+/* ---- embedding ---------------------------------------------------------------------- */
+
+int zn_model_embed_fwd(zn_model *m, zn_stream *s, void *const *params, void *x_out)
+{
+    TRY(need_batch(m));
+    return zn_dev_embedding_fwd(m->dev, s, m->ids, m->N, params[0], m->dt, m->V, m->H, x_out,
+                                m->dt);
+}
+
+int zn_model_embed_bwd(zn_model *m, zn_stream *s, void *const *params, const void *dx,
+                       float *const *grads)
+{
+    (void)params;
+    TRY(need_batch(m));
+    return zn_dev_embedding_bwd(m->dev, s, m->ids, m->N, dx, m->dt, m->V, m->H, grads[0]);
+}
+
+/* ---- attention (one sequence at a time) ------------------------------------------- */
+
+/* Scores and probabilities of sequence b into m->SS / m->P. */
+static int attn_probs(zn_model *m, zn_stream *s, const layer_acts *a, int64_t b)
+{
+    int64_t T = m->T, ld = m->qkv_ld, hd = m->hd, g = m->g;
+    size_t e = m->esz;
+    const void *qb = at(a->qkv, b * T * ld, e);
+    for (int64_t j = 0; j < m->nkv; j++)
+        TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_TRANS, T, T, hd, 1.0f,
+                                        at(qb, j * g * hd, e), m->dt, ld, hd,
+                                        at(qb, m->qd + j * hd, e), m->dt, ld, 0, 0.0f,
+                                        m->SS + j * g * T * T, ZN_DTYPE_F32, T, T * T, g));
+    return zn_dev_softmax_causal_fwd(m->dev, s, m->SS, ZN_DTYPE_F32, m->P, m->dt, m->nh, T, T, 0,
+                                     1.0f / sqrtf((float)hd));
+}
+
+static int attn_fwd(zn_model *m, zn_stream *s, const layer_acts *a)
+{
+    int64_t T = m->T, ld = m->qkv_ld, hd = m->hd, g = m->g;
+    size_t e = m->esz;
+    for (int64_t b = 0; b < m->B; b++) {
+        TRY(attn_probs(m, s, a, b));
+        const void *vb = at(a->qkv, b * T * ld + m->qd + m->kvd, e);
+        void *ob = at(a->attn, b * T * m->qd, e);
+        for (int64_t h = 0; h < m->nh; h++)
+            TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, T, hd, T, 1.0f,
+                            at(m->P, h * T * T, e), m->dt, T, at(vb, (h / g) * hd, e), m->dt, ld,
+                            0.0f, at(ob, h * hd, e), m->dt, m->qd));
+    }
+    return 0;
+}
+
+/* d_attn (= dL/d attention output) -> dqkv (q and k grads before RoPE's
+ * backward). */
+static int attn_bwd(zn_model *m, zn_stream *s, const layer_acts *a)
+{
+    int64_t T = m->T, ld = m->qkv_ld, hd = m->hd, g = m->g, qd = m->qd, kvd = m->kvd;
+    size_t e = m->esz;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t b = 0; b < m->B; b++) {
+        TRY(attn_probs(m, s, a, b));
+        const void *qb = at(a->qkv, b * T * ld, e);
+        const void *dob = at(m->d_attn, b * T * qd, e);
+        void *dqb = at(m->dqkv, b * T * ld, e);
+        /* dP = dO V^T */
+        for (int64_t j = 0; j < m->nkv; j++)
+            TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_TRANS, T, T, hd, 1.0f,
+                                            at(dob, j * g * hd, e), m->dt, qd, hd,
+                                            at(qb, qd + kvd + j * hd, e), m->dt, ld, 0, 0.0f,
+                                            m->dP + j * g * T * T, ZN_DTYPE_F32, T, T * T, g));
+        /* dV_j = sum over the group's heads of P_h^T dO_h */
+        for (int64_t h = 0; h < m->nh; h++)
+            TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, T, hd, T, 1.0f,
+                            at(m->P, h * T * T, e), m->dt, T, at(dob, h * hd, e), m->dt, qd,
+                            h % g ? 1.0f : 0.0f, at(dqb, qd + kvd + (h / g) * hd, e), m->dt,
+                            ld));
+        TRY(zn_dev_softmax_causal_bwd(m->dev, s, m->P, m->dt, m->dP, ZN_DTYPE_F32, m->dS, m->dt,
+                                      m->nh, T, T, 0, scale));
+        for (int64_t h = 0; h < m->nh; h++) {
+            const void *dSh = at(m->dS, h * T * T, e);
+            /* dQ_h = dS_h K_j;  dK_j += dS_h^T Q_h */
+            TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, T, hd, T, 1.0f, dSh, m->dt, T,
+                            at(qb, qd + (h / g) * hd, e), m->dt, ld, 0.0f, at(dqb, h * hd, e),
+                            m->dt, ld));
+            TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, T, hd, T, 1.0f, dSh, m->dt, T,
+                            at(qb, h * hd, e), m->dt, ld, h % g ? 1.0f : 0.0f,
+                            at(dqb, qd + (h / g) * hd, e), m->dt, ld));
+        }
+    }
+    return 0;
+}
+
+/* ---- decoder layer ----------------------------------------------------------------- */
+
+#define PRM(slot) params[slot_index(&m->d, (slot))]
+#define GRD(slot) grads[slot_index(&m->d, (slot))]
+
+/* y[N][out] = x[N][in] W[out][in]^T (+ beta y). */
+static int linear(zn_model *m, zn_stream *s, const void *x, int64_t ldx, const void *W,
+                  int64_t out, int64_t in, float beta, void *y, zn_dtype ydt, int64_t ldy)
+{
+    return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, m->N, out, in, 1.0f, x, m->dt, ldx, W,
+                       m->dt, in, beta, y, ydt, ldy);
+}
+
+/* dW[out][in] += dy[N][out]^T x[N][in] */
+static int linear_dw(zn_model *m, zn_stream *s, const void *dy, int64_t lddy, const void *x,
+                     int64_t ldx, int64_t out, int64_t in, float *dW)
+{
+    return zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, out, in, m->N, 1.0f, dy, m->dt, lddy, x,
+                       m->dt, ldx, 1.0f, dW, ZN_DTYPE_F32, in);
+}
+
+/* dx[N][in] (+)= dy[N][out] W[out][in] */
+static int linear_dx(zn_model *m, zn_stream *s, const void *dy, int64_t lddy, const void *W,
+                     int64_t out, int64_t in, float beta, void *dx, zn_dtype dxdt, int64_t lddx)
+{
+    return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, m->N, in, out, 1.0f, dy, m->dt, lddy, W,
+                       m->dt, in, beta, dx, dxdt, lddx);
+}
+
+/* Forward up to (not including) the down projection. */
+static int layer_fwd_core(zn_model *m, zn_stream *s, void *const *params, const void *x_in,
+                          const layer_acts *a)
+{
+    int64_t N = m->N, H = m->H, qd = m->qd, kvd = m->kvd, ld = m->qkv_ld, I = m->I;
+    zn_dtype dt = m->dt;
+    size_t e = m->esz;
+    float eps = (float)m->d.rms_eps;
+
+    TRY(zn_dev_rmsnorm_fwd(m->dev, s, x_in, dt, PRM(P_IN_NORM), dt, a->h1, dt, a->rstd1, N, H,
+                           eps));
+    TRY(linear(m, s, a->h1, H, PRM(P_WQ), qd, H, 0.0f, a->qkv, dt, ld));
+    TRY(linear(m, s, a->h1, H, PRM(P_WK), kvd, H, 0.0f, at(a->qkv, qd, e), dt, ld));
+    TRY(linear(m, s, a->h1, H, PRM(P_WV), kvd, H, 0.0f, at(a->qkv, qd + kvd, e), dt, ld));
+    if (m->d.qkv_bias) {
+        TRY(zn_dev_bias_add(m->dev, s, a->qkv, dt, ld, PRM(P_BQ), dt, N, qd));
+        TRY(zn_dev_bias_add(m->dev, s, at(a->qkv, qd, e), dt, ld, PRM(P_BK), dt, N, kvd));
+        TRY(zn_dev_bias_add(m->dev, s, at(a->qkv, qd + kvd, e), dt, ld, PRM(P_BV), dt, N, kvd));
+    }
+    TRY(zn_dev_rope_fwd(m->dev, s, a->qkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
+    TRY(zn_dev_rope_fwd(m->dev, s, at(a->qkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
+                        m->inv_freq));
+    TRY(attn_fwd(m, s, a));
+    /* x_mid = x_in + attn Wo^T (+ bo) */
+    TRY(zn_dev_copy_d2d(m->dev, s, a->x_mid, x_in, (size_t)(N * H) * e));
+    TRY(linear(m, s, a->attn, qd, PRM(P_WO), H, qd, 1.0f, a->x_mid, dt, H));
+    if (m->d.o_bias)
+        TRY(zn_dev_bias_add(m->dev, s, a->x_mid, dt, H, PRM(P_BO), dt, N, H));
+    TRY(zn_dev_rmsnorm_fwd(m->dev, s, a->x_mid, dt, PRM(P_POST_NORM), dt, a->h2, dt, a->rstd2, N,
+                           H, eps));
+    TRY(linear(m, s, a->h2, H, PRM(P_WG), I, H, 0.0f, a->gate, dt, I));
+    TRY(linear(m, s, a->h2, H, PRM(P_WU), I, H, 0.0f, a->up, dt, I));
+    return zn_dev_swiglu_fwd(m->dev, s, a->gate, a->up, a->act, dt, N * I);
+}
+
+static int check_layer(const zn_model *m, int layer)
+{
+    TRY(need_batch(m));
+    if (layer < 0 || layer >= m->d.n_layers)
+        return zn_set_error(ZN_EARG, "model: layer %d of %lld", layer, (long long)m->d.n_layers);
+    return 0;
+}
+
+int zn_model_layer_fwd(zn_model *m, zn_stream *s, int layer, void *const *params,
+                       const void *x_in, void *x_out, void *saved)
+{
+    TRY(check_layer(m, layer));
+    if (x_in == x_out)
+        return zn_set_error(ZN_EARG, "model: layer %d: x_out must not alias x_in", layer);
+    layer_acts a = m->w;
+    if (saved) {
+        carver c = { saved, 0 };
+        carve_acts(&c, &a, m->max_n, m->H, m->qkv_ld, m->qd, m->I, m->esz);
+    }
+    TRY(layer_fwd_core(m, s, params, x_in, &a));
+    /* x_out = x_mid + act Wd^T */
+    TRY(zn_dev_copy_d2d(m->dev, s, x_out, a.x_mid, (size_t)(m->N * m->H) * m->esz));
+    return linear(m, s, a.act, m->I, PRM(P_WD), m->H, m->I, 1.0f, x_out, m->dt, m->H);
+}
+
+int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params,
+                       const void *x_in, const void *saved, const void *dy, void *dx,
+                       float *const *grads)
+{
+    TRY(check_layer(m, layer));
+    int64_t N = m->N, H = m->H, qd = m->qd, kvd = m->kvd, ld = m->qkv_ld, I = m->I;
+    zn_dtype dt = m->dt;
+    size_t e = m->esz;
+    const layer_acts *w = &m->w;
+    layer_acts a = m->w;
+    if (saved) {
+        carver c = { (unsigned char *)saved, 0 };
+        carve_acts(&c, &a, m->max_n, H, ld, qd, I, e);
+    } else {
+        TRY(layer_fwd_core(m, s, params, x_in, &a)); /* activation checkpointing */
+    }
+
+    /* MLP: out = act Wd^T */
+    TRY(linear_dw(m, s, dy, H, a.act, I, H, I, GRD(P_WD)));
+    TRY(linear_dx(m, s, dy, H, PRM(P_WD), H, I, 0.0f, w->act, dt, I));       /* d_act */
+    TRY(zn_dev_swiglu_bwd(m->dev, s, a.gate, a.up, w->act, w->gate, w->up, dt, N * I));
+    TRY(linear_dw(m, s, w->gate, I, a.h2, H, I, H, GRD(P_WG)));
+    TRY(linear_dw(m, s, w->up, I, a.h2, H, I, H, GRD(P_WU)));
+    TRY(linear_dx(m, s, w->gate, I, PRM(P_WG), I, H, 0.0f, m->dh, ZN_DTYPE_F32, H));
+    TRY(linear_dx(m, s, w->up, I, PRM(P_WU), I, H, 1.0f, m->dh, ZN_DTYPE_F32, H));
+    TRY(zn_dev_rmsnorm_bwd(m->dev, s, a.x_mid, dt, PRM(P_POST_NORM), dt, a.rstd2, m->dh,
+                           ZN_DTYPE_F32, m->dxm32, ZN_DTYPE_F32, GRD(P_POST_NORM), N, H));
+    TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, dy, dt, N * H)); /* residual */
+    if (dt != ZN_DTYPE_F32)
+        TRY(zn_dev_cast(m->dev, s, m->dxm32, ZN_DTYPE_F32, m->dxm, dt, N * H));
+
+    /* attention output projection */
+    TRY(linear_dw(m, s, m->dxm, H, a.attn, qd, H, qd, GRD(P_WO)));
+    if (m->d.o_bias)
+        TRY(zn_dev_bias_grad(m->dev, s, m->dxm, dt, H, GRD(P_BO), N, H));
+    TRY(linear_dx(m, s, m->dxm, H, PRM(P_WO), H, qd, 0.0f, m->d_attn, dt, qd));
+    TRY(attn_bwd(m, s, &a));
+    TRY(zn_dev_rope_bwd(m->dev, s, m->dqkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
+    TRY(zn_dev_rope_bwd(m->dev, s, at(m->dqkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
+                        m->inv_freq));
+    if (m->d.qkv_bias) {
+        TRY(zn_dev_bias_grad(m->dev, s, m->dqkv, dt, ld, GRD(P_BQ), N, qd));
+        TRY(zn_dev_bias_grad(m->dev, s, at(m->dqkv, qd, e), dt, ld, GRD(P_BK), N, kvd));
+        TRY(zn_dev_bias_grad(m->dev, s, at(m->dqkv, qd + kvd, e), dt, ld, GRD(P_BV), N, kvd));
+    }
+    TRY(linear_dw(m, s, m->dqkv, ld, a.h1, H, qd, H, GRD(P_WQ)));
+    TRY(linear_dw(m, s, at(m->dqkv, qd, e), ld, a.h1, H, kvd, H, GRD(P_WK)));
+    TRY(linear_dw(m, s, at(m->dqkv, qd + kvd, e), ld, a.h1, H, kvd, H, GRD(P_WV)));
+    TRY(linear_dx(m, s, m->dqkv, ld, PRM(P_WQ), qd, H, 0.0f, m->dh, ZN_DTYPE_F32, H));
+    TRY(linear_dx(m, s, at(m->dqkv, qd, e), ld, PRM(P_WK), kvd, H, 1.0f, m->dh, ZN_DTYPE_F32, H));
+    TRY(linear_dx(m, s, at(m->dqkv, qd + kvd, e), ld, PRM(P_WV), kvd, H, 1.0f, m->dh,
+                  ZN_DTYPE_F32, H));
+    TRY(zn_dev_rmsnorm_bwd(m->dev, s, x_in, dt, PRM(P_IN_NORM), dt, a.rstd1, m->dh, ZN_DTYPE_F32,
+                           m->dh, ZN_DTYPE_F32, GRD(P_IN_NORM), N, H));
+    TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, m->dh, ZN_DTYPE_F32, N * H));
+    return zn_dev_cast(m->dev, s, m->dxm32, ZN_DTYPE_F32, dx, dt, N * H);
+}
+
+/* ---- head ------------------------------------------------------------------------ */
+
+int zn_model_head_fwd(zn_model *m, zn_stream *s, void *const *params, const void *x_in)
+{
+    TRY(need_batch(m));
+    int64_t N = m->N, H = m->H, V = m->V, C = m->chunk;
+    const void *W = params[1];
+    TRY(zn_dev_rmsnorm_fwd(m->dev, s, x_in, m->dt, params[0], m->dt, m->hN, m->dt, m->rstdN, N,
+                           H, (float)m->d.rms_eps));
+    for (int64_t v0 = 0; v0 < V; v0 += C) {
+        int64_t c = V - v0 < C ? V - v0 : C;
+        TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, c, H, 1.0f, m->hN, m->dt, H,
+                        at(W, v0 * H, m->esz), m->dt, H, 0.0f, m->logits, ZN_DTYPE_F32, c));
+        TRY(zn_dev_xent_fwd_chunk(m->dev, s, m->logits, ZN_DTYPE_F32, N, c, c, v0, m->targets,
+                                  m->run_max, m->run_sum, m->tgt, v0 == 0));
+    }
+    TRY(zn_dev_xent_finish(m->dev, s, m->run_max, m->run_sum, m->tgt, m->targets, N, m->lse,
+                           m->row_loss));
+    TRY(zn_dev_sum(m->dev, s, m->row_loss, ZN_DTYPE_F32, N, m->loss, 0));
+    return zn_dev_scale(m->dev, s, m->loss, ZN_DTYPE_F32, 1, m->loss_scale);
+}
+
+int zn_model_head_bwd(zn_model *m, zn_stream *s, void *const *params, const void *x_in, void *dx,
+                      float *const *grads)
+{
+    TRY(need_batch(m));
+    int64_t N = m->N, H = m->H, V = m->V, C = m->chunk;
+    const void *W = params[1];
+    for (int64_t v0 = 0; v0 < V; v0 += C) {
+        int64_t c = V - v0 < C ? V - v0 : C;
+        TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, c, H, 1.0f, m->hN, m->dt, H,
+                        at(W, v0 * H, m->esz), m->dt, H, 0.0f, m->logits, ZN_DTYPE_F32, c));
+        TRY(zn_dev_xent_bwd_chunk(m->dev, s, m->logits, ZN_DTYPE_F32, N, c, c, v0, m->targets,
+                                  m->lse, m->loss_scale, m->dlogits, m->dt, c));
+        /* dW[v0:v0+c] += dlogits^T hN;  dhN (+)= dlogits W[v0:v0+c] */
+        TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, c, H, N, 1.0f, m->dlogits, m->dt, c,
+                        m->hN, m->dt, H, 1.0f, grads[1] + v0 * H, ZN_DTYPE_F32, H));
+        TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, N, H, c, 1.0f, m->dlogits, m->dt, c,
+                        at(W, v0 * H, m->esz), m->dt, H, v0 ? 1.0f : 0.0f, m->dhN,
+                        ZN_DTYPE_F32, H));
+    }
+    return zn_dev_rmsnorm_bwd(m->dev, s, x_in, m->dt, params[0], m->dt, m->rstdN, m->dhN,
+                              ZN_DTYPE_F32, dx, m->dt, grads[0], N, H);
+}
+
+int zn_model_head_logits(zn_model *m, zn_stream *s, void *const *params, const void *x_in,
+                         int64_t row0, int64_t nrows, float *out)
+{
+    TRY(need_batch(m));
+    if (row0 < 0 || nrows <= 0 || row0 + nrows > m->N)
+        return zn_set_error(ZN_EARG, "model: logits rows [%lld, +%lld) outside the batch (%lld)",
+                            (long long)row0, (long long)nrows, (long long)m->N);
+    int64_t H = m->H;
+    TRY(zn_dev_rmsnorm_fwd(m->dev, s, at(x_in, row0 * H, m->esz), m->dt, params[0], m->dt,
+                           m->hN, m->dt, m->rstdN, nrows, H, (float)m->d.rms_eps));
+    return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, nrows, m->V, H, 1.0f, m->hN, m->dt, H,
+                       params[1], m->dt, H, 0.0f, out, ZN_DTYPE_F32, m->V);
+}
+
+int zn_model_read_loss(zn_model *m, zn_stream *s, float *loss)
+{
+    TRY(zn_dev_copy_d2h(m->dev, s, loss, m->loss, 4));
+    return zn_dev_stream_sync(m->dev, s);
+}
