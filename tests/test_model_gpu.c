@@ -1,0 +1,26 @@
+/* The decoder against PyTorch on CUDA: the same fixtures as test_model_ref,
+ * in bf16 (fp32 accumulation) within 2e-2 and in fp32 within 1e-4 (cuBLAS
+ * may reorder sums). Skips (77) without a GPU. */
+#include "test_model_ref.h"
+
+int main(void)
+{
+    zn_dev_config dc = zn_dev_config_default();
+    dc.name = "cuda";
+    dc.gpu_budget = 1u << 30;
+    zn_dev *dev;
+    int rc = zn_dev_create(&dev, &dc);
+    if (rc == ZN_ENODEV)
+        ZT_SKIP("no CUDA device: %s", zn_last_error());
+    if (rc)
+        ZT_SETUP_FAIL("cuda device: %s", zn_last_error());
+    const char *fixtures[] = { "tiny-llama", "tiny-qwen2" };
+    for (int f = 0; f < 2; f++) {
+        ref_result r;
+        ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 1, 2e-2, 2e-2, &r, NULL, NULL);
+        ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 2e-2, 2e-2, &r, NULL, NULL);
+        ref_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-4, 1e-4, &r, NULL, NULL);
+    }
+    zn_dev_destroy(dev);
+    return zt_done();
+}
