@@ -1,0 +1,676 @@
+/* Every Llama kernel of the device interface, on every backend present
+ * (host always, CUDA when a GPU answers), in f32 and bf16: forward against
+ * a double-precision reference written here, backward against central
+ * finite differences of that reference. Outputs are pre-filled with a NaN
+ * pattern so unwritten elements show; "+=" outputs start from a base value
+ * that is subtracted afterwards. */
+#include <float.h>
+#include <math.h>
+
+#include "zt.h"
+#include "zinc/device.h"
+#include "gpu/gpu-impl.h"
+
+static zn_dev *D;
+static zn_stream *S;
+static const char *BK;
+
+#define DEV_OK(call)                                                          \
+    do {                                                                      \
+        int rc_ = (call);                                                     \
+        zt_checks++;                                                          \
+        if (rc_)                                                              \
+            ZT_FAIL_AT("[%s] %s -> %d: %s", BK, #call, rc_, zn_last_error()); \
+    } while (0)
+
+static double urand(uint64_t seed, uint64_t i)   /* [-1, 1) */
+{
+    uint64_t z = seed * 0x9e3779b97f4a7c15ull + i + 0x632be59bd9b4e019ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * (2.0 / 9007199254740992.0) - 1.0;
+}
+
+/* The value a device of type dt holds for x. */
+static double q(double x, zn_dtype dt)
+{
+    float f = (float)x;
+    return dt == ZN_DTYPE_F32 ? f : zn_gpu_bf2f(zn_gpu_f2bf(f));
+}
+
+static double *rnd(uint64_t seed, size_t n, double scale, zn_dtype dt)
+{
+    double *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = q(scale * urand(seed, i), dt);
+    return x;
+}
+
+static void *dev_up(const double *x, size_t n, zn_dtype dt)
+{
+    size_t es = zn_dtype_size(dt);
+    void *h = malloc(n * es), *d = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (dt == ZN_DTYPE_F32)
+            ((float *)h)[i] = (float)x[i];
+        else
+            ((uint16_t *)h)[i] = zn_gpu_f2bf((float)x[i]);
+    }
+    DEV_OK(zn_dev_alloc(D, n * es + 4, "test", &d));
+    DEV_OK(zn_dev_copy_h2d(D, S, d, h, n * es));
+    DEV_OK(zn_dev_stream_sync(D, S));
+    free(h);
+    return d;
+}
+
+static void *dev_poison(size_t n, zn_dtype dt)
+{
+    void *d = NULL;
+    DEV_OK(zn_dev_alloc(D, n * zn_dtype_size(dt) + 4, "out", &d));
+    DEV_OK(zn_dev_memset(D, S, d, 0xff, n * zn_dtype_size(dt)));   /* NaN in both types */
+    return d;
+}
+
+static int32_t *dev_i32(const int32_t *x, size_t n)
+{
+    void *d = NULL;
+    DEV_OK(zn_dev_alloc(D, n * 4, "i32", &d));
+    DEV_OK(zn_dev_copy_h2d(D, S, d, x, n * 4));
+    DEV_OK(zn_dev_stream_sync(D, S));
+    return d;
+}
+
+static double *dev_down(const void *d, size_t n, zn_dtype dt)
+{
+    size_t es = zn_dtype_size(dt);
+    void *h = malloc(n * es);
+    double *x = malloc(n * sizeof *x);
+    DEV_OK(zn_dev_copy_d2h(D, S, h, d, n * es));
+    DEV_OK(zn_dev_stream_sync(D, S));
+    for (size_t i = 0; i < n; i++)
+        x[i] = dt == ZN_DTYPE_F32 ? ((float *)h)[i] : zn_gpu_bf2f(((uint16_t *)h)[i]);
+    free(h);
+    return x;
+}
+
+/* max |got - ref| / max |ref|; NaN counts as infinitely wrong. */
+static double relerr(const double *got, const double *ref, size_t n)
+{
+    double e = 0, m = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(got[i] - ref[i]);
+        if (!(d <= e))
+            e = isnan(d) ? INFINITY : d;
+        if (fabs(ref[i]) > m)
+            m = fabs(ref[i]);
+    }
+    return e / m;
+}
+
+static double tol_fwd(zn_dtype dt)
+{
+    return dt == ZN_DTYPE_F32 ? 1e-5 : 1e-2;
+}
+
+static double tol_bwd(zn_dtype dt)
+{
+    return dt == ZN_DTYPE_F32 ? 1e-4 : 3e-2;
+}
+
+#define CMP(what, dt, got, ref, n, tol)                                             \
+    do {                                                                            \
+        double e_ = relerr((got), (ref), (n));                                      \
+        ZT_CHECK_MSG(e_ <= (tol), "[%s] %s (%s): rel err %.3g > %g", BK, what,      \
+                     zn_dtype_name(dt), e_, (double)(tol));                         \
+    } while (0)
+
+/* Central differences of L(x) = sum_i y_i R_i for a double forward f. */
+typedef void (*fwd_fn)(const double *x, double *y, const void *ctx);
+
+static void fd_grad(fwd_fn f, const void *ctx, double *x, size_t nx, size_t ny, const double *R,
+                    double *g)
+{
+    double *y = malloc(ny * sizeof *y);
+    const double h = 1e-4;
+    for (size_t i = 0; i < nx; i++) {
+        double x0 = x[i], lp = 0, lm = 0;
+        x[i] = x0 + h;
+        f(x, y, ctx);
+        for (size_t j = 0; j < ny; j++)
+            lp += y[j] * R[j];
+        x[i] = x0 - h;
+        f(x, y, ctx);
+        for (size_t j = 0; j < ny; j++)
+            lm += y[j] * R[j];
+        x[i] = x0;
+        g[i] = (lp - lm) / (2 * h);
+    }
+    free(y);
+}
+
+static void dfree(void *p)
+{
+    zn_dev_free(D, p);
+}
+
+/* ---- embedding ----------------------------------------------------------*/
+typedef struct { const int32_t *ids; int64_t nt, vocab, dim; } emb_ctx;
+
+static void emb_ref(const double *table, double *out, const void *c)
+{
+    const emb_ctx *e = c;
+    for (int64_t t = 0; t < e->nt; t++)
+        for (int64_t j = 0; j < e->dim; j++)
+            out[t * e->dim + j] = (e->ids[t] >= 0 && e->ids[t] < e->vocab)
+                                      ? table[e->ids[t] * e->dim + j] : 0.0;
+}
+
+static void test_embedding(zn_dtype dt)
+{
+    static const int32_t ids[] = { 3, 0, 9, 3, -1, 12, 9, 3, 1 };   /* repeats, out of range */
+    emb_ctx c = { ids, 9, 10, 37 };
+    size_t nt = (size_t)(c.vocab * c.dim), no = (size_t)(c.nt * c.dim);
+    double *table = rnd(1, nt, 1.0, dt), *R = rnd(2, no, 1.0, dt), *ref = malloc(no * 8);
+    int32_t *dids = dev_i32(ids, 9);
+    void *dtab = dev_up(table, nt, dt), *dout = dev_poison(no, dt);
+    DEV_OK(zn_dev_embedding_fwd(D, S, dids, c.nt, dtab, dt, c.vocab, c.dim, dout, dt));
+    double *got = dev_down(dout, no, dt);
+    emb_ref(table, ref, &c);
+    CMP("embedding_fwd", dt, got, ref, no, 0.0);
+    /* backward: dtable starts at a base value, += the scatter. */
+    double *base = rnd(3, nt, 1.0, ZN_DTYPE_F32), *g = malloc(nt * 8);
+    void *dR = dev_up(R, no, dt), *dtg = dev_up(base, nt, ZN_DTYPE_F32);
+    DEV_OK(zn_dev_embedding_bwd(D, S, dids, c.nt, dR, dt, c.vocab, c.dim, dtg));
+    double *gg = dev_down(dtg, nt, ZN_DTYPE_F32);
+    for (size_t i = 0; i < nt; i++)
+        gg[i] -= base[i];
+    fd_grad(emb_ref, &c, table, nt, no, R, g);
+    CMP("embedding_bwd", dt, gg, g, nt, 1e-5);
+    free(table), free(R), free(ref), free(got), free(base), free(g), free(gg);
+    dfree(dids), dfree(dtab), dfree(dout), dfree(dR), dfree(dtg);
+}
+
+/* ---- RMSNorm --------------------------------------------------------------*/
+typedef struct { int64_t rows, dim; double eps; const double *w, *x; int wrt_w; } rms_ctx;
+
+static void rms_ref_full(const double *x, const double *w, double *y, double *rstd,
+                         const rms_ctx *c)
+{
+    for (int64_t r = 0; r < c->rows; r++) {
+        double ss = 0;
+        for (int64_t j = 0; j < c->dim; j++)
+            ss += x[r * c->dim + j] * x[r * c->dim + j];
+        double rs = 1.0 / sqrt(ss / (double)c->dim + c->eps);
+        if (rstd)
+            rstd[r] = rs;
+        for (int64_t j = 0; j < c->dim; j++)
+            y[r * c->dim + j] = w[j] * x[r * c->dim + j] * rs;
+    }
+}
+
+static void rms_ref(const double *in, double *y, const void *cv)
+{
+    const rms_ctx *c = cv;
+    if (c->wrt_w)
+        rms_ref_full(c->x, in, y, NULL, c);
+    else
+        rms_ref_full(in, c->w, y, NULL, c);
+}
+
+static void test_rmsnorm(zn_dtype dt)
+{
+    rms_ctx c = { 5, 300, 1e-5, NULL, NULL, 0 };
+    size_t n = (size_t)(c.rows * c.dim);
+    double *x = rnd(10, n, 2.0, dt), *w = rnd(11, (size_t)c.dim, 1.0, dt);
+    double *R = rnd(12, n, 1.0, dt), *y = malloc(n * 8), *rstd = malloc(5 * 8);
+    c.w = w;
+    c.x = x;
+    rms_ref_full(x, w, y, rstd, &c);
+    void *dx = dev_up(x, n, dt), *dw = dev_up(w, (size_t)c.dim, dt), *dy = dev_poison(n, dt);
+    float *drs = dev_poison(5, ZN_DTYPE_F32);
+    DEV_OK(zn_dev_rmsnorm_fwd(D, S, dx, dt, dw, dt, dy, dt, drs, c.rows, c.dim, (float)c.eps));
+    double *gy = dev_down(dy, n, dt), *grs = dev_down(drs, 5, ZN_DTYPE_F32);
+    CMP("rmsnorm_fwd y", dt, gy, y, n, tol_fwd(dt));
+    CMP("rmsnorm_fwd rstd", dt, grs, rstd, 5, 1e-5);
+    /* backward: dx overwrites, dw += */
+    double *gx = malloc(n * 8), *gw = malloc((size_t)c.dim * 8);
+    fd_grad(rms_ref, &c, x, n, n, R, gx);
+    c.wrt_w = 1;
+    fd_grad(rms_ref, &c, w, (size_t)c.dim, n, R, gw);
+    double *base = rnd(13, (size_t)c.dim, 1.0, ZN_DTYPE_F32);
+    void *dR = dev_up(R, n, dt), *ddx = dev_poison(n, dt);
+    float *ddw = dev_up(base, (size_t)c.dim, ZN_DTYPE_F32);
+    DEV_OK(zn_dev_rmsnorm_bwd(D, S, dx, dt, dw, dt, drs, dR, dt, ddx, dt, ddw, c.rows, c.dim));
+    double *hdx = dev_down(ddx, n, dt), *hdw = dev_down(ddw, (size_t)c.dim, ZN_DTYPE_F32);
+    for (int64_t j = 0; j < c.dim; j++)
+        hdw[j] -= base[j];
+    CMP("rmsnorm_bwd dx", dt, hdx, gx, n, tol_bwd(dt));
+    CMP("rmsnorm_bwd dw", dt, hdw, gw, (size_t)c.dim, tol_bwd(dt));
+    /* dx may alias dy: same result in place. */
+    DEV_OK(zn_dev_rmsnorm_bwd(D, S, dx, dt, dw, dt, drs, dR, dt, dR, dt, NULL, c.rows, c.dim));
+    double *hin = dev_down(dR, n, dt);
+    CMP("rmsnorm_bwd dx in place", dt, hin, hdx, n, 0.0);
+    free(x), free(w), free(R), free(y), free(rstd), free(gy), free(grs), free(gx), free(gw);
+    free(base), free(hdx), free(hdw), free(hin);
+    dfree(dx), dfree(dw), dfree(dy), dfree(drs), dfree(dR), dfree(ddx), dfree(ddw);
+}
+
+/* ---- RoPE --------------------------------------------------------------------*/
+typedef struct { int64_t tokens, heads, hd, ld; const int32_t *pos; const float *inv; } rope_ctx;
+
+static void rope_ref(const double *x, double *y, const void *cv)
+{
+    const rope_ctx *c = cv;
+    int64_t half = c->hd / 2;
+    memcpy(y, x, (size_t)(c->tokens * c->ld) * sizeof *y);
+    for (int64_t t = 0; t < c->tokens; t++)
+        for (int64_t h = 0; h < c->heads; h++)
+            for (int64_t i = 0; i < half; i++) {
+                double a = (double)((float)c->pos[t] * c->inv[i]);  /* fp32 angle, as HF */
+                int64_t b = t * c->ld + h * c->hd;
+                double x1 = x[b + i], x2 = x[b + i + half];
+                y[b + i] = x1 * cos(a) - x2 * sin(a);
+                y[b + i + half] = x2 * cos(a) + x1 * sin(a);
+            }
+}
+
+static void test_rope(zn_dtype dt)
+{
+    static const int32_t pos[] = { 0, 1, 5, 17, 100, 3 };
+    float inv[8];
+    zn_rope_scaling sc = { 8.0, 1.0, 4.0, 64.0 };
+    zn_rope_inv_freq(inv, 16, 10000.0, &sc);
+    rope_ctx c = { 6, 3, 16, 3 * 16 + 5, pos, inv };   /* rows padded by 5 */
+    size_t n = (size_t)(c.tokens * c.ld);
+    double *x = rnd(20, n, 1.0, dt), *y = malloc(n * 8), *R = rnd(21, n, 1.0, dt);
+    for (int64_t t = 0; t < c.tokens; t++)       /* the padding must stay as it is */
+        for (int64_t j = c.heads * c.hd; j < c.ld; j++)
+            R[t * c.ld + j] = x[t * c.ld + j] = 0.625;
+    rope_ref(x, y, &c);
+    void *dx = dev_up(x, n, dt), *dinv = NULL;
+    int32_t *dpos = dev_i32(pos, 6);
+    DEV_OK(zn_dev_alloc(D, sizeof inv, "inv", &dinv));
+    DEV_OK(zn_dev_copy_h2d(D, S, dinv, inv, sizeof inv));
+    DEV_OK(zn_dev_rope_fwd(D, S, dx, dt, c.tokens, c.heads, c.hd, c.ld, dpos, dinv));
+    double *got = dev_down(dx, n, dt);
+    CMP("rope_fwd", dt, got, y, n, tol_fwd(dt));
+    double *g = malloc(n * 8);
+    fd_grad(rope_ref, &c, x, n, n, R, g);
+    for (int64_t t = 0; t < c.tokens; t++)    /* d(padding) = R there: untouched */
+        for (int64_t j = c.heads * c.hd; j < c.ld; j++)
+            g[t * c.ld + j] = 0.625;
+    void *dR = dev_up(R, n, dt);
+    DEV_OK(zn_dev_rope_bwd(D, S, dR, dt, c.tokens, c.heads, c.hd, c.ld, dpos, dinv));
+    double *gb = dev_down(dR, n, dt);
+    CMP("rope_bwd", dt, gb, g, n, tol_bwd(dt));
+    free(x), free(y), free(R), free(got), free(g), free(gb);
+    dfree(dx), dfree(dinv), dfree(dpos), dfree(dR);
+}
+
+/* zn_rope_inv_freq against HF's formulas written out in double. */
+static void test_inv_freq(void)
+{
+    const int64_t hd = 128;
+    const double theta = 500000.0;
+    zn_rope_scaling sc = { 8.0, 1.0, 4.0, 8192.0 };
+    float got[64], plain[64];
+    zn_rope_inv_freq(plain, hd, theta, NULL);
+    zn_rope_inv_freq(got, hd, theta, &sc);
+    double worst = 0, worstp = 0;
+    const double pi = 3.14159265358979323846;
+    for (int64_t i = 0; i < hd / 2; i++) {
+        double f = pow(theta, -(double)(2 * i) / (double)hd);
+        double wl = 2 * pi / f, lo = 8192.0 / 1.0, hi = 8192.0 / 4.0, v;
+        if (wl < hi)
+            v = f;
+        else if (wl > lo)
+            v = f / 8.0;
+        else {
+            double s = (8192.0 / wl - 1.0) / (4.0 - 1.0);
+            v = (1 - s) * f / 8.0 + s * f;
+        }
+        worstp = fmax(worstp, fabs(plain[i] - f) / f);
+        worst = fmax(worst, fabs(got[i] - v) / v);
+    }
+    ZT_CHECK_MSG(worstp < 1e-5 && worst < 1e-5, "rope inv_freq: rel err %.3g plain, %.3g llama3",
+                 worstp, worst);
+}
+
+/* ---- causal softmax ----------------------------------------------------------*/
+typedef struct { int64_t batch, rows, cols, qoff; double scale; } sm_ctx;
+
+static void sm_ref(const double *s, double *p, const void *cv)
+{
+    const sm_ctx *c = cv;
+    for (int64_t b = 0; b < c->batch; b++)
+        for (int64_t r = 0; r < c->rows; r++) {
+            const double *x = s + (b * c->rows + r) * c->cols;
+            double *y = p + (b * c->rows + r) * c->cols;
+            int64_t lim = c->qoff + r + 1 < c->cols ? c->qoff + r + 1 : c->cols;
+            double mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < lim; j++)
+                mx = fmax(mx, c->scale * x[j]);
+            for (int64_t j = 0; j < lim; j++)
+                sum += exp(c->scale * x[j] - mx);
+            for (int64_t j = 0; j < c->cols; j++)
+                y[j] = j < lim ? exp(c->scale * x[j] - mx) / sum : 0.0;
+        }
+}
+
+static void test_softmax(zn_dtype dt)
+{
+    static const sm_ctx cases[] = {
+        { 2, 5, 7, 2, 0.3 }, { 3, 6, 6, 0, 0.125 }, { 1, 3, 300, 297, 0.7 },
+    };
+    for (size_t k = 0; k < 3; k++) {
+        const sm_ctx *c = &cases[k];
+        size_t n = (size_t)(c->batch * c->rows * c->cols);
+        double *s = rnd(30 + k, n, 3.0, dt), *p = malloc(n * 8), *R = rnd(40 + k, n, 1.0, dt);
+        sm_ref(s, p, c);
+        void *ds = dev_up(s, n, dt), *dp = dev_poison(n, dt);
+        DEV_OK(zn_dev_softmax_causal_fwd(D, S, ds, dt, dp, dt, c->batch, c->rows, c->cols,
+                                         c->qoff, (float)c->scale));
+        double *got = dev_down(dp, n, dt);
+        CMP("softmax_causal_fwd", dt, got, p, n, tol_fwd(dt));
+        double *g = malloc(n * 8);
+        fd_grad(sm_ref, c, s, n, n, R, g);
+        void *dR = dev_up(R, n, dt);
+        /* dS may alias dP: done in place on R */
+        DEV_OK(zn_dev_softmax_causal_bwd(D, S, dp, dt, dR, dt, dR, dt, c->batch, c->rows,
+                                         c->cols, c->qoff, (float)c->scale));
+        double *gb = dev_down(dR, n, dt);
+        CMP("softmax_causal_bwd", dt, gb, g, n, tol_bwd(dt));
+        /* in place forward (P aliases S) */
+        DEV_OK(zn_dev_softmax_causal_fwd(D, S, ds, dt, ds, dt, c->batch, c->rows, c->cols,
+                                         c->qoff, (float)c->scale));
+        double *gi = dev_down(ds, n, dt);
+        CMP("softmax_causal_fwd in place", dt, gi, got, n, 0.0);
+        free(s), free(p), free(R), free(got), free(g), free(gb), free(gi);
+        dfree(ds), dfree(dp), dfree(dR);
+    }
+}
+
+/* ---- SwiGLU -------------------------------------------------------------------*/
+typedef struct { int64_t n; const double *other; int wrt_up; } sw_ctx;
+
+static void sw_ref(const double *in, double *y, const void *cv)
+{
+    const sw_ctx *c = cv;
+    for (int64_t i = 0; i < c->n; i++) {
+        double g = c->wrt_up ? c->other[i] : in[i], u = c->wrt_up ? in[i] : c->other[i];
+        y[i] = g / (1 + exp(-g)) * u;
+    }
+}
+
+static void test_swiglu(zn_dtype dt)
+{
+    const int64_t n = 301;
+    double *g = rnd(50, n, 4.0, dt), *u = rnd(51, n, 2.0, dt), *R = rnd(52, n, 1.0, dt);
+    double *y = malloc(n * 8), *gg = malloc(n * 8), *gu = malloc(n * 8);
+    sw_ctx c = { n, u, 0 };
+    sw_ref(g, y, &c);
+    void *dg = dev_up(g, n, dt), *du = dev_up(u, n, dt), *dout = dev_poison(n, dt);
+    DEV_OK(zn_dev_swiglu_fwd(D, S, dg, du, dout, dt, n));
+    double *got = dev_down(dout, n, dt);
+    CMP("swiglu_fwd", dt, got, y, n, tol_fwd(dt));
+    fd_grad(sw_ref, &c, g, n, n, R, gg);
+    sw_ctx cu = { n, g, 1 };
+    fd_grad(sw_ref, &cu, u, n, n, R, gu);
+    void *dR = dev_up(R, n, dt), *ddg = dev_poison(n, dt), *ddu = dev_poison(n, dt);
+    DEV_OK(zn_dev_swiglu_bwd(D, S, dg, du, dR, ddg, ddu, dt, n));
+    double *hg = dev_down(ddg, n, dt), *hu = dev_down(ddu, n, dt);
+    CMP("swiglu_bwd dgate", dt, hg, gg, n, tol_bwd(dt));
+    CMP("swiglu_bwd dup", dt, hu, gu, n, tol_bwd(dt));
+    free(g), free(u), free(R), free(y), free(gg), free(gu), free(got), free(hg), free(hu);
+    dfree(dg), dfree(du), dfree(dout), dfree(dR), dfree(ddg), dfree(ddu);
+}
+
+/* ---- add / axpy / scale / cast ----------------------------------------------*/
+static void test_elementwise(zn_dtype dt)
+{
+    const int64_t n = 1000;
+    double *a = rnd(60, n, 1.0, dt), *b = rnd(61, n, 1.0, dt), *ref = malloc(n * 8);
+    double *yf = rnd(62, n, 1.0, ZN_DTYPE_F32);
+    void *da = dev_up(a, n, dt), *db = dev_up(b, n, dt), *dy = dev_poison(n, dt);
+    DEV_OK(zn_dev_add(D, S, da, db, dy, dt, n));
+    double *got = dev_down(dy, n, dt);
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = a[i] + b[i];
+    CMP("add", dt, got, ref, n, tol_fwd(dt));
+    free(got);
+    /* f32 accumulator += x (type dt), then axpy and scale on it */
+    void *dacc = dev_up(yf, n, ZN_DTYPE_F32);
+    DEV_OK(zn_dev_add_inplace(D, S, dacc, ZN_DTYPE_F32, da, dt, n));
+    DEV_OK(zn_dev_axpy(D, S, -0.5f, db, dt, dacc, ZN_DTYPE_F32, n));
+    DEV_OK(zn_dev_scale(D, S, dacc, ZN_DTYPE_F32, n, 3.0f));
+    got = dev_down(dacc, n, ZN_DTYPE_F32);
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = 3.0 * (yf[i] + a[i] - 0.5 * b[i]);
+    CMP("add_inplace/axpy/scale", dt, got, ref, n, 1e-6);
+    free(got);
+    /* scale in type dt */
+    DEV_OK(zn_dev_scale(D, S, da, dt, n, -2.0f));
+    got = dev_down(da, n, dt);
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = -2.0 * a[i];
+    CMP("scale", dt, got, ref, n, 0.0);
+    free(a), free(b), free(ref), free(yf), free(got);
+    dfree(da), dfree(db), dfree(dy), dfree(dacc);
+}
+
+static void test_cast(void)
+{
+    static const float vals[] = { 1.0f, 1.00390625f /* tie -> even */, 1.01171875f /* tie -> up */,
+                                  -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, FLT_MAX, -3.14159f,
+                                  65504.0f, 1.0f + 1e-7f };
+    const int n = (int)(sizeof vals / sizeof vals[0]);
+    void *dx, *dy, *dz;
+    uint16_t hy[16];
+    float hz[16];
+    DEV_OK(zn_dev_alloc(D, sizeof vals, "x", &dx));
+    DEV_OK(zn_dev_alloc(D, 64, "y", &dy));
+    DEV_OK(zn_dev_alloc(D, sizeof vals, "z", &dz));
+    DEV_OK(zn_dev_copy_h2d(D, S, dx, vals, sizeof vals));
+    DEV_OK(zn_dev_cast(D, S, dx, ZN_DTYPE_F32, dy, ZN_DTYPE_BF16, n));
+    DEV_OK(zn_dev_cast(D, S, dy, ZN_DTYPE_BF16, dz, ZN_DTYPE_F32, n));
+    DEV_OK(zn_dev_copy_d2h(D, S, hy, dy, (size_t)n * 2));
+    DEV_OK(zn_dev_copy_d2h(D, S, hz, dz, (size_t)n * 4));
+    DEV_OK(zn_dev_stream_sync(D, S));
+    /* Expected bits, worked out by hand from round-to-nearest-even. */
+    /* 1e-40 = 0x000116c2 rounds to 0x0001; FLT_MAX rounds up to inf; the
+     * NaN (index 6) is checked for NaN-ness only. */
+    static const uint16_t want[] = { 0x3f80, 0x3f80, 0x3f82, 0x8000, 0x7f80, 0xff80, 0,
+                                     0x0001, 0x7f80, 0xc049, 0x4780, 0x3f80 };
+    for (int i = 0; i < n; i++) {
+        uint16_t w = want[i];
+        if (i == 6) {
+            ZT_CHECK_MSG((hy[i] & 0x7f80) == 0x7f80 && (hy[i] & 0x7f),
+                         "[%s] cast NaN -> bf16 gave 0x%04x", BK, hy[i]);
+            ZT_CHECK_MSG(isnan(hz[i]), "[%s] cast NaN back to f32 gave %g", BK, (double)hz[i]);
+            continue;
+        }
+        ZT_CHECK_MSG(hy[i] == w, "[%s] cast %.9g -> bf16: 0x%04x, expected 0x%04x", BK,
+                     (double)vals[i], hy[i], w);
+        ZT_CHECK_MSG(hz[i] == zn_gpu_bf2f(hy[i]), "[%s] cast bf16 0x%04x -> f32: %g", BK,
+                     hy[i], (double)hz[i]);
+    }
+    dfree(dx), dfree(dy), dfree(dz);
+}
+
+/* ---- bias ---------------------------------------------------------------------*/
+typedef struct { int64_t rows, cols, ld; const double *y0; } bias_ctx;
+
+static void bias_ref(const double *bias, double *y, const void *cv)
+{
+    const bias_ctx *c = cv;
+    for (int64_t r = 0; r < c->rows; r++)
+        for (int64_t j = 0; j < c->ld; j++)
+            y[r * c->ld + j] = c->y0[r * c->ld + j] + (j < c->cols ? bias[j] : 0.0);
+}
+
+static void test_bias(zn_dtype dt)
+{
+    bias_ctx c = { 70, 33, 40, NULL };
+    size_t n = (size_t)(c.rows * c.ld);
+    double *y0 = rnd(70, n, 1.0, dt), *bias = rnd(71, 33, 1.0, dt), *R = rnd(72, n, 1.0, dt);
+    double *ref = malloc(n * 8), *g = malloc(33 * 8), *base = rnd(73, 33, 1.0, ZN_DTYPE_F32);
+    c.y0 = y0;
+    bias_ref(bias, ref, &c);
+    void *dyy = dev_up(y0, n, dt), *db = dev_up(bias, 33, dt);
+    DEV_OK(zn_dev_bias_add(D, S, dyy, dt, c.ld, db, dt, c.rows, c.cols));
+    double *got = dev_down(dyy, n, dt);
+    CMP("bias_add", dt, got, ref, n, tol_fwd(dt));
+    fd_grad(bias_ref, &c, bias, 33, n, R, g);
+    void *dR = dev_up(R, n, dt);
+    float *ddb = dev_up(base, 33, ZN_DTYPE_F32);
+    DEV_OK(zn_dev_bias_grad(D, S, dR, dt, c.ld, ddb, c.rows, c.cols));
+    double *gb = dev_down(ddb, 33, ZN_DTYPE_F32);
+    for (int j = 0; j < 33; j++)
+        gb[j] -= base[j];
+    /* the padding columns of R must not count: FD saw them with zero weight */
+    CMP("bias_grad", dt, gb, g, 33, 1e-5);
+    free(y0), free(bias), free(R), free(ref), free(g), free(base), free(got), free(gb);
+    dfree(dyy), dfree(db), dfree(dR), dfree(ddb);
+}
+
+/* ---- cross-entropy over vocabulary chunks ------------------------------------*/
+typedef struct { int64_t rows, vocab; const int32_t *tg; double gs; } xe_ctx;
+
+/* y[0] = grad_scale * sum of per-row losses (a scalar), y[1 + r] = loss r */
+static void xe_ref(const double *lg, double *y, const void *cv)
+{
+    const xe_ctx *c = cv;
+    y[0] = 0;
+    for (int64_t r = 0; r < c->rows; r++) {
+        const double *x = lg + r * c->vocab;
+        double mx = -INFINITY, s = 0;
+        for (int64_t j = 0; j < c->vocab; j++)
+            mx = fmax(mx, x[j]);
+        for (int64_t j = 0; j < c->vocab; j++)
+            s += exp(x[j] - mx);
+        double loss = c->tg[r] < 0 ? 0.0 : mx + log(s) - x[c->tg[r]];
+        y[1 + r] = loss;
+        y[0] += c->gs * loss;
+    }
+}
+
+static void test_xent(zn_dtype dt)
+{
+    static const int32_t tg[] = { 3, 17, -100, 49, 0, 33 };
+    static const int64_t chunk[][2] = { { 0, 16 }, { 16, 16 }, { 32, 16 }, { 48, 2 } };
+    xe_ctx c = { 6, 50, tg, 1.0 / 5.0 };
+    size_t n = (size_t)(c.rows * c.vocab);
+    double *lg = rnd(80, n, 4.0, dt), *ref = malloc((size_t)(c.rows + 1) * 8);
+    xe_ref(lg, ref, &c);
+    void *dl = dev_up(lg, n, dt);
+    int32_t *dtg = dev_i32(tg, 6);
+    float *m = dev_poison(6, ZN_DTYPE_F32), *s = dev_poison(6, ZN_DTYPE_F32);
+    float *t = dev_poison(6, ZN_DTYPE_F32), *lse = dev_poison(6, ZN_DTYPE_F32);
+    float *loss = dev_poison(6, ZN_DTYPE_F32), *tot = dev_poison(1, ZN_DTYPE_F32);
+    for (int k = 0; k < 4; k++)
+        DEV_OK(zn_dev_xent_fwd_chunk(D, S, (char *)dl + chunk[k][0] * (int64_t)zn_dtype_size(dt),
+                                     dt, c.rows, chunk[k][1], c.vocab, chunk[k][0], dtg, m, s, t,
+                                     k == 0));
+    DEV_OK(zn_dev_xent_finish(D, S, m, s, t, dtg, c.rows, lse, loss));
+    DEV_OK(zn_dev_sum(D, S, loss, ZN_DTYPE_F32, c.rows, tot, 0));
+    double *gl = dev_down(loss, 6, ZN_DTYPE_F32), *gt = dev_down(tot, 1, ZN_DTYPE_F32);
+    CMP("xent loss per row", dt, gl, ref + 1, 6, 1e-5);
+    double want = ref[0] / c.gs;
+    CMP("xent loss sum", dt, gt, &want, 1, 1e-5);
+    /* backward: chunk by chunk into a separate buffer, the last chunk in place */
+    double *R = calloc((size_t)c.rows + 1, 8), *g = malloc(n * 8);
+    R[0] = 1.0;
+    fd_grad(xe_ref, &c, lg, n, (size_t)c.rows + 1, R, g);
+    void *dd = dev_poison(n, dt);
+    for (int k = 0; k < 4; k++) {
+        size_t off = (size_t)chunk[k][0] * zn_dtype_size(dt);
+        void *dst = k == 3 ? (char *)dl + off : (char *)dd + off;
+        DEV_OK(zn_dev_xent_bwd_chunk(D, S, (char *)dl + off, dt, c.rows, chunk[k][1], c.vocab,
+                                     chunk[k][0], dtg, lse, (float)c.gs, dst, dt, c.vocab));
+    }
+    double *gd = dev_down(dd, n, dt), *gin = dev_down(dl, n, dt);
+    for (int64_t r = 0; r < c.rows; r++)     /* the in-place chunk came back in dl */
+        for (int64_t j = 48; j < 50; j++)
+            gd[r * c.vocab + j] = gin[r * c.vocab + j];
+    CMP("xent_bwd_chunk", dt, gd, g, n, tol_bwd(dt));
+    free(lg), free(ref), free(gl), free(gt), free(R), free(g), free(gd), free(gin);
+    dfree(dl), dfree(dtg), dfree(m), dfree(s), dfree(t), dfree(lse), dfree(loss), dfree(tot);
+    dfree(dd);
+}
+
+/* ---- reductions ---------------------------------------------------------------*/
+static void test_reduce(zn_dtype dt)
+{
+    const int64_t n = 100003;
+    double *x = rnd(90, n, 1.0, dt), ss = 0, su = 0;
+    for (int64_t i = 0; i < n; i++)
+        ss += x[i] * x[i], su += x[i];
+    void *dx = dev_up(x, n, dt);
+    float *o = dev_poison(3, ZN_DTYPE_F32);
+    DEV_OK(zn_dev_sumsq(D, S, dx, dt, n, o, 0));
+    DEV_OK(zn_dev_sum(D, S, dx, dt, n, o + 1, 0));
+    DEV_OK(zn_dev_fill(D, S, o + 2, ZN_DTYPE_F32, 1, 10.0f));
+    DEV_OK(zn_dev_sumsq(D, S, dx, dt, n, o + 2, 1));
+    DEV_OK(zn_dev_sumsq(D, S, dx, dt, 1000, o + 2, 1));
+    double *h = dev_down(o, 3, ZN_DTYPE_F32);
+    double ss1000 = 0;
+    for (int64_t i = 0; i < 1000; i++)
+        ss1000 += x[i] * x[i];
+    double want[3] = { ss, su, 10.0 + ss + ss1000 };
+    CMP("sumsq", dt, &h[0], &want[0], 1, 1e-5);
+    ZT_CHECK_MSG(fabs(h[1] - su) <= 1e-5 * sqrt(ss), "[%s] sum (%s): %.9g vs %.9g", BK,
+                 zn_dtype_name(dt), h[1], su);
+    CMP("sumsq accumulate", dt, &h[2], &want[2], 1, 1e-5);
+    free(x), free(h);
+    dfree(dx), dfree(o);
+}
+
+static int run_backend(const char *name)
+{
+    zn_dev_config c = zn_dev_config_default();
+    c.name = name;
+    c.gpu_budget = 64u << 20;
+    int rc = zn_dev_create(&D, &c);
+    if (rc == ZN_ENODEV) {
+        printf("SKIP [%s]: %s\n", name, zn_last_error());
+        return 0;
+    }
+    BK = name;
+    DEV_OK(rc);
+    if (rc)
+        return 1;
+    DEV_OK(zn_dev_stream_create(D, "kernels", &S));
+    for (int k = 0; k < 2; k++) {
+        zn_dtype dt = k ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+        test_embedding(dt);
+        test_rmsnorm(dt);
+        test_rope(dt);
+        test_softmax(dt);
+        test_swiglu(dt);
+        test_elementwise(dt);
+        test_bias(dt);
+        test_xent(dt);
+        test_reduce(dt);
+    }
+    test_cast();
+    zn_dev_mem m;
+    zn_dev_mem_stats(D, &m);
+    ZT_CHECK_MSG(m.n_allocs == 0, "[%s] test leaked %llu device buffers", name,
+                 (unsigned long long)m.n_allocs);
+    zn_dev_stream_destroy(D, S);
+    zn_dev_destroy(D);
+    printf("[%s] kernels done\n", name);
+    return 1;
+}
+
+int main(void)
+{
+    int ran = 0;
+    test_inv_freq();
+    ran += run_backend("host");
+    ran += run_backend("cuda");
+    if (!ran)
+        ZT_SKIP("no backend could be created");
+    return zt_done();
+}
