@@ -50,8 +50,10 @@ int main(void)
     ZT_EQ_INT(ss.npaths, 2);
 
     /* A small tensor first, so the big one does not start at stripe 0. */
-    zn_extent small, big;
+    zn_extent small, big, first;
+    ZT_EQ_INT(zn_swap_alloc(s, 3000, "first", &first), 0);
     ZT_EQ_INT(zn_swap_alloc(s, 5000, "small", &small), 0);
+    ZT_CHECK(small.offset % BS != 0); /* inside a stripe, not at its start */
     size_t n = 9 * BS + 100;
     ZT_EQ_INT(zn_swap_alloc(s, n, "big", &big), 0);
     ZT_EQ_U64(big.offset % BS, 0);

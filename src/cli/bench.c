@@ -5,6 +5,7 @@
 #include "cli/cli.h"
 
 static const zn_cli_cmd benches[] = {
+    { "nvme", zn_bench_nvme, "NVMe engine vs fio on the same file, block size and queue depth" },
     { NULL, NULL, NULL },
 };
 

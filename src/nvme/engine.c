@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "nvme/nvme-impl.h"
@@ -670,11 +671,9 @@ static int setup_worker(zn_aio *a, zn_worker *w, int idx)
     for (int i = 0; i < w->nblks; i++)
         w->blks[i].staging = -1;
     for (int i = 0; i < a->nstaging; i++) {
-        void *p = NULL;
-        int rc = posix_memalign(&p, 4096, a->cfg.block_size);
-        if (rc)
-            return zn_set_error(-rc, "aio: staging buffer of %zu bytes: %s",
-                                a->cfg.block_size, strerror(rc));
+        void *p = zn_aio_buffer_alloc(a->cfg.block_size);
+        if (!p)
+            return -ENOMEM;
         w->staging[i] = p;
         w->staging_free[w->nstaging_free++] = a->nstaging - 1 - i;
     }
@@ -862,7 +861,7 @@ void zn_aio_destroy(zn_aio *a)
         if (w->efd >= 0)
             close(w->efd);
         for (int j = 0; w->staging && j < a->nstaging; j++)
-            free(w->staging[j]);
+            zn_aio_buffer_free(w->staging[j]);
         free(w->staging);
         free(w->staging_free);
         free(w->blks);
@@ -902,6 +901,28 @@ const zn_aio_config *zn_aio_get_config(const zn_aio *a)
 }
 
 /* ---- files and buffers ----------------------------------------------------- */
+
+void *zn_aio_buffer_alloc(size_t len)
+{
+    static int warned;
+    const size_t huge = 2u << 20;
+    void *p = NULL;
+    size_t n = (len + huge - 1) / huge * huge;
+    int rc = posix_memalign(&p, huge, n ? n : huge);
+    if (rc) {
+        zn_set_error(-rc, "aio: allocating a buffer of %zu bytes: %s", len, strerror(rc));
+        return NULL;
+    }
+    if (madvise(p, n, MADV_HUGEPAGE) < 0)
+        zn_warn_once(&warned, "aio: madvise(MADV_HUGEPAGE): %s; I/O buffers use 4 KiB pages "
+                     "and large requests may be split", strerror(errno));
+    return p;
+}
+
+void zn_aio_buffer_free(void *buf)
+{
+    free(buf);
+}
 
 int zn_aio__add_file(zn_aio *a, int fd, const char *path)
 {
