@@ -8,7 +8,5 @@
 #include "zinc/plan.h"
 #include "zinc/device.h"
 #include "zinc/model.h"
-#include "zinc/safetensors.h"
-#include "zinc/tokens.h"
 
 #endif
