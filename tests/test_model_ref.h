@@ -14,6 +14,7 @@
 
 #include "zinc/device.h"
 #include "zinc/model.h"
+#include "zinc/tokens.h"
 #include "zt.h"
 #include "test_model_fixtures.h"
 
@@ -138,6 +139,23 @@ static void ref_run(zn_dev *dev, const char *name, zn_dtype dt, int checkpoint, 
     if (grads_out) {
         *grads_out = all;
         *ngrads_out = total;
+    }
+    /* The eval path: the fixture's token file read by the loader in order
+     * gives the same rows; no target is ignored there. */
+    zn_tokens *tok;
+    double ev = NAN;
+    int64_t ntok = 0, nbat = 0;
+    rc = zn_tokens_open(&tok, zt_fixture("tokens.tok"));
+    ZT_CHECK_MSG(rc == 0, "tokens: %s", zn_last_error());
+    if (!rc) {
+        rc = zn_model_state_eval(st, NULL, tok, B, T, 0, &ev, &ntok, &nbat);
+        ZT_CHECK_MSG(rc == 0, "eval: %s", zn_last_error());
+        double want_ev = json_real_value(json_object_get(ref, "eval_loss"));
+        ZT_CHECK_MSG(fabs(ev - want_ev) / want_ev <= tol_lv, "%s %s: eval loss %.8f vs %.8f", name,
+                     zn_dtype_name(dt), ev, want_ev);
+        ZT_EQ_INT(ntok, B * T);
+        ZT_EQ_INT(nbat, 1);
+        zn_tokens_close(tok);
     }
     printf("%-10s %-4s ckpt=%d  loss %.7f (rel %.1e)  logits rel %.1e  worst grad-norm rel %.1e\n",
            name, zn_dtype_name(dt), checkpoint, loss, res->loss, res->logits, res->grad);

@@ -273,6 +273,18 @@ ZN_API int zn_model_state_zero_grads(zn_model_state *st, zn_stream *s);
 ZN_API int zn_model_state_forward(zn_model_state *st, zn_stream *s, float *loss);
 /* Forward and backward; gradients are added. *loss as above. */
 ZN_API int zn_model_state_forward_backward(zn_model_state *st, zn_stream *s, float *loss);
+/* Mean next-token cross-entropy over token data: the loader's windows of
+ * `seq` + 1 ids in file order (no shuffle), `batch` at a time, the first
+ * max_batches batches (0 = every full batch). batch and seq must be within
+ * the model's configured maximum. *mean_loss is the mean over all target
+ * tokens (in double); *n_tokens and *n_batches what was evaluated (either
+ * may be NULL). Returns 0, ZN_ECONFIG (too little data), ZN_ECORRUPT (an
+ * id outside the vocab), or a device error. */
+typedef struct zn_tokens zn_tokens; /* include/zinc/tokens.h */
+ZN_API int zn_model_state_eval(zn_model_state *st, zn_stream *s, const zn_tokens *data,
+                               int64_t batch, int64_t seq, int64_t max_batches,
+                               double *mean_loss, int64_t *n_tokens, int64_t *n_batches);
+
 /* After a forward: logits of rows [row0, row0 + nrows) into host memory
  * out[nrows][vocab] (fp32). Synchronises `s`. */
 ZN_API int zn_model_state_logits(zn_model_state *st, zn_stream *s, int64_t row0, int64_t nrows,

@@ -8,5 +8,7 @@
 #include "zinc/plan.h"
 #include "zinc/device.h"
 #include "zinc/model.h"
+#include "zinc/safetensors.h"
+#include "zinc/tokens.h"
 
 #endif

@@ -11,6 +11,7 @@
 #include "zinc/device.h"
 #include "zinc/model.h"
 #include "zinc/safetensors.h"
+#include "zinc/tokens.h"
 #include "model/model-impl.h"
 
 #define TRY(x)                                                                 \
@@ -438,4 +439,55 @@ int zn_model_state_logits(zn_model_state *st, zn_stream *s, int64_t row0, int64_
     zn_dev_sync(st->dev);
     zn_dev_free(st->dev, buf);
     return rc;
+}
+
+int zn_model_state_eval(zn_model_state *st, zn_stream *s, const zn_tokens *data, int64_t batch,
+                        int64_t seq, int64_t max_batches, double *mean_loss, int64_t *n_tokens,
+                        int64_t *n_batches)
+{
+    zn_model *m = st->m;
+    const zn_model_config *cfg = zn_model_get_config(m);
+    if (batch <= 0 || seq <= 0 || batch * seq > cfg->max_batch * cfg->max_seq ||
+        seq > cfg->max_seq)
+        return zn_set_error(ZN_EARG, "eval: batch %lld x seq %lld beyond the model's %lld x %lld",
+                            (long long)batch, (long long)seq, (long long)cfg->max_batch,
+                            (long long)cfg->max_seq);
+    zn_loader_config lc = zn_loader_config_default();
+    lc.seq_len = seq;
+    lc.batch = batch;
+    lc.shuffle = 0;
+    lc.vocab = zn_model_get_dims(m)->vocab;
+    zn_loader *l;
+    TRY(zn_loader_create(&l, data, &lc));
+    uint64_t nb = zn_loader_steps_per_epoch(l);
+    if (max_batches > 0 && (uint64_t)max_batches < nb)
+        nb = (uint64_t)max_batches;
+    int32_t *in = malloc((size_t)(batch * seq) * 2 * sizeof *in);
+    int rc = in ? 0 : zn_set_error(-ENOMEM, "out of memory");
+    double sum = 0;
+    int64_t toks = 0;
+    for (uint64_t k = 0; k < nb && !rc; k++) {
+        float loss;
+        rc = zn_loader_get(l, k, in, in + batch * seq);
+        if (!rc)
+            rc = zn_model_set_batch(m, s, batch, seq, in, in + batch * seq);
+        if (!rc)
+            rc = zn_model_state_forward(st, s, &loss);
+        if (!rc) {
+            int64_t n = zn_model_batch_tokens(m);
+            sum += (double)loss * (double)n;
+            toks += n;
+        }
+    }
+    free(in);
+    zn_loader_destroy(l);
+    if (rc)
+        return rc;
+    if (mean_loss)
+        *mean_loss = toks ? sum / (double)toks : NAN;
+    if (n_tokens)
+        *n_tokens = toks;
+    if (n_batches)
+        *n_batches = (int64_t)nb;
+    return 0;
 }
