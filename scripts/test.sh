@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
-bash scripts/setup.sh build build-nocuda build-asan || exit 1
+bash scripts/setup.sh build build-nocuda build-asan build-tsan || exit 1
 
 jobs=$(nproc)
 pass=0 fail=0 skip=0
@@ -29,6 +29,7 @@ run() {  # run DIR [meson test args...]
 run build "$@"
 run build-nocuda "$@"
 run build-asan --suite unit "$@"
+run build-tsan --suite gpu "$@"
 echo
 echo "tests: $pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]
