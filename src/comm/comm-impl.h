@@ -1,0 +1,199 @@
+/* Private side of the communicator: the operation descriptor, the host
+ * backend vtable (single, mpi, tcp), the control messages of the failure
+ * protocol (reports to rank 0, one verdict back), and the NCCL device part. */
+#ifndef ZN_COMM_IMPL_H
+#define ZN_COMM_IMPL_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "zinc/comm.h"
+#include "zn_build_config.h"
+
+typedef enum {
+    ZN_COP_ALLREDUCE = 0,
+    ZN_COP_ALLGATHER,
+    ZN_COP_REDUCE_SCATTER,
+    ZN_COP_BROADCAST,
+    ZN_COP_BARRIER,
+    /* bench ceiling: send `count` bytes of `send` to the right neighbour and
+     * receive `count` bytes from the left one into `recv`, at once. */
+    ZN_COP_RING,
+} zn_cop_kind;
+
+typedef struct zn_comm_op {
+    zn_cop_kind kind;
+    const void *send;
+    void *recv;
+    size_t count;        /* elements (broadcast, ring: bytes) */
+    zn_dtype dt;
+    zn_reduce_op red;
+    int root;
+    uint64_t seq;        /* issue number, same on every rank */
+    char desc[96];       /* "allreduce #17 (4096 x f32, sum)" */
+} zn_comm_op;
+
+/* What a rank saw when a collective failed. */
+enum {
+    ZN_FAIL_TIMEOUT = 1, /* the deadline passed */
+    ZN_FAIL_CLOSED = 2,  /* a peer's connection closed (it died) */
+    ZN_FAIL_IO = 3,      /* a transport call failed */
+    ZN_FAIL_REMOTE = 4,  /* a control message arrived (report / verdict) */
+};
+
+/* Control messages: fixed 512 bytes, on the control channel (TCP: a star of
+ * sockets to rank 0; MPI: a duplicated communicator). Only sent on failure
+ * and at a clean shutdown. */
+#define ZN_CTL_MAGIC 0x5a4e4331u /* "ZNC1" */
+enum { ZN_CTL_REPORT = 1, ZN_CTL_VERDICT = 2, ZN_CTL_BYE = 3 };
+
+typedef struct zn_ctl_msg {
+    uint32_t magic;
+    int32_t type;
+    int32_t rank;        /* sender */
+    int32_t peer;        /* report: the rank it waited for, -1 unknown */
+    int32_t kind;        /* ZN_FAIL_* */
+    int32_t code;        /* verdict: the status every rank returns */
+    uint64_t seq;
+    char text[480];
+} zn_ctl_msg;
+
+struct zn_comm_req {
+    zn_comm_op op;
+    int state;           /* 0 queued, 1 running, 2 done */
+    int rc;
+    char msg[1024];
+    uint64_t deadline_ns;
+    zn_comm_req *next;
+    int native;          /* started on the backend (start/test) */
+    void *tmp;           /* backend scratch freed with the request */
+    unsigned char impl[64] __attribute__((aligned(16)));  /* backend handles */
+};
+
+typedef struct zn_comm_host_ops {
+    const char *name;
+    /* healthy = 0 after a failure: free only what cannot hang. */
+    void (*destroy)(zn_comm *c, int healthy);
+    /* Runs `op` to completion by `deadline_ns`; a failure goes through
+     * zn_comm_fail (which returns the status). NULL for native backends. */
+    int (*run)(zn_comm *c, zn_comm_op *op, uint64_t deadline_ns);
+    /* Native asynchronous backends (NULL otherwise): start, and test ->
+     * 1 done, 0 pending, < 0 failed (already through zn_comm_fail). */
+    int (*start)(zn_comm *c, zn_comm_req *r);
+    int (*test)(zn_comm *c, zn_comm_req *r);
+    void (*abort)(zn_comm *c, int code);
+    /* Control channel. send: best effort by the deadline, 0 or < 0.
+     * recv: 1 = message, 0 = deadline, 2 = rank *closed's channel closed
+     * without a BYE (it died), < 0 = error / nothing more can arrive. */
+    int (*ctl_send)(zn_comm *c, int to, const zn_ctl_msg *m, uint64_t deadline_ns);
+    int (*ctl_recv)(zn_comm *c, zn_ctl_msg *m, int *closed, uint64_t deadline_ns);
+} zn_comm_host_ops;
+
+struct zn_comm {
+    const zn_comm_host_ops *ops;
+    void *host;                  /* backend state */
+    zn_launch_info li;
+    int rank, size;
+    double timeout_s, connect_timeout_s, grace_s;
+    zn_dev *dev;
+    zn_stream *stream;
+    char version[96];
+    char dev_backend[16];
+
+    pthread_mutex_t lock;        /* seq, queue, failure state */
+    pthread_cond_t cv;
+    uint64_t seq;
+    /* worker thread for backends without start/test (tcp) */
+    pthread_t worker;
+    int worker_started, stop;
+    zn_comm_req *q_head, *q_tail;
+
+    /* failure state */
+    int broken;                  /* 0 or the status every call returns */
+    char broken_msg[1024];
+    zn_ctl_msg *reports;         /* rank 0: reports by rank (type 0 = none) */
+    uint8_t *dead;               /* rank 0: channel closed without BYE */
+    uint8_t *departed;           /* BYE received */
+    zn_ctl_msg verdict;          /* non-zero rank: verdict received */
+    int have_verdict;
+
+    void *nccl;                  /* device part (comm_nccl.c) */
+};
+
+/* Fills op->desc and op->seq (under c->lock). */
+void zn_comm_describe(zn_comm_op *op);
+
+/* The failure protocol. Called by a backend when `op` failed locally
+ * (kind, the peer it waited for or -1, the status, a local description), or
+ * with ZN_FAIL_REMOTE after it stored an incoming report (zn_comm_note_*)
+ * or verdict (c->verdict). Rank 0 gathers reports for grace_s and sends a
+ * verdict; the others report and wait for it. Marks the communicator
+ * broken and returns its status with the message set. */
+int zn_comm_fail(zn_comm *c, const zn_comm_op *op, int kind, int peer, int code,
+                 const char *fmt, ...) ZN_PRINTF(6, 7);
+/* Rank 0 records a control message / a closed channel from rank `from`. */
+void zn_comm_note_msg(zn_comm *c, int from, const zn_ctl_msg *m);
+void zn_comm_note_dead(zn_comm *c, int from);
+/* The broken status with its message set, or 0. */
+int zn_comm_check_broken(zn_comm *c);
+
+/* out[i] = a[i] op b[i] for n elements; out may alias a or b. bf16 sums are
+ * computed in fp32 and rounded to nearest even; max propagates NaN. */
+void zn_comm_reduce(void *out, const void *a, const void *b, size_t n, zn_dtype dt,
+                    zn_reduce_op op);
+
+/* Backends. Each sets c->ops, c->host, c->rank/size (MPI: its own), and
+ * c->version. */
+int zn_comm_tcp_create(zn_comm *c);
+#if ZN_HAVE_MPI
+int zn_comm_mpi_create(zn_comm *c);
+#endif
+
+/* Runs an issued op and waits for it (blocking path used by everything). */
+int zn_comm_run_op(zn_comm *c, zn_comm_op *op);
+/* Bench: the ring send/recv ceiling (count bytes each way). */
+int zn_comm_ring_xfer(zn_comm *c, const void *send, void *recv, size_t bytes);
+/* Bench: the same on device buffers on a stream (NCCL send/recv), 0 or
+ * ZN_EUNSUPPORTED. */
+int zn_comm_ring_xfer_on(zn_comm *c, zn_stream *s, const void *send, void *recv,
+                         size_t bytes);
+
+/* ---- NCCL device part (comm_nccl.c, only with ZN_HAVE_NCCL) ----------------*/
+#if ZN_HAVE_NCCL
+int zn_nccl_init(zn_comm *c);
+void zn_nccl_destroy(zn_comm *c, int healthy);
+void zn_nccl_abort(zn_comm *c);
+int zn_nccl_enqueue(zn_comm *c, zn_stream *s, zn_comm_op *op);
+int zn_nccl_sync(zn_comm *c, zn_stream *s);
+#endif
+#if ZN_HAVE_CUDA
+/* Number of visible CUDA devices, 0 when none answers. */
+int zn_comm_cuda_device_count(void);
+#endif
+
+/* The CUDA stream under a zn_stream of a CUDA device. Provided by the
+ * device layer (src/gpu/cuda.c); weak so that the communicator links before
+ * the device layer exports it. NULL when absent. */
+void *zn_cuda_stream_native(zn_stream *s) __attribute__((weak));
+
+/* bf16 <-> fp32 for reductions (round to nearest even, NaN kept). */
+static inline float zn_comm_bf2f(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t zn_comm_f2bf(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+#endif
