@@ -1,0 +1,214 @@
+/* zinc training: the tier manager (every tensor of the training state, its
+ * home tier, hard budgets and high-water marks), the overlapped schedule
+ * (parameters prefetched NVMe -> pinned -> device ahead of use, gradients
+ * D2H into fp32 accumulators, CPU Adam by sub-group with optimizer states
+ * read ahead / written behind on NVMe), learning-rate schedules and
+ * dynamic loss scaling. `zinc train` is a thin driver over this header.
+ *
+ * The trainer is generic over a model made of blocks run in order (the
+ * Llama decoder's embedding, layers and head; tests use small blocks of
+ * their own): zn_train_model below. */
+#ifndef ZINC_TRAIN_H
+#define ZINC_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "zinc/config.h"
+#include "zinc/device.h"
+#include "zinc/nvme.h"
+#include "zinc/plan.h"
+#include "zinc/trace.h"
+#include "zinc/util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- learning-rate schedules ---------------------------------------------
+ * DeepSpeed's lr_schedules.py formulas, as a function of DeepSpeed's
+ * `last_batch_iteration` (0-based). WarmupLR: min + (max-min) * gamma,
+ * gamma = log(it+1)/log(W) ("log") or it/W ("linear") while it < W, then 1;
+ * W = max(2, warmup_num_steps). WarmupDecayLR: the same warmup, then
+ * max(0, (T - it) / max(1, T - W)). WarmupCosineLR: ratio of base_lr, warmup
+ * from warmup_min_ratio to 1, then cos_min_ratio + (1 - cos_min_ratio) *
+ * (1 + cos(pi * (it - W + 1) / (T - W))) / 2, floored at 0. No scheduler:
+ * base_lr. iteration < 0 gives DeepSpeed's value before its first step
+ * (warmup_min_lr, or 0 for WarmupCosineLR).
+ * zinc's optimizer step k (1-based) uses iteration k - 1. (DeepSpeed's engine
+ * steps the scheduler after the optimizer, so its step k uses iteration
+ * k - 2 and its first step the pre-start value; zinc does not spend a step
+ * at that value.) */
+ZN_API double zn_lr_schedule(const zn_config_scheduler *s, double base_lr, int64_t iteration);
+
+/* ---- dynamic loss scaling (fp16) -------------------------------------------
+ * DeepSpeed's DynamicLossScaler: on overflow the step is skipped and, once
+ * `hysteresis` overflows have been absorbed, the scale is divided by 2 (not
+ * below min_scale); after `window` steps without overflow it is doubled
+ * (and the hysteresis budget refilled). A static scale (fp16.loss_scale > 0)
+ * never changes; overflowed steps are still skipped. */
+typedef struct {
+    double scale;
+    int dynamic;
+    double factor;          /* 2 */
+    int64_t window;         /* loss_scale_window */
+    int hysteresis;         /* delayed shift */
+    int cur_hysteresis;
+    double min_scale;
+    int64_t iter, last_overflow_iter;
+    uint64_t overflows;     /* steps skipped */
+} zn_loss_scaler;
+
+/* Initialises from the config (scale 2^initial_scale_power when dynamic;
+ * scale 1 and dynamic 0 when fp16 is off). */
+ZN_API void zn_loss_scaler_init(zn_loss_scaler *ls, const zn_config_fp16 *cfg);
+/* Records one step's outcome. Returns 1 when an overflow happened with the
+ * scale already at min_scale (DeepSpeed stops the run there; so does
+ * zn_train_step), else 0. */
+ZN_API int zn_loss_scaler_update(zn_loss_scaler *ls, int overflow);
+
+/* ---- the model, as the trainer sees it -------------------------------------
+ * Blocks run in order 0..n_blocks-1 in forward and in reverse in backward.
+ * Each block's parameters are one flat buffer of block_params[b] elements
+ * (its tensors are views by offset; the model decides the layout). Between
+ * blocks flows one activation of act_bytes (hidden state of a micro-batch).
+ * Block 0 reads the batch's token ids instead of an input; the last block
+ * writes no output: its forward computes the loss. All calls queue work on
+ * the stream they are given (asynchronous) unless said otherwise. */
+typedef struct zn_train_model {
+    void *ctx;
+    int n_blocks;
+    const uint64_t *block_params;  /* elements per block */
+    size_t act_bytes;              /* bytes of one inter-block activation */
+    double flops_per_token;        /* model FLOPs per token (fwd + bwd), for TFLOP/s */
+    /* Called once after the device exists: allocate scratch (counted in the
+     * GPU budget), upload tables. Optional. */
+    int (*prepare)(void *ctx, zn_dev *d, zn_stream *s, zn_dtype param_dtype);
+    /* Frees what prepare allocated. Optional. */
+    void (*release)(void *ctx, zn_dev *d);
+    /* Initial fp32 values of block b's flat parameters (host memory). */
+    int (*init_params)(void *ctx, int block, float *out, uint64_t n);
+    /* Sets the micro-batch for the following calls: ids and targets are host
+     * int32 [batch * seq], usable again when this returns (it may wait for
+     * s). The loss the last block computes is sum(per-token xent) *
+     * loss_scale, and its backward seeds with the same scale. */
+    int (*set_batch)(void *ctx, zn_stream *s, const int32_t *ids, const int32_t *targets,
+                     int64_t batch, int64_t seq, float loss_scale);
+    /* Waits for s and returns the loss of the last block's latest forward. */
+    int (*read_loss)(void *ctx, zn_stream *s, float *loss);
+    /* Queues block b's forward on s. params: device, flat, param_dtype. */
+    int (*forward)(void *ctx, zn_stream *s, int block, void *params, const void *in, void *out);
+    /* Queues block b's backward on s: recomputes what it needs from `in`,
+     * writes din (NULL for block 0) from dout (NULL for the last block, which
+     * seeds from the targets) and ADDS the parameter gradients (fp32, flat
+     * like the parameters) to dparams. */
+    int (*backward)(void *ctx, zn_stream *s, int block, void *params, const void *in,
+                    const void *dout, void *din, float *dparams);
+} zn_train_model;
+
+/* ---- the trainer ----------------------------------------------------------*/
+typedef struct zn_trainer zn_trainer;
+
+typedef struct {
+    const zn_config *cfg;         /* copied */
+    const zn_train_model *model;  /* must outlive the trainer */
+    const zn_plan_input *plan_in; /* the planner's view of the model and run */
+    zn_plan_budgets budgets;      /* resolved budgets ("auto" already done) */
+    int record_trace;             /* keep spans for zn_train_write_trace */
+    int threads;                  /* CPU threads for Adam / norms; 0 = cfg.train.threads
+                                     or OpenMP's default */
+    const char *device;           /* overrides cfg->train.device when set */
+    zn_aio_fault_fn fault_hook;   /* passed to the NVMe engine (tests) */
+    void *fault_user;
+} zn_train_options;
+
+ZN_API zn_train_options zn_train_options_default(void);
+
+/* Plans (zn_plan_compute), then creates the device, the NVMe engine and swap
+ * space, allocates every tier once and initialises the parameters and
+ * optimizer states in their home tiers. An infeasible plan fails before any
+ * allocation with ZN_ENOFIT and the planner's explanation. Returns 0,
+ * ZN_ENOFIT, ZN_EBUDGET (an allocation beyond a tier's budget, named),
+ * ZN_EUNSUPPORTED (e.g. offload_optimizer.device none on CUDA: use cpu),
+ * ZN_ECONFIG, ZN_ENODEV, -errno. */
+ZN_API int zn_train_create(zn_trainer **out, const zn_train_options *o);
+ZN_API void zn_train_destroy(zn_trainer *tr); /* accepts NULL */
+
+typedef struct {
+    int64_t step;            /* 1-based optimizer step just taken (or skipped) */
+    double loss;             /* mean per-token loss over the step's micro-batches */
+    double lr;               /* learning rate used */
+    double grad_norm;        /* global L2 norm of the (unscaled) gradients */
+    double loss_scale;       /* scale used (1 without fp16) */
+    int skipped;             /* fp16 overflow: the update was skipped */
+    double seconds;          /* wall time of the step */
+    uint64_t tokens;         /* tokens processed */
+} zn_train_step_info;
+
+/* One optimizer step over cfg.gradient_accumulation_steps micro-batches.
+ * ids / targets: host int32, accumulation x micro_batch x seq_len each.
+ * Returns 0, or the first error of any stream or thread (an NVMe error names
+ * the tensor, the file and the offset). After an error the trainer's state
+ * is marked bad: later calls return ZN_ECORRUPT and nothing it holds is
+ * presented as a valid model. */
+ZN_API int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
+                         zn_train_step_info *info);
+
+/* Copies the fp32 master weights (flat, all blocks in order: n = total
+ * parameters) into out, from wherever they live. Returns 0, ZN_EARG (n
+ * wrong), ZN_ECORRUPT (the trainer failed earlier), or an I/O error. */
+ZN_API int zn_train_read_master(zn_trainer *tr, float *out, uint64_t n);
+
+ZN_API uint64_t zn_train_num_params(const zn_trainer *tr);
+ZN_API const zn_plan *zn_train_get_plan(const zn_trainer *tr);
+ZN_API zn_dev *zn_train_device(zn_trainer *tr);
+/* The NVMe engine (NULL when nothing lives on NVMe); tests arm
+ * zn_aio_inject_fault on it. */
+ZN_API zn_aio *zn_train_aio(zn_trainer *tr);
+
+/* Resources, each on its own stream or thread. */
+typedef enum {
+    ZN_RES_COMPUTE = 0,  /* device compute stream */
+    ZN_RES_H2D,          /* host -> device copies */
+    ZN_RES_D2H,          /* device -> host copies + gradient accumulation */
+    ZN_RES_NVME_READ,    /* NVMe reads (params and optimizer states) */
+    ZN_RES_NVME_WRITE,   /* NVMe writes */
+    ZN_RES_ADAM,         /* CPU Adam thread */
+    ZN_RES_COUNT
+} zn_train_resource;
+
+ZN_API const char *zn_train_resource_name(zn_train_resource r);
+
+typedef struct {
+    uint64_t budget[ZN_TIER_COUNT];
+    uint64_t used[ZN_TIER_COUNT];   /* live now */
+    uint64_t peak[ZN_TIER_COUNT];   /* high-water mark */
+    /* bytes moved, per link and direction */
+    uint64_t h2d_bytes, d2h_bytes, nvme_read_bytes, nvme_write_bytes;
+    double busy_s[ZN_RES_COUNT];    /* summed over the steps run */
+    double step_s;                  /* summed wall time of the steps */
+    int64_t steps;
+    uint64_t tokens;
+    double flops;                   /* model FLOPs of the steps run */
+    int param_slots;                /* device parameter slots in the ring */
+    int persistent_blocks;          /* blocks resident on the device */
+    uint64_t opt_unit;              /* optimizer unit (elements) */
+    int opt_units;                  /* units (sub-groups) per step */
+    int opt_inflight;               /* units in flight on NVMe */
+    int overlap_step;               /* 1: optimizer overlapped with backward */
+    const char *param_dtype;        /* "f32" / "bf16" */
+    const char *backend;            /* device name */
+} zn_train_report;
+
+ZN_API void zn_train_get_report(zn_trainer *tr, zn_train_report *r);
+/* Clears busy times, step time and byte counters (after warm-up steps). */
+ZN_API void zn_train_reset_counters(zn_trainer *tr);
+/* Per-tier table and step-time breakdown, for people. */
+ZN_API void zn_train_print_report(zn_trainer *tr, FILE *f);
+/* Writes the Chrome trace (record_trace must have been set). */
+ZN_API int zn_train_write_trace(zn_trainer *tr, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

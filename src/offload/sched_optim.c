@@ -1,0 +1,353 @@
+/* The optimizer pipeline: one thread steps the optimizer unit by unit (a
+ * unit is a sub-group of the flat parameter space), highest offsets first so
+ * that, without clipping or fp16, a unit can start as soon as backward has
+ * produced all of its gradients. With optimizer states on NVMe, a unit's
+ * master/m/v are read ahead into one of n_oslots staging slots and written
+ * behind; a slot is reused only after every write from it completed. The
+ * updated working parameters go to each block's home (device, pinned, NVMe). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "offload/train-impl.h"
+
+static const char *state_name[3] = { "master", "adam m", "adam v" };
+
+static bool unit_ready(zn_trainer *tr, int u)
+{
+    return tr->all_ready || atomic_load(&tr->units[u].pieces_done) >= tr->units[u].np;
+}
+
+/* Waits until unit u's gradients are final. Returns 0, the sticky error, or
+ * -ECANCELED. */
+static int wait_ready(zn_trainer *tr, int u)
+{
+    pthread_mutex_lock(&tr->olock);
+    while (!unit_ready(tr, u) && !atomic_load(&tr->err) && tr->ojob == 1)
+        pthread_cond_wait(&tr->ocv, &tr->olock);
+    int rc = atomic_load(&tr->err) ? atomic_load(&tr->err) : tr->ojob != 1 ? -ECANCELED : 0;
+    pthread_mutex_unlock(&tr->olock);
+    return rc;
+}
+
+void zn_optsched_notify(zn_trainer *tr)
+{
+    pthread_mutex_lock(&tr->olock);
+    pthread_cond_broadcast(&tr->ocv);
+    pthread_mutex_unlock(&tr->olock);
+}
+
+/* Waits for every write from slot s and its H2D parameter copies. */
+static int slot_drain(zn_trainer *tr, zn_opt_slot *s)
+{
+    int rc = 0, r;
+    if (s->writes_pending) {
+        for (int i = 0; i < 3; i++)
+            if ((r = zn_ioq_wait(&tr->wq, &s->wr[i])) && !rc)
+                rc = r;
+        for (int i = 0; i < s->n_pwr; i++)
+            if ((r = zn_ioq_wait(&tr->wq, &s->pwr[i])) && !rc)
+                rc = r;
+        s->n_pwr = 0;
+        s->writes_pending = false;
+    }
+    if (s->h2d_pending) {
+        if ((r = zn_dev_event_sync(tr->dev, s->h2d_done)) && !rc)
+            rc = r;
+        s->h2d_pending = false;
+    }
+    return rc;
+}
+
+static int slot_read_states(zn_trainer *tr, zn_opt_slot *s, int u)
+{
+    zn_unit *un = &tr->units[u];
+    float *dst[3] = { s->master, s->m, s->v };
+    int ids[3] = { un->master_id, un->m_id, un->v_id };
+    s->unit = u;
+    s->reads_issued = true;
+    s->grads_issued = false;
+    s->n_grd = 0;
+    for (int i = 0; i < 3; i++) {
+        char what[48];
+        snprintf(what, sizeof what, "%s u%d", state_name[i], u);
+        int rc = zn_ioq_submit(&tr->rq, &s->rd[i], 0, &zn_tier_get(&tr->tm, ids[i])->ext, dst[i],
+                               un->n * 4, what);
+        if (rc)
+            return zn_ioq_wait(&tr->rq, &s->rd[i]);
+    }
+    return 0;
+}
+
+static int slot_read_grads(zn_trainer *tr, zn_opt_slot *s, int u)
+{
+    zn_unit *un = &tr->units[u];
+    s->grads_issued = true;
+    for (int k = 0; k < un->np; k++) {
+        zn_piece *p = &tr->pieces[un->p0 + k];
+        char what[48];
+        snprintf(what, sizeof what, "grads b%d u%d", p->block, u);
+        int rc = zn_ioq_submit(&tr->rq, &s->grd[k], 0, &zn_tier_get(&tr->tm, p->grad_id)->ext,
+                               s->grad + (p->start - un->off), p->n * 4, what);
+        s->n_grd = k + 1;
+        if (rc)
+            return zn_ioq_wait(&tr->rq, &s->grd[k]);
+    }
+    return 0;
+}
+
+/* Sends unit u's updated working parameters (src: fp32 master values or the
+ * 16-bit copy, unit-relative) to each block's home. NVMe writes are queued
+ * in pwr (waited by the caller), device copies go on the H2D stream and are
+ * followed by a record of `ev`. */
+static int params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, int *n_pwr,
+                      zn_event *ev, bool *h2d_pending)
+{
+    zn_unit *un = &tr->units[u];
+    const char *s8 = src;
+    bool h2d = false;
+    *n_pwr = 0;
+    for (int k = 0; k < un->np; k++) {
+        zn_piece *p = &tr->pieces[un->p0 + k];
+        zn_block *b = &tr->blocks[p->block];
+        const char *from = s8 + (p->start - un->off) * tr->pbytes;
+        size_t bytes = p->n * tr->pbytes;
+        size_t in_block = (p->start - b->off) * tr->pbytes;
+        if (b->home == ZN_PHOME_CPU) {
+            memcpy((char *)b->cpu_params + in_block, from, bytes);
+        } else if (b->home == ZN_PHOME_DEVICE) {
+            int rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d, (char *)b->dev_params + in_block, from,
+                                     bytes);
+            if (rc)
+                return rc;
+            atomic_fetch_add(&tr->tm.h2d, bytes);
+            h2d = true;
+        } else {
+            char what[48];
+            snprintf(what, sizeof what, "params b%d u%d", p->block, u);
+            int rc = zn_ioq_submit(&tr->wq, &pwr[*n_pwr], 1,
+                                   &zn_tier_get(&tr->tm, p->param_id)->ext, (void *)from, bytes,
+                                   what);
+            (*n_pwr)++;
+            if (rc)
+                return zn_ioq_wait(&tr->wq, &pwr[*n_pwr - 1]);
+        }
+    }
+    if (h2d) {
+        int rc = zn_dev_event_record(tr->dev, ev, tr->s_h2d);
+        if (rc)
+            return rc;
+        *h2d_pending = true;
+    }
+    return 0;
+}
+
+static int adam_unit(zn_trainer *tr, int u, float *master, float *m, float *v, const float *g,
+                     void *p16)
+{
+    zn_unit *un = &tr->units[u];
+    uint64_t t0 = zn_now_ns();
+    int rc = zn_adam_step(&tr->ohp, master, m, v, g, ZN_DTYPE_F32, tr->og_scale, p16,
+                          tr->pdt, un->n);
+    char name[ZN_TRACE_NAME_LEN];
+    snprintf(name, sizeof name, "adam u%d", u);
+    zn_trace_span(tr->trace, tr->track[ZN_RES_ADAM], name, t0, zn_now_ns());
+    return rc;
+}
+
+/* Optimizer states in memory (pinned, or the device arena on the host
+ * backend): Adam in place. */
+static int run_flat(zn_trainer *tr)
+{
+    int rc = 0;
+    zn_io_req *pwr = tr->oslot[0].pwr;
+    for (int i = 0; i < tr->n_units && !rc; i++) {
+        int u = tr->n_units - 1 - i;
+        zn_unit *un = &tr->units[u];
+        if ((rc = wait_ready(tr, u)))
+            break;
+        bool p16 = tr->pdt != ZN_DTYPE_F32;
+        /* the previous unit's param copies out of the 16-bit staging */
+        zn_opt_slot *s = &tr->oslot[0];
+        if ((rc = slot_drain(tr, s)))
+            break;
+        rc = adam_unit(tr, u, tr->master + un->off, tr->mom + un->off, tr->var + un->off,
+                       tr->gacc + un->off, p16 ? tr->pout_flat : NULL);
+        if (rc)
+            break;
+        rc = params_out(tr, u, p16 ? tr->pout_flat : (void *)(tr->master + un->off), pwr,
+                        &s->n_pwr, s->h2d_done, &s->h2d_pending);
+        s->writes_pending = s->n_pwr > 0;
+        if (s->writes_pending) {
+            for (int j = 0; j < 3; j++)
+                atomic_store(&s->wr[j].done, 1), s->wr[j].status = 0;
+        }
+    }
+    int r = slot_drain(tr, &tr->oslot[0]);
+    return rc ? rc : r;
+}
+
+/* Optimizer states on NVMe: read ahead, step, write behind. */
+static int run_nvme(zn_trainer *tr)
+{
+    int S = tr->n_oslots, nu = tr->n_units, rc = 0;
+    bool p16 = tr->pdt != ZN_DTYPE_F32;
+    for (int j = 0; j < S; j++)
+        tr->oslot[j].unit = -1;
+    for (int i = 0; i < nu && !rc; i++) {
+        int u = nu - 1 - i;
+        zn_opt_slot *s = &tr->oslot[i % S];
+        /* this unit and the read-ahead window */
+        for (int j = i; j < i + S && j < nu && !rc; j++) {
+            zn_opt_slot *sj = &tr->oslot[j % S];
+            int uj = nu - 1 - j;
+            if (sj->unit == uj)
+                continue;
+            if ((rc = slot_drain(tr, sj)))
+                break;
+            if ((rc = slot_read_states(tr, sj, uj)))
+                break;
+            if (unit_ready(tr, uj))
+                rc = slot_read_grads(tr, sj, uj);
+        }
+        if (rc || (rc = wait_ready(tr, u)))
+            break;
+        if (!s->grads_issued && (rc = slot_read_grads(tr, s, u)))
+            break;
+        for (int k = 0; k < 3 && !rc; k++)
+            rc = zn_ioq_wait(&tr->rq, &s->rd[k]);
+        for (int k = 0; k < s->n_grd && !rc; k++)
+            rc = zn_ioq_wait(&tr->rq, &s->grd[k]);
+        if (rc)
+            break;
+        if ((rc = adam_unit(tr, u, s->master, s->m, s->v, s->grad, p16 ? s->pout : NULL)))
+            break;
+        /* write behind: the states, then the working params */
+        zn_unit *un = &tr->units[u];
+        float *srcs[3] = { s->master, s->m, s->v };
+        int ids[3] = { un->master_id, un->m_id, un->v_id };
+        s->writes_pending = true;
+        s->n_pwr = 0;
+        for (int k = 0; k < 3; k++)
+            atomic_store(&s->wr[k].done, 1), s->wr[k].status = 0;
+        for (int k = 0; k < 3 && !rc; k++) {
+            char what[48];
+            snprintf(what, sizeof what, "%s u%d", state_name[k], u);
+            rc = zn_ioq_submit(&tr->wq, &s->wr[k], 1, &zn_tier_get(&tr->tm, ids[k])->ext,
+                               srcs[k], un->n * 4, what);
+        }
+        if (rc)
+            break;
+        rc = params_out(tr, u, p16 ? s->pout : (void *)s->master, s->pwr, &s->n_pwr,
+                        s->h2d_done, &s->h2d_pending);
+        s->unit = -1 - u - 1; /* consumed: never matches a unit again */
+    }
+    /* Write behind ends here: nothing is reused or presented before every
+     * write completed successfully. Reads still in flight are waited too. */
+    for (int j = 0; j < S; j++) {
+        zn_opt_slot *s = &tr->oslot[j];
+        int r = slot_drain(tr, s);
+        if (r && !rc)
+            rc = r;
+        if (s->reads_issued) {
+            for (int k = 0; k < 3; k++)
+                zn_ioq_wait(&tr->rq, &s->rd[k]);
+            for (int k = 0; k < s->n_grd; k++)
+                zn_ioq_wait(&tr->rq, &s->grd[k]);
+            s->reads_issued = false;
+            s->n_grd = 0;
+        }
+    }
+    return rc;
+}
+
+static void *opt_main(void *arg)
+{
+    zn_trainer *tr = arg;
+    pthread_mutex_lock(&tr->olock);
+    for (;;) {
+        while (tr->ojob == 0 || tr->ojob_done)
+            pthread_cond_wait(&tr->ocv, &tr->olock);
+        if (tr->ojob == 3)
+            break;
+        int rc = 0;
+        if (tr->ojob == 1) {
+            pthread_mutex_unlock(&tr->olock);
+            rc = tr->oopt == ZN_OFFLOAD_NVME ? run_nvme(tr) : run_flat(tr);
+            if (rc && rc != -ECANCELED)
+                zn_train_fail(tr, rc, "optimizer step: %s", zn_last_error());
+            pthread_mutex_lock(&tr->olock);
+        }
+        tr->ojob_status = rc;
+        tr->ojob_done = true;
+        pthread_cond_broadcast(&tr->ocv);
+    }
+    pthread_mutex_unlock(&tr->olock);
+    return NULL;
+}
+
+int zn_optsched_init(zn_trainer *tr)
+{
+    if (pthread_mutex_init(&tr->olock, NULL) || pthread_cond_init(&tr->ocv, NULL))
+        return zn_set_error(-ENOMEM, "optimizer thread: pthread init failed");
+    tr->ojob = 0;
+    tr->ojob_done = false;
+    int rc = pthread_create(&tr->othr, NULL, opt_main, tr);
+    if (rc)
+        return zn_set_error(-rc, "optimizer thread: pthread_create: %s", strerror(rc));
+    tr->othr_started = true;
+    return 0;
+}
+
+void zn_optsched_fini(zn_trainer *tr)
+{
+    if (!tr->othr_started)
+        return;
+    pthread_mutex_lock(&tr->olock);
+    tr->ojob = 3;
+    tr->ojob_done = false;
+    pthread_cond_broadcast(&tr->ocv);
+    pthread_mutex_unlock(&tr->olock);
+    pthread_join(tr->othr, NULL);
+    tr->othr_started = false;
+    pthread_cond_destroy(&tr->ocv);
+    pthread_mutex_destroy(&tr->olock);
+}
+
+void zn_optsched_begin(zn_trainer *tr, const zn_adam_params *hp, float g_scale)
+{
+    pthread_mutex_lock(&tr->olock);
+    tr->ohp = *hp;
+    tr->og_scale = g_scale;
+    tr->ojob_status = 0;
+    tr->ojob_done = false;
+    tr->ojob = 1;
+    pthread_cond_broadcast(&tr->ocv);
+    pthread_mutex_unlock(&tr->olock);
+}
+
+void zn_optsched_cancel(zn_trainer *tr)
+{
+    pthread_mutex_lock(&tr->olock);
+    if (tr->ojob == 1 && !tr->ojob_done)
+        tr->ojob = 2;
+    pthread_cond_broadcast(&tr->ocv);
+    pthread_mutex_unlock(&tr->olock);
+}
+
+int zn_optsched_wait(zn_trainer *tr)
+{
+    pthread_mutex_lock(&tr->olock);
+    if (tr->ojob == 0) {
+        pthread_mutex_unlock(&tr->olock);
+        return 0;
+    }
+    while (!tr->ojob_done)
+        pthread_cond_wait(&tr->ocv, &tr->olock);
+    int rc = tr->ojob_status;
+    tr->ojob = 0;
+    tr->ojob_done = false;
+    pthread_mutex_unlock(&tr->olock);
+    return rc;
+}

@@ -1,0 +1,303 @@
+/* The tier manager: every tensor of the training state with its home tier
+ * and the tiers that hold a valid copy, allocated once from three budgeted
+ * allocators (the device arena, pinned host memory, the NVMe swap space),
+ * plus the bytes moved on each link. And the NVMe completion queues that
+ * give each I/O direction its own thread. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "offload/train-impl.h"
+
+int zn_tier_init(zn_tier_mgr *m, zn_dev *dev, const zn_plan_budgets *b)
+{
+    memset(m, 0, sizeof *m);
+    m->dev = dev;
+    for (int t = 0; t < ZN_TIER_COUNT; t++)
+        m->budget[t] = b->bytes[t];
+    if (pthread_mutex_init(&m->lock, NULL))
+        return zn_set_error(-ENOMEM, "tier manager: mutex init failed");
+    return 0;
+}
+
+static int mkdirs(const char *path)
+{
+    char p[ZN_PATH_MAX];
+    snprintf(p, sizeof p, "%s", path);
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = '\0';
+        if (mkdir(p, 0700) < 0 && errno != EEXIST)
+            return -errno;
+        *s = '/';
+    }
+    if (mkdir(p, 0700) < 0 && errno != EEXIST)
+        return -errno;
+    return 0;
+}
+
+int zn_tier_open_nvme(zn_tier_mgr *m, const zn_config *cfg, uint64_t bytes,
+                      zn_aio_fault_fn hook, void *hook_user)
+{
+    char b1[32], b2[32];
+    if (bytes > m->budget[ZN_TIER_NVME])
+        return zn_set_error(ZN_EBUDGET, "nvme tier: the swap space needs %s, its budget is %s",
+                            zn_format_size(bytes, b1, sizeof b1),
+                            zn_format_size(m->budget[ZN_TIER_NVME], b2, sizeof b2));
+    zn_aio_config ac = zn_aio_config_default();
+    ac.block_size = (size_t)cfg->aio.block_size;
+    ac.queue_depth = (int)cfg->aio.queue_depth;
+    ac.intra_op_parallelism = (int)cfg->aio.intra_op_parallelism;
+    ac.single_submit = cfg->aio.single_submit;
+    ac.overlap_events = cfg->aio.overlap_events;
+    ac.fault_hook = hook;
+    ac.fault_user = hook_user;
+    int rc = zn_aio_create(&m->aio, &ac);
+    if (rc)
+        return zn_error_prefix(rc, "nvme tier: ");
+
+    zn_swap_config sc = zn_swap_config_default();
+    const char *paths[ZN_SWAP_MAX_PATHS];
+    int np = 0;
+    for (int i = 0; i < cfg->tiers.n_nvme && np < ZN_SWAP_MAX_PATHS; i++)
+        paths[np++] = cfg->tiers.nvme[i].path;
+    if (!np) {
+        const char *a = cfg->zero.offload_optimizer.nvme_path;
+        const char *p = cfg->zero.offload_param.nvme_path;
+        if (cfg->zero.offload_optimizer.device == ZN_OFFLOAD_NVME && a[0])
+            paths[np++] = a;
+        if (cfg->zero.offload_param.device == ZN_OFFLOAD_NVME && p[0] &&
+            (!np || strcmp(paths[0], p)))
+            paths[np++] = p;
+    }
+    if (!np)
+        return zn_set_error(ZN_ECONFIG, "%s: state is placed on nvme but no path is given: "
+                            "set tiers.nvme or zero_optimization.offload_*.nvme_path",
+                            cfg->source);
+    for (int i = 0; i < np; i++) {
+        if ((rc = mkdirs(paths[i])))
+            return zn_set_error(rc, "nvme tier: cannot create swap directory %s: %s", paths[i],
+                                strerror(-rc));
+        sc.paths[i] = paths[i];
+    }
+    sc.npaths = np;
+    sc.bytes = bytes;
+    sc.keep_files = cfg->tiers.keep_swap;
+    sc.file_prefix = "zinc-train";
+    rc = zn_swap_create(&m->swap, m->aio, &sc);
+    if (rc)
+        return zn_error_prefix(rc, "nvme tier: ");
+    return 0;
+}
+
+int zn_tier_alloc(zn_tier_mgr *m, zn_tier tier, zn_state_class cls, uint64_t bytes,
+                  const char *name, int *id)
+{
+    pthread_mutex_lock(&m->lock);
+    if (m->n == m->cap) {
+        int nc = m->cap ? m->cap * 2 : 64;
+        zn_tier_tensor *nt = realloc(m->t, (size_t)nc * sizeof *nt);
+        if (!nt) {
+            pthread_mutex_unlock(&m->lock);
+            return zn_set_error(-ENOMEM, "tier manager: out of memory");
+        }
+        m->t = nt;
+        m->cap = nc;
+    }
+    zn_tier_tensor *t = &m->t[m->n];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->cls = cls;
+    t->home = tier;
+    t->bytes = bytes;
+    int rc = 0;
+    char b1[32], b2[32];
+    if (tier == ZN_TIER_GPU) {
+        rc = zn_dev_alloc(m->dev, bytes, t->name, &t->ptr);
+    } else if (tier == ZN_TIER_CPU) {
+        rc = zn_dev_host_alloc(m->dev, bytes, t->name, &t->ptr);
+    } else if (!m->swap) {
+        rc = zn_set_error(ZN_EINTERNAL, "tier manager: %s placed on nvme without a swap space",
+                          t->name);
+    } else {
+        rc = zn_swap_alloc(m->swap, bytes, t->name, &t->ext);
+        if (rc == -ENOSPC) {
+            zn_swap_stats st;
+            zn_swap_get_stats(m->swap, &st);
+            rc = zn_set_error(ZN_EBUDGET, "nvme tier: %s needs %s, %s of the swap space's %s "
+                              "are free", t->name, zn_format_size(bytes, b1, sizeof b1),
+                              zn_format_size(st.capacity - st.used, b2, sizeof b2),
+                              zn_format_size(st.capacity, (char[32]){0}, 32));
+        }
+    }
+    if (rc) {
+        pthread_mutex_unlock(&m->lock);
+        return rc;
+    }
+    *id = m->n++;
+    pthread_mutex_unlock(&m->lock);
+    return 0;
+}
+
+void zn_tier_set_valid(zn_tier_mgr *m, int id, zn_tier t, bool valid)
+{
+    pthread_mutex_lock(&m->lock);
+    if (valid)
+        m->t[id].valid |= 1u << t;
+    else
+        m->t[id].valid &= ~(1u << t);
+    pthread_mutex_unlock(&m->lock);
+}
+
+void zn_tier_fini(zn_tier_mgr *m)
+{
+    for (int i = m->n - 1; i >= 0; i--) {
+        zn_tier_tensor *t = &m->t[i];
+        if (t->home == ZN_TIER_GPU)
+            zn_dev_free(m->dev, t->ptr);
+        else if (t->home == ZN_TIER_CPU)
+            zn_dev_host_free(m->dev, t->ptr);
+        else if (m->swap)
+            zn_swap_free(m->swap, &t->ext);
+    }
+    free(m->t);
+    m->t = NULL;
+    m->n = m->cap = 0;
+    zn_swap_destroy(m->swap);
+    m->swap = NULL;
+    zn_aio_destroy(m->aio);
+    m->aio = NULL;
+    pthread_mutex_destroy(&m->lock);
+}
+
+void zn_tier_usage(zn_tier_mgr *m, uint64_t used[ZN_TIER_COUNT], uint64_t peak[ZN_TIER_COUNT])
+{
+    zn_dev_mem dm;
+    zn_dev_mem_stats(m->dev, &dm);
+    used[ZN_TIER_GPU] = dm.used;
+    peak[ZN_TIER_GPU] = dm.peak;
+    used[ZN_TIER_CPU] = dm.host_used;
+    peak[ZN_TIER_CPU] = dm.host_peak;
+    used[ZN_TIER_NVME] = peak[ZN_TIER_NVME] = 0;
+    if (m->swap) {
+        zn_swap_stats st;
+        zn_swap_get_stats(m->swap, &st);
+        used[ZN_TIER_NVME] = st.used;
+        peak[ZN_TIER_NVME] = st.peak_used;
+    }
+}
+
+/* ---- completion queues ------------------------------------------------------*/
+static void *ioq_main(void *arg)
+{
+    zn_ioq *q = arg;
+    pthread_mutex_lock(&q->lock);
+    for (;;) {
+        while (!q->head && !q->stop)
+            pthread_cond_wait(&q->cv_in, &q->lock);
+        if (!q->head && q->stop)
+            break;
+        zn_io_req *r = q->head;
+        q->head = r->next;
+        if (!q->head)
+            q->tail = NULL;
+        pthread_mutex_unlock(&q->lock);
+
+        int rc = zn_aio_wait(q->aio, r->h);
+        r->t_done = zn_now_ns();
+        if (rc)
+            snprintf(r->msg, sizeof r->msg, "%s", zn_last_error());
+        else if (q->bytes_counter)
+            atomic_fetch_add(q->bytes_counter, r->bytes);
+        zn_trace_span(q->trace, q->track, r->what, r->t_submit, r->t_done);
+
+        pthread_mutex_lock(&q->lock);
+        r->status = rc;
+        atomic_store(&r->done, 1);
+        pthread_cond_broadcast(&q->cv_done);
+    }
+    pthread_mutex_unlock(&q->lock);
+    return NULL;
+}
+
+int zn_ioq_start(zn_ioq *q, zn_aio *aio, zn_trace *tr, int track, _Atomic uint64_t *counter)
+{
+    memset(q, 0, sizeof *q);
+    q->aio = aio;
+    q->trace = tr;
+    q->track = track;
+    q->bytes_counter = counter;
+    if (pthread_mutex_init(&q->lock, NULL) || pthread_cond_init(&q->cv_in, NULL) ||
+        pthread_cond_init(&q->cv_done, NULL))
+        return zn_set_error(-ENOMEM, "nvme queue: pthread init failed");
+    int rc = pthread_create(&q->thr, NULL, ioq_main, q);
+    if (rc)
+        return zn_set_error(-rc, "nvme queue: pthread_create: %s", strerror(rc));
+    q->started = true;
+    return 0;
+}
+
+void zn_ioq_stop(zn_ioq *q)
+{
+    if (!q->started)
+        return;
+    pthread_mutex_lock(&q->lock);
+    q->stop = true;
+    pthread_cond_broadcast(&q->cv_in);
+    pthread_mutex_unlock(&q->lock);
+    pthread_join(q->thr, NULL);
+    q->started = false;
+    pthread_cond_destroy(&q->cv_in);
+    pthread_cond_destroy(&q->cv_done);
+    pthread_mutex_destroy(&q->lock);
+}
+
+int zn_ioq_submit(zn_ioq *q, zn_io_req *r, int is_write, const zn_extent *e, void *buf,
+                  size_t len, const char *what)
+{
+    r->is_write = is_write;
+    r->bytes = len;
+    r->status = 0;
+    r->msg[0] = '\0';
+    r->next = NULL;
+    r->h = 0;
+    snprintf(r->what, sizeof r->what, "%s", what);
+    atomic_store(&r->done, 0);
+    r->t_submit = zn_now_ns();
+    int rc = is_write ? zn_aio_submit_write(q->aio, e, buf, len, &r->h)
+                      : zn_aio_submit_read(q->aio, e, buf, len, &r->h);
+    if (rc) {
+        snprintf(r->msg, sizeof r->msg, "%s", zn_last_error());
+        r->status = rc;
+        r->h = 0;
+        atomic_store(&r->done, 1);
+        return rc;
+    }
+    pthread_mutex_lock(&q->lock);
+    if (q->tail)
+        q->tail->next = r;
+    else
+        q->head = r;
+    q->tail = r;
+    pthread_cond_signal(&q->cv_in);
+    pthread_mutex_unlock(&q->lock);
+    return 0;
+}
+
+int zn_ioq_wait(zn_ioq *q, zn_io_req *r)
+{
+    if (!atomic_load(&r->done)) {
+        pthread_mutex_lock(&q->lock);
+        while (!atomic_load(&r->done))
+            pthread_cond_wait(&q->cv_done, &q->lock);
+        pthread_mutex_unlock(&q->lock);
+    }
+    if (r->status)
+        return zn_set_error(r->status, "NVMe %s of %s failed: %s", r->is_write ? "write" : "read",
+                            r->what, r->msg[0] ? r->msg : zn_strerror(r->status));
+    return 0;
+}

@@ -1,0 +1,270 @@
+/* Private side of the trainer: the tier manager (allocators with budgets, the
+ * tensor registry, link counters), the NVMe completion queues, the flat
+ * parameter space cut into blocks, optimizer units and their pieces, and the
+ * trainer object shared by the schedule (train.c) and the optimizer
+ * pipeline (sched_optim.c). */
+#ifndef ZN_TRAIN_IMPL_H
+#define ZN_TRAIN_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "zinc/config.h"
+#include "zinc/device.h"
+#include "zinc/nvme.h"
+#include "zinc/optim.h"
+#include "zinc/plan.h"
+#include "zinc/trace.h"
+#include "zinc/train.h"
+
+/* ---- tier manager ----------------------------------------------------------*/
+typedef struct {
+    char name[48];
+    zn_state_class cls;
+    zn_tier home;
+    uint64_t bytes;
+    void *ptr;       /* GPU (arena) or CPU (pinned) */
+    zn_extent ext;   /* NVMe */
+    unsigned valid;  /* bit t: tier t holds a valid copy */
+} zn_tier_tensor;
+
+typedef struct {
+    zn_dev *dev;
+    zn_aio *aio;
+    zn_swap *swap;
+    uint64_t budget[ZN_TIER_COUNT];
+    zn_tier_tensor *t;
+    int n, cap;
+    pthread_mutex_t lock;
+    _Atomic uint64_t h2d, d2h, nvme_read, nvme_write;  /* bytes moved */
+} zn_tier_mgr;
+
+int zn_tier_init(zn_tier_mgr *m, zn_dev *dev, const zn_plan_budgets *b);
+/* Creates the NVMe engine and a swap space of `bytes` over the config's
+ * paths (tiers.nvme, else the offload nvme_path directories, created when
+ * missing). Fails with ZN_EBUDGET when bytes exceed the NVMe budget. */
+int zn_tier_open_nvme(zn_tier_mgr *m, const zn_config *cfg, uint64_t bytes,
+                      zn_aio_fault_fn hook, void *hook_user);
+/* Allocates `bytes` in `tier` and registers it; returns the tensor id
+ * (>= 0) or a negative status (ZN_EBUDGET names the tensor). */
+int zn_tier_alloc(zn_tier_mgr *m, zn_tier tier, zn_state_class cls, uint64_t bytes,
+                  const char *name, int *id);
+static inline zn_tier_tensor *zn_tier_get(zn_tier_mgr *m, int id)
+{
+    return &m->t[id];
+}
+void zn_tier_set_valid(zn_tier_mgr *m, int id, zn_tier t, bool valid);
+/* Frees every tensor, the swap space and the engine (not the device). */
+void zn_tier_fini(zn_tier_mgr *m);
+void zn_tier_usage(zn_tier_mgr *m, uint64_t used[ZN_TIER_COUNT], uint64_t peak[ZN_TIER_COUNT]);
+
+/* ---- NVMe completion queues: one thread waits on each direction's
+ * requests in submission order, so that a request's completion time (and
+ * its status and error text) is known without the consumer polling, and
+ * NVMe busy time is the union of [submit, completion]. -------------------*/
+typedef struct zn_io_req {
+    zn_aio_handle h;
+    int is_write;
+    _Atomic int done;
+    int status;
+    uint64_t bytes;
+    uint64_t t_submit, t_done;
+    char what[48];
+    char msg[320];
+    struct zn_io_req *next;
+} zn_io_req;
+
+typedef struct {
+    zn_aio *aio;
+    zn_trace *trace;
+    int track;
+    pthread_t thr;
+    bool started, stop;
+    pthread_mutex_t lock;
+    pthread_cond_t cv_in, cv_done;
+    zn_io_req *head, *tail;
+    _Atomic uint64_t *bytes_counter;
+} zn_ioq;
+
+int zn_ioq_start(zn_ioq *q, zn_aio *aio, zn_trace *tr, int track, _Atomic uint64_t *counter);
+void zn_ioq_stop(zn_ioq *q);
+/* Submits a read or write of [0, len) of `e` and queues it. On a submit
+ * failure returns the status (req->done is set, req->status holds it). */
+int zn_ioq_submit(zn_ioq *q, zn_io_req *r, int is_write, const zn_extent *e, void *buf,
+                  size_t len, const char *what);
+/* Waits until r completed; returns its status with zn_last_error set. A
+ * request never submitted (h == 0 and done) returns its status. */
+int zn_ioq_wait(zn_ioq *q, zn_io_req *r);
+
+/* ---- the flat parameter space ----------------------------------------------*/
+typedef struct {
+    int block, unit;
+    uint64_t start, n;      /* flat range */
+    int grad_id;            /* NVMe grad accumulator piece (-1 otherwise) */
+    int param_id;           /* NVMe param piece (-1 otherwise) */
+} zn_piece;
+
+typedef enum { ZN_PHOME_DEVICE = 0, ZN_PHOME_CPU, ZN_PHOME_NVME } zn_param_home;
+
+typedef struct {
+    uint64_t off, n;
+    zn_param_home home;
+    bool persistent;        /* lives on the device (home DEVICE) */
+    int param_id;           /* device or cpu buffer (home DEVICE / CPU) */
+    void *dev_params;       /* home DEVICE: the device buffer */
+    void *cpu_params;       /* home CPU: pinned */
+    int p0, np;             /* pieces */
+    double grad_sq;         /* sum of squares of the block's final grads */
+    int grad_nonfinite;
+} zn_block;
+
+typedef struct {
+    uint64_t off, n;
+    int p0, np;
+    int master_id, m_id, v_id;  /* NVMe: per-unit extents */
+    _Atomic int pieces_done;
+} zn_unit;
+
+/* ---- the optimizer pipeline (sched_optim.c) --------------------------------*/
+typedef struct {
+    float *master, *m, *v, *grad;  /* U floats each */
+    void *pout;                    /* U * param bytes (16-bit params) */
+    int unit;                      /* unit held, -1 none */
+    bool reads_issued, grads_issued;
+    zn_io_req rd[3];
+    zn_io_req *grd;                /* one per piece of the unit (max pieces) */
+    int n_grd;
+    zn_io_req wr[3];
+    zn_io_req *pwr;                /* param piece writes */
+    int n_pwr;
+    bool writes_pending;
+    zn_event *h2d_done;            /* device-home param update copied */
+    bool h2d_pending;
+} zn_opt_slot;
+
+typedef struct zn_trainer zn_trainer;
+
+int zn_optsched_init(zn_trainer *tr);
+void zn_optsched_fini(zn_trainer *tr);
+/* Starts this step's optimizer job (the thread waits for each unit's grads
+ * unless all are ready). */
+void zn_optsched_begin(zn_trainer *tr, const zn_adam_params *hp, float g_scale);
+/* Marks the job as not needed (overflow, error): the thread drops it. */
+void zn_optsched_cancel(zn_trainer *tr);
+/* Waits for the job; returns its status. */
+int zn_optsched_wait(zn_trainer *tr);
+/* Wakes the thread when units become ready or an error is recorded. */
+void zn_optsched_notify(zn_trainer *tr);
+
+/* ---- the trainer ----------------------------------------------------------*/
+typedef struct {
+    zn_trainer *tr;
+    int block, gbuf, mb;
+    uint64_t t0;
+} zn_accum_arg;
+
+typedef struct {
+    zn_trainer *tr;
+    int t, block, np;
+} zn_pread_arg;
+
+typedef struct {
+    zn_trainer *tr;
+    int track;
+    uint64_t t0;
+    char name[ZN_TRACE_NAME_LEN];
+} zn_mark;
+
+struct zn_trainer {
+    zn_config cfg;
+    const zn_train_model *model;
+    zn_plan plan;
+    zn_dev *dev;
+    zn_tier_mgr tm;
+    zn_trace *trace;
+    int track[ZN_RES_COUNT];
+    zn_stream *s_comp, *s_h2d, *s_d2h;
+    zn_ioq rq, wq;
+    int threads;
+
+    zn_dtype pdt;          /* working param dtype on the device */
+    size_t pbytes;
+    zn_offload_device popt, oopt;
+    int L;                 /* blocks */
+    uint64_t P;            /* parameters */
+    zn_block *blocks;
+    zn_unit *units;
+    int n_units;
+    uint64_t U;            /* unit size */
+    zn_piece *pieces;
+    int n_pieces, max_unit_pieces, max_block_pieces;
+    uint64_t largest_block, largest_ring_block;
+
+    /* device */
+    int nslots;
+    void **slot;           /* ring of device param slots */
+    int *slot_block;       /* block held (-1 none) */
+    zn_event **ev_ready, **ev_consumed;
+    void *gdev[2];         /* device fp32 grad buffers */
+    zn_event *ev_gready[2], *ev_gfree[2];
+    void **ckpt;           /* block inputs, [1..L-1] */
+    void *dact[2];
+
+    /* host */
+    void *pstage[64];      /* NVMe param staging (buffer_count) */
+    int n_pstage;
+    zn_event *ev_pstage_free[64];
+    zn_io_req *pstage_req; /* [n_pstage][max_block_pieces] */
+    zn_pread_arg pstage_arg[64];
+    float *gstage[2];      /* pinned grad staging for D2H */
+    float *gtmp;           /* NVMe grads with accumulation: read-back buffer */
+    float *master, *mom, *var, *gacc;  /* flat (cpu/none optimizer) */
+    zn_accum_arg *accum_args;  /* one per (micro-batch use) */
+    int n_accum_args;
+    zn_mark *marks;
+    int n_marks, next_mark;
+
+    /* optimizer pipeline */
+    zn_opt_slot oslot[16];
+    int n_oslots;
+    void *pout_flat;       /* cpu/none optimizer: 16-bit param staging (U) */
+    zn_event *ev_pout;
+    bool overlap_step;
+    pthread_t othr;
+    bool othr_started;
+    pthread_mutex_t olock;
+    pthread_cond_t ocv;
+    int ojob;              /* 0 idle, 1 run, 2 cancel, 3 quit */
+    bool ojob_done;
+    int ojob_status;
+    zn_adam_params ohp;
+    float og_scale;
+    bool all_ready;        /* clipping/fp16: every unit ready at begin */
+
+    zn_aio_fault_fn fault_hook;
+    void *fault_user;
+
+    /* state */
+    int64_t step;
+    zn_loss_scaler scaler;
+    _Atomic int err;       /* first failure of any thread (sticky) */
+    char errmsg[512];
+    pthread_mutex_t elock;
+    bool bad;              /* a failed step: state not valid */
+
+    /* counters */
+    double step_s;
+    int64_t steps_run;
+    uint64_t tokens;
+    double flops;
+};
+
+/* Records the first failure (thread-safe) and wakes waiters. */
+void zn_train_fail(zn_trainer *tr, int rc, const char *fmt, ...) ZN_PRINTF(3, 4);
+/* Queues a begin/end pair of marks on a stream around the work between. */
+zn_mark *zn_train_mark_begin(zn_trainer *tr, zn_stream *s, int res, const char *name);
+void zn_train_mark_end(zn_trainer *tr, zn_stream *s, zn_mark *mk);
+
+#endif

@@ -1,0 +1,1284 @@
+/* The training step: the forward/backward schedule over the model's blocks
+ * with parameters fetched ahead of use into a ring of device slots (NVMe ->
+ * pinned staging -> H2D, or pinned -> H2D), gradients D2H into pinned
+ * staging and accumulated into fp32 accumulators by a host function on the
+ * D2H stream, and the optimizer pipeline (sched_optim.c) started as soon as
+ * it may. Also creation (plan, allocate every tier once, initialise), the
+ * report and the trace. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "offload/train-impl.h"
+#include "zn_build_config.h"
+
+static const char *res_names[ZN_RES_COUNT] = {
+    "gpu compute", "h2d", "d2h + grad accum", "nvme read", "nvme write", "cpu adam",
+};
+
+const char *zn_train_resource_name(zn_train_resource r)
+{
+    return (unsigned)r < ZN_RES_COUNT ? res_names[r] : "?";
+}
+
+zn_train_options zn_train_options_default(void)
+{
+    zn_train_options o;
+    memset(&o, 0, sizeof o);
+    return o;
+}
+
+void zn_train_fail(zn_trainer *tr, int rc, const char *fmt, ...)
+{
+    pthread_mutex_lock(&tr->elock);
+    if (!atomic_load(&tr->err)) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(tr->errmsg, sizeof tr->errmsg, fmt, ap);
+        va_end(ap);
+        atomic_store(&tr->err, rc ? rc : ZN_EINTERNAL);
+    }
+    pthread_mutex_unlock(&tr->elock);
+    zn_optsched_notify(tr);
+}
+
+/* ---- marks: stream-side timestamps for the trace -----------------------------*/
+static void mark_begin_fn(void *arg)
+{
+    zn_mark *mk = arg;
+    mk->t0 = zn_now_ns();
+}
+
+static void mark_end_fn(void *arg)
+{
+    zn_mark *mk = arg;
+    zn_trace_span(mk->tr->trace, mk->track, mk->name, mk->t0, zn_now_ns());
+}
+
+zn_mark *zn_train_mark_begin(zn_trainer *tr, zn_stream *s, int res, const char *name)
+{
+    if (tr->next_mark >= tr->n_marks)
+        return NULL;
+    zn_mark *mk = &tr->marks[tr->next_mark++];
+    mk->tr = tr;
+    mk->track = tr->track[res];
+    snprintf(mk->name, sizeof mk->name, "%s", name);
+    if (zn_dev_launch_host_fn(tr->dev, s, mark_begin_fn, mk))
+        return NULL;
+    return mk;
+}
+
+void zn_train_mark_end(zn_trainer *tr, zn_stream *s, zn_mark *mk)
+{
+    if (mk)
+        zn_dev_launch_host_fn(tr->dev, s, mark_end_fn, mk);
+}
+
+/* ---- layout --------------------------------------------------------------------*/
+static uint64_t round_up(uint64_t a, uint64_t b)
+{
+    return (a + b - 1) / b * b;
+}
+
+static int build_layout(zn_trainer *tr)
+{
+    const zn_config *cfg = &tr->cfg;
+    const zn_train_model *md = tr->model;
+    tr->L = md->n_blocks;
+    tr->blocks = calloc((size_t)tr->L, sizeof *tr->blocks);
+    if (!tr->blocks)
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    uint64_t off = 0, in_cpu = 0;
+    uint64_t thresh = (uint64_t)cfg->zero.stage3_param_persistence_threshold;
+    for (int b = 0; b < tr->L; b++) {
+        zn_block *bl = &tr->blocks[b];
+        bl->off = off;
+        bl->n = md->block_params[b];
+        if (!bl->n)
+            return zn_set_error(ZN_ECONFIG, "train: block %d has no parameters", b);
+        off += bl->n;
+        if (bl->n > tr->largest_block)
+            tr->largest_block = bl->n;
+        bl->persistent = tr->popt == ZN_OFFLOAD_NONE || bl->n < thresh;
+        if (bl->persistent) {
+            bl->home = ZN_PHOME_DEVICE;
+        } else if (tr->popt == ZN_OFFLOAD_CPU) {
+            bl->home = ZN_PHOME_CPU;
+        } else if (in_cpu + bl->n <= (uint64_t)cfg->zero.offload_param.max_in_cpu) {
+            bl->home = ZN_PHOME_CPU;
+            in_cpu += bl->n;
+        } else {
+            bl->home = ZN_PHOME_NVME;
+        }
+        if (bl->home != ZN_PHOME_DEVICE && bl->n > tr->largest_ring_block)
+            tr->largest_ring_block = bl->n;
+    }
+    tr->P = off;
+
+    /* Optimizer units. With states on NVMe, the staging pool is the plan's
+     * buffer_count x sub_group fp32 buffers; a unit in flight needs four
+     * (master, m, v, grads), and at least two units must be in flight for
+     * reads, Adam and writes to overlap, so the unit may be smaller than the
+     * sub-group. Adam is element-wise: the unit size never changes results. */
+    uint64_t sg = tr->plan.sub_group ? tr->plan.sub_group : tr->P;
+    if (sg > tr->P)
+        sg = tr->P;
+    tr->U = sg;
+    tr->n_oslots = 1;
+    if (tr->oopt == ZN_OFFLOAD_NVME) {
+        int64_t bc = cfg->zero.offload_optimizer.buffer_count;
+        int S = (int)(bc / 4);
+        if (S < 2)
+            S = 2;
+        if (S > 16)
+            S = 16;
+        uint64_t pool = (uint64_t)bc * sg;
+        uint64_t U = pool / (4 * (uint64_t)S);
+        U = U / 1024 * 1024;
+        if (U < 1024)
+            U = 1024;
+        if (U > sg)
+            U = sg;
+        tr->U = U;
+        tr->n_oslots = S;
+    }
+    tr->n_units = (int)((tr->P + tr->U - 1) / tr->U);
+    tr->units = calloc((size_t)tr->n_units, sizeof *tr->units);
+    if (!tr->units)
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    for (int u = 0; u < tr->n_units; u++) {
+        tr->units[u].off = (uint64_t)u * tr->U;
+        tr->units[u].n = tr->U;
+        if (tr->units[u].off + tr->U > tr->P)
+            tr->units[u].n = tr->P - tr->units[u].off;
+        tr->units[u].master_id = tr->units[u].m_id = tr->units[u].v_id = -1;
+    }
+    /* Pieces: blocks x units, in flat order. */
+    int cap = tr->L + tr->n_units;
+    tr->pieces = calloc((size_t)cap, sizeof *tr->pieces);
+    if (!tr->pieces)
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    int b = 0, u = 0, n = 0;
+    uint64_t pos = 0;
+    while (pos < tr->P) {
+        zn_block *bl = &tr->blocks[b];
+        zn_unit *un = &tr->units[u];
+        uint64_t end = bl->off + bl->n < un->off + un->n ? bl->off + bl->n : un->off + un->n;
+        zn_piece *p = &tr->pieces[n];
+        p->block = b;
+        p->unit = u;
+        p->start = pos;
+        p->n = end - pos;
+        p->grad_id = p->param_id = -1;
+        if (!bl->np)
+            bl->p0 = n;
+        bl->np++;
+        if (!un->np)
+            un->p0 = n;
+        un->np++;
+        n++;
+        pos = end;
+        if (pos == bl->off + bl->n)
+            b++;
+        if (pos == un->off + un->n)
+            u++;
+    }
+    tr->n_pieces = n;
+    for (int i = 0; i < tr->L; i++)
+        if (tr->blocks[i].np > tr->max_block_pieces)
+            tr->max_block_pieces = tr->blocks[i].np;
+    for (int i = 0; i < tr->n_units; i++)
+        if (tr->units[i].np > tr->max_unit_pieces)
+            tr->max_unit_pieces = tr->units[i].np;
+    return 0;
+}
+
+/* Bytes of swap space the NVMe-resident state needs, with each extent
+ * rounded to the engine's block (extents of a block or more are striped). */
+static uint64_t nvme_bytes_needed(zn_trainer *tr)
+{
+    uint64_t bs = (uint64_t)tr->cfg.aio.block_size, need = 0;
+    if (tr->oopt == ZN_OFFLOAD_NVME) {
+        for (int u = 0; u < tr->n_units; u++)
+            need += 3 * round_up(tr->units[u].n * 4, bs);
+        for (int k = 0; k < tr->n_pieces; k++)
+            need += round_up(tr->pieces[k].n * 4, bs);
+    }
+    for (int k = 0; k < tr->n_pieces; k++)
+        if (tr->blocks[tr->pieces[k].block].home == ZN_PHOME_NVME)
+            need += round_up(tr->pieces[k].n * tr->pbytes, bs);
+    if (need)
+        need += 2 * bs * (uint64_t)(tr->cfg.tiers.n_nvme > 0 ? tr->cfg.tiers.n_nvme : 1);
+    return need;
+}
+
+#define TRY(x)              \
+    do {                    \
+        rc = (x);           \
+        if (rc)             \
+            goto fail;      \
+    } while (0)
+
+static int alloc_ptr(zn_trainer *tr, zn_tier tier, zn_state_class cls, uint64_t bytes,
+                     const char *name, void **out)
+{
+    int id, rc = zn_tier_alloc(&tr->tm, tier, cls, bytes, name, &id);
+    if (rc)
+        return rc;
+    *out = zn_tier_get(&tr->tm, id)->ptr;
+    zn_tier_set_valid(&tr->tm, id, tier, true);
+    return 0;
+}
+
+static int alloc_ext(zn_trainer *tr, zn_state_class cls, uint64_t bytes, const char *name,
+                     int *id)
+{
+    return zn_tier_alloc(&tr->tm, ZN_TIER_NVME, cls, bytes, name, id);
+}
+
+static int allocate(zn_trainer *tr)
+{
+    int rc = 0;
+    char name[64];
+    const zn_config *cfg = &tr->cfg;
+    zn_tier gpu = ZN_TIER_GPU, cpu = ZN_TIER_CPU;
+    size_t act = tr->model->act_bytes;
+
+    /* device: resident params, activations, grads, batch */
+    for (int b = 0; b < tr->L; b++) {
+        zn_block *bl = &tr->blocks[b];
+        snprintf(name, sizeof name, "params b%d", b);
+        if (bl->home == ZN_PHOME_DEVICE)
+            TRY(alloc_ptr(tr, gpu, ZN_STATE_PARAMS, bl->n * tr->pbytes, name, &bl->dev_params));
+    }
+    tr->ckpt = calloc((size_t)tr->L, sizeof *tr->ckpt);
+    if (!tr->ckpt)
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    for (int b = 1; b < tr->L; b++) {
+        snprintf(name, sizeof name, "activation ckpt b%d", b);
+        TRY(alloc_ptr(tr, gpu, ZN_STATE_ACT_CKPT, act, name, &tr->ckpt[b]));
+    }
+    for (int i = 0; i < 2; i++) {
+        TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, act, "activation grad", &tr->dact[i]));
+        TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_block * 4, "block grads",
+                      &tr->gdev[i]));
+    }
+
+    /* optimizer states in memory */
+    if (tr->oopt != ZN_OFFLOAD_NVME) {
+        zn_tier t = tr->oopt == ZN_OFFLOAD_NONE ? gpu : cpu;
+        TRY(alloc_ptr(tr, t, ZN_STATE_MASTER, tr->P * 4, "master (fp32)", (void **)&tr->master));
+        TRY(alloc_ptr(tr, t, ZN_STATE_ADAM_M, tr->P * 4, "adam m", (void **)&tr->mom));
+        TRY(alloc_ptr(tr, t, ZN_STATE_ADAM_V, tr->P * 4, "adam v", (void **)&tr->var));
+        TRY(alloc_ptr(tr, t, ZN_STATE_GRADS, tr->P * 4, "grads (fp32)", (void **)&tr->gacc));
+        if (tr->pdt != ZN_DTYPE_F32)
+            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes, "param update staging",
+                          &tr->pout_flat));
+    }
+
+    /* model scratch */
+    if (tr->model->prepare)
+        TRY(tr->model->prepare(tr->model->ctx, tr->dev, tr->s_comp, tr->pdt));
+
+    /* pinned: params homed on the CPU, staging */
+    for (int b = 0; b < tr->L; b++) {
+        zn_block *bl = &tr->blocks[b];
+        snprintf(name, sizeof name, "params b%d", b);
+        if (bl->home == ZN_PHOME_CPU)
+            TRY(alloc_ptr(tr, cpu, ZN_STATE_PARAMS, bl->n * tr->pbytes, name, &bl->cpu_params));
+    }
+    for (int i = 0; i < 2; i++)
+        TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_block * 4, "grad staging",
+                      (void **)&tr->gstage[i]));
+    uint64_t largest_nvme = 0;
+    for (int b = 0; b < tr->L; b++)
+        if (tr->blocks[b].home == ZN_PHOME_NVME && tr->blocks[b].n > largest_nvme)
+            largest_nvme = tr->blocks[b].n;
+    if (largest_nvme) {
+        int64_t bc = cfg->zero.offload_param.buffer_count;
+        tr->n_pstage = (int)(bc < 2 ? 2 : bc > 64 ? 64 : bc);
+        for (int i = 0; i < tr->n_pstage; i++)
+            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_nvme * tr->pbytes, "param staging",
+                          &tr->pstage[i]));
+    }
+    if (tr->oopt == ZN_OFFLOAD_NVME) {
+        for (int s = 0; s < tr->n_oslots; s++) {
+            zn_opt_slot *sl = &tr->oslot[s];
+            void *buf;
+            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * 16, "optimizer staging", &buf));
+            sl->master = buf;
+            sl->m = sl->master + tr->U;
+            sl->v = sl->m + tr->U;
+            sl->grad = sl->v + tr->U;
+            if (tr->pdt != ZN_DTYPE_F32)
+                TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes,
+                              "param update staging", &sl->pout));
+        }
+        if (cfg->gradient_accumulation_steps > 1)
+            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_block * 4, "grad readback",
+                          (void **)&tr->gtmp));
+    }
+
+    /* NVMe extents */
+    uint64_t need = nvme_bytes_needed(tr);
+    if (need) {
+        uint64_t bytes = need < tr->tm.budget[ZN_TIER_NVME] ? need : tr->tm.budget[ZN_TIER_NVME];
+        TRY(zn_tier_open_nvme(&tr->tm, cfg, bytes, tr->fault_hook, tr->fault_user));
+        if (tr->oopt == ZN_OFFLOAD_NVME) {
+            for (int u = 0; u < tr->n_units; u++) {
+                zn_unit *un = &tr->units[u];
+                snprintf(name, sizeof name, "master u%d", u);
+                TRY(alloc_ext(tr, ZN_STATE_MASTER, un->n * 4, name, &un->master_id));
+                snprintf(name, sizeof name, "adam m u%d", u);
+                TRY(alloc_ext(tr, ZN_STATE_ADAM_M, un->n * 4, name, &un->m_id));
+                snprintf(name, sizeof name, "adam v u%d", u);
+                TRY(alloc_ext(tr, ZN_STATE_ADAM_V, un->n * 4, name, &un->v_id));
+            }
+            for (int k = 0; k < tr->n_pieces; k++) {
+                zn_piece *p = &tr->pieces[k];
+                snprintf(name, sizeof name, "grads b%d u%d", p->block, p->unit);
+                TRY(alloc_ext(tr, ZN_STATE_GRADS, p->n * 4, name, &p->grad_id));
+            }
+        }
+        for (int k = 0; k < tr->n_pieces; k++) {
+            zn_piece *p = &tr->pieces[k];
+            if (tr->blocks[p->block].home != ZN_PHOME_NVME)
+                continue;
+            snprintf(name, sizeof name, "params b%d u%d", p->block, p->unit);
+            TRY(alloc_ext(tr, ZN_STATE_PARAMS, p->n * tr->pbytes, name, &p->param_id));
+        }
+    }
+
+    /* the ring of device parameter slots, last: it takes what is left */
+    if (tr->largest_ring_block) {
+        uint64_t slot_bytes = round_up(tr->largest_ring_block * tr->pbytes, ZN_DEV_ALIGN);
+        uint64_t want = tr->plan.live_window / tr->largest_ring_block;
+        if (want < 2)
+            want = 2;
+        zn_dev_mem dm;
+        zn_dev_mem_stats(tr->dev, &dm);
+        uint64_t fit = dm.largest_free / slot_bytes;
+        int ring_blocks = 0;
+        for (int b = 0; b < tr->L; b++)
+            ring_blocks += tr->blocks[b].home != ZN_PHOME_DEVICE;
+        if (want > (uint64_t)ring_blocks)
+            want = ring_blocks < 2 ? 2 : (uint64_t)ring_blocks;
+        if (want > fit)
+            want = fit;
+        if (want > 64)
+            want = 64;
+        if (want < 2) {
+            char b1[32], b2[32];
+            return zn_set_error(ZN_EBUDGET, "gpu tier: two parameter slots of %s do not fit "
+                                "(largest free block %s after activations and buffers): raise "
+                                "tiers.gpu or lower train_micro_batch_size_per_gpu",
+                                zn_format_size(slot_bytes, b1, sizeof b1),
+                                zn_format_size(dm.largest_free, b2, sizeof b2));
+        }
+        tr->nslots = (int)want;
+        tr->slot = calloc((size_t)tr->nslots, sizeof *tr->slot);
+        tr->slot_block = calloc((size_t)tr->nslots, sizeof *tr->slot_block);
+        if (!tr->slot || !tr->slot_block)
+            return zn_set_error(-ENOMEM, "train: out of memory");
+        for (int s = 0; s < tr->nslots; s++) {
+            snprintf(name, sizeof name, "param slot %d", s);
+            TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_ring_block * tr->pbytes, name,
+                          &tr->slot[s]));
+            tr->slot_block[s] = -1;
+        }
+    }
+    return 0;
+fail:
+    return rc;
+}
+
+/* Writes the initial parameters and optimizer states to their homes. */
+static int initialise(zn_trainer *tr)
+{
+    int rc = 0;
+    const zn_train_model *md = tr->model;
+    float *vals = malloc(tr->largest_block * sizeof *vals);
+    void *conv = malloc(tr->largest_block * tr->pbytes);
+    int cur = -1;
+    if (!vals || !conv) {
+        rc = zn_set_error(-ENOMEM, "train: out of memory");
+        goto out;
+    }
+    /* working params, block by block */
+    for (int b = 0; b < tr->L && !rc; b++) {
+        zn_block *bl = &tr->blocks[b];
+        if ((rc = md->init_params(md->ctx, b, vals, bl->n)))
+            goto out;
+        cur = b;
+        if ((rc = zn_convert(conv, tr->pdt, vals, ZN_DTYPE_F32, bl->n)))
+            goto out;
+        size_t bytes = bl->n * tr->pbytes;
+        if (bl->home == ZN_PHOME_DEVICE) {
+            rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d, bl->dev_params, conv, bytes);
+            if (!rc)
+                rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
+        } else if (bl->home == ZN_PHOME_CPU) {
+            memcpy(bl->cpu_params, conv, bytes);
+        } else {
+            memcpy(tr->pstage[0], conv, bytes);
+            for (int k = 0; k < bl->np && !rc; k++) {
+                zn_piece *p = &tr->pieces[bl->p0 + k];
+                zn_io_req r;
+                rc = zn_ioq_submit(&tr->wq, &r, 1, &zn_tier_get(&tr->tm, p->param_id)->ext,
+                                   (char *)tr->pstage[0] + (p->start - bl->off) * tr->pbytes,
+                                   p->n * tr->pbytes, "initial params");
+                int r2 = zn_ioq_wait(&tr->wq, &r);
+                if (!rc)
+                    rc = r2;
+            }
+        }
+    }
+    if (rc)
+        goto out;
+    /* master (fp32), m = v = 0 */
+    if (tr->oopt != ZN_OFFLOAD_NVME) {
+        for (int b = 0; b < tr->L && !rc; b++) {
+            zn_block *bl = &tr->blocks[b];
+            if (cur != b && (rc = md->init_params(md->ctx, b, vals, bl->n)))
+                goto out;
+            cur = b;
+            memcpy(tr->master + bl->off, vals, bl->n * 4);
+        }
+        memset(tr->mom, 0, tr->P * 4);
+        memset(tr->var, 0, tr->P * 4);
+        memset(tr->gacc, 0, tr->P * 4);
+    } else {
+        zn_opt_slot *s = &tr->oslot[0];
+        for (int u = 0; u < tr->n_units && !rc; u++) {
+            zn_unit *un = &tr->units[u];
+            for (int k = 0; k < un->np; k++) {
+                zn_piece *p = &tr->pieces[un->p0 + k];
+                zn_block *bl = &tr->blocks[p->block];
+                if (cur != p->block && (rc = md->init_params(md->ctx, p->block, vals, bl->n)))
+                    goto out;
+                cur = p->block;
+                memcpy(s->master + (p->start - un->off), vals + (p->start - bl->off), p->n * 4);
+            }
+            memset(s->m, 0, un->n * 4);
+            memset(s->v, 0, un->n * 4);
+            float *src[3] = { s->master, s->m, s->v };
+            int ids[3] = { un->master_id, un->m_id, un->v_id };
+            for (int i = 0; i < 3 && !rc; i++) {
+                zn_io_req r;
+                rc = zn_ioq_submit(&tr->wq, &r, 1, &zn_tier_get(&tr->tm, ids[i])->ext, src[i],
+                                   un->n * 4, "initial optimizer state");
+                int r2 = zn_ioq_wait(&tr->wq, &r);
+                if (!rc)
+                    rc = r2;
+                if (!rc)
+                    zn_tier_set_valid(&tr->tm, ids[i], ZN_TIER_NVME, true);
+            }
+        }
+    }
+out:
+    free(vals);
+    free(conv);
+    return rc;
+}
+
+static int make_event(zn_trainer *tr, zn_event **e)
+{
+    return zn_dev_event_create(tr->dev, e);
+}
+
+static int pick_device(const zn_config *cfg, const zn_train_options *o, const char **name)
+{
+    *name = o->device ? o->device : cfg->train.device[0] ? cfg->train.device : "auto";
+    return 0;
+}
+
+int zn_train_create(zn_trainer **out, const zn_train_options *o)
+{
+    *out = NULL;
+    if (!o || !o->cfg || !o->model || !o->plan_in || o->model->n_blocks < 1 ||
+        !o->model->block_params || !o->model->forward || !o->model->backward ||
+        !o->model->init_params || !o->model->set_batch || !o->model->read_loss)
+        return zn_set_error(ZN_EARG, "train: incomplete options (config, model, plan input)");
+    const zn_config *cfg = o->cfg;
+    const char *devname;
+    pick_device(cfg, o, &devname);
+    bool maybe_cuda = ZN_HAVE_CUDA && strcmp(devname, "host") != 0;
+    bool half = cfg->bf16 || cfg->fp16.enabled;
+
+    /* Plan first: an infeasible config stops here, before any allocation. */
+    zn_plan_input in = *o->plan_in;
+    in.param_bytes = maybe_cuda && half ? 2 : 4;
+    zn_plan plan;
+    int rc = zn_plan_compute(&plan, cfg, &in, &o->budgets);
+    if (rc == ZN_ENOFIT)
+        return zn_set_error(ZN_ENOFIT, "does not fit: %s", plan.why);
+    if (rc)
+        return rc;
+
+    zn_trainer *tr = calloc(1, sizeof *tr);
+    if (!tr)
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    tr->cfg = *cfg;
+    tr->model = o->model;
+    tr->plan = plan;
+    tr->fault_hook = o->fault_hook;
+    tr->fault_user = o->fault_user;
+    pthread_mutex_init(&tr->elock, NULL);
+    tr->popt = cfg->zero.offload_param.device;
+    tr->oopt = cfg->zero.offload_optimizer.device;
+    if (cfg->zero.stage < 3 && tr->popt != ZN_OFFLOAD_NONE) {
+        rc = zn_set_error(ZN_ECONFIG, "%s: zero_optimization.offload_param needs stage 3 "
+                          "(stage is %d)", cfg->source, cfg->zero.stage);
+        goto fail;
+    }
+    tr->threads = o->threads ? o->threads : (int)cfg->train.threads;
+    TRY(zn_trace_create(&tr->trace, o->record_trace, 0));
+    for (int r = 0; r < ZN_RES_COUNT; r++) {
+        tr->track[r] = zn_trace_add_track(tr->trace, res_names[r]);
+        if (tr->track[r] < 0)
+            TRY(tr->track[r]);
+    }
+
+    zn_dev_config dc = zn_dev_config_default();
+    dc.name = devname;
+    dc.gpu_budget = o->budgets.bytes[ZN_TIER_GPU];
+    dc.cpu_budget = o->budgets.bytes[ZN_TIER_CPU];
+    TRY(zn_dev_create(&tr->dev, &dc));
+    bool cuda = zn_dev_get_kind(tr->dev) == ZN_DEV_CUDA;
+    if (cuda && cfg->fp16.enabled) {
+        rc = zn_set_error(ZN_EUNSUPPORTED, "%s: fp16 compute is not implemented on CUDA; use "
+                          "\"bf16\": {\"enabled\": true}", cfg->source);
+        goto fail;
+    }
+    if (cuda && tr->oopt == ZN_OFFLOAD_NONE) {
+        rc = zn_set_error(ZN_EUNSUPPORTED, "%s: the optimizer step runs on the CPU Adam only (no "
+                          "GPU Adam yet): set zero_optimization.offload_optimizer.device=cpu "
+                          "(or nvme)", cfg->source);
+        goto fail;
+    }
+    tr->pdt = cuda && cfg->bf16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+    tr->pbytes = zn_dtype_size(tr->pdt);
+    if ((int)tr->pbytes != in.param_bytes) {
+        /* auto fell back to the host backend: re-plan with fp32 params */
+        in.param_bytes = (int)tr->pbytes;
+        rc = zn_plan_compute(&tr->plan, cfg, &in, &o->budgets);
+        if (rc == ZN_ENOFIT) {
+            rc = zn_set_error(ZN_ENOFIT, "does not fit: %s", tr->plan.why);
+            goto fail;
+        }
+        if (rc)
+            goto fail;
+    }
+    TRY(zn_tier_init(&tr->tm, tr->dev, &o->budgets));
+    TRY(zn_dev_stream_create(tr->dev, "compute", &tr->s_comp));
+    TRY(zn_dev_stream_create(tr->dev, "h2d", &tr->s_h2d));
+    TRY(zn_dev_stream_create(tr->dev, "d2h", &tr->s_d2h));
+
+    TRY(build_layout(tr));
+    TRY(allocate(tr));
+    if (tr->tm.aio) {
+        TRY(zn_ioq_start(&tr->rq, tr->tm.aio, tr->trace, tr->track[ZN_RES_NVME_READ],
+                         &tr->tm.nvme_read));
+        TRY(zn_ioq_start(&tr->wq, tr->tm.aio, tr->trace, tr->track[ZN_RES_NVME_WRITE],
+                         &tr->tm.nvme_write));
+    }
+
+    /* requests and events */
+    for (int s = 0; s < 16; s++) {
+        zn_opt_slot *sl = &tr->oslot[s];
+        sl->unit = -1;
+        for (int i = 0; i < 3; i++) {
+            atomic_store(&sl->rd[i].done, 1);
+            atomic_store(&sl->wr[i].done, 1);
+        }
+        if (s >= tr->n_oslots)
+            continue;
+        sl->grd = calloc((size_t)tr->max_unit_pieces, sizeof *sl->grd);
+        sl->pwr = calloc((size_t)tr->max_unit_pieces, sizeof *sl->pwr);
+        if (!sl->grd || !sl->pwr) {
+            rc = zn_set_error(-ENOMEM, "train: out of memory");
+            goto fail;
+        }
+        TRY(make_event(tr, &sl->h2d_done));
+    }
+    if (tr->n_pstage) {
+        tr->pstage_req = calloc((size_t)tr->n_pstage * (size_t)tr->max_block_pieces,
+                                sizeof *tr->pstage_req);
+        if (!tr->pstage_req) {
+            rc = zn_set_error(-ENOMEM, "train: out of memory");
+            goto fail;
+        }
+        for (int i = 0; i < tr->n_pstage; i++)
+            TRY(make_event(tr, &tr->ev_pstage_free[i]));
+    }
+    if (tr->nslots) {
+        tr->ev_ready = calloc((size_t)tr->nslots, sizeof *tr->ev_ready);
+        tr->ev_consumed = calloc((size_t)tr->nslots, sizeof *tr->ev_consumed);
+        if (!tr->ev_ready || !tr->ev_consumed) {
+            rc = zn_set_error(-ENOMEM, "train: out of memory");
+            goto fail;
+        }
+        for (int s = 0; s < tr->nslots; s++) {
+            TRY(make_event(tr, &tr->ev_ready[s]));
+            TRY(make_event(tr, &tr->ev_consumed[s]));
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        TRY(make_event(tr, &tr->ev_gready[i]));
+        TRY(make_event(tr, &tr->ev_gfree[i]));
+    }
+
+    TRY(initialise(tr));
+    TRY(zn_optsched_init(tr));
+    zn_loss_scaler_init(&tr->scaler, &cfg->fp16);
+    *out = tr;
+    return 0;
+fail:
+    {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", zn_last_error());
+        zn_train_destroy(tr);
+        return zn_set_error(rc, "%s", msg);
+    }
+}
+
+void zn_train_destroy(zn_trainer *tr)
+{
+    if (!tr)
+        return;
+    zn_optsched_fini(tr);
+    if (tr->dev)
+        zn_dev_sync(tr->dev);
+    zn_ioq_stop(&tr->rq);
+    zn_ioq_stop(&tr->wq);
+    if (tr->dev) {
+        for (int s = 0; s < tr->nslots; s++) {
+            if (tr->ev_ready)
+                zn_dev_event_destroy(tr->dev, tr->ev_ready[s]);
+            if (tr->ev_consumed)
+                zn_dev_event_destroy(tr->dev, tr->ev_consumed[s]);
+        }
+        for (int i = 0; i < 2; i++) {
+            zn_dev_event_destroy(tr->dev, tr->ev_gready[i]);
+            zn_dev_event_destroy(tr->dev, tr->ev_gfree[i]);
+        }
+        for (int i = 0; i < tr->n_pstage; i++)
+            zn_dev_event_destroy(tr->dev, tr->ev_pstage_free[i]);
+        for (int s = 0; s < 16; s++)
+            zn_dev_event_destroy(tr->dev, tr->oslot[s].h2d_done);
+        if (tr->model && tr->model->release)
+            tr->model->release(tr->model->ctx, tr->dev);
+        zn_dev_stream_destroy(tr->dev, tr->s_comp);
+        zn_dev_stream_destroy(tr->dev, tr->s_h2d);
+        zn_dev_stream_destroy(tr->dev, tr->s_d2h);
+        zn_tier_fini(&tr->tm);
+        zn_dev_destroy(tr->dev);
+    }
+    for (int s = 0; s < 16; s++) {
+        free(tr->oslot[s].grd);
+        free(tr->oslot[s].pwr);
+    }
+    free(tr->ev_ready);
+    free(tr->ev_consumed);
+    free(tr->pstage_req);
+    free(tr->slot);
+    free(tr->slot_block);
+    free(tr->ckpt);
+    free(tr->blocks);
+    free(tr->units);
+    free(tr->pieces);
+    free(tr->accum_args);
+    free(tr->marks);
+    zn_trace_destroy(tr->trace);
+    pthread_mutex_destroy(&tr->elock);
+    free(tr);
+}
+
+/* ---- the step ------------------------------------------------------------------*/
+typedef struct {
+    int block;
+    int first_use, last_use;
+} fetch_ent;
+
+/* Host function on the H2D stream: the NVMe reads of a block into staging
+ * must be complete before the copy that follows it. */
+static void pread_wait_fn(void *arg)
+{
+    zn_pread_arg *a = arg;
+    zn_trainer *tr = a->tr;
+    for (int k = 0; k < a->np; k++) {
+        zn_io_req *r = &tr->pstage_req[a->t * tr->max_block_pieces + k];
+        int rc = zn_ioq_wait(&tr->rq, r);
+        if (rc)
+            zn_train_fail(tr, rc, "fetching params of block %d: %s", a->block, zn_last_error());
+    }
+}
+
+static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
+{
+    zn_block *bl = &tr->blocks[block];
+    zn_dev *d = tr->dev;
+    size_t bytes = bl->n * tr->pbytes;
+    char name[ZN_TRACE_NAME_LEN];
+    int rc;
+    if ((rc = zn_dev_stream_wait_event(d, tr->s_h2d, tr->ev_consumed[slot])))
+        return rc;
+    const void *src = bl->cpu_params;
+    int t = -1;
+    if (bl->home == ZN_PHOME_NVME) {
+        t = (int)(*nvme_fetches % (uint64_t)tr->n_pstage);
+        (*nvme_fetches)++;
+        /* the staging buffer's previous copy must be done before it is refilled */
+        if ((rc = zn_dev_event_sync(d, tr->ev_pstage_free[t])))
+            return rc;
+        for (int k = 0; k < bl->np; k++) {
+            zn_piece *p = &tr->pieces[bl->p0 + k];
+            zn_io_req *r = &tr->pstage_req[t * tr->max_block_pieces + k];
+            snprintf(name, sizeof name, "params b%d", block);
+            rc = zn_ioq_submit(&tr->rq, r, 0, &zn_tier_get(&tr->tm, p->param_id)->ext,
+                               (char *)tr->pstage[t] + (p->start - bl->off) * tr->pbytes,
+                               p->n * tr->pbytes, name);
+            if (rc) {
+                for (int j = 0; j <= k; j++)
+                    zn_ioq_wait(&tr->rq, &tr->pstage_req[t * tr->max_block_pieces + j]);
+                return zn_ioq_wait(&tr->rq, r);
+            }
+        }
+        zn_pread_arg *a = &tr->pstage_arg[t];
+        a->tr = tr;
+        a->t = t;
+        a->block = block;
+        a->np = bl->np;
+        if ((rc = zn_dev_launch_host_fn(d, tr->s_h2d, pread_wait_fn, a)))
+            return rc;
+        src = tr->pstage[t];
+    }
+    snprintf(name, sizeof name, "h2d b%d", block);
+    zn_mark *mk = zn_train_mark_begin(tr, tr->s_h2d, ZN_RES_H2D, name);
+    if ((rc = zn_dev_copy_h2d(d, tr->s_h2d, tr->slot[slot], src, bytes)))
+        return rc;
+    zn_train_mark_end(tr, tr->s_h2d, mk);
+    atomic_fetch_add(&tr->tm.h2d, bytes);
+    if (t >= 0 && (rc = zn_dev_event_record(d, tr->ev_pstage_free[t], tr->s_h2d)))
+        return rc;
+    if ((rc = zn_dev_event_record(d, tr->ev_ready[slot], tr->s_h2d)))
+        return rc;
+    tr->slot_block[slot] = block;
+    return 0;
+}
+
+/* Host function on the D2H stream after a block's grads reached pinned
+ * staging: accumulate into the fp32 accumulators (memory or NVMe pieces);
+ * after the last micro-batch, the block's sum of squares and its units'
+ * readiness. */
+static void accum_fn(void *arg)
+{
+    zn_accum_arg *a = arg;
+    zn_trainer *tr = a->tr;
+    if (atomic_load(&tr->err))
+        return;
+    uint64_t t0 = zn_now_ns();
+    zn_block *bl = &tr->blocks[a->block];
+    float *src = tr->gstage[a->gbuf];
+    bool last = a->mb == tr->cfg.gradient_accumulation_steps - 1;
+    int rc = 0;
+    zn_io_req wr[8], *w = wr;
+    int np = bl->np;
+    if (tr->oopt == ZN_OFFLOAD_NVME && np > 8) {
+        w = calloc((size_t)np, sizeof *w);
+        if (!w) {
+            zn_train_fail(tr, -ENOMEM, "grad accumulation: out of memory");
+            return;
+        }
+    }
+    for (int k = 0; k < np && !rc; k++) {
+        zn_piece *p = &tr->pieces[bl->p0 + k];
+        float *g = src + (p->start - bl->off);
+        if (tr->oopt != ZN_OFFLOAD_NVME) {
+            float *dst = tr->gacc + p->start;
+            if (a->mb == 0)
+                memcpy(dst, g, p->n * 4);
+            else
+                for (uint64_t i = 0; i < p->n; i++)
+                    dst[i] += g[i];
+            continue;
+        }
+        zn_extent *e = &zn_tier_get(&tr->tm, p->grad_id)->ext;
+        char what[48];
+        snprintf(what, sizeof what, "grads b%d u%d", p->block, p->unit);
+        if (a->mb > 0) {
+            zn_io_req r;
+            float *tmp = tr->gtmp + (p->start - bl->off);
+            rc = zn_ioq_submit(&tr->rq, &r, 0, e, tmp, p->n * 4, what);
+            int r2 = zn_ioq_wait(&tr->rq, &r);
+            if (!rc)
+                rc = r2;
+            if (rc)
+                break;
+            for (uint64_t i = 0; i < p->n; i++)
+                g[i] = tmp[i] + g[i];
+        }
+        rc = zn_ioq_submit(&tr->wq, &w[k], 1, e, g, p->n * 4, what);
+        if (rc) {
+            rc = zn_ioq_wait(&tr->wq, &w[k]);
+            for (int j = 0; j < k; j++)
+                zn_ioq_wait(&tr->wq, &w[j]);
+            break;
+        }
+        if (k == np - 1) {
+            for (int j = 0; j <= k; j++) {
+                int r2 = zn_ioq_wait(&tr->wq, &w[j]);
+                if (!rc)
+                    rc = r2;
+            }
+        }
+    }
+    if (w != wr)
+        free(w);
+    if (rc) {
+        zn_train_fail(tr, rc, "gradients of block %d: %s", a->block, zn_last_error());
+        return;
+    }
+    if (last) {
+        zn_grad_span sp = { tr->oopt != ZN_OFFLOAD_NVME ? (const void *)(tr->gacc + bl->off)
+                                                         : (const void *)src,
+                            bl->n, ZN_DTYPE_F32 };
+        double sq = 0;
+        int nonfinite = 0;
+        rc = zn_grad_norm_sq(&sp, 1, tr->threads, &sq, &nonfinite);
+        if (rc) {
+            zn_train_fail(tr, rc, "grad norm of block %d: %s", a->block, zn_last_error());
+            return;
+        }
+        bl->grad_sq = sq;
+        bl->grad_nonfinite = nonfinite;
+        for (int k = 0; k < np; k++)
+            atomic_fetch_add(&tr->units[tr->pieces[bl->p0 + k].unit].pieces_done, 1);
+        zn_optsched_notify(tr);
+    }
+    char name[ZN_TRACE_NAME_LEN];
+    snprintf(name, sizeof name, "accum b%d", a->block);
+    zn_trace_span(tr->trace, tr->track[ZN_RES_D2H], name, t0, zn_now_ns());
+}
+
+static int ensure_capacity(zn_trainer *tr, int A)
+{
+    int need_args = A * tr->L;
+    if (tr->n_accum_args < need_args) {
+        free(tr->accum_args);
+        tr->accum_args = calloc((size_t)need_args, sizeof *tr->accum_args);
+        if (!tr->accum_args)
+            return zn_set_error(-ENOMEM, "train: out of memory");
+        tr->n_accum_args = need_args;
+    }
+    int need_marks = A * tr->L * 6 + 16;
+    if (tr->n_marks < need_marks) {
+        free(tr->marks);
+        tr->marks = calloc((size_t)need_marks, sizeof *tr->marks);
+        if (!tr->marks)
+            return zn_set_error(-ENOMEM, "train: out of memory");
+        tr->n_marks = need_marks;
+    }
+    return 0;
+}
+
+/* Issues every fetch whose slot's previous user (use index < next_use) has
+ * been queued. */
+static int issue_fetches(zn_trainer *tr, const fetch_ent *fe, int nfe, int *next_fetch,
+                         int next_use, uint64_t *nvme_fetches)
+{
+    while (*next_fetch < nfe &&
+           (*next_fetch < tr->nslots || fe[*next_fetch - tr->nslots].last_use < next_use)) {
+        int j = (*next_fetch)++;
+        int rc = fetch(tr, fe[j].block, j % tr->nslots, nvme_fetches);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* Queues one micro-batch's forward and backward. `fe` is the step's fetch
+ * list over ring blocks, *next_fetch the next entry to issue, *use the
+ * running use index. */
+static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
+                           int *next_fetch, int *use, const int *fetch_of_use,
+                           uint64_t *nvme_fetches)
+{
+    zn_dev *d = tr->dev;
+    const zn_train_model *md = tr->model;
+    int L = tr->L, rc;
+    char name[ZN_TRACE_NAME_LEN];
+
+    for (int k = 0; k < 2 * L; k++) {
+        bool bwd = k >= L;
+        int b = bwd ? 2 * L - 1 - k : k;
+        int i = (*use)++;
+        zn_block *bl = &tr->blocks[b];
+        if ((rc = issue_fetches(tr, fe, nfe, next_fetch, i, nvme_fetches)))
+            return rc;
+        void *params = bl->dev_params;
+        int f = fetch_of_use[i];
+        int slot = f >= 0 ? f % tr->nslots : -1;
+        if (slot >= 0) {
+            if ((rc = zn_dev_stream_wait_event(d, tr->s_comp, tr->ev_ready[slot])))
+                return rc;
+            params = tr->slot[slot];
+        }
+        const void *in = b > 0 ? tr->ckpt[b] : NULL;
+        snprintf(name, sizeof name, "%s b%d", bwd ? "bwd" : "fwd", b);
+        if (!bwd) {
+            zn_mark *mk = zn_train_mark_begin(tr, tr->s_comp, ZN_RES_COMPUTE, name);
+            void *o = b < L - 1 ? tr->ckpt[b + 1] : NULL;
+            if ((rc = md->forward(md->ctx, tr->s_comp, b, params, in, o)))
+                return zn_error_prefix(rc, "forward of block %d: ", b);
+            zn_train_mark_end(tr, tr->s_comp, mk);
+        } else {
+            int g = (L - 1 - b) & 1;
+            const void *dout = b < L - 1 ? tr->dact[(b + 1) & 1] : NULL;
+            void *din = b > 0 ? tr->dact[b & 1] : NULL;
+            if ((rc = zn_dev_stream_wait_event(d, tr->s_comp, tr->ev_gfree[g])) ||
+                (rc = zn_dev_memset(d, tr->s_comp, tr->gdev[g], 0, bl->n * 4)))
+                return rc;
+            zn_mark *mk = zn_train_mark_begin(tr, tr->s_comp, ZN_RES_COMPUTE, name);
+            if ((rc = md->backward(md->ctx, tr->s_comp, b, params, in, dout, din, tr->gdev[g])))
+                return zn_error_prefix(rc, "backward of block %d: ", b);
+            zn_train_mark_end(tr, tr->s_comp, mk);
+            if ((rc = zn_dev_event_record(d, tr->ev_gready[g], tr->s_comp)))
+                return rc;
+            /* grads: D2H into pinned staging, then accumulate */
+            if ((rc = zn_dev_stream_wait_event(d, tr->s_d2h, tr->ev_gready[g])))
+                return rc;
+            snprintf(name, sizeof name, "d2h b%d", b);
+            zn_mark *m2 = zn_train_mark_begin(tr, tr->s_d2h, ZN_RES_D2H, name);
+            if ((rc = zn_dev_copy_d2h(d, tr->s_d2h, tr->gstage[g], tr->gdev[g], bl->n * 4)))
+                return rc;
+            zn_train_mark_end(tr, tr->s_d2h, m2);
+            atomic_fetch_add(&tr->tm.d2h, bl->n * 4);
+            if ((rc = zn_dev_event_record(d, tr->ev_gfree[g], tr->s_d2h)))
+                return rc;
+            zn_accum_arg *aa = &tr->accum_args[mb * L + b];
+            aa->tr = tr;
+            aa->block = b;
+            aa->gbuf = g;
+            aa->mb = mb;
+            if ((rc = zn_dev_launch_host_fn(d, tr->s_d2h, accum_fn, aa)))
+                return rc;
+        }
+        if (slot >= 0 && fe[f].last_use == i &&
+            (rc = zn_dev_event_record(d, tr->ev_consumed[slot], tr->s_comp)))
+            return rc;
+        if (atomic_load(&tr->err))
+            return atomic_load(&tr->err);
+    }
+    /* the next micro-batch's fetches whose slots are now spoken for */
+    return issue_fetches(tr, fe, nfe, next_fetch, *use, nvme_fetches);
+}
+
+static int step_failed(zn_trainer *tr, int rc)
+{
+    zn_optsched_cancel(tr);
+    zn_dev_sync(tr->dev);
+    zn_optsched_wait(tr);
+    if (tr->tm.aio)
+        zn_aio_wait_all(tr->tm.aio);
+    tr->bad = true;
+    char msg[1024];
+    int e = atomic_load(&tr->err);
+    if (e) {
+        snprintf(msg, sizeof msg, "%s", tr->errmsg);
+        rc = e;
+    } else {
+        snprintf(msg, sizeof msg, "%s", zn_last_error());
+    }
+    return zn_set_error(rc, "step %lld failed; the training state is not valid: %s",
+                        (long long)tr->steps_run + 1, msg[0] ? msg : zn_strerror(rc));
+}
+
+int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
+                  zn_train_step_info *info)
+{
+    if (tr->bad)
+        return zn_set_error(ZN_ECORRUPT, "the trainer failed in an earlier step; its state "
+                            "is not valid");
+    const zn_config *cfg = &tr->cfg;
+    int L = tr->L, A = (int)cfg->gradient_accumulation_steps, rc;
+    if (A < 1)
+        A = 1;
+    int64_t B = cfg->train_micro_batch_size_per_gpu, T = cfg->data.seq_len;
+    uint64_t ntok = (uint64_t)(B * T);
+    uint64_t t_start = zn_now_ns();
+    if ((rc = ensure_capacity(tr, A)))
+        return rc;
+    tr->next_mark = 0;
+
+    bool clip = cfg->gradient_clipping > 0, fp16 = cfg->fp16.enabled;
+    double scale = tr->scaler.scale;
+    double lr = zn_lr_schedule(&cfg->scheduler, cfg->optimizer.lr, tr->step);
+    zn_adam_params hp = zn_adam_params_default();
+    hp.lr = (float)lr;
+    hp.beta1 = (float)cfg->optimizer.beta1;
+    hp.beta2 = (float)cfg->optimizer.beta2;
+    hp.eps = (float)cfg->optimizer.eps;
+    hp.weight_decay = (float)cfg->optimizer.weight_decay;
+    hp.adamw_mode = cfg->optimizer.type == ZN_OPT_ADAMW || cfg->optimizer.adam_w_mode;
+    hp.bias_correction = cfg->optimizer.bias_correction;
+    hp.step = tr->step + 1;
+    hp.threads = tr->threads;
+
+    for (int u = 0; u < tr->n_units; u++)
+        atomic_store(&tr->units[u].pieces_done, 0);
+    for (int b = 0; b < L; b++) {
+        tr->blocks[b].grad_sq = 0;
+        tr->blocks[b].grad_nonfinite = 0;
+    }
+    tr->all_ready = false;
+    tr->overlap_step = !clip && !fp16;
+    if (tr->overlap_step)
+        zn_optsched_begin(tr, &hp, (float)(1.0 / scale));
+
+    /* the step's fetch list: consecutive uses of one ring block share a fetch */
+    int nuse = A * 2 * L;
+    fetch_ent *fe = calloc((size_t)nuse, sizeof *fe);
+    int *fetch_of_use = malloc((size_t)nuse * sizeof *fetch_of_use);
+    if (!fe || !fetch_of_use) {
+        free(fe);
+        free(fetch_of_use);
+        return step_failed(tr, zn_set_error(-ENOMEM, "train: out of memory"));
+    }
+    int nfe = 0;
+    for (int i = 0; i < nuse; i++) {
+        int k = i % (2 * L);
+        int b = k >= L ? 2 * L - 1 - k : k;
+        fetch_of_use[i] = -1;
+        if (tr->blocks[b].home == ZN_PHOME_DEVICE)
+            continue;
+        if (nfe && fe[nfe - 1].block == b && fe[nfe - 1].last_use == i - 1) {
+            fe[nfe - 1].last_use = i;
+        } else {
+            fe[nfe].block = b;
+            fe[nfe].first_use = fe[nfe].last_use = i;
+            nfe++;
+        }
+        fetch_of_use[i] = nfe - 1;
+    }
+    int next_fetch = 0, use = 0;
+    uint64_t nvme_fetches = 0;
+    float loss_scale = (float)(scale / ((double)ntok * (double)A));
+    double loss_sum = 0;
+    rc = 0;
+    for (int mb = 0; mb < A && !rc; mb++) {
+        rc = tr->model->set_batch(tr->model->ctx, tr->s_comp, ids + (size_t)mb * ntok,
+                                  targets + (size_t)mb * ntok, B, T, loss_scale);
+        if (rc) {
+            rc = zn_error_prefix(rc, "micro-batch %d: ", mb);
+            break;
+        }
+        rc = run_micro_batch(tr, mb, fe, nfe, &next_fetch, &use, fetch_of_use, &nvme_fetches);
+        float l = 0;
+        if (!rc && !(rc = tr->model->read_loss(tr->model->ctx, tr->s_comp, &l)))
+            loss_sum += (double)l;
+    }
+    free(fe);
+    free(fetch_of_use);
+    if (!rc)
+        rc = zn_dev_stream_sync(tr->dev, tr->s_comp);
+    if (!rc)
+        rc = zn_dev_stream_sync(tr->dev, tr->s_d2h);
+    if (!rc)
+        rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
+    if (!rc && atomic_load(&tr->err))
+        rc = atomic_load(&tr->err);
+    if (rc)
+        return step_failed(tr, rc);
+
+    /* global norm from the blocks' sums, in block order (placement-independent) */
+    double sq = 0;
+    int nonfinite = 0;
+    for (int b = 0; b < L; b++) {
+        sq += tr->blocks[b].grad_sq;
+        nonfinite |= tr->blocks[b].grad_nonfinite;
+    }
+    double norm = sqrt(sq) / scale;
+    bool overflow = fp16 && (nonfinite || !isfinite(norm));
+    if (!tr->overlap_step && !overflow) {
+        double coef = 1.0;
+        if (clip && norm + 1e-6 > 0) {
+            double c = cfg->gradient_clipping / (norm + 1e-6);
+            if (c < 1.0)
+                coef = c;
+        }
+        tr->all_ready = true;
+        zn_optsched_begin(tr, &hp, (float)(coef / scale));
+    }
+    rc = zn_optsched_wait(tr);
+    if (!rc)
+        rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
+    if (!rc && atomic_load(&tr->err))
+        rc = atomic_load(&tr->err);
+    if (rc)
+        return step_failed(tr, rc);
+
+    if (fp16 && zn_loss_scaler_update(&tr->scaler, overflow)) {
+        tr->bad = true;
+        return zn_set_error(ZN_ECONFIG, "step %lld: gradient overflow with the loss scale "
+                            "already at fp16.min_loss_scale (%g): training diverged",
+                            (long long)tr->steps_run + 1, tr->scaler.min_scale);
+    }
+    if (!overflow)
+        tr->step++;
+    tr->steps_run++;
+    double secs = (double)(zn_now_ns() - t_start) * 1e-9;
+    tr->step_s += secs;
+    tr->tokens += ntok * (uint64_t)A;
+    tr->flops += tr->model->flops_per_token * (double)(ntok * (uint64_t)A);
+    if (info) {
+        info->step = tr->steps_run;
+        info->loss = loss_sum / scale;
+        info->lr = lr;
+        info->grad_norm = norm;
+        info->loss_scale = scale;
+        info->skipped = overflow;
+        info->seconds = secs;
+        info->tokens = ntok * (uint64_t)A;
+    }
+    return 0;
+}
+
+/* ---- reading state back ---------------------------------------------------------*/
+int zn_train_read_master(zn_trainer *tr, float *out, uint64_t n)
+{
+    if (tr->bad)
+        return zn_set_error(ZN_ECORRUPT, "the trainer failed in an earlier step; its weights "
+                            "are not valid");
+    if (n != tr->P)
+        return zn_set_error(ZN_EARG, "read_master: %llu elements asked, the model has %llu",
+                            (unsigned long long)n, (unsigned long long)tr->P);
+    if (tr->oopt != ZN_OFFLOAD_NVME) {
+        memcpy(out, tr->master, tr->P * 4);
+        return 0;
+    }
+    zn_opt_slot *s = &tr->oslot[0];
+    for (int u = 0; u < tr->n_units; u++) {
+        zn_unit *un = &tr->units[u];
+        zn_io_req r;
+        int rc = zn_ioq_submit(&tr->rq, &r, 0, &zn_tier_get(&tr->tm, un->master_id)->ext,
+                               s->master, un->n * 4, "master (read back)");
+        int r2 = zn_ioq_wait(&tr->rq, &r);
+        if (rc || r2)
+            return rc ? rc : r2;
+        memcpy(out + un->off, s->master, un->n * 4);
+    }
+    s->unit = -1;
+    return 0;
+}
+
+uint64_t zn_train_num_params(const zn_trainer *tr)
+{
+    return tr->P;
+}
+
+const zn_plan *zn_train_get_plan(const zn_trainer *tr)
+{
+    return &tr->plan;
+}
+
+zn_dev *zn_train_device(zn_trainer *tr)
+{
+    return tr->dev;
+}
+
+zn_aio *zn_train_aio(zn_trainer *tr)
+{
+    return tr->tm.aio;
+}
+
+/* ---- report ------------------------------------------------------------------------*/
+void zn_train_get_report(zn_trainer *tr, zn_train_report *r)
+{
+    memset(r, 0, sizeof *r);
+    for (int t = 0; t < ZN_TIER_COUNT; t++)
+        r->budget[t] = tr->tm.budget[t];
+    zn_tier_usage(&tr->tm, r->used, r->peak);
+    r->h2d_bytes = atomic_load(&tr->tm.h2d);
+    r->d2h_bytes = atomic_load(&tr->tm.d2h);
+    r->nvme_read_bytes = atomic_load(&tr->tm.nvme_read);
+    r->nvme_write_bytes = atomic_load(&tr->tm.nvme_write);
+    for (int i = 0; i < ZN_RES_COUNT; i++)
+        r->busy_s[i] = zn_trace_busy_s(tr->trace, tr->track[i]);
+    r->step_s = tr->step_s;
+    r->steps = tr->steps_run;
+    r->tokens = tr->tokens;
+    r->flops = tr->flops;
+    r->param_slots = tr->nslots;
+    for (int b = 0; b < tr->L; b++)
+        r->persistent_blocks += tr->blocks[b].home == ZN_PHOME_DEVICE;
+    r->opt_unit = tr->U;
+    r->opt_units = tr->n_units;
+    r->opt_inflight = tr->oopt == ZN_OFFLOAD_NVME ? tr->n_oslots : 1;
+    r->overlap_step = tr->overlap_step;
+    r->param_dtype = zn_dtype_name(tr->pdt);
+    zn_dev_info di;
+    zn_dev_get_info(tr->dev, &di);
+    static __thread char devname[128];
+    snprintf(devname, sizeof devname, "%s", di.name);
+    r->backend = devname;
+}
+
+void zn_train_reset_counters(zn_trainer *tr)
+{
+    zn_trace_reset_busy(tr->trace);
+    atomic_store(&tr->tm.h2d, 0);
+    atomic_store(&tr->tm.d2h, 0);
+    atomic_store(&tr->tm.nvme_read, 0);
+    atomic_store(&tr->tm.nvme_write, 0);
+    tr->step_s = 0;
+    tr->steps_run = 0;
+    tr->tokens = 0;
+    tr->flops = 0;
+}
+
+void zn_train_print_report(zn_trainer *tr, FILE *f)
+{
+    zn_train_report r;
+    zn_train_get_report(tr, &r);
+    char a[32], b[32], c[32];
+    fprintf(f, "tiers            budget     high-water         now\n");
+    for (int t = 0; t < ZN_TIER_COUNT; t++) {
+        if (!r.budget[t] && !r.peak[t])
+            continue;
+        fprintf(f, "  %-6s %14s %14s %11s  (%4.1f%% of budget at peak)\n",
+                zn_tier_name((zn_tier)t), zn_format_size(r.budget[t], a, sizeof a),
+                zn_format_size(r.peak[t], b, sizeof b), zn_format_size(r.used[t], c, sizeof c),
+                r.budget[t] ? 100.0 * (double)r.peak[t] / (double)r.budget[t] : 0.0);
+    }
+    double T = r.step_s > 0 ? r.step_s : 1e-9;
+    fprintf(f, "links (%lld steps)       moved        GB/s\n", (long long)r.steps);
+    struct { const char *n; uint64_t v; } L[] = {
+        { "cpu->gpu (h2d)", r.h2d_bytes }, { "gpu->cpu (d2h)", r.d2h_bytes },
+        { "nvme->cpu (read)", r.nvme_read_bytes }, { "cpu->nvme (write)", r.nvme_write_bytes },
+    };
+    for (size_t i = 0; i < sizeof L / sizeof L[0]; i++)
+        fprintf(f, "  %-18s %11s %10.2f\n", L[i].n, zn_format_size(L[i].v, a, sizeof a),
+                (double)L[i].v / T * 1e-9);
+    fprintf(f, "step-time breakdown (busy time per resource, summed over the steps)\n");
+    int busiest = 0;
+    for (int i = 0; i < ZN_RES_COUNT; i++) {
+        if (r.busy_s[i] > r.busy_s[busiest])
+            busiest = i;
+        fprintf(f, "  %-18s %9.3f s  %5.1f%% of step time\n", res_names[i], r.busy_s[i],
+                100.0 * r.busy_s[i] / T);
+    }
+    fprintf(f, "  %-18s %9.3f s  (%.3f s per step)\n", "step time", r.step_s,
+            r.steps ? r.step_s / (double)r.steps : 0.0);
+    if (r.busy_s[busiest] > 0)
+        fprintf(f, "  step time / busiest resource (%s) = %.2f  (1.00 = perfectly overlapped)\n",
+                res_names[busiest], r.step_s / r.busy_s[busiest]);
+}
+
+int zn_train_write_trace(zn_trainer *tr, const char *path)
+{
+    return zn_trace_write(tr->trace, path);
+}

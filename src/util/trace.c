@@ -1,0 +1,232 @@
+/* The trace writer: per-track busy time for the step-time breakdown, and
+ * span records written as Chrome trace JSON for Perfetto / chrome://tracing.
+ * One mutex: spans arrive a few hundred times per step, far below where a
+ * lock would show. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "zinc/trace.h"
+
+typedef struct {
+    uint64_t t0, t1;
+    int track;  /* -1: counter sample (value in t1 as a double's bits) */
+    char name[ZN_TRACE_NAME_LEN];
+} span_rec;
+
+typedef struct {
+    char name[ZN_TRACE_NAME_LEN];
+    uint64_t busy_ns;
+    uint64_t covered_end;  /* end of the union of spans seen so far */
+} track_rec;
+
+struct zn_trace {
+    pthread_mutex_t lock;
+    int record;
+    uint64_t origin;
+    track_rec tracks[ZN_TRACE_MAX_TRACKS];
+    int n_tracks;
+    span_rec *spans;
+    uint64_t n_spans, cap, max_spans, dropped;
+};
+
+int zn_trace_create(zn_trace **out, int record, uint64_t max_spans)
+{
+    *out = NULL;
+    zn_trace *t = calloc(1, sizeof *t);
+    if (!t)
+        return zn_set_error(-ENOMEM, "trace: out of memory");
+    if (pthread_mutex_init(&t->lock, NULL)) {
+        free(t);
+        return zn_set_error(-ENOMEM, "trace: mutex init failed");
+    }
+    t->record = record;
+    t->max_spans = max_spans ? max_spans : (4u << 20);
+    t->origin = zn_now_ns();
+    *out = t;
+    return 0;
+}
+
+void zn_trace_destroy(zn_trace *t)
+{
+    if (!t)
+        return;
+    pthread_mutex_destroy(&t->lock);
+    free(t->spans);
+    free(t);
+}
+
+int zn_trace_add_track(zn_trace *t, const char *name)
+{
+    pthread_mutex_lock(&t->lock);
+    if (t->n_tracks >= ZN_TRACE_MAX_TRACKS) {
+        pthread_mutex_unlock(&t->lock);
+        return zn_set_error(ZN_EARG, "trace: more than %d tracks", ZN_TRACE_MAX_TRACKS);
+    }
+    int id = t->n_tracks++;
+    snprintf(t->tracks[id].name, sizeof t->tracks[id].name, "%s", name ? name : "?");
+    pthread_mutex_unlock(&t->lock);
+    return id;
+}
+
+const char *zn_trace_track_name(const zn_trace *t, int track)
+{
+    return (track >= 0 && track < t->n_tracks) ? t->tracks[track].name : "?";
+}
+
+int zn_trace_num_tracks(const zn_trace *t)
+{
+    return t->n_tracks;
+}
+
+static void push(zn_trace *t, const span_rec *r)
+{
+    if (!t->record)
+        return;
+    if (t->n_spans >= t->max_spans) {
+        t->dropped++;
+        return;
+    }
+    if (t->n_spans == t->cap) {
+        uint64_t nc = t->cap ? t->cap * 2 : 4096;
+        if (nc > t->max_spans)
+            nc = t->max_spans;
+        span_rec *ns = realloc(t->spans, nc * sizeof *ns);
+        if (!ns) {
+            t->dropped++;
+            return;
+        }
+        t->spans = ns;
+        t->cap = nc;
+    }
+    t->spans[t->n_spans++] = *r;
+}
+
+void zn_trace_span(zn_trace *t, int track, const char *name, uint64_t t0, uint64_t t1)
+{
+    if (!t || track < 0)
+        return;
+    if (t1 < t0)
+        t1 = t0;
+    pthread_mutex_lock(&t->lock);
+    if (track < t->n_tracks) {
+        track_rec *k = &t->tracks[track];
+        if (t0 >= k->covered_end)
+            k->busy_ns += t1 - t0;
+        else if (t1 > k->covered_end)
+            k->busy_ns += t1 - k->covered_end;
+        if (t1 > k->covered_end)
+            k->covered_end = t1;
+        span_rec r = { .t0 = t0, .t1 = t1, .track = track };
+        snprintf(r.name, sizeof r.name, "%s", name ? name : "");
+        push(t, &r);
+    }
+    pthread_mutex_unlock(&t->lock);
+}
+
+void zn_trace_counter(zn_trace *t, const char *name, uint64_t ts, double value)
+{
+    if (!t || !t->record)
+        return;
+    span_rec r = { .t0 = ts, .track = -1 };
+    memcpy(&r.t1, &value, sizeof value);
+    snprintf(r.name, sizeof r.name, "%s", name ? name : "");
+    pthread_mutex_lock(&t->lock);
+    push(t, &r);
+    pthread_mutex_unlock(&t->lock);
+}
+
+double zn_trace_busy_s(zn_trace *t, int track)
+{
+    if (!t || track < 0 || track >= t->n_tracks)
+        return 0.0;
+    pthread_mutex_lock(&t->lock);
+    double s = (double)t->tracks[track].busy_ns * 1e-9;
+    pthread_mutex_unlock(&t->lock);
+    return s;
+}
+
+void zn_trace_reset_busy(zn_trace *t)
+{
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->lock);
+    for (int i = 0; i < t->n_tracks; i++)
+        t->tracks[i].busy_ns = 0;
+    pthread_mutex_unlock(&t->lock);
+}
+
+void zn_trace_counts(zn_trace *t, uint64_t *kept, uint64_t *dropped)
+{
+    pthread_mutex_lock(&t->lock);
+    if (kept)
+        *kept = t->n_spans;
+    if (dropped)
+        *dropped = t->dropped;
+    pthread_mutex_unlock(&t->lock);
+}
+
+static void put_json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+int zn_trace_write(zn_trace *t, const char *path)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return zn_set_error(-errno, "trace: cannot create %s: %s", tmp, strerror(errno));
+    pthread_mutex_lock(&t->lock);
+    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+    fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,"
+               "\"args\":{\"name\":\"zinc\"}}");
+    for (int i = 0; i < t->n_tracks; i++) {
+        fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"args\":{\"name\":",
+                i + 1);
+        put_json_str(f, t->tracks[i].name);
+        fprintf(f, "}},\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":1,\"tid\":%d,"
+                   "\"args\":{\"sort_index\":%d}}", i + 1, i + 1);
+    }
+    for (uint64_t i = 0; i < t->n_spans; i++) {
+        const span_rec *r = &t->spans[i];
+        double ts = (double)(r->t0 - (r->t0 >= t->origin ? t->origin : r->t0)) * 1e-3;
+        fputs(",\n{\"name\":", f);
+        put_json_str(f, r->name);
+        if (r->track < 0) {
+            double v;
+            memcpy(&v, &r->t1, sizeof v);
+            fprintf(f, ",\"ph\":\"C\",\"pid\":1,\"ts\":%.3f,\"args\":{\"value\":%.17g}}", ts, v);
+        } else {
+            fprintf(f, ",\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
+                    r->track + 1, ts, (double)(r->t1 - r->t0) * 1e-3);
+        }
+    }
+    fprintf(f, "\n]}\n");
+    pthread_mutex_unlock(&t->lock);
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
+        int e = errno ? errno : EIO;
+        remove(tmp);
+        return zn_set_error(-e, "trace: writing %s: %s", tmp, strerror(e));
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        remove(tmp);
+        return zn_set_error(-e, "trace: rename %s -> %s: %s", tmp, path, strerror(e));
+    }
+    return 0;
+}
