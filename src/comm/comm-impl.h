@@ -88,6 +88,10 @@ typedef struct zn_comm_host_ops {
      * without a BYE (it died), < 0 = error / nothing more can arrive. */
     int (*ctl_send)(zn_comm *c, int to, const zn_ctl_msg *m, uint64_t deadline_ns);
     int (*ctl_recv)(zn_comm *c, zn_ctl_msg *m, int *closed, uint64_t deadline_ns);
+    /* Optional: completes control sends still in flight, by the deadline
+     * (MPI: ctl_send only posts, so that one stuck rank does not hold up
+     * the verdict to the others). */
+    void (*ctl_flush)(zn_comm *c, uint64_t deadline_ns);
 } zn_comm_host_ops;
 
 struct zn_comm {

@@ -216,9 +216,10 @@ static int judge(zn_comm *c, const zn_comm_op *op, int kind, int peer, int code,
             ranks[n++] = r;
     if (n) {
         list_ranks(list, sizeof list, ranks, n);
-        snprintf(text, tlen, "rank%s %s did not join within %.1f s (stuck, dead or "
-                 "unreachable; the other ranks reported in)", n > 1 ? "s" : "", list,
-                 c->timeout_s);
+        snprintf(text, tlen, "rank%s %s did not join or %s unreachable: no data and no "
+                 "report within %.1f s + %.1f s grace (stuck outside the collective, dead, "
+                 "or cut off by the network)", n > 1 ? "s" : "", list, n > 1 ? "are" : "is",
+                 c->timeout_s, c->grace_s);
         vcode = ZN_ETIMEOUT;
         goto decided;
     }
@@ -254,10 +255,12 @@ decided:
     v.code = vcode;
     v.seq = op->seq;
     snprintf(v.text, sizeof v.text, "%.470s", text);
-    uint64_t send_deadline = zn_now_ns() + 1000000000ull;
+    uint64_t send_deadline = zn_now_ns() + (uint64_t)(fmin(1.0, c->grace_s) * 1e9);
     for (int r = 1; r < c->size; r++)
         if (!c->dead[r] && !c->departed[r])
             (void)c->ops->ctl_send(c, r, &v, send_deadline);
+    if (c->ops->ctl_flush)
+        c->ops->ctl_flush(c, send_deadline);
     return vcode;
 }
 
@@ -287,6 +290,8 @@ static int follow(zn_comm *c, const zn_comm_op *op, int kind, int peer, int code
     double wait_s = 2 * c->grace_s + 0.5;
     uint64_t deadline = zn_now_ns() + (uint64_t)(wait_s * 1e9);
     int rc = c->ops->ctl_send(c, 0, &m, deadline);
+    if (c->ops->ctl_flush)
+        c->ops->ctl_flush(c, zn_now_ns() + 1000000000ull);
     for (int guard = 0; rc == 0 && !c->have_verdict && guard < 100000; guard++) {
         zn_ctl_msg in;
         int closed = -1;

@@ -23,6 +23,9 @@ typedef struct zn_mpi {
     MPI_Op bf16_sum, bf16_max;
     int have_comm, have_ctl, have_type, have_ops;
     pthread_mutex_t lk;      /* one MPI call at a time (MPI_THREAD_SERIALIZED) */
+    MPI_Request ctl_pending[64];  /* control sends in flight */
+    zn_ctl_msg ctl_copies[64];    /* their buffers */
+    int n_pending;
 } zn_mpi;
 
 static int mpi_inited_by_zinc;   /* zinc called MPI_Init_thread */
@@ -179,30 +182,44 @@ static int mpi_test(zn_comm *c, zn_comm_req *r)
     return 0;
 }
 
+/* Control sends are only posted here; mpi_ctl_flush completes them all at
+ * once, so that a stuck rank that never receives does not delay the others. */
 static int mpi_ctl_send(zn_comm *c, int to, const zn_ctl_msg *msg, uint64_t deadline)
 {
+    (void)deadline;
     zn_mpi *m = c->host;
-    MPI_Request rq;
     pthread_mutex_lock(&m->lk);
-    int e = MPI_Isend((void *)msg, (int)sizeof *msg, MPI_BYTE, to, ZN_MPI_CTL_TAG, m->ctl, &rq);
+    if (m->n_pending == (int)(sizeof m->ctl_pending / sizeof m->ctl_pending[0])) {
+        pthread_mutex_unlock(&m->lk);
+        return zn_set_error(ZN_EMPI, "comm/mpi: too many control messages in flight");
+    }
+    /* The message buffer must live until completion: keep a copy. */
+    zn_ctl_msg *cp = &m->ctl_copies[m->n_pending];
+    *cp = *msg;
+    int e = MPI_Isend(cp, (int)sizeof *cp, MPI_BYTE, to, ZN_MPI_CTL_TAG, m->ctl,
+                      &m->ctl_pending[m->n_pending]);
+    if (e == MPI_SUCCESS)
+        m->n_pending++;
     pthread_mutex_unlock(&m->lk);
-    if (e != MPI_SUCCESS)
-        return mpi_err(e, "MPI_Isend (control)");
+    return e == MPI_SUCCESS ? 0 : mpi_err(e, "MPI_Isend (control)");
+}
+
+static void mpi_ctl_flush(zn_comm *c, uint64_t deadline)
+{
+    zn_mpi *m = c->host;
     for (int guard = 0; guard < 10000000; guard++) {
         int flag = 0;
         pthread_mutex_lock(&m->lk);
-        e = MPI_Test(&rq, &flag, MPI_STATUS_IGNORE);
+        int e = m->n_pending ? MPI_Testall(m->n_pending, m->ctl_pending, &flag,
+                                           MPI_STATUSES_IGNORE) : MPI_SUCCESS;
+        if (!m->n_pending || (e == MPI_SUCCESS && flag))
+            m->n_pending = 0, flag = 1;
         pthread_mutex_unlock(&m->lk);
-        if (e != MPI_SUCCESS)
-            return mpi_err(e, "MPI_Test (control)");
-        if (flag)
-            return 0;
-        if (zn_now_ns() >= deadline)
-            return ZN_ETIMEOUT;   /* the request stays pending; the comm is broken */
+        if (flag || e != MPI_SUCCESS || zn_now_ns() >= deadline)
+            return;   /* what is left stays pending: the communicator is broken */
         struct timespec ts = { 0, 100000 };
         nanosleep(&ts, NULL);
     }
-    return ZN_ETIMEOUT;
 }
 
 static int mpi_ctl_recv(zn_comm *c, zn_ctl_msg *msg, int *closed, uint64_t deadline)
@@ -272,6 +289,7 @@ static const zn_comm_host_ops mpi_ops = {
     .abort = mpi_abort,
     .ctl_send = mpi_ctl_send,
     .ctl_recv = mpi_ctl_recv,
+    .ctl_flush = mpi_ctl_flush,
 };
 
 int zn_comm_mpi_create(zn_comm *c)
