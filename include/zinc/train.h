@@ -16,6 +16,7 @@
 
 #include "zinc/config.h"
 #include "zinc/device.h"
+#include "zinc/model.h"
 #include "zinc/nvme.h"
 #include "zinc/plan.h"
 #include "zinc/trace.h"
@@ -105,6 +106,22 @@ typedef struct zn_train_model {
     int (*backward)(void *ctx, zn_stream *s, int block, void *params, const void *in,
                     const void *dout, void *din, float *dparams);
 } zn_train_model;
+
+/* ---- the Llama / Qwen2 decoder as a trainer model ---------------------------
+ * Adapts include/zinc/model.h's block API: block b's flat buffer holds its
+ * tensors in zn_model_block_param order, back to back. Initial weights:
+ * normal(0, init_std) for matrices, ones for norms, zeros for biases, a
+ * function of (seed, block, tensor, element) only. Tied embeddings are not
+ * supported yet (ZN_EUNSUPPORTED): the head would need the embedding's
+ * buffer resident at the same time. */
+typedef struct zn_train_llama zn_train_llama;
+/* dims: the decoder (copied). micro_batch x seq: the largest micro-batch.
+ * Returns 0, ZN_EUNSUPPORTED (tie_word_embeddings), ZN_ECONFIG, -ENOMEM. */
+ZN_API int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims,
+                                 int64_t micro_batch, int64_t seq, double init_std,
+                                 uint64_t seed);
+ZN_API const zn_train_model *zn_train_llama_model(zn_train_llama *l);
+ZN_API void zn_train_llama_destroy(zn_train_llama *l); /* accepts NULL */
 
 /* ---- the trainer ----------------------------------------------------------*/
 typedef struct zn_trainer zn_trainer;

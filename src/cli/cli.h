@@ -26,12 +26,14 @@ int zn_cli_fail(int rc, const char *what);
 int zn_cmd_info(int argc, char **argv);
 int zn_cmd_plan(int argc, char **argv);
 int zn_cmd_bench(int argc, char **argv);
+int zn_cmd_train(int argc, char **argv);
 int zn_cmd_eval(int argc, char **argv);
 
 /* `zinc bench <what>` subcommands (bench.c holds the table). */
 int zn_bench_pcie(int argc, char **argv);
 int zn_bench_nvme(int argc, char **argv);
 int zn_bench_model(int argc, char **argv);
+int zn_bench_train(int argc, char **argv);
 
 /* cli_model.c: the model a config describes (model.path or dimensions). */
 int zn_cli_model_dims(const zn_config *cfg, zn_model_dims *d);

@@ -245,7 +245,12 @@ static int allocate(zn_trainer *tr)
     char name[64];
     const zn_config *cfg = &tr->cfg;
     zn_tier gpu = ZN_TIER_GPU, cpu = ZN_TIER_CPU;
-    size_t act = tr->model->act_bytes;
+    size_t act;
+
+    /* model scratch first: the activation size may depend on the dtype */
+    if (tr->model->prepare)
+        TRY(tr->model->prepare(tr->model->ctx, tr->dev, tr->s_comp, tr->pdt));
+    act = tr->model->act_bytes;
 
     /* device: resident params, activations, grads, batch */
     for (int b = 0; b < tr->L; b++) {
@@ -278,10 +283,6 @@ static int allocate(zn_trainer *tr)
             TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes, "param update staging",
                           &tr->pout_flat));
     }
-
-    /* model scratch */
-    if (tr->model->prepare)
-        TRY(tr->model->prepare(tr->model->ctx, tr->dev, tr->s_comp, tr->pdt));
 
     /* pinned: params homed on the CPU, staging */
     for (int b = 0; b < tr->L; b++) {

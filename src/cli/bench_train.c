@@ -1,0 +1,179 @@
+/* `zinc bench train --config FILE`: a few training steps after a warm-up,
+ * then the step time against the busiest resource's busy time measured in
+ * the same run (the overlap efficiency: 1.00 means the step takes exactly as
+ * long as its slowest resource). nccl-tests style output, --csv for files. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+
+#include "cli/cli.h"
+#include "cli/cli_train.h"
+#include "zinc/nvme.h"
+#include "zinc/topo.h"
+#include "zinc/train.h"
+#include "zinc/zinc.h"
+#include "zn_build_config.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: zinc bench train --config FILE [--set KEY=VALUE]... [--steps N] [--warmup N]\n"
+        "                        [--csv FILE] [--trace FILE]\n"
+        "\n"
+        "Runs --warmup steps (default 1), then --steps (default 4) training steps and\n"
+        "prints the mean step time, each resource's busy time and the ratio of the step\n"
+        "time to the busiest one (target <= 1.15).\n");
+}
+
+int zn_bench_train(int argc, char **argv)
+{
+    const char *sets[64];
+    int n_sets;
+    argc = zn_cli_take_sets(argc, argv, sets, 64, &n_sets);
+    if (argc < 0)
+        return 2;
+    const char *path = NULL, *csv = NULL, *trace = NULL;
+    long steps = 4, warmup = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
+            path = argv[++i];
+        } else if (!strcmp(argv[i], "--csv") && i + 1 < argc) {
+            csv = argv[++i];
+        } else if (!strcmp(argv[i], "--trace") && i + 1 < argc) {
+            trace = argv[++i];
+        } else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
+            steps = strtol(argv[++i], NULL, 10);
+        } else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) {
+            warmup = strtol(argv[++i], NULL, 10);
+        } else {
+            fprintf(stderr, "zinc: error: bench train: unknown option '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (steps < 1 || warmup < 0) {
+        fprintf(stderr, "zinc: error: bench train: --steps >= 1 and --warmup >= 0\n");
+        return 2;
+    }
+    zn_config cfg;
+    int rc = path ? zn_config_load(&cfg, path, sets, n_sets)
+                  : zn_config_parse(&cfg, zn_cli_default_config(),
+                                    "(embedded examples/tiny.json)", sets, n_sets);
+    if (rc)
+        return zn_cli_fail(rc, NULL);
+    cfg.train.steps = warmup + steps;
+    zn_cli_train_session ts;
+    if ((rc = zn_cli_train_session_open(&ts, &cfg, trace != NULL)))
+        return zn_cli_fail(rc, NULL);
+
+    zn_topo topo;
+    memset(&topo, 0, sizeof topo);
+    zn_topo_discover(&topo);
+    struct utsname un;
+    uname(&un);
+    zn_train_report r;
+    zn_train_get_report(ts.tr, &r);
+    printf("# zinc bench train: %s\n", path ? path : "(embedded examples/tiny.json)");
+    printf("# machine: %s, %d cores / %d threads, %.1f GiB RAM; %s %s\n", topo.cpu_model,
+           topo.cores, topo.pus, (double)topo.mem_total / (1 << 30), un.sysname, un.release);
+    printf("# zinc %s; device %s (params %s); Adam %s; %s\n", ZN_VERSION, r.backend,
+           r.param_dtype, zn_adam_isa_name(),
+           zn_train_aio(ts.tr) ? zn_aio_backend_desc(zn_train_aio(ts.tr)) : "no NVMe state");
+    printf("# model %.2fM params, micro-batch %lld x seq %lld x accumulation %lld; params -> %s, "
+           "optimizer -> %s; %d param slots, %d optimizer units of %llu (%d in flight), %s\n",
+           (double)ts.params / 1e6, (long long)cfg.train_micro_batch_size_per_gpu,
+           (long long)cfg.data.seq_len, (long long)cfg.gradient_accumulation_steps,
+           zn_offload_device_name(cfg.zero.offload_param.device),
+           zn_offload_device_name(cfg.zero.offload_optimizer.device), r.param_slots,
+           r.opt_units, (unsigned long long)r.opt_unit, r.opt_inflight,
+           cfg.gradient_clipping > 0 || cfg.fp16.enabled ? "step after backward"
+                                                          : "step overlapped with backward");
+    printf("# path measured: one optimizer step = fwd + bwd over all micro-batches + CPU Adam "
+           "by sub-group, all offload traffic included; %ld warm-up step(s) not counted\n",
+           warmup);
+    printf("# ceiling: the busiest resource's busy time in the same steps (each resource is "
+           "one stream or thread); ratio = step / busiest (target <= 1.15)\n");
+    printf("# #wrong: non-finite losses or gradient norms, and non-finite master weights "
+           "read back after the run\n");
+
+    uint64_t wrong = 0;
+    double loss0 = NAN, loss1 = NAN;
+    for (long s = 0; s < warmup + steps && !rc; s++) {
+        zn_train_step_info info;
+        if ((rc = zn_cli_train_session_step(&ts, (uint64_t)s, &info)))
+            break;
+        wrong += !isfinite(info.loss) || !isfinite(info.grad_norm);
+        if (s == 0)
+            loss0 = info.loss;
+        loss1 = info.loss;
+        if (s + 1 == warmup)
+            zn_train_reset_counters(ts.tr);
+    }
+    if (rc) {
+        zn_cli_fail(rc, NULL);
+        zn_cli_train_session_close(&ts);
+        return 1;
+    }
+    uint64_t n = zn_train_num_params(ts.tr);
+    float *w = malloc(n * sizeof *w);
+    if (w && !zn_train_read_master(ts.tr, w, n))
+        for (uint64_t i = 0; i < n; i++)
+            wrong += !isfinite(w[i]);
+    else
+        wrong++;
+    free(w);
+    zn_train_get_report(ts.tr, &r);
+    int busiest = 0;
+    for (int i = 0; i < ZN_RES_COUNT; i++)
+        if (r.busy_s[i] > r.busy_s[busiest])
+            busiest = i;
+    double step_s = r.step_s / (double)r.steps, busy = r.busy_s[busiest] / (double)r.steps;
+    double ratio = busy > 0 ? step_s / busy : 0;
+    printf("# loss %.4f -> %.4f over the run\n#\n", loss0, loss1);
+    printf("# %-6s %10s %-18s %10s %7s", "steps", "step ms", "busiest", "busy ms", "ratio");
+    for (int i = 0; i < ZN_RES_COUNT; i++) {
+        char h[16];
+        snprintf(h, sizeof h, "%.9s ms", zn_train_resource_name((zn_train_resource)i));
+        printf(" %12s", h);
+    }
+    printf(" %10s %7s\n", "tok/s", "#wrong");
+    printf("  %-6lld %10.1f %-18s %10.1f %7.2f", (long long)r.steps, step_s * 1e3,
+           zn_train_resource_name((zn_train_resource)busiest), busy * 1e3, ratio);
+    for (int i = 0; i < ZN_RES_COUNT; i++)
+        printf(" %12.1f", r.busy_s[i] / (double)r.steps * 1e3);
+    printf(" %10.0f %7llu\n", (double)r.tokens / r.step_s, (unsigned long long)wrong);
+    if (csv) {
+        FILE *f = fopen(csv, "a");
+        if (!f) {
+            rc = zn_cli_fail(-1, "csv");
+        } else {
+            fseek(f, 0, SEEK_END);
+            if (ftell(f) == 0) {
+                fprintf(f, "config,params_dev,opt_dev,steps,step_ms,busiest,busiest_ms,ratio");
+                for (int i = 0; i < ZN_RES_COUNT; i++)
+                    fprintf(f, ",busy_%d_ms", i);
+                fprintf(f, ",tok_s,h2d_GBs,d2h_GBs,nvme_read_GBs,nvme_write_GBs,wrong\n");
+            }
+            fprintf(f, "%s,%s,%s,%lld,%.3f,%s,%.3f,%.4f", path ? path : "(embedded)",
+                    zn_offload_device_name(cfg.zero.offload_param.device),
+                    zn_offload_device_name(cfg.zero.offload_optimizer.device),
+                    (long long)r.steps, step_s * 1e3,
+                    zn_train_resource_name((zn_train_resource)busiest), busy * 1e3, ratio);
+            for (int i = 0; i < ZN_RES_COUNT; i++)
+                fprintf(f, ",%.3f", r.busy_s[i] / (double)r.steps * 1e3);
+            fprintf(f, ",%.0f,%.3f,%.3f,%.3f,%.3f,%llu\n", (double)r.tokens / r.step_s,
+                    (double)r.h2d_bytes / r.step_s * 1e-9, (double)r.d2h_bytes / r.step_s * 1e-9,
+                    (double)r.nvme_read_bytes / r.step_s * 1e-9,
+                    (double)r.nvme_write_bytes / r.step_s * 1e-9, (unsigned long long)wrong);
+            fclose(f);
+        }
+    }
+    if (trace && (rc = zn_train_write_trace(ts.tr, trace)))
+        zn_cli_fail(rc, "trace");
+    zn_cli_train_session_close(&ts);
+    return rc || wrong ? 1 : 0;
+}
