@@ -269,7 +269,9 @@ int main(void)
     check_budgets("device", &ref);
     printf("device run: loss %.4f -> %.4f, grad norm %.4f -> %.4f\n", ref.loss[0],
            ref.loss[STEPS - 1], ref.norm[0], ref.norm[STEPS - 1]);
-    ZT_CHECK(ref.loss[STEPS - 1] < ref.loss[0]);
+    /* a real learning check: from ~ln(64) = 4.16 towards the chain's 1.06 */
+    ZT_CHECK_MSG(ref.loss[STEPS - 1] < 2.2, "loss after %d steps %.4f, expected < 2.2 (started "
+                 "at %.4f)", STEPS, ref.loss[STEPS - 1], ref.loss[0]);
     ZT_EQ_INT(ref.rep.param_slots, 0);
 
     struct { const char *label; const char **sets; int n; } cases[] = {

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# `zinc train` from the command line: the embedded default equals
+# examples/tiny.json; an infeasible config stops before any work with the
+# same explanation `zinc plan` gives; a short run writes one JSON line per
+# step, a trace, and the per-tier report. With --slow, the learning check:
+# the embedded default's loss falls below 4.5 (from ln(320) = 5.77; the
+# chain's floor is 1.06) in its 60 steps.
+set -u
+zinc=$(realpath "$1")
+src=$(realpath "$2")
+mode=${3:-fast}
+fail=0
+work=$(realpath "$(mktemp -d train-cli-XXXXXX)")
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+
+check() { if ! eval "$1"; then echo "FAIL: $2"; fail=1; fi; }
+
+if [ "$mode" = fast ]; then
+    "$zinc" train --print-default > default.json
+    check "cmp -s default.json '$src/examples/tiny.json'" "embedded default differs from examples/tiny.json"
+
+    "$zinc" plan "$src/examples/tiny.json" --set tiers.cpu=1MiB > /dev/null 2> plan.err
+    check "[ \$? -eq 1 ]" "zinc plan accepted a 1 MiB cpu tier"
+    "$zinc" train "$src/examples/tiny.json" --set tiers.cpu=1MiB > /dev/null 2> train.err
+    rc=$?
+    check "[ $rc -eq 1 ]" "zinc train with an infeasible config exited $rc, expected 1"
+    why=$(grep -o 'does not fit: .*' plan.err)
+    check "[ -n \"\$why\" ] && grep -qF \"\$why\" train.err" "train's error differs from plan's: $(cat train.err)"
+    check "[ ! -e zinc-swap ]" "an infeasible run created the swap directory"
+
+    "$zinc" train --steps 3 --set train.log_every=1 --json-log log.jsonl --trace trace.json > out.txt 2> err.txt
+    rc=$?
+    check "[ $rc -eq 0 ]" "zinc train --steps 3 exited $rc: $(cat err.txt)"
+    check "[ \$(wc -l < log.jsonl) -eq 3 ]" "expected 3 JSON lines"
+    check "grep -q '\"loss\"' log.jsonl" "JSON log has no loss"
+    check "grep -q 'thread_name' trace.json && grep -q 'nvme write' trace.json" "trace lacks tracks"
+    check "grep -q 'high-water' out.txt && grep -q 'step time / busiest' out.txt" "no report"
+    check "grep -q 'step     3/3' out.txt" "no progress line for step 3"
+    check "[ -z \"\$(ls zinc-swap 2>/dev/null)\" ]" "swap files left behind"
+else
+    "$zinc" train --json-log log.jsonl > out.txt 2> err.txt
+    rc=$?
+    check "[ $rc -eq 0 ]" "zinc train exited $rc: $(cat err.txt)"
+    last=$(tail -1 log.jsonl | sed 's/.*"loss": \([0-9.]*\).*/\1/')
+    first=$(head -1 log.jsonl | sed 's/.*"loss": \([0-9.]*\).*/\1/')
+    echo "loss $first -> $last"
+    check "awk -v l=$last 'BEGIN { exit !(l < 4.5) }'" "loss after 60 steps $last, expected < 4.5"
+fi
+[ $fail -eq 0 ] && echo ok
+exit $fail
