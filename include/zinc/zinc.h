@@ -10,5 +10,6 @@
 #include "zinc/model.h"
 #include "zinc/safetensors.h"
 #include "zinc/tokens.h"
+#include "zinc/comm.h"
 
 #endif
