@@ -16,6 +16,8 @@ static const char *state_name[3] = { "master", "adam m", "adam v" };
 
 static bool unit_ready(zn_trainer *tr, int u)
 {
+    if (tr->need_go && !tr->go)
+        return false;
     return tr->all_ready || atomic_load(&tr->units[u].pieces_done) >= tr->units[u].np;
 }
 
@@ -315,14 +317,27 @@ void zn_optsched_fini(zn_trainer *tr)
     pthread_mutex_destroy(&tr->olock);
 }
 
-void zn_optsched_begin(zn_trainer *tr, const zn_adam_params *hp, float g_scale)
+void zn_optsched_begin(zn_trainer *tr, const zn_adam_params *hp, float g_scale, bool need_go)
 {
     pthread_mutex_lock(&tr->olock);
+    tr->need_go = need_go;
+    tr->go = false;
+    tr->all_ready = false;
     tr->ohp = *hp;
     tr->og_scale = g_scale;
     tr->ojob_status = 0;
     tr->ojob_done = false;
     tr->ojob = 1;
+    pthread_cond_broadcast(&tr->ocv);
+    pthread_mutex_unlock(&tr->olock);
+}
+
+void zn_optsched_go(zn_trainer *tr, float g_scale)
+{
+    pthread_mutex_lock(&tr->olock);
+    tr->og_scale = g_scale;
+    tr->all_ready = true;
+    tr->go = true;
     pthread_cond_broadcast(&tr->ocv);
     pthread_mutex_unlock(&tr->olock);
 }

@@ -150,7 +150,9 @@ int zn_optsched_init(zn_trainer *tr);
 void zn_optsched_fini(zn_trainer *tr);
 /* Starts this step's optimizer job (the thread waits for each unit's grads
  * unless all are ready). */
-void zn_optsched_begin(zn_trainer *tr, const zn_adam_params *hp, float g_scale);
+void zn_optsched_begin(zn_trainer *tr, const zn_adam_params *hp, float g_scale, bool need_go);
+/* With need_go: the gradient scale is final (global norm known), step. */
+void zn_optsched_go(zn_trainer *tr, float g_scale);
 /* Marks the job as not needed (overflow, error): the thread drops it. */
 void zn_optsched_cancel(zn_trainer *tr);
 /* Waits for the job; returns its status. */
@@ -241,7 +243,9 @@ struct zn_trainer {
     int ojob_status;
     zn_adam_params ohp;
     float og_scale;
-    bool all_ready;        /* clipping/fp16: every unit ready at begin */
+    bool all_ready;        /* clipping/fp16: every unit ready at go */
+    bool need_go;          /* clipping/fp16: read ahead, but step only after go */
+    bool go;               /* the global norm is known, og_scale final */
 
     zn_aio_fault_fn fault_hook;
     void *fault_user;

@@ -1035,15 +1035,17 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         tr->blocks[b].grad_sq = 0;
         tr->blocks[b].grad_nonfinite = 0;
     }
-    tr->all_ready = false;
     tr->overlap_step = !clip && !fp16;
-    if (tr->overlap_step)
-        zn_optsched_begin(tr, &hp, (float)(1.0 / scale));
+    /* Without clipping or overflow checks each unit steps as soon as its
+     * grads are final; otherwise the job starts now too, but only reads
+     * optimizer states ahead until the global norm gives the go. */
+    zn_optsched_begin(tr, &hp, (float)(1.0 / scale), !tr->overlap_step);
 
     /* the step's fetch list: consecutive uses of one ring block share a fetch */
     int nuse = A * 2 * L;
-    fetch_ent *fe = calloc((size_t)nuse, sizeof *fe);
-    int *fetch_of_use = malloc((size_t)nuse * sizeof *fetch_of_use);
+    size_t nuse_sz = (size_t)(unsigned)A * 2u * (size_t)(unsigned)L;
+    fetch_ent *fe = calloc(nuse_sz, sizeof *fe);
+    int *fetch_of_use = malloc(nuse_sz * sizeof *fetch_of_use);
     if (!fe || !fetch_of_use) {
         free(fe);
         free(fetch_of_use);
@@ -1111,10 +1113,13 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
             if (c < 1.0)
                 coef = c;
         }
-        tr->all_ready = true;
-        zn_optsched_begin(tr, &hp, (float)(coef / scale));
+        zn_optsched_go(tr, (float)(coef / scale));
+    } else if (overflow) {
+        zn_optsched_cancel(tr);
     }
     rc = zn_optsched_wait(tr);
+    if (rc == -ECANCELED && overflow)
+        rc = 0;
     if (!rc)
         rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
     if (!rc && atomic_load(&tr->err))
