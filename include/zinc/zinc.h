@@ -11,5 +11,7 @@
 #include "zinc/safetensors.h"
 #include "zinc/tokens.h"
 #include "zinc/comm.h"
+#include "zinc/trace.h"
+#include "zinc/train.h"
 
 #endif

@@ -153,14 +153,15 @@ int zn_bench_train(int argc, char **argv)
         } else {
             fseek(f, 0, SEEK_END);
             if (ftell(f) == 0) {
-                fprintf(f, "config,params_dev,opt_dev,steps,step_ms,busiest,busiest_ms,ratio");
+                fprintf(f, "config,params_dev,opt_dev,gradient_clipping,steps,step_ms,busiest,busiest_ms,ratio");
                 for (int i = 0; i < ZN_RES_COUNT; i++)
                     fprintf(f, ",busy_%d_ms", i);
                 fprintf(f, ",tok_s,h2d_GBs,d2h_GBs,nvme_read_GBs,nvme_write_GBs,wrong\n");
             }
-            fprintf(f, "%s,%s,%s,%lld,%.3f,%s,%.3f,%.4f", path ? path : "(embedded)",
+            fprintf(f, "%s,%s,%s,%g,%lld,%.3f,%s,%.3f,%.4f", path ? path : "(embedded)",
                     zn_offload_device_name(cfg.zero.offload_param.device),
                     zn_offload_device_name(cfg.zero.offload_optimizer.device),
+                    cfg.gradient_clipping,
                     (long long)r.steps, step_s * 1e3,
                     zn_train_resource_name((zn_train_resource)busiest), busy * 1e3, ratio);
             for (int i = 0; i < ZN_RES_COUNT; i++)
