@@ -358,7 +358,12 @@ static int worker(const char *mode)
         snprintf(want, sizeof want, "rank %d ", who);
         double limit = stall ? info.timeout_s * 1.6 + 4.0 : info.timeout_s / 2;
         int want_rc = stall ? ZN_ETIMEOUT : -ECONNRESET;
-        int ok = rc == want_rc && strstr(msg, want) && strstr(msg, "allreduce #") && el <= limit;
+        /* The verdict of rank 0 (not just this rank's own view, which may
+         * blame a neighbour) must reach every rank; without rank 0, the
+         * local view must say that rank 0 did not answer. */
+        const char *verdict = !stall ? "died" : who != 0 ? "did not join" : "sent no verdict";
+        int ok = rc == want_rc && strstr(msg, want) && strstr(msg, "allreduce #") &&
+                 strstr(msg, verdict) && el <= limit;
         printf("%s rank %d: rc %d (%s) after %.2f s (limit %.1f): %s\n", ok ? "PASS" : "FAIL",
                rank, rc, zn_strerror(rc), el, limit, msg);
         fflush(stdout);
