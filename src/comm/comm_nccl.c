@@ -141,15 +141,17 @@ void zn_nccl_destroy(zn_comm *c, int healthy)
     c->nccl = NULL;
 }
 
-static void *native_stream(zn_stream *s)
+static void *native_stream(zn_comm *c, zn_stream *s)
 {
+    if (!s || zn_dev_get_kind(c->dev) != ZN_DEV_CUDA)
+        return NULL;
     return zn_cuda_stream_native ? zn_cuda_stream_native(s) : NULL;
 }
 
 int zn_nccl_enqueue(zn_comm *c, zn_stream *s, zn_comm_op *op)
 {
     zn_nccl *n = c->nccl;
-    cudaStream_t cs = native_stream(s);
+    cudaStream_t cs = native_stream(c, s);
     if (!cs)
         return zn_set_error(ZN_EUNSUPPORTED, "comm/nccl: the device layer does not expose the "
                             "CUDA stream of \"%s\" (zn_cuda_stream_native)", "stream");
@@ -206,7 +208,7 @@ int zn_nccl_enqueue(zn_comm *c, zn_stream *s, zn_comm_op *op)
 int zn_nccl_sync(zn_comm *c, zn_stream *s)
 {
     zn_nccl *n = c->nccl;
-    cudaStream_t cs = native_stream(s);
+    cudaStream_t cs = native_stream(c, s);
     if (!cs)
         return zn_set_error(ZN_EUNSUPPORTED, "comm/nccl: the device layer does not expose its "
                             "CUDA streams (zn_cuda_stream_native)");
