@@ -33,7 +33,8 @@
  *    within 5.0 s"
  * Rank 0 collects the reports of the other ranks for a short grace period
  * (cfg.grace_s) and sends them one verdict; so a failure reaches the caller
- * within timeout_s + 2 * grace_s. Codes: ZN_ETIMEOUT (a collective did not
+ * within timeout_s + 2 * grace_s + 0.5 s (a dead rank whose sockets close:
+ * at once). Codes: ZN_ETIMEOUT (a collective did not
  * finish in time), -ECONNRESET (a rank's connection closed: it died), and
  * ZN_EMPI / ZN_ENCCL / -errno for transport errors. After a failure the
  * communicator is broken: every later call returns the same error. The
