@@ -3,6 +3,7 @@
 #define ZINC_ZINC_H
 
 #include "zinc/util.h"
+#include "zinc/optim.h"
 #include "zinc/config.h"
 #include "zinc/topo.h"
 #include "zinc/plan.h"

@@ -32,6 +32,7 @@ int zn_cmd_eval(int argc, char **argv);
 /* `zinc bench <what>` subcommands (bench.c holds the table). */
 int zn_bench_pcie(int argc, char **argv);
 int zn_bench_nvme(int argc, char **argv);
+int zn_bench_adam(int argc, char **argv);
 int zn_bench_model(int argc, char **argv);
 int zn_bench_train(int argc, char **argv);
 int zn_bench_comm(int argc, char **argv);

@@ -17,6 +17,8 @@
  * memory speed (28 bytes each at ~10 GB/s per core). */
 #define ZN_OPTIM_MIN_PER_THREAD ((size_t)32768)
 
+int zn_optim_nt_copy = 1;
+
 zn_adam_params zn_adam_params_default(void)
 {
     zn_adam_params hp = {

@@ -63,6 +63,11 @@ typedef struct {
     zn_triad_fn triad;
 } zn_optim_ops;
 
+/* Whether kernels may write the 16-bit copy with non-temporal stores (when
+ * it is aligned and large); 1 by default. `zinc bench adam --nt-copy 0`
+ * clears it to measure what they gain. */
+extern int zn_optim_nt_copy;
+
 /* Per-ISA tables (defined only when built; see src/offload/meson.build). */
 extern const zn_optim_ops zn_optim_ops_scalar;
 extern const zn_optim_ops zn_optim_ops_avx2;

@@ -90,7 +90,7 @@ adam_body(const zn_adam_k *k, float *p, float *m, float *v, const void *g, zn_dt
 {
     consts K = load_consts(k);
     int l2 = k->use_l2, decay = k->use_decay;
-    int nt = c && n >= NT_MIN && ((uintptr_t)c & 15) == 0;
+    int nt = zn_optim_nt_copy && c && n >= NT_MIN && ((uintptr_t)c & 15) == 0;
     size_t i = 0;
     for (; i + W <= n; i += W)
         vec8(&K, l2, decay, p, m, v, g, gt, c, ct, nt, i);
@@ -188,7 +188,7 @@ static double avx2_norm_chunk(const void *x, zn_dtype t, size_t n)
 static inline void rmw_body(float *p, float *m, float *v, const void *g, zn_dtype gt, void *c,
                             size_t n)
 {
-    int nt = c && n >= NT_MIN && ((uintptr_t)c & 15) == 0;
+    int nt = zn_optim_nt_copy && c && n >= NT_MIN && ((uintptr_t)c & 15) == 0;
     size_t i = 0;
     for (; i + W <= n; i += W) {
         __m256 pv = _mm256_loadu_ps(p + i), mv = _mm256_loadu_ps(m + i);

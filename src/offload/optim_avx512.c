@@ -89,7 +89,7 @@ adam_body(const zn_adam_k *k, float *p, float *m, float *v, const void *g, zn_dt
 {
     consts K = load_consts(k);
     int l2 = k->use_l2, decay = k->use_decay;
-    int nt = c && n >= NT_MIN && ((uintptr_t)c & 31) == 0;
+    int nt = zn_optim_nt_copy && c && n >= NT_MIN && ((uintptr_t)c & 31) == 0;
     size_t i = 0;
     for (; i + W <= n; i += W)
         vec16(&K, l2, decay, p, m, v, g, gt, c, ct, nt, i, (__mmask16)0xffff);
@@ -155,7 +155,7 @@ static double avx512_norm_chunk(const void *x, zn_dtype t, size_t n)
 static inline void rmw_body(float *p, float *m, float *v, const void *g, zn_dtype gt, void *c,
                             size_t n)
 {
-    int nt = c && n >= NT_MIN && ((uintptr_t)c & 31) == 0;
+    int nt = zn_optim_nt_copy && c && n >= NT_MIN && ((uintptr_t)c & 31) == 0;
     for (size_t i = 0; i < n; i += W) {
         __mmask16 mk = n - i >= W ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
         __m512 pv = _mm512_maskz_loadu_ps(mk, p + i), mv = _mm512_maskz_loadu_ps(mk, m + i);

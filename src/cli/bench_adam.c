@@ -1,0 +1,656 @@
+/* `zinc bench adam`: the fused CPU Adam step in params/s and GB/s beside two
+ * ceilings measured in the same run on the same memory: a read-modify-write
+ * pass with Adam's exact pattern and no arithmetic (the roofline), and the
+ * STREAM triad; rows for each SIMD path and a plain scalar loop; every row
+ * verified against a double-precision replay of sampled elements. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "zinc/optim.h"
+#include "offload/optim-impl.h"
+#include "cli/cli.h"
+#include "zn_build_config.h"
+
+#define NSAMPLE 4096
+#define MAX_ITERS 200
+#define SLAB_ALIGN ((size_t)2 << 20)   /* 2 MiB: transparent huge pages */
+#define ARRAY_STAGGER (SLAB_ALIGN + 4096)
+
+typedef struct {
+    size_t n;
+    int threads;
+    zn_dtype gt;
+    int copy;
+    zn_dtype ct;
+    int iters;
+    const char *csv;
+} opts;
+
+typedef struct {
+    void *map;                   /* the mapping, for munmap */
+    size_t map_len;
+    char *slab;                  /* map rounded up to SLAB_ALIGN */
+    size_t slab_bytes;
+    float *p, *m, *v;
+    void *g;
+    uint16_t *c;
+} arrays;
+
+enum { ROW_RMW, ROW_TRIAD, ROW_ADAM, ROW_PLAIN };
+
+typedef struct {
+    int kind;
+    char name[24];
+    const zn_optim_ops *ops;       /* ROW_ADAM: the path */
+    int is_auto;
+    double best_s, sum_s;
+    int runs;
+    double t[MAX_ITERS];           /* each pass's seconds, in pass order */
+    uint64_t wrong;
+} row;
+
+/* ---- data: a function of the element index ------------------------------- */
+
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Sign-coherent values away from zero (as in tests/test_adam.c), so that
+ * the replay can use a plain relative error. */
+static void init_elem(size_t i, float *p, float *m, float *v, float *g)
+{
+    uint64_t h = mix(i);
+    double s = (h & 1) ? 1.0 : -1.0;
+    double u1 = (double)((h >> 1) & 0xfffff) / 0x100000, u2 = (double)((h >> 21) & 0xfffff) /
+                                                              0x100000;
+    double u3 = (double)((h >> 41) & 0xfffff) / 0x100000;
+    *p = (float)(s * (0.5 + u1));
+    *m = (float)(s * (0.01 + 0.1 * u2));
+    *v = (float)(1e-4 + 0.01 * u3);
+    *g = (float)(s * (0.05 + u1 * u3));
+}
+
+static float grad_value(size_t i, zn_dtype gt)
+{
+    float p, m, v, g;
+    init_elem(i, &p, &m, &v, &g);
+    if (gt == ZN_DTYPE_BF16)
+        return zn_bf16_to_f32(zn_f32_to_bf16(g));
+    if (gt == ZN_DTYPE_F16)
+        return zn_f16_to_f32(zn_f32_to_f16(g));
+    return g;
+}
+
+/* Fills (and so first-touches) the arrays with the threads and split the
+ * kernels use, so that each page lands on the NUMA node that updates it. */
+static void fill(const opts *o, arrays *a)
+{
+    size_t n = o->n;
+#pragma omp parallel num_threads(o->threads)
+    {
+        size_t lo, hi;
+        zn_optim_range(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+        for (size_t i = lo; i < hi; i++) {
+            float g;
+            init_elem(i, &a->p[i], &a->m[i], &a->v[i], &g);
+            if (o->gt == ZN_DTYPE_F32)
+                ((float *)a->g)[i] = g;
+            else if (o->gt == ZN_DTYPE_BF16)
+                ((uint16_t *)a->g)[i] = zn_f32_to_bf16(g);
+            else
+                ((uint16_t *)a->g)[i] = zn_f32_to_f16(g);
+            if (a->c)
+                a->c[i] = 0;
+        }
+    }
+}
+
+static size_t round_up(size_t x, size_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+static int alloc_arrays(const opts *o, arrays *a)
+{
+    /* Arrays whose starts lie a large power of two apart (1 GiB for 256M
+     * params) ran about 3x slower here, kernel and roofline alike: every
+     * stream then hits the same cache sets and DRAM banks. A stagger of
+     * 2 MiB + 4 KiB between starts removes that. */
+    size_t n = o->n, f = round_up(n * 4, SLAB_ALIGN) + ARRAY_STAGGER;
+    size_t gb = round_up(n * zn_dtype_size(o->gt), SLAB_ALIGN) + ARRAY_STAGGER;
+    size_t cb = o->copy ? round_up(n * 2, SLAB_ALIGN) : 0;
+    a->slab_bytes = 3 * f + gb + cb;
+    long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && psz > 0 && (double)a->slab_bytes > 0.85 * (double)pages * (double)psz) {
+        char want[32], have[32];
+        zn_format_size(a->slab_bytes, want, sizeof want);
+        zn_format_size((uint64_t)pages * (uint64_t)psz, have, sizeof have);
+        return zn_set_error(-ENOMEM, "%zu params need %s; %s of memory is free: use a "
+                            "smaller --params", n, want, have);
+    }
+    void *s = mmap(NULL, a->slab_bytes + SLAB_ALIGN, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (s == MAP_FAILED)
+        return zn_set_error(-errno, "mmap of %zu bytes: %s", a->slab_bytes, strerror(errno));
+    a->map = s;
+    a->map_len = a->slab_bytes + SLAB_ALIGN;
+    a->slab = (char *)round_up((size_t)(uintptr_t)s, SLAB_ALIGN);
+    if (madvise(a->slab, a->slab_bytes, MADV_HUGEPAGE) != 0) {
+        static int warned;
+        zn_warn_once(&warned, "madvise(MADV_HUGEPAGE): %s; timing with 4 KiB pages",
+                     strerror(errno));
+    }
+    a->p = (float *)a->slab;
+    a->m = (float *)(a->slab + f);
+    a->v = (float *)(a->slab + 2 * f);
+    a->g = a->slab + 3 * f;
+    a->c = o->copy ? (uint16_t *)(a->slab + 3 * f + gb) : NULL;
+    return 0;
+}
+
+/* ---- the timed passes ---------------------------------------------------- */
+
+static void run_rmw(const opts *o, const zn_optim_ops *ops, arrays *a)
+{
+    size_t gs = zn_dtype_size(o->gt), n = o->n;
+#pragma omp parallel num_threads(o->threads)
+    {
+        size_t lo, hi;
+        zn_optim_range(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+        if (hi > lo)
+            ops->rmw(a->p + lo, a->m + lo, a->v + lo, (char *)a->g + lo * gs, o->gt,
+                     a->c ? a->c + lo : NULL, hi - lo);
+    }
+}
+
+/* a = b + s * c over the whole slab in three equal parts */
+static size_t triad_len(const arrays *a)
+{
+    return a->slab_bytes / 12 / ZN_OPTIM_BLOCK * ZN_OPTIM_BLOCK;
+}
+
+static void run_triad(const opts *o, const zn_optim_ops *ops, arrays *a)
+{
+    size_t n = triad_len(a);
+    float *x = (float *)a->slab, *y = x + n, *z = y + n;
+#pragma omp parallel num_threads(o->threads)
+    {
+        size_t lo, hi;
+        zn_optim_range(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+        if (hi > lo)
+            ops->triad(x + lo, y + lo, z + lo, 3.0f, hi - lo);
+    }
+}
+
+/* ---- verification: a double replay of sampled elements ------------------ */
+
+typedef struct {
+    size_t idx[NSAMPLE];
+    double p[NSAMPLE], m[NSAMPLE], v[NSAMPLE];
+    uint32_t bits[NSAMPLE][3];   /* for the roofline: p, m, v must not change */
+    int steps;
+} sample;
+
+static void sample_init(sample *s, const opts *o, const arrays *a)
+{
+    for (size_t k = 0; k < NSAMPLE; k++) {
+        /* both ends, each thread's split points, then spread at random */
+        size_t i = k < 2 ? (k ? o->n - 1 : 0) : (size_t)(mix(k * 7 + 3) % o->n);
+        if (k >= 2 && k < 2 + 2 * (size_t)o->threads) {
+            size_t lo, hi;
+            zn_optim_range(o->n, o->threads, (int)(k - 2) / 2, &lo, &hi);
+            i = (k & 1) ? (hi > lo ? hi - 1 : lo) : lo;
+            if (i >= o->n)
+                i = o->n - 1;
+        }
+        s->idx[k] = i;
+        s->p[k] = a->p[i];
+        s->m[k] = a->m[i];
+        s->v[k] = a->v[i];
+    }
+    s->steps = 0;
+}
+
+static void sample_snap(sample *s, const arrays *a)
+{
+    for (size_t k = 0; k < NSAMPLE; k++) {
+        size_t i = s->idx[k];
+        s->bits[k][0] = zn_f32_bits(a->p[i]);
+        s->bits[k][1] = zn_f32_bits(a->m[i]);
+        s->bits[k][2] = zn_f32_bits(a->v[i]);
+    }
+}
+
+static uint64_t sample_unchanged(const sample *s, const arrays *a)
+{
+    uint64_t bad = 0;
+    for (size_t k = 0; k < NSAMPLE; k++) {
+        size_t i = s->idx[k];
+        bad += s->bits[k][0] != zn_f32_bits(a->p[i]) || s->bits[k][1] != zn_f32_bits(a->m[i]) ||
+               s->bits[k][2] != zn_f32_bits(a->v[i]);
+    }
+    return bad;
+}
+
+/* Advances the replay by the step just taken with `hp` and counts sampled
+ * elements whose p, m or v left the tolerance, or whose copy is not the
+ * rounding of p. The tolerance grows with the steps taken: each step may
+ * round p, m and v once more (2^-24 each; about 1.2e-7 with the FMA-free
+ * path). */
+static uint64_t sample_step(sample *s, const opts *o, const arrays *a, const zn_adam_params *hp,
+                            float g_scale)
+{
+    double b1 = hp->beta1, b2 = hp->beta2, lr = hp->lr, wd = hp->weight_decay, eps = hp->eps;
+    double bc1 = hp->bias_correction ? 1 - pow(b1, (double)hp->step) : 1;
+    double bc2 = hp->bias_correction ? 1 - pow(b2, (double)hp->step) : 1;
+    s->steps++;
+    double tol = 1e-6 + 1.5e-7 * s->steps;
+    uint64_t bad = 0;
+    for (size_t k = 0; k < NSAMPLE; k++) {
+        size_t i = s->idx[k];
+        double g = (double)grad_value(i, o->gt) * g_scale;
+        if (wd != 0 && !hp->adamw_mode)
+            g += wd * s->p[k];
+        s->m[k] = b1 * s->m[k] + (1 - b1) * g;
+        s->v[k] = b2 * s->v[k] + (1 - b2) * g * g;
+        double dec = wd != 0 && hp->adamw_mode ? lr * wd * s->p[k] : 0;
+        s->p[k] -= lr / bc1 * s->m[k] / (sqrt(s->v[k]) / sqrt(bc2) + eps) + dec;
+        double ep = fabs(a->p[i] - s->p[k]) / fabs(s->p[k]);
+        double em = fabs(a->m[i] - s->m[k]) / fabs(s->m[k]);
+        double ev = fabs(a->v[i] - s->v[k]) / fabs(s->v[k]);
+        int ok = ep <= tol && em <= tol && ev <= tol;
+        if (ok && a->c) {
+            uint16_t want = o->ct == ZN_DTYPE_BF16 ? zn_f32_to_bf16(a->p[i])
+                                                    : zn_f32_to_f16(a->p[i]);
+            ok = a->c[i] == want;
+        }
+        bad += !ok;
+    }
+    return bad;
+}
+
+/* After the last step: every copy element is the rounding of its p. */
+static uint64_t full_copy_check(const opts *o, const arrays *a)
+{
+    uint64_t bad = 0;
+    if (!a->c)
+        return 0;
+#pragma omp parallel for num_threads(o->threads) schedule(static) reduction(+ : bad)
+    for (size_t i = 0; i < o->n; i++) {
+        uint16_t want = o->ct == ZN_DTYPE_BF16 ? zn_f32_to_bf16(a->p[i]) : zn_f32_to_f16(a->p[i]);
+        bad += a->c[i] != want || !isfinite(a->p[i]);
+    }
+    return bad;
+}
+
+/* ---- output ---------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *x, int n)
+{
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* The median over passes of (roofline time / row time) in the same pass:
+ * the two ran back to back, so a slow moment of the shared machine hits
+ * both. The triad does not interleave: its median time against the
+ * roofline's. */
+static double median_ratio(const row *roof, const row *w, double w_bytes, double roof_bytes)
+{
+    double r[MAX_ITERS];
+    int n = roof->runs < w->runs ? roof->runs : w->runs;
+    if (w->kind == ROW_TRIAD) {
+        double a[MAX_ITERS], b[MAX_ITERS];
+        memcpy(a, roof->t, (size_t)roof->runs * sizeof *a);
+        memcpy(b, w->t, (size_t)w->runs * sizeof *b);
+        return (w_bytes / median(b, w->runs)) / (roof_bytes / median(a, roof->runs));
+    }
+    for (int i = 0; i < n; i++)
+        r[i] = (w_bytes / w->t[i]) / (roof_bytes / roof->t[i]);
+    return median(r, n);
+}
+
+static void cpu_model(char *buf, size_t len)
+{
+    snprintf(buf, len, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "model name", 10)) {
+            char *c = strchr(line, ':');
+            if (c) {
+                c++;
+                while (*c == ' ' || *c == '\t')
+                    c++;
+                c[strcspn(c, "\n")] = 0;
+                snprintf(buf, len, "%s", c);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+static void thp_mode(char *buf, size_t len)
+{
+    snprintf(buf, len, "?");
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f)
+        return;
+    char line[128] = "";
+    if (fgets(line, sizeof line, f)) {
+        char *l = strchr(line, '['), *r = l ? strchr(l, ']') : NULL;
+        if (l && r) {
+            *r = 0;
+            snprintf(buf, len, "%s", l + 1);
+        }
+    }
+    fclose(f);
+}
+
+static int parse_dtype(const char *s, int allow_none, int *on, zn_dtype *t)
+{
+    *on = 1;
+    if (!strcmp(s, "fp32") || !strcmp(s, "f32"))
+        *t = ZN_DTYPE_F32;
+    else if (!strcmp(s, "bf16"))
+        *t = ZN_DTYPE_BF16;
+    else if (!strcmp(s, "fp16") || !strcmp(s, "f16"))
+        *t = ZN_DTYPE_F16;
+    else if (allow_none && !strcmp(s, "none"))
+        *on = 0, *t = ZN_DTYPE_BF16;
+    else
+        return -1;
+    return 0;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: zinc bench adam [--params N] [--threads N] [--grad fp32|bf16|fp16]\n"
+            "                       [--copy none|bf16|fp16] [--iters K] [--csv FILE]\n"
+            "                       [--nt-copy 0|1]\n"
+            "  --params   parameters per step (size syntax: 256M = 2^28), default 256M\n"
+            "  --threads  OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
+            "  --grad     gradient dtype (default fp32); --copy: 16-bit copy (default none)\n"
+            "  --iters    timed passes per row, interleaved across rows (default 5)\n"
+            "  --csv      append one line per row to FILE (header when new)\n"
+            "  --nt-copy  0: ordinary stores for the copy (default 1: streaming when aligned)\n"
+            "Rows: rmw (Adam's memory pattern, no arithmetic: the roofline), triad\n"
+            "(STREAM, same memory), adam <path> for each SIMD path of this CPU (* the\n"
+            "one ZINC_SIMD/auto picks), plain (scalar loop built without vector code).\n");
+}
+
+int zn_bench_adam(int argc, char **argv)
+{
+    opts o = { .n = (size_t)256 << 20, .threads = omp_get_max_threads(), .gt = ZN_DTYPE_F32,
+               .copy = 0, .ct = ZN_DTYPE_BF16, .iters = 5, .csv = NULL };
+    static const struct option lo[] = {
+        { "params", required_argument, 0, 'n' }, { "threads", required_argument, 0, 't' },
+        { "grad", required_argument, 0, 'g' },   { "copy", required_argument, 0, 'c' },
+        { "iters", required_argument, 0, 'i' },  { "csv", required_argument, 0, 'o' },
+        { "nt-copy", required_argument, 0, 'N' }, { "help", no_argument, 0, 'h' },
+        { 0, 0, 0, 0 },
+    };
+    optind = 1;
+    int ch, on;
+    while ((ch = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        uint64_t u;
+        char *end;
+        switch (ch) {
+        case 'n':
+            if (zn_parse_size(optarg, &u) || u == 0 || u > ((uint64_t)1 << 40))
+                return zn_cli_fail(ZN_EARG, "--params");
+            o.n = (size_t)u;
+            break;
+        case 't':
+            o.threads = (int)strtol(optarg, &end, 10);
+            if (*end || o.threads < 1 || o.threads > 4096) {
+                fprintf(stderr, "zinc: error: --threads wants a count >= 1, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'g':
+            if (parse_dtype(optarg, 0, &on, &o.gt)) {
+                fprintf(stderr, "zinc: error: --grad wants fp32, bf16 or fp16\n");
+                return 2;
+            }
+            break;
+        case 'c':
+            if (parse_dtype(optarg, 1, &o.copy, &o.ct) || o.ct == ZN_DTYPE_F32) {
+                fprintf(stderr, "zinc: error: --copy wants none, bf16 or fp16\n");
+                return 2;
+            }
+            break;
+        case 'i':
+            o.iters = (int)strtol(optarg, &end, 10);
+            if (*end || o.iters < 1 || o.iters > MAX_ITERS) {
+                fprintf(stderr, "zinc: error: --iters wants 1..%d\n", MAX_ITERS);
+                return 2;
+            }
+            break;
+        case 'o':
+            o.csv = optarg;
+            break;
+        case 'N':
+            zn_optim_nt_copy = strcmp(optarg, "0") != 0;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "zinc: error: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+
+    arrays a = { 0 };
+    int rc = alloc_arrays(&o, &a);
+    if (rc < 0)
+        return zn_cli_fail(rc, "bench adam");
+
+    /* the rows */
+    row rows[8];
+    int nrows = 0;
+    const zn_optim_ops *best = zn_optim_get_ops(ZN_ISA_AUTO);
+    rows[nrows++] = (row){ .kind = ROW_RMW, .name = "rmw", .ops = best };
+    rows[nrows++] = (row){ .kind = ROW_TRIAD, .name = "triad", .ops = best };
+    static const zn_isa isas[] = { ZN_ISA_AVX512, ZN_ISA_AVX2, ZN_ISA_SCALAR };
+    for (size_t i = 0; i < 3; i++) {
+        const zn_optim_ops *ops = zn_optim_get_ops(isas[i]);
+        if (!ops)
+            continue;
+        row r = { .kind = ROW_ADAM, .ops = ops, .is_auto = ops == best };
+        snprintf(r.name, sizeof r.name, "adam %s%s", ops->name, ops == best ? " *" : "");
+        rows[nrows++] = r;
+    }
+    rows[nrows++] = (row){ .kind = ROW_PLAIN, .name = "plain" };
+
+    size_t gs = zn_dtype_size(o.gt);
+    double bytes_pp = 4 + (double)gs + 4 + 4 + 12 + (o.copy ? 2 : 0);
+
+    char model[256], thp[32], sz[32];
+    cpu_model(model, sizeof model);
+    thp_mode(thp, sizeof thp);
+    zn_format_size(a.slab_bytes, sz, sizeof sz);
+    printf("# zinc bench adam: fused CPU Adam/AdamW step vs the read-modify-write roofline\n");
+    printf("# machine: %s, %ld CPUs online; SIMD paths here:", model,
+           sysconf(_SC_NPROCESSORS_ONLN));
+    for (size_t i = 0; i < 3; i++)
+        printf(" %s%s", zn_isa_name(isas[i]), zn_adam_isa_available(isas[i]) ? "" : "(no)");
+    printf("\n# zinc %s, gcc %s, OpenMP %d, %d threads, THP %s\n", ZN_VERSION, __VERSION__,
+           _OPENMP, o.threads, thp);
+    printf("# %zu params, grad %s, copy %s%s, %d interleaved passes per row (best and mean "
+           "shown), memory %s\n", o.n, zn_dtype_name(o.gt),
+           o.copy ? zn_dtype_name(o.ct) : "none",
+           o.copy ? (zn_optim_nt_copy ? " (streaming stores)" : " (ordinary stores)") : "",
+           o.iters, sz);
+    printf("# one mmap'd slab (THP advised), arrays staggered by 2 MiB + 4 KiB, first-touched "
+           "with the kernel's threads and split\n");
+    printf("# bytes per param: read p 4 + g %zu + m 4 + v 4, write p 4 + m 4 + v 4%s = %.0f "
+           "(rmw moves the same; triad: 12 per element over the same memory)\n", gs,
+           o.copy ? " + copy 2" : "", bytes_pp);
+    printf("# AdamW lr 1e-3 betas 0.9/0.999 eps 1e-8 wd 0.01, bias correction; #wrong: of %d "
+           "sampled elements per pass vs a double replay, plus every copy element at the end\n",
+           NSAMPLE);
+    fflush(stdout);
+
+    double t0 = zn_now_s();
+    fill(&o, &a);
+    double fill_s = zn_now_s() - t0;
+
+    /* the triad first: it overwrites the data, which is filled again after */
+    row *tr = &rows[1];
+    tr->best_s = INFINITY;
+    size_t tn = triad_len(&a);
+    for (int it = 0; it < o.iters; it++) {
+        double s0 = zn_now_s();
+        run_triad(&o, tr->ops, &a);
+        double dt = zn_now_s() - s0;
+        tr->t[tr->runs] = dt;
+        tr->best_s = fmin(tr->best_s, dt);
+        tr->sum_s += dt;
+        tr->runs++;
+    }
+    {
+        /* check a sample of a = b + 3c (the last pass wrote a from b, c) */
+        const float *x = (float *)a.slab, *y = x + tn, *z = y + tn;
+        for (size_t k = 0; k < NSAMPLE; k++) {
+            size_t i = (size_t)(mix(k + 99) % tn);
+            double want = (double)y[i] + 3.0 * (double)z[i];
+            tr->wrong += !(fabs(x[i] - want) <= 1e-6 * fabs(want) + 1e-30);
+        }
+    }
+    fill(&o, &a);
+
+    sample smp;
+    sample_init(&smp, &o, &a);
+    zn_adam_params hp = zn_adam_params_default();
+    hp.weight_decay = 0.01f;
+    hp.threads = o.threads;
+    hp.step = 1;
+    for (int r = 0; r < nrows; r++)
+        if (r != 1)
+            rows[r].best_s = INFINITY;
+    int failed = 0;
+    for (int it = 0; it < o.iters && !failed; it++) {
+        for (int r = 0; r < nrows; r++) {
+            row *w = &rows[r];
+            if (w->kind == ROW_TRIAD)
+                continue;
+            double s0 = zn_now_s();
+            if (w->kind == ROW_RMW) {
+                sample_snap(&smp, &a);
+                s0 = zn_now_s();
+                run_rmw(&o, w->ops, &a);
+            } else {
+                zn_adam_kernel_fn k = w->kind == ROW_PLAIN ? zn_adam_plain_kernel : w->ops->adam;
+                rc = zn_adam_step_with(k, &hp, a.p, a.m, a.v, a.g, o.gt, 1.0f, a.c, o.ct, o.n);
+                if (rc < 0) {
+                    failed = 1;
+                    break;
+                }
+            }
+            double dt = zn_now_s() - s0;
+            w->t[w->runs] = dt;
+            w->best_s = fmin(w->best_s, dt);
+            w->sum_s += dt;
+            w->runs++;
+            if (w->kind == ROW_RMW)
+                w->wrong += sample_unchanged(&smp, &a);
+            else {
+                w->wrong += sample_step(&smp, &o, &a, &hp, 1.0f);
+                hp.step++;
+            }
+        }
+    }
+    if (failed) {
+        munmap(a.map, a.map_len);
+        return zn_cli_fail(rc, "bench adam");
+    }
+    uint64_t copy_bad = full_copy_check(&o, &a);
+    rows[nrows - 1].wrong += copy_bad;   /* the last pass wrote every copy element */
+
+    double roof_gbs = bytes_pp * (double)o.n / rows[0].best_s / 1e9;
+    printf("# (fill/first touch %.2f s; %d Adam steps taken; copy check: %llu of %zu wrong)\n",
+           fill_s, (int)(hp.step - 1), (unsigned long long)copy_bad, a.c ? o.n : (size_t)0);
+    printf("#\n# %-14s %10s %8s %10s %7s %7s %9s %9s %7s\n", "row", "Mparam/s", "GB/s",
+           "roof GB/s", "ratio", "med", "best ms", "mean ms", "#wrong");
+    FILE *csv = NULL;
+    if (o.csv) {
+        FILE *chk = fopen(o.csv, "r");
+        int fresh = chk == NULL;
+        if (chk)
+            fclose(chk);
+        csv = fopen(o.csv, "a");
+        if (!csv) {
+            fprintf(stderr, "zinc: error: --csv %s: %s\n", o.csv, strerror(errno));
+            munmap(a.map, a.map_len);
+            return 1;
+        }
+        if (fresh)
+            fprintf(csv, "cpu,threads,params,grad,copy,nt_copy,row,mparams_s,gbs,roof_gbs,"
+                         "ratio,median_ratio,best_ms,mean_ms,wrong\n");
+    }
+    uint64_t wrong_total = 0;
+    for (int r = 0; r < nrows; r++) {
+        row *w = &rows[r];
+        double mps, gbs;
+        if (w->kind == ROW_TRIAD) {
+            gbs = 12.0 * (double)tn / w->best_s / 1e9;
+            mps = gbs * 1e9 / bytes_pp / 1e6;   /* the params/s this bandwidth would give */
+        } else {
+            mps = (double)o.n / w->best_s / 1e6;
+            gbs = bytes_pp * (double)o.n / w->best_s / 1e9;
+        }
+        double ratio = gbs / roof_gbs;
+        double w_bytes = w->kind == ROW_TRIAD ? 12.0 * (double)tn : bytes_pp * (double)o.n;
+        double med = median_ratio(&rows[0], w, w_bytes, bytes_pp * (double)o.n);
+        printf("  %-14s %10.1f %8.2f %10.2f %7.3f %7.3f %9.1f %9.1f %7llu\n", w->name, mps, gbs,
+               roof_gbs, ratio, med, w->best_s * 1e3, w->sum_s / w->runs * 1e3,
+               (unsigned long long)w->wrong);
+        if (csv)
+            fprintf(csv, "\"%s\",%d,%zu,%s,%s,%d,%s,%.1f,%.3f,%.3f,%.4f,%.4f,%.2f,%.2f,%llu\n",
+                    model, o.threads, o.n, zn_dtype_name(o.gt),
+                    o.copy ? zn_dtype_name(o.ct) : "none", zn_optim_nt_copy, w->name, mps, gbs,
+                    roof_gbs, ratio, med, w->best_s * 1e3,
+                    w->sum_s / w->runs * 1e3, (unsigned long long)w->wrong);
+        wrong_total += w->wrong;
+    }
+    printf("# ratio: best GB/s over the roofline's best GB/s; med: median over passes of the "
+           "ratio within one pass\n# triad's Mparam/s: the params/s its bandwidth would carry at "
+           "%.0f bytes each\n", bytes_pp);
+    if (csv && fclose(csv) != 0)
+        fprintf(stderr, "zinc: error: writing %s: %s\n", o.csv, strerror(errno));
+    munmap(a.map, a.map_len);
+    if (wrong_total) {
+        fprintf(stderr, "zinc: error: bench adam: %llu wrong results\n",
+                (unsigned long long)wrong_total);
+        return 1;
+    }
+    return 0;
+}
