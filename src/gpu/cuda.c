@@ -79,6 +79,13 @@ typedef struct cstream {
     float *scratch;        /* ZN_CUDA_SCRATCH floats, outside the arena */
 } cstream;
 
+void *zn_cuda_stream_native(zn_stream *s)
+{
+    if (!s || !s->impl || zn_dev_get_kind(s->dev) != ZN_DEV_CUDA)
+        return NULL;
+    return ((cstream *)s->impl)->st;
+}
+
 /* The runtime's current device is per thread: set it on whichever thread
  * calls in (cheap when it is already current). */
 static int use(zn_dev *d)

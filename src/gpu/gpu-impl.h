@@ -241,6 +241,10 @@ int zn_gpu_pci_numa_node(const char *bus_id);
  * Returns 0 and GB/s in *gbs, or ZN_ECUDA. */
 int zn_cuda_plain_copy_gbs(zn_dev *d, int dir, size_t block, int iters, double *gbs);
 
+/* The cudaStream_t behind a zinc stream of a CUDA device (for NCCL, which
+ * enqueues on it); NULL for other streams. */
+void *zn_cuda_stream_native(zn_stream *s);
+
 /* cuda_kernels.cu: launches the kernel(s) of `op` (any kind that
  * zn_host_run_op handles except GEMM) on `stream` (a cudaStream_t).
  * `scratch` is a per-stream device buffer of ZN_CUDA_SCRATCH floats for the
