@@ -4,9 +4,19 @@
  * result never depends on where a thread's range ends. */
 #include "offload/optim-impl.h"
 
-#if ZN_OPTIM_X86
+#if defined(ZN_OPTIM_AVX512_EMULATE)
+/* tests/test_adam_avx512emu.c includes this file after defining the
+ * intrinsics in plain C, so that machines without AVX-512 still run it. */
+#define ZN_AVX512_OPS zn_optim_ops_avx512_emu
+#define ZN_OPAQUE(x) __asm__ volatile("" : : "g"(&(x)) : "memory")
+#elif ZN_OPTIM_X86
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
 #include <immintrin.h>
+#define ZN_AVX512_OPS zn_optim_ops_avx512
+#define ZN_OPAQUE(x) __asm__ volatile("" : "+v"(x))
+#endif
+
+#if defined(ZN_AVX512_OPS)
 
 #define W 16
 
@@ -161,7 +171,10 @@ static inline void rmw_body(float *p, float *m, float *v, const void *g, zn_dtyp
         __m512 pv = _mm512_maskz_loadu_ps(mk, p + i), mv = _mm512_maskz_loadu_ps(mk, m + i);
         __m512 vv = _mm512_maskz_loadu_ps(mk, v + i), gv = load_g(g, gt, i, mk);
         /* opaque to the compiler: the stores below must happen */
-        __asm__ volatile("" : "+v"(pv), "+v"(mv), "+v"(vv), "+v"(gv));
+        ZN_OPAQUE(pv);
+        ZN_OPAQUE(mv);
+        ZN_OPAQUE(vv);
+        ZN_OPAQUE(gv);
         _mm512_mask_storeu_ps(p + i, mk, pv);
         _mm512_mask_storeu_ps(m + i, mk, mv);
         _mm512_mask_storeu_ps(v + i, mk, vv);
@@ -198,7 +211,7 @@ static void avx512_triad(float *a, const float *b, const float *c, float s, size
     }
 }
 
-const zn_optim_ops zn_optim_ops_avx512 = {
+const zn_optim_ops ZN_AVX512_OPS = {
     ZN_ISA_AVX512, "avx512", avx512_adam, avx512_norm_chunk, avx512_rmw, avx512_triad,
 };
 #endif
