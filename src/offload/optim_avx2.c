@@ -24,24 +24,63 @@ static inline __m256 load_g(const void *g, zn_dtype gt, size_t i)
     return _mm256_cvtph_ps(h);
 }
 
-static inline __m128i round16(__m256 x, zn_dtype ct)
+/* bf16 rounding on 32-bit lanes: each lane's high half becomes the bf16
+ * (round to nearest even; a NaN keeps its top bits and gets the quiet bit).
+ * zn_bf16_round in optim-impl.h is the scalar form. */
+static inline __m256i bf16_hi(__m256 x)
+{
+    __m256i u = _mm256_castps_si256(x);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    __m256i qnan = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
+    __m256 isnan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    return _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(isnan));
+}
+
+/* Gathers each 128-bit lane's four high (hi = 1) or low halves into that
+ * lane's low 8 bytes: one shuffle instead of a shift and a pack. */
+static inline __m256i halves(__m256i r, int hi)
+{
+    const __m256i hmask = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1,
+                                           -1, -1, 2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1,
+                                           -1, -1, -1, -1);
+    const __m256i lmask = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1,
+                                           -1, -1, 0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1,
+                                           -1, -1, -1, -1);
+    return _mm256_shuffle_epi8(r, hi ? hmask : lmask);
+}
+
+/* 8 gathered halves in order */
+static inline __m128i join8(__m256i s)
+{
+    return _mm_unpacklo_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+
+/* 16 gathered halves (a: elements 0-7, b: 8-15) in order */
+static inline __m256i join16(__m256i a, __m256i b)
+{
+    return _mm256_permute4x64_epi64(_mm256_unpacklo_epi64(a, b), 0xd8);
+}
+
+static inline __m128i copy8(__m256 x, zn_dtype ct)
 {
     if (ct == ZN_DTYPE_F16)
         return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256i u = _mm256_castps_si256(x);
-    __m256i hi = _mm256_srli_epi32(u, 16);
-    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(1)),
-                                                     _mm256_set1_epi32(0x7fff)));
-    r = _mm256_srli_epi32(r, 16);
-    __m256i qnan = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
-    __m256 isnan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-    r = _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(isnan));
-    /* values are in [0, 0xffff]: the unsigned saturating pack is exact */
-    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    return join8(halves(bf16_hi(x), 1));
+}
+
+static inline __m256i copy16(__m256 x0, __m256 x1, zn_dtype ct)
+{
+    if (ct == ZN_DTYPE_F16)
+        return _mm256_set_m128i(
+            _mm256_cvtps_ph(x1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+            _mm256_cvtps_ph(x0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return join16(halves(bf16_hi(x0), 1), halves(bf16_hi(x1), 1));
 }
 
 typedef struct {
     __m256 b1, omb1, b2, omb2, step, bc2, eps, gs, l2, decay;
+    int scale, use_l2, use_decay;
 } consts;
 
 static inline consts load_consts(const zn_adam_k *k)
@@ -50,38 +89,35 @@ static inline consts load_consts(const zn_adam_k *k)
         _mm256_set1_ps(k->b1), _mm256_set1_ps(k->omb1), _mm256_set1_ps(k->b2),
         _mm256_set1_ps(k->omb2), _mm256_set1_ps(k->step_size), _mm256_set1_ps(k->bc2),
         _mm256_set1_ps(k->eps), _mm256_set1_ps(k->g_scale), _mm256_set1_ps(k->l2),
-        _mm256_set1_ps(k->decay),
+        _mm256_set1_ps(k->decay), k->g_scale != 1.0f, k->use_l2, k->use_decay,
     };
     return c;
 }
 
-/* W elements at offset i: the formula of zn_adam_elem with FMAs. */
-static inline __attribute__((always_inline)) void
-vec8(const consts *K, int l2, int decay, float *p, float *m, float *v, const void *g,
-     zn_dtype gt, void *c, zn_dtype ct, int nt, size_t i)
+/* W elements at offset i: the formula of zn_adam_elem with FMAs. Stores p,
+ * m, v and returns the new p for the copy. (A scale of 1 is skipped: x * 1
+ * is x exactly.) */
+static inline __attribute__((always_inline)) __m256
+step8(const consts *K, float *p, float *m, float *v, const void *g, zn_dtype gt, size_t i)
 {
     __m256 pv = _mm256_loadu_ps(p + i), mv = _mm256_loadu_ps(m + i), vv = _mm256_loadu_ps(v + i);
-    __m256 gv = _mm256_mul_ps(load_g(g, gt, i), K->gs);
-    if (l2)
+    __m256 gv = load_g(g, gt, i);
+    if (K->scale)
+        gv = _mm256_mul_ps(gv, K->gs);
+    if (K->use_l2)
         gv = _mm256_fmadd_ps(pv, K->l2, gv);
     mv = _mm256_fmadd_ps(K->b1, mv, _mm256_mul_ps(K->omb1, gv));
     vv = _mm256_fmadd_ps(K->b2, vv, _mm256_mul_ps(_mm256_mul_ps(K->omb2, gv), gv));
     __m256 den = _mm256_fmadd_ps(_mm256_sqrt_ps(vv), K->bc2, K->eps);
     __m256 upd = _mm256_div_ps(mv, den);
     __m256 dp = _mm256_mul_ps(K->step, upd);
-    if (decay)
+    if (K->use_decay)
         dp = _mm256_fmadd_ps(pv, K->decay, dp);
     pv = _mm256_add_ps(pv, dp);
     _mm256_storeu_ps(p + i, pv);
     _mm256_storeu_ps(m + i, mv);
     _mm256_storeu_ps(v + i, vv);
-    if (c) {
-        __m128i h = round16(pv, ct);
-        if (nt)
-            _mm_stream_si128((__m128i *)((uint16_t *)c + i), h);
-        else
-            _mm_storeu_si128((__m128i *)((uint16_t *)c + i), h);
-    }
+    return pv;
 }
 
 static inline __attribute__((always_inline)) void
@@ -89,29 +125,47 @@ adam_body(const zn_adam_k *k, float *p, float *m, float *v, const void *g, zn_dt
           void *c, zn_dtype ct, size_t n)
 {
     consts K = load_consts(k);
-    int l2 = k->use_l2, decay = k->use_decay;
-    int nt = zn_optim_nt_copy && c && n >= NT_MIN && ((uintptr_t)c & 15) == 0;
+    uint16_t *c16 = c;
+    int nt = zn_optim_nt_copy && c && n >= NT_MIN && ((uintptr_t)c & 31) == 0;
     size_t i = 0;
-    for (; i + W <= n; i += W)
-        vec8(&K, l2, decay, p, m, v, g, gt, c, ct, nt, i);
+    /* two vectors a turn: the copy of 16 goes out in one 32-byte store */
+    for (; i + 2 * W <= n; i += 2 * W) {
+        __m256 x0 = step8(&K, p, m, v, g, gt, i);
+        __m256 x1 = step8(&K, p, m, v, g, gt, i + W);
+        if (c) {
+            __m256i h = copy16(x0, x1, ct);
+            if (nt)
+                _mm256_stream_si256((__m256i *)(c16 + i), h);
+            else
+                _mm256_storeu_si256((__m256i *)(c16 + i), h);
+        }
+    }
     if (nt)
         _mm_sfence();
+    if (i + W <= n) {
+        __m256 x = step8(&K, p, m, v, g, gt, i);
+        if (c)
+            _mm_storeu_si128((__m128i *)(c16 + i), copy8(x, ct));
+        i += W;
+    }
     if (i < n) {
         /* the tail: the same vector code on a zero-padded copy */
         size_t r = n - i, gs = zn_dtype_size(gt);
         float tp[W] = { 0 }, tm[W] = { 0 }, tv[W] = { 0 };
         float tg[W] = { 0 };
-        uint16_t tc[W];
         memcpy(tp, p + i, r * 4);
         memcpy(tm, m + i, r * 4);
         memcpy(tv, v + i, r * 4);
         memcpy(tg, (const char *)g + i * gs, r * gs);
-        vec8(&K, l2, decay, tp, tm, tv, tg, gt, c ? tc : NULL, ct, 0, 0);
+        __m256 x = step8(&K, tp, tm, tv, tg, gt, 0);
         memcpy(p + i, tp, r * 4);
         memcpy(m + i, tm, r * 4);
         memcpy(v + i, tv, r * 4);
-        if (c)
-            memcpy((uint16_t *)c + i, tc, r * 2);
+        if (c) {
+            uint16_t tc[W];
+            _mm_storeu_si128((__m128i *)tc, copy8(x, ct));
+            memcpy(c16 + i, tc, r * 2);
+        }
     }
 }
 
@@ -188,32 +242,39 @@ static double avx2_norm_chunk(const void *x, zn_dtype t, size_t n)
 static inline void rmw_body(float *p, float *m, float *v, const void *g, zn_dtype gt, void *c,
                             size_t n)
 {
-    int nt = zn_optim_nt_copy && c && n >= NT_MIN && ((uintptr_t)c & 15) == 0;
+    /* the same turn of two vectors and the same store kinds as adam_body */
+    uint16_t *c16 = c;
+    int nt = zn_optim_nt_copy && c && n >= NT_MIN && ((uintptr_t)c & 31) == 0;
     size_t i = 0;
-    for (; i + W <= n; i += W) {
-        __m256 pv = _mm256_loadu_ps(p + i), mv = _mm256_loadu_ps(m + i);
-        __m256 vv = _mm256_loadu_ps(v + i), gv = load_g(g, gt, i);
+    for (; i + 2 * W <= n; i += 2 * W) {
+        __m256 p0 = _mm256_loadu_ps(p + i), m0 = _mm256_loadu_ps(m + i);
+        __m256 v0 = _mm256_loadu_ps(v + i), g0 = load_g(g, gt, i);
+        __m256 p1 = _mm256_loadu_ps(p + i + W), m1 = _mm256_loadu_ps(m + i + W);
+        __m256 v1 = _mm256_loadu_ps(v + i + W), g1 = load_g(g, gt, i + W);
         /* opaque to the compiler: the stores below must happen */
-        __asm__ volatile("" : "+x"(pv), "+x"(mv), "+x"(vv), "+x"(gv));
-        _mm256_storeu_ps(p + i, pv);
-        _mm256_storeu_ps(m + i, mv);
-        _mm256_storeu_ps(v + i, vv);
+        __asm__ volatile("" : "+x"(p0), "+x"(m0), "+x"(v0), "+x"(g0));
+        __asm__ volatile("" : "+x"(p1), "+x"(m1), "+x"(v1), "+x"(g1));
+        _mm256_storeu_ps(p + i, p0);
+        _mm256_storeu_ps(m + i, m0);
+        _mm256_storeu_ps(v + i, v0);
+        _mm256_storeu_ps(p + i + W, p1);
+        _mm256_storeu_ps(m + i + W, m1);
+        _mm256_storeu_ps(v + i + W, v1);
         if (c) {
-            /* the low halves of p's bits: a pack, no arithmetic */
-            __m256i u = _mm256_and_si256(_mm256_castps_si256(pv), _mm256_set1_epi32(0xffff));
-            __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(u),
-                                         _mm256_extracti128_si256(u, 1));
+            /* the low halves of p's bits: shuffles, no arithmetic */
+            __m256i h = join16(halves(_mm256_castps_si256(p0), 0),
+                               halves(_mm256_castps_si256(p1), 0));
             if (nt)
-                _mm_stream_si128((__m128i *)((uint16_t *)c + i), h);
+                _mm256_stream_si256((__m256i *)(c16 + i), h);
             else
-                _mm_storeu_si128((__m128i *)((uint16_t *)c + i), h);
+                _mm256_storeu_si256((__m256i *)(c16 + i), h);
         }
     }
     if (nt)
         _mm_sfence();
     for (; i < n; i++) {
         if (c)
-            ((uint16_t *)c)[i] = (uint16_t)zn_f32_bits(p[i]);
+            c16[i] = (uint16_t)zn_f32_bits(p[i]);
     }
 }
 
