@@ -281,9 +281,8 @@ int zn_adam_prepare(const zn_adam_params *hp, float *p, float *m, float *v, cons
     out->omb1 = (float)(1.0 - b1);   /* exact in float: Sterbenz for b1 in [0.5, 1) */
     out->b2 = hp->beta2;
     out->omb2 = (float)(1.0 - b2);
-    out->step_size = (float)(-lr / bc1);
-    out->bc2 = (float)(1.0 / sqrt(bc2));
-    out->eps = hp->eps;
+    out->step_size = (float)(-lr * sqrt(bc2) / bc1);
+    out->eps = (float)(hp->eps * sqrt(bc2));
     out->g_scale = g_scale;
     if (wd != 0) {
         if (hp->adamw_mode) {

@@ -24,9 +24,8 @@
 typedef struct {
     float b1, omb1;      /* beta1, 1 - beta1 */
     float b2, omb2;      /* beta2, 1 - beta2 */
-    float step_size;     /* -lr / (1 - beta1^t) */
-    float bc2;           /* 1 / sqrt(1 - beta2^t) */
-    float eps;
+    float step_size;     /* -lr * sqrt(1 - beta2^t) / (1 - beta1^t) */
+    float eps;           /* eps * sqrt(1 - beta2^t) */
     float g_scale;
     float l2;            /* weight_decay (Adam L2 mode), used when use_l2 */
     float decay;         /* -lr * weight_decay (AdamW), used when use_decay */
@@ -198,7 +197,10 @@ static inline uint16_t zn_round_elem(float x, zn_dtype t)
 }
 
 /* One element of the Adam step, without fused multiply-adds (the portable
- * path; the SIMD paths use FMA and may differ in the last bit). */
+ * path; the SIMD paths use FMA and may differ in the last bit). The bias
+ * corrections are folded into step_size and eps (as torch.optim.Adam
+ * does): lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps) equals
+ * lr*sqrt(bc2)/bc1 * m / (sqrt(v) + eps*sqrt(bc2)), one multiply less. */
 static inline void zn_adam_elem(const zn_adam_k *k, float *pp, float *mp, float *vp, float g)
 {
     float p = *pp, m = *mp, v = *vp;
@@ -207,8 +209,7 @@ static inline void zn_adam_elem(const zn_adam_k *k, float *pp, float *mp, float 
         g = p * k->l2 + g;
     m = k->b1 * m + k->omb1 * g;
     v = k->b2 * v + (k->omb2 * g) * g;
-    float den = sqrtf(v) * k->bc2 + k->eps;
-    float upd = m / den;
+    float upd = m / (sqrtf(v) + k->eps);
     /* both decrements are summed before they meet p: one rounding at p's
      * magnitude per step instead of two */
     float dp = k->step_size * upd;

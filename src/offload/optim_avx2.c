@@ -79,7 +79,7 @@ static inline __m256i copy16(__m256 x0, __m256 x1, zn_dtype ct)
 }
 
 typedef struct {
-    __m256 b1, omb1, b2, omb2, step, bc2, eps, gs, l2, decay;
+    __m256 b1, omb1, b2, omb2, step, eps, gs, l2, decay;
     int scale, use_l2, use_decay;
 } consts;
 
@@ -87,7 +87,7 @@ static inline consts load_consts(const zn_adam_k *k)
 {
     consts c = {
         _mm256_set1_ps(k->b1), _mm256_set1_ps(k->omb1), _mm256_set1_ps(k->b2),
-        _mm256_set1_ps(k->omb2), _mm256_set1_ps(k->step_size), _mm256_set1_ps(k->bc2),
+        _mm256_set1_ps(k->omb2), _mm256_set1_ps(k->step_size),
         _mm256_set1_ps(k->eps), _mm256_set1_ps(k->g_scale), _mm256_set1_ps(k->l2),
         _mm256_set1_ps(k->decay), k->g_scale != 1.0f, k->use_l2, k->use_decay,
     };
@@ -108,12 +108,13 @@ step8(const consts *K, float *p, float *m, float *v, const void *g, zn_dtype gt,
         gv = _mm256_fmadd_ps(pv, K->l2, gv);
     mv = _mm256_fmadd_ps(K->b1, mv, _mm256_mul_ps(K->omb1, gv));
     vv = _mm256_fmadd_ps(K->b2, vv, _mm256_mul_ps(_mm256_mul_ps(K->omb2, gv), gv));
-    __m256 den = _mm256_fmadd_ps(_mm256_sqrt_ps(vv), K->bc2, K->eps);
-    __m256 upd = _mm256_div_ps(mv, den);
-    __m256 dp = _mm256_mul_ps(K->step, upd);
-    if (K->use_decay)
-        dp = _mm256_fmadd_ps(pv, K->decay, dp);
-    pv = _mm256_add_ps(pv, dp);
+    __m256 upd = _mm256_div_ps(mv, _mm256_add_ps(_mm256_sqrt_ps(vv), K->eps));
+    if (K->use_decay) {
+        __m256 dp = _mm256_fmadd_ps(pv, K->decay, _mm256_mul_ps(K->step, upd));
+        pv = _mm256_add_ps(pv, dp);
+    } else {
+        pv = _mm256_fmadd_ps(K->step, upd, pv);
+    }
     _mm256_storeu_ps(p + i, pv);
     _mm256_storeu_ps(m + i, mv);
     _mm256_storeu_ps(v + i, vv);

@@ -48,16 +48,17 @@ static inline __m256i round16(__m512 x, zn_dtype ct)
 }
 
 typedef struct {
-    __m512 b1, omb1, b2, omb2, step, bc2, eps, gs, l2, decay;
+    __m512 b1, omb1, b2, omb2, step, eps, gs, l2, decay;
+    int scale;
 } consts;
 
 static inline consts load_consts(const zn_adam_k *k)
 {
     consts c = {
         _mm512_set1_ps(k->b1), _mm512_set1_ps(k->omb1), _mm512_set1_ps(k->b2),
-        _mm512_set1_ps(k->omb2), _mm512_set1_ps(k->step_size), _mm512_set1_ps(k->bc2),
+        _mm512_set1_ps(k->omb2), _mm512_set1_ps(k->step_size),
         _mm512_set1_ps(k->eps), _mm512_set1_ps(k->g_scale), _mm512_set1_ps(k->l2),
-        _mm512_set1_ps(k->decay),
+        _mm512_set1_ps(k->decay), k->g_scale != 1.0f,
     };
     return c;
 }
@@ -70,17 +71,20 @@ vec16(const consts *K, int l2, int decay, float *p, float *m, float *v, const vo
 {
     __m512 pv = _mm512_maskz_loadu_ps(mk, p + i), mv = _mm512_maskz_loadu_ps(mk, m + i);
     __m512 vv = _mm512_maskz_loadu_ps(mk, v + i);
-    __m512 gv = _mm512_mul_ps(load_g(g, gt, i, mk), K->gs);
+    __m512 gv = load_g(g, gt, i, mk);
+    if (K->scale)
+        gv = _mm512_mul_ps(gv, K->gs);
     if (l2)
         gv = _mm512_fmadd_ps(pv, K->l2, gv);
     mv = _mm512_fmadd_ps(K->b1, mv, _mm512_mul_ps(K->omb1, gv));
     vv = _mm512_fmadd_ps(K->b2, vv, _mm512_mul_ps(_mm512_mul_ps(K->omb2, gv), gv));
-    __m512 den = _mm512_fmadd_ps(_mm512_sqrt_ps(vv), K->bc2, K->eps);
-    __m512 upd = _mm512_div_ps(mv, den);
-    __m512 dp = _mm512_mul_ps(K->step, upd);
-    if (decay)
-        dp = _mm512_fmadd_ps(pv, K->decay, dp);
-    pv = _mm512_add_ps(pv, dp);
+    __m512 upd = _mm512_div_ps(mv, _mm512_add_ps(_mm512_sqrt_ps(vv), K->eps));
+    if (decay) {
+        __m512 dp = _mm512_fmadd_ps(pv, K->decay, _mm512_mul_ps(K->step, upd));
+        pv = _mm512_add_ps(pv, dp);
+    } else {
+        pv = _mm512_fmadd_ps(K->step, upd, pv);
+    }
     _mm512_mask_storeu_ps(p + i, mk, pv);
     _mm512_mask_storeu_ps(m + i, mk, mv);
     _mm512_mask_storeu_ps(v + i, mk, vv);
