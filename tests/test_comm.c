@@ -43,13 +43,13 @@ static void fill(void *buf, zn_dtype dt, size_t n, int seed, int rank, size_t ba
         if (dt == ZN_DTYPE_F32)
             ((float *)buf)[i] = v;
         else
-            ((uint16_t *)buf)[i] = zn_comm_f2bf(v);
+            ((uint16_t *)buf)[i] = zn_bf16_round(v);
     }
 }
 
 static float get(const void *buf, zn_dtype dt, size_t i)
 {
-    return dt == ZN_DTYPE_F32 ? ((const float *)buf)[i] : zn_comm_bf2f(((const uint16_t *)buf)[i]);
+    return dt == ZN_DTYPE_F32 ? ((const float *)buf)[i] : zn_bf16_widen(((const uint16_t *)buf)[i]);
 }
 
 static float ref(int seed, int world, size_t i, zn_reduce_op op)
@@ -570,15 +570,15 @@ static void test_reduce(void)
     /* bf16: 1 + 2^-8 is not representable (8 bits of mantissa): rounds to
      * even, i.e. back to 1; 1 + 3*2^-8 rounds up to 1 + 2^-6... exactly as
      * fp32 -> bf16 of the fp32 sum. */
-    uint16_t x[3] = { zn_comm_f2bf(1.0f), zn_comm_f2bf(1.0f), zn_comm_f2bf(256.0f) };
-    uint16_t y[3] = { zn_comm_f2bf(0.00390625f), zn_comm_f2bf(0.01171875f), zn_comm_f2bf(1.0f) };
+    uint16_t x[3] = { zn_bf16_round(1.0f), zn_bf16_round(1.0f), zn_bf16_round(256.0f) };
+    uint16_t y[3] = { zn_bf16_round(0.00390625f), zn_bf16_round(0.01171875f), zn_bf16_round(1.0f) };
     uint16_t z[3];
     zn_comm_reduce(z, x, y, 3, ZN_DTYPE_BF16, ZN_REDUCE_SUM);
-    ZT_CHECK(zn_comm_bf2f(z[0]) == 1.0f);
-    ZT_CHECK(zn_comm_bf2f(z[1]) == 1.015625f);
-    ZT_CHECK(zn_comm_bf2f(z[2]) == 256.0f);
+    ZT_CHECK(zn_bf16_widen(z[0]) == 1.0f);
+    ZT_CHECK(zn_bf16_widen(z[1]) == 1.015625f);
+    ZT_CHECK(zn_bf16_widen(z[2]) == 256.0f);
     zn_comm_reduce(z, x, y, 3, ZN_DTYPE_BF16, ZN_REDUCE_MAX);
-    ZT_CHECK(zn_comm_bf2f(z[0]) == 1.0f && zn_comm_bf2f(z[2]) == 256.0f);
+    ZT_CHECK(zn_bf16_widen(z[0]) == 1.0f && zn_bf16_widen(z[2]) == 256.0f);
 }
 
 static void test_single(void)

@@ -56,7 +56,7 @@ int main(void)
         ZT_SETUP_FAIL("out of memory");
     for (size_t i = 0; i < n; i++) {
         h[i] = (float)((int)(i % 17) - 8);
-        hb[i] = zn_comm_f2bf(h[i]);
+        hb[i] = zn_bf16_round(h[i]);
     }
     void *d1 = NULL, *d2 = NULL;
     if (zn_dev_alloc(dev, n * 4, "a", &d1) || zn_dev_alloc(dev, n * 4, "b", &d2))

@@ -394,7 +394,7 @@ static void test_budget(const char *name)
 static void bf16_round(float *x, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        x[i] = zn_gpu_bf2f(zn_gpu_f2bf(x[i]));
+        x[i] = zn_bf16_widen(zn_bf16_round(x[i]));
 }
 
 static void *to_dt(const float *x, size_t n, zn_dtype dt)
@@ -406,13 +406,13 @@ static void *to_dt(const float *x, size_t n, zn_dtype dt)
     }
     uint16_t *y = malloc(n * 2);
     for (size_t i = 0; i < n; i++)
-        y[i] = zn_gpu_f2bf(x[i]);
+        y[i] = zn_bf16_round(x[i]);
     return y;
 }
 
 static float from_dt(const void *p, zn_dtype dt, size_t i)
 {
-    return dt == ZN_DTYPE_F32 ? ((const float *)p)[i] : zn_gpu_bf2f(((const uint16_t *)p)[i]);
+    return dt == ZN_DTYPE_F32 ? ((const float *)p)[i] : zn_bf16_widen(((const uint16_t *)p)[i]);
 }
 
 typedef struct {

@@ -36,7 +36,7 @@ static double urand(uint64_t seed, uint64_t i)   /* [-1, 1) */
 static double q(double x, zn_dtype dt)
 {
     float f = (float)x;
-    return dt == ZN_DTYPE_F32 ? f : zn_gpu_bf2f(zn_gpu_f2bf(f));
+    return dt == ZN_DTYPE_F32 ? f : zn_bf16_widen(zn_bf16_round(f));
 }
 
 static double *rnd(uint64_t seed, size_t n, double scale, zn_dtype dt)
@@ -55,7 +55,7 @@ static void *dev_up(const double *x, size_t n, zn_dtype dt)
         if (dt == ZN_DTYPE_F32)
             ((float *)h)[i] = (float)x[i];
         else
-            ((uint16_t *)h)[i] = zn_gpu_f2bf((float)x[i]);
+            ((uint16_t *)h)[i] = zn_bf16_round((float)x[i]);
     }
     DEV_OK(zn_dev_alloc(D, n * es + 4, "test", &d));
     DEV_OK(zn_dev_copy_h2d(D, S, d, h, n * es));
@@ -89,7 +89,7 @@ static double *dev_down(const void *d, size_t n, zn_dtype dt)
     DEV_OK(zn_dev_copy_d2h(D, S, h, d, n * es));
     DEV_OK(zn_dev_stream_sync(D, S));
     for (size_t i = 0; i < n; i++)
-        x[i] = dt == ZN_DTYPE_F32 ? ((float *)h)[i] : zn_gpu_bf2f(((uint16_t *)h)[i]);
+        x[i] = dt == ZN_DTYPE_F32 ? ((float *)h)[i] : zn_bf16_widen(((uint16_t *)h)[i]);
     free(h);
     return x;
 }
@@ -492,7 +492,7 @@ static void test_cast(void)
         }
         ZT_CHECK_MSG(hy[i] == w, "[%s] cast %.9g -> bf16: 0x%04x, expected 0x%04x", BK,
                      (double)vals[i], hy[i], w);
-        ZT_CHECK_MSG(hz[i] == zn_gpu_bf2f(hy[i]), "[%s] cast bf16 0x%04x -> f32: %g", BK,
+        ZT_CHECK_MSG(hz[i] == zn_bf16_widen(hy[i]), "[%s] cast bf16 0x%04x -> f32: %g", BK,
                      hy[i], (double)hz[i]);
     }
     dfree(dx), dfree(dy), dfree(dz);

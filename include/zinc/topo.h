@@ -5,6 +5,7 @@
 #define ZINC_TOPO_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "zinc/util.h"
@@ -37,6 +38,10 @@ typedef struct {
     bool avx2, fma, avx512f, avx512bw, avx512_bf16, f16c, sse42;
     char hwloc_version[32];
 } zn_topo;
+
+/* The CPU's model name from /proc/cpuinfo ("unknown" when absent), for
+ * benchmark headers. Cheap: no hwloc. */
+ZN_API void zn_cpu_model(char *buf, size_t len);
 
 /* Discovers the machine with hwloc. Returns 0, or a negative code with
  * zn_last_error() naming the hwloc call that failed. */

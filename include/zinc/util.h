@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdarg.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -114,6 +115,28 @@ static inline size_t zn_dtype_size(zn_dtype t)
 static inline const char *zn_dtype_name(zn_dtype t)
 {
     return t == ZN_DTYPE_F32 ? "f32" : t == ZN_DTYPE_BF16 ? "bf16" : t == ZN_DTYPE_F16 ? "f16" : "?";
+}
+
+/* bf16 <-> fp32 on the host: round to nearest even on the bits; a NaN keeps
+ * its sign and top payload and gets the quiet bit. The same rounding as the
+ * CUDA kernels and as torch. (Out-of-line forms: zn_f32_to_bf16 and
+ * zn_bf16_to_f32 in optim.h, and the SIMD paths there.) */
+static inline uint16_t zn_bf16_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float zn_bf16_widen(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
 }
 
 /* ---- checksums -----------------------------------------------------------

@@ -7,8 +7,8 @@
 static const zn_cli_cmd benches[] = {
     { "adam", zn_bench_adam, "fused CPU Adam step vs the read-modify-write roofline" },
     { "nvme", zn_bench_nvme, "NVMe engine vs fio on the same file, block size and queue depth" },
-    { "model", zn_bench_model, "decoder layer/head forward+backward TFLOP/s vs the GEMM peak" },
     { "pcie", zn_bench_pcie, "host<->GPU copy bandwidth vs a plain cudaMemcpyAsync loop and the PCIe link" },
+    { "model", zn_bench_model, "decoder layer/head forward+backward TFLOP/s vs the GEMM peak" },
     { "comm", zn_bench_comm, "all-gather / reduce-scatter / all-reduce algbw and busbw (nccl-tests definitions)" },
     { "train", zn_bench_train, "training steps: step time vs the busiest resource (overlap)" },
     { NULL, NULL, NULL },

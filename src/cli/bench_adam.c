@@ -17,6 +17,7 @@
 #include "zinc/optim.h"
 #include "offload/optim-impl.h"
 #include "cli/cli.h"
+#include "zinc/topo.h"
 #include "zn_build_config.h"
 
 #define NSAMPLE 4096
@@ -326,29 +327,6 @@ static double median_ratio(const row *roof, const row *w, double w_bytes, double
     return median(r, n);
 }
 
-static void cpu_model(char *buf, size_t len)
-{
-    snprintf(buf, len, "unknown CPU");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f)
-        return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        if (!strncmp(line, "model name", 10)) {
-            char *c = strchr(line, ':');
-            if (c) {
-                c++;
-                while (*c == ' ' || *c == '\t')
-                    c++;
-                c[strcspn(c, "\n")] = 0;
-                snprintf(buf, len, "%s", c);
-            }
-            break;
-        }
-    }
-    fclose(f);
-}
-
 static void thp_mode(char *buf, size_t len)
 {
     snprintf(buf, len, "?");
@@ -500,7 +478,7 @@ int zn_bench_adam(int argc, char **argv)
     double bytes_pp = 4 + (double)gs + 4 + 4 + 12 + (o.copy ? 2 : 0);
 
     char model[256], thp[32], sz[32];
-    cpu_model(model, sizeof model);
+    zn_cpu_model(model, sizeof model);
     thp_mode(thp, sizeof thp);
     zn_format_size(a.slab_bytes, sz, sizeof sz);
     printf("# zinc bench adam: fused CPU Adam/AdamW step vs the read-modify-write roofline\n");

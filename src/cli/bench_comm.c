@@ -109,14 +109,14 @@ static void fill(void *buf, zn_dtype dt, size_t n, int rank)
         if (dt == ZN_DTYPE_F32)
             ((float *)buf)[i] = val(rank, i);
         else
-            ((uint16_t *)buf)[i] = zn_comm_f2bf(val(rank, i));
+            ((uint16_t *)buf)[i] = zn_bf16_round(val(rank, i));
     }
 }
 
 static float get(const void *buf, zn_dtype dt, size_t i)
 {
     return dt == ZN_DTYPE_F32 ? ((const float *)buf)[i]
-                              : zn_comm_bf2f(((const uint16_t *)buf)[i]);
+                              : zn_bf16_widen(((const uint16_t *)buf)[i]);
 }
 
 static float sum_ref(int world, size_t i)

@@ -15,26 +15,8 @@
 #include "zinc/device.h"
 #include "zinc/model.h"
 #include "cli/cli.h"
+#include "zinc/topo.h"
 #include "zn_build_config.h"
-
-static void cpu_model(char *buf, size_t n)
-{
-    snprintf(buf, n, "unknown CPU");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f)
-        return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        char *c = strchr(line, ':');
-        if (!strncmp(line, "model name", 10) && c) {
-            c += 2;
-            c[strcspn(c, "\n")] = 0;
-            snprintf(buf, n, "%s", c);
-            break;
-        }
-    }
-    fclose(f);
-}
 
 static void usage(FILE *f)
 {
@@ -279,7 +261,7 @@ int zn_bench_model(int argc, char **argv)
     }
 
     char cpu[256];
-    cpu_model(cpu, sizeof cpu);
+    zn_cpu_model(cpu, sizeof cpu);
     double lf = zn_model_flops(&d, 1, batch, seq), hf = zn_model_flops(&d, d.n_layers + 1, batch, seq);
     /* Forward alone is a third of the model FLOPs; the backward with
      * recompute runs a forward again plus the two backward thirds. */

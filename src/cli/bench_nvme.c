@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "zinc/topo.h"
 #include "zinc/nvme.h"
 #include "zinc/util.h"
 #include "zn_build_config.h"
@@ -85,29 +86,6 @@ static int parse_list_u64(const char *s, uint64_t *out, int *n, const char *what
         (*n)++;
     }
     return *n ? 0 : -1;
-}
-
-static void cpu_model(char *buf, size_t len)
-{
-    snprintf(buf, len, "unknown CPU");
-    FILE *f = fopen("/proc/cpuinfo", "re");
-    if (!f)
-        return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        if (!strncmp(line, "model name", 10)) {
-            char *c = strchr(line, ':');
-            if (c) {
-                c++;
-                while (*c == ' ')
-                    c++;
-                c[strcspn(c, "\n")] = '\0';
-                snprintf(buf, len, "%s", c);
-            }
-            break;
-        }
-    }
-    fclose(f);
 }
 
 static int fio_version(char *buf, size_t len)
@@ -353,7 +331,7 @@ int zn_bench_nvme(int argc, char **argv)
     if (prc)
         return prc > 0 ? 0 : 2;
     char model[256], fiov[64] = "";
-    cpu_model(model, sizeof model);
+    zn_cpu_model(model, sizeof model);
     int have_fio = o.fio && fio_version(fiov, sizeof fiov) == 0;
     struct utsname un;
     uname(&un);

@@ -181,23 +181,5 @@ int zn_comm_cuda_device_count(void);
  * the device layer exports it. NULL when absent. */
 void *zn_cuda_stream_native(zn_stream *s) __attribute__((weak));
 
-/* bf16 <-> fp32 for reductions (round to nearest even, NaN kept). */
-static inline float zn_comm_bf2f(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t zn_comm_f2bf(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 #endif

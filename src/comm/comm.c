@@ -32,9 +32,9 @@ void zn_comm_reduce(void *out, const void *a, const void *b, size_t n, zn_dtype 
         uint16_t *o = out;
         const uint16_t *x = a, *y = b;
         for (size_t i = 0; i < n; i++) {
-            float p = zn_comm_bf2f(x[i]), q = zn_comm_bf2f(y[i]);
+            float p = zn_bf16_widen(x[i]), q = zn_bf16_widen(y[i]);
             if (op == ZN_REDUCE_SUM)
-                o[i] = zn_comm_f2bf(p + q);
+                o[i] = zn_bf16_round(p + q);
             else
                 o[i] = (p != p || p > q) ? x[i] : y[i];
         }

@@ -15,24 +15,6 @@
 extern "C" {
 #endif
 
-/* ---- bf16 on the host (same rounding as the CUDA kernels) ----------------*/
-static inline float zn_gpu_bf2f(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t zn_gpu_f2bf(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 /* ---- the arena: best fit over an address-ordered block list -------------*/
 typedef struct zn_arena_blk zn_arena_blk;

@@ -13,7 +13,7 @@
 
 static inline float ldf(const void *p, zn_dtype dt, int64_t i)
 {
-    return dt == ZN_DTYPE_F32 ? ((const float *)p)[i] : zn_gpu_bf2f(((const uint16_t *)p)[i]);
+    return dt == ZN_DTYPE_F32 ? ((const float *)p)[i] : zn_bf16_widen(((const uint16_t *)p)[i]);
 }
 
 static inline void stf(void *p, zn_dtype dt, int64_t i, float v)
@@ -21,7 +21,7 @@ static inline void stf(void *p, zn_dtype dt, int64_t i, float v)
     if (dt == ZN_DTYPE_F32)
         ((float *)p)[i] = v;
     else
-        ((uint16_t *)p)[i] = zn_gpu_f2bf(v);
+        ((uint16_t *)p)[i] = zn_bf16_round(v);
 }
 
 static inline const char *cadv(const void *p, zn_dtype dt, int64_t n)
@@ -105,19 +105,19 @@ static int gemm_one(const zn_op *op, const void *A, const void *B, void *C, floa
             for (int64_t i = 0; i < mr; i++)
                 for (int64_t j = 0; j < n; j++)
                     Cf[i * n + j] = beta == 0.0f ? 0.0f :
-                        beta * zn_gpu_bf2f(((const uint16_t *)C)[(i0 + i) * ldc + j]);
+                        beta * zn_bf16_widen(((const uint16_t *)C)[(i0 + i) * ldc + j]);
         }
         for (int64_t p0 = 0; p0 < k; p0 += kb) {
             const int64_t kr = k - p0 < kb ? k - p0 : kb;
             for (int64_t i = 0; i < mr; i++)
                 for (int64_t p = 0; p < kr; p++) {
                     int64_t r = i0 + i, c = p0 + p;
-                    At[i * kr + p] = zn_gpu_bf2f(ta ? a16[c * lda + r] : a16[r * lda + c]);
+                    At[i * kr + p] = zn_bf16_widen(ta ? a16[c * lda + r] : a16[r * lda + c]);
                 }
             for (int64_t p = 0; p < kr; p++)
                 for (int64_t j = 0; j < n; j++) {
                     int64_t r = p0 + p;
-                    Bt[p * n + j] = zn_gpu_bf2f(tb ? b16[j * ldb + r] : b16[r * ldb + j]);
+                    Bt[p * n + j] = zn_bf16_widen(tb ? b16[j * ldb + r] : b16[r * ldb + j]);
                 }
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)mr, (blasint)n,
                         (blasint)kr, alpha, At, (blasint)kr, Bt, (blasint)n, 1.0f, cb,
@@ -126,7 +126,7 @@ static int gemm_one(const zn_op *op, const void *A, const void *B, void *C, floa
         if (cdt != ZN_DTYPE_F32)
             for (int64_t i = 0; i < mr; i++)
                 for (int64_t j = 0; j < n; j++)
-                    ((uint16_t *)C)[(i0 + i) * ldc + j] = zn_gpu_f2bf(Cf[i * n + j]);
+                    ((uint16_t *)C)[(i0 + i) * ldc + j] = zn_bf16_round(Cf[i * n + j]);
     }
     return 0;
 }

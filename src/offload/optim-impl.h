@@ -126,22 +126,6 @@ static inline float zn_bits_f32(uint32_t u)
     return x;
 }
 
-/* Round to nearest even on the bits; a NaN keeps sign and top payload and
- * gets the quiet bit. */
-static inline uint16_t zn_bf16_round(float x)
-{
-    uint32_t u = zn_f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static inline float zn_bf16_widen(uint16_t h)
-{
-    return zn_bits_f32((uint32_t)h << 16);
-}
-
 /* IEEE binary16, round to nearest even, the same bits as x86's vcvtps2ph
  * with imm 0 (checked exhaustively by tests/test_half.c). */
 static inline uint16_t zn_f16_round(float x)

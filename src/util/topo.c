@@ -27,7 +27,7 @@ static uint64_t meminfo_kib(const char *key)
     return (uint64_t)v;
 }
 
-static void cpu_model(char *out, size_t len)
+void zn_cpu_model(char *out, size_t len)
 {
     snprintf(out, len, "unknown");
     FILE *f = fopen("/proc/cpuinfo", "r");
@@ -39,7 +39,7 @@ static void cpu_model(char *out, size_t len)
             char *c = strchr(line, ':');
             if (c) {
                 c++;
-                while (*c == ' ')
+                while (*c == ' ' || *c == '\t')
                     c++;
                 c[strcspn(c, "\n")] = '\0';
                 snprintf(out, len, "%s", c);
@@ -100,7 +100,7 @@ int zn_topo_discover(zn_topo *t)
     if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0)
         t->memlock_limit = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur;
 
-    cpu_model(t->cpu_model, sizeof t->cpu_model);
+    zn_cpu_model(t->cpu_model, sizeof t->cpu_model);
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     t->sse42 = __builtin_cpu_supports("sse4.2");
