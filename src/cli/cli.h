@@ -40,6 +40,7 @@ int zn_bench_comm(int argc, char **argv);
 /* cli_model.c: the model a config describes (model.path or dimensions). */
 int zn_cli_model_dims(const zn_config *cfg, zn_model_dims *d);
 uint64_t zn_cli_persistent_params(const zn_model_dims *d, uint64_t threshold);
+uint64_t zn_cli_gpu_free(const zn_config *cfg);
 int zn_cli_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gpu_free,
                    zn_plan_budgets *b);
 void zn_cli_plan_input(const zn_config *cfg, const zn_model_dims *d, int world,

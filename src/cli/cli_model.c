@@ -7,6 +7,7 @@
 #include <sys/statvfs.h>
 
 #include "zinc/config.h"
+#include "zinc/device.h"
 #include "zinc/model.h"
 #include "cli/cli.h"
 
@@ -97,6 +98,28 @@ static int fs_free(const char *path, uint64_t *out)
         }
         *slash = '\0';
     }
+}
+
+/* Free memory of the GPU the config's train.device names, for an "auto"
+ * GPU budget: 0 when the device is the host backend or no GPU answers
+ * (zn_cli_budgets then uses the host backend's rule). */
+uint64_t zn_cli_gpu_free(const zn_config *cfg)
+{
+    const char *name = cfg->train.device;
+    if (!cfg->tiers.gpu_auto || !strcmp(name, "host"))
+        return 0;
+    zn_dev_config dc = zn_dev_config_default();
+    dc.name = strcmp(name, "auto") ? name : "cuda:0";
+    dc.gpu_budget = 1 << 20;
+    zn_dev *d = NULL;
+    if (zn_dev_create(&d, &dc) != 0) {
+        zn_clear_error();
+        return 0;
+    }
+    zn_dev_info info;
+    zn_dev_get_info(d, &info);
+    zn_dev_destroy(d);
+    return info.kind == ZN_DEV_CUDA ? info.free_mem : 0;
 }
 
 /* Resolves the three tier budgets of a config; "auto" becomes: GPU, the

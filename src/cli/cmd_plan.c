@@ -111,7 +111,7 @@ int zn_cmd_plan(int argc, char **argv)
     if ((rc = zn_topo_discover(&topo)))
         return zn_cli_fail(rc, "topology");
     zn_plan_budgets budgets;
-    if ((rc = zn_cli_budgets(&cfg, &topo, 0, &budgets)))
+    if ((rc = zn_cli_budgets(&cfg, &topo, zn_cli_gpu_free(&cfg), &budgets)))
         return zn_cli_fail(rc, NULL);
 
     int nb = zn_model_num_blocks(&d);

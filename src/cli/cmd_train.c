@@ -42,9 +42,9 @@ int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int reco
         return rc;
     zn_topo topo;
     if ((rc = zn_topo_discover(&topo)))
-        return zn_error_prefix(rc, "topology: ");
+        return zn_error_prefix(rc, "topology");
     zn_plan_budgets budgets;
-    if ((rc = zn_cli_budgets(cfg, &topo, 0, &budgets)))
+    if ((rc = zn_cli_budgets(cfg, &topo, zn_cli_gpu_free(cfg), &budgets)))
         return rc;
     int nb = zn_model_num_blocks(&d);
     uint64_t *blocks = calloc((size_t)nb, sizeof *blocks);
