@@ -137,6 +137,11 @@ typedef struct {
     const char *device;           /* overrides cfg->train.device when set */
     zn_aio_fault_fn fault_hook;   /* passed to the NVMe engine (tests) */
     void *fault_user;
+    /* The ranks of a ZeRO job (include/zinc/comm.h); NULL = one rank. With
+     * world size N > 1 every block's parameters, gradients and optimizer
+     * states are sharded N ways (zero_optimization.stage 3). Must outlive the
+     * trainer; every rank creates its trainer with the same config. */
+    struct zn_comm *comm;
 } zn_train_options;
 
 ZN_API zn_train_options zn_train_options_default(void);

@@ -524,6 +524,9 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
         return zn_set_error(-ENOMEM, "train: out of memory");
     tr->cfg = *cfg;
     tr->model = o->model;
+    tr->comm = o->comm;
+    tr->rank = 0;
+    tr->world = 1;
     tr->plan = plan;
     tr->fault_hook = o->fault_hook;
     tr->fault_user = o->fault_user;
@@ -1179,6 +1182,30 @@ int zn_train_read_master(zn_trainer *tr, float *out, uint64_t n)
     }
     s->unit = -1;
     return 0;
+}
+
+void zn_train_block_share(const zn_trainer *tr, int b, zn_block_share *out)
+{
+    const zn_block *bl = &tr->blocks[b];
+    out->n = bl->n;
+    out->shard_off = 0;
+    out->len = bl->n;
+    out->local_off = bl->off;
+}
+
+struct zn_comm *zn_train_comm(const zn_trainer *tr)
+{
+    return tr->comm;
+}
+
+int zn_train_rank(const zn_trainer *tr)
+{
+    return tr->rank;
+}
+
+int zn_train_world(const zn_trainer *tr)
+{
+    return tr->world;
 }
 
 uint64_t zn_train_num_params(const zn_trainer *tr)
