@@ -265,6 +265,17 @@ ZN_API int zn_comm_broadcast_on(zn_comm *c, zn_stream *s, void *buf, size_t byte
  * ncclCommGetAsyncError; on timeout it aborts the NCCL communicator. */
 ZN_API int zn_comm_sync_on(zn_comm *c, zn_stream *s);
 
+/* Attaches a device after creation (for callers that create the device
+ * later, like the trainer): the dedicated comm stream on it and, for a CUDA
+ * device in a world > 1 (or backend "nccl"), the NCCL communicator, which
+ * makes this call collective. Returns 0, ZN_EARG (a device is attached
+ * already), ZN_EUNSUPPORTED, ZN_ENCCL or the stream's error. */
+ZN_API int zn_comm_attach_device(zn_comm *c, zn_dev *dev);
+/* Waits for the comm stream, destroys it and the NCCL communicator; the
+ * host part stays usable. Call before destroying the device. Accepts NULL
+ * and a communicator without a device. */
+ZN_API void zn_comm_detach_device(zn_comm *c);
+
 /* The communicator's dedicated stream on cfg.dev (created with it), or NULL
  * without a device. Owned by the communicator. */
 ZN_API zn_stream *zn_comm_stream(zn_comm *c);

@@ -196,6 +196,7 @@ typedef enum {
     ZN_RES_NVME_READ,    /* NVMe reads (params and optimizer states) */
     ZN_RES_NVME_WRITE,   /* NVMe writes */
     ZN_RES_ADAM,         /* CPU Adam thread */
+    ZN_RES_COMM,         /* collectives between ranks (world size > 1) */
     ZN_RES_COUNT
 } zn_train_resource;
 

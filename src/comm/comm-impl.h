@@ -123,6 +123,7 @@ struct zn_comm {
     int have_verdict;
 
     void *nccl;                  /* device part (comm_nccl.c) */
+    int want_nccl;               /* backend "nccl" asked for */
 };
 
 /* Fills op->desc and op->seq (under c->lock). */

@@ -838,7 +838,6 @@ int zn_comm_create(zn_comm **out, const zn_comm_config *cfg_in)
     c->connect_timeout_s = cfg.connect_timeout_s;
     c->grace_s = cfg.grace_s > 0 ? cfg.grace_s
                  : fmin(5.0, fmax(0.5, cfg.timeout_s / 4));
-    c->dev = cfg.dev;
     snprintf(c->dev_backend, sizeof c->dev_backend, "none");
     snprintf(c->version, sizeof c->version, "zinc %s", ZN_VERSION);
     int rc;
@@ -914,27 +913,10 @@ int zn_comm_create(zn_comm **out, const zn_comm_config *cfg_in)
         }
     }
 
-    if (c->dev) {
-        if ((rc = zn_dev_stream_create(c->dev, "comm", &c->stream)))
+    c->want_nccl = want_nccl;
+    if (cfg.dev) {
+        if ((rc = zn_comm_attach_device(c, cfg.dev)))
             goto fail;
-        zn_dev_kind kind = zn_dev_get_kind(c->dev);
-        if (kind == ZN_DEV_CUDA && (want_nccl || c->size > 1) && ZN_HAVE_NCCL) {
-#if ZN_HAVE_NCCL
-            if ((rc = zn_nccl_init(c)))
-                goto fail;
-            snprintf(c->dev_backend, sizeof c->dev_backend, "nccl");
-#endif
-        } else if (want_nccl) {
-            rc = zn_set_error(ZN_EUNSUPPORTED, "comm: backend \"nccl\" needs a CUDA device "
-                              "and zinc built with NCCL (device is %s, NCCL %s)",
-                              kind == ZN_DEV_CUDA ? "CUDA" : "host",
-                              ZN_HAVE_NCCL ? "built" : "not built");
-            goto fail;
-        } else if (c->size == 1) {
-            snprintf(c->dev_backend, sizeof c->dev_backend, "copy");
-        } else if (kind == ZN_DEV_HOST) {
-            snprintf(c->dev_backend, sizeof c->dev_backend, "host-fn");
-        }
     } else if (want_nccl) {
         rc = zn_set_error(ZN_EUNSUPPORTED, "comm: backend \"nccl\" needs a device "
                           "(zn_comm_config.dev)");
@@ -947,19 +929,69 @@ fail:
     return rc;
 }
 
+/* The device part: a dedicated stream on `dev`, NCCL when the device is CUDA
+ * (collective: NCCL's init needs every rank). */
+int zn_comm_attach_device(zn_comm *c, zn_dev *dev)
+{
+    if (!c || !dev)
+        return zn_set_error(ZN_EARG, "zn_comm_attach_device: NULL %s", c ? "device" :
+                            "communicator");
+    if (c->dev)
+        return zn_set_error(ZN_EARG, "zn_comm_attach_device: a device is attached already");
+    int rc;
+    c->dev = dev;
+    if ((rc = zn_dev_stream_create(c->dev, "comm", &c->stream))) {
+        c->dev = NULL;
+        return rc;
+    }
+    zn_dev_kind kind = zn_dev_get_kind(c->dev);
+    if (kind == ZN_DEV_CUDA && (c->want_nccl || c->size > 1) && ZN_HAVE_NCCL) {
+#if ZN_HAVE_NCCL
+        if ((rc = zn_nccl_init(c))) {
+            zn_comm_detach_device(c);
+            return rc;
+        }
+        snprintf(c->dev_backend, sizeof c->dev_backend, "nccl");
+#endif
+    } else if (c->want_nccl) {
+        rc = zn_set_error(ZN_EUNSUPPORTED, "comm: backend \"nccl\" needs a CUDA device "
+                          "and zinc built with NCCL (device is %s, NCCL %s)",
+                          kind == ZN_DEV_CUDA ? "CUDA" : "host",
+                          ZN_HAVE_NCCL ? "built" : "not built");
+        zn_comm_detach_device(c);
+        return rc;
+    } else if (c->size == 1) {
+        snprintf(c->dev_backend, sizeof c->dev_backend, "copy");
+    } else if (kind == ZN_DEV_HOST) {
+        snprintf(c->dev_backend, sizeof c->dev_backend, "host-fn");
+    }
+    return 0;
+}
+
+void zn_comm_detach_device(zn_comm *c)
+{
+    if (!c || !c->dev)
+        return;
+    if (c->stream) {
+        (void)zn_dev_stream_sync(c->dev, c->stream);
+        zn_dev_stream_destroy(c->dev, c->stream);
+        c->stream = NULL;
+    }
+#if ZN_HAVE_NCCL
+    if (c->nccl)
+        zn_nccl_destroy(c, !c->broken);
+    c->nccl = NULL;
+#endif
+    c->dev = NULL;
+    snprintf(c->dev_backend, sizeof c->dev_backend, "none");
+}
+
 void zn_comm_destroy(zn_comm *c)
 {
     if (!c)
         return;
     int healthy = !c->broken;
-    if (c->stream && c->dev) {
-        (void)zn_dev_stream_sync(c->dev, c->stream);
-        zn_dev_stream_destroy(c->dev, c->stream);
-    }
-#if ZN_HAVE_NCCL
-    if (c->nccl)
-        zn_nccl_destroy(c, !c->broken);
-#endif
+    zn_comm_detach_device(c);
     if (c->worker_started) {
         pthread_mutex_lock(&c->lock);
         c->stop = 1;

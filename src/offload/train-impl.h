@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "zinc/comm.h"
 #include "zinc/config.h"
 #include "zinc/device.h"
 #include "zinc/nvme.h"
@@ -108,10 +109,20 @@ typedef struct {
 
 typedef enum { ZN_PHOME_DEVICE = 0, ZN_PHOME_CPU, ZN_PHOME_NVME } zn_param_home;
 
+/* A block's parameters: n elements in the model. With world size N > 1 the
+ * block is padded to npad = N * shard elements (zn_comm_shard) and this rank
+ * owns [soff, soff + len); the optimizer side (master, m, v, gradient
+ * accumulators, pieces) holds only those len elements, at `off` in the
+ * rank's local flat space. The working params at their home are the whole
+ * block (npad; replicated: world 1, or ZeRO stages 1/2) or only the rank's
+ * shard (shard elements, padding zero: stage 3 with N > 1), which every use
+ * all-gathers into a device slot. */
 typedef struct {
     uint64_t off, n;
+    uint64_t npad, shard, soff, len;
+    bool replicated;        /* home holds the whole block */
     zn_param_home home;
-    bool persistent;        /* lives on the device (home DEVICE) */
+    bool persistent;        /* whole block resident on the device: no fetch */
     int param_id;           /* device or cpu buffer (home DEVICE / CPU) */
     void *dev_params;       /* home DEVICE: the device buffer */
     void *cpu_params;       /* home CPU: pinned */
@@ -182,6 +193,7 @@ typedef struct {
 struct zn_trainer {
     zn_config cfg;
     struct zn_comm *comm;  /* NULL: one rank */
+    bool comm_attached;    /* the trainer attached its device to comm */
     int rank, world;
     const zn_train_model *model;
     zn_plan plan;
@@ -197,14 +209,17 @@ struct zn_trainer {
     size_t pbytes;
     zn_offload_device popt, oopt;
     int L;                 /* blocks */
-    uint64_t P;            /* parameters */
+    uint64_t P;            /* parameters this rank owns (local flat space) */
+    uint64_t P_full;       /* parameters of the model */
     zn_block *blocks;
     zn_unit *units;
     int n_units;
     uint64_t U;            /* unit size */
     zn_piece *pieces;
     int n_pieces, max_unit_pieces, max_block_pieces;
-    uint64_t largest_block, largest_ring_block;
+    uint64_t largest_block;       /* npad */
+    uint64_t largest_local;       /* len */
+    uint64_t largest_ring_block;  /* npad of fetched blocks */
 
     /* device */
     int nslots;
@@ -213,6 +228,9 @@ struct zn_trainer {
     zn_event **ev_ready, **ev_consumed;
     void *gdev[2];         /* device fp32 grad buffers */
     zn_event *ev_gready[2], *ev_gfree[2];
+    zn_event *ev_rs[2];    /* world > 1: the grads' reduce-scatter done */
+    zn_event **ev_shard;   /* world > 1: a slot's own shard copied in */
+    zn_stream *s_comm;     /* world > 1: collectives (the comm's stream) */
     void **ckpt;           /* block inputs, [1..L-1] */
     void *dact[2];
 

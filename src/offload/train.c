@@ -17,6 +17,7 @@
 
 static const char *res_names[ZN_RES_COUNT] = {
     "gpu compute", "h2d", "d2h + grad accum", "nvme read", "nvme write", "cpu adam",
+    "comm",
 };
 
 const char *zn_train_resource_name(zn_train_resource r)
@@ -91,32 +92,52 @@ static int build_layout(zn_trainer *tr)
     tr->blocks = calloc((size_t)tr->L, sizeof *tr->blocks);
     if (!tr->blocks)
         return zn_set_error(-ENOMEM, "train: out of memory");
-    uint64_t off = 0, in_cpu = 0;
+    uint64_t off = 0, in_cpu = 0, full = 0;
     uint64_t thresh = (uint64_t)cfg->zero.stage3_param_persistence_threshold;
     for (int b = 0; b < tr->L; b++) {
         zn_block *bl = &tr->blocks[b];
-        bl->off = off;
         bl->n = md->block_params[b];
         if (!bl->n)
             return zn_set_error(ZN_ECONFIG, "train: block %d has no parameters", b);
-        off += bl->n;
-        if (bl->n > tr->largest_block)
-            tr->largest_block = bl->n;
-        bl->persistent = tr->popt == ZN_OFFLOAD_NONE || bl->n < thresh;
-        if (bl->persistent) {
+        zn_shard sh;
+        int rc = zn_comm_shard(bl->n, tr->world, tr->rank, tr->world > 1 ? 128 : 1, &sh);
+        if (rc)
+            return rc;
+        bl->npad = sh.padded;
+        bl->shard = sh.shard;
+        bl->soff = sh.offset;
+        bl->len = sh.len;
+        bl->off = off;
+        off += bl->len;
+        full += bl->n;
+        /* stages 1/2 keep whole parameters on every rank (they are never
+         * offloaded: offload_param needs stage 3) */
+        bl->replicated = tr->world == 1 || cfg->zero.stage < 3;
+        if (bl->npad > tr->largest_block)
+            tr->largest_block = bl->npad;
+        if (bl->len > tr->largest_local)
+            tr->largest_local = bl->len;
+        bool small = tr->popt == ZN_OFFLOAD_NONE || bl->n < thresh;
+        if (small) {
             bl->home = ZN_PHOME_DEVICE;
         } else if (tr->popt == ZN_OFFLOAD_CPU) {
             bl->home = ZN_PHOME_CPU;
-        } else if (in_cpu + bl->n <= (uint64_t)cfg->zero.offload_param.max_in_cpu) {
+        } else if (in_cpu + bl->len <= (uint64_t)cfg->zero.offload_param.max_in_cpu) {
             bl->home = ZN_PHOME_CPU;
-            in_cpu += bl->n;
+            in_cpu += bl->len;
         } else {
             bl->home = ZN_PHOME_NVME;
         }
-        if (bl->home != ZN_PHOME_DEVICE && bl->n > tr->largest_ring_block)
-            tr->largest_ring_block = bl->n;
+        /* a sharded block is all-gathered into a slot at every use */
+        bl->persistent = bl->home == ZN_PHOME_DEVICE && bl->replicated;
+        if (!bl->persistent && bl->npad > tr->largest_ring_block)
+            tr->largest_ring_block = bl->npad;
     }
     tr->P = off;
+    tr->P_full = full;
+    if (!tr->P)
+        return zn_set_error(ZN_ECONFIG, "train: with %d ranks, rank %d owns no parameters: "
+                            "the model is too small for this world size", tr->world, tr->rank);
 
     /* Optimizer units. With states on NVMe, the staging pool is the plan's
      * buffer_count x sub_group fp32 buffers; a unit in flight needs four
@@ -164,9 +185,12 @@ static int build_layout(zn_trainer *tr)
     int b = 0, u = 0, n = 0;
     uint64_t pos = 0;
     while (pos < tr->P) {
+        while (!tr->blocks[b].len)
+            b++;
         zn_block *bl = &tr->blocks[b];
         zn_unit *un = &tr->units[u];
-        uint64_t end = bl->off + bl->n < un->off + un->n ? bl->off + bl->n : un->off + un->n;
+        uint64_t bend = bl->off + bl->len;
+        uint64_t end = bend < un->off + un->n ? bend : un->off + un->n;
         zn_piece *p = &tr->pieces[n];
         p->block = b;
         p->unit = u;
@@ -181,7 +205,7 @@ static int build_layout(zn_trainer *tr)
         un->np++;
         n++;
         pos = end;
-        if (pos == bl->off + bl->n)
+        if (pos == bend)
             b++;
         if (pos == un->off + un->n)
             u++;
@@ -239,6 +263,12 @@ static int alloc_ext(zn_trainer *tr, zn_state_class cls, uint64_t bytes, const c
     return zn_tier_alloc(&tr->tm, ZN_TIER_NVME, cls, bytes, name, id);
 }
 
+/* Elements of a block's working params at its home. */
+static uint64_t home_elems(const zn_block *bl)
+{
+    return bl->replicated ? bl->npad : bl->shard;
+}
+
 static int allocate(zn_trainer *tr)
 {
     int rc = 0;
@@ -257,7 +287,8 @@ static int allocate(zn_trainer *tr)
         zn_block *bl = &tr->blocks[b];
         snprintf(name, sizeof name, "params b%d", b);
         if (bl->home == ZN_PHOME_DEVICE)
-            TRY(alloc_ptr(tr, gpu, ZN_STATE_PARAMS, bl->n * tr->pbytes, name, &bl->dev_params));
+            TRY(alloc_ptr(tr, gpu, ZN_STATE_PARAMS, home_elems(bl) * tr->pbytes, name,
+                          &bl->dev_params));
     }
     tr->ckpt = calloc((size_t)tr->L, sizeof *tr->ckpt);
     if (!tr->ckpt)
@@ -289,15 +320,16 @@ static int allocate(zn_trainer *tr)
         zn_block *bl = &tr->blocks[b];
         snprintf(name, sizeof name, "params b%d", b);
         if (bl->home == ZN_PHOME_CPU)
-            TRY(alloc_ptr(tr, cpu, ZN_STATE_PARAMS, bl->n * tr->pbytes, name, &bl->cpu_params));
+            TRY(alloc_ptr(tr, cpu, ZN_STATE_PARAMS, home_elems(bl) * tr->pbytes, name,
+                          &bl->cpu_params));
     }
     for (int i = 0; i < 2; i++)
-        TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_block * 4, "grad staging",
+        TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_local * 4, "grad staging",
                       (void **)&tr->gstage[i]));
     uint64_t largest_nvme = 0;
     for (int b = 0; b < tr->L; b++)
-        if (tr->blocks[b].home == ZN_PHOME_NVME && tr->blocks[b].n > largest_nvme)
-            largest_nvme = tr->blocks[b].n;
+        if (tr->blocks[b].home == ZN_PHOME_NVME && tr->blocks[b].len > largest_nvme)
+            largest_nvme = tr->blocks[b].len;
     if (largest_nvme) {
         int64_t bc = cfg->zero.offload_param.buffer_count;
         tr->n_pstage = (int)(bc < 2 ? 2 : bc > 64 ? 64 : bc);
@@ -319,7 +351,7 @@ static int allocate(zn_trainer *tr)
                               "param update staging", &sl->pout));
         }
         if (cfg->gradient_accumulation_steps > 1)
-            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_block * 4, "grad readback",
+            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_local * 4, "grad readback",
                           (void **)&tr->gtmp));
     }
 
@@ -364,7 +396,7 @@ static int allocate(zn_trainer *tr)
         uint64_t fit = dm.largest_free / slot_bytes;
         int ring_blocks = 0;
         for (int b = 0; b < tr->L; b++)
-            ring_blocks += tr->blocks[b].home != ZN_PHOME_DEVICE;
+            ring_blocks += !tr->blocks[b].persistent;
         if (want > (uint64_t)ring_blocks)
             want = ring_blocks < 2 ? 2 : (uint64_t)ring_blocks;
         if (want > fit)
@@ -402,29 +434,33 @@ static int initialise(zn_trainer *tr)
     int rc = 0;
     const zn_train_model *md = tr->model;
     float *vals = malloc(tr->largest_block * sizeof *vals);
-    void *conv = malloc(tr->largest_block * tr->pbytes);
+    void *conv = malloc(tr->largest_block * tr->pbytes);  /* npad */
     int cur = -1;
     if (!vals || !conv) {
         rc = zn_set_error(-ENOMEM, "train: out of memory");
         goto out;
     }
-    /* working params, block by block */
+    /* working params, block by block: the whole (padded) block or this
+     * rank's shard of it, padding zero */
     for (int b = 0; b < tr->L && !rc; b++) {
         zn_block *bl = &tr->blocks[b];
         if ((rc = md->init_params(md->ctx, b, vals, bl->n)))
             goto out;
         cur = b;
+        memset(conv, 0, bl->npad * tr->pbytes);
         if ((rc = zn_convert(conv, tr->pdt, vals, ZN_DTYPE_F32, bl->n)))
             goto out;
-        size_t bytes = bl->n * tr->pbytes;
+        const char *from = (const char *)conv + (bl->replicated ? 0 : bl->soff * tr->pbytes);
+        size_t bytes = home_elems(bl) * tr->pbytes;
         if (bl->home == ZN_PHOME_DEVICE) {
-            rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d, bl->dev_params, conv, bytes);
+            rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d, bl->dev_params, from, bytes);
             if (!rc)
                 rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
         } else if (bl->home == ZN_PHOME_CPU) {
-            memcpy(bl->cpu_params, conv, bytes);
+            memcpy(bl->cpu_params, from, bytes);
         } else {
-            memcpy(tr->pstage[0], conv, bytes);
+            memcpy(tr->pstage[0], (const char *)conv + bl->soff * tr->pbytes,
+                   bl->len * tr->pbytes);
             for (int k = 0; k < bl->np && !rc; k++) {
                 zn_piece *p = &tr->pieces[bl->p0 + k];
                 zn_io_req r;
@@ -446,7 +482,7 @@ static int initialise(zn_trainer *tr)
             if (cur != b && (rc = md->init_params(md->ctx, b, vals, bl->n)))
                 goto out;
             cur = b;
-            memcpy(tr->master + bl->off, vals, bl->n * 4);
+            memcpy(tr->master + bl->off, vals + bl->soff, bl->len * 4);
         }
         memset(tr->mom, 0, tr->P * 4);
         memset(tr->var, 0, tr->P * 4);
@@ -461,7 +497,8 @@ static int initialise(zn_trainer *tr)
                 if (cur != p->block && (rc = md->init_params(md->ctx, p->block, vals, bl->n)))
                     goto out;
                 cur = p->block;
-                memcpy(s->master + (p->start - un->off), vals + (p->start - bl->off), p->n * 4);
+                memcpy(s->master + (p->start - un->off), vals + bl->soff + (p->start - bl->off),
+                       p->n * 4);
             }
             memset(s->m, 0, un->n * 4);
             memset(s->v, 0, un->n * 4);
@@ -512,6 +549,8 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     /* Plan first: an infeasible config stops here, before any allocation. */
     zn_plan_input in = *o->plan_in;
     in.param_bytes = maybe_cuda && half ? 2 : 4;
+    if (o->comm)
+        in.world_size = zn_comm_size(o->comm);  /* budgets are per rank */
     zn_plan plan;
     int rc = zn_plan_compute(&plan, cfg, &in, &o->budgets);
     if (rc == ZN_ENOFIT)
@@ -576,6 +615,14 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
         if (rc)
             goto fail;
     }
+    if (tr->comm && zn_comm_size(tr->comm) > 1) {
+        tr->world = zn_comm_size(tr->comm);
+        tr->rank = zn_comm_rank(tr->comm);
+        /* the collectives run on the comm's own stream on this device */
+        TRY(zn_comm_attach_device(tr->comm, tr->dev));
+        tr->comm_attached = true;
+        tr->s_comm = zn_comm_stream(tr->comm);
+    }
     TRY(zn_tier_init(&tr->tm, tr->dev, &o->budgets));
     TRY(zn_dev_stream_create(tr->dev, "compute", &tr->s_comp));
     TRY(zn_dev_stream_create(tr->dev, "h2d", &tr->s_h2d));
@@ -625,14 +672,21 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
             rc = zn_set_error(-ENOMEM, "train: out of memory");
             goto fail;
         }
+        tr->ev_shard = calloc((size_t)tr->nslots, sizeof *tr->ev_shard);
+        if (!tr->ev_shard) {
+            rc = zn_set_error(-ENOMEM, "train: out of memory");
+            goto fail;
+        }
         for (int s = 0; s < tr->nslots; s++) {
             TRY(make_event(tr, &tr->ev_ready[s]));
             TRY(make_event(tr, &tr->ev_consumed[s]));
+            TRY(make_event(tr, &tr->ev_shard[s]));
         }
     }
     for (int i = 0; i < 2; i++) {
         TRY(make_event(tr, &tr->ev_gready[i]));
         TRY(make_event(tr, &tr->ev_gfree[i]));
+        TRY(make_event(tr, &tr->ev_rs[i]));
     }
 
     TRY(initialise(tr));
@@ -664,10 +718,13 @@ void zn_train_destroy(zn_trainer *tr)
                 zn_dev_event_destroy(tr->dev, tr->ev_ready[s]);
             if (tr->ev_consumed)
                 zn_dev_event_destroy(tr->dev, tr->ev_consumed[s]);
+            if (tr->ev_shard)
+                zn_dev_event_destroy(tr->dev, tr->ev_shard[s]);
         }
         for (int i = 0; i < 2; i++) {
             zn_dev_event_destroy(tr->dev, tr->ev_gready[i]);
             zn_dev_event_destroy(tr->dev, tr->ev_gfree[i]);
+            zn_dev_event_destroy(tr->dev, tr->ev_rs[i]);
         }
         for (int i = 0; i < tr->n_pstage; i++)
             zn_dev_event_destroy(tr->dev, tr->ev_pstage_free[i]);
@@ -678,6 +735,8 @@ void zn_train_destroy(zn_trainer *tr)
         zn_dev_stream_destroy(tr->dev, tr->s_comp);
         zn_dev_stream_destroy(tr->dev, tr->s_h2d);
         zn_dev_stream_destroy(tr->dev, tr->s_d2h);
+        if (tr->comm_attached)
+            zn_comm_detach_device(tr->comm);
         zn_tier_fini(&tr->tm);
         zn_dev_destroy(tr->dev);
     }
@@ -687,6 +746,7 @@ void zn_train_destroy(zn_trainer *tr)
     }
     free(tr->ev_ready);
     free(tr->ev_consumed);
+    free(tr->ev_shard);
     free(tr->pstage_req);
     free(tr->slot);
     free(tr->slot_block);
@@ -721,13 +781,36 @@ static void pread_wait_fn(void *arg)
     }
 }
 
+/* Brings block `block`'s working params into device slot `slot`: from its
+ * home (pinned, or NVMe through a pinned staging buffer) over H2D; with
+ * world size N > 1 the home holds this rank's shard, which goes to its
+ * place in the slot and is then all-gathered there on the comm stream (a
+ * device-homed shard is gathered straight from the device). ev_ready[slot]
+ * is recorded on the stream that finishes the slot. */
 static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
 {
     zn_block *bl = &tr->blocks[block];
     zn_dev *d = tr->dev;
-    size_t bytes = bl->n * tr->pbytes;
+    bool gather = !bl->replicated;
+    size_t bytes = (gather ? bl->len : bl->n) * tr->pbytes;
+    char *dst = (char *)tr->slot[slot] + (gather ? bl->soff * tr->pbytes : 0);
     char name[ZN_TRACE_NAME_LEN];
     int rc;
+    if (bl->home == ZN_PHOME_DEVICE) {
+        /* sharded on the device: gather from the home shard into the slot */
+        if ((rc = zn_dev_stream_wait_event(d, tr->s_comm, tr->ev_consumed[slot])))
+            return rc;
+        snprintf(name, sizeof name, "gather b%d", block);
+        zn_mark *mk = zn_train_mark_begin(tr, tr->s_comm, ZN_RES_COMM, name);
+        if ((rc = zn_comm_allgather_on(tr->comm, tr->s_comm, bl->dev_params, tr->slot[slot],
+                                       bl->shard, tr->pdt)))
+            return rc;
+        zn_train_mark_end(tr, tr->s_comm, mk);
+        if ((rc = zn_dev_event_record(d, tr->ev_ready[slot], tr->s_comm)))
+            return rc;
+        tr->slot_block[slot] = block;
+        return 0;
+    }
     if ((rc = zn_dev_stream_wait_event(d, tr->s_h2d, tr->ev_consumed[slot])))
         return rc;
     const void *src = bl->cpu_params;
@@ -762,14 +845,27 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
     }
     snprintf(name, sizeof name, "h2d b%d", block);
     zn_mark *mk = zn_train_mark_begin(tr, tr->s_h2d, ZN_RES_H2D, name);
-    if ((rc = zn_dev_copy_h2d(d, tr->s_h2d, tr->slot[slot], src, bytes)))
+    if (bytes && (rc = zn_dev_copy_h2d(d, tr->s_h2d, dst, src, bytes)))
         return rc;
     zn_train_mark_end(tr, tr->s_h2d, mk);
     atomic_fetch_add(&tr->tm.h2d, bytes);
     if (t >= 0 && (rc = zn_dev_event_record(d, tr->ev_pstage_free[t], tr->s_h2d)))
         return rc;
-    if ((rc = zn_dev_event_record(d, tr->ev_ready[slot], tr->s_h2d)))
+    if (gather) {
+        if ((rc = zn_dev_event_record(d, tr->ev_shard[slot], tr->s_h2d)) ||
+            (rc = zn_dev_stream_wait_event(d, tr->s_comm, tr->ev_shard[slot])))
+            return rc;
+        snprintf(name, sizeof name, "gather b%d", block);
+        zn_mark *m2 = zn_train_mark_begin(tr, tr->s_comm, ZN_RES_COMM, name);
+        if ((rc = zn_comm_allgather_on(tr->comm, tr->s_comm, dst, tr->slot[slot], bl->shard,
+                                       tr->pdt)))
+            return rc;
+        zn_train_mark_end(tr, tr->s_comm, m2);
+        if ((rc = zn_dev_event_record(d, tr->ev_ready[slot], tr->s_comm)))
+            return rc;
+    } else if ((rc = zn_dev_event_record(d, tr->ev_ready[slot], tr->s_h2d))) {
         return rc;
+    }
     tr->slot_block[slot] = block;
     return 0;
 }
@@ -849,7 +945,7 @@ static void accum_fn(void *arg)
     if (last) {
         zn_grad_span sp = { tr->oopt != ZN_OFFLOAD_NVME ? (const void *)(tr->gacc + bl->off)
                                                          : (const void *)src,
-                            bl->n, ZN_DTYPE_F32 };
+                            bl->len, ZN_DTYPE_F32 };
         double sq = 0;
         int nonfinite = 0;
         rc = zn_grad_norm_sq(&sp, 1, tr->threads, &sq, &nonfinite);
@@ -944,7 +1040,7 @@ static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
             const void *dout = b < L - 1 ? tr->dact[(b + 1) & 1] : NULL;
             void *din = b > 0 ? tr->dact[b & 1] : NULL;
             if ((rc = zn_dev_stream_wait_event(d, tr->s_comp, tr->ev_gfree[g])) ||
-                (rc = zn_dev_memset(d, tr->s_comp, tr->gdev[g], 0, bl->n * 4)))
+                (rc = zn_dev_memset(d, tr->s_comp, tr->gdev[g], 0, bl->npad * 4)))
                 return rc;
             zn_mark *mk = zn_train_mark_begin(tr, tr->s_comp, ZN_RES_COMPUTE, name);
             if ((rc = md->backward(md->ctx, tr->s_comp, b, params, in, dout, din, tr->gdev[g])))
@@ -952,15 +1048,33 @@ static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
             zn_train_mark_end(tr, tr->s_comp, mk);
             if ((rc = zn_dev_event_record(d, tr->ev_gready[g], tr->s_comp)))
                 return rc;
-            /* grads: D2H into pinned staging, then accumulate */
-            if ((rc = zn_dev_stream_wait_event(d, tr->s_d2h, tr->ev_gready[g])))
+            /* grads: with N > 1 ranks, reduce-scatter in place (each rank
+             * keeps the sum of its shard), then D2H of this rank's part into
+             * pinned staging, then accumulate */
+            zn_event *gdone = tr->ev_gready[g];
+            float *gsrc = (float *)tr->gdev[g] + bl->soff;
+            if (tr->world > 1) {
+                if ((rc = zn_dev_stream_wait_event(d, tr->s_comm, tr->ev_gready[g])))
+                    return rc;
+                snprintf(name, sizeof name, "reduce-scatter b%d", b);
+                zn_mark *m3 = zn_train_mark_begin(tr, tr->s_comm, ZN_RES_COMM, name);
+                if ((rc = zn_comm_reduce_scatter_on(tr->comm, tr->s_comm, tr->gdev[g], gsrc,
+                                                    bl->shard, ZN_DTYPE_F32, ZN_REDUCE_SUM)))
+                    return rc;
+                zn_train_mark_end(tr, tr->s_comm, m3);
+                if ((rc = zn_dev_event_record(d, tr->ev_rs[g], tr->s_comm)))
+                    return rc;
+                gdone = tr->ev_rs[g];
+            }
+            if ((rc = zn_dev_stream_wait_event(d, tr->s_d2h, gdone)))
                 return rc;
             snprintf(name, sizeof name, "d2h b%d", b);
             zn_mark *m2 = zn_train_mark_begin(tr, tr->s_d2h, ZN_RES_D2H, name);
-            if ((rc = zn_dev_copy_d2h(d, tr->s_d2h, tr->gstage[g], tr->gdev[g], bl->n * 4)))
+            if (bl->len &&
+                (rc = zn_dev_copy_d2h(d, tr->s_d2h, tr->gstage[g], gsrc, bl->len * 4)))
                 return rc;
             zn_train_mark_end(tr, tr->s_d2h, m2);
-            atomic_fetch_add(&tr->tm.d2h, bl->n * 4);
+            atomic_fetch_add(&tr->tm.d2h, bl->len * 4);
             if ((rc = zn_dev_event_record(d, tr->ev_gfree[g], tr->s_d2h)))
                 return rc;
             zn_accum_arg *aa = &tr->accum_args[mb * L + b];
@@ -979,6 +1093,69 @@ static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
     }
     /* the next micro-batch's fetches whose slots are now spoken for */
     return issue_fetches(tr, fe, nfe, next_fetch, *use, nvme_fetches);
+}
+
+/* The step's figures over all ranks, identical on every rank: each rank's
+ * loss sum, overflow flag and per-block sums of squares are all-gathered
+ * (as raw doubles) and added in rank order, blocks in block order. */
+static int combine_ranks(zn_trainer *tr, double *loss_sum, double *sq, int *nonfinite)
+{
+    int L = tr->L, W = tr->world, K = L + 2;
+    double *all = malloc((size_t)K * (size_t)(W + 1) * sizeof *all);
+    if (!all)
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    double *mine = all + (size_t)K * (size_t)W;
+    mine[0] = *loss_sum;
+    mine[1] = 0;
+    for (int b = 0; b < L; b++) {
+        mine[2 + b] = tr->blocks[b].grad_sq;
+        if (tr->blocks[b].grad_nonfinite)
+            mine[1] = 1;
+    }
+    if (W > 1) {
+        /* doubles travel as pairs of f32 words: a copy, no arithmetic */
+        int rc = zn_comm_allgather(tr->comm, mine, all, (size_t)K * 2, ZN_DTYPE_F32);
+        if (rc) {
+            free(all);
+            return zn_error_prefix(rc, "step statistics: ");
+        }
+    } else {
+        memcpy(all, mine, (size_t)K * sizeof *all);
+    }
+    double ls = 0, s = 0;
+    int nf = 0;
+    for (int r = 0; r < W; r++) {
+        ls += all[(size_t)r * K];
+        nf |= all[(size_t)r * K + 1] != 0;
+    }
+    for (int b = 0; b < L; b++)
+        for (int r = 0; r < W; r++)
+            s += all[(size_t)r * K + 2 + b];
+    *loss_sum = ls;
+    *sq = s;
+    *nonfinite = nf;
+    free(all);
+    return 0;
+}
+
+/* ZeRO stages 1/2 with N > 1 ranks: every rank updated its shard of the
+ * replicated parameters; all-gather them in place so that every rank holds
+ * the whole updated block again. */
+static int gather_replicated(zn_trainer *tr)
+{
+    if (tr->world == 1)
+        return 0;
+    int rc = 0;
+    for (int b = 0; b < tr->L && !rc; b++) {
+        zn_block *bl = &tr->blocks[b];
+        if (!bl->replicated || bl->home != ZN_PHOME_DEVICE)
+            continue;
+        rc = zn_comm_allgather_on(tr->comm, tr->s_comm,
+                                  (char *)bl->dev_params + bl->soff * tr->pbytes,
+                                  bl->dev_params, bl->shard, tr->pdt);
+    }
+    int r2 = zn_comm_sync_on(tr->comm, tr->s_comm);
+    return rc ? rc : r2;
 }
 
 static int step_failed(zn_trainer *tr, int rc)
@@ -1059,7 +1236,7 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         int k = i % (2 * L);
         int b = k >= L ? 2 * L - 1 - k : k;
         fetch_of_use[i] = -1;
-        if (tr->blocks[b].home == ZN_PHOME_DEVICE)
+        if (tr->blocks[b].persistent)
             continue;
         if (nfe && fe[nfe - 1].block == b && fe[nfe - 1].last_use == i - 1) {
             fe[nfe - 1].last_use = i;
@@ -1072,7 +1249,8 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     }
     int next_fetch = 0, use = 0;
     uint64_t nvme_fetches = 0;
-    float loss_scale = (float)(scale / ((double)ntok * (double)A));
+    /* the mean over every token of the global batch (all ranks) */
+    float loss_scale = (float)(scale / ((double)ntok * (double)A * (double)tr->world));
     double loss_sum = 0;
     rc = 0;
     for (int mb = 0; mb < A && !rc; mb++) {
@@ -1095,6 +1273,8 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         rc = zn_dev_stream_sync(tr->dev, tr->s_d2h);
     if (!rc)
         rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
+    if (!rc && tr->world > 1)
+        rc = zn_comm_sync_on(tr->comm, tr->s_comm);
     if (!rc && atomic_load(&tr->err))
         rc = atomic_load(&tr->err);
     if (rc)
@@ -1103,10 +1283,8 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     /* global norm from the blocks' sums, in block order (placement-independent) */
     double sq = 0;
     int nonfinite = 0;
-    for (int b = 0; b < L; b++) {
-        sq += tr->blocks[b].grad_sq;
-        nonfinite |= tr->blocks[b].grad_nonfinite;
-    }
+    if ((rc = combine_ranks(tr, &loss_sum, &sq, &nonfinite)))
+        return step_failed(tr, rc);
     double norm = sqrt(sq) / scale;
     bool overflow = fp16 && (nonfinite || !isfinite(norm));
     if (!tr->overlap_step && !overflow) {
@@ -1125,6 +1303,8 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         rc = 0;
     if (!rc)
         rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
+    if (!rc && !overflow)
+        rc = gather_replicated(tr);
     if (!rc && atomic_load(&tr->err))
         rc = atomic_load(&tr->err);
     if (rc)
@@ -1157,14 +1337,9 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
 }
 
 /* ---- reading state back ---------------------------------------------------------*/
-int zn_train_read_master(zn_trainer *tr, float *out, uint64_t n)
+/* This rank's master weights (local flat space, P floats) into out. */
+static int read_local_master(zn_trainer *tr, float *out)
 {
-    if (tr->bad)
-        return zn_set_error(ZN_ECORRUPT, "the trainer failed in an earlier step; its weights "
-                            "are not valid");
-    if (n != tr->P)
-        return zn_set_error(ZN_EARG, "read_master: %llu elements asked, the model has %llu",
-                            (unsigned long long)n, (unsigned long long)tr->P);
     if (tr->oopt != ZN_OFFLOAD_NVME) {
         memcpy(out, tr->master, tr->P * 4);
         return 0;
@@ -1184,12 +1359,45 @@ int zn_train_read_master(zn_trainer *tr, float *out, uint64_t n)
     return 0;
 }
 
+int zn_train_read_master(zn_trainer *tr, float *out, uint64_t n)
+{
+    if (tr->bad)
+        return zn_set_error(ZN_ECORRUPT, "the trainer failed in an earlier step; its weights "
+                            "are not valid");
+    if (n != tr->P_full)
+        return zn_set_error(ZN_EARG, "read_master: %llu elements asked, the model has %llu",
+                            (unsigned long long)n, (unsigned long long)tr->P_full);
+    if (tr->world == 1)
+        return read_local_master(tr, out);
+    /* every rank's shards, block by block */
+    float *local = malloc(tr->P * 4);
+    float *shard = malloc((tr->largest_block / (uint64_t)tr->world) * 4);
+    float *whole = malloc(tr->largest_block * 4);
+    int rc = local && shard && whole ? 0 : zn_set_error(-ENOMEM, "train: out of memory");
+    if (!rc)
+        rc = read_local_master(tr, local);
+    uint64_t at = 0;
+    for (int b = 0; b < tr->L && !rc; b++) {
+        zn_block *bl = &tr->blocks[b];
+        memset(shard, 0, bl->shard * 4);
+        memcpy(shard, local + bl->off, bl->len * 4);
+        rc = zn_comm_allgather(tr->comm, shard, whole, bl->shard, ZN_DTYPE_F32);
+        if (!rc)
+            memcpy(out + at, whole, bl->n * 4);
+        at += bl->n;
+    }
+    free(local);
+    free(shard);
+    free(whole);
+    return rc;
+}
+
 void zn_train_block_share(const zn_trainer *tr, int b, zn_block_share *out)
 {
     const zn_block *bl = &tr->blocks[b];
     out->n = bl->n;
-    out->shard_off = 0;
-    out->len = bl->n;
+    out->shard_off = bl->soff;
+    out->len = bl->len;
     out->local_off = bl->off;
 }
 
@@ -1210,7 +1418,7 @@ int zn_train_world(const zn_trainer *tr)
 
 uint64_t zn_train_num_params(const zn_trainer *tr)
 {
-    return tr->P;
+    return tr->P_full;
 }
 
 const zn_plan *zn_train_get_plan(const zn_trainer *tr)
@@ -1247,7 +1455,7 @@ void zn_train_get_report(zn_trainer *tr, zn_train_report *r)
     r->flops = tr->flops;
     r->param_slots = tr->nslots;
     for (int b = 0; b < tr->L; b++)
-        r->persistent_blocks += tr->blocks[b].home == ZN_PHOME_DEVICE;
+        r->persistent_blocks += tr->blocks[b].persistent;
     r->opt_unit = tr->U;
     r->opt_units = tr->n_units;
     r->opt_inflight = tr->oopt == ZN_OFFLOAD_NVME ? tr->n_oslots : 1;
