@@ -67,8 +67,12 @@ int zn_bench_train(int argc, char **argv)
         return zn_cli_fail(rc, NULL);
     cfg.train.steps = warmup + steps;
     zn_cli_train_session ts;
-    if ((rc = zn_cli_train_session_open(&ts, &cfg, trace != NULL)))
-        return zn_cli_fail(rc, NULL);
+    if ((rc = zn_cli_train_session_open(&ts, &cfg, trace != NULL))) {
+        zn_cli_fail(rc, NULL);
+        zn_cli_train_session_abort(&ts, 1);
+        zn_cli_train_session_close(&ts);
+        return 1;
+    }
 
     zn_topo topo;
     memset(&topo, 0, sizeof topo);

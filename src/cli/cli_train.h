@@ -3,6 +3,7 @@
 #ifndef ZN_CLI_TRAIN_H
 #define ZN_CLI_TRAIN_H
 
+#include "zinc/comm.h"
 #include "zinc/config.h"
 #include "zinc/model.h"
 #include "zinc/tokens.h"
@@ -16,16 +17,27 @@ typedef struct {
     int32_t *ids, *tgts;
     zn_model_dims dims;
     uint64_t params;
+    /* the ranks (mpirun / srun / torchrun launch; world 1 otherwise) */
+    zn_comm *comm;
+    int rank, world;
+    size_t rank_tokens;  /* ids of one rank's micro-batches per step */
 } zn_cli_train_session;
 
 /* The embedded default config (examples/tiny.json's text). */
 const char *zn_cli_default_config(void);
-/* Resolves batch keys, dims, budgets and the plan input, then creates the
- * trainer (which refuses an infeasible plan with its explanation) and the
- * data. Returns 0 or a status with zn_last_error() set. */
+/* Joins the job's ranks (a communicator from the launch environment: world
+ * 1 when not launched by mpirun / srun / torchrun), resolves batch keys,
+ * dims, budgets ("auto" ones shared among the ranks of one host) and the
+ * plan input, then creates the trainer (which refuses an infeasible plan with
+ * its explanation) and the data (every rank reads the global batch and
+ * trains on its slice). Returns 0 or a status with zn_last_error() set; on
+ * failure only the communicator is left: report, then _abort and _close. */
 int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int record_trace);
 /* One optimizer step on the loader's batch `step`. */
 int zn_cli_train_session_step(zn_cli_train_session *ts, uint64_t step, zn_train_step_info *info);
 void zn_cli_train_session_close(zn_cli_train_session *ts);
+/* After a failure in a job of several ranks: ends the other ranks too (MPI:
+ * MPI_Abort, which does not return). No-op for one rank. */
+void zn_cli_train_session_abort(zn_cli_train_session *ts, int code);
 
 #endif

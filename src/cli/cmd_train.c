@@ -28,30 +28,81 @@ void zn_cli_train_session_close(zn_cli_train_session *ts)
     zn_tokens_close(ts->data);
     free(ts->ids);
     free(ts->tgts);
+    zn_comm_destroy(ts->comm);
     memset(ts, 0, sizeof *ts);
+}
+
+void zn_cli_train_session_abort(zn_cli_train_session *ts, int code)
+{
+    if (ts->comm && ts->world > 1)
+        zn_comm_abort(ts->comm, code);
+}
+
+/* Joins the ranks; with several, picks this rank's device (LOCAL_RANK) and
+ * binds it to a NUMA node. */
+static int join_ranks(zn_cli_train_session *ts, zn_config *cfg, int *local_size)
+{
+    zn_launch_info li;
+    int rc = zn_launch_detect(&li);
+    if (rc)
+        return rc;
+    zn_comm_config cc = zn_comm_config_default();
+    cc.launch = &li;
+    if ((rc = zn_comm_create(&ts->comm, &cc)))
+        return zn_error_prefix(rc, "joining the ranks (%s launch): ",
+                               zn_launcher_name(li.launcher));
+    ts->rank = zn_comm_rank(ts->comm);
+    ts->world = zn_comm_size(ts->comm);
+    *local_size = li.local_size > 0 ? li.local_size : 1;
+    if (ts->world == 1)
+        return 0;
+    if (!cfg->train.device[0] || !strcmp(cfg->train.device, "auto")) {
+        char name[sizeof cfg->train.device];
+        if ((rc = zn_launch_device_name(&li, name, sizeof name)))
+            return rc;
+        snprintf(cfg->train.device, sizeof cfg->train.device, "%s", name);
+    }
+    /* one NUMA node per local rank, where there is more than one */
+    zn_topo topo;
+    int node = -1;
+    if (!zn_topo_discover(&topo) && topo.n_numa > 1 && zn_launch_bind_numa(&li, -1, &node))
+        zn_warn("rank %d: NUMA binding failed: %s", ts->rank, zn_last_error());
+    return 0;
 }
 
 int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int record_trace)
 {
     memset(ts, 0, sizeof *ts);
-    int rc;
-    if ((rc = zn_config_resolve_batch(cfg, 1)))
-        return rc;
+    int rc, local_size = 1;
+    uint64_t *blocks = NULL;
     zn_model_dims d;
-    if ((rc = zn_cli_model_dims(cfg, &d)))
-        return rc;
     zn_topo topo;
-    if ((rc = zn_topo_discover(&topo)))
-        return zn_error_prefix(rc, "topology");
     zn_plan_budgets budgets;
+    if ((rc = join_ranks(ts, cfg, &local_size)) ||
+        (rc = zn_config_resolve_batch(cfg, ts->world)) || (rc = zn_cli_model_dims(cfg, &d)))
+        goto out;
+    if ((rc = zn_topo_discover(&topo))) {
+        rc = zn_error_prefix(rc, "topology");
+        goto out;
+    }
     if ((rc = zn_cli_budgets(cfg, &topo, zn_cli_gpu_free(cfg), &budgets)))
-        return rc;
+        goto out;
+    /* "auto" budgets of host memory and disk are shared by the ranks of a host */
+    if (local_size > 1) {
+        if (cfg->tiers.cpu_auto)
+            budgets.bytes[ZN_TIER_CPU] /= (uint64_t)local_size;
+        if (cfg->tiers.gpu_auto && !zn_cli_gpu_free(cfg))
+            budgets.bytes[ZN_TIER_GPU] /= (uint64_t)local_size;
+        budgets.bytes[ZN_TIER_NVME] /= (uint64_t)local_size;
+    }
     int nb = zn_model_num_blocks(&d);
-    uint64_t *blocks = calloc((size_t)nb, sizeof *blocks);
-    if (!blocks)
-        return zn_set_error(-ENOMEM, "out of memory");
+    blocks = calloc((size_t)nb, sizeof *blocks);
+    if (!blocks) {
+        rc = zn_set_error(-ENOMEM, "out of memory");
+        goto out;
+    }
     zn_plan_input in;
-    zn_cli_plan_input(cfg, &d, 1, blocks, &in);
+    zn_cli_plan_input(cfg, &d, ts->world, blocks, &in);
 
     int64_t B = cfg->train_micro_batch_size_per_gpu, T = cfg->data.seq_len;
     int64_t A = cfg->gradient_accumulation_steps;
@@ -63,6 +114,7 @@ int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int reco
     o.plan_in = &in;
     o.budgets = budgets;
     o.record_trace = record_trace;
+    o.comm = ts->comm;
     if ((rc = zn_train_create(&ts->tr, &o)))
         goto out;
 
@@ -72,20 +124,21 @@ int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int reco
             goto out;
     } else {
         uint64_t need = (uint64_t)(cfg->train.steps > 0 ? cfg->train.steps : 1) *
-                        (uint64_t)(A * B * (T + 1)) + (uint64_t)T + 1;
+                        (uint64_t)(ts->world * A * B * (T + 1)) + (uint64_t)T + 1;
         uint64_t count = need < (1u << 18) ? (1u << 18) : need > (1u << 26) ? (1u << 26) : need;
         if ((rc = zn_tokens_synthetic(&ts->data, count, (uint32_t)d.vocab, cfg->data.seed)))
             goto out;
     }
     zn_loader_config lc = zn_loader_config_default();
     lc.seq_len = T;
-    lc.batch = A * B;
+    lc.batch = ts->world * A * B;  /* the global batch: rank r trains on slice r */
     lc.seed = cfg->data.seed;
     lc.vocab = d.vocab;
     if ((rc = zn_loader_create(&ts->loader, ts->data, &lc)))
         goto out;
-    ts->ids = malloc((size_t)(A * B * T) * sizeof *ts->ids);
-    ts->tgts = malloc((size_t)(A * B * T) * sizeof *ts->tgts);
+    ts->rank_tokens = (size_t)(A * B * T);
+    ts->ids = malloc((size_t)ts->world * ts->rank_tokens * sizeof *ts->ids);
+    ts->tgts = malloc((size_t)ts->world * ts->rank_tokens * sizeof *ts->tgts);
     if (!ts->ids || !ts->tgts) {
         rc = zn_set_error(-ENOMEM, "out of memory");
         goto out;
@@ -95,9 +148,17 @@ int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int reco
 out:
     free(blocks);
     if (rc) {
+        /* everything but the communicator: the caller reports, then may
+         * end the other ranks with it (zn_cli_train_session_abort) */
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", zn_last_error());
+        zn_comm *comm = ts->comm;
+        int rank = ts->rank, world = ts->world;
+        ts->comm = NULL;
         zn_cli_train_session_close(ts);
+        ts->comm = comm;
+        ts->rank = rank;
+        ts->world = world;
         zn_set_error(rc, "%s", msg);
     }
     return rc;
@@ -108,7 +169,8 @@ int zn_cli_train_session_step(zn_cli_train_session *ts, uint64_t step, zn_train_
     int rc = zn_loader_get(ts->loader, step, ts->ids, ts->tgts);
     if (rc)
         return rc;
-    return zn_train_step(ts->tr, ts->ids, ts->tgts, info);
+    size_t at = (size_t)ts->rank * ts->rank_tokens;
+    return zn_train_step(ts->tr, ts->ids + at, ts->tgts + at, info);
 }
 
 static void usage(FILE *f)
@@ -190,17 +252,27 @@ int zn_cmd_train(int argc, char **argv)
     if (steps_opt >= 0)
         cfg.train.steps = steps_opt;
     FILE *jf = NULL;
-    if (json_path && !(jf = fopen(json_path, "w"))) {
-        fprintf(stderr, "zinc: error: --json-log %s: %s\n", json_path, strerror(errno));
-        return 1;
-    }
-
     zn_cli_train_session ts;
     double t_setup = zn_now_s();
     if ((rc = zn_cli_train_session_open(&ts, &cfg, trace_path != NULL))) {
-        if (jf)
-            fclose(jf);
-        return zn_cli_fail(rc, NULL);
+        zn_cli_fail(rc, NULL);
+        zn_cli_train_session_abort(&ts, 1);
+        zn_cli_train_session_close(&ts);
+        return 1;
+    }
+    /* rank 0 speaks for the job; the others print only their errors */
+    if (ts.rank > 0) {
+        fflush(stdout);
+        if (!freopen("/dev/null", "w", stdout))
+            zn_warn("rank %d: cannot silence stdout: %s", ts.rank, strerror(errno));
+        json_path = NULL;
+        trace_path = NULL;
+    }
+    if (json_path && !(jf = fopen(json_path, "w"))) {
+        fprintf(stderr, "zinc: error: --json-log %s: %s\n", json_path, strerror(errno));
+        zn_cli_train_session_abort(&ts, 1);
+        zn_cli_train_session_close(&ts);
+        return 1;
     }
     const zn_plan *plan = zn_train_get_plan(ts.tr);
     zn_train_report rep;
@@ -213,6 +285,16 @@ int zn_cmd_train(int argc, char **argv)
     printf("  data     %s, micro-batch %lld x seq %lld, accumulation %lld\n",
            zn_tokens_name(ts.data), (long long)cfg.train_micro_batch_size_per_gpu,
            (long long)cfg.data.seq_len, (long long)cfg.gradient_accumulation_steps);
+    if (ts.world > 1) {
+        zn_comm_info ci;
+        zn_comm_get_info(ts.comm, &ci);
+        printf("  ranks    %d (%s, %s%s%s), ZeRO stage %d: each rank holds 1/%d of the state; "
+               "figures below are rank 0's, tok/s counts all ranks\n", ts.world,
+               zn_launcher_name(ci.launcher), ci.host_backend,
+               strcmp(ci.dev_backend, "none") ? " + " : "",
+               strcmp(ci.dev_backend, "none") ? ci.dev_backend : "", (int)cfg.zero.stage,
+               ts.world);
+    }
     printf("  device   %s, params %s; params -> %s, optimizer -> %s\n", rep.backend,
            rep.param_dtype, zn_offload_device_name(cfg.zero.offload_param.device),
            zn_offload_device_name(cfg.zero.offload_optimizer.device));
@@ -236,6 +318,7 @@ int zn_cmd_train(int argc, char **argv)
         zn_train_step_info info;
         if ((rc = zn_cli_train_session_step(&ts, (uint64_t)s, &info))) {
             zn_cli_fail(rc, NULL);
+            zn_cli_train_session_abort(&ts, 1);
             break;
         }
         if (s == 0)

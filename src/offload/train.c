@@ -1321,7 +1321,7 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     tr->steps_run++;
     double secs = (double)(zn_now_ns() - t_start) * 1e-9;
     tr->step_s += secs;
-    tr->tokens += ntok * (uint64_t)A;
+    tr->tokens += ntok * (uint64_t)A * (uint64_t)tr->world;
     tr->flops += tr->model->flops_per_token * (double)(ntok * (uint64_t)A);
     if (info) {
         info->step = tr->steps_run;
@@ -1331,7 +1331,7 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         info->loss_scale = scale;
         info->skipped = overflow;
         info->seconds = secs;
-        info->tokens = ntok * (uint64_t)A;
+        info->tokens = ntok * (uint64_t)A * (uint64_t)tr->world;  /* all ranks */
     }
     return 0;
 }

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# `zinc train` across ranks, end to end: the embedded default (tiny.json)
+# on 2 ranks started torchrun-style (RANK, WORLD_SIZE, MASTER_ADDR, ...:
+# the TCP communicator) and, where MPI is built and mpirun installed, on
+# `mpirun -np 2` and `-np 3`, must print the losses of one rank that
+# accumulates the same global batch (gradient_accumulation_steps x N), to
+# a relative 2e-4 (fp32 sums in another order). Then a rank killed mid-run
+# must end the other rank with an error naming the dead rank, within the
+# communicator's timeout, instead of hanging.
+# usage: test_train_ranks.sh PATH/TO/zinc HAVE_MPI(0|1)
+set -u
+zinc=$(realpath "$1")
+have_mpi=${2:-0}
+fail=0
+work=$(realpath "$(mktemp -d train-ranks-XXXXXX)")
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT ZINC_COMM_BACKEND
+export OMP_NUM_THREADS=1 ZINC_LOG=${ZINC_LOG:-warn}
+STEPS=6
+common=(--steps $STEPS --set train.threads=1)
+
+losses() { sed 's/.*"loss": \([0-9.e+-]*\).*/\1/' "$1"; }
+# compare LABEL REF.jsonl GOT.jsonl
+compare() {
+    if [ ! -s "$3" ] || [ "$(wc -l < "$3")" -ne $STEPS ]; then
+        echo "FAIL: $1: expected $STEPS JSON lines in $3"; fail=1; return
+    fi
+    worst=$(paste <(losses "$2") <(losses "$3") | awk '
+        { d = ($1 > $2 ? $1 - $2 : $2 - $1) / $1; if (d > w) w = d } END { printf "%.3g", w }')
+    if awk -v w="$worst" 'BEGIN { exit !(w <= 2e-4) }'; then
+        echo "ok: $1: losses match one rank (worst relative difference $worst)"
+    else
+        echo "FAIL: $1: losses differ from one rank's by $worst (relative)"
+        paste <(losses "$2") <(losses "$3")
+        fail=1
+    fi
+}
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo $((20000 + RANDOM % 20000)); }
+
+# the reference: one rank, the global batch by accumulation
+for n in 2 3; do
+    "$zinc" train "${common[@]}" --set gradient_accumulation_steps=$n --json-log ref$n.jsonl \
+        > ref$n.out 2>&1 || { echo "FAIL: one-rank reference ($n): $(tail -3 ref$n.out)"; fail=1; }
+done
+
+# torchrun-style, two ranks over TCP
+port=$(free_port)
+pids=()
+for r in 0 1; do
+    log=()
+    [ $r -eq 0 ] && log=(--json-log tcp2.jsonl)
+    RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
+        MASTER_PORT=$port timeout 120 "$zinc" train "${common[@]}" "${log[@]}" \
+        > tcp2.r$r.out 2>&1 &
+    pids+=($!)
+done
+for r in 0 1; do
+    wait "${pids[$r]}" || { echo "FAIL: torchrun-style rank $r: $(tail -3 tcp2.r$r.out)"; fail=1; }
+done
+grep -q "ranks    2 (torchrun, tcp" tcp2.r0.out || { echo "FAIL: no ranks line"; fail=1; }
+[ -s tcp2.r1.out ] && grep -q "step " tcp2.r1.out && { echo "FAIL: rank 1 printed progress"; fail=1; }
+compare "2 ranks, torchrun-style (tcp)" ref2.jsonl tcp2.jsonl
+
+# mpirun
+if [ "$have_mpi" = 1 ] && command -v mpirun >/dev/null 2>&1; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    export OMPI_MCA_rmaps_base_oversubscribe=1
+    for n in 2 3; do
+        timeout 180 mpirun -np $n --oversubscribe "$zinc" train "${common[@]}" \
+            --json-log mpi$n.jsonl > mpi$n.out 2>&1 ||
+            { echo "FAIL: mpirun -np $n: $(tail -5 mpi$n.out)"; fail=1; }
+        grep -q "ranks    $n (mpirun, mpi" mpi$n.out || { echo "FAIL: mpirun -np $n: no ranks line"; fail=1; }
+        compare "mpirun -np $n" ref$n.jsonl mpi$n.jsonl
+    done
+else
+    echo "skip: mpirun -np 2/3 (zinc built without MPI, or mpirun missing)"
+fi
+
+# a rank that dies: the survivor ends with an error naming it
+port=$(free_port)
+RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    ZINC_COMM_TIMEOUT=10 "$zinc" train --steps 1000 --set train.threads=1 > dead.r1.out 2>&1 &
+victim=$!
+start=$(date +%s)
+RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    ZINC_COMM_TIMEOUT=10 timeout 90 "$zinc" train --steps 1000 --set train.threads=1 \
+    > dead.r0.out 2>&1 &
+survivor=$!
+for _ in $(seq 100); do grep -q "step " dead.r0.out 2>/dev/null && break; sleep 0.1; done
+kill -9 $victim
+wait $survivor
+rc=$?
+took=$(( $(date +%s) - start ))
+if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then
+    echo "FAIL: the survivor exited $rc after its peer was killed"; fail=1
+elif ! grep -q "rank 1" dead.r0.out; then
+    echo "FAIL: the survivor's error does not name rank 1: $(grep error dead.r0.out)"; fail=1
+else
+    echo "ok: rank 1 killed: rank 0 ended in ${took}s with: $(grep -m1 error dead.r0.out)"
+fi
+[ $fail -eq 0 ] && echo ok
+exit $fail
