@@ -168,6 +168,10 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
     if (otier == ZN_TIER_NVME)
         add(p, ZN_STATE_WORK, ZN_TIER_CPU,
             (uint64_t)z->offload_optimizer.buffer_count * sub * 4);
+    /* Pinned staging for one block's fp32 gradients on their way D2H (this
+     * rank's shard of it), two of them so that one block's copy overlaps
+     * the previous one's accumulation. */
+    add(p, ZN_STATE_WORK, ZN_TIER_CPU, 2 * ((largest + W - 1) / W) * 4);
 
     for (int t = 0; t < ZN_TIER_COUNT; t++) {
         p->budget[t] = b->bytes[t];
