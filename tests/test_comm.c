@@ -27,6 +27,7 @@
 #include "zinc/comm.h"
 #include "zinc/device.h"
 #include "comm/comm-impl.h"
+#include "test_net.h"
 #include "zt.h"
 
 /* ---- data: a function of (seed, rank, index), small integers so that sums
@@ -631,20 +632,6 @@ static void test_single(void)
 }
 
 /* ---- forked TCP ranks --------------------------------------------------------------*/
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t l = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &l) < 0)
-        ZT_SETUP_FAIL("free port: %s", strerror(errno));
-    close(fd);
-    return ntohs(a.sin_port);
-}
 
 /* Starts n ranks of `self --worker mode` with the TCP environment, waits at
  * most wait_s for all but rank `skip_wait` (-1: all), kills what is left.
@@ -657,7 +644,7 @@ static int run_ranks(int n, const char *mode, const char *extra_env, double wait
     if (sl <= 0)
         ZT_SETUP_FAIL("readlink /proc/self/exe: %s", strerror(errno));
     self[sl] = 0;
-    int port = free_port();
+    int port = tnet_free_port();
     pid_t pids[8];
     for (int r = 0; r < n; r++) {
         char e[12][96];
@@ -763,7 +750,7 @@ static void test_rendezvous_timeout(void)
     li.world_size = 2;
     li.local_size = 2;
     snprintf(li.master_addr, sizeof li.master_addr, "127.0.0.1");
-    li.master_port = free_port();
+    li.master_port = tnet_free_port();
     zn_comm_config cfg = zn_comm_config_default();
     cfg.backend = "tcp";
     cfg.launch = &li;

@@ -34,6 +34,7 @@
 #include "zinc/train.h"
 #include "test_nvme_common.h"
 #include "test_train_toy.h"
+#include "test_net.h"
 #include "zt.h"
 
 #define STEPS 20
@@ -196,20 +197,6 @@ static int worker(int c, const char *out_dir)
 }
 
 /* ---- the parent --------------------------------------------------------------*/
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t l = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &l) < 0)
-        ZT_SETUP_FAIL("free port: %s", strerror(errno));
-    close(fd);
-    return ntohs(a.sin_port);
-}
 
 /* Runs case c on W forked ranks; returns 0 when every rank exited 0. */
 static int run_world(int c, int W, const char *dir)
@@ -219,7 +206,7 @@ static int run_world(int c, int W, const char *dir)
     if (sl <= 0)
         ZT_SETUP_FAIL("readlink /proc/self/exe: %s", strerror(errno));
     self[sl] = 0;
-    int port = free_port();
+    int port = tnet_free_port();
     pid_t pids[8];
     char cs[16];
     snprintf(cs, sizeof cs, "%d", c);
