@@ -212,7 +212,8 @@ static int sfile_open(sfile *f, zn_aio *aio, const char *dir, int k, uint64_t to
     sc.file_prefix = state_prefix[k];
     int rc = zn_swap_create(&f->swap, aio, &sc);
     if (rc)
-        return zn_error_prefix(rc, "checkpoint: %s/%s", dir, state_file[k]);
+        return zn_error_prefix(rc, "checkpoint: %s/%s (%s)", dir, state_file[k],
+                               zn_strerror(rc));
     return 0;
 }
 
