@@ -453,9 +453,11 @@ int zn_cmd_train(int argc, char **argv)
            zn_format_size(plan->budget[ZN_TIER_GPU], b1, sizeof b1),
            zn_format_size(plan->budget[ZN_TIER_CPU], b2, sizeof b2),
            zn_format_size(plan->budget[ZN_TIER_NVME], b3, sizeof b3), zn_now_s() - t_setup);
-    if (cc->dir[0])
+    if (cc->dir[0] && cc->every > 0)
         printf("  checkpoints %s, every %lld steps and at the end, keep %lld\n", cc->dir,
                (long long)cc->every, (long long)cc->keep_last);
+    else if (cc->dir[0])
+        printf("  checkpoints %s, at the end, keep %lld\n", cc->dir, (long long)cc->keep_last);
     fflush(stdout);
 
     zn_ckpt_save_options so = zn_ckpt_save_options_default();
