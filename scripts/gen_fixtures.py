@@ -14,7 +14,15 @@ stored on disk, so it is the exact answer that zinc's fp32 must approach.
 tokens.tok (ZNTOKENS format, docs/tokens.md) holds the shared token stream:
 its (count-1)/seq_len windows are exactly the batch rows.
 
+With --check-export ZINC (the zinc binary) it instead checks `zinc export`:
+it trains the embedded tiny model 3 steps with a checkpoint, exports it as
+fp32, loads the folder with transformers (float64), and compares the mean
+cross-entropy of its logits on token windows with `zinc eval` on the same
+folder and ids (zinc's forward), and the exported embedding with the
+checkpoint's fp32 master bytes.
+
 Usage: python3 scripts/gen_fixtures.py [--out tests/fixtures]
+       python3 scripts/gen_fixtures.py --check-export build/zinc
 Without torch importable, it makes .venv-fixtures/ beside the repository's
 top folder, installs scripts/requirements-fixtures.txt there with pip and
 re-runs itself inside it. Only PyPI is needed. CI never runs this.
@@ -176,11 +184,60 @@ def make(kind, out, tokens, torch, transformers, save_file):
           (d, ref["loss"], eval_loss, sum(p.numel() for p in model.parameters())))
 
 
+def check_export(zinc, torch, transformers):
+    """Exports a freshly trained checkpoint and compares transformers' loss
+    (from its logits) with zinc's forward on the same ids."""
+    import tempfile
+    import numpy as np
+    seq, windows = 32, 4
+    with tempfile.TemporaryDirectory() as tmp:
+        def run(*args):
+            r = subprocess.run([zinc] + list(args), cwd=tmp, capture_output=True, text=True)
+            if r.returncode:
+                sys.exit("check-export: zinc %s failed:\n%s%s" % (" ".join(args), r.stdout, r.stderr))
+            return r.stdout
+        run("train", "--steps", "3", "--set", "train.device=host", "--set", "train.checkpoint.dir=ck")
+        run("export", "ck", "--out", "hf", "--dtype", "fp32", "--shard-size", "4MiB")
+        g = torch.Generator().manual_seed(99)
+        ids = torch.randint(0, VOCAB, (windows * seq + 1,), generator=g).tolist()
+        write_tokens(os.path.join(tmp, "ids.tok"), ids, VOCAB)
+        out = run("eval", "--model", "hf", "--data", "ids.tok", "--seq-len", str(seq),
+                  "--batch", "1", "--device", "host", "--json")
+        zinc_loss = json.loads(out)["loss"]
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.join(tmp, "hf"), dtype=torch.float64)
+        model.eval()
+        t = torch.tensor(ids, dtype=torch.long)
+        x = torch.stack([t[w * seq: w * seq + seq] for w in range(windows)])
+        y = torch.stack([t[w * seq + 1: w * seq + seq + 1] for w in range(windows)])
+        with torch.no_grad():
+            logits = model(input_ids=x).logits
+        ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                y.reshape(-1)).item()
+        # the exported embedding is the checkpoint's fp32 master, byte for byte
+        step = open(os.path.join(tmp, "ck", "latest")).read().strip()
+        master = np.fromfile(os.path.join(tmp, "ck", step, "rank-0", "master.bin"), dtype="<f4")
+        emb = model.model.embed_tokens.weight.detach().to(torch.float32).numpy().reshape(-1)
+        same = np.array_equal(master[:emb.size], emb)
+        print("check-export: transformers %s loads the export; mean xent over %d x %d tokens: "
+              "transformers %.6f, zinc %.6f (|diff| %.2e); embedding == master bytes: %s"
+              % (transformers.__version__, windows, seq, ref, zinc_loss, abs(ref - zinc_loss), same))
+        if abs(ref - zinc_loss) > 1e-4 * max(1.0, abs(ref)) or not same:
+            sys.exit("check-export: FAILED")
+        print("check-export: ok")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
+    ap.add_argument("--check-export", metavar="ZINC", help="check `zinc export` (see above)")
     args = ap.parse_args()
     ensure_torch()
+    if args.check_export:
+        import torch
+        import transformers
+        check_export(os.path.abspath(args.check_export), torch, transformers)
+        return
     import torch
     import transformers
     from safetensors.torch import save_file

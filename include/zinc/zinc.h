@@ -14,5 +14,6 @@
 #include "zinc/comm.h"
 #include "zinc/trace.h"
 #include "zinc/train.h"
+#include "zinc/ckpt.h"
 
 #endif

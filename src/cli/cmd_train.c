@@ -4,13 +4,18 @@
  * per-tier report and the step-time breakdown. Without CONFIG it runs the
  * embedded default, examples/tiny.json (built into the binary). */
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "cli/cli_train.h"
 #include "cli/tiny_json.h"
+#include "zinc/ckpt.h"
 #include "zinc/tokens.h"
 #include "zinc/train.h"
 #include "zinc/zinc.h"
@@ -70,9 +75,52 @@ static int join_ranks(zn_cli_train_session *ts, zn_config *cfg, int *local_size)
     return 0;
 }
 
+/* The token data and the loader of the global batch (every rank reads it
+ * and trains on its slice). `count` > 0 fixes the synthetic set's size (a
+ * resumed run must see the ids its checkpoint was trained on; the default
+ * size depends on train.steps). */
+static int open_data(zn_cli_train_session *ts, const zn_config *cfg, uint64_t count)
+{
+    int rc;
+    int64_t B = cfg->train_micro_batch_size_per_gpu, T = cfg->data.seq_len;
+    int64_t A = cfg->gradient_accumulation_steps;
+    zn_loader_destroy(ts->loader);
+    zn_tokens_close(ts->data);
+    ts->loader = NULL;
+    ts->data = NULL;
+    if (cfg->data.path[0]) {
+        if ((rc = zn_tokens_open(&ts->data, cfg->data.path)))
+            return rc;
+    } else {
+        uint64_t need = (uint64_t)(cfg->train.steps > 0 ? cfg->train.steps : 1) *
+                        (uint64_t)(ts->world * A * B * (T + 1)) + (uint64_t)T + 1;
+        if (!count)
+            count = need < (1u << 18) ? (1u << 18) : need > (1u << 26) ? (1u << 26) : need;
+        if ((rc = zn_tokens_synthetic(&ts->data, count, (uint32_t)ts->dims.vocab,
+                                      cfg->data.seed)))
+            return rc;
+    }
+    zn_loader_config lc = zn_loader_config_default();
+    lc.seq_len = T;
+    lc.batch = ts->world * A * B;  /* the global batch: rank r trains on slice r */
+    lc.seed = cfg->data.seed;
+    lc.vocab = ts->dims.vocab;
+    if ((rc = zn_loader_create(&ts->loader, ts->data, &lc)))
+        return rc;
+    if (!ts->ids) {
+        ts->rank_tokens = (size_t)(A * B * T);
+        ts->ids = malloc((size_t)ts->world * ts->rank_tokens * sizeof *ts->ids);
+        ts->tgts = malloc((size_t)ts->world * ts->rank_tokens * sizeof *ts->tgts);
+        if (!ts->ids || !ts->tgts)
+            return zn_set_error(-ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
 int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int record_trace)
 {
     memset(ts, 0, sizeof *ts);
+    ts->world = 1;
     int rc, local_size = 1;
     uint64_t *blocks = NULL;
     zn_model_dims d;
@@ -105,7 +153,6 @@ int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int reco
     zn_cli_plan_input(cfg, &d, ts->world, blocks, &in);
 
     int64_t B = cfg->train_micro_batch_size_per_gpu, T = cfg->data.seq_len;
-    int64_t A = cfg->gradient_accumulation_steps;
     if ((rc = zn_train_llama_create(&ts->llama, &d, B, T, cfg->model.init_std, cfg->model.seed)))
         goto out;
     zn_train_options o = zn_train_options_default();
@@ -118,32 +165,9 @@ int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int reco
     if ((rc = zn_train_create(&ts->tr, &o)))
         goto out;
 
-    /* data */
-    if (cfg->data.path[0]) {
-        if ((rc = zn_tokens_open(&ts->data, cfg->data.path)))
-            goto out;
-    } else {
-        uint64_t need = (uint64_t)(cfg->train.steps > 0 ? cfg->train.steps : 1) *
-                        (uint64_t)(ts->world * A * B * (T + 1)) + (uint64_t)T + 1;
-        uint64_t count = need < (1u << 18) ? (1u << 18) : need > (1u << 26) ? (1u << 26) : need;
-        if ((rc = zn_tokens_synthetic(&ts->data, count, (uint32_t)d.vocab, cfg->data.seed)))
-            goto out;
-    }
-    zn_loader_config lc = zn_loader_config_default();
-    lc.seq_len = T;
-    lc.batch = ts->world * A * B;  /* the global batch: rank r trains on slice r */
-    lc.seed = cfg->data.seed;
-    lc.vocab = d.vocab;
-    if ((rc = zn_loader_create(&ts->loader, ts->data, &lc)))
-        goto out;
-    ts->rank_tokens = (size_t)(A * B * T);
-    ts->ids = malloc((size_t)ts->world * ts->rank_tokens * sizeof *ts->ids);
-    ts->tgts = malloc((size_t)ts->world * ts->rank_tokens * sizeof *ts->tgts);
-    if (!ts->ids || !ts->tgts) {
-        rc = zn_set_error(-ENOMEM, "out of memory");
-        goto out;
-    }
     ts->dims = d;
+    if ((rc = open_data(ts, cfg, 0)))
+        goto out;
     ts->params = zn_model_param_count(&d);
 out:
     free(blocks);
@@ -177,17 +201,26 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: zinc train [CONFIG] [--set KEY=VALUE]... [--steps N] [--trace FILE]\n"
-        "                  [--json-log FILE] [--print-default]\n"
+        "                  [--json-log FILE] [--resume [DIR|latest]] [--print-default]\n"
         "\n"
         "Trains the model of CONFIG (a DeepSpeed-style JSON file) with its training state\n"
         "placed in GPU / pinned CPU / NVMe tiers as the config says. Without CONFIG it\n"
         "runs the embedded default (examples/tiny.json: a 3.1M-parameter Llama on the\n"
         "built-in synthetic data, Adam state in ./zinc-swap).\n"
         "  --set KEY=VALUE   override a config key (e.g. tiers.gpu=24GiB)\n"
-        "  --steps N         optimizer steps (default: train.steps)\n"
+        "  --steps N         optimizer steps in all (default: train.steps); a resumed\n"
+        "                    run continues up to N\n"
         "  --trace FILE      write a Chrome/Perfetto trace (one track per resource)\n"
         "  --json-log FILE   one JSON line per step\n"
-        "  --print-default   print the embedded default config and exit\n");
+        "  --resume [DIR|latest]\n"
+        "                    continue from a checkpoint: a step folder, a checkpoint\n"
+        "                    folder (its 'latest'), or 'latest' / nothing for\n"
+        "                    train.checkpoint.dir's latest. Without CONFIG the config\n"
+        "                    recorded in the checkpoint is used. The placement (tiers,\n"
+        "                    offload devices) may differ from the saving run's.\n"
+        "  --print-default   print the embedded default config and exit\n"
+        "Checkpoints: train.checkpoint.dir (saved every train.checkpoint.every steps and\n"
+        "at the end), keep_last, continue_on_error (docs/checkpoints.md).\n");
 }
 
 static void fmt_eta(double s, char *buf, size_t n)
@@ -203,6 +236,135 @@ static void fmt_eta(double s, char *buf, size_t n)
         snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
 }
 
+/* ---- test hooks (environment): ZINC_CKPT_KILL=POINT[:N] sends SIGKILL to
+ * this process at the N-th time a save reaches POINT (zn_ckpt_point_fn);
+ * ZINC_CKPT_FAULT=N[:ENOSPC|EIO] fails the N-th block write of the
+ * checkpoint engine(s) of this process. ---------------------------------------*/
+typedef struct {
+    char point[32];
+    long nth, seen;
+    long fault_nth;
+    int fault_res;
+    _Atomic long fault_seen;
+} ckpt_hooks;
+
+static void hook_point(void *user, const char *where)
+{
+    ckpt_hooks *h = user;
+    if (h->point[0] && !strcmp(where, h->point) && ++h->seen == h->nth) {
+        fflush(NULL);
+        raise(SIGKILL);
+    }
+}
+
+static int hook_fault(void *user, const zn_aio_fault_site *site)
+{
+    ckpt_hooks *h = user;
+    if (!site->is_write)
+        return site->res;
+    return atomic_fetch_add(&h->fault_seen, 1) + 1 == h->fault_nth ? h->fault_res : site->res;
+}
+
+static void hooks_from_env(ckpt_hooks *h, zn_ckpt_save_options *so)
+{
+    memset(h, 0, sizeof *h);
+    const char *k = getenv("ZINC_CKPT_KILL"), *f = getenv("ZINC_CKPT_FAULT");
+    if (k && *k) {
+        snprintf(h->point, sizeof h->point, "%s", k);
+        char *c = strchr(h->point, ':');
+        h->nth = 1;
+        if (c) {
+            *c = '\0';
+            h->nth = strtol(c + 1, NULL, 10);
+        }
+        so->point = hook_point;
+        so->point_user = h;
+    }
+    if (f && *f) {
+        char *end;
+        h->fault_nth = strtol(f, &end, 10);
+        h->fault_res = *end == ':' && !strcmp(end + 1, "EIO") ? -EIO : -ENOSPC;
+        so->fault_hook = hook_fault;
+        so->fault_user = h;
+    }
+}
+
+/* What the checkpoint records beside the trainer: where the data loader is
+ * (its step index; the shuffle is a function of (seed, epoch)) and what
+ * data it reads. */
+static char *client_state(const zn_cli_train_session *ts, const zn_config *cfg, int64_t step)
+{
+    json_t *j = json_pack("{sIsIsssIsI}", "data_step", (json_int_t)step,
+                          "data_seed", (json_int_t)cfg->data.seed, "data",
+                          zn_tokens_name(ts->data), "data_tokens",
+                          (json_int_t)zn_tokens_count(ts->data), "model_seed",
+                          (json_int_t)cfg->model.seed);
+    char *s = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(j);
+    return s;
+}
+
+/* Saves; returns 0, or the failure (already reported) when the run must
+ * stop. With continue_on_error a failure only warns. */
+static int save(zn_cli_train_session *ts, const zn_config *cfg, const char *cfg_text,
+                zn_ckpt_save_options *so, int64_t step)
+{
+    char *client = client_state(ts, cfg, step);
+    so->client_json = client;
+    so->config_text = cfg_text;
+    so->dims = &ts->dims;
+    char where[4200];
+    double t0 = zn_now_s();
+    int rc = client ? zn_ckpt_save(ts->tr, so, where, sizeof where)
+                    : zn_set_error(-ENOMEM, "out of memory");
+    free(client);
+    so->client_json = NULL;
+    if (!rc) {
+        printf("checkpoint %s (%.2f s)\n", where, zn_now_s() - t0);
+        fflush(stdout);
+        return 0;
+    }
+    if (cfg->train.checkpoint.continue_on_error) {
+        fprintf(stderr, "zinc: warning: checkpoint at step %lld failed, training goes on "
+                "(train.checkpoint.continue_on_error); the previous checkpoint is intact: %s\n",
+                (long long)step, zn_last_error());
+        return 0;
+    }
+    zn_cli_fail(rc, "checkpoint (the previous one is intact; set "
+                "train.checkpoint.continue_on_error to train on)");
+    return rc;
+}
+
+static int resume(zn_cli_train_session *ts, zn_ckpt *ck, const zn_config *cfg)
+{
+    int rc = zn_ckpt_check_dims(ck, &ts->dims);
+    if (rc)
+        return rc;
+    json_error_t je;
+    json_t *c = json_loads(zn_ckpt_client_json(ck), 0, &je);
+    json_int_t tokens = 0, seed = -1;
+    const char *data = NULL;
+    if (!c || json_unpack(c, "{sIss}", "data_tokens", &tokens, "data", &data) ||
+        json_unpack(c, "{sI}", "data_seed", &seed)) {
+        json_decref(c);
+        return zn_set_error(ZN_ECORRUPT, "checkpoint %s: no data-loader state", zn_ckpt_path(ck));
+    }
+    if (!cfg->data.path[0] && !strcmp(data, "synthetic") &&
+        (uint64_t)tokens != zn_tokens_count(ts->data))
+        rc = open_data(ts, cfg, (uint64_t)tokens);
+    else if (strcmp(data, zn_tokens_name(ts->data)) || (uint64_t)tokens != zn_tokens_count(ts->data))
+        zn_warn("resuming on other data (%s, %lld tokens; the checkpoint was trained on %s, "
+                "%lld tokens)", zn_tokens_name(ts->data), (long long)zn_tokens_count(ts->data),
+                data, (long long)tokens);
+    if (!rc && (uint64_t)seed != cfg->data.seed)
+        zn_warn("resuming with data.seed %llu (the checkpoint used %lld): another shuffle",
+                (unsigned long long)cfg->data.seed, (long long)seed);
+    json_decref(c);
+    if (!rc)
+        rc = zn_ckpt_load(ck, ts->tr);
+    return rc;
+}
+
 int zn_cmd_train(int argc, char **argv)
 {
     const char *sets[64];
@@ -210,7 +372,8 @@ int zn_cmd_train(int argc, char **argv)
     argc = zn_cli_take_sets(argc, argv, sets, 64, &n_sets);
     if (argc < 0)
         return 2;
-    const char *path = NULL, *trace_path = NULL, *json_path = NULL;
+    const char *path = NULL, *trace_path = NULL, *json_path = NULL, *resume_arg = NULL;
+    int resuming = 0;
     long long steps_opt = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -230,6 +393,13 @@ int zn_cmd_train(int argc, char **argv)
             trace_path = argv[++i];
         } else if (!strcmp(argv[i], "--json-log") && i + 1 < argc) {
             json_path = argv[++i];
+        } else if (!strcmp(argv[i], "--resume")) {
+            resuming = 1;
+            /* an optional value: "latest" or a folder (a file is CONFIG) */
+            struct stat st;
+            if (i + 1 < argc && (!strcmp(argv[i + 1], "latest") ||
+                                 (stat(argv[i + 1], &st) == 0 && S_ISDIR(st.st_mode))))
+                resume_arg = argv[++i];
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "zinc: error: train: unknown option or missing value '%s'\n",
                     argv[i]);
@@ -244,13 +414,50 @@ int zn_cmd_train(int argc, char **argv)
     }
 
     zn_config cfg;
-    int rc = path ? zn_config_load(&cfg, path, sets, n_sets)
-                  : zn_config_parse(&cfg, zn_tiny_json, "(embedded examples/tiny.json)", sets,
-                                    n_sets);
-    if (rc)
+    int rc;
+    zn_ckpt *ck = NULL;
+    if (resuming && resume_arg && strcmp(resume_arg, "latest") &&
+        (rc = zn_ckpt_open(&ck, resume_arg)))
+        return zn_cli_fail(rc, "--resume");
+    if (path) {
+        rc = zn_config_load(&cfg, path, sets, n_sets);
+    } else if (ck) {
+        const char *text = zn_ckpt_config_text(ck);
+        char name[4300];
+        snprintf(name, sizeof name, "(config recorded in %s)", zn_ckpt_path(ck));
+        rc = text ? zn_config_parse(&cfg, text, name, sets, n_sets)
+                  : zn_set_error(ZN_ECONFIG, "checkpoint %s records no config: give CONFIG",
+                                 zn_ckpt_path(ck));
+    } else {
+        rc = zn_config_parse(&cfg, zn_tiny_json, "(embedded examples/tiny.json)", sets, n_sets);
+    }
+    if (rc) {
+        zn_ckpt_close(ck);
         return zn_cli_fail(rc, NULL);
+    }
     if (steps_opt >= 0)
         cfg.train.steps = steps_opt;
+    const zn_config_checkpoint *cc = &cfg.train.checkpoint;
+    if (resuming && !ck) {
+        if (!cc->dir[0]) {
+            fprintf(stderr, "zinc: error: --resume without a folder needs "
+                            "train.checkpoint.dir\n");
+            return 2;
+        }
+        if ((rc = zn_ckpt_open(&ck, cc->dir)))
+            return zn_cli_fail(rc, "--resume");
+    }
+    /* recorded resolved, so that it parses back as it is */
+    zn_launch_info li;
+    if ((rc = zn_launch_detect(&li)) || (rc = zn_config_resolve_batch(&cfg, li.world_size))) {
+        zn_ckpt_close(ck);
+        return zn_cli_fail(rc, NULL);
+    }
+    char *cfg_text = zn_config_dump(&cfg);
+    if (!cfg_text) {
+        zn_ckpt_close(ck);
+        return zn_cli_fail(-ENOMEM, "config");
+    }
     FILE *jf = NULL;
     zn_cli_train_session ts;
     double t_setup = zn_now_s();
@@ -258,6 +465,8 @@ int zn_cmd_train(int argc, char **argv)
         zn_cli_fail(rc, NULL);
         zn_cli_train_session_abort(&ts, 1);
         zn_cli_train_session_close(&ts);
+        zn_ckpt_close(ck);
+        free(cfg_text);
         return 1;
     }
     /* rank 0 speaks for the job; the others print only their errors */
@@ -272,13 +481,35 @@ int zn_cmd_train(int argc, char **argv)
         fprintf(stderr, "zinc: error: --json-log %s: %s\n", json_path, strerror(errno));
         zn_cli_train_session_abort(&ts, 1);
         zn_cli_train_session_close(&ts);
+        zn_ckpt_close(ck);
+        free(cfg_text);
         return 1;
+    }
+    int64_t start = 0;
+    if (ck) {
+        double t_load = zn_now_s();
+        rc = resume(&ts, ck, &cfg);
+        if (rc) {
+            zn_cli_fail(rc, "--resume");
+            zn_cli_train_session_abort(&ts, 1);
+            zn_ckpt_close(ck);
+            zn_cli_train_session_close(&ts);
+            if (jf)
+                fclose(jf);
+            free(cfg_text);
+            return 1;
+        }
+        start = zn_ckpt_steps_run(ck);
+        printf("resumed from %s: step %lld (%.2f s)\n", zn_ckpt_path(ck), (long long)start,
+               zn_now_s() - t_load);
+        zn_ckpt_close(ck);
+        ck = NULL;
     }
     const zn_plan *plan = zn_train_get_plan(ts.tr);
     zn_train_report rep;
     zn_train_get_report(ts.tr, &rep);
     char b1[32], b2[32], b3[32];
-    printf("zinc train: %s\n", path ? path : "(embedded examples/tiny.json)");
+    printf("zinc train: %s\n", path ? path : cfg.source);
     printf("  model    %s, %.2fM parameters, %lld layers, hidden %lld, vocab %lld\n",
            ts.dims.arch == ZN_ARCH_QWEN2 ? "qwen2" : "llama", (double)ts.params / 1e6,
            (long long)ts.dims.n_layers, (long long)ts.dims.hidden, (long long)ts.dims.vocab);
@@ -308,32 +539,44 @@ int zn_cmd_train(int argc, char **argv)
            zn_format_size(plan->budget[ZN_TIER_GPU], b1, sizeof b1),
            zn_format_size(plan->budget[ZN_TIER_CPU], b2, sizeof b2),
            zn_format_size(plan->budget[ZN_TIER_NVME], b3, sizeof b3), zn_now_s() - t_setup);
+    if (cc->dir[0] && cc->every > 0)
+        printf("  checkpoints %s, every %lld steps and at the end, keep %lld\n", cc->dir,
+               (long long)cc->every, (long long)cc->keep_last);
+    else if (cc->dir[0])
+        printf("  checkpoints %s, at the end, keep %lld\n", cc->dir, (long long)cc->keep_last);
     fflush(stdout);
+
+    zn_ckpt_save_options so = zn_ckpt_save_options_default();
+    ckpt_hooks hooks;
+    so.dir = cc->dir;
+    so.keep_last = (int)cc->keep_last;
+    hooks_from_env(&hooks, &so);
 
     int64_t steps = cfg.train.steps, every = cfg.train.log_every > 0 ? cfg.train.log_every : 1;
     double t0 = zn_now_s(), t_last = t0, first_loss = NAN, last_loss = NAN;
     zn_train_report prev = rep;
-    int64_t last_printed = 0;
-    for (int64_t s = 0; s < steps; s++) {
+    int64_t saved_at = start;
+    for (int64_t s = start; s < steps; s++) {
         zn_train_step_info info;
         if ((rc = zn_cli_train_session_step(&ts, (uint64_t)s, &info))) {
             zn_cli_fail(rc, NULL);
             zn_cli_train_session_abort(&ts, 1);
             break;
         }
-        if (s == 0)
+        if (s == start)
             first_loss = info.loss;
         last_loss = info.loss;
         if (jf) {
-            fprintf(jf, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, "
-                        "\"loss_scale\": %g, \"skipped\": %s, \"seconds\": %.6f, "
-                        "\"tokens\": %llu}\n", (long long)info.step, info.loss, info.lr,
-                    info.grad_norm, info.loss_scale, info.skipped ? "true" : "false",
-                    info.seconds, (unsigned long long)info.tokens);
+            fprintf(jf, "{\"step\": %lld, \"loss\": %.6f, \"loss_hex\": \"%a\", \"lr\": %.6g, "
+                        "\"grad_norm\": %.6g, \"loss_scale\": %g, \"skipped\": %s, "
+                        "\"seconds\": %.6f, \"tokens\": %llu}\n", (long long)info.step,
+                    info.loss, info.loss, info.lr, info.grad_norm, info.loss_scale,
+                    info.skipped ? "true" : "false", info.seconds,
+                    (unsigned long long)info.tokens);
             fflush(jf);
         }
         double now = zn_now_s();
-        if ((s + 1) % every == 0 || s == 0 || s + 1 == steps || now - t_last >= 1.0) {
+        if ((s + 1) % every == 0 || s == start || s + 1 == steps || now - t_last >= 1.0) {
             zn_train_report r;
             zn_train_get_report(ts.tr, &r);
             double dt = r.step_s - prev.step_s;
@@ -354,14 +597,19 @@ int zn_cmd_train(int argc, char **argv)
             fflush(stdout);
             prev = r;
             t_last = now;
-            last_printed = s + 1;
+        }
+        if (cc->dir[0] && cc->every > 0 && (s + 1) % cc->every == 0) {
+            if ((rc = save(&ts, &cfg, cfg_text, &so, s + 1)))
+                break;
+            saved_at = s + 1;
         }
     }
-    (void)last_printed;
+    if (!rc && cc->dir[0] && saved_at != steps && steps > start)
+        rc = save(&ts, &cfg, cfg_text, &so, steps);
     if (jf)
         fclose(jf);
     if (!rc) {
-        printf("\ntrained %lld steps in %.1f s: loss %.4f -> %.4f", (long long)steps,
+        printf("\ntrained %lld steps in %.1f s: loss %.4f -> %.4f", (long long)(steps - start),
                zn_now_s() - t0, first_loss, last_loss);
         if (!cfg.data.path[0])
             printf(" (the synthetic chain's entropy, the lowest reachable, is %.2f)",
@@ -378,5 +626,6 @@ int zn_cmd_train(int argc, char **argv)
         }
     }
     zn_cli_train_session_close(&ts);
+    free(cfg_text);
     return rc ? 1 : 0;
 }

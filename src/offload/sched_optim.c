@@ -367,3 +367,11 @@ int zn_optsched_wait(zn_trainer *tr)
     pthread_mutex_unlock(&tr->olock);
     return rc;
 }
+
+/* params_out for the checkpoint loader (ckpt.c), which regenerates the
+ * working parameters from a loaded master unit by unit. */
+int zn_optsched_params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, int *n_pwr,
+                           zn_event *ev, bool *h2d_pending)
+{
+    return params_out(tr, u, src, pwr, n_pwr, ev, h2d_pending);
+}

@@ -170,6 +170,14 @@ void zn_optsched_cancel(zn_trainer *tr);
 int zn_optsched_wait(zn_trainer *tr);
 /* Wakes the thread when units become ready or an error is recorded. */
 void zn_optsched_notify(zn_trainer *tr);
+/* Sends unit u's working parameters (src: fp32 master values, or the
+ * param-dtype copy when params are 16-bit; unit-relative) to every block's
+ * home. NVMe writes are queued in pwr[0..*n_pwr) on tr->wq (the caller
+ * waits them); device copies go on the H2D stream followed by a record of
+ * ev (*h2d_pending set; the caller syncs ev). Used by the checkpoint
+ * loader. */
+int zn_optsched_params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, int *n_pwr,
+                           zn_event *ev, bool *h2d_pending);
 
 /* ---- the trainer ----------------------------------------------------------*/
 typedef struct {

@@ -1,0 +1,139 @@
+/* zinc checkpoints: the whole training state of a trainer (fp32 master
+ * weights, Adam m and v, optimizer step, loss scaler; the caller adds its
+ * own state such as the data-loader position) saved crash-safely, verified
+ * by crc32c, loaded back into a trainer with any placement, and exported
+ * as a Hugging Face folder. docs/checkpoints.md describes the layout.
+ *
+ * Layout of a checkpoint root DIR:
+ *   DIR/step-00000010/manifest.json     written last: format, step, world
+ *                                       size, block geometry, every file's
+ *                                       size and crc32c, model, config
+ *   DIR/step-00000010/config.json       the model (HF config), when known
+ *   DIR/step-00000010/rank-K/{master,m,v}.bin
+ *                                       rank K's local flat fp32 space
+ *   DIR/step-00000010/rank-K/rank.json  rank K's geometry and file list
+ *   DIR/latest                          "step-00000010\n": the newest
+ *                                       complete checkpoint
+ * A save writes DIR/.step-NNNNNNNN.tmp-PID/, fsyncs every file, writes the
+ * manifest, renames the folder into place, fsyncs DIR, then replaces
+ * `latest` (tmp + fsync + rename + fsync) and prunes to keep_last. A crash
+ * at any moment leaves `latest` naming a complete checkpoint (or absent). */
+#ifndef ZINC_CKPT_H
+#define ZINC_CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "zinc/model.h"
+#include "zinc/nvme.h"
+#include "zinc/util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ZN_CKPT_FORMAT "zinc-checkpoint"
+#define ZN_CKPT_VERSION 1
+
+typedef struct zn_trainer zn_trainer; /* include/zinc/train.h */
+
+/* Test hook: called at named points of a save ("begin", "tmpdir", "data",
+ * "fsync", "rank", "manifest", "rename", "latest", "prune"), e.g. to kill
+ * the process there. */
+typedef void (*zn_ckpt_point_fn)(void *user, const char *point);
+
+typedef struct {
+    const char *dir;            /* the checkpoint root (created when missing) */
+    int keep_last;              /* complete checkpoints kept after a save; 0 = all */
+    const zn_model_dims *dims;  /* the decoder's shape, recorded as config.json
+                                   (needed by export); NULL: not recorded */
+    const char *config_text;    /* the training config it was made with, recorded
+                                   as a string; NULL: none */
+    const char *client_json;    /* the caller's state as a JSON object (e.g.
+                                   {"data_step": 10, "data_seed": 1}); NULL: {} */
+    size_t chunk_bytes;         /* largest write of in-memory state (default
+                                   64 MiB); states on NVMe move one optimizer
+                                   unit at a time through the trainer's own
+                                   staging slot, so a save allocates no state-
+                                   sized buffer */
+    zn_aio_fault_fn fault_hook; /* passed to the save's I/O engine (tests) */
+    void *fault_user;
+    zn_ckpt_point_fn point;     /* tests */
+    void *point_user;
+} zn_ckpt_save_options;
+
+ZN_API zn_ckpt_save_options zn_ckpt_save_options_default(void);
+
+/* Saves the trainer's state as DIR/step-NNNNNNNN (NNNNNNNN = optimizer
+ * steps taken). Call between steps. Every rank of a sharded trainer calls
+ * it with the same options (DIR on a file system all ranks see); it
+ * returns the same status on every rank. On failure nothing under DIR that
+ * existed before is changed and the temporary folder is removed; the
+ * trainer is untouched and can keep training. `out_path` (may be NULL)
+ * receives the checkpoint's folder. Returns 0; -ENOSPC, -EIO or another
+ * -errno naming the file; ZN_ECORRUPT (the trainer failed earlier: its
+ * state is not saved); ZN_EARG. */
+ZN_API int zn_ckpt_save(zn_trainer *tr, const zn_ckpt_save_options *o, char *out_path,
+                        size_t out_len);
+
+/* Resolves PATH to a checkpoint folder: a folder holding manifest.json is
+ * itself; a root holding `latest` resolves to the folder it names. Returns
+ * 0 or -ENOENT / ZN_ECORRUPT with a message. */
+ZN_API int zn_ckpt_resolve(const char *path, char *out, size_t out_len);
+
+/* ---- reading ---------------------------------------------------------------*/
+typedef struct zn_ckpt zn_ckpt;
+
+/* Opens a checkpoint (PATH as for zn_ckpt_resolve) and checks its
+ * manifest: format and version, every listed file present with its size
+ * (not yet its crc32c: zn_ckpt_verify reads everything, zn_ckpt_load checks
+ * each file as it reads it). Returns 0; ZN_ECORRUPT naming the file (bad
+ * manifest, missing or truncated file); -errno. */
+ZN_API int zn_ckpt_open(zn_ckpt **out, const char *path);
+ZN_API void zn_ckpt_close(zn_ckpt *ck); /* accepts NULL */
+
+ZN_API const char *zn_ckpt_path(const zn_ckpt *ck);
+ZN_API int64_t zn_ckpt_step(const zn_ckpt *ck);      /* optimizer steps taken */
+ZN_API int64_t zn_ckpt_steps_run(const zn_ckpt *ck); /* steps run (incl. skipped) */
+ZN_API int zn_ckpt_world(const zn_ckpt *ck);
+ZN_API uint64_t zn_ckpt_num_params(const zn_ckpt *ck);
+/* The recorded config text, or NULL. */
+ZN_API const char *zn_ckpt_config_text(const zn_ckpt *ck);
+/* The caller's JSON object as saved (text, never NULL). */
+ZN_API const char *zn_ckpt_client_json(const zn_ckpt *ck);
+/* The recorded model shape. Returns 0, or -ENOENT when none was recorded. */
+ZN_API int zn_ckpt_dims(const zn_ckpt *ck, zn_model_dims *out);
+/* 0 when `d` is the recorded model; ZN_ECONFIG naming the first differing
+ * field otherwise (or when none was recorded). */
+ZN_API int zn_ckpt_check_dims(const zn_ckpt *ck, const zn_model_dims *d);
+
+/* Reads every file of every rank and compares sizes and crc32c with the
+ * manifest. Returns 0, or ZN_ECORRUPT naming the first bad file, or -errno. */
+ZN_API int zn_ckpt_verify(const char *path);
+
+/* Loads this rank's master, m and v into the trainer's current homes
+ * (whatever its placement: device, pinned CPU or NVMe), regenerates the
+ * working parameters from the master, and restores the step count and the
+ * loss scaler. The trainer must have the same world size and the same
+ * model (block sizes and rank geometry), else ZN_ECONFIG with both sides
+ * named and nothing changed. A file whose crc32c does not match is
+ * ZN_ECORRUPT naming it; by then the trainer's state was partly replaced,
+ * so it is marked failed (zn_train_step returns ZN_ECORRUPT). Uses the
+ * trainer's staging buffers only. Call before the first step or between
+ * steps. */
+ZN_API int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr);
+
+/* Writes an HF folder OUT_DIR (created when missing): config.json from the
+ * recorded model, model-0000K-of-0000N.safetensors files of at most
+ * shard_bytes each (0 = 2 GiB), model.safetensors.index.json. Tensors
+ * carry HF names and shapes; values are the fp32 master rounded to `dtype`
+ * (F32 or BF16); a sharded checkpoint's blocks are reassembled from every
+ * rank's part. Verifies every crc32c on the way. Returns 0; -ENOENT (no
+ * model recorded); ZN_ECORRUPT; -errno. */
+ZN_API int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype,
+                          uint64_t shard_bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

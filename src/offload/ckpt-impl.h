@@ -1,0 +1,56 @@
+/* Private side of the checkpoints: the parsed manifest shared by the loader
+ * (ckpt.c) and the exporter (ckpt_export.c), and the small file helpers
+ * both use. */
+#ifndef ZN_CKPT_IMPL_H
+#define ZN_CKPT_IMPL_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "zinc/ckpt.h"
+
+#define ZN_CKPT_PATH 4096
+
+typedef struct {
+    uint64_t shard_off, len, local_off;
+} zn_ckpt_share;
+
+typedef struct {
+    uint64_t local_params;
+    zn_ckpt_share *sh;  /* [nblocks] */
+} zn_ckpt_rank;
+
+typedef struct {
+    char *name;         /* relative to the checkpoint folder */
+    uint64_t bytes;
+    uint32_t crc;
+} zn_ckpt_file;
+
+struct zn_ckpt {
+    char path[ZN_CKPT_PATH];
+    json_t *man;
+    int64_t step, steps_run;
+    int world;
+    int nblocks;
+    uint64_t *blocks;
+    uint64_t total;
+    zn_ckpt_rank *ranks;
+    zn_ckpt_file *files;
+    int nfiles;
+    const char *config_text;  /* in man, or NULL */
+    const char *client_json;  /* in man */
+    int has_dims;
+    zn_model_dims dims;
+};
+
+/* The file entry of `name` ("rank-0/master.bin"), or NULL. */
+const zn_ckpt_file *zn_ckpt__file(const zn_ckpt *ck, const char *name);
+/* Reads [off, off + len) of an open file; a short read is ZN_ECORRUPT
+ * naming `path` (truncated). */
+int zn_ckpt__pread(int fd, const char *path, uint64_t off, void *buf, size_t len);
+/* fsyncs a file or a directory. */
+int zn_ckpt__fsync_path(const char *path, int is_dir);
+/* mkdir -p. */
+int zn_ckpt__mkdir_p(const char *path);
+
+#endif

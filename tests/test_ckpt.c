@@ -1,0 +1,703 @@
+/* Checkpoints (include/zinc/ckpt.h) on the host backend with the trainer
+ * tests' block model:
+ *  - resume is bit-exact: 10 steps, save, load into a fresh trainer, 10 more
+ *    gives the losses and final fp32 weights of 20 uninterrupted steps, for
+ *    every placement test_train uses, and across placements (saved with the
+ *    optimizer on NVMe, resumed with everything on the device, and back);
+ *  - a flipped byte, a truncated file and a missing file are refused by
+ *    verify and by open/load, naming the file; a different model or world
+ *    size is refused;
+ *  - ENOSPC / EIO injected into a save's writes leave the previous checkpoint
+ *    as `latest` and intact, no temporary folder, and a trainer that goes on
+ *    training with unchanged numerics;
+ *  - keep_last prunes old checkpoints;
+ *  - export: a Llama trained two steps, exported as fp32 and bf16 in several
+ *    shards, reads back through the safetensors reader with HF names and
+ *    shapes and values equal to the master rounded to the dtype, and loads
+ *    as a model. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "zinc/ckpt.h"
+#include "zinc/config.h"
+#include "zinc/model.h"
+#include "zinc/nvme.h"
+#include "zinc/safetensors.h"
+#include "zinc/tokens.h"
+#include "zinc/train.h"
+#include "test_nvme_common.h"
+#include "test_train_toy.h"
+#include "zt.h"
+
+#define STEPS 20
+#define HALF 10
+#define V 64
+#define H 192
+#define NMID 4
+#define MB 4
+#define SEQ 16
+#define ACC 2
+
+static char nvme_dir[4200], ck_root[4300];
+
+static const char *base_json =
+    "{\"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": 2,"
+    " \"gradient_clipping\": 1.0,"
+    " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"betas\": [0.9, 0.95],"
+    "   \"eps\": 1e-8, \"weight_decay\": 0.01}},"
+    " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": 0,"
+    "   \"warmup_max_lr\": 0.01, \"warmup_num_steps\": 5, \"warmup_type\": \"linear\"}},"
+    " \"zero_optimization\": {\"stage\": 3, \"sub_group_size\": 10000,"
+    "   \"stage3_param_persistence_threshold\": 0,"
+    "   \"offload_param\": {\"device\": \"cpu\", \"buffer_count\": 3},"
+    "   \"offload_optimizer\": {\"device\": \"cpu\", \"buffer_count\": 4}},"
+    " \"aio\": {\"block_size\": 65536, \"queue_depth\": 8},"
+    " \"data\": {\"seq_len\": 16},"
+    " \"train\": {\"device\": \"host\", \"threads\": 2}}";
+
+static zn_tokens *data;
+static zn_loader *loader;
+static int32_t ids[ACC * MB * SEQ], tgts[ACC * MB * SEQ];
+
+static int create(zn_trainer **tr, toy_model *toy, const char **sets, int nsets,
+                  uint64_t gpu_budget)
+{
+    const char *all[32];
+    int n = 0;
+    static char tiers[8600];
+    snprintf(tiers, sizeof tiers, "tiers.nvme=[{\"path\": \"%s\", \"size\": \"64MiB\"}]",
+             nvme_dir);
+    all[n++] = tiers;
+    all[n++] = "tiers.cpu=\"64MiB\"";
+    all[n++] = "tiers.gpu=\"64MiB\"";
+    for (int i = 0; i < nsets; i++)
+        all[n++] = sets[i];
+    zn_config cfg;
+    int rc = zn_config_parse(&cfg, base_json, "test", all, n);
+    if (!rc)
+        rc = zn_config_resolve_batch(&cfg, 1);
+    if (rc)
+        return rc;
+    toy_setup(toy, V, H, NMID, MB * SEQ, 7);
+    zn_plan_input in;
+    toy_plan_input(toy, 1, 1, &in);
+    zn_train_options o = zn_train_options_default();
+    o.cfg = &cfg;
+    o.model = &toy->model;
+    o.plan_in = &in;
+    o.budgets.bytes[ZN_TIER_GPU] = gpu_budget ? gpu_budget : cfg.tiers.gpu;
+    o.budgets.bytes[ZN_TIER_CPU] = cfg.tiers.cpu;
+    o.budgets.bytes[ZN_TIER_NVME] = 64u << 20;
+    return zn_train_create(tr, &o);
+}
+
+/* Steps [from, to) with the loader's batches of those indices. */
+static int steps(zn_trainer *tr, int from, int to, double *loss)
+{
+    for (int s = from; s < to; s++) {
+        if (zn_loader_get(loader, (uint64_t)s, ids, tgts))
+            ZT_SETUP_FAIL("loader: %s", zn_last_error());
+        zn_train_step_info info;
+        int rc = zn_train_step(tr, ids, tgts, &info);
+        if (rc)
+            return rc;
+        if (info.step != s + 1)
+            return zn_set_error(ZN_EINTERNAL, "step numbered %lld, expected %d",
+                                (long long)info.step, s + 1);
+        loss[s] = info.loss;
+    }
+    return 0;
+}
+
+typedef struct {
+    double loss[STEPS];
+    float *master;
+    uint64_t n;
+} ref_run;
+
+static void read_master(zn_trainer *tr, ref_run *o)
+{
+    o->n = zn_train_num_params(tr);
+    o->master = malloc(o->n * 4);
+    ZT_EQ_INT(zn_train_read_master(tr, o->master, o->n), 0);
+}
+
+static void compare(const char *label, const ref_run *ref, const ref_run *o, int from)
+{
+    int bad = 0;
+    for (int s = from; s < STEPS; s++)
+        if (memcmp(&o->loss[s], &ref->loss[s], sizeof(double)) && bad++ < 3)
+            ZT_FAIL_AT("%s: step %d loss %.9g differs from the uninterrupted run's %.9g", label,
+                       s + 1, o->loss[s], ref->loss[s]);
+    ZT_CHECK_MSG(!bad, "%s: %d losses differ", label, bad);
+    ZT_CHECK(o->n == ref->n);
+    if (o->n == ref->n) {
+        uint64_t diff = 0, first = 0;
+        for (uint64_t i = 0; i < o->n; i++)
+            if (memcmp(&o->master[i], &ref->master[i], 4) && !diff++)
+                first = i;
+        ZT_CHECK_MSG(!diff, "%s: %llu final weights differ (first at %llu: %.9g vs %.9g)", label,
+                     (unsigned long long)diff, (unsigned long long)first,
+                     (double)o->master[first], (double)ref->master[first]);
+    }
+}
+
+static zn_ckpt_save_options save_opts(const char *dir)
+{
+    zn_ckpt_save_options o = zn_ckpt_save_options_default();
+    o.dir = dir;
+    o.keep_last = 2;
+    o.config_text = base_json;
+    o.client_json = "{\"data_step\": 10}";
+    o.chunk_bytes = 65536 * 3; /* several chunks per state file */
+    return o;
+}
+
+typedef struct {
+    const char *label;
+    const char **sets;
+    int n;
+    int tiny;
+} placement;
+
+/* Saves after HALF steps with placement a, resumes with placement b. */
+static void resume_case(const placement *a, const placement *b, uint64_t tiny, const ref_run *ref)
+{
+    char label[256], dir[4400];
+    snprintf(label, sizeof label, "save [%s] -> resume [%s]", a->label, b->label);
+    snprintf(dir, sizeof dir, "%s/resume-%d", ck_root, rand());
+    toy_model toy;
+    zn_trainer *tr;
+    ref_run o;
+    memset(&o, 0, sizeof o);
+    if (create(&tr, &toy, a->sets, a->n, a->tiny ? tiny : 0))
+        ZT_SETUP_FAIL("%s: create: %s", label, zn_last_error());
+    ZT_EQ_INT(steps(tr, 0, HALF, o.loss), 0);
+    zn_ckpt_save_options so = save_opts(dir);
+    char where[4500];
+    int rc = zn_ckpt_save(tr, &so, where, sizeof where);
+    ZT_CHECK_MSG(rc == 0, "%s: save: %s", label, zn_last_error());
+    zn_train_destroy(tr);
+    if (rc)
+        return;
+    ZT_EQ_INT(zn_ckpt_verify(dir), 0);
+
+    if (create(&tr, &toy, b->sets, b->n, b->tiny ? tiny : 0))
+        ZT_SETUP_FAIL("%s: create: %s", label, zn_last_error());
+    zn_ckpt *ck;
+    ZT_EQ_INT(zn_ckpt_open(&ck, dir), 0);
+    ZT_CHECK(!strcmp(zn_ckpt_path(ck), where));
+    ZT_EQ_INT(zn_ckpt_step(ck), HALF);
+    ZT_CONTAINS(zn_ckpt_client_json(ck), "data_step");
+    ZT_CHECK(zn_ckpt_config_text(ck) && !strcmp(zn_ckpt_config_text(ck), base_json));
+    rc = zn_ckpt_load(ck, tr);
+    ZT_CHECK_MSG(rc == 0, "%s: load: %s", label, zn_last_error());
+    zn_ckpt_close(ck);
+    ZT_EQ_INT(steps(tr, HALF, STEPS, o.loss), 0);
+    read_master(tr, &o);
+    zn_train_destroy(tr);
+    compare(label, ref, &o, HALF);
+    printf("%-75s ok\n", label);
+    free(o.master);
+}
+
+/* ---- corruption ----------------------------------------------------------------*/
+static void copy_tree(const char *from, const char *to)
+{
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -a '%s' '%s'", to, from, to);
+    if (system(cmd))
+        ZT_SETUP_FAIL("%s failed", cmd);
+}
+
+static void expect_refused(const char *what, const char *dir, const char *file, int load_too,
+                           const char **sets, int nsets)
+{
+    int rc = zn_ckpt_verify(dir);
+    ZT_CHECK_MSG(rc != 0, "%s: verify accepted it", what);
+    ZT_CONTAINS(zn_last_error(), file);
+    if (!load_too)
+        return;
+    /* open sees sizes and presence; load sees the crc */
+    zn_ckpt *ck = NULL;
+    rc = zn_ckpt_open(&ck, dir);
+    if (rc == 0) {
+        toy_model toy;
+        zn_trainer *tr;
+        if (create(&tr, &toy, sets, nsets, 0))
+            ZT_SETUP_FAIL("create: %s", zn_last_error());
+        rc = zn_ckpt_load(ck, tr);
+        ZT_CHECK_MSG(rc == ZN_ECORRUPT, "%s: load returned %d", what, rc);
+        ZT_CONTAINS(zn_last_error(), file);
+        printf("%-40s load refused: %s\n", what, zn_last_error());
+        /* a trainer half loaded is never presented as valid */
+        zn_train_step_info info;
+        zn_loader_get(loader, 0, ids, tgts);
+        ZT_EQ_INT(zn_train_step(tr, ids, tgts, &info), ZN_ECORRUPT);
+        zn_train_destroy(tr);
+        zn_ckpt_close(ck);
+    } else {
+        ZT_EQ_INT(rc, ZN_ECORRUPT);
+        ZT_CONTAINS(zn_last_error(), file);
+        printf("%-40s open refused: %s\n", what, zn_last_error());
+    }
+}
+
+static void corruption(const char *good, const char **sets, int nsets)
+{
+    char bad[4400], path[4600];
+    snprintf(bad, sizeof bad, "%s/bad", ck_root);
+    /* one flipped byte in the middle of m.bin */
+    copy_tree(good, bad);
+    snprintf(path, sizeof path, "%s/rank-0/m.bin", bad);
+    int fd = open(path, O_RDWR);
+    ZT_CHECK(fd >= 0);
+    struct stat st;
+    fstat(fd, &st);
+    unsigned char c;
+    ZT_CHECK(pread(fd, &c, 1, st.st_size / 2) == 1);
+    c ^= 0x10;
+    ZT_CHECK(pwrite(fd, &c, 1, st.st_size / 2) == 1);
+    close(fd);
+    expect_refused("flipped byte in rank-0/m.bin", bad, "rank-0/m.bin", 1, sets, nsets);
+    /* truncated v.bin */
+    copy_tree(good, bad);
+    snprintf(path, sizeof path, "%s/rank-0/v.bin", bad);
+    ZT_CHECK(truncate(path, st.st_size - 4096) == 0);
+    expect_refused("truncated rank-0/v.bin", bad, "rank-0/v.bin", 1, sets, nsets);
+    /* missing master.bin */
+    copy_tree(good, bad);
+    snprintf(path, sizeof path, "%s/rank-0/master.bin", bad);
+    ZT_CHECK(unlink(path) == 0);
+    expect_refused("missing rank-0/master.bin", bad, "rank-0/master.bin", 1, sets, nsets);
+    /* a flipped byte in the manifest itself */
+    copy_tree(good, bad);
+    snprintf(path, sizeof path, "%s/manifest.json", bad);
+    fd = open(path, O_RDWR);
+    ZT_CHECK(fd >= 0);
+    char text[8192];
+    ssize_t n = pread(fd, text, sizeof text - 1, 0);
+    ZT_CHECK(n > 0);
+    text[n > 0 ? n : 0] = '\0';
+    char *at = strstr(text, "\"step\": 10");
+    ZT_CHECK(at != NULL);
+    if (at) {
+        at[9] = '7';
+        ZT_CHECK(pwrite(fd, text, (size_t)n, 0) == n);
+    }
+    close(fd);
+    expect_refused("edited manifest.json", bad, "manifest.json", 1, sets, nsets);
+    /* no manifest: an incomplete folder */
+    ZT_CHECK(unlink(path) == 0);
+    ZT_CHECK(zn_ckpt_verify(bad) != 0);
+    ZT_CONTAINS(zn_last_error(), "manifest.json");
+    char cmd[4500];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", bad);
+    if (system(cmd))
+        ZT_SETUP_FAIL("rm failed");
+}
+
+/* ---- I/O errors during a save ------------------------------------------------------*/
+typedef struct {
+    _Atomic uint64_t seen;
+    uint64_t nth;
+    int res;
+} fault_state;
+
+static int fault_fn(void *user, const zn_aio_fault_site *site)
+{
+    fault_state *f = user;
+    uint64_t k = atomic_fetch_add(&f->seen, 1) + 1;
+    return k == f->nth ? f->res : site->res;
+}
+
+static int count_entries(const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += !strncmp(e->d_name, prefix, strlen(prefix));
+    closedir(d);
+    return n;
+}
+
+static void read_latest(const char *dir, char *out, size_t n)
+{
+    char p[4500];
+    snprintf(p, sizeof p, "%s/latest", dir);
+    FILE *f = fopen(p, "r");
+    out[0] = '\0';
+    if (f) {
+        if (!fgets(out, (int)n, f))
+            out[0] = '\0';
+        fclose(f);
+    }
+}
+
+static void io_errors(const placement *pl, uint64_t tiny, const ref_run *ref)
+{
+    char dir[4400];
+    snprintf(dir, sizeof dir, "%s/enospc", ck_root);
+    toy_model toy;
+    zn_trainer *tr;
+    ref_run o;
+    memset(&o, 0, sizeof o);
+    if (create(&tr, &toy, pl->sets, pl->n, pl->tiny ? tiny : 0))
+        ZT_SETUP_FAIL("create: %s", zn_last_error());
+    ZT_EQ_INT(steps(tr, 0, 4, o.loss), 0);
+    zn_ckpt_save_options so = save_opts(dir);
+    ZT_EQ_INT(zn_ckpt_save(tr, &so, NULL, 0), 0);
+    char before[64], after[64];
+    read_latest(dir, before, sizeof before);
+    ZT_CHECK(!strcmp(before, "step-00000004\n"));
+    /* fail the n-th block write of later saves, across the three files */
+    uint64_t nths[] = { 1, 2, 5, 9 };
+    int errs[] = { -ENOSPC, -EIO, -ENOSPC, -ENOSPC };
+    for (int i = 0; i < 4; i++) {
+        ZT_EQ_INT(steps(tr, 4 + i, 5 + i, o.loss), 0);
+        fault_state fs = { 0, nths[i], errs[i] };
+        so.fault_hook = fault_fn;
+        so.fault_user = &fs;
+        int rc = zn_ckpt_save(tr, &so, NULL, 0);
+        ZT_CHECK_MSG(rc == errs[i], "fault at write %llu: save returned %d (%s)",
+                     (unsigned long long)nths[i], rc, zn_last_error());
+        ZT_CONTAINS(zn_last_error(), ".bin");
+        if (i == 0)
+            printf("injected ENOSPC -> %s\n", zn_last_error());
+        read_latest(dir, after, sizeof after);
+        ZT_CHECK_MSG(!strcmp(before, after), "latest changed to %s after a failed save", after);
+        ZT_EQ_INT(count_entries(dir, ".step-"), 0);
+        ZT_EQ_INT(count_entries(dir, "step-"), 1);
+        ZT_EQ_INT(zn_ckpt_verify(dir), 0);
+    }
+    so.fault_hook = NULL;
+    /* the trainer was not disturbed: the rest of the run is the reference's */
+    ZT_EQ_INT(steps(tr, 8, STEPS, o.loss), 0);
+    read_master(tr, &o);
+    compare("training on after failed saves", ref, &o, 0);
+    /* keep_last: three more saves leave two */
+    zn_train_destroy(tr);
+    free(o.master);
+    printf("%-75s ok\n", "ENOSPC/EIO during saves: previous checkpoint kept, training goes on");
+}
+
+static void prune_and_refusals(const char **sets, int nsets)
+{
+    char dir[4400];
+    snprintf(dir, sizeof dir, "%s/prune", ck_root);
+    toy_model toy;
+    zn_trainer *tr;
+    double loss[STEPS];
+    if (create(&tr, &toy, sets, nsets, 0))
+        ZT_SETUP_FAIL("create: %s", zn_last_error());
+    zn_ckpt_save_options so = save_opts(dir);
+    for (int s = 0; s < 5; s++) {
+        ZT_EQ_INT(steps(tr, s, s + 1, loss), 0);
+        ZT_EQ_INT(zn_ckpt_save(tr, &so, NULL, 0), 0);
+    }
+    /* saving the same step twice replaces it atomically */
+    ZT_EQ_INT(zn_ckpt_save(tr, &so, NULL, 0), 0);
+    zn_train_destroy(tr);
+    ZT_EQ_INT(count_entries(dir, "step-"), 2);
+    char lat[64];
+    read_latest(dir, lat, sizeof lat);
+    ZT_CHECK(!strcmp(lat, "step-00000005\n"));
+    char p[4500];
+    snprintf(p, sizeof p, "%s/step-00000004/manifest.json", dir);
+    ZT_CHECK(access(p, F_OK) == 0);
+    ZT_EQ_INT(zn_ckpt_verify(dir), 0);
+
+    /* another model (one more mid block) is refused with both sizes named */
+    zn_ckpt *ck;
+    ZT_EQ_INT(zn_ckpt_open(&ck, dir), 0);
+    {
+        zn_trainer *tr2;
+        /* a trainer of a wider toy: create by hand */
+        zn_config cfg;
+        ZT_EQ_INT(zn_config_parse(&cfg, base_json, "test", NULL, 0), 0);
+        ZT_EQ_INT(zn_config_resolve_batch(&cfg, 1), 0);
+        toy_model wide;
+        toy_setup(&wide, V, H + 64, NMID, MB * SEQ, 7);
+        zn_plan_input in;
+        toy_plan_input(&wide, 1, 1, &in);
+        zn_train_options o = zn_train_options_default();
+        o.cfg = &cfg;
+        o.model = &wide.model;
+        o.plan_in = &in;
+        o.budgets.bytes[ZN_TIER_GPU] = 64u << 20;
+        o.budgets.bytes[ZN_TIER_CPU] = 64u << 20;
+        ZT_EQ_INT(zn_train_create(&tr2, &o), 0);
+        ZT_EQ_INT(zn_ckpt_load(ck, tr2), ZN_ECONFIG);
+        ZT_CONTAINS(zn_last_error(), "another model");
+        printf("other model refused: %s\n", zn_last_error());
+        /* refused before anything changed: the trainer still trains */
+        zn_train_step_info info;
+        zn_loader_get(loader, 0, ids, tgts);
+        ZT_EQ_INT(zn_train_step(tr2, ids, tgts, &info), 0);
+        zn_train_destroy(tr2);
+    }
+    zn_ckpt_close(ck);
+}
+
+/* ---- export ------------------------------------------------------------------------*/
+static void export_case(void)
+{
+    zn_model_dims d;
+    zn_model_dims_default(&d);
+    d.hidden = 64;
+    d.n_layers = 2;
+    d.n_heads = 4;
+    d.n_kv_heads = 2;
+    d.head_dim = 16;
+    d.intermediate = 96;
+    d.vocab = 64;
+    d.max_pos = 64;
+    zn_config cfg;
+    const char *sets[] = { "zero_optimization.offload_param.device=\"none\"",
+                           "zero_optimization.offload_optimizer.device=\"none\"" };
+    ZT_EQ_INT(zn_config_parse(&cfg, base_json, "test", sets, 2), 0);
+    ZT_EQ_INT(zn_config_resolve_batch(&cfg, 1), 0);
+    zn_train_llama *ll;
+    ZT_EQ_INT(zn_train_llama_create(&ll, &d, MB, SEQ, 0.02, 11), 0);
+    int nb = zn_model_num_blocks(&d);
+    uint64_t *bp = calloc((size_t)nb, sizeof *bp);
+    for (int b = 0; b < nb; b++)
+        bp[b] = zn_model_block_param_count(&d, b);
+    zn_plan_input in;
+    memset(&in, 0, sizeof in);
+    in.n_blocks = nb;
+    in.block_params = bp;
+    in.n_layers = d.n_layers;
+    in.hidden = d.hidden;
+    in.n_heads = d.n_heads;
+    in.n_kv_heads = d.n_kv_heads;
+    in.head_dim = d.head_dim;
+    in.intermediate = d.intermediate;
+    in.vocab = d.vocab;
+    in.micro_batch = MB;
+    in.seq_len = SEQ;
+    in.param_bytes = 4;
+    in.world_size = 1;
+    in.activation_checkpointing = true;
+    zn_train_options o = zn_train_options_default();
+    o.cfg = &cfg;
+    o.model = zn_train_llama_model(ll);
+    o.plan_in = &in;
+    o.budgets.bytes[ZN_TIER_GPU] = 256u << 20;
+    o.budgets.bytes[ZN_TIER_CPU] = 256u << 20;
+    zn_trainer *tr;
+    ZT_EQ_INT(zn_train_create(&tr, &o), 0);
+    double loss[STEPS];
+    ZT_EQ_INT(steps(tr, 0, 2, loss), 0);
+    uint64_t P = zn_train_num_params(tr);
+    float *master = malloc(P * 4);
+    ZT_EQ_INT(zn_train_read_master(tr, master, P), 0);
+    char dir[4400], out[4400];
+    snprintf(dir, sizeof dir, "%s/llama", ck_root);
+    zn_ckpt_save_options so = save_opts(dir);
+    so.dims = &d;
+    ZT_EQ_INT(zn_ckpt_save(tr, &so, NULL, 0), 0);
+    zn_train_destroy(tr);
+    zn_train_llama_destroy(ll);
+
+    zn_ckpt *ck;
+    ZT_EQ_INT(zn_ckpt_open(&ck, dir), 0);
+    zn_model_dims d2;
+    ZT_EQ_INT(zn_ckpt_dims(ck, &d2), 0);
+    ZT_EQ_INT(zn_ckpt_check_dims(ck, &d), 0);
+    d2.intermediate = 128;
+    ZT_EQ_INT(zn_ckpt_check_dims(ck, &d2), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "intermediate");
+    zn_ckpt_close(ck);
+
+    for (int pass = 0; pass < 2; pass++) {
+        zn_dtype dt = pass ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+        snprintf(out, sizeof out, "%s/hf-%s", ck_root, zn_dtype_name(dt));
+        /* 20 KB shards: several files */
+        int rc = zn_ckpt_export(dir, out, dt, 20000);
+        ZT_CHECK_MSG(rc == 0, "export %s: %s", zn_dtype_name(dt), zn_last_error());
+        zn_st *st;
+        char idx[4500];
+        snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", out);
+        rc = zn_st_open(&st, idx);
+        ZT_CHECK_MSG(rc == 0, "opening the export: %s", zn_last_error());
+        if (rc)
+            break;
+        ZT_CHECK(zn_st_num_shards(st) > 2);
+        size_t count = 0;
+        uint64_t flat = 0, mism = 0;
+        for (int b = 0; b < nb; b++)
+            for (int i = 0; i < zn_model_block_nparams(&d, b); i++) {
+                zn_param_info pi;
+                ZT_EQ_INT(zn_model_block_param(&d, b, i, &pi), 0);
+                const zn_st_tensor *t = zn_st_find(st, pi.name);
+                ZT_CHECK_MSG(t != NULL, "%s missing from the export", pi.name);
+                if (!t)
+                    continue;
+                count++;
+                ZT_EQ_INT(t->ndim, pi.ndim);
+                for (int k = 0; k < pi.ndim; k++)
+                    ZT_CHECK(t->shape[k] == pi.shape[k]);
+                ZT_CHECK(t->dtype == zn_st_dtype_from(dt));
+                float *v = malloc((size_t)pi.numel * 4);
+                ZT_EQ_INT(zn_st_read(st, t, ZN_DTYPE_F32, v, (size_t)pi.numel * 4), 0);
+                for (int64_t e = 0; e < pi.numel; e++) {
+                    float want = master[flat + (uint64_t)e];
+                    if (dt == ZN_DTYPE_BF16)
+                        want = zn_bf16_widen(zn_bf16_round(want));
+                    if (memcmp(&v[e], &want, 4))
+                        mism++;
+                }
+                flat += (uint64_t)pi.numel;
+                free(v);
+            }
+        ZT_CHECK(flat == P);
+        ZT_EQ_INT(count, zn_st_count(st));
+        ZT_CHECK_MSG(!mism, "%s export: %llu values differ from the master rounded",
+                     zn_dtype_name(dt), (unsigned long long)mism);
+        zn_st_close(st);
+        /* and it loads as a model (config.json + shards) */
+        zn_dev_config dc = zn_dev_config_default();
+        dc.name = "host";
+        zn_dev *dev;
+        ZT_EQ_INT(zn_dev_create(&dev, &dc), 0);
+        zn_model_dims d3;
+        ZT_EQ_INT(zn_model_dims_from_hf(&d3, out), 0);
+        ZT_EQ_INT(d3.hidden, d.hidden);
+        zn_model_config mc = zn_model_config_default(dev);
+        mc.max_batch = 1;
+        mc.max_seq = 8;
+        zn_model *m;
+        ZT_EQ_INT(zn_model_create(&m, dev, &d3, &mc), 0);
+        zn_model_state *ms;
+        ZT_EQ_INT(zn_model_state_create(&ms, m, 0), 0);
+        rc = zn_model_state_load(ms, out);
+        ZT_CHECK_MSG(rc == 0, "loading the export: %s", zn_last_error());
+        zn_model_state_destroy(ms);
+        zn_model_destroy(m);
+        zn_dev_destroy(dev);
+        printf("export %s: %zu tensors, values = master rounded: ok\n", zn_dtype_name(dt),
+               count);
+    }
+    /* a corrupted master is refused by export too */
+    char p[4600];
+    snprintf(p, sizeof p, "%s/step-00000002/rank-0/master.bin", dir);
+    int fd = open(p, O_RDWR);
+    unsigned char c = 0;
+    ZT_CHECK(pread(fd, &c, 1, 100) == 1);
+    c ^= 1;
+    ZT_CHECK(pwrite(fd, &c, 1, 100) == 1);
+    close(fd);
+    snprintf(out, sizeof out, "%s/hf-bad", ck_root);
+    ZT_EQ_INT(zn_ckpt_export(dir, out, ZN_DTYPE_F32, 0), ZN_ECORRUPT);
+    ZT_CONTAINS(zn_last_error(), "rank-0/master.bin");
+    free(master);
+    free(bp);
+}
+
+static void rm_all(void)
+{
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", nvme_dir);
+    if (nvme_dir[0] && system(cmd))
+        fprintf(stderr, "%s failed\n", cmd);
+}
+
+int main(void)
+{
+    snprintf(nvme_dir, sizeof nvme_dir, "%s", tn_tmpdir("ckpt"));
+    atexit(rm_all);
+    snprintf(ck_root, sizeof ck_root, "%s/ck", nvme_dir);
+    if (mkdir(ck_root, 0755) < 0)
+        ZT_SETUP_FAIL("mkdir %s: %s", ck_root, strerror(errno));
+    if (zn_tokens_synthetic(&data, 40000, V, 3))
+        ZT_SETUP_FAIL("synthetic data: %s", zn_last_error());
+    zn_loader_config lc = zn_loader_config_default();
+    lc.seq_len = SEQ;
+    lc.batch = ACC * MB;
+    lc.seed = 5;
+    lc.vocab = V;
+    if (zn_loader_create(&loader, data, &lc))
+        ZT_SETUP_FAIL("loader: %s", zn_last_error());
+
+    /* the GPU budget that leaves room for exactly two mid blocks (test_train) */
+    uint64_t slot = (uint64_t)(2 * H * H) * 4, tiny;
+    {
+        toy_model toy;
+        zn_trainer *tr;
+        const char *sets[] = { "zero_optimization.offload_param.device=\"cpu\"" };
+        if (create(&tr, &toy, sets, 1, 0))
+            ZT_SETUP_FAIL("probe: %s", zn_last_error());
+        zn_train_report r;
+        zn_train_get_report(tr, &r);
+        tiny = r.peak[ZN_TIER_GPU] - (uint64_t)r.param_slots * slot + 2 * slot + slot / 2;
+        zn_train_destroy(tr);
+    }
+    const char *dev[] = { "zero_optimization.offload_param.device=\"none\"",
+                          "zero_optimization.offload_optimizer.device=\"none\"" };
+    const char *cpu[] = { "zero_optimization.offload_param.device=\"cpu\"",
+                          "zero_optimization.offload_optimizer.device=\"cpu\"" };
+    const char *cpu_nvme[] = { "zero_optimization.offload_param.device=\"cpu\"",
+                               "zero_optimization.offload_optimizer.device=\"nvme\"" };
+    const char *nvme[] = { "zero_optimization.offload_param.device=\"nvme\"",
+                           "zero_optimization.offload_optimizer.device=\"nvme\"" };
+    placement pl[] = {
+        { "all on the device", dev, 2, 0 },
+        { "params+optimizer cpu", cpu, 2, 1 },
+        { "params cpu, optimizer nvme", cpu_nvme, 2, 1 },
+        { "params+optimizer nvme, tiny gpu", nvme, 2, 1 },
+    };
+
+    /* the uninterrupted reference */
+    ref_run ref;
+    {
+        toy_model toy;
+        zn_trainer *tr;
+        if (create(&tr, &toy, dev, 2, 0))
+            ZT_SETUP_FAIL("create: %s", zn_last_error());
+        ZT_EQ_INT(steps(tr, 0, STEPS, ref.loss), 0);
+        read_master(tr, &ref);
+        zn_train_destroy(tr);
+    }
+    for (int i = 0; i < 4; i++)
+        resume_case(&pl[i], &pl[i], tiny, &ref);
+    resume_case(&pl[3], &pl[0], tiny, &ref);
+    resume_case(&pl[0], &pl[2], tiny, &ref);
+    resume_case(&pl[1], &pl[3], tiny, &ref);
+
+    /* a good checkpoint to damage */
+    {
+        char good[4400];
+        snprintf(good, sizeof good, "%s/good", ck_root);
+        toy_model toy;
+        zn_trainer *tr;
+        double loss[STEPS];
+        if (create(&tr, &toy, cpu_nvme, 2, tiny))
+            ZT_SETUP_FAIL("create: %s", zn_last_error());
+        ZT_EQ_INT(steps(tr, 0, HALF, loss), 0);
+        zn_ckpt_save_options so = save_opts(good);
+        char where[4500];
+        ZT_EQ_INT(zn_ckpt_save(tr, &so, where, sizeof where), 0);
+        zn_train_destroy(tr);
+        corruption(where, cpu, 2);
+    }
+    io_errors(&pl[0], tiny, &ref);
+    io_errors(&pl[3], tiny, &ref);
+    prune_and_refusals(cpu, 2);
+    export_case();
+    free(ref.master);
+    zn_loader_destroy(loader);
+    zn_tokens_close(data);
+    return zt_done();
+}
