@@ -129,6 +129,23 @@ if [ "$have_mpi" = 1 ] && command -v mpirun >/dev/null 2>&1; then
         grep -q "ranks    $n (mpirun, mpi" mpi$n.out || { echo "FAIL: mpirun -np $n: no ranks line"; fail=1; }
         compare "mpirun -np $n" ref$n.jsonl mpi$n.jsonl
     done
+    # resume under mpirun: save at 3 and 6, drop 6, resume from 3
+    mck=(--set train.checkpoint.dir=\"$work/mck\" --set train.checkpoint.every=3)
+    if timeout 180 mpirun -np 2 --oversubscribe "$zinc" train "${common[@]}" "${mck[@]}" \
+            --json-log m6.jsonl > m6.out 2>&1 && rm -rf mck/step-00000006 &&
+       printf 'step-00000003\n' > mck/latest &&
+       timeout 180 mpirun -np 2 --oversubscribe "$zinc" train "${common[@]}" "${mck[@]}" \
+            --resume --json-log mres.jsonl > mres.out 2>&1; then
+        tail -3 m6.jsonl | sed 's/"seconds": [0-9.]*, //' > ma.jsonl
+        sed 's/"seconds": [0-9.]*, //' mres.jsonl > mb.jsonl
+        if cmp -s ma.jsonl mb.jsonl; then
+            echo "ok: mpirun -np 2 resumed at step 3 reproduces steps 4-6 bit for bit"
+        else
+            echo "FAIL: mpirun -np 2 resume differs:"; diff ma.jsonl mb.jsonl; fail=1
+        fi
+    else
+        echo "FAIL: mpirun -np 2 with checkpoints: $(tail -3 m6.out mres.out 2>/dev/null)"; fail=1
+    fi
 else
     echo "skip: mpirun -np 2/3 (zinc built without MPI, or mpirun missing)"
 fi
