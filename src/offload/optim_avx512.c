@@ -77,7 +77,7 @@ vec16(const consts *K, int l2, int decay, float *p, float *m, float *v, const vo
     if (l2)
         gv = _mm512_fmadd_ps(pv, K->l2, gv);
     mv = _mm512_fmadd_ps(K->b1, mv, _mm512_mul_ps(K->omb1, gv));
-    vv = _mm512_fmadd_ps(K->b2, vv, _mm512_mul_ps(_mm512_mul_ps(K->omb2, gv), gv));
+    vv = _mm512_fmadd_ps(K->omb2, _mm512_fmsub_ps(gv, gv, vv), vv);
     __m512 upd = _mm512_div_ps(mv, _mm512_add_ps(_mm512_sqrt_ps(vv), K->eps));
     if (decay) {
         __m512 dp = _mm512_fmadd_ps(pv, K->decay, _mm512_mul_ps(K->step, upd));
