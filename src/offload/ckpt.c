@@ -598,10 +598,13 @@ static int finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp
     uint64_t total = 0;
     for (int b = 0; b < tr->L; b++)
         total += tr->blocks[b].n;
-    m = json_pack("{sssisIsIsisIsOsOsOso}", "format", ZN_CKPT_FORMAT, "version", ZN_CKPT_VERSION,
+    /* "o": the manifest takes these references over (jansson steals them
+     * even when packing fails) */
+    m = json_pack("{sssisIsIsisIsosososo}", "format", ZN_CKPT_FORMAT, "version", ZN_CKPT_VERSION,
                   "step", (json_int_t)tr->step, "steps_run", (json_int_t)tr->steps_run,
                   "world_size", world, "total_params", (json_int_t)total, "blocks", blocks,
                   "ranks", ranks, "files", files, "scaler", scaler_json(&tr->scaler));
+    files = ranks = blocks = NULL;
     if (!m) {
         rc = zn_set_error(-ENOMEM, "checkpoint: out of memory building the manifest");
         goto out;
@@ -646,11 +649,9 @@ static int finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp
 out:
     free(text);
     json_decref(m);
-    if (!m) {
-        json_decref(files);
-        json_decref(ranks);
-        json_decref(blocks);
-    }
+    json_decref(files);
+    json_decref(ranks);
+    json_decref(blocks);
     return rc;
 }
 
