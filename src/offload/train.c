@@ -1509,6 +1509,8 @@ void zn_train_print_report(zn_trainer *tr, FILE *f)
     for (int i = 0; i < ZN_RES_COUNT; i++) {
         if (r.busy_s[i] > r.busy_s[busiest])
             busiest = i;
+        if (i == ZN_RES_COMM && tr->world == 1)
+            continue;  /* one rank: no collectives */
         fprintf(f, "  %-18s %9.3f s  %5.1f%% of step time\n", res_names[i], r.busy_s[i],
                 100.0 * r.busy_s[i] / T);
     }
