@@ -17,7 +17,7 @@ trap 'rm -rf "$work"' EXIT
 cd "$work"
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT ZINC_COMM_BACKEND
 export OMP_NUM_THREADS=1 ZINC_LOG=${ZINC_LOG:-warn}
-STEPS=6
+STEPS=20
 common=(--steps $STEPS --set train.threads=1)
 
 losses() { sed 's/.*"loss": \([0-9.e+-]*\).*/\1/' "$1"; }
@@ -81,7 +81,7 @@ run2() {  # run2 TAG ARGS... : two torchrun-style ranks, rank 0 logs TAG.jsonl
     for r in 0 1; do wait "${pids[$r]}" || bad=1; done
     return $bad
 }
-ck=(--set train.checkpoint.dir=\"$work/ck\" --set train.checkpoint.every=3)
+ck=(--steps 6 --set train.checkpoint.dir=\"$work/ck\" --set train.checkpoint.every=3)
 if run2 ck6 "${common[@]}" "${ck[@]}"; then
     if [ -d ck/step-00000006/rank-0 ] && [ -d ck/step-00000006/rank-1 ]; then
         echo "ok: 2-rank checkpoint has per-rank folders"
@@ -128,9 +128,17 @@ if [ "$have_mpi" = 1 ] && command -v mpirun >/dev/null 2>&1; then
             { echo "FAIL: mpirun -np $n: $(tail -5 mpi$n.out)"; fail=1; }
         grep -q "ranks    $n (mpirun, mpi" mpi$n.out || { echo "FAIL: mpirun -np $n: no ranks line"; fail=1; }
         compare "mpirun -np $n" ref$n.jsonl mpi$n.jsonl
+        # rank 0's NVMe high-water mark (Adam state) against one rank's: ~1/n
+        frac=$(awk '/^  nvme  .*high-water|^  nvme .*of budget at peak/{ v=$4; u=$5; m=(u=="GiB"?1024:u=="MiB"?1:u=="KiB"?1/1024:1/1048576); print v*m }' mpi$n.out ref$n.out |
+               paste -sd' ' | awk '{ printf "%.3f", $1 / $2 }')
+        if awk -v f="$frac" -v n=$n 'BEGIN { exit !(f > 0 && f <= 1 / n + 0.1) }'; then
+            echo "ok: mpirun -np $n: rank 0's nvme high-water is $frac of one rank's"
+        else
+            echo "FAIL: mpirun -np $n: rank 0's nvme high-water is $frac of one rank's (want ~1/$n)"; fail=1
+        fi
     done
     # resume under mpirun: save at 3 and 6, drop 6, resume from 3
-    mck=(--set train.checkpoint.dir=\"$work/mck\" --set train.checkpoint.every=3)
+    mck=(--steps 6 --set train.checkpoint.dir=\"$work/mck\" --set train.checkpoint.every=3)
     if timeout 180 mpirun -np 2 --oversubscribe "$zinc" train "${common[@]}" "${mck[@]}" \
             --json-log m6.jsonl > m6.out 2>&1 && rm -rf mck/step-00000006 &&
        printf 'step-00000003\n' > mck/latest &&
