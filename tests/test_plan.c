@@ -81,6 +81,43 @@ static void test_hand_computed(void)
     ZT_CONTAINS(p.why, "offload_optimizer.device=nvme needs 34.38 KiB on nvme; tiers.nvme has 0 B");
 }
 
+/* tiers.grads: with the states on NVMe, the gradients stay in pinned RAM
+ * when the cpu tier has room after everything else (auto), or go where
+ * they are told. */
+static void test_grads_tier(void)
+{
+    zn_config c;
+    zn_plan p;
+    zn_plan_input in = small_input(1);
+    zn_plan_budgets roomy = { { 11668, 1 << 20, 35200 } };
+    zn_plan_budgets tight = { { 11668, 47580, 35200 } };  /* test_hand_computed's */
+    small_config(&c);
+    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &roomy), 0);
+    ZT_EQ_INT(p.grads_tier, ZN_TIER_CPU);
+    ZT_EQ_U64(p.bytes[ZN_STATE_GRADS][ZN_TIER_CPU], 8800);
+    ZT_EQ_U64(p.bytes[ZN_STATE_GRADS][ZN_TIER_NVME], 0);
+    ZT_EQ_U64(p.tier_total[ZN_TIER_NVME], 3 * 8800);
+    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &tight), 0);  /* no room: with the states */
+    ZT_EQ_INT(p.grads_tier, ZN_TIER_NVME);
+    ZT_EQ_U64(p.bytes[ZN_STATE_GRADS][ZN_TIER_NVME], 8800);
+
+    const char *json = "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\":"
+                       " \"cpu\"}, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\":"
+                       " \"/x\"}}}";
+    const char *to_nvme[] = { "tiers.grads=nvme" }, *to_cpu[] = { "tiers.grads=cpu" };
+    ZT_EQ_INT(zn_config_parse(&c, json, "g", to_nvme, 1), 0);
+    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &roomy), 0);
+    ZT_EQ_INT(p.grads_tier, ZN_TIER_NVME);
+    ZT_EQ_INT(zn_config_parse(&c, json, "g", to_cpu, 1), 0);
+    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &tight), ZN_ENOFIT);
+    ZT_CONTAINS(p.why, "cpu tier needs");
+
+    /* gradients on NVMe without the states there is refused */
+    const char *bad[] = { "tiers.grads=nvme", "zero_optimization.offload_optimizer.device=cpu" };
+    ZT_EQ_INT(zn_config_parse(&c, json, "g", bad, 2), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "tiers.grads");
+}
+
 static void test_sharded(void)
 {
     zn_config c;
@@ -93,7 +130,7 @@ static void test_sharded(void)
     ZT_EQ_U64(p.bytes[ZN_STATE_PARAMS][ZN_TIER_GPU], 5 * 2);
     ZT_EQ_U64(p.bytes[ZN_STATE_PARAMS][ZN_TIER_CPU], 1095 * 2);
     ZT_EQ_U64(p.bytes[ZN_STATE_MASTER][ZN_TIER_NVME], 1100 * 4);
-    ZT_EQ_U64(p.bytes[ZN_STATE_GRADS][ZN_TIER_NVME], 1100 * 4);
+    ZT_EQ_U64(p.bytes[ZN_STATE_GRADS][ZN_TIER_CPU], 1100 * 4);  /* tiers.grads auto: room */
     /* Stage 1: only the optimizer state is sharded. */
     const char *sets[] = { "zero_optimization.stage=1" };
     if (zn_config_parse(&c, "{\"zero_optimization\": {\"offload_optimizer\": {\"device\":"
@@ -150,6 +187,7 @@ int main(void)
 {
     test_hand_computed();
     test_sharded();
+    test_grads_tier();
     test_real_models();
     return zt_done();
 }

@@ -102,13 +102,28 @@ static int create(zn_trainer **tr, toy_model *toy, const char **sets, int nsets,
 
 static int32_t ids[ACC * MB * SEQ], tgts[ACC * MB * SEQ];
 
+/* The NVMe hook of the next run() (NULL: none). */
+static zn_aio_fault_fn run_hook;
+
+/* Slows every NVMe read completion, so that the optimizer job a step leaves
+ * running is still far from done when the next step's forward starts: a
+ * use that did not wait for its block's updated parameters would read the
+ * old ones and the losses would differ. */
+static int slow_reads(void *user, const zn_aio_fault_site *site)
+{
+    (void)user;
+    if (!site->is_write)
+        usleep(400);
+    return site->res;
+}
+
 static int run(const char *label, const char **sets, int nsets, uint64_t gpu_budget, int steps,
                run_out *out)
 {
     toy_model toy;
     zn_trainer *tr;
     memset(out, 0, sizeof *out);
-    int rc = create(&tr, &toy, sets, nsets, gpu_budget, NULL);
+    int rc = create(&tr, &toy, sets, nsets, gpu_budget, run_hook);
     if (rc) {
         fprintf(stderr, "%s: create: %s\n", label, zn_last_error());
         return rc;
@@ -183,9 +198,15 @@ static void fault_sweep(uint64_t tiny)
         zn_aio_inject_fault(zn_train_aio(tr), nths[k], -EIO);
         int failed = 0;
         char msg[1024] = "";
-        for (int s = 1; s < 4 && !failed; s++) {
-            zn_loader_get(loader, (uint64_t)s, ids, tgts);
-            rc = zn_train_step(tr, ids, tgts, &info);
+        /* the fault shows in the step that hit it, in the next one (a
+         * failure of the optimizer job a step left running) or in the sync */
+        for (int s = 1; s < 5 && !failed; s++) {
+            if (s < 4) {
+                zn_loader_get(loader, (uint64_t)s, ids, tgts);
+                rc = zn_train_step(tr, ids, tgts, &info);
+            } else {
+                rc = zn_train_sync(tr);
+            }
             if (rc) {
                 failed = 1;
                 snprintf(msg, sizeof msg, "%s", zn_last_error());
@@ -258,8 +279,12 @@ int main(void)
                           "zero_optimization.offload_optimizer.device=\"cpu\"" };
     const char *cpu_nvme[] = { "zero_optimization.offload_param.device=\"cpu\"",
                                "zero_optimization.offload_optimizer.device=\"nvme\"" };
+    /* max_in_cpu 0: no parameter stays in pinned RAM (DeepSpeed's default
+     * keeps up to 1e9 elements there) */
     const char *nvme[] = { "zero_optimization.offload_param.device=\"nvme\"",
-                           "zero_optimization.offload_optimizer.device=\"nvme\"" };
+                           "zero_optimization.offload_optimizer.device=\"nvme\"",
+                           "zero_optimization.offload_param.max_in_cpu=0",
+                           "tiers.grads=\"nvme\"" };
     const char *mixed[] = { "zero_optimization.offload_param.device=\"nvme\"",
                             "zero_optimization.offload_param.max_in_cpu=73728",
                             "zero_optimization.offload_optimizer.device=\"cpu\"",
@@ -277,7 +302,7 @@ int main(void)
     struct { const char *label; const char **sets; int n; } cases[] = {
         { "params+optimizer on cpu", cpu, 2 },
         { "params cpu, optimizer nvme", cpu_nvme, 2 },
-        { "params+optimizer on nvme", nvme, 2 },
+        { "params+optimizer+grads on nvme", nvme, 4 },
         { "params nvme (one block in cpu) + persistent, optimizer cpu", mixed, 4 },
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -294,13 +319,32 @@ int main(void)
             ZT_CHECK(o.rep.nvme_write_bytes > 0 && o.rep.nvme_read_bytes > 0);
         free(o.master);
     }
+
+    /* The step returns before its optimizer job ends (the job finishes under
+     * the next forward). With NVMe reads slowed down the job lags far
+     * behind: each use must wait for its own block's updated parameters. */
+    run_hook = slow_reads;
+    struct { const char *label; const char **sets; int n; } lag[] = {
+        { "params cpu, optimizer nvme, slow NVMe reads", cpu_nvme, 2 },
+        { "params+optimizer+grads on nvme, slow NVMe reads", nvme, 4 },
+    };
+    for (size_t c = 0; c < sizeof lag / sizeof lag[0]; c++) {
+        ZT_EQ_INT(run(lag[c].label, lag[c].sets, lag[c].n, tiny, STEPS, &o), 0);
+        compare(lag[c].label, &ref, &o);
+        printf("%-60s ok: waited %.3f s for landed parameters\n", lag[c].label,
+               o.rep.param_wait_s);
+        ZT_CHECK_MSG(o.rep.param_wait_s > 0, "%s: no use waited for the optimizer",
+                     lag[c].label);
+        free(o.master);
+    }
+    run_hook = NULL;
     free(ref.master);
 
     /* The same without clipping: the optimizer overlaps backward. */
     const char *dev_nc[] = { dev[0], dev[1], "gradient_clipping=0" };
-    const char *nvme_nc[] = { nvme[0], nvme[1], "gradient_clipping=0" };
+    const char *nvme_nc[] = { nvme[0], nvme[1], nvme[2], nvme[3], "gradient_clipping=0" };
     ZT_EQ_INT(run("device, no clipping", dev_nc, 3, 0, STEPS, &ref), 0);
-    ZT_EQ_INT(run("nvme, no clipping", nvme_nc, 3, tiny, STEPS, &o), 0);
+    ZT_EQ_INT(run("nvme, no clipping", nvme_nc, 5, tiny, STEPS, &o), 0);
     ZT_CHECK(o.rep.overlap_step == 1);
     compare("nvme, no clipping (optimizer overlapped with backward)", &ref, &o);
     check_budgets("nvme, no clipping", &o);

@@ -115,7 +115,16 @@ typedef struct {
     int n_nvme;
     zn_config_nvme_path nvme[ZN_MAX_NVME_PATHS];
     bool keep_swap;                /* keep swap files after a clean exit */
+    int grads;                     /* zn_grads_tier: where fp32 gradient
+                                      accumulators live when the optimizer
+                                      states are on NVMe */
 } zn_config_tiers;
+
+typedef enum {
+    ZN_GRADS_AUTO = 0,  /* pinned RAM when the cpu tier has room, else NVMe */
+    ZN_GRADS_CPU,
+    ZN_GRADS_NVME,      /* with the states (DeepSpeed's behaviour) */
+} zn_grads_tier;
 
 /* The model: an HF folder (path) or dimensions with HF config.json's names. */
 typedef struct {

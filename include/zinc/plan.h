@@ -59,6 +59,7 @@ typedef struct {
     uint64_t largest_block;                         /* elements */
     uint64_t live_window;                           /* elements on the GPU at once */
     uint64_t sub_group;                             /* optimizer sub-group, elements */
+    zn_tier grads_tier;                             /* fp32 gradient accumulators */
     bool fits;
     char why[2048];   /* when it does not fit: what is short, by how much, and the fix */
 } zn_plan;

@@ -169,12 +169,24 @@ typedef struct {
 
 /* One optimizer step over cfg.gradient_accumulation_steps micro-batches.
  * ids / targets: host int32, accumulation x micro_batch x seq_len each.
- * Returns 0, or the first error of any stream or thread (an NVMe error names
- * the tensor, the file and the offset). After an error the trainer's state
- * is marked bad: later calls return ZN_ECORRUPT and nothing it holds is
- * presented as a valid model. */
+ * The step returns once its loss and gradient norm are known and its
+ * optimizer job has what it needs (with clipping or fp16: the global norm);
+ * the CPU optimizer and its NVMe traffic finish under the next step's
+ * forward, whose uses of each block wait only for that block's updated
+ * parameters. (ZeRO stages 1/2 on several ranks wait for the whole job.)
+ * Returns 0, or the first error of any stream or thread, including the
+ * previous step's optimizer (an NVMe error names the tensor, the file and
+ * the offset). After an error the trainer's state is marked bad: later
+ * calls return ZN_ECORRUPT and nothing it holds is presented as a valid
+ * model. */
 ZN_API int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
                          zn_train_step_info *info);
+
+/* Waits for the optimizer work the last step left running; returns its
+ * error (the trainer is then bad). Checkpoints, zn_train_read_master and
+ * zn_train_reset_counters call it themselves; call it before reading a
+ * report at the end of training. The wait counts as step time. */
+ZN_API int zn_train_sync(zn_trainer *tr);
 
 /* Copies the fp32 master weights (flat, all blocks in order: n = total
  * parameters) into out, from wherever they live. Returns 0, ZN_EARG (n
@@ -209,7 +221,9 @@ typedef struct {
     /* bytes moved, per link and direction */
     uint64_t h2d_bytes, d2h_bytes, nvme_read_bytes, nvme_write_bytes;
     double busy_s[ZN_RES_COUNT];    /* summed over the steps run */
-    double step_s;                  /* summed wall time of the steps */
+    double step_s;                  /* summed wall time of the steps (and syncs) */
+    double param_wait_s;            /* the schedule waited for the previous
+                                       step's optimizer to land parameters */
     int64_t steps;
     uint64_t tokens;
     double flops;                   /* model FLOPs of the steps run */

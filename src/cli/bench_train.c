@@ -94,8 +94,9 @@ int zn_bench_train(int argc, char **argv)
            zn_offload_device_name(cfg.zero.offload_param.device),
            zn_offload_device_name(cfg.zero.offload_optimizer.device), r.param_slots,
            r.opt_units, (unsigned long long)r.opt_unit, r.opt_inflight,
-           cfg.gradient_clipping > 0 || cfg.fp16.enabled ? "step after backward"
-                                                          : "step overlapped with backward");
+           cfg.gradient_clipping > 0 || cfg.fp16.enabled
+               ? "step after the global norm, under the next forward"
+               : "step overlapped with backward and the next forward");
     printf("# path measured: one optimizer step = fwd + bwd over all micro-batches + CPU Adam "
            "by sub-group, all offload traffic included; %ld warm-up step(s) not counted\n",
            warmup);
@@ -114,9 +115,12 @@ int zn_bench_train(int argc, char **argv)
         if (s == 0)
             loss0 = info.loss;
         loss1 = info.loss;
-        if (s + 1 == warmup)
+        if (s + 1 == warmup && !(rc = zn_train_sync(ts.tr)))
             zn_train_reset_counters(ts.tr);
     }
+    /* the last step's pipelined optimizer tail counts as step time */
+    if (!rc)
+        rc = zn_train_sync(ts.tr);
     if (rc) {
         zn_cli_fail(rc, NULL);
         zn_cli_train_session_close(&ts);

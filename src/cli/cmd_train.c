@@ -533,8 +533,8 @@ int zn_cmd_train(int argc, char **argv)
            "%llu (%d in flight), %s\n", rep.param_slots, rep.persistent_blocks, rep.opt_units,
            (unsigned long long)rep.opt_unit, rep.opt_inflight,
            cfg.gradient_clipping > 0 || cfg.fp16.enabled
-               ? "step after backward (global norm first)"
-               : "step overlapped with backward");
+               ? "step after the global norm, under the next forward"
+               : "step overlapped with backward and the next forward");
     printf("  budgets  gpu %s, cpu %s, nvme %s  (setup %.2f s)\n",
            zn_format_size(plan->budget[ZN_TIER_GPU], b1, sizeof b1),
            zn_format_size(plan->budget[ZN_TIER_CPU], b2, sizeof b2),
@@ -603,6 +603,11 @@ int zn_cmd_train(int argc, char **argv)
                 break;
             saved_at = s + 1;
         }
+    }
+    /* the last step's optimizer job (pipelined under the next forward) */
+    if (!rc && (rc = zn_train_sync(ts.tr))) {
+        zn_cli_fail(rc, NULL);
+        zn_cli_train_session_abort(&ts, 1);
     }
     if (!rc && cc->dir[0] && saved_at != steps && steps > start)
         rc = save(&ts, &cfg, cfg_text, &so, steps);

@@ -662,14 +662,15 @@ int zn_ckpt_save(zn_trainer *tr, const zn_ckpt_save_options *o, char *out_path, 
     if (tr->bad)
         return zn_set_error(ZN_ECORRUPT, "checkpoint: the trainer failed in an earlier step; "
                             "its state is not saved");
-    int rank = zn_train_rank(tr), world = zn_train_world(tr), rc = 0;
+    /* the last step's optimizer job first (it may still be writing state) */
+    int rank = zn_train_rank(tr), world = zn_train_world(tr), rc = zn_train_sync(tr);
     char name[64], final[PATHN], tmp[PATHN] = "";
     snprintf(name, sizeof name, "step-%08lld", (long long)tr->step);
     if ((size_t)snprintf(final, sizeof final, "%s/%s", o->dir, name) >= sizeof final - 64)
         return zn_set_error(-ENAMETOOLONG, "checkpoint: folder name too long: %s", o->dir);
     uint64_t t0 = zn_now_ns();
     point(o, "begin");
-    if (rank == 0) {
+    if (rank == 0 && !rc) {
         rc = zn_ckpt__mkdir_p(o->dir);
         snprintf(tmp, sizeof tmp, "%s/.%s.tmp-%ld", o->dir, name, (long)getpid());
         if (!rc && mkdir(tmp, 0755) < 0)
@@ -1105,7 +1106,9 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
 {
     if (tr->bad)
         return zn_set_error(ZN_ECORRUPT, "checkpoint: the trainer failed earlier");
-    int rc = check_geometry(ck, tr), rank = zn_train_rank(tr);
+    int rc = zn_train_sync(tr), rank = zn_train_rank(tr);
+    if (!rc)
+        rc = check_geometry(ck, tr);
     if (rc)
         return rc;
     int fd[3] = { -1, -1, -1 };

@@ -127,7 +127,12 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
         add(p, (zn_state_class)c, otier == ZN_TIER_GPU ? ZN_TIER_GPU : otier, opt_off * 4);
         add(p, (zn_state_class)c, ZN_TIER_GPU, (P_opt - opt_off) * 4);
     }
-    add(p, ZN_STATE_GRADS, otier, grad_off * 4);
+    /* With the states on NVMe the gradients follow them (tiers.grads nvme),
+     * or stay in pinned RAM (cpu; auto decides once the rest is placed). */
+    zn_tier gtier = otier;
+    if (otier == ZN_TIER_NVME && cfg->tiers.grads == ZN_GRADS_CPU)
+        gtier = ZN_TIER_CPU;
+    add(p, ZN_STATE_GRADS, gtier, grad_off * 4);
     add(p, ZN_STATE_GRADS, ZN_TIER_GPU, (P_grad - grad_off) * 4);
 
     /* Activations. With checkpointing only each layer's input is kept;
@@ -178,6 +183,17 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
         for (int c = 0; c < ZN_STATE_COUNT; c++)
             p->tier_total[t] += p->bytes[c][t];
     }
+    /* auto: the fastest tier with room (pinned RAM beats NVMe) */
+    uint64_t gb = p->bytes[ZN_STATE_GRADS][ZN_TIER_NVME];
+    if (otier == ZN_TIER_NVME && cfg->tiers.grads == ZN_GRADS_AUTO && gb &&
+        p->tier_total[ZN_TIER_CPU] + gb <= p->budget[ZN_TIER_CPU]) {
+        p->bytes[ZN_STATE_GRADS][ZN_TIER_NVME] = 0;
+        p->bytes[ZN_STATE_GRADS][ZN_TIER_CPU] += gb;
+        p->tier_total[ZN_TIER_NVME] -= gb;
+        p->tier_total[ZN_TIER_CPU] += gb;
+        gtier = ZN_TIER_CPU;
+    }
+    p->grads_tier = gtier;
 
     /* Feasibility and the fix for the first tier that is short. */
     p->fits = true;

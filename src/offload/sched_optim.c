@@ -1,10 +1,16 @@
 /* The optimizer pipeline: one thread steps the optimizer unit by unit (a
- * unit is a sub-group of the flat parameter space), highest offsets first so
- * that, without clipping or fp16, a unit can start as soon as backward has
- * produced all of its gradients. With optimizer states on NVMe, a unit's
- * master/m/v are read ahead into one of n_oslots staging slots and written
+ * unit is a sub-group of the flat parameter space). Without clipping or
+ * fp16 it walks units from the highest offsets down, so that a unit starts
+ * as soon as backward has produced all of its gradients; with them it waits
+ * for the global norm ("go") and then walks upwards, so that block 0's
+ * parameters, which the next step's forward needs first, are final first.
+ * With optimizer states on NVMe, a unit's master/m/v (and its gradients,
+ * once final) are read ahead into one of n_oslots staging slots and written
  * behind; a slot is reused only after every write from it completed. The
- * updated working parameters go to each block's home (device, pinned, NVMe). */
+ * updated working parameters go to each block's home (device, pinned,
+ * NVMe) first, and each unit records when they have all landed there: the
+ * step returns before the job ends and the next step's fetches wait per
+ * unit (zn_unit.pdone), not for the whole job. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,23 +20,77 @@
 
 static const char *state_name[3] = { "master", "adam m", "adam v" };
 
-static bool unit_ready(zn_trainer *tr, int u)
+/* olock held */
+static bool unit_final(zn_trainer *tr, int u)
 {
-    if (tr->need_go && !tr->go)
-        return false;
-    return tr->all_ready || atomic_load(&tr->units[u].pieces_done) >= tr->units[u].np;
+    return tr->oj.all_ready || atomic_load(&tr->units[u].pieces_done) >= tr->units[u].np;
 }
 
-/* Waits until unit u's gradients are final. Returns 0, the sticky error, or
- * -ECANCELED. */
+static bool job_live(zn_trainer *tr)
+{
+    return !tr->ocancel && !tr->oquit;
+}
+
+/* Whether unit u's gradients are final (they may be read ahead). */
+static bool grads_final(zn_trainer *tr, int u)
+{
+    pthread_mutex_lock(&tr->olock);
+    bool r = unit_final(tr, u);
+    pthread_mutex_unlock(&tr->olock);
+    return r;
+}
+
+/* Waits until unit u may step: its gradients are final and, with need_go,
+ * the go was given. Returns 0, the sticky error, or -ECANCELED. */
 static int wait_ready(zn_trainer *tr, int u)
 {
     pthread_mutex_lock(&tr->olock);
-    while (!unit_ready(tr, u) && !atomic_load(&tr->err) && tr->ojob == 1)
+    while (!((!tr->oj.need_go || tr->oj.go) && unit_final(tr, u)) && !atomic_load(&tr->err) &&
+           job_live(tr))
         pthread_cond_wait(&tr->ocv, &tr->olock);
-    int rc = atomic_load(&tr->err) ? atomic_load(&tr->err) : tr->ojob != 1 ? -ECANCELED : 0;
+    int rc = atomic_load(&tr->err) ? atomic_load(&tr->err) : !job_live(tr) ? -ECANCELED : 0;
     pthread_mutex_unlock(&tr->olock);
     return rc;
+}
+
+/* The i-th unit the job steps. */
+static int unit_at(zn_trainer *tr, int i)
+{
+    return tr->oj.asc ? i : tr->n_units - 1 - i;
+}
+
+void zn_optsched_notify_params(zn_trainer *tr)
+{
+    pthread_mutex_lock(&tr->plock);
+    pthread_cond_broadcast(&tr->pcv);
+    pthread_mutex_unlock(&tr->plock);
+}
+
+/* One copy of a unit's update reached its home; the last one lands it. */
+static void land(zn_unit *un)
+{
+    if (atomic_fetch_sub(&un->plive, 1) == 1) {
+        atomic_store(&un->pdone, un->pseq);
+        zn_optsched_notify_params(un->tr);
+    }
+}
+
+/* NVMe queue thread: a parameter write completed. */
+static void param_write_done(zn_io_req *r)
+{
+    zn_unit *un = r->on_done_arg;
+    if (r->status) {
+        zn_train_fail(un->tr, r->status, "NVMe write of %s failed: %s", r->what,
+                      r->msg[0] ? r->msg : zn_strerror(r->status));
+        return;
+    }
+    land(un);
+}
+
+/* Host function on the optimizer's H2D stream after a unit's copies. */
+static void h2d_landed_fn(void *arg)
+{
+    land(arg);
 }
 
 void zn_optsched_notify(zn_trainer *tr)
@@ -101,15 +161,21 @@ static int slot_read_grads(zn_trainer *tr, zn_opt_slot *s, int u)
 
 /* Sends unit u's updated working parameters (src: fp32 master values or the
  * 16-bit copy, unit-relative) to each block's home. NVMe writes are queued
- * in pwr (waited by the caller), device copies go on the H2D stream and are
- * followed by a record of `ev`. */
+ * in pwr (waited by the caller), device copies go on the optimizer's H2D
+ * stream and are followed by a record of `ev`. With `track`, the unit's
+ * landing is counted (its pdone becomes the running job's sequence number
+ * once every copy arrived). */
 static int params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, int *n_pwr,
-                      zn_event *ev, bool *h2d_pending)
+                      zn_event *ev, bool *h2d_pending, bool track)
 {
     zn_unit *un = &tr->units[u];
     const char *s8 = src;
     bool h2d = false;
     *n_pwr = 0;
+    if (track) {
+        un->pseq = tr->oj.seq;
+        atomic_store(&un->plive, 1);  /* held while issuing */
+    }
     for (int k = 0; k < un->np; k++) {
         zn_piece *p = &tr->pieces[un->p0 + k];
         zn_block *b = &tr->blocks[p->block];
@@ -120,7 +186,7 @@ static int params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, in
         if (b->home == ZN_PHOME_CPU) {
             memcpy((char *)b->cpu_params + in_block, from, bytes);
         } else if (b->home == ZN_PHOME_DEVICE) {
-            int rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d, (char *)b->dev_params + in_block, from,
+            int rc = zn_dev_copy_h2d(tr->dev, tr->s_oh2d, (char *)b->dev_params + in_block, from,
                                      bytes);
             if (rc)
                 return rc;
@@ -129,20 +195,29 @@ static int params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, in
         } else {
             char what[48];
             snprintf(what, sizeof what, "params b%d u%d", p->block, u);
-            int rc = zn_ioq_submit(&tr->wq, &pwr[*n_pwr], 1,
-                                   &zn_tier_get(&tr->tm, p->param_id)->ext, (void *)from, bytes,
-                                   what);
+            if (track)
+                atomic_fetch_add(&un->plive, 1);
+            int rc = zn_ioq_submit_cb(&tr->wq, &pwr[*n_pwr], 1,
+                                      &zn_tier_get(&tr->tm, p->param_id)->ext, (void *)from,
+                                      bytes, what, track ? param_write_done : NULL, un);
             (*n_pwr)++;
             if (rc)
                 return zn_ioq_wait(&tr->wq, &pwr[*n_pwr - 1]);
         }
     }
     if (h2d) {
-        int rc = zn_dev_event_record(tr->dev, ev, tr->s_h2d);
+        int rc = zn_dev_event_record(tr->dev, ev, tr->s_oh2d);
         if (rc)
             return rc;
         *h2d_pending = true;
+        if (track) {
+            atomic_fetch_add(&un->plive, 1);
+            if ((rc = zn_dev_launch_host_fn(tr->dev, tr->s_oh2d, h2d_landed_fn, un)))
+                return rc;
+        }
     }
+    if (track)
+        land(un);
     return 0;
 }
 
@@ -151,7 +226,7 @@ static int adam_unit(zn_trainer *tr, int u, float *master, float *m, float *v, c
 {
     zn_unit *un = &tr->units[u];
     uint64_t t0 = zn_now_ns();
-    int rc = zn_adam_step(&tr->ohp, master, m, v, g, ZN_DTYPE_F32, tr->og_scale, p16,
+    int rc = zn_adam_step(&tr->oj.hp, master, m, v, g, ZN_DTYPE_F32, tr->oj.g_scale, p16,
                           tr->pdt, un->n);
     char name[ZN_TRACE_NAME_LEN];
     snprintf(name, sizeof name, "adam u%d", u);
@@ -166,7 +241,7 @@ static int run_flat(zn_trainer *tr)
     int rc = 0;
     zn_io_req *pwr = tr->oslot[0].pwr;
     for (int i = 0; i < tr->n_units && !rc; i++) {
-        int u = tr->n_units - 1 - i;
+        int u = unit_at(tr, i);
         zn_unit *un = &tr->units[u];
         if ((rc = wait_ready(tr, u)))
             break;
@@ -180,7 +255,7 @@ static int run_flat(zn_trainer *tr)
         if (rc)
             break;
         rc = params_out(tr, u, p16 ? tr->pout_flat : (void *)(tr->master + un->off), pwr,
-                        &s->n_pwr, s->h2d_done, &s->h2d_pending);
+                        &s->n_pwr, s->h2d_done, &s->h2d_pending, true);
         s->writes_pending = s->n_pwr > 0;
         if (s->writes_pending) {
             for (int j = 0; j < 3; j++)
@@ -199,24 +274,25 @@ static int run_nvme(zn_trainer *tr)
     for (int j = 0; j < S; j++)
         tr->oslot[j].unit = -1;
     for (int i = 0; i < nu && !rc; i++) {
-        int u = nu - 1 - i;
+        int u = unit_at(tr, i);
         zn_opt_slot *s = &tr->oslot[i % S];
-        /* this unit and the read-ahead window */
+        /* this unit and the read-ahead window: states, and the gradients of
+         * units whose gradients are final (even before the go) */
         for (int j = i; j < i + S && j < nu && !rc; j++) {
             zn_opt_slot *sj = &tr->oslot[j % S];
-            int uj = nu - 1 - j;
-            if (sj->unit == uj)
-                continue;
-            if ((rc = slot_drain(tr, sj)))
-                break;
-            if ((rc = slot_read_states(tr, sj, uj)))
-                break;
-            if (unit_ready(tr, uj))
+            int uj = unit_at(tr, j);
+            if (sj->unit != uj) {
+                if ((rc = slot_drain(tr, sj)))
+                    break;
+                if ((rc = slot_read_states(tr, sj, uj)))
+                    break;
+            }
+            if (tr->gnvme && !sj->grads_issued && grads_final(tr, uj))
                 rc = slot_read_grads(tr, sj, uj);
         }
         if (rc || (rc = wait_ready(tr, u)))
             break;
-        if (!s->grads_issued && (rc = slot_read_grads(tr, s, u)))
+        if (tr->gnvme && !s->grads_issued && (rc = slot_read_grads(tr, s, u)))
             break;
         for (int k = 0; k < 3 && !rc; k++)
             rc = zn_ioq_wait(&tr->rq, &s->rd[k]);
@@ -224,9 +300,12 @@ static int run_nvme(zn_trainer *tr)
             rc = zn_ioq_wait(&tr->rq, &s->grd[k]);
         if (rc)
             break;
-        if ((rc = adam_unit(tr, u, s->master, s->m, s->v, s->grad, p16 ? s->pout : NULL)))
+        /* gradients: read into the slot (NVMe) or in place (pinned RAM) */
+        const float *g = tr->gnvme ? s->grad : tr->gacc + tr->units[u].off;
+        if ((rc = adam_unit(tr, u, s->master, s->m, s->v, g, p16 ? s->pout : NULL)))
             break;
-        /* write behind: the states, then the working params */
+        /* write behind: the working params first (the next step's fetches
+         * wait for them), then the states */
         zn_unit *un = &tr->units[u];
         float *srcs[3] = { s->master, s->m, s->v };
         int ids[3] = { un->master_id, un->m_id, un->v_id };
@@ -234,6 +313,9 @@ static int run_nvme(zn_trainer *tr)
         s->n_pwr = 0;
         for (int k = 0; k < 3; k++)
             atomic_store(&s->wr[k].done, 1), s->wr[k].status = 0;
+        if ((rc = params_out(tr, u, p16 ? s->pout : (void *)s->master, s->pwr, &s->n_pwr,
+                             s->h2d_done, &s->h2d_pending, true)))
+            break;
         for (int k = 0; k < 3 && !rc; k++) {
             char what[48];
             snprintf(what, sizeof what, "%s u%d", state_name[k], u);
@@ -242,8 +324,6 @@ static int run_nvme(zn_trainer *tr)
         }
         if (rc)
             break;
-        rc = params_out(tr, u, p16 ? s->pout : (void *)s->master, s->pwr, &s->n_pwr,
-                        s->h2d_done, &s->h2d_pending);
         s->unit = -1 - u - 1; /* consumed: never matches a unit again */
     }
     /* Write behind ends here: nothing is reused or presented before every
@@ -270,20 +350,24 @@ static void *opt_main(void *arg)
     zn_trainer *tr = arg;
     pthread_mutex_lock(&tr->olock);
     for (;;) {
-        while (tr->ojob == 0 || tr->ojob_done)
+        while (!tr->oquit && !tr->opending)
             pthread_cond_wait(&tr->ocv, &tr->olock);
-        if (tr->ojob == 3)
+        if (tr->oquit)
             break;
-        int rc = 0;
-        if (tr->ojob == 1) {
-            pthread_mutex_unlock(&tr->olock);
-            rc = tr->oopt == ZN_OFFLOAD_NVME ? run_nvme(tr) : run_flat(tr);
-            if (rc && rc != -ECANCELED)
-                zn_train_fail(tr, rc, "optimizer step: %s", zn_last_error());
-            pthread_mutex_lock(&tr->olock);
-        }
-        tr->ojob_status = rc;
-        tr->ojob_done = true;
+        tr->oj = tr->opj;
+        tr->opending = false;
+        tr->orunning = true;
+        tr->ocancel = false;
+        pthread_cond_broadcast(&tr->ocv);
+        pthread_mutex_unlock(&tr->olock);
+        int rc = tr->oopt == ZN_OFFLOAD_NVME ? run_nvme(tr) : run_flat(tr);
+        if (rc && rc != -ECANCELED)
+            zn_train_fail(tr, rc, "optimizer step %lld: %s", (long long)tr->oj.hp.step,
+                          zn_last_error());
+        pthread_mutex_lock(&tr->olock);
+        tr->orunning = false;
+        if (rc && rc != -ECANCELED && !tr->ostatus)
+            tr->ostatus = rc;
         pthread_cond_broadcast(&tr->ocv);
     }
     pthread_mutex_unlock(&tr->olock);
@@ -292,10 +376,11 @@ static void *opt_main(void *arg)
 
 int zn_optsched_init(zn_trainer *tr)
 {
-    if (pthread_mutex_init(&tr->olock, NULL) || pthread_cond_init(&tr->ocv, NULL))
+    if (pthread_mutex_init(&tr->olock, NULL) || pthread_cond_init(&tr->ocv, NULL) ||
+        pthread_mutex_init(&tr->plock, NULL) || pthread_cond_init(&tr->pcv, NULL))
         return zn_set_error(-ENOMEM, "optimizer thread: pthread init failed");
-    tr->ojob = 0;
-    tr->ojob_done = false;
+    tr->orunning = tr->opending = tr->ocancel = tr->oquit = false;
+    tr->ostatus = 0;
     int rc = pthread_create(&tr->othr, NULL, opt_main, tr);
     if (rc)
         return zn_set_error(-rc, "optimizer thread: pthread_create: %s", strerror(rc));
@@ -308,46 +393,69 @@ void zn_optsched_fini(zn_trainer *tr)
     if (!tr->othr_started)
         return;
     pthread_mutex_lock(&tr->olock);
-    tr->ojob = 3;
-    tr->ojob_done = false;
+    tr->oquit = true;
     pthread_cond_broadcast(&tr->ocv);
     pthread_mutex_unlock(&tr->olock);
     pthread_join(tr->othr, NULL);
     tr->othr_started = false;
     pthread_cond_destroy(&tr->ocv);
     pthread_mutex_destroy(&tr->olock);
+    pthread_cond_destroy(&tr->pcv);
+    pthread_mutex_destroy(&tr->plock);
 }
 
-void zn_optsched_begin(zn_trainer *tr, const zn_adam_params *hp, float g_scale, bool need_go)
+int64_t zn_optsched_begin(zn_trainer *tr, const zn_adam_params *hp, float g_scale,
+                          bool need_go)
 {
     pthread_mutex_lock(&tr->olock);
-    tr->need_go = need_go;
-    tr->go = false;
-    tr->all_ready = false;
-    tr->ohp = *hp;
-    tr->og_scale = g_scale;
-    tr->ojob_status = 0;
-    tr->ojob_done = false;
-    tr->ojob = 1;
+    while (tr->opending && !tr->oquit)
+        pthread_cond_wait(&tr->ocv, &tr->olock);
+    zn_opt_job *j = &tr->opj;
+    j->hp = *hp;
+    j->g_scale = g_scale;
+    j->need_go = need_go;
+    j->go = false;
+    j->all_ready = false;
+    j->asc = need_go;
+    j->seq = ++tr->oseq;
+    tr->opending = true;
     pthread_cond_broadcast(&tr->ocv);
     pthread_mutex_unlock(&tr->olock);
+    return j->seq;
+}
+
+/* olock held: the job posted last */
+static zn_opt_job *newest(zn_trainer *tr)
+{
+    return tr->opending ? &tr->opj : &tr->oj;
 }
 
 void zn_optsched_go(zn_trainer *tr, float g_scale)
 {
     pthread_mutex_lock(&tr->olock);
-    tr->og_scale = g_scale;
-    tr->all_ready = true;
-    tr->go = true;
+    zn_opt_job *j = newest(tr);
+    j->g_scale = g_scale;
+    j->all_ready = true;
+    j->go = true;
     pthread_cond_broadcast(&tr->ocv);
     pthread_mutex_unlock(&tr->olock);
 }
 
-void zn_optsched_cancel(zn_trainer *tr)
+void zn_optsched_all_final(zn_trainer *tr)
 {
     pthread_mutex_lock(&tr->olock);
-    if (tr->ojob == 1 && !tr->ojob_done)
-        tr->ojob = 2;
+    newest(tr)->all_ready = true;
+    pthread_cond_broadcast(&tr->ocv);
+    pthread_mutex_unlock(&tr->olock);
+}
+
+void zn_optsched_cancel(zn_trainer *tr, bool all)
+{
+    pthread_mutex_lock(&tr->olock);
+    bool dropped = tr->opending;
+    tr->opending = false;
+    if (tr->orunning && (all || !dropped))
+        tr->ocancel = true;
     pthread_cond_broadcast(&tr->ocv);
     pthread_mutex_unlock(&tr->olock);
 }
@@ -355,15 +463,10 @@ void zn_optsched_cancel(zn_trainer *tr)
 int zn_optsched_wait(zn_trainer *tr)
 {
     pthread_mutex_lock(&tr->olock);
-    if (tr->ojob == 0) {
-        pthread_mutex_unlock(&tr->olock);
-        return 0;
-    }
-    while (!tr->ojob_done)
+    while ((tr->opending || tr->orunning) && !tr->oquit)
         pthread_cond_wait(&tr->ocv, &tr->olock);
-    int rc = tr->ojob_status;
-    tr->ojob = 0;
-    tr->ojob_done = false;
+    int rc = tr->ostatus;
+    tr->ostatus = 0;
     pthread_mutex_unlock(&tr->olock);
     return rc;
 }
@@ -373,5 +476,5 @@ int zn_optsched_wait(zn_trainer *tr)
 int zn_optsched_params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, int *n_pwr,
                            zn_event *ev, bool *h2d_pending)
 {
-    return params_out(tr, u, src, pwr, n_pwr, ev, h2d_pending);
+    return params_out(tr, u, src, pwr, n_pwr, ev, h2d_pending, false);
 }

@@ -214,9 +214,11 @@ static void *ioq_main(void *arg)
         else if (q->bytes_counter)
             atomic_fetch_add(q->bytes_counter, r->bytes);
         zn_trace_span(q->trace, q->track, r->what, r->t_submit, r->t_done);
+        r->status = rc;
+        if (r->on_done)
+            r->on_done(r);  /* before done: the owner may reuse r after that */
 
         pthread_mutex_lock(&q->lock);
-        r->status = rc;
         atomic_store(&r->done, 1);
         pthread_cond_broadcast(&q->cv_done);
     }
@@ -259,6 +261,14 @@ void zn_ioq_stop(zn_ioq *q)
 int zn_ioq_submit(zn_ioq *q, zn_io_req *r, int is_write, const zn_extent *e, void *buf,
                   size_t len, const char *what)
 {
+    return zn_ioq_submit_cb(q, r, is_write, e, buf, len, what, NULL, NULL);
+}
+
+int zn_ioq_submit_cb(zn_ioq *q, zn_io_req *r, int is_write, const zn_extent *e, void *buf,
+                     size_t len, const char *what, void (*on_done)(zn_io_req *), void *arg)
+{
+    r->on_done = on_done;
+    r->on_done_arg = arg;
     r->is_write = is_write;
     r->bytes = len;
     r->status = 0;

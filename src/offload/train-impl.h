@@ -74,6 +74,10 @@ typedef struct zn_io_req {
     uint64_t t_submit, t_done;
     char what[48];
     char msg[320];
+    /* called on the queue's thread once the request completed (status set,
+     * done not yet), for completions nobody waits on synchronously */
+    void (*on_done)(struct zn_io_req *r);
+    void *on_done_arg;
     struct zn_io_req *next;
 } zn_io_req;
 
@@ -95,6 +99,10 @@ void zn_ioq_stop(zn_ioq *q);
  * failure returns the status (req->done is set, req->status holds it). */
 int zn_ioq_submit(zn_ioq *q, zn_io_req *r, int is_write, const zn_extent *e, void *buf,
                   size_t len, const char *what);
+/* zn_ioq_submit with a completion callback (never called when the submit
+ * itself fails). */
+int zn_ioq_submit_cb(zn_ioq *q, zn_io_req *r, int is_write, const zn_extent *e, void *buf,
+                     size_t len, const char *what, void (*on_done)(zn_io_req *), void *arg);
 /* Waits until r completed; returns its status with zn_last_error set. A
  * request never submitted (h == 0 and done) returns its status. */
 int zn_ioq_wait(zn_ioq *q, zn_io_req *r);
@@ -131,11 +139,22 @@ typedef struct {
     int grad_nonfinite;
 } zn_block;
 
+typedef struct zn_trainer zn_trainer;
+
+/* A unit (sub-group) of the optimizer. Its updated working parameters
+ * "land" when every copy of them reached its home (pinned memcpy done, NVMe
+ * writes complete, device H2D complete); pdone then holds the job that
+ * produced them, and the next step's fetches wait on it. */
 typedef struct {
     uint64_t off, n;
     int p0, np;
     int master_id, m_id, v_id;  /* NVMe: per-unit extents */
     _Atomic int pieces_done;
+    zn_trainer *tr;
+    int idx;
+    _Atomic int plive;          /* copies of the update in flight (+1 while issuing) */
+    int64_t pseq;               /* the job whose update is in flight */
+    _Atomic int64_t pdone;      /* the last job whose update landed (0: none) */
 } zn_unit;
 
 /* ---- the optimizer pipeline (sched_optim.c) --------------------------------*/
@@ -155,27 +174,50 @@ typedef struct {
     bool h2d_pending;
 } zn_opt_slot;
 
-typedef struct zn_trainer zn_trainer;
+/* One optimizer step (a job). The thread runs one job at a time; the next
+ * step may post its job while the previous one still runs (it waits as
+ * "pending"). */
+typedef struct {
+    zn_adam_params hp;
+    float g_scale;
+    bool need_go;      /* clipping/fp16: read ahead, but step only after go */
+    bool go;           /* the global norm is known, g_scale final */
+    bool all_ready;    /* every unit's gradients are final */
+    bool asc;          /* walk units in ascending order (after go: the next
+                          forward needs block 0 first) */
+    int64_t seq;
+} zn_opt_job;
 
 int zn_optsched_init(zn_trainer *tr);
 void zn_optsched_fini(zn_trainer *tr);
-/* Starts this step's optimizer job (the thread waits for each unit's grads
- * unless all are ready). */
-void zn_optsched_begin(zn_trainer *tr, const zn_adam_params *hp, float g_scale, bool need_go);
-/* With need_go: the gradient scale is final (global norm known), step. */
+/* Posts this step's optimizer job and returns its sequence number. Without
+ * need_go, a unit steps as soon as its grads are final (descending order,
+ * the order backward finishes them); with need_go the thread reads ahead
+ * and steps after zn_optsched_go, in ascending order. If a job is already
+ * pending (the one before still running), waits until the thread took it. */
+int64_t zn_optsched_begin(zn_trainer *tr, const zn_adam_params *hp, float g_scale,
+                          bool need_go);
+/* The newest job: the gradient scale is final (global norm known), step. */
 void zn_optsched_go(zn_trainer *tr, float g_scale);
-/* Marks the job as not needed (overflow, error): the thread drops it. */
-void zn_optsched_cancel(zn_trainer *tr);
-/* Waits for the job; returns its status. */
+/* The newest job: every unit's gradients are final (backward finished), so
+ * the job no longer looks at pieces_done, which the next step resets. */
+void zn_optsched_all_final(zn_trainer *tr);
+/* Drops the newest job (fp16 overflow: no update); with all, every job
+ * (a failure). */
+void zn_optsched_cancel(zn_trainer *tr, bool all);
+/* Waits until no job runs or waits; returns the first failure of the jobs
+ * since the last call (0 when none; a cancelled job is not a failure). */
 int zn_optsched_wait(zn_trainer *tr);
+/* Wakes the threads that wait for parameters to land (after a failure). */
+void zn_optsched_notify_params(zn_trainer *tr);
 /* Wakes the thread when units become ready or an error is recorded. */
 void zn_optsched_notify(zn_trainer *tr);
 /* Sends unit u's working parameters (src: fp32 master values, or the
  * param-dtype copy when params are 16-bit; unit-relative) to every block's
  * home. NVMe writes are queued in pwr[0..*n_pwr) on tr->wq (the caller
- * waits them); device copies go on the H2D stream followed by a record of
- * ev (*h2d_pending set; the caller syncs ev). Used by the checkpoint
- * loader. */
+ * waits them); device copies go on the optimizer's H2D stream followed by a
+ * record of ev (*h2d_pending set; the caller syncs ev). Used by the
+ * checkpoint loader (no landing is tracked). */
 int zn_optsched_params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, int *n_pwr,
                            zn_event *ev, bool *h2d_pending);
 
@@ -216,6 +258,8 @@ struct zn_trainer {
     zn_dtype pdt;          /* working param dtype on the device */
     size_t pbytes;
     zn_offload_device popt, oopt;
+    bool gnvme;            /* fp32 gradient accumulators on NVMe (pieces'
+                              grad_id); else flat in memory (gacc) */
     int L;                 /* blocks */
     uint64_t P;            /* parameters this rank owns (local flat space) */
     uint64_t P_full;       /* parameters of the model */
@@ -261,19 +305,24 @@ struct zn_trainer {
     int n_oslots;
     void *pout_flat;       /* cpu/none optimizer: 16-bit param staging (U) */
     zn_event *ev_pout;
-    bool overlap_step;
+    zn_stream *s_oh2d;     /* the optimizer's parameter copies to the device */
+    bool overlap_step;     /* no clipping/fp16: units step during backward */
+    bool pipeline;         /* a step returns before its optimizer job ends */
     pthread_t othr;
     bool othr_started;
     pthread_mutex_t olock;
     pthread_cond_t ocv;
-    int ojob;              /* 0 idle, 1 run, 2 cancel, 3 quit */
-    bool ojob_done;
-    int ojob_status;
-    zn_adam_params ohp;
-    float og_scale;
-    bool all_ready;        /* clipping/fp16: every unit ready at go */
-    bool need_go;          /* clipping/fp16: read ahead, but step only after go */
-    bool go;               /* the global norm is known, og_scale final */
+    zn_opt_job oj;         /* the job the thread runs */
+    zn_opt_job opj;        /* the job posted while oj runs */
+    bool orunning, opending, ocancel, oquit;
+    int ostatus;           /* first failure since the last zn_optsched_wait */
+    int64_t oseq;          /* the last job posted */
+    /* parameters landed (zn_unit.pdone) */
+    pthread_mutex_t plock;
+    pthread_cond_t pcv;
+    int64_t pseq_need;     /* main thread: the job whose updates uses wait for */
+    bool opt_inflight;     /* the last step returned with its job running */
+    int64_t opt_step;      /* the step (1-based) that job belongs to */
 
     zn_aio_fault_fn fault_hook;
     void *fault_user;
@@ -288,6 +337,7 @@ struct zn_trainer {
 
     /* counters */
     double step_s;
+    double param_wait_s;   /* the schedule waited for landed parameters */
     int64_t steps_run;
     uint64_t tokens;
     double flops;

@@ -44,6 +44,7 @@ void zn_train_fail(zn_trainer *tr, int rc, const char *fmt, ...)
     }
     pthread_mutex_unlock(&tr->elock);
     zn_optsched_notify(tr);
+    zn_optsched_notify_params(tr);
 }
 
 /* ---- marks: stream-side timestamps for the trace -----------------------------*/
@@ -176,6 +177,8 @@ static int build_layout(zn_trainer *tr)
         if (tr->units[u].off + tr->U > tr->P)
             tr->units[u].n = tr->P - tr->units[u].off;
         tr->units[u].master_id = tr->units[u].m_id = tr->units[u].v_id = -1;
+        tr->units[u].tr = tr;
+        tr->units[u].idx = u;
     }
     /* Pieces: blocks x units, in flat order. */
     int cap = tr->L + tr->n_units;
@@ -225,12 +228,12 @@ static int build_layout(zn_trainer *tr)
 static uint64_t nvme_bytes_needed(zn_trainer *tr)
 {
     uint64_t bs = (uint64_t)tr->cfg.aio.block_size, need = 0;
-    if (tr->oopt == ZN_OFFLOAD_NVME) {
+    if (tr->oopt == ZN_OFFLOAD_NVME)
         for (int u = 0; u < tr->n_units; u++)
             need += 3 * round_up(tr->units[u].n * 4, bs);
+    if (tr->gnvme)
         for (int k = 0; k < tr->n_pieces; k++)
             need += round_up(tr->pieces[k].n * 4, bs);
-    }
     for (int k = 0; k < tr->n_pieces; k++)
         if (tr->blocks[tr->pieces[k].block].home == ZN_PHOME_NVME)
             need += round_up(tr->pieces[k].n * tr->pbytes, bs);
@@ -313,6 +316,9 @@ static int allocate(zn_trainer *tr)
         if (tr->pdt != ZN_DTYPE_F32)
             TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes, "param update staging",
                           &tr->pout_flat));
+    } else if (!tr->gnvme) {
+        /* states on NVMe, gradients in pinned RAM (tiers.grads) */
+        TRY(alloc_ptr(tr, cpu, ZN_STATE_GRADS, tr->P * 4, "grads (fp32)", (void **)&tr->gacc));
     }
 
     /* pinned: params homed on the CPU, staging */
@@ -350,7 +356,7 @@ static int allocate(zn_trainer *tr)
                 TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes,
                               "param update staging", &sl->pout));
         }
-        if (cfg->gradient_accumulation_steps > 1)
+        if (tr->gnvme && cfg->gradient_accumulation_steps > 1)
             TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_local * 4, "grad readback",
                           (void **)&tr->gtmp));
     }
@@ -370,7 +376,7 @@ static int allocate(zn_trainer *tr)
                 snprintf(name, sizeof name, "adam v u%d", u);
                 TRY(alloc_ext(tr, ZN_STATE_ADAM_V, un->n * 4, name, &un->v_id));
             }
-            for (int k = 0; k < tr->n_pieces; k++) {
+            for (int k = 0; k < tr->n_pieces && tr->gnvme; k++) {
                 zn_piece *p = &tr->pieces[k];
                 snprintf(name, sizeof name, "grads b%d u%d", p->block, p->unit);
                 TRY(alloc_ext(tr, ZN_STATE_GRADS, p->n * 4, name, &p->grad_id));
@@ -627,7 +633,9 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     TRY(zn_dev_stream_create(tr->dev, "compute", &tr->s_comp));
     TRY(zn_dev_stream_create(tr->dev, "h2d", &tr->s_h2d));
     TRY(zn_dev_stream_create(tr->dev, "d2h", &tr->s_d2h));
+    TRY(zn_dev_stream_create(tr->dev, "opt-h2d", &tr->s_oh2d));
 
+    tr->gnvme = tr->oopt == ZN_OFFLOAD_NVME && tr->plan.grads_tier == ZN_TIER_NVME;
     TRY(build_layout(tr));
     TRY(allocate(tr));
     if (tr->tm.aio) {
@@ -691,6 +699,10 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
 
     TRY(initialise(tr));
     TRY(zn_optsched_init(tr));
+    /* ZeRO stages 1/2 on several ranks all-gather the updated shards after
+     * the optimizer (gather_replicated); everything else lets the step
+     * return while its optimizer job still runs. */
+    tr->pipeline = tr->world == 1 || cfg->zero.stage >= 3;
     zn_loss_scaler_init(&tr->scaler, &cfg->fp16);
     *out = tr;
     return 0;
@@ -707,6 +719,8 @@ void zn_train_destroy(zn_trainer *tr)
 {
     if (!tr)
         return;
+    if (tr->othr_started)
+        zn_optsched_wait(tr);  /* a pipelined job ends before anything is freed */
     zn_optsched_fini(tr);
     if (tr->dev)
         zn_dev_sync(tr->dev);
@@ -735,6 +749,7 @@ void zn_train_destroy(zn_trainer *tr)
         zn_dev_stream_destroy(tr->dev, tr->s_comp);
         zn_dev_stream_destroy(tr->dev, tr->s_h2d);
         zn_dev_stream_destroy(tr->dev, tr->s_d2h);
+        zn_dev_stream_destroy(tr->dev, tr->s_oh2d);
         if (tr->comm_attached)
             zn_comm_detach_device(tr->comm);
         zn_tier_fini(&tr->tm);
@@ -887,7 +902,7 @@ static void accum_fn(void *arg)
     int rc = 0;
     zn_io_req wr[8], *w = wr;
     int np = bl->np;
-    if (tr->oopt == ZN_OFFLOAD_NVME && np > 8) {
+    if (tr->gnvme && np > 8) {
         w = calloc((size_t)np, sizeof *w);
         if (!w) {
             zn_train_fail(tr, -ENOMEM, "grad accumulation: out of memory");
@@ -897,7 +912,7 @@ static void accum_fn(void *arg)
     for (int k = 0; k < np && !rc; k++) {
         zn_piece *p = &tr->pieces[bl->p0 + k];
         float *g = src + (p->start - bl->off);
-        if (tr->oopt != ZN_OFFLOAD_NVME) {
+        if (!tr->gnvme) {
             float *dst = tr->gacc + p->start;
             if (a->mb == 0)
                 memcpy(dst, g, p->n * 4);
@@ -943,7 +958,7 @@ static void accum_fn(void *arg)
         return;
     }
     if (last) {
-        zn_grad_span sp = { tr->oopt != ZN_OFFLOAD_NVME ? (const void *)(tr->gacc + bl->off)
+        zn_grad_span sp = { !tr->gnvme ? (const void *)(tr->gacc + bl->off)
                                                          : (const void *)src,
                             bl->len, ZN_DTYPE_F32 };
         double sq = 0;
@@ -985,16 +1000,50 @@ static int ensure_capacity(zn_trainer *tr, int A)
     return 0;
 }
 
-/* Issues every fetch whose slot's previous user (use index < next_use) has
- * been queued. */
+/* Whether the previous step's optimizer job has landed its updates of block
+ * b's parameters at their homes (every unit holding a piece of b). */
+static bool params_landed(zn_trainer *tr, int b)
+{
+    zn_block *bl = &tr->blocks[b];
+    for (int k = 0; k < bl->np; k++)
+        if (atomic_load(&tr->units[tr->pieces[bl->p0 + k].unit].pdone) < tr->pseq_need)
+            return false;
+    return true;
+}
+
+/* Waits until params_landed(b) (the optimizer thread, the NVMe queue and
+ * the optimizer's H2D stream get there without this thread's help). */
+static int wait_params(zn_trainer *tr, int b)
+{
+    if (params_landed(tr, b))
+        return 0;
+    uint64_t t0 = zn_now_ns();
+    pthread_mutex_lock(&tr->plock);
+    while (!params_landed(tr, b) && !atomic_load(&tr->err))
+        pthread_cond_wait(&tr->pcv, &tr->plock);
+    pthread_mutex_unlock(&tr->plock);
+    tr->param_wait_s += (double)(zn_now_ns() - t0) * 1e-9;
+    return atomic_load(&tr->err);
+}
+
+/* Issues, in order, every fetch whose slot's previous user (use index <
+ * next_use) has been queued and whose block's parameters have landed; a
+ * fetch needed by use next_use itself waits for them. A fetch not issued
+ * here is tried again at the next use. */
 static int issue_fetches(zn_trainer *tr, const fetch_ent *fe, int nfe, int *next_fetch,
                          int next_use, uint64_t *nvme_fetches)
 {
     while (*next_fetch < nfe &&
            (*next_fetch < tr->nslots || fe[*next_fetch - tr->nslots].last_use < next_use)) {
-        int j = (*next_fetch)++;
-        int rc = fetch(tr, fe[j].block, j % tr->nslots, nvme_fetches);
-        if (rc)
+        int j = *next_fetch, rc;
+        if (!params_landed(tr, fe[j].block)) {
+            if (fe[j].first_use > next_use)
+                break;
+            if ((rc = wait_params(tr, fe[j].block)))
+                return rc;
+        }
+        (*next_fetch)++;
+        if ((rc = fetch(tr, fe[j].block, j % tr->nslots, nvme_fetches)))
             return rc;
     }
     return 0;
@@ -1026,6 +1075,8 @@ static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
             if ((rc = zn_dev_stream_wait_event(d, tr->s_comp, tr->ev_ready[slot])))
                 return rc;
             params = tr->slot[slot];
+        } else if ((rc = wait_params(tr, b))) {
+            return rc;  /* resident on the device: the update's H2D must have landed */
         }
         const void *in = b > 0 ? tr->ckpt[b] : NULL;
         snprintf(name, sizeof name, "%s b%d", bwd ? "bwd" : "fwd", b);
@@ -1158,11 +1209,12 @@ static int gather_replicated(zn_trainer *tr)
     return rc ? rc : r2;
 }
 
-static int step_failed(zn_trainer *tr, int rc)
+static int step_failed(zn_trainer *tr, int rc, int64_t step)
 {
-    zn_optsched_cancel(tr);
+    zn_optsched_cancel(tr, true);
     zn_dev_sync(tr->dev);
     zn_optsched_wait(tr);
+    tr->opt_inflight = false;
     if (tr->tm.aio)
         zn_aio_wait_all(tr->tm.aio);
     tr->bad = true;
@@ -1175,7 +1227,7 @@ static int step_failed(zn_trainer *tr, int rc)
         snprintf(msg, sizeof msg, "%s", zn_last_error());
     }
     return zn_set_error(rc, "step %lld failed; the training state is not valid: %s",
-                        (long long)tr->steps_run + 1, msg[0] ? msg : zn_strerror(rc));
+                        (long long)step, msg[0] ? msg : zn_strerror(rc));
 }
 
 int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
@@ -1193,6 +1245,10 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     uint64_t t_start = zn_now_ns();
     if ((rc = ensure_capacity(tr, A)))
         return rc;
+    /* the previous step's optimizer job may still run (pipeline): its
+     * failure fails this step */
+    if (atomic_load(&tr->err))
+        return step_failed(tr, atomic_load(&tr->err), tr->steps_run + 1);
     tr->next_mark = 0;
 
     bool clip = cfg->gradient_clipping > 0, fp16 = cfg->fp16.enabled;
@@ -1219,7 +1275,7 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     /* Without clipping or overflow checks each unit steps as soon as its
      * grads are final; otherwise the job starts now too, but only reads
      * optimizer states ahead until the global norm gives the go. */
-    zn_optsched_begin(tr, &hp, (float)(1.0 / scale), !tr->overlap_step);
+    int64_t job = zn_optsched_begin(tr, &hp, (float)(1.0 / scale), !tr->overlap_step);
 
     /* the step's fetch list: consecutive uses of one ring block share a fetch */
     int nuse = A * 2 * L;
@@ -1229,7 +1285,7 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     if (!fe || !fetch_of_use) {
         free(fe);
         free(fetch_of_use);
-        return step_failed(tr, zn_set_error(-ENOMEM, "train: out of memory"));
+        return step_failed(tr, zn_set_error(-ENOMEM, "train: out of memory"), tr->steps_run + 1);
     }
     int nfe = 0;
     for (int i = 0; i < nuse; i++) {
@@ -1278,13 +1334,13 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     if (!rc && atomic_load(&tr->err))
         rc = atomic_load(&tr->err);
     if (rc)
-        return step_failed(tr, rc);
+        return step_failed(tr, rc, tr->steps_run + 1);
 
     /* global norm from the blocks' sums, in block order (placement-independent) */
     double sq = 0;
     int nonfinite = 0;
     if ((rc = combine_ranks(tr, &loss_sum, &sq, &nonfinite)))
-        return step_failed(tr, rc);
+        return step_failed(tr, rc, tr->steps_run + 1);
     double norm = sqrt(sq) / scale;
     bool overflow = fp16 && (nonfinite || !isfinite(norm));
     if (!tr->overlap_step && !overflow) {
@@ -1296,19 +1352,28 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         }
         zn_optsched_go(tr, (float)(coef / scale));
     } else if (overflow) {
-        zn_optsched_cancel(tr);
+        zn_optsched_cancel(tr, false);
+    } else {
+        zn_optsched_all_final(tr);
     }
-    rc = zn_optsched_wait(tr);
-    if (rc == -ECANCELED && overflow)
-        rc = 0;
-    if (!rc)
-        rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
-    if (!rc && !overflow)
-        rc = gather_replicated(tr);
-    if (!rc && atomic_load(&tr->err))
-        rc = atomic_load(&tr->err);
-    if (rc)
-        return step_failed(tr, rc);
+    if (!overflow)
+        tr->pseq_need = job;  /* the next step's uses wait for this job's updates */
+    if (tr->pipeline) {
+        /* the job finishes under the next step's forward: each use waits
+         * only for its own block's parameters (wait_params) */
+        tr->opt_inflight = true;
+        tr->opt_step = tr->steps_run + 1;
+    } else {
+        rc = zn_optsched_wait(tr);
+        if (!rc)
+            rc = zn_dev_stream_sync(tr->dev, tr->s_oh2d);
+        if (!rc && !overflow)
+            rc = gather_replicated(tr);
+        if (!rc && atomic_load(&tr->err))
+            rc = atomic_load(&tr->err);
+        if (rc)
+            return step_failed(tr, rc, tr->steps_run + 1);
+    }
 
     if (fp16 && zn_loss_scaler_update(&tr->scaler, overflow)) {
         tr->bad = true;
@@ -1333,6 +1398,26 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         info->seconds = secs;
         info->tokens = ntok * (uint64_t)A * (uint64_t)tr->world;  /* all ranks */
     }
+    return 0;
+}
+
+int zn_train_sync(zn_trainer *tr)
+{
+    if (tr->bad)
+        return zn_set_error(ZN_ECORRUPT, "the trainer failed in an earlier step; its state "
+                            "is not valid");
+    if (!tr->opt_inflight)
+        return 0;
+    uint64_t t0 = zn_now_ns();
+    int rc = zn_optsched_wait(tr);
+    if (!rc)
+        rc = zn_dev_stream_sync(tr->dev, tr->s_oh2d);
+    if (!rc && atomic_load(&tr->err))
+        rc = atomic_load(&tr->err);
+    tr->opt_inflight = false;
+    tr->step_s += (double)(zn_now_ns() - t0) * 1e-9;  /* the step's tail */
+    if (rc)
+        return step_failed(tr, rc, tr->opt_step);
     return 0;
 }
 
@@ -1367,6 +1452,9 @@ int zn_train_read_master(zn_trainer *tr, float *out, uint64_t n)
     if (n != tr->P_full)
         return zn_set_error(ZN_EARG, "read_master: %llu elements asked, the model has %llu",
                             (unsigned long long)n, (unsigned long long)tr->P_full);
+    int src = zn_train_sync(tr);
+    if (src)
+        return src;
     if (tr->world == 1)
         return read_local_master(tr, out);
     /* every rank's shards, block by block */
@@ -1450,6 +1538,7 @@ void zn_train_get_report(zn_trainer *tr, zn_train_report *r)
     for (int i = 0; i < ZN_RES_COUNT; i++)
         r->busy_s[i] = zn_trace_busy_s(tr->trace, tr->track[i]);
     r->step_s = tr->step_s;
+    r->param_wait_s = tr->param_wait_s;
     r->steps = tr->steps_run;
     r->tokens = tr->tokens;
     r->flops = tr->flops;
@@ -1470,6 +1559,8 @@ void zn_train_get_report(zn_trainer *tr, zn_train_report *r)
 
 void zn_train_reset_counters(zn_trainer *tr)
 {
+    zn_train_sync(tr);  /* the last step's tail belongs to the steps before */
+    tr->param_wait_s = 0;
     zn_trace_reset_busy(tr->trace);
     atomic_store(&tr->tm.h2d, 0);
     atomic_store(&tr->tm.d2h, 0);
@@ -1516,6 +1607,9 @@ void zn_train_print_report(zn_trainer *tr, FILE *f)
     }
     fprintf(f, "  %-18s %9.3f s  (%.3f s per step)\n", "step time", r.step_s,
             r.steps ? r.step_s / (double)r.steps : 0.0);
+    if (r.param_wait_s > 0)
+        fprintf(f, "  %-18s %9.3f s  (the schedule waited for the previous step's optimizer "
+                "to land parameters)\n", "param wait", r.param_wait_s);
     if (r.busy_s[busiest] > 0)
         fprintf(f, "  step time / busiest resource (%s) = %.2f  (1.00 = perfectly overlapped)\n",
                 res_names[busiest], r.step_s / r.busy_s[busiest]);

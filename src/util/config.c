@@ -213,6 +213,7 @@ static const key_spec schema[] = {
     { "tiers.cpu", K_SIZE, OFF(tiers.cpu), 0, 0, NULL, AUTO(tiers.cpu_auto), NULL },
     { "tiers.nvme", K_NVME, OFF(tiers), 0, 0, NULL, 0, NULL },
     { "tiers.keep_swap", K_BOOL, OFF(tiers.keep_swap), 0, 0, NULL, 0, NULL },
+    { "tiers.grads", K_ENUM, OFF(tiers.grads), 0, 0, "auto|cpu|nvme", 0, NULL },
 
     /* ---- zinc: model (HF config.json names) ---- */
     { "model", K_OBJ, 0, 0, 0, NULL, 0, NULL },
@@ -814,6 +815,10 @@ static int validate(parse_ctx *ctx)
     if (z->offload_optimizer.ratio < 1.0 && z->stage != 3)
         return zn_set_error(ZN_ECONFIG, "%s: zero_optimization.offload_optimizer.ratio < 1 "
                             "needs stage 3", f);
+    if (c->tiers.grads == ZN_GRADS_NVME && z->offload_optimizer.device != ZN_OFFLOAD_NVME)
+        return zn_set_error(ZN_ECONFIG, "%s: tiers.grads = \"nvme\" needs "
+                            "zero_optimization.offload_optimizer.device = \"nvme\" (gradients "
+                            "go to NVMe only with the optimizer states)", f);
     bool any_nvme_path = c->tiers.n_nvme > 0;
     if (z->offload_param.device == ZN_OFFLOAD_NVME && !z->offload_param.nvme_path[0] && !any_nvme_path)
         return zn_set_error(ZN_ECONFIG, "%s: zero_optimization.offload_param.device = \"nvme\" "
