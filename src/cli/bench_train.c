@@ -87,12 +87,16 @@ int zn_bench_train(int argc, char **argv)
     printf("# zinc %s; device %s (params %s); Adam %s; %s\n", ZN_VERSION, r.backend,
            r.param_dtype, zn_adam_isa_name(),
            zn_train_aio(ts.tr) ? zn_aio_backend_desc(zn_train_aio(ts.tr)) : "no NVMe state");
-    printf("# model %.2fM params, micro-batch %lld x seq %lld x accumulation %lld; params -> %s, "
-           "optimizer -> %s; %d param slots, %d optimizer units of %llu (%d in flight), %s\n",
+    const zn_plan *plan = zn_train_get_plan(ts.tr);
+    printf("# model %.2fM params, micro-batch %lld x seq %lld x accumulation %lld; params -> %s "
+           "(%s of them on NVMe), optimizer -> %s, grads -> %s; %d param slots, %d optimizer "
+           "units of %llu (%d in flight), %s\n",
            (double)ts.params / 1e6, (long long)cfg.train_micro_batch_size_per_gpu,
            (long long)cfg.data.seq_len, (long long)cfg.gradient_accumulation_steps,
            zn_offload_device_name(cfg.zero.offload_param.device),
-           zn_offload_device_name(cfg.zero.offload_optimizer.device), r.param_slots,
+           plan->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME] ? "some or all" : "none",
+           zn_offload_device_name(cfg.zero.offload_optimizer.device),
+           zn_tier_name(plan->grads_tier), r.param_slots,
            r.opt_units, (unsigned long long)r.opt_unit, r.opt_inflight,
            cfg.gradient_clipping > 0 || cfg.fp16.enabled
                ? "step after the global norm, under the next forward"
@@ -161,20 +165,24 @@ int zn_bench_train(int argc, char **argv)
         } else {
             fseek(f, 0, SEEK_END);
             if (ftell(f) == 0) {
-                fprintf(f, "config,params_dev,opt_dev,gradient_clipping,steps,step_ms,busiest,busiest_ms,ratio");
+                fprintf(f, "config,params_dev,params_nvme_MB,opt_dev,grads,gradient_clipping,steps,"
+                           "step_ms,busiest,busiest_ms,ratio");
                 for (int i = 0; i < ZN_RES_COUNT; i++)
                     fprintf(f, ",busy_%d_ms", i);
-                fprintf(f, ",tok_s,h2d_GBs,d2h_GBs,nvme_read_GBs,nvme_write_GBs,wrong\n");
+                fprintf(f, ",param_wait_ms,tok_s,h2d_GBs,d2h_GBs,nvme_read_GBs,nvme_write_GBs,"
+                           "wrong\n");
             }
-            fprintf(f, "%s,%s,%s,%g,%lld,%.3f,%s,%.3f,%.4f", path ? path : "(embedded)",
+            fprintf(f, "%s,%s,%.3f,%s,%s,%g,%lld,%.3f,%s,%.3f,%.4f", path ? path : "(embedded)",
                     zn_offload_device_name(cfg.zero.offload_param.device),
+                    (double)plan->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME] * 1e-6,
                     zn_offload_device_name(cfg.zero.offload_optimizer.device),
-                    cfg.gradient_clipping,
+                    zn_tier_name(plan->grads_tier), cfg.gradient_clipping,
                     (long long)r.steps, step_s * 1e3,
                     zn_train_resource_name((zn_train_resource)busiest), busy * 1e3, ratio);
             for (int i = 0; i < ZN_RES_COUNT; i++)
                 fprintf(f, ",%.3f", r.busy_s[i] / (double)r.steps * 1e3);
-            fprintf(f, ",%.0f,%.3f,%.3f,%.3f,%.3f,%llu\n", (double)r.tokens / r.step_s,
+            fprintf(f, ",%.3f,%.0f,%.3f,%.3f,%.3f,%.3f,%llu\n",
+                    r.param_wait_s / (double)r.steps * 1e3, (double)r.tokens / r.step_s,
                     (double)r.h2d_bytes / r.step_s * 1e-9, (double)r.d2h_bytes / r.step_s * 1e-9,
                     (double)r.nvme_read_bytes / r.step_s * 1e-9,
                     (double)r.nvme_write_bytes / r.step_s * 1e-9, (unsigned long long)wrong);
