@@ -151,7 +151,6 @@ typedef struct {
     int master_id, m_id, v_id;  /* NVMe: per-unit extents */
     _Atomic int pieces_done;
     zn_trainer *tr;
-    int idx;
     _Atomic int plive;          /* copies of the update in flight (+1 while issuing) */
     int64_t pseq;               /* the job whose update is in flight */
     _Atomic int64_t pdone;      /* the last job whose update landed (0: none) */

@@ -178,7 +178,6 @@ static int build_layout(zn_trainer *tr)
             tr->units[u].n = tr->P - tr->units[u].off;
         tr->units[u].master_id = tr->units[u].m_id = tr->units[u].v_id = -1;
         tr->units[u].tr = tr;
-        tr->units[u].idx = u;
     }
     /* Pieces: blocks x units, in flat order. */
     int cap = tr->L + tr->n_units;
