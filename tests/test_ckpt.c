@@ -209,6 +209,42 @@ static void resume_case(const placement *a, const placement *b, uint64_t tiny, c
     free(o.master);
 }
 
+/* Loads a checkpoint into the trainer that saved it after it ran past it
+ * (a rewind): nothing of the newer state may survive, in particular no
+ * parameters the optimizer handed to the next forward (the param cache). */
+static void rewind_case(const placement *a, uint64_t tiny, const ref_run *ref)
+{
+    char label[256], dir[4400];
+    snprintf(label, sizeof label, "rewind [%s]", a->label);
+    snprintf(dir, sizeof dir, "%s/rewind-%d", ck_root, rand());
+    toy_model toy;
+    zn_trainer *tr;
+    ref_run o;
+    double later[STEPS];
+    memset(&o, 0, sizeof o);
+    if (create(&tr, &toy, a->sets, a->n, a->tiny ? tiny : 0))
+        ZT_SETUP_FAIL("%s: create: %s", label, zn_last_error());
+    ZT_EQ_INT(steps(tr, 0, HALF, o.loss), 0);
+    zn_ckpt_save_options so = save_opts(dir);
+    char where[4500];
+    ZT_EQ_INT(zn_ckpt_save(tr, &so, where, sizeof where), 0);
+    ZT_EQ_INT(steps(tr, HALF, HALF + 3, later), 0);
+    zn_ckpt *ck;
+    ZT_EQ_INT(zn_ckpt_open(&ck, dir), 0);
+    int rc = zn_ckpt_load(ck, tr);
+    ZT_CHECK_MSG(rc == 0, "%s: load: %s", label, zn_last_error());
+    zn_ckpt_close(ck);
+    ZT_EQ_INT(steps(tr, HALF, STEPS, o.loss), 0);
+    zn_train_report r;
+    zn_train_get_report(tr, &r);
+    read_master(tr, &o);
+    zn_train_destroy(tr);
+    compare(label, ref, &o, HALF);
+    printf("%-75s ok (param cache served %llu fetches)\n", label,
+           (unsigned long long)r.param_cache_hits);
+    free(o.master);
+}
+
 /* ---- corruption ----------------------------------------------------------------*/
 static void copy_tree(const char *from, const char *to)
 {
@@ -652,12 +688,16 @@ int main(void)
                                "zero_optimization.offload_optimizer.device=\"nvme\"" };
     const char *nvme[] = { "zero_optimization.offload_param.device=\"nvme\"",
                            "zero_optimization.offload_optimizer.device=\"nvme\"" };
+    const char *nvme0[] = { "zero_optimization.offload_param.device=\"nvme\"",
+                            "zero_optimization.offload_optimizer.device=\"nvme\"",
+                            "zero_optimization.offload_param.max_in_cpu=0" };
     placement pl[] = {
         { "all on the device", dev, 2, 0 },
         { "params+optimizer cpu", cpu, 2, 1 },
         { "params cpu, optimizer nvme", cpu_nvme, 2, 1 },
         { "params+optimizer nvme, tiny gpu", nvme, 2, 1 },
     };
+    placement nvme_home = { "params (none in cpu)+optimizer nvme, tiny gpu", nvme0, 3, 1 };
 
     /* the uninterrupted reference */
     ref_run ref;
@@ -675,6 +715,7 @@ int main(void)
     resume_case(&pl[3], &pl[0], tiny, &ref);
     resume_case(&pl[0], &pl[2], tiny, &ref);
     resume_case(&pl[1], &pl[3], tiny, &ref);
+    rewind_case(&nvme_home, tiny, &ref);
 
     /* a good checkpoint to damage */
     {

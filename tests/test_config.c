@@ -146,6 +146,7 @@ static void test_bad(void)
     bad("{\"tiers\": {\"gpu\": -5}}", "must not be negative");
     bad("{\"tiers\": {\"nvme\": [{\"size\": \"1GiB\"}]}}", "tiers.nvme[0]: missing 'path'");
     bad("{\"tiers\": {\"nvme\": [{\"path\": \"/x\", \"speed\": 1}]}}", "unknown key 'speed'");
+    bad("{\"tiers\": {\"param_cache\": 65}}", "tiers.param_cache: 65 is out of range [0, 64]");
     bad("{\"train_micro_batch_size_per_gpu\": 0}", "must be >= 1, or \"auto\"");
     bad("{\"aio\": {\"block_size\": 5000}}", "aio.block_size: 5000 is not a multiple of 4096");
     /* Cross-key rules. */

@@ -118,6 +118,33 @@ static void test_grads_tier(void)
     ZT_CONTAINS(zn_last_error(), "tiers.grads");
 }
 
+/* Params on NVMe: the pinned staging (offload_param.buffer_count, default 5)
+ * and the param cache (tiers.param_cache blocks, default 4) count in the cpu
+ * tier; the cache only where the step is pipelined (one rank, or stage 3). */
+static void test_param_cache(void)
+{
+    zn_config c;
+    zn_plan p;
+    zn_plan_input in = small_input(1);
+    zn_plan_budgets b = { { 1 << 20, 1 << 20, 1 << 20 } };
+    const char *json = "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\":"
+                       " \"nvme\", \"nvme_path\": \"/x\", \"max_in_cpu\": 0},"
+                       " \"offload_optimizer\": {\"device\": \"cpu\"}}}";
+    ZT_EQ_INT(zn_config_parse(&c, json, "pc", NULL, 0), 0);
+    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &b), 0);
+    uint64_t stage = 5 * 1000 * 2, grads = 2 * 1000 * 4;
+    ZT_EQ_U64(p.bytes[ZN_STATE_WORK][ZN_TIER_CPU], stage + 4 * 1000 * 2 + grads);
+    const char *off[] = { "tiers.param_cache=0" };
+    ZT_EQ_INT(zn_config_parse(&c, json, "pc", off, 1), 0);
+    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &b), 0);
+    ZT_EQ_U64(p.bytes[ZN_STATE_WORK][ZN_TIER_CPU], stage + grads);
+    /* two ranks at stage 3: one shard of the largest block per buffer */
+    ZT_EQ_INT(zn_config_parse(&c, json, "pc", NULL, 0), 0);
+    in = small_input(2);
+    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &b), 0);
+    ZT_EQ_U64(p.bytes[ZN_STATE_WORK][ZN_TIER_CPU], stage + 4 * 500 * 2 + 2 * 500 * 4);
+}
+
 static void test_sharded(void)
 {
     zn_config c;
@@ -188,6 +215,7 @@ int main(void)
     test_hand_computed();
     test_sharded();
     test_grads_tier();
+    test_param_cache();
     test_real_models();
     return zt_done();
 }

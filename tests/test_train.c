@@ -317,6 +317,33 @@ int main(void)
                (unsigned long long)o.rep.nvme_write_bytes);
         if (c >= 1)
             ZT_CHECK(o.rep.nvme_write_bytes > 0 && o.rep.nvme_read_bytes > 0);
+        /* NVMe-home params: the next forward takes the optimizer's pinned
+         * copy of the update instead of reading it back */
+        if (cases[c].sets == nvme || cases[c].sets == mixed)
+            ZT_CHECK_MSG(o.rep.param_cache_entries == 4 && o.rep.param_cache_hits > 0,
+                         "%s: param cache %d buffers served %llu fetches", cases[c].label,
+                         o.rep.param_cache_entries, (unsigned long long)o.rep.param_cache_hits);
+        free(o.master);
+    }
+
+    /* The param cache's size changes nothing but where fetches read: off, or
+     * one buffer (every other block of a step finds none free and goes the
+     * NVMe way, landed write then read). */
+    for (int pc = 0; pc <= 1; pc++) {
+        char set[64], label[96];
+        snprintf(set, sizeof set, "tiers.param_cache=%d", pc);
+        snprintf(label, sizeof label, "params+optimizer+grads on nvme, param cache %d", pc);
+        const char *sets[] = { nvme[0], nvme[1], nvme[2], nvme[3], set };
+        ZT_EQ_INT(run(label, sets, 5, tiny, STEPS, &o), 0);
+        compare(label, &ref, &o);
+        check_budgets(label, &o);
+        ZT_EQ_INT(o.rep.param_cache_entries, pc);
+        ZT_CHECK_MSG(pc ? o.rep.param_cache_hits > 0 : o.rep.param_cache_hits == 0,
+                     "%s: %llu fetches from the cache", label,
+                     (unsigned long long)o.rep.param_cache_hits);
+        printf("%-60s ok: %llu fetches from the cache, %llu B read\n", label,
+               (unsigned long long)o.rep.param_cache_hits,
+               (unsigned long long)o.rep.nvme_read_bytes);
         free(o.master);
     }
 
@@ -346,6 +373,7 @@ int main(void)
     ZT_EQ_INT(run("device, no clipping", dev_nc, 3, 0, STEPS, &ref), 0);
     ZT_EQ_INT(run("nvme, no clipping", nvme_nc, 5, tiny, STEPS, &o), 0);
     ZT_CHECK(o.rep.overlap_step == 1);
+    ZT_CHECK(o.rep.param_cache_hits > 0);
     compare("nvme, no clipping (optimizer overlapped with backward)", &ref, &o);
     check_budgets("nvme, no clipping", &o);
     free(ref.master);

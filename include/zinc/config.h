@@ -118,6 +118,9 @@ typedef struct {
     int grads;                     /* zn_grads_tier: where fp32 gradient
                                       accumulators live when the optimizer
                                       states are on NVMe */
+    int param_cache;               /* pinned buffers, one block each, that
+                                      hand NVMe-home parameters from the
+                                      optimizer to the next forward (0: off) */
 } zn_config_tiers;
 
 typedef enum {

@@ -224,6 +224,11 @@ typedef struct {
     double step_s;                  /* summed wall time of the steps (and syncs) */
     double param_wait_s;            /* the schedule waited for the previous
                                        step's optimizer to land parameters */
+    uint64_t param_cache_hits;      /* block fetches served from the param
+                                       cache (the optimizer's pinned copy)
+                                       instead of NVMe */
+    uint64_t param_cache_bytes;     /* bytes those fetches did not read */
+    int param_cache_entries;        /* its buffers (0: off) */
     int64_t steps;
     uint64_t tokens;
     double flops;                   /* model FLOPs of the steps run */

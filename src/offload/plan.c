@@ -170,6 +170,12 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
     if (ptier == ZN_TIER_NVME)
         add(p, ZN_STATE_WORK, ZN_TIER_CPU, (uint64_t)z->offload_param.buffer_count *
             min_u64((uint64_t)z->offload_param.buffer_size, max_u64(largest, 1)) * pb);
+    /* The param cache (tiers.param_cache blocks) hands NVMe-home params
+     * from the optimizer to the next forward where the step is pipelined:
+     * one rank, or stage 3 (whose blocks' homes hold this rank's shard). */
+    if (p->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME] && (W == 1 || z->stage >= 3))
+        add(p, ZN_STATE_WORK, ZN_TIER_CPU, (uint64_t)cfg->tiers.param_cache *
+            (z->stage >= 3 ? ceil_div(largest, W) : largest) * pb);
     if (otier == ZN_TIER_NVME)
         add(p, ZN_STATE_WORK, ZN_TIER_CPU,
             (uint64_t)z->offload_optimizer.buffer_count * sub * 4);

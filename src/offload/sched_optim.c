@@ -159,6 +159,99 @@ static int slot_read_grads(zn_trainer *tr, zn_opt_slot *s, int u)
     return 0;
 }
 
+/* ---- the param cache (see train-impl.h) ------------------------------------*/
+bool zn_pcache_ready_locked(zn_trainer *tr, int b, int64_t seq)
+{
+    for (int e = 0; e < tr->n_pc; e++)
+        if (tr->pc[e].block == b && tr->pc[e].seq == seq && tr->pc[e].state == ZN_PC_READY)
+            return true;
+    return false;
+}
+
+int zn_pcache_take(zn_trainer *tr, int b, int64_t seq)
+{
+    int r = -1;
+    pthread_mutex_lock(&tr->plock);
+    for (int e = 0; e < tr->n_pc && r < 0; e++) {
+        zn_pcache_ent *c = &tr->pc[e];
+        if (c->block == b && c->seq == seq && c->state == ZN_PC_READY) {
+            c->state = ZN_PC_READING;
+            r = e;
+        }
+    }
+    pthread_mutex_unlock(&tr->plock);
+    return r;
+}
+
+void zn_pcache_release_fn(void *arg)
+{
+    zn_pcache_ent *c = arg;
+    pthread_mutex_lock(&c->tr->plock);
+    c->state = ZN_PC_FREE;
+    c->block = -1;
+    pthread_mutex_unlock(&c->tr->plock);
+}
+
+/* Optimizer thread: the entry that collects block b's update by the running
+ * job (claimed on its first piece), or NULL when the block is not cached
+ * this time. */
+static zn_pcache_ent *pcache_entry(zn_trainer *tr, int b)
+{
+    zn_block *bl = &tr->blocks[b];
+    int64_t seq = tr->oj.seq;
+    zn_pcache_ent *r = NULL;
+    if (!tr->n_pc || !bl->pc_ok)
+        return NULL;
+    pthread_mutex_lock(&tr->plock);
+    for (int e = 0; e < tr->n_pc && !r; e++)
+        if (tr->pc[e].block == b && tr->pc[e].seq == seq && tr->pc[e].state == ZN_PC_FILLING)
+            r = &tr->pc[e];
+    if (!r && bl->pc_skip != seq) {
+        /* a block's first piece of this job: claim a free or stale entry; a
+         * later piece never starts one (it would never be complete) */
+        for (int e = 0; e < tr->n_pc && !r; e++) {
+            zn_pcache_ent *c = &tr->pc[e];
+            if (c->state == ZN_PC_FREE ||
+                (c->state != ZN_PC_READING && c->seq < seq))
+                r = c;
+        }
+        if (r) {
+            r->block = b;
+            r->seq = seq;
+            r->left = bl->np;
+            r->state = ZN_PC_FILLING;
+        }
+        bl->pc_skip = seq;  /* claimed or not: no second claim this job */
+    }
+    pthread_mutex_unlock(&tr->plock);
+    return r;
+}
+
+/* Optimizer thread: one piece of the entry's block is in. */
+static void pcache_piece_in(zn_trainer *tr, zn_pcache_ent *c)
+{
+    pthread_mutex_lock(&tr->plock);
+    if (--c->left == 0) {
+        c->state = ZN_PC_READY;
+        pthread_cond_broadcast(&tr->pcv);
+    }
+    pthread_mutex_unlock(&tr->plock);
+}
+
+/* Parameters rewritten behind the optimizer's back (checkpoint load): no
+ * entry holds them. */
+static void pcache_invalidate(zn_trainer *tr)
+{
+    pthread_mutex_lock(&tr->plock);
+    for (int e = 0; e < tr->n_pc; e++) {
+        if (tr->pc[e].state != ZN_PC_READING) {
+            tr->pc[e].state = ZN_PC_FREE;
+            tr->pc[e].block = -1;
+        }
+    }
+    pthread_mutex_unlock(&tr->plock);
+}
+
 /* Sends unit u's updated working parameters (src: fp32 master values or the
  * 16-bit copy, unit-relative) to each block's home. NVMe writes are queued
  * in pwr (waited by the caller), device copies go on the optimizer's H2D
@@ -193,6 +286,11 @@ static int params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, in
             atomic_fetch_add(&tr->tm.h2d, bytes);
             h2d = true;
         } else {
+            zn_pcache_ent *c = track ? pcache_entry(tr, p->block) : NULL;
+            if (c) {
+                memcpy((char *)c->buf + in_block, from, bytes);
+                pcache_piece_in(tr, c);
+            }
             char what[48];
             snprintf(what, sizeof what, "params b%d u%d", p->block, u);
             if (track)
@@ -476,5 +574,6 @@ int zn_optsched_wait(zn_trainer *tr)
 int zn_optsched_params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, int *n_pwr,
                            zn_event *ev, bool *h2d_pending)
 {
+    pcache_invalidate(tr);
     return params_out(tr, u, src, pwr, n_pwr, ev, h2d_pending, false);
 }

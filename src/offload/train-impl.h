@@ -137,6 +137,9 @@ typedef struct {
     int p0, np;             /* pieces */
     double grad_sq;         /* sum of squares of the block's final grads */
     int grad_nonfinite;
+    bool pc_ok;             /* home NVMe and this rank's pieces cover the
+                               whole home: the param cache may hold it */
+    int64_t pc_skip;        /* job whose update found no free cache entry */
 } zn_block;
 
 typedef struct zn_trainer zn_trainer;
@@ -155,6 +158,37 @@ typedef struct {
     int64_t pseq;               /* the job whose update is in flight */
     _Atomic int64_t pdone;      /* the last job whose update landed (0: none) */
 } zn_unit;
+
+/* ---- the param cache --------------------------------------------------------
+ * A few pinned buffers, each holding one NVMe-home block's parameters as the
+ * optimizer just produced them, kept until a fetch has copied them to the
+ * device: the next forward, which chases the optimizer block by block, then
+ * needs neither the NVMe write to land nor a read back of the same bytes.
+ * The NVMe write still goes out (the home stays the copy of record). An
+ * entry is filled by the optimizer thread (FILLING -> READY once every piece
+ * of the block is in), taken by one fetch (READY -> READING) and freed by a
+ * host function after that fetch's H2D copy. The optimizer reclaims FREE
+ * entries and READY/FILLING ones of an older job (stale: the step that
+ * could use them has fetched all its blocks); it never waits for an entry
+ * (no free one: that block goes the NVMe way). plock guards the states. */
+typedef enum { ZN_PC_FREE = 0, ZN_PC_FILLING, ZN_PC_READY, ZN_PC_READING } zn_pc_state;
+
+typedef struct {
+    zn_trainer *tr;
+    void *buf;
+    int block;
+    int64_t seq;            /* the optimizer job whose update it holds */
+    int left;               /* pieces still to copy */
+    zn_pc_state state;
+} zn_pcache_ent;
+
+/* plock held: whether block b's update by job seq is READY in the cache. */
+bool zn_pcache_ready_locked(zn_trainer *tr, int b, int64_t seq);
+/* Takes block b's READY entry of job seq for a fetch (-> READING); returns
+ * its index or -1. */
+int zn_pcache_take(zn_trainer *tr, int b, int64_t seq);
+/* Host function after the fetch's H2D copy from an entry: frees it. */
+void zn_pcache_release_fn(void *arg);
 
 /* ---- the optimizer pipeline (sched_optim.c) --------------------------------*/
 typedef struct {
@@ -305,6 +339,10 @@ struct zn_trainer {
     void *pout_flat;       /* cpu/none optimizer: 16-bit param staging (U) */
     zn_event *ev_pout;
     zn_stream *s_oh2d;     /* the optimizer's parameter copies to the device */
+    zn_pcache_ent *pc;     /* the param cache (n_pc entries; 0: off) */
+    int n_pc;
+    _Atomic uint64_t pc_hits;   /* fetches served from it */
+    _Atomic uint64_t pc_bytes;
     bool overlap_step;     /* no clipping/fp16: units step during backward */
     bool pipeline;         /* a step returns before its optimizer job ends */
     pthread_t othr;

@@ -342,6 +342,32 @@ static int allocate(zn_trainer *tr)
             TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_nvme * tr->pbytes, "param staging",
                           &tr->pstage[i]));
     }
+    /* the param cache: only where the step is pipelined (a replicated block
+     * on several ranks gets the other ranks' parts later, by all-gather) */
+    uint64_t largest_pc = 0;
+    bool pipelined = tr->world == 1 || cfg->zero.stage >= 3;
+    for (int b = 0; b < tr->L; b++) {
+        zn_block *bl = &tr->blocks[b];
+        bl->pc_ok = pipelined && bl->home == ZN_PHOME_NVME && (tr->world == 1 || !bl->replicated);
+        uint64_t fetched = bl->replicated ? bl->n : bl->len;
+        if (bl->pc_ok && fetched > largest_pc)
+            largest_pc = fetched;
+    }
+    if (largest_pc && cfg->tiers.param_cache > 0) {
+        tr->pc = calloc((size_t)cfg->tiers.param_cache, sizeof *tr->pc);
+        if (!tr->pc)
+            return zn_set_error(-ENOMEM, "train: out of memory");
+        tr->n_pc = cfg->tiers.param_cache;
+        for (int e = 0; e < tr->n_pc; e++) {
+            tr->pc[e].tr = tr;
+            tr->pc[e].block = -1;
+            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_pc * tr->pbytes, "param cache",
+                          &tr->pc[e].buf));
+        }
+    } else {
+        for (int b = 0; b < tr->L; b++)
+            tr->blocks[b].pc_ok = false;
+    }
     if (tr->oopt == ZN_OFFLOAD_NVME) {
         for (int s = 0; s < tr->n_oslots; s++) {
             zn_opt_slot *sl = &tr->oslot[s];
@@ -762,6 +788,7 @@ void zn_train_destroy(zn_trainer *tr)
     free(tr->ev_consumed);
     free(tr->ev_shard);
     free(tr->pstage_req);
+    free(tr->pc);
     free(tr->slot);
     free(tr->slot_block);
     free(tr->ckpt);
@@ -828,8 +855,14 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
     if ((rc = zn_dev_stream_wait_event(d, tr->s_h2d, tr->ev_consumed[slot])))
         return rc;
     const void *src = bl->cpu_params;
-    int t = -1;
-    if (bl->home == ZN_PHOME_NVME) {
+    int t = -1, pc = -1;
+    if (bl->home == ZN_PHOME_NVME && bl->pc_ok &&
+        (pc = zn_pcache_take(tr, block, tr->pseq_need)) >= 0) {
+        /* the optimizer's pinned copy of the update: no NVMe read */
+        src = tr->pc[pc].buf;
+        atomic_fetch_add(&tr->pc_hits, 1);
+        atomic_fetch_add(&tr->pc_bytes, bytes);
+    } else if (bl->home == ZN_PHOME_NVME) {
         t = (int)(*nvme_fetches % (uint64_t)tr->n_pstage);
         (*nvme_fetches)++;
         /* the staging buffer's previous copy must be done before it is refilled */
@@ -864,6 +897,8 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
     zn_train_mark_end(tr, tr->s_h2d, mk);
     atomic_fetch_add(&tr->tm.h2d, bytes);
     if (t >= 0 && (rc = zn_dev_event_record(d, tr->ev_pstage_free[t], tr->s_h2d)))
+        return rc;
+    if (pc >= 0 && (rc = zn_dev_launch_host_fn(d, tr->s_h2d, zn_pcache_release_fn, &tr->pc[pc])))
         return rc;
     if (gather) {
         if ((rc = zn_dev_event_record(d, tr->ev_shard[slot], tr->s_h2d)) ||
@@ -1010,15 +1045,35 @@ static bool params_landed(zn_trainer *tr, int b)
     return true;
 }
 
-/* Waits until params_landed(b) (the optimizer thread, the NVMe queue and
+/* plock held: block b may be fetched: its update landed at home, or sits
+ * whole in the param cache. */
+static bool params_ready_locked(zn_trainer *tr, int b)
+{
+    return params_landed(tr, b) ||
+           (tr->blocks[b].pc_ok && zn_pcache_ready_locked(tr, b, tr->pseq_need));
+}
+
+static bool params_ready(zn_trainer *tr, int b)
+{
+    if (params_landed(tr, b))
+        return true;
+    if (!tr->blocks[b].pc_ok)
+        return false;
+    pthread_mutex_lock(&tr->plock);
+    bool r = zn_pcache_ready_locked(tr, b, tr->pseq_need);
+    pthread_mutex_unlock(&tr->plock);
+    return r;
+}
+
+/* Waits until params_ready(b) (the optimizer thread, the NVMe queue and
  * the optimizer's H2D stream get there without this thread's help). */
 static int wait_params(zn_trainer *tr, int b)
 {
-    if (params_landed(tr, b))
+    if (params_ready(tr, b))
         return 0;
     uint64_t t0 = zn_now_ns();
     pthread_mutex_lock(&tr->plock);
-    while (!params_landed(tr, b) && !atomic_load(&tr->err))
+    while (!params_ready_locked(tr, b) && !atomic_load(&tr->err))
         pthread_cond_wait(&tr->pcv, &tr->plock);
     pthread_mutex_unlock(&tr->plock);
     tr->param_wait_s += (double)(zn_now_ns() - t0) * 1e-9;
@@ -1035,7 +1090,7 @@ static int issue_fetches(zn_trainer *tr, const fetch_ent *fe, int nfe, int *next
     while (*next_fetch < nfe &&
            (*next_fetch < tr->nslots || fe[*next_fetch - tr->nslots].last_use < next_use)) {
         int j = *next_fetch, rc;
-        if (!params_landed(tr, fe[j].block)) {
+        if (!params_ready(tr, fe[j].block)) {
             if (fe[j].first_use > next_use)
                 break;
             if ((rc = wait_params(tr, fe[j].block)))
@@ -1538,6 +1593,9 @@ void zn_train_get_report(zn_trainer *tr, zn_train_report *r)
         r->busy_s[i] = zn_trace_busy_s(tr->trace, tr->track[i]);
     r->step_s = tr->step_s;
     r->param_wait_s = tr->param_wait_s;
+    r->param_cache_hits = atomic_load(&tr->pc_hits);
+    r->param_cache_bytes = atomic_load(&tr->pc_bytes);
+    r->param_cache_entries = tr->n_pc;
     r->steps = tr->steps_run;
     r->tokens = tr->tokens;
     r->flops = tr->flops;
@@ -1560,6 +1618,8 @@ void zn_train_reset_counters(zn_trainer *tr)
 {
     zn_train_sync(tr);  /* the last step's tail belongs to the steps before */
     tr->param_wait_s = 0;
+    atomic_store(&tr->pc_hits, 0);
+    atomic_store(&tr->pc_bytes, 0);
     zn_trace_reset_busy(tr->trace);
     atomic_store(&tr->tm.h2d, 0);
     atomic_store(&tr->tm.d2h, 0);
@@ -1609,6 +1669,10 @@ void zn_train_print_report(zn_trainer *tr, FILE *f)
     if (r.param_wait_s > 0)
         fprintf(f, "  %-18s %9.3f s  (the schedule waited for the previous step's optimizer "
                 "to land parameters)\n", "param wait", r.param_wait_s);
+    if (r.param_cache_entries)
+        fprintf(f, "  %-18s %9llu blocks (%s from the optimizer's pinned copy, not NVMe; "
+                "%d buffers)\n", "param cache", (unsigned long long)r.param_cache_hits,
+                zn_format_size(r.param_cache_bytes, a, sizeof a), r.param_cache_entries);
     if (r.busy_s[busiest] > 0)
         fprintf(f, "  step time / busiest resource (%s) = %.2f  (1.00 = perfectly overlapped)\n",
                 res_names[busiest], r.step_s / r.busy_s[busiest]);

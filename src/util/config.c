@@ -214,6 +214,7 @@ static const key_spec schema[] = {
     { "tiers.nvme", K_NVME, OFF(tiers), 0, 0, NULL, 0, NULL },
     { "tiers.keep_swap", K_BOOL, OFF(tiers.keep_swap), 0, 0, NULL, 0, NULL },
     { "tiers.grads", K_ENUM, OFF(tiers.grads), 0, 0, "auto|cpu|nvme", 0, NULL },
+    { "tiers.param_cache", K_INT32, OFF(tiers.param_cache), 0, 64, NULL, 0, NULL },
 
     /* ---- zinc: model (HF config.json names) ---- */
     { "model", K_OBJ, 0, 0, 0, NULL, 0, NULL },
@@ -320,6 +321,7 @@ void zn_config_default(zn_config *c)
 
     c->tiers.gpu_auto = true;
     c->tiers.cpu_auto = true;
+    c->tiers.param_cache = 4;
 
     c->model.arch = 0;
     c->model.rope_theta = 10000.0;
