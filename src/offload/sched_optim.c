@@ -207,14 +207,22 @@ static zn_pcache_ent *pcache_entry(zn_trainer *tr, int b)
         if (tr->pc[e].block == b && tr->pc[e].seq == seq && tr->pc[e].state == ZN_PC_FILLING)
             r = &tr->pc[e];
     if (!r && bl->pc_skip != seq) {
-        /* a block's first piece of this job: claim a free or stale entry; a
-         * later piece never starts one (it would never be complete) */
+        /* a block's first piece of this job: claim a free or stale entry,
+         * else evict this job's entry of the block the forward needs last
+         * when that comes after b (walking units downwards, the cache ends
+         * up with the lowest blocks); a later piece never starts one (it
+         * would never be complete) */
+        zn_pcache_ent *victim = NULL;
         for (int e = 0; e < tr->n_pc && !r; e++) {
             zn_pcache_ent *c = &tr->pc[e];
-            if (c->state == ZN_PC_FREE ||
-                (c->state != ZN_PC_READING && c->seq < seq))
+            if (c->state == ZN_PC_FREE || (c->state != ZN_PC_READING && c->seq < seq))
                 r = c;
+            else if (c->state != ZN_PC_READING && c->block > b &&
+                     (!victim || c->block > victim->block))
+                victim = c;
         }
+        if (!r)
+            r = victim;
         if (r) {
             r->block = b;
             r->seq = seq;

@@ -169,8 +169,11 @@ typedef struct {
  * of the block is in), taken by one fetch (READY -> READING) and freed by a
  * host function after that fetch's H2D copy. The optimizer reclaims FREE
  * entries and READY/FILLING ones of an older job (stale: the step that
- * could use them has fetched all its blocks); it never waits for an entry
- * (no free one: that block goes the NVMe way). plock guards the states. */
+ * could use them has fetched all its blocks), else evicts its own entry of
+ * a later block (the forward needs lower blocks first); it never waits for
+ * an entry (none: that block goes the NVMe way). An entry may thus vanish
+ * between a fetch's "ready" check and its take: the fetch then waits for
+ * the block's NVMe write to land. plock guards the states. */
 typedef enum { ZN_PC_FREE = 0, ZN_PC_FILLING, ZN_PC_READY, ZN_PC_READING } zn_pc_state;
 
 typedef struct {

@@ -808,6 +808,64 @@ typedef struct {
     int first_use, last_use;
 } fetch_ent;
 
+/* Whether the previous step's optimizer job has landed its updates of block
+ * b's parameters at their homes (every unit holding a piece of b). */
+static bool params_landed(zn_trainer *tr, int b)
+{
+    zn_block *bl = &tr->blocks[b];
+    for (int k = 0; k < bl->np; k++)
+        if (atomic_load(&tr->units[tr->pieces[bl->p0 + k].unit].pdone) < tr->pseq_need)
+            return false;
+    return true;
+}
+
+/* plock held: block b may be fetched: its update landed at home, or sits
+ * whole in the param cache. */
+static bool params_ready_locked(zn_trainer *tr, int b)
+{
+    return params_landed(tr, b) ||
+           (tr->blocks[b].pc_ok && zn_pcache_ready_locked(tr, b, tr->pseq_need));
+}
+
+static bool params_ready(zn_trainer *tr, int b)
+{
+    if (params_landed(tr, b))
+        return true;
+    if (!tr->blocks[b].pc_ok)
+        return false;
+    pthread_mutex_lock(&tr->plock);
+    bool r = zn_pcache_ready_locked(tr, b, tr->pseq_need);
+    pthread_mutex_unlock(&tr->plock);
+    return r;
+}
+
+/* Waits until block b's parameters are ready (or, with `landed`, landed at
+ * home); the optimizer thread, the NVMe queue and the optimizer's H2D
+ * stream get there without this thread's help. */
+static int wait_for(zn_trainer *tr, int b, bool landed)
+{
+    if (landed ? params_landed(tr, b) : params_ready(tr, b))
+        return 0;
+    uint64_t t0 = zn_now_ns();
+    pthread_mutex_lock(&tr->plock);
+    while (!(landed ? params_landed(tr, b) : params_ready_locked(tr, b)) &&
+           !atomic_load(&tr->err))
+        pthread_cond_wait(&tr->pcv, &tr->plock);
+    pthread_mutex_unlock(&tr->plock);
+    tr->param_wait_s += (double)(zn_now_ns() - t0) * 1e-9;
+    return atomic_load(&tr->err);
+}
+
+static int wait_params(zn_trainer *tr, int b)
+{
+    return wait_for(tr, b, false);
+}
+
+static int wait_landed(zn_trainer *tr, int b)
+{
+    return wait_for(tr, b, true);
+}
+
 /* Host function on the H2D stream: the NVMe reads of a block into staging
  * must be complete before the copy that follows it. */
 static void pread_wait_fn(void *arg)
@@ -863,6 +921,10 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
         atomic_fetch_add(&tr->pc_hits, 1);
         atomic_fetch_add(&tr->pc_bytes, bytes);
     } else if (bl->home == ZN_PHOME_NVME) {
+        /* the cache entry that made the block ready may have been evicted
+         * since: read it only once its write landed */
+        if ((rc = wait_landed(tr, block)))
+            return rc;
         t = (int)(*nvme_fetches % (uint64_t)tr->n_pstage);
         (*nvme_fetches)++;
         /* the staging buffer's previous copy must be done before it is refilled */
@@ -1032,52 +1094,6 @@ static int ensure_capacity(zn_trainer *tr, int A)
         tr->n_marks = need_marks;
     }
     return 0;
-}
-
-/* Whether the previous step's optimizer job has landed its updates of block
- * b's parameters at their homes (every unit holding a piece of b). */
-static bool params_landed(zn_trainer *tr, int b)
-{
-    zn_block *bl = &tr->blocks[b];
-    for (int k = 0; k < bl->np; k++)
-        if (atomic_load(&tr->units[tr->pieces[bl->p0 + k].unit].pdone) < tr->pseq_need)
-            return false;
-    return true;
-}
-
-/* plock held: block b may be fetched: its update landed at home, or sits
- * whole in the param cache. */
-static bool params_ready_locked(zn_trainer *tr, int b)
-{
-    return params_landed(tr, b) ||
-           (tr->blocks[b].pc_ok && zn_pcache_ready_locked(tr, b, tr->pseq_need));
-}
-
-static bool params_ready(zn_trainer *tr, int b)
-{
-    if (params_landed(tr, b))
-        return true;
-    if (!tr->blocks[b].pc_ok)
-        return false;
-    pthread_mutex_lock(&tr->plock);
-    bool r = zn_pcache_ready_locked(tr, b, tr->pseq_need);
-    pthread_mutex_unlock(&tr->plock);
-    return r;
-}
-
-/* Waits until params_ready(b) (the optimizer thread, the NVMe queue and
- * the optimizer's H2D stream get there without this thread's help). */
-static int wait_params(zn_trainer *tr, int b)
-{
-    if (params_ready(tr, b))
-        return 0;
-    uint64_t t0 = zn_now_ns();
-    pthread_mutex_lock(&tr->plock);
-    while (!params_ready_locked(tr, b) && !atomic_load(&tr->err))
-        pthread_cond_wait(&tr->pcv, &tr->plock);
-    pthread_mutex_unlock(&tr->plock);
-    tr->param_wait_s += (double)(zn_now_ns() - t0) * 1e-9;
-    return atomic_load(&tr->err);
 }
 
 /* Issues, in order, every fetch whose slot's previous user (use index <
