@@ -145,7 +145,13 @@ int zn_bench_train(int argc, char **argv)
             busiest = i;
     double step_s = r.step_s / (double)r.steps, busy = r.busy_s[busiest] / (double)r.steps;
     double ratio = busy > 0 ? step_s / busy : 0;
-    printf("# loss %.4f -> %.4f over the run\n#\n", loss0, loss1);
+    printf("# loss %.4f -> %.4f over the run\n", loss0, loss1);
+    if (r.param_cache_entries)
+        printf("# param cache: %d buffers served %.1f block fetches per step (%.1f MB) "
+               "instead of NVMe\n", r.param_cache_entries,
+               (double)r.param_cache_hits / (double)r.steps,
+               (double)r.param_cache_bytes / (double)r.steps * 1e-6);
+    printf("#\n");
     printf("# %-6s %10s %-18s %10s %7s", "steps", "step ms", "busiest", "busy ms", "ratio");
     for (int i = 0; i < ZN_RES_COUNT; i++) {
         char h[16];
@@ -170,7 +176,7 @@ int zn_bench_train(int argc, char **argv)
                 for (int i = 0; i < ZN_RES_COUNT; i++)
                     fprintf(f, ",busy_%d_ms", i);
                 fprintf(f, ",param_wait_ms,tok_s,h2d_GBs,d2h_GBs,nvme_read_GBs,nvme_write_GBs,"
-                           "wrong\n");
+                           "wrong,param_cache,param_cache_hits_per_step\n");
             }
             fprintf(f, "%s,%s,%.3f,%s,%s,%g,%lld,%.3f,%s,%.3f,%.4f", path ? path : "(embedded)",
                     zn_offload_device_name(cfg.zero.offload_param.device),
@@ -181,11 +187,12 @@ int zn_bench_train(int argc, char **argv)
                     zn_train_resource_name((zn_train_resource)busiest), busy * 1e3, ratio);
             for (int i = 0; i < ZN_RES_COUNT; i++)
                 fprintf(f, ",%.3f", r.busy_s[i] / (double)r.steps * 1e3);
-            fprintf(f, ",%.3f,%.0f,%.3f,%.3f,%.3f,%.3f,%llu\n",
+            fprintf(f, ",%.3f,%.0f,%.3f,%.3f,%.3f,%.3f,%llu,%d,%.2f\n",
                     r.param_wait_s / (double)r.steps * 1e3, (double)r.tokens / r.step_s,
                     (double)r.h2d_bytes / r.step_s * 1e-9, (double)r.d2h_bytes / r.step_s * 1e-9,
                     (double)r.nvme_read_bytes / r.step_s * 1e-9,
-                    (double)r.nvme_write_bytes / r.step_s * 1e-9, (unsigned long long)wrong);
+                    (double)r.nvme_write_bytes / r.step_s * 1e-9, (unsigned long long)wrong,
+                    r.param_cache_entries, (double)r.param_cache_hits / (double)r.steps);
             fclose(f);
         }
     }
