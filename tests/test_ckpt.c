@@ -26,6 +26,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "zinc/ckpt.h"
 #include "zinc/config.h"
 #include "zinc/model.h"
@@ -608,6 +610,17 @@ static void export_case(void)
         dc.name = "host";
         zn_dev *dev;
         ZT_EQ_INT(zn_dev_create(&dev, &dc), 0);
+        /* config.json declares the dtype written, in both spellings, so
+         * that transformers' default from_pretrained keeps it */
+        char cj[4600];
+        snprintf(cj, sizeof cj, "%s/config.json", out);
+        json_error_t je;
+        json_t *cfgj = json_load_file(cj, 0, &je);
+        ZT_CHECK_MSG(cfgj != NULL, "%s: %s", cj, je.text);
+        const char *want_dt = dt == ZN_DTYPE_F32 ? "float32" : "bfloat16";
+        ZT_EQ_STR(json_string_value(json_object_get(cfgj, "torch_dtype")), want_dt);
+        ZT_EQ_STR(json_string_value(json_object_get(cfgj, "dtype")), want_dt);
+        json_decref(cfgj);
         zn_model_dims d3;
         ZT_EQ_INT(zn_model_dims_from_hf(&d3, out), 0);
         ZT_EQ_INT(d3.hidden, d.hidden);

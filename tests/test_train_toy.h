@@ -16,6 +16,7 @@
 typedef struct {
     int64_t V, H, n_mid, max_n;
     uint64_t seed;
+    uint64_t init_calls;  /* init_params calls (tests of the chunked init) */
     uint64_t block_params[64];
     zn_dev *dev;
     zn_dtype dt;
@@ -36,13 +37,18 @@ static uint64_t toy_mix(uint64_t x)
     return x ^ (x >> 31);
 }
 
-static int toy_init(void *ctx, int block, float *out, uint64_t n)
+static int toy_init(void *ctx, int block, uint64_t first, uint64_t n, float *out)
 {
     toy_model *t = ctx;
     double a = block == 0 ? 1.0 : 1.0 / sqrt((double)t->H);
-    for (uint64_t i = 0; i < n; i++) {
+    if (first + n > t->block_params[block])
+        return zn_set_error(ZN_EARG, "toy_init: block %d range [%llu, +%llu) outside it", block,
+                            (unsigned long long)first, (unsigned long long)n);
+    t->init_calls++;
+    for (uint64_t j = 0; j < n; j++) {
+        uint64_t i = first + j;
         uint64_t r = toy_mix(t->seed * 1000003u + (uint64_t)block * 0x10000000ull + i);
-        out[i] = (float)(a * ((double)(r >> 11) / 9007199254740992.0 * 2.0 - 1.0));
+        out[j] = (float)(a * ((double)(r >> 11) / 9007199254740992.0 * 2.0 - 1.0));
     }
     return 0;
 }

@@ -147,6 +147,9 @@ typedef struct {
     bool attention_bias;         /* q/k/v bias (Qwen2 always has it) */
     double init_std;
     uint64_t seed;
+    int init;                    /* model.init: 0 "weights" (path's safetensors, an
+                                    error when it has none), 1 "random" (seeded,
+                                    the shape from path or the dimensions) */
 } zn_config_model;
 
 typedef struct {

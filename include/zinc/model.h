@@ -73,6 +73,10 @@ ZN_API int zn_model_dims_from_json(zn_model_dims *d, const char *text, const cha
  * zn_model_dims_from_hf reads back to the same dims). Atomic: written to
  * path.tmp and renamed. Returns 0, -errno, or ZN_ECONFIG for invalid dims. */
 ZN_API int zn_model_dims_write_hf(const zn_model_dims *d, const char *path);
+/* The same, declaring the weights' dtype (torch_dtype and transformers-5's
+ * dtype: "float32", "float16" or "bfloat16"); zn_model_dims_write_hf says
+ * bfloat16. */
+ZN_API int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype dtype);
 
 /* ---- parameter counts ----------------------------------------------------
  * Blocks are numbered in execution order: block 0 is the embedding, blocks

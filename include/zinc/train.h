@@ -87,8 +87,13 @@ typedef struct zn_train_model {
     int (*prepare)(void *ctx, zn_dev *d, zn_stream *s, zn_dtype param_dtype);
     /* Frees what prepare allocated. Optional. */
     void (*release)(void *ctx, zn_dev *d);
-    /* Initial fp32 values of block b's flat parameters (host memory). */
-    int (*init_params)(void *ctx, int block, float *out, uint64_t n);
+    /* Initial fp32 values of elements [first, first + n) of block b's flat
+     * parameters into host memory `out` (first + n <= block_params[b]). The
+     * trainer asks for ranges (each rank only its own, in bounded chunks),
+     * so a model loaded from disk reads only the bytes it needs and never
+     * holds a whole block; it may call from one thread at a time, and the
+     * callback may use OpenMP inside. */
+    int (*init_params)(void *ctx, int block, uint64_t first, uint64_t n, float *out);
     /* Sets the micro-batch for the following calls: ids and targets are host
      * int32 [batch * seq], usable again when this returns (it may wait for
      * s). The loss the last block computes is sum(per-token xent) *
@@ -110,8 +115,9 @@ typedef struct zn_train_model {
 /* ---- the Llama / Qwen2 decoder as a trainer model ---------------------------
  * Adapts include/zinc/model.h's block API: block b's flat buffer holds its
  * tensors in zn_model_block_param order, back to back. Initial weights:
- * normal(0, init_std) for matrices, ones for norms, zeros for biases, a
- * function of (seed, block, tensor, element) only. Tied embeddings are not
+ * either a Hugging Face checkpoint (zn_train_llama_load), or normal(0,
+ * init_std) for matrices, ones for norms, zeros for biases, a function of
+ * (seed, block, tensor, element pair) only. Tied embeddings are not
  * supported yet (ZN_EUNSUPPORTED): the head would need the embedding's
  * buffer resident at the same time. */
 typedef struct zn_train_llama zn_train_llama;
@@ -121,6 +127,25 @@ ZN_API int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims
                                  int64_t micro_batch, int64_t seq, double init_std,
                                  uint64_t seed);
 ZN_API const zn_train_model *zn_train_llama_model(zn_train_llama *l);
+
+/* Takes the initial weights from a Hugging Face checkpoint: `path` is a
+ * model folder (model.safetensors or model.safetensors.index.json), an
+ * index or a .safetensors file. Opens every shard and checks, before any
+ * byte of data is read, that the tensors are exactly the model's: each
+ * parameter present with its shape and a float dtype (F32, F16, BF16),
+ * nothing unexpected (rotary inv_freq buffers and, for a tied model,
+ * lm_head.weight excepted). The trainer then reads each range it places
+ * with parallel preads, widening bf16/fp16 exactly to fp32. `summary`
+ * (may be NULL) receives a line for people: "339 tensors from DIR, bf16".
+ * Call before zn_train_create. Returns 0, -errno (a file that cannot be
+ * read), ZN_ECORRUPT (a malformed or truncated file), ZN_ECONFIG (a
+ * missing, unexpected or misshapen tensor: the message names it and its
+ * file), ZN_EUNSUPPORTED (a dtype that does not convert). */
+ZN_API int zn_train_llama_load(zn_train_llama *l, const char *path, char *summary,
+                               size_t summary_len);
+/* Bytes of tensor data read from the checkpoint so far (for `zinc bench
+ * load` and the load report). */
+ZN_API uint64_t zn_train_llama_bytes_read(const zn_train_llama *l);
 ZN_API void zn_train_llama_destroy(zn_train_llama *l); /* accepts NULL */
 
 /* ---- the trainer ----------------------------------------------------------*/

@@ -67,7 +67,7 @@ int zn_bench_train(int argc, char **argv)
         return zn_cli_fail(rc, NULL);
     cfg.train.steps = warmup + steps;
     zn_cli_train_session ts;
-    if ((rc = zn_cli_train_session_open(&ts, &cfg, trace != NULL))) {
+    if ((rc = zn_cli_train_session_open(&ts, &cfg, trace ? ZN_CLI_TRACE : 0))) {
         zn_cli_fail(rc, NULL);
         zn_cli_train_session_abort(&ts, 1);
         zn_cli_train_session_close(&ts);

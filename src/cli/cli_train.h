@@ -21,7 +21,15 @@ typedef struct {
     zn_comm *comm;
     int rank, world;
     size_t rank_tokens;  /* ids of one rank's micro-batches per step */
+    char weights[4400];  /* where the initial weights came from, for the header */
+    double load_s;       /* seconds spent creating the trainer (weights written home) */
+    uint64_t load_bytes; /* checkpoint bytes read */
 } zn_cli_train_session;
+
+/* zn_cli_train_session_open flags */
+#define ZN_CLI_TRACE 1       /* record a trace */
+#define ZN_CLI_NO_WEIGHTS 2  /* a checkpoint will overwrite the state: do not
+                                read model.path's weights (seeded init) */
 
 /* The embedded default config (examples/tiny.json's text). */
 const char *zn_cli_default_config(void);
@@ -30,9 +38,11 @@ const char *zn_cli_default_config(void);
  * dims, budgets ("auto" ones shared among the ranks of one host) and the
  * plan input, then creates the trainer (which refuses an infeasible plan with
  * its explanation) and the data (every rank reads the global batch and
- * trains on its slice). Returns 0 or a status with zn_last_error() set; on
+ * trains on its slice). The initial weights are model.path's safetensors
+ * (model.init "weights", the default with a path: a folder without weights
+ * is an error) or the seeded init; ts->weights says which. Returns 0 or a status with zn_last_error() set; on
  * failure only the communicator is left: report, then _abort and _close. */
-int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int record_trace);
+int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int flags);
 /* One optimizer step on the loader's batch `step`. */
 int zn_cli_train_session_step(zn_cli_train_session *ts, uint64_t step, zn_train_step_info *info);
 void zn_cli_train_session_close(zn_cli_train_session *ts);

@@ -40,12 +40,13 @@ int zn_cli_take_sets(int argc, char **argv, const char **sets, int max_sets, int
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: zinc plan CONFIG [--set KEY=VALUE]... [--world N] [--print-config]\n"
+        "usage: zinc plan CONFIG [--model DIR] [--set KEY=VALUE]... [--world N] [--print-config]\n"
         "\n"
         "Places the model's training state (16-bit params, fp32 master, Adam m and v,\n"
         "gradients, checkpointed activations, working buffers) into the tiers of\n"
         "CONFIG (a DeepSpeed-style JSON file) and prints bytes per class and tier.\n"
         "Exits 1 when it does not fit, naming what is short and the fix.\n"
+        "  --model DIR       an HF model folder (config.json) = --set model.path=DIR\n"
         "  --set KEY=VALUE   override a config key (e.g. tiers.gpu=24GiB)\n"
         "  --world N         ranks sharing the state (ZeRO); default 1\n"
         "  --print-config    print the effective config (defaults included)\n");
@@ -76,6 +77,16 @@ int zn_cmd_plan(int argc, char **argv)
             world = (int)w;
         } else if (!strcmp(argv[i], "--print-config")) {
             print_cfg = true;
+        } else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
+            static char model_set[ZN_PATH_MAX + 16];  /* = --set model.path=DIR */
+            if (n_sets >= 64 || (size_t)snprintf(model_set, sizeof model_set, "model.path=%s",
+                                                 argv[i + 1]) >= sizeof model_set) {
+                fprintf(stderr, "zinc: error: --model %s: too long, or too many --set\n",
+                        argv[i + 1]);
+                return 2;
+            }
+            sets[n_sets++] = model_set;
+            i++;
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "zinc: error: plan: unknown option '%s'\n", argv[i]);
             usage(stderr);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "cli/cli_train.h"
@@ -117,7 +118,34 @@ static int open_data(zn_cli_train_session *ts, const zn_config *cfg, uint64_t co
     return 0;
 }
 
-int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int record_trace)
+/* The initial weights: model.path's safetensors, checked against the
+ * model before the trainer allocates anything, or the seeded init. */
+static int choose_weights(zn_cli_train_session *ts, const zn_config *cfg, int flags)
+{
+    const char *mp = cfg->model.path;
+    if (!mp[0] || cfg->model.init == 1 || (flags & ZN_CLI_NO_WEIGHTS)) {
+        snprintf(ts->weights, sizeof ts->weights, "%s, seed %llu",
+                 flags & ZN_CLI_NO_WEIGHTS ? "from the checkpoint (after a seeded init)"
+                                           : "random init",
+                 (unsigned long long)cfg->model.seed);
+        return 0;
+    }
+    char desc[sizeof ts->weights - 16], a[ZN_PATH_MAX + 40], b[ZN_PATH_MAX + 40];
+    struct stat st;
+    snprintf(a, sizeof a, "%s/model.safetensors", mp);
+    snprintf(b, sizeof b, "%s/model.safetensors.index.json", mp);
+    if (!stat(mp, &st) && S_ISDIR(st.st_mode) && access(a, F_OK) && access(b, F_OK))
+        return zn_set_error(-ENOENT, "%s: model.path %s has no weights (no model.safetensors or "
+                            "model.safetensors.index.json); to train this shape from a seeded "
+                            "random init, set model.init=random", cfg->source, mp);
+    int rc = zn_train_llama_load(ts->llama, mp, desc, sizeof desc);
+    if (rc)
+        return zn_error_prefix(rc, "%s: model.path: ", cfg->source);
+    snprintf(ts->weights, sizeof ts->weights, "%s", desc);
+    return 0;
+}
+
+int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int flags)
 {
     memset(ts, 0, sizeof *ts);
     ts->world = 1;
@@ -153,17 +181,21 @@ int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int reco
     zn_cli_plan_input(cfg, &d, ts->world, blocks, &in);
 
     int64_t B = cfg->train_micro_batch_size_per_gpu, T = cfg->data.seq_len;
-    if ((rc = zn_train_llama_create(&ts->llama, &d, B, T, cfg->model.init_std, cfg->model.seed)))
+    if ((rc = zn_train_llama_create(&ts->llama, &d, B, T, cfg->model.init_std, cfg->model.seed)) ||
+        (rc = choose_weights(ts, cfg, flags)))
         goto out;
     zn_train_options o = zn_train_options_default();
     o.cfg = cfg;
     o.model = zn_train_llama_model(ts->llama);
     o.plan_in = &in;
     o.budgets = budgets;
-    o.record_trace = record_trace;
+    o.record_trace = (flags & ZN_CLI_TRACE) != 0;
     o.comm = ts->comm;
+    double t0 = zn_now_s();
     if ((rc = zn_train_create(&ts->tr, &o)))
         goto out;
+    ts->load_s = zn_now_s() - t0;
+    ts->load_bytes = zn_train_llama_bytes_read(ts->llama);
 
     ts->dims = d;
     if ((rc = open_data(ts, cfg, 0)))
@@ -200,13 +232,16 @@ int zn_cli_train_session_step(zn_cli_train_session *ts, uint64_t step, zn_train_
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: zinc train [CONFIG] [--set KEY=VALUE]... [--steps N] [--trace FILE]\n"
+        "usage: zinc train [CONFIG] [--model DIR] [--set KEY=VALUE]... [--steps N] [--trace FILE]\n"
         "                  [--json-log FILE] [--resume [DIR|latest]] [--print-default]\n"
         "\n"
         "Trains the model of CONFIG (a DeepSpeed-style JSON file) with its training state\n"
         "placed in GPU / pinned CPU / NVMe tiers as the config says. Without CONFIG it\n"
         "runs the embedded default (examples/tiny.json: a 3.1M-parameter Llama on the\n"
         "built-in synthetic data, Adam state in ./zinc-swap).\n"
+        "  --model DIR       the HF model folder to fine-tune (= --set model.path=DIR):\n"
+        "                    its config.json and its safetensors weights, loaded into\n"
+        "                    the tiers (model.init=random: its shape, seeded weights)\n"
         "  --set KEY=VALUE   override a config key (e.g. tiers.gpu=24GiB)\n"
         "  --steps N         optimizer steps in all (default: train.steps); a resumed\n"
         "                    run continues up to N\n"
@@ -373,6 +408,7 @@ int zn_cmd_train(int argc, char **argv)
     if (argc < 0)
         return 2;
     const char *path = NULL, *trace_path = NULL, *json_path = NULL, *resume_arg = NULL;
+    static char model_set[ZN_PATH_MAX + 16];
     int resuming = 0;
     long long steps_opt = -1;
     for (int i = 1; i < argc; i++) {
@@ -389,6 +425,16 @@ int zn_cmd_train(int argc, char **argv)
                 fprintf(stderr, "zinc: error: --steps %s: expected a step count >= 0\n", argv[i]);
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
+            /* the same as --set model.path=DIR, after the other --sets */
+            if (n_sets >= 64 || (size_t)snprintf(model_set, sizeof model_set, "model.path=%s",
+                                                 argv[i + 1]) >= sizeof model_set) {
+                fprintf(stderr, "zinc: error: --model %s: too long, or too many --set\n",
+                        argv[i + 1]);
+                return 2;
+            }
+            sets[n_sets++] = model_set;
+            i++;
         } else if (!strcmp(argv[i], "--trace") && i + 1 < argc) {
             trace_path = argv[++i];
         } else if (!strcmp(argv[i], "--json-log") && i + 1 < argc) {
@@ -461,7 +507,8 @@ int zn_cmd_train(int argc, char **argv)
     FILE *jf = NULL;
     zn_cli_train_session ts;
     double t_setup = zn_now_s();
-    if ((rc = zn_cli_train_session_open(&ts, &cfg, trace_path != NULL))) {
+    if ((rc = zn_cli_train_session_open(&ts, &cfg, (trace_path ? ZN_CLI_TRACE : 0) |
+                                                       (ck ? ZN_CLI_NO_WEIGHTS : 0)))) {
         zn_cli_fail(rc, NULL);
         zn_cli_train_session_abort(&ts, 1);
         zn_cli_train_session_close(&ts);
@@ -513,6 +560,12 @@ int zn_cmd_train(int argc, char **argv)
     printf("  model    %s, %.2fM parameters, %lld layers, hidden %lld, vocab %lld\n",
            ts.dims.arch == ZN_ARCH_QWEN2 ? "qwen2" : "llama", (double)ts.params / 1e6,
            (long long)ts.dims.n_layers, (long long)ts.dims.hidden, (long long)ts.dims.vocab);
+    if (ts.load_bytes)
+        printf("  weights  %s (%.2f GB in %.2f s, %.2f GB/s)\n", ts.weights,
+               (double)ts.load_bytes / 1e9, ts.load_s,
+               ts.load_s > 0 ? (double)ts.load_bytes / 1e9 / ts.load_s : 0.0);
+    else
+        printf("  weights  %s\n", ts.weights);
     printf("  data     %s, micro-batch %lld x seq %lld, accumulation %lld\n",
            zn_tokens_name(ts.data), (long long)cfg.train_micro_batch_size_per_gpu,
            (long long)cfg.data.seq_len, (long long)cfg.gradient_accumulation_steps);

@@ -374,6 +374,11 @@ static int set_or_fail(json_t *o, const char *k, json_t *v)
 
 int zn_model_dims_write_hf(const zn_model_dims *d, const char *path)
 {
+    return zn_model_dims_write_hf_as(d, path, ZN_DTYPE_BF16);
+}
+
+int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype dtype)
+{
     int rc = zn_model_dims_validate(d);
     if (rc)
         return rc;
@@ -404,7 +409,12 @@ int zn_model_dims_write_hf(const zn_model_dims *d, const char *path)
         bad |= set_or_fail(o, "rope_theta", json_real(d->rope_theta));
         bad |= set_or_fail(o, "rms_norm_eps", json_real(d->rms_eps));
         bad |= set_or_fail(o, "tie_word_embeddings", json_boolean(d->tie_embeddings));
-        bad |= set_or_fail(o, "torch_dtype", json_string("bfloat16"));
+        /* transformers < 5 reads torch_dtype, 5 and later dtype: write both,
+         * so that a default from_pretrained loads the weights as stored */
+        const char *tdt = dtype == ZN_DTYPE_F32 ? "float32"
+                          : dtype == ZN_DTYPE_F16 ? "float16" : "bfloat16";
+        bad |= set_or_fail(o, "torch_dtype", json_string(tdt));
+        bad |= set_or_fail(o, "dtype", json_string(tdt));
         if (!is_qwen)
             bad |= set_or_fail(o, "attention_bias", json_boolean(d->qkv_bias));
         else

@@ -347,7 +347,7 @@ int zn_model_state_save(zn_model_state *st, const char *dir)
 
     if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
         return zn_set_error(-ENAMETOOLONG, "%s: path too long", dir);
-    TRY(zn_model_dims_write_hf(d, path));
+    TRY(zn_model_dims_write_hf_as(d, path, dt));
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     zn_st_writer *w;
     TRY(zn_st_writer_create(&w, path));

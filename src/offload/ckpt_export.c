@@ -162,7 +162,7 @@ int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64
         goto out;
     char p[ZN_CKPT_PATH + 64];
     snprintf(p, sizeof p, "%s/config.json", out_dir);
-    if ((rc = zn_model_dims_write_hf(&d, p)))
+    if ((rc = zn_model_dims_write_hf_as(&d, p, dtype)))
         goto out;
     int t0 = 0;
     for (int fi = 0; fi < nfiles && !rc; fi++) {

@@ -459,95 +459,193 @@ fail:
     return rc;
 }
 
-/* Writes the initial parameters and optimizer states to their homes. */
+/* Elements of one pass of the initial values: the model fills at most this
+ * many fp32 values at a time (from its seeded init or from a checkpoint), so
+ * the load holds INIT_CHUNK x (4 + param bytes) = 48-64 MiB of host memory
+ * beside the tiers, whatever the block sizes. */
+#define INIT_CHUNK ((uint64_t)8 << 20)
+
+/* Streams the initial optimizer state of the rank's flat space, in order,
+ * into NVMe units: master values fill the unit's staging slot; a full unit
+ * goes out (master, m = 0, v = 0) while the next slot fills. */
+typedef struct {
+    zn_trainer *tr;
+    int unit, slot;
+    uint64_t filled;
+} init_units;
+
+static int init_unit_flush(init_units *iu)
+{
+    zn_trainer *tr = iu->tr;
+    zn_unit *un = &tr->units[iu->unit];
+    zn_opt_slot *s = &tr->oslot[iu->slot];
+    memset(s->m, 0, un->n * 4);
+    memset(s->v, 0, un->n * 4);
+    float *src[3] = { s->master, s->m, s->v };
+    int ids[3] = { un->master_id, un->m_id, un->v_id };
+    int rc = 0;
+    for (int i = 0; i < 3 && !rc; i++)
+        rc = zn_ioq_submit(&tr->wq, &s->wr[i], 1, &zn_tier_get(&tr->tm, ids[i])->ext, src[i],
+                           un->n * 4, "initial optimizer state");
+    s->unit = iu->unit;
+    iu->unit++;
+    iu->slot = (iu->slot + 1) % tr->n_oslots;
+    iu->filled = 0;
+    return rc;
+}
+
+/* Waits for slot k's writes (if any) and marks what they saved valid. */
+static int init_unit_wait(zn_trainer *tr, int k)
+{
+    zn_opt_slot *s = &tr->oslot[k];
+    int rc = 0;
+    for (int i = 0; i < 3; i++) {
+        int r2 = zn_ioq_wait(&tr->wq, &s->wr[i]);
+        if (!rc)
+            rc = r2;
+    }
+    if (!rc && s->unit >= 0) {
+        zn_unit *un = &tr->units[s->unit];
+        zn_tier_set_valid(&tr->tm, un->master_id, ZN_TIER_NVME, true);
+        zn_tier_set_valid(&tr->tm, un->m_id, ZN_TIER_NVME, true);
+        zn_tier_set_valid(&tr->tm, un->v_id, ZN_TIER_NVME, true);
+    }
+    s->unit = -1;
+    return rc;
+}
+
+static int init_units_put(init_units *iu, const float *v, uint64_t n)
+{
+    zn_trainer *tr = iu->tr;
+    int rc = 0;
+    while (n && !rc) {
+        if (iu->filled == 0 && (rc = init_unit_wait(tr, iu->slot)))
+            return rc;
+        zn_unit *un = &tr->units[iu->unit];
+        uint64_t k = un->n - iu->filled < n ? un->n - iu->filled : n;
+        memcpy(tr->oslot[iu->slot].master + iu->filled, v, k * 4);
+        iu->filled += k;
+        v += k;
+        n -= k;
+        if (iu->filled == un->n)
+            rc = init_unit_flush(iu);
+    }
+    return rc;
+}
+
+/* Waits for block staging buffer t's NVMe writes (np pieces). */
+static int init_pstage_wait(zn_trainer *tr, int t, int *np)
+{
+    int rc = 0;
+    for (int k = 0; k < np[t]; k++) {
+        int r2 = zn_ioq_wait(&tr->wq, &tr->pstage_req[t * tr->max_block_pieces + k]);
+        if (!rc)
+            rc = r2;
+    }
+    np[t] = 0;
+    return rc;
+}
+
+/* Writes the initial parameters and optimizer states to their homes in one
+ * pass over each block's home range, INIT_CHUNK elements at a time: the
+ * model fills the fp32 values once (each rank asks only for the range its
+ * home holds), and they go to the working copy (converted to the param
+ * dtype: device, pinned RAM, or NVMe through a staging buffer written
+ * behind) and, for the rank's own shard, to the fp32 master (in memory, or
+ * streamed into NVMe units written behind). m = v = 0. */
 static int initialise(zn_trainer *tr)
 {
     int rc = 0;
     const zn_train_model *md = tr->model;
-    float *vals = malloc(tr->largest_block * sizeof *vals);
-    void *conv = malloc(tr->largest_block * tr->pbytes);  /* npad */
-    int cur = -1;
+    float *vals = malloc(INIT_CHUNK * sizeof *vals);
+    void *conv = malloc(INIT_CHUNK * tr->pbytes);
+    int np_pending[64] = { 0 };
+    int nvme_blocks = 0;
+    init_units iu = { tr, 0, 0, 0 };
+    bool opt_nvme = tr->oopt == ZN_OFFLOAD_NVME;
     if (!vals || !conv) {
         rc = zn_set_error(-ENOMEM, "train: out of memory");
         goto out;
     }
-    /* working params, block by block: the whole (padded) block or this
-     * rank's shard of it, padding zero */
+    for (int s = 0; s < 16; s++)
+        tr->oslot[s].unit = -1;
     for (int b = 0; b < tr->L && !rc; b++) {
         zn_block *bl = &tr->blocks[b];
-        if ((rc = md->init_params(md->ctx, b, vals, bl->n)))
-            goto out;
-        cur = b;
-        memset(conv, 0, bl->npad * tr->pbytes);
-        if ((rc = zn_convert(conv, tr->pdt, vals, ZN_DTYPE_F32, bl->n)))
-            goto out;
-        const char *from = (const char *)conv + (bl->replicated ? 0 : bl->soff * tr->pbytes);
-        size_t bytes = home_elems(bl) * tr->pbytes;
-        if (bl->home == ZN_PHOME_DEVICE) {
-            rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d, bl->dev_params, from, bytes);
-            if (!rc)
-                rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
-        } else if (bl->home == ZN_PHOME_CPU) {
-            memcpy(bl->cpu_params, from, bytes);
-        } else {
-            memcpy(tr->pstage[0], (const char *)conv + bl->soff * tr->pbytes,
-                   bl->len * tr->pbytes);
+        uint64_t h0 = bl->replicated ? 0 : bl->soff, hn = home_elems(bl);
+        int t = -1;
+        if (bl->home == ZN_PHOME_NVME) {
+            t = nvme_blocks++ % tr->n_pstage;
+            if ((rc = init_pstage_wait(tr, t, np_pending)))
+                goto out;
+        }
+        for (uint64_t x = h0; x < h0 + hn && !rc; x += INIT_CHUNK) {
+            uint64_t c = h0 + hn - x < INIT_CHUNK ? h0 + hn - x : INIT_CHUNK;
+            uint64_t real = x < bl->n ? (bl->n - x < c ? bl->n - x : c) : 0;
+            if (real && (rc = md->init_params(md->ctx, b, x, real, vals)))
+                goto out;
+            memset(vals + real, 0, (c - real) * 4);  /* padding of a sharded block */
+            /* the working copy at its home */
+            if (bl->home == ZN_PHOME_DEVICE) {
+                if ((rc = zn_convert(conv, tr->pdt, vals, ZN_DTYPE_F32, c)) ||
+                    (rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d,
+                                          (char *)bl->dev_params + (x - h0) * tr->pbytes, conv,
+                                          c * tr->pbytes)) ||
+                    (rc = zn_dev_stream_sync(tr->dev, tr->s_h2d)))
+                    goto out;
+            } else if (bl->home == ZN_PHOME_CPU) {
+                if ((rc = zn_convert((char *)bl->cpu_params + (x - h0) * tr->pbytes, tr->pdt,
+                                     vals, ZN_DTYPE_F32, c)))
+                    goto out;
+            }
+            /* the rank's shard: NVMe-home params and the master */
+            uint64_t a = x > bl->soff ? x : bl->soff;
+            uint64_t e = x + c < bl->soff + bl->len ? x + c : bl->soff + bl->len;
+            if (a >= e)
+                continue;
+            if (bl->home == ZN_PHOME_NVME &&
+                (rc = zn_convert((char *)tr->pstage[t] + (a - bl->soff) * tr->pbytes, tr->pdt,
+                                 vals + (a - x), ZN_DTYPE_F32, e - a)))
+                goto out;
+            if (!opt_nvme)
+                memcpy(tr->master + bl->off + (a - bl->soff), vals + (a - x), (e - a) * 4);
+            else if ((rc = init_units_put(&iu, vals + (a - x), e - a)))
+                goto out;
+        }
+        if (bl->home == ZN_PHOME_NVME) {
             for (int k = 0; k < bl->np && !rc; k++) {
                 zn_piece *p = &tr->pieces[bl->p0 + k];
-                zn_io_req r;
-                rc = zn_ioq_submit(&tr->wq, &r, 1, &zn_tier_get(&tr->tm, p->param_id)->ext,
-                                   (char *)tr->pstage[0] + (p->start - bl->off) * tr->pbytes,
+                rc = zn_ioq_submit(&tr->wq, &tr->pstage_req[t * tr->max_block_pieces + k], 1,
+                                   &zn_tier_get(&tr->tm, p->param_id)->ext,
+                                   (char *)tr->pstage[t] + (p->start - bl->off) * tr->pbytes,
                                    p->n * tr->pbytes, "initial params");
-                int r2 = zn_ioq_wait(&tr->wq, &r);
-                if (!rc)
-                    rc = r2;
+                np_pending[t] = k + 1;
             }
         }
     }
-    if (rc)
-        goto out;
-    /* master (fp32), m = v = 0 */
-    if (tr->oopt != ZN_OFFLOAD_NVME) {
-        for (int b = 0; b < tr->L && !rc; b++) {
-            zn_block *bl = &tr->blocks[b];
-            if (cur != b && (rc = md->init_params(md->ctx, b, vals, bl->n)))
-                goto out;
-            cur = b;
-            memcpy(tr->master + bl->off, vals + bl->soff, bl->len * 4);
-        }
+    if (!rc && opt_nvme && iu.unit != tr->n_units)
+        rc = zn_set_error(ZN_EINTERNAL, "train: initial state filled %d of %d optimizer units",
+                          iu.unit, tr->n_units);
+    if (!opt_nvme) {
         memset(tr->mom, 0, tr->P * 4);
         memset(tr->var, 0, tr->P * 4);
         memset(tr->gacc, 0, tr->P * 4);
-    } else {
-        zn_opt_slot *s = &tr->oslot[0];
-        for (int u = 0; u < tr->n_units && !rc; u++) {
-            zn_unit *un = &tr->units[u];
-            for (int k = 0; k < un->np; k++) {
-                zn_piece *p = &tr->pieces[un->p0 + k];
-                zn_block *bl = &tr->blocks[p->block];
-                if (cur != p->block && (rc = md->init_params(md->ctx, p->block, vals, bl->n)))
-                    goto out;
-                cur = p->block;
-                memcpy(s->master + (p->start - un->off), vals + bl->soff + (p->start - bl->off),
-                       p->n * 4);
-            }
-            memset(s->m, 0, un->n * 4);
-            memset(s->v, 0, un->n * 4);
-            float *src[3] = { s->master, s->m, s->v };
-            int ids[3] = { un->master_id, un->m_id, un->v_id };
-            for (int i = 0; i < 3 && !rc; i++) {
-                zn_io_req r;
-                rc = zn_ioq_submit(&tr->wq, &r, 1, &zn_tier_get(&tr->tm, ids[i])->ext, src[i],
-                                   un->n * 4, "initial optimizer state");
-                int r2 = zn_ioq_wait(&tr->wq, &r);
-                if (!rc)
-                    rc = r2;
-                if (!rc)
-                    zn_tier_set_valid(&tr->tm, ids[i], ZN_TIER_NVME, true);
-            }
-        }
     }
 out:
+    /* every write issued is waited for, also after a failure: its buffer
+     * is freed with the trainer */
+    for (int t = 0; t < tr->n_pstage && t < 64; t++) {
+        int r2 = init_pstage_wait(tr, t, np_pending);
+        if (!rc)
+            rc = r2;
+    }
+    if (opt_nvme)
+        for (int s = 0; s < tr->n_oslots; s++) {
+            int r2 = init_unit_wait(tr, s);
+            if (!rc)
+                rc = r2;
+        }
+    for (int s = 0; s < 16; s++)
+        tr->oslot[s].unit = -1;
     free(vals);
     free(conv);
     return rc;
@@ -1259,6 +1357,31 @@ static int combine_ranks(zn_trainer *tr, double *loss_sum, double *sq, int *nonf
     return 0;
 }
 
+/* Targets >= 0 among this rank's n, summed over the ranks (a copy of each
+ * rank's count travels as two f32 words, like combine_ranks' doubles). */
+static int count_targets(zn_trainer *tr, const int32_t *targets, uint64_t n, uint64_t *out)
+{
+    uint64_t mine = 0;
+    for (uint64_t i = 0; i < n; i++)
+        mine += targets[i] >= 0;
+    *out = mine;
+    if (tr->world == 1)
+        return 0;
+    uint64_t *all = malloc((size_t)tr->world * sizeof *all);
+    if (!all)
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    int rc = zn_comm_allgather(tr->comm, &mine, all, 2, ZN_DTYPE_F32);
+    if (rc) {
+        free(all);
+        return zn_error_prefix(rc, "step target count: ");
+    }
+    *out = 0;
+    for (int r = 0; r < tr->world; r++)
+        *out += all[r];
+    free(all);
+    return 0;
+}
+
 /* ZeRO stages 1/2 with N > 1 ranks: every rank updated its shard of the
  * replicated parameters; all-gather them in place so that every rank holds
  * the whole updated block again. */
@@ -1375,8 +1498,13 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     }
     int next_fetch = 0, use = 0;
     uint64_t nvme_fetches = 0;
-    /* the mean over every token of the global batch (all ranks) */
-    float loss_scale = (float)(scale / ((double)ntok * (double)A * (double)tr->world));
+    /* the mean over the targets of the global batch (every micro-batch of
+     * every rank; an ignored target, < 0, counts nowhere), as the HF
+     * Trainer computes it */
+    uint64_t ntgt = 0;
+    if ((rc = count_targets(tr, targets, ntok * (uint64_t)A, &ntgt)))
+        return step_failed(tr, rc, tr->steps_run + 1);
+    float loss_scale = (float)(scale / (double)(ntgt ? ntgt : 1));
     double loss_sum = 0;
     rc = 0;
     for (int mb = 0; mb < A && !rc; mb++) {

@@ -4,10 +4,13 @@
  * table) is created in prepare(), on the trainer's device. */
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "zinc/model.h"
+#include "zinc/safetensors.h"
 #include "zinc/train.h"
 
 #define MAX_TENSORS 32
@@ -16,6 +19,7 @@ typedef struct {
     int n;
     uint64_t off[MAX_TENSORS];   /* elements */
     int kind[MAX_TENSORS];       /* 0 matrix (normal), 1 norm (ones), 2 bias (zeros) */
+    const zn_st_tensor *src[MAX_TENSORS]; /* loaded: the checkpoint's tensor */
 } block_layout;
 
 struct zn_train_llama {
@@ -28,6 +32,8 @@ struct zn_train_llama {
     block_layout *lay;
     zn_model *m;
     size_t esz;
+    zn_st *st;                   /* the checkpoint the weights come from, or NULL */
+    _Atomic uint64_t bytes_read;
     zn_train_model tm;
 };
 
@@ -39,28 +45,94 @@ static uint64_t mix(uint64_t z)
     return z ^ (z >> 31);
 }
 
-static int ll_init(void *ctx, int b, float *out, uint64_t n)
+/* Seeded normal(0, std) values of elements [first, first + n) of a tensor:
+ * Box-Muller on two hashes of (key, pair) gives the pair (2j, 2j+1) its
+ * cosine and sine halves, so any range is the same numbers wherever it is
+ * cut. */
+static void normal_range(uint64_t key, double std, uint64_t first, uint64_t n, float *out)
+{
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (uint64_t k = 0; k < n; k++) {
+        uint64_t e = first + k, j = e >> 1;
+        uint64_t a = mix(key + 2 * j), c = mix(key + 2 * j + 1);
+        double u1 = ((double)(a >> 11) + 0.5) / 9007199254740992.0;
+        double u2 = (double)(c >> 11) / 9007199254740992.0;
+        double r = std * sqrt(-2.0 * log(u1)), th = 2.0 * M_PI * u2;
+        out[k] = (float)(r * ((e & 1) ? sin(th) : cos(th)));
+    }
+}
+
+/* Reads of a loaded range, cut into pieces of at most READ_PIECE elements
+ * that the OpenMP threads pread and widen in parallel. */
+#define READ_PIECE ((uint64_t)1 << 20)
+
+typedef struct {
+    const zn_st_tensor *t;
+    uint64_t first, n;   /* tensor elements */
+    float *out;
+} read_piece;
+
+static int read_pieces(zn_train_llama *l, const read_piece *rp, int np)
+{
+    _Atomic int err = 0;
+    char msg[512] = "";
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < np; i++) {
+        if (atomic_load(&err))
+            continue;
+        int rc = zn_st_read_range(l->st, rp[i].t, rp[i].first, rp[i].n, ZN_DTYPE_F32, rp[i].out,
+                                  (size_t)(rp[i].n * 4));
+        if (rc) {
+            int zero = 0;
+            if (atomic_compare_exchange_strong(&err, &zero, rc))
+                snprintf(msg, sizeof msg, "%s", zn_last_error());
+        } else {
+            atomic_fetch_add(&l->bytes_read, rp[i].n * zn_st_dtype_size(rp[i].t->dtype));
+        }
+    }
+    int rc = atomic_load(&err);
+    return rc ? zn_set_error(rc, "%s", msg) : 0;
+}
+
+static int ll_init(void *ctx, int b, uint64_t first, uint64_t n, float *out)
 {
     zn_train_llama *l = ctx;
     const block_layout *ly = &l->lay[b];
-    for (int i = 0; i < ly->n; i++) {
-        uint64_t end = i + 1 < ly->n ? ly->off[i + 1] : n;
-        uint64_t key = mix(l->seed ^ mix(((uint64_t)b << 8) | (uint64_t)i));
-        for (uint64_t k = ly->off[i]; k < end; k++) {
-            if (ly->kind[i] == 1) {
-                out[k] = 1.0f;
-            } else if (ly->kind[i] == 2) {
-                out[k] = 0.0f;
-            } else {
-                /* Box-Muller from two hashes of (key, element) */
-                uint64_t a = mix(key + 2 * k), c = mix(key + 2 * k + 1);
-                double u1 = ((double)(a >> 11) + 0.5) / 9007199254740992.0;
-                double u2 = (double)(c >> 11) / 9007199254740992.0;
-                out[k] = (float)(l->init_std * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+    uint64_t total = l->block_params[b];
+    if (first > total || n > total - first)
+        return zn_set_error(ZN_EARG, "init: block %d range [%llu, +%llu) outside its %llu "
+                            "elements", b, (unsigned long long)first, (unsigned long long)n,
+                            (unsigned long long)total);
+    read_piece rp[64];
+    int np = 0, rc = 0;
+    for (int i = 0; i < ly->n && !rc; i++) {
+        uint64_t ts = ly->off[i], te = i + 1 < ly->n ? ly->off[i + 1] : total;
+        uint64_t a = first > ts ? first : ts, e = first + n < te ? first + n : te;
+        if (a >= e)
+            continue;
+        float *o = out + (a - first);
+        if (ly->src[i]) {
+            for (uint64_t x = a; x < e; x += READ_PIECE) {
+                if (np == (int)(sizeof rp / sizeof rp[0])) {
+                    if ((rc = read_pieces(l, rp, np)))
+                        return rc;
+                    np = 0;
+                }
+                rp[np++] = (read_piece){ ly->src[i], x - ts,
+                                         e - x < READ_PIECE ? e - x : READ_PIECE,
+                                         out + (x - first) };
             }
+        } else if (ly->kind[i] == 1) {
+            for (uint64_t k = 0; k < e - a; k++)
+                o[k] = 1.0f;
+        } else if (ly->kind[i] == 2) {
+            memset(o, 0, (e - a) * sizeof *o);
+        } else {
+            uint64_t key = mix(l->seed ^ mix(((uint64_t)b << 8) | (uint64_t)i));
+            normal_range(key, l->init_std, a - ts, e - a, o);
         }
     }
-    return 0;
+    return np ? read_pieces(l, rp, np) : 0;
 }
 
 static int ll_prepare(void *ctx, zn_dev *d, zn_stream *s, zn_dtype dt)
@@ -218,7 +290,127 @@ void zn_train_llama_destroy(zn_train_llama *l)
 {
     if (!l)
         return;
+    zn_st_close(l->st);
     free(l->block_params);
     free(l->lay);
     free(l);
+}
+
+uint64_t zn_train_llama_bytes_read(const zn_train_llama *l)
+{
+    return l ? atomic_load(&l->bytes_read) : 0;
+}
+
+/* Tensors a checkpoint may hold that the model does not use. */
+static int ignorable(const zn_model_dims *d, const char *name)
+{
+    if (strstr(name, "rotary_emb.inv_freq"))
+        return 1;
+    return d->tie_embeddings && !strcmp(name, "lm_head.weight");
+}
+
+static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape)
+{
+    size_t o = 0;
+    buf[0] = '\0';
+    o += (size_t)snprintf(buf, n, "[");
+    for (int k = 0; k < ndim && o < n; k++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%lld", k ? ", " : "", (long long)shape[k]);
+    if (o < n)
+        snprintf(buf + o, n - o, "]");
+}
+
+int zn_train_llama_load(zn_train_llama *l, const char *path, char *summary, size_t summary_len)
+{
+    zn_st *st = NULL;
+    int rc = zn_st_open(&st, path);
+    if (rc)
+        return zn_error_prefix(rc, "model weights: ");
+    size_t nt = zn_st_count(st), used = 0;
+    unsigned char *seen = calloc(nt ? nt : 1, 1);
+    int dtypes = 0;  /* bit per zn_st_dtype among the tensors used */
+    if (!seen) {
+        zn_st_close(st);
+        return zn_set_error(-ENOMEM, "out of memory");
+    }
+    /* the sources are installed only once every tensor checked out */
+    const zn_st_tensor **tab = calloc((size_t)l->nb * MAX_TENSORS, sizeof *tab);
+    if (!tab) {
+        free(seen);
+        zn_st_close(st);
+        return zn_set_error(-ENOMEM, "out of memory");
+    }
+    for (int b = 0; b < l->nb && !rc; b++) {
+        for (int i = 0; i < l->lay[b].n && !rc; i++) {
+            zn_param_info pi;
+            if ((rc = zn_model_block_param(&l->d, b, i, &pi)))
+                break;
+            const zn_st_tensor *t = zn_st_find(st, pi.name);
+            if (!t) {
+                rc = zn_set_error(ZN_ECONFIG, "model weights %s: tensor '%s' is missing "
+                                  "(config.json and the weights disagree?)", path, pi.name);
+                break;
+            }
+            int same = t->ndim == pi.ndim;
+            for (int k = 0; same && k < pi.ndim; k++)
+                same = t->shape[k] == pi.shape[k];
+            if (!same) {
+                char want[64], have[128];
+                shape_str(want, sizeof want, pi.ndim, pi.shape);
+                shape_str(have, sizeof have, t->ndim, t->shape);
+                rc = zn_set_error(ZN_ECONFIG, "model weights %s: tensor '%s' has shape %s, "
+                                  "config.json needs %s", zn_st_shard_path(st, t->shard),
+                                  pi.name, have, want);
+                break;
+            }
+            if (t->dtype != ZN_ST_F32 && t->dtype != ZN_ST_BF16 && t->dtype != ZN_ST_F16) {
+                rc = zn_set_error(ZN_EUNSUPPORTED, "model weights %s: tensor '%s' is %s; zinc "
+                                  "trains from F32, BF16 or F16 weights (a quantized "
+                                  "checkpoint needs dequantizing first)",
+                                  zn_st_shard_path(st, t->shard), pi.name,
+                                  zn_st_dtype_name(t->dtype));
+                break;
+            }
+            size_t idx = (size_t)(t - zn_st_tensor_at(st, 0));
+            if (!seen[idx]) {
+                seen[idx] = 1;
+                used++;
+            }
+            dtypes |= 1 << t->dtype;
+            tab[(size_t)b * MAX_TENSORS + (size_t)i] = t;
+        }
+    }
+    for (size_t k = 0; k < nt && !rc; k++) {
+        const zn_st_tensor *t = zn_st_tensor_at(st, k);
+        if (seen[k] || ignorable(&l->d, t->name))
+            continue;
+        rc = zn_set_error(ZN_ECONFIG, "model weights %s: tensor '%s' is not a parameter of "
+                          "this %s model (config.json and the weights disagree?)",
+                          zn_st_shard_path(st, t->shard), t->name,
+                          l->d.arch == ZN_ARCH_QWEN2 ? "qwen2" : "llama");
+    }
+    free(seen);
+    if (rc) {
+        free(tab);
+        zn_st_close(st);
+        return rc;
+    }
+    for (int b = 0; b < l->nb; b++)
+        for (int i = 0; i < l->lay[b].n; i++)
+            l->lay[b].src[i] = tab[(size_t)b * MAX_TENSORS + (size_t)i];
+    free(tab);
+    zn_st_close(l->st);
+    l->st = st;
+    if (summary && summary_len) {
+        char dts[64] = "";
+        size_t o = 0;
+        for (int t = 0; t < ZN_ST_NDTYPES; t++)
+            if (dtypes & (1 << t))
+                o += (size_t)snprintf(dts + o, sizeof dts - o, "%s%s", o ? "+" : "",
+                                      zn_st_dtype_name((zn_st_dtype)t));
+        for (char *c = dts; *c; c++)
+            *c = (char)(*c >= 'A' && *c <= 'Z' ? *c - 'A' + 'a' : *c);
+        snprintf(summary, summary_len, "%zu tensors from %s, %s", used, path, dts);
+    }
+    return 0;
 }

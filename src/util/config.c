@@ -234,6 +234,7 @@ static const key_spec schema[] = {
     { "model.attention_bias", K_BOOL, OFF(model.attention_bias), 0, 0, NULL, 0, NULL },
     { "model.init_std", K_NUM, OFF(model.init_std), 0, 10, NULL, 0, NULL },
     { "model.seed", K_INT, OFF(model.seed), 0, I64MAX, NULL, 0, NULL },
+    { "model.init", K_ENUM, OFF(model.init), 0, 0, "weights|random", 0, NULL },
 
     /* ---- zinc: data ---- */
     { "data", K_OBJ, 0, 0, 0, NULL, 0, NULL },

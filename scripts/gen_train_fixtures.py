@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Generates the fine-tuning fixtures in tests/fixtures/ft-*: PyTorch training
+a transformers-saved model for 10 AdamW steps, which zinc must reproduce
+starting from the same folder (tests/test_train_hf.c).
+
+Two small decoders with shapes unlike the other fixtures:
+  ft-llama  llama, 3 layers, hidden 48, GQA 6/2 heads, untied, weights
+            stored as bf16 in one model.safetensors
+  ft-qwen2  qwen2 (q/k/v bias), 2 layers, hidden 40, GQA 5/1 heads,
+            untied, weights stored as fp16 in two shards with an index
+For each folder: config.json (transformers' own), the weights,
+train-config.json (the zinc config the test trains with: DeepSpeed's
+optimizer / scheduler / clipping keys and the batch shape), and
+train-reference.json with every step's ids and targets (micro-batches of
+the step back to back), the loss of each step (mean over the step's
+targets), the learning rate used and the gradient norm before clipping.
+final.safetensors holds every parameter after the 10 steps (fp32).
+
+PyTorch runs in fp32 on the CPU with eager attention, on the values stored
+on disk widened to fp32 (what zinc's master starts from). The step is
+torch.optim.AdamW with the lr DeepSpeed's WarmupLR gives zinc's step k
+(iteration k - 1), after torch.nn.utils.clip_grad_norm_, the loss of a
+micro-batch being sum(xent) / (targets of the whole step) as the HF
+Trainer accumulates it.
+
+Usage: python3 scripts/gen_train_fixtures.py [--out tests/fixtures]
+Needs torch and transformers (scripts/requirements-fixtures.txt); without
+them it makes .venv-fixtures/ like scripts/gen_fixtures.py. CI never runs
+this.
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gen_fixtures import ensure_torch  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 10
+MICRO = 2
+ACCUM = 2
+SEQ = 12
+LR, BETAS, EPS, WD, CLIP = 2e-3, (0.9, 0.95), 1e-8, 0.1, 1.0
+WARMUP = 3
+
+
+def lr_at(step):
+    """DeepSpeed WarmupLR (linear, min 0) at zinc's step `step` (1-based)."""
+    it = step - 1
+    w = max(2, WARMUP)
+    return LR * (it / w if it < w else 1.0)
+
+
+def shapes(kind):
+    if kind == "llama":
+        return dict(hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                    num_attention_heads=6, num_key_value_heads=2, vocab_size=160,
+                    max_position_embeddings=64, hidden_act="silu")
+    return dict(hidden_size=40, intermediate_size=72, num_hidden_layers=2,
+                num_attention_heads=5, num_key_value_heads=1, vocab_size=150,
+                max_position_embeddings=64, hidden_act="silu")
+
+
+def randomize(model, torch, gen):
+    """Weights large enough that every op matters, small enough that AdamW's
+    steps move the loss."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                v = 1.0 + 0.2 * torch.randn(p.shape, generator=gen)
+            elif name.endswith(".bias"):
+                v = 0.2 * torch.randn(p.shape, generator=gen)
+            elif "embed_tokens" in name:
+                v = torch.randn(p.shape, generator=gen)
+            else:
+                v = torch.randn(p.shape, generator=gen) * (1.0 / p.shape[1] ** 0.5)
+            p.copy_(v)
+
+
+def make(kind, out, torch, transformers, save_file):
+    gen = torch.Generator().manual_seed(11 if kind == "llama" else 12)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(**shapes(kind), rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                       attention_bias=False, rope_theta=500000.0)
+        cls = transformers.LlamaForCausalLM
+        disk = torch.bfloat16
+    else:
+        cfg = transformers.Qwen2Config(**shapes(kind), rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                       rope_theta=1000000.0, use_sliding_window=False)
+        cls = transformers.Qwen2ForCausalLM
+        disk = torch.float16
+    cfg._attn_implementation = "eager"
+    model = cls(cfg).to(torch.float32)
+    randomize(model, torch, gen)
+    tensors = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            q = p.to(disk).contiguous()
+            p.copy_(q.to(torch.float32))  # train from exactly what is on disk
+            tensors[name] = q
+
+    d = os.path.join(out, "ft-" + kind)
+    os.makedirs(d, exist_ok=True)
+    for f in os.listdir(d):
+        os.remove(os.path.join(d, f))
+    cfg.save_pretrained(d)
+    meta = {"format": "pt"}
+    if kind == "llama":
+        save_file(tensors, os.path.join(d, "model.safetensors"), metadata=meta)
+    else:
+        names = list(tensors)
+        half = len(names) // 2
+        files = {"model-00001-of-00002.safetensors": names[:half],
+                 "model-00002-of-00002.safetensors": names[half:]}
+        wm, total = {}, 0
+        for fname, group in files.items():
+            save_file({n: tensors[n] for n in group}, os.path.join(d, fname), metadata=meta)
+            for n in group:
+                wm[n] = fname
+                total += tensors[n].numel() * tensors[n].element_size()
+        with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": wm}, f, indent=2)
+
+    zcfg = {
+        "_comment": "tests/test_train_hf.c trains model.path for 10 steps with this; "
+                    "made by scripts/gen_train_fixtures.py",
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": ACCUM,
+        "gradient_clipping": CLIP,
+        "bf16": {"enabled": False},
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS,
+                                                  "weight_decay": WD}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": LR,
+                                                     "warmup_num_steps": WARMUP,
+                                                     "warmup_type": "linear"}},
+        "zero_optimization": {"stage": 3},
+        "model": {"path": "."},
+        "data": {"seq_len": SEQ},
+        "train": {"steps": STEPS, "device": "host"},
+    }
+    with open(os.path.join(d, "train-config.json"), "w") as f:
+        json.dump(zcfg, f, indent=2)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    V = cfg.vocab_size
+    dgen = torch.Generator().manual_seed(21 if kind == "llama" else 22)
+    steps = []
+    model.train()
+    for step in range(1, STEPS + 1):
+        ids = torch.randint(0, V, (ACCUM, MICRO, SEQ + 1), generator=dgen)
+        x, y = ids[..., :-1].clone(), ids[..., 1:].clone()
+        # a few ignored targets (HF's -100), as an SFT mask makes them
+        y[0, 0, 2] = -100
+        y[ACCUM - 1, MICRO - 1, SEQ - 1] = -100
+        n_tgt = int((y >= 0).sum())
+        opt.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for a in range(ACCUM):
+            logits = model(input_ids=x[a]).logits
+            l = torch.nn.functional.cross_entropy(logits.reshape(-1, V), y[a].reshape(-1),
+                                                  ignore_index=-100, reduction="sum")
+            (l / n_tgt).backward()
+            loss_sum += l.item()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item()
+        lr = lr_at(step)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.step()
+        steps.append({"step": step, "ids": x.reshape(-1).tolist(), "targets": y.reshape(-1).tolist(),
+                      "loss": loss_sum / n_tgt, "lr": lr, "grad_norm": norm})
+        print("%s step %2d loss %.6f lr %.2e norm %.4f" % (kind, step, loss_sum / n_tgt, lr, norm))
+    save_file({n: p.detach().contiguous() for n, p in model.named_parameters()},
+              os.path.join(d, "final.safetensors"), metadata=meta)
+    ref = {
+        "generator": "scripts/gen_train_fixtures.py",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "precision": "float32, eager attention, CPU",
+        "weights_dtype": "bf16" if kind == "llama" else "f16",
+        "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
+        "steps": steps,
+    }
+    with open(os.path.join(d, "train-reference.json"), "w") as f:
+        json.dump(ref, f, indent=1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
+    args = ap.parse_args()
+    ensure_torch()
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+    torch.manual_seed(0)
+    torch.set_num_threads(1)  # one summation order, run to run
+    for kind in ("llama", "qwen2"):
+        make(kind, args.out, torch, transformers, save_file)
+
+
+if __name__ == "__main__":
+    main()
