@@ -8,6 +8,9 @@ Two small decoders with shapes unlike the other fixtures:
             stored as bf16 in one model.safetensors
   ft-qwen2  qwen2 (q/k/v bias), 2 layers, hidden 40, GQA 5/1 heads,
             untied, weights stored as fp16 in two shards with an index
+  ft-tied   llama with tied embeddings (as Llama-3.2 and Qwen2.5 <= 3B),
+            2 layers, hidden 32, GQA 4/2 heads, weights stored as fp32
+            (transformers saves the shared table once, as embed_tokens)
 For each folder: config.json (transformers' own), the weights,
 train-config.json (the zinc config the test trains with: DeepSpeed's
 optimizer / scheduler / clipping keys and the batch shape), and
@@ -53,6 +56,10 @@ def lr_at(step):
 
 
 def shapes(kind):
+    if kind == "tied":
+        return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                    max_position_embeddings=64, hidden_act="silu")
     if kind == "llama":
         return dict(hidden_size=48, intermediate_size=80, num_hidden_layers=3,
                     num_attention_heads=6, num_key_value_heads=2, vocab_size=160,
@@ -72,15 +79,22 @@ def randomize(model, torch, gen):
             elif name.endswith(".bias"):
                 v = 0.2 * torch.randn(p.shape, generator=gen)
             elif "embed_tokens" in name:
-                v = torch.randn(p.shape, generator=gen)
+                # tied: the same table makes the logits, keep them O(1)
+                std = 0.3 if model.config.tie_word_embeddings else 1.0
+                v = std * torch.randn(p.shape, generator=gen)
             else:
                 v = torch.randn(p.shape, generator=gen) * (1.0 / p.shape[1] ** 0.5)
             p.copy_(v)
 
 
 def make(kind, out, torch, transformers, save_file):
-    gen = torch.Generator().manual_seed(11 if kind == "llama" else 12)
-    if kind == "llama":
+    gen = torch.Generator().manual_seed({"llama": 11, "qwen2": 12, "tied": 13}[kind])
+    if kind == "tied":
+        cfg = transformers.LlamaConfig(**shapes(kind), rms_norm_eps=1e-5, tie_word_embeddings=True,
+                                       attention_bias=False, rope_theta=500000.0)
+        cls = transformers.LlamaForCausalLM
+        disk = torch.float32
+    elif kind == "llama":
         cfg = transformers.LlamaConfig(**shapes(kind), rms_norm_eps=1e-5, tie_word_embeddings=False,
                                        attention_bias=False, rope_theta=500000.0)
         cls = transformers.LlamaForCausalLM
@@ -93,6 +107,9 @@ def make(kind, out, torch, transformers, save_file):
     cfg._attn_implementation = "eager"
     model = cls(cfg).to(torch.float32)
     randomize(model, torch, gen)
+    if cfg.tie_word_embeddings:
+        model.tie_weights()
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     tensors = {}
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -106,7 +123,7 @@ def make(kind, out, torch, transformers, save_file):
         os.remove(os.path.join(d, f))
     cfg.save_pretrained(d)
     meta = {"format": "pt"}
-    if kind == "llama":
+    if kind != "qwen2":
         save_file(tensors, os.path.join(d, "model.safetensors"), metadata=meta)
     else:
         names = list(tensors)
@@ -144,7 +161,7 @@ def make(kind, out, torch, transformers, save_file):
 
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     V = cfg.vocab_size
-    dgen = torch.Generator().manual_seed(21 if kind == "llama" else 22)
+    dgen = torch.Generator().manual_seed({"llama": 21, "qwen2": 22, "tied": 23}[kind])
     steps = []
     model.train()
     for step in range(1, STEPS + 1):
@@ -177,7 +194,7 @@ def make(kind, out, torch, transformers, save_file):
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "precision": "float32, eager attention, CPU",
-        "weights_dtype": "bf16" if kind == "llama" else "f16",
+        "weights_dtype": {"llama": "bf16", "qwen2": "f16", "tied": "f32"}[kind],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "steps": steps,
     }
@@ -195,7 +212,7 @@ def main():
     from safetensors.torch import save_file
     torch.manual_seed(0)
     torch.set_num_threads(1)  # one summation order, run to run
-    for kind in ("llama", "qwen2"):
+    for kind in ("llama", "qwen2", "tied"):
         make(kind, args.out, torch, transformers, save_file)
 
 

@@ -37,7 +37,11 @@ typedef struct {
     int n_blocks;                   /* blocks in execution order */
     const uint64_t *block_params;   /* parameters (elements) per block */
     uint64_t persistent_params;     /* elements small enough to stay on the GPU
-                                       (stage3_param_persistence_threshold) */
+                                       (stage3_param_persistence_threshold), and
+                                       a tied embedding */
+    uint64_t tied_params;           /* elements of a tied embedding (0: none): the
+                                       run also keeps an fp32 gradient buffer of
+                                       this size on the GPU */
     /* activation shape */
     int64_t n_layers, hidden, n_heads, n_kv_heads, head_dim, intermediate, vocab;
     int64_t micro_batch, seq_len;

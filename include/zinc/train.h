@@ -110,19 +110,32 @@ typedef struct zn_train_model {
      * like the parameters) to dparams. */
     int (*backward)(void *ctx, zn_stream *s, int block, void *params, const void *in,
                     const void *dout, void *din, float *dparams);
+    /* 1: block 0's parameters are read by other blocks too (a tied
+     * embedding, which the head uses as its output projection). The trainer
+     * then keeps block 0 whole and resident on the device for the run (its
+     * home is the device, never fetched), calls bind_block0 with its device
+     * address after allocating it, and refuses ZeRO stage 3 across ranks
+     * (whose blocks live sharded). Other blocks' gradients for it are the
+     * model's to add into block 0's during block 0's backward, which comes
+     * last. */
+    int keep_block0;
+    void (*bind_block0)(void *ctx, void *dev_params);
 } zn_train_model;
 
 /* ---- the Llama / Qwen2 decoder as a trainer model ---------------------------
  * Adapts include/zinc/model.h's block API: block b's flat buffer holds its
- * tensors in zn_model_block_param order, back to back. Initial weights:
+ * own tensors in zn_model_block_param order, back to back. Initial weights:
  * either a Hugging Face checkpoint (zn_train_llama_load), or normal(0,
  * init_std) for matrices, ones for norms, zeros for biases, a function of
- * (seed, block, tensor, element pair) only. Tied embeddings are not
- * supported yet (ZN_EUNSUPPORTED): the head would need the embedding's
- * buffer resident at the same time. */
+ * (seed, block, tensor, element pair) only.
+ * tie_word_embeddings: one parameter, embed_tokens, kept resident on the
+ * device (keep_block0); the head's lm_head is a view of it. The head's
+ * backward writes its weight gradient into an fp32 device buffer of the
+ * embedding's size, which the embedding's backward adds to its own: one
+ * gradient, one optimizer state. */
 typedef struct zn_train_llama zn_train_llama;
 /* dims: the decoder (copied). micro_batch x seq: the largest micro-batch.
- * Returns 0, ZN_EUNSUPPORTED (tie_word_embeddings), ZN_ECONFIG, -ENOMEM. */
+ * Returns 0, ZN_ECONFIG, -ENOMEM. */
 ZN_API int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims,
                                  int64_t micro_batch, int64_t seq, double init_std,
                                  uint64_t seed);

@@ -65,8 +65,10 @@ uint64_t zn_cli_persistent_params(const zn_model_dims *d, uint64_t threshold)
         if (layer[i] && layer[i] < threshold)
             per_layer += layer[i];
     uint64_t total = per_layer * (uint64_t)d->n_layers;
-    if (V * H < threshold)
-        total += V * H * (d->tie_embeddings ? 1 : 2);
+    if (d->tie_embeddings)
+        total += V * H;  /* one table, resident: the head reads it too */
+    else if (V * H < threshold)
+        total += V * H * 2;
     if (H < threshold)
         total += H;
     return total;
@@ -185,6 +187,7 @@ void zn_cli_plan_input(const zn_config *cfg, const zn_model_dims *d, int world,
     in->block_params = blocks;
     in->persistent_params =
         zn_cli_persistent_params(d, (uint64_t)cfg->zero.stage3_param_persistence_threshold);
+    in->tied_params = d->tie_embeddings ? (uint64_t)(d->vocab * d->hidden) : 0;
     in->n_layers = d->n_layers;
     in->hidden = d->hidden;
     in->n_heads = d->n_heads;

@@ -161,6 +161,9 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
     }
     p->live_window = window;
     add(p, ZN_STATE_WORK, ZN_TIER_GPU, window * pb + largest * pb + work_layer);
+    /* a tied embedding's head gradient waits on the GPU for the embedding's
+     * backward (src/offload/train_llama.c) */
+    add(p, ZN_STATE_WORK, ZN_TIER_GPU, in->tied_params * 4);
 
     /* Host working set: NVMe staging buffers for parameters and optimizer
      * sub-groups (DeepSpeed's buffer_count x buffer_size and buffer_count x

@@ -118,7 +118,15 @@ static int build_layout(zn_trainer *tr)
             tr->largest_block = bl->npad;
         if (bl->len > tr->largest_local)
             tr->largest_local = bl->len;
-        bool small = tr->popt == ZN_OFFLOAD_NONE || bl->n < thresh;
+        /* a block other blocks read (a tied embedding) stays on the device */
+        bool small = tr->popt == ZN_OFFLOAD_NONE || bl->n < thresh ||
+                     (b == 0 && md->keep_block0);
+        if (b == 0 && md->keep_block0 && !bl->replicated)
+            return zn_set_error(ZN_EUNSUPPORTED, "%s: tied embeddings (tie_word_embeddings) with "
+                                "ZeRO stage 3 across %d ranks are not supported yet: the "
+                                "embedding must stay whole on every device; use "
+                                "zero_optimization.stage 2 (or one rank)",
+                                cfg->source, tr->world);
         if (small) {
             bl->home = ZN_PHOME_DEVICE;
         } else if (tr->popt == ZN_OFFLOAD_CPU) {
@@ -761,6 +769,8 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     tr->gnvme = tr->oopt == ZN_OFFLOAD_NVME && tr->plan.grads_tier == ZN_TIER_NVME;
     TRY(build_layout(tr));
     TRY(allocate(tr));
+    if (o->model->keep_block0 && o->model->bind_block0)
+        o->model->bind_block0(o->model->ctx, tr->blocks[0].dev_params);
     if (tr->tm.aio) {
         TRY(zn_ioq_start(&tr->rq, tr->tm.aio, tr->trace, tr->track[ZN_RES_NVME_READ],
                          &tr->tm.nvme_read));

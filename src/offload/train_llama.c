@@ -20,6 +20,8 @@ typedef struct {
     uint64_t off[MAX_TENSORS];   /* elements */
     int kind[MAX_TENSORS];       /* 0 matrix (normal), 1 norm (ones), 2 bias (zeros) */
     const zn_st_tensor *src[MAX_TENSORS]; /* loaded: the checkpoint's tensor */
+    int pidx[MAX_TENSORS];       /* its index in zn_model_block_param order */
+    int n_all;                   /* tensors the block calls take (own + tied views) */
 } block_layout;
 
 struct zn_train_llama {
@@ -33,6 +35,9 @@ struct zn_train_llama {
     zn_model *m;
     size_t esz;
     zn_st *st;                   /* the checkpoint the weights come from, or NULL */
+    zn_dev *dev;
+    void *embed;                 /* tied: block 0's resident table (device) */
+    float *tied_grad;            /* tied: the head's lm_head gradient (device, fp32) */
     _Atomic uint64_t bytes_read;
     zn_train_model tm;
 };
@@ -147,6 +152,14 @@ static int ll_prepare(void *ctx, zn_dev *d, zn_stream *s, zn_dtype dt)
     int rc = zn_model_create(&l->m, d, &l->d, &mc);
     if (rc)
         return rc;
+    l->dev = d;
+    if (l->d.tie_embeddings &&
+        (rc = zn_dev_alloc(d, (size_t)(l->d.vocab * l->d.hidden) * 4, "tied lm_head gradient",
+                           (void **)&l->tied_grad))) {
+        zn_model_destroy(l->m);
+        l->m = NULL;
+        return rc;
+    }
     l->esz = zn_dtype_size(dt);
     l->tm.act_bytes = (size_t)zn_model_act_bytes(l->m);
     return 0;
@@ -155,7 +168,8 @@ static int ll_prepare(void *ctx, zn_dev *d, zn_stream *s, zn_dtype dt)
 static void ll_release(void *ctx, zn_dev *d)
 {
     zn_train_llama *l = ctx;
-    (void)d;
+    zn_dev_free(d, l->tied_grad);
+    l->tied_grad = NULL;
     zn_model_destroy(l->m);
     l->m = NULL;
 }
@@ -177,18 +191,29 @@ static int ll_read_loss(void *ctx, zn_stream *s, float *loss)
     return zn_model_read_loss(l->m, s, loss);
 }
 
-static void views(const zn_train_llama *l, int b, void *base, size_t esz, void **out)
+/* The block calls' tensor pointers: its own tensors in its flat buffer; a
+ * tied head's lm_head is the resident embedding (params) or the tied
+ * gradient buffer (grads). */
+static void views(const zn_train_llama *l, int b, void *base, size_t esz, void **out, int grads)
 {
     const block_layout *ly = &l->lay[b];
     for (int i = 0; i < ly->n; i++)
-        out[i] = (char *)base + ly->off[i] * esz;
+        out[ly->pidx[i]] = (char *)base + ly->off[i] * esz;
+    if (ly->n_all > ly->n)  /* the tied head: lm_head is its last tensor */
+        out[ly->n_all - 1] = grads ? (void *)l->tied_grad : l->embed;
+}
+
+static void ll_bind_block0(void *ctx, void *dev_params)
+{
+    zn_train_llama *l = ctx;
+    l->embed = dev_params;
 }
 
 static int ll_forward(void *ctx, zn_stream *s, int b, void *params, const void *in, void *out)
 {
     zn_train_llama *l = ctx;
     void *p[MAX_TENSORS];
-    views(l, b, params, l->esz, p);
+    views(l, b, params, l->esz, p, 0);
     if (b == 0)
         return zn_model_embed_fwd(l->m, s, p, out);
     if (b == l->nb - 1)
@@ -201,12 +226,25 @@ static int ll_backward(void *ctx, zn_stream *s, int b, void *params, const void 
 {
     zn_train_llama *l = ctx;
     void *p[MAX_TENSORS], *g[MAX_TENSORS];
-    views(l, b, params, l->esz, p);
-    views(l, b, dparams, 4, g);
-    if (b == 0)
-        return zn_model_embed_bwd(l->m, s, p, dout, (float *const *)g);
-    if (b == l->nb - 1)
+    views(l, b, params, l->esz, p, 0);
+    views(l, b, dparams, 4, g, 1);
+    int rc;
+    if (b == 0) {
+        if ((rc = zn_model_embed_bwd(l->m, s, p, dout, (float *const *)g)))
+            return rc;
+        /* tied: the head's lm_head gradient of this micro-batch joins the
+         * embedding's (the head's backward ran first) */
+        return l->tied_grad ? zn_dev_add_inplace(l->dev, s, g[0], ZN_DTYPE_F32, l->tied_grad,
+                                                 ZN_DTYPE_F32, l->d.vocab * l->d.hidden)
+                            : 0;
+    }
+    if (b == l->nb - 1) {
+        if (l->tied_grad &&
+            (rc = zn_dev_memset(l->dev, s, l->tied_grad, 0,
+                                (size_t)(l->d.vocab * l->d.hidden) * 4)))
+            return rc;
         return zn_model_head_bwd(l->m, s, p, in, din, (float *const *)g);
+    }
     return zn_model_layer_bwd(l->m, s, b - 1, p, in, NULL, dout, din, (float *const *)g);
 }
 
@@ -217,10 +255,6 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
     int rc = zn_model_dims_validate(dims);
     if (rc)
         return rc;
-    if (dims->tie_embeddings)
-        return zn_set_error(ZN_EUNSUPPORTED, "tie_word_embeddings: the offload schedule does "
-                            "not support tied embeddings yet (the head would need the "
-                            "embedding's parameters resident with its own)");
     zn_train_llama *l = calloc(1, sizeof *l);
     if (!l)
         return zn_set_error(-ENOMEM, "out of memory");
@@ -238,21 +272,33 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
     }
     for (int b = 0; b < l->nb; b++) {
         block_layout *ly = &l->lay[b];
-        ly->n = zn_model_block_nparams(dims, b);
-        if (ly->n > MAX_TENSORS) {
+        ly->n_all = zn_model_block_nparams(dims, b);
+        if (ly->n_all > MAX_TENSORS) {
             zn_train_llama_destroy(l);
-            return zn_set_error(ZN_EINTERNAL, "block %d has %d tensors", b, ly->n);
+            return zn_set_error(ZN_EINTERNAL, "block %d has %d tensors", b, ly->n_all);
         }
         uint64_t off = 0;
-        for (int i = 0; i < ly->n; i++) {
+        ly->n = 0;
+        for (int i = 0; i < ly->n_all; i++) {
             zn_param_info pi;
             if ((rc = zn_model_block_param(dims, b, i, &pi))) {
                 zn_train_llama_destroy(l);
                 return rc;
             }
+            if (pi.owner_block >= 0) {
+                /* a view of another block's tensor: only the tied lm_head,
+                 * the head's last tensor, a view of block 0's table */
+                if (pi.owner_block != 0 || i != ly->n_all - 1 || b != zn_model_num_blocks(dims) - 1) {
+                    zn_train_llama_destroy(l);
+                    return zn_set_error(ZN_EINTERNAL, "block %d tensor %d: unexpected tie", b, i);
+                }
+                continue;
+            }
             size_t nl = strlen(pi.name);
-            ly->off[i] = off;
-            ly->kind[i] = strstr(pi.name, "norm.weight") ? 1
+            int k = ly->n++;
+            ly->pidx[k] = i;
+            ly->off[k] = off;
+            ly->kind[k] = strstr(pi.name, "norm.weight") ? 1
                           : (nl > 5 && !strcmp(pi.name + nl - 5, ".bias")) ? 2 : 0;
             off += (uint64_t)pi.numel;
         }
@@ -277,6 +323,8 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
     m->read_loss = ll_read_loss;
     m->forward = ll_forward;
     m->backward = ll_backward;
+    m->keep_block0 = dims->tie_embeddings != 0;
+    m->bind_block0 = ll_bind_block0;
     *out = l;
     return 0;
 }
@@ -343,7 +391,7 @@ int zn_train_llama_load(zn_train_llama *l, const char *path, char *summary, size
     for (int b = 0; b < l->nb && !rc; b++) {
         for (int i = 0; i < l->lay[b].n && !rc; i++) {
             zn_param_info pi;
-            if ((rc = zn_model_block_param(&l->d, b, i, &pi)))
+            if ((rc = zn_model_block_param(&l->d, b, l->lay[b].pidx[i], &pi)))
                 break;
             const zn_st_tensor *t = zn_st_find(st, pi.name);
             if (!t) {
