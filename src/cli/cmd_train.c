@@ -55,7 +55,7 @@ static int join_ranks(zn_cli_train_session *ts, zn_config *cfg, int *local_size)
     zn_comm_config cc = zn_comm_config_default();
     cc.launch = &li;
     if ((rc = zn_comm_create(&ts->comm, &cc)))
-        return zn_error_prefix(rc, "joining the ranks (%s launch): ",
+        return zn_error_prefix(rc, "joining the ranks (%s launch)",
                                zn_launcher_name(li.launcher));
     ts->rank = zn_comm_rank(ts->comm);
     ts->world = zn_comm_size(ts->comm);
@@ -140,7 +140,7 @@ static int choose_weights(zn_cli_train_session *ts, const zn_config *cfg, int fl
                             "random init, set model.init=random", cfg->source, mp);
     int rc = zn_train_llama_load(ts->llama, mp, desc, sizeof desc);
     if (rc)
-        return zn_error_prefix(rc, "%s: model.path: ", cfg->source);
+        return zn_error_prefix(rc, "%s: model.path", cfg->source);
     snprintf(ts->weights, sizeof ts->weights, "%s", desc);
     return 0;
 }

@@ -129,7 +129,7 @@ static int mpi_start(zn_comm *c, zn_comm_req *r)
     return 0;
 fail:
     pthread_mutex_unlock(&m->lk);
-    return zn_error_prefix(rc, "%s: ", op->desc);
+    return zn_error_prefix(rc, "%s", op->desc);
 }
 
 /* Checks the control communicator for a report (rank 0) or a verdict.
@@ -361,5 +361,5 @@ int zn_comm_mpi_create(zn_comm *c)
     return 0;
 fail:
     pthread_mutex_unlock(&mpi_global);
-    return zn_error_prefix(rc, "comm/mpi: ");
+    return zn_error_prefix(rc, "comm/mpi");
 }

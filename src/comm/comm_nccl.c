@@ -79,7 +79,7 @@ int zn_nccl_init(zn_comm *c)
     n->ordinal = info.ordinal;
     int rc = set_device(n);
     if (rc)
-        return zn_error_prefix(rc, "comm/nccl: ");
+        return zn_error_prefix(rc, "comm/nccl");
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     if (c->rank == 0) {
@@ -89,7 +89,7 @@ int zn_nccl_init(zn_comm *c)
     }
     /* The bootstrap: rank 0's id reaches every rank through the host part. */
     if ((rc = zn_comm_broadcast(c, &id, sizeof id, 0)))
-        return zn_error_prefix(rc, "comm/nccl: sharing the unique id: ");
+        return zn_error_prefix(rc, "comm/nccl: sharing the unique id");
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     ncclResult_t r = ncclCommInitRankConfig(&n->comm, c->size, id, c->rank, &cfg);
@@ -99,7 +99,7 @@ int zn_nccl_init(zn_comm *c)
     if ((rc = wait_ready(n, deadline, "ncclCommInitRankConfig"))) {
         ncclCommAbort(n->comm);
         n->comm = NULL;
-        return zn_error_prefix(rc, "comm/nccl: rank %d/%d: ", c->rank, c->size);
+        return zn_error_prefix(rc, "comm/nccl: rank %d/%d", c->rank, c->size);
     }
     int v = 0;
     if (ncclGetVersion(&v) == ncclSuccess) {

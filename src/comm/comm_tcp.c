@@ -705,14 +705,14 @@ static int rendezvous_master(zn_comm *c, zn_tcp *t, uint64_t deadline, int *data
     }
     freeaddrinfo(res);
     if ((rc = listen_on((struct sockaddr *)&any, alen, 0, data_lfd, &port)))
-        return zn_error_prefix(rc, "data listener: ");
+        return zn_error_prefix(rc, "data listener");
     table[0].port = port;
     if (any.ss_family == AF_INET6)
         ((struct sockaddr_in6 *)&any)->sin6_port = htons((uint16_t)c->li.master_port);
     else
         ((struct sockaddr_in *)&any)->sin_port = htons((uint16_t)c->li.master_port);
     if ((rc = listen_on((struct sockaddr *)&any, alen, 1, &lfd, &port)))
-        return zn_error_prefix(rc, "rank 0 cannot listen on MASTER_PORT %d: ",
+        return zn_error_prefix(rc, "rank 0 cannot listen on MASTER_PORT %d",
                                c->li.master_port);
     int joined = 1;
     for (int guard = 0; joined < c->size && guard < 100000; guard++) {
@@ -796,7 +796,7 @@ static int rendezvous_worker(zn_comm *c, zn_tcp *t, uint64_t deadline, int *data
     else
         ((struct sockaddr_in *)&me)->sin_port = 0;
     if ((rc = listen_on((struct sockaddr *)&me, ml, 0, data_lfd, &port)))
-        return zn_error_prefix(rc, "data listener: ");
+        return zn_error_prefix(rc, "data listener");
     tcp_hello h = { ZN_CTL_MAGIC, TCP_PROTO, c->rank, c->size, port, 0 };
     if ((rc = io_all(fd, &h, sizeof h, 1, deadline)))
         return zn_set_error(rc, "comm/tcp: sending hello to rank 0: %s", zn_strerror(rc));

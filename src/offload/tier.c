@@ -58,7 +58,7 @@ int zn_tier_open_nvme(zn_tier_mgr *m, const zn_config *cfg, uint64_t bytes,
     ac.fault_user = hook_user;
     int rc = zn_aio_create(&m->aio, &ac);
     if (rc)
-        return zn_error_prefix(rc, "nvme tier: ");
+        return zn_error_prefix(rc, "nvme tier");
 
     zn_swap_config sc = zn_swap_config_default();
     const char *paths[ZN_SWAP_MAX_PATHS];
@@ -90,7 +90,7 @@ int zn_tier_open_nvme(zn_tier_mgr *m, const zn_config *cfg, uint64_t bytes,
     sc.file_prefix = "zinc-train";
     rc = zn_swap_create(&m->swap, m->aio, &sc);
     if (rc)
-        return zn_error_prefix(rc, "nvme tier: ");
+        return zn_error_prefix(rc, "nvme tier");
     return 0;
 }
 

@@ -1262,7 +1262,7 @@ static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
             zn_mark *mk = zn_train_mark_begin(tr, tr->s_comp, ZN_RES_COMPUTE, name);
             void *o = b < L - 1 ? tr->ckpt[b + 1] : NULL;
             if ((rc = md->forward(md->ctx, tr->s_comp, b, params, in, o)))
-                return zn_error_prefix(rc, "forward of block %d: ", b);
+                return zn_error_prefix(rc, "forward of block %d", b);
             zn_train_mark_end(tr, tr->s_comp, mk);
         } else {
             int g = (L - 1 - b) & 1;
@@ -1273,7 +1273,7 @@ static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
                 return rc;
             zn_mark *mk = zn_train_mark_begin(tr, tr->s_comp, ZN_RES_COMPUTE, name);
             if ((rc = md->backward(md->ctx, tr->s_comp, b, params, in, dout, din, tr->gdev[g])))
-                return zn_error_prefix(rc, "backward of block %d: ", b);
+                return zn_error_prefix(rc, "backward of block %d", b);
             zn_train_mark_end(tr, tr->s_comp, mk);
             if ((rc = zn_dev_event_record(d, tr->ev_gready[g], tr->s_comp)))
                 return rc;
@@ -1346,7 +1346,7 @@ static int combine_ranks(zn_trainer *tr, double *loss_sum, double *sq, int *nonf
         int rc = zn_comm_allgather(tr->comm, mine, all, (size_t)K * 2, ZN_DTYPE_F32);
         if (rc) {
             free(all);
-            return zn_error_prefix(rc, "step statistics: ");
+            return zn_error_prefix(rc, "step statistics");
         }
     } else {
         memcpy(all, mine, (size_t)K * sizeof *all);
@@ -1383,7 +1383,7 @@ static int count_targets(zn_trainer *tr, const int32_t *targets, uint64_t n, uin
     int rc = zn_comm_allgather(tr->comm, &mine, all, 2, ZN_DTYPE_F32);
     if (rc) {
         free(all);
-        return zn_error_prefix(rc, "step target count: ");
+        return zn_error_prefix(rc, "step target count");
     }
     *out = 0;
     for (int r = 0; r < tr->world; r++)
@@ -1521,7 +1521,7 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         rc = tr->model->set_batch(tr->model->ctx, tr->s_comp, ids + (size_t)mb * ntok,
                                   targets + (size_t)mb * ntok, B, T, loss_scale);
         if (rc) {
-            rc = zn_error_prefix(rc, "micro-batch %d: ", mb);
+            rc = zn_error_prefix(rc, "micro-batch %d", mb);
             break;
         }
         rc = run_micro_batch(tr, mb, fe, nfe, &next_fetch, &use, fetch_of_use, &nvme_fetches);

@@ -373,7 +373,7 @@ int zn_train_llama_load(zn_train_llama *l, const char *path, char *summary, size
     zn_st *st = NULL;
     int rc = zn_st_open(&st, path);
     if (rc)
-        return zn_error_prefix(rc, "model weights: ");
+        return zn_error_prefix(rc, "model weights");
     size_t nt = zn_st_count(st), used = 0;
     unsigned char *seen = calloc(nt ? nt : 1, 1);
     int dtypes = 0;  /* bit per zn_st_dtype among the tensors used */
