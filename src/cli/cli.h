@@ -37,6 +37,7 @@ int zn_bench_adam(int argc, char **argv);
 int zn_bench_model(int argc, char **argv);
 int zn_bench_train(int argc, char **argv);
 int zn_bench_comm(int argc, char **argv);
+int zn_bench_load(int argc, char **argv);
 
 /* cli_model.c: the model a config describes (model.path or dimensions). */
 int zn_cli_model_dims(const zn_config *cfg, zn_model_dims *d);

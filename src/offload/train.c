@@ -1799,6 +1799,14 @@ void zn_train_print_report(zn_trainer *tr, FILE *f)
                 zn_format_size(r.peak[t], b, sizeof b), zn_format_size(r.used[t], c, sizeof c),
                 r.budget[t] ? 100.0 * (double)r.peak[t] / (double)r.budget[t] : 0.0);
     }
+    if (!r.steps) {
+        /* the counters hold only the setup's traffic (initial state written
+         * home): rates over no step time would be noise */
+        fprintf(f, "no steps run (setup wrote %s to nvme, %s to the device)\n",
+                zn_format_size(r.nvme_write_bytes, a, sizeof a),
+                zn_format_size(r.h2d_bytes, b, sizeof b));
+        return;
+    }
     double T = r.step_s > 0 ? r.step_s : 1e-9;
     fprintf(f, "links (%lld steps)       moved        GB/s\n", (long long)r.steps);
     struct { const char *n; uint64_t v; } L[] = {
