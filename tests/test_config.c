@@ -43,7 +43,16 @@ static void test_defaults(void)
     ZT_EQ_INT(c.aio.intra_op_parallelism, 1);
     ZT_CHECK(c.aio.overlap_events);
     ZT_CHECK(!c.aio.single_submit);
-    ZT_CHECK(c.optimizer.lr == 1e-3 && c.optimizer.beta1 == 0.9 && c.optimizer.beta2 == 0.999);
+    /* no optimizer section: AdamW with the HF Trainer's defaults (issue 16) */
+    ZT_CHECK(c.optimizer_from_train && c.scheduler_from_train);
+    ZT_EQ_INT(c.optimizer.type, ZN_OPT_ADAMW);
+    ZT_CHECK(c.optimizer.lr == 5e-5 && c.optimizer.beta1 == 0.9 && c.optimizer.beta2 == 0.999);
+    ZT_CHECK(c.optimizer.eps == 1e-8 && c.optimizer.weight_decay == 0.0);
+    ZT_EQ_INT(c.scheduler.type, ZN_SCHED_HF_LINEAR);
+    ZT_EQ_INT(c.scheduler.warmup_num_steps, 0);
+    ZT_EQ_INT(c.scheduler.total_num_steps, 100);
+    ZT_CHECK(c.gradient_clipping == 0.0); /* absent: DeepSpeed's default */
+    ZT_EQ_INT(c.n_warnings, 2);
     ZT_CHECK(c.optimizer.bias_correction);
     ZT_EQ_INT(c.fp16.initial_scale_power, 16);
     ZT_EQ_INT(c.fp16.loss_scale_window, 1000);
@@ -130,11 +139,11 @@ static void test_bad(void)
     bad("{\"zero_optimization\": {\"reduce_scatter\": false}}",
         "reduce_scatter is not implemented by zinc; only its default (true) is accepted");
     bad("{\"zero_optimization\": {\"cpu_offload\": true}}", "offload_optimizer.device");
-    bad("{\"flops_profiler\": {}}", "flops_profiler is not implemented by zinc");
+    bad("{\"flops_profiler\": {\"enabled\": true}}", "flops_profiler is not implemented by zinc");
     bad("{\"aio\": {\"use_gds\": true}}", "use_gds");
     /* Types and ranges. */
     bad("{\"zero_optimization\": {\"stage\": 4}}", "zero_optimization.stage: 4 is out of range [0, 3]");
-    bad("{\"zero_optimization\": {\"stage\": \"3\"}}", "expected an integer, got a string");
+    bad("{\"zero_optimization\": {\"stage\": \"three\"}}", "expected an integer, got a string");
     bad("{\"zero_optimization\": {\"sub_group_size\": 1.5}}", "expected an integer, got 1.5");
     bad("{\"zero_optimization\": {\"offload_param\": {\"device\": \"disk\"}}}",
         "'disk' is not one of none|cpu|nvme");
@@ -152,10 +161,10 @@ static void test_bad(void)
     /* Cross-key rules. */
     bad("{\"bf16\": {\"enabled\": true}, \"fp16\": {\"enabled\": true}}", "choose one");
     bad("{\"zero_optimization\": {\"stage\": 2, \"offload_param\": {\"device\": \"cpu\"}}}",
-        "offload_param needs zero_optimization.stage = 3");
+        "offload_param: needs zero_optimization.stage = 3");
     bad("{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\"}}}",
         "needs offload_optimizer.nvme_path or tiers.nvme");
-    bad("{\"scheduler\": {\"type\": \"WarmupCosineLR\"}}", "total_num_steps is required");
+    bad("{\"scheduler\": {\"type\": \"WarmupCosineLR\"}}", "total_num_steps: required");
     bad("{\"model\": {\"hidden_size\": 64, \"num_hidden_layers\": 2}}", "give either 'path'");
     bad("{\"model\": {\"hidden_size\": 60, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
         " \"intermediate_size\": 10, \"vocab_size\": 10}}", "not a multiple of num_attention_heads");
@@ -189,7 +198,7 @@ static void test_overrides(void)
     const char *badset[] = { "zero_optimization.stage.x=1" };
     ZT_EQ_INT(zn_config_parse(&c, "{\"zero_optimization\": {\"stage\": 1}}", "t.json", badset, 1),
               ZN_ECONFIG);
-    ZT_CONTAINS(zn_last_error(), "'zero_optimization.stage' is not an object");
+    ZT_CONTAINS(zn_last_error(), "zero_optimization.stage: --set zero_optimization.stage.x=1: not an object");
     const char *noeq[] = { "tiers.gpu" };
     ZT_EQ_INT(zn_config_parse(&c, "{}", "t.json", noeq, 1), ZN_ECONFIG);
     ZT_CONTAINS(zn_last_error(), "expected key.path=value");
