@@ -43,7 +43,16 @@ static void test_defaults(void)
     ZT_EQ_INT(c.aio.intra_op_parallelism, 1);
     ZT_CHECK(c.aio.overlap_events);
     ZT_CHECK(!c.aio.single_submit);
-    ZT_CHECK(c.optimizer.lr == 1e-3 && c.optimizer.beta1 == 0.9 && c.optimizer.beta2 == 0.999);
+    /* no optimizer section: AdamW with the HF Trainer's defaults (issue 16) */
+    ZT_CHECK(c.optimizer_from_train && c.scheduler_from_train);
+    ZT_EQ_INT(c.optimizer.type, ZN_OPT_ADAMW);
+    ZT_CHECK(c.optimizer.lr == 5e-5 && c.optimizer.beta1 == 0.9 && c.optimizer.beta2 == 0.999);
+    ZT_CHECK(c.optimizer.eps == 1e-8 && c.optimizer.weight_decay == 0.0);
+    ZT_EQ_INT(c.scheduler.type, ZN_SCHED_HF_LINEAR);
+    ZT_EQ_INT(c.scheduler.warmup_num_steps, 0);
+    ZT_EQ_INT(c.scheduler.total_num_steps, 100);
+    ZT_CHECK(c.gradient_clipping == 0.0); /* absent: DeepSpeed's default */
+    ZT_EQ_INT(c.n_warnings, 2);
     ZT_CHECK(c.optimizer.bias_correction);
     ZT_EQ_INT(c.fp16.initial_scale_power, 16);
     ZT_EQ_INT(c.fp16.loss_scale_window, 1000);
@@ -130,11 +139,11 @@ static void test_bad(void)
     bad("{\"zero_optimization\": {\"reduce_scatter\": false}}",
         "reduce_scatter is not implemented by zinc; only its default (true) is accepted");
     bad("{\"zero_optimization\": {\"cpu_offload\": true}}", "offload_optimizer.device");
-    bad("{\"flops_profiler\": {}}", "flops_profiler is not implemented by zinc");
+    bad("{\"flops_profiler\": {\"enabled\": true}}", "flops_profiler is not implemented by zinc");
     bad("{\"aio\": {\"use_gds\": true}}", "use_gds");
     /* Types and ranges. */
     bad("{\"zero_optimization\": {\"stage\": 4}}", "zero_optimization.stage: 4 is out of range [0, 3]");
-    bad("{\"zero_optimization\": {\"stage\": \"3\"}}", "expected an integer, got a string");
+    bad("{\"zero_optimization\": {\"stage\": \"three\"}}", "expected an integer, got a string");
     bad("{\"zero_optimization\": {\"sub_group_size\": 1.5}}", "expected an integer, got 1.5");
     bad("{\"zero_optimization\": {\"offload_param\": {\"device\": \"disk\"}}}",
         "'disk' is not one of none|cpu|nvme");
@@ -152,10 +161,10 @@ static void test_bad(void)
     /* Cross-key rules. */
     bad("{\"bf16\": {\"enabled\": true}, \"fp16\": {\"enabled\": true}}", "choose one");
     bad("{\"zero_optimization\": {\"stage\": 2, \"offload_param\": {\"device\": \"cpu\"}}}",
-        "offload_param needs zero_optimization.stage = 3");
+        "offload_param: needs zero_optimization.stage = 3");
     bad("{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\"}}}",
         "needs offload_optimizer.nvme_path or tiers.nvme");
-    bad("{\"scheduler\": {\"type\": \"WarmupCosineLR\"}}", "total_num_steps is required");
+    bad("{\"scheduler\": {\"type\": \"WarmupCosineLR\"}}", "total_num_steps: required");
     bad("{\"model\": {\"hidden_size\": 64, \"num_hidden_layers\": 2}}", "give either 'path'");
     bad("{\"model\": {\"hidden_size\": 60, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
         " \"intermediate_size\": 10, \"vocab_size\": 10}}", "not a multiple of num_attention_heads");
@@ -189,7 +198,7 @@ static void test_overrides(void)
     const char *badset[] = { "zero_optimization.stage.x=1" };
     ZT_EQ_INT(zn_config_parse(&c, "{\"zero_optimization\": {\"stage\": 1}}", "t.json", badset, 1),
               ZN_ECONFIG);
-    ZT_CONTAINS(zn_last_error(), "'zero_optimization.stage' is not an object");
+    ZT_CONTAINS(zn_last_error(), "zero_optimization.stage: --set zero_optimization.stage.x=1: not an object");
     const char *noeq[] = { "tiers.gpu" };
     ZT_EQ_INT(zn_config_parse(&c, "{}", "t.json", noeq, 1), ZN_ECONFIG);
     ZT_CONTAINS(zn_last_error(), "expected key.path=value");
@@ -215,6 +224,140 @@ static void test_files(void)
     ZT_CONTAINS(zn_last_error(), "/nonexistent/ds.json");
 }
 
+/* "auto" takes the HF Trainer integration's values (issue 16). */
+static const char *hf_auto_json =
+    "{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": \"auto\","
+    " \"gradient_accumulation_steps\": \"auto\", \"gradient_clipping\": \"auto\","
+    " \"fp16\": {\"enabled\": \"auto\"}, \"bf16\": {\"enabled\": \"auto\"},"
+    " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\", \"betas\": \"auto\","
+    "   \"eps\": \"auto\", \"weight_decay\": \"auto\"}},"
+    " \"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"warmup_min_lr\": \"auto\","
+    "   \"warmup_max_lr\": \"auto\", \"warmup_num_steps\": \"auto\", \"total_num_steps\": \"auto\"}},"
+    " \"zero_optimization\": {\"stage\": 3, \"reduce_bucket_size\": \"auto\","
+    "   \"stage3_prefetch_bucket_size\": \"auto\", \"param_persistence_threshold\": \"auto\","
+    "   \"sub_group_size\": \"auto\", \"stage3_gather_16bit_weights_on_model_save\": \"auto\"},"
+    " \"train\": {\"steps\": 300, \"learning_rate\": 2e-5, \"adam_beta1\": 0.8,"
+    "   \"adam_beta2\": 0.95, \"adam_epsilon\": 1e-6, \"weight_decay\": 0.1,"
+    "   \"max_grad_norm\": 0.5, \"warmup_steps\": 30, \"per_device_train_batch_size\": 4,"
+    "   \"gradient_accumulation_steps\": 2}}";
+
+static void test_auto(void)
+{
+    zn_config c;
+    ZT_EQ_INT(parse(&c, hf_auto_json), 0);
+    ZT_EQ_INT(c.n_warnings, 0);
+    /* before the model is known the buckets keep DeepSpeed's defaults */
+    ZT_EQ_INT(c.zero.reduce_bucket_size, 500000000);
+    ZT_EQ_INT(zn_config_resolve_auto(&c, 4096, 1), 0);
+    ZT_EQ_INT(c.zero.reduce_bucket_size, 4096LL * 4096);              /* hidden^2 */
+    ZT_EQ_INT(c.zero.stage3_prefetch_bucket_size, 15099494);          /* int(0.9 * 4096^2) */
+    ZT_EQ_INT(c.zero.stage3_param_persistence_threshold, 40960);      /* 10 hidden */
+    ZT_EQ_INT(c.zero.sub_group_size, 1000000000);
+    ZT_CHECK(c.bf16 && !c.fp16.enabled);
+    ZT_CHECK(c.optimizer.lr == 2e-5 && c.optimizer.beta1 == 0.8 && c.optimizer.beta2 == 0.95);
+    ZT_CHECK(c.optimizer.eps == 1e-6 && c.optimizer.weight_decay == 0.1);
+    ZT_CHECK(c.gradient_clipping == 0.5);
+    ZT_CHECK(c.scheduler.warmup_min_lr == 0.0 && c.scheduler.warmup_max_lr == 2e-5);
+    ZT_EQ_INT(c.scheduler.warmup_num_steps, 30);
+    ZT_EQ_INT(c.scheduler.total_num_steps, 300);
+    ZT_EQ_INT(zn_config_resolve_batch(&c, 2), 0);
+    ZT_EQ_INT(c.train_micro_batch_size_per_gpu, 4);
+    ZT_EQ_INT(c.gradient_accumulation_steps, 2);
+    ZT_EQ_INT(c.train_batch_size, 16);                                /* 4 x 2 x 2 ranks */
+    /* a device that computes in fp32 gets fp32; train.steps changed later
+     * (zinc train --steps) moves total_num_steps with it */
+    c.train.steps = 50;
+    ZT_EQ_INT(zn_config_resolve_auto(&c, 896, 0), 0);
+    ZT_CHECK(!c.bf16 && !c.fp16.enabled);
+    ZT_EQ_INT(c.zero.reduce_bucket_size, 802816);
+    ZT_EQ_INT(c.zero.stage3_prefetch_bucket_size, 722534);            /* int(0.9 * 802816) */
+    ZT_EQ_INT(c.scheduler.total_num_steps, 50);
+    /* fp16 asked for explicitly: bf16 "auto" stays off */
+    const char *fp = "{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": \"auto\"}}";
+    ZT_EQ_INT(parse(&c, fp), 0);
+    ZT_EQ_INT(zn_config_resolve_auto(&c, 64, 1), 0);
+    ZT_CHECK(c.fp16.enabled && !c.bf16);
+    /* "auto" where the HF integration fills nothing stays an error */
+    bad("{\"zero_optimization\": {\"stage3_max_live_parameters\": \"auto\"}}",
+        "stage3_max_live_parameters: \"auto\" is not resolved");
+    /* DeepSpeed's aliases and accepted keys */
+    ZT_EQ_INT(parse(&c, "{\"bfloat16\": {\"enabled\": true}, \"zero_optimization\": {"
+                        "\"max_live_parameters\": 0, \"max_reuse_distance\": 7, "
+                        "\"gather_16bit_weights_on_model_save\": true, \"sub_group_size\": \"0\","
+                        "\"round_robin_gradients\": true, \"memory_efficient_linear\": false},"
+                        " \"hybrid_engine\": {\"enabled\": false, \"max_out_tokens\": 512},"
+                        " \"tensorboard\": {\"enabled\": false, \"output_path\": \"x\"},"
+                        " \"monitor_config\": {\"wandb\": {\"enabled\": false}},"
+                        " \"comms_config\": {\"verbose\": false}, \"amp\": {\"enabled\": false},"
+                        " \"compile\": {\"enabled\": false}, \"tensor_parallel\": {\"autotp_size\": 1},"
+                        " \"checkpoint\": {\"load_universal\": false},"
+                        " \"data_types\": {\"grad_accum_dtype\": \"fp32\"},"
+                        " \"communication_data_type\": \"fp32\","
+                        " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"torch_adam\": true}},"
+                        " \"scheduler\": {\"type\": \"WarmupLR\"}}"), 0);
+    ZT_CHECK(c.bf16);
+    ZT_EQ_INT(c.zero.stage3_max_live_parameters, 0);
+    ZT_EQ_INT(c.zero.stage3_max_reuse_distance, 7);
+    ZT_EQ_INT(c.zero.sub_group_size, 1000000000);
+    ZT_EQ_INT(c.n_warnings, 1); /* sub_group_size 0 */
+    bad("{\"hybrid_engine\": {\"enabled\": true}}", "hybrid_engine is not implemented");
+    bad("{\"monitor_config\": {\"wandb\": {\"enabled\": true}}}", "monitor_config is not implemented");
+    bad("{\"tensor_parallel\": {\"autotp_size\": 2}}", "autotp_size is not implemented");
+    bad("{\"communication_data_type\": \"bf16\"}", "communication_data_type is not implemented");
+}
+
+/* Every problem of a file in one run: five mistakes, five errors. */
+static void test_all_errors(void)
+{
+    zn_config c;
+    const char *five =
+        "{\"zero_optimization\": {\"stage\": 4, \"offload_parm\": {\"device\": \"cpu\"}},"
+        " \"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": \"fast\"}},"
+        " \"fp16\": {\"auto_cast\": true},"
+        " \"wandb\": {\"enabled\": true}}";
+    ZT_EQ_INT(parse(&c, five), ZN_ECONFIG);
+    const char *e = zn_last_error();
+    ZT_CONTAINS(e, "t.json: 5 errors:");
+    ZT_CONTAINS(e, "\n  zero_optimization.stage: 4 is out of range [0, 3]");
+    ZT_CONTAINS(e, "\n  zero_optimization.offload_parm: unknown key (did you mean 'offload_param'?)");
+    ZT_CONTAINS(e, "\n  optimizer.params.lr: expected a number or \"auto\", got a string");
+    ZT_CONTAINS(e, "\n  fp16.auto_cast: DeepSpeed's auto_cast is not implemented");
+    ZT_CONTAINS(e, "\n  wandb: DeepSpeed's wandb is not implemented");
+    int lines = 0;
+    for (const char *p = e; *p; p++)
+        lines += *p == '\n';
+    ZT_EQ_INT(lines, 5);
+    /* the cross-key checks are collected too, after the key errors */
+    ZT_EQ_INT(parse(&c, "{\"zero_optimization\": {\"stage\": 1, \"offload_param\": "
+                        "{\"device\": \"cpu\"}}, \"bf16\": {\"enabled\": true}, "
+                        "\"fp16\": {\"enabled\": true}, \"aio\": {\"block_size\": 5000}}"), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "3 errors");
+    ZT_CONTAINS(zn_last_error(), "bf16.enabled: bf16.enabled and fp16.enabled are both true");
+    ZT_CONTAINS(zn_last_error(), "aio.block_size: 5000 is not a multiple of 4096");
+}
+
+/* Where each value came from. */
+static void test_origin(void)
+{
+    zn_config c;
+    const char *sets[] = { "zero_optimization.reduce_bucket_size=1000",
+                           "train.learning_rate=3e-5" };
+    ZT_EQ_INT(zn_config_parse(&c, hf_auto_json, "t.json", sets, 2), 0);
+    ZT_EQ_INT(zn_config_get_origin(&c, "optimizer.params.lr"), ZN_ORIGIN_AUTO);
+    ZT_CHECK(c.optimizer.lr == 3e-5); /* "auto" follows the --set train value */
+    ZT_EQ_INT(zn_config_get_origin(&c, "train.learning_rate"), ZN_ORIGIN_SET);
+    ZT_EQ_INT(zn_config_get_origin(&c, "zero_optimization.reduce_bucket_size"), ZN_ORIGIN_SET);
+    ZT_EQ_INT(c.zero.reduce_bucket_size, 1000);
+    ZT_EQ_INT(zn_config_get_origin(&c, "zero_optimization.stage"), ZN_ORIGIN_CONFIG);
+    ZT_EQ_INT(zn_config_get_origin(&c, "aio.block_size"), ZN_ORIGIN_DEFAULT);
+    /* an alias reports its key's origin */
+    ZT_EQ_INT(zn_config_get_origin(&c, "zero_optimization.stage3_param_persistence_threshold"),
+              ZN_ORIGIN_AUTO);
+    ZT_EQ_INT(zn_config_get_origin(&c, "train_batch_size"), ZN_ORIGIN_AUTO);
+    ZT_EQ_STR(zn_config_origin_name(ZN_ORIGIN_SET), "--set");
+    ZT_EQ_STR(zn_config_origin_name(ZN_ORIGIN_AUTO), "auto");
+}
+
 int main(void)
 {
     test_defaults();
@@ -222,5 +365,8 @@ int main(void)
     test_bad();
     test_overrides();
     test_files();
+    test_auto();
+    test_all_errors();
+    test_origin();
     return zt_done();
 }

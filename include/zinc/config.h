@@ -2,8 +2,11 @@
  * plus zinc's own sections `tiers`, `model`, `data` and `train`. Parsing is
  * strict: syntax errors give file:line:column, unknown keys are errors with
  * the closest known key suggested, DeepSpeed keys that zinc does not
- * implement are accepted only at their DeepSpeed default, and every value is
- * range-checked. The full key list is docs/config.md. */
+ * implement are accepted only where they cannot change what is computed, and
+ * every value is range-checked. All problems of one file are reported at
+ * once. "auto" is resolved as the HF Trainer integration resolves it, and
+ * every key remembers where its value came from. The full key list is
+ * docs/config.md. */
 #ifndef ZINC_CONFIG_H
 #define ZINC_CONFIG_H
 
@@ -74,7 +77,10 @@ typedef struct {
 } zn_config_optimizer;
 
 typedef enum {
-    ZN_SCHED_NONE = 0, ZN_SCHED_WARMUP_LR, ZN_SCHED_WARMUP_DECAY_LR, ZN_SCHED_WARMUP_COSINE_LR
+    ZN_SCHED_NONE = 0, ZN_SCHED_WARMUP_LR, ZN_SCHED_WARMUP_DECAY_LR, ZN_SCHED_WARMUP_COSINE_LR,
+    /* the HF Trainer's schedules (transformers get_scheduler): linear warmup
+     * from 0 over warmup_num_steps, then as named, on optimizer.lr */
+    ZN_SCHED_HF_LINEAR, ZN_SCHED_HF_COSINE, ZN_SCHED_HF_CONSTANT_WARMUP,
 } zn_scheduler_type;
 
 typedef struct {
@@ -173,7 +179,26 @@ typedef struct {
     int64_t threads;         /* CPU threads; 0 = OMP_NUM_THREADS or all cores */
     bool activation_checkpointing;
     zn_config_checkpoint checkpoint;
+    /* zinc's training defaults, named and valued as the HF Trainer's
+     * TrainingArguments: what "auto" and a missing optimizer / scheduler
+     * section resolve to. */
+    int64_t per_device_train_batch_size;  /* 0 = unset */
+    int64_t gradient_accumulation_steps;  /* 0 = unset */
+    double learning_rate, adam_beta1, adam_beta2, adam_epsilon, weight_decay;
+    double max_grad_norm;
+    int lr_scheduler_type;  /* 0 linear, 1 cosine, 2 constant, 3 constant_with_warmup */
+    int64_t warmup_steps;
 } zn_config_train;
+
+/* Where an effective value came from. */
+typedef enum {
+    ZN_ORIGIN_DEFAULT = 0, /* not in the file: zinc's default (DeepSpeed's, or train.*) */
+    ZN_ORIGIN_CONFIG,      /* written in the file */
+    ZN_ORIGIN_AUTO,        /* "auto" in the file, resolved by zinc */
+    ZN_ORIGIN_SET,         /* --set on the command line */
+} zn_config_origin;
+
+#define ZN_CONFIG_MAX_KEYS 400
 
 typedef struct zn_config {
     char source[ZN_PATH_MAX];  /* file it came from, or "(embedded)" */
@@ -196,6 +221,14 @@ typedef struct zn_config {
     zn_config_model model;
     zn_config_data data;
     zn_config_train train;
+
+    /* Book-keeping of the parser: where each key's value came from (by
+     * schema index; read it with zn_config_get_origin), whether the
+     * optimizer / scheduler sections were absent (then taken from train.*),
+     * and how many warnings the parse printed. */
+    unsigned char origin[ZN_CONFIG_MAX_KEYS];
+    bool optimizer_from_train, scheduler_from_train;
+    int n_warnings;
 } zn_config;
 
 /* Fills `cfg` with every default (DeepSpeed's for its keys). */
@@ -205,7 +238,12 @@ ZN_API void zn_config_default(zn_config *cfg);
  * strings applied to the JSON before validation (value parsed as JSON, or
  * taken as a string when it is not JSON). Returns 0, -errno when the file
  * cannot be read, or ZN_ECONFIG with zn_last_error() naming the file, the
- * line:column or key path and what is wrong. */
+ * line:column or key path and what is wrong. Every problem of the file is
+ * reported: one error gives one line, several give a first line
+ * "FILE: N errors:" and one indented line per error. Warnings (a missing
+ * optimizer section, an ignored key) go to the log as they are found.
+ * "auto" values are resolved with what the file says (zn_config_resolve_auto
+ * refines them once the model and the device are known). */
 ZN_API int zn_config_load(zn_config *cfg, const char *path,
                           const char *const *overrides, int n_overrides);
 
@@ -216,6 +254,21 @@ ZN_API int zn_config_parse(zn_config *cfg, const char *json, const char *name,
 /* Resolves the three batch keys against the world size the way DeepSpeed
  * does (any two give the third; all three must agree). */
 ZN_API int zn_config_resolve_batch(zn_config *cfg, int world_size);
+
+/* Resolves every "auto" of the file, and the sections taken from train.*,
+ * from what is known now: hidden_size (0 = unknown: the bucket sizes keep
+ * DeepSpeed's defaults), device_bf16 (1 = the device computes in bf16,
+ * 0 = it does not, -1 = unknown: bf16 stays off) and train.steps. The rules
+ * are the HF Trainer integration's: reduce_bucket_size = hidden^2,
+ * stage3_prefetch_bucket_size = 0.9 hidden^2, stage3_param_persistence_
+ * threshold = 10 hidden, optimizer / scheduler / clipping from train.*.
+ * Idempotent; returns 0 or ZN_ECONFIG when a resolved value is invalid. */
+ZN_API int zn_config_resolve_auto(zn_config *cfg, int64_t hidden_size, int device_bf16);
+
+/* Where the value of `key` (a full path such as "optimizer.params.lr"; an
+ * alias gives its key's) came from; ZN_ORIGIN_DEFAULT for an unknown key. */
+ZN_API zn_config_origin zn_config_get_origin(const zn_config *cfg, const char *key);
+ZN_API const char *zn_config_origin_name(zn_config_origin o); /* "config", "auto", ... */
 
 ZN_API const char *zn_offload_device_name(zn_offload_device d);
 

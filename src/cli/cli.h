@@ -48,6 +48,14 @@ int zn_cli_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gpu_free,
 void zn_cli_plan_input(const zn_config *cfg, const zn_model_dims *d, int world,
                        uint64_t *blocks, zn_plan_input *in);
 
+/* effective.c: resolves the config's "auto" values against its model and
+ * the device, then the batch keys against `world`, and prints the values
+ * that decide the training (optimizer, schedule, clipping, precision, batch,
+ * ZeRO, buckets), each with where it came from, to `out` (NULL: silent).
+ * Returns 0 or the failing call's code with zn_last_error() set. */
+int zn_cli_effective(zn_config *cfg, int world, FILE *out);
+void zn_cli_effective_print(const zn_config *cfg, int world, FILE *out);
+
 /* Parses the options every config-taking command shares: --set KEY=VALUE
  * (repeatable). Other arguments are left in place, compacted to the front
  * of argv; returns the new argc, or -1 after printing a usage error. The

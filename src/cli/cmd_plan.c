@@ -49,7 +49,8 @@ static void usage(FILE *f)
         "  --model DIR       an HF model folder (config.json) = --set model.path=DIR\n"
         "  --set KEY=VALUE   override a config key (e.g. tiers.gpu=24GiB)\n"
         "  --world N         ranks sharing the state (ZeRO); default 1\n"
-        "  --print-config    print the effective config (defaults included)\n");
+        "  --print-config    print the fully resolved config as JSON (\"auto\" and\n"
+        "                    defaults filled in)\n");
 }
 
 int zn_cmd_plan(int argc, char **argv)
@@ -107,7 +108,8 @@ int zn_cmd_plan(int argc, char **argv)
     int rc = zn_config_load(&cfg, path, sets, n_sets);
     if (rc)
         return zn_cli_fail(rc, NULL);
-    if ((rc = zn_config_resolve_batch(&cfg, world)))
+    /* --print-config prints JSON alone on stdout, so the summary goes to stderr */
+    if ((rc = zn_cli_effective(&cfg, world, print_cfg ? stderr : stdout)))
         return zn_cli_fail(rc, NULL);
     if (print_cfg) {
         char *s = zn_config_dump(&cfg);

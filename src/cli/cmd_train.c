@@ -495,7 +495,7 @@ int zn_cmd_train(int argc, char **argv)
     }
     /* recorded resolved, so that it parses back as it is */
     zn_launch_info li;
-    if ((rc = zn_launch_detect(&li)) || (rc = zn_config_resolve_batch(&cfg, li.world_size))) {
+    if ((rc = zn_launch_detect(&li)) || (rc = zn_config_resolve_batch(&cfg, li.world_size)) || (rc = zn_cli_effective(&cfg, li.world_size, li.rank == 0 ? stdout : NULL))) {
         zn_ckpt_close(ck);
         return zn_cli_fail(rc, NULL);
     }

@@ -1,6 +1,8 @@
 /* Learning-rate schedules with DeepSpeed's formulas (lr_schedules.py:
- * WarmupLR, WarmupDecayLR, WarmupCosineLR), as a pure function of the
- * scheduler iteration so that any step can be recomputed (resume, tests). */
+ * WarmupLR, WarmupDecayLR, WarmupCosineLR) and the HF Trainer's (linear,
+ * cosine, constant_with_warmup: what a config without a scheduler section
+ * gets), as a pure function of the scheduler iteration so that any step can
+ * be recomputed (resume, tests). */
 #include <math.h>
 
 #include "zinc/train.h"
@@ -45,6 +47,24 @@ double zn_lr_schedule(const zn_config_scheduler *s, double base_lr, int64_t it)
             ratio = fmax(0.0, s->cos_min_ratio + (1.0 - s->cos_min_ratio) * c);
         }
         return base_lr * ratio;
+    }
+    /* transformers' get_*_schedule_with_warmup: lr * it / W during warmup
+     * (W = 0: no warmup), then decay over the remaining T - W steps */
+    case ZN_SCHED_HF_LINEAR:
+    case ZN_SCHED_HF_COSINE:
+    case ZN_SCHED_HF_CONSTANT_WARMUP: {
+        int64_t w = s->warmup_num_steps;
+        if (it < 0)
+            return 0.0;
+        if (it < w)
+            return base_lr * (double)it / (double)w;
+        if (s->type == ZN_SCHED_HF_CONSTANT_WARMUP)
+            return base_lr;
+        double span = fmax(1.0, T - (double)w);
+        if (s->type == ZN_SCHED_HF_LINEAR)
+            return base_lr * fmax(0.0, (T - (double)it) / span);
+        double progress = ((double)it - (double)w) / span;
+        return base_lr * fmax(0.0, 0.5 * (1.0 + cos(M_PI * progress)));
     }
     }
     return base_lr;

@@ -29,7 +29,17 @@ typedef enum {
     K_FIXED,     /* DeepSpeed key zinc accepts only at the value in `fixed` */
     K_ACCEPT,    /* DeepSpeed key whose every value matches zinc's behaviour */
     K_UNSUPP,    /* DeepSpeed key zinc does not implement */
+    K_OFFSEC,    /* DeepSpeed section accepted only switched off ("enabled" not
+                    true, "disable" not false, anywhere inside it) */
 } key_kind;
+
+/* What "auto" resolves to (the HF Trainer integration's rules, from
+ * transformers' HfTrainerDeepSpeedConfig.trainer_config_process and
+ * trainer_config_finalize); A_NONE: "auto" is refused. */
+typedef enum {
+    A_NONE = 0, A_CLIP, A_BF16, A_FP16, A_LR, A_BETAS, A_EPS, A_WD, A_WMIN, A_WMAX,
+    A_WSTEPS, A_TOTAL, A_HSQ, A_HSQ09, A_H10, A_DSDEFAULT,
+} auto_rule;
 
 typedef struct {
     const char *path;
@@ -39,18 +49,22 @@ typedef struct {
     const char *choices; /* K_ENUM choices; K_FIXED JSON value; K_ACCEPT JSON type */
     int aux;          /* K_ENUM base; K_SIZE: offset+1 of the "auto" bool; K_STR cap */
     const char *note; /* why a K_ACCEPT/K_UNSUPP key is what it is */
+    int autorule;     /* auto_rule; omitted (0) in most entries */
 } key_spec;
 
 #define OFF(f) offsetof(zn_config, f)
 #define I64MAX 9.2e18
 #define AUTO(f) ((int)(OFF(f) + 1))
 
+/* autorule is left out of most entries (zero: "auto" refused) */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 static const key_spec schema[] = {
     /* ---- DeepSpeed: batch, clipping, precision ---- */
     { "train_batch_size", K_BATCH, OFF(train_batch_size), 0, 0, NULL, 0, NULL },
     { "train_micro_batch_size_per_gpu", K_BATCH, OFF(train_micro_batch_size_per_gpu), 0, 0, NULL, 0, NULL },
     { "gradient_accumulation_steps", K_BATCH, OFF(gradient_accumulation_steps), 0, 0, NULL, 0, NULL },
-    { "gradient_clipping", K_NUM, OFF(gradient_clipping), 0, 1e30, NULL, 0, NULL },
+    { "gradient_clipping", K_NUM, OFF(gradient_clipping), 0, 1e30, NULL, 0, NULL, A_CLIP },
     { "steps_per_print", K_INT, OFF(train.log_every), 1, I64MAX, NULL, 0, NULL },
     { "wall_clock_breakdown", K_ACCEPT, 0, 0, 0, "bool", 0,
       "zinc always reports each resource's busy time at the end of a run" },
@@ -64,25 +78,44 @@ static const key_spec schema[] = {
     { "gradient_predivide_factor", K_FIXED, 0, 0, 0, "1.0", 0, NULL },
     { "sparse_gradients", K_FIXED, 0, 0, 0, "false", 0, NULL },
     { "dump_state", K_FIXED, 0, 0, 0, "false", 0, NULL },
-    { "communication_data_type", K_FIXED, 0, 0, 0, "null", 0, NULL },
+    { "communication_data_type", K_FIXED, 0, 0, 0, "null|\"fp32\"", 0, NULL },
     { "seq_parallel_communication_data_type", K_UNSUPP, 0, 0, 0, NULL, 0, NULL },
-    { "amp", K_UNSUPP, 0, 0, 0, NULL, 0, "use bf16.enabled or fp16.enabled" },
+    { "amp", K_OFFSEC, 0, 0, 0, NULL, 0, "use bf16.enabled or fp16.enabled" },
     { "zenflow", K_UNSUPP, 0, 0, 0, NULL, 0, NULL },
-    { "flops_profiler", K_UNSUPP, 0, 0, 0, NULL, 0, "zinc train prints achieved TFLOP/s" },
-    { "tensorboard", K_UNSUPP, 0, 0, 0, NULL, 0, "use zinc train --json-log" },
-    { "wandb", K_UNSUPP, 0, 0, 0, NULL, 0, "use zinc train --json-log" },
-    { "csv_monitor", K_UNSUPP, 0, 0, 0, NULL, 0, "use zinc train --json-log" },
-    { "comms_logger", K_UNSUPP, 0, 0, 0, NULL, 0, NULL },
+    { "flops_profiler", K_OFFSEC, 0, 0, 0, NULL, 0, "zinc train prints achieved TFLOP/s" },
+    { "tensorboard", K_OFFSEC, 0, 0, 0, NULL, 0, "use zinc train --json-log" },
+    { "wandb", K_OFFSEC, 0, 0, 0, NULL, 0, "use zinc train --json-log" },
+    { "csv_monitor", K_OFFSEC, 0, 0, 0, NULL, 0, "use zinc train --json-log" },
+    { "monitor_config", K_OFFSEC, 0, 0, 0, NULL, 0, "use zinc train --json-log" },
+    { "comms_logger", K_OFFSEC, 0, 0, 0, NULL, 0, NULL },
+    { "comms_config", K_ACCEPT, 0, 0, 0, "any", 0,
+      "communication logging and verbosity; zinc's collectives are its own" },
+    { "hybrid_engine", K_OFFSEC, 0, 0, 0, NULL, 0, "zinc has no RLHF generation engine" },
+    { "compile", K_OFFSEC, 0, 0, 0, NULL, 0, "zinc runs no torch.compile" },
+    { "data_types", K_OBJ, 0, 0, 0, NULL, 0, NULL },
+    { "data_types.grad_accum_dtype", K_FIXED, 0, 0, 0, "null|\"fp32\"", 0,
+      "zinc accumulates gradients in fp32" },
+    { "tensor_parallel", K_OBJ, 0, 0, 0, NULL, 0, NULL },
+    { "tensor_parallel.autotp_size", K_FIXED, 0, 0, 0, "0|1", 0, "zinc has no tensor parallelism" },
+    { "tensor_parallel.tp_size", K_FIXED, 0, 0, 0, "0|1", 0, "zinc has no tensor parallelism" },
     { "compression_training", K_UNSUPP, 0, 0, 0, NULL, 0, NULL },
     { "data_efficiency", K_UNSUPP, 0, 0, 0, NULL, 0, NULL },
     { "pipeline", K_UNSUPP, 0, 0, 0, NULL, 0, "zinc has no pipeline parallelism" },
-    { "checkpoint", K_UNSUPP, 0, 0, 0, NULL, 0, "use train.checkpoint" },
+    { "checkpoint", K_OBJ, 0, 0, 0, NULL, 0, NULL },
+    { "checkpoint.load_universal", K_FIXED, 0, 0, 0, "false", 0,
+      "zinc resumes its own checkpoints: train.checkpoint, zinc train --resume" },
+    { "checkpoint.tag_validation", K_ACCEPT, 0, 0, 0, "any", 0,
+      "zinc checks every checkpoint's manifest and checksums" },
+    { "checkpoint.use_node_local_storage", K_ACCEPT, 0, 0, 0, "bool", 0,
+      "where DeepSpeed writes; zinc writes to train.checkpoint.dir" },
 
     { "bf16", K_OBJ, 0, 0, 0, NULL, 0, NULL },
-    { "bf16.enabled", K_BOOL, OFF(bf16), 0, 0, NULL, 0, NULL },
+    { "bf16.enabled", K_BOOL, OFF(bf16), 0, 0, NULL, 0, NULL, A_BF16 },
     { "bf16.immediate_grad_update", K_UNSUPP, 0, 0, 0, NULL, 0, NULL },
+    { "bfloat16", K_OBJ, 0, 0, 0, NULL, 0, NULL },
+    { "bfloat16.enabled", K_BOOL, OFF(bf16), 0, 0, NULL, 0, NULL, A_BF16 },
     { "fp16", K_OBJ, 0, 0, 0, NULL, 0, NULL },
-    { "fp16.enabled", K_BOOL, OFF(fp16.enabled), 0, 0, NULL, 0, NULL },
+    { "fp16.enabled", K_BOOL, OFF(fp16.enabled), 0, 0, NULL, 0, NULL, A_FP16 },
     { "fp16.loss_scale", K_NUM, OFF(fp16.loss_scale), 0, 1e30, NULL, 0, NULL },
     { "fp16.initial_scale_power", K_INT32, OFF(fp16.initial_scale_power), 0, 127, NULL, 0, NULL },
     { "fp16.loss_scale_window", K_INT, OFF(fp16.loss_scale_window), 1, I64MAX, NULL, 0, NULL },
@@ -96,24 +129,25 @@ static const key_spec schema[] = {
     { "optimizer", K_OBJ, 0, 0, 0, NULL, 0, NULL },
     { "optimizer.type", K_ENUM, OFF(optimizer.type), 0, 0, "Adam|AdamW", 0, NULL },
     { "optimizer.params", K_OBJ, 0, 0, 0, NULL, 0, NULL },
-    { "optimizer.params.lr", K_NUM, OFF(optimizer.lr), 0, 1e3, NULL, 0, NULL },
-    { "optimizer.params.betas", K_BETAS, OFF(optimizer.beta1), 0, 0, NULL, 0, NULL },
-    { "optimizer.params.eps", K_NUM, OFF(optimizer.eps), 0, 1, NULL, 0, NULL },
-    { "optimizer.params.weight_decay", K_NUM, OFF(optimizer.weight_decay), 0, 1e3, NULL, 0, NULL },
+    { "optimizer.params.lr", K_NUM, OFF(optimizer.lr), 0, 1e3, NULL, 0, NULL, A_LR },
+    { "optimizer.params.betas", K_BETAS, OFF(optimizer.beta1), 0, 0, NULL, 0, NULL, A_BETAS },
+    { "optimizer.params.eps", K_NUM, OFF(optimizer.eps), 0, 1, NULL, 0, NULL, A_EPS },
+    { "optimizer.params.weight_decay", K_NUM, OFF(optimizer.weight_decay), 0, 1e3, NULL, 0, NULL, A_WD },
     { "optimizer.params.bias_correction", K_BOOL, OFF(optimizer.bias_correction), 0, 0, NULL, 0, NULL },
     { "optimizer.params.adam_w_mode", K_BOOL, OFF(optimizer.adam_w_mode), 0, 0, NULL, 0, NULL },
-    { "optimizer.params.torch_adam", K_FIXED, 0, 0, 0, "false", 0, NULL },
+    { "optimizer.params.torch_adam", K_ACCEPT, 0, 0, 0, "bool", 0,
+      "torch's AdamW and zinc's compute the same update" },
     { "optimizer.params.amsgrad", K_FIXED, 0, 0, 0, "false", 0, NULL },
     { "optimizer.params.fused", K_ACCEPT, 0, 0, 0, "bool", 0, "zinc's CPU Adam is always fused" },
 
     { "scheduler", K_OBJ, 0, 0, 0, NULL, 0, NULL },
     { "scheduler.type", K_ENUM, OFF(scheduler.type), 0, 0,
-      "WarmupLR|WarmupDecayLR|WarmupCosineLR", 1, NULL },
+      "WarmupLR|WarmupDecayLR|WarmupCosineLR|linear|cosine|constant_with_warmup", 1, NULL },
     { "scheduler.params", K_OBJ, 0, 0, 0, NULL, 0, NULL },
-    { "scheduler.params.warmup_min_lr", K_NUM, OFF(scheduler.warmup_min_lr), 0, 1e3, NULL, 0, NULL },
-    { "scheduler.params.warmup_max_lr", K_NUM, OFF(scheduler.warmup_max_lr), 0, 1e3, NULL, 0, NULL },
-    { "scheduler.params.warmup_num_steps", K_INT, OFF(scheduler.warmup_num_steps), 0, I64MAX, NULL, 0, NULL },
-    { "scheduler.params.total_num_steps", K_INT, OFF(scheduler.total_num_steps), 1, I64MAX, NULL, 0, NULL },
+    { "scheduler.params.warmup_min_lr", K_NUM, OFF(scheduler.warmup_min_lr), 0, 1e3, NULL, 0, NULL, A_WMIN },
+    { "scheduler.params.warmup_max_lr", K_NUM, OFF(scheduler.warmup_max_lr), 0, 1e3, NULL, 0, NULL, A_WMAX },
+    { "scheduler.params.warmup_num_steps", K_INT, OFF(scheduler.warmup_num_steps), 0, I64MAX, NULL, 0, NULL, A_WSTEPS },
+    { "scheduler.params.total_num_steps", K_INT, OFF(scheduler.total_num_steps), 1, I64MAX, NULL, 0, NULL, A_TOTAL },
     { "scheduler.params.warmup_type", K_ENUM, OFF(scheduler.warmup_type), 0, 0, "log|linear", 0, NULL },
     { "scheduler.params.warmup_min_ratio", K_NUM, OFF(scheduler.warmup_min_ratio), 0, 1, NULL, 0, NULL },
     { "scheduler.params.cos_min_ratio", K_NUM, OFF(scheduler.cos_min_ratio), 0, 1, NULL, 0, NULL },
@@ -122,13 +156,18 @@ static const key_spec schema[] = {
     /* ---- DeepSpeed: ZeRO ---- */
     { "zero_optimization", K_OBJ, 0, 0, 0, NULL, 0, NULL },
     { "zero_optimization.stage", K_INT32, OFF(zero.stage), 0, 3, NULL, 0, NULL },
-    { "zero_optimization.sub_group_size", K_INT, OFF(zero.sub_group_size), 1, I64MAX, NULL, 0, NULL },
-    { "zero_optimization.stage3_prefetch_bucket_size", K_INT, OFF(zero.stage3_prefetch_bucket_size), 0, I64MAX, NULL, 0, NULL },
-    { "zero_optimization.prefetch_bucket_size", K_INT, OFF(zero.stage3_prefetch_bucket_size), 0, I64MAX, NULL, 0, NULL },
+    /* sub_group_size 0 is DeepSpeed's "a sub-group per tensor"; it only
+     * sizes the optimizer's staging, so zinc takes it as its default. */
+    { "zero_optimization.sub_group_size", K_INT, OFF(zero.sub_group_size), 0, I64MAX, NULL, 0, NULL, A_DSDEFAULT },
+    { "zero_optimization.stage3_prefetch_bucket_size", K_INT, OFF(zero.stage3_prefetch_bucket_size), 0, I64MAX, NULL, 0, NULL, A_HSQ09 },
+    { "zero_optimization.prefetch_bucket_size", K_INT, OFF(zero.stage3_prefetch_bucket_size), 0, I64MAX, NULL, 0, NULL, A_HSQ09 },
     { "zero_optimization.stage3_max_live_parameters", K_INT, OFF(zero.stage3_max_live_parameters), 0, I64MAX, NULL, 0, NULL },
+    { "zero_optimization.max_live_parameters", K_INT, OFF(zero.stage3_max_live_parameters), 0, I64MAX, NULL, 0, NULL },
     { "zero_optimization.stage3_max_reuse_distance", K_INT, OFF(zero.stage3_max_reuse_distance), 0, I64MAX, NULL, 0, NULL },
-    { "zero_optimization.stage3_param_persistence_threshold", K_INT, OFF(zero.stage3_param_persistence_threshold), 0, I64MAX, NULL, 0, NULL },
-    { "zero_optimization.reduce_bucket_size", K_INT, OFF(zero.reduce_bucket_size), 1, I64MAX, NULL, 0, NULL },
+    { "zero_optimization.max_reuse_distance", K_INT, OFF(zero.stage3_max_reuse_distance), 0, I64MAX, NULL, 0, NULL },
+    { "zero_optimization.stage3_param_persistence_threshold", K_INT, OFF(zero.stage3_param_persistence_threshold), 0, I64MAX, NULL, 0, NULL, A_H10 },
+    { "zero_optimization.param_persistence_threshold", K_INT, OFF(zero.stage3_param_persistence_threshold), 0, I64MAX, NULL, 0, NULL, A_H10 },
+    { "zero_optimization.reduce_bucket_size", K_INT, OFF(zero.reduce_bucket_size), 1, I64MAX, NULL, 0, NULL, A_HSQ },
     { "zero_optimization.allgather_bucket_size", K_INT, OFF(zero.allgather_bucket_size), 1, I64MAX, NULL, 0, NULL },
     { "zero_optimization.overlap_comm", K_BOOL, OFF(zero.overlap_comm), 0, 0, NULL, 0, NULL },
     { "zero_optimization.contiguous_gradients", K_BOOL, OFF(zero.contiguous_gradients), 0, 0, NULL, 0, NULL },
@@ -137,10 +176,12 @@ static const key_spec schema[] = {
     { "zero_optimization.use_multi_rank_bucket_allreduce", K_FIXED, 0, 0, 0, "true", 0, NULL },
     { "zero_optimization.load_from_fp32_weights", K_FIXED, 0, 0, 0, "true", 0, NULL },
     { "zero_optimization.elastic_checkpoint", K_FIXED, 0, 0, 0, "false", 0, NULL },
-    { "zero_optimization.round_robin_gradients", K_FIXED, 0, 0, 0, "false", 0, NULL },
+    { "zero_optimization.round_robin_gradients", K_ACCEPT, 0, 0, 0, "bool", 0,
+      "orders the gradient copies of stages 1-2 with CPU offload; the sums are the same" },
     { "zero_optimization.ignore_unused_parameters", K_FIXED, 0, 0, 0, "true", 0, NULL },
     { "zero_optimization.legacy_stage1", K_FIXED, 0, 0, 0, "false", 0, NULL },
-    { "zero_optimization.memory_efficient_linear", K_FIXED, 0, 0, 0, "true", 0, NULL },
+    { "zero_optimization.memory_efficient_linear", K_ACCEPT, 0, 0, 0, "bool", 0,
+      "DeepSpeed's memory-saving linear autograd function; the same product" },
     { "zero_optimization.zero_hpz_partition_size", K_FIXED, 0, 0, 0, "1", 0, NULL },
     { "zero_optimization.zero_quantized_weights", K_FIXED, 0, 0, 0, "false", 0, NULL },
     { "zero_optimization.zero_quantized_nontrainable_weights", K_FIXED, 0, 0, 0, "false", 0, NULL },
@@ -154,6 +195,8 @@ static const key_spec schema[] = {
     { "zero_optimization.stage3_gather_16bit_weights_on_model_save", K_ACCEPT, 0, 0, 0, "bool", 0,
       "zinc export always gathers full 16-bit weights" },
     { "zero_optimization.stage3_gather_fp16_weights_on_model_save", K_ACCEPT, 0, 0, 0, "bool", 0,
+      "zinc export always gathers full 16-bit weights" },
+    { "zero_optimization.gather_16bit_weights_on_model_save", K_ACCEPT, 0, 0, 0, "bool", 0,
       "zinc export always gathers full 16-bit weights" },
     { "zero_optimization.stage3_model_persistence_threshold", K_UNSUPP, 0, 0, 0, NULL, 0, NULL },
     { "zero_optimization.cpu_offload", K_UNSUPP, 0, 0, 0, NULL, 0,
@@ -255,7 +298,24 @@ static const key_spec schema[] = {
     { "train.checkpoint.every", K_INT, OFF(train.checkpoint.every), 0, I64MAX, NULL, 0, NULL },
     { "train.checkpoint.keep_last", K_INT, OFF(train.checkpoint.keep_last), 1, 1 << 20, NULL, 0, NULL },
     { "train.checkpoint.continue_on_error", K_BOOL, OFF(train.checkpoint.continue_on_error), 0, 0, NULL, 0, NULL },
+    /* the HF Trainer's TrainingArguments names and defaults: what "auto"
+     * and a missing optimizer / scheduler section take */
+    { "train.per_device_train_batch_size", K_INT, OFF(train.per_device_train_batch_size), 0, 1 << 20, NULL, 0, NULL },
+    { "train.gradient_accumulation_steps", K_INT, OFF(train.gradient_accumulation_steps), 0, 1 << 20, NULL, 0, NULL },
+    { "train.learning_rate", K_NUM, OFF(train.learning_rate), 0, 1e3, NULL, 0, NULL },
+    { "train.adam_beta1", K_NUM, OFF(train.adam_beta1), 0, 0.999999, NULL, 0, NULL },
+    { "train.adam_beta2", K_NUM, OFF(train.adam_beta2), 0, 0.999999, NULL, 0, NULL },
+    { "train.adam_epsilon", K_NUM, OFF(train.adam_epsilon), 0, 1, NULL, 0, NULL },
+    { "train.weight_decay", K_NUM, OFF(train.weight_decay), 0, 1e3, NULL, 0, NULL },
+    { "train.max_grad_norm", K_NUM, OFF(train.max_grad_norm), 0, 1e30, NULL, 0, NULL },
+    { "train.lr_scheduler_type", K_ENUM, OFF(train.lr_scheduler_type), 0, 0,
+      "linear|cosine|constant|constant_with_warmup", 0, NULL },
+    { "train.warmup_steps", K_INT, OFF(train.warmup_steps), 0, I64MAX, NULL, 0, NULL },
 };
+#pragma GCC diagnostic pop
+
+_Static_assert(sizeof schema / sizeof schema[0] <= ZN_CONFIG_MAX_KEYS,
+               "zn_config.origin is too small for the schema");
 
 #define N_SCHEMA (sizeof schema / sizeof schema[0])
 
@@ -340,6 +400,15 @@ void zn_config_default(zn_config *c)
     snprintf(c->train.device, sizeof c->train.device, "auto");
     c->train.activation_checkpointing = true;
     c->train.checkpoint.keep_last = 2;
+    /* transformers TrainingArguments' defaults */
+    c->train.learning_rate = 5e-5;
+    c->train.adam_beta1 = 0.9;
+    c->train.adam_beta2 = 0.999;
+    c->train.adam_epsilon = 1e-8;
+    c->train.weight_decay = 0.0;
+    c->train.max_grad_norm = 1.0;
+    c->train.lr_scheduler_type = 0;
+    c->train.warmup_steps = 0;
 }
 
 const char *zn_offload_device_name(zn_offload_device d)
@@ -433,20 +502,83 @@ static void suggest(const char *prefix, const char *key, char *out, size_t len)
 
 /* ---- the parser ---------------------------------------------------------- */
 
+/* The parser goes on after an error, so that one run reports every problem
+ * of a file: each error is appended to `errs` (one line each, key path
+ * first) and the parse fails at the end. */
 typedef struct {
     zn_config *cfg;
     const char *file;
+    char *errs;
+    size_t errs_len, errs_cap;
+    int n_err;
+    const char *const *overrides; /* "key.path=value": leaves under a key are --set */
+    int n_overrides;
 } parse_ctx;
+
+static void add_line(parse_ctx *ctx, const char *line)
+{
+    size_t n = strlen(line);
+    if (ctx->errs_len + n + 2 > ctx->errs_cap) {
+        size_t cap = (ctx->errs_len + n + 2) * 2;
+        char *nb = realloc(ctx->errs, cap);
+        if (!nb)
+            return; /* the count still says how many there were */
+        ctx->errs = nb;
+        ctx->errs_cap = cap;
+    }
+    memcpy(ctx->errs + ctx->errs_len, line, n);
+    ctx->errs_len += n;
+    ctx->errs[ctx->errs_len++] = '\n';
+    ctx->errs[ctx->errs_len] = '\0';
+}
 
 static int cfg_err(parse_ctx *ctx, const char *path, const char *fmt, ...) ZN_PRINTF(3, 4);
 static int cfg_err(parse_ctx *ctx, const char *path, const char *fmt, ...)
+{
+    char msg[1024], line[1600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(line, sizeof line, "%s: %s", path, msg);
+    add_line(ctx, line);
+    ctx->n_err++;
+    return ZN_ECONFIG;
+}
+
+static void cfg_warn(parse_ctx *ctx, const char *path, const char *fmt, ...) ZN_PRINTF(3, 4);
+static void cfg_warn(parse_ctx *ctx, const char *path, const char *fmt, ...)
 {
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return zn_set_error(ZN_ECONFIG, "%s: %s: %s", ctx->file, path, msg);
+    zn_warn("%s: %s: %s", ctx->file, path, msg);
+    ctx->cfg->n_warnings++;
+}
+
+/* The schema index a key's origin is kept under: an alias shares its key's. */
+static size_t canon_index(const key_spec *k)
+{
+    for (const key_spec *p = schema; p < k; p++)
+        if (p->kind == k->kind && p->off == k->off && p->off != 0 && p->kind != K_OBJ)
+            return (size_t)(p - schema);
+    return (size_t)(k - schema);
+}
+
+static void set_origin(parse_ctx *ctx, const key_spec *k, const char *path, bool is_auto)
+{
+    zn_config_origin o = ZN_ORIGIN_CONFIG;
+    for (int i = 0; i < ctx->n_overrides; i++) {
+        const char *ov = ctx->overrides[i];
+        size_t n = strcspn(ov, "=");
+        if (!strncmp(ov, path, n) && (path[n] == '\0' || path[n] == '.'))
+            o = ZN_ORIGIN_SET;
+    }
+    if (is_auto)
+        o = ZN_ORIGIN_AUTO;
+    ctx->cfg->origin[canon_index(k)] = (unsigned char)o;
 }
 
 static const char *json_kind(const json_t *v)
@@ -464,8 +596,31 @@ static const char *json_kind(const json_t *v)
 }
 
 /* A JSON number that is a whole number (5e8 counts) as int64. */
+/* DeepSpeed's pydantic models take numbers written as strings ("0", "1e9"). */
+static bool num_string(const json_t *v, double *out)
+{
+    if (!json_is_string(v))
+        return false;
+    const char *s = json_string_value(v);
+    char *end;
+    errno = 0;
+    double d = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(d))
+        return false;
+    *out = d;
+    return true;
+}
+
 static int get_int(parse_ctx *ctx, const char *path, const json_t *v, int64_t *out)
 {
+    double sd;
+    if (num_string(v, &sd)) {
+        if (sd == floor(sd) && fabs(sd) < 9.2e18) {
+            *out = (int64_t)sd;
+            return 0;
+        }
+        return cfg_err(ctx, path, "expected an integer, got \"%s\"", json_string_value(v));
+    }
     if (json_is_integer(v)) {
         *out = json_integer_value(v);
         return 0;
@@ -587,6 +742,57 @@ static int parse_nvme(parse_ctx *ctx, const char *path, const json_t *v)
 
 static int parse_object(parse_ctx *ctx, const char *prefix, json_t *obj);
 
+/* Whether a JSON value matches one of a K_FIXED key's '|'-separated JSON values. */
+static bool fixed_match(const char *choices, const json_t *v)
+{
+    char buf[128];
+    const char *c = choices;
+    if (json_is_null(v)) /* DeepSpeed's None: its default */
+        return true;
+    while (*c) {
+        size_t n = strcspn(c, "|");
+        snprintf(buf, sizeof buf, "%.*s", (int)n, c);
+        json_t *want = json_loads(buf, JSON_DECODE_ANY, NULL);
+        double sd;
+        bool same = want && (json_equal(want, v) ||
+                             (json_is_number(want) && json_is_number(v) &&
+                              json_number_value(want) == json_number_value(v)) ||
+                             (json_is_number(want) && num_string(v, &sd) &&
+                              json_number_value(want) == sd));
+        json_decref(want);
+        if (same)
+            return true;
+        c += n + (c[n] == '|');
+    }
+    return false;
+}
+
+/* A section accepted only switched off: names the first "enabled": true or
+ * "disable": false inside it, or returns NULL. */
+static const char *switched_on(const json_t *v, char *where, size_t len)
+{
+    if (!json_is_object(v))
+        return NULL;
+    const char *key;
+    json_t *e;
+    json_object_foreach((json_t *)v, key, e) {
+        if ((!strcmp(key, "enabled") && (json_is_true(e) || (json_is_string(e) &&
+                                                             strcmp(json_string_value(e), "false")))) ||
+            (!strcmp(key, "disable") && json_is_false(e))) {
+            snprintf(where, len, "%s", key);
+            return where;
+        }
+        if (json_is_object(e)) {
+            char sub[256];
+            if (switched_on(e, sub, sizeof sub)) {
+                snprintf(where, len, "%s.%s", key, sub);
+                return where;
+            }
+        }
+    }
+    return NULL;
+}
+
 static int parse_value(parse_ctx *ctx, const key_spec *k, const char *path, json_t *v)
 {
     char *base = (char *)ctx->cfg;
@@ -595,59 +801,78 @@ static int parse_value(parse_ctx *ctx, const key_spec *k, const char *path, json
     if (json_is_null(v) && k->kind != K_FIXED && k->kind != K_UNSUPP)
         return 0;
 
+    /* "auto": the HF integration's value, resolved once the parse is done
+     * (zn_config_resolve_auto) from train.*, the model and the device. */
+    if (json_is_string(v) && !strcmp(json_string_value(v), "auto") && k->autorule != A_NONE) {
+        set_origin(ctx, k, path, true);
+        return 0;
+    }
+
     switch (k->kind) {
     case K_OBJ:
         if (!json_is_object(v))
             return cfg_err(ctx, path, "expected an object, got %s", json_kind(v));
         return parse_object(ctx, path, v);
     case K_BOOL:
+        if (json_is_string(v) && (!strcmp(json_string_value(v), "true") ||
+                                  !strcmp(json_string_value(v), "false"))) {
+            *(bool *)(base + k->off) = !strcmp(json_string_value(v), "true");
+            break;
+        }
         if (!json_is_boolean(v))
             return cfg_err(ctx, path, "expected true or false, got %s", json_kind(v));
         *(bool *)(base + k->off) = json_is_true(v);
-        return 0;
+        break;
     case K_INT: {
         int64_t n;
         if (get_int(ctx, path, v, &n) || check_range(ctx, k, path, (double)n))
             return ZN_ECONFIG;
         *(int64_t *)(base + k->off) = n;
-        return 0;
+        break;
     }
     case K_INT32: {
         int64_t n;
         if (get_int(ctx, path, v, &n) || check_range(ctx, k, path, (double)n))
             return ZN_ECONFIG;
         *(int *)(base + k->off) = (int)n;
-        return 0;
+        break;
     }
     case K_NUM: {
-        if (!json_is_number(v))
-            return cfg_err(ctx, path, "expected a number, got %s", json_kind(v));
-        double d = json_number_value(v);
+        double d;
+        if (num_string(v, &d))
+            ;
+        else if (json_is_number(v))
+            d = json_number_value(v);
+        else
+            return cfg_err(ctx, path, "expected a number%s, got %s",
+                           k->autorule ? " or \"auto\"" : "", json_kind(v));
         if (check_range(ctx, k, path, d))
             return ZN_ECONFIG;
         *(double *)(base + k->off) = d;
-        return 0;
+        break;
     }
     case K_BATCH: {
         int64_t n = 0;
         if (json_is_string(v) && !strcmp(json_string_value(v), "auto")) {
             n = 0;
-        } else {
-            if (get_int(ctx, path, v, &n))
-                return ZN_ECONFIG;
-            if (n < 1)
-                return cfg_err(ctx, path, "%lld is out of range (must be >= 1, or \"auto\")",
-                               (long long)n);
+            set_origin(ctx, k, path, true);
+            *(int64_t *)(base + k->off) = 0;
+            return 0;
         }
+        if (get_int(ctx, path, v, &n))
+            return ZN_ECONFIG;
+        if (n < 1)
+            return cfg_err(ctx, path, "%lld is out of range (must be >= 1, or \"auto\")",
+                           (long long)n);
         *(int64_t *)(base + k->off) = n;
-        return 0;
+        break;
     }
     case K_SIZE: {
         bool *autof = k->aux ? (bool *)(base + k->aux - 1) : NULL;
         uint64_t bytes;
         if (json_is_string(v) && !strcmp(json_string_value(v), "auto") && autof) {
             *autof = true;
-            return 0;
+            break;
         }
         if (json_is_string(v)) {
             if (zn_parse_size(json_string_value(v), &bytes))
@@ -666,7 +891,7 @@ static int parse_value(parse_ctx *ctx, const key_spec *k, const char *path, json
         *(uint64_t *)(base + k->off) = bytes;
         if (autof)
             *autof = false;
-        return 0;
+        break;
     }
     case K_STR: {
         if (!json_is_string(v))
@@ -674,58 +899,84 @@ static int parse_value(parse_ctx *ctx, const key_spec *k, const char *path, json
         if (json_string_length(v) >= (size_t)k->aux)
             return cfg_err(ctx, path, "longer than %d bytes", k->aux - 1);
         snprintf(base + k->off, (size_t)k->aux, "%s", json_string_value(v));
-        return 0;
+        break;
     }
     case K_ENUM:
-        return parse_enum(ctx, k, path, v, (int *)(base + k->off));
+        if (parse_enum(ctx, k, path, v, (int *)(base + k->off)))
+            return ZN_ECONFIG;
+        break;
     case K_BETAS: {
         if (!json_is_array(v) || json_array_size(v) != 2 ||
             !json_is_number(json_array_get(v, 0)) || !json_is_number(json_array_get(v, 1)))
-            return cfg_err(ctx, path, "expected [beta1, beta2], two numbers in [0, 1)");
+            return cfg_err(ctx, path, "expected [beta1, beta2], two numbers in [0, 1), "
+                           "or \"auto\"");
         double b1 = json_number_value(json_array_get(v, 0));
         double b2 = json_number_value(json_array_get(v, 1));
         if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1))
             return cfg_err(ctx, path, "[%g, %g]: both betas must be in [0, 1)", b1, b2);
         ctx->cfg->optimizer.beta1 = b1;
         ctx->cfg->optimizer.beta2 = b2;
-        return 0;
+        break;
     }
     case K_NVME:
-        return parse_nvme(ctx, path, v);
+        if (parse_nvme(ctx, path, v))
+            return ZN_ECONFIG;
+        break;
     case K_FIXED: {
-        json_t *want = json_loads(k->choices, JSON_DECODE_ANY, NULL);
-        bool same = want && (json_equal(want, v) ||
-                             (json_is_number(want) && json_is_number(v) &&
-                              json_number_value(want) == json_number_value(v)));
-        json_decref(want);
-        if (same)
+        if (fixed_match(k->choices, v))
             return 0;
         char *got = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-        int rc = cfg_err(ctx, path, "DeepSpeed's %s is not implemented by zinc; only its "
-                         "default (%s) is accepted, got %s", leaf_of(path), k->choices,
-                         got ? got : "?");
+        char want[160];
+        snprintf(want, sizeof want, "%s", k->choices);
+        for (char *p = want; *p; p++)
+            if (*p == '|')
+                *p = '/';
+        int rc = cfg_err(ctx, path, "DeepSpeed's %s is not implemented by zinc; only %s (%s) "
+                         "is accepted, got %s%s%s", leaf_of(path),
+                         strchr(want, '/') ? "what computes as zinc does" : "its default",
+                         want, got ? got : "?", k->note ? "; " : "", k->note ? k->note : "");
         free(got);
         return rc;
     }
     case K_ACCEPT:
-        if ((!strcmp(k->choices, "bool") && !json_is_boolean(v)) ||
-            (!strcmp(k->choices, "int") && !json_is_integer(v)))
+        if (json_is_string(v) && !strcmp(json_string_value(v), "auto"))
+            ;
+        else if ((!strcmp(k->choices, "bool") && !json_is_boolean(v)) ||
+                 (!strcmp(k->choices, "int") && !json_is_integer(v)))
             return cfg_err(ctx, path, "expected %s, got %s",
                            !strcmp(k->choices, "bool") ? "true or false" : "an integer",
                            json_kind(v));
-        zn_debug("%s: %s accepted: %s", ctx->file, path, k->note);
+        zn_debug("%s: %s accepted and ignored: %s", ctx->file, path, k->note);
         return 0;
+    case K_OFFSEC: {
+        char where[300];
+        if (json_is_boolean(v) || json_is_object(v)) {
+            if (json_is_false(v) || (json_is_object(v) && !switched_on(v, where, sizeof where))) {
+                zn_debug("%s: %s accepted: switched off", ctx->file, path);
+                return 0;
+            }
+        }
+        if (!json_is_object(v) && !json_is_true(v))
+            return cfg_err(ctx, path, "expected an object, got %s", json_kind(v));
+        return cfg_err(ctx, path, "DeepSpeed's %s is not implemented by zinc; it is accepted "
+                       "only switched off (\"enabled\": false)%s%s", leaf_of(path),
+                       k->note ? "; " : "", k->note ? k->note : "");
+    }
     case K_UNSUPP:
         return cfg_err(ctx, path, "DeepSpeed's %s is not implemented by zinc%s%s",
                        leaf_of(path), k->note ? "; " : "", k->note ? k->note : "");
+    default:
+        return cfg_err(ctx, path, "internal: bad schema kind");
     }
-    return zn_set_error(ZN_EINTERNAL, "config: bad schema kind for %s", path);
+    set_origin(ctx, k, path, false);
+    return 0;
 }
 
 static int parse_object(parse_ctx *ctx, const char *prefix, json_t *obj)
 {
     const char *key;
     json_t *v;
+    int rc = 0;
     json_object_foreach(obj, key, v) {
         char path[512];
         if (*prefix)
@@ -739,25 +990,34 @@ static int parse_object(parse_ctx *ctx, const char *prefix, json_t *obj)
         if (!k) {
             char hint[256];
             suggest(prefix, key, hint, sizeof hint);
-            return cfg_err(ctx, path, "unknown key%s", hint);
+            rc = cfg_err(ctx, path, "unknown key%s", hint);
+            continue;
+        }
+        if (json_is_string(v) && !strcmp(json_string_value(v), "auto") &&
+            k->autorule == A_NONE && (k->kind == K_BOOL || k->kind == K_INT ||
+                                      k->kind == K_INT32 || k->kind == K_NUM)) {
+            rc = cfg_err(ctx, path, "\"auto\" is not resolved for this key (HF's integration "
+                         "does not fill it either); give a value");
+            continue;
         }
         if (parse_value(ctx, k, path, v))
-            return ZN_ECONFIG;
+            rc = ZN_ECONFIG;
     }
-    return 0;
+    return rc;
 }
+
 
 /* ---- --set overrides ----------------------------------------------------- */
 
-static int apply_override(json_t *root, const char *name, const char *ov)
+static int apply_override(parse_ctx *ctx, json_t *root, const char *ov)
 {
     const char *eq = strchr(ov, '=');
     if (!eq || eq == ov)
-        return zn_set_error(ZN_ECONFIG, "--set %s: expected key.path=value", ov);
+        return cfg_err(ctx, "--set", "%s: expected key.path=value", ov);
     char path[512];
     size_t plen = (size_t)(eq - ov);
     if (plen >= sizeof path)
-        return zn_set_error(ZN_ECONFIG, "--set %s: key path too long", ov);
+        return cfg_err(ctx, "--set", "%s: key path too long", ov);
     memcpy(path, ov, plen);
     path[plen] = '\0';
     const char *text = eq + 1;
@@ -786,13 +1046,13 @@ static int apply_override(json_t *root, const char *name, const char *ov)
             json_object_set_new(cur, seg, child);
         } else if (!json_is_object(child)) {
             json_decref(val);
-            return zn_set_error(ZN_ECONFIG, "%s: --set %s: '%s' is not an object", name, ov, walked);
+            return cfg_err(ctx, walked, "--set %s: not an object", ov);
         }
         cur = child;
         seg = next;
     }
     json_decref(val);
-    return zn_set_error(ZN_ECONFIG, "--set %s: empty key path", ov);
+    return cfg_err(ctx, "--set", "%s: empty key path", ov);
 }
 
 /* ---- cross-key checks ---------------------------------------------------- */
@@ -800,55 +1060,52 @@ static int apply_override(json_t *root, const char *name, const char *ov)
 static int validate(parse_ctx *ctx)
 {
     zn_config *c = ctx->cfg;
-    const char *f = ctx->file;
     const zn_config_zero *z = &c->zero;
 
     if (c->bf16 && c->fp16.enabled)
-        return zn_set_error(ZN_ECONFIG, "%s: bf16.enabled and fp16.enabled are both true; "
-                            "choose one", f);
+        cfg_err(ctx, "bf16.enabled", "bf16.enabled and fp16.enabled are both true; choose one");
     if (z->offload_param.device != ZN_OFFLOAD_NONE && z->stage != 3)
-        return zn_set_error(ZN_ECONFIG, "%s: zero_optimization.offload_param needs "
-                            "zero_optimization.stage = 3 (it is %d)", f, z->stage);
+        cfg_err(ctx, "zero_optimization.offload_param", "needs zero_optimization.stage = 3 "
+                "(it is %d)", z->stage);
     if (z->offload_optimizer.device == ZN_OFFLOAD_NVME && z->stage != 3)
-        return zn_set_error(ZN_ECONFIG, "%s: zero_optimization.offload_optimizer.device = "
-                            "\"nvme\" needs zero_optimization.stage = 3 (it is %d)", f, z->stage);
+        cfg_err(ctx, "zero_optimization.offload_optimizer.device", "\"nvme\" needs "
+                "zero_optimization.stage = 3 (it is %d)", z->stage);
     if (z->offload_optimizer.device != ZN_OFFLOAD_NONE && z->stage == 0)
-        return zn_set_error(ZN_ECONFIG, "%s: zero_optimization.offload_optimizer needs "
-                            "zero_optimization.stage >= 1 (it is 0)", f);
+        cfg_err(ctx, "zero_optimization.offload_optimizer", "needs zero_optimization.stage "
+                ">= 1 (it is 0)");
     if (z->offload_optimizer.ratio < 1.0 && z->stage != 3)
-        return zn_set_error(ZN_ECONFIG, "%s: zero_optimization.offload_optimizer.ratio < 1 "
-                            "needs stage 3", f);
+        cfg_err(ctx, "zero_optimization.offload_optimizer.ratio", "< 1 needs stage 3");
     if (c->tiers.grads == ZN_GRADS_NVME && z->offload_optimizer.device != ZN_OFFLOAD_NVME)
-        return zn_set_error(ZN_ECONFIG, "%s: tiers.grads = \"nvme\" needs "
-                            "zero_optimization.offload_optimizer.device = \"nvme\" (gradients "
-                            "go to NVMe only with the optimizer states)", f);
+        cfg_err(ctx, "tiers.grads", "\"nvme\" needs zero_optimization.offload_optimizer.device "
+                "= \"nvme\" (gradients go to NVMe only with the optimizer states)");
     bool any_nvme_path = c->tiers.n_nvme > 0;
     if (z->offload_param.device == ZN_OFFLOAD_NVME && !z->offload_param.nvme_path[0] && !any_nvme_path)
-        return zn_set_error(ZN_ECONFIG, "%s: zero_optimization.offload_param.device = \"nvme\" "
-                            "needs offload_param.nvme_path or tiers.nvme", f);
+        cfg_err(ctx, "zero_optimization.offload_param.device", "\"nvme\" needs "
+                "offload_param.nvme_path or tiers.nvme");
     if (z->offload_optimizer.device == ZN_OFFLOAD_NVME && !z->offload_optimizer.nvme_path[0] &&
         !any_nvme_path)
-        return zn_set_error(ZN_ECONFIG, "%s: zero_optimization.offload_optimizer.device = "
-                            "\"nvme\" needs offload_optimizer.nvme_path or tiers.nvme", f);
+        cfg_err(ctx, "zero_optimization.offload_optimizer.device", "\"nvme\" needs "
+                "offload_optimizer.nvme_path or tiers.nvme");
     if (z->offload_param.buffer_size < z->stage3_param_persistence_threshold)
-        zn_debug("%s: offload_param.buffer_size < stage3_param_persistence_threshold", f);
+        zn_debug("%s: offload_param.buffer_size < stage3_param_persistence_threshold", ctx->file);
     if (c->aio.block_size % 4096)
-        return zn_set_error(ZN_ECONFIG, "%s: aio.block_size: %lld is not a multiple of 4096",
-                            f, (long long)c->aio.block_size);
+        cfg_err(ctx, "aio.block_size", "%lld is not a multiple of 4096",
+                (long long)c->aio.block_size);
 
     const zn_config_scheduler *s = &c->scheduler;
     if ((s->type == ZN_SCHED_WARMUP_DECAY_LR || s->type == ZN_SCHED_WARMUP_COSINE_LR) &&
         s->total_num_steps == 0)
-        return zn_set_error(ZN_ECONFIG, "%s: scheduler.params.total_num_steps is required for %s",
-                            f, s->type == ZN_SCHED_WARMUP_DECAY_LR ? "WarmupDecayLR" : "WarmupCosineLR");
-    if (s->type != ZN_SCHED_NONE && s->total_num_steps && s->warmup_num_steps > s->total_num_steps)
-        return zn_set_error(ZN_ECONFIG, "%s: scheduler.params.warmup_num_steps (%lld) exceeds "
-                            "total_num_steps (%lld)", f, (long long)s->warmup_num_steps,
-                            (long long)s->total_num_steps);
+        cfg_err(ctx, "scheduler.params.total_num_steps", "required for %s (or \"auto\": "
+                "train.steps)", s->type == ZN_SCHED_WARMUP_DECAY_LR ? "WarmupDecayLR"
+                                                                    : "WarmupCosineLR");
+    if (s->type >= ZN_SCHED_WARMUP_LR && s->type <= ZN_SCHED_WARMUP_COSINE_LR &&
+        s->total_num_steps && s->warmup_num_steps > s->total_num_steps)
+        cfg_err(ctx, "scheduler.params.warmup_num_steps", "%lld exceeds total_num_steps (%lld)",
+                (long long)s->warmup_num_steps, (long long)s->total_num_steps);
     if (s->type == ZN_SCHED_WARMUP_LR || s->type == ZN_SCHED_WARMUP_DECAY_LR) {
         if (s->warmup_min_lr > s->warmup_max_lr)
-            return zn_set_error(ZN_ECONFIG, "%s: scheduler.params.warmup_min_lr (%g) exceeds "
-                                "warmup_max_lr (%g)", f, s->warmup_min_lr, s->warmup_max_lr);
+            cfg_err(ctx, "scheduler.params.warmup_min_lr", "%g exceeds warmup_max_lr (%g)",
+                    s->warmup_min_lr, s->warmup_max_lr);
     }
     if (c->optimizer.type == ZN_OPT_ADAMW)
         c->optimizer.adam_w_mode = true;
@@ -856,31 +1113,130 @@ static int validate(parse_ctx *ctx)
     const zn_config_model *m = &c->model;
     if (!m->path[0] && m->hidden_size) {
         if (!m->num_hidden_layers || !m->num_attention_heads || !m->intermediate_size ||
-            !m->vocab_size)
-            return zn_set_error(ZN_ECONFIG, "%s: model: give either 'path' (an HF model folder) "
-                                "or all of hidden_size, num_hidden_layers, num_attention_heads, "
-                                "intermediate_size, vocab_size", f);
-        int64_t kv = m->num_key_value_heads ? m->num_key_value_heads : m->num_attention_heads;
-        if (!m->head_dim && m->hidden_size % m->num_attention_heads)
-            return zn_set_error(ZN_ECONFIG, "%s: model.hidden_size (%lld) is not a multiple of "
-                                "num_attention_heads (%lld); set model.head_dim", f,
-                                (long long)m->hidden_size, (long long)m->num_attention_heads);
-        if (m->num_attention_heads % kv)
-            return zn_set_error(ZN_ECONFIG, "%s: model.num_attention_heads (%lld) is not a "
-                                "multiple of num_key_value_heads (%lld)", f,
-                                (long long)m->num_attention_heads, (long long)kv);
-        int64_t hd = m->head_dim ? m->head_dim : m->hidden_size / m->num_attention_heads;
-        if (hd % 2)
-            return zn_set_error(ZN_ECONFIG, "%s: model head dimension %lld is odd; RoPE needs "
-                                "an even one", f, (long long)hd);
+            !m->vocab_size) {
+            cfg_err(ctx, "model", "give either 'path' (an HF model folder) or all of "
+                    "hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, "
+                    "vocab_size");
+        } else {
+            int64_t kv = m->num_key_value_heads ? m->num_key_value_heads : m->num_attention_heads;
+            if (!m->head_dim && m->hidden_size % m->num_attention_heads)
+                cfg_err(ctx, "model.hidden_size", "%lld is not a multiple of "
+                        "num_attention_heads (%lld); set model.head_dim",
+                        (long long)m->hidden_size, (long long)m->num_attention_heads);
+            if (m->num_attention_heads % kv)
+                cfg_err(ctx, "model.num_attention_heads", "%lld is not a multiple of "
+                        "num_key_value_heads (%lld)", (long long)m->num_attention_heads,
+                        (long long)kv);
+            int64_t hd = m->head_dim ? m->head_dim : m->hidden_size / m->num_attention_heads;
+            if (hd % 2)
+                cfg_err(ctx, "model", "head dimension %lld is odd; RoPE needs an even one",
+                        (long long)hd);
+        }
     } else if (!m->path[0] && (m->num_hidden_layers || m->vocab_size || m->intermediate_size)) {
-        return zn_set_error(ZN_ECONFIG, "%s: model: hidden_size is missing", f);
+        cfg_err(ctx, "model.hidden_size", "missing (or give model.path)");
     }
     if (c->model.num_key_value_heads == 0)
         c->model.num_key_value_heads = c->model.num_attention_heads;
     if (c->train.checkpoint.every && !c->train.checkpoint.dir[0])
-        return zn_set_error(ZN_ECONFIG, "%s: train.checkpoint.every is set but "
-                            "train.checkpoint.dir is not", f);
+        cfg_err(ctx, "train.checkpoint.every", "set, but train.checkpoint.dir is not");
+    return ctx->n_err ? ZN_ECONFIG : 0;
+}
+
+/* ---- "auto" and the training defaults ------------------------------------ */
+
+static const key_spec *find_key(const char *path);
+
+static zn_config_origin origin_at(const zn_config *c, const char *path)
+{
+    const key_spec *k = find_key(path);
+    return k ? (zn_config_origin)c->origin[canon_index(k)] : ZN_ORIGIN_DEFAULT;
+}
+
+zn_config_origin zn_config_get_origin(const zn_config *c, const char *key)
+{
+    return origin_at(c, key);
+}
+
+const char *zn_config_origin_name(zn_config_origin o)
+{
+    switch (o) {
+    case ZN_ORIGIN_DEFAULT: return "default";
+    case ZN_ORIGIN_CONFIG: return "config";
+    case ZN_ORIGIN_AUTO: return "auto";
+    case ZN_ORIGIN_SET: return "--set";
+    }
+    return "?";
+}
+
+int zn_config_resolve_auto(zn_config *c, int64_t hidden, int device_bf16)
+{
+    const zn_config_train *t = &c->train;
+    bool fp16_given = origin_at(c, "fp16.enabled") != ZN_ORIGIN_AUTO && c->fp16.enabled;
+    for (size_t i = 0; i < N_SCHEMA; i++) {
+        const key_spec *k = &schema[i];
+        if (!k->autorule || canon_index(k) != i || c->origin[i] != ZN_ORIGIN_AUTO)
+            continue;
+        switch ((auto_rule)k->autorule) {
+        case A_NONE: break;
+        case A_CLIP: c->gradient_clipping = t->max_grad_norm; break;
+        /* HF takes precision from --bf16/--fp16; zinc from the device: bf16
+         * where it computes in bf16, never fp16 unless asked for. */
+        case A_BF16: c->bf16 = device_bf16 == 1 && !fp16_given; break;
+        case A_FP16: c->fp16.enabled = false; break;
+        case A_LR: c->optimizer.lr = t->learning_rate; break;
+        case A_BETAS:
+            c->optimizer.beta1 = t->adam_beta1;
+            c->optimizer.beta2 = t->adam_beta2;
+            break;
+        case A_EPS: c->optimizer.eps = t->adam_epsilon; break;
+        case A_WD: c->optimizer.weight_decay = t->weight_decay; break;
+        case A_WMIN: c->scheduler.warmup_min_lr = 0.0; break;
+        case A_WMAX: c->scheduler.warmup_max_lr = t->learning_rate; break;
+        case A_WSTEPS: c->scheduler.warmup_num_steps = t->warmup_steps; break;
+        case A_TOTAL: c->scheduler.total_num_steps = t->steps > 0 ? t->steps : 1; break;
+        case A_HSQ:
+            if (hidden > 0)
+                c->zero.reduce_bucket_size = hidden * hidden;
+            break;
+        case A_HSQ09:
+            if (hidden > 0)
+                c->zero.stage3_prefetch_bucket_size = (int64_t)(0.9 * (double)hidden * (double)hidden);
+            break;
+        case A_H10:
+            if (hidden > 0)
+                c->zero.stage3_param_persistence_threshold = 10 * hidden;
+            break;
+        case A_DSDEFAULT: c->zero.sub_group_size = 1000000000; break;
+        }
+    }
+    if (c->zero.sub_group_size == 0)
+        c->zero.sub_group_size = 1000000000;
+    if (c->optimizer_from_train) {
+        c->optimizer.type = ZN_OPT_ADAMW;
+        c->optimizer.adam_w_mode = true;
+        c->optimizer.bias_correction = true;
+        c->optimizer.lr = t->learning_rate;
+        c->optimizer.beta1 = t->adam_beta1;
+        c->optimizer.beta2 = t->adam_beta2;
+        c->optimizer.eps = t->adam_epsilon;
+        c->optimizer.weight_decay = t->weight_decay;
+    }
+    if (c->scheduler_from_train) {
+        static const zn_scheduler_type hf[] = { ZN_SCHED_HF_LINEAR, ZN_SCHED_HF_COSINE,
+                                                ZN_SCHED_NONE, ZN_SCHED_HF_CONSTANT_WARMUP };
+        c->scheduler.type = hf[t->lr_scheduler_type & 3];
+        c->scheduler.warmup_num_steps = t->warmup_steps;
+        c->scheduler.total_num_steps = t->steps > 0 ? t->steps : 1;
+        c->scheduler.warmup_min_lr = 0.0;
+        c->scheduler.warmup_max_lr = c->optimizer.lr;
+        c->scheduler.warmup_type = 1;
+    }
+    /* the batch keys: HF fills micro-batch and accumulation from its
+     * arguments; zn_config_resolve_batch derives what is still open */
+    if (!c->train_micro_batch_size_per_gpu && t->per_device_train_batch_size)
+        c->train_micro_batch_size_per_gpu = t->per_device_train_batch_size;
+    if (!c->gradient_accumulation_steps && t->gradient_accumulation_steps)
+        c->gradient_accumulation_steps = t->gradient_accumulation_steps;
     return 0;
 }
 
@@ -894,19 +1250,68 @@ int zn_config_parse(zn_config *cfg, const char *json, const char *name,
     if (!root)
         return zn_set_error(ZN_ECONFIG, "%s:%d:%d: %s", name, jerr.line, jerr.column, jerr.text);
     int rc = 0;
-    parse_ctx ctx = { .cfg = cfg, .file = name };
+    parse_ctx ctx = { .cfg = cfg, .file = name, .overrides = overrides,
+                      .n_overrides = n_overrides };
     if (!json_is_object(root)) {
         rc = zn_set_error(ZN_ECONFIG, "%s: the top level must be an object, got %s",
                           name, json_kind(root));
         goto out;
     }
     for (int i = 0; i < n_overrides; i++)
-        if ((rc = apply_override(root, name, overrides[i])))
-            goto out;
-    if ((rc = parse_object(&ctx, "", root)))
-        goto out;
-    rc = validate(&ctx);
+        apply_override(&ctx, root, overrides[i]);
+    parse_object(&ctx, "", root);
+
+    /* What the HF Trainer does when the DeepSpeed config leaves them out. */
+    const zn_config_train *t = &cfg->train;
+    json_t *opt = json_object_get(root, "optimizer");
+    if (!opt || json_is_null(opt)) {
+        cfg->optimizer_from_train = true;
+        cfg_warn(&ctx, "optimizer", "no optimizer section: AdamW with zinc's training defaults "
+                 "(train.learning_rate %g, betas [%g, %g], eps %g, weight_decay %g), as the HF "
+                 "Trainer does", t->learning_rate, t->adam_beta1, t->adam_beta2, t->adam_epsilon,
+                 t->weight_decay);
+    }
+    json_t *sch = json_object_get(root, "scheduler");
+    if (!sch || json_is_null(sch)) {
+        static const char *names[] = { "linear", "cosine", "constant", "constant_with_warmup" };
+        cfg->scheduler_from_train = true;
+        cfg_warn(&ctx, "scheduler", "no scheduler section: train.lr_scheduler_type '%s' with "
+                 "train.warmup_steps %lld over train.steps %lld, as the HF Trainer does",
+                 names[t->lr_scheduler_type & 3], (long long)t->warmup_steps,
+                 (long long)t->steps);
+    }
+    if (cfg->origin[canon_index(find_key("zero_optimization.sub_group_size"))] !=
+            ZN_ORIGIN_AUTO && cfg->zero.sub_group_size == 0)
+        cfg_warn(&ctx, "zero_optimization.sub_group_size", "0 (DeepSpeed: a sub-group per "
+                 "tensor) only sizes the optimizer's staging; zinc uses its default 1e9");
+    zn_config_resolve_auto(cfg, cfg->model.hidden_size, -1);
+    validate(&ctx);
+
+    if (ctx.n_err == 1) {
+        rc = zn_set_error(ZN_ECONFIG, "%s: %.*s", name, (int)(ctx.errs_len - 1), ctx.errs);
+    } else if (ctx.n_err > 1) {
+        /* one line per error, indented under a count */
+        char *list = ctx.errs ? ctx.errs : "";
+        size_t len = ctx.errs_len ? ctx.errs_len - 1 : 0;
+        char *ind = malloc(len * 2 + ctx.n_err * 2 + 16);
+        if (ind) {
+            size_t o = 0;
+            ind[o++] = ' ';
+            ind[o++] = ' ';
+            for (size_t i = 0; i < len; i++) {
+                ind[o++] = list[i];
+                if (list[i] == '\n') {
+                    ind[o++] = ' ';
+                    ind[o++] = ' ';
+                }
+            }
+            ind[o] = '\0';
+        }
+        rc = zn_set_error(ZN_ECONFIG, "%s: %d errors:\n%s", name, ctx.n_err, ind ? ind : list);
+        free(ind);
+    }
 out:
+    free(ctx.errs);
     json_decref(root);
     return rc;
 }

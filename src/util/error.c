@@ -7,7 +7,7 @@
 
 #include "zinc/util.h"
 
-#define ZN_ERRMSG_MAX 2048
+#define ZN_ERRMSG_MAX 16384 /* a config may report dozens of problems at once */
 
 static _Thread_local char errmsg[ZN_ERRMSG_MAX];
 
