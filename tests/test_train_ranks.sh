@@ -7,10 +7,12 @@
 # a relative 2e-4 (fp32 sums in another order). Then a rank killed mid-run
 # must end the other rank with an error naming the dead rank, within the
 # communicator's timeout, instead of hanging.
-# usage: test_train_ranks.sh PATH/TO/zinc HAVE_MPI(0|1)
+# A model folder's weights on 2 ranks: each rank reads ~1/2 of them.
+# usage: test_train_ranks.sh PATH/TO/zinc HAVE_MPI(0|1) SOURCE_ROOT
 set -u
 zinc=$(realpath "$1")
 have_mpi=${2:-0}
+src=$(realpath "${3:-$(dirname "$0")/..}")
 fail=0
 work=$(realpath "$(mktemp -d train-ranks-XXXXXX)")
 trap 'rm -rf "$work"' EXIT
@@ -61,6 +63,43 @@ done
 grep -q "ranks    2 (torchrun, tcp" tcp2.r0.out || { echo "FAIL: no ranks line"; fail=1; }
 [ -s tcp2.r1.out ] && grep -q "step " tcp2.r1.out && { echo "FAIL: rank 1 printed progress"; fail=1; }
 compare "2 ranks, torchrun-style (tcp)" ref2.jsonl tcp2.jsonl
+
+# a model folder's weights across 2 ranks (ZeRO stage 3, params offloaded):
+# each rank reads only the byte ranges of its own shard (~1/2 of the
+# tensors), and the losses are one rank's with the global batch
+fx="$src/tests/fixtures"
+hf=(--model "$fx/ft-llama" --steps $STEPS --set train.threads=1
+    --set 'zero_optimization.offload_param.device="cpu"'
+    --set 'zero_optimization.offload_optimizer.device="cpu"'
+    --set zero_optimization.stage3_param_persistence_threshold=0)
+if [ -d "$fx/ft-llama" ]; then
+    "$zinc" train "$fx/ft-llama/train-config.json" "${hf[@]}" --set gradient_accumulation_steps=4 \
+        --json-log hfref.jsonl > hfref.out 2>&1 || { echo "FAIL: ft-llama on one rank: $(tail -3 hfref.out)"; fail=1; }
+    p=$(free_port)
+    pids=()
+    for r in 0 1; do
+        log=()
+        [ $r -eq 0 ] && log=(--json-log hf2.jsonl)
+        ZINC_LOG=info RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
+            MASTER_PORT=$p timeout 120 "$zinc" train "$fx/ft-llama/train-config.json" "${hf[@]}" \
+            "${log[@]}" > hf2.r$r.out 2>&1 &
+        pids+=($!)
+    done
+    for r in 0 1; do
+        wait "${pids[$r]}" || { echo "FAIL: ft-llama rank $r: $(tail -3 hf2.r$r.out)"; fail=1; }
+        share=$(grep -o "rank $r of 2: read [0-9]* of the weights' [0-9]* bytes ([0-9.]*)" hf2.r$r.out |
+                sed 's/.*(\([0-9.]*\))/\1/')
+        if [ -n "$share" ] && awk -v f="$share" 'BEGIN { exit !(f >= 0.4 && f <= 0.6) }'; then
+            echo "ok: ft-llama rank $r read $share of the weights"
+        else
+            echo "FAIL: ft-llama rank $r read '$share' of the weights (want ~0.5): $(grep -m2 'read\|error' hf2.r$r.out)"
+            fail=1
+        fi
+    done
+    compare "ft-llama weights, 2 ranks (stage 3)" hfref.jsonl hf2.jsonl
+else
+    echo "FAIL: no tests/fixtures/ft-llama beside $zinc"; fail=1
+fi
 
 # checkpoints across ranks: 2 ranks save every 3 steps (rank-0/, rank-1/ in
 # one folder), a second 2-rank job resumes from `latest` after step 3 and
@@ -137,6 +176,20 @@ if [ "$have_mpi" = 1 ] && command -v mpirun >/dev/null 2>&1; then
             echo "FAIL: mpirun -np $n: rank 0's nvme high-water is $frac of one rank's (want ~1/$n)"; fail=1
         fi
     done
+    # a model folder's weights under mpirun -np 2: each rank reads ~1/2
+    ZINC_LOG=info timeout 180 mpirun -np 2 --oversubscribe "$zinc" train \
+        "$fx/ft-llama/train-config.json" "${hf[@]}" --json-log mpihf.jsonl > mpihf.out 2>&1 ||
+        { echo "FAIL: mpirun -np 2 with ft-llama: $(tail -5 mpihf.out)"; fail=1; }
+    for r in 0 1; do
+        share=$(grep -o "rank $r of 2: read [0-9]* of the weights' [0-9]* bytes ([0-9.]*)" mpihf.out |
+                sed 's/.*(\([0-9.]*\))/\1/')
+        if [ -n "$share" ] && awk -v f="$share" 'BEGIN { exit !(f >= 0.4 && f <= 0.6) }'; then
+            echo "ok: mpirun -np 2: ft-llama rank $r read $share of the weights"
+        else
+            echo "FAIL: mpirun -np 2: ft-llama rank $r read '$share' of the weights (want ~0.5)"; fail=1
+        fi
+    done
+    compare "ft-llama weights, mpirun -np 2" hfref.jsonl mpihf.jsonl
     # resume under mpirun: save at 3 and 6, drop 6, resume from 3
     mck=(--steps 6 --set train.checkpoint.dir=\"$work/mck\" --set train.checkpoint.every=3)
     if timeout 180 mpirun -np 2 --oversubscribe "$zinc" train "${common[@]}" "${mck[@]}" \

@@ -157,8 +157,10 @@ ZN_API const zn_train_model *zn_train_llama_model(zn_train_llama *l);
 ZN_API int zn_train_llama_load(zn_train_llama *l, const char *path, char *summary,
                                size_t summary_len);
 /* Bytes of tensor data read from the checkpoint so far (for `zinc bench
- * load` and the load report). */
-ZN_API uint64_t zn_train_llama_bytes_read(const zn_train_llama *l);
+ * load` and the load report); *total (may be NULL) receives the bytes of
+ * every tensor the model takes from it. With ZeRO stage 3 across N ranks a
+ * rank reads about total / N. */
+ZN_API uint64_t zn_train_llama_bytes_read(const zn_train_llama *l, uint64_t *total);
 ZN_API void zn_train_llama_destroy(zn_train_llama *l); /* accepts NULL */
 
 /* ---- the trainer ----------------------------------------------------------*/

@@ -39,6 +39,7 @@ struct zn_train_llama {
     void *embed;                 /* tied: block 0's resident table (device) */
     float *tied_grad;            /* tied: the head's lm_head gradient (device, fp32) */
     _Atomic uint64_t bytes_read;
+    uint64_t bytes_total;        /* tensor bytes the model takes from st */
     zn_train_model tm;
 };
 
@@ -349,8 +350,10 @@ void zn_train_llama_destroy(zn_train_llama *l)
     free(l);
 }
 
-uint64_t zn_train_llama_bytes_read(const zn_train_llama *l)
+uint64_t zn_train_llama_bytes_read(const zn_train_llama *l, uint64_t *total)
 {
+    if (total)
+        *total = l ? l->bytes_total : 0;
     return l ? atomic_load(&l->bytes_read) : 0;
 }
 
@@ -380,6 +383,7 @@ int zn_train_llama_load(zn_train_llama *l, const char *path, char *summary, size
     if (rc)
         return zn_error_prefix(rc, "model weights");
     size_t nt = zn_st_count(st), used = 0;
+    uint64_t total = 0;
     unsigned char *seen = calloc(nt ? nt : 1, 1);
     int dtypes = 0;  /* bit per zn_st_dtype among the tensors used */
     if (!seen) {
@@ -430,6 +434,7 @@ int zn_train_llama_load(zn_train_llama *l, const char *path, char *summary, size
                 used++;
             }
             dtypes |= 1 << t->dtype;
+            total += t->nbytes;
             tab[(size_t)b * MAX_TENSORS + (size_t)i] = t;
         }
     }
@@ -454,6 +459,8 @@ int zn_train_llama_load(zn_train_llama *l, const char *path, char *summary, size
     free(tab);
     zn_st_close(l->st);
     l->st = st;
+    l->bytes_total = total;
+    atomic_store(&l->bytes_read, 0);
     if (summary && summary_len) {
         char dts[64] = "";
         size_t o = 0;
