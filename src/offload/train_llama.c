@@ -75,7 +75,7 @@ static void normal_range(uint64_t key, double std, uint64_t first, uint64_t n, f
 
 /* Reads of a loaded range, cut into pieces of at most READ_PIECE elements
  * that the OpenMP threads pread and widen in parallel. */
-#define READ_PIECE ((uint64_t)1 << 20)
+#define READ_PIECE ((uint64_t)4 << 20)
 
 typedef struct {
     const zn_st_tensor *t;
