@@ -202,11 +202,68 @@ def make(kind, out, torch, transformers, save_file):
         json.dump(ref, f, indent=1)
 
 
+def check_export(zinc, torch, transformers):
+    """Fine-tunes each ft-* folder with zinc (10 steps from its weights,
+    checkpoint at the end), exports it as fp32 and bf16, loads each export in
+    transformers with default arguments (the dtype must be the one written)
+    and compares transformers' mean cross-entropy on fresh token windows with
+    `zinc eval` on the same export and ids."""
+    import subprocess
+    import tempfile
+    from gen_fixtures import write_tokens
+    fx = os.path.join(ROOT, "tests", "fixtures")
+    bad = 0
+    for kind in ("llama", "qwen2", "tied"):
+        src = os.path.join(fx, "ft-" + kind)
+        V = json.load(open(os.path.join(src, "config.json")))["vocab_size"]
+        with tempfile.TemporaryDirectory() as tmp:
+            def run(*args):
+                r = subprocess.run([zinc] + list(args), cwd=tmp, capture_output=True, text=True)
+                if r.returncode:
+                    sys.exit("check-export: zinc %s failed:\n%s%s" % (" ".join(args), r.stdout, r.stderr))
+                return r.stdout
+            run("train", os.path.join(src, "train-config.json"), "--model", src, "--steps", "10",
+                "--set", "train.checkpoint.dir=\"ck\"")
+            seq, windows = 12, 6
+            g = torch.Generator().manual_seed(5)
+            ids = torch.randint(0, V, (windows * seq + 1,), generator=g).tolist()
+            write_tokens(os.path.join(tmp, "ids.tok"), ids, V)
+            t = torch.tensor(ids, dtype=torch.long)
+            x = torch.stack([t[w * seq: w * seq + seq] for w in range(windows)])
+            y = torch.stack([t[w * seq + 1: w * seq + seq + 1] for w in range(windows)])
+            for dt, tdt, tol in (("fp32", torch.float32, 1e-5), ("bf16", torch.bfloat16, 2e-2)):
+                out = os.path.join(tmp, "hf-" + dt)
+                run("export", "ck", "--out", out, "--dtype", dt)
+                zl = json.loads(run("eval", "--model", out, "--data", "ids.tok", "--seq-len",
+                                    str(seq), "--batch", "1", "--device", "host", "--json"))["loss"]
+                model = transformers.AutoModelForCausalLM.from_pretrained(out)  # defaults
+                model.eval()
+                pdt = next(model.parameters()).dtype
+                with torch.no_grad():
+                    logits = model(input_ids=x).logits.float()
+                tl = torch.nn.functional.cross_entropy(logits.reshape(-1, V), y.reshape(-1)).item()
+                ok = pdt == tdt and abs(tl - zl) <= tol * abs(tl)
+                bad += not ok
+                print("check-export: ft-%-5s %s: transformers loads %s (want %s), loss %.6f, "
+                      "zinc eval %.6f, rel %.1e: %s" % (kind, dt, pdt, tdt, tl, zl,
+                                                        abs(tl - zl) / abs(tl), "ok" if ok else "FAILED"))
+    if bad:
+        sys.exit("check-export: %d FAILED" % bad)
+    print("check-export: ok (transformers %s)" % transformers.__version__)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
+    ap.add_argument("--check-export", metavar="ZINC", help="check zinc's fine-tuned exports "
+                    "in transformers (see check_export)")
     args = ap.parse_args()
     ensure_torch()
+    if args.check_export:
+        import torch
+        import transformers
+        check_export(os.path.abspath(args.check_export), torch, transformers)
+        return
     import torch
     import transformers
     from safetensors.torch import save_file
