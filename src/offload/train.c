@@ -468,9 +468,11 @@ fail:
 }
 
 /* Elements of one pass of the initial values: the model fills at most this
- * many fp32 values at a time (from its seeded init or from a checkpoint), so
- * the load holds INIT_CHUNK x (4 + param bytes) = 48-64 MiB of host memory
- * beside the tiers, whatever the block sizes. */
+ * many fp32 values at a time (from its seeded init or from a checkpoint),
+ * into the two pinned gradient staging buffers (largest_local fp32 each,
+ * idle until the first backward), so loading holds no host memory beyond
+ * the tiers whatever the model's size: the cpu high-water of a run whose
+ * state lives on NVMe is its plan's, during the load too. */
 #define INIT_CHUNK ((uint64_t)8 << 20)
 
 /* Streams the initial optimizer state of the rank's flat space, in order,
@@ -565,14 +567,15 @@ static int initialise(zn_trainer *tr)
 {
     int rc = 0;
     const zn_train_model *md = tr->model;
-    float *vals = malloc(INIT_CHUNK * sizeof *vals);
-    void *conv = malloc(INIT_CHUNK * tr->pbytes);
+    float *vals = tr->gstage[0];
+    void *conv = tr->gstage[1];  /* largest_local x 4 >= chunk x param bytes */
+    const uint64_t chunk = tr->largest_local < INIT_CHUNK ? tr->largest_local : INIT_CHUNK;
     int np_pending[64] = { 0 };
     int nvme_blocks = 0;
     init_units iu = { tr, 0, 0, 0 };
     bool opt_nvme = tr->oopt == ZN_OFFLOAD_NVME;
-    if (!vals || !conv) {
-        rc = zn_set_error(-ENOMEM, "train: out of memory");
+    if (!vals || !conv || !chunk) {
+        rc = zn_set_error(ZN_EINTERNAL, "train: no staging for the initial state");
         goto out;
     }
     for (int s = 0; s < 16; s++)
@@ -586,8 +589,8 @@ static int initialise(zn_trainer *tr)
             if ((rc = init_pstage_wait(tr, t, np_pending)))
                 goto out;
         }
-        for (uint64_t x = h0; x < h0 + hn && !rc; x += INIT_CHUNK) {
-            uint64_t c = h0 + hn - x < INIT_CHUNK ? h0 + hn - x : INIT_CHUNK;
+        for (uint64_t x = h0; x < h0 + hn && !rc; x += chunk) {
+            uint64_t c = h0 + hn - x < chunk ? h0 + hn - x : chunk;
             uint64_t real = x < bl->n ? (bl->n - x < c ? bl->n - x : c) : 0;
             if (real && (rc = md->init_params(md->ctx, b, x, real, vals)))
                 goto out;
@@ -654,8 +657,6 @@ out:
         }
     for (int s = 0; s < 16; s++)
         tr->oslot[s].unit = -1;
-    free(vals);
-    free(conv);
     return rc;
 }
 
