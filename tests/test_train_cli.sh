@@ -29,6 +29,29 @@ if [ "$mode" = fast ]; then
     check "[ -n \"\$why\" ] && grep -qF \"\$why\" train.err" "train's error differs from plan's: $(cat train.err)"
     check "[ ! -e zinc-swap ]" "an infeasible run created the swap directory"
 
+    # budgets beyond the machine: a run refuses them naming what the machine
+    # has (before creating anything); a plan (maybe for another machine) warns
+    "$zinc" train --set tiers.cpu=100TiB --steps 1 > /dev/null 2> big.err
+    rc=$?
+    check "[ $rc -eq 1 ] && grep -q \"tiers.cpu 100.00 TiB is more than this machine's RAM\" big.err" \
+          "tiers.cpu=100TiB: $(cat big.err)"
+    "$zinc" plan "$src/examples/tiny.json" --set tiers.cpu=100TiB > /dev/null 2> bigplan.err
+    rc=$?
+    check "[ $rc -eq 0 ] && grep -q 'planning for another one' bigplan.err" \
+          "zinc plan with tiers.cpu=100TiB: $(cat bigplan.err)"
+    "$zinc" train --set 'tiers.nvme=[{"path": "s1", "size": "60TiB"}, {"path": "s2", "size": "30TiB"}]' \
+        --steps 1 > /dev/null 2> bignv.err
+    rc=$?
+    check "[ $rc -eq 1 ] && grep -q 'tiers.nvme asks 90.00 TiB on the file system of s1 and the other paths on it' bignv.err" \
+          "tiers.nvme 60+30 TiB on one file system: $(cat bignv.err)"
+    check "[ ! -e s1 ] && [ ! -e s2 ] && [ ! -e zinc-swap ]" "a refused run created swap space"
+    # two auto-sized paths on one file system: its free space counted once
+    one=$("$zinc" plan "$src/examples/tiny.json" --set 'tiers.nvme=[{"path": "p1"}]' | grep '^budget')
+    two=$("$zinc" plan "$src/examples/tiny.json" --set 'tiers.nvme=[{"path": "p1"}, {"path": "p2"}]' | grep '^budget')
+    # (the free space may move a little between the two plans: not 2x)
+    check "echo '$one $two' | awk '{ exit !(\$6 > 0 && \$13 < 1.5 * \$6 && \$7 == \$14) }'" \
+          "two paths on one file system: '$one' vs '$two'"
+
     "$zinc" train --steps 3 --set train.log_every=1 --json-log log.jsonl --trace trace.json > out.txt 2> err.txt
     rc=$?
     check "[ $rc -eq 0 ]" "zinc train --steps 3 exited $rc: $(cat err.txt)"

@@ -45,6 +45,13 @@ uint64_t zn_cli_persistent_params(const zn_model_dims *d, uint64_t threshold);
 uint64_t zn_cli_gpu_free(const zn_config *cfg);
 int zn_cli_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gpu_free,
                    zn_plan_budgets *b);
+/* Checks explicit budgets against this machine: tiers.cpu against its RAM,
+ * explicit tiers.nvme sizes (summed per file system) against each file
+ * system's free space; RLIMIT_MEMLOCK below the cpu budget is a warning.
+ * strict (a run): a problem is ZN_ECONFIG naming what the machine has; else
+ * (a plan, perhaps for another machine) a warning. */
+int zn_cli_check_budgets(const zn_config *cfg, const zn_topo *topo, const zn_plan_budgets *b,
+                         int strict);
 void zn_cli_plan_input(const zn_config *cfg, const zn_model_dims *d, int world,
                        uint64_t *blocks, zn_plan_input *in);
 

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/statvfs.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "zinc/config.h"
 #include "zinc/device.h"
@@ -74,17 +76,19 @@ uint64_t zn_cli_persistent_params(const zn_model_dims *d, uint64_t threshold)
     return total;
 }
 
-/* Free bytes of the file system that holds `path`, or that will hold it:
- * a swap directory is created at start-up, so a missing one is measured at
- * its nearest existing parent. */
-static int fs_free(const char *path, uint64_t *out)
+/* The file system that holds `path`, or that will hold it (a swap
+ * directory is created at start-up, so a missing one is measured at its
+ * nearest existing parent): its free bytes and its device id. */
+static int fs_stat(const char *path, uint64_t *free_bytes, uint64_t *dev)
 {
     char p[ZN_PATH_MAX];
     snprintf(p, sizeof p, "%s", path);
     for (;;) {
         struct statvfs sv;
-        if (statvfs(p, &sv) == 0) {
-            *out = (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize;
+        struct stat st;
+        if (statvfs(p, &sv) == 0 && stat(p, &st) == 0) {
+            *free_bytes = (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize;
+            *dev = (uint64_t)st.st_dev;
             return 0;
         }
         if (errno != ENOENT)
@@ -100,6 +104,18 @@ static int fs_free(const char *path, uint64_t *out)
         }
         *slash = '\0';
     }
+}
+
+/* An "auto" NVMe path's share of the budget: its file system's free space,
+ * counted once however many paths sit on that file system. */
+static uint64_t fs_once(uint64_t dev, uint64_t fr, uint64_t *seen, int *nseen)
+{
+    for (int k = 0; k < *nseen; k++)
+        if (seen[k] == dev)
+            return 0;
+    if (*nseen < 64)
+        seen[(*nseen)++] = dev;
+    return fr;
 }
 
 /* Free memory of the GPU the config's train.device names, for an "auto"
@@ -142,18 +158,20 @@ int zn_cli_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gpu_free,
                                                 : cfg->tiers.cpu;
     const char *extra[2] = { cfg->zero.offload_param.nvme_path,
                              cfg->zero.offload_optimizer.nvme_path };
+    uint64_t seen[64];
+    int nseen = 0;
     for (int i = 0; i < cfg->tiers.n_nvme; i++) {
         const zn_config_nvme_path *np = &cfg->tiers.nvme[i];
         if (!np->size_auto) {
             b->bytes[ZN_TIER_NVME] += np->size;
             continue;
         }
-        uint64_t fr;
-        int rc = fs_free(np->path, &fr);
+        uint64_t fr, dev;
+        int rc = fs_stat(np->path, &fr, &dev);
         if (rc)
             return zn_set_error(rc, "%s: tiers.nvme[%d].path %s: %s", cfg->source, i,
                                 np->path, strerror(-rc));
-        b->bytes[ZN_TIER_NVME] += fr;
+        b->bytes[ZN_TIER_NVME] += fs_once(dev, fr, seen, &nseen);
     }
     for (int j = 0; j < 2; j++) {
         if (!extra[j][0] || (j == 1 && !strcmp(extra[0], extra[1])))
@@ -163,14 +181,78 @@ int zn_cli_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gpu_free,
             listed |= !strcmp(cfg->tiers.nvme[i].path, extra[j]);
         if (listed)
             continue;
-        uint64_t fr;
-        int rc = fs_free(extra[j], &fr);
+        uint64_t fr, dev;
+        int rc = fs_stat(extra[j], &fr, &dev);
         if (rc)
             return zn_set_error(rc, "%s: zero_optimization.%s.nvme_path %s: %s", cfg->source,
                                 j ? "offload_optimizer" : "offload_param", extra[j],
                                 strerror(-rc));
-        b->bytes[ZN_TIER_NVME] += fr;
+        b->bytes[ZN_TIER_NVME] += fs_once(dev, fr, seen, &nseen);
     }
+    return 0;
+}
+
+int zn_cli_check_budgets(const zn_config *cfg, const zn_topo *topo, const zn_plan_budgets *b,
+                         int strict)
+{
+    char msg[2048] = "", x[32], y[32];
+    size_t o = 0;
+    int n = 0;
+#define PROBLEM(...)                                                              \
+    do {                                                                          \
+        if (o < sizeof msg)                                                       \
+            o += (size_t)snprintf(msg + o, sizeof msg - o, "%s", n++ ? "; " : ""); \
+        if (o < sizeof msg)                                                       \
+            o += (size_t)snprintf(msg + o, sizeof msg - o, __VA_ARGS__);          \
+    } while (0)
+    if (!cfg->tiers.cpu_auto && topo->mem_total && cfg->tiers.cpu > topo->mem_total)
+        PROBLEM("tiers.cpu %s is more than this machine's RAM (%s)",
+                zn_format_size(cfg->tiers.cpu, x, sizeof x),
+                zn_format_size(topo->mem_total, y, sizeof y));
+    /* explicit NVMe sizes, summed per file system, against its free space */
+    struct { uint64_t dev, want, fr; const char *path; int paths; } fs[64];
+    int nfs = 0;
+    for (int i = 0; i < cfg->tiers.n_nvme; i++) {
+        const zn_config_nvme_path *np = &cfg->tiers.nvme[i];
+        uint64_t fr, dev;
+        if (np->size_auto || fs_stat(np->path, &fr, &dev))
+            continue;  /* an unreadable path is zn_cli_budgets' or the run's error */
+        int k = 0;
+        while (k < nfs && fs[k].dev != dev)
+            k++;
+        if (k == nfs) {
+            if (nfs == 64)
+                continue;
+            fs[nfs++] = (typeof(fs[0])){ dev, 0, fr, np->path, 0 };
+        }
+        fs[k].want += np->size;
+        fs[k].paths++;
+    }
+    for (int k = 0; k < nfs; k++)
+        if (fs[k].want > fs[k].fr) {
+            char z[32];
+            PROBLEM("tiers.nvme asks %s on the file system of %s%s, which has %s free "
+                    "(short by %s)", zn_format_size(fs[k].want, x, sizeof x), fs[k].path,
+                    fs[k].paths > 1 ? " and the other paths on it" : "",
+                    zn_format_size(fs[k].fr, y, sizeof y),
+                    zn_format_size(fs[k].want - fs[k].fr, z, sizeof z));
+        }
+#undef PROBLEM
+    /* pinning beyond RLIMIT_MEMLOCK is refused and the buffers stay pageable
+     * (slower H2D/D2H, still correct): a warning, not an error. Root has
+     * CAP_IPC_LOCK and is not limited. */
+    if (topo->memlock_limit != UINT64_MAX && geteuid() != 0 &&
+        b->bytes[ZN_TIER_CPU] > topo->memlock_limit)
+        zn_warn("RLIMIT_MEMLOCK (%s) is below the cpu tier's budget (%s): pinned buffers "
+                "beyond it stay pageable; raise it (ulimit -l unlimited, or memlock in "
+                "/etc/security/limits.conf)", zn_format_size(topo->memlock_limit, x, sizeof x),
+                zn_format_size(b->bytes[ZN_TIER_CPU], y, sizeof y));
+    if (!n)
+        return 0;
+    if (strict)
+        return zn_set_error(ZN_ECONFIG, "%s: %s", cfg->source, msg);
+    zn_warn("%s: %s: this machine cannot run this plan as it is (planning for another one?)",
+            cfg->source, msg);
     return 0;
 }
 

@@ -124,7 +124,8 @@ int zn_cmd_plan(int argc, char **argv)
     if ((rc = zn_topo_discover(&topo)))
         return zn_cli_fail(rc, "topology");
     zn_plan_budgets budgets;
-    if ((rc = zn_cli_budgets(&cfg, &topo, zn_cli_gpu_free(&cfg), &budgets)))
+    if ((rc = zn_cli_budgets(&cfg, &topo, zn_cli_gpu_free(&cfg), &budgets)) ||
+        (rc = zn_cli_check_budgets(&cfg, &topo, &budgets, 0)))
         return zn_cli_fail(rc, NULL);
 
     int nb = zn_model_num_blocks(&d);

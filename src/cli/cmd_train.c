@@ -161,7 +161,8 @@ int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int flag
         rc = zn_error_prefix(rc, "topology");
         goto out;
     }
-    if ((rc = zn_cli_budgets(cfg, &topo, zn_cli_gpu_free(cfg), &budgets)))
+    if ((rc = zn_cli_budgets(cfg, &topo, zn_cli_gpu_free(cfg), &budgets)) ||
+        (rc = zn_cli_check_budgets(cfg, &topo, &budgets, 1)))
         goto out;
     /* "auto" budgets of host memory and disk are shared by the ranks of a host */
     if (local_size > 1) {
