@@ -66,7 +66,7 @@ static void test_hand_computed(void)
     ZT_CHECK(!p.fits);
     ZT_CONTAINS(p.why, "gpu tier needs 11.39 KiB");
     ZT_CONTAINS(p.why, "short by 1 B");
-    ZT_CONTAINS(p.why, "cpu_checkpointing=true");
+    ZT_CONTAINS(p.why, "lower train_micro_batch_size_per_gpu or data.seq_len");
     ZT_CONTAINS(zn_last_error(), "short by 1 B");
 
     /* CPU short with the optimizer on the CPU: suggests NVMe with the figure. */

@@ -45,6 +45,12 @@ if [ "$mode" = fast ]; then
     check "[ $rc -eq 1 ] && grep -q 'tiers.nvme asks 90.00 TiB on the file system of s1 and the other paths on it' bignv.err" \
           "tiers.nvme 60+30 TiB on one file system: $(cat bignv.err)"
     check "[ ! -e s1 ] && [ ! -e s2 ] && [ ! -e zinc-swap ]" "a refused run created swap space"
+    # what the plan offers, the run does: pinned-RAM checkpoints are refused
+    "$zinc" plan "$src/examples/tiny.json" --set activation_checkpointing.cpu_checkpointing=true \
+        > /dev/null 2> cpuck.err
+    rc=$?
+    check "[ $rc -eq 1 ] && grep -q 'cpu_checkpointing: true is not implemented' cpuck.err" \
+          "cpu_checkpointing=true: $(cat cpuck.err)"
     # two auto-sized paths on one file system: its free space counted once
     one=$("$zinc" plan "$src/examples/tiny.json" --set 'tiers.nvme=[{"path": "p1"}]' | grep '^budget')
     two=$("$zinc" plan "$src/examples/tiny.json" --set 'tiers.nvme=[{"path": "p1"}, {"path": "p2"}]' | grep '^budget')

@@ -118,6 +118,25 @@ static uint64_t fs_once(uint64_t dev, uint64_t fr, uint64_t *seen, int *nseen)
     return fr;
 }
 
+int zn_cli_has_cuda(const zn_config *cfg)
+{
+    const char *name = cfg->train.device;
+    if (!strcmp(name, "host"))
+        return 0;
+    zn_dev_config dc = zn_dev_config_default();
+    dc.name = strcmp(name, "auto") ? name : "cuda:0";
+    dc.gpu_budget = 1 << 20;
+    zn_dev *d = NULL;
+    if (zn_dev_create(&d, &dc) != 0) {
+        zn_clear_error();
+        return 0;
+    }
+    zn_dev_info info;
+    zn_dev_get_info(d, &info);
+    zn_dev_destroy(d);
+    return info.kind == ZN_DEV_CUDA;
+}
+
 /* Free memory of the GPU the config's train.device names, for an "auto"
  * GPU budget: 0 when the device is the host backend or no GPU answers
  * (zn_cli_budgets then uses the host backend's rule). */

@@ -165,6 +165,14 @@ int zn_cmd_plan(int argc, char **argv)
         fprintf(stderr, "\nzinc: error: does not fit: %s\n", plan.why);
         return 1;
     }
+    /* the run on this machine's GPU would refuse fp16 compute: so does
+     * its plan (on a machine without one, the plan is the host backend's) */
+    if (cfg.fp16.enabled && strcmp(cfg.train.device, "host") && zn_cli_has_cuda(&cfg)) {
+        fprintf(stderr, "\nzinc: error: does not run here: fp16.enabled: zinc computes fp16 on "
+                "the host backend only; on this machine's GPU use \"bf16\": {\"enabled\": "
+                "true} (or train.device=\"host\")\n");
+        return 1;
+    }
     printf("\nfits.\n");
     return 0;
 }

@@ -141,8 +141,9 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
     uint64_t work_layer = layer_work_bytes(in);
     if (in->activation_checkpointing) {
         uint64_t ckpt = (uint64_t)in->n_layers * tokens * (uint64_t)in->hidden * pb;
-        add(p, ZN_STATE_ACT_CKPT,
-            cfg->activation_checkpointing.cpu_checkpointing ? ZN_TIER_CPU : ZN_TIER_GPU, ckpt);
+        /* the trainer keeps checkpoints on the device (cpu_checkpointing is
+         * refused by the config until it is implemented) */
+        add(p, ZN_STATE_ACT_CKPT, ZN_TIER_GPU, ckpt);
     } else {
         add(p, ZN_STATE_ACT_CKPT, ZN_TIER_GPU, (uint64_t)in->n_layers * work_layer / 2);
     }
@@ -235,9 +236,8 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
                          "%s of parameters off the GPU (needs stage 3)",
                          zn_format_size(p->bytes[ZN_STATE_PARAMS][t], pbs, sizeof pbs));
             else if (p->bytes[ZN_STATE_ACT_CKPT][t] && in->activation_checkpointing)
-                snprintf(fix, sizeof fix, "activation_checkpointing.cpu_checkpointing=true "
-                         "moves %s of activations to pinned RAM, or lower "
-                         "train_micro_batch_size_per_gpu / data.seq_len",
+                snprintf(fix, sizeof fix, "lower train_micro_batch_size_per_gpu or "
+                         "data.seq_len (the checkpointed activations take %s on the GPU)",
                          zn_format_size(p->bytes[ZN_STATE_ACT_CKPT][t], ob, sizeof ob));
             else
                 snprintf(fix, sizeof fix, "lower train_micro_batch_size_per_gpu, data.seq_len "
