@@ -150,7 +150,7 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
 
     /* GPU working set: the live parameter window (the block in use and the
      * prefetched ones, bounded by stage3_max_live_parameters and
-     * stage3_prefetch_bucket_size), the block's 16-bit gradients before they
+     * stage3_prefetch_bucket_size), the blocks' fp32 gradients before they
      * go to the host, and one layer's transient activations. */
     uint64_t window = 0;
     if (ptier != ZN_TIER_GPU || W > 1) {
@@ -161,7 +161,9 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
         window = max_u64(window, largest);
     }
     p->live_window = window;
-    add(p, ZN_STATE_WORK, ZN_TIER_GPU, window * pb + largest * pb + work_layer);
+    /* the block gradients: two fp32 buffers of the largest block (one is
+     * filled while the other goes D2H), as the trainer allocates them */
+    add(p, ZN_STATE_WORK, ZN_TIER_GPU, window * pb + 2 * largest * 4 + work_layer);
     /* a tied embedding's head gradient waits on the GPU for the embedding's
      * backward (src/offload/train_llama.c) */
     add(p, ZN_STATE_WORK, ZN_TIER_GPU, in->tied_params * 4);
