@@ -66,6 +66,12 @@ if [ "$mode" = fast ]; then
     check "grep -q 'thread_name' trace.json && grep -q 'nvme write' trace.json" "trace lacks tracks"
     check "grep -q 'high-water' out.txt && grep -q 'step time / busiest' out.txt" "no report"
     check "grep -q 'step     3/3' out.txt" "no progress line for step 3"
+    # SSD wear: the run measures what the plan said it writes per step
+    wear=$(grep -o 'nvme wear: .* written per step (the plan: [^)]*)' out.txt)
+    check "echo '$wear' | sed 's/nvme wear: \(.*\) written per step (the plan: \(.*\))/\1 \2/' | awk '{ exit !(\$1 == \$3 && \$2 == \$4) }'" \
+          "measured nvme writes per step differ from the plan's: '$wear'"
+    "$zinc" plan "$src/examples/tiny.json" > plan.out 2>&1
+    check "grep -q 'nvme writes .* per optimizer step' plan.out" "zinc plan prints no nvme writes per step"
     check "[ -z \"\$(ls zinc-swap 2>/dev/null)\" ]" "swap files left behind"
 else
     "$zinc" train --json-log log.jsonl > out.txt 2> err.txt

@@ -64,6 +64,10 @@ typedef struct {
     uint64_t live_window;                           /* elements on the GPU at once */
     uint64_t sub_group;                             /* optimizer sub-group, elements */
     zn_tier grads_tier;                             /* fp32 gradient accumulators */
+    uint64_t nvme_write_step;                       /* bytes written to NVMe per
+                                                       optimizer step (this rank) */
+    bool opt_fits_cpu;                              /* the states asked on NVMe
+                                                       would fit in the cpu tier */
     bool fits;
     char why[2048];   /* when it does not fit: what is short, by how much, and the fix */
 } zn_plan;

@@ -207,6 +207,24 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
     }
     p->grads_tier = gtier;
 
+    /* SSD wear: what one optimizer step writes to NVMe on this rank. The
+     * updated master, m and v go back; so do NVMe-homed params; gradient
+     * accumulators on NVMe are written once per micro-batch. */
+    uint64_t A = cfg->gradient_accumulation_steps > 0 ? (uint64_t)cfg->gradient_accumulation_steps : 1;
+    p->nvme_write_step = p->bytes[ZN_STATE_MASTER][ZN_TIER_NVME] +
+                         p->bytes[ZN_STATE_ADAM_M][ZN_TIER_NVME] +
+                         p->bytes[ZN_STATE_ADAM_V][ZN_TIER_NVME] +
+                         p->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME] +
+                         p->bytes[ZN_STATE_GRADS][ZN_TIER_NVME] * A;
+    /* states on NVMe that would fit in the cpu tier's room: say so (the
+     * config asked for NVMe; the plan does not override it) */
+    uint64_t opt_nvme = p->bytes[ZN_STATE_MASTER][ZN_TIER_NVME] +
+                        p->bytes[ZN_STATE_ADAM_M][ZN_TIER_NVME] +
+                        p->bytes[ZN_STATE_ADAM_V][ZN_TIER_NVME];
+    p->opt_fits_cpu = opt_nvme && p->tier_total[ZN_TIER_CPU] + opt_nvme +
+                                      p->bytes[ZN_STATE_GRADS][ZN_TIER_NVME] <=
+                                      p->budget[ZN_TIER_CPU];
+
     /* Feasibility and the fix for the first tier that is short. */
     p->fits = true;
     size_t used = 0;
@@ -304,4 +322,24 @@ void zn_plan_print(const zn_plan *p, FILE *f)
         }
     }
     fputc('\n', f);
+    if (p->nvme_write_step) {
+        char b2[32];
+        char b3[32], b4[32], b5[32];
+        uint64_t opt = p->bytes[ZN_STATE_MASTER][ZN_TIER_NVME] +
+                       p->bytes[ZN_STATE_ADAM_M][ZN_TIER_NVME] +
+                       p->bytes[ZN_STATE_ADAM_V][ZN_TIER_NVME];
+        uint64_t gr = p->nvme_write_step - opt - p->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME];
+        fprintf(f, "\nnvme writes %s per optimizer step on this rank (%s per 1000 steps; "
+                "optimizer states %s, params %s, gradient accumulators %s, once per "
+                "micro-batch): SSDs are rated for a total of terabytes written\n",
+                zn_format_size(p->nvme_write_step, buf, sizeof buf),
+                zn_format_size(p->nvme_write_step * 1000, b2, sizeof b2),
+                zn_format_size(opt, b3, sizeof b3),
+                zn_format_size(p->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME], b4, sizeof b4),
+                zn_format_size(gr, b5, sizeof b5));
+        if (p->opt_fits_cpu)
+            fprintf(f, "the optimizer states would fit in the cpu tier's headroom: "
+                    "zero_optimization.offload_optimizer.device=cpu keeps them in RAM and "
+                    "writes nothing per step\n");
+    }
 }

@@ -329,6 +329,7 @@ struct zn_trainer {
     zn_io_req *pstage_req; /* [n_pstage][max_block_pieces] */
     zn_pread_arg pstage_arg[64];
     float *gstage[2];      /* pinned grad staging for D2H */
+    uint64_t setup_nvme_write, setup_h2d;  /* bytes the setup moved (initial state) */
     float *gtmp;           /* NVMe grads with accumulation: read-back buffer */
     float *master, *mom, *var, *gacc;  /* flat (cpu/none optimizer) */
     zn_accum_arg *accum_args;  /* one per (micro-batch use) */

@@ -832,6 +832,9 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     }
 
     TRY(initialise(tr));
+    /* the links' counters are the steps' traffic: the setup's is kept apart */
+    tr->setup_nvme_write = atomic_exchange(&tr->tm.nvme_write, 0);
+    tr->setup_h2d = atomic_exchange(&tr->tm.h2d, 0);
     TRY(zn_optsched_init(tr));
     /* ZeRO stages 1/2 on several ranks all-gather the updated shards after
      * the optimizer (gather_replicated); everything else lets the step
@@ -1804,8 +1807,8 @@ void zn_train_print_report(zn_trainer *tr, FILE *f)
         /* the counters hold only the setup's traffic (initial state written
          * home): rates over no step time would be noise */
         fprintf(f, "no steps run (setup wrote %s to nvme, %s to the device)\n",
-                zn_format_size(r.nvme_write_bytes, a, sizeof a),
-                zn_format_size(r.h2d_bytes, b, sizeof b));
+                zn_format_size(tr->setup_nvme_write, a, sizeof a),
+                zn_format_size(tr->setup_h2d, b, sizeof b));
         return;
     }
     double T = r.step_s > 0 ? r.step_s : 1e-9;
@@ -1817,6 +1820,14 @@ void zn_train_print_report(zn_trainer *tr, FILE *f)
     for (size_t i = 0; i < sizeof L / sizeof L[0]; i++)
         fprintf(f, "  %-18s %11s %10.2f\n", L[i].n, zn_format_size(L[i].v, a, sizeof a),
                 (double)L[i].v / T * 1e-9);
+    if (r.nvme_write_bytes) {
+        /* SSD wear, measured over the steps since the last reset */
+        double per = (double)r.nvme_write_bytes / (double)r.steps;
+        fprintf(f, "nvme wear: %s written per step (the plan: %s), %.2f TB/day at this step "
+                "time\n", zn_format_size((uint64_t)per, a, sizeof a),
+                zn_format_size(tr->plan.nvme_write_step, b, sizeof b),
+                (double)r.nvme_write_bytes / T * 86400.0 / 1e12);
+    }
     fprintf(f, "step-time breakdown (busy time per resource, summed over the steps)\n");
     int busiest = 0;
     for (int i = 0; i < ZN_RES_COUNT; i++) {
