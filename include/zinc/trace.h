@@ -28,6 +28,11 @@ ZN_API void zn_trace_destroy(zn_trace *t); /* accepts NULL */
 /* Adds a track (name copied) and returns its id >= 0, or ZN_EARG when
  * ZN_TRACE_MAX_TRACKS are in use. */
 ZN_API int zn_trace_add_track(zn_trace *t, const char *name);
+/* Adds a track whose busy time is the union of tracks a's and b's spans,
+ * overlaps counted once however the spans arrive (one disk's reads and
+ * writes: one resource). It records no spans of its own. Returns its id or
+ * ZN_EARG. */
+ZN_API int zn_trace_add_union(zn_trace *t, const char *name, int a, int b);
 ZN_API const char *zn_trace_track_name(const zn_trace *t, int track);
 ZN_API int zn_trace_num_tracks(const zn_trace *t);
 

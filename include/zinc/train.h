@@ -249,6 +249,8 @@ typedef enum {
     ZN_RES_NVME_WRITE,   /* NVMe writes */
     ZN_RES_ADAM,         /* CPU Adam thread */
     ZN_RES_COMM,         /* collectives between ranks (world size > 1) */
+    ZN_RES_NVME,         /* NVMe reads and writes together (their union): one
+                            disk is one resource, the honest ceiling */
     ZN_RES_COUNT
 } zn_train_resource;
 

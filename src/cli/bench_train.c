@@ -140,8 +140,10 @@ int zn_bench_train(int argc, char **argv)
     free(w);
     zn_train_get_report(ts.tr, &r);
     int busiest = 0;
+    /* one disk's reads and writes are one resource: their union (ZN_RES_NVME)
+     * stands for both */
     for (int i = 0; i < ZN_RES_COUNT; i++)
-        if (r.busy_s[i] > r.busy_s[busiest])
+        if (i != ZN_RES_NVME_READ && i != ZN_RES_NVME_WRITE && r.busy_s[i] > r.busy_s[busiest])
             busiest = i;
     double step_s = r.step_s / (double)r.steps, busy = r.busy_s[busiest] / (double)r.steps;
     double ratio = busy > 0 ? step_s / busy : 0;
@@ -173,10 +175,12 @@ int zn_bench_train(int argc, char **argv)
             if (ftell(f) == 0) {
                 fprintf(f, "config,params_dev,params_nvme_MB,opt_dev,grads,gradient_clipping,steps,"
                            "step_ms,busiest,busiest_ms,ratio");
-                for (int i = 0; i < ZN_RES_COUNT; i++)
+                /* columns in the order they were added (older files keep
+                 * their header; rows of a new column are empty before it) */
+                for (int i = 0; i < ZN_RES_NVME; i++)
                     fprintf(f, ",busy_%d_ms", i);
                 fprintf(f, ",param_wait_ms,tok_s,h2d_GBs,d2h_GBs,nvme_read_GBs,nvme_write_GBs,"
-                           "wrong,param_cache,param_cache_hits_per_step\n");
+                           "wrong,param_cache,param_cache_hits_per_step,nvme_rw_busy_ms\n");
             }
             fprintf(f, "%s,%s,%.3f,%s,%s,%g,%lld,%.3f,%s,%.3f,%.4f", path ? path : "(embedded)",
                     zn_offload_device_name(cfg.zero.offload_param.device),
@@ -185,14 +189,15 @@ int zn_bench_train(int argc, char **argv)
                     zn_tier_name(plan->grads_tier), cfg.gradient_clipping,
                     (long long)r.steps, step_s * 1e3,
                     zn_train_resource_name((zn_train_resource)busiest), busy * 1e3, ratio);
-            for (int i = 0; i < ZN_RES_COUNT; i++)
+            for (int i = 0; i < ZN_RES_NVME; i++)
                 fprintf(f, ",%.3f", r.busy_s[i] / (double)r.steps * 1e3);
-            fprintf(f, ",%.3f,%.0f,%.3f,%.3f,%.3f,%.3f,%llu,%d,%.2f\n",
+            fprintf(f, ",%.3f,%.0f,%.3f,%.3f,%.3f,%.3f,%llu,%d,%.2f,%.3f\n",
                     r.param_wait_s / (double)r.steps * 1e3, (double)r.tokens / r.step_s,
                     (double)r.h2d_bytes / r.step_s * 1e-9, (double)r.d2h_bytes / r.step_s * 1e-9,
                     (double)r.nvme_read_bytes / r.step_s * 1e-9,
                     (double)r.nvme_write_bytes / r.step_s * 1e-9, (unsigned long long)wrong,
-                    r.param_cache_entries, (double)r.param_cache_hits / (double)r.steps);
+                    r.param_cache_entries, (double)r.param_cache_hits / (double)r.steps,
+                    r.busy_s[ZN_RES_NVME] / (double)r.steps * 1e3);
             fclose(f);
         }
     }

@@ -17,8 +17,15 @@
 
 static const char *res_names[ZN_RES_COUNT] = {
     "gpu compute", "h2d", "d2h + grad accum", "nvme read", "nvme write", "cpu adam",
-    "comm",
+    "comm", "nvme read+write",
 };
+
+/* The resources a step's time is compared with: NVMe reads and writes
+ * share one disk, so their union stands for both. */
+static bool res_counts_for_busiest(int r)
+{
+    return r != ZN_RES_NVME_READ && r != ZN_RES_NVME_WRITE;
+}
 
 const char *zn_train_resource_name(zn_train_resource r)
 {
@@ -718,7 +725,11 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     tr->threads = o->threads ? o->threads : (int)cfg->train.threads;
     TRY(zn_trace_create(&tr->trace, o->record_trace, 0));
     for (int r = 0; r < ZN_RES_COUNT; r++) {
-        tr->track[r] = zn_trace_add_track(tr->trace, res_names[r]);
+        tr->track[r] = r == ZN_RES_NVME
+                           ? zn_trace_add_union(tr->trace, res_names[r],
+                                                tr->track[ZN_RES_NVME_READ],
+                                                tr->track[ZN_RES_NVME_WRITE])
+                           : zn_trace_add_track(tr->trace, res_names[r]);
         if (tr->track[r] < 0)
             TRY(tr->track[r]);
     }
@@ -1831,7 +1842,7 @@ void zn_train_print_report(zn_trainer *tr, FILE *f)
     fprintf(f, "step-time breakdown (busy time per resource, summed over the steps)\n");
     int busiest = 0;
     for (int i = 0; i < ZN_RES_COUNT; i++) {
-        if (r.busy_s[i] > r.busy_s[busiest])
+        if (res_counts_for_busiest(i) && r.busy_s[i] > r.busy_s[busiest])
             busiest = i;
         if (i == ZN_RES_COMM && tr->world == 1)
             continue;  /* one rank: no collectives */

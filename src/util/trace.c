@@ -20,6 +20,13 @@ typedef struct {
     char name[ZN_TRACE_NAME_LEN];
     uint64_t busy_ns;
     uint64_t covered_end;  /* end of the union of spans seen so far */
+    /* a union track (zn_trace_add_union): the spans of tracks of[0] and
+     * of[1], kept as intervals because they arrive from two threads out of
+     * start order; busy = the length of their union, computed when asked */
+    int of[2];
+    uint64_t (*iv)[2];
+    size_t niv, cap;
+    uint64_t base_ns;      /* union length of intervals already folded */
 } track_rec;
 
 struct zn_trace {
@@ -53,6 +60,8 @@ void zn_trace_destroy(zn_trace *t)
 {
     if (!t)
         return;
+    for (int i = 0; i < t->n_tracks; i++)
+        free(t->tracks[i].iv);
     pthread_mutex_destroy(&t->lock);
     free(t->spans);
     free(t);
@@ -67,8 +76,83 @@ int zn_trace_add_track(zn_trace *t, const char *name)
     }
     int id = t->n_tracks++;
     snprintf(t->tracks[id].name, sizeof t->tracks[id].name, "%s", name ? name : "?");
+    t->tracks[id].of[0] = t->tracks[id].of[1] = -1;
     pthread_mutex_unlock(&t->lock);
     return id;
+}
+
+int zn_trace_add_union(zn_trace *t, const char *name, int a, int b)
+{
+    if (a < 0 || b < 0 || a >= t->n_tracks || b >= t->n_tracks)
+        return zn_set_error(ZN_EARG, "trace: union of unknown tracks %d and %d", a, b);
+    int id = zn_trace_add_track(t, name);
+    if (id < 0)
+        return id;
+    pthread_mutex_lock(&t->lock);
+    t->tracks[id].of[0] = a;
+    t->tracks[id].of[1] = b;
+    pthread_mutex_unlock(&t->lock);
+    return id;
+}
+
+static int cmp_iv(const void *x, const void *y)
+{
+    const uint64_t *a = x, *b = y;
+    return a[0] < b[0] ? -1 : a[0] > b[0];
+}
+
+/* Sorts and merges a union track's intervals in place; returns the length
+ * of their union. */
+static uint64_t merge_iv(track_rec *k)
+{
+    if (!k->niv)
+        return 0;
+    qsort(k->iv, k->niv, sizeof *k->iv, cmp_iv);
+    size_t o = 0;
+    for (size_t i = 1; i < k->niv; i++) {
+        if (k->iv[i][0] <= k->iv[o][1]) {
+            if (k->iv[i][1] > k->iv[o][1])
+                k->iv[o][1] = k->iv[i][1];
+        } else {
+            k->iv[++o][0] = k->iv[i][0];
+            k->iv[o][1] = k->iv[i][1];
+        }
+    }
+    k->niv = o + 1;
+    uint64_t len = 0;
+    for (size_t i = 0; i < k->niv; i++)
+        len += k->iv[i][1] - k->iv[i][0];
+    return len;
+}
+
+/* lock held: adds [t0, t1] to union track k. At 64 Ki intervals it merges
+ * them and folds all but the latest 1 Ki into base_ns (a span arrives at
+ * most a few requests late; 63 Ki intervals are many steps). */
+static void union_add(track_rec *k, uint64_t t0, uint64_t t1)
+{
+    if (k->niv == k->cap) {
+        if (k->cap >= ((size_t)64 << 10)) {
+            merge_iv(k);
+            if (k->niv > 1024) {
+                size_t keep = 1024, drop = k->niv - keep;
+                for (size_t i = 0; i < drop; i++)
+                    k->base_ns += k->iv[i][1] - k->iv[i][0];
+                memmove(k->iv, k->iv + drop, keep * sizeof *k->iv);
+                k->niv = keep;
+            }
+        }
+        if (k->niv == k->cap) {
+            size_t nc = k->cap ? k->cap * 2 : 1024;
+            uint64_t (*n)[2] = realloc(k->iv, nc * sizeof *n);
+            if (!n)
+                return;  /* the busy figure undercounts; nothing else breaks */
+            k->iv = n;
+            k->cap = nc;
+        }
+    }
+    k->iv[k->niv][0] = t0;
+    k->iv[k->niv][1] = t1;
+    k->niv++;
 }
 
 const char *zn_trace_track_name(const zn_trace *t, int track)
@@ -122,6 +206,9 @@ void zn_trace_span(zn_trace *t, int track, const char *name, uint64_t t0, uint64
         span_rec r = { .t0 = t0, .t1 = t1, .track = track };
         snprintf(r.name, sizeof r.name, "%s", name ? name : "");
         push(t, &r);
+        for (int u = 0; u < t->n_tracks; u++)
+            if (t->tracks[u].of[0] == track || t->tracks[u].of[1] == track)
+                union_add(&t->tracks[u], t0, t1);
     }
     pthread_mutex_unlock(&t->lock);
 }
@@ -143,7 +230,9 @@ double zn_trace_busy_s(zn_trace *t, int track)
     if (!t || track < 0 || track >= t->n_tracks)
         return 0.0;
     pthread_mutex_lock(&t->lock);
-    double s = (double)t->tracks[track].busy_ns * 1e-9;
+    track_rec *k = &t->tracks[track];
+    double s = k->of[0] >= 0 ? (double)(k->base_ns + merge_iv(k)) * 1e-9
+                             : (double)k->busy_ns * 1e-9;
     pthread_mutex_unlock(&t->lock);
     return s;
 }
@@ -153,8 +242,11 @@ void zn_trace_reset_busy(zn_trace *t)
     if (!t)
         return;
     pthread_mutex_lock(&t->lock);
-    for (int i = 0; i < t->n_tracks; i++)
+    for (int i = 0; i < t->n_tracks; i++) {
         t->tracks[i].busy_ns = 0;
+        t->tracks[i].niv = 0;
+        t->tracks[i].base_ns = 0;
+    }
     pthread_mutex_unlock(&t->lock);
 }
 
