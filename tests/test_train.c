@@ -409,9 +409,13 @@ int main(void)
         toy_setup(&toy, V, H, NMID, MB * SEQ, 7);
         zn_plan_input in;
         toy_plan_input(&toy, 1, 1, &in);
-        zn_plan_budgets b = { { 64u << 20, 64u << 10, 64u << 20 } };
+        zn_train_options po = zn_train_options_default();
+        po.cfg = &cfg;
+        po.model = &toy.model;
+        po.plan_in = &in;
+        po.budgets = (zn_plan_budgets){ { 64u << 20, 64u << 10, 64u << 20 } };
         zn_plan plan;
-        ZT_EQ_INT(zn_plan_compute(&plan, &cfg, &in, &b), ZN_ENOFIT);
+        ZT_EQ_INT(zn_train_plan(&plan, &po, 1), ZN_ENOFIT);
         zn_trainer *tr = NULL;
         int rc = create(&tr, &toy, bad, 3, 0, NULL);
         ZT_EQ_INT(rc, ZN_ENOFIT);

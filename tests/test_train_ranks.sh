@@ -168,7 +168,7 @@ if [ "$have_mpi" = 1 ] && command -v mpirun >/dev/null 2>&1; then
         grep -q "ranks    $n (mpirun, mpi" mpi$n.out || { echo "FAIL: mpirun -np $n: no ranks line"; fail=1; }
         compare "mpirun -np $n" ref$n.jsonl mpi$n.jsonl
         # rank 0's NVMe high-water mark (Adam state) against one rank's: ~1/n
-        frac=$(awk '/^  nvme  .*high-water|^  nvme .*of budget at peak/{ v=$4; u=$5; m=(u=="GiB"?1024:u=="MiB"?1:u=="KiB"?1/1024:1/1048576); print v*m }' mpi$n.out ref$n.out |
+        frac=$(awk '/^  nvme .*of plan at peak/{ v=$6; u=$7; m=(u=="GiB"?1024:u=="MiB"?1:u=="KiB"?1/1024:1/1048576); print v*m }' mpi$n.out ref$n.out |
                paste -sd' ' | awk '{ printf "%.3f", $1 / $2 }')
         if awk -v f="$frac" -v n=$n 'BEGIN { exit !(f > 0 && f <= 1 / n + 0.1) }'; then
             echo "ok: mpirun -np $n: rank 0's nvme high-water is $frac of one rank's"

@@ -66,10 +66,24 @@ typedef struct {
     zn_tier grads_tier;                             /* fp32 gradient accumulators */
     uint64_t nvme_write_step;                       /* bytes written to NVMe per
                                                        optimizer step (this rank) */
+    uint64_t nvme_write_part[3];                    /* of which: optimizer states,
+                                                       params, gradient accumulators */
     bool opt_fits_cpu;                              /* the states asked on NVMe
                                                        would fit in the cpu tier */
     bool fits;
     char why[2048];   /* when it does not fit: what is short, by how much, and the fix */
+    /* The allocations the run makes, item by item (zn_train_plan: the
+     * trainer's own allocation code run without allocating); n_items 0 when
+     * the plan is the class estimate of zn_plan_compute alone. Items of one
+     * kind (every layer's checkpoint, every slot) are one row with a count. */
+    struct {
+        char what[40];
+        zn_tier tier;
+        zn_state_class cls;
+        uint64_t bytes;    /* all of them */
+        uint32_t count;
+    } items[48];
+    int n_items;
 } zn_plan;
 
 ZN_API const char *zn_tier_name(zn_tier t);
@@ -82,8 +96,15 @@ ZN_API const char *zn_state_name(zn_state_class c);
 ZN_API int zn_plan_compute(zn_plan *plan, const zn_config *cfg, const zn_plan_input *in,
                            const zn_plan_budgets *budgets);
 
+/* Replaces the class table with the itemized allocations (plan->items) and
+ * decides again whether it fits, with the same explanation and fix as
+ * zn_plan_compute. Returns 0 or ZN_ENOFIT. */
+ZN_API int zn_plan_use_items(zn_plan *plan, const zn_config *cfg);
+
 /* Prints the class x tier table with budgets and headroom. */
 ZN_API void zn_plan_print(const zn_plan *plan, FILE *f);
+/* Prints the itemized allocations (what, tier, count, bytes). */
+ZN_API void zn_plan_print_items(const zn_plan *plan, FILE *f);
 
 #ifdef __cplusplus
 }

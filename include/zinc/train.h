@@ -120,6 +120,10 @@ typedef struct zn_train_model {
      * last. */
     int keep_block0;
     void (*bind_block0)(void *ctx, void *dev_params);
+    /* For the plan: the device bytes prepare() will allocate and the
+     * act_bytes it will set, for param dtype dt, without a device.
+     * Optional (without it the plan counts no model scratch). */
+    int (*plan_prepare)(void *ctx, zn_dtype dt, uint64_t *device_bytes, size_t *act_bytes);
 } zn_train_model;
 
 /* ---- the Llama / Qwen2 decoder as a trainer model ---------------------------
@@ -185,6 +189,15 @@ typedef struct {
 } zn_train_options;
 
 ZN_API zn_train_options zn_train_options_default(void);
+
+/* The plan the run allocates from: zn_plan_compute's placement, then the
+ * trainer's own layout and allocation code run without allocating (for
+ * rank 0 of `world` ranks, parameters of param_bytes from plan_in), each
+ * allocation recorded in plan->items and the class table rebuilt from them
+ * (zn_plan_use_items). zn_train_create makes the same plan and refuses to
+ * start when it does not fit. Returns 0, ZN_ENOFIT (plan->why says what is
+ * short), ZN_ECONFIG, ZN_EUNSUPPORTED, -ENOMEM. */
+ZN_API int zn_train_plan(zn_plan *plan, const zn_train_options *o, int world);
 
 /* Plans (zn_plan_compute), then creates the device, the NVMe engine and swap
  * space, allocates every tier once and initialises the parameters and
@@ -258,6 +271,8 @@ ZN_API const char *zn_train_resource_name(zn_train_resource r);
 
 typedef struct {
     uint64_t budget[ZN_TIER_COUNT];
+    uint64_t plan[ZN_TIER_COUNT];   /* what the plan (zn_train_plan) said the run
+                                       allocates */
     uint64_t used[ZN_TIER_COUNT];   /* live now */
     uint64_t peak[ZN_TIER_COUNT];   /* high-water mark */
     /* bytes moved, per link and direction */

@@ -7,6 +7,7 @@
 #include <jansson.h>
 
 #include "cli/cli.h"
+#include "zinc/train.h"
 #include "zinc/zinc.h"
 
 int zn_cli_take_sets(int argc, char **argv, const char **sets, int max_sets, int *n_sets)
@@ -41,6 +42,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: zinc plan CONFIG [--model DIR] [--set KEY=VALUE]... [--world N] [--print-config]\n"
+        "                 [--detail]\n"
         "\n"
         "Places the model's training state (16-bit params, fp32 master, Adam m and v,\n"
         "gradients, checkpointed activations, working buffers) into the tiers of\n"
@@ -50,7 +52,8 @@ static void usage(FILE *f)
         "  --set KEY=VALUE   override a config key (e.g. tiers.gpu=24GiB)\n"
         "  --world N         ranks sharing the state (ZeRO); default 1\n"
         "  --print-config    print the fully resolved config as JSON (\"auto\" and\n"
-        "                    defaults filled in)\n");
+        "                    defaults filled in)\n"
+        "  --detail          list every allocation the run makes (what, tier, count)\n");
 }
 
 int zn_cmd_plan(int argc, char **argv)
@@ -62,7 +65,7 @@ int zn_cmd_plan(int argc, char **argv)
         return 2;
     const char *path = NULL;
     int world = 1;
-    bool print_cfg = false;
+    bool print_cfg = false, detail = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
@@ -78,6 +81,8 @@ int zn_cmd_plan(int argc, char **argv)
             world = (int)w;
         } else if (!strcmp(argv[i], "--print-config")) {
             print_cfg = true;
+        } else if (!strcmp(argv[i], "--detail")) {
+            detail = true;
         } else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
             static char model_set[ZN_PATH_MAX + 16];  /* = --set model.path=DIR */
             if (n_sets >= 64 || (size_t)snprintf(model_set, sizeof model_set, "model.path=%s",
@@ -135,7 +140,20 @@ int zn_cmd_plan(int argc, char **argv)
     zn_plan_input in;
     zn_cli_plan_input(&cfg, &d, world, blocks, &in);
     zn_plan plan;
-    rc = zn_plan_compute(&plan, &cfg, &in, &budgets);
+    /* the plan the run allocates from: the trainer's own allocation code,
+     * run dry, for rank 0 of `world` */
+    zn_train_llama *ll = NULL;
+    rc = zn_train_llama_create(&ll, &d, cfg.train_micro_batch_size_per_gpu, cfg.data.seq_len,
+                               cfg.model.init_std, cfg.model.seed);
+    if (!rc) {
+        zn_train_options to = zn_train_options_default();
+        to.cfg = &cfg;
+        to.model = zn_train_llama_model(ll);
+        to.plan_in = &in;
+        to.budgets = budgets;
+        rc = zn_train_plan(&plan, &to, world);
+    }
+    zn_train_llama_destroy(ll);
     free(blocks);
     if (rc && rc != ZN_ENOFIT)
         return zn_cli_fail(rc, NULL);
@@ -161,6 +179,10 @@ int zn_cmd_plan(int argc, char **argv)
            zn_format_size(plan.sub_group * 4, b3, sizeof b3));
     printf("\n");
     zn_plan_print(&plan, stdout);
+    if (detail) {
+        printf("\n");
+        zn_plan_print_items(&plan, stdout);
+    }
     if (!plan.fits) {
         fprintf(stderr, "\nzinc: error: does not fit: %s\n", plan.why);
         return 1;

@@ -69,6 +69,136 @@ static void add(zn_plan *p, zn_state_class c, zn_tier t, uint64_t bytes)
     p->bytes[c][t] += bytes;
 }
 
+/* What follows from the bytes per class and tier: SSD wear per step,
+ * whether the states asked on NVMe would fit in RAM, and whether it all
+ * fits (with what is short and the fix). */
+static int finish(zn_plan *p, const zn_config *cfg, bool act_ckpt)
+{
+    const zn_config_zero *z = &cfg->zero;
+    zn_tier ptier = tier_of(z->offload_param.device);
+    zn_tier otier = tier_of(z->offload_optimizer.device);
+    for (int t = 0; t < ZN_TIER_COUNT; t++) {
+        p->tier_total[t] = 0;
+        for (int c = 0; c < ZN_STATE_COUNT; c++)
+            p->tier_total[t] += p->bytes[c][t];
+    }
+    p->why[0] = '\0';
+    /* SSD wear: what one optimizer step writes to NVMe on this rank. The
+     * updated master, m and v go back; so do NVMe-homed params; gradient
+     * accumulators on NVMe are written once per micro-batch. */
+    uint64_t A = cfg->gradient_accumulation_steps > 0 ? (uint64_t)cfg->gradient_accumulation_steps : 1;
+    p->nvme_write_part[0] = p->bytes[ZN_STATE_MASTER][ZN_TIER_NVME] +
+                            p->bytes[ZN_STATE_ADAM_M][ZN_TIER_NVME] +
+                            p->bytes[ZN_STATE_ADAM_V][ZN_TIER_NVME];
+    p->nvme_write_part[1] = p->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME];
+    p->nvme_write_part[2] = p->bytes[ZN_STATE_GRADS][ZN_TIER_NVME] * A;
+    p->nvme_write_step = p->nvme_write_part[0] + p->nvme_write_part[1] + p->nvme_write_part[2];
+    /* states on NVMe that would fit in the cpu tier's room: say so (the
+     * config asked for NVMe; the plan does not override it) */
+    uint64_t opt_nvme = p->bytes[ZN_STATE_MASTER][ZN_TIER_NVME] +
+                        p->bytes[ZN_STATE_ADAM_M][ZN_TIER_NVME] +
+                        p->bytes[ZN_STATE_ADAM_V][ZN_TIER_NVME];
+    p->opt_fits_cpu = opt_nvme && p->tier_total[ZN_TIER_CPU] + opt_nvme +
+                                      p->bytes[ZN_STATE_GRADS][ZN_TIER_NVME] <=
+                                      p->budget[ZN_TIER_CPU];
+
+    /* Feasibility and the fix for the first tier that is short. */
+    p->fits = true;
+    size_t used = 0;
+    char need[32], have[32], short_by[32];
+    for (int t = 0; t < ZN_TIER_COUNT; t++) {
+        if (p->tier_total[t] <= p->budget[t])
+            continue;
+        p->fits = false;
+        zn_format_size(p->tier_total[t], need, sizeof need);
+        zn_format_size(p->budget[t], have, sizeof have);
+        zn_format_size(p->tier_total[t] - p->budget[t], short_by, sizeof short_by);
+        used += (size_t)snprintf(p->why + used, sizeof p->why - used,
+                                 "%s%s tier needs %s, its budget is %s (short by %s)",
+                                 used ? "; " : "", zn_tier_name((zn_tier)t), need, have, short_by);
+        if (used >= sizeof p->why)
+            break;
+        char fix[512] = "";
+        uint64_t opt_bytes = (p->bytes[ZN_STATE_MASTER][t] + p->bytes[ZN_STATE_ADAM_M][t] +
+                              p->bytes[ZN_STATE_ADAM_V][t] + p->bytes[ZN_STATE_GRADS][t]);
+        char ob[32], pbs[32], nv[32];
+        zn_format_size(p->budget[ZN_TIER_NVME], nv, sizeof nv);
+        if (t == ZN_TIER_GPU) {
+            if (otier == ZN_TIER_GPU && opt_bytes)
+                snprintf(fix, sizeof fix, "zero_optimization.offload_optimizer.device=cpu "
+                         "moves %s of optimizer state off the GPU (needs stage >= 1)",
+                         zn_format_size(opt_bytes, ob, sizeof ob));
+            else if (ptier == ZN_TIER_GPU)
+                snprintf(fix, sizeof fix, "zero_optimization.offload_param.device=cpu moves "
+                         "%s of parameters off the GPU (needs stage 3)",
+                         zn_format_size(p->bytes[ZN_STATE_PARAMS][t], pbs, sizeof pbs));
+            else if (p->bytes[ZN_STATE_ACT_CKPT][t] && act_ckpt)
+                snprintf(fix, sizeof fix, "lower train_micro_batch_size_per_gpu or "
+                         "data.seq_len (the checkpointed activations take %s on the GPU)",
+                         zn_format_size(p->bytes[ZN_STATE_ACT_CKPT][t], ob, sizeof ob));
+            else
+                snprintf(fix, sizeof fix, "lower train_micro_batch_size_per_gpu, data.seq_len "
+                         "or stage3_max_live_parameters / stage3_prefetch_bucket_size");
+        } else if (t == ZN_TIER_CPU) {
+            if (otier == ZN_TIER_CPU && opt_bytes)
+                snprintf(fix, sizeof fix, "zero_optimization.offload_optimizer.device=nvme "
+                         "needs %s on nvme; tiers.nvme has %s",
+                         zn_format_size(opt_bytes + p->tier_total[ZN_TIER_NVME], ob, sizeof ob), nv);
+            else if (ptier == ZN_TIER_CPU && p->bytes[ZN_STATE_PARAMS][t])
+                snprintf(fix, sizeof fix, "zero_optimization.offload_param.device=nvme "
+                         "needs %s on nvme; tiers.nvme has %s",
+                         zn_format_size(p->bytes[ZN_STATE_PARAMS][t] +
+                                        p->tier_total[ZN_TIER_NVME], ob, sizeof ob), nv);
+            else if (ptier == ZN_TIER_NVME && p->bytes[ZN_STATE_PARAMS][t])
+                snprintf(fix, sizeof fix, "lower zero_optimization.offload_param.max_in_cpu");
+            else
+                snprintf(fix, sizeof fix, "raise tiers.cpu, or lower buffer_count / "
+                         "sub_group_size / buffer_size");
+        } else {
+            snprintf(fix, sizeof fix, "give tiers.nvme more space (another path, or a larger "
+                     "size) or move state to the cpu tier");
+        }
+        used += (size_t)snprintf(p->why + used, sizeof p->why - used, ": %s", fix);
+        if (used >= sizeof p->why)
+            break;
+    }
+    if (!p->fits)
+        return zn_set_error(ZN_ENOFIT, "%s", p->why);
+    return 0;
+}
+
+
+int zn_plan_use_items(zn_plan *p, const zn_config *cfg)
+{
+    if (!p->n_items)
+        return zn_set_error(ZN_EARG, "plan: no itemized allocations");
+    memset(p->bytes, 0, sizeof p->bytes);
+    for (int i = 0; i < p->n_items; i++)
+        p->bytes[p->items[i].cls][p->items[i].tier] += p->items[i].bytes;
+    /* the bytes a step writes are the states' own, not their extents
+     * rounded to engine blocks: keep zn_plan_compute's figure */
+    uint64_t wear = p->nvme_write_step, part[3];
+    memcpy(part, p->nvme_write_part, sizeof part);
+    int rc = finish(p, cfg, cfg->train.activation_checkpointing);
+    p->nvme_write_step = wear;
+    memcpy(p->nvme_write_part, part, sizeof part);
+    return rc;
+}
+
+void zn_plan_print_items(const zn_plan *p, FILE *f)
+{
+    char b1[32], b2[32];
+    fprintf(f, "%-40s %-5s %-20s %6s %14s %14s\n", "allocation", "tier", "class", "count",
+            "each", "bytes");
+    for (int i = 0; i < p->n_items; i++)
+        fprintf(f, "%-40s %-5s %-20s %6u %14s %14s\n", p->items[i].what,
+                zn_tier_name(p->items[i].tier), zn_state_name(p->items[i].cls),
+                p->items[i].count,
+                zn_format_size(p->items[i].bytes / (p->items[i].count ? p->items[i].count : 1),
+                               b1, sizeof b1),
+                zn_format_size(p->items[i].bytes, b2, sizeof b2));
+}
+
 int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
                     const zn_plan_budgets *b)
 {
@@ -207,87 +337,7 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
     }
     p->grads_tier = gtier;
 
-    /* SSD wear: what one optimizer step writes to NVMe on this rank. The
-     * updated master, m and v go back; so do NVMe-homed params; gradient
-     * accumulators on NVMe are written once per micro-batch. */
-    uint64_t A = cfg->gradient_accumulation_steps > 0 ? (uint64_t)cfg->gradient_accumulation_steps : 1;
-    p->nvme_write_step = p->bytes[ZN_STATE_MASTER][ZN_TIER_NVME] +
-                         p->bytes[ZN_STATE_ADAM_M][ZN_TIER_NVME] +
-                         p->bytes[ZN_STATE_ADAM_V][ZN_TIER_NVME] +
-                         p->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME] +
-                         p->bytes[ZN_STATE_GRADS][ZN_TIER_NVME] * A;
-    /* states on NVMe that would fit in the cpu tier's room: say so (the
-     * config asked for NVMe; the plan does not override it) */
-    uint64_t opt_nvme = p->bytes[ZN_STATE_MASTER][ZN_TIER_NVME] +
-                        p->bytes[ZN_STATE_ADAM_M][ZN_TIER_NVME] +
-                        p->bytes[ZN_STATE_ADAM_V][ZN_TIER_NVME];
-    p->opt_fits_cpu = opt_nvme && p->tier_total[ZN_TIER_CPU] + opt_nvme +
-                                      p->bytes[ZN_STATE_GRADS][ZN_TIER_NVME] <=
-                                      p->budget[ZN_TIER_CPU];
-
-    /* Feasibility and the fix for the first tier that is short. */
-    p->fits = true;
-    size_t used = 0;
-    char need[32], have[32], short_by[32];
-    for (int t = 0; t < ZN_TIER_COUNT; t++) {
-        if (p->tier_total[t] <= p->budget[t])
-            continue;
-        p->fits = false;
-        zn_format_size(p->tier_total[t], need, sizeof need);
-        zn_format_size(p->budget[t], have, sizeof have);
-        zn_format_size(p->tier_total[t] - p->budget[t], short_by, sizeof short_by);
-        used += (size_t)snprintf(p->why + used, sizeof p->why - used,
-                                 "%s%s tier needs %s, its budget is %s (short by %s)",
-                                 used ? "; " : "", zn_tier_name((zn_tier)t), need, have, short_by);
-        if (used >= sizeof p->why)
-            break;
-        char fix[512] = "";
-        uint64_t opt_bytes = (p->bytes[ZN_STATE_MASTER][t] + p->bytes[ZN_STATE_ADAM_M][t] +
-                              p->bytes[ZN_STATE_ADAM_V][t] + p->bytes[ZN_STATE_GRADS][t]);
-        char ob[32], pbs[32], nv[32];
-        zn_format_size(p->budget[ZN_TIER_NVME], nv, sizeof nv);
-        if (t == ZN_TIER_GPU) {
-            if (otier == ZN_TIER_GPU && opt_bytes)
-                snprintf(fix, sizeof fix, "zero_optimization.offload_optimizer.device=cpu "
-                         "moves %s of optimizer state off the GPU (needs stage >= 1)",
-                         zn_format_size(opt_bytes, ob, sizeof ob));
-            else if (ptier == ZN_TIER_GPU)
-                snprintf(fix, sizeof fix, "zero_optimization.offload_param.device=cpu moves "
-                         "%s of parameters off the GPU (needs stage 3)",
-                         zn_format_size(p->bytes[ZN_STATE_PARAMS][t], pbs, sizeof pbs));
-            else if (p->bytes[ZN_STATE_ACT_CKPT][t] && in->activation_checkpointing)
-                snprintf(fix, sizeof fix, "lower train_micro_batch_size_per_gpu or "
-                         "data.seq_len (the checkpointed activations take %s on the GPU)",
-                         zn_format_size(p->bytes[ZN_STATE_ACT_CKPT][t], ob, sizeof ob));
-            else
-                snprintf(fix, sizeof fix, "lower train_micro_batch_size_per_gpu, data.seq_len "
-                         "or stage3_max_live_parameters / stage3_prefetch_bucket_size");
-        } else if (t == ZN_TIER_CPU) {
-            if (otier == ZN_TIER_CPU && opt_bytes)
-                snprintf(fix, sizeof fix, "zero_optimization.offload_optimizer.device=nvme "
-                         "needs %s on nvme; tiers.nvme has %s",
-                         zn_format_size(opt_bytes + p->tier_total[ZN_TIER_NVME], ob, sizeof ob), nv);
-            else if (ptier == ZN_TIER_CPU && p->bytes[ZN_STATE_PARAMS][t])
-                snprintf(fix, sizeof fix, "zero_optimization.offload_param.device=nvme "
-                         "needs %s on nvme; tiers.nvme has %s",
-                         zn_format_size(p->bytes[ZN_STATE_PARAMS][t] +
-                                        p->tier_total[ZN_TIER_NVME], ob, sizeof ob), nv);
-            else if (ptier == ZN_TIER_NVME && p->bytes[ZN_STATE_PARAMS][t])
-                snprintf(fix, sizeof fix, "lower zero_optimization.offload_param.max_in_cpu");
-            else
-                snprintf(fix, sizeof fix, "raise tiers.cpu, or lower buffer_count / "
-                         "sub_group_size / buffer_size");
-        } else {
-            snprintf(fix, sizeof fix, "give tiers.nvme more space (another path, or a larger "
-                     "size) or move state to the cpu tier");
-        }
-        used += (size_t)snprintf(p->why + used, sizeof p->why - used, ": %s", fix);
-        if (used >= sizeof p->why)
-            break;
-    }
-    if (!p->fits)
-        return zn_set_error(ZN_ENOFIT, "%s", p->why);
-    return 0;
+    return finish(p, cfg, in->activation_checkpointing);
 }
 
 void zn_plan_print(const zn_plan *p, FILE *f)
@@ -325,17 +375,14 @@ void zn_plan_print(const zn_plan *p, FILE *f)
     if (p->nvme_write_step) {
         char b2[32];
         char b3[32], b4[32], b5[32];
-        uint64_t opt = p->bytes[ZN_STATE_MASTER][ZN_TIER_NVME] +
-                       p->bytes[ZN_STATE_ADAM_M][ZN_TIER_NVME] +
-                       p->bytes[ZN_STATE_ADAM_V][ZN_TIER_NVME];
-        uint64_t gr = p->nvme_write_step - opt - p->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME];
+        uint64_t opt = p->nvme_write_part[0], gr = p->nvme_write_part[2];
         fprintf(f, "\nnvme writes %s per optimizer step on this rank (%s per 1000 steps; "
                 "optimizer states %s, params %s, gradient accumulators %s, once per "
                 "micro-batch): SSDs are rated for a total of terabytes written\n",
                 zn_format_size(p->nvme_write_step, buf, sizeof buf),
                 zn_format_size(p->nvme_write_step * 1000, b2, sizeof b2),
                 zn_format_size(opt, b3, sizeof b3),
-                zn_format_size(p->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME], b4, sizeof b4),
+                zn_format_size(p->nvme_write_part[1], b4, sizeof b4),
                 zn_format_size(gr, b5, sizeof b5));
         if (p->opt_fits_cpu)
             fprintf(f, "the optimizer states would fit in the cpu tier's headroom: "

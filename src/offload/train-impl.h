@@ -278,6 +278,10 @@ typedef struct {
 
 struct zn_trainer {
     zn_config cfg;
+    /* dry: the layout and allocation code runs without allocating, recording
+     * each allocation into plan.items (the plan the run then allocates) */
+    bool dry;
+    uint64_t dry_gpu;      /* device bytes recorded so far (arena rounding) */
     struct zn_comm *comm;  /* NULL: one rank */
     bool comm_attached;    /* the trainer attached its device to comm */
     int rank, world;

@@ -263,9 +263,62 @@ static uint64_t nvme_bytes_needed(zn_trainer *tr)
             goto fail;      \
     } while (0)
 
+/* The kind of an allocation, for the plan's rows: its name less the block,
+ * unit or slot number ("params b3 u1" -> "params", "param slot 2" -> "param
+ * slot"). */
+static void item_kind(const char *name, char *out, size_t n)
+{
+    snprintf(out, n, "%s", name);
+    for (char *c = out; *c; c++)
+        if (c[0] == ' ' && ((c[1] >= '0' && c[1] <= '9') ||
+                            ((c[1] == 'b' || c[1] == 'u') && c[2] >= '0' && c[2] <= '9'))) {
+            *c = '\0';
+            break;
+        }
+}
+
+/* Records an allocation in the plan's items (dry run). */
+static void plan_item(zn_trainer *tr, zn_tier tier, zn_state_class cls, uint64_t bytes,
+                      const char *name)
+{
+    zn_plan *p = &tr->plan;
+    char what[sizeof p->items[0].what];
+    item_kind(name, what, sizeof what);
+    int i = 0;
+    while (i < p->n_items && (p->items[i].tier != tier || p->items[i].cls != cls ||
+                              strcmp(p->items[i].what, what)))
+        i++;
+    if (i == p->n_items) {
+        int cap = (int)(sizeof p->items / sizeof p->items[0]);
+        if (i == cap) {
+            i = cap - 1;  /* folded into the last row, still counted */
+            snprintf(p->items[i].what, sizeof p->items[i].what, "other");
+        } else {
+            p->n_items++;
+            snprintf(p->items[i].what, sizeof p->items[i].what, "%s", what);
+            p->items[i].tier = tier;
+            p->items[i].cls = cls;
+            p->items[i].bytes = 0;
+            p->items[i].count = 0;
+        }
+    }
+    p->items[i].bytes += bytes;
+    p->items[i].count++;
+}
+
 static int alloc_ptr(zn_trainer *tr, zn_tier tier, zn_state_class cls, uint64_t bytes,
                      const char *name, void **out)
 {
+    if (tr->dry) {
+        /* the device arena rounds each block to ZN_DEV_ALIGN */
+        if (tier == ZN_TIER_GPU) {
+            bytes = round_up(bytes, ZN_DEV_ALIGN);
+            tr->dry_gpu += bytes;
+        }
+        plan_item(tr, tier, cls, bytes, name);
+        *out = NULL;
+        return 0;
+    }
     int id, rc = zn_tier_alloc(&tr->tm, tier, cls, bytes, name, &id);
     if (rc)
         return rc;
@@ -277,6 +330,13 @@ static int alloc_ptr(zn_trainer *tr, zn_tier tier, zn_state_class cls, uint64_t 
 static int alloc_ext(zn_trainer *tr, zn_state_class cls, uint64_t bytes, const char *name,
                      int *id)
 {
+    if (tr->dry) {
+        /* the swap space's allocation unit: the direct-I/O alignment, at
+         * least a page (src/nvme/swap.c; 4 KiB on the devices seen) */
+        plan_item(tr, ZN_TIER_NVME, cls, round_up(bytes, 4096), name);
+        *id = -1;
+        return 0;
+    }
     return zn_tier_alloc(&tr->tm, ZN_TIER_NVME, cls, bytes, name, id);
 }
 
@@ -295,9 +355,20 @@ static int allocate(zn_trainer *tr)
     size_t act;
 
     /* model scratch first: the activation size may depend on the dtype */
-    if (tr->model->prepare)
-        TRY(tr->model->prepare(tr->model->ctx, tr->dev, tr->s_comp, tr->pdt));
     act = tr->model->act_bytes;
+    if (tr->dry) {
+        uint64_t ws = 0;
+        if (tr->model->plan_prepare) {
+            TRY(tr->model->plan_prepare(tr->model->ctx, tr->pdt, &ws, &act));
+            if (ws) {
+                tr->dry_gpu += ws;
+                plan_item(tr, gpu, ZN_STATE_WORK, ws, "model workspace");
+            }
+        }
+    } else if (tr->model->prepare) {
+        TRY(tr->model->prepare(tr->model->ctx, tr->dev, tr->s_comp, tr->pdt));
+        act = tr->model->act_bytes;
+    }
 
     /* device: resident params, activations, grads, batch */
     for (int b = 0; b < tr->L; b++) {
@@ -368,7 +439,11 @@ static int allocate(zn_trainer *tr)
         if (bl->pc_ok && fetched > largest_pc)
             largest_pc = fetched;
     }
-    if (largest_pc && cfg->tiers.param_cache > 0) {
+    if (largest_pc && cfg->tiers.param_cache > 0 && tr->dry) {
+        for (int e = 0; e < cfg->tiers.param_cache; e++)
+            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_pc * tr->pbytes, "param cache",
+                          (void **)&(void *){ NULL }));
+    } else if (largest_pc && cfg->tiers.param_cache > 0) {
         tr->pc = calloc((size_t)cfg->tiers.param_cache, sizeof *tr->pc);
         if (!tr->pc)
             return zn_set_error(-ENOMEM, "train: out of memory");
@@ -388,10 +463,12 @@ static int allocate(zn_trainer *tr)
             zn_opt_slot *sl = &tr->oslot[s];
             void *buf;
             TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * 16, "optimizer staging", &buf));
-            sl->master = buf;
-            sl->m = sl->master + tr->U;
-            sl->v = sl->m + tr->U;
-            sl->grad = sl->v + tr->U;
+            if (!tr->dry) {
+                sl->master = buf;
+                sl->m = sl->master + tr->U;
+                sl->v = sl->m + tr->U;
+                sl->grad = sl->v + tr->U;
+            }
             if (tr->pdt != ZN_DTYPE_F32)
                 TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes,
                               "param update staging", &sl->pout));
@@ -405,7 +482,8 @@ static int allocate(zn_trainer *tr)
     uint64_t need = nvme_bytes_needed(tr);
     if (need) {
         uint64_t bytes = need < tr->tm.budget[ZN_TIER_NVME] ? need : tr->tm.budget[ZN_TIER_NVME];
-        TRY(zn_tier_open_nvme(&tr->tm, cfg, bytes, tr->fault_hook, tr->fault_user));
+        if (!tr->dry)
+            TRY(zn_tier_open_nvme(&tr->tm, cfg, bytes, tr->fault_hook, tr->fault_user));
         if (tr->oopt == ZN_OFFLOAD_NVME) {
             for (int u = 0; u < tr->n_units; u++) {
                 zn_unit *un = &tr->units[u];
@@ -438,7 +516,13 @@ static int allocate(zn_trainer *tr)
         if (want < 2)
             want = 2;
         zn_dev_mem dm;
-        zn_dev_mem_stats(tr->dev, &dm);
+        if (tr->dry) {
+            /* what is left of the budget: allocations so far, rounded */
+            uint64_t b = tr->tm.budget[ZN_TIER_GPU];
+            dm.largest_free = b > tr->dry_gpu ? b - tr->dry_gpu : 0;
+        } else {
+            zn_dev_mem_stats(tr->dev, &dm);
+        }
         uint64_t fit = dm.largest_free / slot_bytes;
         int ring_blocks = 0;
         for (int b = 0; b < tr->L; b++)
@@ -458,6 +542,12 @@ static int allocate(zn_trainer *tr)
                                 zn_format_size(dm.largest_free, b2, sizeof b2));
         }
         tr->nslots = (int)want;
+        if (tr->dry) {
+            for (int s = 0; s < tr->nslots; s++)
+                TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_ring_block * tr->pbytes,
+                              "param slot", (void **)&(void *){ NULL }));
+            return 0;
+        }
         tr->slot = calloc((size_t)tr->nslots, sizeof *tr->slot);
         tr->slot_block = calloc((size_t)tr->nslots, sizeof *tr->slot_block);
         if (!tr->slot || !tr->slot_block)
@@ -672,6 +762,61 @@ static int make_event(zn_trainer *tr, zn_event **e)
     return zn_dev_event_create(tr->dev, e);
 }
 
+/* The plan the run allocates from: the placement (zn_plan_compute), then
+ * build_layout and allocate run dry for rank `rank` of `world`, recording
+ * every allocation; the class table is rebuilt from the records. */
+static int dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cfg,
+                    const zn_plan_input *in, int world, int rank)
+{
+    int rc = zn_plan_compute(out, cfg, in, &o->budgets);
+    if (rc && rc != ZN_ENOFIT)
+        return rc;
+    zn_trainer *t = calloc(1, sizeof *t);
+    if (!t)
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    t->dry = true;
+    t->cfg = *cfg;
+    t->model = o->model;
+    t->plan = *out;
+    t->plan.n_items = 0;
+    t->world = world > 0 ? world : 1;
+    t->rank = rank;
+    t->popt = cfg->zero.offload_param.device;
+    t->oopt = cfg->zero.offload_optimizer.device;
+    t->pdt = in->param_bytes == 2 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+    t->pbytes = zn_dtype_size(t->pdt);
+    for (int i = 0; i < ZN_TIER_COUNT; i++)
+        t->tm.budget[i] = o->budgets.bytes[i];
+    t->gnvme = t->oopt == ZN_OFFLOAD_NVME && t->plan.grads_tier == ZN_TIER_NVME;
+    rc = build_layout(t);
+    if (!rc)
+        rc = allocate(t);
+    if (!rc) {
+        char why[sizeof out->why];
+        *out = t->plan;
+        rc = zn_plan_use_items(out, cfg);
+        snprintf(why, sizeof why, "%s", out->why);
+        if (rc == ZN_ENOFIT)
+            zn_set_error(rc, "%s", why);
+    }
+    free(t->blocks);
+    free(t->units);
+    free(t->pieces);
+    free(t->ckpt);
+    free(t);
+    return rc;
+}
+
+int zn_train_plan(zn_plan *plan, const zn_train_options *o, int world)
+{
+    if (!o || !o->cfg || !o->model || !o->plan_in || o->model->n_blocks < 1 ||
+        !o->model->block_params)
+        return zn_set_error(ZN_EARG, "train plan: incomplete options (config, model, plan input)");
+    zn_plan_input in = *o->plan_in;
+    in.world_size = world > 0 ? world : 1;
+    return dry_plan(plan, o, o->cfg, &in, in.world_size, 0);
+}
+
 static int pick_device(const zn_config *cfg, const zn_train_options *o, const char **name)
 {
     *name = o->device ? o->device : cfg->train.device[0] ? cfg->train.device : "auto";
@@ -697,7 +842,8 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     if (o->comm)
         in.world_size = zn_comm_size(o->comm);  /* budgets are per rank */
     zn_plan plan;
-    int rc = zn_plan_compute(&plan, cfg, &in, &o->budgets);
+    int crank = o->comm ? zn_comm_rank(o->comm) : 0;
+    int rc = dry_plan(&plan, o, cfg, &in, in.world_size, crank);
     if (rc == ZN_ENOFIT)
         return zn_set_error(ZN_ENOFIT, "does not fit: %s", plan.why);
     if (rc)
@@ -756,7 +902,7 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     if ((int)tr->pbytes != in.param_bytes) {
         /* auto fell back to the host backend: re-plan with fp32 params */
         in.param_bytes = (int)tr->pbytes;
-        rc = zn_plan_compute(&tr->plan, cfg, &in, &o->budgets);
+        rc = dry_plan(&tr->plan, o, cfg, &in, in.world_size, crank);
         if (rc == ZN_ENOFIT) {
             rc = zn_set_error(ZN_ENOFIT, "does not fit: %s", tr->plan.why);
             goto fail;
@@ -1752,7 +1898,7 @@ void zn_train_get_report(zn_trainer *tr, zn_train_report *r)
 {
     memset(r, 0, sizeof *r);
     for (int t = 0; t < ZN_TIER_COUNT; t++)
-        r->budget[t] = tr->tm.budget[t];
+        r->budget[t] = tr->tm.budget[t], r->plan[t] = tr->plan.tier_total[t];
     zn_tier_usage(&tr->tm, r->used, r->peak);
     r->h2d_bytes = atomic_load(&tr->tm.h2d);
     r->d2h_bytes = atomic_load(&tr->tm.d2h);
@@ -1805,14 +1951,17 @@ void zn_train_print_report(zn_trainer *tr, FILE *f)
     zn_train_report r;
     zn_train_get_report(tr, &r);
     char a[32], b[32], c[32];
-    fprintf(f, "tiers            budget     high-water         now\n");
+    char d[32];
+    fprintf(f, "tiers            budget           plan     high-water         now\n");
     for (int t = 0; t < ZN_TIER_COUNT; t++) {
         if (!r.budget[t] && !r.peak[t])
             continue;
-        fprintf(f, "  %-6s %14s %14s %11s  (%4.1f%% of budget at peak)\n",
+        fprintf(f, "  %-6s %14s %14s %14s %11s  (%4.1f%% of budget, %5.1f%% of plan at peak)\n",
                 zn_tier_name((zn_tier)t), zn_format_size(r.budget[t], a, sizeof a),
-                zn_format_size(r.peak[t], b, sizeof b), zn_format_size(r.used[t], c, sizeof c),
-                r.budget[t] ? 100.0 * (double)r.peak[t] / (double)r.budget[t] : 0.0);
+                zn_format_size(r.plan[t], d, sizeof d), zn_format_size(r.peak[t], b, sizeof b),
+                zn_format_size(r.used[t], c, sizeof c),
+                r.budget[t] ? 100.0 * (double)r.peak[t] / (double)r.budget[t] : 0.0,
+                r.plan[t] ? 100.0 * (double)r.peak[t] / (double)r.plan[t] : 0.0);
     }
     if (!r.steps) {
         /* the counters hold only the setup's traffic (initial state written

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "zinc/device.h"
 #include "zinc/model.h"
 #include "zinc/safetensors.h"
 #include "zinc/train.h"
@@ -171,6 +172,28 @@ static int ll_prepare(void *ctx, zn_dev *d, zn_stream *s, zn_dtype dt)
     return 0;
 }
 
+/* What ll_prepare allocates on the device, for the plan: the model's
+ * workspace and, tied, the lm_head gradient (each rounded as the arena
+ * rounds). */
+static int ll_plan_prepare(void *ctx, zn_dtype dt, uint64_t *device_bytes, size_t *act_bytes)
+{
+    zn_train_llama *l = ctx;
+    zn_model_config mc = zn_model_config_default(NULL);
+    mc.dtype = dt;
+    mc.max_batch = l->batch;
+    mc.max_seq = l->seq;
+    mc.checkpoint = 1;
+    uint64_t ws = zn_model_workspace_bytes(&l->d, &mc);
+    if (!ws)
+        return zn_set_error(ZN_ECONFIG, "model: no workspace for these dims and batch");
+    uint64_t a = ZN_DEV_ALIGN;
+    *device_bytes = (ws + a - 1) / a * a;
+    if (l->d.tie_embeddings)
+        *device_bytes += ((uint64_t)(l->d.vocab * l->d.hidden) * 4 + a - 1) / a * a;
+    *act_bytes = (size_t)(l->batch * l->seq * l->d.hidden) * zn_dtype_size(dt);
+    return 0;
+}
+
 static void ll_release(void *ctx, zn_dev *d)
 {
     zn_train_llama *l = ctx;
@@ -329,6 +352,7 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
     m->read_loss = ll_read_loss;
     m->forward = ll_forward;
     m->backward = ll_backward;
+    m->plan_prepare = ll_plan_prepare;
     m->keep_block0 = dims->tie_embeddings != 0;
     m->bind_block0 = ll_bind_block0;
     *out = l;
