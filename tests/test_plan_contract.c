@@ -1,0 +1,179 @@
+/* The plan is a contract: for each of many configurations (three decoder
+ * shapes, one with Qwen2.5's 151936-token vocabulary and one with tied
+ * embeddings; every placement of params and optimizer; ZeRO stages 1-3;
+ * accumulation 1 and 2; param cache on and off; gradients in RAM or on NVMe;
+ * buffer counts 4 and 8; sub-groups), zn_train_plan's figure for each tier
+ * must hold the run: after two steps on the host backend, every tier's
+ * high-water mark is <= the plan and >= 0.9 of it (and 0 where the plan
+ * says 0). One rank; the sharded placements are covered by test_train_zero
+ * and test_train_ranks (rank 0's NVMe high-water ~ 1/N). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "zinc/config.h"
+#include "zinc/model.h"
+#include "zinc/train.h"
+#include "test_nvme_common.h"
+#include "zt.h"
+
+typedef struct {
+    const char *name;
+    const char *model;  /* --set fragments of the model section */
+} shape;
+
+static const shape shapes[] = {
+    { "llama-320", "model={\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+                   " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                   " \"intermediate_size\": 128, \"vocab_size\": 320}" },
+    { "qwen2-152k", "model={\"model_type\": \"qwen2\", \"hidden_size\": 32, \"num_hidden_layers\": 2,"
+                    " \"num_attention_heads\": 4, \"num_key_value_heads\": 1,"
+                    " \"intermediate_size\": 64, \"vocab_size\": 151936}" },
+    { "llama-tied", "model={\"model_type\": \"llama\", \"hidden_size\": 32, \"num_hidden_layers\": 3,"
+                    " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                    " \"intermediate_size\": 96, \"vocab_size\": 256,"
+                    " \"tie_word_embeddings\": true}" },
+};
+
+typedef struct {
+    const char *param, *opt;
+    int stage;
+} placement;
+
+static const placement places[] = {
+    { "none", "none", 1 }, { "none", "cpu", 2 }, { "none", "none", 3 }, { "cpu", "cpu", 3 },
+    { "none", "cpu", 3 },  { "cpu", "nvme", 3 }, { "nvme", "nvme", 3 },
+};
+
+static int checked, failed_cfgs;
+static double min_ratio[ZN_TIER_COUNT] = { 2, 2, 2 }, max_ratio[ZN_TIER_COUNT];
+
+static void one(const shape *sh, const placement *pl, int accum, int pcache, const char *grads,
+                int bcount, int subgroup)
+{
+    char label[256];
+    snprintf(label, sizeof label, "%s param=%s opt=%s stage=%d acc=%d pcache=%d grads=%s "
+             "bc=%d sg=%d", sh->name, pl->param, pl->opt, pl->stage, accum, pcache, grads,
+             bcount, subgroup);
+    char s_param[96], s_opt[96], s_stage[64], s_acc[64], s_pc[64], s_gr[64], s_bc[96], s_sg[96];
+    char s_nvme[4400];
+    snprintf(s_param, sizeof s_param, "zero_optimization.offload_param.device=\"%s\"", pl->param);
+    snprintf(s_opt, sizeof s_opt, "zero_optimization.offload_optimizer.device=\"%s\"", pl->opt);
+    snprintf(s_stage, sizeof s_stage, "zero_optimization.stage=%d", pl->stage);
+    snprintf(s_acc, sizeof s_acc, "gradient_accumulation_steps=%d", accum);
+    snprintf(s_pc, sizeof s_pc, "tiers.param_cache=%d", pcache);
+    snprintf(s_gr, sizeof s_gr, "tiers.grads=\"%s\"", grads);
+    snprintf(s_bc, sizeof s_bc, "zero_optimization.offload_optimizer.buffer_count=%d", bcount);
+    snprintf(s_sg, sizeof s_sg, "zero_optimization.sub_group_size=%d", subgroup);
+    snprintf(s_nvme, sizeof s_nvme, "tiers.nvme=[{\"path\": \"%s\", \"size\": \"1GiB\"}]",
+             tn_tmpdir("plan-contract"));
+    const char *sets[] = { sh->model, s_param, s_opt, s_stage, s_acc, s_pc, s_gr, s_bc, s_sg,
+                           s_nvme, "tiers.gpu=\"512MiB\"", "tiers.cpu=\"4GiB\"",
+                           "train.device=\"host\"", "train_micro_batch_size_per_gpu=2",
+                           "data.seq_len=16", "zero_optimization.stage3_param_persistence_threshold=0",
+                           "aio.block_size=65536" };
+    const char *json =
+        "{\"gradient_clipping\": 1.0,"
+        " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}},"
+        " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 2}}}";
+    zn_config cfg;
+    int rc = zn_config_parse(&cfg, json, label, sets, (int)(sizeof sets / sizeof sets[0]));
+    if (!rc)
+        rc = zn_config_resolve_batch(&cfg, 1);
+    ZT_CHECK_MSG(rc == 0, "%s: config: %s", label, zn_last_error());
+    if (rc)
+        return;
+    zn_model_dims d;
+    ZT_EQ_INT(zn_cli_model_dims(&cfg, &d), 0);
+    uint64_t blocks[64];
+    zn_plan_input in;
+    zn_cli_plan_input(&cfg, &d, 1, blocks, &in);
+    zn_train_llama *l = NULL;
+    zn_trainer *tr = NULL;
+    ZT_EQ_INT(zn_train_llama_create(&l, &d, 2, 16, 0.02, 1), 0);
+    zn_train_options o = zn_train_options_default();
+    o.cfg = &cfg;
+    o.model = zn_train_llama_model(l);
+    o.plan_in = &in;
+    o.budgets.bytes[ZN_TIER_GPU] = cfg.tiers.gpu;
+    o.budgets.bytes[ZN_TIER_CPU] = cfg.tiers.cpu;
+    o.budgets.bytes[ZN_TIER_NVME] = 1u << 30;
+    o.threads = 2;
+    zn_plan plan;
+    rc = zn_train_plan(&plan, &o, 1);
+    ZT_CHECK_MSG(rc == 0, "%s: plan: %s", label, zn_last_error());
+    if (!rc)
+        rc = zn_train_create(&tr, &o);
+    ZT_CHECK_MSG(rc == 0, "%s: create: %s", label, zn_last_error());
+    int32_t *ids = malloc((size_t)(accum * 2 * 16) * sizeof *ids);
+    int32_t *tg = malloc((size_t)(accum * 2 * 16) * sizeof *tg);
+    for (int s = 0; s < 2 && !rc; s++) {
+        for (int i = 0; i < accum * 2 * 16; i++) {
+            ids[i] = (int32_t)((i * 7919 + s * 104729) % d.vocab);
+            tg[i] = (int32_t)((i * 6007 + s * 7) % d.vocab);
+        }
+        zn_train_step_info info;
+        rc = zn_train_step(tr, ids, tg, &info);
+        ZT_CHECK_MSG(rc == 0, "%s: step %d: %s", label, s + 1, zn_last_error());
+    }
+    if (!rc)
+        rc = zn_train_sync(tr);
+    if (!rc) {
+        zn_train_report r;
+        zn_train_get_report(tr, &r);
+        int bad = 0;
+        for (int t = 0; t < ZN_TIER_COUNT; t++) {
+            uint64_t want = plan.tier_total[t], got = r.peak[t];
+            bool ok = want ? got <= want && (double)got >= 0.9 * (double)want : got == 0;
+            ZT_CHECK_MSG(ok, "%s: %s tier high-water %llu, plan %llu (%.3f)", label,
+                         zn_tier_name((zn_tier)t), (unsigned long long)got,
+                         (unsigned long long)want, want ? (double)got / (double)want : 0.0);
+            bad += !ok;
+            if (want) {
+                double q = (double)got / (double)want;
+                min_ratio[t] = q < min_ratio[t] ? q : min_ratio[t];
+                max_ratio[t] = q > max_ratio[t] ? q : max_ratio[t];
+            }
+        }
+        failed_cfgs += bad > 0;
+        checked++;
+    }
+    free(ids);
+    free(tg);
+    zn_train_destroy(tr);
+    zn_train_llama_destroy(l);
+}
+
+int main(void)
+{
+    int n = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t p = 0; p < sizeof places / sizeof places[0]; p++) {
+            const placement *pl = &places[p];
+            bool opt_nvme = !strcmp(pl->opt, "nvme"), par_nvme = !strcmp(pl->param, "nvme");
+            /* the base combination of each shape and placement */
+            one(&shapes[s], pl, 1, 4, "auto", 4, 100000);
+            n++;
+            one(&shapes[s], pl, 2, 4, "auto", 4, 100000);
+            n++;
+            if (opt_nvme) {
+                one(&shapes[s], pl, 2, 4, "cpu", 8, 30000);
+                one(&shapes[s], pl, 2, 4, "nvme", 4, 30000);
+                n += 2;
+            }
+            if (par_nvme) {
+                one(&shapes[s], pl, 1, 0, "auto", 8, 100000);
+                one(&shapes[s], pl, 1, 1, "nvme", 4, 50000);
+                n += 2;
+            }
+        }
+    printf("%d configurations, %d checked, %d with a tier off the plan\n", n, checked,
+           failed_cfgs);
+    for (int t = 0; t < ZN_TIER_COUNT; t++)
+        printf("  %-5s high-water / plan: %.4f .. %.4f\n", zn_tier_name((zn_tier)t),
+               min_ratio[t], max_ratio[t]);
+    ZT_CHECK_MSG(n >= 50, "only %d configurations", n);
+    tn_rmdir();
+    return zt_done();
+}
