@@ -807,6 +807,14 @@ static int dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cf
     return rc;
 }
 
+/* The device arena for a plan: its gpu total and 1 MiB for the arena's
+ * start alignment, never beyond the budget. */
+static uint64_t arena_bytes(const zn_plan *p, uint64_t budget)
+{
+    uint64_t want = p->tier_total[ZN_TIER_GPU] + ((uint64_t)1 << 20);
+    return want < budget ? want : budget;
+}
+
 int zn_train_plan(zn_plan *plan, const zn_train_options *o, int world)
 {
     if (!o || !o->cfg || !o->model || !o->plan_in || o->model->n_blocks < 1 ||
@@ -880,9 +888,13 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
             TRY(tr->track[r]);
     }
 
+    /* The device arena takes what the plan allocates (plus the arena's own
+     * alignment slack), not the whole gpu budget: what the budget leaves on
+     * a real GPU stays free for cuBLAS workspaces, NCCL buffers and lazily
+     * loaded kernels, which allocate outside the arena. */
     zn_dev_config dc = zn_dev_config_default();
     dc.name = devname;
-    dc.gpu_budget = o->budgets.bytes[ZN_TIER_GPU];
+    dc.gpu_budget = arena_bytes(&tr->plan, o->budgets.bytes[ZN_TIER_GPU]);
     dc.cpu_budget = o->budgets.bytes[ZN_TIER_CPU];
     TRY(zn_dev_create(&tr->dev, &dc));
     bool cuda = zn_dev_get_kind(tr->dev) == ZN_DEV_CUDA;
@@ -909,6 +921,12 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
         }
         if (rc)
             goto fail;
+        /* and an arena of that plan's size (nothing is allocated yet) */
+        zn_dev_destroy(tr->dev);
+        tr->dev = NULL;
+        dc.name = "host";
+        dc.gpu_budget = arena_bytes(&tr->plan, o->budgets.bytes[ZN_TIER_GPU]);
+        TRY(zn_dev_create(&tr->dev, &dc));
     }
     if (tr->comm && zn_comm_size(tr->comm) > 1) {
         tr->world = zn_comm_size(tr->comm);
