@@ -50,6 +50,9 @@ int zn_cli_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gpu_free,
  * system's free space; RLIMIT_MEMLOCK below the cpu budget is a warning.
  * strict (a run): a problem is ZN_ECONFIG naming what the machine has; else
  * (a plan, perhaps for another machine) a warning. */
+/* --model DIR of train and plan: appends "model.path=DIR" to sets (after
+ * the other --sets). Returns 0, or 2 after printing the usage error. */
+int zn_cli_model_set(const char *dir, const char **sets, int max_sets, int *n_sets);
 /* Whether the config's train.device is a CUDA GPU that answers here. */
 int zn_cli_has_cuda(const zn_config *cfg);
 int zn_cli_check_budgets(const zn_config *cfg, const zn_topo *topo, const zn_plan_budgets *b,

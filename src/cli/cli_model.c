@@ -118,23 +118,31 @@ static uint64_t fs_once(uint64_t dev, uint64_t fr, uint64_t *seen, int *nseen)
     return fr;
 }
 
-int zn_cli_has_cuda(const zn_config *cfg)
+/* Opens the config's train.device for a look: 1 and its info when it is a
+ * CUDA GPU that answers ("auto" = cuda:0), else 0 (the host backend, or no
+ * GPU: the probe's error is cleared). */
+static int probe_cuda(const zn_config *cfg, zn_dev_info *info)
 {
     const char *name = cfg->train.device;
     if (!strcmp(name, "host"))
         return 0;
     zn_dev_config dc = zn_dev_config_default();
-    dc.name = strcmp(name, "auto") ? name : "cuda:0";
+    dc.name = strcmp(name, "auto") && name[0] ? name : "cuda:0";
     dc.gpu_budget = 1 << 20;
     zn_dev *d = NULL;
     if (zn_dev_create(&d, &dc) != 0) {
         zn_clear_error();
         return 0;
     }
-    zn_dev_info info;
-    zn_dev_get_info(d, &info);
+    zn_dev_get_info(d, info);
     zn_dev_destroy(d);
-    return info.kind == ZN_DEV_CUDA;
+    return info->kind == ZN_DEV_CUDA;
+}
+
+int zn_cli_has_cuda(const zn_config *cfg)
+{
+    zn_dev_info info;
+    return probe_cuda(cfg, &info);
 }
 
 /* Free memory of the GPU the config's train.device names, for an "auto"
@@ -142,21 +150,8 @@ int zn_cli_has_cuda(const zn_config *cfg)
  * (zn_cli_budgets then uses the host backend's rule). */
 uint64_t zn_cli_gpu_free(const zn_config *cfg)
 {
-    const char *name = cfg->train.device;
-    if (!cfg->tiers.gpu_auto || !strcmp(name, "host"))
-        return 0;
-    zn_dev_config dc = zn_dev_config_default();
-    dc.name = strcmp(name, "auto") ? name : "cuda:0";
-    dc.gpu_budget = 1 << 20;
-    zn_dev *d = NULL;
-    if (zn_dev_create(&d, &dc) != 0) {
-        zn_clear_error();
-        return 0;
-    }
     zn_dev_info info;
-    zn_dev_get_info(d, &info);
-    zn_dev_destroy(d);
-    return info.kind == ZN_DEV_CUDA ? info.free_mem : 0;
+    return cfg->tiers.gpu_auto && probe_cuda(cfg, &info) ? info.free_mem : 0;
 }
 
 /* Resolves the three tier budgets of a config; "auto" becomes: GPU, the

@@ -56,6 +56,20 @@ static void usage(FILE *f)
         "  --detail          list every allocation the run makes (what, tier, count)\n");
 }
 
+/* --model DIR of train and plan: the same as --set model.path=DIR, after
+ * the other --sets. Returns 0, or 2 after printing the usage error. */
+int zn_cli_model_set(const char *dir, const char **sets, int max_sets, int *n_sets)
+{
+    static char model_set[ZN_PATH_MAX + 16];
+    if (*n_sets >= max_sets ||
+        (size_t)snprintf(model_set, sizeof model_set, "model.path=%s", dir) >= sizeof model_set) {
+        fprintf(stderr, "zinc: error: --model %s: too long, or too many --set\n", dir);
+        return 2;
+    }
+    sets[(*n_sets)++] = model_set;
+    return 0;
+}
+
 int zn_cmd_plan(int argc, char **argv)
 {
     const char *sets[64];
@@ -84,15 +98,8 @@ int zn_cmd_plan(int argc, char **argv)
         } else if (!strcmp(argv[i], "--detail")) {
             detail = true;
         } else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
-            static char model_set[ZN_PATH_MAX + 16];  /* = --set model.path=DIR */
-            if (n_sets >= 64 || (size_t)snprintf(model_set, sizeof model_set, "model.path=%s",
-                                                 argv[i + 1]) >= sizeof model_set) {
-                fprintf(stderr, "zinc: error: --model %s: too long, or too many --set\n",
-                        argv[i + 1]);
+            if (zn_cli_model_set(argv[++i], sets, 64, &n_sets))
                 return 2;
-            }
-            sets[n_sets++] = model_set;
-            i++;
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "zinc: error: plan: unknown option '%s'\n", argv[i]);
             usage(stderr);

@@ -414,7 +414,6 @@ int zn_cmd_train(int argc, char **argv)
     if (argc < 0)
         return 2;
     const char *path = NULL, *trace_path = NULL, *json_path = NULL, *resume_arg = NULL;
-    static char model_set[ZN_PATH_MAX + 16];
     int resuming = 0;
     long long steps_opt = -1;
     for (int i = 1; i < argc; i++) {
@@ -432,15 +431,8 @@ int zn_cmd_train(int argc, char **argv)
                 return 2;
             }
         } else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
-            /* the same as --set model.path=DIR, after the other --sets */
-            if (n_sets >= 64 || (size_t)snprintf(model_set, sizeof model_set, "model.path=%s",
-                                                 argv[i + 1]) >= sizeof model_set) {
-                fprintf(stderr, "zinc: error: --model %s: too long, or too many --set\n",
-                        argv[i + 1]);
+            if (zn_cli_model_set(argv[++i], sets, 64, &n_sets))
                 return 2;
-            }
-            sets[n_sets++] = model_set;
-            i++;
         } else if (!strcmp(argv[i], "--trace") && i + 1 < argc) {
             trace_path = argv[++i];
         } else if (!strcmp(argv[i], "--json-log") && i + 1 < argc) {

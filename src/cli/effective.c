@@ -14,21 +14,7 @@
  * host backend computes in fp32). Probed only when precision is "auto". */
 static int device_bf16(const zn_config *cfg)
 {
-    const char *name = cfg->train.device;
-    if (!strcmp(name, "host"))
-        return 0;
-    zn_dev_config dc = zn_dev_config_default();
-    dc.name = strcmp(name, "auto") && name[0] ? name : "cuda:0";
-    dc.gpu_budget = 1 << 20;
-    zn_dev *d = NULL;
-    if (zn_dev_create(&d, &dc) != 0) {
-        zn_clear_error();
-        return 0;
-    }
-    zn_dev_info info;
-    zn_dev_get_info(d, &info);
-    zn_dev_destroy(d);
-    return info.kind == ZN_DEV_CUDA;
+    return zn_cli_has_cuda(cfg);
 }
 
 /* "[origin]" for a key; `rule` says what "auto" resolved from, `deflt` where
