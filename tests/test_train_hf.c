@@ -11,12 +11,14 @@
  *    bit-identical losses and weights. */
 #include <jansson.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
 #include "zinc/config.h"
+#include "zinc/device.h"
 #include "zinc/model.h"
 #include "zinc/safetensors.h"
 #include "zinc/train.h"
@@ -24,6 +26,13 @@
 #include "zt.h"
 
 #define MAX_STEPS 16
+
+/* "host" (suite unit), or "cuda" (suite gpu: the same fine-tune on the GPU,
+ * fp32, the optimizer on the CPU; tolerances for cuBLAS's summation order,
+ * and placements compared by tolerance since atomics make the GPU's sums
+ * order-dependent) */
+static const char *device = "host";
+static int on_gpu;
 
 typedef struct {
     int steps;
@@ -82,8 +91,10 @@ static int run(const char *dir, const reference *ref, const char **sets, int nse
     snprintf(mp, sizeof mp, "model.path=\"%s\"", dir);
     snprintf(nv, sizeof nv, "tiers.nvme=[{\"path\": \"%s\", \"size\": \"64MiB\"}]",
              tn_tmpdir("train-hf"));
-    const char *all[32] = { mp, nv, "tiers.cpu=\"256MiB\"", "tiers.gpu=\"64MiB\"" };
-    int n = 4;
+    char dv[64];
+    snprintf(dv, sizeof dv, "train.device=\"%s\"", device);
+    const char *all[32] = { mp, nv, "tiers.cpu=\"256MiB\"", "tiers.gpu=\"64MiB\"", dv };
+    int n = 5;
     for (int i = 0; i < nsets; i++)
         all[n++] = sets[i];
     zn_config cfg;
@@ -212,6 +223,8 @@ static void fixture(const char *name)
     } place[] = {
         { "device", { "zero_optimization.offload_param.device=\"none\"",
                       "zero_optimization.offload_optimizer.device=\"none\"" } },
+        { "device+cpu adam", { "zero_optimization.offload_param.device=\"none\"",
+                               "zero_optimization.offload_optimizer.device=\"cpu\"" } },
         { "cpu", { "zero_optimization.offload_param.device=\"cpu\"",
                    "zero_optimization.offload_optimizer.device=\"cpu\"",
                    "zero_optimization.stage3_param_persistence_threshold=0" } },
@@ -221,9 +234,11 @@ static void fixture(const char *name)
                     "zero_optimization.sub_group_size=5000",
                     "zero_optimization.offload_optimizer.buffer_count=8" } },
     };
-    run_out ro[3];
+    /* CUDA runs the optimizer on the CPU only: no all-on-device placement */
+    int np = 4, p0 = on_gpu ? 1 : 0;
+    run_out ro[4];
     memset(ro, 0, sizeof ro);
-    for (int p = 0; p < 3; p++) {
+    for (int p = p0; p < np; p++) {
         int ns = 0;
         while (ns < 6 && place[p].sets[ns])
             ns++;
@@ -232,6 +247,9 @@ static void fixture(const char *name)
         if (rc)
             return;
     }
+    if (p0)
+        ro[0] = ro[p0];  /* the reference run below */
+    double tl = on_gpu ? 1e-4 : 1e-5, tn = on_gpu ? 1e-3 : 1e-4, tw = on_gpu ? 1e-3 : 1e-4;
     char w0[4300], w1[4300], what[128];
     snprintf(w0, sizeof w0, "%s", dir);
     snprintf(w1, sizeof w1, "%s/final.safetensors", dir);
@@ -243,25 +261,34 @@ static void fixture(const char *name)
         double rl = fabs(ro[0].loss[s] - ref.loss[s]) / fabs(ref.loss[s]);
         double rn = fabs(ro[0].norm[s] - ref.norm[s]) / fabs(ref.norm[s]);
         printf("  %2d  %.9f  %.9f  %.1e  %.1e\n", s + 1, ro[0].loss[s], ref.loss[s], rl, rn);
-        ZT_CHECK_MSG(rl <= 1e-5, "%s step %d: loss %.9f, torch %.9f", name, s + 1,
+        ZT_CHECK_MSG(rl <= tl, "%s step %d: loss %.9f, torch %.9f", name, s + 1,
                      ro[0].loss[s], ref.loss[s]);
-        ZT_CHECK_MSG(rn <= 1e-4, "%s step %d: grad norm %.9f, torch %.9f", name, s + 1,
+        ZT_CHECK_MSG(rn <= tn, "%s step %d: grad norm %.9f, torch %.9f", name, s + 1,
                      ro[0].norm[s], ref.norm[s]);
         ZT_CHECK_MSG(fabs(ro[0].lr[s] - ref.lr[s]) <= 1e-12 * ref.lr[s] + 1e-15,
                      "%s step %d: lr %.9g, torch %.9g", name, s + 1, ro[0].lr[s], ref.lr[s]);
     }
     snprintf(what, sizeof what, "%s after %d steps", name, ref.steps);
-    compare_master(what, &d, ro[0].master, w1, 1e-4);
-    /* every placement bit-identical to the all-on-device run */
-    for (int p = 1; p < 3; p++) {
-        ZT_CHECK_MSG(!memcmp(ro[p].loss, ro[0].loss, sizeof ro[0].loss),
-                     "%s: %s losses differ from the device run's", name, place[p].label);
+    compare_master(what, &d, ro[0].master, w1, tw);
+    /* every placement bit-identical to the first run (host), or within the
+     * GPU's tolerance */
+    for (int p = p0 + 1; p < np; p++) {
+        bool same_loss = !memcmp(ro[p].loss, ro[0].loss, sizeof ro[0].loss);
+        double worst = 0;
+        for (int s = 0; s < ref.steps; s++) {
+            double r = fabs(ro[p].loss[s] - ro[0].loss[s]) / fabs(ro[0].loss[s]);
+            worst = r > worst ? r : worst;
+        }
+        ZT_CHECK_MSG(on_gpu ? worst <= tl : same_loss,
+                     "%s: %s losses differ from the first run's (worst %.1e)", name,
+                     place[p].label, worst);
         ZT_CHECK_MSG(ro[p].P == ro[0].P && !memcmp(ro[p].master0, ro[0].master0, ro[0].P * 4),
                      "%s: %s initial master differs", name, place[p].label);
-        ZT_CHECK_MSG(ro[p].P == ro[0].P && !memcmp(ro[p].master, ro[0].master, ro[0].P * 4),
-                     "%s: %s final master differs", name, place[p].label);
+        if (!on_gpu)
+            ZT_CHECK_MSG(ro[p].P == ro[0].P && !memcmp(ro[p].master, ro[0].master, ro[0].P * 4),
+                         "%s: %s final master differs", name, place[p].label);
     }
-    for (int p = 0; p < 3; p++) {
+    for (int p = p0; p < np; p++) {
         free(ro[p].master0);
         free(ro[p].master);
     }
@@ -271,8 +298,19 @@ static void fixture(const char *name)
     }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "cuda")) {
+        device = "cuda";
+        on_gpu = 1;
+        zn_dev_config dc = zn_dev_config_default();
+        dc.name = "cuda";
+        dc.gpu_budget = 64u << 20;
+        zn_dev *dev = NULL;
+        if (zn_dev_create(&dev, &dc))
+            ZT_SKIP("no CUDA device: %s", zn_last_error());
+        zn_dev_destroy(dev);
+    }
     fixture("ft-llama");
     fixture("ft-qwen2");
     fixture("ft-tied");

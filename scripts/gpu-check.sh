@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The first thing to run on a machine with an NVIDIA GPU: builds zinc for the
+# GPU present, runs the gpu test suite, compares zinc's CUDA forward and a
+# short fine-tune with PyTorch on the same GPU (where torch imports), runs
+# bench pcie / model / train (three placements) / comm (world 1, NCCL), and
+# writes one results file, bench/results/gpu-check-DATE-GPU.md, naming the
+# GPU, the driver and the CUDA toolkit, with every step's outcome and
+# figures. A failing step is recorded and the next one runs. Without a GPU
+# it says so and exits 77. Exit 0 when every step passed, else 1.
+# Usage: scripts/gpu-check.sh [BUILD_DIR]   (default build-gpu)   | make gpu-check
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+bdir=${1:-build-gpu}
+export PATH="/usr/local/cuda/bin:$PATH"
+
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo "gpu-check: no GPU here (nvidia-smi not found): nothing to check"
+    exit 77
+fi
+if ! q=$(nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total \
+                    --format=csv,noheader 2>&1) || [ -z "$q" ]; then
+    echo "gpu-check: no GPU here (nvidia-smi: ${q:-no device})"
+    exit 77
+fi
+gpu=$(echo "$q" | head -1 | cut -d, -f1 | sed 's/^ *//; s/ *$//')
+driver=$(echo "$q" | head -1 | cut -d, -f2 | tr -d ' ')
+cc=$(echo "$q" | head -1 | cut -d, -f3 | tr -d ' ')
+mem=$(echo "$q" | head -1 | cut -d, -f4 | sed 's/^ *//')
+cuda=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+slug=$(echo "$gpu" | tr -c 'A-Za-z0-9\n' '-' | sed 's/--*/-/g; s/-$//')
+out="bench/results/gpu-check-$(date +%Y-%m-%d)-$slug.md"
+log=$(mktemp -d gpu-check-XXXXXX --tmpdir)
+trap 'rm -rf "$log"' EXIT
+fails=0
+
+{
+    echo "# gpu-check: $gpu"
+    echo
+    echo "- GPU: $gpu, compute capability $cc, $mem; driver $driver; CUDA toolkit ${cuda:-?}"
+    echo "- host: $(nproc) cores, $(awk '/MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo), $(uname -sr)"
+    echo "- zinc: $(git rev-parse --short HEAD 2>/dev/null || echo '?'), build $bdir"
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+} > "$out"
+
+# step NAME LIMIT_S COMMAND...: runs it, records ok/FAIL, the time and the
+# output's tail in the results file
+step() {
+    local name=$1 limit=$2; shift 2
+    local t0 rc
+    t0=$(date +%s)
+    echo "== $name"
+    timeout "$limit" "$@" > "$log/step.txt" 2>&1
+    rc=$?
+    local dt=$(( $(date +%s) - t0 ))
+    tail -40 "$log/step.txt"
+    {
+        if [ $rc -eq 0 ]; then
+            echo "## $name: ok ($dt s)"
+        elif [ $rc -eq 124 ]; then
+            echo "## $name: FAIL (timed out after $limit s)"
+        else
+            echo "## $name: FAIL (exit $rc, $dt s)"
+        fi
+        echo
+        echo '```'
+        echo "\$ $*"
+        tail -60 "$log/step.txt"
+        echo '```'
+        echo
+    } >> "$out"
+    [ $rc -eq 0 ] || fails=$((fails + 1))
+    return $rc
+}
+
+arch=$(echo "$cc" | sed 's/^\([0-9]*\)\.\([0-9]*\)$/\1.\2/')
+# (timeout runs programs, not shell functions: the build is one bash -c)
+build="bash scripts/setup.sh build >/dev/null &&
+       { [ -f '$bdir/build.ninja' ] || meson setup '$bdir' -Dcuda=enabled -Dgpu_arch='$arch'; } &&
+       ninja -C '$bdir'"
+step "build for compute capability $arch" 900 bash -c "$build" || {
+    echo "gpu-check: the build failed; see $out"
+    exit 1
+}
+zinc="$root/$bdir/zinc"
+step "zinc info" 60 "$zinc" info
+# nvidia-smi sees a GPU; zinc must too (driver against runtime), or every
+# gpu test would skip and look green
+step "zinc sees the GPU" 60 bash -c "'$zinc' info --json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+print(\"gpus:\", d[\"gpus\"], \"absent reason:\", d.get(\"gpu_absent_reason\"))
+sys.exit(0 if d[\"gpus\"] else 1)'"
+step "gpu test suite" 600 bash -c "meson test -C '$bdir' --suite gpu --print-errorlogs &&
+    ! grep -q '\"result\": \"SKIP\"' '$bdir/meson-logs/testlog.json'"
+if python3 -c "import torch, transformers; assert torch.cuda.is_available()" 2>/dev/null; then
+    step "zinc vs PyTorch on this GPU" 600 python3 scripts/gpu_vs_torch.py "$zinc"
+else
+    echo "## zinc vs PyTorch: skipped (torch with CUDA, or transformers, does not import)" >> "$out"
+    echo >> "$out"
+fi
+step "bench pcie" 300 "$zinc" bench pcie --device cuda
+step "bench model (Qwen2.5-0.5B shape, bf16, seq 1024)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
+    --device cuda --batch 1 --seq 1024 --iters 3
+P=zero_optimization.offload_param
+O=zero_optimization.offload_optimizer
+swap="$log/swap"
+common=(--config examples/tiny.json --set train.device=\"cuda\" --set bf16.enabled=true
+        --set tiers.gpu=2GiB --set "tiers.nvme=[{\"path\": \"$swap\", \"size\": \"2GiB\"}]"
+        --steps 8 --warmup 2)
+step "bench train: params and optimizer on the GPU side (optimizer cpu)" 300 "$zinc" bench train \
+    "${common[@]}" --set "$P.device=\"none\"" --set "$O.device=\"cpu\""
+step "bench train: params and optimizer in pinned RAM" 300 "$zinc" bench train "${common[@]}" \
+    --set "$P.device=\"cpu\"" --set "$O.device=\"cpu\""
+step "bench train: params and optimizer on NVMe" 300 "$zinc" bench train "${common[@]}" \
+    --set "$P.device=\"nvme\"" --set "$P.max_in_cpu=0" --set "$O.device=\"nvme\""
+step "bench comm: world 1 on the GPU (NCCL)" 300 "$zinc" bench comm --device cuda:0 \
+    --sizes 1M..256M
+
+{
+    echo "---"
+    echo "$fails step(s) failed."
+} >> "$out"
+echo "gpu-check: $fails step(s) failed; results in $out"
+[ $fails -eq 0 ]
