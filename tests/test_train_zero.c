@@ -65,6 +65,9 @@ typedef struct {
     const char *sets[4];
     int nsets;
     zn_tier state_tier;  /* where master/m/v live: its peak must shrink ~1/N */
+    int slow_rank1;      /* rank 1's NVMe reads are slowed: its fetches are ready
+                            later than rank 0's, and the ranks must still issue
+                            their collectives in the same order */
 } zcase;
 
 static const zcase cases[] = {
@@ -80,7 +83,20 @@ static const zcase cases[] = {
     { "stage 2, optimizer cpu",
       { "zero_optimization.stage=2", "zero_optimization.offload_param.device=\"none\"",
         "zero_optimization.offload_optimizer.device=\"cpu\"" }, 3, ZN_TIER_CPU },
+    { "stage 3, params+optimizer nvme, rank 1's reads slow",
+      { "zero_optimization.offload_param.device=\"nvme\"",
+        "zero_optimization.offload_optimizer.device=\"nvme\"",
+        "gradient_clipping=0" }, 3, ZN_TIER_NVME, 1 },
 };
+
+/* Slows every NVMe read completion of the rank that installs it. */
+static int slow_reads(void *user, const zn_aio_fault_site *site)
+{
+    (void)user;
+    if (!site->is_write)
+        usleep(2000);
+    return site->res;
+}
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
 typedef struct {
@@ -136,6 +152,8 @@ static int worker(int c, const char *out_dir)
     o.budgets.bytes[ZN_TIER_CPU] = cfg.tiers.cpu;
     o.budgets.bytes[ZN_TIER_NVME] = 64u << 20;
     o.comm = comm;
+    if (zc->slow_rank1 && R == 1)
+        o.fault_hook = slow_reads;
     zn_trainer *tr = NULL;
     if ((rc = zn_train_create(&tr, &o))) {
         fprintf(stderr, "worker %d/%d: create: %s\n", R, W, zn_last_error());

@@ -1386,7 +1386,11 @@ static int ensure_capacity(zn_trainer *tr, int A)
 /* Issues, in order, every fetch whose slot's previous user (use index <
  * next_use) has been queued and whose block's parameters have landed; a
  * fetch needed by use next_use itself waits for them. A fetch not issued
- * here is tried again at the next use. */
+ * here is tried again at the next use. With several ranks a fetch is never
+ * put off for readiness: which fetches are issued before a use then depends
+ * only on the slots, the same on every rank, so every rank issues its
+ * all-gathers at the same place among its collectives whatever its NVMe or
+ * param-cache state (collectives paired out of order hang NCCL). */
 static int issue_fetches(zn_trainer *tr, const fetch_ent *fe, int nfe, int *next_fetch,
                          int next_use, uint64_t *nvme_fetches)
 {
@@ -1394,7 +1398,7 @@ static int issue_fetches(zn_trainer *tr, const fetch_ent *fe, int nfe, int *next
            (*next_fetch < tr->nslots || fe[*next_fetch - tr->nslots].last_use < next_use)) {
         int j = *next_fetch, rc;
         if (!params_ready(tr, fe[j].block)) {
-            if (fe[j].first_use > next_use)
+            if (tr->world == 1 && fe[j].first_use > next_use)
                 break;
             if ((rc = wait_params(tr, fe[j].block)))
                 return rc;
