@@ -221,7 +221,9 @@ static int c_event_create(zn_dev *d, zn_event *e)
     cudaEvent_t ev;
     if ((rc = use(d)))
         return rc;
-    ZN_CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDefault));
+    /* a host thread waiting on it sleeps instead of spinning a core the CPU
+     * Adam needs */
+    ZN_CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventBlockingSync));
     e->impl = ev;
     return 0;
 }
@@ -393,8 +395,29 @@ int zn_cuda_backend_create(zn_dev *d, int ordinal)
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();   /* clear the sticky error for later calls */
-        return zn_set_error(ZN_ENODEV, "cuda:%d: no usable GPU: cudaGetDeviceCount: %s (%s)",
-                            ordinal, cudaGetErrorString(e), cudaGetErrorName(e));
+        int drv = 0, rtv = 0;
+        (void)cudaDriverGetVersion(&drv);   /* 0: no driver installed */
+        (void)cudaRuntimeGetVersion(&rtv);
+        if (e == cudaErrorInsufficientDriver && drv > 0) {
+            /* a GPU and a driver are there, too old for this build: say so
+             * loudly (a silent fallback to the host backend would train at
+             * a hundredth of the speed) */
+            static int warned;
+            if (!warned++)
+                zn_warn("cuda:%d: the NVIDIA driver supports CUDA %d.%d, older than the CUDA "
+                        "runtime %d.%d zinc was built with: update the driver, or build zinc "
+                        "against the toolkit the driver supports (meson setup BUILD "
+                        "-Dcudatk=/usr/local/cuda-%d.%d)", ordinal, drv / 1000,
+                        (drv % 1000) / 10, rtv / 1000, (rtv % 1000) / 10, drv / 1000,
+                        (drv % 1000) / 10);
+            return zn_set_error(ZN_ENODEV, "cuda:%d: the driver (CUDA %d.%d) is older than the "
+                                "runtime zinc was built with (CUDA %d.%d)", ordinal, drv / 1000,
+                                (drv % 1000) / 10, rtv / 1000, (rtv % 1000) / 10);
+        }
+        return zn_set_error(ZN_ENODEV, "cuda:%d: no usable GPU: cudaGetDeviceCount: %s (%s; "
+                            "driver %s, runtime CUDA %d.%d)", ordinal, cudaGetErrorString(e),
+                            cudaGetErrorName(e), drv ? "present" : "not installed",
+                            rtv / 1000, (rtv % 1000) / 10);
     }
     if (n == 0)
         return zn_set_error(ZN_ENODEV, "cuda:%d: no CUDA device present", ordinal);
@@ -410,7 +433,20 @@ int zn_cuda_backend_create(zn_dev *d, int ordinal)
     d->ops = &cuda_ops;
     void *base = NULL;
 
+    /* waits on the device block (yield the core) rather than spin: the
+     * CPU Adam and the gradient accumulation need every core. Flags can be
+     * set only before the device's context exists; a second zinc device in
+     * the same process inherits the first one's. */
     ZN_CUDA_TRY_GOTO(cudaSetDevice(ordinal));
+    e = cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
+    if (e == cudaErrorSetOnActiveProcess) {
+        (void)cudaGetLastError();
+        zn_debug("cuda:%d: context already active: its scheduling flags stay", ordinal);
+    } else if (e != cudaSuccess) {
+        rc = cuda_fail(e, "cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync)", __FILE__,
+                       __LINE__);
+        goto fail;
+    }
     struct cudaDeviceProp prop;
     ZN_CUDA_TRY_GOTO(cudaGetDeviceProperties(&prop, ordinal));
     zn_dev_info *in = &d->info;
