@@ -92,7 +92,7 @@ static void test_format(void)
         const char *needle;
     } bad[] = {
         { "magic.tok", 0, 0x4b4f545a, 40, "magic" },
-        { "version.tok", 8, 2, 40, "version 2" },
+        { "version.tok", 8, 3, 40, "version 3" },
         { "width.tok", 12, 3, 40, "width 3" },
         { "count.tok", 16, 5, 40, "file size" },
         { "count_huge.tok", 20, 0x80000000u, 40, "file size" },
@@ -300,6 +300,92 @@ static void test_synthetic(void)
     zn_tokens_close(c);
 }
 
+/* Version 2: a loss mask and document ends. The bytes on disk are the
+ * documented layout; the loader turns masked targets and the first token of
+ * each document (after the first) into -1; corrupt sections are refused
+ * naming the file and what is wrong. */
+static void test_v2(void)
+{
+    enum { N = 41, L = 8 };
+    uint32_t ids[N];
+    uint8_t mask[N];
+    for (int i = 0; i < N; i++) {
+        ids[i] = (uint32_t)(i * 7 + 3) % 50;
+        mask[i] = (uint8_t)(i % 5 != 0);   /* every fifth token not a target */
+    }
+    uint64_t ends[3] = { 10, 23, N };
+    ZT_EQ_INT(zn_tokens_write2(tpath("v2.tok"), ids, N, 2, 50, mask, ends, 3), 0);
+    zn_tokens *t;
+    ZT_EQ_INT(zn_tokens_open(&t, tpath("v2.tok")), 0);
+    if (!t)
+        return;
+    ZT_CHECK(zn_tokens_has_mask(t));
+    ZT_EQ_U64(zn_tokens_num_docs(t), 3);
+    int ok = 1;
+    for (int i = 0; i < N; i++) {
+        ok &= zn_tokens_get(t, (uint64_t)i) == ids[i];
+        ok &= zn_tokens_is_target(t, (uint64_t)i) == (mask[i] != 0);
+        ok &= zn_tokens_doc_start(t, (uint64_t)i) == (i == 10 || i == 23);
+    }
+    ZT_CHECK(ok);
+    /* the loader: file order, window w = ids [w*L, w*L + L] */
+    zn_loader_config lc = zn_loader_config_default();
+    lc.seq_len = L;
+    lc.batch = 5;
+    lc.shuffle = 0;
+    zn_loader *l;
+    ZT_EQ_INT(zn_loader_create(&l, t, &lc), 0);
+    int32_t in[5 * L], tg[5 * L];
+    ZT_EQ_INT(zn_loader_get(l, 0, in, tg), 0);
+    int bad = 0;
+    for (int w = 0; w < 5; w++)
+        for (int k = 0; k < L; k++) {
+            int j = w * L + k + 1;  /* the token this target predicts */
+            int32_t want = (j % 5 != 0 && j != 10 && j != 23) ? (int32_t)ids[j] : -1;
+            bad += tg[w * L + k] != want || in[w * L + k] != (int32_t)ids[j - 1];
+        }
+    ZT_CHECK_MSG(!bad, "%d inputs/targets differ from the mask and document ends", bad);
+    zn_loader_destroy(l);
+    zn_tokens_close(t);
+    /* on disk: version 2, flags 3, then ids, ceil(41 / 8) = 6 mask bytes,
+     * u64 3, the three ends */
+    FILE *f = fopen(tpath("v2.tok"), "rb");
+    unsigned char b[32 + 2 * N + 6 + 8 + 24];
+    ZT_CHECK(f && fread(b, 1, sizeof b, f) == sizeof b && fgetc(f) == EOF);
+    if (f)
+        fclose(f);
+    ZT_EQ_INT(b[8], 2);
+    ZT_EQ_INT(b[28], 3);
+    ZT_EQ_INT(b[32 + 2 * N], 0xde);           /* tokens 0-7: 0 and 5 not targets */
+    ZT_EQ_INT(b[32 + 2 * N + 6], 3);           /* ndocs */
+    ZT_EQ_INT(b[32 + 2 * N + 6 + 8], 10);      /* the first end */
+    /* corrupt: an end out of order, a truncated section, unknown flags */
+    unsigned char c[sizeof b];
+    memcpy(c, b, sizeof c);
+    c[32 + 2 * N + 6 + 16] = 5;                /* second end 5 < 10 */
+    write_bytes("v2bad1.tok", c, sizeof c);
+    ZT_EQ_INT(zn_tokens_open(&t, tpath("v2bad1.tok")), ZN_ECORRUPT);
+    ZT_CONTAINS(zn_last_error(), "document 1 ends at 5");
+    write_bytes("v2bad2.tok", b, sizeof b - 4);
+    ZT_EQ_INT(zn_tokens_open(&t, tpath("v2bad2.tok")), ZN_ECORRUPT);
+    ZT_CONTAINS(zn_last_error(), "v2bad2.tok");
+    memcpy(c, b, sizeof c);
+    c[28] = 9;
+    write_bytes("v2bad3.tok", c, sizeof c);
+    ZT_EQ_INT(zn_tokens_open(&t, tpath("v2bad3.tok")), ZN_ECORRUPT);
+    ZT_CONTAINS(zn_last_error(), "unknown flags");
+    uint64_t badends[2] = { 10, 40 };
+    ZT_EQ_INT(zn_tokens_write2(tpath("x.tok"), ids, N, 2, 50, NULL, badends, 2), ZN_EARG);
+    /* a version 1 file keeps reading, every token a target */
+    ZT_EQ_INT(zn_tokens_write(tpath("v1.tok"), ids, N, 2, 50), 0);
+    ZT_EQ_INT(zn_tokens_open(&t, tpath("v1.tok")), 0);
+    if (t) {
+        ZT_CHECK(!zn_tokens_has_mask(t) && zn_tokens_is_target(t, 5) &&
+                 !zn_tokens_doc_start(t, 10));
+        zn_tokens_close(t);
+    }
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/zn_tok_XXXXXX");
@@ -308,6 +394,7 @@ int main(void)
     test_format();
     test_loader();
     test_synthetic();
+    test_v2();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)

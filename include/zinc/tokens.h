@@ -26,7 +26,10 @@ extern "C" {
 #endif
 
 #define ZN_TOKENS_MAGIC "ZNTOKENS"
-#define ZN_TOKENS_VERSION 1
+#define ZN_TOKENS_VERSION 1     /* ids only */
+#define ZN_TOKENS_VERSION2 2    /* ids, a loss mask, document ends (docs/tokens.md) */
+#define ZN_TOKENS_HAS_MASK 1u   /* version 2 flags (header offset 28) */
+#define ZN_TOKENS_HAS_DOCS 2u
 #define ZN_TOKENS_HEADER 32
 
 typedef struct zn_tokens zn_tokens;
@@ -58,6 +61,16 @@ ZN_API int zn_tokens_width(const zn_tokens *t);
 ZN_API const char *zn_tokens_name(const zn_tokens *t);
 /* Token i (i < count). */
 ZN_API uint32_t zn_tokens_get(const zn_tokens *t, uint64_t i);
+/* Version 2: whether token i is a target (its loss counts when it is
+ * predicted): the mask bit, 1 without a mask (version 1, synthetic). */
+ZN_API int zn_tokens_is_target(const zn_tokens *t, uint64_t i);
+/* Whether token i begins a document after another one (i > 0 and a
+ * document ended at i). 0 without document ends. */
+ZN_API int zn_tokens_doc_start(const zn_tokens *t, uint64_t i);
+/* Documents recorded (0: none, version 1). */
+ZN_API uint64_t zn_tokens_num_docs(const zn_tokens *t);
+/* Whether the data carries a loss mask. */
+ZN_API int zn_tokens_has_mask(const zn_tokens *t);
 
 /* Writes ids[0..n) as a token file with the given width (2 or 4) and vocab
  * (0 = not recorded). Atomic (path.tmp, fsync, rename). Returns 0; ZN_EARG
@@ -65,6 +78,13 @@ ZN_API uint32_t zn_tokens_get(const zn_tokens *t, uint64_t i);
  * (message gives its index); -errno. */
 ZN_API int zn_tokens_write(const char *path, const uint32_t *ids, uint64_t n, int width,
                            uint32_t vocab);
+/* Writes a version 2 file: mask (may be NULL: every token a target) holds
+ * one byte per id, nonzero = target; doc_ends (may be NULL, ndocs 0) the
+ * exclusive end of each document, increasing, the last == n. Returns 0;
+ * ZN_EARG (bad width, an id that does not fit, bad document ends); -errno. */
+ZN_API int zn_tokens_write2(const char *path, const uint32_t *ids, uint64_t n, int width,
+                            uint32_t vocab, const uint8_t *mask, const uint64_t *doc_ends,
+                            uint64_t ndocs);
 
 /* ---- loader: fixed-length sequences, shuffled, sliced by rank ---------------
  * The ids are cut into n = (count - 1) / seq_len windows; window i holds
@@ -99,7 +119,11 @@ ZN_API uint64_t zn_loader_num_windows(const zn_loader *l);
 ZN_API uint64_t zn_loader_steps_per_epoch(const zn_loader *l);
 
 /* Fills inputs and targets (each batch x seq_len int32, row-major) for this
- * rank at global step `step`. Not thread-safe (caches the epoch's
+ * rank at global step `step`. A target is -1 (ignored, like HF's -100)
+ * where the data's loss mask says the token is not a target, and where the
+ * token begins a document: the first token of a document is not predicted
+ * from the previous document's. (The documents of a window still attend to
+ * each other: packing without cross-document attention is not done yet.) Not thread-safe (caches the epoch's
  * permutation). Returns 0; ZN_ECORRUPT when an id is >= cfg->vocab (the
  * message names the data and the token's index); -ENOMEM. */
 ZN_API int zn_loader_get(zn_loader *l, uint64_t step, int32_t *inputs, int32_t *targets);

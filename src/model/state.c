@@ -471,6 +471,8 @@ int zn_model_state_eval(zn_model_state *st, zn_stream *s, const zn_tokens *data,
         rc = zn_loader_get(l, k, in, in + batch * seq);
         if (!rc)
             rc = zn_model_set_batch(m, s, batch, seq, in, in + batch * seq);
+        if (!rc && !zn_model_batch_tokens(m))
+            continue;  /* every target masked: nothing to average */
         if (!rc)
             rc = zn_model_state_forward(st, s, &loss);
         if (!rc) {

@@ -23,6 +23,9 @@ struct zn_tokens {
     uint64_t count;
     uint32_t vocab;
     int width;
+    const unsigned char *mask; /* version 2: bit i = token i is a target, or NULL */
+    const unsigned char *ends; /* version 2: ndocs little-endian u64, or NULL */
+    uint64_t ndocs;
 };
 
 static uint64_t splitmix64(uint64_t *s)
@@ -91,23 +94,56 @@ int zn_tokens_open(zn_tokens **out, const char *path)
                             path, (unsigned long long)size);
     }
     uint32_t version = rd_u32(h + 8), width = rd_u32(h + 12), vocab = rd_u32(h + 24);
+    uint32_t flags = rd_u32(h + 28);
     uint64_t count = rd_u64(h + 16);
     const char *bad = NULL;
-    char msg[160];
+    char msg[200];
+    /* version 2 sections after the ids: the mask (ceil(count / 8) bytes),
+     * then u64 ndocs and ndocs u64 ends */
+    uint64_t ids_end = 0, mask_bytes = 0, ndocs = 0, want = 0;
     if (memcmp(h, ZN_TOKENS_MAGIC, 8))
         bad = "bad magic (not a zinc token file)";
-    else if (version != ZN_TOKENS_VERSION)
-        snprintf(msg, sizeof msg, "version %u (zinc reads %d)", version, ZN_TOKENS_VERSION),
-            bad = msg;
+    else if (version != ZN_TOKENS_VERSION && version != ZN_TOKENS_VERSION2)
+        snprintf(msg, sizeof msg, "version %u (zinc reads 1 and 2)", version), bad = msg;
+    else if (version == 1 && flags)
+        snprintf(msg, sizeof msg, "reserved field at offset 28 is %u (must be 0 in version 1)",
+                 flags), bad = msg;
+    else if (flags & ~(ZN_TOKENS_HAS_MASK | ZN_TOKENS_HAS_DOCS))
+        snprintf(msg, sizeof msg, "unknown flags 0x%x at offset 28", flags), bad = msg;
     else if (width != 2 && width != 4)
         snprintf(msg, sizeof msg, "width %u (must be 2 or 4)", width), bad = msg;
-    else if (count > (size - ZN_TOKENS_HEADER) / width ||
-             ZN_TOKENS_HEADER + count * width != size)
-        snprintf(msg, sizeof msg, "count %llu x width %u + %d header bytes != file size %llu",
-                 (unsigned long long)count, width, ZN_TOKENS_HEADER, (unsigned long long)size),
-            bad = msg;
+    else if (count > (size - ZN_TOKENS_HEADER) / width)
+        snprintf(msg, sizeof msg, "count %llu x width %u + %d header bytes is beyond the file "
+                 "size %llu", (unsigned long long)count, width, ZN_TOKENS_HEADER,
+                 (unsigned long long)size), bad = msg;
     else if (width == 2 && vocab > 65536)
         snprintf(msg, sizeof msg, "vocab %u does not fit 16-bit ids", vocab), bad = msg;
+    if (!bad) {
+        ids_end = ZN_TOKENS_HEADER + count * width;
+        mask_bytes = flags & ZN_TOKENS_HAS_MASK ? (count + 7) / 8 : 0;
+        want = ids_end + mask_bytes;
+        if (flags & ZN_TOKENS_HAS_DOCS) {
+            unsigned char nb[8];
+            if (want + 8 > size || pread(fd, nb, 8, (off_t)want) != 8) {
+                snprintf(msg, sizeof msg, "the document count at offset %llu is past the end "
+                         "of the file (%llu bytes)", (unsigned long long)want,
+                         (unsigned long long)size), bad = msg;
+            } else {
+                ndocs = rd_u64(nb);
+                if (ndocs > (size - want - 8) / 8)
+                    snprintf(msg, sizeof msg, "%llu document ends at offset %llu do not fit "
+                             "the file (%llu bytes)", (unsigned long long)ndocs,
+                             (unsigned long long)(want + 8), (unsigned long long)size),
+                        bad = msg;
+                want += 8 + ndocs * 8;
+            }
+        }
+        if (!bad && want != size)
+            snprintf(msg, sizeof msg, "the file is %llu bytes; the header (version %u, count "
+                     "%llu x width %u%s%s) says %llu", (unsigned long long)size, version,
+                     (unsigned long long)count, width, mask_bytes ? ", a mask" : "",
+                     ndocs ? ", document ends" : "", (unsigned long long)want), bad = msg;
+    }
     if (bad) {
         close(fd);
         return zn_set_error(ZN_ECORRUPT, "%s: %s", path, bad);
@@ -131,8 +167,61 @@ int zn_tokens_open(zn_tokens **out, const char *path)
     t->count = count;
     t->vocab = vocab;
     t->width = (int)width;
+    if (mask_bytes)
+        t->mask = (const unsigned char *)t->map + ids_end;
+    if (flags & ZN_TOKENS_HAS_DOCS) {
+        t->ends = (const unsigned char *)t->map + ids_end + mask_bytes + 8;
+        t->ndocs = ndocs;
+        /* ends strictly increasing, the last one the count */
+        uint64_t prev = 0;
+        for (uint64_t k = 0; k < ndocs; k++) {
+            uint64_t end = rd_u64(t->ends + 8 * k);
+            if (end <= prev || end > count || (k == ndocs - 1 && end != count)) {
+                zn_tokens_close(t);
+                return zn_set_error(ZN_ECORRUPT, "%s: document %llu ends at %llu (after %llu, "
+                                    "of %llu tokens): ends must increase and the last must be "
+                                    "the token count", path, (unsigned long long)k,
+                                    (unsigned long long)end, (unsigned long long)prev,
+                                    (unsigned long long)count);
+            }
+            prev = end;
+        }
+    }
     *out = t;
     return 0;
+}
+
+int zn_tokens_is_target(const zn_tokens *t, uint64_t i)
+{
+    return !t->mask || ((t->mask[i >> 3] >> (i & 7)) & 1);
+}
+
+int zn_tokens_doc_start(const zn_tokens *t, uint64_t i)
+{
+    if (!t->ndocs || i == 0)
+        return 0;
+    /* is i one of the ends (binary search)? */
+    uint64_t lo = 0, hi = t->ndocs;
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2, e = rd_u64(t->ends + 8 * mid);
+        if (e == i)
+            return 1;
+        if (e < i)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return 0;
+}
+
+uint64_t zn_tokens_num_docs(const zn_tokens *t)
+{
+    return t->ndocs;
+}
+
+int zn_tokens_has_mask(const zn_tokens *t)
+{
+    return t->mask != NULL;
 }
 
 /* The synthetic chain's successor probabilities (sum 1). */
@@ -230,6 +319,21 @@ uint32_t zn_tokens_get(const zn_tokens *t, uint64_t i)
 
 int zn_tokens_write(const char *path, const uint32_t *ids, uint64_t n, int width, uint32_t vocab)
 {
+    return zn_tokens_write2(path, ids, n, width, vocab, NULL, NULL, 0);
+}
+
+int zn_tokens_write2(const char *path, const uint32_t *ids, uint64_t n, int width,
+                     uint32_t vocab, const uint8_t *mask, const uint64_t *doc_ends, uint64_t ndocs)
+{
+    for (uint64_t k = 0; k < ndocs; k++)
+        if ((k ? doc_ends[k] <= doc_ends[k - 1] : doc_ends[k] == 0) || doc_ends[k] > n ||
+            (k == ndocs - 1 && doc_ends[k] != n))
+            return zn_set_error(ZN_EARG, "%s: document %llu ends at %llu: ends must increase "
+                                "and the last must be the count %llu", path,
+                                (unsigned long long)k, (unsigned long long)doc_ends[k],
+                                (unsigned long long)n);
+    int v2 = mask || ndocs;
+    uint32_t flags = (mask ? ZN_TOKENS_HAS_MASK : 0) | (ndocs ? ZN_TOKENS_HAS_DOCS : 0);
     if (width != 2 && width != 4)
         return zn_set_error(ZN_EARG, "%s: width %d must be 2 or 4", path, width);
     for (uint64_t i = 0; i < n; i++)
@@ -245,10 +349,12 @@ int zn_tokens_write(const char *path, const uint32_t *ids, uint64_t n, int width
         return zn_set_error(-errno, "%s: %s", tmp, strerror(errno));
     unsigned char h[ZN_TOKENS_HEADER] = { 0 };
     memcpy(h, ZN_TOKENS_MAGIC, 8);
+    uint32_t version = v2 ? ZN_TOKENS_VERSION2 : ZN_TOKENS_VERSION;
     for (int i = 0; i < 4; i++) {
-        h[8 + i] = (unsigned char)(ZN_TOKENS_VERSION >> (8 * i));
+        h[8 + i] = (unsigned char)(version >> (8 * i));
         h[12 + i] = (unsigned char)((uint32_t)width >> (8 * i));
         h[24 + i] = (unsigned char)(vocab >> (8 * i));
+        h[28 + i] = (unsigned char)(flags >> (8 * i));
     }
     for (int i = 0; i < 8; i++)
         h[16 + i] = (unsigned char)(n >> (8 * i));
@@ -265,6 +371,26 @@ int zn_tokens_write(const char *path, const uint32_t *ids, uint64_t n, int width
     }
     if (ok && fill)
         ok = fwrite(buf, 1, fill, f) == fill;
+    fill = 0;
+    for (uint64_t i = 0; mask && i < n && ok; i += 8) {
+        unsigned char byte = 0;
+        for (uint64_t b = 0; b < 8 && i + b < n; b++)
+            byte |= (unsigned char)((mask[i + b] ? 1u : 0u) << b);
+        buf[fill++] = byte;
+        if (fill == sizeof buf) {
+            ok = fwrite(buf, 1, fill, f) == fill;
+            fill = 0;
+        }
+    }
+    if (ok && fill)
+        ok = fwrite(buf, 1, fill, f) == fill;
+    for (uint64_t k = 0; ndocs && k <= ndocs && ok; k++) {
+        uint64_t v = k ? doc_ends[k - 1] : ndocs;
+        unsigned char le[8];
+        for (int b = 0; b < 8; b++)
+            le[b] = (unsigned char)(v >> (8 * b));
+        ok = fwrite(le, 1, 8, f) == 8;
+    }
     ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
     int e = errno ? errno : EIO;
     if (fclose(f))
@@ -382,8 +508,13 @@ int zn_loader_get(zn_loader *l, uint64_t step, int32_t *inputs, int32_t *targets
                                     (long long)l->cfg.vocab);
             if (i < L)
                 inputs[b * L + i] = (int32_t)id;
-            if (i > 0)
-                targets[b * L + i - 1] = (int32_t)id;
+            if (i > 0) {
+                uint64_t j = first + (uint64_t)i;
+                targets[b * L + i - 1] = zn_tokens_is_target(l->t, j) &&
+                                                 !zn_tokens_doc_start(l->t, j)
+                                             ? (int32_t)id
+                                             : -1;
+            }
         }
     }
     return 0;
