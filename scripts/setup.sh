@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 pkgs=(build-essential meson ninja-build pkg-config liburing-dev libhwloc-dev
       libjansson-dev libopenblas-openmp-dev libomp-dev libopenmpi-dev openmpi-bin
-      fio e2fsprogs iproute2 python3)
+      fio e2fsprogs iproute2 python3 python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -31,8 +31,26 @@ setup_dir() {  # setup_dir DIR [meson options...]
         rm -f "$dir.setup.log"
     fi
 }
+# The project's virtual environment for `zinc prepare` (tokenizers, jinja2:
+# scripts/requirements-prepare.txt, pinned, installed without their optional
+# dependencies, which loading a tokenizer.json does not use). Remade when the
+# requirements change.
+setup_venv() {
+    local req=scripts/requirements-prepare.txt stamp=.venv/.requirements
+    if [ -x .venv/bin/python ] && cmp -s "$req" "$stamp"; then
+        return 0
+    fi
+    echo "setup: making .venv for zinc prepare"
+    rm -rf .venv
+    python3 -m venv .venv || { echo "setup: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2; return 1; }
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -r "$req" ||
+        { rm -rf .venv; echo "setup: pip could not install $req" >&2; return 1; }
+    cp "$req" "$stamp"
+}
+
 for d in "$@"; do
     case "$d" in
+        venv)         setup_venv ;;
         build)        setup_dir build ;;
         build-nocuda) setup_dir build-nocuda -Dcuda=disabled -Dnccl=disabled ;;
         build-asan)   setup_dir build-asan -Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false ;;

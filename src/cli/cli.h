@@ -29,6 +29,7 @@ int zn_cmd_bench(int argc, char **argv);
 int zn_cmd_train(int argc, char **argv);
 int zn_cmd_eval(int argc, char **argv);
 int zn_cmd_export(int argc, char **argv);
+int zn_cmd_prepare(int argc, char **argv);
 
 /* `zinc bench <what>` subcommands (bench.c holds the table). */
 int zn_bench_pcie(int argc, char **argv);

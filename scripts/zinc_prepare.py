@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""zinc prepare: text to a zinc token file (version 2: ids, loss mask,
+document ends; docs/tokens.md), tokenized with the model folder's own
+tokenizer (tokenizer.json, through the HF `tokenizers` library) and, for
+chat data, rendered with the folder's chat template (tokenizer_config.json's
+chat_template, Jinja, as transformers renders it).
+
+Input records (jsonl lines, or whole plain-text files as documents):
+  text                  {"text": "..."}: every token a target
+  prompt / completion   {"prompt": "...", "completion": "..."}: the
+                        completion (and EOS) are targets
+  chat                  {"messages": [{"role": ..., "content": ...}, ...]}:
+                        the assistant turns (as the template renders them,
+                        with their end-of-turn tokens) are targets
+Field names are settable. A text or completion document ends with EOS (the
+model learns to stop) and starts with BOS when tokenizer_config.json's
+add_bos_token says so; chat documents are exactly what the template renders.
+
+usage: zinc prepare INPUT... --model DIR --out FILE [--eval-out FILE
+       (--eval-fraction F | --eval INPUT...)] [--max-len N] [--on-error skip|fail]
+"""
+import argparse
+import json
+import os
+import random
+import struct
+import sys
+import time
+
+
+def fail(msg):
+    sys.stderr.write("zinc prepare: error: %s\n" % msg)
+    sys.exit(1)
+
+
+class Model:
+    def __init__(self, folder):
+        try:
+            import tokenizers
+        except ImportError:
+            fail("the HF tokenizers library is not installed (scripts/setup.sh venv installs it "
+                 "into .venv)")
+        path = os.path.join(folder, "tokenizer.json")
+        if not os.path.isfile(path):
+            fail("%s: no tokenizer.json (zinc prepare tokenizes with the model folder's own "
+                 "tokenizer)" % folder)
+        try:
+            self.tok = tokenizers.Tokenizer.from_file(path)
+        except Exception as e:  # the library's own message names the problem
+            fail("%s: %s" % (path, e))
+        cfg_path = os.path.join(folder, "tokenizer_config.json")
+        self.cfg = {}
+        if os.path.isfile(cfg_path):
+            try:
+                self.cfg = json.load(open(cfg_path, encoding="utf-8"))
+            except ValueError as e:
+                fail("%s: invalid JSON: %s" % (cfg_path, e))
+        self.vocab = self.tok.get_vocab_size(with_added_tokens=True)
+        self.bos = self._special("bos_token")
+        self.eos = self._special("eos_token")
+        self.add_bos = bool(self.cfg.get("add_bos_token", False)) and self.bos is not None
+        self.template = self.cfg.get("chat_template")
+        if isinstance(self.template, list):  # [{"name": "default", "template": ...}]
+            named = {t.get("name"): t.get("template") for t in self.template}
+            self.template = named.get("default") or next(iter(named.values()), None)
+        self._jinja = None
+
+    def _special(self, key):
+        v = self.cfg.get(key)
+        if isinstance(v, dict):
+            v = v.get("content")
+        if not v:
+            return None
+        i = self.tok.token_to_id(v)
+        return (v, i) if i is not None else None
+
+    def encode(self, text):
+        return self.tok.encode(text, add_special_tokens=False)
+
+    def render(self, messages, add_generation_prompt):
+        if self._jinja is None:
+            if not self.template:
+                fail("the model folder's tokenizer_config.json has no chat_template: chat data "
+                     "needs one")
+            try:
+                import jinja2
+                import jinja2.sandbox
+            except ImportError:
+                fail("jinja2 is not installed (scripts/setup.sh venv installs it into .venv)")
+
+            def raise_exception(msg):
+                raise jinja2.exceptions.TemplateError(msg)
+
+            env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True,
+                                                               lstrip_blocks=True)
+            env.globals["raise_exception"] = raise_exception
+            env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+            self._jinja = env.from_string(self.template)
+        return self._jinja.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                  bos_token=self.bos[0] if self.bos else "",
+                                  eos_token=self.eos[0] if self.eos else "")
+
+
+def doc_text(m, text):
+    ids = ([m.bos[1]] if m.add_bos else []) + m.encode(text).ids
+    mask = [0] * (1 if m.add_bos else 0) + [1] * (len(ids) - (1 if m.add_bos else 0))
+    if m.eos:
+        ids.append(m.eos[1])
+        mask.append(1)
+    return ids, mask
+
+
+def doc_prompt(m, prompt, completion):
+    p = ([m.bos[1]] if m.add_bos else []) + m.encode(prompt).ids
+    c = m.encode(completion).ids + ([m.eos[1]] if m.eos else [])
+    return p + c, [0] * len(p) + [1] * len(c)
+
+
+def doc_chat(m, messages):
+    """The conversation as the template renders it; the mask covers each
+    assistant turn: the characters between the render of the messages
+    before it with the generation prompt and the render through it."""
+    full = m.render(messages, False)
+    spans = []
+    for k, msg in enumerate(messages):
+        if msg.get("role") != "assistant":
+            continue
+        head, through = m.render(messages[:k], True), m.render(messages[:k + 1], False)
+        a, b = len(head), len(through)
+        if not full.startswith(through) or not through.startswith(head):
+            raise ValueError("the chat template does not render the conversation as a "
+                             "growing prefix (assistant turn %d)" % k)
+        spans.append((a, b))
+    enc = m.encode(full)
+    mask = []
+    for (s, e) in enc.offsets:
+        mask.append(1 if any(a <= s < b for (a, b) in spans) else 0)
+    return list(enc.ids), mask
+
+
+class Records:
+    """jsonl lines or plain-text files, as documents, with where they came
+    from for messages."""
+
+    def __init__(self, args):
+        self.a = args
+
+    def __iter__(self):
+        for path in self.paths:
+            if not os.path.isfile(path):
+                fail("%s: no such file" % path)
+            if path.endswith(".jsonl") or path.endswith(".json"):
+                with open(path, encoding="utf-8") as f:
+                    for n, line in enumerate(f, 1):
+                        if line.strip():
+                            yield "%s:%d" % (path, n), line
+            elif path.endswith(".parquet"):
+                try:
+                    import pyarrow.parquet as pq
+                except ImportError:
+                    fail("%s: reading parquet needs pyarrow (pip install pyarrow in .venv)" % path)
+                for n, row in enumerate(pq.read_table(path).to_pylist(), 1):
+                    yield "%s:row %d" % (path, n), row
+            else:
+                with open(path, encoding="utf-8") as f:
+                    yield path, {self.a.text_field: f.read()}
+
+
+def make_doc(m, a, rec):
+    if isinstance(rec, str):
+        try:
+            rec = json.loads(rec)
+        except ValueError as e:
+            raise ValueError("invalid JSON (%s)" % e)
+    if not isinstance(rec, dict):
+        raise ValueError("a record must be a JSON object")
+    if a.messages_field in rec:
+        msgs = rec[a.messages_field]
+        if not isinstance(msgs, list) or not all(
+                isinstance(x, dict) and isinstance(x.get("role"), str) and
+                isinstance(x.get("content"), str) for x in msgs):
+            raise ValueError("'%s' must be a list of {\"role\", \"content\"} objects"
+                             % a.messages_field)
+        if not any(x["role"] == "assistant" for x in msgs):
+            raise ValueError("a conversation without an assistant turn has nothing to learn")
+        return doc_chat(m, msgs)
+    if a.prompt_field in rec and a.completion_field in rec:
+        p, c = rec[a.prompt_field], rec[a.completion_field]
+        if not isinstance(p, str) or not isinstance(c, str):
+            raise ValueError("'%s' and '%s' must be strings" % (a.prompt_field, a.completion_field))
+        return doc_prompt(m, p, c)
+    if a.text_field in rec:
+        if not isinstance(rec[a.text_field], str):
+            raise ValueError("'%s' must be a string" % a.text_field)
+        return doc_text(m, rec[a.text_field])
+    raise ValueError("no '%s', '%s'/'%s' or '%s' field" % (a.messages_field, a.prompt_field,
+                                                          a.completion_field, a.text_field))
+
+
+def write_tokens(path, vocab, docs):
+    ids, mask, ends = [], [], []
+    for d_ids, d_mask in docs:
+        ids.extend(d_ids)
+        mask.extend(d_mask)
+        ends.append(len(ids))
+    width = 2 if vocab <= 65536 else 4
+    if any(i >= vocab for i in ids):
+        fail("%s: a token id is beyond the tokenizer's vocabulary" % path)
+    mbytes = bytearray((len(mask) + 7) // 8)
+    for i, b in enumerate(mask):
+        if b:
+            mbytes[i >> 3] |= 1 << (i & 7)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(b"ZNTOKENS" + struct.pack("<IIQII", 2, width, len(ids), vocab, 3))
+        f.write(struct.pack("<%d%s" % (len(ids), "H" if width == 2 else "I"), *ids))
+        f.write(bytes(mbytes))
+        f.write(struct.pack("<Q", len(ends)))
+        f.write(struct.pack("<%dQ" % len(ends), *ends))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(ids), sum(mask)
+
+
+def main():
+    ap = argparse.ArgumentParser(prog="zinc prepare", description=__doc__.split("\n")[0])
+    ap.add_argument("inputs", nargs="+", metavar="INPUT")
+    ap.add_argument("--model", required=True, help="the HF model folder (tokenizer.json)")
+    ap.add_argument("--out", required=True, help="the training token file to write")
+    ap.add_argument("--eval-out", help="the held-out evaluation token file")
+    ap.add_argument("--eval-fraction", type=float, default=0.0,
+                    help="documents drawn (seeded) into --eval-out")
+    ap.add_argument("--eval", nargs="+", default=[], metavar="INPUT",
+                    help="separate evaluation inputs for --eval-out")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--max-len", type=int, default=0,
+                    help="truncate documents to this many tokens (0: no limit); counted")
+    ap.add_argument("--on-error", choices=["skip", "fail"], default="fail",
+                    help="an invalid record: report it and skip it, or stop (default)")
+    ap.add_argument("--text-field", default="text")
+    ap.add_argument("--messages-field", default="messages")
+    ap.add_argument("--prompt-field", default="prompt")
+    ap.add_argument("--completion-field", default="completion")
+    ap.add_argument("--quiet", action="store_true", help="no progress line")
+    a = ap.parse_args()
+    if not 0.0 <= a.eval_fraction < 1.0:
+        fail("--eval-fraction %g: must be in [0, 1)" % a.eval_fraction)
+    if (a.eval_fraction or a.eval) and not a.eval_out:
+        fail("--eval-fraction / --eval need --eval-out")
+    if a.eval_fraction and a.eval:
+        fail("give --eval-fraction or --eval, not both")
+    m = Model(a.model)
+    rng = random.Random(a.seed)
+    stats = {"docs": 0, "skipped": 0, "truncated": 0, "longest": 0}
+    t0 = last = time.time()
+    ntok = 0
+
+    def collect(paths, split):
+        nonlocal ntok, last
+        train, held = [], []
+        recs = Records(a)
+        recs.paths = paths
+        for where, rec in recs:
+            try:
+                ids, mask = make_doc(m, a, rec)
+            except Exception as e:  # a bad record: named with its line
+                stats["skipped"] += 1
+                sys.stderr.write("zinc prepare: %s: %s%s\n" % (
+                    where, e, "" if a.on_error == "fail" else " (skipped)"))
+                if a.on_error == "fail":
+                    fail("%s: invalid record (--on-error skip goes on without it)" % where)
+                continue
+            if a.max_len and len(ids) > a.max_len:
+                stats["truncated"] += 1
+                ids, mask = ids[:a.max_len], mask[:a.max_len]
+            stats["docs"] += 1
+            stats["longest"] = max(stats["longest"], len(ids))
+            ntok += len(ids)
+            (held if split and rng.random() < a.eval_fraction else train).append((ids, mask))
+            now = time.time()
+            if not a.quiet and now - last >= 1.0:
+                last = now
+                sys.stderr.write("\rzinc prepare: %d documents, %d tokens, %.0f tokens/s"
+                                 % (stats["docs"], ntok, ntok / max(now - t0, 1e-9)))
+        return train, held
+
+    train, held = collect(a.inputs, a.eval_fraction > 0)
+    if a.eval:
+        held = collect(a.eval, False)[0]
+    if not a.quiet and time.time() - t0 >= 1.0:
+        sys.stderr.write("\n")
+    if not train:
+        fail("no documents in %s%s" % (", ".join(a.inputs),
+                                        " (%d invalid records skipped)" % stats["skipped"]
+                                        if stats["skipped"] else ""))
+    n, t = write_tokens(a.out, m.vocab, train)
+    print("%s: %d documents, %d tokens, %.1f%% of them targets" % (a.out, len(train), n,
+                                                                  100.0 * t / max(n, 1)))
+    if a.eval_out:
+        if not held:
+            fail("no documents for %s (raise --eval-fraction or give --eval)" % a.eval_out)
+        n2, t2 = write_tokens(a.eval_out, m.vocab, held)
+        print("%s: %d documents, %d tokens, %.1f%% of them targets" % (a.eval_out, len(held), n2,
+                                                                      100.0 * t2 / max(n2, 1)))
+    dt = max(time.time() - t0, 1e-9)
+    print("%d documents, longest %d tokens, %d truncated to --max-len, %d invalid records "
+          "skipped; %.0f tokens/s" % (stats["docs"], stats["longest"], stats["truncated"],
+                                      stats["skipped"], ntok / dt))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""zinc prepare against the HF tokenizers library itself (run by
+tests/test_prepare.sh with the project's .venv python).
+
+A byte-level BPE tokenizer is trained here (no downloads) and saved with a
+ChatML-style chat template in tokenizer_config.json. A jsonl of chats,
+prompt/completion pairs and texts is prepared; the token file (read by hand,
+docs/tokens.md version 2) must hold exactly the tokenizer's own encoding of
+each rendered document, a mask covering exactly the assistant turns (the
+completion, the text), and the document ends. Then the failures: a malformed
+line (named with its line number; fatal by default, skipped with
+--on-error skip), a missing tokenizer, an empty file, a document longer than
+--max-len (truncated and counted), and the eval split.
+usage: test_prepare.py ZINC WORKDIR"""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import jinja2
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+zinc, work = sys.argv[1], sys.argv[2]
+fails = 0
+
+
+def check(cond, what):
+    global fails
+    if not cond:
+        fails += 1
+        print("FAIL:", what)
+
+
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+model = os.path.join(work, "model")
+os.makedirs(model, exist_ok=True)
+tok = Tokenizer(models.BPE())
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+tok.decoder = decoders.ByteLevel()
+corpus = ["the cat sat on the mat", "what is two plus two", "four, of course",
+          "hello there, how are you", "system prompt: be brief"] * 40
+tok.train_from_iterator(corpus, trainers.BpeTrainer(
+    vocab_size=400, special_tokens=["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+tok.save(os.path.join(model, "tokenizer.json"))
+json.dump({"chat_template": TEMPLATE, "eos_token": "<|endoftext|>", "add_bos_token": False},
+          open(os.path.join(model, "tokenizer_config.json"), "w"))
+
+records = [
+    {"messages": [{"role": "system", "content": "be brief"},
+                  {"role": "user", "content": "what is two plus two"},
+                  {"role": "assistant", "content": "four, of course"},
+                  {"role": "user", "content": "and the cat?"},
+                  {"role": "assistant", "content": "sat on the mat"}]},
+    {"prompt": "hello there, ", "completion": "how are you"},
+    {"text": "the cat sat on the mat"},
+]
+data = os.path.join(work, "data.jsonl")
+with open(data, "w") as f:
+    for r in records:
+        f.write(json.dumps(r) + "\n")
+
+
+def run(*args):
+    return subprocess.run([zinc, "prepare"] + list(args), capture_output=True, text=True)
+
+
+def read_tok(path):
+    b = open(path, "rb").read()
+    assert b[:8] == b"ZNTOKENS"
+    version, width, count, vocab, flags = struct.unpack("<IIQII", b[8:32])
+    o = 32
+    ids = list(struct.unpack("<%d%s" % (count, "H" if width == 2 else "I"), b[o:o + count * width]))
+    o += count * width
+    mb = b[o:o + (count + 7) // 8]
+    mask = [(mb[i >> 3] >> (i & 7)) & 1 for i in range(count)]
+    o += (count + 7) // 8
+    nd = struct.unpack("<Q", b[o:o + 8])[0]
+    ends = list(struct.unpack("<%dQ" % nd, b[o + 8:o + 8 + 8 * nd]))
+    assert o + 8 + 8 * nd == len(b)
+    return version, flags, vocab, ids, mask, ends
+
+
+out = os.path.join(work, "train.tok")
+r = run(data, "--model", model, "--out", out)
+check(r.returncode == 0, "prepare failed: %s%s" % (r.stdout, r.stderr))
+version, flags, vocab, ids, mask, ends = read_tok(out)
+check(version == 2 and flags == 3, "version %d flags %d" % (version, flags))
+check(vocab == tok.get_vocab_size(with_added_tokens=True), "vocab %d" % vocab)
+
+# the expected documents, built independently of zinc_prepare.py
+env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+t = env.from_string(TEMPLATE)
+eos = tok.token_to_id("<|endoftext|>")
+chat = records[0]["messages"]
+full = t.render(messages=chat, add_generation_prompt=False)
+enc = tok.encode(full, add_special_tokens=False)
+spans = []
+for k, m in enumerate(chat):
+    if m["role"] == "assistant":
+        spans.append((len(t.render(messages=chat[:k], add_generation_prompt=True)),
+                      len(t.render(messages=chat[:k + 1], add_generation_prompt=False))))
+want_ids = list(enc.ids)
+want_mask = [1 if any(a <= s < b for a, b in spans) else 0 for s, _ in enc.offsets]
+p = tok.encode("hello there, ", add_special_tokens=False).ids
+c = tok.encode("how are you", add_special_tokens=False).ids + [eos]
+want_ids += p + c
+want_mask += [0] * len(p) + [1] * len(c)
+x = tok.encode("the cat sat on the mat", add_special_tokens=False).ids + [eos]
+want_ids += x
+want_mask += [1] * len(x)
+want_ends = [len(enc.ids), len(enc.ids) + len(p) + len(c), len(want_ids)]
+check(ids == want_ids, "ids differ from the tokenizer's own encoding")
+check(mask == want_mask, "mask differs: %s vs %s" % (mask, want_mask))
+check(ends == want_ends, "document ends %s, want %s" % (ends, want_ends))
+# the mask covers the assistant turns: their text decodes from the masked ids
+asst = tok.decode([i for i, m in zip(ids[:len(enc.ids)], mask) if m])
+check("four, of course" in asst and "sat on the mat" in asst and "what is" not in asst
+      and "be brief" not in asst, "assistant mask decodes to %r" % asst)
+
+# a malformed line: fatal by default, named with its line number
+bad = os.path.join(work, "bad.jsonl")
+with open(bad, "w") as f:
+    f.write(json.dumps(records[2]) + "\n{not json\n" + json.dumps({"x": 1}) + "\n")
+r = run(bad, "--model", model, "--out", os.path.join(work, "b.tok"))
+check(r.returncode == 1 and "bad.jsonl:2" in r.stderr, "malformed line: %s" % r.stderr)
+check(not os.path.exists(os.path.join(work, "b.tok")), "a failed prepare wrote its output")
+r = run(bad, "--model", model, "--out", os.path.join(work, "b.tok"), "--on-error", "skip")
+check(r.returncode == 0 and "bad.jsonl:2" in r.stderr and "bad.jsonl:3" in r.stderr
+      and "2 invalid records skipped" in r.stdout, "skip mode: %s %s" % (r.stdout, r.stderr))
+# a missing tokenizer, an empty file
+r = run(data, "--model", work, "--out", os.path.join(work, "c.tok"))
+check(r.returncode == 1 and "no tokenizer.json" in r.stderr, "missing tokenizer: %s" % r.stderr)
+empty = os.path.join(work, "empty.jsonl")
+open(empty, "w").close()
+r = run(empty, "--model", model, "--out", os.path.join(work, "d.tok"))
+check(r.returncode == 1 and "no documents" in r.stderr, "empty file: %s" % r.stderr)
+# a document longer than --max-len: truncated and counted
+r = run(data, "--model", model, "--out", os.path.join(work, "e.tok"), "--max-len", "8")
+check(r.returncode == 0 and "truncated" in r.stdout, "max-len: %s %s" % (r.stdout, r.stderr))
+_, _, _, ids8, _, ends8 = read_tok(os.path.join(work, "e.tok"))
+check(all(b - a <= 8 for a, b in zip([0] + ends8, ends8)), "documents beyond --max-len")
+n_long = sum(1 for a, b in zip([0] + want_ends, want_ends) if b - a > 8)
+check("longest 8 tokens, %d truncated" % n_long in r.stdout, "truncated count (want %d): %s"
+      % (n_long, r.stdout))
+# the eval split: a separate input
+r = run(data, "--model", model, "--out", os.path.join(work, "f.tok"), "--eval-out",
+        os.path.join(work, "g.tok"), "--eval", data)
+check(r.returncode == 0 and os.path.exists(os.path.join(work, "g.tok")), "eval split: %s" % r.stderr)
+
+print("%d failure(s)" % fails)
+sys.exit(1 if fails else 0)
