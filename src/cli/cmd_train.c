@@ -426,6 +426,11 @@ int zn_cmd_train(int argc, char **argv)
         } else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
             char *end;
             steps_opt = strtoll(argv[++i], &end, 10);
+            /* a --set, so that the effective config says where it came from */
+            static char steps_set[48];
+            snprintf(steps_set, sizeof steps_set, "train.steps=%lld", steps_opt);
+            if (n_sets < 64 && !*end && steps_opt >= 0)
+                sets[n_sets++] = steps_set;
             if (*end || steps_opt < 0) {
                 fprintf(stderr, "zinc: error: --steps %s: expected a step count >= 0\n", argv[i]);
                 return 2;
