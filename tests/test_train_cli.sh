@@ -66,6 +66,24 @@ if [ "$mode" = fast ]; then
     check "grep -q 'thread_name' trace.json && grep -q 'nvme write' trace.json" "trace lacks tracks"
     check "grep -q 'high-water' out.txt && grep -q 'step time / busiest' out.txt" "no report"
     check "grep -q 'step     3/3' out.txt" "no progress line for step 3"
+    # evaluation on a held-out file: every train.eval_every steps and at the
+    # end, in the step's JSON line, and the summary; a missing file is named
+    python3 -c '
+import random, struct
+r = random.Random(7); n = 4000
+ids = [r.randrange(320) for _ in range(n)]
+open("eval.tok", "wb").write(b"ZNTOKENS" + struct.pack("<IIQII", 1, 2, n, 320, 0) + struct.pack("<%dH" % n, *ids))'
+    "$zinc" train --steps 4 --set data.eval_path=\"eval.tok\" --set train.eval_every=2 \
+        --json-log ev.jsonl > ev.out 2> ev.err
+    rc=$?
+    check "[ $rc -eq 0 ]" "training with data.eval_path: $(cat ev.err)"
+    check "[ \$(grep -c '^eval  *[0-9]' ev.out) -eq 2 ] && grep -q '^eval loss .*perplexity' ev.out" \
+          "eval lines: $(grep eval ev.out)"
+    check "[ \$(grep -c eval_loss ev.jsonl) -eq 2 ] && grep '\"step\": 4' ev.jsonl | grep -q eval_ppl" \
+          "eval in the JSON log: $(cat ev.jsonl)"
+    "$zinc" train --steps 1 --set data.eval_path=\"nope.tok\" > /dev/null 2> nope.err
+    rc=$?
+    check "[ $rc -eq 1 ] && grep -q 'data.eval_path.*nope.tok' nope.err" "missing eval file: $(cat nope.err)"
     # SSD wear: the run measures what the plan said it writes per step
     wear=$(grep -o 'nvme wear: .* written per step (the plan: [^)]*)' out.txt)
     check "echo '$wear' | sed 's/nvme wear: \(.*\) written per step (the plan: \(.*\))/\1 \2/' | awk '{ exit !(\$1 == \$3 && \$2 == \$4) }'" \

@@ -46,6 +46,8 @@ typedef struct {
     float *master0;  /* before training */
     float *master;   /* after */
     uint64_t P;
+    double eval_sum; /* zn_train_eval of step 1's batch after training */
+    uint64_t eval_n;
 } run_out;
 
 static int load_reference(const char *dir, reference *r)
@@ -139,7 +141,13 @@ static int run(const char *dir, const reference *ref, const char **sets, int nse
         o->lr[s] = info.lr;
         o->norm[s] = info.grad_norm;
     }
-    rc = zn_train_read_master(tr, o->master, o->P);
+    /* the trained model's loss on step 1's batch through the schedule */
+    if (!rc)
+        rc = zn_train_eval(tr, ref->ids[0], ref->tgts[0], cfg.gradient_accumulation_steps > 0
+                                   ? (int)cfg.gradient_accumulation_steps : 1,
+                           &o->eval_sum, &o->eval_n);
+    if (!rc)
+        rc = zn_train_read_master(tr, o->master, o->P);
 out:
     zn_train_destroy(tr);
     zn_train_llama_destroy(l);
@@ -203,6 +211,58 @@ static void compare_master(const char *what, const zn_model_dims *d, const float
                      bad, tol, path, worst_name, worst);
     if (tol >= 0)
         printf("  %s: worst tensor %s, relative L2 %.2e\n", what, worst_name, worst);
+}
+
+/* zn_train_eval against the all-resident model (zn_model_state) holding
+ * the trained master: the same batch's summed loss and target count. */
+static void check_eval(const char *name, const char *dir, const zn_model_dims *d,
+                       const reference *ref, const run_out *o)
+{
+    zn_dev_config dc = zn_dev_config_default();
+    dc.name = "host";
+    dc.gpu_budget = 64u << 20;
+    zn_dev *dev = NULL;
+    zn_model *m = NULL;
+    zn_model_state *st = NULL;
+    ZT_EQ_INT(zn_dev_create(&dev, &dc), 0);
+    zn_model_config mc = zn_model_config_default(dev);
+    int64_t B = 2, T = ref->tokens_per_step / 2 / B;  /* accumulation 2 x micro 2 */
+    mc.max_batch = B;
+    mc.max_seq = T;
+    int rc = zn_model_create(&m, dev, d, &mc);
+    if (!rc)
+        rc = zn_model_state_create(&st, m, 0);
+    ZT_CHECK_MSG(rc == 0, "%s: model: %s", name, zn_last_error());
+    uint64_t flat = 0;
+    for (int b = 0; !rc && b < zn_model_num_blocks(d); b++)
+        for (int i = 0; i < zn_model_block_nparams(d, b); i++) {
+            zn_param_info pi;
+            zn_model_block_param(d, b, i, &pi);
+            if (pi.owner_block >= 0)
+                continue;
+            ZT_EQ_INT(zn_dev_copy_h2d(dev, NULL, zn_model_state_params(st, b)[i],
+                                      o->master + flat, (size_t)pi.numel * 4), 0);
+            flat += (uint64_t)pi.numel;
+        }
+    double sum = 0;
+    uint64_t n = 0;
+    for (int mb = 0; !rc && mb < 2; mb++) {
+        const int32_t *in = ref->ids[0] + mb * B * T, *tg = ref->tgts[0] + mb * B * T;
+        float loss = 0;
+        ZT_EQ_INT(zn_model_set_batch(m, NULL, B, T, in, tg), 0);
+        ZT_EQ_INT(zn_model_state_forward(st, NULL, &loss), 0);
+        sum += (double)loss * (double)zn_model_batch_tokens(m);
+        n += (uint64_t)zn_model_batch_tokens(m);
+    }
+    (void)dir;
+    double rel = fabs(sum - o->eval_sum) / fabs(sum);
+    printf("  %s eval: trainer %.9f over %llu targets, resident model %.9f over %llu (rel %.1e)\n",
+           name, o->eval_sum, (unsigned long long)o->eval_n, sum, (unsigned long long)n, rel);
+    ZT_CHECK_MSG(n == o->eval_n && rel <= 1e-6, "%s: zn_train_eval %.9f/%llu, resident %.9f/%llu",
+                 name, o->eval_sum, (unsigned long long)o->eval_n, sum, (unsigned long long)n);
+    zn_model_state_destroy(st);
+    zn_model_destroy(m);
+    zn_dev_destroy(dev);
 }
 
 static void fixture(const char *name)
@@ -270,6 +330,8 @@ static void fixture(const char *name)
     }
     snprintf(what, sizeof what, "%s after %d steps", name, ref.steps);
     compare_master(what, &d, ro[0].master, w1, tw);
+    if (!on_gpu)
+        check_eval(name, dir, &d, &ref, &ro[0]);
     /* every placement bit-identical to the first run (host), or within the
      * GPU's tolerance */
     for (int p = p0 + 1; p < np; p++) {
@@ -284,6 +346,12 @@ static void fixture(const char *name)
                      place[p].label, worst);
         ZT_CHECK_MSG(ro[p].P == ro[0].P && !memcmp(ro[p].master0, ro[0].master0, ro[0].P * 4),
                      "%s: %s initial master differs", name, place[p].label);
+        ZT_CHECK_MSG(ro[p].eval_n == ro[0].eval_n &&
+                         (on_gpu ? fabs(ro[p].eval_sum - ro[0].eval_sum) <=
+                                       tl * fabs(ro[0].eval_sum)
+                                 : ro[p].eval_sum == ro[0].eval_sum),
+                     "%s: %s eval %.9f differs from %.9f", name, place[p].label, ro[p].eval_sum,
+                     ro[0].eval_sum);
         if (!on_gpu)
             ZT_CHECK_MSG(ro[p].P == ro[0].P && !memcmp(ro[p].master, ro[0].master, ro[0].P * 4),
                          "%s: %s final master differs", name, place[p].label);

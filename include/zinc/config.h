@@ -162,6 +162,7 @@ typedef struct {
     char path[ZN_PATH_MAX];  /* token file; "" = built-in synthetic set */
     int64_t seq_len;
     uint64_t seed;
+    char eval_path[ZN_PATH_MAX]; /* held-out token file ("" = no evaluation) */
 } zn_config_data;
 
 typedef struct {
@@ -178,6 +179,8 @@ typedef struct {
     char device[32];         /* "auto", "host", "cuda", "cuda:N" */
     int64_t threads;         /* CPU threads; 0 = OMP_NUM_THREADS or all cores */
     bool activation_checkpointing;
+    int64_t eval_every;      /* evaluate data.eval_path every N steps (0: at the end) */
+    int64_t eval_batches;    /* global batches per evaluation (0: the whole file) */
     zn_config_checkpoint checkpoint;
     /* zinc's training defaults, named and valued as the HF Trainer's
      * TrainingArguments: what "auto" and a missing optimizer / scheduler

@@ -235,6 +235,16 @@ typedef struct {
 ZN_API int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
                          zn_train_step_info *info);
 
+/* Evaluation: the forward of n_micro micro-batches (ids / targets like
+ * zn_train_step's) through the same schedule, without gradients or an
+ * optimizer step, on the parameters of the last step (each block waits for
+ * its update). *loss_sum is the sum of the targets' cross-entropy and
+ * *n_targets their count (targets >= 0), over every rank: every rank calls
+ * it at the same point with its own slice. Returns 0 or an error (the
+ * trainer is then bad, as after a failed step). */
+ZN_API int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets, int n_micro,
+                         double *loss_sum, uint64_t *n_targets);
+
 /* Waits for the optimizer work the last step left running; returns its
  * error (the trainer is then bad). Checkpoints, zn_train_read_master and
  * zn_train_reset_counters call it themselves; call it before reading a

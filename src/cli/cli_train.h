@@ -21,6 +21,9 @@ typedef struct {
     zn_comm *comm;
     int rank, world;
     size_t rank_tokens;  /* ids of one rank's micro-batches per step */
+    zn_tokens *eval_data;      /* data.eval_path, or NULL */
+    zn_loader *eval_loader;    /* its windows in file order, the global batch */
+    int32_t *eval_ids, *eval_tgts;
     char weights[4400];  /* where the initial weights came from, for the header */
     double load_s;       /* seconds spent creating the trainer (weights written home) */
     uint64_t load_bytes; /* checkpoint bytes read */
@@ -43,6 +46,11 @@ const char *zn_cli_default_config(void);
  * is an error) or the seeded init; ts->weights says which. Returns 0 or a status with zn_last_error() set; on
  * failure only the communicator is left: report, then _abort and _close. */
 int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int flags);
+/* The mean loss over data.eval_path's targets (train.eval_batches global
+ * batches, 0 = the whole file) on the current parameters, all ranks
+ * together; *n_targets what it averaged. */
+int zn_cli_train_session_eval(zn_cli_train_session *ts, const zn_config *cfg, double *mean,
+                              uint64_t *n_targets);
 /* One optimizer step on the loader's batch `step`. */
 int zn_cli_train_session_step(zn_cli_train_session *ts, uint64_t step, zn_train_step_info *info);
 void zn_cli_train_session_close(zn_cli_train_session *ts);

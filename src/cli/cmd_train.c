@@ -8,6 +8,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -32,8 +33,12 @@ void zn_cli_train_session_close(zn_cli_train_session *ts)
     zn_train_llama_destroy(ts->llama);
     zn_loader_destroy(ts->loader);
     zn_tokens_close(ts->data);
+    zn_loader_destroy(ts->eval_loader);
+    zn_tokens_close(ts->eval_data);
     free(ts->ids);
     free(ts->tgts);
+    free(ts->eval_ids);
+    free(ts->eval_tgts);
     zn_comm_destroy(ts->comm);
     memset(ts, 0, sizeof *ts);
 }
@@ -145,6 +150,55 @@ static int choose_weights(zn_cli_train_session *ts, const zn_config *cfg, int fl
     return 0;
 }
 
+/* data.eval_path: its windows in file order, one global batch at a time */
+static int open_eval(zn_cli_train_session *ts, const zn_config *cfg)
+{
+    if (!cfg->data.eval_path[0])
+        return 0;
+    int64_t B = cfg->train_micro_batch_size_per_gpu, T = cfg->data.seq_len;
+    int rc = zn_tokens_open(&ts->eval_data, cfg->data.eval_path);
+    if (rc)
+        return zn_error_prefix(rc, "%s: data.eval_path", cfg->source);
+    zn_loader_config lc = zn_loader_config_default();
+    lc.seq_len = T;
+    lc.batch = ts->world * B;
+    lc.shuffle = 0;
+    lc.vocab = ts->dims.vocab;
+    if ((rc = zn_loader_create(&ts->eval_loader, ts->eval_data, &lc)))
+        return zn_error_prefix(rc, "%s: data.eval_path", cfg->source);
+    size_t n = (size_t)(ts->world * B * T);
+    ts->eval_ids = malloc(n * sizeof *ts->eval_ids);
+    ts->eval_tgts = malloc(n * sizeof *ts->eval_tgts);
+    if (!ts->eval_ids || !ts->eval_tgts)
+        return zn_set_error(-ENOMEM, "out of memory");
+    return 0;
+}
+
+int zn_cli_train_session_eval(zn_cli_train_session *ts, const zn_config *cfg, double *mean,
+                              uint64_t *n_targets)
+{
+    uint64_t nb = zn_loader_steps_per_epoch(ts->eval_loader), tgt = 0;
+    if (cfg->train.eval_batches > 0 && (uint64_t)cfg->train.eval_batches < nb)
+        nb = (uint64_t)cfg->train.eval_batches;
+    size_t slice = (size_t)(cfg->train_micro_batch_size_per_gpu * cfg->data.seq_len);
+    double sum = 0;
+    for (uint64_t k = 0; k < nb; k++) {
+        double s;
+        uint64_t c;
+        int rc = zn_loader_get(ts->eval_loader, k, ts->eval_ids, ts->eval_tgts);
+        if (!rc)
+            rc = zn_train_eval(ts->tr, ts->eval_ids + (size_t)ts->rank * slice,
+                               ts->eval_tgts + (size_t)ts->rank * slice, 1, &s, &c);
+        if (rc)
+            return zn_error_prefix(rc, "evaluation on %s", cfg->data.eval_path);
+        sum += s;
+        tgt += c;
+    }
+    *mean = tgt ? sum / (double)tgt : NAN;
+    *n_targets = tgt;
+    return 0;
+}
+
 int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int flags)
 {
     memset(ts, 0, sizeof *ts);
@@ -204,7 +258,7 @@ int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int flag
                 (double)ts->load_bytes / (double)all_bytes, ts->load_s);
 
     ts->dims = d;
-    if ((rc = open_data(ts, cfg, 0)))
+    if ((rc = open_data(ts, cfg, 0)) || (rc = open_eval(ts, cfg)))
         goto out;
     ts->params = zn_model_param_count(&d);
 out:
@@ -609,7 +663,8 @@ int zn_cmd_train(int argc, char **argv)
     hooks_from_env(&hooks, &so);
 
     int64_t steps = cfg.train.steps, every = cfg.train.log_every > 0 ? cfg.train.log_every : 1;
-    double t0 = zn_now_s(), t_last = t0, first_loss = NAN, last_loss = NAN;
+    double t0 = zn_now_s(), t_last = t0, first_loss = NAN, last_loss = NAN, last_eval = NAN;
+    uint64_t last_eval_n = 0;
     zn_train_report prev = rep;
     int64_t saved_at = start;
     for (int64_t s = start; s < steps; s++) {
@@ -622,13 +677,38 @@ int zn_cmd_train(int argc, char **argv)
         if (s == start)
             first_loss = info.loss;
         last_loss = info.loss;
+        /* evaluation on data.eval_path: every train.eval_every steps and at
+         * the end */
+        bool do_eval = ts.eval_loader &&
+                       ((cfg.train.eval_every > 0 && (s + 1) % cfg.train.eval_every == 0) ||
+                        s + 1 == steps);
+        double ev = NAN;
+        uint64_t ev_n = 0;
+        if (do_eval) {
+            double te = zn_now_s();
+            if ((rc = zn_cli_train_session_eval(&ts, &cfg, &ev, &ev_n))) {
+                zn_cli_fail(rc, NULL);
+                zn_cli_train_session_abort(&ts, 1);
+                break;
+            }
+            last_eval = ev;
+            last_eval_n = ev_n;
+            printf("eval  %5lld/%lld  loss %7.4f  ppl %.3f  (%llu targets of %s, %.2f s)\n",
+                   (long long)info.step, (long long)steps, ev, exp(ev),
+                   (unsigned long long)ev_n, cfg.data.eval_path, zn_now_s() - te);
+            fflush(stdout);
+        }
         if (jf) {
             fprintf(jf, "{\"step\": %lld, \"loss\": %.6f, \"loss_hex\": \"%a\", \"lr\": %.6g, "
                         "\"grad_norm\": %.6g, \"loss_scale\": %g, \"skipped\": %s, "
-                        "\"seconds\": %.6f, \"tokens\": %llu}\n", (long long)info.step,
+                        "\"seconds\": %.6f, \"tokens\": %llu", (long long)info.step,
                     info.loss, info.loss, info.lr, info.grad_norm, info.loss_scale,
                     info.skipped ? "true" : "false", info.seconds,
                     (unsigned long long)info.tokens);
+            if (do_eval)
+                fprintf(jf, ", \"eval_loss\": %.6f, \"eval_ppl\": %.6g, \"eval_targets\": %llu",
+                        ev, exp(ev), (unsigned long long)ev_n);
+            fprintf(jf, "}\n");
             fflush(jf);
         }
         double now = zn_now_s();
@@ -675,6 +755,9 @@ int zn_cmd_train(int argc, char **argv)
         if (!cfg.data.path[0])
             printf(" (the synthetic chain's entropy, the lowest reachable, is %.2f)",
                    zn_tokens_synthetic_entropy());
+        if (last_eval_n)
+            printf("\neval loss %.4f, perplexity %.3f, over %llu targets of %s", last_eval,
+                   exp(last_eval), (unsigned long long)last_eval_n, cfg.data.eval_path);
         printf("\n\n");
         zn_train_print_report(ts.tr, stdout);
         if (trace_path) {

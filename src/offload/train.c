@@ -1616,6 +1616,40 @@ static int step_failed(zn_trainer *tr, int rc, int64_t step)
                         (long long)step, msg[0] ? msg : zn_strerror(rc));
 }
 
+/* The fetch list over `nuse` uses (forward and backward of each micro-batch,
+ * or forward only): consecutive uses of one ring block share a fetch. */
+static int build_fetches(zn_trainer *tr, int nuse, int L, bool with_bwd, fetch_ent **fe_out,
+                         int **fou_out, int *nfe_out)
+{
+    fetch_ent *fe = calloc((size_t)nuse, sizeof *fe);
+    int *fetch_of_use = malloc((size_t)nuse * sizeof *fetch_of_use);
+    if (!fe || !fetch_of_use) {
+        free(fe);
+        free(fetch_of_use);
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    }
+    int nfe = 0, per = with_bwd ? 2 * L : L;
+    for (int i = 0; i < nuse; i++) {
+        int k = i % per;
+        int b = k >= L ? 2 * L - 1 - k : k;
+        fetch_of_use[i] = -1;
+        if (tr->blocks[b].persistent)
+            continue;
+        if (nfe && fe[nfe - 1].block == b && fe[nfe - 1].last_use == i - 1) {
+            fe[nfe - 1].last_use = i;
+        } else {
+            fe[nfe].block = b;
+            fe[nfe].first_use = fe[nfe].last_use = i;
+            nfe++;
+        }
+        fetch_of_use[i] = nfe - 1;
+    }
+    *fe_out = fe;
+    *fou_out = fetch_of_use;
+    *nfe_out = nfe;
+    return 0;
+}
+
 int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
                   zn_train_step_info *info)
 {
@@ -1664,31 +1698,10 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     int64_t job = zn_optsched_begin(tr, &hp, (float)(1.0 / scale), !tr->overlap_step);
 
     /* the step's fetch list: consecutive uses of one ring block share a fetch */
-    int nuse = A * 2 * L;
-    size_t nuse_sz = (size_t)(unsigned)A * 2u * (size_t)(unsigned)L;
-    fetch_ent *fe = calloc(nuse_sz, sizeof *fe);
-    int *fetch_of_use = malloc(nuse_sz * sizeof *fetch_of_use);
-    if (!fe || !fetch_of_use) {
-        free(fe);
-        free(fetch_of_use);
-        return step_failed(tr, zn_set_error(-ENOMEM, "train: out of memory"), tr->steps_run + 1);
-    }
-    int nfe = 0;
-    for (int i = 0; i < nuse; i++) {
-        int k = i % (2 * L);
-        int b = k >= L ? 2 * L - 1 - k : k;
-        fetch_of_use[i] = -1;
-        if (tr->blocks[b].persistent)
-            continue;
-        if (nfe && fe[nfe - 1].block == b && fe[nfe - 1].last_use == i - 1) {
-            fe[nfe - 1].last_use = i;
-        } else {
-            fe[nfe].block = b;
-            fe[nfe].first_use = fe[nfe].last_use = i;
-            nfe++;
-        }
-        fetch_of_use[i] = nfe - 1;
-    }
+    fetch_ent *fe;
+    int *fetch_of_use, nfe;
+    if ((rc = build_fetches(tr, A * 2 * L, L, true, &fe, &fetch_of_use, &nfe)))
+        return step_failed(tr, rc, tr->steps_run + 1);
     int next_fetch = 0, use = 0;
     uint64_t nvme_fetches = 0;
     /* the mean over the targets of the global batch (every micro-batch of
@@ -1789,6 +1802,102 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         info->seconds = secs;
         info->tokens = ntok * (uint64_t)A * (uint64_t)tr->world;  /* all ranks */
     }
+    return 0;
+}
+
+int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets, int n_micro,
+                  double *loss_sum, uint64_t *n_targets)
+{
+    if (tr->bad)
+        return zn_set_error(ZN_ECORRUPT, "the trainer failed in an earlier step; its state "
+                            "is not valid");
+    if (n_micro < 1 || !ids || !targets)
+        return zn_set_error(ZN_EARG, "train eval: %d micro-batches", n_micro);
+    if (atomic_load(&tr->err))
+        return step_failed(tr, atomic_load(&tr->err), tr->steps_run);
+    const zn_config *cfg = &tr->cfg;
+    const zn_train_model *md = tr->model;
+    int L = tr->L, rc;
+    int64_t B = cfg->train_micro_batch_size_per_gpu, T = cfg->data.seq_len;
+    uint64_t ntok = (uint64_t)(B * T);
+    if ((rc = ensure_capacity(tr, n_micro)))
+        return rc;
+    tr->next_mark = 0;
+    fetch_ent *fe;
+    int *fetch_of_use, nfe;
+    if ((rc = build_fetches(tr, n_micro * L, L, false, &fe, &fetch_of_use, &nfe)))
+        return rc;
+    int next_fetch = 0, use = 0;
+    uint64_t nvme_fetches = 0, tgt = 0;
+    double sum = 0;
+    char name[ZN_TRACE_NAME_LEN];
+    for (int mb = 0; mb < n_micro && !rc; mb++) {
+        const int32_t *mi = ids + (size_t)mb * ntok, *mt = targets + (size_t)mb * ntok;
+        for (uint64_t i = 0; i < ntok; i++)
+            tgt += mt[i] >= 0;
+        /* the loss the last block computes is the sum of its targets' xent */
+        if ((rc = md->set_batch(md->ctx, tr->s_comp, mi, mt, B, T, 1.0f))) {
+            rc = zn_error_prefix(rc, "eval micro-batch %d", mb);
+            break;
+        }
+        for (int b = 0; b < L && !rc; b++) {
+            int i = use++;
+            zn_block *bl = &tr->blocks[b];
+            if ((rc = issue_fetches(tr, fe, nfe, &next_fetch, i, &nvme_fetches)))
+                break;
+            void *params = bl->dev_params;
+            int f = fetch_of_use[i];
+            int slot = f >= 0 ? f % tr->nslots : -1;
+            if (slot >= 0) {
+                if ((rc = zn_dev_stream_wait_event(tr->dev, tr->s_comp, tr->ev_ready[slot])))
+                    break;
+                params = tr->slot[slot];
+            } else if ((rc = wait_params(tr, b))) {
+                break;
+            }
+            snprintf(name, sizeof name, "eval b%d", b);
+            zn_mark *mk = zn_train_mark_begin(tr, tr->s_comp, ZN_RES_COMPUTE, name);
+            if ((rc = md->forward(md->ctx, tr->s_comp, b, params, b > 0 ? tr->ckpt[b] : NULL,
+                                  b < L - 1 ? tr->ckpt[b + 1] : NULL))) {
+                rc = zn_error_prefix(rc, "eval forward of block %d", b);
+                break;
+            }
+            zn_train_mark_end(tr, tr->s_comp, mk);
+            if (slot >= 0 && fe[f].last_use == i &&
+                (rc = zn_dev_event_record(tr->dev, tr->ev_consumed[slot], tr->s_comp)))
+                break;
+        }
+        float l = 0;
+        if (!rc && !(rc = md->read_loss(md->ctx, tr->s_comp, &l)))
+            sum += (double)l;
+    }
+    free(fe);
+    free(fetch_of_use);
+    if (!rc)
+        rc = zn_dev_stream_sync(tr->dev, tr->s_comp);
+    if (!rc)
+        rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
+    if (!rc && tr->world > 1)
+        rc = zn_comm_sync_on(tr->comm, tr->s_comm);
+    if (!rc && tr->world > 1) {
+        /* every rank's (sum, count), added in rank order */
+        double mine[2] = { sum, (double)tgt }, *all = malloc((size_t)tr->world * sizeof mine);
+        if (!all)
+            rc = zn_set_error(-ENOMEM, "train: out of memory");
+        else if (!(rc = zn_comm_allgather(tr->comm, mine, all, 4, ZN_DTYPE_F32))) {
+            sum = 0;
+            tgt = 0;
+            for (int r = 0; r < tr->world; r++) {
+                sum += all[2 * r];
+                tgt += (uint64_t)all[2 * r + 1];
+            }
+        }
+        free(all);
+    }
+    if (rc)
+        return step_failed(tr, rc, tr->steps_run);
+    *loss_sum = sum;
+    *n_targets = tgt;
     return 0;
 }
 

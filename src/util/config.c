@@ -284,10 +284,14 @@ static const key_spec schema[] = {
     { "data.path", K_STR, OFF(data.path), 0, 0, NULL, ZN_PATH_MAX, NULL },
     { "data.seq_len", K_INT, OFF(data.seq_len), 2, 1 << 22, NULL, 0, NULL },
     { "data.seed", K_INT, OFF(data.seed), 0, I64MAX, NULL, 0, NULL },
+    { "data.eval_path", K_STR, OFF(data.eval_path), 0, 0, NULL, ZN_PATH_MAX, NULL },
+
 
     /* ---- zinc: train ---- */
     { "train", K_OBJ, 0, 0, 0, NULL, 0, NULL },
     { "train.steps", K_INT, OFF(train.steps), 0, I64MAX, NULL, 0, NULL },
+    { "train.eval_every", K_INT, OFF(train.eval_every), 0, I64MAX, NULL, 0, NULL },
+    { "train.eval_batches", K_INT, OFF(train.eval_batches), 0, I64MAX, NULL, 0, NULL },
     { "train.log_every", K_INT, OFF(train.log_every), 1, I64MAX, NULL, 0, NULL },
     { "train.seed", K_INT, OFF(train.seed), 0, I64MAX, NULL, 0, NULL },
     { "train.device", K_STR, OFF(train.device), 0, 0, NULL, 32, NULL },
