@@ -252,7 +252,7 @@ int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int flag
     ts->load_s = zn_now_s() - t0;
     uint64_t all_bytes;
     ts->load_bytes = zn_train_llama_bytes_read(ts->llama, &all_bytes);
-    if (all_bytes)
+    if (all_bytes && ts->world > 1)  /* one rank: the header's weights line says it */
         zn_info("rank %d of %d: read %llu of the weights' %llu bytes (%.3f) in %.2f s", ts->rank,
                 ts->world, (unsigned long long)ts->load_bytes, (unsigned long long)all_bytes,
                 (double)ts->load_bytes / (double)all_bytes, ts->load_s);
