@@ -66,6 +66,10 @@ if [ "$mode" = fast ]; then
     check "grep -q 'thread_name' trace.json && grep -q 'nvme write' trace.json" "trace lacks tracks"
     check "grep -q 'high-water' out.txt && grep -q 'step time / busiest' out.txt" "no report"
     check "grep -q 'step     3/3' out.txt" "no progress line for step 3"
+    # the setup writes the master (11.70 MiB) and leaves Adam's zero m and v
+    # unwritten (3 x 11.70 = the 35.09 MiB a step writes)
+    "$zinc" train --steps 0 > s0.out 2>&1
+    check "grep -q 'setup wrote 11.70 MiB to nvme' s0.out" "setup writes: $(grep 'no steps' s0.out)"
     # evaluation on a held-out file: every train.eval_every steps and at the
     # end, in the step's JSON line, and the summary; a missing file is named
     python3 -c '

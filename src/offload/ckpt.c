@@ -355,12 +355,16 @@ static int save_nvme(zn_trainer *tr, zn_aio *aio, const char *rdir, uint32_t crc
         for (int u = 0; u < tr->n_units && !rc; u++) {
             zn_unit *un = &tr->units[u];
             int id = k == 0 ? un->master_id : k == 1 ? un->m_id : un->v_id;
-            zn_io_req r;
-            rc = zn_ioq_submit(&tr->rq, &r, 0, &zn_tier_get(&tr->tm, id)->ext, B + fill,
-                               un->n * 4, "checkpoint read");
-            int r2 = zn_ioq_wait(&tr->rq, &r);
-            if (!rc)
-                rc = r2;
+            if (k > 0 && atomic_load(&un->mv_zero)) {
+                memset(B + fill, 0, un->n * 4);  /* never written: the initial zeros */
+            } else {
+                zn_io_req r;
+                rc = zn_ioq_submit(&tr->rq, &r, 0, &zn_tier_get(&tr->tm, id)->ext, B + fill,
+                                   un->n * 4, "checkpoint read");
+                int r2 = zn_ioq_wait(&tr->rq, &r);
+                if (!rc)
+                    rc = r2;
+            }
             fill += un->n * 4;
             while (!rc && fill >= C) {
                 rc = sfile_write(&f, B, C);
@@ -1164,6 +1168,8 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
                 if (!rc)
                     rc = r2;
             }
+            if (!rc)
+                atomic_store(&un->mv_zero, false);  /* the checkpoint's m and v are home */
             if (!rc)
                 rc = regen_params(tr, u, s->master, s->pout);
         }

@@ -131,7 +131,16 @@ static int slot_read_states(zn_trainer *tr, zn_opt_slot *s, int u)
     s->reads_issued = true;
     s->grads_issued = false;
     s->n_grd = 0;
+    bool zero = atomic_load(&un->mv_zero);
     for (int i = 0; i < 3; i++) {
+        if (i > 0 && zero) {
+            /* never written: the initial zeros, no read */
+            memset(dst[i], 0, un->n * 4);
+            s->rd[i].h = 0;
+            s->rd[i].status = 0;
+            atomic_store(&s->rd[i].done, 1);
+            continue;
+        }
         char what[48];
         snprintf(what, sizeof what, "%s u%d", state_name[i], u);
         int rc = zn_ioq_submit(&tr->rq, &s->rd[i], 0, &zn_tier_get(&tr->tm, ids[i])->ext, dst[i],
@@ -430,6 +439,9 @@ static int run_nvme(zn_trainer *tr)
         }
         if (rc)
             break;
+        /* m and v have their own bytes on NVMe now (the job waits for these
+         * writes before any later read of the unit) */
+        atomic_store(&un->mv_zero, false);
         s->unit = -1 - u - 1; /* consumed: never matches a unit again */
     }
     /* Write behind ends here: nothing is reused or presented before every

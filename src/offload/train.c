@@ -586,14 +586,10 @@ static int init_unit_flush(init_units *iu)
     zn_trainer *tr = iu->tr;
     zn_unit *un = &tr->units[iu->unit];
     zn_opt_slot *s = &tr->oslot[iu->slot];
-    memset(s->m, 0, un->n * 4);
-    memset(s->v, 0, un->n * 4);
-    float *src[3] = { s->master, s->m, s->v };
-    int ids[3] = { un->master_id, un->m_id, un->v_id };
-    int rc = 0;
-    for (int i = 0; i < 3 && !rc; i++)
-        rc = zn_ioq_submit(&tr->wq, &s->wr[i], 1, &zn_tier_get(&tr->tm, ids[i])->ext, src[i],
-                           un->n * 4, "initial optimizer state");
+    /* the master goes home; m = v = 0 stay unwritten (mv_zero) */
+    int rc = zn_ioq_submit(&tr->wq, &s->wr[0], 1, &zn_tier_get(&tr->tm, un->master_id)->ext,
+                           s->master, un->n * 4, "initial optimizer state");
+    atomic_store(&un->mv_zero, true);
     s->unit = iu->unit;
     iu->unit++;
     iu->slot = (iu->slot + 1) % tr->n_oslots;
@@ -611,12 +607,8 @@ static int init_unit_wait(zn_trainer *tr, int k)
         if (!rc)
             rc = r2;
     }
-    if (!rc && s->unit >= 0) {
-        zn_unit *un = &tr->units[s->unit];
-        zn_tier_set_valid(&tr->tm, un->master_id, ZN_TIER_NVME, true);
-        zn_tier_set_valid(&tr->tm, un->m_id, ZN_TIER_NVME, true);
-        zn_tier_set_valid(&tr->tm, un->v_id, ZN_TIER_NVME, true);
-    }
+    if (!rc && s->unit >= 0)
+        zn_tier_set_valid(&tr->tm, tr->units[s->unit].master_id, ZN_TIER_NVME, true);
     s->unit = -1;
     return rc;
 }
