@@ -165,6 +165,18 @@ typedef struct {
     char eval_path[ZN_PATH_MAX]; /* held-out token file ("" = no evaluation) */
 } zn_config_data;
 
+/* LoRA (PEFT's LoraConfig names): r 0 = full fine-tuning. */
+typedef struct {
+    int64_t r;
+    double lora_alpha;           /* default 8, as PEFT */
+    double lora_dropout;
+    unsigned targets;            /* zn_lora_target bits (include/zinc/model.h) */
+    bool use_rslora;
+    bool init_lora_weights;      /* true: PEFT's init (A Kaiming-uniform, B 0) */
+    uint64_t seed;               /* the adapters' init */
+    char adapter[ZN_PATH_MAX];   /* a PEFT adapter folder to start from ("" none) */
+} zn_config_lora;
+
 typedef struct {
     char dir[ZN_PATH_MAX];   /* "" = no checkpoints */
     int64_t every;           /* steps; 0 = only at the end */
@@ -224,6 +236,7 @@ typedef struct zn_config {
     zn_config_model model;
     zn_config_data data;
     zn_config_train train;
+    zn_config_lora lora;
 
     /* Book-keeping of the parser: where each key's value came from (by
      * schema index; read it with zn_config_get_origin), whether the

@@ -25,6 +25,44 @@ typedef enum {
     ZN_ROPE_LLAMA3 = 1,  /* Llama 3.1 frequency rescaling (rope_scaling.rope_type "llama3") */
 } zn_rope_type;
 
+/* LoRA adapters (PEFT's LoraConfig) on the decoder layers' linear
+ * projections: each targeted W [out][in] gains lora_A [r][in] and lora_B
+ * [out][r] and computes W x + scale B A x, scale = alpha / r (alpha /
+ * sqrt(r) with rslora). With r > 0 every parameter of the decoder is
+ * frozen and only the adapters train (PEFT's bias "none"). */
+typedef enum {
+    ZN_LORA_Q = 1 << 0,    /* self_attn.q_proj */
+    ZN_LORA_K = 1 << 1,    /* self_attn.k_proj */
+    ZN_LORA_V = 1 << 2,    /* self_attn.v_proj */
+    ZN_LORA_O = 1 << 3,    /* self_attn.o_proj */
+    ZN_LORA_GATE = 1 << 4, /* mlp.gate_proj */
+    ZN_LORA_UP = 1 << 5,   /* mlp.up_proj */
+    ZN_LORA_DOWN = 1 << 6, /* mlp.down_proj */
+    ZN_LORA_ALL = 127,     /* PEFT's "all-linear" on these decoders */
+} zn_lora_target;
+
+typedef struct {
+    int r;              /* rank; 0: no adapters */
+    double alpha;       /* lora_alpha */
+    double dropout;     /* lora_dropout (on the adapter's input, training only) */
+    int rslora;         /* use_rslora: scale alpha / sqrt(r) */
+    unsigned targets;   /* zn_lora_target bits */
+} zn_lora;
+
+/* PEFT's module name of target bit t ("q_proj", ...), NULL for another
+ * value. */
+ZN_API const char *zn_lora_target_name(unsigned t);
+/* The adapters' scale: alpha / r, or alpha / sqrt(r) with rslora. */
+ZN_API double zn_lora_scale(const zn_lora *l);
+/* Reads a PEFT adapter folder's adapter_config.json (dir/adapter_config.json).
+ * Returns 0, -ENOENT, ZN_ECONFIG (malformed: the key named), or
+ * ZN_EUNSUPPORTED (DoRA, a bias, modules_to_save, per-layer patterns, another
+ * peft_type). */
+ZN_API int zn_lora_read_peft_config(const char *dir, zn_lora *l);
+/* Writes PEFT's adapter_config.json for `l` at path (atomically);
+ * base_model (may be NULL) becomes base_model_name_or_path. */
+ZN_API int zn_lora_write_peft_config(const zn_lora *l, const char *path, const char *base_model);
+
 /* The shape of a decoder. Every field is filled by zn_model_dims_from_hf()
  * or zn_model_dims_default(); zn_model_dims_validate() checks consistency. */
 typedef struct {
@@ -47,6 +85,7 @@ typedef struct {
     int tie_embeddings;    /* tie_word_embeddings: lm_head shares embed_tokens */
     int qkv_bias;          /* q/k/v projections have a bias (qwen2; llama attention_bias) */
     int o_bias;            /* o_proj has a bias (llama attention_bias) */
+    zn_lora lora;          /* adapters (not part of config.json); r 0: none */
 } zn_model_dims;
 
 /* A small Llama-shaped default (the demo's tiny model): hidden 256, 4 layers,
@@ -84,9 +123,15 @@ ZN_API int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, z
  * lm_head; lm_head counts 0 when tied to the embedding). */
 ZN_API int zn_model_num_blocks(const zn_model_dims *d);
 
-/* Number of parameters (elements) of one block; 0 for a block index out of
- * range. */
+/* Number of parameters (elements) of one block, adapters included; 0 for a
+ * block index out of range. */
 ZN_API uint64_t zn_model_block_param_count(const zn_model_dims *d, int block);
+/* Of those, the frozen ones: with LoRA the block's own decoder tensors (all
+ * of them: they come first in the block's order, the adapters after);
+ * without, 0. */
+ZN_API uint64_t zn_model_block_frozen_count(const zn_model_dims *d, int block);
+/* Parameters that train: all of them, or the adapters with LoRA. */
+ZN_API uint64_t zn_model_trainable_count(const zn_model_dims *d);
 
 /* Total parameters (tied embeddings counted once), e.g. 6,738,415,616 for
  * Llama-2-7B. */
@@ -176,9 +221,17 @@ typedef struct {
                            as in that block (the head's lm_head when
                            tie_word_embeddings: pass the embedding's
                            parameter and gradient pointers again) */
+    int lora;           /* 0: a decoder tensor (frozen when dims.lora.r > 0);
+                           1: a lora_A [r][in], 2: a lora_B [out][r] (named
+                           "model.layers.3.self_attn.q_proj.lora_A.weight") */
+    unsigned target;    /* the adapter's zn_lora_target (lora 1 and 2) */
 } zn_param_info;
 
-/* Number of parameter tensors of block b, 0 when b is out of range. */
+/* Number of parameter tensors of block b, 0 when b is out of range. A
+ * decoder layer lists its own tensors, then with LoRA lora_A and lora_B of
+ * each target in zn_lora_target order. Gradient pointers of frozen tensors
+ * (all decoder tensors with LoRA) may be NULL: their weight gradients are
+ * then never formed (the input gradients still are). */
 ZN_API int zn_model_block_nparams(const zn_model_dims *d, int block);
 /* Fills *out for tensor i of block b. Returns 0 or ZN_EARG. */
 ZN_API int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_param_info *out);

@@ -80,6 +80,12 @@ typedef struct zn_train_model {
     void *ctx;
     int n_blocks;
     const uint64_t *block_params;  /* elements per block */
+    /* NULL, or per block how many of its first elements are frozen (a LoRA
+     * base): they get no master, optimizer state or gradient, are fetched
+     * like the rest and never written back. The backward's dparams then
+     * covers only elements [frozen, n) of the block (NULL when the block
+     * has none that train), and a wholly frozen block 0 gets no backward. */
+    const uint64_t *block_frozen;
     size_t act_bytes;              /* bytes of one inter-block activation */
     double flops_per_token;        /* model FLOPs per token (fwd + bwd), for TFLOP/s */
     /* Called once after the device exists: allocate scratch (counted in the
@@ -160,6 +166,16 @@ ZN_API const zn_train_model *zn_train_llama_model(zn_train_llama *l);
  * file), ZN_EUNSUPPORTED (a dtype that does not convert). */
 ZN_API int zn_train_llama_load(zn_train_llama *l, const char *path, char *summary,
                                size_t summary_len);
+/* LoRA: the adapters start from a PEFT adapter (`dir` holds
+ * adapter_model.safetensors, or is the file) instead of PEFT's initial
+ * values (lora_A Kaiming-uniform from the seed, lora_B zero). Every adapter
+ * tensor must be there ("base_model.model.<name>") with its shape, and
+ * nothing else. Returns 0, -errno, ZN_ECORRUPT, ZN_ECONFIG (missing or
+ * misshapen: named), ZN_EUNSUPPORTED (another tensor, a dtype). */
+ZN_API int zn_train_llama_load_adapter(zn_train_llama *l, const char *dir, char *summary,
+                                       size_t summary_len);
+/* LoRA: the seed of PEFT's initial lora_A values (default 0). */
+ZN_API void zn_train_llama_set_lora_seed(zn_train_llama *l, uint64_t seed);
 /* Bytes of tensor data read from the checkpoint so far (for `zinc bench
  * load` and the load report); *total (may be NULL) receives the bytes of
  * every tensor the model takes from it. With ZeRO stage 3 across N ranks a
@@ -251,11 +267,13 @@ ZN_API int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targ
  * report at the end of training. The wait counts as step time. */
 ZN_API int zn_train_sync(zn_trainer *tr);
 
-/* Copies the fp32 master weights (flat, all blocks in order: n = total
- * parameters) into out, from wherever they live. Returns 0, ZN_EARG (n
+/* Copies the fp32 master weights (flat, all blocks in order: n = the
+ * trainable parameters, zn_train_num_params; with a frozen base, each
+ * block's trainable tail) into out, from wherever they live. Returns 0, ZN_EARG (n
  * wrong), ZN_ECORRUPT (the trainer failed earlier), or an I/O error. */
 ZN_API int zn_train_read_master(zn_trainer *tr, float *out, uint64_t n);
 
+/* Parameters that train (all, or with a frozen base the trainable tails). */
 ZN_API uint64_t zn_train_num_params(const zn_trainer *tr);
 ZN_API const zn_plan *zn_train_get_plan(const zn_trainer *tr);
 ZN_API zn_dev *zn_train_device(zn_trainer *tr);

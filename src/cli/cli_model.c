@@ -13,6 +13,47 @@
 #include "zinc/model.h"
 #include "cli/cli.h"
 
+/* cfg's lora section (and lora.adapter's adapter_config.json) into d. */
+static int lora_dims(const zn_config *cfg, zn_model_dims *d)
+{
+    const zn_config_lora *c = &cfg->lora;
+    memset(&d->lora, 0, sizeof d->lora);
+    if (!c->r && !c->adapter[0])
+        return 0;
+    d->lora.r = (int)c->r;
+    d->lora.alpha = c->lora_alpha;
+    d->lora.dropout = c->lora_dropout;
+    d->lora.rslora = c->use_rslora;
+    d->lora.targets = c->targets;
+    if (c->adapter[0]) {
+        zn_lora a;
+        int rc = zn_lora_read_peft_config(c->adapter, &a);
+        if (rc)
+            return zn_error_prefix(rc, "%s: lora.adapter", cfg->source);
+        /* what the config says must agree with the adapter */
+#define AGREE(key, cond, fmt, x, y)                                                         \
+        if (zn_config_get_origin(cfg, key) != ZN_ORIGIN_DEFAULT && !(cond))                 \
+            return zn_set_error(ZN_ECONFIG, "%s: " key " is " fmt " but the adapter in %s "   \
+                                "has " fmt, cfg->source, x, c->adapter, y);
+        AGREE("lora.r", c->r == a.r, "%lld", (long long)c->r, (long long)a.r)
+        AGREE("lora.lora_alpha", c->lora_alpha == a.alpha, "%g", c->lora_alpha, a.alpha)
+        AGREE("lora.use_rslora", c->use_rslora == (a.rslora != 0), "%d", (int)c->use_rslora,
+              a.rslora)
+        AGREE("lora.target_modules", c->targets == a.targets, "0x%x", c->targets, a.targets)
+#undef AGREE
+        double dropout = zn_config_get_origin(cfg, "lora.lora_dropout") != ZN_ORIGIN_DEFAULT
+                             ? c->lora_dropout : a.dropout;
+        d->lora = a;
+        d->lora.dropout = dropout;
+    }
+    if (d->lora.dropout > 0)
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: lora.lora_dropout %g: adapter dropout is not "
+                            "implemented yet; set lora.lora_dropout to 0 (PEFT's default)",
+                            cfg->source, d->lora.dropout);
+    int rc = zn_model_dims_validate(d);
+    return rc ? zn_error_prefix(rc, "%s", cfg->source) : 0;
+}
+
 int zn_cli_model_dims(const zn_config *cfg, zn_model_dims *d)
 {
     const zn_config_model *m = &cfg->model;
@@ -20,7 +61,7 @@ int zn_cli_model_dims(const zn_config *cfg, zn_model_dims *d)
         int rc = zn_model_dims_from_hf(d, m->path);
         if (rc)
             return zn_error_prefix(rc, "%s: model.path", cfg->source);
-        return 0;
+        return lora_dims(cfg, d);
     }
     if (!m->hidden_size)
         return zn_set_error(ZN_ECONFIG, "%s: no model: set model.path to an HF model folder "
@@ -44,7 +85,7 @@ int zn_cli_model_dims(const zn_config *cfg, zn_model_dims *d)
     int rc = zn_model_dims_validate(d);
     if (rc)
         return zn_error_prefix(rc, "%s: model", cfg->source);
-    return 0;
+    return lora_dims(cfg, d);
 }
 
 /* Elements of parameter tensors smaller than `threshold`: those stay on

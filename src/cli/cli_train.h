@@ -25,6 +25,7 @@ typedef struct {
     zn_loader *eval_loader;    /* its windows in file order, the global batch */
     int32_t *eval_ids, *eval_tgts;
     char weights[4400];  /* where the initial weights came from, for the header */
+    char lora[4400];     /* LoRA: the adapters' line for the header ("" none) */
     double load_s;       /* seconds spent creating the trainer (weights written home) */
     uint64_t load_bytes; /* checkpoint bytes read */
 } zn_cli_train_session;

@@ -123,11 +123,54 @@ static int open_data(zn_cli_train_session *ts, const zn_config *cfg, uint64_t co
     return 0;
 }
 
+/* LoRA: the adapters' start (lora.adapter, or PEFT's init from lora.seed)
+ * and the header's line, with PEFT's print_trainable_parameters figures. */
+static int choose_adapters(zn_cli_train_session *ts, const zn_config *cfg, int flags)
+{
+    const zn_lora *l = &ts->dims.lora;
+    if (l->r <= 0)
+        return 0;
+    char from[ZN_PATH_MAX + 64], tg[96] = "";
+    for (unsigned t = 1; t <= ZN_LORA_DOWN; t <<= 1)
+        if (l->targets & t)
+            snprintf(tg + strlen(tg), sizeof tg - strlen(tg), "%s%s", tg[0] ? "," : "",
+                     zn_lora_target_name(t));
+    if (flags & ZN_CLI_NO_WEIGHTS) {
+        snprintf(from, sizeof from, "from the checkpoint");
+    } else if (cfg->lora.adapter[0]) {
+        char desc[ZN_PATH_MAX + 64];
+        int rc = zn_train_llama_load_adapter(ts->llama, cfg->lora.adapter, desc, sizeof desc);
+        if (rc)
+            return zn_error_prefix(rc, "%s", cfg->source);
+        snprintf(from, sizeof from, "%s", desc);
+    } else {
+        if (!cfg->lora.init_lora_weights)
+            return zn_set_error(ZN_EUNSUPPORTED, "%s: lora.init_lora_weights false without "
+                                "lora.adapter: zinc starts adapters from PEFT's default init "
+                                "(true) or from an adapter folder", cfg->source);
+        zn_train_llama_set_lora_seed(ts->llama, cfg->lora.seed);
+        snprintf(from, sizeof from, "PEFT init, seed %llu", (unsigned long long)cfg->lora.seed);
+    }
+    uint64_t tr = zn_model_trainable_count(&ts->dims), all = zn_model_param_count(&ts->dims);
+    snprintf(ts->lora, sizeof ts->lora, "r %d, alpha %g%s, %s; trainable params: %llu || all "
+             "params: %llu || trainable%%: %.4f; adapters %s", l->r, l->alpha,
+             l->rslora ? " (rslora)" : "", tg, (unsigned long long)tr, (unsigned long long)all,
+             100.0 * (double)tr / (double)all, from);
+    return 0;
+}
+
 /* The initial weights: model.path's safetensors, checked against the
  * model before the trainer allocates anything, or the seeded init. */
 static int choose_weights(zn_cli_train_session *ts, const zn_config *cfg, int flags)
 {
     const char *mp = cfg->model.path;
+    int rc = choose_adapters(ts, cfg, flags);
+    if (rc)
+        return rc;
+    /* a resumed LoRA run reads its frozen base again: the checkpoint holds
+     * only the adapters */
+    if (ts->dims.lora.r > 0)
+        flags &= ~ZN_CLI_NO_WEIGHTS;
     if (!mp[0] || cfg->model.init == 1 || (flags & ZN_CLI_NO_WEIGHTS)) {
         snprintf(ts->weights, sizeof ts->weights, "%s, seed %llu",
                  flags & ZN_CLI_NO_WEIGHTS ? "from the checkpoint (after a seeded init)"
@@ -143,7 +186,7 @@ static int choose_weights(zn_cli_train_session *ts, const zn_config *cfg, int fl
         return zn_set_error(-ENOENT, "%s: model.path %s has no weights (no model.safetensors or "
                             "model.safetensors.index.json); to train this shape from a seeded "
                             "random init, set model.init=random", cfg->source, mp);
-    int rc = zn_train_llama_load(ts->llama, mp, desc, sizeof desc);
+    rc = zn_train_llama_load(ts->llama, mp, desc, sizeof desc);
     if (rc)
         return zn_error_prefix(rc, "%s: model.path", cfg->source);
     snprintf(ts->weights, sizeof ts->weights, "%s", desc);
@@ -236,6 +279,7 @@ int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int flag
     zn_cli_plan_input(cfg, &d, ts->world, blocks, &in);
 
     int64_t B = cfg->train_micro_batch_size_per_gpu, T = cfg->data.seq_len;
+    ts->dims = d;
     if ((rc = zn_train_llama_create(&ts->llama, &d, B, T, cfg->model.init_std, cfg->model.seed)) ||
         (rc = choose_weights(ts, cfg, flags)))
         goto out;
@@ -623,6 +667,8 @@ int zn_cmd_train(int argc, char **argv)
                ts.load_s > 0 ? (double)ts.load_bytes / 1e9 / ts.load_s : 0.0);
     else
         printf("  weights  %s\n", ts.weights);
+    if (ts.lora[0])
+        printf("  lora     %s\n", ts.lora);
     printf("  data     %s, micro-batch %lld x seq %lld, accumulation %lld\n",
            zn_tokens_name(ts.data), (long long)cfg.train_micro_batch_size_per_gpu,
            (long long)cfg.data.seq_len, (long long)cfg.gradient_accumulation_steps);

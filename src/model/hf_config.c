@@ -70,6 +70,16 @@ int zn_model_dims_validate(const zn_model_dims *d)
         return zn_set_error(ZN_ECONFIG, "model dims: rope_theta must be a positive number");
     if (!(d->rms_eps > 0) || !isfinite(d->rms_eps) || d->rms_eps > 1)
         return zn_set_error(ZN_ECONFIG, "model dims: rms_norm_eps must be in (0, 1]");
+    if (d->lora.r < 0 || d->lora.r > 65536)
+        return zn_set_error(ZN_ECONFIG, "lora: r = %d must be in 0..65536", d->lora.r);
+    if (d->lora.r > 0) {
+        if (!d->lora.targets || (d->lora.targets & ~(unsigned)ZN_LORA_ALL))
+            return zn_set_error(ZN_ECONFIG, "lora: target_modules names no projection");
+        if (!isfinite(d->lora.alpha) || d->lora.alpha == 0)
+            return zn_set_error(ZN_ECONFIG, "lora: lora_alpha must be a finite nonzero number");
+        if (!(d->lora.dropout >= 0 && d->lora.dropout < 1))
+            return zn_set_error(ZN_ECONFIG, "lora: lora_dropout must be in [0, 1)");
+    }
     if (d->rope_type == ZN_ROPE_LLAMA3) {
         if (!(d->rope_factor >= 1) || !isfinite(d->rope_factor))
             return zn_set_error(ZN_ECONFIG, "model dims: rope_scaling.factor must be >= 1");
@@ -466,7 +476,7 @@ int zn_model_num_blocks(const zn_model_dims *d)
     return (int)d->n_layers + 2;
 }
 
-uint64_t zn_model_block_param_count(const zn_model_dims *d, int block)
+static uint64_t base_count(const zn_model_dims *d, int block)
 {
     uint64_t h = (uint64_t)d->hidden, v = (uint64_t)d->vocab;
     uint64_t qd = (uint64_t)(d->n_heads * d->head_dim), kvd = (uint64_t)(d->n_kv_heads * d->head_dim);
@@ -484,6 +494,68 @@ uint64_t zn_model_block_param_count(const zn_model_dims *d, int block)
         n += h;
     n += 3 * h * (uint64_t)d->intermediate;       /* gate, up, down */
     return n;
+}
+
+/* in and out features of LoRA target t */
+static void lora_shape(const zn_model_dims *d, unsigned t, uint64_t *in, uint64_t *out)
+{
+    uint64_t h = (uint64_t)d->hidden, i = (uint64_t)d->intermediate;
+    uint64_t qd = (uint64_t)(d->n_heads * d->head_dim), kvd = (uint64_t)(d->n_kv_heads * d->head_dim);
+    *in = h;
+    switch (t) {
+    case ZN_LORA_Q: *out = qd; break;
+    case ZN_LORA_K: case ZN_LORA_V: *out = kvd; break;
+    case ZN_LORA_O: *in = qd; *out = h; break;
+    case ZN_LORA_GATE: case ZN_LORA_UP: *out = i; break;
+    default: *in = i; *out = h; break; /* down */
+    }
+}
+
+uint64_t zn_model_block_param_count(const zn_model_dims *d, int block)
+{
+    uint64_t n = base_count(d, block);
+    if (d->lora.r > 0 && block >= 1 && block <= d->n_layers)
+        for (unsigned t = 1; t <= ZN_LORA_DOWN; t <<= 1)
+            if (d->lora.targets & t) {
+                uint64_t in, out;
+                lora_shape(d, t, &in, &out);
+                n += (uint64_t)d->lora.r * (in + out);
+            }
+    return n;
+}
+
+uint64_t zn_model_block_frozen_count(const zn_model_dims *d, int block)
+{
+    return d->lora.r > 0 ? base_count(d, block) : 0;
+}
+
+uint64_t zn_model_trainable_count(const zn_model_dims *d)
+{
+    uint64_t n = 0;
+    for (int b = 0; b < zn_model_num_blocks(d); b++)
+        n += zn_model_block_param_count(d, b) - zn_model_block_frozen_count(d, b);
+    return n;
+}
+
+const char *zn_lora_target_name(unsigned t)
+{
+    switch (t) {
+    case ZN_LORA_Q: return "q_proj";
+    case ZN_LORA_K: return "k_proj";
+    case ZN_LORA_V: return "v_proj";
+    case ZN_LORA_O: return "o_proj";
+    case ZN_LORA_GATE: return "gate_proj";
+    case ZN_LORA_UP: return "up_proj";
+    case ZN_LORA_DOWN: return "down_proj";
+    default: return NULL;
+    }
+}
+
+double zn_lora_scale(const zn_lora *l)
+{
+    if (l->r <= 0)
+        return 0;
+    return l->rslora ? l->alpha / sqrt((double)l->r) : l->alpha / (double)l->r;
 }
 
 uint64_t zn_model_param_count(const zn_model_dims *d)

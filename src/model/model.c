@@ -67,6 +67,8 @@ struct zn_model {
     void *dxm;          /* [N][H] cfg.dtype (aliases dxm32 for f32) */
     void *d_attn;       /* [N][qd] */
     void *dqkv;         /* [N][qkv_ld] */
+    void *lu, *ldu;     /* LoRA: [N][r] A x and its gradient (cfg.dtype) */
+    float lscale;       /* LoRA scale */
 
     /* current batch */
     int64_t B, T, N, n_valid;
@@ -159,6 +161,10 @@ static void layout(zn_model *m, unsigned char *base)
     m->dxm = f32 ? (void *)m->dxm32 : carve(&c, (uint64_t)(N * H) * esz);
     m->d_attn = carve(&c, (uint64_t)(N * m->qd) * esz);
     m->dqkv = carve(&c, (uint64_t)(N * m->qkv_ld) * esz);
+    if (m->d.lora.r > 0) {
+        m->lu = carve(&c, (uint64_t)(N * m->d.lora.r) * esz);
+        m->ldu = carve(&c, (uint64_t)(N * m->d.lora.r) * esz);
+    }
     m->mem_bytes = c.off;
 }
 
@@ -178,6 +184,7 @@ static void set_shapes(zn_model *m, const zn_model_dims *d, const zn_model_confi
     m->qkv_ld = m->qd + 2 * m->kvd;
     m->I = d->intermediate;
     m->V = d->vocab;
+    m->lscale = (float)zn_lora_scale(&d->lora);
     m->max_t = cfg->max_seq;
     m->max_n = cfg->max_batch * cfg->max_seq;
     m->chunk = cfg->xent_chunk > 0 ? (cfg->xent_chunk < d->vocab ? cfg->xent_chunk : d->vocab)
@@ -316,6 +323,28 @@ static int slot_index(const zn_model_dims *d, int slot)
     return idx;
 }
 
+static int layer_base_nparams(const zn_model_dims *d)
+{
+    int n = 0;
+    for (int s = 0; s < P_NSLOTS; s++)
+        n += layer_slot_present(d, s);
+    return n;
+}
+
+static int lora_nparams(const zn_model_dims *d)
+{
+    return d->lora.r > 0 ? 2 * __builtin_popcount(d->lora.targets & ZN_LORA_ALL) : 0;
+}
+
+/* Index of target t's lora_A in a layer's parameter array (lora_B follows),
+ * -1 when t has no adapter. */
+static int lora_index(const zn_model_dims *d, unsigned t)
+{
+    if (d->lora.r <= 0 || !(d->lora.targets & t))
+        return -1;
+    return layer_base_nparams(d) + 2 * __builtin_popcount(d->lora.targets & (t - 1));
+}
+
 int zn_model_block_nparams(const zn_model_dims *d, int block)
 {
     if (block < 0 || block > d->n_layers + 1)
@@ -324,10 +353,7 @@ int zn_model_block_nparams(const zn_model_dims *d, int block)
         return 1;
     if (block == d->n_layers + 1)
         return 2;
-    int n = 0;
-    for (int s = 0; s < P_NSLOTS; s++)
-        n += layer_slot_present(d, s);
-    return n;
+    return layer_base_nparams(d) + lora_nparams(d);
 }
 
 int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_param_info *out)
@@ -350,6 +376,27 @@ int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_param_info
         snprintf(out->name, sizeof out->name, "model.norm.weight");
         out->ndim = 1;
         out->shape[0] = H;
+    } else if (i >= layer_base_nparams(d)) {
+        int k = (i - layer_base_nparams(d)) / 2, B = (i - layer_base_nparams(d)) % 2;
+        unsigned t = 1;
+        for (int seen = -1;; t <<= 1)
+            if ((d->lora.targets & t) && ++seen == k)
+                break;
+        int64_t in = H, o = 0;
+        switch (t) {
+        case ZN_LORA_Q: o = qd; break;
+        case ZN_LORA_K: case ZN_LORA_V: o = kvd; break;
+        case ZN_LORA_O: in = qd; o = H; break;
+        case ZN_LORA_GATE: case ZN_LORA_UP: o = I; break;
+        default: in = I; o = H; break;
+        }
+        snprintf(out->name, sizeof out->name, "model.layers.%d.%s.%s.lora_%c.weight", block - 1,
+                 t <= ZN_LORA_O ? "self_attn" : "mlp", zn_lora_target_name(t), B ? 'B' : 'A');
+        out->ndim = 2;
+        out->shape[0] = B ? o : d->lora.r;
+        out->shape[1] = B ? d->lora.r : in;
+        out->lora = B ? 2 : 1;
+        out->target = t;
     } else {
         int slot = 0, k = -1;
         for (slot = 0; slot < P_NSLOTS; slot++)
@@ -499,6 +546,8 @@ int zn_model_embed_bwd(zn_model *m, zn_stream *s, void *const *params, const voi
 {
     (void)params;
     TRY(need_batch(m));
+    if (!grads[0])
+        return 0; /* frozen */
     return zn_dev_embedding_bwd(m->dev, s, m->ids, m->N, dx, m->dt, m->V, m->H, grads[0]);
 }
 
@@ -592,6 +641,8 @@ static int linear(zn_model *m, zn_stream *s, const void *x, int64_t ldx, const v
 static int linear_dw(zn_model *m, zn_stream *s, const void *dy, int64_t lddy, const void *x,
                      int64_t ldx, int64_t out, int64_t in, float *dW)
 {
+    if (!dW)
+        return 0; /* frozen: the weight gradient is never formed */
     return zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, out, in, m->N, 1.0f, dy, m->dt, lddy, x,
                        m->dt, ldx, 1.0f, dW, ZN_DTYPE_F32, in);
 }
@@ -602,6 +653,57 @@ static int linear_dx(zn_model *m, zn_stream *s, const void *dy, int64_t lddy, co
 {
     return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, m->N, in, out, 1.0f, dy, m->dt, lddy, W,
                        m->dt, in, beta, dx, dxdt, lddx);
+}
+
+/* ---- LoRA: y += scale B A x on target t (nothing when t has no adapter) ---- */
+static int lora_fwd(zn_model *m, zn_stream *s, void *const *params, unsigned t, const void *x,
+                    int64_t ldx, int64_t in, int64_t out, void *y, int64_t ldy)
+{
+    int i = lora_index(&m->d, t);
+    if (i < 0)
+        return 0;
+    int64_t r = m->d.lora.r;
+    TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, m->N, r, in, 1.0f, x, m->dt, ldx, params[i],
+                    m->dt, in, 0.0f, m->lu, m->dt, r));
+    return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, m->N, out, r, m->lscale, m->lu, m->dt, r,
+                       params[i + 1], m->dt, r, 1.0f, y, m->dt, ldy);
+}
+
+/* The adapter's weight gradients from its input x and dy: u = A x again,
+ * dB += scale dy^T u, du = scale dy B (kept in ldu for lora_bwd_x),
+ * dA += du^T x. Runs before the input x's buffer is reused. */
+static int lora_bwd_w(zn_model *m, zn_stream *s, void *const *params, float *const *grads,
+                      unsigned t, const void *x, int64_t ldx, int64_t in, int64_t out,
+                      const void *dy, int64_t lddy)
+{
+    int i = lora_index(&m->d, t);
+    if (i < 0)
+        return 0;
+    int64_t r = m->d.lora.r, N = m->N;
+    zn_dtype dt = m->dt;
+    TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, r, in, 1.0f, x, dt, ldx, params[i], dt,
+                    in, 0.0f, m->lu, dt, r));
+    if (grads[i + 1])
+        TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, out, r, N, m->lscale, dy, dt, lddy,
+                        m->lu, dt, r, 1.0f, grads[i + 1], ZN_DTYPE_F32, r));
+    TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, N, r, out, m->lscale, dy, dt, lddy,
+                    params[i + 1], dt, r, 0.0f, m->ldu, dt, r));
+    if (grads[i])
+        TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, r, in, N, 1.0f, m->ldu, dt, r, x, dt,
+                        ldx, 1.0f, grads[i], ZN_DTYPE_F32, in));
+    return 0;
+}
+
+/* dx += du A, after the base projection wrote its part of dx. */
+static int lora_bwd_x(zn_model *m, zn_stream *s, void *const *params, unsigned t, int64_t in,
+                      void *dx, zn_dtype dxdt, int64_t lddx)
+{
+    int i = lora_index(&m->d, t);
+    if (i < 0)
+        return 0;
+    int64_t r = m->d.lora.r;
+    return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, m->N, in, r, 1.0f, m->ldu, m->dt, r,
+                       params[i], m->dt, in, 1.0f, dx, dxdt, lddx);
 }
 
 /* Forward up to (not including) the down projection. */
@@ -618,6 +720,9 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, void *const *params, const 
     TRY(linear(m, s, a->h1, H, PRM(P_WQ), qd, H, 0.0f, a->qkv, dt, ld));
     TRY(linear(m, s, a->h1, H, PRM(P_WK), kvd, H, 0.0f, at(a->qkv, qd, e), dt, ld));
     TRY(linear(m, s, a->h1, H, PRM(P_WV), kvd, H, 0.0f, at(a->qkv, qd + kvd, e), dt, ld));
+    TRY(lora_fwd(m, s, params, ZN_LORA_Q, a->h1, H, H, qd, a->qkv, ld));
+    TRY(lora_fwd(m, s, params, ZN_LORA_K, a->h1, H, H, kvd, at(a->qkv, qd, e), ld));
+    TRY(lora_fwd(m, s, params, ZN_LORA_V, a->h1, H, H, kvd, at(a->qkv, qd + kvd, e), ld));
     if (m->d.qkv_bias) {
         TRY(zn_dev_bias_add(m->dev, s, a->qkv, dt, ld, PRM(P_BQ), dt, N, qd));
         TRY(zn_dev_bias_add(m->dev, s, at(a->qkv, qd, e), dt, ld, PRM(P_BK), dt, N, kvd));
@@ -630,12 +735,15 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, void *const *params, const 
     /* x_mid = x_in + attn Wo^T (+ bo) */
     TRY(zn_dev_copy_d2d(m->dev, s, a->x_mid, x_in, (size_t)(N * H) * e));
     TRY(linear(m, s, a->attn, qd, PRM(P_WO), H, qd, 1.0f, a->x_mid, dt, H));
+    TRY(lora_fwd(m, s, params, ZN_LORA_O, a->attn, qd, qd, H, a->x_mid, H));
     if (m->d.o_bias)
         TRY(zn_dev_bias_add(m->dev, s, a->x_mid, dt, H, PRM(P_BO), dt, N, H));
     TRY(zn_dev_rmsnorm_fwd(m->dev, s, a->x_mid, dt, PRM(P_POST_NORM), dt, a->h2, dt, a->rstd2, N,
                            H, eps));
     TRY(linear(m, s, a->h2, H, PRM(P_WG), I, H, 0.0f, a->gate, dt, I));
     TRY(linear(m, s, a->h2, H, PRM(P_WU), I, H, 0.0f, a->up, dt, I));
+    TRY(lora_fwd(m, s, params, ZN_LORA_GATE, a->h2, H, H, I, a->gate, I));
+    TRY(lora_fwd(m, s, params, ZN_LORA_UP, a->h2, H, H, I, a->up, I));
     return zn_dev_swiglu_fwd(m->dev, s, a->gate, a->up, a->act, dt, N * I);
 }
 
@@ -661,7 +769,8 @@ int zn_model_layer_fwd(zn_model *m, zn_stream *s, int layer, void *const *params
     TRY(layer_fwd_core(m, s, params, x_in, &a));
     /* x_out = x_mid + act Wd^T */
     TRY(zn_dev_copy_d2d(m->dev, s, x_out, a.x_mid, (size_t)(m->N * m->H) * m->esz));
-    return linear(m, s, a.act, m->I, PRM(P_WD), m->H, m->I, 1.0f, x_out, m->dt, m->H);
+    TRY(linear(m, s, a.act, m->I, PRM(P_WD), m->H, m->I, 1.0f, x_out, m->dt, m->H));
+    return lora_fwd(m, s, params, ZN_LORA_DOWN, a.act, m->I, m->I, m->H, x_out, m->H);
 }
 
 int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params,
@@ -683,12 +792,18 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
 
     /* MLP: out = act Wd^T */
     TRY(linear_dw(m, s, dy, H, a.act, I, H, I, GRD(P_WD)));
+    TRY(lora_bwd_w(m, s, params, grads, ZN_LORA_DOWN, a.act, I, I, H, dy, H));
     TRY(linear_dx(m, s, dy, H, PRM(P_WD), H, I, 0.0f, w->act, dt, I));       /* d_act */
+    TRY(lora_bwd_x(m, s, params, ZN_LORA_DOWN, I, w->act, dt, I));
     TRY(zn_dev_swiglu_bwd(m->dev, s, a.gate, a.up, w->act, w->gate, w->up, dt, N * I));
     TRY(linear_dw(m, s, w->gate, I, a.h2, H, I, H, GRD(P_WG)));
     TRY(linear_dw(m, s, w->up, I, a.h2, H, I, H, GRD(P_WU)));
+    TRY(lora_bwd_w(m, s, params, grads, ZN_LORA_GATE, a.h2, H, H, I, w->gate, I));
     TRY(linear_dx(m, s, w->gate, I, PRM(P_WG), I, H, 0.0f, m->dh, ZN_DTYPE_F32, H));
+    TRY(lora_bwd_x(m, s, params, ZN_LORA_GATE, H, m->dh, ZN_DTYPE_F32, H));
+    TRY(lora_bwd_w(m, s, params, grads, ZN_LORA_UP, a.h2, H, H, I, w->up, I));
     TRY(linear_dx(m, s, w->up, I, PRM(P_WU), I, H, 1.0f, m->dh, ZN_DTYPE_F32, H));
+    TRY(lora_bwd_x(m, s, params, ZN_LORA_UP, H, m->dh, ZN_DTYPE_F32, H));
     TRY(zn_dev_rmsnorm_bwd(m->dev, s, a.x_mid, dt, PRM(P_POST_NORM), dt, a.rstd2, m->dh,
                            ZN_DTYPE_F32, m->dxm32, ZN_DTYPE_F32, GRD(P_POST_NORM), N, H));
     TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, dy, dt, N * H)); /* residual */
@@ -697,14 +812,16 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
 
     /* attention output projection */
     TRY(linear_dw(m, s, m->dxm, H, a.attn, qd, H, qd, GRD(P_WO)));
-    if (m->d.o_bias)
+    if (m->d.o_bias && GRD(P_BO))
         TRY(zn_dev_bias_grad(m->dev, s, m->dxm, dt, H, GRD(P_BO), N, H));
+    TRY(lora_bwd_w(m, s, params, grads, ZN_LORA_O, a.attn, qd, qd, H, m->dxm, H));
     TRY(linear_dx(m, s, m->dxm, H, PRM(P_WO), H, qd, 0.0f, m->d_attn, dt, qd));
+    TRY(lora_bwd_x(m, s, params, ZN_LORA_O, qd, m->d_attn, dt, qd));
     TRY(attn_bwd(m, s, &a));
     TRY(zn_dev_rope_bwd(m->dev, s, m->dqkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
     TRY(zn_dev_rope_bwd(m->dev, s, at(m->dqkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
                         m->inv_freq));
-    if (m->d.qkv_bias) {
+    if (m->d.qkv_bias && GRD(P_BQ)) {
         TRY(zn_dev_bias_grad(m->dev, s, m->dqkv, dt, ld, GRD(P_BQ), N, qd));
         TRY(zn_dev_bias_grad(m->dev, s, at(m->dqkv, qd, e), dt, ld, GRD(P_BK), N, kvd));
         TRY(zn_dev_bias_grad(m->dev, s, at(m->dqkv, qd + kvd, e), dt, ld, GRD(P_BV), N, kvd));
@@ -712,10 +829,17 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
     TRY(linear_dw(m, s, m->dqkv, ld, a.h1, H, qd, H, GRD(P_WQ)));
     TRY(linear_dw(m, s, at(m->dqkv, qd, e), ld, a.h1, H, kvd, H, GRD(P_WK)));
     TRY(linear_dw(m, s, at(m->dqkv, qd + kvd, e), ld, a.h1, H, kvd, H, GRD(P_WV)));
+    TRY(lora_bwd_w(m, s, params, grads, ZN_LORA_Q, a.h1, H, H, qd, m->dqkv, ld));
     TRY(linear_dx(m, s, m->dqkv, ld, PRM(P_WQ), qd, H, 0.0f, m->dh, ZN_DTYPE_F32, H));
+    TRY(lora_bwd_x(m, s, params, ZN_LORA_Q, H, m->dh, ZN_DTYPE_F32, H));
+    TRY(lora_bwd_w(m, s, params, grads, ZN_LORA_K, a.h1, H, H, kvd, at(m->dqkv, qd, e), ld));
     TRY(linear_dx(m, s, at(m->dqkv, qd, e), ld, PRM(P_WK), kvd, H, 1.0f, m->dh, ZN_DTYPE_F32, H));
+    TRY(lora_bwd_x(m, s, params, ZN_LORA_K, H, m->dh, ZN_DTYPE_F32, H));
+    TRY(lora_bwd_w(m, s, params, grads, ZN_LORA_V, a.h1, H, H, kvd, at(m->dqkv, qd + kvd, e),
+                   ld));
     TRY(linear_dx(m, s, at(m->dqkv, qd + kvd, e), ld, PRM(P_WV), kvd, H, 1.0f, m->dh,
                   ZN_DTYPE_F32, H));
+    TRY(lora_bwd_x(m, s, params, ZN_LORA_V, H, m->dh, ZN_DTYPE_F32, H));
     TRY(zn_dev_rmsnorm_bwd(m->dev, s, x_in, dt, PRM(P_IN_NORM), dt, a.rstd1, m->dh, ZN_DTYPE_F32,
                            m->dh, ZN_DTYPE_F32, GRD(P_IN_NORM), N, H));
     TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, m->dh, ZN_DTYPE_F32, N * H));
@@ -757,8 +881,9 @@ int zn_model_head_bwd(zn_model *m, zn_stream *s, void *const *params, const void
         TRY(zn_dev_xent_bwd_chunk(m->dev, s, m->logits, ZN_DTYPE_F32, N, c, c, v0, m->targets,
                                   m->lse, m->loss_scale, m->dlogits, m->dt, c));
         /* dW[v0:v0+c] += dlogits^T hN;  dhN (+)= dlogits W[v0:v0+c] */
-        TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, c, H, N, 1.0f, m->dlogits, m->dt, c,
-                        m->hN, m->dt, H, 1.0f, grads[1] + v0 * H, ZN_DTYPE_F32, H));
+        if (grads[1])
+            TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, c, H, N, 1.0f, m->dlogits, m->dt,
+                            c, m->hN, m->dt, H, 1.0f, grads[1] + v0 * H, ZN_DTYPE_F32, H));
         TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, N, H, c, 1.0f, m->dlogits, m->dt, c,
                         at(W, v0 * H, m->esz), m->dt, H, v0 ? 1.0f : 0.0f, m->dhN,
                         ZN_DTYPE_F32, H));

@@ -127,6 +127,14 @@ typedef enum { ZN_PHOME_DEVICE = 0, ZN_PHOME_CPU, ZN_PHOME_NVME } zn_param_home;
  * all-gathers into a device slot. */
 typedef struct {
     uint64_t off, n;
+    /* frozen: the block's first `frozen` elements never train (a LoRA
+     * base): the optimizer side (master, m, v, gradients, pieces, the
+     * device gradient buffer) covers only [frozen, n), sharded on its own
+     * (gpad = N x shard elements of gradient buffer; soff counts from the
+     * block's start), and an NVMe home keeps the frozen part in one extent
+     * of its own that is written once, at setup. */
+    uint64_t frozen, gpad;
+    int frozen_id;          /* NVMe home: the frozen part's extent (-1 none) */
     uint64_t npad, shard, soff, len;
     bool replicated;        /* home holds the whole block */
     zn_param_home home;
@@ -315,6 +323,7 @@ struct zn_trainer {
     zn_piece *pieces;
     int n_pieces, max_unit_pieces, max_block_pieces;
     uint64_t largest_block;       /* npad */
+    uint64_t largest_grad;        /* gpad: the device gradient buffers */
     uint64_t largest_local;       /* len */
     uint64_t largest_ring_block;  /* npad of fetched blocks */
 

@@ -107,6 +107,18 @@ static int build_layout(zn_trainer *tr)
         bl->n = md->block_params[b];
         if (!bl->n)
             return zn_set_error(ZN_ECONFIG, "train: block %d has no parameters", b);
+        bl->frozen = md->block_frozen ? md->block_frozen[b] : 0;
+        bl->frozen_id = -1;
+        if (bl->frozen > bl->n)
+            return zn_set_error(ZN_EINTERNAL, "train: block %d: %llu frozen of %llu", b,
+                                (unsigned long long)bl->frozen, (unsigned long long)bl->n);
+        uint64_t tn = bl->n - bl->frozen;  /* the elements that train */
+        bool repl = tr->world == 1 || cfg->zero.stage < 3;
+        if (bl->frozen && !repl)
+            return zn_set_error(ZN_EUNSUPPORTED, "%s: a frozen base (LoRA) with ZeRO stage 3 "
+                                "across %d ranks is not supported yet: use "
+                                "zero_optimization.stage 2, which keeps the base whole on "
+                                "every rank, or one rank", cfg->source, tr->world);
         zn_shard sh;
         int rc = zn_comm_shard(bl->n, tr->world, tr->rank, tr->world > 1 ? 128 : 1, &sh);
         if (rc)
@@ -115,12 +127,28 @@ static int build_layout(zn_trainer *tr)
         bl->shard = sh.shard;
         bl->soff = sh.offset;
         bl->len = sh.len;
+        bl->gpad = sh.padded;
+        if (bl->frozen) {
+            /* the optimizer's share is of the trainable tail only */
+            memset(&sh, 0, sizeof sh);
+            if (tn && (rc = zn_comm_shard(tn, tr->world, tr->rank, tr->world > 1 ? 128 : 1,
+                                          &sh)))
+                return rc;
+            bl->shard = sh.shard;
+            bl->soff = bl->frozen + sh.offset;
+            bl->len = sh.len;
+            bl->gpad = sh.padded;
+            if (bl->frozen + bl->gpad > bl->npad)
+                bl->npad = bl->frozen + bl->gpad;  /* room for the in-place gather */
+        }
+        if (bl->gpad > tr->largest_grad)
+            tr->largest_grad = bl->gpad;
         bl->off = off;
         off += bl->len;
-        full += bl->n;
+        full += tn;
         /* stages 1/2 keep whole parameters on every rank (they are never
          * offloaded: offload_param needs stage 3) */
-        bl->replicated = tr->world == 1 || cfg->zero.stage < 3;
+        bl->replicated = repl;
         if (bl->npad > tr->largest_block)
             tr->largest_block = bl->npad;
         if (bl->len > tr->largest_local)
@@ -138,9 +166,10 @@ static int build_layout(zn_trainer *tr)
             bl->home = ZN_PHOME_DEVICE;
         } else if (tr->popt == ZN_OFFLOAD_CPU) {
             bl->home = ZN_PHOME_CPU;
-        } else if (in_cpu + bl->len <= (uint64_t)cfg->zero.offload_param.max_in_cpu) {
+        } else if (in_cpu + (bl->replicated ? bl->n : bl->len) <=
+                   (uint64_t)cfg->zero.offload_param.max_in_cpu) {
             bl->home = ZN_PHOME_CPU;
-            in_cpu += bl->len;
+            in_cpu += bl->replicated ? bl->n : bl->len;
         } else {
             bl->home = ZN_PHOME_NVME;
         }
@@ -228,9 +257,12 @@ static int build_layout(zn_trainer *tr)
             u++;
     }
     tr->n_pieces = n;
-    for (int i = 0; i < tr->L; i++)
-        if (tr->blocks[i].np > tr->max_block_pieces)
-            tr->max_block_pieces = tr->blocks[i].np;
+    for (int i = 0; i < tr->L; i++) {
+        /* an NVMe home's frozen part is one more request */
+        int nr = tr->blocks[i].np + (tr->blocks[i].frozen ? 1 : 0);
+        if (nr > tr->max_block_pieces)
+            tr->max_block_pieces = nr;
+    }
     for (int i = 0; i < tr->n_units; i++)
         if (tr->units[i].np > tr->max_unit_pieces)
             tr->max_unit_pieces = tr->units[i].np;
@@ -251,6 +283,9 @@ static uint64_t nvme_bytes_needed(zn_trainer *tr)
     for (int k = 0; k < tr->n_pieces; k++)
         if (tr->blocks[tr->pieces[k].block].home == ZN_PHOME_NVME)
             need += round_up(tr->pieces[k].n * tr->pbytes, bs);
+    for (int b = 0; b < tr->L; b++)
+        if (tr->blocks[b].home == ZN_PHOME_NVME && tr->blocks[b].frozen)
+            need += round_up(tr->blocks[b].frozen * tr->pbytes, bs);
     if (need)
         need += 2 * bs * (uint64_t)(tr->cfg.tiers.n_nvme > 0 ? tr->cfg.tiers.n_nvme : 1);
     return need;
@@ -346,6 +381,20 @@ static uint64_t home_elems(const zn_block *bl)
     return bl->replicated ? bl->npad : bl->shard;
 }
 
+/* Where block element 0 sits in an NVMe home's staging buffer: a
+ * replicated home (one rank) stages the whole block, a sharded one the
+ * rank's shard. */
+static uint64_t stage_base(const zn_block *bl)
+{
+    return bl->replicated ? 0 : bl->soff;
+}
+
+/* Offset (elements) of piece p in its block's staging buffer. */
+static uint64_t piece_stage_off(const zn_block *bl, const zn_piece *p)
+{
+    return bl->soff - stage_base(bl) + (p->start - bl->off);
+}
+
 static int allocate(zn_trainer *tr)
 {
     int rc = 0;
@@ -387,8 +436,9 @@ static int allocate(zn_trainer *tr)
     }
     for (int i = 0; i < 2; i++) {
         TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, act, "activation grad", &tr->dact[i]));
-        TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_block * 4, "block grads",
-                      &tr->gdev[i]));
+        if (tr->largest_grad)
+            TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_grad * 4, "block grads",
+                          &tr->gdev[i]));
     }
 
     /* optimizer states in memory */
@@ -418,9 +468,14 @@ static int allocate(zn_trainer *tr)
         TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_local * 4, "grad staging",
                       (void **)&tr->gstage[i]));
     uint64_t largest_nvme = 0;
-    for (int b = 0; b < tr->L; b++)
-        if (tr->blocks[b].home == ZN_PHOME_NVME && tr->blocks[b].len > largest_nvme)
-            largest_nvme = tr->blocks[b].len;
+    for (int b = 0; b < tr->L; b++) {
+        /* staging holds what the home holds: the whole block (one rank, a
+         * frozen base) or the rank's shard */
+        const zn_block *bl = &tr->blocks[b];
+        uint64_t h = bl->frozen ? bl->n : bl->len;
+        if (bl->home == ZN_PHOME_NVME && h > largest_nvme)
+            largest_nvme = h;
+    }
     if (largest_nvme) {
         int64_t bc = cfg->zero.offload_param.buffer_count;
         tr->n_pstage = (int)(bc < 2 ? 2 : bc > 64 ? 64 : bc);
@@ -434,7 +489,9 @@ static int allocate(zn_trainer *tr)
     bool pipelined = tr->world == 1 || cfg->zero.stage >= 3;
     for (int b = 0; b < tr->L; b++) {
         zn_block *bl = &tr->blocks[b];
-        bl->pc_ok = pipelined && bl->home == ZN_PHOME_NVME && (tr->world == 1 || !bl->replicated);
+        /* (a frozen base is never updated: nothing of it to cache) */
+        bl->pc_ok = pipelined && bl->home == ZN_PHOME_NVME && !bl->frozen &&
+                    (tr->world == 1 || !bl->replicated);
         uint64_t fetched = bl->replicated ? bl->n : bl->len;
         if (bl->pc_ok && fetched > largest_pc)
             largest_pc = fetched;
@@ -506,6 +563,13 @@ static int allocate(zn_trainer *tr)
                 continue;
             snprintf(name, sizeof name, "params b%d u%d", p->block, p->unit);
             TRY(alloc_ext(tr, ZN_STATE_PARAMS, p->n * tr->pbytes, name, &p->param_id));
+        }
+        for (int b = 0; b < tr->L; b++) {
+            zn_block *bl = &tr->blocks[b];
+            if (bl->home != ZN_PHOME_NVME || !bl->frozen)
+                continue;
+            snprintf(name, sizeof name, "frozen params b%d", b);
+            TRY(alloc_ext(tr, ZN_STATE_PARAMS, bl->frozen * tr->pbytes, name, &bl->frozen_id));
         }
     }
 
@@ -697,14 +761,21 @@ static int initialise(zn_trainer *tr)
                                      vals, ZN_DTYPE_F32, c)))
                     goto out;
             }
+            /* a frozen base homed on NVMe: staged whole, its own extent */
+            if (bl->home == ZN_PHOME_NVME && x < bl->frozen) {
+                uint64_t fe = x + c < bl->frozen ? x + c : bl->frozen;
+                if ((rc = zn_convert((char *)tr->pstage[t] + x * tr->pbytes, tr->pdt, vals,
+                                     ZN_DTYPE_F32, fe - x)))
+                    goto out;
+            }
             /* the rank's shard: NVMe-home params and the master */
             uint64_t a = x > bl->soff ? x : bl->soff;
             uint64_t e = x + c < bl->soff + bl->len ? x + c : bl->soff + bl->len;
             if (a >= e)
                 continue;
             if (bl->home == ZN_PHOME_NVME &&
-                (rc = zn_convert((char *)tr->pstage[t] + (a - bl->soff) * tr->pbytes, tr->pdt,
-                                 vals + (a - x), ZN_DTYPE_F32, e - a)))
+                (rc = zn_convert((char *)tr->pstage[t] + (a - stage_base(bl)) * tr->pbytes,
+                                 tr->pdt, vals + (a - x), ZN_DTYPE_F32, e - a)))
                 goto out;
             if (!opt_nvme)
                 memcpy(tr->master + bl->off + (a - bl->soff), vals + (a - x), (e - a) * 4);
@@ -716,9 +787,18 @@ static int initialise(zn_trainer *tr)
                 zn_piece *p = &tr->pieces[bl->p0 + k];
                 rc = zn_ioq_submit(&tr->wq, &tr->pstage_req[t * tr->max_block_pieces + k], 1,
                                    &zn_tier_get(&tr->tm, p->param_id)->ext,
-                                   (char *)tr->pstage[t] + (p->start - bl->off) * tr->pbytes,
+                                   (char *)tr->pstage[t] + piece_stage_off(bl, p) * tr->pbytes,
                                    p->n * tr->pbytes, "initial params");
                 np_pending[t] = k + 1;
+            }
+            if (bl->frozen && !rc) {
+                /* the only write the frozen base ever gets */
+                rc = zn_ioq_submit(&tr->wq, &tr->pstage_req[t * tr->max_block_pieces + bl->np],
+                                   1, &zn_tier_get(&tr->tm, bl->frozen_id)->ext, tr->pstage[t],
+                                   bl->frozen * tr->pbytes, "initial frozen params");
+                np_pending[t] = bl->np + 1;
+                if (!rc)
+                    zn_tier_set_valid(&tr->tm, bl->frozen_id, ZN_TIER_NVME, true);
             }
         }
     }
@@ -1209,13 +1289,19 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
         /* the staging buffer's previous copy must be done before it is refilled */
         if ((rc = zn_dev_event_sync(d, tr->ev_pstage_free[t])))
             return rc;
-        for (int k = 0; k < bl->np; k++) {
-            zn_piece *p = &tr->pieces[bl->p0 + k];
+        int nr = bl->np + (bl->frozen ? 1 : 0);
+        snprintf(name, sizeof name, "params b%d", block);
+        for (int k = 0; k < nr; k++) {
             zn_io_req *r = &tr->pstage_req[t * tr->max_block_pieces + k];
-            snprintf(name, sizeof name, "params b%d", block);
-            rc = zn_ioq_submit(&tr->rq, r, 0, &zn_tier_get(&tr->tm, p->param_id)->ext,
-                               (char *)tr->pstage[t] + (p->start - bl->off) * tr->pbytes,
-                               p->n * tr->pbytes, name);
+            if (k < bl->np) {
+                zn_piece *p = &tr->pieces[bl->p0 + k];
+                rc = zn_ioq_submit(&tr->rq, r, 0, &zn_tier_get(&tr->tm, p->param_id)->ext,
+                                   (char *)tr->pstage[t] + piece_stage_off(bl, p) * tr->pbytes,
+                                   p->n * tr->pbytes, name);
+            } else {
+                rc = zn_ioq_submit(&tr->rq, r, 0, &zn_tier_get(&tr->tm, bl->frozen_id)->ext,
+                                   tr->pstage[t], bl->frozen * tr->pbytes, name);
+            }
             if (rc) {
                 for (int j = 0; j <= k; j++)
                     zn_ioq_wait(&tr->rq, &tr->pstage_req[t * tr->max_block_pieces + j]);
@@ -1226,7 +1312,7 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
         a->tr = tr;
         a->t = t;
         a->block = block;
-        a->np = bl->np;
+        a->np = nr;
         if ((rc = zn_dev_launch_host_fn(d, tr->s_h2d, pread_wait_fn, a)))
             return rc;
         src = tr->pstage[t];
@@ -1443,20 +1529,25 @@ static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
             int g = (L - 1 - b) & 1;
             const void *dout = b < L - 1 ? tr->dact[(b + 1) & 1] : NULL;
             void *din = b > 0 ? tr->dact[b & 1] : NULL;
-            if ((rc = zn_dev_stream_wait_event(d, tr->s_comp, tr->ev_gfree[g])) ||
-                (rc = zn_dev_memset(d, tr->s_comp, tr->gdev[g], 0, bl->npad * 4)))
+            bool grads = bl->gpad > 0;  /* else wholly frozen: only din */
+            if (grads && ((rc = zn_dev_stream_wait_event(d, tr->s_comp, tr->ev_gfree[g])) ||
+                          (rc = zn_dev_memset(d, tr->s_comp, tr->gdev[g], 0, bl->gpad * 4))))
                 return rc;
             zn_mark *mk = zn_train_mark_begin(tr, tr->s_comp, ZN_RES_COMPUTE, name);
-            if ((rc = md->backward(md->ctx, tr->s_comp, b, params, in, dout, din, tr->gdev[g])))
+            if ((grads || din) &&
+                (rc = md->backward(md->ctx, tr->s_comp, b, params, in, dout, din,
+                                   grads ? tr->gdev[g] : NULL)))
                 return zn_error_prefix(rc, "backward of block %d", b);
             zn_train_mark_end(tr, tr->s_comp, mk);
+            if (!grads)
+                goto consumed;
             if ((rc = zn_dev_event_record(d, tr->ev_gready[g], tr->s_comp)))
                 return rc;
             /* grads: with N > 1 ranks, reduce-scatter in place (each rank
              * keeps the sum of its shard), then D2H of this rank's part into
              * pinned staging, then accumulate */
             zn_event *gdone = tr->ev_gready[g];
-            float *gsrc = (float *)tr->gdev[g] + bl->soff;
+            float *gsrc = (float *)tr->gdev[g] + (bl->soff - bl->frozen);
             if (tr->world > 1) {
                 if ((rc = zn_dev_stream_wait_event(d, tr->s_comm, tr->ev_gready[g])))
                     return rc;
@@ -1489,6 +1580,7 @@ static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
             if ((rc = zn_dev_launch_host_fn(d, tr->s_d2h, accum_fn, aa)))
                 return rc;
         }
+    consumed:
         if (slot >= 0 && fe[f].last_use == i &&
             (rc = zn_dev_event_record(d, tr->ev_consumed[slot], tr->s_comp)))
             return rc;
@@ -1577,11 +1669,13 @@ static int gather_replicated(zn_trainer *tr)
     int rc = 0;
     for (int b = 0; b < tr->L && !rc; b++) {
         zn_block *bl = &tr->blocks[b];
-        if (!bl->replicated || bl->home != ZN_PHOME_DEVICE)
+        if (!bl->replicated || bl->home != ZN_PHOME_DEVICE || !bl->shard)
             continue;
+        /* the trainable part only: a frozen base never changes */
         rc = zn_comm_allgather_on(tr->comm, tr->s_comm,
                                   (char *)bl->dev_params + bl->soff * tr->pbytes,
-                                  bl->dev_params, bl->shard, tr->pdt);
+                                  (char *)bl->dev_params + bl->frozen * tr->pbytes, bl->shard,
+                                  tr->pdt);
     }
     int r2 = zn_comm_sync_on(tr->comm, tr->s_comm);
     return rc ? rc : r2;
@@ -1951,8 +2045,8 @@ int zn_train_read_master(zn_trainer *tr, float *out, uint64_t n)
         return read_local_master(tr, out);
     /* every rank's shards, block by block */
     float *local = malloc(tr->P * 4);
-    float *shard = malloc((tr->largest_block / (uint64_t)tr->world) * 4);
-    float *whole = malloc(tr->largest_block * 4);
+    float *shard = malloc((tr->largest_grad / (uint64_t)tr->world) * 4 + 4);
+    float *whole = malloc(tr->largest_grad * 4 + 4);
     int rc = local && shard && whole ? 0 : zn_set_error(-ENOMEM, "train: out of memory");
     if (!rc)
         rc = read_local_master(tr, local);
@@ -1961,10 +2055,12 @@ int zn_train_read_master(zn_trainer *tr, float *out, uint64_t n)
         zn_block *bl = &tr->blocks[b];
         memset(shard, 0, bl->shard * 4);
         memcpy(shard, local + bl->off, bl->len * 4);
+        if (!bl->shard)
+            continue;  /* wholly frozen */
         rc = zn_comm_allgather(tr->comm, shard, whole, bl->shard, ZN_DTYPE_F32);
         if (!rc)
-            memcpy(out + at, whole, bl->n * 4);
-        at += bl->n;
+            memcpy(out + at, whole, (bl->n - bl->frozen) * 4);
+        at += bl->n - bl->frozen;
     }
     free(local);
     free(shard);
@@ -1975,8 +2071,8 @@ int zn_train_read_master(zn_trainer *tr, float *out, uint64_t n)
 void zn_train_block_share(const zn_trainer *tr, int b, zn_block_share *out)
 {
     const zn_block *bl = &tr->blocks[b];
-    out->n = bl->n;
-    out->shard_off = bl->soff;
+    out->n = bl->n - bl->frozen;
+    out->shard_off = bl->soff - bl->frozen;
     out->len = bl->len;
     out->local_off = bl->off;
 }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "zinc/device.h"
 #include "zinc/model.h"
@@ -19,7 +20,9 @@
 typedef struct {
     int n;
     uint64_t off[MAX_TENSORS];   /* elements */
-    int kind[MAX_TENSORS];       /* 0 matrix (normal), 1 norm (ones), 2 bias (zeros) */
+    int kind[MAX_TENSORS];       /* 0 matrix (normal), 1 norm (ones), 2 bias (zeros),
+                                    3 lora_A (PEFT's Kaiming uniform), 4 lora_B (zeros) */
+    int64_t fan_in[MAX_TENSORS]; /* lora_A: its in features */
     const zn_st_tensor *src[MAX_TENSORS]; /* loaded: the checkpoint's tensor */
     int pidx[MAX_TENSORS];       /* its index in zn_model_block_param order */
     int n_all;                   /* tensors the block calls take (own + tied views) */
@@ -32,7 +35,10 @@ struct zn_train_llama {
     uint64_t seed;
     int nb;
     uint64_t *block_params;
+    uint64_t *block_frozen;      /* LoRA: the decoder's own tensors */
     block_layout *lay;
+    zn_st *ast;                  /* LoRA: the adapter the adapters start from */
+    uint64_t lora_seed;
     zn_model *m;
     size_t esz;
     zn_st *st;                   /* the checkpoint the weights come from, or NULL */
@@ -79,6 +85,7 @@ static void normal_range(uint64_t key, double std, uint64_t first, uint64_t n, f
 #define READ_PIECE ((uint64_t)4 << 20)
 
 typedef struct {
+    zn_st *st;
     const zn_st_tensor *t;
     uint64_t first, n;   /* tensor elements */
     float *out;
@@ -92,7 +99,7 @@ static int read_pieces(zn_train_llama *l, const read_piece *rp, int np)
     for (int i = 0; i < np; i++) {
         if (atomic_load(&err))
             continue;
-        int rc = zn_st_read_range(l->st, rp[i].t, rp[i].first, rp[i].n, ZN_DTYPE_F32, rp[i].out,
+        int rc = zn_st_read_range(rp[i].st, rp[i].t, rp[i].first, rp[i].n, ZN_DTYPE_F32, rp[i].out,
                                   (size_t)(rp[i].n * 4));
         if (rc) {
             int zero = 0;
@@ -130,15 +137,23 @@ static int ll_init(void *ctx, int b, uint64_t first, uint64_t n, float *out)
                         return rc;
                     np = 0;
                 }
-                rp[np++] = (read_piece){ ly->src[i], x - ts,
+                rp[np++] = (read_piece){ ly->kind[i] >= 3 ? l->ast : l->st, ly->src[i], x - ts,
                                          e - x < READ_PIECE ? e - x : READ_PIECE,
                                          out + (x - first) };
             }
         } else if (ly->kind[i] == 1) {
             for (uint64_t k = 0; k < e - a; k++)
                 o[k] = 1.0f;
-        } else if (ly->kind[i] == 2) {
+        } else if (ly->kind[i] == 2 || ly->kind[i] == 4) {
             memset(o, 0, (e - a) * sizeof *o);
+        } else if (ly->kind[i] == 3) {
+            /* PEFT: kaiming_uniform_(a = sqrt(5)), i.e. U(-1/sqrt(in), 1/sqrt(in)) */
+            uint64_t key = mix(l->lora_seed ^ mix(((uint64_t)b << 8) | (uint64_t)i));
+            double bound = 1.0 / sqrt((double)ly->fan_in[i]);
+            for (uint64_t k = 0; k < e - a; k++) {
+                uint64_t h = mix(key + (a - ts) + k);
+                o[k] = (float)((2.0 * ((double)(h >> 11) * 0x1.0p-53) - 1.0) * bound);
+            }
         } else {
             uint64_t key = mix(l->seed ^ mix(((uint64_t)b << 8) | (uint64_t)i));
             normal_range(key, l->init_std, a - ts, e - a, o);
@@ -160,7 +175,7 @@ static int ll_prepare(void *ctx, zn_dev *d, zn_stream *s, zn_dtype dt)
     if (rc)
         return rc;
     l->dev = d;
-    if (l->d.tie_embeddings &&
+    if (l->d.tie_embeddings && l->d.lora.r == 0 &&
         (rc = zn_dev_alloc(d, (size_t)(l->d.vocab * l->d.hidden) * 4, "tied lm_head gradient",
                            (void **)&l->tied_grad))) {
         zn_model_destroy(l->m);
@@ -188,7 +203,7 @@ static int ll_plan_prepare(void *ctx, zn_dtype dt, uint64_t *device_bytes, size_
         return zn_set_error(ZN_ECONFIG, "model: no workspace for these dims and batch");
     uint64_t a = ZN_DEV_ALIGN;
     *device_bytes = (ws + a - 1) / a * a;
-    if (l->d.tie_embeddings)
+    if (l->d.tie_embeddings && l->d.lora.r == 0)
         *device_bytes += ((uint64_t)(l->d.vocab * l->d.hidden) * 4 + a - 1) / a * a;
     *act_bytes = (size_t)(l->batch * l->seq * l->d.hidden) * zn_dtype_size(dt);
     return 0;
@@ -226,10 +241,13 @@ static int ll_read_loss(void *ctx, zn_stream *s, float *loss)
 static void views(const zn_train_llama *l, int b, void *base, size_t esz, void **out, int grads)
 {
     const block_layout *ly = &l->lay[b];
+    /* gradients cover only the trainable tail [frozen, n): a frozen
+     * tensor's is NULL (never formed) */
+    uint64_t fz = grads ? l->block_frozen[b] : 0;
     for (int i = 0; i < ly->n; i++)
-        out[ly->pidx[i]] = (char *)base + ly->off[i] * esz;
+        out[ly->pidx[i]] = !base || ly->off[i] < fz ? NULL : (char *)base + (ly->off[i] - fz) * esz;
     if (ly->n_all > ly->n)  /* the tied head: lm_head is its last tensor */
-        out[ly->n_all - 1] = grads ? (void *)l->tied_grad : l->embed;
+        out[ly->n_all - 1] = grads ? (void *)l->tied_grad : l->embed; /* NULL with LoRA */
 }
 
 static void ll_bind_block0(void *ctx, void *dev_params)
@@ -294,8 +312,9 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
     l->seed = seed;
     l->nb = zn_model_num_blocks(dims);
     l->block_params = calloc((size_t)l->nb, sizeof *l->block_params);
+    l->block_frozen = calloc((size_t)l->nb, sizeof *l->block_frozen);
     l->lay = calloc((size_t)l->nb, sizeof *l->lay);
-    if (!l->block_params || !l->lay) {
+    if (!l->block_params || !l->block_frozen || !l->lay) {
         zn_train_llama_destroy(l);
         return zn_set_error(-ENOMEM, "out of memory");
     }
@@ -327,11 +346,14 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
             int k = ly->n++;
             ly->pidx[k] = i;
             ly->off[k] = off;
-            ly->kind[k] = strstr(pi.name, "norm.weight") ? 1
+            ly->kind[k] = pi.lora == 1 ? 3 : pi.lora == 2 ? 4
+                          : strstr(pi.name, "norm.weight") ? 1
                           : (nl > 5 && !strcmp(pi.name + nl - 5, ".bias")) ? 2 : 0;
+            ly->fan_in[k] = pi.shape[1];
             off += (uint64_t)pi.numel;
         }
         l->block_params[b] = off;
+        l->block_frozen[b] = zn_model_block_frozen_count(dims, b);
         if (off != zn_model_block_param_count(dims, b)) {
             zn_train_llama_destroy(l);
             return zn_set_error(ZN_EINTERNAL, "block %d: tensors hold %llu elements, the "
@@ -343,6 +365,7 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
     m->ctx = l;
     m->n_blocks = l->nb;
     m->block_params = l->block_params;
+    m->block_frozen = dims->lora.r > 0 ? l->block_frozen : NULL;
     m->act_bytes = (size_t)(micro_batch * seq * dims->hidden) * 4;
     m->flops_per_token = zn_model_flops(dims, -1, 1, seq) / (double)seq;
     m->prepare = ll_prepare;
@@ -369,7 +392,9 @@ void zn_train_llama_destroy(zn_train_llama *l)
     if (!l)
         return;
     zn_st_close(l->st);
+    zn_st_close(l->ast);
     free(l->block_params);
+    free(l->block_frozen);
     free(l->lay);
     free(l);
 }
@@ -426,6 +451,8 @@ int zn_train_llama_load(zn_train_llama *l, const char *path, char *summary, size
             zn_param_info pi;
             if ((rc = zn_model_block_param(&l->d, b, l->lay[b].pidx[i], &pi)))
                 break;
+            if (pi.lora)
+                continue; /* adapters: zn_train_llama_load_adapter, or the init */
             const zn_st_tensor *t = zn_st_find(st, pi.name);
             if (!t) {
                 rc = zn_set_error(ZN_ECONFIG, "model weights %s: tensor '%s' is missing "
@@ -479,7 +506,8 @@ int zn_train_llama_load(zn_train_llama *l, const char *path, char *summary, size
     }
     for (int b = 0; b < l->nb; b++)
         for (int i = 0; i < l->lay[b].n; i++)
-            l->lay[b].src[i] = tab[(size_t)b * MAX_TENSORS + (size_t)i];
+            if (l->lay[b].kind[i] < 3)
+                l->lay[b].src[i] = tab[(size_t)b * MAX_TENSORS + (size_t)i];
     free(tab);
     zn_st_close(l->st);
     l->st = st;
@@ -496,5 +524,95 @@ int zn_train_llama_load(zn_train_llama *l, const char *path, char *summary, size
             *c = (char)(*c >= 'A' && *c <= 'Z' ? *c - 'A' + 'a' : *c);
         snprintf(summary, summary_len, "%zu tensors from %s, %s", used, path, dts);
     }
+    return 0;
+}
+
+void zn_train_llama_set_lora_seed(zn_train_llama *l, uint64_t seed)
+{
+    l->lora_seed = seed;
+}
+
+int zn_train_llama_load_adapter(zn_train_llama *l, const char *dir, char *summary,
+                                size_t summary_len)
+{
+    if (l->d.lora.r <= 0)
+        return zn_set_error(ZN_ECONFIG, "lora.adapter %s: the model has no LoRA adapters", dir);
+    char path[4096];
+    struct stat sb;
+    if (stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode))
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    else
+        snprintf(path, sizeof path, "%s", dir);
+    zn_st *st = NULL;
+    int rc = zn_st_open(&st, path);
+    if (rc)
+        return zn_error_prefix(rc, "lora.adapter");
+    size_t nt = zn_st_count(st), used = 0;
+    unsigned char *seen = calloc(nt ? nt : 1, 1);
+    if (!seen) {
+        zn_st_close(st);
+        return zn_set_error(-ENOMEM, "out of memory");
+    }
+    for (int b = 0; b < l->nb && !rc; b++) {
+        for (int i = 0; i < l->lay[b].n && !rc; i++) {
+            if (l->lay[b].kind[i] < 3)
+                continue;
+            zn_param_info pi;
+            if ((rc = zn_model_block_param(&l->d, b, l->lay[b].pidx[i], &pi)))
+                break;
+            char name[160];
+            snprintf(name, sizeof name, "base_model.model.%s", pi.name);
+            const zn_st_tensor *t = zn_st_find(st, name);
+            if (!t) {
+                rc = zn_set_error(ZN_ECONFIG, "lora.adapter %s: tensor '%s' is missing (the "
+                                  "adapter's target_modules or r differ from the lora "
+                                  "section?)", path, name);
+                break;
+            }
+            if (t->ndim != 2 || t->shape[0] != pi.shape[0] || t->shape[1] != pi.shape[1]) {
+                char want[64], have[128];
+                shape_str(want, sizeof want, pi.ndim, pi.shape);
+                shape_str(have, sizeof have, t->ndim, t->shape);
+                rc = zn_set_error(ZN_ECONFIG, "lora.adapter %s: tensor '%s' has shape %s, "
+                                  "this model and r need %s", path, name, have, want);
+                break;
+            }
+            if (t->dtype != ZN_ST_F32 && t->dtype != ZN_ST_BF16 && t->dtype != ZN_ST_F16) {
+                rc = zn_set_error(ZN_EUNSUPPORTED, "lora.adapter %s: tensor '%s' is %s, not "
+                                  "F32, BF16 or F16", path, name, zn_st_dtype_name(t->dtype));
+                break;
+            }
+            size_t idx = (size_t)(t - zn_st_tensor_at(st, 0));
+            if (!seen[idx]) {
+                seen[idx] = 1;
+                used++;
+            }
+        }
+    }
+    for (size_t k = 0; k < nt && !rc; k++)
+        if (!seen[k])
+            rc = zn_set_error(ZN_EUNSUPPORTED, "lora.adapter %s: tensor '%s' is not an adapter "
+                              "zinc trains (only lora_A/lora_B of the decoder layers' "
+                              "projections; no bias, modules_to_save or DoRA)", path,
+                              zn_st_tensor_at(st, k)->name);
+    free(seen);
+    if (rc) {
+        zn_st_close(st);
+        return rc;
+    }
+    for (int b = 0; b < l->nb; b++)
+        for (int i = 0; i < l->lay[b].n; i++) {
+            if (l->lay[b].kind[i] < 3)
+                continue;
+            zn_param_info pi;
+            zn_model_block_param(&l->d, b, l->lay[b].pidx[i], &pi);
+            char name[160];
+            snprintf(name, sizeof name, "base_model.model.%s", pi.name);
+            l->lay[b].src[i] = zn_st_find(st, name);
+        }
+    zn_st_close(l->ast);
+    l->ast = st;
+    if (summary && summary_len)
+        snprintf(summary, summary_len, "%zu adapter tensors from %s", used, dir);
     return 0;
 }

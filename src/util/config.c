@@ -26,6 +26,7 @@ typedef enum {
     K_BATCH,     /* int64 >= 1, or "auto" = 0 (derived) */
     K_BETAS,     /* [beta1, beta2] */
     K_NVME,      /* tiers.nvme: [{path, size}] or a single path string */
+    K_TARGETS,   /* lora.target_modules: a list of module names or "all-linear" */
     K_FIXED,     /* DeepSpeed key zinc accepts only at the value in `fixed` */
     K_ACCEPT,    /* DeepSpeed key whose every value matches zinc's behaviour */
     K_UNSUPP,    /* DeepSpeed key zinc does not implement */
@@ -279,6 +280,25 @@ static const key_spec schema[] = {
     { "model.seed", K_INT, OFF(model.seed), 0, I64MAX, NULL, 0, NULL },
     { "model.init", K_ENUM, OFF(model.init), 0, 0, "weights|random", 0, NULL },
 
+    /* ---- zinc: LoRA (PEFT's LoraConfig names and meanings) ---- */
+    { "lora", K_OBJ, 0, 0, 0, NULL, 0, NULL },
+    { "lora.r", K_INT, OFF(lora.r), 0, 65536, NULL, 0, NULL },
+    { "lora.lora_alpha", K_NUM, OFF(lora.lora_alpha), -1e6, 1e6, NULL, 0, NULL },
+    { "lora.lora_dropout", K_NUM, OFF(lora.lora_dropout), 0, 0.999, NULL, 0, NULL },
+    { "lora.target_modules", K_TARGETS, OFF(lora.targets), 0, 0, NULL, 0, NULL },
+    { "lora.bias", K_FIXED, 0, 0, 0, "\"none\"", 0,
+      "zinc trains the adapters only; biases stay frozen" },
+    { "lora.use_rslora", K_BOOL, OFF(lora.use_rslora), 0, 0, NULL, 0, NULL },
+    { "lora.init_lora_weights", K_BOOL, OFF(lora.init_lora_weights), 0, 0, NULL, 0, NULL },
+    { "lora.seed", K_INT, OFF(lora.seed), 0, I64MAX, NULL, 0, NULL },
+    { "lora.adapter", K_STR, OFF(lora.adapter), 0, 0, NULL, ZN_PATH_MAX, NULL },
+    { "lora.task_type", K_FIXED, 0, 0, 0, "\"CAUSAL_LM\"", 0, NULL },
+    { "lora.fan_in_fan_out", K_FIXED, 0, 0, 0, "false", 0, NULL },
+    { "lora.use_dora", K_FIXED, 0, 0, 0, "false", 0, "DoRA is not implemented" },
+    { "lora.modules_to_save", K_FIXED, 0, 0, 0, "null", 0,
+      "zinc trains no full modules beside the adapters" },
+    { "lora.layers_to_transform", K_FIXED, 0, 0, 0, "null", 0, "adapters go on every layer" },
+
     /* ---- zinc: data ---- */
     { "data", K_OBJ, 0, 0, 0, NULL, 0, NULL },
     { "data.path", K_STR, OFF(data.path), 0, 0, NULL, ZN_PATH_MAX, NULL },
@@ -393,6 +413,9 @@ void zn_config_default(zn_config *c)
     c->model.rms_norm_eps = 1e-6;
     c->model.max_position_embeddings = 4096;
     c->model.init_std = 0.02;
+    c->lora.lora_alpha = 8;
+    c->lora.init_lora_weights = true;
+    c->lora.targets = 1u | 4u; /* PEFT's default for llama / qwen2: q_proj, v_proj */
     c->model.seed = 1234;
 
     c->data.seq_len = 512;
@@ -671,6 +694,53 @@ static int parse_enum(parse_ctx *ctx, const key_spec *k, const char *path, const
     return cfg_err(ctx, path, "'%s' is not one of %s", s, k->choices);
 }
 
+/* PEFT's target_modules for these decoders: module names (a full
+ * "model.layers.3.self_attn.q_proj" counts by its last part) or
+ * "all-linear" (every projection of the layers; not lm_head). */
+static int parse_targets(parse_ctx *ctx, const char *path, const json_t *v, unsigned *out)
+{
+    static const char *const names[] = { "q_proj", "k_proj", "v_proj", "o_proj",
+                                          "gate_proj", "up_proj", "down_proj" };
+    *out = 0;
+    if (json_is_string(v) && !strcmp(json_string_value(v), "all-linear")) {
+        *out = 127;
+        return 0;
+    }
+    const json_t *arr = v;
+    json_t *one = NULL;
+    if (json_is_string(v))
+        arr = one = json_pack("[O]", v);
+    if (!json_is_array(arr)) {
+        return cfg_err(ctx, path, "expected a list of module names (q_proj, k_proj, v_proj, "
+                       "o_proj, gate_proj, up_proj, down_proj) or \"all-linear\", got %s",
+                       json_kind(v));
+    }
+    size_t i;
+    json_t *e;
+    int rc = 0;
+    json_array_foreach(arr, i, e) {
+        const char *n = json_is_string(e) ? json_string_value(e) : NULL;
+        const char *leaf = n ? strrchr(n, '.') : NULL;
+        leaf = leaf ? leaf + 1 : n;
+        int k = 0;
+        while (leaf && k < 7 && strcmp(leaf, names[k]))
+            k++;
+        if (!leaf || k == 7) {
+            char *got = json_dumps(e, JSON_ENCODE_ANY | JSON_COMPACT);
+            rc = cfg_err(ctx, path, "[%zu] = %s is not a projection zinc adapts: one of q_proj, "
+                         "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (lm_head and "
+                         "embed_tokens adapters are not supported)", i, got ? got : "?");
+            free(got);
+            break;
+        }
+        *out |= 1u << k;
+    }
+    json_decref(one);
+    if (!rc && !*out)
+        rc = cfg_err(ctx, path, "names no module");
+    return rc;
+}
+
 static int parse_nvme(parse_ctx *ctx, const char *path, const json_t *v)
 {
     zn_config_tiers *t = &ctx->cfg->tiers;
@@ -924,6 +994,10 @@ static int parse_value(parse_ctx *ctx, const key_spec *k, const char *path, json
     }
     case K_NVME:
         if (parse_nvme(ctx, path, v))
+            return ZN_ECONFIG;
+        break;
+    case K_TARGETS:
+        if (parse_targets(ctx, path, v, (unsigned *)(base + k->off)))
             return ZN_ECONFIG;
         break;
     case K_FIXED: {
@@ -1505,6 +1579,15 @@ char *zn_config_dump(const zn_config *c)
         case K_BETAS:
             v = json_pack("[ff]", c->optimizer.beta1, c->optimizer.beta2);
             break;
+        case K_TARGETS: {
+            static const char *const names[] = { "q_proj", "k_proj", "v_proj", "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj" };
+            v = json_array();
+            for (int j = 0; j < 7; j++)
+                if (c->lora.targets & (1u << j))
+                    json_array_append_new(v, json_string(names[j]));
+            break;
+        }
         case K_NVME: {
             v = json_array();
             for (int j = 0; j < c->tiers.n_nvme; j++) {
