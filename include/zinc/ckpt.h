@@ -128,8 +128,12 @@ ZN_API int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr);
  * shard_bytes each (0 = 2 GiB), model.safetensors.index.json. Tensors
  * carry HF names and shapes; values are the fp32 master rounded to `dtype`
  * (F32 or BF16); a sharded checkpoint's blocks are reassembled from every
- * rank's part. Verifies every crc32c on the way. Returns 0; -ENOENT (no
- * model recorded); ZN_ECORRUPT; -errno. */
+ * rank's part. Verifies every crc32c on the way. A LoRA checkpoint (its
+ * adapter_config.json) is written as a PEFT adapter folder instead:
+ * adapter_config.json (base_model_name_or_path = the run's model.path) and
+ * adapter_model.safetensors, tensors named "base_model.model.<name>" as
+ * peft.PeftModel.from_pretrained loads them. Returns 0; -ENOENT (no model
+ * recorded); ZN_ECORRUPT; -errno. */
 ZN_API int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype,
                           uint64_t shard_bytes);
 

@@ -267,6 +267,11 @@ ZN_API int zn_config_load(zn_config *cfg, const char *path,
 ZN_API int zn_config_parse(zn_config *cfg, const char *json, const char *name,
                            const char *const *overrides, int n_overrides);
 
+/* lora.target_modules' rules for a JSON value (a jansson json_t: a list of
+ * module names or "all-linear") into zn_lora_target bits; `where` prefixes
+ * the message. Returns 0 or ZN_ECONFIG. */
+ZN_API int zn_config_lora_targets(const void *json_value, unsigned *out, const char *where);
+
 /* Resolves the three batch keys against the world size the way DeepSpeed
  * does (any two give the third; all three must agree). */
 ZN_API int zn_config_resolve_batch(zn_config *cfg, int world_size);

@@ -17,7 +17,10 @@ static void usage(FILE *f)
             "                'latest' is used)\n"
             "  --out DIR     Hugging Face folder to write: config.json,\n"
             "                model-0000K-of-0000N.safetensors, model.safetensors.index.json\n"
-            "  --dtype       bf16 (default) or fp32: the fp32 master weights rounded\n"
+            "  --dtype       bf16 or fp32: the fp32 master weights rounded (default bf16;\n"
+            "                fp32 for a LoRA checkpoint)\n"
+            "A LoRA checkpoint becomes a PEFT adapter folder (adapter_config.json,\n"
+            "adapter_model.safetensors) that peft.PeftModel.from_pretrained loads.\n"
             "  --shard-size  largest safetensors file (default 2GiB)\n"
             "  --verify      read every file and compare its size and crc32c with the\n"
             "                manifest; exit 0 when all match\n"
@@ -26,7 +29,7 @@ static void usage(FILE *f)
 
 int zn_cmd_export(int argc, char **argv)
 {
-    const char *out = NULL, *dtype = "bf16", *shard = NULL, *ck = NULL;
+    const char *out = NULL, *dtype = NULL, *shard = NULL, *ck = NULL;
     int verify = 0;
     static const struct option opts[] = {
         { "out", required_argument, 0, 'o' },   { "dtype", required_argument, 0, 't' },
@@ -60,6 +63,13 @@ int zn_cmd_export(int argc, char **argv)
     if (!out) {
         fprintf(stderr, "zinc: error: export: --out DIR is required\n");
         return 2;
+    }
+    if (!dtype) {
+        /* default: bf16 weights, fp32 adapters (small, and what peft keeps) */
+        zn_ckpt *c = NULL;
+        zn_model_dims d;
+        dtype = !zn_ckpt_open(&c, ck) && !zn_ckpt_dims(c, &d) && d.lora.r > 0 ? "fp32" : "bf16";
+        zn_ckpt_close(c);
     }
     zn_dtype dt;
     if (!strcmp(dtype, "bf16"))

@@ -63,18 +63,9 @@ int zn_lora_read_peft_config(const char *dir, zn_lora *l)
         json_t *dp = json_object_get(root, "lora_dropout");
         l->dropout = json_is_number(dp) ? json_number_value(dp) : 0;
         /* target_modules: the config parser's rules (names or "all-linear") */
-        json_t *wrap = json_pack("{s{sO}}", "lora", "target_modules", t ? t : json_null());
-        char *text = wrap ? json_dumps(wrap, 0) : NULL;
-        zn_config *tmp = malloc(sizeof *tmp);
-        if (!text || !tmp)
-            rc = zn_set_error(-ENOMEM, "out of memory");
-        else if (zn_config_parse(tmp, text, path, NULL, 0))
-            rc = zn_error_prefix(ZN_ECONFIG, "%s: target_modules", path);
-        else
-            l->targets = tmp->lora.targets;
-        free(tmp);
-        free(text);
-        json_decref(wrap);
+        char where[4300];
+        snprintf(where, sizeof where, "%s: target_modules", path);
+        rc = zn_config_lora_targets(t, &l->targets, where);
     }
     json_decref(root);
     return rc;

@@ -574,6 +574,14 @@ static int finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp
         if ((rc = zn_model_dims_write_hf(o->dims, path)) ||
             (rc = zn_ckpt__fsync_path(path, 0)) || (rc = add_file(files, tmp, "config.json")))
             goto out;
+        /* LoRA: the state is the adapters; say which (PEFT's file) */
+        if (o->dims->lora.r > 0) {
+            snprintf(path, sizeof path, "%s/adapter_config.json", tmp);
+            if ((rc = zn_lora_write_peft_config(&o->dims->lora, path, NULL)) ||
+                (rc = zn_ckpt__fsync_path(path, 0)) ||
+                (rc = add_file(files, tmp, "adapter_config.json")))
+                goto out;
+        }
     }
     for (int r = 0; r < world; r++) {
         char rel[64];
@@ -598,7 +606,8 @@ static int finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp
         }
     }
     for (int b = 0; b < tr->L; b++)
-        json_array_append_new(blocks, json_integer((json_int_t)tr->blocks[b].n));
+        json_array_append_new(blocks,
+                              json_integer((json_int_t)(tr->blocks[b].n - tr->blocks[b].frozen)));
     uint64_t total = 0;
     for (int b = 0; b < tr->L; b++)
         total += tr->blocks[b].n;
@@ -842,7 +851,7 @@ int zn_ckpt_open(zn_ckpt **out, const char *path)
     }
     for (int b = 0; b < ck->nblocks; b++) {
         json_t *x = json_array_get(bl, (size_t)b);
-        if (!json_is_integer(x) || json_integer_value(x) <= 0)
+        if (!json_is_integer(x) || json_integer_value(x) < 0)
             BAD("checkpoint %s: manifest.json: block %d's size", ck->path, b);
         ck->blocks[b] = (uint64_t)json_integer_value(x);
         ck->total += ck->blocks[b];
@@ -922,6 +931,9 @@ int zn_ckpt_open(zn_ckpt **out, const char *path)
         snprintf(mp, sizeof mp, "%s/config.json", ck->path);
         if ((rc = zn_model_dims_from_hf(&ck->dims, mp)))
             goto fail;
+        if (zn_ckpt__file(ck, "adapter_config.json") &&
+            (rc = zn_lora_read_peft_config(ck->path, &ck->dims.lora)))
+            goto fail;
         ck->has_dims = 1;
     }
     *out = ck;
@@ -988,6 +1000,7 @@ int zn_ckpt_check_dims(const zn_ckpt *ck, const zn_model_dims *d)
                             (long long)d->f);
     SAME(arch) SAME(hidden) SAME(n_layers) SAME(n_heads) SAME(n_kv_heads) SAME(head_dim)
     SAME(intermediate) SAME(vocab) SAME(tie_embeddings) SAME(qkv_bias) SAME(o_bias)
+    SAME(lora.r) SAME(lora.targets) SAME(lora.rslora)
 #undef SAME
     return 0;
 }

@@ -1,15 +1,20 @@
 /* `zinc export`: a checkpoint's fp32 master weights as a Hugging Face folder
- * (config.json, model-0000K-of-0000N.safetensors, the index). Each tensor is
+ * (config.json, model-0000K-of-0000N.safetensors, the index), or, for a LoRA
+ * run, its adapters as a PEFT adapter folder (adapter_config.json,
+ * adapter_model.safetensors with PEFT's "base_model.model." names). Each tensor is
  * read from every rank's part of its block in element order, in bounded
  * chunks, and each rank's master.bin is checked against its crc32c as it
  * is read (the reads of one rank's file are front to back). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include "offload/ckpt-impl.h"
 #include "zinc/safetensors.h"
@@ -17,7 +22,7 @@
 #define CHUNK_ELEMS (4u << 20) /* 16 MiB of fp32 */
 
 typedef struct {
-    char name[96];
+    char name[128];
     int ndim;
     int64_t shape[2];
     uint64_t numel, block_off; /* element offset inside its block */
@@ -98,12 +103,16 @@ int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64
                           ck->path, ck->nblocks, zn_model_num_blocks(&d));
         goto out;
     }
+    /* LoRA: the checkpoint holds the adapters (each block's trainable
+     * tail), written as a PEFT adapter folder */
+    bool lora = d.lora.r > 0;
     int cap = 0;
     for (int b = 0; b < ck->nblocks; b++) {
-        if (zn_model_block_param_count(&d, b) != ck->blocks[b]) {
+        uint64_t want = zn_model_block_param_count(&d, b) - zn_model_block_frozen_count(&d, b);
+        if (want != ck->blocks[b]) {
             rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: block %d holds %" PRIu64 " parameters"
-                              ", its config.json says %" PRIu64, ck->path, b, ck->blocks[b],
-                              zn_model_block_param_count(&d, b));
+                              ", its config.json%s says %" PRIu64, ck->path, b, ck->blocks[b],
+                              lora ? " and adapter_config.json" : "", want);
             goto out;
         }
         cap += zn_model_block_nparams(&d, b);
@@ -127,8 +136,13 @@ int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64
             uint64_t numel = (uint64_t)pi.numel;
             if (pi.owner_block >= 0)
                 continue; /* tied: stored once, with its owner */
+            if (lora && !pi.lora)
+                continue; /* the frozen base is not in the checkpoint */
             ex_tensor *t = &ts[nt++];
-            snprintf(t->name, sizeof t->name, "%s", pi.name);
+            if (lora)
+                snprintf(t->name, sizeof t->name, "base_model.model.%s", pi.name);
+            else
+                snprintf(t->name, sizeof t->name, "%s", pi.name);
             t->ndim = pi.ndim;
             t->shape[0] = pi.shape[0];
             t->shape[1] = pi.shape[1];
@@ -137,7 +151,7 @@ int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64
             t->block_off = off;
             off += numel;
             uint64_t bytes = numel * esz;
-            if (in_file && in_file + bytes > shard_bytes) {
+            if (in_file && in_file + bytes > shard_bytes && !lora) {
                 nfiles++;
                 in_file = 0;
             }
@@ -161,13 +175,30 @@ int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64
     if ((rc = zn_ckpt__mkdir_p(out_dir)))
         goto out;
     char p[ZN_CKPT_PATH + 64];
-    snprintf(p, sizeof p, "%s/config.json", out_dir);
-    if ((rc = zn_model_dims_write_hf_as(&d, p, dtype)))
-        goto out;
+    if (lora) {
+        /* PEFT's layout: adapter_config.json + one adapter_model.safetensors */
+        char base[ZN_CKPT_PATH] = "";
+        json_t *c = ck->config_text ? json_loads(ck->config_text, 0, NULL) : NULL;
+        const char *mp = json_string_value(json_object_get(json_object_get(c, "model"),
+                                                           "path"));
+        if (mp)
+            snprintf(base, sizeof base, "%s", mp);
+        json_decref(c);
+        snprintf(p, sizeof p, "%s/adapter_config.json", out_dir);
+        if ((rc = zn_lora_write_peft_config(&d.lora, p, base[0] ? base : NULL)))
+            goto out;
+    } else {
+        snprintf(p, sizeof p, "%s/config.json", out_dir);
+        if ((rc = zn_model_dims_write_hf_as(&d, p, dtype)))
+            goto out;
+    }
     int t0 = 0;
     for (int fi = 0; fi < nfiles && !rc; fi++) {
         char fname[64];
-        snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", fi + 1, nfiles);
+        if (lora)
+            snprintf(fname, sizeof fname, "adapter_model.safetensors");
+        else
+            snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", fi + 1, nfiles);
         snprintf(p, sizeof p, "%s/%s", out_dir, fname);
         zn_st_writer *w;
         if ((rc = zn_st_writer_create(&w, p)))
@@ -203,7 +234,7 @@ int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64
                               "says 0x%08x (corrupted)", ck->path, rk[r].f->name, rk[r].crc,
                               rk[r].f->crc);
     }
-    if (!rc) {
+    if (!rc && !lora) {
         snprintf(p, sizeof p, "%s/model.safetensors.index.json", out_dir);
         rc = zn_st_write_index(p, (size_t)nt, (const char *const *)names,
                                (const char *const *)files, total_bytes);

@@ -696,8 +696,9 @@ static int parse_enum(parse_ctx *ctx, const key_spec *k, const char *path, const
 
 /* PEFT's target_modules for these decoders: module names (a full
  * "model.layers.3.self_attn.q_proj" counts by its last part) or
- * "all-linear" (every projection of the layers; not lm_head). */
-static int parse_targets(parse_ctx *ctx, const char *path, const json_t *v, unsigned *out)
+ * "all-linear" (every projection of the layers; not lm_head). Writes what is
+ * wrong into msg and returns ZN_ECONFIG. */
+static int targets_of(const json_t *v, unsigned *out, char *msg, size_t len)
 {
     static const char *const names[] = { "q_proj", "k_proj", "v_proj", "o_proj",
                                           "gate_proj", "up_proj", "down_proj" };
@@ -706,14 +707,12 @@ static int parse_targets(parse_ctx *ctx, const char *path, const json_t *v, unsi
         *out = 127;
         return 0;
     }
-    const json_t *arr = v;
-    json_t *one = NULL;
-    if (json_is_string(v))
-        arr = one = json_pack("[O]", v);
+    json_t *one = json_is_string(v) ? json_pack("[O]", v) : NULL;
+    const json_t *arr = one ? one : v;
     if (!json_is_array(arr)) {
-        return cfg_err(ctx, path, "expected a list of module names (q_proj, k_proj, v_proj, "
-                       "o_proj, gate_proj, up_proj, down_proj) or \"all-linear\", got %s",
-                       json_kind(v));
+        snprintf(msg, len, "expected a list of module names (q_proj, k_proj, v_proj, o_proj, "
+                 "gate_proj, up_proj, down_proj) or \"all-linear\", got %s", json_kind(v));
+        return ZN_ECONFIG;
     }
     size_t i;
     json_t *e;
@@ -727,18 +726,37 @@ static int parse_targets(parse_ctx *ctx, const char *path, const json_t *v, unsi
             k++;
         if (!leaf || k == 7) {
             char *got = json_dumps(e, JSON_ENCODE_ANY | JSON_COMPACT);
-            rc = cfg_err(ctx, path, "[%zu] = %s is not a projection zinc adapts: one of q_proj, "
-                         "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (lm_head and "
-                         "embed_tokens adapters are not supported)", i, got ? got : "?");
+            snprintf(msg, len, "[%zu] = %s is not a projection zinc adapts: one of q_proj, "
+                     "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (lm_head and "
+                     "embed_tokens adapters are not supported)", i, got ? got : "?");
             free(got);
+            rc = ZN_ECONFIG;
             break;
         }
         *out |= 1u << k;
     }
     json_decref(one);
-    if (!rc && !*out)
-        rc = cfg_err(ctx, path, "names no module");
+    if (!rc && !*out) {
+        snprintf(msg, len, "names no module");
+        rc = ZN_ECONFIG;
+    }
     return rc;
+}
+
+int zn_config_lora_targets(const void *json_value, unsigned *out, const char *where)
+{
+    char msg[400];
+    if (targets_of(json_value, out, msg, sizeof msg))
+        return zn_set_error(ZN_ECONFIG, "%s: %s", where, msg);
+    return 0;
+}
+
+static int parse_targets(parse_ctx *ctx, const char *path, const json_t *v, unsigned *out)
+{
+    char msg[400];
+    if (targets_of(v, out, msg, sizeof msg))
+        return cfg_err(ctx, path, "%s", msg);
+    return 0;
 }
 
 static int parse_nvme(parse_ctx *ctx, const char *path, const json_t *v)
