@@ -87,6 +87,39 @@ def randomize(model, torch, gen):
             p.copy_(v)
 
 
+def train(model, params, V, dgen, label, torch):
+    """STEPS AdamW steps of `params` (the ones that train) on random windows
+    drawn from dgen, with a few ignored targets; returns each step's ids,
+    targets, loss, lr and gradient norm before clipping."""
+    opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    steps = []
+    model.train()
+    for step in range(1, STEPS + 1):
+        ids = torch.randint(0, V, (ACCUM, MICRO, SEQ + 1), generator=dgen)
+        x, y = ids[..., :-1].clone(), ids[..., 1:].clone()
+        # a few ignored targets (HF's -100), as an SFT mask makes them
+        y[0, 0, 2] = -100
+        y[ACCUM - 1, MICRO - 1, SEQ - 1] = -100
+        n_tgt = int((y >= 0).sum())
+        opt.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for a in range(ACCUM):
+            logits = model(input_ids=x[a]).logits
+            l = torch.nn.functional.cross_entropy(logits.reshape(-1, V), y[a].reshape(-1),
+                                                  ignore_index=-100, reduction="sum")
+            (l / n_tgt).backward()
+            loss_sum += l.item()
+        norm = torch.nn.utils.clip_grad_norm_(params, CLIP).item()
+        lr = lr_at(step)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.step()
+        steps.append({"step": step, "ids": x.reshape(-1).tolist(), "targets": y.reshape(-1).tolist(),
+                      "loss": loss_sum / n_tgt, "lr": lr, "grad_norm": norm})
+        print("%s step %2d loss %.6f lr %.2e norm %.4f" % (label, step, loss_sum / n_tgt, lr, norm))
+    return steps
+
+
 def make(kind, out, torch, transformers, save_file):
     gen = torch.Generator().manual_seed({"llama": 11, "qwen2": 12, "tied": 13}[kind])
     if kind == "tied":
@@ -159,34 +192,8 @@ def make(kind, out, torch, transformers, save_file):
     with open(os.path.join(d, "train-config.json"), "w") as f:
         json.dump(zcfg, f, indent=2)
 
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
-    V = cfg.vocab_size
     dgen = torch.Generator().manual_seed({"llama": 21, "qwen2": 22, "tied": 23}[kind])
-    steps = []
-    model.train()
-    for step in range(1, STEPS + 1):
-        ids = torch.randint(0, V, (ACCUM, MICRO, SEQ + 1), generator=dgen)
-        x, y = ids[..., :-1].clone(), ids[..., 1:].clone()
-        # a few ignored targets (HF's -100), as an SFT mask makes them
-        y[0, 0, 2] = -100
-        y[ACCUM - 1, MICRO - 1, SEQ - 1] = -100
-        n_tgt = int((y >= 0).sum())
-        opt.zero_grad(set_to_none=True)
-        loss_sum = 0.0
-        for a in range(ACCUM):
-            logits = model(input_ids=x[a]).logits
-            l = torch.nn.functional.cross_entropy(logits.reshape(-1, V), y[a].reshape(-1),
-                                                  ignore_index=-100, reduction="sum")
-            (l / n_tgt).backward()
-            loss_sum += l.item()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item()
-        lr = lr_at(step)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        opt.step()
-        steps.append({"step": step, "ids": x.reshape(-1).tolist(), "targets": y.reshape(-1).tolist(),
-                      "loss": loss_sum / n_tgt, "lr": lr, "grad_norm": norm})
-        print("%s step %2d loss %.6f lr %.2e norm %.4f" % (kind, step, loss_sum / n_tgt, lr, norm))
+    steps = train(model, list(model.parameters()), cfg.vocab_size, dgen, kind, torch)
     save_file({n: p.detach().contiguous() for n, p in model.named_parameters()},
               os.path.join(d, "final.safetensors"), metadata=meta)
     ref = {

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "zinc/config.h"
@@ -85,12 +86,34 @@ static int load_reference(const char *dir, reference *r)
     return 0;
 }
 
+/* A LoRA fixture (tests/fixtures/lora-*, scripts/gen_lora_fixtures.py):
+ * its base model folder (train-config.json's model.path, relative to the
+ * fixture) into base; 0 for a full fine-tune fixture. */
+static int lora_base(const char *dir, char *base, size_t n)
+{
+    char p[4300];
+    snprintf(p, sizeof p, "%s/adapter-init", dir);
+    struct stat sb;
+    if (stat(p, &sb))
+        return 0;
+    snprintf(p, sizeof p, "%s/train-config.json", dir);
+    json_t *j = json_load_file(p, 0, NULL);
+    const char *mp = json_string_value(json_object_get(json_object_get(j, "model"), "path"));
+    snprintf(base, n, "%s/%s", dir, mp ? mp : "?");
+    json_decref(j);
+    return 1;
+}
+
 /* Trains the fixture in `dir` with extra --set style overrides. */
 static int run(const char *dir, const reference *ref, const char **sets, int nsets, run_out *o)
 {
-    char cfgpath[4300], mp[4300], nv[4500];
+    char cfgpath[4300], mp[4400], nv[4500], base[4300], ad[4400];
     snprintf(cfgpath, sizeof cfgpath, "%s/train-config.json", dir);
-    snprintf(mp, sizeof mp, "model.path=\"%s\"", dir);
+    int lora = lora_base(dir, base, sizeof base);
+    if (!lora)
+        snprintf(base, sizeof base, "%s", dir);
+    snprintf(mp, sizeof mp, "model.path=\"%s\"", base);
+    snprintf(ad, sizeof ad, "lora.adapter=\"%s/adapter-init\"", dir);
     snprintf(nv, sizeof nv, "tiers.nvme=[{\"path\": \"%s\", \"size\": \"64MiB\"}]",
              tn_tmpdir("train-hf"));
     char dv[64];
@@ -99,6 +122,8 @@ static int run(const char *dir, const reference *ref, const char **sets, int nse
     int n = 5;
     for (int i = 0; i < nsets; i++)
         all[n++] = sets[i];
+    if (lora)
+        all[n++] = ad;
     zn_config cfg;
     zn_model_dims d;
     zn_train_llama *l = NULL;
@@ -116,8 +141,13 @@ static int run(const char *dir, const reference *ref, const char **sets, int nse
     char summary[4600];
     if ((rc = zn_train_llama_create(&l, &d, cfg.train_micro_batch_size_per_gpu, cfg.data.seq_len,
                                     0.02, 1)) ||
-        (rc = zn_train_llama_load(l, dir, summary, sizeof summary)))
+        (rc = zn_train_llama_load(l, base, summary, sizeof summary)))
         goto out;
+    if (lora) {
+        snprintf(ad, sizeof ad, "%s/adapter-init", dir);
+        if ((rc = zn_train_llama_load_adapter(l, ad, summary, sizeof summary)))
+            goto out;
+    }
     zn_train_options to = zn_train_options_default();
     to.cfg = &cfg;
     to.model = zn_train_llama_model(l);
@@ -175,6 +205,13 @@ static void compare_master(const char *what, const zn_model_dims *d, const float
             zn_model_block_param(d, b, i, &pi);
             if (pi.owner_block >= 0)
                 continue;  /* a tied view: stored once, with its owner */
+            if (d->lora.r > 0 && !pi.lora)
+                continue;  /* LoRA: the master holds the adapters, named as PEFT does */
+            if (d->lora.r > 0) {
+                char full[sizeof pi.name];
+                snprintf(full, sizeof full, "base_model.model.%.78s", pi.name);
+                snprintf(pi.name, sizeof pi.name, "%s", full);
+            }
             const zn_st_tensor *t = zn_st_find(st, pi.name);
             ZT_CHECK_MSG(t && t->numel == (uint64_t)pi.numel, "%s: %s missing", what, pi.name);
             if (!t)
@@ -276,7 +313,14 @@ static void fixture(const char *name)
         return;
     }
     zn_model_dims d;
-    ZT_EQ_INT(zn_model_dims_from_hf(&d, dir), 0);
+    char base[4300];
+    int lora = lora_base(dir, base, sizeof base);
+    ZT_EQ_INT(zn_model_dims_from_hf(&d, lora ? base : dir), 0);
+    if (lora) {
+        char ad[4400];
+        snprintf(ad, sizeof ad, "%s/adapter-init", dir);
+        ZT_EQ_INT(zn_lora_read_peft_config(ad, &d.lora), 0);
+    }
     static const struct {
         const char *label;
         const char *sets[6];
@@ -313,6 +357,10 @@ static void fixture(const char *name)
     char w0[4300], w1[4300], what[128];
     snprintf(w0, sizeof w0, "%s", dir);
     snprintf(w1, sizeof w1, "%s/final.safetensors", dir);
+    if (lora) {
+        snprintf(w0, sizeof w0, "%s/adapter-init/adapter_model.safetensors", dir);
+        snprintf(w1, sizeof w1, "%s/final-adapter/adapter_model.safetensors", dir);
+    }
     /* the master starts as the stored values, widened exactly */
     snprintf(what, sizeof what, "%s initial master", name);
     compare_master(what, &d, ro[0].master0, w0, -1);
@@ -330,7 +378,7 @@ static void fixture(const char *name)
     }
     snprintf(what, sizeof what, "%s after %d steps", name, ref.steps);
     compare_master(what, &d, ro[0].master, w1, tw);
-    if (!on_gpu)
+    if (!on_gpu && !lora)
         check_eval(name, dir, &d, &ref, &ro[0]);
     /* every placement bit-identical to the first run (host), or within the
      * GPU's tolerance */
@@ -382,6 +430,10 @@ int main(int argc, char **argv)
     fixture("ft-llama");
     fixture("ft-qwen2");
     fixture("ft-tied");
+    /* LoRA on a frozen base (lora_B nonzero from the start, so both adapter
+     * gradients count), every placement of the base */
+    fixture("lora-llama");
+    fixture("lora-qwen2");
     tn_rmdir();
     return zt_done();
 }

@@ -36,6 +36,8 @@ typedef enum {
 typedef struct {
     int n_blocks;                   /* blocks in execution order */
     const uint64_t *block_params;   /* parameters (elements) per block */
+    uint64_t trainable_params;      /* of them, those that train (LoRA: the
+                                       adapters); 0 = all */
     uint64_t persistent_params;     /* elements small enough to stay on the GPU
                                        (stage3_param_persistence_threshold), and
                                        a tied embedding */

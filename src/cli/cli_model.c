@@ -322,6 +322,7 @@ void zn_cli_plan_input(const zn_config *cfg, const zn_model_dims *d, int world,
     memset(in, 0, sizeof *in);
     in->n_blocks = nb;
     in->block_params = blocks;
+    in->trainable_params = zn_model_trainable_count(d);
     in->persistent_params =
         zn_cli_persistent_params(d, (uint64_t)cfg->zero.stage3_param_persistence_threshold);
     in->tied_params = d->tie_embeddings ? (uint64_t)(d->vocab * d->hidden) : 0;

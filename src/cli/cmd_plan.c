@@ -172,6 +172,13 @@ int zn_cmd_plan(int argc, char **argv)
            "vocab %lld)\n", d.arch == ZN_ARCH_QWEN2 ? "qwen2" : "llama",
            pc >= 1e9 ? pc / 1e9 : pc / 1e6, pc >= 1e9 ? "B" : "M", (long long)d.n_layers, (long long)d.hidden,
            (long long)d.n_heads, (long long)d.n_kv_heads, (long long)d.vocab);
+    if (d.lora.r > 0) {
+        uint64_t t = zn_model_trainable_count(&d);
+        printf("  lora         r %d, alpha %g%s: trainable %llu of %llu parameters (%.4f%%); the "
+               "base is frozen: no master, optimizer state or gradients\n", d.lora.r,
+               d.lora.alpha, d.lora.rslora ? " (rslora)" : "", (unsigned long long)t,
+               (unsigned long long)plan.params_total, 100.0 * (double)t / pc);
+    }
     printf("  batch        micro %lld x seq %lld, accumulation %lld, world %d (global %lld)\n",
            (long long)cfg.train_micro_batch_size_per_gpu, (long long)cfg.data.seq_len,
            (long long)cfg.gradient_accumulation_steps, world, (long long)cfg.train_batch_size);

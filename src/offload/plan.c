@@ -225,8 +225,10 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
     /* ZeRO sharding: stage 1 shards optimizer states, 2 adds gradients,
      * 3 adds parameters. */
     uint64_t P_param = z->stage >= 3 ? ceil_div(P, W) : P;
-    uint64_t P_opt = z->stage >= 1 ? ceil_div(P, W) : P;
-    uint64_t P_grad = z->stage >= 2 ? ceil_div(P, W) : P;
+    /* optimizer states and gradients: only what trains (a LoRA base has none) */
+    uint64_t PT = in->trainable_params && in->trainable_params < P ? in->trainable_params : P;
+    uint64_t P_opt = z->stage >= 1 ? ceil_div(PT, W) : PT;
+    uint64_t P_grad = z->stage >= 2 ? ceil_div(PT, W) : PT;
     uint64_t persistent = min_u64(in->persistent_params, P);
 
     /* 16-bit params. */
