@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# LoRA from the command line: `zinc train` with a lora section on a
+# transformers-saved base (the header's PEFT-style trainable line), a
+# checkpoint, `zinc export` of it as a PEFT adapter folder whose tensors
+# equal the checkpoint's adapters, resume, `zinc plan` counting only the
+# adapters' optimizer state, and what is refused (dropout until it exists,
+# an lm_head target, an adapter folder that disagrees with the section, a
+# malformed adapter_config.json), each naming the key or file.
+set -u
+zinc=$(realpath "$1")
+src=$(realpath "$2")
+fx="$src/tests/fixtures"
+fail=0
+work=$(realpath "$(mktemp -d lora-cli-XXXXXX)")
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+
+check() { if ! eval "$1"; then echo "FAIL: $2"; fail=1; fi; }
+cfg="$fx/lora-llama/train-config.json"
+base=(--model "$fx/ft-llama" --set "lora.adapter=\"$fx/lora-llama/adapter-init\""
+      --set 'zero_optimization.offload_param.device="nvme"'
+      --set 'zero_optimization.offload_optimizer.device="nvme"'
+      --set 'zero_optimization.stage3_param_persistence_threshold=0'
+      --set 'tiers.nvme="swap"')
+
+"$zinc" train "$cfg" "${base[@]}" --steps 3 --set train.checkpoint.dir=\"ck\" > t.out 2> t.err
+check "[ \$? -eq 0 ]" "LoRA training failed: $(cat t.err)"
+check "grep -q 'lora     r 4, alpha 8, q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj; trainable params: 8448 || all params: 77136' t.out" \
+      "header: $(grep lora t.out)"
+check "grep -q 'adapters 42 adapter tensors from' t.out" "adapter source: $(grep lora t.out)"
+
+"$zinc" export ck --out adapter > e.out 2>&1
+check "[ \$? -eq 0 ] && [ -f adapter/adapter_config.json ] && [ -f adapter/adapter_model.safetensors ]" \
+      "export: $(cat e.out)"
+check "grep -q '\"peft_type\": \"LORA\"' adapter/adapter_config.json && grep -q '\"r\": 4' adapter/adapter_config.json" \
+      "adapter_config.json: $(cat adapter/adapter_config.json)"
+check "grep -q 'base_model.model.model.layers.2.mlp.down_proj.lora_B.weight' adapter/adapter_model.safetensors" \
+      "PEFT tensor names missing"
+check "! grep -q 'model.layers.0.mlp.down_proj.weight\"' adapter/adapter_model.safetensors" \
+      "the frozen base leaked into the adapter"
+# resume (the base read again from the folder), and a run from the exported adapter
+"$zinc" train "$cfg" "${base[@]}" --steps 5 --set train.checkpoint.dir=\"ck\" --resume latest \
+    > r.out 2> r.err
+check "[ \$? -eq 0 ] && grep -q 'resumed from' r.out && grep -q 'adapters from the checkpoint' r.out" \
+      "resume: $(cat r.err) $(grep -E 'resumed|lora' r.out)"
+"$zinc" train "$cfg" "${base[@]}" --steps 4 --set "lora.adapter=\"adapter\"" > a.out 2> a.err
+check "[ \$? -eq 0 ]" "training from the exported adapter: $(cat a.err)"
+rm -rf swap
+
+"$zinc" plan "$cfg" "${base[@]}" > p.out 2>&1
+check "[ \$? -eq 0 ] && grep -q 'lora         r 4, alpha 8: trainable 8448 of 77136' p.out" \
+      "plan: $(grep -E 'lora|error' p.out)"
+
+# refused, with the key or file named
+refuse() {
+    local name=$1; shift
+    local want=$1; shift
+    "$zinc" train "$cfg" --model "$fx/ft-llama" --steps 1 "$@" > "$name.out" 2> "$name.err"
+    local rc=$?
+    check "[ $rc -eq 1 ] && grep -qF -- \"$want\" $name.err" \
+          "$name: rc $rc, wanted '$want' in: $(cat "$name.err")"
+}
+refuse dropout "lora.lora_dropout 0.05: adapter dropout is not implemented yet" \
+    --set lora.adapter=\"\" --set lora.lora_dropout=0.05
+refuse lm_head "lora.target_modules: [1] = " \
+    --set lora.adapter=\"\" --set 'lora.target_modules=["q_proj","lm_head"]'
+refuse disagree "lora.r is 8 but the adapter in" \
+    --set "lora.adapter=\"$fx/lora-llama/adapter-init\"" --set lora.r=8
+mkdir bad && echo '{"peft_type": "LORA", "r": "four"}' > bad/adapter_config.json
+refuse badcfg "bad/adapter_config.json: r must be an integer" --set lora.adapter=\"bad\"
+refuse noadapter "adapter_config.json: no such file" --set lora.adapter=\"$work\"
+exit $fail
