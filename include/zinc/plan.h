@@ -59,6 +59,7 @@ typedef struct {
 
 typedef struct {
     uint64_t params_total;                          /* elements, whole model */
+    uint64_t params_trainable;  /* of them, those that train (LoRA: the adapters) */
     uint64_t bytes[ZN_STATE_COUNT][ZN_TIER_COUNT];  /* this rank's bytes */
     uint64_t tier_total[ZN_TIER_COUNT];
     uint64_t budget[ZN_TIER_COUNT];

@@ -90,7 +90,12 @@ static int finish(zn_plan *p, const zn_config *cfg, bool act_ckpt)
     p->nvme_write_part[0] = p->bytes[ZN_STATE_MASTER][ZN_TIER_NVME] +
                             p->bytes[ZN_STATE_ADAM_M][ZN_TIER_NVME] +
                             p->bytes[ZN_STATE_ADAM_V][ZN_TIER_NVME];
-    p->nvme_write_part[1] = p->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME];
+    /* (only what trains is written back: a frozen LoRA base never is) */
+    p->nvme_write_part[1] = p->params_total && p->params_trainable < p->params_total
+                                ? (uint64_t)((double)p->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME] *
+                                             (double)p->params_trainable /
+                                             (double)p->params_total)
+                                : p->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME];
     p->nvme_write_part[2] = p->bytes[ZN_STATE_GRADS][ZN_TIER_NVME] * A;
     p->nvme_write_step = p->nvme_write_part[0] + p->nvme_write_part[1] + p->nvme_write_part[2];
     /* states on NVMe that would fit in the cpu tier's room: say so (the
@@ -227,6 +232,7 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
     uint64_t P_param = z->stage >= 3 ? ceil_div(P, W) : P;
     /* optimizer states and gradients: only what trains (a LoRA base has none) */
     uint64_t PT = in->trainable_params && in->trainable_params < P ? in->trainable_params : P;
+    p->params_trainable = PT;
     uint64_t P_opt = z->stage >= 1 ? ceil_div(PT, W) : PT;
     uint64_t P_grad = z->stage >= 2 ? ceil_div(PT, W) : PT;
     uint64_t persistent = min_u64(in->persistent_params, P);
