@@ -35,8 +35,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gen_fixtures import ensure_torch  # noqa: E402
-from gen_train_fixtures import (ACCUM, BETAS, CLIP, EPS, LR, MICRO, SEQ, STEPS,  # noqa: E402
-                                WARMUP, WD, train)
+from gen_train_fixtures import ACCUM, MICRO, SEQ, train, zinc_config  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,26 +75,12 @@ def make(kind, out, torch, transformers, peft):
         readme = os.path.join(d, sub, "README.md")
         if os.path.exists(readme):
             os.remove(readme)
-    zcfg = {
-        "_comment": "tests/test_train_hf.c trains LoRA adapters on model.path for 10 steps "
-                    "with this; made by scripts/gen_lora_fixtures.py",
-        "train_micro_batch_size_per_gpu": MICRO,
-        "gradient_accumulation_steps": ACCUM,
-        "gradient_clipping": CLIP,
-        "bf16": {"enabled": False},
-        "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS,
-                                                  "weight_decay": WD}},
-        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": LR,
-                                                     "warmup_num_steps": WARMUP,
-                                                     "warmup_type": "linear"}},
-        "zero_optimization": {"stage": 3},
-        "model": {"path": "../" + spec["base"]},
-        "lora": {"r": spec["r"], "lora_alpha": spec["alpha"], "lora_dropout": 0.0,
-                 "target_modules": spec["targets"], "bias": "none",
-                 "use_rslora": spec["rslora"], "adapter": "adapter-init"},
-        "data": {"seq_len": SEQ},
-        "train": {"steps": STEPS, "device": "host"},
-    }
+    zcfg = zinc_config("tests/test_train_hf.c trains LoRA adapters on model.path for 10 "
+                       "steps with this; made by scripts/gen_lora_fixtures.py",
+                       "../" + spec["base"])
+    zcfg["lora"] = {"r": spec["r"], "lora_alpha": spec["alpha"], "lora_dropout": 0.0,
+                    "target_modules": spec["targets"], "bias": "none",
+                    "use_rslora": spec["rslora"], "adapter": "adapter-init"}
     with open(os.path.join(d, "train-config.json"), "w") as f:
         json.dump(zcfg, f, indent=2)
     ref = {

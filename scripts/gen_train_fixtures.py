@@ -87,6 +87,27 @@ def randomize(model, torch, gen):
             p.copy_(v)
 
 
+def zinc_config(comment, model_path):
+    """The zinc config the fixtures train with: DeepSpeed's optimizer,
+    scheduler, clipping and batch keys as PyTorch runs them here."""
+    return {
+        "_comment": comment,
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": ACCUM,
+        "gradient_clipping": CLIP,
+        "bf16": {"enabled": False},
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS,
+                                                  "weight_decay": WD}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": LR,
+                                                     "warmup_num_steps": WARMUP,
+                                                     "warmup_type": "linear"}},
+        "zero_optimization": {"stage": 3},
+        "model": {"path": model_path},
+        "data": {"seq_len": SEQ},
+        "train": {"steps": STEPS, "device": "host"},
+    }
+
+
 def train(model, params, V, dgen, label, torch):
     """STEPS AdamW steps of `params` (the ones that train) on random windows
     drawn from dgen, with a few ignored targets; returns each step's ids,
@@ -172,23 +193,8 @@ def make(kind, out, torch, transformers, save_file):
         with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": wm}, f, indent=2)
 
-    zcfg = {
-        "_comment": "tests/test_train_hf.c trains model.path for 10 steps with this; "
-                    "made by scripts/gen_train_fixtures.py",
-        "train_micro_batch_size_per_gpu": MICRO,
-        "gradient_accumulation_steps": ACCUM,
-        "gradient_clipping": CLIP,
-        "bf16": {"enabled": False},
-        "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS,
-                                                  "weight_decay": WD}},
-        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": LR,
-                                                     "warmup_num_steps": WARMUP,
-                                                     "warmup_type": "linear"}},
-        "zero_optimization": {"stage": 3},
-        "model": {"path": "."},
-        "data": {"seq_len": SEQ},
-        "train": {"steps": STEPS, "device": "host"},
-    }
+    zcfg = zinc_config("tests/test_train_hf.c trains model.path for 10 steps with this; "
+                       "made by scripts/gen_train_fixtures.py", ".")
     with open(os.path.join(d, "train-config.json"), "w") as f:
         json.dump(zcfg, f, indent=2)
 
