@@ -5,28 +5,46 @@ reproduce from the same base folder and the same initial adapter
 (tests/test_train_hf.c).
 
   lora-llama  base ../ft-llama (bf16 on disk), r 4, alpha 8, all-linear
-              (q, k, v, o, gate, up, down)
+              (peft expands it to q, k, v, o, gate, up, down; never lm_head:
+              checked here), scaling alpha / r = 2
   lora-qwen2  base ../ft-qwen2 (fp16, two shards, q/k/v bias), r 2,
-              alpha 5, rslora, q_proj + v_proj + down_proj
-Both start from init_lora_weights=False (lora_B random, not PEFT's zeros),
-so that the gradients of both adapter matrices matter from the first step.
+              alpha 5, rslora (scaling alpha / sqrt(r) = 3.5355),
+              q_proj + v_proj + down_proj
+Both start from init_lora_weights=False (lora_B random, not PEFT's zeros:
+nn.Linear's default init, uniform within 1/sqrt(fan_in), for A and B), so
+that the gradients of both adapter matrices matter from the first step.
 Each folder holds adapter-init/ (PEFT's save_pretrained before training),
 train-config.json (the zinc config: DeepSpeed keys, model.path of the base,
 the lora section with lora.adapter = adapter-init), train-reference.json
 (every step's ids, targets, loss, lr, gradient norm before clipping; the
-schema of the ft-* fixtures) and final-adapter/ (after the 10 steps).
+schema of the ft-* fixtures, plus peft's version) and final-adapter/ (after
+the 10 steps). The adapters are PEFT's own files: adapter_model.safetensors
+(fp32, names like base_model.model.model.layers.0.self_attn.q_proj.lora_A
+.weight, A [r, in], B [out, r]) and adapter_config.json, in which
+base_model_name_or_path is rewritten to ../ft-* (the base relative to the
+fixture folder, as model.path; peft writes the absolute path it was given,
+which zinc does not read) and target_modules is sorted (peft keeps a set,
+whose order changes run to run).
 
 PyTorch runs in fp32 on the CPU with eager attention on the base's stored
 values widened to fp32, dropout 0; the optimizer, schedule, clipping and
-accumulation are gen_train_fixtures.py's, over the adapters only.
+accumulation are gen_train_fixtures.py's (its train()), over the adapters
+only. Afterwards both adapter folders are loaded back with
+peft.PeftModel.from_pretrained and compared with the trained tensors.
 
   --check-export DIR --fixture NAME  loads the fixture's base with the PEFT
-      adapter in DIR (zinc export's output), prints step 1's loss under PEFT
-      and each adapter tensor's largest difference from final-adapter/.
+      adapter in DIR (zinc export's output) through
+      peft.PeftModel.from_pretrained, prints step 1's loss under PEFT (mean
+      over its targets) and each adapter tensor's largest difference from
+      final-adapter/. The differences are small only for an adapter zinc
+      trained on the reference's batches (as tests/test_train_hf.c does);
+      after `zinc train` on other data this checks that peft loads the
+      export and that the tensor names and shapes are PEFT's.
 
 Usage: python3 scripts/gen_lora_fixtures.py [--out tests/fixtures]
-Needs torch, transformers and peft (scripts/requirements-fixtures.txt). CI
-never runs this.
+       python3 scripts/gen_lora_fixtures.py --check-export DIR --fixture llama
+Needs torch, transformers and peft 0.21.2 (the fixtures were made with
+torch 2.15, transformers 5.23, peft 0.21.2). CI never runs this.
 """
 import argparse
 import json
@@ -45,6 +63,8 @@ FIXTURES = {
     "qwen2": dict(base="ft-qwen2", r=2, alpha=5, targets=["q_proj", "v_proj", "down_proj"],
                   rslora=True, seed=32, data_seed=42),
 }
+# what peft's "all-linear" must become on these decoders (not lm_head)
+ALL_LINEAR = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
 
 
 def load_base(out, spec, torch, transformers):
@@ -52,6 +72,29 @@ def load_base(out, spec, torch, transformers):
     model = transformers.AutoModelForCausalLM.from_pretrained(
         base, dtype=torch.float32, attn_implementation="eager")
     return base, model
+
+
+def save_adapter(pm, d, spec, torch, peft):
+    """PEFT's save_pretrained, without its model-card README, with a
+    base_model_name_or_path that does not name this machine's checkout and
+    target_modules in a fixed order; checks the tensors are fp32."""
+    from safetensors.torch import load_file
+    pm.save_pretrained(d)
+    readme = os.path.join(d, "README.md")
+    if os.path.exists(readme):
+        os.remove(readme)
+    path = os.path.join(d, "adapter_config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    cfg["base_model_name_or_path"] = "../" + spec["base"]
+    cfg["target_modules"] = sorted(cfg["target_modules"])
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+    tensors = load_file(os.path.join(d, "adapter_model.safetensors"))
+    assert all(t.dtype == torch.float32 for t in tensors.values())
+    live = peft.get_peft_model_state_dict(pm)  # the tensors being trained, as peft names them
+    assert set(live) == set(tensors) and all(torch.equal(live[n], tensors[n]) for n in live)
+    return tensors
 
 
 def make(kind, out, torch, transformers, peft):
@@ -63,24 +106,30 @@ def make(kind, out, torch, transformers, peft):
                          use_rslora=spec["rslora"], init_lora_weights=False,
                          task_type="CAUSAL_LM")
     pm = peft.get_peft_model(model, lc)
+    got = sorted(pm.peft_config["default"].target_modules)
+    want = ALL_LINEAR if spec["targets"] == "all-linear" else sorted(spec["targets"])
+    assert got == want, "peft targets %s, expected %s" % (got, want)
+    scaling = {m.scaling["default"] for m in pm.modules()
+               if isinstance(getattr(m, "scaling", None), dict)}
+    print("lora-%s: peft targets %s, scaling %s" % (kind, ",".join(got), sorted(scaling)))
     d = os.path.join(out, "lora-" + kind)
     os.makedirs(d, exist_ok=True)
-    pm.save_pretrained(os.path.join(d, "adapter-init"))
+    init = save_adapter(pm, os.path.join(d, "adapter-init"), spec, torch, peft)
     params = [p for p in pm.parameters() if p.requires_grad]
     assert all(p.dtype == torch.float32 for p in params)
+    assert len(params) == len(init)
     dgen = torch.Generator().manual_seed(spec["data_seed"])
     steps = train(pm, params, model.config.vocab_size, dgen, "lora-" + kind, torch)
-    pm.save_pretrained(os.path.join(d, "final-adapter"))
-    for sub in ("adapter-init", "final-adapter"):  # peft's model-card template
-        readme = os.path.join(d, sub, "README.md")
-        if os.path.exists(readme):
-            os.remove(readme)
+    final = save_adapter(pm, os.path.join(d, "final-adapter"), spec, torch, peft)
     zcfg = zinc_config("tests/test_train_hf.c trains LoRA adapters on model.path for 10 "
                        "steps with this; made by scripts/gen_lora_fixtures.py",
                        "../" + spec["base"])
-    zcfg["lora"] = {"r": spec["r"], "lora_alpha": spec["alpha"], "lora_dropout": 0.0,
-                    "target_modules": spec["targets"], "bias": "none",
-                    "use_rslora": spec["rslora"], "adapter": "adapter-init"}
+    lora = {"r": spec["r"], "lora_alpha": spec["alpha"], "lora_dropout": 0.0,
+            "target_modules": spec["targets"], "bias": "none",
+            "use_rslora": spec["rslora"], "adapter": "adapter-init"}
+    items = list(zcfg.items())
+    at = [k for k, _ in items].index("model") + 1
+    zcfg = dict(items[:at] + [("lora", lora)] + items[at:])  # the lora section after model
     with open(os.path.join(d, "train-config.json"), "w") as f:
         json.dump(zcfg, f, indent=2)
     ref = {
@@ -95,6 +144,43 @@ def make(kind, out, torch, transformers, peft):
     }
     with open(os.path.join(d, "train-reference.json"), "w") as f:
         json.dump(ref, f, indent=1)
+    verify(kind, out, init, final, steps, torch, transformers, peft)
+
+
+def step1_loss(pm, d, torch):
+    """Mean cross-entropy of pm over the targets of train-reference.json's
+    step 1 (the loss that step reports)."""
+    with open(os.path.join(d, "train-reference.json")) as f:
+        st = json.load(f)["steps"][0]
+    x = torch.tensor(st["ids"]).reshape(ACCUM * MICRO, SEQ)
+    y = torch.tensor(st["targets"]).reshape(ACCUM * MICRO, SEQ)
+    with torch.no_grad():
+        logits = pm(input_ids=x).logits
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 y.reshape(-1), ignore_index=-100).item()
+
+
+def verify(kind, out, init, final, steps, torch, transformers, peft):
+    """Loads both adapter folders back in peft and checks they hold the
+    tensors trained here; prints layer 0's tensor names and shapes and step
+    1's loss before and after training (each step's loss is on a new batch,
+    so those need not fall step by step)."""
+    spec = FIXTURES[kind]
+    d = os.path.join(out, "lora-" + kind)
+    loss = {}
+    for sub, want in (("adapter-init", init), ("final-adapter", final)):
+        _, model = load_base(out, spec, torch, transformers)
+        pm = peft.PeftModel.from_pretrained(model, os.path.join(d, sub))
+        got = {n.replace(".default", ""): p for n, p in pm.named_parameters() if "lora_" in n}
+        assert set(got) == set(want), "names differ: %s" % (set(got) ^ set(want))
+        assert all(torch.equal(got[n].detach(), want[n]) for n in want), sub + " differs"
+        loss[sub] = step1_loss(pm, d, torch)
+    assert abs(loss["adapter-init"] - steps[0]["loss"]) <= 1e-5 * steps[0]["loss"]
+    for n in sorted(final):
+        if ".layers.0." in n:
+            print("  %-60s %s" % (n, list(final[n].shape)))
+    print("lora-%s: %d fp32 tensors reload in peft; step 1's batch: loss %.6f before, %.6f after"
+          % (kind, len(final), loss["adapter-init"], loss["final-adapter"]))
 
 
 def check_export(adapter, kind, out, torch, transformers, peft):
@@ -103,35 +189,35 @@ def check_export(adapter, kind, out, torch, transformers, peft):
     _, model = load_base(out, spec, torch, transformers)
     pm = peft.PeftModel.from_pretrained(model, adapter)
     d = os.path.join(out, "lora-" + kind)
-    with open(os.path.join(d, "train-reference.json")) as f:
-        st = json.load(f)["steps"][0]
-    x = torch.tensor(st["ids"]).reshape(ACCUM * MICRO, SEQ)
-    y = torch.tensor(st["targets"]).reshape(ACCUM * MICRO, SEQ)
-    with torch.no_grad():
-        logits = pm(input_ids=x).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 y.reshape(-1), ignore_index=-100)
-    print("peft loss of step 1's batch with %s: %.9f" % (adapter, loss.item()))
+    print("peft loss of step 1's batch with %s: %.9f" % (adapter, step1_loss(pm, d, torch)))
     mine = load_file(os.path.join(adapter, "adapter_model.safetensors"))
     ref = load_file(os.path.join(d, "final-adapter", "adapter_model.safetensors"))
     assert set(mine) == set(ref), "tensor names differ: %s" % (set(mine) ^ set(ref))
-    worst = max((mine[k].float() - ref[k].float()).abs().max().item() for k in ref)
+    for k in sorted(ref):
+        print("  %-60s %s %-8s max |diff| %.3e" % (k, str(mine[k].dtype)[6:], list(mine[k].shape),
+                                                   (mine[k].float() - ref[k]).abs().max().item()))
+    worst = max((mine[k].float() - ref[k]).abs().max().item() for k in ref)
     print("largest difference from final-adapter/: %.3e over %d tensors" % (worst, len(ref)))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
-    ap.add_argument("--check-export", metavar="DIR")
+    ap.add_argument("--check-export", metavar="DIR", help="a PEFT adapter folder (zinc export's "
+                    "output) to load in peft and compare with the fixture's final-adapter/")
     ap.add_argument("--fixture", choices=sorted(FIXTURES), default="llama")
     a = ap.parse_args()
     ensure_torch()
+    try:
+        import peft
+    except ImportError:
+        sys.exit("gen_lora_fixtures: needs peft (pip install peft==0.21.2)")
     import torch
-    import peft
     import transformers
     if a.check_export:
         check_export(a.check_export, a.fixture, a.out, torch, transformers, peft)
         return
+    torch.set_num_threads(1)  # one summation order, run to run
     for kind in FIXTURES:
         make(kind, a.out, torch, transformers, peft)
 
