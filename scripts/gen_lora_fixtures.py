@@ -10,6 +10,14 @@ reproduce from the same base folder and the same initial adapter
   lora-qwen2  base ../ft-qwen2 (fp16, two shards, q/k/v bias), r 2,
               alpha 5, rslora (scaling alpha / sqrt(r) = 3.5355),
               q_proj + v_proj + down_proj
+  lora-dropout base ../ft-llama, r 4, alpha 16, q/k/o/up/down, lora_dropout
+              0.2 with zinc's masks: torch's dropout RNG cannot be
+              reproduced in C, so each LoRA module's nn.Dropout is replaced
+              by ZincDropout, which draws zinc's counter-based mask
+              (zinc_keep, from lora.seed 7, the micro-batch, the layer and
+              the target) and scales by 1/(1-p) in fp32 as torch does;
+              train-reference.json adds eval_step1_final, PEFT's eval-mode
+              (no dropout) loss of step 1's batch with final-adapter/
 Both start from init_lora_weights=False (lora_B random, not PEFT's zeros:
 nn.Linear's default init, uniform within 1/sqrt(fan_in), for A and B), so
 that the gradients of both adapter matrices matter from the first step.
@@ -62,7 +70,83 @@ FIXTURES = {
                   data_seed=41),
     "qwen2": dict(base="ft-qwen2", r=2, alpha=5, targets=["q_proj", "v_proj", "down_proj"],
                   rslora=True, seed=32, data_seed=42),
+    # PEFT's dropout with zinc's masks (ZincDropout): inputs of width
+    # hidden (q, k, up), heads x head_dim (o) and intermediate (down)
+    "dropout": dict(base="ft-llama", r=4, alpha=16,
+                    targets=["q_proj", "k_proj", "o_proj", "up_proj", "down_proj"],
+                    rslora=False, seed=33, data_seed=43, dropout=0.2, lora_seed=7),
 }
+TARGET_ORDER = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+M64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+
+
+def mix64(z, np=None):
+    """splitmix64's finalizer (src/util/hash-impl.h zn_mix64) on a Python
+    int, or on a numpy uint64 array (wrapping arithmetic) when np is given."""
+    if np is None:
+        z &= M64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+        return z ^ (z >> 31)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def zinc_keep(lora_seed, micro_index, layer, target, n, p):
+    """zinc's LoRA dropout mask, as a bool array of n elements: the stream
+    of lora.seed (train_llama.c ll_set_dropout), the micro-batch
+    ((step * world + rank) * accumulation + micro, steps from 0), the layer
+    and target (model.c lora_key), then element i of the [tokens][in]
+    input kept when the top 24 bits of mix64(key + (i + 1) golden) are
+    >= round(p 2^24) (zn_dev_dropout)."""
+    import numpy as np
+    k = mix64(lora_seed ^ 0x6C6F72612D64726F)
+    k = mix64(k ^ mix64(micro_index + 1))
+    k = mix64(k + (layer * 7 + TARGET_ORDER.index(target) + 1) * GOLDEN)
+    i = np.arange(1, n + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h = mix64(np.uint64(k) + i * np.uint64(GOLDEN), np)
+    return (h >> np.uint64(40)) >= np.uint64(int(p * 16777216.0 + 0.5))
+
+
+def zinc_dropout(pm, spec, torch):
+    """Replaces every LoRA module's dropout by zinc's masks, so that the
+    run is reproducible in C (torch's RNG is not). Returns before_micro for
+    train(), which tells the modules which micro-batch runs."""
+    import numpy as np
+    state = {"micro": 0}
+    p = spec["dropout"]
+    scale = torch.tensor(np.float32(1.0 / (1.0 - p)))  # fp32, as zinc rounds it
+
+    class ZincDropout(torch.nn.Module):
+        def __init__(self, layer, target):
+            super().__init__()
+            self.layer, self.target = layer, target
+
+        def forward(self, x):
+            if not self.training:
+                return x
+            keep = zinc_keep(spec["lora_seed"], state["micro"], self.layer, self.target,
+                             x.numel(), p)
+            return x * torch.from_numpy(keep.astype(np.float32)).reshape(x.shape) * scale
+
+    n = 0
+    for name, mod in pm.named_modules():
+        drop = getattr(mod, "lora_dropout", None)
+        if drop is None or "default" not in drop:
+            continue
+        parts = name.split(".")
+        layer = int(parts[parts.index("layers") + 1])
+        assert isinstance(drop["default"], torch.nn.Dropout) and drop["default"].p == p
+        drop["default"] = ZincDropout(layer, parts[-1])
+        n += 1
+    assert n > 0
+
+    def before_micro(step, a):
+        state["micro"] = (step - 1) * ACCUM + a  # world 1, rank 0
+    return before_micro
 # what peft's "all-linear" must become on these decoders (not lm_head)
 ALL_LINEAR = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
 
@@ -101,7 +185,8 @@ def make(kind, out, torch, transformers, peft):
     spec = FIXTURES[kind]
     base, model = load_base(out, spec, torch, transformers)
     torch.manual_seed(spec["seed"])
-    lc = peft.LoraConfig(r=spec["r"], lora_alpha=spec["alpha"], lora_dropout=0.0,
+    dropout = spec.get("dropout", 0.0)
+    lc = peft.LoraConfig(r=spec["r"], lora_alpha=spec["alpha"], lora_dropout=dropout,
                          target_modules=spec["targets"], bias="none",
                          use_rslora=spec["rslora"], init_lora_weights=False,
                          task_type="CAUSAL_LM")
@@ -119,14 +204,17 @@ def make(kind, out, torch, transformers, peft):
     assert all(p.dtype == torch.float32 for p in params)
     assert len(params) == len(init)
     dgen = torch.Generator().manual_seed(spec["data_seed"])
-    steps = train(pm, params, model.config.vocab_size, dgen, "lora-" + kind, torch)
+    hook = zinc_dropout(pm, spec, torch) if dropout > 0 else None
+    steps = train(pm, params, model.config.vocab_size, dgen, "lora-" + kind, torch, hook)
     final = save_adapter(pm, os.path.join(d, "final-adapter"), spec, torch, peft)
     zcfg = zinc_config("tests/test_train_hf.c trains LoRA adapters on model.path for 10 "
                        "steps with this; made by scripts/gen_lora_fixtures.py",
                        "../" + spec["base"])
-    lora = {"r": spec["r"], "lora_alpha": spec["alpha"], "lora_dropout": 0.0,
+    lora = {"r": spec["r"], "lora_alpha": spec["alpha"], "lora_dropout": dropout,
             "target_modules": spec["targets"], "bias": "none",
             "use_rslora": spec["rslora"], "adapter": "adapter-init"}
+    if dropout > 0:
+        lora["seed"] = spec["lora_seed"]
     items = list(zcfg.items())
     at = [k for k, _ in items].index("model") + 1
     zcfg = dict(items[:at] + [("lora", lora)] + items[at:])  # the lora section after model
@@ -138,13 +226,21 @@ def make(kind, out, torch, transformers, peft):
         "transformers": transformers.__version__,
         "peft": peft.__version__,
         "precision": "float32, eager attention, CPU; adapters fp32, base frozen",
-        "weights_dtype": {"llama": "bf16", "qwen2": "f16"}[kind],
+        "weights_dtype": {"ft-llama": "bf16", "ft-qwen2": "f16"}[spec["base"]],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "steps": steps,
     }
     with open(os.path.join(d, "train-reference.json"), "w") as f:
         json.dump(ref, f, indent=1)
-    verify(kind, out, init, final, steps, torch, transformers, peft)
+    ev = verify(kind, out, init, final, steps, torch, transformers, peft)
+    if dropout > 0:
+        # evaluation runs without dropout: PEFT's eval-mode loss of step 1's
+        # batch with the trained adapter, which zinc's zn_train_eval must give
+        ref["dropout_masks"] = ("zinc's (scripts/gen_lora_fixtures.py zinc_keep), lora.seed %d"
+                                % spec["lora_seed"])
+        ref["eval_step1_final"] = ev
+        with open(os.path.join(d, "train-reference.json"), "w") as f:
+            json.dump(ref, f, indent=1)
 
 
 def step1_loss(pm, d, torch):
@@ -175,12 +271,14 @@ def verify(kind, out, init, final, steps, torch, transformers, peft):
         assert set(got) == set(want), "names differ: %s" % (set(got) ^ set(want))
         assert all(torch.equal(got[n].detach(), want[n]) for n in want), sub + " differs"
         loss[sub] = step1_loss(pm, d, torch)
-    assert abs(loss["adapter-init"] - steps[0]["loss"]) <= 1e-5 * steps[0]["loss"]
+    if not spec.get("dropout"):  # eval mode has no dropout; training had
+        assert abs(loss["adapter-init"] - steps[0]["loss"]) <= 1e-5 * steps[0]["loss"]
     for n in sorted(final):
         if ".layers.0." in n:
             print("  %-60s %s" % (n, list(final[n].shape)))
     print("lora-%s: %d fp32 tensors reload in peft; step 1's batch: loss %.6f before, %.6f after"
           % (kind, len(final), loss["adapter-init"], loss["final-adapter"]))
+    return loss["final-adapter"]
 
 
 def check_export(adapter, kind, out, torch, transformers, peft):

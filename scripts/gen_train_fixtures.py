@@ -108,10 +108,11 @@ def zinc_config(comment, model_path):
     }
 
 
-def train(model, params, V, dgen, label, torch):
+def train(model, params, V, dgen, label, torch, before_micro=None):
     """STEPS AdamW steps of `params` (the ones that train) on random windows
     drawn from dgen, with a few ignored targets; returns each step's ids,
-    targets, loss, lr and gradient norm before clipping."""
+    targets, loss, lr and gradient norm before clipping. before_micro(step,
+    a), if given, runs before micro-batch a of step (1-based) is computed."""
     opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     steps = []
     model.train()
@@ -125,6 +126,8 @@ def train(model, params, V, dgen, label, torch):
         opt.zero_grad(set_to_none=True)
         loss_sum = 0.0
         for a in range(ACCUM):
+            if before_micro:
+                before_micro(step, a)
             logits = model(input_ids=x[a]).logits
             l = torch.nn.functional.cross_entropy(logits.reshape(-1, V), y[a].reshape(-1),
                                                   ignore_index=-100, reduction="sum")

@@ -426,6 +426,76 @@ static void test_swiglu(zn_dtype dt)
     dfree(dg), dfree(du), dfree(dout), dfree(dR), dfree(ddg), dfree(ddu);
 }
 
+/* ---- dropout ------------------------------------------------------------------*/
+/* The mask as device.h documents it, written out again here. */
+static int keep_ref(uint64_t key, uint64_t i, double p)
+{
+    uint64_t z = key + (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (z >> 40) >= (uint64_t)llround(p * 16777216.0);
+}
+
+static void test_dropout(zn_dtype dt)
+{
+    const int64_t rows = 67, cols = 53, ldx = 60, ldy = 57, nx = rows * ldx, ny = rows * ldy;
+    const double p = 0.3;
+    const uint64_t key = 0x1234567890ABCDEFull;
+    const float sc = (float)(1.0 / (1.0 - p));
+    double *x = rnd(70, (size_t)nx, 2.0, dt), *y0 = rnd(71, (size_t)ny, 1.0, ZN_DTYPE_F32);
+    void *dx = dev_up(x, (size_t)nx, dt), *dy = dev_up(y0, (size_t)ny, dt);
+    void *dacc = dev_up(y0, (size_t)ny, ZN_DTYPE_F32);
+    DEV_OK(zn_dev_dropout(D, S, dx, dt, ldx, dy, dt, ldy, rows, cols, p, key, 0));
+    /* the backward's use: an fp32 accumulator += the same mask of x */
+    DEV_OK(zn_dev_dropout(D, S, dx, dt, ldx, dacc, ZN_DTYPE_F32, ldy, rows, cols, p, key, 1));
+    double *got = dev_down(dy, (size_t)ny, dt), *acc = dev_down(dacc, (size_t)ny, ZN_DTYPE_F32);
+    int64_t kept = 0, bad = 0, bad_acc = 0, touched = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < ldy; c++) {
+            int64_t yi = r * ldy + c;
+            if (c >= cols) { /* the ld padding is not written */
+                touched += got[yi] != q(y0[yi], dt) || acc[yi] != q(y0[yi], ZN_DTYPE_F32);
+                continue;
+            }
+            int k = keep_ref(key, (uint64_t)(r * cols + c), p);
+            kept += k;
+            float v = k ? (float)x[r * ldx + c] * sc : 0.0f;
+            bad += got[yi] != q(v, dt);
+            bad_acc += acc[yi] != (double)((float)y0[yi] + v);
+        }
+    ZT_CHECK_MSG(!bad && !bad_acc && !touched, "[%s] dropout (%s): %lld values and %lld "
+                 "accumulated values differ from x * mask / (1 - p); %lld padding values "
+                 "written", BK, zn_dtype_name(dt), (long long)bad, (long long)bad_acc,
+                 (long long)touched);
+    /* the kept share is 1 - p: within 5 standard deviations of the binomial */
+    double n = (double)(rows * cols), sd = sqrt(n * p * (1 - p));
+    ZT_CHECK_MSG(fabs((double)kept - n * (1 - p)) <= 5 * sd, "[%s] dropout keeps %lld of %.0f "
+                 "(expected %.0f +- %.0f)", BK, (long long)kept, n, n * (1 - p), sd);
+    /* another key draws another mask: overlap of two independent masks */
+    DEV_OK(zn_dev_dropout(D, S, dx, dt, ldx, dy, dt, ldy, rows, cols, p, key + 1, 0));
+    double *g2 = dev_down(dy, (size_t)ny, dt);
+    int64_t both = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            both += got[r * ldy + c] != 0 && g2[r * ldy + c] != 0 && x[r * ldx + c] != 0;
+    double eb = n * (1 - p) * (1 - p), sb = sqrt(n * (1 - p) * (1 - p) * (1 - (1 - p) * (1 - p)));
+    ZT_CHECK_MSG(fabs((double)both - eb) <= 5 * sb, "[%s] dropout: keys k and k+1 keep %lld "
+                 "in common (independent masks: %.0f +- %.0f)", BK, (long long)both, eb, sb);
+    /* p = 0 copies; p outside [0, 1) is refused */
+    DEV_OK(zn_dev_dropout(D, S, dx, dt, ldx, dy, dt, ldy, rows, cols, 0.0, key, 0));
+    free(g2);
+    g2 = dev_down(dy, (size_t)ny, dt);
+    for (int64_t r = 0, c; r < rows; r++)
+        for (c = 0; c < cols; c++)
+            bad += g2[r * ldy + c] != x[r * ldx + c];
+    ZT_CHECK_MSG(!bad, "[%s] dropout p = 0 is not a copy", BK);
+    ZT_CHECK(zn_dev_dropout(D, S, dx, dt, ldx, dy, dt, ldy, rows, cols, 1.0, key, 0) ==
+             ZN_EARG);
+    free(x), free(y0), free(got), free(acc), free(g2);
+    dfree(dx), dfree(dy), dfree(dacc);
+}
+
 /* ---- add / axpy / scale / cast ----------------------------------------------*/
 static void test_elementwise(zn_dtype dt)
 {
@@ -648,6 +718,7 @@ static int run_backend(const char *name)
         test_rope(dt);
         test_softmax(dt);
         test_swiglu(dt);
+        test_dropout(dt);
         test_elementwise(dt);
         test_bias(dt);
         test_xent(dt);

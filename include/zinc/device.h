@@ -365,6 +365,18 @@ ZN_API int zn_dev_bias_grad(zn_dev *d, zn_stream *s, const void *dy, zn_dtype dy
 ZN_API int zn_dev_cast(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, void *y,
                        zn_dtype y_dt, int64_t n);
 
+/* Dropout by a counter-based hash (no RNG state; the same key regenerates
+ * the same mask, so backward needs no stored mask). Over a [rows][cols]
+ * matrix, element (r, c) has index i = r * cols + c (independent of ld):
+ *     y[r][c] (+)= keep(key, i) ? x[r][c] / (1 - p) : 0
+ * keep(key, i): the top 24 bits of splitmix64(key + (i + 1) * golden) are
+ * >= round(p * 2^24) (src/util/hash-impl.h). 1/(1-p) is rounded to fp32
+ * and multiplied in fp32. accumulate != 0 adds into y, else overwrites.
+ * 0 <= p < 1; mixed types allowed; y must not overlap x. */
+ZN_API int zn_dev_dropout(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, int64_t ldx,
+                          void *y, zn_dtype y_dt, int64_t ldy, int64_t rows, int64_t cols,
+                          double p, uint64_t key, int accumulate);
+
 /* Cross-entropy over a vocabulary produced chunk by chunk (the logits of
  * the whole vocabulary never exist at once). Rows are tokens; a chunk holds
  * the logits of vocabulary columns [v0, v0 + cols), rows ld elements apart.

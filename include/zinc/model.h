@@ -251,6 +251,13 @@ ZN_API int64_t zn_model_batch_tokens(const zn_model *m);
  * mean). For gradient accumulation over k micro-batches, pass
  * 1 / (targets of all k). Call after zn_model_set_batch. */
 ZN_API void zn_model_set_loss_scale(zn_model *m, float scale);
+/* Training mode for LoRA dropout (off until called, so evaluation and the
+ * plain forward never drop): with training != 0 and lora.dropout > 0 the
+ * adapters' inputs are dropped with masks drawn from `key` (one key per
+ * micro-batch; each layer and target derives its own stream). The key is
+ * captured when an op is queued, so set it before a micro-batch's forward
+ * and keep it through its backward. */
+ZN_API void zn_model_set_dropout(zn_model *m, int training, uint64_t key);
 
 /* Bytes of one activation tensor between blocks: batch x seq x hidden x dtype. */
 ZN_API uint64_t zn_model_act_bytes(const zn_model *m);

@@ -106,6 +106,12 @@ typedef struct zn_train_model {
      * loss_scale, and its backward seeds with the same scale. */
     int (*set_batch)(void *ctx, zn_stream *s, const int32_t *ids, const int32_t *targets,
                      int64_t batch, int64_t seq, float loss_scale);
+    /* Optional (models with dropout): training != 0 before each training
+     * micro-batch, with its index over the whole run, (step * world + rank)
+     * * accumulation + micro-batch, from which the model draws its masks
+     * (so a resumed run and every placement draw the same ones); 0 before
+     * evaluation. Called after set_batch. */
+    void (*set_dropout)(void *ctx, int training, uint64_t micro_index);
     /* Waits for s and returns the loss of the last block's latest forward. */
     int (*read_loss)(void *ctx, zn_stream *s, float *loss);
     /* Queues block b's forward on s. params: device, flat, param_dtype. */

@@ -46,10 +46,6 @@ static int lora_dims(const zn_config *cfg, zn_model_dims *d)
         d->lora = a;
         d->lora.dropout = dropout;
     }
-    if (d->lora.dropout > 0)
-        return zn_set_error(ZN_EUNSUPPORTED, "%s: lora.lora_dropout %g: adapter dropout is not "
-                            "implemented yet; set lora.lora_dropout to 0 (PEFT's default)",
-                            cfg->source, d->lora.dropout);
     int rc = zn_model_dims_validate(d);
     return rc ? zn_error_prefix(rc, "%s", cfg->source) : 0;
 }

@@ -135,6 +135,8 @@ static int choose_adapters(zn_cli_train_session *ts, const zn_config *cfg, int f
         if (l->targets & t)
             snprintf(tg + strlen(tg), sizeof tg - strlen(tg), "%s%s", tg[0] ? "," : "",
                      zn_lora_target_name(t));
+    /* the init's stream and the dropout masks' (which resume draws the same) */
+    zn_train_llama_set_lora_seed(ts->llama, cfg->lora.seed);
     if (flags & ZN_CLI_NO_WEIGHTS) {
         snprintf(from, sizeof from, "from the checkpoint");
     } else if (cfg->lora.adapter[0]) {
@@ -148,14 +150,16 @@ static int choose_adapters(zn_cli_train_session *ts, const zn_config *cfg, int f
             return zn_set_error(ZN_EUNSUPPORTED, "%s: lora.init_lora_weights false without "
                                 "lora.adapter: zinc starts adapters from PEFT's default init "
                                 "(true) or from an adapter folder", cfg->source);
-        zn_train_llama_set_lora_seed(ts->llama, cfg->lora.seed);
         snprintf(from, sizeof from, "PEFT init, seed %llu", (unsigned long long)cfg->lora.seed);
     }
     uint64_t tr = zn_model_trainable_count(&ts->dims), all = zn_model_param_count(&ts->dims);
-    snprintf(ts->lora, sizeof ts->lora, "r %d, alpha %g%s, %s; trainable params: %llu || all "
+    char drop[48] = "";
+    if (l->dropout > 0)
+        snprintf(drop, sizeof drop, ", dropout %g", l->dropout);
+    snprintf(ts->lora, sizeof ts->lora, "r %d, alpha %g%s%s, %s; trainable params: %llu || all "
              "params: %llu || trainable%%: %.4f; adapters %s", l->r, l->alpha,
-             l->rslora ? " (rslora)" : "", tg, (unsigned long long)tr, (unsigned long long)all,
-             100.0 * (double)tr / (double)all, from);
+             l->rslora ? " (rslora)" : "", drop, tg, (unsigned long long)tr,
+             (unsigned long long)all, 100.0 * (double)tr / (double)all, from);
     return 0;
 }
 

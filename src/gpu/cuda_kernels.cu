@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "gpu/gpu-impl.h"
+#include "util/hash-impl.h"
 
 namespace {
 
@@ -292,6 +293,21 @@ __global__ void k_swiglu_bwd(const void *gate, const void *up, const void *dout,
         float sg = sigm(g);
         stv(dgate, dt, i, d * u * sg * (1.0f + g * (1.0f - sg)));
         stv(dup, dt, i, d * g * sg);
+    }
+}
+
+__global__ void k_dropout(const void *x, int xdt, int64_t ldx, void *y, int ydt, int64_t ldy,
+                          int64_t rows, int64_t cols, uint64_t key, uint32_t thr, float sc,
+                          int accumulate)
+{
+    GRID_STRIDE(i, rows * cols)
+    {
+        const int64_t r = i / cols, c = i - r * cols;
+        const int64_t xi = r * ldx + c, yi = r * ldy + c;
+        float v = zn_draw24(key, (uint64_t)i) >= thr ? ldv(x, xdt, xi) * sc : 0.0f;
+        if (accumulate)
+            v = ldv(y, ydt, yi) + v;
+        stv(y, ydt, yi, v);
     }
 }
 
@@ -592,6 +608,13 @@ extern "C" int zn_cuda_run_kernel(const zn_op *op, void *stream, float *scratch,
             op->u.xent.logits, op->u.xent.dt, op->u.xent.rows, op->u.xent.cols, op->u.xent.ld,
             op->u.xent.v0, op->u.xent.targets, op->u.xent.lse, op->u.xent.grad_scale,
             op->u.xent.dlogits, op->u.xent.d_dt, op->u.xent.ld_d);
+        break;
+    case ZN_OPK_DROPOUT:
+        *what = "k_dropout";
+        k_dropout<<<grid_for(op->u.drop.rows * op->u.drop.cols), T, 0, st>>>(
+            op->u.drop.x, op->u.drop.x_dt, op->u.drop.ldx, op->u.drop.y, op->u.drop.y_dt,
+            op->u.drop.ldy, op->u.drop.rows, op->u.drop.cols, op->u.drop.key, op->u.drop.thresh,
+            op->u.drop.scale, op->u.drop.accumulate);
         break;
     case ZN_OPK_REDUCE:
         *what = "k_reduce_part";

@@ -10,6 +10,7 @@
 #include <hwloc.h>
 
 #include "gpu/gpu-impl.h"
+#include "util/hash-impl.h"
 
 zn_dev_config zn_dev_config_default(void)
 {
@@ -1157,6 +1158,37 @@ int zn_dev_cast(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, void *y, 
     op.u.cast.y = y;
     op.u.cast.y_dt = y_dt;
     op.u.cast.n = n;
+    return submit(d, s, &op);
+}
+
+int zn_dev_dropout(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, int64_t ldx, void *y,
+                   zn_dtype y_dt, int64_t ldy, int64_t rows, int64_t cols, double p,
+                   uint64_t key, int accumulate)
+{
+    const char *fn = "dropout";
+    CHK_DT(fn, x_dt);
+    CHK_DT(fn, y_dt);
+    CHK(rows >= 0 && cols > 0 && ldx >= cols && ldy >= cols,
+        "%s: bad sizes (rows %lld cols %lld ldx %lld ldy %lld)", fn, (long long)rows,
+        (long long)cols, (long long)ldx, (long long)ldy);
+    CHK(p >= 0.0 && p < 1.0, "%s: p = %g is outside [0, 1)", fn, p);
+    if (rows == 0)
+        return 0;
+    CHK_PTR(fn, x, span(rows, cols, ldx, x_dt));
+    CHK_PTR(fn, y, span(rows, cols, ldy, y_dt));
+    zn_op op = { .kind = ZN_OPK_DROPOUT };
+    op.u.drop.x = x;
+    op.u.drop.x_dt = x_dt;
+    op.u.drop.y = y;
+    op.u.drop.y_dt = y_dt;
+    op.u.drop.ldx = ldx;
+    op.u.drop.ldy = ldy;
+    op.u.drop.rows = rows;
+    op.u.drop.cols = cols;
+    op.u.drop.key = key;
+    op.u.drop.thresh = zn_drop_threshold(p);
+    op.u.drop.scale = (float)(1.0 / (1.0 - p));
+    op.u.drop.accumulate = accumulate != 0;
     return submit(d, s, &op);
 }
 

@@ -64,6 +64,7 @@ typedef enum {
     ZN_OPK_XENT_FINISH,
     ZN_OPK_XENT_BWD,
     ZN_OPK_REDUCE,
+    ZN_OPK_DROPOUT,
     /* host backend only: stream bookkeeping */
     ZN_OPK_EV_RECORD,
     ZN_OPK_EV_WAIT,
@@ -128,6 +129,10 @@ typedef struct zn_op {
             void *dlogits; zn_dtype d_dt; int64_t ld_d;
         } xent;
         struct { const void *x; zn_dtype dt; int64_t n; float *out; int accumulate, square; } reduce;
+        struct {
+            const void *x; zn_dtype x_dt; void *y; zn_dtype y_dt; int64_t ldx, ldy, rows, cols;
+            uint64_t key; uint32_t thresh; float scale; int accumulate;
+        } drop;
         struct { void *ev; uint64_t gen; } ev;
     } u;
 } zn_op;

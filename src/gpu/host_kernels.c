@@ -10,6 +10,7 @@
 #include <cblas.h>
 
 #include "gpu/gpu-impl.h"
+#include "util/hash-impl.h"
 
 static inline float ldf(const void *p, zn_dtype dt, int64_t i)
 {
@@ -324,6 +325,24 @@ static void swiglu_bwd(const zn_op *op)
     }
 }
 
+static void dropout(const zn_op *op)
+{
+    const int64_t rows = op->u.drop.rows, cols = op->u.drop.cols;
+    const zn_dtype xt = op->u.drop.x_dt, yt = op->u.drop.y_dt;
+    const uint32_t thr = op->u.drop.thresh;
+    const float sc = op->u.drop.scale;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            const int64_t xi = r * op->u.drop.ldx + c, yi = r * op->u.drop.ldy + c;
+            float v = zn_draw24(op->u.drop.key, (uint64_t)(r * cols + c)) >= thr
+                          ? ldf(op->u.drop.x, xt, xi) * sc
+                          : 0.0f;
+            if (op->u.drop.accumulate)
+                v = ldf(op->u.drop.y, yt, yi) + v;
+            stf(op->u.drop.y, yt, yi, v);
+        }
+}
+
 static void ew_op(const zn_op *op)
 {
     const int64_t n = op->u.ew.n;
@@ -470,6 +489,7 @@ int zn_host_run_op(const zn_op *op, float **scratch, size_t *scratch_len)
     case ZN_OPK_XENT_FINISH: xent_finish(op); return 0;
     case ZN_OPK_XENT_BWD: xent_bwd(op); return 0;
     case ZN_OPK_REDUCE: reduce(op); return 0;
+    case ZN_OPK_DROPOUT: dropout(op); return 0;
     default:
         return zn_set_error(ZN_EINTERNAL, "host kernels: op kind %d is not a kernel",
                             (int)op->kind);

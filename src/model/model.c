@@ -13,6 +13,7 @@
 #include "zinc/device.h"
 #include "zinc/model.h"
 #include "model/model-impl.h"
+#include "util/hash-impl.h"
 
 #define TRY(x)                                                                 \
     do {                                                                       \
@@ -68,7 +69,11 @@ struct zn_model {
     void *d_attn;       /* [N][qd] */
     void *dqkv;         /* [N][qkv_ld] */
     void *lu, *ldu;     /* LoRA: [N][r] A x and its gradient (cfg.dtype) */
+    void *lxd;          /* LoRA dropout: [N][max in] the dropped input (cfg.dtype) */
+    float *ltmp;        /* LoRA dropout: [N][max in] du A before its mask (fp32) */
     float lscale;       /* LoRA scale */
+    int drop_on;        /* training with lora.dropout > 0 (zn_model_set_dropout) */
+    uint64_t drop_key;
 
     /* current batch */
     int64_t B, T, N, n_valid;
@@ -120,6 +125,19 @@ static int64_t default_chunk(int64_t V, int64_t N)
     return c >= V ? V : c;
 }
 
+/* The widest input of a LoRA target (what its dropout buffers hold per row). */
+static int64_t lora_max_in(const zn_model_dims *d)
+{
+    int64_t in = 0, qd = d->n_heads * d->head_dim;
+    if (d->lora.targets & (ZN_LORA_Q | ZN_LORA_K | ZN_LORA_V | ZN_LORA_GATE | ZN_LORA_UP))
+        in = d->hidden;
+    if ((d->lora.targets & ZN_LORA_O) && qd > in)
+        in = qd;
+    if ((d->lora.targets & ZN_LORA_DOWN) && d->intermediate > in)
+        in = d->intermediate;
+    return in;
+}
+
 /* Lays out (or, with base NULL, measures) everything of a model. */
 static void layout(zn_model *m, unsigned char *base)
 {
@@ -164,6 +182,11 @@ static void layout(zn_model *m, unsigned char *base)
     if (m->d.lora.r > 0) {
         m->lu = carve(&c, (uint64_t)(N * m->d.lora.r) * esz);
         m->ldu = carve(&c, (uint64_t)(N * m->d.lora.r) * esz);
+        if (m->d.lora.dropout > 0) {
+            int64_t in = lora_max_in(&m->d);
+            m->lxd = carve(&c, (uint64_t)(N * in) * esz);
+            m->ltmp = carve(&c, (uint64_t)(N * in) * 4);
+        }
     }
     m->mem_bytes = c.off;
 }
@@ -506,6 +529,12 @@ void zn_model_set_loss_scale(zn_model *m, float scale)
     m->loss_scale = scale;
 }
 
+void zn_model_set_dropout(zn_model *m, int training, uint64_t key)
+{
+    m->drop_on = training && m->d.lora.r > 0 && m->d.lora.dropout > 0;
+    m->drop_key = key;
+}
+
 uint64_t zn_model_act_bytes(const zn_model *m)
 {
     return (uint64_t)(m->max_n * m->H) * m->esz;
@@ -655,14 +684,36 @@ static int linear_dx(zn_model *m, zn_stream *s, const void *dy, int64_t lddy, co
                        m->dt, in, beta, dx, dxdt, lddx);
 }
 
-/* ---- LoRA: y += scale B A x on target t (nothing when t has no adapter) ---- */
-static int lora_fwd(zn_model *m, zn_stream *s, void *const *params, unsigned t, const void *x,
-                    int64_t ldx, int64_t in, int64_t out, void *y, int64_t ldy)
+/* ---- LoRA: y += scale B dropout(A x) on target t (nothing when t has no adapter) ----
+ * Dropout (training only) draws the mask of (layer, target) from the
+ * micro-batch's key; the backward pass draws it again. */
+static uint64_t lora_key(const zn_model *m, int layer, unsigned t)
+{
+    uint64_t k = (uint64_t)layer * 7 + (uint64_t)__builtin_ctz(t) + 1;
+    return zn_mix64(m->drop_key + k * ZN_GOLDEN64);
+}
+
+/* The adapter's input: x, or its dropped copy in lxd (then ld = in). */
+static int lora_input(zn_model *m, zn_stream *s, int layer, unsigned t, const void **x,
+                      int64_t *ldx, int64_t in)
+{
+    if (!m->drop_on)
+        return 0;
+    TRY(zn_dev_dropout(m->dev, s, *x, m->dt, *ldx, m->lxd, m->dt, in, m->N, in,
+                       m->d.lora.dropout, lora_key(m, layer, t), 0));
+    *x = m->lxd;
+    *ldx = in;
+    return 0;
+}
+
+static int lora_fwd(zn_model *m, zn_stream *s, void *const *params, int layer, unsigned t,
+                    const void *x, int64_t ldx, int64_t in, int64_t out, void *y, int64_t ldy)
 {
     int i = lora_index(&m->d, t);
     if (i < 0)
         return 0;
     int64_t r = m->d.lora.r;
+    TRY(lora_input(m, s, layer, t, &x, &ldx, in));
     TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, m->N, r, in, 1.0f, x, m->dt, ldx, params[i],
                     m->dt, in, 0.0f, m->lu, m->dt, r));
     return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, m->N, out, r, m->lscale, m->lu, m->dt, r,
@@ -673,7 +724,7 @@ static int lora_fwd(zn_model *m, zn_stream *s, void *const *params, unsigned t, 
  * dB += scale dy^T u, du = scale dy B (kept in ldu for lora_bwd_x),
  * dA += du^T x. Runs before the input x's buffer is reused. */
 static int lora_bwd_w(zn_model *m, zn_stream *s, void *const *params, float *const *grads,
-                      unsigned t, const void *x, int64_t ldx, int64_t in, int64_t out,
+                      int layer, unsigned t, const void *x, int64_t ldx, int64_t in, int64_t out,
                       const void *dy, int64_t lddy)
 {
     int i = lora_index(&m->d, t);
@@ -681,6 +732,7 @@ static int lora_bwd_w(zn_model *m, zn_stream *s, void *const *params, float *con
         return 0;
     int64_t r = m->d.lora.r, N = m->N;
     zn_dtype dt = m->dt;
+    TRY(lora_input(m, s, layer, t, &x, &ldx, in));
     TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, r, in, 1.0f, x, dt, ldx, params[i], dt,
                     in, 0.0f, m->lu, dt, r));
     if (grads[i + 1])
@@ -694,21 +746,26 @@ static int lora_bwd_w(zn_model *m, zn_stream *s, void *const *params, float *con
     return 0;
 }
 
-/* dx += du A, after the base projection wrote its part of dx. */
-static int lora_bwd_x(zn_model *m, zn_stream *s, void *const *params, unsigned t, int64_t in,
-                      void *dx, zn_dtype dxdt, int64_t lddx)
+/* dx += dropout'(du A), after the base projection wrote its part of dx. */
+static int lora_bwd_x(zn_model *m, zn_stream *s, void *const *params, int layer, unsigned t,
+                      int64_t in, void *dx, zn_dtype dxdt, int64_t lddx)
 {
     int i = lora_index(&m->d, t);
     if (i < 0)
         return 0;
     int64_t r = m->d.lora.r;
-    return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, m->N, in, r, 1.0f, m->ldu, m->dt, r,
-                       params[i], m->dt, in, 1.0f, dx, dxdt, lddx);
+    if (!m->drop_on)
+        return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, m->N, in, r, 1.0f, m->ldu, m->dt, r,
+                           params[i], m->dt, in, 1.0f, dx, dxdt, lddx);
+    TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, m->N, in, r, 1.0f, m->ldu, m->dt, r,
+                    params[i], m->dt, in, 0.0f, m->ltmp, ZN_DTYPE_F32, in));
+    return zn_dev_dropout(m->dev, s, m->ltmp, ZN_DTYPE_F32, in, dx, dxdt, lddx, m->N, in,
+                          m->d.lora.dropout, lora_key(m, layer, t), 1);
 }
 
 /* Forward up to (not including) the down projection. */
-static int layer_fwd_core(zn_model *m, zn_stream *s, void *const *params, const void *x_in,
-                          const layer_acts *a)
+static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *params,
+                          const void *x_in, const layer_acts *a)
 {
     int64_t N = m->N, H = m->H, qd = m->qd, kvd = m->kvd, ld = m->qkv_ld, I = m->I;
     zn_dtype dt = m->dt;
@@ -720,9 +777,9 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, void *const *params, const 
     TRY(linear(m, s, a->h1, H, PRM(P_WQ), qd, H, 0.0f, a->qkv, dt, ld));
     TRY(linear(m, s, a->h1, H, PRM(P_WK), kvd, H, 0.0f, at(a->qkv, qd, e), dt, ld));
     TRY(linear(m, s, a->h1, H, PRM(P_WV), kvd, H, 0.0f, at(a->qkv, qd + kvd, e), dt, ld));
-    TRY(lora_fwd(m, s, params, ZN_LORA_Q, a->h1, H, H, qd, a->qkv, ld));
-    TRY(lora_fwd(m, s, params, ZN_LORA_K, a->h1, H, H, kvd, at(a->qkv, qd, e), ld));
-    TRY(lora_fwd(m, s, params, ZN_LORA_V, a->h1, H, H, kvd, at(a->qkv, qd + kvd, e), ld));
+    TRY(lora_fwd(m, s, params, layer, ZN_LORA_Q, a->h1, H, H, qd, a->qkv, ld));
+    TRY(lora_fwd(m, s, params, layer, ZN_LORA_K, a->h1, H, H, kvd, at(a->qkv, qd, e), ld));
+    TRY(lora_fwd(m, s, params, layer, ZN_LORA_V, a->h1, H, H, kvd, at(a->qkv, qd + kvd, e), ld));
     if (m->d.qkv_bias) {
         TRY(zn_dev_bias_add(m->dev, s, a->qkv, dt, ld, PRM(P_BQ), dt, N, qd));
         TRY(zn_dev_bias_add(m->dev, s, at(a->qkv, qd, e), dt, ld, PRM(P_BK), dt, N, kvd));
@@ -735,15 +792,15 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, void *const *params, const 
     /* x_mid = x_in + attn Wo^T (+ bo) */
     TRY(zn_dev_copy_d2d(m->dev, s, a->x_mid, x_in, (size_t)(N * H) * e));
     TRY(linear(m, s, a->attn, qd, PRM(P_WO), H, qd, 1.0f, a->x_mid, dt, H));
-    TRY(lora_fwd(m, s, params, ZN_LORA_O, a->attn, qd, qd, H, a->x_mid, H));
+    TRY(lora_fwd(m, s, params, layer, ZN_LORA_O, a->attn, qd, qd, H, a->x_mid, H));
     if (m->d.o_bias)
         TRY(zn_dev_bias_add(m->dev, s, a->x_mid, dt, H, PRM(P_BO), dt, N, H));
     TRY(zn_dev_rmsnorm_fwd(m->dev, s, a->x_mid, dt, PRM(P_POST_NORM), dt, a->h2, dt, a->rstd2, N,
                            H, eps));
     TRY(linear(m, s, a->h2, H, PRM(P_WG), I, H, 0.0f, a->gate, dt, I));
     TRY(linear(m, s, a->h2, H, PRM(P_WU), I, H, 0.0f, a->up, dt, I));
-    TRY(lora_fwd(m, s, params, ZN_LORA_GATE, a->h2, H, H, I, a->gate, I));
-    TRY(lora_fwd(m, s, params, ZN_LORA_UP, a->h2, H, H, I, a->up, I));
+    TRY(lora_fwd(m, s, params, layer, ZN_LORA_GATE, a->h2, H, H, I, a->gate, I));
+    TRY(lora_fwd(m, s, params, layer, ZN_LORA_UP, a->h2, H, H, I, a->up, I));
     return zn_dev_swiglu_fwd(m->dev, s, a->gate, a->up, a->act, dt, N * I);
 }
 
@@ -766,11 +823,11 @@ int zn_model_layer_fwd(zn_model *m, zn_stream *s, int layer, void *const *params
         carver c = { saved, 0 };
         carve_acts(&c, &a, m->max_n, m->H, m->qkv_ld, m->qd, m->I, m->esz);
     }
-    TRY(layer_fwd_core(m, s, params, x_in, &a));
+    TRY(layer_fwd_core(m, s, layer, params, x_in, &a));
     /* x_out = x_mid + act Wd^T */
     TRY(zn_dev_copy_d2d(m->dev, s, x_out, a.x_mid, (size_t)(m->N * m->H) * m->esz));
     TRY(linear(m, s, a.act, m->I, PRM(P_WD), m->H, m->I, 1.0f, x_out, m->dt, m->H));
-    return lora_fwd(m, s, params, ZN_LORA_DOWN, a.act, m->I, m->I, m->H, x_out, m->H);
+    return lora_fwd(m, s, params, layer, ZN_LORA_DOWN, a.act, m->I, m->I, m->H, x_out, m->H);
 }
 
 int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params,
@@ -787,23 +844,23 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
         carver c = { (unsigned char *)saved, 0 };
         carve_acts(&c, &a, m->max_n, H, ld, qd, I, e);
     } else {
-        TRY(layer_fwd_core(m, s, params, x_in, &a)); /* activation checkpointing */
+        TRY(layer_fwd_core(m, s, layer, params, x_in, &a)); /* activation checkpointing */
     }
 
     /* MLP: out = act Wd^T */
     TRY(linear_dw(m, s, dy, H, a.act, I, H, I, GRD(P_WD)));
-    TRY(lora_bwd_w(m, s, params, grads, ZN_LORA_DOWN, a.act, I, I, H, dy, H));
+    TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_DOWN, a.act, I, I, H, dy, H));
     TRY(linear_dx(m, s, dy, H, PRM(P_WD), H, I, 0.0f, w->act, dt, I));       /* d_act */
-    TRY(lora_bwd_x(m, s, params, ZN_LORA_DOWN, I, w->act, dt, I));
+    TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_DOWN, I, w->act, dt, I));
     TRY(zn_dev_swiglu_bwd(m->dev, s, a.gate, a.up, w->act, w->gate, w->up, dt, N * I));
     TRY(linear_dw(m, s, w->gate, I, a.h2, H, I, H, GRD(P_WG)));
     TRY(linear_dw(m, s, w->up, I, a.h2, H, I, H, GRD(P_WU)));
-    TRY(lora_bwd_w(m, s, params, grads, ZN_LORA_GATE, a.h2, H, H, I, w->gate, I));
+    TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_GATE, a.h2, H, H, I, w->gate, I));
     TRY(linear_dx(m, s, w->gate, I, PRM(P_WG), I, H, 0.0f, m->dh, ZN_DTYPE_F32, H));
-    TRY(lora_bwd_x(m, s, params, ZN_LORA_GATE, H, m->dh, ZN_DTYPE_F32, H));
-    TRY(lora_bwd_w(m, s, params, grads, ZN_LORA_UP, a.h2, H, H, I, w->up, I));
+    TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_GATE, H, m->dh, ZN_DTYPE_F32, H));
+    TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_UP, a.h2, H, H, I, w->up, I));
     TRY(linear_dx(m, s, w->up, I, PRM(P_WU), I, H, 1.0f, m->dh, ZN_DTYPE_F32, H));
-    TRY(lora_bwd_x(m, s, params, ZN_LORA_UP, H, m->dh, ZN_DTYPE_F32, H));
+    TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_UP, H, m->dh, ZN_DTYPE_F32, H));
     TRY(zn_dev_rmsnorm_bwd(m->dev, s, a.x_mid, dt, PRM(P_POST_NORM), dt, a.rstd2, m->dh,
                            ZN_DTYPE_F32, m->dxm32, ZN_DTYPE_F32, GRD(P_POST_NORM), N, H));
     TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, dy, dt, N * H)); /* residual */
@@ -814,9 +871,9 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
     TRY(linear_dw(m, s, m->dxm, H, a.attn, qd, H, qd, GRD(P_WO)));
     if (m->d.o_bias && GRD(P_BO))
         TRY(zn_dev_bias_grad(m->dev, s, m->dxm, dt, H, GRD(P_BO), N, H));
-    TRY(lora_bwd_w(m, s, params, grads, ZN_LORA_O, a.attn, qd, qd, H, m->dxm, H));
+    TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_O, a.attn, qd, qd, H, m->dxm, H));
     TRY(linear_dx(m, s, m->dxm, H, PRM(P_WO), H, qd, 0.0f, m->d_attn, dt, qd));
-    TRY(lora_bwd_x(m, s, params, ZN_LORA_O, qd, m->d_attn, dt, qd));
+    TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_O, qd, m->d_attn, dt, qd));
     TRY(attn_bwd(m, s, &a));
     TRY(zn_dev_rope_bwd(m->dev, s, m->dqkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
     TRY(zn_dev_rope_bwd(m->dev, s, at(m->dqkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
@@ -829,17 +886,17 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
     TRY(linear_dw(m, s, m->dqkv, ld, a.h1, H, qd, H, GRD(P_WQ)));
     TRY(linear_dw(m, s, at(m->dqkv, qd, e), ld, a.h1, H, kvd, H, GRD(P_WK)));
     TRY(linear_dw(m, s, at(m->dqkv, qd + kvd, e), ld, a.h1, H, kvd, H, GRD(P_WV)));
-    TRY(lora_bwd_w(m, s, params, grads, ZN_LORA_Q, a.h1, H, H, qd, m->dqkv, ld));
+    TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_Q, a.h1, H, H, qd, m->dqkv, ld));
     TRY(linear_dx(m, s, m->dqkv, ld, PRM(P_WQ), qd, H, 0.0f, m->dh, ZN_DTYPE_F32, H));
-    TRY(lora_bwd_x(m, s, params, ZN_LORA_Q, H, m->dh, ZN_DTYPE_F32, H));
-    TRY(lora_bwd_w(m, s, params, grads, ZN_LORA_K, a.h1, H, H, kvd, at(m->dqkv, qd, e), ld));
+    TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_Q, H, m->dh, ZN_DTYPE_F32, H));
+    TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_K, a.h1, H, H, kvd, at(m->dqkv, qd, e), ld));
     TRY(linear_dx(m, s, at(m->dqkv, qd, e), ld, PRM(P_WK), kvd, H, 1.0f, m->dh, ZN_DTYPE_F32, H));
-    TRY(lora_bwd_x(m, s, params, ZN_LORA_K, H, m->dh, ZN_DTYPE_F32, H));
-    TRY(lora_bwd_w(m, s, params, grads, ZN_LORA_V, a.h1, H, H, kvd, at(m->dqkv, qd + kvd, e),
+    TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_K, H, m->dh, ZN_DTYPE_F32, H));
+    TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_V, a.h1, H, H, kvd, at(m->dqkv, qd + kvd, e),
                    ld));
     TRY(linear_dx(m, s, at(m->dqkv, qd + kvd, e), ld, PRM(P_WV), kvd, H, 1.0f, m->dh,
                   ZN_DTYPE_F32, H));
-    TRY(lora_bwd_x(m, s, params, ZN_LORA_V, H, m->dh, ZN_DTYPE_F32, H));
+    TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_V, H, m->dh, ZN_DTYPE_F32, H));
     TRY(zn_dev_rmsnorm_bwd(m->dev, s, x_in, dt, PRM(P_IN_NORM), dt, a.rstd1, m->dh, ZN_DTYPE_F32,
                            m->dh, ZN_DTYPE_F32, GRD(P_IN_NORM), N, H));
     TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, m->dh, ZN_DTYPE_F32, N * H));

@@ -1806,6 +1806,10 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
             rc = zn_error_prefix(rc, "micro-batch %d", mb);
             break;
         }
+        if (tr->model->set_dropout)
+            tr->model->set_dropout(tr->model->ctx, 1,
+                                   ((uint64_t)tr->step * (uint64_t)tr->world + (uint64_t)tr->rank) *
+                                           (uint64_t)A + (uint64_t)mb);
         rc = run_micro_batch(tr, mb, fe, nfe, &next_fetch, &use, fetch_of_use, &nvme_fetches);
         float l = 0;
         if (!rc && !(rc = tr->model->read_loss(tr->model->ctx, tr->s_comp, &l)))
@@ -1926,6 +1930,8 @@ int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets, in
             rc = zn_error_prefix(rc, "eval micro-batch %d", mb);
             break;
         }
+        if (md->set_dropout)
+            md->set_dropout(md->ctx, 0, 0);
         for (int b = 0; b < L && !rc; b++) {
             int i = use++;
             zn_block *bl = &tr->blocks[b];

@@ -14,6 +14,7 @@
 #include "zinc/model.h"
 #include "zinc/safetensors.h"
 #include "zinc/train.h"
+#include "util/hash-impl.h"
 
 #define MAX_TENSORS 32
 
@@ -52,10 +53,7 @@ struct zn_train_llama {
 
 static uint64_t mix(uint64_t z)
 {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return zn_mix64(z + ZN_GOLDEN64); /* one splitmix64 step */
 }
 
 /* Seeded normal(0, std) values of elements [first, first + n) of a tensor:
@@ -229,6 +227,16 @@ static int ll_set_batch(void *ctx, zn_stream *s, const int32_t *ids, const int32
     return 0;
 }
 
+/* The LoRA dropout key of one micro-batch: a stream of lora.seed (apart
+ * from the init's) and the micro-batch's index. The model derives each
+ * layer's and target's stream from it (lora_key in model.c). */
+static void ll_set_dropout(void *ctx, int training, uint64_t micro_index)
+{
+    zn_train_llama *l = ctx;
+    uint64_t k = zn_mix64(l->lora_seed ^ 0x6C6F72612D64726Full); /* "lora-dro" */
+    zn_model_set_dropout(l->m, training, zn_mix64(k ^ zn_mix64(micro_index + 1)));
+}
+
 static int ll_read_loss(void *ctx, zn_stream *s, float *loss)
 {
     zn_train_llama *l = ctx;
@@ -373,6 +381,7 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
     m->init_params = ll_init;
     m->set_batch = ll_set_batch;
     m->read_loss = ll_read_loss;
+    m->set_dropout = ll_set_dropout;
     m->forward = ll_forward;
     m->backward = ll_backward;
     m->plan_prepare = ll_plan_prepare;
