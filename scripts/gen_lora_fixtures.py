@@ -16,8 +16,6 @@ reproduce from the same base folder and the same initial adapter
               by ZincDropout, which draws zinc's counter-based mask
               (zinc_keep, from lora.seed 7, the micro-batch, the layer and
               the target) and scales by 1/(1-p) in fp32 as torch does;
-              train-reference.json adds eval_step1_final, PEFT's eval-mode
-              (no dropout) loss of step 1's batch with final-adapter/
 Both start from init_lora_weights=False (lora_B random, not PEFT's zeros:
 nn.Linear's default init, uniform within 1/sqrt(fan_in), for A and B), so
 that the gradients of both adapter matrices matter from the first step.
@@ -25,7 +23,8 @@ Each folder holds adapter-init/ (PEFT's save_pretrained before training),
 train-config.json (the zinc config: DeepSpeed keys, model.path of the base,
 the lora section with lora.adapter = adapter-init), train-reference.json
 (every step's ids, targets, loss, lr, gradient norm before clipping; the
-schema of the ft-* fixtures, plus peft's version) and final-adapter/ (after
+schema of the ft-* fixtures, plus peft's version and eval_step1_final,
+PEFT's eval-mode loss of step 1's batch with final-adapter/) and final-adapter/ (after
 the 10 steps). The adapters are PEFT's own files: adapter_model.safetensors
 (fp32, names like base_model.model.model.layers.0.self_attn.q_proj.lora_A
 .weight, A [r, in], B [out, r]) and adapter_config.json, in which
@@ -232,15 +231,14 @@ def make(kind, out, torch, transformers, peft):
     }
     with open(os.path.join(d, "train-reference.json"), "w") as f:
         json.dump(ref, f, indent=1)
-    ev = verify(kind, out, init, final, steps, torch, transformers, peft)
+    # PEFT's eval-mode (no dropout) loss of step 1's batch with the trained
+    # adapter: what zinc's zn_train_eval and its merged export must give
+    ref["eval_step1_final"] = verify(kind, out, init, final, steps, torch, transformers, peft)
     if dropout > 0:
-        # evaluation runs without dropout: PEFT's eval-mode loss of step 1's
-        # batch with the trained adapter, which zinc's zn_train_eval must give
         ref["dropout_masks"] = ("zinc's (scripts/gen_lora_fixtures.py zinc_keep), lora.seed %d"
                                 % spec["lora_seed"])
-        ref["eval_step1_final"] = ev
-        with open(os.path.join(d, "train-reference.json"), "w") as f:
-            json.dump(ref, f, indent=1)
+    with open(os.path.join(d, "train-reference.json"), "w") as f:
+        json.dump(ref, f, indent=1)
 
 
 def step1_loss(pm, d, torch):
@@ -298,11 +296,35 @@ def check_export(adapter, kind, out, torch, transformers, peft):
     print("largest difference from final-adapter/: %.3e over %d tensors" % (worst, len(ref)))
 
 
+def check_merge(merged, adapter, kind, out, torch, transformers, peft):
+    """zinc export --merge's folder against peft's merge_and_unload of the
+    adapter folder `adapter` on the fixture's base: every tensor, and the
+    loss of step 1's batch through transformers."""
+    spec = FIXTURES[kind]
+    _, model = load_base(out, spec, torch, transformers)
+    ref = peft.PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    mine = transformers.AutoModelForCausalLM.from_pretrained(
+        merged, dtype=torch.float32, attn_implementation="eager")
+    rs, ms = ref.state_dict(), mine.state_dict()
+    assert set(rs) == set(ms), "tensor names differ: %s" % (set(rs) ^ set(ms))
+    worst, wn = 0.0, ""
+    for k in sorted(rs):
+        dif = ((ms[k] - rs[k]).norm() / rs[k].norm().clamp_min(1e-30)).item()
+        if dif > worst:
+            worst, wn = dif, k
+    d = os.path.join(out, "lora-" + kind)
+    la, lb = step1_loss(ref, d, torch), step1_loss(mine, d, torch)
+    print("merged %s vs peft merge_and_unload of %s: worst tensor %s rel L2 %.2e; step 1 loss "
+          "%.9f vs %.9f" % (merged, adapter, wn, worst, lb, la))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
     ap.add_argument("--check-export", metavar="DIR", help="a PEFT adapter folder (zinc export's "
                     "output) to load in peft and compare with the fixture's final-adapter/")
+    ap.add_argument("--check-merge", nargs=2, metavar=("MERGED", "ADAPTER"),
+                    help="zinc export --merge's folder and the PEFT adapter folder it merged")
     ap.add_argument("--fixture", choices=sorted(FIXTURES), default="llama")
     a = ap.parse_args()
     ensure_torch()
@@ -312,6 +334,10 @@ def main():
         sys.exit("gen_lora_fixtures: needs peft (pip install peft==0.21.2)")
     import torch
     import transformers
+    if a.check_merge:
+        check_merge(a.check_merge[0], a.check_merge[1], a.fixture, a.out, torch, transformers,
+                    peft)
+        return
     if a.check_export:
         check_export(a.check_export, a.fixture, a.out, torch, transformers, peft)
         return

@@ -30,7 +30,7 @@ common=(--steps $S --set train.log_every=100 --set train.checkpoint.every=1
 
 # the uninterrupted reference
 "$zinc" train --steps $S --set train.log_every=100 --json-log ref.jsonl > ref.out 2>&1
-check "[ \$? -eq 0 ]" "reference run failed: $(tail -3 ref.out)"
+rc=$?; check "[ \$rc -eq 0 ]" "reference run failed: $(tail -3 ref.out)"
 
 # compares every step of $1 with the reference; prints the first step
 same_as_ref() {
@@ -48,13 +48,13 @@ same_as_ref() {
 
 resume_and_check() { # $1 label
     "$zinc" export ck --verify > verify.out 2>&1
-    check "[ \$? -eq 0 ]" "$1: latest does not verify: $(cat verify.out)"
+    rc=$?; check "[ \$rc -eq 0 ]" "$1: latest does not verify: $(cat verify.out)"
     "$zinc" train --resume ck --steps $S --set train.log_every=100 --json-log res.jsonl \
         > res.out 2>&1
     local rc=$?
     check "[ $rc -eq 0 ]" "$1: resume exited $rc: $(tail -3 res.out)"
     local r; r=$(same_as_ref res.jsonl)
-    check "[ \$? -eq 0 ]" "$1: resumed losses differ: $r"
+    rc=$?; check "[ \$rc -eq 0 ]" "$1: resumed losses differ: $r"
     check "[ -z \"\$(ls -a ck | grep '^\.step-')\" ]" "$1: temporary folders left: $(ls -a ck)"
     echo "$1: $(grep -o 'resumed from [^:]*' res.out), $r"
 }
@@ -125,11 +125,11 @@ fi
 
 # export: an HF folder that zinc's own loader reads
 "$zinc" export inj --out hf --dtype bf16 --shard-size 4MiB > export.out 2>&1
-check "[ \$? -eq 0 ]" "export failed: $(cat export.out)"
+rc=$?; check "[ \$rc -eq 0 ]" "export failed: $(cat export.out)"
 check "[ -f hf/config.json ] && [ -f hf/model.safetensors.index.json ] && [ -f hf/model-00002-of-00002.safetensors ]" \
       "export layout: $(ls hf)"
 "$zinc" eval --model hf --data synthetic --seq-len 32 --batches 2 --device host > eval.out 2>&1
-check "[ \$? -eq 0 ]" "zinc eval on the export failed: $(cat eval.out)"
+rc=$?; check "[ \$rc -eq 0 ]" "zinc eval on the export failed: $(cat eval.out)"
 "$zinc" export nowhere --out x > /dev/null 2> bad.err
 rc=$?
 check "[ $rc -eq 1 ] && grep -q nowhere bad.err" "export of a missing checkpoint: $(cat bad.err)"

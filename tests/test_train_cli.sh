@@ -21,7 +21,7 @@ if [ "$mode" = fast ]; then
     check "cmp -s default.json '$src/examples/tiny.json'" "embedded default differs from examples/tiny.json"
 
     "$zinc" plan "$src/examples/tiny.json" --set tiers.cpu=1MiB > /dev/null 2> plan.err
-    check "[ \$? -eq 1 ]" "zinc plan accepted a 1 MiB cpu tier"
+    rc=$?; check "[ \$rc -eq 1 ]" "zinc plan accepted a 1 MiB cpu tier"
     "$zinc" train "$src/examples/tiny.json" --set tiers.cpu=1MiB > /dev/null 2> train.err
     rc=$?
     check "[ $rc -eq 1 ]" "zinc train with an infeasible config exited $rc, expected 1"

@@ -15,9 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ftw.h>
 #include <sys/stat.h>
 
 #include "cli/cli.h"
+#include "zinc/ckpt.h"
 #include "zinc/config.h"
 #include "zinc/device.h"
 #include "zinc/model.h"
@@ -50,6 +52,7 @@ typedef struct {
     uint64_t P;
     double eval_sum; /* zn_train_eval of step 1's batch after training */
     uint64_t eval_n;
+    const char *ckdir; /* in: save a checkpoint here after training (NULL: none) */
 } run_out;
 
 static int load_reference(const char *dir, reference *r)
@@ -181,9 +184,16 @@ static int run(const char *dir, const reference *ref, const char **sets, int nse
                            &o->eval_sum, &o->eval_n);
     if (!rc)
         rc = zn_train_read_master(tr, o->master, o->P);
+    if (!rc && o->ckdir) {
+        zn_ckpt_save_options so = zn_ckpt_save_options_default();
+        so.dir = o->ckdir;
+        so.dims = &d;
+        rc = zn_ckpt_save(tr, &so, NULL, 0);
+    }
 out:
     zn_train_destroy(tr);
     zn_train_llama_destroy(l);
+    tn_rmdir(); /* this run's NVMe folder */
     return rc;
 }
 
@@ -255,54 +265,145 @@ static void compare_master(const char *what, const zn_model_dims *d, const float
 
 /* zn_train_eval against the all-resident model (zn_model_state) holding
  * the trained master: the same batch's summed loss and target count. */
-static void check_eval(const char *name, const char *dir, const zn_model_dims *d,
-                       const reference *ref, const run_out *o)
+/* The loss sum and target count of step 1's batch (2 micro-batches) under a
+ * resident host model holding either the flat master `m` (block order) or
+ * the HF folder `path`. */
+static int resident_eval(const zn_model_dims *d, const reference *ref, const float *m,
+                         const char *path, double *sum, uint64_t *n)
 {
     zn_dev_config dc = zn_dev_config_default();
     dc.name = "host";
     dc.gpu_budget = 64u << 20;
     zn_dev *dev = NULL;
-    zn_model *m = NULL;
+    zn_model *md = NULL;
     zn_model_state *st = NULL;
-    ZT_EQ_INT(zn_dev_create(&dev, &dc), 0);
+    int rc = zn_dev_create(&dev, &dc);
     zn_model_config mc = zn_model_config_default(dev);
     int64_t B = 2, T = ref->tokens_per_step / 2 / B;  /* accumulation 2 x micro 2 */
     mc.max_batch = B;
     mc.max_seq = T;
-    int rc = zn_model_create(&m, dev, d, &mc);
     if (!rc)
-        rc = zn_model_state_create(&st, m, 0);
-    ZT_CHECK_MSG(rc == 0, "%s: model: %s", name, zn_last_error());
+        rc = zn_model_create(&md, dev, d, &mc);
+    if (!rc)
+        rc = zn_model_state_create(&st, md, 0);
+    if (!rc && path)
+        rc = zn_model_state_load(st, path);
     uint64_t flat = 0;
-    for (int b = 0; !rc && b < zn_model_num_blocks(d); b++)
-        for (int i = 0; i < zn_model_block_nparams(d, b); i++) {
+    for (int b = 0; !rc && m && b < zn_model_num_blocks(d); b++)
+        for (int i = 0; !rc && i < zn_model_block_nparams(d, b); i++) {
             zn_param_info pi;
             zn_model_block_param(d, b, i, &pi);
             if (pi.owner_block >= 0)
                 continue;
-            ZT_EQ_INT(zn_dev_copy_h2d(dev, NULL, zn_model_state_params(st, b)[i],
-                                      o->master + flat, (size_t)pi.numel * 4), 0);
+            rc = zn_dev_copy_h2d(dev, NULL, zn_model_state_params(st, b)[i], m + flat,
+                                 (size_t)pi.numel * 4);
             flat += (uint64_t)pi.numel;
         }
-    double sum = 0;
-    uint64_t n = 0;
+    *sum = 0;
+    *n = 0;
     for (int mb = 0; !rc && mb < 2; mb++) {
         const int32_t *in = ref->ids[0] + mb * B * T, *tg = ref->tgts[0] + mb * B * T;
         float loss = 0;
-        ZT_EQ_INT(zn_model_set_batch(m, NULL, B, T, in, tg), 0);
-        ZT_EQ_INT(zn_model_state_forward(st, NULL, &loss), 0);
-        sum += (double)loss * (double)zn_model_batch_tokens(m);
-        n += (uint64_t)zn_model_batch_tokens(m);
+        if (!(rc = zn_model_set_batch(md, NULL, B, T, in, tg)) &&
+            !(rc = zn_model_state_forward(st, NULL, &loss))) {
+            *sum += (double)loss * (double)zn_model_batch_tokens(md);
+            *n += (uint64_t)zn_model_batch_tokens(md);
+        }
     }
-    (void)dir;
+    zn_model_state_destroy(st);
+    zn_model_destroy(md);
+    zn_dev_destroy(dev);
+    return rc;
+}
+
+static void check_eval(const char *name, const zn_model_dims *d, const reference *ref,
+                       const run_out *o)
+{
+    double sum = 0;
+    uint64_t n = 0;
+    int rc = resident_eval(d, ref, o->master, NULL, &sum, &n);
+    ZT_CHECK_MSG(rc == 0, "%s: resident model: %s", name, zn_last_error());
     double rel = fabs(sum - o->eval_sum) / fabs(sum);
     printf("  %s eval: trainer %.9f over %llu targets, resident model %.9f over %llu (rel %.1e)\n",
            name, o->eval_sum, (unsigned long long)o->eval_n, sum, (unsigned long long)n, rel);
     ZT_CHECK_MSG(n == o->eval_n && rel <= 1e-6, "%s: zn_train_eval %.9f/%llu, resident %.9f/%llu",
                  name, o->eval_sum, (unsigned long long)o->eval_n, sum, (unsigned long long)n);
-    zn_model_state_destroy(st);
-    zn_model_destroy(m);
-    zn_dev_destroy(dev);
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+/* `zinc export --merge` of the trained adapters (a checkpoint of run 0):
+ * the merged HF folder, loaded as a plain model, gives PEFT's eval-mode
+ * loss with final-adapter/ and zinc's own LoRA eval; the default keeps the
+ * base's tensor types and its untouched tensors byte for byte; a base of
+ * another shape is refused. */
+static void check_merge(const char *name, const char *ckdir, const char *base,
+                        const reference *ref, const run_out *o)
+{
+    char out[4400], out2[4400], other[4300];
+    snprintf(out, sizeof out, "%s/merged-fp32", ckdir);
+    snprintf(out2, sizeof out2, "%s/merged", ckdir);
+    int rc = zn_ckpt_export_merged(ckdir, out, base, 1, ZN_DTYPE_F32, 0);
+    ZT_CHECK_MSG(rc == 0, "%s: export --merge: %s", name, zn_last_error());
+    zn_model_dims md;
+    if (rc || (rc = zn_model_dims_from_hf(&md, out))) {
+        ZT_CHECK_MSG(0, "%s: merged config: %s", name, zn_last_error());
+        return;
+    }
+    ZT_EQ_INT(md.lora.r, 0);
+    double sum = 0;
+    uint64_t n = 0;
+    rc = resident_eval(&md, ref, NULL, out, &sum, &n);
+    ZT_CHECK_MSG(rc == 0, "%s: merged model: %s", name, zn_last_error());
+    double mine = sum / (double)n, lora = o->eval_sum / (double)o->eval_n;
+    double rp = fabs(mine - ref->eval_final) / ref->eval_final, rl = fabs(mine - lora) / lora;
+    printf("  %s merged: loss %.9f, peft (adapter, eval mode) %.9f rel %.1e, zinc LoRA eval "
+           "%.9f rel %.1e\n", name, mine, ref->eval_final, rp, lora, rl);
+    ZT_CHECK_MSG(rp <= 1e-5 && rl <= 1e-6, "%s: merged model's loss %.9f, peft %.9f, zinc "
+                 "LoRA %.9f", name, mine, ref->eval_final, lora);
+    /* in the base's own types: untouched tensors are the base's bytes */
+    ZT_CHECK_MSG(zn_ckpt_export_merged(ckdir, out2, base, 0, ZN_DTYPE_BF16, 0) == 0,
+                 "%s: export --merge (base types): %s", name, zn_last_error());
+    zn_st *a = NULL, *b = NULL;
+    if (!zn_st_open(&a, base) && !zn_st_open(&b, out2)) {
+        ZT_EQ_INT((int)zn_st_count(b), (int)zn_st_count(a));
+        int same = 0, diff = 0;
+        for (size_t i = 0; i < zn_st_count(a); i++) {
+            const zn_st_tensor *ta = zn_st_tensor_at(a, i), *tb = zn_st_find(b, ta->name);
+            ZT_CHECK_MSG(tb && tb->dtype == ta->dtype && tb->nbytes == ta->nbytes,
+                         "%s: merged %s has another type or size", name, ta->name);
+            if (!tb || tb->nbytes != ta->nbytes)
+                continue;
+            void *x = malloc(ta->nbytes), *y = malloc(ta->nbytes);
+            ZT_EQ_INT(zn_st_read_raw(a, ta, x, ta->nbytes), 0);
+            ZT_EQ_INT(zn_st_read_raw(b, tb, y, tb->nbytes), 0);
+            int eq = !memcmp(x, y, ta->nbytes);
+            same += eq;
+            diff += !eq;
+            int target = strstr(ta->name, "_proj.weight") != NULL;
+            if (!target)
+                ZT_CHECK_MSG(eq, "%s: merged %s differs from the base's", name, ta->name);
+            free(x);
+            free(y);
+        }
+        printf("  %s merged in the base's types: %d tensors changed, %d the base's bytes\n",
+               name, diff, same);
+        ZT_CHECK_MSG(diff > 0, "%s: merging changed no tensor", name);
+    } else {
+        ZT_CHECK_MSG(0, "%s: %s", name, zn_last_error());
+    }
+    zn_st_close(a);
+    zn_st_close(b);
+    /* a base of another shape */
+    snprintf(other, sizeof other, "%s/tests/fixtures/%s", ZN_SOURCE_ROOT,
+             strstr(base, "ft-llama") ? "ft-qwen2" : "ft-llama");
+    rc = zn_ckpt_export_merged(ckdir, out2, other, 0, ZN_DTYPE_BF16, 0);
+    ZT_CHECK_MSG(rc == ZN_ECONFIG && strstr(zn_last_error(), "is not the model the adapters"),
+                 "%s: merge onto %s: %d %s", name, other, rc, zn_last_error());
 }
 
 static void fixture(const char *name)
@@ -345,6 +446,10 @@ static void fixture(const char *name)
     int np = 4, p0 = on_gpu ? 1 : 0;
     run_out ro[4];
     memset(ro, 0, sizeof ro);
+    char ckdir[64];
+    snprintf(ckdir, sizeof ckdir, "merge-%s-XXXXXX", name);
+    if (lora && !on_gpu && ref.eval_final > 0 && mkdtemp(ckdir))
+        ro[p0].ckdir = ckdir;
     for (int p = p0; p < np; p++) {
         int ns = 0;
         while (ns < 6 && place[p].sets[ns])
@@ -382,7 +487,11 @@ static void fixture(const char *name)
     snprintf(what, sizeof what, "%s after %d steps", name, ref.steps);
     compare_master(what, &d, ro[0].master, w1, tw);
     if (!on_gpu && !lora)
-        check_eval(name, dir, &d, &ref, &ro[0]);
+        check_eval(name, &d, &ref, &ro[0]);
+    if (ro[0].ckdir) {
+        check_merge(name, ro[0].ckdir, base, &ref, &ro[0]);
+        nftw(ro[0].ckdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    }
     if (ref.eval_final > 0) {
         /* evaluation drops nothing (training did): PEFT in eval mode */
         double ev = ro[0].eval_sum / (double)ro[0].eval_n;

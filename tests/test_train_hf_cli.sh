@@ -22,14 +22,14 @@ nvme=(--set 'zero_optimization.offload_param.device="nvme"'
 
 "$zinc" train "$fx/ft-llama/train-config.json" --model "$fx/ft-llama" "${nvme[@]}" --steps 2 \
     > ok.out 2> ok.err
-check "[ \$? -eq 0 ]" "training ft-llama failed: $(cat ok.err)"
+rc=$?; check "[ \$rc -eq 0 ]" "training ft-llama failed: $(cat ok.err)"
 check "grep -q 'weights  30 tensors from $fx/ft-llama, bf16' ok.out" \
       "header does not say where the weights came from: $(grep weights ok.out)"
 "$zinc" train "$fx/ft-llama/train-config.json" --model "$fx/ft-llama" --set model.init=\"random\" \
     --steps 1 > rnd.out 2>&1
 check "grep -q 'weights  random init, seed' rnd.out" "model.init=random: $(grep weights rnd.out)"
 "$zinc" plan "$fx/ft-llama/train-config.json" --model "$fx/ft-qwen2" > plan.out 2>&1
-check "[ \$? -eq 0 ] && grep -q 'qwen2' plan.out" "zinc plan --model: $(cat plan.out)"
+rc=$?; check "[ \$rc -eq 0 ] && grep -q 'qwen2' plan.out" "zinc plan --model: $(cat plan.out)"
 rm -rf swap
 
 # refused: refuse CASE DIR WANT...; every WANT must be in the error

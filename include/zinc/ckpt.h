@@ -136,6 +136,17 @@ ZN_API int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr);
  * recorded); ZN_ECORRUPT; -errno. */
 ZN_API int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype,
                           uint64_t shard_bytes);
+/* A LoRA checkpoint merged into its base: an HF folder like the base's
+ * (its config.json, with torch_dtype changed only when force_dtype; its
+ * tokenizer and generation files copied) whose weights are the base's with
+ * W + scale B A folded into every target projection, computed in fp32 and
+ * written in each base tensor's stored type (F16, BF16, else F32) or, with
+ * force_dtype, in `dtype` (F32 or BF16). base_dir NULL: the model.path the
+ * run recorded. Every tensor of the base is checked by name and size.
+ * Returns 0; ZN_EARG (not a LoRA checkpoint, no base known);
+ * ZN_ECONFIG (the base is another model); ZN_ECORRUPT; -errno. */
+ZN_API int zn_ckpt_export_merged(const char *path, const char *out_dir, const char *base_dir,
+                                 int force_dtype, zn_dtype dtype, uint64_t shard_bytes);
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: zinc export CHECKPOINT --out DIR [--dtype bf16|fp32] [--shard-size SIZE]\n"
+            "       zinc export LORA-CHECKPOINT --merge --out DIR [--base DIR] [--dtype ...]\n"
             "       zinc export CHECKPOINT --verify\n"
             "  CHECKPOINT    a step folder (step-NNNNNNNN) or a checkpoint folder (its\n"
             "                'latest' is used)\n"
@@ -21,6 +22,11 @@ static void usage(FILE *f)
             "                fp32 for a LoRA checkpoint)\n"
             "A LoRA checkpoint becomes a PEFT adapter folder (adapter_config.json,\n"
             "adapter_model.safetensors) that peft.PeftModel.from_pretrained loads.\n"
+            "  --merge       LoRA: a full HF model instead, the base with W + scale B A\n"
+            "                folded into each target (fp32 math); the base's config,\n"
+            "                tokenizer files and tensor types (unless --dtype is given)\n"
+            "  --base DIR    the base model folder for --merge (default: the model.path\n"
+            "                the run recorded)\n"
             "  --shard-size  largest safetensors file (default 2GiB)\n"
             "  --verify      read every file and compare its size and crc32c with the\n"
             "                manifest; exit 0 when all match\n"
@@ -29,11 +35,12 @@ static void usage(FILE *f)
 
 int zn_cmd_export(int argc, char **argv)
 {
-    const char *out = NULL, *dtype = NULL, *shard = NULL, *ck = NULL;
-    int verify = 0;
+    const char *out = NULL, *dtype = NULL, *shard = NULL, *ck = NULL, *base = NULL;
+    int verify = 0, merge = 0;
     static const struct option opts[] = {
         { "out", required_argument, 0, 'o' },   { "dtype", required_argument, 0, 't' },
         { "shard-size", required_argument, 0, 's' }, { "verify", no_argument, 0, 'v' },
+        { "merge", no_argument, 0, 'm' },       { "base", required_argument, 0, 'b' },
         { "help", no_argument, 0, 'h' },        { 0, 0, 0, 0 },
     };
     optind = 1;
@@ -43,6 +50,8 @@ int zn_cmd_export(int argc, char **argv)
         case 't': dtype = optarg; break;
         case 's': shard = optarg; break;
         case 'v': verify = 1; break;
+        case 'm': merge = 1; break;
+        case 'b': base = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -64,15 +73,24 @@ int zn_cmd_export(int argc, char **argv)
         fprintf(stderr, "zinc: error: export: --out DIR is required\n");
         return 2;
     }
-    if (!dtype) {
+    if (base && !merge) {
+        fprintf(stderr, "zinc: error: export: --base only goes with --merge\n");
+        return 2;
+    }
+    int force_dtype = dtype != NULL;
+    if (!dtype && merge)
+        dtype = "the base's types";
+    else if (!dtype) {
         /* default: bf16 weights, fp32 adapters (small, and what peft keeps) */
         zn_ckpt *c = NULL;
         zn_model_dims d;
         dtype = !zn_ckpt_open(&c, ck) && !zn_ckpt_dims(c, &d) && d.lora.r > 0 ? "fp32" : "bf16";
         zn_ckpt_close(c);
     }
-    zn_dtype dt;
-    if (!strcmp(dtype, "bf16"))
+    zn_dtype dt = ZN_DTYPE_BF16;
+    if (merge && !force_dtype)
+        ;
+    else if (!strcmp(dtype, "bf16"))
         dt = ZN_DTYPE_BF16;
     else if (!strcmp(dtype, "fp32") || !strcmp(dtype, "f32"))
         dt = ZN_DTYPE_F32;
@@ -86,9 +104,11 @@ int zn_cmd_export(int argc, char **argv)
         return 2;
     }
     double t0 = zn_now_s();
-    int rc = zn_ckpt_export(ck, out, dt, shard_bytes);
+    int rc = merge ? zn_ckpt_export_merged(ck, out, base, force_dtype, dt, shard_bytes)
+                   : zn_ckpt_export(ck, out, dt, shard_bytes);
     if (rc)
         return zn_cli_fail(rc, "export");
-    printf("exported %s to %s (%s) in %.2f s\n", ck, out, dtype, zn_now_s() - t0);
+    printf("exported %s to %s (%s%s) in %.2f s\n", ck, out, merge ? "merged, " : "", dtype,
+           zn_now_s() - t0);
     return 0;
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cblas.h>
 #include <jansson.h>
 
 #include "offload/ckpt-impl.h"
@@ -252,6 +253,320 @@ out:
     free(ts);
     free(buf);
     free(rk);
+    zn_ckpt_close(ck);
+    return rc;
+}
+
+/* ---- --merge: the base with the adapters folded in ---------------------------- */
+
+/* Small files of an HF folder that a merged model keeps (config.json is
+ * rewritten, the weights are new). */
+static const char *const hf_side_files[] = {
+    "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model",
+    "added_tokens.json", "chat_template.jinja", "chat_template.json",
+};
+
+static int copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb");
+    if (!in)
+        return errno == ENOENT ? 1 : zn_set_error(-errno, "merge: %s: %s", from, strerror(errno));
+    FILE *out = fopen(to, "wb");
+    int rc = out ? 0 : zn_set_error(-errno, "merge: %s: %s", to, strerror(errno));
+    char buf[1 << 16];
+    size_t n;
+    while (!rc && (n = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, n, out) != n)
+            rc = zn_set_error(-EIO, "merge: writing %s failed", to);
+    if (!rc && ferror(in))
+        rc = zn_set_error(-EIO, "merge: reading %s failed", from);
+    fclose(in);
+    if (out && fclose(out) && !rc)
+        rc = zn_set_error(-EIO, "merge: writing %s failed", to);
+    return rc;
+}
+
+/* The base's config.json, with torch_dtype (and transformers 5's dtype)
+ * set when the weights change type. */
+static int write_merged_config(const char *base, const char *out_dir, int force, zn_dtype dt)
+{
+    char from[ZN_CKPT_PATH + 32], to[ZN_CKPT_PATH + 64];
+    snprintf(from, sizeof from, "%s/config.json", base);
+    snprintf(to, sizeof to, "%s/config.json", out_dir);
+    json_error_t je;
+    json_t *c = json_load_file(from, 0, &je);
+    if (!c)
+        return zn_set_error(ZN_ECONFIG, "merge: %s: %s", from, je.text);
+    if (force) {
+        const char *name = dt == ZN_DTYPE_F32 ? "float32" : "bfloat16";
+        json_object_set_new(c, "torch_dtype", json_string(name));
+        if (json_object_get(c, "dtype"))
+            json_object_set_new(c, "dtype", json_string(name));
+    }
+    int rc = json_dump_file(c, to, JSON_INDENT(2) | JSON_PRESERVE_ORDER)
+                 ? zn_set_error(-EIO, "merge: writing %s failed", to)
+                 : 0;
+    json_decref(c);
+    return rc;
+}
+
+/* The model.path the run recorded, or NULL. */
+static int recorded_base(const zn_ckpt *ck, char *out, size_t n)
+{
+    json_t *c = ck->config_text ? json_loads(ck->config_text, 0, NULL) : NULL;
+    const char *mp = json_string_value(json_object_get(json_object_get(c, "model"), "path"));
+    int ok = mp && mp[0];
+    if (ok)
+        snprintf(out, n, "%s", mp);
+    json_decref(c);
+    return ok;
+}
+
+typedef struct {
+    float *a, *b; /* lora_A [r][in], lora_B [out][r] (into the block's adapters) */
+} merge_pair;
+
+int zn_ckpt_export_merged(const char *path, const char *out_dir, const char *base_dir,
+                          int force_dtype, zn_dtype dtype, uint64_t shard_bytes)
+{
+    if (force_dtype && dtype != ZN_DTYPE_F32 && dtype != ZN_DTYPE_BF16)
+        return zn_set_error(ZN_EARG, "export: dtype must be fp32 or bf16");
+    if (!shard_bytes)
+        shard_bytes = 2ull << 30;
+    zn_ckpt *ck;
+    int rc = zn_ckpt_open(&ck, path);
+    if (rc)
+        return rc;
+    zn_st *st = NULL;
+    ex_rank *rk = calloc((size_t)ck->world, sizeof *rk);
+    float *ad = NULL, *buf = NULL;
+    char **names = NULL, **files = NULL;
+    ex_tensor *ts = NULL;
+    zn_st_dtype *tdt = NULL;
+    merge_pair *pair = NULL;
+    int nt = 0, nfiles = 0;
+    for (int r = 0; rk && r < ck->world; r++)
+        rk[r].fd = -1;
+    zn_model_dims d, bd;
+    char base[ZN_CKPT_PATH];
+    if (!rk) {
+        rc = zn_set_error(-ENOMEM, "export: out of memory");
+        goto out;
+    }
+    if ((rc = zn_ckpt_dims(ck, &d)))
+        goto out;
+    if (d.lora.r <= 0) {
+        rc = zn_set_error(ZN_EARG, "--merge: checkpoint %s holds a full model, not LoRA "
+                          "adapters (export it without --merge)", ck->path);
+        goto out;
+    }
+    if (base_dir)
+        snprintf(base, sizeof base, "%s", base_dir);
+    else if (!recorded_base(ck, base, sizeof base)) {
+        rc = zn_set_error(ZN_EARG, "--merge: checkpoint %s records no model.path; name "
+                          "the base model folder with --base DIR", ck->path);
+        goto out;
+    }
+    if ((rc = zn_model_dims_from_hf(&bd, base))) {
+        rc = zn_error_prefix(rc, "--merge: the base model%s", base_dir ? "" :
+                             " (model.path recorded in the checkpoint; --base DIR names "
+                             "another)");
+        goto out;
+    }
+    if (bd.hidden != d.hidden || bd.n_layers != d.n_layers || bd.intermediate != d.intermediate ||
+        bd.vocab != d.vocab || bd.n_heads != d.n_heads || bd.n_kv_heads != d.n_kv_heads ||
+        bd.head_dim != d.head_dim || bd.tie_embeddings != d.tie_embeddings) {
+        rc = zn_set_error(ZN_ECONFIG, "--merge: %s is not the model the adapters were "
+                          "trained on (hidden %lld, %lld layers; the checkpoint's: hidden "
+                          "%lld, %lld layers)", base, (long long)bd.hidden,
+                          (long long)bd.n_layers, (long long)d.hidden, (long long)d.n_layers);
+        goto out;
+    }
+    if ((rc = zn_st_open(&st, base)))
+        goto out;
+    /* every adapter in memory (small: r x (in + out) per target), read in
+     * file order so that each rank's crc32c is checked */
+    uint64_t total_ad = 0;
+    for (int b = 0; b < ck->nblocks; b++)
+        total_ad += ck->blocks[b];
+    for (int r = 0; r < ck->world; r++) {
+        char rel[64];
+        snprintf(rel, sizeof rel, "rank-%d/master.bin", r);
+        rk[r].f = zn_ckpt__file(ck, rel);
+        snprintf(rk[r].path, sizeof rk[r].path, "%s/%s", ck->path, rel);
+        if ((rk[r].fd = open(rk[r].path, O_RDONLY | O_CLOEXEC)) < 0) {
+            rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: %s", ck->path, rel,
+                              strerror(errno));
+            goto out;
+        }
+    }
+    int cap = 0;
+    for (int b = 0; b < ck->nblocks; b++)
+        cap += zn_model_block_nparams(&d, b);
+    ad = malloc((size_t)(total_ad ? total_ad : 1) * 4);
+    ts = calloc((size_t)cap, sizeof *ts);
+    tdt = calloc((size_t)cap, sizeof *tdt);
+    pair = calloc((size_t)cap, sizeof *pair);
+    names = calloc((size_t)cap, sizeof *names);
+    files = calloc((size_t)cap, sizeof *files);
+    buf = malloc((size_t)CHUNK_ELEMS * 4);
+    if (!ad || !ts || !tdt || !pair || !names || !files || !buf) {
+        rc = zn_set_error(-ENOMEM, "--merge: out of memory (%" PRIu64 " adapter "
+                          "elements)", total_ad);
+        goto out;
+    }
+    for (int b = 0, at = 0; b < ck->nblocks && !rc; at += (int)ck->blocks[b], b++)
+        if (ck->blocks[b])
+            rc = read_block_range(ck, rk, b, 0, ck->blocks[b], ad + at);
+    for (int r = 0; r < ck->world && !rc; r++)
+        if (rk[r].next != rk[r].f->bytes || rk[r].crc != rk[r].f->crc)
+            rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: crc32c 0x%08x, the manifest "
+                              "says 0x%08x (corrupted)", ck->path, rk[r].f->name, rk[r].crc,
+                              rk[r].f->crc);
+    if (rc)
+        goto out;
+    /* the base's tensors in model order, each with its adapter pair */
+    uint64_t in_file = 0, total_bytes = 0, ad_at = 0;
+    for (int b = 0; b < ck->nblocks; b++) {
+        int first = nt;
+        uint64_t off = 0, frozen = zn_model_block_frozen_count(&d, b);
+        for (int i = 0; i < zn_model_block_nparams(&d, b); i++) {
+            zn_param_info pi;
+            if ((rc = zn_model_block_param(&d, b, i, &pi)))
+                goto out;
+            uint64_t at = off;
+            off += (uint64_t)pi.numel;
+            if (pi.owner_block >= 0)
+                continue; /* tied: stored once, with its owner */
+            if (pi.lora) {
+                /* the base tensor this adapter belongs to, in this block */
+                char suf[48];
+                snprintf(suf, sizeof suf, ".%s.weight", zn_lora_target_name(pi.target));
+                for (int k = first; k < nt; k++) {
+                    size_t ln = strlen(ts[k].name), ls = strlen(suf);
+                    if (ln > ls && !strcmp(ts[k].name + ln - ls, suf)) {
+                        float *p = ad + ad_at + (at - frozen);
+                        if (pi.lora == 1)
+                            pair[k].a = p;
+                        else
+                            pair[k].b = p;
+                    }
+                }
+                continue;
+            }
+            const zn_st_tensor *t = zn_st_find(st, pi.name);
+            if (!t || t->numel != (uint64_t)pi.numel) {
+                rc = zn_set_error(ZN_ECORRUPT, "--merge: %s: tensor %s %s", base, pi.name,
+                                  t ? "has another shape" : "is missing");
+                goto out;
+            }
+            ex_tensor *e = &ts[nt];
+            snprintf(e->name, sizeof e->name, "%s", pi.name);
+            e->ndim = pi.ndim;
+            e->shape[0] = pi.shape[0];
+            e->shape[1] = pi.shape[1];
+            e->numel = (uint64_t)pi.numel;
+            tdt[nt] = force_dtype ? zn_st_dtype_from(dtype)
+                      : (t->dtype == ZN_ST_F16 || t->dtype == ZN_ST_BF16) ? t->dtype
+                                                                           : ZN_ST_F32;
+            uint64_t bytes = e->numel * zn_st_dtype_size(tdt[nt]);
+            if (in_file && in_file + bytes > shard_bytes) {
+                nfiles++;
+                in_file = 0;
+            }
+            e->file = nfiles;
+            in_file += bytes;
+            total_bytes += bytes;
+            nt++;
+        }
+        ad_at += ck->blocks[b];
+    }
+    nfiles++;
+    for (int k = 0; k < nt; k++)
+        if (!pair[k].a != !pair[k].b) {
+            rc = zn_set_error(ZN_EINTERNAL, "--merge: %s has half an adapter", ts[k].name);
+            goto out;
+        }
+    if ((rc = zn_ckpt__mkdir_p(out_dir)) || (rc = write_merged_config(base, out_dir,
+                                                                       force_dtype, dtype)))
+        goto out;
+    char p[ZN_CKPT_PATH + 64], q[ZN_CKPT_PATH + 64];
+    for (size_t i = 0; i < sizeof hf_side_files / sizeof *hf_side_files && !rc; i++) {
+        snprintf(p, sizeof p, "%s/%s", base, hf_side_files[i]);
+        snprintf(q, sizeof q, "%s/%s", out_dir, hf_side_files[i]);
+        if ((rc = copy_file(p, q)) == 1)
+            rc = 0; /* the base has no such file */
+    }
+    /* W' = W + scale B A, row chunk by row chunk, in fp32 */
+    const float scale = (float)zn_lora_scale(&d.lora);
+    const int64_t r = d.lora.r;
+    int t0 = 0;
+    for (int fi = 0; fi < nfiles && !rc; fi++) {
+        char fname[64];
+        snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", fi + 1, nfiles);
+        snprintf(p, sizeof p, "%s/%s", out_dir, fname);
+        zn_st_writer *w;
+        if ((rc = zn_st_writer_create(&w, p)))
+            break;
+        int t1 = t0;
+        while (t1 < nt && ts[t1].file == fi)
+            t1++;
+        rc = zn_st_writer_set_metadata(w, "format", "pt");
+        for (int i = t0; i < t1 && !rc; i++)
+            rc = zn_st_writer_add(w, ts[i].name, tdt[i], ts[i].ndim, ts[i].shape);
+        for (int i = t0; i < t1 && !rc; i++) {
+            ex_tensor *e = &ts[i];
+            const zn_st_tensor *t = zn_st_find(st, e->name);
+            int64_t in = e->ndim == 2 ? e->shape[1] : (int64_t)e->numel;
+            uint64_t rows_per = CHUNK_ELEMS / (uint64_t)in ? CHUNK_ELEMS / (uint64_t)in : 1;
+            for (uint64_t row = 0; row * (uint64_t)in < e->numel && !rc; row += rows_per) {
+                uint64_t first = row * (uint64_t)in, n = rows_per * (uint64_t)in;
+                if (n > e->numel - first)
+                    n = e->numel - first;
+                if (n > CHUNK_ELEMS) {
+                    rc = zn_set_error(ZN_EUNSUPPORTED, "--merge: %s: rows of %lld "
+                                      "elements", e->name, (long long)in);
+                    break;
+                }
+                rc = zn_st_read_range(st, t, first, n, ZN_DTYPE_F32, buf, n * 4);
+                if (!rc && pair[i].a)
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(n / (uint64_t)in),
+                                (int)in, (int)r, scale, pair[i].b + row * (uint64_t)r, (int)r,
+                                pair[i].a, (int)in, 1.0f, buf, (int)in);
+                if (!rc)
+                    rc = zn_st_writer_write(w, e->name, ZN_DTYPE_F32, buf, first, n);
+            }
+            if (!rc && (!(names[i] = strdup(e->name)) || !(files[i] = strdup(fname))))
+                rc = zn_set_error(-ENOMEM, "export: out of memory");
+        }
+        if (!rc)
+            rc = zn_st_writer_finish(w);
+        zn_st_writer_destroy(w);
+        t0 = t1;
+    }
+    if (!rc) {
+        snprintf(p, sizeof p, "%s/model.safetensors.index.json", out_dir);
+        rc = zn_st_write_index(p, (size_t)nt, (const char *const *)names,
+                               (const char *const *)files, total_bytes);
+    }
+out:
+    for (int k = 0; rk && k < ck->world; k++)
+        if (rk[k].fd >= 0)
+            close(rk[k].fd);
+    for (int i = 0; names && i < nt; i++) {
+        free(names[i]);
+        free(files[i]);
+    }
+    free(names);
+    free(files);
+    free(ts);
+    free(tdt);
+    free(pair);
+    free(ad);
+    free(buf);
+    free(rk);
+    zn_st_close(st);
     zn_ckpt_close(ck);
     return rc;
 }
