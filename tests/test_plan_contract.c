@@ -1,6 +1,6 @@
-/* The plan is a contract: for each of many configurations (three decoder
- * shapes, one with Qwen2.5's 151936-token vocabulary and one with tied
- * embeddings; every placement of params and optimizer; ZeRO stages 1-3;
+/* The plan is a contract: for each of many configurations (four decoder
+ * shapes, one with Qwen2.5's 151936-token vocabulary, one with tied
+ * embeddings and one training LoRA adapters with dropout on a frozen base; every placement of params and optimizer; ZeRO stages 1-3;
  * accumulation 1 and 2; param cache on and off; gradients in RAM or on NVMe;
  * buffer counts 4 and 8; sub-groups), zn_train_plan's figure for each tier
  * must hold the run: after two steps on the host backend, every tier's
@@ -21,19 +21,25 @@
 typedef struct {
     const char *name;
     const char *model;  /* --set fragments of the model section */
+    const char *lora;   /* and of the lora section, or NULL */
 } shape;
 
 static const shape shapes[] = {
     { "llama-320", "model={\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
                    " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
-                   " \"intermediate_size\": 128, \"vocab_size\": 320}" },
+                   " \"intermediate_size\": 128, \"vocab_size\": 320}", NULL },
     { "qwen2-152k", "model={\"model_type\": \"qwen2\", \"hidden_size\": 32, \"num_hidden_layers\": 2,"
                     " \"num_attention_heads\": 4, \"num_key_value_heads\": 1,"
-                    " \"intermediate_size\": 64, \"vocab_size\": 151936}" },
+                    " \"intermediate_size\": 64, \"vocab_size\": 151936}", NULL },
     { "llama-tied", "model={\"model_type\": \"llama\", \"hidden_size\": 32, \"num_hidden_layers\": 3,"
                     " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
                     " \"intermediate_size\": 96, \"vocab_size\": 256,"
-                    " \"tie_word_embeddings\": true}" },
+                    " \"tie_word_embeddings\": true}", NULL },
+    /* LoRA: a frozen base (no optimizer state, its own NVMe extent) */
+    { "llama-lora", "model={\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+                    " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                    " \"intermediate_size\": 128, \"vocab_size\": 320}",
+      "lora={\"r\": 4, \"lora_alpha\": 8, \"lora_dropout\": 0.1, \"target_modules\": \"all-linear\"}" },
 };
 
 typedef struct {
@@ -72,13 +78,14 @@ static void one(const shape *sh, const placement *pl, int accum, int pcache, con
                            s_nvme, "tiers.gpu=\"512MiB\"", "tiers.cpu=\"4GiB\"",
                            "train.device=\"host\"", "train_micro_batch_size_per_gpu=2",
                            "data.seq_len=16", "zero_optimization.stage3_param_persistence_threshold=0",
-                           "aio.block_size=65536" };
+                           "aio.block_size=65536", sh->lora };
     const char *json =
         "{\"gradient_clipping\": 1.0,"
         " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}},"
         " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 2}}}";
     zn_config cfg;
-    int rc = zn_config_parse(&cfg, json, label, sets, (int)(sizeof sets / sizeof sets[0]));
+    int rc = zn_config_parse(&cfg, json, label, sets,
+                             (int)(sizeof sets / sizeof sets[0]) - (sh->lora ? 0 : 1));
     if (!rc)
         rc = zn_config_resolve_batch(&cfg, 1);
     ZT_CHECK_MSG(rc == 0, "%s: config: %s", label, zn_last_error());

@@ -101,10 +101,6 @@ else
     echo "FAIL: no tests/fixtures/ft-llama beside $zinc"; fail=1
 fi
 
-# checkpoints across ranks: 2 ranks save every 3 steps (rank-0/, rank-1/ in
-# one folder), a second 2-rank job resumes from `latest` after step 3 and
-# must reproduce the uninterrupted 2-rank run's losses bit for bit; a
-# 3-rank resume is refused; the export reassembles the shards and loads.
 run2() {  # run2 TAG ARGS... : two torchrun-style ranks, rank 0 logs TAG.jsonl
     local tag=$1; shift
     local p; p=$(free_port)
@@ -120,6 +116,42 @@ run2() {  # run2 TAG ARGS... : two torchrun-style ranks, rank 0 logs TAG.jsonl
     for r in 0 1; do wait "${pids[$r]}" || bad=1; done
     return $bad
 }
+
+# LoRA with ZeRO stage 3 across 2 ranks: the frozen base sharded and
+# gathered at every use like the adapters (the home holds the rank's shard
+# of each), in pinned RAM, on NVMe and in device memory; the losses are one
+# rank's with the global batch, and rank 0's NVMe holds ~1/2 of the base
+compare10() {  # compare10 LABEL REF GOT: like compare, over 10 steps
+    local s=$STEPS; STEPS=10; compare "$@"; STEPS=$s
+}
+nvme_kib() { awk '/^  nvme .*of plan at peak/{ v=$6; u=$7; print v * (u=="MiB"?1024:u=="KiB"?1:1/1024) }' "$1"; }
+lo=("$fx/lora-llama/train-config.json" --model "$fx/ft-llama" --steps 10 --set train.threads=1
+    --set "lora.adapter=\"$fx/lora-llama/adapter-init\""
+    --set zero_optimization.stage3_param_persistence_threshold=0
+    --set zero_optimization.offload_param.max_in_cpu=0
+    --set 'zero_optimization.offload_optimizer.device="cpu"')
+"$zinc" train "${lo[@]}" --set gradient_accumulation_steps=4 --set tiers.nvme=\"$work/lswap\" \
+    --set 'zero_optimization.offload_param.device="nvme"' --json-log loraref.jsonl \
+    > loraref.out 2>&1 || { echo "FAIL: LoRA on one rank: $(tail -3 loraref.out)"; fail=1; }
+for place in cpu nvme none; do
+    if run2 lora-$place "${lo[@]}" --set "zero_optimization.offload_param.device=\"$place\"" \
+        --set tiers.nvme=\"$work/lswap-$place\"; then
+        compare10 "LoRA, base on $place, 2 ranks (stage 3)" loraref.jsonl lora-$place.jsonl
+    else
+        echo "FAIL: LoRA on 2 ranks, base on $place: $(grep -h error lora-$place.r*.out)"; fail=1
+    fi
+done
+frac=$(awk -v a="$(nvme_kib lora-nvme.r0.out)" -v b="$(nvme_kib loraref.out)" 'BEGIN { printf "%.3f", a / b }')
+if awk -v f="$frac" 'BEGIN { exit !(f > 0.2 && f <= 0.6) }'; then
+    echo "ok: LoRA on 2 ranks: rank 0's nvme high-water is $frac of one rank's"
+else
+    echo "FAIL: LoRA on 2 ranks: rank 0's nvme high-water is $frac of one rank's (want ~1/2)"; fail=1
+fi
+
+# checkpoints across ranks: 2 ranks save every 3 steps (rank-0/, rank-1/ in
+# one folder), a second 2-rank job resumes from `latest` after step 3 and
+# must reproduce the uninterrupted 2-rank run's losses bit for bit; a
+# 3-rank resume is refused; the export reassembles the shards and loads.
 ck=(--steps 6 --set train.checkpoint.dir=\"$work/ck\" --set train.checkpoint.every=3)
 if run2 ck6 "${common[@]}" "${ck[@]}"; then
     if [ -d ck/step-00000006/rank-0 ] && [ -d ck/step-00000006/rank-1 ]; then

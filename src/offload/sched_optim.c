@@ -292,7 +292,8 @@ static int params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, in
         const char *from = s8 + (p->start - un->off) * tr->pbytes;
         size_t bytes = p->n * tr->pbytes;
         /* the home holds the whole block (replicated) or this rank's shard */
-        size_t in_block = ((b->replicated ? b->soff : 0) + p->start - b->off) * tr->pbytes;
+        size_t in_block = ((b->replicated ? b->soff : b->fshard) + p->start - b->off) *
+                          tr->pbytes;
         if (b->home == ZN_PHOME_CPU) {
             memcpy((char *)b->cpu_params + in_block, from, bytes);
         } else if (b->home == ZN_PHOME_DEVICE) {

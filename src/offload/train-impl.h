@@ -134,6 +134,14 @@ typedef struct {
      * block's start), and an NVMe home keeps the frozen part in one extent
      * of its own that is written once, at setup. */
     uint64_t frozen, gpad;
+    /* ZeRO stage 3 across ranks with a frozen part: the frozen part is
+     * sharded on its own too, fshard elements per rank (padded), this
+     * rank's at block element foff. The home holds [frozen shard | trainable
+     * shard] (fshard + shard elements), and a fetch all-gathers both into
+     * the slot: the frozen part to element 0, the trainable part to
+     * `frozen` (after, so that it overwrites the frozen gather's padding).
+     * fshard is 0 in every other case. */
+    uint64_t fshard, foff;
     int frozen_id;          /* NVMe home: the frozen part's extent (-1 none) */
     uint64_t npad, shard, soff, len;
     bool replicated;        /* home holds the whole block */

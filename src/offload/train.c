@@ -92,6 +92,13 @@ static uint64_t round_up(uint64_t a, uint64_t b)
     return (a + b - 1) / b * b;
 }
 
+/* Elements of a block's frozen part at its home (and in its NVMe extent):
+ * all of it, or this rank's shard of it (fshard). */
+static uint64_t frozen_home(const zn_block *bl)
+{
+    return bl->fshard ? bl->fshard : bl->frozen;
+}
+
 static int build_layout(zn_trainer *tr)
 {
     const zn_config *cfg = &tr->cfg;
@@ -114,11 +121,6 @@ static int build_layout(zn_trainer *tr)
                                 (unsigned long long)bl->frozen, (unsigned long long)bl->n);
         uint64_t tn = bl->n - bl->frozen;  /* the elements that train */
         bool repl = tr->world == 1 || cfg->zero.stage < 3;
-        if (bl->frozen && !repl)
-            return zn_set_error(ZN_EUNSUPPORTED, "%s: a frozen base (LoRA) with ZeRO stage 3 "
-                                "across %d ranks is not supported yet: use "
-                                "zero_optimization.stage 2, which keeps the base whole on "
-                                "every rank, or one rank", cfg->source, tr->world);
         zn_shard sh;
         int rc = zn_comm_shard(bl->n, tr->world, tr->rank, tr->world > 1 ? 128 : 1, &sh);
         if (rc)
@@ -140,6 +142,19 @@ static int build_layout(zn_trainer *tr)
             bl->gpad = sh.padded;
             if (bl->frozen + bl->gpad > bl->npad)
                 bl->npad = bl->frozen + bl->gpad;  /* room for the in-place gather */
+            if (!repl) {
+                /* the frozen part sharded on its own (train-impl.h) */
+                zn_shard fs;
+                if ((rc = zn_comm_shard(bl->frozen, tr->world, tr->rank, 128, &fs)))
+                    return rc;
+                bl->fshard = fs.shard;
+                bl->foff = fs.offset;
+                /* the slot: both gathers, then room for this rank's
+                 * trainable shard, the source of the second gather */
+                bl->npad = (fs.padded > bl->frozen + bl->gpad ? fs.padded
+                                                               : bl->frozen + bl->gpad) +
+                           bl->shard;
+            }
         }
         if (bl->gpad > tr->largest_grad)
             tr->largest_grad = bl->gpad;
@@ -258,7 +273,7 @@ static int build_layout(zn_trainer *tr)
     }
     tr->n_pieces = n;
     for (int i = 0; i < tr->L; i++) {
-        /* an NVMe home's frozen part is one more request */
+        /* an NVMe home's frozen part (or shard of it) is one more request */
         int nr = tr->blocks[i].np + (tr->blocks[i].frozen ? 1 : 0);
         if (nr > tr->max_block_pieces)
             tr->max_block_pieces = nr;
@@ -285,7 +300,7 @@ static uint64_t nvme_bytes_needed(zn_trainer *tr)
             need += round_up(tr->pieces[k].n * tr->pbytes, bs);
     for (int b = 0; b < tr->L; b++)
         if (tr->blocks[b].home == ZN_PHOME_NVME && tr->blocks[b].frozen)
-            need += round_up(tr->blocks[b].frozen * tr->pbytes, bs);
+            need += round_up(frozen_home(&tr->blocks[b]) * tr->pbytes, bs);
     if (need)
         need += 2 * bs * (uint64_t)(tr->cfg.tiers.n_nvme > 0 ? tr->cfg.tiers.n_nvme : 1);
     return need;
@@ -375,24 +390,18 @@ static int alloc_ext(zn_trainer *tr, zn_state_class cls, uint64_t bytes, const c
     return zn_tier_alloc(&tr->tm, ZN_TIER_NVME, cls, bytes, name, id);
 }
 
-/* Elements of a block's working params at its home. */
+/* Elements of a block's working params at its home: the whole block
+ * (replicated), the rank's shard, or its frozen shard and trainable shard. */
 static uint64_t home_elems(const zn_block *bl)
 {
-    return bl->replicated ? bl->npad : bl->shard;
+    return bl->replicated ? bl->npad : bl->fshard + bl->shard;
 }
 
-/* Where block element 0 sits in an NVMe home's staging buffer: a
- * replicated home (one rank) stages the whole block, a sharded one the
- * rank's shard. */
-static uint64_t stage_base(const zn_block *bl)
-{
-    return bl->replicated ? 0 : bl->soff;
-}
-
-/* Offset (elements) of piece p in its block's staging buffer. */
+/* Offset (elements) of piece p (of the trainable tail) in its block's home
+ * and in an NVMe home's staging buffer, which is laid out like the home. */
 static uint64_t piece_stage_off(const zn_block *bl, const zn_piece *p)
 {
-    return bl->soff - stage_base(bl) + (p->start - bl->off);
+    return (bl->replicated ? bl->soff : bl->fshard) + (p->start - bl->off);
 }
 
 static int allocate(zn_trainer *tr)
@@ -470,9 +479,9 @@ static int allocate(zn_trainer *tr)
     uint64_t largest_nvme = 0;
     for (int b = 0; b < tr->L; b++) {
         /* staging holds what the home holds: the whole block (one rank, a
-         * frozen base) or the rank's shard */
+         * frozen base), the rank's shard, or its frozen and trainable shards */
         const zn_block *bl = &tr->blocks[b];
-        uint64_t h = bl->frozen ? bl->n : bl->len;
+        uint64_t h = bl->fshard ? bl->fshard + bl->shard : bl->frozen ? bl->n : bl->len;
         if (bl->home == ZN_PHOME_NVME && h > largest_nvme)
             largest_nvme = h;
     }
@@ -569,7 +578,8 @@ static int allocate(zn_trainer *tr)
             if (bl->home != ZN_PHOME_NVME || !bl->frozen)
                 continue;
             snprintf(name, sizeof name, "frozen params b%d", b);
-            TRY(alloc_ext(tr, ZN_STATE_PARAMS, bl->frozen * tr->pbytes, name, &bl->frozen_id));
+            TRY(alloc_ext(tr, ZN_STATE_PARAMS, frozen_home(bl) * tr->pbytes, name,
+                          &bl->frozen_id));
         }
     }
 
@@ -735,16 +745,37 @@ static int initialise(zn_trainer *tr)
         tr->oslot[s].unit = -1;
     for (int b = 0; b < tr->L && !rc; b++) {
         zn_block *bl = &tr->blocks[b];
-        uint64_t h0 = bl->replicated ? 0 : bl->soff, hn = home_elems(bl);
+        /* the home's ranges of block elements: [x0, x0 + n) at home offset
+         * `home`, real up to `end` (beyond: padding, zero); `train` marks
+         * the range that holds this rank's trainable shard */
+        struct {
+            uint64_t x0, n, end, home;
+            bool train;
+        } rg[2];
+        int nrg = 1;
+        if (bl->replicated) {
+            rg[0].x0 = 0, rg[0].n = bl->npad, rg[0].end = bl->n, rg[0].home = 0;
+            rg[0].train = true;
+        } else {
+            rg[0].x0 = bl->foff, rg[0].n = bl->fshard, rg[0].end = bl->frozen, rg[0].home = 0;
+            rg[0].train = false;
+            rg[1].x0 = bl->soff, rg[1].n = bl->shard, rg[1].end = bl->n, rg[1].home = bl->fshard;
+            rg[1].train = true;
+            nrg = 2;
+            if (!bl->fshard)
+                rg[0] = rg[1], nrg = 1;
+        }
         int t = -1;
         if (bl->home == ZN_PHOME_NVME) {
             t = nvme_blocks++ % tr->n_pstage;
             if ((rc = init_pstage_wait(tr, t, np_pending)))
                 goto out;
         }
-        for (uint64_t x = h0; x < h0 + hn && !rc; x += chunk) {
-            uint64_t c = h0 + hn - x < chunk ? h0 + hn - x : chunk;
-            uint64_t real = x < bl->n ? (bl->n - x < c ? bl->n - x : c) : 0;
+        for (int g = 0; g < nrg && !rc; g++) {
+        for (uint64_t x = rg[g].x0; x < rg[g].x0 + rg[g].n && !rc; x += chunk) {
+            uint64_t c = rg[g].x0 + rg[g].n - x < chunk ? rg[g].x0 + rg[g].n - x : chunk;
+            uint64_t real = x < rg[g].end ? (rg[g].end - x < c ? rg[g].end - x : c) : 0;
+            uint64_t ho = rg[g].home + (x - rg[g].x0); /* home offset of x */
             if (real && (rc = md->init_params(md->ctx, b, x, real, vals)))
                 goto out;
             memset(vals + real, 0, (c - real) * 4);  /* padding of a sharded block */
@@ -752,35 +783,42 @@ static int initialise(zn_trainer *tr)
             if (bl->home == ZN_PHOME_DEVICE) {
                 if ((rc = zn_convert(conv, tr->pdt, vals, ZN_DTYPE_F32, c)) ||
                     (rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d,
-                                          (char *)bl->dev_params + (x - h0) * tr->pbytes, conv,
+                                          (char *)bl->dev_params + ho * tr->pbytes, conv,
                                           c * tr->pbytes)) ||
                     (rc = zn_dev_stream_sync(tr->dev, tr->s_h2d)))
                     goto out;
             } else if (bl->home == ZN_PHOME_CPU) {
-                if ((rc = zn_convert((char *)bl->cpu_params + (x - h0) * tr->pbytes, tr->pdt,
-                                     vals, ZN_DTYPE_F32, c)))
+                if ((rc = zn_convert((char *)bl->cpu_params + ho * tr->pbytes, tr->pdt, vals,
+                                     ZN_DTYPE_F32, c)))
                     goto out;
             }
-            /* a frozen base homed on NVMe: staged whole, its own extent */
-            if (bl->home == ZN_PHOME_NVME && x < bl->frozen) {
-                uint64_t fe = x + c < bl->frozen ? x + c : bl->frozen;
-                if ((rc = zn_convert((char *)tr->pstage[t] + x * tr->pbytes, tr->pdt, vals,
-                                     ZN_DTYPE_F32, fe - x)))
-                    goto out;
-            }
+            /* a frozen base homed on NVMe: staged (whole, or this rank's
+             * shard of it) for its own extent */
+            uint64_t fe = x; /* [x, fe): frozen elements to stage */
+            if (!rg[g].train)
+                fe = x + c;
+            else if (x < bl->frozen)
+                fe = x + c < bl->frozen ? x + c : bl->frozen;
+            if (bl->home == ZN_PHOME_NVME && fe > x &&
+                (rc = zn_convert((char *)tr->pstage[t] + ho * tr->pbytes, tr->pdt, vals,
+                                 ZN_DTYPE_F32, fe - x)))
+                goto out;
+            if (!rg[g].train)
+                continue;
             /* the rank's shard: NVMe-home params and the master */
             uint64_t a = x > bl->soff ? x : bl->soff;
             uint64_t e = x + c < bl->soff + bl->len ? x + c : bl->soff + bl->len;
             if (a >= e)
                 continue;
             if (bl->home == ZN_PHOME_NVME &&
-                (rc = zn_convert((char *)tr->pstage[t] + (a - stage_base(bl)) * tr->pbytes,
-                                 tr->pdt, vals + (a - x), ZN_DTYPE_F32, e - a)))
+                (rc = zn_convert((char *)tr->pstage[t] + (ho + (a - x)) * tr->pbytes, tr->pdt,
+                                 vals + (a - x), ZN_DTYPE_F32, e - a)))
                 goto out;
             if (!opt_nvme)
                 memcpy(tr->master + bl->off + (a - bl->soff), vals + (a - x), (e - a) * 4);
             else if ((rc = init_units_put(&iu, vals + (a - x), e - a)))
                 goto out;
+        }
         }
         if (bl->home == ZN_PHOME_NVME) {
             for (int k = 0; k < bl->np && !rc; k++) {
@@ -795,7 +833,7 @@ static int initialise(zn_trainer *tr)
                 /* the only write the frozen base ever gets */
                 rc = zn_ioq_submit(&tr->wq, &tr->pstage_req[t * tr->max_block_pieces + bl->np],
                                    1, &zn_tier_get(&tr->tm, bl->frozen_id)->ext, tr->pstage[t],
-                                   bl->frozen * tr->pbytes, "initial frozen params");
+                                   frozen_home(bl) * tr->pbytes, "initial frozen params");
                 np_pending[t] = bl->np + 1;
                 if (!rc)
                     zn_tier_set_valid(&tr->tm, bl->frozen_id, ZN_TIER_NVME, true);
@@ -1249,9 +1287,15 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
 {
     zn_block *bl = &tr->blocks[block];
     zn_dev *d = tr->dev;
-    bool gather = !bl->replicated;
-    size_t bytes = (gather ? bl->len : bl->n) * tr->pbytes;
-    char *dst = (char *)tr->slot[slot] + (gather ? bl->soff * tr->pbytes : 0);
+    bool gather = !bl->replicated, split = bl->fshard > 0;
+    size_t bytes = (split ? bl->fshard + bl->shard : gather ? bl->len : bl->n) * tr->pbytes;
+    const size_t pb = tr->pbytes;
+    char *sl = tr->slot[slot];
+    /* where the home's copy lands: the whole block at 0, the rank's shard
+     * at its place for an in-place gather; split: the frozen shard at its
+     * place, the trainable shard past both gathers' reach (train-impl.h) */
+    char *dst = sl + (split ? bl->foff * pb : gather ? bl->soff * pb : 0);
+    char *tdst = sl + (bl->npad - bl->shard) * pb;
     char name[ZN_TRACE_NAME_LEN];
     int rc;
     if (bl->home == ZN_PHOME_DEVICE) {
@@ -1260,8 +1304,14 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
             return rc;
         snprintf(name, sizeof name, "gather b%d", block);
         zn_mark *mk = zn_train_mark_begin(tr, tr->s_comm, ZN_RES_COMM, name);
-        if ((rc = zn_comm_allgather_on(tr->comm, tr->s_comm, bl->dev_params, tr->slot[slot],
-                                       bl->shard, tr->pdt)))
+        if (split && ((rc = zn_comm_allgather_on(tr->comm, tr->s_comm, bl->dev_params, sl,
+                                                 bl->fshard, tr->pdt)) ||
+                      (bl->shard && (rc = zn_comm_allgather_on(tr->comm, tr->s_comm,
+                                                 (char *)bl->dev_params + bl->fshard * pb,
+                                                 sl + bl->frozen * pb, bl->shard, tr->pdt)))))
+            return rc;
+        if (!split && (rc = zn_comm_allgather_on(tr->comm, tr->s_comm, bl->dev_params, sl,
+                                                 bl->shard, tr->pdt)))
             return rc;
         zn_train_mark_end(tr, tr->s_comm, mk);
         if ((rc = zn_dev_event_record(d, tr->ev_ready[slot], tr->s_comm)))
@@ -1300,7 +1350,7 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
                                    p->n * tr->pbytes, name);
             } else {
                 rc = zn_ioq_submit(&tr->rq, r, 0, &zn_tier_get(&tr->tm, bl->frozen_id)->ext,
-                                   tr->pstage[t], bl->frozen * tr->pbytes, name);
+                                   tr->pstage[t], frozen_home(bl) * tr->pbytes, name);
             }
             if (rc) {
                 for (int j = 0; j <= k; j++)
@@ -1319,8 +1369,15 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
     }
     snprintf(name, sizeof name, "h2d b%d", block);
     zn_mark *mk = zn_train_mark_begin(tr, tr->s_h2d, ZN_RES_H2D, name);
-    if (bytes && (rc = zn_dev_copy_h2d(d, tr->s_h2d, dst, src, bytes)))
+    if (split) {
+        if ((rc = zn_dev_copy_h2d(d, tr->s_h2d, dst, src, bl->fshard * pb)) ||
+            (bl->shard && (rc = zn_dev_copy_h2d(d, tr->s_h2d, tdst,
+                                                (const char *)src + bl->fshard * pb,
+                                                bl->shard * pb))))
+            return rc;
+    } else if (bytes && (rc = zn_dev_copy_h2d(d, tr->s_h2d, dst, src, bytes))) {
         return rc;
+    }
     zn_train_mark_end(tr, tr->s_h2d, mk);
     atomic_fetch_add(&tr->tm.h2d, bytes);
     if (t >= 0 && (rc = zn_dev_event_record(d, tr->ev_pstage_free[t], tr->s_h2d)))
@@ -1333,8 +1390,14 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
             return rc;
         snprintf(name, sizeof name, "gather b%d", block);
         zn_mark *m2 = zn_train_mark_begin(tr, tr->s_comm, ZN_RES_COMM, name);
-        if ((rc = zn_comm_allgather_on(tr->comm, tr->s_comm, dst, tr->slot[slot], bl->shard,
-                                       tr->pdt)))
+        if (split && ((rc = zn_comm_allgather_on(tr->comm, tr->s_comm, dst, sl, bl->fshard,
+                                                 tr->pdt)) ||
+                      (bl->shard && (rc = zn_comm_allgather_on(tr->comm, tr->s_comm, tdst,
+                                                               sl + bl->frozen * pb, bl->shard,
+                                                               tr->pdt)))))
+            return rc;
+        if (!split && (rc = zn_comm_allgather_on(tr->comm, tr->s_comm, dst, sl, bl->shard,
+                                                 tr->pdt)))
             return rc;
         zn_train_mark_end(tr, tr->s_comm, m2);
         if ((rc = zn_dev_event_record(d, tr->ev_ready[slot], tr->s_comm)))
