@@ -377,6 +377,12 @@ ZN_API int zn_dev_dropout(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt,
                           void *y, zn_dtype y_dt, int64_t ldy, int64_t rows, int64_t cols,
                           double p, uint64_t key, int accumulate);
 
+/* y[r][c] = x[r][c] converted, over a [rows][cols] matrix with rows ldx and
+ * ldy elements apart (e.g. an fp32 accumulator into columns of a 16-bit
+ * buffer, rounded once). y must not overlap x. */
+ZN_API int zn_dev_copy_2d(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, int64_t ldx,
+                          void *y, zn_dtype y_dt, int64_t ldy, int64_t rows, int64_t cols);
+
 /* Cross-entropy over a vocabulary produced chunk by chunk (the logits of
  * the whole vocabulary never exist at once). Rows are tokens; a chunk holds
  * the logits of vocabulary columns [v0, v0 + cols), rows ld elements apart.

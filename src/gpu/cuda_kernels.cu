@@ -304,7 +304,7 @@ __global__ void k_dropout(const void *x, int xdt, int64_t ldx, void *y, int ydt,
     {
         const int64_t r = i / cols, c = i - r * cols;
         const int64_t xi = r * ldx + c, yi = r * ldy + c;
-        float v = zn_draw24(key, (uint64_t)i) >= thr ? ldv(x, xdt, xi) * sc : 0.0f;
+        float v = thr == 0 || zn_draw24(key, (uint64_t)i) >= thr ? ldv(x, xdt, xi) * sc : 0.0f;
         if (accumulate)
             v = ldv(y, ydt, yi) + v;
         stv(y, ydt, yi, v);

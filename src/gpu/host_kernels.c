@@ -334,7 +334,7 @@ static void dropout(const zn_op *op)
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++) {
             const int64_t xi = r * op->u.drop.ldx + c, yi = r * op->u.drop.ldy + c;
-            float v = zn_draw24(op->u.drop.key, (uint64_t)(r * cols + c)) >= thr
+            float v = thr == 0 || zn_draw24(op->u.drop.key, (uint64_t)(r * cols + c)) >= thr
                           ? ldf(op->u.drop.x, xt, xi) * sc
                           : 0.0f;
             if (op->u.drop.accumulate)

@@ -68,6 +68,7 @@ struct zn_model {
     void *dxm;          /* [N][H] cfg.dtype (aliases dxm32 for f32) */
     void *d_attn;       /* [N][qd] */
     void *dqkv;         /* [N][qkv_ld] */
+    float *dkv32;       /* GQA, 16-bit: [T][2 kvd] one sequence's dK | dV summed in fp32 */
     void *lu, *ldu;     /* LoRA: [N][r] A x and its gradient (cfg.dtype) */
     void *lxd;          /* LoRA dropout: [N][max in] the dropped input (cfg.dtype) */
     float *ltmp;        /* LoRA dropout: [N][max in] du A before its mask (fp32) */
@@ -179,6 +180,7 @@ static void layout(zn_model *m, unsigned char *base)
     m->dxm = f32 ? (void *)m->dxm32 : carve(&c, (uint64_t)(N * H) * esz);
     m->d_attn = carve(&c, (uint64_t)(N * m->qd) * esz);
     m->dqkv = carve(&c, (uint64_t)(N * m->qkv_ld) * esz);
+    m->dkv32 = m->g > 1 && !f32 ? carve(&c, (uint64_t)(T * 2 * m->kvd) * 4) : NULL;
     if (m->d.lora.r > 0) {
         m->lu = carve(&c, (uint64_t)(N * m->d.lora.r) * esz);
         m->ldu = carve(&c, (uint64_t)(N * m->d.lora.r) * esz);
@@ -631,12 +633,19 @@ static int attn_bwd(zn_model *m, zn_stream *s, const layer_acts *a)
                                             at(dob, j * g * hd, e), m->dt, qd, hd,
                                             at(qb, qd + kvd + j * hd, e), m->dt, ld, 0, 0.0f,
                                             m->dP + j * g * T * T, ZN_DTYPE_F32, T, T * T, g));
+        /* dK_j and dV_j sum over the group's heads: in fp32 (dkv32, [T][dK |
+         * dV]) when the buffers are 16-bit, rounded once at the end */
+        float *acc = m->dkv32;
+        void *dk = acc ? (void *)acc : at(dqb, qd, e);
+        void *dv = acc ? (void *)(acc + kvd) : at(dqb, qd + kvd, e);
+        zn_dtype adt = acc ? ZN_DTYPE_F32 : m->dt;
+        size_t ae = acc ? 4 : e;
+        int64_t ald = acc ? 2 * kvd : ld;
         /* dV_j = sum over the group's heads of P_h^T dO_h */
         for (int64_t h = 0; h < m->nh; h++)
             TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, T, hd, T, 1.0f,
                             at(m->P, h * T * T, e), m->dt, T, at(dob, h * hd, e), m->dt, qd,
-                            h % g ? 1.0f : 0.0f, at(dqb, qd + kvd + (h / g) * hd, e), m->dt,
-                            ld));
+                            h % g ? 1.0f : 0.0f, at(dv, (h / g) * hd, ae), adt, ald));
         TRY(zn_dev_softmax_causal_bwd(m->dev, s, m->P, m->dt, m->dP, ZN_DTYPE_F32, m->dS, m->dt,
                                       m->nh, T, T, 0, scale));
         for (int64_t h = 0; h < m->nh; h++) {
@@ -647,8 +656,11 @@ static int attn_bwd(zn_model *m, zn_stream *s, const layer_acts *a)
                             m->dt, ld));
             TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, T, hd, T, 1.0f, dSh, m->dt, T,
                             at(qb, h * hd, e), m->dt, ld, h % g ? 1.0f : 0.0f,
-                            at(dqb, qd + (h / g) * hd, e), m->dt, ld));
+                            at(dk, (h / g) * hd, ae), adt, ald));
         }
+        if (acc)
+            TRY(zn_dev_copy_2d(m->dev, s, acc, ZN_DTYPE_F32, 2 * kvd, at(dqb, qd, e), m->dt, ld,
+                               T, 2 * kvd));
     }
     return 0;
 }
