@@ -326,6 +326,33 @@ int main(void)
         free(o.master);
     }
 
+    /* Slots to spare: the last (slots - 2) blocks keep their params from
+     * forward to backward instead of fetching them again; same numbers,
+     * fewer NVMe reads than the two-slot nvme run above. */
+    {
+        const char *keep[] = { "zero_optimization.offload_param.device=\"nvme\"",
+                               "zero_optimization.offload_optimizer.device=\"nvme\"",
+                               "zero_optimization.offload_param.max_in_cpu=0",
+                               "tiers.grads=\"nvme\"", "tiers.param_cache=0",
+                               "zero_optimization.stage3_prefetch_bucket_size=100000000" };
+        run_out two;
+        ZT_EQ_INT(run("nvme, 2 slots, no cache", keep, 5, tiny, STEPS, &two), 0);
+        ZT_EQ_INT(run("nvme, slots to spare, no cache", keep, 6, 0, STEPS, &o), 0);
+        compare("params kept from forward to backward", &ref, &o);
+        check_budgets("params kept from forward to backward", &o);
+        printf("%-60s ok: slots %d, nvme read %llu B (2 slots: %llu B)\n",
+               "params kept from forward to backward", o.rep.param_slots,
+               (unsigned long long)o.rep.nvme_read_bytes,
+               (unsigned long long)two.rep.nvme_read_bytes);
+        ZT_CHECK_MSG(o.rep.param_slots >= 4 && two.rep.param_slots == 2 &&
+                         o.rep.nvme_read_bytes < two.rep.nvme_read_bytes,
+                     "kept params: %d slots read %llu B, 2 slots %llu B", o.rep.param_slots,
+                     (unsigned long long)o.rep.nvme_read_bytes,
+                     (unsigned long long)two.rep.nvme_read_bytes);
+        free(two.master);
+        free(o.master);
+    }
+
     /* The param cache's size changes nothing but where fetches read: off, or
      * one buffer (every other block of a step finds none free and goes the
      * NVMe way, landed write then read). */

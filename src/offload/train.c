@@ -1766,36 +1766,74 @@ static int step_failed(zn_trainer *tr, int rc, int64_t step)
 }
 
 /* The fetch list over `nuse` uses (forward and backward of each micro-batch,
- * or forward only): consecutive uses of one ring block share a fetch. */
+ * or forward only): consecutive uses of one ring block share a fetch, and
+ * so do the forward and backward of the last (slots - 2) ring blocks. */
 static int build_fetches(zn_trainer *tr, int nuse, int L, bool with_bwd, fetch_ent **fe_out,
                          int **fou_out, int *nfe_out)
 {
     fetch_ent *fe = calloc((size_t)nuse, sizeof *fe);
     int *fetch_of_use = malloc((size_t)nuse * sizeof *fetch_of_use);
-    if (!fe || !fetch_of_use) {
+    int *held = malloc((size_t)L * sizeof *held);
+    if (!fe || !fetch_of_use || !held) {
         free(fe);
         free(fetch_of_use);
+        free(held);
         return zn_set_error(-ENOMEM, "train: out of memory");
     }
-    int nfe = 0, per = with_bwd ? 2 * L : L;
-    for (int i = 0; i < nuse; i++) {
-        int k = i % per;
-        int b = k >= L ? 2 * L - 1 - k : k;
-        fetch_of_use[i] = -1;
-        if (tr->blocks[b].persistent)
-            continue;
-        if (nfe && fe[nfe - 1].block == b && fe[nfe - 1].last_use == i - 1) {
-            fe[nfe - 1].last_use = i;
-        } else {
-            fe[nfe].block = b;
-            fe[nfe].first_use = fe[nfe].last_use = i;
-            nfe++;
+    /* Keep from forward to backward: the last K ring blocks of the model
+     * hold their slot from their forward to their backward in the same
+     * micro-batch instead of being fetched twice. K = slots - 2 leaves two
+     * slots for the ring (its prefetch) while all K are held at the turn;
+     * the check below proves every fetch still finds its slot free. */
+    int keep = with_bwd ? tr->nslots - 2 : 0;
+    for (int b = L - 1; b >= 0; b--) {
+        held[b] = -1;
+        if (!tr->blocks[b].persistent && keep > 0) {
+            held[b] = -2; /* eligible */
+            keep--;
         }
-        fetch_of_use[i] = nfe - 1;
     }
+    for (int pass = 0; pass < 2; pass++) {
+        int nfe = 0, per = with_bwd ? 2 * L : L;
+        for (int i = 0; i < nuse; i++) {
+            int k = i % per;
+            int b = k >= L ? 2 * L - 1 - k : k;
+            fetch_of_use[i] = -1;
+            if (tr->blocks[b].persistent)
+                continue;
+            bool merge = nfe && fe[nfe - 1].block == b && fe[nfe - 1].last_use == i - 1;
+            if (!merge && pass == 0 && k >= L && held[b] >= 0) {
+                fe[held[b]].last_use = i; /* kept since its forward */
+                fetch_of_use[i] = held[b];
+                held[b] = -2;
+                continue;
+            }
+            if (merge) {
+                fe[nfe - 1].last_use = i;
+            } else {
+                fe[nfe].block = b;
+                fe[nfe].first_use = fe[nfe].last_use = i;
+                nfe++;
+            }
+            fetch_of_use[i] = nfe - 1;
+            if (pass == 0 && k < L && held[b] == -2)
+                held[b] = nfe - 1;
+        }
+        /* the ring's rule: fetch j reuses fetch (j - slots)'s slot, which
+         * must be past its last use when fetch j's first use comes */
+        bool ok = true;
+        for (int e = tr->nslots; e < nfe && ok; e++)
+            ok = fe[e - tr->nslots].last_use < fe[e].first_use;
+        *nfe_out = nfe;
+        if (ok || pass == 1)
+            break;
+        for (int b = 0; b < L; b++)
+            held[b] = -1; /* no keeping: the plain ring */
+        memset(fe, 0, (size_t)nuse * sizeof *fe);
+    }
+    free(held);
     *fe_out = fe;
     *fou_out = fetch_of_use;
-    *nfe_out = nfe;
     return 0;
 }
 
