@@ -75,6 +75,53 @@ static int read_block_range(const zn_ckpt *ck, ex_rank *rk, int b, uint64_t pos,
     return 0;
 }
 
+/* Opens every rank's master.bin for read_block_range. */
+static int ranks_open(const zn_ckpt *ck, ex_rank *rk)
+{
+    for (int r = 0; r < ck->world; r++) {
+        char rel[64];
+        snprintf(rel, sizeof rel, "rank-%d/master.bin", r);
+        rk[r].f = zn_ckpt__file(ck, rel);
+        snprintf(rk[r].path, sizeof rk[r].path, "%s/%s", ck->path, rel);
+        if ((rk[r].fd = open(rk[r].path, O_RDONLY | O_CLOEXEC)) < 0)
+            return zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: %s", ck->path, rel,
+                                strerror(errno));
+    }
+    return 0;
+}
+
+/* After every byte was read in order: each rank's crc32c against the manifest. */
+static int ranks_check(const zn_ckpt *ck, const ex_rank *rk)
+{
+    for (int r = 0; r < ck->world; r++) {
+        if (rk[r].next != rk[r].f->bytes)
+            return zn_set_error(ZN_EINTERNAL, "export: %s read out of order", rk[r].path);
+        if (rk[r].crc != rk[r].f->crc)
+            return zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: crc32c 0x%08x, the "
+                                "manifest says 0x%08x (corrupted)", ck->path, rk[r].f->name,
+                                rk[r].crc, rk[r].f->crc);
+    }
+    return 0;
+}
+
+static void ranks_close(const zn_ckpt *ck, ex_rank *rk)
+{
+    for (int r = 0; rk && r < ck->world; r++)
+        if (rk[r].fd >= 0)
+            close(rk[r].fd);
+    free(rk);
+}
+
+static void free_names(char **names, char **files, int n)
+{
+    for (int i = 0; names && i < n; i++) {
+        free(names[i]);
+        free(files[i]);
+    }
+    free(names);
+    free(files);
+}
+
 int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64_t shard_bytes)
 {
     if (dtype != ZN_DTYPE_F32 && dtype != ZN_DTYPE_BF16)
@@ -162,18 +209,7 @@ int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64
         }
     }
     nfiles++;
-    for (int r = 0; r < ck->world; r++) {
-        char rel[64];
-        snprintf(rel, sizeof rel, "rank-%d/master.bin", r);
-        rk[r].f = zn_ckpt__file(ck, rel);
-        snprintf(rk[r].path, sizeof rk[r].path, "%s/%s", ck->path, rel);
-        if ((rk[r].fd = open(rk[r].path, O_RDONLY | O_CLOEXEC)) < 0) {
-            rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: %s", ck->path, rel,
-                              strerror(errno));
-            goto out;
-        }
-    }
-    if ((rc = zn_ckpt__mkdir_p(out_dir)))
+    if ((rc = ranks_open(ck, rk)) || (rc = zn_ckpt__mkdir_p(out_dir)))
         goto out;
     char p[ZN_CKPT_PATH + 64];
     if (lora) {
@@ -227,32 +263,18 @@ int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64
         zn_st_writer_destroy(w);
         t0 = t1;
     }
-    for (int r = 0; r < ck->world && !rc; r++) {
-        if (rk[r].next != rk[r].f->bytes)
-            rc = zn_set_error(ZN_EINTERNAL, "export: %s read out of order", rk[r].path);
-        else if (rk[r].crc != rk[r].f->crc)
-            rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: crc32c 0x%08x, the manifest "
-                              "says 0x%08x (corrupted)", ck->path, rk[r].f->name, rk[r].crc,
-                              rk[r].f->crc);
-    }
+    if (!rc)
+        rc = ranks_check(ck, rk);
     if (!rc && !lora) {
         snprintf(p, sizeof p, "%s/model.safetensors.index.json", out_dir);
         rc = zn_st_write_index(p, (size_t)nt, (const char *const *)names,
                                (const char *const *)files, total_bytes);
     }
 out:
-    for (int r = 0; rk && r < ck->world; r++)
-        if (rk[r].fd >= 0)
-            close(rk[r].fd);
-    for (int i = 0; names && i < nt; i++) {
-        free(names[i]);
-        free(files[i]);
-    }
-    free(names);
-    free(files);
+    ranks_close(ck, rk);
+    free_names(names, files, nt);
     free(ts);
     free(buf);
-    free(rk);
     zn_ckpt_close(ck);
     return rc;
 }
@@ -390,17 +412,8 @@ int zn_ckpt_export_merged(const char *path, const char *out_dir, const char *bas
     uint64_t total_ad = 0;
     for (int b = 0; b < ck->nblocks; b++)
         total_ad += ck->blocks[b];
-    for (int r = 0; r < ck->world; r++) {
-        char rel[64];
-        snprintf(rel, sizeof rel, "rank-%d/master.bin", r);
-        rk[r].f = zn_ckpt__file(ck, rel);
-        snprintf(rk[r].path, sizeof rk[r].path, "%s/%s", ck->path, rel);
-        if ((rk[r].fd = open(rk[r].path, O_RDONLY | O_CLOEXEC)) < 0) {
-            rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: %s", ck->path, rel,
-                              strerror(errno));
-            goto out;
-        }
-    }
+    if ((rc = ranks_open(ck, rk)))
+        goto out;
     int cap = 0;
     for (int b = 0; b < ck->nblocks; b++)
         cap += zn_model_block_nparams(&d, b);
@@ -419,12 +432,7 @@ int zn_ckpt_export_merged(const char *path, const char *out_dir, const char *bas
     for (int b = 0, at = 0; b < ck->nblocks && !rc; at += (int)ck->blocks[b], b++)
         if (ck->blocks[b])
             rc = read_block_range(ck, rk, b, 0, ck->blocks[b], ad + at);
-    for (int r = 0; r < ck->world && !rc; r++)
-        if (rk[r].next != rk[r].f->bytes || rk[r].crc != rk[r].f->crc)
-            rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: crc32c 0x%08x, the manifest "
-                              "says 0x%08x (corrupted)", ck->path, rk[r].f->name, rk[r].crc,
-                              rk[r].f->crc);
-    if (rc)
+    if (rc || (rc = ranks_check(ck, rk)))
         goto out;
     /* the base's tensors in model order, each with its adapter pair */
     uint64_t in_file = 0, total_bytes = 0, ad_at = 0;
@@ -551,21 +559,13 @@ int zn_ckpt_export_merged(const char *path, const char *out_dir, const char *bas
                                (const char *const *)files, total_bytes);
     }
 out:
-    for (int k = 0; rk && k < ck->world; k++)
-        if (rk[k].fd >= 0)
-            close(rk[k].fd);
-    for (int i = 0; names && i < nt; i++) {
-        free(names[i]);
-        free(files[i]);
-    }
-    free(names);
-    free(files);
+    ranks_close(ck, rk);
+    free_names(names, files, nt);
     free(ts);
     free(tdt);
     free(pair);
     free(ad);
     free(buf);
-    free(rk);
     zn_st_close(st);
     zn_ckpt_close(ck);
     return rc;
