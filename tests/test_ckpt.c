@@ -105,10 +105,10 @@ static int create(zn_trainer **tr, toy_model *toy, const char **sets, int nsets,
 static int steps(zn_trainer *tr, int from, int to, double *loss)
 {
     for (int s = from; s < to; s++) {
-        if (zn_loader_get(loader, (uint64_t)s, ids, tgts))
+        if (zn_loader_get(loader, (uint64_t)s, ids, tgts, NULL))
             ZT_SETUP_FAIL("loader: %s", zn_last_error());
         zn_train_step_info info;
-        int rc = zn_train_step(tr, ids, tgts, &info);
+        int rc = zn_train_step(tr, ids, tgts, NULL, &info);
         if (rc)
             return rc;
         if (info.step != s + 1)
@@ -278,8 +278,8 @@ static void expect_refused(const char *what, const char *dir, const char *file, 
         printf("%-40s load refused: %s\n", what, zn_last_error());
         /* a trainer half loaded is never presented as valid */
         zn_train_step_info info;
-        zn_loader_get(loader, 0, ids, tgts);
-        ZT_EQ_INT(zn_train_step(tr, ids, tgts, &info), ZN_ECORRUPT);
+        zn_loader_get(loader, 0, ids, tgts, NULL);
+        ZT_EQ_INT(zn_train_step(tr, ids, tgts, NULL, &info), ZN_ECORRUPT);
         zn_train_destroy(tr);
         zn_ckpt_close(ck);
     } else {
@@ -481,8 +481,8 @@ static void prune_and_refusals(const char **sets, int nsets)
         printf("other model refused: %s\n", zn_last_error());
         /* refused before anything changed: the trainer still trains */
         zn_train_step_info info;
-        zn_loader_get(loader, 0, ids, tgts);
-        ZT_EQ_INT(zn_train_step(tr2, ids, tgts, &info), 0);
+        zn_loader_get(loader, 0, ids, tgts, NULL);
+        ZT_EQ_INT(zn_train_step(tr2, ids, tgts, NULL, &info), 0);
         zn_train_destroy(tr2);
     }
     zn_ckpt_close(ck);

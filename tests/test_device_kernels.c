@@ -338,7 +338,7 @@ static void test_inv_freq(void)
 }
 
 /* ---- causal softmax ----------------------------------------------------------*/
-typedef struct { int64_t batch, rows, cols, qoff; double scale; } sm_ctx;
+typedef struct { int64_t batch, rows, cols, qoff; double scale; const int32_t *ks; } sm_ctx;
 
 static void sm_ref(const double *s, double *p, const void *cv)
 {
@@ -348,29 +348,36 @@ static void sm_ref(const double *s, double *p, const void *cv)
             const double *x = s + (b * c->rows + r) * c->cols;
             double *y = p + (b * c->rows + r) * c->cols;
             int64_t lim = c->qoff + r + 1 < c->cols ? c->qoff + r + 1 : c->cols;
+            int64_t lo = c->ks ? c->ks[r] : 0;   /* first key of row r's document */
             double mx = -INFINITY, sum = 0;
-            for (int64_t j = 0; j < lim; j++)
+            for (int64_t j = lo; j < lim; j++)
                 mx = fmax(mx, c->scale * x[j]);
-            for (int64_t j = 0; j < lim; j++)
+            for (int64_t j = lo; j < lim; j++)
                 sum += exp(c->scale * x[j] - mx);
             for (int64_t j = 0; j < c->cols; j++)
-                y[j] = j < lim ? exp(c->scale * x[j] - mx) / sum : 0.0;
+                y[j] = j >= lo && j < lim ? exp(c->scale * x[j] - mx) / sum : 0.0;
         }
 }
 
 static void test_softmax(zn_dtype dt)
 {
+    /* packed documents: rows 0-2 one document, 3-7 a second, 8 a third of
+     * one token (only its diagonal), 9-10 a fourth; and with a q_offset */
+    static const int32_t docs[] = { 0, 0, 0, 3, 3, 3, 3, 3, 8, 9, 9 };
+    static const int32_t docs_off[] = { 0, 4, 4, 6 };
     static const sm_ctx cases[] = {
-        { 2, 5, 7, 2, 0.3 }, { 3, 6, 6, 0, 0.125 }, { 1, 3, 300, 297, 0.7 },
+        { 2, 5, 7, 2, 0.3, NULL },  { 3, 6, 6, 0, 0.125, NULL }, { 1, 3, 300, 297, 0.7, NULL },
+        { 2, 11, 11, 0, 0.4, docs }, { 3, 4, 9, 5, 0.25, docs_off },
     };
-    for (size_t k = 0; k < 3; k++) {
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         const sm_ctx *c = &cases[k];
         size_t n = (size_t)(c->batch * c->rows * c->cols);
         double *s = rnd(30 + k, n, 3.0, dt), *p = malloc(n * 8), *R = rnd(40 + k, n, 1.0, dt);
         sm_ref(s, p, c);
         void *ds = dev_up(s, n, dt), *dp = dev_poison(n, dt);
+        int32_t *dks = c->ks ? dev_i32(c->ks, (size_t)c->rows) : NULL;
         DEV_OK(zn_dev_softmax_causal_fwd(D, S, ds, dt, dp, dt, c->batch, c->rows, c->cols,
-                                         c->qoff, (float)c->scale));
+                                         c->qoff, dks, (float)c->scale));
         double *got = dev_down(dp, n, dt);
         CMP("softmax_causal_fwd", dt, got, p, n, tol_fwd(dt));
         double *g = malloc(n * 8);
@@ -378,16 +385,18 @@ static void test_softmax(zn_dtype dt)
         void *dR = dev_up(R, n, dt);
         /* dS may alias dP: done in place on R */
         DEV_OK(zn_dev_softmax_causal_bwd(D, S, dp, dt, dR, dt, dR, dt, c->batch, c->rows,
-                                         c->cols, c->qoff, (float)c->scale));
+                                         c->cols, c->qoff, dks, (float)c->scale));
         double *gb = dev_down(dR, n, dt);
         CMP("softmax_causal_bwd", dt, gb, g, n, tol_bwd(dt));
         /* in place forward (P aliases S) */
         DEV_OK(zn_dev_softmax_causal_fwd(D, S, ds, dt, ds, dt, c->batch, c->rows, c->cols,
-                                         c->qoff, (float)c->scale));
+                                         c->qoff, dks, (float)c->scale));
         double *gi = dev_down(ds, n, dt);
         CMP("softmax_causal_fwd in place", dt, gi, got, n, 0.0);
         free(s), free(p), free(R), free(got), free(g), free(gb), free(gi);
         dfree(ds), dfree(dp), dfree(dR);
+        if (dks)
+            dfree(dks);
     }
 }
 

@@ -1,7 +1,9 @@
 /* The decoder against PyTorch on CUDA: the same fixtures as test_model_ref,
  * in bf16 (fp32 accumulation) within 2e-2 and in fp32 within 1e-4 (cuBLAS
- * may reorder sums). Skips (77) without a GPU. */
+ * may reorder sums); packed documents against one at a time
+ * (test_model_packed.h). Skips (77) without a GPU. */
 #include "test_model_ref.h"
+#include "test_model_packed.h"
 
 int main(void)
 {
@@ -20,6 +22,9 @@ int main(void)
         ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 1, 2e-2, 2e-2, &r, NULL, NULL);
         ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 2e-2, 2e-2, &r, NULL, NULL);
         ref_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-4, 1e-4, &r, NULL, NULL);
+        /* packed documents == one at a time, through the CUDA kernels */
+        packed_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-4);
+        packed_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 2e-2);
     }
     zn_dev_destroy(dev);
     return zt_done();

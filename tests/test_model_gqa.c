@@ -81,7 +81,7 @@ int main(void)
     }
     for (int k = 0; k < 2; k++) {
         float loss;
-        ZT_EQ_INT(zn_model_set_batch(m[k], NULL, B, T, ids, tg), 0);
+        ZT_EQ_INT(zn_model_set_batch(m[k], NULL, B, T, ids, tg, NULL), 0);
         ZT_EQ_INT(zn_model_state_forward_backward(st[k], NULL, &loss), 0);
     }
     ZT_EQ_INT(zn_dev_stream_sync(dev, NULL), 0);

@@ -198,7 +198,7 @@ static zn_model *make_model(int checkpoint, int64_t chunk)
 
 static void set_batch(zn_model *m, const int32_t *ids, const int32_t *tg)
 {
-    if (zn_model_set_batch(m, NULL, B, T, ids, tg))
+    if (zn_model_set_batch(m, NULL, B, T, ids, tg, NULL))
         ZT_SETUP_FAIL("batch: %s", zn_last_error());
 }
 
@@ -393,9 +393,9 @@ static void test_embedding(void)
     ZT_CHECK_MSG(rel(an, g, V * H) < 1e-6, "embedding grad rel err %.2e", rel(an, g, V * H));
     /* Out-of-vocab ids are refused at set_batch. */
     ids[3] = V;
-    ZT_EQ_INT(zn_model_set_batch(m, NULL, B, T, ids, tg), ZN_EARG);
+    ZT_EQ_INT(zn_model_set_batch(m, NULL, B, T, ids, tg, NULL), ZN_EARG);
     ZT_CONTAINS(zn_last_error(), "vocab");
-    ZT_EQ_INT(zn_model_set_batch(m, NULL, B, T + 1, ids, tg), ZN_EARG);
+    ZT_EQ_INT(zn_model_set_batch(m, NULL, B, T + 1, ids, tg, NULL), ZN_EARG);
     zn_dev_free(dev, dE);
     zn_dev_free(dev, dc);
     zn_dev_free(dev, dout);

@@ -70,7 +70,7 @@ static void ref_run(zn_dev *dev, const char *name, zn_dtype dt, int checkpoint, 
         ids[i] = (int32_t)json_integer_value(json_array_get(json_object_get(ref, "inputs"), i));
         tg[i] = (int32_t)json_integer_value(json_array_get(json_object_get(ref, "targets"), i));
     }
-    ZT_EQ_INT(zn_model_set_batch(m, NULL, B, T, ids, tg), 0);
+    ZT_EQ_INT(zn_model_set_batch(m, NULL, B, T, ids, tg, NULL), 0);
     float loss = NAN;
     rc = zn_model_state_forward_backward(st, NULL, &loss);
     ZT_CHECK_MSG(rc == 0, "forward_backward: %s", zn_last_error());

@@ -121,7 +121,7 @@ static void one(const shape *sh, const placement *pl, int accum, int pcache, con
             tg[i] = (int32_t)((i * 6007 + s * 7) % d.vocab);
         }
         zn_train_step_info info;
-        rc = zn_train_step(tr, ids, tg, &info);
+        rc = zn_train_step(tr, ids, tg, NULL, &info);
         ZT_CHECK_MSG(rc == 0, "%s: step %d: %s", label, s + 1, zn_last_error());
     }
     if (!rc)

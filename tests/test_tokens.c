@@ -142,7 +142,7 @@ static void test_loader(void)
     int32_t in[3 * L], tg[3 * L], in2[3 * L], tg2[3 * L];
     int seen[100] = { 0 }, shifted = 1, aligned = 1, in_order = 1;
     for (uint64_t s = 0; s < 33; s++) {
-        ZT_EQ_INT(zn_loader_get(l, s, in, tg), 0);
+        ZT_EQ_INT(zn_loader_get(l, s, in, tg, NULL), 0);
         for (int b = 0; b < 3; b++) {
             aligned &= in[b * L] % L == 0;
             seen[in[b * L] / L]++;
@@ -165,23 +165,23 @@ static void test_loader(void)
     /* Same seed => same batches (also after visiting another epoch);
      * another seed or epoch => different ones. */
     ZT_EQ_INT(zn_loader_create(&l2, t, &c), 0);
-    ZT_EQ_INT(zn_loader_get(l, 5, in, tg), 0);
-    ZT_EQ_INT(zn_loader_get(l2, 40, in2, tg2), 0);
-    ZT_EQ_INT(zn_loader_get(l2, 5, in2, tg2), 0);
+    ZT_EQ_INT(zn_loader_get(l, 5, in, tg, NULL), 0);
+    ZT_EQ_INT(zn_loader_get(l2, 40, in2, tg2, NULL), 0);
+    ZT_EQ_INT(zn_loader_get(l2, 5, in2, tg2, NULL), 0);
     ZT_CHECK(memcmp(in, in2, sizeof in) == 0 && memcmp(tg, tg2, sizeof tg) == 0);
-    ZT_EQ_INT(zn_loader_get(l2, 5 + 33, in2, tg2), 0);
+    ZT_EQ_INT(zn_loader_get(l2, 5 + 33, in2, tg2, NULL), 0);
     ZT_CHECK(memcmp(in, in2, sizeof in) != 0);
     zn_loader_destroy(l2);
     c.seed = 99;
     ZT_EQ_INT(zn_loader_create(&l2, t, &c), 0);
-    ZT_EQ_INT(zn_loader_get(l2, 5, in2, tg2), 0);
+    ZT_EQ_INT(zn_loader_get(l2, 5, in2, tg2, NULL), 0);
     ZT_CHECK(memcmp(in, in2, sizeof in) != 0);
     zn_loader_destroy(l2);
 
     /* Unshuffled: file order. */
     c.shuffle = 0;
     ZT_EQ_INT(zn_loader_create(&l2, t, &c), 0);
-    ZT_EQ_INT(zn_loader_get(l2, 2, in2, tg2), 0);
+    ZT_EQ_INT(zn_loader_get(l2, 2, in2, tg2, NULL), 0);
     ZT_EQ_INT(in2[0], 6 * L);
     ZT_EQ_INT(in2[2 * L + L - 1], 8 * L + L - 1);
     zn_loader_destroy(l2);
@@ -202,9 +202,9 @@ static void test_loader(void)
     ZT_EQ_INT(zn_loader_create(&lr1, t, &c), 0);
     int tiles = 1;
     for (uint64_t s = 0; s < 30; s++) {
-        ZT_EQ_INT(zn_loader_get(l, s, all, allt), 0);
-        ZT_EQ_INT(zn_loader_get(lr0, s, r0, rt), 0);
-        ZT_EQ_INT(zn_loader_get(lr1, s, r1, rt), 0);
+        ZT_EQ_INT(zn_loader_get(l, s, all, allt, NULL), 0);
+        ZT_EQ_INT(zn_loader_get(lr0, s, r0, rt, NULL), 0);
+        ZT_EQ_INT(zn_loader_get(lr1, s, r1, rt, NULL), 0);
         tiles &= !memcmp(all, r0, sizeof r0) && !memcmp(all + 2 * L, r1, sizeof r1);
     }
     ZT_CHECK(tiles);
@@ -228,8 +228,8 @@ static void test_loader(void)
     c.shuffle = 0;
     c.vocab = 500;
     ZT_EQ_INT(zn_loader_create(&l, t, &c), 0);
-    ZT_EQ_INT(zn_loader_get(l, 10, in, tg), 0);
-    ZT_EQ_INT(zn_loader_get(l, 50, in, tg), ZN_ECORRUPT);
+    ZT_EQ_INT(zn_loader_get(l, 10, in, tg, NULL), 0);
+    ZT_EQ_INT(zn_loader_get(l, 50, in, tg, NULL), ZN_ECORRUPT);
     ZT_CONTAINS(zn_last_error(), "token 500");
     zn_loader_destroy(l);
     zn_tokens_close(t);
@@ -293,7 +293,7 @@ static void test_synthetic(void)
     zn_loader *l;
     ZT_EQ_INT(zn_loader_create(&l, a, &cfg), 0);
     int32_t in[4 * 256], tg[4 * 256];
-    ZT_EQ_INT(zn_loader_get(l, 3, in, tg), 0);
+    ZT_EQ_INT(zn_loader_get(l, 3, in, tg, NULL), 0);
     zn_loader_destroy(l);
     zn_tokens_close(a);
     zn_tokens_close(b);
@@ -335,17 +335,45 @@ static void test_v2(void)
     lc.shuffle = 0;
     zn_loader *l;
     ZT_EQ_INT(zn_loader_create(&l, t, &lc), 0);
-    int32_t in[5 * L], tg[5 * L];
-    ZT_EQ_INT(zn_loader_get(l, 0, in, tg), 0);
-    int bad = 0;
+    int32_t in[5 * L], tg[5 * L], ps[5 * L];
+    ZT_EQ_INT(zn_loader_get(l, 0, in, tg, ps), 0);
+    int bad = 0, badp = 0;
     for (int w = 0; w < 5; w++)
         for (int k = 0; k < L; k++) {
             int j = w * L + k + 1;  /* the token this target predicts */
             int32_t want = (j % 5 != 0 && j != 10 && j != 23) ? (int32_t)ids[j] : -1;
             bad += tg[w * L + k] != want || in[w * L + k] != (int32_t)ids[j - 1];
+            /* packed: the position in the document, from 0 at each start
+             * and at the window's start */
+            int doc0 = j - 1 >= 23 ? 23 : j - 1 >= 10 ? 10 : 0, w0 = w * L;
+            badp += ps[w * L + k] != j - 1 - (doc0 > w0 ? doc0 : w0);
         }
     ZT_CHECK_MSG(!bad, "%d inputs/targets differ from the mask and document ends", bad);
+    ZT_CHECK_MSG(!badp, "%d positions differ from the packed documents'", badp);
     zn_loader_destroy(l);
+    /* padding: one window per document piece; documents of 10, 13 and 18
+     * tokens have 9, 12 and 17 inputs: pieces 8+1, 8+4, 8+8+1 = 7 windows */
+    lc.packing = 0;
+    lc.batch = 7;
+    ZT_EQ_INT(zn_loader_create(&l, t, &lc), 0);
+    ZT_EQ_U64(zn_loader_num_windows(l), 7);
+    int32_t pin[7 * L], ptg[7 * L], pps[7 * L];
+    ZT_EQ_INT(zn_loader_get(l, 0, pin, ptg, pps), 0);
+    static const int wstart[7] = { 0, 8, 10, 18, 23, 31, 39 };
+    static const int wlen[7] = { 8, 1, 8, 4, 8, 8, 1 };
+    bad = 0;
+    for (int w = 0; w < 7; w++)
+        for (int k = 0; k < L; k++) {
+            int j = wstart[w] + k + 1, real = k < wlen[w], at = w * L + k;
+            int32_t want = real && j % 5 != 0 ? (int32_t)ids[j] : -1;
+            bad += ptg[at] != want || pps[at] != k ||
+                   pin[at] != (int32_t)ids[wstart[w] + (real ? k : wlen[w] - 1)];
+        }
+    ZT_CHECK_MSG(!bad, "%d padded inputs/targets/positions differ", bad);
+    zn_loader_destroy(l);
+    lc.batch = 8; /* more than the 7 windows padding makes */
+    ZT_EQ_INT(zn_loader_create(&l, t, &lc), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "padded");
     zn_tokens_close(t);
     /* on disk: version 2, flags 3, then ids, ceil(41 / 8) = 6 mask bytes,
      * u64 3, the three ends */

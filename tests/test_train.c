@@ -129,10 +129,10 @@ static int run(const char *label, const char **sets, int nsets, uint64_t gpu_bud
         return rc;
     }
     for (int s = 0; s < steps; s++) {
-        if ((rc = zn_loader_get(loader, (uint64_t)s, ids, tgts)))
+        if ((rc = zn_loader_get(loader, (uint64_t)s, ids, tgts, NULL)))
             ZT_SETUP_FAIL("loader: %s", zn_last_error());
         zn_train_step_info info;
-        rc = zn_train_step(tr, ids, tgts, &info);
+        rc = zn_train_step(tr, ids, tgts, NULL, &info);
         if (rc) {
             fprintf(stderr, "%s: step %d: %s\n", label, s + 1, zn_last_error());
             break;
@@ -193,8 +193,8 @@ static void fault_sweep(uint64_t tiny)
         if (rc)
             ZT_SETUP_FAIL("create: %s", zn_last_error());
         zn_train_step_info info;
-        zn_loader_get(loader, 0, ids, tgts);
-        ZT_EQ_INT(zn_train_step(tr, ids, tgts, &info), 0);
+        zn_loader_get(loader, 0, ids, tgts, NULL);
+        ZT_EQ_INT(zn_train_step(tr, ids, tgts, NULL, &info), 0);
         zn_aio_inject_fault(zn_train_aio(tr), nths[k], -EIO);
         int failed = 0;
         char msg[1024] = "";
@@ -202,8 +202,8 @@ static void fault_sweep(uint64_t tiny)
          * failure of the optimizer job a step left running) or in the sync */
         for (int s = 1; s < 5 && !failed; s++) {
             if (s < 4) {
-                zn_loader_get(loader, (uint64_t)s, ids, tgts);
-                rc = zn_train_step(tr, ids, tgts, &info);
+                zn_loader_get(loader, (uint64_t)s, ids, tgts, NULL);
+                rc = zn_train_step(tr, ids, tgts, NULL, &info);
             } else {
                 rc = zn_train_sync(tr);
             }
@@ -222,7 +222,7 @@ static void fault_sweep(uint64_t tiny)
         if (k == 0)
             printf("injected fault -> %s\n", msg);
         /* nothing is presented as good afterwards */
-        ZT_EQ_INT(zn_train_step(tr, ids, tgts, &info), ZN_ECORRUPT);
+        ZT_EQ_INT(zn_train_step(tr, ids, tgts, NULL, &info), ZN_ECORRUPT);
         float *w = malloc(zn_train_num_params(tr) * 4);
         ZT_EQ_INT(zn_train_read_master(tr, w, zn_train_num_params(tr)), ZN_ECORRUPT);
         free(w);

@@ -171,7 +171,7 @@ static int run(const char *dir, const reference *ref, const char **sets, int nse
         goto out;
     for (int s = 0; s < ref->steps; s++) {
         zn_train_step_info info;
-        if ((rc = zn_train_step(tr, ref->ids[s], ref->tgts[s], &info)))
+        if ((rc = zn_train_step(tr, ref->ids[s], ref->tgts[s], NULL, &info)))
             goto out;
         o->loss[s] = info.loss;
         o->lr[s] = info.lr;
@@ -179,7 +179,7 @@ static int run(const char *dir, const reference *ref, const char **sets, int nse
     }
     /* the trained model's loss on step 1's batch through the schedule */
     if (!rc)
-        rc = zn_train_eval(tr, ref->ids[0], ref->tgts[0], cfg.gradient_accumulation_steps > 0
+        rc = zn_train_eval(tr, ref->ids[0], ref->tgts[0], NULL, cfg.gradient_accumulation_steps > 0
                                    ? (int)cfg.gradient_accumulation_steps : 1,
                            &o->eval_sum, &o->eval_n);
     if (!rc)
@@ -304,7 +304,7 @@ static int resident_eval(const zn_model_dims *d, const reference *ref, const flo
     for (int mb = 0; !rc && mb < 2; mb++) {
         const int32_t *in = ref->ids[0] + mb * B * T, *tg = ref->tgts[0] + mb * B * T;
         float loss = 0;
-        if (!(rc = zn_model_set_batch(md, NULL, B, T, in, tg)) &&
+        if (!(rc = zn_model_set_batch(md, NULL, B, T, in, tg, NULL)) &&
             !(rc = zn_model_state_forward(st, NULL, &loss))) {
             *sum += (double)loss * (double)zn_model_batch_tokens(md);
             *n += (uint64_t)zn_model_batch_tokens(md);

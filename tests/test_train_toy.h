@@ -90,8 +90,9 @@ static void toy_release(void *ctx, zn_dev *d)
 }
 
 static int toy_set_batch(void *ctx, zn_stream *s, const int32_t *ids, const int32_t *targets,
-                         int64_t batch, int64_t seq, float loss_scale)
+                         const int32_t *pos, int64_t batch, int64_t seq, float loss_scale)
 {
+    (void)pos; /* the toy has no attention */
     toy_model *t = ctx;
     t->N = batch * seq;
     t->loss_scale = loss_scale;

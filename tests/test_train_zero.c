@@ -176,12 +176,12 @@ static int worker(int c, const char *out_dir)
     result_hdr h;
     memset(&h, 0, sizeof h);
     for (int s = 0; s < STEPS && !rc; s++) {
-        if ((rc = zn_loader_get(loader, (uint64_t)s, ids, tgts)))
+        if ((rc = zn_loader_get(loader, (uint64_t)s, ids, tgts, NULL)))
             break;
         /* this rank's micro-batches: a contiguous slice of the global batch */
         size_t at = (size_t)R * (size_t)A * MB * SEQ;
         zn_train_step_info info;
-        if ((rc = zn_train_step(tr, ids + at, tgts + at, &info))) {
+        if ((rc = zn_train_step(tr, ids + at, tgts + at, NULL, &info))) {
             fprintf(stderr, "worker %d/%d: step %d: %s\n", R, W, s + 1, zn_last_error());
             break;
         }

@@ -163,6 +163,9 @@ typedef struct {
     int64_t seq_len;
     uint64_t seed;
     char eval_path[ZN_PATH_MAX]; /* held-out token file ("" = no evaluation) */
+    int packing;             /* 1 (default): documents packed into each window,
+                                attending only within themselves; 0: one
+                                document per window, padded (zn_loader_config) */
 } zn_config_data;
 
 /* LoRA (PEFT's LoraConfig names): r 0 = full fine-tuning. */

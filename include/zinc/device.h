@@ -318,18 +318,26 @@ ZN_API void zn_rope_inv_freq(float *inv_freq, int64_t head_dim, double theta,
                              const zn_rope_scaling *sc);
 
 /* Causal softmax over attention scores S, [batch][rows][cols] contiguous;
- * row r is query position q_offset + r, column j is key position j:
- *     P[b][r][j] = softmax_j(scale * S[b][r][j]) over j <= q_offset + r,
- *     P[b][r][j] = 0 for j > q_offset + r.
- * fp32 math. P may alias S. (Training: rows == cols, q_offset = 0.) */
+ * row r is query position q_offset + r, column j is key position j, and its
+ * valid keys are lo(r) <= j <= q_offset + r with lo(r) = key_start[r] (or 0
+ * when key_start is NULL):
+ *     P[b][r][j] = softmax_j(scale * S[b][r][j]) over the valid keys,
+ *     P[b][r][j] = 0 elsewhere.
+ * key_start: device int32[rows], shared by every batch entry, each in
+ * [0, q_offset + r]: documents packed into one sequence attend only within
+ * themselves (block-diagonal causal attention) when key_start[r] is the
+ * first position of row r's document. fp32 math. P may alias S. (Training:
+ * rows == cols, q_offset = 0.) */
 ZN_API int zn_dev_softmax_causal_fwd(zn_dev *d, zn_stream *s, const void *S, zn_dtype S_dt,
                                      void *P, zn_dtype P_dt, int64_t batch, int64_t rows,
-                                     int64_t cols, int64_t q_offset, float scale);
-/* dS = scale * P * (dP - sum_j P*dP) (0 where masked). dS may alias dP. */
+                                     int64_t cols, int64_t q_offset, const int32_t *key_start,
+                                     float scale);
+/* dS = scale * P * (dP - sum_j P*dP) over the valid keys (0 elsewhere). dS
+ * may alias dP. */
 ZN_API int zn_dev_softmax_causal_bwd(zn_dev *d, zn_stream *s, const void *P, zn_dtype P_dt,
                                      const void *dP, zn_dtype dP_dt, void *dS, zn_dtype dS_dt,
                                      int64_t batch, int64_t rows, int64_t cols,
-                                     int64_t q_offset, float scale);
+                                     int64_t q_offset, const int32_t *key_start, float scale);
 
 /* SwiGLU over n elements, all tensors of type dt: out = silu(gate) * up,
  * silu(g) = g / (1 + exp(-g)). out may alias gate or up. */

@@ -238,13 +238,19 @@ ZN_API int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_par
 
 /* Sets the batch for the following block calls: ids and targets are host
  * arrays of batch x seq int32 (row-major; a target < 0 is ignored, like
- * HF's -100), copied to the device on `s` before this returns. The mean
- * loss divides by the number of non-ignored targets (zn_model_batch_tokens)
- * unless grad_scale is set with zn_model_set_loss_scale. Returns 0, ZN_EARG
- * (batch x seq beyond the configured maximum, an id outside the vocab) or a
- * device error. */
+ * HF's -100), copied to the device on `s` before this returns. pos (NULL:
+ * 0..seq-1 in every sequence) gives each token's position in its document,
+ * as HF's position_ids for packed sequences: 0 starts a document, the next
+ * tokens count up. Documents packed into one sequence do not attend to
+ * each other (block-diagonal causal attention) and RoPE restarts with each,
+ * so a packed sequence computes what its documents would one at a time.
+ * The mean loss divides by the number of non-ignored targets
+ * (zn_model_batch_tokens) unless grad_scale is set with
+ * zn_model_set_loss_scale. Returns 0, ZN_EARG (batch x seq beyond the
+ * configured maximum, an id outside the vocab, positions that do not start
+ * at 0 or count up) or a device error. */
 ZN_API int zn_model_set_batch(zn_model *m, zn_stream *s, int64_t batch, int64_t seq,
-                              const int32_t *ids, const int32_t *targets);
+                              const int32_t *ids, const int32_t *targets, const int32_t *pos);
 /* Non-ignored targets of the current batch. */
 ZN_API int64_t zn_model_batch_tokens(const zn_model *m);
 /* The loss is sum(xent) * scale; default 1 / zn_model_batch_tokens (a

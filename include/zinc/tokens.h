@@ -87,9 +87,16 @@ ZN_API int zn_tokens_write2(const char *path, const uint32_t *ids, uint64_t n, i
                             uint64_t ndocs);
 
 /* ---- loader: fixed-length sequences, shuffled, sliced by rank ---------------
- * The ids are cut into n = (count - 1) / seq_len windows; window i holds
- * ids [i*seq_len, i*seq_len + seq_len] (seq_len + 1 ids: inputs are the
- * first seq_len, targets the last seq_len). Each epoch visits the windows in
+ * Packing (the default): the ids are cut into n = (count - 1) / seq_len
+ * windows; window i holds ids [i*seq_len, i*seq_len + seq_len] (seq_len + 1
+ * ids: inputs are the first seq_len, targets the last seq_len). The
+ * documents in a window are packed: their positions restart at 0 at each
+ * document start (and at the window's start), and the model attends only
+ * within a document (zn_model_set_batch's pos).
+ * Padding (packing = 0): every window is one document, or a seq_len piece
+ * of a longer one (each piece starts again at position 0, without the
+ * earlier piece's context); the rest of the window is padding, ignored as a
+ * target. A file without document ends is one document. Each epoch visits the windows in
  * a permutation drawn from (seed, epoch) (or in order, shuffle = 0). Step s
  * of an epoch takes global batch positions [s*G, (s+1)*G), G = world*batch;
  * rank r gets positions [s*G + r*batch, s*G + (r+1)*batch). Windows left
@@ -102,6 +109,7 @@ typedef struct {
     uint64_t seed;    /* shuffle seed (default 1234) */
     int shuffle;      /* 1 (default): permute each epoch; 0: file order */
     int64_t vocab;    /* ids must be < vocab (the model's); 0 = no check */
+    int packing;      /* 1 (default): pack documents; 0: one per window, padded */
 } zn_loader_config;
 
 ZN_API zn_loader_config zn_loader_config_default(void);
@@ -118,15 +126,18 @@ ZN_API void zn_loader_destroy(zn_loader *l); /* accepts NULL */
 ZN_API uint64_t zn_loader_num_windows(const zn_loader *l);
 ZN_API uint64_t zn_loader_steps_per_epoch(const zn_loader *l);
 
-/* Fills inputs and targets (each batch x seq_len int32, row-major) for this
- * rank at global step `step`. A target is -1 (ignored, like HF's -100)
- * where the data's loss mask says the token is not a target, and where the
- * token begins a document: the first token of a document is not predicted
- * from the previous document's. (The documents of a window still attend to
- * each other: packing without cross-document attention is not done yet.) Not thread-safe (caches the epoch's
- * permutation). Returns 0; ZN_ECORRUPT when an id is >= cfg->vocab (the
- * message names the data and the token's index); -ENOMEM. */
-ZN_API int zn_loader_get(zn_loader *l, uint64_t step, int32_t *inputs, int32_t *targets);
+/* Fills inputs, targets and pos (each batch x seq_len int32, row-major)
+ * for this rank at global step `step`; pos (may be NULL, then documents
+ * packed in a window would attend to each other) is each input's position
+ * in its document, for zn_model_set_batch / zn_train_step. A target is -1
+ * (ignored, like HF's -100) where the data's loss mask says the token is
+ * not a target, where the token begins a document (the first token of a
+ * document is not predicted from the previous document's), and in padding.
+ * Not thread-safe (caches the epoch's permutation). Returns 0; ZN_ECORRUPT
+ * when an id is >= cfg->vocab (the message names the data and the token's
+ * index); -ENOMEM. */
+ZN_API int zn_loader_get(zn_loader *l, uint64_t step, int32_t *inputs, int32_t *targets,
+                         int32_t *pos);
 
 #ifdef __cplusplus
 }

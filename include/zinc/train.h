@@ -100,12 +100,14 @@ typedef struct zn_train_model {
      * holds a whole block; it may call from one thread at a time, and the
      * callback may use OpenMP inside. */
     int (*init_params)(void *ctx, int block, uint64_t first, uint64_t n, float *out);
-    /* Sets the micro-batch for the following calls: ids and targets are host
-     * int32 [batch * seq], usable again when this returns (it may wait for
-     * s). The loss the last block computes is sum(per-token xent) *
-     * loss_scale, and its backward seeds with the same scale. */
+    /* Sets the micro-batch for the following calls: ids, targets and pos
+     * are host int32 [batch * seq], usable again when this returns (it may
+     * wait for s); pos (NULL: 0..seq-1 in every sequence) is each token's
+     * position in its document, for packed documents (zn_model_set_batch).
+     * The loss the last block computes is sum(per-token xent) * loss_scale,
+     * and its backward seeds with the same scale. */
     int (*set_batch)(void *ctx, zn_stream *s, const int32_t *ids, const int32_t *targets,
-                     int64_t batch, int64_t seq, float loss_scale);
+                     const int32_t *pos, int64_t batch, int64_t seq, float loss_scale);
     /* Optional (models with dropout): training != 0 before each training
      * micro-batch, with its index over the whole run, (step * world + rank)
      * * accumulation + micro-batch, from which the model draws its masks
@@ -243,7 +245,9 @@ typedef struct {
 } zn_train_step_info;
 
 /* One optimizer step over cfg.gradient_accumulation_steps micro-batches.
- * ids / targets: host int32, accumulation x micro_batch x seq_len each.
+ * ids / targets / pos: host int32, accumulation x micro_batch x seq_len
+ * each; pos may be NULL (each sequence one document; else each token's
+ * position in its packed document, see zn_model_set_batch).
  * The step returns once its loss and gradient norm are known and its
  * optimizer job has what it needs (with clipping or fp16: the global norm);
  * the CPU optimizer and its NVMe traffic finish under the next step's
@@ -255,17 +259,18 @@ typedef struct {
  * calls return ZN_ECORRUPT and nothing it holds is presented as a valid
  * model. */
 ZN_API int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
-                         zn_train_step_info *info);
+                         const int32_t *pos, zn_train_step_info *info);
 
-/* Evaluation: the forward of n_micro micro-batches (ids / targets like
+/* Evaluation: the forward of n_micro micro-batches (ids / targets / pos like
  * zn_train_step's) through the same schedule, without gradients or an
  * optimizer step, on the parameters of the last step (each block waits for
  * its update). *loss_sum is the sum of the targets' cross-entropy and
  * *n_targets their count (targets >= 0), over every rank: every rank calls
  * it at the same point with its own slice. Returns 0 or an error (the
  * trainer is then bad, as after a failed step). */
-ZN_API int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets, int n_micro,
-                         double *loss_sum, uint64_t *n_targets);
+ZN_API int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
+                         const int32_t *pos, int n_micro, double *loss_sum,
+                         uint64_t *n_targets);
 
 /* Waits for the optimizer work the last step left running; returns its
  * error (the trainer is then bad). Checkpoints, zn_train_read_master and

@@ -155,7 +155,7 @@ int zn_bench_model(int argc, char **argv)
         r ^= r << 13, r ^= r >> 7, r ^= r << 17;
         ids[i] = (int32_t)(r % (uint64_t)d.vocab);
     }
-    rc = zn_model_set_batch(m, NULL, batch, seq, ids, ids + N);
+    rc = zn_model_set_batch(m, NULL, batch, seq, ids, ids + N, NULL);
     free(ids);
     if (rc) {
         zn_cli_fail(rc, "bench model: batch");

@@ -14,7 +14,7 @@ typedef struct {
     zn_trainer *tr;
     zn_tokens *data;
     zn_loader *loader;
-    int32_t *ids, *tgts;
+    int32_t *ids, *tgts, *pos;
     zn_model_dims dims;
     uint64_t params;
     /* the ranks (mpirun / srun / torchrun launch; world 1 otherwise) */
@@ -23,7 +23,7 @@ typedef struct {
     size_t rank_tokens;  /* ids of one rank's micro-batches per step */
     zn_tokens *eval_data;      /* data.eval_path, or NULL */
     zn_loader *eval_loader;    /* its windows in file order, the global batch */
-    int32_t *eval_ids, *eval_tgts;
+    int32_t *eval_ids, *eval_tgts, *eval_pos;
     char weights[4400];  /* where the initial weights came from, for the header */
     char lora[4400];     /* LoRA: the adapters' line for the header ("" none) */
     double load_s;       /* seconds spent creating the trainer (weights written home) */

@@ -37,8 +37,10 @@ void zn_cli_train_session_close(zn_cli_train_session *ts)
     zn_tokens_close(ts->eval_data);
     free(ts->ids);
     free(ts->tgts);
+    free(ts->pos);
     free(ts->eval_ids);
     free(ts->eval_tgts);
+    free(ts->eval_pos);
     zn_comm_destroy(ts->comm);
     memset(ts, 0, sizeof *ts);
 }
@@ -111,13 +113,16 @@ static int open_data(zn_cli_train_session *ts, const zn_config *cfg, uint64_t co
     lc.batch = ts->world * A * B;  /* the global batch: rank r trains on slice r */
     lc.seed = cfg->data.seed;
     lc.vocab = ts->dims.vocab;
+    lc.packing = cfg->data.packing;
     if ((rc = zn_loader_create(&ts->loader, ts->data, &lc)))
         return rc;
     if (!ts->ids) {
         ts->rank_tokens = (size_t)(A * B * T);
-        ts->ids = malloc((size_t)ts->world * ts->rank_tokens * sizeof *ts->ids);
-        ts->tgts = malloc((size_t)ts->world * ts->rank_tokens * sizeof *ts->tgts);
-        if (!ts->ids || !ts->tgts)
+        size_t n = (size_t)ts->world * ts->rank_tokens;
+        ts->ids = malloc(n * sizeof *ts->ids);
+        ts->tgts = malloc(n * sizeof *ts->tgts);
+        ts->pos = malloc(n * sizeof *ts->pos);
+        if (!ts->ids || !ts->tgts || !ts->pos)
             return zn_set_error(-ENOMEM, "out of memory");
     }
     return 0;
@@ -211,12 +216,14 @@ static int open_eval(zn_cli_train_session *ts, const zn_config *cfg)
     lc.batch = ts->world * B;
     lc.shuffle = 0;
     lc.vocab = ts->dims.vocab;
+    lc.packing = cfg->data.packing;
     if ((rc = zn_loader_create(&ts->eval_loader, ts->eval_data, &lc)))
         return zn_error_prefix(rc, "%s: data.eval_path", cfg->source);
     size_t n = (size_t)(ts->world * B * T);
     ts->eval_ids = malloc(n * sizeof *ts->eval_ids);
     ts->eval_tgts = malloc(n * sizeof *ts->eval_tgts);
-    if (!ts->eval_ids || !ts->eval_tgts)
+    ts->eval_pos = malloc(n * sizeof *ts->eval_pos);
+    if (!ts->eval_ids || !ts->eval_tgts || !ts->eval_pos)
         return zn_set_error(-ENOMEM, "out of memory");
     return 0;
 }
@@ -232,10 +239,11 @@ int zn_cli_train_session_eval(zn_cli_train_session *ts, const zn_config *cfg, do
     for (uint64_t k = 0; k < nb; k++) {
         double s;
         uint64_t c;
-        int rc = zn_loader_get(ts->eval_loader, k, ts->eval_ids, ts->eval_tgts);
+        int rc = zn_loader_get(ts->eval_loader, k, ts->eval_ids, ts->eval_tgts, ts->eval_pos);
+        size_t at = (size_t)ts->rank * slice;
         if (!rc)
-            rc = zn_train_eval(ts->tr, ts->eval_ids + (size_t)ts->rank * slice,
-                               ts->eval_tgts + (size_t)ts->rank * slice, 1, &s, &c);
+            rc = zn_train_eval(ts->tr, ts->eval_ids + at, ts->eval_tgts + at, ts->eval_pos + at,
+                               1, &s, &c);
         if (rc)
             return zn_error_prefix(rc, "evaluation on %s", cfg->data.eval_path);
         sum += s;
@@ -330,11 +338,11 @@ out:
 
 int zn_cli_train_session_step(zn_cli_train_session *ts, uint64_t step, zn_train_step_info *info)
 {
-    int rc = zn_loader_get(ts->loader, step, ts->ids, ts->tgts);
+    int rc = zn_loader_get(ts->loader, step, ts->ids, ts->tgts, ts->pos);
     if (rc)
         return rc;
     size_t at = (size_t)ts->rank * ts->rank_tokens;
-    return zn_train_step(ts->tr, ts->ids + at, ts->tgts + at, info);
+    return zn_train_step(ts->tr, ts->ids + at, ts->tgts + at, ts->pos + at, info);
 }
 
 static void usage(FILE *f)
@@ -673,9 +681,16 @@ int zn_cmd_train(int argc, char **argv)
         printf("  weights  %s\n", ts.weights);
     if (ts.lora[0])
         printf("  lora     %s\n", ts.lora);
-    printf("  data     %s, micro-batch %lld x seq %lld, accumulation %lld\n",
-           zn_tokens_name(ts.data), (long long)cfg.train_micro_batch_size_per_gpu,
-           (long long)cfg.data.seq_len, (long long)cfg.gradient_accumulation_steps);
+    uint64_t ndocs = zn_tokens_num_docs(ts.data);
+    char docs[96] = "";
+    if (ndocs)
+        snprintf(docs, sizeof docs, " (%llu documents, %s)", (unsigned long long)ndocs,
+                 cfg.data.packing ? "packed, attending within each"
+                                  : "one per window, padded");
+    printf("  data     %s%s, micro-batch %lld x seq %lld, accumulation %lld, %llu windows\n",
+           zn_tokens_name(ts.data), docs, (long long)cfg.train_micro_batch_size_per_gpu,
+           (long long)cfg.data.seq_len, (long long)cfg.gradient_accumulation_steps,
+           (unsigned long long)zn_loader_num_windows(ts.loader));
     if (ts.world > 1) {
         zn_comm_info ci;
         zn_comm_get_info(ts.comm, &ci);

@@ -229,42 +229,55 @@ __global__ void k_rope(void *x, int dt, int64_t tokens, int64_t heads, int64_t h
     }
 }
 
+// Row r's valid keys [lo, lim): causal, and from its document's first
+// position on when key_start is given (clamped to keep the diagonal).
+__device__ __forceinline__ void softmax_keys(int64_t r, int64_t cols, int64_t q_offset,
+                                             const int32_t *key_start, int64_t *lo, int64_t *lim)
+{
+    int64_t hi = q_offset + r + 1;
+    if (hi > cols)
+        hi = cols;
+    int64_t l = key_start ? key_start[r] : 0;
+    *lo = l < 0 ? 0 : l >= hi ? hi - 1 : l;
+    *lim = hi;
+}
+
 // One block per row of scores.
 __global__ void k_softmax_fwd(const void *S, int sdt, void *P, int pdt, int64_t rows,
-                              int64_t cols, int64_t q_offset, float scale)
+                              int64_t cols, int64_t q_offset, const int32_t *key_start,
+                              float scale)
 {
     const int64_t row = blockIdx.x, r = row % rows, o = row * cols;
-    int64_t lim = q_offset + r + 1;
-    if (lim > cols)
-        lim = cols;
+    int64_t lo, lim;
+    softmax_keys(r, cols, q_offset, key_start, &lo, &lim);
     float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < lim; j += blockDim.x)
+    for (int64_t j = lo + threadIdx.x; j < lim; j += blockDim.x)
         mx = fmaxf(mx, scale * ldv(S, sdt, o + j));
     mx = block_max(mx);
     float sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < lim; j += blockDim.x)
+    for (int64_t j = lo + threadIdx.x; j < lim; j += blockDim.x)
         sum += expf(scale * ldv(S, sdt, o + j) - mx);
     sum = block_sum(sum);
     const float inv = 1.0f / sum;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-        stv(P, pdt, o + j, j < lim ? expf(scale * ldv(S, sdt, o + j) - mx) * inv : 0.0f);
+        stv(P, pdt, o + j,
+            j >= lo && j < lim ? expf(scale * ldv(S, sdt, o + j) - mx) * inv : 0.0f);
 }
 
 __global__ void k_softmax_bwd(const void *P, int pdt, const void *dP, int dpdt, void *dS,
                               int dsdt, int64_t rows, int64_t cols, int64_t q_offset,
-                              float scale)
+                              const int32_t *key_start, float scale)
 {
     const int64_t row = blockIdx.x, r = row % rows, o = row * cols;
-    int64_t lim = q_offset + r + 1;
-    if (lim > cols)
-        lim = cols;
+    int64_t lo, lim;
+    softmax_keys(r, cols, q_offset, key_start, &lo, &lim);
     float dot = 0.0f;
-    for (int64_t j = threadIdx.x; j < lim; j += blockDim.x)
+    for (int64_t j = lo + threadIdx.x; j < lim; j += blockDim.x)
         dot += ldv(P, pdt, o + j) * ldv(dP, dpdt, o + j);
     dot = block_sum(dot);
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
         float v = 0.0f;
-        if (j < lim)
+        if (j >= lo && j < lim)
             v = scale * ldv(P, pdt, o + j) * (ldv(dP, dpdt, o + j) - dot);
         stv(dS, dsdt, o + j, v);
     }
@@ -535,13 +548,13 @@ extern "C" int zn_cuda_run_kernel(const zn_op *op, void *stream, float *scratch,
             k_softmax_fwd<<<(unsigned)nrows, T, 0, st>>>(
                 op->u.softmax.S, op->u.softmax.S_dt, op->u.softmax.P, op->u.softmax.P_dt,
                 op->u.softmax.rows, op->u.softmax.cols, op->u.softmax.q_offset,
-                op->u.softmax.scale);
+                op->u.softmax.key_start, op->u.softmax.scale);
         } else {
             *what = "k_softmax_bwd";
             k_softmax_bwd<<<(unsigned)nrows, T, 0, st>>>(
                 op->u.softmax.Pin, op->u.softmax.Pin_dt, op->u.softmax.dP, op->u.softmax.dP_dt,
                 op->u.softmax.P, op->u.softmax.P_dt, op->u.softmax.rows, op->u.softmax.cols,
-                op->u.softmax.q_offset, op->u.softmax.scale);
+                op->u.softmax.q_offset, op->u.softmax.key_start, op->u.softmax.scale);
         }
         break;
     }

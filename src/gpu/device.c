@@ -949,7 +949,8 @@ void zn_rope_inv_freq(float *inv_freq, int64_t head_dim, double theta,
 
 static int softmax(zn_dev *d, zn_stream *s, const void *S, zn_dtype S_dt, const void *dP,
                    zn_dtype dP_dt, void *out, zn_dtype out_dt, int64_t batch, int64_t rows,
-                   int64_t cols, int64_t q_offset, float scale, int bwd)
+                   int64_t cols, int64_t q_offset, const int32_t *key_start, float scale,
+                   int bwd)
 {
     const char *fn = bwd ? "softmax_causal_bwd" : "softmax_causal_fwd";
     CHK_DT(fn, S_dt);
@@ -965,6 +966,8 @@ static int softmax(zn_dev *d, zn_stream *s, const void *S, zn_dtype S_dt, const 
     CHK_PTR(fn, out, span(batch * rows, cols, cols, out_dt));
     if (bwd)
         CHK_PTR(fn, dP, span(batch * rows, cols, cols, dP_dt));
+    if (key_start)
+        CHK_PTR(fn, key_start, (uint64_t)rows * 4);
     zn_op op = { .kind = bwd ? ZN_OPK_SOFTMAX_BWD : ZN_OPK_SOFTMAX_FWD };
     if (bwd) {
         op.u.softmax.Pin = S;
@@ -981,24 +984,26 @@ static int softmax(zn_dev *d, zn_stream *s, const void *S, zn_dtype S_dt, const 
     op.u.softmax.rows = rows;
     op.u.softmax.cols = cols;
     op.u.softmax.q_offset = q_offset;
+    op.u.softmax.key_start = key_start;
     op.u.softmax.scale = scale;
     return submit(d, s, &op);
 }
 
 int zn_dev_softmax_causal_fwd(zn_dev *d, zn_stream *s, const void *S, zn_dtype S_dt, void *P,
                               zn_dtype P_dt, int64_t batch, int64_t rows, int64_t cols,
-                              int64_t q_offset, float scale)
+                              int64_t q_offset, const int32_t *key_start, float scale)
 {
     return softmax(d, s, S, S_dt, NULL, ZN_DTYPE_F32, P, P_dt, batch, rows, cols, q_offset,
-                   scale, 0);
+                   key_start, scale, 0);
 }
 
 int zn_dev_softmax_causal_bwd(zn_dev *d, zn_stream *s, const void *P, zn_dtype P_dt,
                               const void *dP, zn_dtype dP_dt, void *dS, zn_dtype dS_dt,
                               int64_t batch, int64_t rows, int64_t cols, int64_t q_offset,
-                              float scale)
+                              const int32_t *key_start, float scale)
 {
-    return softmax(d, s, P, P_dt, dP, dP_dt, dS, dS_dt, batch, rows, cols, q_offset, scale, 1);
+    return softmax(d, s, P, P_dt, dP, dP_dt, dS, dS_dt, batch, rows, cols, q_offset, key_start,
+                   scale, 1);
 }
 
 int zn_dev_swiglu_fwd(zn_dev *d, zn_stream *s, const void *gate, const void *up, void *out,

@@ -107,7 +107,7 @@ typedef struct zn_op {
         struct {
             const void *S; zn_dtype S_dt; void *P; zn_dtype P_dt;
             const void *dP; zn_dtype dP_dt; const void *Pin; zn_dtype Pin_dt;
-            int64_t batch, rows, cols, q_offset; float scale;
+            int64_t batch, rows, cols, q_offset; const int32_t *key_start; float scale;
         } softmax;
         struct {
             const void *gate, *up, *dout; void *out, *dgate, *dup;

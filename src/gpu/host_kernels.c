@@ -247,6 +247,19 @@ static void rope(const zn_op *op)
     }
 }
 
+/* Row r's valid keys [*lo, lim): causal, and from its document's first
+ * position on when key_start is given (a bad start is clamped to keep at
+ * least the diagonal). */
+static void softmax_keys(const zn_op *op, int64_t r, int64_t *lo, int64_t *lim)
+{
+    int64_t hi = op->u.softmax.q_offset + r + 1;
+    if (hi > op->u.softmax.cols)
+        hi = op->u.softmax.cols;
+    int64_t l = op->u.softmax.key_start ? op->u.softmax.key_start[r] : 0;
+    *lo = l < 0 ? 0 : l >= hi ? hi - 1 : l;
+    *lim = hi;
+}
+
 static void softmax_fwd(const zn_op *op)
 {
     const int64_t rows = op->u.softmax.rows, cols = op->u.softmax.cols;
@@ -255,21 +268,21 @@ static void softmax_fwd(const zn_op *op)
     for (int64_t b = 0; b < op->u.softmax.batch; b++)
         for (int64_t r = 0; r < rows; r++) {
             const int64_t o = (b * rows + r) * cols;
-            int64_t lim = op->u.softmax.q_offset + r + 1;   /* valid keys: j < lim */
-            if (lim > cols)
-                lim = cols;
+            int64_t lo, lim;
+            softmax_keys(op, r, &lo, &lim);
             float mx = -INFINITY;
-            for (int64_t j = 0; j < lim; j++) {
+            for (int64_t j = lo; j < lim; j++) {
                 float v = scale * ldf(op->u.softmax.S, st, o + j);
                 mx = v > mx ? v : mx;
             }
             double sum = 0;
-            for (int64_t j = 0; j < lim; j++)
+            for (int64_t j = lo; j < lim; j++)
                 sum += expf(scale * ldf(op->u.softmax.S, st, o + j) - mx);
             const float inv = (float)(1.0 / sum);
             for (int64_t j = 0; j < cols; j++)
                 stf(op->u.softmax.P, pt, o + j,
-                    j < lim ? expf(scale * ldf(op->u.softmax.S, st, o + j) - mx) * inv : 0.0f);
+                    j >= lo && j < lim ? expf(scale * ldf(op->u.softmax.S, st, o + j) - mx) * inv
+                                       : 0.0f);
         }
 }
 
@@ -281,17 +294,16 @@ static void softmax_bwd(const zn_op *op)
     for (int64_t b = 0; b < op->u.softmax.batch; b++)
         for (int64_t r = 0; r < rows; r++) {
             const int64_t o = (b * rows + r) * cols;
-            int64_t lim = op->u.softmax.q_offset + r + 1;
-            if (lim > cols)
-                lim = cols;
+            int64_t lo, lim;
+            softmax_keys(op, r, &lo, &lim);
             double dot = 0;
-            for (int64_t j = 0; j < lim; j++)
+            for (int64_t j = lo; j < lim; j++)
                 dot += (double)ldf(op->u.softmax.Pin, pt, o + j) *
                        ldf(op->u.softmax.dP, dpt, o + j);
             const float fd = (float)dot;
             for (int64_t j = 0; j < cols; j++) {
                 float v = 0.0f;
-                if (j < lim)
+                if (j >= lo && j < lim)
                     v = scale * ldf(op->u.softmax.Pin, pt, o + j) *
                         (ldf(op->u.softmax.dP, dpt, o + j) - fd);
                 stf(op->u.softmax.P, op->u.softmax.P_dt, o + j, v);

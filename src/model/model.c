@@ -53,7 +53,8 @@ struct zn_model {
 
     void *mem;          /* the one arena block everything below lives in */
     uint64_t mem_bytes;
-    int32_t *ids, *targets, *pos;
+    int32_t *ids, *targets, *pos; /* pos: each token's position in its document */
+    int32_t *kstart;              /* each token's document's first position */
     float *inv_freq;
     float *loss;        /* scalar */
     /* head */
@@ -78,8 +79,9 @@ struct zn_model {
 
     /* current batch */
     int64_t B, T, N, n_valid;
+    int packed;         /* the batch packs documents: attention uses kstart */
     float loss_scale;
-    int32_t *staging;   /* host: 3 x max_n */
+    int32_t *staging;   /* host: 4 x max_n */
 };
 
 /* ---- sizes ------------------------------------------------------------------ */
@@ -150,6 +152,7 @@ static void layout(zn_model *m, unsigned char *base)
     m->ids = carve(&c, (uint64_t)N * 4);
     m->targets = carve(&c, (uint64_t)N * 4);
     m->pos = carve(&c, (uint64_t)N * 4);
+    m->kstart = carve(&c, (uint64_t)N * 4);
     m->inv_freq = carve(&c, (uint64_t)m->hd / 2 * 4);
     m->loss = carve(&c, 4);
     m->hN = carve(&c, (uint64_t)(N * H) * esz);
@@ -269,7 +272,7 @@ int zn_model_create(zn_model **out, zn_dev *dev, const zn_model_dims *d,
     m->dev = dev;
     set_shapes(m, d, cfg);
     layout(m, NULL);
-    m->staging = malloc((size_t)m->max_n * 3 * sizeof *m->staging);
+    m->staging = malloc((size_t)m->max_n * 4 * sizeof *m->staging);
     if (!m->staging) {
         free(m);
         return zn_set_error(-ENOMEM, "out of memory");
@@ -485,7 +488,7 @@ double zn_model_flops(const zn_model_dims *d, int block, int64_t batch, int64_t 
 /* ---- batch ------------------------------------------------------------------------ */
 
 int zn_model_set_batch(zn_model *m, zn_stream *s, int64_t batch, int64_t seq,
-                       const int32_t *ids, const int32_t *targets)
+                       const int32_t *ids, const int32_t *targets, const int32_t *pos)
 {
     if (batch <= 0 || seq <= 0 || seq > m->max_t || batch * seq > m->max_n)
         return zn_set_error(ZN_EARG, "model: batch %lld x seq %lld exceeds the configured %lld "
@@ -501,23 +504,36 @@ int zn_model_set_batch(zn_model *m, zn_stream *s, int64_t batch, int64_t seq,
             return zn_set_error(ZN_EARG, "model: target %d at [%lld][%lld] is outside the vocab "
                                          "(%lld)", targets[i], (long long)(i / seq),
                                 (long long)(i % seq), (long long)m->V);
+        /* a document starts at position 0 and counts up by one */
+        if (pos && (i % seq ? pos[i] != 0 && pos[i] != pos[i - 1] + 1 : pos[i] != 0))
+            return zn_set_error(ZN_EARG, "model: position %d at [%lld][%lld] neither starts a "
+                                         "document (0) nor follows %d", pos[i],
+                                (long long)(i / seq), (long long)(i % seq),
+                                i % seq ? pos[i - 1] : -1);
         valid += targets && targets[i] >= 0;
     }
     int32_t *h = m->staging;
     memcpy(h, ids, (size_t)N * 4);
     for (int64_t i = 0; i < N; i++) {
+        int32_t t = (int32_t)(i % seq), p = pos ? pos[i] : t;
         h[N + i] = targets ? targets[i] : -1;
-        h[2 * N + i] = (int32_t)(i % seq);
+        h[2 * N + i] = p;
+        h[3 * N + i] = t - p; /* the first key of the token's document */
     }
     TRY(zn_dev_copy_h2d(m->dev, s, m->ids, h, (size_t)N * 4));
     TRY(zn_dev_copy_h2d(m->dev, s, m->targets, h + N, (size_t)N * 4));
     TRY(zn_dev_copy_h2d(m->dev, s, m->pos, h + 2 * N, (size_t)N * 4));
+    TRY(zn_dev_copy_h2d(m->dev, s, m->kstart, h + 3 * N, (size_t)N * 4));
     TRY(zn_dev_stream_sync(m->dev, s));
     m->B = batch;
     m->T = seq;
     m->N = N;
     m->n_valid = valid;
     m->loss_scale = valid ? 1.0f / (float)valid : 0.0f;
+    /* one document per sequence needs no key starts: plain causal softmax */
+    m->packed = 0;
+    for (int64_t i = 0; pos && i < N && !m->packed; i++)
+        m->packed = pos[i] != (int32_t)(i % seq);
     return 0;
 }
 
@@ -584,6 +600,13 @@ int zn_model_embed_bwd(zn_model *m, zn_stream *s, void *const *params, const voi
 
 /* ---- attention (one sequence at a time) ------------------------------------------- */
 
+/* Sequence b's first key per query (block-diagonal attention over packed
+ * documents), or NULL when each sequence is one document. */
+static const int32_t *key_start(const zn_model *m, int64_t b)
+{
+    return m->packed ? m->kstart + b * m->T : NULL;
+}
+
 /* Scores and probabilities of sequence b into m->SS / m->P. */
 static int attn_probs(zn_model *m, zn_stream *s, const layer_acts *a, int64_t b)
 {
@@ -596,7 +619,7 @@ static int attn_probs(zn_model *m, zn_stream *s, const layer_acts *a, int64_t b)
                                         at(qb, m->qd + j * hd, e), m->dt, ld, 0, 0.0f,
                                         m->SS + j * g * T * T, ZN_DTYPE_F32, T, T * T, g));
     return zn_dev_softmax_causal_fwd(m->dev, s, m->SS, ZN_DTYPE_F32, m->P, m->dt, m->nh, T, T, 0,
-                                     1.0f / sqrtf((float)hd));
+                                     key_start(m, b), 1.0f / sqrtf((float)hd));
 }
 
 static int attn_fwd(zn_model *m, zn_stream *s, const layer_acts *a)
@@ -647,7 +670,7 @@ static int attn_bwd(zn_model *m, zn_stream *s, const layer_acts *a)
                             at(m->P, h * T * T, e), m->dt, T, at(dob, h * hd, e), m->dt, qd,
                             h % g ? 1.0f : 0.0f, at(dv, (h / g) * hd, ae), adt, ald));
         TRY(zn_dev_softmax_causal_bwd(m->dev, s, m->P, m->dt, m->dP, ZN_DTYPE_F32, m->dS, m->dt,
-                                      m->nh, T, T, 0, scale));
+                                      m->nh, T, T, 0, key_start(m, b), scale));
         for (int64_t h = 0; h < m->nh; h++) {
             const void *dSh = at(m->dS, h * T * T, e);
             /* dQ_h = dS_h K_j;  dK_j += dS_h^T Q_h */

@@ -462,15 +462,16 @@ int zn_model_state_eval(zn_model_state *st, zn_stream *s, const zn_tokens *data,
     uint64_t nb = zn_loader_steps_per_epoch(l);
     if (max_batches > 0 && (uint64_t)max_batches < nb)
         nb = (uint64_t)max_batches;
-    int32_t *in = malloc((size_t)(batch * seq) * 2 * sizeof *in);
+    int32_t *in = malloc((size_t)(batch * seq) * 3 * sizeof *in);
     int rc = in ? 0 : zn_set_error(-ENOMEM, "out of memory");
     double sum = 0;
     int64_t toks = 0;
     for (uint64_t k = 0; k < nb && !rc; k++) {
         float loss;
-        rc = zn_loader_get(l, k, in, in + batch * seq);
+        rc = zn_loader_get(l, k, in, in + batch * seq, in + 2 * batch * seq);
         if (!rc)
-            rc = zn_model_set_batch(m, s, batch, seq, in, in + batch * seq);
+            rc = zn_model_set_batch(m, s, batch, seq, in, in + batch * seq,
+                                    in + 2 * batch * seq);
         if (!rc && !zn_model_batch_tokens(m))
             continue;  /* every target masked: nothing to average */
         if (!rc)

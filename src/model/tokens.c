@@ -413,42 +413,74 @@ struct zn_loader {
     uint64_t *perm;
     uint64_t perm_epoch;
     int have_perm;
+    /* padding: window w's inputs are ids [start[w], start[w] + len[w]) and
+     * its targets the ids one further */
+    uint64_t *start;
+    uint32_t *len;
 };
 
 zn_loader_config zn_loader_config_default(void)
 {
     zn_loader_config c = { .seq_len = 256, .batch = 4, .rank = 0, .world = 1, .seed = 1234,
-                           .shuffle = 1, .vocab = 0 };
+                           .shuffle = 1, .vocab = 0, .packing = 1 };
     return c;
+}
+
+/* Padding: the pieces of every document; counts them when l->start is NULL. */
+static uint64_t pad_windows(zn_loader *l)
+{
+    const zn_tokens *t = l->t;
+    uint64_t L = (uint64_t)l->cfg.seq_len, n = 0, nd = t->ndocs ? t->ndocs : 1, s = 0;
+    for (uint64_t k = 0; k < nd; k++) {
+        uint64_t e = t->ndocs ? rd_u64(t->ends + 8 * k) : t->count;
+        /* inputs s .. e-2, each with its target the next id */
+        for (uint64_t i = s; i + 1 < e; i += L, n++)
+            if (l->start) {
+                l->start[n] = i;
+                l->len[n] = (uint32_t)(e - 1 - i < L ? e - 1 - i : L);
+            }
+        s = e;
+    }
+    return n;
 }
 
 int zn_loader_create(zn_loader **out, const zn_tokens *t, const zn_loader_config *cfg)
 {
     *out = NULL;
-    if (cfg->seq_len <= 0 || cfg->batch <= 0 || cfg->world <= 0 || cfg->rank < 0 ||
-        cfg->rank >= cfg->world || cfg->vocab < 0)
+    if (cfg->seq_len <= 0 || cfg->seq_len > INT32_MAX || cfg->batch <= 0 || cfg->world <= 0 ||
+        cfg->rank < 0 || cfg->rank >= cfg->world || cfg->vocab < 0)
         return zn_set_error(ZN_EARG, "loader: bad seq_len %lld / batch %lld / rank %d of %d",
                             (long long)cfg->seq_len, (long long)cfg->batch, cfg->rank,
                             cfg->world);
     if (cfg->vocab && t->vocab > (uint64_t)cfg->vocab)
         return zn_set_error(ZN_ECONFIG, "%s: token ids go up to vocab %u but the model's vocab is "
                                         "%lld", t->name, t->vocab, (long long)cfg->vocab);
-    uint64_t n = t->count > 0 ? (t->count - 1) / (uint64_t)cfg->seq_len : 0;
-    uint64_t g = (uint64_t)cfg->world * (uint64_t)cfg->batch;
-    if (n < g)
-        return zn_set_error(ZN_ECONFIG, "%s: %llu tokens make %llu sequences of %lld, fewer than "
-                                        "one global batch (%llu = %d ranks x %lld)",
-                            t->name, (unsigned long long)t->count, (unsigned long long)n,
-                            (long long)cfg->seq_len, (unsigned long long)g, cfg->world,
-                            (long long)cfg->batch);
     zn_loader *l = calloc(1, sizeof *l);
-    if (!l || !(l->perm = malloc(n * sizeof *l->perm))) {
+    if (!l)
+        return zn_set_error(-ENOMEM, "loader: out of memory");
+    l->t = t;
+    l->cfg = *cfg;
+    uint64_t n = cfg->packing ? (t->count > 0 ? (t->count - 1) / (uint64_t)cfg->seq_len : 0)
+                              : pad_windows(l);
+    uint64_t g = (uint64_t)cfg->world * (uint64_t)cfg->batch;
+    if (n < g) {
         free(l);
+        return zn_set_error(ZN_ECONFIG, "%s: %llu tokens make %llu sequences of %lld%s, fewer "
+                                        "than one global batch (%llu = %d ranks x %lld)",
+                            t->name, (unsigned long long)t->count, (unsigned long long)n,
+                            (long long)cfg->seq_len,
+                            cfg->packing ? "" : " (one document or piece each, padded)",
+                            (unsigned long long)g, cfg->world, (long long)cfg->batch);
+    }
+    if (!(l->perm = malloc(n * sizeof *l->perm)) ||
+        (!cfg->packing && (!(l->start = malloc(n * sizeof *l->start)) ||
+                           !(l->len = malloc(n * sizeof *l->len))))) {
+        zn_loader_destroy(l);
         return zn_set_error(-ENOMEM, "loader: out of memory for %llu sequences",
                             (unsigned long long)n);
     }
-    l->t = t;
-    l->cfg = *cfg;
+    if (!cfg->packing)
+        pad_windows(l);
     l->n_windows = n;
     l->steps_per_epoch = n / g;
     *out = l;
@@ -460,6 +492,8 @@ void zn_loader_destroy(zn_loader *l)
     if (!l)
         return;
     free(l->perm);
+    free(l->start);
+    free(l->len);
     free(l);
 }
 
@@ -490,7 +524,7 @@ static void make_perm(zn_loader *l, uint64_t epoch)
     l->have_perm = 1;
 }
 
-int zn_loader_get(zn_loader *l, uint64_t step, int32_t *inputs, int32_t *targets)
+int zn_loader_get(zn_loader *l, uint64_t step, int32_t *inputs, int32_t *targets, int32_t *pos)
 {
     uint64_t epoch = step / l->steps_per_epoch, s = step % l->steps_per_epoch;
     if (!l->have_perm || l->perm_epoch != epoch)
@@ -498,23 +532,33 @@ int zn_loader_get(zn_loader *l, uint64_t step, int32_t *inputs, int32_t *targets
     int64_t L = l->cfg.seq_len, B = l->cfg.batch;
     uint64_t base = s * (uint64_t)l->cfg.world * (uint64_t)B + (uint64_t)l->cfg.rank * (uint64_t)B;
     for (int64_t b = 0; b < B; b++) {
-        uint64_t w = l->perm[base + (uint64_t)b], first = w * (uint64_t)L;
-        for (int64_t i = 0; i <= L; i++) {
-            uint32_t id = zn_tokens_get(l->t, first + (uint64_t)i);
+        uint64_t w = l->perm[base + (uint64_t)b];
+        uint64_t first = l->start ? l->start[w] : w * (uint64_t)L;
+        int64_t len = l->len ? (int64_t)l->len[w] : L; /* inputs before the padding */
+        int32_t *in = inputs + b * L, *tg = targets + b * L, *ps = pos ? pos + b * L : NULL;
+        for (int64_t i = 0; i <= len; i++) {
+            uint64_t j = first + (uint64_t)i;
+            uint32_t id = zn_tokens_get(l->t, j);
             if (l->cfg.vocab && id >= (uint64_t)l->cfg.vocab)
                 return zn_set_error(ZN_ECORRUPT, "%s: token %llu is %u, outside the model's vocab "
-                                                 "(%lld)", l->t->name,
-                                    (unsigned long long)(first + (uint64_t)i), id,
+                                                 "(%lld)", l->t->name, (unsigned long long)j, id,
                                     (long long)l->cfg.vocab);
-            if (i < L)
-                inputs[b * L + i] = (int32_t)id;
-            if (i > 0) {
-                uint64_t j = first + (uint64_t)i;
-                targets[b * L + i - 1] = zn_tokens_is_target(l->t, j) &&
-                                                 !zn_tokens_doc_start(l->t, j)
-                                             ? (int32_t)id
-                                             : -1;
+            int start = zn_tokens_doc_start(l->t, j);
+            if (i < len) {
+                in[i] = (int32_t)id;
+                if (ps)
+                    ps[i] = i == 0 || start ? 0 : ps[i - 1] + 1;
             }
+            if (i > 0)
+                tg[i - 1] = zn_tokens_is_target(l->t, j) && !start ? (int32_t)id : -1;
+        }
+        /* padding: the last input again (any valid id; causal attention
+         * keeps it from the real tokens), positions counting on, no target */
+        for (int64_t i = len; i < L; i++) {
+            in[i] = in[len - 1];
+            tg[i] = -1;
+            if (ps)
+                ps[i] = ps[i - 1] + 1;
         }
     }
     return 0;

@@ -1838,7 +1838,7 @@ static int build_fetches(zn_trainer *tr, int nuse, int L, bool with_bwd, fetch_e
 }
 
 int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
-                  zn_train_step_info *info)
+                  const int32_t *pos, zn_train_step_info *info)
 {
     if (tr->bad)
         return zn_set_error(ZN_ECORRUPT, "the trainer failed in an earlier step; its state "
@@ -1902,7 +1902,8 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     rc = 0;
     for (int mb = 0; mb < A && !rc; mb++) {
         rc = tr->model->set_batch(tr->model->ctx, tr->s_comp, ids + (size_t)mb * ntok,
-                                  targets + (size_t)mb * ntok, B, T, loss_scale);
+                                  targets + (size_t)mb * ntok,
+                                  pos ? pos + (size_t)mb * ntok : NULL, B, T, loss_scale);
         if (rc) {
             rc = zn_error_prefix(rc, "micro-batch %d", mb);
             break;
@@ -1996,8 +1997,8 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     return 0;
 }
 
-int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets, int n_micro,
-                  double *loss_sum, uint64_t *n_targets)
+int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
+                  const int32_t *pos, int n_micro, double *loss_sum, uint64_t *n_targets)
 {
     if (tr->bad)
         return zn_set_error(ZN_ECORRUPT, "the trainer failed in an earlier step; its state "
@@ -2024,10 +2025,11 @@ int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets, in
     char name[ZN_TRACE_NAME_LEN];
     for (int mb = 0; mb < n_micro && !rc; mb++) {
         const int32_t *mi = ids + (size_t)mb * ntok, *mt = targets + (size_t)mb * ntok;
+        const int32_t *mp = pos ? pos + (size_t)mb * ntok : NULL;
         for (uint64_t i = 0; i < ntok; i++)
             tgt += mt[i] >= 0;
         /* the loss the last block computes is the sum of its targets' xent */
-        if ((rc = md->set_batch(md->ctx, tr->s_comp, mi, mt, B, T, 1.0f))) {
+        if ((rc = md->set_batch(md->ctx, tr->s_comp, mi, mt, mp, B, T, 1.0f))) {
             rc = zn_error_prefix(rc, "eval micro-batch %d", mb);
             break;
         }

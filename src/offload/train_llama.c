@@ -217,10 +217,10 @@ static void ll_release(void *ctx, zn_dev *d)
 }
 
 static int ll_set_batch(void *ctx, zn_stream *s, const int32_t *ids, const int32_t *targets,
-                        int64_t batch, int64_t seq, float loss_scale)
+                        const int32_t *pos, int64_t batch, int64_t seq, float loss_scale)
 {
     zn_train_llama *l = ctx;
-    int rc = zn_model_set_batch(l->m, s, batch, seq, ids, targets);
+    int rc = zn_model_set_batch(l->m, s, batch, seq, ids, targets, pos);
     if (rc)
         return rc;
     zn_model_set_loss_scale(l->m, loss_scale);

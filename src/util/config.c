@@ -305,6 +305,7 @@ static const key_spec schema[] = {
     { "data.seq_len", K_INT, OFF(data.seq_len), 2, 1 << 22, NULL, 0, NULL },
     { "data.seed", K_INT, OFF(data.seed), 0, I64MAX, NULL, 0, NULL },
     { "data.eval_path", K_STR, OFF(data.eval_path), 0, 0, NULL, ZN_PATH_MAX, NULL },
+    { "data.packing", K_BOOL, OFF(data.packing), 0, 0, NULL, 0, NULL },
 
 
     /* ---- zinc: train ---- */
@@ -420,6 +421,7 @@ void zn_config_default(zn_config *c)
 
     c->data.seq_len = 512;
     c->data.seed = 1234;
+    c->data.packing = 1;
 
     c->train.steps = 100;
     c->train.log_every = 10;

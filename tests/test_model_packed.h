@@ -1,0 +1,162 @@
+/* Shared by test_model_packed.c (host) and test_model_gpu.c (CUDA): packed
+ * documents compute what the same documents compute one at a time. A batch
+ * of two 24-token sequences packs five documents (7 + 10 + 7 and 5 + 19
+ * tokens, positions restarting at 0 at each); the packed forward and
+ * backward must give, within tol, each token's logits, the loss (the mean
+ * over every document's targets) and every gradient of the documents run
+ * one by one as their own sequences (gradients added up, the loss scaled
+ * by 1 / all targets). And the same batch without positions (every token
+ * attending to all before it) must not: the check can fail. */
+#ifndef ZN_TEST_MODEL_PACKED_H
+#define ZN_TEST_MODEL_PACKED_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "zinc/device.h"
+#include "zinc/model.h"
+#include "zt.h"
+#include "test_model_fixtures.h"
+
+enum { PK_B = 2, PK_T = 24, PK_N = PK_B * PK_T };
+
+/* All gradients of the state, concatenated (malloc'd, *n elements). */
+static float *pk_grads(zn_dev *dev, zn_model_state *st, const zn_model_dims *d, size_t *n)
+{
+    float *all = NULL;
+    size_t total = 0;
+    for (int b = 0; b < zn_model_num_blocks(d); b++)
+        for (int i = 0; i < zn_model_block_nparams(d, b); i++) {
+            zn_param_info pi;
+            zn_model_block_param(d, b, i, &pi);
+            if (pi.owner_block >= 0)
+                continue;
+            all = realloc(all, (total + (size_t)pi.numel) * 4);
+            if (!all)
+                ZT_SETUP_FAIL("out of memory");
+            if (zn_dev_copy_d2h(dev, NULL, all + total, zn_model_state_grads(st, b)[i],
+                                (size_t)pi.numel * 4) ||
+                zn_dev_stream_sync(dev, NULL))
+                ZT_SETUP_FAIL("grads: %s", zn_last_error());
+            total += (size_t)pi.numel;
+        }
+    *n = total;
+    return all;
+}
+
+static double pk_rel(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void packed_run(zn_dev *dev, const char *name, zn_dtype dt, int checkpoint, double tol)
+{
+    /* document lengths per sequence, summing to PK_T */
+    static const int docs[PK_B][4] = { { 7, 10, 7, 0 }, { 5, 19, 0, 0 } };
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s", zt_fixture(name));
+    zn_model_dims d;
+    if (zn_model_dims_from_hf(&d, dir))
+        ZT_SETUP_FAIL("%s: %s", dir, zn_last_error());
+    zn_model_config cfg = zn_model_config_default(dev);
+    cfg.dtype = dt;
+    cfg.max_batch = PK_B;
+    cfg.max_seq = PK_T;
+    cfg.checkpoint = checkpoint;
+    zn_model *m;
+    zn_model_state *st;
+    if (zn_model_create(&m, dev, &d, &cfg) || zn_model_state_create(&st, m, 1) ||
+        zn_model_state_load(st, dir))
+        ZT_SETUP_FAIL("%s: %s", name, zn_last_error());
+
+    int32_t ids[PK_N], tg[PK_N], pos[PK_N];
+    uint64_t r = 0x9e3779b97f4a7c15ull;
+    int valid = 0;
+    for (int b = 0; b < PK_B; b++)
+        for (int k = 0, at = 0; docs[b][k]; at += docs[b][k++])
+            for (int i = 0; i < docs[b][k]; i++) {
+                int t = b * PK_T + at + i;
+                r = r * 6364136223846793005ull + 1442695040888963407ull;
+                ids[t] = (int32_t)((r >> 33) % (uint64_t)d.vocab);
+                pos[t] = i;
+            }
+    /* each token predicts the next of its document; the last of each has
+     * none, and one inside is ignored too (a loss mask) */
+    for (int b = 0; b < PK_B; b++)
+        for (int k = 0, at = 0; docs[b][k]; at += docs[b][k++])
+            for (int i = 0; i < docs[b][k]; i++) {
+                int t = b * PK_T + at + i;
+                tg[t] = i + 1 < docs[b][k] && i != 2 ? ids[t + 1] : -1;
+                valid += tg[t] >= 0;
+            }
+
+    /* packed */
+    float loss_p = NAN;
+    ZT_EQ_INT(zn_model_set_batch(m, NULL, PK_B, PK_T, ids, tg, pos), 0);
+    ZT_EQ_INT(zn_model_state_zero_grads(st, NULL), 0);
+    ZT_EQ_INT(zn_model_state_forward_backward(st, NULL, &loss_p), 0);
+    float *lg_p = malloc((size_t)PK_N * (size_t)d.vocab * 4);
+    ZT_EQ_INT(zn_model_state_logits(st, NULL, 0, PK_N, lg_p), 0);
+    size_t ng;
+    float *g_p = pk_grads(dev, st, &d, &ng);
+
+    /* one document at a time */
+    float *lg_s = malloc((size_t)PK_N * (size_t)d.vocab * 4);
+    double loss_s = 0;
+    ZT_EQ_INT(zn_model_state_zero_grads(st, NULL), 0);
+    for (int b = 0; b < PK_B; b++)
+        for (int k = 0, at = 0; docs[b][k]; at += docs[b][k++]) {
+            int t0 = b * PK_T + at, len = docs[b][k];
+            float l = NAN;
+            ZT_EQ_INT(zn_model_set_batch(m, NULL, 1, len, ids + t0, tg + t0, NULL), 0);
+            zn_model_set_loss_scale(m, 1.0f / (float)valid);
+            ZT_EQ_INT(zn_model_state_forward_backward(st, NULL, &l), 0);
+            ZT_EQ_INT(zn_model_state_logits(st, NULL, 0, len, lg_s + (size_t)t0 * d.vocab), 0);
+            loss_s += l;
+        }
+    size_t ng2;
+    float *g_s = pk_grads(dev, st, &d, &ng2);
+    ZT_EQ_U64(ng, ng2);
+
+    double el = fabs(loss_p - loss_s) / fabs(loss_s);
+    double eg = pk_rel(g_p, g_s, ng);
+    double elg = pk_rel(lg_p, lg_s, (size_t)PK_N * (size_t)d.vocab);
+    ZT_CHECK_MSG(el <= tol, "%s %s: packed loss %.8f vs one at a time %.8f (rel %.2e)", name,
+                 zn_dtype_name(dt), loss_p, loss_s, el);
+    ZT_CHECK_MSG(elg <= tol, "%s %s: packed logits rel %.2e", name, zn_dtype_name(dt), elg);
+    ZT_CHECK_MSG(eg <= tol, "%s %s: packed gradients rel %.2e", name, zn_dtype_name(dt), eg);
+
+    /* without positions the documents see each other: far off */
+    float loss_x = NAN;
+    ZT_EQ_INT(zn_model_set_batch(m, NULL, PK_B, PK_T, ids, tg, NULL), 0);
+    ZT_EQ_INT(zn_model_state_forward(st, NULL, &loss_x), 0);
+    float *lg_x = malloc((size_t)PK_N * (size_t)d.vocab * 4);
+    ZT_EQ_INT(zn_model_state_logits(st, NULL, 0, PK_N, lg_x), 0);
+    double ex = pk_rel(lg_x, lg_s, (size_t)PK_N * (size_t)d.vocab);
+    ZT_CHECK_MSG(ex > 0.1 && ex > 100 * elg, "%s %s: unpacked logits only %.2e from the "
+                 "documents' own (packed %.2e)", name, zn_dtype_name(dt), ex, elg);
+
+    /* positions that do not start at 0 or count up are refused */
+    int32_t bad[PK_N];
+    memcpy(bad, pos, sizeof bad);
+    bad[3] = 7;
+    ZT_EQ_INT(zn_model_set_batch(m, NULL, PK_B, PK_T, ids, tg, bad), ZN_EARG);
+    bad[3] = pos[3];
+    bad[PK_T] = 1; /* a sequence's first token */
+    ZT_EQ_INT(zn_model_set_batch(m, NULL, PK_B, PK_T, ids, tg, bad), ZN_EARG);
+
+    printf("%-10s %-4s ckpt=%d packed vs one at a time: loss rel %.1e, logits %.1e, grads %.1e"
+           " (unpacked logits %.1e)\n", name, zn_dtype_name(dt), checkpoint, el, elg, eg, ex);
+    free(lg_p), free(lg_s), free(lg_x), free(g_p), free(g_s);
+    zn_model_state_destroy(st);
+    zn_model_destroy(m);
+}
+
+#endif
