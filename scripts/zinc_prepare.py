@@ -159,8 +159,14 @@ class Records:
                     import pyarrow.parquet as pq
                 except ImportError:
                     fail("%s: reading parquet needs pyarrow (pip install pyarrow in .venv)" % path)
-                for n, row in enumerate(pq.read_table(path).to_pylist(), 1):
-                    yield "%s:row %d" % (path, n), row
+                try:
+                    rows = pq.read_table(path).to_pylist()
+                except Exception as e:  # pyarrow's errors have no common base
+                    fail("%s: not a readable parquet file (%s)" % (path, e))
+                for n, row in enumerate(rows, 1):
+                    # a column another record type uses is null in this row
+                    yield ("%s:row %d" % (path, n),
+                           {k: v for k, v in row.items() if v is not None})
             else:
                 with open(path, encoding="utf-8") as f:
                     yield path, {self.a.text_field: f.read()}

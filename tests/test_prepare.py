@@ -151,5 +151,24 @@ r = run(data, "--model", model, "--out", os.path.join(work, "f.tok"), "--eval-ou
         os.path.join(work, "g.tok"), "--eval", data)
 check(r.returncode == 0 and os.path.exists(os.path.join(work, "g.tok")), "eval split: %s" % r.stderr)
 
+# parquet (pyarrow, pinned in requirements-prepare.txt): the same records as
+# a table, each record type's columns null in the others' rows, give the same
+# file; a file that is not parquet is named
+import pyarrow as pa
+import pyarrow.parquet as pq
+pqf = os.path.join(work, "data.parquet")
+cols = sorted({k for rec in records for k in rec})
+pq.write_table(pa.Table.from_pydict({k: [rec.get(k) for rec in records] for k in cols}), pqf)
+r = run(pqf, "--model", model, "--out", os.path.join(work, "p.tok"))
+check(r.returncode == 0, "parquet: %s%s" % (r.stdout, r.stderr))
+if r.returncode == 0:
+    check(read_tok(os.path.join(work, "p.tok")) == read_tok(out), "parquet differs from jsonl")
+notpq = os.path.join(work, "not.parquet")
+with open(notpq, "w") as f:
+    f.write("hello")
+r = run(notpq, "--model", model, "--out", os.path.join(work, "q.tok"))
+check(r.returncode == 1 and "not.parquet: not a readable parquet file" in r.stderr,
+      "not parquet: %s" % r.stderr)
+
 print("%d failure(s)" % fails)
 sys.exit(1 if fails else 0)
