@@ -279,11 +279,30 @@ int zn_optsched_params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pw
                            zn_event *ev, bool *h2d_pending);
 
 /* ---- the trainer ----------------------------------------------------------*/
-typedef struct {
+typedef struct zn_accum_arg {
     zn_trainer *tr;
     int block, gbuf, mb;
     uint64_t t0;
+    struct zn_accum_arg *next; /* the worker's queue */
 } zn_accum_arg;
+
+typedef struct {
+    zn_trainer *tr;
+    int g;
+} zn_accum_buf;
+
+/* ---- gradient accumulation worker (accum.c) ---------------------------------*/
+int zn_accum_start(zn_trainer *tr);
+/* Finishes the queued jobs and ends the thread (after the streams are idle). */
+void zn_accum_stop(zn_trainer *tr);
+/* Host function on the D2H stream after a block's grads reached
+ * gstage[a->gbuf]: queues its accumulation and returns. */
+void zn_accum_post_fn(void *arg);
+/* Host function on the D2H stream before it overwrites gstage[b->g]: waits
+ * until no queued or running job reads it. arg: &tr->abuf[g]. */
+void zn_accum_wait_buf_fn(void *arg);
+/* Waits until every queued job is done (after the D2H stream's sync). */
+void zn_accum_drain(zn_trainer *tr);
 
 typedef struct {
     zn_trainer *tr;
@@ -360,6 +379,15 @@ struct zn_trainer {
     float *master, *mom, *var, *gacc;  /* flat (cpu/none optimizer) */
     zn_accum_arg *accum_args;  /* one per (micro-batch use) */
     int n_accum_args;
+    /* the accumulation worker (accum.c) */
+    pthread_t athr;
+    bool athr_started, aquit;
+    pthread_mutex_t alock;
+    pthread_cond_t acv;          /* a job queued or finished */
+    zn_accum_arg *ahead, *atail; /* queued jobs */
+    int abusy[2];                /* jobs queued or running per gstage buffer */
+    int apending;
+    zn_accum_buf abuf[2];
     zn_mark *marks;
     int n_marks, next_mark;
 

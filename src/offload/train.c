@@ -1,8 +1,9 @@
 /* The training step: the forward/backward schedule over the model's blocks
  * with parameters fetched ahead of use into a ring of device slots (NVMe ->
  * pinned staging -> H2D, or pinned -> H2D), gradients D2H into pinned
- * staging and accumulated into fp32 accumulators by a host function on the
- * D2H stream, and the optimizer pipeline (sched_optim.c) started as soon as
+ * staging and accumulated into fp32 accumulators by a worker thread
+ * (accum.c) that a host function on the D2H stream hands each block to,
+ * and the optimizer pipeline (sched_optim.c) started as soon as
  * it may. Also creation (plan, allocate every tier once, initialise), the
  * report and the trace. */
 #include <errno.h>
@@ -1051,6 +1052,7 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     TRY(zn_dev_stream_create(tr->dev, "h2d", &tr->s_h2d));
     TRY(zn_dev_stream_create(tr->dev, "d2h", &tr->s_d2h));
     TRY(zn_dev_stream_create(tr->dev, "opt-h2d", &tr->s_oh2d));
+    TRY(zn_accum_start(tr));
 
     tr->gnvme = tr->oopt == ZN_OFFLOAD_NVME && tr->plan.grads_tier == ZN_TIER_NVME;
     TRY(build_layout(tr));
@@ -1146,6 +1148,7 @@ void zn_train_destroy(zn_trainer *tr)
     zn_optsched_fini(tr);
     if (tr->dev)
         zn_dev_sync(tr->dev);
+    zn_accum_stop(tr); /* its jobs use the NVMe queues */
     zn_ioq_stop(&tr->rq);
     zn_ioq_stop(&tr->wq);
     if (tr->dev) {
@@ -1409,100 +1412,6 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
     return 0;
 }
 
-/* Host function on the D2H stream after a block's grads reached pinned
- * staging: accumulate into the fp32 accumulators (memory or NVMe pieces);
- * after the last micro-batch, the block's sum of squares and its units'
- * readiness. */
-static void accum_fn(void *arg)
-{
-    zn_accum_arg *a = arg;
-    zn_trainer *tr = a->tr;
-    if (atomic_load(&tr->err))
-        return;
-    uint64_t t0 = zn_now_ns();
-    zn_block *bl = &tr->blocks[a->block];
-    float *src = tr->gstage[a->gbuf];
-    bool last = a->mb == tr->cfg.gradient_accumulation_steps - 1;
-    int rc = 0;
-    zn_io_req wr[8], *w = wr;
-    int np = bl->np;
-    if (tr->gnvme && np > 8) {
-        w = calloc((size_t)np, sizeof *w);
-        if (!w) {
-            zn_train_fail(tr, -ENOMEM, "grad accumulation: out of memory");
-            return;
-        }
-    }
-    for (int k = 0; k < np && !rc; k++) {
-        zn_piece *p = &tr->pieces[bl->p0 + k];
-        float *g = src + (p->start - bl->off);
-        if (!tr->gnvme) {
-            float *dst = tr->gacc + p->start;
-            if (a->mb == 0)
-                memcpy(dst, g, p->n * 4);
-            else
-                for (uint64_t i = 0; i < p->n; i++)
-                    dst[i] += g[i];
-            continue;
-        }
-        zn_extent *e = &zn_tier_get(&tr->tm, p->grad_id)->ext;
-        char what[48];
-        snprintf(what, sizeof what, "grads b%d u%d", p->block, p->unit);
-        if (a->mb > 0) {
-            zn_io_req r;
-            float *tmp = tr->gtmp + (p->start - bl->off);
-            rc = zn_ioq_submit(&tr->rq, &r, 0, e, tmp, p->n * 4, what);
-            int r2 = zn_ioq_wait(&tr->rq, &r);
-            if (!rc)
-                rc = r2;
-            if (rc)
-                break;
-            for (uint64_t i = 0; i < p->n; i++)
-                g[i] = tmp[i] + g[i];
-        }
-        rc = zn_ioq_submit(&tr->wq, &w[k], 1, e, g, p->n * 4, what);
-        if (rc) {
-            rc = zn_ioq_wait(&tr->wq, &w[k]);
-            for (int j = 0; j < k; j++)
-                zn_ioq_wait(&tr->wq, &w[j]);
-            break;
-        }
-        if (k == np - 1) {
-            for (int j = 0; j <= k; j++) {
-                int r2 = zn_ioq_wait(&tr->wq, &w[j]);
-                if (!rc)
-                    rc = r2;
-            }
-        }
-    }
-    if (w != wr)
-        free(w);
-    if (rc) {
-        zn_train_fail(tr, rc, "gradients of block %d: %s", a->block, zn_last_error());
-        return;
-    }
-    if (last) {
-        zn_grad_span sp = { !tr->gnvme ? (const void *)(tr->gacc + bl->off)
-                                                         : (const void *)src,
-                            bl->len, ZN_DTYPE_F32 };
-        double sq = 0;
-        int nonfinite = 0;
-        rc = zn_grad_norm_sq(&sp, 1, tr->threads, &sq, &nonfinite);
-        if (rc) {
-            zn_train_fail(tr, rc, "grad norm of block %d: %s", a->block, zn_last_error());
-            return;
-        }
-        bl->grad_sq = sq;
-        bl->grad_nonfinite = nonfinite;
-        for (int k = 0; k < np; k++)
-            atomic_fetch_add(&tr->units[tr->pieces[bl->p0 + k].unit].pieces_done, 1);
-        zn_optsched_notify(tr);
-    }
-    char name[ZN_TRACE_NAME_LEN];
-    snprintf(name, sizeof name, "accum b%d", a->block);
-    zn_trace_span(tr->trace, tr->track[ZN_RES_D2H], name, t0, zn_now_ns());
-}
-
 static int ensure_capacity(zn_trainer *tr, int A)
 {
     int need_args = A * tr->L;
@@ -1626,6 +1535,9 @@ static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
             }
             if ((rc = zn_dev_stream_wait_event(d, tr->s_d2h, gdone)))
                 return rc;
+            /* staging buffer g is free once its last accumulation ended */
+            if ((rc = zn_dev_launch_host_fn(d, tr->s_d2h, zn_accum_wait_buf_fn, &tr->abuf[g])))
+                return rc;
             snprintf(name, sizeof name, "d2h b%d", b);
             zn_mark *m2 = zn_train_mark_begin(tr, tr->s_d2h, ZN_RES_D2H, name);
             if (bl->len &&
@@ -1640,7 +1552,7 @@ static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
             aa->block = b;
             aa->gbuf = g;
             aa->mb = mb;
-            if ((rc = zn_dev_launch_host_fn(d, tr->s_d2h, accum_fn, aa)))
+            if ((rc = zn_dev_launch_host_fn(d, tr->s_d2h, zn_accum_post_fn, aa)))
                 return rc;
         }
     consumed:
@@ -1748,6 +1660,7 @@ static int step_failed(zn_trainer *tr, int rc, int64_t step)
 {
     zn_optsched_cancel(tr, true);
     zn_dev_sync(tr->dev);
+    zn_accum_drain(tr);
     zn_optsched_wait(tr);
     tr->opt_inflight = false;
     if (tr->tm.aio)
@@ -1923,6 +1836,7 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         rc = zn_dev_stream_sync(tr->dev, tr->s_comp);
     if (!rc)
         rc = zn_dev_stream_sync(tr->dev, tr->s_d2h);
+    zn_accum_drain(tr); /* the blocks' sums of squares are in */
     if (!rc)
         rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
     if (!rc && tr->world > 1)

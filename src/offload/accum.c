@@ -1,0 +1,226 @@
+/* Gradient accumulation off the device's callback thread.
+ *
+ * A block's gradients reach pinned staging (gstage[g], two buffers) on the
+ * D2H stream; a host function there only queues the block's job and
+ * returns, so the stream (and, on CUDA, the driver thread that runs every
+ * stream's host functions) never waits on host arithmetic or disk. One
+ * worker thread runs the jobs in order:
+ *   - grads in RAM: the first micro-batch copies, later ones add, over all
+ *     cores (OpenMP, tr->threads);
+ *   - grads on NVMe: every piece's read-back is in flight at once, each
+ *     piece is added as its read lands and written back at once (the first
+ *     micro-batch only writes);
+ *   - after the last micro-batch: the block's sum of squares, the pieces'
+ *     readiness for the optimizer.
+ * Before the D2H stream overwrites staging buffer g it waits (a host
+ * function) until the jobs reading g are done: the only place a callback
+ * blocks, and only when the worker is behind, which is the back-pressure
+ * that bounds the staging to two blocks. Element-wise adds in a fixed order
+ * per element: the sums are bit-identical for any thread count. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "offload/train-impl.h"
+
+/* dst = a + b (a may be dst) over n elements, on `threads` threads. */
+static void add_f32(float *dst, const float *a, const float *b, uint64_t n, int threads)
+{
+    int64_t m = (int64_t)n;
+#pragma omp parallel for num_threads(threads) schedule(static) if (m >= (1 << 16))
+    for (int64_t i = 0; i < m; i++)
+        dst[i] = a[i] + b[i];
+}
+
+static void copy_f32(float *dst, const float *src, uint64_t n, int threads)
+{
+    int64_t m = (int64_t)n, chunk = 1 << 16, nc = (m + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) schedule(static) if (nc > 1)
+    for (int64_t c = 0; c < nc; c++) {
+        int64_t s = c * chunk, e = s + chunk < m ? s + chunk : m;
+        memcpy(dst + s, src + s, (size_t)(e - s) * 4);
+    }
+}
+
+/* Grads on NVMe: read back (after the first micro-batch), add, write. */
+static int accum_nvme(zn_trainer *tr, const zn_accum_arg *a, float *src)
+{
+    zn_block *bl = &tr->blocks[a->block];
+    int np = bl->np, rc = 0, nr = 0, nw = 0;
+    zn_io_req *rd = calloc((size_t)np * 2, sizeof *rd), *wr = rd + np;
+    if (!rd)
+        return zn_set_error(-ENOMEM, "grad accumulation: out of memory");
+    char what[48];
+    if (a->mb > 0)
+        for (; nr < np && !rc; nr++) {
+            zn_piece *p = &tr->pieces[bl->p0 + nr];
+            zn_extent *e = &zn_tier_get(&tr->tm, p->grad_id)->ext;
+            snprintf(what, sizeof what, "grads b%d u%d", p->block, p->unit);
+            rc = zn_ioq_submit(&tr->rq, &rd[nr], 0, e, tr->gtmp + (p->start - bl->off),
+                               p->n * 4, what);
+        }
+    for (int k = 0; k < np && !rc; k++) {
+        zn_piece *p = &tr->pieces[bl->p0 + k];
+        float *g = src + (p->start - bl->off);
+        if (a->mb > 0) {
+            if ((rc = zn_ioq_wait(&tr->rq, &rd[k])))
+                break;
+            add_f32(g, tr->gtmp + (p->start - bl->off), g, p->n, tr->threads);
+        }
+        zn_extent *e = &zn_tier_get(&tr->tm, p->grad_id)->ext;
+        snprintf(what, sizeof what, "grads b%d u%d", p->block, p->unit);
+        rc = zn_ioq_submit(&tr->wq, &wr[k], 1, e, g, p->n * 4, what);
+        nw = k + 1;
+    }
+    /* every request submitted is waited for: staging and the read-back
+     * buffer are reused once the job ends */
+    for (int k = 0; k < nr; k++) {
+        int r2 = zn_ioq_wait(&tr->rq, &rd[k]);
+        if (!rc)
+            rc = r2;
+    }
+    for (int k = 0; k < nw; k++) {
+        int r2 = zn_ioq_wait(&tr->wq, &wr[k]);
+        if (!rc)
+            rc = r2;
+    }
+    free(rd);
+    return rc;
+}
+
+static void accum_job(zn_accum_arg *a)
+{
+    zn_trainer *tr = a->tr;
+    if (atomic_load(&tr->err))
+        return;
+    uint64_t t0 = zn_now_ns();
+    zn_block *bl = &tr->blocks[a->block];
+    float *src = tr->gstage[a->gbuf];
+    int rc = 0;
+    if (tr->gnvme)
+        rc = accum_nvme(tr, a, src);
+    else if (a->mb == 0)
+        copy_f32(tr->gacc + bl->off, src, bl->len, tr->threads);
+    else
+        add_f32(tr->gacc + bl->off, tr->gacc + bl->off, src, bl->len, tr->threads);
+    if (rc) {
+        zn_train_fail(tr, rc, "gradients of block %d: %s", a->block, zn_last_error());
+        return;
+    }
+    if (a->mb == tr->cfg.gradient_accumulation_steps - 1 ||
+        tr->cfg.gradient_accumulation_steps < 1) {
+        zn_grad_span sp = { !tr->gnvme ? (const void *)(tr->gacc + bl->off)
+                                       : (const void *)src,
+                            bl->len, ZN_DTYPE_F32 };
+        double sq = 0;
+        int nonfinite = 0;
+        if ((rc = zn_grad_norm_sq(&sp, 1, tr->threads, &sq, &nonfinite))) {
+            zn_train_fail(tr, rc, "grad norm of block %d: %s", a->block, zn_last_error());
+            return;
+        }
+        bl->grad_sq = sq;
+        bl->grad_nonfinite = nonfinite;
+        for (int k = 0; k < bl->np; k++)
+            atomic_fetch_add(&tr->units[tr->pieces[bl->p0 + k].unit].pieces_done, 1);
+        zn_optsched_notify(tr);
+    }
+    char name[ZN_TRACE_NAME_LEN];
+    snprintf(name, sizeof name, "accum b%d", a->block);
+    zn_trace_span(tr->trace, tr->track[ZN_RES_D2H], name, t0, zn_now_ns());
+}
+
+static void *accum_main(void *arg)
+{
+    zn_trainer *tr = arg;
+    pthread_mutex_lock(&tr->alock);
+    for (;;) {
+        while (!tr->ahead && !tr->aquit)
+            pthread_cond_wait(&tr->acv, &tr->alock);
+        zn_accum_arg *a = tr->ahead;
+        if (!a)
+            break; /* quit with nothing queued */
+        tr->ahead = a->next;
+        if (!tr->ahead)
+            tr->atail = NULL;
+        pthread_mutex_unlock(&tr->alock);
+        accum_job(a);
+        pthread_mutex_lock(&tr->alock);
+        tr->abusy[a->gbuf]--;
+        tr->apending--;
+        pthread_cond_broadcast(&tr->acv);
+    }
+    pthread_mutex_unlock(&tr->alock);
+    return NULL;
+}
+
+int zn_accum_start(zn_trainer *tr)
+{
+    if (pthread_mutex_init(&tr->alock, NULL) || pthread_cond_init(&tr->acv, NULL))
+        return zn_set_error(-ENOMEM, "grad accumulation thread: pthread init failed");
+    tr->ahead = tr->atail = NULL;
+    tr->abusy[0] = tr->abusy[1] = tr->apending = 0;
+    tr->aquit = false;
+    for (int g = 0; g < 2; g++) {
+        tr->abuf[g].tr = tr;
+        tr->abuf[g].g = g;
+    }
+    int rc = pthread_create(&tr->athr, NULL, accum_main, tr);
+    if (rc) {
+        pthread_cond_destroy(&tr->acv);
+        pthread_mutex_destroy(&tr->alock);
+        return zn_set_error(-rc, "grad accumulation thread: pthread_create: %s", strerror(rc));
+    }
+    tr->athr_started = true;
+    return 0;
+}
+
+void zn_accum_stop(zn_trainer *tr)
+{
+    if (!tr->athr_started)
+        return;
+    pthread_mutex_lock(&tr->alock);
+    tr->aquit = true; /* the worker finishes what is queued, then ends */
+    pthread_cond_broadcast(&tr->acv);
+    pthread_mutex_unlock(&tr->alock);
+    pthread_join(tr->athr, NULL);
+    tr->athr_started = false;
+    pthread_cond_destroy(&tr->acv);
+    pthread_mutex_destroy(&tr->alock);
+}
+
+void zn_accum_post_fn(void *arg)
+{
+    zn_accum_arg *a = arg;
+    zn_trainer *tr = a->tr;
+    pthread_mutex_lock(&tr->alock);
+    a->next = NULL;
+    if (tr->atail)
+        tr->atail->next = a;
+    else
+        tr->ahead = a;
+    tr->atail = a;
+    tr->abusy[a->gbuf]++;
+    tr->apending++;
+    pthread_cond_broadcast(&tr->acv);
+    pthread_mutex_unlock(&tr->alock);
+}
+
+void zn_accum_wait_buf_fn(void *arg)
+{
+    zn_accum_buf *b = arg;
+    zn_trainer *tr = b->tr;
+    pthread_mutex_lock(&tr->alock);
+    while (tr->abusy[b->g] > 0)
+        pthread_cond_wait(&tr->acv, &tr->alock);
+    pthread_mutex_unlock(&tr->alock);
+}
+
+void zn_accum_drain(zn_trainer *tr)
+{
+    if (!tr->athr_started)
+        return;
+    pthread_mutex_lock(&tr->alock);
+    while (tr->apending > 0)
+        pthread_cond_wait(&tr->acv, &tr->alock);
+    pthread_mutex_unlock(&tr->alock);
+}
