@@ -11,6 +11,9 @@ Two small decoders with shapes unlike the other fixtures:
   ft-tied   llama with tied embeddings (as Llama-3.2 and Qwen2.5 <= 3B),
             2 layers, hidden 32, GQA 4/2 heads, weights stored as fp32
             (transformers saves the shared table once, as embed_tokens)
+  ft-vocab  qwen2, 2 layers, hidden 32, a 1000-token vocabulary against
+            9k-parameter layers, untied, fp32: zinc streams its embedding
+            and lm_head in four row parts (zn_model_part)
 For each folder: config.json (transformers' own), the weights,
 train-config.json (the zinc config the test trains with: DeepSpeed's
 optimizer / scheduler / clipping keys and the batch shape), and
@@ -59,6 +62,10 @@ def shapes(kind):
     if kind == "tied":
         return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                    max_position_embeddings=64, hidden_act="silu")
+    if kind == "vocab":
+        return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
                     max_position_embeddings=64, hidden_act="silu")
     if kind == "llama":
         return dict(hidden_size=48, intermediate_size=80, num_hidden_layers=3,
@@ -145,7 +152,7 @@ def train(model, params, V, dgen, label, torch, before_micro=None):
 
 
 def make(kind, out, torch, transformers, save_file):
-    gen = torch.Generator().manual_seed({"llama": 11, "qwen2": 12, "tied": 13}[kind])
+    gen = torch.Generator().manual_seed({"llama": 11, "qwen2": 12, "tied": 13, "vocab": 14}[kind])
     if kind == "tied":
         cfg = transformers.LlamaConfig(**shapes(kind), rms_norm_eps=1e-5, tie_word_embeddings=True,
                                        attention_bias=False, rope_theta=500000.0)
@@ -160,7 +167,7 @@ def make(kind, out, torch, transformers, save_file):
         cfg = transformers.Qwen2Config(**shapes(kind), rms_norm_eps=1e-6, tie_word_embeddings=False,
                                        rope_theta=1000000.0, use_sliding_window=False)
         cls = transformers.Qwen2ForCausalLM
-        disk = torch.float16
+        disk = torch.float32 if kind == "vocab" else torch.float16
     cfg._attn_implementation = "eager"
     model = cls(cfg).to(torch.float32)
     randomize(model, torch, gen)
@@ -201,7 +208,7 @@ def make(kind, out, torch, transformers, save_file):
     with open(os.path.join(d, "train-config.json"), "w") as f:
         json.dump(zcfg, f, indent=2)
 
-    dgen = torch.Generator().manual_seed({"llama": 21, "qwen2": 22, "tied": 23}[kind])
+    dgen = torch.Generator().manual_seed({"llama": 21, "qwen2": 22, "tied": 23, "vocab": 24}[kind])
     steps = train(model, list(model.parameters()), cfg.vocab_size, dgen, kind, torch)
     save_file({n: p.detach().contiguous() for n, p in model.named_parameters()},
               os.path.join(d, "final.safetensors"), metadata=meta)
@@ -210,7 +217,7 @@ def make(kind, out, torch, transformers, save_file):
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "precision": "float32, eager attention, CPU",
-        "weights_dtype": {"llama": "bf16", "qwen2": "f16", "tied": "f32"}[kind],
+        "weights_dtype": {"llama": "bf16", "qwen2": "f16", "tied": "f32", "vocab": "f32"}[kind],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "steps": steps,
     }
@@ -229,7 +236,7 @@ def check_export(zinc, torch, transformers):
     from gen_fixtures import write_tokens
     fx = os.path.join(ROOT, "tests", "fixtures")
     bad = 0
-    for kind in ("llama", "qwen2", "tied"):
+    for kind in ("llama", "qwen2", "tied", "vocab"):
         src = os.path.join(fx, "ft-" + kind)
         V = json.load(open(os.path.join(src, "config.json")))["vocab_size"]
         with tempfile.TemporaryDirectory() as tmp:
@@ -273,6 +280,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
     ap.add_argument("--check-export", metavar="ZINC", help="check zinc's fine-tuned exports "
                     "in transformers (see check_export)")
+    ap.add_argument("--only", choices=("llama", "qwen2", "tied", "vocab"),
+                    help="make this fixture only")
     args = ap.parse_args()
     ensure_torch()
     if args.check_export:
@@ -285,8 +294,9 @@ def main():
     from safetensors.torch import save_file
     torch.manual_seed(0)
     torch.set_num_threads(1)  # one summation order, run to run
-    for kind in ("llama", "qwen2", "tied"):
-        make(kind, args.out, torch, transformers, save_file)
+    for kind in ("llama", "qwen2", "tied", "vocab"):
+        if not args.only or kind == args.only:
+            make(kind, args.out, torch, transformers, save_file)
 
 
 if __name__ == "__main__":

@@ -187,6 +187,30 @@ static void test_embedding(zn_dtype dt)
         gg[i] -= base[i];
     fd_grad(emb_ref, &c, table, nt, no, R, g);
     CMP("embedding_bwd", dt, gg, g, nt, 1e-5);
+
+    /* rows [3, 8) of the table (a vocabulary part): tokens with ids there
+     * get their rows, every other out row keeps what it held; the scatter
+     * adds into those five rows only */
+    const int64_t r0 = 3, nr = 5;
+    void *dpart = dev_up(table + r0 * c.dim, (size_t)(nr * c.dim), dt);
+    double *held = rnd(4, no, 1.0, dt), *want = malloc(no * 8);
+    void *dheld = dev_up(held, no, dt);
+    DEV_OK(zn_dev_embedding_rows_fwd(D, S, dids, c.nt, dpart, dt, r0, nr, c.dim, dheld, dt));
+    double *gotp = dev_down(dheld, no, dt);
+    for (int64_t t = 0; t < c.nt; t++)
+        for (int64_t j = 0; j < c.dim; j++)
+            want[t * c.dim + j] = ids[t] >= r0 && ids[t] < r0 + nr
+                                      ? table[ids[t] * c.dim + j] : held[t * c.dim + j];
+    CMP("embedding_rows_fwd", dt, gotp, want, no, 0.0);
+    void *dgp = dev_up(base + r0 * c.dim, (size_t)(nr * c.dim), ZN_DTYPE_F32);
+    DEV_OK(zn_dev_embedding_rows_bwd(D, S, dids, c.nt, dR, dt, r0, nr, c.dim, dgp));
+    double *ggp = dev_down(dgp, (size_t)(nr * c.dim), ZN_DTYPE_F32);
+    for (int64_t i = 0; i < nr * c.dim; i++)
+        ggp[i] -= base[r0 * c.dim + i];
+    CMP("embedding_rows_bwd", dt, ggp, g + r0 * c.dim, (size_t)(nr * c.dim), 1e-5);
+    free(held), free(want), free(gotp), free(ggp);
+    dfree(dpart), dfree(dheld), dfree(dgp);
+
     free(table), free(R), free(ref), free(got), free(base), free(g), free(gg);
     dfree(dids), dfree(dtab), dfree(dout), dfree(dR), dfree(dtg);
 }

@@ -26,6 +26,10 @@ int main(void)
         packed_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-4);
         packed_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 2e-2);
     }
+    /* the vocabulary in row parts == whole blocks (the embedding's rows
+     * kernels, the head's running log-sum-exp across calls) */
+    parts_run(dev, ZN_DTYPE_F32, 1e-4);
+    parts_run(dev, ZN_DTYPE_BF16, 2e-2);
     zn_dev_destroy(dev);
     return zt_done();
 }

@@ -3,7 +3,8 @@
  * gives each document's logits, the loss and the gradients of running them
  * one at a time (tests/test_model_packed.h); fp32 within 1e-5, with and
  * without activation checkpointing, on tiny Llama (GQA, llama3 RoPE) and
- * tiny Qwen2 (q/k/v bias, tied), and bf16 storage within 2e-2. */
+ * tiny Qwen2 (q/k/v bias, tied), and bf16 storage within 2e-2. And a
+ * vocabulary in row parts computes what whole blocks do (parts_run). */
 #include "test_model_packed.h"
 
 int main(void)
@@ -20,6 +21,8 @@ int main(void)
         packed_run(dev, fixtures[f], ZN_DTYPE_F32, 0, 1e-5);
         packed_run(dev, fixtures[f], ZN_DTYPE_BF16, 1, 2e-2);
     }
+    parts_run(dev, ZN_DTYPE_F32, 1e-6);
+    parts_run(dev, ZN_DTYPE_BF16, 1e-6);
     zn_dev_destroy(dev);
     return zt_done();
 }

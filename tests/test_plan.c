@@ -199,7 +199,7 @@ static void test_real_models(void)
         ZT_CHECK_MSG(n == models[i].params, "%s: %llu parameters, published %llu",
                      models[i].name, (unsigned long long)n, (unsigned long long)models[i].params);
         /* The planner sums the same blocks. */
-        uint64_t *bl = calloc((size_t)zn_model_num_blocks(&d), sizeof *bl);
+        uint64_t *bl = calloc((size_t)zn_model_num_parts(&d), sizeof *bl);
         zn_plan_input in;
         zn_config_resolve_batch(&c, 1);
         zn_cli_plan_input(&c, &d, 1, bl, &in);

@@ -93,7 +93,7 @@ static void one(const shape *sh, const placement *pl, int accum, int pcache, con
         return;
     zn_model_dims d;
     ZT_EQ_INT(zn_cli_model_dims(&cfg, &d), 0);
-    uint64_t blocks[64];
+    uint64_t blocks[256]; /* zn_model_num_parts: at most 32 + layers + 32 */
     zn_plan_input in;
     zn_cli_plan_input(&cfg, &d, 1, blocks, &in);
     zn_train_llama *l = NULL;

@@ -1,5 +1,6 @@
 /* Fine-tuning a transformers-saved model: zinc loads the folder's weights
- * (bf16 single file, fp16 sharded, fp32 with tied embeddings) and trains 10
+ * (bf16 single file, fp16 sharded, fp32 with tied embeddings, fp32 with a
+ * vocabulary streamed in row parts) and trains 10
  * AdamW steps (WarmupLR, clipping, accumulation, ignored targets) on the
  * batches PyTorch trained
  * on (tests/fixtures/ft-*, made by scripts/gen_train_fixtures.py). Checks:
@@ -133,7 +134,7 @@ static int run(const char *dir, const reference *ref, const char **sets, int nse
     zn_model_dims d;
     zn_train_llama *l = NULL;
     zn_trainer *tr = NULL;
-    uint64_t blocks[64];
+    uint64_t blocks[256]; /* zn_model_num_parts: at most 32 + layers + 32 */
     int rc = zn_config_load(&cfg, cfgpath, all, n);
     if (!rc)
         rc = zn_config_resolve_batch(&cfg, 1);
@@ -550,6 +551,19 @@ int main(int argc, char **argv)
     fixture("ft-llama");
     fixture("ft-qwen2");
     fixture("ft-tied");
+    /* a vocabulary the trainer streams in row parts (embedding and lm_head
+     * each in four), against the same PyTorch run */
+    {
+        zn_model_dims d;
+        char dir[4200];
+        snprintf(dir, sizeof dir, "%s/tests/fixtures/ft-vocab", ZN_SOURCE_ROOT);
+        ZT_EQ_INT(zn_model_dims_from_hf(&d, dir), 0);
+        ZT_CHECK_MSG(zn_model_block_parts(&d, 0) == 4 &&
+                     zn_model_block_parts(&d, (int)d.n_layers + 1) == 4,
+                     "ft-vocab: %d and %d parts, want 4 and 4", zn_model_block_parts(&d, 0),
+                     zn_model_block_parts(&d, (int)d.n_layers + 1));
+    }
+    fixture("ft-vocab");
     /* LoRA on a frozen base (lora_B nonzero from the start, so both adapter
      * gradients count), every placement of the base */
     fixture("lora-llama");

@@ -68,6 +68,22 @@ refuse unexpected-tensor fewer "model.layers.2." "not a parameter"
 mkdir nowt && cp "$fx/ft-llama/config.json" nowt/
 refuse no-weights nowt "has no weights" "model.init=random"
 
+# a vocabulary the trainer streams in row parts (ft-vocab: four parts each
+# for the embedding and lm_head): a checkpoint written per part exports the
+# model's tensors whole and in place. With lr 0 the export must be the
+# folder's own weights: `zinc eval` gives the same loss to the last bit.
+"$zinc" train "$fx/ft-vocab/train-config.json" --model "$fx/ft-vocab" --steps 2 \
+    --set 'optimizer.params.lr=0' --set 'scheduler.params.warmup_max_lr=0' \
+    --set 'train.checkpoint.dir="vck"' > vocab.out 2> vocab.err
+rc=$?; check "[ \$rc -eq 0 ]" "training ft-vocab failed: $(cat vocab.err)"
+"$zinc" export vck --out vhf --dtype fp32 > export.out 2>&1
+rc=$?; check "[ \$rc -eq 0 ]" "export of the ft-vocab checkpoint failed: $(cat export.out)"
+ev() { "$zinc" eval --model "$1" --data synthetic --seq-len 12 --batches 4 --device host --json \
+       | sed -n 's/.*"loss": *\([-0-9.e+]*\).*/\1/p'; }
+lz=$(ev vhf); lt=$(ev "$fx/ft-vocab")
+check "[ -n '$lz' ] && [ '$lz' = '$lt' ]" "ft-vocab export at lr 0: eval loss $lz, the folder's $lt"
+echo "ft-vocab: exported checkpoint eval $lz, the folder's own weights $lt"
+
 if [ $fail -ne 0 ]; then
     echo "train_hf_cli: FAILED"
     exit 1

@@ -271,6 +271,18 @@ ZN_API int zn_dev_embedding_fwd(zn_dev *d, zn_stream *s, const int32_t *ids,
 ZN_API int zn_dev_embedding_bwd(zn_dev *d, zn_stream *s, const int32_t *ids,
                                 int64_t n_tokens, const void *dout, zn_dtype dout_dt,
                                 int64_t vocab, int64_t dim, float *dtable);
+/* The same on rows [row0, row0 + rows) of a larger table (a vocabulary
+ * split into parts): `table` / `dtable` hold those rows only; a token whose
+ * id falls outside them is skipped, its out row left as it is (forward) and
+ * nothing added (backward), so calls over disjoint row ranges together
+ * give the whole lookup. */
+ZN_API int zn_dev_embedding_rows_fwd(zn_dev *d, zn_stream *s, const int32_t *ids,
+                                     int64_t n_tokens, const void *table, zn_dtype table_dt,
+                                     int64_t row0, int64_t rows, int64_t dim, void *out,
+                                     zn_dtype out_dt);
+ZN_API int zn_dev_embedding_rows_bwd(zn_dev *d, zn_stream *s, const int32_t *ids,
+                                     int64_t n_tokens, const void *dout, zn_dtype dout_dt,
+                                     int64_t row0, int64_t rows, int64_t dim, float *dtable);
 
 /* RMSNorm (Llama/Qwen2): rstd[r] = 1/sqrt(mean_j x[r][j]^2 + eps),
  * y[r][j] = w[j] * x[r][j] * rstd[r]. fp32 reductions. rstd (device

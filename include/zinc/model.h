@@ -130,6 +130,33 @@ ZN_API uint64_t zn_model_block_param_count(const zn_model_dims *d, int block);
  * of them: they come first in the block's order, the adapters after);
  * without, 0. */
 ZN_API uint64_t zn_model_block_frozen_count(const zn_model_dims *d, int block);
+/* ---- parts: a big vocabulary in row ranges ---------------------------------
+ * The embedding and an untied lm_head are split into row ranges ("parts")
+ * of at most one decoder layer's parameters, so whoever streams the model
+ * block by block (the offload trainer) never sizes a buffer by the
+ * vocabulary: Qwen2.5-7B's embedding is 545M elements, 2.3 decoder layers.
+ * A part is a contiguous range of its block's flat order (tensors in
+ * zn_model_block_param order): the embedding's part p holds table rows
+ * [row0, row0 + rows); the head's part 0 holds the final norm and lm_head
+ * rows [0, rows), a later part only lm_head rows. A decoder layer, a tied
+ * model's embedding and head (its table stays resident), and a vocabulary
+ * within a layer's size are one part. Parts are a function of the dims
+ * only, so checkpoints written in parts agree with every later run. */
+typedef struct {
+    int block;          /* the model block */
+    int part, nparts;   /* this part of how many of that block */
+    uint64_t first, n;  /* elements [first, first + n) of the block's flat order */
+    int64_t row0, rows; /* its embedding or lm_head rows (0 and 0 in a layer) */
+} zn_model_part_info;
+
+/* Parts of block b (1 for a decoder layer; 0 when b is out of range). */
+ZN_API int zn_model_block_parts(const zn_model_dims *d, int block);
+/* Parts of the whole model, in execution order: the embedding's, the
+ * layers, the head's. */
+ZN_API int zn_model_num_parts(const zn_model_dims *d);
+/* Part `index` (0 .. zn_model_num_parts - 1). Returns 0 or ZN_EARG. */
+ZN_API int zn_model_part(const zn_model_dims *d, int index, zn_model_part_info *out);
+
 /* Parameters that train: all of them, or the adapters with LoRA. */
 ZN_API uint64_t zn_model_trainable_count(const zn_model_dims *d);
 
@@ -276,6 +303,16 @@ ZN_API int zn_model_embed_fwd(zn_model *m, zn_stream *s, void *const *params, vo
 ZN_API int zn_model_embed_bwd(zn_model *m, zn_stream *s, void *const *params, const void *dx,
                               float *const *grads);
 
+/* The same for one part of the embedding (zn_model_part_info, block 0):
+ * `table` holds the part's rows only and x_out receives the rows of the
+ * tokens whose ids fall in them (others are left as they are, so the parts
+ * in any order assemble the lookup); dtable (the part's rows, fp32; NULL:
+ * frozen) gets their scatter. */
+ZN_API int zn_model_embed_fwd_part(zn_model *m, zn_stream *s, int part, const void *table,
+                                   void *x_out);
+ZN_API int zn_model_embed_bwd_part(zn_model *m, zn_stream *s, int part, const void *dx,
+                                   float *dtable);
+
 /* Decoder layer `layer` (0-based; block layer + 1). x_in and x_out are
  * [N][hidden] of cfg.dtype and must differ. `saved`: NULL when
  * checkpointing (nothing is kept), else a device buffer of
@@ -298,6 +335,19 @@ ZN_API int zn_model_head_fwd(zn_model *m, zn_stream *s, void *const *params, con
  * chunk. */
 ZN_API int zn_model_head_bwd(zn_model *m, zn_stream *s, void *const *params, const void *x_in,
                              void *dx, float *const *grads);
+/* The head in parts (zn_model_part_info of block n_layers + 1): the
+ * forward runs parts 0, 1, .. in order (part 0 normalizes x_in; each part
+ * adds its rows' logits to a running log-sum-exp; the last writes the
+ * loss), the backward runs them in reverse after it (each recomputes its
+ * logits, adds its rows' gradient and its share of dL/d(normed x); part 0
+ * then writes dx and the norm's gradient). norm_w and dnorm are the final
+ * norm's weight and gradient, part 0 only (NULL otherwise; dnorm and dW
+ * NULL when frozen); W and dW hold the part's lm_head rows. */
+ZN_API int zn_model_head_fwd_part(zn_model *m, zn_stream *s, int part, const void *norm_w,
+                                  const void *W, const void *x_in);
+ZN_API int zn_model_head_bwd_part(zn_model *m, zn_stream *s, int part, const void *norm_w,
+                                  const void *W, const void *x_in, void *dx, float *dnorm,
+                                  float *dW);
 /* Logits of rows [row0, row0 + nrows) of the batch (row = b * seq + t),
  * all vocabulary columns, as fp32 into device memory out[nrows][vocab].
  * For tests and eval. It reuses the head's saved state: run head_fwd again

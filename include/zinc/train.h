@@ -86,6 +86,13 @@ typedef struct zn_train_model {
      * covers only elements [frozen, n) of the block (NULL when the block
      * has none that train), and a wholly frozen block 0 gets no backward. */
     const uint64_t *block_frozen;
+    /* NULL, or per block 1 when block b is a further part of the layer
+     * that block b - 1 belongs to (a vocabulary split in row ranges): the
+     * parts of one layer run back to back and share its buffers, the same
+     * `in` and `out` in the forward and the same `dout` and `din` in the
+     * backward (which runs them in reverse); the model decides which part
+     * writes what. */
+    const unsigned char *block_joins;
     size_t act_bytes;              /* bytes of one inter-block activation */
     double flops_per_token;        /* model FLOPs per token (fwd + bwd), for TFLOP/s */
     /* Called once after the device exists: allocate scratch (counted in the

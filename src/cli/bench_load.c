@@ -120,8 +120,7 @@ static int plain_pass(zn_st *st, uint32_t *crc, double *secs, uint64_t *bytes)
 }
 
 typedef struct {
-    int block;
-    uint64_t start, n;       /* block elements */
+    uint64_t start, n;       /* elements of the model's flat order (blocks back to back) */
     size_t st_index;         /* the tensor in the checkpoint */
     zn_dtype dt;
 } span;
@@ -141,7 +140,8 @@ static int zinc_pass(const zn_train_model *md, zn_st *st, const span *sp, int ns
     memset(crc, 0, zn_st_count(st) * sizeof *crc);
     *secs = 0;
     int rc = 0;
-    for (int b = 0; b < md->n_blocks && !rc; b++) {
+    uint64_t g = 0; /* the trainer block's first element in the model's flat order */
+    for (int b = 0; b < md->n_blocks && !rc; g += md->block_params[b], b++) {
         uint64_t n = md->block_params[b];
         for (uint64_t x = 0; x < n && !rc; x += LOAD_CHUNK) {
             uint64_t c = n - x < LOAD_CHUNK ? n - x : LOAD_CHUNK;
@@ -149,13 +149,12 @@ static int zinc_pass(const zn_train_model *md, zn_st *st, const span *sp, int ns
             rc = md->init_params(md->ctx, b, x, c, vals);
             *secs += zn_now_s() - t0;
             for (int k = 0; k < nsp && !rc; k++) {
-                if (sp[k].block != b)
-                    continue;
-                uint64_t a = sp[k].start > x ? sp[k].start : x;
-                uint64_t e = sp[k].start + sp[k].n < x + c ? sp[k].start + sp[k].n : x + c;
+                uint64_t a = sp[k].start > g + x ? sp[k].start : g + x;
+                uint64_t e = sp[k].start + sp[k].n < g + x + c ? sp[k].start + sp[k].n
+                                                                : g + x + c;
                 if (a >= e)
                     continue;
-                if ((rc = zn_convert(narrow, sp[k].dt, vals + (a - x), ZN_DTYPE_F32, e - a)))
+                if ((rc = zn_convert(narrow, sp[k].dt, vals + (a - g - x), ZN_DTYPE_F32, e - a)))
                     break;
                 crc[sp[k].st_index] = zn_crc32c(crc[sp[k].st_index], narrow,
                                                 (size_t)(e - a) * zn_dtype_size(sp[k].dt));
@@ -218,7 +217,7 @@ int zn_bench_load(int argc, char **argv)
     const zn_train_model *md = zn_train_llama_model(l);
     size_t nt = zn_st_count(st);
     int cap = 0, nsp = 0;
-    for (int b = 0; b < md->n_blocks; b++)
+    for (int b = 0; b < zn_model_num_blocks(&d); b++)
         cap += zn_model_block_nparams(&d, b);
     sp = calloc((size_t)cap, sizeof *sp);
     c_plain = calloc(nt, sizeof *c_plain);
@@ -228,15 +227,15 @@ int zn_bench_load(int argc, char **argv)
         goto out;
     }
     uint64_t data_bytes = 0;
-    for (int b = 0; b < md->n_blocks; b++) {
-        uint64_t off = 0;
+    uint64_t off = 0;
+    for (int b = 0; b < zn_model_num_blocks(&d); b++) {
         for (int i = 0; i < zn_model_block_nparams(&d, b); i++) {
             zn_param_info pi;
             zn_model_block_param(&d, b, i, &pi);
             if (pi.owner_block >= 0)
                 continue;
             const zn_st_tensor *t = zn_st_find(st, pi.name);
-            sp[nsp++] = (span){ b, off, (uint64_t)pi.numel, (size_t)(t - zn_st_tensor_at(st, 0)),
+            sp[nsp++] = (span){ off, (uint64_t)pi.numel, (size_t)(t - zn_st_tensor_at(st, 0)),
                                 stored_dtype(t->dtype) };
             data_bytes += t->nbytes;
             off += (uint64_t)pi.numel;

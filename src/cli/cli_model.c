@@ -308,13 +308,16 @@ int zn_cli_check_budgets(const zn_config *cfg, const zn_topo *topo, const zn_pla
 }
 
 /* The planner's input for a model and a config. `blocks` must hold
- * zn_model_num_blocks(d) entries. */
+ * zn_model_num_parts(d) entries: the blocks as the trainer streams them,
+ * the vocabulary in parts. */
 void zn_cli_plan_input(const zn_config *cfg, const zn_model_dims *d, int world,
                        uint64_t *blocks, zn_plan_input *in)
 {
-    int nb = zn_model_num_blocks(d);
-    for (int i = 0; i < nb; i++)
-        blocks[i] = zn_model_block_param_count(d, i);
+    int nb = zn_model_num_parts(d);
+    for (int i = 0; i < nb; i++) {
+        zn_model_part_info pt;
+        blocks[i] = zn_model_part(d, i, &pt) ? 0 : pt.n;
+    }
     memset(in, 0, sizeof *in);
     in->n_blocks = nb;
     in->block_params = blocks;

@@ -140,7 +140,7 @@ int zn_cmd_plan(int argc, char **argv)
         (rc = zn_cli_check_budgets(&cfg, &topo, &budgets, 0)))
         return zn_cli_fail(rc, NULL);
 
-    int nb = zn_model_num_blocks(&d);
+    int nb = zn_model_num_parts(&d);
     uint64_t *blocks = calloc((size_t)nb, sizeof *blocks);
     if (!blocks)
         return zn_cli_fail(-12, "out of memory");

@@ -281,7 +281,7 @@ int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int flag
             budgets.bytes[ZN_TIER_GPU] /= (uint64_t)local_size;
         budgets.bytes[ZN_TIER_NVME] /= (uint64_t)local_size;
     }
-    int nb = zn_model_num_blocks(&d);
+    int nb = zn_model_num_parts(&d);
     blocks = calloc((size_t)nb, sizeof *blocks);
     if (!blocks) {
         rc = zn_set_error(-ENOMEM, "out of memory");

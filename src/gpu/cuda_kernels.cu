@@ -117,27 +117,29 @@ __global__ void k_scale2d(void *c, int dt, int64_t m, int64_t n, int64_t ld, flo
     }
 }
 
-__global__ void k_emb_fwd(const int32_t *ids, int64_t nt, int64_t vocab, int64_t dim,
-                          const void *table, int tdt, void *out, int odt)
+__global__ void k_emb_fwd(const int32_t *ids, int64_t nt, int64_t row0, int64_t vocab,
+                          int64_t dim, int skip, const void *table, int tdt, void *out, int odt)
 {
     GRID_STRIDE(i, nt * dim)
     {
         int64_t t = i / dim, j = i % dim;
-        int64_t id = ids[t];
-        float v = (id >= 0 && id < vocab) ? ldv(table, tdt, id * dim + j) : 0.0f;
-        stv(out, odt, i, v);
+        int64_t id = (int64_t)ids[t] - row0;
+        bool ok = id >= 0 && id < vocab;
+        if (!ok && skip)
+            continue; // another part's row
+        stv(out, odt, i, ok ? ldv(table, tdt, id * dim + j) : 0.0f);
     }
 }
 
 // One thread per column walks the tokens in order: repeated ids add up in
 // the same order as the C reference, with no atomics.
-__global__ void k_emb_bwd(const int32_t *ids, int64_t nt, int64_t vocab, int64_t dim,
-                          const void *dout, int ddt, float *dtable)
+__global__ void k_emb_bwd(const int32_t *ids, int64_t nt, int64_t row0, int64_t vocab,
+                          int64_t dim, const void *dout, int ddt, float *dtable)
 {
     GRID_STRIDE(j, dim)
     {
         for (int64_t t = 0; t < nt; t++) {
-            int64_t id = ids[t];
+            int64_t id = (int64_t)ids[t] - row0;
             if (id >= 0 && id < vocab)
                 dtable[id * dim + j] += ldv(dout, ddt, t * dim + j);
         }
@@ -494,15 +496,16 @@ extern "C" int zn_cuda_run_kernel(const zn_op *op, void *stream, float *scratch,
     case ZN_OPK_EMB_FWD:
         *what = "k_emb_fwd";
         k_emb_fwd<<<grid_for(op->u.emb.n_tokens * op->u.emb.dim), T, 0, st>>>(
-            op->u.emb.ids, op->u.emb.n_tokens, op->u.emb.vocab, op->u.emb.dim, op->u.emb.table,
-            op->u.emb.table_dt, op->u.emb.out, op->u.emb.out_dt);
+            op->u.emb.ids, op->u.emb.n_tokens, op->u.emb.row0, op->u.emb.vocab, op->u.emb.dim,
+            op->u.emb.skip, op->u.emb.table, op->u.emb.table_dt, op->u.emb.out,
+            op->u.emb.out_dt);
         break;
     case ZN_OPK_EMB_BWD:
         *what = "k_emb_bwd";
         k_emb_bwd<<<grid_for(op->u.emb.dim), T, 0, st>>>(op->u.emb.ids, op->u.emb.n_tokens,
-                                                         op->u.emb.vocab, op->u.emb.dim,
-                                                         op->u.emb.dout, op->u.emb.dout_dt,
-                                                         op->u.emb.dtable);
+                                                         op->u.emb.row0, op->u.emb.vocab,
+                                                         op->u.emb.dim, op->u.emb.dout,
+                                                         op->u.emb.dout_dt, op->u.emb.dtable);
         break;
     case ZN_OPK_RMS_FWD:
         *what = "k_rms_fwd";

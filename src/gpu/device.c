@@ -761,15 +761,15 @@ int zn_dev_gemm(zn_dev *d, zn_stream *s, zn_trans ta, zn_trans tb, int64_t m, in
 }
 
 /* ---- kernels ------------------------------------------------------------*/
-int zn_dev_embedding_fwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64_t n_tokens,
-                         const void *table, zn_dtype table_dt, int64_t vocab, int64_t dim,
-                         void *out, zn_dtype out_dt)
+static int emb_fwd_op(zn_dev *d, zn_stream *s, const char *fn, const int32_t *ids,
+                      int64_t n_tokens, const void *table, zn_dtype table_dt, int64_t row0,
+                      int64_t vocab, int64_t dim, void *out, zn_dtype out_dt, int skip)
 {
-    const char *fn = "embedding_fwd";
     CHK_DT(fn, table_dt);
     CHK_DT(fn, out_dt);
-    CHK(n_tokens >= 0 && vocab > 0 && dim > 0, "%s: bad sizes (tokens %lld vocab %lld "
-        "dim %lld)", fn, (long long)n_tokens, (long long)vocab, (long long)dim);
+    CHK(n_tokens >= 0 && vocab > 0 && dim > 0 && row0 >= 0, "%s: bad sizes (tokens %lld "
+        "rows %lld from %lld, dim %lld)", fn, (long long)n_tokens, (long long)vocab,
+        (long long)row0, (long long)dim);
     if (n_tokens == 0)
         return 0;
     CHK_PTR(fn, ids, (uint64_t)n_tokens * 4);
@@ -780,6 +780,8 @@ int zn_dev_embedding_fwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64_t n_
     op.u.emb.n_tokens = n_tokens;
     op.u.emb.vocab = vocab;
     op.u.emb.dim = dim;
+    op.u.emb.row0 = row0;
+    op.u.emb.skip = skip;
     op.u.emb.table = table;
     op.u.emb.table_dt = table_dt;
     op.u.emb.out = out;
@@ -787,14 +789,14 @@ int zn_dev_embedding_fwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64_t n_
     return submit(d, s, &op);
 }
 
-int zn_dev_embedding_bwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64_t n_tokens,
-                         const void *dout, zn_dtype dout_dt, int64_t vocab, int64_t dim,
-                         float *dtable)
+static int emb_bwd_op(zn_dev *d, zn_stream *s, const char *fn, const int32_t *ids,
+                      int64_t n_tokens, const void *dout, zn_dtype dout_dt, int64_t row0,
+                      int64_t vocab, int64_t dim, float *dtable)
 {
-    const char *fn = "embedding_bwd";
     CHK_DT(fn, dout_dt);
-    CHK(n_tokens >= 0 && vocab > 0 && dim > 0, "%s: bad sizes (tokens %lld vocab %lld "
-        "dim %lld)", fn, (long long)n_tokens, (long long)vocab, (long long)dim);
+    CHK(n_tokens >= 0 && vocab > 0 && dim > 0 && row0 >= 0, "%s: bad sizes (tokens %lld "
+        "rows %lld from %lld, dim %lld)", fn, (long long)n_tokens, (long long)vocab,
+        (long long)row0, (long long)dim);
     if (n_tokens == 0)
         return 0;
     CHK_PTR(fn, ids, (uint64_t)n_tokens * 4);
@@ -805,10 +807,44 @@ int zn_dev_embedding_bwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64_t n_
     op.u.emb.n_tokens = n_tokens;
     op.u.emb.vocab = vocab;
     op.u.emb.dim = dim;
+    op.u.emb.row0 = row0;
+    op.u.emb.skip = 1;
     op.u.emb.dout = dout;
     op.u.emb.dout_dt = dout_dt;
     op.u.emb.dtable = dtable;
     return submit(d, s, &op);
+}
+
+int zn_dev_embedding_fwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64_t n_tokens,
+                         const void *table, zn_dtype table_dt, int64_t vocab, int64_t dim,
+                         void *out, zn_dtype out_dt)
+{
+    return emb_fwd_op(d, s, "embedding_fwd", ids, n_tokens, table, table_dt, 0, vocab, dim, out,
+                      out_dt, 0);
+}
+
+int zn_dev_embedding_rows_fwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64_t n_tokens,
+                              const void *table, zn_dtype table_dt, int64_t row0, int64_t rows,
+                              int64_t dim, void *out, zn_dtype out_dt)
+{
+    return emb_fwd_op(d, s, "embedding_rows_fwd", ids, n_tokens, table, table_dt, row0, rows,
+                      dim, out, out_dt, 1);
+}
+
+int zn_dev_embedding_bwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64_t n_tokens,
+                         const void *dout, zn_dtype dout_dt, int64_t vocab, int64_t dim,
+                         float *dtable)
+{
+    return emb_bwd_op(d, s, "embedding_bwd", ids, n_tokens, dout, dout_dt, 0, vocab, dim,
+                      dtable);
+}
+
+int zn_dev_embedding_rows_bwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64_t n_tokens,
+                              const void *dout, zn_dtype dout_dt, int64_t row0, int64_t rows,
+                              int64_t dim, float *dtable)
+{
+    return emb_bwd_op(d, s, "embedding_rows_bwd", ids, n_tokens, dout, dout_dt, row0, rows, dim,
+                      dtable);
 }
 
 int zn_dev_rmsnorm_fwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, const void *w,

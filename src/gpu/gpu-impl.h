@@ -88,6 +88,7 @@ typedef struct zn_op {
         } gemm;
         struct {
             const int32_t *ids; int64_t n_tokens, vocab, dim;
+            int64_t row0; int skip;  /* rows [row0, row0 + vocab); skip: leave other rows */
             const void *table; zn_dtype table_dt; void *out; zn_dtype out_dt;
             const void *dout; zn_dtype dout_dt; float *dtable;
         } emb;

@@ -149,8 +149,10 @@ static void emb_fwd(const zn_op *op)
 {
     const int64_t dim = op->u.emb.dim;
     for (int64_t t = 0; t < op->u.emb.n_tokens; t++) {
-        int64_t id = op->u.emb.ids[t];
+        int64_t id = (int64_t)op->u.emb.ids[t] - op->u.emb.row0;
         int ok = id >= 0 && id < op->u.emb.vocab;
+        if (!ok && op->u.emb.skip)
+            continue; /* another part's row */
         for (int64_t j = 0; j < dim; j++)
             stf(op->u.emb.out, op->u.emb.out_dt, t * dim + j,
                 ok ? ldf(op->u.emb.table, op->u.emb.table_dt, id * dim + j) : 0.0f);
@@ -161,7 +163,7 @@ static void emb_bwd(const zn_op *op)
 {
     const int64_t dim = op->u.emb.dim;
     for (int64_t t = 0; t < op->u.emb.n_tokens; t++) {
-        int64_t id = op->u.emb.ids[t];
+        int64_t id = (int64_t)op->u.emb.ids[t] - op->u.emb.row0;
         if (id < 0 || id >= op->u.emb.vocab)
             continue;
         float *row = op->u.emb.dtable + id * dim;

@@ -529,6 +529,77 @@ uint64_t zn_model_block_frozen_count(const zn_model_dims *d, int block)
     return d->lora.r > 0 ? base_count(d, block) : 0;
 }
 
+/* Rows of the embedding / lm_head per part: as many as keep a part (the
+ * head's first with the final norm) within one decoder layer's own
+ * parameters, spread evenly over the parts; at most MAX_PARTS parts (only a
+ * toy's layers are that small against its vocabulary: Qwen2.5-7B and 14B
+ * take 3). */
+#define MAX_PARTS 32
+static int64_t part_rows(const zn_model_dims *d, int *nparts)
+{
+    int64_t V = d->vocab, H = d->hidden;
+    int64_t most = (int64_t)(base_count(d, 1) / (uint64_t)H) - 1;
+    if (d->tie_embeddings || most < 1 || V <= most) {
+        *nparts = 1;
+        return V;
+    }
+    int64_t k = (V + most - 1) / most;
+    if (k > MAX_PARTS)
+        k = MAX_PARTS;
+    *nparts = (int)k;
+    return (V + k - 1) / k;
+}
+
+int zn_model_block_parts(const zn_model_dims *d, int block)
+{
+    if (block < 0 || block > d->n_layers + 1)
+        return 0;
+    if (block > 0 && block <= d->n_layers)
+        return 1;
+    if (block == d->n_layers + 1 && d->tie_embeddings)
+        return 1;
+    int k;
+    part_rows(d, &k);
+    return k;
+}
+
+int zn_model_num_parts(const zn_model_dims *d)
+{
+    return zn_model_block_parts(d, 0) + (int)d->n_layers + zn_model_block_parts(d, (int)d->n_layers + 1);
+}
+
+int zn_model_part(const zn_model_dims *d, int index, zn_model_part_info *out)
+{
+    memset(out, 0, sizeof *out);
+    int e = zn_model_block_parts(d, 0), L = (int)d->n_layers;
+    int h = zn_model_block_parts(d, L + 1);
+    if (index < 0 || index >= e + L + h)
+        return zn_set_error(ZN_EARG, "model: no part %d (the model has %d)", index, e + L + h);
+    int k;
+    int64_t rows = part_rows(d, &k), H = d->hidden, V = d->vocab;
+    if (index >= e && index < e + L) {
+        out->block = index - e + 1;
+        out->nparts = 1;
+        out->n = zn_model_block_param_count(d, out->block);
+        return 0;
+    }
+    int head = index >= e + L;
+    out->block = head ? L + 1 : 0;
+    out->part = head ? index - e - L : index;
+    out->nparts = head ? h : e;
+    out->row0 = (int64_t)out->part * rows;
+    out->rows = V - out->row0 < rows ? V - out->row0 : rows;
+    if (head && d->tie_embeddings) {
+        out->rows = V; /* the resident table's view: only the norm is the head's own */
+        out->n = (uint64_t)H;
+        return 0;
+    }
+    uint64_t lead = head ? (uint64_t)H : 0; /* the final norm, in the head's part 0 */
+    out->first = out->part ? lead + (uint64_t)(out->row0 * H) : 0;
+    out->n = (uint64_t)(out->rows * H) + (out->part ? 0 : lead);
+    return 0;
+}
+
 uint64_t zn_model_trainable_count(const zn_model_dims *d)
 {
     uint64_t n = 0;

@@ -598,6 +598,42 @@ int zn_model_embed_bwd(zn_model *m, zn_stream *s, void *const *params, const voi
     return zn_dev_embedding_bwd(m->dev, s, m->ids, m->N, dx, m->dt, m->V, m->H, grads[0]);
 }
 
+/* Part `part` of block `block`, checked. */
+static int part_of(const zn_model *m, int block, int part, zn_model_part_info *pi)
+{
+    int np = zn_model_block_parts(&m->d, block);
+    if (part < 0 || part >= np)
+        return zn_set_error(ZN_EARG, "model: block %d has no part %d (it has %d)", block, part,
+                            np);
+    int first = 0;
+    for (int b = 0; b < block; b++)
+        first += zn_model_block_parts(&m->d, b);
+    return zn_model_part(&m->d, first + part, pi);
+}
+
+int zn_model_embed_fwd_part(zn_model *m, zn_stream *s, int part, const void *table, void *x_out)
+{
+    zn_model_part_info pi;
+    TRY(need_batch(m));
+    TRY(part_of(m, 0, part, &pi));
+    if (pi.nparts == 1)
+        return zn_dev_embedding_fwd(m->dev, s, m->ids, m->N, table, m->dt, m->V, m->H, x_out,
+                                    m->dt);
+    return zn_dev_embedding_rows_fwd(m->dev, s, m->ids, m->N, table, m->dt, pi.row0, pi.rows,
+                                     m->H, x_out, m->dt);
+}
+
+int zn_model_embed_bwd_part(zn_model *m, zn_stream *s, int part, const void *dx, float *dtable)
+{
+    zn_model_part_info pi;
+    TRY(need_batch(m));
+    TRY(part_of(m, 0, part, &pi));
+    if (!dtable)
+        return 0; /* frozen */
+    return zn_dev_embedding_rows_bwd(m->dev, s, m->ids, m->N, dx, m->dt, pi.row0, pi.rows, m->H,
+                                     dtable);
+}
+
 /* ---- attention (one sequence at a time) ------------------------------------------- */
 
 /* Sequence b's first key per query (block-diagonal attention over packed
@@ -940,48 +976,94 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
 
 /* ---- head ------------------------------------------------------------------------ */
 
-int zn_model_head_fwd(zn_model *m, zn_stream *s, void *const *params, const void *x_in)
+/* The head over lm_head rows [r0, r0 + nr) (W: those rows). `first`: the
+ * part that normalizes x_in and starts the running log-sum-exp; `last`:
+ * the one that turns it into the loss. */
+static int head_fwd_rows(zn_model *m, zn_stream *s, const void *norm_w, const void *W,
+                         const void *x_in, int64_t r0, int64_t nr, int first, int last)
 {
     TRY(need_batch(m));
-    int64_t N = m->N, H = m->H, V = m->V, C = m->chunk;
-    const void *W = params[1];
-    TRY(zn_dev_rmsnorm_fwd(m->dev, s, x_in, m->dt, params[0], m->dt, m->hN, m->dt, m->rstdN, N,
-                           H, (float)m->d.rms_eps));
-    for (int64_t v0 = 0; v0 < V; v0 += C) {
-        int64_t c = V - v0 < C ? V - v0 : C;
+    int64_t N = m->N, H = m->H, C = m->chunk;
+    if (first)
+        TRY(zn_dev_rmsnorm_fwd(m->dev, s, x_in, m->dt, norm_w, m->dt, m->hN, m->dt, m->rstdN, N,
+                               H, (float)m->d.rms_eps));
+    for (int64_t v0 = r0; v0 < r0 + nr; v0 += C) {
+        int64_t c = r0 + nr - v0 < C ? r0 + nr - v0 : C;
         TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, c, H, 1.0f, m->hN, m->dt, H,
-                        at(W, v0 * H, m->esz), m->dt, H, 0.0f, m->logits, ZN_DTYPE_F32, c));
+                        at(W, (v0 - r0) * H, m->esz), m->dt, H, 0.0f, m->logits, ZN_DTYPE_F32,
+                        c));
         TRY(zn_dev_xent_fwd_chunk(m->dev, s, m->logits, ZN_DTYPE_F32, N, c, c, v0, m->targets,
-                                  m->run_max, m->run_sum, m->tgt, v0 == 0));
+                                  m->run_max, m->run_sum, m->tgt, first && v0 == r0));
     }
+    if (!last)
+        return 0;
     TRY(zn_dev_xent_finish(m->dev, s, m->run_max, m->run_sum, m->tgt, m->targets, N, m->lse,
                            m->row_loss));
     TRY(zn_dev_sum(m->dev, s, m->row_loss, ZN_DTYPE_F32, N, m->loss, 0));
     return zn_dev_scale(m->dev, s, m->loss, ZN_DTYPE_F32, 1, m->loss_scale);
 }
 
-int zn_model_head_bwd(zn_model *m, zn_stream *s, void *const *params, const void *x_in, void *dx,
-                      float *const *grads)
+/* Backward over rows [r0, r0 + nr): `last` (the part the backward meets
+ * first) starts dL/d(normed x); `first` ends with the norm's backward. */
+static int head_bwd_rows(zn_model *m, zn_stream *s, const void *norm_w, const void *W,
+                         const void *x_in, void *dx, float *dnorm, float *dW, int64_t r0,
+                         int64_t nr, int first, int last)
 {
     TRY(need_batch(m));
-    int64_t N = m->N, H = m->H, V = m->V, C = m->chunk;
-    const void *W = params[1];
-    for (int64_t v0 = 0; v0 < V; v0 += C) {
-        int64_t c = V - v0 < C ? V - v0 : C;
-        TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, c, H, 1.0f, m->hN, m->dt, H,
-                        at(W, v0 * H, m->esz), m->dt, H, 0.0f, m->logits, ZN_DTYPE_F32, c));
+    int64_t N = m->N, H = m->H, C = m->chunk;
+    for (int64_t v0 = r0; v0 < r0 + nr; v0 += C) {
+        int64_t c = r0 + nr - v0 < C ? r0 + nr - v0 : C;
+        const void *Wc = at(W, (v0 - r0) * H, m->esz);
+        TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, c, H, 1.0f, m->hN, m->dt, H, Wc,
+                        m->dt, H, 0.0f, m->logits, ZN_DTYPE_F32, c));
         TRY(zn_dev_xent_bwd_chunk(m->dev, s, m->logits, ZN_DTYPE_F32, N, c, c, v0, m->targets,
                                   m->lse, m->loss_scale, m->dlogits, m->dt, c));
         /* dW[v0:v0+c] += dlogits^T hN;  dhN (+)= dlogits W[v0:v0+c] */
-        if (grads[1])
+        if (dW)
             TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, c, H, N, 1.0f, m->dlogits, m->dt,
-                            c, m->hN, m->dt, H, 1.0f, grads[1] + v0 * H, ZN_DTYPE_F32, H));
+                            c, m->hN, m->dt, H, 1.0f, dW + (v0 - r0) * H, ZN_DTYPE_F32, H));
         TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, N, H, c, 1.0f, m->dlogits, m->dt, c,
-                        at(W, v0 * H, m->esz), m->dt, H, v0 ? 1.0f : 0.0f, m->dhN,
-                        ZN_DTYPE_F32, H));
+                        Wc, m->dt, H, last && v0 == r0 ? 0.0f : 1.0f, m->dhN, ZN_DTYPE_F32, H));
     }
-    return zn_dev_rmsnorm_bwd(m->dev, s, x_in, m->dt, params[0], m->dt, m->rstdN, m->dhN,
-                              ZN_DTYPE_F32, dx, m->dt, grads[0], N, H);
+    if (!first)
+        return 0;
+    return zn_dev_rmsnorm_bwd(m->dev, s, x_in, m->dt, norm_w, m->dt, m->rstdN, m->dhN,
+                              ZN_DTYPE_F32, dx, m->dt, dnorm, N, H);
+}
+
+int zn_model_head_fwd(zn_model *m, zn_stream *s, void *const *params, const void *x_in)
+{
+    return head_fwd_rows(m, s, params[0], params[1], x_in, 0, m->V, 1, 1);
+}
+
+int zn_model_head_bwd(zn_model *m, zn_stream *s, void *const *params, const void *x_in, void *dx,
+                      float *const *grads)
+{
+    return head_bwd_rows(m, s, params[0], params[1], x_in, dx, grads[0], grads[1], 0, m->V, 1,
+                         1);
+}
+
+int zn_model_head_fwd_part(zn_model *m, zn_stream *s, int part, const void *norm_w,
+                           const void *W, const void *x_in)
+{
+    zn_model_part_info pi;
+    TRY(part_of(m, (int)m->d.n_layers + 1, part, &pi));
+    if (!part && !norm_w)
+        return zn_set_error(ZN_EARG, "model: the head's part 0 needs the final norm's weight");
+    return head_fwd_rows(m, s, norm_w, W, x_in, pi.row0, pi.rows, part == 0,
+                         part == pi.nparts - 1);
+}
+
+int zn_model_head_bwd_part(zn_model *m, zn_stream *s, int part, const void *norm_w,
+                           const void *W, const void *x_in, void *dx, float *dnorm, float *dW)
+{
+    zn_model_part_info pi;
+    TRY(part_of(m, (int)m->d.n_layers + 1, part, &pi));
+    if (!part && (!norm_w || !dx))
+        return zn_set_error(ZN_EARG, "model: the head's part 0 backward needs the final norm's "
+                            "weight and dx");
+    return head_bwd_rows(m, s, norm_w, W, x_in, dx, dnorm, dW, pi.row0, pi.rows, part == 0,
+                         part == pi.nparts - 1);
 }
 
 int zn_model_head_logits(zn_model *m, zn_stream *s, void *const *params, const void *x_in,

@@ -1057,9 +1057,24 @@ static int check_geometry(const zn_ckpt *ck, zn_trainer *tr)
         return zn_set_error(ZN_ECONFIG, "checkpoint %s was saved by %d rank(s); this run has %d: "
                             "resuming with a different world size is not supported", ck->path,
                             ck->world, world);
-    if (ck->nblocks != tr->L)
+    if (ck->nblocks != tr->L) {
+        uint64_t a = 0, b2 = 0;
+        for (int b = 0; b < ck->nblocks; b++)
+            a += ck->blocks[b];
+        for (int b = 0; b < tr->L; b++) {
+            zn_block_share s;
+            zn_train_block_share(tr, b, &s);
+            b2 += s.n;
+        }
+        if (a == b2)
+            return zn_set_error(ZN_ECONFIG, "checkpoint %s holds this model cut into %d blocks; "
+                                "this zinc streams it in %d (the vocabulary in parts): resume "
+                                "is not possible, but `zinc export` of the checkpoint gives a "
+                                "model folder to start from (model.path)", ck->path,
+                                ck->nblocks, tr->L);
         return zn_set_error(ZN_ECONFIG, "checkpoint %s is of another model: %d blocks, this "
                             "model has %d", ck->path, ck->nblocks, tr->L);
+    }
     for (int b = 0; b < tr->L; b++) {
         zn_block_share s;
         zn_train_block_share(tr, b, &s);

@@ -26,8 +26,9 @@ typedef struct {
     char name[128];
     int ndim;
     int64_t shape[2];
-    uint64_t numel, block_off; /* element offset inside its block */
-    int block;
+    uint64_t numel;
+    uint64_t flat;  /* its first element in the checkpoint's flat order (every
+                       block's trainable elements, back to back) */
     int file;
 } ex_tensor;
 
@@ -71,6 +72,55 @@ static int read_block_range(const zn_ckpt *ck, ex_rank *rk, int b, uint64_t pos,
         dst += take;
         pos += take;
         n -= take;
+    }
+    return 0;
+}
+
+/* The same for elements [pos, pos + n) of the flat order, whichever blocks
+ * (the model's blocks, or their parts) the checkpoint cut it into. */
+static int read_flat_range(const zn_ckpt *ck, ex_rank *rk, uint64_t pos, uint64_t n, float *dst)
+{
+    uint64_t b0 = 0;
+    for (int b = 0; b < ck->nblocks && n; b0 += ck->blocks[b], b++) {
+        if (pos >= b0 + ck->blocks[b])
+            continue;
+        uint64_t take = b0 + ck->blocks[b] - pos < n ? b0 + ck->blocks[b] - pos : n;
+        int rc = read_block_range(ck, rk, b, pos - b0, take, dst);
+        if (rc)
+            return rc;
+        dst += take;
+        pos += take;
+        n -= take;
+    }
+    return n ? zn_set_error(ZN_ECORRUPT, "checkpoint %s: element %" PRIu64 " is past its "
+                            "blocks", ck->path, pos) : 0;
+}
+
+/* Checks the checkpoint's blocks against the model its config.json
+ * describes: cut as the trainer cuts them (zn_model_part), or whole blocks
+ * (a checkpoint from before the vocabulary was split in parts). */
+static int check_blocks(const zn_ckpt *ck, const zn_model_dims *d)
+{
+    int np = zn_model_num_parts(d), nb = zn_model_num_blocks(d);
+    bool lora = d->lora.r > 0;
+    if (ck->nblocks != np && ck->nblocks != nb)
+        return zn_set_error(ZN_ECORRUPT, "checkpoint %s: %d blocks, its config.json describes "
+                            "%d", ck->path, ck->nblocks, np);
+    for (int b = 0; b < ck->nblocks; b++) {
+        uint64_t want;
+        if (ck->nblocks == np && np != nb) {
+            zn_model_part_info pt;
+            zn_model_part(d, b, &pt);
+            want = pt.nparts > 1 ? (lora ? 0 : pt.n)
+                                 : zn_model_block_param_count(d, pt.block) -
+                                       zn_model_block_frozen_count(d, pt.block);
+        } else {
+            want = zn_model_block_param_count(d, b) - zn_model_block_frozen_count(d, b);
+        }
+        if (want != ck->blocks[b])
+            return zn_set_error(ZN_ECORRUPT, "checkpoint %s: block %d holds %" PRIu64
+                                " parameters, its config.json%s says %" PRIu64, ck->path, b,
+                                ck->blocks[b], lora ? " and adapter_config.json" : "", want);
     }
     return 0;
 }
@@ -146,25 +196,14 @@ int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64
     zn_model_dims d;
     if ((rc = zn_ckpt_dims(ck, &d)))
         goto out;
-    if (zn_model_num_blocks(&d) != ck->nblocks) {
-        rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: %d blocks, its config.json describes %d",
-                          ck->path, ck->nblocks, zn_model_num_blocks(&d));
+    if ((rc = check_blocks(ck, &d)))
         goto out;
-    }
     /* LoRA: the checkpoint holds the adapters (each block's trainable
      * tail), written as a PEFT adapter folder */
     bool lora = d.lora.r > 0;
     int cap = 0;
-    for (int b = 0; b < ck->nblocks; b++) {
-        uint64_t want = zn_model_block_param_count(&d, b) - zn_model_block_frozen_count(&d, b);
-        if (want != ck->blocks[b]) {
-            rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: block %d holds %" PRIu64 " parameters"
-                              ", its config.json%s says %" PRIu64, ck->path, b, ck->blocks[b],
-                              lora ? " and adapter_config.json" : "", want);
-            goto out;
-        }
+    for (int b = 0; b < zn_model_num_blocks(&d); b++)
         cap += zn_model_block_nparams(&d, b);
-    }
     ts = calloc((size_t)cap, sizeof *ts);
     names = calloc((size_t)cap, sizeof *names);
     files = calloc((size_t)cap, sizeof *files);
@@ -174,9 +213,8 @@ int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64
         goto out;
     }
     /* the tensors, in block order, and their files */
-    uint64_t esz = zn_dtype_size(dtype), in_file = 0, total_bytes = 0;
-    for (int b = 0; b < ck->nblocks; b++) {
-        uint64_t off = 0;
+    uint64_t esz = zn_dtype_size(dtype), in_file = 0, total_bytes = 0, off = 0;
+    for (int b = 0; b < zn_model_num_blocks(&d); b++) {
         for (int i = 0; i < zn_model_block_nparams(&d, b); i++) {
             zn_param_info pi;
             if ((rc = zn_model_block_param(&d, b, i, &pi)))
@@ -195,8 +233,7 @@ int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64
             t->shape[0] = pi.shape[0];
             t->shape[1] = pi.shape[1];
             t->numel = numel;
-            t->block = b;
-            t->block_off = off;
+            t->flat = off;
             off += numel;
             uint64_t bytes = numel * esz;
             if (in_file && in_file + bytes > shard_bytes && !lora) {
@@ -251,7 +288,7 @@ int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64
             ex_tensor *t = &ts[i];
             for (uint64_t first = 0; first < t->numel && !rc; first += CHUNK_ELEMS) {
                 uint64_t n = t->numel - first < CHUNK_ELEMS ? t->numel - first : CHUNK_ELEMS;
-                rc = read_block_range(ck, rk, t->block, t->block_off + first, n, buf);
+                rc = read_flat_range(ck, rk, t->flat + first, n, buf);
                 if (!rc)
                     rc = zn_st_writer_write(w, t->name, ZN_DTYPE_F32, buf, first, n);
             }
@@ -376,7 +413,7 @@ int zn_ckpt_export_merged(const char *path, const char *out_dir, const char *bas
         rc = zn_set_error(-ENOMEM, "export: out of memory");
         goto out;
     }
-    if ((rc = zn_ckpt_dims(ck, &d)))
+    if ((rc = zn_ckpt_dims(ck, &d)) || (rc = check_blocks(ck, &d)))
         goto out;
     if (d.lora.r <= 0) {
         rc = zn_set_error(ZN_EARG, "--merge: checkpoint %s holds a full model, not LoRA "
@@ -415,7 +452,7 @@ int zn_ckpt_export_merged(const char *path, const char *out_dir, const char *bas
     if ((rc = ranks_open(ck, rk)))
         goto out;
     int cap = 0;
-    for (int b = 0; b < ck->nblocks; b++)
+    for (int b = 0; b < zn_model_num_blocks(&d); b++)
         cap += zn_model_block_nparams(&d, b);
     ad = malloc((size_t)(total_ad ? total_ad : 1) * 4);
     ts = calloc((size_t)cap, sizeof *ts);
@@ -436,7 +473,7 @@ int zn_ckpt_export_merged(const char *path, const char *out_dir, const char *bas
         goto out;
     /* the base's tensors in model order, each with its adapter pair */
     uint64_t in_file = 0, total_bytes = 0, ad_at = 0;
-    for (int b = 0; b < ck->nblocks; b++) {
+    for (int b = 0; b < zn_model_num_blocks(&d); b++) {
         int first = nt;
         uint64_t off = 0, frozen = zn_model_block_frozen_count(&d, b);
         for (int i = 0; i < zn_model_block_nparams(&d, b); i++) {
@@ -488,7 +525,7 @@ int zn_ckpt_export_merged(const char *path, const char *out_dir, const char *bas
             total_bytes += bytes;
             nt++;
         }
-        ad_at += ck->blocks[b];
+        ad_at += zn_model_block_param_count(&d, b) - frozen;
     }
     nfiles++;
     for (int k = 0; k < nt; k++)

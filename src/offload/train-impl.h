@@ -147,6 +147,8 @@ typedef struct {
     bool replicated;        /* home holds the whole block */
     zn_param_home home;
     bool persistent;        /* whole block resident on the device: no fetch */
+    int gfirst, glast;      /* the blocks of its layer (zn_train_model.block_joins) */
+    int group;              /* that layer's index */
     int param_id;           /* device or cpu buffer (home DEVICE / CPU) */
     void *dev_params;       /* home DEVICE: the device buffer */
     void *cpu_params;       /* home CPU: pinned */

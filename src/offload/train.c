@@ -110,6 +110,18 @@ static int build_layout(zn_trainer *tr)
         return zn_set_error(-ENOMEM, "train: out of memory");
     uint64_t off = 0, in_cpu = 0, full = 0;
     uint64_t thresh = (uint64_t)cfg->zero.stage3_param_persistence_threshold;
+    /* the layers: runs of blocks joined to the one before */
+    for (int b = 0, g = -1; b < tr->L; b++) {
+        bool joins = b > 0 && md->block_joins && md->block_joins[b];
+        zn_block *bl = &tr->blocks[b];
+        if (!joins)
+            g++;
+        bl->group = g;
+        bl->gfirst = joins ? tr->blocks[b - 1].gfirst : b;
+    }
+    for (int b = tr->L - 1; b >= 0; b--)
+        tr->blocks[b].glast = b + 1 < tr->L && tr->blocks[b + 1].group == tr->blocks[b].group
+                                  ? tr->blocks[b + 1].glast : b;
     for (int b = 0; b < tr->L; b++) {
         zn_block *bl = &tr->blocks[b];
         bl->n = md->block_params[b];
@@ -441,6 +453,8 @@ static int allocate(zn_trainer *tr)
     if (!tr->ckpt)
         return zn_set_error(-ENOMEM, "train: out of memory");
     for (int b = 1; b < tr->L; b++) {
+        if (tr->blocks[b].gfirst != b)
+            continue; /* a further part of a layer reads its first part's input */
         snprintf(name, sizeof name, "activation ckpt b%d", b);
         TRY(alloc_ptr(tr, gpu, ZN_STATE_ACT_CKPT, act, name, &tr->ckpt[b]));
     }
@@ -1489,18 +1503,18 @@ static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
         } else if ((rc = wait_params(tr, b))) {
             return rc;  /* resident on the device: the update's H2D must have landed */
         }
-        const void *in = b > 0 ? tr->ckpt[b] : NULL;
+        const void *in = bl->gfirst > 0 ? tr->ckpt[bl->gfirst] : NULL;
         snprintf(name, sizeof name, "%s b%d", bwd ? "bwd" : "fwd", b);
         if (!bwd) {
             zn_mark *mk = zn_train_mark_begin(tr, tr->s_comp, ZN_RES_COMPUTE, name);
-            void *o = b < L - 1 ? tr->ckpt[b + 1] : NULL;
+            void *o = bl->glast < L - 1 ? tr->ckpt[bl->glast + 1] : NULL;
             if ((rc = md->forward(md->ctx, tr->s_comp, b, params, in, o)))
                 return zn_error_prefix(rc, "forward of block %d", b);
             zn_train_mark_end(tr, tr->s_comp, mk);
         } else {
             int g = (L - 1 - b) & 1;
-            const void *dout = b < L - 1 ? tr->dact[(b + 1) & 1] : NULL;
-            void *din = b > 0 ? tr->dact[b & 1] : NULL;
+            const void *dout = bl->glast < L - 1 ? tr->dact[(bl->group + 1) & 1] : NULL;
+            void *din = bl->gfirst > 0 ? tr->dact[bl->group & 1] : NULL;
             bool grads = bl->gpad > 0;  /* else wholly frozen: only din */
             if (grads && ((rc = zn_dev_stream_wait_event(d, tr->s_comp, tr->ev_gfree[g])) ||
                           (rc = zn_dev_memset(d, tr->s_comp, tr->gdev[g], 0, bl->gpad * 4))))
@@ -1966,8 +1980,9 @@ int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
             }
             snprintf(name, sizeof name, "eval b%d", b);
             zn_mark *mk = zn_train_mark_begin(tr, tr->s_comp, ZN_RES_COMPUTE, name);
-            if ((rc = md->forward(md->ctx, tr->s_comp, b, params, b > 0 ? tr->ckpt[b] : NULL,
-                                  b < L - 1 ? tr->ckpt[b + 1] : NULL))) {
+            if ((rc = md->forward(md->ctx, tr->s_comp, b, params,
+                                  bl->gfirst > 0 ? tr->ckpt[bl->gfirst] : NULL,
+                                  bl->glast < L - 1 ? tr->ckpt[bl->glast + 1] : NULL))) {
                 rc = zn_error_prefix(rc, "eval forward of block %d", b);
                 break;
             }

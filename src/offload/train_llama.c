@@ -25,7 +25,10 @@ typedef struct {
                                     3 lora_A (PEFT's Kaiming uniform), 4 lora_B (zeros) */
     int64_t fan_in[MAX_TENSORS]; /* lora_A: its in features */
     const zn_st_tensor *src[MAX_TENSORS]; /* loaded: the checkpoint's tensor */
+    uint64_t src_off[MAX_TENSORS]; /* the part's first element in the whole tensor */
     int pidx[MAX_TENSORS];       /* its index in zn_model_block_param order */
+    int block, part;             /* the model block and its part (zn_model_part) */
+    int tied;                    /* the tied head: its last tensor is block 0's table */
     int n_all;                   /* tensors the block calls take (own + tied views) */
 } block_layout;
 
@@ -34,8 +37,9 @@ struct zn_train_llama {
     int64_t batch, seq;
     double init_std;
     uint64_t seed;
-    int nb;
+    int nb;                      /* the trainer's blocks: the model's parts */
     uint64_t *block_params;
+    unsigned char *joins;        /* a further part of the same model block */
     uint64_t *block_frozen;      /* LoRA: the decoder's own tensors */
     block_layout *lay;
     zn_st *ast;                  /* LoRA: the adapter the adapters start from */
@@ -135,7 +139,8 @@ static int ll_init(void *ctx, int b, uint64_t first, uint64_t n, float *out)
                         return rc;
                     np = 0;
                 }
-                rp[np++] = (read_piece){ ly->kind[i] >= 3 ? l->ast : l->st, ly->src[i], x - ts,
+                rp[np++] = (read_piece){ ly->kind[i] >= 3 ? l->ast : l->st, ly->src[i],
+                                         x - ts + ly->src_off[i],
                                          e - x < READ_PIECE ? e - x : READ_PIECE,
                                          out + (x - first) };
             }
@@ -146,15 +151,19 @@ static int ll_init(void *ctx, int b, uint64_t first, uint64_t n, float *out)
             memset(o, 0, (e - a) * sizeof *o);
         } else if (ly->kind[i] == 3) {
             /* PEFT: kaiming_uniform_(a = sqrt(5)), i.e. U(-1/sqrt(in), 1/sqrt(in)) */
-            uint64_t key = mix(l->lora_seed ^ mix(((uint64_t)b << 8) | (uint64_t)i));
+            uint64_t key = mix(l->lora_seed ^ mix(((uint64_t)ly->block << 8) |
+                                                  (uint64_t)ly->pidx[i]));
             double bound = 1.0 / sqrt((double)ly->fan_in[i]);
             for (uint64_t k = 0; k < e - a; k++) {
                 uint64_t h = mix(key + (a - ts) + k);
                 o[k] = (float)((2.0 * ((double)(h >> 11) * 0x1.0p-53) - 1.0) * bound);
             }
         } else {
-            uint64_t key = mix(l->seed ^ mix(((uint64_t)b << 8) | (uint64_t)i));
-            normal_range(key, l->init_std, a - ts, e - a, o);
+            /* keyed by the model's block, tensor and element: the same
+             * values however the block is cut into parts */
+            uint64_t key = mix(l->seed ^ mix(((uint64_t)ly->block << 8) |
+                                             (uint64_t)ly->pidx[i]));
+            normal_range(key, l->init_std, a - ts + ly->src_off[i], e - a, o);
         }
     }
     return np ? read_pieces(l, rp, np) : 0;
@@ -252,9 +261,10 @@ static void views(const zn_train_llama *l, int b, void *base, size_t esz, void *
     /* gradients cover only the trainable tail [frozen, n): a frozen
      * tensor's is NULL (never formed) */
     uint64_t fz = grads ? l->block_frozen[b] : 0;
+    out[0] = out[1] = NULL; /* a head part past the first has no norm */
     for (int i = 0; i < ly->n; i++)
         out[ly->pidx[i]] = !base || ly->off[i] < fz ? NULL : (char *)base + (ly->off[i] - fz) * esz;
-    if (ly->n_all > ly->n)  /* the tied head: lm_head is its last tensor */
+    if (ly->tied)  /* the tied head: lm_head is its last tensor */
         out[ly->n_all - 1] = grads ? (void *)l->tied_grad : l->embed; /* NULL with LoRA */
 }
 
@@ -268,12 +278,13 @@ static int ll_forward(void *ctx, zn_stream *s, int b, void *params, const void *
 {
     zn_train_llama *l = ctx;
     void *p[MAX_TENSORS];
+    const block_layout *ly = &l->lay[b];
     views(l, b, params, l->esz, p, 0);
-    if (b == 0)
-        return zn_model_embed_fwd(l->m, s, p, out);
-    if (b == l->nb - 1)
-        return zn_model_head_fwd(l->m, s, p, in);
-    return zn_model_layer_fwd(l->m, s, b - 1, p, in, out, NULL);
+    if (ly->block == 0)
+        return zn_model_embed_fwd_part(l->m, s, ly->part, p[0], out);
+    if (ly->block == l->d.n_layers + 1)
+        return zn_model_head_fwd_part(l->m, s, ly->part, p[0], p[1], in);
+    return zn_model_layer_fwd(l->m, s, ly->block - 1, p, in, out, NULL);
 }
 
 static int ll_backward(void *ctx, zn_stream *s, int b, void *params, const void *in,
@@ -284,8 +295,9 @@ static int ll_backward(void *ctx, zn_stream *s, int b, void *params, const void 
     views(l, b, params, l->esz, p, 0);
     views(l, b, dparams, 4, g, 1);
     int rc;
-    if (b == 0) {
-        if ((rc = zn_model_embed_bwd(l->m, s, p, dout, (float *const *)g)))
+    const block_layout *ly = &l->lay[b];
+    if (ly->block == 0) {
+        if ((rc = zn_model_embed_bwd_part(l->m, s, ly->part, dout, g[0])))
             return rc;
         /* tied: the head's lm_head gradient of this micro-batch joins the
          * embedding's (the head's backward ran first) */
@@ -293,14 +305,15 @@ static int ll_backward(void *ctx, zn_stream *s, int b, void *params, const void 
                                                  ZN_DTYPE_F32, l->d.vocab * l->d.hidden)
                             : 0;
     }
-    if (b == l->nb - 1) {
+    if (ly->block == l->d.n_layers + 1) {
         if (l->tied_grad &&
             (rc = zn_dev_memset(l->dev, s, l->tied_grad, 0,
                                 (size_t)(l->d.vocab * l->d.hidden) * 4)))
             return rc;
-        return zn_model_head_bwd(l->m, s, p, in, din, (float *const *)g);
+        return zn_model_head_bwd_part(l->m, s, ly->part, p[0], p[1], in, din, g[0], g[1]);
     }
-    return zn_model_layer_bwd(l->m, s, b - 1, p, in, NULL, dout, din, (float *const *)g);
+    return zn_model_layer_bwd(l->m, s, ly->block - 1, p, in, NULL, dout, din,
+                              (float *const *)g);
 }
 
 int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64_t micro_batch,
@@ -318,55 +331,76 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
     l->seq = seq;
     l->init_std = init_std > 0 ? init_std : 0.02;
     l->seed = seed;
-    l->nb = zn_model_num_blocks(dims);
+    l->nb = zn_model_num_parts(dims);
     l->block_params = calloc((size_t)l->nb, sizeof *l->block_params);
     l->block_frozen = calloc((size_t)l->nb, sizeof *l->block_frozen);
+    l->joins = calloc((size_t)l->nb, 1);
     l->lay = calloc((size_t)l->nb, sizeof *l->lay);
-    if (!l->block_params || !l->block_frozen || !l->lay) {
+    if (!l->block_params || !l->block_frozen || !l->joins || !l->lay) {
         zn_train_llama_destroy(l);
         return zn_set_error(-ENOMEM, "out of memory");
     }
     for (int b = 0; b < l->nb; b++) {
         block_layout *ly = &l->lay[b];
-        ly->n_all = zn_model_block_nparams(dims, b);
+        zn_model_part_info pt;
+        if ((rc = zn_model_part(dims, b, &pt))) {
+            zn_train_llama_destroy(l);
+            return rc;
+        }
+        ly->block = pt.block;
+        ly->part = pt.part;
+        l->joins[b] = pt.part > 0;
+        ly->n_all = zn_model_block_nparams(dims, pt.block);
         if (ly->n_all > MAX_TENSORS) {
             zn_train_llama_destroy(l);
-            return zn_set_error(ZN_EINTERNAL, "block %d has %d tensors", b, ly->n_all);
+            return zn_set_error(ZN_EINTERNAL, "block %d has %d tensors", pt.block, ly->n_all);
         }
-        uint64_t off = 0;
+        /* the block's own tensors, cut to the part's range of its flat order */
+        uint64_t toff = 0, end = pt.first + pt.n;
         ly->n = 0;
         for (int i = 0; i < ly->n_all; i++) {
             zn_param_info pi;
-            if ((rc = zn_model_block_param(dims, b, i, &pi))) {
+            if ((rc = zn_model_block_param(dims, pt.block, i, &pi))) {
                 zn_train_llama_destroy(l);
                 return rc;
             }
             if (pi.owner_block >= 0) {
                 /* a view of another block's tensor: only the tied lm_head,
                  * the head's last tensor, a view of block 0's table */
-                if (pi.owner_block != 0 || i != ly->n_all - 1 || b != zn_model_num_blocks(dims) - 1) {
+                if (pi.owner_block != 0 || i != ly->n_all - 1 ||
+                    pt.block != zn_model_num_blocks(dims) - 1 || pt.nparts != 1) {
                     zn_train_llama_destroy(l);
-                    return zn_set_error(ZN_EINTERNAL, "block %d tensor %d: unexpected tie", b, i);
+                    return zn_set_error(ZN_EINTERNAL, "block %d tensor %d: unexpected tie",
+                                        pt.block, i);
                 }
+                ly->tied = 1;
                 continue;
             }
+            uint64_t ts = toff, te = toff + (uint64_t)pi.numel;
+            toff = te;
+            uint64_t a = ts > pt.first ? ts : pt.first, e = te < end ? te : end;
+            if (a >= e)
+                continue; /* in another part */
             size_t nl = strlen(pi.name);
             int k = ly->n++;
             ly->pidx[k] = i;
-            ly->off[k] = off;
+            ly->off[k] = a - pt.first;
+            ly->src_off[k] = a - ts;
             ly->kind[k] = pi.lora == 1 ? 3 : pi.lora == 2 ? 4
                           : strstr(pi.name, "norm.weight") ? 1
                           : (nl > 5 && !strcmp(pi.name + nl - 5, ".bias")) ? 2 : 0;
             ly->fan_in[k] = pi.shape[1];
-            off += (uint64_t)pi.numel;
         }
-        l->block_params[b] = off;
-        l->block_frozen[b] = zn_model_block_frozen_count(dims, b);
-        if (off != zn_model_block_param_count(dims, b)) {
+        l->block_params[b] = pt.n;
+        /* LoRA: the decoder's own tensors are frozen (the whole of an
+         * embedding or head part); they come first in a layer's order */
+        l->block_frozen[b] = pt.nparts > 1 ? (dims->lora.r > 0 ? pt.n : 0)
+                                           : zn_model_block_frozen_count(dims, pt.block);
+        if (pt.nparts == 1 && pt.n != zn_model_block_param_count(dims, pt.block)) {
             zn_train_llama_destroy(l);
-            return zn_set_error(ZN_EINTERNAL, "block %d: tensors hold %llu elements, the "
-                                "block count is %llu", b, (unsigned long long)off,
-                                (unsigned long long)zn_model_block_param_count(dims, b));
+            return zn_set_error(ZN_EINTERNAL, "block %d: its part holds %llu elements, the "
+                                "block count is %llu", pt.block, (unsigned long long)pt.n,
+                                (unsigned long long)zn_model_block_param_count(dims, pt.block));
         }
     }
     zn_train_model *m = &l->tm;
@@ -374,6 +408,7 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
     m->n_blocks = l->nb;
     m->block_params = l->block_params;
     m->block_frozen = dims->lora.r > 0 ? l->block_frozen : NULL;
+    m->block_joins = l->joins;
     m->act_bytes = (size_t)(micro_batch * seq * dims->hidden) * 4;
     m->flops_per_token = zn_model_flops(dims, -1, 1, seq) / (double)seq;
     m->prepare = ll_prepare;
@@ -404,6 +439,7 @@ void zn_train_llama_destroy(zn_train_llama *l)
     zn_st_close(l->ast);
     free(l->block_params);
     free(l->block_frozen);
+    free(l->joins);
     free(l->lay);
     free(l);
 }
@@ -458,7 +494,7 @@ int zn_train_llama_load(zn_train_llama *l, const char *path, char *summary, size
     for (int b = 0; b < l->nb && !rc; b++) {
         for (int i = 0; i < l->lay[b].n && !rc; i++) {
             zn_param_info pi;
-            if ((rc = zn_model_block_param(&l->d, b, l->lay[b].pidx[i], &pi)))
+            if ((rc = zn_model_block_param(&l->d, l->lay[b].block, l->lay[b].pidx[i], &pi)))
                 break;
             if (pi.lora)
                 continue; /* adapters: zn_train_llama_load_adapter, or the init */
@@ -492,9 +528,9 @@ int zn_train_llama_load(zn_train_llama *l, const char *path, char *summary, size
             if (!seen[idx]) {
                 seen[idx] = 1;
                 used++;
+                total += t->nbytes; /* once, however many parts read it */
             }
             dtypes |= 1 << t->dtype;
-            total += t->nbytes;
             tab[(size_t)b * MAX_TENSORS + (size_t)i] = t;
         }
     }
@@ -567,7 +603,7 @@ int zn_train_llama_load_adapter(zn_train_llama *l, const char *dir, char *summar
             if (l->lay[b].kind[i] < 3)
                 continue;
             zn_param_info pi;
-            if ((rc = zn_model_block_param(&l->d, b, l->lay[b].pidx[i], &pi)))
+            if ((rc = zn_model_block_param(&l->d, l->lay[b].block, l->lay[b].pidx[i], &pi)))
                 break;
             char name[160];
             snprintf(name, sizeof name, "base_model.model.%s", pi.name);
@@ -614,7 +650,7 @@ int zn_train_llama_load_adapter(zn_train_llama *l, const char *dir, char *summar
             if (l->lay[b].kind[i] < 3)
                 continue;
             zn_param_info pi;
-            zn_model_block_param(&l->d, b, l->lay[b].pidx[i], &pi);
+            zn_model_block_param(&l->d, l->lay[b].block, l->lay[b].pidx[i], &pi);
             char name[160];
             snprintf(name, sizeof name, "base_model.model.%s", pi.name);
             l->lay[b].src[i] = zn_st_find(st, name);
