@@ -83,6 +83,21 @@ ev() { "$zinc" eval --model "$1" --data synthetic --seq-len 12 --batches 4 --dev
 lz=$(ev vhf); lt=$(ev "$fx/ft-vocab")
 check "[ -n '$lz' ] && [ '$lz' = '$lt' ]" "ft-vocab export at lr 0: eval loss $lz, the folder's $lt"
 echo "ft-vocab: exported checkpoint eval $lz, the folder's own weights $lt"
+# and a run resumed from a checkpoint of its parts continues bit for bit
+vt=("$fx/ft-vocab/train-config.json" --model "$fx/ft-vocab" "${nvme[@]}")
+"$zinc" train "${vt[@]}" --steps 4 --json-log v4.jsonl > v4.out 2>&1
+rc=$?; check "[ \$rc -eq 0 ]" "ft-vocab 4 steps failed: $(tail -3 v4.out)"
+rm -rf swap
+"$zinc" train "${vt[@]}" --steps 2 --set 'train.checkpoint.dir="vck2"' > v2.out 2>&1
+rc=$?; check "[ \$rc -eq 0 ]" "ft-vocab 2 steps failed: $(tail -3 v2.out)"
+rm -rf swap
+"$zinc" train "${vt[@]}" --resume vck2 --steps 4 --json-log vr.jsonl > vr.out 2>&1
+rc=$?; check "[ \$rc -eq 0 ]" "ft-vocab resume failed: $(tail -3 vr.out)"
+hex() { grep "\"step\": $2," "$1" | sed 's/.*"loss_hex": "\([^"]*\)".*/\1/'; }
+for st in 3 4; do
+    a=$(hex v4.jsonl $st); b=$(hex vr.jsonl $st)
+    check "[ -n '$a' ] && [ '$a' = '$b' ]" "ft-vocab resumed step $st: loss $b, uninterrupted $a"
+done
 
 if [ $fail -ne 0 ]; then
     echo "train_hf_cli: FAILED"
