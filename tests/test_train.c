@@ -353,6 +353,43 @@ int main(void)
         free(o.master);
     }
 
+    /* bf16 gradient transfer (train.grad_transfer, the default where params
+     * are bf16): each block's gradients leave the device as bf16, half the
+     * D2H bytes, and are accumulated in fp32 on the host. It rounds each
+     * micro-batch's gradient, so the losses move a little off the fp32 run
+     * (the check can fail both ways: identical would mean no cast); every
+     * placement of it, grads in RAM or read-modify-written on NVMe, is
+     * bit-identical to the others. */
+    {
+        const char *bf = "train.grad_transfer=\"bf16\"";
+        const char *bdev[] = { dev[0], dev[1], bf };
+        const char *bcpu[] = { cpu[0], cpu[1], bf };
+        const char *bnvme[] = { nvme[0], nvme[1], nvme[2], nvme[3], bf };
+        run_out b0, b1, f1;
+        ZT_EQ_INT(run("bf16 grads, device", bdev, 3, 0, STEPS, &b0), 0);
+        double worst = 0;
+        for (int st = 0; st < STEPS; st++) {
+            double e = fabs(b0.loss[st] - ref.loss[st]) / fabs(ref.loss[st]);
+            worst = e > worst ? e : worst;
+        }
+        ZT_CHECK_MSG(worst > 0 && worst < 1e-2, "bf16 grads: losses %.2e off the fp32 run's",
+                     worst);
+        ZT_EQ_INT(run("bf16 grads, params+optimizer on cpu", bcpu, 3, tiny, STEPS, &b1), 0);
+        compare("bf16 grads, params+optimizer on cpu", &b0, &b1);
+        ZT_EQ_INT(run("fp32 grads, params+optimizer on cpu", cpu, 2, tiny, STEPS, &f1), 0);
+        ZT_CHECK_MSG(b1.rep.d2h_bytes * 2 == f1.rep.d2h_bytes, "bf16 grads moved %llu B D2H, "
+                     "fp32 %llu B", (unsigned long long)b1.rep.d2h_bytes,
+                     (unsigned long long)f1.rep.d2h_bytes);
+        free(b1.master);
+        ZT_EQ_INT(run("bf16 grads, params+optimizer+grads on nvme", bnvme, 5, tiny, STEPS, &b1),
+                  0);
+        compare("bf16 grads, params+optimizer+grads on nvme", &b0, &b1);
+        check_budgets("bf16 grads, params+optimizer+grads on nvme", &b1);
+        printf("%-60s ok: losses %.1e off fp32, D2H %llu B (fp32 %llu B)\n", "bf16 gradients",
+               worst, (unsigned long long)b1.rep.d2h_bytes, (unsigned long long)f1.rep.d2h_bytes);
+        free(b0.master), free(b1.master), free(f1.master);
+    }
+
     /* The param cache's size changes nothing but where fetches read: off, or
      * one buffer (every other block of a step finds none free and goes the
      * NVMe way, landed write then read). */

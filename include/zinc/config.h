@@ -196,6 +196,8 @@ typedef struct {
     bool activation_checkpointing;
     int64_t eval_every;      /* evaluate data.eval_path every N steps (0: at the end) */
     int64_t eval_batches;    /* global batches per evaluation (0: the whole file) */
+    int grad_transfer;       /* gradients' dtype device -> host: 0 auto (the params'
+                                dtype), 1 fp32, 2 bf16 */
     zn_config_checkpoint checkpoint;
     /* zinc's training defaults, named and valued as the HF Trainer's
      * TrainingArguments: what "auto" and a missing optimizer / scheduler

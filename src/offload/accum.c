@@ -42,9 +42,41 @@ static void copy_f32(float *dst, const float *src, uint64_t n, int threads)
     }
 }
 
-/* Grads on NVMe: read back (after the first micro-batch), add, write. */
-static int accum_nvme(zn_trainer *tr, const zn_accum_arg *a, float *src)
+/* bf16 gradients (train.grad_transfer): widened exactly (a shift), copied
+ * or added in fp32. Plain loops the compiler vectorizes. */
+static inline float widen(uint16_t h)
 {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void add_bf16(float *dst, const float *a, const uint16_t *b, uint64_t n, int threads)
+{
+    int64_t m = (int64_t)n;
+#pragma omp parallel for num_threads(threads) schedule(static) if (m >= (1 << 16))
+    for (int64_t i = 0; i < m; i++)
+        dst[i] = a[i] + widen(b[i]);
+}
+
+static void copy_bf16(float *dst, const uint16_t *src, uint64_t n, int threads)
+{
+    int64_t m = (int64_t)n;
+#pragma omp parallel for num_threads(threads) schedule(static) if (m >= (1 << 16))
+    for (int64_t i = 0; i < m; i++)
+        dst[i] = widen(src[i]);
+}
+
+/* Grads on NVMe: read back (after the first micro-batch), add, write. The
+ * sum is formed in staging itself (fp32 transfer) or in the read-back
+ * buffer (bf16 transfer); *sum_out says where. */
+static int accum_nvme(zn_trainer *tr, const zn_accum_arg *a, void *staged, float **sum_out)
+{
+    bool f32 = tr->gdt == ZN_DTYPE_F32;
+    float *src = f32 ? staged : tr->gtmp;
+    *sum_out = src;
+    const uint16_t *s16 = staged;
     zn_block *bl = &tr->blocks[a->block];
     int np = bl->np, rc = 0, nr = 0, nw = 0;
     zn_io_req *rd = calloc((size_t)np * 2, sizeof *rd), *wr = rd + np;
@@ -62,10 +94,16 @@ static int accum_nvme(zn_trainer *tr, const zn_accum_arg *a, float *src)
     for (int k = 0; k < np && !rc; k++) {
         zn_piece *p = &tr->pieces[bl->p0 + k];
         float *g = src + (p->start - bl->off);
+        const uint16_t *h = s16 + (p->start - bl->off);
         if (a->mb > 0) {
             if ((rc = zn_ioq_wait(&tr->rq, &rd[k])))
                 break;
-            add_f32(g, tr->gtmp + (p->start - bl->off), g, p->n, tr->threads);
+            if (f32)
+                add_f32(g, tr->gtmp + (p->start - bl->off), g, p->n, tr->threads);
+            else
+                add_bf16(g, g, h, p->n, tr->threads); /* g is the read-back */
+        } else if (!f32) {
+            copy_bf16(g, h, p->n, tr->threads);
         }
         zn_extent *e = &zn_tier_get(&tr->tm, p->grad_id)->ext;
         snprintf(what, sizeof what, "grads b%d u%d", p->block, p->unit);
@@ -95,23 +133,27 @@ static void accum_job(zn_accum_arg *a)
         return;
     uint64_t t0 = zn_now_ns();
     zn_block *bl = &tr->blocks[a->block];
-    float *src = tr->gstage[a->gbuf];
+    float *src = tr->gstage[a->gbuf], *sum = tr->gacc ? tr->gacc + bl->off : NULL;
+    const uint16_t *s16 = (const uint16_t *)src;
+    bool f32 = tr->gdt == ZN_DTYPE_F32;
     int rc = 0;
     if (tr->gnvme)
-        rc = accum_nvme(tr, a, src);
+        rc = accum_nvme(tr, a, src, &sum);
+    else if (a->mb == 0 && f32)
+        copy_f32(sum, src, bl->len, tr->threads);
     else if (a->mb == 0)
-        copy_f32(tr->gacc + bl->off, src, bl->len, tr->threads);
+        copy_bf16(sum, s16, bl->len, tr->threads);
+    else if (f32)
+        add_f32(sum, sum, src, bl->len, tr->threads);
     else
-        add_f32(tr->gacc + bl->off, tr->gacc + bl->off, src, bl->len, tr->threads);
+        add_bf16(sum, sum, s16, bl->len, tr->threads);
     if (rc) {
         zn_train_fail(tr, rc, "gradients of block %d: %s", a->block, zn_last_error());
         return;
     }
     if (a->mb == tr->cfg.gradient_accumulation_steps - 1 ||
         tr->cfg.gradient_accumulation_steps < 1) {
-        zn_grad_span sp = { !tr->gnvme ? (const void *)(tr->gacc + bl->off)
-                                       : (const void *)src,
-                            bl->len, ZN_DTYPE_F32 };
+        zn_grad_span sp = { sum, bl->len, ZN_DTYPE_F32 };
         double sq = 0;
         int nonfinite = 0;
         if ((rc = zn_grad_norm_sq(&sp, 1, tr->threads, &sq, &nonfinite))) {

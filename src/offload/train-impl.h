@@ -338,6 +338,8 @@ struct zn_trainer {
     int threads;
 
     zn_dtype pdt;          /* working param dtype on the device */
+    zn_dtype gdt;          /* gradients device -> host (train.grad_transfer) */
+    void *gcast;           /* gdt != F32: the device buffer a block's shard is cast into */
     size_t pbytes;
     zn_offload_device popt, oopt;
     bool gnvme;            /* fp32 gradient accumulators on NVMe (pieces'
@@ -377,7 +379,7 @@ struct zn_trainer {
     zn_pread_arg pstage_arg[64];
     float *gstage[2];      /* pinned grad staging for D2H */
     uint64_t setup_nvme_write, setup_h2d;  /* bytes the setup moved (initial state) */
-    float *gtmp;           /* NVMe grads with accumulation: read-back buffer */
+    float *gtmp;           /* NVMe grads with accumulation or bf16 transfer: the fp32 sum */
     float *master, *mom, *var, *gacc;  /* flat (cpu/none optimizer) */
     zn_accum_arg *accum_args;  /* one per (micro-batch use) */
     int n_accum_args;

@@ -464,6 +464,11 @@ static int allocate(zn_trainer *tr)
             TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_grad * 4, "block grads",
                           &tr->gdev[i]));
     }
+    /* bf16 transfer: one buffer the rank's shard is cast into; the cast and
+     * its D2H are both on the D2H stream, so one block's at a time */
+    if (tr->largest_local && tr->gdt != ZN_DTYPE_F32)
+        TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_local * zn_dtype_size(tr->gdt),
+                      "block grads (transfer)", &tr->gcast));
 
     /* optimizer states in memory */
     if (tr->oopt != ZN_OFFLOAD_NVME) {
@@ -554,7 +559,7 @@ static int allocate(zn_trainer *tr)
                 TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes,
                               "param update staging", &sl->pout));
         }
-        if (tr->gnvme && cfg->gradient_accumulation_steps > 1)
+        if (tr->gnvme && (cfg->gradient_accumulation_steps > 1 || tr->gdt != ZN_DTYPE_F32))
             TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_local * 4, "grad readback",
                           (void **)&tr->gtmp));
     }
@@ -890,6 +895,18 @@ static int make_event(zn_trainer *tr, zn_event **e)
 /* The plan the run allocates from: the placement (zn_plan_compute), then
  * build_layout and allocate run dry for rank `rank` of `world`, recording
  * every allocation; the class table is rebuilt from the records. */
+/* The dtype a block's gradients leave the device in: the params' (bf16
+ * halves the D2H bytes; the host accumulates in fp32, as DeepSpeed's bf16
+ * gradients are), or what train.grad_transfer says. */
+static zn_dtype grad_transfer_dtype(const zn_config *cfg, zn_dtype pdt)
+{
+    switch (cfg->train.grad_transfer) {
+    case 1: return ZN_DTYPE_F32;
+    case 2: return ZN_DTYPE_BF16;
+    default: return pdt == ZN_DTYPE_BF16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+    }
+}
+
 static int dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cfg,
                     const zn_plan_input *in, int world, int rank)
 {
@@ -913,6 +930,7 @@ static int dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cf
     for (int i = 0; i < ZN_TIER_COUNT; i++)
         t->tm.budget[i] = o->budgets.bytes[i];
     t->gnvme = t->oopt == ZN_OFFLOAD_NVME && t->plan.grads_tier == ZN_TIER_NVME;
+    t->gdt = grad_transfer_dtype(cfg, t->pdt);
     rc = build_layout(t);
     if (!rc)
         rc = allocate(t);
@@ -1069,6 +1087,7 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     TRY(zn_accum_start(tr));
 
     tr->gnvme = tr->oopt == ZN_OFFLOAD_NVME && tr->plan.grads_tier == ZN_TIER_NVME;
+    tr->gdt = grad_transfer_dtype(cfg, tr->pdt);
     TRY(build_layout(tr));
     TRY(allocate(tr));
     if (o->model->keep_block0 && o->model->bind_block0)
@@ -1554,13 +1573,24 @@ static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
                 return rc;
             snprintf(name, sizeof name, "d2h b%d", b);
             zn_mark *m2 = zn_train_mark_begin(tr, tr->s_d2h, ZN_RES_D2H, name);
-            if (bl->len &&
-                (rc = zn_dev_copy_d2h(d, tr->s_d2h, tr->gstage[g], gsrc, bl->len * 4)))
-                return rc;
+            uint64_t gbytes = bl->len * zn_dtype_size(tr->gdt);
+            if (tr->gdt != ZN_DTYPE_F32 && bl->len) {
+                /* cast the shard, free gdev[g] for the next block, then
+                 * move half the bytes */
+                if ((rc = zn_dev_cast(d, tr->s_d2h, gsrc, ZN_DTYPE_F32, tr->gcast, tr->gdt,
+                                      bl->len)) ||
+                    (rc = zn_dev_event_record(d, tr->ev_gfree[g], tr->s_d2h)) ||
+                    (rc = zn_dev_copy_d2h(d, tr->s_d2h, tr->gstage[g], tr->gcast, gbytes)))
+                    return rc;
+            } else {
+                if (bl->len &&
+                    (rc = zn_dev_copy_d2h(d, tr->s_d2h, tr->gstage[g], gsrc, gbytes)))
+                    return rc;
+                if ((rc = zn_dev_event_record(d, tr->ev_gfree[g], tr->s_d2h)))
+                    return rc;
+            }
             zn_train_mark_end(tr, tr->s_d2h, m2);
-            atomic_fetch_add(&tr->tm.d2h, bl->len * 4);
-            if ((rc = zn_dev_event_record(d, tr->ev_gfree[g], tr->s_d2h)))
-                return rc;
+            atomic_fetch_add(&tr->tm.d2h, gbytes);
             zn_accum_arg *aa = &tr->accum_args[mb * L + b];
             aa->tr = tr;
             aa->block = b;
