@@ -54,6 +54,8 @@ typedef struct {
     double eval_sum; /* zn_train_eval of step 1's batch after training */
     uint64_t eval_n;
     const char *ckdir; /* in: save a checkpoint here after training (NULL: none) */
+    uint64_t d2h;      /* gradient bytes the run moved device -> host */
+    int64_t accum;     /* its config's gradient_accumulation_steps */
 } run_out;
 
 static int load_reference(const char *dir, reference *r)
@@ -185,6 +187,12 @@ static int run(const char *dir, const reference *ref, const char **sets, int nse
                            &o->eval_sum, &o->eval_n);
     if (!rc)
         rc = zn_train_read_master(tr, o->master, o->P);
+    if (!rc) {
+        zn_train_report rep;
+        zn_train_get_report(tr, &rep);
+        o->d2h = rep.d2h_bytes;
+        o->accum = cfg.gradient_accumulation_steps > 0 ? cfg.gradient_accumulation_steps : 1;
+    }
     if (!rc && o->ckdir) {
         zn_ckpt_save_options so = zn_ckpt_save_options_default();
         so.dir = o->ckdir;
@@ -437,8 +445,11 @@ static void fixture(const char *name)
         { "cpu", { "zero_optimization.offload_param.device=\"cpu\"",
                    "zero_optimization.offload_optimizer.device=\"cpu\"",
                    "zero_optimization.stage3_param_persistence_threshold=0" } },
+        /* gradients on NVMe too: the dense gradient path (an untied
+         * embedding's rows are sparse elsewhere), bit-identical */
         { "nvme", { "zero_optimization.offload_param.device=\"nvme\"",
                     "zero_optimization.offload_optimizer.device=\"nvme\"",
+                    "tiers.grads=\"nvme\"",
                     "zero_optimization.stage3_param_persistence_threshold=0",
                     "zero_optimization.sub_group_size=5000",
                     "zero_optimization.offload_optimizer.buffer_count=8" } },
@@ -524,6 +535,22 @@ static void fixture(const char *name)
         if (!on_gpu)
             ZT_CHECK_MSG(ro[p].P == ro[0].P && !memcmp(ro[p].master, ro[0].master, ro[0].P * 4),
                          "%s: %s final master differs", name, place[p].label);
+    }
+    /* an untied embedding's gradient leaves the device as the rows of the
+     * micro-batch's tokens only (one rank, gradients in RAM); with
+     * gradients on NVMe (the last placement) it is dense */
+    if (!lora && !d.tie_embeddings && !on_gpu) {
+        int64_t H = d.hidden, V = d.vocab, nt = ref.tokens_per_step / ro[0].accum;
+        uint64_t nmb = (uint64_t)ref.steps * (uint64_t)ro[0].accum, P = ro[0].P;
+        uint64_t dense = P * 4 * nmb, most = (P - (uint64_t)(V * H) + (uint64_t)(nt * H)) * 4 * nmb;
+        ZT_CHECK_MSG(ro[np - 1].d2h == dense, "%s: nvme grads moved %llu B, dense is %llu B",
+                     name, (unsigned long long)ro[np - 1].d2h, (unsigned long long)dense);
+        ZT_CHECK_MSG(ro[0].d2h <= most && ro[0].d2h < dense,
+                     "%s: %llu B of gradients moved, at most %llu B with the embedding's rows "
+                     "(dense %llu B)", name, (unsigned long long)ro[0].d2h,
+                     (unsigned long long)most, (unsigned long long)dense);
+        printf("%s: gradients D2H %llu B (the embedding's touched rows), dense %llu B\n", name,
+               (unsigned long long)ro[0].d2h, (unsigned long long)dense);
     }
     for (int p = p0; p < np; p++) {
         free(ro[p].master0);

@@ -93,6 +93,13 @@ typedef struct zn_train_model {
      * backward (which runs them in reverse); the model decides which part
      * writes what. */
     const unsigned char *block_joins;
+    /* NULL, or per block: >= 0 when the block's gradient is row-sparse, the
+     * first of its rows (of row_width elements each, its whole flat
+     * buffer), of which a micro-batch's gradient touches only those its
+     * input ids name (an untied embedding's part); -1 otherwise. The trainer
+     * then moves and adds only those rows (one rank, gradients in RAM). */
+    const int64_t *block_sparse_row0;
+    int64_t row_width;
     size_t act_bytes;              /* bytes of one inter-block activation */
     double flops_per_token;        /* model FLOPs per token (fwd + bwd), for TFLOP/s */
     /* Called once after the device exists: allocate scratch (counted in the

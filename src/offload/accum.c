@@ -68,6 +68,38 @@ static void copy_bf16(float *dst, const uint16_t *src, uint64_t n, int threads)
         dst[i] = widen(src[i]);
 }
 
+/* Row-sparse gradients: the staged rows (ids rows[0..n), distinct, of W
+ * elements each) added into the block's accumulators, which the first
+ * micro-batch zeroes first. Untouched rows would add zeros: the sums are
+ * those of the dense path. */
+static void accum_rows(zn_trainer *tr, const zn_accum_arg *a, float *sum, const void *staged)
+{
+    const zn_block *bl = &tr->blocks[a->block];
+    int64_t W = tr->model->row_width, n = a->nrows;
+    if (a->mb == 0) {
+        int64_t m = (int64_t)bl->len, chunk = 1 << 16, nc = (m + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(tr->threads) schedule(static) if (nc > 1)
+        for (int64_t c = 0; c < nc; c++) {
+            int64_t s = c * chunk, e = s + chunk < m ? s + chunk : m;
+            memset(sum + s, 0, (size_t)(e - s) * 4);
+        }
+    }
+    bool f32 = tr->gdt == ZN_DTYPE_F32;
+#pragma omp parallel for num_threads(tr->threads) schedule(static) if (n * W >= (1 << 16))
+    for (int64_t i = 0; i < n; i++) {
+        float *dst = sum + (a->rows[i] - bl->srow0) * W;
+        if (f32) {
+            const float *src = (const float *)staged + i * W;
+            for (int64_t j = 0; j < W; j++)
+                dst[j] += src[j];
+        } else {
+            const uint16_t *src = (const uint16_t *)staged + i * W;
+            for (int64_t j = 0; j < W; j++)
+                dst[j] += widen(src[j]);
+        }
+    }
+}
+
 /* Grads on NVMe: read back (after the first micro-batch), add, write. The
  * sum is formed in staging itself (fp32 transfer) or in the read-back
  * buffer (bf16 transfer); *sum_out says where. */
@@ -137,7 +169,9 @@ static void accum_job(zn_accum_arg *a)
     const uint16_t *s16 = (const uint16_t *)src;
     bool f32 = tr->gdt == ZN_DTYPE_F32;
     int rc = 0;
-    if (tr->gnvme)
+    if (a->nrows >= 0)
+        accum_rows(tr, a, sum, src);
+    else if (tr->gnvme)
         rc = accum_nvme(tr, a, src, &sum);
     else if (a->mb == 0 && f32)
         copy_f32(sum, src, bl->len, tr->threads);

@@ -158,6 +158,8 @@ typedef struct {
     bool pc_ok;             /* home NVMe and this rank's pieces cover the
                                whole home: the param cache may hold it */
     int64_t pc_skip;        /* job whose update found no free cache entry */
+    int64_t srow0;          /* row-sparse gradients (zn_train_model.block_sparse_row0):
+                               the first row; -1: dense */
 } zn_block;
 
 typedef struct zn_trainer zn_trainer;
@@ -284,6 +286,8 @@ int zn_optsched_params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pw
 typedef struct zn_accum_arg {
     zn_trainer *tr;
     int block, gbuf, mb;
+    const int32_t *rows;    /* row-sparse: the rows staged, in order (ids) */
+    int64_t nrows;          /* -1: dense */
     uint64_t t0;
     struct zn_accum_arg *next; /* the worker's queue */
 } zn_accum_arg;
@@ -339,7 +343,14 @@ struct zn_trainer {
 
     zn_dtype pdt;          /* working param dtype on the device */
     zn_dtype gdt;          /* gradients device -> host (train.grad_transfer) */
-    void *gcast;           /* gdt != F32: the device buffer a block's shard is cast into */
+    void *gcast;           /* gdt != F32 or row-sparse gradients: the device buffer a
+                              block's shard (or its touched rows) is cast into */
+    int32_t *urows;        /* row-sparse: each micro-batch's sorted distinct ids
+                              (host, [A][tokens]) */
+    int32_t *urows_dev;    /* the same on the device */
+    int64_t *nurows;       /* how many, per micro-batch */
+    int64_t urows_cap;     /* tokens x micro-batches they hold */
+    bool any_sparse;
     size_t pbytes;
     zn_offload_device popt, oopt;
     bool gnvme;            /* fp32 gradient accumulators on NVMe (pieces'

@@ -464,11 +464,44 @@ static int allocate(zn_trainer *tr)
             TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_grad * 4, "block grads",
                           &tr->gdev[i]));
     }
-    /* bf16 transfer: one buffer the rank's shard is cast into; the cast and
-     * its D2H are both on the D2H stream, so one block's at a time */
-    if (tr->largest_local && tr->gdt != ZN_DTYPE_F32)
-        TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_local * zn_dtype_size(tr->gdt),
+    /* Row-sparse gradients (an untied embedding's parts): with one rank and
+     * the accumulators in RAM, only the rows of the micro-batch's tokens
+     * leave the device and are added */
+    const zn_train_model *md = tr->model;
+    int64_t A = cfg->gradient_accumulation_steps > 0 ? cfg->gradient_accumulation_steps : 1;
+    int64_t ntok = cfg->train_micro_batch_size_per_gpu * cfg->data.seq_len;
+    uint64_t cast_elems = tr->gdt != ZN_DTYPE_F32 ? tr->largest_local : 0;
+    tr->any_sparse = false;
+    for (int b = 0; b < tr->L; b++) {
+        zn_block *bl = &tr->blocks[b];
+        bl->srow0 = -1;
+        if (md->block_sparse_row0 && md->block_sparse_row0[b] >= 0 && md->row_width > 0 &&
+            tr->world == 1 && !tr->gnvme && !bl->frozen && bl->len == bl->n &&
+            bl->n % (uint64_t)md->row_width == 0 && ntok > 0) {
+            bl->srow0 = md->block_sparse_row0[b];
+            tr->any_sparse = true;
+            uint64_t most = (uint64_t)ntok * (uint64_t)md->row_width;
+            uint64_t e = bl->len < most ? bl->len : most;
+            cast_elems = e > cast_elems ? e : cast_elems;
+        }
+    }
+    /* one device buffer a block's shard (or its touched rows) is cast or
+     * gathered into; that and its D2H are both on the D2H stream, so one
+     * block's at a time */
+    if (cast_elems)
+        TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, cast_elems * zn_dtype_size(tr->gdt),
                       "block grads (transfer)", &tr->gcast));
+    if (tr->any_sparse) {
+        tr->urows_cap = A * ntok;
+        TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, (uint64_t)tr->urows_cap * 4, "token rows",
+                      (void **)&tr->urows_dev));
+        if (!tr->dry) {
+            tr->urows = malloc((size_t)tr->urows_cap * 4);
+            tr->nurows = calloc((size_t)A, sizeof *tr->nurows);
+            if (!tr->urows || !tr->nurows)
+                return zn_set_error(-ENOMEM, "train: out of memory");
+        }
+    }
 
     /* optimizer states in memory */
     if (tr->oopt != ZN_OFFLOAD_NVME) {
@@ -1229,6 +1262,8 @@ void zn_train_destroy(zn_trainer *tr)
     free(tr->units);
     free(tr->pieces);
     free(tr->accum_args);
+    free(tr->urows);
+    free(tr->nurows);
     free(tr->marks);
     zn_trace_destroy(tr->trace);
     pthread_mutex_destroy(&tr->elock);
@@ -1445,6 +1480,47 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
     return 0;
 }
 
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Row-sparse gradients: micro-batch mb's distinct ids, sorted, on the host
+ * and (queued on the D2H stream, ahead of the gathers that read them) on
+ * the device. Both stay until the step's D2H work is done. */
+static int stage_rows(zn_trainer *tr, int mb, const int32_t *ids, int64_t ntok)
+{
+    if ((int64_t)(mb + 1) * ntok > tr->urows_cap)
+        return zn_set_error(ZN_EINTERNAL, "train: token rows for micro-batch %d beyond %lld",
+                            mb, (long long)tr->urows_cap);
+    int32_t *u = tr->urows + (size_t)mb * (size_t)ntok;
+    memcpy(u, ids, (size_t)ntok * 4);
+    qsort(u, (size_t)ntok, 4, cmp_i32);
+    int64_t n = 0;
+    for (int64_t i = 0; i < ntok; i++)
+        if (!n || u[i] != u[n - 1])
+            u[n++] = u[i];
+    tr->nurows[mb] = n;
+    return n ? zn_dev_copy_h2d(tr->dev, tr->s_d2h, tr->urows_dev + (size_t)mb * (size_t)ntok, u,
+                               (size_t)n * 4)
+             : 0;
+}
+
+/* First index of sorted u[0..n) with u[i] >= x. */
+static int64_t lower_bound_i32(const int32_t *u, int64_t n, int64_t x)
+{
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (u[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 static int ensure_capacity(zn_trainer *tr, int A)
 {
     int need_args = A * tr->L;
@@ -1574,7 +1650,30 @@ static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
             snprintf(name, sizeof name, "d2h b%d", b);
             zn_mark *m2 = zn_train_mark_begin(tr, tr->s_d2h, ZN_RES_D2H, name);
             uint64_t gbytes = bl->len * zn_dtype_size(tr->gdt);
-            if (tr->gdt != ZN_DTYPE_F32 && bl->len) {
+            const int32_t *rows = NULL;
+            int64_t nrows = -1;
+            if (bl->srow0 >= 0) {
+                /* the rows of this micro-batch's tokens only: gathered (and
+                 * cast) on the D2H stream, gdev[g] then free */
+                int64_t ntok = tr->cfg.train_micro_batch_size_per_gpu * tr->cfg.data.seq_len;
+                int64_t W = md->row_width, nr = (int64_t)(bl->len / (uint64_t)W);
+                const int32_t *u = tr->urows + (size_t)mb * (size_t)ntok;
+                int64_t lo = lower_bound_i32(u, tr->nurows[mb], bl->srow0);
+                int64_t hi = lower_bound_i32(u, tr->nurows[mb], bl->srow0 + nr);
+                rows = u + lo;
+                nrows = hi - lo;
+                gbytes = (uint64_t)(nrows * W) * zn_dtype_size(tr->gdt);
+                if (nrows &&
+                    (rc = zn_dev_embedding_rows_fwd(d, tr->s_d2h,
+                                                    tr->urows_dev + (size_t)mb * (size_t)ntok + lo,
+                                                    nrows, gsrc, ZN_DTYPE_F32, bl->srow0, nr, W,
+                                                    tr->gcast, tr->gdt)))
+                    return rc;
+                if ((rc = zn_dev_event_record(d, tr->ev_gfree[g], tr->s_d2h)) ||
+                    (nrows && (rc = zn_dev_copy_d2h(d, tr->s_d2h, tr->gstage[g], tr->gcast,
+                                                    gbytes))))
+                    return rc;
+            } else if (tr->gdt != ZN_DTYPE_F32 && bl->len) {
                 /* cast the shard, free gdev[g] for the next block, then
                  * move half the bytes */
                 if ((rc = zn_dev_cast(d, tr->s_d2h, gsrc, ZN_DTYPE_F32, tr->gcast, tr->gdt,
@@ -1596,6 +1695,8 @@ static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
             aa->block = b;
             aa->gbuf = g;
             aa->mb = mb;
+            aa->rows = rows;
+            aa->nrows = nrows;
             if ((rc = zn_dev_launch_host_fn(d, tr->s_d2h, zn_accum_post_fn, aa)))
                 return rc;
         }
@@ -1869,6 +1970,8 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
             tr->model->set_dropout(tr->model->ctx, 1,
                                    ((uint64_t)tr->step * (uint64_t)tr->world + (uint64_t)tr->rank) *
                                            (uint64_t)A + (uint64_t)mb);
+        if (tr->any_sparse && (rc = stage_rows(tr, mb, ids + (size_t)mb * ntok, (int64_t)ntok)))
+            break;
         rc = run_micro_batch(tr, mb, fe, nfe, &next_fetch, &use, fetch_of_use, &nvme_fetches);
         float l = 0;
         if (!rc && !(rc = tr->model->read_loss(tr->model->ctx, tr->s_comp, &l)))

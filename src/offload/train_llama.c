@@ -40,6 +40,7 @@ struct zn_train_llama {
     int nb;                      /* the trainer's blocks: the model's parts */
     uint64_t *block_params;
     unsigned char *joins;        /* a further part of the same model block */
+    int64_t *sparse_row0;        /* an untied embedding's parts: their first row */
     uint64_t *block_frozen;      /* LoRA: the decoder's own tensors */
     block_layout *lay;
     zn_st *ast;                  /* LoRA: the adapter the adapters start from */
@@ -335,8 +336,9 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
     l->block_params = calloc((size_t)l->nb, sizeof *l->block_params);
     l->block_frozen = calloc((size_t)l->nb, sizeof *l->block_frozen);
     l->joins = calloc((size_t)l->nb, 1);
+    l->sparse_row0 = calloc((size_t)l->nb, sizeof *l->sparse_row0);
     l->lay = calloc((size_t)l->nb, sizeof *l->lay);
-    if (!l->block_params || !l->block_frozen || !l->joins || !l->lay) {
+    if (!l->block_params || !l->block_frozen || !l->joins || !l->sparse_row0 || !l->lay) {
         zn_train_llama_destroy(l);
         return zn_set_error(-ENOMEM, "out of memory");
     }
@@ -350,6 +352,9 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
         ly->block = pt.block;
         ly->part = pt.part;
         l->joins[b] = pt.part > 0;
+        /* the embedding's gradient touches only its tokens' rows, unless the
+         * head adds the tied lm_head's (dense) into it */
+        l->sparse_row0[b] = pt.block == 0 && !dims->tie_embeddings ? pt.row0 : -1;
         ly->n_all = zn_model_block_nparams(dims, pt.block);
         if (ly->n_all > MAX_TENSORS) {
             zn_train_llama_destroy(l);
@@ -409,6 +414,8 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
     m->block_params = l->block_params;
     m->block_frozen = dims->lora.r > 0 ? l->block_frozen : NULL;
     m->block_joins = l->joins;
+    m->block_sparse_row0 = l->sparse_row0;
+    m->row_width = dims->hidden;
     m->act_bytes = (size_t)(micro_batch * seq * dims->hidden) * 4;
     m->flops_per_token = zn_model_flops(dims, -1, 1, seq) / (double)seq;
     m->prepare = ll_prepare;
@@ -440,6 +447,7 @@ void zn_train_llama_destroy(zn_train_llama *l)
     free(l->block_params);
     free(l->block_frozen);
     free(l->joins);
+    free(l->sparse_row0);
     free(l->lay);
     free(l);
 }
