@@ -25,6 +25,15 @@ int main(void)
         /* packed documents == one at a time, through the CUDA kernels */
         packed_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-4);
         packed_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 2e-2);
+        /* attention in query blocks (causal skipping, offsets into the
+         * softmax and key_start, dK/dV summed over blocks) */
+        ref_attn_block = 3;
+        ref_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-4, 1e-4, &r, NULL, NULL);
+        ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 2e-2, 2e-2, &r, NULL, NULL);
+        ref_attn_block = 0;
+        pk_attn_block = 5;
+        packed_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-4);
+        pk_attn_block = 0;
     }
     /* the vocabulary in row parts == whole blocks (the embedding's rows
      * kernels, the head's running log-sum-exp across calls) */

@@ -21,6 +21,13 @@ int main(void)
         packed_run(dev, fixtures[f], ZN_DTYPE_F32, 0, 1e-5);
         packed_run(dev, fixtures[f], ZN_DTYPE_BF16, 1, 2e-2);
     }
+    /* attention in query blocks of 5 rows, starting inside documents */
+    pk_attn_block = 5;
+    for (int f = 0; f < 2; f++) {
+        packed_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-5);
+        packed_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 2e-2);
+    }
+    pk_attn_block = 0;
     parts_run(dev, ZN_DTYPE_F32, 1e-6);
     parts_run(dev, ZN_DTYPE_BF16, 1e-6);
     zn_dev_destroy(dev);

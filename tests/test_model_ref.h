@@ -27,6 +27,11 @@ typedef struct {
  * against tolerances (loss/logits: tol_lv, grad norms: tol_g). Returns the
  * worst errors in *res. grads_out (optional) receives a malloc'd copy of
  * all gradients concatenated, for comparing two runs bit for bit. */
+/* Attention query rows per block for the runs (0: the model's default,
+ * one block at these lengths); tests set it to cut the sequences into
+ * several blocks, the last one partial. */
+static int64_t ref_attn_block;
+
 static void ref_run(zn_dev *dev, const char *name, zn_dtype dt, int checkpoint, double tol_lv,
                     double tol_g, ref_result *res, float **grads_out, size_t *ngrads_out)
 {
@@ -52,6 +57,7 @@ static void ref_run(zn_dev *dev, const char *name, zn_dtype dt, int checkpoint, 
     cfg.max_seq = T;
     cfg.checkpoint = checkpoint;
     cfg.xent_chunk = 96; /* several chunks, the last one partial (320 = 3 x 96 + 32) */
+    cfg.attn_block = ref_attn_block;
     zn_model *m;
     zn_model_state *st;
     rc = zn_model_create(&m, dev, &d, &cfg);

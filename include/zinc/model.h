@@ -193,9 +193,10 @@ ZN_API double zn_model_flops(const zn_model_dims *d, int block, int64_t batch, i
  * Memory (N = batch x seq tokens, per model, allocated once from the device
  * arena at zn_model_create; zn_model_workspace_bytes says how much):
  *   layer workspace  N x (3H + 4(qd + 2kvd) + 2qd + 3I) activations + 2 N H
- *                    fp32 grads + n_heads x seq^2 x (4 + 2 x dtype) bytes of
- *                    attention scores/probabilities (ONE sequence at a time:
- *                    O(heads x seq^2) per layer, not O(batch x heads x seq^2)),
+ *                    fp32 grads + n_heads x qb x seq x (4 + 2 x dtype) bytes
+ *                    of attention scores/probabilities, qb = min(seq,
+ *                    attn_block) query rows at a time of ONE sequence (not
+ *                    O(batch x heads x seq^2)),
  *   head             N x chunk x (4 + dtype) logits of one vocabulary chunk
  *                    (the full N x vocab logits never exist) + N x H,
  *   where H = hidden, qd = n_heads x head_dim, kvd = n_kv_heads x head_dim,
@@ -218,6 +219,10 @@ typedef struct {
     int checkpoint;     /* 1 (default): recompute each layer in its backward */
     int64_t xent_chunk; /* vocabulary columns per cross-entropy chunk;
                            0 (default) = up to 256 MiB of fp32 logits */
+    int64_t attn_block; /* attention query rows per block: each block of
+                           queries meets only the keys up to its last (the
+                           causal mask skips the rest) and the scores held
+                           are heads x attn_block x seq; 0 (default) = 512 */
 } zn_model_config;
 
 /* Defaults for device `dev` (which picks the dtype); dev may be NULL (F32). */

@@ -716,7 +716,10 @@ int zn_dev_gemm_strided_batched(zn_dev *d, zn_stream *s, zn_trans ta, zn_trans t
         return 0;
     uint64_t cspan = span(m, n, ldc, cdt);
     if (batch > 1) {
-        CHK(sc * (int64_t)zn_dtype_size(cdt) >= (int64_t)cspan,
+        /* disjoint: one after another, or side by side in the columns of
+         * shared rows (heads of one attention output, [rows][heads x dim]) */
+        CHK(sc * (int64_t)zn_dtype_size(cdt) >= (int64_t)cspan ||
+                (sc >= n && (batch - 1) * sc + n <= ldc),
             "gemm: strideC %lld makes the %lld outputs overlap", (long long)sc,
             (long long)batch);
     }

@@ -50,6 +50,7 @@ struct zn_model {
     size_t esz;
     int64_t H, qd, kvd, I, V, nh, nkv, hd, g, qkv_ld;
     int64_t max_n, max_t, chunk;
+    int64_t qb;         /* attention query rows per block (attn_rows) */
 
     void *mem;          /* the one arena block everything below lives in */
     uint64_t mem_bytes;
@@ -167,7 +168,7 @@ static void layout(zn_model *m, unsigned char *base)
     m->dlogits = f32 ? (void *)m->logits : carve(&c, (uint64_t)(N * m->chunk) * esz);
 
     carve_acts(&c, &m->w, N, H, m->qkv_ld, m->qd, m->I, esz);
-    uint64_t sq = (uint64_t)(m->nh * T * T);
+    uint64_t sq = (uint64_t)(m->nh * (m->qb < T ? m->qb : T) * T);
     m->SS = carve(&c, sq * 4);
     if (f32) {
         m->P = m->SS;
@@ -217,6 +218,7 @@ static void set_shapes(zn_model *m, const zn_model_dims *d, const zn_model_confi
     m->max_n = cfg->max_batch * cfg->max_seq;
     m->chunk = cfg->xent_chunk > 0 ? (cfg->xent_chunk < d->vocab ? cfg->xent_chunk : d->vocab)
                                    : default_chunk(d->vocab, m->max_n);
+    m->qb = cfg->attn_block > 0 ? cfg->attn_block : 512;
 }
 
 zn_model_config zn_model_config_default(const zn_dev *dev)
@@ -242,6 +244,8 @@ static int check_config(const zn_model_config *cfg)
                             (long long)cfg->max_batch, (long long)cfg->max_seq);
     if (cfg->xent_chunk < 0)
         return zn_set_error(ZN_ECONFIG, "model: xent_chunk must be >= 0");
+    if (cfg->attn_block < 0)
+        return zn_set_error(ZN_ECONFIG, "model: attn_block must be >= 0");
     return 0;
 }
 
@@ -643,79 +647,116 @@ static const int32_t *key_start(const zn_model *m, int64_t b)
     return m->packed ? m->kstart + b * m->T : NULL;
 }
 
-/* Scores and probabilities of sequence b into m->SS / m->P. */
-static int attn_probs(zn_model *m, zn_stream *s, const layer_acts *a, int64_t b)
+/* Causal attention in query blocks: block [q0, q0 + qn) of a sequence
+ * attends to keys [0, q0 + qn) only (a later key is masked for all of its
+ * queries), so the masked upper triangle is computed only within the
+ * diagonal blocks (T=2048 in blocks of 512: 62.5% of the full T x T) and
+ * the score buffers hold heads x qb x T, not heads x T x T. Heads sharing a
+ * kv head go into one strided-batched GEMM where their outputs are
+ * separate (QK^T, PV, dO V^T, dS K); dK and dV sum over a group's heads. */
+
+/* Query rows per block. */
+static int64_t attn_rows(const zn_model *m)
 {
-    int64_t T = m->T, ld = m->qkv_ld, hd = m->hd, g = m->g;
+    int64_t qb = m->qb;
+    return qb < m->T ? qb : m->T;
+}
+
+/* Scores and probabilities of queries [q0, q0 + qn) of sequence b against
+ * keys [0, q0 + qn), into m->SS / m->P as [nh][qn][kn]. */
+static int attn_probs(zn_model *m, zn_stream *s, const layer_acts *a, int64_t b, int64_t q0,
+                      int64_t qn)
+{
+    int64_t T = m->T, ld = m->qkv_ld, hd = m->hd, g = m->g, kn = q0 + qn;
     size_t e = m->esz;
     const void *qb = at(a->qkv, b * T * ld, e);
     for (int64_t j = 0; j < m->nkv; j++)
-        TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_TRANS, T, T, hd, 1.0f,
-                                        at(qb, j * g * hd, e), m->dt, ld, hd,
+        TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_TRANS, qn, kn, hd, 1.0f,
+                                        at(qb, q0 * ld + j * g * hd, e), m->dt, ld, hd,
                                         at(qb, m->qd + j * hd, e), m->dt, ld, 0, 0.0f,
-                                        m->SS + j * g * T * T, ZN_DTYPE_F32, T, T * T, g));
-    return zn_dev_softmax_causal_fwd(m->dev, s, m->SS, ZN_DTYPE_F32, m->P, m->dt, m->nh, T, T, 0,
-                                     key_start(m, b), 1.0f / sqrtf((float)hd));
+                                        m->SS + j * g * qn * kn, ZN_DTYPE_F32, kn, qn * kn, g));
+    const int32_t *ks = key_start(m, b);
+    return zn_dev_softmax_causal_fwd(m->dev, s, m->SS, ZN_DTYPE_F32, m->P, m->dt, m->nh, qn, kn,
+                                     q0, ks ? ks + q0 : NULL, 1.0f / sqrtf((float)hd));
 }
 
 static int attn_fwd(zn_model *m, zn_stream *s, const layer_acts *a)
 {
-    int64_t T = m->T, ld = m->qkv_ld, hd = m->hd, g = m->g;
+    int64_t T = m->T, ld = m->qkv_ld, hd = m->hd, g = m->g, QB = attn_rows(m);
     size_t e = m->esz;
-    for (int64_t b = 0; b < m->B; b++) {
-        TRY(attn_probs(m, s, a, b));
-        const void *vb = at(a->qkv, b * T * ld + m->qd + m->kvd, e);
-        void *ob = at(a->attn, b * T * m->qd, e);
-        for (int64_t h = 0; h < m->nh; h++)
-            TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, T, hd, T, 1.0f,
-                            at(m->P, h * T * T, e), m->dt, T, at(vb, (h / g) * hd, e), m->dt, ld,
-                            0.0f, at(ob, h * hd, e), m->dt, m->qd));
-    }
+    for (int64_t b = 0; b < m->B; b++)
+        for (int64_t q0 = 0; q0 < T; q0 += QB) {
+            int64_t qn = T - q0 < QB ? T - q0 : QB, kn = q0 + qn;
+            TRY(attn_probs(m, s, a, b, q0, qn));
+            const void *vb = at(a->qkv, b * T * ld + m->qd + m->kvd, e);
+            void *ob = at(a->attn, (b * T + q0) * m->qd, e);
+            /* O_h = P_h V_j, the group's heads in one batch */
+            for (int64_t j = 0; j < m->nkv; j++)
+                TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, qn, hd, kn,
+                                                1.0f, at(m->P, j * g * qn * kn, e), m->dt, kn,
+                                                qn * kn, at(vb, j * hd, e), m->dt, ld, 0, 0.0f,
+                                                at(ob, j * g * hd, e), m->dt, m->qd, hd, g));
+        }
     return 0;
 }
 
 /* d_attn (= dL/d attention output) -> dqkv (q and k grads before RoPE's
- * backward). */
+ * backward). The query blocks run last to first: the last covers every
+ * key, so its dK / dV products initialize them (beta 0) and the earlier,
+ * shorter ones add. */
 static int attn_bwd(zn_model *m, zn_stream *s, const layer_acts *a)
 {
     int64_t T = m->T, ld = m->qkv_ld, hd = m->hd, g = m->g, qd = m->qd, kvd = m->kvd;
+    int64_t QB = attn_rows(m), nblk = (T + QB - 1) / QB;
     size_t e = m->esz;
     float scale = 1.0f / sqrtf((float)hd);
     for (int64_t b = 0; b < m->B; b++) {
-        TRY(attn_probs(m, s, a, b));
         const void *qb = at(a->qkv, b * T * ld, e);
-        const void *dob = at(m->d_attn, b * T * qd, e);
         void *dqb = at(m->dqkv, b * T * ld, e);
-        /* dP = dO V^T */
-        for (int64_t j = 0; j < m->nkv; j++)
-            TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_TRANS, T, T, hd, 1.0f,
-                                            at(dob, j * g * hd, e), m->dt, qd, hd,
-                                            at(qb, qd + kvd + j * hd, e), m->dt, ld, 0, 0.0f,
-                                            m->dP + j * g * T * T, ZN_DTYPE_F32, T, T * T, g));
-        /* dK_j and dV_j sum over the group's heads: in fp32 (dkv32, [T][dK |
-         * dV]) when the buffers are 16-bit, rounded once at the end */
+        /* dK_j and dV_j sum over the group's heads (and the query blocks):
+         * in fp32 (dkv32, [T][dK | dV]) when the buffers are 16-bit,
+         * rounded once at the end */
         float *acc = m->dkv32;
         void *dk = acc ? (void *)acc : at(dqb, qd, e);
         void *dv = acc ? (void *)(acc + kvd) : at(dqb, qd + kvd, e);
         zn_dtype adt = acc ? ZN_DTYPE_F32 : m->dt;
         size_t ae = acc ? 4 : e;
         int64_t ald = acc ? 2 * kvd : ld;
-        /* dV_j = sum over the group's heads of P_h^T dO_h */
-        for (int64_t h = 0; h < m->nh; h++)
-            TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, T, hd, T, 1.0f,
-                            at(m->P, h * T * T, e), m->dt, T, at(dob, h * hd, e), m->dt, qd,
-                            h % g ? 1.0f : 0.0f, at(dv, (h / g) * hd, ae), adt, ald));
-        TRY(zn_dev_softmax_causal_bwd(m->dev, s, m->P, m->dt, m->dP, ZN_DTYPE_F32, m->dS, m->dt,
-                                      m->nh, T, T, 0, key_start(m, b), scale));
-        for (int64_t h = 0; h < m->nh; h++) {
-            const void *dSh = at(m->dS, h * T * T, e);
-            /* dQ_h = dS_h K_j;  dK_j += dS_h^T Q_h */
-            TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, T, hd, T, 1.0f, dSh, m->dt, T,
-                            at(qb, qd + (h / g) * hd, e), m->dt, ld, 0.0f, at(dqb, h * hd, e),
-                            m->dt, ld));
-            TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, T, hd, T, 1.0f, dSh, m->dt, T,
-                            at(qb, h * hd, e), m->dt, ld, h % g ? 1.0f : 0.0f,
-                            at(dk, (h / g) * hd, ae), adt, ald));
+        for (int64_t k = nblk - 1; k >= 0; k--) {
+            int64_t q0 = k * QB, qn = T - q0 < QB ? T - q0 : QB, kn = q0 + qn;
+            int first = k == nblk - 1;
+            TRY(attn_probs(m, s, a, b, q0, qn));
+            const void *dob = at(m->d_attn, (b * T + q0) * qd, e);
+            const void *qblk = at(qb, q0 * ld, e);
+            /* dP_h = dO_h V_j^T */
+            for (int64_t j = 0; j < m->nkv; j++)
+                TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_TRANS, qn, kn, hd, 1.0f,
+                                                at(dob, j * g * hd, e), m->dt, qd, hd,
+                                                at(qb, qd + kvd + j * hd, e), m->dt, ld, 0, 0.0f,
+                                                m->dP + j * g * qn * kn, ZN_DTYPE_F32, kn,
+                                                qn * kn, g));
+            /* dV_j (+)= sum over the group's heads of P_h^T dO_h */
+            for (int64_t h = 0; h < m->nh; h++)
+                TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, kn, hd, qn, 1.0f,
+                                at(m->P, h * qn * kn, e), m->dt, kn, at(dob, h * hd, e), m->dt,
+                                qd, first && h % g == 0 ? 0.0f : 1.0f,
+                                at(dv, (h / g) * hd, ae), adt, ald));
+            const int32_t *ks = key_start(m, b);
+            TRY(zn_dev_softmax_causal_bwd(m->dev, s, m->P, m->dt, m->dP, ZN_DTYPE_F32, m->dS,
+                                          m->dt, m->nh, qn, kn, q0, ks ? ks + q0 : NULL, scale));
+            /* dQ_h = dS_h K_j, the group's heads in one batch */
+            for (int64_t j = 0; j < m->nkv; j++)
+                TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, qn, hd, kn,
+                                                1.0f, at(m->dS, j * g * qn * kn, e), m->dt, kn,
+                                                qn * kn, at(qb, qd + j * hd, e), m->dt, ld, 0,
+                                                0.0f, at(dqb, q0 * ld + j * g * hd, e), m->dt,
+                                                ld, hd, g));
+            /* dK_j (+)= sum over the group's heads of dS_h^T Q_h */
+            for (int64_t h = 0; h < m->nh; h++)
+                TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, kn, hd, qn, 1.0f,
+                                at(m->dS, h * qn * kn, e), m->dt, kn, at(qblk, h * hd, e), m->dt,
+                                ld, first && h % g == 0 ? 0.0f : 1.0f,
+                                at(dk, (h / g) * hd, ae), adt, ald));
         }
         if (acc)
             TRY(zn_dev_copy_2d(m->dev, s, acc, ZN_DTYPE_F32, 2 * kvd, at(dqb, qd, e), m->dt, ld,
