@@ -353,6 +353,36 @@ int main(void)
         free(o.master);
     }
 
+    /* Gradients on NVMe with tiers.grads auto and pinned room for about
+     * half of them: the pieces that fit stay in RAM (no write and read-back
+     * per micro-batch), the rest go to NVMe; the numbers are the same. */
+    {
+        run_out all;
+        ZT_EQ_INT(run("grads all on nvme", nvme, 4, tiny, STEPS, &all), 0);
+        uint64_t G = all.n * 4, C0 = all.rep.peak[ZN_TIER_CPU];
+        char cpu_set[64];
+        snprintf(cpu_set, sizeof cpu_set, "tiers.cpu=%llu", (unsigned long long)(C0 + G / 2));
+        const char *split[] = { nvme[0], nvme[1], nvme[2], cpu_set };
+        run_out sp;
+        ZT_EQ_INT(run("grads split between RAM and nvme", split, 4, tiny, STEPS, &sp), 0);
+        compare("grads split between RAM and nvme", &ref, &sp);
+        check_budgets("grads split between RAM and nvme", &sp);
+        ZT_CHECK_MSG(sp.rep.peak[ZN_TIER_CPU] > C0 + G / 4 &&
+                         sp.rep.nvme_write_bytes < all.rep.nvme_write_bytes &&
+                         sp.rep.nvme_read_bytes < all.rep.nvme_read_bytes,
+                     "split grads: pinned %llu B (all on nvme %llu B), nvme writes %llu B "
+                     "(all on nvme %llu B)", (unsigned long long)sp.rep.peak[ZN_TIER_CPU],
+                     (unsigned long long)C0, (unsigned long long)sp.rep.nvme_write_bytes,
+                     (unsigned long long)all.rep.nvme_write_bytes);
+        printf("%-60s ok: pinned %llu B (+%llu B of %llu B grads), nvme write %llu B (all "
+               "on nvme: %llu B)\n", "grads split between RAM and nvme",
+               (unsigned long long)sp.rep.peak[ZN_TIER_CPU],
+               (unsigned long long)(sp.rep.peak[ZN_TIER_CPU] - C0), (unsigned long long)G,
+               (unsigned long long)sp.rep.nvme_write_bytes,
+               (unsigned long long)all.rep.nvme_write_bytes);
+        free(all.master), free(sp.master);
+    }
+
     /* bf16 gradient transfer (train.grad_transfer, the default where params
      * are bf16): each block's gradients leave the device as bf16, half the
      * D2H bytes, and are accumulated in fp32 on the host. It rounds each

@@ -100,6 +100,26 @@ static void accum_rows(zn_trainer *tr, const zn_accum_arg *a, float *sum, const 
     }
 }
 
+/* A piece of the NVMe gradient accumulators: read or written through the
+ * queue, or, for a piece kept in pinned RAM (gram_off), copied at once and
+ * its request marked done, so that the code around treats both alike. */
+static int piece_io(zn_trainer *tr, zn_io_req *r, int is_write, const zn_piece *p, float *buf,
+                    const char *what)
+{
+    if (p->gram_off >= 0) {
+        float *ram = tr->gram + p->gram_off;
+        if (is_write)
+            memcpy(ram, buf, p->n * 4);
+        else
+            memcpy(buf, ram, p->n * 4);
+        r->status = 0;
+        atomic_store(&r->done, 1);
+        return 0;
+    }
+    return zn_ioq_submit(is_write ? &tr->wq : &tr->rq, r, is_write,
+                         &zn_tier_get(&tr->tm, p->grad_id)->ext, buf, p->n * 4, what);
+}
+
 /* Grads on NVMe: read back (after the first micro-batch), add, write. The
  * sum is formed in staging itself (fp32 transfer) or in the read-back
  * buffer (bf16 transfer); *sum_out says where. */
@@ -118,10 +138,8 @@ static int accum_nvme(zn_trainer *tr, const zn_accum_arg *a, void *staged, float
     if (a->mb > 0)
         for (; nr < np && !rc; nr++) {
             zn_piece *p = &tr->pieces[bl->p0 + nr];
-            zn_extent *e = &zn_tier_get(&tr->tm, p->grad_id)->ext;
             snprintf(what, sizeof what, "grads b%d u%d", p->block, p->unit);
-            rc = zn_ioq_submit(&tr->rq, &rd[nr], 0, e, tr->gtmp + (p->start - bl->off),
-                               p->n * 4, what);
+            rc = piece_io(tr, &rd[nr], 0, p, tr->gtmp + (p->start - bl->off), what);
         }
     for (int k = 0; k < np && !rc; k++) {
         zn_piece *p = &tr->pieces[bl->p0 + k];
@@ -137,9 +155,8 @@ static int accum_nvme(zn_trainer *tr, const zn_accum_arg *a, void *staged, float
         } else if (!f32) {
             copy_bf16(g, h, p->n, tr->threads);
         }
-        zn_extent *e = &zn_tier_get(&tr->tm, p->grad_id)->ext;
         snprintf(what, sizeof what, "grads b%d u%d", p->block, p->unit);
-        rc = zn_ioq_submit(&tr->wq, &wr[k], 1, e, g, p->n * 4, what);
+        rc = piece_io(tr, &wr[k], 1, p, g, what);
         nw = k + 1;
     }
     /* every request submitted is waited for: staging and the read-back

@@ -159,8 +159,17 @@ static int slot_read_grads(zn_trainer *tr, zn_opt_slot *s, int u)
         zn_piece *p = &tr->pieces[un->p0 + k];
         char what[48];
         snprintf(what, sizeof what, "grads b%d u%d", p->block, u);
-        int rc = zn_ioq_submit(&tr->rq, &s->grd[k], 0, &zn_tier_get(&tr->tm, p->grad_id)->ext,
-                               s->grad + (p->start - un->off), p->n * 4, what);
+        float *dst = s->grad + (p->start - un->off);
+        int rc = 0;
+        if (p->gram_off >= 0) {
+            /* kept in pinned RAM (tiers.grads auto's room) */
+            memcpy(dst, tr->gram + p->gram_off, p->n * 4);
+            s->grd[k].status = 0;
+            atomic_store(&s->grd[k].done, 1);
+        } else {
+            rc = zn_ioq_submit(&tr->rq, &s->grd[k], 0, &zn_tier_get(&tr->tm, p->grad_id)->ext,
+                               dst, p->n * 4, what);
+        }
         s->n_grd = k + 1;
         if (rc)
             return zn_ioq_wait(&tr->rq, &s->grd[k]);

@@ -112,6 +112,9 @@ typedef struct {
     int block, unit;
     uint64_t start, n;      /* flat range */
     int grad_id;            /* NVMe grad accumulator piece (-1 otherwise) */
+    int64_t gram_off;       /* grads on NVMe but this piece's in pinned RAM (the
+                               room tiers.grads=auto found): its offset in
+                               tr->gram (elements); -1 otherwise */
     int param_id;           /* NVMe param piece (-1 otherwise) */
 } zn_piece;
 
@@ -328,6 +331,7 @@ struct zn_trainer {
      * each allocation into plan.items (the plan the run then allocates) */
     bool dry;
     uint64_t dry_gpu;      /* device bytes recorded so far (arena rounding) */
+    uint64_t dry_cpu;      /* pinned bytes recorded so far */
     struct zn_comm *comm;  /* NULL: one rank */
     bool comm_attached;    /* the trainer attached its device to comm */
     int rank, world;
@@ -391,6 +395,8 @@ struct zn_trainer {
     float *gstage[2];      /* pinned grad staging for D2H */
     uint64_t setup_nvme_write, setup_h2d;  /* bytes the setup moved (initial state) */
     float *gtmp;           /* NVMe grads with accumulation or bf16 transfer: the fp32 sum */
+    float *gram;           /* NVMe grads: the pieces kept in pinned RAM (gram_off) */
+    uint64_t gram_elems;
     float *master, *mom, *var, *gacc;  /* flat (cpu/none optimizer) */
     zn_accum_arg *accum_args;  /* one per (micro-batch use) */
     int n_accum_args;

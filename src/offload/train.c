@@ -307,7 +307,8 @@ static uint64_t nvme_bytes_needed(zn_trainer *tr)
             need += 3 * round_up(tr->units[u].n * 4, bs);
     if (tr->gnvme)
         for (int k = 0; k < tr->n_pieces; k++)
-            need += round_up(tr->pieces[k].n * 4, bs);
+            if (tr->pieces[k].gram_off < 0)
+                need += round_up(tr->pieces[k].n * 4, bs);
     for (int k = 0; k < tr->n_pieces; k++)
         if (tr->blocks[tr->pieces[k].block].home == ZN_PHOME_NVME)
             need += round_up(tr->pieces[k].n * tr->pbytes, bs);
@@ -377,6 +378,8 @@ static int alloc_ptr(zn_trainer *tr, zn_tier tier, zn_state_class cls, uint64_t 
         if (tier == ZN_TIER_GPU) {
             bytes = round_up(bytes, ZN_DEV_ALIGN);
             tr->dry_gpu += bytes;
+        } else if (tier == ZN_TIER_CPU) {
+            tr->dry_cpu += bytes;
         }
         plan_item(tr, tier, cls, bytes, name);
         *out = NULL;
@@ -597,6 +600,42 @@ static int allocate(zn_trainer *tr)
                           (void **)&tr->gtmp));
     }
 
+    /* Gradient accumulators on NVMe with tiers.grads auto: the pinned room
+     * left after everything above (all but 5% of it) keeps as many pieces
+     * as fit in RAM, which saves their write and read-back every
+     * micro-batch. Computed from the allocations themselves, so the dry
+     * run and the run choose the same pieces. */
+    for (int k = 0; k < tr->n_pieces; k++)
+        tr->pieces[k].gram_off = -1;
+    tr->gram_elems = 0;
+    if (tr->gnvme && cfg->tiers.grads == ZN_GRADS_AUTO) {
+        uint64_t used = tr->dry_cpu;
+        if (!tr->dry) {
+            uint64_t u[ZN_TIER_COUNT], pk[ZN_TIER_COUNT];
+            zn_tier_usage(&tr->tm, u, pk);
+            used = u[ZN_TIER_CPU];
+        }
+        uint64_t budget = tr->tm.budget[ZN_TIER_CPU];
+        uint64_t room = budget > used ? (budget - used) / 20 * 19 : 0, elems = 0;
+        for (int k = 0; k < tr->n_pieces; k++)
+            if ((elems + tr->pieces[k].n) * 4 <= room) {
+                tr->pieces[k].gram_off = (int64_t)elems;
+                elems += tr->pieces[k].n;
+            }
+        if (elems) {
+            tr->gram_elems = elems;
+            TRY(alloc_ptr(tr, cpu, ZN_STATE_GRADS, elems * 4, "grads (fp32)",
+                          (void **)&tr->gram));
+            if (tr->dry) {
+                /* what a step writes: only the pieces left on NVMe */
+                zn_plan *pl = &tr->plan;
+                pl->nvme_write_step -= pl->nvme_write_part[2];
+                pl->nvme_write_part[2] = (tr->P - elems) * 4 * (uint64_t)A;
+                pl->nvme_write_step += pl->nvme_write_part[2];
+            }
+        }
+    }
+
     /* NVMe extents */
     uint64_t need = nvme_bytes_needed(tr);
     if (need) {
@@ -615,6 +654,8 @@ static int allocate(zn_trainer *tr)
             }
             for (int k = 0; k < tr->n_pieces && tr->gnvme; k++) {
                 zn_piece *p = &tr->pieces[k];
+                if (p->gram_off >= 0)
+                    continue; /* in pinned RAM */
                 snprintf(name, sizeof name, "grads b%d u%d", p->block, p->unit);
                 TRY(alloc_ext(tr, ZN_STATE_GRADS, p->n * 4, name, &p->grad_id));
             }
