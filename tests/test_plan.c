@@ -1,6 +1,7 @@
 /* The planner: byte figures computed by hand for a small model, the
  * not-fits explanation, ZeRO sharding, and the parameter counts of real
  * models (published figures) from the config's model section. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -211,8 +212,42 @@ static void test_real_models(void)
     }
 }
 
+/* LLaMA-Factory's ZeRO-3 config without offload (the optimizer on the GPU)
+ * run on a GPU: zinc's Adam is the CPU's, so the states move to pinned RAM
+ * and the plan counts them there; on the host backend nothing changes. */
+static void test_cpu_adam(void)
+{
+    char path[4300];
+    snprintf(path, sizeof path, "%s/tests/fixtures/ds-configs/llamafactory-ds_z3_config.json",
+             ZN_SOURCE_ROOT);
+    const char *sets[] = { "model={\"model_type\": \"llama\", \"hidden_size\": 64, "
+                           "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                           "\"intermediate_size\": 128, \"vocab_size\": 320}",
+                           "train_micro_batch_size_per_gpu=1", "gradient_accumulation_steps=1" };
+    zn_config c;
+    if (zn_config_load(&c, path, sets, 3))
+        ZT_SETUP_FAIL("%s: %s", path, zn_last_error());
+    ZT_EQ_INT(c.zero.offload_optimizer.device, ZN_OFFLOAD_NONE);
+    ZT_EQ_INT(zn_cli_cpu_adam(&c, 0), 0);
+    ZT_EQ_INT(c.zero.offload_optimizer.device, ZN_OFFLOAD_NONE);
+    ZT_EQ_INT(zn_cli_cpu_adam(&c, 1), 1);
+    ZT_EQ_INT(c.zero.offload_optimizer.device, ZN_OFFLOAD_CPU);
+    ZT_EQ_INT(zn_cli_cpu_adam(&c, 1), 0); /* once */
+    zn_model_dims d;
+    ZT_EQ_INT(zn_cli_model_dims(&c, &d), 0);
+    uint64_t bl[8];
+    zn_plan_input in;
+    zn_config_resolve_batch(&c, 1);
+    zn_cli_plan_input(&c, &d, 1, bl, &in);
+    zn_plan_budgets b = { { 1ull << 40, 1ull << 40, 1ull << 40 } };
+    zn_plan p;
+    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &b), 0);
+    ZT_CHECK(p.bytes[ZN_STATE_MASTER][ZN_TIER_CPU] > 0 && !p.bytes[ZN_STATE_MASTER][ZN_TIER_GPU]);
+}
+
 int main(void)
 {
+    test_cpu_adam();
     test_hand_computed();
     test_sharded();
     test_grads_tier();

@@ -67,6 +67,12 @@ void zn_cli_plan_input(const zn_config *cfg, const zn_model_dims *d, int world,
  * ZeRO, buckets), each with where it came from, to `out` (NULL: silent).
  * Returns 0 or the failing call's code with zn_last_error() set. */
 int zn_cli_effective(zn_config *cfg, int world, FILE *out);
+/* A config that keeps the optimizer on the GPU (offload_optimizer.device
+ * "none", as the HF Trainer's and LLaMA-Factory's ZeRO configs without
+ * offload do) on a run that computes on a GPU (on_gpu): zinc's Adam runs
+ * on the CPU, so the states go to pinned RAM ("cpu"), and plan and run
+ * both say so. Returns 1 when it changed the config, else 0. */
+int zn_cli_cpu_adam(zn_config *cfg, int on_gpu);
 void zn_cli_effective_print(const zn_config *cfg, int world, FILE *out);
 
 /* Parses the options every config-taking command shares: --set KEY=VALUE

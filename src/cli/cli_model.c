@@ -182,6 +182,16 @@ int zn_cli_has_cuda(const zn_config *cfg)
     return probe_cuda(cfg, &info);
 }
 
+/* zinc's Adam runs on the CPU: a run on a GPU keeps the optimizer states in
+ * pinned RAM even where the config leaves them on the device. */
+int zn_cli_cpu_adam(zn_config *cfg, int on_gpu)
+{
+    if (!on_gpu || cfg->zero.offload_optimizer.device != ZN_OFFLOAD_NONE)
+        return 0;
+    cfg->zero.offload_optimizer.device = ZN_OFFLOAD_CPU;
+    return 1;
+}
+
 /* Free memory of the GPU the config's train.device names, for an "auto"
  * GPU budget: 0 when the device is the host backend or no GPU answers
  * (zn_cli_budgets then uses the host backend's rule). */
