@@ -498,12 +498,12 @@ static int allocate(zn_trainer *tr)
         tr->urows_cap = A * ntok;
         TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, (uint64_t)tr->urows_cap * 4, "token rows",
                       (void **)&tr->urows_dev));
-        if (!tr->dry) {
-            tr->urows = malloc((size_t)tr->urows_cap * 4);
-            tr->nurows = calloc((size_t)A, sizeof *tr->nurows);
-            if (!tr->urows || !tr->nurows)
-                return zn_set_error(-ENOMEM, "train: out of memory");
-        }
+        /* pinned: an upload from pageable memory would wait for the D2H
+         * stream's earlier work (CUDA stages it synchronously) */
+        TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, (uint64_t)tr->urows_cap * 4, "token rows (host)",
+                      (void **)&tr->urows));
+        if (!tr->dry && !(tr->nurows = calloc((size_t)A, sizeof *tr->nurows)))
+            return zn_set_error(-ENOMEM, "train: out of memory");
     }
 
     /* optimizer states in memory */
@@ -1303,7 +1303,6 @@ void zn_train_destroy(zn_trainer *tr)
     free(tr->units);
     free(tr->pieces);
     free(tr->accum_args);
-    free(tr->urows);
     free(tr->nurows);
     free(tr->marks);
     zn_trace_destroy(tr->trace);
