@@ -14,6 +14,8 @@ Two small decoders with shapes unlike the other fixtures:
   ft-vocab  qwen2, 2 layers, hidden 32, a 1000-token vocabulary against
             9k-parameter layers, untied, fp32: zinc streams its embedding
             and lm_head in four row parts (zn_model_part)
+  ft-tiedvocab  the same shape as a tied llama: the resident embedding in
+            four parts that the head reads as its lm_head
 For each folder: config.json (transformers' own), the weights,
 train-config.json (the zinc config the test trains with: DeepSpeed's
 optimizer / scheduler / clipping keys and the batch shape), and
@@ -63,7 +65,7 @@ def shapes(kind):
         return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
                     max_position_embeddings=64, hidden_act="silu")
-    if kind == "vocab":
+    if kind in ("vocab", "tiedvocab"):
         return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
                     max_position_embeddings=64, hidden_act="silu")
@@ -152,8 +154,9 @@ def train(model, params, V, dgen, label, torch, before_micro=None):
 
 
 def make(kind, out, torch, transformers, save_file):
-    gen = torch.Generator().manual_seed({"llama": 11, "qwen2": 12, "tied": 13, "vocab": 14}[kind])
-    if kind == "tied":
+    gen = torch.Generator().manual_seed({"llama": 11, "qwen2": 12, "tied": 13, "vocab": 14,
+                                     "tiedvocab": 15}[kind])
+    if kind in ("tied", "tiedvocab"):
         cfg = transformers.LlamaConfig(**shapes(kind), rms_norm_eps=1e-5, tie_word_embeddings=True,
                                        attention_bias=False, rope_theta=500000.0)
         cls = transformers.LlamaForCausalLM
@@ -208,7 +211,8 @@ def make(kind, out, torch, transformers, save_file):
     with open(os.path.join(d, "train-config.json"), "w") as f:
         json.dump(zcfg, f, indent=2)
 
-    dgen = torch.Generator().manual_seed({"llama": 21, "qwen2": 22, "tied": 23, "vocab": 24}[kind])
+    dgen = torch.Generator().manual_seed({"llama": 21, "qwen2": 22, "tied": 23, "vocab": 24,
+                                      "tiedvocab": 25}[kind])
     steps = train(model, list(model.parameters()), cfg.vocab_size, dgen, kind, torch)
     save_file({n: p.detach().contiguous() for n, p in model.named_parameters()},
               os.path.join(d, "final.safetensors"), metadata=meta)
@@ -217,7 +221,8 @@ def make(kind, out, torch, transformers, save_file):
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "precision": "float32, eager attention, CPU",
-        "weights_dtype": {"llama": "bf16", "qwen2": "f16", "tied": "f32", "vocab": "f32"}[kind],
+        "weights_dtype": {"llama": "bf16", "qwen2": "f16", "tied": "f32", "vocab": "f32",
+                          "tiedvocab": "f32"}[kind],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "steps": steps,
     }
@@ -236,7 +241,7 @@ def check_export(zinc, torch, transformers):
     from gen_fixtures import write_tokens
     fx = os.path.join(ROOT, "tests", "fixtures")
     bad = 0
-    for kind in ("llama", "qwen2", "tied", "vocab"):
+    for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab"):
         src = os.path.join(fx, "ft-" + kind)
         V = json.load(open(os.path.join(src, "config.json")))["vocab_size"]
         with tempfile.TemporaryDirectory() as tmp:
@@ -280,7 +285,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
     ap.add_argument("--check-export", metavar="ZINC", help="check zinc's fine-tuned exports "
                     "in transformers (see check_export)")
-    ap.add_argument("--only", choices=("llama", "qwen2", "tied", "vocab"),
+    ap.add_argument("--only", choices=("llama", "qwen2", "tied", "vocab", "tiedvocab"),
                     help="make this fixture only")
     args = ap.parse_args()
     ensure_torch()
@@ -294,7 +299,7 @@ def main():
     from safetensors.torch import save_file
     torch.manual_seed(0)
     torch.set_num_threads(1)  # one summation order, run to run
-    for kind in ("llama", "qwen2", "tied", "vocab"):
+    for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab"):
         if not args.only or kind == args.only:
             make(kind, args.out, torch, transformers, save_file)
 

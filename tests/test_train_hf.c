@@ -591,6 +591,18 @@ int main(int argc, char **argv)
                      zn_model_block_parts(&d, (int)d.n_layers + 1));
     }
     fixture("ft-vocab");
+    /* the same shape tied: the resident embedding in four parts that the
+     * head reads as its lm_head */
+    {
+        zn_model_dims d;
+        char dir[4200];
+        snprintf(dir, sizeof dir, "%s/tests/fixtures/ft-tiedvocab", ZN_SOURCE_ROOT);
+        ZT_EQ_INT(zn_model_dims_from_hf(&d, dir), 0);
+        ZT_CHECK_MSG(d.tie_embeddings && zn_model_block_parts(&d, 0) == 4 &&
+                     zn_model_block_parts(&d, (int)d.n_layers + 1) == 1,
+                     "ft-tiedvocab: %d embedding parts, want 4", zn_model_block_parts(&d, 0));
+    }
+    fixture("ft-tiedvocab");
     /* LoRA on a frozen base (lora_B nonzero from the start, so both adapter
      * gradients count), every placement of the base */
     fixture("lora-llama");

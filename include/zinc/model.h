@@ -139,9 +139,10 @@ ZN_API uint64_t zn_model_block_frozen_count(const zn_model_dims *d, int block);
  * zn_model_block_param order): the embedding's part p holds table rows
  * [row0, row0 + rows); the head's part 0 holds the final norm and lm_head
  * rows [0, rows), a later part only lm_head rows. A decoder layer, a tied
- * model's embedding and head (its table stays resident), and a vocabulary
- * within a layer's size are one part. Parts are a function of the dims
- * only, so checkpoints written in parts agree with every later run. */
+ * model's head (its own tensor is the final norm; its lm_head is the
+ * embedding's parts, which stay resident) and a vocabulary within a layer's
+ * size are one part. Parts are a function of the dims only, so checkpoints
+ * written in parts agree with every later run. */
 typedef struct {
     int block;          /* the model block */
     int part, nparts;   /* this part of how many of that block */
@@ -347,7 +348,9 @@ ZN_API int zn_model_head_bwd(zn_model *m, zn_stream *s, void *const *params, con
  * logits, adds its rows' gradient and its share of dL/d(normed x); part 0
  * then writes dx and the norm's gradient). norm_w and dnorm are the final
  * norm's weight and gradient, part 0 only (NULL otherwise; dnorm and dW
- * NULL when frozen); W and dW hold the part's lm_head rows. */
+ * NULL when frozen); W and dW hold the part's lm_head rows. With tied
+ * embeddings the head's parts are the embedding's (W: that part's table,
+ * dW: where its lm_head gradient goes). */
 ZN_API int zn_model_head_fwd_part(zn_model *m, zn_stream *s, int part, const void *norm_w,
                                   const void *W, const void *x_in);
 ZN_API int zn_model_head_bwd_part(zn_model *m, zn_stream *s, int part, const void *norm_w,

@@ -138,16 +138,16 @@ typedef struct zn_train_model {
      * like the parameters) to dparams. */
     int (*backward)(void *ctx, zn_stream *s, int block, void *params, const void *in,
                     const void *dout, void *din, float *dparams);
-    /* 1: block 0's parameters are read by other blocks too (a tied
-     * embedding, which the head uses as its output projection). The trainer
-     * then keeps block 0 whole and resident on the device for the run (its
-     * home is the device, never fetched), calls bind_block0 with its device
-     * address after allocating it, and refuses ZeRO stage 3 across ranks
-     * (whose blocks live sharded). Other blocks' gradients for it are the
-     * model's to add into block 0's during block 0's backward, which comes
-     * last. */
+    /* 1: the first layer's blocks (block 0 and those joined to it) are read
+     * by other blocks too (a tied embedding, which the head uses as its
+     * output projection). The trainer then keeps them whole and resident on
+     * the device for the run (their home is the device, never fetched),
+     * calls bind_block0 with each one's device address after allocating it,
+     * and refuses ZeRO stage 3 across ranks (whose blocks live sharded).
+     * Other blocks' gradients for them are the model's to add into theirs
+     * during their backward, which comes last. */
     int keep_block0;
-    void (*bind_block0)(void *ctx, void *dev_params);
+    void (*bind_block0)(void *ctx, int block, void *dev_params);
     /* For the plan: the device bytes prepare() will allocate and the
      * act_bytes it will set, for param dtype dt, without a device.
      * Optional (without it the plan counts no model scratch). */
@@ -160,11 +160,11 @@ typedef struct zn_train_model {
  * either a Hugging Face checkpoint (zn_train_llama_load), or normal(0,
  * init_std) for matrices, ones for norms, zeros for biases, a function of
  * (seed, block, tensor, element pair) only.
- * tie_word_embeddings: one parameter, embed_tokens, kept resident on the
- * device (keep_block0); the head's lm_head is a view of it. The head's
- * backward writes its weight gradient into an fp32 device buffer of the
- * embedding's size, which the embedding's backward adds to its own: one
- * gradient, one optimizer state. */
+ * tie_word_embeddings: one parameter, embed_tokens, its parts kept resident
+ * on the device (keep_block0); the head reads them as its lm_head. The
+ * head's backward writes its weight gradient into an fp32 device buffer of
+ * the embedding's size, whose rows each embedding part's backward adds to
+ * its own: one gradient, one optimizer state. */
 typedef struct zn_train_llama zn_train_llama;
 /* dims: the decoder (copied). micro_batch x seq: the largest micro-batch.
  * Returns 0, ZN_ECONFIG, -ENOMEM. */

@@ -539,7 +539,7 @@ static int64_t part_rows(const zn_model_dims *d, int *nparts)
 {
     int64_t V = d->vocab, H = d->hidden;
     int64_t most = (int64_t)(base_count(d, 1) / (uint64_t)H) - 1;
-    if (d->tie_embeddings || most < 1 || V <= most) {
+    if (most < 1 || V <= most) {
         *nparts = 1;
         return V;
     }

@@ -1084,11 +1084,18 @@ int zn_model_head_bwd(zn_model *m, zn_stream *s, void *const *params, const void
                          1);
 }
 
+/* The head's row parts: its own, or with tied embeddings the embedding's
+ * (whose parts the head reads as its lm_head). */
+static int head_part(const zn_model *m, int part, zn_model_part_info *pi)
+{
+    return part_of(m, m->d.tie_embeddings ? 0 : (int)m->d.n_layers + 1, part, pi);
+}
+
 int zn_model_head_fwd_part(zn_model *m, zn_stream *s, int part, const void *norm_w,
                            const void *W, const void *x_in)
 {
     zn_model_part_info pi;
-    TRY(part_of(m, (int)m->d.n_layers + 1, part, &pi));
+    TRY(head_part(m, part, &pi));
     if (!part && !norm_w)
         return zn_set_error(ZN_EARG, "model: the head's part 0 needs the final norm's weight");
     return head_fwd_rows(m, s, norm_w, W, x_in, pi.row0, pi.rows, part == 0,
@@ -1099,7 +1106,7 @@ int zn_model_head_bwd_part(zn_model *m, zn_stream *s, int part, const void *norm
                            const void *W, const void *x_in, void *dx, float *dnorm, float *dW)
 {
     zn_model_part_info pi;
-    TRY(part_of(m, (int)m->d.n_layers + 1, part, &pi));
+    TRY(head_part(m, part, &pi));
     if (!part && (!norm_w || !dx))
         return zn_set_error(ZN_EARG, "model: the head's part 0 backward needs the final norm's "
                             "weight and dx");

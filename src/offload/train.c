@@ -183,8 +183,8 @@ static int build_layout(zn_trainer *tr)
             tr->largest_local = bl->len;
         /* a block other blocks read (a tied embedding) stays on the device */
         bool small = tr->popt == ZN_OFFLOAD_NONE || bl->n < thresh ||
-                     (b == 0 && md->keep_block0);
-        if (b == 0 && md->keep_block0 && !bl->replicated)
+                     (bl->group == 0 && md->keep_block0);
+        if (bl->group == 0 && md->keep_block0 && !bl->replicated)
             return zn_set_error(ZN_EUNSUPPORTED, "%s: tied embeddings (tie_word_embeddings) with "
                                 "ZeRO stage 3 across %d ranks are not supported yet: the "
                                 "embedding must stay whole on every device; use "
@@ -1165,7 +1165,8 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     TRY(build_layout(tr));
     TRY(allocate(tr));
     if (o->model->keep_block0 && o->model->bind_block0)
-        o->model->bind_block0(o->model->ctx, tr->blocks[0].dev_params);
+        for (int b = 0; b < tr->L && tr->blocks[b].group == 0; b++)
+            o->model->bind_block0(o->model->ctx, b, tr->blocks[b].dev_params);
     if (tr->tm.aio) {
         TRY(zn_ioq_start(&tr->rq, tr->tm.aio, tr->trace, tr->track[ZN_RES_NVME_READ],
                          &tr->tm.nvme_read));

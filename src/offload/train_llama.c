@@ -29,6 +29,7 @@ typedef struct {
     int pidx[MAX_TENSORS];       /* its index in zn_model_block_param order */
     int block, part;             /* the model block and its part (zn_model_part) */
     int tied;                    /* the tied head: its last tensor is block 0's table */
+    int64_t row0, rows;          /* an embedding or head part's rows */
     int n_all;                   /* tensors the block calls take (own + tied views) */
 } block_layout;
 
@@ -49,7 +50,8 @@ struct zn_train_llama {
     size_t esz;
     zn_st *st;                   /* the checkpoint the weights come from, or NULL */
     zn_dev *dev;
-    void *embed;                 /* tied: block 0's resident table (device) */
+    void **embed;                /* tied: the embedding parts' resident tables (device) */
+    int n_embed;                 /* how many parts the embedding has */
     float *tied_grad;            /* tied: the head's lm_head gradient (device, fp32) */
     _Atomic uint64_t bytes_read;
     uint64_t bytes_total;        /* tensor bytes the model takes from st */
@@ -265,14 +267,15 @@ static void views(const zn_train_llama *l, int b, void *base, size_t esz, void *
     out[0] = out[1] = NULL; /* a head part past the first has no norm */
     for (int i = 0; i < ly->n; i++)
         out[ly->pidx[i]] = !base || ly->off[i] < fz ? NULL : (char *)base + (ly->off[i] - fz) * esz;
-    if (ly->tied)  /* the tied head: lm_head is its last tensor */
-        out[ly->n_all - 1] = grads ? (void *)l->tied_grad : l->embed; /* NULL with LoRA */
+    if (ly->tied)  /* the tied head: lm_head is the embedding's parts (ll_forward) */
+        out[ly->n_all - 1] = NULL;
 }
 
-static void ll_bind_block0(void *ctx, void *dev_params)
+static void ll_bind_block0(void *ctx, int b, void *dev_params)
 {
     zn_train_llama *l = ctx;
-    l->embed = dev_params;
+    if (b >= 0 && b < l->nb && l->lay[b].block == 0 && l->lay[b].part < l->n_embed)
+        l->embed[l->lay[b].part] = dev_params;
 }
 
 static int ll_forward(void *ctx, zn_stream *s, int b, void *params, const void *in, void *out)
@@ -283,6 +286,13 @@ static int ll_forward(void *ctx, zn_stream *s, int b, void *params, const void *
     views(l, b, params, l->esz, p, 0);
     if (ly->block == 0)
         return zn_model_embed_fwd_part(l->m, s, ly->part, p[0], out);
+    if (ly->block == l->d.n_layers + 1 && ly->tied) {
+        /* the tied head reads the resident embedding part by part */
+        int rc = 0;
+        for (int k = 0; k < l->n_embed && !rc; k++)
+            rc = zn_model_head_fwd_part(l->m, s, k, k ? NULL : p[0], l->embed[k], in);
+        return rc;
+    }
     if (ly->block == l->d.n_layers + 1)
         return zn_model_head_fwd_part(l->m, s, ly->part, p[0], p[1], in);
     return zn_model_layer_fwd(l->m, s, ly->block - 1, p, in, out, NULL);
@@ -301,16 +311,31 @@ static int ll_backward(void *ctx, zn_stream *s, int b, void *params, const void 
         if ((rc = zn_model_embed_bwd_part(l->m, s, ly->part, dout, g[0])))
             return rc;
         /* tied: the head's lm_head gradient of this micro-batch joins the
-         * embedding's (the head's backward ran first) */
-        return l->tied_grad ? zn_dev_add_inplace(l->dev, s, g[0], ZN_DTYPE_F32, l->tied_grad,
-                                                 ZN_DTYPE_F32, l->d.vocab * l->d.hidden)
-                            : 0;
+         * embedding's, the part's rows of it (the head's backward ran first) */
+        return l->tied_grad && g[0]
+                   ? zn_dev_add_inplace(l->dev, s, g[0], ZN_DTYPE_F32,
+                                        l->tied_grad + ly->row0 * l->d.hidden, ZN_DTYPE_F32,
+                                        ly->rows * l->d.hidden)
+                   : 0;
     }
     if (ly->block == l->d.n_layers + 1) {
         if (l->tied_grad &&
             (rc = zn_dev_memset(l->dev, s, l->tied_grad, 0,
                                 (size_t)(l->d.vocab * l->d.hidden) * 4)))
             return rc;
+        if (ly->tied) {
+            /* the embedding's parts last to first; their lm_head gradients
+             * into the tied buffer, which their own backward adds */
+            rc = 0;
+            for (int k = l->n_embed - 1; k >= 0 && !rc; k--) {
+                const block_layout *ek = &l->lay[k];
+                rc = zn_model_head_bwd_part(l->m, s, k, k ? NULL : p[0], l->embed[k], in, din,
+                                            k ? NULL : g[0],
+                                            l->tied_grad ? l->tied_grad + ek->row0 * l->d.hidden
+                                                         : NULL);
+            }
+            return rc;
+        }
         return zn_model_head_bwd_part(l->m, s, ly->part, p[0], p[1], in, din, g[0], g[1]);
     }
     return zn_model_layer_bwd(l->m, s, ly->block - 1, p, in, NULL, dout, din,
@@ -351,6 +376,8 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
         }
         ly->block = pt.block;
         ly->part = pt.part;
+        ly->row0 = pt.row0;
+        ly->rows = pt.rows;
         l->joins[b] = pt.part > 0;
         /* the embedding's gradient touches only its tokens' rows, unless the
          * head adds the tied lm_head's (dense) into it */
@@ -428,6 +455,11 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
     m->backward = ll_backward;
     m->plan_prepare = ll_plan_prepare;
     m->keep_block0 = dims->tie_embeddings != 0;
+    l->n_embed = zn_model_block_parts(dims, 0);
+    if (!(l->embed = calloc((size_t)l->n_embed, sizeof *l->embed))) {
+        zn_train_llama_destroy(l);
+        return zn_set_error(-ENOMEM, "out of memory");
+    }
     m->bind_block0 = ll_bind_block0;
     *out = l;
     return 0;
@@ -447,6 +479,7 @@ void zn_train_llama_destroy(zn_train_llama *l)
     free(l->block_params);
     free(l->block_frozen);
     free(l->joins);
+    free(l->embed);
     free(l->sparse_row0);
     free(l->lay);
     free(l);
