@@ -103,6 +103,9 @@ fi
 step "bench pcie" 300 "$zinc" bench pcie --device cuda
 step "bench model (Qwen2.5-0.5B shape, bf16, seq 1024)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
     --device cuda --batch 1 --seq 1024 --iters 3
+# a long sequence: the attention in query blocks of 512 (8 here) dominates
+step "bench model (Qwen2.5-0.5B shape, bf16, seq 4096)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
+    --device cuda --batch 1 --seq 4096 --iters 3
 P=zero_optimization.offload_param
 O=zero_optimization.offload_optimizer
 swap="$log/swap"
@@ -113,6 +116,10 @@ step "bench train: params and optimizer on the GPU side (optimizer cpu)" 300 "$z
     "${common[@]}" --set "$P.device=\"none\"" --set "$O.device=\"cpu\""
 step "bench train: params and optimizer in pinned RAM" 300 "$zinc" bench train "${common[@]}" \
     --set "$P.device=\"cpu\"" --set "$O.device=\"cpu\""
+# the same with fp32 gradients over PCIe (the default above sends bf16)
+step "bench train: params and optimizer in pinned RAM, fp32 gradient transfer" 300 \
+    "$zinc" bench train "${common[@]}" --set "$P.device=\"cpu\"" --set "$O.device=\"cpu\"" \
+    --set train.grad_transfer=\"fp32\"
 step "bench train: params and optimizer on NVMe" 300 "$zinc" bench train "${common[@]}" \
     --set "$P.device=\"nvme\"" --set "$P.max_in_cpu=0" --set "$O.device=\"nvme\""
 step "bench comm: world 1 on the GPU (NCCL)" 300 "$zinc" bench comm --device cuda:0 \
