@@ -172,6 +172,12 @@ int zn_cmd_plan(int argc, char **argv)
            "vocab %lld)\n", d.arch == ZN_ARCH_QWEN2 ? "qwen2" : "llama",
            pc >= 1e9 ? pc / 1e9 : pc / 1e6, pc >= 1e9 ? "B" : "M", (long long)d.n_layers, (long long)d.hidden,
            (long long)d.n_heads, (long long)d.n_kv_heads, (long long)d.vocab);
+    int vparts = zn_model_block_parts(&d, 0);
+    if (vparts > 1)
+        printf("  streamed     the %s in %d row parts of at most one layer each (%d blocks in "
+               "all)\n", d.tie_embeddings ? "embedding (tied: resident, read as lm_head)"
+                                          : "embedding and the lm_head", vparts,
+               zn_model_num_parts(&d));
     if (d.lora.r > 0) {
         uint64_t t = zn_model_trainable_count(&d);
         printf("  lora         r %d, alpha %g%s: trainable %llu of %llu parameters (%.4f%%); the "
