@@ -1,8 +1,10 @@
 /* The plan is a contract: for each of many configurations (four decoder
- * shapes, one with Qwen2.5's 151936-token vocabulary, one with tied
- * embeddings and one training LoRA adapters with dropout on a frozen base; every placement of params and optimizer; ZeRO stages 1-3;
- * accumulation 1 and 2; param cache on and off; gradients in RAM or on NVMe;
- * buffer counts 4 and 8; sub-groups), zn_train_plan's figure for each tier
+ * shapes, one with Qwen2.5's 151936-token vocabulary streamed in parts, one
+ * with tied embeddings and one training LoRA adapters with dropout on a
+ * frozen base; every placement of params and optimizer; ZeRO stages 1-3;
+ * accumulation 1 and 2; param cache on and off; gradients in RAM, on NVMe
+ * or split between them; bf16 gradient transfer; buffer counts 4 and 8;
+ * sub-groups), zn_train_plan's figure for each tier
  * must hold the run: after two steps on the host backend, every tier's
  * high-water mark is <= the plan and >= 0.9 of it (and 0 where the plan
  * says 0). One rank; the sharded placements are covered by test_train_zero
@@ -54,14 +56,19 @@ static const placement places[] = {
 
 static int checked, failed_cfgs;
 static double min_ratio[ZN_TIER_COUNT] = { 2, 2, 2 }, max_ratio[ZN_TIER_COUNT];
+/* the cpu budget of the runs, and one more --set (NULL: none) */
+static char cpu_budget[64] = "tiers.cpu=\"4GiB\"";
+static const char *extra_set;
+/* the last run's plan total per tier */
+static uint64_t last_plan[ZN_TIER_COUNT], last_grads[ZN_TIER_COUNT];
 
 static void one(const shape *sh, const placement *pl, int accum, int pcache, const char *grads,
                 int bcount, int subgroup)
 {
     char label[256];
     snprintf(label, sizeof label, "%s param=%s opt=%s stage=%d acc=%d pcache=%d grads=%s "
-             "bc=%d sg=%d", sh->name, pl->param, pl->opt, pl->stage, accum, pcache, grads,
-             bcount, subgroup);
+             "bc=%d sg=%d %s %s", sh->name, pl->param, pl->opt, pl->stage, accum, pcache, grads,
+             bcount, subgroup, cpu_budget, extra_set ? extra_set : "");
     char s_param[96], s_opt[96], s_stage[64], s_acc[64], s_pc[64], s_gr[64], s_bc[96], s_sg[96];
     char s_nvme[4400];
     snprintf(s_param, sizeof s_param, "zero_optimization.offload_param.device=\"%s\"", pl->param);
@@ -75,17 +82,18 @@ static void one(const shape *sh, const placement *pl, int accum, int pcache, con
     snprintf(s_nvme, sizeof s_nvme, "tiers.nvme=[{\"path\": \"%s\", \"size\": \"1GiB\"}]",
              tn_tmpdir("plan-contract"));
     const char *sets[] = { sh->model, s_param, s_opt, s_stage, s_acc, s_pc, s_gr, s_bc, s_sg,
-                           s_nvme, "tiers.gpu=\"512MiB\"", "tiers.cpu=\"4GiB\"",
+                           s_nvme, "tiers.gpu=\"512MiB\"", cpu_budget,
                            "train.device=\"host\"", "train_micro_batch_size_per_gpu=2",
                            "data.seq_len=16", "zero_optimization.stage3_param_persistence_threshold=0",
-                           "aio.block_size=65536", sh->lora };
+                           "aio.block_size=65536", extra_set ? extra_set : sh->lora, sh->lora };
     const char *json =
         "{\"gradient_clipping\": 1.0,"
         " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}},"
         " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 2}}}";
     zn_config cfg;
-    int rc = zn_config_parse(&cfg, json, label, sets,
-                             (int)(sizeof sets / sizeof sets[0]) - (sh->lora ? 0 : 1));
+    int nsets = (int)(sizeof sets / sizeof sets[0]) - 2 + (extra_set || sh->lora) +
+                (extra_set && sh->lora);
+    int rc = zn_config_parse(&cfg, json, label, sets, nsets);
     if (!rc)
         rc = zn_config_resolve_batch(&cfg, 1);
     ZT_CHECK_MSG(rc == 0, "%s: config: %s", label, zn_last_error());
@@ -132,6 +140,8 @@ static void one(const shape *sh, const placement *pl, int accum, int pcache, con
         int bad = 0;
         for (int t = 0; t < ZN_TIER_COUNT; t++) {
             uint64_t want = plan.tier_total[t], got = r.peak[t];
+            last_plan[t] = want;
+            last_grads[t] = plan.bytes[ZN_STATE_GRADS][t];
             bool ok = want ? got <= want && (double)got >= 0.9 * (double)want : got == 0;
             ZT_CHECK_MSG(ok, "%s: %s tier high-water %llu, plan %llu (%.3f)", label,
                          zn_tier_name((zn_tier)t), (unsigned long long)got,
@@ -175,6 +185,39 @@ int main(void)
                 n += 2;
             }
         }
+    /* gradient accumulators split between RAM and NVMe (tiers.grads auto
+     * with pinned room for about half of them): the budget from the plan
+     * with all of them on NVMe */
+    {
+        const placement pl = { "cpu", "nvme", 3 };
+        one(&shapes[0], &pl, 2, 4, "nvme", 4, 30000);
+        uint64_t G = 0;
+        {
+            zn_model_dims dd;
+            zn_config cc;
+            if (zn_config_parse(&cc, "{}", "g", &shapes[0].model, 1) || zn_cli_model_dims(&cc, &dd))
+                ZT_SETUP_FAIL("shape: %s", zn_last_error());
+            G = zn_model_trainable_count(&dd) * 4;
+        }
+        snprintf(cpu_budget, sizeof cpu_budget, "tiers.cpu=%llu",
+                 (unsigned long long)(last_plan[ZN_TIER_CPU] + G / 2));
+        one(&shapes[0], &pl, 2, 4, "auto", 4, 30000);
+        ZT_CHECK_MSG(last_grads[ZN_TIER_CPU] > 0 && last_grads[ZN_TIER_NVME] > 0,
+                     "split grads: %llu B of them in RAM, %llu B on NVMe",
+                     (unsigned long long)last_grads[ZN_TIER_CPU],
+                     (unsigned long long)last_grads[ZN_TIER_NVME]);
+        snprintf(cpu_budget, sizeof cpu_budget, "tiers.cpu=\"4GiB\"");
+        n += 2;
+    }
+    /* bf16 gradient transfer (the default with bf16 params on CUDA) and its
+     * device buffer, in two placements and with a 152k vocabulary */
+    extra_set = "train.grad_transfer=\"bf16\"";
+    for (size_t s = 0; s < 2; s++) {
+        one(&shapes[s], &places[3], 2, 4, "auto", 4, 100000);
+        one(&shapes[s], &places[6], 2, 4, "nvme", 4, 100000);
+        n += 2;
+    }
+    extra_set = NULL;
     printf("%d configurations, %d checked, %d with a tier off the plan\n", n, checked,
            failed_cfgs);
     for (int t = 0; t < ZN_TIER_COUNT; t++)
