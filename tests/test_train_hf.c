@@ -562,6 +562,18 @@ static void fixture(const char *name)
     }
 }
 
+/* The fixture's model is cut into the parts its test is about. */
+static void check_parts(const char *name, int embed_parts, int head_parts)
+{
+    zn_model_dims d;
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/%s", ZN_SOURCE_ROOT, name);
+    ZT_EQ_INT(zn_model_dims_from_hf(&d, dir), 0);
+    int e = zn_model_block_parts(&d, 0), h = zn_model_block_parts(&d, (int)d.n_layers + 1);
+    ZT_CHECK_MSG(e == embed_parts && h == head_parts, "%s: %d embedding and %d head parts, "
+                 "want %d and %d", name, e, h, embed_parts, head_parts);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "cuda")) {
@@ -580,28 +592,11 @@ int main(int argc, char **argv)
     fixture("ft-tied");
     /* a vocabulary the trainer streams in row parts (embedding and lm_head
      * each in four), against the same PyTorch run */
-    {
-        zn_model_dims d;
-        char dir[4200];
-        snprintf(dir, sizeof dir, "%s/tests/fixtures/ft-vocab", ZN_SOURCE_ROOT);
-        ZT_EQ_INT(zn_model_dims_from_hf(&d, dir), 0);
-        ZT_CHECK_MSG(zn_model_block_parts(&d, 0) == 4 &&
-                     zn_model_block_parts(&d, (int)d.n_layers + 1) == 4,
-                     "ft-vocab: %d and %d parts, want 4 and 4", zn_model_block_parts(&d, 0),
-                     zn_model_block_parts(&d, (int)d.n_layers + 1));
-    }
+    check_parts("ft-vocab", 4, 4);
     fixture("ft-vocab");
     /* the same shape tied: the resident embedding in four parts that the
      * head reads as its lm_head */
-    {
-        zn_model_dims d;
-        char dir[4200];
-        snprintf(dir, sizeof dir, "%s/tests/fixtures/ft-tiedvocab", ZN_SOURCE_ROOT);
-        ZT_EQ_INT(zn_model_dims_from_hf(&d, dir), 0);
-        ZT_CHECK_MSG(d.tie_embeddings && zn_model_block_parts(&d, 0) == 4 &&
-                     zn_model_block_parts(&d, (int)d.n_layers + 1) == 1,
-                     "ft-tiedvocab: %d embedding parts, want 4", zn_model_block_parts(&d, 0));
-    }
+    check_parts("ft-tiedvocab", 4, 1);
     fixture("ft-tiedvocab");
     /* LoRA on a frozen base (lora_B nonzero from the start, so both adapter
      * gradients count), every placement of the base */

@@ -42,22 +42,15 @@ static void copy_f32(float *dst, const float *src, uint64_t n, int threads)
     }
 }
 
-/* bf16 gradients (train.grad_transfer): widened exactly (a shift), copied
- * or added in fp32. Plain loops the compiler vectorizes. */
-static inline float widen(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+/* bf16 gradients (train.grad_transfer): widened exactly (zn_bf16_widen, a
+ * shift), copied or added in fp32. Plain loops the compiler vectorizes. */
 
 static void add_bf16(float *dst, const float *a, const uint16_t *b, uint64_t n, int threads)
 {
     int64_t m = (int64_t)n;
 #pragma omp parallel for num_threads(threads) schedule(static) if (m >= (1 << 16))
     for (int64_t i = 0; i < m; i++)
-        dst[i] = a[i] + widen(b[i]);
+        dst[i] = a[i] + zn_bf16_widen(b[i]);
 }
 
 static void copy_bf16(float *dst, const uint16_t *src, uint64_t n, int threads)
@@ -65,7 +58,7 @@ static void copy_bf16(float *dst, const uint16_t *src, uint64_t n, int threads)
     int64_t m = (int64_t)n;
 #pragma omp parallel for num_threads(threads) schedule(static) if (m >= (1 << 16))
     for (int64_t i = 0; i < m; i++)
-        dst[i] = widen(src[i]);
+        dst[i] = zn_bf16_widen(src[i]);
 }
 
 /* Row-sparse gradients: the staged rows (ids rows[0..n), distinct, of W
@@ -95,7 +88,7 @@ static void accum_rows(zn_trainer *tr, const zn_accum_arg *a, float *sum, const 
         } else {
             const uint16_t *src = (const uint16_t *)staged + i * W;
             for (int64_t j = 0; j < W; j++)
-                dst[j] += widen(src[j]);
+                dst[j] += zn_bf16_widen(src[j]);
         }
     }
 }
