@@ -5,10 +5,12 @@
  * pattern so unwritten elements show; "+=" outputs start from a base value
  * that is subtracted afterwards. */
 #include <float.h>
+#include <stdbool.h>
 #include <math.h>
 
 #include "zt.h"
 #include "zinc/device.h"
+#include "zinc/optim.h"
 #include "gpu/gpu-impl.h"
 
 static zn_dev *D;
@@ -729,6 +731,110 @@ static void test_reduce(zn_dtype dt)
     dfree(dx), dfree(o);
 }
 
+/* ---- the optimizer ----------------------------------------------------------------
+ * The device step against the CPU's zn_adam_step, bit for bit (the CUDA
+ * kernel follows the FMA paths; the scalar path is the one exception), and
+ * the chunked sums of squares against zn_grad_norm_sq. */
+static float *host_f32(uint64_t seed, size_t n, double scale)
+{
+    float *x = malloc(n * 4);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(scale * urand(seed, i));
+    return x;
+}
+
+static void *dev_raw(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    DEV_OK(zn_dev_alloc(D, bytes + 4, "raw", &d));
+    DEV_OK(zn_dev_copy_h2d(D, S, d, h, bytes));
+    DEV_OK(zn_dev_stream_sync(D, S));
+    return d;
+}
+
+static void test_optimizer(void)
+{
+    const size_t n = 70001;
+    bool scalar = zn_adam_get_isa() == ZN_ISA_SCALAR;
+    for (int mode = 0; mode < 3; mode++) {
+        zn_adam_params hp = zn_adam_params_default();
+        hp.lr = 3e-3f;
+        hp.step = 7;
+        hp.weight_decay = mode ? 0.1f : 0.0f;
+        hp.adamw_mode = mode != 2;
+        float gs = mode == 1 ? 0.25f : 1.0f;
+        float *p = host_f32(100, n, 1.0), *g = host_f32(101, n, 0.5);
+        float *m = host_f32(102, n, 0.01), *v = host_f32(103, n, 0.0);
+        for (size_t i = 0; i < n; i++)
+            v[i] = v[i] * v[i] * 1e-4f + 1e-9f;
+        float *dp = dev_raw(p, n * 4), *dm = dev_raw(m, n * 4), *dv = dev_raw(v, n * 4);
+        float *dg = dev_raw(g, n * 4);
+        uint16_t *dc = dev_poison(n, ZN_DTYPE_BF16);
+        uint16_t *c = malloc(n * 2), *cd = malloc(n * 2);
+        /* two steps: the second reads the device's own m and v */
+        for (int it = 0; it < 2; it++, hp.step++) {
+            ZT_CHECK(zn_adam_step(&hp, p, m, v, g, ZN_DTYPE_F32, gs, c, ZN_DTYPE_BF16, n) == 0);
+            DEV_OK(zn_dev_adam(D, S, &hp, dp, dm, dv, dg, gs, dc, ZN_DTYPE_BF16, (int64_t)n));
+        }
+        float *hp32 = malloc(n * 4), *hm = malloc(n * 4), *hv = malloc(n * 4);
+        DEV_OK(zn_dev_copy_d2h(D, S, hp32, dp, n * 4));
+        DEV_OK(zn_dev_copy_d2h(D, S, hm, dm, n * 4));
+        DEV_OK(zn_dev_copy_d2h(D, S, hv, dv, n * 4));
+        DEV_OK(zn_dev_copy_d2h(D, S, cd, dc, n * 2));
+        DEV_OK(zn_dev_stream_sync(D, S));
+        size_t diff = 0;
+        double worst = 0;
+        for (size_t i = 0; i < n; i++) {
+            diff += memcmp(&hp32[i], &p[i], 4) || memcmp(&hm[i], &m[i], 4) ||
+                    memcmp(&hv[i], &v[i], 4) || cd[i] != c[i];
+            double e = fabs((double)hp32[i] - p[i]) / (fabs(p[i]) + 1e-30);
+            worst = e > worst ? e : worst;
+        }
+        if (scalar)
+            ZT_CHECK_MSG(worst < 1e-6, "[%s] adam mode %d: rel err %.3g vs the scalar path", BK,
+                         mode, worst);
+        else
+            ZT_CHECK_MSG(diff == 0, "[%s] adam mode %d: %zu of %zu elements differ from "
+                         "zn_adam_step (%s path; worst rel %.3g)", BK, mode, diff, n,
+                         zn_adam_isa_name(), worst);
+        /* a bad hyperparameter is refused, as the CPU step refuses it */
+        zn_adam_params bad = hp;
+        bad.beta1 = 1.0f;
+        ZT_CHECK(zn_dev_adam(D, S, &bad, dp, dm, dv, dg, gs, NULL, ZN_DTYPE_BF16, 8) != 0);
+        ZT_CHECK(zn_dev_adam(D, S, &hp, p, dm, dv, dg, gs, NULL, ZN_DTYPE_BF16, 8) != 0);
+        free(p), free(g), free(m), free(v), free(c), free(cd), free(hp32), free(hm), free(hv);
+        dfree(dp), dfree(dm), dfree(dv), dfree(dg), dfree(dc);
+    }
+
+    /* sums of squares by chunk: lengths around the chunk size, and a NaN */
+    const size_t C = ZN_GRAD_NORM_CHUNK;
+    const size_t lens[] = { 1, 17, C - 1, C, C + 1, 5 * C + 333 };
+    for (size_t t = 0; t < sizeof lens / sizeof lens[0]; t++) {
+        size_t len = lens[t], nc = (len + C - 1) / C;
+        float *x = host_f32(200 + t, len, 3.0);
+        if (t == 5)
+            x[2 * C + 5] = NAN;
+        float *dx = dev_raw(x, len * 4);
+        double *dout = NULL, *out = malloc(nc * 8);
+        DEV_OK(zn_dev_alloc(D, nc * 8, "chunks", (void **)&dout));
+        DEV_OK(zn_dev_norm_sq_chunks(D, S, dx, (int64_t)len, dout));
+        DEV_OK(zn_dev_copy_d2h(D, S, out, dout, nc * 8));
+        DEV_OK(zn_dev_stream_sync(D, S));
+        zn_grad_span sp = { x, len, ZN_DTYPE_F32 };
+        double want = 0, got = zn_grad_norm_combine(out, nc);
+        int nf = 0;
+        ZT_CHECK(zn_grad_norm_sq(&sp, 1, 0, &want, &nf) == 0);
+        if (t == 5)
+            ZT_CHECK_MSG(isnan(got) && nf, "[%s] norm chunks: a NaN gave %g", BK, got);
+        else
+            ZT_CHECK_MSG(memcmp(&got, &want, 8) == 0 && want > 0,
+                         "[%s] norm chunks of %zu: %.17g vs zn_grad_norm_sq %.17g", BK, len,
+                         got, want);
+        free(x), free(out);
+        dfree(dx), dfree(dout);
+    }
+}
+
 static int run_backend(const char *name)
 {
     zn_dev_config c = zn_dev_config_default();
@@ -758,6 +864,7 @@ static int run_backend(const char *name)
         test_reduce(dt);
     }
     test_cast();
+    test_optimizer();
     zn_dev_mem m;
     zn_dev_mem_stats(D, &m);
     ZT_CHECK_MSG(m.n_allocs == 0, "[%s] test leaked %llu device buffers", name,

@@ -43,6 +43,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "zinc/optim.h"
 #include "zinc/util.h"
 
 #ifdef __cplusplus
@@ -436,6 +437,22 @@ ZN_API int zn_dev_sumsq(zn_dev *d, zn_stream *s, const void *x, zn_dtype dt, int
                         float *out, int accumulate);
 ZN_API int zn_dev_sum(zn_dev *d, zn_stream *s, const void *x, zn_dtype dt, int64_t n,
                       float *out, int accumulate);
+
+/* ---- the optimizer on the device ------------------------------------------
+ * One Adam/AdamW step over device arrays, zn_adam_step's contract: p, m, v
+ * (fp32) updated in place from g (fp32) times g_scale; c (optional, NULL)
+ * receives the new p in bf16. Same formula and rounding as the CPU's FMA
+ * paths (AVX2, AVX-512): with the same inputs the bits are the CPU's.
+ * hp->threads matters to the host backend only. */
+ZN_API int zn_dev_adam(zn_dev *d, zn_stream *s, const zn_adam_params *hp, float *p, float *m,
+                       float *v, const float *g, float g_scale, void *c, zn_dtype c_dt,
+                       int64_t n);
+
+/* Sums of squares of x[0, n) by chunks of ZN_GRAD_NORM_CHUNK elements into
+ * out[0, ceil(n / chunk)) (device doubles), each in zn_grad_norm_sq's order:
+ * zn_grad_norm_combine of them is zn_grad_norm_sq of x, to the bit. */
+ZN_API int zn_dev_norm_sq_chunks(zn_dev *d, zn_stream *s, const float *x, int64_t n,
+                                 double *out);
 
 #ifdef __cplusplus
 }

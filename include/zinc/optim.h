@@ -101,6 +101,17 @@ typedef struct {
 ZN_API int zn_grad_norm_sq(const zn_grad_span *spans, size_t nspans, int threads,
                            double *out_sq, int *out_nonfinite);
 
+/* The pieces of zn_grad_norm_sq, for sums of squares computed elsewhere
+ * (zn_dev_norm_sq_chunks on a device): a tensor is cut into chunks of
+ * ZN_GRAD_NORM_CHUNK elements, each summed in a fixed 16-lane order, and
+ * zn_grad_norm_combine adds the chunk sums of all tensors (in tensor order)
+ * in a fixed pairwise tree. Combining a tensor's device chunk sums gives
+ * the bits zn_grad_norm_sq gives for it. */
+#define ZN_GRAD_NORM_CHUNK ((size_t)1 << 14)
+ZN_API double zn_grad_norm_combine(const double *chunk_sums, size_t n);
+/* The canonical sum of squares of x[0, n), n <= ZN_GRAD_NORM_CHUNK. */
+ZN_API double zn_grad_norm_chunk(const float *x, size_t n);
+
 /* ---- fp32 <-> bf16 / fp16 ----------------------------------------------
  * fp32 -> 16 bit rounds to nearest, ties to even; overflow goes to Inf;
  * subnormals are kept (no flush to zero); a NaN stays NaN with its sign and

@@ -440,6 +440,69 @@ __global__ void k_reduce_final(const float *part, int nparts, float *out, int ac
     }
 }
 
+// ---- the optimizer ---------------------------------------------------------
+// Adam/AdamW in the operation order of the CPU's FMA paths (optim_avx2.c
+// step8): explicit round-to-nearest intrinsics, so that nvcc's contraction
+// cannot regroup it, and IEEE sqrt and division (__fsqrt_rn, __fdiv_rn).
+struct AdamK {
+    float b1, omb1, b2, omb2, step, eps, gs, l2, decay;
+    int use_l2, use_decay;
+};
+
+__global__ void k_adam(AdamK k, float *p, float *m, float *v, const float *g, uint16_t *c,
+                       int64_t n)
+{
+    GRID_STRIDE(i, n) {
+        float pv = p[i], mv = m[i], vv = v[i], gv = g[i];
+        if (k.gs != 1.0f)
+            gv = __fmul_rn(gv, k.gs);
+        if (k.use_l2)
+            gv = __fmaf_rn(pv, k.l2, gv);
+        mv = __fmaf_rn(k.b1, mv, __fmul_rn(k.omb1, gv));
+        vv = __fmaf_rn(k.omb2, __fmaf_rn(gv, gv, -vv), vv);
+        float upd = __fdiv_rn(mv, __fadd_rn(__fsqrt_rn(vv), k.eps));
+        if (k.use_decay)
+            pv = __fadd_rn(pv, __fmaf_rn(pv, k.decay, __fmul_rn(k.step, upd)));
+        else
+            pv = __fmaf_rn(k.step, upd, pv);
+        p[i] = pv;
+        m[i] = mv;
+        v[i] = vv;
+        if (c)
+            c[i] = f2bf(pv);
+    }
+}
+
+// Sums of squares by chunks of kNormChunk elements in zn_grad_norm_sq's
+// order: lane j (of 16) adds the squares of elements j, j + 16, ... in
+// double, one after another; then for s = 8, 4, 2, 1: acc[j] += acc[j + s].
+// A block of 256 threads does 16 chunks; each half-warp reads 64
+// contiguous bytes per round.
+constexpr int64_t kNormChunk = (int64_t)ZN_GRAD_NORM_CHUNK;
+
+__global__ void k_norm_chunks(const float *x, int64_t n, double *out)
+{
+    __shared__ double acc[kThreads];
+    int64_t c = (int64_t)blockIdx.x * (kThreads / 16) + threadIdx.x / 16;
+    int lane = threadIdx.x % 16;
+    int64_t base = c * kNormChunk;
+    int64_t len = base < n ? (n - base < kNormChunk ? n - base : kNormChunk) : 0;
+    double a = 0;
+    for (int64_t i = lane; i < len; i += 16) {
+        double d = (double)x[base + i];
+        a = __dadd_rn(a, __dmul_rn(d, d));  // the square is exact in double
+    }
+    acc[threadIdx.x] = a;
+    __syncthreads();
+    if (lane == 0 && len > 0) {
+        double *A = acc + threadIdx.x;
+        for (int s = 8; s >= 1; s /= 2)
+            for (int j = 0; j < s; j++)
+                A[j] = __dadd_rn(A[j], A[j + s]);
+        out[c] = A[0];
+    }
+}
+
 // Chunks for a two-phase column sum: as many as fit the scratch, at most 64.
 int64_t col_chunks(int64_t rows, int64_t cols)
 {
@@ -643,6 +706,26 @@ extern "C" int zn_cuda_run_kernel(const zn_op *op, void *stream, float *scratch,
         k_reduce_final<<<1, 32, 0, st>>>(scratch, kReduceBlocks, op->u.reduce.out,
                                          op->u.reduce.accumulate);
         break;
+    case ZN_OPK_ADAM: {
+        *what = "k_adam";
+        AdamK k = { op->u.adam.b1, op->u.adam.omb1, op->u.adam.b2, op->u.adam.omb2,
+                    op->u.adam.step, op->u.adam.eps, op->u.adam.g_scale, op->u.adam.l2,
+                    op->u.adam.decay, op->u.adam.use_l2, op->u.adam.use_decay };
+        k_adam<<<grid_for(op->u.adam.n), T, 0, st>>>(k, op->u.adam.p, op->u.adam.m, op->u.adam.v,
+                                                     op->u.adam.g, (uint16_t *)op->u.adam.c,
+                                                     op->u.adam.n);
+        break;
+    }
+    case ZN_OPK_NORM_CHUNKS: {
+        *what = "k_norm_chunks";
+        int64_t nc = (op->u.normc.n + kNormChunk - 1) / kNormChunk;
+        int64_t blocks = (nc + kThreads / 16 - 1) / (kThreads / 16);
+        if (blocks > 0x7fffffff)
+            return (int)cudaErrorInvalidValue;
+        k_norm_chunks<<<(unsigned)blocks, T, 0, st>>>(op->u.normc.x, op->u.normc.n,
+                                                      op->u.normc.out);
+        break;
+    }
     default:
         *what = "zn_cuda_run_kernel (unknown op)";
         return (int)cudaErrorInvalidValue;

@@ -10,6 +10,7 @@
 #include <hwloc.h>
 
 #include "gpu/gpu-impl.h"
+#include "offload/optim-impl.h"
 #include "util/hash-impl.h"
 
 zn_dev_config zn_dev_config_default(void)
@@ -1365,6 +1366,65 @@ int zn_dev_sum(zn_dev *d, zn_stream *s, const void *x, zn_dtype dt, int64_t n, f
                int accumulate)
 {
     return reduce(d, s, x, dt, n, out, accumulate, 0);
+}
+
+/* ---- the optimizer -------------------------------------------------------------*/
+int zn_dev_adam(zn_dev *d, zn_stream *s, const zn_adam_params *hp, float *p, float *m,
+                float *v, const float *g, float g_scale, void *c, zn_dtype c_dt, int64_t n)
+{
+    CHK(n >= 0, "adam: n = %lld", (long long)n);
+    CHK(!c || c_dt == ZN_DTYPE_BF16, "adam: the 16-bit copy must be bf16 on a device, not %s",
+        zn_dtype_name(c_dt));
+    zn_adam_k k;
+    /* the CPU step's checks and constants: one set for both backends */
+    int rc = zn_adam_prepare(hp, p, m, v, g, ZN_DTYPE_F32, g_scale, c, c_dt, (size_t)n, &k);
+    if (rc)
+        return rc;
+    if (n == 0)
+        return 0;
+    uint64_t b = nbytes(n, ZN_DTYPE_F32);
+    CHK_PTR("adam", p, b);
+    CHK_PTR("adam", m, b);
+    CHK_PTR("adam", v, b);
+    CHK_PTR("adam", g, b);
+    if (c)
+        CHK_PTR("adam", c, nbytes(n, c_dt));
+    zn_op op = { .kind = ZN_OPK_ADAM };
+    op.u.adam.p = p;
+    op.u.adam.m = m;
+    op.u.adam.v = v;
+    op.u.adam.g = g;
+    op.u.adam.c = c;
+    op.u.adam.c_dt = c_dt;
+    op.u.adam.n = n;
+    op.u.adam.hp = *hp;
+    op.u.adam.g_scale = g_scale;
+    op.u.adam.b1 = k.b1;
+    op.u.adam.omb1 = k.omb1;
+    op.u.adam.b2 = k.b2;
+    op.u.adam.omb2 = k.omb2;
+    op.u.adam.step = k.step_size;
+    op.u.adam.eps = k.eps;
+    op.u.adam.l2 = k.l2;
+    op.u.adam.decay = k.decay;
+    op.u.adam.use_l2 = k.use_l2;
+    op.u.adam.use_decay = k.use_decay;
+    return submit(d, s, &op);
+}
+
+int zn_dev_norm_sq_chunks(zn_dev *d, zn_stream *s, const float *x, int64_t n, double *out)
+{
+    CHK(n >= 0, "norm_sq_chunks: n = %lld", (long long)n);
+    if (n == 0)
+        return 0;
+    int64_t nc = (n + (int64_t)ZN_GRAD_NORM_CHUNK - 1) / (int64_t)ZN_GRAD_NORM_CHUNK;
+    CHK_PTR("norm_sq_chunks", x, nbytes(n, ZN_DTYPE_F32));
+    CHK_PTR("norm_sq_chunks", out, (uint64_t)nc * 8);
+    zn_op op = { .kind = ZN_OPK_NORM_CHUNKS };
+    op.u.normc.x = x;
+    op.u.normc.n = n;
+    op.u.normc.out = out;
+    return submit(d, s, &op);
 }
 
 /* ---- PCI helpers (sysfs) ----------------------------------------------------*/

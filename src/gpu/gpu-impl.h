@@ -65,6 +65,8 @@ typedef enum {
     ZN_OPK_XENT_BWD,
     ZN_OPK_REDUCE,
     ZN_OPK_DROPOUT,
+    ZN_OPK_ADAM,
+    ZN_OPK_NORM_CHUNKS,
     /* host backend only: stream bookkeeping */
     ZN_OPK_EV_RECORD,
     ZN_OPK_EV_WAIT,
@@ -134,6 +136,13 @@ typedef struct zn_op {
             const void *x; zn_dtype x_dt; void *y; zn_dtype y_dt; int64_t ldx, ldy, rows, cols;
             uint64_t key; uint32_t thresh; float scale; int accumulate;
         } drop;
+        struct {
+            float *p, *m, *v; const float *g; void *c; zn_dtype c_dt; int64_t n;
+            zn_adam_params hp; float g_scale;        /* the host runs zn_adam_step */
+            /* zn_adam_prepare's constants, for the CUDA kernel */
+            float b1, omb1, b2, omb2, step, eps, l2, decay; int use_l2, use_decay;
+        } adam;
+        struct { const float *x; int64_t n; double *out; } normc;
         struct { void *ev; uint64_t gen; } ev;
     } u;
 } zn_op;

@@ -10,6 +10,7 @@
 #include <cblas.h>
 
 #include "gpu/gpu-impl.h"
+#include "offload/optim-impl.h"
 #include "util/hash-impl.h"
 
 static inline float ldf(const void *p, zn_dtype dt, int64_t i)
@@ -465,6 +466,26 @@ static void reduce(const zn_op *op)
     *op->u.reduce.out = (float)acc;
 }
 
+/* The CPU's own optimizer is the device step's reference: same formula,
+ * same bits (zn_dev_adam). */
+static int adam(const zn_op *op)
+{
+    return zn_adam_step(&op->u.adam.hp, op->u.adam.p, op->u.adam.m, op->u.adam.v, op->u.adam.g,
+                        ZN_DTYPE_F32, op->u.adam.g_scale, op->u.adam.c, op->u.adam.c_dt,
+                        (size_t)op->u.adam.n);
+}
+
+static void norm_chunks(const zn_op *op)
+{
+    const int64_t C = (int64_t)ZN_GRAD_NORM_CHUNK, n = op->u.normc.n;
+    const int64_t nc = (n + C - 1) / C;
+#pragma omp parallel for schedule(static) if (nc > 1)
+    for (int64_t c = 0; c < nc; c++) {
+        int64_t len = n - c * C < C ? n - c * C : C;
+        op->u.normc.out[c] = zn_grad_norm_chunk(op->u.normc.x + c * C, (size_t)len);
+    }
+}
+
 int zn_host_run_op(const zn_op *op, float **scratch, size_t *scratch_len)
 {
     switch (op->kind) {
@@ -504,6 +525,8 @@ int zn_host_run_op(const zn_op *op, float **scratch, size_t *scratch_len)
     case ZN_OPK_XENT_BWD: xent_bwd(op); return 0;
     case ZN_OPK_REDUCE: reduce(op); return 0;
     case ZN_OPK_DROPOUT: dropout(op); return 0;
+    case ZN_OPK_ADAM: return adam(op);
+    case ZN_OPK_NORM_CHUNKS: norm_chunks(op); return 0;
     default:
         return zn_set_error(ZN_EINTERNAL, "host kernels: op kind %d is not a kernel",
                             (int)op->kind);

@@ -95,3 +95,13 @@ int zn_grad_norm_sq(const zn_grad_span *spans, size_t nspans, int threads, doubl
         *out_nonfinite = !isfinite(sum);
     return 0;
 }
+
+double zn_grad_norm_combine(const double *chunk_sums, size_t n)
+{
+    return n ? pairwise(chunk_sums, n) : 0.0;
+}
+
+double zn_grad_norm_chunk(const float *x, size_t n)
+{
+    return n ? zn_optim_get_ops(ZN_ISA_AUTO)->norm_chunk(x, ZN_DTYPE_F32, n) : 0.0;
+}

@@ -44,7 +44,7 @@ typedef void (*zn_adam_kernel_fn)(const zn_adam_k *k, float *p, float *m, float 
  * acc[j] += acc[j + s] (j < s); the result is acc[0]. Every path follows
  * this order exactly, so all paths give the same bits. */
 typedef double (*zn_norm_chunk_fn)(const void *x, zn_dtype dtype, size_t n);
-#define ZN_NORM_CHUNK ((size_t)1 << 14)
+#define ZN_NORM_CHUNK ZN_GRAD_NORM_CHUNK
 
 /* Benchmark ceilings with Adam's memory pattern: read p, g, m, v, write p,
  * m, v unchanged (and c: the low half of p's bits, with the same store kind
