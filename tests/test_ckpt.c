@@ -167,8 +167,15 @@ typedef struct {
     const char *label;
     const char **sets;
     int n;
-    int tiny;
+    int tiny;   /* 0: the default gpu budget; 1: tiny; 2: tiny + the device optimizer's states */
 } placement;
+
+/* The budget of a placement: tiny, plus 16 B per parameter (master, m, v,
+ * gradient sums) and some room when the optimizer is on the device. */
+static uint64_t budget_of(const placement *p, uint64_t tiny, uint64_t n_params)
+{
+    return !p->tiny ? 0 : p->tiny == 1 ? tiny : tiny + n_params * 16 + (256u << 10);
+}
 
 /* Saves after HALF steps with placement a, resumes with placement b. */
 static void resume_case(const placement *a, const placement *b, uint64_t tiny, const ref_run *ref)
@@ -180,7 +187,7 @@ static void resume_case(const placement *a, const placement *b, uint64_t tiny, c
     zn_trainer *tr;
     ref_run o;
     memset(&o, 0, sizeof o);
-    if (create(&tr, &toy, a->sets, a->n, a->tiny ? tiny : 0))
+    if (create(&tr, &toy, a->sets, a->n, budget_of(a, tiny, ref->n)))
         ZT_SETUP_FAIL("%s: create: %s", label, zn_last_error());
     ZT_EQ_INT(steps(tr, 0, HALF, o.loss), 0);
     zn_ckpt_save_options so = save_opts(dir);
@@ -192,7 +199,7 @@ static void resume_case(const placement *a, const placement *b, uint64_t tiny, c
         return;
     ZT_EQ_INT(zn_ckpt_verify(dir), 0);
 
-    if (create(&tr, &toy, b->sets, b->n, b->tiny ? tiny : 0))
+    if (create(&tr, &toy, b->sets, b->n, budget_of(b, tiny, ref->n)))
         ZT_SETUP_FAIL("%s: create: %s", label, zn_last_error());
     zn_ckpt *ck;
     ZT_EQ_INT(zn_ckpt_open(&ck, dir), 0);
@@ -224,7 +231,7 @@ static void rewind_case(const placement *a, uint64_t tiny, const ref_run *ref)
     ref_run o;
     double later[STEPS];
     memset(&o, 0, sizeof o);
-    if (create(&tr, &toy, a->sets, a->n, a->tiny ? tiny : 0))
+    if (create(&tr, &toy, a->sets, a->n, budget_of(a, tiny, ref->n)))
         ZT_SETUP_FAIL("%s: create: %s", label, zn_last_error());
     ZT_EQ_INT(steps(tr, 0, HALF, o.loss), 0);
     zn_ckpt_save_options so = save_opts(dir);
@@ -710,6 +717,12 @@ int main(void)
         { "params cpu, optimizer nvme", cpu_nvme, 2, 1 },
         { "params+optimizer nvme, tiny gpu", nvme, 2, 1 },
     };
+    /* the optimizer on the device with its blocks' homes off it: the load
+     * makes the working copies on the device and sends them home */
+    const char *nvme_dopt[] = { "zero_optimization.offload_param.device=\"nvme\"",
+                                "zero_optimization.offload_optimizer.device=\"none\"",
+                                "zero_optimization.offload_param.max_in_cpu=0" };
+    placement dopt_off = { "params nvme, optimizer on the device, tiny gpu", nvme_dopt, 3, 2 };
     placement nvme_home = { "params (none in cpu)+optimizer nvme, tiny gpu", nvme0, 3, 1 };
 
     /* the uninterrupted reference */
@@ -728,6 +741,8 @@ int main(void)
     resume_case(&pl[3], &pl[0], tiny, &ref);
     resume_case(&pl[0], &pl[2], tiny, &ref);
     resume_case(&pl[1], &pl[3], tiny, &ref);
+    resume_case(&dopt_off, &dopt_off, tiny, &ref);
+    resume_case(&pl[1], &dopt_off, tiny, &ref);
     rewind_case(&nvme_home, tiny, &ref);
 
     /* a good checkpoint to damage */

@@ -11,13 +11,17 @@
  *     piece is added as its read lands and written back at once (the first
  *     micro-batch only writes);
  *   - after the last micro-batch: the block's sum of squares, the pieces'
- *     readiness for the optimizer.
+ *     readiness for the optimizer;
+ *   - optimizer on the device (tr->dopt): the sums stay there, and the only
+ *     job, after the last micro-batch, combines the block's chunk sums of
+ *     squares (copied out by the D2H stream) into its norm.
  * Before the D2H stream overwrites staging buffer g it waits (a host
  * function) until the jobs reading g are done: the only place a callback
  * blocks, and only when the worker is behind, which is the back-pressure
  * that bounds the staging to two blocks. Element-wise adds in a fixed order
  * per element: the sums are bit-identical for any thread count. */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -175,6 +179,17 @@ static void accum_job(zn_accum_arg *a)
         return;
     uint64_t t0 = zn_now_ns();
     zn_block *bl = &tr->blocks[a->block];
+    if (tr->dopt) {
+        /* summed on the device; its chunk sums of squares are in */
+        size_t nc = (bl->len + ZN_GRAD_NORM_CHUNK - 1) / ZN_GRAD_NORM_CHUNK;
+        double sq = zn_grad_norm_combine(tr->normc + bl->nc_off, nc);
+        bl->grad_sq = sq;
+        bl->grad_nonfinite = !isfinite(sq);
+        for (int k = 0; k < bl->np; k++)
+            atomic_fetch_add(&tr->units[tr->pieces[bl->p0 + k].unit].pieces_done, 1);
+        zn_optsched_notify(tr);
+        return;
+    }
     float *src = tr->gstage[a->gbuf], *sum = tr->gacc ? tr->gacc + bl->off : NULL;
     const uint16_t *s16 = (const uint16_t *)src;
     bool f32 = tr->gdt == ZN_DTYPE_F32;

@@ -307,7 +307,8 @@ static int make_engine(zn_trainer *tr, const zn_ckpt_save_options *o, uint64_t b
     return rc ? zn_error_prefix(rc, "checkpoint: I/O engine") : 0;
 }
 
-/* States in memory: written straight from the trainer's arrays. */
+/* States in memory: written straight from the trainer's arrays; on the
+ * device, through the pinned state staging (chunk <= its size). */
 static int save_flat(zn_trainer *tr, zn_aio *aio, const char *rdir, uint64_t chunk,
                      uint32_t crc[3])
 {
@@ -318,10 +319,20 @@ static int save_flat(zn_trainer *tr, zn_aio *aio, const char *rdir, uint64_t chu
         uint64_t total = tr->P * 4;
         if ((rc = sfile_open(&f, aio, rdir, k, total)))
             return rc;
-        int reg = total ? zn_aio_register_buffer(aio, arr[k], total) : -1;
-        for (uint64_t off = 0; off < total && !rc; off += chunk)
-            rc = sfile_write(&f, (const char *)arr[k] + off,
-                             total - off < chunk ? total - off : chunk);
+        void *reg_buf = tr->dopt ? tr->ostage : (void *)arr[k];
+        uint64_t reg_len = tr->dopt ? (total < chunk ? total : chunk) : total;
+        int reg = total ? zn_aio_register_buffer(aio, reg_buf, reg_len) : -1;
+        for (uint64_t off = 0; off < total && !rc; off += chunk) {
+            uint64_t len = total - off < chunk ? total - off : chunk;
+            const char *src = (const char *)arr[k] + off;
+            if (tr->dopt) {
+                if ((rc = zn_dev_copy_d2h(tr->dev, tr->s_h2d, tr->ostage, src, len)) ||
+                    (rc = zn_dev_stream_sync(tr->dev, tr->s_h2d)))
+                    break;
+                src = tr->ostage;
+            }
+            rc = sfile_write(&f, src, len);
+        }
         if (reg >= 0)
             zn_aio_unregister_buffer(aio, reg);
         if (rc) {
@@ -411,7 +422,12 @@ static int save_rank(zn_trainer *tr, const zn_ckpt_save_options *o, const char *
     if (nvme)
         while (bs > 4096 && bs > 8 * tr->U)
             bs /= 2;
+    if (tr->dopt)  /* chunks go through the state staging */
+        while (bs > 4096 && bs > tr->ostage_bytes)
+            bs /= 2;
     uint64_t chunk = o->chunk_bytes ? o->chunk_bytes : 64u << 20;
+    if (tr->dopt && chunk > tr->ostage_bytes)
+        chunk = tr->ostage_bytes;
     chunk = chunk < bs ? bs : chunk / bs * bs;
     zn_aio *aio = NULL;
     if ((rc = make_engine(tr, o, bs, &aio)))
@@ -1162,7 +1178,21 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
     }
     uint64_t t0 = zn_now_ns();
     /* From here on the trainer's state is being replaced. */
-    if (tr->oopt != ZN_OFFLOAD_NVME) {
+    if (tr->dopt) {
+        float *arr[3] = { tr->master, tr->mom, tr->var };
+        const uint64_t chunk = tr->ostage_bytes;
+        for (int k = 0; k < 3 && !rc; k++)
+            for (uint64_t off = 0; off < tr->P * 4 && !rc; off += chunk) {
+                size_t n = (size_t)(tr->P * 4 - off < chunk ? tr->P * 4 - off : chunk);
+                if (!(rc = zn_ckpt__pread(fd[k], path[k], off, tr->ostage, n)) &&
+                    !(rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d, (char *)arr[k] + off, tr->ostage,
+                                           n)) &&
+                    !(rc = zn_dev_stream_sync(tr->dev, tr->s_h2d)))
+                    crc[k] = zn_crc32c(crc[k], tr->ostage, n);
+            }
+        for (int u = 0; u < tr->n_units && !rc; u++)
+            rc = zn_optsched_dev_regen(tr, u);
+    } else if (tr->oopt != ZN_OFFLOAD_NVME) {
         float *arr[3] = { tr->master, tr->mom, tr->var };
         const uint64_t chunk = 64u << 20;
         for (int k = 0; k < 3 && !rc; k++)

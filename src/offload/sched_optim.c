@@ -87,6 +87,21 @@ static void param_write_done(zn_io_req *r)
     land(un);
 }
 
+/* Host functions around a unit's device step: its span on the adam track
+ * (device time, as the stream saw it). */
+static void adam_begin_fn(void *arg)
+{
+    ((zn_unit *)arg)->dev_t0 = zn_now_ns();
+}
+
+static void adam_end_fn(void *arg)
+{
+    zn_unit *un = arg;
+    char name[ZN_TRACE_NAME_LEN];
+    snprintf(name, sizeof name, "adam u%d", (int)(un - un->tr->units));
+    zn_trace_span(un->tr->trace, un->tr->track[ZN_RES_ADAM], name, un->dev_t0, zn_now_ns());
+}
+
 /* Host function on the optimizer's H2D stream after a unit's copies. */
 static void h2d_landed_fn(void *arg)
 {
@@ -279,25 +294,28 @@ static void pcache_invalidate(zn_trainer *tr)
 }
 
 /* Sends unit u's updated working parameters (src: fp32 master values or the
- * 16-bit copy, unit-relative) to each block's home. NVMe writes are queued
+ * 16-bit copy, unit-relative) to each block's home (with host_only, the
+ * homes off the device only, and the caller has set up the tracking). NVMe writes are queued
  * in pwr (waited by the caller), device copies go on the optimizer's H2D
  * stream and are followed by a record of `ev`. With `track`, the unit's
  * landing is counted (its pdone becomes the running job's sequence number
  * once every copy arrived). */
 static int params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, int *n_pwr,
-                      zn_event *ev, bool *h2d_pending, bool track)
+                      zn_event *ev, bool *h2d_pending, bool track, bool host_only)
 {
     zn_unit *un = &tr->units[u];
     const char *s8 = src;
     bool h2d = false;
     *n_pwr = 0;
-    if (track) {
+    if (track && !host_only) {
         un->pseq = tr->oj.seq;
-        atomic_store(&un->plive, 1);  /* held while issuing */
+        atomic_store(&un->plive, 1);  /* held while issuing (host_only: by the caller) */
     }
     for (int k = 0; k < un->np; k++) {
         zn_piece *p = &tr->pieces[un->p0 + k];
         zn_block *b = &tr->blocks[p->block];
+        if (host_only && b->home == ZN_PHOME_DEVICE)
+            continue;
         const char *from = s8 + (p->start - un->off) * tr->pbytes;
         size_t bytes = p->n * tr->pbytes;
         /* the home holds the whole block (replicated) or this rank's shard */
@@ -380,7 +398,7 @@ static int run_flat(zn_trainer *tr)
         if (rc)
             break;
         rc = params_out(tr, u, p16 ? tr->pout_flat : (void *)(tr->master + un->off), pwr,
-                        &s->n_pwr, s->h2d_done, &s->h2d_pending, true);
+                        &s->n_pwr, s->h2d_done, &s->h2d_pending, true, false);
         s->writes_pending = s->n_pwr > 0;
         if (s->writes_pending) {
             for (int j = 0; j < 3; j++)
@@ -389,6 +407,100 @@ static int run_flat(zn_trainer *tr)
     }
     int r = slot_drain(tr, &tr->oslot[0]);
     return rc ? rc : r;
+}
+
+/* The optimizer on the device, one unit on the optimizer's stream (s_oh2d):
+ * with `adam` the step, else (a checkpoint load) only the working copy of
+ * the master. A piece whose block lives on the device gets its 16-bit copy
+ * written in place by the kernel; the others go through the device staging
+ * (pdev) to pinned pout_flat and on to their home (params_out). With
+ * `track`, the unit lands (pdone) once every copy has. Slot 0 carries the
+ * NVMe writes and their pending state, as in run_flat. */
+static int dev_unit(zn_trainer *tr, int u, bool adam, bool track)
+{
+    zn_dev *d = tr->dev;
+    zn_unit *un = &tr->units[u];
+    zn_opt_slot *s = &tr->oslot[0];
+    bool p16 = tr->pdt != ZN_DTYPE_F32, on_dev = false, off_dev = false, held = track;
+    int rc = 0;
+    if (track) {
+        un->pseq = tr->oj.seq;
+        atomic_store(&un->plive, 1);  /* held while issuing */
+    }
+    if (adam && (rc = zn_dev_launch_host_fn(d, tr->s_oh2d, adam_begin_fn, un)))
+        return rc;
+    for (int k = 0; k < un->np && !rc; k++) {
+        zn_piece *p = &tr->pieces[un->p0 + k];
+        zn_block *b = &tr->blocks[p->block];
+        uint64_t o = p->start, rel = p->start - un->off;
+        size_t in_block = (size_t)((b->replicated ? b->soff : b->fshard) + p->start - b->off) *
+                          tr->pbytes;
+        void *home = b->home == ZN_PHOME_DEVICE ? (char *)b->dev_params + in_block : NULL;
+        void *c = !p16 ? NULL : home ? home : (char *)tr->pdev + rel * tr->pbytes;
+        if (adam)
+            rc = zn_dev_adam(d, tr->s_oh2d, &tr->oj.hp, tr->master + o, tr->mom + o, tr->var + o,
+                             tr->gacc + o, tr->oj.g_scale, c, tr->pdt, (int64_t)p->n);
+        else if (c)
+            rc = zn_dev_cast(d, tr->s_oh2d, tr->master + o, ZN_DTYPE_F32, c, tr->pdt,
+                             (int64_t)p->n);
+        if (!rc && !p16 && home)
+            rc = zn_dev_copy_d2d(d, tr->s_oh2d, home, tr->master + o, p->n * 4);
+        if (rc)
+            break;
+        if (home) {
+            on_dev = true;
+            continue;
+        }
+        if (!off_dev && (rc = slot_drain(tr, s)))  /* pout_flat's previous writes */
+            break;
+        off_dev = true;
+        rc = zn_dev_copy_d2h(d, tr->s_oh2d, (char *)tr->pout_flat + rel * tr->pbytes,
+                             p16 ? c : (void *)(tr->master + o), p->n * tr->pbytes);
+        if (!rc)
+            atomic_fetch_add(&tr->tm.d2h, p->n * tr->pbytes);
+    }
+    if (!rc && adam)
+        rc = zn_dev_launch_host_fn(d, tr->s_oh2d, adam_end_fn, un);
+    if (!rc && on_dev && track) {
+        atomic_fetch_add(&un->plive, 1);
+        rc = zn_dev_launch_host_fn(d, tr->s_oh2d, h2d_landed_fn, un);
+    }
+    if (!rc && off_dev && !(rc = zn_dev_stream_sync(d, tr->s_oh2d))) {
+        held = false; /* params_out releases the hold */
+        rc = params_out(tr, u, tr->pout_flat, s->pwr, &s->n_pwr, s->h2d_done, &s->h2d_pending,
+                        track, true);
+        s->writes_pending = s->n_pwr > 0;
+        for (int j = 0; j < 3 && s->writes_pending; j++)
+            atomic_store(&s->wr[j].done, 1), s->wr[j].status = 0;
+    }
+    if (!rc && held)
+        land(un);
+    return rc;
+}
+
+/* Optimizer states on the device. */
+static int run_dev(zn_trainer *tr)
+{
+    int rc = 0;
+    for (int i = 0; i < tr->n_units && !rc; i++) {
+        int u = unit_at(tr, i);
+        if (!(rc = wait_ready(tr, u)))
+            rc = dev_unit(tr, u, true, true);
+    }
+    int r = slot_drain(tr, &tr->oslot[0]);
+    if (!rc && !(rc = r))
+        rc = zn_dev_stream_sync(tr->dev, tr->s_oh2d);
+    return rc;
+}
+
+int zn_optsched_dev_regen(zn_trainer *tr, int u)
+{
+    pcache_invalidate(tr);
+    int rc = dev_unit(tr, u, false, false);
+    int r = slot_drain(tr, &tr->oslot[0]);
+    if (!rc && !(rc = r))
+        rc = zn_dev_stream_sync(tr->dev, tr->s_oh2d);
+    return rc;
 }
 
 /* Optimizer states on NVMe: read ahead, step, write behind. */
@@ -439,7 +551,7 @@ static int run_nvme(zn_trainer *tr)
         for (int k = 0; k < 3; k++)
             atomic_store(&s->wr[k].done, 1), s->wr[k].status = 0;
         if ((rc = params_out(tr, u, p16 ? s->pout : (void *)s->master, s->pwr, &s->n_pwr,
-                             s->h2d_done, &s->h2d_pending, true)))
+                             s->h2d_done, &s->h2d_pending, true, false)))
             break;
         for (int k = 0; k < 3 && !rc; k++) {
             char what[48];
@@ -488,7 +600,8 @@ static void *opt_main(void *arg)
         tr->ocancel = false;
         pthread_cond_broadcast(&tr->ocv);
         pthread_mutex_unlock(&tr->olock);
-        int rc = tr->oopt == ZN_OFFLOAD_NVME ? run_nvme(tr) : run_flat(tr);
+        int rc = tr->oopt == ZN_OFFLOAD_NVME ? run_nvme(tr) : tr->dopt ? run_dev(tr)
+                                                                      : run_flat(tr);
         if (rc && rc != -ECANCELED)
             zn_train_fail(tr, rc, "optimizer step %lld: %s", (long long)tr->oj.hp.step,
                           zn_last_error());
@@ -605,5 +718,5 @@ int zn_optsched_params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pw
                            zn_event *ev, bool *h2d_pending)
 {
     pcache_invalidate(tr);
-    return params_out(tr, u, src, pwr, n_pwr, ev, h2d_pending, false);
+    return params_out(tr, u, src, pwr, n_pwr, ev, h2d_pending, false, false);
 }

@@ -156,6 +156,7 @@ typedef struct {
     void *dev_params;       /* home DEVICE: the device buffer */
     void *cpu_params;       /* home CPU: pinned */
     int p0, np;             /* pieces */
+    int64_t nc_off;         /* device optimizer: its first chunk sum (normc) */
     double grad_sq;         /* sum of squares of the block's final grads */
     int grad_nonfinite;
     bool pc_ok;             /* home NVMe and this rank's pieces cover the
@@ -179,6 +180,7 @@ typedef struct {
     zn_trainer *tr;
     _Atomic int plive;          /* copies of the update in flight (+1 while issuing) */
     int64_t pseq;               /* the job whose update is in flight */
+    uint64_t dev_t0;            /* device optimizer: when its step began (trace) */
     _Atomic int64_t pdone;      /* the last job whose update landed (0: none) */
     /* Adam m and v are still the initial zeros and were never written to
      * their NVMe extents: a read fills zeros instead, the first write-back
@@ -282,6 +284,9 @@ void zn_optsched_notify(zn_trainer *tr);
  * waits them); device copies go on the optimizer's H2D stream followed by a
  * record of ev (*h2d_pending set; the caller syncs ev). Used by the
  * checkpoint loader (no landing is tracked). */
+/* The optimizer on the device: unit u's working parameters made again from
+ * its master (checkpoint load); waits until they are home. */
+int zn_optsched_dev_regen(zn_trainer *tr, int u);
 int zn_optsched_params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, int *n_pwr,
                            zn_event *ev, bool *h2d_pending);
 
@@ -398,6 +403,16 @@ struct zn_trainer {
     float *gram;           /* NVMe grads: the pieces kept in pinned RAM (gram_off) */
     uint64_t gram_elems;
     float *master, *mom, *var, *gacc;  /* flat (cpu/none optimizer) */
+    /* The optimizer on the device (offload_optimizer none): master, m, v
+     * and the gradient sums above live in the arena; gradients are summed
+     * there, their norm is taken there by chunks (normc_dev, copied to the
+     * pinned normc), and zn_dev_adam steps on s_oh2d. A block homed off the
+     * device gets its update through pdev (16-bit) and pout_flat. */
+    bool dopt;
+    double *normc_dev, *normc;
+    void *pdev;
+    void *ostage;          /* pinned staging for state in and out (init, checkpoints) */
+    uint64_t ostage_bytes;
     zn_accum_arg *accum_args;  /* one per (micro-batch use) */
     int n_accum_args;
     /* the accumulation worker (accum.c) */

@@ -479,7 +479,7 @@ static int allocate(zn_trainer *tr)
         zn_block *bl = &tr->blocks[b];
         bl->srow0 = -1;
         if (md->block_sparse_row0 && md->block_sparse_row0[b] >= 0 && md->row_width > 0 &&
-            tr->world == 1 && !tr->gnvme && !bl->frozen && bl->len == bl->n &&
+            tr->world == 1 && !tr->gnvme && !tr->dopt && !bl->frozen && bl->len == bl->n &&
             bl->n % (uint64_t)md->row_width == 0 && ntok > 0) {
             bl->srow0 = md->block_sparse_row0[b];
             tr->any_sparse = true;
@@ -513,9 +513,37 @@ static int allocate(zn_trainer *tr)
         TRY(alloc_ptr(tr, t, ZN_STATE_ADAM_M, tr->P * 4, "adam m", (void **)&tr->mom));
         TRY(alloc_ptr(tr, t, ZN_STATE_ADAM_V, tr->P * 4, "adam v", (void **)&tr->var));
         TRY(alloc_ptr(tr, t, ZN_STATE_GRADS, tr->P * 4, "grads (fp32)", (void **)&tr->gacc));
-        if (tr->pdt != ZN_DTYPE_F32)
+        bool off_dev = false;  /* a trainable block homed off the device */
+        for (int b = 0; b < tr->L; b++)
+            off_dev |= tr->blocks[b].len > 0 && tr->blocks[b].home != ZN_PHOME_DEVICE;
+        if (!tr->dopt && tr->pdt != ZN_DTYPE_F32)
             TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes, "param update staging",
                           &tr->pout_flat));
+        if (tr->dopt && off_dev) {
+            if (tr->pdt != ZN_DTYPE_F32)
+                TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->U * tr->pbytes,
+                              "param update staging (device)", &tr->pdev));
+            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes, "param update staging",
+                          &tr->pout_flat));
+        }
+        if (tr->dopt) {
+            /* each block's chunk sums of squares, on the device and pinned */
+            uint64_t nc = 0;
+            for (int b = 0; b < tr->L; b++) {
+                tr->blocks[b].nc_off = (int64_t)nc;
+                nc += (tr->blocks[b].len + ZN_GRAD_NORM_CHUNK - 1) / ZN_GRAD_NORM_CHUNK;
+            }
+            TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, nc * 8 + 8, "grad norm chunks",
+                          (void **)&tr->normc_dev));
+            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, nc * 8 + 8, "grad norm chunks (host)",
+                          (void **)&tr->normc));
+            /* states in and out of the device (initial master, checkpoints,
+             * read-back): up to 16 MiB at a time */
+            uint64_t sb = tr->P * 4 < (16u << 20) ? tr->P * 4 : (16u << 20);
+            tr->ostage_bytes = (sb + 4095) / 4096 * 4096;
+            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->ostage_bytes, "optimizer state staging",
+                          &tr->ostage));
+        }
     } else if (!tr->gnvme) {
         /* states on NVMe, gradients in pinned RAM (tiers.grads) */
         TRY(alloc_ptr(tr, cpu, ZN_STATE_GRADS, tr->P * 4, "grads (fp32)", (void **)&tr->gacc));
@@ -908,7 +936,13 @@ static int initialise(zn_trainer *tr)
                 (rc = zn_convert((char *)tr->pstage[t] + (ho + (a - x)) * tr->pbytes, tr->pdt,
                                  vals + (a - x), ZN_DTYPE_F32, e - a)))
                 goto out;
-            if (!opt_nvme)
+            if (tr->dopt) {
+                if ((rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d,
+                                          tr->master + bl->off + (a - bl->soff), vals + (a - x),
+                                          (e - a) * 4)) ||
+                    (rc = zn_dev_stream_sync(tr->dev, tr->s_h2d)))
+                    goto out;
+            } else if (!opt_nvme)
                 memcpy(tr->master + bl->off + (a - bl->soff), vals + (a - x), (e - a) * 4);
             else if ((rc = init_units_put(&iu, vals + (a - x), e - a)))
                 goto out;
@@ -937,7 +971,13 @@ static int initialise(zn_trainer *tr)
     if (!rc && opt_nvme && iu.unit != tr->n_units)
         rc = zn_set_error(ZN_EINTERNAL, "train: initial state filled %d of %d optimizer units",
                           iu.unit, tr->n_units);
-    if (!opt_nvme) {
+    if (!rc && tr->dopt) {
+        float *z[3] = { tr->mom, tr->var, tr->gacc };
+        for (int k = 0; k < 3 && !rc; k++)
+            rc = tr->P ? zn_dev_memset(tr->dev, tr->s_h2d, z[k], 0, tr->P * 4) : 0;
+        if (!rc)
+            rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
+    } else if (!opt_nvme) {
         memset(tr->mom, 0, tr->P * 4);
         memset(tr->var, 0, tr->P * 4);
         memset(tr->gacc, 0, tr->P * 4);
@@ -1004,7 +1044,8 @@ static int dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cf
     for (int i = 0; i < ZN_TIER_COUNT; i++)
         t->tm.budget[i] = o->budgets.bytes[i];
     t->gnvme = t->oopt == ZN_OFFLOAD_NVME && t->plan.grads_tier == ZN_TIER_NVME;
-    t->gdt = grad_transfer_dtype(cfg, t->pdt);
+    t->dopt = t->oopt == ZN_OFFLOAD_NONE;
+    t->gdt = t->dopt ? ZN_DTYPE_F32 : grad_transfer_dtype(cfg, t->pdt);
     rc = build_layout(t);
     if (!rc)
         rc = allocate(t);
@@ -1120,12 +1161,6 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
                           "\"bf16\": {\"enabled\": true}", cfg->source);
         goto fail;
     }
-    if (cuda && tr->oopt == ZN_OFFLOAD_NONE) {
-        rc = zn_set_error(ZN_EUNSUPPORTED, "%s: the optimizer step runs on the CPU Adam only (no "
-                          "GPU Adam yet): set zero_optimization.offload_optimizer.device=cpu "
-                          "(or nvme)", cfg->source);
-        goto fail;
-    }
     tr->pdt = cuda && cfg->bf16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
     tr->pbytes = zn_dtype_size(tr->pdt);
     if ((int)tr->pbytes != in.param_bytes) {
@@ -1161,7 +1196,8 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     TRY(zn_accum_start(tr));
 
     tr->gnvme = tr->oopt == ZN_OFFLOAD_NVME && tr->plan.grads_tier == ZN_TIER_NVME;
-    tr->gdt = grad_transfer_dtype(cfg, tr->pdt);
+    tr->dopt = tr->oopt == ZN_OFFLOAD_NONE;
+    tr->gdt = tr->dopt ? ZN_DTYPE_F32 : grad_transfer_dtype(cfg, tr->pdt);
     TRY(build_layout(tr));
     TRY(allocate(tr));
     if (o->model->keep_block0 && o->model->bind_block0)
@@ -1610,6 +1646,50 @@ static int issue_fetches(zn_trainer *tr, const fetch_ent *fe, int nfe, int *next
     return 0;
 }
 
+/* The optimizer on the device: block b's reduced gradients (gsrc) are
+ * summed into its accumulators on the D2H stream, which then frees gdev[g];
+ * after the last micro-batch their sums of squares by chunk go to pinned
+ * memory and the accumulation worker turns them into the block's norm and
+ * releases its units to the optimizer. No gradient leaves the device. */
+static int accum_on_device(zn_trainer *tr, int mb, int b, int g, const float *gsrc)
+{
+    zn_dev *d = tr->dev;
+    zn_block *bl = &tr->blocks[b];
+    float *sum = tr->gacc + bl->off;
+    int64_t n = (int64_t)bl->len;
+    int rc;
+    char name[ZN_TRACE_NAME_LEN];
+    snprintf(name, sizeof name, "accum b%d", b);
+    zn_mark *mk = zn_train_mark_begin(tr, tr->s_d2h, ZN_RES_D2H, name);
+    if (n && (rc = mb == 0 ? zn_dev_copy_d2d(d, tr->s_d2h, sum, gsrc, (size_t)n * 4)
+                           : zn_dev_axpy(d, tr->s_d2h, 1.0f, gsrc, ZN_DTYPE_F32, sum,
+                                         ZN_DTYPE_F32, n)))
+        return rc;
+    if ((rc = zn_dev_event_record(d, tr->ev_gfree[g], tr->s_d2h)))
+        return rc;
+    int A = (int)tr->cfg.gradient_accumulation_steps;
+    if (mb == (A > 1 ? A - 1 : 0)) {
+        uint64_t nc = ((uint64_t)n + ZN_GRAD_NORM_CHUNK - 1) / ZN_GRAD_NORM_CHUNK;
+        if (nc && ((rc = zn_dev_norm_sq_chunks(d, tr->s_d2h, sum, n,
+                                               tr->normc_dev + bl->nc_off)) ||
+                   (rc = zn_dev_copy_d2h(d, tr->s_d2h, tr->normc + bl->nc_off,
+                                         tr->normc_dev + bl->nc_off, nc * 8))))
+            return rc;
+        atomic_fetch_add(&tr->tm.d2h, nc * 8);
+        zn_accum_arg *aa = &tr->accum_args[mb * tr->L + b];
+        aa->tr = tr;
+        aa->block = b;
+        aa->gbuf = g;
+        aa->mb = mb;
+        aa->rows = NULL;
+        aa->nrows = -1;
+        if ((rc = zn_dev_launch_host_fn(d, tr->s_d2h, zn_accum_post_fn, aa)))
+            return rc;
+    }
+    zn_train_mark_end(tr, tr->s_d2h, mk);
+    return 0;
+}
+
 /* Queues one micro-batch's forward and backward. `fe` is the step's fetch
  * list over ring blocks, *next_fetch the next entry to issue, *use the
  * running use index. */
@@ -1685,6 +1765,11 @@ static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
             }
             if ((rc = zn_dev_stream_wait_event(d, tr->s_d2h, gdone)))
                 return rc;
+            if (tr->dopt) {
+                if ((rc = accum_on_device(tr, mb, b, g, gsrc)))
+                    return rc;
+                goto consumed;
+            }
             /* staging buffer g is free once its last accumulation ended */
             if ((rc = zn_dev_launch_host_fn(d, tr->s_d2h, zn_accum_wait_buf_fn, &tr->abuf[g])))
                 return rc;
@@ -2223,6 +2308,10 @@ int zn_train_sync(zn_trainer *tr)
 /* This rank's master weights (local flat space, P floats) into out. */
 static int read_local_master(zn_trainer *tr, float *out)
 {
+    if (tr->dopt) {
+        int rc = tr->P ? zn_dev_copy_d2h(tr->dev, tr->s_h2d, out, tr->master, tr->P * 4) : 0;
+        return rc ? rc : zn_dev_stream_sync(tr->dev, tr->s_h2d);
+    }
     if (tr->oopt != ZN_OFFLOAD_NVME) {
         memcpy(out, tr->master, tr->P * 4);
         return 0;
