@@ -8,6 +8,7 @@
 #include "zinc/config.h"
 #include "zinc/model.h"
 #include "zinc/plan.h"
+#include "zinc/train.h"
 #include "cli/cli.h"
 #include "zt.h"
 
@@ -212,10 +213,31 @@ static void test_real_models(void)
     }
 }
 
-/* LLaMA-Factory's ZeRO-3 config without offload (the optimizer on the GPU)
- * run on a GPU: zinc's Adam is the CPU's, so the states move to pinned RAM
- * and the plan counts them there; on the host backend nothing changes. */
-static void test_cpu_adam(void)
+/* LLaMA-Factory's ZeRO-3 config without offload (the optimizer on the GPU):
+ * the states stay on the device where the plan fits, and move to pinned RAM
+ * (with a note) where it does not, the same for `zinc plan` and `zinc
+ * train`, which both call zn_cli_fit_optimizer. */
+static int fit_plan(zn_config *c, uint64_t gpu, FILE *note, zn_plan *p)
+{
+    zn_model_dims d;
+    ZT_EQ_INT(zn_cli_model_dims(c, &d), 0);
+    uint64_t bl[16];
+    zn_plan_input in;
+    zn_cli_plan_input(c, &d, 1, bl, &in);
+    zn_train_llama *ll = NULL;
+    ZT_EQ_INT(zn_train_llama_create(&ll, &d, 1, c->data.seq_len, 0.02f, 1), 0);
+    zn_train_options to = zn_train_options_default();
+    to.cfg = c;
+    to.model = zn_train_llama_model(ll);
+    to.plan_in = &in;
+    to.budgets = (zn_plan_budgets){ { gpu, 1ull << 40, 1ull << 40 } };
+    int moved = zn_cli_fit_optimizer(c, &to, 1, note);
+    ZT_EQ_INT(zn_train_plan(p, &to, 1), 0);
+    zn_train_llama_destroy(ll);
+    return moved;
+}
+
+static void test_fit_optimizer(void)
 {
     char path[4300];
     snprintf(path, sizeof path, "%s/tests/fixtures/ds-configs/llamafactory-ds_z3_config.json",
@@ -223,31 +245,50 @@ static void test_cpu_adam(void)
     const char *sets[] = { "model={\"model_type\": \"llama\", \"hidden_size\": 64, "
                            "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
                            "\"intermediate_size\": 128, \"vocab_size\": 320}",
-                           "train_micro_batch_size_per_gpu=1", "gradient_accumulation_steps=1" };
+                           "train_micro_batch_size_per_gpu=1", "gradient_accumulation_steps=1",
+                           "data.seq_len=64" };
     zn_config c;
-    if (zn_config_load(&c, path, sets, 3))
+    if (zn_config_load(&c, path, sets, 4))
         ZT_SETUP_FAIL("%s: %s", path, zn_last_error());
-    ZT_EQ_INT(c.zero.offload_optimizer.device, ZN_OFFLOAD_NONE);
-    ZT_EQ_INT(zn_cli_cpu_adam(&c, 0), 0);
-    ZT_EQ_INT(c.zero.offload_optimizer.device, ZN_OFFLOAD_NONE);
-    ZT_EQ_INT(zn_cli_cpu_adam(&c, 1), 1);
-    ZT_EQ_INT(c.zero.offload_optimizer.device, ZN_OFFLOAD_CPU);
-    ZT_EQ_INT(zn_cli_cpu_adam(&c, 1), 0); /* once */
-    zn_model_dims d;
-    ZT_EQ_INT(zn_cli_model_dims(&c, &d), 0);
-    uint64_t bl[8];
-    zn_plan_input in;
     zn_config_resolve_batch(&c, 1);
-    zn_cli_plan_input(&c, &d, 1, bl, &in);
-    zn_plan_budgets b = { { 1ull << 40, 1ull << 40, 1ull << 40 } };
-    zn_plan p;
-    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &b), 0);
-    ZT_CHECK(p.bytes[ZN_STATE_MASTER][ZN_TIER_CPU] > 0 && !p.bytes[ZN_STATE_MASTER][ZN_TIER_GPU]);
+    ZT_EQ_INT(c.zero.offload_optimizer.device, ZN_OFFLOAD_NONE);
+    zn_config cpu = c, dev = c;
+
+    /* room: the states stay on the device, no note */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *note = open_memstream(&buf, &len);
+    zn_plan pd, pc, pm;
+    ZT_EQ_INT(fit_plan(&dev, 1ull << 40, note, &pd), 0);
+    fflush(note);
+    ZT_EQ_INT(dev.zero.offload_optimizer.device, ZN_OFFLOAD_NONE);
+    ZT_EQ_INT((int)len, 0);
+    ZT_CHECK(pd.bytes[ZN_STATE_MASTER][ZN_TIER_GPU] > 0 &&
+             !pd.bytes[ZN_STATE_MASTER][ZN_TIER_CPU]);
+
+    /* a GPU budget that holds the cpu optimizer's plan and a little more,
+     * but not the states: moved, said, and planned in pinned RAM */
+    cpu.zero.offload_optimizer.device = ZN_OFFLOAD_CPU;
+    ZT_EQ_INT(fit_plan(&cpu, 1ull << 40, NULL, &pc), 0);
+    uint64_t states = pd.bytes[ZN_STATE_MASTER][ZN_TIER_GPU] * 4;
+    uint64_t gpu = pc.tier_total[ZN_TIER_GPU] + states / 4;
+    ZT_EQ_INT(fit_plan(&c, gpu, note, &pm), 1);
+    fflush(note);
+    ZT_EQ_INT(c.zero.offload_optimizer.device, ZN_OFFLOAD_CPU);
+    ZT_CHECK_MSG(buf && strstr(buf, "offload_optimizer.device \"none\" -> \"cpu\"") &&
+                     strstr(buf, "do not fit"), "note: %s", buf ? buf : "(none)");
+    ZT_CHECK(pm.bytes[ZN_STATE_MASTER][ZN_TIER_CPU] > 0 &&
+             !pm.bytes[ZN_STATE_MASTER][ZN_TIER_GPU]);
+    ZT_CHECK(pm.tier_total[ZN_TIER_GPU] <= gpu);
+    /* once moved, nothing more happens */
+    ZT_EQ_INT(fit_plan(&c, gpu, note, &pm), 0);
+    fclose(note);
+    free(buf);
 }
 
 int main(void)
 {
-    test_cpu_adam();
+    test_fit_optimizer();
     test_hand_computed();
     test_sharded();
     test_grads_tier();

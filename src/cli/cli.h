@@ -11,6 +11,7 @@
 #include "zinc/model.h"
 #include "zinc/plan.h"
 #include "zinc/topo.h"
+#include "zinc/train.h"
 
 typedef struct {
     const char *name;
@@ -72,7 +73,7 @@ int zn_cli_effective(zn_config *cfg, int world, FILE *out);
  * offload do) on a run that computes on a GPU (on_gpu): zinc's Adam runs
  * on the CPU, so the states go to pinned RAM ("cpu"), and plan and run
  * both say so. Returns 1 when it changed the config, else 0. */
-int zn_cli_cpu_adam(zn_config *cfg, int on_gpu);
+int zn_cli_fit_optimizer(zn_config *cfg, const zn_train_options *o, int world, FILE *note);
 void zn_cli_effective_print(const zn_config *cfg, int world, FILE *out);
 
 /* Parses the options every config-taking command shares: --set KEY=VALUE

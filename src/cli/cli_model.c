@@ -182,13 +182,28 @@ int zn_cli_has_cuda(const zn_config *cfg)
     return probe_cuda(cfg, &info);
 }
 
-/* zinc's Adam runs on the CPU: a run on a GPU keeps the optimizer states in
- * pinned RAM even where the config leaves them on the device. */
-int zn_cli_cpu_adam(zn_config *cfg, int on_gpu)
+/* offload_optimizer "none": the states stay on the device and zinc's Adam
+ * steps them there when the plan fits; when it does not, they move to
+ * pinned RAM and the CPU Adam, where DeepSpeed would run out of memory, and
+ * `note` says so. Plan and train both call this, with the same options, so
+ * both take the same placement. Returns 1 when it moved them, 0 when not,
+ * or a negative error of the dry plan. */
+int zn_cli_fit_optimizer(zn_config *cfg, const zn_train_options *o, int world, FILE *note)
 {
-    if (!on_gpu || cfg->zero.offload_optimizer.device != ZN_OFFLOAD_NONE)
+    if (cfg->zero.offload_optimizer.device != ZN_OFFLOAD_NONE)
         return 0;
+    zn_plan p;
+    int rc = zn_train_plan(&p, o, world);
+    if (rc != ZN_ENOFIT)
+        return rc < 0 ? rc : 0;
     cfg->zero.offload_optimizer.device = ZN_OFFLOAD_CPU;
+    if (note) {
+        fprintf(note, "  note       zero_optimization.offload_optimizer.device \"none\" -> \"cpu\": "
+                "the fp32 master, Adam moments and gradient sums do not fit the GPU beside the "
+                "rest (%s), so they take pinned RAM and zinc's CPU Adam steps them; the plan "
+                "counts them there\n", p.why);
+        fflush(note);
+    }
     return 1;
 }
 

@@ -158,7 +158,9 @@ int zn_cmd_plan(int argc, char **argv)
         to.model = zn_train_llama_model(ll);
         to.plan_in = &in;
         to.budgets = budgets;
-        rc = zn_train_plan(&plan, &to, world);
+        rc = zn_cli_fit_optimizer(&cfg, &to, world, print_cfg ? stderr : stdout);
+        if (rc >= 0)
+            rc = zn_train_plan(&plan, &to, world);
     }
     zn_train_llama_destroy(ll);
     free(blocks);

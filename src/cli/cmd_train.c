@@ -302,6 +302,8 @@ int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int flag
     o.budgets = budgets;
     o.record_trace = (flags & ZN_CLI_TRACE) != 0;
     o.comm = ts->comm;
+    if ((rc = zn_cli_fit_optimizer(cfg, &o, ts->world, ts->rank == 0 ? stdout : NULL)) < 0)
+        goto out;
     double t0 = zn_now_s();
     if ((rc = zn_train_create(&ts->tr, &o)))
         goto out;

@@ -153,16 +153,8 @@ int zn_cli_effective(zn_config *cfg, int world, FILE *out)
     if ((rc = zn_config_resolve_auto(cfg, d.hidden, prec_auto ? device_bf16(cfg) : -1)) ||
         (rc = zn_config_resolve_batch(cfg, world)))
         return rc;
-    int moved = zn_cli_cpu_adam(cfg, strcmp(cfg->train.device, "host") != 0 &&
-                                          cfg->zero.offload_optimizer.device == ZN_OFFLOAD_NONE &&
-                                          zn_cli_has_cuda(cfg));
     if (out) {
         zn_cli_effective_print(cfg, world, out);
-        if (moved)
-            fprintf(out, "  note       zero_optimization.offload_optimizer.device \"none\" -> "
-                    "\"cpu\": zinc's Adam runs on the CPU (no GPU Adam yet), so the fp32 "
-                    "master, Adam moments and gradient accumulators that DeepSpeed would keep "
-                    "on the GPU take pinned RAM; the plan counts them there\n");
         fflush(out);
     }
     return 0;
