@@ -52,6 +52,7 @@ typedef struct {
 static const placement places[] = {
     { "none", "none", 1 }, { "none", "cpu", 2 }, { "none", "none", 3 }, { "cpu", "cpu", 3 },
     { "none", "cpu", 3 },  { "cpu", "nvme", 3 }, { "nvme", "nvme", 3 },
+    { "cpu", "none", 3 },  /* the optimizer on the device, the blocks' homes off it */
 };
 
 static int checked, failed_cfgs;
@@ -185,6 +186,12 @@ int main(void)
                 n += 2;
             }
         }
+    /* the optimizer on the device with NVMe-homed blocks */
+    {
+        const placement pl = { "nvme", "none", 3 };
+        one(&shapes[0], &pl, 2, 4, "auto", 4, 100000);
+        n++;
+    }
     /* gradient accumulators split between RAM and NVMe (tiers.grads auto
      * with pinned room for about half of them): the budget from the plan
      * with all of them on NVMe */
