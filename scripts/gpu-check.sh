@@ -114,6 +114,13 @@ common=(--config examples/tiny.json --set train.device=\"cuda\" --set bf16.enabl
         --steps 8 --warmup 2)
 step "bench train: params and optimizer on the GPU side (optimizer cpu)" 300 "$zinc" bench train \
     "${common[@]}" --set "$P.device=\"none\"" --set "$O.device=\"cpu\""
+# the optimizer on the GPU too (zn_dev_adam; no gradient crosses PCIe)
+step "bench train: everything on the GPU (optimizer on the GPU)" 300 "$zinc" bench train \
+    "${common[@]}" --set "$P.device=\"none\"" --set "$O.device=\"none\""
+# LoRA: the frozen base streamed from pinned RAM, the adapters' optimizer on the GPU
+step "bench train: LoRA, base in pinned RAM, optimizer on the GPU" 300 "$zinc" bench train \
+    "${common[@]}" --set "$P.device=\"cpu\"" --set "$O.device=\"none\"" \
+    --set 'lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}'
 step "bench train: params and optimizer in pinned RAM" 300 "$zinc" bench train "${common[@]}" \
     --set "$P.device=\"cpu\"" --set "$O.device=\"cpu\""
 # the same with fp32 gradients over PCIe (the default above sends bf16)

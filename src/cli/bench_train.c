@@ -101,9 +101,9 @@ int zn_bench_train(int argc, char **argv)
            cfg.gradient_clipping > 0 || cfg.fp16.enabled
                ? "step after the global norm, under the next forward"
                : "step overlapped with backward and the next forward");
-    printf("# path measured: one optimizer step = fwd + bwd over all micro-batches + CPU Adam "
+    printf("# path measured: one optimizer step = fwd + bwd over all micro-batches + %s Adam "
            "by sub-group, all offload traffic included; %ld warm-up step(s) not counted\n",
-           warmup);
+           cfg.zero.offload_optimizer.device == ZN_OFFLOAD_NONE ? "device" : "CPU", warmup);
     printf("# ceiling: the busiest resource's busy time in the same steps (each resource is "
            "one stream or thread); ratio = step / busiest (target <= 1.15)\n");
     printf("# #wrong: non-finite losses or gradient norms, and non-finite master weights "

@@ -17,7 +17,7 @@
 #include "zn_build_config.h"
 
 static const char *res_names[ZN_RES_COUNT] = {
-    "gpu compute", "h2d", "d2h + grad accum", "nvme read", "nvme write", "cpu adam",
+    "gpu compute", "h2d", "d2h + grad accum", "nvme read", "nvme write", "adam",
     "comm", "nvme read+write",
 };
 
