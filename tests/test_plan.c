@@ -217,7 +217,7 @@ static void test_real_models(void)
  * the states stay on the device where the plan fits, and move to pinned RAM
  * (with a note) where it does not, the same for `zinc plan` and `zinc
  * train`, which both call zn_cli_fit_optimizer. */
-static int fit_plan(zn_config *c, uint64_t gpu, FILE *note, zn_plan *p)
+static int fit_plan_rc(zn_config *c, uint64_t gpu, FILE *note, zn_plan *p, int *plan_rc)
 {
     zn_model_dims d;
     ZT_EQ_INT(zn_cli_model_dims(c, &d), 0);
@@ -232,8 +232,15 @@ static int fit_plan(zn_config *c, uint64_t gpu, FILE *note, zn_plan *p)
     to.plan_in = &in;
     to.budgets = (zn_plan_budgets){ { gpu, 1ull << 40, 1ull << 40 } };
     int moved = zn_cli_fit_optimizer(c, &to, 1, note);
-    ZT_EQ_INT(zn_train_plan(p, &to, 1), 0);
+    *plan_rc = zn_train_plan(p, &to, 1);
     zn_train_llama_destroy(ll);
+    return moved;
+}
+
+static int fit_plan(zn_config *c, uint64_t gpu, FILE *note, zn_plan *p)
+{
+    int rc = 0, moved = fit_plan_rc(c, gpu, note, p, &rc);
+    ZT_EQ_INT(rc, 0);
     return moved;
 }
 
@@ -276,12 +283,18 @@ static void test_fit_optimizer(void)
     fflush(note);
     ZT_EQ_INT(c.zero.offload_optimizer.device, ZN_OFFLOAD_CPU);
     ZT_CHECK_MSG(buf && strstr(buf, "offload_optimizer.device \"none\" -> \"cpu\"") &&
-                     strstr(buf, "do not fit"), "note: %s", buf ? buf : "(none)");
+                     strstr(buf, "does not fit"), "note: %s", buf ? buf : "(none)");
     ZT_CHECK(pm.bytes[ZN_STATE_MASTER][ZN_TIER_CPU] > 0 &&
              !pm.bytes[ZN_STATE_MASTER][ZN_TIER_GPU]);
     ZT_CHECK(pm.tier_total[ZN_TIER_GPU] <= gpu);
     /* once moved, nothing more happens */
     ZT_EQ_INT(fit_plan(&c, gpu, note, &pm), 0);
+    /* a GPU too small for either: "none" stays, and its own reason stands */
+    zn_config small = dev;
+    int prc = 0;
+    ZT_EQ_INT(fit_plan_rc(&small, pc.tier_total[ZN_TIER_GPU] / 2, NULL, &pm, &prc), 0);
+    ZT_EQ_INT(prc, ZN_ENOFIT);
+    ZT_EQ_INT(small.zero.offload_optimizer.device, ZN_OFFLOAD_NONE);
     fclose(note);
     free(buf);
 }

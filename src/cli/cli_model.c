@@ -183,11 +183,11 @@ int zn_cli_has_cuda(const zn_config *cfg)
 }
 
 /* offload_optimizer "none": the states stay on the device and zinc's Adam
- * steps them there when the plan fits; when it does not, they move to
- * pinned RAM and the CPU Adam, where DeepSpeed would run out of memory, and
- * `note` says so. Plan and train both call this, with the same options, so
- * both take the same placement. Returns 1 when it moved them, 0 when not,
- * or a negative error of the dry plan. */
+ * steps them there when the plan fits; when it does not, and would with
+ * them in pinned RAM and the CPU Adam, they move there (where DeepSpeed
+ * would run out of memory), and `note` says so. Plan and train both call
+ * this with the same options, so both take the same placement. Returns 1
+ * when it moved them, 0 when not, or a negative error of a dry plan. */
 int zn_cli_fit_optimizer(zn_config *cfg, const zn_train_options *o, int world, FILE *note)
 {
     if (cfg->zero.offload_optimizer.device != ZN_OFFLOAD_NONE)
@@ -196,12 +196,23 @@ int zn_cli_fit_optimizer(zn_config *cfg, const zn_train_options *o, int world, F
     int rc = zn_train_plan(&p, o, world);
     if (rc != ZN_ENOFIT)
         return rc < 0 ? rc : 0;
+    char why[sizeof p.why];
+    snprintf(why, sizeof why, "%s", p.why);
+    zn_config moved = *cfg;
+    moved.zero.offload_optimizer.device = ZN_OFFLOAD_CPU;
+    zn_train_options mo = *o;
+    mo.cfg = &moved;
+    rc = zn_train_plan(&p, &mo, world);
+    if (rc == ZN_ENOFIT)
+        return 0;   /* it does not fit either way: the run reports "none"'s reason */
+    if (rc < 0)
+        return rc;
     cfg->zero.offload_optimizer.device = ZN_OFFLOAD_CPU;
     if (note) {
         fprintf(note, "  note       zero_optimization.offload_optimizer.device \"none\" -> \"cpu\": "
-                "the fp32 master, Adam moments and gradient sums do not fit the GPU beside the "
-                "rest (%s), so they take pinned RAM and zinc's CPU Adam steps them; the plan "
-                "counts them there\n", p.why);
+                "with the fp32 master, Adam moments and gradient sums on the GPU the plan does "
+                "not fit (%s); in pinned RAM, stepped by zinc's CPU Adam, it does, and the plan "
+                "counts them there\n", why);
         fflush(note);
     }
     return 1;
