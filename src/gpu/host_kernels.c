@@ -479,7 +479,6 @@ static void norm_chunks(const zn_op *op)
 {
     const int64_t C = (int64_t)ZN_GRAD_NORM_CHUNK, n = op->u.normc.n;
     const int64_t nc = (n + C - 1) / C;
-#pragma omp parallel for schedule(static) if (nc > 1)
     for (int64_t c = 0; c < nc; c++) {
         int64_t len = n - c * C < C ? n - c * C : C;
         op->u.normc.out[c] = zn_grad_norm_chunk(op->u.normc.x + c * C, (size_t)len);
