@@ -92,9 +92,15 @@ int main(void)
             zn_model_block_param(&d, 1, i, &pi);
             if (!strstr(pi.name, want[w]) || !strstr(pi.name, "weight"))
                 continue;
-            const float *g16 = zn_model_state_grads(st[0], 1)[i];
-            const float *g32 = zn_model_state_grads(st[1], 1)[i];
+            /* device buffers: read through copies (ZINC_DEVICE_GUARD) */
+            float *g16 = malloc((size_t)pi.numel * 4), *g32 = malloc((size_t)pi.numel * 4);
+            ZT_EQ_INT(zn_dev_copy_d2h(dev, NULL, g16, zn_model_state_grads(st[0], 1)[i],
+                                      (size_t)pi.numel * 4), 0);
+            ZT_EQ_INT(zn_dev_copy_d2h(dev, NULL, g32, zn_model_state_grads(st[1], 1)[i],
+                                      (size_t)pi.numel * 4), 0);
+            ZT_EQ_INT(zn_dev_stream_sync(dev, NULL), 0);
             double e = rel_l2(g16, g32, pi.numel);
+            free(g16), free(g32);
             printf("%-40s bf16 vs fp32 gradient: rel L2 %.2e\n", pi.name, e);
             double bound = w == 2 ? 4.8e-3 : 1.2e-2;
             ZT_CHECK_MSG(e <= bound, "%s: bf16 gradient off the fp32 one by %.2e > %.1e (the "

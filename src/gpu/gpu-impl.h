@@ -215,6 +215,13 @@ int zn_host_backend_create(zn_dev *d);
 int zn_cuda_backend_create(zn_dev *d, int ordinal);
 #endif
 
+/* The host backend's device guard (host.c, ZINC_DEVICE_GUARD=1): whether it
+ * is on, and opening (1) or closing (0) the arena to the calling thread. A
+ * thread that stands in for a device engine (the host collectives' worker)
+ * opens it; no-ops when the guard is off. */
+int zn_host_guard_on(void);
+void zn_host_guard_allow(int allow);
+
 /* Pinned host memory on the host backend and the NUMA binding both use. */
 int zn_gpu_numa_alloc(zn_dev *d, size_t bytes, void **out);
 void zn_gpu_numa_free(zn_dev *d, void *p, size_t bytes);

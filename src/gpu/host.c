@@ -6,6 +6,7 @@
  * The arena is one mmap capped at the GPU budget, like HBM. */
 #include <errno.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,71 @@
 #include <omp.h>
 
 #include "gpu/gpu-impl.h"
+
+/* ---- the device guard (ZINC_DEVICE_GUARD=1) ---------------------------------
+ * On a GPU, CPU code that reads or writes device memory faults; in the host
+ * backend's arena it would silently work. With the guard on, every arena is
+ * tagged with one memory-protection key (pkey_mprotect) that only the
+ * stream workers, running device ops, may use: a CPU-side access (from the
+ * trainer's threads, or a host function) faults with SEGV_PKUERR, and the
+ * handler names it. Threads inherit the key's rights from their creator and
+ * start without them, so only the workers (and the OpenMP threads they
+ * start for an op) are let in. Host code that stands in for a device
+ * engine (the host backend's collectives) opens the key for its own thread
+ * with zn_host_guard_allow. Off by default: tests turn it on. */
+static int guard_key = -1;
+static pthread_once_t guard_once = PTHREAD_ONCE_INIT;
+
+static void guard_segv(int sig, siginfo_t *si, void *uc)
+{
+    (void)uc;
+    if (si->si_code == SEGV_PKUERR) {
+        char msg[160] = "zinc: device guard: CPU code touched device memory at 0x";
+        size_t n = strlen(msg);
+        uintptr_t a = (uintptr_t)si->si_addr;
+        for (int sh = (int)sizeof a * 8 - 4; sh >= 0; sh -= 4)
+            msg[n++] = "0123456789abcdef"[(a >> sh) & 15];
+        const char *tail = " (a host-backend arena address; on a GPU this access would fault)\n";
+        for (size_t i = 0; tail[i] && n < sizeof msg - 1; i++)
+            msg[n++] = tail[i];
+        if (write(2, msg, n) < 0) {
+            /* nothing more can be done from here */
+        }
+    }
+    signal(sig, SIG_DFL); /* the access repeats and ends the process */
+}
+
+static void guard_init(void)
+{
+    const char *e = getenv("ZINC_DEVICE_GUARD");
+    if (!e || !*e || !strcmp(e, "0"))
+        return;
+    int k = pkey_alloc(0, PKEY_DISABLE_ACCESS);
+    if (k < 0) {
+        zn_warn("ZINC_DEVICE_GUARD: this machine has no memory protection keys (%s); the "
+                "host arena is not guarded", strerror(errno));
+        return;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = guard_segv;
+    sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, NULL);
+    guard_key = k;
+}
+
+void zn_host_guard_allow(int allow)
+{
+    if (guard_key >= 0)
+        pkey_set(guard_key, allow ? 0 : PKEY_DISABLE_ACCESS);
+}
+
+int zn_host_guard_on(void)
+{
+    pthread_once(&guard_once, guard_init);
+    return guard_key >= 0;
+}
 
 /* Ops a stream holds before a producer blocks (CUDA's queue is bounded too). */
 enum { HQ_CAP = 1024 };
@@ -64,7 +130,9 @@ static void exec_op(hstream *hs, const zn_op *op)
         memcpy(op->u.copy.dst, op->u.copy.src, op->u.copy.bytes);
         break;
     case ZN_OPK_HOST_FN:
+        zn_host_guard_allow(0);  /* CPU code, even on the stream's thread */
         op->u.host_fn.fn(op->u.host_fn.arg);
+        zn_host_guard_allow(1);
         break;
     case ZN_OPK_EV_RECORD: {
         hevent *e = op->u.ev.ev;
@@ -108,6 +176,7 @@ static void exec_op(hstream *hs, const zn_op *op)
 static void *worker(void *arg)
 {
     hstream *hs = arg;
+    zn_host_guard_allow(1);  /* device ops: the arena is theirs */
     if (hs->blas_threads > 0)
         omp_set_num_threads(hs->blas_threads);
     pthread_mutex_lock(&hs->mu);
@@ -448,6 +517,10 @@ int zn_host_backend_create(zn_dev *d)
         return zn_set_error(-errno, "host device: cannot reserve an arena of %s: %s",
                             zn_format_size(budget, b, sizeof b), strerror(errno));
     }
+    if (zn_host_guard_on() &&
+        pkey_mprotect(base, budget, PROT_READ | PROT_WRITE, guard_key) != 0)
+        zn_warn("ZINC_DEVICE_GUARD: pkey_mprotect: %s; this arena is not guarded",
+                strerror(errno));
     /* The arena is counted exactly: the allocator sees `gpu_budget` bytes
      * (rounded down to ZN_DEV_ALIGN), not the page-rounded mapping. */
     d->ops = &host_ops;
