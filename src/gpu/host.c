@@ -73,16 +73,18 @@ static void guard_init(void)
     guard_key = k;
 }
 
-void zn_host_guard_allow(int allow)
-{
-    if (guard_key >= 0)
-        pkey_set(guard_key, allow ? 0 : PKEY_DISABLE_ACCESS);
-}
-
 int zn_host_guard_on(void)
 {
     pthread_once(&guard_once, guard_init);
     return guard_key >= 0;
+}
+
+/* (A thread may open the key before any arena exists: the key is made
+ * first, so that it is the one the arenas get later.) */
+void zn_host_guard_allow(int allow)
+{
+    if (zn_host_guard_on())
+        pkey_set(guard_key, allow ? 0 : PKEY_DISABLE_ACCESS);
 }
 
 /* Ops a stream holds before a producer blocks (CUDA's queue is bounded too). */
