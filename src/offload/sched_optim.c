@@ -293,13 +293,29 @@ static void pcache_invalidate(zn_trainer *tr)
     pthread_mutex_unlock(&tr->plock);
 }
 
+/* Where piece p's working parameters start in its block's home, in bytes:
+ * the home holds the whole block (replicated) or this rank's shard. */
+static size_t piece_home_byte(const zn_trainer *tr, const zn_piece *p)
+{
+    const zn_block *b = &tr->blocks[p->block];
+    return (size_t)((b->replicated ? b->soff : b->fshard) + p->start - b->off) * tr->pbytes;
+}
+
+/* Slot s's parameter writes were issued: its state writes count as done. */
+static void slot_params_issued(zn_opt_slot *s)
+{
+    s->writes_pending = s->n_pwr > 0;
+    for (int j = 0; j < 3 && s->writes_pending; j++)
+        atomic_store(&s->wr[j].done, 1), s->wr[j].status = 0;
+}
+
 /* Sends unit u's updated working parameters (src: fp32 master values or the
- * 16-bit copy, unit-relative) to each block's home (with host_only, the
- * homes off the device only, and the caller has set up the tracking). NVMe writes are queued
- * in pwr (waited by the caller), device copies go on the optimizer's H2D
- * stream and are followed by a record of `ev`. With `track`, the unit's
- * landing is counted (its pdone becomes the running job's sequence number
- * once every copy arrived). */
+ * 16-bit copy, unit-relative) to each block's home; with host_only, to the
+ * homes off the device only, the caller having set up the tracking. NVMe
+ * writes are queued in pwr (waited by the caller), device copies go on the
+ * optimizer's H2D stream and are followed by a record of `ev`. With
+ * `track`, the unit's landing is counted (its pdone becomes the running
+ * job's sequence number once every copy arrived). */
 static int params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, int *n_pwr,
                       zn_event *ev, bool *h2d_pending, bool track, bool host_only)
 {
@@ -318,9 +334,7 @@ static int params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, in
             continue;
         const char *from = s8 + (p->start - un->off) * tr->pbytes;
         size_t bytes = p->n * tr->pbytes;
-        /* the home holds the whole block (replicated) or this rank's shard */
-        size_t in_block = ((b->replicated ? b->soff : b->fshard) + p->start - b->off) *
-                          tr->pbytes;
+        size_t in_block = piece_home_byte(tr, p);
         if (b->home == ZN_PHOME_CPU) {
             memcpy((char *)b->cpu_params + in_block, from, bytes);
         } else if (b->home == ZN_PHOME_DEVICE) {
@@ -399,11 +413,7 @@ static int run_flat(zn_trainer *tr)
             break;
         rc = params_out(tr, u, p16 ? tr->pout_flat : (void *)(tr->master + un->off), pwr,
                         &s->n_pwr, s->h2d_done, &s->h2d_pending, true, false);
-        s->writes_pending = s->n_pwr > 0;
-        if (s->writes_pending) {
-            for (int j = 0; j < 3; j++)
-                atomic_store(&s->wr[j].done, 1), s->wr[j].status = 0;
-        }
+        slot_params_issued(s);
     }
     int r = slot_drain(tr, &tr->oslot[0]);
     return rc ? rc : r;
@@ -433,9 +443,8 @@ static int dev_unit(zn_trainer *tr, int u, bool adam, bool track)
         zn_piece *p = &tr->pieces[un->p0 + k];
         zn_block *b = &tr->blocks[p->block];
         uint64_t o = p->start, rel = p->start - un->off;
-        size_t in_block = (size_t)((b->replicated ? b->soff : b->fshard) + p->start - b->off) *
-                          tr->pbytes;
-        void *home = b->home == ZN_PHOME_DEVICE ? (char *)b->dev_params + in_block : NULL;
+        void *home =
+            b->home == ZN_PHOME_DEVICE ? (char *)b->dev_params + piece_home_byte(tr, p) : NULL;
         void *c = !p16 ? NULL : home ? home : (char *)tr->pdev + rel * tr->pbytes;
         if (adam)
             rc = zn_dev_adam(d, tr->s_oh2d, &tr->oj.hp, tr->master + o, tr->mom + o, tr->var + o,
@@ -469,9 +478,7 @@ static int dev_unit(zn_trainer *tr, int u, bool adam, bool track)
         held = false; /* params_out releases the hold */
         rc = params_out(tr, u, tr->pout_flat, s->pwr, &s->n_pwr, s->h2d_done, &s->h2d_pending,
                         track, true);
-        s->writes_pending = s->n_pwr > 0;
-        for (int j = 0; j < 3 && s->writes_pending; j++)
-            atomic_store(&s->wr[j].done, 1), s->wr[j].status = 0;
+        slot_params_issued(s);
     }
     if (!rc && held)
         land(un);
