@@ -836,6 +836,195 @@ static void test_optimizer(void)
     }
 }
 
+/* ---- fused attention ---------------------------------------------------*/
+typedef struct {
+    int64_t B, T, nh, nkv, hd, ld, ldo, ldd;
+    const int32_t *ks; /* [B*T] or NULL */
+} fl_ctx;
+
+static int64_t fl_lo_ref(const fl_ctx *c, int64_t b, int64_t t)
+{
+    int64_t k = c->ks ? c->ks[b * c->T + t] : 0;
+    return k < 0 ? 0 : k > t ? t : k;
+}
+
+/* Exact attention in double: out [B*T][ldo], lse [B][nh][T]; with dout,
+ * the analytic backward into dqkv [B*T][ldd] (dK, dV summed over a group). */
+static void fl_ref(const fl_ctx *c, const double *x, double *out, double *lse,
+                   const double *dout, double *dx)
+{
+    int64_t T = c->T, hd = c->hd, g = c->nh / c->nkv, qd = c->nh * hd, kvd = c->nkv * hd;
+    double sc = 1.0 / sqrt((double)hd);
+    double *P = malloc((size_t)(T * T) * sizeof *P), *dP = malloc((size_t)(T * T) * sizeof *dP);
+    if (dx)
+        for (int64_t i = 0; i < c->B * T * c->ldd; i++)
+            dx[i] = 0;
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t h = 0; h < c->nh; h++) {
+            int64_t j = h / g;
+            const double *X = x + b * T * c->ld;
+            for (int64_t t = 0; t < T; t++) {
+                int64_t lo = fl_lo_ref(c, b, t);
+                double mx = -INFINITY, sum = 0;
+                for (int64_t u = lo; u <= t; u++) {
+                    double d = 0;
+                    for (int64_t e = 0; e < hd; e++)
+                        d += X[t * c->ld + h * hd + e] * X[u * c->ld + qd + j * hd + e];
+                    P[t * T + u] = d * sc;
+                    mx = fmax(mx, d * sc);
+                }
+                for (int64_t u = lo; u <= t; u++)
+                    sum += exp(P[t * T + u] - mx);
+                for (int64_t u = 0; u < T; u++)
+                    P[t * T + u] = u >= lo && u <= t ? exp(P[t * T + u] - mx) / sum : 0;
+                lse[(b * c->nh + h) * T + t] = mx + log(sum);
+                for (int64_t e = 0; e < hd; e++) {
+                    double o = 0;
+                    for (int64_t u = lo; u <= t; u++)
+                        o += P[t * T + u] * X[u * c->ld + qd + kvd + j * hd + e];
+                    out[(b * T + t) * c->ldo + h * hd + e] = o;
+                }
+            }
+            if (!dx)
+                continue;
+            const double *dO = dout + b * T * c->ldo;
+            double *dX = dx + b * T * c->ldd;
+            for (int64_t t = 0; t < T; t++) {
+                double rs = 0;
+                for (int64_t u = 0; u < T; u++) {
+                    double d = 0;
+                    for (int64_t e = 0; e < hd; e++)
+                        d += dO[t * c->ldo + h * hd + e] * X[u * c->ld + qd + kvd + j * hd + e];
+                    dP[t * T + u] = d;
+                    rs += P[t * T + u] * d;
+                }
+                for (int64_t u = 0; u < T; u++)
+                    dP[t * T + u] = P[t * T + u] * (dP[t * T + u] - rs) * sc; /* dS */
+            }
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t u = 0; u < T; u++) {
+                    double p = P[t * T + u], ds = dP[t * T + u];
+                    if (p == 0 && ds == 0)
+                        continue;
+                    for (int64_t e = 0; e < hd; e++) {
+                        dX[t * c->ldd + h * hd + e] += ds * X[u * c->ld + qd + j * hd + e];
+                        dX[u * c->ldd + qd + j * hd + e] += ds * X[t * c->ld + h * hd + e];
+                        dX[u * c->ldd + qd + kvd + j * hd + e] += p * dO[t * c->ldo + h * hd + e];
+                    }
+                }
+        }
+    free(P);
+    free(dP);
+}
+
+/* The reference's forward as a function of qkv, for a finite-difference
+ * check of its own backward. */
+static void fl_ref_fwd(const double *x, double *y, const void *cv)
+{
+    const fl_ctx *c = cv;
+    double *lse = malloc((size_t)(c->B * c->nh * c->T) * sizeof *lse);
+    fl_ref(c, x, y, lse, NULL, NULL);
+    free(lse);
+}
+
+static void test_flash_case(zn_dtype dt, fl_ctx c, uint64_t seed)
+{
+    int64_t N = c.B * c.T, qd = c.nh * c.hd, st = c.B * c.nh * c.T;
+    size_t nx = (size_t)(N * c.ld), no = (size_t)(N * c.ldo), nd = (size_t)(N * c.ldd);
+    double *x = rnd(seed, nx, 1.5, dt), *dout = rnd(seed + 1, no, 1.0, dt);
+    double *out = calloc(no, sizeof *out), *lse = malloc((size_t)st * sizeof *lse);
+    double *dx = malloc(nd * sizeof *dx);
+    fl_ref(&c, x, out, lse, dout, dx);
+    void *dX = dev_up(x, nx, dt), *dO = dev_up(dout, no, dt);
+    void *dOut = dev_poison(no, dt), *dDx = dev_poison(nd, dt);
+    float *dL = dev_poison((size_t)st, ZN_DTYPE_F32), *dD = dev_poison((size_t)st, ZN_DTYPE_F32);
+    int32_t *dks = c.ks ? dev_i32(c.ks, (size_t)N) : NULL;
+    float sc = 1.0f / sqrtf((float)c.hd);
+    DEV_OK(zn_dev_flash_attn_fwd(D, S, dX, dt, c.ld, c.B, c.T, c.nh, c.nkv, c.hd, dks, sc, dOut,
+                                 c.ldo, dL));
+    double *got = dev_down(dOut, no, dt), *gl = dev_down(dL, (size_t)st, ZN_DTYPE_F32);
+    /* only the written columns: the gaps of ldo > qd stay NaN */
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t e = qd; e < c.ldo; e++)
+            got[i * c.ldo + e] = out[i * c.ldo + e];
+    CMP("flash_attn_fwd out", dt, got, out, no, tol_fwd(dt));
+    CMP("flash_attn_fwd lse", dt, gl, lse, (size_t)st, tol_fwd(dt));
+    /* the backward takes the forward's own out and lse */
+    DEV_OK(zn_dev_flash_attn_bwd(D, S, dX, dt, c.ld, c.B, c.T, c.nh, c.nkv, c.hd, dks, sc, dOut,
+                                 dO, c.ldo, dL, dD, dDx, c.ldd));
+    double *gd = dev_down(dDx, nd, dt);
+    int64_t cols = (c.nh + 2 * c.nkv) * c.hd;
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t e = cols; e < c.ldd; e++)
+            gd[i * c.ldd + e] = dx[i * c.ldd + e];
+    CMP("flash_attn_bwd dqkv", dt, gd, dx, nd, tol_bwd(dt));
+    free(got);
+    free(gl);
+    free(gd);
+    free(x);
+    free(dout);
+    free(out);
+    free(lse);
+    free(dx);
+    dfree(dX);
+    dfree(dO);
+    dfree(dOut);
+    dfree(dDx);
+    dfree(dL);
+    dfree(dD);
+    if (dks)
+        dfree(dks);
+}
+
+static void test_flash(zn_dtype dt)
+{
+    if (zn_dev_get_kind(D) == ZN_DEV_CUDA && dt == ZN_DTYPE_F32) {
+        /* tensor cores take 16-bit inputs: f32 is refused, by name */
+        void *x = dev_poison(64, dt), *o = dev_poison(64, dt);
+        float *l = dev_poison(8, ZN_DTYPE_F32);
+        zt_checks++;
+        int rc = zn_dev_flash_attn_fwd(D, S, x, dt, 12, 1, 2, 2, 1, 4, NULL, 0.5f, o, 8, l);
+        ZT_CHECK_MSG(rc == ZN_EUNSUPPORTED, "[%s] f32 fused attention on CUDA: rc %d", BK, rc);
+        dfree(x);
+        dfree(o);
+        dfree(l);
+        return;
+    }
+    /* the reference's backward against its forward's finite differences */
+    if (dt == ZN_DTYPE_F32) {
+        int32_t ks5[5] = { 0, 0, 2, 2, 2 };
+        fl_ctx c = { 1, 5, 2, 1, 4, 16, 8, 16, ks5 };
+        size_t nx = 5 * 16, no = 5 * 8;
+        double *x = rnd(91, nx, 1.0, dt), *R = rnd(92, no, 1.0, dt);
+        double *y = calloc(no, sizeof *y), *lse = malloc(10 * sizeof *lse);
+        double *an = malloc(nx * sizeof *an), *fd = malloc(nx * sizeof *fd);
+        fl_ref(&c, x, y, lse, R, an);
+        fd_grad(fl_ref_fwd, &c, x, nx, no, R, fd);
+        CMP("flash reference backward vs finite differences", dt, an, fd, nx, 1e-6);
+        free(x);
+        free(R);
+        free(y);
+        free(lse);
+        free(an);
+        free(fd);
+    }
+    /* several tiles, GQA (2 heads per kv head) */
+    fl_ctx a = { 2, 70, 4, 2, 8, 64, 32, 64, NULL };
+    test_flash_case(dt, a, 11);
+    /* head_dim 24 (not a multiple of 16), packed documents [0,40) [40,41)
+     * [41,100) [100,130) (the last starts past a tile: tiles before it are
+     * skipped), wide leading dimensions */
+    int32_t *ks = malloc(130 * sizeof *ks);
+    for (int t = 0; t < 130; t++)
+        ks[t] = t < 40 ? 0 : t == 40 ? 40 : t < 100 ? 41 : 100;
+    fl_ctx b = { 1, 130, 2, 1, 24, 4 * 24 + 5, 2 * 24 + 3, 4 * 24 + 2, ks };
+    test_flash_case(dt, b, 23);
+    free(ks);
+    /* no GQA, a short sequence, head_dim 6 */
+    fl_ctx c3 = { 3, 9, 3, 3, 6, 54, 18, 54, NULL };
+    test_flash_case(dt, c3, 37);
+}
+
 static int run_backend(const char *name)
 {
     zn_dev_config c = zn_dev_config_default();
@@ -863,6 +1052,7 @@ static int run_backend(const char *name)
         test_bias(dt);
         test_xent(dt);
         test_reduce(dt);
+        test_flash(dt);
     }
     test_cast();
     test_optimizer();

@@ -352,6 +352,41 @@ ZN_API int zn_dev_softmax_causal_bwd(zn_dev *d, zn_stream *s, const void *P, zn_
                                      int64_t batch, int64_t rows, int64_t cols,
                                      int64_t q_offset, const int32_t *key_start, float scale);
 
+/* Fused causal attention (flash-attention style): no seq x seq matrix is
+ * ever stored. `batch` sequences of `seq` tokens; row t of sequence b is
+ * row b*seq + t of qkv (leading dimension ld, dtype dt): q of head h at
+ * columns [h*hd, (h+1)*hd), k of kv head j at nh*hd + j*hd, v at
+ * (nh + nkv)*hd + j*hd, the n_heads / n_kv_heads heads of a group sharing
+ * their kv head (GQA). Query t sees keys lo(t) <= u <= t of its own
+ * sequence, lo(t) = key_start[b*seq + t] (clamped to [0, t]; key_start NULL:
+ * 0), as zn_dev_softmax_causal_fwd does.
+ *   out[b*seq + t][h*hd + c] (leading dimension ldo) = softmax(scale q k^T) v,
+ *   lse[(b*n_heads + h)*seq + t] = log sum exp of the scaled scores (fp32),
+ * kept for the backward. Keys go in tiles with a running maximum and sum
+ * (online softmax); the probabilities meet V rounded to dt, as a 16-bit
+ * tensor-core product takes them. head_dim <= 128. On CUDA: bf16 only
+ * (tensor cores; f32 is refused: use the GEMM attention); on the host
+ * backend f32 and bf16 (the C reference, tiles through OpenBLAS). */
+ZN_API int zn_dev_flash_attn_fwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt,
+                                 int64_t ld, int64_t batch, int64_t seq, int64_t n_heads,
+                                 int64_t n_kv_heads, int64_t head_dim, const int32_t *key_start,
+                                 float scale, void *out, int64_t ldo, float *lse);
+/* Its backward: from out, dout (both leading dimension ldo) and lse of the
+ * forward, writes dq, dk, dv into dqkv (qkv's layout, leading dimension
+ * ldd, dtype dt; every q/k/v column of every row is written, nothing is
+ * added). delta: fp32 scratch of batch x n_heads x seq (rowsum(dout*out)).
+ * dk and dv sum over the heads of a group and over query tiles in fp32 and
+ * are rounded once. Deterministic: each output element is summed by one
+ * thread in a fixed order (no atomics). dqkv must not overlap qkv, out,
+ * dout. */
+ZN_API int zn_dev_flash_attn_bwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt,
+                                 int64_t ld, int64_t batch, int64_t seq, int64_t n_heads,
+                                 int64_t n_kv_heads, int64_t head_dim, const int32_t *key_start,
+                                 float scale, const void *out, const void *dout, int64_t ldo,
+                                 const float *lse, float *delta, void *dqkv, int64_t ldd);
+/* The largest head_dim the fused attention takes. */
+#define ZN_FLASH_MAX_HEAD_DIM 128
+
 /* SwiGLU over n elements, all tensors of type dt: out = silu(gate) * up,
  * silu(g) = g / (1 + exp(-g)). out may alias gate or up. */
 ZN_API int zn_dev_swiglu_fwd(zn_dev *d, zn_stream *s, const void *gate, const void *up,

@@ -1046,6 +1046,116 @@ int zn_dev_softmax_causal_bwd(zn_dev *d, zn_stream *s, const void *P, zn_dtype P
                    scale, 1);
 }
 
+/* ---- fused attention -----------------------------------------------------*/
+static int overlap(const void *a, uint64_t an, const void *b, uint64_t bn)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return an && bn && x < y + bn && y < x + an;
+}
+
+static int flash(zn_dev *d, zn_stream *s, zn_op *op, int bwd)
+{
+    const char *fn = bwd ? "flash_attn_bwd" : "flash_attn_fwd";
+    zn_dtype dt = op->u.flash.dt;
+    int64_t ld = op->u.flash.ld, B = op->u.flash.batch, T = op->u.flash.seq;
+    int64_t nh = op->u.flash.nh, nkv = op->u.flash.nkv, hd = op->u.flash.hd;
+    int64_t ldo = op->u.flash.ldo;
+    CHK_DT(fn, dt);
+    if (zn_dev_get_kind(d) == ZN_DEV_CUDA && dt != ZN_DTYPE_BF16)
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: dtype %s on CUDA (the fused attention runs "
+                            "on bf16 tensor cores; use the GEMM attention for f32)", fn,
+                            zn_dtype_name(dt));
+    CHK(B >= 0 && T >= 0 && nh > 0 && nkv > 0 && nh % nkv == 0,
+        "%s: bad sizes (batch %lld seq %lld heads %lld kv heads %lld)", fn, (long long)B,
+        (long long)T, (long long)nh, (long long)nkv);
+    CHK(hd > 0 && hd <= ZN_FLASH_MAX_HEAD_DIM && hd % 2 == 0,
+        "%s: head_dim %lld (fused attention takes even head dims up to %d)", fn,
+        (long long)hd, ZN_FLASH_MAX_HEAD_DIM);
+    int64_t cols = (nh + 2 * nkv) * hd;
+    CHK(ld >= cols && ldo >= nh * hd,
+        "%s: leading dimensions %lld / %lld below the rows' %lld / %lld columns", fn,
+        (long long)ld, (long long)ldo, (long long)cols, (long long)(nh * hd));
+    CHK(isfinite(op->u.flash.scale), "%s: scale %g", fn, (double)op->u.flash.scale);
+    int64_t N = B * T;
+    if (N == 0)
+        return 0;
+    uint64_t qkv_b = span(N, cols, ld, dt), o_b = span(N, nh * hd, ldo, dt);
+    uint64_t st_b = (uint64_t)(B * nh * T) * 4;
+    CHK_PTR(fn, op->u.flash.qkv, qkv_b);
+    CHK_PTR(fn, op->u.flash.lse, st_b);
+    if (op->u.flash.key_start)
+        CHK_PTR(fn, op->u.flash.key_start, (uint64_t)N * 4);
+    if (!bwd) {
+        CHK_PTR(fn, op->u.flash.out, o_b);
+        CHK(!overlap(op->u.flash.out, o_b, op->u.flash.qkv, qkv_b),
+            "%s: out overlaps qkv", fn);
+    } else {
+        int64_t ldd = op->u.flash.ldd;
+        CHK(ldd >= cols, "%s: ldd %lld below the rows' %lld columns", fn, (long long)ldd,
+            (long long)cols);
+        uint64_t d_b = span(N, cols, ldd, dt);
+        CHK_PTR(fn, op->u.flash.out, o_b);
+        CHK_PTR(fn, op->u.flash.dout, o_b);
+        CHK_PTR(fn, op->u.flash.delta, st_b);
+        CHK_PTR(fn, op->u.flash.dqkv, d_b);
+        CHK(!overlap(op->u.flash.dqkv, d_b, op->u.flash.qkv, qkv_b) &&
+                !overlap(op->u.flash.dqkv, d_b, op->u.flash.out, o_b) &&
+                !overlap(op->u.flash.dqkv, d_b, op->u.flash.dout, o_b),
+            "%s: dqkv overlaps qkv, out or dout", fn);
+    }
+    op->kind = bwd ? ZN_OPK_FLASH_BWD : ZN_OPK_FLASH_FWD;
+    return submit(d, s, op);
+}
+
+int zn_dev_flash_attn_fwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt, int64_t ld,
+                          int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
+                          int64_t head_dim, const int32_t *key_start, float scale, void *out,
+                          int64_t ldo, float *lse)
+{
+    zn_op op = { .kind = ZN_OPK_FLASH_FWD };
+    op.u.flash.qkv = qkv;
+    op.u.flash.dt = dt;
+    op.u.flash.ld = ld;
+    op.u.flash.batch = batch;
+    op.u.flash.seq = seq;
+    op.u.flash.nh = n_heads;
+    op.u.flash.nkv = n_kv_heads;
+    op.u.flash.hd = head_dim;
+    op.u.flash.key_start = key_start;
+    op.u.flash.scale = scale;
+    op.u.flash.out = out;
+    op.u.flash.ldo = ldo;
+    op.u.flash.lse = lse;
+    return flash(d, s, &op, 0);
+}
+
+int zn_dev_flash_attn_bwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt, int64_t ld,
+                          int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
+                          int64_t head_dim, const int32_t *key_start, float scale,
+                          const void *out, const void *dout, int64_t ldo, const float *lse,
+                          float *delta, void *dqkv, int64_t ldd)
+{
+    zn_op op = { .kind = ZN_OPK_FLASH_BWD };
+    op.u.flash.qkv = qkv;
+    op.u.flash.dt = dt;
+    op.u.flash.ld = ld;
+    op.u.flash.batch = batch;
+    op.u.flash.seq = seq;
+    op.u.flash.nh = n_heads;
+    op.u.flash.nkv = n_kv_heads;
+    op.u.flash.hd = head_dim;
+    op.u.flash.key_start = key_start;
+    op.u.flash.scale = scale;
+    op.u.flash.out = (void *)out;
+    op.u.flash.dout = dout;
+    op.u.flash.ldo = ldo;
+    op.u.flash.lse = (float *)lse;
+    op.u.flash.delta = delta;
+    op.u.flash.dqkv = dqkv;
+    op.u.flash.ldd = ldd;
+    return flash(d, s, &op, 1);
+}
+
 int zn_dev_swiglu_fwd(zn_dev *d, zn_stream *s, const void *gate, const void *up, void *out,
                       zn_dtype dt, int64_t n)
 {

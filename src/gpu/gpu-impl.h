@@ -67,6 +67,8 @@ typedef enum {
     ZN_OPK_DROPOUT,
     ZN_OPK_ADAM,
     ZN_OPK_NORM_CHUNKS,
+    ZN_OPK_FLASH_FWD,
+    ZN_OPK_FLASH_BWD,
     /* host backend only: stream bookkeeping */
     ZN_OPK_EV_RECORD,
     ZN_OPK_EV_WAIT,
@@ -143,6 +145,12 @@ typedef struct zn_op {
             float b1, omb1, b2, omb2, step, eps, l2, decay; int use_l2, use_decay;
         } adam;
         struct { const float *x; int64_t n; double *out; } normc;
+        struct {
+            const void *qkv; zn_dtype dt; int64_t ld, batch, seq, nh, nkv, hd;
+            const int32_t *key_start; float scale;
+            void *out; const void *dout; int64_t ldo; float *lse, *delta;
+            void *dqkv; int64_t ldd;
+        } flash;
         struct { void *ev; uint64_t gen; } ev;
     } u;
 } zn_op;

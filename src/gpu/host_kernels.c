@@ -314,6 +314,216 @@ static void softmax_bwd(const zn_op *op)
         }
 }
 
+/* ---- fused attention (the C reference of k_flash_*) ---------------------
+ * Per sequence, per kv head: K and V widened to fp32 once; per head of the
+ * group, query tiles of FL_BQ rows meet key tiles of FL_BC keys through
+ * OpenBLAS, with the running maximum m and sum l of the online softmax.
+ * Rounding points as on the GPU: probabilities (forward, and the dV
+ * product) and score gradients meet the second product rounded to dt; the
+ * row sums, dS and all accumulators stay fp32. The CUDA kernels take keys
+ * 32 at a time (the forward's rescaling falls elsewhere: rounding-level
+ * differences only). */
+enum { FL_BQ = 64, FL_BC = 64 };
+
+static inline float rnd_dt(float v, zn_dtype dt)
+{
+    return dt == ZN_DTYPE_F32 ? v : zn_bf16_widen(zn_bf16_round(v));
+}
+
+/* Query t's first key: key_start clamped to [0, t]. */
+static inline int64_t fl_lo(const int32_t *ks, int64_t t)
+{
+    int64_t k = ks ? ks[t] : 0;
+    return k < 0 ? 0 : k > t ? t : k;
+}
+
+/* Columns [c0, c0 + hd) of T rows (leading dimension ld) into fp32 [T][hd]. */
+static void fl_widen(const void *x, zn_dtype dt, int64_t ld, int64_t c0, int64_t T, int64_t hd,
+                     float *y)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t c = 0; c < hd; c++)
+            y[t * hd + c] = ldf(x, dt, t * ld + c0 + c);
+}
+
+static void fl_store(const float *y, int64_t T, int64_t hd, void *x, zn_dtype dt, int64_t ld,
+                     int64_t c0)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t c = 0; c < hd; c++)
+            stf(x, dt, t * ld + c0 + c, y[t * hd + c]);
+}
+
+/* The first key tile query rows [q0, q0 + qn) can see. */
+static int64_t fl_first_tile(const int32_t *ks, int64_t q0, int64_t qn)
+{
+    int64_t lo = q0;
+    for (int64_t r = 0; r < qn; r++) {
+        int64_t l = fl_lo(ks, q0 + r);
+        lo = l < lo ? l : lo;
+    }
+    return lo / FL_BC * FL_BC;
+}
+
+static int flash_fwd(const zn_op *op, float **scratch, size_t *len)
+{
+    const zn_dtype dt = op->u.flash.dt;
+    const int64_t T = op->u.flash.seq, nh = op->u.flash.nh, nkv = op->u.flash.nkv;
+    const int64_t hd = op->u.flash.hd, g = nh / nkv, ld = op->u.flash.ld, ldo = op->u.flash.ldo;
+    const float scale = op->u.flash.scale;
+    if (grow(scratch, len, (size_t)(3 * T * hd + FL_BQ * FL_BC + FL_BQ * hd + 2 * FL_BQ)))
+        return -ENOMEM;
+    float *K = *scratch, *V = K + T * hd, *Q = V + T * hd, *S = Q + T * hd;
+    float *O = S + FL_BQ * FL_BC, *m = O + FL_BQ * hd, *l = m + FL_BQ;
+    for (int64_t b = 0; b < op->u.flash.batch; b++) {
+        const void *x = cadv(op->u.flash.qkv, dt, b * T * ld);
+        void *out = adv(op->u.flash.out, dt, b * T * ldo);
+        const int32_t *ks = op->u.flash.key_start ? op->u.flash.key_start + b * T : NULL;
+        for (int64_t j = 0; j < nkv; j++) {
+            fl_widen(x, dt, ld, nh * hd + j * hd, T, hd, K);
+            fl_widen(x, dt, ld, (nh + nkv) * hd + j * hd, T, hd, V);
+            for (int64_t h = j * g; h < (j + 1) * g; h++) {
+                float *lse = op->u.flash.lse + (b * nh + h) * T;
+                fl_widen(x, dt, ld, h * hd, T, hd, Q);
+                for (int64_t q0 = 0; q0 < T; q0 += FL_BQ) {
+                    int64_t qn = T - q0 < FL_BQ ? T - q0 : FL_BQ, kend = q0 + qn;
+                    for (int64_t r = 0; r < qn; r++) {
+                        m[r] = -INFINITY;
+                        l[r] = 0.0f;
+                    }
+                    memset(O, 0, (size_t)(qn * hd) * sizeof(float));
+                    for (int64_t k0 = fl_first_tile(ks, q0, qn); k0 < kend; k0 += FL_BC) {
+                        int64_t kn = kend - k0 < FL_BC ? kend - k0 : FL_BC;
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)qn, (int)kn,
+                                    (int)hd, scale, Q + q0 * hd, (int)hd, K + k0 * hd, (int)hd,
+                                    0.0f, S, FL_BC);
+                        for (int64_t r = 0; r < qn; r++) {
+                            int64_t t = q0 + r, lo = fl_lo(ks, t);
+                            float *sr = S + r * FL_BC, mx = -INFINITY;
+                            for (int64_t u = 0; u < kn; u++) {
+                                int64_t k = k0 + u;
+                                if (k < lo || k > t)
+                                    sr[u] = -INFINITY;
+                                mx = sr[u] > mx ? sr[u] : mx;
+                            }
+                            float mn = mx > m[r] ? mx : m[r];
+                            float alpha = 1.0f, sum = 0.0f;
+                            if (mn == -INFINITY) {
+                                for (int64_t u = 0; u < kn; u++)
+                                    sr[u] = 0.0f;
+                            } else {
+                                alpha = expf(m[r] - mn);
+                                for (int64_t u = 0; u < kn; u++) {
+                                    float p = sr[u] == -INFINITY ? 0.0f : expf(sr[u] - mn);
+                                    sum += p;
+                                    sr[u] = rnd_dt(p, dt);
+                                }
+                            }
+                            l[r] = l[r] * alpha + sum;
+                            m[r] = mn;
+                            for (int64_t c = 0; c < hd; c++)
+                                O[r * hd + c] *= alpha;
+                        }
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qn, (int)hd,
+                                    (int)kn, 1.0f, S, FL_BC, V + k0 * hd, (int)hd, 1.0f, O,
+                                    (int)hd);
+                    }
+                    for (int64_t r = 0; r < qn; r++) {
+                        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+                        for (int64_t c = 0; c < hd; c++)
+                            stf(out, dt, (q0 + r) * ldo + h * hd + c, O[r * hd + c] * inv);
+                        lse[q0 + r] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+                    }
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+static int flash_bwd(const zn_op *op, float **scratch, size_t *len)
+{
+    const zn_dtype dt = op->u.flash.dt;
+    const int64_t T = op->u.flash.seq, nh = op->u.flash.nh, nkv = op->u.flash.nkv;
+    const int64_t hd = op->u.flash.hd, g = nh / nkv, ld = op->u.flash.ld;
+    const int64_t ldo = op->u.flash.ldo, ldd = op->u.flash.ldd;
+    const float scale = op->u.flash.scale;
+    const size_t th = (size_t)(T * hd);
+    if (grow(scratch, len, 7 * th + 3 * FL_BQ * FL_BC))
+        return -ENOMEM;
+    float *K = *scratch, *V = K + th, *Q = V + th, *dO = Q + th, *dQ = dO + th, *dK = dQ + th;
+    float *dV = dK + th, *P = dV + th, *Pb = P + FL_BQ * FL_BC, *dS = Pb + FL_BQ * FL_BC;
+    for (int64_t b = 0; b < op->u.flash.batch; b++) {
+        const void *x = cadv(op->u.flash.qkv, dt, b * T * ld);
+        const void *o = cadv(op->u.flash.out, dt, b * T * ldo);
+        const void *dout = cadv(op->u.flash.dout, dt, b * T * ldo);
+        void *dx = adv(op->u.flash.dqkv, dt, b * T * ldd);
+        const int32_t *ks = op->u.flash.key_start ? op->u.flash.key_start + b * T : NULL;
+        for (int64_t j = 0; j < nkv; j++) {
+            fl_widen(x, dt, ld, nh * hd + j * hd, T, hd, K);
+            fl_widen(x, dt, ld, (nh + nkv) * hd + j * hd, T, hd, V);
+            memset(dK, 0, th * sizeof(float));
+            memset(dV, 0, th * sizeof(float));
+            for (int64_t h = j * g; h < (j + 1) * g; h++) {
+                const float *lse = op->u.flash.lse + (b * nh + h) * T;
+                float *D = op->u.flash.delta + (b * nh + h) * T;
+                fl_widen(x, dt, ld, h * hd, T, hd, Q);
+                fl_widen(dout, dt, ldo, h * hd, T, hd, dO);
+                for (int64_t t = 0; t < T; t++) {
+                    float sum = 0.0f;
+                    for (int64_t c = 0; c < hd; c++)
+                        sum += dO[t * hd + c] * ldf(o, dt, t * ldo + h * hd + c);
+                    D[t] = sum;
+                }
+                memset(dQ, 0, th * sizeof(float));
+                for (int64_t q0 = 0; q0 < T; q0 += FL_BQ) {
+                    int64_t qn = T - q0 < FL_BQ ? T - q0 : FL_BQ, kend = q0 + qn;
+                    for (int64_t k0 = fl_first_tile(ks, q0, qn); k0 < kend; k0 += FL_BC) {
+                        int64_t kn = kend - k0 < FL_BC ? kend - k0 : FL_BC;
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)qn, (int)kn,
+                                    (int)hd, scale, Q + q0 * hd, (int)hd, K + k0 * hd, (int)hd,
+                                    0.0f, P, FL_BC);
+                        for (int64_t r = 0; r < qn; r++) {
+                            int64_t t = q0 + r, lo = fl_lo(ks, t);
+                            for (int64_t u = 0; u < kn; u++) {
+                                int64_t k = k0 + u;
+                                float p = k < lo || k > t ? 0.0f
+                                                          : expf(P[r * FL_BC + u] - lse[t]);
+                                P[r * FL_BC + u] = p;
+                                Pb[r * FL_BC + u] = rnd_dt(p, dt);
+                            }
+                        }
+                        /* dV += P^T dO */
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kn, (int)hd,
+                                    (int)qn, 1.0f, Pb, FL_BC, dO + q0 * hd, (int)hd, 1.0f,
+                                    dV + k0 * hd, (int)hd);
+                        /* dP = dO V^T, then dS = scale P (dP - D) */
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)qn, (int)kn,
+                                    (int)hd, 1.0f, dO + q0 * hd, (int)hd, V + k0 * hd, (int)hd,
+                                    0.0f, dS, FL_BC);
+                        for (int64_t r = 0; r < qn; r++)
+                            for (int64_t u = 0; u < kn; u++) {
+                                float *e = dS + r * FL_BC + u;
+                                *e = rnd_dt(P[r * FL_BC + u] * (*e - D[q0 + r]) * scale, dt);
+                            }
+                        /* dQ += dS K; dK += dS^T Q */
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qn, (int)hd,
+                                    (int)kn, 1.0f, dS, FL_BC, K + k0 * hd, (int)hd, 1.0f,
+                                    dQ + q0 * hd, (int)hd);
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kn, (int)hd,
+                                    (int)qn, 1.0f, dS, FL_BC, Q + q0 * hd, (int)hd, 1.0f,
+                                    dK + k0 * hd, (int)hd);
+                    }
+                }
+                fl_store(dQ, T, hd, dx, dt, ldd, h * hd);
+            }
+            fl_store(dK, T, hd, dx, dt, ldd, nh * hd + j * hd);
+            fl_store(dV, T, hd, dx, dt, ldd, (nh + nkv) * hd + j * hd);
+        }
+    }
+    return 0;
+}
+
 static inline float sigm(float g)
 {
     return 1.0f / (1.0f + expf(-g));
@@ -526,6 +736,8 @@ int zn_host_run_op(const zn_op *op, float **scratch, size_t *scratch_len)
     case ZN_OPK_DROPOUT: dropout(op); return 0;
     case ZN_OPK_ADAM: return adam(op);
     case ZN_OPK_NORM_CHUNKS: norm_chunks(op); return 0;
+    case ZN_OPK_FLASH_FWD: return flash_fwd(op, scratch, scratch_len);
+    case ZN_OPK_FLASH_BWD: return flash_bwd(op, scratch, scratch_len);
     default:
         return zn_set_error(ZN_EINTERNAL, "host kernels: op kind %d is not a kernel",
                             (int)op->kind);
