@@ -1,5 +1,6 @@
 /* The decoder against PyTorch on CUDA: the same fixtures as test_model_ref,
- * in bf16 (fp32 accumulation) within 2e-2 and in fp32 within 1e-4 (cuBLAS
+ * in bf16 (fp32 accumulation; the fused attention, bf16's default, and the
+ * GEMM one) within 2e-2 and in fp32 within 1e-4 (cuBLAS
  * may reorder sums); packed documents against one at a time
  * (test_model_packed.h). Skips (77) without a GPU. */
 #include "test_model_ref.h"
@@ -34,6 +35,28 @@ int main(void)
         pk_attn_block = 5;
         packed_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-4);
         pk_attn_block = 0;
+        /* bf16 above ran the fused attention (the default); the GEMM one
+         * too, and the fused one refusing f32 by name */
+        ref_attention = ZN_ATTN_GEMM;
+        ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 1, 2e-2, 2e-2, &r, NULL, NULL);
+        ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 2e-2, 2e-2, &r, NULL, NULL);
+        pk_attention = ZN_ATTN_GEMM;
+        packed_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 2e-2);
+        pk_attention = ZN_ATTN_AUTO;
+        ref_attention = ZN_ATTN_AUTO;
+    }
+    {
+        zn_model_dims d;
+        if (zn_model_dims_from_hf(&d, zt_fixture("tiny-llama")))
+            ZT_SETUP_FAIL("tiny-llama: %s", zn_last_error());
+        zn_model_config mc = zn_model_config_default(dev);
+        mc.dtype = ZN_DTYPE_F32;
+        mc.attention = ZN_ATTN_FUSED;
+        zn_model *m = NULL;
+        int crc = zn_model_create(&m, dev, &d, &mc);
+        ZT_CHECK_MSG(crc == ZN_ECONFIG && strstr(zn_last_error(), "bf16"),
+                     "fused f32 attention on CUDA: rc %d (%s)", crc, zn_last_error());
+        zn_model_destroy(m);
     }
     /* the vocabulary in row parts == whole blocks (the embedding's rows
      * kernels, the head's running log-sum-exp across calls) */

@@ -3,7 +3,8 @@
  * gives each document's logits, the loss and the gradients of running them
  * one at a time (tests/test_model_packed.h); fp32 within 1e-5, with and
  * without activation checkpointing, on tiny Llama (GQA, llama3 RoPE) and
- * tiny Qwen2 (q/k/v bias, tied), and bf16 storage within 2e-2. And a
+ * tiny Qwen2 (q/k/v bias, tied), and bf16 storage within 2e-2; with the
+ * fused attention and the GEMM one. And a
  * vocabulary in row parts computes what whole blocks do (parts_run). */
 #include "test_model_packed.h"
 
@@ -28,6 +29,16 @@ int main(void)
         packed_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 2e-2);
     }
     pk_attn_block = 0;
+    /* the fused attention's key starts (bf16 above ran it by default) in
+     * fp32, and the GEMM attention in bf16 */
+    for (int f = 0; f < 2; f++) {
+        pk_attention = ZN_ATTN_FUSED;
+        packed_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-5);
+        packed_run(dev, fixtures[f], ZN_DTYPE_F32, 0, 1e-5);
+        pk_attention = ZN_ATTN_GEMM;
+        packed_run(dev, fixtures[f], ZN_DTYPE_BF16, 1, 2e-2);
+        pk_attention = ZN_ATTN_AUTO;
+    }
     parts_run(dev, ZN_DTYPE_F32, 1e-6);
     parts_run(dev, ZN_DTYPE_BF16, 1e-6);
     zn_dev_destroy(dev);

@@ -25,6 +25,8 @@ enum { PK_B = 2, PK_T = 24, PK_N = PK_B * PK_T, MAX_PK_TENSORS = 32 };
 /* Attention query rows per block (0: one block of 24); 5 cuts every
  * sequence into blocks that start inside documents (and one partial). */
 static int64_t pk_attn_block;
+/* zn_model_config.attention (ZN_ATTN_AUTO: fused for bf16). */
+static int pk_attention;
 
 /* All gradients of the state, concatenated (malloc'd, *n elements). */
 static float *pk_grads(zn_dev *dev, zn_model_state *st, const zn_model_dims *d, size_t *n)
@@ -75,6 +77,7 @@ static void packed_run(zn_dev *dev, const char *name, zn_dtype dt, int checkpoin
     cfg.max_seq = PK_T;
     cfg.checkpoint = checkpoint;
     cfg.attn_block = pk_attn_block;
+    cfg.attention = pk_attention;
     zn_model *m;
     zn_model_state *st;
     if (zn_model_create(&m, dev, &d, &cfg) || zn_model_state_create(&st, m, 1) ||

@@ -3,7 +3,9 @@
  * embeddings, ignored targets). fp32: loss and logits within 1e-5, every
  * gradient norm within 1e-4 of the float64 reference; the same with
  * activation checkpointing off gives bit-identical gradients; bf16 storage
- * (the CUDA precision recipe, emulated) within 2e-2. */
+ * (the CUDA precision recipe, emulated) within 2e-2, with the fused
+ * attention (bf16's default) and with the GEMM one; the fused attention in
+ * fp32 within the fp32 tolerances. */
 #include "test_model_ref.h"
 
 int main(void)
@@ -36,6 +38,23 @@ int main(void)
         ref_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-5, 1e-4, &r4, &g4, &n4);
         ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 2e-2, 2e-2, &r3, NULL, NULL);
         ref_attn_block = 0;
+        /* the fused attention (the C reference of the CUDA kernels) in fp32:
+         * the same tolerances, and checkpointing on or off bit-identical
+         * (the saved log-sum-exp against the recomputed one) */
+        ref_attention = ZN_ATTN_FUSED;
+        float *g5 = NULL, *g6 = NULL;
+        size_t n5 = 0, n6 = 0;
+        ref_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-5, 1e-4, &r4, &g5, &n5);
+        ref_run(dev, fixtures[f], ZN_DTYPE_F32, 0, 1e-5, 1e-4, &r4, &g6, &n6);
+        ZT_CHECK_MSG(n5 == n6 && g5 && g6 && !memcmp(g5, g6, n5 * 4),
+                     "%s: fused attention: gradients with and without checkpointing differ",
+                     fixtures[f]);
+        /* bf16 runs fused by default: the GEMM attention in bf16 too */
+        ref_attention = ZN_ATTN_GEMM;
+        ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 1, 2e-2, 2e-2, &r3, NULL, NULL);
+        ref_attention = ZN_ATTN_AUTO;
+        free(g5);
+        free(g6);
         free(g1);
         free(g2);
         free(g4);

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <jansson.h>
 
@@ -31,6 +32,8 @@ typedef struct {
  * one block at these lengths); tests set it to cut the sequences into
  * several blocks, the last one partial. */
 static int64_t ref_attn_block;
+/* zn_model_config.attention for the runs (ZN_ATTN_AUTO: fused for bf16). */
+static int ref_attention;
 
 static void ref_run(zn_dev *dev, const char *name, zn_dtype dt, int checkpoint, double tol_lv,
                     double tol_g, ref_result *res, float **grads_out, size_t *ngrads_out)
@@ -58,6 +61,7 @@ static void ref_run(zn_dev *dev, const char *name, zn_dtype dt, int checkpoint, 
     cfg.checkpoint = checkpoint;
     cfg.xent_chunk = 96; /* several chunks, the last one partial (320 = 3 x 96 + 32) */
     cfg.attn_block = ref_attn_block;
+    cfg.attention = ref_attention;
     zn_model *m;
     zn_model_state *st;
     rc = zn_model_create(&m, dev, &d, &cfg);

@@ -212,6 +212,13 @@ typedef struct zn_stream zn_stream;
 
 typedef struct zn_model zn_model;
 
+/* How attention is computed. FUSED: zn_dev_flash_attn_* (flash-attention
+ * style tiles, no score matrix in the workspace; on CUDA bf16 only, head_dim
+ * <= ZN_FLASH_MAX_HEAD_DIM). GEMM: batched GEMMs and a softmax kernel over
+ * heads x attn_block x seq scores. AUTO (0, the default): FUSED for bf16
+ * with head_dim <= ZN_FLASH_MAX_HEAD_DIM, else GEMM. */
+enum { ZN_ATTN_AUTO = 0, ZN_ATTN_GEMM = 1, ZN_ATTN_FUSED = 2 };
+
 typedef struct {
     zn_dtype dtype;     /* parameters and activations: ZN_DTYPE_F32 or BF16.
                            Default: BF16 on a CUDA device, F32 on host. */
@@ -224,7 +231,11 @@ typedef struct {
                            queries meets only the keys up to its last (the
                            causal mask skips the rest) and the scores held
                            are heads x attn_block x seq; 0 (default) = 512 */
+    int attention;      /* ZN_ATTN_AUTO (default), ZN_ATTN_GEMM, ZN_ATTN_FUSED */
 } zn_model_config;
+
+/* Whether a model of these dims and config runs the fused attention. */
+ZN_API int zn_model_attention_fused(const zn_model_dims *d, const zn_model_config *cfg);
 
 /* Defaults for device `dev` (which picks the dtype); dev may be NULL (F32). */
 ZN_API zn_model_config zn_model_config_default(const zn_dev *dev);

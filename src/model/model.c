@@ -40,6 +40,7 @@ typedef struct {
     void *gate;    /* [N][I] */
     void *up;      /* [N][I] */
     void *act;     /* [N][I]   silu(gate) * up */
+    float *lse;    /* fused attention: [B][nh][T] log-sum-exp of each query's scores */
 } layer_acts;
 
 struct zn_model {
@@ -51,6 +52,7 @@ struct zn_model {
     int64_t H, qd, kvd, I, V, nh, nkv, hd, g, qkv_ld;
     int64_t max_n, max_t, chunk;
     int64_t qb;         /* attention query rows per block (attn_rows) */
+    int fused;          /* fused attention (zn_dev_flash_attn_*), else GEMMs + softmax */
 
     void *mem;          /* the one arena block everything below lives in */
     uint64_t mem_bytes;
@@ -71,6 +73,7 @@ struct zn_model {
     void *d_attn;       /* [N][qd] */
     void *dqkv;         /* [N][qkv_ld] */
     float *dkv32;       /* GQA, 16-bit: [T][2 kvd] one sequence's dK | dV summed in fp32 */
+    float *fdelta;      /* fused attention backward: [B][nh][T] rowsum(dO * O) */
     void *lu, *ldu;     /* LoRA: [N][r] A x and its gradient (cfg.dtype) */
     void *lxd;          /* LoRA dropout: [N][max in] the dropped input (cfg.dtype) */
     float *ltmp;        /* LoRA dropout: [N][max in] du A before its mask (fp32) */
@@ -106,7 +109,7 @@ static void *carve(carver *c, uint64_t bytes)
 }
 
 static void carve_acts(carver *c, layer_acts *a, int64_t N, int64_t H, int64_t qkv_ld,
-                       int64_t qd, int64_t I, size_t esz)
+                       int64_t qd, int64_t I, size_t esz, int64_t n_lse)
 {
     a->h1 = carve(c, (uint64_t)(N * H) * esz);
     a->rstd1 = carve(c, (uint64_t)N * 4);
@@ -118,6 +121,13 @@ static void carve_acts(carver *c, layer_acts *a, int64_t N, int64_t H, int64_t q
     a->gate = carve(c, (uint64_t)(N * I) * esz);
     a->up = carve(c, (uint64_t)(N * I) * esz);
     a->act = carve(c, (uint64_t)(N * I) * esz);
+    a->lse = n_lse ? carve(c, (uint64_t)n_lse * 4) : NULL;
+}
+
+/* Floats of the fused attention's per-query statistics (lse, delta). */
+static int64_t lse_floats(const zn_model *m)
+{
+    return m->fused ? m->max_n * m->nh : 0;
 }
 
 static int64_t default_chunk(int64_t V, int64_t N)
@@ -167,24 +177,32 @@ static void layout(zn_model *m, unsigned char *base)
     m->logits = carve(&c, (uint64_t)(N * m->chunk) * 4);
     m->dlogits = f32 ? (void *)m->logits : carve(&c, (uint64_t)(N * m->chunk) * esz);
 
-    carve_acts(&c, &m->w, N, H, m->qkv_ld, m->qd, m->I, esz);
-    uint64_t sq = (uint64_t)(m->nh * (m->qb < T ? m->qb : T) * T);
-    m->SS = carve(&c, sq * 4);
-    if (f32) {
-        m->P = m->SS;
-        m->dP = carve(&c, sq * 4);
-        m->dS = m->dP;
+    carve_acts(&c, &m->w, N, H, m->qkv_ld, m->qd, m->I, esz, lse_floats(m));
+    if (m->fused) {
+        /* no score matrices: the kernels keep their tiles to themselves */
+        m->SS = m->dP = NULL;
+        m->P = m->dS = NULL;
+        m->fdelta = carve(&c, (uint64_t)lse_floats(m) * 4);
     } else {
-        m->P = carve(&c, sq * esz);
-        m->dP = m->SS;
-        m->dS = carve(&c, sq * esz);
+        uint64_t sq = (uint64_t)(m->nh * (m->qb < T ? m->qb : T) * T);
+        m->SS = carve(&c, sq * 4);
+        if (f32) {
+            m->P = m->SS;
+            m->dP = carve(&c, sq * 4);
+            m->dS = m->dP;
+        } else {
+            m->P = carve(&c, sq * esz);
+            m->dP = m->SS;
+            m->dS = carve(&c, sq * esz);
+        }
     }
     m->dh = carve(&c, (uint64_t)(N * H) * 4);
     m->dxm32 = carve(&c, (uint64_t)(N * H) * 4);
     m->dxm = f32 ? (void *)m->dxm32 : carve(&c, (uint64_t)(N * H) * esz);
     m->d_attn = carve(&c, (uint64_t)(N * m->qd) * esz);
     m->dqkv = carve(&c, (uint64_t)(N * m->qkv_ld) * esz);
-    m->dkv32 = m->g > 1 && !f32 ? carve(&c, (uint64_t)(T * 2 * m->kvd) * 4) : NULL;
+    m->dkv32 = m->g > 1 && !f32 && !m->fused ? carve(&c, (uint64_t)(T * 2 * m->kvd) * 4)
+                                             : NULL;
     if (m->d.lora.r > 0) {
         m->lu = carve(&c, (uint64_t)(N * m->d.lora.r) * esz);
         m->ldu = carve(&c, (uint64_t)(N * m->d.lora.r) * esz);
@@ -219,6 +237,7 @@ static void set_shapes(zn_model *m, const zn_model_dims *d, const zn_model_confi
     m->chunk = cfg->xent_chunk > 0 ? (cfg->xent_chunk < d->vocab ? cfg->xent_chunk : d->vocab)
                                    : default_chunk(d->vocab, m->max_n);
     m->qb = cfg->attn_block > 0 ? cfg->attn_block : 512;
+    m->fused = zn_model_attention_fused(d, cfg);
 }
 
 zn_model_config zn_model_config_default(const zn_dev *dev)
@@ -246,6 +265,27 @@ static int check_config(const zn_model_config *cfg)
         return zn_set_error(ZN_ECONFIG, "model: xent_chunk must be >= 0");
     if (cfg->attn_block < 0)
         return zn_set_error(ZN_ECONFIG, "model: attn_block must be >= 0");
+    if (cfg->attention != ZN_ATTN_AUTO && cfg->attention != ZN_ATTN_GEMM &&
+        cfg->attention != ZN_ATTN_FUSED)
+        return zn_set_error(ZN_ECONFIG, "model: attention %d (auto 0, gemm 1 or fused 2)",
+                            cfg->attention);
+    return 0;
+}
+
+int zn_model_attention_fused(const zn_model_dims *d, const zn_model_config *cfg)
+{
+    if (cfg->attention == ZN_ATTN_FUSED)
+        return 1;
+    return cfg->attention == ZN_ATTN_AUTO && cfg->dtype == ZN_DTYPE_BF16 &&
+           d->head_dim <= ZN_FLASH_MAX_HEAD_DIM;
+}
+
+static int check_attention(const zn_model_dims *d, const zn_model_config *cfg)
+{
+    if (cfg->attention == ZN_ATTN_FUSED && d->head_dim > ZN_FLASH_MAX_HEAD_DIM)
+        return zn_set_error(ZN_ECONFIG, "model: fused attention takes head_dim up to %d, this "
+                            "model has %lld (use the GEMM attention)", ZN_FLASH_MAX_HEAD_DIM,
+                            (long long)d->head_dim);
     return 0;
 }
 
@@ -253,7 +293,7 @@ uint64_t zn_model_workspace_bytes(const zn_model_dims *d, const zn_model_config 
 {
     zn_model m;
     memset(&m, 0, sizeof m);
-    if (zn_model_dims_validate(d) || check_config(cfg))
+    if (zn_model_dims_validate(d) || check_config(cfg) || check_attention(d, cfg))
         return 0;
     set_shapes(&m, d, cfg);
     layout(&m, NULL);
@@ -265,8 +305,14 @@ int zn_model_create(zn_model **out, zn_dev *dev, const zn_model_dims *d,
 {
     int rc;
     *out = NULL;
-    if ((rc = zn_model_dims_validate(d)) || (rc = check_config(cfg)))
+    if ((rc = zn_model_dims_validate(d)) || (rc = check_config(cfg)) ||
+        (rc = check_attention(d, cfg)))
         return rc;
+    if (zn_model_attention_fused(d, cfg) && cfg->dtype != ZN_DTYPE_BF16 &&
+        zn_dev_get_kind(dev) == ZN_DEV_CUDA)
+        return zn_set_error(ZN_ECONFIG, "model: the fused attention runs on bf16 tensor cores "
+                            "on CUDA; with dtype %s use the GEMM attention",
+                            zn_dtype_name(cfg->dtype));
     if (d->max_pos < cfg->max_seq)
         zn_warn("model: max_seq %lld is beyond max_position_embeddings %lld",
                 (long long)cfg->max_seq, (long long)d->max_pos);
@@ -566,7 +612,7 @@ uint64_t zn_model_layer_saved_bytes(const zn_model *m)
 {
     carver c = { NULL, 0 };
     layer_acts a;
-    carve_acts(&c, &a, m->max_n, m->H, m->qkv_ld, m->qd, m->I, m->esz);
+    carve_acts(&c, &a, m->max_n, m->H, m->qkv_ld, m->qd, m->I, m->esz, lse_floats(m));
     return c.off;
 }
 
@@ -680,8 +726,27 @@ static int attn_probs(zn_model *m, zn_stream *s, const layer_acts *a, int64_t b,
                                      q0, ks ? ks + q0 : NULL, 1.0f / sqrtf((float)hd));
 }
 
+/* The fused kernels take every sequence of the batch in one call; key
+ * starts only when documents are packed. */
+static int attn_fwd_fused(zn_model *m, zn_stream *s, const layer_acts *a)
+{
+    return zn_dev_flash_attn_fwd(m->dev, s, a->qkv, m->dt, m->qkv_ld, m->B, m->T, m->nh, m->nkv,
+                                 m->hd, m->packed ? m->kstart : NULL, 1.0f / sqrtf((float)m->hd),
+                                 a->attn, m->qd, a->lse);
+}
+
+static int attn_bwd_fused(zn_model *m, zn_stream *s, const layer_acts *a)
+{
+    return zn_dev_flash_attn_bwd(m->dev, s, a->qkv, m->dt, m->qkv_ld, m->B, m->T, m->nh, m->nkv,
+                                 m->hd, m->packed ? m->kstart : NULL, 1.0f / sqrtf((float)m->hd),
+                                 a->attn, m->d_attn, m->qd, a->lse, m->fdelta, m->dqkv,
+                                 m->qkv_ld);
+}
+
 static int attn_fwd(zn_model *m, zn_stream *s, const layer_acts *a)
 {
+    if (m->fused)
+        return attn_fwd_fused(m, s, a);
     int64_t T = m->T, ld = m->qkv_ld, hd = m->hd, g = m->g, QB = attn_rows(m);
     size_t e = m->esz;
     for (int64_t b = 0; b < m->B; b++)
@@ -706,6 +771,8 @@ static int attn_fwd(zn_model *m, zn_stream *s, const layer_acts *a)
  * shorter ones add. */
 static int attn_bwd(zn_model *m, zn_stream *s, const layer_acts *a)
 {
+    if (m->fused)
+        return attn_bwd_fused(m, s, a);
     int64_t T = m->T, ld = m->qkv_ld, hd = m->hd, g = m->g, qd = m->qd, kvd = m->kvd;
     int64_t QB = attn_rows(m), nblk = (T + QB - 1) / QB;
     size_t e = m->esz;
@@ -933,7 +1000,7 @@ int zn_model_layer_fwd(zn_model *m, zn_stream *s, int layer, void *const *params
     layer_acts a = m->w;
     if (saved) {
         carver c = { saved, 0 };
-        carve_acts(&c, &a, m->max_n, m->H, m->qkv_ld, m->qd, m->I, m->esz);
+        carve_acts(&c, &a, m->max_n, m->H, m->qkv_ld, m->qd, m->I, m->esz, lse_floats(m));
     }
     TRY(layer_fwd_core(m, s, layer, params, x_in, &a));
     /* x_out = x_mid + act Wd^T */
@@ -954,7 +1021,7 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
     layer_acts a = m->w;
     if (saved) {
         carver c = { (unsigned char *)saved, 0 };
-        carve_acts(&c, &a, m->max_n, H, ld, qd, I, e);
+        carve_acts(&c, &a, m->max_n, H, ld, qd, I, e, lse_floats(m));
     } else {
         TRY(layer_fwd_core(m, s, layer, params, x_in, &a)); /* activation checkpointing */
     }
