@@ -103,9 +103,12 @@ fi
 step "bench pcie" 300 "$zinc" bench pcie --device cuda
 step "bench model (Qwen2.5-0.5B shape, bf16, seq 1024)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
     --device cuda --batch 1 --seq 1024 --iters 3
-# a long sequence: the attention in query blocks of 512 (8 here) dominates
-step "bench model (Qwen2.5-0.5B shape, bf16, seq 4096)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
-    --device cuda --batch 1 --seq 4096 --iters 3
+# a long sequence, where attention weighs most: the fused kernels (bf16's
+# default) against the GEMM attention in query blocks of 512
+step "bench model (Qwen2.5-0.5B shape, bf16, seq 4096, fused attention)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
+    --device cuda --batch 1 --seq 4096 --iters 3 --attention fused
+step "bench model (Qwen2.5-0.5B shape, bf16, seq 4096, GEMM attention)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
+    --device cuda --batch 1 --seq 4096 --iters 3 --attention gemm
 P=zero_optimization.offload_param
 O=zero_optimization.offload_optimizer
 swap="$log/swap"

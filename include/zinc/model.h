@@ -194,10 +194,11 @@ ZN_API double zn_model_flops(const zn_model_dims *d, int block, int64_t batch, i
  * Memory (N = batch x seq tokens, per model, allocated once from the device
  * arena at zn_model_create; zn_model_workspace_bytes says how much):
  *   layer workspace  N x (3H + 4(qd + 2kvd) + 2qd + 3I) activations + 2 N H
- *                    fp32 grads + n_heads x qb x seq x (4 + 2 x dtype) bytes
- *                    of attention scores/probabilities, qb = min(seq,
- *                    attn_block) query rows at a time of ONE sequence (not
- *                    O(batch x heads x seq^2)),
+ *                    fp32 grads, and for attention either (fused) 2 x N x
+ *                    n_heads fp32 statistics, or (GEMM) n_heads x qb x seq
+ *                    x (4 + 2 x dtype) bytes of scores/probabilities, qb =
+ *                    min(seq, attn_block) query rows at a time of ONE
+ *                    sequence (not O(batch x heads x seq^2)),
  *   head             N x chunk x (4 + dtype) logits of one vocabulary chunk
  *                    (the full N x vocab logits never exist) + N x H,
  *   where H = hidden, qd = n_heads x head_dim, kvd = n_kv_heads x head_dim,

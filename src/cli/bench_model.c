@@ -24,12 +24,15 @@ static void usage(FILE *f)
             "usage: zinc bench model [--config FILE [--set KEY=VALUE]... | --model DIR]\n"
             "                        [--batch B] [--seq T] [--device D] [--dtype f32|bf16]\n"
             "                        [--iters N] [--no-checkpoint] [--gpu-mem SIZE] [--csv FILE]\n"
+            "                        [--attention auto|fused|gemm]\n"
             "  --config   a zinc/DeepSpeed config: model section (or model.path), micro batch,\n"
             "             data.seq_len, train.device\n"
             "  --model    a Hugging Face folder (config.json) instead of a config\n"
             "  --batch, --seq, --device, --dtype   override the config (defaults 1, 512,\n"
             "             auto, bf16 on CUDA / f32 on host)\n"
             "  --iters    timed repetitions after one warm-up (default 5; best is reported)\n"
+            "  --attention  fused (flash-style kernels), gemm (batched GEMMs + softmax) or\n"
+            "             auto (default: fused for bf16 with head_dim <= 128)\n"
             "  --csv      append one line per row to FILE (header when new)\n");
 }
 
@@ -41,7 +44,7 @@ typedef struct {
 int zn_bench_model(int argc, char **argv)
 {
     const char *config = NULL, *model_dir = NULL, *device = NULL, *dtype = NULL, *csv = NULL;
-    const char *gpu_mem = NULL;
+    const char *gpu_mem = NULL, *attention = NULL;
     const char *sets[64];
     int n_sets = 0, iters = 5, checkpoint = 1, rc;
     int64_t batch = 0, seq = 0;
@@ -54,6 +57,7 @@ int zn_bench_model(int argc, char **argv)
         { "device", required_argument, 0, 'D' }, { "dtype", required_argument, 0, 't' },
         { "iters", required_argument, 0, 'i' },  { "csv", required_argument, 0, 'o' },
         { "gpu-mem", required_argument, 0, 'g' }, { "no-checkpoint", no_argument, 0, 'n' },
+        { "attention", required_argument, 0, 'a' },
         { "help", no_argument, 0, 'h' },         { 0, 0, 0, 0 },
     };
     optind = 1;
@@ -69,12 +73,26 @@ int zn_bench_model(int argc, char **argv)
         case 'o': csv = optarg; break;
         case 'g': gpu_mem = optarg; break;
         case 'n': checkpoint = 0; break;
+        case 'a': attention = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
     if ((!config == !model_dir) || optind < argc || iters < 1 || batch < 0 || seq < 0) {
         usage(stderr);
+        return 2;
+    }
+    if (dtype && strcmp(dtype, "bf16") && strcmp(dtype, "f32")) {
+        fprintf(stderr, "zinc: bench model: --dtype %s (f32 or bf16)\n", dtype);
+        return 2;
+    }
+    int attn = ZN_ATTN_AUTO;
+    if (attention && !strcmp(attention, "fused"))
+        attn = ZN_ATTN_FUSED;
+    else if (attention && !strcmp(attention, "gemm"))
+        attn = ZN_ATTN_GEMM;
+    else if (attention && strcmp(attention, "auto")) {
+        fprintf(stderr, "zinc: bench model: --attention %s (auto, fused or gemm)\n", attention);
         return 2;
     }
 
@@ -123,6 +141,7 @@ int zn_bench_model(int argc, char **argv)
     mc.max_batch = batch;
     mc.max_seq = seq;
     mc.checkpoint = checkpoint;
+    mc.attention = attn;
     zn_model_dims one = d; /* one layer: all layers have the same shapes */
     one.n_layers = 1;
     if ((rc = zn_model_create(&m, dev, &one, &mc)) || (rc = zn_model_state_create(&st, m, 1)) ||
@@ -284,9 +303,10 @@ int zn_bench_model(int argc, char **argv)
            (long long)d.head_dim, (long long)d.intermediate, (long long)d.vocab,
            d.tie_embeddings ? " tied" : "", (double)zn_model_param_count(&d) / 1e9);
     printf("# batch %lld x seq %lld = %lld tokens, %s, activation checkpointing %s, "
-           "xent chunk of the vocab; best of %d after 1 warm-up\n",
+           "%s attention, xent chunk of the vocab; best of %d after 1 warm-up\n",
            (long long)batch, (long long)seq, (long long)N, zn_dtype_name(mc.dtype),
-           checkpoint ? "on" : "off", iters);
+           checkpoint ? "on" : "off", zn_model_attention_fused(&d, &mc) ? "fused" : "GEMM",
+           iters);
     printf("# model TF/s: 6 x params x tokens + causal attention 6 B T^2 qd, recompute not "
            "counted; hw TF/s counts the recompute (and the head's logits recompute)\n");
     printf("# GEMM peak: %lld^3 %s, best of %d: %.2f TFLOP/s; model step = layers x (fwd + bwd) "
