@@ -8,6 +8,50 @@
  * fp32 within the fp32 tolerances. */
 #include "test_model_ref.h"
 
+/* Which attention a config gets, and what each costs in the workspace. */
+static void attention_choice(zn_dev *dev)
+{
+    zn_model_dims d;
+    if (zn_model_dims_from_hf(&d, zt_fixture("tiny-llama")))
+        ZT_SETUP_FAIL("tiny-llama: %s", zn_last_error());
+    zn_model_config c = zn_model_config_default(NULL);
+    c.max_seq = 256;
+    c.attn_block = 64;
+    c.dtype = ZN_DTYPE_F32;
+    ZT_CHECK(!zn_model_attention_fused(&d, &c));
+    c.dtype = ZN_DTYPE_BF16;
+    ZT_CHECK(zn_model_attention_fused(&d, &c));
+    uint64_t fused = zn_model_workspace_bytes(&d, &c);
+    c.attention = ZN_ATTN_GEMM;
+    ZT_CHECK(!zn_model_attention_fused(&d, &c));
+    uint64_t gemm = zn_model_workspace_bytes(&d, &c);
+    /* the GEMM attention holds heads x attn_block x seq x (4 + 2 + 2) B of
+     * scores (and GQA's fp32 dK/dV sums); the fused one 2 x tokens x heads
+     * fp32 statistics */
+    uint64_t scores = (uint64_t)(d.n_heads * 64 * 256) * 8;
+    ZT_CHECK_MSG(fused > 0 && gemm > fused + scores - 2 * 256 * d.n_heads * 4 - 4096,
+                 "workspace fused %llu, gemm %llu, scores %llu", (unsigned long long)fused,
+                 (unsigned long long)gemm, (unsigned long long)scores);
+    c.attention = ZN_ATTN_FUSED;
+    c.dtype = ZN_DTYPE_F32;
+    ZT_CHECK(zn_model_attention_fused(&d, &c));
+    c.attention = 7;
+    ZT_CHECK(zn_model_workspace_bytes(&d, &c) == 0);
+    /* head_dim beyond the kernels: AUTO falls back, FUSED is refused */
+    zn_model_dims wide = d;
+    wide.head_dim = 2 * ZN_FLASH_MAX_HEAD_DIM;
+    c.attention = ZN_ATTN_AUTO;
+    c.dtype = ZN_DTYPE_BF16;
+    ZT_CHECK(!zn_model_attention_fused(&wide, &c));
+    c.attention = ZN_ATTN_FUSED;
+    zn_model *m = NULL;
+    int rc = zn_model_create(&m, dev, &wide, &c);
+    ZT_CHECK_MSG(rc == ZN_ECONFIG && strstr(zn_last_error(), "head_dim"),
+                 "fused attention, head_dim %lld: rc %d (%s)", (long long)wide.head_dim, rc,
+                 zn_last_error());
+    zn_model_destroy(m);
+}
+
 int main(void)
 {
     zn_dev_config dc = zn_dev_config_default();
@@ -59,6 +103,7 @@ int main(void)
         free(g2);
         free(g4);
     }
+    attention_choice(dev);
     zn_dev_destroy(dev);
     return zt_done();
 }

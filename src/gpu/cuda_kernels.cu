@@ -543,6 +543,9 @@ cudaError_t colsum(cudaStream_t st, const void *dy, int dydt, int64_t ld, const 
 // __syncwarp between its steps; __syncthreads guards the shared K/V (or
 // Q/dO) tiles. Leading dimensions are padded (+8 bf16, +4 fp32) against
 // bank conflicts and keep every fragment pointer 32-byte aligned.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "the fused attention needs bf16 tensor cores (sm_80 or later): set -Dgpu_arch"
+#endif
 using namespace nvcuda;
 
 constexpr int kFlBC = 32;      // keys (or queries) per tile: one per lane
