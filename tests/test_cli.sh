@@ -41,6 +41,10 @@ expect 1 "cpu tier needs .*offload_optimizer.device=nvme needs" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --set tiers.cpu=64GiB
 expect 1 "offload_parm: unknown key \(did you mean 'offload_param'\?\)" -- \
     plan "$src/examples/tiny.json" --set zero_optimization.offload_parm.device=cpu
+expect 1 "train.attention: 'flash' is not one of auto[|]gemm[|]fused" -- \
+    plan "$src/examples/tiny.json" --set train.attention=\"flash\"
+expect 1 "fused attention takes head_dim up to 128" -- \
+    plan "$src/examples/tiny.json" --set train.attention=\"fused\" --set model.head_dim=256
 expect 1 "cannot open config" -- plan "$tmp/missing.json"
 printf '{\n "train_batch_size": 4,\n "zero_optimization": {"stage": 3,}\n}\n' > "$tmp/bad.json"
 expect 1 "bad.json:3:" -- plan "$tmp/bad.json"

@@ -151,6 +151,7 @@ static int run(const char *dir, const reference *ref, const char **sets, int nse
                                     0.02, 1)) ||
         (rc = zn_train_llama_load(l, base, summary, sizeof summary)))
         goto out;
+    zn_train_llama_set_attention(l, cfg.train.attention);
     if (lora) {
         zn_train_llama_set_lora_seed(l, cfg.lora.seed); /* the dropout masks' stream */
         snprintf(ad, sizeof ad, "%s/adapter-init", dir);
@@ -535,6 +536,34 @@ static void fixture(const char *name)
         if (!on_gpu)
             ZT_CHECK_MSG(ro[p].P == ro[0].P && !memcmp(ro[p].master, ro[0].master, ro[0].P * 4),
                          "%s: %s final master differs", name, place[p].label);
+    }
+    /* the fused attention (the default in bf16; here its C reference in
+     * fp32) trains to torch's losses, norms and weights within the same
+     * bounds (not bit-identical: its sums run in another order) */
+    if (!on_gpu) {
+        static const char *fs[] = { "zero_optimization.offload_param.device=\"cpu\"",
+                                    "zero_optimization.offload_optimizer.device=\"cpu\"",
+                                    "train.attention=\"fused\"" };
+        run_out fo;
+        memset(&fo, 0, sizeof fo);
+        int rc = run(dir, &ref, fs, 3, &fo);
+        ZT_CHECK_MSG(rc == 0, "%s, fused attention: %s", name, zn_last_error());
+        double worst = 0;
+        for (int s = 0; !rc && s < ref.steps; s++) {
+            double rl = fabs(fo.loss[s] - ref.loss[s]) / fabs(ref.loss[s]);
+            double rn = fabs(fo.norm[s] - ref.norm[s]) / fabs(ref.norm[s]);
+            worst = rl > worst ? rl : worst;
+            ZT_CHECK_MSG(rl <= tl && rn <= tn, "%s, fused attention, step %d: loss %.9f "
+                         "(torch %.9f), grad norm %.9f (torch %.9f)", name, s + 1, fo.loss[s],
+                         ref.loss[s], fo.norm[s], ref.norm[s]);
+        }
+        if (!rc) {
+            printf("%s: fused attention: losses within %.1e of torch's\n", name, worst);
+            snprintf(what, sizeof what, "%s after %d steps, fused attention", name, ref.steps);
+            compare_master(what, &d, fo.master, w1, tw);
+        }
+        free(fo.master0);
+        free(fo.master);
     }
     /* an untied embedding's gradient leaves the device as the rows of the
      * micro-batch's tokens only (one rank, gradients in RAM); with

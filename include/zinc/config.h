@@ -198,6 +198,7 @@ typedef struct {
     int64_t eval_batches;    /* global batches per evaluation (0: the whole file) */
     int grad_transfer;       /* gradients' dtype device -> host: 0 auto (the params'
                                 dtype), 1 fp32, 2 bf16 */
+    int attention;           /* 0 auto, 1 gemm, 2 fused (zn_model_config.attention) */
     zn_config_checkpoint checkpoint;
     /* zinc's training defaults, named and valued as the HF Trainer's
      * TrainingArguments: what "auto" and a missing optimizer / scheduler

@@ -241,7 +241,12 @@ ZN_API int zn_model_attention_fused(const zn_model_dims *d, const zn_model_confi
 /* Defaults for device `dev` (which picks the dtype); dev may be NULL (F32). */
 ZN_API zn_model_config zn_model_config_default(const zn_dev *dev);
 
-/* Device bytes zn_model_create allocates for these dims and config. */
+/* The checks of zn_model_create that need no device: 0 or ZN_ECONFIG with
+ * what is wrong. */
+ZN_API int zn_model_config_check(const zn_model_dims *d, const zn_model_config *cfg);
+
+/* Device bytes zn_model_create allocates for these dims and config (0 when
+ * zn_model_config_check refuses them). */
 ZN_API uint64_t zn_model_workspace_bytes(const zn_model_dims *d, const zn_model_config *cfg);
 
 /* Creates the compute object: validates dims, allocates the workspace from

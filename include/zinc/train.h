@@ -198,6 +198,9 @@ ZN_API int zn_train_llama_load_adapter(zn_train_llama *l, const char *dir, char 
                                        size_t summary_len);
 /* LoRA: the seed of PEFT's initial lora_A values (default 0). */
 ZN_API void zn_train_llama_set_lora_seed(zn_train_llama *l, uint64_t seed);
+/* The attention the model runs (ZN_ATTN_AUTO, default; GEMM; FUSED: see
+ * zn_model_config.attention); the plan and the run both take it. */
+ZN_API void zn_train_llama_set_attention(zn_train_llama *l, int attention);
 /* Bytes of tensor data read from the checkpoint so far (for `zinc bench
  * load` and the load report); *total (may be NULL) receives the bytes of
  * every tensor the model takes from it. With ZeRO stage 3 across N ranks a

@@ -153,6 +153,7 @@ int zn_cmd_plan(int argc, char **argv)
     rc = zn_train_llama_create(&ll, &d, cfg.train_micro_batch_size_per_gpu, cfg.data.seq_len,
                                cfg.model.init_std, cfg.model.seed);
     if (!rc) {
+        zn_train_llama_set_attention(ll, cfg.train.attention);
         zn_train_options to = zn_train_options_default();
         to.cfg = &cfg;
         to.model = zn_train_llama_model(ll);

@@ -295,6 +295,7 @@ int zn_cli_train_session_open(zn_cli_train_session *ts, zn_config *cfg, int flag
     if ((rc = zn_train_llama_create(&ts->llama, &d, B, T, cfg->model.init_std, cfg->model.seed)) ||
         (rc = choose_weights(ts, cfg, flags)))
         goto out;
+    zn_train_llama_set_attention(ts->llama, cfg->train.attention);
     zn_train_options o = zn_train_options_default();
     o.cfg = cfg;
     o.model = zn_train_llama_model(ts->llama);

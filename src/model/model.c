@@ -289,6 +289,15 @@ static int check_attention(const zn_model_dims *d, const zn_model_config *cfg)
     return 0;
 }
 
+int zn_model_config_check(const zn_model_dims *d, const zn_model_config *cfg)
+{
+    int rc;
+    if ((rc = zn_model_dims_validate(d)) || (rc = check_config(cfg)) ||
+        (rc = check_attention(d, cfg)))
+        return rc;
+    return 0;
+}
+
 uint64_t zn_model_workspace_bytes(const zn_model_dims *d, const zn_model_config *cfg)
 {
     zn_model m;

@@ -34,6 +34,7 @@ typedef struct {
 } block_layout;
 
 struct zn_train_llama {
+    int attention;          /* zn_model_config.attention */
     zn_model_dims d;
     int64_t batch, seq;
     double init_std;
@@ -181,6 +182,7 @@ static int ll_prepare(void *ctx, zn_dev *d, zn_stream *s, zn_dtype dt)
     mc.max_batch = l->batch;
     mc.max_seq = l->seq;
     mc.checkpoint = 1;
+    mc.attention = l->attention;
     int rc = zn_model_create(&l->m, d, &l->d, &mc);
     if (rc)
         return rc;
@@ -208,9 +210,12 @@ static int ll_plan_prepare(void *ctx, zn_dtype dt, uint64_t *device_bytes, size_
     mc.max_batch = l->batch;
     mc.max_seq = l->seq;
     mc.checkpoint = 1;
+    mc.attention = l->attention;
     uint64_t ws = zn_model_workspace_bytes(&l->d, &mc);
-    if (!ws)
-        return zn_set_error(ZN_ECONFIG, "model: no workspace for these dims and batch");
+    if (!ws) {
+        int rc = zn_model_config_check(&l->d, &mc); /* names what is wrong */
+        return rc ? rc : zn_set_error(ZN_ECONFIG, "model: no workspace for these dims and batch");
+    }
     uint64_t a = ZN_DEV_ALIGN;
     *device_bytes = (ws + a - 1) / a * a;
     if (l->d.tie_embeddings && l->d.lora.r == 0)
@@ -463,6 +468,11 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
     m->bind_block0 = ll_bind_block0;
     *out = l;
     return 0;
+}
+
+void zn_train_llama_set_attention(zn_train_llama *l, int attention)
+{
+    l->attention = attention;
 }
 
 const zn_train_model *zn_train_llama_model(zn_train_llama *l)
