@@ -41,6 +41,9 @@ expect 1 "cpu tier needs .*offload_optimizer.device=nvme needs" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --set tiers.cpu=64GiB
 expect 1 "offload_parm: unknown key \(did you mean 'offload_param'\?\)" -- \
     plan "$src/examples/tiny.json" --set zero_optimization.offload_parm.device=cpu
+expect 0 "attention +fused .*\\[auto\\]" -- plan "$src/examples/a10-qwen2.5-7b.json"
+expect 0 "attention +GEMM .*\\[train.attention\\]" -- \
+    plan "$src/examples/a10-qwen2.5-7b.json" --set train.attention=\"gemm\"
 expect 1 "train.attention: 'flash' is not one of auto[|]gemm[|]fused" -- \
     plan "$src/examples/tiny.json" --set train.attention=\"flash\"
 expect 1 "fused attention takes head_dim up to 128" -- \

@@ -191,6 +191,15 @@ int zn_cmd_plan(int argc, char **argv)
     printf("  batch        micro %lld x seq %lld, accumulation %lld, world %d (global %lld)\n",
            (long long)cfg.train_micro_batch_size_per_gpu, (long long)cfg.data.seq_len,
            (long long)cfg.gradient_accumulation_steps, world, (long long)cfg.train_batch_size);
+    {
+        zn_model_config mc = zn_model_config_default(NULL);
+        mc.dtype = cfg.bf16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+        mc.attention = cfg.train.attention;
+        int fused = zn_model_attention_fused(&d, &mc);
+        printf("  attention    %s%s\n", fused ? "fused (score tiles stay in the kernel)"
+                                              : "GEMM (scores of 512 queries at a time)",
+               cfg.train.attention ? " [train.attention]" : " [auto]");
+    }
     printf("  offload      params -> %s, optimizer -> %s, ZeRO stage %d, %s\n",
            zn_offload_device_name(cfg.zero.offload_param.device),
            zn_offload_device_name(cfg.zero.offload_optimizer.device), cfg.zero.stage,
