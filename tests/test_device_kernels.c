@@ -1023,6 +1023,13 @@ static void test_flash(zn_dtype dt)
     /* no GQA, a short sequence, head_dim 6 */
     fl_ctx c3 = { 3, 9, 3, 3, 6, 54, 18, 54, NULL };
     test_flash_case(dt, c3, 37);
+    /* the shapes that train: head_dim 128 (Llama, Qwen2.5 7B/14B; the
+     * kernels' largest shared-memory footprint) with 4 heads per kv head,
+     * and head_dim 64 (Qwen2.5-0.5B) */
+    fl_ctx c4 = { 1, 200, 4, 1, 128, 6 * 128, 4 * 128, 6 * 128, NULL };
+    test_flash_case(dt, c4, 41);
+    fl_ctx c5 = { 2, 100, 2, 2, 64, 6 * 64, 2 * 64, 6 * 64, NULL };
+    test_flash_case(dt, c5, 43);
 }
 
 static int run_backend(const char *name)
