@@ -601,6 +601,31 @@ __device__ void fl_load(uint16_t *sm, int lds, const uint16_t *g, int64_t ld, in
     }
 }
 
+// K and V rows [k0, k0 + rows) of kv head j.
+__device__ void fl_load_kv(uint16_t *sK, uint16_t *sV, int lds, const uint16_t *x, const FlArgs &a,
+                           int64_t j, int64_t k0, int rows, int hdp)
+{
+    fl_load(sK, lds, x, a.ld, (a.nh + j) * a.hd, k0, rows, a.T, (int)a.hd, hdp);
+    fl_load(sV, lds, x, a.ld, (a.nh + a.nkv + j) * a.hd, k0, rows, a.T, (int)a.hd, hdp);
+}
+
+// Whether query t sees key k (both within the sequence).
+__device__ __forceinline__ bool fl_sees(const int32_t *ks, int64_t T, int64_t t, int64_t k)
+{
+    return t < T && k <= t && k >= fl_lo(ks, t);
+}
+
+// The first key tile queries [q0, qend) see (the same for every thread).
+__device__ int64_t fl_first_key(const int32_t *ks, int64_t q0, int64_t qend)
+{
+    int64_t lo = q0;
+    for (int64_t t = q0; t < qend; t++) {
+        int64_t l = fl_lo(ks, t);
+        lo = l < lo ? l : lo;
+    }
+    return lo / kFlBC * kFlBC;
+}
+
 // acc(16 x 16) = A(16 x kdim) B(kdim x 16), B read transposed from rows
 // (B^T row-major = B column-major): Q K^T and dO V^T.
 __device__ __forceinline__ void fl_mm_nt(FlAcc &acc, const uint16_t *a, int lda,
@@ -666,15 +691,9 @@ __global__ void __launch_bounds__(128) k_flash_fwd(FlArgs a, int hdp)
         sM[threadIdx.x] = -INFINITY;
         sL[threadIdx.x] = 0.0f;
     }
-    int64_t lo = q0;
-    for (int64_t t = q0; t < qend; t++) {
-        int64_t l = fl_lo(ks, t);
-        lo = l < lo ? l : lo;
-    }
-    for (int64_t k0 = lo / kFlBC * kFlBC; k0 < qend; k0 += kFlBC) {
+    for (int64_t k0 = fl_first_key(ks, q0, qend); k0 < qend; k0 += kFlBC) {
         __syncthreads();
-        fl_load(sK, LQ, x, a.ld, (a.nh + j) * hd, k0, kFlBC, T, (int)hd, hdp);
-        fl_load(sV, LQ, x, a.ld, (a.nh + a.nkv + j) * hd, k0, kFlBC, T, (int)hd, hdp);
+        fl_load_kv(sK, sV, LQ, x, a, j, k0, kFlBC, hdp);
         __syncthreads();
         for (int n = 0; n < kFlBC; n += 16) {
             FlAcc acc;
@@ -684,7 +703,7 @@ __global__ void __launch_bounds__(128) k_flash_fwd(FlArgs a, int hdp)
         __syncwarp();
         for (int r = w0; r < w0 + 16; r++) {
             int64_t t = q0 + r, k = k0 + lane;
-            bool ok = t < T && k <= t && k >= fl_lo(ks, t < T ? t : 0);
+            bool ok = fl_sees(ks, T, t, k);
             float sv = ok ? sS[r * LS + lane] * a.scale : -INFINITY;
             float mo = sM[r], mn = fmaxf(mo, warp_max(sv)), p = 0.0f, alpha = 1.0f;
             if (mn != -INFINITY) {
@@ -771,8 +790,7 @@ __global__ void __launch_bounds__(64) k_flash_bwd_kv(FlArgs a, int hdp)
     const uint16_t *x = a.qkv + b * T * a.ld, *dout = a.dout + b * T * a.ldo;
     const int32_t *ks = a.ks ? a.ks + b * T : nullptr;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w0 = warp * 16;
-    fl_load(sK, LQ, x, a.ld, (a.nh + j) * hd, k0, R, T, (int)hd, hdp);
-    fl_load(sV, LQ, x, a.ld, (a.nh + a.nkv + j) * hd, k0, R, T, (int)hd, hdp);
+    fl_load_kv(sK, sV, LQ, x, a, j, k0, R, hdp);
     for (int i = threadIdx.x; i < R * LO; i += blockDim.x) {
         sdK[i] = 0.0f;
         sdV[i] = 0.0f;
@@ -804,7 +822,7 @@ __global__ void __launch_bounds__(64) k_flash_bwd_kv(FlArgs a, int hdp)
             __syncwarp();
             for (int r = w0; r < w0 + 16; r++) {
                 int64_t k = k0 + r, t = q0 + lane;
-                bool ok = t < T && k < T && k <= t && k >= fl_lo(ks, t < T ? t : 0);
+                bool ok = fl_sees(ks, T, t, k);
                 float p = ok ? expf(sST[r * LS + lane] * a.scale - sLse[lane]) : 0.0f;
                 sPT[r * LP + lane] = f2bf(p);
                 sdST[r * LP + lane] = f2bf(p * (sdPT[r * LS + lane] - sD[lane]) * a.scale);
@@ -862,15 +880,9 @@ __global__ void __launch_bounds__(64) k_flash_bwd_q(FlArgs a, int hdp)
         sLse[threadIdx.x] = t < T ? a.lse[(b * a.nh + h) * T + t] : 0.0f;
         sD[threadIdx.x] = t < T ? a.delta[(b * a.nh + h) * T + t] : 0.0f;
     }
-    int64_t lo = q0;
-    for (int64_t t = q0; t < qend; t++) {
-        int64_t l = fl_lo(ks, t);
-        lo = l < lo ? l : lo;
-    }
-    for (int64_t k0 = lo / kFlBC * kFlBC; k0 < qend; k0 += kFlBC) {
+    for (int64_t k0 = fl_first_key(ks, q0, qend); k0 < qend; k0 += kFlBC) {
         __syncthreads();
-        fl_load(sK, LQ, x, a.ld, (a.nh + j) * hd, k0, kFlBC, T, (int)hd, hdp);
-        fl_load(sV, LQ, x, a.ld, (a.nh + a.nkv + j) * hd, k0, kFlBC, T, (int)hd, hdp);
+        fl_load_kv(sK, sV, LQ, x, a, j, k0, kFlBC, hdp);
         __syncthreads();
         for (int n = 0; n < kFlBC; n += 16) {
             FlAcc acc;
@@ -882,7 +894,7 @@ __global__ void __launch_bounds__(64) k_flash_bwd_q(FlArgs a, int hdp)
         __syncwarp();
         for (int r = w0; r < w0 + 16; r++) {
             int64_t t = q0 + r, k = k0 + lane;
-            bool ok = t < T && k <= t && k >= fl_lo(ks, t < T ? t : 0);
+            bool ok = fl_sees(ks, T, t, k);
             float p = ok ? expf(sS[r * LS + lane] * a.scale - sLse[r]) : 0.0f;
             sdS[r * LP + lane] = f2bf(p * (sdP[r * LS + lane] - sD[r]) * a.scale);
         }

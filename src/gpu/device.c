@@ -1107,10 +1107,10 @@ static int flash(zn_dev *d, zn_stream *s, zn_op *op, int bwd)
     return submit(d, s, op);
 }
 
-int zn_dev_flash_attn_fwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt, int64_t ld,
-                          int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
-                          int64_t head_dim, const int32_t *key_start, float scale, void *out,
-                          int64_t ldo, float *lse)
+/* The fields both directions share. */
+static zn_op flash_op(const void *qkv, zn_dtype dt, int64_t ld, int64_t batch, int64_t seq,
+                      int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                      const int32_t *key_start, float scale)
 {
     zn_op op = { .kind = ZN_OPK_FLASH_FWD };
     op.u.flash.qkv = qkv;
@@ -1123,6 +1123,15 @@ int zn_dev_flash_attn_fwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt,
     op.u.flash.hd = head_dim;
     op.u.flash.key_start = key_start;
     op.u.flash.scale = scale;
+    return op;
+}
+
+int zn_dev_flash_attn_fwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt, int64_t ld,
+                          int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
+                          int64_t head_dim, const int32_t *key_start, float scale, void *out,
+                          int64_t ldo, float *lse)
+{
+    zn_op op = flash_op(qkv, dt, ld, batch, seq, n_heads, n_kv_heads, head_dim, key_start, scale);
     op.u.flash.out = out;
     op.u.flash.ldo = ldo;
     op.u.flash.lse = lse;
@@ -1135,17 +1144,7 @@ int zn_dev_flash_attn_bwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt,
                           const void *out, const void *dout, int64_t ldo, const float *lse,
                           float *delta, void *dqkv, int64_t ldd)
 {
-    zn_op op = { .kind = ZN_OPK_FLASH_BWD };
-    op.u.flash.qkv = qkv;
-    op.u.flash.dt = dt;
-    op.u.flash.ld = ld;
-    op.u.flash.batch = batch;
-    op.u.flash.seq = seq;
-    op.u.flash.nh = n_heads;
-    op.u.flash.nkv = n_kv_heads;
-    op.u.flash.hd = head_dim;
-    op.u.flash.key_start = key_start;
-    op.u.flash.scale = scale;
+    zn_op op = flash_op(qkv, dt, ld, batch, seq, n_heads, n_kv_heads, head_dim, key_start, scale);
     op.u.flash.out = (void *)out;
     op.u.flash.dout = dout;
     op.u.flash.ldo = ldo;
