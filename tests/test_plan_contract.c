@@ -3,7 +3,8 @@
  * with tied embeddings and one training LoRA adapters with dropout on a
  * frozen base; every placement of params and optimizer; ZeRO stages 1-3;
  * accumulation 1 and 2; param cache on and off; gradients in RAM, on NVMe
- * or split between them; bf16 gradient transfer; the fused attention; buffer counts 4 and 8;
+ * or split between them; bf16 gradient transfer; the fused attention; cpu
+ * checkpointing; buffer counts 4 and 8;
  * sub-groups), zn_train_plan's figure for each tier
  * must hold the run: after two steps on the host backend, every tier's
  * high-water mark is <= the plan and >= 0.9 of it (and 0 where the plan
@@ -226,6 +227,14 @@ int main(void)
     }
     /* the fused attention (bf16's default; here in fp32, its C reference):
      * a smaller model workspace, planned as allocated */
+    /* cpu checkpointing: the group inputs in pinned RAM, a ring of three
+     * on the device */
+    extra_set = "activation_checkpointing.cpu_checkpointing=true";
+    for (size_t s = 0; s < 2; s++) {
+        one(&shapes[s], &places[3], 2, 4, "auto", 4, 100000);
+        one(&shapes[s], &places[6], 2, 4, "nvme", 4, 100000);
+        n += 2;
+    }
     extra_set = "train.attention=\"fused\"";
     for (size_t s = 0; s < 2; s++) {
         one(&shapes[s], &places[3], 2, 4, "auto", 4, 100000);

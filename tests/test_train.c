@@ -396,6 +396,50 @@ int main(void)
         free(all.master), free(sp.master);
     }
 
+    /* cpu checkpointing (activation_checkpointing.cpu_checkpointing): each
+     * group's input (5 here) is saved D2H after its forward and lives in
+     * pinned RAM; the device holds a ring of 3, so the backward loads the
+     * first two back. Bit-identical in every placement, the GPU's plan and
+     * peak lower by the two inputs it no longer holds, and the bytes on
+     * the link exactly the inputs': 5 out and 2 back per micro-batch. */
+    {
+        const char *ck = "activation_checkpointing.cpu_checkpointing=true";
+        const char *cdev[] = { dev[0], dev[1], ck };
+        const char *ccpu[] = { cpu[0], cpu[1], ck };
+        const char *cnvme[] = { nvme[0], nvme[1], nvme[2], nvme[3], ck };
+        run_out c0, c1, c2, f1;
+        ZT_EQ_INT(run("cpu checkpointing, all on the device", cdev, 3, 0, STEPS, &c0), 0);
+        compare("cpu checkpointing, all on the device", &ref, &c0);
+        ZT_EQ_INT(run("cpu checkpointing, params+optimizer on cpu", ccpu, 3, tiny, STEPS, &c1), 0);
+        compare("cpu checkpointing, params+optimizer on cpu", &ref, &c1);
+        check_budgets("cpu checkpointing, params+optimizer on cpu", &c1);
+        ZT_EQ_INT(run("cpu checkpointing, all on nvme", cnvme, 5, tiny, STEPS, &c2), 0);
+        compare("cpu checkpointing, all on nvme", &ref, &c2);
+        check_budgets("cpu checkpointing, all on nvme", &c2);
+        ZT_EQ_INT(run("params+optimizer on cpu", cpu, 2, tiny, STEPS, &f1), 0);
+        uint64_t act = (uint64_t)MB * SEQ * H * 4, nmb = (uint64_t)STEPS * ACC;
+        ZT_CHECK_MSG(c1.rep.d2h_bytes - f1.rep.d2h_bytes == nmb * 5 * act &&
+                         c1.rep.h2d_bytes - f1.rep.h2d_bytes == nmb * 2 * act,
+                     "cpu checkpointing moved %llu B more D2H (want %llu) and %llu B more H2D "
+                     "(want %llu)", (unsigned long long)(c1.rep.d2h_bytes - f1.rep.d2h_bytes),
+                     (unsigned long long)(nmb * 5 * act),
+                     (unsigned long long)(c1.rep.h2d_bytes - f1.rep.h2d_bytes),
+                     (unsigned long long)(nmb * 2 * act));
+        ZT_CHECK_MSG(c1.rep.peak[ZN_TIER_GPU] + 2 * act <= f1.rep.peak[ZN_TIER_GPU] &&
+                         c1.rep.peak[ZN_TIER_CPU] >= f1.rep.peak[ZN_TIER_CPU] + 5 * act,
+                     "cpu checkpointing: gpu peak %llu B (without %llu B), pinned %llu B "
+                     "(without %llu B)", (unsigned long long)c1.rep.peak[ZN_TIER_GPU],
+                     (unsigned long long)f1.rep.peak[ZN_TIER_GPU],
+                     (unsigned long long)c1.rep.peak[ZN_TIER_CPU],
+                     (unsigned long long)f1.rep.peak[ZN_TIER_CPU]);
+        printf("%-60s ok: gpu peak %llu B (without: %llu B), +%llu B D2H, +%llu B H2D\n",
+               "cpu checkpointing", (unsigned long long)c1.rep.peak[ZN_TIER_GPU],
+               (unsigned long long)f1.rep.peak[ZN_TIER_GPU],
+               (unsigned long long)(c1.rep.d2h_bytes - f1.rep.d2h_bytes),
+               (unsigned long long)(c1.rep.h2d_bytes - f1.rep.h2d_bytes));
+        free(c0.master), free(c1.master), free(c2.master), free(f1.master);
+    }
+
     /* bf16 gradient transfer (train.grad_transfer, the default where params
      * are bf16): each block's gradients leave the device as bf16, half the
      * D2H bytes, and are accumulated in fp32 on the host. It rounds each

@@ -45,12 +45,22 @@ if [ "$mode" = fast ]; then
     check "[ $rc -eq 1 ] && grep -q 'tiers.nvme asks 90.00 TiB on the file system of s1 and the other paths on it' bignv.err" \
           "tiers.nvme 60+30 TiB on one file system: $(cat bignv.err)"
     check "[ ! -e s1 ] && [ ! -e s2 ] && [ ! -e zinc-swap ]" "a refused run created swap space"
-    # what the plan offers, the run does: pinned-RAM checkpoints are refused
+    # pinned-RAM checkpoints: planned in the cpu column (the device keeps a
+    # ring of three), and the run trains with them
     "$zinc" plan "$src/examples/tiny.json" --set activation_checkpointing.cpu_checkpointing=true \
-        > /dev/null 2> cpuck.err
+        --detail > cpuck.out 2> cpuck.err
     rc=$?
-    check "[ $rc -eq 1 ] && grep -q 'cpu_checkpointing: true is not implemented' cpuck.err" \
-          "cpu_checkpointing=true: $(cat cpuck.err)"
+    check "[ $rc -eq 0 ] && grep -qE '^activations \(ckpt\) +- +[0-9.]+ [KMG]iB' cpuck.out &&
+           grep -qE '^activation ckpt ring +gpu .* 3 ' cpuck.out" \
+          "cpu_checkpointing=true plan: $(grep -E 'activation|error' cpuck.out cpuck.err)"
+    "$zinc" train "$src/examples/tiny.json" --set activation_checkpointing.cpu_checkpointing=true \
+        --steps 3 > cpuck.out 2> cpuck.err
+    rc=$?
+    "$zinc" train "$src/examples/tiny.json" --steps 3 > gpuck.out 2> gpuck.err
+    l1=$(grep -oE 'step +3/3 +loss +[0-9.]+' cpuck.out)
+    l2=$(grep -oE 'step +3/3 +loss +[0-9.]+' gpuck.out)
+    check "[ $rc -eq 0 ] && [ -n '$l1' ] && [ '$l1' = '$l2' ]" \
+          "cpu_checkpointing=true train: rc $rc, '$l1' vs '$l2' $(tail -3 cpuck.err)"
     # two auto-sized paths on one file system: its free space counted once
     one=$("$zinc" plan "$src/examples/tiny.json" --set 'tiers.nvme=[{"path": "p1"}]' | grep '^budget')
     two=$("$zinc" plan "$src/examples/tiny.json" --set 'tiers.nvme=[{"path": "p1"}, {"path": "p2"}]' | grep '^budget')

@@ -330,6 +330,8 @@ typedef struct {
     char name[ZN_TRACE_NAME_LEN];
 } zn_mark;
 
+#define ZN_CK_RING 3 /* device slots of the cpu-checkpointed activations */
+
 struct zn_trainer {
     zn_config cfg;
     /* dry: the layout and allocation code runs without allocating, recording
@@ -388,8 +390,22 @@ struct zn_trainer {
     zn_event *ev_rs[2];    /* world > 1: the grads' reduce-scatter done */
     zn_event **ev_shard;   /* world > 1: a slot's own shard copied in */
     zn_stream *s_comm;     /* world > 1: collectives (the comm's stream) */
-    void **ckpt;           /* block inputs, [1..L-1] */
+    void **ckpt;           /* block inputs, [1..L-1] (cpu checkpointing: ring slots) */
     void *dact[2];
+    /* activation_checkpointing.cpu_checkpointing: each group's input lives
+     * in pinned RAM (ckhost, by block) and passes through a ring of
+     * ZN_CK_RING device slots (boundary ordinal k in slot k % ZN_CK_RING):
+     * saved D2H on s_act after the forward wrote it, loaded H2D one group
+     * ahead of its backward. ckres: the block whose input a slot holds. */
+    bool ckcpu;
+    void **ckhost;
+    int *ckord;            /* [L] ordinal of a group-first block's input */
+    void *ckring[3];
+    uint64_t ck_bytes;     /* one group input */
+    int ckres[3];
+    bool ck_saving[3], ck_loading[3];
+    zn_event *ev_ckw[3], *ev_cks[3], *ev_ckl[3], *ev_ckc;
+    zn_stream *s_act;
 
     /* host */
     void *pstage[64];      /* NVMe param staging (buffer_count) */

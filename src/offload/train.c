@@ -453,13 +453,29 @@ static int allocate(zn_trainer *tr)
                           &bl->dev_params));
     }
     tr->ckpt = calloc((size_t)tr->L, sizeof *tr->ckpt);
-    if (!tr->ckpt)
+    tr->ckhost = calloc((size_t)tr->L, sizeof *tr->ckhost);
+    tr->ckord = calloc((size_t)tr->L, sizeof *tr->ckord);
+    if (!tr->ckpt || !tr->ckhost || !tr->ckord)
         return zn_set_error(-ENOMEM, "train: out of memory");
-    for (int b = 1; b < tr->L; b++) {
+    tr->ck_bytes = act;
+    if (tr->ckcpu)
+        for (int i = 0; i < ZN_CK_RING; i++) {
+            snprintf(name, sizeof name, "activation ckpt ring %d", i);
+            TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, act, name, &tr->ckring[i]));
+            tr->ckres[i] = -1;
+        }
+    for (int b = 1, k = 0; b < tr->L; b++) {
         if (tr->blocks[b].gfirst != b)
             continue; /* a further part of a layer reads its first part's input */
         snprintf(name, sizeof name, "activation ckpt b%d", b);
-        TRY(alloc_ptr(tr, gpu, ZN_STATE_ACT_CKPT, act, name, &tr->ckpt[b]));
+        tr->ckord[b] = k;
+        if (tr->ckcpu) {
+            TRY(alloc_ptr(tr, ZN_TIER_CPU, ZN_STATE_ACT_CKPT, act, name, &tr->ckhost[b]));
+            tr->ckpt[b] = tr->ckring[k % ZN_CK_RING];
+        } else {
+            TRY(alloc_ptr(tr, gpu, ZN_STATE_ACT_CKPT, act, name, &tr->ckpt[b]));
+        }
+        k++;
     }
     for (int i = 0; i < 2; i++) {
         TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, act, "activation grad", &tr->dact[i]));
@@ -1046,6 +1062,7 @@ static int dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cf
     t->gnvme = t->oopt == ZN_OFFLOAD_NVME && t->plan.grads_tier == ZN_TIER_NVME;
     t->dopt = t->oopt == ZN_OFFLOAD_NONE;
     t->gdt = t->dopt ? ZN_DTYPE_F32 : grad_transfer_dtype(cfg, t->pdt);
+    t->ckcpu = cfg->activation_checkpointing.cpu_checkpointing;
     rc = build_layout(t);
     if (!rc)
         rc = allocate(t);
@@ -1061,6 +1078,8 @@ static int dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cf
     free(t->units);
     free(t->pieces);
     free(t->ckpt);
+    free(t->ckhost);
+    free(t->ckord);
     free(t);
     return rc;
 }
@@ -1198,6 +1217,16 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     tr->gnvme = tr->oopt == ZN_OFFLOAD_NVME && tr->plan.grads_tier == ZN_TIER_NVME;
     tr->dopt = tr->oopt == ZN_OFFLOAD_NONE;
     tr->gdt = tr->dopt ? ZN_DTYPE_F32 : grad_transfer_dtype(cfg, tr->pdt);
+    tr->ckcpu = cfg->activation_checkpointing.cpu_checkpointing;
+    if (tr->ckcpu) {
+        TRY(zn_dev_stream_create(tr->dev, "activations", &tr->s_act));
+        for (int i = 0; i < ZN_CK_RING; i++) {
+            TRY(make_event(tr, &tr->ev_ckw[i]));
+            TRY(make_event(tr, &tr->ev_cks[i]));
+            TRY(make_event(tr, &tr->ev_ckl[i]));
+        }
+        TRY(make_event(tr, &tr->ev_ckc));
+    }
     TRY(build_layout(tr));
     TRY(allocate(tr));
     if (o->model->keep_block0 && o->model->bind_block0)
@@ -1319,6 +1348,14 @@ void zn_train_destroy(zn_trainer *tr)
         zn_dev_stream_destroy(tr->dev, tr->s_h2d);
         zn_dev_stream_destroy(tr->dev, tr->s_d2h);
         zn_dev_stream_destroy(tr->dev, tr->s_oh2d);
+        for (int i = 0; i < ZN_CK_RING; i++) {
+            zn_dev_event_destroy(tr->dev, tr->ev_ckw[i]);
+            zn_dev_event_destroy(tr->dev, tr->ev_cks[i]);
+            zn_dev_event_destroy(tr->dev, tr->ev_ckl[i]);
+        }
+        zn_dev_event_destroy(tr->dev, tr->ev_ckc);
+        if (tr->s_act)
+            zn_dev_stream_destroy(tr->dev, tr->s_act);
         if (tr->comm_attached)
             zn_comm_detach_device(tr->comm);
         zn_tier_fini(&tr->tm);
@@ -1336,6 +1373,8 @@ void zn_train_destroy(zn_trainer *tr)
     free(tr->slot);
     free(tr->slot_block);
     free(tr->ckpt);
+    free(tr->ckhost);
+    free(tr->ckord);
     free(tr->blocks);
     free(tr->units);
     free(tr->pieces);
@@ -1693,6 +1732,94 @@ static int accum_on_device(zn_trainer *tr, int mb, int b, int g, const float *gs
 /* Queues one micro-batch's forward and backward. `fe` is the step's fetch
  * list over ring blocks, *next_fetch the next entry to issue, *use the
  * running use index. */
+/* ---- cpu checkpointing (activation_checkpointing.cpu_checkpointing) ------
+ * Group inputs live in pinned RAM; the device holds ZN_CK_RING of them.
+ * Ordinal k (tr->ckord) uses slot k % ZN_CK_RING: the forward writes input
+ * k + 1 while it reads k, and saves each one D2H on s_act as soon as it is
+ * written; the backward of a group loads the previous group's input H2D on
+ * s_act while it runs. An input still in its slot (the last forward's, the
+ * head's neighbours) is not loaded again. */
+#define CK(x)                  \
+    do {                       \
+        int rc_ = (x);         \
+        if (rc_)               \
+            return rc_;        \
+    } while (0)
+
+static int ck_slot(const zn_trainer *tr, int b)
+{
+    return tr->ckord[b] % ZN_CK_RING;
+}
+
+/* Before a forward writes block b's input (b a group's first block). */
+static int ck_before_write(zn_trainer *tr, int b)
+{
+    if (!tr->ckcpu || b <= 0 || b >= tr->L)
+        return 0;
+    int s = ck_slot(tr, b);
+    if (tr->ck_saving[s]) {   /* the slot's last save has left it */
+        CK(zn_dev_stream_wait_event(tr->dev, tr->s_comp, tr->ev_cks[s]));
+        tr->ck_saving[s] = false;
+    }
+    if (tr->ck_loading[s]) {  /* an unused load (a failed step) has landed */
+        CK(zn_dev_stream_wait_event(tr->dev, tr->s_comp, tr->ev_ckl[s]));
+        tr->ck_loading[s] = false;
+    }
+    tr->ckres[s] = b;
+    return 0;
+}
+
+/* After the forward wrote block b's input: its copy to pinned RAM. */
+static int ck_save(zn_trainer *tr, int b)
+{
+    if (!tr->ckcpu || b <= 0 || b >= tr->L)
+        return 0;
+    int s = ck_slot(tr, b);
+    CK(zn_dev_event_record(tr->dev, tr->ev_ckw[s], tr->s_comp));
+    CK(zn_dev_stream_wait_event(tr->dev, tr->s_act, tr->ev_ckw[s]));
+    CK(zn_dev_copy_d2h(tr->dev, tr->s_act, tr->ckhost[b], tr->ckring[s], tr->ck_bytes));
+    CK(zn_dev_event_record(tr->dev, tr->ev_cks[s], tr->s_act));
+    tr->ck_saving[s] = true;
+    atomic_fetch_add(&tr->tm.d2h, tr->ck_bytes);
+    return 0;
+}
+
+/* Block b's input back into its slot unless the slot still holds it. The
+ * slot's occupant may be read by anything the compute stream has queued. */
+static int ck_load(zn_trainer *tr, int b)
+{
+    if (!tr->ckcpu || b <= 0)
+        return 0;
+    int s = ck_slot(tr, b);
+    if (tr->ckres[s] == b)
+        return 0;
+    CK(zn_dev_event_record(tr->dev, tr->ev_ckc, tr->s_comp));
+    CK(zn_dev_stream_wait_event(tr->dev, tr->s_act, tr->ev_ckc));
+    CK(zn_dev_copy_h2d(tr->dev, tr->s_act, tr->ckring[s], tr->ckhost[b], tr->ck_bytes));
+    CK(zn_dev_event_record(tr->dev, tr->ev_ckl[s], tr->s_act));
+    tr->ck_loading[s] = true;
+    tr->ckres[s] = b;
+    atomic_fetch_add(&tr->tm.h2d, tr->ck_bytes);
+    return 0;
+}
+
+/* Entering the backward of the group of block b (at its last block): its
+ * input on the device, and the previous group's loading behind it. */
+static int ck_enter_backward(zn_trainer *tr, const zn_block *bl)
+{
+    if (!tr->ckcpu || bl->gfirst <= 0)
+        return 0;
+    int s = ck_slot(tr, bl->gfirst);
+    CK(ck_load(tr, bl->gfirst));
+    if (tr->ck_loading[s]) {
+        CK(zn_dev_stream_wait_event(tr->dev, tr->s_comp, tr->ev_ckl[s]));
+        tr->ck_loading[s] = false;
+    }
+    int prev = tr->blocks[bl->gfirst - 1].gfirst;
+    return prev > 0 ? ck_load(tr, prev) : 0;
+}
+#undef CK
+
 static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
                            int *next_fetch, int *use, const int *fetch_of_use,
                            uint64_t *nvme_fetches)
@@ -1722,12 +1849,18 @@ static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
         const void *in = bl->gfirst > 0 ? tr->ckpt[bl->gfirst] : NULL;
         snprintf(name, sizeof name, "%s b%d", bwd ? "bwd" : "fwd", b);
         if (!bwd) {
+            if (b == bl->gfirst && (rc = ck_before_write(tr, bl->glast + 1)))
+                return rc;
             zn_mark *mk = zn_train_mark_begin(tr, tr->s_comp, ZN_RES_COMPUTE, name);
             void *o = bl->glast < L - 1 ? tr->ckpt[bl->glast + 1] : NULL;
             if ((rc = md->forward(md->ctx, tr->s_comp, b, params, in, o)))
                 return zn_error_prefix(rc, "forward of block %d", b);
             zn_train_mark_end(tr, tr->s_comp, mk);
+            if (b == bl->glast && (rc = ck_save(tr, bl->glast + 1)))
+                return rc;
         } else {
+            if (b == bl->glast && (rc = ck_enter_backward(tr, bl)))
+                return rc;
             int g = (L - 1 - b) & 1;
             const void *dout = bl->glast < L - 1 ? tr->dact[(bl->group + 1) & 1] : NULL;
             void *din = bl->gfirst > 0 ? tr->dact[bl->group & 1] : NULL;
@@ -2238,6 +2371,8 @@ int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
                 break;
             }
             snprintf(name, sizeof name, "eval b%d", b);
+            if (b == bl->gfirst && (rc = ck_before_write(tr, bl->glast + 1)))
+                break;
             zn_mark *mk = zn_train_mark_begin(tr, tr->s_comp, ZN_RES_COMPUTE, name);
             if ((rc = md->forward(md->ctx, tr->s_comp, b, params,
                                   bl->gfirst > 0 ? tr->ckpt[bl->gfirst] : NULL,

@@ -1164,13 +1164,6 @@ static int validate(parse_ctx *ctx)
 
     if (c->bf16 && c->fp16.enabled)
         cfg_err(ctx, "bf16.enabled", "bf16.enabled and fp16.enabled are both true; choose one");
-    /* what the plan counts, the run does: checkpoints in pinned RAM are not
-     * implemented, so they are not offered */
-    if (c->activation_checkpointing.cpu_checkpointing)
-        cfg_err(ctx, "activation_checkpointing.cpu_checkpointing", "true is not implemented "
-                "yet: zinc keeps each layer's checkpointed input on the GPU (zinc plan shows "
-                "their size); set it to false");
-
     if (z->offload_param.device != ZN_OFFLOAD_NONE && z->stage != 3)
         cfg_err(ctx, "zero_optimization.offload_param", "needs zero_optimization.stage = 3 "
                 "(it is %d)", z->stage);
