@@ -44,6 +44,11 @@ expect 1 "offload_parm: unknown key \(did you mean 'offload_param'\?\)" -- \
 expect 0 "attention +fused .*\\[auto\\]" -- plan "$src/examples/a10-qwen2.5-7b.json"
 expect 0 "attention +GEMM .*\\[train.attention\\]" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --set train.attention=\"gemm\"
+# the activation_checkpointing section of the public configs that offload
+# checkpoints (partitioned over a model-parallel group of one)
+expect 0 "activations \\(ckpt\\) +- +[0-9.]+ MiB" -- plan "$src/examples/tiny.json" \
+    --set activation_checkpointing.partition_activations=true \
+    --set activation_checkpointing.cpu_checkpointing=true
 expect 1 "train.attention: 'flash' is not one of auto[|]gemm[|]fused" -- \
     plan "$src/examples/tiny.json" --set train.attention=\"flash\"
 expect 1 "fused attention takes head_dim up to 128" -- \

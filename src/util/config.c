@@ -245,7 +245,10 @@ static const key_spec schema[] = {
     { "activation_checkpointing", K_OBJ, 0, 0, 0, NULL, 0, NULL },
     { "activation_checkpointing.cpu_checkpointing", K_BOOL, OFF(activation_checkpointing.cpu_checkpointing), 0, 0, NULL, 0, NULL },
     { "activation_checkpointing.contiguous_memory_optimization", K_BOOL, OFF(activation_checkpointing.contiguous_memory_optimization), 0, 0, NULL, 0, NULL },
-    { "activation_checkpointing.partition_activations", K_FIXED, 0, 0, 0, "false", 0, NULL },
+    { "activation_checkpointing.partition_activations", K_ACCEPT, 0, 0, 0, "bool", 0,
+      "it splits checkpoints over model-parallel ranks; zinc has no model parallelism (a "
+      "group of one), so each rank keeps its own whole, as DeepSpeed does at model-parallel "
+      "size 1" },
     { "activation_checkpointing.synchronize_checkpoint_boundary", K_BOOL, OFF(activation_checkpointing.synchronize_checkpoint_boundary), 0, 0, NULL, 0, NULL },
     { "activation_checkpointing.profile", K_BOOL, OFF(activation_checkpointing.profile), 0, 0, NULL, 0, NULL },
     { "activation_checkpointing.number_checkpoints", K_ACCEPT, 0, 0, 0, "int", 0,
