@@ -1647,7 +1647,7 @@ static int ensure_capacity(zn_trainer *tr, int A)
             return zn_set_error(-ENOMEM, "train: out of memory");
         tr->n_accum_args = need_args;
     }
-    int need_marks = A * tr->L * 6 + 16;
+    int need_marks = A * tr->L * 8 + 16; /* up to 8 per block use (cpu checkpoints: 2) */
     if (tr->n_marks < need_marks) {
         free(tr->marks);
         tr->marks = calloc((size_t)need_marks, sizeof *tr->marks);
@@ -1738,7 +1738,8 @@ static int accum_on_device(zn_trainer *tr, int mb, int b, int g, const float *gs
  * k + 1 while it reads k, and saves each one D2H on s_act as soon as it is
  * written; the backward of a group loads the previous group's input H2D on
  * s_act while it runs. An input still in its slot (the last forward's, the
- * head's neighbours) is not loaded again. */
+ * head's neighbours) is not loaded again. The copies share the link: their
+ * spans go on the H2D / D2H tracks beside the parameters' and gradients'. */
 #define CK(x)                  \
     do {                       \
         int rc_ = (x);         \
@@ -1777,7 +1778,11 @@ static int ck_save(zn_trainer *tr, int b)
     int s = ck_slot(tr, b);
     CK(zn_dev_event_record(tr->dev, tr->ev_ckw[s], tr->s_comp));
     CK(zn_dev_stream_wait_event(tr->dev, tr->s_act, tr->ev_ckw[s]));
+    char name[ZN_TRACE_NAME_LEN];
+    snprintf(name, sizeof name, "ckpt d2h b%d", b);
+    zn_mark *mk = zn_train_mark_begin(tr, tr->s_act, ZN_RES_D2H, name);
     CK(zn_dev_copy_d2h(tr->dev, tr->s_act, tr->ckhost[b], tr->ckring[s], tr->ck_bytes));
+    zn_train_mark_end(tr, tr->s_act, mk);
     CK(zn_dev_event_record(tr->dev, tr->ev_cks[s], tr->s_act));
     tr->ck_saving[s] = true;
     atomic_fetch_add(&tr->tm.d2h, tr->ck_bytes);
@@ -1795,7 +1800,11 @@ static int ck_load(zn_trainer *tr, int b)
         return 0;
     CK(zn_dev_event_record(tr->dev, tr->ev_ckc, tr->s_comp));
     CK(zn_dev_stream_wait_event(tr->dev, tr->s_act, tr->ev_ckc));
+    char name[ZN_TRACE_NAME_LEN];
+    snprintf(name, sizeof name, "ckpt h2d b%d", b);
+    zn_mark *mk = zn_train_mark_begin(tr, tr->s_act, ZN_RES_H2D, name);
     CK(zn_dev_copy_h2d(tr->dev, tr->s_act, tr->ckring[s], tr->ckhost[b], tr->ck_bytes));
+    zn_train_mark_end(tr, tr->s_act, mk);
     CK(zn_dev_event_record(tr->dev, tr->ev_ckl[s], tr->s_act));
     tr->ck_loading[s] = true;
     tr->ckres[s] = b;
