@@ -126,6 +126,10 @@ step "bench train: LoRA, base in pinned RAM, optimizer on the GPU" 300 "$zinc" b
     --set 'lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}'
 step "bench train: params and optimizer in pinned RAM" 300 "$zinc" bench train "${common[@]}" \
     --set "$P.device=\"cpu\"" --set "$O.device=\"cpu\""
+# the layers' checkpoints in pinned RAM too (their own stream, a ring of 3 on the GPU)
+step "bench train: params, optimizer and activation checkpoints in pinned RAM" 300 \
+    "$zinc" bench train "${common[@]}" --set "$P.device=\"cpu\"" --set "$O.device=\"cpu\"" \
+    --set activation_checkpointing.cpu_checkpointing=true
 # the same with fp32 gradients over PCIe (the default above sends bf16)
 step "bench train: params and optimizer in pinned RAM, fp32 gradient transfer" 300 \
     "$zinc" bench train "${common[@]}" --set "$P.device=\"cpu\"" --set "$O.device=\"cpu\"" \
