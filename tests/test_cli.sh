@@ -49,6 +49,12 @@ expect 0 "attention +GEMM .*\\[train.attention\\]" -- \
 expect 0 "activations \\(ckpt\\) +- +[0-9.]+ MiB" -- plan "$src/examples/tiny.json" \
     --set activation_checkpointing.partition_activations=true \
     --set activation_checkpointing.cpu_checkpointing=true
+# 14B at 32k tokens: the checkpoints crowd the parameter slots out of the
+# GPU; the error offers pinned-RAM checkpoints, and with them it fits
+expect 1 "set activation_checkpointing.cpu_checkpointing=true" -- \
+    plan "$src/examples/a10-qwen2.5-14b-nvme.json" --set data.seq_len=32768
+expect 0 "^fits" -- plan "$src/examples/a10-qwen2.5-14b-nvme.json" --set data.seq_len=32768 \
+    --set activation_checkpointing.cpu_checkpointing=true
 expect 1 "train.attention: 'flash' is not one of auto[|]gemm[|]fused" -- \
     plan "$src/examples/tiny.json" --set train.attention=\"flash\"
 expect 1 "fused attention takes head_dim up to 128" -- \

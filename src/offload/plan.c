@@ -138,8 +138,9 @@ static int finish(zn_plan *p, const zn_config *cfg, bool act_ckpt)
                          "%s of parameters off the GPU (needs stage 3)",
                          zn_format_size(p->bytes[ZN_STATE_PARAMS][t], pbs, sizeof pbs));
             else if (p->bytes[ZN_STATE_ACT_CKPT][t] && act_ckpt)
-                snprintf(fix, sizeof fix, "lower train_micro_batch_size_per_gpu or "
-                         "data.seq_len (the checkpointed activations take %s on the GPU)",
+                snprintf(fix, sizeof fix, "activation_checkpointing.cpu_checkpointing=true "
+                         "moves the checkpointed activations (%s) to pinned RAM, the GPU keeps "
+                         "three of them; or lower train_micro_batch_size_per_gpu or data.seq_len",
                          zn_format_size(p->bytes[ZN_STATE_ACT_CKPT][t], ob, sizeof ob));
             else
                 snprintf(fix, sizeof fix, "lower train_micro_batch_size_per_gpu, data.seq_len "

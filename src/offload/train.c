@@ -749,9 +749,11 @@ static int allocate(zn_trainer *tr)
             char b1[32], b2[32];
             return zn_set_error(ZN_EBUDGET, "gpu tier: two parameter slots of %s do not fit "
                                 "(largest free block %s after activations and buffers): raise "
-                                "tiers.gpu or lower train_micro_batch_size_per_gpu",
+                                "tiers.gpu%s or lower train_micro_batch_size_per_gpu",
                                 zn_format_size(slot_bytes, b1, sizeof b1),
-                                zn_format_size(dm.largest_free, b2, sizeof b2));
+                                zn_format_size(dm.largest_free, b2, sizeof b2),
+                                tr->ckcpu ? "" : ", set activation_checkpointing."
+                                "cpu_checkpointing=true (the layers' checkpoints to pinned RAM)");
         }
         tr->nslots = (int)want;
         if (tr->dry) {
