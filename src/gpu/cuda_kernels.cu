@@ -680,7 +680,9 @@ __global__ void __launch_bounds__(128) k_flash_fwd(FlArgs a, int hdp)
     float *sO = (float *)(sP + R * LP);
     float *sM = sO + R * LO, *sL = sM + R, *sA = sL + R;
     const int64_t T = a.T, hd = a.hd, b = blockIdx.z, h = blockIdx.y, j = h / (a.nh / a.nkv);
-    const int64_t q0 = (int64_t)blockIdx.x * R, qend = q0 + R < T ? q0 + R : T;
+    // the last query tiles (the most keys) first: the long blocks start early
+    const int64_t q0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * R;
+    const int64_t qend = q0 + R < T ? q0 + R : T;
     const uint16_t *x = a.qkv + b * T * a.ld;
     const int32_t *ks = a.ks ? a.ks + b * T : nullptr;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w0 = warp * 16;
@@ -867,7 +869,9 @@ __global__ void __launch_bounds__(64) k_flash_bwd_q(FlArgs a, int hdp)
     float *sdQ = (float *)(sdS + R * LP);
     float *sLse = sdQ + R * LO, *sD = sLse + R;
     const int64_t T = a.T, hd = a.hd, b = blockIdx.z, h = blockIdx.y, j = h / (a.nh / a.nkv);
-    const int64_t q0 = (int64_t)blockIdx.x * R, qend = q0 + R < T ? q0 + R : T;
+    // the last query tiles (the most keys) first: the long blocks start early
+    const int64_t q0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * R;
+    const int64_t qend = q0 + R < T ? q0 + R : T;
     const uint16_t *x = a.qkv + b * T * a.ld, *dout = a.dout + b * T * a.ldo;
     const int32_t *ks = a.ks ? a.ks + b * T : nullptr;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w0 = warp * 16;
