@@ -7,7 +7,8 @@
  * and each rank's memory for the training state must be ~1/N of the
  * one-rank figure. Cases: stage 3 with params and optimizer on the CPU, on
  * NVMe, and on the device (sharded in device memory and all-gathered at
- * every use); stage 2 (params replicated, grads and optimizer sharded).
+ * every use); with the activation checkpoints in pinned RAM; stage 2
+ * (params replicated, grads and optimizer sharded).
  * The block sizes are not multiples of the shard alignment, so padding is
  * exercised.
  *
@@ -83,6 +84,10 @@ static const zcase cases[] = {
     { "stage 2, optimizer cpu",
       { "zero_optimization.stage=2", "zero_optimization.offload_param.device=\"none\"",
         "zero_optimization.offload_optimizer.device=\"cpu\"" }, 3, ZN_TIER_CPU, 0 },
+    { "stage 3, params+optimizer cpu, activation checkpoints in pinned RAM",
+      { "zero_optimization.offload_param.device=\"cpu\"",
+        "zero_optimization.offload_optimizer.device=\"cpu\"",
+        "activation_checkpointing.cpu_checkpointing=true" }, 3, ZN_TIER_CPU, 0 },
     { "stage 3, params+optimizer nvme, rank 1's reads slow",
       { "zero_optimization.offload_param.device=\"nvme\"",
         "zero_optimization.offload_optimizer.device=\"nvme\"",
