@@ -708,11 +708,14 @@ int zn_cmd_train(int argc, char **argv)
            rep.param_dtype, zn_offload_device_name(cfg.zero.offload_param.device),
            zn_offload_device_name(cfg.zero.offload_optimizer.device));
     printf("  schedule %d param slots on the device (%d blocks resident), optimizer %d units of "
-           "%llu (%d in flight), %s\n", rep.param_slots, rep.persistent_blocks, rep.opt_units,
-           (unsigned long long)rep.opt_unit, rep.opt_inflight,
+           "%llu (%d in flight), %s; activation checkpoints %s\n", rep.param_slots,
+           rep.persistent_blocks, rep.opt_units, (unsigned long long)rep.opt_unit,
+           rep.opt_inflight,
            cfg.gradient_clipping > 0 || cfg.fp16.enabled
                ? "step after the global norm, under the next forward"
-               : "step overlapped with backward and the next forward");
+               : "step overlapped with backward and the next forward",
+           cfg.activation_checkpointing.cpu_checkpointing
+               ? "in pinned RAM (3 on the device)" : "on the device");
     printf("  budgets  gpu %s, cpu %s, nvme %s  (setup %.2f s)\n",
            zn_format_size(plan->budget[ZN_TIER_GPU], b1, sizeof b1),
            zn_format_size(plan->budget[ZN_TIER_CPU], b2, sizeof b2),
