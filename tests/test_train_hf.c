@@ -446,6 +446,12 @@ static void fixture(const char *name)
         { "cpu", { "zero_optimization.offload_param.device=\"cpu\"",
                    "zero_optimization.offload_optimizer.device=\"cpu\"",
                    "zero_optimization.stage3_param_persistence_threshold=0" } },
+        /* the layers' checkpoints in pinned RAM (a ring of three on the
+         * device, loaded ahead of the backward) */
+        { "cpu, cpu checkpoints", { "zero_optimization.offload_param.device=\"cpu\"",
+                                    "zero_optimization.offload_optimizer.device=\"cpu\"",
+                                    "zero_optimization.stage3_param_persistence_threshold=0",
+                                    "activation_checkpointing.cpu_checkpointing=true" } },
         /* gradients on NVMe too: the dense gradient path (an untied
          * embedding's rows are sparse elsewhere), bit-identical */
         { "nvme", { "zero_optimization.offload_param.device=\"nvme\"",
@@ -456,8 +462,8 @@ static void fixture(const char *name)
                     "zero_optimization.offload_optimizer.buffer_count=8" } },
     };
     /* CUDA runs the optimizer on the CPU only: no all-on-device placement */
-    int np = 4, p0 = on_gpu ? 1 : 0;
-    run_out ro[4];
+    int np = 5, p0 = on_gpu ? 1 : 0;
+    run_out ro[5];
     memset(ro, 0, sizeof ro);
     char ckdir[64];
     snprintf(ckdir, sizeof ckdir, "merge-%s-XXXXXX", name);
