@@ -1731,9 +1731,6 @@ static int accum_on_device(zn_trainer *tr, int mb, int b, int g, const float *gs
     return 0;
 }
 
-/* Queues one micro-batch's forward and backward. `fe` is the step's fetch
- * list over ring blocks, *next_fetch the next entry to issue, *use the
- * running use index. */
 /* ---- cpu checkpointing (activation_checkpointing.cpu_checkpointing) ------
  * Group inputs live in pinned RAM; the device holds ZN_CK_RING of them.
  * Ordinal k (tr->ckord) uses slot k % ZN_CK_RING: the forward writes input
@@ -1831,6 +1828,9 @@ static int ck_enter_backward(zn_trainer *tr, const zn_block *bl)
 }
 #undef CK
 
+/* Queues one micro-batch's forward and backward. `fe` is the step's fetch
+ * list over ring blocks, *next_fetch the next entry to issue, *use the
+ * running use index. */
 static int run_micro_batch(zn_trainer *tr, int mb, const fetch_ent *fe, int nfe,
                            int *next_fetch, int *use, const int *fetch_of_use,
                            uint64_t *nvme_fetches)
