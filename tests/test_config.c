@@ -138,7 +138,15 @@ static void test_bad(void)
     /* DeepSpeed keys zinc does not implement. */
     bad("{\"zero_optimization\": {\"reduce_scatter\": false}}",
         "reduce_scatter is not implemented by zinc; only its default (true) is accepted");
-    bad("{\"zero_optimization\": {\"cpu_offload\": true}}", "offload_optimizer.device");
+    /* DeepSpeed's deprecated cpu_offload spellings against an explicit
+     * modern key that says otherwise */
+    bad("{\"zero_optimization\": {\"stage\": 3, \"cpu_offload\": true, "
+        "\"offload_optimizer\": {\"device\": \"nvme\"}}}",
+        "zero_optimization.cpu_offload: true is DeepSpeed's old spelling of "
+        "zero_optimization.offload_optimizer.device = \"cpu\", and "
+        "zero_optimization.offload_optimizer.device is \"nvme\"");
+    bad("{\"zero_optimization\": {\"stage\": 3, \"cpu_offload_param\": true, "
+        "\"offload_param\": {\"device\": \"none\"}}}", "cpu_offload_param: true is");
     bad("{\"flops_profiler\": {\"enabled\": true}}", "flops_profiler is not implemented by zinc");
     bad("{\"aio\": {\"use_gds\": true}}", "use_gds");
     /* Types and ranges. */
@@ -180,6 +188,38 @@ static void test_bad(void)
     ZT_EQ_INT(zn_config_resolve_batch(&c, 1), ZN_ECONFIG);
     ZT_CONTAINS(zn_last_error(), "train_batch_size (8) != ");
     ZT_EQ_INT(zn_config_resolve_batch(&c, 2), 0);
+}
+
+/* The deprecated spellings DeepSpeed still maps (zero/config.py's
+ * deprecated fields): cpu_offload -> offload_optimizer.device "cpu",
+ * cpu_offload_param -> offload_param.device "cpu",
+ * cpu_offload_use_pin_memory -> both pin_memory. */
+static void test_legacy_offload(void)
+{
+    zn_config c;
+    ZT_EQ_INT(parse(&c, "{\"zero_optimization\": {\"stage\": 2, \"cpu_offload\": true}}"), 0);
+    ZT_EQ_INT(c.zero.offload_optimizer.device, ZN_OFFLOAD_CPU);
+    ZT_EQ_INT(c.zero.offload_param.device, ZN_OFFLOAD_NONE);
+    ZT_EQ_INT(zn_config_get_origin(&c, "zero_optimization.offload_optimizer.device"),
+              ZN_ORIGIN_CONFIG);
+    ZT_EQ_INT(parse(&c, "{\"zero_optimization\": {\"stage\": 3, \"cpu_offload\": true, "
+                        "\"cpu_offload_param\": true, \"cpu_offload_use_pin_memory\": false}}"),
+              0);
+    ZT_EQ_INT(c.zero.offload_optimizer.device, ZN_OFFLOAD_CPU);
+    ZT_EQ_INT(c.zero.offload_param.device, ZN_OFFLOAD_CPU);
+    ZT_CHECK(!c.zero.offload_param.pin_memory && !c.zero.offload_optimizer.pin_memory);
+    /* false changes nothing; the same device said twice is fine */
+    ZT_EQ_INT(parse(&c, "{\"zero_optimization\": {\"stage\": 3, \"cpu_offload\": false}}"), 0);
+    ZT_EQ_INT(c.zero.offload_optimizer.device, ZN_OFFLOAD_NONE);
+    ZT_EQ_INT(parse(&c, "{\"zero_optimization\": {\"stage\": 3, \"cpu_offload\": true, "
+                        "\"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}, "
+                        "\"cpu_offload_use_pin_memory\": false}}"),
+              0);
+    ZT_CHECK(c.zero.offload_optimizer.pin_memory); /* the modern key wins */
+    /* the dump writes the keys they set, not the old spellings */
+    char *dump = zn_config_dump(&c);
+    ZT_CHECK_MSG(dump && !strstr(dump, "cpu_offload"), "dump: %s", dump ? dump : "(null)");
+    free(dump);
 }
 
 static void test_overrides(void)
@@ -363,6 +403,7 @@ int main(void)
     test_defaults();
     test_good();
     test_bad();
+    test_legacy_offload();
     test_overrides();
     test_files();
     test_auto();

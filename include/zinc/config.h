@@ -57,6 +57,10 @@ typedef struct {
     int64_t allgather_bucket_size;              /* elements */
     bool overlap_comm;
     bool contiguous_gradients;
+    /* DeepSpeed's deprecated spellings (cpu_offload, cpu_offload_param,
+     * cpu_offload_use_pin_memory), mapped onto the offload sections when
+     * the config is loaded */
+    bool legacy_cpu_offload, legacy_cpu_offload_param, legacy_pin_memory;
 } zn_config_zero;
 
 typedef struct {

@@ -200,12 +200,11 @@ static const key_spec schema[] = {
     { "zero_optimization.gather_16bit_weights_on_model_save", K_ACCEPT, 0, 0, 0, "bool", 0,
       "zinc export always gathers full 16-bit weights" },
     { "zero_optimization.stage3_model_persistence_threshold", K_UNSUPP, 0, 0, 0, NULL, 0, NULL },
-    { "zero_optimization.cpu_offload", K_UNSUPP, 0, 0, 0, NULL, 0,
-      "deprecated DeepSpeed alias: use zero_optimization.offload_optimizer.device = \"cpu\"" },
-    { "zero_optimization.cpu_offload_param", K_UNSUPP, 0, 0, 0, NULL, 0,
-      "deprecated DeepSpeed alias: use zero_optimization.offload_param.device = \"cpu\"" },
-    { "zero_optimization.cpu_offload_use_pin_memory", K_UNSUPP, 0, 0, 0, NULL, 0,
-      "deprecated DeepSpeed alias: use offload_param.pin_memory / offload_optimizer.pin_memory" },
+    /* DeepSpeed's deprecated spellings, mapped as DeepSpeed maps them
+     * (legacy_offload) */
+    { "zero_optimization.cpu_offload", K_BOOL, OFF(zero.legacy_cpu_offload), 0, 0, NULL, 0, NULL },
+    { "zero_optimization.cpu_offload_param", K_BOOL, OFF(zero.legacy_cpu_offload_param), 0, 0, NULL, 0, NULL },
+    { "zero_optimization.cpu_offload_use_pin_memory", K_BOOL, OFF(zero.legacy_pin_memory), 0, 0, NULL, 0, NULL },
     { "zero_optimization.zenflow", K_UNSUPP, 0, 0, 0, NULL, 0, NULL },
     { "zero_optimization.zeropp_loco_param", K_UNSUPP, 0, 0, 0, NULL, 0, NULL },
 
@@ -1160,10 +1159,58 @@ static int apply_override(parse_ctx *ctx, json_t *root, const char *ov)
 
 /* ---- cross-key checks ---------------------------------------------------- */
 
+static const key_spec *find_key(const char *path);
+static zn_config_origin origin_at(const zn_config *c, const char *path);
+
+/* A deprecated DeepSpeed spelling that says "offload to cpu" (old, when
+ * given true): the modern key `dev_key` becomes "cpu", as DeepSpeed maps it,
+ * unless the config gives that key another device. */
+static void legacy_offload(parse_ctx *ctx, const char *old, bool on, const char *dev_key,
+                           zn_offload_device *dev)
+{
+    zn_config *c = ctx->cfg;
+    zn_config_origin o = origin_at(c, old);
+    if (o == ZN_ORIGIN_DEFAULT || !on)
+        return;
+    if (origin_at(c, dev_key) != ZN_ORIGIN_DEFAULT && *dev != ZN_OFFLOAD_CPU) {
+        cfg_err(ctx, old, "true is DeepSpeed's old spelling of %s = \"cpu\", and %s is \"%s\"; "
+                "keep one of the two", dev_key, dev_key, zn_offload_device_name(*dev));
+        return;
+    }
+    *dev = ZN_OFFLOAD_CPU;
+    c->origin[canon_index(find_key(dev_key))] = (unsigned char)o;
+}
+
+/* cpu_offload_use_pin_memory: the pin_memory of both offload sections,
+ * where the config does not give them. */
+static void legacy_pin(parse_ctx *ctx)
+{
+    zn_config *c = ctx->cfg;
+    const char *old = "zero_optimization.cpu_offload_use_pin_memory";
+    zn_config_origin o = origin_at(c, old);
+    if (o == ZN_ORIGIN_DEFAULT)
+        return;
+    static const char *const keys[2] = { "zero_optimization.offload_param.pin_memory",
+                                         "zero_optimization.offload_optimizer.pin_memory" };
+    bool *vals[2] = { &c->zero.offload_param.pin_memory, &c->zero.offload_optimizer.pin_memory };
+    for (int i = 0; i < 2; i++)
+        if (origin_at(c, keys[i]) == ZN_ORIGIN_DEFAULT) {
+            *vals[i] = c->zero.legacy_pin_memory;
+            c->origin[canon_index(find_key(keys[i]))] = (unsigned char)o;
+        }
+}
+
 static int validate(parse_ctx *ctx)
 {
     zn_config *c = ctx->cfg;
     const zn_config_zero *z = &c->zero;
+
+    legacy_offload(ctx, "zero_optimization.cpu_offload", z->legacy_cpu_offload,
+                   "zero_optimization.offload_optimizer.device",
+                   &c->zero.offload_optimizer.device);
+    legacy_offload(ctx, "zero_optimization.cpu_offload_param", z->legacy_cpu_offload_param,
+                   "zero_optimization.offload_param.device", &c->zero.offload_param.device);
+    legacy_pin(ctx);
 
     if (c->bf16 && c->fp16.enabled)
         cfg_err(ctx, "bf16.enabled", "bf16.enabled and fp16.enabled are both true; choose one");
@@ -1548,8 +1595,10 @@ char *zn_config_dump(const zn_config *c)
         if (k->kind == K_OBJ || k->kind == K_FIXED || k->kind == K_ACCEPT ||
             k->kind == K_UNSUPP || is_alias(k))
             continue;
-        /* steps_per_print is DeepSpeed's name for train.log_every: dump the latter. */
-        if (!strcmp(k->path, "steps_per_print"))
+        /* steps_per_print is DeepSpeed's name for train.log_every: dump the latter;
+         * the deprecated offload spellings are dumped as the keys they set */
+        if (!strcmp(k->path, "steps_per_print") ||
+            !strncmp(k->path, "zero_optimization.cpu_offload", 29))
             continue;
         json_t *o = obj_at(root, k->path);
         const char *leaf = leaf_of(k->path);
