@@ -55,6 +55,10 @@ expect 1 "set activation_checkpointing.cpu_checkpointing=true" -- \
     plan "$src/examples/a10-qwen2.5-14b-nvme.json" --set data.seq_len=32768
 expect 0 "^fits" -- plan "$src/examples/a10-qwen2.5-14b-nvme.json" --set data.seq_len=32768 \
     --set activation_checkpointing.cpu_checkpointing=true
+# zinc train hands train.attention to the model it plans and runs
+expect 1 "fused attention takes head_dim up to 128" -- \
+    train "$src/examples/tiny.json" --set train.attention=\"fused\" --set model.head_dim=256 \
+    --steps 1
 expect 1 "train.attention: 'flash' is not one of auto[|]gemm[|]fused" -- \
     plan "$src/examples/tiny.json" --set train.attention=\"flash\"
 expect 1 "fused attention takes head_dim up to 128" -- \

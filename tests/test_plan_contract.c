@@ -217,29 +217,21 @@ int main(void)
         snprintf(cpu_budget, sizeof cpu_budget, "tiers.cpu=\"4GiB\"");
         n += 2;
     }
-    /* bf16 gradient transfer (the default with bf16 params on CUDA) and its
-     * device buffer, in two placements and with a 152k vocabulary */
-    extra_set = "train.grad_transfer=\"bf16\"";
-    for (size_t s = 0; s < 2; s++) {
-        one(&shapes[s], &places[3], 2, 4, "auto", 4, 100000);
-        one(&shapes[s], &places[6], 2, 4, "nvme", 4, 100000);
-        n += 2;
-    }
-    /* the fused attention (bf16's default; here in fp32, its C reference):
-     * a smaller model workspace, planned as allocated */
-    /* cpu checkpointing: the group inputs in pinned RAM, a ring of three
-     * on the device */
-    extra_set = "activation_checkpointing.cpu_checkpointing=true";
-    for (size_t s = 0; s < 2; s++) {
-        one(&shapes[s], &places[3], 2, 4, "auto", 4, 100000);
-        one(&shapes[s], &places[6], 2, 4, "nvme", 4, 100000);
-        n += 2;
-    }
-    extra_set = "train.attention=\"fused\"";
-    for (size_t s = 0; s < 2; s++) {
-        one(&shapes[s], &places[3], 2, 4, "auto", 4, 100000);
-        one(&shapes[s], &places[6], 2, 4, "nvme", 4, 100000);
-        n += 2;
+    /* One setting at a time, in two placements and with a 152k vocabulary:
+     * bf16 gradient transfer (the default with bf16 params on CUDA) and its
+     * device buffer; cpu checkpointing (the group inputs in pinned RAM, a
+     * ring of three on the device); the fused attention (bf16's default;
+     * here in fp32, its C reference: a smaller model workspace). */
+    static const char *const extras[] = { "train.grad_transfer=\"bf16\"",
+                                          "activation_checkpointing.cpu_checkpointing=true",
+                                          "train.attention=\"fused\"" };
+    for (size_t e = 0; e < sizeof extras / sizeof extras[0]; e++) {
+        extra_set = extras[e];
+        for (size_t s = 0; s < 2; s++) {
+            one(&shapes[s], &places[3], 2, 4, "auto", 4, 100000);
+            one(&shapes[s], &places[6], 2, 4, "nvme", 4, 100000);
+            n += 2;
+        }
     }
     extra_set = NULL;
     printf("%d configurations, %d checked, %d with a tier off the plan\n", n, checked,

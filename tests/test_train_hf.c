@@ -563,6 +563,13 @@ static void fixture(const char *name)
                          "(torch %.9f), grad norm %.9f (torch %.9f)", name, s + 1, fo.loss[s],
                          ref.loss[s], fo.norm[s], ref.norm[s]);
         }
+        /* and it is the fused attention that ran: its sums round apart
+         * from the GEMM path's */
+        ZT_CHECK_MSG(rc || memcmp(fo.loss, ro[0].loss, sizeof fo.loss) ||
+                         memcmp(fo.norm, ro[0].norm, sizeof fo.norm) || fo.P != ro[0].P ||
+                         memcmp(fo.master, ro[0].master, ro[0].P * 4),
+                     "%s: train.attention \"fused\" gave the GEMM run's losses, norms and "
+                     "weights bit for bit", name);
         if (!rc) {
             printf("%s: fused attention: losses within %.1e of torch's\n", name, worst);
             snprintf(what, sizeof what, "%s after %d steps, fused attention", name, ref.steps);
