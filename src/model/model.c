@@ -284,25 +284,24 @@ static int check_attention(const zn_model_dims *d, const zn_model_config *cfg)
 {
     if (cfg->attention == ZN_ATTN_FUSED && d->head_dim > ZN_FLASH_MAX_HEAD_DIM)
         return zn_set_error(ZN_ECONFIG, "model: fused attention takes head_dim up to %d, this "
-                            "model has %lld (use the GEMM attention)", ZN_FLASH_MAX_HEAD_DIM,
-                            (long long)d->head_dim);
+                            "model has %lld (use the GEMM attention: train.attention \"gemm\")",
+                            ZN_FLASH_MAX_HEAD_DIM, (long long)d->head_dim);
     return 0;
 }
 
 int zn_model_config_check(const zn_model_dims *d, const zn_model_config *cfg)
 {
-    int rc;
-    if ((rc = zn_model_dims_validate(d)) || (rc = check_config(cfg)) ||
-        (rc = check_attention(d, cfg)))
-        return rc;
-    return 0;
+    int rc = zn_model_dims_validate(d);
+    if (!rc)
+        rc = check_config(cfg);
+    return rc ? rc : check_attention(d, cfg);
 }
 
 uint64_t zn_model_workspace_bytes(const zn_model_dims *d, const zn_model_config *cfg)
 {
     zn_model m;
     memset(&m, 0, sizeof m);
-    if (zn_model_dims_validate(d) || check_config(cfg) || check_attention(d, cfg))
+    if (zn_model_config_check(d, cfg))
         return 0;
     set_shapes(&m, d, cfg);
     layout(&m, NULL);
@@ -314,13 +313,13 @@ int zn_model_create(zn_model **out, zn_dev *dev, const zn_model_dims *d,
 {
     int rc;
     *out = NULL;
-    if ((rc = zn_model_dims_validate(d)) || (rc = check_config(cfg)) ||
-        (rc = check_attention(d, cfg)))
+    if ((rc = zn_model_config_check(d, cfg)))
         return rc;
     if (zn_model_attention_fused(d, cfg) && cfg->dtype != ZN_DTYPE_BF16 &&
         zn_dev_get_kind(dev) == ZN_DEV_CUDA)
         return zn_set_error(ZN_ECONFIG, "model: the fused attention runs on bf16 tensor cores "
-                            "on CUDA; with dtype %s use the GEMM attention",
+                            "on CUDA; with dtype %s use the GEMM attention "
+                            "(train.attention \"gemm\")",
                             zn_dtype_name(cfg->dtype));
     if (d->max_pos < cfg->max_seq)
         zn_warn("model: max_seq %lld is beyond max_position_embeddings %lld",
