@@ -11,6 +11,15 @@ reference.json with the batch (inputs, targets; some targets -100 for
 qwen2), the mean cross-entropy, a slice of logits and the L2 norm of every
 parameter's gradient. The reference runs in float64 on the very values
 stored on disk, so it is the exact answer that zinc's fp32 must approach.
+
+Bounds (tests/README.md): the same pass runs in float32 (as given, and
+with the batch's rows in reverse order: other sums) and in bfloat16
+(weights and activations, the logits upcast for the loss as transformers
+does). reference.json's "noise" holds, per precision, the largest distance
+of those passes from float64: "loss" (the loss and the eval loss, relative),
+"logits" (relative L2 of each recorded row), "grad_norm" (relative, over
+every parameter); "bounds" holds BOUND_FACTOR times each, what
+tests/test_model_ref.h allows zinc's pass in that precision.
 tokens.tok (ZNTOKENS format, docs/tokens.md) holds the shared token stream:
 its (count-1)/seq_len windows are exactly the batch rows.
 
@@ -58,6 +67,9 @@ def ensure_torch():
 
 
 VOCAB = 320
+# zinc may be this many times as far from float64 as PyTorch is in the same
+# precision (the rule of tests/README.md, as in gen_train_fixtures.py)
+BOUND_FACTOR = 4
 SEQ = 16
 BATCH = 2
 
@@ -85,6 +97,30 @@ def randomize(model, torch, gen):
             else:
                 fan_in = p.shape[1]
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * (1.5 / fan_in ** 0.5))
+
+
+def low_precision_pass(model64, dtype, inputs, targets, eval_targets, positions, torch,
+                       flip=False):
+    """The reference pass on a copy of model64 in dtype (flip: the batch's
+    rows in reverse order). Returns (loss, eval_loss, logits rows, grad
+    norms by name), all as Python floats."""
+    import copy
+    m = copy.deepcopy(model64).to(dtype)
+    m.train()
+    x, y, ey = inputs, targets, eval_targets
+    if flip:
+        x, y, ey = inputs.flip(0), targets.flip(0), eval_targets.flip(0)
+    logits = m(input_ids=x).logits.float()  # transformers' loss upcasts too
+    if flip:
+        logits, y, ey = logits.flip(0), y.flip(0), ey.flip(0)
+    ce = torch.nn.functional.cross_entropy
+    loss = ce(logits.reshape(-1, VOCAB), y.reshape(-1), ignore_index=-100)
+    loss.backward()
+    with torch.no_grad():
+        ev = ce(logits.reshape(-1, VOCAB), ey.reshape(-1)).item()
+    rows = [logits[b, t].double() for b, t in positions]
+    norms = {n: p.grad.double().norm().item() for n, p in m.named_parameters()}
+    return loss.item(), ev, rows, norms
 
 
 def make(kind, out, tokens, torch, transformers, save_file):
@@ -162,6 +198,36 @@ def make(kind, out, tokens, torch, transformers, save_file):
     with torch.no_grad():
         eval_loss = ce(logits.reshape(-1, VOCAB), eval_targets.reshape(-1)).item()
     positions = [[0, 0], [0, 7], [0, 15], [1, 5], [1, 15]]
+    model_eval = model.training
+    noise, bounds = {}, {}
+    for label, dtype, flips in (("float32", torch.float32, (False, True)),
+                                ("bfloat16", torch.bfloat16, (False, True))):
+        nl = ng = nlg = 0.0
+        for flip in flips:
+            l, ev, rows, norms = low_precision_pass(model, dtype, inputs, targets, eval_targets,
+                                                    positions, torch, flip)
+            nl = max(nl, abs(l - loss.item()) / abs(loss.item()),
+                     abs(ev - eval_loss) / abs(eval_loss))
+            for r, (b, t) in zip(rows, positions):
+                want = logits[b, t].detach()
+                nlg = max(nlg, ((r - want).norm() / want.norm()).item())
+            for n, p in model.named_parameters():
+                g = p.grad.norm().item()
+                ng = max(ng, abs(norms[n] - g) / g)
+        # a loss zinc reports as a float32 is half an ulp from any other
+        # at best: no noise below float32's unit roundoff
+        nl = max(nl, 2.0 ** -24)
+        noise[label] = {"loss": nl, "logits": nlg, "grad_norm": ng}
+        bounds[label] = {k: BOUND_FACTOR * v for k, v in noise[label].items()}
+        if dtype == torch.bfloat16:
+            # the loss, a mean over 32 tokens of bf16 roundings, is one
+            # sample too few to bound by: its noise was 1.6e-4 on
+            # tiny-llama and 1.4e-3 on tiny-qwen2, 9x apart at the same
+            # precision; it takes the logits' bound it is computed from
+            bounds[label]["loss"] = BOUND_FACTOR * max(nl, nlg)
+        print("tiny-%s %s noise: loss %.1e, logits %.1e, grad norms %.1e" % (kind, label, nl, nlg,
+                                                                             ng))
+    assert model_eval == model.training
     ref = {
         "generator": "scripts/gen_fixtures.py",
         "torch": torch.__version__,
@@ -177,6 +243,9 @@ def make(kind, out, tokens, torch, transformers, save_file):
         "logits": {"positions": positions,
                    "values": [logits[b, t].tolist() for b, t in positions]},
         "grad_norms": {n: p.grad.norm().item() for n, p in model.named_parameters()},
+        "noise": dict(noise, rule="largest distance of PyTorch's pass in that precision from "
+                      "this float64 one (scripts/gen_fixtures.py, tests/README.md)"),
+        "bounds": dict(bounds, factor=BOUND_FACTOR),
     }
     with open(os.path.join(d, "reference.json"), "w") as f:
         json.dump(ref, f, indent=1)

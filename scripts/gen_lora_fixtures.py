@@ -54,13 +54,15 @@ Needs torch, transformers and peft 0.21.2 (the fixtures were made with
 torch 2.15, transformers 5.23, peft 0.21.2). CI never runs this.
 """
 import argparse
+import copy
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gen_fixtures import ensure_torch  # noqa: E402
-from gen_train_fixtures import ACCUM, MICRO, SEQ, train, zinc_config  # noqa: E402
+from gen_train_fixtures import (ACCUM, MICRO, SEQ, noise_and_bounds,  # noqa: E402
+                                run_variants, train, zinc_config)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -110,10 +112,12 @@ def zinc_keep(lora_seed, micro_index, layer, target, n, p):
     return (h >> np.uint64(40)) >= np.uint64(int(p * 16777216.0 + 0.5))
 
 
-def zinc_dropout(pm, spec, torch):
+def zinc_dropout(pm, spec, torch, flip=False):
     """Replaces every LoRA module's dropout by zinc's masks, so that the
     run is reproducible in C (torch's RNG is not). Returns before_micro for
-    train(), which tells the modules which micro-batch runs."""
+    train(), which tells the modules which micro-batch runs. flip: the
+    micro-batch's rows arrive reversed (train(flip=True)); each row keeps
+    its own mask."""
     import numpy as np
     state = {"micro": 0}
     p = spec["dropout"]
@@ -129,7 +133,8 @@ def zinc_dropout(pm, spec, torch):
                 return x
             keep = zinc_keep(spec["lora_seed"], state["micro"], self.layer, self.target,
                              x.numel(), p)
-            return x * torch.from_numpy(keep.astype(np.float32)).reshape(x.shape) * scale
+            keep = torch.from_numpy(keep.astype(np.float32)).reshape(x.shape)
+            return x * (keep.flip(0) if flip else keep) * scale
 
     n = 0
     for name, mod in pm.named_modules():
@@ -181,6 +186,7 @@ def save_adapter(pm, d, spec, torch, peft):
 
 
 def make(kind, out, torch, transformers, peft):
+    from safetensors.torch import save_file
     spec = FIXTURES[kind]
     base, model = load_base(out, spec, torch, transformers)
     torch.manual_seed(spec["seed"])
@@ -202,9 +208,26 @@ def make(kind, out, torch, transformers, peft):
     params = [p for p in pm.parameters() if p.requires_grad]
     assert all(p.dtype == torch.float32 for p in params)
     assert len(params) == len(init)
-    dgen = torch.Generator().manual_seed(spec["data_seed"])
-    hook = zinc_dropout(pm, spec, torch) if dropout > 0 else None
-    steps = train(pm, params, model.config.vocab_size, dgen, "lora-" + kind, torch, hook)
+    # the run in float32 (three summation orders) and in float64 from the
+    # same values: the bounds (see gen_train_fixtures.py)
+    fresh = copy.deepcopy(pm)
+    models = []
+
+    def run(reverse, flip, dtype=torch.float32, m=None):
+        m = m or copy.deepcopy(fresh).to(dtype)
+        hook = zinc_dropout(m, spec, torch, flip) if dropout > 0 else None
+        st = train(m, [p for p in m.parameters() if p.requires_grad], model.config.vocab_size,
+                   torch.Generator().manual_seed(spec["data_seed"]),
+                   "lora-" + kind if m is pm else "-", torch, hook, reverse=reverse, flip=flip)
+        models.append(m)
+        return {n: t.detach() for n, t in peft.get_peft_model_state_dict(m).items()}, st
+
+    def run32(reverse, flip):  # the first run trains pm (saved below), the others copies
+        return run(reverse, flip, m=pm if not models else None)
+    variants = run_variants(torch, run32)
+    steps = variants[0][1]
+    final64, steps64 = run(False, False, torch.float64)
+    assert all(a["ids"] == b["ids"] for a, b in zip(steps, steps64))
     final = save_adapter(pm, os.path.join(d, "final-adapter"), spec, torch, peft)
     zcfg = zinc_config("tests/test_train_hf.c trains LoRA adapters on model.path for 10 "
                        "steps with this; made by scripts/gen_lora_fixtures.py",
@@ -234,6 +257,11 @@ def make(kind, out, torch, transformers, peft):
     # PEFT's eval-mode (no dropout) loss of step 1's batch with the trained
     # adapter: what zinc's zn_train_eval and its merged export must give
     ref["eval_step1_final"] = verify(kind, out, init, final, steps, torch, transformers, peft)
+    evals = [step1_loss(m.eval(), d, torch) for m in models]  # eval mode: no dropout
+    f64, noise, bounds, update64 = noise_and_bounds(
+        torch, init, variants, final64, steps64, {"eval_step1_final": (evals[:-1], evals[-1])})
+    ref["float64"], ref["noise"], ref["bounds"] = f64, noise, bounds
+    save_file(update64, os.path.join(d, "update64.safetensors"), metadata={"format": "pt"})
     if dropout > 0:
         ref["dropout_masks"] = ("zinc's (scripts/gen_lora_fixtures.py zinc_keep), lora.seed %d"
                                 % spec["lora_seed"])

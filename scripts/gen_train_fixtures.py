@@ -31,12 +31,26 @@ torch.optim.AdamW with the lr DeepSpeed's WarmupLR gives zinc's step k
 micro-batch being sum(xent) / (targets of the whole step) as the HF
 Trainer accumulates it.
 
-Usage: python3 scripts/gen_train_fixtures.py [--out tests/fixtures]
-Needs torch and transformers (scripts/requirements-fixtures.txt); without
-them it makes .venv-fixtures/ like scripts/gen_fixtures.py. CI never runs
-this.
+Bounds (tests/README.md): the same training runs again in float32 in
+three other summation orders (run_variants) and in float64, from the same
+stored values on the same batches. How far the float32 runs land from the
+float64 one is the reference's own rounding noise (the largest over the
+orders; per tensor, the largest of its kind over the layers). train-reference.json
+holds the float64 run's losses and gradient norms ("float64"), the noise
+("noise") and BOUND_FACTOR times it ("bounds"); update64.safetensors holds
+the float64 run's update w_final - w_init (rounded once to float32, 6e-8 of
+itself). tests/test_train_hf.c measures zinc against the float64 run and
+allows it BOUND_FACTOR times PyTorch float32's own distance from it:
+  loss, grad_norm  the largest relative difference over the steps
+  update           the trained change w_final - w_init by relative L2
+                   (||u - u64|| / ||u64||), over the whole model and per
+                   tensor (each against its own noise)
+The update, not the weights, is compared: an error in a step counts
+against what the steps changed, not against the weights' size, so a 1e-3
+error in one step's update moves the update by about 1e-4 and shows.
 """
 import argparse
+import copy
 import json
 import os
 import sys
@@ -51,6 +65,14 @@ ACCUM = 2
 SEQ = 12
 LR, BETAS, EPS, WD, CLIP = 2e-3, (0.9, 0.95), 1e-8, 0.1, 1.0
 WARMUP = 3
+# The bounds: zinc's distance from the float64 run may be this many times
+# PyTorch float32's. Two float32 computations of the same sums in different
+# orders carry errors of the same size; 4 leaves room for the spread of one
+# measured noise (a tensor of 8 elements is a small sample) and for sums
+# that round differently (blocked GEMMs, online softmax), and still puts a
+# 1e-3 error in one step's update (about 1e-4 of the update) well outside
+# the per-tensor bounds (4 x 1e-6..1e-5 for the weight matrices).
+BOUND_FACTOR = 4
 
 
 def lr_at(step):
@@ -117,11 +139,14 @@ def zinc_config(comment, model_path):
     }
 
 
-def train(model, params, V, dgen, label, torch, before_micro=None):
+def train(model, params, V, dgen, label, torch, before_micro=None, reverse=False, flip=False):
     """STEPS AdamW steps of `params` (the ones that train) on random windows
     drawn from dgen, with a few ignored targets; returns each step's ids,
     targets, loss, lr and gradient norm before clipping. before_micro(step,
-    a), if given, runs before micro-batch a of step (1-based) is computed."""
+    a), if given, runs before micro-batch a of step (1-based) is computed.
+    reverse: the step's micro-batches summed last to first; flip: each
+    micro-batch's rows in reverse order (the same values, other orders of
+    the gradient sums over micro-batches and over tokens)."""
     opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     steps = []
     model.train()
@@ -134,11 +159,12 @@ def train(model, params, V, dgen, label, torch, before_micro=None):
         n_tgt = int((y >= 0).sum())
         opt.zero_grad(set_to_none=True)
         loss_sum = 0.0
-        for a in range(ACCUM):
+        for a in (reversed(range(ACCUM)) if reverse else range(ACCUM)):
             if before_micro:
                 before_micro(step, a)
-            logits = model(input_ids=x[a]).logits
-            l = torch.nn.functional.cross_entropy(logits.reshape(-1, V), y[a].reshape(-1),
+            xa, ya = (x[a].flip(0), y[a].flip(0)) if flip else (x[a], y[a])
+            logits = model(input_ids=xa).logits
+            l = torch.nn.functional.cross_entropy(logits.reshape(-1, V), ya.reshape(-1),
                                                   ignore_index=-100, reduction="sum")
             (l / n_tgt).backward()
             loss_sum += l.item()
@@ -149,8 +175,88 @@ def train(model, params, V, dgen, label, torch, before_micro=None):
         opt.step()
         steps.append({"step": step, "ids": x.reshape(-1).tolist(), "targets": y.reshape(-1).tolist(),
                       "loss": loss_sum / n_tgt, "lr": lr, "grad_norm": norm})
-        print("%s step %2d loss %.6f lr %.2e norm %.4f" % (label, step, loss_sum / n_tgt, lr, norm))
+        if not label.startswith("-"):
+            print("%s step %2d loss %.6f lr %.2e norm %.4f" % (label, step, loss_sum / n_tgt, lr,
+                                                             norm))
     return steps
+
+
+def rel(a, b):
+    return abs(a - b) / abs(b)
+
+
+def run_variants(torch, run):
+    """The float32 run in the orders the noise is measured over: as made,
+    its micro-batches summed in reverse, each micro-batch's rows reversed,
+    and on 3 threads (other GEMM splits). run(reverse, flip) trains a fresh
+    copy and returns (named final tensors, steps)."""
+    out = [run(False, False), run(True, False), run(False, True)]
+    n = torch.get_num_threads()
+    torch.set_num_threads(3)
+    out.append(run(False, False))
+    torch.set_num_threads(n)
+    return out
+
+
+def kind_of(name):
+    """A tensor's kind: its name without the layer index."""
+    import re
+    return re.sub(r"\.layers\.\d+\.", ".layers.*.", name)
+
+
+def noise_and_bounds(torch, init, variants, final64, steps64, extra=None):
+    """train-reference.json's "float64", "noise" and "bounds" sections and
+    the float64 update (name -> float32 tensor) for update64.safetensors
+    (see the module's docstring). init, final64: name -> tensor (the
+    trained tensors only); variants: run_variants()'s list of (final32,
+    steps32), the first being the fixture's own run; steps64: train()'s
+    list; extra: more scalar losses (name -> ([float32 value per variant],
+    float64 value)), bounded like the step losses. Each noise is the
+    largest over the variants: one order's distance from float64 is one
+    sample, and where a gradient cancels (a k_proj bias: RoPE makes it
+    nearly zero) samples spread by 10x."""
+    tensors, update64, model, kinds = {}, {}, 0.0, {}
+    for n in sorted(init):
+        u64 = final64[n].double() - init[n].double()
+        update64[n] = u64.float().contiguous()
+        u = u64.norm().item()
+        tensors[n] = max((f[n].double() - final64[n].double()).norm().item() / u if u > 0 else 0.0
+                         for f, _ in variants)
+        kinds[kind_of(n)] = max(kinds.get(kind_of(n), 0.0), tensors[n])
+    for f, _ in variants:
+        num = sum((f[n].double() - final64[n].double()).norm().item() ** 2 for n in init)
+        den = sum((final64[n].double() - init[n].double()).norm().item() ** 2 for n in init)
+        model = max(model, (num / den) ** 0.5)
+    f64 = {"loss": [s["loss"] for s in steps64], "grad_norm": [s["grad_norm"] for s in steps64]}
+    noise = {
+        "rule": "largest distance of the float32 reference, summed in 3 orders, from the same "
+                "run in float64 (scripts/gen_train_fixtures.py, tests/README.md)",
+        "loss": max(rel(a["loss"], b["loss"]) for _, st in variants for a, b in zip(st, steps64)),
+        "grad_norm": max(rel(a["grad_norm"], b["grad_norm"])
+                         for _, st in variants for a, b in zip(st, steps64)),
+        "update": model,
+        "update_tensors": tensors,
+    }
+    bounds = {"factor": BOUND_FACTOR,
+              "loss": BOUND_FACTOR * noise["loss"],
+              "grad_norm": BOUND_FACTOR * noise["grad_norm"],
+              "update": BOUND_FACTOR * model,
+              # each tensor against the largest noise of its kind over the
+              # layers: the layers' k_proj biases are alike, and one small
+              # tensor's noise is a sample too few
+              "update_tensors": {n: BOUND_FACTOR * kinds[kind_of(n)] for n in tensors}}
+    # a loss zinc reports from float32 sums is half an ulp from any other
+    # at best: no loss noise below float32's unit roundoff
+    noise["loss"] = max(noise["loss"], 2.0 ** -24)
+    for k, (a, b) in (extra or {}).items():
+        f64[k] = b
+        noise[k] = max(max(rel(x, b) for x in a), 2.0 ** -24)
+        # one forward, as each step's loss: never bounded tighter than those
+        bounds[k] = BOUND_FACTOR * max(noise[k], noise["loss"])
+    print("noise: loss %.1e, grad norm %.1e, update %.1e (tensors %.1e .. %.1e)" %
+          (noise["loss"], noise["grad_norm"], model, min(tensors.values()),
+           max(tensors.values())))
+    return f64, noise, bounds, update64
 
 
 def make(kind, out, torch, transformers, save_file):
@@ -211,11 +317,29 @@ def make(kind, out, torch, transformers, save_file):
     with open(os.path.join(d, "train-config.json"), "w") as f:
         json.dump(zcfg, f, indent=2)
 
-    dgen = torch.Generator().manual_seed({"llama": 21, "qwen2": 22, "tied": 23, "vocab": 24,
-                                      "tiedvocab": 25}[kind])
-    steps = train(model, list(model.parameters()), cfg.vocab_size, dgen, kind, torch)
+    dseed = {"llama": 21, "qwen2": 22, "tied": 23, "vocab": 24, "tiedvocab": 25}[kind]
+    init = {n: p.detach().clone() for n, p in model.named_parameters()}
+    fresh = copy.deepcopy(model)  # the same values, ties kept
+
+    def run(reverse, flip, dtype=torch.float32, m=None):
+        m = m or copy.deepcopy(fresh).to(dtype)
+        st = train(m, list(m.parameters()), cfg.vocab_size, torch.Generator().manual_seed(dseed),
+                   kind if m is model else "-", torch, reverse=reverse, flip=flip)
+        return {n: p.detach() for n, p in m.named_parameters()}, st
+
+    made = []
+
+    def run32(reverse, flip):  # the first run trains `model` (saved below), the others copies
+        made.append(reverse)
+        return run(reverse, flip, m=model if len(made) == 1 else None)
+    variants = run_variants(torch, run32)
+    steps = variants[0][1]
+    final64, steps64 = run(False, False, torch.float64)
+    assert all(a["ids"] == b["ids"] for a, b in zip(steps, steps64))
+    f64, noise, bounds, update64 = noise_and_bounds(torch, init, variants, final64, steps64)
     save_file({n: p.detach().contiguous() for n, p in model.named_parameters()},
               os.path.join(d, "final.safetensors"), metadata=meta)
+    save_file(update64, os.path.join(d, "update64.safetensors"), metadata=meta)
     ref = {
         "generator": "scripts/gen_train_fixtures.py",
         "torch": torch.__version__,
@@ -224,6 +348,9 @@ def make(kind, out, torch, transformers, save_file):
         "weights_dtype": {"llama": "bf16", "qwen2": "f16", "tied": "f32", "vocab": "f32",
                           "tiedvocab": "f32"}[kind],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
+        "float64": f64,
+        "noise": noise,
+        "bounds": bounds,
         "steps": steps,
     }
     with open(os.path.join(d, "train-reference.json"), "w") as f:

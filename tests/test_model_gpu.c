@@ -6,6 +6,11 @@
 #include "test_model_ref.h"
 #include "test_model_packed.h"
 
+/* fp32 on the GPU: the host's bounds widened this much (cuBLAS's order,
+ * atomics) until a GPU run measures the spread (issue 37); bf16 takes
+ * the host's bf16 bounds as they are. */
+#define GPU_SLACK 10.0
+
 int main(void)
 {
     zn_dev_config dc = zn_dev_config_default();
@@ -20,17 +25,17 @@ int main(void)
     const char *fixtures[] = { "tiny-llama", "tiny-qwen2" };
     for (int f = 0; f < 2; f++) {
         ref_result r;
-        ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 1, 2e-2, 2e-2, &r, NULL, NULL);
-        ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 2e-2, 2e-2, &r, NULL, NULL);
-        ref_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-4, 1e-4, &r, NULL, NULL);
+        ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 1, 1.0, &r, NULL, NULL);
+        ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 1.0, &r, NULL, NULL);
+        ref_run(dev, fixtures[f], ZN_DTYPE_F32, 1, GPU_SLACK, &r, NULL, NULL);
         /* packed documents == one at a time, through the CUDA kernels */
         packed_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-4);
         packed_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 2e-2);
         /* attention in query blocks (causal skipping, offsets into the
          * softmax and key_start, dK/dV summed over blocks) */
         ref_attn_block = 3;
-        ref_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-4, 1e-4, &r, NULL, NULL);
-        ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 2e-2, 2e-2, &r, NULL, NULL);
+        ref_run(dev, fixtures[f], ZN_DTYPE_F32, 1, GPU_SLACK, &r, NULL, NULL);
+        ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 1.0, &r, NULL, NULL);
         ref_attn_block = 0;
         pk_attn_block = 5;
         packed_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-4);
@@ -38,8 +43,8 @@ int main(void)
         /* bf16 above ran the fused attention (the default); the GEMM one
          * too, and the fused one refusing f32 by name */
         ref_attention = ZN_ATTN_GEMM;
-        ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 1, 2e-2, 2e-2, &r, NULL, NULL);
-        ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 2e-2, 2e-2, &r, NULL, NULL);
+        ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 1, 1.0, &r, NULL, NULL);
+        ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 1.0, &r, NULL, NULL);
         pk_attention = ZN_ATTN_GEMM;
         packed_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 2e-2);
         pk_attention = ZN_ATTN_AUTO;

@@ -5,8 +5,14 @@
  * batches PyTorch trained
  * on (tests/fixtures/ft-*, made by scripts/gen_train_fixtures.py). Checks:
  *  - the fp32 master starts as the exact widening of the stored values;
- *  - every step's loss within 1e-5 relative of PyTorch's, the gradient norm
- *    within 1e-4, the final weights within 1e-4 relative (per tensor, L2);
+ *  - against the same PyTorch run in float64, every step's loss and
+ *    gradient norm and the trained update (w_final - w_init; the whole
+ *    model and each tensor, relative L2) within the fixture's bounds:
+ *    BOUND_FACTOR times PyTorch float32's own distance from float64,
+ *    written by the generator (tests/README.md, "Bounds");
+ *  - the bounds are not blind: a 1e-3 error put into one step's update
+ *    (the learning rate of the last step, through zn_train_options.lr_fault)
+ *    breaks them in every fixture;
  *  - the placements (all on the device, params + optimizer in pinned RAM,
  *    params + optimizer on NVMe, with a small optimizer unit) give
  *    bit-identical losses and weights. */
@@ -44,7 +50,16 @@ typedef struct {
     int32_t *ids[MAX_STEPS], *tgts[MAX_STEPS];
     double loss[MAX_STEPS], lr[MAX_STEPS], norm[MAX_STEPS];
     double eval_final; /* > 0: PEFT's eval-mode loss of step 1's batch after training */
+    /* the same PyTorch run in float64, and the bounds against it */
+    double loss64[MAX_STEPS], norm64[MAX_STEPS], eval64;
+    double b_loss, b_norm, b_update, b_eval;
+    json_t *b_tensors; /* tensor name -> bound on its update's relative L2 */
 } reference;
+
+/* On the GPU (fp32 cuBLAS, atomics in the reductions) the host's bounds are
+ * widened by this much: not derived yet, as no GPU run has measured
+ * cuBLAS's spread against the float64 run (issue 37). */
+#define GPU_SLACK 10.0
 
 typedef struct {
     double loss[MAX_STEPS], lr[MAX_STEPS], norm[MAX_STEPS];
@@ -54,6 +69,7 @@ typedef struct {
     double eval_sum; /* zn_train_eval of step 1's batch after training */
     uint64_t eval_n;
     const char *ckdir; /* in: save a checkpoint here after training (NULL: none) */
+    int fault_step;    /* in: > 0: this step's learning rate is 1e-3 off */
     uint64_t d2h;      /* gradient bytes the run moved device -> host */
     int64_t accum;     /* its config's gradient_accumulation_steps */
 } run_out;
@@ -90,6 +106,26 @@ static int load_reference(const char *dir, reference *r)
         r->norm[s] = json_number_value(json_object_get(st, "grad_norm"));
     }
     r->eval_final = json_number_value(json_object_get(j, "eval_step1_final"));
+    json_t *f64 = json_object_get(j, "float64"), *b = json_object_get(j, "bounds");
+    json_t *l64 = json_object_get(f64, "loss"), *n64 = json_object_get(f64, "grad_norm");
+    if (json_array_size(l64) != (size_t)r->steps || json_array_size(n64) != (size_t)r->steps ||
+        !json_is_object(json_object_get(b, "update_tensors"))) {
+        fprintf(stderr, "%s: no float64 run or bounds (scripts/gen_train_fixtures.py)\n", p);
+        json_decref(j);
+        return -1;
+    }
+    for (int s = 0; s < r->steps; s++) {
+        r->loss64[s] = json_number_value(json_array_get(l64, (size_t)s));
+        r->norm64[s] = json_number_value(json_array_get(n64, (size_t)s));
+    }
+    r->eval64 = json_number_value(json_object_get(f64, "eval_step1_final"));
+    r->b_loss = json_number_value(json_object_get(b, "loss"));
+    r->b_norm = json_number_value(json_object_get(b, "grad_norm"));
+    r->b_update = json_number_value(json_object_get(b, "update"));
+    r->b_eval = json_number_value(json_object_get(b, "eval_step1_final"));
+    r->b_tensors = json_incref(json_object_get(b, "update_tensors"));
+    double slack = on_gpu ? GPU_SLACK : 1.0;
+    r->b_loss *= slack, r->b_norm *= slack, r->b_update *= slack, r->b_eval *= slack;
     json_decref(j);
     return 0;
 }
@@ -110,6 +146,12 @@ static int lora_base(const char *dir, char *base, size_t n)
     snprintf(base, n, "%s/%s", dir, mp ? mp : "?");
     json_decref(j);
     return 1;
+}
+
+/* zn_train_options.lr_fault: step *user's update 1e-3 too large. */
+static double lr_fault(void *user, int64_t step, double lr)
+{
+    return step == *(int *)user ? lr * (1 + 1e-3) : lr;
 }
 
 /* Trains the fixture in `dir` with extra --set style overrides. */
@@ -166,6 +208,10 @@ static int run(const char *dir, const reference *ref, const char **sets, int nse
     to.budgets.bytes[ZN_TIER_CPU] = cfg.tiers.cpu;
     to.budgets.bytes[ZN_TIER_NVME] = 64u << 20;
     to.threads = 2;
+    if (o->fault_step > 0) {
+        to.lr_fault = lr_fault;
+        to.lr_fault_user = &o->fault_step;
+    }
     if ((rc = zn_train_create(&tr, &to)))
         goto out;
     o->P = zn_train_num_params(tr);
@@ -207,10 +253,10 @@ out:
     return rc;
 }
 
-/* Compares a flat master (block order, zn_model_block_param order) with the
- * tensors of a safetensors file: exactly (tol < 0) or by relative L2. */
+/* The flat master (block order, zn_model_block_param order) equals the
+ * tensors of a safetensors file widened to fp32, bit for bit. */
 static void compare_master(const char *what, const zn_model_dims *d, const float *m,
-                           const char *path, double tol)
+                           const char *path)
 {
     zn_st *st;
     int rc = zn_st_open(&st, path);
@@ -219,9 +265,6 @@ static void compare_master(const char *what, const zn_model_dims *d, const float
         return;
     uint64_t flat = 0;
     int bad = 0;
-    double worst = 0;
-    const char *worst_name = "";
-    static char wn[128];
     for (int b = 0; b < zn_model_num_blocks(d); b++)
         for (int i = 0; i < zn_model_block_nparams(d, b); i++) {
             zn_param_info pi;
@@ -230,47 +273,87 @@ static void compare_master(const char *what, const zn_model_dims *d, const float
                 continue;  /* a tied view: stored once, with its owner */
             if (d->lora.r > 0 && !pi.lora)
                 continue;  /* LoRA: the master holds the adapters, named as PEFT does */
-            if (d->lora.r > 0) {
-                char full[sizeof pi.name];
-                snprintf(full, sizeof full, "base_model.model.%.78s", pi.name);
-                snprintf(pi.name, sizeof pi.name, "%s", full);
-            }
-            const zn_st_tensor *t = zn_st_find(st, pi.name);
-            ZT_CHECK_MSG(t && t->numel == (uint64_t)pi.numel, "%s: %s missing", what, pi.name);
-            if (!t)
-                return;
+            char name[sizeof pi.name + 32];
+            snprintf(name, sizeof name, "%s%s", d->lora.r > 0 ? "base_model.model." : "",
+                     pi.name);
+            const zn_st_tensor *t = zn_st_find(st, name);
+            ZT_CHECK_MSG(t && t->numel == (uint64_t)pi.numel, "%s: %s missing", what, name);
+            if (!t || t->numel != (uint64_t)pi.numel)
+                break;
             float *v = malloc((size_t)pi.numel * 4);
             ZT_EQ_INT(zn_st_read(st, t, ZN_DTYPE_F32, v, (size_t)pi.numel * 4), 0);
-            if (tol < 0) {
-                if (memcmp(v, m + flat, (size_t)pi.numel * 4))
-                    bad++;
-            } else {
-                double num = 0, den = 0;
-                for (int64_t e = 0; e < pi.numel; e++) {
-                    double df = (double)m[flat + (uint64_t)e] - v[e];
-                    num += df * df;
-                    den += (double)v[e] * v[e];
-                }
-                double rel = sqrt(num / (den > 0 ? den : 1));
-                if (rel > worst) {
-                    worst = rel;
-                    snprintf(wn, sizeof wn, "%s", pi.name);
-                    worst_name = wn;
-                }
-                if (rel > tol)
-                    bad++;
-            }
+            bad += memcmp(v, m + flat, (size_t)pi.numel * 4) != 0;
             flat += (uint64_t)pi.numel;
             free(v);
         }
     zn_st_close(st);
-    if (tol < 0)
-        ZT_CHECK_MSG(!bad, "%s: %d tensors differ from %s", what, bad, path);
-    else
-        ZT_CHECK_MSG(!bad, "%s: %d tensors beyond %.0e relative of %s (worst %s %.2e)", what,
-                     bad, tol, path, worst_name, worst);
-    if (tol >= 0)
-        printf("  %s: worst tensor %s, relative L2 %.2e\n", what, worst_name, worst);
+    ZT_CHECK_MSG(!bad, "%s: %d tensors differ from %s", what, bad, path);
+}
+
+/* The trained update (m1 - m0, flat, block order) against the float64
+ * run's (update64.safetensors) by relative L2, over the whole model and per
+ * tensor, each against its bound (ref->b_update, ref->b_tensors; GPU_SLACK
+ * on the GPU). Returns how many bounds it breaks; *worst receives the
+ * largest error / bound. */
+static int update_errors(const zn_model_dims *d, const float *m0, const float *m1,
+                         const char *path, const reference *ref, double *worst,
+                         char *worst_name, size_t wn_len)
+{
+    zn_st *st;
+    if (zn_st_open(&st, path)) {
+        ZT_CHECK_MSG(0, "%s: %s", path, zn_last_error());
+        return 1;
+    }
+    uint64_t flat = 0;
+    int bad = 0;
+    double num = 0, den = 0, slack = on_gpu ? GPU_SLACK : 1.0;
+    *worst = 0;
+    snprintf(worst_name, wn_len, "-");
+    for (int b = 0; b < zn_model_num_blocks(d); b++)
+        for (int i = 0; i < zn_model_block_nparams(d, b); i++) {
+            zn_param_info pi;
+            zn_model_block_param(d, b, i, &pi);
+            if (pi.owner_block >= 0)
+                continue;  /* a tied view: stored once, with its owner */
+            if (d->lora.r > 0 && !pi.lora)
+                continue;  /* LoRA: the master holds the adapters, named as PEFT does */
+            char name[sizeof pi.name + 32];
+            snprintf(name, sizeof name, "%s%s", d->lora.r > 0 ? "base_model.model." : "",
+                     pi.name);
+            const zn_st_tensor *t = zn_st_find(st, name);
+            double bound = json_number_value(json_object_get(ref->b_tensors, name)) * slack;
+            if (!t || t->numel != (uint64_t)pi.numel || !(bound > 0)) {
+                ZT_CHECK_MSG(0, "%s: %s missing, misshapen or without a bound", path, name);
+                bad++;
+                break;
+            }
+            float *u = malloc((size_t)pi.numel * 4);
+            ZT_EQ_INT(zn_st_read(st, t, ZN_DTYPE_F32, u, (size_t)pi.numel * 4), 0);
+            double tn = 0, td = 0;
+            for (int64_t e = 0; e < pi.numel; e++) {
+                uint64_t k = flat + (uint64_t)e;
+                double df = ((double)m1[k] - m0[k]) - u[e];
+                tn += df * df;
+                td += (double)u[e] * u[e];
+            }
+            free(u);
+            num += tn;
+            den += td;
+            double r = sqrt(tn / (td > 0 ? td : 1)) / bound;
+            if (r > *worst) {
+                *worst = r;
+                snprintf(worst_name, wn_len, "%s", name);
+            }
+            bad += r > 1;
+            flat += (uint64_t)pi.numel;
+        }
+    zn_st_close(st);
+    double whole = sqrt(num / (den > 0 ? den : 1)) / ref->b_update;
+    if (whole > *worst) {
+        *worst = whole;
+        snprintf(worst_name, wn_len, "(whole model)");
+    }
+    return bad + (whole > 1);
 }
 
 /* zn_train_eval against the all-resident model (zn_model_state) holding
@@ -334,9 +417,12 @@ static void check_eval(const char *name, const zn_model_dims *d, const reference
     int rc = resident_eval(d, ref, o->master, NULL, &sum, &n);
     ZT_CHECK_MSG(rc == 0, "%s: resident model: %s", name, zn_last_error());
     double rel = fabs(sum - o->eval_sum) / fabs(sum);
-    printf("  %s eval: trainer %.9f over %llu targets, resident model %.9f over %llu (rel %.1e)\n",
-           name, o->eval_sum, (unsigned long long)o->eval_n, sum, (unsigned long long)n, rel);
-    ZT_CHECK_MSG(n == o->eval_n && rel <= 1e-6, "%s: zn_train_eval %.9f/%llu, resident %.9f/%llu",
+    printf("  %s eval: trainer %.9f over %llu targets, resident model %.9f over %llu (rel %.1e, "
+           "bound %.1e)\n", name, o->eval_sum, (unsigned long long)o->eval_n, sum,
+           (unsigned long long)n, rel, ref->b_loss);
+    /* the streamed and the resident model: one forward's float32 sums in
+     * two orders, bounded as a step's loss is */
+    ZT_CHECK_MSG(n == o->eval_n && rel <= ref->b_loss, "%s: zn_train_eval %.9f/%llu, resident %.9f/%llu",
                  name, o->eval_sum, (unsigned long long)o->eval_n, sum, (unsigned long long)n);
 }
 
@@ -370,11 +456,15 @@ static void check_merge(const char *name, const char *ckdir, const char *base,
     rc = resident_eval(&md, ref, NULL, out, &sum, &n);
     ZT_CHECK_MSG(rc == 0, "%s: merged model: %s", name, zn_last_error());
     double mine = sum / (double)n, lora = o->eval_sum / (double)o->eval_n;
-    double rp = fabs(mine - ref->eval_final) / ref->eval_final, rl = fabs(mine - lora) / lora;
-    printf("  %s merged: loss %.9f, peft (adapter, eval mode) %.9f rel %.1e, zinc LoRA eval "
-           "%.9f rel %.1e\n", name, mine, ref->eval_final, rp, lora, rl);
-    ZT_CHECK_MSG(rp <= 1e-5 && rl <= 1e-6, "%s: merged model's loss %.9f, peft %.9f, zinc "
-                 "LoRA %.9f", name, mine, ref->eval_final, lora);
+    double rp = fabs(mine - ref->eval64) / ref->eval64, rl = fabs(mine - lora) / lora;
+    printf("  %s merged: loss %.9f, peft float64 (adapter, eval mode) %.9f rel %.1e (bound "
+           "%.1e), zinc LoRA eval %.9f rel %.1e\n", name, mine, ref->eval64, rp, ref->b_eval,
+           lora, rl);
+    /* the merged model against PyTorch's float64 and against zinc's
+     * unmerged adapters: float32 sums in other orders, so within the bound
+     * of one forward */
+    ZT_CHECK_MSG(rp <= ref->b_eval && rl <= ref->b_eval, "%s: merged model's loss %.9f, peft float64 "
+                 "%.9f (bound %.1e), zinc LoRA %.9f", name, mine, ref->eval64, ref->b_eval, lora);
     /* in the base's own types: untouched tensors are the base's bytes */
     ZT_CHECK_MSG(zn_ckpt_export_merged(ckdir, out2, base, 0, ZN_DTYPE_BF16, 0) == 0,
                  "%s: export --merge (base types): %s", name, zn_last_error());
@@ -480,31 +570,51 @@ static void fixture(const char *name)
     }
     if (p0)
         ro[0] = ro[p0];  /* the reference run below */
-    double tl = on_gpu ? 1e-4 : 1e-5, tn = on_gpu ? 1e-3 : 1e-4, tw = on_gpu ? 1e-3 : 1e-4;
-    char w0[4300], w1[4300], what[128];
+    char w0[4300], u64[4300], what[128], wn[160];
     snprintf(w0, sizeof w0, "%s", dir);
-    snprintf(w1, sizeof w1, "%s/final.safetensors", dir);
-    if (lora) {
+    snprintf(u64, sizeof u64, "%s/update64.safetensors", dir);
+    if (lora)
         snprintf(w0, sizeof w0, "%s/adapter-init/adapter_model.safetensors", dir);
-        snprintf(w1, sizeof w1, "%s/final-adapter/adapter_model.safetensors", dir);
-    }
     /* the master starts as the stored values, widened exactly */
     snprintf(what, sizeof what, "%s initial master", name);
-    compare_master(what, &d, ro[0].master0, w0, -1);
-    printf("%s: step  loss zinc         loss torch       rel      norm rel\n", name);
+    compare_master(what, &d, ro[0].master0, w0);
+    printf("%s: step  loss zinc    torch float64  rel      norm rel (bounds %.1e, %.1e)\n", name,
+           ref.b_loss, ref.b_norm);
     for (int s = 0; s < ref.steps; s++) {
-        double rl = fabs(ro[0].loss[s] - ref.loss[s]) / fabs(ref.loss[s]);
-        double rn = fabs(ro[0].norm[s] - ref.norm[s]) / fabs(ref.norm[s]);
-        printf("  %2d  %.9f  %.9f  %.1e  %.1e\n", s + 1, ro[0].loss[s], ref.loss[s], rl, rn);
-        ZT_CHECK_MSG(rl <= tl, "%s step %d: loss %.9f, torch %.9f", name, s + 1,
-                     ro[0].loss[s], ref.loss[s]);
-        ZT_CHECK_MSG(rn <= tn, "%s step %d: grad norm %.9f, torch %.9f", name, s + 1,
-                     ro[0].norm[s], ref.norm[s]);
+        double rl = fabs(ro[0].loss[s] - ref.loss64[s]) / fabs(ref.loss64[s]);
+        double rn = fabs(ro[0].norm[s] - ref.norm64[s]) / fabs(ref.norm64[s]);
+        printf("  %2d  %.9f  %.9f  %.1e  %.1e\n", s + 1, ro[0].loss[s], ref.loss64[s], rl, rn);
+        ZT_CHECK_MSG(rl <= ref.b_loss, "%s step %d: loss %.9f, torch float64 %.9f (rel %.1e, "
+                     "bound %.1e)", name, s + 1, ro[0].loss[s], ref.loss64[s], rl, ref.b_loss);
+        ZT_CHECK_MSG(rn <= ref.b_norm, "%s step %d: grad norm %.9f, torch float64 %.9f (rel "
+                     "%.1e, bound %.1e)", name, s + 1, ro[0].norm[s], ref.norm64[s], rn,
+                     ref.b_norm);
         ZT_CHECK_MSG(fabs(ro[0].lr[s] - ref.lr[s]) <= 1e-12 * ref.lr[s] + 1e-15,
                      "%s step %d: lr %.9g, torch %.9g", name, s + 1, ro[0].lr[s], ref.lr[s]);
     }
-    snprintf(what, sizeof what, "%s after %d steps", name, ref.steps);
-    compare_master(what, &d, ro[0].master, w1, tw);
+    double uw;
+    int bad = update_errors(&d, ro[0].master0, ro[0].master, u64, &ref, &uw, wn, sizeof wn);
+    printf("  %s after %d steps: update within %.2f of its bound at worst (%s)\n", name,
+           ref.steps, uw, wn);
+    ZT_CHECK_MSG(bad == 0, "%s after %d steps: %d updates beyond their bounds against torch "
+                 "float64 (worst %s, %.2f x its bound)", name, ref.steps, bad, wn, uw);
+    /* not blind: the last step's update 1e-3 too large breaks the bounds */
+    if (!on_gpu) {
+        run_out fo;
+        memset(&fo, 0, sizeof fo);
+        fo.fault_step = ref.steps;
+        int rc = run(dir, &ref, (const char **)place[2].sets, 3, &fo);
+        ZT_CHECK_MSG(rc == 0, "%s, injected error: %s", name, zn_last_error());
+        if (!rc) {
+            bad = update_errors(&d, fo.master0, fo.master, u64, &ref, &uw, wn, sizeof wn);
+            printf("  %s with step %d's update 1e-3 off: %d bounds broken, worst %s %.2f x its "
+                   "bound\n", name, ref.steps, bad, wn, uw);
+            ZT_CHECK_MSG(bad > 0, "%s: a 1e-3 error in step %d's update stays within every "
+                         "bound (worst %s, %.2f x)", name, ref.steps, wn, uw);
+        }
+        free(fo.master0);
+        free(fo.master);
+    }
     if (!on_gpu && !lora)
         check_eval(name, &d, &ref, &ro[0]);
     if (ro[0].ckdir) {
@@ -512,12 +622,12 @@ static void fixture(const char *name)
         nftw(ro[0].ckdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     }
     if (ref.eval_final > 0) {
-        /* evaluation drops nothing (training did): PEFT in eval mode */
         double ev = ro[0].eval_sum / (double)ro[0].eval_n;
-        double rel = fabs(ev - ref.eval_final) / ref.eval_final;
-        printf("%s: eval of step 1's batch after training %.9f, peft %.9f, rel %.1e\n", name, ev,
-               ref.eval_final, rel);
-        ZT_CHECK_MSG(rel <= tl, "%s: eval %.9f, peft (eval mode) %.9f", name, ev, ref.eval_final);
+        double rel = fabs(ev - ref.eval64) / ref.eval64;
+        printf("%s: eval of step 1's batch after training %.9f, peft float64 %.9f, rel %.1e "
+               "(bound %.1e)\n", name, ev, ref.eval64, rel, ref.b_eval);
+        ZT_CHECK_MSG(rel <= ref.b_eval, "%s: eval %.9f, peft float64 (eval mode) %.9f", name, ev,
+                     ref.eval64);
     }
     /* every placement bit-identical to the first run (host), or within the
      * GPU's tolerance */
@@ -528,14 +638,14 @@ static void fixture(const char *name)
             double r = fabs(ro[p].loss[s] - ro[0].loss[s]) / fabs(ro[0].loss[s]);
             worst = r > worst ? r : worst;
         }
-        ZT_CHECK_MSG(on_gpu ? worst <= tl : same_loss,
+        ZT_CHECK_MSG(on_gpu ? worst <= ref.b_loss : same_loss,
                      "%s: %s losses differ from the first run's (worst %.1e)", name,
                      place[p].label, worst);
         ZT_CHECK_MSG(ro[p].P == ro[0].P && !memcmp(ro[p].master0, ro[0].master0, ro[0].P * 4),
                      "%s: %s initial master differs", name, place[p].label);
         ZT_CHECK_MSG(ro[p].eval_n == ro[0].eval_n &&
                          (on_gpu ? fabs(ro[p].eval_sum - ro[0].eval_sum) <=
-                                       tl * fabs(ro[0].eval_sum)
+                                       ref.b_loss * fabs(ro[0].eval_sum)
                                  : ro[p].eval_sum == ro[0].eval_sum),
                      "%s: %s eval %.9f differs from %.9f", name, place[p].label, ro[p].eval_sum,
                      ro[0].eval_sum);
@@ -556,12 +666,12 @@ static void fixture(const char *name)
         ZT_CHECK_MSG(rc == 0, "%s, fused attention: %s", name, zn_last_error());
         double worst = 0;
         for (int s = 0; !rc && s < ref.steps; s++) {
-            double rl = fabs(fo.loss[s] - ref.loss[s]) / fabs(ref.loss[s]);
-            double rn = fabs(fo.norm[s] - ref.norm[s]) / fabs(ref.norm[s]);
+            double rl = fabs(fo.loss[s] - ref.loss64[s]) / fabs(ref.loss64[s]);
+            double rn = fabs(fo.norm[s] - ref.norm64[s]) / fabs(ref.norm64[s]);
             worst = rl > worst ? rl : worst;
-            ZT_CHECK_MSG(rl <= tl && rn <= tn, "%s, fused attention, step %d: loss %.9f "
-                         "(torch %.9f), grad norm %.9f (torch %.9f)", name, s + 1, fo.loss[s],
-                         ref.loss[s], fo.norm[s], ref.norm[s]);
+            ZT_CHECK_MSG(rl <= ref.b_loss && rn <= ref.b_norm, "%s, fused attention, step %d: "
+                         "loss %.9f (torch float64 %.9f), grad norm %.9f (torch float64 %.9f)",
+                         name, s + 1, fo.loss[s], ref.loss64[s], fo.norm[s], ref.norm64[s]);
         }
         /* and it is the fused attention that ran: its sums round apart
          * from the GEMM path's */
@@ -571,9 +681,12 @@ static void fixture(const char *name)
                      "%s: train.attention \"fused\" gave the GEMM run's losses, norms and "
                      "weights bit for bit", name);
         if (!rc) {
-            printf("%s: fused attention: losses within %.1e of torch's\n", name, worst);
-            snprintf(what, sizeof what, "%s after %d steps, fused attention", name, ref.steps);
-            compare_master(what, &d, fo.master, w1, tw);
+            printf("%s: fused attention: losses within %.1e of torch float64's\n", name, worst);
+            int nb = update_errors(&d, fo.master0, fo.master, u64, &ref, &worst, wn, sizeof wn);
+            printf("  %s after %d steps, fused attention: update within %.2f of its bound at "
+                   "worst (%s)\n", name, ref.steps, worst, wn);
+            ZT_CHECK_MSG(nb == 0, "%s after %d steps, fused attention: %d updates beyond their "
+                         "bounds (worst %s, %.2f x its bound)", name, ref.steps, nb, wn, worst);
         }
         free(fo.master0);
         free(fo.master);
@@ -598,6 +711,7 @@ static void fixture(const char *name)
         free(ro[p].master0);
         free(ro[p].master);
     }
+    json_decref(ref.b_tensors);
     for (int s = 0; s < ref.steps; s++) {
         free(ref.ids[s]);
         free(ref.tgts[s]);

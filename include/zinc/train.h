@@ -222,6 +222,11 @@ typedef struct {
     const char *device;           /* overrides cfg->train.device when set */
     zn_aio_fault_fn fault_hook;   /* passed to the NVMe engine (tests) */
     void *fault_user;
+    /* Fault injection (tests): each step's learning rate passes through it
+     * (step from 1) before the optimizer uses it, so a test can put a known
+     * error into one step's update and see its bounds catch it. NULL: none. */
+    double (*lr_fault)(void *user, int64_t step, double lr);
+    void *lr_fault_user;
     /* The ranks of a ZeRO job (include/zinc/comm.h); NULL = one rank. With
      * world size N > 1 every block's parameters, gradients and optimizer
      * states are sharded N ways (zero_optimization.stage 3). Must outlive the

@@ -473,6 +473,8 @@ struct zn_trainer {
 
     zn_aio_fault_fn fault_hook;
     void *fault_user;
+    double (*lr_fault)(void *user, int64_t step, double lr); /* tests: zn_train_options */
+    void *lr_fault_user;
 
     /* state */
     int64_t step;

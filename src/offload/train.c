@@ -1147,6 +1147,8 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     tr->plan = plan;
     tr->fault_hook = o->fault_hook;
     tr->fault_user = o->fault_user;
+    tr->lr_fault = o->lr_fault;
+    tr->lr_fault_user = o->lr_fault_user;
     pthread_mutex_init(&tr->elock, NULL);
     tr->popt = cfg->zero.offload_param.device;
     tr->oopt = cfg->zero.offload_optimizer.device;
@@ -2189,6 +2191,8 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     bool clip = cfg->gradient_clipping > 0, fp16 = cfg->fp16.enabled;
     double scale = tr->scaler.scale;
     double lr = zn_lr_schedule(&cfg->scheduler, cfg->optimizer.lr, tr->step);
+    if (tr->lr_fault)
+        lr = tr->lr_fault(tr->lr_fault_user, tr->step + 1, lr);
     zn_adam_params hp = zn_adam_params_default();
     hp.lr = (float)lr;
     hp.beta1 = (float)cfg->optimizer.beta1;
