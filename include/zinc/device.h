@@ -117,6 +117,10 @@ typedef struct zn_dev_info {
 } zn_dev_info;
 
 ZN_API void zn_dev_get_info(const zn_dev *d, zn_dev_info *out);
+/* The host backend's GEMM library and the kernel family it runs on this
+ * CPU, e.g. "OpenBLAS 0.3.21, Cooperlake kernels" (OPENBLAS_CORETYPE forces
+ * another family). A static string. */
+ZN_API const char *zn_dev_host_blas(void);
 ZN_API zn_dev_kind zn_dev_get_kind(const zn_dev *d);
 
 /* ---- device memory (the arena) ---------------------------------------------

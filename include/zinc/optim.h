@@ -60,8 +60,8 @@ ZN_API int zn_adam_step(const zn_adam_params *hp, float *p, float *m, float *v,
                         const void *g, zn_dtype g_dtype, float g_scale,
                         void *p16_out, zn_dtype p16_dtype, size_t n);
 
-/* SIMD paths. ZN_ISA_AUTO picks the best one the CPU (and the build)
- * supports; the environment variable ZINC_SIMD=avx512|avx2|scalar|auto sets
+/* SIMD paths. ZN_ISA_AUTO picks the one that is fastest on this CPU
+ * (zn_adam_isa_reason says why); the environment variable ZINC_SIMD=avx512|avx2|scalar|auto sets
  * the starting choice (an unknown or unsupported value is warned about and
  * ignored). AVX-512 needs AVX512F+BW+VL; AVX2 needs AVX2+FMA+F16C. */
 typedef enum { ZN_ISA_AUTO = 0, ZN_ISA_SCALAR = 1, ZN_ISA_AVX2 = 2, ZN_ISA_AVX512 = 3 } zn_isa;
@@ -76,6 +76,10 @@ ZN_API int zn_adam_set_isa(zn_isa isa);
  * "scalar"). */
 ZN_API zn_isa zn_adam_get_isa(void);
 ZN_API const char *zn_adam_isa_name(void);
+/* Why that path: the rule auto follows on this CPU (AVX2 on Intel, which
+ * reaches the memory roofline with it and not with AVX-512; otherwise the
+ * widest path), "ZINC_SIMD", or "set by the program". A static string. */
+ZN_API const char *zn_adam_isa_reason(void);
 
 /* Whether `isa` is built in and supported by this CPU (SCALAR always is).
  * zn_isa_name(isa) names any value ("auto", ..., "?"). */

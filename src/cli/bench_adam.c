@@ -486,6 +486,7 @@ int zn_bench_adam(int argc, char **argv)
            sysconf(_SC_NPROCESSORS_ONLN));
     for (size_t i = 0; i < 3; i++)
         printf(" %s%s", zn_isa_name(isas[i]), zn_adam_isa_available(isas[i]) ? "" : "(no)");
+    printf("; the step uses %s (%s)", zn_adam_isa_name(), zn_adam_isa_reason());
     printf("\n# zinc %s, gcc %s, OpenMP %d, %d threads, THP %s\n", ZN_VERSION, __VERSION__,
            _OPENMP, o.threads, thp);
     printf("# %zu params, grad %s, copy %s%s, %d interleaved passes per row (best and mean "

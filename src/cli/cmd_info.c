@@ -10,6 +10,7 @@
 #include "zinc/zinc.h"
 #include "zinc/device.h"
 #include "zinc/nvme.h"
+#include "zinc/optim.h"
 #include "zinc/topo.h"
 #include "zn_build_config.h"
 
@@ -41,6 +42,14 @@ static json_t *topo_json(const zn_topo *t)
         "memory_total", (json_int_t)t->mem_total,
         "memory_available", (json_int_t)t->mem_available,
         "numa", numa, "simd", simd, "hwloc", t->hwloc_version);
+}
+
+/* The CPU's numeric paths: the Adam kernel auto chose and why, the BLAS. */
+static void paths_json(json_t *cpu)
+{
+    json_object_set_new(cpu, "adam_path", json_string(zn_adam_isa_name()));
+    json_object_set_new(cpu, "adam_path_reason", json_string(zn_adam_isa_reason()));
+    json_object_set_new(cpu, "blas", json_string(zn_dev_host_blas()));
 }
 
 #define MAX_GPUS 16
@@ -126,7 +135,9 @@ int zn_cmd_info(int argc, char **argv)
         snprintf(probe_err, sizeof probe_err, "%s", zn_last_error());
 
     if (as_json) {
-        json_t *root = json_pack("{ss so}", "zinc", ZN_VERSION, "cpu", topo_json(&t));
+        json_t *cpu = topo_json(&t);
+        paths_json(cpu);
+        json_t *root = json_pack("{ss so}", "zinc", ZN_VERSION, "cpu", cpu);
         json_t *ga = json_array();
         for (int i = 0; i < ngpu; i++)
             json_array_append_new(ga, gpu_json(&gpus[i]));
@@ -158,6 +169,9 @@ int zn_cmd_info(int argc, char **argv)
     printf("  simd         %s%s%s%s%s%s\n", t.sse42 ? "sse4.2 " : "", t.avx2 ? "avx2 " : "",
            t.fma ? "fma " : "", t.f16c ? "f16c " : "", t.avx512f ? "avx512f " : "",
            t.avx512bw ? "avx512bw" : "");
+    printf("  adam         %s (%s)\n", zn_adam_isa_name(), zn_adam_isa_reason());
+    printf("  blas         %s (host backend; OPENBLAS_CORETYPE forces another family)\n",
+           zn_dev_host_blas());
     printf("  memory       %s total, %s available\n",
            zn_format_size(t.mem_total, b1, sizeof b1), zn_format_size(t.mem_available, b2, sizeof b2));
     if (t.memlock_limit == UINT64_MAX)

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <cblas.h>
+#include <pthread.h>
 #include <hwloc.h>
 #include <omp.h>
 
@@ -540,6 +541,23 @@ int zn_host_backend_create(zn_dev *d)
     in->free_mem = phys;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     in->sm_count = ncpu > 0 ? (int)ncpu : 1;
-    snprintf(in->driver, sizeof in->driver, "OpenBLAS %.50s", openblas_get_config());
+    snprintf(in->driver, sizeof in->driver, "%s", zn_dev_host_blas());
     return 0;
+}
+
+static char g_blas[96];
+
+static void host_blas_fill(void)
+{
+    /* openblas_get_config() starts "OpenBLAS 0.3.21 ..." */
+    char ver[32] = "";
+    sscanf(openblas_get_config(), "OpenBLAS %31s", ver);
+    snprintf(g_blas, sizeof g_blas, "OpenBLAS %s, %s kernels", ver, openblas_get_corename());
+}
+
+const char *zn_dev_host_blas(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, host_blas_fill);
+    return g_blas;
 }

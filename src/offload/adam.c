@@ -156,12 +156,40 @@ const char *zn_isa_name(zn_isa isa)
     return "?";
 }
 
+/* Why auto takes the path it takes (zn_adam_isa_reason). */
+static const char *g_reason = "";
+
+/* The Adam step is bound by memory, not arithmetic: both vector paths run
+ * at the read-modify-write roofline, and the choice is which one reaches it.
+ * Measured with `zinc bench adam` (bench/results/adam.md), median of passes
+ * over the roofline:
+ *   Intel Xeon, AVX-512 (issue 29): avx512 0.92-0.97, avx2 1.00-1.01, with
+ *     fp32 and bf16 gradients: 512-bit stores and the license drop cost it;
+ *   AMD EPYC Zen 4 (family 25): avx512 0.99-1.01, avx2 0.93-1.01: no
+ *     frequency penalty, the wider path at least ties.
+ * So Intel CPUs take AVX2 and others the widest path they have. A rule
+ * rather than a timing at start-up: the two paths are within a few percent
+ * of each other, less than a short timing's noise on a loaded machine, so
+ * a timed choice would flip from run to run (and cost a second at every
+ * start). The paths give the same bits (test_adam), so the rule changes
+ * speed only. */
 static zn_isa best_isa(void)
 {
-    if (zn_adam_isa_available(ZN_ISA_AVX512))
+    if (zn_adam_isa_available(ZN_ISA_AVX512)) {
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (__builtin_cpu_is("intel") && zn_adam_isa_available(ZN_ISA_AVX2)) {
+            g_reason = "Intel: AVX2 runs at the memory roofline, AVX-512 at 0.92-0.97 of it";
+            return ZN_ISA_AVX2;
+        }
+#endif
+        g_reason = "widest path; on AMD Zen 4 AVX-512 ties or beats AVX2";
         return ZN_ISA_AVX512;
-    if (zn_adam_isa_available(ZN_ISA_AVX2))
+    }
+    if (zn_adam_isa_available(ZN_ISA_AVX2)) {
+        g_reason = "widest path this CPU has";
         return ZN_ISA_AVX2;
+    }
+    g_reason = "no AVX2+FMA+F16C on this CPU (or not built in)";
     return ZN_ISA_SCALAR;
 }
 
@@ -187,8 +215,10 @@ static void init_isa(void)
             zn_warn("ZINC_SIMD=%s: this %s; using %s", env,
                     built_ops(want) ? "CPU lacks it" : "build has no such path",
                     zn_isa_name(isa));
-        else
+        else {
             isa = want;
+            g_reason = "ZINC_SIMD";
+        }
     }
     __atomic_store_n(&g_isa, isa, __ATOMIC_RELEASE);
 }
@@ -203,6 +233,8 @@ int zn_adam_set_isa(zn_isa isa)
     else if (!zn_adam_isa_available(isa))
         return zn_set_error(ZN_EUNSUPPORTED, "SIMD path %s: %s", zn_isa_name(isa),
                             built_ops(isa) ? "this CPU lacks it" : "not built in");
+    else
+        g_reason = "set by the program (zn_adam_set_isa)";
     __atomic_store_n(&g_isa, isa, __ATOMIC_RELEASE);
     return 0;
 }
@@ -216,6 +248,12 @@ zn_isa zn_adam_get_isa(void)
 const char *zn_adam_isa_name(void)
 {
     return zn_isa_name(zn_adam_get_isa());
+}
+
+const char *zn_adam_isa_reason(void)
+{
+    pthread_once(&g_isa_once, init_isa);
+    return g_reason;
 }
 
 const zn_optim_ops *zn_optim_get_ops(zn_isa isa)
