@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: the default build (CUDA compiled when the toolkit is
-# present; GPU tests skip without a GPU), a build without CUDA, and the unit
-# suite under AddressSanitizer+UBSan. Ends with "N passed, N failed".
+# present; GPU tests skip without a GPU), a build without CUDA on a second
+# numeric path (another Adam SIMD path and another OpenBLAS kernel family
+# than this CPU picks: scripts/numeric-paths.sh), the unit suite under
+# AddressSanitizer+UBSan, the gpu suite under ThreadSanitizer. Ends with
+# "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -12,12 +15,13 @@ bash scripts/setup.sh venv || echo "test: no .venv for zinc prepare: its test wi
 
 jobs=$(nproc)
 pass=0 fail=0 skip=0
-run() {  # run DIR [meson test args...]
+run_env=()
+run() {  # run DIR [meson test args...]; the environment in run_env
     local dir=$1; shift
     echo "== $dir: building"
     ninja -C "$dir" >"$dir/ninja.log" 2>&1 || { cat "$dir/ninja.log"; fail=$((fail + 1)); return; }
-    echo "== $dir: testing $*"
-    meson test -C "$dir" --print-errorlogs --num-processes "$jobs" "$@"
+    echo "== $dir: testing $* ${run_env[*]}"
+    env "${run_env[@]}" meson test -C "$dir" --print-errorlogs --num-processes "$jobs" "$@"
     local log="$dir/meson-logs/testlog.json"
     if [ -f "$log" ]; then
         local p f s
@@ -32,7 +36,11 @@ run() {  # run DIR [meson test args...]
 # the scale run (33 GiB of swap, ~90 s) once: the host backend is the same
 # code in both builds
 run build --no-suite scale "$@"
+# the same suites on other kernels: a bound fitted to one BLAS or SIMD path
+# fails here
+read -r -a run_env <<<"$(bash scripts/numeric-paths.sh second build)" || run_env=()
 run build-nocuda "$@"
+run_env=()
 run build-asan --suite unit "$@"
 run build-tsan --suite gpu "$@"
 echo
