@@ -6,6 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh build
+# zinc prepare's tokenizer environment, so that the README's fine-tuning
+# path works after this command (a note, not a failure, without PyPI)
+bash scripts/setup.sh venv || echo "demo: no .venv: zinc prepare will say how to make it"
 ninja -C build >/dev/null
 ./build/zinc info
 echo
