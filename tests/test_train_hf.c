@@ -32,6 +32,7 @@
 #include "zinc/model.h"
 #include "zinc/safetensors.h"
 #include "zinc/train.h"
+#include "zinc/util.h"
 #include "test_nvme_common.h"
 #include "zt.h"
 
@@ -592,6 +593,9 @@ static void fixture(const char *name)
         ZT_CHECK_MSG(fabs(ro[0].lr[s] - ref.lr[s]) <= 1e-12 * ref.lr[s] + 1e-15,
                      "%s step %d: lr %.9g, torch %.9g", name, s + 1, ro[0].lr[s], ref.lr[s]);
     }
+    /* the run's bits, to compare across builds and refactors */
+    printf("  %s: crc32c of the final master %08x, of the losses %08x\n", name,
+           zn_crc32c(0, ro[0].master, ro[0].P * 4), zn_crc32c(0, ro[0].loss, sizeof ro[0].loss));
     double uw;
     int bad = update_errors(&d, ro[0].master0, ro[0].master, u64, &ref, &uw, wn, sizeof wn);
     printf("  %s after %d steps: update within %.2f of its bound at worst (%s)\n", name,
