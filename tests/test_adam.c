@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "zinc/optim.h"
-#include "offload/optim-impl.h"
+#include "optim/optim-impl.h"
 #include "zt.h"
 
 #define STEPS 10

@@ -11,7 +11,7 @@
 #include "zt.h"
 
 #include "zinc/optim.h"
-#include "offload/optim-impl.h"
+#include "optim/optim-impl.h"
 
 #if ZN_OPTIM_X86
 #define HAVE_EMU 1
@@ -114,7 +114,7 @@ static inline zn_v128 _mm_unpackhi_pd(zn_v128 a, zn_v128 b) { zn_v128 r = { .d =
 static inline double _mm_cvtsd_f64(zn_v128 a) { return a.d[0]; }
 #undef LANES
 
-#include "offload/optim_avx512.c"
+#include "optim/optim_avx512.c"
 #else
 #define HAVE_EMU 0
 #endif

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "zinc/optim.h"
-#include "offload/optim-impl.h"
+#include "optim/optim-impl.h"
 #include "zt.h"
 
 static uint64_t mix(uint64_t x)

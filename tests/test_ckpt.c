@@ -90,7 +90,7 @@ static int create(zn_trainer **tr, toy_model *toy, const char **sets, int nsets,
         return rc;
     toy_setup(toy, V, H, NMID, MB * SEQ, 7);
     zn_plan_input in;
-    toy_plan_input(toy, 1, 1, &in);
+    toy_plan_input(toy, MB, SEQ, &in);
     zn_train_options o = zn_train_options_default();
     o.cfg = &cfg;
     o.model = &toy->model;
@@ -475,7 +475,7 @@ static void prune_and_refusals(const char **sets, int nsets)
         toy_model wide;
         toy_setup(&wide, V, H + 64, NMID, MB * SEQ, 7);
         zn_plan_input in;
-        toy_plan_input(&wide, 1, 1, &in);
+        toy_plan_input(&wide, MB, SEQ, &in);
         zn_train_options o = zn_train_options_default();
         o.cfg = &cfg;
         o.model = &wide.model;

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "zinc/optim.h"
-#include "offload/optim-impl.h"
+#include "optim/optim-impl.h"
 #include "zt.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -9,7 +9,7 @@
 #include "zinc/model.h"
 #include "zinc/plan.h"
 #include "zinc/train.h"
-#include "cli/cli.h"
+#include "zinc/run.h"
 #include "zt.h"
 
 static const uint64_t blocks[] = { 100, 1000, 1000, 100 };
@@ -195,7 +195,7 @@ static void test_real_models(void)
         if (zn_config_parse(&c, models[i].json, models[i].name, NULL, 0))
             ZT_SETUP_FAIL("%s: %s", models[i].name, zn_last_error());
         zn_model_dims d;
-        int rc = zn_cli_model_dims(&c, &d);
+        int rc = zn_run_model_dims(&c, &d);
         ZT_CHECK_MSG(rc == 0, "%s: %s", models[i].name, zn_last_error());
         uint64_t n = zn_model_param_count(&d);
         ZT_CHECK_MSG(n == models[i].params, "%s: %llu parameters, published %llu",
@@ -204,7 +204,7 @@ static void test_real_models(void)
         uint64_t *bl = calloc((size_t)zn_model_num_parts(&d), sizeof *bl);
         zn_plan_input in;
         zn_config_resolve_batch(&c, 1);
-        zn_cli_plan_input(&c, &d, 1, bl, &in);
+        zn_run_plan_input(&c, &d, 1, bl, &in);
         zn_plan_budgets b = { { UINT64_MAX / 4, UINT64_MAX / 4, UINT64_MAX / 4 } };
         zn_plan p;
         ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &b), 0);
@@ -216,14 +216,14 @@ static void test_real_models(void)
 /* LLaMA-Factory's ZeRO-3 config without offload (the optimizer on the GPU):
  * the states stay on the device where the plan fits, and move to pinned RAM
  * (with a note) where it does not, the same for `zinc plan` and `zinc
- * train`, which both call zn_cli_fit_optimizer. */
+ * train`, which both call zn_run_fit_optimizer. */
 static int fit_plan_rc(zn_config *c, uint64_t gpu, FILE *note, zn_plan *p, int *plan_rc)
 {
     zn_model_dims d;
-    ZT_EQ_INT(zn_cli_model_dims(c, &d), 0);
+    ZT_EQ_INT(zn_run_model_dims(c, &d), 0);
     uint64_t bl[16];
     zn_plan_input in;
-    zn_cli_plan_input(c, &d, 1, bl, &in);
+    zn_run_plan_input(c, &d, 1, bl, &in);
     zn_train_llama *ll = NULL;
     ZT_EQ_INT(zn_train_llama_create(&ll, &d, 1, c->data.seq_len, 0.02f, 1), 0);
     zn_train_options to = zn_train_options_default();
@@ -231,7 +231,7 @@ static int fit_plan_rc(zn_config *c, uint64_t gpu, FILE *note, zn_plan *p, int *
     to.model = zn_train_llama_model(ll);
     to.plan_in = &in;
     to.budgets = (zn_plan_budgets){ { gpu, 1ull << 40, 1ull << 40 } };
-    int moved = zn_cli_fit_optimizer(c, &to, 1, note);
+    int moved = zn_run_fit_optimizer(c, &to, 1, note);
     *plan_rc = zn_train_plan(p, &to, 1);
     zn_train_llama_destroy(ll);
     return moved;

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/cli.h"
+#include "zinc/run.h"
 #include "zinc/config.h"
 #include "zinc/model.h"
 #include "zinc/train.h"
@@ -102,10 +102,10 @@ static void one(const shape *sh, const placement *pl, int accum, int pcache, con
     if (rc)
         return;
     zn_model_dims d;
-    ZT_EQ_INT(zn_cli_model_dims(&cfg, &d), 0);
+    ZT_EQ_INT(zn_run_model_dims(&cfg, &d), 0);
     uint64_t blocks[256]; /* zn_model_num_parts: at most 32 + layers + 32 */
     zn_plan_input in;
-    zn_cli_plan_input(&cfg, &d, 1, blocks, &in);
+    zn_run_plan_input(&cfg, &d, 1, blocks, &in);
     zn_train_llama *l = NULL;
     zn_trainer *tr = NULL;
     ZT_EQ_INT(zn_train_llama_create(&l, &d, 2, 16, 0.02, 1), 0);
@@ -203,7 +203,7 @@ int main(void)
         {
             zn_model_dims dd;
             zn_config cc;
-            if (zn_config_parse(&cc, "{}", "g", &shapes[0].model, 1) || zn_cli_model_dims(&cc, &dd))
+            if (zn_config_parse(&cc, "{}", "g", &shapes[0].model, 1) || zn_run_model_dims(&cc, &dd))
                 ZT_SETUP_FAIL("shape: %s", zn_last_error());
             G = zn_model_trainable_count(&dd) * 4;
         }

@@ -88,7 +88,7 @@ static int create(zn_trainer **tr, toy_model *toy, const char **sets, int nsets,
         return rc;
     toy_setup(toy, V, H, NMID, MB * SEQ, 7);
     zn_plan_input in;
-    toy_plan_input(toy, 1, 1, &in);
+    toy_plan_input(toy, MB, SEQ, &in);
     zn_train_options o = zn_train_options_default();
     o.cfg = &cfg;
     o.model = &toy->model;
@@ -566,7 +566,7 @@ int main(void)
         toy_model toy;
         toy_setup(&toy, V, H, NMID, MB * SEQ, 7);
         zn_plan_input in;
-        toy_plan_input(&toy, 1, 1, &in);
+        toy_plan_input(&toy, MB, SEQ, &in);
         zn_train_options po = zn_train_options_default();
         po.cfg = &cfg;
         po.model = &toy.model;

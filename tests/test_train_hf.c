@@ -25,7 +25,7 @@
 #include <ftw.h>
 #include <sys/stat.h>
 
-#include "cli/cli.h"
+#include "zinc/run.h"
 #include "zinc/ckpt.h"
 #include "zinc/config.h"
 #include "zinc/device.h"
@@ -184,11 +184,11 @@ static int run(const char *dir, const reference *ref, const char **sets, int nse
     if (!rc)
         rc = zn_config_resolve_batch(&cfg, 1);
     if (!rc)
-        rc = zn_cli_model_dims(&cfg, &d);
+        rc = zn_run_model_dims(&cfg, &d);
     if (rc)
         return rc;
     zn_plan_input in;
-    zn_cli_plan_input(&cfg, &d, 1, blocks, &in);
+    zn_run_plan_input(&cfg, &d, 1, blocks, &in);
     char summary[4600];
     if ((rc = zn_train_llama_create(&l, &d, cfg.train_micro_batch_size_per_gpu, cfg.data.seq_len,
                                     0.02, 1)) ||

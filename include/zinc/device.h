@@ -121,6 +121,12 @@ ZN_API void zn_dev_get_info(const zn_dev *d, zn_dev_info *out);
  * CPU, e.g. "OpenBLAS 0.3.21, Cooperlake kernels" (OPENBLAS_CORETYPE forces
  * another family). A static string. */
 ZN_API const char *zn_dev_host_blas(void);
+/* The host backend's device guard (ZINC_DEVICE_GUARD=1: the arena is under
+ * a memory-protection key that only device ops hold): code that runs as a
+ * device op outside the backend's own workers (a communicator's host
+ * reduction on a stream) opens it with 1 and closes it with 0, on the
+ * calling thread. A no-op when the guard is off or the device is a GPU. */
+ZN_API void zn_dev_host_guard_allow(int allow);
 ZN_API zn_dev_kind zn_dev_get_kind(const zn_dev *d);
 
 /* ---- device memory (the arena) ---------------------------------------------

@@ -60,6 +60,26 @@ ZN_API int zn_adam_step(const zn_adam_params *hp, float *p, float *m, float *v,
                         const void *g, zn_dtype g_dtype, float g_scale,
                         void *p16_out, zn_dtype p16_dtype, size_t n);
 
+/* The per-call constants of one Adam step, computed once in double and
+ * rounded to float, so that every path, every thread and the device
+ * kernels (zn_dev_adam) use the same values. */
+typedef struct {
+    float b1, omb1;      /* beta1, 1 - beta1 */
+    float b2, omb2;      /* beta2, 1 - beta2 */
+    float step_size;     /* -lr * sqrt(1 - beta2^t) / (1 - beta1^t) */
+    float eps;           /* eps * sqrt(1 - beta2^t) */
+    float g_scale;
+    float l2;            /* weight_decay (Adam L2 mode), used when use_l2 */
+    float decay;         /* -lr * weight_decay (AdamW), used when use_decay */
+    int use_l2, use_decay;
+} zn_adam_consts;
+
+/* Checks zn_adam_step's arguments and fills *out with the step's
+ * constants. Returns 0 or -EINVAL with zn_last_error, as zn_adam_step. */
+ZN_API int zn_adam_prepare(const zn_adam_params *hp, float *p, float *m, float *v,
+                           const void *g, zn_dtype g_dtype, float g_scale, void *p16_out,
+                           zn_dtype p16_dtype, size_t n, zn_adam_consts *out);
+
 /* SIMD paths. ZN_ISA_AUTO picks the one that is fastest on this CPU
  * (zn_adam_isa_reason says why); the environment variable ZINC_SIMD=avx512|avx2|scalar|auto sets
  * the starting choice (an unknown or unsupported value is warned about and

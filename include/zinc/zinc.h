@@ -15,5 +15,6 @@
 #include "zinc/trace.h"
 #include "zinc/train.h"
 #include "zinc/ckpt.h"
+#include "zinc/run.h"
 
 #endif

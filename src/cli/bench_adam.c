@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "zinc/optim.h"
-#include "offload/optim-impl.h"
+#include "optim/optim-impl.h"
 #include "cli/cli.h"
 #include "zinc/topo.h"
 #include "zn_build_config.h"

@@ -102,7 +102,7 @@ int zn_bench_model(int argc, char **argv)
     if (config) {
         zn_config cfg;
         if ((rc = zn_config_load(&cfg, config, sets, n_sets)) ||
-            (rc = zn_config_resolve_batch(&cfg, 1)) || (rc = zn_cli_model_dims(&cfg, &d)))
+            (rc = zn_config_resolve_batch(&cfg, 1)) || (rc = zn_run_model_dims(&cfg, &d)))
             return zn_cli_fail(rc, "bench model");
         if (!batch)
             batch = cfg.train_micro_batch_size_per_gpu;

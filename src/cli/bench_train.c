@@ -8,7 +8,7 @@
 #include <sys/utsname.h>
 
 #include "cli/cli.h"
-#include "cli/cli_train.h"
+#include "zinc/run.h"
 #include "zinc/nvme.h"
 #include "zinc/topo.h"
 #include "zinc/train.h"
@@ -66,11 +66,11 @@ int zn_bench_train(int argc, char **argv)
     if (rc)
         return zn_cli_fail(rc, NULL);
     cfg.train.steps = warmup + steps;
-    zn_cli_train_session ts;
-    if ((rc = zn_cli_train_session_open(&ts, &cfg, trace ? ZN_CLI_TRACE : 0))) {
+    zn_run ts;
+    if ((rc = zn_run_open(&ts, &cfg, trace ? ZN_RUN_TRACE : 0, stdout))) {
         zn_cli_fail(rc, NULL);
-        zn_cli_train_session_abort(&ts, 1);
-        zn_cli_train_session_close(&ts);
+        zn_run_abort(&ts, 1);
+        zn_run_close(&ts);
         return 1;
     }
 
@@ -113,7 +113,7 @@ int zn_bench_train(int argc, char **argv)
     double loss0 = NAN, loss1 = NAN;
     for (long s = 0; s < warmup + steps && !rc; s++) {
         zn_train_step_info info;
-        if ((rc = zn_cli_train_session_step(&ts, (uint64_t)s, &info)))
+        if ((rc = zn_run_step(&ts, (uint64_t)s, &info)))
             break;
         wrong += !isfinite(info.loss) || !isfinite(info.grad_norm);
         if (s == 0)
@@ -127,7 +127,7 @@ int zn_bench_train(int argc, char **argv)
         rc = zn_train_sync(ts.tr);
     if (rc) {
         zn_cli_fail(rc, NULL);
-        zn_cli_train_session_close(&ts);
+        zn_run_close(&ts);
         return 1;
     }
     uint64_t n = zn_train_num_params(ts.tr);
@@ -203,6 +203,6 @@ int zn_bench_train(int argc, char **argv)
     }
     if (trace && (rc = zn_train_write_trace(ts.tr, trace)))
         zn_cli_fail(rc, "trace");
-    zn_cli_train_session_close(&ts);
+    zn_run_close(&ts);
     return rc || wrong ? 1 : 0;
 }

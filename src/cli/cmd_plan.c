@@ -121,7 +121,7 @@ int zn_cmd_plan(int argc, char **argv)
     if (rc)
         return zn_cli_fail(rc, NULL);
     /* --print-config prints JSON alone on stdout, so the summary goes to stderr */
-    if ((rc = zn_cli_effective(&cfg, world, print_cfg ? stderr : stdout)))
+    if ((rc = zn_run_effective(&cfg, world, print_cfg ? stderr : stdout)))
         return zn_cli_fail(rc, NULL);
     if (print_cfg) {
         char *s = zn_config_dump(&cfg);
@@ -130,14 +130,14 @@ int zn_cmd_plan(int argc, char **argv)
         free(s);
     }
     zn_model_dims d;
-    if ((rc = zn_cli_model_dims(&cfg, &d)))
+    if ((rc = zn_run_model_dims(&cfg, &d)))
         return zn_cli_fail(rc, NULL);
     zn_topo topo;
     if ((rc = zn_topo_discover(&topo)))
         return zn_cli_fail(rc, "topology");
     zn_plan_budgets budgets;
-    if ((rc = zn_cli_budgets(&cfg, &topo, zn_cli_gpu_free(&cfg), &budgets)) ||
-        (rc = zn_cli_check_budgets(&cfg, &topo, &budgets, 0)))
+    if ((rc = zn_run_budgets(&cfg, &topo, zn_run_gpu_free(&cfg), &budgets)) ||
+        (rc = zn_run_check_budgets(&cfg, &topo, &budgets, 0)))
         return zn_cli_fail(rc, NULL);
 
     int nb = zn_model_num_parts(&d);
@@ -145,7 +145,7 @@ int zn_cmd_plan(int argc, char **argv)
     if (!blocks)
         return zn_cli_fail(-12, "out of memory");
     zn_plan_input in;
-    zn_cli_plan_input(&cfg, &d, world, blocks, &in);
+    zn_run_plan_input(&cfg, &d, world, blocks, &in);
     zn_plan plan;
     /* the plan the run allocates from: the trainer's own allocation code,
      * run dry, for rank 0 of `world` */
@@ -159,7 +159,7 @@ int zn_cmd_plan(int argc, char **argv)
         to.model = zn_train_llama_model(ll);
         to.plan_in = &in;
         to.budgets = budgets;
-        rc = zn_cli_fit_optimizer(&cfg, &to, world, print_cfg ? stderr : stdout);
+        rc = zn_run_fit_optimizer(&cfg, &to, world, print_cfg ? stderr : stdout);
         if (rc >= 0)
             rc = zn_train_plan(&plan, &to, world);
     }
@@ -221,7 +221,7 @@ int zn_cmd_plan(int argc, char **argv)
     }
     /* the run on this machine's GPU would refuse fp16 compute: so does
      * its plan (on a machine without one, the plan is the host backend's) */
-    if (cfg.fp16.enabled && strcmp(cfg.train.device, "host") && zn_cli_has_cuda(&cfg)) {
+    if (cfg.fp16.enabled && strcmp(cfg.train.device, "host") && zn_run_has_cuda(&cfg)) {
         fprintf(stderr, "\nzinc: error: does not run here: fp16.enabled: zinc computes fp16 on "
                 "the host backend only; on this machine's GPU use \"bf16\": {\"enabled\": "
                 "true} (or train.device=\"host\")\n");

@@ -13,7 +13,6 @@
 #include <time.h>
 
 #include "comm/comm-impl.h"
-#include "gpu/gpu-impl.h"
 
 /* ---- reductions ------------------------------------------------------------*/
 void zn_comm_reduce(void *out, const void *a, const void *b, size_t n, zn_dtype dt,
@@ -385,7 +384,7 @@ static void *worker_main(void *arg)
     zn_comm *c = arg;
     /* the host backend's stand-in for NCCL: its collectives read and write
      * device buffers, as NCCL's kernels would */
-    zn_host_guard_allow(1);
+    zn_dev_host_guard_allow(1);
     pthread_mutex_lock(&c->lock);
     for (;;) {
         while (!c->q_head && !c->stop)
@@ -675,7 +674,7 @@ static void stream_job_run(void *arg)
     zn_comm *c = j->c;
     /* NCCL's stand-in on the host backend: device buffers are its to use
      * (the stream closes the guard again after a host function) */
-    zn_host_guard_allow(1);
+    zn_dev_host_guard_allow(1);
     if (!zn_comm_check_broken(c)) {
         int rc = zn_comm_run_op(c, &j->op);
         if (rc) {

@@ -10,7 +10,6 @@
 #include <hwloc.h>
 
 #include "gpu/gpu-impl.h"
-#include "offload/optim-impl.h"
 #include "util/hash-impl.h"
 
 zn_dev_config zn_dev_config_default(void)
@@ -1484,7 +1483,7 @@ int zn_dev_adam(zn_dev *d, zn_stream *s, const zn_adam_params *hp, float *p, flo
     CHK(n >= 0, "adam: n = %lld", (long long)n);
     CHK(!c || c_dt == ZN_DTYPE_BF16, "adam: the 16-bit copy must be bf16 on a device, not %s",
         zn_dtype_name(c_dt));
-    zn_adam_k k;
+    zn_adam_consts k;
     /* the CPU step's checks and constants: one set for both backends */
     int rc = zn_adam_prepare(hp, p, m, v, g, ZN_DTYPE_F32, g_scale, c, c_dt, (size_t)n, &k);
     if (rc)

@@ -561,3 +561,8 @@ const char *zn_dev_host_blas(void)
     pthread_once(&once, host_blas_fill);
     return g_blas;
 }
+
+void zn_dev_host_guard_allow(int allow)
+{
+    zn_host_guard_allow(allow);
+}

@@ -10,7 +10,6 @@
 #include <cblas.h>
 
 #include "gpu/gpu-impl.h"
-#include "offload/optim-impl.h"
 #include "util/hash-impl.h"
 
 static inline float ldf(const void *p, zn_dtype dt, int64_t i)

@@ -14,13 +14,8 @@
 #include "zinc/model.h"
 #include "model/model-impl.h"
 #include "util/hash-impl.h"
+#include "util/try-impl.h"
 
-#define TRY(x)                                                                 \
-    do {                                                                       \
-        int rc_ = (x);                                                         \
-        if (rc_)                                                               \
-            return rc_;                                                        \
-    } while (0)
 
 /* Layer parameter slots, in the order of zn_model_block_param. */
 enum {
@@ -578,11 +573,11 @@ int zn_model_set_batch(zn_model *m, zn_stream *s, int64_t batch, int64_t seq,
         h[2 * N + i] = p;
         h[3 * N + i] = t - p; /* the first key of the token's document */
     }
-    TRY(zn_dev_copy_h2d(m->dev, s, m->ids, h, (size_t)N * 4));
-    TRY(zn_dev_copy_h2d(m->dev, s, m->targets, h + N, (size_t)N * 4));
-    TRY(zn_dev_copy_h2d(m->dev, s, m->pos, h + 2 * N, (size_t)N * 4));
-    TRY(zn_dev_copy_h2d(m->dev, s, m->kstart, h + 3 * N, (size_t)N * 4));
-    TRY(zn_dev_stream_sync(m->dev, s));
+    ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->ids, h, (size_t)N * 4));
+    ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->targets, h + N, (size_t)N * 4));
+    ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->pos, h + 2 * N, (size_t)N * 4));
+    ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->kstart, h + 3 * N, (size_t)N * 4));
+    ZN_TRY(zn_dev_stream_sync(m->dev, s));
     m->B = batch;
     m->T = seq;
     m->N = N;
@@ -641,7 +636,7 @@ static void *at(const void *p, int64_t elems, size_t esz)
 
 int zn_model_embed_fwd(zn_model *m, zn_stream *s, void *const *params, void *x_out)
 {
-    TRY(need_batch(m));
+    ZN_TRY(need_batch(m));
     return zn_dev_embedding_fwd(m->dev, s, m->ids, m->N, params[0], m->dt, m->V, m->H, x_out,
                                 m->dt);
 }
@@ -650,7 +645,7 @@ int zn_model_embed_bwd(zn_model *m, zn_stream *s, void *const *params, const voi
                        float *const *grads)
 {
     (void)params;
-    TRY(need_batch(m));
+    ZN_TRY(need_batch(m));
     if (!grads[0])
         return 0; /* frozen */
     return zn_dev_embedding_bwd(m->dev, s, m->ids, m->N, dx, m->dt, m->V, m->H, grads[0]);
@@ -672,8 +667,8 @@ static int part_of(const zn_model *m, int block, int part, zn_model_part_info *p
 int zn_model_embed_fwd_part(zn_model *m, zn_stream *s, int part, const void *table, void *x_out)
 {
     zn_model_part_info pi;
-    TRY(need_batch(m));
-    TRY(part_of(m, 0, part, &pi));
+    ZN_TRY(need_batch(m));
+    ZN_TRY(part_of(m, 0, part, &pi));
     if (pi.nparts == 1)
         return zn_dev_embedding_fwd(m->dev, s, m->ids, m->N, table, m->dt, m->V, m->H, x_out,
                                     m->dt);
@@ -684,8 +679,8 @@ int zn_model_embed_fwd_part(zn_model *m, zn_stream *s, int part, const void *tab
 int zn_model_embed_bwd_part(zn_model *m, zn_stream *s, int part, const void *dx, float *dtable)
 {
     zn_model_part_info pi;
-    TRY(need_batch(m));
-    TRY(part_of(m, 0, part, &pi));
+    ZN_TRY(need_batch(m));
+    ZN_TRY(part_of(m, 0, part, &pi));
     if (!dtable)
         return 0; /* frozen */
     return zn_dev_embedding_rows_bwd(m->dev, s, m->ids, m->N, dx, m->dt, pi.row0, pi.rows, m->H,
@@ -725,7 +720,7 @@ static int attn_probs(zn_model *m, zn_stream *s, const layer_acts *a, int64_t b,
     size_t e = m->esz;
     const void *qb = at(a->qkv, b * T * ld, e);
     for (int64_t j = 0; j < m->nkv; j++)
-        TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_TRANS, qn, kn, hd, 1.0f,
+        ZN_TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_TRANS, qn, kn, hd, 1.0f,
                                         at(qb, q0 * ld + j * g * hd, e), m->dt, ld, hd,
                                         at(qb, m->qd + j * hd, e), m->dt, ld, 0, 0.0f,
                                         m->SS + j * g * qn * kn, ZN_DTYPE_F32, kn, qn * kn, g));
@@ -760,12 +755,12 @@ static int attn_fwd(zn_model *m, zn_stream *s, const layer_acts *a)
     for (int64_t b = 0; b < m->B; b++)
         for (int64_t q0 = 0; q0 < T; q0 += QB) {
             int64_t qn = T - q0 < QB ? T - q0 : QB, kn = q0 + qn;
-            TRY(attn_probs(m, s, a, b, q0, qn));
+            ZN_TRY(attn_probs(m, s, a, b, q0, qn));
             const void *vb = at(a->qkv, b * T * ld + m->qd + m->kvd, e);
             void *ob = at(a->attn, (b * T + q0) * m->qd, e);
             /* O_h = P_h V_j, the group's heads in one batch */
             for (int64_t j = 0; j < m->nkv; j++)
-                TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, qn, hd, kn,
+                ZN_TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, qn, hd, kn,
                                                 1.0f, at(m->P, j * g * qn * kn, e), m->dt, kn,
                                                 qn * kn, at(vb, j * hd, e), m->dt, ld, 0, 0.0f,
                                                 at(ob, j * g * hd, e), m->dt, m->qd, hd, g));
@@ -800,41 +795,41 @@ static int attn_bwd(zn_model *m, zn_stream *s, const layer_acts *a)
         for (int64_t k = nblk - 1; k >= 0; k--) {
             int64_t q0 = k * QB, qn = T - q0 < QB ? T - q0 : QB, kn = q0 + qn;
             int first = k == nblk - 1;
-            TRY(attn_probs(m, s, a, b, q0, qn));
+            ZN_TRY(attn_probs(m, s, a, b, q0, qn));
             const void *dob = at(m->d_attn, (b * T + q0) * qd, e);
             const void *qblk = at(qb, q0 * ld, e);
             /* dP_h = dO_h V_j^T */
             for (int64_t j = 0; j < m->nkv; j++)
-                TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_TRANS, qn, kn, hd, 1.0f,
+                ZN_TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_TRANS, qn, kn, hd, 1.0f,
                                                 at(dob, j * g * hd, e), m->dt, qd, hd,
                                                 at(qb, qd + kvd + j * hd, e), m->dt, ld, 0, 0.0f,
                                                 m->dP + j * g * qn * kn, ZN_DTYPE_F32, kn,
                                                 qn * kn, g));
             /* dV_j (+)= sum over the group's heads of P_h^T dO_h */
             for (int64_t h = 0; h < m->nh; h++)
-                TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, kn, hd, qn, 1.0f,
+                ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, kn, hd, qn, 1.0f,
                                 at(m->P, h * qn * kn, e), m->dt, kn, at(dob, h * hd, e), m->dt,
                                 qd, first && h % g == 0 ? 0.0f : 1.0f,
                                 at(dv, (h / g) * hd, ae), adt, ald));
             const int32_t *ks = key_start(m, b);
-            TRY(zn_dev_softmax_causal_bwd(m->dev, s, m->P, m->dt, m->dP, ZN_DTYPE_F32, m->dS,
+            ZN_TRY(zn_dev_softmax_causal_bwd(m->dev, s, m->P, m->dt, m->dP, ZN_DTYPE_F32, m->dS,
                                           m->dt, m->nh, qn, kn, q0, ks ? ks + q0 : NULL, scale));
             /* dQ_h = dS_h K_j, the group's heads in one batch */
             for (int64_t j = 0; j < m->nkv; j++)
-                TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, qn, hd, kn,
+                ZN_TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, qn, hd, kn,
                                                 1.0f, at(m->dS, j * g * qn * kn, e), m->dt, kn,
                                                 qn * kn, at(qb, qd + j * hd, e), m->dt, ld, 0,
                                                 0.0f, at(dqb, q0 * ld + j * g * hd, e), m->dt,
                                                 ld, hd, g));
             /* dK_j (+)= sum over the group's heads of dS_h^T Q_h */
             for (int64_t h = 0; h < m->nh; h++)
-                TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, kn, hd, qn, 1.0f,
+                ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, kn, hd, qn, 1.0f,
                                 at(m->dS, h * qn * kn, e), m->dt, kn, at(qblk, h * hd, e), m->dt,
                                 ld, first && h % g == 0 ? 0.0f : 1.0f,
                                 at(dk, (h / g) * hd, ae), adt, ald));
         }
         if (acc)
-            TRY(zn_dev_copy_2d(m->dev, s, acc, ZN_DTYPE_F32, 2 * kvd, at(dqb, qd, e), m->dt, ld,
+            ZN_TRY(zn_dev_copy_2d(m->dev, s, acc, ZN_DTYPE_F32, 2 * kvd, at(dqb, qd, e), m->dt, ld,
                                T, 2 * kvd));
     }
     return 0;
@@ -886,7 +881,7 @@ static int lora_input(zn_model *m, zn_stream *s, int layer, unsigned t, const vo
 {
     if (!m->drop_on)
         return 0;
-    TRY(zn_dev_dropout(m->dev, s, *x, m->dt, *ldx, m->lxd, m->dt, in, m->N, in,
+    ZN_TRY(zn_dev_dropout(m->dev, s, *x, m->dt, *ldx, m->lxd, m->dt, in, m->N, in,
                        m->d.lora.dropout, lora_key(m, layer, t), 0));
     *x = m->lxd;
     *ldx = in;
@@ -900,8 +895,8 @@ static int lora_fwd(zn_model *m, zn_stream *s, void *const *params, int layer, u
     if (i < 0)
         return 0;
     int64_t r = m->d.lora.r;
-    TRY(lora_input(m, s, layer, t, &x, &ldx, in));
-    TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, m->N, r, in, 1.0f, x, m->dt, ldx, params[i],
+    ZN_TRY(lora_input(m, s, layer, t, &x, &ldx, in));
+    ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, m->N, r, in, 1.0f, x, m->dt, ldx, params[i],
                     m->dt, in, 0.0f, m->lu, m->dt, r));
     return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, m->N, out, r, m->lscale, m->lu, m->dt, r,
                        params[i + 1], m->dt, r, 1.0f, y, m->dt, ldy);
@@ -919,16 +914,16 @@ static int lora_bwd_w(zn_model *m, zn_stream *s, void *const *params, float *con
         return 0;
     int64_t r = m->d.lora.r, N = m->N;
     zn_dtype dt = m->dt;
-    TRY(lora_input(m, s, layer, t, &x, &ldx, in));
-    TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, r, in, 1.0f, x, dt, ldx, params[i], dt,
+    ZN_TRY(lora_input(m, s, layer, t, &x, &ldx, in));
+    ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, r, in, 1.0f, x, dt, ldx, params[i], dt,
                     in, 0.0f, m->lu, dt, r));
     if (grads[i + 1])
-        TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, out, r, N, m->lscale, dy, dt, lddy,
+        ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, out, r, N, m->lscale, dy, dt, lddy,
                         m->lu, dt, r, 1.0f, grads[i + 1], ZN_DTYPE_F32, r));
-    TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, N, r, out, m->lscale, dy, dt, lddy,
+    ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, N, r, out, m->lscale, dy, dt, lddy,
                     params[i + 1], dt, r, 0.0f, m->ldu, dt, r));
     if (grads[i])
-        TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, r, in, N, 1.0f, m->ldu, dt, r, x, dt,
+        ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, r, in, N, 1.0f, m->ldu, dt, r, x, dt,
                         ldx, 1.0f, grads[i], ZN_DTYPE_F32, in));
     return 0;
 }
@@ -944,7 +939,7 @@ static int lora_bwd_x(zn_model *m, zn_stream *s, void *const *params, int layer,
     if (!m->drop_on)
         return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, m->N, in, r, 1.0f, m->ldu, m->dt, r,
                            params[i], m->dt, in, 1.0f, dx, dxdt, lddx);
-    TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, m->N, in, r, 1.0f, m->ldu, m->dt, r,
+    ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, m->N, in, r, 1.0f, m->ldu, m->dt, r,
                     params[i], m->dt, in, 0.0f, m->ltmp, ZN_DTYPE_F32, in));
     return zn_dev_dropout(m->dev, s, m->ltmp, ZN_DTYPE_F32, in, dx, dxdt, lddx, m->N, in,
                           m->d.lora.dropout, lora_key(m, layer, t), 1);
@@ -959,41 +954,41 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *par
     size_t e = m->esz;
     float eps = (float)m->d.rms_eps;
 
-    TRY(zn_dev_rmsnorm_fwd(m->dev, s, x_in, dt, PRM(P_IN_NORM), dt, a->h1, dt, a->rstd1, N, H,
+    ZN_TRY(zn_dev_rmsnorm_fwd(m->dev, s, x_in, dt, PRM(P_IN_NORM), dt, a->h1, dt, a->rstd1, N, H,
                            eps));
-    TRY(linear(m, s, a->h1, H, PRM(P_WQ), qd, H, 0.0f, a->qkv, dt, ld));
-    TRY(linear(m, s, a->h1, H, PRM(P_WK), kvd, H, 0.0f, at(a->qkv, qd, e), dt, ld));
-    TRY(linear(m, s, a->h1, H, PRM(P_WV), kvd, H, 0.0f, at(a->qkv, qd + kvd, e), dt, ld));
-    TRY(lora_fwd(m, s, params, layer, ZN_LORA_Q, a->h1, H, H, qd, a->qkv, ld));
-    TRY(lora_fwd(m, s, params, layer, ZN_LORA_K, a->h1, H, H, kvd, at(a->qkv, qd, e), ld));
-    TRY(lora_fwd(m, s, params, layer, ZN_LORA_V, a->h1, H, H, kvd, at(a->qkv, qd + kvd, e), ld));
+    ZN_TRY(linear(m, s, a->h1, H, PRM(P_WQ), qd, H, 0.0f, a->qkv, dt, ld));
+    ZN_TRY(linear(m, s, a->h1, H, PRM(P_WK), kvd, H, 0.0f, at(a->qkv, qd, e), dt, ld));
+    ZN_TRY(linear(m, s, a->h1, H, PRM(P_WV), kvd, H, 0.0f, at(a->qkv, qd + kvd, e), dt, ld));
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_Q, a->h1, H, H, qd, a->qkv, ld));
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_K, a->h1, H, H, kvd, at(a->qkv, qd, e), ld));
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_V, a->h1, H, H, kvd, at(a->qkv, qd + kvd, e), ld));
     if (m->d.qkv_bias) {
-        TRY(zn_dev_bias_add(m->dev, s, a->qkv, dt, ld, PRM(P_BQ), dt, N, qd));
-        TRY(zn_dev_bias_add(m->dev, s, at(a->qkv, qd, e), dt, ld, PRM(P_BK), dt, N, kvd));
-        TRY(zn_dev_bias_add(m->dev, s, at(a->qkv, qd + kvd, e), dt, ld, PRM(P_BV), dt, N, kvd));
+        ZN_TRY(zn_dev_bias_add(m->dev, s, a->qkv, dt, ld, PRM(P_BQ), dt, N, qd));
+        ZN_TRY(zn_dev_bias_add(m->dev, s, at(a->qkv, qd, e), dt, ld, PRM(P_BK), dt, N, kvd));
+        ZN_TRY(zn_dev_bias_add(m->dev, s, at(a->qkv, qd + kvd, e), dt, ld, PRM(P_BV), dt, N, kvd));
     }
-    TRY(zn_dev_rope_fwd(m->dev, s, a->qkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
-    TRY(zn_dev_rope_fwd(m->dev, s, at(a->qkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
+    ZN_TRY(zn_dev_rope_fwd(m->dev, s, a->qkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
+    ZN_TRY(zn_dev_rope_fwd(m->dev, s, at(a->qkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
                         m->inv_freq));
-    TRY(attn_fwd(m, s, a));
+    ZN_TRY(attn_fwd(m, s, a));
     /* x_mid = x_in + attn Wo^T (+ bo) */
-    TRY(zn_dev_copy_d2d(m->dev, s, a->x_mid, x_in, (size_t)(N * H) * e));
-    TRY(linear(m, s, a->attn, qd, PRM(P_WO), H, qd, 1.0f, a->x_mid, dt, H));
-    TRY(lora_fwd(m, s, params, layer, ZN_LORA_O, a->attn, qd, qd, H, a->x_mid, H));
+    ZN_TRY(zn_dev_copy_d2d(m->dev, s, a->x_mid, x_in, (size_t)(N * H) * e));
+    ZN_TRY(linear(m, s, a->attn, qd, PRM(P_WO), H, qd, 1.0f, a->x_mid, dt, H));
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_O, a->attn, qd, qd, H, a->x_mid, H));
     if (m->d.o_bias)
-        TRY(zn_dev_bias_add(m->dev, s, a->x_mid, dt, H, PRM(P_BO), dt, N, H));
-    TRY(zn_dev_rmsnorm_fwd(m->dev, s, a->x_mid, dt, PRM(P_POST_NORM), dt, a->h2, dt, a->rstd2, N,
+        ZN_TRY(zn_dev_bias_add(m->dev, s, a->x_mid, dt, H, PRM(P_BO), dt, N, H));
+    ZN_TRY(zn_dev_rmsnorm_fwd(m->dev, s, a->x_mid, dt, PRM(P_POST_NORM), dt, a->h2, dt, a->rstd2, N,
                            H, eps));
-    TRY(linear(m, s, a->h2, H, PRM(P_WG), I, H, 0.0f, a->gate, dt, I));
-    TRY(linear(m, s, a->h2, H, PRM(P_WU), I, H, 0.0f, a->up, dt, I));
-    TRY(lora_fwd(m, s, params, layer, ZN_LORA_GATE, a->h2, H, H, I, a->gate, I));
-    TRY(lora_fwd(m, s, params, layer, ZN_LORA_UP, a->h2, H, H, I, a->up, I));
+    ZN_TRY(linear(m, s, a->h2, H, PRM(P_WG), I, H, 0.0f, a->gate, dt, I));
+    ZN_TRY(linear(m, s, a->h2, H, PRM(P_WU), I, H, 0.0f, a->up, dt, I));
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_GATE, a->h2, H, H, I, a->gate, I));
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_UP, a->h2, H, H, I, a->up, I));
     return zn_dev_swiglu_fwd(m->dev, s, a->gate, a->up, a->act, dt, N * I);
 }
 
 static int check_layer(const zn_model *m, int layer)
 {
-    TRY(need_batch(m));
+    ZN_TRY(need_batch(m));
     if (layer < 0 || layer >= m->d.n_layers)
         return zn_set_error(ZN_EARG, "model: layer %d of %lld", layer, (long long)m->d.n_layers);
     return 0;
@@ -1002,7 +997,7 @@ static int check_layer(const zn_model *m, int layer)
 int zn_model_layer_fwd(zn_model *m, zn_stream *s, int layer, void *const *params,
                        const void *x_in, void *x_out, void *saved)
 {
-    TRY(check_layer(m, layer));
+    ZN_TRY(check_layer(m, layer));
     if (x_in == x_out)
         return zn_set_error(ZN_EARG, "model: layer %d: x_out must not alias x_in", layer);
     layer_acts a = m->w;
@@ -1010,10 +1005,10 @@ int zn_model_layer_fwd(zn_model *m, zn_stream *s, int layer, void *const *params
         carver c = { saved, 0 };
         carve_acts(&c, &a, m->max_n, m->H, m->qkv_ld, m->qd, m->I, m->esz, lse_floats(m));
     }
-    TRY(layer_fwd_core(m, s, layer, params, x_in, &a));
+    ZN_TRY(layer_fwd_core(m, s, layer, params, x_in, &a));
     /* x_out = x_mid + act Wd^T */
-    TRY(zn_dev_copy_d2d(m->dev, s, x_out, a.x_mid, (size_t)(m->N * m->H) * m->esz));
-    TRY(linear(m, s, a.act, m->I, PRM(P_WD), m->H, m->I, 1.0f, x_out, m->dt, m->H));
+    ZN_TRY(zn_dev_copy_d2d(m->dev, s, x_out, a.x_mid, (size_t)(m->N * m->H) * m->esz));
+    ZN_TRY(linear(m, s, a.act, m->I, PRM(P_WD), m->H, m->I, 1.0f, x_out, m->dt, m->H));
     return lora_fwd(m, s, params, layer, ZN_LORA_DOWN, a.act, m->I, m->I, m->H, x_out, m->H);
 }
 
@@ -1021,7 +1016,7 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
                        const void *x_in, const void *saved, const void *dy, void *dx,
                        float *const *grads)
 {
-    TRY(check_layer(m, layer));
+    ZN_TRY(check_layer(m, layer));
     int64_t N = m->N, H = m->H, qd = m->qd, kvd = m->kvd, ld = m->qkv_ld, I = m->I;
     zn_dtype dt = m->dt;
     size_t e = m->esz;
@@ -1031,62 +1026,62 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
         carver c = { (unsigned char *)saved, 0 };
         carve_acts(&c, &a, m->max_n, H, ld, qd, I, e, lse_floats(m));
     } else {
-        TRY(layer_fwd_core(m, s, layer, params, x_in, &a)); /* activation checkpointing */
+        ZN_TRY(layer_fwd_core(m, s, layer, params, x_in, &a)); /* activation checkpointing */
     }
 
     /* MLP: out = act Wd^T */
-    TRY(linear_dw(m, s, dy, H, a.act, I, H, I, GRD(P_WD)));
-    TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_DOWN, a.act, I, I, H, dy, H));
-    TRY(linear_dx(m, s, dy, H, PRM(P_WD), H, I, 0.0f, w->act, dt, I));       /* d_act */
-    TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_DOWN, I, w->act, dt, I));
-    TRY(zn_dev_swiglu_bwd(m->dev, s, a.gate, a.up, w->act, w->gate, w->up, dt, N * I));
-    TRY(linear_dw(m, s, w->gate, I, a.h2, H, I, H, GRD(P_WG)));
-    TRY(linear_dw(m, s, w->up, I, a.h2, H, I, H, GRD(P_WU)));
-    TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_GATE, a.h2, H, H, I, w->gate, I));
-    TRY(linear_dx(m, s, w->gate, I, PRM(P_WG), I, H, 0.0f, m->dh, ZN_DTYPE_F32, H));
-    TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_GATE, H, m->dh, ZN_DTYPE_F32, H));
-    TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_UP, a.h2, H, H, I, w->up, I));
-    TRY(linear_dx(m, s, w->up, I, PRM(P_WU), I, H, 1.0f, m->dh, ZN_DTYPE_F32, H));
-    TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_UP, H, m->dh, ZN_DTYPE_F32, H));
-    TRY(zn_dev_rmsnorm_bwd(m->dev, s, a.x_mid, dt, PRM(P_POST_NORM), dt, a.rstd2, m->dh,
+    ZN_TRY(linear_dw(m, s, dy, H, a.act, I, H, I, GRD(P_WD)));
+    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_DOWN, a.act, I, I, H, dy, H));
+    ZN_TRY(linear_dx(m, s, dy, H, PRM(P_WD), H, I, 0.0f, w->act, dt, I));       /* d_act */
+    ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_DOWN, I, w->act, dt, I));
+    ZN_TRY(zn_dev_swiglu_bwd(m->dev, s, a.gate, a.up, w->act, w->gate, w->up, dt, N * I));
+    ZN_TRY(linear_dw(m, s, w->gate, I, a.h2, H, I, H, GRD(P_WG)));
+    ZN_TRY(linear_dw(m, s, w->up, I, a.h2, H, I, H, GRD(P_WU)));
+    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_GATE, a.h2, H, H, I, w->gate, I));
+    ZN_TRY(linear_dx(m, s, w->gate, I, PRM(P_WG), I, H, 0.0f, m->dh, ZN_DTYPE_F32, H));
+    ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_GATE, H, m->dh, ZN_DTYPE_F32, H));
+    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_UP, a.h2, H, H, I, w->up, I));
+    ZN_TRY(linear_dx(m, s, w->up, I, PRM(P_WU), I, H, 1.0f, m->dh, ZN_DTYPE_F32, H));
+    ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_UP, H, m->dh, ZN_DTYPE_F32, H));
+    ZN_TRY(zn_dev_rmsnorm_bwd(m->dev, s, a.x_mid, dt, PRM(P_POST_NORM), dt, a.rstd2, m->dh,
                            ZN_DTYPE_F32, m->dxm32, ZN_DTYPE_F32, GRD(P_POST_NORM), N, H));
-    TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, dy, dt, N * H)); /* residual */
+    ZN_TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, dy, dt, N * H)); /* residual */
     if (dt != ZN_DTYPE_F32)
-        TRY(zn_dev_cast(m->dev, s, m->dxm32, ZN_DTYPE_F32, m->dxm, dt, N * H));
+        ZN_TRY(zn_dev_cast(m->dev, s, m->dxm32, ZN_DTYPE_F32, m->dxm, dt, N * H));
 
     /* attention output projection */
-    TRY(linear_dw(m, s, m->dxm, H, a.attn, qd, H, qd, GRD(P_WO)));
+    ZN_TRY(linear_dw(m, s, m->dxm, H, a.attn, qd, H, qd, GRD(P_WO)));
     if (m->d.o_bias && GRD(P_BO))
-        TRY(zn_dev_bias_grad(m->dev, s, m->dxm, dt, H, GRD(P_BO), N, H));
-    TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_O, a.attn, qd, qd, H, m->dxm, H));
-    TRY(linear_dx(m, s, m->dxm, H, PRM(P_WO), H, qd, 0.0f, m->d_attn, dt, qd));
-    TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_O, qd, m->d_attn, dt, qd));
-    TRY(attn_bwd(m, s, &a));
-    TRY(zn_dev_rope_bwd(m->dev, s, m->dqkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
-    TRY(zn_dev_rope_bwd(m->dev, s, at(m->dqkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
+        ZN_TRY(zn_dev_bias_grad(m->dev, s, m->dxm, dt, H, GRD(P_BO), N, H));
+    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_O, a.attn, qd, qd, H, m->dxm, H));
+    ZN_TRY(linear_dx(m, s, m->dxm, H, PRM(P_WO), H, qd, 0.0f, m->d_attn, dt, qd));
+    ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_O, qd, m->d_attn, dt, qd));
+    ZN_TRY(attn_bwd(m, s, &a));
+    ZN_TRY(zn_dev_rope_bwd(m->dev, s, m->dqkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
+    ZN_TRY(zn_dev_rope_bwd(m->dev, s, at(m->dqkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
                         m->inv_freq));
     if (m->d.qkv_bias && GRD(P_BQ)) {
-        TRY(zn_dev_bias_grad(m->dev, s, m->dqkv, dt, ld, GRD(P_BQ), N, qd));
-        TRY(zn_dev_bias_grad(m->dev, s, at(m->dqkv, qd, e), dt, ld, GRD(P_BK), N, kvd));
-        TRY(zn_dev_bias_grad(m->dev, s, at(m->dqkv, qd + kvd, e), dt, ld, GRD(P_BV), N, kvd));
+        ZN_TRY(zn_dev_bias_grad(m->dev, s, m->dqkv, dt, ld, GRD(P_BQ), N, qd));
+        ZN_TRY(zn_dev_bias_grad(m->dev, s, at(m->dqkv, qd, e), dt, ld, GRD(P_BK), N, kvd));
+        ZN_TRY(zn_dev_bias_grad(m->dev, s, at(m->dqkv, qd + kvd, e), dt, ld, GRD(P_BV), N, kvd));
     }
-    TRY(linear_dw(m, s, m->dqkv, ld, a.h1, H, qd, H, GRD(P_WQ)));
-    TRY(linear_dw(m, s, at(m->dqkv, qd, e), ld, a.h1, H, kvd, H, GRD(P_WK)));
-    TRY(linear_dw(m, s, at(m->dqkv, qd + kvd, e), ld, a.h1, H, kvd, H, GRD(P_WV)));
-    TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_Q, a.h1, H, H, qd, m->dqkv, ld));
-    TRY(linear_dx(m, s, m->dqkv, ld, PRM(P_WQ), qd, H, 0.0f, m->dh, ZN_DTYPE_F32, H));
-    TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_Q, H, m->dh, ZN_DTYPE_F32, H));
-    TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_K, a.h1, H, H, kvd, at(m->dqkv, qd, e), ld));
-    TRY(linear_dx(m, s, at(m->dqkv, qd, e), ld, PRM(P_WK), kvd, H, 1.0f, m->dh, ZN_DTYPE_F32, H));
-    TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_K, H, m->dh, ZN_DTYPE_F32, H));
-    TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_V, a.h1, H, H, kvd, at(m->dqkv, qd + kvd, e),
+    ZN_TRY(linear_dw(m, s, m->dqkv, ld, a.h1, H, qd, H, GRD(P_WQ)));
+    ZN_TRY(linear_dw(m, s, at(m->dqkv, qd, e), ld, a.h1, H, kvd, H, GRD(P_WK)));
+    ZN_TRY(linear_dw(m, s, at(m->dqkv, qd + kvd, e), ld, a.h1, H, kvd, H, GRD(P_WV)));
+    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_Q, a.h1, H, H, qd, m->dqkv, ld));
+    ZN_TRY(linear_dx(m, s, m->dqkv, ld, PRM(P_WQ), qd, H, 0.0f, m->dh, ZN_DTYPE_F32, H));
+    ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_Q, H, m->dh, ZN_DTYPE_F32, H));
+    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_K, a.h1, H, H, kvd, at(m->dqkv, qd, e), ld));
+    ZN_TRY(linear_dx(m, s, at(m->dqkv, qd, e), ld, PRM(P_WK), kvd, H, 1.0f, m->dh, ZN_DTYPE_F32, H));
+    ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_K, H, m->dh, ZN_DTYPE_F32, H));
+    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_V, a.h1, H, H, kvd, at(m->dqkv, qd + kvd, e),
                    ld));
-    TRY(linear_dx(m, s, at(m->dqkv, qd + kvd, e), ld, PRM(P_WV), kvd, H, 1.0f, m->dh,
+    ZN_TRY(linear_dx(m, s, at(m->dqkv, qd + kvd, e), ld, PRM(P_WV), kvd, H, 1.0f, m->dh,
                   ZN_DTYPE_F32, H));
-    TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_V, H, m->dh, ZN_DTYPE_F32, H));
-    TRY(zn_dev_rmsnorm_bwd(m->dev, s, x_in, dt, PRM(P_IN_NORM), dt, a.rstd1, m->dh, ZN_DTYPE_F32,
+    ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_V, H, m->dh, ZN_DTYPE_F32, H));
+    ZN_TRY(zn_dev_rmsnorm_bwd(m->dev, s, x_in, dt, PRM(P_IN_NORM), dt, a.rstd1, m->dh, ZN_DTYPE_F32,
                            m->dh, ZN_DTYPE_F32, GRD(P_IN_NORM), N, H));
-    TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, m->dh, ZN_DTYPE_F32, N * H));
+    ZN_TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, m->dh, ZN_DTYPE_F32, N * H));
     return zn_dev_cast(m->dev, s, m->dxm32, ZN_DTYPE_F32, dx, dt, N * H);
 }
 
@@ -1098,24 +1093,24 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
 static int head_fwd_rows(zn_model *m, zn_stream *s, const void *norm_w, const void *W,
                          const void *x_in, int64_t r0, int64_t nr, int first, int last)
 {
-    TRY(need_batch(m));
+    ZN_TRY(need_batch(m));
     int64_t N = m->N, H = m->H, C = m->chunk;
     if (first)
-        TRY(zn_dev_rmsnorm_fwd(m->dev, s, x_in, m->dt, norm_w, m->dt, m->hN, m->dt, m->rstdN, N,
+        ZN_TRY(zn_dev_rmsnorm_fwd(m->dev, s, x_in, m->dt, norm_w, m->dt, m->hN, m->dt, m->rstdN, N,
                                H, (float)m->d.rms_eps));
     for (int64_t v0 = r0; v0 < r0 + nr; v0 += C) {
         int64_t c = r0 + nr - v0 < C ? r0 + nr - v0 : C;
-        TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, c, H, 1.0f, m->hN, m->dt, H,
+        ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, c, H, 1.0f, m->hN, m->dt, H,
                         at(W, (v0 - r0) * H, m->esz), m->dt, H, 0.0f, m->logits, ZN_DTYPE_F32,
                         c));
-        TRY(zn_dev_xent_fwd_chunk(m->dev, s, m->logits, ZN_DTYPE_F32, N, c, c, v0, m->targets,
+        ZN_TRY(zn_dev_xent_fwd_chunk(m->dev, s, m->logits, ZN_DTYPE_F32, N, c, c, v0, m->targets,
                                   m->run_max, m->run_sum, m->tgt, first && v0 == r0));
     }
     if (!last)
         return 0;
-    TRY(zn_dev_xent_finish(m->dev, s, m->run_max, m->run_sum, m->tgt, m->targets, N, m->lse,
+    ZN_TRY(zn_dev_xent_finish(m->dev, s, m->run_max, m->run_sum, m->tgt, m->targets, N, m->lse,
                            m->row_loss));
-    TRY(zn_dev_sum(m->dev, s, m->row_loss, ZN_DTYPE_F32, N, m->loss, 0));
+    ZN_TRY(zn_dev_sum(m->dev, s, m->row_loss, ZN_DTYPE_F32, N, m->loss, 0));
     return zn_dev_scale(m->dev, s, m->loss, ZN_DTYPE_F32, 1, m->loss_scale);
 }
 
@@ -1125,20 +1120,20 @@ static int head_bwd_rows(zn_model *m, zn_stream *s, const void *norm_w, const vo
                          const void *x_in, void *dx, float *dnorm, float *dW, int64_t r0,
                          int64_t nr, int first, int last)
 {
-    TRY(need_batch(m));
+    ZN_TRY(need_batch(m));
     int64_t N = m->N, H = m->H, C = m->chunk;
     for (int64_t v0 = r0; v0 < r0 + nr; v0 += C) {
         int64_t c = r0 + nr - v0 < C ? r0 + nr - v0 : C;
         const void *Wc = at(W, (v0 - r0) * H, m->esz);
-        TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, c, H, 1.0f, m->hN, m->dt, H, Wc,
+        ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, c, H, 1.0f, m->hN, m->dt, H, Wc,
                         m->dt, H, 0.0f, m->logits, ZN_DTYPE_F32, c));
-        TRY(zn_dev_xent_bwd_chunk(m->dev, s, m->logits, ZN_DTYPE_F32, N, c, c, v0, m->targets,
+        ZN_TRY(zn_dev_xent_bwd_chunk(m->dev, s, m->logits, ZN_DTYPE_F32, N, c, c, v0, m->targets,
                                   m->lse, m->loss_scale, m->dlogits, m->dt, c));
         /* dW[v0:v0+c] += dlogits^T hN;  dhN (+)= dlogits W[v0:v0+c] */
         if (dW)
-            TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, c, H, N, 1.0f, m->dlogits, m->dt,
+            ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, c, H, N, 1.0f, m->dlogits, m->dt,
                             c, m->hN, m->dt, H, 1.0f, dW + (v0 - r0) * H, ZN_DTYPE_F32, H));
-        TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, N, H, c, 1.0f, m->dlogits, m->dt, c,
+        ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, N, H, c, 1.0f, m->dlogits, m->dt, c,
                         Wc, m->dt, H, last && v0 == r0 ? 0.0f : 1.0f, m->dhN, ZN_DTYPE_F32, H));
     }
     if (!first)
@@ -1170,7 +1165,7 @@ int zn_model_head_fwd_part(zn_model *m, zn_stream *s, int part, const void *norm
                            const void *W, const void *x_in)
 {
     zn_model_part_info pi;
-    TRY(head_part(m, part, &pi));
+    ZN_TRY(head_part(m, part, &pi));
     if (!part && !norm_w)
         return zn_set_error(ZN_EARG, "model: the head's part 0 needs the final norm's weight");
     return head_fwd_rows(m, s, norm_w, W, x_in, pi.row0, pi.rows, part == 0,
@@ -1181,7 +1176,7 @@ int zn_model_head_bwd_part(zn_model *m, zn_stream *s, int part, const void *norm
                            const void *W, const void *x_in, void *dx, float *dnorm, float *dW)
 {
     zn_model_part_info pi;
-    TRY(head_part(m, part, &pi));
+    ZN_TRY(head_part(m, part, &pi));
     if (!part && (!norm_w || !dx))
         return zn_set_error(ZN_EARG, "model: the head's part 0 backward needs the final norm's "
                             "weight and dx");
@@ -1192,12 +1187,12 @@ int zn_model_head_bwd_part(zn_model *m, zn_stream *s, int part, const void *norm
 int zn_model_head_logits(zn_model *m, zn_stream *s, void *const *params, const void *x_in,
                          int64_t row0, int64_t nrows, float *out)
 {
-    TRY(need_batch(m));
+    ZN_TRY(need_batch(m));
     if (row0 < 0 || nrows <= 0 || row0 + nrows > m->N)
         return zn_set_error(ZN_EARG, "model: logits rows [%lld, +%lld) outside the batch (%lld)",
                             (long long)row0, (long long)nrows, (long long)m->N);
     int64_t H = m->H;
-    TRY(zn_dev_rmsnorm_fwd(m->dev, s, at(x_in, row0 * H, m->esz), m->dt, params[0], m->dt,
+    ZN_TRY(zn_dev_rmsnorm_fwd(m->dev, s, at(x_in, row0 * H, m->esz), m->dt, params[0], m->dt,
                            m->hN, m->dt, m->rstdN, nrows, H, (float)m->d.rms_eps));
     return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, nrows, m->V, H, 1.0f, m->hN, m->dt, H,
                        params[1], m->dt, H, 0.0f, out, ZN_DTYPE_F32, m->V);
@@ -1205,6 +1200,6 @@ int zn_model_head_logits(zn_model *m, zn_stream *s, void *const *params, const v
 
 int zn_model_read_loss(zn_model *m, zn_stream *s, float *loss)
 {
-    TRY(zn_dev_copy_d2h(m->dev, s, loss, m->loss, 4));
+    ZN_TRY(zn_dev_copy_d2h(m->dev, s, loss, m->loss, 4));
     return zn_dev_stream_sync(m->dev, s);
 }

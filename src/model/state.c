@@ -13,13 +13,8 @@
 #include "zinc/safetensors.h"
 #include "zinc/tokens.h"
 #include "model/model-impl.h"
+#include "util/try-impl.h"
 
-#define TRY(x)                                                                 \
-    do {                                                                       \
-        int rc_ = (x);                                                         \
-        if (rc_)                                                               \
-            return rc_;                                                        \
-    } while (0)
 
 /* Host staging for loads, saves and init: bounded, whatever the tensor size. */
 #define STAGING_BYTES (16u << 20)
@@ -167,9 +162,9 @@ int zn_model_state_zero_grads(zn_model_state *st, zn_stream *s)
     for (int b = 0; b < st->nb; b++)
         for (int i = 0; i < st->np[b]; i++) {
             zn_param_info pi;
-            TRY(zn_model_block_param(d, b, i, &pi));
+            ZN_TRY(zn_model_block_param(d, b, i, &pi));
             if (pi.owner_block < 0 && st->grads[b][i])
-                TRY(zn_dev_memset(st->dev, s, st->grads[b][i], 0, (size_t)pi.numel * 4));
+                ZN_TRY(zn_dev_memset(st->dev, s, st->grads[b][i], 0, (size_t)pi.numel * 4));
         }
     return zn_dev_stream_sync(st->dev, s);
 }
@@ -347,10 +342,10 @@ int zn_model_state_save(zn_model_state *st, const char *dir)
 
     if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
         return zn_set_error(-ENAMETOOLONG, "%s: path too long", dir);
-    TRY(zn_model_dims_write_hf_as(d, path, dt));
+    ZN_TRY(zn_model_dims_write_hf_as(d, path, dt));
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     zn_st_writer *w;
-    TRY(zn_st_writer_create(&w, path));
+    ZN_TRY(zn_st_writer_create(&w, path));
     void *h = malloc(STAGING_BYTES);
     if (!h) {
         zn_st_writer_destroy(w);
@@ -392,16 +387,16 @@ static int forward_blocks(zn_model_state *st, zn_stream *s)
 {
     zn_model *m = st->m;
     int L = (int)zn_model_get_dims(m)->n_layers;
-    TRY(zn_model_embed_fwd(m, s, st->params[0], st->acts[0]));
+    ZN_TRY(zn_model_embed_fwd(m, s, st->params[0], st->acts[0]));
     for (int l = 0; l < L; l++)
-        TRY(zn_model_layer_fwd(m, s, l, st->params[l + 1], st->acts[l], st->acts[l + 1],
+        ZN_TRY(zn_model_layer_fwd(m, s, l, st->params[l + 1], st->acts[l], st->acts[l + 1],
                                st->saved ? st->saved[l] : NULL));
     return zn_model_head_fwd(m, s, st->params[L + 1], st->acts[L]);
 }
 
 int zn_model_state_forward(zn_model_state *st, zn_stream *s, float *loss)
 {
-    TRY(forward_blocks(st, s));
+    ZN_TRY(forward_blocks(st, s));
     return zn_model_read_loss(st->m, s, loss);
 }
 
@@ -411,13 +406,13 @@ int zn_model_state_forward_backward(zn_model_state *st, zn_stream *s, float *los
     int L = (int)zn_model_get_dims(m)->n_layers;
     if (!st->grads[0][0])
         return zn_set_error(ZN_EARG, "model state was created without gradients");
-    TRY(forward_blocks(st, s));
-    TRY(zn_model_head_bwd(m, s, st->params[L + 1], st->acts[L], st->dbuf, st->grads[L + 1]));
+    ZN_TRY(forward_blocks(st, s));
+    ZN_TRY(zn_model_head_bwd(m, s, st->params[L + 1], st->acts[L], st->dbuf, st->grads[L + 1]));
     for (int l = L - 1; l >= 0; l--)
-        TRY(zn_model_layer_bwd(m, s, l, st->params[l + 1], st->acts[l],
+        ZN_TRY(zn_model_layer_bwd(m, s, l, st->params[l + 1], st->acts[l],
                                st->saved ? st->saved[l] : NULL, st->dbuf, st->dbuf,
                                st->grads[l + 1]));
-    TRY(zn_model_embed_bwd(m, s, st->params[0], st->dbuf, st->grads[0]));
+    ZN_TRY(zn_model_embed_bwd(m, s, st->params[0], st->dbuf, st->grads[0]));
     return zn_model_read_loss(m, s, loss);
 }
 
@@ -430,7 +425,7 @@ int zn_model_state_logits(zn_model_state *st, zn_stream *s, int64_t row0, int64_
     void *buf;
     if (nrows <= 0)
         return zn_set_error(ZN_EARG, "model: nrows %lld", (long long)nrows);
-    TRY(zn_dev_alloc(st->dev, (size_t)(nrows * d->vocab) * 4, "logits", &buf));
+    ZN_TRY(zn_dev_alloc(st->dev, (size_t)(nrows * d->vocab) * 4, "logits", &buf));
     int rc = zn_model_head_logits(m, s, st->params[L + 1], st->acts[L], row0, nrows, buf);
     if (!rc)
         rc = zn_dev_copy_d2h(st->dev, s, out, buf, (size_t)(nrows * d->vocab) * 4);
@@ -458,7 +453,7 @@ int zn_model_state_eval(zn_model_state *st, zn_stream *s, const zn_tokens *data,
     lc.shuffle = 0;
     lc.vocab = zn_model_get_dims(m)->vocab;
     zn_loader *l;
-    TRY(zn_loader_create(&l, data, &lc));
+    ZN_TRY(zn_loader_create(&l, data, &lc));
     uint64_t nb = zn_loader_steps_per_epoch(l);
     if (max_batches > 0 && (uint64_t)max_batches < nb)
         nb = (uint64_t)max_batches;

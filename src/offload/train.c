@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "offload/train-impl.h"
+#include "util/try-impl.h"
 #include "zn_build_config.h"
 
 static const char *res_names[ZN_RES_COUNT] = {
@@ -320,12 +321,6 @@ static uint64_t nvme_bytes_needed(zn_trainer *tr)
     return need;
 }
 
-#define TRY(x)              \
-    do {                    \
-        rc = (x);           \
-        if (rc)             \
-            goto fail;      \
-    } while (0)
 
 /* The kind of an allocation, for the plan's rows: its name less the block,
  * unit or slot number ("params b3 u1" -> "params", "param slot 2" -> "param
@@ -433,14 +428,14 @@ static int allocate(zn_trainer *tr)
     if (tr->dry) {
         uint64_t ws = 0;
         if (tr->model->plan_prepare) {
-            TRY(tr->model->plan_prepare(tr->model->ctx, tr->pdt, &ws, &act));
+            ZN_TRY_GOTO(tr->model->plan_prepare(tr->model->ctx, tr->pdt, &ws, &act));
             if (ws) {
                 tr->dry_gpu += ws;
                 plan_item(tr, gpu, ZN_STATE_WORK, ws, "model workspace");
             }
         }
     } else if (tr->model->prepare) {
-        TRY(tr->model->prepare(tr->model->ctx, tr->dev, tr->s_comp, tr->pdt));
+        ZN_TRY_GOTO(tr->model->prepare(tr->model->ctx, tr->dev, tr->s_comp, tr->pdt));
         act = tr->model->act_bytes;
     }
 
@@ -449,7 +444,7 @@ static int allocate(zn_trainer *tr)
         zn_block *bl = &tr->blocks[b];
         snprintf(name, sizeof name, "params b%d", b);
         if (bl->home == ZN_PHOME_DEVICE)
-            TRY(alloc_ptr(tr, gpu, ZN_STATE_PARAMS, home_elems(bl) * tr->pbytes, name,
+            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_PARAMS, home_elems(bl) * tr->pbytes, name,
                           &bl->dev_params));
     }
     tr->ckpt = calloc((size_t)tr->L, sizeof *tr->ckpt);
@@ -461,7 +456,7 @@ static int allocate(zn_trainer *tr)
     if (tr->ckcpu)
         for (int i = 0; i < ZN_CK_RING; i++) {
             snprintf(name, sizeof name, "activation ckpt ring %d", i);
-            TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, act, name, &tr->ckring[i]));
+            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, act, name, &tr->ckring[i]));
             tr->ckres[i] = -1;
         }
     for (int b = 1, k = 0; b < tr->L; b++) {
@@ -470,17 +465,17 @@ static int allocate(zn_trainer *tr)
         snprintf(name, sizeof name, "activation ckpt b%d", b);
         tr->ckord[b] = k;
         if (tr->ckcpu) {
-            TRY(alloc_ptr(tr, ZN_TIER_CPU, ZN_STATE_ACT_CKPT, act, name, &tr->ckhost[b]));
+            ZN_TRY_GOTO(alloc_ptr(tr, ZN_TIER_CPU, ZN_STATE_ACT_CKPT, act, name, &tr->ckhost[b]));
             tr->ckpt[b] = tr->ckring[k % ZN_CK_RING];
         } else {
-            TRY(alloc_ptr(tr, gpu, ZN_STATE_ACT_CKPT, act, name, &tr->ckpt[b]));
+            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_ACT_CKPT, act, name, &tr->ckpt[b]));
         }
         k++;
     }
     for (int i = 0; i < 2; i++) {
-        TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, act, "activation grad", &tr->dact[i]));
+        ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, act, "activation grad", &tr->dact[i]));
         if (tr->largest_grad)
-            TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_grad * 4, "block grads",
+            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_grad * 4, "block grads",
                           &tr->gdev[i]));
     }
     /* Row-sparse gradients (an untied embedding's parts): with one rank and
@@ -508,15 +503,15 @@ static int allocate(zn_trainer *tr)
      * gathered into; that and its D2H are both on the D2H stream, so one
      * block's at a time */
     if (cast_elems)
-        TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, cast_elems * zn_dtype_size(tr->gdt),
+        ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, cast_elems * zn_dtype_size(tr->gdt),
                       "block grads (transfer)", &tr->gcast));
     if (tr->any_sparse) {
         tr->urows_cap = A * ntok;
-        TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, (uint64_t)tr->urows_cap * 4, "token rows",
+        ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, (uint64_t)tr->urows_cap * 4, "token rows",
                       (void **)&tr->urows_dev));
         /* pinned: an upload from pageable memory would wait for the D2H
          * stream's earlier work (CUDA stages it synchronously) */
-        TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, (uint64_t)tr->urows_cap * 4, "token rows (host)",
+        ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, (uint64_t)tr->urows_cap * 4, "token rows (host)",
                       (void **)&tr->urows));
         if (!tr->dry && !(tr->nurows = calloc((size_t)A, sizeof *tr->nurows)))
             return zn_set_error(-ENOMEM, "train: out of memory");
@@ -525,21 +520,21 @@ static int allocate(zn_trainer *tr)
     /* optimizer states in memory */
     if (tr->oopt != ZN_OFFLOAD_NVME) {
         zn_tier t = tr->oopt == ZN_OFFLOAD_NONE ? gpu : cpu;
-        TRY(alloc_ptr(tr, t, ZN_STATE_MASTER, tr->P * 4, "master (fp32)", (void **)&tr->master));
-        TRY(alloc_ptr(tr, t, ZN_STATE_ADAM_M, tr->P * 4, "adam m", (void **)&tr->mom));
-        TRY(alloc_ptr(tr, t, ZN_STATE_ADAM_V, tr->P * 4, "adam v", (void **)&tr->var));
-        TRY(alloc_ptr(tr, t, ZN_STATE_GRADS, tr->P * 4, "grads (fp32)", (void **)&tr->gacc));
+        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_MASTER, tr->P * 4, "master (fp32)", (void **)&tr->master));
+        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_ADAM_M, tr->P * 4, "adam m", (void **)&tr->mom));
+        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_ADAM_V, tr->P * 4, "adam v", (void **)&tr->var));
+        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_GRADS, tr->P * 4, "grads (fp32)", (void **)&tr->gacc));
         bool off_dev = false;  /* a trainable block homed off the device */
         for (int b = 0; b < tr->L; b++)
             off_dev |= tr->blocks[b].len > 0 && tr->blocks[b].home != ZN_PHOME_DEVICE;
         if (!tr->dopt && tr->pdt != ZN_DTYPE_F32)
-            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes, "param update staging",
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes, "param update staging",
                           &tr->pout_flat));
         if (tr->dopt && off_dev) {
             if (tr->pdt != ZN_DTYPE_F32)
-                TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->U * tr->pbytes,
+                ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->U * tr->pbytes,
                               "param update staging (device)", &tr->pdev));
-            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes, "param update staging",
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes, "param update staging",
                           &tr->pout_flat));
         }
         if (tr->dopt) {
@@ -549,20 +544,20 @@ static int allocate(zn_trainer *tr)
                 tr->blocks[b].nc_off = (int64_t)nc;
                 nc += (tr->blocks[b].len + ZN_GRAD_NORM_CHUNK - 1) / ZN_GRAD_NORM_CHUNK;
             }
-            TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, nc * 8 + 8, "grad norm chunks",
+            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, nc * 8 + 8, "grad norm chunks",
                           (void **)&tr->normc_dev));
-            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, nc * 8 + 8, "grad norm chunks (host)",
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, nc * 8 + 8, "grad norm chunks (host)",
                           (void **)&tr->normc));
             /* states in and out of the device (initial master, checkpoints,
              * read-back): up to 16 MiB at a time */
             uint64_t sb = tr->P * 4 < (16u << 20) ? tr->P * 4 : (16u << 20);
             tr->ostage_bytes = (sb + 4095) / 4096 * 4096;
-            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->ostage_bytes, "optimizer state staging",
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->ostage_bytes, "optimizer state staging",
                           &tr->ostage));
         }
     } else if (!tr->gnvme) {
         /* states on NVMe, gradients in pinned RAM (tiers.grads) */
-        TRY(alloc_ptr(tr, cpu, ZN_STATE_GRADS, tr->P * 4, "grads (fp32)", (void **)&tr->gacc));
+        ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_GRADS, tr->P * 4, "grads (fp32)", (void **)&tr->gacc));
     }
 
     /* pinned: params homed on the CPU, staging */
@@ -570,11 +565,11 @@ static int allocate(zn_trainer *tr)
         zn_block *bl = &tr->blocks[b];
         snprintf(name, sizeof name, "params b%d", b);
         if (bl->home == ZN_PHOME_CPU)
-            TRY(alloc_ptr(tr, cpu, ZN_STATE_PARAMS, home_elems(bl) * tr->pbytes, name,
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_PARAMS, home_elems(bl) * tr->pbytes, name,
                           &bl->cpu_params));
     }
     for (int i = 0; i < 2; i++)
-        TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_local * 4, "grad staging",
+        ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_local * 4, "grad staging",
                       (void **)&tr->gstage[i]));
     uint64_t largest_nvme = 0;
     for (int b = 0; b < tr->L; b++) {
@@ -589,7 +584,7 @@ static int allocate(zn_trainer *tr)
         int64_t bc = cfg->zero.offload_param.buffer_count;
         tr->n_pstage = (int)(bc < 2 ? 2 : bc > 64 ? 64 : bc);
         for (int i = 0; i < tr->n_pstage; i++)
-            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_nvme * tr->pbytes, "param staging",
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_nvme * tr->pbytes, "param staging",
                           &tr->pstage[i]));
     }
     /* the param cache: only where the step is pipelined (a replicated block
@@ -607,7 +602,7 @@ static int allocate(zn_trainer *tr)
     }
     if (largest_pc && cfg->tiers.param_cache > 0 && tr->dry) {
         for (int e = 0; e < cfg->tiers.param_cache; e++)
-            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_pc * tr->pbytes, "param cache",
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_pc * tr->pbytes, "param cache",
                           (void **)&(void *){ NULL }));
     } else if (largest_pc && cfg->tiers.param_cache > 0) {
         tr->pc = calloc((size_t)cfg->tiers.param_cache, sizeof *tr->pc);
@@ -617,7 +612,7 @@ static int allocate(zn_trainer *tr)
         for (int e = 0; e < tr->n_pc; e++) {
             tr->pc[e].tr = tr;
             tr->pc[e].block = -1;
-            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_pc * tr->pbytes, "param cache",
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_pc * tr->pbytes, "param cache",
                           &tr->pc[e].buf));
         }
     } else {
@@ -628,7 +623,7 @@ static int allocate(zn_trainer *tr)
         for (int s = 0; s < tr->n_oslots; s++) {
             zn_opt_slot *sl = &tr->oslot[s];
             void *buf;
-            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * 16, "optimizer staging", &buf));
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * 16, "optimizer staging", &buf));
             if (!tr->dry) {
                 sl->master = buf;
                 sl->m = sl->master + tr->U;
@@ -636,11 +631,11 @@ static int allocate(zn_trainer *tr)
                 sl->grad = sl->v + tr->U;
             }
             if (tr->pdt != ZN_DTYPE_F32)
-                TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes,
+                ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes,
                               "param update staging", &sl->pout));
         }
         if (tr->gnvme && (cfg->gradient_accumulation_steps > 1 || tr->gdt != ZN_DTYPE_F32))
-            TRY(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_local * 4, "grad readback",
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_local * 4, "grad readback",
                           (void **)&tr->gtmp));
     }
 
@@ -668,7 +663,7 @@ static int allocate(zn_trainer *tr)
             }
         if (elems) {
             tr->gram_elems = elems;
-            TRY(alloc_ptr(tr, cpu, ZN_STATE_GRADS, elems * 4, "grads (fp32)",
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_GRADS, elems * 4, "grads (fp32)",
                           (void **)&tr->gram));
             if (tr->dry) {
                 /* what a step writes: only the pieces left on NVMe */
@@ -685,23 +680,23 @@ static int allocate(zn_trainer *tr)
     if (need) {
         uint64_t bytes = need < tr->tm.budget[ZN_TIER_NVME] ? need : tr->tm.budget[ZN_TIER_NVME];
         if (!tr->dry)
-            TRY(zn_tier_open_nvme(&tr->tm, cfg, bytes, tr->fault_hook, tr->fault_user));
+            ZN_TRY_GOTO(zn_tier_open_nvme(&tr->tm, cfg, bytes, tr->fault_hook, tr->fault_user));
         if (tr->oopt == ZN_OFFLOAD_NVME) {
             for (int u = 0; u < tr->n_units; u++) {
                 zn_unit *un = &tr->units[u];
                 snprintf(name, sizeof name, "master u%d", u);
-                TRY(alloc_ext(tr, ZN_STATE_MASTER, un->n * 4, name, &un->master_id));
+                ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_MASTER, un->n * 4, name, &un->master_id));
                 snprintf(name, sizeof name, "adam m u%d", u);
-                TRY(alloc_ext(tr, ZN_STATE_ADAM_M, un->n * 4, name, &un->m_id));
+                ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_ADAM_M, un->n * 4, name, &un->m_id));
                 snprintf(name, sizeof name, "adam v u%d", u);
-                TRY(alloc_ext(tr, ZN_STATE_ADAM_V, un->n * 4, name, &un->v_id));
+                ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_ADAM_V, un->n * 4, name, &un->v_id));
             }
             for (int k = 0; k < tr->n_pieces && tr->gnvme; k++) {
                 zn_piece *p = &tr->pieces[k];
                 if (p->gram_off >= 0)
                     continue; /* in pinned RAM */
                 snprintf(name, sizeof name, "grads b%d u%d", p->block, p->unit);
-                TRY(alloc_ext(tr, ZN_STATE_GRADS, p->n * 4, name, &p->grad_id));
+                ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_GRADS, p->n * 4, name, &p->grad_id));
             }
         }
         for (int k = 0; k < tr->n_pieces; k++) {
@@ -709,14 +704,14 @@ static int allocate(zn_trainer *tr)
             if (tr->blocks[p->block].home != ZN_PHOME_NVME)
                 continue;
             snprintf(name, sizeof name, "params b%d u%d", p->block, p->unit);
-            TRY(alloc_ext(tr, ZN_STATE_PARAMS, p->n * tr->pbytes, name, &p->param_id));
+            ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_PARAMS, p->n * tr->pbytes, name, &p->param_id));
         }
         for (int b = 0; b < tr->L; b++) {
             zn_block *bl = &tr->blocks[b];
             if (bl->home != ZN_PHOME_NVME || !bl->frozen)
                 continue;
             snprintf(name, sizeof name, "frozen params b%d", b);
-            TRY(alloc_ext(tr, ZN_STATE_PARAMS, frozen_home(bl) * tr->pbytes, name,
+            ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_PARAMS, frozen_home(bl) * tr->pbytes, name,
                           &bl->frozen_id));
         }
     }
@@ -758,7 +753,7 @@ static int allocate(zn_trainer *tr)
         tr->nslots = (int)want;
         if (tr->dry) {
             for (int s = 0; s < tr->nslots; s++)
-                TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_ring_block * tr->pbytes,
+                ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_ring_block * tr->pbytes,
                               "param slot", (void **)&(void *){ NULL }));
             return 0;
         }
@@ -768,7 +763,7 @@ static int allocate(zn_trainer *tr)
             return zn_set_error(-ENOMEM, "train: out of memory");
         for (int s = 0; s < tr->nslots; s++) {
             snprintf(name, sizeof name, "param slot %d", s);
-            TRY(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_ring_block * tr->pbytes, name,
+            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_ring_block * tr->pbytes, name,
                           &tr->slot[s]));
             tr->slot_block[s] = -1;
         }
@@ -1094,11 +1089,32 @@ static uint64_t arena_bytes(const zn_plan *p, uint64_t budget)
     return want < budget ? want : budget;
 }
 
+/* The plan input and the config must describe one run: each value has one
+ * source (the config; zn_run_plan_input copies it), and a caller that
+ * changed one without the other gets an error, not a plan of another run. */
+static int check_plan_input(const zn_config *cfg, const zn_plan_input *in)
+{
+    if (in->micro_batch != cfg->train_micro_batch_size_per_gpu || in->seq_len != cfg->data.seq_len)
+        return zn_set_error(ZN_EARG, "train: the plan input's micro-batch %lld x %lld tokens is "
+                            "not the config's train_micro_batch_size_per_gpu %lld x data.seq_len "
+                            "%lld", (long long)in->micro_batch, (long long)in->seq_len,
+                            (long long)cfg->train_micro_batch_size_per_gpu,
+                            (long long)cfg->data.seq_len);
+    if (in->activation_checkpointing != cfg->train.activation_checkpointing)
+        return zn_set_error(ZN_EARG, "train: the plan input's activation checkpointing (%d) is "
+                            "not the config's (%d)", in->activation_checkpointing,
+                            cfg->train.activation_checkpointing);
+    return 0;
+}
+
 int zn_train_plan(zn_plan *plan, const zn_train_options *o, int world)
 {
     if (!o || !o->cfg || !o->model || !o->plan_in || o->model->n_blocks < 1 ||
         !o->model->block_params)
         return zn_set_error(ZN_EARG, "train plan: incomplete options (config, model, plan input)");
+    int rc = check_plan_input(o->cfg, o->plan_in);
+    if (rc)
+        return rc;
     zn_plan_input in = *o->plan_in;
     in.world_size = world > 0 ? world : 1;
     return dry_plan(plan, o, o->cfg, &in, in.world_size, 0);
@@ -1118,6 +1134,8 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
         !o->model->init_params || !o->model->set_batch || !o->model->read_loss)
         return zn_set_error(ZN_EARG, "train: incomplete options (config, model, plan input)");
     const zn_config *cfg = o->cfg;
+    if (check_plan_input(cfg, o->plan_in))
+        return ZN_EARG;
     const char *devname;
     pick_device(cfg, o, &devname);
     bool maybe_cuda = ZN_HAVE_CUDA && strcmp(devname, "host") != 0;
@@ -1158,7 +1176,7 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
         goto fail;
     }
     tr->threads = o->threads ? o->threads : (int)cfg->train.threads;
-    TRY(zn_trace_create(&tr->trace, o->record_trace, 0));
+    ZN_TRY_GOTO(zn_trace_create(&tr->trace, o->record_trace, 0));
     for (int r = 0; r < ZN_RES_COUNT; r++) {
         tr->track[r] = r == ZN_RES_NVME
                            ? zn_trace_add_union(tr->trace, res_names[r],
@@ -1166,7 +1184,7 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
                                                 tr->track[ZN_RES_NVME_WRITE])
                            : zn_trace_add_track(tr->trace, res_names[r]);
         if (tr->track[r] < 0)
-            TRY(tr->track[r]);
+            ZN_TRY_GOTO(tr->track[r]);
     }
 
     /* The device arena takes what the plan allocates (plus the arena's own
@@ -1177,7 +1195,7 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     dc.name = devname;
     dc.gpu_budget = arena_bytes(&tr->plan, o->budgets.bytes[ZN_TIER_GPU]);
     dc.cpu_budget = o->budgets.bytes[ZN_TIER_CPU];
-    TRY(zn_dev_create(&tr->dev, &dc));
+    ZN_TRY_GOTO(zn_dev_create(&tr->dev, &dc));
     bool cuda = zn_dev_get_kind(tr->dev) == ZN_DEV_CUDA;
     if (cuda && cfg->fp16.enabled) {
         rc = zn_set_error(ZN_EUNSUPPORTED, "%s: fp16 compute is not implemented on CUDA; use "
@@ -1201,45 +1219,45 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
         tr->dev = NULL;
         dc.name = "host";
         dc.gpu_budget = arena_bytes(&tr->plan, o->budgets.bytes[ZN_TIER_GPU]);
-        TRY(zn_dev_create(&tr->dev, &dc));
+        ZN_TRY_GOTO(zn_dev_create(&tr->dev, &dc));
     }
     if (tr->comm && zn_comm_size(tr->comm) > 1) {
         tr->world = zn_comm_size(tr->comm);
         tr->rank = zn_comm_rank(tr->comm);
         /* the collectives run on the comm's own stream on this device */
-        TRY(zn_comm_attach_device(tr->comm, tr->dev));
+        ZN_TRY_GOTO(zn_comm_attach_device(tr->comm, tr->dev));
         tr->comm_attached = true;
         tr->s_comm = zn_comm_stream(tr->comm);
     }
-    TRY(zn_tier_init(&tr->tm, tr->dev, &o->budgets));
-    TRY(zn_dev_stream_create(tr->dev, "compute", &tr->s_comp));
-    TRY(zn_dev_stream_create(tr->dev, "h2d", &tr->s_h2d));
-    TRY(zn_dev_stream_create(tr->dev, "d2h", &tr->s_d2h));
-    TRY(zn_dev_stream_create(tr->dev, "opt-h2d", &tr->s_oh2d));
-    TRY(zn_accum_start(tr));
+    ZN_TRY_GOTO(zn_tier_init(&tr->tm, tr->dev, &o->budgets));
+    ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "compute", &tr->s_comp));
+    ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "h2d", &tr->s_h2d));
+    ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "d2h", &tr->s_d2h));
+    ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "opt-h2d", &tr->s_oh2d));
+    ZN_TRY_GOTO(zn_accum_start(tr));
 
     tr->gnvme = tr->oopt == ZN_OFFLOAD_NVME && tr->plan.grads_tier == ZN_TIER_NVME;
     tr->dopt = tr->oopt == ZN_OFFLOAD_NONE;
     tr->gdt = tr->dopt ? ZN_DTYPE_F32 : grad_transfer_dtype(cfg, tr->pdt);
     tr->ckcpu = cfg->activation_checkpointing.cpu_checkpointing;
     if (tr->ckcpu) {
-        TRY(zn_dev_stream_create(tr->dev, "activations", &tr->s_act));
+        ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "activations", &tr->s_act));
         for (int i = 0; i < ZN_CK_RING; i++) {
-            TRY(make_event(tr, &tr->ev_ckw[i]));
-            TRY(make_event(tr, &tr->ev_cks[i]));
-            TRY(make_event(tr, &tr->ev_ckl[i]));
+            ZN_TRY_GOTO(make_event(tr, &tr->ev_ckw[i]));
+            ZN_TRY_GOTO(make_event(tr, &tr->ev_cks[i]));
+            ZN_TRY_GOTO(make_event(tr, &tr->ev_ckl[i]));
         }
-        TRY(make_event(tr, &tr->ev_ckc));
+        ZN_TRY_GOTO(make_event(tr, &tr->ev_ckc));
     }
-    TRY(build_layout(tr));
-    TRY(allocate(tr));
+    ZN_TRY_GOTO(build_layout(tr));
+    ZN_TRY_GOTO(allocate(tr));
     if (o->model->keep_block0 && o->model->bind_block0)
         for (int b = 0; b < tr->L && tr->blocks[b].group == 0; b++)
             o->model->bind_block0(o->model->ctx, b, tr->blocks[b].dev_params);
     if (tr->tm.aio) {
-        TRY(zn_ioq_start(&tr->rq, tr->tm.aio, tr->trace, tr->track[ZN_RES_NVME_READ],
+        ZN_TRY_GOTO(zn_ioq_start(&tr->rq, tr->tm.aio, tr->trace, tr->track[ZN_RES_NVME_READ],
                          &tr->tm.nvme_read));
-        TRY(zn_ioq_start(&tr->wq, tr->tm.aio, tr->trace, tr->track[ZN_RES_NVME_WRITE],
+        ZN_TRY_GOTO(zn_ioq_start(&tr->wq, tr->tm.aio, tr->trace, tr->track[ZN_RES_NVME_WRITE],
                          &tr->tm.nvme_write));
     }
 
@@ -1259,7 +1277,7 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
             rc = zn_set_error(-ENOMEM, "train: out of memory");
             goto fail;
         }
-        TRY(make_event(tr, &sl->h2d_done));
+        ZN_TRY_GOTO(make_event(tr, &sl->h2d_done));
     }
     if (tr->n_pstage) {
         tr->pstage_req = calloc((size_t)tr->n_pstage * (size_t)tr->max_block_pieces,
@@ -1269,7 +1287,7 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
             goto fail;
         }
         for (int i = 0; i < tr->n_pstage; i++)
-            TRY(make_event(tr, &tr->ev_pstage_free[i]));
+            ZN_TRY_GOTO(make_event(tr, &tr->ev_pstage_free[i]));
     }
     if (tr->nslots) {
         tr->ev_ready = calloc((size_t)tr->nslots, sizeof *tr->ev_ready);
@@ -1284,22 +1302,22 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
             goto fail;
         }
         for (int s = 0; s < tr->nslots; s++) {
-            TRY(make_event(tr, &tr->ev_ready[s]));
-            TRY(make_event(tr, &tr->ev_consumed[s]));
-            TRY(make_event(tr, &tr->ev_shard[s]));
+            ZN_TRY_GOTO(make_event(tr, &tr->ev_ready[s]));
+            ZN_TRY_GOTO(make_event(tr, &tr->ev_consumed[s]));
+            ZN_TRY_GOTO(make_event(tr, &tr->ev_shard[s]));
         }
     }
     for (int i = 0; i < 2; i++) {
-        TRY(make_event(tr, &tr->ev_gready[i]));
-        TRY(make_event(tr, &tr->ev_gfree[i]));
-        TRY(make_event(tr, &tr->ev_rs[i]));
+        ZN_TRY_GOTO(make_event(tr, &tr->ev_gready[i]));
+        ZN_TRY_GOTO(make_event(tr, &tr->ev_gfree[i]));
+        ZN_TRY_GOTO(make_event(tr, &tr->ev_rs[i]));
     }
 
-    TRY(initialise(tr));
+    ZN_TRY_GOTO(initialise(tr));
     /* the links' counters are the steps' traffic: the setup's is kept apart */
     tr->setup_nvme_write = atomic_exchange(&tr->tm.nvme_write, 0);
     tr->setup_h2d = atomic_exchange(&tr->tm.h2d, 0);
-    TRY(zn_optsched_init(tr));
+    ZN_TRY_GOTO(zn_optsched_init(tr));
     /* ZeRO stages 1/2 on several ranks all-gather the updated shards after
      * the optimizer (gather_replicated); everything else lets the step
      * return while its optimizer job still runs. */

@@ -11,7 +11,7 @@
 #include "zinc/config.h"
 #include "zinc/device.h"
 #include "zinc/model.h"
-#include "cli/cli.h"
+#include "zinc/run.h"
 
 /* cfg's lora section (and lora.adapter's adapter_config.json) into d. */
 static int lora_dims(const zn_config *cfg, zn_model_dims *d)
@@ -50,7 +50,7 @@ static int lora_dims(const zn_config *cfg, zn_model_dims *d)
     return rc ? zn_error_prefix(rc, "%s", cfg->source) : 0;
 }
 
-int zn_cli_model_dims(const zn_config *cfg, zn_model_dims *d)
+int zn_run_model_dims(const zn_config *cfg, zn_model_dims *d)
 {
     const zn_config_model *m = &cfg->model;
     if (m->path[0]) {
@@ -86,7 +86,7 @@ int zn_cli_model_dims(const zn_config *cfg, zn_model_dims *d)
 
 /* Elements of parameter tensors smaller than `threshold`: those stay on
  * the GPU (DeepSpeed's stage3_param_persistence_threshold). */
-uint64_t zn_cli_persistent_params(const zn_model_dims *d, uint64_t threshold)
+uint64_t zn_run_persistent_params(const zn_model_dims *d, uint64_t threshold)
 {
     uint64_t H = (uint64_t)d->hidden, hd = (uint64_t)d->head_dim;
     uint64_t q = (uint64_t)d->n_heads * hd, kv = (uint64_t)d->n_kv_heads * hd;
@@ -176,7 +176,7 @@ static int probe_cuda(const zn_config *cfg, zn_dev_info *info)
     return info->kind == ZN_DEV_CUDA;
 }
 
-int zn_cli_has_cuda(const zn_config *cfg)
+int zn_run_has_cuda(const zn_config *cfg)
 {
     zn_dev_info info;
     return probe_cuda(cfg, &info);
@@ -188,7 +188,7 @@ int zn_cli_has_cuda(const zn_config *cfg)
  * would run out of memory), and `note` says so. Plan and train both call
  * this with the same options, so both take the same placement. Returns 1
  * when it moved them, 0 when not, or a negative error of a dry plan. */
-int zn_cli_fit_optimizer(zn_config *cfg, const zn_train_options *o, int world, FILE *note)
+int zn_run_fit_optimizer(zn_config *cfg, const zn_train_options *o, int world, FILE *note)
 {
     if (cfg->zero.offload_optimizer.device != ZN_OFFLOAD_NONE)
         return 0;
@@ -220,8 +220,8 @@ int zn_cli_fit_optimizer(zn_config *cfg, const zn_train_options *o, int world, F
 
 /* Free memory of the GPU the config's train.device names, for an "auto"
  * GPU budget: 0 when the device is the host backend or no GPU answers
- * (zn_cli_budgets then uses the host backend's rule). */
-uint64_t zn_cli_gpu_free(const zn_config *cfg)
+ * (zn_run_budgets then uses the host backend's rule). */
+uint64_t zn_run_gpu_free(const zn_config *cfg)
 {
     zn_dev_info info;
     return cfg->tiers.gpu_auto && probe_cuda(cfg, &info) ? info.free_mem : 0;
@@ -232,7 +232,7 @@ uint64_t zn_cli_gpu_free(const zn_config *cfg)
  * RAM, as its arena does); CPU, 90% of MemAvailable; NVMe, the free space of
  * each path's file system. nvme_path directories of the offload sections
  * count as auto-sized NVMe paths when tiers.nvme does not list them. */
-int zn_cli_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gpu_free,
+int zn_run_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gpu_free,
                    zn_plan_budgets *b)
 {
     memset(b, 0, sizeof *b);
@@ -279,7 +279,7 @@ int zn_cli_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gpu_free,
     return 0;
 }
 
-int zn_cli_check_budgets(const zn_config *cfg, const zn_topo *topo, const zn_plan_budgets *b,
+int zn_run_check_budgets(const zn_config *cfg, const zn_topo *topo, const zn_plan_budgets *b,
                          int strict)
 {
     char msg[2048] = "", x[32], y[32];
@@ -303,7 +303,7 @@ int zn_cli_check_budgets(const zn_config *cfg, const zn_topo *topo, const zn_pla
         const zn_config_nvme_path *np = &cfg->tiers.nvme[i];
         uint64_t fr, dev;
         if (np->size_auto || fs_stat(np->path, &fr, &dev))
-            continue;  /* an unreadable path is zn_cli_budgets' or the run's error */
+            continue;  /* an unreadable path is zn_run_budgets' or the run's error */
         int k = 0;
         while (k < nfs && fs[k].dev != dev)
             k++;
@@ -346,7 +346,7 @@ int zn_cli_check_budgets(const zn_config *cfg, const zn_topo *topo, const zn_pla
 /* The planner's input for a model and a config. `blocks` must hold
  * zn_model_num_parts(d) entries: the blocks as the trainer streams them,
  * the vocabulary in parts. */
-void zn_cli_plan_input(const zn_config *cfg, const zn_model_dims *d, int world,
+void zn_run_plan_input(const zn_config *cfg, const zn_model_dims *d, int world,
                        uint64_t *blocks, zn_plan_input *in)
 {
     int nb = zn_model_num_parts(d);
@@ -359,7 +359,7 @@ void zn_cli_plan_input(const zn_config *cfg, const zn_model_dims *d, int world,
     in->block_params = blocks;
     in->trainable_params = zn_model_trainable_count(d);
     in->persistent_params =
-        zn_cli_persistent_params(d, (uint64_t)cfg->zero.stage3_param_persistence_threshold);
+        zn_run_persistent_params(d, (uint64_t)cfg->zero.stage3_param_persistence_threshold);
     in->tied_params = d->tie_embeddings ? (uint64_t)(d->vocab * d->hidden) : 0;
     in->n_layers = d->n_layers;
     in->hidden = d->hidden;

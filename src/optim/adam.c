@@ -10,7 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "offload/optim-impl.h"
+#include "optim/optim-impl.h"
 
 /* Below this many elements one thread does the step: an OpenMP fork/join
  * costs a few microseconds, about what one core needs for 32K elements at
@@ -31,7 +31,7 @@ zn_adam_params zn_adam_params_default(void)
 
 /* ---- the portable scalar kernel ------------------------------------------ */
 
-static inline void scalar_body(const zn_adam_k *k, float *p, float *m, float *v, const void *g,
+static inline void scalar_body(const zn_adam_consts *k, float *p, float *m, float *v, const void *g,
                                zn_dtype gt, void *c, zn_dtype ct, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -43,7 +43,7 @@ static inline void scalar_body(const zn_adam_k *k, float *p, float *m, float *v,
 
 /* One instance per dtype pair, so that the loads and rounding are inlined
  * and no type test runs per element. */
-static void scalar_kernel(const zn_adam_k *k, float *p, float *m, float *v, const void *g,
+static void scalar_kernel(const zn_adam_consts *k, float *p, float *m, float *v, const void *g,
                           zn_dtype gt, void *c, zn_dtype ct, size_t n)
 {
 #define ZN_SCALAR_CASE(G, C, CP)                                          \
@@ -283,7 +283,7 @@ static int valid_dtype(zn_dtype t)
 
 int zn_adam_prepare(const zn_adam_params *hp, float *p, float *m, float *v, const void *g,
                     zn_dtype g_dtype, float g_scale, void *c, zn_dtype c_dtype, size_t n,
-                    zn_adam_k *out)
+                    zn_adam_consts *out)
 {
     if (!hp || !out)
         return zn_set_error(-EINVAL, "adam: NULL hyperparameters");
@@ -338,7 +338,7 @@ int zn_adam_step_with(zn_adam_kernel_fn kern, const zn_adam_params *hp, float *p
                       float *v, const void *g, zn_dtype g_dtype, float g_scale, void *c,
                       zn_dtype c_dtype, size_t n)
 {
-    zn_adam_k k;
+    zn_adam_consts k;
     int rc = zn_adam_prepare(hp, p, m, v, g, g_dtype, g_scale, c, c_dtype, n, &k);
     if (rc < 0 || n == 0)
         return rc;

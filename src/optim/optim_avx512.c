@@ -2,7 +2,7 @@
  * built for that target; adam.c checks the CPU before calling it). Tails
  * use masked loads and stores of the same vector code, so an element's
  * result never depends on where a thread's range ends. */
-#include "offload/optim-impl.h"
+#include "optim/optim-impl.h"
 
 #if defined(ZN_OPTIM_AVX512_EMULATE)
 /* tests/test_adam_avx512emu.c includes this file after defining the
@@ -52,7 +52,7 @@ typedef struct {
     int scale;
 } consts;
 
-static inline consts load_consts(const zn_adam_k *k)
+static inline consts load_consts(const zn_adam_consts *k)
 {
     consts c = {
         _mm512_set1_ps(k->b1), _mm512_set1_ps(k->omb1), _mm512_set1_ps(k->b2),
@@ -98,7 +98,7 @@ vec16(const consts *K, int l2, int decay, float *p, float *m, float *v, const vo
 }
 
 static inline __attribute__((always_inline)) void
-adam_body(const zn_adam_k *k, float *p, float *m, float *v, const void *g, zn_dtype gt,
+adam_body(const zn_adam_consts *k, float *p, float *m, float *v, const void *g, zn_dtype gt,
           void *c, zn_dtype ct, size_t n)
 {
     consts K = load_consts(k);
@@ -113,7 +113,7 @@ adam_body(const zn_adam_k *k, float *p, float *m, float *v, const void *g, zn_dt
         vec16(&K, l2, decay, p, m, v, g, gt, c, ct, 0, i, (__mmask16)((1u << (n - i)) - 1));
 }
 
-static void avx512_adam(const zn_adam_k *k, float *p, float *m, float *v, const void *g,
+static void avx512_adam(const zn_adam_consts *k, float *p, float *m, float *v, const void *g,
                         zn_dtype gt, void *c, zn_dtype ct, size_t n)
 {
 #define CASE(G, C, CP)                                                    \

@@ -5,9 +5,9 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-tree-vectorize", "no-tree-slp-vectorize")
 #endif
-#include "offload/optim-impl.h"
+#include "optim/optim-impl.h"
 
-void zn_adam_plain_kernel(const zn_adam_k *k, float *p, float *m, float *v, const void *g,
+void zn_adam_plain_kernel(const zn_adam_consts *k, float *p, float *m, float *v, const void *g,
                           zn_dtype g_dtype, void *c, zn_dtype c_dtype, size_t n)
 {
     for (size_t i = 0; i < n; i++) {

@@ -2,8 +2,8 @@
  * kernel files optim_*.c, each compiled with its own target flags): the
  * kernel table, the per-call constants, and the scalar element formulas
  * that every path follows. */
-#ifndef ZN_OFFLOAD_OPTIM_IMPL_H
-#define ZN_OFFLOAD_OPTIM_IMPL_H
+#ifndef ZN_OPTIM_OPTIM_IMPL_H
+#define ZN_OPTIM_OPTIM_IMPL_H
 
 #include <math.h>
 #include <stddef.h>
@@ -19,23 +19,11 @@
 #define ZN_OPTIM_X86 0
 #endif
 
-/* Per-call constants of one Adam step, computed once in double and rounded
- * to float, so that every path and every thread uses the same values. */
-typedef struct {
-    float b1, omb1;      /* beta1, 1 - beta1 */
-    float b2, omb2;      /* beta2, 1 - beta2 */
-    float step_size;     /* -lr * sqrt(1 - beta2^t) / (1 - beta1^t) */
-    float eps;           /* eps * sqrt(1 - beta2^t) */
-    float g_scale;
-    float l2;            /* weight_decay (Adam L2 mode), used when use_l2 */
-    float decay;         /* -lr * weight_decay (AdamW), used when use_decay */
-    int use_l2, use_decay;
-} zn_adam_k;
 
 /* Updates elements [0, n) of the given arrays. c (16-bit copy, c_dtype
  * BF16/F16) may be NULL. A kernel may use non-temporal stores for c; it
  * ends with a store fence when it did. */
-typedef void (*zn_adam_kernel_fn)(const zn_adam_k *k, float *p, float *m, float *v,
+typedef void (*zn_adam_kernel_fn)(const zn_adam_consts *k, float *p, float *m, float *v,
                                   const void *g, zn_dtype g_dtype,
                                   void *c, zn_dtype c_dtype, size_t n);
 
@@ -67,7 +55,7 @@ typedef struct {
  * clears it to measure what they gain. */
 extern int zn_optim_nt_copy;
 
-/* Per-ISA tables (defined only when built; see src/offload/meson.build). */
+/* Per-ISA tables (defined only when built; see src/optim/meson.build). */
 extern const zn_optim_ops zn_optim_ops_scalar;
 extern const zn_optim_ops zn_optim_ops_avx2;
 extern const zn_optim_ops zn_optim_ops_avx512;
@@ -78,14 +66,9 @@ const zn_optim_ops *zn_optim_get_ops(zn_isa isa);
 
 /* The plain scalar loop of the benchmark (optim_plain.c, built without
  * vectorisation): fp32/bf16/fp16 grads, optional copy. */
-void zn_adam_plain_kernel(const zn_adam_k *k, float *p, float *m, float *v, const void *g,
+void zn_adam_plain_kernel(const zn_adam_consts *k, float *p, float *m, float *v, const void *g,
                           zn_dtype g_dtype, void *c, zn_dtype c_dtype, size_t n);
 
-/* Checks the arguments of zn_adam_step and fills the constants. Returns 0 or
- * -EINVAL with a message. */
-int zn_adam_prepare(const zn_adam_params *hp, float *p, float *m, float *v, const void *g,
-                    zn_dtype g_dtype, float g_scale, void *c, zn_dtype c_dtype, size_t n,
-                    zn_adam_k *out);
 
 /* zn_adam_step with an explicit kernel (tests, benchmark). */
 int zn_adam_step_with(zn_adam_kernel_fn kern, const zn_adam_params *hp, float *p, float *m,
@@ -194,7 +177,7 @@ static inline uint16_t zn_round_elem(float x, zn_dtype t)
  * its lerp form m + omb1*(g - m) raised the worst error of tests/test_adam
  * from 4.7e-7 to 2.9e-6, over the 1e-6 bound. An infinite v becomes NaN at
  * the next step in the lerp form; before, v stayed Inf and froze p.) */
-static inline void zn_adam_elem(const zn_adam_k *k, float *pp, float *mp, float *vp, float g)
+static inline void zn_adam_elem(const zn_adam_consts *k, float *pp, float *mp, float *vp, float g)
 {
     float p = *pp, m = *mp, v = *vp;
     g = g * k->g_scale;

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli/cli.h"
+#include "zinc/run.h"
 #include "zinc/device.h"
 #include "zinc/zinc.h"
 
@@ -14,7 +14,7 @@
  * host backend computes in fp32). Probed only when precision is "auto". */
 static int device_bf16(const zn_config *cfg)
 {
-    return zn_cli_has_cuda(cfg);
+    return zn_run_has_cuda(cfg);
 }
 
 /* "[origin]" for a key; `rule` says what "auto" resolved from, `deflt` where
@@ -51,7 +51,7 @@ static const char *sched_name(zn_scheduler_type t)
     return "?";
 }
 
-void zn_cli_effective_print(const zn_config *c, int world, FILE *f)
+void zn_run_effective_print(const zn_config *c, int world, FILE *f)
 {
     char t1[96], t2[96], t3[96], t4[96], t5[96], t6[96];
     bool ot = c->optimizer_from_train, st = c->scheduler_from_train;
@@ -143,10 +143,10 @@ void zn_cli_effective_print(const zn_config *c, int world, FILE *f)
             tag(c, "train.steps", NULL, "zinc", t1, sizeof t1));
 }
 
-int zn_cli_effective(zn_config *cfg, int world, FILE *out)
+int zn_run_effective(zn_config *cfg, int world, FILE *out)
 {
     zn_model_dims d;
-    int rc = zn_cli_model_dims(cfg, &d);
+    int rc = zn_run_model_dims(cfg, &d);
     if (rc)
         return rc;
     bool prec_auto = zn_config_get_origin(cfg, "bf16.enabled") == ZN_ORIGIN_AUTO;
@@ -154,7 +154,7 @@ int zn_cli_effective(zn_config *cfg, int world, FILE *out)
         (rc = zn_config_resolve_batch(cfg, world)))
         return rc;
     if (out) {
-        zn_cli_effective_print(cfg, world, out);
+        zn_run_effective_print(cfg, world, out);
         fflush(out);
     }
     return 0;

@@ -17,7 +17,7 @@
 #include <cblas.h>
 #include <jansson.h>
 
-#include "offload/ckpt-impl.h"
+#include "ckpt/ckpt-impl.h"
 #include "zinc/safetensors.h"
 
 #define CHUNK_ELEMS (4u << 20) /* 16 MiB of fp32 */

@@ -5,7 +5,7 @@
 #include <omp.h>
 #include <string.h>
 
-#include "offload/optim-impl.h"
+#include "optim/optim-impl.h"
 
 uint16_t zn_f32_to_bf16(float x) { return zn_bf16_round(x); }
 float zn_bf16_to_f32(uint16_t h) { return zn_bf16_widen(h); }

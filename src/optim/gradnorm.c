@@ -9,7 +9,7 @@
 #include <omp.h>
 #include <stdlib.h>
 
-#include "offload/optim-impl.h"
+#include "optim/optim-impl.h"
 
 /* Pairwise sum of x[0, n) in a fixed tree (the error grows with log n). */
 static double pairwise(const double *x, size_t n)

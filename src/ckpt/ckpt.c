@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "offload/ckpt-impl.h"
+#include "ckpt/ckpt-impl.h"
 #include "offload/train-impl.h"
 #include "zinc/comm.h"
 

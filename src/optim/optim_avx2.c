@@ -2,7 +2,7 @@
  * for that target; adam.c checks the CPU before calling it). Tails go
  * through an 8-element buffer and the same vector code, so an element's
  * result never depends on where a thread's range ends. */
-#include "offload/optim-impl.h"
+#include "optim/optim-impl.h"
 
 #if ZN_OPTIM_X86
 #pragma GCC target("avx2,fma,f16c")
@@ -92,7 +92,7 @@ typedef struct {
     __m256 b1, omb1, omb2, step, eps, gs, l2, decay;
 } consts;
 
-static inline consts load_consts(const zn_adam_k *k)
+static inline consts load_consts(const zn_adam_consts *k)
 {
     consts c = {
         _mm256_set1_ps(k->b1), _mm256_set1_ps(k->omb1), _mm256_set1_ps(k->omb2),
@@ -184,7 +184,7 @@ main_loop(const consts *K, int scale, int wd, float *p, float *m, float *v, cons
 }
 
 static inline __attribute__((always_inline)) void
-adam_body(const zn_adam_k *k, float *p, float *m, float *v, const void *g, zn_dtype gt,
+adam_body(const zn_adam_consts *k, float *p, float *m, float *v, const void *g, zn_dtype gt,
           void *c, zn_dtype ct, size_t n)
 {
     consts K = load_consts(k);
@@ -228,7 +228,7 @@ adam_body(const zn_adam_k *k, float *p, float *m, float *v, const void *g, zn_dt
     }
 }
 
-static void avx2_adam(const zn_adam_k *k, float *p, float *m, float *v, const void *g,
+static void avx2_adam(const zn_adam_consts *k, float *p, float *m, float *v, const void *g,
                       zn_dtype gt, void *c, zn_dtype ct, size_t n)
 {
     /* one instance per dtype pair so that the type tests fold away */

@@ -1,0 +1,141 @@
+/* A training run set up from a config (src/run/): config plus machine in, a
+ * ready trainer out. The model a config describes, the tier budgets on this
+ * machine, the planner's input, the optimizer's placement, then the ranks
+ * joined, the weights loaded, the trainer created and the data opened.
+ * `zinc train`, `zinc plan`, `zinc bench train` and the tests all use it,
+ * so each makes the same decisions. Ownership: a zn_run owns everything it
+ * points to; zn_run_close frees it. */
+#ifndef ZN_RUN_H
+#define ZN_RUN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "zinc/comm.h"
+#include "zinc/config.h"
+#include "zinc/model.h"
+#include "zinc/plan.h"
+#include "zinc/tokens.h"
+#include "zinc/topo.h"
+#include "zinc/train.h"
+#include "zinc/util.h"
+
+/* ---- decisions a config leaves to the machine --------------------------- */
+
+/* The model a config describes: from an HF folder (model.path) or from the
+ * dimensions of its `model` section, with its lora section (and
+ * lora.adapter's adapter_config.json). Returns 0, ZN_ECONFIG (named),
+ * -errno, ZN_ECORRUPT. */
+ZN_API int zn_run_model_dims(const zn_config *cfg, zn_model_dims *d);
+
+/* Elements of the parameter tensors smaller than `threshold`: those stay
+ * on the GPU (DeepSpeed's stage3_param_persistence_threshold). */
+ZN_API uint64_t zn_run_persistent_params(const zn_model_dims *d, uint64_t threshold);
+
+/* Whether the config's train.device is a CUDA GPU that answers here, and
+ * its free memory for an "auto" GPU budget (0: host backend or no GPU). */
+ZN_API int zn_run_has_cuda(const zn_config *cfg);
+ZN_API uint64_t zn_run_gpu_free(const zn_config *cfg);
+
+/* The three tier budgets of a config; "auto" becomes: GPU, the device's
+ * free memory less 1 GiB (host backend: a quarter of RAM, as its arena);
+ * CPU, 90% of MemAvailable; NVMe, the free space of each path's file
+ * system (the offload sections' nvme_path directories count when tiers.nvme
+ * does not list them). Returns 0 or -errno naming the path. */
+ZN_API int zn_run_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gpu_free,
+                          zn_plan_budgets *b);
+
+/* Checks explicit budgets against this machine: tiers.cpu against its RAM,
+ * explicit tiers.nvme sizes (summed per file system) against each file
+ * system's free space; RLIMIT_MEMLOCK below the cpu budget is a warning.
+ * strict (a run): a problem is ZN_ECONFIG naming what the machine has; else
+ * (a plan, perhaps for another machine) a warning. */
+ZN_API int zn_run_check_budgets(const zn_config *cfg, const zn_topo *topo,
+                                const zn_plan_budgets *b, int strict);
+
+/* The planner's input for a model and a config on `world` ranks. `blocks`
+ * must hold zn_model_num_parts(d) entries (the blocks as the trainer
+ * streams them, the vocabulary in parts); in points into it. The micro
+ * batch, sequence length and precision come from cfg alone: zn_train_create
+ * refuses an input that disagrees with its config. */
+ZN_API void zn_run_plan_input(const zn_config *cfg, const zn_model_dims *d, int world,
+                              uint64_t *blocks, zn_plan_input *in);
+
+/* A config that keeps the optimizer on the GPU (offload_optimizer.device
+ * "none", as the HF Trainer's and LLaMA-Factory's ZeRO configs without
+ * offload do): zinc steps it there when the plan fits; when it does not,
+ * and would with the states in pinned RAM and the CPU Adam, they move there
+ * (cfg is changed) and `note` (may be NULL) says so. Plan and train both
+ * call this with the same options, so both take the same placement.
+ * Returns 1 when it moved them, 0 when not, or a negative error of a dry
+ * plan. */
+ZN_API int zn_run_fit_optimizer(zn_config *cfg, const zn_train_options *o, int world,
+                                FILE *note);
+
+/* Resolves the config's "auto" values against its model and the device,
+ * then the batch keys against `world`, and prints the values that decide
+ * the training (optimizer, schedule, clipping, precision, batch, ZeRO,
+ * buckets), each with where it came from, to `out` (NULL: silent). Returns
+ * 0 or the failing call's code with zn_last_error() set. */
+ZN_API int zn_run_effective(zn_config *cfg, int world, FILE *out);
+ZN_API void zn_run_effective_print(const zn_config *cfg, int world, FILE *out);
+
+/* ---- the run ------------------------------------------------------------ */
+
+typedef struct {
+    zn_train_llama *llama;
+    zn_trainer *tr;
+    zn_tokens *data;
+    zn_loader *loader;
+    int32_t *ids, *tgts, *pos;
+    zn_model_dims dims;
+    uint64_t params;
+    /* the ranks (mpirun / srun / torchrun launch; world 1 otherwise) */
+    zn_comm *comm;
+    int rank, world;
+    size_t rank_tokens;        /* ids of one rank's micro-batches per step */
+    zn_tokens *eval_data;      /* data.eval_path, or NULL */
+    zn_loader *eval_loader;    /* its windows in file order, the global batch */
+    int32_t *eval_ids, *eval_tgts, *eval_pos;
+    char weights[4400];        /* where the initial weights came from, for the header */
+    char lora[4400];           /* LoRA: the adapters' line for the header ("" none) */
+    double load_s;             /* seconds spent creating the trainer (weights written home) */
+    uint64_t load_bytes;       /* checkpoint bytes read */
+} zn_run;
+
+/* zn_run_open flags */
+#define ZN_RUN_TRACE 1       /* record a trace */
+#define ZN_RUN_NO_WEIGHTS 2  /* a checkpoint will overwrite the state: do not
+                                read model.path's weights (seeded init) */
+
+/* Joins the job's ranks (a communicator from the launch environment: world
+ * 1 when not launched by mpirun / srun / torchrun), resolves batch keys,
+ * dims, budgets ("auto" ones shared among the ranks of one host) and the
+ * plan input, then creates the trainer (which refuses an infeasible plan
+ * with its explanation) and the data (every rank reads the global batch
+ * and trains on its slice). The initial weights are model.path's
+ * safetensors (model.init "weights", the default with a path: a folder
+ * without weights is an error) or the seeded init; r->weights says which.
+ * Notes on decisions the run took for the user (the optimizer moved to
+ * pinned RAM) go to `note` on rank 0 (NULL: none). Returns 0 or a status
+ * with zn_last_error() set; on failure only the communicator is left:
+ * report, then zn_run_abort and zn_run_close. */
+ZN_API int zn_run_open(zn_run *r, zn_config *cfg, int flags, FILE *note);
+/* Reopens the training data with the synthetic set's size fixed at
+ * `count` ids (> 0; a resumed run must see the ids its checkpoint was
+ * trained on), or its default size (0). */
+ZN_API int zn_run_open_data(zn_run *r, const zn_config *cfg, uint64_t count);
+/* The mean loss over data.eval_path's targets (train.eval_batches global
+ * batches, 0 = the whole file) on the current parameters, all ranks
+ * together; *n_targets what it averaged. */
+ZN_API int zn_run_eval(zn_run *r, const zn_config *cfg, double *mean, uint64_t *n_targets);
+/* One optimizer step on the loader's batch `step`. */
+ZN_API int zn_run_step(zn_run *r, uint64_t step, zn_train_step_info *info);
+/* Frees everything the run holds, the communicator too (accepts a zeroed
+ * or half-opened run). */
+ZN_API void zn_run_close(zn_run *r);
+/* After a failure in a job of several ranks: ends the other ranks too (MPI:
+ * MPI_Abort, which does not return). No-op for one rank. */
+ZN_API void zn_run_abort(zn_run *r, int code);
+
+#endif
