@@ -519,4 +519,49 @@ void zn_train_fail(zn_trainer *tr, int rc, const char *fmt, ...) ZN_PRINTF(3, 4)
 zn_mark *zn_train_mark_begin(zn_trainer *tr, zn_stream *s, int res, const char *name);
 void zn_train_mark_end(zn_trainer *tr, zn_stream *s, zn_mark *mk);
 
+/* ---- the trainer's files and what each offers the others ---------------- */
+
+static inline uint64_t zn_tr_round_up(uint64_t a, uint64_t b)
+{
+    return (a + b - 1) / b * b;
+}
+
+/* A fetch of the schedule: block `block`, needed from use first_use to
+ * last_use (uses count the blocks' forward and backward passes in order). */
+typedef struct {
+    int block;
+    int first_use, last_use;
+} zn_fetch_ent;
+
+/* train.c */
+zn_dtype zn_tr_grad_transfer_dtype(const zn_config *cfg, zn_dtype pdt);
+
+/* train_layout.c: where each block's pieces live */
+uint64_t zn_tr_frozen_home(const zn_block *bl);
+int zn_tr_build_layout(zn_trainer *tr);
+uint64_t zn_tr_nvme_bytes_needed(zn_trainer *tr);
+
+/* train_alloc.c: allocation and the plan */
+uint64_t zn_tr_piece_stage_off(const zn_block *bl, const zn_piece *p);
+int zn_tr_allocate(zn_trainer *tr);
+int zn_tr_dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cfg, const zn_plan_input *in, int world, int rank);
+uint64_t zn_tr_arena_bytes(const zn_plan *p, uint64_t budget);
+int zn_tr_check_plan_input(const zn_config *cfg, const zn_plan_input *in);
+
+/* train_init.c */
+int zn_tr_initialise(zn_trainer *tr);
+
+/* train_fetch.c: the prefetch ring */
+int zn_tr_wait_params(zn_trainer *tr, int b);
+int zn_tr_accum_on_device(zn_trainer *tr, int mb, int b, int g, const float *gsrc);
+int zn_tr_ensure_capacity(zn_trainer *tr, int A);
+int zn_tr_issue_fetches(zn_trainer *tr, const zn_fetch_ent *fe, int nfe, int *next_fetch, int next_use, uint64_t *nvme_fetches);
+int64_t zn_tr_lower_bound_i32(const int32_t *u, int64_t n, int64_t x);
+int zn_tr_stage_rows(zn_trainer *tr, int mb, const int32_t *ids, int64_t ntok);
+
+/* train_actoff.c: activation checkpoints in pinned RAM */
+int zn_tr_ck_before_write(zn_trainer *tr, int b);
+int zn_tr_ck_enter_backward(zn_trainer *tr, const zn_block *bl);
+int zn_tr_ck_save(zn_trainer *tr, int b);
+
 #endif

@@ -1,0 +1,550 @@
+/* Allocation and the plan: every allocation of every tier made once, from
+ * the list the dry run (the same code, allocating nothing) itemizes as the
+ * plan; zn_train_plan. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "offload/train-impl.h"
+#include "util/try-impl.h"
+#include "zn_build_config.h"
+
+/* The kind of an allocation, for the plan's rows: its name less the block,
+ * unit or slot number ("params b3 u1" -> "params", "param slot 2" -> "param
+ * slot"). */
+static void item_kind(const char *name, char *out, size_t n)
+{
+    snprintf(out, n, "%s", name);
+    for (char *c = out; *c; c++)
+        if (c[0] == ' ' && ((c[1] >= '0' && c[1] <= '9') ||
+                            ((c[1] == 'b' || c[1] == 'u') && c[2] >= '0' && c[2] <= '9'))) {
+            *c = '\0';
+            break;
+        }
+}
+
+/* Records an allocation in the plan's items (dry run). */
+static void plan_item(zn_trainer *tr, zn_tier tier, zn_state_class cls, uint64_t bytes,
+                      const char *name)
+{
+    zn_plan *p = &tr->plan;
+    char what[sizeof p->items[0].what];
+    item_kind(name, what, sizeof what);
+    int i = 0;
+    while (i < p->n_items && (p->items[i].tier != tier || p->items[i].cls != cls ||
+                              strcmp(p->items[i].what, what)))
+        i++;
+    if (i == p->n_items) {
+        int cap = (int)(sizeof p->items / sizeof p->items[0]);
+        if (i == cap) {
+            i = cap - 1;  /* folded into the last row, still counted */
+            snprintf(p->items[i].what, sizeof p->items[i].what, "other");
+        } else {
+            p->n_items++;
+            snprintf(p->items[i].what, sizeof p->items[i].what, "%s", what);
+            p->items[i].tier = tier;
+            p->items[i].cls = cls;
+            p->items[i].bytes = 0;
+            p->items[i].count = 0;
+        }
+    }
+    p->items[i].bytes += bytes;
+    p->items[i].count++;
+}
+
+static int alloc_ptr(zn_trainer *tr, zn_tier tier, zn_state_class cls, uint64_t bytes,
+                     const char *name, void **out)
+{
+    if (tr->dry) {
+        /* the device arena rounds each block to ZN_DEV_ALIGN */
+        if (tier == ZN_TIER_GPU) {
+            bytes = zn_tr_round_up(bytes, ZN_DEV_ALIGN);
+            tr->dry_gpu += bytes;
+        } else if (tier == ZN_TIER_CPU) {
+            tr->dry_cpu += bytes;
+        }
+        plan_item(tr, tier, cls, bytes, name);
+        *out = NULL;
+        return 0;
+    }
+    int id, rc = zn_tier_alloc(&tr->tm, tier, cls, bytes, name, &id);
+    if (rc)
+        return rc;
+    *out = zn_tier_get(&tr->tm, id)->ptr;
+    zn_tier_set_valid(&tr->tm, id, tier, true);
+    return 0;
+}
+
+static int alloc_ext(zn_trainer *tr, zn_state_class cls, uint64_t bytes, const char *name,
+                     int *id)
+{
+    if (tr->dry) {
+        /* the swap space's allocation unit: the direct-I/O alignment, at
+         * least a page (src/nvme/swap.c; 4 KiB on the devices seen) */
+        plan_item(tr, ZN_TIER_NVME, cls, zn_tr_round_up(bytes, 4096), name);
+        *id = -1;
+        return 0;
+    }
+    return zn_tier_alloc(&tr->tm, ZN_TIER_NVME, cls, bytes, name, id);
+}
+
+/* Elements of a block's working params at its home: the whole block
+ * (replicated), the rank's shard, or its frozen shard and trainable shard. */
+static uint64_t home_elems(const zn_block *bl)
+{
+    return bl->replicated ? bl->npad : bl->fshard + bl->shard;
+}
+
+/* Offset (elements) of piece p (of the trainable tail) in its block's home
+ * and in an NVMe home's staging buffer, which is laid out like the home. */
+uint64_t zn_tr_piece_stage_off(const zn_block *bl, const zn_piece *p)
+{
+    return (bl->replicated ? bl->soff : bl->fshard) + (p->start - bl->off);
+}
+
+int zn_tr_allocate(zn_trainer *tr)
+{
+    int rc = 0;
+    char name[64];
+    const zn_config *cfg = &tr->cfg;
+    zn_tier gpu = ZN_TIER_GPU, cpu = ZN_TIER_CPU;
+    size_t act;
+
+    /* model scratch first: the activation size may depend on the dtype */
+    act = tr->model->act_bytes;
+    if (tr->dry) {
+        uint64_t ws = 0;
+        if (tr->model->plan_prepare) {
+            ZN_TRY_GOTO(tr->model->plan_prepare(tr->model->ctx, tr->pdt, &ws, &act));
+            if (ws) {
+                tr->dry_gpu += ws;
+                plan_item(tr, gpu, ZN_STATE_WORK, ws, "model workspace");
+            }
+        }
+    } else if (tr->model->prepare) {
+        ZN_TRY_GOTO(tr->model->prepare(tr->model->ctx, tr->dev, tr->s_comp, tr->pdt));
+        act = tr->model->act_bytes;
+    }
+
+    /* device: resident params, activations, grads, batch */
+    for (int b = 0; b < tr->L; b++) {
+        zn_block *bl = &tr->blocks[b];
+        snprintf(name, sizeof name, "params b%d", b);
+        if (bl->home == ZN_PHOME_DEVICE)
+            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_PARAMS, home_elems(bl) * tr->pbytes, name,
+                          &bl->dev_params));
+    }
+    tr->ckpt = calloc((size_t)tr->L, sizeof *tr->ckpt);
+    tr->ckhost = calloc((size_t)tr->L, sizeof *tr->ckhost);
+    tr->ckord = calloc((size_t)tr->L, sizeof *tr->ckord);
+    if (!tr->ckpt || !tr->ckhost || !tr->ckord)
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    tr->ck_bytes = act;
+    if (tr->ckcpu)
+        for (int i = 0; i < ZN_CK_RING; i++) {
+            snprintf(name, sizeof name, "activation ckpt ring %d", i);
+            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, act, name, &tr->ckring[i]));
+            tr->ckres[i] = -1;
+        }
+    for (int b = 1, k = 0; b < tr->L; b++) {
+        if (tr->blocks[b].gfirst != b)
+            continue; /* a further part of a layer reads its first part's input */
+        snprintf(name, sizeof name, "activation ckpt b%d", b);
+        tr->ckord[b] = k;
+        if (tr->ckcpu) {
+            ZN_TRY_GOTO(alloc_ptr(tr, ZN_TIER_CPU, ZN_STATE_ACT_CKPT, act, name, &tr->ckhost[b]));
+            tr->ckpt[b] = tr->ckring[k % ZN_CK_RING];
+        } else {
+            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_ACT_CKPT, act, name, &tr->ckpt[b]));
+        }
+        k++;
+    }
+    for (int i = 0; i < 2; i++) {
+        ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, act, "activation grad", &tr->dact[i]));
+        if (tr->largest_grad)
+            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_grad * 4, "block grads",
+                          &tr->gdev[i]));
+    }
+    /* Row-sparse gradients (an untied embedding's parts): with one rank and
+     * the accumulators in RAM, only the rows of the micro-batch's tokens
+     * leave the device and are added */
+    const zn_train_model *md = tr->model;
+    int64_t A = cfg->gradient_accumulation_steps > 0 ? cfg->gradient_accumulation_steps : 1;
+    int64_t ntok = cfg->train_micro_batch_size_per_gpu * cfg->data.seq_len;
+    uint64_t cast_elems = tr->gdt != ZN_DTYPE_F32 ? tr->largest_local : 0;
+    tr->any_sparse = false;
+    for (int b = 0; b < tr->L; b++) {
+        zn_block *bl = &tr->blocks[b];
+        bl->srow0 = -1;
+        if (md->block_sparse_row0 && md->block_sparse_row0[b] >= 0 && md->row_width > 0 &&
+            tr->world == 1 && !tr->gnvme && !tr->dopt && !bl->frozen && bl->len == bl->n &&
+            bl->n % (uint64_t)md->row_width == 0 && ntok > 0) {
+            bl->srow0 = md->block_sparse_row0[b];
+            tr->any_sparse = true;
+            uint64_t most = (uint64_t)ntok * (uint64_t)md->row_width;
+            uint64_t e = bl->len < most ? bl->len : most;
+            cast_elems = e > cast_elems ? e : cast_elems;
+        }
+    }
+    /* one device buffer a block's shard (or its touched rows) is cast or
+     * gathered into; that and its D2H are both on the D2H stream, so one
+     * block's at a time */
+    if (cast_elems)
+        ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, cast_elems * zn_dtype_size(tr->gdt),
+                      "block grads (transfer)", &tr->gcast));
+    if (tr->any_sparse) {
+        tr->urows_cap = A * ntok;
+        ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, (uint64_t)tr->urows_cap * 4, "token rows",
+                      (void **)&tr->urows_dev));
+        /* pinned: an upload from pageable memory would wait for the D2H
+         * stream's earlier work (CUDA stages it synchronously) */
+        ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, (uint64_t)tr->urows_cap * 4, "token rows (host)",
+                      (void **)&tr->urows));
+        if (!tr->dry && !(tr->nurows = calloc((size_t)A, sizeof *tr->nurows)))
+            return zn_set_error(-ENOMEM, "train: out of memory");
+    }
+
+    /* optimizer states in memory */
+    if (tr->oopt != ZN_OFFLOAD_NVME) {
+        zn_tier t = tr->oopt == ZN_OFFLOAD_NONE ? gpu : cpu;
+        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_MASTER, tr->P * 4, "master (fp32)", (void **)&tr->master));
+        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_ADAM_M, tr->P * 4, "adam m", (void **)&tr->mom));
+        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_ADAM_V, tr->P * 4, "adam v", (void **)&tr->var));
+        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_GRADS, tr->P * 4, "grads (fp32)", (void **)&tr->gacc));
+        bool off_dev = false;  /* a trainable block homed off the device */
+        for (int b = 0; b < tr->L; b++)
+            off_dev |= tr->blocks[b].len > 0 && tr->blocks[b].home != ZN_PHOME_DEVICE;
+        if (!tr->dopt && tr->pdt != ZN_DTYPE_F32)
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes, "param update staging",
+                          &tr->pout_flat));
+        if (tr->dopt && off_dev) {
+            if (tr->pdt != ZN_DTYPE_F32)
+                ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->U * tr->pbytes,
+                              "param update staging (device)", &tr->pdev));
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes, "param update staging",
+                          &tr->pout_flat));
+        }
+        if (tr->dopt) {
+            /* each block's chunk sums of squares, on the device and pinned */
+            uint64_t nc = 0;
+            for (int b = 0; b < tr->L; b++) {
+                tr->blocks[b].nc_off = (int64_t)nc;
+                nc += (tr->blocks[b].len + ZN_GRAD_NORM_CHUNK - 1) / ZN_GRAD_NORM_CHUNK;
+            }
+            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, nc * 8 + 8, "grad norm chunks",
+                          (void **)&tr->normc_dev));
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, nc * 8 + 8, "grad norm chunks (host)",
+                          (void **)&tr->normc));
+            /* states in and out of the device (initial master, checkpoints,
+             * read-back): up to 16 MiB at a time */
+            uint64_t sb = tr->P * 4 < (16u << 20) ? tr->P * 4 : (16u << 20);
+            tr->ostage_bytes = (sb + 4095) / 4096 * 4096;
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->ostage_bytes, "optimizer state staging",
+                          &tr->ostage));
+        }
+    } else if (!tr->gnvme) {
+        /* states on NVMe, gradients in pinned RAM (tiers.grads) */
+        ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_GRADS, tr->P * 4, "grads (fp32)", (void **)&tr->gacc));
+    }
+
+    /* pinned: params homed on the CPU, staging */
+    for (int b = 0; b < tr->L; b++) {
+        zn_block *bl = &tr->blocks[b];
+        snprintf(name, sizeof name, "params b%d", b);
+        if (bl->home == ZN_PHOME_CPU)
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_PARAMS, home_elems(bl) * tr->pbytes, name,
+                          &bl->cpu_params));
+    }
+    for (int i = 0; i < 2; i++)
+        ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_local * 4, "grad staging",
+                      (void **)&tr->gstage[i]));
+    uint64_t largest_nvme = 0;
+    for (int b = 0; b < tr->L; b++) {
+        /* staging holds what the home holds: the whole block (one rank, a
+         * frozen base), the rank's shard, or its frozen and trainable shards */
+        const zn_block *bl = &tr->blocks[b];
+        uint64_t h = bl->fshard ? bl->fshard + bl->shard : bl->frozen ? bl->n : bl->len;
+        if (bl->home == ZN_PHOME_NVME && h > largest_nvme)
+            largest_nvme = h;
+    }
+    if (largest_nvme) {
+        int64_t bc = cfg->zero.offload_param.buffer_count;
+        tr->n_pstage = (int)(bc < 2 ? 2 : bc > 64 ? 64 : bc);
+        for (int i = 0; i < tr->n_pstage; i++)
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_nvme * tr->pbytes, "param staging",
+                          &tr->pstage[i]));
+    }
+    /* the param cache: only where the step is pipelined (a replicated block
+     * on several ranks gets the other ranks' parts later, by all-gather) */
+    uint64_t largest_pc = 0;
+    bool pipelined = tr->world == 1 || cfg->zero.stage >= 3;
+    for (int b = 0; b < tr->L; b++) {
+        zn_block *bl = &tr->blocks[b];
+        /* (a frozen base is never updated: nothing of it to cache) */
+        bl->pc_ok = pipelined && bl->home == ZN_PHOME_NVME && !bl->frozen &&
+                    (tr->world == 1 || !bl->replicated);
+        uint64_t fetched = bl->replicated ? bl->n : bl->len;
+        if (bl->pc_ok && fetched > largest_pc)
+            largest_pc = fetched;
+    }
+    if (largest_pc && cfg->tiers.param_cache > 0 && tr->dry) {
+        for (int e = 0; e < cfg->tiers.param_cache; e++)
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_pc * tr->pbytes, "param cache",
+                          (void **)&(void *){ NULL }));
+    } else if (largest_pc && cfg->tiers.param_cache > 0) {
+        tr->pc = calloc((size_t)cfg->tiers.param_cache, sizeof *tr->pc);
+        if (!tr->pc)
+            return zn_set_error(-ENOMEM, "train: out of memory");
+        tr->n_pc = cfg->tiers.param_cache;
+        for (int e = 0; e < tr->n_pc; e++) {
+            tr->pc[e].tr = tr;
+            tr->pc[e].block = -1;
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_pc * tr->pbytes, "param cache",
+                          &tr->pc[e].buf));
+        }
+    } else {
+        for (int b = 0; b < tr->L; b++)
+            tr->blocks[b].pc_ok = false;
+    }
+    if (tr->oopt == ZN_OFFLOAD_NVME) {
+        for (int s = 0; s < tr->n_oslots; s++) {
+            zn_opt_slot *sl = &tr->oslot[s];
+            void *buf;
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * 16, "optimizer staging", &buf));
+            if (!tr->dry) {
+                sl->master = buf;
+                sl->m = sl->master + tr->U;
+                sl->v = sl->m + tr->U;
+                sl->grad = sl->v + tr->U;
+            }
+            if (tr->pdt != ZN_DTYPE_F32)
+                ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes,
+                              "param update staging", &sl->pout));
+        }
+        if (tr->gnvme && (cfg->gradient_accumulation_steps > 1 || tr->gdt != ZN_DTYPE_F32))
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_local * 4, "grad readback",
+                          (void **)&tr->gtmp));
+    }
+
+    /* Gradient accumulators on NVMe with tiers.grads auto: the pinned room
+     * left after everything above (all but 5% of it) keeps as many pieces
+     * as fit in RAM, which saves their write and read-back every
+     * micro-batch. Computed from the allocations themselves, so the dry
+     * run and the run choose the same pieces. */
+    for (int k = 0; k < tr->n_pieces; k++)
+        tr->pieces[k].gram_off = -1;
+    tr->gram_elems = 0;
+    if (tr->gnvme && cfg->tiers.grads == ZN_GRADS_AUTO) {
+        uint64_t used = tr->dry_cpu;
+        if (!tr->dry) {
+            uint64_t u[ZN_TIER_COUNT], pk[ZN_TIER_COUNT];
+            zn_tier_usage(&tr->tm, u, pk);
+            used = u[ZN_TIER_CPU];
+        }
+        uint64_t budget = tr->tm.budget[ZN_TIER_CPU];
+        uint64_t room = budget > used ? (budget - used) / 20 * 19 : 0, elems = 0;
+        for (int k = 0; k < tr->n_pieces; k++)
+            if ((elems + tr->pieces[k].n) * 4 <= room) {
+                tr->pieces[k].gram_off = (int64_t)elems;
+                elems += tr->pieces[k].n;
+            }
+        if (elems) {
+            tr->gram_elems = elems;
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_GRADS, elems * 4, "grads (fp32)",
+                          (void **)&tr->gram));
+            if (tr->dry) {
+                /* what a step writes: only the pieces left on NVMe */
+                zn_plan *pl = &tr->plan;
+                pl->nvme_write_step -= pl->nvme_write_part[2];
+                pl->nvme_write_part[2] = (tr->P - elems) * 4 * (uint64_t)A;
+                pl->nvme_write_step += pl->nvme_write_part[2];
+            }
+        }
+    }
+
+    /* NVMe extents */
+    uint64_t need = zn_tr_nvme_bytes_needed(tr);
+    if (need) {
+        uint64_t bytes = need < tr->tm.budget[ZN_TIER_NVME] ? need : tr->tm.budget[ZN_TIER_NVME];
+        if (!tr->dry)
+            ZN_TRY_GOTO(zn_tier_open_nvme(&tr->tm, cfg, bytes, tr->fault_hook, tr->fault_user));
+        if (tr->oopt == ZN_OFFLOAD_NVME) {
+            for (int u = 0; u < tr->n_units; u++) {
+                zn_unit *un = &tr->units[u];
+                snprintf(name, sizeof name, "master u%d", u);
+                ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_MASTER, un->n * 4, name, &un->master_id));
+                snprintf(name, sizeof name, "adam m u%d", u);
+                ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_ADAM_M, un->n * 4, name, &un->m_id));
+                snprintf(name, sizeof name, "adam v u%d", u);
+                ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_ADAM_V, un->n * 4, name, &un->v_id));
+            }
+            for (int k = 0; k < tr->n_pieces && tr->gnvme; k++) {
+                zn_piece *p = &tr->pieces[k];
+                if (p->gram_off >= 0)
+                    continue; /* in pinned RAM */
+                snprintf(name, sizeof name, "grads b%d u%d", p->block, p->unit);
+                ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_GRADS, p->n * 4, name, &p->grad_id));
+            }
+        }
+        for (int k = 0; k < tr->n_pieces; k++) {
+            zn_piece *p = &tr->pieces[k];
+            if (tr->blocks[p->block].home != ZN_PHOME_NVME)
+                continue;
+            snprintf(name, sizeof name, "params b%d u%d", p->block, p->unit);
+            ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_PARAMS, p->n * tr->pbytes, name, &p->param_id));
+        }
+        for (int b = 0; b < tr->L; b++) {
+            zn_block *bl = &tr->blocks[b];
+            if (bl->home != ZN_PHOME_NVME || !bl->frozen)
+                continue;
+            snprintf(name, sizeof name, "frozen params b%d", b);
+            ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_PARAMS, zn_tr_frozen_home(bl) * tr->pbytes, name,
+                          &bl->frozen_id));
+        }
+    }
+
+    /* the ring of device parameter slots, last: it takes what is left */
+    if (tr->largest_ring_block) {
+        uint64_t slot_bytes = zn_tr_round_up(tr->largest_ring_block * tr->pbytes, ZN_DEV_ALIGN);
+        uint64_t want = tr->plan.live_window / tr->largest_ring_block;
+        if (want < 2)
+            want = 2;
+        zn_dev_mem dm;
+        if (tr->dry) {
+            /* what is left of the budget: allocations so far, rounded */
+            uint64_t b = tr->tm.budget[ZN_TIER_GPU];
+            dm.largest_free = b > tr->dry_gpu ? b - tr->dry_gpu : 0;
+        } else {
+            zn_dev_mem_stats(tr->dev, &dm);
+        }
+        uint64_t fit = dm.largest_free / slot_bytes;
+        int ring_blocks = 0;
+        for (int b = 0; b < tr->L; b++)
+            ring_blocks += !tr->blocks[b].persistent;
+        if (want > (uint64_t)ring_blocks)
+            want = ring_blocks < 2 ? 2 : (uint64_t)ring_blocks;
+        if (want > fit)
+            want = fit;
+        if (want > 64)
+            want = 64;
+        if (want < 2) {
+            char b1[32], b2[32];
+            return zn_set_error(ZN_EBUDGET, "gpu tier: two parameter slots of %s do not fit "
+                                "(largest free block %s after activations and buffers): raise "
+                                "tiers.gpu%s or lower train_micro_batch_size_per_gpu",
+                                zn_format_size(slot_bytes, b1, sizeof b1),
+                                zn_format_size(dm.largest_free, b2, sizeof b2),
+                                tr->ckcpu ? "" : ", set activation_checkpointing."
+                                "cpu_checkpointing=true (the layers' checkpoints to pinned RAM)");
+        }
+        tr->nslots = (int)want;
+        if (tr->dry) {
+            for (int s = 0; s < tr->nslots; s++)
+                ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_ring_block * tr->pbytes,
+                              "param slot", (void **)&(void *){ NULL }));
+            return 0;
+        }
+        tr->slot = calloc((size_t)tr->nslots, sizeof *tr->slot);
+        tr->slot_block = calloc((size_t)tr->nslots, sizeof *tr->slot_block);
+        if (!tr->slot || !tr->slot_block)
+            return zn_set_error(-ENOMEM, "train: out of memory");
+        for (int s = 0; s < tr->nslots; s++) {
+            snprintf(name, sizeof name, "param slot %d", s);
+            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_ring_block * tr->pbytes, name,
+                          &tr->slot[s]));
+            tr->slot_block[s] = -1;
+        }
+    }
+    return 0;
+fail:
+    return rc;
+}
+
+int zn_tr_dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cfg,
+                    const zn_plan_input *in, int world, int rank)
+{
+    int rc = zn_plan_compute(out, cfg, in, &o->budgets);
+    if (rc && rc != ZN_ENOFIT)
+        return rc;
+    zn_trainer *t = calloc(1, sizeof *t);
+    if (!t)
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    t->dry = true;
+    t->cfg = *cfg;
+    t->model = o->model;
+    t->plan = *out;
+    t->plan.n_items = 0;
+    t->world = world > 0 ? world : 1;
+    t->rank = rank;
+    t->popt = cfg->zero.offload_param.device;
+    t->oopt = cfg->zero.offload_optimizer.device;
+    t->pdt = in->param_bytes == 2 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+    t->pbytes = zn_dtype_size(t->pdt);
+    for (int i = 0; i < ZN_TIER_COUNT; i++)
+        t->tm.budget[i] = o->budgets.bytes[i];
+    t->gnvme = t->oopt == ZN_OFFLOAD_NVME && t->plan.grads_tier == ZN_TIER_NVME;
+    t->dopt = t->oopt == ZN_OFFLOAD_NONE;
+    t->gdt = t->dopt ? ZN_DTYPE_F32 : zn_tr_grad_transfer_dtype(cfg, t->pdt);
+    t->ckcpu = cfg->activation_checkpointing.cpu_checkpointing;
+    rc = zn_tr_build_layout(t);
+    if (!rc)
+        rc = zn_tr_allocate(t);
+    if (!rc) {
+        char why[sizeof out->why];
+        *out = t->plan;
+        rc = zn_plan_use_items(out, cfg);
+        snprintf(why, sizeof why, "%s", out->why);
+        if (rc == ZN_ENOFIT)
+            zn_set_error(rc, "%s", why);
+    }
+    free(t->blocks);
+    free(t->units);
+    free(t->pieces);
+    free(t->ckpt);
+    free(t->ckhost);
+    free(t->ckord);
+    free(t);
+    return rc;
+}
+
+/* The device arena for a plan: its gpu total and 1 MiB for the arena's
+ * start alignment, never beyond the budget. */
+uint64_t zn_tr_arena_bytes(const zn_plan *p, uint64_t budget)
+{
+    uint64_t want = p->tier_total[ZN_TIER_GPU] + ((uint64_t)1 << 20);
+    return want < budget ? want : budget;
+}
+
+/* The plan input and the config must describe one run: each value has one
+ * source (the config; zn_run_plan_input copies it), and a caller that
+ * changed one without the other gets an error, not a plan of another run. */
+int zn_tr_check_plan_input(const zn_config *cfg, const zn_plan_input *in)
+{
+    if (in->micro_batch != cfg->train_micro_batch_size_per_gpu || in->seq_len != cfg->data.seq_len)
+        return zn_set_error(ZN_EARG, "train: the plan input's micro-batch %lld x %lld tokens is "
+                            "not the config's train_micro_batch_size_per_gpu %lld x data.seq_len "
+                            "%lld", (long long)in->micro_batch, (long long)in->seq_len,
+                            (long long)cfg->train_micro_batch_size_per_gpu,
+                            (long long)cfg->data.seq_len);
+    if (in->activation_checkpointing != cfg->train.activation_checkpointing)
+        return zn_set_error(ZN_EARG, "train: the plan input's activation checkpointing (%d) is "
+                            "not the config's (%d)", in->activation_checkpointing,
+                            cfg->train.activation_checkpointing);
+    return 0;
+}
+
+int zn_train_plan(zn_plan *plan, const zn_train_options *o, int world)
+{
+    if (!o || !o->cfg || !o->model || !o->plan_in || o->model->n_blocks < 1 ||
+        !o->model->block_params)
+        return zn_set_error(ZN_EARG, "train plan: incomplete options (config, model, plan input)");
+    int rc = zn_tr_check_plan_input(o->cfg, o->plan_in);
+    if (rc)
+        return rc;
+    zn_plan_input in = *o->plan_in;
+    in.world_size = world > 0 ? world : 1;
+    return zn_tr_dry_plan(plan, o, o->cfg, &in, in.world_size, 0);
+}

@@ -1,0 +1,352 @@
+/* The fetch schedule: parameters fetched ahead of use into the ring of
+ * device slots (NVMe -> pinned staging -> H2D, or pinned -> H2D), waits
+ * for the optimizer's updates to land, an untied embedding's rows staged,
+ * gradients accumulated on the device. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "offload/train-impl.h"
+#include "util/try-impl.h"
+#include "zn_build_config.h"
+
+/* ---- the step ------------------------------------------------------------------*/
+/* Whether the previous step's optimizer job has landed its updates of block
+ * b's parameters at their homes (every unit holding a piece of b). */
+static bool params_landed(zn_trainer *tr, int b)
+{
+    zn_block *bl = &tr->blocks[b];
+    for (int k = 0; k < bl->np; k++)
+        if (atomic_load(&tr->units[tr->pieces[bl->p0 + k].unit].pdone) < tr->pseq_need)
+            return false;
+    return true;
+}
+
+/* plock held: block b may be fetched: its update landed at home, or sits
+ * whole in the param cache. */
+static bool params_ready_locked(zn_trainer *tr, int b)
+{
+    return params_landed(tr, b) ||
+           (tr->blocks[b].pc_ok && zn_pcache_ready_locked(tr, b, tr->pseq_need));
+}
+
+static bool params_ready(zn_trainer *tr, int b)
+{
+    if (params_landed(tr, b))
+        return true;
+    if (!tr->blocks[b].pc_ok)
+        return false;
+    pthread_mutex_lock(&tr->plock);
+    bool r = zn_pcache_ready_locked(tr, b, tr->pseq_need);
+    pthread_mutex_unlock(&tr->plock);
+    return r;
+}
+
+/* Waits until block b's parameters are ready (or, with `landed`, landed at
+ * home); the optimizer thread, the NVMe queue and the optimizer's H2D
+ * stream get there without this thread's help. */
+static int wait_for(zn_trainer *tr, int b, bool landed)
+{
+    if (landed ? params_landed(tr, b) : params_ready(tr, b))
+        return 0;
+    uint64_t t0 = zn_now_ns();
+    pthread_mutex_lock(&tr->plock);
+    while (!(landed ? params_landed(tr, b) : params_ready_locked(tr, b)) &&
+           !atomic_load(&tr->err))
+        pthread_cond_wait(&tr->pcv, &tr->plock);
+    pthread_mutex_unlock(&tr->plock);
+    tr->param_wait_s += (double)(zn_now_ns() - t0) * 1e-9;
+    return atomic_load(&tr->err);
+}
+
+int zn_tr_wait_params(zn_trainer *tr, int b)
+{
+    return wait_for(tr, b, false);
+}
+
+static int wait_landed(zn_trainer *tr, int b)
+{
+    return wait_for(tr, b, true);
+}
+
+/* Host function on the H2D stream: the NVMe reads of a block into staging
+ * must be complete before the copy that follows it. */
+static void pread_wait_fn(void *arg)
+{
+    zn_pread_arg *a = arg;
+    zn_trainer *tr = a->tr;
+    for (int k = 0; k < a->np; k++) {
+        zn_io_req *r = &tr->pstage_req[a->t * tr->max_block_pieces + k];
+        int rc = zn_ioq_wait(&tr->rq, r);
+        if (rc)
+            zn_train_fail(tr, rc, "fetching params of block %d: %s", a->block, zn_last_error());
+    }
+}
+
+/* Brings block `block`'s working params into device slot `slot`: from its
+ * home (pinned, or NVMe through a pinned staging buffer) over H2D; with
+ * world size N > 1 the home holds this rank's shard, which goes to its
+ * place in the slot and is then all-gathered there on the comm stream (a
+ * device-homed shard is gathered straight from the device). ev_ready[slot]
+ * is recorded on the stream that finishes the slot. */
+static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
+{
+    zn_block *bl = &tr->blocks[block];
+    zn_dev *d = tr->dev;
+    bool gather = !bl->replicated, split = bl->fshard > 0;
+    size_t bytes = (split ? bl->fshard + bl->shard : gather ? bl->len : bl->n) * tr->pbytes;
+    const size_t pb = tr->pbytes;
+    char *sl = tr->slot[slot];
+    /* where the home's copy lands: the whole block at 0, the rank's shard
+     * at its place for an in-place gather; split: the frozen shard at its
+     * place, the trainable shard past both gathers' reach (train-impl.h) */
+    char *dst = sl + (split ? bl->foff * pb : gather ? bl->soff * pb : 0);
+    char *tdst = sl + (bl->npad - bl->shard) * pb;
+    char name[ZN_TRACE_NAME_LEN];
+    int rc;
+    if (bl->home == ZN_PHOME_DEVICE) {
+        /* sharded on the device: gather from the home shard into the slot */
+        if ((rc = zn_dev_stream_wait_event(d, tr->s_comm, tr->ev_consumed[slot])))
+            return rc;
+        snprintf(name, sizeof name, "gather b%d", block);
+        zn_mark *mk = zn_train_mark_begin(tr, tr->s_comm, ZN_RES_COMM, name);
+        if (split && ((rc = zn_comm_allgather_on(tr->comm, tr->s_comm, bl->dev_params, sl,
+                                                 bl->fshard, tr->pdt)) ||
+                      (bl->shard && (rc = zn_comm_allgather_on(tr->comm, tr->s_comm,
+                                                 (char *)bl->dev_params + bl->fshard * pb,
+                                                 sl + bl->frozen * pb, bl->shard, tr->pdt)))))
+            return rc;
+        if (!split && (rc = zn_comm_allgather_on(tr->comm, tr->s_comm, bl->dev_params, sl,
+                                                 bl->shard, tr->pdt)))
+            return rc;
+        zn_train_mark_end(tr, tr->s_comm, mk);
+        if ((rc = zn_dev_event_record(d, tr->ev_ready[slot], tr->s_comm)))
+            return rc;
+        tr->slot_block[slot] = block;
+        return 0;
+    }
+    if ((rc = zn_dev_stream_wait_event(d, tr->s_h2d, tr->ev_consumed[slot])))
+        return rc;
+    const void *src = bl->cpu_params;
+    int t = -1, pc = -1;
+    if (bl->home == ZN_PHOME_NVME && bl->pc_ok &&
+        (pc = zn_pcache_take(tr, block, tr->pseq_need)) >= 0) {
+        /* the optimizer's pinned copy of the update: no NVMe read */
+        src = tr->pc[pc].buf;
+        atomic_fetch_add(&tr->pc_hits, 1);
+        atomic_fetch_add(&tr->pc_bytes, bytes);
+    } else if (bl->home == ZN_PHOME_NVME) {
+        /* the cache entry that made the block ready may have been evicted
+         * since: read it only once its write landed */
+        if ((rc = wait_landed(tr, block)))
+            return rc;
+        t = (int)(*nvme_fetches % (uint64_t)tr->n_pstage);
+        (*nvme_fetches)++;
+        /* the staging buffer's previous copy must be done before it is refilled */
+        if ((rc = zn_dev_event_sync(d, tr->ev_pstage_free[t])))
+            return rc;
+        int nr = bl->np + (bl->frozen ? 1 : 0);
+        snprintf(name, sizeof name, "params b%d", block);
+        for (int k = 0; k < nr; k++) {
+            zn_io_req *r = &tr->pstage_req[t * tr->max_block_pieces + k];
+            if (k < bl->np) {
+                zn_piece *p = &tr->pieces[bl->p0 + k];
+                rc = zn_ioq_submit(&tr->rq, r, 0, &zn_tier_get(&tr->tm, p->param_id)->ext,
+                                   (char *)tr->pstage[t] + zn_tr_piece_stage_off(bl, p) * tr->pbytes,
+                                   p->n * tr->pbytes, name);
+            } else {
+                rc = zn_ioq_submit(&tr->rq, r, 0, &zn_tier_get(&tr->tm, bl->frozen_id)->ext,
+                                   tr->pstage[t], zn_tr_frozen_home(bl) * tr->pbytes, name);
+            }
+            if (rc) {
+                for (int j = 0; j <= k; j++)
+                    zn_ioq_wait(&tr->rq, &tr->pstage_req[t * tr->max_block_pieces + j]);
+                return zn_ioq_wait(&tr->rq, r);
+            }
+        }
+        zn_pread_arg *a = &tr->pstage_arg[t];
+        a->tr = tr;
+        a->t = t;
+        a->block = block;
+        a->np = nr;
+        if ((rc = zn_dev_launch_host_fn(d, tr->s_h2d, pread_wait_fn, a)))
+            return rc;
+        src = tr->pstage[t];
+    }
+    snprintf(name, sizeof name, "h2d b%d", block);
+    zn_mark *mk = zn_train_mark_begin(tr, tr->s_h2d, ZN_RES_H2D, name);
+    if (split) {
+        if ((rc = zn_dev_copy_h2d(d, tr->s_h2d, dst, src, bl->fshard * pb)) ||
+            (bl->shard && (rc = zn_dev_copy_h2d(d, tr->s_h2d, tdst,
+                                                (const char *)src + bl->fshard * pb,
+                                                bl->shard * pb))))
+            return rc;
+    } else if (bytes && (rc = zn_dev_copy_h2d(d, tr->s_h2d, dst, src, bytes))) {
+        return rc;
+    }
+    zn_train_mark_end(tr, tr->s_h2d, mk);
+    atomic_fetch_add(&tr->tm.h2d, bytes);
+    if (t >= 0 && (rc = zn_dev_event_record(d, tr->ev_pstage_free[t], tr->s_h2d)))
+        return rc;
+    if (pc >= 0 && (rc = zn_dev_launch_host_fn(d, tr->s_h2d, zn_pcache_release_fn, &tr->pc[pc])))
+        return rc;
+    if (gather) {
+        if ((rc = zn_dev_event_record(d, tr->ev_shard[slot], tr->s_h2d)) ||
+            (rc = zn_dev_stream_wait_event(d, tr->s_comm, tr->ev_shard[slot])))
+            return rc;
+        snprintf(name, sizeof name, "gather b%d", block);
+        zn_mark *m2 = zn_train_mark_begin(tr, tr->s_comm, ZN_RES_COMM, name);
+        if (split && ((rc = zn_comm_allgather_on(tr->comm, tr->s_comm, dst, sl, bl->fshard,
+                                                 tr->pdt)) ||
+                      (bl->shard && (rc = zn_comm_allgather_on(tr->comm, tr->s_comm, tdst,
+                                                               sl + bl->frozen * pb, bl->shard,
+                                                               tr->pdt)))))
+            return rc;
+        if (!split && (rc = zn_comm_allgather_on(tr->comm, tr->s_comm, dst, sl, bl->shard,
+                                                 tr->pdt)))
+            return rc;
+        zn_train_mark_end(tr, tr->s_comm, m2);
+        if ((rc = zn_dev_event_record(d, tr->ev_ready[slot], tr->s_comm)))
+            return rc;
+    } else if ((rc = zn_dev_event_record(d, tr->ev_ready[slot], tr->s_h2d))) {
+        return rc;
+    }
+    tr->slot_block[slot] = block;
+    return 0;
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Row-sparse gradients: micro-batch mb's distinct ids, sorted, on the host
+ * and (queued on the D2H stream, ahead of the gathers that read them) on
+ * the device. Both stay until the step's D2H work is done. */
+int zn_tr_stage_rows(zn_trainer *tr, int mb, const int32_t *ids, int64_t ntok)
+{
+    if ((int64_t)(mb + 1) * ntok > tr->urows_cap)
+        return zn_set_error(ZN_EINTERNAL, "train: token rows for micro-batch %d beyond %lld",
+                            mb, (long long)tr->urows_cap);
+    int32_t *u = tr->urows + (size_t)mb * (size_t)ntok;
+    memcpy(u, ids, (size_t)ntok * 4);
+    qsort(u, (size_t)ntok, 4, cmp_i32);
+    int64_t n = 0;
+    for (int64_t i = 0; i < ntok; i++)
+        if (!n || u[i] != u[n - 1])
+            u[n++] = u[i];
+    tr->nurows[mb] = n;
+    return n ? zn_dev_copy_h2d(tr->dev, tr->s_d2h, tr->urows_dev + (size_t)mb * (size_t)ntok, u,
+                               (size_t)n * 4)
+             : 0;
+}
+
+/* First index of sorted u[0..n) with u[i] >= x. */
+int64_t zn_tr_lower_bound_i32(const int32_t *u, int64_t n, int64_t x)
+{
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (u[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+int zn_tr_ensure_capacity(zn_trainer *tr, int A)
+{
+    int need_args = A * tr->L;
+    if (tr->n_accum_args < need_args) {
+        free(tr->accum_args);
+        tr->accum_args = calloc((size_t)need_args, sizeof *tr->accum_args);
+        if (!tr->accum_args)
+            return zn_set_error(-ENOMEM, "train: out of memory");
+        tr->n_accum_args = need_args;
+    }
+    int need_marks = A * tr->L * 8 + 16; /* up to 8 per block use (cpu checkpoints: 2) */
+    if (tr->n_marks < need_marks) {
+        free(tr->marks);
+        tr->marks = calloc((size_t)need_marks, sizeof *tr->marks);
+        if (!tr->marks)
+            return zn_set_error(-ENOMEM, "train: out of memory");
+        tr->n_marks = need_marks;
+    }
+    return 0;
+}
+
+/* Issues, in order, every fetch whose slot's previous user (use index <
+ * next_use) has been queued and whose block's parameters have landed; a
+ * fetch needed by use next_use itself waits for them. A fetch not issued
+ * here is tried again at the next use. With several ranks a fetch is never
+ * put off for readiness: which fetches are issued before a use then depends
+ * only on the slots, the same on every rank, so every rank issues its
+ * all-gathers at the same place among its collectives whatever its NVMe or
+ * param-cache state (collectives paired out of order hang NCCL). */
+int zn_tr_issue_fetches(zn_trainer *tr, const zn_fetch_ent *fe, int nfe, int *next_fetch,
+                         int next_use, uint64_t *nvme_fetches)
+{
+    while (*next_fetch < nfe &&
+           (*next_fetch < tr->nslots || fe[*next_fetch - tr->nslots].last_use < next_use)) {
+        int j = *next_fetch, rc;
+        if (!params_ready(tr, fe[j].block)) {
+            if (tr->world == 1 && fe[j].first_use > next_use)
+                break;
+            if ((rc = zn_tr_wait_params(tr, fe[j].block)))
+                return rc;
+        }
+        (*next_fetch)++;
+        if ((rc = fetch(tr, fe[j].block, j % tr->nslots, nvme_fetches)))
+            return rc;
+    }
+    return 0;
+}
+
+/* The optimizer on the device: block b's reduced gradients (gsrc) are
+ * summed into its accumulators on the D2H stream, which then frees gdev[g];
+ * after the last micro-batch their sums of squares by chunk go to pinned
+ * memory and the accumulation worker turns them into the block's norm and
+ * releases its units to the optimizer. No gradient leaves the device. */
+int zn_tr_accum_on_device(zn_trainer *tr, int mb, int b, int g, const float *gsrc)
+{
+    zn_dev *d = tr->dev;
+    zn_block *bl = &tr->blocks[b];
+    float *sum = tr->gacc + bl->off;
+    int64_t n = (int64_t)bl->len;
+    int rc;
+    char name[ZN_TRACE_NAME_LEN];
+    snprintf(name, sizeof name, "accum b%d", b);
+    zn_mark *mk = zn_train_mark_begin(tr, tr->s_d2h, ZN_RES_D2H, name);
+    if (n && (rc = mb == 0 ? zn_dev_copy_d2d(d, tr->s_d2h, sum, gsrc, (size_t)n * 4)
+                           : zn_dev_axpy(d, tr->s_d2h, 1.0f, gsrc, ZN_DTYPE_F32, sum,
+                                         ZN_DTYPE_F32, n)))
+        return rc;
+    if ((rc = zn_dev_event_record(d, tr->ev_gfree[g], tr->s_d2h)))
+        return rc;
+    int A = (int)tr->cfg.gradient_accumulation_steps;
+    if (mb == (A > 1 ? A - 1 : 0)) {
+        uint64_t nc = ((uint64_t)n + ZN_GRAD_NORM_CHUNK - 1) / ZN_GRAD_NORM_CHUNK;
+        if (nc && ((rc = zn_dev_norm_sq_chunks(d, tr->s_d2h, sum, n,
+                                               tr->normc_dev + bl->nc_off)) ||
+                   (rc = zn_dev_copy_d2h(d, tr->s_d2h, tr->normc + bl->nc_off,
+                                         tr->normc_dev + bl->nc_off, nc * 8))))
+            return rc;
+        atomic_fetch_add(&tr->tm.d2h, nc * 8);
+        zn_accum_arg *aa = &tr->accum_args[mb * tr->L + b];
+        aa->tr = tr;
+        aa->block = b;
+        aa->gbuf = g;
+        aa->mb = mb;
+        aa->rows = NULL;
+        aa->nrows = -1;
+        if ((rc = zn_dev_launch_host_fn(d, tr->s_d2h, zn_accum_post_fn, aa)))
+            return rc;
+    }
+    zn_train_mark_end(tr, tr->s_d2h, mk);
+    return 0;
+}

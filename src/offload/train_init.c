@@ -1,0 +1,254 @@
+/* Initialisation: the model's initial values (its init function or the
+ * loaded weights) written to their home tiers in chunks, the master and
+ * the 16-bit copy from one source, the optimizer states zeroed. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "offload/train-impl.h"
+#include "util/try-impl.h"
+#include "zn_build_config.h"
+
+/* Elements of one pass of the initial values: the model fills at most this
+ * many fp32 values at a time (from its seeded init or from a checkpoint),
+ * into the two pinned gradient staging buffers (largest_local fp32 each,
+ * idle until the first backward), so loading holds no host memory beyond
+ * the tiers whatever the model's size: the cpu high-water of a run whose
+ * state lives on NVMe is its plan's, during the load too. */
+#define INIT_CHUNK ((uint64_t)8 << 20)
+
+/* Streams the initial optimizer state of the rank's flat space, in order,
+ * into NVMe units: master values fill the unit's staging slot; a full unit
+ * goes out (master, m = 0, v = 0) while the next slot fills. */
+typedef struct {
+    zn_trainer *tr;
+    int unit, slot;
+    uint64_t filled;
+} init_units;
+
+static int init_unit_flush(init_units *iu)
+{
+    zn_trainer *tr = iu->tr;
+    zn_unit *un = &tr->units[iu->unit];
+    zn_opt_slot *s = &tr->oslot[iu->slot];
+    /* the master goes home; m = v = 0 stay unwritten (mv_zero) */
+    int rc = zn_ioq_submit(&tr->wq, &s->wr[0], 1, &zn_tier_get(&tr->tm, un->master_id)->ext,
+                           s->master, un->n * 4, "initial optimizer state");
+    atomic_store(&un->mv_zero, true);
+    s->unit = iu->unit;
+    iu->unit++;
+    iu->slot = (iu->slot + 1) % tr->n_oslots;
+    iu->filled = 0;
+    return rc;
+}
+
+/* Waits for slot k's writes (if any) and marks what they saved valid. */
+static int init_unit_wait(zn_trainer *tr, int k)
+{
+    zn_opt_slot *s = &tr->oslot[k];
+    int rc = 0;
+    for (int i = 0; i < 3; i++) {
+        int r2 = zn_ioq_wait(&tr->wq, &s->wr[i]);
+        if (!rc)
+            rc = r2;
+    }
+    if (!rc && s->unit >= 0)
+        zn_tier_set_valid(&tr->tm, tr->units[s->unit].master_id, ZN_TIER_NVME, true);
+    s->unit = -1;
+    return rc;
+}
+
+static int init_units_put(init_units *iu, const float *v, uint64_t n)
+{
+    zn_trainer *tr = iu->tr;
+    int rc = 0;
+    while (n && !rc) {
+        if (iu->filled == 0 && (rc = init_unit_wait(tr, iu->slot)))
+            return rc;
+        zn_unit *un = &tr->units[iu->unit];
+        uint64_t k = un->n - iu->filled < n ? un->n - iu->filled : n;
+        memcpy(tr->oslot[iu->slot].master + iu->filled, v, k * 4);
+        iu->filled += k;
+        v += k;
+        n -= k;
+        if (iu->filled == un->n)
+            rc = init_unit_flush(iu);
+    }
+    return rc;
+}
+
+/* Waits for block staging buffer t's NVMe writes (np pieces). */
+static int init_pstage_wait(zn_trainer *tr, int t, int *np)
+{
+    int rc = 0;
+    for (int k = 0; k < np[t]; k++) {
+        int r2 = zn_ioq_wait(&tr->wq, &tr->pstage_req[t * tr->max_block_pieces + k]);
+        if (!rc)
+            rc = r2;
+    }
+    np[t] = 0;
+    return rc;
+}
+
+/* Writes the initial parameters and optimizer states to their homes in one
+ * pass over each block's home range, INIT_CHUNK elements at a time: the
+ * model fills the fp32 values once (each rank asks only for the range its
+ * home holds), and they go to the working copy (converted to the param
+ * dtype: device, pinned RAM, or NVMe through a staging buffer written
+ * behind) and, for the rank's own shard, to the fp32 master (in memory, or
+ * streamed into NVMe units written behind). m = v = 0. */
+int zn_tr_initialise(zn_trainer *tr)
+{
+    int rc = 0;
+    const zn_train_model *md = tr->model;
+    float *vals = tr->gstage[0];
+    void *conv = tr->gstage[1];  /* largest_local x 4 >= chunk x param bytes */
+    const uint64_t chunk = tr->largest_local < INIT_CHUNK ? tr->largest_local : INIT_CHUNK;
+    int np_pending[64] = { 0 };
+    int nvme_blocks = 0;
+    init_units iu = { tr, 0, 0, 0 };
+    bool opt_nvme = tr->oopt == ZN_OFFLOAD_NVME;
+    if (!vals || !conv || !chunk) {
+        rc = zn_set_error(ZN_EINTERNAL, "train: no staging for the initial state");
+        goto out;
+    }
+    for (int s = 0; s < 16; s++)
+        tr->oslot[s].unit = -1;
+    for (int b = 0; b < tr->L && !rc; b++) {
+        zn_block *bl = &tr->blocks[b];
+        /* the home's ranges of block elements: [x0, x0 + n) at home offset
+         * `home`, real up to `end` (beyond: padding, zero); `train` marks
+         * the range that holds this rank's trainable shard */
+        struct {
+            uint64_t x0, n, end, home;
+            bool train;
+        } rg[2];
+        int nrg = 1;
+        if (bl->replicated) {
+            rg[0].x0 = 0, rg[0].n = bl->npad, rg[0].end = bl->n, rg[0].home = 0;
+            rg[0].train = true;
+        } else {
+            rg[0].x0 = bl->foff, rg[0].n = bl->fshard, rg[0].end = bl->frozen, rg[0].home = 0;
+            rg[0].train = false;
+            rg[1].x0 = bl->soff, rg[1].n = bl->shard, rg[1].end = bl->n, rg[1].home = bl->fshard;
+            rg[1].train = true;
+            nrg = 2;
+            if (!bl->fshard)
+                rg[0] = rg[1], nrg = 1;
+        }
+        int t = -1;
+        if (bl->home == ZN_PHOME_NVME) {
+            t = nvme_blocks++ % tr->n_pstage;
+            if ((rc = init_pstage_wait(tr, t, np_pending)))
+                goto out;
+        }
+        for (int g = 0; g < nrg && !rc; g++) {
+        for (uint64_t x = rg[g].x0; x < rg[g].x0 + rg[g].n && !rc; x += chunk) {
+            uint64_t c = rg[g].x0 + rg[g].n - x < chunk ? rg[g].x0 + rg[g].n - x : chunk;
+            uint64_t real = x < rg[g].end ? (rg[g].end - x < c ? rg[g].end - x : c) : 0;
+            uint64_t ho = rg[g].home + (x - rg[g].x0); /* home offset of x */
+            if (real && (rc = md->init_params(md->ctx, b, x, real, vals)))
+                goto out;
+            memset(vals + real, 0, (c - real) * 4);  /* padding of a sharded block */
+            /* the working copy at its home */
+            if (bl->home == ZN_PHOME_DEVICE) {
+                if ((rc = zn_convert(conv, tr->pdt, vals, ZN_DTYPE_F32, c)) ||
+                    (rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d,
+                                          (char *)bl->dev_params + ho * tr->pbytes, conv,
+                                          c * tr->pbytes)) ||
+                    (rc = zn_dev_stream_sync(tr->dev, tr->s_h2d)))
+                    goto out;
+            } else if (bl->home == ZN_PHOME_CPU) {
+                if ((rc = zn_convert((char *)bl->cpu_params + ho * tr->pbytes, tr->pdt, vals,
+                                     ZN_DTYPE_F32, c)))
+                    goto out;
+            }
+            /* a frozen base homed on NVMe: staged (whole, or this rank's
+             * shard of it) for its own extent */
+            uint64_t fe = x; /* [x, fe): frozen elements to stage */
+            if (!rg[g].train)
+                fe = x + c;
+            else if (x < bl->frozen)
+                fe = x + c < bl->frozen ? x + c : bl->frozen;
+            if (bl->home == ZN_PHOME_NVME && fe > x &&
+                (rc = zn_convert((char *)tr->pstage[t] + ho * tr->pbytes, tr->pdt, vals,
+                                 ZN_DTYPE_F32, fe - x)))
+                goto out;
+            if (!rg[g].train)
+                continue;
+            /* the rank's shard: NVMe-home params and the master */
+            uint64_t a = x > bl->soff ? x : bl->soff;
+            uint64_t e = x + c < bl->soff + bl->len ? x + c : bl->soff + bl->len;
+            if (a >= e)
+                continue;
+            if (bl->home == ZN_PHOME_NVME &&
+                (rc = zn_convert((char *)tr->pstage[t] + (ho + (a - x)) * tr->pbytes, tr->pdt,
+                                 vals + (a - x), ZN_DTYPE_F32, e - a)))
+                goto out;
+            if (tr->dopt) {
+                if ((rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d,
+                                          tr->master + bl->off + (a - bl->soff), vals + (a - x),
+                                          (e - a) * 4)) ||
+                    (rc = zn_dev_stream_sync(tr->dev, tr->s_h2d)))
+                    goto out;
+            } else if (!opt_nvme)
+                memcpy(tr->master + bl->off + (a - bl->soff), vals + (a - x), (e - a) * 4);
+            else if ((rc = init_units_put(&iu, vals + (a - x), e - a)))
+                goto out;
+        }
+        }
+        if (bl->home == ZN_PHOME_NVME) {
+            for (int k = 0; k < bl->np && !rc; k++) {
+                zn_piece *p = &tr->pieces[bl->p0 + k];
+                rc = zn_ioq_submit(&tr->wq, &tr->pstage_req[t * tr->max_block_pieces + k], 1,
+                                   &zn_tier_get(&tr->tm, p->param_id)->ext,
+                                   (char *)tr->pstage[t] + zn_tr_piece_stage_off(bl, p) * tr->pbytes,
+                                   p->n * tr->pbytes, "initial params");
+                np_pending[t] = k + 1;
+            }
+            if (bl->frozen && !rc) {
+                /* the only write the frozen base ever gets */
+                rc = zn_ioq_submit(&tr->wq, &tr->pstage_req[t * tr->max_block_pieces + bl->np],
+                                   1, &zn_tier_get(&tr->tm, bl->frozen_id)->ext, tr->pstage[t],
+                                   zn_tr_frozen_home(bl) * tr->pbytes, "initial frozen params");
+                np_pending[t] = bl->np + 1;
+                if (!rc)
+                    zn_tier_set_valid(&tr->tm, bl->frozen_id, ZN_TIER_NVME, true);
+            }
+        }
+    }
+    if (!rc && opt_nvme && iu.unit != tr->n_units)
+        rc = zn_set_error(ZN_EINTERNAL, "train: initial state filled %d of %d optimizer units",
+                          iu.unit, tr->n_units);
+    if (!rc && tr->dopt) {
+        float *z[3] = { tr->mom, tr->var, tr->gacc };
+        for (int k = 0; k < 3 && !rc; k++)
+            rc = tr->P ? zn_dev_memset(tr->dev, tr->s_h2d, z[k], 0, tr->P * 4) : 0;
+        if (!rc)
+            rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
+    } else if (!opt_nvme) {
+        memset(tr->mom, 0, tr->P * 4);
+        memset(tr->var, 0, tr->P * 4);
+        memset(tr->gacc, 0, tr->P * 4);
+    }
+out:
+    /* every write issued is waited for, also after a failure: its buffer
+     * is freed with the trainer */
+    for (int t = 0; t < tr->n_pstage && t < 64; t++) {
+        int r2 = init_pstage_wait(tr, t, np_pending);
+        if (!rc)
+            rc = r2;
+    }
+    if (opt_nvme)
+        for (int s = 0; s < tr->n_oslots; s++) {
+            int r2 = init_unit_wait(tr, s);
+            if (!rc)
+                rc = r2;
+        }
+    for (int s = 0; s < 16; s++)
+        tr->oslot[s].unit = -1;
+    return rc;
+}

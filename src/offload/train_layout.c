@@ -1,0 +1,241 @@
+/* The layout: where each block's pieces (16-bit parameters, master, Adam
+ * moments, gradients) live in their home tiers, and the NVMe space they
+ * need. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "offload/train-impl.h"
+#include "util/try-impl.h"
+#include "zn_build_config.h"
+
+/* ---- layout --------------------------------------------------------------------*/
+/* Elements of a block's frozen part at its home (and in its NVMe extent):
+ * all of it, or this rank's shard of it (fshard). */
+uint64_t zn_tr_frozen_home(const zn_block *bl)
+{
+    return bl->fshard ? bl->fshard : bl->frozen;
+}
+
+int zn_tr_build_layout(zn_trainer *tr)
+{
+    const zn_config *cfg = &tr->cfg;
+    const zn_train_model *md = tr->model;
+    tr->L = md->n_blocks;
+    tr->blocks = calloc((size_t)tr->L, sizeof *tr->blocks);
+    if (!tr->blocks)
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    uint64_t off = 0, in_cpu = 0, full = 0;
+    uint64_t thresh = (uint64_t)cfg->zero.stage3_param_persistence_threshold;
+    /* the layers: runs of blocks joined to the one before */
+    for (int b = 0, g = -1; b < tr->L; b++) {
+        bool joins = b > 0 && md->block_joins && md->block_joins[b];
+        zn_block *bl = &tr->blocks[b];
+        if (!joins)
+            g++;
+        bl->group = g;
+        bl->gfirst = joins ? tr->blocks[b - 1].gfirst : b;
+    }
+    for (int b = tr->L - 1; b >= 0; b--)
+        tr->blocks[b].glast = b + 1 < tr->L && tr->blocks[b + 1].group == tr->blocks[b].group
+                                  ? tr->blocks[b + 1].glast : b;
+    for (int b = 0; b < tr->L; b++) {
+        zn_block *bl = &tr->blocks[b];
+        bl->n = md->block_params[b];
+        if (!bl->n)
+            return zn_set_error(ZN_ECONFIG, "train: block %d has no parameters", b);
+        bl->frozen = md->block_frozen ? md->block_frozen[b] : 0;
+        bl->frozen_id = -1;
+        if (bl->frozen > bl->n)
+            return zn_set_error(ZN_EINTERNAL, "train: block %d: %llu frozen of %llu", b,
+                                (unsigned long long)bl->frozen, (unsigned long long)bl->n);
+        uint64_t tn = bl->n - bl->frozen;  /* the elements that train */
+        bool repl = tr->world == 1 || cfg->zero.stage < 3;
+        zn_shard sh;
+        int rc = zn_comm_shard(bl->n, tr->world, tr->rank, tr->world > 1 ? 128 : 1, &sh);
+        if (rc)
+            return rc;
+        bl->npad = sh.padded;
+        bl->shard = sh.shard;
+        bl->soff = sh.offset;
+        bl->len = sh.len;
+        bl->gpad = sh.padded;
+        if (bl->frozen) {
+            /* the optimizer's share is of the trainable tail only */
+            memset(&sh, 0, sizeof sh);
+            if (tn && (rc = zn_comm_shard(tn, tr->world, tr->rank, tr->world > 1 ? 128 : 1,
+                                          &sh)))
+                return rc;
+            bl->shard = sh.shard;
+            bl->soff = bl->frozen + sh.offset;
+            bl->len = sh.len;
+            bl->gpad = sh.padded;
+            if (bl->frozen + bl->gpad > bl->npad)
+                bl->npad = bl->frozen + bl->gpad;  /* room for the in-place gather */
+            if (!repl) {
+                /* the frozen part sharded on its own (train-impl.h) */
+                zn_shard fs;
+                if ((rc = zn_comm_shard(bl->frozen, tr->world, tr->rank, 128, &fs)))
+                    return rc;
+                bl->fshard = fs.shard;
+                bl->foff = fs.offset;
+                /* the slot: both gathers, then room for this rank's
+                 * trainable shard, the source of the second gather */
+                bl->npad = (fs.padded > bl->frozen + bl->gpad ? fs.padded
+                                                               : bl->frozen + bl->gpad) +
+                           bl->shard;
+            }
+        }
+        if (bl->gpad > tr->largest_grad)
+            tr->largest_grad = bl->gpad;
+        bl->off = off;
+        off += bl->len;
+        full += tn;
+        /* stages 1/2 keep whole parameters on every rank (they are never
+         * offloaded: offload_param needs stage 3) */
+        bl->replicated = repl;
+        if (bl->npad > tr->largest_block)
+            tr->largest_block = bl->npad;
+        if (bl->len > tr->largest_local)
+            tr->largest_local = bl->len;
+        /* a block other blocks read (a tied embedding) stays on the device */
+        bool small = tr->popt == ZN_OFFLOAD_NONE || bl->n < thresh ||
+                     (bl->group == 0 && md->keep_block0);
+        if (bl->group == 0 && md->keep_block0 && !bl->replicated)
+            return zn_set_error(ZN_EUNSUPPORTED, "%s: tied embeddings (tie_word_embeddings) with "
+                                "ZeRO stage 3 across %d ranks are not supported yet: the "
+                                "embedding must stay whole on every device; use "
+                                "zero_optimization.stage 2 (or one rank)",
+                                cfg->source, tr->world);
+        if (small) {
+            bl->home = ZN_PHOME_DEVICE;
+        } else if (tr->popt == ZN_OFFLOAD_CPU) {
+            bl->home = ZN_PHOME_CPU;
+        } else if (in_cpu + (bl->replicated ? bl->n : bl->len) <=
+                   (uint64_t)cfg->zero.offload_param.max_in_cpu) {
+            bl->home = ZN_PHOME_CPU;
+            in_cpu += bl->replicated ? bl->n : bl->len;
+        } else {
+            bl->home = ZN_PHOME_NVME;
+        }
+        /* a sharded block is all-gathered into a slot at every use */
+        bl->persistent = bl->home == ZN_PHOME_DEVICE && bl->replicated;
+        if (!bl->persistent && bl->npad > tr->largest_ring_block)
+            tr->largest_ring_block = bl->npad;
+    }
+    tr->P = off;
+    tr->P_full = full;
+    if (!tr->P)
+        return zn_set_error(ZN_ECONFIG, "train: with %d ranks, rank %d owns no parameters: "
+                            "the model is too small for this world size", tr->world, tr->rank);
+
+    /* Optimizer units. With states on NVMe, the staging pool is the plan's
+     * buffer_count x sub_group fp32 buffers; a unit in flight needs four
+     * (master, m, v, grads), and at least two units must be in flight for
+     * reads, Adam and writes to overlap, so the unit may be smaller than the
+     * sub-group. Adam is element-wise: the unit size never changes results. */
+    uint64_t sg = tr->plan.sub_group ? tr->plan.sub_group : tr->P;
+    if (sg > tr->P)
+        sg = tr->P;
+    tr->U = sg;
+    tr->n_oslots = 1;
+    if (tr->oopt == ZN_OFFLOAD_NVME) {
+        int64_t bc = cfg->zero.offload_optimizer.buffer_count;
+        int S = (int)(bc / 4);
+        if (S < 2)
+            S = 2;
+        if (S > 16)
+            S = 16;
+        uint64_t pool = (uint64_t)bc * sg;
+        uint64_t U = pool / (4 * (uint64_t)S);
+        U = U / 1024 * 1024;
+        if (U < 1024)
+            U = 1024;
+        if (U > sg)
+            U = sg;
+        tr->U = U;
+        tr->n_oslots = S;
+    }
+    tr->n_units = (int)((tr->P + tr->U - 1) / tr->U);
+    tr->units = calloc((size_t)tr->n_units, sizeof *tr->units);
+    if (!tr->units)
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    for (int u = 0; u < tr->n_units; u++) {
+        tr->units[u].off = (uint64_t)u * tr->U;
+        tr->units[u].n = tr->U;
+        if (tr->units[u].off + tr->U > tr->P)
+            tr->units[u].n = tr->P - tr->units[u].off;
+        tr->units[u].master_id = tr->units[u].m_id = tr->units[u].v_id = -1;
+        tr->units[u].tr = tr;
+    }
+    /* Pieces: blocks x units, in flat order. */
+    int cap = tr->L + tr->n_units;
+    tr->pieces = calloc((size_t)cap, sizeof *tr->pieces);
+    if (!tr->pieces)
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    int b = 0, u = 0, n = 0;
+    uint64_t pos = 0;
+    while (pos < tr->P) {
+        while (!tr->blocks[b].len)
+            b++;
+        zn_block *bl = &tr->blocks[b];
+        zn_unit *un = &tr->units[u];
+        uint64_t bend = bl->off + bl->len;
+        uint64_t end = bend < un->off + un->n ? bend : un->off + un->n;
+        zn_piece *p = &tr->pieces[n];
+        p->block = b;
+        p->unit = u;
+        p->start = pos;
+        p->n = end - pos;
+        p->grad_id = p->param_id = -1;
+        if (!bl->np)
+            bl->p0 = n;
+        bl->np++;
+        if (!un->np)
+            un->p0 = n;
+        un->np++;
+        n++;
+        pos = end;
+        if (pos == bend)
+            b++;
+        if (pos == un->off + un->n)
+            u++;
+    }
+    tr->n_pieces = n;
+    for (int i = 0; i < tr->L; i++) {
+        /* an NVMe home's frozen part (or shard of it) is one more request */
+        int nr = tr->blocks[i].np + (tr->blocks[i].frozen ? 1 : 0);
+        if (nr > tr->max_block_pieces)
+            tr->max_block_pieces = nr;
+    }
+    for (int i = 0; i < tr->n_units; i++)
+        if (tr->units[i].np > tr->max_unit_pieces)
+            tr->max_unit_pieces = tr->units[i].np;
+    return 0;
+}
+
+/* Bytes of swap space the NVMe-resident state needs, with each extent
+ * rounded to the engine's block (extents of a block or more are striped). */
+uint64_t zn_tr_nvme_bytes_needed(zn_trainer *tr)
+{
+    uint64_t bs = (uint64_t)tr->cfg.aio.block_size, need = 0;
+    if (tr->oopt == ZN_OFFLOAD_NVME)
+        for (int u = 0; u < tr->n_units; u++)
+            need += 3 * zn_tr_round_up(tr->units[u].n * 4, bs);
+    if (tr->gnvme)
+        for (int k = 0; k < tr->n_pieces; k++)
+            if (tr->pieces[k].gram_off < 0)
+                need += zn_tr_round_up(tr->pieces[k].n * 4, bs);
+    for (int k = 0; k < tr->n_pieces; k++)
+        if (tr->blocks[tr->pieces[k].block].home == ZN_PHOME_NVME)
+            need += zn_tr_round_up(tr->pieces[k].n * tr->pbytes, bs);
+    for (int b = 0; b < tr->L; b++)
+        if (tr->blocks[b].home == ZN_PHOME_NVME && tr->blocks[b].frozen)
+            need += zn_tr_round_up(zn_tr_frozen_home(&tr->blocks[b]) * tr->pbytes, bs);
+    if (need)
+        need += 2 * bs * (uint64_t)(tr->cfg.tiers.n_nvme > 0 ? tr->cfg.tiers.n_nvme : 1);
+    return need;
+}

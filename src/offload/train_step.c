@@ -1,0 +1,638 @@
+/* The step: each micro-batch's forward and backward over the blocks with
+ * the fetch schedule, gradients D2H to the accumulation worker, the
+ * ranks' losses and norms combined, clipping and the loss scale, then the
+ * optimizer pipeline started; zn_train_eval through the same schedule. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "offload/train-impl.h"
+#include "util/try-impl.h"
+#include "zn_build_config.h"
+
+/* Queues one micro-batch's forward and backward. `fe` is the step's fetch
+ * list over ring blocks, *next_fetch the next entry to issue, *use the
+ * running use index. */
+static int run_micro_batch(zn_trainer *tr, int mb, const zn_fetch_ent *fe, int nfe,
+                           int *next_fetch, int *use, const int *fetch_of_use,
+                           uint64_t *nvme_fetches)
+{
+    zn_dev *d = tr->dev;
+    const zn_train_model *md = tr->model;
+    int L = tr->L, rc;
+    char name[ZN_TRACE_NAME_LEN];
+
+    for (int k = 0; k < 2 * L; k++) {
+        bool bwd = k >= L;
+        int b = bwd ? 2 * L - 1 - k : k;
+        int i = (*use)++;
+        zn_block *bl = &tr->blocks[b];
+        if ((rc = zn_tr_issue_fetches(tr, fe, nfe, next_fetch, i, nvme_fetches)))
+            return rc;
+        void *params = bl->dev_params;
+        int f = fetch_of_use[i];
+        int slot = f >= 0 ? f % tr->nslots : -1;
+        if (slot >= 0) {
+            if ((rc = zn_dev_stream_wait_event(d, tr->s_comp, tr->ev_ready[slot])))
+                return rc;
+            params = tr->slot[slot];
+        } else if ((rc = zn_tr_wait_params(tr, b))) {
+            return rc;  /* resident on the device: the update's H2D must have landed */
+        }
+        const void *in = bl->gfirst > 0 ? tr->ckpt[bl->gfirst] : NULL;
+        snprintf(name, sizeof name, "%s b%d", bwd ? "bwd" : "fwd", b);
+        if (!bwd) {
+            if (b == bl->gfirst && (rc = zn_tr_ck_before_write(tr, bl->glast + 1)))
+                return rc;
+            zn_mark *mk = zn_train_mark_begin(tr, tr->s_comp, ZN_RES_COMPUTE, name);
+            void *o = bl->glast < L - 1 ? tr->ckpt[bl->glast + 1] : NULL;
+            if ((rc = md->forward(md->ctx, tr->s_comp, b, params, in, o)))
+                return zn_error_prefix(rc, "forward of block %d", b);
+            zn_train_mark_end(tr, tr->s_comp, mk);
+            if (b == bl->glast && (rc = zn_tr_ck_save(tr, bl->glast + 1)))
+                return rc;
+        } else {
+            if (b == bl->glast && (rc = zn_tr_ck_enter_backward(tr, bl)))
+                return rc;
+            int g = (L - 1 - b) & 1;
+            const void *dout = bl->glast < L - 1 ? tr->dact[(bl->group + 1) & 1] : NULL;
+            void *din = bl->gfirst > 0 ? tr->dact[bl->group & 1] : NULL;
+            bool grads = bl->gpad > 0;  /* else wholly frozen: only din */
+            if (grads && ((rc = zn_dev_stream_wait_event(d, tr->s_comp, tr->ev_gfree[g])) ||
+                          (rc = zn_dev_memset(d, tr->s_comp, tr->gdev[g], 0, bl->gpad * 4))))
+                return rc;
+            zn_mark *mk = zn_train_mark_begin(tr, tr->s_comp, ZN_RES_COMPUTE, name);
+            if ((grads || din) &&
+                (rc = md->backward(md->ctx, tr->s_comp, b, params, in, dout, din,
+                                   grads ? tr->gdev[g] : NULL)))
+                return zn_error_prefix(rc, "backward of block %d", b);
+            zn_train_mark_end(tr, tr->s_comp, mk);
+            if (!grads)
+                goto consumed;
+            if ((rc = zn_dev_event_record(d, tr->ev_gready[g], tr->s_comp)))
+                return rc;
+            /* grads: with N > 1 ranks, reduce-scatter in place (each rank
+             * keeps the sum of its shard), then D2H of this rank's part into
+             * pinned staging, then accumulate */
+            zn_event *gdone = tr->ev_gready[g];
+            float *gsrc = (float *)tr->gdev[g] + (bl->soff - bl->frozen);
+            if (tr->world > 1) {
+                if ((rc = zn_dev_stream_wait_event(d, tr->s_comm, tr->ev_gready[g])))
+                    return rc;
+                snprintf(name, sizeof name, "reduce-scatter b%d", b);
+                zn_mark *m3 = zn_train_mark_begin(tr, tr->s_comm, ZN_RES_COMM, name);
+                if ((rc = zn_comm_reduce_scatter_on(tr->comm, tr->s_comm, tr->gdev[g], gsrc,
+                                                    bl->shard, ZN_DTYPE_F32, ZN_REDUCE_SUM)))
+                    return rc;
+                zn_train_mark_end(tr, tr->s_comm, m3);
+                if ((rc = zn_dev_event_record(d, tr->ev_rs[g], tr->s_comm)))
+                    return rc;
+                gdone = tr->ev_rs[g];
+            }
+            if ((rc = zn_dev_stream_wait_event(d, tr->s_d2h, gdone)))
+                return rc;
+            if (tr->dopt) {
+                if ((rc = zn_tr_accum_on_device(tr, mb, b, g, gsrc)))
+                    return rc;
+                goto consumed;
+            }
+            /* staging buffer g is free once its last accumulation ended */
+            if ((rc = zn_dev_launch_host_fn(d, tr->s_d2h, zn_accum_wait_buf_fn, &tr->abuf[g])))
+                return rc;
+            snprintf(name, sizeof name, "d2h b%d", b);
+            zn_mark *m2 = zn_train_mark_begin(tr, tr->s_d2h, ZN_RES_D2H, name);
+            uint64_t gbytes = bl->len * zn_dtype_size(tr->gdt);
+            const int32_t *rows = NULL;
+            int64_t nrows = -1;
+            if (bl->srow0 >= 0) {
+                /* the rows of this micro-batch's tokens only: gathered (and
+                 * cast) on the D2H stream, gdev[g] then free */
+                int64_t ntok = tr->cfg.train_micro_batch_size_per_gpu * tr->cfg.data.seq_len;
+                int64_t W = md->row_width, nr = (int64_t)(bl->len / (uint64_t)W);
+                const int32_t *u = tr->urows + (size_t)mb * (size_t)ntok;
+                int64_t lo = zn_tr_lower_bound_i32(u, tr->nurows[mb], bl->srow0);
+                int64_t hi = zn_tr_lower_bound_i32(u, tr->nurows[mb], bl->srow0 + nr);
+                rows = u + lo;
+                nrows = hi - lo;
+                gbytes = (uint64_t)(nrows * W) * zn_dtype_size(tr->gdt);
+                if (nrows &&
+                    (rc = zn_dev_embedding_rows_fwd(d, tr->s_d2h,
+                                                    tr->urows_dev + (size_t)mb * (size_t)ntok + lo,
+                                                    nrows, gsrc, ZN_DTYPE_F32, bl->srow0, nr, W,
+                                                    tr->gcast, tr->gdt)))
+                    return rc;
+                if ((rc = zn_dev_event_record(d, tr->ev_gfree[g], tr->s_d2h)) ||
+                    (nrows && (rc = zn_dev_copy_d2h(d, tr->s_d2h, tr->gstage[g], tr->gcast,
+                                                    gbytes))))
+                    return rc;
+            } else if (tr->gdt != ZN_DTYPE_F32 && bl->len) {
+                /* cast the shard, free gdev[g] for the next block, then
+                 * move half the bytes */
+                if ((rc = zn_dev_cast(d, tr->s_d2h, gsrc, ZN_DTYPE_F32, tr->gcast, tr->gdt,
+                                      bl->len)) ||
+                    (rc = zn_dev_event_record(d, tr->ev_gfree[g], tr->s_d2h)) ||
+                    (rc = zn_dev_copy_d2h(d, tr->s_d2h, tr->gstage[g], tr->gcast, gbytes)))
+                    return rc;
+            } else {
+                if (bl->len &&
+                    (rc = zn_dev_copy_d2h(d, tr->s_d2h, tr->gstage[g], gsrc, gbytes)))
+                    return rc;
+                if ((rc = zn_dev_event_record(d, tr->ev_gfree[g], tr->s_d2h)))
+                    return rc;
+            }
+            zn_train_mark_end(tr, tr->s_d2h, m2);
+            atomic_fetch_add(&tr->tm.d2h, gbytes);
+            zn_accum_arg *aa = &tr->accum_args[mb * L + b];
+            aa->tr = tr;
+            aa->block = b;
+            aa->gbuf = g;
+            aa->mb = mb;
+            aa->rows = rows;
+            aa->nrows = nrows;
+            if ((rc = zn_dev_launch_host_fn(d, tr->s_d2h, zn_accum_post_fn, aa)))
+                return rc;
+        }
+    consumed:
+        if (slot >= 0 && fe[f].last_use == i &&
+            (rc = zn_dev_event_record(d, tr->ev_consumed[slot], tr->s_comp)))
+            return rc;
+        if (atomic_load(&tr->err))
+            return atomic_load(&tr->err);
+    }
+    /* the next micro-batch's fetches whose slots are now spoken for */
+    return zn_tr_issue_fetches(tr, fe, nfe, next_fetch, *use, nvme_fetches);
+}
+
+/* The step's figures over all ranks, identical on every rank: each rank's
+ * loss sum, overflow flag and per-block sums of squares are all-gathered
+ * (as raw doubles) and added in rank order, blocks in block order. */
+static int combine_ranks(zn_trainer *tr, double *loss_sum, double *sq, int *nonfinite)
+{
+    int L = tr->L, W = tr->world, K = L + 2;
+    double *all = malloc((size_t)K * (size_t)(W + 1) * sizeof *all);
+    if (!all)
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    double *mine = all + (size_t)K * (size_t)W;
+    mine[0] = *loss_sum;
+    mine[1] = 0;
+    for (int b = 0; b < L; b++) {
+        mine[2 + b] = tr->blocks[b].grad_sq;
+        if (tr->blocks[b].grad_nonfinite)
+            mine[1] = 1;
+    }
+    if (W > 1) {
+        /* doubles travel as pairs of f32 words: a copy, no arithmetic */
+        int rc = zn_comm_allgather(tr->comm, mine, all, (size_t)K * 2, ZN_DTYPE_F32);
+        if (rc) {
+            free(all);
+            return zn_error_prefix(rc, "step statistics");
+        }
+    } else {
+        memcpy(all, mine, (size_t)K * sizeof *all);
+    }
+    double ls = 0, s = 0;
+    int nf = 0;
+    for (int r = 0; r < W; r++) {
+        ls += all[(size_t)r * K];
+        nf |= all[(size_t)r * K + 1] != 0;
+    }
+    for (int b = 0; b < L; b++)
+        for (int r = 0; r < W; r++)
+            s += all[(size_t)r * K + 2 + b];
+    *loss_sum = ls;
+    *sq = s;
+    *nonfinite = nf;
+    free(all);
+    return 0;
+}
+
+/* Targets >= 0 among this rank's n, summed over the ranks (a copy of each
+ * rank's count travels as two f32 words, like combine_ranks' doubles). */
+static int count_targets(zn_trainer *tr, const int32_t *targets, uint64_t n, uint64_t *out)
+{
+    uint64_t mine = 0;
+    for (uint64_t i = 0; i < n; i++)
+        mine += targets[i] >= 0;
+    *out = mine;
+    if (tr->world == 1)
+        return 0;
+    uint64_t *all = malloc((size_t)tr->world * sizeof *all);
+    if (!all)
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    int rc = zn_comm_allgather(tr->comm, &mine, all, 2, ZN_DTYPE_F32);
+    if (rc) {
+        free(all);
+        return zn_error_prefix(rc, "step target count");
+    }
+    *out = 0;
+    for (int r = 0; r < tr->world; r++)
+        *out += all[r];
+    free(all);
+    return 0;
+}
+
+/* ZeRO stages 1/2 with N > 1 ranks: every rank updated its shard of the
+ * replicated parameters; all-gather them in place so that every rank holds
+ * the whole updated block again. */
+static int gather_replicated(zn_trainer *tr)
+{
+    if (tr->world == 1)
+        return 0;
+    int rc = 0;
+    for (int b = 0; b < tr->L && !rc; b++) {
+        zn_block *bl = &tr->blocks[b];
+        if (!bl->replicated || bl->home != ZN_PHOME_DEVICE || !bl->shard)
+            continue;
+        /* the trainable part only: a frozen base never changes */
+        rc = zn_comm_allgather_on(tr->comm, tr->s_comm,
+                                  (char *)bl->dev_params + bl->soff * tr->pbytes,
+                                  (char *)bl->dev_params + bl->frozen * tr->pbytes, bl->shard,
+                                  tr->pdt);
+    }
+    int r2 = zn_comm_sync_on(tr->comm, tr->s_comm);
+    return rc ? rc : r2;
+}
+
+static int step_failed(zn_trainer *tr, int rc, int64_t step)
+{
+    zn_optsched_cancel(tr, true);
+    zn_dev_sync(tr->dev);
+    zn_accum_drain(tr);
+    zn_optsched_wait(tr);
+    tr->opt_inflight = false;
+    if (tr->tm.aio)
+        zn_aio_wait_all(tr->tm.aio);
+    tr->bad = true;
+    char msg[1024];
+    int e = atomic_load(&tr->err);
+    if (e) {
+        snprintf(msg, sizeof msg, "%s", tr->errmsg);
+        rc = e;
+    } else {
+        snprintf(msg, sizeof msg, "%s", zn_last_error());
+    }
+    return zn_set_error(rc, "step %lld failed; the training state is not valid: %s",
+                        (long long)step, msg[0] ? msg : zn_strerror(rc));
+}
+
+/* The fetch list over `nuse` uses (forward and backward of each micro-batch,
+ * or forward only): consecutive uses of one ring block share a fetch, and
+ * so do the forward and backward of the last (slots - 2) ring blocks. */
+static int build_fetches(zn_trainer *tr, int nuse, int L, bool with_bwd, zn_fetch_ent **fe_out,
+                         int **fou_out, int *nfe_out)
+{
+    zn_fetch_ent *fe = calloc((size_t)nuse, sizeof *fe);
+    int *fetch_of_use = malloc((size_t)nuse * sizeof *fetch_of_use);
+    int *held = malloc((size_t)L * sizeof *held);
+    if (!fe || !fetch_of_use || !held) {
+        free(fe);
+        free(fetch_of_use);
+        free(held);
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    }
+    /* Keep from forward to backward: the last K ring blocks of the model
+     * hold their slot from their forward to their backward in the same
+     * micro-batch instead of being fetched twice. K = slots - 2 leaves two
+     * slots for the ring (its prefetch) while all K are held at the turn;
+     * the check below proves every fetch still finds its slot free. */
+    int keep = with_bwd ? tr->nslots - 2 : 0;
+    for (int b = L - 1; b >= 0; b--) {
+        held[b] = -1;
+        if (!tr->blocks[b].persistent && keep > 0) {
+            held[b] = -2; /* eligible */
+            keep--;
+        }
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        int nfe = 0, per = with_bwd ? 2 * L : L;
+        for (int i = 0; i < nuse; i++) {
+            int k = i % per;
+            int b = k >= L ? 2 * L - 1 - k : k;
+            fetch_of_use[i] = -1;
+            if (tr->blocks[b].persistent)
+                continue;
+            bool merge = nfe && fe[nfe - 1].block == b && fe[nfe - 1].last_use == i - 1;
+            if (!merge && pass == 0 && k >= L && held[b] >= 0) {
+                fe[held[b]].last_use = i; /* kept since its forward */
+                fetch_of_use[i] = held[b];
+                held[b] = -2;
+                continue;
+            }
+            if (merge) {
+                fe[nfe - 1].last_use = i;
+            } else {
+                fe[nfe].block = b;
+                fe[nfe].first_use = fe[nfe].last_use = i;
+                nfe++;
+            }
+            fetch_of_use[i] = nfe - 1;
+            if (pass == 0 && k < L && held[b] == -2)
+                held[b] = nfe - 1;
+        }
+        /* the ring's rule: fetch j reuses fetch (j - slots)'s slot, which
+         * must be past its last use when fetch j's first use comes */
+        bool ok = true;
+        for (int e = tr->nslots; e < nfe && ok; e++)
+            ok = fe[e - tr->nslots].last_use < fe[e].first_use;
+        *nfe_out = nfe;
+        if (ok || pass == 1)
+            break;
+        for (int b = 0; b < L; b++)
+            held[b] = -1; /* no keeping: the plain ring */
+        memset(fe, 0, (size_t)nuse * sizeof *fe);
+    }
+    free(held);
+    *fe_out = fe;
+    *fou_out = fetch_of_use;
+    return 0;
+}
+
+int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
+                  const int32_t *pos, zn_train_step_info *info)
+{
+    if (tr->bad)
+        return zn_set_error(ZN_ECORRUPT, "the trainer failed in an earlier step; its state "
+                            "is not valid");
+    const zn_config *cfg = &tr->cfg;
+    int L = tr->L, A = (int)cfg->gradient_accumulation_steps, rc;
+    if (A < 1)
+        A = 1;
+    int64_t B = cfg->train_micro_batch_size_per_gpu, T = cfg->data.seq_len;
+    uint64_t ntok = (uint64_t)(B * T);
+    uint64_t t_start = zn_now_ns();
+    if ((rc = zn_tr_ensure_capacity(tr, A)))
+        return rc;
+    /* the previous step's optimizer job may still run (pipeline): its
+     * failure fails this step */
+    if (atomic_load(&tr->err))
+        return step_failed(tr, atomic_load(&tr->err), tr->steps_run + 1);
+    tr->next_mark = 0;
+
+    bool clip = cfg->gradient_clipping > 0, fp16 = cfg->fp16.enabled;
+    double scale = tr->scaler.scale;
+    double lr = zn_lr_schedule(&cfg->scheduler, cfg->optimizer.lr, tr->step);
+    if (tr->lr_fault)
+        lr = tr->lr_fault(tr->lr_fault_user, tr->step + 1, lr);
+    zn_adam_params hp = zn_adam_params_default();
+    hp.lr = (float)lr;
+    hp.beta1 = (float)cfg->optimizer.beta1;
+    hp.beta2 = (float)cfg->optimizer.beta2;
+    hp.eps = (float)cfg->optimizer.eps;
+    hp.weight_decay = (float)cfg->optimizer.weight_decay;
+    hp.adamw_mode = cfg->optimizer.type == ZN_OPT_ADAMW || cfg->optimizer.adam_w_mode;
+    hp.bias_correction = cfg->optimizer.bias_correction;
+    hp.step = tr->step + 1;
+    hp.threads = tr->threads;
+
+    for (int u = 0; u < tr->n_units; u++)
+        atomic_store(&tr->units[u].pieces_done, 0);
+    for (int b = 0; b < L; b++) {
+        tr->blocks[b].grad_sq = 0;
+        tr->blocks[b].grad_nonfinite = 0;
+    }
+    tr->overlap_step = !clip && !fp16;
+    /* Without clipping or overflow checks each unit steps as soon as its
+     * grads are final; otherwise the job starts now too, but only reads
+     * optimizer states ahead until the global norm gives the go. */
+    int64_t job = zn_optsched_begin(tr, &hp, (float)(1.0 / scale), !tr->overlap_step);
+
+    /* the step's fetch list: consecutive uses of one ring block share a fetch */
+    zn_fetch_ent *fe;
+    int *fetch_of_use, nfe;
+    if ((rc = build_fetches(tr, A * 2 * L, L, true, &fe, &fetch_of_use, &nfe)))
+        return step_failed(tr, rc, tr->steps_run + 1);
+    int next_fetch = 0, use = 0;
+    uint64_t nvme_fetches = 0;
+    /* the mean over the targets of the global batch (every micro-batch of
+     * every rank; an ignored target, < 0, counts nowhere), as the HF
+     * Trainer computes it */
+    uint64_t ntgt = 0;
+    if ((rc = count_targets(tr, targets, ntok * (uint64_t)A, &ntgt)))
+        return step_failed(tr, rc, tr->steps_run + 1);
+    float loss_scale = (float)(scale / (double)(ntgt ? ntgt : 1));
+    double loss_sum = 0;
+    rc = 0;
+    for (int mb = 0; mb < A && !rc; mb++) {
+        rc = tr->model->set_batch(tr->model->ctx, tr->s_comp, ids + (size_t)mb * ntok,
+                                  targets + (size_t)mb * ntok,
+                                  pos ? pos + (size_t)mb * ntok : NULL, B, T, loss_scale);
+        if (rc) {
+            rc = zn_error_prefix(rc, "micro-batch %d", mb);
+            break;
+        }
+        if (tr->model->set_dropout)
+            tr->model->set_dropout(tr->model->ctx, 1,
+                                   ((uint64_t)tr->step * (uint64_t)tr->world + (uint64_t)tr->rank) *
+                                           (uint64_t)A + (uint64_t)mb);
+        if (tr->any_sparse && (rc = zn_tr_stage_rows(tr, mb, ids + (size_t)mb * ntok, (int64_t)ntok)))
+            break;
+        rc = run_micro_batch(tr, mb, fe, nfe, &next_fetch, &use, fetch_of_use, &nvme_fetches);
+        float l = 0;
+        if (!rc && !(rc = tr->model->read_loss(tr->model->ctx, tr->s_comp, &l)))
+            loss_sum += (double)l;
+    }
+    free(fe);
+    free(fetch_of_use);
+    if (!rc)
+        rc = zn_dev_stream_sync(tr->dev, tr->s_comp);
+    if (!rc)
+        rc = zn_dev_stream_sync(tr->dev, tr->s_d2h);
+    zn_accum_drain(tr); /* the blocks' sums of squares are in */
+    if (!rc)
+        rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
+    if (!rc && tr->world > 1)
+        rc = zn_comm_sync_on(tr->comm, tr->s_comm);
+    if (!rc && atomic_load(&tr->err))
+        rc = atomic_load(&tr->err);
+    if (rc)
+        return step_failed(tr, rc, tr->steps_run + 1);
+
+    /* global norm from the blocks' sums, in block order (placement-independent) */
+    double sq = 0;
+    int nonfinite = 0;
+    if ((rc = combine_ranks(tr, &loss_sum, &sq, &nonfinite)))
+        return step_failed(tr, rc, tr->steps_run + 1);
+    double norm = sqrt(sq) / scale;
+    bool overflow = fp16 && (nonfinite || !isfinite(norm));
+    if (!tr->overlap_step && !overflow) {
+        double coef = 1.0;
+        if (clip && norm + 1e-6 > 0) {
+            double c = cfg->gradient_clipping / (norm + 1e-6);
+            if (c < 1.0)
+                coef = c;
+        }
+        zn_optsched_go(tr, (float)(coef / scale));
+    } else if (overflow) {
+        zn_optsched_cancel(tr, false);
+    } else {
+        zn_optsched_all_final(tr);
+    }
+    if (!overflow)
+        tr->pseq_need = job;  /* the next step's uses wait for this job's updates */
+    if (tr->pipeline) {
+        /* the job finishes under the next step's forward: each use waits
+         * only for its own block's parameters (wait_params) */
+        tr->opt_inflight = true;
+        tr->opt_step = tr->steps_run + 1;
+    } else {
+        rc = zn_optsched_wait(tr);
+        if (!rc)
+            rc = zn_dev_stream_sync(tr->dev, tr->s_oh2d);
+        if (!rc && !overflow)
+            rc = gather_replicated(tr);
+        if (!rc && atomic_load(&tr->err))
+            rc = atomic_load(&tr->err);
+        if (rc)
+            return step_failed(tr, rc, tr->steps_run + 1);
+    }
+
+    if (fp16 && zn_loss_scaler_update(&tr->scaler, overflow)) {
+        tr->bad = true;
+        return zn_set_error(ZN_ECONFIG, "step %lld: gradient overflow with the loss scale "
+                            "already at fp16.min_loss_scale (%g): training diverged",
+                            (long long)tr->steps_run + 1, tr->scaler.min_scale);
+    }
+    if (!overflow)
+        tr->step++;
+    tr->steps_run++;
+    double secs = (double)(zn_now_ns() - t_start) * 1e-9;
+    tr->step_s += secs;
+    tr->tokens += ntok * (uint64_t)A * (uint64_t)tr->world;
+    tr->flops += tr->model->flops_per_token * (double)(ntok * (uint64_t)A);
+    if (info) {
+        info->step = tr->steps_run;
+        info->loss = loss_sum / scale;
+        info->lr = lr;
+        info->grad_norm = norm;
+        info->loss_scale = scale;
+        info->skipped = overflow;
+        info->seconds = secs;
+        info->tokens = ntok * (uint64_t)A * (uint64_t)tr->world;  /* all ranks */
+    }
+    return 0;
+}
+
+int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
+                  const int32_t *pos, int n_micro, double *loss_sum, uint64_t *n_targets)
+{
+    if (tr->bad)
+        return zn_set_error(ZN_ECORRUPT, "the trainer failed in an earlier step; its state "
+                            "is not valid");
+    if (n_micro < 1 || !ids || !targets)
+        return zn_set_error(ZN_EARG, "train eval: %d micro-batches", n_micro);
+    if (atomic_load(&tr->err))
+        return step_failed(tr, atomic_load(&tr->err), tr->steps_run);
+    const zn_config *cfg = &tr->cfg;
+    const zn_train_model *md = tr->model;
+    int L = tr->L, rc;
+    int64_t B = cfg->train_micro_batch_size_per_gpu, T = cfg->data.seq_len;
+    uint64_t ntok = (uint64_t)(B * T);
+    if ((rc = zn_tr_ensure_capacity(tr, n_micro)))
+        return rc;
+    tr->next_mark = 0;
+    zn_fetch_ent *fe;
+    int *fetch_of_use, nfe;
+    if ((rc = build_fetches(tr, n_micro * L, L, false, &fe, &fetch_of_use, &nfe)))
+        return rc;
+    int next_fetch = 0, use = 0;
+    uint64_t nvme_fetches = 0, tgt = 0;
+    double sum = 0;
+    char name[ZN_TRACE_NAME_LEN];
+    for (int mb = 0; mb < n_micro && !rc; mb++) {
+        const int32_t *mi = ids + (size_t)mb * ntok, *mt = targets + (size_t)mb * ntok;
+        const int32_t *mp = pos ? pos + (size_t)mb * ntok : NULL;
+        for (uint64_t i = 0; i < ntok; i++)
+            tgt += mt[i] >= 0;
+        /* the loss the last block computes is the sum of its targets' xent */
+        if ((rc = md->set_batch(md->ctx, tr->s_comp, mi, mt, mp, B, T, 1.0f))) {
+            rc = zn_error_prefix(rc, "eval micro-batch %d", mb);
+            break;
+        }
+        if (md->set_dropout)
+            md->set_dropout(md->ctx, 0, 0);
+        for (int b = 0; b < L && !rc; b++) {
+            int i = use++;
+            zn_block *bl = &tr->blocks[b];
+            if ((rc = zn_tr_issue_fetches(tr, fe, nfe, &next_fetch, i, &nvme_fetches)))
+                break;
+            void *params = bl->dev_params;
+            int f = fetch_of_use[i];
+            int slot = f >= 0 ? f % tr->nslots : -1;
+            if (slot >= 0) {
+                if ((rc = zn_dev_stream_wait_event(tr->dev, tr->s_comp, tr->ev_ready[slot])))
+                    break;
+                params = tr->slot[slot];
+            } else if ((rc = zn_tr_wait_params(tr, b))) {
+                break;
+            }
+            snprintf(name, sizeof name, "eval b%d", b);
+            if (b == bl->gfirst && (rc = zn_tr_ck_before_write(tr, bl->glast + 1)))
+                break;
+            zn_mark *mk = zn_train_mark_begin(tr, tr->s_comp, ZN_RES_COMPUTE, name);
+            if ((rc = md->forward(md->ctx, tr->s_comp, b, params,
+                                  bl->gfirst > 0 ? tr->ckpt[bl->gfirst] : NULL,
+                                  bl->glast < L - 1 ? tr->ckpt[bl->glast + 1] : NULL))) {
+                rc = zn_error_prefix(rc, "eval forward of block %d", b);
+                break;
+            }
+            zn_train_mark_end(tr, tr->s_comp, mk);
+            if (slot >= 0 && fe[f].last_use == i &&
+                (rc = zn_dev_event_record(tr->dev, tr->ev_consumed[slot], tr->s_comp)))
+                break;
+        }
+        float l = 0;
+        if (!rc && !(rc = md->read_loss(md->ctx, tr->s_comp, &l)))
+            sum += (double)l;
+    }
+    free(fe);
+    free(fetch_of_use);
+    if (!rc)
+        rc = zn_dev_stream_sync(tr->dev, tr->s_comp);
+    if (!rc)
+        rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
+    if (!rc && tr->world > 1)
+        rc = zn_comm_sync_on(tr->comm, tr->s_comm);
+    if (!rc && tr->world > 1) {
+        /* every rank's (sum, count), added in rank order */
+        double mine[2] = { sum, (double)tgt }, *all = malloc((size_t)tr->world * sizeof mine);
+        if (!all)
+            rc = zn_set_error(-ENOMEM, "train: out of memory");
+        else if (!(rc = zn_comm_allgather(tr->comm, mine, all, 4, ZN_DTYPE_F32))) {
+            sum = 0;
+            tgt = 0;
+            for (int r = 0; r < tr->world; r++) {
+                sum += all[2 * r];
+                tgt += (uint64_t)all[2 * r + 1];
+            }
+        }
+        free(all);
+    }
+    if (rc)
+        return step_failed(tr, rc, tr->steps_run);
+    *loss_sum = sum;
+    *n_targets = tgt;
+    return 0;
+}
+
+int zn_train_sync(zn_trainer *tr)
+{
+    if (tr->bad)
+        return zn_set_error(ZN_ECORRUPT, "the trainer failed in an earlier step; its state "
+                            "is not valid");
+    if (!tr->opt_inflight)
+        return 0;
+    uint64_t t0 = zn_now_ns();
+    int rc = zn_optsched_wait(tr);
+    if (!rc)
+        rc = zn_dev_stream_sync(tr->dev, tr->s_oh2d);
+    if (!rc && atomic_load(&tr->err))
+        rc = atomic_load(&tr->err);
+    tr->opt_inflight = false;
+    tr->step_s += (double)(zn_now_ns() - t0) * 1e-9;  /* the step's tail */
+    if (rc)
+        return step_failed(tr, rc, tr->opt_step);
+    return 0;
+}
