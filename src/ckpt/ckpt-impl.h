@@ -53,4 +53,16 @@ int zn_ckpt__fsync_path(const char *path, int is_dir);
 /* mkdir -p. */
 int zn_ckpt__mkdir_p(const char *path);
 
+/* The three optimizer-state files of a rank and their manifest names
+ * (ckpt.c). */
+extern const char *const zn_ckpt__state_file[3];
+extern const char *const zn_ckpt__state_prefix[3];
+
+/* ckpt_fs.c and ckpt.c, for the other checkpoint files */
+int zn_ckpt__write_small(const char *path, const char *data, size_t len);
+int zn_ckpt__file_crc(const char *path, uint64_t *bytes, uint32_t *crc);
+void zn_ckpt__rm_rf(const char *path);
+void zn_ckpt__point(const zn_ckpt_save_options *o, const char *where);
+int zn_ckpt__step_of(const char *name, long long *step);
+
 #endif

@@ -1,0 +1,164 @@
+/* The file-system helpers checkpoints are made with: fsync of a file or a
+ * folder, mkdir -p, pread of a whole range, small files written and
+ * fsynced, a file's crc32c, recursive removal. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/ckpt-impl.h"
+#include "offload/train-impl.h"
+#include "zinc/comm.h"
+
+
+/* ---- small file helpers -------------------------------------------------------*/
+int zn_ckpt__fsync_path(const char *path, int is_dir)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | (is_dir ? O_DIRECTORY : 0));
+    if (fd < 0)
+        return zn_set_error(-errno, "checkpoint: opening %s to fsync it: %s", path,
+                            strerror(errno));
+    if (fsync(fd) < 0) {
+        int e = errno;
+        close(fd);
+        return zn_set_error(-e, "checkpoint: fsync %s: %s", path, strerror(e));
+    }
+    if (close(fd) < 0)
+        return zn_set_error(-errno, "checkpoint: closing %s: %s", path, strerror(errno));
+    return 0;
+}
+
+int zn_ckpt__mkdir_p(const char *path)
+{
+    char p[ZN_CKPT_PATH];
+    if ((size_t)snprintf(p, sizeof p, "%s", path) >= sizeof p)
+        return zn_set_error(-ENAMETOOLONG, "checkpoint: path too long: %s", path);
+    for (char *c = p + 1;; c++) {
+        if (*c != '/' && *c)
+            continue;
+        char keep = *c;
+        *c = '\0';
+        if (mkdir(p, 0755) < 0 && errno != EEXIST)
+            return zn_set_error(-errno, "checkpoint: creating folder %s: %s", p, strerror(errno));
+        *c = keep;
+        if (!keep)
+            break;
+    }
+    struct stat st;
+    if (stat(path, &st) < 0 || !S_ISDIR(st.st_mode))
+        return zn_set_error(-ENOTDIR, "checkpoint: %s is not a folder", path);
+    return 0;
+}
+
+int zn_ckpt__pread(int fd, const char *path, uint64_t off, void *buf, size_t len)
+{
+    char *p = buf;
+    while (len) {
+        ssize_t n = pread(fd, p, len, (off_t)off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return zn_set_error(-errno, "checkpoint: reading %s at offset %" PRIu64 ": %s", path,
+                                off, strerror(errno));
+        if (n == 0)
+            return zn_set_error(ZN_ECORRUPT, "checkpoint: %s ends at offset %" PRIu64
+                                " (truncated)", path, off);
+        p += n;
+        off += (uint64_t)n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Writes a small file whole and fsyncs it. */
+int zn_ckpt__write_small(const char *path, const char *data, size_t len)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return zn_set_error(-errno, "checkpoint: creating %s: %s", path, strerror(errno));
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = write(fd, data + done, len - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            int e = n < 0 ? errno : EIO;
+            close(fd);
+            return zn_set_error(-e, "checkpoint: writing %s: %s", path, strerror(e));
+        }
+        done += (size_t)n;
+    }
+    if (fsync(fd) < 0) {
+        int e = errno;
+        close(fd);
+        return zn_set_error(-e, "checkpoint: fsync %s: %s", path, strerror(e));
+    }
+    if (close(fd) < 0)
+        return zn_set_error(-errno, "checkpoint: closing %s: %s", path, strerror(errno));
+    return 0;
+}
+
+/* Size and crc32c of a whole file. */
+int zn_ckpt__file_crc(const char *path, uint64_t *bytes, uint32_t *crc)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return zn_set_error(-errno, "checkpoint: opening %s: %s", path, strerror(errno));
+    size_t cap = 1u << 20;
+    char *buf = malloc(cap);
+    if (!buf) {
+        close(fd);
+        return zn_set_error(-ENOMEM, "checkpoint: out of memory");
+    }
+    uint32_t c = 0;
+    uint64_t total = 0;
+    int rc = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf, cap);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = zn_set_error(-errno, "checkpoint: reading %s: %s", path, strerror(errno));
+            break;
+        }
+        if (n == 0)
+            break;
+        c = zn_crc32c(c, buf, (size_t)n);
+        total += (uint64_t)n;
+    }
+    free(buf);
+    close(fd);
+    *bytes = total;
+    *crc = c;
+    return rc;
+}
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *f)
+{
+    (void)sb;
+    (void)f;
+    if ((flag == FTW_DP ? rmdir(p) : unlink(p)) < 0 && errno != ENOENT)
+        zn_warn("checkpoint: removing %s: %s", p, strerror(errno));
+    return 0;
+}
+
+void zn_ckpt__rm_rf(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) < 0)
+        return;
+    nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+void zn_ckpt__point(const zn_ckpt_save_options *o, const char *where)
+{
+    if (o->point)
+        o->point(o->point_user, where);
+}

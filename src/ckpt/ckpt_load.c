@@ -1,0 +1,208 @@
+/* A checkpoint loaded into a trainer of any placement: geometry checked,
+ * the master and Adam moments read into the optimizer units, the 16-bit
+ * parameters regenerated from the master, the loss scaler restored. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/ckpt-impl.h"
+#include "offload/train-impl.h"
+#include "zinc/comm.h"
+
+
+#define PATHN ZN_CKPT_PATH
+
+
+/* ---- load ---------------------------------------------------------------------------*/
+static int check_geometry(const zn_ckpt *ck, zn_trainer *tr)
+{
+    int world = zn_train_world(tr), rank = zn_train_rank(tr);
+    if (ck->world != world)
+        return zn_set_error(ZN_ECONFIG, "checkpoint %s was saved by %d rank(s); this run has %d: "
+                            "resuming with a different world size is not supported", ck->path,
+                            ck->world, world);
+    if (ck->nblocks != tr->L) {
+        uint64_t a = 0, b2 = 0;
+        for (int b = 0; b < ck->nblocks; b++)
+            a += ck->blocks[b];
+        for (int b = 0; b < tr->L; b++) {
+            zn_block_share s;
+            zn_train_block_share(tr, b, &s);
+            b2 += s.n;
+        }
+        if (a == b2)
+            return zn_set_error(ZN_ECONFIG, "checkpoint %s holds this model cut into %d blocks; "
+                                "this zinc streams it in %d (the vocabulary in parts): resume "
+                                "is not possible, but `zinc export` of the checkpoint gives a "
+                                "model folder to start from (model.path)", ck->path,
+                                ck->nblocks, tr->L);
+        return zn_set_error(ZN_ECONFIG, "checkpoint %s is of another model: %d blocks, this "
+                            "model has %d", ck->path, ck->nblocks, tr->L);
+    }
+    for (int b = 0; b < tr->L; b++) {
+        zn_block_share s;
+        zn_train_block_share(tr, b, &s);
+        if (ck->blocks[b] != s.n)
+            return zn_set_error(ZN_ECONFIG, "checkpoint %s is of another model: block %d has "
+                                "%" PRIu64 " parameters, this model's has %" PRIu64, ck->path, b,
+                                ck->blocks[b], s.n);
+        const zn_ckpt_share *c = &ck->ranks[rank].sh[b];
+        if (c->shard_off != s.shard_off || c->len != s.len || c->local_off != s.local_off)
+            return zn_set_error(ZN_ECONFIG, "checkpoint %s: rank %d's share of block %d differs "
+                                "from this run's (sharding changed)", ck->path, rank, b);
+    }
+    if (ck->ranks[rank].local_params != tr->P)
+        return zn_set_error(ZN_ECONFIG, "checkpoint %s: rank %d holds %" PRIu64 " parameters, "
+                            "this run %" PRIu64, ck->path, rank, ck->ranks[rank].local_params,
+                            tr->P);
+    return 0;
+}
+
+/* Sends unit u's working parameters (from fp32 master values) to their
+ * homes and waits until they are there. */
+static int regen_params(zn_trainer *tr, int u, const float *master, void *p16)
+{
+    zn_unit *un = &tr->units[u];
+    zn_opt_slot *s = &tr->oslot[0];
+    const void *src = master;
+    int rc;
+    if (tr->pdt != ZN_DTYPE_F32) {
+        if ((rc = zn_convert(p16, tr->pdt, master, ZN_DTYPE_F32, un->n)))
+            return rc;
+        src = p16;
+    }
+    int npwr = 0;
+    bool h2d = false;
+    rc = zn_optsched_params_out(tr, u, src, s->pwr, &npwr, s->h2d_done, &h2d);
+    for (int i = 0; i < npwr; i++) {
+        int r2 = zn_ioq_wait(&tr->wq, &s->pwr[i]);
+        if (!rc)
+            rc = r2;
+    }
+    if (h2d) {
+        int r2 = zn_dev_event_sync(tr->dev, s->h2d_done);
+        if (!rc)
+            rc = r2;
+    }
+    return rc;
+}
+
+static void restore_scaler(json_t *j, zn_loss_scaler *s)
+{
+    const char *sc = json_string_value(json_object_get(j, "scale"));
+    if (sc)
+        s->scale = strtod(sc, NULL);
+    s->cur_hysteresis = (int)json_integer_value(json_object_get(j, "cur_hysteresis"));
+    s->iter = json_integer_value(json_object_get(j, "iter"));
+    s->last_overflow_iter = json_integer_value(json_object_get(j, "last_overflow_iter"));
+    s->overflows = (uint64_t)json_integer_value(json_object_get(j, "overflows"));
+}
+
+int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
+{
+    if (tr->bad)
+        return zn_set_error(ZN_ECORRUPT, "checkpoint: the trainer failed earlier");
+    int rc = zn_train_sync(tr), rank = zn_train_rank(tr);
+    if (!rc)
+        rc = check_geometry(ck, tr);
+    if (rc)
+        return rc;
+    int fd[3] = { -1, -1, -1 };
+    char path[3][PATHN + 64];
+    const zn_ckpt_file *f[3];
+    uint32_t crc[3] = { 0, 0, 0 };
+    for (int k = 0; k < 3; k++) {
+        char rel[64];
+        snprintf(rel, sizeof rel, "rank-%d/%s", rank, zn_ckpt__state_file[k]);
+        f[k] = zn_ckpt__file(ck, rel);
+        snprintf(path[k], sizeof path[k], "%s/%s", ck->path, rel);
+        fd[k] = open(path[k], O_RDONLY | O_CLOEXEC);
+        if (fd[k] < 0) {
+            rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: %s", ck->path, rel,
+                              strerror(errno));
+            goto out;
+        }
+        posix_fadvise(fd[k], 0, 0, POSIX_FADV_SEQUENTIAL);
+    }
+    uint64_t t0 = zn_now_ns();
+    /* From here on the trainer's state is being replaced. */
+    if (tr->dopt) {
+        float *arr[3] = { tr->master, tr->mom, tr->var };
+        const uint64_t chunk = tr->ostage_bytes;
+        for (int k = 0; k < 3 && !rc; k++)
+            for (uint64_t off = 0; off < tr->P * 4 && !rc; off += chunk) {
+                size_t n = (size_t)(tr->P * 4 - off < chunk ? tr->P * 4 - off : chunk);
+                if (!(rc = zn_ckpt__pread(fd[k], path[k], off, tr->ostage, n)) &&
+                    !(rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d, (char *)arr[k] + off, tr->ostage,
+                                           n)) &&
+                    !(rc = zn_dev_stream_sync(tr->dev, tr->s_h2d)))
+                    crc[k] = zn_crc32c(crc[k], tr->ostage, n);
+            }
+        for (int u = 0; u < tr->n_units && !rc; u++)
+            rc = zn_optsched_dev_regen(tr, u);
+    } else if (tr->oopt != ZN_OFFLOAD_NVME) {
+        float *arr[3] = { tr->master, tr->mom, tr->var };
+        const uint64_t chunk = 64u << 20;
+        for (int k = 0; k < 3 && !rc; k++)
+            for (uint64_t off = 0; off < tr->P * 4 && !rc; off += chunk) {
+                size_t n = (size_t)(tr->P * 4 - off < chunk ? tr->P * 4 - off : chunk);
+                if (!(rc = zn_ckpt__pread(fd[k], path[k], off, (char *)arr[k] + off, n)))
+                    crc[k] = zn_crc32c(crc[k], (char *)arr[k] + off, n);
+            }
+        for (int u = 0; u < tr->n_units && !rc; u++)
+            rc = regen_params(tr, u, tr->master + tr->units[u].off, tr->pout_flat);
+    } else {
+        zn_opt_slot *s = &tr->oslot[0];
+        float *dst[3] = { s->master, s->m, s->v };
+        s->unit = -1;
+        for (int u = 0; u < tr->n_units && !rc; u++) {
+            zn_unit *un = &tr->units[u];
+            int ids[3] = { un->master_id, un->m_id, un->v_id };
+            zn_io_req w[3];
+            int nw = 0;
+            for (int k = 0; k < 3 && !rc; k++) {
+                rc = zn_ckpt__pread(fd[k], path[k], un->off * 4, dst[k], un->n * 4);
+                if (rc)
+                    break;
+                crc[k] = zn_crc32c(crc[k], dst[k], un->n * 4);
+                rc = zn_ioq_submit(&tr->wq, &w[k], 1, &zn_tier_get(&tr->tm, ids[k])->ext,
+                                   dst[k], un->n * 4, "checkpoint load");
+                nw = k + 1;
+            }
+            for (int k = 0; k < nw; k++) {
+                int r2 = zn_ioq_wait(&tr->wq, &w[k]);
+                if (!rc)
+                    rc = r2;
+            }
+            if (!rc)
+                atomic_store(&un->mv_zero, false);  /* the checkpoint's m and v are home */
+            if (!rc)
+                rc = regen_params(tr, u, s->master, s->pout);
+        }
+    }
+    for (int k = 0; k < 3 && !rc; k++)
+        if (crc[k] != f[k]->crc)
+            rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: crc32c 0x%08x, the manifest "
+                              "says 0x%08x (corrupted)", ck->path, f[k]->name, crc[k], f[k]->crc);
+    if (rc) {
+        tr->bad = true; /* partly replaced: nothing it holds is valid now */
+        goto out;
+    }
+    tr->step = ck->step;
+    tr->steps_run = ck->steps_run;
+    restore_scaler(json_object_get(ck->man, "scaler"), &tr->scaler);
+    zn_debug("checkpoint: %s loaded in %.3f s", ck->path, (double)(zn_now_ns() - t0) * 1e-9);
+out:
+    for (int k = 0; k < 3; k++)
+        if (fd[k] >= 0)
+            close(fd[k]);
+    return rc;
+}

@@ -1,0 +1,353 @@
+/* A checkpoint opened (its manifest read and checked against the files'
+ * sizes) and verified (every file's crc32c), and what it records. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/ckpt-impl.h"
+#include "offload/train-impl.h"
+#include "zinc/comm.h"
+
+
+#define PATHN ZN_CKPT_PATH
+
+
+/* ---- open and verify -----------------------------------------------------------------*/
+int zn_ckpt_resolve(const char *path, char *out, size_t out_len)
+{
+    char p[PATHN];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/manifest.json", path);
+    if (stat(p, &st) == 0) {
+        snprintf(out, out_len, "%s", path);
+        return 0;
+    }
+    snprintf(p, sizeof p, "%s/latest", path);
+    FILE *f = fopen(p, "r");
+    if (!f) {
+        if (stat(path, &st) < 0)
+            return zn_set_error(-errno, "checkpoint %s: %s", path, strerror(errno));
+        return zn_set_error(-ENOENT, "checkpoint %s: neither a checkpoint (no manifest.json) "
+                            "nor a checkpoint folder with a complete one (no 'latest')", path);
+    }
+    char name[256] = "";
+    if (!fgets(name, sizeof name, f))
+        name[0] = '\0';
+    fclose(f);
+    name[strcspn(name, "\r\n")] = '\0';
+    long long s;
+    if (!zn_ckpt__step_of(name, &s))
+        return zn_set_error(ZN_ECORRUPT, "checkpoint %s: 'latest' holds '%s', not a step folder "
+                            "name", p, name);
+    snprintf(out, out_len, "%s/%s", path, name);
+    return 0;
+}
+
+const zn_ckpt_file *zn_ckpt__file(const zn_ckpt *ck, const char *name)
+{
+    for (int i = 0; i < ck->nfiles; i++)
+        if (!strcmp(ck->files[i].name, name))
+            return &ck->files[i];
+    return NULL;
+}
+
+void zn_ckpt_close(zn_ckpt *ck)
+{
+    if (!ck)
+        return;
+    if (ck->ranks)
+        for (int r = 0; r < ck->world; r++)
+            free(ck->ranks[r].sh);
+    free(ck->ranks);
+    for (int i = 0; i < ck->nfiles; i++)
+        free(ck->files[i].name);
+    free(ck->files);
+    free(ck->blocks);
+    json_decref(ck->man);
+    free(ck);
+}
+
+static int get_u64(json_t *o, const char *key, uint64_t *v)
+{
+    json_t *x = json_object_get(o, key);
+    if (!json_is_integer(x) || json_integer_value(x) < 0)
+        return -1;
+    *v = (uint64_t)json_integer_value(x);
+    return 0;
+}
+
+int zn_ckpt_open(zn_ckpt **out, const char *path)
+{
+    *out = NULL;
+    zn_ckpt *ck = calloc(1, sizeof *ck);
+    if (!ck)
+        return zn_set_error(-ENOMEM, "checkpoint: out of memory");
+    int rc = zn_ckpt_resolve(path, ck->path, sizeof ck->path);
+    if (rc) {
+        free(ck);
+        return rc;
+    }
+    char mp[PATHN + 32];
+    snprintf(mp, sizeof mp, "%s/manifest.json", ck->path);
+    json_error_t je;
+    ck->man = json_load_file(mp, 0, &je);
+#define BAD(...)                                                        \
+    do {                                                                \
+        rc = zn_set_error(ZN_ECORRUPT, __VA_ARGS__);                    \
+        goto fail;                                                      \
+    } while (0)
+    if (!ck->man) {
+        if (access(mp, F_OK) < 0)
+            BAD("checkpoint %s: manifest.json is missing (not a complete checkpoint)", ck->path);
+        BAD("checkpoint %s: manifest.json is not valid JSON (line %d: %s)", ck->path, je.line,
+            je.text);
+    }
+    json_t *m = ck->man;
+    /* the manifest's own checksum */
+    json_t *mc = json_object_get(m, "manifest_crc32c");
+    if (!json_is_integer(mc))
+        BAD("checkpoint %s: manifest.json has no manifest_crc32c", ck->path);
+    json_int_t want = json_integer_value(mc);
+    json_incref(mc);
+    json_object_del(m, "manifest_crc32c");
+    char *body = json_dumps(m, JSON_COMPACT | JSON_SORT_KEYS);
+    uint32_t got = body ? zn_crc32c(0, body, strlen(body)) : 0;
+    free(body);
+    json_object_set_new(m, "manifest_crc32c", mc);
+    if ((json_int_t)got != want)
+        BAD("checkpoint %s: manifest.json: crc32c 0x%08x, the manifest says 0x%08x (corrupted)",
+            ck->path, got, (unsigned)want);
+    const char *fmt = json_string_value(json_object_get(m, "format"));
+    if (!fmt || strcmp(fmt, ZN_CKPT_FORMAT))
+        BAD("checkpoint %s: manifest.json: format is not '%s'", ck->path, ZN_CKPT_FORMAT);
+    json_int_t ver = json_integer_value(json_object_get(m, "version"));
+    if (ver != ZN_CKPT_VERSION)
+        BAD("checkpoint %s: format version %lld, this zinc reads version %d", ck->path,
+            (long long)ver, ZN_CKPT_VERSION);
+    uint64_t u;
+    if (get_u64(m, "step", &u))
+        BAD("checkpoint %s: manifest.json: bad 'step'", ck->path);
+    ck->step = (int64_t)u;
+    if (get_u64(m, "steps_run", &u))
+        BAD("checkpoint %s: manifest.json: bad 'steps_run'", ck->path);
+    ck->steps_run = (int64_t)u;
+    if (get_u64(m, "world_size", &u) || u < 1 || u > 1u << 20)
+        BAD("checkpoint %s: manifest.json: bad 'world_size'", ck->path);
+    ck->world = (int)u;
+    json_t *bl = json_object_get(m, "blocks");
+    if (!json_is_array(bl) || !json_array_size(bl) || json_array_size(bl) > 1u << 20)
+        BAD("checkpoint %s: manifest.json: bad 'blocks'", ck->path);
+    ck->nblocks = (int)json_array_size(bl);
+    ck->blocks = calloc((size_t)ck->nblocks, sizeof *ck->blocks);
+    ck->ranks = calloc((size_t)ck->world, sizeof *ck->ranks);
+    if (!ck->blocks || !ck->ranks) {
+        rc = zn_set_error(-ENOMEM, "checkpoint: out of memory");
+        goto fail;
+    }
+    for (int b = 0; b < ck->nblocks; b++) {
+        json_t *x = json_array_get(bl, (size_t)b);
+        if (!json_is_integer(x) || json_integer_value(x) < 0)
+            BAD("checkpoint %s: manifest.json: block %d's size", ck->path, b);
+        ck->blocks[b] = (uint64_t)json_integer_value(x);
+        ck->total += ck->blocks[b];
+    }
+    json_t *ra = json_object_get(m, "ranks");
+    if (!json_is_array(ra) || json_array_size(ra) != (size_t)ck->world)
+        BAD("checkpoint %s: manifest.json: 'ranks' does not list %d ranks", ck->path, ck->world);
+    for (int r = 0; r < ck->world; r++) {
+        json_t *rj = json_array_get(ra, (size_t)r), *sh = json_object_get(rj, "shares");
+        zn_ckpt_rank *cr = &ck->ranks[r];
+        if (get_u64(rj, "local_params", &cr->local_params) || !json_is_array(sh) ||
+            json_array_size(sh) != (size_t)ck->nblocks)
+            BAD("checkpoint %s: manifest.json: rank %d's geometry", ck->path, r);
+        cr->sh = calloc((size_t)ck->nblocks, sizeof *cr->sh);
+        if (!cr->sh) {
+            rc = zn_set_error(-ENOMEM, "checkpoint: out of memory");
+            goto fail;
+        }
+        for (int b = 0; b < ck->nblocks; b++) {
+            json_int_t so, len, lo;
+            if (json_unpack(json_array_get(sh, (size_t)b), "[III]", &so, &len, &lo) || so < 0 ||
+                len < 0 || lo < 0 || (uint64_t)so + (uint64_t)len > ck->blocks[b] ||
+                (uint64_t)lo + (uint64_t)len > cr->local_params)
+                BAD("checkpoint %s: manifest.json: rank %d's share of block %d", ck->path, r, b);
+            cr->sh[b] = (zn_ckpt_share){ (uint64_t)so, (uint64_t)len, (uint64_t)lo };
+        }
+    }
+    json_t *fo = json_object_get(m, "files");
+    if (!json_is_object(fo))
+        BAD("checkpoint %s: manifest.json: no 'files'", ck->path);
+    ck->files = calloc(json_object_size(fo) + 1, sizeof *ck->files);
+    if (!ck->files) {
+        rc = zn_set_error(-ENOMEM, "checkpoint: out of memory");
+        goto fail;
+    }
+    const char *fname;
+    json_t *fv;
+    json_object_foreach(fo, fname, fv)
+    {
+        zn_ckpt_file *f = &ck->files[ck->nfiles];
+        uint64_t c;
+        if (strstr(fname, "..") || fname[0] == '/' || get_u64(fv, "bytes", &f->bytes) ||
+            get_u64(fv, "crc32c", &c) || c > UINT32_MAX)
+            BAD("checkpoint %s: manifest.json: entry of file '%s'", ck->path, fname);
+        f->crc = (uint32_t)c;
+        if (!(f->name = strdup(fname))) {
+            rc = zn_set_error(-ENOMEM, "checkpoint: out of memory");
+            goto fail;
+        }
+        ck->nfiles++;
+        char fp[PATHN + 512];
+        snprintf(fp, sizeof fp, "%s/%s", ck->path, fname);
+        struct stat st;
+        if (stat(fp, &st) < 0)
+            BAD("checkpoint %s: file %s is missing", ck->path, fname);
+        if ((uint64_t)st.st_size != f->bytes)
+            BAD("checkpoint %s: file %s has %lld bytes, the manifest says %" PRIu64
+                " (truncated or overwritten)", ck->path, fname, (long long)st.st_size, f->bytes);
+    }
+    for (int r = 0; r < ck->world; r++)
+        for (int k = 0; k < 3; k++) {
+            char rel[64];
+            snprintf(rel, sizeof rel, "rank-%d/%s", r, zn_ckpt__state_file[k]);
+            const zn_ckpt_file *f = zn_ckpt__file(ck, rel);
+            if (!f)
+                BAD("checkpoint %s: manifest.json does not list %s", ck->path, rel);
+            if (f->bytes != ck->ranks[r].local_params * 4)
+                BAD("checkpoint %s: %s holds %" PRIu64 " bytes for %" PRIu64 " parameters",
+                    ck->path, rel, f->bytes, ck->ranks[r].local_params);
+        }
+    json_t *cfg = json_object_get(m, "config");
+    ck->config_text = json_is_string(cfg) ? json_string_value(cfg) : NULL;
+    ck->client_json = json_string_value(json_object_get(m, "client"));
+    if (!ck->client_json)
+        ck->client_json = "{}";
+    if (zn_ckpt__file(ck, "config.json")) {
+        snprintf(mp, sizeof mp, "%s/config.json", ck->path);
+        if ((rc = zn_model_dims_from_hf(&ck->dims, mp)))
+            goto fail;
+        if (zn_ckpt__file(ck, "adapter_config.json") &&
+            (rc = zn_lora_read_peft_config(ck->path, &ck->dims.lora)))
+            goto fail;
+        ck->has_dims = 1;
+    }
+    *out = ck;
+    return 0;
+#undef BAD
+fail:
+    zn_ckpt_close(ck);
+    return rc;
+}
+
+const char *zn_ckpt_path(const zn_ckpt *ck)
+{
+    return ck->path;
+}
+
+int64_t zn_ckpt_step(const zn_ckpt *ck)
+{
+    return ck->step;
+}
+
+int64_t zn_ckpt_steps_run(const zn_ckpt *ck)
+{
+    return ck->steps_run;
+}
+
+int zn_ckpt_world(const zn_ckpt *ck)
+{
+    return ck->world;
+}
+
+uint64_t zn_ckpt_num_params(const zn_ckpt *ck)
+{
+    return ck->total;
+}
+
+const char *zn_ckpt_config_text(const zn_ckpt *ck)
+{
+    return ck->config_text;
+}
+
+const char *zn_ckpt_client_json(const zn_ckpt *ck)
+{
+    return ck->client_json;
+}
+
+int zn_ckpt_dims(const zn_ckpt *ck, zn_model_dims *out)
+{
+    if (!ck->has_dims)
+        return zn_set_error(-ENOENT, "checkpoint %s records no model (config.json)", ck->path);
+    *out = ck->dims;
+    return 0;
+}
+
+int zn_ckpt_check_dims(const zn_ckpt *ck, const zn_model_dims *d)
+{
+    if (!ck->has_dims)
+        return zn_set_error(ZN_ECONFIG, "checkpoint %s records no model to compare with",
+                            ck->path);
+    const zn_model_dims *c = &ck->dims;
+#define SAME(f)                                                                              \
+    if (c->f != d->f)                                                                        \
+        return zn_set_error(ZN_ECONFIG, "checkpoint %s is of another model: " #f " %lld in " \
+                            "the checkpoint, %lld in this config", ck->path, (long long)c->f,  \
+                            (long long)d->f);
+    SAME(arch) SAME(hidden) SAME(n_layers) SAME(n_heads) SAME(n_kv_heads) SAME(head_dim)
+    SAME(intermediate) SAME(vocab) SAME(tie_embeddings) SAME(qkv_bias) SAME(o_bias)
+    SAME(lora.r) SAME(lora.targets) SAME(lora.rslora)
+#undef SAME
+    return 0;
+}
+
+/* Streams a file through crc32c in bounded reads, comparing with its entry. */
+static int verify_file(const zn_ckpt *ck, const zn_ckpt_file *f, char *buf, size_t cap)
+{
+    char p[PATHN + 512];
+    snprintf(p, sizeof p, "%s/%s", ck->path, f->name);
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: %s", ck->path, f->name,
+                            strerror(errno));
+    uint32_t crc = 0;
+    int rc = 0;
+    for (uint64_t off = 0; off < f->bytes && !rc; off += cap) {
+        size_t n = f->bytes - off < cap ? (size_t)(f->bytes - off) : cap;
+        if (!(rc = zn_ckpt__pread(fd, p, off, buf, n)))
+            crc = zn_crc32c(crc, buf, n);
+    }
+    close(fd);
+    if (rc)
+        return rc;
+    if (crc != f->crc)
+        return zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: crc32c 0x%08x, the manifest "
+                            "says 0x%08x (corrupted)", ck->path, f->name, crc, f->crc);
+    return 0;
+}
+
+int zn_ckpt_verify(const char *path)
+{
+    zn_ckpt *ck;
+    int rc = zn_ckpt_open(&ck, path);
+    if (rc)
+        return rc;
+    size_t cap = 4u << 20;
+    char *buf = malloc(cap);
+    if (!buf) {
+        zn_ckpt_close(ck);
+        return zn_set_error(-ENOMEM, "checkpoint: out of memory");
+    }
+    for (int i = 0; i < ck->nfiles && !rc; i++)
+        rc = verify_file(ck, &ck->files[i], buf, cap);
+    free(buf);
+    zn_ckpt_close(ck);
+    return rc;
+}
