@@ -270,4 +270,64 @@ int zn_cuda_run_kernel(const zn_op *op, void *stream, float *scratch, const char
 }
 #endif
 
+/* ---- what the device files share (device*.c) -------------------------- */
+
+static inline int dt_ok(zn_dtype dt)
+{
+    return dt == ZN_DTYPE_F32 || dt == ZN_DTYPE_BF16;
+}
+
+static inline zn_stream *pick(zn_dev *d, zn_stream *s)
+{
+    return s ? s : d->default_stream;
+}
+
+/* Argument checks of the op builders (device_ops.c, device_nn.c). */
+/* Device pointers must lie in the arena: a host pointer handed to a kernel
+ * is caught here on both backends instead of faulting on the GPU. */
+static inline int in_arena(zn_dev *d, const void *p, uint64_t bytes)
+{
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)d->arena_base;
+    return p && a >= b && bytes <= d->arena_bytes && a - b <= d->arena_bytes - bytes;
+}
+
+#define CHK(cond, ...)                                                         \
+    do {                                                                       \
+        if (!(cond))                                                           \
+            return zn_set_error(ZN_EARG, __VA_ARGS__);                         \
+    } while (0)
+
+#define CHK_DT(fn, dt)                                                         \
+    do {                                                                       \
+        if (!dt_ok(dt))                                                        \
+            return zn_set_error(ZN_EUNSUPPORTED, "%s: dtype %s (%d) not supported " \
+                                "(f32 and bf16 only)", fn, zn_dtype_name(dt), (int)(dt)); \
+    } while (0)
+
+#define CHK_PTR(fn, p, bytes)                                                  \
+    do {                                                                       \
+        if (!in_arena(d, (p), (bytes)))                                        \
+            return zn_set_error(ZN_EARG, "%s: %s (%p, %llu bytes) is not inside the " \
+                                "device arena", fn, #p, (const void *)(p),     \
+                                (unsigned long long)(bytes));                  \
+    } while (0)
+
+/* Bytes spanned by a rows x cols matrix with leading dimension ld. */
+static inline uint64_t span(int64_t rows, int64_t cols, int64_t ld, zn_dtype dt)
+{
+    if (rows <= 0 || cols <= 0)
+        return 0;
+    return ((uint64_t)(rows - 1) * (uint64_t)ld + (uint64_t)cols) * zn_dtype_size(dt);
+}
+
+static inline uint64_t nbytes(int64_t n, zn_dtype dt)
+{
+    return n > 0 ? (uint64_t)n * zn_dtype_size(dt) : 0;
+}
+
+static inline int submit(zn_dev *d, zn_stream *s, const zn_op *op)
+{
+    return d->ops->submit(d, pick(d, s), op);
+}
+
 #endif
