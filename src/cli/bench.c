@@ -1,8 +1,11 @@
 /* `zinc bench <what>`: dispatches to the benchmark drivers. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
+#include "zinc/util.h"
 
 static const zn_cli_cmd benches[] = {
     { "adam", zn_bench_adam, "fused CPU Adam step vs the read-modify-write roofline" },
@@ -38,4 +41,25 @@ int zn_cmd_bench(int argc, char **argv)
     fprintf(stderr, "zinc: error: unknown benchmark '%s'\n", argv[1]);
     usage(stderr);
     return 2;
+}
+
+FILE *zn_bench_csv_open(const char *path, const char *header)
+{
+    int fresh = access(path, F_OK) != 0;
+    FILE *f = fopen(path, "a");
+    if (!f) {
+        int e = errno;
+        zn_set_error(-e, "--csv %s: %s", path, strerror(e));
+        errno = e;
+        return NULL;
+    }
+    if (fresh)
+        fprintf(f, "%s\n", header);
+    return f;
+}
+
+int zn_bench_usage_exit(int c, void (*print_usage)(FILE *f))
+{
+    print_usage(c == 'h' ? stdout : stderr);
+    return c == 'h' ? 0 : 2;
 }

@@ -434,12 +434,8 @@ int zn_bench_adam(int argc, char **argv)
         case 'N':
             zn_optim_nt_copy = strcmp(optarg, "0") != 0;
             break;
-        case 'h':
-            usage(stdout);
-            return 0;
         default:
-            usage(stderr);
-            return 2;
+            return zn_bench_usage_exit(ch, usage);
         }
     }
     if (optind < argc) {
@@ -586,20 +582,11 @@ int zn_bench_adam(int argc, char **argv)
     printf("#\n# %-14s %10s %8s %10s %7s %7s %9s %9s %7s\n", "row", "Mparam/s", "GB/s",
            "roof GB/s", "ratio", "med", "best ms", "mean ms", "#wrong");
     FILE *csv = NULL;
-    if (o.csv) {
-        FILE *chk = fopen(o.csv, "r");
-        int fresh = chk == NULL;
-        if (chk)
-            fclose(chk);
-        csv = fopen(o.csv, "a");
-        if (!csv) {
-            fprintf(stderr, "zinc: error: --csv %s: %s\n", o.csv, strerror(errno));
-            munmap(a.map, a.map_len);
-            return 1;
-        }
-        if (fresh)
-            fprintf(csv, "unix_time,cpu,threads,params,grad,copy,nt_copy,row,auto,mparams_s,gbs,"
-                         "roof_gbs,ratio,median_ratio,best_ms,mean_ms,wrong\n");
+    if (o.csv && !(csv = zn_bench_csv_open(o.csv, "unix_time,cpu,threads,params,grad,copy,"
+                                           "nt_copy,row,auto,mparams_s,gbs,roof_gbs,ratio,"
+                                           "median_ratio,best_ms,mean_ms,wrong"))) {
+        munmap(a.map, a.map_len);
+        return zn_cli_fail(-errno, NULL);
     }
     uint64_t wrong_total = 0;
     for (int r = 0; r < nrows; r++) {

@@ -298,16 +298,12 @@ int zn_bench_comm(int argc, char **argv)
         case 'd':
             o.device = optarg;
             break;
-        case 'h':
-            usage(stdout);
-            return 0;
         default:
-            usage(stderr);
-            return 2;
+            return zn_bench_usage_exit(ch, usage);
         }
     }
     if (optind < argc) {
-        fprintf(stderr, "zinc: error: unexpected argument \"%s\"\n", argv[optind]);
+        fprintf(stderr, "zinc: error: unexpected argument '%s'\n", argv[optind]);
         usage(stderr);
         return 2;
     }

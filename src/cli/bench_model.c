@@ -317,15 +317,10 @@ int zn_bench_model(int argc, char **argv)
     printf("#\n# %-12s %8s %10s %10s %10s %10s %7s %7s\n", "block", "tokens", "ms", "model TF/s",
            "hw TF/s", "peak TF/s", "ratio", "#wrong");
     FILE *cf = NULL;
-    if (csv) {
-        int fresh = access(csv, F_OK) != 0;
-        cf = fopen(csv, "a");
-        if (!cf)
-            fprintf(stderr, "zinc: warning: cannot open %s\n", csv);
-        else if (fresh)
-            fprintf(cf, "device,model_hidden,layers,batch,seq,dtype,checkpoint,block,tokens,ms,"
-                        "model_tflops,hw_tflops,peak_tflops,ratio,wrong\n");
-    }
+    if (csv && !(cf = zn_bench_csv_open(csv, "device,model_hidden,layers,batch,seq,dtype,"
+                                        "checkpoint,block,tokens,ms,model_tflops,hw_tflops,"
+                                        "peak_tflops,ratio,wrong")))
+        fprintf(stderr, "zinc: warning: %s\n", zn_last_error());
     for (int i = 0; i < 4; i++) {
         double tf = rows[i].model_flops / (rows[i].ms * 1e-3) / 1e12;
         double hw = rows[i].hw_flops / (rows[i].ms * 1e-3) / 1e12;

@@ -357,20 +357,11 @@ int zn_bench_nvme(int argc, char **argv)
            "that differ from the seeded pattern in zinc's reads (write rows: the read after)\n");
 
     FILE *csv = NULL;
-    if (o.csv) {
-        FILE *chk = fopen(o.csv, "r");
-        int fresh = !chk;
-        if (chk)
-            fclose(chk);
-        csv = fopen(o.csv, "a");
-        if (!csv) {
-            fprintf(stderr, "zinc: error: --csv %s: %s\n", o.csv, strerror(errno));
-            return 1;
-        }
-        if (fresh)
-            fprintf(csv, "cpu,kernel,fs,device,paths,size,rw,bs,qd,crc,huge,zinc_gbs,zinc_iops,"
-                         "zinc_p50_us,zinc_p99_us,fio_gbs,fio_p50_us,fio_p99_us,ratio,wrong\n");
-    }
+    if (o.csv && !(csv = zn_bench_csv_open(o.csv, "cpu,kernel,fs,device,paths,size,rw,bs,qd,"
+                                           "crc,huge,zinc_gbs,zinc_iops,zinc_p50_us,"
+                                           "zinc_p99_us,fio_gbs,fio_p50_us,fio_p99_us,ratio,"
+                                           "wrong")))
+        return zn_cli_fail(-errno, NULL);
     int failed = 0;
     uint64_t total_wrong = 0;
     for (int bi = 0; bi < o.nbs; bi++)

@@ -304,20 +304,11 @@ int zn_bench_pcie(int argc, char **argv)
            "GB/s", "ceil GB/s", "ratio", "link GB/s", "%link", "#wrong");
 
     FILE *csv = NULL;
-    if (o.csv) {
-        FILE *chk = fopen(o.csv, "r");
-        int fresh = chk == NULL;
-        if (chk)
-            fclose(chk);
-        csv = fopen(o.csv, "a");
-        if (!csv) {
-            rc = zn_set_error(-errno, "--csv %s: %s", o.csv, strerror(errno));
-            zn_cli_fail(rc, "bench pcie");
-            goto out;
-        }
-        if (fresh)
-            fprintf(csv, "device,link,bytes,memory,dir,iters,gbs,ceiling_gbs,ratio,"
-                         "link_peak_gbs,wrong\n");
+    if (o.csv && !(csv = zn_bench_csv_open(o.csv, "device,link,bytes,memory,dir,iters,gbs,"
+                                           "ceiling_gbs,ratio,link_peak_gbs,wrong"))) {
+        rc = -errno;
+        zn_cli_fail(rc, "bench pcie");
+        goto out;
     }
     static const char *dirs[] = { "h2d", "d2h", "both" };
     uint64_t total_wrong = 0;

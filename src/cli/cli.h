@@ -33,7 +33,15 @@ int zn_cmd_eval(int argc, char **argv);
 int zn_cmd_export(int argc, char **argv);
 int zn_cmd_prepare(int argc, char **argv);
 
-/* `zinc bench <what>` subcommands (bench.c holds the table). */
+/* `zinc bench <what>` subcommands (bench.c holds the table and what the
+ * drivers share). */
+/* Opens `path` to append rows, writing `header` (without the newline)
+ * first when the file is new. NULL with errno and zn_last_error() set. */
+FILE *zn_bench_csv_open(const char *path, const char *header);
+/* The end of a bench's getopt switch: -h ('h') prints the usage to stdout
+ * and returns 0, anything else prints it to stderr and returns 2 (the
+ * exit codes of a bench that stops there). */
+int zn_bench_usage_exit(int c, void (*print_usage)(FILE *f));
 int zn_bench_pcie(int argc, char **argv);
 int zn_bench_nvme(int argc, char **argv);
 int zn_bench_adam(int argc, char **argv);
