@@ -3,6 +3,9 @@
 # GPU present, runs the gpu test suite, compares zinc's CUDA forward and a
 # short fine-tune with PyTorch on the same GPU (where torch imports), runs
 # bench pcie / model / train (three placements) / comm (world 1, NCCL), and
+# checks determinism (two runs bit for bit) and a checkpoint resumed on the
+# GPU, runs the kernels under compute-sanitizer and the train bench at full
+# memory, tries two NCCL ranks on the one GPU, and
 # writes one results file, bench/results/gpu-check-DATE-GPU.md, naming the
 # GPU, the driver and the CUDA toolkit, with every step's outcome and
 # figures. A failing step is recorded and the next one runs. Without a GPU
@@ -138,6 +141,60 @@ step "bench train: params and optimizer on NVMe" 300 "$zinc" bench train "${comm
     --set "$P.device=\"nvme\"" --set "$P.max_in_cpu=0" --set "$O.device=\"nvme\""
 step "bench comm: world 1 on the GPU (NCCL)" 300 "$zinc" bench comm --device cuda:0 \
     --sizes 1M..256M
+# the arena sized as a user's run sizes it: tiers.gpu "auto" (the GPU's free
+# memory after NCCL, cuBLAS and the modules, less the margin)
+step "bench train: params and optimizer in pinned RAM, tiers.gpu auto (full memory)" 300 \
+    "$zinc" bench train "${common[@]}" --set tiers.gpu=\"auto\" --set "$P.device=\"cpu\"" \
+    --set "$O.device=\"cpu\""
+# determinism: the same run twice gives the same losses, bit for bit (the
+# kernels and the schedule fix every sum's order)
+tcfg=("$root/examples/tiny.json" --set train.device=\"cuda\" --set bf16.enabled=true --set tiers.gpu=2GiB
+      --set "tiers.nvme=[{\"path\": \"$swap\", \"size\": \"2GiB\"}]" --set "$P.device=\"cpu\""
+      --set "$O.device=\"cpu\"")
+step "determinism: two runs, the same losses bit for bit" 600 bash -c "
+    cd '$log' && '$zinc' train ${tcfg[*]@Q} --steps 12 --json-log a.jsonl >/dev/null &&
+    '$zinc' train ${tcfg[*]@Q} --steps 12 --json-log b.jsonl >/dev/null &&
+    python3 -c 'import json; l = lambda f: [json.loads(x)[\"loss_hex\"] for x in open(f)]; a, b = l(\"a.jsonl\"), l(\"b.jsonl\"); print(a); print(b); raise SystemExit(a != b or len(a) != 12)'"
+# a checkpoint saved and resumed on the GPU continues as the run that was
+# not interrupted (steps 7-12, bit for bit)
+step "checkpoint: save at step 6, resume, the same losses as one run" 600 bash -c "
+    cd '$log' && rm -rf ck && '$zinc' train ${tcfg[*]@Q} --steps 6 \
+        --set train.checkpoint.dir=\\\"ck\\\" >/dev/null &&
+    '$zinc' train ${tcfg[*]@Q} --steps 12 --set train.checkpoint.dir=\\\"ck\\\" --resume \
+        --json-log r.jsonl >/dev/null &&
+    python3 -c 'import json; l = lambda f: [(json.loads(x)[\"step\"], json.loads(x)[\"loss_hex\"]) for x in open(f)]; a = [x for x in l(\"a.jsonl\") if x[0] > 6]; r = l(\"r.jsonl\"); print(a); print(r); raise SystemExit(a != r or not r)'"
+# the kernels under compute-sanitizer: out-of-bounds and misaligned
+# accesses, shared-memory races, barrier misuse
+if command -v compute-sanitizer >/dev/null 2>&1; then
+    for tool in memcheck racecheck synccheck; do
+        step "compute-sanitizer $tool: device kernels" 900 compute-sanitizer --tool "$tool" \
+            --error-exitcode 1 "$bdir/tests/test_device_kernels"
+    done
+    step "compute-sanitizer memcheck: the decoder against PyTorch's fixtures" 900 \
+        compute-sanitizer --tool memcheck --error-exitcode 1 "$bdir/tests/test_model_gpu"
+    step "compute-sanitizer memcheck: streams, events, flag waits" 600 \
+        compute-sanitizer --tool memcheck --error-exitcode 1 "$bdir/tests/test_device"
+else
+    echo "## compute-sanitizer: not found (it ships with the CUDA toolkit)" >> "$out"
+    echo >> "$out"
+fi
+# two ranks on one GPU through NCCL (torchrun-style variables, two
+# processes); NCCL may refuse two ranks on one device: recorded, not failed
+{
+    echo "## two NCCL ranks on one GPU (informative)"
+    echo
+    echo '```'
+    for r in 0 1; do
+        ( cd "$log" && RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 \
+          MASTER_ADDR=127.0.0.1 MASTER_PORT=29561 timeout 300 "$zinc" train "${tcfg[@]}" \
+          --steps 4 --set "tiers.nvme=[{\"path\": \"$swap.$r\", \"size\": \"2GiB\"}]" \
+          > "rank$r.txt" 2>&1; echo "rank $r exit $?" >> "rank$r.txt" ) &
+    done
+    wait
+    tail -n 5 "$log/rank0.txt" "$log/rank1.txt"
+    echo '```'
+    echo
+} >> "$out" 2>&1
 
 {
     echo "---"

@@ -211,13 +211,15 @@ static void test_event_order(zn_dev *d)
     zn_dev_stream_destroy(d, cons);
 }
 
-/* Host backend only: two streams really run at once (each waits for the
- * other at a rendezvous; serial execution would time out). CUDA may run
- * host functions of all streams on one thread, so this is not asked of it. */
+/* Host backend: two streams really run at once (each waits for the other
+ * at a rendezvous run as a device op on its worker; serial execution would
+ * time out), but their host functions run as CUDA runs them: one callback
+ * thread, in order, so two host functions can never meet. */
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int arrived, ok;
+    int arrived, ok, timeout_ms;
+    pthread_t who[2];
 } rendezvous;
 
 static void meet(void *arg)
@@ -225,8 +227,12 @@ static void meet(void *arg)
     rendezvous *r = arg;
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += 5;
+    dl.tv_nsec += (long)r->timeout_ms * 1000000L;
+    dl.tv_sec += dl.tv_nsec / 1000000000L;
+    dl.tv_nsec %= 1000000000L;
     pthread_mutex_lock(&r->mu);
+    if (r->arrived < 2)
+        r->who[r->arrived] = pthread_self();
     r->arrived++;
     pthread_cond_broadcast(&r->cv);
     while (r->arrived < 2)
@@ -239,17 +245,100 @@ static void meet(void *arg)
 
 static void test_overlap(zn_dev *d)
 {
-    rendezvous r = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+    rendezvous r = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 5000, { 0 } };
     zn_stream *a, *b;
     DEV_OK(zn_dev_stream_create(d, "a", &a));
     DEV_OK(zn_dev_stream_create(d, "b", &b));
-    DEV_OK(zn_dev_launch_host_fn(d, a, meet, &r));
-    DEV_OK(zn_dev_launch_host_fn(d, b, meet, &r));
+    DEV_OK(zn_dev_host_stream_fn(d, a, meet, &r));
+    DEV_OK(zn_dev_host_stream_fn(d, b, meet, &r));
     DEV_OK(zn_dev_stream_sync(d, a));
     DEV_OK(zn_dev_stream_sync(d, b));
     ZT_CHECK_MSG(r.ok == 2, "[%s] streams did not run concurrently (%d of 2 met)", g_bk, r.ok);
+    /* host functions: one thread, one at a time (the first gives up after
+     * 300 ms, then the second finds it gone) */
+    rendezvous h = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 300, { 0 } };
+    DEV_OK(zn_dev_launch_host_fn(d, a, meet, &h));
+    DEV_OK(zn_dev_launch_host_fn(d, b, meet, &h));
+    DEV_OK(zn_dev_stream_sync(d, a));
+    DEV_OK(zn_dev_stream_sync(d, b));
+    ZT_CHECK_MSG(h.arrived == 2 && pthread_equal(h.who[0], h.who[1]),
+                 "[%s] two host functions ran on two threads (CUDA runs them on one)", g_bk);
+    ZT_CHECK_MSG(h.ok == 1, "[%s] two host functions ran at once (%d met)", g_bk, h.ok);
     zn_dev_stream_destroy(d, a);
     zn_dev_stream_destroy(d, b);
+}
+
+/* A host function that tries to wait: refused (it would stall every stream
+ * behind the one callback thread). */
+static void try_wait(void *arg)
+{
+    void **p = arg;
+    *(int *)p[2] = zn_dev_event_sync(p[0], p[1]);
+    *((int *)p[2] + 1) = zn_dev_in_host_fn();
+}
+
+/* Every backend: a stream waits on a flag in pinned memory in stream order
+ * (zn_dev_stream_wait_value) while another stream, host functions
+ * included, goes on; the flag's release lets the first one finish. */
+static void test_wait_value(zn_dev *d)
+{
+    zn_stream *a, *b;
+    uint32_t *flag = NULL;
+    float *x = NULL, *y = NULL;
+    float *h = malloc(1024 * sizeof *h), *hb = malloc(1024 * sizeof *hb);
+    DEV_OK(zn_dev_stream_create(d, "waits", &a));
+    DEV_OK(zn_dev_stream_create(d, "goes on", &b));
+    DEV_OK(zn_dev_host_alloc(d, 64, "flag", (void **)&flag));
+    DEV_OK(zn_dev_alloc(d, 1024 * sizeof(float), "x", (void **)&x));
+    DEV_OK(zn_dev_alloc(d, 1024 * sizeof(float), "y", (void **)&y));
+    if (!flag || !x || !y || !h || !hb)
+        return;
+    __atomic_store_n(flag, 0xfffffffeu, __ATOMIC_RELEASE);   /* it wraps on the way */
+    for (int i = 0; i < 1024; i++)
+        h[i] = (float)i;
+    zn_event *done_a, *done_b;
+    DEV_OK(zn_dev_event_create(d, &done_a));
+    DEV_OK(zn_dev_event_create(d, &done_b));
+    DEV_OK(zn_dev_stream_wait_value(d, a, flag, 1u));          /* until 0xfffffffe + 3 */
+    DEV_OK(zn_dev_copy_h2d(d, a, x, h, 1024 * sizeof(float)));
+    DEV_OK(zn_dev_event_record(d, done_a, a));
+    /* the other stream: a host function and a copy, done while a waits */
+    int res[2] = { -1, -1 };
+    void *args[3] = { d, done_a, res };
+    DEV_OK(zn_dev_launch_host_fn(d, b, try_wait, args));
+    DEV_OK(zn_dev_fill(d, b, y, ZN_DTYPE_F32, 1024, 3.0f));
+    DEV_OK(zn_dev_event_record(d, done_b, b));
+    DEV_OK(zn_dev_stream_sync(d, b));
+    ZT_CHECK_MSG(zn_dev_event_query(d, done_a) == 0,
+                 "[%s] the waiting stream ran past its flag", g_bk);
+    ZT_CHECK_MSG(res[0] == ZN_EINTERNAL && res[1] == 1,
+                 "[%s] a host function's event sync returned %d (in host fn: %d), not "
+                 "ZN_EINTERNAL", g_bk, res[0], res[1]);
+    ZT_CHECK_MSG(!zn_dev_in_host_fn(), "[%s] the main thread says it runs a host function", g_bk);
+    __atomic_store_n(flag, 0xffffffffu, __ATOMIC_RELEASE);    /* not yet */
+    struct timespec ts = { 0, 20 * 1000000L };
+    nanosleep(&ts, NULL);
+    ZT_CHECK_MSG(zn_dev_event_query(d, done_a) == 0, "[%s] the stream passed its flag early",
+                 g_bk);
+    __atomic_store_n(flag, 1u, __ATOMIC_RELEASE);               /* wrapped: reached */
+    DEV_OK(zn_dev_stream_sync(d, a));
+    DEV_OK(zn_dev_copy_d2h(d, a, hb, x, 1024 * sizeof(float)));
+    DEV_OK(zn_dev_stream_sync(d, a));
+    int bad = 0;
+    for (int i = 0; i < 1024; i++)
+        bad += hb[i] != (float)i;
+    ZT_CHECK_MSG(bad == 0, "[%s] the copy after the wait: %d wrong", g_bk, bad);
+    ZT_EQ_INT(zn_dev_stream_wait_value(d, a, NULL, 1), ZN_EARG);
+    ZT_EQ_INT(zn_dev_stream_wait_value(d, a, (const uint32_t *)((char *)flag + 1), 1), ZN_EARG);
+    zn_dev_event_destroy(d, done_a);
+    zn_dev_event_destroy(d, done_b);
+    zn_dev_free(d, x);
+    zn_dev_free(d, y);
+    zn_dev_host_free(d, flag);
+    zn_dev_stream_destroy(d, a);
+    zn_dev_stream_destroy(d, b);
+    free(h);
+    free(hb);
 }
 
 /* ---- many streams, many ops in flight -------------------------------------*/
@@ -583,6 +672,9 @@ static int run_backend(const char *name)
     test_event_order(d);
     if (d->info.kind == ZN_DEV_HOST)
         test_overlap(d);
+    else
+        ZT_EQ_INT(zn_dev_host_stream_fn(d, NULL, try_wait, NULL), ZN_EUNSUPPORTED);
+    test_wait_value(d);
     test_many_streams(d);
     test_shutdown(d);
     test_gemm(d);

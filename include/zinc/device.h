@@ -121,6 +121,13 @@ ZN_API void zn_dev_get_info(const zn_dev *d, zn_dev_info *out);
  * CPU, e.g. "OpenBLAS 0.3.21, Cooperlake kernels" (OPENBLAS_CORETYPE forces
  * another family). A static string. */
 ZN_API const char *zn_dev_host_blas(void);
+/* The GPU architectures this build's CUDA kernels were compiled for
+ * (meson's gpu_arch, e.g. "8.0 8.6 8.9 9.0+PTX"; "" without CUDA), and how
+ * a GPU of compute capability major.minor gets them: 2 = compiled for it,
+ * 1 = through the PTX of an older architecture (JIT-compiled by the driver
+ * at first use), 0 = not at all (its first kernel fails). */
+ZN_API const char *zn_dev_kernel_archs(void);
+ZN_API int zn_dev_arch_covered(int major, int minor);
 /* The host backend's device guard (ZINC_DEVICE_GUARD=1: the arena is under
  * a memory-protection key that only device ops hold): code that runs as a
  * device op outside the backend's own workers (a communicator's host
@@ -191,10 +198,29 @@ ZN_API void zn_dev_stream_destroy(zn_dev *d, zn_stream *s);
 ZN_API int zn_dev_stream_sync(zn_dev *d, zn_stream *s);
 /* zn_dev_stream_sync on every stream of the device. */
 ZN_API int zn_dev_sync(zn_dev *d);
-/* Runs fn(arg) on a host thread when the stream reaches this point; the
- * stream waits for fn to return. fn must not call zn_dev functions that
- * queue work or synchronise (as with cudaLaunchHostFunc). */
+/* Runs fn(arg) on the device's callback thread when the stream reaches this
+ * point; the stream waits for fn to return. As with cudaLaunchHostFunc,
+ * one thread runs the host functions of every stream, in the order the
+ * streams reach them: a host function that blocks holds up every stream
+ * that reaches one after it. So fn only signals (sets a flag, bumps a
+ * counter, records a time); it must not wait, queue work or synchronise:
+ * zinc's own waits return ZN_EINTERNAL inside one (zn_dev_in_host_fn). */
 ZN_API int zn_dev_launch_host_fn(zn_dev *d, zn_stream *s, void (*fn)(void *arg), void *arg);
+/* Whether the calling thread is running a host function (then it must not
+ * block: zinc's waits check this and refuse). */
+ZN_API int zn_dev_in_host_fn(void);
+/* Waits, in stream order, until the 32-bit flag reaches `value`
+ * ((int32_t)(*flag - value) >= 0, so counters may wrap), without a host
+ * function: the stream's own wait (cuStreamWaitValue32 on CUDA), so other
+ * streams and host functions go on meanwhile. `flag` must be 4-byte aligned
+ * in pinned host memory (zn_dev_host_alloc or _register); a host thread
+ * raises it with a release store. Returns 0, ZN_EARG, ZN_EUNSUPPORTED. */
+ZN_API int zn_dev_stream_wait_value(zn_dev *d, zn_stream *s, const uint32_t *flag,
+                                    uint32_t value);
+/* Host backend only: fn(arg) runs on the stream's own worker as a device
+ * op (a kernel's stand-in, such as the host collectives), in stream order,
+ * not on the callback thread. ZN_EUNSUPPORTED on other backends. */
+ZN_API int zn_dev_host_stream_fn(zn_dev *d, zn_stream *s, void (*fn)(void *arg), void *arg);
 
 ZN_API int zn_dev_event_create(zn_dev *d, zn_event **out);
 /* May be called while streams still wait on the event (resources are

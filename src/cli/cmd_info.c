@@ -184,6 +184,8 @@ int zn_cmd_info(int argc, char **argv)
                zn_format_size(t.numa[i].memory, b1, sizeof b1), t.numa[i].cores, t.numa[i].cpuset);
 
     printf("\ngpu\n");
+    if (ZN_HAVE_CUDA)
+        printf("  kernels      built for %s (meson -Dgpu_arch)\n", zn_dev_kernel_archs());
     if (!ngpu)
         printf("  none         %s\n"
                "               (zinc uses the host backend: a capped arena in RAM stands in for HBM)\n",
@@ -195,6 +197,15 @@ int zn_cmd_info(int argc, char **argv)
                g->cc_major, g->cc_minor, g->sm_count);
         printf("               PCI %s, NUMA node %d, PCIe gen %d x%d (%.1f GB/s per direction)\n",
                g->pci_bus_id, g->numa_node, g->pcie_gen, g->pcie_width, g->pcie_peak_gbs);
+        int cov = zn_dev_arch_covered(g->cc_major, g->cc_minor);
+        if (cov == 1)
+            printf("               kernels: PTX of an older architecture, compiled by the driver "
+                   "at first use (rebuild with -Dgpu_arch='... %d.%d' for its own)\n",
+                   g->cc_major, g->cc_minor);
+        else if (!cov)
+            printf("  warning      this build has no kernels for cc %d.%d: rebuild with "
+                   "-Dgpu_arch='%d.%d' (it has %s)\n", g->cc_major, g->cc_minor, g->cc_major,
+                   g->cc_minor, zn_dev_kernel_archs());
     }
 
     printf("\nstorage (%s)\n", path);

@@ -672,9 +672,9 @@ static void stream_job_run(void *arg)
 {
     stream_job *j = arg;
     zn_comm *c = j->c;
-    /* NCCL's stand-in on the host backend: device buffers are its to use
-     * (the stream closes the guard again after a host function) */
-    zn_dev_host_guard_allow(1);
+    /* NCCL's stand-in on the host backend, run as a device op on the
+     * stream's own worker (zn_dev_host_stream_fn): device buffers are its
+     * to use, and the callback thread stays free for host functions */
     if (!zn_comm_check_broken(c)) {
         int rc = zn_comm_run_op(c, &j->op);
         if (rc) {
@@ -721,7 +721,7 @@ static int enqueue_on(zn_comm *c, zn_stream *s, zn_comm_op *op, const char *fn)
         return zn_set_error(-ENOMEM, "%s: out of memory", fn);
     j->c = c;
     j->op = *op;
-    if ((rc = zn_dev_launch_host_fn(c->dev, s, stream_job_run, j))) {
+    if ((rc = zn_dev_host_stream_fn(c->dev, s, stream_job_run, j))) {
         free(j);
         return rc;
     }

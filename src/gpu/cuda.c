@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include <cublas_v2.h>
+#include <cuda.h>              /* driver types only: entry points come through cudart */
 #include <cuda_runtime.h>
 
 #include "gpu/gpu-impl.h"
@@ -67,6 +68,22 @@ static int cublas_fail(cublasStatus_t s, const char *call, const char *file, int
             zn_warn("%s failed at %s:%d: %s", #call, __FILE__, __LINE__,         \
                     cudaGetErrorString(e_));                                     \
     } while (0)
+
+/* A host function and its argument, run by host_tramp_run on CUDA's
+ * callback thread. */
+typedef struct {
+    void (*fn)(void *);
+    void *arg;
+} host_tramp;
+
+static void CUDART_CB host_tramp_run(void *p)
+{
+    host_tramp t = *(host_tramp *)p;
+    free(p);
+    zn_tls_in_host_fn = 1;
+    t.fn(t.arg);
+    zn_tls_in_host_fn = 0;
+}
 
 typedef struct cdev {
     int ordinal;
@@ -326,6 +343,46 @@ static int c_gemm(cstream *cs, const zn_op *op)
     return 0;
 }
 
+/* ---- waits on a flag in pinned memory ---------------------------------------
+ * cuStreamWaitValue32 is a driver call; cudart hands out its entry point, so
+ * zinc links no libcuda of its own. The flag's device address is that of
+ * the pinned buffer it lies in. */
+typedef CUresult (*wait_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+static wait_value_fn wait_value_entry(void)
+{
+    static wait_value_fn fn;
+    static int tried;
+    if (!__atomic_load_n(&tried, __ATOMIC_ACQUIRE)) {
+        void *p = NULL;
+        enum cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault,
+                                             &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            p = NULL;
+        wait_value_fn f = NULL;
+        memcpy(&f, &p, sizeof f);      /* ISO C: no cast between object and function */
+        __atomic_store_n(&fn, f, __ATOMIC_RELEASE);
+        __atomic_store_n(&tried, 1, __ATOMIC_RELEASE);
+    }
+    return __atomic_load_n(&fn, __ATOMIC_ACQUIRE);
+}
+
+static int c_wait_value(cstream *cs, const zn_op *op)
+{
+    wait_value_fn fn = wait_value_entry();
+    if (!fn)
+        return zn_set_error(ZN_EUNSUPPORTED, "cuStreamWaitValue32 is not available from this "
+                            "driver (cudaGetDriverEntryPointByVersion)");
+    void *dp = NULL;
+    ZN_CUDA_TRY(cudaHostGetDevicePointer(&dp, (void *)op->u.wait.flag, 0));
+    CUresult r = fn((CUstream)cs->st, (CUdeviceptr)(uintptr_t)dp, op->u.wait.value,
+                    CU_STREAM_WAIT_VALUE_GEQ);
+    if (r != CUDA_SUCCESS)
+        return zn_set_error(ZN_ECUDA, "cuStreamWaitValue32 failed: CUresult %d", (int)r);
+    return 0;
+}
+
 static int c_submit(zn_dev *d, zn_stream *s, const zn_op *op)
 {
     cstream *cs = s->impl;
@@ -345,9 +402,23 @@ static int c_submit(zn_dev *d, zn_stream *s, const zn_op *op)
         ZN_CUDA_TRY(cudaMemsetAsync(op->u.memset.dst, op->u.memset.value, op->u.memset.bytes,
                                     cs->st));
         return 0;
-    case ZN_OPK_HOST_FN:
-        ZN_CUDA_TRY(cudaLaunchHostFunc(cs->st, op->u.host_fn.fn, op->u.host_fn.arg));
+    case ZN_OPK_HOST_FN: {
+        /* through a trampoline that marks the callback thread as such
+         * (zn_dev_in_host_fn), so zinc's waits refuse to block there */
+        host_tramp *t = malloc(sizeof *t);
+        if (!t)
+            return zn_set_error(-ENOMEM, "cuda: host function: out of memory");
+        t->fn = op->u.host_fn.fn;
+        t->arg = op->u.host_fn.arg;
+        cudaError_t e = cudaLaunchHostFunc(cs->st, host_tramp_run, t);
+        if (e != cudaSuccess) {
+            free(t);
+            return cuda_fail(e, "cudaLaunchHostFunc", __FILE__, __LINE__);
+        }
         return 0;
+    }
+    case ZN_OPK_WAIT_VALUE:
+        return c_wait_value(cs, op);
     case ZN_OPK_GEMM:
         if (op->u.gemm.k > 0 && op->u.gemm.alpha != 0.0f)
             return c_gemm(cs, op);
@@ -456,6 +527,13 @@ int zn_cuda_backend_create(zn_dev *d, int ordinal)
     snprintf(in->name, sizeof in->name, "%.127s", prop.name);
     in->cc_major = prop.major;
     in->cc_minor = prop.minor;
+    if (!zn_dev_arch_covered(prop.major, prop.minor)) {
+        rc = zn_set_error(ZN_EUNSUPPORTED, "cuda:%d (%s) has compute capability %d.%d; this "
+                          "zinc has kernels for %s only: rebuild with -Dgpu_arch='%d.%d'",
+                          ordinal, prop.name, prop.major, prop.minor, zn_dev_kernel_archs(),
+                          prop.major, prop.minor);
+        goto fail;
+    }
     in->sm_count = prop.multiProcessorCount;
     ZN_CUDA_TRY_GOTO(cudaDeviceGetPCIBusId(in->pci_bus_id, (int)sizeof in->pci_bus_id, ordinal));
     if (zn_gpu_pcie_link(in->pci_bus_id, &in->pcie_gen, &in->pcie_width, &in->pcie_peak_gbs))

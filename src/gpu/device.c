@@ -230,8 +230,19 @@ void zn_dev_stream_destroy(zn_dev *d, zn_stream *s)
     free(s);
 }
 
+/* A wait inside a host function stalls every stream (see
+ * zn_dev_launch_host_fn): refused, naming the wait. */
+static int no_wait_in_host_fn(const char *what)
+{
+    return zn_tls_in_host_fn ? zn_set_error(ZN_EINTERNAL, "%s inside a device host function: "
+                                            "host functions may only signal", what) : 0;
+}
+
 int zn_dev_stream_sync(zn_dev *d, zn_stream *s)
 {
+    int hr = no_wait_in_host_fn("stream sync");
+    if (hr)
+        return hr;
     s = pick(d, s);
     int rc = d->ops->stream_sync(d, s);
     return rc ? zn_error_prefix(rc, "stream '%s'", s->name) : 0;
@@ -239,6 +250,9 @@ int zn_dev_stream_sync(zn_dev *d, zn_stream *s)
 
 int zn_dev_sync(zn_dev *d)
 {
+    int hr = no_wait_in_host_fn("device sync");
+    if (hr)
+        return hr;
     /* Snapshot the list: streams are not destroyed while we sync them
      * (destroying a stream while another thread syncs the device is a
      * caller bug, as with CUDA). */
@@ -262,6 +276,66 @@ int zn_dev_launch_host_fn(zn_dev *d, zn_stream *s, void (*fn)(void *arg), void *
     if (!fn)
         return zn_set_error(ZN_EARG, "launch_host_fn: NULL function");
     zn_op op = { .kind = ZN_OPK_HOST_FN };
+    op.u.host_fn.fn = fn;
+    op.u.host_fn.arg = arg;
+    return d->ops->submit(d, pick(d, s), &op);
+}
+
+const char *zn_dev_kernel_archs(void)
+{
+    return ZN_GPU_ARCH;
+}
+
+int zn_dev_arch_covered(int major, int minor)
+{
+    const char *s = ZN_GPU_ARCH;
+    int want = major * 10 + minor, best = 0;
+    while (*s) {
+        int ma = 0, mi = 0, n = 0;
+        if (sscanf(s, "%d.%d%n", &ma, &mi, &n) != 2)
+            break;
+        s += n;
+        int ptx = !strncmp(s, "+PTX", 4);
+        if (ptx)
+            s += 4;
+        int a = ma * 10 + mi;
+        if (a == want)
+            return 2;
+        /* PTX runs on the same or a later major architecture family */
+        if (ptx && a < want)
+            best = 1;
+        while (*s == ' ' || *s == ',' || *s == ';')
+            s++;
+    }
+    return best;
+}
+
+__thread int zn_tls_in_host_fn;
+
+int zn_dev_in_host_fn(void)
+{
+    return zn_tls_in_host_fn;
+}
+
+int zn_dev_stream_wait_value(zn_dev *d, zn_stream *s, const uint32_t *flag, uint32_t value)
+{
+    if (!flag || ((uintptr_t)flag & 3))
+        return zn_set_error(ZN_EARG, "stream_wait_value: flag %p is NULL or not 4-byte aligned",
+                            (const void *)flag);
+    zn_op op = { .kind = ZN_OPK_WAIT_VALUE };
+    op.u.wait.flag = flag;
+    op.u.wait.value = value;
+    return d->ops->submit(d, pick(d, s), &op);
+}
+
+int zn_dev_host_stream_fn(zn_dev *d, zn_stream *s, void (*fn)(void *arg), void *arg)
+{
+    if (!fn)
+        return zn_set_error(ZN_EARG, "host_stream_fn: NULL function");
+    if (zn_dev_get_kind(d) != ZN_DEV_HOST)
+        return zn_set_error(ZN_EUNSUPPORTED, "host_stream_fn: only the host backend runs host "
+                            "code as a device op");
+    zn_op op = { .kind = ZN_OPK_STREAM_FN };
     op.u.host_fn.fn = fn;
     op.u.host_fn.arg = arg;
     return d->ops->submit(d, pick(d, s), &op);
@@ -309,6 +383,9 @@ int zn_dev_event_sync(zn_dev *d, zn_event *e)
 {
     if (!e)
         return zn_set_error(ZN_EARG, "event sync: NULL event");
+    int hr = no_wait_in_host_fn("event sync");
+    if (hr)
+        return hr;
     return d->ops->event_sync(d, e);
 }
 

@@ -70,6 +70,8 @@ typedef enum {
     ZN_OPK_FLASH_FWD,
     ZN_OPK_FLASH_BWD,
     /* host backend only: stream bookkeeping */
+    ZN_OPK_WAIT_VALUE,     /* the stream waits until a 32-bit flag reaches a value */
+    ZN_OPK_STREAM_FN,      /* host backend: a function run on the stream's worker */
     ZN_OPK_EV_RECORD,
     ZN_OPK_EV_WAIT,
 } zn_op_kind;
@@ -83,6 +85,7 @@ typedef struct zn_op {
         struct { void *dst; int value; size_t bytes; } memset;
         struct { void *x; zn_dtype dt; int64_t n; float value; } fill;
         struct { void (*fn)(void *); void *arg; } host_fn;
+        struct { const uint32_t *flag; uint32_t value; } wait;
         struct {
             zn_trans ta, tb;
             int64_t m, n, k, lda, ldb, ldc, sa, sb, sc, batch;
@@ -229,6 +232,10 @@ int zn_cuda_backend_create(zn_dev *d, int ordinal);
  * opens it; no-ops when the guard is off. */
 int zn_host_guard_on(void);
 void zn_host_guard_allow(int allow);
+
+/* Set on the thread that runs a host function, while it runs (both
+ * backends): zn_dev_in_host_fn. */
+extern __thread int zn_tls_in_host_fn;   /* __thread: C and the C++ of nvcc */
 
 /* Pinned host memory on the host backend and the NUMA binding both use. */
 int zn_gpu_numa_alloc(zn_dev *d, size_t bytes, void **out);

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cblas.h>
@@ -91,6 +92,101 @@ void zn_host_guard_allow(int allow)
 /* Ops a stream holds before a producer blocks (CUDA's queue is bounded too). */
 enum { HQ_CAP = 1024 };
 
+/* ---- the callback thread ------------------------------------------------------
+ * CUDA runs the host functions of all of a context's streams on one thread,
+ * in the order the streams reach them, and a stream does not pass a host
+ * function that has not run. The host backend does the same, so that a host
+ * function that blocks stalls the other streams here as it would on a GPU,
+ * where the tests can see it. A stream worker that reaches a host function
+ * queues it here and waits for it to have run. */
+typedef struct hcb_item {
+    void (*fn)(void *);
+    void *arg;
+    int done;                      /* under the stream's mutex */
+    pthread_mutex_t *mu;
+    pthread_cond_t *cv;
+    struct hcb_item *next;
+} hcb_item;
+
+typedef struct hcb {
+    pthread_t th;
+    int started, quit;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    hcb_item *head, *tail;
+} hcb;
+
+static void *cb_main(void *arg)
+{
+    hcb *cb = arg;
+    zn_host_guard_allow(0);        /* CPU code: the arena is not its */
+    pthread_mutex_lock(&cb->mu);
+    for (;;) {
+        while (!cb->head && !cb->quit)
+            pthread_cond_wait(&cb->cv, &cb->mu);
+        hcb_item *it = cb->head;
+        if (!it)
+            break;                 /* quit, nothing queued */
+        cb->head = it->next;
+        if (!cb->head)
+            cb->tail = NULL;
+        pthread_mutex_unlock(&cb->mu);
+        zn_tls_in_host_fn = 1;
+        it->fn(it->arg);
+        zn_tls_in_host_fn = 0;
+        pthread_mutex_lock(it->mu);
+        it->done = 1;
+        pthread_cond_broadcast(it->cv);
+        pthread_mutex_unlock(it->mu);
+        pthread_mutex_lock(&cb->mu);
+    }
+    pthread_mutex_unlock(&cb->mu);
+    return NULL;
+}
+
+static int cb_start(hcb *cb)
+{
+    pthread_mutex_init(&cb->mu, NULL);
+    pthread_cond_init(&cb->cv, NULL);
+    int rc = pthread_create(&cb->th, NULL, cb_main, cb);
+    if (rc) {
+        pthread_mutex_destroy(&cb->mu);
+        pthread_cond_destroy(&cb->cv);
+        return zn_set_error(-rc, "host device: callback thread: pthread_create: %s",
+                            strerror(rc));
+    }
+    pthread_setname_np(cb->th, "zn:callbacks");
+    cb->started = 1;
+    return 0;
+}
+
+static void cb_stop(hcb *cb)
+{
+    if (!cb || !cb->started)
+        return;
+    pthread_mutex_lock(&cb->mu);
+    cb->quit = 1;
+    pthread_cond_broadcast(&cb->cv);
+    pthread_mutex_unlock(&cb->mu);
+    pthread_join(cb->th, NULL);
+    pthread_mutex_destroy(&cb->mu);
+    pthread_cond_destroy(&cb->cv);
+    cb->started = 0;
+}
+
+/* A stream's wait for a flag in pinned memory (cuStreamWaitValue32's GEQ):
+ * polled, as a GPU's front end polls it, backing off to 200 us. */
+static void wait_value(const uint32_t *flag, uint32_t value)
+{
+    long ns = 1000;
+    while ((int32_t)(__atomic_load_n(flag, __ATOMIC_ACQUIRE) - value) < 0) {
+        struct timespec ts = { 0, ns };
+        nanosleep(&ts, NULL);
+        if (ns < 200000)
+            ns *= 2;
+    }
+}
+
 typedef struct hevent {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -104,7 +200,8 @@ typedef struct hstream {
     pthread_t th;
     int started;
     pthread_mutex_t mu;
-    pthread_cond_t cv_work, cv_idle, cv_space;
+    pthread_cond_t cv_work, cv_idle, cv_space, cv_cb;
+    hcb *cb;                       /* the device's callback thread */
     zn_op q[HQ_CAP];
     size_t head, count;
     int busy, quit;
@@ -132,10 +229,29 @@ static void exec_op(hstream *hs, const zn_op *op)
     case ZN_OPK_COPY:
         memcpy(op->u.copy.dst, op->u.copy.src, op->u.copy.bytes);
         break;
-    case ZN_OPK_HOST_FN:
-        zn_host_guard_allow(0);  /* CPU code, even on the stream's thread */
-        op->u.host_fn.fn(op->u.host_fn.arg);
-        zn_host_guard_allow(1);
+    case ZN_OPK_HOST_FN: {
+        /* to the callback thread, and wait until it has run */
+        hcb_item it = { op->u.host_fn.fn, op->u.host_fn.arg, 0, &hs->mu, &hs->cv_cb, NULL };
+        hcb *cb = hs->cb;
+        pthread_mutex_lock(&cb->mu);
+        if (cb->tail)
+            cb->tail->next = &it;
+        else
+            cb->head = &it;
+        cb->tail = &it;
+        pthread_cond_signal(&cb->cv);
+        pthread_mutex_unlock(&cb->mu);
+        pthread_mutex_lock(&hs->mu);
+        while (!it.done)
+            pthread_cond_wait(&hs->cv_cb, &hs->mu);
+        pthread_mutex_unlock(&hs->mu);
+        break;
+    }
+    case ZN_OPK_STREAM_FN:
+        op->u.host_fn.fn(op->u.host_fn.arg);   /* a device op: the arena is open */
+        break;
+    case ZN_OPK_WAIT_VALUE:
+        wait_value(op->u.wait.flag, op->u.wait.value);
         break;
     case ZN_OPK_EV_RECORD: {
         hevent *e = op->u.ev.ev;
@@ -226,6 +342,8 @@ static int h_stream_create(zn_dev *d, zn_stream *s)
     pthread_cond_init(&hs->cv_work, NULL);
     pthread_cond_init(&hs->cv_idle, NULL);
     pthread_cond_init(&hs->cv_space, NULL);
+    pthread_cond_init(&hs->cv_cb, NULL);
+    hs->cb = d->impl;
     hs->blas_threads = d->cfg.host_blas_threads;
     snprintf(hs->name, sizeof hs->name, "%s", s->name);
     int rc = pthread_create(&hs->th, NULL, worker, hs);
@@ -234,6 +352,7 @@ static int h_stream_create(zn_dev *d, zn_stream *s)
         pthread_cond_destroy(&hs->cv_work);
         pthread_cond_destroy(&hs->cv_idle);
         pthread_cond_destroy(&hs->cv_space);
+        pthread_cond_destroy(&hs->cv_cb);
         free(hs);
         return zn_set_error(-rc, "host stream: pthread_create: %s", strerror(rc));
     }
@@ -264,6 +383,7 @@ static void h_stream_destroy(zn_dev *d, zn_stream *s)
     pthread_cond_destroy(&hs->cv_work);
     pthread_cond_destroy(&hs->cv_idle);
     pthread_cond_destroy(&hs->cv_space);
+    pthread_cond_destroy(&hs->cv_cb);
     free(hs);
     s->impl = NULL;
 }
@@ -454,7 +574,9 @@ static void h_host_unregister(zn_dev *d, void *p, size_t bytes)
 
 static void h_destroy(zn_dev *d)
 {
-    (void)d;
+    cb_stop(d->impl);   /* the streams are gone: nothing waits on it */
+    free(d->impl);
+    d->impl = NULL;
 }
 
 static const zn_dev_ops host_ops = {
@@ -526,6 +648,14 @@ int zn_host_backend_create(zn_dev *d)
                 strerror(errno));
     /* The arena is counted exactly: the allocator sees `gpu_budget` bytes
      * (rounded down to ZN_DEV_ALIGN), not the page-rounded mapping. */
+    hcb *cb = calloc(1, sizeof *cb);
+    int crc = cb ? cb_start(cb) : zn_set_error(-ENOMEM, "host device: out of memory");
+    if (crc) {
+        free(cb);
+        munmap(base, budget);
+        return crc;
+    }
+    d->impl = cb;
     d->ops = &host_ops;
     d->arena_base = base;
     d->arena_bytes = budget;

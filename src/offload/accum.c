@@ -244,9 +244,13 @@ static void *accum_main(void *arg)
         if (!tr->ahead)
             tr->atail = NULL;
         pthread_mutex_unlock(&tr->alock);
+        int g = a->gbuf;
         accum_job(a);
+        /* buffer g is free for the next D2H once this count reaches what
+         * was posted (the D2H stream waits on it) */
+        __atomic_fetch_add(zn_tr_accum_flag(tr, g), 1, __ATOMIC_RELEASE);
         pthread_mutex_lock(&tr->alock);
-        tr->abusy[a->gbuf]--;
+        tr->abusy[g]--;
         tr->apending--;
         pthread_cond_broadcast(&tr->acv);
     }
@@ -303,16 +307,6 @@ void zn_accum_post_fn(void *arg)
     tr->abusy[a->gbuf]++;
     tr->apending++;
     pthread_cond_broadcast(&tr->acv);
-    pthread_mutex_unlock(&tr->alock);
-}
-
-void zn_accum_wait_buf_fn(void *arg)
-{
-    zn_accum_buf *b = arg;
-    zn_trainer *tr = b->tr;
-    pthread_mutex_lock(&tr->alock);
-    while (tr->abusy[b->g] > 0)
-        pthread_cond_wait(&tr->acv, &tr->alock);
     pthread_mutex_unlock(&tr->alock);
 }
 

@@ -300,6 +300,10 @@ int zn_ioq_submit_cb(zn_ioq *q, zn_io_req *r, int is_write, const zn_extent *e, 
 
 int zn_ioq_wait(zn_ioq *q, zn_io_req *r)
 {
+    if (zn_dev_in_host_fn())
+        return zn_set_error(ZN_EINTERNAL, "waiting for the NVMe %s of %s inside a device host "
+                            "function: it would stall every stream (zn_dev_launch_host_fn)",
+                            r->is_write ? "write" : "read", r->what);
     if (!atomic_load(&r->done)) {
         pthread_mutex_lock(&q->lock);
         while (!atomic_load(&r->done))

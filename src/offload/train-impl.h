@@ -312,15 +312,15 @@ void zn_accum_stop(zn_trainer *tr);
 /* Host function on the D2H stream after a block's grads reached
  * gstage[a->gbuf]: queues its accumulation and returns. */
 void zn_accum_post_fn(void *arg);
-/* Host function on the D2H stream before it overwrites gstage[b->g]: waits
- * until no queued or running job reads it. arg: &tr->abuf[g]. */
-void zn_accum_wait_buf_fn(void *arg);
 /* Waits until every queued job is done (after the D2H stream's sync). */
 void zn_accum_drain(zn_trainer *tr);
 
+/* A fetch of block `block` from NVMe into staging buffer t: its reads, and
+ * the value its buffer's stream flag takes when the last one completed. */
 typedef struct {
     zn_trainer *tr;
     int t, block, np;
+    uint32_t seq;
 } zn_pread_arg;
 
 typedef struct {
@@ -413,6 +413,16 @@ struct zn_trainer {
     zn_event *ev_pstage_free[64];
     zn_io_req *pstage_req; /* [n_pstage][max_block_pieces] */
     zn_pread_arg pstage_arg[64];
+    /* Flags the streams wait on in stream order (zn_dev_stream_wait_value),
+     * one per 64-byte line of a pinned buffer: staging buffer t's is raised
+     * to its fetch's seq when the fetch's NVMe reads completed (the H2D
+     * stream waits for it before the copy); grad staging buffer g's counts
+     * the accumulation jobs done with it (the D2H stream waits until it
+     * reaches aposted[g] before refilling g). Host functions only signal. */
+    uint32_t *sflags;
+    uint32_t pstage_seq[64];
+    _Atomic int pstage_left[64];
+    uint32_t aposted[2];
     float *gstage[2];      /* pinned grad staging for D2H */
     uint64_t setup_nvme_write, setup_h2d;  /* bytes the setup moved (initial state) */
     float *gtmp;           /* NVMe grads with accumulation or bf16 transfer: the fp32 sum */
@@ -520,6 +530,17 @@ zn_mark *zn_train_mark_begin(zn_trainer *tr, zn_stream *s, int res, const char *
 void zn_train_mark_end(zn_trainer *tr, zn_stream *s, zn_mark *mk);
 
 /* ---- the trainer's files and what each offers the others ---------------- */
+
+#define ZN_SFLAG_STRIDE 16  /* uint32s: one flag per cache line */
+#define ZN_SFLAG_BYTES ((64 + 2) * ZN_SFLAG_STRIDE * 4)
+static inline uint32_t *zn_tr_pstage_flag(zn_trainer *tr, int t)
+{
+    return tr->sflags + t * ZN_SFLAG_STRIDE;
+}
+static inline uint32_t *zn_tr_accum_flag(zn_trainer *tr, int g)
+{
+    return tr->sflags + (64 + g) * ZN_SFLAG_STRIDE;
+}
 
 static inline uint64_t zn_tr_round_up(uint64_t a, uint64_t b)
 {

@@ -261,6 +261,11 @@ int zn_tr_allocate(zn_trainer *tr)
     for (int i = 0; i < 2; i++)
         ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_local * 4, "grad staging",
                       (void **)&tr->gstage[i]));
+    /* the flags the H2D and D2H streams wait on (train-impl.h) */
+    ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, ZN_SFLAG_BYTES, "stream flags",
+                          (void **)&tr->sflags));
+    if (!tr->dry)
+        memset(tr->sflags, 0, ZN_SFLAG_BYTES);
     uint64_t largest_nvme = 0;
     for (int b = 0; b < tr->L; b++) {
         /* staging holds what the home holds: the whole block (one rank, a

@@ -52,6 +52,9 @@ static int wait_for(zn_trainer *tr, int b, bool landed)
 {
     if (landed ? params_landed(tr, b) : params_ready(tr, b))
         return 0;
+    if (zn_dev_in_host_fn())
+        return zn_set_error(ZN_EINTERNAL, "waiting for block %d's parameters inside a device "
+                            "host function: it would stall every stream", b);
     uint64_t t0 = zn_now_ns();
     pthread_mutex_lock(&tr->plock);
     while (!(landed ? params_landed(tr, b) : params_ready_locked(tr, b)) &&
@@ -72,18 +75,19 @@ static int wait_landed(zn_trainer *tr, int b)
     return wait_for(tr, b, true);
 }
 
-/* Host function on the H2D stream: the NVMe reads of a block into staging
- * must be complete before the copy that follows it. */
-static void pread_wait_fn(void *arg)
+/* On the NVMe queue's thread, as each read of a fetch completes: the last
+ * one raises the staging buffer's flag, which the H2D stream waits for
+ * before its copy. A failed read fails the step and still raises it (the
+ * stream must not wait forever; the step reports the failure). */
+static void pstage_read_done(zn_io_req *r)
 {
-    zn_pread_arg *a = arg;
+    zn_pread_arg *a = r->on_done_arg;
     zn_trainer *tr = a->tr;
-    for (int k = 0; k < a->np; k++) {
-        zn_io_req *r = &tr->pstage_req[a->t * tr->max_block_pieces + k];
-        int rc = zn_ioq_wait(&tr->rq, r);
-        if (rc)
-            zn_train_fail(tr, rc, "fetching params of block %d: %s", a->block, zn_last_error());
-    }
+    if (r->status)
+        zn_train_fail(tr, r->status, "fetching params of block %d: NVMe read of %s failed: %s",
+                      a->block, r->what, r->msg[0] ? r->msg : zn_strerror(r->status));
+    if (atomic_fetch_sub(&tr->pstage_left[a->t], 1) == 1)
+        __atomic_store_n(zn_tr_pstage_flag(tr, a->t), a->seq, __ATOMIC_RELEASE);
 }
 
 /* Brings block `block`'s working params into device slot `slot`: from its
@@ -149,17 +153,26 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
         if ((rc = zn_dev_event_sync(d, tr->ev_pstage_free[t])))
             return rc;
         int nr = bl->np + (bl->frozen ? 1 : 0);
+        zn_pread_arg *a = &tr->pstage_arg[t];
+        a->tr = tr;
+        a->t = t;
+        a->block = block;
+        a->np = nr;
+        a->seq = ++tr->pstage_seq[t];
+        atomic_store(&tr->pstage_left[t], nr);
         snprintf(name, sizeof name, "params b%d", block);
         for (int k = 0; k < nr; k++) {
             zn_io_req *r = &tr->pstage_req[t * tr->max_block_pieces + k];
             if (k < bl->np) {
                 zn_piece *p = &tr->pieces[bl->p0 + k];
-                rc = zn_ioq_submit(&tr->rq, r, 0, &zn_tier_get(&tr->tm, p->param_id)->ext,
-                                   (char *)tr->pstage[t] + zn_tr_piece_stage_off(bl, p) * tr->pbytes,
-                                   p->n * tr->pbytes, name);
+                rc = zn_ioq_submit_cb(&tr->rq, r, 0, &zn_tier_get(&tr->tm, p->param_id)->ext,
+                                      (char *)tr->pstage[t] +
+                                          zn_tr_piece_stage_off(bl, p) * tr->pbytes,
+                                      p->n * tr->pbytes, name, pstage_read_done, a);
             } else {
-                rc = zn_ioq_submit(&tr->rq, r, 0, &zn_tier_get(&tr->tm, bl->frozen_id)->ext,
-                                   tr->pstage[t], zn_tr_frozen_home(bl) * tr->pbytes, name);
+                rc = zn_ioq_submit_cb(&tr->rq, r, 0, &zn_tier_get(&tr->tm, bl->frozen_id)->ext,
+                                      tr->pstage[t], zn_tr_frozen_home(bl) * tr->pbytes, name,
+                                      pstage_read_done, a);
             }
             if (rc) {
                 for (int j = 0; j <= k; j++)
@@ -167,12 +180,9 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
                 return zn_ioq_wait(&tr->rq, r);
             }
         }
-        zn_pread_arg *a = &tr->pstage_arg[t];
-        a->tr = tr;
-        a->t = t;
-        a->block = block;
-        a->np = nr;
-        if ((rc = zn_dev_launch_host_fn(d, tr->s_h2d, pread_wait_fn, a)))
+        /* the copy below waits in stream order for the reads: no host
+         * function waits, so other streams' host functions go on */
+        if ((rc = zn_dev_stream_wait_value(d, tr->s_h2d, zn_tr_pstage_flag(tr, t), a->seq)))
             return rc;
         src = tr->pstage[t];
     }
@@ -346,6 +356,7 @@ int zn_tr_accum_on_device(zn_trainer *tr, int mb, int b, int g, const float *gsr
         aa->nrows = -1;
         if ((rc = zn_dev_launch_host_fn(d, tr->s_d2h, zn_accum_post_fn, aa)))
             return rc;
+        tr->aposted[g]++;  /* the job the D2H stream waits on before refilling g */
     }
     zn_train_mark_end(tr, tr->s_d2h, mk);
     return 0;

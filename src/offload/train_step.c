@@ -99,8 +99,10 @@ static int run_micro_batch(zn_trainer *tr, int mb, const zn_fetch_ent *fe, int n
                     return rc;
                 goto consumed;
             }
-            /* staging buffer g is free once its last accumulation ended */
-            if ((rc = zn_dev_launch_host_fn(d, tr->s_d2h, zn_accum_wait_buf_fn, &tr->abuf[g])))
+            /* staging buffer g is free once its last accumulation ended:
+             * the stream waits for the worker's count, no host function */
+            if ((rc = zn_dev_stream_wait_value(d, tr->s_d2h, zn_tr_accum_flag(tr, g),
+                                               tr->aposted[g])))
                 return rc;
             snprintf(name, sizeof name, "d2h b%d", b);
             zn_mark *m2 = zn_train_mark_begin(tr, tr->s_d2h, ZN_RES_D2H, name);
@@ -154,6 +156,7 @@ static int run_micro_batch(zn_trainer *tr, int mb, const zn_fetch_ent *fe, int n
             aa->nrows = nrows;
             if ((rc = zn_dev_launch_host_fn(d, tr->s_d2h, zn_accum_post_fn, aa)))
                 return rc;
+            tr->aposted[g]++;  /* the job the D2H stream waits on before refilling g */
         }
     consumed:
         if (slot >= 0 && fe[f].last_use == i &&
