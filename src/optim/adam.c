@@ -165,8 +165,9 @@ static const char *g_reason = "";
  * over the roofline:
  *   Intel Xeon, AVX-512 (issue 29): avx512 0.92-0.97, avx2 1.00-1.01, with
  *     fp32 and bf16 gradients: 512-bit stores and the license drop cost it;
- *   AMD EPYC Zen 4 (family 25): avx512 0.99-1.01, avx2 0.93-1.01: no
- *     frequency penalty, the wider path at least ties.
+ *   AMD EPYC Zen 4 (family 25, 2026-11-26): avx512 0.97-1.00, avx2
+ *     0.94-1.02 over six 256M runs: no frequency penalty, a tie within the
+ *     runs' noise.
  * So Intel CPUs take AVX2 and others the widest path they have. A rule
  * rather than a timing at start-up: the two paths are within a few percent
  * of each other, less than a short timing's noise on a loaded machine, so
