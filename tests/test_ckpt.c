@@ -28,6 +28,7 @@
 
 #include <jansson.h>
 
+#include "ckpt/ckpt-impl.h"
 #include "zinc/ckpt.h"
 #include "zinc/config.h"
 #include "zinc/model.h"
@@ -670,6 +671,37 @@ static void rm_all(void)
         fprintf(stderr, "%s failed\n", cmd);
 }
 
+/* A file the checkpoint code writes is created new, never through what
+ * was at its name: a link planted at the temporary name (found by probing:
+ * .latest.tmp-PID followed a symlink and overwrote its target) is replaced
+ * and its target left alone. */
+static void test_planted_link(void)
+{
+    char victim[4400], link[4400];
+    snprintf(victim, sizeof victim, "%s/victim", ck_root);
+    snprintf(link, sizeof link, "%s/.latest.tmp-%ld", ck_root, (long)getpid());
+    FILE *f = fopen(victim, "w");
+    if (!f)
+        ZT_SETUP_FAIL("fopen %s", victim);
+    fputs("keep", f);
+    fclose(f);
+    if (symlink(victim, link) < 0)
+        ZT_SETUP_FAIL("symlink %s", link);
+    ZT_EQ_INT(zn_ckpt__write_small(link, "new", 3), 0);
+    char buf[16] = "";
+    f = fopen(victim, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = 0;
+    struct stat sb;
+    ZT_CHECK_MSG(!strcmp(buf, "keep"), "the link's target was written: '%s'", buf);
+    ZT_CHECK_MSG(lstat(link, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size == 3,
+                 "%s is not the new 3-byte file", link);
+    unlink(link);
+    unlink(victim);
+}
+
 int main(void)
 {
     snprintf(nvme_dir, sizeof nvme_dir, "%s", tn_tmpdir("ckpt"));
@@ -677,6 +709,7 @@ int main(void)
     snprintf(ck_root, sizeof ck_root, "%s/ck", nvme_dir);
     if (mkdir(ck_root, 0755) < 0)
         ZT_SETUP_FAIL("mkdir %s: %s", ck_root, strerror(errno));
+    test_planted_link();
     if (zn_tokens_synthetic(&data, 40000, V, 3))
         ZT_SETUP_FAIL("synthetic data: %s", zn_last_error());
     zn_loader_config lc = zn_loader_config_default();

@@ -5,6 +5,9 @@
 #include <string.h>
 
 #include "zinc/config.h"
+#include "zinc/model.h"
+#include <stdio.h>
+#include <unistd.h>
 #include "zt.h"
 
 #ifndef ZN_SOURCE_ROOT
@@ -398,8 +401,57 @@ static void test_origin(void)
     ZT_EQ_STR(zn_config_origin_name(ZN_ORIGIN_AUTO), "auto");
 }
 
+/* Batch keys whose product overflows int64 are refused, not wrapped (found
+ * by fuzzing: micro 3 x accumulation 6148914691236517206 wrapped to a
+ * train_batch_size of 2). */
+static void test_batch_overflow(void)
+{
+    zn_config c;
+    zn_config_default(&c);
+    c.train_micro_batch_size_per_gpu = 3;
+    c.gradient_accumulation_steps = 6148914691236517206LL;
+    ZT_EQ_INT(zn_config_resolve_batch(&c, 1), ZN_ECONFIG);
+    ZT_CHECK_MSG(strstr(zn_last_error(), "overflows"), "message: %s", zn_last_error());
+    zn_config_default(&c);
+    c.train_micro_batch_size_per_gpu = 1LL << 40;
+    ZT_EQ_INT(zn_config_resolve_batch(&c, 1 << 24), ZN_ECONFIG);
+    zn_config_default(&c);
+    c.train_micro_batch_size_per_gpu = 4;
+    c.gradient_accumulation_steps = 8;
+    ZT_EQ_INT(zn_config_resolve_batch(&c, 3), 0);
+    ZT_EQ_INT((int)c.train_batch_size, 96);
+}
+
+/* A PEFT adapter_config.json without target_modules (PEFT itself accepts
+ * it): a named error, not a crash (found by fuzzing: json_kind(NULL)). */
+static void test_lora_no_targets(void)
+{
+    unsigned t = 0;
+    ZT_EQ_INT(zn_config_lora_targets(NULL, &t, "adapter_config.json"), ZN_ECONFIG);
+    ZT_CHECK_MSG(strstr(zn_last_error(), "target_modules") || strstr(zn_last_error(), "missing"),
+                 "message: %s", zn_last_error());
+    /* and through the PEFT folder reader, as `--set lora.adapter=DIR` does */
+    char dir[] = "/tmp/zn_peft_XXXXXX", path[64];
+    if (!mkdtemp(dir))
+        ZT_SETUP_FAIL("mkdtemp");
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        ZT_SETUP_FAIL("fopen %s", path);
+    fputs("{\"r\": 2, \"lora_alpha\": 4}", f);
+    fclose(f);
+    zn_lora l;
+    int rc = zn_lora_read_peft_config(dir, &l);
+    ZT_CHECK_MSG(rc == ZN_ECONFIG && strstr(zn_last_error(), "adapter_config.json"),
+                 "adapter without target_modules: %d %s", rc, zn_last_error());
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
+    test_batch_overflow();
+    test_lora_no_targets();
     test_defaults();
     test_good();
     test_bad();

@@ -80,7 +80,13 @@ int zn_ckpt__pread(int fd, const char *path, uint64_t off, void *buf, size_t len
 /* Writes a small file whole and fsyncs it. */
 int zn_ckpt__write_small(const char *path, const char *data, size_t len)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* A new file, never through what is at the name: a stale temporary of
+     * a dead run, or a link planted there, is removed (the link itself,
+     * not its target) and the file created exclusively. */
+    if (unlink(path) < 0 && errno != ENOENT)
+        return zn_set_error(-errno, "checkpoint: removing the stale %s: %s", path,
+                            strerror(errno));
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0)
         return zn_set_error(-errno, "checkpoint: creating %s: %s", path, strerror(errno));
     size_t done = 0;

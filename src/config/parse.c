@@ -82,6 +82,8 @@ static void set_origin(parse_ctx *ctx, const key_spec *k, const char *path, bool
 
 static const char *json_kind(const json_t *v)
 {
+    if (!v)
+        return "nothing (the key is missing)";
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";

@@ -244,12 +244,27 @@ int zn_config_resolve_auto(zn_config *c, int64_t hidden, int device_bf16)
     return 0;
 }
 
+/* a * b * w for the batch keys, or -1 when it does not fit in an int64
+ * (the keys' ranges alone allow 9.2e18 each). */
+static int64_t batch_product(int64_t a, int64_t b, int w)
+{
+    int64_t ab, abw;
+    if (__builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, (int64_t)w, &abw))
+        return -1;
+    return abw;
+}
+
 int zn_config_resolve_batch(zn_config *c, int world)
 {
     int64_t tb = c->train_batch_size, mb = c->train_micro_batch_size_per_gpu,
             ga = c->gradient_accumulation_steps;
     if (world < 1)
         return zn_set_error(ZN_ECONFIG, "world size %d must be >= 1", world);
+    if (batch_product(mb ? mb : 1, ga ? ga : 1, world) < 0 ||
+        batch_product(mb ? mb : 1, 1, world) < 0 || batch_product(ga ? ga : 1, 1, world) < 0)
+        return zn_set_error(ZN_ECONFIG, "%s: train_micro_batch_size_per_gpu (%lld) * "
+                            "gradient_accumulation_steps (%lld) * world size (%d) overflows "
+                            "a 64-bit integer", c->source, (long long)mb, (long long)ga, world);
     if (tb && mb && ga) {
         if (tb != mb * ga * world)
             return zn_set_error(ZN_ECONFIG, "%s: train_batch_size (%lld) != "

@@ -448,7 +448,8 @@ static int parse_shard_header(zn_st *s, int si)
         return rc;
 
     /* No two tensors of this file may share bytes. */
-    qsort(s->t + first, s->n - first, sizeof *s->t, cmp_offset);
+    if (s->n > first)  /* a header of no tensors ("{}") has nothing to sort */
+        qsort(s->t + first, s->n - first, sizeof *s->t, cmp_offset);
     for (size_t i = first + 1; i < s->n; i++) {
         const zn_st_tensor *a = &s->t[i - 1], *b = &s->t[i];
         if (b->offset < a->offset + a->nbytes)
@@ -563,7 +564,8 @@ static int open_index(zn_st *s, const char *index_path)
         }
         files[nfiles++] = json_string_value(v);
     }
-    qsort(files, nfiles, sizeof *files, cmp_str);
+    if (nfiles)
+        qsort(files, nfiles, sizeof *files, cmp_str);
     size_t u = 0;
     for (size_t i = 0; i < nfiles; i++)
         if (!u || strcmp(files[u - 1], files[i]))
