@@ -155,6 +155,16 @@ ZN_API int zn_swap_create(zn_swap **out, zn_aio *a, const zn_swap_config *cfg);
 /* Removes the files (unless keep_files) and frees the swap space. No
  * request on its extents may be in flight. Accepts NULL. */
 ZN_API void zn_swap_destroy(zn_swap *s);
+/* Async-signal-safe: unlinks every swap file this process created and would
+ * remove at destroy (a second SIGTERM / SIGINT ends a run at once, and its
+ * files must not stay behind). Returns how many it removed. */
+ZN_API int zn_swap_remove_all_now(void);
+/* Removes the swap files in `dir` named "<prefix>.<pid>.<n>.<i>.swp" whose
+ * run is gone: no process holds the lock every run keeps on its files and
+ * the PID does not exist. A live run's files are never touched. Each
+ * removal is warned about with its size; *bytes and *files sum them.
+ * Returns 0 (a missing dir has nothing) or -errno. */
+ZN_API int zn_swap_clean_stale(const char *dir, const char *prefix, uint64_t *bytes, int *files);
 
 /* A tensor's place in a swap space. A value the caller keeps; it owns
  * nothing. Extents of at least block_size bytes start on a stripe boundary

@@ -12,12 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
 #include "zinc/run.h"
 #include "cli/tiny_json.h"
 #include "zinc/ckpt.h"
+#include "zinc/nvme.h"
 #include "zinc/tokens.h"
 #include "zinc/train.h"
 #include "zinc/zinc.h"
@@ -198,6 +200,65 @@ static int resume(zn_run *ts, zn_ckpt *ck, const zn_config *cfg)
     return rc;
 }
 
+/* ---- stopping on a signal ---------------------------------------------------
+ * SIGTERM (a spot instance's notice), SIGINT (Ctrl-C) and SIGUSR1: the
+ * step in progress finishes (a step cannot be abandoned halfway without
+ * losing its optimizer update's consistency), the ranks agree to stop
+ * after the same step, a checkpoint is written when train.checkpoint.dir
+ * is set, the swap files go, and zinc exits with 128 + the signal's number
+ * (143 for SIGTERM, 130 for SIGINT, 138 for SIGUSR1). A second signal ends
+ * the run at once: the swap files are unlinked in the handler, then the
+ * signal is raised again with its default action. */
+static volatile sig_atomic_t g_stop_sig;
+static struct timespec g_stop_ts;
+
+static void on_stop_signal(int sig)
+{
+    if (g_stop_sig) {
+        int saved = errno;
+        zn_swap_remove_all_now();
+        signal(sig, SIG_DFL);
+        raise(sig);
+        errno = saved;
+        return;
+    }
+    g_stop_sig = sig;
+    clock_gettime(CLOCK_MONOTONIC, &g_stop_ts);
+    static const char msg[] = "\nzinc: signal received: finishing the step in progress, then "
+                              "saving and cleaning up (a second signal stops at once)\n";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    (void)w;
+}
+
+static void install_stop_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
+static double since_signal_s(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)(now.tv_sec - g_stop_ts.tv_sec) + (double)(now.tv_nsec - g_stop_ts.tv_nsec) * 1e-9;
+}
+
+/* Whether every rank stops after this step: a rank that saw the signal
+ * tells the others (one float's all-reduce per step, only with ranks). */
+static int ranks_stop(zn_run *ts)
+{
+    float mine = (float)g_stop_sig, all = mine;
+    if (ts->world > 1 && zn_comm_allreduce(ts->comm, &mine, &all, 1, ZN_DTYPE_F32, ZN_REDUCE_MAX))
+        return g_stop_sig;
+    return (int)all;
+}
+
 int zn_cmd_train(int argc, char **argv)
 {
     const char *sets[64];
@@ -230,6 +291,17 @@ int zn_cmd_train(int argc, char **argv)
         } else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
             if (zn_cli_model_set(argv[++i], sets, 64, &n_sets))
                 return 2;
+        } else if (!strcmp(argv[i], "--data") && i + 1 < argc) {
+            /* the same as --set data.path=FILE ("synthetic": the built-in set) */
+            static char data_set[ZN_PATH_MAX + 16];
+            if (n_sets >= 64 || (size_t)snprintf(data_set, sizeof data_set, "data.path=\"%s\"",
+                                                 argv[++i]) >= sizeof data_set ||
+                strchr(argv[i], '"') || strchr(argv[i], '\\')) {
+                fprintf(stderr, "zinc: error: --data %s: too long, quoted, or too many --set\n",
+                        argv[i]);
+                return 2;
+            }
+            sets[n_sets++] = data_set;
         } else if (!strcmp(argv[i], "--trace") && i + 1 < argc) {
             trace_path = argv[++i];
         } else if (!strcmp(argv[i], "--json-log") && i + 1 < argc) {
@@ -300,6 +372,7 @@ int zn_cmd_train(int argc, char **argv)
         return zn_cli_fail(-ENOMEM, "config");
     }
     FILE *jf = NULL;
+    install_stop_signals();
     zn_run ts;
     double t_setup = zn_now_s();
     if ((rc = zn_run_open(&ts, &cfg, (trace_path ? ZN_RUN_TRACE : 0) |
@@ -417,6 +490,7 @@ int zn_cmd_train(int argc, char **argv)
     uint64_t last_eval_n = 0;
     zn_train_report prev = rep;
     int64_t saved_at = start;
+    int stop_sig = 0;
     for (int64_t s = start; s < steps; s++) {
         zn_train_step_info info;
         if ((rc = zn_run_step(&ts, (uint64_t)s, &info))) {
@@ -489,6 +563,10 @@ int zn_cmd_train(int argc, char **argv)
                 break;
             saved_at = s + 1;
         }
+        if ((stop_sig = ranks_stop(&ts))) {
+            steps = s + 1;  /* the end is here: save as at the end */
+            break;
+        }
     }
     /* the last step's optimizer job (pipelined under the next forward) */
     if (!rc && (rc = zn_train_sync(ts.tr))) {
@@ -519,7 +597,16 @@ int zn_cmd_train(int argc, char **argv)
                        trace_path);
         }
     }
-    zn_run_close(&ts);
+    zn_run_close(&ts);   /* the swap files go here */
     free(cfg_text);
+    if (stop_sig) {
+        fprintf(stderr, "zinc: %s: stopped after step %lld%s%s%s, swap files removed, %.1f s "
+                "after the signal (exit %d)\n", strsignal(stop_sig), (long long)steps,
+                cc->dir[0] && !rc ? ", checkpoint saved in " : "",
+                cc->dir[0] && !rc ? cc->dir : "",
+                cc->dir[0] ? "" : " (no train.checkpoint.dir: nothing saved)",
+                since_signal_s(), 128 + stop_sig);
+        return 128 + stop_sig;
+    }
     return rc ? 1 : 0;
 }

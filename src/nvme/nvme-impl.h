@@ -57,6 +57,7 @@ struct zn_swap {
     int fd[ZN_SWAP_MAX_PATHS];
     int slot[ZN_SWAP_MAX_PATHS];   /* engine file-table index, -1 none */
     char *path[ZN_SWAP_MAX_PATHS];
+    int owned[ZN_SWAP_MAX_PATHS];  /* entries of the signal-safe table, or -1 */
     int direct;                    /* all files O_DIRECT */
     uint64_t per_file;             /* bytes per file */
     uint64_t stripe;               /* block_size */

@@ -88,6 +88,14 @@ int zn_tier_open_nvme(zn_tier_mgr *m, const zn_config *cfg, uint64_t bytes,
     sc.bytes = bytes;
     sc.keep_files = cfg->tiers.keep_swap;
     sc.file_prefix = "zinc-train";
+    /* what dead runs left in these folders (kill -9, a reclaimed machine):
+     * reported and removed before this run takes its space */
+    for (int i = 0; i < sc.npaths; i++) {
+        uint64_t stale = 0;
+        int nstale = 0;
+        if (zn_swap_clean_stale(sc.paths[i], sc.file_prefix, &stale, &nstale))
+            zn_warn("swap: looking for dead runs' files in %s: %s", sc.paths[i], zn_last_error());
+    }
     rc = zn_swap_create(&m->swap, m->aio, &sc);
     if (rc)
         return zn_error_prefix(rc, "nvme tier");
