@@ -15,7 +15,7 @@ trap 'rm -rf "$tmp"' EXIT
 n=0
 for f in "$dir"/*.json; do
     n=$((n + 1))
-    out=$("$zinc" plan "$f" --set model.path="$model" 2>&1)
+    out=$("$zinc" plan "$f" --set model.path="$model" --data synthetic 2>&1)
     rc=$?
     if [ "$rc" -ne 0 ] || ! grep -q "^fits\.$" <<<"$out" || ! grep -q "effective config" <<<"$out"; then
         echo "FAIL: $(basename "$f"): exit $rc"; echo "$out" | grep -v "warn:" | head -8
@@ -32,7 +32,7 @@ fi
 sed -e 's/"stage3_prefetch_bucket_size"/"stage3_prefetch_bucket_sise"/' \
     -e 's/"overlap_comm"/"overlap_com"/' \
     "$dir/llamafactory-ds_z3_offload_config.json" > "$tmp/typo.json"
-out=$("$zinc" plan "$tmp/typo.json" --set model.path="$model" 2>&1)
+out=$("$zinc" plan "$tmp/typo.json" --set model.path="$model" --data synthetic 2>&1)
 rc=$?
 if [ "$rc" -ne 1 ] ||
    ! grep -q "2 errors" <<<"$out" ||
@@ -44,7 +44,7 @@ else
 fi
 
 # A key that would change what is computed stays an error.
-out=$("$zinc" plan "$dir/axolotl-zero1.json" --set model.path="$model" \
+out=$("$zinc" plan "$dir/axolotl-zero1.json" --set model.path="$model" --data synthetic \
       --set compile.enabled=true 2>&1)
 if [ $? -ne 1 ] || ! grep -q "compile: DeepSpeed's compile is not implemented" <<<"$out"; then
     echo "FAIL: compile enabled accepted"; echo "$out" | head -5; fail=$((fail + 1))
@@ -53,7 +53,7 @@ else
 fi
 
 # Provenance: "auto" and --set are told apart, train.* feeds "auto".
-out=$("$zinc" plan "$dir/transformers-ds_config_zero2.json" --set model.path="$model" \
+out=$("$zinc" plan "$dir/transformers-ds_config_zero2.json" --set model.path="$model" --data synthetic \
       --set train.learning_rate=2e-5 --set zero_optimization.reduce_bucket_size=1000 2>&1)
 if ! grep -qE "lr 2e-05 \[auto: train.learning_rate\]" <<<"$out" ||
    ! grep -qE "reduce 1000 \[--set\]" <<<"$out" ||
@@ -65,7 +65,7 @@ fi
 
 # --print-config: the resolved JSON alone on stdout, no "auto" left in
 # DeepSpeed's keys (zinc's own tiers keep theirs: resolved at run time).
-out=$("$zinc" plan "$dir/qwen2.5-sft-ds_config_zero3.json" --set model.path="$model" \
+out=$("$zinc" plan "$dir/qwen2.5-sft-ds_config_zero3.json" --set model.path="$model" --data synthetic \
       --print-config 2>/dev/null | sed -n '/^{/,/^}/p')
 if ! python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); [d.pop(k) for k in ("tiers", "train", "model", "data")]; assert "auto" not in json.dumps(d); assert d["zero_optimization"]["reduce_bucket_size"] == 64*64; assert d["optimizer"]["params"]["lr"] == 5e-5' <<<"$out"; then
     echo "FAIL: --print-config not resolved JSON"; echo "$out" | head -5; fail=$((fail + 1))

@@ -19,7 +19,7 @@ cd "$work"
 
 check() { if ! eval "$1"; then echo "FAIL: $2"; fail=1; fi; }
 cfg="$fx/lora-llama/train-config.json"
-base=(--model "$fx/ft-llama" --set "lora.adapter=\"$fx/lora-llama/adapter-init\""
+base=(--model "$fx/ft-llama" --data synthetic --set "lora.adapter=\"$fx/lora-llama/adapter-init\""
       --set 'zero_optimization.offload_param.device="nvme"'
       --set 'zero_optimization.offload_optimizer.device="nvme"'
       --set 'zero_optimization.stage3_param_persistence_threshold=0'
@@ -71,7 +71,7 @@ rc=$?; check "[ \$rc -eq 0 ] && grep -q 'lora         r 4, alpha 8: trainable 84
 losses() { grep -o '"loss_hex": "[^"]*"' "$1" | tr '\n' ' '; }
 for run in a:5:0.1 b:5:0.1 c:6:0.1 d:5:0; do
     IFS=: read -r n seed p <<< "$run"
-    "$zinc" train "$cfg" --model "$fx/ft-llama" --steps 3 --set lora.adapter=\"\" \
+    "$zinc" train "$cfg" --model "$fx/ft-llama" --data synthetic --steps 3 --set lora.adapter=\"\" \
         --set lora.seed=$seed --set lora.lora_dropout=$p --json-log "drop-$n.jsonl" \
         > "drop-$n.out" 2>&1
     rc=$?; check "[ \$rc -eq 0 ]" "dropout run $n: $(tail -3 drop-$n.out)"
@@ -85,7 +85,7 @@ check "[ \"\$(losses drop-a.jsonl)\" != \"\$(losses drop-d.jsonl)\" ]" "dropout 
 refuse() {
     local name=$1; shift
     local want=$1; shift
-    "$zinc" train "$cfg" --model "$fx/ft-llama" --steps 1 "$@" > "$name.out" 2> "$name.err"
+    "$zinc" train "$cfg" --model "$fx/ft-llama" --data synthetic --steps 1 "$@" > "$name.out" 2> "$name.err"
     local rc=$?
     check "[ $rc -eq 1 ] && grep -qF -- \"$want\" $name.err" \
           "$name: rc $rc, wanted '$want' in: $(cat "$name.err")"

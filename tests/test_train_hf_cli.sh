@@ -20,22 +20,37 @@ nvme=(--set 'zero_optimization.offload_param.device="nvme"'
       --set 'zero_optimization.stage3_param_persistence_threshold=0'
       --set 'tiers.nvme="swap"')
 
-"$zinc" train "$fx/ft-llama/train-config.json" --model "$fx/ft-llama" "${nvme[@]}" --steps 2 \
+# a model folder without data is refused by train and plan alike (it would
+# train the user's model on synthetic tokens), naming how to ask for them
+"$zinc" train "$fx/ft-llama/train-config.json" --model "$fx/ft-llama" "${nvme[@]}" --steps 1 \
+    > nodata.out 2>&1
+rc=$?; check "[ \$rc -eq 1 ] && grep -q 'data.path is not set' nodata.out && grep -q -- '--data synthetic' nodata.out" \
+      "train without data: exit $rc, $(tail -1 nodata.out)"
+"$zinc" plan "$fx/ft-llama/train-config.json" --model "$fx/ft-llama" > nodata-plan.out 2>&1
+rc=$?; check "[ \$rc -eq 1 ] && grep -q 'data.path is not set' nodata-plan.out" \
+      "plan without data: exit $rc, $(tail -1 nodata-plan.out)"
+# a token file of a bigger vocabulary than the model's
+printf 'ZNTOKENS' > big.tok
+python3 -c "import struct,sys; sys.stdout.buffer.write(struct.pack('<IIQII', 1, 2, 4, 50000, 0) + struct.pack('<4H', 1, 2, 3, 4))" >> big.tok
+"$zinc" plan "$fx/ft-llama/train-config.json" --model "$fx/ft-llama" --data big.tok > big.out 2>&1
+rc=$?; check "[ \$rc -eq 1 ] && grep -q '50000-token vocabulary' big.out" \
+      "plan with another vocabulary's tokens: exit $rc, $(tail -1 big.out)"
+"$zinc" train "$fx/ft-llama/train-config.json" --model "$fx/ft-llama" --data synthetic "${nvme[@]}" --steps 2 \
     > ok.out 2> ok.err
 rc=$?; check "[ \$rc -eq 0 ]" "training ft-llama failed: $(cat ok.err)"
 check "grep -q 'weights  30 tensors from $fx/ft-llama, bf16' ok.out" \
       "header does not say where the weights came from: $(grep weights ok.out)"
-"$zinc" train "$fx/ft-llama/train-config.json" --model "$fx/ft-llama" --set model.init=\"random\" \
+"$zinc" train "$fx/ft-llama/train-config.json" --model "$fx/ft-llama" --data synthetic --set model.init=\"random\" \
     --steps 1 > rnd.out 2>&1
 check "grep -q 'weights  random init, seed' rnd.out" "model.init=random: $(grep weights rnd.out)"
-"$zinc" plan "$fx/ft-llama/train-config.json" --model "$fx/ft-qwen2" > plan.out 2>&1
+"$zinc" plan "$fx/ft-llama/train-config.json" --model "$fx/ft-qwen2" --data synthetic > plan.out 2>&1
 rc=$?; check "[ \$rc -eq 0 ] && grep -q 'qwen2' plan.out" "zinc plan --model: $(cat plan.out)"
 rm -rf swap
 
 # refused: refuse CASE DIR WANT...; every WANT must be in the error
 refuse() {
     local name=$1 dir=$2; shift 2
-    "$zinc" train "$fx/ft-llama/train-config.json" --model "$dir" "${nvme[@]}" --steps 1 \
+    "$zinc" train "$fx/ft-llama/train-config.json" --model "$dir" --data synthetic "${nvme[@]}" --steps 1 \
         > "$name.out" 2> "$name.err"
     local rc=$?
     check "[ $rc -eq 1 ]" "$name: exit $rc, expected 1: $(cat "$name.err")"
@@ -72,7 +87,7 @@ refuse no-weights nowt "has no weights" "model.init=random"
 # for the embedding and lm_head): a checkpoint written per part exports the
 # model's tensors whole and in place. With lr 0 the export must be the
 # folder's own weights: `zinc eval` gives the same loss to the last bit.
-"$zinc" train "$fx/ft-vocab/train-config.json" --model "$fx/ft-vocab" --steps 2 \
+"$zinc" train "$fx/ft-vocab/train-config.json" --model "$fx/ft-vocab" --data synthetic --steps 2 \
     --set 'optimizer.params.lr=0' --set 'scheduler.params.warmup_max_lr=0' \
     --set 'train.checkpoint.dir="vck"' > vocab.out 2> vocab.err
 rc=$?; check "[ \$rc -eq 0 ]" "training ft-vocab failed: $(cat vocab.err)"
@@ -84,7 +99,7 @@ lz=$(ev vhf); lt=$(ev "$fx/ft-vocab")
 check "[ -n '$lz' ] && [ '$lz' = '$lt' ]" "ft-vocab export at lr 0: eval loss $lz, the folder's $lt"
 echo "ft-vocab: exported checkpoint eval $lz, the folder's own weights $lt"
 # and a run resumed from a checkpoint of its parts continues bit for bit
-vt=("$fx/ft-vocab/train-config.json" --model "$fx/ft-vocab" "${nvme[@]}")
+vt=("$fx/ft-vocab/train-config.json" --model "$fx/ft-vocab" --data synthetic "${nvme[@]}")
 "$zinc" train "${vt[@]}" --steps 4 --json-log v4.jsonl > v4.out 2>&1
 rc=$?; check "[ \$rc -eq 0 ]" "ft-vocab 4 steps failed: $(tail -3 v4.out)"
 rm -rf swap

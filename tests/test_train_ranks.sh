@@ -68,7 +68,7 @@ compare "2 ranks, torchrun-style (tcp)" ref2.jsonl tcp2.jsonl
 # each rank reads only the byte ranges of its own shard (~1/2 of the
 # tensors), and the losses are one rank's with the global batch
 fx="$src/tests/fixtures"
-hf=(--model "$fx/ft-llama" --steps $STEPS --set train.threads=1
+hf=(--model "$fx/ft-llama" --data synthetic --steps $STEPS --set train.threads=1
     --set 'zero_optimization.offload_param.device="cpu"'
     --set 'zero_optimization.offload_optimizer.device="cpu"'
     --set zero_optimization.stage3_param_persistence_threshold=0)
@@ -125,7 +125,7 @@ compare10() {  # compare10 LABEL REF GOT: like compare, over 10 steps
     local s=$STEPS; STEPS=10; compare "$@"; STEPS=$s
 }
 nvme_kib() { awk '/^  nvme .*of plan at peak/{ v=$6; u=$7; print v * (u=="MiB"?1024:u=="KiB"?1:1/1024) }' "$1"; }
-lo=("$fx/lora-llama/train-config.json" --model "$fx/ft-llama" --steps 10 --set train.threads=1
+lo=("$fx/lora-llama/train-config.json" --model "$fx/ft-llama" --data synthetic --steps 10 --set train.threads=1
     --set "lora.adapter=\"$fx/lora-llama/adapter-init\""
     --set zero_optimization.stage3_param_persistence_threshold=0
     --set zero_optimization.offload_param.max_in_cpu=0

@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "zinc/util.h"
 
@@ -171,6 +172,8 @@ typedef struct {
                                 attending only within themselves; 0: one
                                 document per window, padded (zn_loader_config) */
 } zn_config_data;
+/* data.path "" or "synthetic": the built-in synthetic token set. */
+#define ZN_DATA_SYNTHETIC(d) (!(d)->path[0] || !strcmp((d)->path, "synthetic"))
 
 /* LoRA (PEFT's LoraConfig names): r 0 = full fine-tuning. */
 typedef struct {

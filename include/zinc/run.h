@@ -53,6 +53,15 @@ ZN_API int zn_run_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gp
 ZN_API int zn_run_check_budgets(const zn_config *cfg, const zn_topo *topo,
                                 const zn_plan_budgets *b, int strict);
 
+/* The data a run of cfg on model d reads, checked as the run checks it,
+ * without reading it all: a model from model.path needs data.path (or
+ * "synthetic", said on purpose), and each token file (data.path,
+ * data.eval_path) must open and have a vocabulary within the model's.
+ * A file that cannot be opened is an error when strict (a run), a warning
+ * otherwise (a plan, perhaps made where the data is not). Returns 0,
+ * ZN_ECONFIG or the token file's error, named. */
+ZN_API int zn_run_check_data(const zn_config *cfg, const zn_model_dims *d, int strict);
+
 /* The planner's input for a model and a config on `world` ranks. `blocks`
  * must hold zn_model_num_parts(d) entries (the blocks as the trainer
  * streams them, the vocabulary in parts); in points into it. The micro

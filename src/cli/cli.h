@@ -53,6 +53,9 @@ int zn_bench_load(int argc, char **argv);
 /* --model DIR of train and plan: appends "model.path=DIR" to sets (after
  * the other --sets). Returns 0, or 2 after printing the usage error. */
 int zn_cli_model_set(const char *dir, const char **sets, int max_sets, int *n_sets);
+/* --data FILE of train and plan: appends data.path="FILE" ("synthetic": the
+ * built-in token set, on purpose). Returns 0, or 2 after the usage error. */
+int zn_cli_data_set(const char *file, const char **sets, int max_sets, int *n_sets);
 
 /* The embedded default config (examples/tiny.json's text). */
 const char *zn_cli_default_config(void);

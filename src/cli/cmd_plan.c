@@ -41,7 +41,7 @@ int zn_cli_take_sets(int argc, char **argv, const char **sets, int max_sets, int
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: zinc plan CONFIG [--model DIR] [--set KEY=VALUE]... [--world N] [--print-config]\n"
+        "usage: zinc plan CONFIG [--model DIR] [--data FILE] [--set KEY=VALUE]... [--world N] [--print-config]\n"
         "                 [--detail]\n"
         "\n"
         "Places the model's training state (16-bit params, fp32 master, Adam m and v,\n"
@@ -49,6 +49,8 @@ static void usage(FILE *f)
         "CONFIG (a DeepSpeed-style JSON file) and prints bytes per class and tier.\n"
         "Exits 1 when it does not fit, naming what is short and the fix.\n"
         "  --model DIR       an HF model folder (config.json) = --set model.path=DIR\n"
+        "  --data FILE       its token file (= --set data.path=FILE), checked as a run\n"
+        "                    checks it; \"synthetic\": the built-in set\n"
         "  --set KEY=VALUE   override a config key (e.g. tiers.gpu=24GiB)\n"
         "  --world N         ranks sharing the state (ZeRO); default 1\n"
         "  --print-config    print the fully resolved config as JSON (\"auto\" and\n"
@@ -67,6 +69,20 @@ int zn_cli_model_set(const char *dir, const char **sets, int max_sets, int *n_se
         return 2;
     }
     sets[(*n_sets)++] = model_set;
+    return 0;
+}
+
+/* --data FILE of train and plan: the same as --set data.path="FILE"
+ * ("synthetic": the built-in set, on purpose). */
+int zn_cli_data_set(const char *file, const char **sets, int max_sets, int *n_sets)
+{
+    static char data_set[ZN_PATH_MAX + 16];
+    if (*n_sets >= max_sets || strchr(file, '"') || strchr(file, '\\') ||
+        (size_t)snprintf(data_set, sizeof data_set, "data.path=\"%s\"", file) >= sizeof data_set) {
+        fprintf(stderr, "zinc: error: --data %s: too long, quoted, or too many --set\n", file);
+        return 2;
+    }
+    sets[(*n_sets)++] = data_set;
     return 0;
 }
 
@@ -100,6 +116,9 @@ int zn_cmd_plan(int argc, char **argv)
         } else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
             if (zn_cli_model_set(argv[++i], sets, 64, &n_sets))
                 return 2;
+        } else if (!strcmp(argv[i], "--data") && i + 1 < argc) {
+            if (zn_cli_data_set(argv[++i], sets, 64, &n_sets))
+                return 2;
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "zinc: error: plan: unknown option '%s'\n", argv[i]);
             usage(stderr);
@@ -130,7 +149,7 @@ int zn_cmd_plan(int argc, char **argv)
         free(s);
     }
     zn_model_dims d;
-    if ((rc = zn_run_model_dims(&cfg, &d)))
+    if ((rc = zn_run_model_dims(&cfg, &d)) || (rc = zn_run_check_data(&cfg, &d, 0)))
         return zn_cli_fail(rc, NULL);
     zn_topo topo;
     if ((rc = zn_topo_discover(&topo)))

@@ -32,7 +32,7 @@ const char *zn_cli_default_config(void)
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: zinc train [CONFIG] [--model DIR] [--set KEY=VALUE]... [--steps N] [--trace FILE]\n"
+        "usage: zinc train [CONFIG] [--model DIR] [--data FILE] [--set KEY=VALUE]... [--steps N] [--trace FILE]\n"
         "                  [--json-log FILE] [--resume [DIR|latest]] [--print-default]\n"
         "\n"
         "Trains the model of CONFIG (a DeepSpeed-style JSON file) with its training state\n"
@@ -42,6 +42,9 @@ static void usage(FILE *f)
         "  --model DIR       the HF model folder to fine-tune (= --set model.path=DIR):\n"
         "                    its config.json and its safetensors weights, loaded into\n"
         "                    the tiers (model.init=random: its shape, seeded weights)\n"
+        "  --data FILE       the token file to train on (= --set data.path=FILE, made by\n"
+        "                    zinc prepare); \"synthetic\": the built-in set, which a\n"
+        "                    model from --model only trains on when asked to\n"
         "  --set KEY=VALUE   override a config key (e.g. tiers.gpu=24GiB)\n"
         "  --steps N         optimizer steps in all (default: train.steps); a resumed\n"
         "                    run continues up to N\n"
@@ -184,7 +187,7 @@ static int resume(zn_run *ts, zn_ckpt *ck, const zn_config *cfg)
         json_decref(c);
         return zn_set_error(ZN_ECORRUPT, "checkpoint %s: no data-loader state", zn_ckpt_path(ck));
     }
-    if (!cfg->data.path[0] && !strcmp(data, "synthetic") &&
+    if (ZN_DATA_SYNTHETIC(&cfg->data) && !strcmp(data, "synthetic") &&
         (uint64_t)tokens != zn_tokens_count(ts->data))
         rc = zn_run_open_data(ts, cfg, (uint64_t)tokens);
     else if (strcmp(data, zn_tokens_name(ts->data)) || (uint64_t)tokens != zn_tokens_count(ts->data))
@@ -292,16 +295,8 @@ int zn_cmd_train(int argc, char **argv)
             if (zn_cli_model_set(argv[++i], sets, 64, &n_sets))
                 return 2;
         } else if (!strcmp(argv[i], "--data") && i + 1 < argc) {
-            /* the same as --set data.path=FILE ("synthetic": the built-in set) */
-            static char data_set[ZN_PATH_MAX + 16];
-            if (n_sets >= 64 || (size_t)snprintf(data_set, sizeof data_set, "data.path=\"%s\"",
-                                                 argv[++i]) >= sizeof data_set ||
-                strchr(argv[i], '"') || strchr(argv[i], '\\')) {
-                fprintf(stderr, "zinc: error: --data %s: too long, quoted, or too many --set\n",
-                        argv[i]);
+            if (zn_cli_data_set(argv[++i], sets, 64, &n_sets))
                 return 2;
-            }
-            sets[n_sets++] = data_set;
         } else if (!strcmp(argv[i], "--trace") && i + 1 < argc) {
             trace_path = argv[++i];
         } else if (!strcmp(argv[i], "--json-log") && i + 1 < argc) {
@@ -580,7 +575,7 @@ int zn_cmd_train(int argc, char **argv)
     if (!rc) {
         printf("\ntrained %lld steps in %.1f s: loss %.4f -> %.4f", (long long)(steps - start),
                zn_now_s() - t0, first_loss, last_loss);
-        if (!cfg.data.path[0])
+        if (ZN_DATA_SYNTHETIC(&cfg.data))
             printf(" (the synthetic chain's entropy, the lowest reachable, is %.2f)",
                    zn_tokens_synthetic_entropy());
         if (last_eval_n)

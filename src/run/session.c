@@ -88,7 +88,9 @@ int zn_run_open_data(zn_run *ts, const zn_config *cfg, uint64_t count)
     zn_tokens_close(ts->data);
     ts->loader = NULL;
     ts->data = NULL;
-    if (cfg->data.path[0]) {
+    if ((rc = zn_run_check_data(cfg, &ts->dims, 1)))
+        return rc;
+    if (!ZN_DATA_SYNTHETIC(&cfg->data)) {
         if ((rc = zn_tokens_open(&ts->data, cfg->data.path)))
             return rc;
     } else {

@@ -12,6 +12,7 @@
 #include "zinc/device.h"
 #include "zinc/model.h"
 #include "zinc/run.h"
+#include "zinc/tokens.h"
 
 /* cfg's lora section (and lora.adapter's adapter_config.json) into d. */
 static int lora_dims(const zn_config *cfg, zn_model_dims *d)
@@ -373,4 +374,37 @@ void zn_run_plan_input(const zn_config *cfg, const zn_model_dims *d, int world,
     in->param_bytes = (cfg->bf16 || cfg->fp16.enabled) ? 2 : 4;
     in->world_size = world;
     in->activation_checkpointing = cfg->train.activation_checkpointing;
+}
+
+int zn_run_check_data(const zn_config *cfg, const zn_model_dims *d, int strict)
+{
+    if (!cfg->data.path[0] && cfg->model.path[0])
+        return zn_set_error(ZN_ECONFIG, "%s: model.path is %s but data.path is not set: the "
+                            "model would train on zinc's built-in synthetic tokens. Give the "
+                            "token file `zinc prepare` made (--data FILE, or data.path), or "
+                            "--data synthetic to train on synthetic data on purpose",
+                            cfg->source, cfg->model.path);
+    const char *files[2] = { ZN_DATA_SYNTHETIC(&cfg->data) ? "" : cfg->data.path,
+                             cfg->data.eval_path };
+    static const char *const keys[2] = { "data.path", "data.eval_path" };
+    for (int i = 0; i < 2; i++) {
+        if (!files[i][0])
+            continue;
+        zn_tokens *t = NULL;
+        int rc = zn_tokens_open(&t, files[i]);
+        if (rc && !strict) {
+            zn_warn("%s: %s: %s: a run here would stop at this (planning for another "
+                    "machine?)", cfg->source, keys[i], zn_last_error());
+            continue;
+        }
+        if (rc)
+            return zn_error_prefix(rc, "%s: %s", cfg->source, keys[i]);
+        uint32_t v = zn_tokens_vocab(t);
+        zn_tokens_close(t);
+        if ((int64_t)v > d->vocab)
+            return zn_set_error(ZN_ECONFIG, "%s: %s %s holds token ids of a %u-token vocabulary; "
+                                "the model's has %lld (made with another tokenizer?)",
+                                cfg->source, keys[i], files[i], v, (long long)d->vocab);
+    }
+    return 0;
 }
