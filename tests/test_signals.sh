@@ -98,5 +98,30 @@ wait $live
 check $? "everything is gone once the live run stopped"
 cd ..
 
+# 4. a damaged latest: --resume verifies, names the damage and falls back to
+# the newest checkpoint that verifies; with none left, it refuses
+mkdir d && cd d || exit 99
+"$zinc" train --steps 6 --set train.checkpoint.dir=\"ck\" --set train.checkpoint.every=2 \
+    --set train.checkpoint.keep_last=3 > t.out 2>&1
+check $? "a run with checkpoints at steps 2, 4 and 6"
+flip() {  # flips one byte in the middle of FILE
+    local f=$1 size
+    size=$(stat -c %s "$f")
+    printf '\x5a' | dd of="$f" bs=1 seek=$((size / 2)) conv=notrunc status=none
+}
+flip ck/step-00000006/rank-0/m.bin
+"$zinc" train --steps 8 --set train.checkpoint.dir=\"ck\" --resume > r.out 2> r.err
+check $? "a damaged latest: the run resumes"
+grep -q "damaged.*m.bin.*resuming from step-00000004" r.err
+check $? "it names the damaged file and the step it resumes from: $(grep damaged r.err)"
+grep -q "trained 4 steps" r.out
+check $? "it trained steps 5-8 again"
+for s in 2 4 6 8; do [ -d ck/step-0000000$s ] && flip ck/step-0000000$s/rank-0/v.bin; done
+"$zinc" train --steps 10 --set train.checkpoint.dir=\"ck\" --resume > n.out 2> n.err
+rc=$?
+[ $rc -eq 1 ] && grep -q "v.bin" n.err && grep -q "no older checkpoint" n.err
+check $? "nothing verifies: refused (exit $rc) naming the file: $(tail -1 n.err)"
+cd ..
+
 [ $fail -eq 0 ] && echo "signals: all passed" || echo "signals: FAILED"
 exit $fail

@@ -111,6 +111,15 @@ ZN_API int zn_ckpt_check_dims(const zn_ckpt *ck, const zn_model_dims *d);
  * manifest. Returns 0, or ZN_ECORRUPT naming the first bad file, or -errno. */
 ZN_API int zn_ckpt_verify(const char *path);
 
+/* For --resume: opens the checkpoint PATH names after verifying it. When
+ * PATH is a checkpoint root (a folder with `latest`) and its latest is
+ * damaged or missing, the newest step folder under it that verifies is
+ * opened instead, and `note` (may be NULL) says what was wrong with the
+ * newer ones and which steps the fallback loses; a step folder named
+ * directly is not replaced. Returns 0; ZN_ECORRUPT (or -errno) naming the
+ * damaged file when nothing verifies. */
+ZN_API int zn_ckpt_open_good(zn_ckpt **out, const char *path, char *note, size_t note_len);
+
 /* Loads this rank's master, m and v into the trainer's current homes
  * (whatever its placement: device, pinned CPU or NVMe), regenerates the
  * working parameters from the master, and restores the step count and the

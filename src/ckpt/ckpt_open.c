@@ -351,3 +351,60 @@ int zn_ckpt_verify(const char *path)
     zn_ckpt_close(ck);
     return rc;
 }
+
+static int cmp_desc_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)b, *(const char *const *)a);
+}
+
+int zn_ckpt_open_good(zn_ckpt **out, const char *path, char *note, size_t note_len)
+{
+    *out = NULL;
+    if (note && note_len)
+        note[0] = '\0';
+    char latest[ZN_CKPT_PATH], first_err[1024] = "";
+    int rc = zn_ckpt_resolve(path, latest, sizeof latest);
+    if (!rc && !(rc = zn_ckpt_verify(latest)))
+        return zn_ckpt_open(out, latest);
+    snprintf(first_err, sizeof first_err, "%s", zn_last_error());
+    int first_rc = rc;
+    /* a step folder named directly is what the user asked for */
+    char probe[ZN_CKPT_PATH + 16];
+    snprintf(probe, sizeof probe, "%s/latest", path);
+    struct stat sb;
+    if (stat(probe, &sb) != 0)
+        return zn_set_error(first_rc, "%s", first_err);
+    DIR *d = opendir(path);
+    if (!d)
+        return zn_set_error(first_rc, "%s", first_err);
+    char *names[4096];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 4096) {
+        long long st;
+        if (zn_ckpt__step_of(e->d_name, &st) && (names[n] = strdup(e->d_name)))
+            n++;
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof *names, cmp_desc_str);
+    rc = first_rc;
+    for (int i = 0; i < n; i++) {
+        char dir[ZN_CKPT_PATH + 300];
+        snprintf(dir, sizeof dir, "%s/%s", path, names[i]);
+        if (!strcmp(dir, latest) || zn_ckpt_verify(dir))
+            continue;   /* (a damaged older one is passed over too) */
+        if ((rc = zn_ckpt_open(out, dir)))
+            continue;
+        if (note && note_len)
+            snprintf(note, note_len, "the newest checkpoint in %s is damaged (%s); resuming "
+                     "from %s instead: the steps after it are trained again", path, first_err,
+                     names[i]);
+        break;
+    }
+    for (int i = 0; i < n; i++)
+        free(names[i]);
+    if (!*out)
+        return zn_set_error(first_rc, "%s (and no older checkpoint in %s verifies)", first_err,
+                            path);
+    return 0;
+}

@@ -324,8 +324,11 @@ int zn_cmd_train(int argc, char **argv)
     zn_config cfg;
     int rc;
     zn_ckpt *ck = NULL;
+    /* a checkpoint is verified before it is loaded; a damaged latest falls
+     * back to the newest one that verifies, saying so */
+    char fallback[2048] = "";
     if (resuming && resume_arg && strcmp(resume_arg, "latest") &&
-        (rc = zn_ckpt_open(&ck, resume_arg)))
+        (rc = zn_ckpt_open_good(&ck, resume_arg, fallback, sizeof fallback)))
         return zn_cli_fail(rc, "--resume");
     if (path) {
         rc = zn_config_load(&cfg, path, sets, n_sets);
@@ -352,9 +355,11 @@ int zn_cmd_train(int argc, char **argv)
                             "train.checkpoint.dir\n");
             return 2;
         }
-        if ((rc = zn_ckpt_open(&ck, cc->dir)))
+        if ((rc = zn_ckpt_open_good(&ck, cc->dir, fallback, sizeof fallback)))
             return zn_cli_fail(rc, "--resume");
     }
+    if (fallback[0])
+        fprintf(stderr, "zinc: warning: %s\n", fallback);
     /* recorded resolved, so that it parses back as it is */
     zn_launch_info li;
     if ((rc = zn_launch_detect(&li)) || (rc = zn_config_resolve_batch(&cfg, li.world_size)) || (rc = zn_run_effective(&cfg, li.world_size, li.rank == 0 ? stdout : NULL))) {
