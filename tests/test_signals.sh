@@ -3,7 +3,8 @@
 # progress, saves a checkpoint, removes the swap files and exits 143, and the
 # run resumes from that checkpoint; a second SIGINT stops at once and still
 # leaves no swap file; the swap files of a run killed with -9 are found and
-# removed by the next run, never those of a run that is alive.
+# removed by the next run, never those of a run that is alive; a damaged
+# latest checkpoint falls back to the newest that verifies.
 # Usage: test_signals.sh ZINC
 set -u
 zinc=$(readlink -f "$1")
