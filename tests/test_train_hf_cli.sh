@@ -29,6 +29,12 @@ rc=$?; check "[ \$rc -eq 1 ] && grep -q 'data.path is not set' nodata.out && gre
 "$zinc" plan "$fx/ft-llama/train-config.json" --model "$fx/ft-llama" > nodata-plan.out 2>&1
 rc=$?; check "[ \$rc -eq 1 ] && grep -q 'data.path is not set' nodata-plan.out" \
       "plan without data: exit $rc, $(tail -1 nodata-plan.out)"
+# a truncated safetensors file: plan refuses it as train does, before "fits."
+cp -r "$fx/ft-llama" trunc
+truncate -s -1000 trunc/model.safetensors
+"$zinc" plan "$fx/ft-llama/train-config.json" --model trunc --data synthetic > trunc.out 2>&1
+rc=$?; check "[ \$rc -eq 1 ] && grep -q 'file truncated' trunc.out && ! grep -q 'fits' trunc.out" \
+      "plan of a truncated safetensors: exit $rc, $(tail -1 trunc.out)"
 # a token file of a bigger vocabulary than the model's
 printf 'ZNTOKENS' > big.tok
 python3 -c "import struct,sys; sys.stdout.buffer.write(struct.pack('<IIQII', 1, 2, 4, 50000, 0) + struct.pack('<4H', 1, 2, 3, 4))" >> big.tok

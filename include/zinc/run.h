@@ -62,6 +62,13 @@ ZN_API int zn_run_check_budgets(const zn_config *cfg, const zn_topo *topo,
  * ZN_ECONFIG or the token file's error, named. */
 ZN_API int zn_run_check_data(const zn_config *cfg, const zn_model_dims *d, int strict);
 
+/* The weights a run of cfg would load, checked as the run checks them
+ * before it allocates (every shard's header read, every tensor present
+ * with its shape and a dtype zinc trains from, no file truncated, the PEFT
+ * adapter of lora.adapter): so a plan that fits is a run that starts.
+ * Reads no tensor data. Returns 0 or the run's error. */
+ZN_API int zn_run_check_weights(const zn_config *cfg, const zn_model_dims *d);
+
 /* The planner's input for a model and a config on `world` ranks. `blocks`
  * must hold zn_model_num_parts(d) entries (the blocks as the trainer
  * streams them, the vocabulary in parts); in points into it. The micro

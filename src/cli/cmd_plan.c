@@ -149,7 +149,8 @@ int zn_cmd_plan(int argc, char **argv)
         free(s);
     }
     zn_model_dims d;
-    if ((rc = zn_run_model_dims(&cfg, &d)) || (rc = zn_run_check_data(&cfg, &d, 0)))
+    if ((rc = zn_run_model_dims(&cfg, &d)) || (rc = zn_run_check_data(&cfg, &d, 0)) ||
+        (rc = zn_run_check_weights(&cfg, &d)))
         return zn_cli_fail(rc, NULL);
     zn_topo topo;
     if ((rc = zn_topo_discover(&topo)))

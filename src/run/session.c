@@ -341,3 +341,16 @@ int zn_run_step(zn_run *ts, uint64_t step, zn_train_step_info *info)
     size_t at = (size_t)ts->rank * ts->rank_tokens;
     return zn_train_step(ts->tr, ts->ids + at, ts->tgts + at, ts->pos + at, info);
 }
+
+int zn_run_check_weights(const zn_config *cfg, const zn_model_dims *d)
+{
+    zn_run ts;
+    memset(&ts, 0, sizeof ts);
+    ts.dims = *d;
+    int rc = zn_train_llama_create(&ts.llama, d, cfg->train_micro_batch_size_per_gpu,
+                                   cfg->data.seq_len, cfg->model.init_std, cfg->model.seed);
+    if (!rc)
+        rc = choose_weights(&ts, cfg, 0);
+    zn_train_llama_destroy(ts.llama);
+    return rc;
+}
