@@ -320,9 +320,15 @@ static void test_auto(void)
     ZT_EQ_INT(parse(&c, fp), 0);
     ZT_EQ_INT(zn_config_resolve_auto(&c, 64, 1), 0);
     ZT_CHECK(c.fp16.enabled && !c.bf16);
-    /* "auto" where the HF integration fills nothing stays an error */
-    bad("{\"zero_optimization\": {\"stage3_max_live_parameters\": \"auto\"}}",
-        "stage3_max_live_parameters: \"auto\" is not resolved");
+    /* "auto" where the HF integration fills nothing: DeepSpeed drops it and
+     * the key keeps DeepSpeed's default (OpenRLHF's generated configs) */
+    ZT_EQ_INT(parse(&c, "{\"zero_optimization\": {}}"), 0);
+    int base_warnings = c.n_warnings;
+    ZT_EQ_INT(parse(&c, "{\"zero_optimization\": {\"stage3_max_live_parameters\": \"auto\", "
+                        "\"stage3_max_reuse_distance\": \"auto\"}}"), 0);
+    ZT_EQ_INT(c.zero.stage3_max_live_parameters, 1000000000);
+    ZT_EQ_INT(c.zero.stage3_max_reuse_distance, 1000000000);
+    ZT_EQ_INT(c.n_warnings, base_warnings + 2);  /* each says it took the default */
     /* DeepSpeed's aliases and accepted keys */
     ZT_EQ_INT(parse(&c, "{\"bfloat16\": {\"enabled\": true}, \"zero_optimization\": {"
                         "\"max_live_parameters\": 0, \"max_reuse_distance\": 7, "
@@ -344,7 +350,11 @@ static void test_auto(void)
     ZT_EQ_INT(c.zero.sub_group_size, 1000000000);
     ZT_EQ_INT(c.n_warnings, 1); /* sub_group_size 0 */
     bad("{\"hybrid_engine\": {\"enabled\": true}}", "hybrid_engine is not implemented");
-    bad("{\"monitor_config\": {\"wandb\": {\"enabled\": true}}}", "monitor_config is not implemented");
+    /* DeepSpeed ignores a top-level monitor_config whatever it holds (its
+     * monitors are the top-level sections), as LLaMA-Factory's configs have it */
+    ZT_EQ_INT(parse(&c, "{\"monitor_config\": {\"enabled\": true, \"tag\": \"DeepSpeedMonitor\", "
+                        "\"csv_monitor\": {\"enabled\": false}}}"), 0);
+    bad("{\"csv_monitor\": {\"enabled\": true}}", "csv_monitor is not implemented");
     bad("{\"tensor_parallel\": {\"autotp_size\": 2}}", "autotp_size is not implemented");
     bad("{\"communication_data_type\": \"bf16\"}", "communication_data_type is not implemented");
 }

@@ -566,8 +566,21 @@ static int parse_object(parse_ctx *ctx, const char *prefix, json_t *obj)
         if (json_is_string(v) && !strcmp(json_string_value(v), "auto") &&
             k->autorule == A_NONE && (k->kind == K_BOOL || k->kind == K_INT ||
                                       k->kind == K_INT32 || k->kind == K_NUM)) {
-            rc = zn_cfg_err(ctx, path, "\"auto\" is not resolved for this key (HF's integration "
-                         "does not fill it either); give a value");
+            /* nothing fills it (the HF integration neither): DeepSpeed's
+             * config model drops an "auto" it is not given, so the key
+             * takes DeepSpeed's default; so does zinc, saying which */
+            const char *base = (const char *)ctx->cfg;
+            char val[64];
+            if (k->kind == K_BOOL)
+                snprintf(val, sizeof val, "%s", *(const bool *)(base + k->off) ? "true" : "false");
+            else if (k->kind == K_INT)
+                snprintf(val, sizeof val, "%lld", (long long)*(const int64_t *)(base + k->off));
+            else if (k->kind == K_INT32)
+                snprintf(val, sizeof val, "%d", *(const int *)(base + k->off));
+            else
+                snprintf(val, sizeof val, "%g", *(const double *)(base + k->off));
+            zn_cfg_warn(ctx, path, "\"auto\" with nothing to fill it (the HF integration "
+                        "neither): DeepSpeed's default %s, as DeepSpeed takes it", val);
             continue;
         }
         if (parse_value(ctx, k, path, v))

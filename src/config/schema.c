@@ -46,7 +46,13 @@ const key_spec zn_cfg_schema[] = {
     { "tensorboard", K_OFFSEC, 0, 0, 0, NULL, 0, "use zinc train --json-log" },
     { "wandb", K_OFFSEC, 0, 0, 0, NULL, 0, "use zinc train --json-log" },
     { "csv_monitor", K_OFFSEC, 0, 0, 0, NULL, 0, "use zinc train --json-log" },
-    { "monitor_config", K_OFFSEC, 0, 0, 0, NULL, 0, "use zinc train --json-log" },
+    /* LLaMA-Factory's configs carry this; DeepSpeed itself reads only the
+     * top-level tensorboard / wandb / csv_monitor / comet sections
+     * (deepspeed/monitor/config.py get_monitor_config), so whatever it says
+     * changes nothing there, nor here */
+    { "monitor_config", K_ACCEPT, 0, 0, 0, "any", 0,
+      "DeepSpeed does not read a top-level monitor_config (its monitors are the top-level "
+      "tensorboard, wandb, csv_monitor and comet sections)" },
     { "comms_logger", K_OFFSEC, 0, 0, 0, NULL, 0, NULL },
     { "comms_config", K_ACCEPT, 0, 0, 0, "any", 0,
       "communication logging and verbosity; zinc's collectives are its own" },
