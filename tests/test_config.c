@@ -458,9 +458,28 @@ static void test_lora_no_targets(void)
     rmdir(dir);
 }
 
+/* No scheduler section: a config that gives the optimizer its own lr is
+ * DeepSpeed's own, and DeepSpeed runs it at a constant lr; where the lr is
+ * "auto" (or no optimizer is given) the HF Trainer's linear decay applies. */
+static void test_no_scheduler(void)
+{
+    zn_config c;
+    ZT_EQ_INT(zn_config_parse(&c, "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 3e-4}}}",
+                              "ds", NULL, 0), 0);
+    ZT_EQ_INT(zn_config_resolve_auto(&c, 64, 0), 0);
+    ZT_CHECK_MSG(c.scheduler.type == ZN_SCHED_NONE && !c.scheduler_from_train,
+                 "DeepSpeed's own config: scheduler %d", (int)c.scheduler.type);
+    ZT_EQ_INT(zn_config_parse(&c, "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\"}}}",
+                              "hf", NULL, 0), 0);
+    ZT_EQ_INT(zn_config_resolve_auto(&c, 64, 0), 0);
+    ZT_CHECK_MSG(c.scheduler.type == ZN_SCHED_HF_LINEAR && c.scheduler_from_train,
+                 "an HF Trainer config: scheduler %d", (int)c.scheduler.type);
+}
+
 int main(void)
 {
     test_batch_overflow();
+    test_no_scheduler();
     test_lora_no_targets();
     test_defaults();
     test_good();

@@ -670,7 +670,15 @@ int zn_config_parse(zn_config *cfg, const char *json, const char *name,
                  t->weight_decay);
     }
     json_t *sch = json_object_get(root, "scheduler");
-    if (!sch || json_is_null(sch)) {
+    json_t *olr = json_object_get(json_object_get(opt, "params"), "lr");
+    if ((!sch || json_is_null(sch)) && json_is_number(olr)) {
+        /* a config written for DeepSpeed itself (its own number for lr):
+         * deepspeed.initialize makes no scheduler, the lr stays constant */
+        cfg->scheduler.type = ZN_SCHED_NONE;
+        zn_cfg_warn(&ctx, "scheduler", "no scheduler section, and the optimizer gives its own lr: "
+                    "a constant lr, as DeepSpeed runs such a config (the HF Trainer's schedule "
+                    "applies where the optimizer or its lr is \"auto\" or absent)");
+    } else if (!sch || json_is_null(sch)) {
         static const char *names[] = { "linear", "cosine", "constant", "constant_with_warmup" };
         cfg->scheduler_from_train = true;
         zn_cfg_warn(&ctx, "scheduler", "no scheduler section: train.lr_scheduler_type '%s' with "
