@@ -104,6 +104,31 @@ ev() { "$zinc" eval --model "$1" --data synthetic --seq-len 12 --batches 4 --dev
 lz=$(ev vhf); lt=$(ev "$fx/ft-vocab")
 check "[ -n '$lz' ] && [ '$lz' = '$lt' ]" "ft-vocab export at lr 0: eval loss $lz, the folder's $lt"
 echo "ft-vocab: exported checkpoint eval $lz, the folder's own weights $lt"
+# the plain export of a model from an HF folder keeps what makes the folder a
+# runnable model: its config.json's own keys (eos ids, rope settings) with the
+# export's dtype, its tokenizer and chat template, its generation_config.json
+cp -r "$fx/ft-vocab" withtok
+python3 - <<'PY'
+import json
+c = json.load(open("withtok/config.json"))
+c["eos_token_id"] = 7
+c["bos_token_id"] = 5
+json.dump(c, open("withtok/config.json", "w"), indent=2)
+json.dump({"eos_token_id": 7, "bos_token_id": 5, "max_new_tokens": 32},
+          open("withtok/generation_config.json", "w"))
+json.dump({"version": "1.0", "model": {"type": "BPE"}}, open("withtok/tokenizer.json", "w"))
+json.dump({"chat_template": "{{ messages }}", "eos_token": "<eos>"},
+          open("withtok/tokenizer_config.json", "w"))
+PY
+"$zinc" train "$fx/ft-vocab/train-config.json" --model withtok --data synthetic --steps 1 \
+    --set 'train.checkpoint.dir="tck"' > tok.out 2>&1
+rc=$?; check "[ \$rc -eq 0 ]" "training withtok failed: $(tail -3 tok.out)"
+"$zinc" export tck --out thf --dtype bf16 > texport.out 2>&1
+rc=$?; check "[ \$rc -eq 0 ]" "export of withtok failed: $(cat texport.out)"
+check "cmp -s withtok/tokenizer.json thf/tokenizer.json && cmp -s withtok/tokenizer_config.json thf/tokenizer_config.json && cmp -s withtok/generation_config.json thf/generation_config.json" \
+      "the plain export lacks the folder's tokenizer or generation_config: $(ls thf)"
+check "python3 -c \"import json,sys; c = json.load(open('thf/config.json')); sys.exit(not (c['eos_token_id'] == 7 and c['torch_dtype'] == 'bfloat16'))\"" \
+      "the export's config.json: $(cat thf/config.json | head -c 300)"
 # and a run resumed from a checkpoint of its parts continues bit for bit
 vt=("$fx/ft-vocab/train-config.json" --model "$fx/ft-vocab" --data synthetic "${nvme[@]}")
 "$zinc" train "${vt[@]}" --steps 4 --json-log v4.jsonl > v4.out 2>&1

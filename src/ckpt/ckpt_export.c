@@ -172,6 +172,9 @@ static void free_names(char **names, char **files, int n)
     free(files);
 }
 
+static int keep_base_files(const zn_ckpt *ck, const zn_model_dims *d, const char *out_dir,
+                           zn_dtype dtype);
+
 int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64_t shard_bytes)
 {
     if (dtype != ZN_DTYPE_F32 && dtype != ZN_DTYPE_BF16)
@@ -263,7 +266,8 @@ int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64
             goto out;
     } else {
         snprintf(p, sizeof p, "%s/config.json", out_dir);
-        if ((rc = zn_model_dims_write_hf_as(&d, p, dtype)))
+        if ((rc = zn_model_dims_write_hf_as(&d, p, dtype)) ||
+            (rc = keep_base_files(ck, &d, out_dir, dtype)))
             goto out;
     }
     int t0 = 0;
@@ -380,6 +384,40 @@ static int recorded_base(const zn_ckpt *ck, char *out, size_t n)
         snprintf(out, n, "%s", mp);
     json_decref(c);
     return ok;
+}
+
+/* A fine-tuned model from an HF folder keeps what makes that folder a model
+ * a user can run: its config.json (the eos and pad ids, rope scaling and
+ * the rest transformers reads; torch_dtype set to the export's), its
+ * tokenizer and chat template, its generation_config.json. Only when the
+ * folder the run recorded still describes the checkpoint's model; else
+ * the config zinc wrote stays and a warning says why. */
+static int keep_base_files(const zn_ckpt *ck, const zn_model_dims *d, const char *out_dir,
+                           zn_dtype dtype)
+{
+    char base[ZN_CKPT_PATH], p[ZN_CKPT_PATH + 64], q[ZN_CKPT_PATH + 64];
+    zn_model_dims bd;
+    if (!recorded_base(ck, base, sizeof base))
+        return 0;   /* trained from dimensions: nothing to keep */
+    if (zn_model_dims_from_hf(&bd, base)) {
+        zn_warn("export: the run's model.path %s is not readable now (%s): config.json is "
+                "zinc's, without the tokenizer files", base, zn_last_error());
+        return 0;
+    }
+    bd.lora = d->lora;
+    if (zn_ckpt_check_dims(ck, &bd)) {
+        zn_warn("export: %s no longer describes the checkpoint's model (%s): config.json is "
+                "zinc's, without the tokenizer files", base, zn_last_error());
+        return 0;
+    }
+    int rc = write_merged_config(base, out_dir, 1, dtype);
+    for (size_t i = 0; i < sizeof hf_side_files / sizeof *hf_side_files && !rc; i++) {
+        snprintf(p, sizeof p, "%s/%s", base, hf_side_files[i]);
+        snprintf(q, sizeof q, "%s/%s", out_dir, hf_side_files[i]);
+        if ((rc = copy_file(p, q)) == 1)
+            rc = 0; /* the base has no such file */
+    }
+    return rc;
 }
 
 typedef struct {
