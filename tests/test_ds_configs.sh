@@ -73,5 +73,15 @@ else
     pass=$((pass + 1))
 fi
 
+# planned here for a GPU run (a login node, a laptop): bf16 "auto" resolves
+# for the CUDA device the config names, not for this machine (issue 36)
+out=$("$zinc" plan "$dir/qwen2.5-sft-ds_config_zero3.json" --set model.path="$model" --data synthetic \
+      --set train.device=\"cuda\" 2>&1)
+if ! grep -q "precision  bf16 params" <<<"$out"; then
+    echo "FAIL: planned for cuda, precision: $(grep precision <<<"$out")"; fail=$((fail + 1))
+else
+    pass=$((pass + 1))
+fi
+
 echo "ds-configs: $pass passed, $fail failed ($n configs)"
 [ "$fail" -eq 0 ]

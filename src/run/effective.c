@@ -14,6 +14,11 @@
  * host backend computes in fp32). Probed only when precision is "auto". */
 static int device_bf16(const zn_config *cfg)
 {
+    /* a config that names a CUDA device is planned for it, wherever the
+     * plan is made (a login node, a laptop): it computes in bf16 there */
+    const char *dev = cfg->train.device;
+    if (!strncmp(dev, "cuda", 4))
+        return 1;
     return zn_run_has_cuda(cfg);
 }
 
