@@ -117,6 +117,21 @@ open("docs.tok", "wb").write(b"ZNTOKENS" + struct.pack("<IIQII", 2, 2, n, 320, 2
     check "[ $rc -eq 0 ]" "padded training: $(cat pad.err)"
     check "[ -s pk.jsonl ] && [ -s pad.jsonl ] && [ \"\$(grep -o 'loss_hex[^,]*' pk.jsonl)\" != \"\$(grep -o 'loss_hex[^,]*' pad.jsonl)\" ]" \
           "packed and padded runs gave the same losses"
+    # the HF Trainer's names: epochs over the token file's windows, and
+    # save_steps / save_total_limit / output_dir / warmup_ratio for zinc's own
+    "$zinc" train --print-default | python3 -c '
+import json, sys; c = json.load(sys.stdin); del c["train"]["steps"]; json.dump(c, open("nosteps.json", "w"))'
+    "$zinc" train nosteps.json --data docs.tok --set train.num_train_epochs=0.25 --set train.warmup_ratio=0.25 \
+        --set train.output_dir=\"ep\" --set train.save_steps=3 --set train.save_total_limit=1 \
+        --json-log ep.jsonl > ep.out 2> ep.err
+    rc=$?
+    spe=$(sed -n 's/.*epochs *0.25 x \([0-9]*\) steps per epoch.*/\1/p' ep.out)
+    check "[ $rc -eq 0 ] && [ -n '$spe' ] && [ \$(wc -l < ep.jsonl) -eq \$(( (${spe:-0} + 3) / 4 )) ]" \
+          "0.25 epochs of ${spe:-?} steps: exit $rc, $(wc -l < ep.jsonl 2>/dev/null) steps ($(tail -1 ep.err))"
+    check "[ \$(ls ep | grep -c step-) -eq 1 ]" "save_total_limit 1 kept $(ls ep | grep -c step-) checkpoints"
+    "$zinc" train nosteps.json --steps 3 --data docs.tok --set train.num_train_epochs=2 > epw.out 2>&1
+    check "grep -q 'train.steps 3 is given and wins' epw.out && grep -q 'trained 3 steps' epw.out" \
+          "train.steps beside num_train_epochs: $(grep -E 'note|trained' epw.out)"
     "$zinc" train --steps 1 --set data.packing=1 > /dev/null 2> pkbad.err
     rc=$?
     check "[ $rc -ne 0 ] && grep -q 'data.packing' pkbad.err" "data.packing=1: $(cat pkbad.err)"

@@ -216,6 +216,8 @@ typedef struct {
     double max_grad_norm;
     int lr_scheduler_type;  /* 0 linear, 1 cosine, 2 constant, 3 constant_with_warmup */
     int64_t warmup_steps;
+    double warmup_ratio;    /* > 0: warmup_steps = ceil(ratio x steps) unless given */
+    double num_train_epochs;/* > 0: steps from the token file's windows, unless given */
 } zn_config_train;
 
 /* Where an effective value came from. */
@@ -298,6 +300,12 @@ ZN_API int zn_config_resolve_batch(zn_config *cfg, int world_size);
  * threshold = 10 hidden, optimizer / scheduler / clipping from train.*.
  * Idempotent; returns 0 or ZN_ECONFIG when a resolved value is invalid. */
 ZN_API int zn_config_resolve_auto(zn_config *cfg, int64_t hidden_size, int device_bf16);
+
+/* Sets train.steps (train.num_train_epochs resolved against the data) and
+ * what follows from it: warmup_steps from warmup_ratio when not given, and
+ * the HF schedule's warmup and total steps where the schedule is the HF
+ * Trainer's ("auto" or no scheduler section). */
+ZN_API void zn_config_set_steps(zn_config *cfg, int64_t steps);
 
 /* Where the value of `key` (a full path such as "optimizer.params.lr"; an
  * alias gives its key's) came from; ZN_ORIGIN_DEFAULT for an unknown key. */

@@ -175,6 +175,8 @@ const char *zn_config_origin_name(zn_config_origin o)
 int zn_config_resolve_auto(zn_config *c, int64_t hidden, int device_bf16)
 {
     const zn_config_train *t = &c->train;
+    if (t->warmup_ratio > 0 && zn_cfg_origin_at(c, "train.warmup_steps") == ZN_ORIGIN_DEFAULT)
+        c->train.warmup_steps = (int64_t)ceil(t->warmup_ratio * (double)t->steps);
     bool fp16_given = zn_cfg_origin_at(c, "fp16.enabled") != ZN_ORIGIN_AUTO && c->fp16.enabled;
     for (size_t i = 0; i < zn_cfg_n_schema; i++) {
         const key_spec *k = &zn_cfg_schema[i];
@@ -300,4 +302,21 @@ int zn_config_resolve_batch(zn_config *c, int world)
     c->train_micro_batch_size_per_gpu = mb;
     c->gradient_accumulation_steps = ga;
     return 0;
+}
+
+void zn_config_set_steps(zn_config *c, int64_t steps)
+{
+    zn_config_train *t = &c->train;
+    t->steps = steps;
+    if (t->warmup_ratio > 0 && zn_cfg_origin_at(c, "train.warmup_steps") == ZN_ORIGIN_DEFAULT)
+        t->warmup_steps = (int64_t)ceil(t->warmup_ratio * (double)steps);
+    if (c->scheduler_from_train) {
+        c->scheduler.warmup_num_steps = t->warmup_steps;
+        c->scheduler.total_num_steps = steps > 0 ? steps : 1;
+    } else {
+        if (zn_cfg_origin_at(c, "scheduler.params.warmup_num_steps") == ZN_ORIGIN_AUTO)
+            c->scheduler.warmup_num_steps = t->warmup_steps;
+        if (zn_cfg_origin_at(c, "scheduler.params.total_num_steps") == ZN_ORIGIN_AUTO)
+            c->scheduler.total_num_steps = steps > 0 ? steps : 1;
+    }
 }

@@ -305,6 +305,15 @@ const key_spec zn_cfg_schema[] = {
     { "train.lr_scheduler_type", K_ENUM, OFF(train.lr_scheduler_type), 0, 0,
       "linear|cosine|constant|constant_with_warmup", 0, NULL },
     { "train.warmup_steps", K_INT, OFF(train.warmup_steps), 0, I64MAX, NULL, 0, NULL },
+    { "train.warmup_ratio", K_NUM, OFF(train.warmup_ratio), 0, 1, NULL, 0, NULL },
+    { "train.num_train_epochs", K_NUM, OFF(train.num_train_epochs), 0, 1e9, NULL, 0, NULL },
+    /* the HF Trainer's TrainingArguments names for zinc's own keys */
+    { "train.max_steps", K_INT, OFF(train.steps), 0, I64MAX, NULL, 0, NULL },
+    { "train.logging_steps", K_INT, OFF(train.log_every), 1, I64MAX, NULL, 0, NULL },
+    { "train.eval_steps", K_INT, OFF(train.eval_every), 0, I64MAX, NULL, 0, NULL },
+    { "train.save_steps", K_INT, OFF(train.checkpoint.every), 0, I64MAX, NULL, 0, NULL },
+    { "train.save_total_limit", K_INT, OFF(train.checkpoint.keep_last), 1, 1 << 20, NULL, 0, NULL },
+    { "train.output_dir", K_STR, OFF(train.checkpoint.dir), 0, 0, NULL, ZN_PATH_MAX, NULL },
 };
 #pragma GCC diagnostic pop
 

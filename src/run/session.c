@@ -248,6 +248,42 @@ int zn_run_eval(zn_run *ts, const zn_config *cfg, double *mean,
     return 0;
 }
 
+/* train.num_train_epochs (the HF Trainer's name): the steps that many
+ * passes over the token file's windows take at the global batch, unless
+ * train.steps (or max_steps) is given, which wins as HF's max_steps does. */
+static int epochs_to_steps(zn_run *ts, zn_config *cfg, FILE *note)
+{
+    double ep = cfg->train.num_train_epochs;
+    if (ep <= 0)
+        return 0;
+    if (zn_config_get_origin(cfg, "train.steps") != ZN_ORIGIN_DEFAULT) {
+        if (note && ts->rank == 0)
+            fprintf(note, "  note       train.num_train_epochs %g: train.steps %lld is given and "
+                    "wins (as the HF Trainer's max_steps does)\n", ep,
+                    (long long)cfg->train.steps);
+        return 0;
+    }
+    if (ZN_DATA_SYNTHETIC(&cfg->data))
+        return zn_set_error(ZN_ECONFIG, "%s: train.num_train_epochs needs a token file "
+                            "(data.path): the synthetic set has no epochs; give train.steps",
+                            cfg->source);
+    int rc = zn_run_open_data(ts, cfg, 0);
+    if (rc)
+        return rc;
+    uint64_t spe = zn_loader_steps_per_epoch(ts->loader);
+    if (!spe)
+        return zn_set_error(ZN_ECONFIG, "%s: %s holds less than one global batch of windows",
+                            cfg->source, cfg->data.path);
+    int64_t steps = (int64_t)ceil(ep * (double)spe);
+    zn_config_set_steps(cfg, steps);
+    if (note && ts->rank == 0)
+        fprintf(note, "  epochs     %g x %llu steps per epoch (%llu windows of %lld tokens, "
+                "global batch %lld) = %lld steps\n", ep, (unsigned long long)spe,
+                (unsigned long long)zn_loader_num_windows(ts->loader),
+                (long long)cfg->data.seq_len, (long long)cfg->train_batch_size, (long long)steps);
+    return 0;
+}
+
 int zn_run_open(zn_run *ts, zn_config *cfg, int flags, FILE *note)
 {
     memset(ts, 0, sizeof *ts);
@@ -286,6 +322,8 @@ int zn_run_open(zn_run *ts, zn_config *cfg, int flags, FILE *note)
 
     int64_t B = cfg->train_micro_batch_size_per_gpu, T = cfg->data.seq_len;
     ts->dims = d;
+    if ((rc = epochs_to_steps(ts, cfg, note)))
+        goto out;
     if ((rc = zn_train_llama_create(&ts->llama, &d, B, T, cfg->model.init_std, cfg->model.seed)) ||
         (rc = choose_weights(ts, cfg, flags)))
         goto out;
