@@ -12,6 +12,15 @@ Input records (jsonl lines, or whole plain-text files as documents):
   chat                  {"messages": [{"role": ..., "content": ...}, ...]}:
                         the assistant turns (as the template renders them,
                         with their end-of-turn tokens) are targets
+  alpaca                {"instruction", "input", "output", "system",
+                        "history": [[query, response], ...]} (LLaMA-Factory's
+                        alpaca format): the chat of system, history, then
+                        instruction + "\n" + input as the user's turn and
+                        output as the assistant's
+  sharegpt              {"conversations": [{"from": "human"|"gpt"|"system"|
+                        "observation"|"function_call", "value": ...}],
+                        "system"}: the chat, roles mapped as LLaMA-Factory
+                        maps them (human: user, gpt: assistant)
 Field names are settable. A text or completion document ends with EOS (the
 model learns to stop) and starts with BOS when tokenizer_config.json's
 add_bos_token says so; chat documents are exactly what the template renders.
@@ -172,6 +181,46 @@ class Records:
                     yield path, {self.a.text_field: f.read()}
 
 
+# sharegpt's role tags, as LLaMA-Factory's dataset_info.json defaults name them
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "system": "system", "observation": "tool", "tool": "tool",
+                  "function_call": "assistant"}
+
+
+def alpaca_messages(rec):
+    """LLaMA-Factory's alpaca record as a chat."""
+    msgs = []
+    if rec.get("system"):
+        msgs.append({"role": "system", "content": rec["system"]})
+    for turn in rec.get("history") or []:
+        if not (isinstance(turn, list) and len(turn) == 2 and all(isinstance(x, str) for x in turn)):
+            raise ValueError("'history' must be a list of [query, response] pairs")
+        msgs += [{"role": "user", "content": turn[0]}, {"role": "assistant", "content": turn[1]}]
+    ins, inp, out = rec.get("instruction"), rec.get("input") or "", rec.get("output")
+    if not isinstance(ins, str) or not isinstance(inp, str) or not isinstance(out, str):
+        raise ValueError("'instruction', 'input' and 'output' must be strings")
+    msgs += [{"role": "user", "content": ins + ("\n" + inp if inp else "")},
+             {"role": "assistant", "content": out}]
+    return msgs
+
+
+def sharegpt_messages(rec):
+    """A sharegpt record (conversations of from/value) as a chat."""
+    conv = rec.get("conversations")
+    if not isinstance(conv, list) or not conv:
+        raise ValueError("'conversations' must be a non-empty list")
+    msgs = [{"role": "system", "content": rec["system"]}] if rec.get("system") else []
+    for k, turn in enumerate(conv):
+        if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
+            raise ValueError("conversations[%d] must be an object with a string 'value'" % k)
+        role = SHAREGPT_ROLES.get(turn.get("from"))
+        if role is None:
+            raise ValueError("conversations[%d]: 'from' %r is not one of %s" %
+                             (k, turn.get("from"), ", ".join(sorted(SHAREGPT_ROLES))))
+        msgs.append({"role": role, "content": turn["value"]})
+    return msgs
+
+
 def make_doc(m, a, rec):
     if isinstance(rec, str):
         try:
@@ -180,6 +229,10 @@ def make_doc(m, a, rec):
             raise ValueError("invalid JSON (%s)" % e)
     if not isinstance(rec, dict):
         raise ValueError("a record must be a JSON object")
+    if a.messages_field not in rec and "conversations" in rec:
+        rec = {a.messages_field: sharegpt_messages(rec)}
+    elif a.messages_field not in rec and "instruction" in rec and "output" in rec:
+        rec = {a.messages_field: alpaca_messages(rec)}
     if a.messages_field in rec:
         msgs = rec[a.messages_field]
         if not isinstance(msgs, list) or not all(

@@ -171,4 +171,37 @@ check(r.returncode == 1 and "not.parquet: not a readable parquet file" in r.stde
       "not parquet: %s" % r.stderr)
 
 print("%d failure(s)" % fails)
+
+# alpaca and sharegpt records (LLaMA-Factory's formats) prepare to the very
+# tokens and mask of the same conversation written as messages
+conv = [{"role": "system", "content": "be brief"},
+        {"role": "user", "content": "what is two and two?"},
+        {"role": "assistant", "content": "four, of course"},
+        {"role": "user", "content": "and the cat?\nsay where"},
+        {"role": "assistant", "content": "sat on the mat"}]
+alpaca = {"system": "be brief", "history": [["what is two and two?", "four, of course"]],
+          "instruction": "and the cat?", "input": "say where", "output": "sat on the mat"}
+sharegpt = {"system": "be brief", "conversations": [
+    {"from": "human", "value": "what is two and two?"}, {"from": "gpt", "value": "four, of course"},
+    {"from": "human", "value": "and the cat?\nsay where"}, {"from": "gpt", "value": "sat on the mat"}]}
+got = {}
+for name, rec in (("messages", {"messages": conv}), ("alpaca", alpaca), ("sharegpt", sharegpt)):
+    src = os.path.join(work, name + ".jsonl")
+    with open(src, "w") as f:
+        f.write(json.dumps(rec) + "\n")
+    dst = os.path.join(work, name + ".tok")
+    r = run(src, "--model", model, "--out", dst)
+    check(r.returncode == 0, "%s: prepare failed: %s%s" % (name, r.stdout, r.stderr))
+    if r.returncode == 0:
+        got[name] = read_tok(dst)[3:5]
+check(len(got) == 3 and got["alpaca"] == got["messages"] and got["sharegpt"] == got["messages"],
+      "alpaca / sharegpt differ from the same chat as messages")
+check(sum(got.get("messages", ([], [0]))[1]) > 0, "the chat has no targets")
+bad = os.path.join(work, "badshare.jsonl")
+with open(bad, "w") as f:
+    f.write(json.dumps({"conversations": [{"from": "robot", "value": "x"}]}) + "\n")
+r = run(bad, "--model", model, "--out", os.path.join(work, "bad.tok"))
+check(r.returncode != 0 and "robot" in r.stderr, "unknown sharegpt role: %s" % r.stderr)
+print("alpaca and sharegpt: the messages record's tokens")
+
 sys.exit(1 if fails else 0)
