@@ -254,6 +254,26 @@ out:
     return rc;
 }
 
+/* The master's tensors in flat order: tensor k of the model (block order)
+ * that the master holds, its size and its name in the fixture's files (PEFT's
+ * for LoRA adapters). 0 at the end. */
+static int master_tensor(const zn_model_dims *d, int *b, int *i, zn_param_info *pi, char *name,
+                         size_t len)
+{
+    for (; *b < zn_model_num_blocks(d); (*b)++, *i = 0)
+        for (; *i < zn_model_block_nparams(d, *b); (*i)++) {
+            zn_model_block_param(d, *b, *i, pi);
+            if (pi->owner_block >= 0)
+                continue;  /* a tied view: stored once, with its owner */
+            if (d->lora.r > 0 && !pi->lora)
+                continue;  /* LoRA: the master holds the adapters, named as PEFT does */
+            snprintf(name, len, "%s%s", d->lora.r > 0 ? "base_model.model." : "", pi->name);
+            (*i)++;
+            return 1;
+        }
+    return 0;
+}
+
 /* The flat master (block order, zn_model_block_param order) equals the
  * tensors of a safetensors file widened to fp32, bit for bit. */
 static void compare_master(const char *what, const zn_model_dims *d, const float *m,
@@ -266,17 +286,9 @@ static void compare_master(const char *what, const zn_model_dims *d, const float
         return;
     uint64_t flat = 0;
     int bad = 0;
-    for (int b = 0; b < zn_model_num_blocks(d); b++)
-        for (int i = 0; i < zn_model_block_nparams(d, b); i++) {
-            zn_param_info pi;
-            zn_model_block_param(d, b, i, &pi);
-            if (pi.owner_block >= 0)
-                continue;  /* a tied view: stored once, with its owner */
-            if (d->lora.r > 0 && !pi.lora)
-                continue;  /* LoRA: the master holds the adapters, named as PEFT does */
-            char name[sizeof pi.name + 32];
-            snprintf(name, sizeof name, "%s%s", d->lora.r > 0 ? "base_model.model." : "",
-                     pi.name);
+    zn_param_info pi;
+    char name[sizeof pi.name + 32];
+    for (int b = 0, i = 0; master_tensor(d, &b, &i, &pi, name, sizeof name);) {
             const zn_st_tensor *t = zn_st_find(st, name);
             ZT_CHECK_MSG(t && t->numel == (uint64_t)pi.numel, "%s: %s missing", what, name);
             if (!t || t->numel != (uint64_t)pi.numel)
@@ -310,17 +322,9 @@ static int update_errors(const zn_model_dims *d, const float *m0, const float *m
     double num = 0, den = 0, slack = on_gpu ? GPU_SLACK : 1.0;
     *worst = 0;
     snprintf(worst_name, wn_len, "-");
-    for (int b = 0; b < zn_model_num_blocks(d); b++)
-        for (int i = 0; i < zn_model_block_nparams(d, b); i++) {
-            zn_param_info pi;
-            zn_model_block_param(d, b, i, &pi);
-            if (pi.owner_block >= 0)
-                continue;  /* a tied view: stored once, with its owner */
-            if (d->lora.r > 0 && !pi.lora)
-                continue;  /* LoRA: the master holds the adapters, named as PEFT does */
-            char name[sizeof pi.name + 32];
-            snprintf(name, sizeof name, "%s%s", d->lora.r > 0 ? "base_model.model." : "",
-                     pi.name);
+    zn_param_info pi;
+    char name[sizeof pi.name + 32];
+    for (int b = 0, i = 0; master_tensor(d, &b, &i, &pi, name, sizeof name);) {
             const zn_st_tensor *t = zn_st_find(st, name);
             double bound = json_number_value(json_object_get(ref->b_tensors, name)) * slack;
             if (!t || t->numel != (uint64_t)pi.numel || !(bound > 0)) {
