@@ -150,8 +150,9 @@ fi
 
 # checkpoints across ranks: 2 ranks save every 3 steps (rank-0/, rank-1/ in
 # one folder), a second 2-rank job resumes from `latest` after step 3 and
-# must reproduce the uninterrupted 2-rank run's losses bit for bit; a
-# 3-rank resume is refused; the export reassembles the shards and loads.
+# must reproduce the uninterrupted 2-rank run's losses bit for bit; the
+# checkpoint resumes on 1 rank and a 1-rank one on 3 (the global batch kept,
+# resharded at load); the export reassembles the shards and loads.
 ck=(--steps 6 --set train.checkpoint.dir=\"$work/ck\" --set train.checkpoint.every=3)
 if run2 ck6 "${common[@]}" "${ck[@]}"; then
     if [ -d ck/step-00000006/rank-0 ] && [ -d ck/step-00000006/rank-1 ]; then
@@ -172,12 +173,59 @@ if run2 ck6 "${common[@]}" "${ck[@]}"; then
     else
         echo "FAIL: 2-rank resume: $(grep -h error res.r*.out)"; fail=1
     fi
-    # the embedded config (no train_batch_size recorded): the checkpoint itself refuses
-    "$zinc" train "${common[@]}" "${ck[@]}" --resume > one.out 2>&1
-    if [ $? -ne 0 ] && grep -q "saved by 2 rank" one.out; then
-        echo "ok: a 1-rank resume of a 2-rank checkpoint is refused: $(grep -m1 error one.out)"
+    # elastic: the 2-rank checkpoint resumed on 1 rank keeps the global batch
+    # (accumulation 2) and continues as the 2-rank run, within the ranks'
+    # tolerance (the sums run in another order)
+    cp -r ck ck-keep   # (the export below reads step 6 of the 2-rank run)
+    rm -rf ck/step-00000006
+    printf 'step-00000003\n' > ck/latest.tmp && mv ck/latest.tmp ck/latest
+    "$zinc" train "${common[@]}" "${ck[@]}" --resume --json-log one.jsonl > one.out 2>&1
+    rm -rf ck && mv ck-keep ck
+    if [ $? -eq 0 ] && grep -q "saved by 2 rank(s), resumed on 1: global batch" one.out; then
+        w=$(paste <(tail -3 ck6.jsonl | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/') \
+                  <(sed 's/.*"loss": \([0-9.e+-]*\).*/\1/' one.jsonl) | awk '
+            { d = ($1 > $2 ? $1 - $2 : $2 - $1) / $1; if (d > w) w = d } END { printf "%.3g", NR == 3 ? w : 1 }')
+        if awk -v w="$w" 'BEGIN { exit !(w <= 2e-4) }'; then
+            echo "ok: the 2-rank checkpoint resumed on 1 rank continues as 2 ranks (worst $w)"
+        else
+            echo "FAIL: 2 -> 1 rank resume: losses differ by $w"; fail=1
+        fi
     else
         echo "FAIL: a 1-rank resume of a 2-rank checkpoint: $(tail -2 one.out)"; fail=1
+    fi
+    # a global batch that 3 ranks cannot keep (8 = micro 4 x ? x 3): refused
+    # before any rank joins, naming the batch
+    RANK=0 WORLD_SIZE=3 LOCAL_RANK=0 LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 \
+        MASTER_PORT=$(free_port) timeout 60 "$zinc" train "${common[@]}" "${ck[@]}" --resume \
+        > keep3.out 2>&1
+    if [ $? -eq 1 ] && grep -q "global batch 8 (saved by 2 rank(s)) is not" keep3.out; then
+        echo "ok: a global batch 3 ranks cannot keep is refused: $(grep -m1 error keep3.out)"
+    else
+        echo "FAIL: 2 -> 3 ranks with global batch 8: $(tail -2 keep3.out)"; fail=1
+    fi
+    # and 1 rank -> 3 ranks: a global batch of 12 (accumulation 3, then 1)
+    rm -rf ck3
+    "$zinc" train "${common[@]}" --steps 6 --set gradient_accumulation_steps=3 \
+        --set train.checkpoint.dir=\"$work/ck3\" --set train.checkpoint.every=3 \
+        --json-log full3.jsonl > full3.out 2>&1 || { echo "FAIL: 1 rank, accumulation 3"; fail=1; }
+    rm -rf ck3/step-00000006
+    printf 'step-00000003\n' > ck3/latest
+    port3=$(free_port)
+    for r in 0 1 2; do
+        log=()
+        [ $r -eq 0 ] && log=(--json-log el3.jsonl)
+        RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 \
+            MASTER_PORT=$port3 timeout 120 "$zinc" train "${common[@]}" --steps 6 \
+            --set train.checkpoint.dir=\"$work/ck3\" --resume "${log[@]}" > el3.r$r.out 2>&1 &
+    done
+    wait
+    w=$(paste <(tail -3 full3.jsonl | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/') \
+              <(sed 's/.*"loss": \([0-9.e+-]*\).*/\1/' el3.jsonl 2>/dev/null) | awk '
+        { d = ($1 > $2 ? $1 - $2 : $2 - $1) / $1; if (d > w) w = d } END { printf "%.3g", NR == 3 ? w : 1 }')
+    if awk -v w="$w" 'BEGIN { exit !(w <= 2e-4) }'; then
+        echo "ok: a 1-rank checkpoint resumed on 3 ranks continues as 1 rank (worst $w)"
+    else
+        echo "FAIL: 1 -> 3 rank resume: worst $w; $(grep -h error el3.r*.out | head -2)"; fail=1
     fi
     if "$zinc" export ck/step-00000006 --out hf > export.out 2>&1 &&
        "$zinc" eval --model hf --data synthetic > eval.out 2>&1; then

@@ -1,6 +1,10 @@
-/* A checkpoint loaded into a trainer of any placement: geometry checked,
- * the master and Adam moments read into the optimizer units, the 16-bit
- * parameters regenerated from the master, the loss scaler restored. */
+/* A checkpoint loaded into a trainer of any placement and any number of
+ * ranks: geometry checked, the master and Adam moments read into the
+ * optimizer units, the 16-bit parameters regenerated from the master, the
+ * loss scaler restored. Saved by the same number of ranks, each rank reads
+ * its own files; saved by another number, each rank gathers its new shares
+ * from the old ranks' files (each old share names the elements of a block
+ * it holds), after the whole checkpoint verified. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -22,13 +26,10 @@
 
 
 /* ---- load ---------------------------------------------------------------------------*/
-static int check_geometry(const zn_ckpt *ck, zn_trainer *tr)
+static int check_geometry(const zn_ckpt *ck, zn_trainer *tr, bool *reshard)
 {
     int world = zn_train_world(tr), rank = zn_train_rank(tr);
-    if (ck->world != world)
-        return zn_set_error(ZN_ECONFIG, "checkpoint %s was saved by %d rank(s); this run has %d: "
-                            "resuming with a different world size is not supported", ck->path,
-                            ck->world, world);
+    *reshard = ck->world != world;
     if (ck->nblocks != tr->L) {
         uint64_t a = 0, b2 = 0;
         for (int b = 0; b < ck->nblocks; b++)
@@ -54,15 +55,71 @@ static int check_geometry(const zn_ckpt *ck, zn_trainer *tr)
             return zn_set_error(ZN_ECONFIG, "checkpoint %s is of another model: block %d has "
                                 "%" PRIu64 " parameters, this model's has %" PRIu64, ck->path, b,
                                 ck->blocks[b], s.n);
+        if (*reshard)
+            continue;   /* the new shares are gathered from the old ones */
         const zn_ckpt_share *c = &ck->ranks[rank].sh[b];
         if (c->shard_off != s.shard_off || c->len != s.len || c->local_off != s.local_off)
             return zn_set_error(ZN_ECONFIG, "checkpoint %s: rank %d's share of block %d differs "
                                 "from this run's (sharding changed)", ck->path, rank, b);
     }
-    if (ck->ranks[rank].local_params != tr->P)
+    if (!*reshard && ck->ranks[rank].local_params != tr->P)
         return zn_set_error(ZN_ECONFIG, "checkpoint %s: rank %d holds %" PRIu64 " parameters, "
                             "this run %" PRIu64, ck->path, rank, ck->ranks[rank].local_params,
                             tr->P);
+    return 0;
+}
+
+/* Where the state comes from: this rank's own three files, or (reshard)
+ * every old rank's, read through the old shares. */
+typedef struct {
+    const zn_ckpt *ck;
+    zn_trainer *tr;
+    bool reshard;
+    int *fds;          /* reshard: [old world][3]; else 3 */
+    char (*paths)[PATHN + 64];
+} ld_src;
+
+/* Bytes [off, off + n) of state k (0 master, 1 m, 2 v) in this rank's
+ * local flat space into dst. */
+static int ld_read(const ld_src *s, int k, uint64_t off, void *dst, size_t n)
+{
+    if (!s->reshard)
+        return zn_ckpt__pread(s->fds[k], s->paths[k], off, dst, n);
+    const zn_ckpt *ck = s->ck;
+    uint64_t lo = off / 4, hi = (off + n) / 4;  /* elements, local */
+    uint64_t done = 0;
+    for (int b = 0; b < s->tr->L; b++) {
+        zn_block_share ns;
+        zn_train_block_share(s->tr, b, &ns);
+        uint64_t a = ns.local_off > lo ? ns.local_off : lo;
+        uint64_t e = ns.local_off + ns.len < hi ? ns.local_off + ns.len : hi;
+        if (a >= e)
+            continue;
+        /* block elements [g0, g1) of this share, from whichever old rank had them */
+        uint64_t g0 = ns.shard_off + (a - ns.local_off), g1 = g0 + (e - a);
+        for (int r = 0; r < ck->world && g0 < g1; r++) {
+            const zn_ckpt_share *c = &ck->ranks[r].sh[b];
+            if (g0 < c->shard_off || g0 >= c->shard_off + c->len)
+                continue;
+            uint64_t take = c->shard_off + c->len - g0;
+            if (take > g1 - g0)
+                take = g1 - g0;
+            char *d = (char *)dst + ((a + (g0 - (ns.shard_off + (a - ns.local_off)))) - lo) * 4;
+            int rc = zn_ckpt__pread(s->fds[r * 3 + k], s->paths[r * 3 + k],
+                                    (c->local_off + (g0 - c->shard_off)) * 4, d, take * 4);
+            if (rc)
+                return rc;
+            done += take;
+            g0 += take;
+            r = -1;   /* the next range may sit in any old rank */
+        }
+        if (g0 < g1)
+            return zn_set_error(ZN_ECORRUPT, "checkpoint %s: elements %" PRIu64 "..%" PRIu64
+                                " of block %d are in no rank's share", ck->path, g0, g1, b);
+    }
+    if (done != hi - lo)
+        return zn_set_error(ZN_EINTERNAL, "checkpoint: resharding read %" PRIu64 " of %" PRIu64
+                            " elements", done, hi - lo);
     return 0;
 }
 
@@ -111,27 +168,43 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
     if (tr->bad)
         return zn_set_error(ZN_ECORRUPT, "checkpoint: the trainer failed earlier");
     int rc = zn_train_sync(tr), rank = zn_train_rank(tr);
+    bool reshard = false;
     if (!rc)
-        rc = check_geometry(ck, tr);
+        rc = check_geometry(ck, tr, &reshard);
+    /* resharded reads take parts of files, whose crc32c cannot be checked
+     * on the way: every file is checked first */
+    if (!rc && reshard)
+        rc = zn_ckpt_verify(ck->path);
     if (rc)
         return rc;
-    int fd[3] = { -1, -1, -1 };
-    char path[3][PATHN + 64];
-    const zn_ckpt_file *f[3];
+    int nsrc = reshard ? ck->world : 1;
+    int *fd = malloc((size_t)nsrc * 3 * sizeof *fd);
+    char (*path)[PATHN + 64] = malloc((size_t)nsrc * 3 * sizeof *path);
+    const zn_ckpt_file *f[3] = { NULL, NULL, NULL };
     uint32_t crc[3] = { 0, 0, 0 };
-    for (int k = 0; k < 3; k++) {
+    if (!fd || !path) {
+        free(fd);
+        free(path);
+        return zn_set_error(-ENOMEM, "checkpoint: out of memory");
+    }
+    for (int i = 0; i < nsrc * 3; i++)
+        fd[i] = -1;
+    for (int i = 0; i < nsrc * 3; i++) {
+        int r = reshard ? i / 3 : rank, k = i % 3;
         char rel[64];
-        snprintf(rel, sizeof rel, "rank-%d/%s", rank, zn_ckpt__state_file[k]);
-        f[k] = zn_ckpt__file(ck, rel);
-        snprintf(path[k], sizeof path[k], "%s/%s", ck->path, rel);
-        fd[k] = open(path[k], O_RDONLY | O_CLOEXEC);
-        if (fd[k] < 0) {
+        snprintf(rel, sizeof rel, "rank-%d/%s", r, zn_ckpt__state_file[k]);
+        if (!reshard)
+            f[k] = zn_ckpt__file(ck, rel);
+        snprintf(path[i], sizeof path[i], "%s/%s", ck->path, rel);
+        fd[i] = open(path[i], O_RDONLY | O_CLOEXEC);
+        if (fd[i] < 0) {
             rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: %s", ck->path, rel,
                               strerror(errno));
             goto out;
         }
-        posix_fadvise(fd[k], 0, 0, POSIX_FADV_SEQUENTIAL);
+        posix_fadvise(fd[i], 0, 0, reshard ? POSIX_FADV_NORMAL : POSIX_FADV_SEQUENTIAL);
     }
+    ld_src src = { ck, tr, reshard, fd, path };
     uint64_t t0 = zn_now_ns();
     /* From here on the trainer's state is being replaced. */
     if (tr->dopt) {
@@ -140,7 +213,7 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
         for (int k = 0; k < 3 && !rc; k++)
             for (uint64_t off = 0; off < tr->P * 4 && !rc; off += chunk) {
                 size_t n = (size_t)(tr->P * 4 - off < chunk ? tr->P * 4 - off : chunk);
-                if (!(rc = zn_ckpt__pread(fd[k], path[k], off, tr->ostage, n)) &&
+                if (!(rc = ld_read(&src, k, off, tr->ostage, n)) &&
                     !(rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d, (char *)arr[k] + off, tr->ostage,
                                            n)) &&
                     !(rc = zn_dev_stream_sync(tr->dev, tr->s_h2d)))
@@ -154,7 +227,7 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
         for (int k = 0; k < 3 && !rc; k++)
             for (uint64_t off = 0; off < tr->P * 4 && !rc; off += chunk) {
                 size_t n = (size_t)(tr->P * 4 - off < chunk ? tr->P * 4 - off : chunk);
-                if (!(rc = zn_ckpt__pread(fd[k], path[k], off, (char *)arr[k] + off, n)))
+                if (!(rc = ld_read(&src, k, off, (char *)arr[k] + off, n)))
                     crc[k] = zn_crc32c(crc[k], (char *)arr[k] + off, n);
             }
         for (int u = 0; u < tr->n_units && !rc; u++)
@@ -169,7 +242,7 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
             zn_io_req w[3];
             int nw = 0;
             for (int k = 0; k < 3 && !rc; k++) {
-                rc = zn_ckpt__pread(fd[k], path[k], un->off * 4, dst[k], un->n * 4);
+                rc = ld_read(&src, k, un->off * 4, dst[k], un->n * 4);
                 if (rc)
                     break;
                 crc[k] = zn_crc32c(crc[k], dst[k], un->n * 4);
@@ -188,7 +261,7 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
                 rc = regen_params(tr, u, s->master, s->pout);
         }
     }
-    for (int k = 0; k < 3 && !rc; k++)
+    for (int k = 0; k < 3 && !rc && !reshard; k++)
         if (crc[k] != f[k]->crc)
             rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: crc32c 0x%08x, the manifest "
                               "says 0x%08x (corrupted)", ck->path, f[k]->name, crc[k], f[k]->crc);
@@ -200,9 +273,14 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
     tr->steps_run = ck->steps_run;
     restore_scaler(json_object_get(ck->man, "scaler"), &tr->scaler);
     zn_debug("checkpoint: %s loaded in %.3f s", ck->path, (double)(zn_now_ns() - t0) * 1e-9);
+    if (reshard)
+        zn_info("checkpoint: %s, saved by %d rank(s), resharded for %d", ck->path, ck->world,
+                zn_train_world(tr));
 out:
-    for (int k = 0; k < 3; k++)
-        if (fd[k] >= 0)
-            close(fd[k]);
+    for (int i = 0; i < nsrc * 3; i++)
+        if (fd[i] >= 0)
+            close(fd[i]);
+    free(fd);
+    free(path);
     return rc;
 }

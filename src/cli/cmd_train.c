@@ -362,7 +362,40 @@ int zn_cmd_train(int argc, char **argv)
         fprintf(stderr, "zinc: warning: %s\n", fallback);
     /* recorded resolved, so that it parses back as it is */
     zn_launch_info li;
-    if ((rc = zn_launch_detect(&li)) || (rc = zn_config_resolve_batch(&cfg, li.world_size)) || (rc = zn_run_effective(&cfg, li.world_size, li.rank == 0 ? stdout : NULL))) {
+    if (!(rc = zn_launch_detect(&li)) && ck && zn_ckpt_world(ck) != li.world_size &&
+        !cfg.train_batch_size) {
+        /* the global batch the checkpoint trained with, as its run resolved it */
+        json_t *rec = zn_ckpt_config_text(ck) ? json_loads(zn_ckpt_config_text(ck), 0, NULL) : NULL;
+        json_t *tb = json_object_get(rec, "train_batch_size");
+        if (json_is_integer(tb))
+            cfg.train_batch_size = (int64_t)json_integer_value(tb);
+        json_t *mb = json_object_get(rec, "train_micro_batch_size_per_gpu");
+        if (!cfg.train_micro_batch_size_per_gpu && json_is_integer(mb))
+            cfg.train_micro_batch_size_per_gpu = (int64_t)json_integer_value(mb);
+        json_decref(rec);
+    }
+    if (!rc && ck && zn_ckpt_world(ck) != li.world_size &&
+        cfg.train_batch_size > 0 && cfg.train_micro_batch_size_per_gpu > 0) {
+        /* resumed on another number of ranks: the global batch stays, the
+         * accumulation follows (an error when it cannot be kept exactly) */
+        if (cfg.train_batch_size % (cfg.train_micro_batch_size_per_gpu * li.world_size))
+            rc = zn_set_error(ZN_ECONFIG, "--resume: the checkpoint's global batch %lld "
+                              "(saved by %d rank(s)) is not micro-batch %lld x accumulation x %d "
+                              "ranks for any accumulation: set train_batch_size or "
+                              "train_micro_batch_size_per_gpu for this world size",
+                              (long long)cfg.train_batch_size, zn_ckpt_world(ck),
+                              (long long)cfg.train_micro_batch_size_per_gpu, li.world_size);
+        else if (li.rank == 0)
+            printf("resume     saved by %d rank(s), resumed on %d: global batch %lld kept "
+                   "(micro-batch %lld x gradient_accumulation_steps %lld x %d ranks)\n",
+                   zn_ckpt_world(ck), li.world_size, (long long)cfg.train_batch_size,
+                   (long long)cfg.train_micro_batch_size_per_gpu,
+                   (long long)(cfg.train_batch_size /
+                               (cfg.train_micro_batch_size_per_gpu * li.world_size)),
+                   li.world_size);
+        cfg.gradient_accumulation_steps = 0;  /* derived from the global batch */
+    }
+    if (rc || (rc = zn_config_resolve_batch(&cfg, li.world_size)) || (rc = zn_run_effective(&cfg, li.world_size, li.rank == 0 ? stdout : NULL))) {
         zn_ckpt_close(ck);
         return zn_cli_fail(rc, NULL);
     }
