@@ -132,6 +132,76 @@ import json, sys; c = json.load(sys.stdin); del c["train"]["steps"]; json.dump(c
     "$zinc" train nosteps.json --steps 3 --data docs.tok --set train.num_train_epochs=2 > epw.out 2>&1
     check "grep -q 'train.steps 3 is given and wins' epw.out && grep -q 'trained 3 steps' epw.out" \
           "train.steps beside num_train_epochs: $(grep -E 'note|trained' epw.out)"
+    # DeepSpeed's tensorboard section: event files under output_path/job_name
+    # with its scalars at samples seen. Read back here by an independent
+    # reader of the format (TFRecord framing with masked crc32c, the Event
+    # protobuf); TensorBoard 2.21's own EventAccumulator read the same
+    # files when this was written (issue 34's note)
+    "$zinc" train --steps 3 --set tensorboard.enabled=true --set tensorboard.output_path=\"tb\" \
+        --set tensorboard.job_name=\"job\" > tb.out 2>&1
+    check "[ $? -eq 0 ]" "tensorboard run: $(tail -2 tb.out)"
+    python3 - tb/job > tbread.out 2>&1 <<'PY'
+import glob, struct, sys
+T = []
+for i in range(256):
+    c = i
+    for _ in range(8):
+        c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+    T.append(c)
+def crc(b):
+    c = 0xFFFFFFFF
+    for x in b:
+        c = T[(c ^ x) & 0xFF] ^ (c >> 8)
+    c ^= 0xFFFFFFFF
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+def fields(b):
+    i, out = 0, []
+    while i < len(b):
+        k, s = 0, 0
+        while True:
+            x = b[i]; i += 1; k |= (x & 0x7F) << s; s += 7
+            if x < 0x80: break
+        f, w = k >> 3, k & 7
+        if w == 0:
+            v, s = 0, 0
+            while True:
+                x = b[i]; i += 1; v |= (x & 0x7F) << s; s += 7
+                if x < 0x80: break
+        elif w == 1: v = b[i:i + 8]; i += 8
+        elif w == 5: v = b[i:i + 4]; i += 4
+        elif w == 2:
+            n, s = 0, 0
+            while True:
+                x = b[i]; i += 1; n |= (x & 0x7F) << s; s += 7
+                if x < 0x80: break
+            v = b[i:i + n]; i += n
+        out.append((f, w, v))
+    return out
+files = glob.glob(sys.argv[1] + "/events.out.tfevents.*")
+assert len(files) == 1, files
+b = open(files[0], "rb").read()
+o, scalars, version = 0, {}, None
+while o < len(b):
+    n, = struct.unpack("<Q", b[o:o + 8])
+    assert struct.unpack("<I", b[o + 8:o + 12])[0] == crc(b[o:o + 8]), "length crc"
+    rec = b[o + 12:o + 12 + n]
+    assert struct.unpack("<I", b[o + 12 + n:o + 16 + n])[0] == crc(rec), "record crc"
+    o += 16 + n
+    ev = fields(rec)
+    step = [v for f, w, v in ev if f == 2][0] if any(f == 2 for f, w, v in ev) else 0
+    for f, w, v in ev:
+        if f == 3: version = v.decode()
+        if f == 5:
+            for f2, w2, val in fields(v):
+                d = dict((g, x) for g, _, x in fields(val))
+                scalars.setdefault(d[1].decode(), []).append((step, struct.unpack("<f", d[2])[0]))
+assert version == "brain.Event:2", version
+loss = scalars["Train/Samples/train_loss"]
+assert [s for s, _ in loss] == [4, 8, 12] and all(4 < v < 7 for _, v in loss), loss
+assert len(scalars["Train/Samples/lr"]) == 3 and len(scalars["Train/Samples/grad_norm"]) == 3
+print("tensorboard events: ok", sorted(scalars))
+PY
+    check "[ $? -eq 0 ]" "tensorboard event file: $(tail -3 tbread.out)"
     "$zinc" train --steps 1 --set data.packing=1 > /dev/null 2> pkbad.err
     rc=$?
     check "[ $rc -ne 0 ] && grep -q 'data.packing' pkbad.err" "data.packing=1: $(cat pkbad.err)"

@@ -250,6 +250,13 @@ typedef struct zn_config {
     zn_config_tiers tiers;
     zn_config_model model;
     zn_config_data data;
+    /* DeepSpeed's tensorboard monitor: event files under
+     * output_path/job_name (job_name alone when output_path is "") */
+    struct {
+        bool enabled;
+        char output_path[ZN_PATH_MAX];
+        char job_name[256];
+    } tensorboard;
     zn_config_train train;
     zn_config_lora lora;
 

@@ -146,6 +146,17 @@ static inline float zn_bf16_widen(uint16_t h)
  * has it (chosen at run time), a table otherwise. Thread-safe. */
 ZN_API uint32_t zn_crc32c(uint32_t crc, const void *buf, size_t len);
 
+/* ---- TensorBoard event files (src/util/tfevents.c) ------------------------
+ * The scalars DeepSpeed's tensorboard monitor writes, in the event format
+ * TensorBoard reads: zn_tb_open makes DIR (as mkdir -p) and a new
+ * events.out.tfevents.TIME.HOST.PID file in it; zn_tb_scalar appends one
+ * scalar (flushed); NULL handles are no-ops. Return 0 or -errno named. */
+typedef struct zn_tb zn_tb;
+ZN_API int zn_tb_open(zn_tb **out, const char *dir);
+ZN_API int zn_tb_scalar(zn_tb *t, const char *tag, int64_t step, float value);
+ZN_API const char *zn_tb_path(const zn_tb *t);
+ZN_API void zn_tb_close(zn_tb *t);
+
 #ifdef __cplusplus
 }
 #endif

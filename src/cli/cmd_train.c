@@ -524,6 +524,25 @@ int zn_cmd_train(int argc, char **argv)
     zn_train_report prev = rep;
     int64_t saved_at = start;
     int stop_sig = 0;
+    /* DeepSpeed's tensorboard monitor: rank 0 writes the scalars its
+     * monitor writes (x axis: samples seen) under output_path/job_name */
+    zn_tb *tb = NULL;
+    if (cfg.tensorboard.enabled && ts.rank == 0) {
+        char tbdir[ZN_PATH_MAX + 300];
+        if (cfg.tensorboard.output_path[0])
+            snprintf(tbdir, sizeof tbdir, "%s/%s", cfg.tensorboard.output_path,
+                     cfg.tensorboard.job_name);
+        else
+            snprintf(tbdir, sizeof tbdir, "%s", cfg.tensorboard.job_name);
+        if ((rc = zn_tb_open(&tb, tbdir))) {
+            zn_cli_fail(rc, NULL);
+            zn_run_abort(&ts, 1);
+            zn_run_close(&ts);
+            free(cfg_text);
+            return 1;
+        }
+        printf("  tensorboard %s\n", zn_tb_path(tb));
+    }
     for (int64_t s = start; s < steps; s++) {
         zn_train_step_info info;
         if ((rc = zn_run_step(&ts, (uint64_t)s, &info))) {
@@ -554,6 +573,23 @@ int zn_cmd_train(int argc, char **argv)
                    (long long)info.step, (long long)steps, ev, exp(ev),
                    (unsigned long long)ev_n, cfg.data.eval_path, zn_now_s() - te);
             fflush(stdout);
+        }
+        if (tb) {
+            int64_t samples = info.step * cfg.train_batch_size;
+            int r2 = zn_tb_scalar(tb, "Train/Samples/train_loss", samples, (float)info.loss);
+            if (!r2)
+                r2 = zn_tb_scalar(tb, "Train/Samples/lr", samples, (float)info.lr);
+            if (!r2)
+                r2 = zn_tb_scalar(tb, "Train/Samples/grad_norm", samples, (float)info.grad_norm);
+            if (!r2 && cfg.fp16.enabled)
+                r2 = zn_tb_scalar(tb, "Train/Samples/loss_scale", samples, (float)info.loss_scale);
+            if (!r2 && do_eval)
+                r2 = zn_tb_scalar(tb, "Train/Samples/eval_loss", samples, (float)ev);
+            if (r2) {
+                rc = zn_cli_fail(r2, NULL);
+                zn_run_abort(&ts, 1);
+                break;
+            }
         }
         if (jf) {
             fprintf(jf, "{\"step\": %lld, \"loss\": %.6f, \"loss_hex\": \"%a\", \"lr\": %.6g, "
@@ -610,6 +646,7 @@ int zn_cmd_train(int argc, char **argv)
         rc = save(&ts, &cfg, cfg_text, &so, steps);
     if (jf)
         fclose(jf);
+    zn_tb_close(tb);
     if (!rc) {
         printf("\ntrained %lld steps in %.1f s: loss %.4f -> %.4f", (long long)(steps - start),
                zn_now_s() - t0, first_loss, last_loss);

@@ -43,7 +43,10 @@ const key_spec zn_cfg_schema[] = {
     { "amp", K_OFFSEC, 0, 0, 0, NULL, 0, "use bf16.enabled or fp16.enabled" },
     { "zenflow", K_UNSUPP, 0, 0, 0, NULL, 0, NULL },
     { "flops_profiler", K_OFFSEC, 0, 0, 0, NULL, 0, "zinc train prints achieved TFLOP/s" },
-    { "tensorboard", K_OFFSEC, 0, 0, 0, NULL, 0, "use zinc train --json-log" },
+    { "tensorboard", K_OBJ, 0, 0, 0, NULL, 0, NULL },
+    { "tensorboard.enabled", K_BOOL, OFF(tensorboard.enabled), 0, 0, NULL, 0, NULL },
+    { "tensorboard.output_path", K_STR, OFF(tensorboard.output_path), 0, 0, NULL, ZN_PATH_MAX, NULL },
+    { "tensorboard.job_name", K_STR, OFF(tensorboard.job_name), 0, 0, NULL, 256, NULL },
     { "wandb", K_OFFSEC, 0, 0, 0, NULL, 0, "use zinc train --json-log" },
     { "csv_monitor", K_OFFSEC, 0, 0, 0, NULL, 0, "use zinc train --json-log" },
     /* LLaMA-Factory's configs carry this; DeepSpeed itself reads only the
@@ -416,6 +419,7 @@ void zn_config_default(zn_config *c)
     c->train.max_grad_norm = 1.0;
     c->train.lr_scheduler_type = 0;
     c->train.warmup_steps = 0;
+    snprintf(c->tensorboard.job_name, sizeof c->tensorboard.job_name, "DeepSpeedJobName");
 }
 
 const char *zn_offload_device_name(zn_offload_device d)
