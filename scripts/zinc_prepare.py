@@ -50,6 +50,9 @@ class Model:
             fail("the HF tokenizers library is not installed (scripts/setup.sh venv installs it "
                  "into .venv)")
         path = os.path.join(folder, "tokenizer.json")
+        if not os.path.isdir(folder):
+            fail("--model %s: no such folder (the HF model folder whose tokenizer and chat "
+                 "template prepare uses)" % folder)
         if not os.path.isfile(path):
             fail("%s: no tokenizer.json (zinc prepare tokenizes with the model folder's own "
                  "tokenizer)" % folder)
@@ -283,7 +286,10 @@ def write_tokens(path, vocab, docs):
 
 
 def main():
-    ap = argparse.ArgumentParser(prog="zinc prepare", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="zinc prepare",
+                                 description=" ".join(__doc__.split("\n\n")[0].split()),
+                                 epilog="Records: text, prompt/completion, chat (messages), "
+                                        "alpaca and sharegpt (docs/tokens.md).")
     ap.add_argument("inputs", nargs="+", metavar="INPUT")
     ap.add_argument("--model", required=True, help="the HF model folder (tokenizer.json)")
     ap.add_argument("--out", required=True, help="the training token file to write")

@@ -560,6 +560,7 @@ int zn_cmd_train(int argc, char **argv)
                         s + 1 == steps);
         double ev = NAN;
         uint64_t ev_n = 0;
+        char evline[ZN_PATH_MAX + 160] = "";
         if (do_eval) {
             double te = zn_now_s();
             if ((rc = zn_run_eval(&ts, &cfg, &ev, &ev_n))) {
@@ -569,10 +570,10 @@ int zn_cmd_train(int argc, char **argv)
             }
             last_eval = ev;
             last_eval_n = ev_n;
-            printf("eval  %5lld/%lld  loss %7.4f  ppl %.3f  (%llu targets of %s, %.2f s)\n",
-                   (long long)info.step, (long long)steps, ev, exp(ev),
-                   (unsigned long long)ev_n, cfg.data.eval_path, zn_now_s() - te);
-            fflush(stdout);
+            /* printed after its step's line */
+            snprintf(evline, sizeof evline, "eval  %5lld/%lld  loss %7.4f  ppl %.3f  (%llu "
+                     "targets of %s, %.2f s)\n", (long long)info.step, (long long)steps, ev,
+                     exp(ev), (unsigned long long)ev_n, cfg.data.eval_path, zn_now_s() - te);
         }
         if (tb) {
             int64_t samples = info.step * cfg.train_batch_size;
@@ -626,6 +627,10 @@ int zn_cmd_train(int argc, char **argv)
             fflush(stdout);
             prev = r;
             t_last = now;
+        }
+        if (evline[0]) {
+            fputs(evline, stdout);
+            fflush(stdout);
         }
         if (cc->dir[0] && cc->every > 0 && (s + 1) % cc->every == 0) {
             if ((rc = save(&ts, &cfg, cfg_text, &so, s + 1)))
