@@ -12,4 +12,4 @@ build:
 gpu-check:
 	@bash scripts/gpu-check.sh
 clean:
-	rm -rf build build-nocuda build-asan build-tsan
+	rm -rf build build-nocuda build-asan build-tsan build-fuzz

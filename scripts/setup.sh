@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 pkgs=(build-essential meson ninja-build pkg-config liburing-dev libhwloc-dev
       libjansson-dev libopenblas-openmp-dev libomp-dev libopenmpi-dev openmpi-bin
-      fio e2fsprogs iproute2 python3 python3-venv)
+      fio e2fsprogs iproute2 python3 python3-venv
+      clang libclang-rt-14-dev)    # (clang: the libFuzzer harnesses of build-fuzz)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -55,6 +56,8 @@ for d in "$@"; do
         build-nocuda) setup_dir build-nocuda -Dcuda=disabled -Dnccl=disabled ;;
         build-asan)   setup_dir build-asan -Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false ;;
         build-tsan)   setup_dir build-tsan -Dcuda=disabled -Db_sanitize=thread -Db_lundef=false ;;
+        build-fuzz)   CC=clang setup_dir build-fuzz -Dfuzz=true -Dcuda=disabled -Dnccl=disabled \
+                          -Db_sanitize=address,undefined -Db_lundef=false ;;
         *) echo "setup: unknown build dir $d" >&2; exit 2 ;;
     esac
 done

@@ -3,12 +3,12 @@
 # present; GPU tests skip without a GPU), a build without CUDA on a second
 # numeric path (another Adam SIMD path and another OpenBLAS kernel family
 # than this CPU picks: scripts/numeric-paths.sh), the unit suite under
-# AddressSanitizer+UBSan, the gpu suite under ThreadSanitizer. Ends with
-# "N passed, N failed".
+# AddressSanitizer+UBSan, the gpu suite under ThreadSanitizer, the parsers
+# under libFuzzer (build-fuzz, clang). Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
-bash scripts/setup.sh build build-nocuda build-asan build-tsan || exit 1
+bash scripts/setup.sh build build-nocuda build-asan build-tsan build-fuzz || exit 1
 # zinc prepare's Python side (PyPI: tokenizers, jinja2); without it the
 # prepare test skips, saying so
 bash scripts/setup.sh venv || echo "test: no .venv for zinc prepare: its test will skip"
@@ -43,6 +43,8 @@ run build-nocuda "$@"
 run_env=()
 run build-asan --suite unit "$@"
 run build-tsan --suite gpu "$@"
+# every parser of outside input under libFuzzer (clang, ASan + UBSan), 10 s each
+run build-fuzz --suite fuzz "$@"
 echo
 echo "tests: $pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

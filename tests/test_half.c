@@ -17,6 +17,7 @@
 #include "zinc/optim.h"
 #include "optim/optim-impl.h"
 #include "zt.h"
+#include "util/cpu-impl.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -200,7 +201,7 @@ __attribute__((target("f16c"))) static uint32_t hw_f16_widen(uint16_t h)
 static void sweep_f16_hw(void)
 {
 #if HAVE_X86
-    if (!__builtin_cpu_supports("f16c") || !__builtin_cpu_supports("avx2")) {
+    if (!zn_cpu_has_f16c() || !__builtin_cpu_supports("avx2")) {
         printf("note: fp16 sweep against vcvtps2ph skipped: no F16C/AVX2 on this CPU\n");
         return;
     }

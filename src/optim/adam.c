@@ -11,6 +11,7 @@
 #include <strings.h>
 
 #include "optim/optim-impl.h"
+#include "util/cpu-impl.h"
 
 /* Below this many elements one thread does the step: an OpenMP fork/join
  * costs a few microseconds, about what one core needs for 32K elements at
@@ -115,11 +116,11 @@ static int cpu_supports(zn_isa isa)
     __builtin_cpu_init();
     if (isa == ZN_ISA_AVX2)
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+               zn_cpu_has_f16c();
     if (isa == ZN_ISA_AVX512)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") &&
-               __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+               __builtin_cpu_supports("fma") && zn_cpu_has_f16c();
 #endif
     return 0;
 }

@@ -8,6 +8,7 @@
 #include <hwloc.h>
 
 #include "zinc/topo.h"
+#include "util/cpu-impl.h"
 
 static uint64_t meminfo_kib(const char *key)
 {
@@ -108,7 +109,7 @@ int zn_topo_discover(zn_topo *t)
     t->fma = __builtin_cpu_supports("fma");
     t->avx512f = __builtin_cpu_supports("avx512f");
     t->avx512bw = __builtin_cpu_supports("avx512bw");
-    t->f16c = __builtin_cpu_supports("f16c");
+    t->f16c = zn_cpu_has_f16c();
 #if __GNUC__ >= 12
     t->avx512_bf16 = __builtin_cpu_supports("avx512bf16");
 #endif

@@ -1,0 +1,87 @@
+/* libFuzzer harnesses for every parser of outside input (issue 32): one
+ * source, built once per target with -DZN_FUZZ=<name>. Each input is handed
+ * to the parser as the user would hand it: a config's text, or a file in a
+ * folder of its own (config.json, a .safetensors, a token file, a PEFT
+ * adapter_config.json, a checkpoint's manifest.json). A parser may refuse
+ * an input; it may not crash, leak (ASan) or overflow (UBSan). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "zinc/ckpt.h"
+#include "zinc/config.h"
+#include "zinc/model.h"
+#include "zinc/safetensors.h"
+#include "zinc/tokens.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n);
+
+static char dir[64];
+
+/* `name` in this process's folder holds the input; its path. */
+static const char *put(const char *name, const uint8_t *data, size_t n)
+{
+    static char path[128];
+    if (!dir[0]) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(dir, sizeof dir, "%.40s/zn_fuzz_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(dir))
+            abort();
+    }
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, n, f) != n || fclose(f))
+        abort();
+    return path;
+}
+
+#define ZN_FUZZ_config 1
+#define ZN_FUZZ_hfconfig 2
+#define ZN_FUZZ_safetensors 3
+#define ZN_FUZZ_tokens 4
+#define ZN_FUZZ_peft 5
+#define ZN_FUZZ_manifest 6
+#define TARGET_(x) ZN_FUZZ_##x
+#define TARGET(x) TARGET_(x)
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
+{
+#if TARGET(ZN_FUZZ) == ZN_FUZZ_config
+    char *text = malloc(n + 1);
+    memcpy(text, data, n);
+    text[n] = '\0';
+    zn_config c;
+    zn_config_parse(&c, text, "fuzz", NULL, 0);
+    free(text);
+#elif TARGET(ZN_FUZZ) == ZN_FUZZ_hfconfig
+    put("config.json", data, n);
+    zn_model_dims d;
+    zn_model_dims_from_hf(&d, dir);
+#elif TARGET(ZN_FUZZ) == ZN_FUZZ_safetensors
+    const char *p = put("model.safetensors", data, n);
+    zn_st *st = NULL;
+    if (!zn_st_open(&st, p))
+        zn_st_count(st);
+    zn_st_close(st);
+#elif TARGET(ZN_FUZZ) == ZN_FUZZ_tokens
+    const char *p = put("data.tok", data, n);
+    zn_tokens *t = NULL;
+    if (!zn_tokens_open(&t, p) && zn_tokens_count(t))
+        zn_tokens_get(t, zn_tokens_count(t) - 1);
+    zn_tokens_close(t);
+#elif TARGET(ZN_FUZZ) == ZN_FUZZ_peft
+    put("adapter_config.json", data, n);
+    zn_lora l;
+    zn_lora_read_peft_config(dir, &l);
+#elif TARGET(ZN_FUZZ) == ZN_FUZZ_manifest
+    put("manifest.json", data, n);
+    zn_ckpt *ck = NULL;
+    if (!zn_ckpt_open(&ck, dir))
+        zn_ckpt_close(ck);
+#else
+#error "ZN_FUZZ names no target"
+#endif
+    return 0;
+}
