@@ -354,7 +354,7 @@ static void test_auto(void)
      * monitors are the top-level sections), as LLaMA-Factory's configs have it */
     ZT_EQ_INT(parse(&c, "{\"monitor_config\": {\"enabled\": true, \"tag\": \"DeepSpeedMonitor\", "
                         "\"csv_monitor\": {\"enabled\": false}}}"), 0);
-    bad("{\"csv_monitor\": {\"enabled\": true}}", "csv_monitor is not implemented");
+    bad("{\"wandb\": {\"enabled\": true}}", "wandb is not implemented");
     bad("{\"tensor_parallel\": {\"autotp_size\": 2}}", "autotp_size is not implemented");
     bad("{\"communication_data_type\": \"bf16\"}", "communication_data_type is not implemented");
 }

@@ -202,6 +202,11 @@ assert len(scalars["Train/Samples/lr"]) == 3 and len(scalars["Train/Samples/grad
 print("tensorboard events: ok", sorted(scalars))
 PY
     check "[ $? -eq 0 ]" "tensorboard event file: $(tail -3 tbread.out)"
+    # DeepSpeed's csv_monitor: its file layout, one CSV per event
+    "$zinc" train --steps 3 --set csv_monitor.enabled=true --set csv_monitor.output_path=\"cm\" \
+        > cm.out 2>&1
+    check "[ $? -eq 0 ] && [ \"\$(head -1 cm/DeepSpeedJobName/Train_Samples_train_loss.csv | tr -d '\\r')\" = step,train_loss ] && [ \$(wc -l < cm/DeepSpeedJobName/Train_Samples_lr.csv) -eq 4 ]" \
+          "csv_monitor files: $(ls cm/DeepSpeedJobName 2>&1 | tr '\n' ' ')"
     "$zinc" train --steps 1 --set data.packing=1 > /dev/null 2> pkbad.err
     rc=$?
     check "[ $rc -ne 0 ] && grep -q 'data.packing' pkbad.err" "data.packing=1: $(cat pkbad.err)"

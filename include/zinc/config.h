@@ -256,7 +256,7 @@ typedef struct zn_config {
         bool enabled;
         char output_path[ZN_PATH_MAX];
         char job_name[256];
-    } tensorboard;
+    } tensorboard, csv_monitor;  /* csv_monitor: DeepSpeed's CSV files, the same keys */
     zn_config_train train;
     zn_config_lora lora;
 

@@ -157,6 +157,15 @@ ZN_API int zn_tb_scalar(zn_tb *t, const char *tag, int64_t step, float value);
 ZN_API const char *zn_tb_path(const zn_tb *t);
 ZN_API void zn_tb_close(zn_tb *t);
 
+/* DeepSpeed's csv_monitor files (src/util/csvmon.c): under DIR (made as
+ * mkdir -p), one NAME.csv per event ('/' and ' ' made '_'), "step,<last
+ * part of NAME>" first, then "step,value" lines. NULL handles are no-ops.
+ * Return 0 or -errno named. */
+typedef struct zn_csvmon zn_csvmon;
+ZN_API int zn_csvmon_open(zn_csvmon **out, const char *dir);
+ZN_API int zn_csvmon_event(zn_csvmon *m, const char *name, int64_t step, double value);
+ZN_API void zn_csvmon_close(zn_csvmon *m);
+
 #ifdef __cplusplus
 }
 #endif

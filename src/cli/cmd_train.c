@@ -527,6 +527,23 @@ int zn_cmd_train(int argc, char **argv)
     /* DeepSpeed's tensorboard monitor: rank 0 writes the scalars its
      * monitor writes (x axis: samples seen) under output_path/job_name */
     zn_tb *tb = NULL;
+    zn_csvmon *cm = NULL;
+    if (cfg.csv_monitor.enabled && ts.rank == 0) {
+        char cdir[ZN_PATH_MAX + 300];
+        if (cfg.csv_monitor.output_path[0])
+            snprintf(cdir, sizeof cdir, "%s/%s", cfg.csv_monitor.output_path,
+                     cfg.csv_monitor.job_name);
+        else
+            snprintf(cdir, sizeof cdir, "%s", cfg.csv_monitor.job_name);
+        if ((rc = zn_csvmon_open(&cm, cdir))) {
+            zn_cli_fail(rc, NULL);
+            zn_run_abort(&ts, 1);
+            zn_run_close(&ts);
+            free(cfg_text);
+            return 1;
+        }
+        printf("  csv_monitor %s\n", cdir);
+    }
     if (cfg.tensorboard.enabled && ts.rank == 0) {
         char tbdir[ZN_PATH_MAX + 300];
         if (cfg.tensorboard.output_path[0])
@@ -574,6 +591,19 @@ int zn_cmd_train(int argc, char **argv)
             snprintf(evline, sizeof evline, "eval  %5lld/%lld  loss %7.4f  ppl %.3f  (%llu "
                      "targets of %s, %.2f s)\n", (long long)info.step, (long long)steps, ev,
                      exp(ev), (unsigned long long)ev_n, cfg.data.eval_path, zn_now_s() - te);
+        }
+        if (cm) {
+            int64_t samples = info.step * cfg.train_batch_size;
+            int r2 = zn_csvmon_event(cm, "Train/Samples/train_loss", samples, info.loss);
+            if (!r2)
+                r2 = zn_csvmon_event(cm, "Train/Samples/lr", samples, info.lr);
+            if (!r2 && do_eval)
+                r2 = zn_csvmon_event(cm, "Train/Samples/eval_loss", samples, ev);
+            if (r2) {
+                rc = zn_cli_fail(r2, NULL);
+                zn_run_abort(&ts, 1);
+                break;
+            }
         }
         if (tb) {
             int64_t samples = info.step * cfg.train_batch_size;
@@ -652,6 +682,7 @@ int zn_cmd_train(int argc, char **argv)
     if (jf)
         fclose(jf);
     zn_tb_close(tb);
+    zn_csvmon_close(cm);
     if (!rc) {
         printf("\ntrained %lld steps in %.1f s: loss %.4f -> %.4f", (long long)(steps - start),
                zn_now_s() - t0, first_loss, last_loss);

@@ -48,7 +48,10 @@ const key_spec zn_cfg_schema[] = {
     { "tensorboard.output_path", K_STR, OFF(tensorboard.output_path), 0, 0, NULL, ZN_PATH_MAX, NULL },
     { "tensorboard.job_name", K_STR, OFF(tensorboard.job_name), 0, 0, NULL, 256, NULL },
     { "wandb", K_OFFSEC, 0, 0, 0, NULL, 0, "use zinc train --json-log" },
-    { "csv_monitor", K_OFFSEC, 0, 0, 0, NULL, 0, "use zinc train --json-log" },
+    { "csv_monitor", K_OBJ, 0, 0, 0, NULL, 0, NULL },
+    { "csv_monitor.enabled", K_BOOL, OFF(csv_monitor.enabled), 0, 0, NULL, 0, NULL },
+    { "csv_monitor.output_path", K_STR, OFF(csv_monitor.output_path), 0, 0, NULL, ZN_PATH_MAX, NULL },
+    { "csv_monitor.job_name", K_STR, OFF(csv_monitor.job_name), 0, 0, NULL, 256, NULL },
     /* LLaMA-Factory's configs carry this; DeepSpeed itself reads only the
      * top-level tensorboard / wandb / csv_monitor / comet sections
      * (deepspeed/monitor/config.py get_monitor_config), so whatever it says
@@ -420,6 +423,7 @@ void zn_config_default(zn_config *c)
     c->train.lr_scheduler_type = 0;
     c->train.warmup_steps = 0;
     snprintf(c->tensorboard.job_name, sizeof c->tensorboard.job_name, "DeepSpeedJobName");
+    snprintf(c->csv_monitor.job_name, sizeof c->csv_monitor.job_name, "DeepSpeedJobName");
 }
 
 const char *zn_offload_device_name(zn_offload_device d)
