@@ -202,6 +202,20 @@ assert len(scalars["Train/Samples/lr"]) == 3 and len(scalars["Train/Samples/grad
 print("tensorboard events: ok", sorted(scalars))
 PY
     check "[ $? -eq 0 ]" "tensorboard event file: $(tail -3 tbread.out)"
+    # an NVMe path on a read-only file system: plan refuses it with the
+    # message train gives (root only: a read-only tmpfs is mounted for it)
+    mkdir -p rofs
+    if mount -t tmpfs -o ro,size=1m tmpfs rofs 2>/dev/null; then
+        "$zinc" plan "$src/examples/tiny.json" --set 'tiers.nvme="rofs"' > ro-plan.out 2>&1
+        rp=$?
+        "$zinc" train --steps 1 --set 'tiers.nvme="rofs"' > ro-train.out 2>&1
+        rt=$?
+        umount rofs
+        check "[ $rp -eq 1 ] && [ $rt -eq 1 ] && grep -q 'read-only file system' ro-plan.out && grep -q 'read-only file system' ro-train.out" \
+              "read-only nvme path: plan $rp ($(tail -1 ro-plan.out)), train $rt ($(tail -1 ro-train.out))"
+    else
+        echo "note: read-only nvme path not checked (mounting a tmpfs needs root)"
+    fi
     # DeepSpeed's csv_monitor: its file layout, one CSV per event
     "$zinc" train --steps 3 --set csv_monitor.enabled=true --set csv_monitor.output_path=\"cm\" \
         > cm.out 2>&1

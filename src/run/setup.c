@@ -280,9 +280,46 @@ int zn_run_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gpu_free,
     return 0;
 }
 
+/* An NVMe path that exists here but cannot be written: a read-only file
+ * system or no write permission. The run would stop creating its swap
+ * files; a plan refuses it too. (A path that does not exist here is the
+ * run's to create, or a plan's for another machine.) */
+static int nvme_path_writable(const zn_config *cfg, const char *key, const char *path)
+{
+    const char *p = path;
+    struct stat st;
+    if (stat(p, &st) != 0)
+        return 0;
+    struct statvfs sv;
+    if (statvfs(p, &sv) == 0 && (sv.f_flag & ST_RDONLY))
+        return zn_set_error(ZN_ECONFIG, "%s: %s %s is on a read-only file system (%s)",
+                            cfg->source, key, path, p);
+    if (access(p, W_OK) != 0)
+        return zn_set_error(ZN_ECONFIG, "%s: %s %s: %s is not writable here: %s", cfg->source,
+                            key, path, p, strerror(errno));
+    return 0;
+}
+
 int zn_run_check_budgets(const zn_config *cfg, const zn_topo *topo, const zn_plan_budgets *b,
                          int strict)
 {
+    for (int i = 0; i < cfg->tiers.n_nvme; i++) {
+        int rc = nvme_path_writable(cfg, "tiers.nvme path", cfg->tiers.nvme[i].path);
+        if (rc)
+            return rc;
+    }
+    const char *extra[2] = { cfg->zero.offload_param.nvme_path,
+                             cfg->zero.offload_optimizer.nvme_path };
+    for (int j = 0; j < 2; j++) {
+        int rc = extra[j][0] && (j == 0 ? cfg->zero.offload_param.device
+                                        : cfg->zero.offload_optimizer.device) == ZN_OFFLOAD_NVME
+                     ? nvme_path_writable(cfg, j ? "zero_optimization.offload_optimizer.nvme_path"
+                                                 : "zero_optimization.offload_param.nvme_path",
+                                          extra[j])
+                     : 0;
+        if (rc)
+            return rc;
+    }
     char msg[2048] = "", x[32], y[32];
     size_t o = 0;
     int n = 0;
