@@ -220,6 +220,32 @@ static void test_loader(void)
     c.batch = 4;
     ZT_EQ_INT(zn_loader_create(&l, t, &c), ZN_ECONFIG);
     ZT_CONTAINS(zn_last_error(), "pos.tok");
+    /* ... unless partial (evaluation): one batch, filled up with windows of
+     * no target past the data */
+    c.partial = 1;
+    c.shuffle = 0;
+    if (zn_loader_create(&l, t, &c) == 0) {
+        uint64_t nw = zn_loader_num_windows(l);
+        ZT_CHECK_MSG(nw >= 1 && nw < 4 && zn_loader_steps_per_epoch(l) == 1,
+                     "partial: %llu windows, %llu steps", (unsigned long long)nw,
+                     (unsigned long long)zn_loader_steps_per_epoch(l));
+        int32_t *pin = malloc(4 * 500 * 4), *ptg = malloc(4 * 500 * 4);
+        ZT_EQ_INT(zn_loader_get(l, 0, pin, ptg, NULL), 0);
+        int real = 0, pad = 0;
+        for (int64_t i = 0; i < 4 * 500; i++) {
+            if (i < (int64_t)nw * 500)
+                real += ptg[i] >= 0;
+            else
+                pad += ptg[i] >= 0;
+        }
+        ZT_CHECK_MSG(real > 0 && pad == 0, "partial batch: %d targets in the data, %d past it",
+                     real, pad);
+        free(pin);
+        free(ptg);
+        zn_loader_destroy(l);
+    } else {
+        ZT_CHECK_MSG(0, "partial loader refused: %s", zn_last_error());
+    }
 
     /* Ids beyond the model's vocab. */
     c = zn_loader_config_default();

@@ -110,6 +110,10 @@ typedef struct {
     int shuffle;      /* 1 (default): permute each epoch; 0: file order */
     int64_t vocab;    /* ids must be < vocab (the model's); 0 = no check */
     int packing;      /* 1 (default): pack documents; 0: one per window, padded */
+    int partial;      /* 1: the last global batch of an epoch is filled up with
+                         windows of no target instead of skipped, so fewer
+                         windows than one batch still make one (evaluation,
+                         as the HF Trainer evaluates a partial batch) */
 } zn_loader_config;
 
 ZN_API zn_loader_config zn_loader_config_default(void);

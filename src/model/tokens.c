@@ -463,7 +463,7 @@ int zn_loader_create(zn_loader **out, const zn_tokens *t, const zn_loader_config
     uint64_t n = cfg->packing ? (t->count > 0 ? (t->count - 1) / (uint64_t)cfg->seq_len : 0)
                               : pad_windows(l);
     uint64_t g = (uint64_t)cfg->world * (uint64_t)cfg->batch;
-    if (n < g) {
+    if (n < g && !(cfg->partial && n > 0)) {
         free(l);
         return zn_set_error(ZN_ECONFIG, "%s: %llu tokens make %llu sequences of %lld%s, fewer "
                                         "than one global batch (%llu = %d ranks x %lld)",
@@ -482,7 +482,7 @@ int zn_loader_create(zn_loader **out, const zn_tokens *t, const zn_loader_config
     if (!cfg->packing)
         pad_windows(l);
     l->n_windows = n;
-    l->steps_per_epoch = n / g;
+    l->steps_per_epoch = cfg->partial ? (n + g - 1) / g : n / g;
     *out = l;
     return 0;
 }
@@ -532,6 +532,16 @@ int zn_loader_get(zn_loader *l, uint64_t step, int32_t *inputs, int32_t *targets
     int64_t L = l->cfg.seq_len, B = l->cfg.batch;
     uint64_t base = s * (uint64_t)l->cfg.world * (uint64_t)B + (uint64_t)l->cfg.rank * (uint64_t)B;
     for (int64_t b = 0; b < B; b++) {
+        if (base + (uint64_t)b >= l->n_windows) {
+            /* past the last window of a partial batch: no target */
+            for (int64_t i = 0; i < L; i++) {
+                inputs[b * L + i] = 0;
+                targets[b * L + i] = -1;
+                if (pos)
+                    pos[b * L + i] = (int32_t)i;
+            }
+            continue;
+        }
         uint64_t w = l->perm[base + (uint64_t)b];
         uint64_t first = l->start ? l->start[w] : w * (uint64_t)L;
         int64_t len = l->len ? (int64_t)l->len[w] : L; /* inputs before the padding */

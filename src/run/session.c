@@ -211,6 +211,7 @@ static int open_eval(zn_run *ts, const zn_config *cfg)
     lc.shuffle = 0;
     lc.vocab = ts->dims.vocab;
     lc.packing = cfg->data.packing;
+    lc.partial = 1;   /* a small eval split is evaluated, as the HF Trainer does */
     if ((rc = zn_loader_create(&ts->eval_loader, ts->eval_data, &lc)))
         return zn_error_prefix(rc, "%s: data.eval_path", cfg->source);
     size_t n = (size_t)(ts->world * B * T);
