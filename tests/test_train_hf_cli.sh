@@ -44,6 +44,15 @@ rc=$?; check "[ \$rc -eq 1 ] && grep -q '50000-token vocabulary' big.out" \
 "$zinc" train "$fx/ft-llama/train-config.json" --model "$fx/ft-llama" --data synthetic "${nvme[@]}" --steps 2 \
     > ok.out 2> ok.err
 rc=$?; check "[ \$rc -eq 0 ]" "training ft-llama failed: $(cat ok.err)"
+check "grep -q '^  swap     swap\$' ok.out" "header does not name the swap folder: $(grep swap ok.out)"
+# a swap folder reached through a symbolic link: followed, and the header says so
+mkdir -p realswap && ln -s realswap swaplink
+"$zinc" train "$fx/ft-llama/train-config.json" --model "$fx/ft-llama" --data synthetic "${nvme[@]}" \
+    --set 'tiers.nvme="swaplink"' --steps 1 > link.out 2> link.err
+rc=$?; check "[ \$rc -eq 0 ] && grep -q '^  swap     swaplink -> $work/realswap (a symbolic link)' link.out" \
+      "swap through a symlink: exit $rc, $(grep swap link.out) $(tail -1 link.err)"
+check "[ -z \"\$(ls -A realswap)\" ]" "swap files left behind in the symlinked folder: $(ls realswap)"
+rm -rf realswap swaplink
 check "grep -q 'weights  30 tensors from $fx/ft-llama, bf16' ok.out" \
       "header does not say where the weights came from: $(grep weights ok.out)"
 "$zinc" train "$fx/ft-llama/train-config.json" --model "$fx/ft-llama" --data synthetic --set model.init=\"random\" \

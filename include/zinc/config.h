@@ -321,6 +321,12 @@ ZN_API const char *zn_config_origin_name(zn_config_origin o); /* "config", "auto
 
 ZN_API const char *zn_offload_device_name(zn_offload_device d);
 
+/* The folders the NVMe swap space spreads over, in order: tiers.nvme's
+ * paths, or else the nvme_path of each offload section placed on nvme
+ * (one entry when both name the same folder). Fills at most `max` and
+ * returns how many. */
+ZN_API int zn_config_nvme_paths(const zn_config *cfg, const char **paths, int max);
+
 /* Writes the effective configuration as JSON (every key, defaults
  * included); the caller frees the string with free(). NULL on OOM. */
 ZN_API char *zn_config_dump(const zn_config *cfg);

@@ -320,3 +320,20 @@ void zn_config_set_steps(zn_config *c, int64_t steps)
             c->scheduler.total_num_steps = steps > 0 ? steps : 1;
     }
 }
+
+int zn_config_nvme_paths(const zn_config *cfg, const char **paths, int max)
+{
+    int n = 0;
+    for (int i = 0; i < cfg->tiers.n_nvme && n < max; i++)
+        paths[n++] = cfg->tiers.nvme[i].path;
+    if (n || max < 1)
+        return n;
+    const char *a = cfg->zero.offload_optimizer.nvme_path;
+    const char *p = cfg->zero.offload_param.nvme_path;
+    if (cfg->zero.offload_optimizer.device == ZN_OFFLOAD_NVME && a[0])
+        paths[n++] = a;
+    if (cfg->zero.offload_param.device == ZN_OFFLOAD_NVME && p[0] && n < max &&
+        (!n || strcmp(paths[0], p)))
+        paths[n++] = p;
+    return n;
+}

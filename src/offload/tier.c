@@ -62,18 +62,7 @@ int zn_tier_open_nvme(zn_tier_mgr *m, const zn_config *cfg, uint64_t bytes,
 
     zn_swap_config sc = zn_swap_config_default();
     const char *paths[ZN_SWAP_MAX_PATHS];
-    int np = 0;
-    for (int i = 0; i < cfg->tiers.n_nvme && np < ZN_SWAP_MAX_PATHS; i++)
-        paths[np++] = cfg->tiers.nvme[i].path;
-    if (!np) {
-        const char *a = cfg->zero.offload_optimizer.nvme_path;
-        const char *p = cfg->zero.offload_param.nvme_path;
-        if (cfg->zero.offload_optimizer.device == ZN_OFFLOAD_NVME && a[0])
-            paths[np++] = a;
-        if (cfg->zero.offload_param.device == ZN_OFFLOAD_NVME && p[0] &&
-            (!np || strcmp(paths[0], p)))
-            paths[np++] = p;
-    }
+    int np = zn_config_nvme_paths(cfg, paths, ZN_SWAP_MAX_PATHS);
     if (!np)
         return zn_set_error(ZN_ECONFIG, "%s: state is placed on nvme but no path is given: "
                             "set tiers.nvme or zero_optimization.offload_*.nvme_path",
