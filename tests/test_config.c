@@ -355,6 +355,10 @@ static void test_auto(void)
     ZT_EQ_INT(parse(&c, "{\"monitor_config\": {\"enabled\": true, \"tag\": \"DeepSpeedMonitor\", "
                         "\"csv_monitor\": {\"enabled\": false}}}"), 0);
     bad("{\"wandb\": {\"enabled\": true}}", "wandb is not implemented");
+    bad("{\"wandb\": {\"enabled\": true}}", "wandb sync");
+    /* comet as DeepSpeed's config names it: refused on, accepted off */
+    bad("{\"comet\": {\"enabled\": true, \"project\": \"p\"}}", "comet is not implemented");
+    ZT_EQ_INT(parse(&c, "{\"comet\": {\"enabled\": false, \"project\": \"p\"}}"), 0);
     bad("{\"tensor_parallel\": {\"autotp_size\": 2}}", "autotp_size is not implemented");
     bad("{\"communication_data_type\": \"bf16\"}", "communication_data_type is not implemented");
 }

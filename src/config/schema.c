@@ -47,7 +47,14 @@ const key_spec zn_cfg_schema[] = {
     { "tensorboard.enabled", K_BOOL, OFF(tensorboard.enabled), 0, 0, NULL, 0, NULL },
     { "tensorboard.output_path", K_STR, OFF(tensorboard.output_path), 0, 0, NULL, ZN_PATH_MAX, NULL },
     { "tensorboard.job_name", K_STR, OFF(tensorboard.job_name), 0, 0, NULL, 256, NULL },
-    { "wandb", K_OFFSEC, 0, 0, 0, NULL, 0, "use zinc train --json-log" },
+    /* the services: zinc sends nothing over the network; the files it
+     * writes are what they import */
+    { "wandb", K_OFFSEC, 0, 0, 0, NULL, 0,
+      "zinc sends no metrics to a service: enable the tensorboard section (W&B imports its "
+      "event files with wandb sync DIR) or use zinc train --json-log" },
+    { "comet", K_OFFSEC, 0, 0, 0, NULL, 0,
+      "zinc sends no metrics to a service: the tensorboard and csv_monitor sections write "
+      "files, zinc train --json-log writes JSON lines" },
     { "csv_monitor", K_OBJ, 0, 0, 0, NULL, 0, NULL },
     { "csv_monitor.enabled", K_BOOL, OFF(csv_monitor.enabled), 0, 0, NULL, 0, NULL },
     { "csv_monitor.output_path", K_STR, OFF(csv_monitor.output_path), 0, 0, NULL, ZN_PATH_MAX, NULL },
