@@ -86,11 +86,22 @@ int zn_swap_clean_stale(const char *dir, const char *prefix, uint64_t *bytes, in
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         /* its run holds a lock on it while alive; a PID that still runs
          * (perhaps another program now) is left alone too */
+        if (!(kill((pid_t)pid, 0) < 0 && errno == ESRCH))
+            continue;
         int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0)
             continue;
         struct stat sb;
-        bool dead = flock(fd, LOCK_EX | LOCK_NB) == 0 && (kill((pid_t)pid, 0) < 0 && errno == ESRCH);
+        /* A run killed a moment ago can hold its lock past its exit: the
+         * kernel tears its io_uring down after the process is reaped, and
+         * the ring's references keep the locked file open until then. A
+         * gone PID gets two seconds for that before its file is left. */
+        bool dead = false;
+        for (int t = 0; t < 40 && !(dead = flock(fd, LOCK_EX | LOCK_NB) == 0); t++)
+            usleep(50 * 1000);
+        if (!dead)
+            zn_warn("swap: %s: run %ld is gone but its file is still locked; left in place",
+                    path, pid);
         if (dead && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && unlink(path) == 0) {
             *bytes += (uint64_t)sb.st_blocks * 512;
             (*files)++;
