@@ -315,6 +315,28 @@ ZN_API void zn_model_set_loss_scale(zn_model *m, float scale);
  * and keep it through its backward. */
 ZN_API void zn_model_set_dropout(zn_model *m, int training, uint64_t key);
 
+/* ---- decoding with a KV cache ------------------------------------------------
+ * Generation runs the same blocks over new tokens only: the keys and values
+ * of the tokens before them wait in a cache, per layer [slots][max_seq][k | v]
+ * (k after RoPE; cfg.dtype; zn_model_kv_bytes per layer), owned by the
+ * caller. zn_model_set_decode sets `batch` sequences of `seq` new tokens
+ * each: sequence b has pos0[b] tokens cached in slot slot[b] (NULL: slot b)
+ * and its new tokens sit at positions pos0[b] .. pos0[b] + seq - 1 (a
+ * prompt: pos0 0 and its whole length; a decoding step: seq 1). Then
+ * zn_model_embed_fwd, zn_model_layer_fwd_kv for every layer (which adds the
+ * new keys and values to the cache and attends over all of them, causally)
+ * and zn_model_head_logits compute what the full forward over the whole
+ * sequences would, for the new rows. Needs the GEMM attention (the fused
+ * kernels take no cache). Returns 0 or ZN_EARG (a size beyond the
+ * configured maximum, a position beyond max_seq, an id outside the vocab). */
+ZN_API int zn_model_set_decode(zn_model *m, zn_stream *s, int64_t batch, int64_t seq,
+                               const int32_t *ids, const int64_t *pos0, const int64_t *slot);
+/* Bytes of one layer's cache of `slots` sequences of up to max_seq tokens. */
+ZN_API uint64_t zn_model_kv_bytes(const zn_model *m, int64_t slots);
+/* The decoder layer's forward for a decoding batch; kv: the layer's cache. */
+ZN_API int zn_model_layer_fwd_kv(zn_model *m, zn_stream *s, int layer, void *const *params,
+                                 const void *x_in, void *x_out, void *kv);
+
 /* Bytes of one activation tensor between blocks: batch x seq x hidden x dtype. */
 ZN_API uint64_t zn_model_act_bytes(const zn_model *m);
 /* Bytes of one layer's saved activations when checkpointing is off. */
@@ -393,6 +415,8 @@ typedef struct zn_model_state zn_model_state;
  * ZN_EBUDGET or a device error. */
 ZN_API int zn_model_state_create(zn_model_state **out, zn_model *m, int with_grads);
 ZN_API void zn_model_state_destroy(zn_model_state *st); /* accepts NULL */
+/* The model it was made for. */
+ZN_API zn_model *zn_model_state_model(const zn_model_state *st);
 
 /* Seeded init like transformers' (normal(0, 0.02) weights, ones for norms,
  * zero biases); the values are a function of (seed, tensor, element) only. */
@@ -404,6 +428,15 @@ ZN_API int zn_model_state_init_random(zn_model_state *st, uint64_t seed);
  * model and tensors zinc does not use (rotary inv_freq) are skipped with
  * a debug line. Returns 0, -errno, ZN_ECORRUPT, ZN_ECONFIG. */
 ZN_API int zn_model_state_load(zn_model_state *st, const char *path);
+/* A base model and a PEFT LoRA adapter, unmerged (the dims' lora from the
+ * adapter's zn_lora_read_peft_config): the decoder's tensors from `base`
+ * as zn_model_state_load reads them, the adapters from
+ * adapter_dir/adapter_model.safetensors (PEFT's names, "base_model.model."
+ * before the model's). Returns as zn_model_state_load; a missing adapter
+ * tensor or one of another shape (an adapter for another base) is
+ * ZN_ECONFIG naming it. */
+ZN_API int zn_model_state_load_peft(zn_model_state *st, const char *base,
+                                    const char *adapter_dir);
 /* Writes config.json and model.safetensors (cfg.dtype) into folder `dir`
  * (which must exist): a checkpoint transformers can load. */
 ZN_API int zn_model_state_save(zn_model_state *st, const char *dir);

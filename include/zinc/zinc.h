@@ -9,6 +9,7 @@
 #include "zinc/plan.h"
 #include "zinc/device.h"
 #include "zinc/model.h"
+#include "zinc/generate.h"
 #include "zinc/safetensors.h"
 #include "zinc/tokens.h"
 #include "zinc/comm.h"

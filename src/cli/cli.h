@@ -32,6 +32,7 @@ int zn_cmd_train(int argc, char **argv);
 int zn_cmd_eval(int argc, char **argv);
 int zn_cmd_export(int argc, char **argv);
 int zn_cmd_prepare(int argc, char **argv);
+int zn_cmd_generate(int argc, char **argv);
 
 /* `zinc bench <what>` subcommands (bench.c holds the table and what the
  * drivers share). */

@@ -81,6 +81,10 @@ struct zn_model {
     int packed;         /* the batch packs documents: attention uses kstart */
     float loss_scale;
     int32_t *staging;   /* host: 4 x max_n */
+    /* decoding (zn_model_set_decode): the batch's tokens follow cached ones */
+    int decode;
+    int64_t *kv_pos0;   /* host, per sequence: tokens already in its cache */
+    int64_t *kv_slot;   /* host, per sequence: its slot of the KV cache */
 };
 
 /* ---- sizes ------------------------------------------------------------------ */
@@ -326,7 +330,12 @@ int zn_model_create(zn_model **out, zn_dev *dev, const zn_model_dims *d,
     set_shapes(m, d, cfg);
     layout(m, NULL);
     m->staging = malloc((size_t)m->max_n * 4 * sizeof *m->staging);
-    if (!m->staging) {
+    m->kv_pos0 = malloc((size_t)m->max_n * sizeof *m->kv_pos0);
+    m->kv_slot = malloc((size_t)m->max_n * sizeof *m->kv_slot);
+    if (!m->staging || !m->kv_pos0 || !m->kv_slot) {
+        free(m->kv_pos0);
+        free(m->kv_slot);
+        free(m->staging);
         free(m);
         return zn_set_error(-ENOMEM, "out of memory");
     }
@@ -364,6 +373,8 @@ void zn_model_destroy(zn_model *m)
     if (m->mem)
         zn_dev_free(m->dev, m->mem);
     free(m->staging);
+    free(m->kv_pos0);
+    free(m->kv_slot);
     free(m);
 }
 
@@ -581,6 +592,7 @@ int zn_model_set_batch(zn_model *m, zn_stream *s, int64_t batch, int64_t seq,
     m->B = batch;
     m->T = seq;
     m->N = N;
+    m->decode = 0;
     m->n_valid = valid;
     m->loss_scale = valid ? 1.0f / (float)valid : 0.0f;
     /* one document per sequence needs no key starts: plain causal softmax */
@@ -588,6 +600,55 @@ int zn_model_set_batch(zn_model *m, zn_stream *s, int64_t batch, int64_t seq,
     for (int64_t i = 0; pos && i < N && !m->packed; i++)
         m->packed = pos[i] != (int32_t)(i % seq);
     return 0;
+}
+
+int zn_model_set_decode(zn_model *m, zn_stream *s, int64_t batch, int64_t seq,
+                        const int32_t *ids, const int64_t *pos0, const int64_t *slot)
+{
+    if (batch <= 0 || seq <= 0 || seq > m->max_t || batch * seq > m->max_n)
+        return zn_set_error(ZN_EARG, "model: decoding %lld x %lld tokens exceeds the configured "
+                            "%lld x %lld", (long long)batch, (long long)seq,
+                            (long long)m->cfg.max_batch, (long long)m->max_t);
+    if (m->fused)
+        return zn_set_error(ZN_EARG, "model: decoding with a KV cache needs the GEMM attention "
+                            "(zn_model_config.attention = ZN_ATTN_GEMM)");
+    int64_t N = batch * seq;
+    for (int64_t b = 0; b < batch; b++) {
+        if (pos0[b] < 0 || pos0[b] + seq > m->max_t || (slot && slot[b] < 0))
+            return zn_set_error(ZN_EARG, "model: sequence %lld: positions %lld..%lld are beyond "
+                                "the configured %lld", (long long)b, (long long)pos0[b],
+                                (long long)(pos0[b] + seq - 1), (long long)m->max_t);
+        m->kv_pos0[b] = pos0[b];
+        m->kv_slot[b] = slot ? slot[b] : b;
+    }
+    for (int64_t i = 0; i < N; i++)
+        if (ids[i] < 0 || ids[i] >= m->V)
+            return zn_set_error(ZN_EARG, "model: input id %d of sequence %lld is outside the "
+                                "vocab (%lld)", ids[i], (long long)(i / seq), (long long)m->V);
+    int32_t *h = m->staging;
+    memcpy(h, ids, (size_t)N * 4);
+    for (int64_t i = 0; i < N; i++) {
+        h[N + i] = -1;
+        h[2 * N + i] = (int32_t)(pos0[i / seq] + i % seq);
+        h[3 * N + i] = 0;
+    }
+    ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->ids, h, (size_t)N * 4));
+    ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->targets, h + N, (size_t)N * 4));
+    ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->pos, h + 2 * N, (size_t)N * 4));
+    ZN_TRY(zn_dev_stream_sync(m->dev, s));
+    m->B = batch;
+    m->T = seq;
+    m->N = N;
+    m->decode = 1;
+    m->n_valid = 0;
+    m->loss_scale = 0.0f;
+    m->packed = 0;
+    return 0;
+}
+
+uint64_t zn_model_kv_bytes(const zn_model *m, int64_t slots)
+{
+    return (uint64_t)(slots * m->max_t * 2 * m->kvd) * m->esz;
 }
 
 int64_t zn_model_batch_tokens(const zn_model *m)
@@ -765,6 +826,44 @@ static int attn_fwd(zn_model *m, zn_stream *s, const layer_acts *a)
                                                 qn * kn, at(vb, j * hd, e), m->dt, ld, 0, 0.0f,
                                                 at(ob, j * g * hd, e), m->dt, m->qd, hd, g));
         }
+    return 0;
+}
+
+/* Attention of the decoded tokens: each sequence's new keys and values join
+ * its slot of the cache (kv: [slot][max_t][k | v]), then its queries meet
+ * every cached key up to their own position (the causal mask with the
+ * query offset at the cached length). */
+static int attn_fwd_kv(zn_model *m, zn_stream *s, const layer_acts *a, void *kv)
+{
+    int64_t T = m->T, ld = m->qkv_ld, hd = m->hd, g = m->g, kvd = m->kvd, kld = 2 * kvd;
+    int64_t QB = attn_rows(m);
+    size_t e = m->esz;
+    for (int64_t b = 0; b < m->B; b++) {
+        int64_t p0 = m->kv_pos0[b];
+        void *cb = at(kv, m->kv_slot[b] * m->max_t * kld, e);
+        const void *qb = at(a->qkv, b * T * ld, e);
+        ZN_TRY(zn_dev_copy_2d(m->dev, s, at(qb, m->qd, e), m->dt, ld, at(cb, p0 * kld, e), m->dt,
+                              kld, T, kld));
+        for (int64_t q0 = 0; q0 < T; q0 += QB) {
+            int64_t qn = T - q0 < QB ? T - q0 : QB, kn = p0 + q0 + qn;
+            for (int64_t j = 0; j < m->nkv; j++)
+                ZN_TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_TRANS, qn, kn, hd,
+                                                   1.0f, at(qb, q0 * ld + j * g * hd, e), m->dt,
+                                                   ld, hd, at(cb, j * hd, e), m->dt, kld, 0,
+                                                   0.0f, m->SS + j * g * qn * kn, ZN_DTYPE_F32,
+                                                   kn, qn * kn, g));
+            ZN_TRY(zn_dev_softmax_causal_fwd(m->dev, s, m->SS, ZN_DTYPE_F32, m->P, m->dt, m->nh,
+                                             qn, kn, p0 + q0, NULL,
+                                             1.0f / sqrtf((float)hd)));
+            void *ob = at(a->attn, (b * T + q0) * m->qd, e);
+            for (int64_t j = 0; j < m->nkv; j++)
+                ZN_TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, qn, hd, kn,
+                                                   1.0f, at(m->P, j * g * qn * kn, e), m->dt, kn,
+                                                   qn * kn, at(cb, kvd + j * hd, e), m->dt, kld,
+                                                   0, 0.0f, at(ob, j * g * hd, e), m->dt, m->qd,
+                                                   hd, g));
+        }
+    }
     return 0;
 }
 
@@ -947,7 +1046,7 @@ static int lora_bwd_x(zn_model *m, zn_stream *s, void *const *params, int layer,
 
 /* Forward up to (not including) the down projection. */
 static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *params,
-                          const void *x_in, const layer_acts *a)
+                          const void *x_in, const layer_acts *a, void *kv)
 {
     int64_t N = m->N, H = m->H, qd = m->qd, kvd = m->kvd, ld = m->qkv_ld, I = m->I;
     zn_dtype dt = m->dt;
@@ -970,7 +1069,7 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *par
     ZN_TRY(zn_dev_rope_fwd(m->dev, s, a->qkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
     ZN_TRY(zn_dev_rope_fwd(m->dev, s, at(a->qkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
                         m->inv_freq));
-    ZN_TRY(attn_fwd(m, s, a));
+    ZN_TRY(kv ? attn_fwd_kv(m, s, a, kv) : attn_fwd(m, s, a));
     /* x_mid = x_in + attn Wo^T (+ bo) */
     ZN_TRY(zn_dev_copy_d2d(m->dev, s, a->x_mid, x_in, (size_t)(N * H) * e));
     ZN_TRY(linear(m, s, a->attn, qd, PRM(P_WO), H, qd, 1.0f, a->x_mid, dt, H));
@@ -994,8 +1093,10 @@ static int check_layer(const zn_model *m, int layer)
     return 0;
 }
 
-int zn_model_layer_fwd(zn_model *m, zn_stream *s, int layer, void *const *params,
-                       const void *x_in, void *x_out, void *saved)
+/* The layer's forward, with `saved` (training without checkpoints) or `kv`
+ * (decoding) or neither. */
+static int layer_fwd(zn_model *m, zn_stream *s, int layer, void *const *params,
+                     const void *x_in, void *x_out, void *saved, void *kv)
 {
     ZN_TRY(check_layer(m, layer));
     if (x_in == x_out)
@@ -1005,11 +1106,29 @@ int zn_model_layer_fwd(zn_model *m, zn_stream *s, int layer, void *const *params
         carver c = { saved, 0 };
         carve_acts(&c, &a, m->max_n, m->H, m->qkv_ld, m->qd, m->I, m->esz, lse_floats(m));
     }
-    ZN_TRY(layer_fwd_core(m, s, layer, params, x_in, &a));
+    ZN_TRY(layer_fwd_core(m, s, layer, params, x_in, &a, kv));
     /* x_out = x_mid + act Wd^T */
     ZN_TRY(zn_dev_copy_d2d(m->dev, s, x_out, a.x_mid, (size_t)(m->N * m->H) * m->esz));
     ZN_TRY(linear(m, s, a.act, m->I, PRM(P_WD), m->H, m->I, 1.0f, x_out, m->dt, m->H));
     return lora_fwd(m, s, params, layer, ZN_LORA_DOWN, a.act, m->I, m->I, m->H, x_out, m->H);
+}
+
+int zn_model_layer_fwd(zn_model *m, zn_stream *s, int layer, void *const *params,
+                       const void *x_in, void *x_out, void *saved)
+{
+    if (m->decode)
+        return zn_set_error(ZN_EARG, "model: the batch is a decoding step (zn_model_set_decode): "
+                            "use zn_model_layer_fwd_kv");
+    return layer_fwd(m, s, layer, params, x_in, x_out, saved, NULL);
+}
+
+int zn_model_layer_fwd_kv(zn_model *m, zn_stream *s, int layer, void *const *params,
+                          const void *x_in, void *x_out, void *kv)
+{
+    if (!m->decode || !kv)
+        return zn_set_error(ZN_EARG, "model: layer %d: a KV-cache forward needs a decoding "
+                            "batch (zn_model_set_decode) and the layer's cache", layer);
+    return layer_fwd(m, s, layer, params, x_in, x_out, NULL, kv);
 }
 
 int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params,
@@ -1017,6 +1136,8 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
                        float *const *grads)
 {
     ZN_TRY(check_layer(m, layer));
+    if (m->decode)
+        return zn_set_error(ZN_EARG, "model: a decoding batch has no backward");
     int64_t N = m->N, H = m->H, qd = m->qd, kvd = m->kvd, ld = m->qkv_ld, I = m->I;
     zn_dtype dt = m->dt;
     size_t e = m->esz;
@@ -1026,7 +1147,7 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
         carver c = { (unsigned char *)saved, 0 };
         carve_acts(&c, &a, m->max_n, H, ld, qd, I, e, lse_floats(m));
     } else {
-        ZN_TRY(layer_fwd_core(m, s, layer, params, x_in, &a)); /* activation checkpointing */
+        ZN_TRY(layer_fwd_core(m, s, layer, params, x_in, &a, NULL)); /* activation checkpointing */
     }
 
     /* MLP: out = act Wd^T */

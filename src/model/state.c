@@ -249,7 +249,12 @@ static int ignorable(const char *name, const zn_model_dims *d)
     return d->tie_embeddings && !strcmp(name, "lm_head.weight");
 }
 
-int zn_model_state_load(zn_model_state *st, const char *path)
+/* Which tensors a load reads. */
+enum { LOAD_ALL, LOAD_BASE, LOAD_ADAPTERS };
+
+/* Loads the tensors `which` selects from `path`, where each is named
+ * prefix + its Hugging Face name. */
+static int load_tensors(zn_model_state *st, const char *path, const char *prefix, int which)
 {
     const zn_model_dims *d = zn_model_get_dims(st->m);
     zn_dtype dt = zn_model_get_config(st->m)->dtype;
@@ -271,10 +276,15 @@ int zn_model_state_load(zn_model_state *st, const char *path)
             zn_param_info pi;
             if ((rc = zn_model_block_param(d, b, i, &pi)) || pi.owner_block >= 0)
                 continue;
-            const zn_st_tensor *t = zn_st_find(f, pi.name);
+            if ((which == LOAD_BASE && pi.lora) || (which == LOAD_ADAPTERS && !pi.lora))
+                continue;
+            char name[sizeof pi.name + 64];
+            snprintf(name, sizeof name, "%s%s", prefix, pi.name);
+            const zn_st_tensor *t = zn_st_find(f, name);
             if (!t) {
-                rc = zn_set_error(ZN_ECONFIG, "%s: tensor '%s' is missing (config.json and the "
-                                              "weights disagree?)", path, pi.name);
+                rc = zn_set_error(ZN_ECONFIG, "%s: tensor '%s' is missing (%s)", path, name,
+                                  which == LOAD_ADAPTERS ? "adapter_config.json and the adapter's "
+                                  "weights disagree?" : "config.json and the weights disagree?");
                 break;
             }
             int same = t->ndim == pi.ndim;
@@ -289,7 +299,7 @@ int zn_model_state_load(zn_model_state *st, const char *path)
                     o += (size_t)snprintf(have + o, sizeof have - o, "%s%lld", k ? ", " : "",
                                           (long long)t->shape[k]);
                 rc = zn_set_error(ZN_ECONFIG, "%s: tensor '%s' has shape [%s], the config needs %s",
-                                  zn_st_shard_path(f, t->shard), pi.name, have, want);
+                                  zn_st_shard_path(f, t->shard), name, have, want);
                 break;
             }
             usedv[t - zn_st_tensor_at(f, 0)] = 1;
@@ -329,6 +339,27 @@ out:
     free(usedv);
     zn_st_close(f);
     return rc;
+}
+
+zn_model *zn_model_state_model(const zn_model_state *st)
+{
+    return st->m;
+}
+
+int zn_model_state_load(zn_model_state *st, const char *path)
+{
+    return load_tensors(st, path, "", LOAD_ALL);
+}
+
+int zn_model_state_load_peft(zn_model_state *st, const char *base, const char *adapter_dir)
+{
+    const zn_model_dims *d = zn_model_get_dims(st->m);
+    if (d->lora.r <= 0)
+        return zn_set_error(ZN_EARG, "%s: the model was made without LoRA adapters", adapter_dir);
+    ZN_TRY(load_tensors(st, base, "", LOAD_BASE));
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", adapter_dir);
+    return load_tensors(st, path, "base_model.model.", LOAD_ADAPTERS);
 }
 
 int zn_model_state_save(zn_model_state *st, const char *dir)

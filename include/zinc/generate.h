@@ -1,0 +1,90 @@
+/* zinc generate: text generation with a KV cache over the model's blocks
+ * (include/zinc/model.h), decoding as transformers' generate() does:
+ * greedy, or sampling with temperature, top-k, top-p, and a repetition
+ * penalty, stopping at an end-of-sequence id or after max_new_tokens.
+ *
+ * Prompts are token ids (the CLI tokenizes); many prompts decode together,
+ * one step for the whole batch, so the weights are read once per step
+ * however many sequences there are. Each prompt is prefilled on its own
+ * (its own slot of the cache) and then decoded with the others; a batch of
+ * prompts of different lengths gives each the ids it gets alone. */
+#ifndef ZINC_GENERATE_H
+#define ZINC_GENERATE_H
+
+#include <stdint.h>
+
+#include "zinc/model.h"
+#include "zinc/util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ZN_GEN_MAX_EOS 8
+
+typedef struct {
+    int64_t max_new_tokens; /* > 0 */
+    int do_sample;          /* 0: greedy (argmax; the lowest id of equal maxima) */
+    double temperature;     /* sampling: logits / temperature (> 0) */
+    int64_t top_k;          /* sampling: keep the k highest logits (ties kept); 0: all */
+    double top_p;           /* sampling: the smallest set of the most likely ids whose
+                               probability reaches top_p; 1: all */
+    double repetition_penalty; /* > 0; 1: none. An id already in the sequence (prompt
+                                  included) has its logit divided by it (multiplied when
+                                  negative), as transformers does, greedy or not */
+    uint64_t seed;          /* sampling: the same seed, prompts and settings give the
+                               same ids */
+    int n_eos;              /* stop ids (0..ZN_GEN_MAX_EOS); the one met is emitted */
+    int32_t eos[ZN_GEN_MAX_EOS];
+} zn_gen_params;
+
+/* transformers' GenerationConfig defaults: greedy, temperature 1, top_k 50,
+ * top_p 1, no penalty, max_new_tokens 256 (transformers' own default is a
+ * total length of 20), no eos. */
+ZN_API zn_gen_params zn_gen_params_default(void);
+/* Checks the ranges; 0 or ZN_ECONFIG naming the setting. */
+ZN_API int zn_gen_params_check(const zn_gen_params *p);
+
+typedef struct zn_gen zn_gen;
+
+/* A generator over a loaded model state (every weight resident; st and its
+ * model must outlive the generator): a KV cache of `max_batch` sequences of
+ * up to the model's max_seq tokens each (prompt and generated), allocated
+ * from the model's device arena (zn_gen_bytes says how much). The model
+ * must use the GEMM attention. Returns 0, ZN_EARG, ZN_EBUDGET, or a device
+ * error. */
+ZN_API int zn_gen_create(zn_gen **out, zn_model_state *st, int64_t max_batch);
+ZN_API void zn_gen_destroy(zn_gen *g); /* accepts NULL */
+/* Device bytes zn_gen_create allocates beside the model's: the cache,
+ * two activations and the logits of max_batch rows. */
+ZN_API uint64_t zn_gen_bytes(const zn_model *m, int64_t max_batch);
+
+/* Called for every generated id, as it is chosen: sequence `seq` (index
+ * into the prompts), its id, and whether it is that sequence's last. A
+ * nonzero return stops the generation with that value. */
+typedef int (*zn_gen_token_fn)(void *ctx, int64_t seq, int32_t id, int last);
+
+/* Generates for n prompts (ids, lens; each 1 .. max_seq - 1 ids), at most
+ * max_batch at a time. out[i] (may be NULL) receives sequence i's generated
+ * ids, malloc'd (free with free()), and out_len[i] their count. Returns 0,
+ * ZN_EARG (an empty or too long prompt, an id outside the vocab: the
+ * message names the prompt), ZN_ECONFIG (bad params), the callback's value,
+ * or a device error. */
+ZN_API int zn_gen_run(zn_gen *g, int64_t n, const int32_t *const *ids, const int64_t *lens,
+                      const zn_gen_params *p, int32_t **out, int64_t *out_len,
+                      zn_gen_token_fn cb, void *ctx);
+
+/* For tests: the fp32 logits [vocab] the last step computed for sequence
+ * `seq` of the current batch, NULL before a step. */
+ZN_API const float *zn_gen_last_logits(const zn_gen *g, int64_t seq);
+
+/* The next-token choice of zn_gen_run on one row of logits, for tests:
+ * `logits` (changed in place: the processors are applied), the sequence so
+ * far (for the penalty), and the sampler's state (seeded from p->seed). */
+ZN_API int32_t zn_gen_choose(const zn_gen_params *p, float *logits, int64_t vocab,
+                             const int32_t *seq, int64_t seq_len, uint64_t *rng);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

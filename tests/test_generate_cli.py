@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""`zinc generate` with text, against the HF tokenizers library itself (run
+by tests/test_generate_cli.sh with the project's .venv).
+
+A byte-level BPE tokenizer (vocabulary within tiny-llama's 320) is trained
+here and put beside tiny-llama's weights with a ChatML-style chat template
+and a generation_config.json. Checked:
+  - --prompt: the prompt's ids are the tokenizer's own encoding, the text
+    is its decoding of the generated ids, the ids are what --ids gives for
+    the same prompt ids, and the streamed text (no --json) is that text;
+  - --chat: the prompt's ids are the template rendered with the generation
+    prompt, then encoded;
+  - --prompts (a prompt, a chat, ids) with --out: each line what the single
+    runs give;
+  - generation_config.json's do_sample and eos are taken, --greedy and a
+    seed override them, and sampling twice with one seed agrees;
+  - refusals: no tokenizer.json, an adapter for another base, a prompt
+    that fills the context, a bad flag value, a malformed --prompts line.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jinja2
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+zinc, src, work = sys.argv[1], sys.argv[2], sys.argv[3]
+fix = os.path.join(src, "tests", "fixtures")
+fails = 0
+
+
+def check(cond, what):
+    global fails
+    if not cond:
+        fails += 1
+        print("FAIL:", what)
+
+
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+model = os.path.join(work, "model")
+os.makedirs(model)
+for f in ("config.json", "model.safetensors"):
+    shutil.copy(os.path.join(fix, "tiny-llama", f), model)
+tok = Tokenizer(models.BPE())
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+tok.decoder = decoders.ByteLevel()
+corpus = ["the cat sat on the mat", "what is two plus two", "four, of course",
+          "hello there, how are you"] * 40
+tok.train_from_iterator(corpus, trainers.BpeTrainer(
+    vocab_size=300, special_tokens=["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+assert tok.get_vocab_size() <= 320
+tok.save(os.path.join(model, "tokenizer.json"))
+json.dump({"chat_template": TEMPLATE, "eos_token": "<|endoftext|>", "add_bos_token": False},
+          open(os.path.join(model, "tokenizer_config.json"), "w"))
+im_end = tok.token_to_id("<|im_end|>")
+eot = tok.token_to_id("<|endoftext|>")
+json.dump({"eos_token_id": [im_end, eot]}, open(os.path.join(model, "generation_config.json"),
+                                                "w"))
+
+
+def run(*args):
+    return subprocess.run([zinc, "generate", "--model", model, "--device", "host"] + list(args),
+                          capture_output=True, text=True)
+
+
+def one(*args):
+    r = run(*args, "--json")
+    check(r.returncode == 0, "%s: exit %d: %s" % (args, r.returncode, r.stderr))
+    return json.loads(r.stdout) if r.returncode == 0 else {}
+
+
+# --prompt
+prompt = "the cat sat"
+g = one("--prompt", prompt, "--max-new-tokens", "12")
+check(g.get("prompt_ids") == tok.encode(prompt).ids, "--prompt ids: %s vs the tokenizer's %s" %
+      (g.get("prompt_ids"), tok.encode(prompt).ids))
+check(g.get("text") == tok.decode(g.get("ids", []), skip_special_tokens=True),
+      "--prompt text is not the tokenizer's decoding of the ids")
+check(0 < len(g.get("ids", [])) <= 12, "--max-new-tokens 12 gave %d ids" % len(g.get("ids", [])))
+byids = one("--ids", ",".join(map(str, tok.encode(prompt).ids)), "--max-new-tokens", "12")
+check(byids.get("ids") == g.get("ids"), "--ids and --prompt of the same ids differ")
+check("text" not in byids, "--ids decoded text without being asked to need a tokenizer")
+r = run("--prompt", prompt, "--max-new-tokens", "12")
+check(r.returncode == 0 and r.stdout == g.get("text", "") + "\n",
+      "streamed text %r vs %r" % (r.stdout, g.get("text")))
+check("tokens/s" in r.stderr, "no summary line: %s" % r.stderr)
+
+# --chat: the template with the generation prompt
+question = "what is two plus two"
+c = one("--chat", question, "--max-new-tokens", "8")
+env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+rendered = env.from_string(TEMPLATE).render(
+    messages=[{"role": "user", "content": question}], add_generation_prompt=True)
+check(c.get("prompt_ids") == tok.encode(rendered).ids, "--chat ids are not the template's")
+if c.get("finish") == "eos":
+    check(c["ids"][-1] in (im_end, eot), "finish eos without an eos id")
+
+# --prompts with --out: each as alone
+recs = [{"prompt": prompt}, {"messages": [{"role": "user", "content": question}]},
+        {"ids": tok.encode("hello there").ids}]
+pf, of = os.path.join(work, "p.jsonl"), os.path.join(work, "o.jsonl")
+with open(pf, "w") as f:
+    for rec in recs:
+        f.write(json.dumps(rec) + "\n")
+r = run("--prompts", pf, "--out", of, "--max-new-tokens", "8", "--batch-size", "2")
+check(r.returncode == 0, "--prompts: %s" % r.stderr)
+lines = [json.loads(x) for x in open(of)] if r.returncode == 0 else []
+check(len(lines) == 3, "--out has %d lines" % len(lines))
+singles = [one("--prompt", prompt, "--max-new-tokens", "8"),
+           one("--chat", question, "--max-new-tokens", "8"),
+           one("--ids", ",".join(map(str, recs[2]["ids"])), "--max-new-tokens", "8")]
+for k, (got, want) in enumerate(zip(lines, singles)):
+    check(got.get("ids") == want.get("ids"), "--prompts line %d: %s vs alone %s" %
+          (k + 1, got.get("ids"), want.get("ids")))
+    check(got.get("index") == k, "--prompts line %d: index %s" % (k + 1, got.get("index")))
+
+# generation_config.json: sampling on; --greedy turns it off; seeds repeat
+json.dump({"eos_token_id": [im_end, eot], "do_sample": True, "temperature": 1.0, "top_k": 0},
+          open(os.path.join(model, "generation_config.json"), "w"))
+s1 = one("--prompt", prompt, "--max-new-tokens", "12", "--seed", "3")
+s2 = one("--prompt", prompt, "--max-new-tokens", "12", "--seed", "3")
+check(s1.get("ids") == s2.get("ids"), "sampling twice with seed 3 differs")
+gr = one("--prompt", prompt, "--max-new-tokens", "12", "--greedy")
+check(gr.get("ids") == g.get("ids"), "--greedy over a sampling generation_config differs from "
+      "greedy")
+os.remove(os.path.join(model, "generation_config.json"))
+
+# refusals
+bare = os.path.join(work, "bare")
+os.makedirs(bare)
+for f in ("config.json", "model.safetensors"):
+    shutil.copy(os.path.join(fix, "tiny-llama", f), bare)
+r = subprocess.run([zinc, "generate", "--model", bare, "--prompt", "hi"], capture_output=True,
+                   text=True)
+check(r.returncode == 1 and "tokenizer.json" in r.stderr, "no tokenizer: %s" % r.stderr)
+r = run("--ids", "5,6,7", "--adapter", os.path.join(fix, "lora-llama", "final-adapter"))
+check(r.returncode == 1 and "lora_A" in r.stderr and "shape" in r.stderr,
+      "adapter for another base: %s" % r.stderr)
+r = run("--ids", ",".join(["5"] * 64))
+check(r.returncode == 1 and "context" in r.stderr, "prompt filling the context: %s" % r.stderr)
+r = run("--prompt", "x", "--top-p", "-1")
+check(r.returncode == 2 and "--top-p" in r.stderr, "bad --top-p: %s" % r.stderr)
+with open(pf, "w") as f:
+    f.write('{"prompt": "a"}\n[1, 2]\n')
+r = run("--prompts", pf)
+check(r.returncode == 1 and "p.jsonl:2" in r.stderr, "bad --prompts line: %s" % r.stderr)
+
+print("generate cli: %d failures" % fails)
+sys.exit(1 if fails else 0)
