@@ -16,9 +16,15 @@ and a generation_config.json. Checked:
     seed override them, and sampling twice with one seed agrees;
   - refusals: no tokenizer.json, an adapter for another base, a prompt
     that fills the context, a bad flag value, a malformed --prompts line.
+  - zinc chat through a pseudo-terminal: each reply is what `zinc generate`
+    gives for the whole history through the template (the second turn's
+    prompt is the template over user, assistant, user), /reset forgets it.
 """
 import json
 import os
+import pty
+import select
+import time
 import shutil
 import subprocess
 import sys
@@ -129,6 +135,62 @@ gr = one("--prompt", prompt, "--max-new-tokens", "12", "--greedy")
 check(gr.get("ids") == g.get("ids"), "--greedy over a sampling generation_config differs from "
       "greedy")
 os.remove(os.path.join(model, "generation_config.json"))
+
+# zinc chat in a pseudo-terminal
+q1, q2 = "what is two plus two", "and the cat?"
+t1 = one("--chat", q1, "--max-new-tokens", "6", "--greedy").get("text", "")
+with open(pf, "w") as f:
+    f.write(json.dumps({"messages": [{"role": "user", "content": q1},
+                                     {"role": "assistant", "content": t1},
+                                     {"role": "user", "content": q2}]}) + "\n")
+r = run("--prompts", pf, "--max-new-tokens", "6", "--greedy")
+t2 = json.loads(r.stdout).get("text", "") if r.returncode == 0 else None
+check(t2 is not None, "the two-turn reference: %s" % r.stderr)
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(zinc, [zinc, "chat", "--model", model, "--device", "host", "--max-new-tokens", "6",
+                    "--greedy"])
+seen = b""
+
+
+def expect(want, timeout=10.0):
+    """Reads the terminal until `want` (bytes) has appeared."""
+    global seen
+    end = time.time() + timeout
+    while want not in seen and time.time() < end:
+        rd, _, _ = select.select([fd], [], [], 0.2)
+        if rd:
+            try:
+                seen += os.read(fd, 4096)
+            except OSError:
+                break
+    return want in seen
+
+
+def crlf(text):
+    return text.replace("\n", "\r\n").encode()
+
+
+check(expect(b"> "), "chat: no prompt: %r" % seen)
+for q, t in ((q1, t1), (q2, t2), ("/reset", None), (q1, t1)):
+    seen = b""
+    os.write(fd, (q + "\n").encode())
+    if t is None:
+        check(expect(b"history cleared"), "chat: /reset said nothing: %r" % seen)
+        continue
+    # the reply, then the line of tokens/s (stderr), then the next prompt;
+    # the terminal's echo of the line typed (and, at times, a prompt: the
+    # pty's echo is queued apart from the program's output) come before it
+    ok = expect(b"tokens/s]") and expect(b"> ")
+    reply = seen[:seen.find(b"\r\n[")] if ok else b""
+    reply = reply.replace(crlf(q) + b"\r\n", b"", 1)
+    while reply.startswith(b"> "):
+        reply = reply[2:]
+    check(ok and reply == crlf(t), "chat: after %r the reply is not %r: %r" % (q, t, seen))
+os.write(fd, b"/exit\n")
+_, status = os.waitpid(pid, 0)
+check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "chat exit status %d" % status)
+os.close(fd)
 
 # refusals
 bare = os.path.join(work, "bare")

@@ -33,6 +33,7 @@ int zn_cmd_eval(int argc, char **argv);
 int zn_cmd_export(int argc, char **argv);
 int zn_cmd_prepare(int argc, char **argv);
 int zn_cmd_generate(int argc, char **argv);
+int zn_cmd_chat(int argc, char **argv);
 
 /* `zinc bench <what>` subcommands (bench.c holds the table and what the
  * drivers share). */

@@ -386,6 +386,78 @@ static int on_token(void *ctx, int64_t seq, int32_t id, int last)
     return 0;
 }
 
+/* ---- the model and its generator ------------------------------------------------------ */
+
+typedef struct {
+    zn_dev *dev;
+    zn_model *m;
+    zn_model_state *st;
+    zn_gen *g;
+    zn_dtype dt;
+} engine;
+
+static void engine_close(engine *e)
+{
+    zn_gen_destroy(e->g);
+    zn_model_state_destroy(e->st);
+    zn_model_destroy(e->m);
+    zn_dev_destroy(e->dev);
+    memset(e, 0, sizeof *e);
+}
+
+/* The device, the model (GEMM attention, a context of ctx tokens), every
+ * weight loaded (the base and the adapter, unmerged), a generator of B
+ * sequences. Returns 0, 1 after printing an error, 2 after a usage error. */
+static int engine_open(engine *e, const zn_model_dims *d, const char *model, const char *adapter,
+                       const char *device, const char *dtype, const char *gpu_mem, int64_t ctx,
+                       int64_t B, const char *cmd)
+{
+    char what[64];
+    int rc;
+    memset(e, 0, sizeof *e);
+    zn_dev_config dc = zn_dev_config_default();
+    dc.name = device;
+    if (gpu_mem && (rc = zn_parse_size(gpu_mem, &dc.gpu_budget))) {
+        snprintf(what, sizeof what, "%s: --gpu-mem", cmd);
+        return zn_cli_fail(rc, what);
+    }
+    if ((rc = zn_dev_create(&e->dev, &dc))) {
+        snprintf(what, sizeof what, "%s: device", cmd);
+        return zn_cli_fail(rc, what);
+    }
+    zn_model_config mc = zn_model_config_default(e->dev);
+    if (dtype && strcmp(dtype, "f32") && strcmp(dtype, "bf16")) {
+        fprintf(stderr, "zinc: error: %s: --dtype must be f32 or bf16\n", cmd);
+        engine_close(e);
+        return 2;
+    }
+    if (dtype)
+        mc.dtype = strcmp(dtype, "f32") ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+    e->dt = mc.dtype;
+    mc.max_batch = 1;
+    mc.max_seq = ctx;
+    mc.attention = ZN_ATTN_GEMM;
+    if ((rc = zn_model_create(&e->m, e->dev, d, &mc)) ||
+        (rc = zn_model_state_create(&e->st, e->m, 0))) {
+        snprintf(what, sizeof what, "%s: model", cmd);
+        engine_close(e);
+        return zn_cli_fail(rc, what);
+    }
+    rc = adapter ? zn_model_state_load_peft(e->st, model, adapter)
+                 : zn_model_state_load(e->st, model);
+    if (rc) {
+        snprintf(what, sizeof what, "%s: loading %s", cmd,
+                 adapter ? "the base and adapter" : "weights");
+        engine_close(e);
+        return zn_cli_fail(rc, what);
+    }
+    if ((rc = zn_gen_create(&e->g, e->st, B))) {
+        engine_close(e);
+        return zn_cli_fail(rc, cmd);
+    }
+    return 0;
+}
+
 /* ---- the command --------------------------------------------------------------------- */
 
 static int num_arg(const char *name, const char *s, double lo, double *out)
@@ -505,10 +577,8 @@ int zn_cmd_generate(int argc, char **argv)
     streamer sm;
     memset(&sm, 0, sizeof sm);
     FILE *out = stdout;
-    zn_dev *dev = NULL;
-    zn_model *m = NULL;
-    zn_model_state *st = NULL;
-    zn_gen *g = NULL;
+    engine en;
+    memset(&en, 0, sizeof en);
     int32_t **gen = NULL;
     int64_t *gen_len = NULL;
     int need_text = !idlist && !pfile; /* --prompts: when a line has no "ids" */
@@ -615,45 +685,13 @@ int zn_cmd_generate(int argc, char **argv)
     }
     int64_t B = (int64_t)batch < pr.n ? (int64_t)batch : pr.n;
 
-    zn_dev_config dc = zn_dev_config_default();
-    dc.name = device;
-    if (gpu_mem && (rc = zn_parse_size(gpu_mem, &dc.gpu_budget))) {
-        zn_cli_fail(rc, "generate: --gpu-mem");
+    if ((ret = engine_open(&en, &d, model, adapter, device, dtype, gpu_mem, ctx, B,
+                           "generate"))) {
+        if (ret != 2)
+            ret = 1;
         goto out;
     }
-    if ((rc = zn_dev_create(&dev, &dc))) {
-        zn_cli_fail(rc, "generate: device");
-        goto out;
-    }
-    zn_model_config mc = zn_model_config_default(dev);
-    if (dtype) {
-        if (!strcmp(dtype, "f32")) {
-            mc.dtype = ZN_DTYPE_F32;
-        } else if (!strcmp(dtype, "bf16")) {
-            mc.dtype = ZN_DTYPE_BF16;
-        } else {
-            fprintf(stderr, "zinc: error: generate: --dtype must be f32 or bf16\n");
-            ret = 2;
-            goto out;
-        }
-    }
-    mc.max_batch = 1;
-    mc.max_seq = ctx;
-    mc.attention = ZN_ATTN_GEMM;
-    if ((rc = zn_model_create(&m, dev, &d, &mc)) || (rc = zn_model_state_create(&st, m, 0))) {
-        zn_cli_fail(rc, "generate: model");
-        goto out;
-    }
-    rc = adapter ? zn_model_state_load_peft(st, model, adapter) : zn_model_state_load(st, model);
-    if (rc) {
-        zn_cli_fail(rc, adapter ? "generate: loading the base and adapter" :
-                                  "generate: loading weights");
-        goto out;
-    }
-    if ((rc = zn_gen_create(&g, st, B))) {
-        zn_cli_fail(rc, "generate");
-        goto out;
-    }
+    ret = 1;
     gen = calloc((size_t)pr.n, sizeof *gen);
     gen_len = calloc((size_t)pr.n, sizeof *gen_len);
     if (!gen || !gen_len) {
@@ -663,7 +701,7 @@ int zn_cmd_generate(int argc, char **argv)
     sm.tok = &tok;
     sm.stream = !json_out && !pfile && tok.pid;
     double t0 = zn_now_s();
-    rc = zn_gen_run(g, pr.n, (const int32_t *const *)pr.ids, pr.len, &gp, gen, gen_len,
+    rc = zn_gen_run(en.g, pr.n, (const int32_t *const *)pr.ids, pr.len, &gp, gen, gen_len,
                     on_token, &sm);
     double t1 = zn_now_s();
     if (rc) {
@@ -712,11 +750,11 @@ int zn_cmd_generate(int argc, char **argv)
     }
     out = stdout;
     zn_dev_info di;
-    zn_dev_get_info(dev, &di);
+    zn_dev_get_info(en.dev, &di);
     fprintf(stderr, "zinc: generate: %lld prompts, %lld new tokens in %.2f s (%.1f tokens/s), "
             "%s, %s, weights resident, KV cache and buffers %.1f MiB\n", (long long)pr.n, (long long)total,
             t1 - t0, (double)total / (t1 - t0 > 0 ? t1 - t0 : 1e-9), di.name,
-            zn_dtype_name(mc.dtype), (double)zn_gen_bytes(m, B) / (1 << 20));
+            zn_dtype_name(en.dt), (double)zn_gen_bytes(en.m, B) / (1 << 20));
     ret = 0;
 out:
     if (out != stdout)
@@ -726,12 +764,225 @@ out:
     free(gen);
     free(gen_len);
     free(sm.gen);
-    zn_gen_destroy(g);
-    zn_model_state_destroy(st);
-    zn_model_destroy(m);
-    zn_dev_destroy(dev);
+    engine_close(&en);
     prompts_free(&pr);
     tok_close(&tok);
     json_decref(recs);
+    return ret;
+}
+
+/* ---- zinc chat ----------------------------------------------------------------------- */
+
+static void chat_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: zinc chat --model DIR [--adapter DIR] [--system TEXT]\n"
+            "                 [--max-new-tokens N] [--do-sample | --greedy] [--temperature T]\n"
+            "                 [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]\n"
+            "                 [--context N] [--device auto|host|cuda[:N]] [--dtype f32|bf16]\n"
+            "                 [--gpu-mem SIZE]\n"
+            "A conversation through the folder's chat template: each line you type is a\n"
+            "user turn, the reply streams as it is decoded, and the whole history is the\n"
+            "next prompt. /reset forgets the history, /system TEXT sets the system prompt\n"
+            "(and resets), /exit or end of input ends. Decoding as `zinc generate`;\n"
+            "--context (default: max_position_embeddings, at most 4096) bounds the\n"
+            "history in tokens.\n");
+}
+
+int zn_cmd_chat(int argc, char **argv)
+{
+    const char *model = NULL, *adapter = NULL, *device = "auto", *dtype = NULL, *gpu_mem = NULL;
+    const char *system = NULL;
+    double max_new = -1, temp = -1, topk = -1, topp = -1, rep = -1, seed = 0, context = 0;
+    int do_sample = -1, ret = 1, rc;
+    static const struct option opts[] = {
+        { "model", required_argument, 0, 'm' },
+        { "adapter", required_argument, 0, 'a' },
+        { "system", required_argument, 0, 'y' },
+        { "max-new-tokens", required_argument, 0, 'n' },
+        { "do-sample", no_argument, 0, 'S' },
+        { "greedy", no_argument, 0, 'G' },
+        { "temperature", required_argument, 0, 'T' },
+        { "top-k", required_argument, 0, 'k' },
+        { "top-p", required_argument, 0, 'q' },
+        { "repetition-penalty", required_argument, 0, 'r' },
+        { "seed", required_argument, 0, 's' },
+        { "context", required_argument, 0, 'C' },
+        { "device", required_argument, 0, 'D' },
+        { "dtype", required_argument, 0, 't' },
+        { "gpu-mem", required_argument, 0, 'g' },
+        { "help", no_argument, 0, 'h' },
+        { 0, 0, 0, 0 },
+    };
+    optind = 1;
+    for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
+        int bad = 0;
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'a': adapter = optarg; break;
+        case 'y': system = optarg; break; /* copied below */
+        case 'n': bad = num_arg("--max-new-tokens", optarg, 1, &max_new); break;
+        case 'S': do_sample = 1; break;
+        case 'G': do_sample = 0; break;
+        case 'T': bad = num_arg("--temperature", optarg, 1e-30, &temp); break;
+        case 'k': bad = num_arg("--top-k", optarg, 0, &topk); break;
+        case 'q': bad = num_arg("--top-p", optarg, 1e-30, &topp); break;
+        case 'r': bad = num_arg("--repetition-penalty", optarg, 1e-30, &rep); break;
+        case 's': bad = num_arg("--seed", optarg, 0, &seed); break;
+        case 'C': bad = num_arg("--context", optarg, 2, &context); break;
+        case 'D': device = optarg; break;
+        case 't': dtype = optarg; break;
+        case 'g': gpu_mem = optarg; break;
+        case 'h': chat_usage(stdout); return 0;
+        default: chat_usage(stderr); return 2;
+        }
+        if (bad)
+            return 2;
+    }
+    if (!model || optind < argc) {
+        chat_usage(stderr);
+        return 2;
+    }
+    zn_gen_params gp = zn_gen_params_default();
+    if (folder_defaults(model, &gp))
+        return 1;
+    if (max_new > 0)
+        gp.max_new_tokens = (int64_t)max_new;
+    if (do_sample >= 0)
+        gp.do_sample = do_sample;
+    if (temp > 0)
+        gp.temperature = temp;
+    if (topk >= 0)
+        gp.top_k = (int64_t)topk;
+    if (topp > 0)
+        gp.top_p = topp;
+    if (rep > 0)
+        gp.repetition_penalty = rep;
+    gp.seed = (uint64_t)seed;
+    if ((rc = zn_gen_params_check(&gp)))
+        return zn_cli_fail(rc, "chat");
+    zn_model_dims d;
+    if ((rc = zn_model_dims_from_hf(&d, model)))
+        return zn_cli_fail(rc, "chat");
+    if (adapter && (rc = zn_lora_read_peft_config(adapter, &d.lora)))
+        return zn_cli_fail(rc, "chat: --adapter");
+    int64_t ctx = context > 0 ? (int64_t)context : (d.max_pos < 4096 ? d.max_pos : 4096);
+    int failed = 0;
+    if (system && !(system = strdup(system)))
+        return zn_cli_fail(-ENOMEM, "chat");
+    if (ctx > d.max_pos)
+        ctx = d.max_pos;
+
+    tokenizer tok;
+    engine en;
+    streamer sm;
+    memset(&sm, 0, sizeof sm);
+    json_t *msgs = json_array();
+    char *line = NULL;
+    size_t cap = 0;
+    if (tok_open(&tok, model))
+        goto out;
+    if (tok.eos && !gp.n_eos)
+        eos_from(&gp, tok.eos);
+    if ((ret = engine_open(&en, &d, model, adapter, device, dtype, gpu_mem, ctx, 1, "chat"))) {
+        if (ret != 2)
+            ret = 1;
+        tok_close(&tok);
+        goto out;
+    }
+    zn_dev_info di;
+    zn_dev_get_info(en.dev, &di);
+    fprintf(stderr, "zinc chat: %s (%s, %.3g M parameters%s) on %s, %s, every weight resident; "
+            "a history of up to %lld tokens. /reset, /system TEXT, /exit.\n", model,
+            d.arch == ZN_ARCH_QWEN2 ? "qwen2" : "llama",
+            (double)zn_model_param_count(&d) / 1e6, adapter ? ", with the adapter" : "",
+            di.name, zn_dtype_name(en.dt), (long long)ctx);
+    sm.tok = &tok;
+    sm.stream = 1;
+    for (;;) {
+        fputs("> ", stdout);
+        fflush(stdout);
+        ssize_t n = getline(&line, &cap, stdin);
+        if (n < 0) {
+            putchar('\n');
+            break;
+        }
+        while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+            line[--n] = 0;
+        if (!n)
+            continue;
+        if (!strcmp(line, "/exit") || !strcmp(line, "/quit"))
+            break;
+        if (!strcmp(line, "/reset") || !strncmp(line, "/system", 7)) {
+            if (!strncmp(line, "/system", 7)) {
+                const char *t = line + 7;
+                t += strspn(t, " \t");
+                free((void *)system);
+                system = *t ? strdup(t) : NULL;
+                if (*t && !system) {
+                    failed = zn_cli_fail(-ENOMEM, "chat");
+                    break;
+                }
+            }
+            json_array_clear(msgs);
+            fprintf(stderr, "[history cleared%s]\n", system ? "; system prompt set" : "");
+            continue;
+        }
+        if (!json_array_size(msgs) && system)
+            json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content",
+                                                  system));
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", line));
+        json_t *req = json_object();
+        json_object_set(req, "messages", msgs);
+        json_t *ids = tok_ask(&tok, req, "ids");
+        prompts pr;
+        memset(&pr, 0, sizeof pr);
+        if (!ids || prompts_add(&pr, ids, "chat")) {
+            json_decref(ids);
+            failed = 1; /* the tokenizer said why */
+            break;
+        }
+        json_decref(ids);
+        if (pr.len[0] >= ctx) {
+            fprintf(stderr, "zinc: error: chat: the conversation is %lld tokens, the context "
+                    "holds %lld: /reset (or a larger --context)\n", (long long)pr.len[0],
+                    (long long)ctx);
+            json_array_remove(msgs, json_array_size(msgs) - 1);
+            prompts_free(&pr);
+            continue;
+        }
+        int32_t *gen = NULL;
+        int64_t gn = 0;
+        sm.n = 0;
+        sm.printed = 0;
+        double t0 = zn_now_s();
+        rc = zn_gen_run(en.g, 1, (const int32_t *const *)pr.ids, pr.len, &gp, &gen, &gn,
+                        on_token, &sm);
+        double t1 = zn_now_s();
+        prompts_free(&pr);
+        if (rc) {
+            failed = zn_cli_fail(rc, "chat");
+            break;
+        }
+        char *text = tok_decode(&tok, gen, gn);
+        free(gen);
+        if (!text) {
+            failed = 1;
+            break;
+        }
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant", "content",
+                                              text));
+        free(text);
+        fprintf(stderr, "[%lld tokens, %.1f tokens/s]\n", (long long)gn,
+                (double)gn / (t1 - t0 > 0 ? t1 - t0 : 1e-9));
+    }
+    ret = failed;
+    engine_close(&en);
+    tok_close(&tok);
+out:
+    free(line);
+    free(sm.gen);
+    free((void *)system);
+    json_decref(msgs);
     return ret;
 }

@@ -12,6 +12,7 @@ static const zn_cli_cmd commands[] = {
     { "plan", zn_cmd_plan, "place a model's training state into the tiers of a config" },
     { "eval", zn_cmd_eval, "mean next-token cross-entropy of an HF model over token data" },
     { "generate", zn_cmd_generate, "generate text from an HF model folder (and a LoRA adapter)" },
+    { "chat", zn_cmd_chat, "talk with a model folder through its chat template" },
     { "prepare", zn_cmd_prepare, "text / chat jsonl to a token file with the model's tokenizer" },
     { "export", zn_cmd_export, "write a checkpoint as a Hugging Face folder (or --verify it)" },
     { "bench", zn_cmd_bench, "offload bandwidth benchmarks (nvme, adam, pcie, ...)" },
