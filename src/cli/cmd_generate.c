@@ -386,6 +386,81 @@ static int on_token(void *ctx, int64_t seq, int32_t id, int last)
     return 0;
 }
 
+/* ---- the decoding flags both commands take ---------------------------------------------- */
+
+typedef struct {
+    double max_new, temp, topk, topp, rep, seed; /* < 0 (seed: 0): not given */
+    int do_sample;                               /* -1: not given */
+} decode_flags;
+
+#define DECODE_FLAGS_UNSET { -1, -1, -1, -1, -1, 0, -1 }
+
+#define DECODE_OPTIONS                                                                       \
+    { "max-new-tokens", required_argument, 0, 'n' }, { "do-sample", no_argument, 0, 'S' },   \
+    { "greedy", no_argument, 0, 'G' }, { "temperature", required_argument, 0, 'T' },         \
+    { "top-k", required_argument, 0, 'k' }, { "top-p", required_argument, 0, 'q' },          \
+    { "repetition-penalty", required_argument, 0, 'r' }, { "seed", required_argument, 0, 's' }
+
+static int num_arg(const char *name, const char *s, double lo, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo)) {
+        fprintf(stderr, "zinc: error: %s: bad value '%s'\n", name, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* One of DECODE_OPTIONS: 0, or 2 after printing a bad value. */
+static int decode_flag(int c, const char *arg, decode_flags *f)
+{
+    switch (c) {
+    case 'n': return num_arg("--max-new-tokens", arg, 1, &f->max_new) ? 2 : 0;
+    case 'S': f->do_sample = 1; return 0;
+    case 'G': f->do_sample = 0; return 0;
+    case 'T': return num_arg("--temperature", arg, 1e-30, &f->temp) ? 2 : 0;
+    case 'k': return num_arg("--top-k", arg, 0, &f->topk) ? 2 : 0;
+    case 'q': return num_arg("--top-p", arg, 1e-30, &f->topp) ? 2 : 0;
+    case 'r': return num_arg("--repetition-penalty", arg, 1e-30, &f->rep) ? 2 : 0;
+    default: return num_arg("--seed", arg, 0, &f->seed) ? 2 : 0;
+    }
+}
+
+/* The decoding settings (the folder's generation_config.json, then the
+ * flags) and the model's dims (with the adapter's LoRA). Returns 0, or 1
+ * after printing an error. */
+static int decode_setup(const decode_flags *f, const char *model, const char *adapter,
+                        const char *cmd, zn_gen_params *gp, zn_model_dims *d)
+{
+    char what[64];
+    int rc;
+    *gp = zn_gen_params_default();
+    if (folder_defaults(model, gp))
+        return 1;
+    if (f->max_new > 0)
+        gp->max_new_tokens = (int64_t)f->max_new;
+    if (f->do_sample >= 0)
+        gp->do_sample = f->do_sample;
+    if (f->temp > 0)
+        gp->temperature = f->temp;
+    if (f->topk >= 0)
+        gp->top_k = (int64_t)f->topk;
+    if (f->topp > 0)
+        gp->top_p = f->topp;
+    if (f->rep > 0)
+        gp->repetition_penalty = f->rep;
+    gp->seed = (uint64_t)f->seed;
+    if ((rc = zn_gen_params_check(gp)) || (rc = zn_model_dims_from_hf(d, model)))
+        return zn_cli_fail(rc, cmd);
+    snprintf(what, sizeof what, "%s: --adapter", cmd);
+    if (adapter && (rc = zn_lora_read_peft_config(adapter, &d->lora)))
+        return zn_cli_fail(rc, what);
+    return 0;
+}
+
 /* ---- the model and its generator ------------------------------------------------------ */
 
 typedef struct {
@@ -460,26 +535,13 @@ static int engine_open(engine *e, const zn_model_dims *d, const char *model, con
 
 /* ---- the command --------------------------------------------------------------------- */
 
-static int num_arg(const char *name, const char *s, double lo, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo)) {
-        fprintf(stderr, "zinc: error: generate: %s: bad value '%s'\n", name, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 int zn_cmd_generate(int argc, char **argv)
 {
     const char *model = NULL, *adapter = NULL, *prompt = NULL, *chat = NULL, *idlist = NULL;
     const char *pfile = NULL, *outfile = NULL, *device = "auto", *dtype = NULL, *gpu_mem = NULL;
-    double max_new = -1, temp = -1, topk = -1, topp = -1, rep = -1, seed = 0, batch = 8,
-           context = 0;
-    int do_sample = -1, json_out = 0, ret = 1, rc;
+    double batch = 8, context = 0;
+    decode_flags df = DECODE_FLAGS_UNSET;
+    int json_out = 0, ret = 1, rc;
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' },
         { "adapter", required_argument, 0, 'a' },
@@ -488,14 +550,7 @@ int zn_cmd_generate(int argc, char **argv)
         { "ids", required_argument, 0, 'i' },
         { "prompts", required_argument, 0, 'P' },
         { "out", required_argument, 0, 'o' },
-        { "max-new-tokens", required_argument, 0, 'n' },
-        { "do-sample", no_argument, 0, 'S' },
-        { "greedy", no_argument, 0, 'G' },
-        { "temperature", required_argument, 0, 'T' },
-        { "top-k", required_argument, 0, 'k' },
-        { "top-p", required_argument, 0, 'q' },
-        { "repetition-penalty", required_argument, 0, 'r' },
-        { "seed", required_argument, 0, 's' },
+        DECODE_OPTIONS,
         { "batch-size", required_argument, 0, 'b' },
         { "context", required_argument, 0, 'C' },
         { "device", required_argument, 0, 'D' },
@@ -516,14 +571,9 @@ int zn_cmd_generate(int argc, char **argv)
         case 'i': idlist = optarg; break;
         case 'P': pfile = optarg; break;
         case 'o': outfile = optarg; break;
-        case 'n': bad = num_arg("--max-new-tokens", optarg, 1, &max_new); break;
-        case 'S': do_sample = 1; break;
-        case 'G': do_sample = 0; break;
-        case 'T': bad = num_arg("--temperature", optarg, 1e-30, &temp); break;
-        case 'k': bad = num_arg("--top-k", optarg, 0, &topk); break;
-        case 'q': bad = num_arg("--top-p", optarg, 1e-30, &topp); break;
-        case 'r': bad = num_arg("--repetition-penalty", optarg, 1e-30, &rep); break;
-        case 's': bad = num_arg("--seed", optarg, 0, &seed); break;
+        case 'n': case 'S': case 'G': case 'T': case 'k': case 'q': case 'r': case 's':
+            bad = decode_flag(c, optarg, &df);
+            break;
         case 'b': bad = num_arg("--batch-size", optarg, 1, &batch); break;
         case 'C': bad = num_arg("--context", optarg, 2, &context); break;
         case 'D': device = optarg; break;
@@ -545,30 +595,10 @@ int zn_cmd_generate(int argc, char **argv)
         return 2;
     }
 
-    zn_gen_params gp = zn_gen_params_default();
-    if (folder_defaults(model, &gp))
-        return 1;
-    if (max_new > 0)
-        gp.max_new_tokens = (int64_t)max_new;
-    if (do_sample >= 0)
-        gp.do_sample = do_sample;
-    if (temp > 0)
-        gp.temperature = temp;
-    if (topk >= 0)
-        gp.top_k = (int64_t)topk;
-    if (topp > 0)
-        gp.top_p = topp;
-    if (rep > 0)
-        gp.repetition_penalty = rep;
-    gp.seed = (uint64_t)seed;
-    if ((rc = zn_gen_params_check(&gp)))
-        return zn_cli_fail(rc, "generate");
-
+    zn_gen_params gp;
     zn_model_dims d;
-    if ((rc = zn_model_dims_from_hf(&d, model)))
-        return zn_cli_fail(rc, "generate");
-    if (adapter && (rc = zn_lora_read_peft_config(adapter, &d.lora)))
-        return zn_cli_fail(rc, "generate: --adapter");
+    if ((rc = decode_setup(&df, model, adapter, "generate", &gp, &d)))
+        return rc;
 
     tokenizer tok;
     memset(&tok, 0, sizeof tok);
@@ -793,20 +823,14 @@ int zn_cmd_chat(int argc, char **argv)
 {
     const char *model = NULL, *adapter = NULL, *device = "auto", *dtype = NULL, *gpu_mem = NULL;
     const char *system = NULL;
-    double max_new = -1, temp = -1, topk = -1, topp = -1, rep = -1, seed = 0, context = 0;
-    int do_sample = -1, ret = 1, rc;
+    double context = 0;
+    decode_flags df = DECODE_FLAGS_UNSET;
+    int ret = 1, rc;
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' },
         { "adapter", required_argument, 0, 'a' },
         { "system", required_argument, 0, 'y' },
-        { "max-new-tokens", required_argument, 0, 'n' },
-        { "do-sample", no_argument, 0, 'S' },
-        { "greedy", no_argument, 0, 'G' },
-        { "temperature", required_argument, 0, 'T' },
-        { "top-k", required_argument, 0, 'k' },
-        { "top-p", required_argument, 0, 'q' },
-        { "repetition-penalty", required_argument, 0, 'r' },
-        { "seed", required_argument, 0, 's' },
+        DECODE_OPTIONS,
         { "context", required_argument, 0, 'C' },
         { "device", required_argument, 0, 'D' },
         { "dtype", required_argument, 0, 't' },
@@ -821,14 +845,9 @@ int zn_cmd_chat(int argc, char **argv)
         case 'm': model = optarg; break;
         case 'a': adapter = optarg; break;
         case 'y': system = optarg; break; /* copied below */
-        case 'n': bad = num_arg("--max-new-tokens", optarg, 1, &max_new); break;
-        case 'S': do_sample = 1; break;
-        case 'G': do_sample = 0; break;
-        case 'T': bad = num_arg("--temperature", optarg, 1e-30, &temp); break;
-        case 'k': bad = num_arg("--top-k", optarg, 0, &topk); break;
-        case 'q': bad = num_arg("--top-p", optarg, 1e-30, &topp); break;
-        case 'r': bad = num_arg("--repetition-penalty", optarg, 1e-30, &rep); break;
-        case 's': bad = num_arg("--seed", optarg, 0, &seed); break;
+        case 'n': case 'S': case 'G': case 'T': case 'k': case 'q': case 'r': case 's':
+            bad = decode_flag(c, optarg, &df);
+            break;
         case 'C': bad = num_arg("--context", optarg, 2, &context); break;
         case 'D': device = optarg; break;
         case 't': dtype = optarg; break;
@@ -843,29 +862,10 @@ int zn_cmd_chat(int argc, char **argv)
         chat_usage(stderr);
         return 2;
     }
-    zn_gen_params gp = zn_gen_params_default();
-    if (folder_defaults(model, &gp))
-        return 1;
-    if (max_new > 0)
-        gp.max_new_tokens = (int64_t)max_new;
-    if (do_sample >= 0)
-        gp.do_sample = do_sample;
-    if (temp > 0)
-        gp.temperature = temp;
-    if (topk >= 0)
-        gp.top_k = (int64_t)topk;
-    if (topp > 0)
-        gp.top_p = topp;
-    if (rep > 0)
-        gp.repetition_penalty = rep;
-    gp.seed = (uint64_t)seed;
-    if ((rc = zn_gen_params_check(&gp)))
-        return zn_cli_fail(rc, "chat");
+    zn_gen_params gp;
     zn_model_dims d;
-    if ((rc = zn_model_dims_from_hf(&d, model)))
-        return zn_cli_fail(rc, "chat");
-    if (adapter && (rc = zn_lora_read_peft_config(adapter, &d.lora)))
-        return zn_cli_fail(rc, "chat: --adapter");
+    if ((rc = decode_setup(&df, model, adapter, "chat", &gp, &d)))
+        return rc;
     int64_t ctx = context > 0 ? (int64_t)context : (d.max_pos < 4096 ? d.max_pos : 4096);
     int failed = 0;
     if (system && !(system = strdup(system)))
