@@ -12,9 +12,16 @@
  *   - sampling: the same seed gives the same ids, another seed others;
  *     a sampled id is always one transformers' warpers keep,
  *   - bad input: a prompt filling the context, an id outside the vocab, an
- *     adapter for another base. */
+ *     adapter for another base;
+ *   - streamed weights (zn_gen_open): with layers homed in pinned memory
+ *     and passing through 1..3 device slots, the same ids and bit-identical
+ *     logits as every weight resident (the same arithmetic on the same
+ *     values), each streamed layer copied once per step, and nothing
+ *     allocated after zn_gen_open (its placement is what the run uses). */
 #include <jansson.h>
 #include <math.h>
+#include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -348,6 +355,196 @@ static void bad_input(zn_dev *dev)
     zn_model_destroy(m);
 }
 
+/* Greedy ids of prompts through a generator of owned weights placed with
+ * config c (NULL: resident in a model state), and the last step's logits. */
+static int gen_with(zn_dev *dev, const char *dir, const char *adapter, const zn_gen_config *c,
+                    int64_t np, const int32_t *const *ids, const int64_t *lens, int64_t max_new,
+                    int32_t **out, int64_t *out_n, float *last, zn_gen_placement *pl)
+{
+    zn_model_dims d;
+    int rc = zn_model_dims_from_hf(&d, dir);
+    if (!rc && adapter)
+        rc = zn_lora_read_peft_config(adapter, &d.lora);
+    zn_model_config cfg = zn_model_config_default(dev);
+    cfg.dtype = ZN_DTYPE_F32;
+    cfg.max_batch = 1;
+    cfg.max_seq = d.max_pos;
+    cfg.attention = ZN_ATTN_GEMM;
+    zn_model *m = NULL;
+    zn_model_state *st = NULL;
+    zn_gen *g = NULL;
+    if (!rc)
+        rc = zn_model_create(&m, dev, &d, &cfg);
+    if (!rc && !c) {
+        rc = zn_model_state_create(&st, m, 0);
+        if (!rc)
+            rc = adapter ? zn_model_state_load_peft(st, dir, adapter) : zn_model_state_load(st, dir);
+        if (!rc)
+            rc = zn_gen_create(&g, st, np);
+    } else if (!rc) {
+        zn_gen_config cc = *c;
+        cc.max_batch = np;
+        rc = zn_gen_open(&g, m, &cc);
+        if (!rc)
+            rc = zn_gen_load(g, dir, adapter);
+    }
+    zn_dev_mem before, after;
+    zn_dev_mem_stats(dev, &before);
+    zn_gen_params p = zn_gen_params_default();
+    p.max_new_tokens = max_new;
+    if (!rc)
+        rc = zn_gen_run(g, np, ids, lens, &p, out, out_n, NULL, NULL);
+    zn_dev_mem_stats(dev, &after);
+    if (!rc) {
+        ZT_CHECK_MSG(after.peak == before.peak, "%s: the run allocated beyond the placement "
+                     "(peak %llu after, %llu before)", dir, (unsigned long long)after.peak,
+                     (unsigned long long)before.peak);
+        memcpy(last, zn_gen_last_logits(g, 0), (size_t)d.vocab * sizeof *last);
+        if (pl)
+            zn_gen_get_placement(g, pl);
+    }
+    ZT_CHECK_MSG(rc == 0, "%s: %s", dir, zn_last_error());
+    zn_gen_destroy(g);
+    zn_model_state_destroy(st);
+    zn_model_destroy(m);
+    return rc;
+}
+
+static void streamed(zn_dev *dev, const char *dir, const char *adapter, int64_t V, int64_t L)
+{
+    /* two prompts together: a batch step streams each layer once */
+    int32_t a[] = { 5, 9, 40, 7, 3, 11, 12 }, b[] = { 60, 2, 8 };
+    const int32_t *ids[] = { a, b };
+    int64_t lens[] = { 7, 3 }, max_new = 12;
+    int32_t *ref[2] = { 0 }, *got[2] = { 0 };
+    int64_t ref_n[2], got_n[2];
+    float *ref_last = malloc((size_t)V * 4), *got_last = malloc((size_t)V * 4);
+    if (gen_with(dev, dir, adapter, NULL, 2, ids, lens, max_new, ref, ref_n, ref_last, NULL))
+        goto out;
+    for (int ring = 1; ring <= 3; ring++)
+        for (int res = 0; res < L && res <= 1; res++) {
+            zn_gen_config c = zn_gen_config_default();
+            c.ring = ring;
+            c.max_resident_layers = res;
+            zn_gen_placement pl;
+            if (gen_with(dev, dir, adapter, &c, 2, ids, lens, max_new, got, got_n, got_last,
+                         &pl))
+                goto out;
+            ZT_EQ_INT(pl.resident_layers, res);
+            ZT_EQ_INT(pl.streamed_layers, L - res);
+            for (int i = 0; i < 2; i++) {
+                ZT_CHECK_MSG(got_n[i] == ref_n[i] && !memcmp(got[i], ref[i], (size_t)got_n[i] * 4),
+                             "%s: streamed (ring %d, %d resident) ids differ from resident", dir,
+                             ring, res);
+                free(got[i]);
+                got[i] = NULL;
+            }
+            ZT_CHECK_MSG(!memcmp(got_last, ref_last, (size_t)V * 4), "%s: streamed (ring %d, %d "
+                         "resident) logits are not the resident ones", dir, ring, res);
+            /* steps: 2 prefills, then max_new - 1 decoding steps together;
+             * every step streams each layer once (a ring that holds them
+             * all loads them once), plus the next step's first slots */
+            uint64_t steps = 2 + (uint64_t)(max_new - 1), n = (uint64_t)(L - res);
+            uint64_t want = pl.ring >= (int)n ? n : (steps * n + (uint64_t)pl.ring);
+            ZT_CHECK_MSG(pl.streamed_bytes == want * pl.layer_bytes, "%s: ring %d, %d resident: "
+                         "%llu bytes streamed, %llu expected", dir, ring, res,
+                         (unsigned long long)pl.streamed_bytes,
+                         (unsigned long long)(want * pl.layer_bytes));
+        }
+out:
+    for (int i = 0; i < 2; i++) {
+        free(ref[i]);
+        free(got[i]);
+    }
+    free(ref_last);
+    free(got_last);
+}
+
+/* A deeper random model (6 layers), saved by zinc: the ring cycles over
+ * more layers than slots, in steps whose count the slots do not divide. */
+static void streamed_deep(zn_dev *dev)
+{
+    char dir[] = "gen-deep-XXXXXX";
+    if (!mkdtemp(dir)) {
+        ZT_FAIL_AT("mkdtemp: %s", dir);
+        return;
+    }
+    zn_model_dims d;
+    zn_model_dims_default(&d);
+    d.n_layers = 6;
+    d.hidden = 64;
+    d.n_heads = 4;
+    d.n_kv_heads = 2;
+    d.head_dim = 16;
+    d.intermediate = 96;
+    d.max_pos = 48;
+    zn_model_config cfg = zn_model_config_default(dev);
+    cfg.dtype = ZN_DTYPE_F32;
+    cfg.max_seq = 48;
+    zn_model *m = NULL;
+    zn_model_state *st = NULL;
+    int rc = zn_model_create(&m, dev, &d, &cfg);
+    if (!rc)
+        rc = zn_model_state_create(&st, m, 0);
+    if (!rc)
+        rc = zn_model_state_init_random(st, 11);
+    if (!rc)
+        rc = zn_model_state_save(st, dir);
+    ZT_CHECK_MSG(rc == 0, "deep model: %s", zn_last_error());
+    zn_model_state_destroy(st);
+    zn_model_destroy(m);
+    if (!rc)
+        streamed(dev, dir, NULL, d.vocab, d.n_layers);
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* The arena decides: a budget that holds the head and a few layers streams
+ * the rest, within the budget. */
+static void placed_by_budget(void)
+{
+    zn_dev *dev = NULL;
+    zn_dev_config dc = zn_dev_config_default();
+    dc.name = "host";
+    dc.gpu_budget = 1 << 20; /* the host arena's least */
+    if (zn_dev_create(&dev, &dc)) {
+        ZT_FAIL_AT("device: %s", zn_last_error());
+        return;
+    }
+    zn_model_dims d;
+    zn_model_dims_from_hf(&d, FIX "tiny-llama");
+    zn_model_config cfg = zn_model_config_default(dev);
+    cfg.dtype = ZN_DTYPE_F32;
+    cfg.max_seq = 64;
+    cfg.attention = ZN_ATTN_GEMM;
+    zn_model *m = NULL;
+    zn_gen *g = NULL;
+    zn_gen_config c = zn_gen_config_default();
+    c.ring = 1;
+    int rc = zn_model_create(&m, dev, &d, &cfg);
+    if (!rc)
+        rc = zn_gen_open(&g, m, &c);
+    ZT_CHECK_MSG(rc == 0, "1 MiB arena: %s", zn_last_error());
+    if (!rc) {
+        zn_gen_placement pl;
+        zn_gen_get_placement(g, &pl);
+        zn_dev_mem ms;
+        zn_dev_mem_stats(dev, &ms);
+        ZT_CHECK_MSG(pl.streamed_layers > 0 && !pl.embed_resident, "1 MiB arena: %d layers "
+                     "streamed, embedding %s", pl.streamed_layers,
+                     pl.embed_resident ? "resident" : "pinned");
+        ZT_CHECK(ms.used <= ms.budget);
+        ZT_CHECK(pl.device_weight_bytes <= ms.used);
+    }
+    zn_gen_destroy(g);
+    zn_model_destroy(m);
+    zn_dev_destroy(dev);
+}
+
 int main(void)
 {
     zn_dev *dev = NULL;
@@ -361,6 +558,11 @@ int main(void)
     run_model(dev, "tiny-qwen2");
     run_model(dev, "lora-llama");
     bad_input(dev);
+    streamed(dev, FIX "tiny-llama", NULL, 320, 2);
+    streamed(dev, FIX "tiny-qwen2", NULL, 320, 2);
+    streamed(dev, FIX "ft-llama", FIX "lora-llama/final-adapter", 160, 3);
+    streamed_deep(dev);
     zn_dev_destroy(dev);
+    placed_by_budget();
     return zt_done();
 }

@@ -91,6 +91,12 @@ check(0 < len(g.get("ids", [])) <= 12, "--max-new-tokens 12 gave %d ids" % len(g
 byids = one("--ids", ",".join(map(str, tok.encode(prompt).ids)), "--max-new-tokens", "12")
 check(byids.get("ids") == g.get("ids"), "--ids and --prompt of the same ids differ")
 check("text" not in byids, "--ids decoded text without being asked to need a tokenizer")
+# a 1 MiB device arena: the layers stream from pinned RAM, the ids stay
+gs = one("--prompt", prompt, "--max-new-tokens", "12", "--gpu-mem", "1MiB")
+check(gs.get("ids") == g.get("ids"), "streamed weights give other ids than resident ones")
+r = run("--prompt", prompt, "--gpu-mem", "1MiB", "--plan")
+check(r.returncode == 0 and "streamed from pinned RAM" in r.stdout and
+      "kv cache" in r.stdout and not r.stderr, "--plan: %s %s" % (r.stdout, r.stderr))
 r = run("--prompt", prompt, "--max-new-tokens", "12")
 check(r.returncode == 0 and r.stdout == g.get("text", "") + "\n",
       "streamed text %r vs %r" % (r.stdout, g.get("text")))

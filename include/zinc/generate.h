@@ -49,15 +49,54 @@ typedef struct zn_gen zn_gen;
 
 /* A generator over a loaded model state (every weight resident; st and its
  * model must outlive the generator): a KV cache of `max_batch` sequences of
- * up to the model's max_seq tokens each (prompt and generated), allocated
- * from the model's device arena (zn_gen_bytes says how much). The model
- * must use the GEMM attention. Returns 0, ZN_EARG, ZN_EBUDGET, or a device
- * error. */
+ * up to the model's max_seq tokens each (prompt and generated), two
+ * activations and the logits, allocated from the model's device arena. The
+ * model must use the GEMM attention. Returns 0, ZN_EARG, ZN_EBUDGET, or a
+ * device error. */
 ZN_API int zn_gen_create(zn_gen **out, zn_model_state *st, int64_t max_batch);
 ZN_API void zn_gen_destroy(zn_gen *g); /* accepts NULL */
-/* Device bytes zn_gen_create allocates beside the model's: the cache,
- * two activations and the logits of max_batch rows. */
-ZN_API uint64_t zn_gen_bytes(const zn_model *m, int64_t max_batch);
+
+/* ---- a generator that owns its weights and streams what does not fit ---------
+ * zn_gen_open allocates the cache, activations and logits, then places the
+ * 16-bit (or fp32) weights: everything on the device when it fits the
+ * arena; otherwise the head (final norm and lm_head, and a tied embedding)
+ * on the device, an untied embedding in pinned host memory (a step
+ * gathers its ids' rows on the host), a ring of `ring` device slots of one
+ * decoder layer each, then as many layers resident as the arena still
+ * holds, the rest homed in pinned host memory. A streamed layer is copied
+ * into its slot on a copy stream while the layers before it compute, the
+ * next step's first ones during the current step's last layers and head,
+ * so each step moves every streamed layer across the link once whatever
+ * the batch. Every byte is allocated here (zn_gen_get_placement reports
+ * it); zn_gen_load fills it. */
+typedef struct {
+    int64_t max_batch;       /* sequences decoded together (default 1) */
+    int ring;                /* device slots for streamed layers (default 2, 1..8) */
+    int max_resident_layers; /* -1 (default): as many as fit; n: at most n */
+} zn_gen_config;
+
+ZN_API zn_gen_config zn_gen_config_default(void);
+/* Returns 0, ZN_EARG, ZN_EBUDGET (the head, the ring or a layer does not fit
+ * the device, or the pinned homes cpu_budget: named), or a device error. */
+ZN_API int zn_gen_open(zn_gen **out, zn_model *m, const zn_gen_config *c);
+/* Reads the weights into their homes: a Hugging Face folder or file, and
+ * with adapter_dir (the model made with its LoRA dims) the PEFT adapter,
+ * unmerged. Checks as zn_model_state_load / _load_peft do. */
+ZN_API int zn_gen_load(zn_gen *g, const char *base, const char *adapter_dir);
+
+typedef struct {
+    int layers, resident_layers, streamed_layers, ring;
+    int embed_resident;            /* the embedding on the device (else pinned, gathered) */
+    uint64_t layer_bytes;          /* one decoder layer */
+    uint64_t device_weight_bytes;  /* weights and ring slots on the device */
+    uint64_t pinned_bytes;         /* weights homed in pinned host memory */
+    uint64_t streamed_bytes_per_step; /* host to device per decoding step */
+    uint64_t streamed_bytes;       /* copied so far */
+    uint64_t kv_bytes_per_seq;     /* the cache of one sequence of max_seq tokens */
+    uint64_t kv_bytes;             /* the whole cache */
+} zn_gen_placement;
+
+ZN_API void zn_gen_get_placement(const zn_gen *g, zn_gen_placement *p);
 
 /* Called for every generated id, as it is chosen: sequence `seq` (index
  * into the prompts), its id, and whether it is that sequence's last. A

@@ -33,7 +33,7 @@ static void usage(FILE *f)
             "                     [--temperature T] [--top-k K] [--top-p P]\n"
             "                     [--repetition-penalty R] [--seed S] [--batch-size B]\n"
             "                     [--context N] [--device auto|host|cuda[:N]] [--dtype f32|bf16]\n"
-            "                     [--gpu-mem SIZE] [--json]\n"
+            "                     [--gpu-mem SIZE] [--json] [--plan]\n"
             "  --model      Hugging Face folder (config.json, safetensors; tokenizer.json\n"
             "               and tokenizer_config.json for text), e.g. a `zinc export`\n"
             "  --adapter    a PEFT LoRA adapter folder for that base, applied unmerged\n"
@@ -50,6 +50,10 @@ static void usage(FILE *f)
             "               generation_config.json (greedy where it says nothing);\n"
             "               stops at its eos_token_id (or config.json's) and after\n"
             "               --max-new-tokens (default: its max_new_tokens, else 256)\n"
+            "  --gpu-mem    the device arena: weights that do not fit it stay in pinned RAM\n"
+            "               and stream through the device layer by layer each step\n"
+            "  --plan       print what is on the device, what streams, the KV cache and\n"
+            "               the bound streaming puts on a step, then stop (nothing loaded)\n"
             "  --context    tokens per sequence the KV cache holds (default: the\n"
             "               longest prompt + max-new-tokens, at most\n"
             "               max_position_embeddings)\n");
@@ -466,26 +470,27 @@ static int decode_setup(const decode_flags *f, const char *model, const char *ad
 typedef struct {
     zn_dev *dev;
     zn_model *m;
-    zn_model_state *st;
     zn_gen *g;
     zn_dtype dt;
+    double load_s;
 } engine;
 
 static void engine_close(engine *e)
 {
     zn_gen_destroy(e->g);
-    zn_model_state_destroy(e->st);
     zn_model_destroy(e->m);
     zn_dev_destroy(e->dev);
     memset(e, 0, sizeof *e);
 }
 
-/* The device, the model (GEMM attention, a context of ctx tokens), every
- * weight loaded (the base and the adapter, unmerged), a generator of B
- * sequences. Returns 0, 1 after printing an error, 2 after a usage error. */
+/* The device, the model (GEMM attention, a context of ctx tokens), the
+ * generator of B sequences with its weights placed (resident, or streamed
+ * from pinned memory where the device has no room) and, unless plan_only,
+ * loaded (the base and the adapter, unmerged). Returns 0, 1 after printing
+ * an error, 2 after a usage error. */
 static int engine_open(engine *e, const zn_model_dims *d, const char *model, const char *adapter,
                        const char *device, const char *dtype, const char *gpu_mem, int64_t ctx,
-                       int64_t B, const char *cmd)
+                       int64_t B, int plan_only, const char *cmd)
 {
     char what[64];
     int rc;
@@ -496,41 +501,93 @@ static int engine_open(engine *e, const zn_model_dims *d, const char *model, con
         snprintf(what, sizeof what, "%s: --gpu-mem", cmd);
         return zn_cli_fail(rc, what);
     }
+    if (dtype && strcmp(dtype, "f32") && strcmp(dtype, "bf16")) {
+        fprintf(stderr, "zinc: error: %s: --dtype must be f32 or bf16\n", cmd);
+        return 2;
+    }
     if ((rc = zn_dev_create(&e->dev, &dc))) {
         snprintf(what, sizeof what, "%s: device", cmd);
         return zn_cli_fail(rc, what);
     }
     zn_model_config mc = zn_model_config_default(e->dev);
-    if (dtype && strcmp(dtype, "f32") && strcmp(dtype, "bf16")) {
-        fprintf(stderr, "zinc: error: %s: --dtype must be f32 or bf16\n", cmd);
-        engine_close(e);
-        return 2;
-    }
     if (dtype)
         mc.dtype = strcmp(dtype, "f32") ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
     e->dt = mc.dtype;
     mc.max_batch = 1;
     mc.max_seq = ctx;
     mc.attention = ZN_ATTN_GEMM;
-    if ((rc = zn_model_create(&e->m, e->dev, d, &mc)) ||
-        (rc = zn_model_state_create(&e->st, e->m, 0))) {
-        snprintf(what, sizeof what, "%s: model", cmd);
+    zn_gen_config gc = zn_gen_config_default();
+    gc.max_batch = B;
+    if ((rc = zn_model_create(&e->m, e->dev, d, &mc)) || (rc = zn_gen_open(&e->g, e->m, &gc))) {
+        snprintf(what, sizeof what, "%s: placing the model", cmd);
         engine_close(e);
         return zn_cli_fail(rc, what);
     }
-    rc = adapter ? zn_model_state_load_peft(e->st, model, adapter)
-                 : zn_model_state_load(e->st, model);
-    if (rc) {
+    if (plan_only)
+        return 0;
+    double t0 = zn_now_s();
+    if ((rc = zn_gen_load(e->g, model, adapter))) {
         snprintf(what, sizeof what, "%s: loading %s", cmd,
                  adapter ? "the base and adapter" : "weights");
         engine_close(e);
         return zn_cli_fail(rc, what);
     }
-    if ((rc = zn_gen_create(&e->g, e->st, B))) {
-        engine_close(e);
-        return zn_cli_fail(rc, cmd);
-    }
+    e->load_s = zn_now_s() - t0;
     return 0;
+}
+
+/* Where the weights are, in one line for people. */
+static void placement_line(const engine *e, char *buf, size_t n)
+{
+    zn_gen_placement p;
+    zn_gen_get_placement(e->g, &p);
+    if (!p.streamed_layers)
+    {
+        char a[32];
+        snprintf(buf, n, "every weight on the device (%s)",
+                 zn_format_size(p.device_weight_bytes, a, sizeof a));
+    } else {
+        char a[32];
+        snprintf(buf, n, "%d of %d layers on the device, %d streamed from pinned RAM through %d "
+                 "slots (%s per step)", p.resident_layers, p.layers, p.streamed_layers, p.ring,
+                 zn_format_size(p.streamed_bytes_per_step, a, sizeof a));
+    }
+}
+
+/* `--plan`: what is where, the cache, and the bound streaming puts on a
+ * decoding step. */
+static void print_plan(const engine *e, int64_t ctx, int64_t B)
+{
+    zn_gen_placement p;
+    zn_gen_get_placement(e->g, &p);
+    zn_dev_info di;
+    zn_dev_get_info(e->dev, &di);
+    zn_dev_mem ms;
+    zn_dev_mem_stats(e->dev, &ms);
+    char a[32], b[32], c[32];
+    printf("device       %s, %s, arena %s, %s allocated\n", di.name, zn_dtype_name(e->dt),
+           zn_format_size(ms.budget, a, sizeof a), zn_format_size(ms.used, b, sizeof b));
+    printf("layers       %d of %d on the device, %d streamed from pinned RAM (%s each) "
+           "through %d device slots\n", p.resident_layers, p.layers, p.streamed_layers,
+           zn_format_size(p.layer_bytes, a, sizeof a), p.ring);
+    printf("embedding    %s\n", p.embed_resident ? "on the device"
+                                                 : "pinned RAM (its rows gathered per step)");
+    printf("weights      %s on the device (ring slots included), %s pinned\n",
+           zn_format_size(p.device_weight_bytes, a, sizeof a),
+           zn_format_size(p.pinned_bytes, b, sizeof b));
+    printf("kv cache     %s per sequence of %lld tokens, %lld sequences: %s\n",
+           zn_format_size(p.kv_bytes_per_seq, a, sizeof a), (long long)ctx, (long long)B,
+           zn_format_size(p.kv_bytes, c, sizeof c));
+    printf("per step     %s host to device", zn_format_size(p.streamed_bytes_per_step, a,
+                                                          sizeof a));
+    if (p.streamed_bytes_per_step && di.pcie_peak_gbs > 0)
+        printf(": at most %.1f steps/s over the link's %.1f GB/s peak, %.1f tokens/s with %lld "
+               "sequences", di.pcie_peak_gbs * 1e9 / (double)p.streamed_bytes_per_step,
+               di.pcie_peak_gbs, di.pcie_peak_gbs * 1e9 / (double)p.streamed_bytes_per_step *
+               (double)B, (long long)B);
+    if (p.streamed_layers && !p.streamed_bytes_per_step)
+        printf(" (the slots hold every streamed layer: loaded once)");
+    printf("\n");
 }
 
 /* ---- the command --------------------------------------------------------------------- */
@@ -557,13 +614,16 @@ int zn_cmd_generate(int argc, char **argv)
         { "dtype", required_argument, 0, 't' },
         { "gpu-mem", required_argument, 0, 'g' },
         { "json", no_argument, 0, 'j' },
+        { "plan", no_argument, 0, 'L' },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
+    int plan_only = 0;
     optind = 1;
     for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
         int bad = 0;
         switch (c) {
+        case 'L': plan_only = 1; break;
         case 'm': model = optarg; break;
         case 'a': adapter = optarg; break;
         case 'p': prompt = optarg; break;
@@ -715,13 +775,18 @@ int zn_cmd_generate(int argc, char **argv)
     }
     int64_t B = (int64_t)batch < pr.n ? (int64_t)batch : pr.n;
 
-    if ((ret = engine_open(&en, &d, model, adapter, device, dtype, gpu_mem, ctx, B,
+    if ((ret = engine_open(&en, &d, model, adapter, device, dtype, gpu_mem, ctx, B, plan_only,
                            "generate"))) {
         if (ret != 2)
             ret = 1;
         goto out;
     }
     ret = 1;
+    if (plan_only) {
+        print_plan(&en, ctx, B);
+        ret = 0;
+        goto out;
+    }
     gen = calloc((size_t)pr.n, sizeof *gen);
     gen_len = calloc((size_t)pr.n, sizeof *gen_len);
     if (!gen || !gen_len) {
@@ -781,10 +846,18 @@ int zn_cmd_generate(int argc, char **argv)
     out = stdout;
     zn_dev_info di;
     zn_dev_get_info(en.dev, &di);
-    fprintf(stderr, "zinc: generate: %lld prompts, %lld new tokens in %.2f s (%.1f tokens/s), "
-            "%s, %s, weights resident, KV cache and buffers %.1f MiB\n", (long long)pr.n, (long long)total,
-            t1 - t0, (double)total / (t1 - t0 > 0 ? t1 - t0 : 1e-9), di.name,
-            zn_dtype_name(en.dt), (double)zn_gen_bytes(en.m, B) / (1 << 20));
+    char where[256];
+    placement_line(&en, where, sizeof where);
+    zn_gen_placement gpl;
+    zn_gen_get_placement(en.g, &gpl);
+    fprintf(stderr, "zinc: generate: %lld prompts, %lld new tokens in %.2f s (%.1f tokens/s; "
+            "weights loaded in %.2f s), %s, %s, %s", (long long)pr.n, (long long)total, t1 - t0,
+            (double)total / (t1 - t0 > 0 ? t1 - t0 : 1e-9), en.load_s, di.name,
+            zn_dtype_name(en.dt), where);
+    if (gpl.streamed_bytes)
+        fprintf(stderr, ", %.2f GB streamed (%.2f GB/s)", (double)gpl.streamed_bytes / 1e9,
+                (double)gpl.streamed_bytes / 1e9 / (t1 - t0 > 0 ? t1 - t0 : 1e-9));
+    fputc('\n', stderr);
     ret = 0;
 out:
     if (out != stdout)
@@ -884,7 +957,7 @@ int zn_cmd_chat(int argc, char **argv)
         goto out;
     if (tok.eos && !gp.n_eos)
         eos_from(&gp, tok.eos);
-    if ((ret = engine_open(&en, &d, model, adapter, device, dtype, gpu_mem, ctx, 1, "chat"))) {
+    if ((ret = engine_open(&en, &d, model, adapter, device, dtype, gpu_mem, ctx, 1, 0, "chat"))) {
         if (ret != 2)
             ret = 1;
         tok_close(&tok);
@@ -892,11 +965,13 @@ int zn_cmd_chat(int argc, char **argv)
     }
     zn_dev_info di;
     zn_dev_get_info(en.dev, &di);
-    fprintf(stderr, "zinc chat: %s (%s, %.3g M parameters%s) on %s, %s, every weight resident; "
-            "a history of up to %lld tokens. /reset, /system TEXT, /exit.\n", model,
+    char where[256];
+    placement_line(&en, where, sizeof where);
+    fprintf(stderr, "zinc chat: %s (%s, %.3g M parameters%s) on %s, %s, %s; a history of up "
+            "to %lld tokens. /reset, /system TEXT, /exit.\n", model,
             d.arch == ZN_ARCH_QWEN2 ? "qwen2" : "llama",
             (double)zn_model_param_count(&d) / 1e6, adapter ? ", with the adapter" : "",
-            di.name, zn_dtype_name(en.dt), (long long)ctx);
+            di.name, zn_dtype_name(en.dt), where, (long long)ctx);
     sm.tok = &tok;
     sm.stream = 1;
     for (;;) {

@@ -7,24 +7,54 @@
  * penalty, then temperature, top-k, top-p when sampling). */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "zinc/device.h"
 #include "zinc/generate.h"
+#include "model/model-impl.h"
 #include "util/hash-impl.h"
 #include "util/try-impl.h"
 
+/* Weights the generator owns (zn_gen_open): each block's tensors back to
+ * back (each at a ZN_DEV_ALIGN offset) in one buffer at its home, the
+ * device or pinned host memory. Decoder layers share one layout, so a
+ * streamed layer runs from whichever ring slot holds it. */
+#define MAX_RING 8
+
 struct zn_gen {
-    zn_model_state *st;
+    zn_model_state *st; /* zn_gen_create: every weight resident in a state */
     zn_model *m;
     zn_dev *dev;
-    int64_t max_batch, max_t, V, L;
+    int64_t max_batch, max_t, V, L, H;
+    size_t esz;
     void **kv;          /* per layer: [max_batch][max_t][k | v] */
     void *xa, *xb;      /* activations between blocks */
     float *dlogits;     /* device: [max_batch][V] */
     float *logits;      /* host: [max_batch][V] of the last step */
     int64_t nrows;      /* rows in `logits` */
+
+    /* owned weights (zn_gen_open) */
+    int nb;             /* blocks */
+    int *np;            /* tensors per block */
+    uint64_t **off;     /* per block and tensor: byte offset in its buffer */
+    uint64_t *bytes;    /* per block: its buffer's bytes */
+    void **home;        /* per block: its buffer */
+    int *on_dev;        /* per block: the buffer is on the device */
+    void ***ptr;        /* per block: each tensor's address at home */
+    void *hx;           /* pinned [max_n][H]: a host-homed embedding's rows */
+    /* the ring: streamed layers [r, L) pass through K slots in turn; use
+     * number u (counting over every step) runs layer r + u % n from slot
+     * u % K, and the copy for use u + K goes into that slot once use u
+     * is done */
+    int r, n, K, fixed; /* resident layers, streamed, slots; fixed: n <= K (loaded once) */
+    void *ring[MAX_RING];
+    void **ring_ptr[MAX_RING];
+    zn_event *ready[MAX_RING], *freed[MAX_RING];
+    zn_stream *copy;
+    uint64_t use;       /* the next use number */
+    uint64_t streamed;  /* bytes copied into the ring so far */
 };
 
 zn_gen_params zn_gen_params_default(void)
@@ -60,17 +90,48 @@ int zn_gen_params_check(const zn_gen_params *p)
     return 0;
 }
 
-uint64_t zn_gen_bytes(const zn_model *m, int64_t max_batch)
+zn_gen_config zn_gen_config_default(void)
 {
-    const zn_model_dims *d = zn_model_get_dims(m);
-    return zn_model_kv_bytes(m, max_batch) * (uint64_t)d->n_layers +
-           2 * zn_model_act_bytes(m) + (uint64_t)(max_batch * d->vocab) * 4;
+    zn_gen_config c;
+    memset(&c, 0, sizeof c);
+    c.max_batch = 1;
+    c.ring = 2;
+    c.max_resident_layers = -1;
+    return c;
 }
 
 void zn_gen_destroy(zn_gen *g)
 {
     if (!g)
         return;
+    if (g->copy)
+        zn_dev_stream_destroy(g->dev, g->copy);
+    zn_dev_sync(g->dev);
+    for (int k = 0; k < MAX_RING; k++) {
+        zn_dev_free(g->dev, g->ring[k]);
+        free(g->ring_ptr[k]);
+        zn_dev_event_destroy(g->dev, g->ready[k]);
+        zn_dev_event_destroy(g->dev, g->freed[k]);
+    }
+    for (int b = 0; b < g->nb; b++) {
+        if (g->home && g->home[b]) {
+            if (g->on_dev[b])
+                zn_dev_free(g->dev, g->home[b]);
+            else
+                zn_dev_host_free(g->dev, g->home[b]);
+        }
+        if (g->off)
+            free(g->off[b]);
+        if (g->ptr)
+            free(g->ptr[b]);
+    }
+    free(g->np);
+    free(g->off);
+    free(g->bytes);
+    free(g->home);
+    free(g->on_dev);
+    free(g->ptr);
+    zn_dev_host_free(g->dev, g->hx);
     for (int64_t l = 0; g->kv && l < g->L; l++)
         zn_dev_free(g->dev, g->kv[l]);
     free(g->kv);
@@ -81,10 +142,10 @@ void zn_gen_destroy(zn_gen *g)
     free(g);
 }
 
-int zn_gen_create(zn_gen **out, zn_model_state *st, int64_t max_batch)
+/* What every generator allocates: the cache, two activations, the logits. */
+static int gen_common(zn_gen **out, zn_model *m, int64_t max_batch)
 {
     *out = NULL;
-    zn_model *m = zn_model_state_model(st);
     const zn_model_dims *d = zn_model_get_dims(m);
     const zn_model_config *cfg = zn_model_get_config(m);
     if (max_batch <= 0 || max_batch > cfg->max_batch * cfg->max_seq)
@@ -97,13 +158,14 @@ int zn_gen_create(zn_gen **out, zn_model_state *st, int64_t max_batch)
     zn_gen *g = calloc(1, sizeof *g);
     if (!g)
         return zn_set_error(-ENOMEM, "out of memory");
-    g->st = st;
     g->m = m;
     g->dev = zn_model_get_dev(m);
     g->max_batch = max_batch;
     g->max_t = cfg->max_seq;
     g->V = d->vocab;
     g->L = d->n_layers;
+    g->H = d->hidden;
+    g->esz = zn_dtype_size(cfg->dtype);
     int rc = 0;
     g->kv = calloc((size_t)g->L, sizeof *g->kv);
     g->logits = malloc((size_t)(max_batch * g->V) * sizeof *g->logits);
@@ -128,6 +190,242 @@ int zn_gen_create(zn_gen **out, zn_model_state *st, int64_t max_batch)
     return 0;
 }
 
+int zn_gen_create(zn_gen **out, zn_model_state *st, int64_t max_batch)
+{
+    ZN_TRY(gen_common(out, zn_model_state_model(st), max_batch));
+    (*out)->st = st;
+    return 0;
+}
+
+/* ---- owned weights: placement ------------------------------------------------------- */
+
+static uint64_t align_up(uint64_t x)
+{
+    return (x + ZN_DEV_ALIGN - 1) / ZN_DEV_ALIGN * ZN_DEV_ALIGN;
+}
+
+/* Block b's layout: offsets of its own tensors; a tied lm_head has none. */
+static int layout_blocks(zn_gen *g)
+{
+    const zn_model_dims *d = zn_model_get_dims(g->m);
+    g->nb = zn_model_num_blocks(d);
+    g->np = calloc((size_t)g->nb, sizeof *g->np);
+    g->off = calloc((size_t)g->nb, sizeof *g->off);
+    g->bytes = calloc((size_t)g->nb, sizeof *g->bytes);
+    g->home = calloc((size_t)g->nb, sizeof *g->home);
+    g->on_dev = calloc((size_t)g->nb, sizeof *g->on_dev);
+    g->ptr = calloc((size_t)g->nb, sizeof *g->ptr);
+    if (!g->np || !g->off || !g->bytes || !g->home || !g->on_dev || !g->ptr)
+        return zn_set_error(-ENOMEM, "out of memory");
+    for (int b = 0; b < g->nb; b++) {
+        g->np[b] = zn_model_block_nparams(d, b);
+        g->off[b] = calloc((size_t)g->np[b] + 1, sizeof **g->off);
+        g->ptr[b] = calloc((size_t)g->np[b] + 1, sizeof **g->ptr);
+        if (!g->off[b] || !g->ptr[b])
+            return zn_set_error(-ENOMEM, "out of memory");
+        uint64_t o = 0;
+        for (int i = 0; i < g->np[b]; i++) {
+            zn_param_info pi;
+            ZN_TRY(zn_model_block_param(d, b, i, &pi));
+            g->off[b][i] = o;
+            if (pi.owner_block < 0)
+                o += align_up((uint64_t)pi.numel * g->esz);
+        }
+        g->bytes[b] = o;
+    }
+    return 0;
+}
+
+/* The tensors' addresses in block b's buffer `base`. */
+static void bind(zn_gen *g, int b, void *base, void **ptr)
+{
+    const zn_model_dims *d = zn_model_get_dims(g->m);
+    for (int i = 0; i < g->np[b]; i++) {
+        zn_param_info pi;
+        zn_model_block_param(d, b, i, &pi);
+        ptr[i] = pi.owner_block >= 0 ? NULL : (unsigned char *)base + g->off[b][i];
+    }
+}
+
+/* Allocates block b's home on the device (on_dev) or in pinned memory. */
+static int home_alloc(zn_gen *g, int b, int on_dev)
+{
+    char what[64];
+    int L = (int)g->L;
+    if (b == 0)
+        snprintf(what, sizeof what, "weights: embedding");
+    else if (b == L + 1)
+        snprintf(what, sizeof what, "weights: head");
+    else
+        snprintf(what, sizeof what, "weights: layer %d", b - 1);
+    if (!g->bytes[b])
+        return 0;
+    int rc = on_dev ? zn_dev_alloc(g->dev, g->bytes[b], what, &g->home[b])
+                    : zn_dev_host_alloc(g->dev, g->bytes[b], what, &g->home[b]);
+    if (!rc) {
+        g->on_dev[b] = on_dev;
+        bind(g, b, g->home[b], g->ptr[b]);
+    }
+    return rc;
+}
+
+/* The device bytes still free for weights. */
+static uint64_t dev_room(const zn_gen *g)
+{
+    zn_dev_mem ms;
+    zn_dev_mem_stats(g->dev, &ms);
+    return ms.budget > ms.used ? ms.budget - ms.used : 0;
+}
+
+int zn_gen_open(zn_gen **out, zn_model *m, const zn_gen_config *c)
+{
+    ZN_TRY(gen_common(out, m, c->max_batch));
+    zn_gen *g = *out;
+    const zn_model_dims *d = zn_model_get_dims(m);
+    int L = (int)g->L, head = L + 1, rc;
+    if ((rc = layout_blocks(g)))
+        goto fail;
+    /* the head (and a tied embedding, its lm_head) stays on the device:
+     * every step reads all of it */
+    uint64_t lb = g->bytes[1], need_all = 0;
+    for (int b = 0; b < g->nb; b++)
+        need_all += g->bytes[b];
+    int want_r = c->max_resident_layers < 0 || c->max_resident_layers > L ? L
+                                                                           : c->max_resident_layers;
+    if (want_r == L && need_all + (uint64_t)g->nb * ZN_DEV_ALIGN <= dev_room(g)) {
+        for (int b = 0; b < g->nb && !rc; b++)
+            rc = home_alloc(g, b, 1);
+        g->r = L;
+    } else {
+        int K = c->ring < 1 ? 1 : c->ring > MAX_RING ? MAX_RING : c->ring;
+        if ((rc = home_alloc(g, head, 1)) || (rc = home_alloc(g, 0, d->tie_embeddings)))
+            goto fail;
+        if (!d->tie_embeddings &&
+            (rc = zn_dev_host_alloc(g->dev, (size_t)(zn_model_act_bytes(m)), "embedding rows",
+                                    &g->hx)))
+            goto fail;
+        /* the ring first, then as many layers resident as fit */
+        uint64_t room = dev_room(g);
+        int64_t fit = room >= lb * (uint64_t)K ? (int64_t)((room - lb * (uint64_t)K) /
+                                                          (lb + ZN_DEV_ALIGN)) : 0;
+        g->r = (int)(fit < want_r ? fit : want_r);
+        if (g->r > L - 1)
+            g->r = L - 1; /* not everything fits: at least one layer streams */
+        g->n = L - g->r;
+        g->K = K < g->n ? K : g->n;
+        g->fixed = g->n <= g->K;
+        for (int k = 0; k < g->K && !rc; k++) {
+            char what[64];
+            snprintf(what, sizeof what, "weights: streamed layer slot %d", k);
+            rc = zn_dev_alloc(g->dev, lb, what, &g->ring[k]);
+            if (!rc && !(g->ring_ptr[k] = calloc((size_t)g->np[1] + 1, sizeof(void *))))
+                rc = zn_set_error(-ENOMEM, "out of memory");
+            if (!rc)
+                bind(g, 1, g->ring[k], g->ring_ptr[k]);
+            if (!rc)
+                rc = zn_dev_event_create(g->dev, &g->ready[k]);
+            if (!rc)
+                rc = zn_dev_event_create(g->dev, &g->freed[k]);
+        }
+        for (int l = 0; l < L && !rc; l++)
+            rc = home_alloc(g, l + 1, l < g->r);
+        if (!rc)
+            rc = zn_dev_stream_create(g->dev, "generate-h2d", &g->copy);
+    }
+    if (rc)
+        goto fail;
+    /* a tied head's lm_head is the embedding */
+    for (int i = 0; i < g->np[head]; i++) {
+        zn_param_info pi;
+        zn_model_block_param(d, head, i, &pi);
+        if (pi.owner_block == 0)
+            g->ptr[head][i] = g->ptr[0][0];
+    }
+    return 0;
+fail:
+    zn_gen_destroy(g);
+    *out = NULL;
+    return rc;
+}
+
+void zn_gen_get_placement(const zn_gen *g, zn_gen_placement *p)
+{
+    memset(p, 0, sizeof *p);
+    const zn_model_dims *d = zn_model_get_dims(g->m);
+    p->layers = (int)g->L;
+    p->kv_bytes_per_seq = zn_model_kv_bytes(g->m, 1) * (uint64_t)g->L;
+    p->kv_bytes = zn_model_kv_bytes(g->m, g->max_batch) * (uint64_t)g->L;
+    if (g->st) {
+        p->resident_layers = (int)g->L;
+        p->embed_resident = 1;
+        return;
+    }
+    p->resident_layers = g->r;
+    p->streamed_layers = g->n;
+    p->ring = g->K;
+    p->layer_bytes = g->bytes[1];
+    p->embed_resident = g->on_dev[0] || d->tie_embeddings;
+    for (int b = 0; b < g->nb; b++) {
+        if (g->on_dev[b])
+            p->device_weight_bytes += g->bytes[b];
+        else
+            p->pinned_bytes += g->bytes[b];
+    }
+    p->device_weight_bytes += (uint64_t)g->K * g->bytes[1];
+    p->streamed_bytes_per_step = g->fixed ? 0 : (uint64_t)g->n * g->bytes[1];
+    p->streamed_bytes = g->streamed;
+}
+
+/* ---- owned weights: loading ---------------------------------------------------------- */
+
+static int put_home(void *ctx, int b, int i, uint64_t off, const void *h, size_t bytes)
+{
+    zn_gen *g = ctx;
+    unsigned char *dst = (unsigned char *)g->home[b] + g->off[b][i] + off;
+    if (!g->on_dev[b]) {
+        memcpy(dst, h, bytes);
+        return 0;
+    }
+    ZN_TRY(zn_dev_copy_h2d(g->dev, NULL, dst, h, bytes));
+    return zn_dev_stream_sync(g->dev, NULL);
+}
+
+/* Queues the copy of use u's layer into its slot, after the slot's last use. */
+static int fetch(zn_gen *g, uint64_t u)
+{
+    int k = (int)(u % (uint64_t)g->K), b = 1 + g->r + (int)(u % (uint64_t)g->n);
+    ZN_TRY(zn_dev_stream_wait_event(g->dev, g->copy, g->freed[k]));
+    ZN_TRY(zn_dev_copy_h2d(g->dev, g->copy, g->ring[k], g->home[b], g->bytes[b]));
+    g->streamed += g->bytes[b];
+    return zn_dev_event_record(g->dev, g->ready[k], g->copy);
+}
+
+int zn_gen_load(zn_gen *g, const char *base, const char *adapter_dir)
+{
+    if (g->st)
+        return zn_set_error(ZN_EARG, "generate: this generator's weights are a model state's");
+    const zn_model_dims *d = zn_model_get_dims(g->m);
+    zn_dtype dt = zn_model_get_config(g->m)->dtype;
+    if (adapter_dir && d->lora.r <= 0)
+        return zn_set_error(ZN_EARG, "%s: the model was made without LoRA adapters",
+                            adapter_dir);
+    if (!adapter_dir && d->lora.r > 0)
+        return zn_set_error(ZN_EARG, "generate: the model has LoRA adapters: give their folder");
+    ZN_TRY(zn_m_load_tensors(d, dt, base, "", adapter_dir ? ZN_M_LOAD_BASE : ZN_M_LOAD_ALL,
+                             put_home, g));
+    if (adapter_dir) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors", adapter_dir);
+        ZN_TRY(zn_m_load_tensors(d, dt, path, "base_model.model.", ZN_M_LOAD_ADAPTERS, put_home,
+                                 g));
+    }
+    /* the first uses of the ring start now */
+    g->use = 0;
+    for (int k = 0; k < g->K; k++)
+        ZN_TRY(fetch(g, (uint64_t)k));
+    return 0;
+}
+
 const float *zn_gen_last_logits(const zn_gen *g, int64_t seq)
 {
     if (!g || seq < 0 || seq >= g->nrows)
@@ -135,22 +433,57 @@ const float *zn_gen_last_logits(const zn_gen *g, int64_t seq)
     return g->logits + seq * g->V;
 }
 
-/* One forward over a decoding batch set with zn_model_set_decode: the
- * logits of rows `rows` (each the index of a sequence's last new token)
- * land in g->logits. */
-static int step(zn_gen *g, int64_t nrows, const int64_t *rows)
+/* The embedding of the batch's ids into x: on the device, or gathered from
+ * a host-homed table into pinned rows and copied up. */
+static int embed(zn_gen *g, const int32_t *ids, int64_t N, void *x)
+{
+    if (g->st)
+        return zn_model_embed_fwd(g->m, NULL, zn_model_state_params(g->st, 0), x);
+    if (g->on_dev[0] || !g->hx)
+        return zn_model_embed_fwd(g->m, NULL, g->ptr[0], x);
+    size_t row = (size_t)g->H * g->esz;
+    for (int64_t t = 0; t < N; t++)
+        memcpy((unsigned char *)g->hx + (size_t)t * row,
+               (const unsigned char *)g->home[0] + (size_t)ids[t] * row, row);
+    return zn_dev_copy_h2d(g->dev, NULL, x, g->hx, (size_t)N * row);
+}
+
+/* Layer l's forward: from its resident tensors, or from the ring slot its
+ * use holds (waiting for the copy), after which the slot's next use is
+ * fetched. */
+static int layer(zn_gen *g, int64_t l, void *x, void *y)
+{
+    if (g->st)
+        return zn_model_layer_fwd_kv(g->m, NULL, (int)l, zn_model_state_params(g->st, (int)l + 1),
+                                     x, y, g->kv[l]);
+    if (l < g->r)
+        return zn_model_layer_fwd_kv(g->m, NULL, (int)l, g->ptr[l + 1], x, y, g->kv[l]);
+    int k = (int)(g->use % (uint64_t)g->K);
+    ZN_TRY(zn_dev_stream_wait_event(g->dev, NULL, g->ready[k]));
+    ZN_TRY(zn_model_layer_fwd_kv(g->m, NULL, (int)l, g->ring_ptr[k], x, y, g->kv[l]));
+    if (!g->fixed) {
+        ZN_TRY(zn_dev_event_record(g->dev, g->freed[k], NULL));
+        ZN_TRY(fetch(g, g->use + (uint64_t)g->K));
+    }
+    g->use++;
+    return 0;
+}
+
+/* One forward over a decoding batch set with zn_model_set_decode (ids: its
+ * N tokens): the logits of rows `rows` (each the index of a sequence's last
+ * new token) land in g->logits. */
+static int step(zn_gen *g, const int32_t *ids, int64_t N, int64_t nrows, const int64_t *rows)
 {
     zn_model *m = g->m;
     void *x = g->xa, *y = g->xb;
-    ZN_TRY(zn_model_embed_fwd(m, NULL, zn_model_state_params(g->st, 0), x));
+    ZN_TRY(embed(g, ids, N, x));
     for (int64_t l = 0; l < g->L; l++) {
-        ZN_TRY(zn_model_layer_fwd_kv(m, NULL, (int)l, zn_model_state_params(g->st, (int)l + 1), x,
-                                     y, g->kv[l]));
+        ZN_TRY(layer(g, l, x, y));
         void *t = x;
         x = y;
         y = t;
     }
-    void *const *head = zn_model_state_params(g->st, (int)g->L + 1);
+    void *const *head = g->st ? zn_model_state_params(g->st, (int)g->L + 1) : g->ptr[g->L + 1];
     /* rows in runs of consecutive indices: one lm_head GEMM each */
     for (int64_t i = 0; i < nrows;) {
         int64_t j = i + 1;
@@ -366,7 +699,7 @@ int zn_gen_run(zn_gen *g, int64_t n, const int32_t *const *ids, const int64_t *l
             s->rng = zn_mix64(p->seed ^ zn_mix64((uint64_t)s->idx + 1));
             int64_t p0 = 0, row = s->len - 1;
             if ((rc = zn_model_set_decode(g->m, NULL, 1, s->len, s->seq, &p0, &b)) ||
-                (rc = step(g, 1, &row)))
+                (rc = step(g, s->seq, s->len, 1, &row)))
                 break;
             int32_t t = zn_gen_choose(p, g->logits, g->V, s->seq, s->len, &s->rng);
             if (emit(g, p, s, t, out, out_len, cb, ctx, &rc))
@@ -386,7 +719,7 @@ int zn_gen_run(zn_gen *g, int64_t n, const int32_t *const *ids, const int64_t *l
         if (!nb)
             break;
         if ((rc = zn_model_set_decode(g->m, NULL, nb, 1, bid, pos0, slot)) ||
-            (rc = step(g, nb, rows)))
+            (rc = step(g, bid, nb, nb, rows)))
             break;
         for (int64_t k = 0; k < nb && !rc; k++) {
             live *s = &sl[slot[k]];

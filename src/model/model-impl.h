@@ -78,4 +78,17 @@ static inline uint16_t zn_m_f32_to_f16(float f)
     return (uint16_t)(sign | (r >> 13));
 }
 
+/* ---- reading a checkpoint's tensors (state.c) ---------------------------------------
+ * Every parameter tensor `which` selects (all, the decoder's own, or the
+ * LoRA adapters) of dims d, named prefix + its Hugging Face name in the
+ * safetensors at `path`, checked for presence and shape (the message names
+ * the tensor, its file and both shapes), converted to dt and handed to
+ * put(ctx, block, tensor index, byte offset in the tensor, data, bytes) in
+ * bounded pieces. Unused tensors other than ignorable ones are warned of. */
+enum { ZN_M_LOAD_ALL, ZN_M_LOAD_BASE, ZN_M_LOAD_ADAPTERS };
+typedef int (*zn_m_put_fn)(void *ctx, int block, int i, uint64_t off, const void *h,
+                           size_t bytes);
+int zn_m_load_tensors(const zn_model_dims *d, zn_dtype dt, const char *path, const char *prefix,
+                      int which, zn_m_put_fn put, void *ctx);
+
 #endif

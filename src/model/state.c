@@ -249,16 +249,11 @@ static int ignorable(const char *name, const zn_model_dims *d)
     return d->tie_embeddings && !strcmp(name, "lm_head.weight");
 }
 
-/* Which tensors a load reads. */
-enum { LOAD_ALL, LOAD_BASE, LOAD_ADAPTERS };
-
-/* Loads the tensors `which` selects from `path`, where each is named
- * prefix + its Hugging Face name. */
-static int load_tensors(zn_model_state *st, const char *path, const char *prefix, int which)
+int zn_m_load_tensors(const zn_model_dims *d, zn_dtype dt, const char *path, const char *prefix,
+                      int which, zn_m_put_fn put, void *ctx)
 {
-    const zn_model_dims *d = zn_model_get_dims(st->m);
-    zn_dtype dt = zn_model_get_config(st->m)->dtype;
     size_t esz = zn_dtype_size(dt);
+    int nb = zn_model_num_blocks(d);
     uint64_t per = STAGING_BYTES / esz;
     zn_st *f = NULL;
     int rc = zn_st_open(&f, path);
@@ -271,19 +266,19 @@ static int load_tensors(zn_model_state *st, const char *path, const char *prefix
         rc = zn_set_error(-ENOMEM, "out of memory");
         goto out;
     }
-    for (int b = 0; b < st->nb && !rc; b++)
-        for (int i = 0; i < st->np[b] && !rc; i++) {
+    for (int b = 0; b < nb && !rc; b++)
+        for (int i = 0; i < zn_model_block_nparams(d, b) && !rc; i++) {
             zn_param_info pi;
             if ((rc = zn_model_block_param(d, b, i, &pi)) || pi.owner_block >= 0)
                 continue;
-            if ((which == LOAD_BASE && pi.lora) || (which == LOAD_ADAPTERS && !pi.lora))
+            if ((which == ZN_M_LOAD_BASE && pi.lora) || (which == ZN_M_LOAD_ADAPTERS && !pi.lora))
                 continue;
             char name[sizeof pi.name + 64];
             snprintf(name, sizeof name, "%s%s", prefix, pi.name);
             const zn_st_tensor *t = zn_st_find(f, name);
             if (!t) {
                 rc = zn_set_error(ZN_ECONFIG, "%s: tensor '%s' is missing (%s)", path, name,
-                                  which == LOAD_ADAPTERS ? "adapter_config.json and the adapter's "
+                                  which == ZN_M_LOAD_ADAPTERS ? "adapter_config.json and the adapter's "
                                   "weights disagree?" : "config.json and the weights disagree?");
                 break;
             }
@@ -308,11 +303,7 @@ static int load_tensors(zn_model_state *st, const char *path, const char *prefix
                 uint64_t n = t->numel - first < per ? t->numel - first : per;
                 rc = zn_st_read_range(f, t, first, n, dt, h, (size_t)(n * esz));
                 if (!rc)
-                    rc = zn_dev_copy_h2d(st->dev, NULL,
-                                         (unsigned char *)st->params[b][i] + first * esz, h,
-                                         (size_t)(n * esz));
-                if (!rc)
-                    rc = zn_dev_stream_sync(st->dev, NULL);
+                    rc = put(ctx, b, i, first * esz, h, (size_t)(n * esz));
             }
         }
     if (!rc && used < nt) {
@@ -341,6 +332,20 @@ out:
     return rc;
 }
 
+/* A state's destination: its device tensor, through the staging copy. */
+static int put_state(void *ctx, int b, int i, uint64_t off, const void *h, size_t bytes)
+{
+    zn_model_state *st = ctx;
+    ZN_TRY(zn_dev_copy_h2d(st->dev, NULL, (unsigned char *)st->params[b][i] + off, h, bytes));
+    return zn_dev_stream_sync(st->dev, NULL);
+}
+
+static int load_tensors(zn_model_state *st, const char *path, const char *prefix, int which)
+{
+    return zn_m_load_tensors(zn_model_get_dims(st->m), zn_model_get_config(st->m)->dtype, path,
+                             prefix, which, put_state, st);
+}
+
 zn_model *zn_model_state_model(const zn_model_state *st)
 {
     return st->m;
@@ -348,7 +353,7 @@ zn_model *zn_model_state_model(const zn_model_state *st)
 
 int zn_model_state_load(zn_model_state *st, const char *path)
 {
-    return load_tensors(st, path, "", LOAD_ALL);
+    return load_tensors(st, path, "", ZN_M_LOAD_ALL);
 }
 
 int zn_model_state_load_peft(zn_model_state *st, const char *base, const char *adapter_dir)
@@ -356,10 +361,10 @@ int zn_model_state_load_peft(zn_model_state *st, const char *base, const char *a
     const zn_model_dims *d = zn_model_get_dims(st->m);
     if (d->lora.r <= 0)
         return zn_set_error(ZN_EARG, "%s: the model was made without LoRA adapters", adapter_dir);
-    ZN_TRY(load_tensors(st, base, "", LOAD_BASE));
+    ZN_TRY(load_tensors(st, base, "", ZN_M_LOAD_BASE));
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", adapter_dir);
-    return load_tensors(st, path, "base_model.model.", LOAD_ADAPTERS);
+    return load_tensors(st, path, "base_model.model.", ZN_M_LOAD_ADAPTERS);
 }
 
 int zn_model_state_save(zn_model_state *st, const char *dir)
