@@ -145,6 +145,19 @@ ZN_API int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr);
  * recorded); ZN_ECORRUPT; -errno. */
 ZN_API int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype,
                           uint64_t shard_bytes);
+/* The weights of a checkpoint, in place: fn(ctx, block, tensor index,
+ * first element, values, count) for every tensor it holds, in pieces of
+ * fp32 master values, in zn_model_block_param order (a LoRA checkpoint:
+ * the adapters only; a tied lm_head once, with the embedding). Every
+ * rank's crc32c is checked once the last piece is read (a mismatch is
+ * ZN_ECORRUPT after fn saw the values: a caller keeps nothing on error).
+ * Returns 0, fn's error, ZN_ECORRUPT, -ENOENT (no model recorded), -errno. */
+typedef int (*zn_ckpt_weights_fn)(void *ctx, int block, int i, uint64_t first,
+                                  const float *v, uint64_t n);
+ZN_API int zn_ckpt_read_weights(const char *path, zn_ckpt_weights_fn fn, void *ctx);
+/* The model.path (the HF folder) the run recorded: 0, or -ENOENT. */
+ZN_API int zn_ckpt_model_path(const zn_ckpt *ck, char *out, size_t n);
+
 /* A LoRA checkpoint merged into its base: an HF folder like the base's
  * (its config.json, with torch_dtype changed only when force_dtype; its
  * tokenizer and generation files copied) whose weights are the base's with

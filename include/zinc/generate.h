@@ -84,6 +84,15 @@ ZN_API int zn_gen_open(zn_gen **out, zn_model *m, const zn_gen_config *c);
  * unmerged. Checks as zn_model_state_load / _load_peft do. */
 ZN_API int zn_gen_load(zn_gen *g, const char *base, const char *adapter_dir);
 
+/* The same without the adapters of a LoRA model: the base only (its
+ * adapters then come from zn_gen_put). */
+ZN_API int zn_gen_load_base(zn_gen *g, const char *base);
+/* Elements [first, first + n) of tensor i of block b (zn_model_block_param
+ * order) from fp32 values, rounded to the model's dtype: for weights from
+ * elsewhere, such as a training checkpoint (zn_ckpt_read_weights). Every
+ * tensor must be filled before zn_gen_run. Returns 0 or ZN_EARG. */
+ZN_API int zn_gen_put(zn_gen *g, int block, int i, uint64_t first, const float *v, uint64_t n);
+
 typedef struct {
     int layers, resident_layers, streamed_layers, ring;
     int embed_resident;            /* the embedding on the device (else pinned, gathered) */

@@ -174,6 +174,7 @@ static void free_names(char **names, char **files, int n)
 
 static int keep_base_files(const zn_ckpt *ck, const zn_model_dims *d, const char *out_dir,
                            zn_dtype dtype);
+static int recorded_base(const zn_ckpt *ck, char *out, size_t n);
 
 int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64_t shard_bytes)
 {
@@ -318,6 +319,60 @@ out:
     free(buf);
     zn_ckpt_close(ck);
     return rc;
+}
+
+/* ---- reading the weights in place (zinc generate --checkpoint) ------------------- */
+
+int zn_ckpt_read_weights(const char *path, zn_ckpt_weights_fn fn, void *ctx)
+{
+    zn_ckpt *ck;
+    int rc = zn_ckpt_open(&ck, path);
+    if (rc)
+        return rc;
+    ex_rank *rk = calloc((size_t)ck->world, sizeof *rk);
+    float *buf = malloc((size_t)CHUNK_ELEMS * 4);
+    for (int r = 0; rk && r < ck->world; r++)
+        rk[r].fd = -1;
+    zn_model_dims d;
+    if (!rk || !buf)
+        rc = zn_set_error(-ENOMEM, "out of memory");
+    if (!rc)
+        rc = zn_ckpt_dims(ck, &d);
+    if (!rc)
+        rc = check_blocks(ck, &d);
+    if (!rc)
+        rc = ranks_open(ck, rk);
+    /* the flat order: every block's trainable tensors (a LoRA run's
+     * adapters only), a tied lm_head once with its owner */
+    uint64_t flat = 0;
+    for (int b = 0; b < zn_model_num_blocks(&d) && !rc; b++)
+        for (int i = 0; i < zn_model_block_nparams(&d, b) && !rc; i++) {
+            zn_param_info pi;
+            if ((rc = zn_model_block_param(&d, b, i, &pi)))
+                break;
+            if (pi.owner_block >= 0 || (d.lora.r > 0 && !pi.lora))
+                continue;
+            for (uint64_t first = 0; first < (uint64_t)pi.numel && !rc; first += CHUNK_ELEMS) {
+                uint64_t n = (uint64_t)pi.numel - first < CHUNK_ELEMS
+                                 ? (uint64_t)pi.numel - first : CHUNK_ELEMS;
+                rc = read_flat_range(ck, rk, flat + first, n, buf);
+                if (!rc)
+                    rc = fn(ctx, b, i, first, buf, n);
+            }
+            flat += (uint64_t)pi.numel;
+        }
+    if (!rc)
+        rc = ranks_check(ck, rk);
+    if (rk)
+        ranks_close(ck, rk);
+    free(buf);
+    zn_ckpt_close(ck);
+    return rc;
+}
+
+int zn_ckpt_model_path(const zn_ckpt *ck, char *out, size_t n)
+{
+    return recorded_base(ck, out, n) ? 0 : -ENOENT;
 }
 
 /* ---- --merge: the base with the adapters folded in ---------------------------- */

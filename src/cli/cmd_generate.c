@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "zinc/ckpt.h"
 #include "zinc/device.h"
 #include "zinc/generate.h"
 #include "zinc/model.h"
@@ -26,7 +27,7 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: zinc generate --model DIR [--adapter DIR]\n"
+            "usage: zinc generate (--model DIR [--adapter DIR] | --checkpoint DIR [--model DIR])\n"
             "                     (--prompt TEXT | --chat TEXT | --ids ID,ID,.. |\n"
             "                      --prompts FILE.jsonl [--out FILE.jsonl])\n"
             "                     [--max-new-tokens N] [--do-sample | --greedy]\n"
@@ -37,6 +38,9 @@ static void usage(FILE *f)
             "  --model      Hugging Face folder (config.json, safetensors; tokenizer.json\n"
             "               and tokenizer_config.json for text), e.g. a `zinc export`\n"
             "  --adapter    a PEFT LoRA adapter folder for that base, applied unmerged\n"
+            "  --checkpoint a `zinc train` checkpoint (a step folder, or the root: its\n"
+            "               latest), read in place, no export; the tokenizer (and a LoRA\n"
+            "               run's base) from --model or the folder the run recorded\n"
             "  --prompt     raw text (no chat template; BOS as add_bos_token says)\n"
             "  --chat       one user turn through the folder's chat template\n"
             "  --ids        the prompt as token ids (no tokenizer needed)\n"
@@ -433,11 +437,45 @@ static int decode_flag(int c, const char *arg, decode_flags *f)
     }
 }
 
+/* --checkpoint: the checkpoint's model (its dims and LoRA), and the HF
+ * folder for the tokenizer and the base: --model, else the one the run
+ * recorded (model_out). A --model of another shape is refused. Returns 0 or
+ * 1 after printing an error. */
+static int ckpt_source(const char *ckpt, const char *model, char *model_out, size_t n,
+                       zn_model_dims *d, const char *cmd)
+{
+    char what[64];
+    snprintf(what, sizeof what, "%s: --checkpoint", cmd);
+    zn_ckpt *ck = NULL;
+    int rc = zn_ckpt_open(&ck, ckpt);
+    if (!rc && (rc = zn_ckpt_dims(ck, d)) == -ENOENT)
+        rc = zn_set_error(ZN_ECONFIG, "%s records no model shape (a checkpoint of `zinc train` "
+                          "with a model section or --model has one)", ckpt);
+    if (!rc && !model && zn_ckpt_model_path(ck, model_out, n)) {
+        rc = zn_set_error(ZN_ECONFIG, "%s records no model folder: give --model DIR (the HF "
+                          "folder it was trained from, for the tokenizer%s)", ckpt,
+                          d->lora.r > 0 ? " and the base weights" : "");
+    } else if (!rc && model) {
+        snprintf(model_out, n, "%s", model);
+        zn_model_dims md;
+        if (!(rc = zn_model_dims_from_hf(&md, model))) {
+            md.lora = d->lora;
+            if ((rc = zn_ckpt_check_dims(ck, &md))) {
+                char why[512];
+                snprintf(why, sizeof why, "%s", zn_last_error());
+                rc = zn_set_error(ZN_ECONFIG, "%s (the config being --model %s)", why, model);
+            }
+        }
+    }
+    zn_ckpt_close(ck);
+    return rc ? zn_cli_fail(rc, what) : 0;
+}
+
 /* The decoding settings (the folder's generation_config.json, then the
- * flags) and the model's dims (with the adapter's LoRA). Returns 0, or 1
- * after printing an error. */
+ * flags) and the model's dims (with the adapter's LoRA; already set when
+ * `have_dims`, from a checkpoint). Returns 0, or 1 after printing an error. */
 static int decode_setup(const decode_flags *f, const char *model, const char *adapter,
-                        const char *cmd, zn_gen_params *gp, zn_model_dims *d)
+                        const char *cmd, int have_dims, zn_gen_params *gp, zn_model_dims *d)
 {
     char what[64];
     int rc;
@@ -457,12 +495,23 @@ static int decode_setup(const decode_flags *f, const char *model, const char *ad
     if (f->rep > 0)
         gp->repetition_penalty = f->rep;
     gp->seed = (uint64_t)f->seed;
-    if ((rc = zn_gen_params_check(gp)) || (rc = zn_model_dims_from_hf(d, model)))
+    if ((rc = zn_gen_params_check(gp)) || (!have_dims && (rc = zn_model_dims_from_hf(d, model))))
         return zn_cli_fail(rc, cmd);
     snprintf(what, sizeof what, "%s: --adapter", cmd);
+    if (adapter && have_dims) {
+        fprintf(stderr, "zinc: error: %s: --adapter and --checkpoint: a LoRA checkpoint holds "
+                "its adapters\n", cmd);
+        return 2;
+    }
     if (adapter && (rc = zn_lora_read_peft_config(adapter, &d->lora)))
         return zn_cli_fail(rc, what);
     return 0;
+}
+
+/* A checkpoint's values into the generator. */
+static int put_ckpt(void *ctx, int block, int i, uint64_t first, const float *v, uint64_t n)
+{
+    return zn_gen_put(ctx, block, i, first, v, n);
 }
 
 /* ---- the model and its generator ------------------------------------------------------ */
@@ -489,8 +538,9 @@ static void engine_close(engine *e)
  * loaded (the base and the adapter, unmerged). Returns 0, 1 after printing
  * an error, 2 after a usage error. */
 static int engine_open(engine *e, const zn_model_dims *d, const char *model, const char *adapter,
-                       const char *device, const char *dtype, const char *gpu_mem, int64_t ctx,
-                       int64_t B, int plan_only, const char *cmd)
+                       const char *ckpt, const char *device, const char *dtype,
+                       const char *gpu_mem, int64_t ctx, int64_t B, int plan_only,
+                       const char *cmd)
 {
     char what[64];
     int rc;
@@ -526,9 +576,16 @@ static int engine_open(engine *e, const zn_model_dims *d, const char *model, con
     if (plan_only)
         return 0;
     double t0 = zn_now_s();
-    if ((rc = zn_gen_load(e->g, model, adapter))) {
+    if (ckpt) { /* a LoRA checkpoint holds the adapters only: the base from its folder */
+        rc = d->lora.r > 0 ? zn_gen_load_base(e->g, model) : 0;
+        if (!rc)
+            rc = zn_ckpt_read_weights(ckpt, put_ckpt, e->g);
+    } else {
+        rc = zn_gen_load(e->g, model, adapter);
+    }
+    if (rc) {
         snprintf(what, sizeof what, "%s: loading %s", cmd,
-                 adapter ? "the base and adapter" : "weights");
+                 ckpt ? "the checkpoint" : adapter ? "the base and adapter" : "weights");
         engine_close(e);
         return zn_cli_fail(rc, what);
     }
@@ -594,7 +651,7 @@ static void print_plan(const engine *e, int64_t ctx, int64_t B)
 
 int zn_cmd_generate(int argc, char **argv)
 {
-    const char *model = NULL, *adapter = NULL, *prompt = NULL, *chat = NULL, *idlist = NULL;
+    const char *model = NULL, *adapter = NULL, *ckpt = NULL, *prompt = NULL, *chat = NULL, *idlist = NULL;
     const char *pfile = NULL, *outfile = NULL, *device = "auto", *dtype = NULL, *gpu_mem = NULL;
     double batch = 8, context = 0;
     decode_flags df = DECODE_FLAGS_UNSET;
@@ -602,6 +659,7 @@ int zn_cmd_generate(int argc, char **argv)
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' },
         { "adapter", required_argument, 0, 'a' },
+        { "checkpoint", required_argument, 0, 'K' },
         { "prompt", required_argument, 0, 'p' },
         { "chat", required_argument, 0, 'c' },
         { "ids", required_argument, 0, 'i' },
@@ -626,6 +684,7 @@ int zn_cmd_generate(int argc, char **argv)
         case 'L': plan_only = 1; break;
         case 'm': model = optarg; break;
         case 'a': adapter = optarg; break;
+        case 'K': ckpt = optarg; break;
         case 'p': prompt = optarg; break;
         case 'c': chat = optarg; break;
         case 'i': idlist = optarg; break;
@@ -647,8 +706,8 @@ int zn_cmd_generate(int argc, char **argv)
             return 2;
     }
     int sources = !!prompt + !!chat + !!idlist + !!pfile;
-    if (!model || sources != 1 || optind < argc || (outfile && !pfile)) {
-        if (model && sources != 1)
+    if ((!model && !ckpt) || sources != 1 || optind < argc || (outfile && !pfile)) {
+        if ((model || ckpt) && sources != 1)
             fprintf(stderr, "zinc: error: generate: give one of --prompt, --chat, --ids, "
                     "--prompts\n");
         usage(stderr);
@@ -657,7 +716,13 @@ int zn_cmd_generate(int argc, char **argv)
 
     zn_gen_params gp;
     zn_model_dims d;
-    if ((rc = decode_setup(&df, model, adapter, "generate", &gp, &d)))
+    char ck_model[4096];
+    if (ckpt) {
+        if (ckpt_source(ckpt, model, ck_model, sizeof ck_model, &d, "generate"))
+            return 1;
+        model = ck_model;
+    }
+    if ((rc = decode_setup(&df, model, adapter, "generate", ckpt != NULL, &gp, &d)))
         return rc;
 
     tokenizer tok;
@@ -775,7 +840,7 @@ int zn_cmd_generate(int argc, char **argv)
     }
     int64_t B = (int64_t)batch < pr.n ? (int64_t)batch : pr.n;
 
-    if ((ret = engine_open(&en, &d, model, adapter, device, dtype, gpu_mem, ctx, B, plan_only,
+    if ((ret = engine_open(&en, &d, model, adapter, ckpt, device, dtype, gpu_mem, ctx, B, plan_only,
                            "generate"))) {
         if (ret != 2)
             ret = 1;
@@ -879,7 +944,8 @@ out:
 static void chat_usage(FILE *f)
 {
     fprintf(f,
-            "usage: zinc chat --model DIR [--adapter DIR] [--system TEXT]\n"
+            "usage: zinc chat (--model DIR [--adapter DIR] | --checkpoint DIR [--model DIR])\n"
+            "                 [--system TEXT]\n"
             "                 [--max-new-tokens N] [--do-sample | --greedy] [--temperature T]\n"
             "                 [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]\n"
             "                 [--context N] [--device auto|host|cuda[:N]] [--dtype f32|bf16]\n"
@@ -894,7 +960,7 @@ static void chat_usage(FILE *f)
 
 int zn_cmd_chat(int argc, char **argv)
 {
-    const char *model = NULL, *adapter = NULL, *device = "auto", *dtype = NULL, *gpu_mem = NULL;
+    const char *model = NULL, *adapter = NULL, *ckpt = NULL, *device = "auto", *dtype = NULL, *gpu_mem = NULL;
     const char *system = NULL;
     double context = 0;
     decode_flags df = DECODE_FLAGS_UNSET;
@@ -902,6 +968,7 @@ int zn_cmd_chat(int argc, char **argv)
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' },
         { "adapter", required_argument, 0, 'a' },
+        { "checkpoint", required_argument, 0, 'K' },
         { "system", required_argument, 0, 'y' },
         DECODE_OPTIONS,
         { "context", required_argument, 0, 'C' },
@@ -917,6 +984,7 @@ int zn_cmd_chat(int argc, char **argv)
         switch (c) {
         case 'm': model = optarg; break;
         case 'a': adapter = optarg; break;
+        case 'K': ckpt = optarg; break;
         case 'y': system = optarg; break; /* copied below */
         case 'n': case 'S': case 'G': case 'T': case 'k': case 'q': case 'r': case 's':
             bad = decode_flag(c, optarg, &df);
@@ -931,13 +999,19 @@ int zn_cmd_chat(int argc, char **argv)
         if (bad)
             return 2;
     }
-    if (!model || optind < argc) {
+    if ((!model && !ckpt) || optind < argc) {
         chat_usage(stderr);
         return 2;
     }
     zn_gen_params gp;
     zn_model_dims d;
-    if ((rc = decode_setup(&df, model, adapter, "chat", &gp, &d)))
+    char ck_model[4096];
+    if (ckpt) {
+        if (ckpt_source(ckpt, model, ck_model, sizeof ck_model, &d, "chat"))
+            return 1;
+        model = ck_model;
+    }
+    if ((rc = decode_setup(&df, model, adapter, "chat", ckpt != NULL, &gp, &d)))
         return rc;
     int64_t ctx = context > 0 ? (int64_t)context : (d.max_pos < 4096 ? d.max_pos : 4096);
     int failed = 0;
@@ -957,7 +1031,7 @@ int zn_cmd_chat(int argc, char **argv)
         goto out;
     if (tok.eos && !gp.n_eos)
         eos_from(&gp, tok.eos);
-    if ((ret = engine_open(&en, &d, model, adapter, device, dtype, gpu_mem, ctx, 1, 0, "chat"))) {
+    if ((ret = engine_open(&en, &d, model, adapter, ckpt, device, dtype, gpu_mem, ctx, 1, 0, "chat"))) {
         if (ret != 2)
             ret = 1;
         tok_close(&tok);

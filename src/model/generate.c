@@ -54,6 +54,7 @@ struct zn_gen {
     zn_event *ready[MAX_RING], *freed[MAX_RING];
     zn_stream *copy;
     uint64_t use;       /* the next use number */
+    int primed;         /* the first K uses were fetched */
     uint64_t streamed;  /* bytes copied into the ring so far */
 };
 
@@ -411,19 +412,45 @@ int zn_gen_load(zn_gen *g, const char *base, const char *adapter_dir)
                             adapter_dir);
     if (!adapter_dir && d->lora.r > 0)
         return zn_set_error(ZN_EARG, "generate: the model has LoRA adapters: give their folder");
-    ZN_TRY(zn_m_load_tensors(d, dt, base, "", adapter_dir ? ZN_M_LOAD_BASE : ZN_M_LOAD_ALL,
-                             put_home, g));
+    ZN_TRY(zn_gen_load_base(g, base));
     if (adapter_dir) {
         char path[4096];
         snprintf(path, sizeof path, "%s/adapter_model.safetensors", adapter_dir);
         ZN_TRY(zn_m_load_tensors(d, dt, path, "base_model.model.", ZN_M_LOAD_ADAPTERS, put_home,
                                  g));
     }
-    /* the first uses of the ring start now */
-    g->use = 0;
-    for (int k = 0; k < g->K; k++)
-        ZN_TRY(fetch(g, (uint64_t)k));
     return 0;
+}
+
+int zn_gen_load_base(zn_gen *g, const char *base)
+{
+    if (g->st)
+        return zn_set_error(ZN_EARG, "generate: this generator's weights are a model state's");
+    const zn_model_dims *d = zn_model_get_dims(g->m);
+    return zn_m_load_tensors(d, zn_model_get_config(g->m)->dtype, base, "",
+                             d->lora.r > 0 ? ZN_M_LOAD_BASE : ZN_M_LOAD_ALL, put_home, g);
+}
+
+int zn_gen_put(zn_gen *g, int block, int i, uint64_t first, const float *v, uint64_t n)
+{
+    if (g->st || block < 0 || block >= g->nb || i < 0 || i >= g->np[block])
+        return zn_set_error(ZN_EARG, "generate: no tensor %d of block %d to fill", i, block);
+    zn_param_info pi;
+    ZN_TRY(zn_model_block_param(zn_model_get_dims(g->m), block, i, &pi));
+    if (pi.owner_block >= 0 || first + n > (uint64_t)pi.numel)
+        return zn_set_error(ZN_EARG, "generate: elements [%llu, +%llu) of '%s' (%lld)",
+                            (unsigned long long)first, (unsigned long long)n, pi.name,
+                            (long long)pi.numel);
+    if (g->esz == 4)
+        return put_home(g, block, i, first * 4, v, (size_t)n * 4);
+    uint16_t *h = malloc((size_t)n * 2);
+    if (!h)
+        return zn_set_error(-ENOMEM, "out of memory");
+    for (uint64_t k = 0; k < n; k++)
+        h[k] = zn_m_f32_to_bf16(v[k]);
+    int rc = put_home(g, block, i, first * 2, h, (size_t)n * 2);
+    free(h);
+    return rc;
 }
 
 const float *zn_gen_last_logits(const zn_gen *g, int64_t seq)
@@ -660,6 +687,13 @@ int zn_gen_run(zn_gen *g, int64_t n, const int32_t *const *ids, const int64_t *l
                void *ctx)
 {
     ZN_TRY(zn_gen_params_check(p));
+    /* the ring's first uses start with the first run, once the weights are in */
+    for (; !g->primed && g->use < (uint64_t)g->K; g->use++)
+        ZN_TRY(fetch(g, g->use));
+    if (!g->primed) {
+        g->use = 0;
+        g->primed = 1;
+    }
     for (int64_t i = 0; i < n; i++) {
         if (lens[i] <= 0 || lens[i] >= g->max_t)
             return zn_set_error(ZN_EARG, "prompt %lld: %lld tokens; the context holds %lld "

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# zinc generate --checkpoint: a training checkpoint read in place gives the
+# ids its export gives (fp32 export, fp32 generation: the same values), for
+# a full fine-tune and for LoRA (the base from the folder the run recorded,
+# the adapters from the checkpoint), streamed or resident; the model really
+# changed (the base gives other ids); and what is refused: a --model of
+# another shape, a missing checkpoint, a damaged master.bin (crc32c).
+set -u
+zinc=$(realpath "$1")
+src=$(realpath "$2")
+fx="$src/tests/fixtures"
+fail=0
+work=$(realpath "$(mktemp -d generate-ckpt-XXXXXX)")
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+check() { if ! eval "$1"; then echo "FAIL: $2"; fail=1; fi; }
+gen() { "$zinc" generate --device host --ids 5,9,40,7 --max-new-tokens 16 --json "$@" 2>/dev/null; }
+
+# a full fine-tune, 6 steps at a learning rate that moves the model
+"$zinc" train "$fx/ft-llama/train-config.json" --model "$fx/ft-llama" --data synthetic --steps 6 \
+    --set optimizer.params.lr=0.05 --set 'train.checkpoint.dir="ck"' > t.out 2>&1
+check "[ $? -eq 0 ]" "training: $(tail -3 t.out)"
+"$zinc" export ck --out exp --dtype f32 > e.out 2>&1
+check "[ $? -eq 0 ]" "export: $(cat e.out)"
+a=$(gen --checkpoint ck); b=$(gen --model exp); c=$(gen --model "$fx/ft-llama")
+s=$(gen --checkpoint ck --gpu-mem 1MiB)
+check "[ -n \"\$a\" ] && [ \"\$a\" = \"\$b\" ]" "--checkpoint ($a) and its export ($b) differ"
+check "[ \"\$a\" != \"\$c\" ]" "the checkpoint generates as the base did: were its weights read?"
+check "[ \"\$a\" = \"\$s\" ]" "--checkpoint with a 1 MiB arena ($s) differs from resident ($a)"
+
+# LoRA: the adapters from the checkpoint, the base from the recorded folder
+"$zinc" train "$fx/lora-llama/train-config.json" --model "$fx/ft-llama" --data synthetic \
+    --steps 6 --set optimizer.params.lr=0.05 --set "lora.adapter=\"$fx/lora-llama/adapter-init\"" \
+    --set 'train.checkpoint.dir="lck"' > l.out 2>&1
+check "[ $? -eq 0 ]" "LoRA training: $(tail -3 l.out)"
+"$zinc" export lck --out lexp --dtype f32 > le.out 2>&1
+check "[ $? -eq 0 ]" "LoRA export: $(cat le.out)"
+a=$(gen --checkpoint lck); b=$(gen --model "$fx/ft-llama" --adapter lexp)
+check "[ -n \"\$a\" ] && [ \"\$a\" = \"\$b\" ]" "LoRA --checkpoint ($a) and base + exported adapter ($b) differ"
+check "[ \"\$a\" != \"\$c\" ]" "the LoRA checkpoint generates as the base: were its adapters read?"
+
+# refusals
+"$zinc" generate --checkpoint ck --model "$fx/tiny-llama" --ids 5 > r1.out 2>&1
+check "[ $? -eq 1 ] && grep -q 'is of another model: hidden 48 in the checkpoint, 64' r1.out" \
+      "--model of another shape: $(cat r1.out)"
+"$zinc" generate --checkpoint nothing-here --ids 5 > r2.out 2>&1
+check "[ $? -eq 1 ] && grep -q 'nothing-here' r2.out" "missing checkpoint: $(cat r2.out)"
+m=$(ls ck/step-*/rank-0/master.bin | head -1)
+printf '\x7f' | dd of="$m" bs=1 seek=100 conv=notrunc status=none
+"$zinc" generate --checkpoint ck --ids 5 > r3.out 2>&1
+check "[ $? -eq 1 ] && grep -q 'crc32c' r3.out" "damaged master.bin: $(cat r3.out)"
+"$zinc" generate --checkpoint ck --adapter lexp --ids 5 > r4.out 2>&1
+check "[ $? -eq 2 ] && grep -q 'a LoRA checkpoint holds its adapters' r4.out" \
+      "--adapter with --checkpoint: $(cat r4.out)"
+exit $fail
