@@ -4,7 +4,8 @@
 # a full fine-tune and for LoRA (the base from the folder the run recorded,
 # the adapters from the checkpoint), streamed or resident; the model really
 # changed (the base gives other ids); and what is refused: a --model of
-# another shape, a missing checkpoint, a damaged master.bin (crc32c).
+# another shape, a missing checkpoint, a damaged master.bin (crc32c). Also
+# `zinc bench generate`, whose streamed and resident runs must agree.
 set -u
 zinc=$(realpath "$1")
 src=$(realpath "$2")
@@ -52,4 +53,11 @@ check "[ $? -eq 1 ] && grep -q 'crc32c' r3.out" "damaged master.bin: $(cat r3.ou
 "$zinc" generate --checkpoint ck --adapter lexp --ids 5 > r4.out 2>&1
 check "[ $? -eq 2 ] && grep -q 'a LoRA checkpoint holds its adapters' r4.out" \
       "--adapter with --checkpoint: $(cat r4.out)"
+# zinc bench generate on the same machinery: every layer streamed through
+# one slot and every weight resident side by side; the bench itself fails
+# when their ids differ
+"$zinc" bench generate --model "$fx/tiny-llama" --device host --resident 0 --ring 1 \
+    --batches 1,3 --prompt-len 6 --new-tokens 8 --csv b.csv > b.out 2>&1
+check "[ $? -eq 0 ] && [ \$(grep -c '^\"host' b.csv) -eq 2 ] && grep -q 'ratio' b.out" \
+      "bench generate: $(cat b.out)"
 exit $fail

@@ -107,6 +107,12 @@ typedef struct {
 
 ZN_API void zn_gen_get_placement(const zn_gen *g, zn_gen_placement *p);
 
+/* For benchmarks: the seconds one step's streamed copies take on their own
+ * (every streamed layer copied once into the ring, nothing computing: the
+ * link's ceiling for a step); 0 when nothing streams. Leaves the ring as
+ * the next step expects it. */
+ZN_API int zn_gen_time_link(zn_gen *g, double *seconds);
+
 /* Called for every generated id, as it is chosen: sequence `seq` (index
  * into the prompts), its id, and whether it is that sequence's last. A
  * nonzero return stops the generation with that value. */

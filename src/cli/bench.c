@@ -14,6 +14,7 @@ static const zn_cli_cmd benches[] = {
     { "model", zn_bench_model, "decoder layer/head forward+backward TFLOP/s vs the GEMM peak" },
     { "comm", zn_bench_comm, "all-gather / reduce-scatter / all-reduce algbw and busbw (nccl-tests definitions)" },
     { "train", zn_bench_train, "training steps: step time vs the busiest resource (overlap)" },
+    { "generate", zn_bench_generate, "prefill/decode tokens/s per batch vs the link and compute ceilings of a step" },
     { "load", zn_bench_load, "loading an HF folder's weights vs a plain sequential read of it" },
     { NULL, NULL, NULL },
 };

@@ -51,6 +51,7 @@ int zn_bench_model(int argc, char **argv);
 int zn_bench_train(int argc, char **argv);
 int zn_bench_comm(int argc, char **argv);
 int zn_bench_load(int argc, char **argv);
+int zn_bench_generate(int argc, char **argv);
 
 /* --model DIR of train and plan: appends "model.path=DIR" to sets (after
  * the other --sets). Returns 0, or 2 after printing the usage error. */

@@ -453,6 +453,28 @@ int zn_gen_put(zn_gen *g, int block, int i, uint64_t first, const float *v, uint
     return rc;
 }
 
+int zn_gen_time_link(zn_gen *g, double *seconds)
+{
+    *seconds = 0;
+    if (g->st || !g->n)
+        return 0;
+    ZN_TRY(zn_dev_sync(g->dev));
+    double t0 = zn_now_s();
+    for (int j = 0; j < g->n; j++) {
+        int b = 1 + g->r + j;
+        ZN_TRY(zn_dev_copy_h2d(g->dev, g->copy, g->ring[j % g->K], g->home[b], g->bytes[b]));
+    }
+    ZN_TRY(zn_dev_stream_sync(g->dev, g->copy));
+    *seconds = zn_now_s() - t0;
+    /* the slots again hold what their next uses expect */
+    uint64_t keep = g->streamed;
+    for (int k = 0; k < g->K && g->primed; k++)
+        ZN_TRY(fetch(g, g->use + (uint64_t)k));
+    ZN_TRY(zn_dev_stream_sync(g->dev, g->copy));
+    g->streamed = keep;
+    return 0;
+}
+
 const float *zn_gen_last_logits(const zn_gen *g, int64_t seq)
 {
     if (!g || seq < 0 || seq >= g->nrows)

@@ -1,0 +1,304 @@
+/* `zinc bench generate`: prefill and decode tokens/s of an HF model folder
+ * for batches of 1 .. 64 prompts, with the weights placed as `zinc
+ * generate` places them (streamed from pinned RAM where the device arena
+ * has no room), against the two ceilings of a decoding step measured in
+ * the same run: the link (the step's streamed layers copied alone) and the
+ * compute (the same batch with every weight resident, when the device holds
+ * them). The data are checked: the streamed run's ids must be the resident
+ * run's. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "zinc/device.h"
+#include "zinc/generate.h"
+#include "zinc/model.h"
+#include "cli/cli.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: zinc bench generate --model DIR [--batches 1,2,4,..] [--prompt-len N]\n"
+            "                           [--new-tokens N] [--device D] [--dtype f32|bf16]\n"
+            "                           [--gpu-mem SIZE] [--resident N] [--ring K] [--csv FILE]\n"
+            "  --batches     prompts decoded together (default 1,2,4,8,16,32,64)\n"
+            "  --prompt-len  ids per prompt (default 32), --new-tokens per prompt (default 16)\n"
+            "  --gpu-mem     the device arena (what does not fit streams from pinned RAM)\n"
+            "  --resident    at most N layers on the device (default: as many as fit)\n"
+            "  --ring        device slots for streamed layers (default 2)\n"
+            "  --csv         append one line per batch to FILE (header when new)\n"
+            "Per batch: prefill tokens/s, decode tokens/s and ms per step; the step's\n"
+            "ceilings: link (its streamed bytes copied alone) and compute (every weight\n"
+            "resident, when the arena holds them); ratio = the slower ceiling / the step.\n");
+}
+
+typedef struct {
+    int64_t b, firsts;
+    double t_prefilled;
+} timing;
+
+static int on_token(void *ctx, int64_t seq, int32_t id, int last)
+{
+    timing *t = ctx;
+    (void)seq;
+    (void)id;
+    (void)last;
+    if (t->firsts < t->b && ++t->firsts == t->b)
+        t->t_prefilled = zn_now_s();
+    return 0;
+}
+
+typedef struct {
+    zn_model *m;
+    zn_gen *g;
+} runner;
+
+static void runner_close(runner *r)
+{
+    zn_gen_destroy(r->g);
+    zn_model_destroy(r->m);
+    r->g = NULL;
+    r->m = NULL;
+}
+
+static int runner_open(runner *r, zn_dev *dev, const zn_model_dims *d, zn_dtype dt, int64_t ctx,
+                       int64_t maxb, int resident, int ring, const char *dir)
+{
+    zn_model_config mc = zn_model_config_default(dev);
+    mc.dtype = dt;
+    mc.max_batch = 1;
+    mc.max_seq = ctx;
+    mc.attention = ZN_ATTN_GEMM;
+    zn_gen_config gc = zn_gen_config_default();
+    gc.max_batch = maxb;
+    gc.max_resident_layers = resident;
+    gc.ring = ring;
+    int rc = zn_model_create(&r->m, dev, d, &mc);
+    if (!rc)
+        rc = zn_gen_open(&r->g, r->m, &gc);
+    if (!rc)
+        rc = zn_gen_load(r->g, dir, NULL);
+    if (rc)
+        runner_close(r);
+    return rc;
+}
+
+/* One batch: seconds of the prefills and of the decoding steps. */
+static int run_batch(runner *r, int64_t b, int32_t **ids, const int64_t *lens, int64_t new_tokens,
+                     int32_t **out, int64_t *out_n, double *prefill_s, double *decode_s)
+{
+    zn_gen_params p = zn_gen_params_default();
+    p.max_new_tokens = new_tokens;
+    timing t = { b, 0, 0 };
+    double t0 = zn_now_s();
+    int rc = zn_gen_run(r->g, b, (const int32_t *const *)ids, lens, &p, out, out_n, on_token, &t);
+    double t1 = zn_now_s();
+    *prefill_s = t.t_prefilled - t0;
+    *decode_s = t1 - t.t_prefilled;
+    return rc;
+}
+
+int zn_bench_generate(int argc, char **argv)
+{
+    const char *model = NULL, *device = "auto", *dtype = NULL, *gpu_mem = NULL, *csv = NULL;
+    const char *batches = "1,2,4,8,16,32,64";
+    int64_t plen = 32, new_tokens = 16;
+    int resident = -1, ring = 2, rc;
+    static const struct option opts[] = {
+        { "model", required_argument, 0, 'm' },      { "batches", required_argument, 0, 'b' },
+        { "prompt-len", required_argument, 0, 'p' }, { "new-tokens", required_argument, 0, 'n' },
+        { "device", required_argument, 0, 'D' },     { "dtype", required_argument, 0, 't' },
+        { "gpu-mem", required_argument, 0, 'g' },    { "resident", required_argument, 0, 'r' },
+        { "ring", required_argument, 0, 'k' },       { "csv", required_argument, 0, 'o' },
+        { "help", no_argument, 0, 'h' },             { 0, 0, 0, 0 },
+    };
+    optind = 1;
+    for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'b': batches = optarg; break;
+        case 'p': plen = strtoll(optarg, NULL, 10); break;
+        case 'n': new_tokens = strtoll(optarg, NULL, 10); break;
+        case 'D': device = optarg; break;
+        case 't': dtype = optarg; break;
+        case 'g': gpu_mem = optarg; break;
+        case 'r': resident = atoi(optarg); break;
+        case 'k': ring = atoi(optarg); break;
+        case 'o': csv = optarg; break;
+        default: return zn_bench_usage_exit(c, usage);
+        }
+    }
+    if (!model || optind < argc || plen < 1 || new_tokens < 2 || ring < 1) {
+        usage(stderr);
+        return 2;
+    }
+    int64_t bs[16], nbs = 0, maxb = 0;
+    for (const char *s = batches; *s && nbs < 16;) {
+        char *end;
+        long long v = strtoll(s, &end, 10);
+        if (end == s || v < 1 || (*end && *end != ',')) {
+            fprintf(stderr, "zinc: error: bench generate: --batches '%s'\n", batches);
+            return 2;
+        }
+        bs[nbs++] = v;
+        maxb = v > maxb ? v : maxb;
+        s = *end ? end + 1 : end;
+    }
+    zn_model_dims d;
+    if ((rc = zn_model_dims_from_hf(&d, model)))
+        return zn_cli_fail(rc, "bench generate");
+    int64_t ctx = plen + new_tokens;
+    if (ctx > d.max_pos) {
+        fprintf(stderr, "zinc: error: bench generate: %lld + %lld tokens exceed "
+                "max_position_embeddings %lld\n", (long long)plen, (long long)new_tokens,
+                (long long)d.max_pos);
+        return 2;
+    }
+    zn_dev_config dc = zn_dev_config_default();
+    dc.name = device;
+    if (gpu_mem && (rc = zn_parse_size(gpu_mem, &dc.gpu_budget)))
+        return zn_cli_fail(rc, "bench generate: --gpu-mem");
+    zn_dev *dev = NULL;
+    if ((rc = zn_dev_create(&dev, &dc)))
+        return zn_cli_fail(rc, "bench generate: device");
+    zn_dtype dt = zn_model_config_default(dev).dtype;
+    if (dtype)
+        dt = strcmp(dtype, "f32") ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+
+    int ret = 1;
+    runner st = { 0 }, res = { 0 };
+    FILE *out = NULL;
+    int32_t **ids = calloc((size_t)maxb, sizeof *ids), **o1 = calloc((size_t)maxb, sizeof *o1);
+    int32_t **o2 = calloc((size_t)maxb, sizeof *o2);
+    int64_t *lens = calloc((size_t)maxb, sizeof *lens), *n1 = calloc((size_t)maxb, 8),
+            *n2 = calloc((size_t)maxb, 8);
+    if (!ids || !o1 || !o2 || !lens || !n1 || !n2) {
+        zn_cli_fail(-ENOMEM, "bench generate");
+        goto out;
+    }
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int64_t i = 0; i < maxb; i++) {
+        lens[i] = plen;
+        if (!(ids[i] = malloc((size_t)plen * sizeof **ids))) {
+            zn_cli_fail(-ENOMEM, "bench generate");
+            goto out;
+        }
+        for (int64_t k = 0; k < plen; k++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            ids[i][k] = (int32_t)(x % (uint64_t)d.vocab);
+        }
+    }
+    if ((rc = runner_open(&st, dev, &d, dt, ctx, maxb, resident, ring, model))) {
+        zn_cli_fail(rc, "bench generate: the placed model");
+        goto out;
+    }
+    zn_gen_placement pl;
+    zn_gen_get_placement(st.g, &pl);
+    /* the compute ceiling: every weight resident, when the arena holds it
+     * beside the placed model */
+    int have_res = 0;
+    if (pl.streamed_layers) {
+        have_res = !runner_open(&res, dev, &d, dt, ctx, maxb, -1, ring, model);
+        zn_gen_placement rp;
+        if (have_res) {
+            zn_gen_get_placement(res.g, &rp);
+            have_res = !rp.streamed_layers;
+        }
+        if (!have_res)
+            runner_close(&res);
+    }
+    zn_dev_info di;
+    zn_dev_get_info(dev, &di);
+    printf("model    %s: %d layers, %d on the device, %d streamed (%.1f MiB each, ring %d)\n",
+           model, pl.layers, pl.resident_layers, pl.streamed_layers,
+           (double)pl.layer_bytes / (1 << 20), pl.ring);
+    printf("device   %s, %s; prompts of %lld ids, %lld new tokens each\n", di.name,
+           zn_dtype_name(dt), (long long)plen, (long long)new_tokens);
+    printf("%6s %12s %12s %10s %10s %10s %7s\n", "batch", "prefill t/s", "decode t/s",
+           "step ms", "link ms", "compute ms", "ratio");
+    if (csv && !(out = zn_bench_csv_open(csv, "device,dtype,model,layers,resident,streamed,"
+                                              "batch,prompt_len,new_tokens,prefill_tps,"
+                                              "decode_tps,step_ms,link_ms,compute_ms,ratio"))) {
+        zn_cli_fail(-errno, "bench generate: --csv");
+        goto out;
+    }
+    for (int64_t k = 0; k < nbs; k++) {
+        int64_t b = bs[k];
+        double pre, dec, rpre = 0, rdec = 0, link = 0;
+        /* a warm-up batch, then the timed one */
+        if ((rc = run_batch(&st, b, ids, lens, 2, o1, n1, &pre, &dec)) ||
+            (rc = run_batch(&st, b, ids, lens, new_tokens, o1, n1, &pre, &dec)) ||
+            (rc = zn_gen_time_link(st.g, &link))) {
+            zn_cli_fail(rc, "bench generate");
+            goto out;
+        }
+        double steps = (double)(new_tokens - 1);
+        double step_ms = dec / steps * 1e3, link_ms = link * 1e3, comp_ms = -1;
+        if (have_res) {
+            if ((rc = run_batch(&res, b, ids, lens, 2, o2, n2, &rpre, &rdec)) ||
+                (rc = run_batch(&res, b, ids, lens, new_tokens, o2, n2, &rpre, &rdec))) {
+                zn_cli_fail(rc, "bench generate: resident");
+                goto out;
+            }
+            comp_ms = rdec / steps * 1e3;
+            for (int64_t i = 0; i < b; i++)
+                if (n1[i] != n2[i] || memcmp(o1[i], o2[i], (size_t)n1[i] * 4)) {
+                    fprintf(stderr, "zinc: error: bench generate: batch %lld, prompt %lld: the "
+                            "streamed run's ids differ from the resident run's\n",
+                            (long long)b, (long long)i);
+                    goto out;
+                }
+        } else if (!pl.streamed_layers) {
+            comp_ms = step_ms; /* everything resident: the step is the compute */
+        }
+        for (int64_t i = 0; i < b; i++) {
+            free(o1[i]);
+            free(o2[i]);
+            o1[i] = o2[i] = NULL;
+            if (n1[i] != new_tokens) {
+                fprintf(stderr, "zinc: error: bench generate: prompt %lld gave %lld ids, not "
+                        "%lld\n", (long long)i, (long long)n1[i], (long long)new_tokens);
+                goto out;
+            }
+        }
+        double ceil_ms = link_ms > comp_ms ? link_ms : comp_ms;
+        double ratio = ceil_ms > 0 ? ceil_ms / step_ms : 0;
+        double ptps = (double)(b * plen) / pre, dtps = (double)b * steps / dec;
+        char cs[32] = "-", rs[32] = "-";
+        if (comp_ms >= 0)
+            snprintf(cs, sizeof cs, "%.2f", comp_ms);
+        if (ratio > 0)
+            snprintf(rs, sizeof rs, "%.2f", ratio);
+        printf("%6lld %12.1f %12.1f %10.2f %10.2f %10s %7s\n", (long long)b, ptps, dtps, step_ms,
+               link_ms, cs, rs);
+        if (out)
+            fprintf(out, "\"%s\",%s,%s,%d,%d,%d,%lld,%lld,%lld,%.1f,%.1f,%.3f,%.3f,%.3f,%.3f\n",
+                    di.name, zn_dtype_name(dt), model, pl.layers, pl.resident_layers,
+                    pl.streamed_layers, (long long)b, (long long)plen, (long long)new_tokens,
+                    ptps, dtps, step_ms, link_ms, comp_ms, ratio);
+    }
+    ret = 0;
+out:
+    if (out)
+        fclose(out);
+    for (int64_t i = 0; i < maxb; i++) {
+        if (ids)
+            free(ids[i]);
+        if (o1)
+            free(o1[i]);
+        if (o2)
+            free(o2[i]);
+    }
+    free(ids);
+    free(o1);
+    free(o2);
+    free(lens);
+    free(n1);
+    free(n2);
+    runner_close(&res);
+    runner_close(&st);
+    zn_dev_destroy(dev);
+    return ret;
+}
