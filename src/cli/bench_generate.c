@@ -68,7 +68,7 @@ static int runner_open(runner *r, zn_dev *dev, const zn_model_dims *d, zn_dtype 
 {
     zn_model_config mc = zn_model_config_default(dev);
     mc.dtype = dt;
-    mc.max_batch = 1;
+    mc.max_batch = (maxb + ctx - 1) / ctx; /* a prompt, or maxb decoded tokens */
     mc.max_seq = ctx;
     mc.attention = ZN_ATTN_GEMM;
     zn_gen_config gc = zn_gen_config_default();

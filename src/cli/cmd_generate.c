@@ -563,7 +563,7 @@ static int engine_open(engine *e, const zn_model_dims *d, const char *model, con
     if (dtype)
         mc.dtype = strcmp(dtype, "f32") ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
     e->dt = mc.dtype;
-    mc.max_batch = 1;
+    mc.max_batch = (B + ctx - 1) / ctx; /* the workspace holds a prompt or B decoded tokens */
     mc.max_seq = ctx;
     mc.attention = ZN_ATTN_GEMM;
     zn_gen_config gc = zn_gen_config_default();
