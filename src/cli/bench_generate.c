@@ -85,6 +85,14 @@ static int runner_open(runner *r, zn_dev *dev, const zn_model_dims *d, zn_dtype 
     return rc;
 }
 
+static void free_out(int32_t **o, int64_t b)
+{
+    for (int64_t i = 0; i < b; i++) {
+        free(o[i]);
+        o[i] = NULL;
+    }
+}
+
 /* One batch: seconds of the prefills and of the decoding steps. */
 static int run_batch(runner *r, int64_t b, int32_t **ids, const int64_t *lens, int64_t new_tokens,
                      int32_t **out, int64_t *out_n, double *prefill_s, double *decode_s)
@@ -229,7 +237,7 @@ int zn_bench_generate(int argc, char **argv)
         double pre, dec, rpre = 0, rdec = 0, link = 0;
         /* a warm-up batch, then the timed one */
         if ((rc = run_batch(&st, b, ids, lens, 2, o1, n1, &pre, &dec)) ||
-            (rc = run_batch(&st, b, ids, lens, new_tokens, o1, n1, &pre, &dec)) ||
+            (free_out(o1, b), rc = run_batch(&st, b, ids, lens, new_tokens, o1, n1, &pre, &dec)) ||
             (rc = zn_gen_time_link(st.g, &link))) {
             zn_cli_fail(rc, "bench generate");
             goto out;
@@ -238,7 +246,8 @@ int zn_bench_generate(int argc, char **argv)
         double step_ms = dec / steps * 1e3, link_ms = link * 1e3, comp_ms = -1;
         if (have_res) {
             if ((rc = run_batch(&res, b, ids, lens, 2, o2, n2, &rpre, &rdec)) ||
-                (rc = run_batch(&res, b, ids, lens, new_tokens, o2, n2, &rpre, &rdec))) {
+                (free_out(o2, b),
+                 rc = run_batch(&res, b, ids, lens, new_tokens, o2, n2, &rpre, &rdec))) {
                 zn_cli_fail(rc, "bench generate: resident");
                 goto out;
             }
