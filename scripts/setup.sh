@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(build-essential meson ninja-build pkg-config liburing-dev libhwloc-dev
-      libjansson-dev libopenblas-openmp-dev libomp-dev libopenmpi-dev openmpi-bin
+      libjansson-dev libyaml-dev libopenblas-openmp-dev libomp-dev libopenmpi-dev openmpi-bin
       fio e2fsprogs iproute2 python3 python3-venv
       clang libclang-rt-14-dev)    # (clang: the libFuzzer harnesses of build-fuzz)
 missing=()

@@ -25,8 +25,15 @@ Field names are settable. A text or completion document ends with EOS (the
 model learns to stop) and starts with BOS when tokenizer_config.json's
 add_bos_token says so; chat documents are exactly what the template renders.
 
+LLaMA-Factory's registered datasets: --dataset-info DIR (its
+dataset_info.json) with --datasets NAME,NAME (and --eval-datasets): each
+entry's local file_name (.json arrays or .jsonl), its formatting (alpaca,
+or sharegpt with its tags), its columns; --max-samples keeps the first N
+records of each, as LLaMA-Factory's max_samples does.
+
 usage: zinc prepare INPUT... --model DIR --out FILE [--eval-out FILE
        (--eval-fraction F | --eval INPUT...)] [--max-len N] [--on-error skip|fail]
+       zinc prepare --dataset-info DIR --datasets NAMES --model DIR --out FILE ...
 """
 import argparse
 import json
@@ -224,6 +231,87 @@ def sharegpt_messages(rec):
     return msgs
 
 
+def dataset_records(info_dir, names, max_samples):
+    """LLaMA-Factory's datasets by name: (where, record) in zinc prepare's
+    own record shapes (alpaca fields, or a chat of messages)."""
+    path = os.path.join(info_dir, "dataset_info.json")
+    try:
+        info = json.load(open(path, encoding="utf-8"))
+    except OSError as e:
+        fail("%s: %s (dataset_dir must hold LLaMA-Factory's dataset_info.json)" % (path, e))
+    except ValueError as e:
+        fail("%s: invalid JSON: %s" % (path, e))
+    for name in [n.strip() for n in names.split(",") if n.strip()]:
+        e = info.get(name)
+        if not isinstance(e, dict):
+            fail("%s: no dataset '%s' (it has: %s)" % (path, name, ", ".join(sorted(info))))
+        if "file_name" not in e:
+            fail("%s: dataset '%s' is not a local file (%s): download it and register its "
+                 "file_name" % (path, name, ", ".join(k for k in e if k.endswith("url")) or
+                                "no file_name"))
+        if e.get("ranking"):
+            fail("%s: dataset '%s' is a preference (ranking) dataset: zinc trains sft" %
+                 (path, name))
+        fmt = e.get("formatting", "alpaca")
+        if fmt not in ("alpaca", "sharegpt"):
+            fail("%s: dataset '%s': formatting '%s' (zinc reads alpaca and sharegpt)" %
+                 (path, name, fmt))
+        cols, tags = e.get("columns") or {}, e.get("tags") or {}
+        fpath = os.path.join(info_dir, e["file_name"])
+        if not os.path.isfile(fpath):
+            fail("%s: dataset '%s': %s: no such file" % (path, name, fpath))
+        with open(fpath, encoding="utf-8") as f:
+            text = f.read()
+        try:
+            recs = json.loads(text)
+            if not isinstance(recs, list):
+                recs = [recs]
+            where = ["%s[%d]" % (fpath, i) for i in range(len(recs))]
+        except ValueError:  # json lines
+            recs, where = [], []
+            for n, line in enumerate(text.splitlines(), 1):
+                if line.strip():
+                    try:
+                        recs.append(json.loads(line))
+                    except ValueError as err:
+                        fail("%s:%d: invalid JSON (%s)" % (fpath, n, err))
+                    where.append("%s:%d" % (fpath, n))
+        if max_samples:
+            recs, where = recs[:max_samples], where[:max_samples]
+        for w, r in zip(where, recs):
+            if not isinstance(r, dict):
+                yield w, r
+            elif fmt == "alpaca":
+                yield w, {"instruction": r.get(cols.get("prompt", "instruction")),
+                          "input": r.get(cols.get("query", "input")) or "",
+                          "output": r.get(cols.get("response", "output")),
+                          "system": r.get(cols["system"]) if "system" in cols else None,
+                          "history": r.get(cols["history"]) if "history" in cols else None}
+            else:
+                roles = {tags.get("user_tag", "human"): "user",
+                         tags.get("assistant_tag", "gpt"): "assistant",
+                         tags.get("system_tag", "system"): "system",
+                         tags.get("observation_tag", "observation"): "tool",
+                         tags.get("function_tag", "function_call"): "assistant"}
+                rt, ct = tags.get("role_tag", "from"), tags.get("content_tag", "value")
+                conv = r.get(cols.get("messages", "conversations"))
+                msgs = []
+                if "system" in cols and r.get(cols["system"]):
+                    msgs.append({"role": "system", "content": r[cols["system"]]})
+                for k, turn in enumerate(conv if isinstance(conv, list) else []):
+                    role = roles.get(turn.get(rt)) if isinstance(turn, dict) else None
+                    if role is None:
+                        msgs = None
+                        yield w, {"__error__": "turn %d: role %r is none of the dataset's "
+                                               "tags (%s)" % (k, turn.get(rt) if isinstance(
+                                                   turn, dict) else turn,
+                                                   ", ".join(sorted(roles)))}
+                        break
+                    msgs.append({"role": role, "content": turn.get(ct)})
+                if msgs is not None:
+                    yield w, {"messages": msgs}
+
+
 def make_doc(m, a, rec):
     if isinstance(rec, str):
         try:
@@ -232,6 +320,8 @@ def make_doc(m, a, rec):
             raise ValueError("invalid JSON (%s)" % e)
     if not isinstance(rec, dict):
         raise ValueError("a record must be a JSON object")
+    if "__error__" in rec:
+        raise ValueError(rec["__error__"])
     if a.messages_field not in rec and "conversations" in rec:
         rec = {a.messages_field: sharegpt_messages(rec)}
     elif a.messages_field not in rec and "instruction" in rec and "output" in rec:
@@ -290,7 +380,13 @@ def main():
                                  description=" ".join(__doc__.split("\n\n")[0].split()),
                                  epilog="Records: text, prompt/completion, chat (messages), "
                                         "alpaca and sharegpt (docs/tokens.md).")
-    ap.add_argument("inputs", nargs="+", metavar="INPUT")
+    ap.add_argument("inputs", nargs="*", metavar="INPUT")
+    ap.add_argument("--dataset-info", metavar="DIR",
+                    help="LLaMA-Factory's dataset_dir (its dataset_info.json)")
+    ap.add_argument("--datasets", help="names registered there, comma-separated")
+    ap.add_argument("--eval-datasets", help="names for the held-out file")
+    ap.add_argument("--max-samples", type=int, default=0,
+                    help="the first N records of each dataset")
     ap.add_argument("--model", required=True, help="the HF model folder (tokenizer.json)")
     ap.add_argument("--out", required=True, help="the training token file to write")
     ap.add_argument("--eval-out", help="the held-out evaluation token file")
@@ -309,9 +405,13 @@ def main():
     ap.add_argument("--completion-field", default="completion")
     ap.add_argument("--quiet", action="store_true", help="no progress line")
     a = ap.parse_args()
+    if bool(a.inputs) == bool(a.datasets):
+        fail("give INPUT files or --dataset-info DIR --datasets NAMES (one of them)")
+    if a.datasets and not a.dataset_info:
+        fail("--datasets needs --dataset-info DIR")
     if not 0.0 <= a.eval_fraction < 1.0:
         fail("--eval-fraction %g: must be in [0, 1)" % a.eval_fraction)
-    if (a.eval_fraction or a.eval) and not a.eval_out:
+    if (a.eval_fraction or a.eval or a.eval_datasets) and not a.eval_out:
         fail("--eval-fraction / --eval need --eval-out")
     if a.eval_fraction and a.eval:
         fail("give --eval-fraction or --eval, not both")
@@ -321,11 +421,14 @@ def main():
     t0 = last = time.time()
     ntok = 0
 
-    def collect(paths, split):
+    def collect(paths, split, names=None):
         nonlocal ntok, last
         train, held = [], []
-        recs = Records(a)
-        recs.paths = paths
+        if names:
+            recs = dataset_records(a.dataset_info, names, a.max_samples)
+        else:
+            recs = Records(a)
+            recs.paths = paths
         for where, rec in recs:
             try:
                 ids, mask = make_doc(m, a, rec)
@@ -350,13 +453,17 @@ def main():
                                  % (stats["docs"], ntok, ntok / max(now - t0, 1e-9)))
         return train, held
 
-    train, held = collect(a.inputs, a.eval_fraction > 0)
+    train, held = collect(a.inputs, a.eval_fraction > 0, a.datasets)
     if a.eval:
         held = collect(a.eval, False)[0]
+    if a.eval_datasets:
+        if a.eval_fraction:
+            fail("give --eval-fraction or --eval-datasets, not both")
+        held = collect([], False, a.eval_datasets)[0]
     if not a.quiet and time.time() - t0 >= 1.0:
         sys.stderr.write("\n")
     if not train:
-        fail("no documents in %s%s" % (", ".join(a.inputs),
+        fail("no documents in %s%s" % (", ".join(a.inputs) or a.datasets,
                                         " (%d invalid records skipped)" % stats["skipped"]
                                         if stats["skipped"] else ""))
     n, t = write_tokens(a.out, m.vocab, train)

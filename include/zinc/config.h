@@ -331,6 +331,38 @@ ZN_API int zn_config_nvme_paths(const zn_config *cfg, const char **paths, int ma
  * included); the caller frees the string with free(). NULL on OOM. */
 ZN_API char *zn_config_dump(const zn_config *cfg);
 
+/* ---- LLaMA-Factory recipes (src/config/recipe.c) ---------------------------
+ * `zinc train RECIPE.yaml`: LLaMA-Factory's flat SFT YAML read with libyaml.
+ * Every key is honoured (as a --set with the HF Trainer's name zinc
+ * resolves, the DeepSpeed config it names, the data to prepare), accepted
+ * as changing nothing zinc computes (listed in notes with the reason), or
+ * refused naming the file, line, key and reason. */
+#define ZN_RECIPE_MAX_SETS 48
+typedef struct {
+    char path[4096], dir[4096];   /* the recipe and its folder */
+    char ds_config[4096];         /* deepspeed: the config file, "" without */
+    char model[4096];             /* model_name_or_path (a local folder) */
+    char dataset_dir[4096];       /* dataset_dir (default "data"): its dataset_info.json */
+    char output_dir[4096];
+    char datasets[1024], eval_datasets[1024]; /* comma lists of dataset_info.json names */
+    char template_name[128], lora_target[512];
+    int lora, lora_rank, rslora, plot_loss;
+    int bf16;                     /* -1 not given, 0 false, 1 true */
+    double lora_alpha, lora_dropout, val_size;
+    int64_t cutoff_len, max_samples;
+    char sets[ZN_RECIPE_MAX_SETS][4200]; /* "key=JSON value", for zn_config_load */
+    int n_sets;
+    char notes[2048];             /* keys accepted without effect, and why */
+} zn_recipe;
+
+/* Whether a CONFIG path names a recipe (.yaml or .yml). */
+ZN_API int zn_recipe_is_path(const char *path);
+/* Reads and translates a recipe. Returns 0, -errno, or ZN_ECONFIG. */
+ZN_API int zn_recipe_read(const char *path, zn_recipe *r);
+/* Adds the prepared token files as data.path and data.eval_path (eval may
+ * be NULL). Returns 0 or ZN_ECONFIG (too many settings). */
+ZN_API int zn_recipe_add_data(zn_recipe *r, const char *train, const char *eval);
+
 #ifdef __cplusplus
 }
 #endif

@@ -35,6 +35,20 @@ int zn_cmd_prepare(int argc, char **argv);
 int zn_cmd_generate(int argc, char **argv);
 int zn_cmd_chat(int argc, char **argv);
 
+/* Runs scripts/zinc_prepare.py with these arguments (the project's .venv or
+ * ZINC_PYTHON) and returns its exit status (1 after printing why it could
+ * not run). */
+int zn_cli_run_prepare(const char *const *args, int n);
+
+/* `zinc train RECIPE.yaml` (cmd_recipe.c): reads the recipe, makes
+ * output_dir, tokenizes its datasets there and returns the recipe with every
+ * setting (0), or 1/2 after printing an error; log_path receives
+ * output_dir/trainer_log.jsonl. After a successful run, _finish writes the
+ * last checkpoint's adapter or model into output_dir and, with plot_loss,
+ * the loss picture (rank 0). */
+int zn_cli_recipe_open(const char *path, zn_recipe **out, char *log_path, size_t log_len);
+int zn_cli_recipe_finish(const zn_recipe *r, const char *log_path, int bf16);
+
 /* `zinc bench <what>` subcommands (bench.c holds the table and what the
  * drivers share). */
 /* Opens `path` to append rows, writing `header` (without the newline)

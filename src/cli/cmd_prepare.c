@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -49,4 +50,43 @@ int zn_cmd_prepare(int argc, char **argv)
     fprintf(stderr, "zinc: error: prepare: exec %s: %s\n", py, strerror(errno));
     free(args);
     return 1;
+}
+
+int zn_cli_run_prepare(const char *const *args, int n)
+{
+    char script[4096], py[4096];
+    snprintf(script, sizeof script, "%s/scripts/zinc_prepare.py", ZN_SOURCE_ROOT);
+    const char *env = getenv("ZINC_PYTHON");
+    snprintf(py, sizeof py, "%s", env && *env ? env : ZN_SOURCE_ROOT "/.venv/bin/python");
+    if (access(py, X_OK)) {
+        fprintf(stderr, "zinc: error: %s: %s: preparing a recipe's data needs the tokenizer's "
+                "virtual environment (`bash %s/scripts/setup.sh venv`, or ZINC_PYTHON)\n", py,
+                strerror(errno), ZN_SOURCE_ROOT);
+        return 1;
+    }
+    const char **argv = calloc((size_t)n + 3, sizeof *argv);
+    if (!argv)
+        return 1;
+    argv[0] = py;
+    argv[1] = script;
+    for (int i = 0; i < n; i++)
+        argv[i + 2] = args[i];
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        free(argv);
+        fprintf(stderr, "zinc: error: fork: %s\n", strerror(errno));
+        return 1;
+    }
+    if (!pid) {
+        execv(py, (char *const *)argv);
+        fprintf(stderr, "zinc: error: exec %s: %s\n", py, strerror(errno));
+        _exit(127);
+    }
+    free(argv);
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            return 1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
 }

@@ -352,13 +352,34 @@ int zn_cmd_train(int argc, char **argv)
     zn_config cfg;
     int rc;
     zn_ckpt *ck = NULL;
+    /* a LLaMA-Factory recipe in place of CONFIG: its data prepared first */
+    zn_recipe *recipe = NULL;
+    char recipe_log[4300];
+    if (path && zn_recipe_is_path(path)) {
+        if ((rc = zn_cli_recipe_open(path, &recipe, recipe_log, sizeof recipe_log)))
+            return rc;
+        if (!json_path)
+            json_path = recipe_log;
+    }
     /* a checkpoint is verified before it is loaded; a damaged latest falls
      * back to the newest one that verifies, saying so */
     char fallback[2048] = "";
     if (resuming && resume_arg && strcmp(resume_arg, "latest") &&
-        (rc = zn_ckpt_open_good(&ck, resume_arg, fallback, sizeof fallback)))
+        (rc = zn_ckpt_open_good(&ck, resume_arg, fallback, sizeof fallback))) {
+        free(recipe);
         return zn_cli_fail(rc, "--resume");
-    if (path) {
+    }
+    if (recipe) {
+        /* the recipe's settings, then the command line's (which win) */
+        const char *all[ZN_RECIPE_MAX_SETS + 64];
+        int na = 0;
+        for (int i = 0; i < recipe->n_sets; i++)
+            all[na++] = recipe->sets[i];
+        for (int i = 0; i < n_sets; i++)
+            all[na++] = sets[i];
+        rc = recipe->ds_config[0] ? zn_config_load(&cfg, recipe->ds_config, all, na)
+                                  : zn_config_parse(&cfg, "{}", recipe->path, all, na);
+    } else if (path) {
         rc = zn_config_load(&cfg, path, sets, n_sets);
     } else if (ck) {
         const char *text = zn_ckpt_config_text(ck);
@@ -372,6 +393,7 @@ int zn_cmd_train(int argc, char **argv)
     }
     if (rc) {
         zn_ckpt_close(ck);
+        free(recipe);
         return zn_cli_fail(rc, NULL);
     }
     if (steps_opt >= 0)
@@ -381,10 +403,13 @@ int zn_cmd_train(int argc, char **argv)
         if (!cc->dir[0]) {
             fprintf(stderr, "zinc: error: --resume without a folder needs "
                             "train.checkpoint.dir\n");
+            free(recipe);
             return 2;
         }
-        if ((rc = zn_ckpt_open_good(&ck, cc->dir, fallback, sizeof fallback)))
+        if ((rc = zn_ckpt_open_good(&ck, cc->dir, fallback, sizeof fallback))) {
+            free(recipe);
             return zn_cli_fail(rc, "--resume");
+        }
     }
     if (fallback[0])
         fprintf(stderr, "zinc: warning: %s\n", fallback);
@@ -425,11 +450,13 @@ int zn_cmd_train(int argc, char **argv)
     }
     if (rc || (rc = zn_config_resolve_batch(&cfg, li.world_size)) || (rc = zn_run_effective(&cfg, li.world_size, li.rank == 0 ? stdout : NULL))) {
         zn_ckpt_close(ck);
+        free(recipe);
         return zn_cli_fail(rc, NULL);
     }
     char *cfg_text = zn_config_dump(&cfg);
     if (!cfg_text) {
         zn_ckpt_close(ck);
+        free(recipe);
         return zn_cli_fail(-ENOMEM, "config");
     }
     FILE *jf = NULL;
@@ -443,6 +470,7 @@ int zn_cmd_train(int argc, char **argv)
         zn_run_close(&ts);
         zn_ckpt_close(ck);
         free(cfg_text);
+        free(recipe);
         return 1;
     }
     /* rank 0 speaks for the job; the others print only their errors */
@@ -459,6 +487,7 @@ int zn_cmd_train(int argc, char **argv)
         zn_run_close(&ts);
         zn_ckpt_close(ck);
         free(cfg_text);
+        free(recipe);
         return 1;
     }
     int64_t start = 0;
@@ -473,6 +502,7 @@ int zn_cmd_train(int argc, char **argv)
             if (jf)
                 fclose(jf);
             free(cfg_text);
+            free(recipe);
             return 1;
         }
         start = zn_ckpt_steps_run(ck);
@@ -569,6 +599,7 @@ int zn_cmd_train(int argc, char **argv)
             zn_run_abort(&ts, 1);
             zn_run_close(&ts);
             free(cfg_text);
+            free(recipe);
             return 1;
         }
         printf("  csv_monitor %s\n", cdir);
@@ -585,6 +616,7 @@ int zn_cmd_train(int argc, char **argv)
             zn_run_abort(&ts, 1);
             zn_run_close(&ts);
             free(cfg_text);
+            free(recipe);
             return 1;
         }
         printf("  tensorboard %s\n", zn_tb_path(tb));
@@ -734,6 +766,9 @@ int zn_cmd_train(int argc, char **argv)
     }
     zn_run_close(&ts);   /* the swap files go here */
     free(cfg_text);
+    if (recipe && !rc && !stop_sig && zn_cli_recipe_finish(recipe, json_path, cfg.bf16))
+        rc = 1;
+    free(recipe);
     if (stop_sig) {
         fprintf(stderr, "zinc: %s: stopped after step %lld%s%s%s, swap files removed, %.1f s "
                 "after the signal (exit %d)\n", strsignal(stop_sig), (long long)steps,

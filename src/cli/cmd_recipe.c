@@ -1,0 +1,245 @@
+/* `zinc train RECIPE.yaml`: a LLaMA-Factory recipe run as it is. The recipe
+ * (src/config/recipe.c) becomes the DeepSpeed config it names plus --set
+ * overrides; its datasets (dataset_info.json under dataset_dir) are
+ * tokenized with the model folder's tokenizer and chat template into
+ * output_dir; after training, output_dir holds what LLaMA-Factory leaves
+ * there: the adapter (or the model) of the last checkpoint, the step log
+ * trainer_log.jsonl and, with plot_loss, the loss picture. */
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli/cli.h"
+#include "zinc/ckpt.h"
+#include "zinc/comm.h"
+
+static int mkdir_p(const char *dir)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = 0;
+        if (mkdir(p, 0755) && errno != EEXIST)
+            return -errno;
+        *s = '/';
+    }
+    return mkdir(p, 0755) && errno != EEXIST ? -errno : 0;
+}
+
+int zn_cli_recipe_open(const char *path, zn_recipe **out, char *log_path, size_t log_len)
+{
+    *out = NULL;
+    zn_recipe *r = malloc(sizeof *r);
+    if (!r) {
+        fprintf(stderr, "zinc: error: out of memory\n");
+        return 1;
+    }
+    int rc = zn_recipe_read(path, r);
+    if (rc) {
+        free(r);
+        return zn_cli_fail(rc, "recipe");
+    }
+    if (!r->output_dir[0]) {
+        fprintf(stderr, "zinc: error: %s: output_dir is missing (where LLaMA-Factory and zinc "
+                "leave the checkpoints and the result)\n", path);
+        free(r);
+        return 2;
+    }
+    if (r->val_size >= 1) {
+        fprintf(stderr, "zinc: error: %s: val_size %g: give it as a fraction of the data "
+                "(a count of examples is not implemented)\n", path, r->val_size);
+        free(r);
+        return 2;
+    }
+    if ((rc = mkdir_p(r->output_dir))) {
+        fprintf(stderr, "zinc: error: %s: output_dir %s: %s\n", path, r->output_dir,
+                strerror(-rc));
+        free(r);
+        return 1;
+    }
+    /* each rank tokenizes into its own file (the same bytes: no race) */
+    zn_launch_info li;
+    int rank = zn_launch_detect(&li) ? 0 : li.rank;
+    char tok[4300], ev[4300], mlen[32], msamp[32], frac[32];
+    snprintf(tok, sizeof tok, "%s/zinc-train.rank%d.tok", r->output_dir, rank);
+    snprintf(ev, sizeof ev, "%s/zinc-eval.rank%d.tok", r->output_dir, rank);
+    snprintf(mlen, sizeof mlen, "%lld", (long long)r->cutoff_len);
+    snprintf(msamp, sizeof msamp, "%lld", (long long)r->max_samples);
+    snprintf(frac, sizeof frac, "%.17g", r->val_size);
+    const char *args[32];
+    int n = 0;
+    args[n++] = "--model";
+    args[n++] = r->model;
+    args[n++] = "--dataset-info";
+    args[n++] = r->dataset_dir;
+    args[n++] = "--datasets";
+    args[n++] = r->datasets;
+    args[n++] = "--out";
+    args[n++] = tok;
+    args[n++] = "--quiet";
+    if (r->cutoff_len) {
+        args[n++] = "--max-len";
+        args[n++] = mlen;
+    }
+    if (r->max_samples) {
+        args[n++] = "--max-samples";
+        args[n++] = msamp;
+    }
+    int eval = r->val_size > 0 || r->eval_datasets[0];
+    if (eval) {
+        args[n++] = "--eval-out";
+        args[n++] = ev;
+        if (r->eval_datasets[0]) {
+            args[n++] = "--eval-datasets";
+            args[n++] = r->eval_datasets;
+        } else {
+            args[n++] = "--eval-fraction";
+            args[n++] = frac;
+        }
+    }
+    printf("recipe     %s: %s fine-tune of %s%s%s\n", path, r->lora ? "LoRA" : "full",
+           r->model, r->ds_config[0] ? ", DeepSpeed config " : "", r->ds_config);
+    if (r->notes[0])
+        printf("           accepted, changing nothing zinc computes: %s\n", r->notes);
+    printf("data       %s from %s/dataset_info.json, with %s's tokenizer and chat template\n",
+           r->datasets, r->dataset_dir, r->model);
+    fflush(stdout);
+    if ((rc = zn_cli_run_prepare(args, n))) {
+        fprintf(stderr, "zinc: error: %s: preparing the datasets failed (above)\n", path);
+        free(r);
+        return 1;
+    }
+    if (zn_recipe_add_data(r, tok, eval ? ev : NULL)) {
+        free(r);
+        return zn_cli_fail(ZN_ECONFIG, "recipe");
+    }
+    snprintf(log_path, log_len, "%s/trainer_log.jsonl", r->output_dir);
+    *out = r;
+    return 0;
+}
+
+/* The loss curve of trainer_log.jsonl as an SVG picture (train and eval). */
+static int plot_loss(const char *log, const char *svg)
+{
+    FILE *f = fopen(log, "r");
+    if (!f)
+        return -errno;
+    double *st = NULL, *lo = NULL, *ev = NULL;
+    size_t n = 0, cap = 0;
+    char *line = NULL;
+    size_t lcap = 0;
+    while (getline(&line, &lcap, f) >= 0) {
+        json_t *o = json_loads(line, 0, NULL);
+        json_t *s = json_object_get(o, "step"), *l = json_object_get(o, "loss");
+        if (json_is_number(s) && json_is_number(l)) {
+            if (n == cap) {
+                cap = cap ? 2 * cap : 256;
+                st = realloc(st, cap * sizeof *st);
+                lo = realloc(lo, cap * sizeof *lo);
+                ev = realloc(ev, cap * sizeof *ev);
+                if (!st || !lo || !ev) {
+                    json_decref(o);
+                    break;
+                }
+            }
+            json_t *e = json_object_get(o, "eval_loss");
+            st[n] = json_number_value(s);
+            lo[n] = json_number_value(l);
+            ev[n] = json_is_number(e) ? json_number_value(e) : -1;
+            n++;
+        }
+        json_decref(o);
+    }
+    free(line);
+    fclose(f);
+    int rc = 0;
+    FILE *o = n ? fopen(svg, "w") : NULL;
+    if (!o) {
+        rc = n ? -errno : -ENODATA;
+        goto out;
+    }
+    double x0 = st[0], x1 = st[n - 1], y0 = lo[0], y1 = lo[0];
+    for (size_t i = 0; i < n; i++) {
+        y0 = lo[i] < y0 ? lo[i] : y0;
+        y1 = lo[i] > y1 ? lo[i] : y1;
+        if (ev[i] >= 0) {
+            y0 = ev[i] < y0 ? ev[i] : y0;
+            y1 = ev[i] > y1 ? ev[i] : y1;
+        }
+    }
+    if (x1 <= x0)
+        x1 = x0 + 1;
+    if (y1 <= y0)
+        y1 = y0 + 1;
+    const double W = 640, H = 400, L = 60, R = 20, T = 30, B = 50;
+#define PX(x) (L + ((x) - x0) / (x1 - x0) * (W - L - R))
+#define PY(y) (T + (y1 - (y)) / (y1 - y0) * (H - T - B))
+    fprintf(o, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" "
+            "font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
+    fprintf(o, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+    fprintf(o, "<text x=\"%g\" y=\"18\" text-anchor=\"middle\">training loss, %zu steps</text>\n",
+            W / 2, n);
+    fprintf(o, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"black\"/>\n", L, H - B,
+            W - R, H - B);
+    fprintf(o, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"black\"/>\n", L, T, L,
+            H - B);
+    for (int k = 0; k <= 4; k++) {
+        double y = y0 + (y1 - y0) * k / 4, x = x0 + (x1 - x0) * k / 4;
+        fprintf(o, "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">%.3g</text>\n", L - 4,
+                PY(y) + 4, y);
+        fprintf(o, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">%.0f</text>\n", PX(x),
+                H - B + 16, x);
+    }
+    fprintf(o, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">step</text>\n", W / 2, H - 12);
+    fprintf(o, "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"");
+    for (size_t i = 0; i < n; i++)
+        fprintf(o, "%.1f,%.1f ", PX(st[i]), PY(lo[i]));
+    fprintf(o, "\"/>\n<polyline fill=\"none\" stroke=\"#ff7f0e\" stroke-width=\"1.5\" "
+            "points=\"");
+    for (size_t i = 0; i < n; i++)
+        if (ev[i] >= 0)
+            fprintf(o, "%.1f,%.1f ", PX(st[i]), PY(ev[i]));
+    fprintf(o, "\"/>\n<text x=\"%g\" y=\"%g\" fill=\"#1f77b4\">train</text>\n", W - R - 80,
+            T + 14);
+    fprintf(o, "<text x=\"%g\" y=\"%g\" fill=\"#ff7f0e\">eval</text>\n", W - R - 80, T + 30);
+    fprintf(o, "</svg>\n");
+#undef PX
+#undef PY
+    if (fclose(o))
+        rc = -errno;
+out:
+    free(st);
+    free(lo);
+    free(ev);
+    return rc;
+}
+
+int zn_cli_recipe_finish(const zn_recipe *r, const char *log_path, int bf16)
+{
+    zn_launch_info li;
+    if (!zn_launch_detect(&li) && li.rank != 0)
+        return 0;
+    /* the last checkpoint as LLaMA-Factory leaves its result: a PEFT adapter
+     * (fp32, as its trainable parameters are) or the model */
+    int rc = zn_ckpt_export(r->output_dir, r->output_dir,
+                            r->lora || !bf16 ? ZN_DTYPE_F32 : ZN_DTYPE_BF16, 0);
+    if (rc)
+        return zn_cli_fail(rc, "recipe: writing the result into output_dir");
+    printf("result     %s: %s\n", r->output_dir,
+           r->lora ? "adapter_config.json, adapter_model.safetensors (peft loads it)"
+                   : "config.json, safetensors and the tokenizer (transformers loads it)");
+    if (r->plot_loss) {
+        char svg[4200];
+        snprintf(svg, sizeof svg, "%s/training_loss.svg", r->output_dir);
+        if ((rc = plot_loss(log_path, svg)))
+            fprintf(stderr, "zinc: warning: plot_loss: %s: %s\n", svg, strerror(-rc));
+        else
+            printf("plot       %s\n", svg);
+    }
+    return 0;
+}
