@@ -279,9 +279,12 @@ static int epochs_to_steps(zn_run *ts, zn_config *cfg, FILE *note)
     zn_config_set_steps(cfg, steps);
     if (note && ts->rank == 0)
         fprintf(note, "  epochs     %g x %llu steps per epoch (%llu windows of %lld tokens, "
-                "global batch %lld) = %lld steps\n", ep, (unsigned long long)spe,
+                "global batch %lld) = %lld steps; the schedule over them: warmup %lld, "
+                "total %lld (these replace the defaults above)\n", ep, (unsigned long long)spe,
                 (unsigned long long)zn_loader_num_windows(ts->loader),
-                (long long)cfg->data.seq_len, (long long)cfg->train_batch_size, (long long)steps);
+                (long long)cfg->data.seq_len, (long long)cfg->train_batch_size, (long long)steps,
+                (long long)cfg->scheduler.warmup_num_steps,
+                (long long)cfg->scheduler.total_num_steps);
     return 0;
 }
 
