@@ -355,6 +355,42 @@ static void bad_input(zn_dev *dev)
     zn_model_destroy(m);
 }
 
+/* Prefix reuse: a prompt that extends the last one (a chat's next turn) is
+ * prefilled from where they differ and gives the ids of a whole prefill. */
+static void prefix_reuse(zn_dev *dev)
+{
+    loaded A, B;
+    if (load(dev, "tiny-llama", 1, &A) || load(dev, "tiny-llama", 1, &B))
+        return;
+    zn_gen_set_prefix_reuse(A.g, 1);
+    zn_gen_params p = zn_gen_params_default();
+    p.max_new_tokens = 10;
+    int32_t first[] = { 9, 40, 7, 3, 11, 12, 60, 2 }, longer[24];
+    memcpy(longer, first, sizeof first);
+    for (int i = 8; i < 24; i++)
+        longer[i] = 20 + 7 * i;
+    const int32_t *p1 = first, *p2 = longer;
+    int64_t n1 = 8, n2 = 24, on;
+    int32_t *o = NULL, *oa = NULL, *ob = NULL;
+    ZT_EQ_INT(zn_gen_run(A.g, 1, &p1, &n1, &p, &o, &on, NULL, NULL), 0);
+    free(o);
+    int64_t na = 0, nb = 0;
+    ZT_EQ_INT(zn_gen_run(A.g, 1, &p2, &n2, &p, &oa, &na, NULL, NULL), 0);
+    ZT_EQ_INT(zn_gen_run(B.g, 1, &p2, &n2, &p, &ob, &nb, NULL, NULL), 0);
+    zn_gen_stats st;
+    zn_gen_get_stats(A.g, &st);
+    ZT_CHECK_MSG(st.reused == 8, "the second prompt reused %llu cached tokens, not the first "
+                 "prompt's 8", (unsigned long long)st.reused);
+    ZT_CHECK_MSG(st.prefilled == 8 + 16, "prefilled %llu tokens, not 8 + 16",
+                 (unsigned long long)st.prefilled);
+    ZT_CHECK_MSG(oa && ob && na == nb && !memcmp(oa, ob, (size_t)na * 4),
+                 "prefix reuse gives other ids than a whole prefill");
+    free(oa);
+    free(ob);
+    unload(&A);
+    unload(&B);
+}
+
 /* Greedy ids of prompts through a generator of owned weights placed with
  * config c (NULL: resident in a model state), and the last step's logits. */
 static int gen_with(zn_dev *dev, const char *dir, const char *adapter, const zn_gen_config *c,
@@ -558,6 +594,7 @@ int main(void)
     run_model(dev, "tiny-qwen2");
     run_model(dev, "lora-llama");
     bad_input(dev);
+    prefix_reuse(dev);
     streamed(dev, FIX "tiny-llama", NULL, 320, 2);
     streamed(dev, FIX "tiny-qwen2", NULL, 320, 2);
     streamed(dev, FIX "ft-llama", FIX "lora-llama/final-adapter", 160, 3);

@@ -18,11 +18,13 @@ and a generation_config.json. Checked:
     that fills the context, a bad flag value, a malformed --prompts line.
   - zinc chat through a pseudo-terminal: each reply is what `zinc generate`
     gives for the whole history through the template (the second turn's
-    prompt is the template over user, assistant, user), /reset forgets it.
+    prompt is the template over user, assistant, user, prefilled from where
+    it leaves the first turn's cache), /reset forgets it.
 """
 import json
 import os
 import pty
+import re
 import select
 import time
 import shutil
@@ -187,12 +189,15 @@ for q, t in ((q1, t1), (q2, t2), ("/reset", None), (q1, t1)):
     # the reply, then the line of tokens/s (stderr), then the next prompt;
     # the terminal's echo of the line typed (and, at times, a prompt: the
     # pty's echo is queued apart from the program's output) come before it
-    ok = expect(b"tokens/s]") and expect(b"> ")
+    ok = expect(b"in all]") and expect(b"> ")
     reply = seen[:seen.find(b"\r\n[")] if ok else b""
     reply = reply.replace(crlf(q) + b"\r\n", b"", 1)
     while reply.startswith(b"> "):
         reply = reply[2:]
     check(ok and reply == crlf(t), "chat: after %r the reply is not %r: %r" % (q, t, seen))
+    if q == q2:  # the second turn's prompt starts with the first's: its cache stays
+        m = re.search(rb"; (\d+) prompt tokens from the cache", seen)
+        check(m and int(m.group(1)) > 0, "chat: the second turn reused no cache: %r" % seen)
 os.write(fd, b"/exit\n")
 _, status = os.waitpid(pid, 0)
 check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "chat exit status %d" % status)

@@ -128,6 +128,22 @@ ZN_API int zn_gen_run(zn_gen *g, int64_t n, const int32_t *const *ids, const int
                       const zn_gen_params *p, int32_t **out, int64_t *out_len,
                       zn_gen_token_fn cb, void *ctx);
 
+/* Prefix reuse (off by default): each cache slot remembers the ids whose
+ * keys and values it holds, and a prompt that starts with them (a chat's
+ * history with its new turn) is prefilled only from where they differ.
+ * The cached part was computed from the same ids at the same positions;
+ * the rest runs as a shorter prefill (GEMMs of other shapes: the logits
+ * may differ from a whole prefill's in the last bits). */
+ZN_API void zn_gen_set_prefix_reuse(zn_gen *g, int on);
+
+/* Tokens run through the model since the generator was made: prompt tokens
+ * prefilled, prompt tokens whose cache was reused instead, decoding steps'
+ * tokens (one per sequence and step). */
+typedef struct {
+    uint64_t prefilled, reused, decoded;
+} zn_gen_stats;
+ZN_API void zn_gen_get_stats(const zn_gen *g, zn_gen_stats *out);
+
 /* For tests: the fp32 logits [vocab] the last step computed for sequence
  * `seq` of the current batch, NULL before a step. */
 ZN_API const float *zn_gen_last_logits(const zn_gen *g, int64_t seq);

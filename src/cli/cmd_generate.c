@@ -1048,6 +1048,8 @@ int zn_cmd_chat(int argc, char **argv)
             di.name, zn_dtype_name(en.dt), where, (long long)ctx);
     sm.tok = &tok;
     sm.stream = 1;
+    /* each turn's prompt is the history so far: its cache stays */
+    zn_gen_set_prefix_reuse(en.g, 1);
     for (;;) {
         fputs("> ", stdout);
         fflush(stdout);
@@ -1122,8 +1124,12 @@ int zn_cmd_chat(int argc, char **argv)
         json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant", "content",
                                               text));
         free(text);
-        fprintf(stderr, "[%lld tokens, %.1f tokens/s]\n", (long long)gn,
-                (double)gn / (t1 - t0 > 0 ? t1 - t0 : 1e-9));
+        zn_gen_stats gs;
+        zn_gen_get_stats(en.g, &gs);
+        fprintf(stderr, "[%lld tokens, %.1f tokens/s; %llu prompt tokens from the cache, "
+                "%llu prefilled, in all]\n", (long long)gn,
+                (double)gn / (t1 - t0 > 0 ? t1 - t0 : 1e-9), (unsigned long long)gs.reused,
+                (unsigned long long)gs.prefilled);
     }
     ret = failed;
     engine_close(&en);

@@ -56,6 +56,13 @@ struct zn_gen {
     uint64_t use;       /* the next use number */
     int primed;         /* the first K uses were fetched */
     uint64_t streamed;  /* bytes copied into the ring so far */
+    /* what each cache slot holds: the ids whose keys and values are in it
+     * (kv_n of them), so that a prompt sharing their prefix (a chat's
+     * history) is prefilled from where they differ (reuse on) */
+    int reuse;
+    zn_gen_stats stats;
+    int32_t *kv_ids;    /* [max_batch][max_t] */
+    int64_t *kv_n;
 };
 
 zn_gen_params zn_gen_params_default(void)
@@ -140,7 +147,19 @@ void zn_gen_destroy(zn_gen *g)
     zn_dev_free(g->dev, g->xb);
     zn_dev_free(g->dev, g->dlogits);
     free(g->logits);
+    free(g->kv_ids);
+    free(g->kv_n);
     free(g);
+}
+
+void zn_gen_set_prefix_reuse(zn_gen *g, int on)
+{
+    g->reuse = on;
+}
+
+void zn_gen_get_stats(const zn_gen *g, zn_gen_stats *out)
+{
+    *out = g->stats;
 }
 
 /* What every generator allocates: the cache, two activations, the logits. */
@@ -170,7 +189,9 @@ static int gen_common(zn_gen **out, zn_model *m, int64_t max_batch)
     int rc = 0;
     g->kv = calloc((size_t)g->L, sizeof *g->kv);
     g->logits = malloc((size_t)(max_batch * g->V) * sizeof *g->logits);
-    if (!g->kv || !g->logits) {
+    g->kv_ids = malloc((size_t)(max_batch * g->max_t) * sizeof *g->kv_ids);
+    g->kv_n = calloc((size_t)max_batch, sizeof *g->kv_n);
+    if (!g->kv || !g->logits || !g->kv_ids || !g->kv_n) {
         zn_gen_destroy(g);
         return zn_set_error(-ENOMEM, "out of memory");
     }
@@ -753,10 +774,21 @@ int zn_gen_run(zn_gen *g, int64_t n, const int32_t *const *ids, const int64_t *l
             s->plen = s->len = lens[s->idx];
             memcpy(s->seq, ids[s->idx], (size_t)s->len * sizeof *s->seq);
             s->rng = zn_mix64(p->seed ^ zn_mix64((uint64_t)s->idx + 1));
-            int64_t p0 = 0, row = s->len - 1;
-            if ((rc = zn_model_set_decode(g->m, NULL, 1, s->len, s->seq, &p0, &b)) ||
-                (rc = step(g, s->seq, s->len, 1, &row)))
+            /* the prefix the slot already holds (reuse on), but at least
+             * the last prompt token is fed: its logits choose the next */
+            int64_t c = 0;
+            int32_t *held = g->kv_ids + b * g->max_t;
+            while (g->reuse && c < g->kv_n[b] && c < s->len - 1 && held[c] == s->seq[c])
+                c++;
+            int64_t row = s->len - c - 1;
+            g->kv_n[b] = 0; /* until the prefill is in */
+            if ((rc = zn_model_set_decode(g->m, NULL, 1, s->len - c, s->seq + c, &c, &b)) ||
+                (rc = step(g, s->seq + c, s->len - c, 1, &row)))
                 break;
+            memcpy(held, s->seq, (size_t)s->len * sizeof *held);
+            g->kv_n[b] = s->len;
+            g->stats.prefilled += (uint64_t)(s->len - c);
+            g->stats.reused += (uint64_t)c;
             int32_t t = zn_gen_choose(p, g->logits, g->V, s->seq, s->len, &s->rng);
             if (emit(g, p, s, t, out, out_len, cb, ctx, &rc))
                 b--; /* the slot is free again */
@@ -774,9 +806,16 @@ int zn_gen_run(zn_gen *g, int64_t n, const int32_t *const *ids, const int64_t *l
             }
         if (!nb)
             break;
+        for (int64_t k = 0; k < nb; k++)
+            g->kv_n[slot[k]] = 0; /* until the step is in */
         if ((rc = zn_model_set_decode(g->m, NULL, nb, 1, bid, pos0, slot)) ||
             (rc = step(g, bid, nb, nb, rows)))
             break;
+        for (int64_t k = 0; k < nb; k++) {
+            g->kv_ids[slot[k] * g->max_t + pos0[k]] = bid[k];
+            g->kv_n[slot[k]] = pos0[k] + 1;
+        }
+        g->stats.decoded += (uint64_t)nb;
         for (int64_t k = 0; k < nb && !rc; k++) {
             live *s = &sl[slot[k]];
             int32_t t = zn_gen_choose(p, g->logits + k * g->V, g->V, s->seq, s->len, &s->rng);
