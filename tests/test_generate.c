@@ -457,11 +457,18 @@ static void streamed(zn_dev *dev, const char *dir, const char *adapter, int64_t 
     float *ref_last = malloc((size_t)V * 4), *got_last = malloc((size_t)V * 4);
     if (gen_with(dev, dir, adapter, NULL, 2, ids, lens, max_new, ref, ref_n, ref_last, NULL))
         goto out;
+    char nvme[] = "gen-nvme-XXXXXX";
+    if (!mkdtemp(nvme)) {
+        ZT_FAIL_AT("mkdtemp: %s", nvme);
+        goto out;
+    }
+    for (int home = 0; home < 2; home++)
     for (int ring = 1; ring <= 3; ring++)
         for (int res = 0; res < L && res <= 1; res++) {
             zn_gen_config c = zn_gen_config_default();
             c.ring = ring;
             c.max_resident_layers = res;
+            c.nvme_dir = home ? nvme : NULL; /* streamed layers homed on NVMe */
             zn_gen_placement pl;
             if (gen_with(dev, dir, adapter, &c, 2, ids, lens, max_new, got, got_n, got_last,
                          &pl))
@@ -481,12 +488,21 @@ static void streamed(zn_dev *dev, const char *dir, const char *adapter, int64_t 
              * every step streams each layer once (a ring that holds them
              * all loads them once), plus the next step's first slots */
             uint64_t steps = 2 + (uint64_t)(max_new - 1), n = (uint64_t)(L - res);
-            uint64_t want = pl.ring >= (int)n ? n : (steps * n + (uint64_t)pl.ring);
+            int on_nvme = home && pl.ring < (int)n;
+            /* from NVMe the reads run K uses ahead and the copies one */
+            uint64_t want = pl.ring >= (int)n ? n : (steps * n + (on_nvme ? 1 : (uint64_t)pl.ring));
+            uint64_t want_rd = on_nvme ? steps * n + (uint64_t)pl.ring : 0;
             ZT_CHECK_MSG(pl.streamed_bytes == want * pl.layer_bytes, "%s: ring %d, %d resident: "
                          "%llu bytes streamed, %llu expected", dir, ring, res,
                          (unsigned long long)pl.streamed_bytes,
                          (unsigned long long)(want * pl.layer_bytes));
+            ZT_CHECK_MSG(pl.nvme_read == want_rd * pl.layer_bytes && (!on_nvme || pl.nvme_bytes),
+                         "%s: ring %d, %d resident, %s: %llu bytes read from NVMe, %llu copied",
+                         dir, ring, res, home ? "nvme" : "pinned",
+                         (unsigned long long)pl.nvme_read, (unsigned long long)pl.streamed_bytes);
         }
+    /* the swap files went with their generators */
+    ZT_CHECK_MSG(rmdir(nvme) == 0, "%s: not empty after the generators were destroyed", nvme);
 out:
     for (int i = 0; i < 2; i++) {
         free(ref[i]);

@@ -28,6 +28,9 @@ s=$(gen --checkpoint ck --gpu-mem 1MiB)
 check "[ -n \"\$a\" ] && [ \"\$a\" = \"\$b\" ]" "--checkpoint ($a) and its export ($b) differ"
 check "[ \"\$a\" != \"\$c\" ]" "the checkpoint generates as the base did: were its weights read?"
 check "[ \"\$a\" = \"\$s\" ]" "--checkpoint with a 1 MiB arena ($s) differs from resident ($a)"
+mkdir nv
+s=$(gen --checkpoint ck --gpu-mem 1MiB --nvme nv)
+check "[ \"\$a\" = \"\$s\" ] && [ -z \"\$(ls nv)\" ]" "--nvme: $s (resident: $a), left in nv: $(ls nv)"
 
 # LoRA: the adapters from the checkpoint, the base from the recorded folder
 "$zinc" train "$fx/lora-llama/train-config.json" --model "$fx/ft-llama" --data synthetic \

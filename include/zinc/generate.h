@@ -73,6 +73,12 @@ typedef struct {
     int64_t max_batch;       /* sequences decoded together (default 1) */
     int ring;                /* device slots for streamed layers (default 2, 1..8) */
     int max_resident_layers; /* -1 (default): as many as fit; n: at most n */
+    /* NULL (default): streamed layers are homed in pinned memory. A folder:
+     * they are homed on NVMe there instead (a swap file, removed at
+     * destroy; io_uring reads into one pinned stage per slot, K uses
+     * ahead, each stage then copied to its device slot one use ahead), for
+     * a model larger than the host's RAM. */
+    const char *nvme_dir;
 } zn_gen_config;
 
 ZN_API zn_gen_config zn_gen_config_default(void);
@@ -98,7 +104,9 @@ typedef struct {
     int embed_resident;            /* the embedding on the device (else pinned, gathered) */
     uint64_t layer_bytes;          /* one decoder layer */
     uint64_t device_weight_bytes;  /* weights and ring slots on the device */
-    uint64_t pinned_bytes;         /* weights homed in pinned host memory */
+    uint64_t pinned_bytes;         /* weights homed in pinned host memory (and NVMe stages) */
+    uint64_t nvme_bytes;           /* the swap space of NVMe-homed layers */
+    uint64_t nvme_read;            /* bytes read from it so far */
     uint64_t streamed_bytes_per_step; /* host to device per decoding step */
     uint64_t streamed_bytes;       /* copied so far */
     uint64_t kv_bytes_per_seq;     /* the cache of one sequence of max_seq tokens */

@@ -22,12 +22,15 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: zinc bench generate --model DIR [--batches 1,2,4,..] [--prompt-len N]\n"
             "                           [--new-tokens N] [--device D] [--dtype f32|bf16]\n"
-            "                           [--gpu-mem SIZE] [--resident N] [--ring K] [--csv FILE]\n"
+            "                           [--gpu-mem SIZE] [--resident N] [--ring K] [--nvme DIR]\n"
+            "                           [--csv FILE]\n"
             "  --batches     prompts decoded together (default 1,2,4,8,16,32,64)\n"
             "  --prompt-len  ids per prompt (default 32), --new-tokens per prompt (default 16)\n"
             "  --gpu-mem     the device arena (what does not fit streams from pinned RAM)\n"
             "  --resident    at most N layers on the device (default: as many as fit)\n"
             "  --ring        device slots for streamed layers (default 2)\n"
+            "  --nvme        home the streamed layers on NVMe in DIR (the link ceiling is\n"
+            "                then the slower of the reads alone and the copies alone)\n"
             "  --csv         append one line per batch to FILE (header when new)\n"
             "Per batch: prefill tokens/s, decode tokens/s and ms per step; the step's\n"
             "ceilings: link (its streamed bytes copied alone) and compute (every weight\n"
@@ -64,7 +67,7 @@ static void runner_close(runner *r)
 }
 
 static int runner_open(runner *r, zn_dev *dev, const zn_model_dims *d, zn_dtype dt, int64_t ctx,
-                       int64_t maxb, int resident, int ring, const char *dir)
+                       int64_t maxb, int resident, int ring, const char *nvme, const char *dir)
 {
     zn_model_config mc = zn_model_config_default(dev);
     mc.dtype = dt;
@@ -75,6 +78,7 @@ static int runner_open(runner *r, zn_dev *dev, const zn_model_dims *d, zn_dtype 
     gc.max_batch = maxb;
     gc.max_resident_layers = resident;
     gc.ring = ring;
+    gc.nvme_dir = nvme;
     int rc = zn_model_create(&r->m, dev, d, &mc);
     if (!rc)
         rc = zn_gen_open(&r->g, r->m, &gc);
@@ -111,6 +115,7 @@ static int run_batch(runner *r, int64_t b, int32_t **ids, const int64_t *lens, i
 int zn_bench_generate(int argc, char **argv)
 {
     const char *model = NULL, *device = "auto", *dtype = NULL, *gpu_mem = NULL, *csv = NULL;
+    const char *nvme = NULL;
     const char *batches = "1,2,4,8,16,32,64";
     int64_t plen = 32, new_tokens = 16;
     int resident = -1, ring = 2, rc;
@@ -120,6 +125,7 @@ int zn_bench_generate(int argc, char **argv)
         { "device", required_argument, 0, 'D' },     { "dtype", required_argument, 0, 't' },
         { "gpu-mem", required_argument, 0, 'g' },    { "resident", required_argument, 0, 'r' },
         { "ring", required_argument, 0, 'k' },       { "csv", required_argument, 0, 'o' },
+        { "nvme", required_argument, 0, 'V' },
         { "help", no_argument, 0, 'h' },             { 0, 0, 0, 0 },
     };
     optind = 1;
@@ -135,6 +141,7 @@ int zn_bench_generate(int argc, char **argv)
         case 'r': resident = atoi(optarg); break;
         case 'k': ring = atoi(optarg); break;
         case 'o': csv = optarg; break;
+        case 'V': nvme = optarg; break;
         default: return zn_bench_usage_exit(c, usage);
         }
     }
@@ -198,7 +205,7 @@ int zn_bench_generate(int argc, char **argv)
             ids[i][k] = (int32_t)(x % (uint64_t)d.vocab);
         }
     }
-    if ((rc = runner_open(&st, dev, &d, dt, ctx, maxb, resident, ring, model))) {
+    if ((rc = runner_open(&st, dev, &d, dt, ctx, maxb, resident, ring, nvme, model))) {
         zn_cli_fail(rc, "bench generate: the placed model");
         goto out;
     }
@@ -208,7 +215,7 @@ int zn_bench_generate(int argc, char **argv)
      * beside the placed model */
     int have_res = 0;
     if (pl.streamed_layers) {
-        have_res = !runner_open(&res, dev, &d, dt, ctx, maxb, -1, ring, model);
+        have_res = !runner_open(&res, dev, &d, dt, ctx, maxb, -1, ring, NULL, model);
         zn_gen_placement rp;
         if (have_res) {
             zn_gen_get_placement(res.g, &rp);
@@ -219,9 +226,9 @@ int zn_bench_generate(int argc, char **argv)
     }
     zn_dev_info di;
     zn_dev_get_info(dev, &di);
-    printf("model    %s: %d layers, %d on the device, %d streamed (%.1f MiB each, ring %d)\n",
-           model, pl.layers, pl.resident_layers, pl.streamed_layers,
-           (double)pl.layer_bytes / (1 << 20), pl.ring);
+    printf("model    %s: %d layers, %d on the device, %d streamed from %s (%.1f MiB each, "
+           "ring %d)\n", model, pl.layers, pl.resident_layers, pl.streamed_layers,
+           pl.nvme_bytes ? "NVMe" : "pinned RAM", (double)pl.layer_bytes / (1 << 20), pl.ring);
     printf("device   %s, %s; prompts of %lld ids, %lld new tokens each\n", di.name,
            zn_dtype_name(dt), (long long)plen, (long long)new_tokens);
     printf("%6s %12s %12s %10s %10s %10s %7s\n", "batch", "prefill t/s", "decode t/s",

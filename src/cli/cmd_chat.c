@@ -21,7 +21,7 @@ static void chat_usage(FILE *f)
             "                 [--max-new-tokens N] [--do-sample | --greedy] [--temperature T]\n"
             "                 [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]\n"
             "                 [--context N] [--device auto|host|cuda[:N]] [--dtype f32|bf16]\n"
-            "                 [--gpu-mem SIZE]\n"
+            "                 [--gpu-mem SIZE] [--nvme DIR]\n"
             "A conversation through the folder's chat template: each line you type is a\n"
             "user turn, the reply streams as it is decoded, and the whole history is the\n"
             "next prompt. /reset forgets the history, /system TEXT sets the system prompt\n"
@@ -32,7 +32,8 @@ static void chat_usage(FILE *f)
 
 int zn_cmd_chat(int argc, char **argv)
 {
-    const char *model = NULL, *adapter = NULL, *ckpt = NULL, *device = "auto", *dtype = NULL, *gpu_mem = NULL;
+    const char *model = NULL, *adapter = NULL, *ckpt = NULL, *device = "auto", *dtype = NULL, *gpu_mem = NULL,
+               *nvme = NULL;
     const char *system = NULL;
     double context = 0;
     decode_flags df = DECODE_FLAGS_UNSET;
@@ -47,6 +48,7 @@ int zn_cmd_chat(int argc, char **argv)
         { "device", required_argument, 0, 'D' },
         { "dtype", required_argument, 0, 't' },
         { "gpu-mem", required_argument, 0, 'g' },
+        { "nvme", required_argument, 0, 'V' },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
@@ -65,6 +67,7 @@ int zn_cmd_chat(int argc, char **argv)
         case 'D': device = optarg; break;
         case 't': dtype = optarg; break;
         case 'g': gpu_mem = optarg; break;
+        case 'V': nvme = optarg; break;
         case 'h': chat_usage(stdout); return 0;
         default: chat_usage(stderr); return 2;
         }
@@ -103,7 +106,8 @@ int zn_cmd_chat(int argc, char **argv)
         goto out;
     if (tok.eos && !gp.n_eos)
         zn_gc_eos_from(&gp, tok.eos);
-    if ((ret = zn_gc_engine_open(&en, &d, model, adapter, ckpt, device, dtype, gpu_mem, ctx, 1, 0, "chat"))) {
+    if ((ret = zn_gc_engine_open(&en, &d, model, adapter, ckpt, device, dtype, gpu_mem, nvme,
+                                 ctx, 1, 0, "chat"))) {
         if (ret != 2)
             ret = 1;
         zn_gc_tok_close(&tok);

@@ -36,7 +36,7 @@ static void usage(FILE *f)
             "                     [--temperature T] [--top-k K] [--top-p P]\n"
             "                     [--repetition-penalty R] [--seed S] [--batch-size B]\n"
             "                     [--context N] [--device auto|host|cuda[:N]] [--dtype f32|bf16]\n"
-            "                     [--gpu-mem SIZE] [--json] [--plan]\n"
+            "                     [--gpu-mem SIZE] [--nvme DIR] [--json] [--plan]\n"
             "  --model      Hugging Face folder (config.json, safetensors; tokenizer.json\n"
             "               and tokenizer_config.json for text), e.g. a `zinc export`\n"
             "  --adapter    a PEFT LoRA adapter folder for that base, applied unmerged\n"
@@ -58,6 +58,8 @@ static void usage(FILE *f)
             "               --max-new-tokens (default: its max_new_tokens, else 256)\n"
             "  --gpu-mem    the device arena: weights that do not fit it stay in pinned RAM\n"
             "               and stream through the device layer by layer each step\n"
+            "  --nvme DIR   home the streamed layers on NVMe in DIR instead of pinned RAM\n"
+            "               (a swap file, removed at exit): for models beyond the RAM\n"
             "  --plan       print what is on the device, what streams, the KV cache and\n"
             "               the bound streaming puts on a step, then stop (nothing loaded)\n"
             "  --context    tokens per sequence the KV cache holds (default: the\n"
@@ -70,7 +72,8 @@ static void usage(FILE *f)
 int zn_cmd_generate(int argc, char **argv)
 {
     const char *model = NULL, *adapter = NULL, *ckpt = NULL, *prompt = NULL, *chat = NULL, *idlist = NULL;
-    const char *pfile = NULL, *outfile = NULL, *device = "auto", *dtype = NULL, *gpu_mem = NULL;
+    const char *pfile = NULL, *outfile = NULL, *device = "auto", *dtype = NULL, *gpu_mem = NULL,
+               *nvme = NULL;
     double batch = 8, context = 0;
     decode_flags df = DECODE_FLAGS_UNSET;
     int json_out = 0, ret = 1, rc;
@@ -89,6 +92,7 @@ int zn_cmd_generate(int argc, char **argv)
         { "device", required_argument, 0, 'D' },
         { "dtype", required_argument, 0, 't' },
         { "gpu-mem", required_argument, 0, 'g' },
+        { "nvme", required_argument, 0, 'V' },
         { "json", no_argument, 0, 'j' },
         { "plan", no_argument, 0, 'L' },
         { "help", no_argument, 0, 'h' },
@@ -116,6 +120,7 @@ int zn_cmd_generate(int argc, char **argv)
         case 'D': device = optarg; break;
         case 't': dtype = optarg; break;
         case 'g': gpu_mem = optarg; break;
+        case 'V': nvme = optarg; break;
         case 'j': json_out = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -258,7 +263,8 @@ int zn_cmd_generate(int argc, char **argv)
     }
     int64_t B = (int64_t)batch < pr.n ? (int64_t)batch : pr.n;
 
-    if ((ret = zn_gc_engine_open(&en, &d, model, adapter, ckpt, device, dtype, gpu_mem, ctx, B, plan_only,
+    if ((ret = zn_gc_engine_open(&en, &d, model, adapter, ckpt, device, dtype, gpu_mem, nvme,
+                                 ctx, B, plan_only,
                            "generate"))) {
         if (ret != 2)
             ret = 1;

@@ -81,7 +81,8 @@ int zn_gc_put_ckpt(void *ctx, int block, int i, uint64_t first, const float *v, 
 void zn_gc_engine_close(engine *e);
 int zn_gc_engine_open(engine *e, const zn_model_dims *d, const char *model, const char *adapter,
                        const char *ckpt, const char *device, const char *dtype,
-                       const char *gpu_mem, int64_t ctx, int64_t B, int plan_only,
+                       const char *gpu_mem, const char *nvme, int64_t ctx, int64_t B,
+                       int plan_only,
                        const char *cmd);
 void zn_gc_placement_line(const engine *e, char *buf, size_t n);
 void zn_gc_print_plan(const engine *e, int64_t ctx, int64_t B);

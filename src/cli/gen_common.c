@@ -467,7 +467,8 @@ void zn_gc_engine_close(engine *e)
  * an error, 2 after a usage error. */
 int zn_gc_engine_open(engine *e, const zn_model_dims *d, const char *model, const char *adapter,
                        const char *ckpt, const char *device, const char *dtype,
-                       const char *gpu_mem, int64_t ctx, int64_t B, int plan_only,
+                       const char *gpu_mem, const char *nvme, int64_t ctx, int64_t B,
+                       int plan_only,
                        const char *cmd)
 {
     char what[64];
@@ -496,6 +497,7 @@ int zn_gc_engine_open(engine *e, const zn_model_dims *d, const char *model, cons
     mc.attention = ZN_ATTN_GEMM;
     zn_gen_config gc = zn_gen_config_default();
     gc.max_batch = B;
+    gc.nvme_dir = nvme;
     if ((rc = zn_model_create(&e->m, e->dev, d, &mc)) || (rc = zn_gen_open(&e->g, e->m, &gc))) {
         snprintf(what, sizeof what, "%s: placing the model", cmd);
         zn_gc_engine_close(e);
@@ -533,8 +535,9 @@ void zn_gc_placement_line(const engine *e, char *buf, size_t n)
                  zn_format_size(p.device_weight_bytes, a, sizeof a));
     } else {
         char a[32];
-        snprintf(buf, n, "%d of %d layers on the device, %d streamed from pinned RAM through %d "
-                 "slots (%s per step)", p.resident_layers, p.layers, p.streamed_layers, p.ring,
+        snprintf(buf, n, "%d of %d layers on the device, %d streamed from %s through %d slots "
+                 "(%s per step)", p.resident_layers, p.layers, p.streamed_layers,
+                 p.nvme_bytes ? "NVMe" : "pinned RAM", p.ring,
                  zn_format_size(p.streamed_bytes_per_step, a, sizeof a));
     }
 }
@@ -552,9 +555,13 @@ void zn_gc_print_plan(const engine *e, int64_t ctx, int64_t B)
     char a[32], b[32], c[32];
     printf("device       %s, %s, arena %s, %s allocated\n", di.name, zn_dtype_name(e->dt),
            zn_format_size(ms.budget, a, sizeof a), zn_format_size(ms.used, b, sizeof b));
-    printf("layers       %d of %d on the device, %d streamed from pinned RAM (%s each) "
+    printf("layers       %d of %d on the device, %d streamed from %s (%s each) "
            "through %d device slots\n", p.resident_layers, p.layers, p.streamed_layers,
-           zn_format_size(p.layer_bytes, a, sizeof a), p.ring);
+           p.nvme_bytes ? "NVMe" : "pinned RAM", zn_format_size(p.layer_bytes, a, sizeof a),
+           p.ring);
+    if (p.nvme_bytes)
+        printf("nvme         %s of swap for the streamed layers; each read into a pinned stage "
+               "per slot\n", zn_format_size(p.nvme_bytes, a, sizeof a));
     printf("embedding    %s\n", p.embed_resident ? "on the device"
                                                  : "pinned RAM (its rows gathered per step)");
     printf("weights      %s on the device (ring slots included), %s pinned\n",

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "zinc/device.h"
+#include "zinc/nvme.h"
 #include "zinc/generate.h"
 #include "model/model-impl.h"
 #include "util/hash-impl.h"
@@ -53,6 +54,19 @@ struct zn_gen {
     void **ring_ptr[MAX_RING];
     zn_event *ready[MAX_RING], *freed[MAX_RING];
     zn_stream *copy;
+    /* NVMe homes (zn_gen_config.nvme_dir): each streamed layer's tensors in
+     * extents of a swap space; a use's reads land in its pinned stage (one
+     * per slot), then one copy takes the stage to the device slot */
+    zn_aio *aio;
+    zn_swap *swap;
+    zn_extent **ext;    /* per block, per tensor (NVMe-homed layers) */
+    unsigned char *on_nvme;
+    void *stage[MAX_RING];
+    zn_aio_handle *rd[MAX_RING];
+    int pending[MAX_RING]; /* reads in flight, the copy not yet queued */
+    void *asm_buf;      /* loading: a tensor assembled before its write */
+    size_t asm_cap;
+    uint64_t nvme_bytes, nvme_read;
     uint64_t use;       /* the next use number */
     int primed;         /* the first K uses were fetched */
     uint64_t streamed;  /* bytes copied into the ring so far */
@@ -112,9 +126,22 @@ void zn_gen_destroy(zn_gen *g)
 {
     if (!g)
         return;
+    if (g->aio)
+        zn_aio_wait_all(g->aio);
     if (g->copy)
         zn_dev_stream_destroy(g->dev, g->copy);
     zn_dev_sync(g->dev);
+    for (int k = 0; k < MAX_RING; k++) {
+        zn_dev_host_free(g->dev, g->stage[k]);
+        free(g->rd[k]);
+    }
+    for (int b = 0; g->ext && b < g->nb; b++)
+        free(g->ext[b]);
+    free(g->ext);
+    free(g->on_nvme);
+    free(g->asm_buf);
+    zn_swap_destroy(g->swap);
+    zn_aio_destroy(g->aio);
     for (int k = 0; k < MAX_RING; k++) {
         zn_dev_free(g->dev, g->ring[k]);
         free(g->ring_ptr[k]);
@@ -269,6 +296,22 @@ static void bind(zn_gen *g, int b, void *base, void **ptr)
     }
 }
 
+/* Block b's tensors as extents of the swap space. */
+static int nvme_alloc(zn_gen *g, int b)
+{
+    const zn_model_dims *d = zn_model_get_dims(g->m);
+    if (!(g->ext[b] = calloc((size_t)g->np[b] + 1, sizeof **g->ext)))
+        return zn_set_error(-ENOMEM, "out of memory");
+    for (int i = 0; i < g->np[b]; i++) {
+        zn_param_info pi;
+        ZN_TRY(zn_model_block_param(d, b, i, &pi));
+        if (pi.owner_block < 0)
+            ZN_TRY(zn_swap_alloc(g->swap, (uint64_t)pi.numel * g->esz, pi.name, &g->ext[b][i]));
+    }
+    g->on_nvme[b] = 1;
+    return 0;
+}
+
 /* Allocates block b's home on the device (on_dev) or in pinned memory. */
 static int home_alloc(zn_gen *g, int b, int on_dev)
 {
@@ -289,6 +332,43 @@ static int home_alloc(zn_gen *g, int b, int on_dev)
         bind(g, b, g->home[b], g->ptr[b]);
     }
     return rc;
+}
+
+/* The swap space for the streamed layers in nvme_dir, and a pinned stage
+ * per slot. */
+static int nvme_open(zn_gen *g, const char *dir)
+{
+    zn_aio_config ac = zn_aio_config_default();
+    uint64_t need = 0, blk = ac.block_size;
+    const zn_model_dims *d = zn_model_get_dims(g->m);
+    for (int i = 0; i < g->np[1]; i++) {
+        zn_param_info pi;
+        ZN_TRY(zn_model_block_param(d, 1, i, &pi));
+        need += ((uint64_t)pi.numel * g->esz + blk - 1) / blk * blk;
+    }
+    need = need * (uint64_t)g->n + blk;
+    g->on_nvme = calloc((size_t)g->nb, 1);
+    g->ext = calloc((size_t)g->nb, sizeof *g->ext);
+    if (!g->on_nvme || !g->ext)
+        return zn_set_error(-ENOMEM, "out of memory");
+    /* a killed run's files first (never a live one's) */
+    uint64_t stale_bytes;
+    int stale_files;
+    zn_swap_clean_stale(dir, "zinc-gen", &stale_bytes, &stale_files);
+    ZN_TRY(zn_aio_create(&g->aio, &ac));
+    zn_swap_config sc = zn_swap_config_default();
+    sc.npaths = 1;
+    sc.paths[0] = dir;
+    sc.bytes = need;
+    sc.file_prefix = "zinc-gen";
+    ZN_TRY(zn_swap_create(&g->swap, g->aio, &sc));
+    g->nvme_bytes = need;
+    for (int k = 0; k < g->K; k++) {
+        ZN_TRY(zn_dev_host_alloc(g->dev, g->bytes[1], "streamed layer stage", &g->stage[k]));
+        if (!(g->rd[k] = calloc((size_t)g->np[1] + 1, sizeof **g->rd)))
+            return zn_set_error(-ENOMEM, "out of memory");
+    }
+    return 0;
 }
 
 /* The device bytes still free for weights. */
@@ -349,8 +429,10 @@ int zn_gen_open(zn_gen **out, zn_model *m, const zn_gen_config *c)
             if (!rc)
                 rc = zn_dev_event_create(g->dev, &g->freed[k]);
         }
+        if (!rc && c->nvme_dir && !g->fixed)
+            rc = nvme_open(g, c->nvme_dir);
         for (int l = 0; l < L && !rc; l++)
-            rc = home_alloc(g, l + 1, l < g->r);
+            rc = l < g->r || !g->aio ? home_alloc(g, l + 1, l < g->r) : nvme_alloc(g, l + 1);
         if (!rc)
             rc = zn_dev_stream_create(g->dev, "generate-h2d", &g->copy);
     }
@@ -390,19 +472,47 @@ void zn_gen_get_placement(const zn_gen *g, zn_gen_placement *p)
     for (int b = 0; b < g->nb; b++) {
         if (g->on_dev[b])
             p->device_weight_bytes += g->bytes[b];
-        else
+        else if (!(g->on_nvme && g->on_nvme[b]))
             p->pinned_bytes += g->bytes[b];
     }
     p->device_weight_bytes += (uint64_t)g->K * g->bytes[1];
+    for (int k = 0; k < g->K; k++)
+        p->pinned_bytes += g->stage[k] ? g->bytes[1] : 0;
+    p->nvme_bytes = g->nvme_bytes;
+    p->nvme_read = g->nvme_read;
     p->streamed_bytes_per_step = g->fixed ? 0 : (uint64_t)g->n * g->bytes[1];
     p->streamed_bytes = g->streamed;
 }
 
 /* ---- owned weights: loading ---------------------------------------------------------- */
 
+/* An NVMe-homed tensor's piece: assembled in a buffer, written whole when
+ * its last piece is in (pieces come in order). */
+static int put_nvme(zn_gen *g, int b, int i, uint64_t off, const void *h, size_t bytes)
+{
+    zn_param_info pi;
+    ZN_TRY(zn_model_block_param(zn_model_get_dims(g->m), b, i, &pi));
+    size_t total = (size_t)pi.numel * g->esz;
+    if (g->asm_cap < total) {
+        free(g->asm_buf);
+        g->asm_cap = 0;
+        if (!(g->asm_buf = malloc(total)))
+            return zn_set_error(-ENOMEM, "out of memory");
+        g->asm_cap = total;
+    }
+    memcpy((unsigned char *)g->asm_buf + off, h, bytes);
+    if (off + bytes < total)
+        return 0;
+    zn_aio_handle hd;
+    ZN_TRY(zn_aio_submit_write(g->aio, &g->ext[b][i], g->asm_buf, total, &hd));
+    return zn_aio_wait(g->aio, hd);
+}
+
 static int put_home(void *ctx, int b, int i, uint64_t off, const void *h, size_t bytes)
 {
     zn_gen *g = ctx;
+    if (g->on_nvme && g->on_nvme[b])
+        return put_nvme(g, b, i, off, h, bytes);
     unsigned char *dst = (unsigned char *)g->home[b] + g->off[b][i] + off;
     if (!g->on_dev[b]) {
         memcpy(dst, h, bytes);
@@ -412,10 +522,53 @@ static int put_home(void *ctx, int b, int i, uint64_t off, const void *h, size_t
     return zn_dev_stream_sync(g->dev, NULL);
 }
 
-/* Queues the copy of use u's layer into its slot, after the slot's last use. */
+/* Use u's layer from NVMe: its reads into the slot's stage, once the
+ * stage's last copy is done; the copy is queued by complete(). */
+static int read_stage(zn_gen *g, uint64_t u)
+{
+    int k = (int)(u % (uint64_t)g->K), b = 1 + g->r + (int)(u % (uint64_t)g->n);
+    ZN_TRY(zn_dev_event_sync(g->dev, g->ready[k]));
+    const zn_model_dims *d = zn_model_get_dims(g->m);
+    for (int i = 0; i < g->np[b]; i++) {
+        zn_param_info pi;
+        ZN_TRY(zn_model_block_param(d, b, i, &pi));
+        g->rd[k][i] = 0;
+        if (pi.owner_block < 0)
+            ZN_TRY(zn_aio_submit_read(g->aio, &g->ext[b][i],
+                                      (unsigned char *)g->stage[k] + g->off[b][i],
+                                      (size_t)pi.numel * g->esz, &g->rd[k][i]));
+    }
+    g->pending[k] = 1;
+    g->nvme_read += g->bytes[b];
+    return 0;
+}
+
+/* The slot's reads waited for, then its copy queued (after the slot's last
+ * use); nothing when no read is pending. */
+static int complete(zn_gen *g, int k)
+{
+    if (!g->pending[k])
+        return 0;
+    g->pending[k] = 0;
+    int rc = 0;
+    for (int i = 0; i < g->np[1]; i++) {
+        int r = g->rd[k][i] ? zn_aio_wait(g->aio, g->rd[k][i]) : 0;
+        rc = rc ? rc : r;
+    }
+    ZN_TRY(rc);
+    ZN_TRY(zn_dev_stream_wait_event(g->dev, g->copy, g->freed[k]));
+    ZN_TRY(zn_dev_copy_h2d(g->dev, g->copy, g->ring[k], g->stage[k], g->bytes[1]));
+    g->streamed += g->bytes[1];
+    return zn_dev_event_record(g->dev, g->ready[k], g->copy);
+}
+
+/* Queues the move of use u's layer into its slot, after the slot's last
+ * use: a copy from pinned memory, or NVMe reads into the slot's stage. */
 static int fetch(zn_gen *g, uint64_t u)
 {
     int k = (int)(u % (uint64_t)g->K), b = 1 + g->r + (int)(u % (uint64_t)g->n);
+    if (g->aio)
+        return read_stage(g, u);
     ZN_TRY(zn_dev_stream_wait_event(g->dev, g->copy, g->freed[k]));
     ZN_TRY(zn_dev_copy_h2d(g->dev, g->copy, g->ring[k], g->home[b], g->bytes[b]));
     g->streamed += g->bytes[b];
@@ -479,20 +632,53 @@ int zn_gen_time_link(zn_gen *g, double *seconds)
     *seconds = 0;
     if (g->st || !g->n)
         return 0;
+    for (int k = 0; k < g->K; k++)
+        ZN_TRY(complete(g, k)); /* what is in flight lands first */
     ZN_TRY(zn_dev_sync(g->dev));
-    double t0 = zn_now_s();
-    for (int j = 0; j < g->n; j++) {
-        int b = 1 + g->r + j;
-        ZN_TRY(zn_dev_copy_h2d(g->dev, g->copy, g->ring[j % g->K], g->home[b], g->bytes[b]));
+    uint64_t keep = g->streamed, keep_rd = g->nvme_read;
+    if (g->aio) {
+        /* NVMe reads alone, then the copies alone: the pipeline overlaps
+         * them, so the step's ceiling is the slower of the two */
+        const zn_model_dims *d = zn_model_get_dims(g->m);
+        double t0 = zn_now_s();
+        for (int j = 0; j < g->n; j++)
+            for (int i = 0; i < g->np[1]; i++) {
+                zn_param_info pi;
+                zn_aio_handle h;
+                ZN_TRY(zn_model_block_param(d, 1 + g->r + j, i, &pi));
+                if (pi.owner_block >= 0)
+                    continue;
+                ZN_TRY(zn_aio_submit_read(g->aio, &g->ext[1 + g->r + j][i],
+                                          (unsigned char *)g->stage[0] + g->off[1][i],
+                                          (size_t)pi.numel * g->esz, &h));
+                ZN_TRY(zn_aio_wait(g->aio, h));
+            }
+        double t_read = zn_now_s() - t0;
+        t0 = zn_now_s();
+        for (int j = 0; j < g->n; j++)
+            ZN_TRY(zn_dev_copy_h2d(g->dev, g->copy, g->ring[j % g->K], g->stage[0],
+                                   g->bytes[1]));
+        ZN_TRY(zn_dev_stream_sync(g->dev, g->copy));
+        double t_copy = zn_now_s() - t0;
+        *seconds = t_read > t_copy ? t_read : t_copy;
+    } else {
+        double t0 = zn_now_s();
+        for (int j = 0; j < g->n; j++) {
+            int b = 1 + g->r + j;
+            ZN_TRY(zn_dev_copy_h2d(g->dev, g->copy, g->ring[j % g->K], g->home[b],
+                                   g->bytes[b]));
+        }
+        ZN_TRY(zn_dev_stream_sync(g->dev, g->copy));
+        *seconds = zn_now_s() - t0;
+    }
+    /* the slots again hold what their next uses expect */
+    for (int k = 0; k < g->K && g->primed; k++) {
+        ZN_TRY(fetch(g, g->use + (uint64_t)k));
+        ZN_TRY(complete(g, (int)((g->use + (uint64_t)k) % (uint64_t)g->K)));
     }
     ZN_TRY(zn_dev_stream_sync(g->dev, g->copy));
-    *seconds = zn_now_s() - t0;
-    /* the slots again hold what their next uses expect */
-    uint64_t keep = g->streamed;
-    for (int k = 0; k < g->K && g->primed; k++)
-        ZN_TRY(fetch(g, g->use + (uint64_t)k));
-    ZN_TRY(zn_dev_stream_sync(g->dev, g->copy));
     g->streamed = keep;
+    g->nvme_read = keep_rd;
     return 0;
 }
 
@@ -529,6 +715,7 @@ static int layer(zn_gen *g, int64_t l, void *x, void *y)
     if (l < g->r)
         return zn_model_layer_fwd_kv(g->m, NULL, (int)l, g->ptr[l + 1], x, y, g->kv[l]);
     int k = (int)(g->use % (uint64_t)g->K);
+    ZN_TRY(complete(g, k));
     ZN_TRY(zn_dev_stream_wait_event(g->dev, NULL, g->ready[k]));
     ZN_TRY(zn_model_layer_fwd_kv(g->m, NULL, (int)l, g->ring_ptr[k], x, y, g->kv[l]));
     if (!g->fixed) {
@@ -536,7 +723,8 @@ static int layer(zn_gen *g, int64_t l, void *x, void *y)
         ZN_TRY(fetch(g, g->use + (uint64_t)g->K));
     }
     g->use++;
-    return 0;
+    /* the next use's copy goes now, beside this layer's compute */
+    return complete(g, (int)(g->use % (uint64_t)g->K));
 }
 
 /* One forward over a decoding batch set with zn_model_set_decode (ids: its
@@ -617,8 +805,10 @@ int zn_gen_run(zn_gen *g, int64_t n, const int32_t *const *ids, const int64_t *l
 {
     ZN_TRY(zn_gen_params_check(p));
     /* the ring's first uses start with the first run, once the weights are in */
-    for (; !g->primed && g->use < (uint64_t)g->K; g->use++)
+    for (; !g->primed && g->use < (uint64_t)g->K; g->use++) {
         ZN_TRY(fetch(g, g->use));
+        ZN_TRY(complete(g, (int)g->use));
+    }
     if (!g->primed) {
         g->use = 0;
         g->primed = 1;
