@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`zinc generate` with text, against the HF tokenizers library itself (run
-by tests/test_generate_cli.sh with the project's .venv).
+by tests/venv_test.sh with the project's .venv).
 
 A byte-level BPE tokenizer (vocabulary within tiny-llama's 320) is trained
 here and put beside tiny-llama's weights with a ChatML-style chat template
@@ -32,7 +32,9 @@ import subprocess
 import sys
 
 import jinja2
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from venv_fixtures import CHATML, model_folder  # noqa: E402
 
 zinc, src, work = sys.argv[1], sys.argv[2], sys.argv[3]
 fix = os.path.join(src, "tests", "fixtures")
@@ -46,25 +48,12 @@ def check(cond, what):
         print("FAIL:", what)
 
 
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
+TEMPLATE = CHATML
 model = os.path.join(work, "model")
-os.makedirs(model)
-for f in ("config.json", "model.safetensors"):
-    shutil.copy(os.path.join(fix, "tiny-llama", f), model)
-tok = Tokenizer(models.BPE())
-tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-tok.decoder = decoders.ByteLevel()
-corpus = ["the cat sat on the mat", "what is two plus two", "four, of course",
-          "hello there, how are you"] * 40
-tok.train_from_iterator(corpus, trainers.BpeTrainer(
-    vocab_size=300, special_tokens=["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
-    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+tok = model_folder(model, ["the cat sat on the mat", "what is two plus two", "four, of course",
+                           "hello there, how are you"] * 40, 300,
+                   weights_of=os.path.join(fix, "tiny-llama"))
 assert tok.get_vocab_size() <= 320
-tok.save(os.path.join(model, "tokenizer.json"))
-json.dump({"chat_template": TEMPLATE, "eos_token": "<|endoftext|>", "add_bos_token": False},
-          open(os.path.join(model, "tokenizer_config.json"), "w"))
 im_end = tok.token_to_id("<|im_end|>")
 eot = tok.token_to_id("<|endoftext|>")
 json.dump({"eos_token_id": [im_end, eot]}, open(os.path.join(model, "generation_config.json"),

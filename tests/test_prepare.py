@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """zinc prepare against the HF tokenizers library itself (run by
-tests/test_prepare.sh with the project's .venv python).
+tests/venv_test.sh with the project's .venv python).
 
 A byte-level BPE tokenizer is trained here (no downloads) and saved with a
 ChatML-style chat template in tokenizer_config.json. A jsonl of chats,
@@ -11,7 +11,7 @@ completion, the text), and the document ends. Then the failures: a malformed
 line (named with its line number; fatal by default, skipped with
 --on-error skip), a missing tokenizer, an empty file, a document longer than
 --max-len (truncated and counted), and the eval split.
-usage: test_prepare.py ZINC WORKDIR"""
+usage: test_prepare.py ZINC SOURCE_ROOT WORKDIR"""
 import json
 import os
 import struct
@@ -19,9 +19,11 @@ import subprocess
 import sys
 
 import jinja2
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-zinc, work = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from venv_fixtures import CHATML, model_folder  # noqa: E402
+
+zinc, work = sys.argv[1], sys.argv[3]
 fails = 0
 
 
@@ -32,22 +34,12 @@ def check(cond, what):
         print("FAIL:", what)
 
 
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TEMPLATE = CHATML
 
 model = os.path.join(work, "model")
-os.makedirs(model, exist_ok=True)
-tok = Tokenizer(models.BPE())
-tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-tok.decoder = decoders.ByteLevel()
 corpus = ["the cat sat on the mat", "what is two plus two", "four, of course",
           "hello there, how are you", "system prompt: be brief"] * 40
-tok.train_from_iterator(corpus, trainers.BpeTrainer(
-    vocab_size=400, special_tokens=["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
-    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-tok.save(os.path.join(model, "tokenizer.json"))
-json.dump({"chat_template": TEMPLATE, "eos_token": "<|endoftext|>", "add_bos_token": False},
-          open(os.path.join(model, "tokenizer_config.json"), "w"))
+tok = model_folder(model, corpus, 400)
 
 records = [
     {"messages": [{"role": "system", "content": "be brief"},

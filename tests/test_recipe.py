@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`zinc train RECIPE.yaml` with LLaMA-Factory's own published recipes
-(tests/fixtures/recipes, byte for byte; run by tests/test_recipe.sh).
+(tests/fixtures/recipes, byte for byte; run by tests/venv_test.sh).
 
 Each recipe is pointed at this machine: model_name_or_path at tiny-llama's
 weights with a byte-level BPE tokenizer and a chat template trained here,
@@ -24,11 +24,12 @@ import math
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from venv_fixtures import model_folder  # noqa: E402
 
 zinc, src, work = sys.argv[1], sys.argv[2], sys.argv[3]
 fix = os.path.join(src, "tests", "fixtures")
@@ -42,23 +43,9 @@ def check(cond, what):
         print("FAIL:", what)
 
 
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
 model = os.path.join(work, "model")
-os.makedirs(model)
-for f in ("config.json", "model.safetensors"):
-    shutil.copy(os.path.join(fix, "tiny-llama", f), model)
 words = "the cat sat on mat what is two plus four of course hello there how are you".split()
-tok = Tokenizer(models.BPE())
-tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-tok.decoder = decoders.ByteLevel()
-tok.train_from_iterator([" ".join(words)] * 40, trainers.BpeTrainer(
-    vocab_size=300, special_tokens=["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
-    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-tok.save(os.path.join(model, "tokenizer.json"))
-json.dump({"chat_template": TEMPLATE, "eos_token": "<|endoftext|>"},
-          open(os.path.join(model, "tokenizer_config.json"), "w"))
+model_folder(model, [" ".join(words)] * 40, 300, weights_of=os.path.join(fix, "tiny-llama"))
 
 data = os.path.join(work, "data")
 os.makedirs(data)

@@ -81,12 +81,7 @@ int zn_cmd_chat(int argc, char **argv)
     zn_gen_params gp;
     zn_model_dims d;
     char ck_model[4096];
-    if (ckpt) {
-        if (zn_gc_ckpt_source(ckpt, model, ck_model, sizeof ck_model, &d, "chat"))
-            return 1;
-        model = ck_model;
-    }
-    if ((rc = zn_gc_decode_setup(&df, model, adapter, "chat", ckpt != NULL, &gp, &d)))
+    if ((rc = zn_gc_setup(&df, &model, ck_model, sizeof ck_model, adapter, ckpt, "chat", &gp, &d)))
         return rc;
     int64_t ctx = context > 0 ? (int64_t)context : (d.max_pos < 4096 ? d.max_pos : 4096);
     int failed = 0;

@@ -140,12 +140,7 @@ int zn_cmd_generate(int argc, char **argv)
     zn_gen_params gp;
     zn_model_dims d;
     char ck_model[4096];
-    if (ckpt) {
-        if (zn_gc_ckpt_source(ckpt, model, ck_model, sizeof ck_model, &d, "generate"))
-            return 1;
-        model = ck_model;
-    }
-    if ((rc = zn_gc_decode_setup(&df, model, adapter, "generate", ckpt != NULL, &gp, &d)))
+    if ((rc = zn_gc_setup(&df, &model, ck_model, sizeof ck_model, adapter, ckpt, "generate", &gp, &d)))
         return rc;
 
     tokenizer tok;

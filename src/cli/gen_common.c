@@ -582,3 +582,19 @@ void zn_gc_print_plan(const engine *e, int64_t ctx, int64_t B)
     printf("\n");
 }
 
+
+/* The model to run (a folder, or --checkpoint with the folder it records
+ * or --model), its dims and the decoding settings: zn_gc_ckpt_source then
+ * zn_gc_decode_setup. *model may point into model_buf afterwards. Returns
+ * 0, or 1 / 2 after printing an error. */
+int zn_gc_setup(const decode_flags *f, const char **model, char *model_buf, size_t n,
+                const char *adapter, const char *ckpt, const char *cmd, zn_gen_params *gp,
+                zn_model_dims *d)
+{
+    if (ckpt) {
+        if (zn_gc_ckpt_source(ckpt, *model, model_buf, n, d, cmd))
+            return 1;
+        *model = model_buf;
+    }
+    return zn_gc_decode_setup(f, *model, adapter, cmd, ckpt != NULL, gp, d);
+}
