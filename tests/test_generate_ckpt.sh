@@ -63,4 +63,20 @@ check "[ $? -eq 2 ] && grep -q 'a LoRA checkpoint holds its adapters' r4.out" \
     --batches 1,3 --prompt-len 6 --new-tokens 8 --csv b.csv > b.out 2>&1
 check "[ $? -eq 0 ] && [ \$(grep -c '^\"host' b.csv) -eq 2 ] && grep -q 'ratio' b.out" \
       "bench generate: $(cat b.out)"
+# a signal in the middle of a generation whose layers stream from NVMe:
+# the swap file goes with the process (8 layers of the embedded model, a
+# 12 MiB arena: 7 of them streamed)
+"$zinc" train --steps 1 --set model.num_hidden_layers=8 --set 'train.checkpoint.dir="dk"' \
+    > dk.out 2>&1 && "$zinc" export dk --out m8 --dtype f32 > dke.out 2>&1
+check "[ $? -eq 0 ]" "the 8-layer model: $(tail -2 dk.out) $(cat dke.out)"
+for i in $(seq 0 63); do echo "{\"ids\": [$((5 + i)), 6, 7]}"; done > p.jsonl
+mkdir sw
+"$zinc" generate --model m8 --prompts p.jsonl --out o.jsonl --device host --gpu-mem 12MiB \
+    --nvme sw --max-new-tokens 60 --batch-size 4 > sg.out 2>&1 &
+pid=$!
+for _ in $(seq 1 200); do ls sw | grep -q '^zinc-gen' && break; sleep 0.05; done
+had=$(ls sw)
+kill -TERM $pid; wait $pid; rc=$?
+check "[ -n \"$had\" ] && [ $rc -eq 143 ] && [ -z \"\$(ls sw)\" ]" \
+      "SIGTERM during NVMe streaming: exit $rc, swap before: '$had', after: '$(ls sw)' $(tail -2 sg.out)"
 exit $fail

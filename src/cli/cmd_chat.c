@@ -101,6 +101,7 @@ int zn_cmd_chat(int argc, char **argv)
         goto out;
     if (tok.eos && !gp.n_eos)
         zn_gc_eos_from(&gp, tok.eos);
+    zn_gc_install_signals();
     if ((ret = zn_gc_engine_open(&en, &d, model, adapter, ckpt, device, dtype, gpu_mem, nvme,
                                  ctx, 1, 0, "chat"))) {
         if (ret != 2)

@@ -258,6 +258,7 @@ int zn_cmd_generate(int argc, char **argv)
     }
     int64_t B = (int64_t)batch < pr.n ? (int64_t)batch : pr.n;
 
+    zn_gc_install_signals();
     if ((ret = zn_gc_engine_open(&en, &d, model, adapter, ckpt, device, dtype, gpu_mem, nvme,
                                  ctx, B, plan_only,
                            "generate"))) {

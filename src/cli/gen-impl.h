@@ -86,6 +86,8 @@ int zn_gc_engine_open(engine *e, const zn_model_dims *d, const char *model, cons
                        const char *cmd);
 void zn_gc_placement_line(const engine *e, char *buf, size_t n);
 void zn_gc_print_plan(const engine *e, int64_t ctx, int64_t B);
+/* A signal removes the NVMe swap files before ending the process. */
+void zn_gc_install_signals(void);
 int zn_gc_setup(const decode_flags *f, const char **model, char *model_buf, size_t n,
                 const char *adapter, const char *ckpt, const char *cmd, zn_gen_params *gp,
                 zn_model_dims *d);

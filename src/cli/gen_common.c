@@ -7,6 +7,7 @@
  * defaults come from the folder's generation_config.json as transformers
  * reads them; the flags carry transformers' generate() names. */
 #include <errno.h>
+#include <signal.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -26,6 +27,7 @@
 #endif
 
 #include "cli/gen-impl.h"
+#include "zinc/nvme.h"
 
 /* ---- the tokenizer co-process ------------------------------------------------------ */
 
@@ -597,4 +599,24 @@ int zn_gc_setup(const decode_flags *f, const char **model, char *model_buf, size
         *model = model_buf;
     }
     return zn_gc_decode_setup(f, *model, adapter, cmd, ckpt != NULL, gp, d);
+}
+
+/* SIGINT, SIGTERM, SIGHUP: the NVMe swap files go first (unlink only:
+ * async-signal-safe), then the signal takes its default course. */
+static void on_signal(int sig)
+{
+    zn_swap_remove_all_now();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void zn_gc_install_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
 }
