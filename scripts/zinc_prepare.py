@@ -385,6 +385,9 @@ def main():
                     help="LLaMA-Factory's dataset_dir (its dataset_info.json)")
     ap.add_argument("--datasets", help="names registered there, comma-separated")
     ap.add_argument("--eval-datasets", help="names for the held-out file")
+    ap.add_argument("--eval-count", type=int, default=0,
+                    help="hold out this many documents, drawn at random (LLaMA-Factory's "
+                         "integer val_size)")
     ap.add_argument("--max-samples", type=int, default=0,
                     help="the first N records of each dataset")
     ap.add_argument("--model", required=True, help="the HF model folder (tokenizer.json)")
@@ -411,7 +414,9 @@ def main():
         fail("--datasets needs --dataset-info DIR")
     if not 0.0 <= a.eval_fraction < 1.0:
         fail("--eval-fraction %g: must be in [0, 1)" % a.eval_fraction)
-    if (a.eval_fraction or a.eval or a.eval_datasets) and not a.eval_out:
+    if a.eval_count and (a.eval_fraction or a.eval or a.eval_datasets):
+        fail("--eval-count goes alone: not with --eval-fraction, --eval or --eval-datasets")
+    if (a.eval_fraction or a.eval or a.eval_datasets or a.eval_count) and not a.eval_out:
         fail("--eval-fraction / --eval need --eval-out")
     if a.eval_fraction and a.eval:
         fail("give --eval-fraction or --eval, not both")
@@ -456,6 +461,12 @@ def main():
     train, held = collect(a.inputs, a.eval_fraction > 0, a.datasets)
     if a.eval:
         held = collect(a.eval, False)[0]
+    if a.eval_count:
+        if a.eval_count >= len(train):
+            fail("--eval-count %d: only %d documents" % (a.eval_count, len(train)))
+        pick = set(rng.sample(range(len(train)), a.eval_count))
+        held = [d for i, d in enumerate(train) if i in pick]
+        train = [d for i, d in enumerate(train) if i not in pick]
     if a.eval_datasets:
         if a.eval_fraction:
             fail("give --eval-fraction or --eval-datasets, not both")

@@ -134,6 +134,16 @@ check("DeepSpeed config" in r.stdout and "eval loss" in r.stdout,
       "ds3 recipe: %s" % r.stdout[-1500:])
 check(os.path.exists(os.path.join(out3, "adapter_model.safetensors")), "ds3: no adapter")
 
+# val_size as a number of examples (LLaMA-Factory's integer val_size): the
+# eval file holds exactly that many documents
+out4 = os.path.join(work, "saves", "count")
+p4 = localize("llama3_lora_sft_ds3.yaml", out4)
+text = open(p4).read().replace("val_size: 0.1", "val_size: 7")
+open(p4, "w").write(text)
+r = train(p4)
+check(r.returncode == 0 and re.search(r"zinc-eval\.rank0\.tok: 7 documents", r.stdout),
+      "val_size 7: exit %d: %s" % (r.returncode, r.stdout[-1500:] + r.stderr[-500:]))
+
 # refusals, each naming file, line and key
 for extra, rc, want in (
         ("\nfreeze_trainable_layers: 2\n", 1, "freeze_trainable_layers: not a LLaMA-Factory"),

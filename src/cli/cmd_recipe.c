@@ -50,9 +50,9 @@ int zn_cli_recipe_open(const char *path, zn_recipe **out, char *log_path, size_t
         free(r);
         return 2;
     }
-    if (r->val_size >= 1) {
-        fprintf(stderr, "zinc: error: %s: val_size %g: give it as a fraction of the data "
-                "(a count of examples is not implemented)\n", path, r->val_size);
+    if (r->val_size >= 1 && r->val_size != (double)(int64_t)r->val_size) {
+        fprintf(stderr, "zinc: error: %s: val_size %g: a fraction below 1 or a whole number "
+                "of examples\n", path, r->val_size);
         free(r);
         return 2;
     }
@@ -70,7 +70,10 @@ int zn_cli_recipe_open(const char *path, zn_recipe **out, char *log_path, size_t
     snprintf(ev, sizeof ev, "%s/zinc-eval.rank%d.tok", r->output_dir, rank);
     snprintf(mlen, sizeof mlen, "%lld", (long long)r->cutoff_len);
     snprintf(msamp, sizeof msamp, "%lld", (long long)r->max_samples);
-    snprintf(frac, sizeof frac, "%.17g", r->val_size);
+    if (r->val_size >= 1)
+        snprintf(frac, sizeof frac, "%lld", (long long)r->val_size);
+    else
+        snprintf(frac, sizeof frac, "%.17g", r->val_size);
     const char *args[32];
     int n = 0;
     args[n++] = "--model";
@@ -98,7 +101,8 @@ int zn_cli_recipe_open(const char *path, zn_recipe **out, char *log_path, size_t
             args[n++] = "--eval-datasets";
             args[n++] = r->eval_datasets;
         } else {
-            args[n++] = "--eval-fraction";
+            /* LLaMA-Factory: a fraction of the data, or a number of examples */
+            args[n++] = r->val_size >= 1 ? "--eval-count" : "--eval-fraction";
             args[n++] = frac;
         }
     }

@@ -273,6 +273,15 @@ static void install_stop_signals(void)
     sigaction(SIGUSR1, &sa, NULL);
 }
 
+/* DeepSpeed's monitor folder: output_path/job_name, or job_name. */
+static void monitor_dir(char *out, size_t n, const char *output_path, const char *job)
+{
+    if (output_path[0])
+        snprintf(out, n, "%s/%s", output_path, job);
+    else
+        snprintf(out, n, "%s", job);
+}
+
 static double since_signal_s(void)
 {
     struct timespec now;
@@ -587,39 +596,26 @@ int zn_cmd_train(int argc, char **argv)
      * monitor writes (x axis: samples seen) under output_path/job_name */
     zn_tb *tb = NULL;
     zn_csvmon *cm = NULL;
-    if (cfg.csv_monitor.enabled && ts.rank == 0) {
-        char cdir[ZN_PATH_MAX + 300];
-        if (cfg.csv_monitor.output_path[0])
-            snprintf(cdir, sizeof cdir, "%s/%s", cfg.csv_monitor.output_path,
-                     cfg.csv_monitor.job_name);
-        else
-            snprintf(cdir, sizeof cdir, "%s", cfg.csv_monitor.job_name);
-        if ((rc = zn_csvmon_open(&cm, cdir))) {
+    if (ts.rank == 0 && (cfg.csv_monitor.enabled || cfg.tensorboard.enabled)) {
+        char cdir[ZN_PATH_MAX + 300], tbdir[ZN_PATH_MAX + 300];
+        monitor_dir(cdir, sizeof cdir, cfg.csv_monitor.output_path, cfg.csv_monitor.job_name);
+        monitor_dir(tbdir, sizeof tbdir, cfg.tensorboard.output_path, cfg.tensorboard.job_name);
+        rc = 0;
+        if (cfg.csv_monitor.enabled && !(rc = zn_csvmon_open(&cm, cdir)))
+            printf("  csv_monitor %s\n", cdir);
+        if (!rc && cfg.tensorboard.enabled && !(rc = zn_tb_open(&tb, tbdir)))
+            printf("  tensorboard %s\n", zn_tb_path(tb));
+        if (rc) {
             zn_cli_fail(rc, NULL);
+            zn_csvmon_close(cm);
+            if (jf)
+                fclose(jf);
             zn_run_abort(&ts, 1);
             zn_run_close(&ts);
             free(cfg_text);
             free(recipe);
             return 1;
         }
-        printf("  csv_monitor %s\n", cdir);
-    }
-    if (cfg.tensorboard.enabled && ts.rank == 0) {
-        char tbdir[ZN_PATH_MAX + 300];
-        if (cfg.tensorboard.output_path[0])
-            snprintf(tbdir, sizeof tbdir, "%s/%s", cfg.tensorboard.output_path,
-                     cfg.tensorboard.job_name);
-        else
-            snprintf(tbdir, sizeof tbdir, "%s", cfg.tensorboard.job_name);
-        if ((rc = zn_tb_open(&tb, tbdir))) {
-            zn_cli_fail(rc, NULL);
-            zn_run_abort(&ts, 1);
-            zn_run_close(&ts);
-            free(cfg_text);
-            free(recipe);
-            return 1;
-        }
-        printf("  tensorboard %s\n", zn_tb_path(tb));
     }
     for (int64_t s = start; s < steps; s++) {
         zn_train_step_info info;
