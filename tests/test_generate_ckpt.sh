@@ -79,4 +79,14 @@ had=$(ls sw)
 kill -TERM $pid; wait $pid; rc=$?
 check "[ -n \"$had\" ] && [ $rc -eq 143 ] && [ -z \"\$(ls sw)\" ]" \
       "SIGTERM during NVMe streaming: exit $rc, swap before: '$had', after: '$(ls sw)' $(tail -2 sg.out)"
+# kill -9 leaves the file; the next generate with that folder removes it
+"$zinc" generate --model m8 --prompts p.jsonl --out o.jsonl --device host --gpu-mem 12MiB \
+    --nvme sw --max-new-tokens 60 --batch-size 4 > sk.out 2>&1 &
+pid=$!
+for _ in $(seq 1 200); do ls sw | grep -q '^zinc-gen' && break; sleep 0.05; done
+had=$(ls sw)
+kill -9 $pid; wait $pid 2>/dev/null
+"$zinc" generate --model m8 --ids 5,6,7 --device host --nvme sw --max-new-tokens 2 > sn.out 2>&1
+check "[ -n \"$had\" ] && [ -z \"\$(ls sw)\" ] && grep -q 'which is gone' sn.out" \
+      "after kill -9: swap before '$had', after the next run '$(ls sw)': $(cat sn.out)"
 exit $fail

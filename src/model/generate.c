@@ -351,10 +351,6 @@ static int nvme_open(zn_gen *g, const char *dir)
     g->ext = calloc((size_t)g->nb, sizeof *g->ext);
     if (!g->on_nvme || !g->ext)
         return zn_set_error(-ENOMEM, "out of memory");
-    /* a killed run's files first (never a live one's) */
-    uint64_t stale_bytes;
-    int stale_files;
-    zn_swap_clean_stale(dir, "zinc-gen", &stale_bytes, &stale_files);
     ZN_TRY(zn_aio_create(&g->aio, &ac));
     zn_swap_config sc = zn_swap_config_default();
     sc.npaths = 1;
@@ -381,6 +377,13 @@ static uint64_t dev_room(const zn_gen *g)
 
 int zn_gen_open(zn_gen **out, zn_model *m, const zn_gen_config *c)
 {
+    if (c->nvme_dir) {
+        /* a killed run's swap files go first (never a live one's), whether
+         * or not this run streams from there */
+        uint64_t stale_bytes;
+        int stale_files;
+        ZN_TRY(zn_swap_clean_stale(c->nvme_dir, "zinc-gen", &stale_bytes, &stale_files));
+    }
     ZN_TRY(gen_common(out, m, c->max_batch));
     zn_gen *g = *out;
     const zn_model_dims *d = zn_model_get_dims(m);
