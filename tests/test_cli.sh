@@ -34,6 +34,11 @@ expect 2 "unknown command 'frob'" -- frob
 expect 0 "cores" -- info
 expect 0 '"cores": [0-9]+' -- info --json
 expect 2 "unknown argument" -- info --bogus
+# bench adam verifies every pass (exit 1 on a wrong result): every moment
+# format on a small array, a partial 8-bit block at the end
+expect 0 "adam int8 .*[0-9]+ *$" -- bench adam --params 70001 --states all --copy bf16 \
+    --grad bf16 --iters 2
+expect 2 "--states wants" -- bench adam --states int4
 expect 0 "fits" -- plan "$src/examples/tiny.json"
 expect 0 "14.77B parameters" -- plan "$src/examples/a10-qwen2.5-14b-nvme.json"
 expect 0 "7.62B parameters" -- plan "$src/examples/a10-qwen2.5-7b.json"

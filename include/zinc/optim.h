@@ -27,7 +27,9 @@ extern "C" {
  * set, else bc1 = bc2 = 1. */
 typedef struct {
     float lr;
-    float beta1, beta2;
+    /* double, as PyTorch holds them: 1 - beta is taken in double and then
+     * rounded (1 - 0.999 is 0.001f; 1 - 0.999f would be 1.3e-5 off it) */
+    double beta1, beta2;
     float eps;
     float weight_decay;
     int adamw_mode;       /* nonzero: decoupled weight decay (AdamW) */
@@ -64,7 +66,7 @@ ZN_API int zn_adam_step(const zn_adam_params *hp, float *p, float *m, float *v,
  * rounded to float, so that every path, every thread and the device
  * kernels (zn_dev_adam) use the same values. */
 typedef struct {
-    float b1, omb1;      /* beta1, 1 - beta1 */
+    float b1, omb1;      /* beta1, 1 - beta1 (each rounded from double) */
     float b2, omb2;      /* beta2, 1 - beta2 */
     float step_size;     /* -lr * sqrt(1 - beta2^t) / (1 - beta1^t) */
     float eps;           /* eps * sqrt(1 - beta2^t) */
@@ -72,6 +74,10 @@ typedef struct {
     float l2;            /* weight_decay (Adam L2 mode), used when use_l2 */
     float decay;         /* -lr * weight_decay (AdamW), used when use_decay */
     int use_l2, use_decay;
+    int copy_stream;     /* 0: the kernels stream the 16-bit copy (non-
+                            temporal stores) when it is long and aligned;
+                            1: whenever aligned (zn_adam_step_mom calls them
+                            per block of a long array) */
 } zn_adam_consts;
 
 /* Checks zn_adam_step's arguments and fills *out with the step's
@@ -79,6 +85,72 @@ typedef struct {
 ZN_API int zn_adam_prepare(const zn_adam_params *hp, float *p, float *m, float *v,
                            const void *g, zn_dtype g_dtype, float g_scale, void *p16_out,
                            zn_dtype p16_dtype, size_t n, zn_adam_consts *out);
+
+/* ---- Adam moments in fewer bytes --------------------------------------
+ * The first and second moments of zn_adam_step may be kept as
+ *   ZN_MOM_F32   fp32 (4 + 4 bytes per element): zn_adam_step itself;
+ *   ZN_MOM_BF16  bf16 (2 + 2 bytes): widened exactly, stepped in fp32 as
+ *                zn_adam_step does, rounded back to nearest even;
+ *   ZN_MOM_Q8    8-bit blockwise (1 + 1 bytes, and 4 + 4 bytes per block
+ *                of ZN_Q8_BLOCK elements): bitsandbytes' scheme. Each block
+ *                of 256 elements stores one absmax per moment and a code
+ *                per element, an index into a 256-entry dynamic map
+ *                (zn_q8_map: signed for m, unsigned for v); the value is
+ *                map[code] * absmax. After the step, a block's absmax is
+ *                the largest |value| of its new moments, each value is
+ *                scaled by 1/absmax, clamped to [-1, 1] and stored as the
+ *                code of the nearest map entry (ties to the lower entry:
+ *                bitsandbytes' CUDA rounding; its 0.50 CPU kernel looks
+ *                the value up in a 65536-bin table instead, which differs
+ *                near the map's midpoints and below 1.5e-5, see
+ *                tests/test_adam_q8.c). A block whose absmax is 0 stores
+ *                codes 0. The parameter update uses the unquantized new
+ *                moments, as bitsandbytes does.
+ * The master weights stay fp32. A zero-filled state (codes and absmax 0,
+ * or bf16 zeros) is the initial state m = v = 0 in every format. */
+typedef enum { ZN_MOM_F32 = 0, ZN_MOM_BF16 = 1, ZN_MOM_Q8 = 2 } zn_mom_fmt;
+
+#define ZN_Q8_BLOCK 256
+
+/* The moments of n elements. m, v: float[n] (F32), uint16_t[n] bf16 bits
+ * (BF16), uint8_t[n] codes (Q8); m_absmax, v_absmax: float[
+ * zn_q8_blocks(n)] (Q8 only, else ignored). For Q8 the elements start on
+ * a block boundary: element i belongs to block i / ZN_Q8_BLOCK. */
+typedef struct {
+    zn_mom_fmt fmt;
+    void *m, *v;
+    float *m_absmax, *v_absmax;
+} zn_moments;
+
+static inline size_t zn_q8_blocks(size_t n)
+{
+    return (n + ZN_Q8_BLOCK - 1) / ZN_Q8_BLOCK;
+}
+
+/* Bytes of both moments of n elements (absmax included). */
+ZN_API size_t zn_mom_bytes(zn_mom_fmt fmt, size_t n);
+/* "fp32", "bf16", "int8"; "?" for other values. */
+ZN_API const char *zn_mom_fmt_name(zn_mom_fmt fmt);
+
+/* zn_adam_step with the moments in mv->fmt. The result of an element
+ * depends only on its inputs, its block's moments (Q8) and the SIMD path:
+ * never on the thread count. Q8 threads split on whole blocks. Returns as
+ * zn_adam_step; -EINVAL also for a bad format or a NULL absmax (Q8). */
+ZN_API int zn_adam_step_mom(const zn_adam_params *hp, float *p, const zn_moments *mv,
+                            const void *g, zn_dtype g_dtype, float g_scale, void *p16_out,
+                            zn_dtype p16_dtype, size_t n);
+
+/* bitsandbytes' dynamic quantization maps (create_dynamic_map), sorted,
+ * 256 entries: signed (m; -0.99297 .. 1, 0 at code 127) and unsigned (v;
+ * 0 .. 1, 0 at code 0). */
+ZN_API const float *zn_q8_map(int is_signed);
+
+/* Converts the moments of n elements between formats (checkpoints saved
+ * with one format and resumed with another; the same format: a copy). To
+ * Q8 quantizes as the step does; to BF16 rounds to nearest even; from
+ * either widens exactly. dst and src must not overlap. Returns 0 or
+ * -EINVAL. */
+ZN_API int zn_mom_convert(const zn_moments *dst, const zn_moments *src, size_t n);
 
 /* SIMD paths. ZN_ISA_AUTO picks the one that is fastest on this CPU
  * (zn_adam_isa_reason says why); the environment variable ZINC_SIMD=avx512|avx2|scalar|auto sets

@@ -2,7 +2,9 @@
  * ceilings measured in the same run on the same memory: a read-modify-write
  * pass with Adam's exact pattern and no arithmetic (the roofline), and the
  * STREAM triad; rows for each SIMD path and a plain scalar loop; every row
- * verified against a double-precision step of sampled elements. */
+ * verified against a double-precision step of sampled elements. With
+ * --states, the same for moments kept as bf16 or 8-bit blockwise, each
+ * against a roofline of its own bytes and against the fp32 step. */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -33,6 +35,7 @@ typedef struct {
     zn_dtype ct;
     int iters;
     const char *csv;
+    unsigned fmts;               /* bit per zn_mom_fmt */
 } opts;
 
 typedef struct {
@@ -43,12 +46,16 @@ typedef struct {
     float *p, *m, *v;
     void *g;
     uint16_t *c;
+    uint16_t *mh, *vh;           /* bf16 moments (--states bf16) */
+    uint8_t *mq, *vq;            /* 8-bit codes and their blocks' absmax */
+    float *am, *av;
 } arrays;
 
 enum { ROW_RMW, ROW_TRIAD, ROW_ADAM, ROW_PLAIN };
 
 typedef struct {
     int kind;
+    zn_mom_fmt fmt;
     char name[24];               /* "adam avx2" */
     const zn_optim_ops *ops;       /* ROW_ADAM: the path */
     int is_auto;
@@ -116,6 +123,34 @@ static void fill(const opts *o, arrays *a)
                 a->c[i] = 0;
         }
     }
+    /* the compressed moments start from the same values */
+    zn_moments f32 = { ZN_MOM_F32, a->m, a->v, NULL, NULL };
+    zn_moments h = { ZN_MOM_BF16, a->mh, a->vh, NULL, NULL };
+    zn_moments q = { ZN_MOM_Q8, a->mq, a->vq, a->am, a->av };
+    if (a->mh)
+        zn_mom_convert(&h, &f32, n);
+    if (a->mq)
+        zn_mom_convert(&q, &f32, n);
+}
+
+static zn_moments moments_of(const arrays *a, zn_mom_fmt f)
+{
+    zn_moments r = { f, a->m, a->v, NULL, NULL };
+    if (f == ZN_MOM_BF16)
+        r.m = a->mh, r.v = a->vh;
+    else if (f == ZN_MOM_Q8)
+        r.m = a->mq, r.v = a->vq, r.m_absmax = a->am, r.v_absmax = a->av;
+    return r;
+}
+
+/* Bytes a step moves per parameter: p read and written, g read, both
+ * moments read and written, each 8-bit block's two absmax read and
+ * written, the copy written. */
+static double bytes_per_param(const opts *o, zn_mom_fmt f)
+{
+    double mom = f == ZN_MOM_F32 ? 4 : f == ZN_MOM_BF16 ? 2 : 1;
+    double blk = f == ZN_MOM_Q8 ? 2.0 * 8 / ZN_Q8_BLOCK : 0;
+    return 8 + (double)zn_dtype_size(o->gt) + 4 * mom + blk + (o->copy ? 2 : 0);
 }
 
 static size_t round_up(size_t x, size_t a)
@@ -131,8 +166,12 @@ static int alloc_arrays(const opts *o, arrays *a)
      * 2 MiB + 4 KiB between starts removes that. */
     size_t n = o->n, f = round_up(n * 4, SLAB_ALIGN) + ARRAY_STAGGER;
     size_t gb = round_up(n * zn_dtype_size(o->gt), SLAB_ALIGN) + ARRAY_STAGGER;
-    size_t cb = o->copy ? round_up(n * 2, SLAB_ALIGN) : 0;
-    a->slab_bytes = 3 * f + gb + cb;
+    size_t cb = o->copy ? round_up(n * 2, SLAB_ALIGN) + ARRAY_STAGGER : 0;
+    size_t hb = round_up(n * 2, SLAB_ALIGN) + ARRAY_STAGGER;
+    size_t qb = round_up(n, SLAB_ALIGN) + ARRAY_STAGGER;
+    size_t ab = round_up(zn_q8_blocks(n) * 4, SLAB_ALIGN) + ARRAY_STAGGER;
+    int bf = (o->fmts >> ZN_MOM_BF16) & 1, q8 = (o->fmts >> ZN_MOM_Q8) & 1;
+    a->slab_bytes = 3 * f + gb + cb + (bf ? 2 * hb : 0) + (q8 ? 2 * qb + 2 * ab : 0);
     long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     if (pages > 0 && psz > 0 && (double)a->slab_bytes > 0.85 * (double)pages * (double)psz) {
         char want[32], have[32];
@@ -157,22 +196,52 @@ static int alloc_arrays(const opts *o, arrays *a)
     a->m = (float *)(a->slab + f);
     a->v = (float *)(a->slab + 2 * f);
     a->g = a->slab + 3 * f;
-    a->c = o->copy ? (uint16_t *)(a->slab + 3 * f + gb) : NULL;
+    char *at = a->slab + 3 * f + gb;
+    a->c = o->copy ? (uint16_t *)at : NULL;
+    at += cb;
+    if (bf) {
+        a->mh = (uint16_t *)at;
+        a->vh = (uint16_t *)(at + hb);
+        at += 2 * hb;
+    }
+    if (q8) {
+        a->mq = (uint8_t *)at;
+        a->vq = (uint8_t *)(at + qb);
+        a->am = (float *)(at + 2 * qb);
+        a->av = (float *)(at + 2 * qb + ab);
+    }
     return 0;
 }
 
 /* ---- the timed passes ---------------------------------------------------- */
 
-static void run_rmw(const opts *o, const zn_optim_ops *ops, arrays *a)
+static void run_rmw(const opts *o, const zn_optim_ops *ops, arrays *a, zn_mom_fmt f)
 {
     size_t gs = zn_dtype_size(o->gt), n = o->n;
 #pragma omp parallel num_threads(o->threads)
     {
         size_t lo, hi;
-        zn_optim_range(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
-        if (hi > lo)
-            ops->rmw(a->p + lo, a->m + lo, a->v + lo, (char *)a->g + lo * gs, o->gt,
-                     a->c ? a->c + lo : NULL, hi - lo);
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        if (f == ZN_MOM_F32) {
+            zn_optim_range(n, nt, t, &lo, &hi);
+            if (hi > lo)
+                ops->rmw(a->p + lo, a->m + lo, a->v + lo, (char *)a->g + lo * gs, o->gt,
+                         a->c ? a->c + lo : NULL, hi - lo);
+        } else {
+            /* whole 8-bit blocks per thread, as zn_adam_step_mom splits */
+            size_t nb = zn_q8_blocks(n);
+            lo = nb * (size_t)t / (size_t)nt * ZN_Q8_BLOCK;
+            hi = nb * (size_t)(t + 1) / (size_t)nt * ZN_Q8_BLOCK;
+            hi = hi < n ? hi : n;
+            zn_moments mv = moments_of(a, f);
+            int mb = f == ZN_MOM_Q8 ? 1 : 2;
+            if (hi > lo)
+                ops->rmw_mom(a->p + lo, (char *)mv.m + lo * (size_t)mb,
+                             (char *)mv.v + lo * (size_t)mb, mb,
+                             mv.m_absmax ? mv.m_absmax + lo / ZN_Q8_BLOCK : NULL,
+                             mv.v_absmax ? mv.v_absmax + lo / ZN_Q8_BLOCK : NULL,
+                             (char *)a->g + lo * gs, o->gt, a->c ? a->c + lo : NULL, hi - lo);
+        }
     }
 }
 
@@ -224,23 +293,58 @@ static void sample_init(sample *s, const opts *o)
     }
 }
 
-static void sample_snap(sample *s, const arrays *a)
+/* element i's moments in format f, as fp32 (dequantized, widened) */
+static void moment_at(const arrays *a, zn_mom_fmt f, size_t i, float *m, float *v)
+{
+    if (f == ZN_MOM_F32) {
+        *m = a->m[i];
+        *v = a->v[i];
+    } else if (f == ZN_MOM_BF16) {
+        *m = zn_bf16_to_f32(a->mh[i]);
+        *v = zn_bf16_to_f32(a->vh[i]);
+    } else {
+        *m = zn_q8_map(1)[a->mq[i]] * a->am[i / ZN_Q8_BLOCK];
+        *v = zn_q8_map(0)[a->vq[i]] * a->av[i / ZN_Q8_BLOCK];
+    }
+}
+
+static void sample_snap(sample *s, const arrays *a, zn_mom_fmt f)
 {
     for (size_t k = 0; k < NSAMPLE; k++) {
         size_t i = s->idx[k];
         s->before[k][0] = a->p[i];
-        s->before[k][1] = a->m[i];
-        s->before[k][2] = a->v[i];
+        moment_at(a, f, i, &s->before[k][1], &s->before[k][2]);
     }
 }
 
-static uint64_t sample_unchanged(const sample *s, const arrays *a)
+/* Whether the stored moment x (format f; for 8-bit, code c of a block with
+ * the given absmax) is the format's rounding of the exact value want: bf16
+ * within half an ulp (2^-9 relative, allowed 2^-8 for the fp32 step's own
+ * error), 8-bit the map entry nearest to want / absmax (within 1e-6 of a
+ * midpoint either side is right). */
+static int stored_ok(zn_mom_fmt f, int is_signed, float x, int c, float absmax, double want)
+{
+    if (f == ZN_MOM_BF16)
+        return fabs(x - want) <= 0x1p-8 * fabs(want) + 1e-38;
+    if (absmax == 0)
+        return want == 0;
+    const zn_q8_table *t = zn_q8_table_get(is_signed);
+    double y = want / absmax, tol = 1e-6;
+    if (fabs(y) > 1 + tol)
+        return 0;   /* the absmax is below this element's moment */
+    double below = c > 0 ? t->mid[c - 1] : -2.0, above = c < 255 ? t->mid[c] : 2.0;
+    return y >= below - tol && y <= above + tol;
+}
+
+static uint64_t sample_unchanged(const sample *s, const arrays *a, zn_mom_fmt f)
 {
     uint64_t bad = 0;
     for (size_t k = 0; k < NSAMPLE; k++) {
         size_t i = s->idx[k];
-        bad += memcmp(&s->before[k][0], &a->p[i], 4) || memcmp(&s->before[k][1], &a->m[i], 4) ||
-               memcmp(&s->before[k][2], &a->v[i], 4);
+        float m, v;
+        moment_at(a, f, i, &m, &v);
+        bad += memcmp(&s->before[k][0], &a->p[i], 4) || memcmp(&s->before[k][1], &m, 4) ||
+               memcmp(&s->before[k][2], &v, 4);
     }
     return bad;
 }
@@ -250,7 +354,7 @@ static uint64_t sample_unchanged(const sample *s, const arrays *a)
  * by about lr a step and may pass near zero), or whose copy is not the
  * rounding of p. */
 static uint64_t sample_step(const sample *s, const opts *o, const arrays *a,
-                            const zn_adam_params *hp, float g_scale)
+                            const zn_adam_params *hp, float g_scale, zn_mom_fmt f)
 {
     double b1 = hp->beta1, b2 = hp->beta2, lr = hp->lr, wd = hp->weight_decay, eps = hp->eps;
     double bc1 = hp->bias_correction ? 1 - pow(b1, (double)hp->step) : 1;
@@ -267,9 +371,19 @@ static uint64_t sample_step(const sample *s, const opts *o, const arrays *a,
         double dec = wd != 0 && hp->adamw_mode ? lr * wd * p0 : 0;
         double p = p0 - (lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps) + dec);
         double ep = fabs(a->p[i] - p) / fmax(fabs(p0), fabs(p));
-        double em = fabs(a->m[i] - m) / fmax(fabs(m0), fabs(m));
-        double ev = fabs(a->v[i] - v) / fmax(fabs(v0), fabs(v));
-        int ok = ep <= TOL && em <= TOL && ev <= TOL;
+        int ok;
+        if (f == ZN_MOM_F32) {
+            double em = fabs(a->m[i] - m) / fmax(fabs(m0), fabs(m));
+            double ev = fabs(a->v[i] - v) / fmax(fabs(v0), fabs(v));
+            ok = ep <= TOL && em <= TOL && ev <= TOL;
+        } else {
+            float mx, vx;
+            moment_at(a, f, i, &mx, &vx);
+            size_t b = i / ZN_Q8_BLOCK;
+            ok = ep <= TOL &&
+                 stored_ok(f, 1, mx, a->mq ? a->mq[i] : 0, a->am ? a->am[b] : 0, m) &&
+                 stored_ok(f, 0, vx, a->vq ? a->vq[i] : 0, a->av ? a->av[b] : 0, v);
+        }
         if (ok && a->c) {
             uint16_t want = o->ct == ZN_DTYPE_BF16 ? zn_f32_to_bf16(a->p[i])
                                                     : zn_f32_to_f16(a->p[i]);
@@ -360,18 +474,45 @@ static int parse_dtype(const char *s, int allow_none, int *on, zn_dtype *t)
     return 0;
 }
 
+/* "fp32,int8", "all": one bit per zn_mom_fmt; fp32 always (the others
+ * are compared with it). */
+static int parse_states(const char *s, unsigned *out)
+{
+    unsigned f = 1u << ZN_MOM_F32;
+    if (!strcmp(s, "all")) {
+        *out = f | 1u << ZN_MOM_BF16 | 1u << ZN_MOM_Q8;
+        return 0;
+    }
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(t, "fp32"))
+            f |= 1u << ZN_MOM_F32;
+        else if (!strcmp(t, "bf16"))
+            f |= 1u << ZN_MOM_BF16;
+        else if (!strcmp(t, "int8"))
+            f |= 1u << ZN_MOM_Q8;
+        else
+            return -1;
+    }
+    *out = f;
+    return 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: zinc bench adam [--params N] [--threads N] [--grad fp32|bf16|fp16]\n"
             "                       [--copy none|bf16|fp16] [--iters K] [--csv FILE]\n"
-            "                       [--nt-copy 0|1]\n"
+            "                       [--nt-copy 0|1] [--states fp32,bf16,int8|all]\n"
             "  --params   parameters per step (size syntax: 256M = 2^28), default 256M\n"
             "  --threads  OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
             "  --grad     gradient dtype (default fp32); --copy: 16-bit copy (default none)\n"
             "  --iters    timed passes per row, interleaved across rows (default 5)\n"
             "  --csv      append one line per row to FILE (header when new)\n"
             "  --nt-copy  0: ordinary stores for the copy (default 1: streaming when aligned)\n"
+            "  --states   Adam moment formats to time besides fp32: bf16, int8 (8-bit\n"
+            "             blockwise, bitsandbytes' scheme); each with its own roofline\n"
             "Rows: rmw (Adam's memory pattern, no arithmetic: the roofline), triad\n"
             "(STREAM, same memory), adam <path> for each SIMD path of this CPU (* the\n"
             "one ZINC_SIMD/auto picks), plain (scalar loop built without vector code).\n");
@@ -380,12 +521,14 @@ static void usage(FILE *f)
 int zn_bench_adam(int argc, char **argv)
 {
     opts o = { .n = (size_t)256 << 20, .threads = omp_get_max_threads(), .gt = ZN_DTYPE_F32,
-               .copy = 0, .ct = ZN_DTYPE_BF16, .iters = 5, .csv = NULL };
+               .copy = 0, .ct = ZN_DTYPE_BF16, .iters = 5, .csv = NULL,
+               .fmts = 1u << ZN_MOM_F32 };
     static const struct option lo[] = {
         { "params", required_argument, 0, 'n' }, { "threads", required_argument, 0, 't' },
         { "grad", required_argument, 0, 'g' },   { "copy", required_argument, 0, 'c' },
         { "iters", required_argument, 0, 'i' },  { "csv", required_argument, 0, 'o' },
         { "nt-copy", required_argument, 0, 'N' }, { "help", no_argument, 0, 'h' },
+        { "states", required_argument, 0, 's' },
         { 0, 0, 0, 0 },
     };
     optind = 1;
@@ -434,6 +577,13 @@ int zn_bench_adam(int argc, char **argv)
         case 'N':
             zn_optim_nt_copy = strcmp(optarg, "0") != 0;
             break;
+        case 's':
+            if (parse_states(optarg, &o.fmts)) {
+                fprintf(stderr, "zinc: error: --states wants a comma list of fp32, bf16, int8 "
+                        "(or all), not '%s'\n", optarg);
+                return 2;
+            }
+            break;
         default:
             return zn_bench_usage_exit(ch, usage);
         }
@@ -449,8 +599,9 @@ int zn_bench_adam(int argc, char **argv)
     if (rc < 0)
         return zn_cli_fail(rc, "bench adam");
 
-    /* the rows */
-    row rows[8];
+    /* the rows: per state format its roofline and a row per SIMD path;
+     * the triad once; the plain loop for fp32 */
+    row rows[24];
     int nrows = 0;
     /* the ceilings run on the widest path the CPU has, whatever ZINC_SIMD
      * picked for the step (marked *) */
@@ -458,20 +609,29 @@ int zn_bench_adam(int argc, char **argv)
     const zn_optim_ops *best = zn_optim_get_ops(ZN_ISA_AUTO), *widest = NULL;
     for (size_t i = 0; i < 3 && !widest; i++)
         widest = zn_optim_get_ops(isas[i]);
-    rows[nrows++] = (row){ .kind = ROW_RMW, .name = "rmw", .ops = widest };
     rows[nrows++] = (row){ .kind = ROW_TRIAD, .name = "triad", .ops = widest };
-    for (size_t i = 0; i < 3; i++) {
-        const zn_optim_ops *ops = zn_optim_get_ops(isas[i]);
-        if (!ops)
+    for (int f = ZN_MOM_F32; f <= ZN_MOM_Q8; f++) {
+        if (!((o.fmts >> f) & 1))
             continue;
-        row r = { .kind = ROW_ADAM, .ops = ops, .is_auto = ops == best };
-        snprintf(r.name, sizeof r.name, "adam %s", ops->name);
-        rows[nrows++] = r;
+        row rr = { .kind = ROW_RMW, .fmt = (zn_mom_fmt)f, .ops = widest };
+        snprintf(rr.name, sizeof rr.name, f == ZN_MOM_F32 ? "rmw" : "rmw %s",
+                 zn_mom_fmt_name((zn_mom_fmt)f));
+        rows[nrows++] = rr;
+        for (size_t i = 0; i < 3; i++) {
+            const zn_optim_ops *ops = zn_optim_get_ops(isas[i]);
+            if (!ops)
+                continue;
+            row r = { .kind = ROW_ADAM, .fmt = (zn_mom_fmt)f, .ops = ops, .is_auto = ops == best };
+            snprintf(r.name, sizeof r.name, f == ZN_MOM_F32 ? "adam %s" : "adam %s %s",
+                     f == ZN_MOM_F32 ? ops->name : zn_mom_fmt_name((zn_mom_fmt)f), ops->name);
+            rows[nrows++] = r;
+        }
+        if (f == ZN_MOM_F32)
+            rows[nrows++] = (row){ .kind = ROW_PLAIN, .name = "plain" };
     }
-    rows[nrows++] = (row){ .kind = ROW_PLAIN, .name = "plain" };
 
     size_t gs = zn_dtype_size(o.gt);
-    double bytes_pp = 4 + (double)gs + 4 + 4 + 12 + (o.copy ? 2 : 0);
+    double bytes_pp = bytes_per_param(&o, ZN_MOM_F32);
 
     char model[256], thp[32], sz[32];
     zn_cpu_model(model, sizeof model);
@@ -495,9 +655,17 @@ int zn_bench_adam(int argc, char **argv)
     printf("# bytes per param: read p 4 + g %zu + m 4 + v 4, write p 4 + m 4 + v 4%s = %.0f "
            "(rmw moves the same; triad: 12 per element over the same memory)\n", gs,
            o.copy ? " + copy 2" : "", bytes_pp);
+    if (o.fmts & (1u << ZN_MOM_BF16))
+        printf("# bf16 moments: m and v 2 bytes each way: %.0f bytes per param (rmw bf16 moves "
+               "the same)\n", bytes_per_param(&o, ZN_MOM_BF16));
+    if (o.fmts & (1u << ZN_MOM_Q8))
+        printf("# int8 moments: m and v 1 byte each way + 2 absmax of 4 bytes each way per %d "
+               "params: %.4g bytes per param (rmw int8 moves the same)\n", ZN_Q8_BLOCK,
+               bytes_per_param(&o, ZN_MOM_Q8));
     printf("# AdamW lr 1e-3 betas 0.9/0.999 eps 1e-8 wd 0.01, bias correction; #wrong: of %d "
-           "sampled elements per pass vs one double step from their values before it, plus every "
-           "copy element at the end\n",
+           "sampled elements per pass vs one double step from their values before it (bf16 and "
+           "int8 moments: p as fp32; m, v the format's rounding of the double result), plus "
+           "every copy element at the end\n",
            NSAMPLE);
     fflush(stdout);
 
@@ -506,7 +674,7 @@ int zn_bench_adam(int argc, char **argv)
     double fill_s = zn_now_s() - t0;
 
     /* the triad first: it overwrites the data, which is filled again after */
-    row *tr = &rows[1];
+    row *tr = &rows[0];
     tr->best_s = INFINITY;
     size_t tn = triad_len(&a);
     for (int it = 0; it < o.iters; it++) {
@@ -524,7 +692,11 @@ int zn_bench_adam(int argc, char **argv)
         for (size_t k = 0; k < NSAMPLE; k++) {
             size_t i = (size_t)(mix(k + 99) % tn);
             double want = (double)y[i] + 3.0 * (double)z[i];
-            tr->wrong += !(fabs(x[i] - want) <= 1e-6 * fabs(want) + 1e-30);
+            if (!isfinite(want))
+                continue;   /* 8-bit codes and bf16 pairs read as floats */
+            /* one rounding of the terms' magnitude (they may cancel) */
+            double mag = fabs((double)y[i]) + 3.0 * fabs((double)z[i]);
+            tr->wrong += !(fabs(x[i] - want) <= 1e-6 * mag + 1e-30);
         }
     }
     fill(&o, &a);
@@ -535,37 +707,39 @@ int zn_bench_adam(int argc, char **argv)
     hp.weight_decay = 0.01f;
     hp.threads = o.threads;
     hp.step = 1;
-    for (int r = 0; r < nrows; r++)
-        if (r != 1)
-            rows[r].best_s = INFINITY;
-    int failed = 0;
+    for (int r = 1; r < nrows; r++)
+        rows[r].best_s = INFINITY;
+    int failed = 0, last_step = -1;
     for (int it = 0; it < o.iters && !failed; it++) {
-        for (int r = 0; r < nrows; r++) {
+        for (int r = 1; r < nrows; r++) {
             row *w = &rows[r];
-            if (w->kind == ROW_TRIAD)
-                continue;
-            sample_snap(&smp, &a);
+            sample_snap(&smp, &a, w->fmt);
             double s0 = zn_now_s();
             if (w->kind == ROW_RMW) {
-                run_rmw(&o, w->ops, &a);
+                run_rmw(&o, w->ops, &a, w->fmt);
+            } else if (w->fmt != ZN_MOM_F32) {
+                zn_moments mv = moments_of(&a, w->fmt);
+                rc = zn_adam_step_mom_with(w->ops, &hp, a.p, &mv, a.g, o.gt, 1.0f, a.c, o.ct,
+                                           o.n);
             } else {
                 zn_adam_kernel_fn k = w->kind == ROW_PLAIN ? zn_adam_plain_kernel : w->ops->adam;
                 rc = zn_adam_step_with(k, &hp, a.p, a.m, a.v, a.g, o.gt, 1.0f, a.c, o.ct, o.n);
-                if (rc < 0) {
-                    failed = 1;
-                    break;
-                }
+            }
+            if (rc < 0) {
+                failed = 1;
+                break;
             }
             double dt = zn_now_s() - s0;
             w->t[w->runs] = dt;
             w->best_s = fmin(w->best_s, dt);
             w->sum_s += dt;
             w->runs++;
-            if (w->kind == ROW_RMW)
-                w->wrong += sample_unchanged(&smp, &a);
-            else {
-                w->wrong += sample_step(&smp, &o, &a, &hp, 1.0f);
+            if (w->kind == ROW_RMW) {
+                w->wrong += sample_unchanged(&smp, &a, w->fmt);
+            } else {
+                w->wrong += sample_step(&smp, &o, &a, &hp, 1.0f, w->fmt);
                 hp.step++;
+                last_step = r;
             }
         }
     }
@@ -574,50 +748,64 @@ int zn_bench_adam(int argc, char **argv)
         return zn_cli_fail(rc, "bench adam");
     }
     uint64_t copy_bad = full_copy_check(&o, &a);
-    rows[nrows - 1].wrong += copy_bad;   /* the last pass wrote every copy element */
+    if (last_step >= 0)
+        rows[last_step].wrong += copy_bad;   /* the last step wrote every copy element */
 
-    double roof_gbs = bytes_pp * (double)o.n / rows[0].best_s / 1e9;
     printf("# (fill/first touch %.2f s; %d Adam steps taken; copy check: %llu of %zu wrong)\n",
            fill_s, (int)(hp.step - 1), (unsigned long long)copy_bad, a.c ? o.n : (size_t)0);
-    printf("#\n# %-14s %10s %8s %10s %7s %7s %9s %9s %7s\n", "row", "Mparam/s", "GB/s",
-           "roof GB/s", "ratio", "med", "best ms", "mean ms", "#wrong");
+    printf("#\n# %-19s %10s %8s %10s %7s %7s %8s %9s %9s %7s\n", "row", "Mparam/s", "GB/s",
+           "roof GB/s", "ratio", "med", "x fp32", "best ms", "mean ms", "#wrong");
     FILE *csv = NULL;
     if (o.csv && !(csv = zn_bench_csv_open(o.csv, "unix_time,cpu,threads,params,grad,copy,"
-                                           "nt_copy,row,auto,mparams_s,gbs,roof_gbs,ratio,"
-                                           "median_ratio,best_ms,mean_ms,wrong"))) {
+                                           "nt_copy,states,row,auto,mparams_s,gbs,roof_gbs,"
+                                           "ratio,median_ratio,vs_fp32,best_ms,mean_ms,"
+                                           "wrong"))) {
         munmap(a.map, a.map_len);
         return zn_cli_fail(-errno, NULL);
     }
     uint64_t wrong_total = 0;
     for (int r = 0; r < nrows; r++) {
         row *w = &rows[r];
-        double mps, gbs;
+        /* this row's own roofline: the rmw row of its format (the triad:
+         * the fp32 one) */
+        const row *roof = NULL, *f32 = NULL;
+        for (int q = 0; q < nrows; q++) {
+            if (rows[q].kind == ROW_RMW && rows[q].fmt == w->fmt && !roof)
+                roof = &rows[q];
+            if (rows[q].kind == w->kind && rows[q].fmt == ZN_MOM_F32 && rows[q].ops == w->ops &&
+                !f32)
+                f32 = &rows[q];
+        }
+        double bpp = bytes_per_param(&o, w->fmt), mps, gbs;
         if (w->kind == ROW_TRIAD) {
             gbs = 12.0 * (double)tn / w->best_s / 1e9;
             mps = gbs * 1e9 / bytes_pp / 1e6;   /* the params/s this bandwidth would give */
         } else {
             mps = (double)o.n / w->best_s / 1e6;
-            gbs = bytes_pp * (double)o.n / w->best_s / 1e9;
+            gbs = bpp * (double)o.n / w->best_s / 1e9;
         }
+        double roof_gbs = roof ? bpp * (double)o.n / roof->best_s / 1e9 : NAN;
         double ratio = gbs / roof_gbs;
-        double w_bytes = w->kind == ROW_TRIAD ? 12.0 * (double)tn : bytes_pp * (double)o.n;
-        double med = median_ratio(&rows[0], w, w_bytes, bytes_pp * (double)o.n);
-        char label[32];
+        double w_bytes = w->kind == ROW_TRIAD ? 12.0 * (double)tn : bpp * (double)o.n;
+        double med = roof ? median_ratio(roof, w, w_bytes, bpp * (double)o.n) : NAN;
+        /* params/s over the fp32 row of the same kind and path */
+        double vs = f32 && w->kind != ROW_TRIAD ? f32->best_s / w->best_s : NAN;
+        char label[40];
         snprintf(label, sizeof label, "%s%s", w->name, w->is_auto ? " *" : "");
-        printf("  %-14s %10.1f %8.2f %10.2f %7.3f %7.3f %9.1f %9.1f %7llu\n", label, mps, gbs,
-               roof_gbs, ratio, med, w->best_s * 1e3, w->sum_s / w->runs * 1e3,
+        printf("  %-19s %10.1f %8.2f %10.2f %7.3f %7.3f %8.3f %9.1f %9.1f %7llu\n", label, mps,
+               gbs, roof_gbs, ratio, med, vs, w->best_s * 1e3, w->sum_s / w->runs * 1e3,
                (unsigned long long)w->wrong);
         if (csv)
-            fprintf(csv, "%lld,\"%s\",%d,%zu,%s,%s,%d,%s,%d,%.1f,%.3f,%.3f,%.4f,%.4f,%.2f,%.2f,"
-                    "%llu\n", (long long)time(NULL), model, o.threads, o.n, zn_dtype_name(o.gt),
-                    o.copy ? zn_dtype_name(o.ct) : "none", zn_optim_nt_copy, w->name, w->is_auto,
-                    mps, gbs,
-                    roof_gbs, ratio, med, w->best_s * 1e3,
-                    w->sum_s / w->runs * 1e3, (unsigned long long)w->wrong);
+            fprintf(csv, "%lld,\"%s\",%d,%zu,%s,%s,%d,%s,%s,%d,%.1f,%.3f,%.3f,%.4f,%.4f,%.4f,"
+                    "%.2f,%.2f,%llu\n", (long long)time(NULL), model, o.threads, o.n,
+                    zn_dtype_name(o.gt), o.copy ? zn_dtype_name(o.ct) : "none", zn_optim_nt_copy,
+                    zn_mom_fmt_name(w->fmt), w->name, w->is_auto, mps, gbs, roof_gbs, ratio, med,
+                    vs, w->best_s * 1e3, w->sum_s / w->runs * 1e3, (unsigned long long)w->wrong);
         wrong_total += w->wrong;
     }
-    printf("# ratio: best GB/s over the roofline's best GB/s; med: median over passes of the "
-           "ratio within one pass\n# triad's Mparam/s: the params/s its bandwidth would carry at "
+    printf("# ratio: best GB/s over the best GB/s of the roofline of the row's own bytes; med: "
+           "median over passes of the ratio within one pass; x fp32: params/s over the fp32 "
+           "row of the same path\n# triad's Mparam/s: the params/s its bandwidth would carry at "
            "%.0f bytes each\n", bytes_pp);
     if (csv && fclose(csv) != 0)
         fprintf(stderr, "zinc: error: writing %s: %s\n", o.csv, strerror(errno));

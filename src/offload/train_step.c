@@ -381,8 +381,8 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         lr = tr->lr_fault(tr->lr_fault_user, tr->step + 1, lr);
     zn_adam_params hp = zn_adam_params_default();
     hp.lr = (float)lr;
-    hp.beta1 = (float)cfg->optimizer.beta1;
-    hp.beta2 = (float)cfg->optimizer.beta2;
+    hp.beta1 = cfg->optimizer.beta1;
+    hp.beta2 = cfg->optimizer.beta2;
     hp.eps = (float)cfg->optimizer.eps;
     hp.weight_decay = (float)cfg->optimizer.weight_decay;
     hp.adamw_mode = cfg->optimizer.type == ZN_OPT_ADAMW || cfg->optimizer.adam_w_mode;

@@ -23,7 +23,7 @@ int zn_optim_nt_copy = 1;
 zn_adam_params zn_adam_params_default(void)
 {
     zn_adam_params hp = {
-        .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+        .lr = 1e-3f, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8f,
         .weight_decay = 0.0f, .adamw_mode = 1, .bias_correction = 1,
         .step = 1, .threads = 0,
     };
@@ -104,6 +104,8 @@ static void scalar_triad(float *a, const float *b, const float *c, float s, size
 
 const zn_optim_ops zn_optim_ops_scalar = {
     ZN_ISA_SCALAR, "scalar", scalar_kernel, scalar_norm_chunk, scalar_rmw, scalar_triad,
+    zn_q8_dequant_scalar, zn_q8_quant_scalar, zn_bf16_widen_scalar, zn_bf16_round_scalar,
+    zn_rmw_mom_scalar,
 };
 
 /* ---- path selection ------------------------------------------------------ */
@@ -317,9 +319,9 @@ int zn_adam_prepare(const zn_adam_params *hp, float *p, float *m, float *v, cons
         bc2 = 1.0 - pow(b2, (double)hp->step);
     }
     memset(out, 0, sizeof *out);
-    out->b1 = hp->beta1;
-    out->omb1 = (float)(1.0 - b1);   /* exact in float: Sterbenz for b1 in [0.5, 1) */
-    out->b2 = hp->beta2;
+    out->b1 = (float)b1;
+    out->omb1 = (float)(1.0 - b1);   /* as torch: 1 - beta in double, then rounded */
+    out->b2 = (float)b2;
     out->omb2 = (float)(1.0 - b2);
     out->step_size = (float)(-lr * sqrt(bc2) / bc1);
     out->eps = (float)(hp->eps * sqrt(bc2));

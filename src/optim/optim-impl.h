@@ -41,6 +41,39 @@ typedef void (*zn_rmw_fn)(float *p, float *m, float *v, const void *g, zn_dtype 
                           void *c, size_t n);
 typedef void (*zn_triad_fn)(float *a, const float *b, const float *c, float s, size_t n);
 
+/* ---- compressed moments (moments.c drives these block by block) ------
+ * The rounding table of one dynamic map: code(y) for y in [-1, 1] is the
+ * count of midpoints below y (the nearest entry, ties to the lower one).
+ * key[bits(y) >> 16] is that count at the lowest value whose top 16 bits
+ * are those; no such range of floats holds two midpoints (checked when the
+ * table is built), so code(y) = key + (y > mid[key]). mid[255] is +Inf.
+ * key has 4 bytes of padding: the SIMD paths gather it as 32-bit words. */
+typedef struct {
+    float map[256];
+    float mid[256];
+    uint8_t key[65536 + 4];
+} zn_q8_table;
+
+/* The tables of the signed (m) and unsigned (v) maps, built once; NULL
+ * (with zn_last_error) if a map broke the one-midpoint rule. */
+const zn_q8_table *zn_q8_table_get(int is_signed);
+
+/* out[i] = map[q[i]] * absmax, i < n <= ZN_Q8_BLOCK. */
+typedef void (*zn_q8_dequant_fn)(const uint8_t *q, const float *map, float absmax, float *out,
+                                 size_t n);
+/* The block's absmax (largest |x[i]|, i < n <= ZN_Q8_BLOCK) and the codes
+ * of x[i] * (1 / absmax) clamped to [-1, 1]; all codes 0 when it is 0. */
+typedef float (*zn_q8_quant_fn)(const float *x, const zn_q8_table *t, uint8_t *q, size_t n);
+/* bf16 <-> fp32 of n <= ZN_Q8_BLOCK elements (round to nearest even, as
+ * zn_f32_to_bf16). */
+typedef void (*zn_bf16_widen_fn)(const uint16_t *h, float *out, size_t n);
+typedef void (*zn_bf16_round_fn)(const float *x, uint16_t *out, size_t n);
+/* The benchmark ceiling of a compressed step: reads p, g and mb bytes of
+ * m and of v per element (and each block's absmax when mb is 1), writes
+ * them back unchanged, and c as rmw does. */
+typedef void (*zn_rmw_mom_fn)(float *p, void *m, void *v, int mb, float *am, float *av,
+                              const void *g, zn_dtype g_dtype, void *c, size_t n);
+
 typedef struct {
     zn_isa isa;
     const char *name;
@@ -48,7 +81,35 @@ typedef struct {
     zn_norm_chunk_fn norm_chunk;
     zn_rmw_fn rmw;
     zn_triad_fn triad;
+    zn_q8_dequant_fn q8_dequant;
+    zn_q8_quant_fn q8_quant;
+    zn_bf16_widen_fn bf16_widen;
+    zn_bf16_round_fn bf16_round;
+    zn_rmw_mom_fn rmw_mom;
 } zn_optim_ops;
+
+/* zn_adam_step_mom with an explicit path (tests, benchmark). */
+int zn_adam_step_mom_with(const zn_optim_ops *ops, const zn_adam_params *hp, float *p,
+                          const zn_moments *mv, const void *g, zn_dtype g_dtype, float g_scale,
+                          void *c, zn_dtype c_dtype, size_t n);
+
+/* The scalar forms of the four, shared by every table's tails and by the
+ * scalar path (moments.c). */
+void zn_q8_dequant_scalar(const uint8_t *q, const float *map, float absmax, float *out, size_t n);
+float zn_q8_quant_scalar(const float *x, const zn_q8_table *t, uint8_t *q, size_t n);
+void zn_bf16_widen_scalar(const uint16_t *h, float *out, size_t n);
+void zn_bf16_round_scalar(const float *x, uint16_t *out, size_t n);
+void zn_rmw_mom_scalar(float *p, void *m, void *v, int mb, float *am, float *av, const void *g,
+                       zn_dtype g_dtype, void *c, size_t n);
+
+/* One element's code: the formula every path follows. */
+static inline uint8_t zn_q8_code(const zn_q8_table *t, float y)
+{
+    uint32_t key;
+    memcpy(&key, &y, 4);
+    uint8_t lo = t->key[key >> 16];
+    return (uint8_t)(lo + (y > t->mid[lo]));
+}
 
 /* Whether kernels may write the 16-bit copy with non-temporal stores (when
  * it is aligned and large); 1 by default. `zinc bench adam --nt-copy 0`
@@ -170,8 +231,9 @@ static inline uint16_t zn_round_elem(float x, zn_dtype t)
  * lr*sqrt(bc2)/bc1 * m / (sqrt(v) + eps*sqrt(bc2)), one multiply less.
  * The second moment is written as a step toward g*g (the lerp form torch
  * uses for exp_avg): b2*v + (1-b2)*g*g = v + (1-b2)*(g*g - v) in real
- * numbers, since omb2 = 1 - b2 exactly for b2 in [0.5, 1) (Sterbenz; within
- * half an ulp of omb2 otherwise). With FMA that is two FMAs instead of two
+ * numbers, with omb2 the float nearest to 1 - beta2 (taken in double, as
+ * torch does): the form uses omb2 alone, so its beta2 is 1 - omb2, within
+ * half an ulp of omb2 of the user's beta2. With FMA that is two FMAs instead of two
  * multiplies and an FMA, and the multiply/FMA ports are what the AVX2 step
  * with a 16-bit copy runs short of. (The first moment keeps b1*m + omb1*g:
  * its lerp form m + omb1*(g - m) raised the worst error of tests/test_adam

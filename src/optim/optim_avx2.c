@@ -189,7 +189,8 @@ adam_body(const zn_adam_consts *k, float *p, float *m, float *v, const void *g, 
 {
     consts K = load_consts(k);
     uint16_t *c16 = c;
-    int nt = zn_optim_nt_copy && c && n >= NT_MIN && ((uintptr_t)c & 31) == 0;
+    int nt = zn_optim_nt_copy && c && (n >= NT_MIN || k->copy_stream) &&
+             ((uintptr_t)c & 31) == 0;
     int scale = k->g_scale != 1.0f;
     int wd = k->use_l2 ? WD_L2 : k->use_decay ? WD_DECAY : WD_NONE;
     size_t i;
@@ -357,7 +358,149 @@ static void avx2_triad(float *a, const float *b, const float *c, float s, size_t
         a[i] = b[i] + s * c[i];
 }
 
+/* ---- compressed moments (moments.c) -------------------------------------
+ * Whole vectors here, the last n % 8 elements by the scalar forms: every
+ * piece is one exact operation per element (a multiply, a compare, a
+ * rounding), so both give the same bits. */
+
+/* byte 0 of each 32-bit lane, in order, in the low 8 bytes */
+static inline __m128i lane_bytes(__m256i c)
+{
+    const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          -1, -1, -1, -1);
+    __m256i s = _mm256_shuffle_epi8(c, pick);
+    return _mm_unpacklo_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+
+static void avx2_q8_dequant(const uint8_t *q, const float *map, float absmax, float *out,
+                            size_t n)
+{
+    __m256 a = _mm256_set1_ps(absmax);
+    size_t i = 0;
+    for (; i + W <= n; i += W) {
+        __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_i32gather_ps(map, idx, 4), a));
+    }
+    zn_q8_dequant_scalar(q + i, map, absmax, out + i, n - i);
+}
+
+static float avx2_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, size_t n)
+{
+    const __m256 nosign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 mx = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + W <= n; i += W)
+        mx = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + i), nosign), mx);
+    float lanes[W], amax = 0.0f;
+    _mm256_storeu_ps(lanes, mx);
+    for (int j = 0; j < W; j++)
+        amax = lanes[j] > amax ? lanes[j] : amax;
+    for (; i < n; i++) {
+        float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    if (amax == 0.0f) {
+        memset(q, 0, n);
+        return amax;
+    }
+    float invs = 1.0f / amax;
+    const __m256 inv = _mm256_set1_ps(invs), lo = _mm256_set1_ps(-1.0f);
+    const __m256 hi = _mm256_set1_ps(1.0f);
+    const __m256i byte = _mm256_set1_epi32(0xff);
+    for (i = 0; i + W <= n; i += W) {
+        __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i), inv);
+        y = _mm256_min_ps(hi, _mm256_max_ps(lo, y));   /* NaN stays NaN */
+        __m256i key = _mm256_srli_epi32(_mm256_castps_si256(y), 16);
+        __m256i c = _mm256_and_si256(_mm256_i32gather_epi32((const int *)t->key, key, 1), byte);
+        __m256 mid = _mm256_i32gather_ps(t->mid, c, 4);
+        /* a true compare is all ones: minus -1 is plus 1 */
+        c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(y, mid, _CMP_GT_OQ)));
+        _mm_storel_epi64((__m128i *)(q + i), lane_bytes(c));
+    }
+    for (; i < n; i++) {
+        float y = x[i] * invs;
+        y = -1.0f > y ? -1.0f : y;
+        y = 1.0f < y ? 1.0f : y;
+        q[i] = zn_q8_code(t, y);
+    }
+    return amax;
+}
+
+static void avx2_bf16_widen(const uint16_t *h, float *out, size_t n)
+{
+    size_t i = 0;
+    for (; i + W <= n; i += W) {
+        __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i)));
+        _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)));
+    }
+    zn_bf16_widen_scalar(h + i, out + i, n - i);
+}
+
+static void avx2_bf16_round(const float *x, uint16_t *out, size_t n)
+{
+    size_t i = 0;
+    for (; i + W <= n; i += W)
+        _mm_storeu_si128((__m128i *)(out + i), copy8(_mm256_loadu_ps(x + i), ZN_DTYPE_BF16));
+    zn_bf16_round_scalar(x + i, out + i, n - i);
+}
+
+static void avx2_rmw_mom(float *p, void *m, void *v, int mb, float *am, float *av,
+                         const void *g, zn_dtype gt, void *c, size_t n)
+{
+    int nt = zn_optim_nt_copy && c && ((uintptr_t)c & 31) == 0;
+    uint16_t *c16 = c;
+    if (gt != ZN_DTYPE_F32)
+        gt = ZN_DTYPE_BF16;   /* F16 moves the same bytes */
+    size_t i = 0;
+    for (; i + 2 * W <= n; i += 2 * W) {
+        __m256 p0 = _mm256_loadu_ps(p + i), p1 = _mm256_loadu_ps(p + i + W);
+        __m256 g0 = load_g(g, gt, i), g1 = load_g(g, gt, i + W);
+        __m256i mx, vx;
+        if (mb == 1) {
+            mx = _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)((uint8_t *)m + i)));
+            vx = _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)((uint8_t *)v + i)));
+        } else {
+            mx = _mm256_loadu_si256((const __m256i *)((uint16_t *)m + i));
+            vx = _mm256_loadu_si256((const __m256i *)((uint16_t *)v + i));
+        }
+        __asm__ volatile("" : "+x"(p0), "+x"(p1), "+x"(g0), "+x"(g1), "+x"(mx), "+x"(vx));
+        _mm256_storeu_ps(p + i, p0);
+        _mm256_storeu_ps(p + i + W, p1);
+        if (mb == 1) {
+            _mm_storeu_si128((__m128i *)((uint8_t *)m + i), _mm256_castsi256_si128(mx));
+            _mm_storeu_si128((__m128i *)((uint8_t *)v + i), _mm256_castsi256_si128(vx));
+            if ((i & (ZN_Q8_BLOCK - 1)) == 0) {
+                size_t b = i / ZN_Q8_BLOCK;
+                float x = am[b], y = av[b];
+                __asm__ volatile("" : "+x"(x), "+x"(y));
+                am[b] = x;
+                av[b] = y;
+            }
+        } else {
+            _mm256_storeu_si256((__m256i *)((uint16_t *)m + i), mx);
+            _mm256_storeu_si256((__m256i *)((uint16_t *)v + i), vx);
+        }
+        if (c) {
+            __m256i h = join16(halves(_mm256_castps_si256(p0), 0),
+                               halves(_mm256_castps_si256(p1), 0));
+            if (nt)
+                _mm256_stream_si256((__m256i *)(c16 + i), h);
+            else
+                _mm256_storeu_si256((__m256i *)(c16 + i), h);
+        }
+    }
+    if (nt)
+        _mm_sfence();
+    if (i < n) {
+        size_t gs = zn_dtype_size(gt);
+        zn_rmw_mom_scalar(p + i, (char *)m + i * (size_t)mb, (char *)v + i * (size_t)mb, mb,
+                          NULL, NULL, (const char *)g + i * gs, gt, c ? c16 + i : NULL, n - i);
+    }
+}
+
 const zn_optim_ops zn_optim_ops_avx2 = {
     ZN_ISA_AVX2, "avx2", avx2_adam, avx2_norm_chunk, avx2_rmw, avx2_triad,
+    avx2_q8_dequant, avx2_q8_quant, avx2_bf16_widen, avx2_bf16_round, avx2_rmw_mom,
 };
 #endif

@@ -103,7 +103,8 @@ adam_body(const zn_adam_consts *k, float *p, float *m, float *v, const void *g, 
 {
     consts K = load_consts(k);
     int l2 = k->use_l2, decay = k->use_decay;
-    int nt = zn_optim_nt_copy && c && n >= NT_MIN && ((uintptr_t)c & 31) == 0;
+    int nt = zn_optim_nt_copy && c && (n >= NT_MIN || k->copy_stream) &&
+             ((uintptr_t)c & 31) == 0;
     size_t i = 0;
     for (; i + W <= n; i += W)
         vec16(&K, l2, decay, p, m, v, g, gt, c, ct, nt, i, (__mmask16)0xffff);
@@ -215,7 +216,126 @@ static void avx512_triad(float *a, const float *b, const float *c, float s, size
     }
 }
 
+/* ---- compressed moments (moments.c) ----------------------------------- */
+
+static inline __mmask16 tail_mask(size_t left)
+{
+    return left >= W ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+}
+
+static void avx512_q8_dequant(const uint8_t *q, const float *map, float absmax, float *out,
+                              size_t n)
+{
+    __m512 a = _mm512_set1_ps(absmax);
+    for (size_t i = 0; i < n; i += W) {
+        __mmask16 mk = tail_mask(n - i);
+        __m512i idx = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mk, q + i));
+        __m512 x = _mm512_i32gather_ps(idx, map, 4);   /* the map stays in L1 */
+        _mm512_mask_storeu_ps(out + i, mk, _mm512_mul_ps(x, a));
+    }
+}
+
+static float avx512_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, size_t n)
+{
+    const __m512i sign = _mm512_set1_epi32(0x7fffffff);
+    __m512 mx = _mm512_setzero_ps();
+    for (size_t i = 0; i < n; i += W) {
+        __m512 a = _mm512_castsi512_ps(_mm512_and_si512(
+            _mm512_castps_si512(_mm512_maskz_loadu_ps(tail_mask(n - i), x + i)), sign));
+        mx = _mm512_max_ps(a, mx);   /* a NaN lane keeps mx, as the scalar form */
+    }
+    float amax = _mm512_reduce_max_ps(mx);
+    if (amax == 0.0f) {
+        memset(q, 0, n);
+        return amax;
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / amax), lo = _mm512_set1_ps(-1.0f);
+    const __m512 hi = _mm512_set1_ps(1.0f);
+    const __m512i byte = _mm512_set1_epi32(0xff), one = _mm512_set1_epi32(1);
+    for (size_t i = 0; i < n; i += W) {
+        __mmask16 mk = tail_mask(n - i);
+        __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + i), inv);
+        y = _mm512_min_ps(hi, _mm512_max_ps(lo, y));   /* NaN stays NaN */
+        /* zn_q8_code: the candidate from the table of the top 16 bits,
+         * then one step up past its midpoint */
+        __m512i key = _mm512_srli_epi32(_mm512_castps_si512(y), 16);
+        __m512i c = _mm512_and_si512(_mm512_i32gather_epi32(key, t->key, 1), byte);
+        __m512 mid = _mm512_i32gather_ps(c, t->mid, 4);
+        c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(y, mid, _CMP_GT_OQ), c, one);
+        _mm_mask_storeu_epi8(q + i, mk, _mm512_cvtepi32_epi8(c));
+    }
+    return amax;
+}
+
+static void avx512_bf16_widen(const uint16_t *h, float *out, size_t n)
+{
+    for (size_t i = 0; i < n; i += W) {
+        __mmask16 mk = tail_mask(n - i);
+        __m512i u = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, h + i));
+        _mm512_mask_storeu_ps(out + i, mk, _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)));
+    }
+}
+
+static void avx512_bf16_round(const float *x, uint16_t *out, size_t n)
+{
+    for (size_t i = 0; i < n; i += W) {
+        __mmask16 mk = tail_mask(n - i);
+        _mm256_mask_storeu_epi16(out + i, mk,
+                                 round16(_mm512_maskz_loadu_ps(mk, x + i), ZN_DTYPE_BF16));
+    }
+}
+
+static void avx512_rmw_mom(float *p, void *m, void *v, int mb, float *am, float *av,
+                           const void *g, zn_dtype gt, void *c, size_t n)
+{
+    /* the copy is streamed as the compressed step streams it */
+    int nt = zn_optim_nt_copy && c && ((uintptr_t)c & 31) == 0;
+    if (gt != ZN_DTYPE_F32)
+        gt = ZN_DTYPE_BF16;   /* F16 moves the same bytes */
+    for (size_t i = 0; i < n; i += W) {
+        __mmask16 mk = tail_mask(n - i);
+        __m512 pv = _mm512_maskz_loadu_ps(mk, p + i), gv = load_g(g, gt, i, mk);
+        if (mb == 1) {
+            __m128i mq = _mm_maskz_loadu_epi8(mk, (uint8_t *)m + i);
+            __m128i vq = _mm_maskz_loadu_epi8(mk, (uint8_t *)v + i);
+            ZN_OPAQUE(pv);
+            ZN_OPAQUE(gv);
+            ZN_OPAQUE(mq);
+            ZN_OPAQUE(vq);
+            _mm_mask_storeu_epi8((uint8_t *)m + i, mk, mq);
+            _mm_mask_storeu_epi8((uint8_t *)v + i, mk, vq);
+            if ((i & (ZN_Q8_BLOCK - 1)) == 0) {
+                size_t b = i / ZN_Q8_BLOCK;
+                float x = am[b], y = av[b];
+                __asm__ volatile("" : "+v"(x), "+v"(y));
+                am[b] = x;
+                av[b] = y;
+            }
+        } else {
+            __m256i mh = _mm256_maskz_loadu_epi16(mk, (uint16_t *)m + i);
+            __m256i vh = _mm256_maskz_loadu_epi16(mk, (uint16_t *)v + i);
+            ZN_OPAQUE(pv);
+            ZN_OPAQUE(gv);
+            ZN_OPAQUE(mh);
+            ZN_OPAQUE(vh);
+            _mm256_mask_storeu_epi16((uint16_t *)m + i, mk, mh);
+            _mm256_mask_storeu_epi16((uint16_t *)v + i, mk, vh);
+        }
+        _mm512_mask_storeu_ps(p + i, mk, pv);
+        if (c) {
+            __m256i h = _mm512_cvtepi32_epi16(_mm512_castps_si512(pv));
+            if (nt && mk == 0xffff)
+                _mm256_stream_si256((__m256i *)((uint16_t *)c + i), h);
+            else
+                _mm256_mask_storeu_epi16((uint16_t *)c + i, mk, h);
+        }
+    }
+    if (nt)
+        _mm_sfence();
+}
+
 const zn_optim_ops ZN_AVX512_OPS = {
     ZN_ISA_AVX512, "avx512", avx512_adam, avx512_norm_chunk, avx512_rmw, avx512_triad,
+    avx512_q8_dequant, avx512_q8_quant, avx512_bf16_widen, avx512_bf16_round, avx512_rmw_mom,
 };
 #endif
