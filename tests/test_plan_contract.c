@@ -233,6 +233,19 @@ int main(void)
             n += 2;
         }
     }
+    /* Adam's moments in fewer bytes (train.optim), in the cpu optimizer
+     * tier; a sub-group of 100000 is not a whole number of 8-bit blocks,
+     * so the units are rounded up to them */
+    static const char *const optims[] = { "train.optim=\"adamw_bnb_8bit\"",
+                                          "train.optim=\"adamw_bf16\"" };
+    for (size_t e = 0; e < sizeof optims / sizeof optims[0]; e++) {
+        extra_set = optims[e];
+        for (size_t s = 0; s < 2; s++) {
+            one(&shapes[s], &places[3], 2, 4, "auto", 4, 100000);
+            one(&shapes[s], &places[1], 2, 4, "auto", 4, 100000);
+            n += 2;
+        }
+    }
     extra_set = NULL;
     printf("%d configurations, %d checked, %d with a tier off the plan\n", n, checked,
            failed_cfgs);

@@ -74,6 +74,20 @@ typedef struct {
 
 typedef enum { ZN_OPT_ADAM = 0, ZN_OPT_ADAMW } zn_optimizer_type;
 
+/* train.optim: the HF Trainer's `optim` names zinc takes. adamw_torch and
+ * adamw_torch_fused keep fp32 moments; adamw_bnb_8bit, adamw_8bit and
+ * paged_adamw_8bit bitsandbytes' 8-bit blockwise moments (paging is
+ * bitsandbytes' GPU-memory device; zinc's states live in its own tiers);
+ * adamw_bf16 (zinc's name) bf16 moments. The master stays fp32. */
+#define ZN_OPTIM_NAMES \
+    "adamw_torch|adamw_torch_fused|adamw_bnb_8bit|adamw_8bit|paged_adamw_8bit|adamw_bf16"
+/* Bytes of each moment per element: 4 (fp32), 2 (bf16), 1 (8-bit, plus a
+ * 4-byte absmax per 256). */
+static inline int zn_config_moment_bytes(int optim)
+{
+    return optim >= 2 && optim <= 4 ? 1 : optim == 5 ? 2 : 4;
+}
+
 typedef struct {
     zn_optimizer_type type;
     double lr, beta1, beta2, eps, weight_decay;
@@ -206,6 +220,9 @@ typedef struct {
     int grad_transfer;       /* gradients' dtype device -> host: 0 auto (the params'
                                 dtype), 1 fp32, 2 bf16 */
     int attention;           /* 0 auto, 1 gemm, 2 fused (zn_model_config.attention) */
+    int optim;               /* the HF Trainer's optim name, as its index in
+                                ZN_OPTIM_NAMES: how Adam's moments are kept
+                                (zn_config_moments) */
     zn_config_checkpoint checkpoint;
     /* zinc's training defaults, named and valued as the HF Trainer's
      * TrainingArguments: what "auto" and a missing optimizer / scheduler

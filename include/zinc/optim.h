@@ -129,6 +129,17 @@ static inline size_t zn_q8_blocks(size_t n)
 
 /* Bytes of both moments of n elements (absmax included). */
 ZN_API size_t zn_mom_bytes(zn_mom_fmt fmt, size_t n);
+/* Bytes of one moment of n elements laid out in one buffer (the trainer's
+ * memory, a checkpoint's m.bin / v.bin): fp32 n x 4; bf16 and 8-bit the
+ * elements padded to 64 bytes, then (8-bit) the blocks' absmax. */
+ZN_API size_t zn_mom_layout_bytes(zn_mom_fmt fmt, size_t n);
+/* zn_mom_layout_bytes' parts: where the absmax starts (8-bit), and the
+ * moments of elements [off, ...) (off on a block boundary for 8-bit) of
+ * the buffers m and v holding n elements each in that layout. */
+ZN_API size_t zn_mom_layout_absmax_at(zn_mom_fmt fmt, size_t n);
+ZN_API zn_moments zn_mom_layout_at(zn_mom_fmt fmt, void *m, void *v, size_t n, size_t off);
+/* The format named "fp32", "bf16" or "int8"; -1 for another name. */
+ZN_API int zn_mom_fmt_parse(const char *name);
 /* "fp32", "bf16", "int8"; "?" for other values. */
 ZN_API const char *zn_mom_fmt_name(zn_mom_fmt fmt);
 

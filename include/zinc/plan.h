@@ -66,6 +66,8 @@ typedef struct {
     uint64_t largest_block;                         /* elements */
     uint64_t live_window;                           /* elements on the GPU at once */
     uint64_t sub_group;                             /* optimizer sub-group, elements */
+    int moment_bytes;                               /* bytes per Adam moment element:
+                                                       4 fp32, 2 bf16, 1 int8 (train.optim) */
     zn_tier grads_tier;                             /* fp32 gradient accumulators */
     uint64_t nvme_write_step;                       /* bytes written to NVMe per
                                                        optimizer step (this rank) */

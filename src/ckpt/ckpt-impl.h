@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "zinc/ckpt.h"
+#include "zinc/optim.h"
 
 #define ZN_CKPT_PATH 4096
 
@@ -41,6 +42,7 @@ struct zn_ckpt {
     const char *client_json;  /* in man */
     int has_dims;
     zn_model_dims dims;
+    zn_mom_fmt moments;       /* how m.bin and v.bin hold them ("moments") */
 };
 
 /* The file entry of `name` ("rank-0/master.bin"), or NULL. */

@@ -173,7 +173,7 @@ static int save_flat(zn_trainer *tr, zn_aio *aio, const char *rdir, uint64_t chu
     int rc = 0;
     for (int k = 0; k < 3 && !rc; k++) {
         sfile f;
-        uint64_t total = tr->P * 4;
+        uint64_t total = k ? tr->mbytes : tr->P * 4;   /* moments in their own format */
         if ((rc = sfile_open(&f, aio, rdir, k, total)))
             return rc;
         void *reg_buf = tr->dopt ? tr->ostage : (void *)arr[k];
@@ -301,7 +301,8 @@ static int save_rank(zn_trainer *tr, const zn_ckpt_save_options *o, const char *
     json_t *files = json_object();
     for (int k = 0; k < 3; k++)
         json_object_set_new(files, zn_ckpt__state_file[k], json_pack("{sIsI}", "bytes",
-                            (json_int_t)(tr->P * 4), "crc32c", (json_int_t)crc[k]));
+                            (json_int_t)(k ? tr->mbytes : tr->P * 4), "crc32c",
+                            (json_int_t)crc[k]));
     json_t *rj = json_pack("{sisisIsoso}", "rank", rank, "world", zn_train_world(tr),
                            "local_params", (json_int_t)tr->P, "shares", shares_json(tr),
                            "files", files);
@@ -496,6 +497,8 @@ static int finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp
         goto out;
     }
     json_object_set_new(m, "config", o->config_text ? json_string(o->config_text) : json_null());
+    /* how m.bin and v.bin hold Adam's moments (zn_mom_layout_bytes) */
+    json_object_set_new(m, "moments", json_string(zn_mom_fmt_name(tr->mfmt)));
     json_object_set_new(m, "client", json_string(o->client_json ? o->client_json : "{}"));
     json_object_set_new(m, "lr_iteration", json_integer((json_int_t)tr->step));
     json_object_set_new(m, "param_dtype", json_string(zn_dtype_name(tr->pdt)));

@@ -163,6 +163,50 @@ static void restore_scaler(json_t *j, zn_loss_scaler *s)
     s->overflows = (uint64_t)json_integer_value(json_object_get(j, "overflows"));
 }
 
+/* The checkpoint's moments (format `from`, this rank's own files) into
+ * the trainer's flat moments in its format, piece by piece: each piece's
+ * elements are read in the file's format and converted (zn_mom_convert).
+ * crc[1], crc[2] cover the files in their byte order. */
+static int load_convert(const ld_src *src, zn_trainer *tr, zn_mom_fmt from, uint32_t crc[3])
+{
+    const size_t E = (size_t)1 << 22;   /* elements per piece: whole 8-bit blocks */
+    size_t P = tr->P, eb = from == ZN_MOM_F32 ? 4 : from == ZN_MOM_BF16 ? 2 : 1;
+    size_t data = zn_mom_layout_absmax_at(from, P), total = zn_mom_layout_bytes(from, P);
+    size_t nabs = total - data;
+    char *buf[2] = { malloc(E * eb), malloc(E * eb) };
+    float *abs[2] = { malloc(nabs ? nabs : 1), malloc(nabs ? nabs : 1) };
+    int rc = 0;
+    if (!buf[0] || !buf[1] || !abs[0] || !abs[1])
+        rc = zn_set_error(-ENOMEM, "checkpoint: out of memory converting the moments");
+    for (int k = 0; k < 2 && !rc && nabs; k++)
+        rc = ld_read(src, k + 1, data, abs[k], nabs);
+    for (size_t e0 = 0; e0 < P && !rc; e0 += E) {
+        size_t n = P - e0 < E ? P - e0 : E;
+        for (int k = 0; k < 2 && !rc; k++)
+            if (!(rc = ld_read(src, k + 1, e0 * eb, buf[k], n * eb)))
+                crc[k + 1] = zn_crc32c(crc[k + 1], buf[k], n * eb);
+        if (rc)
+            break;
+        zn_moments s = { from, buf[0], buf[1], abs[0] + e0 / ZN_Q8_BLOCK,
+                         abs[1] + e0 / ZN_Q8_BLOCK };
+        zn_moments d = zn_tr_moments(tr, e0);
+        rc = zn_mom_convert(&d, &s, n);
+    }
+    /* the padding before the absmax, then the absmax: the files' last bytes */
+    for (int k = 0; k < 2 && !rc; k++) {
+        char pad[64];
+        if (data > P * eb && !(rc = ld_read(src, k + 1, P * eb, pad, data - P * eb)))
+            crc[k + 1] = zn_crc32c(crc[k + 1], pad, data - P * eb);
+        if (!rc && nabs)
+            crc[k + 1] = zn_crc32c(crc[k + 1], abs[k], nabs);
+    }
+    free(buf[0]);
+    free(buf[1]);
+    free(abs[0]);
+    free(abs[1]);
+    return rc;
+}
+
 int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
 {
     if (tr->bad)
@@ -171,6 +215,19 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
     bool reshard = false;
     if (!rc)
         rc = check_geometry(ck, tr, &reshard);
+    /* Adam's moments: another format than this run's is converted at load
+     * (the cpu tier, no resharding, so far) */
+    bool convert = ck->moments != tr->mfmt;
+    if (!rc && (reshard || tr->dopt || tr->oopt == ZN_OFFLOAD_NVME) &&
+        (convert || ck->moments != ZN_MOM_F32))
+        rc = zn_set_error(ZN_EUNSUPPORTED, "checkpoint %s keeps Adam's moments as %s and this "
+                          "run as %s%s: %s is implemented for the cpu optimizer tier without "
+                          "resharding so far; resume with train.optim %s and the checkpoint's "
+                          "world size and tiers", ck->path, zn_mom_fmt_name(ck->moments),
+                          zn_mom_fmt_name(tr->mfmt), reshard ? ", with another world size" : "",
+                          convert ? "converting them" : "reading compressed moments",
+                          ck->moments == ZN_MOM_F32 ? "adamw_torch"
+                          : ck->moments == ZN_MOM_Q8 ? "adamw_bnb_8bit" : "adamw_bf16");
     /* resharded reads take parts of files, whose crc32c cannot be checked
      * on the way: every file is checked first */
     if (!rc && reshard)
@@ -224,12 +281,19 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
     } else if (tr->oopt != ZN_OFFLOAD_NVME) {
         float *arr[3] = { tr->master, tr->mom, tr->var };
         const uint64_t chunk = 64u << 20;
-        for (int k = 0; k < 3 && !rc; k++)
-            for (uint64_t off = 0; off < tr->P * 4 && !rc; off += chunk) {
-                size_t n = (size_t)(tr->P * 4 - off < chunk ? tr->P * 4 - off : chunk);
+        for (int k = 0; k < (convert ? 1 : 3) && !rc; k++) {
+            uint64_t total = k ? tr->mbytes : tr->P * 4;   /* the same format: as stored */
+            for (uint64_t off = 0; off < total && !rc; off += chunk) {
+                size_t n = (size_t)(total - off < chunk ? total - off : chunk);
                 if (!(rc = ld_read(&src, k, off, (char *)arr[k] + off, n)))
                     crc[k] = zn_crc32c(crc[k], (char *)arr[k] + off, n);
             }
+        }
+        if (!rc && convert && !(rc = load_convert(&src, tr, ck->moments, crc)))
+            zn_warn("checkpoint: %s holds Adam's moments as %s; this run keeps them as %s: "
+                    "converted at load%s", ck->path, zn_mom_fmt_name(ck->moments),
+                    zn_mom_fmt_name(tr->mfmt),
+                    tr->mfmt == ZN_MOM_Q8 ? " (quantized blockwise, as a step would)" : "");
         for (int u = 0; u < tr->n_units && !rc; u++)
             rc = regen_params(tr, u, tr->master + tr->units[u].off, tr->pout_flat);
     } else {

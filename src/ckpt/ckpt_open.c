@@ -142,6 +142,14 @@ int zn_ckpt_open(zn_ckpt **out, const char *path)
     if (get_u64(m, "world_size", &u) || u < 1 || u > 1u << 20)
         BAD("checkpoint %s: manifest.json: bad 'world_size'", ck->path);
     ck->world = (int)u;
+    {
+        json_t *mj = json_object_get(m, "moments");   /* absent: fp32 (before issue 35) */
+        int mf = mj ? zn_mom_fmt_parse(json_string_value(mj)) : ZN_MOM_F32;
+        if (mf < 0)
+            BAD("checkpoint %s: manifest.json: moments %s is not fp32, bf16 or int8", ck->path,
+                json_is_string(mj) ? json_string_value(mj) : "(not a string)");
+        ck->moments = (zn_mom_fmt)mf;
+    }
     json_t *bl = json_object_get(m, "blocks");
     if (!json_is_array(bl) || !json_array_size(bl) || json_array_size(bl) > 1u << 20)
         BAD("checkpoint %s: manifest.json: bad 'blocks'", ck->path);
@@ -221,7 +229,9 @@ int zn_ckpt_open(zn_ckpt **out, const char *path)
             const zn_ckpt_file *f = zn_ckpt__file(ck, rel);
             if (!f)
                 BAD("checkpoint %s: manifest.json does not list %s", ck->path, rel);
-            if (f->bytes != ck->ranks[r].local_params * 4)
+            uint64_t fbytes = k ? zn_mom_layout_bytes(ck->moments, ck->ranks[r].local_params)
+                              : ck->ranks[r].local_params * 4;
+            if (f->bytes != fbytes)
                 BAD("checkpoint %s: %s holds %" PRIu64 " bytes for %" PRIu64 " parameters",
                     ck->path, rel, f->bytes, ck->ranks[r].local_params);
         }

@@ -74,6 +74,7 @@ static const rule rules[] = {
     { "num_train_epochs", K_NUM, NULL },
     { "max_steps", K_NUM, NULL },
     { "lr_scheduler_type", K_STR, NULL },
+    { "optim", K_STR, NULL },
     { "warmup_ratio", K_NUM, NULL },
     { "warmup_steps", K_NUM, NULL },
     { "weight_decay", K_NUM, NULL },

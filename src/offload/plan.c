@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "zinc/optim.h"
 #include "zinc/plan.h"
 
 const char *zn_tier_name(zn_tier t)
@@ -262,9 +263,19 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
     double ratio = otier == ZN_TIER_GPU ? 0.0 : z->offload_optimizer.ratio;
     uint64_t opt_off = (uint64_t)((double)P_opt * ratio);
     uint64_t grad_off = (uint64_t)((double)P_grad * ratio);
+    /* the moments in train.optim's format: 4, 2 or 1 bytes per element,
+     * 8-bit ones with a 4-byte absmax per 256 and padded as the trainer
+     * pads them (zn_tr_moments) */
+    int mb = zn_config_moment_bytes(cfg->train.optim);
+    p->moment_bytes = mb;
+    zn_mom_fmt mf = mb == 1 ? ZN_MOM_Q8 : mb == 2 ? ZN_MOM_BF16 : ZN_MOM_F32;
     for (int c = ZN_STATE_MASTER; c <= ZN_STATE_ADAM_V; c++) {
-        add(p, (zn_state_class)c, otier == ZN_TIER_GPU ? ZN_TIER_GPU : otier, opt_off * 4);
-        add(p, (zn_state_class)c, ZN_TIER_GPU, (P_opt - opt_off) * 4);
+        bool mom = c != ZN_STATE_MASTER;
+        uint64_t off_b = mom ? zn_mom_layout_bytes(mf, opt_off) : opt_off * 4;
+        uint64_t dev_n = P_opt - opt_off;
+        uint64_t dev_b = mom ? (dev_n ? zn_mom_layout_bytes(mf, dev_n) : 0) : dev_n * 4;
+        add(p, (zn_state_class)c, otier == ZN_TIER_GPU ? ZN_TIER_GPU : otier, off_b);
+        add(p, (zn_state_class)c, ZN_TIER_GPU, dev_b);
     }
     /* With the states on NVMe the gradients follow them (tiers.grads nvme),
      * or stay in pinned RAM (cpu; auto decides once the rest is placed). */
@@ -354,7 +365,15 @@ void zn_plan_print(const zn_plan *p, FILE *f)
     char buf[32];
     fprintf(f, "%-20s %14s %14s %14s\n", "state", "gpu", "cpu", "nvme");
     for (int c = 0; c < ZN_STATE_COUNT; c++) {
-        fprintf(f, "%-20s", zn_state_name((zn_state_class)c));
+        if ((c == ZN_STATE_ADAM_M || c == ZN_STATE_ADAM_V) && p->moment_bytes &&
+            p->moment_bytes != 4) {
+            char nm[32];
+            snprintf(nm, sizeof nm, "adam %s (%s)", c == ZN_STATE_ADAM_M ? "m" : "v",
+                     p->moment_bytes == 1 ? "int8" : "bf16");
+            fprintf(f, "%-20s", nm);
+        } else {
+            fprintf(f, "%-20s", zn_state_name((zn_state_class)c));
+        }
         for (int t = 0; t < ZN_TIER_COUNT; t++) {
             if (p->bytes[c][t])
                 fprintf(f, " %14s", zn_format_size(p->bytes[c][t], buf, sizeof buf));

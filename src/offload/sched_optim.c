@@ -407,8 +407,19 @@ static int run_flat(zn_trainer *tr)
         zn_opt_slot *s = &tr->oslot[0];
         if ((rc = slot_drain(tr, s)))
             break;
-        rc = adam_unit(tr, u, tr->master + un->off, tr->mom + un->off, tr->var + un->off,
-                       tr->gacc + un->off, p16 ? tr->pout_flat : NULL);
+        if (tr->mfmt == ZN_MOM_F32) {
+            rc = adam_unit(tr, u, tr->master + un->off, tr->mom + un->off, tr->var + un->off,
+                           tr->gacc + un->off, p16 ? tr->pout_flat : NULL);
+        } else {
+            uint64_t t0 = zn_now_ns();
+            zn_moments mv = zn_tr_moments(tr, un->off);
+            rc = zn_adam_step_mom(&tr->oj.hp, tr->master + un->off, &mv, tr->gacc + un->off,
+                                  ZN_DTYPE_F32, tr->oj.g_scale, p16 ? tr->pout_flat : NULL,
+                                  tr->pdt, un->n);
+            char name[ZN_TRACE_NAME_LEN];
+            snprintf(name, sizeof name, "adam u%d", u);
+            zn_trace_span(tr->trace, tr->track[ZN_RES_ADAM], name, t0, zn_now_ns());
+        }
         if (rc)
             break;
         rc = params_out(tr, u, p16 ? tr->pout_flat : (void *)(tr->master + un->off), pwr,

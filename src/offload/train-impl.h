@@ -429,6 +429,13 @@ struct zn_trainer {
     float *gram;           /* NVMe grads: the pieces kept in pinned RAM (gram_off) */
     uint64_t gram_elems;
     float *master, *mom, *var, *gacc;  /* flat (cpu/none optimizer) */
+    /* How Adam's moments are kept (train.optim): fp32, or (cpu optimizer
+     * tier) bf16 or 8-bit blockwise. mom and var hold mbytes each: fp32
+     * P x 4; else P elements of `mb` bytes padded to 64, and for 8-bit the
+     * blocks' absmax after them (zn_tr_moments). */
+    zn_mom_fmt mfmt;
+    int mb;
+    uint64_t mbytes;
     /* The optimizer on the device (offload_optimizer none): master, m, v
      * and the gradient sums above live in the arena; gradients are summed
      * there, their norm is taken there by chunks (normc_dev, copied to the
@@ -584,5 +591,12 @@ int zn_tr_stage_rows(zn_trainer *tr, int mb, const int32_t *ids, int64_t ntok);
 int zn_tr_ck_before_write(zn_trainer *tr, int b);
 int zn_tr_ck_enter_backward(zn_trainer *tr, const zn_block *bl);
 int zn_tr_ck_save(zn_trainer *tr, int b);
+
+/* The moments of elements [off, ...) of the flat optimizer state (off on
+ * an 8-bit block boundary: units are multiples of ZN_Q8_BLOCK then). */
+static inline zn_moments zn_tr_moments(const zn_trainer *tr, uint64_t off)
+{
+    return zn_mom_layout_at(tr->mfmt, tr->mom, tr->var, tr->P, off);
+}
 
 #endif

@@ -211,8 +211,9 @@ int zn_tr_allocate(zn_trainer *tr)
     if (tr->oopt != ZN_OFFLOAD_NVME) {
         zn_tier t = tr->oopt == ZN_OFFLOAD_NONE ? gpu : cpu;
         ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_MASTER, tr->P * 4, "master (fp32)", (void **)&tr->master));
-        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_ADAM_M, tr->P * 4, "adam m", (void **)&tr->mom));
-        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_ADAM_V, tr->P * 4, "adam v", (void **)&tr->var));
+        /* (compressed moments: the codes or halves, then the blocks' absmax) */
+        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_ADAM_M, tr->mbytes, "adam m", (void **)&tr->mom));
+        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_ADAM_V, tr->mbytes, "adam v", (void **)&tr->var));
         ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_GRADS, tr->P * 4, "grads (fp32)", (void **)&tr->gacc));
         bool off_dev = false;  /* a trainable block homed off the device */
         for (int b = 0; b < tr->L; b++)

@@ -230,8 +230,8 @@ int zn_tr_initialise(zn_trainer *tr)
         if (!rc)
             rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
     } else if (!opt_nvme) {
-        memset(tr->mom, 0, tr->P * 4);
-        memset(tr->var, 0, tr->P * 4);
+        memset(tr->mom, 0, tr->mbytes);   /* zeros: m = v = 0 in every format */
+        memset(tr->var, 0, tr->mbytes);
         memset(tr->gacc, 0, tr->P * 4);
     }
 out:

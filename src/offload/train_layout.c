@@ -140,6 +140,21 @@ int zn_tr_build_layout(zn_trainer *tr)
     uint64_t sg = tr->plan.sub_group ? tr->plan.sub_group : tr->P;
     if (sg > tr->P)
         sg = tr->P;
+    /* Adam's moments (train.optim): compressed ones are stepped in the cpu
+     * tier only so far */
+    int mb = zn_config_moment_bytes(cfg->train.optim);
+    tr->mb = mb;
+    tr->mfmt = mb == 1 ? ZN_MOM_Q8 : mb == 2 ? ZN_MOM_BF16 : ZN_MOM_F32;
+    tr->mbytes = zn_mom_layout_bytes(tr->mfmt, tr->P);
+    if (tr->mfmt != ZN_MOM_F32 && tr->oopt != ZN_OFFLOAD_CPU)
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: train.optim keeps Adam's moments as %s, which "
+                            "zinc steps in the cpu tier only so far: set zero_optimization."
+                            "offload_optimizer.device to \"cpu\" (it is \"%s\"), or use "
+                            "train.optim adamw_torch", cfg->source, zn_mom_fmt_name(tr->mfmt),
+                            tr->oopt == ZN_OFFLOAD_NONE ? "none" : "nvme");
+    /* 8-bit blocks never straddle two units */
+    if (tr->mfmt == ZN_MOM_Q8 && sg < tr->P)
+        sg = (sg + ZN_Q8_BLOCK - 1) / ZN_Q8_BLOCK * ZN_Q8_BLOCK;
     tr->U = sg;
     tr->n_oslots = 1;
     if (tr->oopt == ZN_OFFLOAD_NVME) {

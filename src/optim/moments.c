@@ -189,6 +189,41 @@ size_t zn_mom_bytes(zn_mom_fmt fmt, size_t n)
     return 0;
 }
 
+static size_t elem_bytes(zn_mom_fmt fmt)
+{
+    return fmt == ZN_MOM_F32 ? 4 : fmt == ZN_MOM_BF16 ? 2 : 1;
+}
+
+size_t zn_mom_layout_absmax_at(zn_mom_fmt fmt, size_t n)
+{
+    return fmt == ZN_MOM_F32 ? n * 4 : (n * elem_bytes(fmt) + 63) / 64 * 64;
+}
+
+size_t zn_mom_layout_bytes(zn_mom_fmt fmt, size_t n)
+{
+    return zn_mom_layout_absmax_at(fmt, n) + (fmt == ZN_MOM_Q8 ? zn_q8_blocks(n) * 4 : 0);
+}
+
+zn_moments zn_mom_layout_at(zn_mom_fmt fmt, void *m, void *v, size_t n, size_t off)
+{
+    size_t eb = elem_bytes(fmt);
+    zn_moments r = { fmt, (char *)m + off * eb, (char *)v + off * eb, NULL, NULL };
+    if (fmt == ZN_MOM_Q8) {
+        size_t at = zn_mom_layout_absmax_at(fmt, n);
+        r.m_absmax = (float *)((char *)m + at) + off / ZN_Q8_BLOCK;
+        r.v_absmax = (float *)((char *)v + at) + off / ZN_Q8_BLOCK;
+    }
+    return r;
+}
+
+int zn_mom_fmt_parse(const char *name)
+{
+    for (int f = ZN_MOM_F32; f <= ZN_MOM_Q8; f++)
+        if (name && !strcmp(name, zn_mom_fmt_name((zn_mom_fmt)f)))
+            return f;
+    return -1;
+}
+
 const char *zn_mom_fmt_name(zn_mom_fmt fmt)
 {
     switch (fmt) {

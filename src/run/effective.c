@@ -76,6 +76,17 @@ void zn_run_effective_print(const zn_config *c, int world, FILE *f)
                         ot ? "train.adam_epsilon" : "DeepSpeed", t4, sizeof t4),
             o->weight_decay, tag(c, "optimizer.params.weight_decay", "train.weight_decay",
                                  ot ? "train.weight_decay" : "DeepSpeed", t5, sizeof t5));
+    {
+        /* train.optim: the HF Trainer's name and the moments it keeps */
+        static const char *names[] = { "adamw_torch", "adamw_torch_fused", "adamw_bnb_8bit",
+                                       "adamw_8bit", "paged_adamw_8bit", "adamw_bf16" };
+        int oi = c->train.optim >= 0 && c->train.optim < 6 ? c->train.optim : 0;
+        int mb = zn_config_moment_bytes(oi);
+        fprintf(f, "  moments    %s: Adam m and v as %s (%s per parameter), master fp32 %s\n",
+                names[oi], mb == 4 ? "fp32" : mb == 2 ? "bf16" : "int8, blocks of 256",
+                mb == 4 ? "8 bytes" : mb == 2 ? "4 bytes" : "2.03 bytes",
+                tag(c, "train.optim", NULL, "adamw_torch", t6, sizeof t6));
+    }
     if (s->type == ZN_SCHED_NONE) {
         fprintf(f, "  schedule   constant lr %s\n",
                 tag(c, "scheduler.type", NULL, st ? "train.lr_scheduler_type" : "DeepSpeed",
