@@ -254,12 +254,8 @@ float zn_q8_quant_scalar(const float *x, const zn_q8_table *t, uint8_t *q, size_
         return amax;
     }
     float inv = 1.0f / amax;
-    for (size_t i = 0; i < n; i++) {
-        float y = x[i] * inv;
-        y = -1.0f > y ? -1.0f : y;   /* NaN stays NaN, as the SIMD max/min do */
-        y = 1.0f < y ? 1.0f : y;
-        q[i] = zn_q8_code(t, y);
-    }
+    for (size_t i = 0; i < n; i++)
+        q[i] = zn_q8_scaled_code(t, x[i], inv);
     return amax;
 }
 

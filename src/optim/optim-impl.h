@@ -111,6 +111,16 @@ static inline uint8_t zn_q8_code(const zn_q8_table *t, float y)
     return (uint8_t)(lo + (y > t->mid[lo]));
 }
 
+/* The code of x in a block scaled by inv (1 / absmax): x * inv clamped to
+ * [-1, 1] (a NaN stays NaN, as the SIMD max/min keep it), then its code. */
+static inline uint8_t zn_q8_scaled_code(const zn_q8_table *t, float x, float inv)
+{
+    float y = x * inv;
+    y = -1.0f > y ? -1.0f : y;
+    y = 1.0f < y ? 1.0f : y;
+    return zn_q8_code(t, y);
+}
+
 /* Whether kernels may write the 16-bit copy with non-temporal stores (when
  * it is aligned and large); 1 by default. `zinc bench adam --nt-copy 0`
  * clears it to measure what they gain. */

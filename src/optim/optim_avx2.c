@@ -418,12 +418,8 @@ static float avx2_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, siz
         c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(y, mid, _CMP_GT_OQ)));
         _mm_storel_epi64((__m128i *)(q + i), lane_bytes(c));
     }
-    for (; i < n; i++) {
-        float y = x[i] * invs;
-        y = -1.0f > y ? -1.0f : y;
-        y = 1.0f < y ? 1.0f : y;
-        q[i] = zn_q8_code(t, y);
-    }
+    for (; i < n; i++)
+        q[i] = zn_q8_scaled_code(t, x[i], invs);
     return amax;
 }
 
