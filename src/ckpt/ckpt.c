@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt-impl.h"
-#include "offload/train-impl.h"
+#include "offload/train-state.h"
 #include "zinc/comm.h"
 
 
@@ -149,14 +149,15 @@ static int agree(zn_trainer *tr, int rc)
 }
 
 /* ---- save: this rank's files ----------------------------------------------------*/
-static int make_engine(zn_trainer *tr, const zn_ckpt_save_options *o, uint64_t bs, zn_aio **out)
+static int make_engine(const zn_config *cfg, const zn_ckpt_save_options *o, uint64_t bs,
+                       zn_aio **out)
 {
     zn_aio_config ac = zn_aio_config_default();
     ac.block_size = (size_t)bs;
-    ac.queue_depth = (int)tr->cfg.aio.queue_depth;
-    ac.intra_op_parallelism = (int)tr->cfg.aio.intra_op_parallelism;
-    ac.single_submit = tr->cfg.aio.single_submit;
-    ac.overlap_events = tr->cfg.aio.overlap_events;
+    ac.queue_depth = (int)cfg->aio.queue_depth;
+    ac.intra_op_parallelism = (int)cfg->aio.intra_op_parallelism;
+    ac.single_submit = cfg->aio.single_submit;
+    ac.overlap_events = cfg->aio.overlap_events;
     ac.crc = 0; /* the checkpoint keeps its own crc32c per file */
     ac.fault_hook = o->fault_hook;
     ac.fault_user = o->fault_user;
@@ -164,101 +165,33 @@ static int make_engine(zn_trainer *tr, const zn_ckpt_save_options *o, uint64_t b
     return rc ? zn_error_prefix(rc, "checkpoint: I/O engine") : 0;
 }
 
-/* States in memory: written straight from the trainer's arrays; on the
- * device, through the pinned state staging (chunk <= its size). */
-static int save_flat(zn_trainer *tr, zn_aio *aio, const char *rdir, uint64_t chunk,
-                     uint32_t crc[3])
+/* The sink of a state stream: the next chunk of its file. */
+static int sfile_sink(void *user, const void *buf, uint64_t len)
 {
-    float *arr[3] = { tr->master, tr->mom, tr->var };
-    int rc = 0;
-    for (int k = 0; k < 3 && !rc; k++) {
-        sfile f;
-        uint64_t total = k ? tr->mbytes : tr->P * 4;   /* moments in their own format */
-        if ((rc = sfile_open(&f, aio, rdir, k, total)))
-            return rc;
-        void *reg_buf = tr->dopt ? tr->ostage : (void *)arr[k];
-        uint64_t reg_len = tr->dopt ? (total < chunk ? total : chunk) : total;
-        int reg = total ? zn_aio_register_buffer(aio, reg_buf, reg_len) : -1;
-        for (uint64_t off = 0; off < total && !rc; off += chunk) {
-            uint64_t len = total - off < chunk ? total - off : chunk;
-            const char *src = (const char *)arr[k] + off;
-            if (tr->dopt) {
-                if ((rc = zn_dev_copy_d2h(tr->dev, tr->s_h2d, tr->ostage, src, len)) ||
-                    (rc = zn_dev_stream_sync(tr->dev, tr->s_h2d)))
-                    break;
-                src = tr->ostage;
-            }
-            rc = sfile_write(&f, src, len);
-        }
-        if (reg >= 0)
-            zn_aio_unregister_buffer(aio, reg);
-        if (rc) {
-            sfile_abort(&f);
-            return rc;
-        }
-        if ((rc = sfile_finish(&f)))
-            return rc;
-        crc[k] = f.crc;
+    return sfile_write(user, buf, len);
+}
+
+static int save_stream(zn_trainer *tr, zn_aio *aio, const char *rdir, int k, uint64_t total,
+                       uint64_t chunk, uint32_t *crc)
+{
+    sfile f;
+    int rc = sfile_open(&f, aio, rdir, k, total);
+    if (rc)
+        return rc;
+    if ((rc = zn_train_state_save(tr, k, chunk, aio, sfile_sink, &f))) {
+        sfile_abort(&f);
+        return rc;
     }
+    if ((rc = sfile_finish(&f)))
+        return rc;
+    *crc = f.crc;
     return 0;
 }
 
-/* States on NVMe: unit by unit into the first optimizer slot's staging
- * (16 U bytes), written out in chunks of C <= 8 U bytes; what is left over
- * moves to the front. */
-static int save_nvme(zn_trainer *tr, zn_aio *aio, const char *rdir, uint32_t crc[3])
-{
-    zn_opt_slot *sl = &tr->oslot[0];
-    char *B = (char *)sl->master;
-    uint64_t bs = zn_aio_get_config(aio)->block_size;
-    uint64_t C = 8 * tr->U / bs * bs;
-    int reg = zn_aio_register_buffer(aio, B, tr->U * 16);
-    int rc = 0;
-    sl->unit = -1;
-    for (int k = 0; k < 3 && !rc; k++) {
-        sfile f;
-        if ((rc = sfile_open(&f, aio, rdir, k, tr->P * 4)))
-            break;
-        uint64_t fill = 0;
-        for (int u = 0; u < tr->n_units && !rc; u++) {
-            zn_unit *un = &tr->units[u];
-            int id = k == 0 ? un->master_id : k == 1 ? un->m_id : un->v_id;
-            if (k > 0 && atomic_load(&un->mv_zero)) {
-                memset(B + fill, 0, un->n * 4);  /* never written: the initial zeros */
-            } else {
-                zn_io_req r;
-                rc = zn_ioq_submit(&tr->rq, &r, 0, &zn_tier_get(&tr->tm, id)->ext, B + fill,
-                                   un->n * 4, "checkpoint read");
-                int r2 = zn_ioq_wait(&tr->rq, &r);
-                if (!rc)
-                    rc = r2;
-            }
-            fill += un->n * 4;
-            while (!rc && fill >= C) {
-                rc = sfile_write(&f, B, C);
-                memmove(B, B + C, fill - C);
-                fill -= C;
-            }
-        }
-        if (!rc && fill)
-            rc = sfile_write(&f, B, fill);
-        if (rc) {
-            sfile_abort(&f);
-            break;
-        }
-        if ((rc = sfile_finish(&f)))
-            break;
-        crc[k] = f.crc;
-    }
-    if (reg >= 0)
-        zn_aio_unregister_buffer(aio, reg);
-    return rc;
-}
-
-static json_t *shares_json(const zn_trainer *tr)
+static json_t *shares_json(const zn_trainer *tr, int nblocks)
 {
     json_t *a = json_array();
-    for (int b = 0; a && b < tr->L; b++) {
+    for (int b = 0; a && b < nblocks; b++) {
         zn_block_share s;
         zn_train_block_share(tr, b, &s);
         json_array_append_new(a, json_pack("[III]", (json_int_t)s.shard_off, (json_int_t)s.len,
@@ -274,37 +207,39 @@ static int save_rank(zn_trainer *tr, const zn_ckpt_save_options *o, const char *
     snprintf(rdir, sizeof rdir, "%s/rank-%d", tmp, rank);
     if (mkdir(rdir, 0755) < 0)
         return zn_set_error(-errno, "checkpoint: creating %s: %s", rdir, strerror(errno));
-    bool nvme = tr->oopt == ZN_OFFLOAD_NVME;
-    uint64_t bs = (uint64_t)tr->cfg.aio.block_size;
-    if (nvme)
-        while (bs > 4096 && bs > 8 * tr->U)
-            bs /= 2;
-    if (tr->dopt)  /* chunks go through the state staging */
-        while (bs > 4096 && bs > tr->ostage_bytes)
-            bs /= 2;
+    zn_train_state_info in;
+    zn_train_state_get_info(tr, &in);
+    /* chunks of the state staging, when it goes through one, are whole
+     * blocks of the engine */
+    uint64_t bs = (uint64_t)in.cfg->aio.block_size;
+    while (in.max_chunk && bs > 4096 && bs > in.max_chunk)
+        bs /= 2;
     uint64_t chunk = o->chunk_bytes ? o->chunk_bytes : 64u << 20;
-    if (tr->dopt && chunk > tr->ostage_bytes)
-        chunk = tr->ostage_bytes;
+    if (in.max_chunk && chunk > in.max_chunk)
+        chunk = in.max_chunk;
     chunk = chunk < bs ? bs : chunk / bs * bs;
     zn_aio *aio = NULL;
-    if ((rc = make_engine(tr, o, bs, &aio)))
+    if ((rc = make_engine(in.cfg, o, bs, &aio)))
         return rc;
     uint32_t crc[3] = { 0, 0, 0 };
     uint64_t t0 = zn_now_ns();
-    rc = nvme ? save_nvme(tr, aio, rdir, crc) : save_flat(tr, aio, rdir, chunk, crc);
+    for (int k = 0; k < ZN_TS_COUNT && !rc; k++)
+        rc = save_stream(tr, aio, rdir, k, in.bytes[k], chunk, &crc[k]);
     zn_aio_destroy(aio);
     if (rc)
         return rc;
-    zn_debug("checkpoint: rank %d wrote %" PRIu64 " bytes in %.3f s", rank, tr->P * 12,
+    zn_debug("checkpoint: rank %d wrote %" PRIu64 " bytes in %.3f s", rank,
+             in.bytes[0] + in.bytes[1] + in.bytes[2],
              (double)(zn_now_ns() - t0) * 1e-9);
     zn_ckpt__point(o, "data");
     json_t *files = json_object();
     for (int k = 0; k < 3; k++)
         json_object_set_new(files, zn_ckpt__state_file[k], json_pack("{sIsI}", "bytes",
-                            (json_int_t)(k ? tr->mbytes : tr->P * 4), "crc32c",
+                            (json_int_t)in.bytes[k], "crc32c",
                             (json_int_t)crc[k]));
     json_t *rj = json_pack("{sisisIsoso}", "rank", rank, "world", zn_train_world(tr),
-                           "local_params", (json_int_t)tr->P, "shares", shares_json(tr),
+                           "local_params", (json_int_t)in.local_params,
+                           "shares", shares_json(tr, in.nblocks),
                            "files", files);
     char *text = rj ? json_dumps(rj, JSON_INDENT(1) | JSON_SORT_KEYS) : NULL;
     json_decref(rj);
@@ -436,6 +371,8 @@ static int finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp
 {
     int rc = 0, world = zn_train_world(tr);
     char path[PATHN];
+    zn_train_state_info in;
+    zn_train_state_get_info(tr, &in);
     json_t *files = json_object(), *ranks = json_array(), *blocks = json_array();
     json_t *m = NULL;
     char *text = NULL;
@@ -479,18 +416,17 @@ static int finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp
             json_object_set(files, rel, fv);
         }
     }
-    for (int b = 0; b < tr->L; b++)
-        json_array_append_new(blocks,
-                              json_integer((json_int_t)(tr->blocks[b].n - tr->blocks[b].frozen)));
-    uint64_t total = 0;
-    for (int b = 0; b < tr->L; b++)
-        total += tr->blocks[b].n;
+    for (int b = 0; b < in.nblocks; b++) {
+        zn_block_share sh;
+        zn_train_block_share(tr, b, &sh);
+        json_array_append_new(blocks, json_integer((json_int_t)sh.n));
+    }
     /* "o": the manifest takes these references over (jansson steals them
      * even when packing fails) */
     m = json_pack("{sssisIsIsisIsosososo}", "format", ZN_CKPT_FORMAT, "version", ZN_CKPT_VERSION,
-                  "step", (json_int_t)tr->step, "steps_run", (json_int_t)tr->steps_run,
-                  "world_size", world, "total_params", (json_int_t)total, "blocks", blocks,
-                  "ranks", ranks, "files", files, "scaler", scaler_json(&tr->scaler));
+                  "step", (json_int_t)in.step, "steps_run", (json_int_t)in.steps_run,
+                  "world_size", world, "total_params", (json_int_t)in.total_params, "blocks", blocks,
+                  "ranks", ranks, "files", files, "scaler", scaler_json(&in.scaler));
     files = ranks = blocks = NULL;
     if (!m) {
         rc = zn_set_error(-ENOMEM, "checkpoint: out of memory building the manifest");
@@ -498,10 +434,10 @@ static int finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp
     }
     json_object_set_new(m, "config", o->config_text ? json_string(o->config_text) : json_null());
     /* how m.bin and v.bin hold Adam's moments (zn_mom_layout_bytes) */
-    json_object_set_new(m, "moments", json_string(zn_mom_fmt_name(tr->mfmt)));
+    json_object_set_new(m, "moments", json_string(zn_mom_fmt_name(in.moments)));
     json_object_set_new(m, "client", json_string(o->client_json ? o->client_json : "{}"));
-    json_object_set_new(m, "lr_iteration", json_integer((json_int_t)tr->step));
-    json_object_set_new(m, "param_dtype", json_string(zn_dtype_name(tr->pdt)));
+    json_object_set_new(m, "lr_iteration", json_integer((json_int_t)in.step));
+    json_object_set_new(m, "param_dtype", json_string(zn_dtype_name(in.param_dtype)));
     if (!(text = manifest_text(m))) {
         rc = zn_set_error(-ENOMEM, "checkpoint: out of memory writing the manifest");
         goto out;
@@ -548,13 +484,15 @@ int zn_ckpt_save(zn_trainer *tr, const zn_ckpt_save_options *o, char *out_path, 
 {
     if (!tr || !o || !o->dir || !o->dir[0])
         return zn_set_error(ZN_EARG, "checkpoint: no trainer or no folder");
-    if (tr->bad)
+    zn_train_state_info in;
+    zn_train_state_get_info(tr, &in);
+    if (in.failed)
         return zn_set_error(ZN_ECORRUPT, "checkpoint: the trainer failed in an earlier step; "
                             "its state is not saved");
     /* the last step's optimizer job first (it may still be writing state) */
     int rank = zn_train_rank(tr), world = zn_train_world(tr), rc = zn_train_sync(tr);
     char name[64], final[PATHN], tmp[PATHN] = "";
-    snprintf(name, sizeof name, "step-%08lld", (long long)tr->step);
+    snprintf(name, sizeof name, "step-%08lld", (long long)in.step);
     if ((size_t)snprintf(final, sizeof final, "%s/%s", o->dir, name) >= sizeof final - 64)
         return zn_set_error(-ENAMETOOLONG, "checkpoint: folder name too long: %s", o->dir);
     uint64_t t0 = zn_now_ns();

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt-impl.h"
-#include "offload/train-impl.h"
+#include "offload/train-state.h"
 #include "zinc/comm.h"
 
 
@@ -26,15 +26,16 @@
 
 
 /* ---- load ---------------------------------------------------------------------------*/
-static int check_geometry(const zn_ckpt *ck, zn_trainer *tr, bool *reshard)
+static int check_geometry(const zn_ckpt *ck, zn_trainer *tr, const zn_train_state_info *in,
+                          bool *reshard)
 {
     int world = zn_train_world(tr), rank = zn_train_rank(tr);
     *reshard = ck->world != world;
-    if (ck->nblocks != tr->L) {
+    if (ck->nblocks != in->nblocks) {
         uint64_t a = 0, b2 = 0;
         for (int b = 0; b < ck->nblocks; b++)
             a += ck->blocks[b];
-        for (int b = 0; b < tr->L; b++) {
+        for (int b = 0; b < in->nblocks; b++) {
             zn_block_share s;
             zn_train_block_share(tr, b, &s);
             b2 += s.n;
@@ -44,11 +45,11 @@ static int check_geometry(const zn_ckpt *ck, zn_trainer *tr, bool *reshard)
                                 "this zinc streams it in %d (the vocabulary in parts): resume "
                                 "is not possible, but `zinc export` of the checkpoint gives a "
                                 "model folder to start from (model.path)", ck->path,
-                                ck->nblocks, tr->L);
+                                ck->nblocks, in->nblocks);
         return zn_set_error(ZN_ECONFIG, "checkpoint %s is of another model: %d blocks, this "
-                            "model has %d", ck->path, ck->nblocks, tr->L);
+                            "model has %d", ck->path, ck->nblocks, in->nblocks);
     }
-    for (int b = 0; b < tr->L; b++) {
+    for (int b = 0; b < in->nblocks; b++) {
         zn_block_share s;
         zn_train_block_share(tr, b, &s);
         if (ck->blocks[b] != s.n)
@@ -62,10 +63,10 @@ static int check_geometry(const zn_ckpt *ck, zn_trainer *tr, bool *reshard)
             return zn_set_error(ZN_ECONFIG, "checkpoint %s: rank %d's share of block %d differs "
                                 "from this run's (sharding changed)", ck->path, rank, b);
     }
-    if (!*reshard && ck->ranks[rank].local_params != tr->P)
+    if (!*reshard && ck->ranks[rank].local_params != in->local_params)
         return zn_set_error(ZN_ECONFIG, "checkpoint %s: rank %d holds %" PRIu64 " parameters, "
                             "this run %" PRIu64, ck->path, rank, ck->ranks[rank].local_params,
-                            tr->P);
+                            in->local_params);
     return 0;
 }
 
@@ -74,9 +75,15 @@ static int check_geometry(const zn_ckpt *ck, zn_trainer *tr, bool *reshard)
 typedef struct {
     const zn_ckpt *ck;
     zn_trainer *tr;
+    int nblocks;
     bool reshard;
     int *fds;          /* reshard: [old world][3]; else 3 */
     char (*paths)[PATHN + 64];
+    /* each file's crc32c as the trainer reads it, in order (a read out of
+     * order: the files were verified before) */
+    bool sum;
+    uint32_t crc[3];
+    uint64_t next[3];
 } ld_src;
 
 /* Bytes [off, off + n) of state k (0 master, 1 m, 2 v) in this rank's
@@ -88,7 +95,7 @@ static int ld_read(const ld_src *s, int k, uint64_t off, void *dst, size_t n)
     const zn_ckpt *ck = s->ck;
     uint64_t lo = off / 4, hi = (off + n) / 4;  /* elements, local */
     uint64_t done = 0;
-    for (int b = 0; b < s->tr->L; b++) {
+    for (int b = 0; b < s->nblocks; b++) {
         zn_block_share ns;
         zn_train_block_share(s->tr, b, &ns);
         uint64_t a = ns.local_off > lo ? ns.local_off : lo;
@@ -123,35 +130,6 @@ static int ld_read(const ld_src *s, int k, uint64_t off, void *dst, size_t n)
     return 0;
 }
 
-/* Sends unit u's working parameters (from fp32 master values) to their
- * homes and waits until they are there. */
-static int regen_params(zn_trainer *tr, int u, const float *master, void *p16)
-{
-    zn_unit *un = &tr->units[u];
-    zn_opt_slot *s = &tr->oslot[0];
-    const void *src = master;
-    int rc;
-    if (tr->pdt != ZN_DTYPE_F32) {
-        if ((rc = zn_convert(p16, tr->pdt, master, ZN_DTYPE_F32, un->n)))
-            return rc;
-        src = p16;
-    }
-    int npwr = 0;
-    bool h2d = false;
-    rc = zn_optsched_params_out(tr, u, src, s->pwr, &npwr, s->h2d_done, &h2d);
-    for (int i = 0; i < npwr; i++) {
-        int r2 = zn_ioq_wait(&tr->wq, &s->pwr[i]);
-        if (!rc)
-            rc = r2;
-    }
-    if (h2d) {
-        int r2 = zn_dev_event_sync(tr->dev, s->h2d_done);
-        if (!rc)
-            rc = r2;
-    }
-    return rc;
-}
-
 static void restore_scaler(json_t *j, zn_loss_scaler *s)
 {
     const char *sc = json_string_value(json_object_get(j, "scale"));
@@ -163,74 +141,46 @@ static void restore_scaler(json_t *j, zn_loss_scaler *s)
     s->overflows = (uint64_t)json_integer_value(json_object_get(j, "overflows"));
 }
 
-/* The checkpoint's moments (format `from`, this rank's own files) into
- * the trainer's flat moments in its format, piece by piece: each piece's
- * elements are read in the file's format and converted (zn_mom_convert).
- * crc[1], crc[2] cover the files in their byte order. */
-static int load_convert(const ld_src *src, zn_trainer *tr, zn_mom_fmt from, uint32_t crc[3])
+/* The state source the trainer reads from (zn_train_state_load). */
+static int ld_source(void *user, int k, uint64_t off, void *dst, uint64_t n)
 {
-    const size_t E = (size_t)1 << 22;   /* elements per piece: whole 8-bit blocks */
-    size_t P = tr->P, eb = from == ZN_MOM_F32 ? 4 : from == ZN_MOM_BF16 ? 2 : 1;
-    size_t data = zn_mom_layout_absmax_at(from, P), total = zn_mom_layout_bytes(from, P);
-    size_t nabs = total - data;
-    char *buf[2] = { malloc(E * eb), malloc(E * eb) };
-    float *abs[2] = { malloc(nabs ? nabs : 1), malloc(nabs ? nabs : 1) };
-    int rc = 0;
-    if (!buf[0] || !buf[1] || !abs[0] || !abs[1])
-        rc = zn_set_error(-ENOMEM, "checkpoint: out of memory converting the moments");
-    for (int k = 0; k < 2 && !rc && nabs; k++)
-        rc = ld_read(src, k + 1, data, abs[k], nabs);
-    for (size_t e0 = 0; e0 < P && !rc; e0 += E) {
-        size_t n = P - e0 < E ? P - e0 : E;
-        for (int k = 0; k < 2 && !rc; k++)
-            if (!(rc = ld_read(src, k + 1, e0 * eb, buf[k], n * eb)))
-                crc[k + 1] = zn_crc32c(crc[k + 1], buf[k], n * eb);
-        if (rc)
-            break;
-        zn_moments s = { from, buf[0], buf[1], abs[0] + e0 / ZN_Q8_BLOCK,
-                         abs[1] + e0 / ZN_Q8_BLOCK };
-        zn_moments d = zn_tr_moments(tr, e0);
-        rc = zn_mom_convert(&d, &s, n);
+    ld_src *s = user;
+    int rc = ld_read(s, k, off, dst, n);
+    if (!rc && s->sum) {
+        if (off != s->next[k])
+            return zn_set_error(ZN_EINTERNAL, "checkpoint: state %d read at %" PRIu64 ", not in "
+                                "order (%" PRIu64 ")", k, off, s->next[k]);
+        s->crc[k] = zn_crc32c(s->crc[k], dst, n);
+        s->next[k] = off + n;
     }
-    /* the padding before the absmax, then the absmax: the files' last bytes */
-    for (int k = 0; k < 2 && !rc; k++) {
-        char pad[64];
-        if (data > P * eb && !(rc = ld_read(src, k + 1, P * eb, pad, data - P * eb)))
-            crc[k + 1] = zn_crc32c(crc[k + 1], pad, data - P * eb);
-        if (!rc && nabs)
-            crc[k + 1] = zn_crc32c(crc[k + 1], abs[k], nabs);
-    }
-    free(buf[0]);
-    free(buf[1]);
-    free(abs[0]);
-    free(abs[1]);
     return rc;
 }
 
 int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
 {
-    if (tr->bad)
+    zn_train_state_info in;
+    zn_train_state_get_info(tr, &in);
+    if (in.failed)
         return zn_set_error(ZN_ECORRUPT, "checkpoint: the trainer failed earlier");
     int rc = zn_train_sync(tr), rank = zn_train_rank(tr);
     bool reshard = false;
     if (!rc)
-        rc = check_geometry(ck, tr, &reshard);
+        rc = check_geometry(ck, tr, &in, &reshard);
     /* Adam's moments: another format than this run's is converted at load
      * (the cpu tier, no resharding, so far) */
-    bool convert = ck->moments != tr->mfmt;
-    if (!rc && (reshard || tr->dopt || tr->oopt == ZN_OFFLOAD_NVME) &&
-        (convert || ck->moments != ZN_MOM_F32))
+    bool convert = ck->moments != in.moments;
+    if (!rc && (reshard || !in.flat) && (convert || ck->moments != ZN_MOM_F32))
         rc = zn_set_error(ZN_EUNSUPPORTED, "checkpoint %s keeps Adam's moments as %s and this "
                           "run as %s%s: %s is implemented for the cpu optimizer tier without "
                           "resharding so far; resume with train.optim %s and the checkpoint's "
                           "world size and tiers", ck->path, zn_mom_fmt_name(ck->moments),
-                          zn_mom_fmt_name(tr->mfmt), reshard ? ", with another world size" : "",
+                          zn_mom_fmt_name(in.moments), reshard ? ", with another world size" : "",
                           convert ? "converting them" : "reading compressed moments",
                           ck->moments == ZN_MOM_F32 ? "adamw_torch"
                           : ck->moments == ZN_MOM_Q8 ? "adamw_bnb_8bit" : "adamw_bf16");
-    /* resharded reads take parts of files, whose crc32c cannot be checked
-     * on the way: every file is checked first */
-    if (!rc && reshard)
+    /* resharded or converted reads take parts of files out of order, whose
+     * crc32c cannot be checked on the way: every file is checked first */
+    if (!rc && (reshard || convert))
         rc = zn_ckpt_verify(ck->path);
     if (rc)
         return rc;
@@ -238,7 +188,6 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
     int *fd = malloc((size_t)nsrc * 3 * sizeof *fd);
     char (*path)[PATHN + 64] = malloc((size_t)nsrc * 3 * sizeof *path);
     const zn_ckpt_file *f[3] = { NULL, NULL, NULL };
-    uint32_t crc[3] = { 0, 0, 0 };
     if (!fd || !path) {
         free(fd);
         free(path);
@@ -261,81 +210,28 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
         }
         posix_fadvise(fd[i], 0, 0, reshard ? POSIX_FADV_NORMAL : POSIX_FADV_SEQUENTIAL);
     }
-    ld_src src = { ck, tr, reshard, fd, path };
+    ld_src src = { .ck = ck, .tr = tr, .nblocks = in.nblocks, .reshard = reshard, .fds = fd,
+                   .paths = path, .sum = !reshard && !convert };
     uint64_t t0 = zn_now_ns();
     /* From here on the trainer's state is being replaced. */
-    if (tr->dopt) {
-        float *arr[3] = { tr->master, tr->mom, tr->var };
-        const uint64_t chunk = tr->ostage_bytes;
-        for (int k = 0; k < 3 && !rc; k++)
-            for (uint64_t off = 0; off < tr->P * 4 && !rc; off += chunk) {
-                size_t n = (size_t)(tr->P * 4 - off < chunk ? tr->P * 4 - off : chunk);
-                if (!(rc = ld_read(&src, k, off, tr->ostage, n)) &&
-                    !(rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d, (char *)arr[k] + off, tr->ostage,
-                                           n)) &&
-                    !(rc = zn_dev_stream_sync(tr->dev, tr->s_h2d)))
-                    crc[k] = zn_crc32c(crc[k], tr->ostage, n);
-            }
-        for (int u = 0; u < tr->n_units && !rc; u++)
-            rc = zn_optsched_dev_regen(tr, u);
-    } else if (tr->oopt != ZN_OFFLOAD_NVME) {
-        float *arr[3] = { tr->master, tr->mom, tr->var };
-        const uint64_t chunk = 64u << 20;
-        for (int k = 0; k < (convert ? 1 : 3) && !rc; k++) {
-            uint64_t total = k ? tr->mbytes : tr->P * 4;   /* the same format: as stored */
-            for (uint64_t off = 0; off < total && !rc; off += chunk) {
-                size_t n = (size_t)(total - off < chunk ? total - off : chunk);
-                if (!(rc = ld_read(&src, k, off, (char *)arr[k] + off, n)))
-                    crc[k] = zn_crc32c(crc[k], (char *)arr[k] + off, n);
-            }
-        }
-        if (!rc && convert && !(rc = load_convert(&src, tr, ck->moments, crc)))
-            zn_warn("checkpoint: %s holds Adam's moments as %s; this run keeps them as %s: "
-                    "converted at load%s", ck->path, zn_mom_fmt_name(ck->moments),
-                    zn_mom_fmt_name(tr->mfmt),
-                    tr->mfmt == ZN_MOM_Q8 ? " (quantized blockwise, as a step would)" : "");
-        for (int u = 0; u < tr->n_units && !rc; u++)
-            rc = regen_params(tr, u, tr->master + tr->units[u].off, tr->pout_flat);
-    } else {
-        zn_opt_slot *s = &tr->oslot[0];
-        float *dst[3] = { s->master, s->m, s->v };
-        s->unit = -1;
-        for (int u = 0; u < tr->n_units && !rc; u++) {
-            zn_unit *un = &tr->units[u];
-            int ids[3] = { un->master_id, un->m_id, un->v_id };
-            zn_io_req w[3];
-            int nw = 0;
-            for (int k = 0; k < 3 && !rc; k++) {
-                rc = ld_read(&src, k, un->off * 4, dst[k], un->n * 4);
-                if (rc)
-                    break;
-                crc[k] = zn_crc32c(crc[k], dst[k], un->n * 4);
-                rc = zn_ioq_submit(&tr->wq, &w[k], 1, &zn_tier_get(&tr->tm, ids[k])->ext,
-                                   dst[k], un->n * 4, "checkpoint load");
-                nw = k + 1;
-            }
-            for (int k = 0; k < nw; k++) {
-                int r2 = zn_ioq_wait(&tr->wq, &w[k]);
-                if (!rc)
-                    rc = r2;
-            }
-            if (!rc)
-                atomic_store(&un->mv_zero, false);  /* the checkpoint's m and v are home */
-            if (!rc)
-                rc = regen_params(tr, u, s->master, s->pout);
-        }
-    }
-    for (int k = 0; k < 3 && !rc && !reshard; k++)
-        if (crc[k] != f[k]->crc)
+    rc = zn_train_state_load(tr, ck->moments, ld_source, &src);
+    if (!rc && convert)
+        zn_warn("checkpoint: %s holds Adam's moments as %s; this run keeps them as %s: "
+                "converted at load%s", ck->path, zn_mom_fmt_name(ck->moments),
+                zn_mom_fmt_name(in.moments),
+                in.moments == ZN_MOM_Q8 ? " (quantized blockwise, as a step would)" : "");
+    for (int k = 0; k < 3 && !rc && src.sum; k++)
+        if (src.next[k] != f[k]->bytes || src.crc[k] != f[k]->crc)
             rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: crc32c 0x%08x, the manifest "
-                              "says 0x%08x (corrupted)", ck->path, f[k]->name, crc[k], f[k]->crc);
+                              "says 0x%08x (corrupted)", ck->path, f[k]->name, src.crc[k],
+                              f[k]->crc);
     if (rc) {
-        tr->bad = true; /* partly replaced: nothing it holds is valid now */
+        zn_train_state_fail(tr);  /* partly replaced: nothing it holds is valid now */
         goto out;
     }
-    tr->step = ck->step;
-    tr->steps_run = ck->steps_run;
-    restore_scaler(json_object_get(ck->man, "scaler"), &tr->scaler);
+    zn_loss_scaler sc = in.scaler;
+    restore_scaler(json_object_get(ck->man, "scaler"), &sc);
+    zn_train_state_set_progress(tr, ck->step, ck->steps_run, &sc);
     zn_debug("checkpoint: %s loaded in %.3f s", ck->path, (double)(zn_now_ns() - t0) * 1e-9);
     if (reshard)
         zn_info("checkpoint: %s, saved by %d rank(s), resharded for %d", ck->path, ck->world,

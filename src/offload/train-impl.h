@@ -19,6 +19,7 @@
 #include "zinc/plan.h"
 #include "zinc/trace.h"
 #include "zinc/train.h"
+#include "offload/train-state.h"
 
 /* ---- tier manager ----------------------------------------------------------*/
 typedef struct {
@@ -508,27 +509,6 @@ struct zn_trainer {
     uint64_t tokens;
     double flops;
 };
-
-/* ---- this rank's share of the state (ZeRO) --------------------------------------
- * Rank r owns elements [shard_off, shard_off + len) of block b's n flat
- * parameters (the real elements of its zn_comm_shard range; len may be 0).
- * The rank's local flat space is those parts back to back in block order
- * (block b's part at local_off); master, m, v and the gradient accumulators
- * cover [0, tr->P) of it, and units and pieces cut it. World size 1:
- * shard_off 0, len n, local_off = the block's offset. The checkpoint code
- * reads and writes state through this geometry, never through tiers. */
-typedef struct {
-    uint64_t n;          /* the block's elements (whole model) */
-    uint64_t shard_off;  /* first element this rank owns, within the block */
-    uint64_t len;        /* elements this rank owns */
-    uint64_t local_off;  /* where they start in the local flat space */
-} zn_block_share;
-
-void zn_train_block_share(const zn_trainer *tr, int b, zn_block_share *out);
-/* The communicator (NULL: one rank), this rank and the world size. */
-struct zn_comm *zn_train_comm(const zn_trainer *tr);
-int zn_train_rank(const zn_trainer *tr);
-int zn_train_world(const zn_trainer *tr);
 
 /* Records the first failure (thread-safe) and wakes waiters. */
 void zn_train_fail(zn_trainer *tr, int rc, const char *fmt, ...) ZN_PRINTF(3, 4);

@@ -1,0 +1,89 @@
+/* The trainer's state as checkpoints see it, whatever tier holds it: the
+ * geometry of this rank's share (ZeRO), three byte streams in the rank's
+ * local flat order (the fp32 master, Adam's m and v in the run's moment
+ * format) and the scalars around them. ckpt/ includes this header only;
+ * the placement cases (flat in RAM, on the device, per unit on NVMe) stay
+ * in offload/train_state.c. */
+#ifndef ZN_TRAIN_STATE_H
+#define ZN_TRAIN_STATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "zinc/config.h"
+#include "zinc/nvme.h"
+#include "zinc/optim.h"
+#include "zinc/train.h"
+
+/* ---- this rank's share of the state (ZeRO) --------------------------------------
+ * Rank r owns elements [shard_off, shard_off + len) of block b's n
+ * trainable parameters (the real elements of its zn_comm_shard range; len
+ * may be 0). The rank's local flat space is those parts back to back in
+ * block order (block b's part at local_off); master, m, v and the gradient
+ * accumulators cover [0, local_params) of it. World size 1: shard_off 0,
+ * len n, local_off = the block's offset. */
+typedef struct {
+    uint64_t n;          /* the block's trainable elements (whole model) */
+    uint64_t shard_off;  /* first element this rank owns, within the block */
+    uint64_t len;        /* elements this rank owns */
+    uint64_t local_off;  /* where they start in the local flat space */
+} zn_block_share;
+
+void zn_train_block_share(const zn_trainer *tr, int b, zn_block_share *out);
+/* The communicator (NULL: one rank), this rank and the world size. */
+struct zn_comm *zn_train_comm(const zn_trainer *tr);
+int zn_train_rank(const zn_trainer *tr);
+int zn_train_world(const zn_trainer *tr);
+
+/* ---- the state streams ------------------------------------------------------------*/
+enum { ZN_TS_MASTER = 0, ZN_TS_M = 1, ZN_TS_V = 2, ZN_TS_COUNT = 3 };
+
+typedef struct {
+    const zn_config *cfg;
+    int nblocks;
+    uint64_t total_params;     /* the model's, frozen parts included */
+    uint64_t local_params;     /* this rank's local flat space */
+    zn_mom_fmt moments;        /* how the m and v streams hold them */
+    zn_dtype param_dtype;      /* the working parameters' */
+    uint64_t bytes[ZN_TS_COUNT];  /* each stream's length */
+    /* The largest chunk the streams pass at once (0: any): the state goes
+     * through a staging buffer when it is on the device or on NVMe. */
+    uint64_t max_chunk;
+    /* A checkpoint whose moments are in another format (or resharded)
+     * loads: the state is flat in host memory (the cpu optimizer tier). */
+    bool flat;
+    int64_t step, steps_run;
+    zn_loss_scaler scaler;
+    bool failed;               /* an earlier failure: the state is not valid */
+} zn_train_state_info;
+
+void zn_train_state_get_info(const zn_trainer *tr, zn_train_state_info *out);
+
+/* Receives the next `len` bytes of a stream; buf is valid during the call. */
+typedef int (*zn_train_state_sink)(void *user, const void *buf, uint64_t len);
+/* Passes stream k's bytes to sink in order, every chunk but the last
+ * `chunk` bytes (chunk <= max_chunk when that is set). The staging memory
+ * the chunks come from is registered with `aio` (may be NULL) meanwhile.
+ * The trainer must be synced (zn_train_sync). */
+int zn_train_state_save(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
+                        zn_train_state_sink sink, void *user);
+
+/* Fills dst with bytes [off, off + len) of stream k as saved. */
+typedef int (*zn_train_state_source)(void *user, int k, uint64_t off, void *dst, uint64_t len);
+/* Replaces the optimizer state from `src` and makes the working parameters
+ * again from the master. The m and v streams are in format `from`: the
+ * run's own format is asked for stream by stream (unit by unit on NVMe),
+ * each stream in increasing offsets without gaps, so a caller may checksum
+ * on the way; another format (flat state only) is read out of order and
+ * converted (zn_mom_convert). On failure the trainer is marked failed:
+ * its state is partly replaced. */
+int zn_train_state_load(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source src,
+                        void *user);
+/* Marks the state not valid (a load found the checkpoint damaged after
+ * replacing it): saves and steps are refused from here on. */
+void zn_train_state_fail(zn_trainer *tr);
+/* The step counters and the loss scaler a checkpoint carries. */
+void zn_train_state_set_progress(zn_trainer *tr, int64_t step, int64_t steps_run,
+                                 const zn_loss_scaler *scaler);
+
+#endif

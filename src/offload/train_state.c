@@ -1,0 +1,281 @@
+/* The trainer's optimizer state read and written as three byte streams
+ * (train-state.h), for checkpoints: flat in host memory (the cpu tier),
+ * on the device through the pinned state staging, or unit by unit on
+ * NVMe through the first optimizer slot. Loading ends by making the
+ * working parameters again from the master, at every home. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "offload/train-impl.h"
+
+void zn_train_state_get_info(const zn_trainer *tr, zn_train_state_info *out)
+{
+    memset(out, 0, sizeof *out);
+    out->cfg = &tr->cfg;
+    out->nblocks = tr->L;
+    for (int b = 0; b < tr->L; b++)
+        out->total_params += tr->blocks[b].n;
+    out->local_params = tr->P;
+    out->moments = tr->mfmt;
+    out->param_dtype = tr->pdt;
+    out->bytes[ZN_TS_MASTER] = tr->P * 4;
+    out->bytes[ZN_TS_M] = out->bytes[ZN_TS_V] = tr->mbytes;
+    out->flat = !tr->dopt && tr->oopt != ZN_OFFLOAD_NVME;
+    out->max_chunk = tr->dopt ? tr->ostage_bytes : out->flat ? 0 : 8 * tr->U;
+    out->step = tr->step;
+    out->steps_run = tr->steps_run;
+    out->scaler = tr->scaler;
+    out->failed = tr->bad;
+}
+
+void zn_train_state_fail(zn_trainer *tr)
+{
+    tr->bad = true;
+}
+
+void zn_train_state_set_progress(zn_trainer *tr, int64_t step, int64_t steps_run,
+                                 const zn_loss_scaler *scaler)
+{
+    tr->step = step;
+    tr->steps_run = steps_run;
+    tr->scaler = *scaler;
+}
+
+static void *stream_base(zn_trainer *tr, int k)
+{
+    return k == ZN_TS_MASTER ? (void *)tr->master : k == ZN_TS_M ? tr->mom : tr->var;
+}
+
+/* ---- save ----------------------------------------------------------------------*/
+/* In memory: straight from the arrays; on the device, through the state
+ * staging (chunk <= its size). */
+static int save_flat(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
+                     zn_train_state_sink sink, void *user)
+{
+    uint64_t total = k ? tr->mbytes : tr->P * 4;
+    const char *base = stream_base(tr, k);
+    void *reg_buf = tr->dopt ? tr->ostage : (void *)base;
+    uint64_t reg_len = tr->dopt ? (total < chunk ? total : chunk) : total;
+    int reg = aio && total ? zn_aio_register_buffer(aio, reg_buf, reg_len) : -1;
+    int rc = 0;
+    for (uint64_t off = 0; off < total && !rc; off += chunk) {
+        uint64_t len = total - off < chunk ? total - off : chunk;
+        const char *src = base + off;
+        if (tr->dopt) {
+            if ((rc = zn_dev_copy_d2h(tr->dev, tr->s_h2d, tr->ostage, src, len)) ||
+                (rc = zn_dev_stream_sync(tr->dev, tr->s_h2d)))
+                break;
+            src = tr->ostage;
+        }
+        rc = sink(user, src, len);
+    }
+    if (reg >= 0)
+        zn_aio_unregister_buffer(aio, reg);
+    return rc;
+}
+
+/* On NVMe: unit by unit into the first optimizer slot's staging (16 U
+ * bytes), passed on in chunks of `chunk` <= 8 U bytes; what is left over
+ * moves to the front. Moments never written are the initial zeros. */
+static int save_nvme(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
+                     zn_train_state_sink sink, void *user)
+{
+    zn_opt_slot *sl = &tr->oslot[0];
+    char *B = (char *)sl->master;
+    int reg = aio ? zn_aio_register_buffer(aio, B, tr->U * 16) : -1;
+    uint64_t fill = 0;
+    int rc = 0;
+    sl->unit = -1;
+    for (int u = 0; u < tr->n_units && !rc; u++) {
+        zn_unit *un = &tr->units[u];
+        int id = k == ZN_TS_MASTER ? un->master_id : k == ZN_TS_M ? un->m_id : un->v_id;
+        if (k != ZN_TS_MASTER && atomic_load(&un->mv_zero)) {
+            memset(B + fill, 0, un->n * 4);
+        } else {
+            zn_io_req r;
+            rc = zn_ioq_submit(&tr->rq, &r, 0, &zn_tier_get(&tr->tm, id)->ext, B + fill,
+                               un->n * 4, "checkpoint read");
+            int r2 = zn_ioq_wait(&tr->rq, &r);
+            if (!rc)
+                rc = r2;
+        }
+        fill += un->n * 4;
+        while (!rc && fill >= chunk) {
+            rc = sink(user, B, chunk);
+            memmove(B, B + chunk, fill - chunk);
+            fill -= chunk;
+        }
+    }
+    if (!rc && fill)
+        rc = sink(user, B, fill);
+    if (reg >= 0)
+        zn_aio_unregister_buffer(aio, reg);
+    return rc;
+}
+
+int zn_train_state_save(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
+                        zn_train_state_sink sink, void *user)
+{
+    zn_train_state_info in;
+    zn_train_state_get_info(tr, &in);
+    if (k < 0 || k >= ZN_TS_COUNT || !chunk || (in.max_chunk && chunk > in.max_chunk))
+        return zn_set_error(ZN_EINTERNAL, "state save: stream %d in chunks of %llu bytes "
+                            "(at most %llu)", k, (unsigned long long)chunk,
+                            (unsigned long long)in.max_chunk);
+    if (tr->bad)
+        return zn_set_error(ZN_ECORRUPT, "state save: the trainer failed earlier");
+    return tr->oopt == ZN_OFFLOAD_NVME && !tr->dopt ? save_nvme(tr, k, chunk, aio, sink, user)
+                                                    : save_flat(tr, k, chunk, aio, sink, user);
+}
+
+/* ---- load ----------------------------------------------------------------------*/
+/* Sends unit u's working parameters (from fp32 master values) to their
+ * homes and waits until they are there. */
+static int regen_params(zn_trainer *tr, int u, const float *master, void *p16)
+{
+    zn_unit *un = &tr->units[u];
+    zn_opt_slot *s = &tr->oslot[0];
+    const void *src = master;
+    int rc;
+    if (tr->pdt != ZN_DTYPE_F32) {
+        if ((rc = zn_convert(p16, tr->pdt, master, ZN_DTYPE_F32, un->n)))
+            return rc;
+        src = p16;
+    }
+    int npwr = 0;
+    bool h2d = false;
+    rc = zn_optsched_params_out(tr, u, src, s->pwr, &npwr, s->h2d_done, &h2d);
+    for (int i = 0; i < npwr; i++) {
+        int r2 = zn_ioq_wait(&tr->wq, &s->pwr[i]);
+        if (!rc)
+            rc = r2;
+    }
+    if (h2d) {
+        int r2 = zn_dev_event_sync(tr->dev, s->h2d_done);
+        if (!rc)
+            rc = r2;
+    }
+    return rc;
+}
+
+/* Moments in format `from` into the flat moments in the run's format,
+ * piece by piece: each piece's elements are read in the stored format and
+ * converted (zn_mom_convert); 8-bit blocks' absmax first. */
+static int load_convert(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source src, void *user)
+{
+    const size_t E = (size_t)1 << 22;   /* elements per piece: whole 8-bit blocks */
+    size_t P = tr->P, eb = from == ZN_MOM_F32 ? 4 : from == ZN_MOM_BF16 ? 2 : 1;
+    size_t data = zn_mom_layout_absmax_at(from, P), nabs = zn_mom_layout_bytes(from, P) - data;
+    char *buf[2] = { malloc(E * eb), malloc(E * eb) };
+    float *abs[2] = { malloc(nabs ? nabs : 1), malloc(nabs ? nabs : 1) };
+    int rc = 0;
+    if (!buf[0] || !buf[1] || !abs[0] || !abs[1])
+        rc = zn_set_error(-ENOMEM, "state load: out of memory converting the moments");
+    for (int k = 0; k < 2 && !rc && nabs; k++)
+        rc = src(user, ZN_TS_M + k, data, abs[k], nabs);
+    for (size_t e0 = 0; e0 < P && !rc; e0 += E) {
+        size_t n = P - e0 < E ? P - e0 : E;
+        for (int k = 0; k < 2 && !rc; k++)
+            rc = src(user, ZN_TS_M + k, e0 * eb, buf[k], n * eb);
+        if (rc)
+            break;
+        zn_moments s = { from, buf[0], buf[1], abs[0] + e0 / ZN_Q8_BLOCK,
+                         abs[1] + e0 / ZN_Q8_BLOCK };
+        zn_moments d = zn_tr_moments(tr, e0);
+        rc = zn_mom_convert(&d, &s, n);
+    }
+    free(buf[0]);
+    free(buf[1]);
+    free(abs[0]);
+    free(abs[1]);
+    return rc;
+}
+
+/* On the device: through the state staging, then each unit's working
+ * parameters made again there. */
+static int load_device(zn_trainer *tr, zn_train_state_source src, void *user)
+{
+    const uint64_t chunk = tr->ostage_bytes, total = tr->P * 4;
+    int rc = 0;
+    for (int k = 0; k < ZN_TS_COUNT && !rc; k++)
+        for (uint64_t off = 0; off < total && !rc; off += chunk) {
+            uint64_t n = total - off < chunk ? total - off : chunk;
+            if (!(rc = src(user, k, off, tr->ostage, n)) &&
+                !(rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d, (char *)stream_base(tr, k) + off,
+                                       tr->ostage, n)))
+                rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
+        }
+    for (int u = 0; u < tr->n_units && !rc; u++)
+        rc = zn_optsched_dev_regen(tr, u);
+    return rc;
+}
+
+static int load_flat(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source src, void *user)
+{
+    const uint64_t chunk = 64u << 20;
+    bool convert = from != tr->mfmt;
+    int rc = 0;
+    for (int k = 0; k < (convert ? 1 : ZN_TS_COUNT) && !rc; k++) {
+        uint64_t total = k ? tr->mbytes : tr->P * 4;   /* the same format: as stored */
+        char *base = stream_base(tr, k);
+        for (uint64_t off = 0; off < total && !rc; off += chunk)
+            rc = src(user, k, off, base + off, total - off < chunk ? total - off : chunk);
+    }
+    if (!rc && convert)
+        rc = load_convert(tr, from, src, user);
+    for (int u = 0; u < tr->n_units && !rc; u++)
+        rc = regen_params(tr, u, tr->master + tr->units[u].off, tr->pout_flat);
+    return rc;
+}
+
+/* On NVMe: unit by unit through the first optimizer slot, written to the
+ * unit's extents. */
+static int load_nvme(zn_trainer *tr, zn_train_state_source src, void *user)
+{
+    zn_opt_slot *s = &tr->oslot[0];
+    float *dst[3] = { s->master, s->m, s->v };
+    int rc = 0;
+    s->unit = -1;
+    for (int u = 0; u < tr->n_units && !rc; u++) {
+        zn_unit *un = &tr->units[u];
+        int ids[3] = { un->master_id, un->m_id, un->v_id };
+        zn_io_req w[3];
+        int nw = 0;
+        for (int k = 0; k < ZN_TS_COUNT && !rc; k++) {
+            if ((rc = src(user, k, un->off * 4, dst[k], un->n * 4)))
+                break;
+            rc = zn_ioq_submit(&tr->wq, &w[k], 1, &zn_tier_get(&tr->tm, ids[k])->ext, dst[k],
+                               un->n * 4, "checkpoint load");
+            nw = k + 1;
+        }
+        for (int k = 0; k < nw; k++) {
+            int r2 = zn_ioq_wait(&tr->wq, &w[k]);
+            if (!rc)
+                rc = r2;
+        }
+        if (!rc)
+            atomic_store(&un->mv_zero, false);  /* the loaded m and v are home */
+        if (!rc)
+            rc = regen_params(tr, u, s->master, s->pout);
+    }
+    return rc;
+}
+
+int zn_train_state_load(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source src,
+                        void *user)
+{
+    if (tr->bad)
+        return zn_set_error(ZN_ECORRUPT, "state load: the trainer failed earlier");
+    bool nvme = tr->oopt == ZN_OFFLOAD_NVME && !tr->dopt;
+    if (from != tr->mfmt && (tr->dopt || nvme))
+        return zn_set_error(ZN_EUNSUPPORTED, "state load: moments as %s into a run keeping "
+                            "them as %s on the %s", zn_mom_fmt_name(from),
+                            zn_mom_fmt_name(tr->mfmt), tr->dopt ? "device" : "NVMe tier");
+    int rc = tr->dopt ? load_device(tr, src, user)
+             : nvme   ? load_nvme(tr, src, user)
+                      : load_flat(tr, from, src, user);
+    if (rc)
+        tr->bad = true;  /* partly replaced: nothing it holds is valid now */
+    return rc;
+}
