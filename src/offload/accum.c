@@ -12,7 +12,7 @@
  *     micro-batch only writes);
  *   - after the last micro-batch: the block's sum of squares, the pieces'
  *     readiness for the optimizer;
- *   - optimizer on the device (tr->dopt): the sums stay there, and the only
+ *   - optimizer on the device (tr->opt_on_device): the sums stay there, and the only
  *     job, after the last micro-batch, combines the block's chunk sums of
  *     squares (copied out by the D2H stream) into its norm.
  * Before the D2H stream overwrites staging buffer g it waits (a host
@@ -81,7 +81,7 @@ static void accum_rows(zn_trainer *tr, const zn_accum_arg *a, float *sum, const 
             memset(sum + s, 0, (size_t)(e - s) * 4);
         }
     }
-    bool f32 = tr->gdt == ZN_DTYPE_F32;
+    bool f32 = tr->grad_dt == ZN_DTYPE_F32;
 #pragma omp parallel for num_threads(tr->threads) schedule(static) if (n * W >= (1 << 16))
     for (int64_t i = 0; i < n; i++) {
         float *dst = sum + (a->rows[i] - bl->srow0) * W;
@@ -122,7 +122,7 @@ static int piece_io(zn_trainer *tr, zn_io_req *r, int is_write, const zn_piece *
  * buffer (bf16 transfer); *sum_out says where. */
 static int accum_nvme(zn_trainer *tr, const zn_accum_arg *a, void *staged, float **sum_out)
 {
-    bool f32 = tr->gdt == ZN_DTYPE_F32;
+    bool f32 = tr->grad_dt == ZN_DTYPE_F32;
     float *src = f32 ? staged : tr->gtmp;
     *sum_out = src;
     const uint16_t *s16 = staged;
@@ -179,7 +179,7 @@ static void accum_job(zn_accum_arg *a)
         return;
     uint64_t t0 = zn_now_ns();
     zn_block *bl = &tr->blocks[a->block];
-    if (tr->dopt) {
+    if (tr->opt_on_device) {
         /* summed on the device; its chunk sums of squares are in */
         size_t nc = (bl->len + ZN_GRAD_NORM_CHUNK - 1) / ZN_GRAD_NORM_CHUNK;
         double sq = zn_grad_norm_combine(tr->normc + bl->nc_off, nc);
@@ -190,13 +190,13 @@ static void accum_job(zn_accum_arg *a)
         zn_optsched_notify(tr);
         return;
     }
-    float *src = tr->gstage[a->gbuf], *sum = tr->gacc ? tr->gacc + bl->off : NULL;
+    float *src = tr->gstage[a->gbuf], *sum = tr->grad_acc ? tr->grad_acc + bl->off : NULL;
     const uint16_t *s16 = (const uint16_t *)src;
-    bool f32 = tr->gdt == ZN_DTYPE_F32;
+    bool f32 = tr->grad_dt == ZN_DTYPE_F32;
     int rc = 0;
     if (a->nrows >= 0)
         accum_rows(tr, a, sum, src);
-    else if (tr->gnvme)
+    else if (tr->grads_on_nvme)
         rc = accum_nvme(tr, a, src, &sum);
     else if (a->mb == 0 && f32)
         copy_f32(sum, src, bl->len, tr->threads);
@@ -233,89 +233,89 @@ static void accum_job(zn_accum_arg *a)
 static void *accum_main(void *arg)
 {
     zn_trainer *tr = arg;
-    pthread_mutex_lock(&tr->alock);
+    pthread_mutex_lock(&tr->acc.lock);
     for (;;) {
-        while (!tr->ahead && !tr->aquit)
-            pthread_cond_wait(&tr->acv, &tr->alock);
-        zn_accum_arg *a = tr->ahead;
+        while (!tr->acc.head && !tr->acc.quit)
+            pthread_cond_wait(&tr->acc.cv, &tr->acc.lock);
+        zn_accum_arg *a = tr->acc.head;
         if (!a)
             break; /* quit with nothing queued */
-        tr->ahead = a->next;
-        if (!tr->ahead)
-            tr->atail = NULL;
-        pthread_mutex_unlock(&tr->alock);
+        tr->acc.head = a->next;
+        if (!tr->acc.head)
+            tr->acc.tail = NULL;
+        pthread_mutex_unlock(&tr->acc.lock);
         int g = a->gbuf;
         accum_job(a);
         /* buffer g is free for the next D2H once this count reaches what
          * was posted (the D2H stream waits on it) */
         __atomic_fetch_add(zn_tr_accum_flag(tr, g), 1, __ATOMIC_RELEASE);
-        pthread_mutex_lock(&tr->alock);
-        tr->abusy[g]--;
-        tr->apending--;
-        pthread_cond_broadcast(&tr->acv);
+        pthread_mutex_lock(&tr->acc.lock);
+        tr->acc.busy[g]--;
+        tr->acc.pending--;
+        pthread_cond_broadcast(&tr->acc.cv);
     }
-    pthread_mutex_unlock(&tr->alock);
+    pthread_mutex_unlock(&tr->acc.lock);
     return NULL;
 }
 
 int zn_accum_start(zn_trainer *tr)
 {
-    if (pthread_mutex_init(&tr->alock, NULL) || pthread_cond_init(&tr->acv, NULL))
+    if (pthread_mutex_init(&tr->acc.lock, NULL) || pthread_cond_init(&tr->acc.cv, NULL))
         return zn_set_error(-ENOMEM, "grad accumulation thread: pthread init failed");
-    tr->ahead = tr->atail = NULL;
-    tr->abusy[0] = tr->abusy[1] = tr->apending = 0;
-    tr->aquit = false;
+    tr->acc.head = tr->acc.tail = NULL;
+    tr->acc.busy[0] = tr->acc.busy[1] = tr->acc.pending = 0;
+    tr->acc.quit = false;
     for (int g = 0; g < 2; g++) {
-        tr->abuf[g].tr = tr;
-        tr->abuf[g].g = g;
+        tr->acc.buf[g].tr = tr;
+        tr->acc.buf[g].g = g;
     }
-    int rc = pthread_create(&tr->athr, NULL, accum_main, tr);
+    int rc = pthread_create(&tr->acc.thread, NULL, accum_main, tr);
     if (rc) {
-        pthread_cond_destroy(&tr->acv);
-        pthread_mutex_destroy(&tr->alock);
+        pthread_cond_destroy(&tr->acc.cv);
+        pthread_mutex_destroy(&tr->acc.lock);
         return zn_set_error(-rc, "grad accumulation thread: pthread_create: %s", strerror(rc));
     }
-    tr->athr_started = true;
+    tr->acc.started = true;
     return 0;
 }
 
 void zn_accum_stop(zn_trainer *tr)
 {
-    if (!tr->athr_started)
+    if (!tr->acc.started)
         return;
-    pthread_mutex_lock(&tr->alock);
-    tr->aquit = true; /* the worker finishes what is queued, then ends */
-    pthread_cond_broadcast(&tr->acv);
-    pthread_mutex_unlock(&tr->alock);
-    pthread_join(tr->athr, NULL);
-    tr->athr_started = false;
-    pthread_cond_destroy(&tr->acv);
-    pthread_mutex_destroy(&tr->alock);
+    pthread_mutex_lock(&tr->acc.lock);
+    tr->acc.quit = true; /* the worker finishes what is queued, then ends */
+    pthread_cond_broadcast(&tr->acc.cv);
+    pthread_mutex_unlock(&tr->acc.lock);
+    pthread_join(tr->acc.thread, NULL);
+    tr->acc.started = false;
+    pthread_cond_destroy(&tr->acc.cv);
+    pthread_mutex_destroy(&tr->acc.lock);
 }
 
 void zn_accum_post_fn(void *arg)
 {
     zn_accum_arg *a = arg;
     zn_trainer *tr = a->tr;
-    pthread_mutex_lock(&tr->alock);
+    pthread_mutex_lock(&tr->acc.lock);
     a->next = NULL;
-    if (tr->atail)
-        tr->atail->next = a;
+    if (tr->acc.tail)
+        tr->acc.tail->next = a;
     else
-        tr->ahead = a;
-    tr->atail = a;
-    tr->abusy[a->gbuf]++;
-    tr->apending++;
-    pthread_cond_broadcast(&tr->acv);
-    pthread_mutex_unlock(&tr->alock);
+        tr->acc.head = a;
+    tr->acc.tail = a;
+    tr->acc.busy[a->gbuf]++;
+    tr->acc.pending++;
+    pthread_cond_broadcast(&tr->acc.cv);
+    pthread_mutex_unlock(&tr->acc.lock);
 }
 
 void zn_accum_drain(zn_trainer *tr)
 {
-    if (!tr->athr_started)
+    if (!tr->acc.started)
         return;
-    pthread_mutex_lock(&tr->alock);
-    while (tr->apending > 0)
-        pthread_cond_wait(&tr->acv, &tr->alock);
-    pthread_mutex_unlock(&tr->alock);
+    pthread_mutex_lock(&tr->acc.lock);
+    while (tr->acc.pending > 0)
+        pthread_cond_wait(&tr->acc.cv, &tr->acc.lock);
+    pthread_mutex_unlock(&tr->acc.lock);
 }

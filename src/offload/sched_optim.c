@@ -23,20 +23,20 @@ static const char *state_name[3] = { "master", "adam m", "adam v" };
 /* olock held */
 static bool unit_final(zn_trainer *tr, int u)
 {
-    return tr->oj.all_ready || atomic_load(&tr->units[u].pieces_done) >= tr->units[u].np;
+    return tr->opt.job.all_ready || atomic_load(&tr->units[u].pieces_done) >= tr->units[u].np;
 }
 
 static bool job_live(zn_trainer *tr)
 {
-    return !tr->ocancel && !tr->oquit;
+    return !tr->opt.cancel && !tr->opt.quit;
 }
 
 /* Whether unit u's gradients are final (they may be read ahead). */
 static bool grads_final(zn_trainer *tr, int u)
 {
-    pthread_mutex_lock(&tr->olock);
+    pthread_mutex_lock(&tr->opt.lock);
     bool r = unit_final(tr, u);
-    pthread_mutex_unlock(&tr->olock);
+    pthread_mutex_unlock(&tr->opt.lock);
     return r;
 }
 
@@ -44,26 +44,26 @@ static bool grads_final(zn_trainer *tr, int u)
  * the go was given. Returns 0, the sticky error, or -ECANCELED. */
 static int wait_ready(zn_trainer *tr, int u)
 {
-    pthread_mutex_lock(&tr->olock);
-    while (!((!tr->oj.need_go || tr->oj.go) && unit_final(tr, u)) && !atomic_load(&tr->err) &&
+    pthread_mutex_lock(&tr->opt.lock);
+    while (!((!tr->opt.job.need_go || tr->opt.job.go) && unit_final(tr, u)) && !atomic_load(&tr->err) &&
            job_live(tr))
-        pthread_cond_wait(&tr->ocv, &tr->olock);
+        pthread_cond_wait(&tr->opt.cv, &tr->opt.lock);
     int rc = atomic_load(&tr->err) ? atomic_load(&tr->err) : !job_live(tr) ? -ECANCELED : 0;
-    pthread_mutex_unlock(&tr->olock);
+    pthread_mutex_unlock(&tr->opt.lock);
     return rc;
 }
 
 /* The i-th unit the job steps. */
 static int unit_at(zn_trainer *tr, int i)
 {
-    return tr->oj.asc ? i : tr->n_units - 1 - i;
+    return tr->opt.job.asc ? i : tr->n_units - 1 - i;
 }
 
 void zn_optsched_notify_params(zn_trainer *tr)
 {
-    pthread_mutex_lock(&tr->plock);
-    pthread_cond_broadcast(&tr->pcv);
-    pthread_mutex_unlock(&tr->plock);
+    pthread_mutex_lock(&tr->opt.land_lock);
+    pthread_cond_broadcast(&tr->opt.land_cv);
+    pthread_mutex_unlock(&tr->opt.land_lock);
 }
 
 /* One copy of a unit's update reached its home; the last one lands it. */
@@ -110,9 +110,9 @@ static void h2d_landed_fn(void *arg)
 
 void zn_optsched_notify(zn_trainer *tr)
 {
-    pthread_mutex_lock(&tr->olock);
-    pthread_cond_broadcast(&tr->ocv);
-    pthread_mutex_unlock(&tr->olock);
+    pthread_mutex_lock(&tr->opt.lock);
+    pthread_cond_broadcast(&tr->opt.cv);
+    pthread_mutex_unlock(&tr->opt.lock);
 }
 
 /* Waits for every write from slot s and its H2D parameter copies. */
@@ -195,8 +195,8 @@ static int slot_read_grads(zn_trainer *tr, zn_opt_slot *s, int u)
 /* ---- the param cache (see train-impl.h) ------------------------------------*/
 bool zn_pcache_ready_locked(zn_trainer *tr, int b, int64_t seq)
 {
-    for (int e = 0; e < tr->n_pc; e++)
-        if (tr->pc[e].block == b && tr->pc[e].seq == seq && tr->pc[e].state == ZN_PC_READY)
+    for (int e = 0; e < tr->opt.n_pcache; e++)
+        if (tr->opt.pcache[e].block == b && tr->opt.pcache[e].seq == seq && tr->opt.pcache[e].state == ZN_PC_READY)
             return true;
     return false;
 }
@@ -204,25 +204,25 @@ bool zn_pcache_ready_locked(zn_trainer *tr, int b, int64_t seq)
 int zn_pcache_take(zn_trainer *tr, int b, int64_t seq)
 {
     int r = -1;
-    pthread_mutex_lock(&tr->plock);
-    for (int e = 0; e < tr->n_pc && r < 0; e++) {
-        zn_pcache_ent *c = &tr->pc[e];
+    pthread_mutex_lock(&tr->opt.land_lock);
+    for (int e = 0; e < tr->opt.n_pcache && r < 0; e++) {
+        zn_pcache_ent *c = &tr->opt.pcache[e];
         if (c->block == b && c->seq == seq && c->state == ZN_PC_READY) {
             c->state = ZN_PC_READING;
             r = e;
         }
     }
-    pthread_mutex_unlock(&tr->plock);
+    pthread_mutex_unlock(&tr->opt.land_lock);
     return r;
 }
 
 void zn_pcache_release_fn(void *arg)
 {
     zn_pcache_ent *c = arg;
-    pthread_mutex_lock(&c->tr->plock);
+    pthread_mutex_lock(&c->tr->opt.land_lock);
     c->state = ZN_PC_FREE;
     c->block = -1;
-    pthread_mutex_unlock(&c->tr->plock);
+    pthread_mutex_unlock(&c->tr->opt.land_lock);
 }
 
 /* Optimizer thread: the entry that collects block b's update by the running
@@ -231,14 +231,14 @@ void zn_pcache_release_fn(void *arg)
 static zn_pcache_ent *pcache_entry(zn_trainer *tr, int b)
 {
     zn_block *bl = &tr->blocks[b];
-    int64_t seq = tr->oj.seq;
+    int64_t seq = tr->opt.job.seq;
     zn_pcache_ent *r = NULL;
-    if (!tr->n_pc || !bl->pc_ok)
+    if (!tr->opt.n_pcache || !bl->pc_ok)
         return NULL;
-    pthread_mutex_lock(&tr->plock);
-    for (int e = 0; e < tr->n_pc && !r; e++)
-        if (tr->pc[e].block == b && tr->pc[e].seq == seq && tr->pc[e].state == ZN_PC_FILLING)
-            r = &tr->pc[e];
+    pthread_mutex_lock(&tr->opt.land_lock);
+    for (int e = 0; e < tr->opt.n_pcache && !r; e++)
+        if (tr->opt.pcache[e].block == b && tr->opt.pcache[e].seq == seq && tr->opt.pcache[e].state == ZN_PC_FILLING)
+            r = &tr->opt.pcache[e];
     if (!r && bl->pc_skip != seq) {
         /* a block's first piece of this job: claim a free or stale entry,
          * else evict this job's entry of the block the forward needs last
@@ -246,8 +246,8 @@ static zn_pcache_ent *pcache_entry(zn_trainer *tr, int b)
          * up with the lowest blocks); a later piece never starts one (it
          * would never be complete) */
         zn_pcache_ent *victim = NULL;
-        for (int e = 0; e < tr->n_pc && !r; e++) {
-            zn_pcache_ent *c = &tr->pc[e];
+        for (int e = 0; e < tr->opt.n_pcache && !r; e++) {
+            zn_pcache_ent *c = &tr->opt.pcache[e];
             if (c->state == ZN_PC_FREE || (c->state != ZN_PC_READING && c->seq < seq))
                 r = c;
             else if (c->state != ZN_PC_READING && c->block > b &&
@@ -264,33 +264,33 @@ static zn_pcache_ent *pcache_entry(zn_trainer *tr, int b)
         }
         bl->pc_skip = seq;  /* claimed or not: no second claim this job */
     }
-    pthread_mutex_unlock(&tr->plock);
+    pthread_mutex_unlock(&tr->opt.land_lock);
     return r;
 }
 
 /* Optimizer thread: one piece of the entry's block is in. */
 static void pcache_piece_in(zn_trainer *tr, zn_pcache_ent *c)
 {
-    pthread_mutex_lock(&tr->plock);
+    pthread_mutex_lock(&tr->opt.land_lock);
     if (--c->left == 0) {
         c->state = ZN_PC_READY;
-        pthread_cond_broadcast(&tr->pcv);
+        pthread_cond_broadcast(&tr->opt.land_cv);
     }
-    pthread_mutex_unlock(&tr->plock);
+    pthread_mutex_unlock(&tr->opt.land_lock);
 }
 
 /* Parameters rewritten behind the optimizer's back (checkpoint load): no
  * entry holds them. */
 static void pcache_invalidate(zn_trainer *tr)
 {
-    pthread_mutex_lock(&tr->plock);
-    for (int e = 0; e < tr->n_pc; e++) {
-        if (tr->pc[e].state != ZN_PC_READING) {
-            tr->pc[e].state = ZN_PC_FREE;
-            tr->pc[e].block = -1;
+    pthread_mutex_lock(&tr->opt.land_lock);
+    for (int e = 0; e < tr->opt.n_pcache; e++) {
+        if (tr->opt.pcache[e].state != ZN_PC_READING) {
+            tr->opt.pcache[e].state = ZN_PC_FREE;
+            tr->opt.pcache[e].block = -1;
         }
     }
-    pthread_mutex_unlock(&tr->plock);
+    pthread_mutex_unlock(&tr->opt.land_lock);
 }
 
 /* Where piece p's working parameters start in its block's home, in bytes:
@@ -298,7 +298,7 @@ static void pcache_invalidate(zn_trainer *tr)
 static size_t piece_home_byte(const zn_trainer *tr, const zn_piece *p)
 {
     const zn_block *b = &tr->blocks[p->block];
-    return (size_t)((b->replicated ? b->soff : b->fshard) + p->start - b->off) * tr->pbytes;
+    return (size_t)((b->replicated ? b->soff : b->fshard) + p->start - b->off) * tr->param_bytes;
 }
 
 /* Slot s's parameter writes were issued: its state writes count as done. */
@@ -324,7 +324,7 @@ static int params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, in
     bool h2d = false;
     *n_pwr = 0;
     if (track && !host_only) {
-        un->pseq = tr->oj.seq;
+        un->pseq = tr->opt.job.seq;
         atomic_store(&un->plive, 1);  /* held while issuing (host_only: by the caller) */
     }
     for (int k = 0; k < un->np; k++) {
@@ -332,13 +332,13 @@ static int params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, in
         zn_block *b = &tr->blocks[p->block];
         if (host_only && b->home == ZN_PHOME_DEVICE)
             continue;
-        const char *from = s8 + (p->start - un->off) * tr->pbytes;
-        size_t bytes = p->n * tr->pbytes;
+        const char *from = s8 + (p->start - un->off) * tr->param_bytes;
+        size_t bytes = p->n * tr->param_bytes;
         size_t in_block = piece_home_byte(tr, p);
         if (b->home == ZN_PHOME_CPU) {
             memcpy((char *)b->cpu_params + in_block, from, bytes);
         } else if (b->home == ZN_PHOME_DEVICE) {
-            int rc = zn_dev_copy_h2d(tr->dev, tr->s_oh2d, (char *)b->dev_params + in_block, from,
+            int rc = zn_dev_copy_h2d(tr->dev, tr->opt.s_h2d, (char *)b->dev_params + in_block, from,
                                      bytes);
             if (rc)
                 return rc;
@@ -363,13 +363,13 @@ static int params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, in
         }
     }
     if (h2d) {
-        int rc = zn_dev_event_record(tr->dev, ev, tr->s_oh2d);
+        int rc = zn_dev_event_record(tr->dev, ev, tr->opt.s_h2d);
         if (rc)
             return rc;
         *h2d_pending = true;
         if (track) {
             atomic_fetch_add(&un->plive, 1);
-            if ((rc = zn_dev_launch_host_fn(tr->dev, tr->s_oh2d, h2d_landed_fn, un)))
+            if ((rc = zn_dev_launch_host_fn(tr->dev, tr->opt.s_h2d, h2d_landed_fn, un)))
                 return rc;
         }
     }
@@ -383,8 +383,8 @@ static int adam_unit(zn_trainer *tr, int u, float *master, float *m, float *v, c
 {
     zn_unit *un = &tr->units[u];
     uint64_t t0 = zn_now_ns();
-    int rc = zn_adam_step(&tr->oj.hp, master, m, v, g, ZN_DTYPE_F32, tr->oj.g_scale, p16,
-                          tr->pdt, un->n);
+    int rc = zn_adam_step(&tr->opt.job.hp, master, m, v, g, ZN_DTYPE_F32, tr->opt.job.g_scale, p16,
+                          tr->param_dt, un->n);
     char name[ZN_TRACE_NAME_LEN];
     snprintf(name, sizeof name, "adam u%d", u);
     zn_trace_span(tr->trace, tr->track[ZN_RES_ADAM], name, t0, zn_now_ns());
@@ -396,41 +396,41 @@ static int adam_unit(zn_trainer *tr, int u, float *master, float *m, float *v, c
 static int run_flat(zn_trainer *tr)
 {
     int rc = 0;
-    zn_io_req *pwr = tr->oslot[0].pwr;
+    zn_io_req *pwr = tr->opt.slot[0].pwr;
     for (int i = 0; i < tr->n_units && !rc; i++) {
         int u = unit_at(tr, i);
         zn_unit *un = &tr->units[u];
         if ((rc = wait_ready(tr, u)))
             break;
-        bool p16 = tr->pdt != ZN_DTYPE_F32;
+        bool p16 = tr->param_dt != ZN_DTYPE_F32;
         /* the previous unit's param copies out of the 16-bit staging */
-        zn_opt_slot *s = &tr->oslot[0];
+        zn_opt_slot *s = &tr->opt.slot[0];
         if ((rc = slot_drain(tr, s)))
             break;
-        if (tr->mfmt == ZN_MOM_F32) {
+        if (tr->mom_fmt == ZN_MOM_F32) {
             rc = adam_unit(tr, u, tr->master + un->off, tr->mom + un->off, tr->var + un->off,
-                           tr->gacc + un->off, p16 ? tr->pout_flat : NULL);
+                           tr->grad_acc + un->off, p16 ? tr->opt.pout_flat : NULL);
         } else {
             uint64_t t0 = zn_now_ns();
             zn_moments mv = zn_tr_moments(tr, un->off);
-            rc = zn_adam_step_mom(&tr->oj.hp, tr->master + un->off, &mv, tr->gacc + un->off,
-                                  ZN_DTYPE_F32, tr->oj.g_scale, p16 ? tr->pout_flat : NULL,
-                                  tr->pdt, un->n);
+            rc = zn_adam_step_mom(&tr->opt.job.hp, tr->master + un->off, &mv, tr->grad_acc + un->off,
+                                  ZN_DTYPE_F32, tr->opt.job.g_scale, p16 ? tr->opt.pout_flat : NULL,
+                                  tr->param_dt, un->n);
             char name[ZN_TRACE_NAME_LEN];
             snprintf(name, sizeof name, "adam u%d", u);
             zn_trace_span(tr->trace, tr->track[ZN_RES_ADAM], name, t0, zn_now_ns());
         }
         if (rc)
             break;
-        rc = params_out(tr, u, p16 ? tr->pout_flat : (void *)(tr->master + un->off), pwr,
+        rc = params_out(tr, u, p16 ? tr->opt.pout_flat : (void *)(tr->master + un->off), pwr,
                         &s->n_pwr, s->h2d_done, &s->h2d_pending, true, false);
         slot_params_issued(s);
     }
-    int r = slot_drain(tr, &tr->oslot[0]);
+    int r = slot_drain(tr, &tr->opt.slot[0]);
     return rc ? rc : r;
 }
 
-/* The optimizer on the device, one unit on the optimizer's stream (s_oh2d):
+/* The optimizer on the device, one unit on the optimizer's stream (opt.s_h2d):
  * with `adam` the step, else (a checkpoint load) only the working copy of
  * the master. A piece whose block lives on the device gets its 16-bit copy
  * written in place by the kernel; the others go through the device staging
@@ -441,14 +441,14 @@ static int dev_unit(zn_trainer *tr, int u, bool adam, bool track)
 {
     zn_dev *d = tr->dev;
     zn_unit *un = &tr->units[u];
-    zn_opt_slot *s = &tr->oslot[0];
-    bool p16 = tr->pdt != ZN_DTYPE_F32, on_dev = false, off_dev = false, held = track;
+    zn_opt_slot *s = &tr->opt.slot[0];
+    bool p16 = tr->param_dt != ZN_DTYPE_F32, on_dev = false, off_dev = false, held = track;
     int rc = 0;
     if (track) {
-        un->pseq = tr->oj.seq;
+        un->pseq = tr->opt.job.seq;
         atomic_store(&un->plive, 1);  /* held while issuing */
     }
-    if (adam && (rc = zn_dev_launch_host_fn(d, tr->s_oh2d, adam_begin_fn, un)))
+    if (adam && (rc = zn_dev_launch_host_fn(d, tr->opt.s_h2d, adam_begin_fn, un)))
         return rc;
     for (int k = 0; k < un->np && !rc; k++) {
         zn_piece *p = &tr->pieces[un->p0 + k];
@@ -456,15 +456,15 @@ static int dev_unit(zn_trainer *tr, int u, bool adam, bool track)
         uint64_t o = p->start, rel = p->start - un->off;
         void *home =
             b->home == ZN_PHOME_DEVICE ? (char *)b->dev_params + piece_home_byte(tr, p) : NULL;
-        void *c = !p16 ? NULL : home ? home : (char *)tr->pdev + rel * tr->pbytes;
+        void *c = !p16 ? NULL : home ? home : (char *)tr->pdev + rel * tr->param_bytes;
         if (adam)
-            rc = zn_dev_adam(d, tr->s_oh2d, &tr->oj.hp, tr->master + o, tr->mom + o, tr->var + o,
-                             tr->gacc + o, tr->oj.g_scale, c, tr->pdt, (int64_t)p->n);
+            rc = zn_dev_adam(d, tr->opt.s_h2d, &tr->opt.job.hp, tr->master + o, tr->mom + o, tr->var + o,
+                             tr->grad_acc + o, tr->opt.job.g_scale, c, tr->param_dt, (int64_t)p->n);
         else if (c)
-            rc = zn_dev_cast(d, tr->s_oh2d, tr->master + o, ZN_DTYPE_F32, c, tr->pdt,
+            rc = zn_dev_cast(d, tr->opt.s_h2d, tr->master + o, ZN_DTYPE_F32, c, tr->param_dt,
                              (int64_t)p->n);
         if (!rc && !p16 && home)
-            rc = zn_dev_copy_d2d(d, tr->s_oh2d, home, tr->master + o, p->n * 4);
+            rc = zn_dev_copy_d2d(d, tr->opt.s_h2d, home, tr->master + o, p->n * 4);
         if (rc)
             break;
         if (home) {
@@ -474,20 +474,20 @@ static int dev_unit(zn_trainer *tr, int u, bool adam, bool track)
         if (!off_dev && (rc = slot_drain(tr, s)))  /* pout_flat's previous writes */
             break;
         off_dev = true;
-        rc = zn_dev_copy_d2h(d, tr->s_oh2d, (char *)tr->pout_flat + rel * tr->pbytes,
-                             p16 ? c : (void *)(tr->master + o), p->n * tr->pbytes);
+        rc = zn_dev_copy_d2h(d, tr->opt.s_h2d, (char *)tr->opt.pout_flat + rel * tr->param_bytes,
+                             p16 ? c : (void *)(tr->master + o), p->n * tr->param_bytes);
         if (!rc)
-            atomic_fetch_add(&tr->tm.d2h, p->n * tr->pbytes);
+            atomic_fetch_add(&tr->tm.d2h, p->n * tr->param_bytes);
     }
     if (!rc && adam)
-        rc = zn_dev_launch_host_fn(d, tr->s_oh2d, adam_end_fn, un);
+        rc = zn_dev_launch_host_fn(d, tr->opt.s_h2d, adam_end_fn, un);
     if (!rc && on_dev && track) {
         atomic_fetch_add(&un->plive, 1);
-        rc = zn_dev_launch_host_fn(d, tr->s_oh2d, h2d_landed_fn, un);
+        rc = zn_dev_launch_host_fn(d, tr->opt.s_h2d, h2d_landed_fn, un);
     }
-    if (!rc && off_dev && !(rc = zn_dev_stream_sync(d, tr->s_oh2d))) {
+    if (!rc && off_dev && !(rc = zn_dev_stream_sync(d, tr->opt.s_h2d))) {
         held = false; /* params_out releases the hold */
-        rc = params_out(tr, u, tr->pout_flat, s->pwr, &s->n_pwr, s->h2d_done, &s->h2d_pending,
+        rc = params_out(tr, u, tr->opt.pout_flat, s->pwr, &s->n_pwr, s->h2d_done, &s->h2d_pending,
                         track, true);
         slot_params_issued(s);
     }
@@ -505,9 +505,9 @@ static int run_dev(zn_trainer *tr)
         if (!(rc = wait_ready(tr, u)))
             rc = dev_unit(tr, u, true, true);
     }
-    int r = slot_drain(tr, &tr->oslot[0]);
+    int r = slot_drain(tr, &tr->opt.slot[0]);
     if (!rc && !(rc = r))
-        rc = zn_dev_stream_sync(tr->dev, tr->s_oh2d);
+        rc = zn_dev_stream_sync(tr->dev, tr->opt.s_h2d);
     return rc;
 }
 
@@ -515,26 +515,26 @@ int zn_optsched_dev_regen(zn_trainer *tr, int u)
 {
     pcache_invalidate(tr);
     int rc = dev_unit(tr, u, false, false);
-    int r = slot_drain(tr, &tr->oslot[0]);
+    int r = slot_drain(tr, &tr->opt.slot[0]);
     if (!rc && !(rc = r))
-        rc = zn_dev_stream_sync(tr->dev, tr->s_oh2d);
+        rc = zn_dev_stream_sync(tr->dev, tr->opt.s_h2d);
     return rc;
 }
 
 /* Optimizer states on NVMe: read ahead, step, write behind. */
 static int run_nvme(zn_trainer *tr)
 {
-    int S = tr->n_oslots, nu = tr->n_units, rc = 0;
-    bool p16 = tr->pdt != ZN_DTYPE_F32;
+    int S = tr->opt.n_slots, nu = tr->n_units, rc = 0;
+    bool p16 = tr->param_dt != ZN_DTYPE_F32;
     for (int j = 0; j < S; j++)
-        tr->oslot[j].unit = -1;
+        tr->opt.slot[j].unit = -1;
     for (int i = 0; i < nu && !rc; i++) {
         int u = unit_at(tr, i);
-        zn_opt_slot *s = &tr->oslot[i % S];
+        zn_opt_slot *s = &tr->opt.slot[i % S];
         /* this unit and the read-ahead window: states, and the gradients of
          * units whose gradients are final (even before the go) */
         for (int j = i; j < i + S && j < nu && !rc; j++) {
-            zn_opt_slot *sj = &tr->oslot[j % S];
+            zn_opt_slot *sj = &tr->opt.slot[j % S];
             int uj = unit_at(tr, j);
             if (sj->unit != uj) {
                 if ((rc = slot_drain(tr, sj)))
@@ -542,12 +542,12 @@ static int run_nvme(zn_trainer *tr)
                 if ((rc = slot_read_states(tr, sj, uj)))
                     break;
             }
-            if (tr->gnvme && !sj->grads_issued && grads_final(tr, uj))
+            if (tr->grads_on_nvme && !sj->grads_issued && grads_final(tr, uj))
                 rc = slot_read_grads(tr, sj, uj);
         }
         if (rc || (rc = wait_ready(tr, u)))
             break;
-        if (tr->gnvme && !s->grads_issued && (rc = slot_read_grads(tr, s, u)))
+        if (tr->grads_on_nvme && !s->grads_issued && (rc = slot_read_grads(tr, s, u)))
             break;
         for (int k = 0; k < 3 && !rc; k++)
             rc = zn_ioq_wait(&tr->rq, &s->rd[k]);
@@ -556,7 +556,7 @@ static int run_nvme(zn_trainer *tr)
         if (rc)
             break;
         /* gradients: read into the slot (NVMe) or in place (pinned RAM) */
-        const float *g = tr->gnvme ? s->grad : tr->gacc + tr->units[u].off;
+        const float *g = tr->grads_on_nvme ? s->grad : tr->grad_acc + tr->units[u].off;
         if ((rc = adam_unit(tr, u, s->master, s->m, s->v, g, p16 ? s->pout : NULL)))
             break;
         /* write behind: the working params first (the next step's fetches
@@ -587,7 +587,7 @@ static int run_nvme(zn_trainer *tr)
     /* Write behind ends here: nothing is reused or presented before every
      * write completed successfully. Reads still in flight are waited too. */
     for (int j = 0; j < S; j++) {
-        zn_opt_slot *s = &tr->oslot[j];
+        zn_opt_slot *s = &tr->opt.slot[j];
         int r = slot_drain(tr, s);
         if (r && !rc)
             rc = r;
@@ -606,127 +606,127 @@ static int run_nvme(zn_trainer *tr)
 static void *opt_main(void *arg)
 {
     zn_trainer *tr = arg;
-    pthread_mutex_lock(&tr->olock);
+    pthread_mutex_lock(&tr->opt.lock);
     for (;;) {
-        while (!tr->oquit && !tr->opending)
-            pthread_cond_wait(&tr->ocv, &tr->olock);
-        if (tr->oquit)
+        while (!tr->opt.quit && !tr->opt.pending)
+            pthread_cond_wait(&tr->opt.cv, &tr->opt.lock);
+        if (tr->opt.quit)
             break;
-        tr->oj = tr->opj;
-        tr->opending = false;
-        tr->orunning = true;
-        tr->ocancel = false;
-        pthread_cond_broadcast(&tr->ocv);
-        pthread_mutex_unlock(&tr->olock);
-        int rc = tr->oopt == ZN_OFFLOAD_NVME ? run_nvme(tr) : tr->dopt ? run_dev(tr)
+        tr->opt.job = tr->opt.next_job;
+        tr->opt.pending = false;
+        tr->opt.running = true;
+        tr->opt.cancel = false;
+        pthread_cond_broadcast(&tr->opt.cv);
+        pthread_mutex_unlock(&tr->opt.lock);
+        int rc = tr->opt_home == ZN_OFFLOAD_NVME ? run_nvme(tr) : tr->opt_on_device ? run_dev(tr)
                                                                       : run_flat(tr);
         if (rc && rc != -ECANCELED)
-            zn_train_fail(tr, rc, "optimizer step %lld: %s", (long long)tr->oj.hp.step,
+            zn_train_fail(tr, rc, "optimizer step %lld: %s", (long long)tr->opt.job.hp.step,
                           zn_last_error());
-        pthread_mutex_lock(&tr->olock);
-        tr->orunning = false;
-        if (rc && rc != -ECANCELED && !tr->ostatus)
-            tr->ostatus = rc;
-        pthread_cond_broadcast(&tr->ocv);
+        pthread_mutex_lock(&tr->opt.lock);
+        tr->opt.running = false;
+        if (rc && rc != -ECANCELED && !tr->opt.status)
+            tr->opt.status = rc;
+        pthread_cond_broadcast(&tr->opt.cv);
     }
-    pthread_mutex_unlock(&tr->olock);
+    pthread_mutex_unlock(&tr->opt.lock);
     return NULL;
 }
 
 int zn_optsched_init(zn_trainer *tr)
 {
-    if (pthread_mutex_init(&tr->olock, NULL) || pthread_cond_init(&tr->ocv, NULL) ||
-        pthread_mutex_init(&tr->plock, NULL) || pthread_cond_init(&tr->pcv, NULL))
+    if (pthread_mutex_init(&tr->opt.lock, NULL) || pthread_cond_init(&tr->opt.cv, NULL) ||
+        pthread_mutex_init(&tr->opt.land_lock, NULL) || pthread_cond_init(&tr->opt.land_cv, NULL))
         return zn_set_error(-ENOMEM, "optimizer thread: pthread init failed");
-    tr->orunning = tr->opending = tr->ocancel = tr->oquit = false;
-    tr->ostatus = 0;
-    int rc = pthread_create(&tr->othr, NULL, opt_main, tr);
+    tr->opt.running = tr->opt.pending = tr->opt.cancel = tr->opt.quit = false;
+    tr->opt.status = 0;
+    int rc = pthread_create(&tr->opt.thread, NULL, opt_main, tr);
     if (rc)
         return zn_set_error(-rc, "optimizer thread: pthread_create: %s", strerror(rc));
-    tr->othr_started = true;
+    tr->opt.started = true;
     return 0;
 }
 
 void zn_optsched_fini(zn_trainer *tr)
 {
-    if (!tr->othr_started)
+    if (!tr->opt.started)
         return;
-    pthread_mutex_lock(&tr->olock);
-    tr->oquit = true;
-    pthread_cond_broadcast(&tr->ocv);
-    pthread_mutex_unlock(&tr->olock);
-    pthread_join(tr->othr, NULL);
-    tr->othr_started = false;
-    pthread_cond_destroy(&tr->ocv);
-    pthread_mutex_destroy(&tr->olock);
-    pthread_cond_destroy(&tr->pcv);
-    pthread_mutex_destroy(&tr->plock);
+    pthread_mutex_lock(&tr->opt.lock);
+    tr->opt.quit = true;
+    pthread_cond_broadcast(&tr->opt.cv);
+    pthread_mutex_unlock(&tr->opt.lock);
+    pthread_join(tr->opt.thread, NULL);
+    tr->opt.started = false;
+    pthread_cond_destroy(&tr->opt.cv);
+    pthread_mutex_destroy(&tr->opt.lock);
+    pthread_cond_destroy(&tr->opt.land_cv);
+    pthread_mutex_destroy(&tr->opt.land_lock);
 }
 
 int64_t zn_optsched_begin(zn_trainer *tr, const zn_adam_params *hp, float g_scale,
                           bool need_go)
 {
-    pthread_mutex_lock(&tr->olock);
-    while (tr->opending && !tr->oquit)
-        pthread_cond_wait(&tr->ocv, &tr->olock);
-    zn_opt_job *j = &tr->opj;
+    pthread_mutex_lock(&tr->opt.lock);
+    while (tr->opt.pending && !tr->opt.quit)
+        pthread_cond_wait(&tr->opt.cv, &tr->opt.lock);
+    zn_opt_job *j = &tr->opt.next_job;
     j->hp = *hp;
     j->g_scale = g_scale;
     j->need_go = need_go;
     j->go = false;
     j->all_ready = false;
     j->asc = need_go;
-    j->seq = ++tr->oseq;
-    tr->opending = true;
-    pthread_cond_broadcast(&tr->ocv);
-    pthread_mutex_unlock(&tr->olock);
+    j->seq = ++tr->opt.seq;
+    tr->opt.pending = true;
+    pthread_cond_broadcast(&tr->opt.cv);
+    pthread_mutex_unlock(&tr->opt.lock);
     return j->seq;
 }
 
 /* olock held: the job posted last */
 static zn_opt_job *newest(zn_trainer *tr)
 {
-    return tr->opending ? &tr->opj : &tr->oj;
+    return tr->opt.pending ? &tr->opt.next_job : &tr->opt.job;
 }
 
 void zn_optsched_go(zn_trainer *tr, float g_scale)
 {
-    pthread_mutex_lock(&tr->olock);
+    pthread_mutex_lock(&tr->opt.lock);
     zn_opt_job *j = newest(tr);
     j->g_scale = g_scale;
     j->all_ready = true;
     j->go = true;
-    pthread_cond_broadcast(&tr->ocv);
-    pthread_mutex_unlock(&tr->olock);
+    pthread_cond_broadcast(&tr->opt.cv);
+    pthread_mutex_unlock(&tr->opt.lock);
 }
 
 void zn_optsched_all_final(zn_trainer *tr)
 {
-    pthread_mutex_lock(&tr->olock);
+    pthread_mutex_lock(&tr->opt.lock);
     newest(tr)->all_ready = true;
-    pthread_cond_broadcast(&tr->ocv);
-    pthread_mutex_unlock(&tr->olock);
+    pthread_cond_broadcast(&tr->opt.cv);
+    pthread_mutex_unlock(&tr->opt.lock);
 }
 
 void zn_optsched_cancel(zn_trainer *tr, bool all)
 {
-    pthread_mutex_lock(&tr->olock);
-    bool dropped = tr->opending;
-    tr->opending = false;
-    if (tr->orunning && (all || !dropped))
-        tr->ocancel = true;
-    pthread_cond_broadcast(&tr->ocv);
-    pthread_mutex_unlock(&tr->olock);
+    pthread_mutex_lock(&tr->opt.lock);
+    bool dropped = tr->opt.pending;
+    tr->opt.pending = false;
+    if (tr->opt.running && (all || !dropped))
+        tr->opt.cancel = true;
+    pthread_cond_broadcast(&tr->opt.cv);
+    pthread_mutex_unlock(&tr->opt.lock);
 }
 
 int zn_optsched_wait(zn_trainer *tr)
 {
-    pthread_mutex_lock(&tr->olock);
-    while ((tr->opending || tr->orunning) && !tr->oquit)
-        pthread_cond_wait(&tr->ocv, &tr->olock);
-    int rc = tr->ostatus;
-    tr->ostatus = 0;
-    pthread_mutex_unlock(&tr->olock);
+    pthread_mutex_lock(&tr->opt.lock);
+    while ((tr->opt.pending || tr->opt.running) && !tr->opt.quit)
+        pthread_cond_wait(&tr->opt.cv, &tr->opt.lock);
+    int rc = tr->opt.status;
+    tr->opt.status = 0;
+    pthread_mutex_unlock(&tr->opt.lock);
     return rc;
 }
 

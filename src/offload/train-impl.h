@@ -204,7 +204,7 @@ typedef struct {
  * a later block (the forward needs lower blocks first); it never waits for
  * an entry (none: that block goes the NVMe way). An entry may thus vanish
  * between a fetch's "ready" check and its take: the fetch then waits for
- * the block's NVMe write to land. plock guards the states. */
+ * the block's NVMe write to land. opt.land_lock guards the states. */
 typedef enum { ZN_PC_FREE = 0, ZN_PC_FILLING, ZN_PC_READY, ZN_PC_READING } zn_pc_state;
 
 typedef struct {
@@ -216,7 +216,7 @@ typedef struct {
     zn_pc_state state;
 } zn_pcache_ent;
 
-/* plock held: whether block b's update by job seq is READY in the cache. */
+/* opt.land_lock held: whether block b's update by job seq is READY in the cache. */
 bool zn_pcache_ready_locked(zn_trainer *tr, int b, int64_t seq);
 /* Takes block b's READY entry of job seq for a fetch (-> READING); returns
  * its index or -1. */
@@ -333,6 +333,112 @@ typedef struct {
 
 #define ZN_CK_RING 3 /* device slots of the cpu-checkpointed activations */
 
+/* The trainer's state, one sub-struct per file that changes it; the others
+ * read it. The flat space and the placement (train_layout.c) and the
+ * buffers (train_alloc.c) are set up once and read-only while training. */
+
+/* The prefetch ring (train_fetch.c): device slots the blocks' parameters
+ * are fetched into, NVMe staging, and the row-sparse gradients' rows. */
+typedef struct {
+    int n_slots;
+    void **slot;            /* ring of device param slots */
+    int *slot_block;        /* block held (-1 none) */
+    zn_event **ev_ready, **ev_consumed;
+    zn_event **ev_shard;    /* world > 1: a slot's own shard copied in */
+    /* NVMe param staging (buffer_count pinned buffers) */
+    void *stage[64];
+    int n_stage;
+    zn_event *ev_stage_free[64];
+    zn_io_req *stage_req;   /* [n_stage][max_block_pieces] */
+    zn_pread_arg stage_arg[64];
+    uint32_t stage_seq[64];
+    _Atomic int stage_left[64];
+    /* row-sparse gradients: each micro-batch's sorted distinct ids (host,
+     * [A][tokens]), the same on the device, how many per micro-batch, and
+     * the tokens x micro-batches they hold */
+    int32_t *rows, *rows_dev;
+    int64_t *n_rows;
+    int64_t rows_cap;
+    zn_accum_arg *accum_args;  /* one per (micro-batch use) */
+    int n_accum_args;
+    zn_mark *marks;
+    int n_marks, next_mark;
+} zn_tr_fetch;
+
+/* Activation checkpoints in pinned RAM (train_actoff.c,
+ * activation_checkpointing.cpu_checkpointing): each group's input lives in
+ * pinned RAM (host, by block) and passes through a ring of ZN_CK_RING
+ * device slots (boundary ordinal k in slot k % ZN_CK_RING): saved D2H on
+ * `stream` after the forward wrote it, loaded H2D one group ahead of its
+ * backward. res: the block whose input a slot holds. */
+typedef struct {
+    bool on;
+    void **host;
+    int *ordinal;           /* [L] ordinal of a group-first block's input */
+    void *ring[ZN_CK_RING];
+    uint64_t bytes;         /* one group input */
+    int res[ZN_CK_RING];
+    bool saving[ZN_CK_RING], loading[ZN_CK_RING];
+    /* written by the forward, saved to RAM, loaded back; compute done
+     * with the slot's occupant */
+    zn_event *ev_written[ZN_CK_RING], *ev_saved[ZN_CK_RING], *ev_loaded[ZN_CK_RING];
+    zn_event *ev_compute;
+    zn_stream *stream;
+} zn_tr_actoff;
+
+/* The gradient accumulation worker (accum.c). */
+typedef struct {
+    pthread_t thread;
+    bool started, quit;
+    pthread_mutex_t lock;
+    pthread_cond_t cv;           /* a job queued or finished */
+    zn_accum_arg *head, *tail;   /* queued jobs */
+    int busy[2];                 /* jobs queued or running per gstage buffer */
+    int pending;
+    zn_accum_buf buf[2];
+    uint32_t posted[2];          /* jobs posted per grad staging buffer */
+} zn_tr_accum;
+
+/* The optimizer pipeline (sched_optim.c): its thread, jobs, slots, the
+ * param cache, and the landing of updated parameters. */
+typedef struct {
+    zn_opt_slot slot[16];
+    int n_slots;
+    void *pout_flat;        /* cpu/none optimizer: 16-bit param staging (U) */
+    zn_stream *s_h2d;       /* the optimizer's parameter copies to the device */
+    zn_pcache_ent *pcache;  /* the param cache (n_pcache entries; 0: off) */
+    int n_pcache;
+    _Atomic uint64_t pcache_hits;   /* fetches served from it */
+    _Atomic uint64_t pcache_bytes;
+    bool overlap_step;      /* no clipping/fp16: units step during backward */
+    bool pipeline;          /* a step returns before its optimizer job ends */
+    pthread_t thread;
+    bool started;
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    zn_opt_job job;         /* the job the thread runs */
+    zn_opt_job next_job;    /* the job posted while `job` runs */
+    bool running, pending, cancel, quit;
+    int status;             /* first failure since the last zn_optsched_wait */
+    int64_t seq;            /* the last job posted */
+    /* parameters landed (zn_unit.pdone) */
+    pthread_mutex_t land_lock;
+    pthread_cond_t land_cv;
+    int64_t land_need;      /* main thread: the job whose updates uses wait for */
+    bool inflight;          /* the last step returned with its job running */
+    int64_t inflight_step;  /* the step (1-based) that job belongs to */
+} zn_tr_opt;
+
+/* What the report adds up (train_step.c, train_report.c). */
+typedef struct {
+    double step_s;
+    double param_wait_s;    /* the schedule waited for landed parameters */
+    int64_t steps_run;
+    uint64_t tokens;
+    double flops;
+    uint64_t setup_nvme_write, setup_h2d;  /* bytes the setup moved (initial state) */
+} zn_tr_stats;
+
 struct zn_trainer {
     zn_config cfg;
     /* dry: the layout and allocation code runs without allocating, recording
@@ -350,23 +456,26 @@ struct zn_trainer {
     zn_trace *trace;
     int track[ZN_RES_COUNT];
     zn_stream *s_comp, *s_h2d, *s_d2h;
-    zn_ioq rq, wq;
+    zn_stream *s_comm;     /* world > 1: collectives (the comm's stream) */
+    zn_ioq rq, wq;         /* NVMe reads and writes */
     int threads;
 
-    zn_dtype pdt;          /* working param dtype on the device */
-    zn_dtype gdt;          /* gradients device -> host (train.grad_transfer) */
-    void *gcast;           /* gdt != F32 or row-sparse gradients: the device buffer a
-                              block's shard (or its touched rows) is cast into */
-    int32_t *urows;        /* row-sparse: each micro-batch's sorted distinct ids
-                              (host, [A][tokens]) */
-    int32_t *urows_dev;    /* the same on the device */
-    int64_t *nurows;       /* how many, per micro-batch */
-    int64_t urows_cap;     /* tokens x micro-batches they hold */
-    bool any_sparse;
-    size_t pbytes;
-    zn_offload_device popt, oopt;
-    bool gnvme;            /* fp32 gradient accumulators on NVMe (pieces'
-                              grad_id); else flat in memory (gacc) */
+    /* placement (train.c, from the config) */
+    zn_dtype param_dt;     /* working param dtype on the device */
+    size_t param_bytes;    /* its size */
+    zn_dtype grad_dt;      /* gradients device -> host (train.grad_transfer) */
+    zn_offload_device param_home, opt_home;
+    bool grads_on_nvme;    /* fp32 gradient accumulators on NVMe (pieces'
+                              grad_id); else flat in memory (grad_acc) */
+    /* The optimizer on the device (offload_optimizer none): master, m, v
+     * and the gradient sums live in the arena; gradients are summed there,
+     * their norm is taken there by chunks (normc_dev, copied to the pinned
+     * normc), and zn_dev_adam steps on opt.s_h2d. A block homed off the
+     * device gets its update through pdev (16-bit) and opt.pout_flat. */
+    bool opt_on_device;
+    bool any_sparse;       /* some block takes row-sparse gradients */
+
+    /* the flat parameter space (train_layout.c) */
     int L;                 /* blocks */
     uint64_t P;            /* parameters this rank owns (local flat space) */
     uint64_t P_full;       /* parameters of the model */
@@ -381,113 +490,43 @@ struct zn_trainer {
     uint64_t largest_local;       /* len */
     uint64_t largest_ring_block;  /* npad of fetched blocks */
 
-    /* device */
-    int nslots;
-    void **slot;           /* ring of device param slots */
-    int *slot_block;       /* block held (-1 none) */
-    zn_event **ev_ready, **ev_consumed;
+    /* buffers (train_alloc.c) */
+    void *gcast;           /* grad_dt != F32 or row-sparse gradients: the device
+                              buffer a block's shard (or its touched rows) is cast into */
     void *gdev[2];         /* device fp32 grad buffers */
     zn_event *ev_gready[2], *ev_gfree[2];
     zn_event *ev_rs[2];    /* world > 1: the grads' reduce-scatter done */
-    zn_event **ev_shard;   /* world > 1: a slot's own shard copied in */
-    zn_stream *s_comm;     /* world > 1: collectives (the comm's stream) */
     void **ckpt;           /* block inputs, [1..L-1] (cpu checkpointing: ring slots) */
     void *dact[2];
-    /* activation_checkpointing.cpu_checkpointing: each group's input lives
-     * in pinned RAM (ckhost, by block) and passes through a ring of
-     * ZN_CK_RING device slots (boundary ordinal k in slot k % ZN_CK_RING):
-     * saved D2H on s_act after the forward wrote it, loaded H2D one group
-     * ahead of its backward. ckres: the block whose input a slot holds. */
-    bool ckcpu;
-    void **ckhost;
-    int *ckord;            /* [L] ordinal of a group-first block's input */
-    void *ckring[3];
-    uint64_t ck_bytes;     /* one group input */
-    int ckres[3];
-    bool ck_saving[3], ck_loading[3];
-    zn_event *ev_ckw[3], *ev_cks[3], *ev_ckl[3], *ev_ckc;
-    zn_stream *s_act;
-
-    /* host */
-    void *pstage[64];      /* NVMe param staging (buffer_count) */
-    int n_pstage;
-    zn_event *ev_pstage_free[64];
-    zn_io_req *pstage_req; /* [n_pstage][max_block_pieces] */
-    zn_pread_arg pstage_arg[64];
     /* Flags the streams wait on in stream order (zn_dev_stream_wait_value),
      * one per 64-byte line of a pinned buffer: staging buffer t's is raised
      * to its fetch's seq when the fetch's NVMe reads completed (the H2D
      * stream waits for it before the copy); grad staging buffer g's counts
      * the accumulation jobs done with it (the D2H stream waits until it
-     * reaches aposted[g] before refilling g). Host functions only signal. */
+     * reaches acc.posted[g] before refilling g). Host functions only signal. */
     uint32_t *sflags;
-    uint32_t pstage_seq[64];
-    _Atomic int pstage_left[64];
-    uint32_t aposted[2];
     float *gstage[2];      /* pinned grad staging for D2H */
-    uint64_t setup_nvme_write, setup_h2d;  /* bytes the setup moved (initial state) */
     float *gtmp;           /* NVMe grads with accumulation or bf16 transfer: the fp32 sum */
     float *gram;           /* NVMe grads: the pieces kept in pinned RAM (gram_off) */
     uint64_t gram_elems;
-    float *master, *mom, *var, *gacc;  /* flat (cpu/none optimizer) */
+    float *master, *mom, *var, *grad_acc;  /* flat (cpu/none optimizer) */
     /* How Adam's moments are kept (train.optim): fp32, or (cpu optimizer
-     * tier) bf16 or 8-bit blockwise. mom and var hold mbytes each: fp32
-     * P x 4; else P elements of `mb` bytes padded to 64, and for 8-bit the
-     * blocks' absmax after them (zn_tr_moments). */
-    zn_mom_fmt mfmt;
-    int mb;
-    uint64_t mbytes;
-    /* The optimizer on the device (offload_optimizer none): master, m, v
-     * and the gradient sums above live in the arena; gradients are summed
-     * there, their norm is taken there by chunks (normc_dev, copied to the
-     * pinned normc), and zn_dev_adam steps on s_oh2d. A block homed off the
-     * device gets its update through pdev (16-bit) and pout_flat. */
-    bool dopt;
+     * tier) bf16 or 8-bit blockwise. mom and var hold mom_bytes each: fp32
+     * P x 4; else P elements of `mom_elem` bytes padded to 64, and for 8-bit
+     * the blocks' absmax after them (zn_tr_moments). */
+    zn_mom_fmt mom_fmt;
+    int mom_elem;
+    uint64_t mom_bytes;
     double *normc_dev, *normc;
     void *pdev;
     void *ostage;          /* pinned staging for state in and out (init, checkpoints) */
     uint64_t ostage_bytes;
-    zn_accum_arg *accum_args;  /* one per (micro-batch use) */
-    int n_accum_args;
-    /* the accumulation worker (accum.c) */
-    pthread_t athr;
-    bool athr_started, aquit;
-    pthread_mutex_t alock;
-    pthread_cond_t acv;          /* a job queued or finished */
-    zn_accum_arg *ahead, *atail; /* queued jobs */
-    int abusy[2];                /* jobs queued or running per gstage buffer */
-    int apending;
-    zn_accum_buf abuf[2];
-    zn_mark *marks;
-    int n_marks, next_mark;
 
-    /* optimizer pipeline */
-    zn_opt_slot oslot[16];
-    int n_oslots;
-    void *pout_flat;       /* cpu/none optimizer: 16-bit param staging (U) */
-    zn_event *ev_pout;
-    zn_stream *s_oh2d;     /* the optimizer's parameter copies to the device */
-    zn_pcache_ent *pc;     /* the param cache (n_pc entries; 0: off) */
-    int n_pc;
-    _Atomic uint64_t pc_hits;   /* fetches served from it */
-    _Atomic uint64_t pc_bytes;
-    bool overlap_step;     /* no clipping/fp16: units step during backward */
-    bool pipeline;         /* a step returns before its optimizer job ends */
-    pthread_t othr;
-    bool othr_started;
-    pthread_mutex_t olock;
-    pthread_cond_t ocv;
-    zn_opt_job oj;         /* the job the thread runs */
-    zn_opt_job opj;        /* the job posted while oj runs */
-    bool orunning, opending, ocancel, oquit;
-    int ostatus;           /* first failure since the last zn_optsched_wait */
-    int64_t oseq;          /* the last job posted */
-    /* parameters landed (zn_unit.pdone) */
-    pthread_mutex_t plock;
-    pthread_cond_t pcv;
-    int64_t pseq_need;     /* main thread: the job whose updates uses wait for */
-    bool opt_inflight;     /* the last step returned with its job running */
-    int64_t opt_step;      /* the step (1-based) that job belongs to */
+    zn_tr_fetch fetch;
+    zn_tr_actoff act;
+    zn_tr_accum acc;
+    zn_tr_opt opt;
+    zn_tr_stats stats;
 
     zn_aio_fault_fn fault_hook;
     void *fault_user;
@@ -501,13 +540,6 @@ struct zn_trainer {
     char errmsg[512];
     pthread_mutex_t elock;
     bool bad;              /* a failed step: state not valid */
-
-    /* counters */
-    double step_s;
-    double param_wait_s;   /* the schedule waited for landed parameters */
-    int64_t steps_run;
-    uint64_t tokens;
-    double flops;
 };
 
 /* Records the first failure (thread-safe) and wakes waiters. */
@@ -576,7 +608,7 @@ int zn_tr_ck_save(zn_trainer *tr, int b);
  * an 8-bit block boundary: units are multiples of ZN_Q8_BLOCK then). */
 static inline zn_moments zn_tr_moments(const zn_trainer *tr, uint64_t off)
 {
-    return zn_mom_layout_at(tr->mfmt, tr->mom, tr->var, tr->P, off);
+    return zn_mom_layout_at(tr->mom_fmt, tr->mom, tr->var, tr->P, off);
 }
 
 #endif

@@ -65,9 +65,9 @@ static void mark_end_fn(void *arg)
 
 zn_mark *zn_train_mark_begin(zn_trainer *tr, zn_stream *s, int res, const char *name)
 {
-    if (tr->next_mark >= tr->n_marks)
+    if (tr->fetch.next_mark >= tr->fetch.n_marks)
         return NULL;
-    zn_mark *mk = &tr->marks[tr->next_mark++];
+    zn_mark *mk = &tr->fetch.marks[tr->fetch.next_mark++];
     mk->tr = tr;
     mk->track = tr->track[res];
     snprintf(mk->name, sizeof mk->name, "%s", name);
@@ -150,9 +150,9 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     tr->lr_fault = o->lr_fault;
     tr->lr_fault_user = o->lr_fault_user;
     pthread_mutex_init(&tr->elock, NULL);
-    tr->popt = cfg->zero.offload_param.device;
-    tr->oopt = cfg->zero.offload_optimizer.device;
-    if (cfg->zero.stage < 3 && tr->popt != ZN_OFFLOAD_NONE) {
+    tr->param_home = cfg->zero.offload_param.device;
+    tr->opt_home = cfg->zero.offload_optimizer.device;
+    if (cfg->zero.stage < 3 && tr->param_home != ZN_OFFLOAD_NONE) {
         rc = zn_set_error(ZN_ECONFIG, "%s: zero_optimization.offload_param needs stage 3 "
                           "(stage is %d)", cfg->source, cfg->zero.stage);
         goto fail;
@@ -184,11 +184,11 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
                           "\"bf16\": {\"enabled\": true}", cfg->source);
         goto fail;
     }
-    tr->pdt = cuda && cfg->bf16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
-    tr->pbytes = zn_dtype_size(tr->pdt);
-    if ((int)tr->pbytes != in.param_bytes) {
+    tr->param_dt = cuda && cfg->bf16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+    tr->param_bytes = zn_dtype_size(tr->param_dt);
+    if ((int)tr->param_bytes != in.param_bytes) {
         /* auto fell back to the host backend: re-plan with fp32 params */
-        in.param_bytes = (int)tr->pbytes;
+        in.param_bytes = (int)tr->param_bytes;
         rc = zn_tr_dry_plan(&tr->plan, o, cfg, &in, in.world_size, crank);
         if (rc == ZN_ENOFIT) {
             rc = zn_set_error(ZN_ENOFIT, "does not fit: %s", tr->plan.why);
@@ -215,21 +215,21 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "compute", &tr->s_comp));
     ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "h2d", &tr->s_h2d));
     ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "d2h", &tr->s_d2h));
-    ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "opt-h2d", &tr->s_oh2d));
+    ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "opt-h2d", &tr->opt.s_h2d));
     ZN_TRY_GOTO(zn_accum_start(tr));
 
-    tr->gnvme = tr->oopt == ZN_OFFLOAD_NVME && tr->plan.grads_tier == ZN_TIER_NVME;
-    tr->dopt = tr->oopt == ZN_OFFLOAD_NONE;
-    tr->gdt = tr->dopt ? ZN_DTYPE_F32 : zn_tr_grad_transfer_dtype(cfg, tr->pdt);
-    tr->ckcpu = cfg->activation_checkpointing.cpu_checkpointing;
-    if (tr->ckcpu) {
-        ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "activations", &tr->s_act));
+    tr->grads_on_nvme = tr->opt_home == ZN_OFFLOAD_NVME && tr->plan.grads_tier == ZN_TIER_NVME;
+    tr->opt_on_device = tr->opt_home == ZN_OFFLOAD_NONE;
+    tr->grad_dt = tr->opt_on_device ? ZN_DTYPE_F32 : zn_tr_grad_transfer_dtype(cfg, tr->param_dt);
+    tr->act.on = cfg->activation_checkpointing.cpu_checkpointing;
+    if (tr->act.on) {
+        ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "activations", &tr->act.stream));
         for (int i = 0; i < ZN_CK_RING; i++) {
-            ZN_TRY_GOTO(make_event(tr, &tr->ev_ckw[i]));
-            ZN_TRY_GOTO(make_event(tr, &tr->ev_cks[i]));
-            ZN_TRY_GOTO(make_event(tr, &tr->ev_ckl[i]));
+            ZN_TRY_GOTO(make_event(tr, &tr->act.ev_written[i]));
+            ZN_TRY_GOTO(make_event(tr, &tr->act.ev_saved[i]));
+            ZN_TRY_GOTO(make_event(tr, &tr->act.ev_loaded[i]));
         }
-        ZN_TRY_GOTO(make_event(tr, &tr->ev_ckc));
+        ZN_TRY_GOTO(make_event(tr, &tr->act.ev_compute));
     }
     ZN_TRY_GOTO(zn_tr_build_layout(tr));
     ZN_TRY_GOTO(zn_tr_allocate(tr));
@@ -245,13 +245,13 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
 
     /* requests and events */
     for (int s = 0; s < 16; s++) {
-        zn_opt_slot *sl = &tr->oslot[s];
+        zn_opt_slot *sl = &tr->opt.slot[s];
         sl->unit = -1;
         for (int i = 0; i < 3; i++) {
             atomic_store(&sl->rd[i].done, 1);
             atomic_store(&sl->wr[i].done, 1);
         }
-        if (s >= tr->n_oslots)
+        if (s >= tr->opt.n_slots)
             continue;
         sl->grd = calloc((size_t)tr->max_unit_pieces, sizeof *sl->grd);
         sl->pwr = calloc((size_t)tr->max_unit_pieces, sizeof *sl->pwr);
@@ -261,32 +261,32 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
         }
         ZN_TRY_GOTO(make_event(tr, &sl->h2d_done));
     }
-    if (tr->n_pstage) {
-        tr->pstage_req = calloc((size_t)tr->n_pstage * (size_t)tr->max_block_pieces,
-                                sizeof *tr->pstage_req);
-        if (!tr->pstage_req) {
+    if (tr->fetch.n_stage) {
+        tr->fetch.stage_req = calloc((size_t)tr->fetch.n_stage * (size_t)tr->max_block_pieces,
+                                sizeof *tr->fetch.stage_req);
+        if (!tr->fetch.stage_req) {
             rc = zn_set_error(-ENOMEM, "train: out of memory");
             goto fail;
         }
-        for (int i = 0; i < tr->n_pstage; i++)
-            ZN_TRY_GOTO(make_event(tr, &tr->ev_pstage_free[i]));
+        for (int i = 0; i < tr->fetch.n_stage; i++)
+            ZN_TRY_GOTO(make_event(tr, &tr->fetch.ev_stage_free[i]));
     }
-    if (tr->nslots) {
-        tr->ev_ready = calloc((size_t)tr->nslots, sizeof *tr->ev_ready);
-        tr->ev_consumed = calloc((size_t)tr->nslots, sizeof *tr->ev_consumed);
-        if (!tr->ev_ready || !tr->ev_consumed) {
+    if (tr->fetch.n_slots) {
+        tr->fetch.ev_ready = calloc((size_t)tr->fetch.n_slots, sizeof *tr->fetch.ev_ready);
+        tr->fetch.ev_consumed = calloc((size_t)tr->fetch.n_slots, sizeof *tr->fetch.ev_consumed);
+        if (!tr->fetch.ev_ready || !tr->fetch.ev_consumed) {
             rc = zn_set_error(-ENOMEM, "train: out of memory");
             goto fail;
         }
-        tr->ev_shard = calloc((size_t)tr->nslots, sizeof *tr->ev_shard);
-        if (!tr->ev_shard) {
+        tr->fetch.ev_shard = calloc((size_t)tr->fetch.n_slots, sizeof *tr->fetch.ev_shard);
+        if (!tr->fetch.ev_shard) {
             rc = zn_set_error(-ENOMEM, "train: out of memory");
             goto fail;
         }
-        for (int s = 0; s < tr->nslots; s++) {
-            ZN_TRY_GOTO(make_event(tr, &tr->ev_ready[s]));
-            ZN_TRY_GOTO(make_event(tr, &tr->ev_consumed[s]));
-            ZN_TRY_GOTO(make_event(tr, &tr->ev_shard[s]));
+        for (int s = 0; s < tr->fetch.n_slots; s++) {
+            ZN_TRY_GOTO(make_event(tr, &tr->fetch.ev_ready[s]));
+            ZN_TRY_GOTO(make_event(tr, &tr->fetch.ev_consumed[s]));
+            ZN_TRY_GOTO(make_event(tr, &tr->fetch.ev_shard[s]));
         }
     }
     for (int i = 0; i < 2; i++) {
@@ -297,13 +297,13 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
 
     ZN_TRY_GOTO(zn_tr_initialise(tr));
     /* the links' counters are the steps' traffic: the setup's is kept apart */
-    tr->setup_nvme_write = atomic_exchange(&tr->tm.nvme_write, 0);
-    tr->setup_h2d = atomic_exchange(&tr->tm.h2d, 0);
+    tr->stats.setup_nvme_write = atomic_exchange(&tr->tm.nvme_write, 0);
+    tr->stats.setup_h2d = atomic_exchange(&tr->tm.h2d, 0);
     ZN_TRY_GOTO(zn_optsched_init(tr));
     /* ZeRO stages 1/2 on several ranks all-gather the updated shards after
      * the optimizer (gather_replicated); everything else lets the step
      * return while its optimizer job still runs. */
-    tr->pipeline = tr->world == 1 || cfg->zero.stage >= 3;
+    tr->opt.pipeline = tr->world == 1 || cfg->zero.stage >= 3;
     zn_loss_scaler_init(&tr->scaler, &cfg->fp16);
     *out = tr;
     return 0;
@@ -320,7 +320,7 @@ void zn_train_destroy(zn_trainer *tr)
 {
     if (!tr)
         return;
-    if (tr->othr_started)
+    if (tr->opt.started)
         zn_optsched_wait(tr);  /* a pipelined job ends before anything is freed */
     zn_optsched_fini(tr);
     if (tr->dev)
@@ -329,62 +329,62 @@ void zn_train_destroy(zn_trainer *tr)
     zn_ioq_stop(&tr->rq);
     zn_ioq_stop(&tr->wq);
     if (tr->dev) {
-        for (int s = 0; s < tr->nslots; s++) {
-            if (tr->ev_ready)
-                zn_dev_event_destroy(tr->dev, tr->ev_ready[s]);
-            if (tr->ev_consumed)
-                zn_dev_event_destroy(tr->dev, tr->ev_consumed[s]);
-            if (tr->ev_shard)
-                zn_dev_event_destroy(tr->dev, tr->ev_shard[s]);
+        for (int s = 0; s < tr->fetch.n_slots; s++) {
+            if (tr->fetch.ev_ready)
+                zn_dev_event_destroy(tr->dev, tr->fetch.ev_ready[s]);
+            if (tr->fetch.ev_consumed)
+                zn_dev_event_destroy(tr->dev, tr->fetch.ev_consumed[s]);
+            if (tr->fetch.ev_shard)
+                zn_dev_event_destroy(tr->dev, tr->fetch.ev_shard[s]);
         }
         for (int i = 0; i < 2; i++) {
             zn_dev_event_destroy(tr->dev, tr->ev_gready[i]);
             zn_dev_event_destroy(tr->dev, tr->ev_gfree[i]);
             zn_dev_event_destroy(tr->dev, tr->ev_rs[i]);
         }
-        for (int i = 0; i < tr->n_pstage; i++)
-            zn_dev_event_destroy(tr->dev, tr->ev_pstage_free[i]);
+        for (int i = 0; i < tr->fetch.n_stage; i++)
+            zn_dev_event_destroy(tr->dev, tr->fetch.ev_stage_free[i]);
         for (int s = 0; s < 16; s++)
-            zn_dev_event_destroy(tr->dev, tr->oslot[s].h2d_done);
+            zn_dev_event_destroy(tr->dev, tr->opt.slot[s].h2d_done);
         if (tr->model && tr->model->release)
             tr->model->release(tr->model->ctx, tr->dev);
         zn_dev_stream_destroy(tr->dev, tr->s_comp);
         zn_dev_stream_destroy(tr->dev, tr->s_h2d);
         zn_dev_stream_destroy(tr->dev, tr->s_d2h);
-        zn_dev_stream_destroy(tr->dev, tr->s_oh2d);
+        zn_dev_stream_destroy(tr->dev, tr->opt.s_h2d);
         for (int i = 0; i < ZN_CK_RING; i++) {
-            zn_dev_event_destroy(tr->dev, tr->ev_ckw[i]);
-            zn_dev_event_destroy(tr->dev, tr->ev_cks[i]);
-            zn_dev_event_destroy(tr->dev, tr->ev_ckl[i]);
+            zn_dev_event_destroy(tr->dev, tr->act.ev_written[i]);
+            zn_dev_event_destroy(tr->dev, tr->act.ev_saved[i]);
+            zn_dev_event_destroy(tr->dev, tr->act.ev_loaded[i]);
         }
-        zn_dev_event_destroy(tr->dev, tr->ev_ckc);
-        if (tr->s_act)
-            zn_dev_stream_destroy(tr->dev, tr->s_act);
+        zn_dev_event_destroy(tr->dev, tr->act.ev_compute);
+        if (tr->act.stream)
+            zn_dev_stream_destroy(tr->dev, tr->act.stream);
         if (tr->comm_attached)
             zn_comm_detach_device(tr->comm);
         zn_tier_fini(&tr->tm);
         zn_dev_destroy(tr->dev);
     }
     for (int s = 0; s < 16; s++) {
-        free(tr->oslot[s].grd);
-        free(tr->oslot[s].pwr);
+        free(tr->opt.slot[s].grd);
+        free(tr->opt.slot[s].pwr);
     }
-    free(tr->ev_ready);
-    free(tr->ev_consumed);
-    free(tr->ev_shard);
-    free(tr->pstage_req);
-    free(tr->pc);
-    free(tr->slot);
-    free(tr->slot_block);
+    free(tr->fetch.ev_ready);
+    free(tr->fetch.ev_consumed);
+    free(tr->fetch.ev_shard);
+    free(tr->fetch.stage_req);
+    free(tr->opt.pcache);
+    free(tr->fetch.slot);
+    free(tr->fetch.slot_block);
     free(tr->ckpt);
-    free(tr->ckhost);
-    free(tr->ckord);
+    free(tr->act.host);
+    free(tr->act.ordinal);
     free(tr->blocks);
     free(tr->units);
     free(tr->pieces);
-    free(tr->accum_args);
-    free(tr->nurows);
-    free(tr->marks);
+    free(tr->fetch.accum_args);
+    free(tr->fetch.n_rows);
+    free(tr->fetch.marks);
     zn_trace_destroy(tr->trace);
     pthread_mutex_destroy(&tr->elock);
     free(tr);

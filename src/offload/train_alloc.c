@@ -118,14 +118,14 @@ int zn_tr_allocate(zn_trainer *tr)
     if (tr->dry) {
         uint64_t ws = 0;
         if (tr->model->plan_prepare) {
-            ZN_TRY_GOTO(tr->model->plan_prepare(tr->model->ctx, tr->pdt, &ws, &act));
+            ZN_TRY_GOTO(tr->model->plan_prepare(tr->model->ctx, tr->param_dt, &ws, &act));
             if (ws) {
                 tr->dry_gpu += ws;
                 plan_item(tr, gpu, ZN_STATE_WORK, ws, "model workspace");
             }
         }
     } else if (tr->model->prepare) {
-        ZN_TRY_GOTO(tr->model->prepare(tr->model->ctx, tr->dev, tr->s_comp, tr->pdt));
+        ZN_TRY_GOTO(tr->model->prepare(tr->model->ctx, tr->dev, tr->s_comp, tr->param_dt));
         act = tr->model->act_bytes;
     }
 
@@ -134,29 +134,29 @@ int zn_tr_allocate(zn_trainer *tr)
         zn_block *bl = &tr->blocks[b];
         snprintf(name, sizeof name, "params b%d", b);
         if (bl->home == ZN_PHOME_DEVICE)
-            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_PARAMS, home_elems(bl) * tr->pbytes, name,
+            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_PARAMS, home_elems(bl) * tr->param_bytes, name,
                           &bl->dev_params));
     }
     tr->ckpt = calloc((size_t)tr->L, sizeof *tr->ckpt);
-    tr->ckhost = calloc((size_t)tr->L, sizeof *tr->ckhost);
-    tr->ckord = calloc((size_t)tr->L, sizeof *tr->ckord);
-    if (!tr->ckpt || !tr->ckhost || !tr->ckord)
+    tr->act.host = calloc((size_t)tr->L, sizeof *tr->act.host);
+    tr->act.ordinal = calloc((size_t)tr->L, sizeof *tr->act.ordinal);
+    if (!tr->ckpt || !tr->act.host || !tr->act.ordinal)
         return zn_set_error(-ENOMEM, "train: out of memory");
-    tr->ck_bytes = act;
-    if (tr->ckcpu)
+    tr->act.bytes = act;
+    if (tr->act.on)
         for (int i = 0; i < ZN_CK_RING; i++) {
             snprintf(name, sizeof name, "activation ckpt ring %d", i);
-            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, act, name, &tr->ckring[i]));
-            tr->ckres[i] = -1;
+            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, act, name, &tr->act.ring[i]));
+            tr->act.res[i] = -1;
         }
     for (int b = 1, k = 0; b < tr->L; b++) {
         if (tr->blocks[b].gfirst != b)
             continue; /* a further part of a layer reads its first part's input */
         snprintf(name, sizeof name, "activation ckpt b%d", b);
-        tr->ckord[b] = k;
-        if (tr->ckcpu) {
-            ZN_TRY_GOTO(alloc_ptr(tr, ZN_TIER_CPU, ZN_STATE_ACT_CKPT, act, name, &tr->ckhost[b]));
-            tr->ckpt[b] = tr->ckring[k % ZN_CK_RING];
+        tr->act.ordinal[b] = k;
+        if (tr->act.on) {
+            ZN_TRY_GOTO(alloc_ptr(tr, ZN_TIER_CPU, ZN_STATE_ACT_CKPT, act, name, &tr->act.host[b]));
+            tr->ckpt[b] = tr->act.ring[k % ZN_CK_RING];
         } else {
             ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_ACT_CKPT, act, name, &tr->ckpt[b]));
         }
@@ -174,13 +174,13 @@ int zn_tr_allocate(zn_trainer *tr)
     const zn_train_model *md = tr->model;
     int64_t A = cfg->gradient_accumulation_steps > 0 ? cfg->gradient_accumulation_steps : 1;
     int64_t ntok = cfg->train_micro_batch_size_per_gpu * cfg->data.seq_len;
-    uint64_t cast_elems = tr->gdt != ZN_DTYPE_F32 ? tr->largest_local : 0;
+    uint64_t cast_elems = tr->grad_dt != ZN_DTYPE_F32 ? tr->largest_local : 0;
     tr->any_sparse = false;
     for (int b = 0; b < tr->L; b++) {
         zn_block *bl = &tr->blocks[b];
         bl->srow0 = -1;
         if (md->block_sparse_row0 && md->block_sparse_row0[b] >= 0 && md->row_width > 0 &&
-            tr->world == 1 && !tr->gnvme && !tr->dopt && !bl->frozen && bl->len == bl->n &&
+            tr->world == 1 && !tr->grads_on_nvme && !tr->opt_on_device && !bl->frozen && bl->len == bl->n &&
             bl->n % (uint64_t)md->row_width == 0 && ntok > 0) {
             bl->srow0 = md->block_sparse_row0[b];
             tr->any_sparse = true;
@@ -193,42 +193,42 @@ int zn_tr_allocate(zn_trainer *tr)
      * gathered into; that and its D2H are both on the D2H stream, so one
      * block's at a time */
     if (cast_elems)
-        ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, cast_elems * zn_dtype_size(tr->gdt),
+        ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, cast_elems * zn_dtype_size(tr->grad_dt),
                       "block grads (transfer)", &tr->gcast));
     if (tr->any_sparse) {
-        tr->urows_cap = A * ntok;
-        ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, (uint64_t)tr->urows_cap * 4, "token rows",
-                      (void **)&tr->urows_dev));
+        tr->fetch.rows_cap = A * ntok;
+        ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, (uint64_t)tr->fetch.rows_cap * 4, "token rows",
+                      (void **)&tr->fetch.rows_dev));
         /* pinned: an upload from pageable memory would wait for the D2H
          * stream's earlier work (CUDA stages it synchronously) */
-        ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, (uint64_t)tr->urows_cap * 4, "token rows (host)",
-                      (void **)&tr->urows));
-        if (!tr->dry && !(tr->nurows = calloc((size_t)A, sizeof *tr->nurows)))
+        ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, (uint64_t)tr->fetch.rows_cap * 4, "token rows (host)",
+                      (void **)&tr->fetch.rows));
+        if (!tr->dry && !(tr->fetch.n_rows = calloc((size_t)A, sizeof *tr->fetch.n_rows)))
             return zn_set_error(-ENOMEM, "train: out of memory");
     }
 
     /* optimizer states in memory */
-    if (tr->oopt != ZN_OFFLOAD_NVME) {
-        zn_tier t = tr->oopt == ZN_OFFLOAD_NONE ? gpu : cpu;
+    if (tr->opt_home != ZN_OFFLOAD_NVME) {
+        zn_tier t = tr->opt_home == ZN_OFFLOAD_NONE ? gpu : cpu;
         ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_MASTER, tr->P * 4, "master (fp32)", (void **)&tr->master));
         /* (compressed moments: the codes or halves, then the blocks' absmax) */
-        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_ADAM_M, tr->mbytes, "adam m", (void **)&tr->mom));
-        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_ADAM_V, tr->mbytes, "adam v", (void **)&tr->var));
-        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_GRADS, tr->P * 4, "grads (fp32)", (void **)&tr->gacc));
+        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_ADAM_M, tr->mom_bytes, "adam m", (void **)&tr->mom));
+        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_ADAM_V, tr->mom_bytes, "adam v", (void **)&tr->var));
+        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_GRADS, tr->P * 4, "grads (fp32)", (void **)&tr->grad_acc));
         bool off_dev = false;  /* a trainable block homed off the device */
         for (int b = 0; b < tr->L; b++)
             off_dev |= tr->blocks[b].len > 0 && tr->blocks[b].home != ZN_PHOME_DEVICE;
-        if (!tr->dopt && tr->pdt != ZN_DTYPE_F32)
-            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes, "param update staging",
-                          &tr->pout_flat));
-        if (tr->dopt && off_dev) {
-            if (tr->pdt != ZN_DTYPE_F32)
-                ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->U * tr->pbytes,
+        if (!tr->opt_on_device && tr->param_dt != ZN_DTYPE_F32)
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->param_bytes, "param update staging",
+                          &tr->opt.pout_flat));
+        if (tr->opt_on_device && off_dev) {
+            if (tr->param_dt != ZN_DTYPE_F32)
+                ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->U * tr->param_bytes,
                               "param update staging (device)", &tr->pdev));
-            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes, "param update staging",
-                          &tr->pout_flat));
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->param_bytes, "param update staging",
+                          &tr->opt.pout_flat));
         }
-        if (tr->dopt) {
+        if (tr->opt_on_device) {
             /* each block's chunk sums of squares, on the device and pinned */
             uint64_t nc = 0;
             for (int b = 0; b < tr->L; b++) {
@@ -246,9 +246,9 @@ int zn_tr_allocate(zn_trainer *tr)
             ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->ostage_bytes, "optimizer state staging",
                           &tr->ostage));
         }
-    } else if (!tr->gnvme) {
+    } else if (!tr->grads_on_nvme) {
         /* states on NVMe, gradients in pinned RAM (tiers.grads) */
-        ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_GRADS, tr->P * 4, "grads (fp32)", (void **)&tr->gacc));
+        ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_GRADS, tr->P * 4, "grads (fp32)", (void **)&tr->grad_acc));
     }
 
     /* pinned: params homed on the CPU, staging */
@@ -256,7 +256,7 @@ int zn_tr_allocate(zn_trainer *tr)
         zn_block *bl = &tr->blocks[b];
         snprintf(name, sizeof name, "params b%d", b);
         if (bl->home == ZN_PHOME_CPU)
-            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_PARAMS, home_elems(bl) * tr->pbytes, name,
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_PARAMS, home_elems(bl) * tr->param_bytes, name,
                           &bl->cpu_params));
     }
     for (int i = 0; i < 2; i++)
@@ -278,10 +278,10 @@ int zn_tr_allocate(zn_trainer *tr)
     }
     if (largest_nvme) {
         int64_t bc = cfg->zero.offload_param.buffer_count;
-        tr->n_pstage = (int)(bc < 2 ? 2 : bc > 64 ? 64 : bc);
-        for (int i = 0; i < tr->n_pstage; i++)
-            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_nvme * tr->pbytes, "param staging",
-                          &tr->pstage[i]));
+        tr->fetch.n_stage = (int)(bc < 2 ? 2 : bc > 64 ? 64 : bc);
+        for (int i = 0; i < tr->fetch.n_stage; i++)
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_nvme * tr->param_bytes, "param staging",
+                          &tr->fetch.stage[i]));
     }
     /* the param cache: only where the step is pipelined (a replicated block
      * on several ranks gets the other ranks' parts later, by all-gather) */
@@ -298,26 +298,26 @@ int zn_tr_allocate(zn_trainer *tr)
     }
     if (largest_pc && cfg->tiers.param_cache > 0 && tr->dry) {
         for (int e = 0; e < cfg->tiers.param_cache; e++)
-            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_pc * tr->pbytes, "param cache",
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_pc * tr->param_bytes, "param cache",
                           (void **)&(void *){ NULL }));
     } else if (largest_pc && cfg->tiers.param_cache > 0) {
-        tr->pc = calloc((size_t)cfg->tiers.param_cache, sizeof *tr->pc);
-        if (!tr->pc)
+        tr->opt.pcache = calloc((size_t)cfg->tiers.param_cache, sizeof *tr->opt.pcache);
+        if (!tr->opt.pcache)
             return zn_set_error(-ENOMEM, "train: out of memory");
-        tr->n_pc = cfg->tiers.param_cache;
-        for (int e = 0; e < tr->n_pc; e++) {
-            tr->pc[e].tr = tr;
-            tr->pc[e].block = -1;
-            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_pc * tr->pbytes, "param cache",
-                          &tr->pc[e].buf));
+        tr->opt.n_pcache = cfg->tiers.param_cache;
+        for (int e = 0; e < tr->opt.n_pcache; e++) {
+            tr->opt.pcache[e].tr = tr;
+            tr->opt.pcache[e].block = -1;
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_pc * tr->param_bytes, "param cache",
+                          &tr->opt.pcache[e].buf));
         }
     } else {
         for (int b = 0; b < tr->L; b++)
             tr->blocks[b].pc_ok = false;
     }
-    if (tr->oopt == ZN_OFFLOAD_NVME) {
-        for (int s = 0; s < tr->n_oslots; s++) {
-            zn_opt_slot *sl = &tr->oslot[s];
+    if (tr->opt_home == ZN_OFFLOAD_NVME) {
+        for (int s = 0; s < tr->opt.n_slots; s++) {
+            zn_opt_slot *sl = &tr->opt.slot[s];
             void *buf;
             ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * 16, "optimizer staging", &buf));
             if (!tr->dry) {
@@ -326,11 +326,11 @@ int zn_tr_allocate(zn_trainer *tr)
                 sl->v = sl->m + tr->U;
                 sl->grad = sl->v + tr->U;
             }
-            if (tr->pdt != ZN_DTYPE_F32)
-                ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->pbytes,
+            if (tr->param_dt != ZN_DTYPE_F32)
+                ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->param_bytes,
                               "param update staging", &sl->pout));
         }
-        if (tr->gnvme && (cfg->gradient_accumulation_steps > 1 || tr->gdt != ZN_DTYPE_F32))
+        if (tr->grads_on_nvme && (cfg->gradient_accumulation_steps > 1 || tr->grad_dt != ZN_DTYPE_F32))
             ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_local * 4, "grad readback",
                           (void **)&tr->gtmp));
     }
@@ -343,7 +343,7 @@ int zn_tr_allocate(zn_trainer *tr)
     for (int k = 0; k < tr->n_pieces; k++)
         tr->pieces[k].gram_off = -1;
     tr->gram_elems = 0;
-    if (tr->gnvme && cfg->tiers.grads == ZN_GRADS_AUTO) {
+    if (tr->grads_on_nvme && cfg->tiers.grads == ZN_GRADS_AUTO) {
         uint64_t used = tr->dry_cpu;
         if (!tr->dry) {
             uint64_t u[ZN_TIER_COUNT], pk[ZN_TIER_COUNT];
@@ -377,7 +377,7 @@ int zn_tr_allocate(zn_trainer *tr)
         uint64_t bytes = need < tr->tm.budget[ZN_TIER_NVME] ? need : tr->tm.budget[ZN_TIER_NVME];
         if (!tr->dry)
             ZN_TRY_GOTO(zn_tier_open_nvme(&tr->tm, cfg, bytes, tr->fault_hook, tr->fault_user));
-        if (tr->oopt == ZN_OFFLOAD_NVME) {
+        if (tr->opt_home == ZN_OFFLOAD_NVME) {
             for (int u = 0; u < tr->n_units; u++) {
                 zn_unit *un = &tr->units[u];
                 snprintf(name, sizeof name, "master u%d", u);
@@ -387,7 +387,7 @@ int zn_tr_allocate(zn_trainer *tr)
                 snprintf(name, sizeof name, "adam v u%d", u);
                 ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_ADAM_V, un->n * 4, name, &un->v_id));
             }
-            for (int k = 0; k < tr->n_pieces && tr->gnvme; k++) {
+            for (int k = 0; k < tr->n_pieces && tr->grads_on_nvme; k++) {
                 zn_piece *p = &tr->pieces[k];
                 if (p->gram_off >= 0)
                     continue; /* in pinned RAM */
@@ -400,21 +400,21 @@ int zn_tr_allocate(zn_trainer *tr)
             if (tr->blocks[p->block].home != ZN_PHOME_NVME)
                 continue;
             snprintf(name, sizeof name, "params b%d u%d", p->block, p->unit);
-            ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_PARAMS, p->n * tr->pbytes, name, &p->param_id));
+            ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_PARAMS, p->n * tr->param_bytes, name, &p->param_id));
         }
         for (int b = 0; b < tr->L; b++) {
             zn_block *bl = &tr->blocks[b];
             if (bl->home != ZN_PHOME_NVME || !bl->frozen)
                 continue;
             snprintf(name, sizeof name, "frozen params b%d", b);
-            ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_PARAMS, zn_tr_frozen_home(bl) * tr->pbytes, name,
+            ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_PARAMS, zn_tr_frozen_home(bl) * tr->param_bytes, name,
                           &bl->frozen_id));
         }
     }
 
     /* the ring of device parameter slots, last: it takes what is left */
     if (tr->largest_ring_block) {
-        uint64_t slot_bytes = zn_tr_round_up(tr->largest_ring_block * tr->pbytes, ZN_DEV_ALIGN);
+        uint64_t slot_bytes = zn_tr_round_up(tr->largest_ring_block * tr->param_bytes, ZN_DEV_ALIGN);
         uint64_t want = tr->plan.live_window / tr->largest_ring_block;
         if (want < 2)
             want = 2;
@@ -443,25 +443,25 @@ int zn_tr_allocate(zn_trainer *tr)
                                 "tiers.gpu%s or lower train_micro_batch_size_per_gpu",
                                 zn_format_size(slot_bytes, b1, sizeof b1),
                                 zn_format_size(dm.largest_free, b2, sizeof b2),
-                                tr->ckcpu ? "" : ", set activation_checkpointing."
+                                tr->act.on ? "" : ", set activation_checkpointing."
                                 "cpu_checkpointing=true (the layers' checkpoints to pinned RAM)");
         }
-        tr->nslots = (int)want;
+        tr->fetch.n_slots = (int)want;
         if (tr->dry) {
-            for (int s = 0; s < tr->nslots; s++)
-                ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_ring_block * tr->pbytes,
+            for (int s = 0; s < tr->fetch.n_slots; s++)
+                ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_ring_block * tr->param_bytes,
                               "param slot", (void **)&(void *){ NULL }));
             return 0;
         }
-        tr->slot = calloc((size_t)tr->nslots, sizeof *tr->slot);
-        tr->slot_block = calloc((size_t)tr->nslots, sizeof *tr->slot_block);
-        if (!tr->slot || !tr->slot_block)
+        tr->fetch.slot = calloc((size_t)tr->fetch.n_slots, sizeof *tr->fetch.slot);
+        tr->fetch.slot_block = calloc((size_t)tr->fetch.n_slots, sizeof *tr->fetch.slot_block);
+        if (!tr->fetch.slot || !tr->fetch.slot_block)
             return zn_set_error(-ENOMEM, "train: out of memory");
-        for (int s = 0; s < tr->nslots; s++) {
+        for (int s = 0; s < tr->fetch.n_slots; s++) {
             snprintf(name, sizeof name, "param slot %d", s);
-            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_ring_block * tr->pbytes, name,
-                          &tr->slot[s]));
-            tr->slot_block[s] = -1;
+            ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->largest_ring_block * tr->param_bytes, name,
+                          &tr->fetch.slot[s]));
+            tr->fetch.slot_block[s] = -1;
         }
     }
     return 0;
@@ -475,44 +475,44 @@ int zn_tr_dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cfg
     int rc = zn_plan_compute(out, cfg, in, &o->budgets);
     if (rc && rc != ZN_ENOFIT)
         return rc;
-    zn_trainer *t = calloc(1, sizeof *t);
-    if (!t)
+    zn_trainer *tr = calloc(1, sizeof *tr);
+    if (!tr)
         return zn_set_error(-ENOMEM, "train: out of memory");
-    t->dry = true;
-    t->cfg = *cfg;
-    t->model = o->model;
-    t->plan = *out;
-    t->plan.n_items = 0;
-    t->world = world > 0 ? world : 1;
-    t->rank = rank;
-    t->popt = cfg->zero.offload_param.device;
-    t->oopt = cfg->zero.offload_optimizer.device;
-    t->pdt = in->param_bytes == 2 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
-    t->pbytes = zn_dtype_size(t->pdt);
+    tr->dry = true;
+    tr->cfg = *cfg;
+    tr->model = o->model;
+    tr->plan = *out;
+    tr->plan.n_items = 0;
+    tr->world = world > 0 ? world : 1;
+    tr->rank = rank;
+    tr->param_home = cfg->zero.offload_param.device;
+    tr->opt_home = cfg->zero.offload_optimizer.device;
+    tr->param_dt = in->param_bytes == 2 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+    tr->param_bytes = zn_dtype_size(tr->param_dt);
     for (int i = 0; i < ZN_TIER_COUNT; i++)
-        t->tm.budget[i] = o->budgets.bytes[i];
-    t->gnvme = t->oopt == ZN_OFFLOAD_NVME && t->plan.grads_tier == ZN_TIER_NVME;
-    t->dopt = t->oopt == ZN_OFFLOAD_NONE;
-    t->gdt = t->dopt ? ZN_DTYPE_F32 : zn_tr_grad_transfer_dtype(cfg, t->pdt);
-    t->ckcpu = cfg->activation_checkpointing.cpu_checkpointing;
-    rc = zn_tr_build_layout(t);
+        tr->tm.budget[i] = o->budgets.bytes[i];
+    tr->grads_on_nvme = tr->opt_home == ZN_OFFLOAD_NVME && tr->plan.grads_tier == ZN_TIER_NVME;
+    tr->opt_on_device = tr->opt_home == ZN_OFFLOAD_NONE;
+    tr->grad_dt = tr->opt_on_device ? ZN_DTYPE_F32 : zn_tr_grad_transfer_dtype(cfg, tr->param_dt);
+    tr->act.on = cfg->activation_checkpointing.cpu_checkpointing;
+    rc = zn_tr_build_layout(tr);
     if (!rc)
-        rc = zn_tr_allocate(t);
+        rc = zn_tr_allocate(tr);
     if (!rc) {
         char why[sizeof out->why];
-        *out = t->plan;
+        *out = tr->plan;
         rc = zn_plan_use_items(out, cfg);
         snprintf(why, sizeof why, "%s", out->why);
         if (rc == ZN_ENOFIT)
             zn_set_error(rc, "%s", why);
     }
-    free(t->blocks);
-    free(t->units);
-    free(t->pieces);
-    free(t->ckpt);
-    free(t->ckhost);
-    free(t->ckord);
-    free(t);
+    free(tr->blocks);
+    free(tr->units);
+    free(tr->pieces);
+    free(tr->ckpt);
+    free(tr->act.host);
+    free(tr->act.ordinal);
+    free(tr);
     return rc;
 }
 

@@ -20,17 +20,17 @@ static bool params_landed(zn_trainer *tr, int b)
 {
     zn_block *bl = &tr->blocks[b];
     for (int k = 0; k < bl->np; k++)
-        if (atomic_load(&tr->units[tr->pieces[bl->p0 + k].unit].pdone) < tr->pseq_need)
+        if (atomic_load(&tr->units[tr->pieces[bl->p0 + k].unit].pdone) < tr->opt.land_need)
             return false;
     return true;
 }
 
-/* plock held: block b may be fetched: its update landed at home, or sits
+/* opt.land_lock held: block b may be fetched: its update landed at home, or sits
  * whole in the param cache. */
 static bool params_ready_locked(zn_trainer *tr, int b)
 {
     return params_landed(tr, b) ||
-           (tr->blocks[b].pc_ok && zn_pcache_ready_locked(tr, b, tr->pseq_need));
+           (tr->blocks[b].pc_ok && zn_pcache_ready_locked(tr, b, tr->opt.land_need));
 }
 
 static bool params_ready(zn_trainer *tr, int b)
@@ -39,9 +39,9 @@ static bool params_ready(zn_trainer *tr, int b)
         return true;
     if (!tr->blocks[b].pc_ok)
         return false;
-    pthread_mutex_lock(&tr->plock);
-    bool r = zn_pcache_ready_locked(tr, b, tr->pseq_need);
-    pthread_mutex_unlock(&tr->plock);
+    pthread_mutex_lock(&tr->opt.land_lock);
+    bool r = zn_pcache_ready_locked(tr, b, tr->opt.land_need);
+    pthread_mutex_unlock(&tr->opt.land_lock);
     return r;
 }
 
@@ -56,12 +56,12 @@ static int wait_for(zn_trainer *tr, int b, bool landed)
         return zn_set_error(ZN_EINTERNAL, "waiting for block %d's parameters inside a device "
                             "host function: it would stall every stream", b);
     uint64_t t0 = zn_now_ns();
-    pthread_mutex_lock(&tr->plock);
+    pthread_mutex_lock(&tr->opt.land_lock);
     while (!(landed ? params_landed(tr, b) : params_ready_locked(tr, b)) &&
            !atomic_load(&tr->err))
-        pthread_cond_wait(&tr->pcv, &tr->plock);
-    pthread_mutex_unlock(&tr->plock);
-    tr->param_wait_s += (double)(zn_now_ns() - t0) * 1e-9;
+        pthread_cond_wait(&tr->opt.land_cv, &tr->opt.land_lock);
+    pthread_mutex_unlock(&tr->opt.land_lock);
+    tr->stats.param_wait_s += (double)(zn_now_ns() - t0) * 1e-9;
     return atomic_load(&tr->err);
 }
 
@@ -86,7 +86,7 @@ static void pstage_read_done(zn_io_req *r)
     if (r->status)
         zn_train_fail(tr, r->status, "fetching params of block %d: NVMe read of %s failed: %s",
                       a->block, r->what, r->msg[0] ? r->msg : zn_strerror(r->status));
-    if (atomic_fetch_sub(&tr->pstage_left[a->t], 1) == 1)
+    if (atomic_fetch_sub(&tr->fetch.stage_left[a->t], 1) == 1)
         __atomic_store_n(zn_tr_pstage_flag(tr, a->t), a->seq, __ATOMIC_RELEASE);
 }
 
@@ -101,9 +101,9 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
     zn_block *bl = &tr->blocks[block];
     zn_dev *d = tr->dev;
     bool gather = !bl->replicated, split = bl->fshard > 0;
-    size_t bytes = (split ? bl->fshard + bl->shard : gather ? bl->len : bl->n) * tr->pbytes;
-    const size_t pb = tr->pbytes;
-    char *sl = tr->slot[slot];
+    size_t bytes = (split ? bl->fshard + bl->shard : gather ? bl->len : bl->n) * tr->param_bytes;
+    const size_t pb = tr->param_bytes;
+    char *sl = tr->fetch.slot[slot];
     /* where the home's copy lands: the whole block at 0, the rank's shard
      * at its place for an in-place gather; split: the frozen shard at its
      * place, the trainable shard past both gathers' reach (train-impl.h) */
@@ -113,70 +113,70 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
     int rc;
     if (bl->home == ZN_PHOME_DEVICE) {
         /* sharded on the device: gather from the home shard into the slot */
-        if ((rc = zn_dev_stream_wait_event(d, tr->s_comm, tr->ev_consumed[slot])))
+        if ((rc = zn_dev_stream_wait_event(d, tr->s_comm, tr->fetch.ev_consumed[slot])))
             return rc;
         snprintf(name, sizeof name, "gather b%d", block);
         zn_mark *mk = zn_train_mark_begin(tr, tr->s_comm, ZN_RES_COMM, name);
         if (split && ((rc = zn_comm_allgather_on(tr->comm, tr->s_comm, bl->dev_params, sl,
-                                                 bl->fshard, tr->pdt)) ||
+                                                 bl->fshard, tr->param_dt)) ||
                       (bl->shard && (rc = zn_comm_allgather_on(tr->comm, tr->s_comm,
                                                  (char *)bl->dev_params + bl->fshard * pb,
-                                                 sl + bl->frozen * pb, bl->shard, tr->pdt)))))
+                                                 sl + bl->frozen * pb, bl->shard, tr->param_dt)))))
             return rc;
         if (!split && (rc = zn_comm_allgather_on(tr->comm, tr->s_comm, bl->dev_params, sl,
-                                                 bl->shard, tr->pdt)))
+                                                 bl->shard, tr->param_dt)))
             return rc;
         zn_train_mark_end(tr, tr->s_comm, mk);
-        if ((rc = zn_dev_event_record(d, tr->ev_ready[slot], tr->s_comm)))
+        if ((rc = zn_dev_event_record(d, tr->fetch.ev_ready[slot], tr->s_comm)))
             return rc;
-        tr->slot_block[slot] = block;
+        tr->fetch.slot_block[slot] = block;
         return 0;
     }
-    if ((rc = zn_dev_stream_wait_event(d, tr->s_h2d, tr->ev_consumed[slot])))
+    if ((rc = zn_dev_stream_wait_event(d, tr->s_h2d, tr->fetch.ev_consumed[slot])))
         return rc;
     const void *src = bl->cpu_params;
     int t = -1, pc = -1;
     if (bl->home == ZN_PHOME_NVME && bl->pc_ok &&
-        (pc = zn_pcache_take(tr, block, tr->pseq_need)) >= 0) {
+        (pc = zn_pcache_take(tr, block, tr->opt.land_need)) >= 0) {
         /* the optimizer's pinned copy of the update: no NVMe read */
-        src = tr->pc[pc].buf;
-        atomic_fetch_add(&tr->pc_hits, 1);
-        atomic_fetch_add(&tr->pc_bytes, bytes);
+        src = tr->opt.pcache[pc].buf;
+        atomic_fetch_add(&tr->opt.pcache_hits, 1);
+        atomic_fetch_add(&tr->opt.pcache_bytes, bytes);
     } else if (bl->home == ZN_PHOME_NVME) {
         /* the cache entry that made the block ready may have been evicted
          * since: read it only once its write landed */
         if ((rc = wait_landed(tr, block)))
             return rc;
-        t = (int)(*nvme_fetches % (uint64_t)tr->n_pstage);
+        t = (int)(*nvme_fetches % (uint64_t)tr->fetch.n_stage);
         (*nvme_fetches)++;
         /* the staging buffer's previous copy must be done before it is refilled */
-        if ((rc = zn_dev_event_sync(d, tr->ev_pstage_free[t])))
+        if ((rc = zn_dev_event_sync(d, tr->fetch.ev_stage_free[t])))
             return rc;
         int nr = bl->np + (bl->frozen ? 1 : 0);
-        zn_pread_arg *a = &tr->pstage_arg[t];
+        zn_pread_arg *a = &tr->fetch.stage_arg[t];
         a->tr = tr;
         a->t = t;
         a->block = block;
         a->np = nr;
-        a->seq = ++tr->pstage_seq[t];
-        atomic_store(&tr->pstage_left[t], nr);
+        a->seq = ++tr->fetch.stage_seq[t];
+        atomic_store(&tr->fetch.stage_left[t], nr);
         snprintf(name, sizeof name, "params b%d", block);
         for (int k = 0; k < nr; k++) {
-            zn_io_req *r = &tr->pstage_req[t * tr->max_block_pieces + k];
+            zn_io_req *r = &tr->fetch.stage_req[t * tr->max_block_pieces + k];
             if (k < bl->np) {
                 zn_piece *p = &tr->pieces[bl->p0 + k];
                 rc = zn_ioq_submit_cb(&tr->rq, r, 0, &zn_tier_get(&tr->tm, p->param_id)->ext,
-                                      (char *)tr->pstage[t] +
-                                          zn_tr_piece_stage_off(bl, p) * tr->pbytes,
-                                      p->n * tr->pbytes, name, pstage_read_done, a);
+                                      (char *)tr->fetch.stage[t] +
+                                          zn_tr_piece_stage_off(bl, p) * tr->param_bytes,
+                                      p->n * tr->param_bytes, name, pstage_read_done, a);
             } else {
                 rc = zn_ioq_submit_cb(&tr->rq, r, 0, &zn_tier_get(&tr->tm, bl->frozen_id)->ext,
-                                      tr->pstage[t], zn_tr_frozen_home(bl) * tr->pbytes, name,
+                                      tr->fetch.stage[t], zn_tr_frozen_home(bl) * tr->param_bytes, name,
                                       pstage_read_done, a);
             }
             if (rc) {
                 for (int j = 0; j <= k; j++)
-                    zn_ioq_wait(&tr->rq, &tr->pstage_req[t * tr->max_block_pieces + j]);
+                    zn_ioq_wait(&tr->rq, &tr->fetch.stage_req[t * tr->max_block_pieces + j]);
                 return zn_ioq_wait(&tr->rq, r);
             }
         }
@@ -184,7 +184,7 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
          * function waits, so other streams' host functions go on */
         if ((rc = zn_dev_stream_wait_value(d, tr->s_h2d, zn_tr_pstage_flag(tr, t), a->seq)))
             return rc;
-        src = tr->pstage[t];
+        src = tr->fetch.stage[t];
     }
     snprintf(name, sizeof name, "h2d b%d", block);
     zn_mark *mk = zn_train_mark_begin(tr, tr->s_h2d, ZN_RES_H2D, name);
@@ -199,32 +199,32 @@ static int fetch(zn_trainer *tr, int block, int slot, uint64_t *nvme_fetches)
     }
     zn_train_mark_end(tr, tr->s_h2d, mk);
     atomic_fetch_add(&tr->tm.h2d, bytes);
-    if (t >= 0 && (rc = zn_dev_event_record(d, tr->ev_pstage_free[t], tr->s_h2d)))
+    if (t >= 0 && (rc = zn_dev_event_record(d, tr->fetch.ev_stage_free[t], tr->s_h2d)))
         return rc;
-    if (pc >= 0 && (rc = zn_dev_launch_host_fn(d, tr->s_h2d, zn_pcache_release_fn, &tr->pc[pc])))
+    if (pc >= 0 && (rc = zn_dev_launch_host_fn(d, tr->s_h2d, zn_pcache_release_fn, &tr->opt.pcache[pc])))
         return rc;
     if (gather) {
-        if ((rc = zn_dev_event_record(d, tr->ev_shard[slot], tr->s_h2d)) ||
-            (rc = zn_dev_stream_wait_event(d, tr->s_comm, tr->ev_shard[slot])))
+        if ((rc = zn_dev_event_record(d, tr->fetch.ev_shard[slot], tr->s_h2d)) ||
+            (rc = zn_dev_stream_wait_event(d, tr->s_comm, tr->fetch.ev_shard[slot])))
             return rc;
         snprintf(name, sizeof name, "gather b%d", block);
         zn_mark *m2 = zn_train_mark_begin(tr, tr->s_comm, ZN_RES_COMM, name);
         if (split && ((rc = zn_comm_allgather_on(tr->comm, tr->s_comm, dst, sl, bl->fshard,
-                                                 tr->pdt)) ||
+                                                 tr->param_dt)) ||
                       (bl->shard && (rc = zn_comm_allgather_on(tr->comm, tr->s_comm, tdst,
                                                                sl + bl->frozen * pb, bl->shard,
-                                                               tr->pdt)))))
+                                                               tr->param_dt)))))
             return rc;
         if (!split && (rc = zn_comm_allgather_on(tr->comm, tr->s_comm, dst, sl, bl->shard,
-                                                 tr->pdt)))
+                                                 tr->param_dt)))
             return rc;
         zn_train_mark_end(tr, tr->s_comm, m2);
-        if ((rc = zn_dev_event_record(d, tr->ev_ready[slot], tr->s_comm)))
+        if ((rc = zn_dev_event_record(d, tr->fetch.ev_ready[slot], tr->s_comm)))
             return rc;
-    } else if ((rc = zn_dev_event_record(d, tr->ev_ready[slot], tr->s_h2d))) {
+    } else if ((rc = zn_dev_event_record(d, tr->fetch.ev_ready[slot], tr->s_h2d))) {
         return rc;
     }
-    tr->slot_block[slot] = block;
+    tr->fetch.slot_block[slot] = block;
     return 0;
 }
 
@@ -239,18 +239,18 @@ static int cmp_i32(const void *a, const void *b)
  * the device. Both stay until the step's D2H work is done. */
 int zn_tr_stage_rows(zn_trainer *tr, int mb, const int32_t *ids, int64_t ntok)
 {
-    if ((int64_t)(mb + 1) * ntok > tr->urows_cap)
+    if ((int64_t)(mb + 1) * ntok > tr->fetch.rows_cap)
         return zn_set_error(ZN_EINTERNAL, "train: token rows for micro-batch %d beyond %lld",
-                            mb, (long long)tr->urows_cap);
-    int32_t *u = tr->urows + (size_t)mb * (size_t)ntok;
+                            mb, (long long)tr->fetch.rows_cap);
+    int32_t *u = tr->fetch.rows + (size_t)mb * (size_t)ntok;
     memcpy(u, ids, (size_t)ntok * 4);
     qsort(u, (size_t)ntok, 4, cmp_i32);
     int64_t n = 0;
     for (int64_t i = 0; i < ntok; i++)
         if (!n || u[i] != u[n - 1])
             u[n++] = u[i];
-    tr->nurows[mb] = n;
-    return n ? zn_dev_copy_h2d(tr->dev, tr->s_d2h, tr->urows_dev + (size_t)mb * (size_t)ntok, u,
+    tr->fetch.n_rows[mb] = n;
+    return n ? zn_dev_copy_h2d(tr->dev, tr->s_d2h, tr->fetch.rows_dev + (size_t)mb * (size_t)ntok, u,
                                (size_t)n * 4)
              : 0;
 }
@@ -272,20 +272,20 @@ int64_t zn_tr_lower_bound_i32(const int32_t *u, int64_t n, int64_t x)
 int zn_tr_ensure_capacity(zn_trainer *tr, int A)
 {
     int need_args = A * tr->L;
-    if (tr->n_accum_args < need_args) {
-        free(tr->accum_args);
-        tr->accum_args = calloc((size_t)need_args, sizeof *tr->accum_args);
-        if (!tr->accum_args)
+    if (tr->fetch.n_accum_args < need_args) {
+        free(tr->fetch.accum_args);
+        tr->fetch.accum_args = calloc((size_t)need_args, sizeof *tr->fetch.accum_args);
+        if (!tr->fetch.accum_args)
             return zn_set_error(-ENOMEM, "train: out of memory");
-        tr->n_accum_args = need_args;
+        tr->fetch.n_accum_args = need_args;
     }
     int need_marks = A * tr->L * 8 + 16; /* up to 8 per block use (cpu checkpoints: 2) */
-    if (tr->n_marks < need_marks) {
-        free(tr->marks);
-        tr->marks = calloc((size_t)need_marks, sizeof *tr->marks);
-        if (!tr->marks)
+    if (tr->fetch.n_marks < need_marks) {
+        free(tr->fetch.marks);
+        tr->fetch.marks = calloc((size_t)need_marks, sizeof *tr->fetch.marks);
+        if (!tr->fetch.marks)
             return zn_set_error(-ENOMEM, "train: out of memory");
-        tr->n_marks = need_marks;
+        tr->fetch.n_marks = need_marks;
     }
     return 0;
 }
@@ -302,7 +302,7 @@ int zn_tr_issue_fetches(zn_trainer *tr, const zn_fetch_ent *fe, int nfe, int *ne
                          int next_use, uint64_t *nvme_fetches)
 {
     while (*next_fetch < nfe &&
-           (*next_fetch < tr->nslots || fe[*next_fetch - tr->nslots].last_use < next_use)) {
+           (*next_fetch < tr->fetch.n_slots || fe[*next_fetch - tr->fetch.n_slots].last_use < next_use)) {
         int j = *next_fetch, rc;
         if (!params_ready(tr, fe[j].block)) {
             if (tr->world == 1 && fe[j].first_use > next_use)
@@ -311,7 +311,7 @@ int zn_tr_issue_fetches(zn_trainer *tr, const zn_fetch_ent *fe, int nfe, int *ne
                 return rc;
         }
         (*next_fetch)++;
-        if ((rc = fetch(tr, fe[j].block, j % tr->nslots, nvme_fetches)))
+        if ((rc = fetch(tr, fe[j].block, j % tr->fetch.n_slots, nvme_fetches)))
             return rc;
     }
     return 0;
@@ -326,7 +326,7 @@ int zn_tr_accum_on_device(zn_trainer *tr, int mb, int b, int g, const float *gsr
 {
     zn_dev *d = tr->dev;
     zn_block *bl = &tr->blocks[b];
-    float *sum = tr->gacc + bl->off;
+    float *sum = tr->grad_acc + bl->off;
     int64_t n = (int64_t)bl->len;
     int rc;
     char name[ZN_TRACE_NAME_LEN];
@@ -347,7 +347,7 @@ int zn_tr_accum_on_device(zn_trainer *tr, int mb, int b, int g, const float *gsr
                                          tr->normc_dev + bl->nc_off, nc * 8))))
             return rc;
         atomic_fetch_add(&tr->tm.d2h, nc * 8);
-        zn_accum_arg *aa = &tr->accum_args[mb * tr->L + b];
+        zn_accum_arg *aa = &tr->fetch.accum_args[mb * tr->L + b];
         aa->tr = tr;
         aa->block = b;
         aa->gbuf = g;
@@ -356,7 +356,7 @@ int zn_tr_accum_on_device(zn_trainer *tr, int mb, int b, int g, const float *gsr
         aa->nrows = -1;
         if ((rc = zn_dev_launch_host_fn(d, tr->s_d2h, zn_accum_post_fn, aa)))
             return rc;
-        tr->aposted[g]++;  /* the job the D2H stream waits on before refilling g */
+        tr->acc.posted[g]++;  /* the job the D2H stream waits on before refilling g */
     }
     zn_train_mark_end(tr, tr->s_d2h, mk);
     return 0;

@@ -33,14 +33,14 @@ static int init_unit_flush(init_units *iu)
 {
     zn_trainer *tr = iu->tr;
     zn_unit *un = &tr->units[iu->unit];
-    zn_opt_slot *s = &tr->oslot[iu->slot];
+    zn_opt_slot *s = &tr->opt.slot[iu->slot];
     /* the master goes home; m = v = 0 stay unwritten (mv_zero) */
     int rc = zn_ioq_submit(&tr->wq, &s->wr[0], 1, &zn_tier_get(&tr->tm, un->master_id)->ext,
                            s->master, un->n * 4, "initial optimizer state");
     atomic_store(&un->mv_zero, true);
     s->unit = iu->unit;
     iu->unit++;
-    iu->slot = (iu->slot + 1) % tr->n_oslots;
+    iu->slot = (iu->slot + 1) % tr->opt.n_slots;
     iu->filled = 0;
     return rc;
 }
@@ -48,7 +48,7 @@ static int init_unit_flush(init_units *iu)
 /* Waits for slot k's writes (if any) and marks what they saved valid. */
 static int init_unit_wait(zn_trainer *tr, int k)
 {
-    zn_opt_slot *s = &tr->oslot[k];
+    zn_opt_slot *s = &tr->opt.slot[k];
     int rc = 0;
     for (int i = 0; i < 3; i++) {
         int r2 = zn_ioq_wait(&tr->wq, &s->wr[i]);
@@ -70,7 +70,7 @@ static int init_units_put(init_units *iu, const float *v, uint64_t n)
             return rc;
         zn_unit *un = &tr->units[iu->unit];
         uint64_t k = un->n - iu->filled < n ? un->n - iu->filled : n;
-        memcpy(tr->oslot[iu->slot].master + iu->filled, v, k * 4);
+        memcpy(tr->opt.slot[iu->slot].master + iu->filled, v, k * 4);
         iu->filled += k;
         v += k;
         n -= k;
@@ -85,7 +85,7 @@ static int init_pstage_wait(zn_trainer *tr, int t, int *np)
 {
     int rc = 0;
     for (int k = 0; k < np[t]; k++) {
-        int r2 = zn_ioq_wait(&tr->wq, &tr->pstage_req[t * tr->max_block_pieces + k]);
+        int r2 = zn_ioq_wait(&tr->wq, &tr->fetch.stage_req[t * tr->max_block_pieces + k]);
         if (!rc)
             rc = r2;
     }
@@ -110,13 +110,13 @@ int zn_tr_initialise(zn_trainer *tr)
     int np_pending[64] = { 0 };
     int nvme_blocks = 0;
     init_units iu = { tr, 0, 0, 0 };
-    bool opt_nvme = tr->oopt == ZN_OFFLOAD_NVME;
+    bool opt_nvme = tr->opt_home == ZN_OFFLOAD_NVME;
     if (!vals || !conv || !chunk) {
         rc = zn_set_error(ZN_EINTERNAL, "train: no staging for the initial state");
         goto out;
     }
     for (int s = 0; s < 16; s++)
-        tr->oslot[s].unit = -1;
+        tr->opt.slot[s].unit = -1;
     for (int b = 0; b < tr->L && !rc; b++) {
         zn_block *bl = &tr->blocks[b];
         /* the home's ranges of block elements: [x0, x0 + n) at home offset
@@ -141,7 +141,7 @@ int zn_tr_initialise(zn_trainer *tr)
         }
         int t = -1;
         if (bl->home == ZN_PHOME_NVME) {
-            t = nvme_blocks++ % tr->n_pstage;
+            t = nvme_blocks++ % tr->fetch.n_stage;
             if ((rc = init_pstage_wait(tr, t, np_pending)))
                 goto out;
         }
@@ -155,14 +155,14 @@ int zn_tr_initialise(zn_trainer *tr)
             memset(vals + real, 0, (c - real) * 4);  /* padding of a sharded block */
             /* the working copy at its home */
             if (bl->home == ZN_PHOME_DEVICE) {
-                if ((rc = zn_convert(conv, tr->pdt, vals, ZN_DTYPE_F32, c)) ||
+                if ((rc = zn_convert(conv, tr->param_dt, vals, ZN_DTYPE_F32, c)) ||
                     (rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d,
-                                          (char *)bl->dev_params + ho * tr->pbytes, conv,
-                                          c * tr->pbytes)) ||
+                                          (char *)bl->dev_params + ho * tr->param_bytes, conv,
+                                          c * tr->param_bytes)) ||
                     (rc = zn_dev_stream_sync(tr->dev, tr->s_h2d)))
                     goto out;
             } else if (bl->home == ZN_PHOME_CPU) {
-                if ((rc = zn_convert((char *)bl->cpu_params + ho * tr->pbytes, tr->pdt, vals,
+                if ((rc = zn_convert((char *)bl->cpu_params + ho * tr->param_bytes, tr->param_dt, vals,
                                      ZN_DTYPE_F32, c)))
                     goto out;
             }
@@ -174,7 +174,7 @@ int zn_tr_initialise(zn_trainer *tr)
             else if (x < bl->frozen)
                 fe = x + c < bl->frozen ? x + c : bl->frozen;
             if (bl->home == ZN_PHOME_NVME && fe > x &&
-                (rc = zn_convert((char *)tr->pstage[t] + ho * tr->pbytes, tr->pdt, vals,
+                (rc = zn_convert((char *)tr->fetch.stage[t] + ho * tr->param_bytes, tr->param_dt, vals,
                                  ZN_DTYPE_F32, fe - x)))
                 goto out;
             if (!rg[g].train)
@@ -185,10 +185,10 @@ int zn_tr_initialise(zn_trainer *tr)
             if (a >= e)
                 continue;
             if (bl->home == ZN_PHOME_NVME &&
-                (rc = zn_convert((char *)tr->pstage[t] + (ho + (a - x)) * tr->pbytes, tr->pdt,
+                (rc = zn_convert((char *)tr->fetch.stage[t] + (ho + (a - x)) * tr->param_bytes, tr->param_dt,
                                  vals + (a - x), ZN_DTYPE_F32, e - a)))
                 goto out;
-            if (tr->dopt) {
+            if (tr->opt_on_device) {
                 if ((rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d,
                                           tr->master + bl->off + (a - bl->soff), vals + (a - x),
                                           (e - a) * 4)) ||
@@ -203,17 +203,17 @@ int zn_tr_initialise(zn_trainer *tr)
         if (bl->home == ZN_PHOME_NVME) {
             for (int k = 0; k < bl->np && !rc; k++) {
                 zn_piece *p = &tr->pieces[bl->p0 + k];
-                rc = zn_ioq_submit(&tr->wq, &tr->pstage_req[t * tr->max_block_pieces + k], 1,
+                rc = zn_ioq_submit(&tr->wq, &tr->fetch.stage_req[t * tr->max_block_pieces + k], 1,
                                    &zn_tier_get(&tr->tm, p->param_id)->ext,
-                                   (char *)tr->pstage[t] + zn_tr_piece_stage_off(bl, p) * tr->pbytes,
-                                   p->n * tr->pbytes, "initial params");
+                                   (char *)tr->fetch.stage[t] + zn_tr_piece_stage_off(bl, p) * tr->param_bytes,
+                                   p->n * tr->param_bytes, "initial params");
                 np_pending[t] = k + 1;
             }
             if (bl->frozen && !rc) {
                 /* the only write the frozen base ever gets */
-                rc = zn_ioq_submit(&tr->wq, &tr->pstage_req[t * tr->max_block_pieces + bl->np],
-                                   1, &zn_tier_get(&tr->tm, bl->frozen_id)->ext, tr->pstage[t],
-                                   zn_tr_frozen_home(bl) * tr->pbytes, "initial frozen params");
+                rc = zn_ioq_submit(&tr->wq, &tr->fetch.stage_req[t * tr->max_block_pieces + bl->np],
+                                   1, &zn_tier_get(&tr->tm, bl->frozen_id)->ext, tr->fetch.stage[t],
+                                   zn_tr_frozen_home(bl) * tr->param_bytes, "initial frozen params");
                 np_pending[t] = bl->np + 1;
                 if (!rc)
                     zn_tier_set_valid(&tr->tm, bl->frozen_id, ZN_TIER_NVME, true);
@@ -223,32 +223,32 @@ int zn_tr_initialise(zn_trainer *tr)
     if (!rc && opt_nvme && iu.unit != tr->n_units)
         rc = zn_set_error(ZN_EINTERNAL, "train: initial state filled %d of %d optimizer units",
                           iu.unit, tr->n_units);
-    if (!rc && tr->dopt) {
-        float *z[3] = { tr->mom, tr->var, tr->gacc };
+    if (!rc && tr->opt_on_device) {
+        float *z[3] = { tr->mom, tr->var, tr->grad_acc };
         for (int k = 0; k < 3 && !rc; k++)
             rc = tr->P ? zn_dev_memset(tr->dev, tr->s_h2d, z[k], 0, tr->P * 4) : 0;
         if (!rc)
             rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
     } else if (!opt_nvme) {
-        memset(tr->mom, 0, tr->mbytes);   /* zeros: m = v = 0 in every format */
-        memset(tr->var, 0, tr->mbytes);
-        memset(tr->gacc, 0, tr->P * 4);
+        memset(tr->mom, 0, tr->mom_bytes);   /* zeros: m = v = 0 in every format */
+        memset(tr->var, 0, tr->mom_bytes);
+        memset(tr->grad_acc, 0, tr->P * 4);
     }
 out:
     /* every write issued is waited for, also after a failure: its buffer
      * is freed with the trainer */
-    for (int t = 0; t < tr->n_pstage && t < 64; t++) {
+    for (int t = 0; t < tr->fetch.n_stage && t < 64; t++) {
         int r2 = init_pstage_wait(tr, t, np_pending);
         if (!rc)
             rc = r2;
     }
     if (opt_nvme)
-        for (int s = 0; s < tr->n_oslots; s++) {
+        for (int s = 0; s < tr->opt.n_slots; s++) {
             int r2 = init_unit_wait(tr, s);
             if (!rc)
                 rc = r2;
         }
     for (int s = 0; s < 16; s++)
-        tr->oslot[s].unit = -1;
+        tr->opt.slot[s].unit = -1;
     return rc;
 }

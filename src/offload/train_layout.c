@@ -102,7 +102,7 @@ int zn_tr_build_layout(zn_trainer *tr)
         if (bl->len > tr->largest_local)
             tr->largest_local = bl->len;
         /* a block other blocks read (a tied embedding) stays on the device */
-        bool small = tr->popt == ZN_OFFLOAD_NONE || bl->n < thresh ||
+        bool small = tr->param_home == ZN_OFFLOAD_NONE || bl->n < thresh ||
                      (bl->group == 0 && md->keep_block0);
         if (bl->group == 0 && md->keep_block0 && !bl->replicated)
             return zn_set_error(ZN_EUNSUPPORTED, "%s: tied embeddings (tie_word_embeddings) with "
@@ -112,7 +112,7 @@ int zn_tr_build_layout(zn_trainer *tr)
                                 cfg->source, tr->world);
         if (small) {
             bl->home = ZN_PHOME_DEVICE;
-        } else if (tr->popt == ZN_OFFLOAD_CPU) {
+        } else if (tr->param_home == ZN_OFFLOAD_CPU) {
             bl->home = ZN_PHOME_CPU;
         } else if (in_cpu + (bl->replicated ? bl->n : bl->len) <=
                    (uint64_t)cfg->zero.offload_param.max_in_cpu) {
@@ -143,21 +143,21 @@ int zn_tr_build_layout(zn_trainer *tr)
     /* Adam's moments (train.optim): compressed ones are stepped in the cpu
      * tier only so far */
     int mb = zn_config_moment_bytes(cfg->train.optim);
-    tr->mb = mb;
-    tr->mfmt = mb == 1 ? ZN_MOM_Q8 : mb == 2 ? ZN_MOM_BF16 : ZN_MOM_F32;
-    tr->mbytes = zn_mom_layout_bytes(tr->mfmt, tr->P);
-    if (tr->mfmt != ZN_MOM_F32 && tr->oopt != ZN_OFFLOAD_CPU)
+    tr->mom_elem = mb;
+    tr->mom_fmt = mb == 1 ? ZN_MOM_Q8 : mb == 2 ? ZN_MOM_BF16 : ZN_MOM_F32;
+    tr->mom_bytes = zn_mom_layout_bytes(tr->mom_fmt, tr->P);
+    if (tr->mom_fmt != ZN_MOM_F32 && tr->opt_home != ZN_OFFLOAD_CPU)
         return zn_set_error(ZN_EUNSUPPORTED, "%s: train.optim keeps Adam's moments as %s, which "
                             "zinc steps in the cpu tier only so far: set zero_optimization."
                             "offload_optimizer.device to \"cpu\" (it is \"%s\"), or use "
-                            "train.optim adamw_torch", cfg->source, zn_mom_fmt_name(tr->mfmt),
-                            tr->oopt == ZN_OFFLOAD_NONE ? "none" : "nvme");
+                            "train.optim adamw_torch", cfg->source, zn_mom_fmt_name(tr->mom_fmt),
+                            tr->opt_home == ZN_OFFLOAD_NONE ? "none" : "nvme");
     /* 8-bit blocks never straddle two units */
-    if (tr->mfmt == ZN_MOM_Q8 && sg < tr->P)
+    if (tr->mom_fmt == ZN_MOM_Q8 && sg < tr->P)
         sg = (sg + ZN_Q8_BLOCK - 1) / ZN_Q8_BLOCK * ZN_Q8_BLOCK;
     tr->U = sg;
-    tr->n_oslots = 1;
-    if (tr->oopt == ZN_OFFLOAD_NVME) {
+    tr->opt.n_slots = 1;
+    if (tr->opt_home == ZN_OFFLOAD_NVME) {
         int64_t bc = cfg->zero.offload_optimizer.buffer_count;
         int S = (int)(bc / 4);
         if (S < 2)
@@ -172,7 +172,7 @@ int zn_tr_build_layout(zn_trainer *tr)
         if (U > sg)
             U = sg;
         tr->U = U;
-        tr->n_oslots = S;
+        tr->opt.n_slots = S;
     }
     tr->n_units = (int)((tr->P + tr->U - 1) / tr->U);
     tr->units = calloc((size_t)tr->n_units, sizeof *tr->units);
@@ -237,19 +237,19 @@ int zn_tr_build_layout(zn_trainer *tr)
 uint64_t zn_tr_nvme_bytes_needed(zn_trainer *tr)
 {
     uint64_t bs = (uint64_t)tr->cfg.aio.block_size, need = 0;
-    if (tr->oopt == ZN_OFFLOAD_NVME)
+    if (tr->opt_home == ZN_OFFLOAD_NVME)
         for (int u = 0; u < tr->n_units; u++)
             need += 3 * zn_tr_round_up(tr->units[u].n * 4, bs);
-    if (tr->gnvme)
+    if (tr->grads_on_nvme)
         for (int k = 0; k < tr->n_pieces; k++)
             if (tr->pieces[k].gram_off < 0)
                 need += zn_tr_round_up(tr->pieces[k].n * 4, bs);
     for (int k = 0; k < tr->n_pieces; k++)
         if (tr->blocks[tr->pieces[k].block].home == ZN_PHOME_NVME)
-            need += zn_tr_round_up(tr->pieces[k].n * tr->pbytes, bs);
+            need += zn_tr_round_up(tr->pieces[k].n * tr->param_bytes, bs);
     for (int b = 0; b < tr->L; b++)
         if (tr->blocks[b].home == ZN_PHOME_NVME && tr->blocks[b].frozen)
-            need += zn_tr_round_up(zn_tr_frozen_home(&tr->blocks[b]) * tr->pbytes, bs);
+            need += zn_tr_round_up(zn_tr_frozen_home(&tr->blocks[b]) * tr->param_bytes, bs);
     if (need)
         need += 2 * bs * (uint64_t)(tr->cfg.tiers.n_nvme > 0 ? tr->cfg.tiers.n_nvme : 1);
     return need;

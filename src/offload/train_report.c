@@ -23,15 +23,15 @@ static bool res_counts_for_busiest(int r)
 /* This rank's master weights (local flat space, P floats) into out. */
 static int read_local_master(zn_trainer *tr, float *out)
 {
-    if (tr->dopt) {
+    if (tr->opt_on_device) {
         int rc = tr->P ? zn_dev_copy_d2h(tr->dev, tr->s_h2d, out, tr->master, tr->P * 4) : 0;
         return rc ? rc : zn_dev_stream_sync(tr->dev, tr->s_h2d);
     }
-    if (tr->oopt != ZN_OFFLOAD_NVME) {
+    if (tr->opt_home != ZN_OFFLOAD_NVME) {
         memcpy(out, tr->master, tr->P * 4);
         return 0;
     }
-    zn_opt_slot *s = &tr->oslot[0];
+    zn_opt_slot *s = &tr->opt.slot[0];
     for (int u = 0; u < tr->n_units; u++) {
         zn_unit *un = &tr->units[u];
         zn_io_req r;
@@ -141,22 +141,22 @@ void zn_train_get_report(zn_trainer *tr, zn_train_report *r)
     r->nvme_write_bytes = atomic_load(&tr->tm.nvme_write);
     for (int i = 0; i < ZN_RES_COUNT; i++)
         r->busy_s[i] = zn_trace_busy_s(tr->trace, tr->track[i]);
-    r->step_s = tr->step_s;
-    r->param_wait_s = tr->param_wait_s;
-    r->param_cache_hits = atomic_load(&tr->pc_hits);
-    r->param_cache_bytes = atomic_load(&tr->pc_bytes);
-    r->param_cache_entries = tr->n_pc;
-    r->steps = tr->steps_run;
-    r->tokens = tr->tokens;
-    r->flops = tr->flops;
-    r->param_slots = tr->nslots;
+    r->step_s = tr->stats.step_s;
+    r->param_wait_s = tr->stats.param_wait_s;
+    r->param_cache_hits = atomic_load(&tr->opt.pcache_hits);
+    r->param_cache_bytes = atomic_load(&tr->opt.pcache_bytes);
+    r->param_cache_entries = tr->opt.n_pcache;
+    r->steps = tr->stats.steps_run;
+    r->tokens = tr->stats.tokens;
+    r->flops = tr->stats.flops;
+    r->param_slots = tr->fetch.n_slots;
     for (int b = 0; b < tr->L; b++)
         r->persistent_blocks += tr->blocks[b].persistent;
     r->opt_unit = tr->U;
     r->opt_units = tr->n_units;
-    r->opt_inflight = tr->oopt == ZN_OFFLOAD_NVME ? tr->n_oslots : 1;
-    r->overlap_step = tr->overlap_step;
-    r->param_dtype = zn_dtype_name(tr->pdt);
+    r->opt_inflight = tr->opt_home == ZN_OFFLOAD_NVME ? tr->opt.n_slots : 1;
+    r->overlap_step = tr->opt.overlap_step;
+    r->param_dtype = zn_dtype_name(tr->param_dt);
     zn_dev_info di;
     zn_dev_get_info(tr->dev, &di);
     static __thread char devname[128];
@@ -167,18 +167,18 @@ void zn_train_get_report(zn_trainer *tr, zn_train_report *r)
 void zn_train_reset_counters(zn_trainer *tr)
 {
     zn_train_sync(tr);  /* the last step's tail belongs to the steps before */
-    tr->param_wait_s = 0;
-    atomic_store(&tr->pc_hits, 0);
-    atomic_store(&tr->pc_bytes, 0);
+    tr->stats.param_wait_s = 0;
+    atomic_store(&tr->opt.pcache_hits, 0);
+    atomic_store(&tr->opt.pcache_bytes, 0);
     zn_trace_reset_busy(tr->trace);
     atomic_store(&tr->tm.h2d, 0);
     atomic_store(&tr->tm.d2h, 0);
     atomic_store(&tr->tm.nvme_read, 0);
     atomic_store(&tr->tm.nvme_write, 0);
-    tr->step_s = 0;
-    tr->steps_run = 0;
-    tr->tokens = 0;
-    tr->flops = 0;
+    tr->stats.step_s = 0;
+    tr->stats.steps_run = 0;
+    tr->stats.tokens = 0;
+    tr->stats.flops = 0;
 }
 
 void zn_train_print_report(zn_trainer *tr, FILE *f)
@@ -202,8 +202,8 @@ void zn_train_print_report(zn_trainer *tr, FILE *f)
         /* the counters hold only the setup's traffic (initial state written
          * home): rates over no step time would be noise */
         fprintf(f, "no steps run (setup wrote %s to nvme, %s to the device)\n",
-                zn_format_size(tr->setup_nvme_write, a, sizeof a),
-                zn_format_size(tr->setup_h2d, b, sizeof b));
+                zn_format_size(tr->stats.setup_nvme_write, a, sizeof a),
+                zn_format_size(tr->stats.setup_h2d, b, sizeof b));
         return;
     }
     double T = r.step_s > 0 ? r.step_s : 1e-9;

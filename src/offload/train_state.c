@@ -17,14 +17,14 @@ void zn_train_state_get_info(const zn_trainer *tr, zn_train_state_info *out)
     for (int b = 0; b < tr->L; b++)
         out->total_params += tr->blocks[b].n;
     out->local_params = tr->P;
-    out->moments = tr->mfmt;
-    out->param_dtype = tr->pdt;
+    out->moments = tr->mom_fmt;
+    out->param_dtype = tr->param_dt;
     out->bytes[ZN_TS_MASTER] = tr->P * 4;
-    out->bytes[ZN_TS_M] = out->bytes[ZN_TS_V] = tr->mbytes;
-    out->flat = !tr->dopt && tr->oopt != ZN_OFFLOAD_NVME;
-    out->max_chunk = tr->dopt ? tr->ostage_bytes : out->flat ? 0 : 8 * tr->U;
+    out->bytes[ZN_TS_M] = out->bytes[ZN_TS_V] = tr->mom_bytes;
+    out->flat = !tr->opt_on_device && tr->opt_home != ZN_OFFLOAD_NVME;
+    out->max_chunk = tr->opt_on_device ? tr->ostage_bytes : out->flat ? 0 : 8 * tr->U;
     out->step = tr->step;
-    out->steps_run = tr->steps_run;
+    out->steps_run = tr->stats.steps_run;
     out->scaler = tr->scaler;
     out->failed = tr->bad;
 }
@@ -38,7 +38,7 @@ void zn_train_state_set_progress(zn_trainer *tr, int64_t step, int64_t steps_run
                                  const zn_loss_scaler *scaler)
 {
     tr->step = step;
-    tr->steps_run = steps_run;
+    tr->stats.steps_run = steps_run;
     tr->scaler = *scaler;
 }
 
@@ -53,16 +53,16 @@ static void *stream_base(zn_trainer *tr, int k)
 static int save_flat(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
                      zn_train_state_sink sink, void *user)
 {
-    uint64_t total = k ? tr->mbytes : tr->P * 4;
+    uint64_t total = k ? tr->mom_bytes : tr->P * 4;
     const char *base = stream_base(tr, k);
-    void *reg_buf = tr->dopt ? tr->ostage : (void *)base;
-    uint64_t reg_len = tr->dopt ? (total < chunk ? total : chunk) : total;
+    void *reg_buf = tr->opt_on_device ? tr->ostage : (void *)base;
+    uint64_t reg_len = tr->opt_on_device ? (total < chunk ? total : chunk) : total;
     int reg = aio && total ? zn_aio_register_buffer(aio, reg_buf, reg_len) : -1;
     int rc = 0;
     for (uint64_t off = 0; off < total && !rc; off += chunk) {
         uint64_t len = total - off < chunk ? total - off : chunk;
         const char *src = base + off;
-        if (tr->dopt) {
+        if (tr->opt_on_device) {
             if ((rc = zn_dev_copy_d2h(tr->dev, tr->s_h2d, tr->ostage, src, len)) ||
                 (rc = zn_dev_stream_sync(tr->dev, tr->s_h2d)))
                 break;
@@ -81,7 +81,7 @@ static int save_flat(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
 static int save_nvme(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
                      zn_train_state_sink sink, void *user)
 {
-    zn_opt_slot *sl = &tr->oslot[0];
+    zn_opt_slot *sl = &tr->opt.slot[0];
     char *B = (char *)sl->master;
     int reg = aio ? zn_aio_register_buffer(aio, B, tr->U * 16) : -1;
     uint64_t fill = 0;
@@ -125,7 +125,7 @@ int zn_train_state_save(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
                             (unsigned long long)in.max_chunk);
     if (tr->bad)
         return zn_set_error(ZN_ECORRUPT, "state save: the trainer failed earlier");
-    return tr->oopt == ZN_OFFLOAD_NVME && !tr->dopt ? save_nvme(tr, k, chunk, aio, sink, user)
+    return tr->opt_home == ZN_OFFLOAD_NVME && !tr->opt_on_device ? save_nvme(tr, k, chunk, aio, sink, user)
                                                     : save_flat(tr, k, chunk, aio, sink, user);
 }
 
@@ -135,11 +135,11 @@ int zn_train_state_save(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
 static int regen_params(zn_trainer *tr, int u, const float *master, void *p16)
 {
     zn_unit *un = &tr->units[u];
-    zn_opt_slot *s = &tr->oslot[0];
+    zn_opt_slot *s = &tr->opt.slot[0];
     const void *src = master;
     int rc;
-    if (tr->pdt != ZN_DTYPE_F32) {
-        if ((rc = zn_convert(p16, tr->pdt, master, ZN_DTYPE_F32, un->n)))
+    if (tr->param_dt != ZN_DTYPE_F32) {
+        if ((rc = zn_convert(p16, tr->param_dt, master, ZN_DTYPE_F32, un->n)))
             return rc;
         src = p16;
     }
@@ -214,10 +214,10 @@ static int load_device(zn_trainer *tr, zn_train_state_source src, void *user)
 static int load_flat(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source src, void *user)
 {
     const uint64_t chunk = 64u << 20;
-    bool convert = from != tr->mfmt;
+    bool convert = from != tr->mom_fmt;
     int rc = 0;
     for (int k = 0; k < (convert ? 1 : ZN_TS_COUNT) && !rc; k++) {
-        uint64_t total = k ? tr->mbytes : tr->P * 4;   /* the same format: as stored */
+        uint64_t total = k ? tr->mom_bytes : tr->P * 4;   /* the same format: as stored */
         char *base = stream_base(tr, k);
         for (uint64_t off = 0; off < total && !rc; off += chunk)
             rc = src(user, k, off, base + off, total - off < chunk ? total - off : chunk);
@@ -225,7 +225,7 @@ static int load_flat(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source src,
     if (!rc && convert)
         rc = load_convert(tr, from, src, user);
     for (int u = 0; u < tr->n_units && !rc; u++)
-        rc = regen_params(tr, u, tr->master + tr->units[u].off, tr->pout_flat);
+        rc = regen_params(tr, u, tr->master + tr->units[u].off, tr->opt.pout_flat);
     return rc;
 }
 
@@ -233,7 +233,7 @@ static int load_flat(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source src,
  * unit's extents. */
 static int load_nvme(zn_trainer *tr, zn_train_state_source src, void *user)
 {
-    zn_opt_slot *s = &tr->oslot[0];
+    zn_opt_slot *s = &tr->opt.slot[0];
     float *dst[3] = { s->master, s->m, s->v };
     int rc = 0;
     s->unit = -1;
@@ -267,12 +267,12 @@ int zn_train_state_load(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source s
 {
     if (tr->bad)
         return zn_set_error(ZN_ECORRUPT, "state load: the trainer failed earlier");
-    bool nvme = tr->oopt == ZN_OFFLOAD_NVME && !tr->dopt;
-    if (from != tr->mfmt && (tr->dopt || nvme))
+    bool nvme = tr->opt_home == ZN_OFFLOAD_NVME && !tr->opt_on_device;
+    if (from != tr->mom_fmt && (tr->opt_on_device || nvme))
         return zn_set_error(ZN_EUNSUPPORTED, "state load: moments as %s into a run keeping "
                             "them as %s on the %s", zn_mom_fmt_name(from),
-                            zn_mom_fmt_name(tr->mfmt), tr->dopt ? "device" : "NVMe tier");
-    int rc = tr->dopt ? load_device(tr, src, user)
+                            zn_mom_fmt_name(tr->mom_fmt), tr->opt_on_device ? "device" : "NVMe tier");
+    int rc = tr->opt_on_device ? load_device(tr, src, user)
              : nvme   ? load_nvme(tr, src, user)
                       : load_flat(tr, from, src, user);
     if (rc)

@@ -34,11 +34,11 @@ static int run_micro_batch(zn_trainer *tr, int mb, const zn_fetch_ent *fe, int n
             return rc;
         void *params = bl->dev_params;
         int f = fetch_of_use[i];
-        int slot = f >= 0 ? f % tr->nslots : -1;
+        int slot = f >= 0 ? f % tr->fetch.n_slots : -1;
         if (slot >= 0) {
-            if ((rc = zn_dev_stream_wait_event(d, tr->s_comp, tr->ev_ready[slot])))
+            if ((rc = zn_dev_stream_wait_event(d, tr->s_comp, tr->fetch.ev_ready[slot])))
                 return rc;
-            params = tr->slot[slot];
+            params = tr->fetch.slot[slot];
         } else if ((rc = zn_tr_wait_params(tr, b))) {
             return rc;  /* resident on the device: the update's H2D must have landed */
         }
@@ -94,7 +94,7 @@ static int run_micro_batch(zn_trainer *tr, int mb, const zn_fetch_ent *fe, int n
             }
             if ((rc = zn_dev_stream_wait_event(d, tr->s_d2h, gdone)))
                 return rc;
-            if (tr->dopt) {
+            if (tr->opt_on_device) {
                 if ((rc = zn_tr_accum_on_device(tr, mb, b, g, gsrc)))
                     return rc;
                 goto consumed;
@@ -102,11 +102,11 @@ static int run_micro_batch(zn_trainer *tr, int mb, const zn_fetch_ent *fe, int n
             /* staging buffer g is free once its last accumulation ended:
              * the stream waits for the worker's count, no host function */
             if ((rc = zn_dev_stream_wait_value(d, tr->s_d2h, zn_tr_accum_flag(tr, g),
-                                               tr->aposted[g])))
+                                               tr->acc.posted[g])))
                 return rc;
             snprintf(name, sizeof name, "d2h b%d", b);
             zn_mark *m2 = zn_train_mark_begin(tr, tr->s_d2h, ZN_RES_D2H, name);
-            uint64_t gbytes = bl->len * zn_dtype_size(tr->gdt);
+            uint64_t gbytes = bl->len * zn_dtype_size(tr->grad_dt);
             const int32_t *rows = NULL;
             int64_t nrows = -1;
             if (bl->srow0 >= 0) {
@@ -114,26 +114,26 @@ static int run_micro_batch(zn_trainer *tr, int mb, const zn_fetch_ent *fe, int n
                  * cast) on the D2H stream, gdev[g] then free */
                 int64_t ntok = tr->cfg.train_micro_batch_size_per_gpu * tr->cfg.data.seq_len;
                 int64_t W = md->row_width, nr = (int64_t)(bl->len / (uint64_t)W);
-                const int32_t *u = tr->urows + (size_t)mb * (size_t)ntok;
-                int64_t lo = zn_tr_lower_bound_i32(u, tr->nurows[mb], bl->srow0);
-                int64_t hi = zn_tr_lower_bound_i32(u, tr->nurows[mb], bl->srow0 + nr);
+                const int32_t *u = tr->fetch.rows + (size_t)mb * (size_t)ntok;
+                int64_t lo = zn_tr_lower_bound_i32(u, tr->fetch.n_rows[mb], bl->srow0);
+                int64_t hi = zn_tr_lower_bound_i32(u, tr->fetch.n_rows[mb], bl->srow0 + nr);
                 rows = u + lo;
                 nrows = hi - lo;
-                gbytes = (uint64_t)(nrows * W) * zn_dtype_size(tr->gdt);
+                gbytes = (uint64_t)(nrows * W) * zn_dtype_size(tr->grad_dt);
                 if (nrows &&
                     (rc = zn_dev_embedding_rows_fwd(d, tr->s_d2h,
-                                                    tr->urows_dev + (size_t)mb * (size_t)ntok + lo,
+                                                    tr->fetch.rows_dev + (size_t)mb * (size_t)ntok + lo,
                                                     nrows, gsrc, ZN_DTYPE_F32, bl->srow0, nr, W,
-                                                    tr->gcast, tr->gdt)))
+                                                    tr->gcast, tr->grad_dt)))
                     return rc;
                 if ((rc = zn_dev_event_record(d, tr->ev_gfree[g], tr->s_d2h)) ||
                     (nrows && (rc = zn_dev_copy_d2h(d, tr->s_d2h, tr->gstage[g], tr->gcast,
                                                     gbytes))))
                     return rc;
-            } else if (tr->gdt != ZN_DTYPE_F32 && bl->len) {
+            } else if (tr->grad_dt != ZN_DTYPE_F32 && bl->len) {
                 /* cast the shard, free gdev[g] for the next block, then
                  * move half the bytes */
-                if ((rc = zn_dev_cast(d, tr->s_d2h, gsrc, ZN_DTYPE_F32, tr->gcast, tr->gdt,
+                if ((rc = zn_dev_cast(d, tr->s_d2h, gsrc, ZN_DTYPE_F32, tr->gcast, tr->grad_dt,
                                       bl->len)) ||
                     (rc = zn_dev_event_record(d, tr->ev_gfree[g], tr->s_d2h)) ||
                     (rc = zn_dev_copy_d2h(d, tr->s_d2h, tr->gstage[g], tr->gcast, gbytes)))
@@ -147,7 +147,7 @@ static int run_micro_batch(zn_trainer *tr, int mb, const zn_fetch_ent *fe, int n
             }
             zn_train_mark_end(tr, tr->s_d2h, m2);
             atomic_fetch_add(&tr->tm.d2h, gbytes);
-            zn_accum_arg *aa = &tr->accum_args[mb * L + b];
+            zn_accum_arg *aa = &tr->fetch.accum_args[mb * L + b];
             aa->tr = tr;
             aa->block = b;
             aa->gbuf = g;
@@ -156,11 +156,11 @@ static int run_micro_batch(zn_trainer *tr, int mb, const zn_fetch_ent *fe, int n
             aa->nrows = nrows;
             if ((rc = zn_dev_launch_host_fn(d, tr->s_d2h, zn_accum_post_fn, aa)))
                 return rc;
-            tr->aposted[g]++;  /* the job the D2H stream waits on before refilling g */
+            tr->acc.posted[g]++;  /* the job the D2H stream waits on before refilling g */
         }
     consumed:
         if (slot >= 0 && fe[f].last_use == i &&
-            (rc = zn_dev_event_record(d, tr->ev_consumed[slot], tr->s_comp)))
+            (rc = zn_dev_event_record(d, tr->fetch.ev_consumed[slot], tr->s_comp)))
             return rc;
         if (atomic_load(&tr->err))
             return atomic_load(&tr->err);
@@ -251,9 +251,9 @@ static int gather_replicated(zn_trainer *tr)
             continue;
         /* the trainable part only: a frozen base never changes */
         rc = zn_comm_allgather_on(tr->comm, tr->s_comm,
-                                  (char *)bl->dev_params + bl->soff * tr->pbytes,
-                                  (char *)bl->dev_params + bl->frozen * tr->pbytes, bl->shard,
-                                  tr->pdt);
+                                  (char *)bl->dev_params + bl->soff * tr->param_bytes,
+                                  (char *)bl->dev_params + bl->frozen * tr->param_bytes, bl->shard,
+                                  tr->param_dt);
     }
     int r2 = zn_comm_sync_on(tr->comm, tr->s_comm);
     return rc ? rc : r2;
@@ -265,7 +265,7 @@ static int step_failed(zn_trainer *tr, int rc, int64_t step)
     zn_dev_sync(tr->dev);
     zn_accum_drain(tr);
     zn_optsched_wait(tr);
-    tr->opt_inflight = false;
+    tr->opt.inflight = false;
     if (tr->tm.aio)
         zn_aio_wait_all(tr->tm.aio);
     tr->bad = true;
@@ -301,7 +301,7 @@ static int build_fetches(zn_trainer *tr, int nuse, int L, bool with_bwd, zn_fetc
      * micro-batch instead of being fetched twice. K = slots - 2 leaves two
      * slots for the ring (its prefetch) while all K are held at the turn;
      * the check below proves every fetch still finds its slot free. */
-    int keep = with_bwd ? tr->nslots - 2 : 0;
+    int keep = with_bwd ? tr->fetch.n_slots - 2 : 0;
     for (int b = L - 1; b >= 0; b--) {
         held[b] = -1;
         if (!tr->blocks[b].persistent && keep > 0) {
@@ -338,8 +338,8 @@ static int build_fetches(zn_trainer *tr, int nuse, int L, bool with_bwd, zn_fetc
         /* the ring's rule: fetch j reuses fetch (j - slots)'s slot, which
          * must be past its last use when fetch j's first use comes */
         bool ok = true;
-        for (int e = tr->nslots; e < nfe && ok; e++)
-            ok = fe[e - tr->nslots].last_use < fe[e].first_use;
+        for (int e = tr->fetch.n_slots; e < nfe && ok; e++)
+            ok = fe[e - tr->fetch.n_slots].last_use < fe[e].first_use;
         *nfe_out = nfe;
         if (ok || pass == 1)
             break;
@@ -371,8 +371,8 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     /* the previous step's optimizer job may still run (pipeline): its
      * failure fails this step */
     if (atomic_load(&tr->err))
-        return step_failed(tr, atomic_load(&tr->err), tr->steps_run + 1);
-    tr->next_mark = 0;
+        return step_failed(tr, atomic_load(&tr->err), tr->stats.steps_run + 1);
+    tr->fetch.next_mark = 0;
 
     bool clip = cfg->gradient_clipping > 0, fp16 = cfg->fp16.enabled;
     double scale = tr->scaler.scale;
@@ -396,17 +396,17 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         tr->blocks[b].grad_sq = 0;
         tr->blocks[b].grad_nonfinite = 0;
     }
-    tr->overlap_step = !clip && !fp16;
+    tr->opt.overlap_step = !clip && !fp16;
     /* Without clipping or overflow checks each unit steps as soon as its
      * grads are final; otherwise the job starts now too, but only reads
      * optimizer states ahead until the global norm gives the go. */
-    int64_t job = zn_optsched_begin(tr, &hp, (float)(1.0 / scale), !tr->overlap_step);
+    int64_t job = zn_optsched_begin(tr, &hp, (float)(1.0 / scale), !tr->opt.overlap_step);
 
     /* the step's fetch list: consecutive uses of one ring block share a fetch */
     zn_fetch_ent *fe;
     int *fetch_of_use, nfe;
     if ((rc = build_fetches(tr, A * 2 * L, L, true, &fe, &fetch_of_use, &nfe)))
-        return step_failed(tr, rc, tr->steps_run + 1);
+        return step_failed(tr, rc, tr->stats.steps_run + 1);
     int next_fetch = 0, use = 0;
     uint64_t nvme_fetches = 0;
     /* the mean over the targets of the global batch (every micro-batch of
@@ -414,7 +414,7 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
      * Trainer computes it */
     uint64_t ntgt = 0;
     if ((rc = count_targets(tr, targets, ntok * (uint64_t)A, &ntgt)))
-        return step_failed(tr, rc, tr->steps_run + 1);
+        return step_failed(tr, rc, tr->stats.steps_run + 1);
     float loss_scale = (float)(scale / (double)(ntgt ? ntgt : 1));
     double loss_sum = 0;
     rc = 0;
@@ -451,16 +451,16 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     if (!rc && atomic_load(&tr->err))
         rc = atomic_load(&tr->err);
     if (rc)
-        return step_failed(tr, rc, tr->steps_run + 1);
+        return step_failed(tr, rc, tr->stats.steps_run + 1);
 
     /* global norm from the blocks' sums, in block order (placement-independent) */
     double sq = 0;
     int nonfinite = 0;
     if ((rc = combine_ranks(tr, &loss_sum, &sq, &nonfinite)))
-        return step_failed(tr, rc, tr->steps_run + 1);
+        return step_failed(tr, rc, tr->stats.steps_run + 1);
     double norm = sqrt(sq) / scale;
     bool overflow = fp16 && (nonfinite || !isfinite(norm));
-    if (!tr->overlap_step && !overflow) {
+    if (!tr->opt.overlap_step && !overflow) {
         double coef = 1.0;
         if (clip && norm + 1e-6 > 0) {
             double c = cfg->gradient_clipping / (norm + 1e-6);
@@ -474,39 +474,39 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         zn_optsched_all_final(tr);
     }
     if (!overflow)
-        tr->pseq_need = job;  /* the next step's uses wait for this job's updates */
-    if (tr->pipeline) {
+        tr->opt.land_need = job;  /* the next step's uses wait for this job's updates */
+    if (tr->opt.pipeline) {
         /* the job finishes under the next step's forward: each use waits
          * only for its own block's parameters (wait_params) */
-        tr->opt_inflight = true;
-        tr->opt_step = tr->steps_run + 1;
+        tr->opt.inflight = true;
+        tr->opt.inflight_step = tr->stats.steps_run + 1;
     } else {
         rc = zn_optsched_wait(tr);
         if (!rc)
-            rc = zn_dev_stream_sync(tr->dev, tr->s_oh2d);
+            rc = zn_dev_stream_sync(tr->dev, tr->opt.s_h2d);
         if (!rc && !overflow)
             rc = gather_replicated(tr);
         if (!rc && atomic_load(&tr->err))
             rc = atomic_load(&tr->err);
         if (rc)
-            return step_failed(tr, rc, tr->steps_run + 1);
+            return step_failed(tr, rc, tr->stats.steps_run + 1);
     }
 
     if (fp16 && zn_loss_scaler_update(&tr->scaler, overflow)) {
         tr->bad = true;
         return zn_set_error(ZN_ECONFIG, "step %lld: gradient overflow with the loss scale "
                             "already at fp16.min_loss_scale (%g): training diverged",
-                            (long long)tr->steps_run + 1, tr->scaler.min_scale);
+                            (long long)tr->stats.steps_run + 1, tr->scaler.min_scale);
     }
     if (!overflow)
         tr->step++;
-    tr->steps_run++;
+    tr->stats.steps_run++;
     double secs = (double)(zn_now_ns() - t_start) * 1e-9;
-    tr->step_s += secs;
-    tr->tokens += ntok * (uint64_t)A * (uint64_t)tr->world;
-    tr->flops += tr->model->flops_per_token * (double)(ntok * (uint64_t)A);
+    tr->stats.step_s += secs;
+    tr->stats.tokens += ntok * (uint64_t)A * (uint64_t)tr->world;
+    tr->stats.flops += tr->model->flops_per_token * (double)(ntok * (uint64_t)A);
     if (info) {
-        info->step = tr->steps_run;
+        info->step = tr->stats.steps_run;
         info->loss = loss_sum / scale;
         info->lr = lr;
         info->grad_norm = norm;
@@ -527,7 +527,7 @@ int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     if (n_micro < 1 || !ids || !targets)
         return zn_set_error(ZN_EARG, "train eval: %d micro-batches", n_micro);
     if (atomic_load(&tr->err))
-        return step_failed(tr, atomic_load(&tr->err), tr->steps_run);
+        return step_failed(tr, atomic_load(&tr->err), tr->stats.steps_run);
     const zn_config *cfg = &tr->cfg;
     const zn_train_model *md = tr->model;
     int L = tr->L, rc;
@@ -535,7 +535,7 @@ int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     uint64_t ntok = (uint64_t)(B * T);
     if ((rc = zn_tr_ensure_capacity(tr, n_micro)))
         return rc;
-    tr->next_mark = 0;
+    tr->fetch.next_mark = 0;
     zn_fetch_ent *fe;
     int *fetch_of_use, nfe;
     if ((rc = build_fetches(tr, n_micro * L, L, false, &fe, &fetch_of_use, &nfe)))
@@ -563,11 +563,11 @@ int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
                 break;
             void *params = bl->dev_params;
             int f = fetch_of_use[i];
-            int slot = f >= 0 ? f % tr->nslots : -1;
+            int slot = f >= 0 ? f % tr->fetch.n_slots : -1;
             if (slot >= 0) {
-                if ((rc = zn_dev_stream_wait_event(tr->dev, tr->s_comp, tr->ev_ready[slot])))
+                if ((rc = zn_dev_stream_wait_event(tr->dev, tr->s_comp, tr->fetch.ev_ready[slot])))
                     break;
-                params = tr->slot[slot];
+                params = tr->fetch.slot[slot];
             } else if ((rc = zn_tr_wait_params(tr, b))) {
                 break;
             }
@@ -583,7 +583,7 @@ int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
             }
             zn_train_mark_end(tr, tr->s_comp, mk);
             if (slot >= 0 && fe[f].last_use == i &&
-                (rc = zn_dev_event_record(tr->dev, tr->ev_consumed[slot], tr->s_comp)))
+                (rc = zn_dev_event_record(tr->dev, tr->fetch.ev_consumed[slot], tr->s_comp)))
                 break;
         }
         float l = 0;
@@ -614,7 +614,7 @@ int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         free(all);
     }
     if (rc)
-        return step_failed(tr, rc, tr->steps_run);
+        return step_failed(tr, rc, tr->stats.steps_run);
     *loss_sum = sum;
     *n_targets = tgt;
     return 0;
@@ -625,17 +625,17 @@ int zn_train_sync(zn_trainer *tr)
     if (tr->bad)
         return zn_set_error(ZN_ECORRUPT, "the trainer failed in an earlier step; its state "
                             "is not valid");
-    if (!tr->opt_inflight)
+    if (!tr->opt.inflight)
         return 0;
     uint64_t t0 = zn_now_ns();
     int rc = zn_optsched_wait(tr);
     if (!rc)
-        rc = zn_dev_stream_sync(tr->dev, tr->s_oh2d);
+        rc = zn_dev_stream_sync(tr->dev, tr->opt.s_h2d);
     if (!rc && atomic_load(&tr->err))
         rc = atomic_load(&tr->err);
-    tr->opt_inflight = false;
-    tr->step_s += (double)(zn_now_ns() - t0) * 1e-9;  /* the step's tail */
+    tr->opt.inflight = false;
+    tr->stats.step_s += (double)(zn_now_ns() - t0) * 1e-9;  /* the step's tail */
     if (rc)
-        return step_failed(tr, rc, tr->opt_step);
+        return step_failed(tr, rc, tr->opt.inflight_step);
     return 0;
 }
