@@ -5,8 +5,10 @@
  * plan), train_init.c (initial values written home), train_fetch.c (the
  * prefetch ring), train_actoff.c (activation checkpoints in pinned RAM),
  * train_step.c (the step and eval), train_report.c (reading state back,
- * the report, the trace); sched_optim.c and accum.c the optimizer pipeline
- * and the gradient accumulation. */
+ * the report, the trace), train_state.c (the state as checkpoints read and
+ * write it, train-state.h); sched_optim.c and accum.c the optimizer
+ * pipeline and the gradient accumulation. Each owns its sub-struct of
+ * struct zn_trainer (train-impl.h). */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
