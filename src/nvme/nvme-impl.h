@@ -1,8 +1,10 @@
-/* Private interfaces of src/nvme: the extent allocator, the engine's file
- * table (used by swap.c) and shared probing helpers. */
+/* Private interfaces of src/nvme: the extent allocator, the engine's object
+ * shared by its three files, its file table (used by swap.c) and shared
+ * probing helpers. */
 #ifndef ZN_NVME_IMPL_H
 #define ZN_NVME_IMPL_H
 
+#include <liburing.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -74,6 +76,145 @@ struct zn_swap {
 /* Resolves a caller's extent to its record; -EINVAL with a message when it
  * is stale or foreign. Takes s->lock. */
 int zn_swap__lookup(zn_swap *s, const zn_extent *e, zn_ext_rec **out);
+
+/* ---- engine internals (engine.c, engine_worker.c, engine_request.c) --------
+ * The engine object and its requests, blocks and workers: engine.c creates
+ * and destroys them, engine_worker.c moves the blocks, engine_request.c
+ * hands out and releases the requests. */
+#define ZN_AIO_MAX_REGS 32
+#define ZN_AIO_REG_PIECE (1ull << 30) /* io_uring caps one fixed buffer at 1 GiB */
+#define ZN_AIO_MAX_REG_SLOTS 256
+
+typedef struct zn_req zn_req;
+struct zn_req {
+    zn_aio_handle handle;
+    uint64_t seq;            /* submission order, for wait_all's "first" */
+    int is_write;
+    unsigned char *buf;
+    size_t len;
+    zn_swap *swap;
+    zn_ext_rec *rec;
+    size_t next_off;         /* first byte not yet handed to a worker */
+    uint32_t inflight;       /* blocks handed out and not completed */
+    int status;
+    char *errmsg;
+    int done;
+    zn_req *next;            /* pending-queue link */
+};
+
+typedef struct {
+    zn_req *req;
+    size_t roff;             /* offset in the request */
+    uint32_t len;            /* caller bytes in this block */
+    uint32_t io_len;         /* bytes to transfer (padded to the alignment) */
+    uint32_t done;           /* bytes transferred so far */
+    int file;                /* index in the swap's paths */
+    int fd, fixed_file;      /* raw fd; engine file slot or -1 */
+    uint64_t foff;           /* file offset of the block */
+    unsigned char *iobuf;    /* where the kernel reads/writes */
+    int staging;             /* staging index in the worker, -1 none */
+    int fixed_buf;           /* fixed-buffer index, -1 none */
+    int noprogress;
+    uint64_t t0;
+    int busy;
+} zn_blk;
+
+typedef struct {
+    zn_aio *a;
+    int idx;
+    pthread_t th;
+    int started;
+    int has_ring;
+    struct io_uring ring;
+    int efd;
+    uint64_t efd_val;
+    int sleeping;            /* waiting for work (eventfd armed); under a->lock */
+    zn_blk *blks;
+    int nblks;
+    int inflight;
+    unsigned char **staging;
+    int *staging_free;
+    int nstaging_free;
+} zn_worker;
+
+typedef struct {
+    unsigned char *base;
+    size_t len;
+    int first_slot, nslots;
+    int used;
+} zn_reg;
+
+#define ZN_AIO_HIST_SUB 8
+#define ZN_AIO_HIST_N (64 * ZN_AIO_HIST_SUB)
+
+struct zn_aio {
+    zn_aio_config cfg;
+    zn_aio_backend backend;
+    char desc[320];
+    int nworkers;
+    zn_worker *w;
+    int fixed_files, fixed_bufs;
+    int nstaging;            /* per worker */
+    pthread_mutex_t lock;
+    pthread_cond_t work_cv;
+    pthread_cond_t done_cv;
+    int lock_init;
+    zn_req *qhead, *qtail;
+    zn_req **slots;
+    uint32_t *gens;
+    uint32_t nslots;
+    uint32_t *free_slots;
+    uint32_t nfree_slots;
+    uint64_t live;           /* requests not yet released */
+    uint64_t running;        /* requests not yet done */
+    uint64_t submit_seq;
+    int stop;
+    struct {
+        int fd;
+        char *path;
+        int used;
+    } files[ZN_AIO_MAX_FILES];
+    zn_reg regs[ZN_AIO_MAX_REGS];
+    int reg_slot_used[ZN_AIO_MAX_REG_SLOTS];
+    int buf_table;           /* fixed-buffer table size per ring */
+    atomic_uint_fast64_t seq;
+    atomic_uint_fast64_t resubmits;
+    uint64_t fault_nth;      /* absolute completion ordinal to fail, 0 none */
+    int fault_res;
+    zn_aio_stats st;
+    uint64_t hist[ZN_AIO_HIST_N];
+    uint64_t hist_n;
+};
+
+/* Latency histogram bucket of a value in ns, and the bucket's middle value:
+ * the workers count into it, zn_aio_get_stats reads percentiles out. */
+static inline int zn_aio__hist_idx(uint64_t v)
+{
+    if (v < ZN_AIO_HIST_SUB)
+        return (int)v;
+    int e = 63 - __builtin_clzll(v);
+    int sub = (int)((v >> (e - 3)) & (ZN_AIO_HIST_SUB - 1));
+    return (e - 2) * ZN_AIO_HIST_SUB + sub;
+}
+
+static inline double zn_aio__hist_val(int i)
+{
+    if (i < ZN_AIO_HIST_SUB)
+        return i;
+    int e = i / ZN_AIO_HIST_SUB + 2, sub = i % ZN_AIO_HIST_SUB;
+    double lo = (double)((1ull << e) + ((uint64_t)sub << (e - 3)));
+    return lo + (double)(1ull << (e - 3)) / 2;
+}
+
+/* Marks a request done, counts it and wakes its waiters. Under a->lock. */
+void zn_aio__finish_req(zn_aio *a, zn_req *r);
+/* Tells the workers that there is work (or that the engine stops). Under
+ * a->lock. */
+void zn_aio__wake_workers(zn_aio *a);
+/* Worker thread bodies: one io_uring ring each, or one pread/pwrite at a
+ * time (arg: the zn_worker). */
+void *zn_aio__uring_main(void *arg);
+void *zn_aio__pool_main(void *arg);
 
 /* ---- engine file table (engine.c) ---------------------------------------- */
 /* Adds an open file to the engine (and to every ring's fixed-file table).
