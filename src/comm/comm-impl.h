@@ -157,6 +157,9 @@ int zn_comm_mpi_create(zn_comm *c);
 
 /* Runs an issued op and waits for it (blocking path used by everything). */
 int zn_comm_run_op(zn_comm *c, zn_comm_op *op);
+/* The thread that runs queued requests in issue order for backends without
+ * start/test (tcp); zn_comm_create starts it with the communicator as arg. */
+void *zn_comm_worker_main(void *arg);
 /* Bench: the ring send/recv ceiling (count bytes each way). */
 int zn_comm_ring_xfer(zn_comm *c, const void *send, void *recv, size_t bytes);
 /* Bench: the same on device buffers on a stream (NCCL send/recv), 0 or
