@@ -1,6 +1,7 @@
 /* Private side of the communicator: the operation descriptor, the host
  * backend vtable (single, mpi, tcp), the control messages of the failure
- * protocol (reports to rank 0, one verdict back), and the NCCL device part. */
+ * protocol (reports to rank 0, one verdict back), the TCP backend's state
+ * shared by its two files, and the NCCL device part. */
 #ifndef ZN_COMM_IMPL_H
 #define ZN_COMM_IMPL_H
 
@@ -154,6 +155,28 @@ int zn_comm_tcp_create(zn_comm *c);
 #if ZN_HAVE_MPI
 int zn_comm_mpi_create(zn_comm *c);
 #endif
+
+/* ---- TCP backend internals (comm_tcp.c, comm_tcp_ring.c) -------------------*/
+#define ZN_TCP_SEG_BYTES (4u << 20)   /* ring pipeline segment per chunk */
+
+typedef struct zn_tcp {
+    int left, right;        /* data sockets of the ring */
+    int *ctl;               /* rank 0: ctl[r] for r >= 1; others: ctl[0] */
+    uint8_t *ctl_gone;      /* BYE or EOF read on that channel */
+    unsigned char *scratch; /* 2 segments */
+    size_t scratch_len;
+} zn_tcp;
+
+/* comm_tcp.c: milliseconds to wait in one poll() (at most cap_ms, 0 once the
+ * deadline passed), and exactly len bytes sent (wr) or received by the
+ * deadline: 0, ZN_ETIMEOUT, -ECONNRESET (EOF) or -errno. */
+int zn_comm_tcp_poll_ms(uint64_t deadline, int cap_ms);
+int zn_comm_tcp_io_all(int fd, void *buf, size_t len, int wr, uint64_t deadline);
+/* comm_tcp_ring.c: the control channel (the host ops' ctl_send / ctl_recv)
+ * and one collective over the ring (the host ops' run). */
+int zn_comm_tcp_ctl_send(zn_comm *c, int to, const zn_ctl_msg *m, uint64_t deadline);
+int zn_comm_tcp_ctl_recv(zn_comm *c, zn_ctl_msg *m, int *closed, uint64_t deadline);
+int zn_comm_tcp_run(zn_comm *c, zn_comm_op *op, uint64_t deadline);
 
 /* Runs an issued op and waits for it (blocking path used by everything). */
 int zn_comm_run_op(zn_comm *c, zn_comm_op *op);
