@@ -164,7 +164,6 @@ typedef struct zn_tcp {
     int *ctl;               /* rank 0: ctl[r] for r >= 1; others: ctl[0] */
     uint8_t *ctl_gone;      /* BYE or EOF read on that channel */
     unsigned char *scratch; /* 2 segments */
-    size_t scratch_len;
 } zn_tcp;
 
 /* comm_tcp.c: milliseconds to wait in one poll() (at most cap_ms, 0 once the

@@ -40,6 +40,12 @@ static int setup_worker(zn_aio *a, zn_worker *w, int idx)
     w->blks = calloc((size_t)w->nblks, sizeof *w->blks);
     w->staging = calloc((size_t)a->nstaging, sizeof *w->staging);
     w->staging_free = calloc((size_t)a->nstaging, sizeof *w->staging_free);
+    if (a->backend == ZN_AIO_BACKEND_URING) {
+        w->taken = malloc(sizeof *w->taken * (size_t)a->cfg.queue_depth);
+        w->cqes = malloc(sizeof *w->cqes * (size_t)(a->cfg.queue_depth + 2) * 2);
+        if (!w->taken || !w->cqes)
+            return zn_set_error(-ENOMEM, "aio: out of memory for worker %d", idx);
+    }
     if (!w->blks || !w->staging || !w->staging_free)
         return zn_set_error(-ENOMEM, "aio: out of memory for worker %d", idx);
     for (int i = 0; i < w->nblks; i++)
@@ -239,6 +245,8 @@ void zn_aio_destroy(zn_aio *a)
         free(w->staging);
         free(w->staging_free);
         free(w->blks);
+        free(w->taken);
+        free(w->cqes);
     }
     free(a->w);
     for (uint32_t i = 0; i < a->nslots; i++)

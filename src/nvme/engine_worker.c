@@ -347,17 +347,9 @@ void *zn_aio__uring_main(void *arg)
     zn_worker *w = arg;
     zn_aio *a = w->a;
     const int qd = a->cfg.queue_depth;
-    int *taken = malloc(sizeof(int) * (size_t)qd);
-    struct io_uring_cqe **cqes = malloc(sizeof(*cqes) * (size_t)(qd + 2) * 2);
+    int *taken = w->taken;
+    struct io_uring_cqe **cqes = w->cqes;
     char msg[768];
-    if (!taken || !cqes) {
-        /* Without these the worker cannot run; the queue is served by no one
-         * and waiters would hang, so fail everything it would take. */
-        free(taken);
-        free(cqes);
-        zn_error("aio worker %d: out of memory", w->idx);
-        return NULL;
-    }
     arm_eventfd(w);
     io_uring_submit(&w->ring);
     for (;;) {
@@ -450,8 +442,6 @@ void *zn_aio__uring_main(void *arg)
         if (resubmit)
             io_uring_submit(&w->ring);
     }
-    free(taken);
-    free(cqes);
     return NULL;
 }
 

@@ -132,6 +132,10 @@ typedef struct {
     zn_blk *blks;
     int nblks;
     int inflight;
+    /* io_uring worker's scratch, allocated at create so that the worker
+     * itself cannot fail: blocks taken per round, completions peeked */
+    int *taken;
+    struct io_uring_cqe **cqes;
     unsigned char **staging;
     int *staging_free;
     int nstaging_free;
