@@ -34,6 +34,12 @@ int zn_cmd_export(int argc, char **argv);
 int zn_cmd_prepare(int argc, char **argv);
 int zn_cmd_generate(int argc, char **argv);
 int zn_cmd_chat(int argc, char **argv);
+int zn_cmd_plot(int argc, char **argv);
+
+/* A run's JSON lines as an SVG picture (cmd_plot.c): loss (and eval loss),
+ * lr and tokens/s against the step. 0 or a negative code with the reason
+ * in zn_last_error(); the picture appears whole or not at all. */
+int zn_cli_plot(const char *jsonl, const char *svg, const char *title);
 
 /* Runs scripts/zinc_prepare.py with these arguments (the project's .venv or
  * ZINC_PYTHON) and returns its exit status (1 after printing why it could

@@ -127,102 +127,6 @@ int zn_cli_recipe_open(const char *path, zn_recipe **out, char *log_path, size_t
     return 0;
 }
 
-/* The loss curve of trainer_log.jsonl as an SVG picture (train and eval). */
-static int plot_loss(const char *log, const char *svg)
-{
-    FILE *f = fopen(log, "r");
-    if (!f)
-        return -errno;
-    double *st = NULL, *lo = NULL, *ev = NULL;
-    size_t n = 0, cap = 0;
-    char *line = NULL;
-    size_t lcap = 0;
-    while (getline(&line, &lcap, f) >= 0) {
-        json_t *o = json_loads(line, 0, NULL);
-        json_t *s = json_object_get(o, "step"), *l = json_object_get(o, "loss");
-        if (json_is_number(s) && json_is_number(l)) {
-            if (n == cap) {
-                cap = cap ? 2 * cap : 256;
-                st = realloc(st, cap * sizeof *st);
-                lo = realloc(lo, cap * sizeof *lo);
-                ev = realloc(ev, cap * sizeof *ev);
-                if (!st || !lo || !ev) {
-                    json_decref(o);
-                    break;
-                }
-            }
-            json_t *e = json_object_get(o, "eval_loss");
-            st[n] = json_number_value(s);
-            lo[n] = json_number_value(l);
-            ev[n] = json_is_number(e) ? json_number_value(e) : -1;
-            n++;
-        }
-        json_decref(o);
-    }
-    free(line);
-    fclose(f);
-    int rc = 0;
-    FILE *o = n ? fopen(svg, "w") : NULL;
-    if (!o) {
-        rc = n ? -errno : -ENODATA;
-        goto out;
-    }
-    double x0 = st[0], x1 = st[n - 1], y0 = lo[0], y1 = lo[0];
-    for (size_t i = 0; i < n; i++) {
-        y0 = lo[i] < y0 ? lo[i] : y0;
-        y1 = lo[i] > y1 ? lo[i] : y1;
-        if (ev[i] >= 0) {
-            y0 = ev[i] < y0 ? ev[i] : y0;
-            y1 = ev[i] > y1 ? ev[i] : y1;
-        }
-    }
-    if (x1 <= x0)
-        x1 = x0 + 1;
-    if (y1 <= y0)
-        y1 = y0 + 1;
-    const double W = 640, H = 400, L = 60, R = 20, T = 30, B = 50;
-#define PX(x) (L + ((x) - x0) / (x1 - x0) * (W - L - R))
-#define PY(y) (T + (y1 - (y)) / (y1 - y0) * (H - T - B))
-    fprintf(o, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" "
-            "font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
-    fprintf(o, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    fprintf(o, "<text x=\"%g\" y=\"18\" text-anchor=\"middle\">training loss, %zu steps</text>\n",
-            W / 2, n);
-    fprintf(o, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"black\"/>\n", L, H - B,
-            W - R, H - B);
-    fprintf(o, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"black\"/>\n", L, T, L,
-            H - B);
-    for (int k = 0; k <= 4; k++) {
-        double y = y0 + (y1 - y0) * k / 4, x = x0 + (x1 - x0) * k / 4;
-        fprintf(o, "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">%.3g</text>\n", L - 4,
-                PY(y) + 4, y);
-        fprintf(o, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">%.0f</text>\n", PX(x),
-                H - B + 16, x);
-    }
-    fprintf(o, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">step</text>\n", W / 2, H - 12);
-    fprintf(o, "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"");
-    for (size_t i = 0; i < n; i++)
-        fprintf(o, "%.1f,%.1f ", PX(st[i]), PY(lo[i]));
-    fprintf(o, "\"/>\n<polyline fill=\"none\" stroke=\"#ff7f0e\" stroke-width=\"1.5\" "
-            "points=\"");
-    for (size_t i = 0; i < n; i++)
-        if (ev[i] >= 0)
-            fprintf(o, "%.1f,%.1f ", PX(st[i]), PY(ev[i]));
-    fprintf(o, "\"/>\n<text x=\"%g\" y=\"%g\" fill=\"#1f77b4\">train</text>\n", W - R - 80,
-            T + 14);
-    fprintf(o, "<text x=\"%g\" y=\"%g\" fill=\"#ff7f0e\">eval</text>\n", W - R - 80, T + 30);
-    fprintf(o, "</svg>\n");
-#undef PX
-#undef PY
-    if (fclose(o))
-        rc = -errno;
-out:
-    free(st);
-    free(lo);
-    free(ev);
-    return rc;
-}
-
 int zn_cli_recipe_finish(const zn_recipe *r, const char *log_path, int bf16)
 {
     zn_launch_info li;
@@ -240,8 +144,8 @@ int zn_cli_recipe_finish(const zn_recipe *r, const char *log_path, int bf16)
     if (r->plot_loss) {
         char svg[4200];
         snprintf(svg, sizeof svg, "%s/training_loss.svg", r->output_dir);
-        if ((rc = plot_loss(log_path, svg)))
-            fprintf(stderr, "zinc: warning: plot_loss: %s: %s\n", svg, strerror(-rc));
+        if ((rc = zn_cli_plot(log_path, svg, "training")))
+            fprintf(stderr, "zinc: warning: plot_loss: %s\n", zn_last_error());
         else
             printf("plot       %s\n", svg);
     }

@@ -14,6 +14,7 @@ static const zn_cli_cmd commands[] = {
     { "generate", zn_cmd_generate, "generate text from an HF model folder (and a LoRA adapter)" },
     { "chat", zn_cmd_chat, "talk with a model folder through its chat template" },
     { "prepare", zn_cmd_prepare, "text / chat jsonl to a token file with the model's tokenizer" },
+    { "plot", zn_cmd_plot, "draw a run's --json-log as an SVG picture (loss, lr, tokens/s)" },
     { "export", zn_cmd_export, "write a checkpoint as a Hugging Face folder (or --verify it)" },
     { "bench", zn_cmd_bench, "offload bandwidth benchmarks (nvme, adam, pcie, ...)" },
 };
