@@ -1,4 +1,6 @@
-/* Private declarations shared by the files of src/model/. */
+/* Private declarations shared by the files of src/model/: scalar fp
+ * conversions, the model object (model.c sets it up, model_layer.c and
+ * model_head.c run it). */
 #ifndef ZN_MODEL_IMPL_H
 #define ZN_MODEL_IMPL_H
 
@@ -6,6 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "zinc/device.h"
 #include "zinc/model.h"
 
 /* ---- scalar fp conversions (file I/O; the device layer has its own) -------
@@ -90,5 +93,101 @@ typedef int (*zn_m_put_fn)(void *ctx, int block, int i, uint64_t off, const void
                            size_t bytes);
 int zn_m_load_tensors(const zn_model_dims *d, zn_dtype dt, const char *path, const char *prefix,
                       int which, zn_m_put_fn put, void *ctx);
+
+/* ---- the model (model.c lays it out; model_layer.c, model_head.c run it) ---------- */
+
+/* Layer parameter slots, in the order of zn_model_block_param. */
+enum {
+    ZN_M_P_IN_NORM, ZN_M_P_WQ, ZN_M_P_WK, ZN_M_P_WV, ZN_M_P_WO, ZN_M_P_POST_NORM, ZN_M_P_WG,
+    ZN_M_P_WU, ZN_M_P_WD, ZN_M_P_BQ, ZN_M_P_BK, ZN_M_P_BV, ZN_M_P_BO, ZN_M_P_NSLOTS
+};
+
+/* Activations of one layer (forward results needed by the backward). */
+typedef struct {
+    void *h1;      /* [N][H]   rmsnorm(x_in) */
+    float *rstd1;  /* [N] */
+    void *qkv;     /* [N][qkv_ld] q | k | v, q and k after RoPE */
+    void *attn;    /* [N][qd]  attention output before o_proj */
+    void *x_mid;   /* [N][H]   x_in + o_proj(attn) */
+    void *h2;      /* [N][H]   rmsnorm(x_mid) */
+    float *rstd2;  /* [N] */
+    void *gate;    /* [N][I] */
+    void *up;      /* [N][I] */
+    void *act;     /* [N][I]   silu(gate) * up */
+    float *lse;    /* fused attention: [B][nh][T] log-sum-exp of each query's scores */
+} zn_m_layer_acts;
+
+struct zn_model {
+    zn_dev *dev;
+    zn_model_dims d;
+    zn_model_config cfg;
+    zn_dtype dt;
+    size_t esz;
+    int64_t H, qd, kvd, I, V, nh, nkv, hd, g, qkv_ld;
+    int64_t max_n, max_t, chunk;
+    int64_t qb;         /* attention query rows per block (attn_rows) */
+    int fused;          /* fused attention (zn_dev_flash_attn_*), else GEMMs + softmax */
+
+    void *mem;          /* the one arena block everything below lives in */
+    uint64_t mem_bytes;
+    int32_t *ids, *targets, *pos; /* pos: each token's position in its document */
+    int32_t *kstart;              /* each token's document's first position */
+    float *inv_freq;
+    float *loss;        /* scalar */
+    /* head */
+    void *hN;
+    float *rstdN, *lse, *row_loss, *run_max, *run_sum, *tgt, *logits, *dhN;
+    void *dlogits;
+    /* layer workspace */
+    zn_m_layer_acts w;
+    float *SS, *dP;     /* [nh][T][T] fp32 scores; dP (may alias) */
+    void *P, *dS;       /* [nh][T][T] probabilities / score grads (cfg.dtype) */
+    float *dh, *dxm32;  /* [N][H] fp32 */
+    void *dxm;          /* [N][H] cfg.dtype (aliases dxm32 for f32) */
+    void *d_attn;       /* [N][qd] */
+    void *dqkv;         /* [N][qkv_ld] */
+    float *dkv32;       /* GQA, 16-bit: [T][2 kvd] one sequence's dK | dV summed in fp32 */
+    float *fdelta;      /* fused attention backward: [B][nh][T] rowsum(dO * O) */
+    void *lu, *ldu;     /* LoRA: [N][r] A x and its gradient (cfg.dtype) */
+    void *lxd;          /* LoRA dropout: [N][max in] the dropped input (cfg.dtype) */
+    float *ltmp;        /* LoRA dropout: [N][max in] du A before its mask (fp32) */
+    float lscale;       /* LoRA scale */
+    int drop_on;        /* training with lora.dropout > 0 (zn_model_set_dropout) */
+    uint64_t drop_key;
+
+    /* current batch */
+    int64_t B, T, N, n_valid;
+    int packed;         /* the batch packs documents: attention uses kstart */
+    float loss_scale;
+    int32_t *staging;   /* host: 4 x max_n */
+    /* decoding (zn_model_set_decode): the batch's tokens follow cached ones */
+    int decode;
+    int64_t *kv_pos0;   /* host, per sequence: tokens already in its cache */
+    int64_t *kv_slot;   /* host, per sequence: its slot of the KV cache */
+};
+
+/* The workspace carved by offset, and one layer's activations in it (the
+ * workspace's own, or those a layer saved for its backward). */
+typedef struct {
+    unsigned char *base; /* NULL: only count */
+    uint64_t off;
+} zn_m_carver;
+
+void zn_m_carve_acts(zn_m_carver *c, zn_m_layer_acts *a, int64_t N, int64_t H, int64_t qkv_ld,
+                     int64_t qd, int64_t I, size_t esz, int64_t n_lse);
+int64_t zn_m_lse_floats(const zn_model *m);
+int zn_m_need_batch(const zn_model *m); /* ZN_EARG until a batch is set */
+
+/* Byte offset helper for typed device pointers. */
+static inline void *zn_m_at(const void *p, int64_t elems, size_t esz)
+{
+    return (unsigned char *)p + elems * (int64_t)esz;
+}
+
+/* ---- parameter lists (model_params.c) -----------------------------------------------
+ * Where a layer slot (ZN_M_P_*) or target t's lora_A (lora_B follows) sits
+ * in a layer's parameter array; -1 when the model has none. */
+int zn_m_slot_index(const zn_model_dims *d, int slot);
+int zn_m_lora_index(const zn_model_dims *d, unsigned t);
 
 #endif

@@ -1,0 +1,164 @@
+/* Each block's parameters as a function of the dimensions alone: how many,
+ * their Hugging Face names and shapes, where a layer slot or a LoRA adapter
+ * sits in a layer's array, and the FLOPs a block's forward and backward take. */
+#include <stdio.h>
+#include <string.h>
+
+#include "zinc/model.h"
+#include "model/model-impl.h"
+
+/* ---- parameter lists ---------------------------------------------------------- */
+
+static int layer_slot_present(const zn_model_dims *d, int slot)
+{
+    if (slot >= ZN_M_P_BQ && slot <= ZN_M_P_BV)
+        return d->qkv_bias;
+    if (slot == ZN_M_P_BO)
+        return d->o_bias;
+    return slot >= 0 && slot < ZN_M_P_NSLOTS;
+}
+
+/* Index of `slot` in a layer's parameter array, or -1 when absent. */
+int zn_m_slot_index(const zn_model_dims *d, int slot)
+{
+    if (!layer_slot_present(d, slot))
+        return -1;
+    int idx = 0;
+    for (int s = 0; s < slot; s++)
+        idx += layer_slot_present(d, s);
+    return idx;
+}
+
+static int layer_base_nparams(const zn_model_dims *d)
+{
+    int n = 0;
+    for (int s = 0; s < ZN_M_P_NSLOTS; s++)
+        n += layer_slot_present(d, s);
+    return n;
+}
+
+static int lora_nparams(const zn_model_dims *d)
+{
+    return d->lora.r > 0 ? 2 * __builtin_popcount(d->lora.targets & ZN_LORA_ALL) : 0;
+}
+
+/* Index of target t's lora_A in a layer's parameter array (lora_B follows),
+ * -1 when t has no adapter. */
+int zn_m_lora_index(const zn_model_dims *d, unsigned t)
+{
+    if (d->lora.r <= 0 || !(d->lora.targets & t))
+        return -1;
+    return layer_base_nparams(d) + 2 * __builtin_popcount(d->lora.targets & (t - 1));
+}
+
+int zn_model_block_nparams(const zn_model_dims *d, int block)
+{
+    if (block < 0 || block > d->n_layers + 1)
+        return 0;
+    if (block == 0)
+        return 1;
+    if (block == d->n_layers + 1)
+        return 2;
+    return layer_base_nparams(d) + lora_nparams(d);
+}
+
+int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_param_info *out)
+{
+    memset(out, 0, sizeof *out);
+    out->owner_block = -1;
+    if (i < 0 || i >= zn_model_block_nparams(d, block))
+        return zn_set_error(ZN_EARG, "model: block %d has no parameter %d", block, i);
+    int64_t H = d->hidden, qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
+    int64_t I = d->intermediate;
+    if (block == 0 || (block == d->n_layers + 1 && i == 1)) {
+        int tied = block != 0 && d->tie_embeddings;
+        snprintf(out->name, sizeof out->name, "%s",
+                 block == 0 || tied ? "model.embed_tokens.weight" : "lm_head.weight");
+        out->ndim = 2;
+        out->shape[0] = d->vocab;
+        out->shape[1] = H;
+        out->owner_block = tied ? 0 : -1;
+    } else if (block == d->n_layers + 1) {
+        snprintf(out->name, sizeof out->name, "model.norm.weight");
+        out->ndim = 1;
+        out->shape[0] = H;
+    } else if (i >= layer_base_nparams(d)) {
+        int k = (i - layer_base_nparams(d)) / 2, B = (i - layer_base_nparams(d)) % 2;
+        unsigned t = 1;
+        for (int seen = -1;; t <<= 1)
+            if ((d->lora.targets & t) && ++seen == k)
+                break;
+        int64_t in = H, o = 0;
+        switch (t) {
+        case ZN_LORA_Q: o = qd; break;
+        case ZN_LORA_K: case ZN_LORA_V: o = kvd; break;
+        case ZN_LORA_O: in = qd; o = H; break;
+        case ZN_LORA_GATE: case ZN_LORA_UP: o = I; break;
+        default: in = I; o = H; break;
+        }
+        snprintf(out->name, sizeof out->name, "model.layers.%d.%s.%s.lora_%c.weight", block - 1,
+                 t <= ZN_LORA_O ? "self_attn" : "mlp", zn_lora_target_name(t), B ? 'B' : 'A');
+        out->ndim = 2;
+        out->shape[0] = B ? o : d->lora.r;
+        out->shape[1] = B ? d->lora.r : in;
+        out->lora = B ? 2 : 1;
+        out->target = t;
+    } else {
+        int slot = 0, k = -1;
+        for (slot = 0; slot < ZN_M_P_NSLOTS; slot++)
+            if (layer_slot_present(d, slot) && ++k == i)
+                break;
+        static const struct {
+            const char *name;
+            int ndim;
+        } slots[ZN_M_P_NSLOTS] = {
+            [ZN_M_P_IN_NORM] = { "input_layernorm.weight", 1 },
+            [ZN_M_P_WQ] = { "self_attn.q_proj.weight", 2 },
+            [ZN_M_P_WK] = { "self_attn.k_proj.weight", 2 },
+            [ZN_M_P_WV] = { "self_attn.v_proj.weight", 2 },
+            [ZN_M_P_WO] = { "self_attn.o_proj.weight", 2 },
+            [ZN_M_P_POST_NORM] = { "post_attention_layernorm.weight", 1 },
+            [ZN_M_P_WG] = { "mlp.gate_proj.weight", 2 },
+            [ZN_M_P_WU] = { "mlp.up_proj.weight", 2 },
+            [ZN_M_P_WD] = { "mlp.down_proj.weight", 2 },
+            [ZN_M_P_BQ] = { "self_attn.q_proj.bias", 1 },
+            [ZN_M_P_BK] = { "self_attn.k_proj.bias", 1 },
+            [ZN_M_P_BV] = { "self_attn.v_proj.bias", 1 },
+            [ZN_M_P_BO] = { "self_attn.o_proj.bias", 1 },
+        };
+        const int64_t shapes[ZN_M_P_NSLOTS][2] = {
+            [ZN_M_P_IN_NORM] = { H, 0 }, [ZN_M_P_WQ] = { qd, H },  [ZN_M_P_WK] = { kvd, H },
+            [ZN_M_P_WV] = { kvd, H },    [ZN_M_P_WO] = { H, qd },  [ZN_M_P_POST_NORM] = { H, 0 },
+            [ZN_M_P_WG] = { I, H },      [ZN_M_P_WU] = { I, H },   [ZN_M_P_WD] = { H, I },
+            [ZN_M_P_BQ] = { qd, 0 },     [ZN_M_P_BK] = { kvd, 0 }, [ZN_M_P_BV] = { kvd, 0 },
+            [ZN_M_P_BO] = { H, 0 },
+        };
+        snprintf(out->name, sizeof out->name, "model.layers.%d.%s", block - 1, slots[slot].name);
+        out->ndim = slots[slot].ndim;
+        out->shape[0] = shapes[slot][0];
+        out->shape[1] = shapes[slot][1];
+    }
+    out->numel = out->shape[0] * (out->ndim == 2 ? out->shape[1] : 1);
+    return 0;
+}
+
+/* ---- FLOPs ---------------------------------------------------------------------- */
+
+double zn_model_flops(const zn_model_dims *d, int block, int64_t batch, int64_t seq)
+{
+    double tokens = (double)batch * (double)seq;
+    double H = (double)d->hidden, qd = (double)(d->n_heads * d->head_dim);
+    double kvd = (double)(d->n_kv_heads * d->head_dim), I = (double)d->intermediate;
+    double layer = 6.0 * tokens * (H * qd * 2 + H * kvd * 2 + 3 * H * I) +
+                   /* QK^T and PV: 2 x 2 x T^2 x qd per sequence forward, half
+                    * masked (causal); backward twice the forward. */
+                   3.0 * 2.0 * (double)batch * (double)seq * (double)seq * qd;
+    double head = 6.0 * tokens * H * (double)d->vocab;
+    if (block == 0)
+        return 0;
+    if (block > 0 && block <= d->n_layers)
+        return layer;
+    if (block == d->n_layers + 1)
+        return head;
+    return layer * (double)d->n_layers + head;
+}
