@@ -1,6 +1,6 @@
 /* Private declarations shared by the files of src/model/: scalar fp
  * conversions, the model object (model.c sets it up, model_layer.c and
- * model_head.c run it). */
+ * model_head.c run it), the safetensors reader's state. */
 #ifndef ZN_MODEL_IMPL_H
 #define ZN_MODEL_IMPL_H
 
@@ -10,6 +10,7 @@
 
 #include "zinc/device.h"
 #include "zinc/model.h"
+#include "zinc/safetensors.h"
 
 /* ---- scalar fp conversions (file I/O; the device layer has its own) -------
  * fp32 -> 16 bit: round to nearest, ties to even; NaN stays a quiet NaN. */
@@ -189,5 +190,46 @@ static inline void *zn_m_at(const void *p, int64_t elems, size_t esz)
  * in a layer's parameter array; -1 when the model has none. */
 int zn_m_slot_index(const zn_model_dims *d, int slot);
 int zn_m_lora_index(const zn_model_dims *d, unsigned t);
+
+/* ---- safetensors (safetensors.c opens, safetensors_read.c reads,
+ * safetensors_write.c writes) -------------------------------------------------------- */
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "zinc's safetensors code assumes a little-endian host"
+#endif
+
+/* Bytes converted per pread when the on-disk type differs from the target. */
+#define ZN_M_ST_CONVERT_CHUNK (1u << 20)
+#define ZN_M_ST_NAME_MAX 1024
+
+typedef struct {
+    char *path;
+    int fd;
+    uint64_t size;
+} zn_m_st_shard;
+
+struct zn_st {
+    zn_m_st_shard *shards;
+    int nshards;
+    zn_st_tensor *t;
+    size_t n, cap;
+    size_t *by_name; /* indices into t, sorted by name */
+    struct json_t *meta; /* first shard's __metadata__ (object) or NULL; the tag
+                          * spares the other files <jansson.h> */
+};
+
+static inline int zn_m_st_is_float_io(zn_st_dtype t)
+{
+    return t == ZN_ST_F32 || t == ZN_ST_F16 || t == ZN_ST_BF16;
+}
+
+/* len bytes at off of fd, whole (EINTR and short reads retried); the error
+ * names path and what. */
+int zn_m_st_pread_full(int fd, void *buf, size_t len, uint64_t off, const char *path,
+                       const char *what);
+/* n elements from one float type to another (memcpy when they are one). */
+void zn_m_st_convert(void *dst, zn_st_dtype to, const void *src, zn_st_dtype from, size_t n);
+/* A bare file name (no '/', not "." or ".."), as an index's shards must be. */
+int zn_m_st_valid_shard_name(const char *f);
 
 #endif
