@@ -1,6 +1,6 @@
 /* Private declarations shared by the files of src/model/: scalar fp
  * conversions, the model object (model.c sets it up, model_layer.c and
- * model_head.c run it), the safetensors reader's state. */
+ * model_head.c run it), the safetensors reader's state, the generator's. */
 #ifndef ZN_MODEL_IMPL_H
 #define ZN_MODEL_IMPL_H
 
@@ -9,7 +9,9 @@
 #include <string.h>
 
 #include "zinc/device.h"
+#include "zinc/generate.h"
 #include "zinc/model.h"
+#include "zinc/nvme.h"
 #include "zinc/safetensors.h"
 
 /* ---- scalar fp conversions (file I/O; the device layer has its own) -------
@@ -231,5 +233,77 @@ int zn_m_st_pread_full(int fd, void *buf, size_t len, uint64_t off, const char *
 void zn_m_st_convert(void *dst, zn_st_dtype to, const void *src, zn_st_dtype from, size_t n);
 /* A bare file name (no '/', not "." or ".."), as an index's shards must be. */
 int zn_m_st_valid_shard_name(const char *f);
+
+/* ---- the generator (generate.c runs it, generate_weights.c places, loads and
+ * streams the weights it owns) ---------------------------------------------------- */
+
+/* Weights the generator owns (zn_gen_open): each block's tensors back to
+ * back (each at a ZN_DEV_ALIGN offset) in one buffer at its home, the
+ * device or pinned host memory. Decoder layers share one layout, so a
+ * streamed layer runs from whichever ring slot holds it. */
+#define ZN_M_GEN_MAX_RING 8
+
+struct zn_gen {
+    zn_model_state *st; /* zn_gen_create: every weight resident in a state */
+    zn_model *m;
+    zn_dev *dev;
+    int64_t max_batch, max_t, V, L, H;
+    size_t esz;
+    void **kv;          /* per layer: [max_batch][max_t][k | v] */
+    void *xa, *xb;      /* activations between blocks */
+    float *dlogits;     /* device: [max_batch][V] */
+    float *logits;      /* host: [max_batch][V] of the last step */
+    int64_t nrows;      /* rows in `logits` */
+
+    /* owned weights (zn_gen_open) */
+    int nb;             /* blocks */
+    int *np;            /* tensors per block */
+    uint64_t **off;     /* per block and tensor: byte offset in its buffer */
+    uint64_t *bytes;    /* per block: its buffer's bytes */
+    void **home;        /* per block: its buffer */
+    int *on_dev;        /* per block: the buffer is on the device */
+    void ***ptr;        /* per block: each tensor's address at home */
+    void *hx;           /* pinned [max_n][H]: a host-homed embedding's rows */
+    /* the ring: streamed layers [r, L) pass through K slots in turn; use
+     * number u (counting over every step) runs layer r + u % n from slot
+     * u % K, and the copy for use u + K goes into that slot once use u
+     * is done */
+    int r, n, K, fixed; /* resident layers, streamed, slots; fixed: n <= K (loaded once) */
+    void *ring[ZN_M_GEN_MAX_RING];
+    void **ring_ptr[ZN_M_GEN_MAX_RING];
+    zn_event *ready[ZN_M_GEN_MAX_RING], *freed[ZN_M_GEN_MAX_RING];
+    zn_stream *copy;
+    /* NVMe homes (zn_gen_config.nvme_dir): each streamed layer's tensors in
+     * extents of a swap space; a use's reads land in its pinned stage (one
+     * per slot), then one copy takes the stage to the device slot */
+    zn_aio *aio;
+    zn_swap *swap;
+    zn_extent **ext;    /* per block, per tensor (NVMe-homed layers) */
+    unsigned char *on_nvme;
+    void *stage[ZN_M_GEN_MAX_RING];
+    zn_aio_handle *rd[ZN_M_GEN_MAX_RING];
+    int pending[ZN_M_GEN_MAX_RING]; /* reads in flight, the copy not yet queued */
+    void *asm_buf;      /* loading: a tensor assembled before its write */
+    size_t asm_cap;
+    uint64_t nvme_bytes, nvme_read;
+    uint64_t use;       /* the next use number */
+    int primed;         /* the first K uses were fetched */
+    uint64_t streamed;  /* bytes copied into the ring so far */
+    /* what each cache slot holds: the ids whose keys and values are in it
+     * (kv_n of them), so that a prompt sharing their prefix (a chat's
+     * history) is prefilled from where they differ (reuse on) */
+    int reuse;
+    zn_gen_stats stats;
+    int32_t *kv_ids;    /* [max_batch][max_t] */
+    int64_t *kv_n;
+};
+
+/* generate.c: a generator's cache, activations and logits, for zn_gen_create
+ * and zn_gen_open. */
+int zn_m_gen_common(zn_gen **out, zn_model *m, int64_t max_batch);
+/* generate_weights.c: the ring. fetch queues use u's layer into its slot;
+ * complete waits for slot k's NVMe reads and queues its copy. */
+int zn_m_gen_fetch(zn_gen *g, uint64_t u);
+int zn_m_gen_complete(zn_gen *g, int k);
 
 #endif
