@@ -12,59 +12,50 @@
 #include "gpu/gpu-impl.h"
 #include "util/hash-impl.h"
 
-/* ---- kernels ------------------------------------------------------------*/
+/* ---- embedding -----------------------------------------------------------*/
+static int check_emb_sizes(const char *fn, int64_t n_tokens, int64_t row0, int64_t vocab,
+                           int64_t dim)
+{
+    CHK(n_tokens >= 0 && vocab > 0 && dim > 0 && row0 >= 0, "%s: bad sizes (tokens %lld "
+        "rows %lld from %lld, dim %lld)", fn, (long long)n_tokens, (long long)vocab,
+        (long long)row0, (long long)dim);
+    return 0;
+}
+
 static int emb_fwd_op(zn_dev *d, zn_stream *s, const char *fn, const int32_t *ids,
                       int64_t n_tokens, const void *table, zn_dtype table_dt, int64_t row0,
                       int64_t vocab, int64_t dim, void *out, zn_dtype out_dt, int skip)
 {
-    CHK_DT(fn, table_dt);
-    CHK_DT(fn, out_dt);
-    CHK(n_tokens >= 0 && vocab > 0 && dim > 0 && row0 >= 0, "%s: bad sizes (tokens %lld "
-        "rows %lld from %lld, dim %lld)", fn, (long long)n_tokens, (long long)vocab,
-        (long long)row0, (long long)dim);
+    CHK_DTYPES(fn, table_dt, out_dt);
+    ZN_TRY(check_emb_sizes(fn, n_tokens, row0, vocab, dim));
     if (n_tokens == 0)
         return 0;
-    CHK_PTR(fn, ids, (uint64_t)n_tokens * 4);
-    CHK_PTR(fn, table, span(vocab, dim, dim, table_dt));
-    CHK_PTR(fn, out, span(n_tokens, dim, dim, out_dt));
-    zn_op op = { .kind = ZN_OPK_EMB_FWD };
-    op.u.emb.ids = ids;
-    op.u.emb.n_tokens = n_tokens;
-    op.u.emb.vocab = vocab;
-    op.u.emb.dim = dim;
-    op.u.emb.row0 = row0;
-    op.u.emb.skip = skip;
-    op.u.emb.table = table;
-    op.u.emb.table_dt = table_dt;
-    op.u.emb.out = out;
-    op.u.emb.out_dt = out_dt;
-    return submit(d, s, &op);
+    zn_op op = { .kind = ZN_OPK_EMB_FWD,
+                 .u.emb = { .ids = ids, .n_tokens = n_tokens, .vocab = vocab, .dim = dim,
+                            .row0 = row0, .skip = skip, .table = table, .table_dt = table_dt,
+                            .out = out, .out_dt = out_dt } };
+    return submit_checked(d, s, fn, &op,
+                          DEV_PTRS(DEV_PTR(ids, (uint64_t)n_tokens * 4),
+                                   DEV_PTR(table, span(vocab, dim, dim, table_dt)),
+                                   DEV_PTR(out, span(n_tokens, dim, dim, out_dt))));
 }
 
 static int emb_bwd_op(zn_dev *d, zn_stream *s, const char *fn, const int32_t *ids,
                       int64_t n_tokens, const void *dout, zn_dtype dout_dt, int64_t row0,
                       int64_t vocab, int64_t dim, float *dtable)
 {
-    CHK_DT(fn, dout_dt);
-    CHK(n_tokens >= 0 && vocab > 0 && dim > 0 && row0 >= 0, "%s: bad sizes (tokens %lld "
-        "rows %lld from %lld, dim %lld)", fn, (long long)n_tokens, (long long)vocab,
-        (long long)row0, (long long)dim);
+    CHK_DTYPES(fn, dout_dt);
+    ZN_TRY(check_emb_sizes(fn, n_tokens, row0, vocab, dim));
     if (n_tokens == 0)
         return 0;
-    CHK_PTR(fn, ids, (uint64_t)n_tokens * 4);
-    CHK_PTR(fn, dout, span(n_tokens, dim, dim, dout_dt));
-    CHK_PTR(fn, dtable, span(vocab, dim, dim, ZN_DTYPE_F32));
-    zn_op op = { .kind = ZN_OPK_EMB_BWD };
-    op.u.emb.ids = ids;
-    op.u.emb.n_tokens = n_tokens;
-    op.u.emb.vocab = vocab;
-    op.u.emb.dim = dim;
-    op.u.emb.row0 = row0;
-    op.u.emb.skip = 1;
-    op.u.emb.dout = dout;
-    op.u.emb.dout_dt = dout_dt;
-    op.u.emb.dtable = dtable;
-    return submit(d, s, &op);
+    zn_op op = { .kind = ZN_OPK_EMB_BWD,
+                 .u.emb = { .ids = ids, .n_tokens = n_tokens, .vocab = vocab, .dim = dim,
+                            .row0 = row0, .skip = 1, .dout = dout, .dout_dt = dout_dt,
+                            .dtable = dtable } };
+    return submit_checked(d, s, fn, &op,
+                          DEV_PTRS(DEV_PTR(ids, (uint64_t)n_tokens * 4),
+                                   DEV_PTR(dout, span(n_tokens, dim, dim, dout_dt)),
+                                   DEV_PTR(dtable, span(vocab, dim, dim, ZN_DTYPE_F32))));
 }
 
 int zn_dev_embedding_fwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64_t n_tokens,
@@ -99,35 +90,31 @@ int zn_dev_embedding_rows_bwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64
                       dtable);
 }
 
+/* ---- RMSNorm, RoPE ---------------------------------------------------------*/
+static int check_rms_sizes(const char *fn, int64_t rows, int64_t dim)
+{
+    CHK(rows >= 0 && dim > 0, "%s: bad sizes (rows %lld dim %lld)", fn, (long long)rows,
+        (long long)dim);
+    return 0;
+}
+
 int zn_dev_rmsnorm_fwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, const void *w,
                        zn_dtype w_dt, void *y, zn_dtype y_dt, float *rstd, int64_t rows,
                        int64_t dim, float eps)
 {
     const char *fn = "rmsnorm_fwd";
-    CHK_DT(fn, x_dt);
-    CHK_DT(fn, w_dt);
-    CHK_DT(fn, y_dt);
-    CHK(rows >= 0 && dim > 0, "%s: bad sizes (rows %lld dim %lld)", fn, (long long)rows,
-        (long long)dim);
+    CHK_DTYPES(fn, x_dt, w_dt, y_dt);
+    ZN_TRY(check_rms_sizes(fn, rows, dim));
     if (rows == 0)
         return 0;
-    CHK_PTR(fn, x, span(rows, dim, dim, x_dt));
-    CHK_PTR(fn, w, nbytes(dim, w_dt));
-    CHK_PTR(fn, y, span(rows, dim, dim, y_dt));
-    if (rstd)
-        CHK_PTR(fn, rstd, (uint64_t)rows * 4);
-    zn_op op = { .kind = ZN_OPK_RMS_FWD };
-    op.u.rms_fwd.x = x;
-    op.u.rms_fwd.x_dt = x_dt;
-    op.u.rms_fwd.w = w;
-    op.u.rms_fwd.w_dt = w_dt;
-    op.u.rms_fwd.y = y;
-    op.u.rms_fwd.y_dt = y_dt;
-    op.u.rms_fwd.rstd = rstd;
-    op.u.rms_fwd.rows = rows;
-    op.u.rms_fwd.dim = dim;
-    op.u.rms_fwd.eps = eps;
-    return submit(d, s, &op);
+    zn_op op = { .kind = ZN_OPK_RMS_FWD,
+                 .u.rms_fwd = { .x = x, .x_dt = x_dt, .w = w, .w_dt = w_dt, .y = y,
+                                .y_dt = y_dt, .rstd = rstd, .rows = rows, .dim = dim,
+                                .eps = eps } };
+    return submit_checked(d, s, fn, &op, DEV_PTRS(DEV_PTR(x, span(rows, dim, dim, x_dt)),
+                                                  DEV_PTR(w, nbytes(dim, w_dt)),
+                                                  DEV_PTR(y, span(rows, dim, dim, y_dt)),
+                                                  DEV_PTR_OPT(rstd, (uint64_t)rows * 4)));
 }
 
 int zn_dev_rmsnorm_bwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, const void *w,
@@ -135,35 +122,20 @@ int zn_dev_rmsnorm_bwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, co
                        void *dx, zn_dtype dx_dt, float *dw, int64_t rows, int64_t dim)
 {
     const char *fn = "rmsnorm_bwd";
-    CHK_DT(fn, x_dt);
-    CHK_DT(fn, w_dt);
-    CHK_DT(fn, dy_dt);
-    CHK_DT(fn, dx_dt);
-    CHK(rows >= 0 && dim > 0, "%s: bad sizes (rows %lld dim %lld)", fn, (long long)rows,
-        (long long)dim);
+    CHK_DTYPES(fn, x_dt, w_dt, dy_dt, dx_dt);
+    ZN_TRY(check_rms_sizes(fn, rows, dim));
     if (rows == 0)
         return 0;
-    CHK_PTR(fn, x, span(rows, dim, dim, x_dt));
-    CHK_PTR(fn, w, nbytes(dim, w_dt));
-    CHK_PTR(fn, rstd, (uint64_t)rows * 4);
-    CHK_PTR(fn, dy, span(rows, dim, dim, dy_dt));
-    CHK_PTR(fn, dx, span(rows, dim, dim, dx_dt));
-    if (dw)
-        CHK_PTR(fn, dw, (uint64_t)dim * 4);
-    zn_op op = { .kind = ZN_OPK_RMS_BWD };
-    op.u.rms_bwd.x = x;
-    op.u.rms_bwd.x_dt = x_dt;
-    op.u.rms_bwd.w = w;
-    op.u.rms_bwd.w_dt = w_dt;
-    op.u.rms_bwd.rstd = rstd;
-    op.u.rms_bwd.dy = dy;
-    op.u.rms_bwd.dy_dt = dy_dt;
-    op.u.rms_bwd.dx = dx;
-    op.u.rms_bwd.dx_dt = dx_dt;
-    op.u.rms_bwd.dw = dw;
-    op.u.rms_bwd.rows = rows;
-    op.u.rms_bwd.dim = dim;
-    return submit(d, s, &op);
+    zn_op op = { .kind = ZN_OPK_RMS_BWD,
+                 .u.rms_bwd = { .x = x, .x_dt = x_dt, .w = w, .w_dt = w_dt, .rstd = rstd,
+                                .dy = dy, .dy_dt = dy_dt, .dx = dx, .dx_dt = dx_dt, .dw = dw,
+                                .rows = rows, .dim = dim } };
+    return submit_checked(d, s, fn, &op, DEV_PTRS(DEV_PTR(x, span(rows, dim, dim, x_dt)),
+                                                  DEV_PTR(w, nbytes(dim, w_dt)),
+                                                  DEV_PTR(rstd, (uint64_t)rows * 4),
+                                                  DEV_PTR(dy, span(rows, dim, dim, dy_dt)),
+                                                  DEV_PTR(dx, span(rows, dim, dim, dx_dt)),
+                                                  DEV_PTR_OPT(dw, (uint64_t)dim * 4)));
 }
 
 static int rope(zn_dev *d, zn_stream *s, void *x, zn_dtype dt, int64_t tokens,
@@ -171,7 +143,7 @@ static int rope(zn_dev *d, zn_stream *s, void *x, zn_dtype dt, int64_t tokens,
                 const float *inv_freq, int inverse)
 {
     const char *fn = inverse ? "rope_bwd" : "rope_fwd";
-    CHK_DT(fn, dt);
+    CHK_DTYPES(fn, dt);
     CHK(tokens >= 0 && n_heads > 0 && head_dim > 0 && head_dim % 2 == 0,
         "%s: bad sizes (tokens %lld heads %lld head_dim %lld; head_dim must be even)", fn,
         (long long)tokens, (long long)n_heads, (long long)head_dim);
@@ -179,20 +151,14 @@ static int rope(zn_dev *d, zn_stream *s, void *x, zn_dtype dt, int64_t tokens,
         (long long)(n_heads * head_dim));
     if (tokens == 0)
         return 0;
-    CHK_PTR(fn, x, span(tokens, n_heads * head_dim, ld, dt));
-    CHK_PTR(fn, pos, (uint64_t)tokens * 4);
-    CHK_PTR(fn, inv_freq, (uint64_t)(head_dim / 2) * 4);
-    zn_op op = { .kind = ZN_OPK_ROPE };
-    op.u.rope.x = x;
-    op.u.rope.dt = dt;
-    op.u.rope.tokens = tokens;
-    op.u.rope.n_heads = n_heads;
-    op.u.rope.head_dim = head_dim;
-    op.u.rope.ld = ld;
-    op.u.rope.pos = pos;
-    op.u.rope.inv_freq = inv_freq;
-    op.u.rope.inverse = inverse;
-    return submit(d, s, &op);
+    zn_op op = { .kind = ZN_OPK_ROPE,
+                 .u.rope = { .x = x, .dt = dt, .tokens = tokens, .n_heads = n_heads,
+                             .head_dim = head_dim, .ld = ld, .pos = pos, .inv_freq = inv_freq,
+                             .inverse = inverse } };
+    return submit_checked(d, s, fn, &op,
+                          DEV_PTRS(DEV_PTR(x, span(tokens, n_heads * head_dim, ld, dt)),
+                                   DEV_PTR(pos, (uint64_t)tokens * 4),
+                                   DEV_PTR(inv_freq, (uint64_t)(head_dim / 2) * 4)));
 }
 
 int zn_dev_rope_fwd(zn_dev *d, zn_stream *s, void *x, zn_dtype dt, int64_t tokens,
@@ -235,28 +201,25 @@ void zn_rope_inv_freq(float *inv_freq, int64_t head_dim, double theta,
     }
 }
 
+/* ---- the GEMM attention's causal softmax ---------------------------------*/
+/* S: the scores (forward) or the forward's P (backward), whose gradient dP
+ * only the backward reads; out: P or dS. */
 static int softmax(zn_dev *d, zn_stream *s, const void *S, zn_dtype S_dt, const void *dP,
                    zn_dtype dP_dt, void *out, zn_dtype out_dt, int64_t batch, int64_t rows,
                    int64_t cols, int64_t q_offset, const int32_t *key_start, float scale,
                    int bwd)
 {
     const char *fn = bwd ? "softmax_causal_bwd" : "softmax_causal_fwd";
-    CHK_DT(fn, S_dt);
-    CHK_DT(fn, out_dt);
-    if (bwd)
-        CHK_DT(fn, dP_dt);
+    CHK_DTYPES(fn, S_dt, out_dt, bwd ? dP_dt : ZN_DTYPE_F32);
     CHK(batch >= 0 && rows >= 0 && cols > 0 && q_offset >= 0,
         "%s: bad sizes (batch %lld rows %lld cols %lld q_offset %lld)", fn, (long long)batch,
         (long long)rows, (long long)cols, (long long)q_offset);
     if (batch == 0 || rows == 0)
         return 0;
-    CHK_PTR(fn, S, span(batch * rows, cols, cols, S_dt));
-    CHK_PTR(fn, out, span(batch * rows, cols, cols, out_dt));
-    if (bwd)
-        CHK_PTR(fn, dP, span(batch * rows, cols, cols, dP_dt));
-    if (key_start)
-        CHK_PTR(fn, key_start, (uint64_t)rows * 4);
-    zn_op op = { .kind = bwd ? ZN_OPK_SOFTMAX_BWD : ZN_OPK_SOFTMAX_FWD };
+    zn_op op = { .kind = bwd ? ZN_OPK_SOFTMAX_BWD : ZN_OPK_SOFTMAX_FWD,
+                 .u.softmax = { .P = out, .P_dt = out_dt, .batch = batch, .rows = rows,
+                                .cols = cols, .q_offset = q_offset, .key_start = key_start,
+                                .scale = scale } };
     if (bwd) {
         op.u.softmax.Pin = S;
         op.u.softmax.Pin_dt = S_dt;
@@ -266,15 +229,11 @@ static int softmax(zn_dev *d, zn_stream *s, const void *S, zn_dtype S_dt, const 
         op.u.softmax.S = S;
         op.u.softmax.S_dt = S_dt;
     }
-    op.u.softmax.P = out;
-    op.u.softmax.P_dt = out_dt;
-    op.u.softmax.batch = batch;
-    op.u.softmax.rows = rows;
-    op.u.softmax.cols = cols;
-    op.u.softmax.q_offset = q_offset;
-    op.u.softmax.key_start = key_start;
-    op.u.softmax.scale = scale;
-    return submit(d, s, &op);
+    return submit_checked(d, s, fn, &op,
+                          DEV_PTRS(DEV_PTR(S, span(batch * rows, cols, cols, S_dt)),
+                                   DEV_PTR(out, span(batch * rows, cols, cols, out_dt)),
+                                   DEV_PTR_IF(bwd, dP, span(batch * rows, cols, cols, dP_dt)),
+                                   DEV_PTR_OPT(key_start, (uint64_t)rows * 4)));
 }
 
 int zn_dev_softmax_causal_fwd(zn_dev *d, zn_stream *s, const void *S, zn_dtype S_dt, void *P,
@@ -301,14 +260,17 @@ static int overlap(const void *a, uint64_t an, const void *b, uint64_t bn)
     return an && bn && x < y + bn && y < x + an;
 }
 
-static int flash(zn_dev *d, zn_stream *s, zn_op *op, int bwd)
+/* The fused attention, both directions: qkv, key_start in; out, lse out
+ * (forward), or out, dout, lse in, delta and dqkv out (backward). */
+static int flash(zn_dev *d, zn_stream *s, const zn_op *op)
 {
+    const int bwd = op->kind == ZN_OPK_FLASH_BWD;
     const char *fn = bwd ? "flash_attn_bwd" : "flash_attn_fwd";
     zn_dtype dt = op->u.flash.dt;
     int64_t ld = op->u.flash.ld, B = op->u.flash.batch, T = op->u.flash.seq;
     int64_t nh = op->u.flash.nh, nkv = op->u.flash.nkv, hd = op->u.flash.hd;
-    int64_t ldo = op->u.flash.ldo;
-    CHK_DT(fn, dt);
+    int64_t ldo = op->u.flash.ldo, ldd = op->u.flash.ldd;
+    CHK_DTYPES(fn, dt);
     if (zn_dev_get_kind(d) == ZN_DEV_CUDA && dt != ZN_DTYPE_BF16)
         return zn_set_error(ZN_EUNSUPPORTED, "%s: dtype %s on CUDA (the fused attention runs "
                             "on bf16 tensor cores; use the GEMM attention for f32)", fn,
@@ -327,51 +289,38 @@ static int flash(zn_dev *d, zn_stream *s, zn_op *op, int bwd)
     int64_t N = B * T;
     if (N == 0)
         return 0;
-    uint64_t qkv_b = span(N, cols, ld, dt), o_b = span(N, nh * hd, ldo, dt);
-    uint64_t st_b = (uint64_t)(B * nh * T) * 4;
-    CHK_PTR(fn, op->u.flash.qkv, qkv_b);
-    CHK_PTR(fn, op->u.flash.lse, st_b);
-    if (op->u.flash.key_start)
-        CHK_PTR(fn, op->u.flash.key_start, (uint64_t)N * 4);
-    if (!bwd) {
-        CHK_PTR(fn, op->u.flash.out, o_b);
-        CHK(!overlap(op->u.flash.out, o_b, op->u.flash.qkv, qkv_b),
-            "%s: out overlaps qkv", fn);
-    } else {
-        int64_t ldd = op->u.flash.ldd;
+    if (bwd)
         CHK(ldd >= cols, "%s: ldd %lld below the rows' %lld columns", fn, (long long)ldd,
             (long long)cols);
-        uint64_t d_b = span(N, cols, ldd, dt);
-        CHK_PTR(fn, op->u.flash.out, o_b);
-        CHK_PTR(fn, op->u.flash.dout, o_b);
-        CHK_PTR(fn, op->u.flash.delta, st_b);
-        CHK_PTR(fn, op->u.flash.dqkv, d_b);
-        CHK(!overlap(op->u.flash.dqkv, d_b, op->u.flash.qkv, qkv_b) &&
-                !overlap(op->u.flash.dqkv, d_b, op->u.flash.out, o_b) &&
-                !overlap(op->u.flash.dqkv, d_b, op->u.flash.dout, o_b),
+    /* named as the builders' parameters, for the messages */
+    const void *qkv = op->u.flash.qkv, *out = op->u.flash.out, *dout = op->u.flash.dout;
+    const void *dqkv = op->u.flash.dqkv, *lse = op->u.flash.lse, *delta = op->u.flash.delta;
+    const int32_t *key_start = op->u.flash.key_start;
+    uint64_t qkv_b = span(N, cols, ld, dt), o_b = span(N, nh * hd, ldo, dt);
+    uint64_t st_b = (uint64_t)(B * nh * T) * 4, d_b = bwd ? span(N, cols, ldd, dt) : 0;
+    ZN_TRY(check_ptrs(d, fn, DEV_PTRS(DEV_PTR(qkv, qkv_b), DEV_PTR(lse, st_b),
+                                      DEV_PTR_OPT(key_start, (uint64_t)N * 4),
+                                      DEV_PTR(out, o_b), DEV_PTR_IF(bwd, dout, o_b),
+                                      DEV_PTR_IF(bwd, delta, st_b),
+                                      DEV_PTR_IF(bwd, dqkv, d_b))));
+    if (!bwd)
+        CHK(!overlap(out, o_b, qkv, qkv_b), "%s: out overlaps qkv", fn);
+    else
+        CHK(!overlap(dqkv, d_b, qkv, qkv_b) && !overlap(dqkv, d_b, out, o_b) &&
+                !overlap(dqkv, d_b, dout, o_b),
             "%s: dqkv overlaps qkv, out or dout", fn);
-    }
-    op->kind = bwd ? ZN_OPK_FLASH_BWD : ZN_OPK_FLASH_FWD;
     return submit(d, s, op);
 }
 
 /* The fields both directions share. */
-static zn_op flash_op(const void *qkv, zn_dtype dt, int64_t ld, int64_t batch, int64_t seq,
-                      int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+static zn_op flash_op(zn_op_kind kind, const void *qkv, zn_dtype dt, int64_t ld, int64_t batch,
+                      int64_t seq, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                       const int32_t *key_start, float scale)
 {
-    zn_op op = { .kind = ZN_OPK_FLASH_FWD };
-    op.u.flash.qkv = qkv;
-    op.u.flash.dt = dt;
-    op.u.flash.ld = ld;
-    op.u.flash.batch = batch;
-    op.u.flash.seq = seq;
-    op.u.flash.nh = n_heads;
-    op.u.flash.nkv = n_kv_heads;
-    op.u.flash.hd = head_dim;
-    op.u.flash.key_start = key_start;
-    op.u.flash.scale = scale;
-    return op;
+    return (zn_op){ .kind = kind,
+                    .u.flash = { .qkv = qkv, .dt = dt, .ld = ld, .batch = batch, .seq = seq,
+                                 .nh = n_heads, .nkv = n_kv_heads, .hd = head_dim,
+                                 .key_start = key_start, .scale = scale } };
 }
 
 int zn_dev_flash_attn_fwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt, int64_t ld,
@@ -379,11 +328,12 @@ int zn_dev_flash_attn_fwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt,
                           int64_t head_dim, const int32_t *key_start, float scale, void *out,
                           int64_t ldo, float *lse)
 {
-    zn_op op = flash_op(qkv, dt, ld, batch, seq, n_heads, n_kv_heads, head_dim, key_start, scale);
+    zn_op op = flash_op(ZN_OPK_FLASH_FWD, qkv, dt, ld, batch, seq, n_heads, n_kv_heads,
+                        head_dim, key_start, scale);
     op.u.flash.out = out;
     op.u.flash.ldo = ldo;
     op.u.flash.lse = lse;
-    return flash(d, s, &op, 0);
+    return flash(d, s, &op);
 }
 
 int zn_dev_flash_attn_bwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt, int64_t ld,
@@ -392,7 +342,8 @@ int zn_dev_flash_attn_bwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt,
                           const void *out, const void *dout, int64_t ldo, const float *lse,
                           float *delta, void *dqkv, int64_t ldd)
 {
-    zn_op op = flash_op(qkv, dt, ld, batch, seq, n_heads, n_kv_heads, head_dim, key_start, scale);
+    zn_op op = flash_op(ZN_OPK_FLASH_BWD, qkv, dt, ld, batch, seq, n_heads, n_kv_heads,
+                        head_dim, key_start, scale);
     op.u.flash.out = (void *)out;
     op.u.flash.dout = dout;
     op.u.flash.ldo = ldo;
@@ -400,39 +351,31 @@ int zn_dev_flash_attn_bwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt,
     op.u.flash.delta = delta;
     op.u.flash.dqkv = dqkv;
     op.u.flash.ldd = ldd;
-    return flash(d, s, &op, 1);
+    return flash(d, s, &op);
 }
 
+/* ---- cross-entropy in vocabulary chunks ----------------------------------*/
 int zn_dev_xent_fwd_chunk(zn_dev *d, zn_stream *s, const void *logits, zn_dtype dt,
                           int64_t rows, int64_t cols, int64_t ld, int64_t v0,
                           const int32_t *targets, float *run_max, float *run_sum, float *tgt,
                           int first)
 {
     const char *fn = "xent_fwd_chunk";
-    CHK_DT(fn, dt);
+    CHK_DTYPES(fn, dt);
     CHK(rows >= 0 && cols > 0 && ld >= cols && v0 >= 0,
         "%s: bad sizes (rows %lld cols %lld ld %lld v0 %lld)", fn, (long long)rows,
         (long long)cols, (long long)ld, (long long)v0);
     if (rows == 0)
         return 0;
-    CHK_PTR(fn, logits, span(rows, cols, ld, dt));
-    CHK_PTR(fn, targets, (uint64_t)rows * 4);
-    CHK_PTR(fn, run_max, (uint64_t)rows * 4);
-    CHK_PTR(fn, run_sum, (uint64_t)rows * 4);
-    CHK_PTR(fn, tgt, (uint64_t)rows * 4);
-    zn_op op = { .kind = ZN_OPK_XENT_FWD };
-    op.u.xent.logits = logits;
-    op.u.xent.dt = dt;
-    op.u.xent.rows = rows;
-    op.u.xent.cols = cols;
-    op.u.xent.ld = ld;
-    op.u.xent.v0 = v0;
-    op.u.xent.targets = targets;
-    op.u.xent.run_max = run_max;
-    op.u.xent.run_sum = run_sum;
-    op.u.xent.tgt = tgt;
-    op.u.xent.first = first != 0;
-    return submit(d, s, &op);
+    uint64_t per_row = (uint64_t)rows * 4;
+    zn_op op = { .kind = ZN_OPK_XENT_FWD,
+                 .u.xent = { .logits = logits, .dt = dt, .rows = rows, .cols = cols, .ld = ld,
+                             .v0 = v0, .targets = targets, .run_max = run_max,
+                             .run_sum = run_sum, .tgt = tgt, .first = first != 0 } };
+    return submit_checked(d, s, fn, &op,
+                          DEV_PTRS(DEV_PTR(logits, span(rows, cols, ld, dt)),
+                                   DEV_PTR(targets, per_row), DEV_PTR(run_max, per_row),
+                                   DEV_PTR(run_sum, per_row), DEV_PTR(tgt, per_row)));
 }
 
 int zn_dev_xent_finish(zn_dev *d, zn_stream *s, const float *run_max, const float *run_sum,
@@ -443,22 +386,14 @@ int zn_dev_xent_finish(zn_dev *d, zn_stream *s, const float *run_max, const floa
     CHK(rows >= 0, "%s: rows = %lld", fn, (long long)rows);
     if (rows == 0)
         return 0;
-    CHK_PTR(fn, run_max, (uint64_t)rows * 4);
-    CHK_PTR(fn, run_sum, (uint64_t)rows * 4);
-    CHK_PTR(fn, tgt, (uint64_t)rows * 4);
-    CHK_PTR(fn, targets, (uint64_t)rows * 4);
-    CHK_PTR(fn, lse, (uint64_t)rows * 4);
-    if (loss)
-        CHK_PTR(fn, loss, (uint64_t)rows * 4);
-    zn_op op = { .kind = ZN_OPK_XENT_FINISH };
-    op.u.xent.cmax = run_max;
-    op.u.xent.csum = run_sum;
-    op.u.xent.ctgt = tgt;
-    op.u.xent.targets = targets;
-    op.u.xent.rows = rows;
-    op.u.xent.lse_out = lse;
-    op.u.xent.loss = loss;
-    return submit(d, s, &op);
+    uint64_t per_row = (uint64_t)rows * 4;
+    zn_op op = { .kind = ZN_OPK_XENT_FINISH,
+                 .u.xent = { .cmax = run_max, .csum = run_sum, .ctgt = tgt, .targets = targets,
+                             .rows = rows, .lse_out = lse, .loss = loss } };
+    return submit_checked(d, s, fn, &op,
+                          DEV_PTRS(DEV_PTR(run_max, per_row), DEV_PTR(run_sum, per_row),
+                                   DEV_PTR(tgt, per_row), DEV_PTR(targets, per_row),
+                                   DEV_PTR(lse, per_row), DEV_PTR_OPT(loss, per_row)));
 }
 
 int zn_dev_xent_bwd_chunk(zn_dev *d, zn_stream *s, const void *logits, zn_dtype dt,
@@ -467,8 +402,7 @@ int zn_dev_xent_bwd_chunk(zn_dev *d, zn_stream *s, const void *logits, zn_dtype 
                           void *dlogits, zn_dtype dlogits_dt, int64_t ld_d)
 {
     const char *fn = "xent_bwd_chunk";
-    CHK_DT(fn, dt);
-    CHK_DT(fn, dlogits_dt);
+    CHK_DTYPES(fn, dt, dlogits_dt);
     CHK(rows >= 0 && cols > 0 && ld >= cols && ld_d >= cols && v0 >= 0,
         "%s: bad sizes (rows %lld cols %lld ld %lld ld_d %lld v0 %lld)", fn, (long long)rows,
         (long long)cols, (long long)ld, (long long)ld_d, (long long)v0);
@@ -476,43 +410,31 @@ int zn_dev_xent_bwd_chunk(zn_dev *d, zn_stream *s, const void *logits, zn_dtype 
         return 0;
     CHK(dlogits != logits || (dlogits_dt == dt && ld_d == ld),
         "%s: in place needs the same dtype and ld", fn);
-    CHK_PTR(fn, logits, span(rows, cols, ld, dt));
-    CHK_PTR(fn, dlogits, span(rows, cols, ld_d, dlogits_dt));
-    CHK_PTR(fn, targets, (uint64_t)rows * 4);
-    CHK_PTR(fn, lse, (uint64_t)rows * 4);
-    zn_op op = { .kind = ZN_OPK_XENT_BWD };
-    op.u.xent.logits = logits;
-    op.u.xent.dt = dt;
-    op.u.xent.rows = rows;
-    op.u.xent.cols = cols;
-    op.u.xent.ld = ld;
-    op.u.xent.v0 = v0;
-    op.u.xent.targets = targets;
-    op.u.xent.lse = lse;
-    op.u.xent.grad_scale = grad_scale;
-    op.u.xent.dlogits = dlogits;
-    op.u.xent.d_dt = dlogits_dt;
-    op.u.xent.ld_d = ld_d;
-    return submit(d, s, &op);
+    zn_op op = { .kind = ZN_OPK_XENT_BWD,
+                 .u.xent = { .logits = logits, .dt = dt, .rows = rows, .cols = cols, .ld = ld,
+                             .v0 = v0, .targets = targets, .lse = lse,
+                             .grad_scale = grad_scale, .dlogits = dlogits, .d_dt = dlogits_dt,
+                             .ld_d = ld_d } };
+    return submit_checked(d, s, fn, &op,
+                          DEV_PTRS(DEV_PTR(logits, span(rows, cols, ld, dt)),
+                                   DEV_PTR(dlogits, span(rows, cols, ld_d, dlogits_dt)),
+                                   DEV_PTR(targets, (uint64_t)rows * 4),
+                                   DEV_PTR(lse, (uint64_t)rows * 4)));
 }
 
+/* ---- reductions ------------------------------------------------------------*/
 static int reduce(zn_dev *d, zn_stream *s, const void *x, zn_dtype dt, int64_t n, float *out,
                   int accumulate, int square)
 {
     const char *fn = square ? "sumsq" : "sum";
-    CHK_DT(fn, dt);
-    CHK(n >= 0, "%s: n = %lld", fn, (long long)n);
-    CHK_PTR(fn, out, 4);
-    if (n > 0)
-        CHK_PTR(fn, x, nbytes(n, dt));
-    zn_op op = { .kind = ZN_OPK_REDUCE };
-    op.u.reduce.x = x;
-    op.u.reduce.dt = dt;
-    op.u.reduce.n = n;
-    op.u.reduce.out = out;
-    op.u.reduce.accumulate = accumulate != 0;
-    op.u.reduce.square = square;
-    return submit(d, s, &op);
+    CHK_DTYPES(fn, dt);
+    ZN_TRY(check_count(fn, n));
+    /* n == 0 still runs: out = 0, or out unchanged when accumulating */
+    zn_op op = { .kind = ZN_OPK_REDUCE,
+                 .u.reduce = { .x = x, .dt = dt, .n = n, .out = out,
+                               .accumulate = accumulate != 0, .square = square } };
+    return submit_checked(d, s, fn, &op,
+                          DEV_PTRS(DEV_PTR(out, 4), DEV_PTR_IF(n > 0, x, nbytes(n, dt))));
 }
 
 int zn_dev_sumsq(zn_dev *d, zn_stream *s, const void *x, zn_dtype dt, int64_t n, float *out,

@@ -21,16 +21,11 @@ static int copy(zn_dev *d, zn_stream *s, void *dst, const void *src, size_t byte
     if (bytes == 0)
         return 0;
     CHK(dst && src, "%s: NULL pointer", fn);
-    if (dir == ZN_COPY_H2D || dir == ZN_COPY_D2D)
-        CHK_PTR(fn, dst, bytes);
-    if (dir == ZN_COPY_D2H || dir == ZN_COPY_D2D)
-        CHK_PTR(fn, src, bytes);
-    zn_op op = { .kind = ZN_OPK_COPY };
-    op.u.copy.dst = dst;
-    op.u.copy.src = src;
-    op.u.copy.bytes = bytes;
-    op.u.copy.dir = dir;
-    return submit(d, s, &op);
+    zn_op op = { .kind = ZN_OPK_COPY,
+                 .u.copy = { .dst = dst, .src = src, .bytes = bytes, .dir = dir } };
+    /* the device side(s) only: a host side may lie anywhere */
+    return submit_checked(d, s, fn, &op, DEV_PTRS(DEV_PTR_IF(dir != ZN_COPY_D2H, dst, bytes),
+                                                  DEV_PTR_IF(dir != ZN_COPY_H2D, src, bytes)));
 }
 
 int zn_dev_copy_h2d(zn_dev *d, zn_stream *s, void *dst, const void *src, size_t bytes)
@@ -52,27 +47,19 @@ int zn_dev_memset(zn_dev *d, zn_stream *s, void *dst, int value, size_t bytes)
 {
     if (bytes == 0)
         return 0;
-    CHK_PTR("memset", dst, bytes);
-    zn_op op = { .kind = ZN_OPK_MEMSET };
-    op.u.memset.dst = dst;
-    op.u.memset.value = value;
-    op.u.memset.bytes = bytes;
-    return submit(d, s, &op);
+    zn_op op = { .kind = ZN_OPK_MEMSET,
+                 .u.memset = { .dst = dst, .value = value, .bytes = bytes } };
+    return submit_checked(d, s, "memset", &op, DEV_PTRS(DEV_PTR(dst, bytes)));
 }
 
 int zn_dev_fill(zn_dev *d, zn_stream *s, void *x, zn_dtype dt, int64_t n, float value)
 {
-    CHK_DT("fill", dt);
-    CHK(n >= 0, "fill: n = %lld", (long long)n);
+    CHK_DTYPES("fill", dt);
+    ZN_TRY(check_count("fill", n));
     if (n == 0)
         return 0;
-    CHK_PTR("fill", x, nbytes(n, dt));
-    zn_op op = { .kind = ZN_OPK_FILL };
-    op.u.fill.x = x;
-    op.u.fill.dt = dt;
-    op.u.fill.n = n;
-    op.u.fill.value = value;
-    return submit(d, s, &op);
+    zn_op op = { .kind = ZN_OPK_FILL, .u.fill = { .x = x, .dt = dt, .n = n, .value = value } };
+    return submit_checked(d, s, "fill", &op, DEV_PTRS(DEV_PTR(x, nbytes(n, dt))));
 }
 
 /* ---- GEMM -----------------------------------------------------------------*/
@@ -84,9 +71,7 @@ int zn_dev_gemm_strided_batched(zn_dev *d, zn_stream *s, zn_trans ta, zn_trans t
                                 int64_t batch)
 {
     const char *fn = "gemm";
-    CHK_DT(fn, adt);
-    CHK_DT(fn, bdt);
-    CHK_DT(fn, cdt);
+    CHK_DTYPES(fn, adt, bdt, cdt);
     if (adt != bdt || (adt == ZN_DTYPE_F32 && cdt != ZN_DTYPE_F32))
         return zn_set_error(ZN_EUNSUPPORTED, "gemm: types A %s, B %s, C %s not supported "
                             "(f32,f32->f32; bf16,bf16->f32|bf16)", zn_dtype_name(adt),
@@ -114,35 +99,20 @@ int zn_dev_gemm_strided_batched(zn_dev *d, zn_stream *s, zn_trans ta, zn_trans t
             "gemm: strideC %lld makes the %lld outputs overlap", (long long)sc,
             (long long)batch);
     }
-    CHK_PTR(fn, C, cspan + (uint64_t)(batch - 1) * (uint64_t)sc * zn_dtype_size(cdt));
-    if (k > 0) {
-        CHK_PTR(fn, A, span(arows, acols, lda, adt) +
-                           (uint64_t)(batch - 1) * (uint64_t)sa * zn_dtype_size(adt));
-        CHK_PTR(fn, B, span(brows, bcols, ldb, bdt) +
-                           (uint64_t)(batch - 1) * (uint64_t)sb * zn_dtype_size(bdt));
-    }
-    zn_op op = { .kind = ZN_OPK_GEMM };
-    op.u.gemm.ta = ta;
-    op.u.gemm.tb = tb;
-    op.u.gemm.m = m;
-    op.u.gemm.n = n;
-    op.u.gemm.k = k;
-    op.u.gemm.lda = lda;
-    op.u.gemm.ldb = ldb;
-    op.u.gemm.ldc = ldc;
-    op.u.gemm.sa = sa;
-    op.u.gemm.sb = sb;
-    op.u.gemm.sc = sc;
-    op.u.gemm.batch = batch;
-    op.u.gemm.alpha = alpha;
-    op.u.gemm.beta = beta;
-    op.u.gemm.A = A;
-    op.u.gemm.B = B;
-    op.u.gemm.C = C;
-    op.u.gemm.adt = adt;
-    op.u.gemm.bdt = bdt;
-    op.u.gemm.cdt = cdt;
-    return submit(d, s, &op);
+    /* the batch's last matrix ends `stride` elements after its first */
+    uint64_t last = (uint64_t)(batch - 1);
+    uint64_t c_bytes = cspan + last * (uint64_t)sc * zn_dtype_size(cdt);
+    uint64_t a_bytes = span(arows, acols, lda, adt) + last * (uint64_t)sa * zn_dtype_size(adt);
+    uint64_t b_bytes = span(brows, bcols, ldb, bdt) + last * (uint64_t)sb * zn_dtype_size(bdt);
+    zn_op op = { .kind = ZN_OPK_GEMM,
+                 .u.gemm = { .ta = ta, .tb = tb, .m = m, .n = n, .k = k,
+                             .lda = lda, .ldb = ldb, .ldc = ldc, .sa = sa, .sb = sb, .sc = sc,
+                             .batch = batch, .alpha = alpha, .beta = beta,
+                             .A = A, .B = B, .C = C, .adt = adt, .bdt = bdt, .cdt = cdt } };
+    /* k == 0 reads neither A nor B: C = beta C */
+    return submit_checked(d, s, fn, &op, DEV_PTRS(DEV_PTR(C, c_bytes),
+                                                  DEV_PTR_IF(k > 0, A, a_bytes),
+                                                  DEV_PTR_IF(k > 0, B, b_bytes)));
 }
 
 int zn_dev_gemm(zn_dev *d, zn_stream *s, zn_trans ta, zn_trans tb, int64_t m, int64_t n,
@@ -154,74 +124,59 @@ int zn_dev_gemm(zn_dev *d, zn_stream *s, zn_trans ta, zn_trans tb, int64_t m, in
                                        ldb, 0, beta, C, cdt, ldc, 0, 1);
 }
 
+/* ---- element-wise ops ------------------------------------------------------*/
+/* SwiGLU, both directions: gate and up in; out (forward), or dout in and
+ * dgate, dup out (backward); n elements of one dtype. */
+static int swiglu(zn_dev *d, zn_stream *s, const zn_op *op)
+{
+    const int bwd = op->kind == ZN_OPK_SWIGLU_BWD;
+    const char *fn = bwd ? "swiglu_bwd" : "swiglu_fwd";
+    const void *gate = op->u.swiglu.gate, *up = op->u.swiglu.up, *out = op->u.swiglu.out;
+    const void *dout = op->u.swiglu.dout, *dgate = op->u.swiglu.dgate, *dup = op->u.swiglu.dup;
+    const int64_t n = op->u.swiglu.n;
+    CHK_DTYPES(fn, op->u.swiglu.dt);
+    ZN_TRY(check_count(fn, n));
+    if (n == 0)
+        return 0;
+    const uint64_t b = nbytes(n, op->u.swiglu.dt);
+    ZN_TRY(check_ptrs(d, fn, DEV_PTRS(DEV_PTR(gate, b), DEV_PTR(up, b), DEV_PTR_IF(!bwd, out, b),
+                                      DEV_PTR_IF(bwd, dout, b), DEV_PTR_IF(bwd, dgate, b),
+                                      DEV_PTR_IF(bwd, dup, b))));
+    CHK(!bwd || (dgate != dout && dup != dout && dgate != dup),
+        "%s: dgate/dup may not alias dout or each other", fn);
+    return submit(d, s, op);
+}
+
 int zn_dev_swiglu_fwd(zn_dev *d, zn_stream *s, const void *gate, const void *up, void *out,
                       zn_dtype dt, int64_t n)
 {
-    const char *fn = "swiglu_fwd";
-    CHK_DT(fn, dt);
-    CHK(n >= 0, "%s: n = %lld", fn, (long long)n);
-    if (n == 0)
-        return 0;
-    CHK_PTR(fn, gate, nbytes(n, dt));
-    CHK_PTR(fn, up, nbytes(n, dt));
-    CHK_PTR(fn, out, nbytes(n, dt));
-    zn_op op = { .kind = ZN_OPK_SWIGLU_FWD };
-    op.u.swiglu.gate = gate;
-    op.u.swiglu.up = up;
-    op.u.swiglu.out = out;
-    op.u.swiglu.dt = dt;
-    op.u.swiglu.n = n;
-    return submit(d, s, &op);
+    zn_op op = { .kind = ZN_OPK_SWIGLU_FWD,
+                 .u.swiglu = { .gate = gate, .up = up, .out = out, .dt = dt, .n = n } };
+    return swiglu(d, s, &op);
 }
 
 int zn_dev_swiglu_bwd(zn_dev *d, zn_stream *s, const void *gate, const void *up,
                       const void *dout, void *dgate, void *dup, zn_dtype dt, int64_t n)
 {
-    const char *fn = "swiglu_bwd";
-    CHK_DT(fn, dt);
-    CHK(n >= 0, "%s: n = %lld", fn, (long long)n);
-    if (n == 0)
-        return 0;
-    CHK_PTR(fn, gate, nbytes(n, dt));
-    CHK_PTR(fn, up, nbytes(n, dt));
-    CHK_PTR(fn, dout, nbytes(n, dt));
-    CHK_PTR(fn, dgate, nbytes(n, dt));
-    CHK_PTR(fn, dup, nbytes(n, dt));
-    CHK(dgate != dout && dup != dout && dgate != dup, "%s: dgate/dup may not alias dout "
-        "or each other", fn);
-    zn_op op = { .kind = ZN_OPK_SWIGLU_BWD };
-    op.u.swiglu.gate = gate;
-    op.u.swiglu.up = up;
-    op.u.swiglu.dout = dout;
-    op.u.swiglu.dgate = dgate;
-    op.u.swiglu.dup = dup;
-    op.u.swiglu.dt = dt;
-    op.u.swiglu.n = n;
-    return submit(d, s, &op);
+    zn_op op = { .kind = ZN_OPK_SWIGLU_BWD,
+                 .u.swiglu = { .gate = gate, .up = up, .dout = dout, .dgate = dgate,
+                               .dup = dup, .dt = dt, .n = n } };
+    return swiglu(d, s, &op);
 }
 
+/* add, axpy and scale: y = f(a, b, y) over n elements; a and b may be NULL. */
 static int ew(zn_dev *d, zn_stream *s, zn_op_kind kind, const char *fn, const void *a,
               const void *b, zn_dtype a_dt, void *y, zn_dtype y_dt, int64_t n, float alpha)
 {
-    CHK_DT(fn, a_dt);
-    CHK_DT(fn, y_dt);
-    CHK(n >= 0, "%s: n = %lld", fn, (long long)n);
+    CHK_DTYPES(fn, a_dt, y_dt);
+    ZN_TRY(check_count(fn, n));
     if (n == 0)
         return 0;
-    if (a)
-        CHK_PTR(fn, a, nbytes(n, a_dt));
-    if (b)
-        CHK_PTR(fn, b, nbytes(n, a_dt));
-    CHK_PTR(fn, y, nbytes(n, y_dt));
-    zn_op op = { .kind = kind };
-    op.u.ew.a = a;
-    op.u.ew.b = b;
-    op.u.ew.a_dt = a_dt;
-    op.u.ew.y = y;
-    op.u.ew.y_dt = y_dt;
-    op.u.ew.n = n;
-    op.u.ew.alpha = alpha;
-    return submit(d, s, &op);
+    zn_op op = { .kind = kind, .u.ew = { .a = a, .b = b, .a_dt = a_dt, .y = y, .y_dt = y_dt,
+                                         .n = n, .alpha = alpha } };
+    return submit_checked(d, s, fn, &op, DEV_PTRS(DEV_PTR_OPT(a, nbytes(n, a_dt)),
+                                                  DEV_PTR_OPT(b, nbytes(n, a_dt)),
+                                                  DEV_PTR(y, nbytes(n, y_dt))));
 }
 
 int zn_dev_add(zn_dev *d, zn_stream *s, const void *a, const void *b, void *y, zn_dtype dt,
@@ -250,68 +205,56 @@ int zn_dev_axpy(zn_dev *d, zn_stream *s, float alpha, const void *x, zn_dtype x_
     return ew(d, s, ZN_OPK_AXPY, "axpy", x, NULL, x_dt, y, y_dt, n, alpha);
 }
 
+int zn_dev_cast(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, void *y, zn_dtype y_dt,
+                int64_t n)
+{
+    const char *fn = "cast";
+    CHK_DTYPES(fn, x_dt, y_dt);
+    ZN_TRY(check_count(fn, n));
+    if (n == 0)
+        return 0;
+    zn_op op = { .kind = ZN_OPK_CAST,
+                 .u.cast = { .x = x, .x_dt = x_dt, .y = y, .y_dt = y_dt, .n = n } };
+    return submit_checked(d, s, fn, &op,
+                          DEV_PTRS(DEV_PTR(x, nbytes(n, x_dt)), DEV_PTR(y, nbytes(n, y_dt))));
+}
+
+/* ---- row-wise ops: a rows x cols matrix with leading dimension(s) ----------*/
+static int check_bias_sizes(const char *fn, int64_t rows, int64_t cols, int64_t ld)
+{
+    CHK(rows >= 0 && cols > 0 && ld >= cols, "%s: bad sizes (rows %lld cols %lld ld %lld)",
+        fn, (long long)rows, (long long)cols, (long long)ld);
+    return 0;
+}
+
 int zn_dev_bias_add(zn_dev *d, zn_stream *s, void *y, zn_dtype y_dt, int64_t ld,
                     const void *bias, zn_dtype bias_dt, int64_t rows, int64_t cols)
 {
     const char *fn = "bias_add";
-    CHK_DT(fn, y_dt);
-    CHK_DT(fn, bias_dt);
-    CHK(rows >= 0 && cols > 0 && ld >= cols, "%s: bad sizes (rows %lld cols %lld ld %lld)",
-        fn, (long long)rows, (long long)cols, (long long)ld);
+    CHK_DTYPES(fn, y_dt, bias_dt);
+    ZN_TRY(check_bias_sizes(fn, rows, cols, ld));
     if (rows == 0)
         return 0;
-    CHK_PTR(fn, y, span(rows, cols, ld, y_dt));
-    CHK_PTR(fn, bias, nbytes(cols, bias_dt));
-    zn_op op = { .kind = ZN_OPK_BIAS_ADD };
-    op.u.bias.y = y;
-    op.u.bias.y_dt = y_dt;
-    op.u.bias.ld = ld;
-    op.u.bias.bias = bias;
-    op.u.bias.bias_dt = bias_dt;
-    op.u.bias.rows = rows;
-    op.u.bias.cols = cols;
-    return submit(d, s, &op);
+    zn_op op = { .kind = ZN_OPK_BIAS_ADD,
+                 .u.bias = { .y = y, .y_dt = y_dt, .ld = ld, .bias = bias, .bias_dt = bias_dt,
+                             .rows = rows, .cols = cols } };
+    return submit_checked(d, s, fn, &op, DEV_PTRS(DEV_PTR(y, span(rows, cols, ld, y_dt)),
+                                                  DEV_PTR(bias, nbytes(cols, bias_dt))));
 }
 
 int zn_dev_bias_grad(zn_dev *d, zn_stream *s, const void *dy, zn_dtype dy_dt, int64_t ld,
                      float *dbias, int64_t rows, int64_t cols)
 {
     const char *fn = "bias_grad";
-    CHK_DT(fn, dy_dt);
-    CHK(rows >= 0 && cols > 0 && ld >= cols, "%s: bad sizes (rows %lld cols %lld ld %lld)",
-        fn, (long long)rows, (long long)cols, (long long)ld);
+    CHK_DTYPES(fn, dy_dt);
+    ZN_TRY(check_bias_sizes(fn, rows, cols, ld));
     if (rows == 0)
         return 0;
-    CHK_PTR(fn, dy, span(rows, cols, ld, dy_dt));
-    CHK_PTR(fn, dbias, (uint64_t)cols * 4);
-    zn_op op = { .kind = ZN_OPK_BIAS_GRAD };
-    op.u.bias.dy = dy;
-    op.u.bias.y_dt = dy_dt;
-    op.u.bias.ld = ld;
-    op.u.bias.dbias = dbias;
-    op.u.bias.rows = rows;
-    op.u.bias.cols = cols;
-    return submit(d, s, &op);
-}
-
-int zn_dev_cast(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, void *y, zn_dtype y_dt,
-                int64_t n)
-{
-    const char *fn = "cast";
-    CHK_DT(fn, x_dt);
-    CHK_DT(fn, y_dt);
-    CHK(n >= 0, "%s: n = %lld", fn, (long long)n);
-    if (n == 0)
-        return 0;
-    CHK_PTR(fn, x, nbytes(n, x_dt));
-    CHK_PTR(fn, y, nbytes(n, y_dt));
-    zn_op op = { .kind = ZN_OPK_CAST };
-    op.u.cast.x = x;
-    op.u.cast.x_dt = x_dt;
-    op.u.cast.y = y;
-    op.u.cast.y_dt = y_dt;
-    op.u.cast.n = n;
-    return submit(d, s, &op);
+    zn_op op = { .kind = ZN_OPK_BIAS_GRAD,
+                 .u.bias = { .dy = dy, .y_dt = dy_dt, .ld = ld, .dbias = dbias, .rows = rows,
+                             .cols = cols } };
+    return submit_checked(d, s, fn, &op, DEV_PTRS(DEV_PTR(dy, span(rows, cols, ld, dy_dt)),
+                                                  DEV_PTR(dbias, (uint64_t)cols * 4)));
 }
 
 int zn_dev_dropout(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, int64_t ldx, void *y,
@@ -319,30 +262,21 @@ int zn_dev_dropout(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, int64_
                    uint64_t key, int accumulate)
 {
     const char *fn = "dropout";
-    CHK_DT(fn, x_dt);
-    CHK_DT(fn, y_dt);
+    CHK_DTYPES(fn, x_dt, y_dt);
     CHK(rows >= 0 && cols > 0 && ldx >= cols && ldy >= cols,
         "%s: bad sizes (rows %lld cols %lld ldx %lld ldy %lld)", fn, (long long)rows,
         (long long)cols, (long long)ldx, (long long)ldy);
     CHK(p >= 0.0 && p < 1.0, "%s: p = %g is outside [0, 1)", fn, p);
     if (rows == 0)
         return 0;
-    CHK_PTR(fn, x, span(rows, cols, ldx, x_dt));
-    CHK_PTR(fn, y, span(rows, cols, ldy, y_dt));
-    zn_op op = { .kind = ZN_OPK_DROPOUT };
-    op.u.drop.x = x;
-    op.u.drop.x_dt = x_dt;
-    op.u.drop.y = y;
-    op.u.drop.y_dt = y_dt;
-    op.u.drop.ldx = ldx;
-    op.u.drop.ldy = ldy;
-    op.u.drop.rows = rows;
-    op.u.drop.cols = cols;
-    op.u.drop.key = key;
-    op.u.drop.thresh = zn_drop_threshold(p);
-    op.u.drop.scale = (float)(1.0 / (1.0 - p));
-    op.u.drop.accumulate = accumulate != 0;
-    return submit(d, s, &op);
+    zn_op op = { .kind = ZN_OPK_DROPOUT,
+                 .u.drop = { .x = x, .x_dt = x_dt, .y = y, .y_dt = y_dt, .ldx = ldx,
+                             .ldy = ldy, .rows = rows, .cols = cols, .key = key,
+                             .thresh = zn_drop_threshold(p),
+                             .scale = (float)(1.0 / (1.0 - p)),
+                             .accumulate = accumulate != 0 } };
+    return submit_checked(d, s, fn, &op, DEV_PTRS(DEV_PTR(x, span(rows, cols, ldx, x_dt)),
+                                                  DEV_PTR(y, span(rows, cols, ldy, y_dt))));
 }
 
 int zn_dev_copy_2d(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, int64_t ldx, void *y,
@@ -356,57 +290,34 @@ int zn_dev_copy_2d(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, int64_
 int zn_dev_adam(zn_dev *d, zn_stream *s, const zn_adam_params *hp, float *p, float *m,
                 float *v, const float *g, float g_scale, void *c, zn_dtype c_dt, int64_t n)
 {
-    CHK(n >= 0, "adam: n = %lld", (long long)n);
+    ZN_TRY(check_count("adam", n));
     CHK(!c || c_dt == ZN_DTYPE_BF16, "adam: the 16-bit copy must be bf16 on a device, not %s",
         zn_dtype_name(c_dt));
     zn_adam_consts k;
     /* the CPU step's checks and constants: one set for both backends */
-    int rc = zn_adam_prepare(hp, p, m, v, g, ZN_DTYPE_F32, g_scale, c, c_dt, (size_t)n, &k);
-    if (rc)
-        return rc;
+    ZN_TRY(zn_adam_prepare(hp, p, m, v, g, ZN_DTYPE_F32, g_scale, c, c_dt, (size_t)n, &k));
     if (n == 0)
         return 0;
     uint64_t b = nbytes(n, ZN_DTYPE_F32);
-    CHK_PTR("adam", p, b);
-    CHK_PTR("adam", m, b);
-    CHK_PTR("adam", v, b);
-    CHK_PTR("adam", g, b);
-    if (c)
-        CHK_PTR("adam", c, nbytes(n, c_dt));
-    zn_op op = { .kind = ZN_OPK_ADAM };
-    op.u.adam.p = p;
-    op.u.adam.m = m;
-    op.u.adam.v = v;
-    op.u.adam.g = g;
-    op.u.adam.c = c;
-    op.u.adam.c_dt = c_dt;
-    op.u.adam.n = n;
-    op.u.adam.hp = *hp;
-    op.u.adam.g_scale = g_scale;
-    op.u.adam.b1 = k.b1;
-    op.u.adam.omb1 = k.omb1;
-    op.u.adam.b2 = k.b2;
-    op.u.adam.omb2 = k.omb2;
-    op.u.adam.step = k.step_size;
-    op.u.adam.eps = k.eps;
-    op.u.adam.l2 = k.l2;
-    op.u.adam.decay = k.decay;
-    op.u.adam.use_l2 = k.use_l2;
-    op.u.adam.use_decay = k.use_decay;
-    return submit(d, s, &op);
+    zn_op op = { .kind = ZN_OPK_ADAM,
+                 .u.adam = { .p = p, .m = m, .v = v, .g = g, .c = c, .c_dt = c_dt, .n = n,
+                             .hp = *hp, .g_scale = g_scale, .b1 = k.b1, .omb1 = k.omb1,
+                             .b2 = k.b2, .omb2 = k.omb2, .step = k.step_size, .eps = k.eps,
+                             .l2 = k.l2, .decay = k.decay, .use_l2 = k.use_l2,
+                             .use_decay = k.use_decay } };
+    return submit_checked(d, s, "adam", &op,
+                          DEV_PTRS(DEV_PTR(p, b), DEV_PTR(m, b), DEV_PTR(v, b), DEV_PTR(g, b),
+                                   DEV_PTR_OPT(c, nbytes(n, c_dt))));
 }
 
 int zn_dev_norm_sq_chunks(zn_dev *d, zn_stream *s, const float *x, int64_t n, double *out)
 {
-    CHK(n >= 0, "norm_sq_chunks: n = %lld", (long long)n);
+    ZN_TRY(check_count("norm_sq_chunks", n));
     if (n == 0)
         return 0;
     int64_t nc = (n + (int64_t)ZN_GRAD_NORM_CHUNK - 1) / (int64_t)ZN_GRAD_NORM_CHUNK;
-    CHK_PTR("norm_sq_chunks", x, nbytes(n, ZN_DTYPE_F32));
-    CHK_PTR("norm_sq_chunks", out, (uint64_t)nc * 8);
-    zn_op op = { .kind = ZN_OPK_NORM_CHUNKS };
-    op.u.normc.x = x;
-    op.u.normc.n = n;
-    op.u.normc.out = out;
-    return submit(d, s, &op);
+    zn_op op = { .kind = ZN_OPK_NORM_CHUNKS, .u.normc = { .x = x, .n = n, .out = out } };
+    return submit_checked(d, s, "norm_sq_chunks", &op,
+                          DEV_PTRS(DEV_PTR(x, nbytes(n, ZN_DTYPE_F32)),
+                                   DEV_PTR(out, (uint64_t)nc * 8)));
 }

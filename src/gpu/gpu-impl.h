@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "util/try-impl.h"
 #include "zinc/device.h"
 #include "zn_build_config.h"
 
@@ -289,7 +290,18 @@ static inline zn_stream *pick(zn_dev *d, zn_stream *s)
     return s ? s : d->default_stream;
 }
 
-/* Argument checks of the op builders (device_ops.c, device_nn.c). */
+/* ---- the op builders' checks (device_ops.c, device_nn.c) ---------------
+ * Every zn_dev_* op builder has one shape: its dtypes (CHK_DTYPES) and
+ * sizes (CHK), a return when there is nothing to do, the zn_op filled in,
+ * then submit_checked with its device pointers and the bytes the op
+ * touches from each, as a list (DEV_PTRS). The list is checked in order,
+ * so the message names the first bad pointer by its parameter's name. A
+ * builder with a check that needs valid pointers first (aliasing, overlap)
+ * calls check_ptrs, then that check, then submit. The forward and backward
+ * of one op (SwiGLU, RoPE, softmax, the fused attention) share one such
+ * function, the public builders only filling in the zn_op or its
+ * arguments. */
+
 /* Device pointers must lie in the arena: a host pointer handed to a kernel
  * is caught here on both backends instead of faulting on the GPU. */
 static inline int in_arena(zn_dev *d, const void *p, uint64_t bytes)
@@ -298,26 +310,60 @@ static inline int in_arena(zn_dev *d, const void *p, uint64_t bytes)
     return p && a >= b && bytes <= d->arena_bytes && a - b <= d->arena_bytes - bytes;
 }
 
+/* One device pointer of an op: checked (when `used`) to lie inside the
+ * arena over `bytes`. */
+typedef struct zn_dev_arg {
+    const char *name;          /* the builder's parameter, for the message */
+    const void *p;
+    uint64_t bytes;
+    int used;                  /* 0: this call of the op leaves it alone */
+} zn_dev_arg;
+
+#define DEV_PTR(p, bytes) { #p, (p), (bytes), 1 }
+/* Checked only when `cond` holds (a copy's device side, the backward's
+ * extra inputs). */
+#define DEV_PTR_IF(cond, p, bytes) { #p, (p), (bytes), (cond) != 0 }
+/* An optional pointer: NULL means the op does without it. */
+#define DEV_PTR_OPT(p, bytes) DEV_PTR_IF((p) != NULL, p, bytes)
+
+/* A list of values as the (array, count) pair of the functions below. */
+#define ZN_LIST(type, ...)                                                     \
+    (const type[]){ __VA_ARGS__ }, sizeof((const type[]){ __VA_ARGS__ }) / sizeof(type)
+#define DEV_PTRS(...) ZN_LIST(zn_dev_arg, __VA_ARGS__)
+
 #define CHK(cond, ...)                                                         \
     do {                                                                       \
         if (!(cond))                                                           \
             return zn_set_error(ZN_EARG, __VA_ARGS__);                         \
     } while (0)
 
-#define CHK_DT(fn, dt)                                                         \
-    do {                                                                       \
-        if (!dt_ok(dt))                                                        \
-            return zn_set_error(ZN_EUNSUPPORTED, "%s: dtype %s (%d) not supported " \
-                                "(f32 and bf16 only)", fn, zn_dtype_name(dt), (int)(dt)); \
-    } while (0)
+static inline int check_dtypes(const char *fn, const zn_dtype *dts, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!dt_ok(dts[i]))
+            return zn_set_error(ZN_EUNSUPPORTED, "%s: dtype %s (%d) not supported "
+                                "(f32 and bf16 only)", fn, zn_dtype_name(dts[i]), (int)dts[i]);
+    return 0;
+}
 
-#define CHK_PTR(fn, p, bytes)                                                  \
-    do {                                                                       \
-        if (!in_arena(d, (p), (bytes)))                                        \
-            return zn_set_error(ZN_EARG, "%s: %s (%p, %llu bytes) is not inside the " \
-                                "device arena", fn, #p, (const void *)(p),     \
-                                (unsigned long long)(bytes));                  \
-    } while (0)
+/* Returns from the builder unless every dtype is one the kernels take. */
+#define CHK_DTYPES(fn, ...) ZN_TRY(check_dtypes(fn, ZN_LIST(zn_dtype, __VA_ARGS__)))
+
+/* The size check of the ops over n elements. */
+static inline int check_count(const char *fn, int64_t n)
+{
+    CHK(n >= 0, "%s: n = %lld", fn, (long long)n);
+    return 0;
+}
+
+static inline int check_ptrs(zn_dev *d, const char *fn, const zn_dev_arg *args, size_t n)
+{
+    for (const zn_dev_arg *a = args; a < args + n; a++)
+        if (a->used && !in_arena(d, a->p, a->bytes))
+            return zn_set_error(ZN_EARG, "%s: %s (%p, %llu bytes) is not inside the device "
+                                "arena", fn, a->name, a->p, (unsigned long long)a->bytes);
+    return 0;
+}
 
 /* Bytes spanned by a rows x cols matrix with leading dimension ld. */
 static inline uint64_t span(int64_t rows, int64_t cols, int64_t ld, zn_dtype dt)
@@ -335,6 +381,14 @@ static inline uint64_t nbytes(int64_t n, zn_dtype dt)
 static inline int submit(zn_dev *d, zn_stream *s, const zn_op *op)
 {
     return d->ops->submit(d, pick(d, s), op);
+}
+
+/* check_ptrs, then submit: the last line of most op builders. */
+static inline int submit_checked(zn_dev *d, zn_stream *s, const char *fn, const zn_op *op,
+                                 const zn_dev_arg *args, size_t n)
+{
+    int rc = check_ptrs(d, fn, args, n);
+    return rc ? rc : submit(d, s, op);
 }
 
 #endif
