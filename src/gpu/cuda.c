@@ -1,6 +1,6 @@
 /* The CUDA backend: cudart streams and events, one cudaMalloc arena capped
  * at the GPU budget, pinned memory bound to the GPU's NUMA node, cuBLAS
- * GemmEx (fp32 compute) for GEMM and the kernels of cuda_kernels.cu. Every
+ * GemmEx (fp32 compute) for GEMM and the kernels of cuda_*.cu. Every
  * CUDA and cuBLAS call goes through ZN_CUDA_TRY / ZN_CUBLAS_TRY, which
  * record the call, file:line and the library's error text. */
 #include <errno.h>

@@ -265,8 +265,9 @@ int zn_cuda_plain_copy_gbs(zn_dev *d, int dir, size_t block, int iters, double *
  * enqueues on it); NULL for other streams. */
 void *zn_cuda_stream_native(zn_stream *s);
 
-/* cuda_kernels.cu: launches the kernel(s) of `op` (any kind that
- * zn_host_run_op handles except GEMM) on `stream` (a cudaStream_t).
+/* cuda_kernels.cu (with cuda_nn.cu and cuda_flash.cu): launches the
+ * kernel(s) of `op` (any kind that zn_host_run_op handles except GEMM) on
+ * `stream` (a cudaStream_t).
  * `scratch` is a per-stream device buffer of ZN_CUDA_SCRATCH floats for the
  * two-phase deterministic reductions. Returns a cudaError_t (0 = launched);
  * *what names the kernel that failed. */

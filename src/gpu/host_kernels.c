@@ -2,7 +2,7 @@
  * implementation of them: one thread (the stream's worker), fp32 math with
  * double accumulation in reductions, bf16 as uint16. GEMM goes to OpenBLAS
  * (bf16 operands converted to fp32 tiles first). The CUDA kernels in
- * cuda_kernels.cu follow these line by line. */
+ * cuda_kernels.cu, cuda_nn.cu and cuda_flash.cu follow these line by line. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
