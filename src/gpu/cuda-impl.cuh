@@ -115,6 +115,30 @@ inline unsigned grid_for(int64_t n)
     return (unsigned)(b > 0 ? b : 1);
 }
 
+constexpr int64_t kMaxBlocks = 0x7fffffff;   // in the grid's x dimension
+
+// kernel<<<grid, kThreads>>>(args...) on st; *what names the kernel for the
+// caller's message should the launch fail.
+template <typename... Params, typename... Args>
+cudaError_t launch(const char **what, const char *name, void (*kernel)(Params...), dim3 grid,
+                   cudaStream_t st, Args... args)
+{
+    *what = name;
+    kernel<<<grid, kThreads, 0, st>>>(args...);
+    return cudaGetLastError();
+}
+
+// launch with a block per row, refusing more rows than a grid holds.
+template <typename... Params, typename... Args>
+cudaError_t launch_rows(const char **what, const char *name, void (*kernel)(Params...),
+                        int64_t rows, cudaStream_t st, Args... args)
+{
+    *what = name;
+    if (rows > kMaxBlocks)
+        return cudaErrorInvalidValue;
+    return launch(what, name, kernel, dim3((unsigned)rows), st, args...);
+}
+
 } // namespace
 
 #endif

@@ -43,17 +43,12 @@ __device__ __forceinline__ const __nv_bfloat16 *bfp(const uint16_t *p)
     return reinterpret_cast<const __nv_bfloat16 *>(p);
 }
 
-__device__ __forceinline__ float warp_max(float v)
+// `op` across the warp, every lane getting the result (butterfly).
+template <typename Op>
+__device__ __forceinline__ float warp_all(float v, Op op)
 {
     for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
+        v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
@@ -101,18 +96,34 @@ __device__ int64_t fl_first_key(const int32_t *ks, int64_t q0, int64_t qend)
     return lo / kFlBC * kFlBC;
 }
 
-// acc(16 x 16) = A(16 x kdim) B(kdim x 16), B read transposed from rows
-// (B^T row-major = B column-major): Q K^T and dO V^T.
-__device__ __forceinline__ void fl_mm_nt(FlAcc &acc, const uint16_t *a, int lda,
-                                         const uint16_t *bt, int ldb, int kdim)
+// A warp's 16 x 16 block of scores into fp32 smem (s, lds): A(16 x hdp)
+// B^T, B's 16 rows read transposed (B^T row-major = B column-major), both
+// bf16 with ld ldq: Q K^T and dO V^T, or for dK/dV, K Q^T and V dO^T.
+__device__ __forceinline__ void fl_score16(float *s, int lds, const uint16_t *a,
+                                           const uint16_t *b, int ldq, int hdp)
 {
+    FlAcc acc;
     wmma::fill_fragment(acc, 0.0f);
-    for (int kk = 0; kk < kdim; kk += 16) {
+    for (int kk = 0; kk < hdp; kk += 16) {
         FlA fa;
         FlBc fb;
-        wmma::load_matrix_sync(fa, bfp(a + kk), lda);
-        wmma::load_matrix_sync(fb, bfp(bt + kk), ldb);
+        wmma::load_matrix_sync(fa, bfp(a + kk), ldq);
+        wmma::load_matrix_sync(fb, bfp(b + kk), ldq);
         wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(s, acc, lds, wmma::mem_row_major);
+}
+
+// The backward's scores and their gradients for one tile, a warp's 16 x
+// kFlBC of each (fp32 smem s, dp with ld lds): A1 B1^T and A2 B2^T, 16
+// columns of each in turn (Q K^T, dO V^T for dQ; K Q^T, V dO^T for dK/dV).
+__device__ __forceinline__ void fl_score_pair(float *s, float *dp, int lds, const uint16_t *a1,
+                                              const uint16_t *b1, const uint16_t *a2,
+                                              const uint16_t *b2, int ldq, int hdp)
+{
+    for (int n = 0; n < kFlBC; n += 16) {
+        fl_score16(s + n, lds, a1, b1 + n * ldq, ldq, hdp);
+        fl_score16(dp + n, lds, a2, b2 + n * ldq, ldq, hdp);
     }
 }
 
@@ -135,25 +146,141 @@ __device__ __forceinline__ void fl_mm_acc(float *c, int ldc, const uint16_t *a, 
     }
 }
 
-__host__ __device__ constexpr size_t fl_fwd_smem(int hdp)
+// lse and delta of head h's queries [q0, q0 + rows) into smem, 0 past T.
+__device__ __forceinline__ void fl_load_stats(float *lse, float *delta, const FlArgs &a,
+                                              int64_t b, int64_t h, int64_t q0, int rows)
 {
-    return (size_t)(kFlFwdRows + 2 * kFlBC) * (hdp + 8) * 2 + (size_t)kFlFwdRows * (kFlBC + 4) * 4 +
-           (size_t)kFlFwdRows * (kFlBC + 8) * 2 + (size_t)kFlFwdRows * (hdp + 4) * 4 +
-           3 * kFlFwdRows * 4;
+    if (threadIdx.x < rows) {
+        int64_t t = q0 + threadIdx.x;
+        lse[threadIdx.x] = t < a.T ? a.lse[(b * a.nh + h) * a.T + t] : 0.0f;
+        delta[threadIdx.x] = t < a.T ? a.delta[(b * a.nh + h) * a.T + t] : 0.0f;
+    }
 }
 
+// fp32 smem [rows][lds] into rows [r0, r0 + rows) x columns [c0, c0 + hd)
+// of a bf16 matrix, rows past T left alone: fl_load's way back.
+__device__ void fl_store(uint16_t *g, int64_t ld, int64_t c0, int64_t r0, const float *sm,
+                         int lds, int rows, int64_t T, int hd)
+{
+    for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) {
+        int r = i / hd, c = i % hd;
+        int64_t t = r0 + r;
+        if (t < T)
+            g[t * ld + c0 + c] = f2bf(sm[r * lds + c]);
+    }
+}
+
+// ---- shared memory -----------------------------------------------------------
+// Every kernel's tiles, in dynamic shared memory (FlFwdTiles, FlBwdTiles).
+extern __shared__ __align__(128) unsigned char fl_smem[];
+
+// Leading dimensions of the tiles, padded against bank conflicts: LQ for
+// head-dim rows (bf16 Q, K, V, dO), LS for fp32 scores, LP for bf16
+// probabilities, LO for fp32 sums over the head dim.
+struct FlLd {
+    int LQ, LS, LP, LO;
+    __host__ __device__ explicit FlLd(int hdp)
+        : LQ(hdp + 8), LS(kFlBC + 4), LP(kFlBC + 8), LO(hdp + 4)
+    {
+    }
+};
+
+// Hands out a block's shared memory tile after tile, counting the bytes:
+// on the host (at null) it only counts, so that one layout gives a kernel
+// its tiles and its launch the byte count.
+struct FlSmem {
+    unsigned char *at;
+    size_t used;
+    template <typename T> __host__ __device__ T *take(int count)
+    {
+        used += (size_t)count * sizeof(T);
+#ifdef __CUDA_ARCH__
+        T *p = reinterpret_cast<T *>(at);
+        at = reinterpret_cast<unsigned char *>(p + count);
+        return p;
+#else
+        return nullptr;
+#endif
+    }
+};
+
+// The forward's tiles: its 64 query rows, a tile of keys and values, the
+// tile's scores and probabilities, the output sums and each row's running
+// max M, sum L and rescale factor A. *bytes: what they take.
+struct FlFwdTiles {
+    uint16_t *Q, *K, *V;
+    float *S;
+    uint16_t *P;
+    float *O, *M, *L, *A;
+    __host__ __device__ FlFwdTiles(unsigned char *base, int hdp, size_t *bytes = nullptr)
+    {
+        const auto [LQ, LS, LP, LO] = FlLd(hdp);
+        const int R = kFlFwdRows;
+        FlSmem m = { base, 0 };
+        Q = m.take<uint16_t>(R * LQ);
+        K = m.take<uint16_t>(kFlBC * LQ);
+        V = m.take<uint16_t>(kFlBC * LQ);
+        S = m.take<float>(R * LS);
+        P = m.take<uint16_t>(R * LP);
+        O = m.take<float>(R * LO);
+        M = m.take<float>(R);
+        L = m.take<float>(R);
+        A = m.take<float>(R);
+        if (bytes)
+            *bytes = m.used;
+    }
+};
+
+// The backward's tiles, one layout for its two kernels, whose blocks are as
+// wide as their tiles: the block's 32 rows of two head-dim matrices (mine:
+// K, V for dK/dV; Q, dO for dQ), a tile of the other two (theirs), fp32
+// scores s and their gradients dp (transposed for dK/dV), n_out bf16 tiles
+// p and fp32 sums (P^T, dS^T and dK, dV; dS and dQ), and the lse and delta
+// of the query rows.
+static_assert(kFlBwdRows == kFlBC, "a backward block is one tile wide");
+struct FlBwdTiles {
+    uint16_t *mine[2], *theirs[2], *p[2];
+    float *s, *dp, *sum[2], *lse, *delta;
+    __host__ __device__ FlBwdTiles(unsigned char *base, int hdp, int n_out,
+                                   size_t *bytes = nullptr)
+    {
+        const auto [LQ, LS, LP, LO] = FlLd(hdp);
+        const int R = kFlBwdRows;
+        FlSmem m = { base, 0 };
+        mine[0] = m.take<uint16_t>(R * LQ);
+        mine[1] = m.take<uint16_t>(R * LQ);
+        theirs[0] = m.take<uint16_t>(kFlBC * LQ);
+        theirs[1] = m.take<uint16_t>(kFlBC * LQ);
+        s = m.take<float>(R * LS);
+        dp = m.take<float>(R * LS);
+        p[0] = m.take<uint16_t>(R * LP);
+        p[1] = n_out > 1 ? m.take<uint16_t>(R * LP) : nullptr;
+        sum[0] = m.take<float>(R * LO);
+        sum[1] = n_out > 1 ? m.take<float>(R * LO) : nullptr;
+        lse = m.take<float>(kFlBC);
+        delta = m.take<float>(kFlBC);
+        if (bytes)
+            *bytes = m.used;
+    }
+};
+
+// The launch's shared memory bytes for a block of Tiles.
+template <typename Tiles, typename... Shape>
+size_t fl_smem_bytes(Shape... shape)
+{
+    size_t bytes = 0;
+    const Tiles tiles(nullptr, shape..., &bytes);
+    (void)tiles;
+    return bytes;
+}
+
+// ---- kernels -------------------------------------------------------------------
 // grid (query tiles of 64, heads, batch), 128 threads.
 __global__ void __launch_bounds__(128) k_flash_fwd(FlArgs a, int hdp)
 {
-    extern __shared__ __align__(128) unsigned char fl_smem[];
-    const int LQ = hdp + 8, LS = kFlBC + 4, LP = kFlBC + 8, LO = hdp + 4, R = kFlFwdRows;
-    uint16_t *sQ = (uint16_t *)fl_smem;
-    uint16_t *sK = sQ + R * LQ;
-    uint16_t *sV = sK + kFlBC * LQ;
-    float *sS = (float *)(sV + kFlBC * LQ);
-    uint16_t *sP = (uint16_t *)(sS + R * LS);
-    float *sO = (float *)(sP + R * LP);
-    float *sM = sO + R * LO, *sL = sM + R, *sA = sL + R;
+    const auto [LQ, LS, LP, LO] = FlLd(hdp);
+    const int R = kFlFwdRows;
+    const auto [sQ, sK, sV, sS, sP, sO, sM, sL, sA] = FlFwdTiles(fl_smem, hdp);
     const int64_t T = a.T, hd = a.hd, b = blockIdx.z, h = blockIdx.y, j = h / (a.nh / a.nkv);
     // the last query tiles (the most keys) first: the long blocks start early
     const int64_t q0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * R;
@@ -172,22 +299,19 @@ __global__ void __launch_bounds__(128) k_flash_fwd(FlArgs a, int hdp)
         __syncthreads();
         fl_load_kv(sK, sV, LQ, x, a, j, k0, kFlBC, hdp);
         __syncthreads();
-        for (int n = 0; n < kFlBC; n += 16) {
-            FlAcc acc;
-            fl_mm_nt(acc, sQ + w0 * LQ, LQ, sK + n * LQ, LQ, hdp);
-            wmma::store_matrix_sync(sS + w0 * LS + n, acc, LS, wmma::mem_row_major);
-        }
+        for (int n = 0; n < kFlBC; n += 16)
+            fl_score16(sS + w0 * LS + n, LS, sQ + w0 * LQ, sK + n * LQ, LQ, hdp);
         __syncwarp();
         for (int r = w0; r < w0 + 16; r++) {
             int64_t t = q0 + r, k = k0 + lane;
             bool ok = fl_sees(ks, T, t, k);
             float sv = ok ? sS[r * LS + lane] * a.scale : -INFINITY;
-            float mo = sM[r], mn = fmaxf(mo, warp_max(sv)), p = 0.0f, alpha = 1.0f;
+            float mo = sM[r], mn = fmaxf(mo, warp_all(sv, MaxOp())), p = 0.0f, alpha = 1.0f;
             if (mn != -INFINITY) {
                 alpha = expf(mo - mn);
                 p = ok ? expf(sv - mn) : 0.0f;
             }
-            float sum = warp_sum(p);
+            float sum = warp_all(p, SumOp());
             sP[r * LP + lane] = f2bf(p);
             __syncwarp();
             if (lane == 0) {
@@ -232,16 +356,9 @@ __global__ void k_flash_delta(FlArgs a)
     float s = 0.0f;
     for (int64_t c = lane; c < a.hd; c += 32)
         s += bf2f(a.dout[o + c]) * bf2f(a.out[o + c]);
-    s = warp_sum(s);
+    s = warp_all(s, SumOp());
     if (lane == 0)
         a.delta[w] = s;
-}
-
-__host__ __device__ constexpr size_t fl_kv_smem(int hdp)
-{
-    return (size_t)4 * kFlBwdRows * (hdp + 8) * 2 + (size_t)2 * kFlBwdRows * (kFlBC + 4) * 4 +
-           (size_t)2 * kFlBwdRows * (kFlBC + 8) * 2 + (size_t)2 * kFlBwdRows * (hdp + 4) * 4 +
-           2 * kFlBC * 4;
 }
 
 // dK, dV of one key tile of one kv head: grid (key tiles of 32, kv heads,
@@ -249,24 +366,19 @@ __host__ __device__ constexpr size_t fl_kv_smem(int hdp)
 // order; written once.
 __global__ void __launch_bounds__(64) k_flash_bwd_kv(FlArgs a, int hdp)
 {
-    extern __shared__ __align__(128) unsigned char fl_smem[];
-    const int LQ = hdp + 8, LS = kFlBC + 4, LP = kFlBC + 8, LO = hdp + 4, R = kFlBwdRows;
-    uint16_t *sK = (uint16_t *)fl_smem;
-    uint16_t *sV = sK + R * LQ;
-    uint16_t *sQ = sV + R * LQ;
-    uint16_t *sdO = sQ + kFlBC * LQ;
-    float *sST = (float *)(sdO + kFlBC * LQ);
-    float *sdPT = sST + R * LS;
-    uint16_t *sPT = (uint16_t *)(sdPT + R * LS);
-    uint16_t *sdST = sPT + R * LP;
-    float *sdK = (float *)(sdST + R * LP);
-    float *sdV = sdK + R * LO;
-    float *sLse = sdV + R * LO, *sD = sLse + kFlBC;
+    const int R = kFlBwdRows;
     const int64_t T = a.T, hd = a.hd, b = blockIdx.z, j = blockIdx.y, g = a.nh / a.nkv;
     const int64_t k0 = (int64_t)blockIdx.x * R, kend = k0 + R < T ? k0 + R : T;
     const uint16_t *x = a.qkv + b * T * a.ld, *dout = a.dout + b * T * a.ldo;
     const int32_t *ks = a.ks ? a.ks + b * T : nullptr;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w0 = warp * 16;
+    const auto [LQ, LS, LP, LO] = FlLd(hdp);
+    const FlBwdTiles tiles(fl_smem, hdp, 2);
+    const auto [sK, sV] = tiles.mine;    // the block's keys
+    const auto [sQ, sdO] = tiles.theirs; // a tile of queries
+    const auto [sPT, sdST] = tiles.p;
+    const auto [sdK, sdV] = tiles.sum;
+    float *sST = tiles.s, *sdPT = tiles.dp, *sLse = tiles.lse, *sD = tiles.delta;
     fl_load_kv(sK, sV, LQ, x, a, j, k0, R, hdp);
     for (int i = threadIdx.x; i < R * LO; i += blockDim.x) {
         sdK[i] = 0.0f;
@@ -283,19 +395,10 @@ __global__ void __launch_bounds__(64) k_flash_bwd_kv(FlArgs a, int hdp)
             __syncthreads();
             fl_load(sQ, LQ, x, a.ld, h * hd, q0, kFlBC, T, (int)hd, hdp);
             fl_load(sdO, LQ, dout, a.ldo, h * hd, q0, kFlBC, T, (int)hd, hdp);
-            if (threadIdx.x < kFlBC) {
-                int64_t t = q0 + threadIdx.x;
-                sLse[threadIdx.x] = t < T ? a.lse[(b * a.nh + h) * T + t] : 0.0f;
-                sD[threadIdx.x] = t < T ? a.delta[(b * a.nh + h) * T + t] : 0.0f;
-            }
+            fl_load_stats(sLse, sD, a, b, h, q0, kFlBC);
             __syncthreads();
-            for (int n = 0; n < kFlBC; n += 16) {
-                FlAcc acc;
-                fl_mm_nt(acc, sK + w0 * LQ, LQ, sQ + n * LQ, LQ, hdp);
-                wmma::store_matrix_sync(sST + w0 * LS + n, acc, LS, wmma::mem_row_major);
-                fl_mm_nt(acc, sV + w0 * LQ, LQ, sdO + n * LQ, LQ, hdp);
-                wmma::store_matrix_sync(sdPT + w0 * LS + n, acc, LS, wmma::mem_row_major);
-            }
+            fl_score_pair(sST + w0 * LS, sdPT + w0 * LS, LS, sK + w0 * LQ, sQ, sV + w0 * LQ, sdO,
+                          LQ, hdp);
             __syncwarp();
             for (int r = w0; r < w0 + 16; r++) {
                 int64_t k = k0 + r, t = q0 + lane;
@@ -311,38 +414,22 @@ __global__ void __launch_bounds__(64) k_flash_bwd_kv(FlArgs a, int hdp)
         }
     __syncthreads();
     uint16_t *dx = a.dqkv + b * T * a.ldd;
-    for (int i = threadIdx.x; i < R * hd; i += blockDim.x) {
-        int r = i / (int)hd, c = i % (int)hd;
-        int64_t k = k0 + r;
-        if (k < T) {
-            dx[k * a.ldd + (a.nh + j) * hd + c] = f2bf(sdK[r * LO + c]);
-            dx[k * a.ldd + (a.nh + a.nkv + j) * hd + c] = f2bf(sdV[r * LO + c]);
-        }
-    }
-}
-
-__host__ __device__ constexpr size_t fl_q_smem(int hdp)
-{
-    return (size_t)4 * kFlBwdRows * (hdp + 8) * 2 + (size_t)2 * kFlBwdRows * (kFlBC + 4) * 4 +
-           (size_t)kFlBwdRows * (kFlBC + 8) * 2 + (size_t)kFlBwdRows * (hdp + 4) * 4 +
-           2 * kFlBwdRows * 4;
+    fl_store(dx, a.ldd, (a.nh + j) * hd, k0, sdK, LO, R, T, (int)hd);
+    fl_store(dx, a.ldd, (a.nh + a.nkv + j) * hd, k0, sdV, LO, R, T, (int)hd);
 }
 
 // dQ of one query tile of one head: grid (query tiles of 32, heads, batch),
 // 64 threads; the key tiles in order, written once.
 __global__ void __launch_bounds__(64) k_flash_bwd_q(FlArgs a, int hdp)
 {
-    extern __shared__ __align__(128) unsigned char fl_smem[];
-    const int LQ = hdp + 8, LS = kFlBC + 4, LP = kFlBC + 8, LO = hdp + 4, R = kFlBwdRows;
-    uint16_t *sQ = (uint16_t *)fl_smem;
-    uint16_t *sdO = sQ + R * LQ;
-    uint16_t *sK = sdO + R * LQ;
-    uint16_t *sV = sK + kFlBC * LQ;
-    float *sS = (float *)(sV + kFlBC * LQ);
-    float *sdP = sS + R * LS;
-    uint16_t *sdS = (uint16_t *)(sdP + R * LS);
-    float *sdQ = (float *)(sdS + R * LP);
-    float *sLse = sdQ + R * LO, *sD = sLse + R;
+    const auto [LQ, LS, LP, LO] = FlLd(hdp);
+    const int R = kFlBwdRows;
+    const FlBwdTiles tiles(fl_smem, hdp, 1);
+    const auto [sQ, sdO] = tiles.mine;  // the block's queries
+    const auto [sK, sV] = tiles.theirs; // a tile of keys
+    uint16_t *sdS = tiles.p[0];
+    float *sS = tiles.s, *sdP = tiles.dp, *sdQ = tiles.sum[0], *sLse = tiles.lse;
+    float *sD = tiles.delta;
     const int64_t T = a.T, hd = a.hd, b = blockIdx.z, h = blockIdx.y, j = h / (a.nh / a.nkv);
     // the last query tiles (the most keys) first: the long blocks start early
     const int64_t q0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * R;
@@ -354,22 +441,13 @@ __global__ void __launch_bounds__(64) k_flash_bwd_q(FlArgs a, int hdp)
     fl_load(sdO, LQ, dout, a.ldo, h * hd, q0, R, T, (int)hd, hdp);
     for (int i = threadIdx.x; i < R * LO; i += blockDim.x)
         sdQ[i] = 0.0f;
-    if (threadIdx.x < R) {
-        int64_t t = q0 + threadIdx.x;
-        sLse[threadIdx.x] = t < T ? a.lse[(b * a.nh + h) * T + t] : 0.0f;
-        sD[threadIdx.x] = t < T ? a.delta[(b * a.nh + h) * T + t] : 0.0f;
-    }
+    fl_load_stats(sLse, sD, a, b, h, q0, R);
     for (int64_t k0 = fl_first_key(ks, q0, qend); k0 < qend; k0 += kFlBC) {
         __syncthreads();
         fl_load_kv(sK, sV, LQ, x, a, j, k0, kFlBC, hdp);
         __syncthreads();
-        for (int n = 0; n < kFlBC; n += 16) {
-            FlAcc acc;
-            fl_mm_nt(acc, sQ + w0 * LQ, LQ, sK + n * LQ, LQ, hdp);
-            wmma::store_matrix_sync(sS + w0 * LS + n, acc, LS, wmma::mem_row_major);
-            fl_mm_nt(acc, sdO + w0 * LQ, LQ, sV + n * LQ, LQ, hdp);
-            wmma::store_matrix_sync(sdP + w0 * LS + n, acc, LS, wmma::mem_row_major);
-        }
+        fl_score_pair(sS + w0 * LS, sdP + w0 * LS, LS, sQ + w0 * LQ, sK, sdO + w0 * LQ, sV, LQ,
+                      hdp);
         __syncwarp();
         for (int r = w0; r < w0 + 16; r++) {
             int64_t t = q0 + r, k = k0 + lane;
@@ -382,13 +460,20 @@ __global__ void __launch_bounds__(64) k_flash_bwd_q(FlArgs a, int hdp)
         __syncwarp();
     }
     __syncthreads();
-    uint16_t *dx = a.dqkv + b * T * a.ldd;
-    for (int i = threadIdx.x; i < R * hd; i += blockDim.x) {
-        int r = i / (int)hd, c = i % (int)hd;
-        int64_t t = q0 + r;
-        if (t < T)
-            dx[t * a.ldd + h * hd + c] = f2bf(sdQ[r * LO + c]);
-    }
+    fl_store(a.dqkv + b * T * a.ldd, a.ldd, h * hd, q0, sdQ, LO, R, T, (int)hd);
+}
+
+// Sets the dynamic shared memory a kernel needs and launches it.
+cudaError_t fl_launch(void (*kernel)(FlArgs, int), const char *name, dim3 grid, int threads,
+                      size_t smem, cudaStream_t st, const FlArgs &a, int hdp, const char **what)
+{
+    *what = name;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e != cudaSuccess)
+        return e;
+    kernel<<<grid, threads, smem, st>>>(a, hdp);
+    return cudaGetLastError();
 }
 
 } // namespace
@@ -396,65 +481,32 @@ __global__ void __launch_bounds__(64) k_flash_bwd_q(FlArgs a, int hdp)
 // Launches the fused attention of `op` (forward, or delta + dK/dV + dQ).
 cudaError_t zn_cuda_run_flash(const zn_op *op, cudaStream_t st, const char **what)
 {
-    FlArgs a;
-    a.qkv = (const uint16_t *)op->u.flash.qkv;
-    a.ld = op->u.flash.ld;
-    a.B = op->u.flash.batch;
-    a.T = op->u.flash.seq;
-    a.nh = op->u.flash.nh;
-    a.nkv = op->u.flash.nkv;
-    a.hd = op->u.flash.hd;
-    a.ks = op->u.flash.key_start;
-    a.scale = op->u.flash.scale;
-    a.out = (uint16_t *)op->u.flash.out;
-    a.dout = (const uint16_t *)op->u.flash.dout;
-    a.ldo = op->u.flash.ldo;
-    a.lse = op->u.flash.lse;
-    a.delta = op->u.flash.delta;
-    a.dqkv = (uint16_t *)op->u.flash.dqkv;
-    a.ldd = op->u.flash.ldd;
+    const auto &fl = op->u.flash;
+    const FlArgs a = { (const uint16_t *)fl.qkv, fl.ld, fl.batch, fl.seq, fl.nh, fl.nkv, fl.hd,
+                       fl.key_start, fl.scale, (uint16_t *)fl.out, (const uint16_t *)fl.dout,
+                       fl.ldo, fl.lse, fl.delta, (uint16_t *)fl.dqkv, fl.ldd };
     *what = "fused attention (sizes)";
-    if (op->u.flash.dt != ZN_DTYPE_BF16 || a.hd > ZN_FLASH_MAX_HEAD_DIM || a.B > 65535 ||
-        a.nh > 65535 || a.T > ((int64_t)1 << 30))
+    if (fl.dt != ZN_DTYPE_BF16 || a.hd > ZN_FLASH_MAX_HEAD_DIM || a.B > 65535 || a.nh > 65535 ||
+        a.T > ((int64_t)1 << 30))
         return cudaErrorInvalidValue;
     const int hdp = (int)((a.hd + 15) / 16 * 16);
-    cudaError_t e;
-    if (op->kind == ZN_OPK_FLASH_FWD) {
-        size_t sm = fl_fwd_smem(hdp);
-        *what = "k_flash_fwd";
-        e = cudaFuncSetAttribute(k_flash_fwd, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)sm);
-        if (e != cudaSuccess)
-            return e;
-        dim3 grid((unsigned)((a.T + kFlFwdRows - 1) / kFlFwdRows), (unsigned)a.nh,
-                  (unsigned)a.B);
-        k_flash_fwd<<<grid, 128, sm, st>>>(a, hdp);
-        return cudaGetLastError();
-    }
-    *what = "k_flash_delta";
+    if (op->kind == ZN_OPK_FLASH_FWD)
+        return fl_launch(k_flash_fwd, "k_flash_fwd",
+                         dim3((unsigned)((a.T + kFlFwdRows - 1) / kFlFwdRows), (unsigned)a.nh,
+                              (unsigned)a.B),
+                         128, fl_smem_bytes<FlFwdTiles>(hdp), st, a, hdp, what);
     int64_t rows = a.B * a.nh * a.T, blocks = (rows * 32 + kThreads - 1) / kThreads;
-    if (blocks > 0x7fffffff)
+    *what = "k_flash_delta";
+    if (blocks > kMaxBlocks)
         return cudaErrorInvalidValue;
-    k_flash_delta<<<(unsigned)blocks, kThreads, 0, st>>>(a);
-    if ((e = cudaGetLastError()) != cudaSuccess)
-        return e;
-    size_t sm = fl_kv_smem(hdp);
-    *what = "k_flash_bwd_kv";
-    e = cudaFuncSetAttribute(k_flash_bwd_kv, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)sm);
+    cudaError_t e = launch(what, "k_flash_delta", k_flash_delta, dim3((unsigned)blocks), st, a);
     if (e != cudaSuccess)
         return e;
-    dim3 gkv((unsigned)((a.T + kFlBwdRows - 1) / kFlBwdRows), (unsigned)a.nkv, (unsigned)a.B);
-    k_flash_bwd_kv<<<gkv, 64, sm, st>>>(a, hdp);
-    if ((e = cudaGetLastError()) != cudaSuccess)
-        return e;
-    sm = fl_q_smem(hdp);
-    *what = "k_flash_bwd_q";
-    e = cudaFuncSetAttribute(k_flash_bwd_q, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)sm);
+    const unsigned tiles = (unsigned)((a.T + kFlBwdRows - 1) / kFlBwdRows);
+    e = fl_launch(k_flash_bwd_kv, "k_flash_bwd_kv", dim3(tiles, (unsigned)a.nkv, (unsigned)a.B),
+                  64, fl_smem_bytes<FlBwdTiles>(hdp, 2), st, a, hdp, what);
     if (e != cudaSuccess)
         return e;
-    dim3 gq((unsigned)((a.T + kFlBwdRows - 1) / kFlBwdRows), (unsigned)a.nh, (unsigned)a.B);
-    k_flash_bwd_q<<<gq, 64, sm, st>>>(a, hdp);
-    return cudaGetLastError();
+    return fl_launch(k_flash_bwd_q, "k_flash_bwd_q", dim3(tiles, (unsigned)a.nh, (unsigned)a.B),
+                     64, fl_smem_bytes<FlBwdTiles>(hdp, 1), st, a, hdp, what);
 }

@@ -17,7 +17,6 @@ namespace {
 constexpr int kReduceBlocks = 256; // fixed grid of the two-phase reductions
 
 // ---- simple element-wise kernels -------------------------------------------
-// ---- simple element-wise kernels -------------------------------------------
 __global__ void k_fill(void *x, int dt, int64_t n, float v)
 {
     GRID_STRIDE(i, n) stv(x, dt, i, v);
@@ -233,97 +232,100 @@ cudaError_t zn_cuda_colsum(cudaStream_t st, const void *dy, int dydt, int64_t ld
     return cudaGetLastError();
 }
 
+// The generic ops' kernels.
+static cudaError_t run_generic(const zn_op *op, cudaStream_t st, float *scratch,
+                               const char **what)
+{
+    switch (op->kind) {
+    case ZN_OPK_FILL: {
+        const auto &fill = op->u.fill;
+        return launch(what, "k_fill", k_fill, grid_for(fill.n), st, fill.x, fill.dt, fill.n,
+                      fill.value);
+    }
+    case ZN_OPK_GEMM: {   // only C = beta * C (k == 0 or alpha == 0)
+        const auto &gemm = op->u.gemm;
+        cudaError_t e = cudaSuccess;
+        for (int64_t b = 0; b < gemm.batch && e == cudaSuccess; b++) {
+            char *c = (char *)gemm.C + b * gemm.sc * (int64_t)zn_dtype_size(gemm.cdt);
+            e = launch(what, "k_scale2d", k_scale2d, grid_for(gemm.m * gemm.n), st, c, gemm.cdt,
+                       gemm.m, gemm.n, gemm.ldc, gemm.beta);
+        }
+        return e;
+    }
+    case ZN_OPK_ADD: {
+        const auto &ew = op->u.ew;
+        return launch(what, "k_add", k_add, grid_for(ew.n), st, ew.a, ew.b, ew.y, ew.a_dt, ew.n);
+    }
+    case ZN_OPK_AXPY: {
+        const auto &ew = op->u.ew;
+        return launch(what, "k_axpy", k_axpy, grid_for(ew.n), st, ew.alpha, ew.a, ew.a_dt, ew.y,
+                      ew.y_dt, ew.n);
+    }
+    case ZN_OPK_SCALE: {
+        const auto &ew = op->u.ew;
+        return launch(what, "k_scale", k_scale, grid_for(ew.n), st, ew.y, ew.y_dt, ew.n,
+                      ew.alpha);
+    }
+    case ZN_OPK_BIAS_ADD: {
+        const auto &bias = op->u.bias;
+        return launch(what, "k_bias_add", k_bias_add, grid_for(bias.rows * bias.cols), st,
+                      bias.y, bias.y_dt, bias.ld, bias.bias, bias.bias_dt, bias.rows, bias.cols);
+    }
+    case ZN_OPK_BIAS_GRAD: {
+        const auto &bias = op->u.bias;
+        *what = "bias grad column sum";
+        return zn_cuda_colsum(st, bias.dy, bias.y_dt, bias.ld, nullptr, 0, nullptr, 0,
+                              bias.rows, bias.cols, scratch, bias.dbias);
+    }
+    case ZN_OPK_CAST: {
+        const auto &cast = op->u.cast;
+        return launch(what, "k_cast", k_cast, grid_for(cast.n), st, cast.x, cast.x_dt, cast.y,
+                      cast.y_dt, cast.n);
+    }
+    case ZN_OPK_DROPOUT: {
+        const auto &drop = op->u.drop;
+        return launch(what, "k_dropout", k_dropout, grid_for(drop.rows * drop.cols), st, drop.x,
+                      drop.x_dt, drop.ldx, drop.y, drop.y_dt, drop.ldy, drop.rows, drop.cols,
+                      drop.key, drop.thresh, drop.scale, drop.accumulate);
+    }
+    case ZN_OPK_REDUCE: {
+        const auto &reduce = op->u.reduce;
+        cudaError_t e = launch(what, "k_reduce_part", k_reduce_part, kReduceBlocks, st, reduce.x,
+                               reduce.dt, reduce.n, reduce.square, scratch);
+        if (e != cudaSuccess)
+            return e;
+        *what = "k_reduce_final";
+        k_reduce_final<<<1, 32, 0, st>>>(scratch, kReduceBlocks, reduce.out, reduce.accumulate);
+        return cudaGetLastError();
+    }
+    case ZN_OPK_ADAM: {
+        const auto &adam = op->u.adam;
+        AdamK k = { adam.b1, adam.omb1, adam.b2, adam.omb2, adam.step, adam.eps,
+                    adam.g_scale, adam.l2, adam.decay, adam.use_l2, adam.use_decay };
+        return launch(what, "k_adam", k_adam, grid_for(adam.n), st, k, adam.p, adam.m, adam.v,
+                      adam.g, (uint16_t *)adam.c, adam.n);
+    }
+    case ZN_OPK_NORM_CHUNKS: {
+        const auto &normc = op->u.normc;
+        int64_t nc = (normc.n + kNormChunk - 1) / kNormChunk;
+        int64_t blocks = (nc + kThreads / 16 - 1) / (kThreads / 16);
+        *what = "k_norm_chunks";
+        if (blocks > kMaxBlocks)
+            return cudaErrorInvalidValue;
+        return launch(what, "k_norm_chunks", k_norm_chunks, dim3((unsigned)blocks), st, normc.x,
+                      normc.n, normc.out);
+    }
+    default:
+        *what = "zn_cuda_run_kernel (unknown op)";
+        return cudaErrorInvalidValue;
+    }
+}
 
 extern "C" int zn_cuda_run_kernel(const zn_op *op, void *stream, float *scratch,
                                   const char **what)
 {
     cudaStream_t st = (cudaStream_t)stream;
-    cudaError_t e = cudaSuccess;
-    const int T = kThreads;
-
     switch (op->kind) {
-    case ZN_OPK_FILL:
-        *what = "k_fill";
-        k_fill<<<grid_for(op->u.fill.n), T, 0, st>>>(op->u.fill.x, op->u.fill.dt, op->u.fill.n,
-                                                     op->u.fill.value);
-        break;
-    case ZN_OPK_GEMM:   // only C = beta * C (k == 0 or alpha == 0)
-        *what = "k_scale2d";
-        for (int64_t b = 0; b < op->u.gemm.batch && e == cudaSuccess; b++) {
-            char *c = (char *)op->u.gemm.C + b * op->u.gemm.sc * (int64_t)zn_dtype_size(op->u.gemm.cdt);
-            k_scale2d<<<grid_for(op->u.gemm.m * op->u.gemm.n), T, 0, st>>>(
-                c, op->u.gemm.cdt, op->u.gemm.m, op->u.gemm.n, op->u.gemm.ldc, op->u.gemm.beta);
-            e = cudaGetLastError();
-        }
-        return (int)e;
-    case ZN_OPK_ADD:
-        *what = "k_add";
-        k_add<<<grid_for(op->u.ew.n), T, 0, st>>>(op->u.ew.a, op->u.ew.b, op->u.ew.y,
-                                                  op->u.ew.a_dt, op->u.ew.n);
-        break;
-    case ZN_OPK_AXPY:
-        *what = "k_axpy";
-        k_axpy<<<grid_for(op->u.ew.n), T, 0, st>>>(op->u.ew.alpha, op->u.ew.a, op->u.ew.a_dt,
-                                                   op->u.ew.y, op->u.ew.y_dt, op->u.ew.n);
-        break;
-    case ZN_OPK_SCALE:
-        *what = "k_scale";
-        k_scale<<<grid_for(op->u.ew.n), T, 0, st>>>(op->u.ew.y, op->u.ew.y_dt, op->u.ew.n,
-                                                    op->u.ew.alpha);
-        break;
-    case ZN_OPK_BIAS_ADD:
-        *what = "k_bias_add";
-        k_bias_add<<<grid_for(op->u.bias.rows * op->u.bias.cols), T, 0, st>>>(
-            op->u.bias.y, op->u.bias.y_dt, op->u.bias.ld, op->u.bias.bias, op->u.bias.bias_dt,
-            op->u.bias.rows, op->u.bias.cols);
-        break;
-    case ZN_OPK_BIAS_GRAD:
-        *what = "bias grad column sum";
-        return (int)zn_cuda_colsum(st, op->u.bias.dy, op->u.bias.y_dt, op->u.bias.ld, nullptr, 0, nullptr,
-                           0, op->u.bias.rows, op->u.bias.cols, scratch, op->u.bias.dbias);
-    case ZN_OPK_CAST:
-        *what = "k_cast";
-        k_cast<<<grid_for(op->u.cast.n), T, 0, st>>>(op->u.cast.x, op->u.cast.x_dt, op->u.cast.y,
-                                                     op->u.cast.y_dt, op->u.cast.n);
-        break;
-    case ZN_OPK_DROPOUT:
-        *what = "k_dropout";
-        k_dropout<<<grid_for(op->u.drop.rows * op->u.drop.cols), T, 0, st>>>(
-            op->u.drop.x, op->u.drop.x_dt, op->u.drop.ldx, op->u.drop.y, op->u.drop.y_dt,
-            op->u.drop.ldy, op->u.drop.rows, op->u.drop.cols, op->u.drop.key, op->u.drop.thresh,
-            op->u.drop.scale, op->u.drop.accumulate);
-        break;
-    case ZN_OPK_REDUCE:
-        *what = "k_reduce_part";
-        k_reduce_part<<<kReduceBlocks, T, 0, st>>>(op->u.reduce.x, op->u.reduce.dt, op->u.reduce.n,
-                                                   op->u.reduce.square, scratch);
-        e = cudaGetLastError();
-        if (e != cudaSuccess)
-            return (int)e;
-        *what = "k_reduce_final";
-        k_reduce_final<<<1, 32, 0, st>>>(scratch, kReduceBlocks, op->u.reduce.out,
-                                         op->u.reduce.accumulate);
-        break;
-    case ZN_OPK_ADAM: {
-        *what = "k_adam";
-        AdamK k = { op->u.adam.b1, op->u.adam.omb1, op->u.adam.b2, op->u.adam.omb2,
-                    op->u.adam.step, op->u.adam.eps, op->u.adam.g_scale, op->u.adam.l2,
-                    op->u.adam.decay, op->u.adam.use_l2, op->u.adam.use_decay };
-        k_adam<<<grid_for(op->u.adam.n), T, 0, st>>>(k, op->u.adam.p, op->u.adam.m, op->u.adam.v,
-                                                     op->u.adam.g, (uint16_t *)op->u.adam.c,
-                                                     op->u.adam.n);
-        break;
-    }
-    case ZN_OPK_NORM_CHUNKS: {
-        *what = "k_norm_chunks";
-        int64_t nc = (op->u.normc.n + kNormChunk - 1) / kNormChunk;
-        int64_t blocks = (nc + kThreads / 16 - 1) / (kThreads / 16);
-        if (blocks > 0x7fffffff)
-            return (int)cudaErrorInvalidValue;
-        k_norm_chunks<<<(unsigned)blocks, T, 0, st>>>(op->u.normc.x, op->u.normc.n,
-                                                      op->u.normc.out);
-        break;
-    }
     case ZN_OPK_EMB_FWD:
     case ZN_OPK_EMB_BWD:
     case ZN_OPK_RMS_FWD:
@@ -341,8 +343,6 @@ extern "C" int zn_cuda_run_kernel(const zn_op *op, void *stream, float *scratch,
     case ZN_OPK_FLASH_BWD:
         return (int)zn_cuda_run_flash(op, st, what);
     default:
-        *what = "zn_cuda_run_kernel (unknown op)";
-        return (int)cudaErrorInvalidValue;
+        return (int)run_generic(op, st, scratch, what);
     }
-    return (int)cudaGetLastError();
 }

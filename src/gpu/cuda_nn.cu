@@ -238,116 +238,88 @@ __global__ void k_xent_bwd(const void *logits, int dt, int64_t rows, int64_t col
 // Launches the kernel(s) of one of the decoder's ops (zn_cuda_run_kernel).
 cudaError_t zn_cuda_run_nn(const zn_op *op, cudaStream_t st, float *scratch, const char **what)
 {
-    cudaError_t e = cudaSuccess;
-    const int T = kThreads;
-
     switch (op->kind) {
-    case ZN_OPK_EMB_FWD:
-        *what = "k_emb_fwd";
-        k_emb_fwd<<<grid_for(op->u.emb.n_tokens * op->u.emb.dim), T, 0, st>>>(
-            op->u.emb.ids, op->u.emb.n_tokens, op->u.emb.row0, op->u.emb.vocab, op->u.emb.dim,
-            op->u.emb.skip, op->u.emb.table, op->u.emb.table_dt, op->u.emb.out,
-            op->u.emb.out_dt);
-        break;
-    case ZN_OPK_EMB_BWD:
-        *what = "k_emb_bwd";
-        k_emb_bwd<<<dim3(grid_for(op->u.emb.dim),
-                         (unsigned)(op->u.emb.vocab < 32 ? op->u.emb.vocab : 32)),
-                    T, 0, st>>>(op->u.emb.ids, op->u.emb.n_tokens, op->u.emb.row0,
-                                op->u.emb.vocab, op->u.emb.dim, op->u.emb.dout,
-                                op->u.emb.dout_dt, op->u.emb.dtable);
-        break;
-    case ZN_OPK_RMS_FWD:
-        *what = "k_rms_fwd";
-        if (op->u.rms_fwd.rows > 0x7fffffff)
-            return cudaErrorInvalidValue;
-        k_rms_fwd<<<(unsigned)op->u.rms_fwd.rows, T, 0, st>>>(
-            op->u.rms_fwd.x, op->u.rms_fwd.x_dt, op->u.rms_fwd.w, op->u.rms_fwd.w_dt,
-            op->u.rms_fwd.y, op->u.rms_fwd.y_dt, op->u.rms_fwd.rstd, op->u.rms_fwd.dim,
-            op->u.rms_fwd.eps);
-        break;
-    case ZN_OPK_RMS_BWD:
-        if (op->u.rms_bwd.rows > 0x7fffffff)
+    case ZN_OPK_EMB_FWD: {
+        const auto &emb = op->u.emb;
+        return launch(what, "k_emb_fwd", k_emb_fwd, grid_for(emb.n_tokens * emb.dim), st,
+                      emb.ids, emb.n_tokens, emb.row0, emb.vocab, emb.dim, emb.skip, emb.table,
+                      emb.table_dt, emb.out, emb.out_dt);
+    }
+    case ZN_OPK_EMB_BWD: {
+        const auto &emb = op->u.emb;
+        dim3 grid(grid_for(emb.dim), (unsigned)(emb.vocab < 32 ? emb.vocab : 32));
+        return launch(what, "k_emb_bwd", k_emb_bwd, grid, st, emb.ids, emb.n_tokens, emb.row0,
+                      emb.vocab, emb.dim, emb.dout, emb.dout_dt, emb.dtable);
+    }
+    case ZN_OPK_RMS_FWD: {
+        const auto &rms = op->u.rms_fwd;
+        return launch_rows(what, "k_rms_fwd", k_rms_fwd, rms.rows, st, rms.x, rms.x_dt, rms.w,
+                           rms.w_dt, rms.y, rms.y_dt, rms.rstd, rms.dim, rms.eps);
+    }
+    case ZN_OPK_RMS_BWD: {
+        const auto &rms = op->u.rms_bwd;
+        if (rms.rows > kMaxBlocks)
             return cudaErrorInvalidValue;
         // dw first: dx may overwrite dy.
-        if (op->u.rms_bwd.dw) {
+        if (rms.dw) {
             *what = "rmsnorm dw column sum";
-            e = zn_cuda_colsum(st, op->u.rms_bwd.dy, op->u.rms_bwd.dy_dt, op->u.rms_bwd.dim,
-                       op->u.rms_bwd.x, op->u.rms_bwd.x_dt, op->u.rms_bwd.rstd, 1,
-                       op->u.rms_bwd.rows, op->u.rms_bwd.dim, scratch, op->u.rms_bwd.dw);
+            cudaError_t e = zn_cuda_colsum(st, rms.dy, rms.dy_dt, rms.dim, rms.x, rms.x_dt,
+                                           rms.rstd, 1, rms.rows, rms.dim, scratch, rms.dw);
             if (e != cudaSuccess)
                 return e;
         }
-        *what = "k_rms_bwd";
-        k_rms_bwd<<<(unsigned)op->u.rms_bwd.rows, T, 0, st>>>(
-            op->u.rms_bwd.x, op->u.rms_bwd.x_dt, op->u.rms_bwd.w, op->u.rms_bwd.w_dt,
-            op->u.rms_bwd.rstd, op->u.rms_bwd.dy, op->u.rms_bwd.dy_dt, op->u.rms_bwd.dx,
-            op->u.rms_bwd.dx_dt, op->u.rms_bwd.dim);
-        break;
-    case ZN_OPK_ROPE:
-        *what = "k_rope";
-        k_rope<<<grid_for(op->u.rope.tokens * op->u.rope.n_heads * (op->u.rope.head_dim / 2)), T,
-                 0, st>>>(op->u.rope.x, op->u.rope.dt, op->u.rope.tokens, op->u.rope.n_heads,
-                          op->u.rope.head_dim, op->u.rope.ld, op->u.rope.pos,
-                          op->u.rope.inv_freq, op->u.rope.inverse ? -1.0f : 1.0f);
-        break;
-    case ZN_OPK_SOFTMAX_FWD:
-    case ZN_OPK_SOFTMAX_BWD: {
-        int64_t nrows = op->u.softmax.batch * op->u.softmax.rows;
-        if (nrows > 0x7fffffff)
-            return cudaErrorInvalidValue;
-        if (op->kind == ZN_OPK_SOFTMAX_FWD) {
-            *what = "k_softmax_fwd";
-            k_softmax_fwd<<<(unsigned)nrows, T, 0, st>>>(
-                op->u.softmax.S, op->u.softmax.S_dt, op->u.softmax.P, op->u.softmax.P_dt,
-                op->u.softmax.rows, op->u.softmax.cols, op->u.softmax.q_offset,
-                op->u.softmax.key_start, op->u.softmax.scale);
-        } else {
-            *what = "k_softmax_bwd";
-            k_softmax_bwd<<<(unsigned)nrows, T, 0, st>>>(
-                op->u.softmax.Pin, op->u.softmax.Pin_dt, op->u.softmax.dP, op->u.softmax.dP_dt,
-                op->u.softmax.P, op->u.softmax.P_dt, op->u.softmax.rows, op->u.softmax.cols,
-                op->u.softmax.q_offset, op->u.softmax.key_start, op->u.softmax.scale);
-        }
-        break;
+        return launch_rows(what, "k_rms_bwd", k_rms_bwd, rms.rows, st, rms.x, rms.x_dt, rms.w,
+                           rms.w_dt, rms.rstd, rms.dy, rms.dy_dt, rms.dx, rms.dx_dt, rms.dim);
     }
-    case ZN_OPK_SWIGLU_FWD:
-        *what = "k_swiglu_fwd";
-        k_swiglu_fwd<<<grid_for(op->u.swiglu.n), T, 0, st>>>(op->u.swiglu.gate, op->u.swiglu.up,
-                                                             op->u.swiglu.out, op->u.swiglu.dt,
-                                                             op->u.swiglu.n);
-        break;
-    case ZN_OPK_SWIGLU_BWD:
-        *what = "k_swiglu_bwd";
-        k_swiglu_bwd<<<grid_for(op->u.swiglu.n), T, 0, st>>>(
-            op->u.swiglu.gate, op->u.swiglu.up, op->u.swiglu.dout, op->u.swiglu.dgate,
-            op->u.swiglu.dup, op->u.swiglu.dt, op->u.swiglu.n);
-        break;
-    case ZN_OPK_XENT_FWD:
-        *what = "k_xent_fwd";
-        if (op->u.xent.rows > 0x7fffffff)
-            return cudaErrorInvalidValue;
-        k_xent_fwd<<<(unsigned)op->u.xent.rows, T, 0, st>>>(
-            op->u.xent.logits, op->u.xent.dt, op->u.xent.cols, op->u.xent.ld, op->u.xent.v0,
-            op->u.xent.targets, op->u.xent.run_max, op->u.xent.run_sum, op->u.xent.tgt,
-            op->u.xent.first);
-        break;
-    case ZN_OPK_XENT_FINISH:
-        *what = "k_xent_finish";
-        k_xent_finish<<<grid_for(op->u.xent.rows), T, 0, st>>>(
-            op->u.xent.cmax, op->u.xent.csum, op->u.xent.ctgt, op->u.xent.targets,
-            op->u.xent.rows, op->u.xent.lse_out, op->u.xent.loss);
-        break;
-    case ZN_OPK_XENT_BWD:
-        *what = "k_xent_bwd";
-        k_xent_bwd<<<grid_for(op->u.xent.rows * op->u.xent.cols), T, 0, st>>>(
-            op->u.xent.logits, op->u.xent.dt, op->u.xent.rows, op->u.xent.cols, op->u.xent.ld,
-            op->u.xent.v0, op->u.xent.targets, op->u.xent.lse, op->u.xent.grad_scale,
-            op->u.xent.dlogits, op->u.xent.d_dt, op->u.xent.ld_d);
-        break;
+    case ZN_OPK_ROPE: {
+        const auto &rope = op->u.rope;
+        return launch(what, "k_rope", k_rope,
+                      grid_for(rope.tokens * rope.n_heads * (rope.head_dim / 2)), st, rope.x,
+                      rope.dt, rope.tokens, rope.n_heads, rope.head_dim, rope.ld, rope.pos,
+                      rope.inv_freq, rope.inverse ? -1.0f : 1.0f);
+    }
+    case ZN_OPK_SOFTMAX_FWD: {
+        const auto &sm = op->u.softmax;
+        return launch_rows(what, "k_softmax_fwd", k_softmax_fwd, sm.batch * sm.rows, st, sm.S,
+                           sm.S_dt, sm.P, sm.P_dt, sm.rows, sm.cols, sm.q_offset, sm.key_start,
+                           sm.scale);
+    }
+    case ZN_OPK_SOFTMAX_BWD: {
+        const auto &sm = op->u.softmax;
+        return launch_rows(what, "k_softmax_bwd", k_softmax_bwd, sm.batch * sm.rows, st, sm.Pin,
+                           sm.Pin_dt, sm.dP, sm.dP_dt, sm.P, sm.P_dt, sm.rows, sm.cols,
+                           sm.q_offset, sm.key_start, sm.scale);
+    }
+    case ZN_OPK_SWIGLU_FWD: {
+        const auto &sw = op->u.swiglu;
+        return launch(what, "k_swiglu_fwd", k_swiglu_fwd, grid_for(sw.n), st, sw.gate, sw.up,
+                      sw.out, sw.dt, sw.n);
+    }
+    case ZN_OPK_SWIGLU_BWD: {
+        const auto &sw = op->u.swiglu;
+        return launch(what, "k_swiglu_bwd", k_swiglu_bwd, grid_for(sw.n), st, sw.gate, sw.up,
+                      sw.dout, sw.dgate, sw.dup, sw.dt, sw.n);
+    }
+    case ZN_OPK_XENT_FWD: {
+        const auto &xent = op->u.xent;
+        return launch_rows(what, "k_xent_fwd", k_xent_fwd, xent.rows, st, xent.logits, xent.dt,
+                           xent.cols, xent.ld, xent.v0, xent.targets, xent.run_max,
+                           xent.run_sum, xent.tgt, xent.first);
+    }
+    case ZN_OPK_XENT_FINISH: {
+        const auto &xent = op->u.xent;
+        return launch(what, "k_xent_finish", k_xent_finish, grid_for(xent.rows), st, xent.cmax,
+                      xent.csum, xent.ctgt, xent.targets, xent.rows, xent.lse_out, xent.loss);
+    }
+    case ZN_OPK_XENT_BWD: {
+        const auto &xent = op->u.xent;
+        return launch(what, "k_xent_bwd", k_xent_bwd, grid_for(xent.rows * xent.cols), st,
+                      xent.logits, xent.dt, xent.rows, xent.cols, xent.ld, xent.v0,
+                      xent.targets, xent.lse, xent.grad_scale, xent.dlogits, xent.d_dt,
+                      xent.ld_d);
+    }
     default:
         *what = "zn_cuda_run_nn (not a decoder op)";
         return cudaErrorInvalidValue;
     }
-    return cudaGetLastError();
 }
