@@ -4,7 +4,7 @@
  * the element-wise kernels and reductions of a Llama-family decoder.
  *
  * Backends
- *   "cuda", "cuda:N"  cudart + cuBLAS; own kernels (src/gpu/cuda_kernels.cu).
+ *   "cuda", "cuda:N"  cudart + cuBLAS; own kernels (src/gpu/cuda_*.cu).
  *   "host"            a device in host memory: every stream is a worker
  *                     thread that runs its queue in order; copies are memcpy
  *                     on that thread; GEMM is OpenBLAS (OpenMP build), the
@@ -292,8 +292,8 @@ ZN_API int zn_dev_gemm_strided_batched(zn_dev *d, zn_stream *s,
 
 /* ---- element-wise kernels and reductions (Llama decoder) ----------------------
  * All asynchronous on `s`; plain C reference = the host backend; CUDA kernels
- * in cuda_kernels.cu. "rows x dim" tensors are contiguous row-major unless a
- * leading dimension is given. Outputs marked "+=" accumulate; the others
+ * in cuda_kernels.cu, cuda_nn.cu and cuda_flash.cu. "rows x dim" tensors are
+ * contiguous row-major unless a leading dimension is given. Outputs marked "+=" accumulate; the others
  * overwrite. */
 
 /* Embedding. out[t][:] = table[ids[t]][:] for t < n_tokens.

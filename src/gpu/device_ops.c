@@ -1,5 +1,5 @@
 /* The generic device ops: copies, fills, GEMM, element-wise ops, casts,
- * dropout, reductions and the optimizer, each checked (dtypes, sizes,
+ * dropout, the gradient norm's chunks and the optimizer, each checked (dtypes, sizes,
  * pointers inside the arena) and handed to the backend as an op
  * descriptor. */
 #include <errno.h>
