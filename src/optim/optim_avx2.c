@@ -72,6 +72,23 @@ static inline __m256i join16(__m256i a, __m256i b)
     return _mm256_permute4x64_epi64(_mm256_unpacklo_epi64(a, b), 0xd8);
 }
 
+/* 16 16-bit values to dst, streamed past the cache with nt. */
+static inline void store16(uint16_t *dst, __m256i h, int nt)
+{
+    if (nt)
+        _mm256_stream_si256((__m256i *)dst, h);
+    else
+        _mm256_storeu_si256((__m256i *)dst, h);
+}
+
+/* The 16-bit copy of 2 x 8 updated floats: their bits' low halves
+ * (shuffles, no arithmetic). */
+static inline void store_low_halves(uint16_t *dst, __m256 p0, __m256 p1, int nt)
+{
+    store16(dst, join16(halves(_mm256_castps_si256(p0), 0), halves(_mm256_castps_si256(p1), 0)),
+            nt);
+}
+
 static inline __m128i copy8(__m256 x, zn_dtype ct)
 {
     if (ct == ZN_DTYPE_F16)
@@ -138,11 +155,7 @@ step8(const consts *K, int scale, int wd, float *p, float *m, float *v, const vo
 
 static inline void store_copy16(uint16_t *c, __m256 x0, __m256 x1, zn_dtype ct, int nt)
 {
-    __m256i h = copy16(x0, x1, ct);
-    if (nt)
-        _mm256_stream_si256((__m256i *)c, h);
-    else
-        _mm256_storeu_si256((__m256i *)c, h);
+    store16(c, copy16(x0, x1, ct), nt);
 }
 
 /* Whole turns of four vectors from element 0; returns the elements done.
@@ -320,15 +333,8 @@ static inline void rmw_body(float *p, float *m, float *v, const void *g, zn_dtyp
         _mm256_storeu_ps(p + i + W, p1);
         _mm256_storeu_ps(m + i + W, m1);
         _mm256_storeu_ps(v + i + W, v1);
-        if (c) {
-            /* the low halves of p's bits: shuffles, no arithmetic */
-            __m256i h = join16(halves(_mm256_castps_si256(p0), 0),
-                               halves(_mm256_castps_si256(p1), 0));
-            if (nt)
-                _mm256_stream_si256((__m256i *)(c16 + i), h);
-            else
-                _mm256_storeu_si256((__m256i *)(c16 + i), h);
-        }
+        if (c)
+            store_low_halves(c16 + i, p0, p1, nt);
     }
     if (nt)
         _mm_sfence();
@@ -477,14 +483,8 @@ static void avx2_rmw_mom(float *p, void *m, void *v, int mb, float *am, float *a
             _mm256_storeu_si256((__m256i *)((uint16_t *)m + i), mx);
             _mm256_storeu_si256((__m256i *)((uint16_t *)v + i), vx);
         }
-        if (c) {
-            __m256i h = join16(halves(_mm256_castps_si256(p0), 0),
-                               halves(_mm256_castps_si256(p1), 0));
-            if (nt)
-                _mm256_stream_si256((__m256i *)(c16 + i), h);
-            else
-                _mm256_storeu_si256((__m256i *)(c16 + i), h);
-        }
+        if (c)
+            store_low_halves(c16 + i, p0, p1, nt);
     }
     if (nt)
         _mm_sfence();

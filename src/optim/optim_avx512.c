@@ -167,6 +167,17 @@ static double avx512_norm_chunk(const void *x, zn_dtype t, size_t n)
 
 /* ---- benchmark ceilings ------------------------------------------------- */
 
+/* The 16-bit copy of 16 updated floats (their bits' low halves: a pack,
+ * no arithmetic), masked to mk; streamed past the cache with nt when whole. */
+static inline void store_low_halves(uint16_t *dst, __m512 pv, __mmask16 mk, int nt)
+{
+    __m256i h = _mm512_cvtepi32_epi16(_mm512_castps_si512(pv));
+    if (nt && mk == 0xffff)
+        _mm256_stream_si256((__m256i *)dst, h);
+    else
+        _mm256_mask_storeu_epi16(dst, mk, h);
+}
+
 static inline void rmw_body(float *p, float *m, float *v, const void *g, zn_dtype gt, void *c,
                             size_t n)
 {
@@ -183,14 +194,8 @@ static inline void rmw_body(float *p, float *m, float *v, const void *g, zn_dtyp
         _mm512_mask_storeu_ps(p + i, mk, pv);
         _mm512_mask_storeu_ps(m + i, mk, mv);
         _mm512_mask_storeu_ps(v + i, mk, vv);
-        if (c) {
-            /* the low halves of p's bits: a pack, no arithmetic */
-            __m256i h = _mm512_cvtepi32_epi16(_mm512_castps_si512(pv));
-            if (nt && mk == 0xffff)
-                _mm256_stream_si256((__m256i *)((uint16_t *)c + i), h);
-            else
-                _mm256_mask_storeu_epi16((uint16_t *)c + i, mk, h);
-        }
+        if (c)
+            store_low_halves((uint16_t *)c + i, pv, mk, nt);
     }
     if (nt)
         _mm_sfence();
@@ -322,13 +327,8 @@ static void avx512_rmw_mom(float *p, void *m, void *v, int mb, float *am, float 
             _mm256_mask_storeu_epi16((uint16_t *)v + i, mk, vh);
         }
         _mm512_mask_storeu_ps(p + i, mk, pv);
-        if (c) {
-            __m256i h = _mm512_cvtepi32_epi16(_mm512_castps_si512(pv));
-            if (nt && mk == 0xffff)
-                _mm256_stream_si256((__m256i *)((uint16_t *)c + i), h);
-            else
-                _mm256_mask_storeu_epi16((uint16_t *)c + i, mk, h);
-        }
+        if (c)
+            store_low_halves((uint16_t *)c + i, pv, mk, nt);
     }
     if (nt)
         _mm_sfence();
