@@ -28,6 +28,10 @@
 #include "zinc/device.h"
 #include "comm/comm-impl.h"
 #include "test_net.h"
+#include "zn_build_config.h"
+#if ZN_HAVE_MPI
+#include <mpi.h>
+#endif
 #include "zt.h"
 
 /* ---- data: a function of (seed, rank, index), small integers so that sums
@@ -370,10 +374,17 @@ static int worker(const char *mode)
         fflush(stdout);
         ret = ok ? 0 : 1;
         if (!strcmp(info.host_backend, "mpi")) {
-            /* The CLI's path: let the other rank print, then end the job. */
+            /* The CLI's path: let the other rank print, then end the job:
+             * the library says MPI must end it, the application does. */
             struct timespec ts = { 1, 0 };
             nanosleep(&ts, NULL);
-            zn_comm_abort(c, 3);
+            if (zn_comm_abort(c, 3) != 1) {
+                printf("FAIL rank %d: zn_comm_abort did not ask for MPI_Abort\n", rank);
+                return 1;
+            }
+#if ZN_HAVE_MPI
+            MPI_Abort(MPI_COMM_WORLD, 3);
+#endif
         }
     } else if (!strcmp(mode, "loop")) {
         size_t cnt = 64 * 1024;

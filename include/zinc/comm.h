@@ -38,9 +38,10 @@
  * finish in time), -ECONNRESET (a rank's connection closed: it died), and
  * ZN_EMPI / ZN_ENCCL / -errno for transport errors. After a failure the
  * communicator is broken: every later call returns the same error. The
- * process should then end; zn_comm_abort() ends the other ranks too (with
- * MPI it calls MPI_Abort, which is the only way to stop ranks that are
- * stuck inside MPI).
+ * process should then end; zn_comm_abort() tells the other ranks (with
+ * MPI it returns 1: the application then calls MPI_Abort, the only way to
+ * stop ranks that are stuck inside MPI; the library never ends the
+ * process).
  *
  * Conventions: functions return 0 or a negative zinc status (util.h) with
  * the detail in zn_last_error(). Counts are elements of `dt` (ZN_DTYPE_F32
@@ -168,12 +169,13 @@ ZN_API int zn_comm_create(zn_comm **out, const zn_comm_config *cfg);
  * NULL and broken communicators. */
 ZN_API void zn_comm_destroy(zn_comm *c);
 
-/* Ends the job after a failure: tells the peers (TCP: closes the sockets,
- * which they see at once; NCCL: ncclCommAbort) and, with MPI, calls
- * MPI_Abort(code), which does not return. Meant for the application's
- * error path (the CLI calls it before exiting); the library never calls it
- * on its own. Accepts NULL. */
-ZN_API void zn_comm_abort(zn_comm *c, int code);
+/* After a failure: tells the peers the job is over (TCP: closes the
+ * sockets, which they see at once; NCCL: ncclCommAbort). Returns 1 when
+ * only the launcher can end them: with the MPI host backend the caller
+ * ends the job with MPI_Abort(MPI_COMM_WORLD, code) (zinc's CLI does);
+ * 0 otherwise. Meant for the application's error path; the library never
+ * calls it on its own and never ends the process. Accepts NULL. */
+ZN_API int zn_comm_abort(zn_comm *c, int code);
 
 typedef struct zn_comm_info {
     int rank, size;            /* this rank, world size */

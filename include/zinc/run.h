@@ -150,8 +150,9 @@ ZN_API int zn_run_step(zn_run *r, uint64_t step, zn_train_step_info *info);
 /* Frees everything the run holds, the communicator too (accepts a zeroed
  * or half-opened run). */
 ZN_API void zn_run_close(zn_run *r);
-/* After a failure in a job of several ranks: ends the other ranks too (MPI:
- * MPI_Abort, which does not return). No-op for one rank. */
-ZN_API void zn_run_abort(zn_run *r, int code);
+/* After a failure in a job of several ranks: tells the other ranks
+ * (zn_comm_abort); 1 when the caller must end the job with MPI_Abort.
+ * 0 and nothing done for one rank. */
+ZN_API int zn_run_abort(zn_run *r, int code);
 
 #endif

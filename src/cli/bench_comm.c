@@ -219,7 +219,7 @@ static int bench_fail(zn_comm *c, int rc, const char *what)
         fflush(stdout);
         /* A failed collective leaves the other ranks waiting: end the job
          * (MPI: MPI_Abort; TCP: the peers see the sockets close). */
-        zn_comm_abort(c, 1);
+        zn_cli_end_job(zn_comm_abort(c, 1), 1);
     }
     return 1;
 }

@@ -69,7 +69,7 @@ int zn_bench_train(int argc, char **argv)
     zn_run ts;
     if ((rc = zn_run_open(&ts, &cfg, trace ? ZN_RUN_TRACE : 0, stdout))) {
         zn_cli_fail(rc, NULL);
-        zn_run_abort(&ts, 1);
+        zn_cli_end_job(zn_run_abort(&ts, 1), 1);
         zn_run_close(&ts);
         return 1;
     }

@@ -24,6 +24,11 @@ typedef struct {
  * returns 1. */
 int zn_cli_fail(int rc, const char *what);
 
+/* After zn_comm_abort / zn_run_abort returned 1 (MPI): ends the whole job
+ * with MPI_Abort(code), which does not return. Only the CLI ends the
+ * process; the library reports. */
+void zn_cli_end_job(int launcher_must_end, int code);
+
 /* Top-level commands. */
 int zn_cmd_info(int argc, char **argv);
 int zn_cmd_plan(int argc, char **argv);

@@ -475,7 +475,7 @@ int zn_cmd_train(int argc, char **argv)
     if ((rc = zn_run_open(&ts, &cfg, (trace_path ? ZN_RUN_TRACE : 0) |
                                          (ck ? ZN_RUN_NO_WEIGHTS : 0), stdout))) {
         zn_cli_fail(rc, NULL);
-        zn_run_abort(&ts, 1);
+        zn_cli_end_job(zn_run_abort(&ts, 1), 1);
         zn_run_close(&ts);
         zn_ckpt_close(ck);
         free(cfg_text);
@@ -492,7 +492,7 @@ int zn_cmd_train(int argc, char **argv)
     }
     if (json_path && !(jf = fopen(json_path, "w"))) {
         fprintf(stderr, "zinc: error: --json-log %s: %s\n", json_path, strerror(errno));
-        zn_run_abort(&ts, 1);
+        zn_cli_end_job(zn_run_abort(&ts, 1), 1);
         zn_run_close(&ts);
         zn_ckpt_close(ck);
         free(cfg_text);
@@ -505,7 +505,7 @@ int zn_cmd_train(int argc, char **argv)
         rc = resume(&ts, ck, &cfg);
         if (rc) {
             zn_cli_fail(rc, "--resume");
-            zn_run_abort(&ts, 1);
+            zn_cli_end_job(zn_run_abort(&ts, 1), 1);
             zn_ckpt_close(ck);
             zn_run_close(&ts);
             if (jf)
@@ -610,7 +610,7 @@ int zn_cmd_train(int argc, char **argv)
             zn_csvmon_close(cm);
             if (jf)
                 fclose(jf);
-            zn_run_abort(&ts, 1);
+            zn_cli_end_job(zn_run_abort(&ts, 1), 1);
             zn_run_close(&ts);
             free(cfg_text);
             free(recipe);
@@ -621,7 +621,7 @@ int zn_cmd_train(int argc, char **argv)
         zn_train_step_info info;
         if ((rc = zn_run_step(&ts, (uint64_t)s, &info))) {
             zn_cli_fail(rc, NULL);
-            zn_run_abort(&ts, 1);
+            zn_cli_end_job(zn_run_abort(&ts, 1), 1);
             break;
         }
         if (s == start)
@@ -639,7 +639,7 @@ int zn_cmd_train(int argc, char **argv)
             double te = zn_now_s();
             if ((rc = zn_run_eval(&ts, &cfg, &ev, &ev_n))) {
                 zn_cli_fail(rc, NULL);
-                zn_run_abort(&ts, 1);
+                zn_cli_end_job(zn_run_abort(&ts, 1), 1);
                 break;
             }
             last_eval = ev;
@@ -658,7 +658,7 @@ int zn_cmd_train(int argc, char **argv)
                 r2 = zn_csvmon_event(cm, "Train/Samples/eval_loss", samples, ev);
             if (r2) {
                 rc = zn_cli_fail(r2, NULL);
-                zn_run_abort(&ts, 1);
+                zn_cli_end_job(zn_run_abort(&ts, 1), 1);
                 break;
             }
         }
@@ -675,7 +675,7 @@ int zn_cmd_train(int argc, char **argv)
                 r2 = zn_tb_scalar(tb, "Train/Samples/eval_loss", samples, (float)ev);
             if (r2) {
                 rc = zn_cli_fail(r2, NULL);
-                zn_run_abort(&ts, 1);
+                zn_cli_end_job(zn_run_abort(&ts, 1), 1);
                 break;
             }
         }
@@ -732,7 +732,7 @@ int zn_cmd_train(int argc, char **argv)
     /* the last step's optimizer job (pipelined under the next forward) */
     if (!rc && (rc = zn_train_sync(ts.tr))) {
         zn_cli_fail(rc, NULL);
-        zn_run_abort(&ts, 1);
+        zn_cli_end_job(zn_run_abort(&ts, 1), 1);
     }
     if (!rc && cc->dir[0] && saved_at != steps && steps > start)
         rc = save(&ts, &cfg, cfg_text, &so, steps);

@@ -5,6 +5,9 @@
 #include "zinc/zinc.h"
 #include "cli/cli.h"
 #include "zn_build_config.h"
+#if ZN_HAVE_MPI
+#include <mpi.h>
+#endif
 
 static const zn_cli_cmd commands[] = {
     { "info", zn_cmd_info, "machine report: NUMA, memory, GPUs, NVMe, io_uring, O_DIRECT" },
@@ -27,6 +30,20 @@ int zn_cli_fail(int rc, const char *what)
     else
         fprintf(stderr, "zinc: error: %s\n", *detail ? detail : zn_strerror(rc));
     return 1;
+}
+
+void zn_cli_end_job(int launcher_must_end, int code)
+{
+    if (!launcher_must_end)
+        return;
+    fflush(stdout);
+    fflush(stderr);
+#if ZN_HAVE_MPI
+    /* ends every rank of the job (mpirun kills the others); does not return */
+    MPI_Abort(MPI_COMM_WORLD, code ? (code < 0 ? (-code) & 0x7f : code) : 1);
+#else
+    (void)code;
+#endif
 }
 
 static void usage(FILE *f)

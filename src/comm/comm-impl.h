@@ -83,7 +83,9 @@ typedef struct zn_comm_host_ops {
      * 1 done, 0 pending, < 0 failed (already through zn_comm_fail). */
     int (*start)(zn_comm *c, zn_comm_req *r);
     int (*test)(zn_comm *c, zn_comm_req *r);
-    void (*abort)(zn_comm *c, int code);
+    /* tells the peers the job is over; 1 when only the launcher can end
+     * them (MPI: the caller's MPI_Abort), else 0 */
+    int (*abort)(zn_comm *c, int code);
     /* Control channel. send: best effort by the deadline, 0 or < 0.
      * recv: 1 = message, 0 = deadline, 2 = rank *closed's channel closed
      * without a BYE (it died), < 0 = error / nothing more can arrive. */

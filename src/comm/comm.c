@@ -272,14 +272,13 @@ void zn_comm_destroy(zn_comm *c)
     free(c);
 }
 
-void zn_comm_abort(zn_comm *c, int code)
+int zn_comm_abort(zn_comm *c, int code)
 {
     if (!c)
-        return;
+        return 0;
 #if ZN_HAVE_NCCL
     if (c->nccl)
         zn_nccl_abort(c);
 #endif
-    if (c->ops && c->ops->abort)
-        c->ops->abort(c, code);
+    return c->ops && c->ops->abort ? c->ops->abort(c, code) : 0;
 }

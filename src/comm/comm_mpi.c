@@ -3,7 +3,8 @@
  * a collective), MPI_ERRORS_RETURN with MPI_Error_string in the messages,
  * bf16 as a 2-byte type with its own sum/max operations, and a duplicated
  * communicator for the failure protocol's control messages. Ending ranks
- * stuck inside MPI needs MPI_Abort: zn_comm_abort calls it on request. */
+ * stuck inside MPI needs MPI_Abort: zn_comm_abort says so, the application
+ * calls it. */
 #include <errno.h>
 #include <limits.h>
 #include <mpi.h>
@@ -241,11 +242,14 @@ static int mpi_ctl_recv(zn_comm *c, zn_ctl_msg *msg, int *closed, uint64_t deadl
     return 0;
 }
 
-static void mpi_abort(zn_comm *c, int code)
+static int mpi_abort(zn_comm *c, int code)
 {
     (void)c;
-    /* Ends every rank of the job (mpirun kills the others); does not return. */
-    MPI_Abort(MPI_COMM_WORLD, code ? (code < 0 ? (-code) & 0x7f : code) : 1);
+    (void)code;
+    /* Ranks stuck inside MPI can only be ended by MPI_Abort, which ends
+     * this process too: the application calls it (zn_comm_abort returns 1),
+     * the library never ends the process. */
+    return 1;
 }
 
 static void mpi_destroy(zn_comm *c, int healthy)

@@ -279,12 +279,13 @@ static void tcp_destroy(zn_comm *c, int healthy)
     c->host = NULL;
 }
 
-static void tcp_abort(zn_comm *c, int code)
+static int tcp_abort(zn_comm *c, int code)
 {
     (void)code;
     zn_tcp *t = c->host;
     if (t)
         tcp_close_all(t, c->size, 1);   /* shutdown: safe while the worker polls */
+    return 0;
 }
 
 static const zn_comm_host_ops tcp_ops = {

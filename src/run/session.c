@@ -37,10 +37,9 @@ void zn_run_close(zn_run *ts)
     memset(ts, 0, sizeof *ts);
 }
 
-void zn_run_abort(zn_run *ts, int code)
+int zn_run_abort(zn_run *ts, int code)
 {
-    if (ts->comm && ts->world > 1)
-        zn_comm_abort(ts->comm, code);
+    return ts->comm && ts->world > 1 ? zn_comm_abort(ts->comm, code) : 0;
 }
 
 /* Joins the ranks; with several, picks this rank's device (LOCAL_RANK) and
