@@ -339,6 +339,30 @@ ZN_API int zn_model_layer_fwd_kv(zn_model *m, zn_stream *s, int layer, void *con
 
 /* Bytes of one activation tensor between blocks: batch x seq x hidden x dtype. */
 ZN_API uint64_t zn_model_act_bytes(const zn_model *m);
+
+/* One layer's forward, its backward (with the recompute when checkpoint is
+ * set) and the head's forward + backward, timed on `dev` with parameters
+ * resident: every layer has the same shapes, so one layer (plus embedding
+ * and head) stands for the model. Best of `iters` after one warm-up, in
+ * seconds. `wrong` counts failed checks: the loss at init against ln(vocab),
+ * non-finite or zero layer gradients, a non-finite or zero layer output. */
+typedef struct {
+    int64_t batch, seq;
+    zn_dtype dtype;
+    int checkpoint;       /* recompute in the backward */
+    int attention;        /* ZN_ATTN_* */
+    int iters;
+} zn_model_probe_opts;
+
+typedef struct {
+    double layer_fwd_s, layer_bwd_s, head_s;
+    float loss, want_loss;
+    uint64_t wrong;
+    int fused;            /* the attention ran fused */
+} zn_model_probe;
+
+ZN_API int zn_model_probe_blocks(zn_dev *dev, const zn_model_dims *d,
+                                 const zn_model_probe_opts *o, zn_model_probe *out);
 /* Bytes of one layer's saved activations when checkpointing is off. */
 ZN_API uint64_t zn_model_layer_saved_bytes(const zn_model *m);
 

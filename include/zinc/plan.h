@@ -75,6 +75,20 @@ typedef struct {
                                                        params, gradient accumulators */
     bool opt_fits_cpu;                              /* the states asked on NVMe
                                                        would fit in the cpu tier */
+    /* One optimizer step's work on this rank, counted by the trainer's own
+     * schedule run dry (zn_train_plan; zeros from zn_plan_compute alone):
+     * what the cost model (zinc/cost.h) turns into time. */
+    struct {
+        uint64_t h2d, d2h;            /* bytes over the host link */
+        uint64_t nvme_read, nvme_write;
+        uint64_t accum_bytes;         /* host memory touched accumulating gradients */
+        uint64_t adam_params;         /* elements the optimizer steps */
+        uint64_t gather_bytes;        /* parameter all-gathers (world > 1) */
+        uint64_t reduce_bytes;        /* gradient reduce-scatters (world > 1) */
+        uint32_t fetches, nvme_fetches, cache_fetches;  /* block fetches */
+        int micro_batches;
+        bool opt_on_device, opt_on_nvme, overlap_step, pipelined;
+    } step;
     bool fits;
     char why[2048];   /* when it does not fit: what is short, by how much, and the fix */
     /* The allocations the run makes, item by item (zn_train_plan: the

@@ -13,6 +13,7 @@
 
 #include "zinc/comm.h"
 #include "zinc/config.h"
+#include "zinc/cost.h"
 #include "zinc/model.h"
 #include "zinc/plan.h"
 #include "zinc/tokens.h"
@@ -93,6 +94,22 @@ ZN_API int zn_run_fit_optimizer(zn_config *cfg, const zn_train_options *o, int w
  * the training (optimizer, schedule, clipping, precision, batch, ZeRO,
  * buckets), each with where it came from, to `out` (NULL: silent). Returns
  * 0 or the failing call's code with zn_last_error() set. */
+/* The cost model's cache directory (ZINC_CACHE_DIR, XDG_CACHE_HOME/zinc or
+ * ~/.cache/zinc) into out. */
+ZN_API int zn_run_cache_path(char *out, size_t n);
+
+enum { ZN_CEIL_RECALIBRATE = 1 };
+/* This machine's ceilings (zinc/cost.h) for cfg's device and NVMe path, and
+ * with d the compute of one micro-batch at cfg's shape: from the cache, or
+ * measured now and cached (ZN_CEIL_RECALIBRATE: measured again). What is
+ * measured is announced on `note` (NULL: silent). */
+ZN_API int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags,
+                           zn_ceilings *c, zn_cost_compute *comp, FILE *note);
+/* The cost model's prediction of one step of `plan` (zn_train_plan's, for
+ * cfg and d) on this machine: zn_run_ceilings, then zn_cost_predict. */
+ZN_API int zn_run_predict(const zn_config *cfg, const zn_model_dims *d, const zn_plan *plan,
+                          int flags, zn_cost *out, FILE *note);
+
 ZN_API int zn_run_effective(zn_config *cfg, int world, FILE *out);
 ZN_API void zn_run_effective_print(const zn_config *cfg, int world, FILE *out);
 

@@ -130,6 +130,9 @@ int zn_bench_train(int argc, char **argv)
         zn_run_close(&ts);
         return 1;
     }
+    /* the counters of the measured steps, before the check below reads
+     * the master back (from NVMe, when it lives there) */
+    zn_train_get_report(ts.tr, &r);
     uint64_t n = zn_train_num_params(ts.tr);
     float *w = malloc(n * sizeof *w);
     if (w && !zn_train_read_master(ts.tr, w, n))
@@ -138,7 +141,6 @@ int zn_bench_train(int argc, char **argv)
     else
         wrong++;
     free(w);
-    zn_train_get_report(ts.tr, &r);
     int busiest = 0;
     /* one disk's reads and writes are one resource: their union (ZN_RES_NVME)
      * stands for both */
@@ -201,6 +203,21 @@ int zn_bench_train(int argc, char **argv)
             fclose(f);
         }
     }
+    /* the cost model against this run: its traffic per step, then time */
+    const __typeof__(plan->step) *ps = &plan->step;
+    double ns = (double)r.steps;
+    printf("# traffic per step, planned / measured: h2d %.2f / %.2f MB, d2h %.2f / %.2f MB, "
+           "nvme read %.2f / %.2f MB, nvme write %.2f / %.2f MB\n", (double)ps->h2d * 1e-6,
+           (double)r.h2d_bytes / ns * 1e-6, (double)ps->d2h * 1e-6,
+           (double)r.d2h_bytes / ns * 1e-6, (double)ps->nvme_read * 1e-6,
+           (double)r.nvme_read_bytes / ns * 1e-6, (double)ps->nvme_write * 1e-6,
+           (double)r.nvme_write_bytes / ns * 1e-6);
+    zn_cost pred;
+    int prc = ts.rank == 0 ? zn_run_predict(&cfg, &ts.dims, plan, 0, &pred, stdout) : 1;
+    if (prc == 0 || prc == ZN_EARG)
+        zn_cost_print_vs(&pred, &r, ts.world, stdout);
+    if (prc && prc != 1)
+        fprintf(stderr, "zinc: warning: no prediction: %s\n", zn_last_error());
     if (trace && (rc = zn_train_write_trace(ts.tr, trace)))
         zn_cli_fail(rc, "trace");
     zn_run_close(&ts);

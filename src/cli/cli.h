@@ -93,5 +93,12 @@ const char *zn_cli_default_config(void);
  * of argv; returns the new argc, or -1 after printing a usage error. The
  * override strings point into argv. */
 int zn_cli_take_sets(int argc, char **argv, const char **sets, int max_sets, int *n_sets);
+/* cmd_plan.c: the plan of a config with --sets (zn_cmd_plan's pipeline) */
+int zn_cli_plan_config(const char *path, const char **sets, int n_sets, int world,
+                       uint64_t gpu_free, FILE *note, bool print_cfg, zn_config *cfg,
+                       zn_model_dims *d, zn_plan *plan, zn_plan_input *in);
+/* cmd_tune.c: `zinc plan --tune` / `--target` */
+int zn_cli_tune(const char *path, const char **sets, int n_sets, int world, const char *target,
+                bool tune, bool recalibrate, const char *write);
 
 #endif

@@ -42,7 +42,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: zinc plan CONFIG [--model DIR] [--data FILE] [--set KEY=VALUE]... [--world N] [--print-config]\n"
-        "                 [--detail]\n"
+        "                 [--detail] [--tune [--write FILE]] [--target NAME] [--recalibrate]\n"
         "\n"
         "Places the model's training state (16-bit params, fp32 master, Adam m and v,\n"
         "gradients, checkpointed activations, working buffers) into the tiers of\n"
@@ -55,7 +55,18 @@ static void usage(FILE *f)
         "  --world N         ranks sharing the state (ZeRO); default 1\n"
         "  --print-config    print the fully resolved config as JSON (\"auto\" and\n"
         "                    defaults filled in)\n"
-        "  --detail          list every allocation the run makes (what, tier, count)\n");
+        "  --detail          list every allocation the run makes (what, tier, count)\n"
+        "  --tune            rank the placements that fit (params, optimizer and gradients\n"
+        "                    on gpu/cpu/nvme, micro-batch against accumulation at the same\n"
+        "                    global batch, cpu checkpointing) by the predicted step time\n"
+        "  --write FILE      with --tune: write the fastest as a config (JSON), each\n"
+        "                    chosen value's origin under \"_tune\"\n"
+        "  --target NAME     predict for another machine (a10, h100, h200: figures from\n"
+        "                    datasheets and public measurements, cited) instead of this\n"
+        "                    one; \"auto\" precision and tiers.gpu resolve as there\n"
+        "  --recalibrate     measure this machine's ceilings again (else they come from\n"
+        "                    the cache zinc keeps: ZINC_CACHE_DIR, XDG_CACHE_HOME/zinc or\n"
+        "                    ~/.cache/zinc)\n");
 }
 
 /* --model DIR of train and plan: the same as --set model.path=DIR, after
@@ -86,6 +97,65 @@ int zn_cli_data_set(const char *file, const char **sets, int max_sets, int *n_se
     return 0;
 }
 
+/* The plan `zinc plan` prints, for a config and --sets on `world` ranks:
+ * loaded, "auto" resolved (printed on `note`; with print_cfg the resolved
+ * config as JSON on stdout), the model, data and weights checked as a run
+ * checks them, the budgets of this machine (gpu_free: a target's GPU memory
+ * instead of this machine's, 0: this machine's), and the trainer's own
+ * allocation run dry. Returns 0, ZN_ENOFIT (plan filled, plan->why says
+ * what is short) or an error. */
+int zn_cli_plan_config(const char *path, const char **sets, int n_sets, int world,
+                       uint64_t gpu_free, FILE *note, bool print_cfg, zn_config *cfg,
+                       zn_model_dims *d, zn_plan *plan, zn_plan_input *in)
+{
+    memset(plan, 0, sizeof *plan);
+    int rc = zn_config_load(cfg, path, sets, n_sets);
+    if (rc || (rc = zn_run_effective(cfg, world, note)))
+        return rc;
+    if (print_cfg) {
+        char *s = zn_config_dump(cfg);
+        if (s)
+            printf("%s\n", s);
+        free(s);
+    }
+    if ((rc = zn_run_model_dims(cfg, d)) || (rc = zn_run_check_data(cfg, d, 0)) ||
+        (rc = zn_run_check_weights(cfg, d)))
+        return rc;
+    zn_topo topo;
+    if ((rc = zn_topo_discover(&topo)))
+        return zn_error_prefix(rc, "topology");
+    zn_plan_budgets budgets;
+    if ((rc = zn_run_budgets(cfg, &topo, gpu_free ? gpu_free : zn_run_gpu_free(cfg), &budgets)) ||
+        (rc = zn_run_check_budgets(cfg, &topo, &budgets, 0)))
+        return rc;
+    int nb = zn_model_num_parts(d);
+    uint64_t *blocks = calloc((size_t)nb, sizeof *blocks);
+    if (!blocks)
+        return zn_set_error(-12, "out of memory");
+    zn_run_plan_input(cfg, d, world, blocks, in);
+    /* the plan the run allocates from: the trainer's own allocation code,
+     * run dry, for rank 0 of `world` */
+    zn_train_llama *ll = NULL;
+    rc = zn_train_llama_create(&ll, d, cfg->train_micro_batch_size_per_gpu, cfg->data.seq_len,
+                               cfg->model.init_std, cfg->model.seed);
+    if (!rc) {
+        zn_train_llama_set_attention(ll, cfg->train.attention);
+        zn_train_options to = zn_train_options_default();
+        to.cfg = cfg;
+        to.model = zn_train_llama_model(ll);
+        to.plan_in = in;
+        to.budgets = budgets;
+        rc = zn_run_fit_optimizer(cfg, &to, world, note);
+        if (rc >= 0)
+            rc = zn_train_plan(plan, &to, world);
+    }
+    zn_train_llama_destroy(ll);
+    free(blocks);
+    /* the plan input points into blocks: callers use only its scalars */
+    in->block_params = NULL;
+    return rc;
+}
+
 int zn_cmd_plan(int argc, char **argv)
 {
     const char *sets[64];
@@ -95,7 +165,8 @@ int zn_cmd_plan(int argc, char **argv)
         return 2;
     const char *path = NULL;
     int world = 1;
-    bool print_cfg = false, detail = false;
+    bool print_cfg = false, detail = false, tune = false, recal = false;
+    const char *target = NULL, *write = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
@@ -113,6 +184,14 @@ int zn_cmd_plan(int argc, char **argv)
             print_cfg = true;
         } else if (!strcmp(argv[i], "--detail")) {
             detail = true;
+        } else if (!strcmp(argv[i], "--tune")) {
+            tune = true;
+        } else if (!strcmp(argv[i], "--recalibrate")) {
+            recal = true;
+        } else if (!strcmp(argv[i], "--target") && i + 1 < argc) {
+            target = argv[++i];
+        } else if (!strcmp(argv[i], "--write") && i + 1 < argc) {
+            write = argv[++i];
         } else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
             if (zn_cli_model_set(argv[++i], sets, 64, &n_sets))
                 return 2;
@@ -135,56 +214,18 @@ int zn_cmd_plan(int argc, char **argv)
         return 2;
     }
 
+    if (write && !tune) {
+        fprintf(stderr, "zinc: error: plan: --write goes with --tune\n");
+        return 2;
+    }
+    if (tune || target || recal)
+        return zn_cli_tune(path, sets, n_sets, world, target, tune, recal, write);
     zn_config cfg;
-    int rc = zn_config_load(&cfg, path, sets, n_sets);
-    if (rc)
-        return zn_cli_fail(rc, NULL);
-    /* --print-config prints JSON alone on stdout, so the summary goes to stderr */
-    if ((rc = zn_run_effective(&cfg, world, print_cfg ? stderr : stdout)))
-        return zn_cli_fail(rc, NULL);
-    if (print_cfg) {
-        char *s = zn_config_dump(&cfg);
-        if (s)
-            printf("%s\n", s);
-        free(s);
-    }
     zn_model_dims d;
-    if ((rc = zn_run_model_dims(&cfg, &d)) || (rc = zn_run_check_data(&cfg, &d, 0)) ||
-        (rc = zn_run_check_weights(&cfg, &d)))
-        return zn_cli_fail(rc, NULL);
-    zn_topo topo;
-    if ((rc = zn_topo_discover(&topo)))
-        return zn_cli_fail(rc, "topology");
-    zn_plan_budgets budgets;
-    if ((rc = zn_run_budgets(&cfg, &topo, zn_run_gpu_free(&cfg), &budgets)) ||
-        (rc = zn_run_check_budgets(&cfg, &topo, &budgets, 0)))
-        return zn_cli_fail(rc, NULL);
-
-    int nb = zn_model_num_parts(&d);
-    uint64_t *blocks = calloc((size_t)nb, sizeof *blocks);
-    if (!blocks)
-        return zn_cli_fail(-12, "out of memory");
-    zn_plan_input in;
-    zn_run_plan_input(&cfg, &d, world, blocks, &in);
     zn_plan plan;
-    /* the plan the run allocates from: the trainer's own allocation code,
-     * run dry, for rank 0 of `world` */
-    zn_train_llama *ll = NULL;
-    rc = zn_train_llama_create(&ll, &d, cfg.train_micro_batch_size_per_gpu, cfg.data.seq_len,
-                               cfg.model.init_std, cfg.model.seed);
-    if (!rc) {
-        zn_train_llama_set_attention(ll, cfg.train.attention);
-        zn_train_options to = zn_train_options_default();
-        to.cfg = &cfg;
-        to.model = zn_train_llama_model(ll);
-        to.plan_in = &in;
-        to.budgets = budgets;
-        rc = zn_run_fit_optimizer(&cfg, &to, world, print_cfg ? stderr : stdout);
-        if (rc >= 0)
-            rc = zn_train_plan(&plan, &to, world);
-    }
-    zn_train_llama_destroy(ll);
-    free(blocks);
+    zn_plan_input in;
+    int rc = zn_cli_plan_config(path, sets, n_sets, world, 0, print_cfg ? stderr : stdout,
+                                print_cfg, &cfg, &d, &plan, &in);
     if (rc && rc != ZN_ENOFIT)
         return zn_cli_fail(rc, NULL);
 

@@ -751,6 +751,18 @@ int zn_cmd_train(int argc, char **argv)
                    exp(last_eval), (unsigned long long)last_eval_n, cfg.data.eval_path);
         printf("\n\n");
         zn_train_print_report(ts.tr, stdout);
+        /* the cost model against this run (rank 0; this machine's ceilings
+         * from the cache, measured once when missing) */
+        if (ts.rank == 0 && !stop_sig) {
+            zn_train_report trep;
+            zn_train_get_report(ts.tr, &trep);
+            zn_cost pred;
+            int prc = zn_run_predict(&cfg, &ts.dims, zn_train_get_plan(ts.tr), 0, &pred, stdout);
+            if (prc == 0 || prc == ZN_EARG)
+                zn_cost_print_vs(&pred, &trep, ts.world, stdout);
+            else
+                fprintf(stderr, "zinc: warning: no step-time prediction: %s\n", zn_last_error());
+        }
         if (trace_path) {
             int r2 = zn_train_write_trace(ts.tr, trace_path);
             if (r2)

@@ -599,6 +599,14 @@ int zn_tr_issue_fetches(zn_trainer *tr, const zn_fetch_ent *fe, int nfe, int *ne
 int64_t zn_tr_lower_bound_i32(const int32_t *u, int64_t n, int64_t x);
 int zn_tr_stage_rows(zn_trainer *tr, int mb, const int32_t *ids, int64_t ntok);
 
+/* train_step.c: the step's fetch list over `nuse` block uses */
+int zn_tr_build_fetches(zn_trainer *tr, int nuse, int L, bool with_bwd, zn_fetch_ent **fe_out,
+                        int **fou_out, int *nfe_out);
+
+/* train_traffic.c: one optimizer step's bytes on each link and the
+ * optimizer's elements, from the layout (dry or live) into tr->plan.step */
+int zn_tr_count_traffic(zn_trainer *tr);
+
 /* train_actoff.c: activation checkpoints in pinned RAM */
 int zn_tr_ck_before_write(zn_trainer *tr, int b);
 int zn_tr_ck_enter_backward(zn_trainer *tr, const zn_block *bl);

@@ -498,6 +498,8 @@ int zn_tr_dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cfg
     rc = zn_tr_build_layout(tr);
     if (!rc)
         rc = zn_tr_allocate(tr);
+    if (!rc)
+        rc = zn_tr_count_traffic(tr);
     if (!rc) {
         char why[sizeof out->why];
         *out = tr->plan;

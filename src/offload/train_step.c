@@ -284,7 +284,7 @@ static int step_failed(zn_trainer *tr, int rc, int64_t step)
 /* The fetch list over `nuse` uses (forward and backward of each micro-batch,
  * or forward only): consecutive uses of one ring block share a fetch, and
  * so do the forward and backward of the last (slots - 2) ring blocks. */
-static int build_fetches(zn_trainer *tr, int nuse, int L, bool with_bwd, zn_fetch_ent **fe_out,
+int zn_tr_build_fetches(zn_trainer *tr, int nuse, int L, bool with_bwd, zn_fetch_ent **fe_out,
                          int **fou_out, int *nfe_out)
 {
     zn_fetch_ent *fe = calloc((size_t)nuse, sizeof *fe);
@@ -405,7 +405,7 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     /* the step's fetch list: consecutive uses of one ring block share a fetch */
     zn_fetch_ent *fe;
     int *fetch_of_use, nfe;
-    if ((rc = build_fetches(tr, A * 2 * L, L, true, &fe, &fetch_of_use, &nfe)))
+    if ((rc = zn_tr_build_fetches(tr, A * 2 * L, L, true, &fe, &fetch_of_use, &nfe)))
         return step_failed(tr, rc, tr->stats.steps_run + 1);
     int next_fetch = 0, use = 0;
     uint64_t nvme_fetches = 0;
@@ -538,7 +538,7 @@ int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     tr->fetch.next_mark = 0;
     zn_fetch_ent *fe;
     int *fetch_of_use, nfe;
-    if ((rc = build_fetches(tr, n_micro * L, L, false, &fe, &fetch_of_use, &nfe)))
+    if ((rc = zn_tr_build_fetches(tr, n_micro * L, L, false, &fe, &fetch_of_use, &nfe)))
         return rc;
     int next_fetch = 0, use = 0;
     uint64_t nvme_fetches = 0, tgt = 0;

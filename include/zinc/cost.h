@@ -1,0 +1,87 @@
+/* The cost model: one optimizer step's time from the plan's traffic
+ * (zn_plan.step, counted by the trainer's schedule run dry) and a machine's
+ * ceilings, measured by zinc's own benchmarks on this machine (cached) or
+ * taken from a named target's profile. `zinc plan --tune` ranks the
+ * placements that fit with it; `zinc train` prints its prediction beside
+ * the measured step. */
+#ifndef ZINC_COST_H
+#define ZINC_COST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "zinc/plan.h"
+#include "zinc/train.h"
+#include "zinc/util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One micro-batch's compute at one shape: one layer's forward and backward
+ * (with the recompute when checkpointing) and the head's forward +
+ * backward, in seconds (zn_model_probe_blocks, or the analytic model). */
+typedef struct {
+    double layer_fwd_s, layer_bwd_s, head_s;
+} zn_cost_compute;
+
+/* What a machine moves and computes per second. 0 = not known: a step
+ * that needs it cannot be predicted (zn_cost_predict says which). */
+typedef struct {
+    char name[64];            /* "this machine" or the target's name */
+    char source[512];         /* where the figures come from */
+    bool shared_cores;        /* the "device" is the host's CPU (host backend):
+                                 compute, copies and the CPU optimizer share
+                                 the cores, so their times add */
+    bool cuda;                /* the target computes on an NVIDIA GPU (bf16) */
+    double gemm_flops;        /* dense GEMM, the model's dtype, FLOP/s */
+    double model_eff;         /* a whole layer's FLOP/s / gemm_flops, for the
+                                 analytic compute (no probe) */
+    double h2d_bps, d2h_bps;  /* the host link, each way alone */
+    double mem_bps;           /* host memory, streaming read + write */
+    double nvme_read_bps, nvme_write_bps;
+    double adam_pps[3];       /* CPU Adam params/s by moment format (zn_mom_fmt) */
+    double dev_adam_pps;      /* Adam on the device, params/s */
+    double gpu_bytes, host_bytes;  /* memory of the target (0: this machine's) */
+} zn_ceilings;
+
+/* Figures for a named target (a10, h100, h200) with their sources: the
+ * datasheets' and public measurements' numbers (shared/reference). NULL
+ * when the name is unknown; zn_cost_target_names lists them. */
+ZN_API const zn_ceilings *zn_cost_target(const char *name);
+ZN_API const char *zn_cost_target_names(void);
+
+typedef struct {
+    double busy_s[ZN_RES_COUNT];  /* each resource's busy time per step */
+    double compute_fwd1_s;        /* the first micro-batch's forward */
+    double opt_s;                 /* the optimizer chain (CPU Adam and its NVMe) */
+    double exposed_opt_s;         /* of it, what the compute waits for */
+    double fill_s;                /* the first fetch before compute starts */
+    double step_s;                /* predicted step time */
+    int bound;                    /* the resource that sets it (ZN_RES_*) */
+    double tokens_per_s;
+    double nvme_tb_per_day;
+    char missing[128];            /* a ceiling the prediction needed and lacked */
+} zn_cost;
+
+/* Predicts one optimizer step of `plan` (with plan->step filled, i.e. from
+ * zn_train_plan) at `tokens` tokens per step on this rank, with `comp` the
+ * compute of one micro-batch, `layers` decoder layers and the moment format
+ * `mom_fmt`. Returns 0, or ZN_EARG when a needed ceiling is 0 (out->missing
+ * names it; the other figures are still filled). */
+ZN_API int zn_cost_predict(const zn_plan *plan, const zn_ceilings *c, const zn_cost_compute *comp,
+                           int64_t layers, uint64_t tokens, int mom_fmt, zn_cost *out);
+
+/* The analytic compute of one micro-batch (no probe): FLOPs per block at
+ * the target's GEMM rate times its whole-layer efficiency. */
+ZN_API void zn_cost_compute_analytic(const zn_ceilings *c, double layer_flops_fwd,
+                                     double head_flops, bool checkpoint, zn_cost_compute *out);
+
+/* Prints the prediction beside a run's measured report (per step). */
+ZN_API void zn_cost_print_vs(const zn_cost *pred, const zn_train_report *r, int world, FILE *f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

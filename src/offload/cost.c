@@ -1,0 +1,188 @@
+/* The cost model of one optimizer step (zinc/cost.h).
+ *
+ * Each resource's busy time is its work (the plan's per-step traffic, the
+ * probed compute, the optimizer's elements) over its ceiling. They combine
+ * by the schedule's overlap rules:
+ *   - on a GPU the streams run beside each other: the step is the longest
+ *     of compute, the link each way and the disk (reads and writes are one
+ *     disk), plus what of the optimizer chain the compute has to wait for:
+ *     the chain (CPU Adam, or the NVMe traffic of its states, whichever is
+ *     longer) hides under the next step's first forward, and without
+ *     clipping also under the last micro-batch's backward (each unit steps
+ *     as soon as its gradients are final); ranks whose optimizer does not
+ *     pipeline (world > 1 below stage 3) wait for all of it;
+ *   - on the host backend the "device" is the CPU itself: compute, the
+ *     copies, the accumulation and Adam take the same cores, so their
+ *     times add; the disk still overlaps them;
+ *   - before the first block computes, its fetch has to land (the fill).
+ * Busy times are per step; tokens/s and the SSD's TB/day follow. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "zinc/cost.h"
+#include "zinc/optim.h"
+
+static double div0(double a, double b)
+{
+    return b > 0 ? a / b : 0;
+}
+
+/* Figures for targets, with their sources (shared/reference/
+ * offload-systems.md quotes each with its link):
+ * - A10: 125 TF dense bf16 on the datasheet; no public cuBLAS figure for
+ *   the A10 itself, the A10G (same GA102, power-capped) measures 62.5-69.5
+ *   TF in PyTorch's bf16 GEMM benchmark (torch-performance-test-data #126,
+ *   #185): 66 TF. A whole layer reaches ~0.8 of it (llm.c on an A10: ~54 TF
+ *   end to end, PR #621). PCIe Gen4 x16: 19.7 GB/s H2D measured on an A10
+ *   (drkennetz/cuda_examples PR #1), D2H taken equal. Host: the reference
+ *   box of offload-systems.md 4.1 (one socket, 8-channel DDR4): Adam at 80%
+ *   of STREAM, ~4 G params/s fp32 states; one Gen4 datacenter NVMe
+ *   (Samsung PM9A3: 6.5 / 3.5 GB/s rated).
+ * - H100 (SXM, PCIe Gen5): 989.5 TF dense bf16, ~0.67 of it in cuBLAS at
+ *   large shapes (660 TF); H2D 35 GB/s and D2H 52.8 GB/s (nvbandwidth #24);
+ *   a 2-socket host, Adam ~8 G params/s; 4x Gen4 NVMe in RAID0: 10 / 5
+ *   GB/s (DeepNVMe, 08-2024). H200: the same compute and link, 141 GB. */
+static const zn_ceilings targets[] = {
+    { .name = "a10", .source = "NVIDIA A10 24 GB on PCIe Gen4 x16: GEMM 66 TF (A10G measured, "
+      "datasheet 125), layer 0.8 of it (llm.c), H2D/D2H 19.7 GB/s (measured on an A10); host: "
+      "1 socket 8-channel DDR4, Adam 4 Gparam/s, NVMe 6.5/3.5 GB/s (PM9A3 rated)",
+      .cuda = true, .gemm_flops = 66e12, .model_eff = 0.8, .h2d_bps = 19.7e9,
+      .d2h_bps = 19.7e9, .mem_bps = 100e9, .nvme_read_bps = 6.5e9, .nvme_write_bps = 3.5e9,
+      .adam_pps = { 4e9, 6e9, 8e9 }, .dev_adam_pps = 600e9 / 16, .gpu_bytes = 24ull << 30 },
+    { .name = "h100", .source = "NVIDIA H100 SXM 80 GB on PCIe Gen5: GEMM 660 TF (0.67 of the "
+      "989.5 dense datasheet), H2D 35 / D2H 52.8 GB/s (nvbandwidth #24); host: 2 sockets, Adam "
+      "8 Gparam/s, 4x Gen4 NVMe RAID0 10/5 GB/s (DeepNVMe)",
+      .cuda = true, .gemm_flops = 660e12, .model_eff = 0.6, .h2d_bps = 35e9, .d2h_bps = 52.8e9,
+      .mem_bps = 200e9, .nvme_read_bps = 10e9, .nvme_write_bps = 5e9,
+      .adam_pps = { 8e9, 12e9, 16e9 }, .dev_adam_pps = 3.35e12 / 16, .gpu_bytes = 80ull << 30 },
+    { .name = "h200", .source = "NVIDIA H200 SXM 141 GB: as h100 (same compute and link), "
+      "HBM3e 4.8 TB/s",
+      .cuda = true, .gemm_flops = 660e12, .model_eff = 0.6, .h2d_bps = 35e9, .d2h_bps = 52.8e9,
+      .mem_bps = 200e9, .nvme_read_bps = 10e9, .nvme_write_bps = 5e9,
+      .adam_pps = { 8e9, 12e9, 16e9 }, .dev_adam_pps = 4.8e12 / 16, .gpu_bytes = 141ull << 30 },
+};
+
+const zn_ceilings *zn_cost_target(const char *name)
+{
+    for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++)
+        if (!strcmp(targets[i].name, name))
+            return &targets[i];
+    return NULL;
+}
+
+const char *zn_cost_target_names(void)
+{
+    return "a10, h100, h200";
+}
+
+void zn_cost_compute_analytic(const zn_ceilings *c, double layer_flops_fwd, double head_flops,
+                              bool checkpoint, zn_cost_compute *out)
+{
+    double rate = c->gemm_flops * (c->model_eff > 0 ? c->model_eff : 1.0);
+    out->layer_fwd_s = div0(layer_flops_fwd, rate);
+    /* the backward is twice the forward, plus the forward again to recompute */
+    out->layer_bwd_s = div0(layer_flops_fwd * (checkpoint ? 3 : 2), rate);
+    out->head_s = div0(head_flops, rate);
+}
+
+int zn_cost_predict(const zn_plan *plan, const zn_ceilings *c, const zn_cost_compute *comp,
+                    int64_t layers, uint64_t tokens, int mom_fmt, zn_cost *out)
+{
+    memset(out, 0, sizeof *out);
+    const __typeof__(plan->step) *s = &plan->step;
+    int A = s->micro_batches > 0 ? s->micro_batches : 1;
+    size_t mo = 0;
+#define NEED(cond, what)                                                                   \
+    do {                                                                                   \
+        if ((cond) && mo < sizeof out->missing)                                            \
+            mo += (size_t)snprintf(out->missing + mo, sizeof out->missing - mo, "%s%s",   \
+                                   mo ? ", " : "", what);                                  \
+    } while (0)
+
+    double fwd = (double)layers * comp->layer_fwd_s;
+    double bwd = (double)layers * comp->layer_bwd_s + comp->head_s;
+    double *b = out->busy_s;
+    b[ZN_RES_COMPUTE] = (double)A * (fwd + bwd);
+    NEED(b[ZN_RES_COMPUTE] <= 0, "compute");
+    b[ZN_RES_H2D] = div0((double)s->h2d, c->h2d_bps);
+    NEED(s->h2d && c->h2d_bps <= 0, "host link (h2d)");
+    b[ZN_RES_D2H] = div0((double)s->d2h, c->d2h_bps) + div0((double)s->accum_bytes, c->mem_bps);
+    NEED(s->d2h && c->d2h_bps <= 0, "host link (d2h)");
+    NEED(s->accum_bytes && c->mem_bps <= 0, "host memory");
+    b[ZN_RES_NVME_READ] = div0((double)s->nvme_read, c->nvme_read_bps);
+    b[ZN_RES_NVME_WRITE] = div0((double)s->nvme_write, c->nvme_write_bps);
+    NEED(s->nvme_read && c->nvme_read_bps <= 0, "nvme read");
+    NEED(s->nvme_write && c->nvme_write_bps <= 0, "nvme write");
+    b[ZN_RES_NVME] = b[ZN_RES_NVME_READ] + b[ZN_RES_NVME_WRITE];
+    if (s->opt_on_device) {
+        b[ZN_RES_COMPUTE] += div0((double)s->adam_params, c->dev_adam_pps);
+        NEED(s->adam_params && c->dev_adam_pps <= 0, "device adam");
+    } else {
+        int f = mom_fmt >= 0 && mom_fmt < 3 ? mom_fmt : 0;
+        b[ZN_RES_ADAM] = div0((double)s->adam_params, c->adam_pps[f]);
+        NEED(s->adam_params && c->adam_pps[f] <= 0, "cpu adam");
+    }
+    /* world > 1: collectives are not modelled yet (0 busy) */
+
+    /* the fill: the first block's fetch, at most one unit of the link */
+    if (s->fetches) {
+        double per_fetch = div0(b[ZN_RES_H2D], (double)s->fetches);
+        double per_read = s->nvme_fetches ? div0((double)s->nvme_read, c->nvme_read_bps) /
+                                                (double)(s->nvme_fetches + (s->opt_on_nvme ? 3 : 0))
+                                          : 0;
+        out->fill_s = per_fetch + per_read;
+    }
+    out->compute_fwd1_s = fwd;
+    /* the optimizer chain: CPU Adam, or its states' NVMe traffic when longer */
+    double opt_io = s->opt_on_nvme ? b[ZN_RES_NVME] : 0;
+    out->opt_s = fmax(b[ZN_RES_ADAM], opt_io);
+    double window = !s->pipelined ? 0 : s->overlap_step ? fwd + bwd : fwd;
+    int bound = ZN_RES_COMPUTE;
+    double step;
+    if (c->shared_cores) {
+        /* one pool of cores: compute, copies, accumulation and Adam add */
+        double cpu = b[ZN_RES_COMPUTE] + b[ZN_RES_H2D] + b[ZN_RES_D2H] + b[ZN_RES_ADAM];
+        out->exposed_opt_s = 0;
+        step = cpu;
+        if (b[ZN_RES_NVME] > step)
+            step = b[ZN_RES_NVME], bound = ZN_RES_NVME;
+        else if (b[ZN_RES_ADAM] > b[ZN_RES_COMPUTE])
+            bound = ZN_RES_ADAM;
+    } else {
+        out->exposed_opt_s = fmax(0, out->opt_s - window);
+        step = b[ZN_RES_COMPUTE] + out->exposed_opt_s;
+        if (out->exposed_opt_s > 0)
+            bound = b[ZN_RES_ADAM] >= opt_io ? ZN_RES_ADAM : ZN_RES_NVME;
+        const int others[] = { ZN_RES_H2D, ZN_RES_D2H, ZN_RES_NVME };
+        for (size_t i = 0; i < 3; i++)
+            if (b[others[i]] > step)
+                step = b[others[i]], bound = others[i];
+    }
+    step += out->fill_s;
+    out->step_s = step;
+    out->bound = bound;
+    out->tokens_per_s = div0((double)tokens, step);
+    out->nvme_tb_per_day = div0((double)plan->nvme_write_step, step) * 86400.0 / 1e12;
+#undef NEED
+    return mo ? ZN_EARG : 0;
+}
+
+void zn_cost_print_vs(const zn_cost *p, const zn_train_report *r, int world, FILE *f)
+{
+    if (!r->steps)
+        return;
+    double n = (double)r->steps, ms = r->step_s / n;
+    fprintf(f, "cost model (per step)    predicted    measured\n");
+    for (int i = 0; i < ZN_RES_COUNT; i++) {
+        if (i == ZN_RES_COMM && world == 1)
+            continue;
+        if (p->busy_s[i] <= 0 && r->busy_s[i] / n < 1e-4)
+            continue;
+        fprintf(f, "  %-18s %9.1f ms %9.1f ms\n", zn_train_resource_name((zn_train_resource)i),
+                p->busy_s[i] * 1e3, r->busy_s[i] / n * 1e3);
+    }
+    fprintf(f, "predicted step time %.3f s (bound: %s), measured %.3f s (%+.0f%%)\n", p->step_s,
+            zn_train_resource_name((zn_train_resource)p->bound), ms,
+            p->step_s > 0 ? 100.0 * (p->step_s - ms) / ms : 0.0);
+}

@@ -1,0 +1,435 @@
+/* This machine's ceilings for the cost model (zinc/cost.h), measured by the
+ * same calls the run makes and kept in a cache file per user, so that a
+ * plan does not measure again:
+ *   - the host link: 64 MiB copies each way between pinned memory and the
+ *     device (on the host backend, the memcpy its copy streams run);
+ *   - host memory: the gradient accumulation's add over 64 MiB;
+ *   - CPU Adam, per moment format, over 4M elements at the run's threads;
+ *   - the disk under the config's NVMe path: 256 MiB written then read
+ *     through zinc's engine (io_uring, O_DIRECT) at the config's aio
+ *     settings;
+ *   - one micro-batch's compute at the config's shape: one layer's
+ *     forward and backward and the head, on the run's device
+ *     (zn_model_probe_blocks), cached by shape.
+ * Each figure is the best of three (a shared machine's noise is one-sided).
+ * The cache is ZINC_CACHE_DIR, else XDG_CACHE_HOME/zinc, else
+ * ~/.cache/zinc: ceilings.json, written to a temporary file and renamed. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "zinc/cost.h"
+#include "zinc/device.h"
+#include "zinc/model.h"
+#include "zinc/nvme.h"
+#include "zinc/optim.h"
+#include "zinc/run.h"
+#include "zinc/topo.h"
+#include "zinc/zinc.h"
+#include "zn_build_config.h"
+
+#define REPS 3
+
+static double now_s(void)
+{
+    return (double)zn_now_ns() * 1e-9;
+}
+
+int zn_run_cache_path(char *out, size_t n)
+{
+    const char *d = getenv("ZINC_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    int w;
+    if (d && *d)
+        w = snprintf(out, n, "%s", d);
+    else if (x && *x)
+        w = snprintf(out, n, "%s/zinc", x);
+    else if (h && *h)
+        w = snprintf(out, n, "%s/.cache/zinc", h);
+    else
+        return zn_set_error(ZN_ECONFIG, "cost model: no cache directory: set ZINC_CACHE_DIR, "
+                            "XDG_CACHE_HOME or HOME");
+    if (w < 0 || (size_t)w + 20 >= n)
+        return zn_set_error(ZN_ECONFIG, "cost model: cache directory path too long");
+    return 0;
+}
+
+/* The machine the figures belong to: CPU, cores, RAM, device, zinc. */
+static void machine_key(const char *devname, char *out, size_t n)
+{
+    char cpu[160];
+    zn_cpu_model(cpu, sizeof cpu);
+    snprintf(out, n, "%s | %ld cpus | %llu MiB | %s | zinc %s", cpu,
+             sysconf(_SC_NPROCESSORS_ONLN),
+             (unsigned long long)((uint64_t)sysconf(_SC_PHYS_PAGES) *
+                                  (uint64_t)sysconf(_SC_PAGESIZE) >> 20),
+             devname, ZN_VERSION);
+}
+
+static json_t *load_cache(const char *file)
+{
+    json_error_t e;
+    json_t *j = json_load_file(file, 0, &e);
+    if (!j || !json_is_object(j)) {
+        json_decref(j);
+        j = json_object();
+    }
+    return j;
+}
+
+static int save_cache(json_t *j, const char *dir, const char *file)
+{
+    char tmp[ZN_PATH_MAX + 64];
+    /* the directory chain, private to the user */
+    char p[ZN_PATH_MAX];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *s = p + 1; *s; s++)
+        if (*s == '/') {
+            *s = '\0';
+            mkdir(p, 0700);
+            *s = '/';
+        }
+    if (mkdir(p, 0700) < 0 && errno != EEXIST)
+        return zn_set_error(-errno, "cost model: creating %s: %s", dir, strerror(errno));
+    snprintf(tmp, sizeof tmp, "%s/.ceilings.json.%ld", dir, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return zn_set_error(-errno, "cost model: writing %s: %s", tmp, strerror(errno));
+    int rc = json_dumpfd(j, fd, JSON_INDENT(1) | JSON_SORT_KEYS);
+    if (close(fd) < 0 || rc < 0 || rename(tmp, file) < 0) {
+        int e = errno;
+        unlink(tmp);
+        return zn_set_error(-e, "cost model: writing %s: %s", file, strerror(e));
+    }
+    return 0;
+}
+
+static double jnum(json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    return json_is_number(v) ? json_number_value(v) : 0;
+}
+
+/* ---- measurements --------------------------------------------------------*/
+static int measure_link(zn_dev *dev, zn_ceilings *c)
+{
+    size_t n = (size_t)64 << 20;
+    void *h = NULL, *d = NULL;
+    int rc = zn_dev_host_alloc(dev, n, "calibrate host", &h);
+    if (!rc)
+        rc = zn_dev_alloc(dev, n, "calibrate device", &d);
+    if (!rc)
+        memset(h, 1, n);
+    for (int r = 0; r < REPS + 1 && !rc; r++) {
+        double t0 = now_s();
+        rc = zn_dev_copy_h2d(dev, NULL, d, h, n);
+        if (!rc)
+            rc = zn_dev_stream_sync(dev, NULL);
+        double t1 = now_s();
+        if (!rc)
+            rc = zn_dev_copy_d2h(dev, NULL, h, d, n);
+        if (!rc)
+            rc = zn_dev_stream_sync(dev, NULL);
+        double t2 = now_s();
+        if (r)  /* the first pass touches the pages */
+            c->h2d_bps = fmax(c->h2d_bps, (double)n / (t1 - t0)),
+            c->d2h_bps = fmax(c->d2h_bps, (double)n / (t2 - t1));
+    }
+    zn_dev_free(dev, d);
+    zn_dev_host_free(dev, h);
+    return rc;
+}
+
+static int measure_mem(zn_ceilings *c)
+{
+    size_t n = (size_t)16 << 20;
+    float *x = malloc(n * 4), *y = malloc(n * 4);
+    if (!x || !y) {
+        free(x);
+        free(y);
+        return zn_set_error(-ENOMEM, "cost model: out of memory");
+    }
+    for (size_t i = 0; i < n; i++)
+        x[i] = 1.0f, y[i] = 0.5f;
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now_s();
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < n; i++)
+            y[i] += x[i];
+        double t = now_s() - t0;
+        c->mem_bps = fmax(c->mem_bps, (double)n * 12 / t);
+    }
+    /* the sums are checked: an add that did not run is not a bandwidth */
+    int rc = y[n / 2] == 0.5f + REPS ? 0 : zn_set_error(ZN_EINTERNAL, "cost model: memory "
+                                                      "probe computed %g", (double)y[n / 2]);
+    free(x);
+    free(y);
+    return rc;
+}
+
+static int measure_adam(const zn_config *cfg, zn_ceilings *c)
+{
+    size_t n = (size_t)4 << 20;
+    float *p = malloc(n * 4), *g = malloc(n * 4);
+    void *m = malloc(zn_mom_layout_bytes(ZN_MOM_F32, n)), *v = malloc(zn_mom_layout_bytes(ZN_MOM_F32, n));
+    int rc = p && g && m && v ? 0 : zn_set_error(-ENOMEM, "cost model: out of memory");
+    for (size_t i = 0; i < n && !rc; i++)
+        p[i] = 0.01f * (float)(i % 97), g[i] = 1e-3f * (float)(i % 13) - 5e-3f;
+    zn_adam_params hp = zn_adam_params_default();
+    hp.threads = (int)cfg->train.threads;
+    for (int f = 0; f < 3 && !rc; f++) {
+        memset(m, 0, zn_mom_layout_bytes(ZN_MOM_F32, n));
+        memset(v, 0, zn_mom_layout_bytes(ZN_MOM_F32, n));
+        zn_moments mv = zn_mom_layout_at((zn_mom_fmt)f, m, v, n, 0);
+        for (int r = 0; r < REPS + 1 && !rc; r++) {
+            hp.step = r + 1;
+            double t0 = now_s();
+            rc = zn_adam_step_mom(&hp, p, &mv, g, ZN_DTYPE_F32, 1.0f, NULL, ZN_DTYPE_F32, n);
+            double t = now_s() - t0;
+            if (r)
+                c->adam_pps[f] = fmax(c->adam_pps[f], (double)n / t);
+        }
+    }
+    if (!rc && !isfinite(p[n / 3]))
+        rc = zn_set_error(ZN_EINTERNAL, "cost model: the Adam probe produced %g", (double)p[n / 3]);
+    free(p);
+    free(g);
+    free(m);
+    free(v);
+    return rc;
+}
+
+static int measure_nvme(const zn_config *cfg, const char *path, zn_ceilings *c)
+{
+    zn_aio_config ac = zn_aio_config_default();
+    ac.block_size = (size_t)cfg->aio.block_size;
+    ac.queue_depth = (int)cfg->aio.queue_depth;
+    ac.intra_op_parallelism = (int)cfg->aio.intra_op_parallelism;
+    ac.single_submit = cfg->aio.single_submit;
+    ac.overlap_events = cfg->aio.overlap_events;
+    size_t n = (size_t)256 << 20;
+    zn_aio *a = NULL;
+    zn_swap *s = NULL;
+    zn_extent e;
+    void *buf = NULL;
+    int rc = zn_aio_create(&a, &ac);
+    if (!rc) {
+        zn_swap_config sc = zn_swap_config_default();
+        sc.npaths = 1;
+        sc.paths[0] = path;
+        sc.bytes = n;
+        sc.file_prefix = "zinc-calibrate";
+        rc = zn_swap_create(&s, a, &sc);
+    }
+    if (!rc)
+        rc = zn_swap_alloc(s, n, "calibration", &e);
+    if (!rc && !(buf = zn_aio_buffer_alloc(n)))
+        rc = -ENOMEM;
+    int id = -1;
+    if (!rc) {
+        memset(buf, 0x5a, n);
+        id = zn_aio_register_buffer(a, buf, n);
+    }
+    for (int r = 0; r < REPS && !rc; r++) {
+        zn_aio_handle h;
+        double t0 = now_s();
+        rc = zn_aio_submit_write(a, &e, buf, n, &h);
+        if (!rc)
+            rc = zn_aio_wait(a, h);
+        double t1 = now_s();
+        if (!rc)
+            rc = zn_aio_submit_read(a, &e, buf, n, &h);
+        if (!rc)
+            rc = zn_aio_wait(a, h);  /* the engine checks each block's crc */
+        double t2 = now_s();
+        if (!rc)
+            c->nvme_write_bps = fmax(c->nvme_write_bps, (double)n / (t1 - t0)),
+            c->nvme_read_bps = fmax(c->nvme_read_bps, (double)n / (t2 - t1));
+    }
+    if (id >= 0)
+        zn_aio_unregister_buffer(a, id);
+    zn_aio_buffer_free(buf);
+    zn_swap_destroy(s);
+    zn_aio_destroy(a);
+    return rc ? zn_error_prefix(rc, "cost model: measuring the disk under %s", path) : 0;
+}
+
+static void shape_key(const zn_model_dims *d, const zn_model_probe_opts *o, char *out, size_t n)
+{
+    snprintf(out, n, "%s h%lld i%lld a%lld/%lld d%lld v%lld%s | b%lld s%lld %s ck%d at%d",
+             d->arch == ZN_ARCH_QWEN2 ? "qwen2" : "llama", (long long)d->hidden,
+             (long long)d->intermediate, (long long)d->n_heads, (long long)d->n_kv_heads,
+             (long long)d->head_dim, (long long)d->vocab, d->tie_embeddings ? " tied" : "",
+             (long long)o->batch, (long long)o->seq, zn_dtype_name(o->dtype), o->checkpoint,
+             o->attention);
+}
+
+static int open_device(const zn_config *cfg, zn_dev **dev)
+{
+    zn_dev_config dc = zn_dev_config_default();
+    dc.name = cfg->train.device[0] ? cfg->train.device : "auto";
+    dc.gpu_budget = (uint64_t)1 << 30;
+    return zn_dev_create(dev, &dc);
+}
+
+int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags, zn_ceilings *c,
+                    zn_cost_compute *comp, FILE *note)
+{
+    memset(c, 0, sizeof *c);
+    memset(comp, 0, sizeof *comp);
+    char dir[ZN_PATH_MAX], file[ZN_PATH_MAX + 32], mkey[512];
+    int rc = zn_run_cache_path(dir, sizeof dir);
+    if (rc)
+        return rc;
+    snprintf(file, sizeof file, "%s/ceilings.json", dir);
+    /* the device is opened only to measure; the figures are keyed by what
+     * train.device resolves to here */
+    zn_dev *dev = NULL;
+    zn_dev_info di;
+    memset(&di, 0, sizeof di);
+    bool cuda = strcmp(cfg->train.device, "host") && zn_run_has_cuda(cfg);
+    machine_key(cuda ? "cuda" : "host", mkey, sizeof mkey);
+    c->shared_cores = !cuda;
+    c->cuda = cuda;
+    snprintf(c->name, sizeof c->name, "this machine");
+    json_t *root = load_cache(file);
+    json_t *m = json_object_get(root, mkey);
+    bool fresh = (flags & ZN_CEIL_RECALIBRATE) || !json_is_object(m);
+    if (fresh) {
+        m = json_object();
+        json_object_set_new(root, mkey, m);
+    }
+    bool dirty = false;
+#define NEED_DEVICE()                                                          \
+    do {                                                                       \
+        if (!dev) {                                                            \
+            if ((rc = open_device(cfg, &dev))) {                               \
+                rc = zn_error_prefix(rc, "cost model: device");                \
+                goto out;                                                      \
+            }                                                                  \
+            zn_dev_get_info(dev, &di);                                         \
+        }                                                                      \
+    } while (0)
+    if (!json_is_object(json_object_get(m, "link"))) {
+        NEED_DEVICE();
+        if (note)
+            fprintf(note, "cost model: measuring this machine's host link, memory and CPU Adam "
+                    "(once; kept in %s)\n", file);
+        zn_ceilings t;
+        memset(&t, 0, sizeof t);
+        if ((rc = measure_link(dev, &t)) || (rc = measure_mem(&t)) || (rc = measure_adam(cfg, &t)))
+            goto out;
+        json_object_set_new(m, "link", json_pack("{s:f,s:f,s:f,s:[f,f,f]}", "h2d_bps", t.h2d_bps,
+                                                 "d2h_bps", t.d2h_bps, "mem_bps", t.mem_bps,
+                                                 "adam_pps", t.adam_pps[0], t.adam_pps[1],
+                                                 t.adam_pps[2]));
+        dirty = true;
+    }
+    json_t *l = json_object_get(m, "link");
+    c->h2d_bps = jnum(l, "h2d_bps");
+    c->d2h_bps = jnum(l, "d2h_bps");
+    c->mem_bps = jnum(l, "mem_bps");
+    json_t *ap = json_object_get(l, "adam_pps");
+    for (int f = 0; f < 3; f++)
+        c->adam_pps[f] = json_number_value(json_array_get(ap, (size_t)f));
+    /* optimizer on the device: the host backend runs the same CPU kernels */
+    c->dev_adam_pps = c->shared_cores ? c->adam_pps[0] : 0;
+
+    /* the disk: by the file system the NVMe path is on */
+    const char *paths[ZN_SWAP_MAX_PATHS];
+    int np = zn_config_nvme_paths(cfg, paths, ZN_SWAP_MAX_PATHS);
+    struct stat st;
+    if (np > 0 && stat(paths[0], &st) == 0) {
+        char dkey[64];
+        snprintf(dkey, sizeof dkey, "disk %llu", (unsigned long long)st.st_dev);
+        json_t *dk = json_object_get(m, dkey);
+        if (!json_is_object(dk)) {
+            if (note)
+                fprintf(note, "cost model: measuring the disk under %s (256 MiB written and "
+                        "read back)\n", paths[0]);
+            zn_ceilings t;
+            memset(&t, 0, sizeof t);
+            if ((rc = measure_nvme(cfg, paths[0], &t)))
+                goto out;
+            dk = json_pack("{s:f,s:f,s:s}", "read_bps", t.nvme_read_bps, "write_bps",
+                           t.nvme_write_bps, "path", paths[0]);
+            json_object_set_new(m, dkey, dk);
+            dirty = true;
+        }
+        c->nvme_read_bps = jnum(dk, "read_bps");
+        c->nvme_write_bps = jnum(dk, "write_bps");
+    }
+
+    /* the compute of one micro-batch at this shape */
+    if (d) {
+        zn_model_probe_opts po = {
+            .batch = cfg->train_micro_batch_size_per_gpu, .seq = cfg->data.seq_len,
+            .dtype = cfg->bf16 && c->cuda ? ZN_DTYPE_BF16 : ZN_DTYPE_F32,
+            .checkpoint = cfg->train.activation_checkpointing, .attention = cfg->train.attention,
+            .iters = REPS,
+        };
+        char skey[256];
+        shape_key(d, &po, skey, sizeof skey);
+        json_t *probes = json_object_get(m, "compute");
+        if (!json_is_object(probes)) {
+            probes = json_object();
+            json_object_set_new(m, "compute", probes);
+        }
+        json_t *pk = json_object_get(probes, skey);
+        if (!json_is_object(pk)) {
+            NEED_DEVICE();
+            if (note)
+                fprintf(note, "cost model: timing one layer at micro-batch %lld x %lld on %s\n",
+                        (long long)po.batch, (long long)po.seq, di.name);
+            zn_model_probe pr;
+            if ((rc = zn_model_probe_blocks(dev, d, &po, &pr)))
+                goto out;
+            if (pr.wrong) {
+                rc = zn_set_error(ZN_EINTERNAL, "cost model: the layer probe failed %llu of its "
+                                  "checks (loss %g, expected ~%g)",
+                                  (unsigned long long)pr.wrong, (double)pr.loss,
+                                  (double)pr.want_loss);
+                goto out;
+            }
+            pk = json_pack("{s:f,s:f,s:f}", "layer_fwd_s", pr.layer_fwd_s, "layer_bwd_s",
+                           pr.layer_bwd_s, "head_s", pr.head_s);
+            json_object_set_new(probes, skey, pk);
+            dirty = true;
+        }
+        comp->layer_fwd_s = jnum(pk, "layer_fwd_s");
+        comp->layer_bwd_s = jnum(pk, "layer_bwd_s");
+        comp->head_s = jnum(pk, "head_s");
+    }
+    snprintf(c->source, sizeof c->source, "measured on this machine (%.200s), kept in %.250s", mkey,
+             file);
+    if (dirty)
+        rc = save_cache(root, dir, file);
+out:
+    json_decref(root);
+    zn_dev_destroy(dev);
+    return rc;
+#undef NEED_DEVICE
+}
+
+int zn_run_predict(const zn_config *cfg, const zn_model_dims *d, const zn_plan *plan, int flags,
+                   zn_cost *out, FILE *note)
+{
+    zn_ceilings c;
+    zn_cost_compute comp;
+    memset(out, 0, sizeof *out);
+    int rc = zn_run_ceilings(cfg, d, flags, &c, &comp, note);
+    if (rc)
+        return rc;
+    int mb = zn_config_moment_bytes(cfg->train.optim);
+    int fmt = mb == 1 ? ZN_MOM_Q8 : mb == 2 ? ZN_MOM_BF16 : ZN_MOM_F32;
+    uint64_t tokens = (uint64_t)(cfg->train_micro_batch_size_per_gpu * cfg->data.seq_len) *
+                      (uint64_t)(cfg->gradient_accumulation_steps > 0
+                                     ? cfg->gradient_accumulation_steps : 1);
+    return zn_cost_predict(plan, &c, &comp, d->n_layers, tokens, fmt, out);
+}
