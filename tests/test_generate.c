@@ -17,17 +17,23 @@
  *     and passing through 1..3 device slots, the same ids and bit-identical
  *     logits as every weight resident (the same arithmetic on the same
  *     values), each streamed layer copied once per step, and nothing
- *     allocated after zn_gen_open (its placement is what the run uses). */
+ *     allocated after zn_gen_open (its placement is what the run uses);
+ *     with the layers homed on NVMe, the swap space the placement reports
+ *     is the swap file's size, the streamed layers' weights plus less than
+ *     a swap block per layer (one extent per layer, not one per tensor). */
+#include <dirent.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "zinc/device.h"
 #include "zinc/generate.h"
 #include "zinc/model.h"
+#include "zinc/nvme.h"
 #include "zt.h"
 
 #define FIX ZN_SOURCE_ROOT "/tests/fixtures/"
@@ -391,6 +397,50 @@ static void prefix_reuse(zn_dev *dev)
     unload(&B);
 }
 
+/* The bytes of the files in dir. */
+static uint64_t dir_bytes(const char *dir)
+{
+    uint64_t sum = 0;
+    DIR *dp = opendir(dir);
+    struct dirent *e;
+    while (dp && (e = readdir(dp))) {
+        char path[1024];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (e->d_name[0] != '.' && stat(path, &sb) == 0 && S_ISREG(sb.st_mode))
+            sum += (uint64_t)sb.st_size;
+    }
+    if (dp)
+        closedir(dp);
+    return sum;
+}
+
+/* A generator whose streamed layers are on NVMe (in c->nvme_dir): the swap
+ * space it reports is the file it made, and that is the streamed layers'
+ * weights plus less than a swap block per layer (and the alignment of each
+ * tensor in its layer's buffer). */
+static void check_nvme_bytes(const zn_model_dims *d, size_t esz, const zn_gen_placement *p,
+                             const char *dir, const char *nvme_dir)
+{
+    uint64_t file = dir_bytes(nvme_dir), blk = zn_aio_config_default().block_size;
+    ZT_CHECK_MSG(p->nvme_bytes == file, "%s: the plan says %llu bytes of NVMe, the swap file "
+                 "has %llu", dir, (unsigned long long)p->nvme_bytes, (unsigned long long)file);
+    uint64_t weights = 0, n = (uint64_t)p->streamed_layers;
+    int np = zn_model_block_nparams(d, 1);
+    for (int i = 0; i < np; i++) {
+        zn_param_info pi;
+        if (!zn_model_block_param(d, 1, i, &pi) && pi.owner_block < 0)
+            weights += (uint64_t)pi.numel * esz;
+    }
+    weights *= n;
+    ZT_CHECK_MSG(p->nvme_bytes >= weights &&
+                 p->nvme_bytes < weights + n * (blk + (uint64_t)np * ZN_DEV_ALIGN),
+                 "%s: %llu bytes of NVMe for %llu bytes of weights in %llu layers (block %llu)",
+                 dir, (unsigned long long)p->nvme_bytes, (unsigned long long)weights,
+                 (unsigned long long)n, (unsigned long long)blk);
+    ZT_EQ_U64(p->nvme_bytes, n * ((p->layer_bytes + blk - 1) / blk * blk));
+}
+
 /* Greedy ids of prompts through a generator of owned weights placed with
  * config c (NULL: resident in a model state), and the last step's logits. */
 static int gen_with(zn_dev *dev, const char *dir, const char *adapter, const zn_gen_config *c,
@@ -438,6 +488,8 @@ static int gen_with(zn_dev *dev, const char *dir, const char *adapter, const zn_
         memcpy(last, zn_gen_last_logits(g, 0), (size_t)d.vocab * sizeof *last);
         if (pl)
             zn_gen_get_placement(g, pl);
+        if (pl && c->nvme_dir && pl->nvme_bytes)
+            check_nvme_bytes(&d, zn_dtype_size(cfg.dtype), pl, dir, c->nvme_dir);
     }
     ZT_CHECK_MSG(rc == 0, "%s: %s", dir, zn_last_error());
     zn_gen_destroy(g);

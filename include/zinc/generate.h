@@ -105,7 +105,9 @@ typedef struct {
     uint64_t layer_bytes;          /* one decoder layer */
     uint64_t device_weight_bytes;  /* weights and ring slots on the device */
     uint64_t pinned_bytes;         /* weights homed in pinned host memory (and NVMe stages) */
-    uint64_t nvme_bytes;           /* the swap space of NVMe-homed layers */
+    uint64_t nvme_bytes;           /* the swap file of NVMe-homed layers (its size): one
+                                      extent per layer, each under a swap block more
+                                      than the layer */
     uint64_t nvme_read;            /* bytes read from it so far */
     uint64_t streamed_bytes_per_step; /* host to device per decoding step */
     uint64_t streamed_bytes;       /* copied so far */

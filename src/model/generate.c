@@ -71,15 +71,11 @@ void zn_gen_destroy(zn_gen *g)
     if (g->copy)
         zn_dev_stream_destroy(g->dev, g->copy);
     zn_dev_sync(g->dev);
-    for (int k = 0; k < ZN_M_GEN_MAX_RING; k++) {
+    for (int k = 0; k < ZN_M_GEN_MAX_RING; k++)
         zn_dev_host_free(g->dev, g->stage[k]);
-        free(g->rd[k]);
-    }
-    for (int b = 0; g->ext && b < g->nb; b++)
-        free(g->ext[b]);
     free(g->ext);
     free(g->on_nvme);
-    free(g->asm_buf);
+    zn_aio_buffer_free(g->asm_buf);
     zn_swap_destroy(g->swap);
     zn_aio_destroy(g->aio);
     for (int k = 0; k < ZN_M_GEN_MAX_RING; k++) {

@@ -63,18 +63,13 @@ static void bind(zn_gen *g, int b, void *base, void **ptr)
     }
 }
 
-/* Block b's tensors as extents of the swap space. */
+/* Block b's buffer as one extent of the swap space, laid out as its
+ * device slot is (off): a use is one read. */
 static int nvme_alloc(zn_gen *g, int b)
 {
-    const zn_model_dims *d = zn_model_get_dims(g->m);
-    if (!(g->ext[b] = calloc((size_t)g->np[b] + 1, sizeof **g->ext)))
-        return zn_set_error(-ENOMEM, "out of memory");
-    for (int i = 0; i < g->np[b]; i++) {
-        zn_param_info pi;
-        ZN_TRY(zn_model_block_param(d, b, i, &pi));
-        if (pi.owner_block < 0)
-            ZN_TRY(zn_swap_alloc(g->swap, (uint64_t)pi.numel * g->esz, pi.name, &g->ext[b][i]));
-    }
+    char what[64];
+    snprintf(what, sizeof what, "weights: layer %d", b - 1);
+    ZN_TRY(zn_swap_alloc(g->swap, g->bytes[b], what, &g->ext[b]));
     g->on_nvme[b] = 1;
     return 0;
 }
@@ -102,22 +97,20 @@ static int home_alloc(zn_gen *g, int b, int on_dev)
 }
 
 /* The swap space for the streamed layers in nvme_dir, and a pinned stage
- * per slot. */
+ * per slot. A layer's extent (at least a swap block) starts on a block
+ * boundary (zn_swap_alloc), so n layers take exactly n times the layer
+ * rounded up to the block: the weights plus less than a block per layer.
+ * What placement reports is the space the swap file got. */
 static int nvme_open(zn_gen *g, const char *dir)
 {
     zn_aio_config ac = zn_aio_config_default();
-    uint64_t need = 0, blk = ac.block_size;
-    const zn_model_dims *d = zn_model_get_dims(g->m);
-    for (int i = 0; i < g->np[1]; i++) {
-        zn_param_info pi;
-        ZN_TRY(zn_model_block_param(d, 1, i, &pi));
-        need += ((uint64_t)pi.numel * g->esz + blk - 1) / blk * blk;
-    }
-    need = need * (uint64_t)g->n + blk;
+    uint64_t blk = ac.block_size;
+    uint64_t need = (g->bytes[1] + blk - 1) / blk * blk * (uint64_t)g->n;
     g->on_nvme = calloc((size_t)g->nb, 1);
     g->ext = calloc((size_t)g->nb, sizeof *g->ext);
     if (!g->on_nvme || !g->ext)
         return zn_set_error(-ENOMEM, "out of memory");
+    g->asm_block = -1;
     ZN_TRY(zn_aio_create(&g->aio, &ac));
     zn_swap_config sc = zn_swap_config_default();
     sc.npaths = 1;
@@ -125,12 +118,11 @@ static int nvme_open(zn_gen *g, const char *dir)
     sc.bytes = need;
     sc.file_prefix = "zinc-gen";
     ZN_TRY(zn_swap_create(&g->swap, g->aio, &sc));
-    g->nvme_bytes = need;
-    for (int k = 0; k < g->K; k++) {
+    zn_swap_stats ss;
+    zn_swap_get_stats(g->swap, &ss);
+    g->nvme_bytes = ss.capacity;
+    for (int k = 0; k < g->K; k++)
         ZN_TRY(zn_dev_host_alloc(g->dev, g->bytes[1], "streamed layer stage", &g->stage[k]));
-        if (!(g->rd[k] = calloc((size_t)g->np[1] + 1, sizeof **g->rd)))
-            return zn_set_error(-ENOMEM, "out of memory");
-    }
     return 0;
 }
 
@@ -256,26 +248,60 @@ void zn_gen_get_placement(const zn_gen *g, zn_gen_placement *p)
 
 /* ---- owned weights: loading ---------------------------------------------------------- */
 
-/* An NVMe-homed tensor's piece: assembled in a buffer, written whole when
- * its last piece is in (pieces come in order). */
+/* The layer being filled, written whole to its extent; nothing when no
+ * piece came since the last write. */
+static int nvme_flush(zn_gen *g)
+{
+    if (!g->asm_dirty)
+        return 0;
+    int b = g->asm_block;
+    zn_aio_handle hd;
+    ZN_TRY(zn_aio_submit_write(g->aio, &g->ext[b], g->asm_buf, g->bytes[b], &hd));
+    ZN_TRY(zn_aio_wait(g->aio, hd));
+    g->asm_dirty = 0;
+    g->on_nvme[b] = 2;
+    return 0;
+}
+
+/* Loading ended with rc: when it succeeded, the last layer written; its
+ * buffer given back either way. Returns rc, else the write's status. */
+static int nvme_load_done(zn_gen *g, int rc)
+{
+    if (!g->aio)
+        return rc;
+    if (!rc)
+        rc = nvme_flush(g);
+    zn_aio_buffer_free(g->asm_buf);
+    g->asm_buf = NULL;
+    g->asm_block = -1;
+    g->asm_dirty = 0;
+    return rc;
+}
+
+/* An NVMe-homed tensor's piece: into its layer's buffer, written whole
+ * when a piece of another layer comes (zn_m_load_tensors goes layer by
+ * layer) or before a read. A layer already written is read back first:
+ * the adapters of a LoRA model come after the base. */
 static int put_nvme(zn_gen *g, int b, int i, uint64_t off, const void *h, size_t bytes)
 {
-    zn_param_info pi;
-    ZN_TRY(zn_model_block_param(zn_model_get_dims(g->m), b, i, &pi));
-    size_t total = (size_t)pi.numel * g->esz;
-    if (g->asm_cap < total) {
-        free(g->asm_buf);
-        g->asm_cap = 0;
-        if (!(g->asm_buf = malloc(total)))
-            return zn_set_error(-ENOMEM, "out of memory");
-        g->asm_cap = total;
+    if (g->asm_block != b) {
+        ZN_TRY(nvme_flush(g));
+        if (!g->asm_buf && !(g->asm_buf = zn_aio_buffer_alloc(g->bytes[1])))
+            return zn_set_error(-ENOMEM, "generate: no buffer of %llu bytes to load layer %d "
+                                "onto NVMe", (unsigned long long)g->bytes[1], b - 1);
+        g->asm_block = -1;
+        if (g->on_nvme[b] == 2) {
+            zn_aio_handle hd;
+            ZN_TRY(zn_aio_submit_read(g->aio, &g->ext[b], g->asm_buf, g->bytes[b], &hd));
+            ZN_TRY(zn_aio_wait(g->aio, hd));
+        } else {
+            memset(g->asm_buf, 0, g->bytes[b]);
+        }
+        g->asm_block = b;
     }
-    memcpy((unsigned char *)g->asm_buf + off, h, bytes);
-    if (off + bytes < total)
-        return 0;
-    zn_aio_handle hd;
-    ZN_TRY(zn_aio_submit_write(g->aio, &g->ext[b][i], g->asm_buf, total, &hd));
-    return zn_aio_wait(g->aio, hd);
+    memcpy((unsigned char *)g->asm_buf + g->off[b][i] + off, h, bytes);
+    g->asm_dirty = 1;
+    return 0;
 }
 
 static int put_home(void *ctx, int b, int i, uint64_t off, const void *h, size_t bytes)
@@ -297,17 +323,9 @@ static int put_home(void *ctx, int b, int i, uint64_t off, const void *h, size_t
 static int read_stage(zn_gen *g, uint64_t u)
 {
     int k = (int)(u % (uint64_t)g->K), b = 1 + g->r + (int)(u % (uint64_t)g->n);
+    ZN_TRY(nvme_flush(g)); /* weights put since the last load (zn_gen_put) */
     ZN_TRY(zn_dev_event_sync(g->dev, g->ready[k]));
-    const zn_model_dims *d = zn_model_get_dims(g->m);
-    for (int i = 0; i < g->np[b]; i++) {
-        zn_param_info pi;
-        ZN_TRY(zn_model_block_param(d, b, i, &pi));
-        g->rd[k][i] = 0;
-        if (pi.owner_block < 0)
-            ZN_TRY(zn_aio_submit_read(g->aio, &g->ext[b][i],
-                                      (unsigned char *)g->stage[k] + g->off[b][i],
-                                      (size_t)pi.numel * g->esz, &g->rd[k][i]));
-    }
+    ZN_TRY(zn_aio_submit_read(g->aio, &g->ext[b], g->stage[k], g->bytes[b], &g->rd[k]));
     g->pending[k] = 1;
     g->nvme_read += g->bytes[b];
     return 0;
@@ -320,12 +338,7 @@ int zn_m_gen_complete(zn_gen *g, int k)
     if (!g->pending[k])
         return 0;
     g->pending[k] = 0;
-    int rc = 0;
-    for (int i = 0; i < g->np[1]; i++) {
-        int r = g->rd[k][i] ? zn_aio_wait(g->aio, g->rd[k][i]) : 0;
-        rc = rc ? rc : r;
-    }
-    ZN_TRY(rc);
+    ZN_TRY(zn_aio_wait(g->aio, g->rd[k]));
     ZN_TRY(zn_dev_stream_wait_event(g->dev, g->copy, g->freed[k]));
     ZN_TRY(zn_dev_copy_h2d(g->dev, g->copy, g->ring[k], g->stage[k], g->bytes[1]));
     g->streamed += g->bytes[1];
@@ -360,8 +373,8 @@ int zn_gen_load(zn_gen *g, const char *base, const char *adapter_dir)
     if (adapter_dir) {
         char path[4096];
         snprintf(path, sizeof path, "%s/adapter_model.safetensors", adapter_dir);
-        ZN_TRY(zn_m_load_tensors(d, dt, path, "base_model.model.", ZN_M_LOAD_ADAPTERS, put_home,
-                                 g));
+        ZN_TRY(nvme_load_done(g, zn_m_load_tensors(d, dt, path, "base_model.model.",
+                                                   ZN_M_LOAD_ADAPTERS, put_home, g)));
     }
     return 0;
 }
@@ -371,8 +384,9 @@ int zn_gen_load_base(zn_gen *g, const char *base)
     if (g->st)
         return zn_set_error(ZN_EARG, "generate: this generator's weights are a model state's");
     const zn_model_dims *d = zn_model_get_dims(g->m);
-    return zn_m_load_tensors(d, zn_model_get_config(g->m)->dtype, base, "",
-                             d->lora.r > 0 ? ZN_M_LOAD_BASE : ZN_M_LOAD_ALL, put_home, g);
+    return nvme_load_done(g, zn_m_load_tensors(d, zn_model_get_config(g->m)->dtype, base, "",
+                                               d->lora.r > 0 ? ZN_M_LOAD_BASE : ZN_M_LOAD_ALL,
+                                               put_home, g));
 }
 
 int zn_gen_put(zn_gen *g, int block, int i, uint64_t first, const float *v, uint64_t n)
@@ -409,20 +423,14 @@ int zn_gen_time_link(zn_gen *g, double *seconds)
     if (g->aio) {
         /* NVMe reads alone, then the copies alone: the pipeline overlaps
          * them, so the step's ceiling is the slower of the two */
-        const zn_model_dims *d = zn_model_get_dims(g->m);
+        ZN_TRY(nvme_flush(g));
         double t0 = zn_now_s();
-        for (int j = 0; j < g->n; j++)
-            for (int i = 0; i < g->np[1]; i++) {
-                zn_param_info pi;
-                zn_aio_handle h;
-                ZN_TRY(zn_model_block_param(d, 1 + g->r + j, i, &pi));
-                if (pi.owner_block >= 0)
-                    continue;
-                ZN_TRY(zn_aio_submit_read(g->aio, &g->ext[1 + g->r + j][i],
-                                          (unsigned char *)g->stage[0] + g->off[1][i],
-                                          (size_t)pi.numel * g->esz, &h));
-                ZN_TRY(zn_aio_wait(g->aio, h));
-            }
+        for (int j = 0; j < g->n; j++) {
+            zn_aio_handle h;
+            ZN_TRY(zn_aio_submit_read(g->aio, &g->ext[1 + g->r + j], g->stage[0], g->bytes[1],
+                                      &h));
+            ZN_TRY(zn_aio_wait(g->aio, h));
+        }
         double t_read = zn_now_s() - t0;
         t0 = zn_now_s();
         for (int j = 0; j < g->n; j++)

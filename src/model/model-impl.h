@@ -273,18 +273,23 @@ struct zn_gen {
     void **ring_ptr[ZN_M_GEN_MAX_RING];
     zn_event *ready[ZN_M_GEN_MAX_RING], *freed[ZN_M_GEN_MAX_RING];
     zn_stream *copy;
-    /* NVMe homes (zn_gen_config.nvme_dir): each streamed layer's tensors in
-     * extents of a swap space; a use's reads land in its pinned stage (one
-     * per slot), then one copy takes the stage to the device slot */
+    /* NVMe homes (zn_gen_config.nvme_dir): each streamed layer in one
+     * extent of a swap space, its tensors at their offsets in the layer's
+     * buffer (off), so a use is one read into its pinned stage (one per
+     * slot), then one copy takes the stage to the device slot. One extent
+     * per layer, not per tensor: a tensor's own extent would be rounded up
+     * to the swap block (1 MiB), a norm weight of a few KiB included */
     zn_aio *aio;
     zn_swap *swap;
-    zn_extent **ext;    /* per block, per tensor (NVMe-homed layers) */
-    unsigned char *on_nvme;
+    zn_extent *ext;     /* per block (NVMe-homed layers) */
+    unsigned char *on_nvme; /* per block: 1 homed there, 2 written at least once */
     void *stage[ZN_M_GEN_MAX_RING];
-    zn_aio_handle *rd[ZN_M_GEN_MAX_RING];
-    int pending[ZN_M_GEN_MAX_RING]; /* reads in flight, the copy not yet queued */
-    void *asm_buf;      /* loading: a tensor assembled before its write */
-    size_t asm_cap;
+    zn_aio_handle rd[ZN_M_GEN_MAX_RING];
+    int pending[ZN_M_GEN_MAX_RING]; /* a read in flight, the copy not yet queued */
+    /* loading: the layer being filled (asm_block, -1 none), written whole
+     * when a piece of another layer comes or before a read (dirty) */
+    void *asm_buf;
+    int asm_block, asm_dirty;
     uint64_t nvme_bytes, nvme_read;
     uint64_t use;       /* the next use number */
     int primed;         /* the first K uses were fetched */
