@@ -44,6 +44,14 @@ expect 0 "14.77B parameters" -- plan "$src/examples/a10-qwen2.5-14b-nvme.json"
 expect 0 "7.62B parameters" -- plan "$src/examples/a10-qwen2.5-7b.json"
 expect 1 "cpu tier needs .*offload_optimizer.device=nvme needs" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --set tiers.cpu=64GiB
+# fp32 moments in a cpu tier that 8-bit ones would fit: said first, with the
+# figure the 8-bit plan itself has; where they would not, after the NVMe fix
+expect 1 "adamw_bnb_8bit .*alone fits \(the cpu tier then needs 87.26 GiB\); or zero_optimization.offload_optimizer.device=nvme" -- \
+    plan "$src/examples/a10-qwen2.5-7b.json" --set tiers.cpu=100GiB
+expect 0 "^total +[0-9.]+ GiB +87.26 GiB" -- \
+    plan "$src/examples/a10-qwen2.5-7b.json" --set tiers.cpu=100GiB --set train.optim=adamw_bnb_8bit
+expect 1 "tiers.nvme has 0 B; train.optim=adamw_bnb_8bit .*not enough alone \(short by 23.26 GiB even so\)" -- \
+    plan "$src/examples/a10-qwen2.5-7b.json" --set tiers.cpu=64GiB
 expect 1 "offload_parm: unknown key \(did you mean 'offload_param'\?\)" -- \
     plan "$src/examples/tiny.json" --set zero_optimization.offload_parm.device=cpu
 expect 0 "attention +fused .*\\[auto\\]" -- plan "$src/examples/a10-qwen2.5-7b.json"

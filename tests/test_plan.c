@@ -84,6 +84,71 @@ static void test_hand_computed(void)
     ZT_CONTAINS(p.why, "offload_optimizer.device=nvme needs 34.38 KiB on nvme; tiers.nvme has 0 B");
 }
 
+/* The cpu tier short with fp32 moments in it: the advice says what 8-bit
+ * moments (train.optim=adamw_bnb_8bit) save, the plan of that config's own
+ * figure, and whether that alone fits; first when it does, after the NVMe
+ * offload when it does not. A LoRA run's moments are too few to say it. */
+static void test_q8_advice(void)
+{
+    zn_config c32, c8;
+    zn_plan p, p8;
+    const char *json = "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": "
+                       "{\"device\": \"cpu\"}, \"offload_optimizer\": {\"device\": \"cpu\"}}}";
+    const char *q8[] = { "train.optim=adamw_bnb_8bit" };
+    if (zn_config_parse(&c32, json, "fp32", NULL, 0) || zn_config_parse(&c8, json, "q8", q8, 1))
+        ZT_SETUP_FAIL("config: %s", zn_last_error());
+    zn_plan_input in = small_input(1);
+    zn_plan_budgets b = { { 1 << 20, 1 << 20, 0 } };
+    ZT_EQ_INT(zn_plan_compute(&p, &c32, &in, &b), 0);
+    ZT_EQ_INT(zn_plan_compute(&p8, &c8, &in, &b), 0);
+    ZT_EQ_INT(p.moment_bytes, 4);
+    ZT_EQ_INT(p8.moment_bytes, 1);
+    uint64_t T = p.tier_total[ZN_TIER_CPU], T8 = p8.tier_total[ZN_TIER_CPU];
+    /* 2200 elements: m and v 8800 B each in fp32; in 8 bits 2240 (padded to
+     * 64) + 9 absmax x 4 = 2276 each */
+    ZT_EQ_U64(T - T8, 2 * 8800 - 2 * 2276);
+    char save[32], need8[32], want[256];
+    zn_format_size(T - T8, save, sizeof save);
+    zn_format_size(T8, need8, sizeof need8);
+
+    /* short by exactly what 8 bits save: that alone fits, and comes first */
+    b.bytes[ZN_TIER_CPU] = T8;
+    ZT_EQ_INT(zn_plan_compute(&p, &c32, &in, &b), ZN_ENOFIT);
+    snprintf(want, sizeof want, "saves %s and alone fits (the cpu tier then needs %s); or "
+             "zero_optimization.offload_optimizer.device=nvme needs", save, need8);
+    ZT_CONTAINS(p.why, want);
+    ZT_CONTAINS(p.why, "train.optim=adamw_bnb_8bit keeps Adam's m and v in 8 bits");
+    ZT_EQ_INT(zn_plan_compute(&p8, &c8, &in, &b), 0);
+
+    /* a byte more short: the NVMe offload first, then what 8 bits save */
+    b.bytes[ZN_TIER_CPU] = T8 - 1;
+    ZT_EQ_INT(zn_plan_compute(&p, &c32, &in, &b), ZN_ENOFIT);
+    snprintf(want, sizeof want, "tiers.nvme has 0 B; train.optim=adamw_bnb_8bit keeps Adam's m "
+             "and v in 8 bits (4.45 KiB instead of 17.19 KiB) and saves %s, not enough alone "
+             "(short by 1 B even so)", save);
+    ZT_CONTAINS(p.why, want);
+    ZT_CHECK_MSG(strstr(p.why, "offload_optimizer.device=nvme") < strstr(p.why, "adamw_bnb_8bit"),
+                 "the NVMe offload is not first: %s", p.why);
+    ZT_EQ_INT(zn_plan_compute(&p8, &c8, &in, &b), ZN_ENOFIT);
+
+    /* 8-bit moments already: nothing more to say about them */
+    b.bytes[ZN_TIER_CPU] = T8 - 1;
+    ZT_EQ_INT(zn_plan_compute(&p8, &c8, &in, &b), ZN_ENOFIT);
+    ZT_CHECK_MSG(!strstr(p8.why, "adamw_bnb_8bit"), "advice for 8-bit moments: %s", p8.why);
+
+    /* LoRA: 20 trainable elements, their moments 160 B of a tier of kilobytes
+     * of frozen params: not worth saying, even where it would make it fit */
+    in.trainable_params = 20;
+    b.bytes[ZN_TIER_CPU] = 1 << 20;
+    ZT_EQ_INT(zn_plan_compute(&p, &c32, &in, &b), 0);
+    b.bytes[ZN_TIER_CPU] = p.tier_total[ZN_TIER_CPU] - 1;
+    ZT_EQ_INT(zn_plan_compute(&p, &c32, &in, &b), ZN_ENOFIT);
+    ZT_CONTAINS(p.why, "offload_optimizer.device=nvme needs");
+    ZT_CHECK_MSG(!strstr(p.why, "adamw_bnb_8bit"), "LoRA: 8-bit advice for %llu B of moments: %s",
+                 (unsigned long long)(p.bytes[ZN_STATE_ADAM_M][ZN_TIER_CPU] +
+                                      p.bytes[ZN_STATE_ADAM_V][ZN_TIER_CPU]), p.why);
+}
+
 /* tiers.grads: with the states on NVMe, the gradients stay in pinned RAM
  * when the cpu tier has room after everything else (auto), or go where
  * they are told. */
@@ -305,6 +370,7 @@ int main(void)
     test_hand_computed();
     test_sharded();
     test_grads_tier();
+    test_q8_advice();
     test_param_cache();
     test_real_models();
     return zt_done();

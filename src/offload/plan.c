@@ -70,6 +70,43 @@ static void add(zn_plan *p, zn_state_class c, zn_tier t, uint64_t bytes)
     p->bytes[c][t] += bytes;
 }
 
+/* The cpu tier short by `short_by` with fp32 Adam moments in it: what
+ * train.optim=adamw_bnb_8bit (8-bit blockwise m and v, laid out as the
+ * trainer lays them out: zn_mom_layout_bytes) would save, into fix[n].
+ * Returns 1 when that alone makes the tier fit, 0 when it does not, -1
+ * (fix empty) when the moments are too small a part of the tier to be
+ * worth saying: a LoRA run's adapters, whose moments are a few per cent of
+ * the frozen base's 16-bit copy. */
+static int q8_advice(const zn_plan *p, uint64_t short_by, char *fix, size_t n)
+{
+    const zn_tier t = ZN_TIER_CPU;
+    uint64_t fp = p->bytes[ZN_STATE_ADAM_M][t] + p->bytes[ZN_STATE_ADAM_V][t];
+    fix[0] = '\0';
+    if (p->moment_bytes != 4 || !fp || fp * 16 < p->tier_total[t])
+        return -1;
+    /* fp32 moments are 4 bytes an element, both in the estimate and in the
+     * trainer's items: the elements are the bytes / 4 */
+    uint64_t q8 = zn_mom_layout_bytes(ZN_MOM_Q8, p->bytes[ZN_STATE_ADAM_M][t] / 4) +
+                  zn_mom_layout_bytes(ZN_MOM_Q8, p->bytes[ZN_STATE_ADAM_V][t] / 4);
+    if (q8 >= fp)
+        return -1;
+    uint64_t save = fp - q8;
+    char a[32], b[32], c[32], d[32];
+    zn_format_size(q8, a, sizeof a);
+    zn_format_size(fp, b, sizeof b);
+    zn_format_size(save, c, sizeof c);
+    if (save >= short_by) {
+        snprintf(fix, n, "train.optim=adamw_bnb_8bit keeps Adam's m and v in 8 bits (%s instead "
+                 "of %s), which saves %s and alone fits (the cpu tier then needs %s)", a, b, c,
+                 zn_format_size(p->tier_total[t] - save, d, sizeof d));
+        return 1;
+    }
+    snprintf(fix, n, "train.optim=adamw_bnb_8bit keeps Adam's m and v in 8 bits (%s instead of "
+             "%s) and saves %s, not enough alone (short by %s even so)", a, b, c,
+             zn_format_size(short_by - save, d, sizeof d));
+    return 0;
+}
+
 /* What follows from the bytes per class and tier: SSD wear per step,
  * whether the states asked on NVMe would fit in RAM, and whether it all
  * fits (with what is short and the fix). */
@@ -147,11 +184,21 @@ static int finish(zn_plan *p, const zn_config *cfg, bool act_ckpt)
                 snprintf(fix, sizeof fix, "lower train_micro_batch_size_per_gpu, data.seq_len "
                          "or stage3_max_live_parameters / stage3_prefetch_bucket_size");
         } else if (t == ZN_TIER_CPU) {
-            if (otier == ZN_TIER_CPU && opt_bytes)
-                snprintf(fix, sizeof fix, "zero_optimization.offload_optimizer.device=nvme "
+            if (otier == ZN_TIER_CPU && opt_bytes) {
+                /* the cheapest fix that fits first: 8-bit moments cost no
+                 * I/O and no SSD wear; the states on NVMe cost both */
+                char q8[256], to_nvme[160];
+                int q8_fits = q8_advice(p, p->tier_total[t] - p->budget[t], q8, sizeof q8);
+                snprintf(to_nvme, sizeof to_nvme, "zero_optimization.offload_optimizer.device=nvme "
                          "needs %s on nvme; tiers.nvme has %s",
                          zn_format_size(opt_bytes + p->tier_total[ZN_TIER_NVME], ob, sizeof ob), nv);
-            else if (ptier == ZN_TIER_CPU && p->bytes[ZN_STATE_PARAMS][t])
+                if (q8_fits == 1)
+                    snprintf(fix, sizeof fix, "%s; or %s", q8, to_nvme);
+                else if (q8_fits == 0)
+                    snprintf(fix, sizeof fix, "%s; %s", to_nvme, q8);
+                else
+                    snprintf(fix, sizeof fix, "%s", to_nvme);
+            } else if (ptier == ZN_TIER_CPU && p->bytes[ZN_STATE_PARAMS][t])
                 snprintf(fix, sizeof fix, "zero_optimization.offload_param.device=nvme "
                          "needs %s on nvme; tiers.nvme has %s",
                          zn_format_size(p->bytes[ZN_STATE_PARAMS][t] +
