@@ -7,7 +7,7 @@
 # machine without a GPU. No timing is asserted: times on a shared machine
 # are the benchmark's business (bench/results/tune.md).
 set -u
-zinc=$1
+zinc=$(realpath "$1")
 src=$2
 pass=0 fail=0
 tmp=$(mktemp -d)
