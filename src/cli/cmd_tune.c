@@ -121,6 +121,15 @@ static void evaluate(cand *c, const char *path, const char **user_sets, int n_us
     }
     c->fits = 1;
     c->host_bytes = plan.tier_total[ZN_TIER_CPU];
+    /* the values the run resolved (an optimizer "none" that does not fit
+     * on the GPU moves to "cpu", as zinc train moves it) */
+    for (int i = 0; i < c->n_set; i++) {
+        char key[96], v[32];
+        snprintf(key, sizeof key, "%s", c->set[i]);
+        *strchr(key, '=') = '\0';
+        current_value(&cfg, key, v, sizeof v);
+        snprintf(c->set[i], sizeof c->set[i], "%.63s=%.31s", key, v);
+    }
     int mb = zn_config_moment_bytes(cfg.train.optim);
     int fmt = mb == 1 ? 2 : mb == 2 ? 1 : 0;
     uint64_t tokens = (uint64_t)(cfg.train_micro_batch_size_per_gpu * cfg.data.seq_len) *
@@ -303,6 +312,23 @@ int zn_cli_tune(const char *path, const char **sets, int n_sets, int world, cons
         evaluate(&cs[i], path, tsets, nt, world, target, devnull, flags);
     fclose(devnull);
     qsort(cs, (size_t)nc, sizeof *cs, by_step);
+    /* candidates the run resolves to the same settings are one (the
+     * faster copy stays; "the config as given" passes to it) */
+    for (int i = 1; i < nc; i++) {
+        int same = -1;
+        for (int j = 0; j < i && same < 0 && cs[i].fits == 1; j++) {
+            bool eq = cs[j].fits == 1 && cs[j].n_set == cs[i].n_set;
+            for (int k = 0; k < cs[i].n_set && eq; k++)
+                eq = !strcmp(cs[i].set[k], cs[j].set[k]);
+            if (eq)
+                same = j;
+        }
+        if (same >= 0) {
+            cs[same].given |= cs[i].given;
+            memmove(&cs[i], &cs[i + 1], (size_t)(nc - i - 1) * sizeof *cs);
+            nc--, i--;
+        }
+    }
     int fit = 0, nofit = 0, err = 0, given_rank = -1;
     for (int i = 0; i < nc; i++) {
         fit += cs[i].fits == 1;
