@@ -140,30 +140,49 @@ typedef struct {
     uint64_t path_bytes[ZN_SWAP_MAX_PATHS];
     int keep_files;          /* leave the files in place at destroy */
     const char *file_prefix; /* file name prefix (default "zinc-swap") */
+    /* 1: each path's file goes in a new directory of this run's,
+     * <path>/zinc-run.<host>.<pid>.<start>.<k> (mode 0700; <start> is the
+     * process's start in seconds since the epoch, <k> counts the process's
+     * run directories), holding a lock file ("lock": host, PID, start and
+     * file_prefix, flock'ed while the space lives) and the file
+     * <prefix>.<i>.swp; destroy removes the three (keep_files: keeps them and
+     * marks the lock file as kept). 0 (the default): the file goes in the
+     * path itself as <prefix>.<pid>.<n>.<i>.swp, flock'ed. */
+    int run_dir;
 } zn_swap_config;
 
 ZN_API zn_swap_config zn_swap_config_default(void);
 
-/* Creates one file per path, named <dir>/<prefix>.<pid>.<n>.<i>.swp, with
- * O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600, preallocated with fallocate to its
- * full size, and registers the files with the engine. A path whose file
- * system refuses O_DIRECT uses buffered I/O (one warning). Returns 0,
- * -ENOSPC (message: path, bytes needed, bytes free), -EEXIST, -EINVAL,
- * -EOPNOTSUPP (no fallocate), or another -errno naming the path. */
+/* Creates one file per path (in a run directory with run_dir; see
+ * zn_swap_config), with O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600, preallocated
+ * with fallocate to its full size, and registers the files with the engine.
+ * A path whose file system refuses O_DIRECT uses buffered I/O (one warning).
+ * Returns 0, -ENOSPC (message: path, bytes needed, bytes free), -EEXIST (a
+ * file or run directory already there), -EINVAL, -EOPNOTSUPP (no
+ * fallocate), or another -errno naming the path. On failure nothing made is
+ * left behind. */
 ZN_API int zn_swap_create(zn_swap **out, zn_aio *a, const zn_swap_config *cfg);
 
-/* Removes the files (unless keep_files) and frees the swap space. No
- * request on its extents may be in flight. Accepts NULL. */
+/* Removes the files and run directories (unless keep_files) and frees the
+ * swap space. No request on its extents may be in flight. Accepts NULL. */
 ZN_API void zn_swap_destroy(zn_swap *s);
-/* Async-signal-safe: unlinks every swap file this process created and would
- * remove at destroy (a second SIGTERM / SIGINT ends a run at once, and its
- * files must not stay behind). Returns how many it removed. */
+/* Async-signal-safe (unlink and rmdir only): removes every swap file, lock
+ * file and run directory this process created and would remove at destroy
+ * (a second SIGTERM / SIGINT ends a run at once, and its files must not stay
+ * behind). Returns how many files and directories it removed. */
 ZN_API int zn_swap_remove_all_now(void);
-/* Removes the swap files in `dir` named "<prefix>.<pid>.<n>.<i>.swp" whose
- * run is gone: no process holds the lock every run keeps on its files and
- * the PID does not exist. A live run's files are never touched. Each
- * removal is warned about with its size; *bytes and *files sum them.
- * Returns 0 (a missing dir has nothing) or -errno. */
+/* Removes what dead runs left in `dir`:
+ *  - run directories (zinc-run.<host>.<pid>.<start>.<k>, any prefix) of
+ *    this host whose lock no process holds and whose run is gone (no such
+ *    PID, or a process of that PID that started at another time), with
+ *    everything in them; one a run kept (keep_files) is left, with a
+ *    warning. Another host's are never touched (flock is not reliable on a
+ *    shared file system): each is named in a warning with its size.
+ *  - files of the layout before run directories, "<prefix>.<pid>.<n>.<i>.swp"
+ *    in `dir` itself (prefix NULL: none), whose lock is free and PID gone.
+ * A live run's files are never touched. Each removal is warned about with
+ * its size; *bytes sums them and *files counts the directories and old
+ * files removed. Returns 0 (a missing dir has nothing) or -errno. */
 ZN_API int zn_swap_clean_stale(const char *dir, const char *prefix, uint64_t *bytes, int *files);
 
 /* A tensor's place in a swap space. A value the caller keeps; it owns

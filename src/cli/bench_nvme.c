@@ -339,6 +339,14 @@ int zn_bench_nvme(int argc, char **argv)
     if (zn_nvme_probe(o.paths[0], &pi))
         return zn_cli_fail(ZN_EARG, "probing --path");
 
+    /* what killed runs left there goes first, as in zinc train */
+    for (int i = 0; i < o.npaths; i++) {
+        uint64_t stale_bytes;
+        int stale;
+        if (zn_swap_clean_stale(o.paths[i], "zinc-bench", &stale_bytes, &stale))
+            zn_warn("swap: looking for dead runs' files in %s: %s", o.paths[i], zn_last_error());
+    }
+
     printf("# zinc bench nvme: zinc's engine vs fio, same file, block size and queue depth\n");
     printf("# machine: %s, %ld CPUs online; kernel %s; zinc %s; %s\n", model,
            sysconf(_SC_NPROCESSORS_ONLN), un.release, ZN_VERSION,
@@ -388,6 +396,7 @@ int zn_bench_nvme(int argc, char **argv)
                 sc.paths[i] = o.paths[i];
             sc.bytes = o.size;
             sc.file_prefix = "zinc-bench";
+            sc.run_dir = 1;  /* a killed bench's files: removed by the next zinc run */
             if ((rc = zn_swap_create(&s, a, &sc))) {
                 zn_cli_fail(rc, "creating the swap file");
                 failed = 1;

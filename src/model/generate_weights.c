@@ -117,6 +117,7 @@ static int nvme_open(zn_gen *g, const char *dir)
     sc.paths[0] = dir;
     sc.bytes = need;
     sc.file_prefix = "zinc-gen";
+    sc.run_dir = 1;
     ZN_TRY(zn_swap_create(&g->swap, g->aio, &sc));
     zn_swap_stats ss;
     zn_swap_get_stats(g->swap, &ss);

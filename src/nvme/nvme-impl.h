@@ -51,6 +51,33 @@ typedef struct {
     atomic_int inflight; /* requests using the extent */
 } zn_ext_rec;
 
+/* ---- what a run owns on disk (rundir.c) -----------------------------------
+ * A swap space's files go in a new directory per path,
+ * <path>/zinc-run.<host>.<pid>.<start>.<k> (mode 0700), with a lock file
+ * that names the run and is flock'ed for its life. Every file and directory
+ * made is entered in a fixed table that zn_swap_remove_all_now empties from
+ * a signal handler. */
+typedef struct {
+    char *dir;          /* NULL: none made */
+    char *lock;         /* dir/lock */
+    int lock_fd;        /* flock'ed, -1 none */
+    int owned_dir, owned_lock;  /* entries of the signal-safe table, -1 none */
+} zn_rundir;
+
+/* Makes the run directory under `path` (it must be new) and its lock file,
+ * whose text names the host, the PID, the start time and `made_by`.
+ * Returns 0 or -errno with a message naming the path; on failure what was
+ * made is in *r for zn_rundir__close. */
+int zn_rundir__create(zn_rundir *r, const char *path, const char *made_by);
+/* Removes the lock file and the directory (which must hold nothing else by
+ * then), or with `keep` marks the lock file as kept and leaves both; then
+ * releases the lock. Accepts a zeroed or half-made *r. */
+void zn_rundir__close(zn_rundir *r, int keep);
+/* Enters a file (is_dir 0) or directory in the signal-safe table; the entry
+ * index, or -1 when the table is full. */
+int zn_swap__own(const char *path, int is_dir);
+void zn_swap__disown(int i);
+
 #define ZN_AIO_MAX_FILES 64
 
 struct zn_swap {
@@ -60,6 +87,7 @@ struct zn_swap {
     int slot[ZN_SWAP_MAX_PATHS];   /* engine file-table index, -1 none */
     char *path[ZN_SWAP_MAX_PATHS];
     int owned[ZN_SWAP_MAX_PATHS];  /* entries of the signal-safe table, or -1 */
+    zn_rundir run[ZN_SWAP_MAX_PATHS]; /* the run directories (run_dir), else unused */
     int direct;                    /* all files O_DIRECT */
     uint64_t per_file;             /* bytes per file */
     uint64_t stripe;               /* block_size */

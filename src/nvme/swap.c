@@ -1,12 +1,11 @@
 /* Swap spaces: one preallocated file per path, striped in block_size units,
  * and the table of extents (tensor name, crc32c per block) handed out by the
  * extent allocator. Space is reserved with fallocate at creation so that a
- * full disk is an error before training starts, not in the middle of it. */
-#include <dirent.h>
+ * full disk is an error before training starts, not in the middle of it.
+ * Where the files live and how they are cleaned up is rundir.c's. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,99 +19,6 @@
 #include "zinc/util.h"
 
 static atomic_uint swap_counter;
-
-/* ---- the files a process owns, for a signal handler --------------------------
- * Every swap file this process created and will remove, so that
- * zn_swap_remove_all_now can unlink them from a signal handler (unlink is
- * async-signal-safe; the table is fixed, its paths written before an
- * entry is published and unpublished before they are freed). */
-#define OWNED_MAX 256
-static struct {
-    _Atomic int live;
-    char path[4096];
-} owned[OWNED_MAX];
-
-static int own(const char *path)
-{
-    for (int i = 0; i < OWNED_MAX; i++) {
-        int expect = 0;
-        /* 2 = being written: claimed, not yet published */
-        if (atomic_compare_exchange_strong(&owned[i].live, &expect, 2)) {
-            snprintf(owned[i].path, sizeof owned[i].path, "%s", path);
-            atomic_store(&owned[i].live, 1);
-            return i;
-        }
-    }
-    return -1;  /* more than OWNED_MAX files: a signal leaves the rest */
-}
-
-static void disown(int i)
-{
-    if (i >= 0)
-        atomic_store(&owned[i].live, 0);
-}
-
-int zn_swap_remove_all_now(void)
-{
-    int n = 0;
-    for (int i = 0; i < OWNED_MAX; i++)
-        if (atomic_load(&owned[i].live) == 1 && unlink(owned[i].path) == 0)
-            n++;
-    return n;
-}
-
-/* ---- leftovers of dead runs --------------------------------------------------*/
-int zn_swap_clean_stale(const char *dir, const char *prefix, uint64_t *bytes, int *files)
-{
-    *bytes = 0;
-    *files = 0;
-    DIR *d = opendir(dir);
-    if (!d)
-        return errno == ENOENT ? 0 : zn_set_error(-errno, "swap: reading %s: %s", dir,
-                                                  strerror(errno));
-    size_t pl = strlen(prefix);
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        long pid;
-        unsigned n;
-        int k, end = 0;
-        if (strncmp(e->d_name, prefix, pl) || e->d_name[pl] != '.' ||
-            sscanf(e->d_name + pl + 1, "%ld.%u.%d.swp%n", &pid, &n, &k, &end) != 3 ||
-            e->d_name[pl + 1 + end] != '\0')
-            continue;
-        if (pid == (long)getpid())
-            continue;
-        char path[4600];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        /* its run holds a lock on it while alive; a PID that still runs
-         * (perhaps another program now) is left alone too */
-        if (!(kill((pid_t)pid, 0) < 0 && errno == ESRCH))
-            continue;
-        int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        struct stat sb;
-        /* A run killed a moment ago can hold its lock past its exit: the
-         * kernel tears its io_uring down after the process is reaped, and
-         * the ring's references keep the locked file open until then. A
-         * gone PID gets two seconds for that before its file is left. */
-        bool dead = false;
-        for (int t = 0; t < 40 && !(dead = flock(fd, LOCK_EX | LOCK_NB) == 0); t++)
-            usleep(50 * 1000);
-        if (!dead)
-            zn_warn("swap: %s: run %ld is gone but its file is still locked; left in place",
-                    path, pid);
-        if (dead && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && unlink(path) == 0) {
-            *bytes += (uint64_t)sb.st_blocks * 512;
-            (*files)++;
-            zn_warn("swap: removed %s, left by run %ld, which is gone (%.2f GiB)", path, pid,
-                    (double)sb.st_blocks * 512 / (1u << 30));
-        }
-        close(fd);
-    }
-    closedir(d);
-    return 0;
-}
 
 zn_swap_config zn_swap_config_default(void)
 {
@@ -159,22 +65,30 @@ static int open_file(zn_swap *s, const zn_swap_config *cfg, int i, unsigned n, u
     static int warned_buffered, warned_prealloc;
     const char *dir = cfg->paths[i];
     const char *prefix = cfg->file_prefix ? cfg->file_prefix : "zinc-swap";
-    size_t len = strlen(dir) + strlen(prefix) + 64;
+    int rc;
+    if (cfg->run_dir && (rc = zn_rundir__create(&s->run[i], dir, prefix)) < 0)
+        return rc;
+    const char *in = cfg->run_dir ? s->run[i].dir : dir;
+    size_t len = strlen(in) + strlen(prefix) + 64;
     s->path[i] = malloc(len);
     if (!s->path[i])
         return zn_set_error(-ENOMEM, "swap: out of memory");
-    snprintf(s->path[i], len, "%s/%s.%ld.%u.%d.swp", dir, prefix, (long)getpid(), n, i);
+    if (cfg->run_dir)
+        snprintf(s->path[i], len, "%s/%s.%d.swp", in, prefix, i);
+    else
+        snprintf(s->path[i], len, "%s/%s.%ld.%u.%d.swp", in, prefix, (long)getpid(), n, i);
     int fd = open(s->path[i], O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
         return zn_set_error(-errno, "swap: creating %s: %s", s->path[i], strerror(errno));
     s->fd[i] = fd;
     /* held for the run's life: a later run tells a live run's file (locked)
-     * from a dead one's (zn_swap_clean_stale) */
-    if (flock(fd, LOCK_EX | LOCK_NB) < 0)
+     * from a dead one's (zn_swap_clean_stale); in a run directory, its lock
+     * file says it */
+    if (!cfg->run_dir && flock(fd, LOCK_EX | LOCK_NB) < 0)
         return zn_set_error(-errno, "swap: locking %s: %s", s->path[i], strerror(errno));
     if (!cfg->keep_files)
-        s->owned[i] = own(s->path[i]);
-    int rc = fallocate(fd, 0, 0, (off_t)size);
+        s->owned[i] = zn_swap__own(s->path[i], 0);
+    rc = fallocate(fd, 0, 0, (off_t)size);
     if (rc < 0 && (errno == EOPNOTSUPP || errno == ENOSYS)) {
         zn_warn_once(&warned_prealloc, "swap: %s: the file system cannot preallocate (%s); "
                      "running out of space would only show when writing", dir, strerror(errno));
@@ -267,6 +181,7 @@ int zn_swap_create(zn_swap **out, zn_aio *a, const zn_swap_config *cfg)
         s->fd[i] = -1;
         s->owned[i] = -1;
         s->slot[i] = -1;
+        s->run[i] = (zn_rundir){ NULL, NULL, -1, -1, -1 };
     }
     if ((rc = pthread_mutex_init(&s->lock, NULL))) {
         free(s);
@@ -316,6 +231,7 @@ int zn_swap_create(zn_swap **out, zn_aio *a, const zn_swap_config *cfg)
     *out = s;
     return 0;
 fail:
+    s->keep = 0;  /* a half-made space is not kept */
     zn_swap_destroy(s);
     return rc;
 }
@@ -331,8 +247,9 @@ void zn_swap_destroy(zn_swap *s)
             zn_warn("swap: closing %s: %s", s->path[i], strerror(errno));
         if (s->path[i] && s->fd[i] >= 0 && !s->keep && unlink(s->path[i]) < 0)
             zn_warn("swap: removing %s: %s", s->path[i], strerror(errno));
-        disown(s->owned[i]);
+        zn_swap__disown(s->owned[i]);
         free(s->path[i]);
+        zn_rundir__close(&s->run[i], s->keep);
     }
     for (uint32_t i = 0; i < s->nrecs; i++)
         if (s->recs[i]) {

@@ -77,6 +77,7 @@ int zn_tier_open_nvme(zn_tier_mgr *m, const zn_config *cfg, uint64_t bytes,
     sc.bytes = bytes;
     sc.keep_files = cfg->tiers.keep_swap;
     sc.file_prefix = "zinc-train";
+    sc.run_dir = 1;
     /* what dead runs left in these folders (kill -9, a reclaimed machine):
      * reported and removed before this run takes its space */
     for (int i = 0; i < sc.npaths; i++) {
