@@ -23,7 +23,7 @@ base=(--model "$fx/ft-llama" --data synthetic --set "lora.adapter=\"$fx/lora-lla
       --set 'zero_optimization.offload_param.device="nvme"'
       --set 'zero_optimization.offload_optimizer.device="nvme"'
       --set 'zero_optimization.stage3_param_persistence_threshold=0'
-      --set 'tiers.nvme="swap"')
+      --set 'tiers.nvme="swap"' --set tiers.create_nvme_path=true)
 
 "$zinc" train "$cfg" "${base[@]}" --steps 3 --set train.checkpoint.dir=\"ck\" > t.out 2> t.err
 rc=$?; check "[ \$rc -eq 0 ]" "LoRA training failed: $(cat t.err)"

@@ -22,6 +22,7 @@ if [ "$free_kib" -lt $((40 * 1024 * 1024)) ]; then
     echo "SKIP: $((free_kib / 1048576)) GiB free here; the run needs 40 GiB of swap space"
     exit 77
 fi
+mkdir zinc-swap   # the config's swap folder: zinc creates none unless told to
 "$zinc" train "$src/tests/fixtures/scale/qwen2.5-1.8b-nvme.json" > out.txt 2>&1
 rc=$?
 cat out.txt | sed -n '/^zinc train/,$p'

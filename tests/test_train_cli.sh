@@ -216,6 +216,62 @@ PY
     else
         echo "note: read-only nvme path not checked (mounting a tmpfs needs root)"
     fi
+    # a swap folder that does not exist: plan and train refuse it alike,
+    # naming the setting, the path and both ways out, and create nothing
+    nocreate=(--set tiers.create_nvme_path=false --set 'tiers.nvme="no/such/swap"')
+    "$zinc" plan "$src/examples/tiny.json" "${nocreate[@]}" > miss-plan.out 2> miss-plan.err
+    rp=$?
+    "$zinc" train --steps 1 "${nocreate[@]}" > miss-train.out 2> miss-train.err
+    rt=$?
+    msg=$(grep -o 'tiers.nvme\[0\].path no/such/swap (in .*' miss-plan.err)
+    check "[ $rp -eq 1 ] && [ $rt -eq 1 ] && [ -n \"\$msg\" ] && grep -qF \"\$msg\" miss-train.err" \
+          "missing swap folder: plan $rp ($(tail -1 miss-plan.err)), train $rt ($(tail -1 miss-train.err))"
+    check "grep -qF 'no/such/swap (in $work) does not exist' miss-train.err &&
+           grep -qF 'mkdir -p no/such/swap' miss-train.err &&
+           grep -qF -- '--set tiers.create_nvme_path=true' miss-train.err" \
+          "the refusal says where and how to allow it: $(tail -1 miss-train.err)"
+    check "[ ! -e no ]" "a refused run created its swap folder"
+    # ... naming the offload section's key when tiers.nvme is not given
+    python3 - "$src/examples/tiny.json" > offl.json <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+del c["tiers"]["nvme"]
+c["tiers"]["create_nvme_path"] = False
+c["zero_optimization"]["offload_optimizer"]["nvme_path"] = "no/offload"
+print(json.dumps(c))
+PY
+    "$zinc" plan offl.json > offl.out 2>&1
+    check "[ $? -eq 1 ] && grep -qF 'zero_optimization.offload_optimizer.nvme_path no/offload (in $work) does not exist' offl.out" \
+          "missing offload nvme_path: $(tail -1 offl.out)"
+    # tiers.create_nvme_path: the plan says the run creates it, the run does
+    # (0700, with its parents), and leaves it empty at its end
+    "$zinc" plan "$src/examples/tiny.json" --set 'tiers.nvme="made/here/swap"' > made-plan.out 2>&1
+    check "[ $? -eq 0 ] && grep -q '^  swap         made/here/swap (missing: the run creates it' made-plan.out && [ ! -e made ]" \
+          "plan of a swap folder to create: $(grep -E 'swap|error' made-plan.out)"
+    "$zinc" train --steps 2 --set tiers.create_nvme_path=true --set 'tiers.nvme="made/here/swap"' \
+        > made.out 2>&1
+    rc=$?
+    check "[ $rc -eq 0 ] && [ -d made/here/swap ] && [ \"\$(stat -c %a made/here/swap)\" = 700 ] &&
+           [ -z \"\$(ls -A made/here/swap)\" ]" \
+          "tiers.create_nvme_path=true: exit $rc, $(ls -lA made/here 2>&1) $(tail -1 made.out)"
+    # a swap folder through a symbolic link: used where it leads, and the plan
+    # and the run header say where; a link to nothing is refused even when
+    # the run may create folders
+    mkdir -p realswap/sub && ln -s realswap swaplink && ln -s nowhere dangling
+    "$zinc" plan "$src/examples/tiny.json" --set 'tiers.nvme="swaplink"' > link-plan.out 2>&1
+    check "grep -qF '  swap         swaplink -> $work/realswap (a symbolic link)' link-plan.out" \
+          "plan through a symlink: $(grep -E 'swap|error' link-plan.out)"
+    "$zinc" plan "$src/examples/tiny.json" --set 'tiers.nvme="swaplink/sub"' > link2-plan.out 2>&1
+    check "grep -qF '  swap         swaplink/sub ($work/realswap/sub, through a symbolic link)' link2-plan.out" \
+          "plan through a symlinked parent: $(grep -E 'swap|error' link2-plan.out)"
+    "$zinc" train --steps 2 --set 'tiers.nvme="swaplink/sub"' > link.out 2>&1
+    rc=$?
+    check "[ $rc -eq 0 ] && grep -qF '  swap     swaplink/sub ($work/realswap/sub, through a symbolic link)' link.out &&
+           [ -z \"\$(ls -A realswap/sub)\" ]" \
+          "train through a symlinked parent: exit $rc, $(grep -E 'swap|error' link.out)"
+    "$zinc" plan "$src/examples/tiny.json" --set 'tiers.nvme="dangling"' > dang.out 2>&1
+    check "[ $? -eq 1 ] && grep -qF 'tiers.nvme[0].path dangling (in $work) is a symbolic link to nowhere, which does not exist' dang.out && [ ! -e nowhere ]" \
+          "a symlink to nothing: $(tail -1 dang.out)"
     # DeepSpeed's csv_monitor: its file layout, one CSV per event
     "$zinc" train --steps 3 --set csv_monitor.enabled=true --set csv_monitor.output_path=\"cm\" \
         > cm.out 2>&1

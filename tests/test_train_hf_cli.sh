@@ -18,7 +18,7 @@ check() { if ! eval "$1"; then echo "FAIL: $2"; fail=1; fi; }
 nvme=(--set 'zero_optimization.offload_param.device="nvme"'
       --set 'zero_optimization.offload_optimizer.device="nvme"'
       --set 'zero_optimization.stage3_param_persistence_threshold=0'
-      --set 'tiers.nvme="swap"')
+      --set 'tiers.nvme="swap"' --set tiers.create_nvme_path=true)
 
 # a model folder without data is refused by train and plan alike (it would
 # train the user's model on synthetic tokens), naming how to ask for them

@@ -129,7 +129,7 @@ lo=("$fx/lora-llama/train-config.json" --model "$fx/ft-llama" --data synthetic -
     --set "lora.adapter=\"$fx/lora-llama/adapter-init\""
     --set zero_optimization.stage3_param_persistence_threshold=0
     --set zero_optimization.offload_param.max_in_cpu=0
-    --set 'zero_optimization.offload_optimizer.device="cpu"')
+    --set 'zero_optimization.offload_optimizer.device="cpu"' --set tiers.create_nvme_path=true)
 "$zinc" train "${lo[@]}" --set gradient_accumulation_steps=4 --set tiers.nvme=\"$work/lswap\" \
     --set 'zero_optimization.offload_param.device="nvme"' --json-log loraref.jsonl \
     > loraref.out 2>&1 || { echo "FAIL: LoRA on one rank: $(tail -3 loraref.out)"; fail=1; }

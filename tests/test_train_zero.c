@@ -134,6 +134,7 @@ static int worker(int c, const char *out_dir)
     const char *all[16];
     int n = 0;
     all[n++] = tiers;
+    all[n++] = "tiers.create_nvme_path=true";  /* the ranks make <out_dir>/nvme */
     all[n++] = "tiers.cpu=\"64MiB\"";
     all[n++] = "tiers.gpu=\"64MiB\"";
     all[n++] = acc;

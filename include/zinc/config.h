@@ -140,6 +140,8 @@ typedef struct {
     int n_nvme;
     zn_config_nvme_path nvme[ZN_MAX_NVME_PATHS];
     bool keep_swap;                /* keep swap files after a clean exit */
+    bool create_nvme_path;         /* create a missing NVMe path (0700, with
+                                      its parents) rather than refuse it */
     int grads;                     /* zn_grads_tier: where fp32 gradient
                                       accumulators live when the optimizer
                                       states are on NVMe */
@@ -343,6 +345,15 @@ ZN_API const char *zn_offload_device_name(zn_offload_device d);
  * (one entry when both name the same folder). Fills at most `max` and
  * returns how many. */
 ZN_API int zn_config_nvme_paths(const zn_config *cfg, const char **paths, int max);
+/* Whether the i-th folder of zn_config_nvme_paths is there for a run: 0
+ * when it is a directory, or when it does not exist and
+ * tiers.create_nvme_path lets the run create it (*missing, when given, is
+ * then 1). ZN_ECONFIG when it does not exist otherwise (the message names
+ * the setting it came from and the path, and says how to allow it: mkdir
+ * it, or --set tiers.create_nvme_path=true), when it is a symbolic link to
+ * nothing, or when it is not a directory; -errno when it cannot be looked
+ * at; -EINVAL for an i out of range. Looks only: creates nothing. */
+ZN_API int zn_config_nvme_path_check(const zn_config *cfg, int i, int *missing);
 
 /* Writes the effective configuration as JSON (every key, defaults
  * included); the caller frees the string with free(). NULL on OOM. */

@@ -29,6 +29,12 @@ int zn_cli_fail(int rc, const char *what);
  * process; the library reports. */
 void zn_cli_end_job(int launcher_must_end, int code);
 
+/* One line: `label`, then the swap folders of cfg (zn_config_nvme_paths),
+ * each followed by where it resolves to when a symbolic link leads there,
+ * or by a note when it does not exist yet (the run creates it). For the
+ * headers of zinc plan and zinc train (cmd_plan.c). */
+void zn_cli_print_swap_paths(FILE *f, const zn_config *cfg, const char *label);
+
 /* Top-level commands. */
 int zn_cmd_info(int argc, char **argv);
 int zn_cmd_plan(int argc, char **argv);

@@ -1,8 +1,12 @@
 /* `zinc plan CONFIG`: the model's training state by class and tier, against
  * the config's budgets. Exit 0 when it fits, 1 when it does not (with what
  * is short and the setting that would fix it), 2 on bad usage. */
+#include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -36,6 +40,34 @@ int zn_cli_take_sets(int argc, char **argv, const char **sets, int max_sets, int
         argv[out++] = argv[i];
     }
     return out;
+}
+
+/* The swap folders, each with the folder it resolves to when that is not
+ * the path as written: a symbolic link (the path's own, or one of its
+ * parents') is followed, and said, so that a swap that is not where the user
+ * thinks shows before anything is written there. */
+void zn_cli_print_swap_paths(FILE *f, const zn_config *cfg, const char *label)
+{
+    const char *p[ZN_MAX_NVME_PATHS + 2];
+    int n = zn_config_nvme_paths(cfg, p, ZN_MAX_NVME_PATHS + 2);
+    char cwd[ZN_PATH_MAX] = "";
+    if (!getcwd(cwd, sizeof cwd))
+        cwd[0] = '\0';
+    fprintf(f, "%s", label);
+    for (int i = 0; i < n; i++) {
+        char real[PATH_MAX], abs[2 * ZN_PATH_MAX + 2];
+        struct stat st;
+        snprintf(abs, sizeof abs, "%s%s%s", p[i][0] == '/' ? "" : cwd,
+                 p[i][0] == '/' ? "" : "/", p[i]);
+        fprintf(f, "%s %s", i ? "," : "", p[i]);
+        if (!lstat(p[i], &st) && S_ISLNK(st.st_mode) && realpath(p[i], real))
+            fprintf(f, " -> %s (a symbolic link)", real);
+        else if (realpath(p[i], real) && strcmp(real, abs))
+            fprintf(f, " (%s, through a symbolic link)", real);
+        else if (stat(p[i], &st) && errno == ENOENT)
+            fprintf(f, " (missing: the run creates it, tiers.create_nvme_path)");
+    }
+    fprintf(f, "\n");
 }
 
 static void usage(FILE *f)
@@ -270,6 +302,8 @@ int zn_cmd_plan(int argc, char **argv)
            zn_format_size(plan.live_window * (uint64_t)in.param_bytes, b1, sizeof b1),
            zn_format_size(plan.largest_block * (uint64_t)in.param_bytes, b2, sizeof b2),
            zn_format_size(plan.sub_group * 4, b3, sizeof b3));
+    if (plan.tier_total[ZN_TIER_NVME])
+        zn_cli_print_swap_paths(stdout, &cfg, "  swap        ");
     printf("\n");
     zn_plan_print(&plan, stdout);
     if (detail) {

@@ -31,32 +31,6 @@ const char *zn_cli_default_config(void)
     return zn_tiny_json;
 }
 
-/* The swap folders, each with the folder it resolves to when that is not
- * the path as written: a symbolic link is followed, and said. */
-static void print_swap_paths(const zn_config *cfg, const zn_plan *plan)
-{
-    if (!plan->tier_total[ZN_TIER_NVME])
-        return;
-    const char *p[8];
-    int n = zn_config_nvme_paths(cfg, p, 8);
-    char cwd[ZN_PATH_MAX] = "";
-    if (!getcwd(cwd, sizeof cwd))
-        cwd[0] = '\0';
-    printf("  swap    ");
-    for (int i = 0; i < n; i++) {
-        char real[PATH_MAX], abs[2 * ZN_PATH_MAX + 2];
-        struct stat st;
-        snprintf(abs, sizeof abs, "%s%s%s", p[i][0] == '/' ? "" : cwd,
-                 p[i][0] == '/' ? "" : "/", p[i]);
-        printf("%s %s", i ? "," : "", p[i]);
-        if (!lstat(p[i], &st) && S_ISLNK(st.st_mode) && realpath(p[i], real))
-            printf(" -> %s (a symbolic link)", real);
-        else if (realpath(p[i], real) && strcmp(real, abs))
-            printf(" (%s)", real);
-    }
-    printf("\n");
-}
-
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -572,7 +546,8 @@ int zn_cmd_train(int argc, char **argv)
            zn_format_size(plan->budget[ZN_TIER_GPU], b1, sizeof b1),
            zn_format_size(plan->budget[ZN_TIER_CPU], b2, sizeof b2),
            zn_format_size(plan->budget[ZN_TIER_NVME], b3, sizeof b3), zn_now_s() - t_setup);
-    print_swap_paths(&cfg, plan);
+    if (plan->tier_total[ZN_TIER_NVME])
+        zn_cli_print_swap_paths(stdout, &cfg, "  swap    ");
     if (cc->dir[0] && cc->every > 0)
         printf("  checkpoints %s, every %lld steps and at the end, keep %lld\n", cc->dir,
                (long long)cc->every, (long long)cc->keep_last);

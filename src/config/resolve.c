@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -336,4 +338,59 @@ int zn_config_nvme_paths(const zn_config *cfg, const char **paths, int max)
         (!n || strcmp(paths[0], p)))
         paths[n++] = p;
     return n;
+}
+
+/* The setting a swap folder of zn_config_nvme_paths came from. */
+static void nvme_path_key(const zn_config *cfg, const char *path, char *key, size_t n)
+{
+    for (int i = 0; i < cfg->tiers.n_nvme; i++)
+        if (path == cfg->tiers.nvme[i].path) {
+            snprintf(key, n, "tiers.nvme[%d].path", i);
+            return;
+        }
+    snprintf(key, n, "zero_optimization.%s.nvme_path",
+             path == cfg->zero.offload_param.nvme_path ? "offload_param" : "offload_optimizer");
+}
+
+int zn_config_nvme_path_check(const zn_config *cfg, int i, int *missing)
+{
+    const char *paths[ZN_MAX_NVME_PATHS + 2];
+    int np = zn_config_nvme_paths(cfg, paths, ZN_MAX_NVME_PATHS + 2);
+    if (missing)
+        *missing = 0;
+    if (i < 0 || i >= np)
+        return zn_set_error(-EINVAL, "%s: no NVMe path %d (the config has %d)", cfg->source, i,
+                            np);
+    const char *path = paths[i];
+    char key[96], where[ZN_PATH_MAX + 32] = "", cwd[ZN_PATH_MAX];
+    nvme_path_key(cfg, path, key, sizeof key);
+    if (path[0] != '/' && getcwd(cwd, sizeof cwd))
+        snprintf(where, sizeof where, " (in %s)", cwd);
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        if (!S_ISDIR(st.st_mode))
+            return zn_set_error(ZN_ECONFIG, "%s: %s %s%s is not a directory", cfg->source, key,
+                                path, where);
+        return 0;
+    }
+    int e = errno;
+    if (e != ENOENT)
+        return zn_set_error(-e, "%s: %s %s%s: %s", cfg->source, key, path, where, strerror(e));
+    char to[ZN_PATH_MAX] = "";
+    ssize_t tl = readlink(path, to, sizeof to - 1);
+    if (tl > 0) {
+        to[tl] = '\0';
+        return zn_set_error(ZN_ECONFIG, "%s: %s %s%s is a symbolic link to %s, which does not "
+                            "exist", cfg->source, key, path, where, to);
+    }
+    if (!cfg->tiers.create_nvme_path)
+        return zn_set_error(ZN_ECONFIG, "%s: %s %s%s does not exist. zinc creates no swap folder "
+                            "unless told to (a mistyped or unmounted path would put the swap "
+                            "on another disk): create it (mkdir -p %s), or let zinc create it "
+                            "with --set tiers.create_nvme_path=true (\"create_nvme_path\": true "
+                            "in the config's tiers section)", cfg->source, key, path, where,
+                            path);
+    if (missing)
+        *missing = 1;
+    return 0;
 }

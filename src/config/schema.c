@@ -237,6 +237,7 @@ const key_spec zn_cfg_schema[] = {
     { "tiers.cpu", K_SIZE, OFF(tiers.cpu), 0, 0, NULL, AUTO(tiers.cpu_auto), NULL },
     { "tiers.nvme", K_NVME, OFF(tiers), 0, 0, NULL, 0, NULL },
     { "tiers.keep_swap", K_BOOL, OFF(tiers.keep_swap), 0, 0, NULL, 0, NULL },
+    { "tiers.create_nvme_path", K_BOOL, OFF(tiers.create_nvme_path), 0, 0, NULL, 0, NULL },
     { "tiers.grads", K_ENUM, OFF(tiers.grads), 0, 0, "auto|cpu|nvme", 0, NULL },
     { "tiers.param_cache", K_INT32, OFF(tiers.param_cache), 0, 64, NULL, 0, NULL },
 

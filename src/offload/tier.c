@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "offload/train-impl.h"
 
@@ -67,11 +68,33 @@ int zn_tier_open_nvme(zn_tier_mgr *m, const zn_config *cfg, uint64_t bytes,
         return zn_set_error(ZN_ECONFIG, "%s: state is placed on nvme but no path is given: "
                             "set tiers.nvme or zero_optimization.offload_*.nvme_path",
                             cfg->source);
-    for (int i = 0; i < np; i++) {
-        if ((rc = mkdirs(paths[i])))
-            return zn_set_error(rc, "nvme tier: cannot create swap directory %s: %s", paths[i],
-                                strerror(-rc));
-        sc.paths[i] = paths[i];
+    /* each folder there, or made when tiers.create_nvme_path allows, and
+     * used as its real path: messages and the run directory name where the
+     * swap really is when a symbolic link leads there */
+    char *real[ZN_SWAP_MAX_PATHS] = { 0 };
+    for (int i = 0; i < np && !rc; i++) {
+        int missing = 0;
+        if ((rc = zn_config_nvme_path_check(cfg, i, &missing)))
+            break;
+        if (missing) {
+            if ((rc = mkdirs(paths[i]))) {
+                zn_set_error(rc, "nvme tier: creating the swap folder %s "
+                             "(tiers.create_nvme_path): %s", paths[i], strerror(-rc));
+                break;
+            }
+            zn_info("nvme tier: created the swap folder %s (tiers.create_nvme_path)", paths[i]);
+        }
+        if (!(real[i] = realpath(paths[i], NULL))) {
+            rc = zn_set_error(-errno, "nvme tier: resolving the swap folder %s: %s", paths[i],
+                              strerror(errno));
+            break;
+        }
+        sc.paths[i] = real[i];
+    }
+    if (rc) {
+        for (int i = 0; i < np; i++)
+            free(real[i]);
+        return rc;
     }
     sc.npaths = np;
     sc.bytes = bytes;
@@ -87,6 +110,8 @@ int zn_tier_open_nvme(zn_tier_mgr *m, const zn_config *cfg, uint64_t bytes,
             zn_warn("swap: looking for dead runs' files in %s: %s", sc.paths[i], zn_last_error());
     }
     rc = zn_swap_create(&m->swap, m->aio, &sc);
+    for (int i = 0; i < np; i++)
+        free(real[i]);
     if (rc)
         return zn_error_prefix(rc, "nvme tier");
     return 0;

@@ -115,8 +115,8 @@ uint64_t zn_run_persistent_params(const zn_model_dims *d, uint64_t threshold)
 }
 
 /* The file system that holds `path`, or that will hold it (a swap
- * directory is created at start-up, so a missing one is measured at its
- * nearest existing parent): its free bytes and its device id. */
+ * directory that tiers.create_nvme_path lets the run create is measured at
+ * its nearest existing parent): its free bytes and its device id. */
 static int fs_stat(const char *path, uint64_t *free_bytes, uint64_t *dev)
 {
     char p[ZN_PATH_MAX];
@@ -282,8 +282,8 @@ int zn_run_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gpu_free,
 
 /* An NVMe path that exists here but cannot be written: a read-only file
  * system or no write permission. The run would stop creating its swap
- * files; a plan refuses it too. (A path that does not exist here is the
- * run's to create, or a plan's for another machine.) */
+ * files; a plan refuses it too. (A path that does not exist is
+ * zn_config_nvme_path_check's: refused unless tiers.create_nvme_path.) */
 static int nvme_path_writable(const zn_config *cfg, const char *key, const char *path)
 {
     const char *p = path;
@@ -303,6 +303,18 @@ static int nvme_path_writable(const zn_config *cfg, const char *key, const char 
 int zn_run_check_budgets(const zn_config *cfg, const zn_topo *topo, const zn_plan_budgets *b,
                          int strict)
 {
+    /* the swap folders of a run with state on NVMe: there, or allowed to be
+     * made; plan and train refuse a missing one alike */
+    if (cfg->zero.offload_param.device == ZN_OFFLOAD_NVME ||
+        cfg->zero.offload_optimizer.device == ZN_OFFLOAD_NVME) {
+        const char *paths[ZN_MAX_NVME_PATHS + 2];
+        int np = zn_config_nvme_paths(cfg, paths, ZN_MAX_NVME_PATHS + 2);
+        for (int i = 0; i < np; i++) {
+            int rc = zn_config_nvme_path_check(cfg, i, NULL);
+            if (rc)
+                return rc;
+        }
+    }
     for (int i = 0; i < cfg->tiers.n_nvme; i++) {
         int rc = nvme_path_writable(cfg, "tiers.nvme path", cfg->tiers.nvme[i].path);
         if (rc)
