@@ -313,6 +313,9 @@ ZN_API zn_dev *zn_train_device(zn_trainer *tr);
 /* The NVMe engine (NULL when nothing lives on NVMe); tests arm
  * zn_aio_inject_fault on it. */
 ZN_API zn_aio *zn_train_aio(zn_trainer *tr);
+/* The NVMe engine settings of a config's `aio` section (what the run's
+ * engine is created with). */
+ZN_API zn_aio_config zn_train_aio_config(const zn_config *cfg);
 
 /* Resources, each on its own stream or thread. */
 typedef enum {

@@ -41,6 +41,17 @@ static int mkdirs(const char *path)
     return 0;
 }
 
+zn_aio_config zn_train_aio_config(const zn_config *cfg)
+{
+    zn_aio_config ac = zn_aio_config_default();
+    ac.block_size = (size_t)cfg->aio.block_size;
+    ac.queue_depth = (int)cfg->aio.queue_depth;
+    ac.intra_op_parallelism = (int)cfg->aio.intra_op_parallelism;
+    ac.single_submit = cfg->aio.single_submit;
+    ac.overlap_events = cfg->aio.overlap_events;
+    return ac;
+}
+
 int zn_tier_open_nvme(zn_tier_mgr *m, const zn_config *cfg, uint64_t bytes,
                       zn_aio_fault_fn hook, void *hook_user)
 {
@@ -49,12 +60,7 @@ int zn_tier_open_nvme(zn_tier_mgr *m, const zn_config *cfg, uint64_t bytes,
         return zn_set_error(ZN_EBUDGET, "nvme tier: the swap space needs %s, its budget is %s",
                             zn_format_size(bytes, b1, sizeof b1),
                             zn_format_size(m->budget[ZN_TIER_NVME], b2, sizeof b2));
-    zn_aio_config ac = zn_aio_config_default();
-    ac.block_size = (size_t)cfg->aio.block_size;
-    ac.queue_depth = (int)cfg->aio.queue_depth;
-    ac.intra_op_parallelism = (int)cfg->aio.intra_op_parallelism;
-    ac.single_submit = cfg->aio.single_submit;
-    ac.overlap_events = cfg->aio.overlap_events;
+    zn_aio_config ac = zn_train_aio_config(cfg);
     ac.fault_hook = hook;
     ac.fault_user = hook_user;
     int rc = zn_aio_create(&m->aio, &ac);

@@ -207,12 +207,7 @@ static int measure_adam(const zn_config *cfg, zn_ceilings *c)
 
 static int measure_nvme(const zn_config *cfg, const char *path, zn_ceilings *c)
 {
-    zn_aio_config ac = zn_aio_config_default();
-    ac.block_size = (size_t)cfg->aio.block_size;
-    ac.queue_depth = (int)cfg->aio.queue_depth;
-    ac.intra_op_parallelism = (int)cfg->aio.intra_op_parallelism;
-    ac.single_submit = cfg->aio.single_submit;
-    ac.overlap_events = cfg->aio.overlap_events;
+    zn_aio_config ac = zn_train_aio_config(cfg);
     size_t n = (size_t)256 << 20;
     zn_aio *a = NULL;
     zn_swap *s = NULL;
