@@ -397,7 +397,8 @@ static void prefix_reuse(zn_dev *dev)
     unload(&B);
 }
 
-/* The bytes of the files in dir. */
+/* The bytes of the swap files (*.swp) under dir: its own, and those in
+ * the run directories (zinc-run.*) the swap space makes there. */
 static uint64_t dir_bytes(const char *dir)
 {
     uint64_t sum = 0;
@@ -406,8 +407,13 @@ static uint64_t dir_bytes(const char *dir)
     while (dp && (e = readdir(dp))) {
         char path[1024];
         struct stat sb;
+        size_t len = strlen(e->d_name);
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (e->d_name[0] != '.' && stat(path, &sb) == 0 && S_ISREG(sb.st_mode))
+        if (e->d_name[0] == '.' || lstat(path, &sb) != 0)
+            continue;
+        if (S_ISDIR(sb.st_mode) && !strncmp(e->d_name, "zinc-run.", 9))
+            sum += dir_bytes(path);
+        else if (S_ISREG(sb.st_mode) && len > 4 && !strcmp(e->d_name + len - 4, ".swp"))
             sum += (uint64_t)sb.st_size;
     }
     if (dp)
