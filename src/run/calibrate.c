@@ -213,13 +213,21 @@ static int measure_nvme(const zn_config *cfg, const char *path, zn_ceilings *c)
     zn_swap *s = NULL;
     zn_extent e;
     void *buf = NULL;
-    int rc = zn_aio_create(&a, &ac);
+    /* what dead runs left there (a killed calibration among them) */
+    uint64_t stale = 0;
+    int nstale = 0;
+    int rc = zn_swap_clean_stale(path, "zinc-calibrate", &stale, &nstale);
+    if (!rc)
+        rc = zn_aio_create(&a, &ac);
     if (!rc) {
         zn_swap_config sc = zn_swap_config_default();
         sc.npaths = 1;
         sc.paths[0] = path;
         sc.bytes = n;
         sc.file_prefix = "zinc-calibrate";
+        /* in a run directory of its own, as the trainer's swap: a
+         * calibration killed midway leaves what the next run removes */
+        sc.run_dir = 1;
         rc = zn_swap_create(&s, a, &sc);
     }
     if (!rc)
