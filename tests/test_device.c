@@ -176,11 +176,19 @@ static void test_event_order(zn_dev *d)
     }
     /* query / sync / elapsed. */
     zn_event *e0, *e1;
-    DEV_OK(zn_dev_event_create(d, &e0));
-    DEV_OK(zn_dev_event_create(d, &e1));
+    DEV_OK(zn_dev_event_create_timed(d, &e0));
+    DEV_OK(zn_dev_event_create_timed(d, &e1));
     ZT_EQ_INT(zn_dev_event_query(d, e0), 1);           /* never recorded */
     float ms = 0;
     ZT_CHECK(zn_dev_event_elapsed_ms(d, e0, e1, &ms) != 0);
+    /* an ordering-only event keeps no time: refused, as CUDA refuses an
+     * event made with cudaEventDisableTiming */
+    DEV_OK(zn_dev_event_record(d, ev, prod));
+    DEV_OK(zn_dev_event_sync(d, ev));
+    DEV_OK(zn_dev_event_record(d, e0, prod));
+    DEV_OK(zn_dev_event_sync(d, e0));
+    ZT_EQ_INT(zn_dev_event_elapsed_ms(d, ev, e0, &ms), ZN_EARG);
+    ZT_CONTAINS(zn_last_error(), "without timing");
     gate g = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 };
     DEV_OK(zn_dev_launch_host_fn(d, prod, gate_wait, &g));
     DEV_OK(zn_dev_event_record(d, e0, prod));

@@ -222,7 +222,13 @@ ZN_API int zn_dev_stream_wait_value(zn_dev *d, zn_stream *s, const uint32_t *fla
  * not on the callback thread. ZN_EUNSUPPORTED on other backends. */
 ZN_API int zn_dev_host_stream_fn(zn_dev *d, zn_stream *s, void (*fn)(void *arg), void *arg);
 
+/* An event for ordering and waiting only: it records no timestamp (CUDA's
+ * cudaEventDisableTiming, the cheap kind), so zn_dev_event_elapsed_ms
+ * refuses it. */
 ZN_API int zn_dev_event_create(zn_dev *d, zn_event **out);
+/* An event that also records when its work completed, for
+ * zn_dev_event_elapsed_ms (benchmarks, the trainer's marks). */
+ZN_API int zn_dev_event_create_timed(zn_dev *d, zn_event **out);
 /* May be called while streams still wait on the event (resources are
  * released when the waits are done). Accepts NULL. */
 ZN_API void zn_dev_event_destroy(zn_dev *d, zn_event *e);
@@ -236,8 +242,9 @@ ZN_API int zn_dev_stream_wait_event(zn_dev *d, zn_stream *s, zn_event *e);
 ZN_API int zn_dev_event_sync(zn_dev *d, zn_event *e);
 /* 1 = completed (or never recorded), 0 = pending, < 0 = error. */
 ZN_API int zn_dev_event_query(zn_dev *d, zn_event *e);
-/* Milliseconds between two completed records. ZN_EARG if either has not
- * been recorded or has not completed. */
+/* Milliseconds between two completed records of timed events (negative
+ * when `end` completed first). ZN_EARG if either was made without timing,
+ * has not been recorded or has not completed. */
 ZN_API int zn_dev_event_elapsed_ms(zn_dev *d, zn_event *start, zn_event *end, float *ms);
 
 /* ---- copies --------------------------------------------------------------------

@@ -144,7 +144,7 @@ int zn_bench_model(int argc, char **argv)
         goto out;
     }
     for (int i = 0; i < 2; i++)
-        if ((rc = zn_dev_event_create(dev, &ev[i]))) {
+        if ((rc = zn_dev_event_create_timed(dev, &ev[i]))) {
             zn_cli_fail(rc, "bench model: events");
             goto out;
         }

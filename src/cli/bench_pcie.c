@@ -220,7 +220,7 @@ int zn_bench_pcie(int argc, char **argv)
     for (int i = 0; i < 2 && !rc; i++)
         rc = zn_dev_stream_create(c.d, i ? "d2h" : "h2d", &c.s[i]);
     for (int i = 0; i < 4 && !rc; i++)
-        rc = zn_dev_event_create(c.d, &c.ev[i]);
+        rc = zn_dev_event_create_timed(c.d, &c.ev[i]);
     for (int i = 0; i < 2 && !rc; i++) {
         rc = zn_dev_alloc(c.d, maxb, i ? "d2h source" : "h2d target", &c.dev[i]);
         if (!rc)

@@ -239,8 +239,9 @@ static int c_event_create(zn_dev *d, zn_event *e)
     if ((rc = use(d)))
         return rc;
     /* a host thread waiting on it sleeps instead of spinning a core the CPU
-     * Adam needs */
-    ZN_CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventBlockingSync));
+     * Adam needs; only the events asked to keep time take timestamps */
+    unsigned flags = cudaEventBlockingSync | (e->timed ? 0u : cudaEventDisableTiming);
+    ZN_CUDA_TRY(cudaEventCreateWithFlags(&ev, flags));
     e->impl = ev;
     return 0;
 }

@@ -341,13 +341,14 @@ int zn_dev_host_stream_fn(zn_dev *d, zn_stream *s, void (*fn)(void *arg), void *
     return d->ops->submit(d, pick(d, s), &op);
 }
 
-int zn_dev_event_create(zn_dev *d, zn_event **out)
+static int event_create(zn_dev *d, zn_event **out, int timed)
 {
     *out = NULL;
     zn_event *e = calloc(1, sizeof *e);
     if (!e)
         return zn_set_error(-ENOMEM, "event create: out of memory");
     e->dev = d;
+    e->timed = timed;
     int rc = d->ops->event_create(d, e);
     if (rc) {
         free(e);
@@ -355,6 +356,16 @@ int zn_dev_event_create(zn_dev *d, zn_event **out)
     }
     *out = e;
     return 0;
+}
+
+int zn_dev_event_create(zn_dev *d, zn_event **out)
+{
+    return event_create(d, out, 0);
+}
+
+int zn_dev_event_create_timed(zn_dev *d, zn_event **out)
+{
+    return event_create(d, out, 1);
 }
 
 void zn_dev_event_destroy(zn_dev *d, zn_event *e)
@@ -400,6 +411,9 @@ int zn_dev_event_elapsed_ms(zn_dev *d, zn_event *a, zn_event *b, float *ms)
 {
     if (!a || !b || !ms)
         return zn_set_error(ZN_EARG, "event elapsed: NULL argument");
+    if (!a->timed || !b->timed)
+        return zn_set_error(ZN_EARG, "event elapsed: an event made without timing "
+                            "(zn_dev_event_create_timed makes one that records it)");
     return d->ops->event_elapsed_ms(d, a, b, ms);
 }
 

@@ -194,6 +194,7 @@ struct zn_stream {
 struct zn_event {
     zn_dev *dev;
     void *impl;
+    int timed;      /* records completion times (zn_dev_event_create_timed) */
 };
 
 typedef struct zn_host_buf {

@@ -48,7 +48,7 @@ int zn_model_probe_blocks(zn_dev *dev, const zn_model_dims *d, const zn_model_pr
     if (!rc)
         rc = zn_dev_alloc(dev, 16, "probe sumsq", (void **)&sq);
     for (int i = 0; i < 4 && !rc; i++)
-        rc = zn_dev_event_create(dev, &ev[i]);
+        rc = zn_dev_event_create_timed(dev, &ev[i]);
     int64_t N = o->batch * o->seq;
     if (!rc && !(ids = malloc((size_t)N * 2 * sizeof *ids)))
         rc = zn_set_error(-12, "model probe: out of memory");
