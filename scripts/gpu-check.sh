@@ -138,7 +138,13 @@ step "bench train: params and optimizer in pinned RAM, fp32 gradient transfer" 3
     "$zinc" bench train "${common[@]}" --set "$P.device=\"cpu\"" --set "$O.device=\"cpu\"" \
     --set train.grad_transfer=\"fp32\"
 step "bench train: params and optimizer on NVMe" 300 "$zinc" bench train "${common[@]}" \
-    --set "$P.device=\"nvme\"" --set "$P.max_in_cpu=0" --set "$O.device=\"nvme\""
+    --set "$P.device=\"nvme\"" --set "$P.max_in_cpu=0" --set "$O.device=\"nvme\"" \
+    --set zero_optimization.stage=3 --set zero_optimization.stage3_param_persistence_threshold=0 \
+    --trace "$log/nvme-trace.json"
+# from that run's trace: no compute held behind a pending NVMe read that its
+# own data did not need (the marks are events; host functions only signal)
+step "trace: no compute stall behind NVMe reads" 60 python3 bench/scripts/trace_stalls.py \
+    "$log/nvme-trace.json" --slack-ms 1
 step "bench comm: world 1 on the GPU (NCCL)" 300 "$zinc" bench comm --device cuda:0 \
     --sizes 1M..256M
 # the arena sized as a user's run sizes it: tiers.gpu "auto" (the GPU's free

@@ -37,9 +37,10 @@ ZN_API const char *zn_trace_track_name(const zn_trace *t, int track);
 ZN_API int zn_trace_num_tracks(const zn_trace *t);
 
 /* Records a span [t0_ns, t1_ns] (zn_now_ns clock) on a track. Thread-safe.
- * Busy time counts the union of a track's spans as they arrive in start
- * order (overlapping spans, e.g. concurrent NVMe requests, are not counted
- * twice). t == NULL or track < 0: no-op. */
+ * Busy time counts the union of a track's spans in any arrival order
+ * (overlapping spans, e.g. concurrent NVMe requests, are not counted twice);
+ * a span may arrive late by up to 16 Ki later-starting spans of its track.
+ * t == NULL or track < 0: no-op. */
 ZN_API void zn_trace_span(zn_trace *t, int track, const char *name, uint64_t t0_ns,
                           uint64_t t1_ns);
 

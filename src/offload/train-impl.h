@@ -324,10 +324,14 @@ typedef struct {
     uint32_t seq;
 } zn_pread_arg;
 
+/* A span of stream work for the trace and the busy times: two timed events
+ * recorded around it (no host function: nothing waits on the callback
+ * thread for a timestamp), read back when the step has synced
+ * (zn_tr_marks_harvest). */
 typedef struct {
-    zn_trainer *tr;
     int track;
-    uint64_t t0;
+    bool ended;
+    zn_event *ev[2];        /* begin, end; made on first use, kept */
     char name[ZN_TRACE_NAME_LEN];
 } zn_mark;
 
@@ -363,6 +367,7 @@ typedef struct {
     int n_accum_args;
     zn_mark *marks;
     int n_marks, next_mark;
+    zn_event *mark_ref;     /* recorded on an idle stream at harvest: the time base */
 } zn_tr_fetch;
 
 /* Activation checkpoints in pinned RAM (train_actoff.c,
@@ -544,9 +549,17 @@ struct zn_trainer {
 
 /* Records the first failure (thread-safe) and wakes waiters. */
 void zn_train_fail(zn_trainer *tr, int rc, const char *fmt, ...) ZN_PRINTF(3, 4);
-/* Queues a begin/end pair of marks on a stream around the work between. */
+/* Records a mark's begin / end event on a stream around the work between
+ * (NULL when the step's marks are used up: the work goes untimed). */
 zn_mark *zn_train_mark_begin(zn_trainer *tr, zn_stream *s, int res, const char *name);
 void zn_train_mark_end(zn_trainer *tr, zn_stream *s, zn_mark *mk);
+/* Once every stream that holds marks has synced: turns the marks recorded
+ * since the last harvest into trace spans (host clock, in start order) and
+ * frees them for reuse. */
+int zn_tr_marks_harvest(zn_trainer *tr);
+/* Drops the marks recorded since the last harvest (a failed step). */
+void zn_tr_marks_drop(zn_trainer *tr);
+void zn_tr_marks_free(zn_trainer *tr);
 
 /* ---- the trainer's files and what each offers the others ---------------- */
 

@@ -52,36 +52,104 @@ void zn_train_fail(zn_trainer *tr, int rc, const char *fmt, ...)
     zn_optsched_notify_params(tr);
 }
 
-/* ---- marks: stream-side timestamps for the trace -----------------------------*/
-static void mark_begin_fn(void *arg)
-{
-    zn_mark *mk = arg;
-    mk->t0 = zn_now_ns();
-}
-
-static void mark_end_fn(void *arg)
-{
-    zn_mark *mk = arg;
-    zn_trace_span(mk->tr->trace, mk->track, mk->name, mk->t0, zn_now_ns());
-}
-
+/* ---- marks: stream-side spans for the trace --------------------------------
+ * A mark is a pair of timed events around work on a stream. Nothing runs on
+ * the device's callback thread for it, so a mark can never be held behind
+ * another stream's host function (CUDA runs them all on one thread). The
+ * times are read after the step has synced: elapsed against one reference
+ * event recorded then on an idle stream, whose completion the host clock
+ * dates, so device spans and host spans (NVMe, Adam) share one time line. */
 zn_mark *zn_train_mark_begin(zn_trainer *tr, zn_stream *s, int res, const char *name)
 {
     if (tr->fetch.next_mark >= tr->fetch.n_marks)
         return NULL;
-    zn_mark *mk = &tr->fetch.marks[tr->fetch.next_mark++];
-    mk->tr = tr;
-    mk->track = tr->track[res];
-    snprintf(mk->name, sizeof mk->name, "%s", name);
-    if (zn_dev_launch_host_fn(tr->dev, s, mark_begin_fn, mk))
+    zn_mark *mk = &tr->fetch.marks[tr->fetch.next_mark];
+    for (int i = 0; i < 2; i++)
+        if (!mk->ev[i] && zn_dev_event_create_timed(tr->dev, &mk->ev[i]))
+            return NULL;  /* untimed; the error is not the step's */
+    if (zn_dev_event_record(tr->dev, mk->ev[0], s))
         return NULL;
+    tr->fetch.next_mark++;
+    mk->track = tr->track[res];
+    mk->ended = false;
+    snprintf(mk->name, sizeof mk->name, "%s", name);
     return mk;
 }
 
 void zn_train_mark_end(zn_trainer *tr, zn_stream *s, zn_mark *mk)
 {
-    if (mk)
-        zn_dev_launch_host_fn(tr->dev, s, mark_end_fn, mk);
+    if (mk && zn_dev_event_record(tr->dev, mk->ev[1], s) == 0)
+        mk->ended = true;
+}
+
+typedef struct {
+    uint64_t t0, t1;
+    int i;
+} mark_span;
+
+static int cmp_span(const void *a, const void *b)
+{
+    const mark_span *x = a, *y = b;
+    return x->t0 < y->t0 ? -1 : x->t0 > y->t0 ? 1 : x->i - y->i;
+}
+
+int zn_tr_marks_harvest(zn_trainer *tr)
+{
+    int n = tr->fetch.next_mark, rc = 0;
+    tr->fetch.next_mark = 0;
+    if (n == 0)
+        return 0;
+    zn_dev *d = tr->dev;
+    if (!tr->fetch.mark_ref && (rc = zn_dev_event_create_timed(d, &tr->fetch.mark_ref)))
+        return rc;
+    if ((rc = zn_dev_event_record(d, tr->fetch.mark_ref, tr->s_comp)) ||
+        (rc = zn_dev_event_sync(d, tr->fetch.mark_ref)))
+        return rc;
+    uint64_t t_ref = zn_now_ns();
+    mark_span *sp = malloc((size_t)n * sizeof *sp);
+    if (!sp)
+        return zn_set_error(-ENOMEM, "train: out of memory for %d marks", n);
+    int k = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        zn_mark *mk = &tr->fetch.marks[i];
+        float a, b;
+        if (!mk->ended)
+            continue;
+        if ((rc = zn_dev_event_sync(d, mk->ev[1])) ||
+            (rc = zn_dev_event_elapsed_ms(d, mk->ev[0], tr->fetch.mark_ref, &a)) ||
+            (rc = zn_dev_event_elapsed_ms(d, mk->ev[1], tr->fetch.mark_ref, &b)))
+            break;
+        double ago0 = a > 0 ? (double)a * 1e6 : 0, ago1 = b > 0 ? (double)b * 1e6 : 0;
+        sp[k].t0 = t_ref - (uint64_t)(ago0 < (double)t_ref ? ago0 : 0);
+        sp[k].t1 = t_ref - (uint64_t)(ago1 < (double)t_ref ? ago1 : 0);
+        sp[k].i = i;
+        k++;
+    }
+    /* each track's busy time is the union of its spans: give them in start order */
+    qsort(sp, (size_t)k, sizeof *sp, cmp_span);
+    for (int j = 0; j < k && !rc; j++) {
+        zn_mark *mk = &tr->fetch.marks[sp[j].i];
+        zn_trace_span(tr->trace, mk->track, mk->name, sp[j].t0, sp[j].t1);
+    }
+    free(sp);
+    return rc;
+}
+
+void zn_tr_marks_drop(zn_trainer *tr)
+{
+    tr->fetch.next_mark = 0;
+}
+
+void zn_tr_marks_free(zn_trainer *tr)
+{
+    for (int i = 0; i < tr->fetch.n_marks; i++)
+        for (int e = 0; e < 2; e++)
+            zn_dev_event_destroy(tr->dev, tr->fetch.marks[i].ev[e]);
+    zn_dev_event_destroy(tr->dev, tr->fetch.mark_ref);
+    free(tr->fetch.marks);
+    tr->fetch.marks = NULL;
+    tr->fetch.mark_ref = NULL;
+    tr->fetch.n_marks = 0;
 }
 
 static int make_event(zn_trainer *tr, zn_event **e)
@@ -360,6 +428,7 @@ void zn_train_destroy(zn_trainer *tr)
             zn_dev_event_destroy(tr->dev, tr->act.ev_loaded[i]);
         }
         zn_dev_event_destroy(tr->dev, tr->act.ev_compute);
+        zn_tr_marks_free(tr);
         if (tr->act.stream)
             zn_dev_stream_destroy(tr->dev, tr->act.stream);
         if (tr->comm_attached)
@@ -386,7 +455,7 @@ void zn_train_destroy(zn_trainer *tr)
     free(tr->pieces);
     free(tr->fetch.accum_args);
     free(tr->fetch.n_rows);
-    free(tr->fetch.marks);
+    free(tr->fetch.marks);  /* no device: no events in it */
     zn_trace_destroy(tr->trace);
     pthread_mutex_destroy(&tr->elock);
     free(tr);

@@ -281,10 +281,12 @@ int zn_tr_ensure_capacity(zn_trainer *tr, int A)
     }
     int need_marks = A * tr->L * 8 + 16; /* up to 8 per block use (cpu checkpoints: 2) */
     if (tr->fetch.n_marks < need_marks) {
-        free(tr->fetch.marks);
-        tr->fetch.marks = calloc((size_t)need_marks, sizeof *tr->fetch.marks);
-        if (!tr->fetch.marks)
+        /* grown, the events made so far kept; the new ones are made on use */
+        zn_mark *m = realloc(tr->fetch.marks, (size_t)need_marks * sizeof *m);
+        if (!m)
             return zn_set_error(-ENOMEM, "train: out of memory");
+        memset(m + tr->fetch.n_marks, 0, (size_t)(need_marks - tr->fetch.n_marks) * sizeof *m);
+        tr->fetch.marks = m;
         tr->fetch.n_marks = need_marks;
     }
     return 0;

@@ -263,6 +263,7 @@ static int step_failed(zn_trainer *tr, int rc, int64_t step)
 {
     zn_optsched_cancel(tr, true);
     zn_dev_sync(tr->dev);
+    zn_tr_marks_drop(tr);
     zn_accum_drain(tr);
     zn_optsched_wait(tr);
     tr->opt.inflight = false;
@@ -372,7 +373,7 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
      * failure fails this step */
     if (atomic_load(&tr->err))
         return step_failed(tr, atomic_load(&tr->err), tr->stats.steps_run + 1);
-    tr->fetch.next_mark = 0;
+    zn_tr_marks_drop(tr);
 
     bool clip = cfg->gradient_clipping > 0, fp16 = cfg->fp16.enabled;
     double scale = tr->scaler.scale;
@@ -450,6 +451,8 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         rc = zn_comm_sync_on(tr->comm, tr->s_comm);
     if (!rc && atomic_load(&tr->err))
         rc = atomic_load(&tr->err);
+    if (!rc)
+        rc = zn_tr_marks_harvest(tr);  /* every stream with marks has synced */
     if (rc)
         return step_failed(tr, rc, tr->stats.steps_run + 1);
 
@@ -535,7 +538,7 @@ int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     uint64_t ntok = (uint64_t)(B * T);
     if ((rc = zn_tr_ensure_capacity(tr, n_micro)))
         return rc;
-    tr->fetch.next_mark = 0;
+    zn_tr_marks_drop(tr);
     zn_fetch_ent *fe;
     int *fetch_of_use, nfe;
     if ((rc = zn_tr_build_fetches(tr, n_micro * L, L, false, &fe, &fetch_of_use, &nfe)))
@@ -598,6 +601,8 @@ int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
     if (!rc && tr->world > 1)
         rc = zn_comm_sync_on(tr->comm, tr->s_comm);
+    if (!rc)
+        rc = zn_tr_marks_harvest(tr);
     if (!rc && tr->world > 1) {
         /* every rank's (sum, count), added in rank order */
         double mine[2] = { sum, (double)tgt }, *all = malloc((size_t)tr->world * sizeof mine);

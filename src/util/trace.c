@@ -18,11 +18,11 @@ typedef struct {
 
 typedef struct {
     char name[ZN_TRACE_NAME_LEN];
-    uint64_t busy_ns;
-    uint64_t covered_end;  /* end of the union of spans seen so far */
-    /* a union track (zn_trace_add_union): the spans of tracks of[0] and
-     * of[1], kept as intervals because they arrive from two threads out of
-     * start order; busy = the length of their union, computed when asked */
+    /* A track's spans are kept as intervals, since they arrive out of start
+     * order (from several threads, and a step's stream marks all at once
+     * when it ends); busy = the length of their union, computed when asked.
+     * A union track (zn_trace_add_union) takes the spans of tracks of[0]
+     * and of[1]. */
     int of[2];
     uint64_t (*iv)[2];
     size_t niv, cap;
@@ -125,16 +125,17 @@ static uint64_t merge_iv(track_rec *k)
     return len;
 }
 
-/* lock held: adds [t0, t1] to union track k. At 64 Ki intervals it merges
- * them and folds all but the latest 1 Ki into base_ns (a span arrives at
- * most a few requests late; 63 Ki intervals are many steps). */
+/* lock held: adds [t0, t1] to track k. At 64 Ki intervals it merges them
+ * and folds all but the latest 16 Ki into base_ns: a span arrives at most
+ * one step late (the marks, harvested when the step ends), and a step gives
+ * a track far fewer than 16 Ki disjoint spans (one per block use at most). */
 static void union_add(track_rec *k, uint64_t t0, uint64_t t1)
 {
     if (k->niv == k->cap) {
         if (k->cap >= ((size_t)64 << 10)) {
             merge_iv(k);
-            if (k->niv > 1024) {
-                size_t keep = 1024, drop = k->niv - keep;
+            if (k->niv > ((size_t)16 << 10)) {
+                size_t keep = (size_t)16 << 10, drop = k->niv - keep;
                 for (size_t i = 0; i < drop; i++)
                     k->base_ns += k->iv[i][1] - k->iv[i][0];
                 memmove(k->iv, k->iv + drop, keep * sizeof *k->iv);
@@ -196,13 +197,7 @@ void zn_trace_span(zn_trace *t, int track, const char *name, uint64_t t0, uint64
         t1 = t0;
     pthread_mutex_lock(&t->lock);
     if (track < t->n_tracks) {
-        track_rec *k = &t->tracks[track];
-        if (t0 >= k->covered_end)
-            k->busy_ns += t1 - t0;
-        else if (t1 > k->covered_end)
-            k->busy_ns += t1 - k->covered_end;
-        if (t1 > k->covered_end)
-            k->covered_end = t1;
+        union_add(&t->tracks[track], t0, t1);
         span_rec r = { .t0 = t0, .t1 = t1, .track = track };
         snprintf(r.name, sizeof r.name, "%s", name ? name : "");
         push(t, &r);
@@ -231,8 +226,7 @@ double zn_trace_busy_s(zn_trace *t, int track)
         return 0.0;
     pthread_mutex_lock(&t->lock);
     track_rec *k = &t->tracks[track];
-    double s = k->of[0] >= 0 ? (double)(k->base_ns + merge_iv(k)) * 1e-9
-                             : (double)k->busy_ns * 1e-9;
+    double s = (double)(k->base_ns + merge_iv(k)) * 1e-9;
     pthread_mutex_unlock(&t->lock);
     return s;
 }
@@ -243,7 +237,6 @@ void zn_trace_reset_busy(zn_trace *t)
         return;
     pthread_mutex_lock(&t->lock);
     for (int i = 0; i < t->n_tracks; i++) {
-        t->tracks[i].busy_ns = 0;
         t->tracks[i].niv = 0;
         t->tracks[i].base_ns = 0;
     }
