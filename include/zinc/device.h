@@ -80,6 +80,10 @@ typedef struct zn_dev_config {
      * GPU (CUDA: sysfs numa_node of its PCI device; host backend: the node
      * of the CPU that creates the device). */
     int numa_node;
+    /* 1: no arena at creation; the caller makes its streams (each with its
+     * cuBLAS workspace) and its NCCL communicator first, then reserves the
+     * arena with zn_dev_arena_reserve out of what they left free. */
+    int defer_arena;
     /* Host backend: OpenMP threads that OpenBLAS may use for one GEMM on
      * one stream's worker thread (omp_set_num_threads on that worker).
      * 0 (default) = the OpenMP default (OMP_NUM_THREADS or all cores).
@@ -107,7 +111,7 @@ typedef struct zn_dev_info {
     char pci_bus_id[32];       /* "0000:17:00.0"; "" on host */
     int numa_node;             /* node of pinned memory; -1 unknown */
     uint64_t total_mem;        /* physical memory of the device, bytes */
-    uint64_t free_mem;         /* free at creation (before the arena) */
+    uint64_t free_mem;         /* free at creation (before streams and arena) */
     int cc_major, cc_minor;    /* compute capability; 0 on host */
     int sm_count;              /* SMs; host: CPU cores */
     int pcie_gen;              /* current link generation, 0 unknown */
@@ -117,6 +121,22 @@ typedef struct zn_dev_info {
 } zn_dev_info;
 
 ZN_API void zn_dev_get_info(const zn_dev *d, zn_dev_info *out);
+
+/* Reserves the arena of a device made with defer_arena: `bytes` (0 = the
+ * free memory less cfg.gpu_margin). On CUDA it is measured against what is
+ * free now, after the context, the streams' cuBLAS workspaces and scratch
+ * and any NCCL communicator; a refusal says how much those hold. ZN_EARG if
+ * the arena exists already, ZN_EBUDGET if it does not fit. */
+ZN_API int zn_dev_arena_reserve(zn_dev *d, uint64_t bytes);
+/* Device memory this process holds outside the arena: on CUDA, the free
+ * memory at creation less the free memory when the arena was reserved (the
+ * streams' cuBLAS workspaces and scratch, NCCL's buffers, modules loaded
+ * since; another process's allocations in between count too); 0 on host. */
+ZN_API uint64_t zn_dev_outside_arena(const zn_dev *d);
+/* The device memory one stream takes outside the arena on CUDA (its cuBLAS
+ * workspace, sized for compute capability `cc_major`, 0 = the largest, and
+ * its reduction scratch), for plans made before any device exists. */
+ZN_API uint64_t zn_dev_stream_outside_bytes(int cc_major);
 /* The host backend's GEMM library and the kernel family it runs on this
  * CPU, e.g. "OpenBLAS 0.3.21, Cooperlake kernels" (OPENBLAS_CORETYPE forces
  * another family). A static string. */

@@ -94,6 +94,7 @@ typedef struct cstream {
     cudaStream_t st;
     cublasHandle_t blas;
     float *scratch;        /* ZN_CUDA_SCRATCH floats, outside the arena */
+    void *blas_ws;         /* its cuBLAS workspace, outside the arena */
 } cstream;
 
 void *zn_cuda_stream_native(zn_stream *s)
@@ -190,10 +191,19 @@ static int c_stream_create(zn_dev *d, zn_stream *s)
     /* Plain fp32 (no TF32) unless a compute type asks otherwise. */
     ZN_CUBLAS_TRY_GOTO(cublasSetMathMode(cs->blas, CUBLAS_DEFAULT_MATH));
     ZN_CUDA_TRY_GOTO(cudaMalloc((void **)&cs->scratch, ZN_CUDA_SCRATCH * sizeof(float)));
+    /* the workspace now, not lazily inside the first GEMM when the arena
+     * may have taken the memory */
+    size_t ws = ZN_CUBLAS_WORKSPACE(d->info.cc_major);
+    ZN_CUDA_TRY_GOTO(cudaMalloc(&cs->blas_ws, ws));
+    ZN_CUBLAS_TRY_GOTO(cublasSetWorkspace(cs->blas, cs->blas_ws, ws));
     s->impl = cs;
     return 0;
 
 fail:
+    if (cs->blas_ws)
+        ZN_CUDA_WARN(cudaFree(cs->blas_ws));
+    if (cs->scratch)
+        ZN_CUDA_WARN(cudaFree(cs->scratch));
     if (cs->blas && cublasDestroy(cs->blas) != CUBLAS_STATUS_SUCCESS)
         zn_warn("cublasDestroy failed while cleaning up a stream");
     if (cs->st)
@@ -216,6 +226,8 @@ static void c_stream_destroy(zn_dev *d, zn_stream *s)
         }
         if (cs->scratch)
             ZN_CUDA_WARN(cudaFree(cs->scratch));
+        if (cs->blas_ws)
+            ZN_CUDA_WARN(cudaFree(cs->blas_ws));
         ZN_CUDA_WARN(cudaStreamDestroy(cs->st));
     }
     free(cs);
@@ -440,10 +452,47 @@ static void c_destroy(zn_dev *d)
     d->impl = NULL;
 }
 
+/* The arena out of what is free now: after the context, the streams'
+ * workspaces and scratch, and NCCL when the caller deferred the arena
+ * until its communicator existed. */
+static int c_arena_reserve(zn_dev *d, uint64_t budget)
+{
+    int rc;
+    void *base = NULL;
+    if ((rc = use(d)))
+        return rc;
+    size_t fr = 0, tot = 0;
+    ZN_CUDA_TRY(cudaMemGetInfo(&fr, &tot));
+    zn_dev_info *in = &d->info;
+    d->outside_arena = in->free_mem > fr ? in->free_mem - fr : 0;
+    char b1[32], b2[32], b3[32];
+    zn_format_size(d->outside_arena, b3, sizeof b3);
+    if (budget == 0) {
+        if (fr <= d->cfg.gpu_margin + (64u << 20))
+            return zn_set_error(ZN_EBUDGET, "cuda:%d (%s): %zu bytes free (%s outside the arena: "
+                                "cuBLAS workspaces, stream scratch, NCCL), not more than the "
+                                "margin of %llu bytes", in->ordinal, in->name, fr, b3,
+                                (unsigned long long)d->cfg.gpu_margin);
+        budget = fr - d->cfg.gpu_margin;
+    } else if (budget > fr) {
+        return zn_set_error(ZN_EBUDGET, "cuda:%d (%s): the arena of %llu bytes (%s) exceeds the "
+                            "free memory %zu bytes (%s); this process holds %s outside it "
+                            "(cuBLAS workspaces, stream scratch, NCCL's buffers, modules) and "
+                            "other processes may hold more", in->ordinal, in->name,
+                            (unsigned long long)budget, zn_format_size(budget, b1, sizeof b1), fr,
+                            zn_format_size(fr, b2, sizeof b2), b3);
+    }
+    ZN_CUDA_TRY(cudaMalloc(&base, budget));
+    d->arena_base = base;
+    d->arena_bytes = budget;
+    return 0;
+}
+
 static const zn_dev_ops cuda_ops = {
     .name = "cuda",
     .destroy = c_destroy,
     .arena_release = c_arena_release,
+    .arena_reserve = c_arena_reserve,
     .host_alloc = c_host_alloc,
     .host_free = c_host_free,
     .host_register = c_host_register,
@@ -503,7 +552,6 @@ int zn_cuda_backend_create(zn_dev *d, int ordinal)
     c->ordinal = ordinal;
     d->impl = c;
     d->ops = &cuda_ops;
-    void *base = NULL;
 
     /* waits on the device block (yield the core) rather than spin: the
      * CPU Adam and the gradient accumulation need every core. Flags can be
@@ -551,26 +599,6 @@ int zn_cuda_backend_create(zn_dev *d, int ordinal)
     ZN_CUDA_TRY_GOTO(cudaMemGetInfo(&fr, &tot));
     in->total_mem = tot;
     in->free_mem = fr;
-    uint64_t budget = d->cfg.gpu_budget;
-    if (budget == 0) {
-        if (fr <= d->cfg.gpu_margin + (64u << 20)) {
-            rc = zn_set_error(ZN_EBUDGET, "cuda:%d (%s): %zu bytes free, not more than the "
-                              "margin of %llu bytes", ordinal, in->name, fr,
-                              (unsigned long long)d->cfg.gpu_margin);
-            goto fail;
-        }
-        budget = fr - d->cfg.gpu_margin;
-    } else if (budget > fr) {
-        char b1[32], b2[32];
-        rc = zn_set_error(ZN_EBUDGET, "cuda:%d (%s): GPU budget %llu bytes (%s) exceeds the "
-                          "free memory %zu bytes (%s)", ordinal, in->name,
-                          (unsigned long long)budget, zn_format_size(budget, b1, sizeof b1), fr,
-                          zn_format_size(fr, b2, sizeof b2));
-        goto fail;
-    }
-    ZN_CUDA_TRY_GOTO(cudaMalloc(&base, budget));
-    d->arena_base = base;
-    d->arena_bytes = budget;
     return 0;
 
 fail:

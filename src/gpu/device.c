@@ -118,26 +118,53 @@ int zn_dev_create(zn_dev **out, const zn_dev_config *cfg)
     if (rc)
         goto fail;
 
-    if ((rc = zn_arena_init(&d->arena, d->arena_base, d->arena_bytes))) {
-        rc = zn_set_error(rc, "device: arena of %llu bytes: %s",
-                          (unsigned long long)d->arena_bytes, zn_strerror(rc));
-        goto fail;
-    }
     if ((rc = zn_dev_stream_create(d, "default", &d->default_stream)))
         goto fail;
+    if (!d->cfg.defer_arena && (rc = zn_dev_arena_reserve(d, d->cfg.gpu_budget)))
+        goto fail;
     *out = d;
-    {
-        char b1[32], b2[32];
-        zn_debug("device %s: %s, arena %s, pinned cap %s, NUMA node %d", d->ops->name,
-                 d->info.name, zn_format_size(d->arena.size, b1, sizeof b1),
-                 d->cfg.cpu_budget ? zn_format_size(d->cfg.cpu_budget, b2, sizeof b2) : "none",
-                 d->info.numa_node);
-    }
     return 0;
 
 fail:
     zn_dev_destroy(d);
     return rc;
+}
+
+int zn_dev_arena_reserve(zn_dev *d, uint64_t bytes)
+{
+    if (d->arena_base)
+        return zn_set_error(ZN_EARG, "device %s: the arena is reserved already", d->info.name);
+    int rc = d->ops->arena_reserve(d, bytes);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&d->lock);
+    rc = zn_arena_init(&d->arena, d->arena_base, d->arena_bytes);
+    pthread_mutex_unlock(&d->lock);
+    if (rc) {
+        rc = zn_set_error(rc, "device: arena of %llu bytes: %s",
+                          (unsigned long long)d->arena_bytes, zn_strerror(rc));
+        d->ops->arena_release(d, d->arena_base, d->arena_bytes);
+        d->arena_base = NULL;
+        d->arena_bytes = 0;
+        return rc;
+    }
+    char b1[32], b2[32], b3[32];
+    zn_debug("device %s: %s, arena %s, %s outside it, pinned cap %s, NUMA node %d",
+             d->ops->name, d->info.name, zn_format_size(d->arena.size, b1, sizeof b1),
+             zn_format_size(d->outside_arena, b3, sizeof b3),
+             d->cfg.cpu_budget ? zn_format_size(d->cfg.cpu_budget, b2, sizeof b2) : "none",
+             d->info.numa_node);
+    return 0;
+}
+
+uint64_t zn_dev_outside_arena(const zn_dev *d)
+{
+    return d ? d->outside_arena : 0;
+}
+
+uint64_t zn_dev_stream_outside_bytes(int cc_major)
+{
+    return (uint64_t)ZN_CUBLAS_WORKSPACE(cc_major) + (uint64_t)ZN_CUDA_SCRATCH * sizeof(float);
 }
 
 void zn_dev_destroy(zn_dev *d)
@@ -170,7 +197,8 @@ void zn_dev_destroy(zn_dev *d)
         if (d->arena.n_live)
             zn_warn("device: %llu allocations (%llu bytes) still live at destroy",
                     (unsigned long long)d->arena.n_live, (unsigned long long)d->arena.used);
-        zn_arena_fini(&d->arena);
+        if (d->arena_base)
+            zn_arena_fini(&d->arena);
         if (d->arena_base && d->ops->arena_release)
             d->ops->arena_release(d, d->arena_base, d->arena_bytes);
         if (d->ops->destroy)

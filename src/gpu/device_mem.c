@@ -50,6 +50,9 @@ int zn_dev_alloc(zn_dev *d, size_t bytes, const char *what, void **out)
     *out = NULL;
     if (bytes == 0)
         return zn_set_error(ZN_EARG, "device alloc '%s': zero bytes", what ? what : "?");
+    if (!d->arena_base)
+        return zn_set_error(ZN_EARG, "device alloc '%s' before the arena was reserved "
+                            "(zn_dev_arena_reserve)", what ? what : "?");
     pthread_mutex_lock(&d->lock);
     void *p = zn_arena_alloc(&d->arena, bytes);
     if (!p) {

@@ -182,6 +182,8 @@ typedef struct zn_dev_ops {
     int (*event_query)(zn_dev *d, zn_event *e);
     int (*event_elapsed_ms)(zn_dev *d, zn_event *a, zn_event *b, float *ms);
     int (*submit)(zn_dev *d, zn_stream *s, const zn_op *op);
+    /* fills d->arena_base/_bytes with `bytes` (0 = auto) of device memory */
+    int (*arena_reserve)(zn_dev *d, uint64_t bytes);
 } zn_dev_ops;
 
 struct zn_stream {
@@ -212,6 +214,7 @@ struct zn_dev {
     zn_arena arena;
     void *arena_base;
     uint64_t arena_bytes;
+    uint64_t outside_arena;   /* zn_dev_outside_arena, set at reserve */
     zn_host_buf *host_bufs;
     size_t n_host_bufs, cap_host_bufs;
     uint64_t host_used, host_peak;
@@ -222,7 +225,8 @@ struct zn_dev {
     void *impl;               /* backend */
 };
 
-/* Backends. Each fills d->ops, d->info, d->impl, d->arena_base/_bytes. */
+/* Backends. Each fills d->ops, d->info, d->impl; the arena comes from
+ * ops->arena_reserve (at creation, or later with defer_arena). */
 int zn_host_backend_create(zn_dev *d);
 #if defined(ZN_HAVE_CUDA) && ZN_HAVE_CUDA
 int zn_cuda_backend_create(zn_dev *d, int ordinal);
@@ -255,6 +259,15 @@ int zn_gpu_pcie_link(const char *bus_id, int *gen, int *width, double *peak_gbs)
 /* sysfs numa_node of a PCI device, -1 if unknown. */
 int zn_gpu_pci_numa_node(const char *bus_id);
 
+/* Per CUDA stream, outside the arena: the reduction scratch (floats, see
+ * zn_cuda_run_kernel) and the cuBLAS workspace it sets (cublasSetWorkspace)
+ * when it is made, so that cuBLAS never allocates one lazily at the first
+ * GEMM, after the arena has taken the memory: NVIDIA's recommended sizes,
+ * 32 MiB on Hopper and newer, 4 MiB before (cc_major 0: unknown, the
+ * larger). */
+#define ZN_CUDA_SCRATCH (1u << 20)
+#define ZN_CUBLAS_WORKSPACE(cc_major) ((cc_major) >= 9 || (cc_major) == 0 ? (32u << 20) : (4u << 20))
+
 #if defined(ZN_HAVE_CUDA) && ZN_HAVE_CUDA
 /* The ceiling for `zinc bench pcie`: a plain cudaMemcpyAsync loop on one
  * stream, `block` bytes per copy, `iters` copies, between a cudaHostAlloc
@@ -272,7 +285,6 @@ void *zn_cuda_stream_native(zn_stream *s);
  * `scratch` is a per-stream device buffer of ZN_CUDA_SCRATCH floats for the
  * two-phase deterministic reductions. Returns a cudaError_t (0 = launched);
  * *what names the kernel that failed. */
-#define ZN_CUDA_SCRATCH (1u << 20)
 int zn_cuda_run_kernel(const zn_op *op, void *stream, float *scratch, const char **what);
 #endif
 

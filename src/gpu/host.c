@@ -579,10 +579,13 @@ static void h_destroy(zn_dev *d)
     d->impl = NULL;
 }
 
+static int h_arena_reserve(zn_dev *d, uint64_t want);
+
 static const zn_dev_ops host_ops = {
     .name = "host",
     .destroy = h_destroy,
     .arena_release = h_arena_release,
+    .arena_reserve = h_arena_reserve,
     .host_alloc = h_host_alloc,
     .host_free = h_host_free,
     .host_register = h_host_register,
@@ -624,14 +627,17 @@ static int current_node(zn_dev *d)
     return node;
 }
 
-int zn_host_backend_create(zn_dev *d)
+static uint64_t phys_bytes(void)
 {
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    uint64_t phys = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
-    uint64_t budget = d->cfg.gpu_budget;
+    return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+}
 
-    if (budget == 0)
-        budget = phys / 4;
+/* The arena: an mmap committed as pages are touched. 0 = a quarter of RAM.
+ * Nothing lives outside it on this backend. */
+static int h_arena_reserve(zn_dev *d, uint64_t want)
+{
+    uint64_t budget = want ? want : phys_bytes() / 4;
     if (budget < 1u << 20)
         budget = 1u << 20;   /* a tiny budget still gets a usable arena */
     budget = (budget + 4095) & ~(uint64_t)4095;
@@ -646,21 +652,26 @@ int zn_host_backend_create(zn_dev *d)
         pkey_mprotect(base, budget, PROT_READ | PROT_WRITE, guard_key) != 0)
         zn_warn("ZINC_DEVICE_GUARD: pkey_mprotect: %s; this arena is not guarded",
                 strerror(errno));
-    /* The arena is counted exactly: the allocator sees `gpu_budget` bytes
-     * (rounded down to ZN_DEV_ALIGN), not the page-rounded mapping. */
+    /* The arena is counted exactly: the allocator sees `want` bytes (rounded
+     * down to ZN_DEV_ALIGN), not the page-rounded mapping. (arena_release
+     * unmaps arena_bytes, which munmap rounds up to the same pages.) */
+    d->arena_base = base;
+    d->arena_bytes = want >= (1u << 20) ? want : budget;
+    d->outside_arena = 0;
+    return 0;
+}
+
+int zn_host_backend_create(zn_dev *d)
+{
+    uint64_t phys = phys_bytes();
     hcb *cb = calloc(1, sizeof *cb);
     int crc = cb ? cb_start(cb) : zn_set_error(-ENOMEM, "host device: out of memory");
     if (crc) {
         free(cb);
-        munmap(base, budget);
         return crc;
     }
     d->impl = cb;
     d->ops = &host_ops;
-    d->arena_base = base;
-    d->arena_bytes = budget;
-    if (d->cfg.gpu_budget && d->cfg.gpu_budget >= (1u << 20))
-        d->arena_bytes = d->cfg.gpu_budget;
 
     zn_dev_info *in = &d->info;
     memset(in, 0, sizeof *in);
