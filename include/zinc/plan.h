@@ -63,6 +63,11 @@ typedef struct {
     uint64_t bytes[ZN_STATE_COUNT][ZN_TIER_COUNT];  /* this rank's bytes */
     uint64_t tier_total[ZN_TIER_COUNT];
     uint64_t budget[ZN_TIER_COUNT];
+    /* of tier_total[GPU], what a CUDA run holds outside its arena: each
+     * stream's cuBLAS workspace and scratch, NCCL's buffers with several
+     * ranks (a 16-bit plan is a CUDA plan; the host backend trains fp32) */
+    uint64_t gpu_outside;
+    uint64_t gpu_outside_nccl;                      /* of it, NCCL's */
     uint64_t largest_block;                         /* elements */
     uint64_t live_window;                           /* elements on the GPU at once */
     uint64_t sub_group;                             /* optimizer sub-group, elements */

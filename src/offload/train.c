@@ -247,6 +247,7 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     dc.name = devname;
     dc.gpu_budget = zn_tr_arena_bytes(&tr->plan, o->budgets.bytes[ZN_TIER_GPU]);
     dc.cpu_budget = o->budgets.bytes[ZN_TIER_CPU];
+    dc.defer_arena = 1;  /* reserved once the streams and NCCL have taken theirs */
     ZN_TRY_GOTO(zn_dev_create(&tr->dev, &dc));
     bool cuda = zn_dev_get_kind(tr->dev) == ZN_DEV_CUDA;
     if (cuda && cfg->fp16.enabled) {
@@ -300,6 +301,23 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
             ZN_TRY_GOTO(make_event(tr, &tr->act.ev_loaded[i]));
         }
         ZN_TRY_GOTO(make_event(tr, &tr->act.ev_compute));
+    }
+    /* The arena last: NCCL's communicator (attached above) and every
+     * stream's cuBLAS workspace and scratch exist now, so the arena is
+     * checked against what they really left free, and a library that would
+     * have allocated after it cannot find the GPU full. */
+    ZN_TRY_GOTO(zn_dev_arena_reserve(tr->dev, dc.gpu_budget));
+    if (cuda) {
+        uint64_t got = zn_dev_outside_arena(tr->dev), want = tr->plan.gpu_outside;
+        char b1[32], b2[32];
+        zn_format_size(got, b1, sizeof b1);
+        zn_format_size(want, b2, sizeof b2);
+        if (got > want + (want >> 3) + (64u << 20))
+            zn_warn("gpu: %s in use outside the arena (the context's modules, cuBLAS, NCCL; "
+                    "other processes' allocations count too), more than the %s the plan "
+                    "counts: leave more of the GPU free (a smaller tiers.gpu)", b1, b2);
+        else
+            zn_info("gpu: %s in use outside the arena; the plan counts %s", b1, b2);
     }
     ZN_TRY_GOTO(zn_tr_build_layout(tr));
     ZN_TRY_GOTO(zn_tr_allocate(tr));

@@ -116,6 +116,17 @@ int zn_tr_allocate(zn_trainer *tr)
     /* model scratch first: the activation size may depend on the dtype */
     act = tr->model->act_bytes;
     if (tr->dry) {
+        uint64_t outside = zn_tr_gpu_outside(tr);
+        uint64_t libs = (uint64_t)zn_tr_stream_count(tr) * zn_dev_stream_outside_bytes(0);
+        tr->plan.gpu_outside = outside;
+        tr->plan.gpu_outside_nccl = outside > libs ? outside - libs : 0;
+        if (outside) {
+            tr->dry_gpu += outside;
+            plan_item(tr, gpu, ZN_STATE_WORK, libs, "cuBLAS workspaces, scratch (outside the arena)");
+            if (tr->plan.gpu_outside_nccl)
+                plan_item(tr, gpu, ZN_STATE_WORK, tr->plan.gpu_outside_nccl,
+                          "NCCL buffers (outside the arena)");
+        }
         uint64_t ws = 0;
         if (tr->model->plan_prepare) {
             ZN_TRY_GOTO(tr->model->plan_prepare(tr->model->ctx, tr->param_dt, &ws, &act));
@@ -520,9 +531,33 @@ int zn_tr_dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cfg
 
 /* The device arena for a plan: its gpu total and 1 MiB for the arena's
  * start alignment, never beyond the budget. */
+/* The streams a run makes on its device: the device's default, compute,
+ * h2d, d2h and the optimizer's h2d; the activations' with cpu
+ * checkpointing; the communicator's with several ranks. */
+int zn_tr_stream_count(const zn_trainer *tr)
+{
+    return 5 + (tr->act.on ? 1 : 0) + (tr->world > 1 ? 1 : 0);
+}
+
+/* NCCL's buffers for one rank, planned: a ring's two peers x 16 channels x
+ * the three protocols' buffers (NCCL_BUFFSIZE's 4 MiB for Simple, about
+ * 4.5 MiB for LL128, 0.5 MiB for LL). What the communicator really took is
+ * measured when the arena is reserved and printed beside this. */
+#define ZN_NCCL_PLANNED_BYTES ((uint64_t)2 * 16 * (9u << 20))
+
+uint64_t zn_tr_gpu_outside(const zn_trainer *tr)
+{
+    if (tr->param_bytes != 2)
+        return 0;  /* fp32: the host backend (a CUDA fp32 run is not planned for) */
+    return (uint64_t)zn_tr_stream_count(tr) * zn_dev_stream_outside_bytes(0) +
+           (tr->world > 1 ? ZN_NCCL_PLANNED_BYTES : 0);
+}
+
+/* The device arena: the plan's GPU total less what lives outside the arena,
+ * plus the arena's own alignment slack. */
 uint64_t zn_tr_arena_bytes(const zn_plan *p, uint64_t budget)
 {
-    uint64_t want = p->tier_total[ZN_TIER_GPU] + ((uint64_t)1 << 20);
+    uint64_t want = p->tier_total[ZN_TIER_GPU] - p->gpu_outside + ((uint64_t)1 << 20);
     return want < budget ? want : budget;
 }
 
