@@ -618,6 +618,10 @@ int zn_tr_stage_rows(zn_trainer *tr, int mb, const int32_t *ids, int64_t ntok);
 /* train_step.c: the step's fetch list over `nuse` block uses */
 int zn_tr_build_fetches(zn_trainer *tr, int nuse, int L, bool with_bwd, zn_fetch_ent **fe_out,
                         int **fou_out, int *nfe_out);
+/* ZeRO stages 1/2 on N > 1 ranks: every rank's updated shard of the
+ * replicated blocks all-gathered in place (after a step, and after a
+ * checkpoint load, which makes only this rank's shard again). Collective. */
+int zn_tr_gather_replicated(zn_trainer *tr);
 
 /* train_traffic.c: one optimizer step's bytes on each link and the
  * optimizer's elements, from the layout (dry or live) into tr->plan.step */

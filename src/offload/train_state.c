@@ -275,6 +275,11 @@ int zn_train_state_load(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source s
     int rc = tr->opt_on_device ? load_device(tr, src, user)
              : nvme   ? load_nvme(tr, src, user)
                       : load_flat(tr, from, src, user);
+    /* each rank made its own shard of the working parameters again; a
+     * replicated block (stages 1/2 on several ranks) holds the others'
+     * shards too, which are still the initial weights until gathered */
+    if (!rc)
+        rc = zn_tr_gather_replicated(tr);
     if (rc)
         tr->bad = true;  /* partly replaced: nothing it holds is valid now */
     return rc;

@@ -240,7 +240,7 @@ static int count_targets(zn_trainer *tr, const int32_t *targets, uint64_t n, uin
 /* ZeRO stages 1/2 with N > 1 ranks: every rank updated its shard of the
  * replicated parameters; all-gather them in place so that every rank holds
  * the whole updated block again. */
-static int gather_replicated(zn_trainer *tr)
+int zn_tr_gather_replicated(zn_trainer *tr)
 {
     if (tr->world == 1)
         return 0;
@@ -488,7 +488,7 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         if (!rc)
             rc = zn_dev_stream_sync(tr->dev, tr->opt.s_h2d);
         if (!rc && !overflow)
-            rc = gather_replicated(tr);
+            rc = zn_tr_gather_replicated(tr);
         if (!rc && atomic_load(&tr->err))
             rc = atomic_load(&tr->err);
         if (rc)
