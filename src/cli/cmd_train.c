@@ -263,6 +263,10 @@ static double since_signal_s(void)
     return (double)(now.tv_sec - g_stop_ts.tv_sec) + (double)(now.tv_nsec - g_stop_ts.tv_nsec) * 1e-9;
 }
 
+/* Set when this rank stops for another rank's signal: its own clock of the
+ * stop starts when it learns of it (g_stop_ts is unset without a signal). */
+static bool g_stop_by_peer;
+
 /* Whether every rank stops after this step: a rank that saw the signal
  * tells the others (one float's all-reduce per step, only with ranks). */
 static int ranks_stop(zn_run *ts)
@@ -270,6 +274,10 @@ static int ranks_stop(zn_run *ts)
     float mine = (float)g_stop_sig, all = mine;
     if (ts->world > 1 && zn_comm_allreduce(ts->comm, &mine, &all, 1, ZN_DTYPE_F32, ZN_REDUCE_MAX))
         return g_stop_sig;
+    if (all && !mine && !g_stop_sig) {
+        g_stop_by_peer = true;
+        clock_gettime(CLOCK_MONOTONIC, &g_stop_ts);
+    }
     return (int)all;
 }
 
@@ -753,12 +761,14 @@ int zn_cmd_train(int argc, char **argv)
         rc = 1;
     free(recipe);
     if (stop_sig) {
-        fprintf(stderr, "zinc: %s: stopped after step %lld%s%s%s, swap files removed, %.1f s "
-                "after the signal (exit %d)\n", strsignal(stop_sig), (long long)steps,
+        fprintf(stderr, "zinc: %s%s: stopped after step %lld%s%s%s, swap files removed, %.1f s "
+                "after %s (exit %d)\n", strsignal(stop_sig),
+                g_stop_by_peer ? " on another rank" : "", (long long)steps,
                 cc->dir[0] && !rc ? ", checkpoint saved in " : "",
                 cc->dir[0] && !rc ? cc->dir : "",
                 cc->dir[0] ? "" : " (no train.checkpoint.dir: nothing saved)",
-                since_signal_s(), 128 + stop_sig);
+                since_signal_s(), g_stop_by_peer ? "this rank learned of it" : "the signal",
+                128 + stop_sig);
         return 128 + stop_sig;
     }
     return rc ? 1 : 0;
