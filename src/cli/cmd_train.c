@@ -76,13 +76,16 @@ static void fmt_eta(double s, char *buf, size_t n)
         snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
 }
 
-/* ---- test hooks (environment): ZINC_CKPT_KILL=POINT[:N] sends SIGKILL to
- * this process at the N-th time a save reaches POINT (zn_ckpt_point_fn);
+/* ---- test hooks (environment): ZINC_CKPT_KILL=POINT[:N[:SIG]] sends SIGKILL
+ * (or SIG: TERM, INT or USR1, a stop signal arriving in the middle of a
+ * save) to this process at the N-th time a save reaches POINT
+ * (zn_ckpt_point_fn);
  * ZINC_CKPT_FAULT=N[:ENOSPC|EIO] fails the N-th block write of the
  * checkpoint engine(s) of this process. ---------------------------------------*/
 typedef struct {
     char point[32];
     long nth, seen;
+    int sig;
     long fault_nth;
     int fault_res;
     _Atomic long fault_seen;
@@ -93,7 +96,7 @@ static void hook_point(void *user, const char *where)
     ckpt_hooks *h = user;
     if (h->point[0] && !strcmp(where, h->point) && ++h->seen == h->nth) {
         fflush(NULL);
-        raise(SIGKILL);
+        raise(h->sig);
     }
 }
 
@@ -113,9 +116,13 @@ static void hooks_from_env(ckpt_hooks *h, zn_ckpt_save_options *so)
         snprintf(h->point, sizeof h->point, "%s", k);
         char *c = strchr(h->point, ':');
         h->nth = 1;
+        h->sig = SIGKILL;
         if (c) {
             *c = '\0';
-            h->nth = strtol(c + 1, NULL, 10);
+            h->nth = strtol(c + 1, &c, 10);
+            if (*c == ':')
+                h->sig = !strcmp(c + 1, "TERM") ? SIGTERM : !strcmp(c + 1, "INT") ? SIGINT
+                         : !strcmp(c + 1, "USR1") ? SIGUSR1 : SIGKILL;
         }
         so->point = hook_point;
         so->point_user = h;
