@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# A 2-rank run stopped by its machine (issue 32): SIGTERM at random moments
-# reaches both ranks, or only one (the other learns of it from the step's
-# stop all-reduce and must not hang), or arrives while a checkpoint is being
-# saved (the save test hook, ZINC_CKPT_KILL=POINT:N:TERM, raises it at a
-# named point of the N-th save). Ranks torchrun-style over TCP, and under
-# `mpirun -np 2` where zinc has MPI and mpirun is installed (SIGTERM to the
-# rank processes, as a machine's shutdown sends it; mpirun itself answers
-# SIGTERM by killing the ranks one second later, docs/checkpoints.md).
+# A 2-rank run stopped by its machine (issue 32), a full fine-tune
+# (tests/fixtures/ft-llama) and LoRA on it (lora-llama): SIGTERM at random
+# moments reaches both ranks, or only one (the other learns of it from the
+# step's stop all-reduce and must not hang), or arrives while a checkpoint
+# is being saved (the save test hook, ZINC_CKPT_KILL=POINT:N:TERM, raises it
+# at a named point of the N-th save). Ranks torchrun-style over TCP, and
+# under `mpirun -np 2` where zinc has MPI and mpirun is installed (SIGTERM
+# to the rank processes, as a machine's shutdown sends it; mpirun itself
+# answers SIGTERM by killing the ranks a second later: docs/checkpoints.md).
 # Each time: both ranks exit 143 within 30 s of the signal (the shortest spot
 # notice, issue 32; this model's last step and save take milliseconds), the
 # newest checkpoint is of the last step both ranks finished and verifies, no
@@ -15,7 +16,8 @@
 # uninterrupted 2-rank run's losses for the next 2 steps within the rank
 # tests' relative 2e-4 (test_train_ranks.sh: fp32 sums in another order).
 # The moments come from a seeded generator; the seed is printed, and
-# ZINC_TEST_SEED=N repeats its choices. ~20 s on 2 idle cores.
+# ZINC_TEST_SEED=N repeats its choices (the delays, ranks and save points;
+# where a delay lands depends on the machine's speed). 15-25 s on 2 cores.
 # usage: test_signals_ranks.sh PATH/TO/zinc HAVE_MPI(0|1) SOURCE_ROOT
 set -u
 zinc=$(realpath "$1")
@@ -42,13 +44,17 @@ rnd() {  # rnd N: R = the generator's next number in [0, N)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo $((20000 + RANDOM % 20000)); }
 fails() { echo "FAIL: $*"; fail=1; }
 
-# ft-llama, a full fine-tune with Adam on NVMe; global batch 6 (micro-batch
-# 1 x accumulation 3 x 2 ranks), which 1 rank (x 6) and 3 ranks (x 2) keep
-base=("$fx/ft-llama/train-config.json" --model "$fx/ft-llama" --data synthetic
-      --set train.threads=1 --set train_micro_batch_size_per_gpu=1
-      --set gradient_accumulation_steps=3 --set zero_optimization.stage3_param_persistence_threshold=0
-      --set 'zero_optimization.offload_param.device="cpu"'
-      --set 'zero_optimization.offload_optimizer.device="nvme"' --set tiers.create_nvme_path=true)
+# ft-llama, a full fine-tune, and LoRA adapters on it (lora-llama), with
+# Adam on NVMe; global batch 6 (micro-batch 1 x accumulation 3 x 2 ranks),
+# which 1 rank (x 6) and 3 ranks (x 2) keep. `base` is the kind's ($kind).
+common=(--data synthetic --set train.threads=1 --set train_micro_batch_size_per_gpu=1
+        --set gradient_accumulation_steps=3 --set zero_optimization.stage3_param_persistence_threshold=0
+        --set 'zero_optimization.offload_param.device="cpu"'
+        --set 'zero_optimization.offload_optimizer.device="nvme"' --set tiers.create_nvme_path=true)
+base_full=("$fx/ft-llama/train-config.json" --model "$fx/ft-llama" "${common[@]}")
+base_lora=("$fx/lora-llama/train-config.json" --model "$fx/ft-llama"
+           --set "lora.adapter=\"$fx/lora-llama/adapter-init\"" "${common[@]}")
+use() { kind=$1; eval "base=(\"\${base_$1[@]}\")"; }
 # the stopped runs' own arguments in folder $1: 3000 steps, far more than a
 # run lasts here, and few enough that the synthetic set has its smallest
 # size, 2^18 tokens, as the shorter uninterrupted run's (src/run/session.c
@@ -124,8 +130,9 @@ wait_exit() {
 # moment LAUNCHER TARGET HOOKPOINT: one stopped run; TARGET is the ranks
 # sent SIGTERM ("0 1", "0", "1"), by `kill` after a random delay, or (with
 # HOOKPOINT, POINT:N) raised by those ranks at POINT of their N-th save
-declare -a M_DIR M_STEP M_LABEL
+declare -a M_DIR M_STEP M_LABEL M_KIND
 nm=0
+resume3=tcp
 moment() {
     local launcher=$1 target=$2 hook=${3:-} d label k t0 s r fail0=$fail
     nm=$((nm + 1))
@@ -134,10 +141,10 @@ moment() {
     if [ -n "$hook" ]; then
         # ranks past 0 reach only the first four points of a save
         [[ "${hook%%:*}" =~ ^(manifest|rename|latest|prune)$ ]] && target=0
-        label="$launcher #$nm: SIGTERM to rank(s) $target at '${hook%%:*}' of save ${hook#*:}"
+        label="$kind, $launcher #$nm: SIGTERM to rank(s) $target at '${hook%%:*}' of save ${hook#*:}"
     else
-        rnd 1500
-        label="$launcher #$nm: SIGTERM to rank(s) $target $R ms into training"
+        rnd 1000
+        label="$kind, $launcher #$nm: SIGTERM to rank(s) $target $R ms into training"
     fi
     local h0="" h1=""
     [ -n "$hook" ] && [[ " $target " == *" 0 "* ]] && h0=$hook:TERM
@@ -206,7 +213,7 @@ moment() {
     local ck; ck="$d/ck/$(printf 'step-%08d' "$s")" more=(--steps $((s + 2)) --set "tiers.nvme=\"$d/swap\"")
     timeout 120 "$zinc" train "${base[@]}" "${more[@]}" --resume "$ck" --json-log "$d/one.jsonl" \
         > "$d/one.out" 2>&1 || fails "$label: resume on 1 rank: $(grep -m 2 error "$d/one.out")"
-    if [ "$launcher" = mpirun ]; then
+    if [ "$launcher" = mpirun ] && [ "$resume3" = mpirun ]; then
         timeout 120 mpirun -np 3 --oversubscribe "$zinc" train "${base[@]}" "${more[@]}" \
             --resume "$ck" --json-log "$d/three.jsonl" > "$d/three.r0.out" 2>&1
     else
@@ -227,7 +234,7 @@ moment() {
     [ $fail -eq $fail0 ] && echo "ok: $label: exit 143 ($launcher: ${RCS[*]}) in $took s;" \
         "stopped after step $s ($when), its checkpoint is latest and verifies, nothing" \
         "under the NVMe path"
-    M_DIR[$nm]=$d M_STEP[$nm]=$s M_LABEL[$nm]=$label
+    M_DIR[$nm]=$d M_STEP[$nm]=$s M_LABEL[$nm]=$label M_KIND[$nm]=$kind
 }
 
 # the moments: both ranks, one, the other, and during a save (the hook's
@@ -239,34 +246,28 @@ hook_draw() {  # sets HT (target ranks) and HP (POINT:N)
     HP=${all[$R]}
     rnd 3; HP=$HP:$((R + 1))
 }
+use full
 moment tcp "0 1"
 moment tcp "1"
 moment tcp "0"
 hook_draw; moment tcp "$HT" "$HP"
+use lora
+rnd 3; moment tcp "$( [ $R -eq 2 ] && echo "0 1" || echo $R)"
+hook_draw; moment tcp "$HT" "$HP"
 if [ "$have_mpi" = 1 ] && command -v mpirun > /dev/null 2>&1; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+    use full
+    resume3=mpirun   # once: mpirun -np 3 (else torchrun-style, a second less)
     moment mpirun "0 1"
-    rnd 2; moment mpirun "$R"
+    resume3=tcp
     hook_draw; moment mpirun "0 1" "$HP"
+    use lora
+    rnd 2; moment mpirun "$R"
 else
     echo "skip: mpirun (zinc built without MPI, or mpirun missing)"
 fi
 
-# the uninterrupted 2-rank run, as far as the last resume goes
-last=0
-for i in "${!M_STEP[@]}"; do [ "${M_STEP[$i]}" -gt $last ] && last=${M_STEP[$i]}; done
-if [ $last -gt 0 ]; then
-    p=$(free_port)
-    for r in 0 1; do
-        log=(); [ $r -eq 0 ] && log=(--json-log ref.jsonl)
-        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p \
-            timeout 120 "$zinc" train "${base[@]}" --steps $((last + 2)) \
-            --set "tiers.nvme=\"$work/refswap\"" "${log[@]}" > ref.r$r.out 2>&1 &
-    done
-    wait
-    [ "$(wc -l < ref.jsonl)" -eq $((last + 2)) ] || fails "the uninterrupted run: $(grep -h error ref.r*.out)"
-fi
-# same LABEL GOT: GOT's 2 steps have ref.jsonl's losses within 2e-4
+# same REF LABEL GOT: GOT's 2 steps have REF's losses within 2e-4
 same() {
     local w
     w=$(awk '{ s = $0; sub(/.*"step": /, "", s); sub(/,.*/, "", s)
@@ -275,17 +276,37 @@ same() {
                n++
                if (!(s in ref)) { bad = 1; next }
                d = (ref[s] > l ? ref[s] - l : l - ref[s]) / ref[s]; if (d > w) w = d }
-             END { if (bad || n != 2) print "missing"; else printf "%.3g\n", w }' ref.jsonl "$2" 2>/dev/null)
+             END { if (bad || n != 2) print "missing"; else printf "%.3g\n", w }' "$1" "$3" 2>/dev/null)
     if [ -n "$w" ] && [ "$w" != missing ] && awk -v w="$w" 'BEGIN { exit !(w <= 2e-4) }'; then
-        echo "ok: $1 (worst relative difference $w)"
+        echo "ok: $2 (worst relative difference $w)"
     else
-        fails "$1: losses differ from the uninterrupted 2-rank run's (${w:-no log}): $(cat "$2" 2>/dev/null | cut -c 1-40)"
+        fails "$2: losses differ from the uninterrupted 2-rank run's (${w:-no log}): $(cut -c 1-40 "$3" 2>/dev/null)"
     fi
 }
-for i in "${!M_DIR[@]}"; do
-    s=${M_STEP[$i]}
-    same "${M_LABEL[$i]}: stopped after step $s, resumed on 1 rank" "${M_DIR[$i]}/one.jsonl"
-    same "${M_LABEL[$i]}: stopped after step $s, resumed on 3 ranks" "${M_DIR[$i]}/three.jsonl"
+# each kind's uninterrupted 2-rank run, as far as its last resume goes
+for k in full lora; do
+    use $k
+    last=0
+    for i in "${!M_STEP[@]}"; do
+        [ "${M_KIND[$i]}" = $k ] && [ "${M_STEP[$i]}" -gt $last ] && last=${M_STEP[$i]}
+    done
+    [ $last -gt 0 ] || continue
+    p=$(free_port)
+    for r in 0 1; do
+        log=(); [ $r -eq 0 ] && log=(--json-log ref-$k.jsonl)
+        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p \
+            timeout 120 "$zinc" train "${base[@]}" --steps $((last + 2)) \
+            --set "tiers.nvme=\"$work/refswap\"" "${log[@]}" > ref-$k.r$r.out 2>&1 &
+    done
+    wait
+    [ "$(wc -l < ref-$k.jsonl)" -eq $((last + 2)) ] ||
+        fails "$k: the uninterrupted run: $(grep -h error ref-$k.r*.out)"
+    for i in "${!M_DIR[@]}"; do
+        [ "${M_KIND[$i]}" = $k ] || continue
+        s=${M_STEP[$i]}
+        same ref-$k.jsonl "${M_LABEL[$i]}: stopped after step $s, resumed on 1 rank" "${M_DIR[$i]}/one.jsonl"
+        same ref-$k.jsonl "${M_LABEL[$i]}: stopped after step $s, resumed on 3 ranks" "${M_DIR[$i]}/three.jsonl"
+    done
 done
 
 [ $fail -eq 0 ] && echo "signals_ranks: all passed (seed $seed)" || echo "signals_ranks: FAILED (seed $seed)"
