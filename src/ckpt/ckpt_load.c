@@ -71,12 +71,16 @@ static int check_geometry(const zn_ckpt *ck, zn_trainer *tr, const zn_train_stat
 }
 
 /* Where the state comes from: this rank's own three files, or (reshard)
- * every old rank's, read through the old shares. */
+ * every old rank's, read through the old shares. With `deq`, Adam's moments
+ * stored compressed (bf16, 8-bit) are presented as fp32: another world size
+ * cuts them into other shares (8-bit blocks then straddle them), and a run
+ * that keeps its moments otherwise (fp32 on NVMe or the device, another
+ * compressed format) converts them from fp32 as it loads. */
 typedef struct {
     const zn_ckpt *ck;
     zn_trainer *tr;
-    int nblocks;
-    bool reshard;
+    int nblocks, rank;
+    bool reshard, deq;
     int *fds;          /* reshard: [old world][3]; else 3 */
     char (*paths)[PATHN + 64];
     /* each file's crc32c as the trainer reads it, in order (a read out of
@@ -86,10 +90,69 @@ typedef struct {
     uint64_t next[3];
 } ld_src;
 
+/* Old rank r's elements [e0, e0 + n) of moment k (1 m, 2 v), stored as
+ * ck->moments in r's layout (zn_mom_layout_at: the elements, then an 8-bit
+ * block's absmax each), as fp32 into dst; a piece at a time, from the
+ * start of the 8-bit block that holds its first element. */
+static int ld_read_deq(const ld_src *s, int k, int r, uint64_t e0, uint64_t n, float *dst)
+{
+    const zn_ckpt *ck = s->ck;
+    const zn_mom_fmt fmt = ck->moments;
+    const uint64_t P = ck->ranks[r].local_params, E = (uint64_t)1 << 20;
+    const size_t eb = fmt == ZN_MOM_BF16 ? 2 : 1;
+    const int i = s->reshard ? r * 3 + k : k;
+    if (e0 + n > P)
+        return zn_set_error(ZN_ECORRUPT, "checkpoint %s: rank %d's moments hold %" PRIu64
+                            " elements, not %" PRIu64, ck->path, r, P, e0 + n);
+    const uint64_t cap = (n < E ? n : E) + ZN_Q8_BLOCK;  /* a piece and its block's head */
+    char *raw = malloc(cap * eb);
+    float *out[2] = { malloc(cap * 4), malloc(cap * 4) };
+    float *absmax = malloc((cap / ZN_Q8_BLOCK + 2) * 4);
+    int rc = 0;
+    if (!raw || !out[0] || !out[1] || !absmax)
+        rc = zn_set_error(-ENOMEM, "checkpoint: out of memory converting the moments");
+    for (uint64_t done = 0; done < n && !rc;) {
+        uint64_t a = e0 + done, take = n - done < E ? n - done : E;
+        uint64_t from = fmt == ZN_MOM_Q8 ? a / ZN_Q8_BLOCK * ZN_Q8_BLOCK : a;
+        uint64_t len = a + take - from;
+        if ((rc = zn_ckpt__pread(s->fds[i], s->paths[i], from * eb, raw, len * eb)))
+            break;
+        if (fmt == ZN_MOM_Q8 &&
+            (rc = zn_ckpt__pread(s->fds[i], s->paths[i],
+                                 zn_mom_layout_absmax_at(fmt, P) + from / ZN_Q8_BLOCK * 4,
+                                 absmax, zn_q8_blocks(len) * 4)))
+            break;
+        /* one stream: it stands for both moments, and the one asked for
+         * (m's signed map or v's unsigned one) is kept */
+        zn_moments src = { fmt, raw, raw, absmax, absmax };
+        zn_moments f32 = { ZN_MOM_F32, out[0], out[1], NULL, NULL };
+        if ((rc = zn_mom_convert(&f32, &src, len)))
+            break;
+        memcpy(dst + done, out[k == ZN_TS_M ? 0 : 1] + (a - from), take * 4);
+        done += take;
+    }
+    free(raw);
+    free(out[0]);
+    free(out[1]);
+    free(absmax);
+    return rc;
+}
+
+/* Old rank r's elements [e0, e0 + n) of state k as fp32 into dst. */
+static int ld_piece(const ld_src *s, int k, int r, uint64_t e0, uint64_t n, void *dst)
+{
+    if (s->deq && k != ZN_TS_MASTER)
+        return ld_read_deq(s, k, r, e0, n, dst);
+    int i = s->reshard ? r * 3 + k : k;
+    return zn_ckpt__pread(s->fds[i], s->paths[i], e0 * 4, dst, n * 4);
+}
+
 /* Bytes [off, off + n) of state k (0 master, 1 m, 2 v) in this rank's
- * local flat space into dst. */
+ * local flat space into dst: as stored, or (reshard or deq) as fp32. */
 static int ld_read(const ld_src *s, int k, uint64_t off, void *dst, size_t n)
 {
+    if (!s->reshard && s->deq && k != ZN_TS_MASTER)
+        return ld_read_deq(s, k, s->rank, off / 4, n / 4, dst);
     if (!s->reshard)
         return zn_ckpt__pread(s->fds[k], s->paths[k], off, dst, n);
     const zn_ckpt *ck = s->ck;
@@ -112,8 +175,7 @@ static int ld_read(const ld_src *s, int k, uint64_t off, void *dst, size_t n)
             if (take > g1 - g0)
                 take = g1 - g0;
             char *d = (char *)dst + ((a + (g0 - (ns.shard_off + (a - ns.local_off)))) - lo) * 4;
-            int rc = zn_ckpt__pread(s->fds[r * 3 + k], s->paths[r * 3 + k],
-                                    (c->local_off + (g0 - c->shard_off)) * 4, d, take * 4);
+            int rc = ld_piece(s, k, r, c->local_off + (g0 - c->shard_off), take, d);
             if (rc)
                 return rc;
             done += take;
@@ -166,18 +228,17 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
     bool reshard = false;
     if (!rc)
         rc = check_geometry(ck, tr, &in, &reshard);
-    /* Adam's moments: another format than this run's is converted at load
-     * (the cpu tier, no resharding, so far) */
+    /* Adam's moments: another format than this run's is converted at load;
+     * compressed ones that cannot be read as they are (another format or
+     * other shares) are read as fp32, and the run converts them from fp32
+     * (8-bit ones quantized again, in this run's blocks) */
     bool convert = ck->moments != in.moments;
-    if (!rc && (reshard || !in.flat) && (convert || ck->moments != ZN_MOM_F32))
-        rc = zn_set_error(ZN_EUNSUPPORTED, "checkpoint %s keeps Adam's moments as %s and this "
-                          "run as %s%s: %s is implemented for the cpu optimizer tier without "
-                          "resharding so far; resume with train.optim %s and the checkpoint's "
-                          "world size and tiers", ck->path, zn_mom_fmt_name(ck->moments),
-                          zn_mom_fmt_name(in.moments), reshard ? ", with another world size" : "",
-                          convert ? "converting them" : "reading compressed moments",
-                          ck->moments == ZN_MOM_F32 ? "adamw_torch"
-                          : ck->moments == ZN_MOM_Q8 ? "adamw_bnb_8bit" : "adamw_bf16");
+    bool deq = ck->moments != ZN_MOM_F32 && (reshard || convert);
+    zn_mom_fmt from = deq ? ZN_MOM_F32 : ck->moments;
+    if (!rc && !in.flat && from != in.moments)
+        rc = zn_set_error(ZN_EINTERNAL, "checkpoint %s: moments as %s into a run keeping them "
+                          "as %s outside the cpu tier", ck->path, zn_mom_fmt_name(from),
+                          zn_mom_fmt_name(in.moments));
     /* resharded or converted reads take parts of files out of order, whose
      * crc32c cannot be checked on the way: every file is checked first */
     if (!rc && (reshard || convert))
@@ -210,16 +271,22 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
         }
         posix_fadvise(fd[i], 0, 0, reshard ? POSIX_FADV_NORMAL : POSIX_FADV_SEQUENTIAL);
     }
-    ld_src src = { .ck = ck, .tr = tr, .nblocks = in.nblocks, .reshard = reshard, .fds = fd,
-                   .paths = path, .sum = !reshard && !convert };
+    ld_src src = { .ck = ck, .tr = tr, .nblocks = in.nblocks, .rank = rank,
+                   .reshard = reshard, .deq = deq, .fds = fd, .paths = path,
+                   .sum = !reshard && !convert };
     uint64_t t0 = zn_now_ns();
     /* From here on the trainer's state is being replaced. */
-    rc = zn_train_state_load(tr, ck->moments, ld_source, &src);
+    rc = zn_train_state_load(tr, from, ld_source, &src);
     if (!rc && convert)
         zn_warn("checkpoint: %s holds Adam's moments as %s; this run keeps them as %s: "
                 "converted at load%s", ck->path, zn_mom_fmt_name(ck->moments),
                 zn_mom_fmt_name(in.moments),
                 in.moments == ZN_MOM_Q8 ? " (quantized blockwise, as a step would)" : "");
+    else if (!rc && deq && ck->moments == ZN_MOM_Q8)
+        zn_warn("checkpoint: %s holds 8-bit Adam moments in the blocks of %d rank(s)' shares; "
+                "on %d they are quantized again in this run's blocks (as a step would: "
+                "within a quantization step of the saved values)", ck->path, ck->world,
+                zn_train_world(tr));
     for (int k = 0; k < 3 && !rc && src.sum; k++)
         if (src.next[k] != f[k]->bytes || src.crc[k] != f[k]->crc)
             rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: crc32c 0x%08x, the manifest "
