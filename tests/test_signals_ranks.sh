@@ -272,15 +272,18 @@ same() {
     local w
     w=$(awk '{ s = $0; sub(/.*"step": /, "", s); sub(/,.*/, "", s)
                l = $0; sub(/.*"loss": /, "", l); sub(/,.*/, "", l)
+               if (l !~ /^-?[0-9.]+(e[-+]?[0-9]+)?$/) l = "bad"   # nan, inf
                if (FILENAME == ARGV[1]) { ref[s] = l; next }
                n++
-               if (!(s in ref)) { bad = 1; next }
-               d = (ref[s] > l ? ref[s] - l : l - ref[s]) / ref[s]; if (d > w) w = d }
-             END { if (bad || n != 2) print "missing"; else printf "%.3g\n", w }' "$1" "$3" 2>/dev/null)
-    if [ -n "$w" ] && [ "$w" != missing ] && awk -v w="$w" 'BEGIN { exit !(w <= 2e-4) }'; then
+               if (!(s in ref) || l == "bad" || ref[s] == "bad") { bad = 1; next }
+               d = (ref[s] - l) / ref[s]; if (d < 0) d = -d; if (d > w) w = d }
+             END { if (bad || n != 2) print "none"; else printf "%.3g\n", w }' "$1" "$3" 2>/dev/null)
+    if [ -n "$w" ] && [ "$w" != none ] && awk -v w="$w" 'BEGIN { exit !(w <= 2e-4) }'; then
         echo "ok: $2 (worst relative difference $w)"
     else
-        fails "$2: losses differ from the uninterrupted 2-rank run's (${w:-no log}): $(cut -c 1-40 "$3" 2>/dev/null)"
+        local why="by ${w:-?} (> 2e-4)"
+        [ "$w" = none ] && why="(a step is missing, or its loss is not a number)"
+        fails "$2: losses differ from the uninterrupted 2-rank run's $why: $(cut -c 1-40 "$3" 2>/dev/null)"
     fi
 }
 # each kind's uninterrupted 2-rank run, as far as its last resume goes
