@@ -183,10 +183,20 @@ int zn_ckpt_open(zn_ckpt **out, const char *path)
         }
         for (int b = 0; b < ck->nblocks; b++) {
             json_int_t so, len, lo;
-            if (json_unpack(json_array_get(sh, (size_t)b), "[III]", &so, &len, &lo) || so < 0 ||
-                len < 0 || lo < 0 || (uint64_t)so + (uint64_t)len > ck->blocks[b] ||
+            json_t *e = json_array_get(sh, (size_t)b);
+            if (json_unpack(e, "[III]", &so, &len, &lo))
+                BAD("checkpoint %s: manifest.json: rank %d's share of block %d is not [shard "
+                    "offset, length, local offset]", ck->path, r, b);
+            /* an empty share may start past the block's end: a block smaller
+             * than the ranks' 128-element shards leaves the last ranks none */
+            if (so < 0 || len < 0 || lo < 0 ||
+                (len > 0 && (uint64_t)so + (uint64_t)len > ck->blocks[b]) ||
                 (uint64_t)lo + (uint64_t)len > cr->local_params)
-                BAD("checkpoint %s: manifest.json: rank %d's share of block %d", ck->path, r, b);
+                BAD("checkpoint %s: manifest.json: rank %d's share of block %d, [%lld, %lld, "
+                    "%lld] (shard offset, length, local offset), lies outside the block's "
+                    "%" PRIu64 " elements or the rank's %" PRIu64 " (corrupted)", ck->path, r,
+                    b, (long long)so, (long long)len, (long long)lo, ck->blocks[b],
+                    cr->local_params);
             cr->sh[b] = (zn_ckpt_share){ (uint64_t)so, (uint64_t)len, (uint64_t)lo };
         }
     }
