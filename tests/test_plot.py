@@ -10,6 +10,8 @@
   step (garbage, a line cut by a kill) is skipped with a warning naming it.
 - 10000 steps are drawn with at most 2000 vertices (bucket means), still
   spanning the whole run.
+- Several runs: a loss line each, and each later run's loss relative to
+  the first's at the steps both have, drawn in order.
 - Errors: a missing file and a file without steps name the file (exit 1),
   bad usage exits 2, an unwritable output leaves no file behind.
 Usage: test_plot.py ZINC
@@ -108,6 +110,30 @@ try:
     loss = lines_of("long.svg").get("loss", [])
     check(0 < len(loss) <= 2000, "long: %d vertices" % len(loss))
     check(loss and loss[0][1] < loss[-1][1], "long: the curve does not fall")
+
+    # several runs compared: each one's loss, and the later ones' loss
+    # relative to the first's at the steps both have (c lacks step 3)
+    base = [5.0, 4.0, 3.5, 3.0, 2.5]
+    for name, f, skip in (("a", 1.0, None), ("b", 1.01, None), ("c", 0.98, 3)):
+        with open(name + ".jsonl", "w") as fh:
+            for st, lo in enumerate(base, 1):
+                if st != skip:
+                    fh.write(json.dumps({"step": st, "loss": lo * f}) + "\n")
+    p = plot("a.jsonl", "b.jsonl", "c.jsonl", "-o", "cmp.svg")
+    check(p.returncode == 0, "compare: %s" % p.stderr)
+    L = lines_of("cmp.svg")
+    check(sorted(L) == ["loss-1", "loss-2", "loss-3", "rel-2", "rel-3"], "compare: %s" % sorted(L))
+    r2, r3 = L.get("rel-2", []), L.get("rel-3", [])
+    check(len(r2) == 5 and len(r3) == 4, "compare: %d and %d vertices, want 5 and 4"
+          % (len(r2), len(r3)))
+    # +1% is drawn level above -2%, both flat
+    check(r2 and r3 and max(y for _, y in r2) < min(y for _, y in r3)
+          and max(y for _, y in r2) - min(y for _, y in r2) < 0.01, "compare: rel lines %s %s"
+          % (r2, r3))
+    check(all(n in open("cmp.svg").read() for n in ("a.jsonl", "b.jsonl", "c.jsonl")),
+          "compare: the runs are not named")
+    p = plot(*["a.jsonl"] * 9)
+    check(p.returncode == 2, "nine runs: exit %d" % p.returncode)
 
     # errors
     p = plot("nosuch.jsonl")

@@ -51,6 +51,11 @@ int zn_cmd_plot(int argc, char **argv);
  * lr and tokens/s against the step. 0 or a negative code with the reason
  * in zn_last_error(); the picture appears whole or not at all. */
 int zn_cli_plot(const char *jsonl, const char *svg, const char *title);
+/* Several runs' logs compared in one picture: their train losses, and each
+ * later run's loss relative to the first run's at the steps both have.
+ * n == 1 is zn_cli_plot. */
+#define ZN_PLOT_MAX_RUNS 8
+int zn_cli_plot_runs(const char *const *jsonl, int n, const char *svg, const char *title);
 
 /* Runs scripts/zinc_prepare.py with these arguments (the project's .venv or
  * ZINC_PYTHON) and returns its exit status (1 after printing why it could

@@ -2,8 +2,10 @@
  * recipe's trainer_log.jsonl) as one SVG picture that any browser opens:
  * the training and eval loss, the learning rate and tokens/s against the
  * step, each in its own panel. A resumed run's log repeats the steps after
- * its checkpoint: the last line of a step wins. SVG needs no library and
- * stays sharp at any size. */
+ * its checkpoint: the last line of a step wins. Several runs are compared:
+ * their losses in one panel and each one's relative distance from the first
+ * in another (two curves a hair apart look like one). SVG needs no library
+ * and stays sharp at any size. */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -133,16 +135,24 @@ static void xml_text(FILE *o, const char *s)
         }
 }
 
-static void polyline(FILE *o, const series *s, int k, double x0, double x1, double y0,
-                     double y1, double top)
+/* One curve of a panel: series s's values v[k]. */
+typedef struct {
+    const series *s;
+    int k;
+    const char *color, *cls, *label;
+} curve;
+
+static void polyline(FILE *o, const curve *c, double x0, double x1, double y0, double y1,
+                     double top)
 {
+    const series *s = c->s;
+    int k = c->k;
     size_t have = 0;
     for (size_t i = 0; i < s->n; i++)
         have += !isnan(s->p[i].v[k]);
     size_t stride = have > MAX_VERTS ? (have + MAX_VERTS - 1) / MAX_VERTS : 1;
     fprintf(o, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" class=\"%s\" "
-            "points=\"", color[k], k == S_LOSS ? "loss" : k == S_EVAL ? "eval" : k == S_LR ? "lr"
-                                                                                   : "tps");
+            "points=\"", c->color, c->cls);
     double sx = 0, sy = 0;
     size_t m = 0;
     for (size_t i = 0; i < s->n; i++) {
@@ -174,18 +184,31 @@ static double nice_step(double range, int target)
     return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * p;
 }
 
-/* One panel of the series in ks[0..nk), sharing its y axis. */
-static void panel(FILE *o, const series *s, const int *ks, int nk, double top, const char *title)
+/* One panel of the curves c[0..nc), sharing its axes; with_zero: the y
+ * axis reaches 0 (a difference). */
+static void panel(FILE *o, const curve *c, int nc, bool with_zero, double top,
+                  const char *title)
 {
-    double x0 = s->p[0].step, x1 = s->p[s->n - 1].step, y0 = INFINITY, y1 = -INFINITY;
-    for (int j = 0; j < nk; j++)
+    double x0 = INFINITY, x1 = -INFINITY, y0 = with_zero ? 0 : INFINITY;
+    double y1 = with_zero ? 0 : -INFINITY;
+    for (int j = 0; j < nc; j++) {
+        const series *s = c[j].s;
+        if (!s->n)
+            continue;
+        x0 = s->p[0].step < x0 ? s->p[0].step : x0;
+        x1 = s->p[s->n - 1].step > x1 ? s->p[s->n - 1].step : x1;
         for (size_t i = 0; i < s->n; i++) {
-            double v = s->p[i].v[ks[j]];
+            double v = s->p[i].v[c[j].k];
             if (!isnan(v) && isfinite(v)) {
                 y0 = v < y0 ? v : y0;
                 y1 = v > y1 ? v : y1;
             }
         }
+    }
+    if (!isfinite(x0))
+        x0 = x1 = 0;
+    if (!isfinite(y0))
+        y0 = y1 = 0;
     if (x1 <= x0)
         x1 = x0 + 1;
     if (y1 <= y0) {
@@ -215,10 +238,12 @@ static void panel(FILE *o, const series *s, const int *ks, int nk, double top, c
         fprintf(o, "<text x=\"%.2f\" y=\"%g\" text-anchor=\"middle\">%.0f</text>\n",
                 ML + (x - x0) / (x1 - x0) * (W - ML - MR), bot + 16, x);
     fprintf(o, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">step</text>\n", W / 2, bot + 32);
-    for (int j = 0; j < nk; j++) {
-        polyline(o, s, ks[j], x0, x1, y0, y1, top);
-        fprintf(o, "<text x=\"%g\" y=\"%g\" fill=\"%s\">%s</text>\n", W - MR - 90,
-                top + MT + 14 + 16 * j, color[ks[j]], label[ks[j]]);
+    for (int j = 0; j < nc; j++) {
+        polyline(o, &c[j], x0, x1, y0, y1, top);
+        fprintf(o, "<text x=\"%g\" y=\"%g\" text-anchor=\"end\" fill=\"%s\">", W - MR - 6,
+                top + MT + 14 + 16 * j, c[j].color);
+        xml_text(o, c[j].label);
+        fprintf(o, "</text>\n");
     }
 }
 
@@ -230,69 +255,178 @@ static bool has(const series *s, int k)
     return false;
 }
 
-int zn_cli_plot(const char *jsonl, const char *svg, const char *title)
+/* Reads a run's log into *s, sorted, the last line of each step kept. */
+static int load_run(const char *path, series *s)
 {
-    series s = { 0 };
-    int rc = read_log(jsonl, &s);
-    FILE *o = NULL;
+    int rc = read_log(path, s);
     if (rc)
-        goto out;
-    if (!s.n) {
-        rc = s.bad ? zn_set_error(-ENODATA, "%s: no line with a step and a loss (%zu other "
-                                  "lines, the first at line %zu)", jsonl, s.bad, s.first_bad)
-                   : zn_set_error(-ENODATA, "%s: no line with a step and a loss", jsonl);
-        goto out;
-    }
-    if (s.bad)
+        return rc;
+    if (!s->n)
+        return s->bad ? zn_set_error(-ENODATA, "%s: no line with a step and a loss (%zu other "
+                                     "lines, the first at line %zu)", path, s->bad, s->first_bad)
+                      : zn_set_error(-ENODATA, "%s: no line with a step and a loss", path);
+    if (s->bad)
         fprintf(stderr, "zinc: warning: %s: %zu line(s) without a step and a loss skipped, the "
-                "first at line %zu\n", jsonl, s.bad, s.first_bad);
-    last_per_step(&s);
-    int loss[2] = { S_LOSS, S_EVAL }, lr = S_LR, tps = S_TPS;
-    int panels = 1 + has(&s, S_LR) + has(&s, S_TPS);
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", svg);
-    if (!(o = fopen(tmp, "w"))) {
-        rc = zn_set_error(-errno, "%s: %s", tmp, strerror(errno));
-        goto out;
+                "first at line %zu\n", path, s->bad, s->first_bad);
+    last_per_step(s);
+    return 0;
+}
+
+/* out: b's loss relative to a's, (b - a) / a, at the steps both have. */
+static int rel_diff(const series *a, const series *b, series *out)
+{
+    out->p = malloc((b->n ? b->n : 1) * sizeof *out->p);
+    if (!out->p)
+        return zn_set_error(-ENOMEM, "plot: out of memory");
+    size_t i = 0, j = 0;
+    while (i < a->n && j < b->n) {
+        if (a->p[i].step < b->p[j].step) {
+            i++;
+        } else if (b->p[j].step < a->p[i].step) {
+            j++;
+        } else {
+            point *q = &out->p[out->n++];
+            *q = b->p[j];
+            for (int k = 0; k < S_COUNT; k++)
+                q->v[k] = NAN;
+            double x = a->p[i].v[S_LOSS];
+            q->v[S_LOSS] = x != 0 ? (b->p[j].v[S_LOSS] - x) / x : NAN;
+            i++;
+            j++;
+        }
+    }
+    return 0;
+}
+
+static FILE *svg_begin(const char *svg, char *tmp, size_t cap, double height, int *rc)
+{
+    snprintf(tmp, cap, "%s.tmp", svg);
+    FILE *o = fopen(tmp, "w");
+    if (!o) {
+        *rc = zn_set_error(-errno, "%s: %s", tmp, strerror(errno));
+        return NULL;
     }
     fprintf(o, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" "
-            "font-family=\"sans-serif\" font-size=\"12\">\n", W, PANEL_H * panels);
+            "font-family=\"sans-serif\" font-size=\"12\">\n", W, height);
     fprintf(o, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    char t[512];
-    snprintf(t, sizeof t, "%s: loss, %zu steps", title, s.n);
-    panel(o, &s, loss, has(&s, S_EVAL) ? 2 : 1, 0, t);
-    double top = PANEL_H;
-    if (has(&s, S_LR)) {
-        panel(o, &s, &lr, 1, top, "learning rate");
-        top += PANEL_H;
-    }
-    if (has(&s, S_TPS))
-        panel(o, &s, &tps, 1, top, "tokens/s (each step's tokens over its seconds)");
+    return o;
+}
+
+/* Closes the picture and renames it into place: whole or not at all. */
+static int svg_end(FILE *o, const char *tmp, const char *svg)
+{
     fprintf(o, "</svg>\n");
     if (ferror(o) | fclose(o)) {
-        rc = zn_set_error(-EIO, "%s: write error", tmp);
         remove(tmp);
-        goto out;
+        return zn_set_error(-EIO, "%s: write error", tmp);
     }
     if (rename(tmp, svg) < 0) {
-        rc = zn_set_error(-errno, "%s: %s", svg, strerror(errno));
+        int rc = zn_set_error(-errno, "%s: %s", svg, strerror(errno));
         remove(tmp);
+        return rc;
     }
-out:
-    free(s.p);
+    return 0;
+}
+
+static const char *base_name(const char *path)
+{
+    const char *sl = strrchr(path, '/');
+    return sl ? sl + 1 : path;
+}
+
+static int draw_one(const series *s, const char *svg, const char *title)
+{
+    int panels = 1 + has(s, S_LR) + has(s, S_TPS), rc = 0;
+    char tmp[4200];
+    FILE *o = svg_begin(svg, tmp, sizeof tmp, PANEL_H * panels, &rc);
+    if (!o)
+        return rc;
+    curve c[S_COUNT];
+    static const char *const cls[S_COUNT] = { "loss", "eval", "lr", "tps" };
+    for (int k = 0; k < S_COUNT; k++)
+        c[k] = (curve){ s, k, color[k], cls[k], label[k] };
+    char t[512];
+    snprintf(t, sizeof t, "%s: loss, %zu steps", title, s->n);
+    panel(o, c, has(s, S_EVAL) ? 2 : 1, false, 0, t);
+    double top = PANEL_H;
+    if (has(s, S_LR)) {
+        panel(o, &c[S_LR], 1, false, top, "learning rate");
+        top += PANEL_H;
+    }
+    if (has(s, S_TPS))
+        panel(o, &c[S_TPS], 1, false, top, "tokens/s (each step's tokens over its seconds)");
+    return svg_end(o, tmp, svg);
+}
+
+static const char *const run_color[ZN_PLOT_MAX_RUNS] = {
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+};
+
+/* Several runs: their training losses in one panel, each later run's loss
+ * relative to the first run's in the second. */
+static int draw_compare(const series *s, const series *d, const char *const *names, int n,
+                        const char *svg, const char *title)
+{
+    int rc = 0;
+    char tmp[4200], cls[ZN_PLOT_MAX_RUNS][2][16];
+    FILE *o = svg_begin(svg, tmp, sizeof tmp, 2 * PANEL_H, &rc);
+    if (!o)
+        return rc;
+    curve loss[ZN_PLOT_MAX_RUNS], rel[ZN_PLOT_MAX_RUNS];
+    for (int i = 0; i < n; i++) {
+        snprintf(cls[i][0], sizeof cls[i][0], "loss-%d", i + 1);
+        snprintf(cls[i][1], sizeof cls[i][1], "rel-%d", i + 1);
+        loss[i] = (curve){ &s[i], S_LOSS, run_color[i], cls[i][0], base_name(names[i]) };
+        rel[i] = (curve){ &d[i], S_LOSS, run_color[i], cls[i][1], base_name(names[i]) };
+    }
+    char t[512];
+    snprintf(t, sizeof t, "%s: train loss", title);
+    panel(o, loss, n, false, 0, t);
+    snprintf(t, sizeof t, "loss relative to %s: (run - it) / it", base_name(names[0]));
+    panel(o, rel + 1, n - 1, true, PANEL_H, t);
+    return svg_end(o, tmp, svg);
+}
+
+int zn_cli_plot_runs(const char *const *jsonl, int n, const char *svg, const char *title)
+{
+    if (n < 1 || n > ZN_PLOT_MAX_RUNS)
+        return zn_set_error(-EINVAL, "plot: %d runs; it draws 1 to %d", n, ZN_PLOT_MAX_RUNS);
+    series s[ZN_PLOT_MAX_RUNS] = { { 0 } }, d[ZN_PLOT_MAX_RUNS] = { { 0 } };
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++)
+        rc = load_run(jsonl[i], &s[i]);
+    for (int i = 1; i < n && !rc; i++) {
+        rc = rel_diff(&s[0], &s[i], &d[i]);
+        if (!rc && !d[i].n)
+            fprintf(stderr, "zinc: warning: %s has no step in common with %s\n", jsonl[i],
+                    jsonl[0]);
+    }
+    if (!rc)
+        rc = n == 1 ? draw_one(&s[0], svg, title) : draw_compare(s, d, jsonl, n, svg, title);
+    for (int i = 0; i < n; i++) {
+        free(s[i].p);
+        free(d[i].p);
+    }
     return rc;
+}
+
+int zn_cli_plot(const char *jsonl, const char *svg, const char *title)
+{
+    return zn_cli_plot_runs(&jsonl, 1, svg, title);
 }
 
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: zinc plot RUN.jsonl [-o FILE.svg] [--title TEXT]\n"
+        "usage: zinc plot RUN.jsonl [RUN2.jsonl ...] [-o FILE.svg] [--title TEXT]\n"
         "  Draws a run's JSON lines (zinc train --json-log FILE, or a recipe's\n"
         "  trainer_log.jsonl) as an SVG picture: train and eval loss, learning\n"
         "  rate and tokens/s against the step. A resumed run's repeated steps\n"
-        "  take their last line.\n"
+        "  take their last line. With several runs (up to %d): their train\n"
+        "  losses, and each one's loss relative to the first run's.\n"
         "  -o FILE.svg     where to write it (default: RUN.jsonl with .svg)\n"
-        "  --title TEXT    the picture's title (default: the file's name)\n");
+        "  --title TEXT    the picture's title (default: the first file's name)\n",
+        ZN_PLOT_MAX_RUNS);
 }
 
 int zn_cmd_plot(int argc, char **argv)
@@ -316,8 +450,10 @@ int zn_cmd_plot(int argc, char **argv)
             return c == 'h' ? 0 : 2;
         }
     }
-    if (optind != argc - 1) {
-        fprintf(stderr, "zinc: error: plot takes one RUN.jsonl\n");
+    int nruns = argc - optind;
+    if (nruns < 1 || nruns > ZN_PLOT_MAX_RUNS) {
+        fprintf(stderr, "zinc: error: plot takes 1 to %d RUN.jsonl files (%d given)\n",
+                ZN_PLOT_MAX_RUNS, nruns);
         usage(stderr);
         return 2;
     }
@@ -329,11 +465,9 @@ int zn_cmd_plot(int argc, char **argv)
         snprintf(def, sizeof def, "%.*s.svg", (int)(dot - in), in);
         out = def;
     }
-    if (!title) {
-        const char *sl = strrchr(in, '/');
-        title = sl ? sl + 1 : in;
-    }
-    int rc = zn_cli_plot(in, out, title);
+    if (!title)
+        title = base_name(in);
+    int rc = zn_cli_plot_runs((const char *const *)argv + optind, nruns, out, title);
     if (rc)
         return zn_cli_fail(rc, "plot");
     printf("%s\n", out);
