@@ -52,6 +52,7 @@ for o in "${runs[@]}"; do
     echo "$o: $(grep '^trained' "$o.out") ($(python3 -c "import time; print('%.1f' % (time.time() - $t0))") s)"
 done
 isa=$("$zinc" info 2>&1 | sed -n 's/^ *adam *//p' | head -1)
+simd=$("$zinc" info 2>&1 | sed -n 's/^ *simd *//p' | head -1)
 
 "$zinc" plot "${runs[@]/%/.jsonl}" -o "$out/optim-states-curve.svg" \
     --title "ft-llama, $steps steps: fp32 (adamw_torch), bf16, int8 moments" > /dev/null
@@ -59,10 +60,10 @@ isa=$("$zinc" info 2>&1 | sed -n 's/^ *adam *//p' | head -1)
 commit=$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)
 model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 cores=$(nproc)
-python3 - "$out" "$steps" "$commit" "$model" "$cores" "$isa" "${runs[@]}" <<'EOF'
+python3 - "$out" "$steps" "$commit" "$model" "$cores" "$isa" "$simd" "${runs[@]}" <<'EOF'
 import json, sys
-out, steps, commit, model, cores, isa = sys.argv[1:7]
-runs = sys.argv[7:]
+out, steps, commit, model, cores, isa, simd = sys.argv[1:8]
+runs = sys.argv[8:]
 loss = {}
 for r in runs:
     d = {}
@@ -83,7 +84,8 @@ names = {"adamw_torch": "fp32", "adamw_bf16": "bf16", "adamw_bnb_8bit": "int8 (b
 with open(out + "/optim-states-curve.md", "w") as f:
     f.write("""# Adam's moments in fp32, bf16 and 8 bits: %s steps of a fine-tune
 
-Machine: `%s`, %s cores (`lscpu`, `nproc`); optimizer SIMD path: %s.
+Machine: `%s` (%s), %s cores (`lscpu`, `nproc`); optimizer SIMD
+path: %s.
 Commit %s. Script: `bench/scripts/optim_curve.sh` (the model, data and
 settings are described at its top): the PyTorch fixture ft-llama
 (68,688 parameters) with its own train-config.json, sequences of 64, the
@@ -97,7 +99,7 @@ optim-states-curve.csv, drawn in optim-states-curve.svg (`zinc plot`).
 
 | moments | train.optim | final loss | / fp32 | (x - fp32) / fp32 | worst step |
 |---|---|---:|---:|---:|---:|
-""" % (steps, model, cores, isa or "?", commit))
+""" % (steps, model, simd or "?", cores, isa or "?", commit))
     for r in runs:
         f.write("| %s | %s | %.6f | %.6f | %+.2e | %.2e |\n" % (
             names.get(r, r), r, final[r], final[r] / final[ref], final[r] / final[ref] - 1,
