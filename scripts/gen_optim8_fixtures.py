@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Generates tests/fixtures/optim8/: bitsandbytes' 8-bit blockwise AdamW on
-the CPU, step by step, for tests/test_adam_q8.c.
+the CPU, step by step, for tests/test_adam_q8.c (adamw8bit.safetensors),
+and torchao's AdamW8bit, for tests/test_adam_q8ao.c
+(adamw8bit-torchao.safetensors; see gen_torchao below).
 
 One parameter of N elements (N not a multiple of the 256-element block, so
 the last block is partial) is trained by bitsandbytes.optim.AdamW8bit
@@ -25,8 +27,9 @@ nearest entry disagree: the test allows zinc's codes to differ from
 bitsandbytes' there and nowhere else.
 
 Usage: .venv-fixtures/bin/python scripts/gen_optim8_fixtures.py
-       [--out tests/fixtures/optim8]. Needs torch and bitsandbytes
-(scripts/requirements-fixtures.txt); CI never runs it.
+       [--out tests/fixtures/optim8] [--only bnb|torchao]. Needs torch,
+bitsandbytes and torchao (scripts/requirements-fixtures.txt) and, for
+torchao's torch.compile'd step, a C++ compiler; CI never runs it.
 """
 import argparse
 import json
@@ -85,12 +88,7 @@ def scaled(state, absmax):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests",
-                                                    "fixtures", "optim8"))
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
+def gen_bnb(args):
     torch.manual_seed(1234)
     gen = torch.Generator().manual_seed(99)
     p = torch.nn.Parameter((torch.randn(N, generator=gen) * 0.05).float())
@@ -164,6 +162,197 @@ def main():
               os.path.join(args.out, "adamw8bit.safetensors"),
               metadata={"zinc": json.dumps(meta)})
     print("optim8:", json.dumps(meta))
+
+
+# ---- torchao ---------------------------------------------------------------
+#
+# torchao's AdamW8bit (torchao/optim/adam.py, subclass_8bit.py,
+# quant_utils.py; what the HF Trainer's optim="adamw_torch_8bit" builds)
+# keeps bitsandbytes' storage: blocks of 256 with a float32 scale each, the
+# same two dynamic maps (its create_dynamic_map is bitsandbytes', checked
+# below), signed for exp_avg and unsigned for exp_avg_sq, and the update
+# from the unquantized new moments. It differs in how it quantizes and in
+# the step's constants:
+#  - the scale is max(absmax, 1e-12) (scale_tensor's clip), so a block of
+#    zeros stores scale 1e-12 and the code of 0, and a block whose moments
+#    are all below 1e-12 is quantized against 1e-12, not its own absmax;
+#  - the scaled value is x / scale (bitsandbytes: x * (1 / absmax));
+#  - the code is the nearest entry with ties going up, decided in float32
+#    as x - map[lo] >= (map[lo + 1] - map[lo]) * 0.5 after a binary search
+#    for lo (bitsandbytes 0.50's CPU kernel: a 65536-bin table; its CUDA
+#    kernel and zinc's bnb rule: nearest, ties down);
+#  - the bias corrections 1 - beta^step are float32 powers of the float32
+#    betas (step is a float32 tensor), so 1 - beta2 at step 1 is
+#    1 - 0.999f = 0.00099998713, 1.3e-5 off 0.001, and the step at step 1
+#    is 6.4e-6 larger than torch.optim.AdamW's;
+#  - moments by lerp, decay as p - lr * wd * p; the step torch.compile'd;
+#  - only tensors of >= 4096 elements that are whole blocks get 8-bit
+#    states (bitsandbytes: >= 4096), others fp32.
+#
+# The fixture: one parameter of AO_N elements (whole blocks, >= 4096, so
+# torchao quantizes it) for AO_STEPS steps, gradients spanning six decades
+# except block 0 (|g| ~ 1e-12: m and v below the 1e-12 floor) and block 1
+# (|g| ~ 1e-7: v below it). Stored: the first step's p; each step's g and
+# what came out (p, codes, scales), and the moments torchao quantized,
+# replayed in eager float32 (they give its codes back, checked; the
+# compiled step may differ from eager by an ulp, so scales are not asserted
+# equal). The reference's own noise: torchao's step run eagerly against the
+# compiled one, p in units of tests/test_adam_q8ao.c's bound (2 ulps of p
+# plus 1e-6 of the step) and scales relative (metadata
+# noise_eager_vs_compiled): the test's bounds must cover it. Besides, a
+# probe of the quantizer alone (scale_tensor + quantize_8bit_with_qmap, as
+# OptimState8bit.copy_ runs them): blocks of
+# exact midpoints, values one ulp around each rounding threshold, tiny
+# blocks, a zero block, random ones; their codes and scales.
+AO_N = 256 * 16
+AO_STEPS = 3
+
+
+def gen_torchao(args):
+    import torchao
+    from torchao.optim import AdamW8bit
+    from torchao.optim.quant_utils import (create_dynamic_map as ao_map, scale_tensor,
+                                           quantize_8bit_with_qmap)
+    map_s = np.array(ao_map(signed=True), dtype=np.float32)
+    map_u = np.array(ao_map(signed=False), dtype=np.float32)
+    assert np.array_equal(map_s, F.create_dynamic_map(signed=True).numpy()) and \
+        np.array_equal(map_u, F.create_dynamic_map(signed=False).numpy()), \
+        "torchao's maps are not bitsandbytes'"
+    gen = torch.Generator().manual_seed(7)
+    p = torch.nn.Parameter((torch.randn(AO_N, generator=gen) * 0.05).float())
+    opt = AdamW8bit([p], lr=HP["lr"], betas=(HP["beta1"], HP["beta2"]), eps=HP["eps"],
+                    weight_decay=HP["weight_decay"])
+    t = {"map_signed": map_s, "map_unsigned": map_u, "p0": p.detach().clone().numpy()}
+    meta = {"n": AO_N, "steps": AO_STEPS, "block": BLOCK, **HP, "torchao": torchao.__version__,
+            "torch": torch.__version__}
+
+    def quant(x, qmap):
+        sx, sc = scale_tensor(torch.from_numpy(x), BLOCK)
+        return quantize_8bit_with_qmap(sx, torch.from_numpy(qmap)).numpy(), sc.numpy()
+
+    from torchao.optim.adam import single_param_adam
+    from torchao.optim.subclass_8bit import OptimState8bit
+
+    def eager_step(k, g):
+        """torchao's step run eagerly on copies of its state: the
+        reference's own noise is how far that lands from the compiled step"""
+        pc = p.detach().clone()
+        st = opt.state.get(p)
+        if st:
+            ms = [OptimState8bit(x.codes.clone(), x.scale.clone(), x.qmap, x.signed)
+                  for x in (st["exp_avg"], st["exp_avg_sq"])]
+        else:
+            ms = [OptimState8bit.zeros(pc.shape, sg, BLOCK) for sg in (True, False)]
+        single_param_adam(pc, g, torch.tensor(float(k)), ms[0], ms[1], None,
+                          torch.tensor(HP["lr"]), HP["beta1"], HP["beta2"], HP["weight_decay"],
+                          HP["eps"], True, False)
+        return pc.numpy(), ms[0].scale.numpy(), ms[1].scale.numpy()
+
+    def p_vs_bound(pe, pc, p_in):
+        """the largest |pe - pc| in units of tests/test_adam_q8ao.c's bound:
+        2 ulps of p plus 1e-6 of the step"""
+        allow = 2.0 * np.spacing(np.abs(pc)).astype(np.float64) + \
+            1e-6 * np.abs(pc.astype(np.float64) - p_in)
+        return float(np.max(np.abs(pe.astype(np.float64) - pc) / allow))
+
+    def rel(a, b):
+        return float(np.max(np.abs(a.astype(np.float64) - b) / np.abs(b)))
+
+    replay_differs = []
+    noise = {"p_vs_bound": 0.0, "scale_rel": 0.0}
+    for k in range(1, AO_STEPS + 1):
+        mag = torch.pow(10.0, -torch.rand(AO_N, generator=gen) * 6.0)
+        mag[:BLOCK] = 1e-12
+        mag[BLOCK:2 * BLOCK] = 1e-7
+        g = (torch.randn(AO_N, generator=gen) * mag).float()
+        st = opt.state.get(p)
+        if st:
+            m0 = st["exp_avg"].dequantize().numpy()
+            v0 = st["exp_avg_sq"].dequantize().numpy()
+        else:
+            m0 = np.zeros(AO_N, np.float32)
+            v0 = np.zeros(AO_N, np.float32)
+        pe, mse, vse = eager_step(k, g)
+        p_in = p.detach().clone().numpy()
+        p.grad = g.clone()
+        opt.step()
+        st = opt.state[p]
+        em, ev = st["exp_avg"], st["exp_avg_sq"]
+        noise["p_vs_bound"] = max(noise["p_vs_bound"],
+                                  p_vs_bound(pe, p.detach().numpy(), p_in))
+        noise["scale_rel"] = max(noise["scale_rel"], rel(mse, em.scale.numpy()),
+                                 rel(vse, ev.scale.numpy()))
+        assert em.codes.dtype == torch.uint8 and em.block_size == BLOCK, "not 8-bit states"
+        mf = torch.from_numpy(m0).lerp(g, 1 - HP["beta1"]).numpy()
+        vf = torch.from_numpy(v0).lerp(g.square(), 1 - HP["beta2"]).numpy()
+        rm, _ = quant(mf, map_s)
+        rv, _ = quant(vf, map_u)
+        differ = int((rm != em.codes.numpy()).sum() + (rv != ev.codes.numpy()).sum())
+        assert differ <= 4, "eager replay gives %d other codes than the compiled step" % differ
+        replay_differs.append(differ)
+        t[f"s{k}.g"] = g.numpy()
+        t[f"s{k}.p"] = p.detach().clone().numpy()
+        t[f"s{k}.m_codes"] = em.codes.numpy().copy()
+        t[f"s{k}.v_codes"] = ev.codes.numpy().copy()
+        t[f"s{k}.m_scale"] = em.scale.numpy().copy()
+        t[f"s{k}.v_scale"] = ev.scale.numpy().copy()
+        t[f"s{k}.m_f32"] = mf
+        t[f"s{k}.v_f32"] = vf
+    meta["replay_codes_differ"] = replay_differs
+    meta["noise_eager_vs_compiled"] = noise
+    assert t["s1.m_scale"][0] == np.float32(1e-12) and t["s1.v_scale"][1] == np.float32(1e-12), \
+        "blocks 0 and 1 are not on the 1e-12 floor"
+
+    # the quantizer alone
+    rng = np.random.default_rng(5)
+    blocks = []
+    for qmap in (map_s, map_u):
+        lo, hi = qmap[:-1], qmap[1:]
+        mids = (lo.astype(np.float64) + hi) / 2
+        exact = mids[mids.astype(np.float32).astype(np.float64) == mids].astype(np.float32)
+        # torchao's own threshold for each gap, and one ulp either side
+        thr = []
+        for a, b in zip(lo, hi):
+            h = np.float32((b - a) * np.float32(0.5))
+            cand = np.float32(a + h)
+            for x in (np.nextafter(cand, np.float32(-2)), cand, np.nextafter(cand, np.float32(2))):
+                thr.append(x)
+        vals = np.concatenate([exact, np.array(thr, np.float32)])
+        for i in range(0, len(vals), BLOCK - 1):
+            b = np.zeros(BLOCK, np.float32)
+            chunk = vals[i:i + BLOCK - 1]
+            b[:len(chunk)] = chunk
+            b[-1] = 1.0          # the scale is 1: the values are the scaled values
+            blocks.append(b)
+    blocks.append(np.zeros(BLOCK, np.float32))
+    blocks.append((rng.standard_normal(BLOCK) * 3e-13).astype(np.float32))
+    blocks.append((rng.standard_normal(BLOCK) * 10.0 ** rng.uniform(-22, -12, BLOCK))
+                  .astype(np.float32))
+    for e in (-9, -3, 0, 2):
+        blocks.append((rng.standard_normal(BLOCK) * 10.0 ** rng.uniform(e - 6, e, BLOCK))
+                      .astype(np.float32))
+    x = np.concatenate(blocks)
+    t["q.x"] = x
+    t["q.m_codes"], t["q.m_scale"] = quant(x, map_s)
+    t["q.v_codes"], t["q.v_scale"] = quant(np.abs(x), map_u)
+    meta["probe_blocks"] = len(blocks)
+    save_file({k: np.ascontiguousarray(v) for k, v in t.items()},
+              os.path.join(args.out, "adamw8bit-torchao.safetensors"),
+              metadata={"zinc": json.dumps(meta)})
+    print("optim8 torchao:", json.dumps(meta))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests",
+                                                    "fixtures", "optim8"))
+    ap.add_argument("--only", choices=["bnb", "torchao"])
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    if args.only != "torchao":
+        gen_bnb(args)
+    if args.only != "bnb":
+        gen_torchao(args)
 
 
 if __name__ == "__main__":

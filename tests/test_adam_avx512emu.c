@@ -342,11 +342,15 @@ static void check_ceilings(const zn_optim_ops *ref, const zn_optim_ops *emu)
 
 /* Compressed moments: five steps from zero moments, gradients over six
  * decades, through the emulated pieces and AVX2's: the same bits (the
- * pieces are exact operations per element; the step is the fp32 kernel). */
+ * pieces are exact operations per element; the step is the fp32 kernel).
+ * bf16, then 8-bit with bitsandbytes' and torchao's schemes (the latter
+ * with a first block under torchao's 1e-12 floor). */
 static void check_moments(const zn_optim_ops *ref, const zn_optim_ops *emu)
 {
     static const size_t sizes[] = { 1, 17, 256, 300, 4099 };
-    for (int f = ZN_MOM_BF16; f <= ZN_MOM_Q8; f++) {
+    for (int fv = 0; fv < 3; fv++) {
+        int f = fv ? ZN_MOM_Q8 : ZN_MOM_BF16;
+        zn_q8_scheme scheme = fv == 2 ? ZN_Q8_TORCHAO : ZN_Q8_BNB;
         for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
             size_t n = sizes[si], nb = zn_q8_blocks(n), mb = f == ZN_MOM_Q8 ? 1 : 2;
             float *p[2], *g = malloc(n * 4), *am[2], *av[2];
@@ -366,13 +370,14 @@ static void check_moments(const zn_optim_ops *ref, const zn_optim_ops *emu)
             }
             for (int step = 1; step <= 5; step++) {
                 for (size_t i = 0; i < n; i++)
-                    g[i] = rndf(step, i, -1, 1) * (float)pow(10.0, -6.0 * rndf(step + 9, i, 0, 1));
+                    g[i] = rndf(step, i, -1, 1) * (float)pow(10.0, -6.0 * rndf(step + 9, i, 0, 1)) *
+                           (scheme == ZN_Q8_TORCHAO && i < ZN_Q8_BLOCK ? 1e-9f : 1.0f);
                 zn_adam_params hp = zn_adam_params_default();
                 hp.step = step;
                 hp.weight_decay = 0.01f;
                 hp.threads = 1;
                 for (int k = 0; k < 2; k++) {
-                    zn_moments mv = { (zn_mom_fmt)f, m[k], v[k], am[k], av[k] };
+                    zn_moments mv = { (zn_mom_fmt)f, m[k], v[k], am[k], av[k], scheme };
                     int rc = zn_adam_step_mom_with(k ? emu : ref, &hp, p[k], &mv, g, ZN_DTYPE_F32,
                                                    1.0f, c[k], ZN_DTYPE_BF16, n);
                     ZT_CHECK_MSG(rc == 0, "step: %s", zn_last_error());
@@ -382,8 +387,9 @@ static void check_moments(const zn_optim_ops *ref, const zn_optim_ops *emu)
                        !memcmp(v[0], v[1], n * mb) && !memcmp(c[0], c[1], n * 2) &&
                        (f != ZN_MOM_Q8 || (!memcmp(am[0], am[1], nb * 4) &&
                                            !memcmp(av[0], av[1], nb * 4)));
-            ZT_CHECK_MSG(same, "%s moments, n %zu: the emulated AVX-512 step differs from AVX2",
-                         zn_mom_fmt_name((zn_mom_fmt)f), n);
+            ZT_CHECK_MSG(same, "%s moments%s, n %zu: the emulated AVX-512 step differs from "
+                         "AVX2", zn_mom_fmt_name((zn_mom_fmt)f),
+                         scheme == ZN_Q8_TORCHAO ? " (torchao's scheme)" : "", n);
             for (int k = 0; k < 2; k++) {
                 /* the ceiling moves the bytes and changes none */
                 (k ? emu : ref)->rmw_mom(p[k], m[k], v[k], (int)mb, am[k], av[k], g,

@@ -82,7 +82,7 @@ static void check_maps(zn_st *st)
         ZT_CHECK_MSG(!memcmp(ref, zn_q8_map(s), 256 * 4), "%s map differs from bitsandbytes'",
                      s ? "signed" : "unsigned");
         free(ref);
-        const zn_q8_table *t = zn_q8_table_get(s);
+        const zn_q8_table *t = zn_q8_table_get(ZN_Q8_BNB, s);
         ZT_CHECK_MSG(t != NULL, "table: %s", zn_last_error());
         if (!t)
             continue;
@@ -149,7 +149,7 @@ static void check_bnb_step(zn_st *st, const fixmeta *fm, int k, const zn_optim_o
     hp.adamw_mode = 1;
     hp.step = k;
     hp.threads = threads;
-    zn_moments mv = { ZN_MOM_Q8, mq, vq, am, av };
+    zn_moments mv = { ZN_MOM_Q8, mq, vq, am, av, ZN_Q8_BNB };
     int rc = zn_adam_step_mom_with(ops, &hp, p, &mv, g, ZN_DTYPE_F32, 1.0f, NULL, ZN_DTYPE_BF16, n);
     ZT_CHECK_MSG(rc == 0, "step: %s", zn_last_error());
 
@@ -170,7 +170,7 @@ static void check_bnb_step(zn_st *st, const fixmeta *fm, int k, const zn_optim_o
     ZT_CHECK_MSG(worst_a <= 1.0, "%s step %d: absmax off bitsandbytes' by %.3g of the bound",
                  ops->name, k, worst_a);
 
-    const zn_q8_table *ts = zn_q8_table_get(1), *tu = zn_q8_table_get(0);
+    const zn_q8_table *ts = zn_q8_table_get(ZN_Q8_BNB, 1), *tu = zn_q8_table_get(ZN_Q8_BNB, 0);
     int ties = 0, off = 0, table_only = 0, agree_bnb = 0, other = 0;
     for (int s = 0; s < 2; s++) {
         const uint8_t *z = s ? vq : mq, *near = s ? nvq : nmq, *bnb = s ? rvq : rmq;
@@ -265,7 +265,7 @@ static void run_steps(const zn_optim_ops *ops, state *s, zn_mom_fmt f, size_t n,
         hp.step = k;
         hp.weight_decay = 0.01f;
         hp.threads = threads;
-        zn_moments mv = { f, s->m, s->v, s->am, s->av };
+        zn_moments mv = { f, s->m, s->v, s->am, s->av, ZN_Q8_BNB };
         int rc = zn_adam_step_mom_with(ops, &hp, s->p, &mv, g, gt, 0.5f, s->c, ZN_DTYPE_BF16, n);
         ZT_CHECK_MSG(rc == 0, "step: %s", zn_last_error());
     }
@@ -346,7 +346,7 @@ static void check_bf16(const zn_optim_ops *ops)
     zn_adam_params hp = zn_adam_params_default();
     hp.step = 3;
     hp.weight_decay = 0.1f;
-    zn_moments mv = { ZN_MOM_BF16, m, v, NULL, NULL };
+    zn_moments mv = { ZN_MOM_BF16, m, v, NULL, NULL, ZN_Q8_BNB };
     int rc = zn_adam_step_mom_with(ops, &hp, p, &mv, g, ZN_DTYPE_F32, 1.0f, NULL, ZN_DTYPE_BF16, n);
     ZT_CHECK_MSG(rc == 0, "bf16 step: %s", zn_last_error());
     double b1 = hp.beta1, b2 = hp.beta2, lr = hp.lr, eps = hp.eps, wd = hp.weight_decay;
@@ -393,9 +393,11 @@ static void check_convert(void)
         m[i] = (float)((double)(mix(i) >> 11) * 0x1p-53 - 0.5);
         v[i] = (float)((double)(mix(i + n) >> 11) * 0x1p-53);
     }
-    zn_moments f = { ZN_MOM_F32, m, v, NULL, NULL }, f2 = { ZN_MOM_F32, m2, v2, NULL, NULL };
-    zn_moments q = { ZN_MOM_Q8, mq, vq, am, av }, q2 = { ZN_MOM_Q8, mq2, vq2, am2, av2 };
-    zn_moments h = { ZN_MOM_BF16, mh, vh, NULL, NULL };
+    zn_moments f = { ZN_MOM_F32, m, v, NULL, NULL, ZN_Q8_BNB };
+    zn_moments f2 = { ZN_MOM_F32, m2, v2, NULL, NULL, ZN_Q8_BNB };
+    zn_moments q = { ZN_MOM_Q8, mq, vq, am, av, ZN_Q8_BNB };
+    zn_moments q2 = { ZN_MOM_Q8, mq2, vq2, am2, av2, ZN_Q8_BNB };
+    zn_moments h = { ZN_MOM_BF16, mh, vh, NULL, NULL, ZN_Q8_BNB };
     ZT_EQ_INT(zn_mom_convert(&q, &f, n), 0);
     ZT_EQ_INT(zn_mom_convert(&f2, &q, n), 0);
     /* the nearest entry: within half the widest gap of the map (1/64 near
@@ -419,7 +421,7 @@ static void check_convert(void)
         same &= mh[i] == zn_f32_to_bf16(m[i]) && vh[i] == zn_f32_to_bf16(v[i]);
     ZT_CHECK_MSG(same, "fp32 -> bf16 moments is not zn_f32_to_bf16");
     /* bad input */
-    zn_moments bad = { ZN_MOM_Q8, mq, vq, NULL, av };
+    zn_moments bad = { ZN_MOM_Q8, mq, vq, NULL, av, ZN_Q8_BNB };
     ZT_EQ_INT(zn_mom_convert(&bad, &f, n), -EINVAL);
     zn_adam_params hp = zn_adam_params_default();
     ZT_EQ_INT(zn_adam_step_mom(&hp, m, &bad, v, ZN_DTYPE_F32, 1.0f, NULL, ZN_DTYPE_BF16, n),

@@ -107,8 +107,27 @@ ZN_API int zn_adam_prepare(const zn_adam_params *hp, float *p, float *m, float *
  *                codes 0. The parameter update uses the unquantized new
  *                moments, as bitsandbytes does.
  * The master weights stay fp32. A zero-filled state (codes and absmax 0,
- * or bf16 zeros) is the initial state m = v = 0 in every format. */
+ * or bf16 zeros) is the initial state m = v = 0 in every format.
+ *
+ * 8-bit moments are quantized by one of two schemes (zn_moments.scheme).
+ * Both store the same thing (codes into the same maps, a float scale per
+ * block, value = map[code] * scale), so a state written by one is read by
+ * the other unchanged:
+ *   ZN_Q8_BNB      as above (bitsandbytes' AdamW8bit, and its CUDA
+ *                  rounding);
+ *   ZN_Q8_TORCHAO  torchao's AdamW8bit (the HF Trainer's adamw_torch_8bit):
+ *                  the scale is max(absmax, 1e-12), so a zero block stores
+ *                  1e-12 and the code of 0 and a block below 1e-12 is
+ *                  quantized against 1e-12; the scaled value is x / scale;
+ *                  the code is the nearest entry with ties going up, as
+ *                  torchao decides it in float32 (x - map[lo] >=
+ *                  (map[lo + 1] - map[lo]) * 0.5); and the step's bias
+ *                  corrections are float32 powers of the float32 betas,
+ *                  1 - (float)beta^step, as torchao computes them (1 -
+ *                  0.999f is 1.3e-5 off 0.001: the first steps are up to
+ *                  6.4e-6 larger than torch.optim.AdamW's). */
 typedef enum { ZN_MOM_F32 = 0, ZN_MOM_BF16 = 1, ZN_MOM_Q8 = 2 } zn_mom_fmt;
+typedef enum { ZN_Q8_BNB = 0, ZN_Q8_TORCHAO = 1 } zn_q8_scheme;
 
 #define ZN_Q8_BLOCK 256
 
@@ -120,6 +139,7 @@ typedef struct {
     zn_mom_fmt fmt;
     void *m, *v;
     float *m_absmax, *v_absmax;
+    zn_q8_scheme scheme;   /* Q8 only: how the step quantizes (0: bitsandbytes') */
 } zn_moments;
 
 static inline size_t zn_q8_blocks(size_t n)
@@ -146,7 +166,8 @@ ZN_API const char *zn_mom_fmt_name(zn_mom_fmt fmt);
 /* zn_adam_step with the moments in mv->fmt. The result of an element
  * depends only on its inputs, its block's moments (Q8) and the SIMD path:
  * never on the thread count. Q8 threads split on whole blocks. Returns as
- * zn_adam_step; -EINVAL also for a bad format or a NULL absmax (Q8). */
+ * zn_adam_step; -EINVAL also for a bad format, a NULL absmax or an unknown
+ * scheme (Q8). */
 ZN_API int zn_adam_step_mom(const zn_adam_params *hp, float *p, const zn_moments *mv,
                             const void *g, zn_dtype g_dtype, float g_scale, void *p16_out,
                             zn_dtype p16_dtype, size_t n);
@@ -157,10 +178,10 @@ ZN_API int zn_adam_step_mom(const zn_adam_params *hp, float *p, const zn_moments
 ZN_API const float *zn_q8_map(int is_signed);
 
 /* Converts the moments of n elements between formats (checkpoints saved
- * with one format and resumed with another; the same format: a copy). To
- * Q8 quantizes as the step does; to BF16 rounds to nearest even; from
- * either widens exactly. dst and src must not overlap. Returns 0 or
- * -EINVAL. */
+ * with one format and resumed with another; the same format: a copy, Q8
+ * whatever the schemes). To Q8 quantizes as the step does with dst's
+ * scheme; to BF16 rounds to nearest even; from either widens exactly. dst
+ * and src must not overlap. Returns 0 or -EINVAL. */
 ZN_API int zn_mom_convert(const zn_moments *dst, const zn_moments *src, size_t n);
 
 /* SIMD paths. ZN_ISA_AUTO picks the one that is fastest on this CPU

@@ -124,9 +124,9 @@ static void fill(const opts *o, arrays *a)
         }
     }
     /* the compressed moments start from the same values */
-    zn_moments f32 = { ZN_MOM_F32, a->m, a->v, NULL, NULL };
-    zn_moments h = { ZN_MOM_BF16, a->mh, a->vh, NULL, NULL };
-    zn_moments q = { ZN_MOM_Q8, a->mq, a->vq, a->am, a->av };
+    zn_moments f32 = { ZN_MOM_F32, a->m, a->v, NULL, NULL, ZN_Q8_BNB };
+    zn_moments h = { ZN_MOM_BF16, a->mh, a->vh, NULL, NULL, ZN_Q8_BNB };
+    zn_moments q = { ZN_MOM_Q8, a->mq, a->vq, a->am, a->av, ZN_Q8_BNB };
     if (a->mh)
         zn_mom_convert(&h, &f32, n);
     if (a->mq)
@@ -135,7 +135,7 @@ static void fill(const opts *o, arrays *a)
 
 static zn_moments moments_of(const arrays *a, zn_mom_fmt f)
 {
-    zn_moments r = { f, a->m, a->v, NULL, NULL };
+    zn_moments r = { f, a->m, a->v, NULL, NULL, ZN_Q8_BNB };
     if (f == ZN_MOM_BF16)
         r.m = a->mh, r.v = a->vh;
     else if (f == ZN_MOM_Q8)
@@ -328,7 +328,7 @@ static int stored_ok(zn_mom_fmt f, int is_signed, float x, int c, float absmax, 
         return fabs(x - want) <= 0x1p-8 * fabs(want) + 1e-38;
     if (absmax == 0)
         return want == 0;
-    const zn_q8_table *t = zn_q8_table_get(is_signed);
+    const zn_q8_table *t = zn_q8_table_get(ZN_Q8_BNB, is_signed);
     double y = want / absmax, tol = 1e-6;
     if (fabs(y) > 1 + tol)
         return 0;   /* the absmax is below this element's moment */

@@ -181,7 +181,7 @@ static int load_convert(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source s
         if (rc)
             break;
         zn_moments s = { from, buf[0], buf[1], abs[0] + e0 / ZN_Q8_BLOCK,
-                         abs[1] + e0 / ZN_Q8_BLOCK };
+                         abs[1] + e0 / ZN_Q8_BLOCK, ZN_Q8_BNB };
         zn_moments d = zn_tr_moments(tr, e0);
         rc = zn_mom_convert(&d, &s, n);
     }

@@ -111,9 +111,12 @@ static const float map_unsigned[256] = {
     0x1.f7p-1f, 0x1.fa9998p-1f, 0x1.fe3334p-1f, 0x1p+0f,
 };
 
-static zn_q8_table g_q8[2];          /* [0] unsigned, [1] signed */
+static zn_q8_table g_q8[2][2];       /* [scheme][0 unsigned, 1 signed] */
 static int g_q8_rc;
 static pthread_once_t g_q8_once = PTHREAD_ONCE_INIT;
+
+/* torchao's floor under a block's scale (quant_utils.scale_tensor) */
+#define AO_SCALE_FLOOR 1e-12f
 
 /* The code of y by the definition: the count of midpoints below it. */
 static int code_by_count(const float *mid, float y)
@@ -129,12 +132,47 @@ static int code_by_count(const float *mid, float y)
     return lo;
 }
 
-static int build_table(zn_q8_table *t, const float *map)
+/* Floats in their order as unsigned integers (-0 just below +0). */
+static uint32_t f32_ord(float x)
+{
+    uint32_t u = zn_f32_bits(x);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+static float ord_f32(uint32_t o)
+{
+    return zn_bits_f32(o & 0x80000000u ? o & 0x7fffffffu : ~o);
+}
+
+/* torchao's rounding between map entries a < b: x goes up to b when
+ * x - a >= (b - a) * 0.5, both sides in float32 (quantize_8bit_with_qmap).
+ * x - a never decreases as x grows, so the floats going up are those from
+ * one threshold on; returns the largest float below it, so that "x > it"
+ * is torchao's decision, the form zn_q8_code uses. */
+static float ao_below_threshold(float a, float b)
+{
+    volatile float half = (b - a) * 0.5f;   /* float32, as torch computes it */
+    uint32_t lo = f32_ord(a), hi = f32_ord(b);   /* a: stays down; b: goes up */
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        volatile float d = ord_f32(mid) - a;
+        if (d >= half)
+            hi = mid;
+        else
+            lo = mid;
+    }
+    return ord_f32(lo);
+}
+
+static int build_table(zn_q8_table *t, const float *map, zn_q8_scheme scheme)
 {
     memcpy(t->map, map, sizeof t->map);
     for (int i = 0; i < 255; i++)
-        t->mid[i] = 0.5f * (map[i] + map[i + 1]);
+        t->mid[i] = scheme == ZN_Q8_TORCHAO ? ao_below_threshold(map[i], map[i + 1])
+                                            : 0.5f * (map[i] + map[i + 1]);
     t->mid[255] = INFINITY;
+    t->divide = scheme == ZN_Q8_TORCHAO;
+    t->floor = scheme == ZN_Q8_TORCHAO ? AO_SCALE_FLOOR : 0.0f;
     for (uint32_t key = 0; key < 65536; key++) {
         /* the floats whose top 16 bits are `key`: lowest and highest value */
         uint32_t a = key << 16, b = a | 0xffffu;
@@ -159,19 +197,25 @@ static int build_table(zn_q8_table *t, const float *map)
 
 static void build_tables(void)
 {
-    g_q8_rc = build_table(&g_q8[0], map_unsigned);
-    if (!g_q8_rc)
-        g_q8_rc = build_table(&g_q8[1], map_signed);
+    for (int sc = 0; sc < 2 && !g_q8_rc; sc++) {
+        g_q8_rc = build_table(&g_q8[sc][0], map_unsigned, (zn_q8_scheme)sc);
+        if (!g_q8_rc)
+            g_q8_rc = build_table(&g_q8[sc][1], map_signed, (zn_q8_scheme)sc);
+    }
 }
 
-const zn_q8_table *zn_q8_table_get(int is_signed)
+const zn_q8_table *zn_q8_table_get(zn_q8_scheme scheme, int is_signed)
 {
+    if (scheme != ZN_Q8_BNB && scheme != ZN_Q8_TORCHAO) {
+        zn_set_error(-EINVAL, "q8: scheme %d is neither bitsandbytes' nor torchao's", (int)scheme);
+        return NULL;
+    }
     pthread_once(&g_q8_once, build_tables);
     if (g_q8_rc) {
         zn_set_error(g_q8_rc, "q8 maps: a rounding table could not be built");
         return NULL;
     }
-    return &g_q8[is_signed ? 1 : 0];
+    return &g_q8[scheme][is_signed ? 1 : 0];
 }
 
 const float *zn_q8_map(int is_signed)
@@ -207,7 +251,8 @@ size_t zn_mom_layout_bytes(zn_mom_fmt fmt, size_t n)
 zn_moments zn_mom_layout_at(zn_mom_fmt fmt, void *m, void *v, size_t n, size_t off)
 {
     size_t eb = elem_bytes(fmt);
-    zn_moments r = { fmt, (char *)m + off * eb, (char *)v + off * eb, NULL, NULL };
+    zn_moments r = { fmt, (char *)m + off * eb, (char *)v + off * eb, NULL, NULL,
+                     ZN_Q8_BNB };
     if (fmt == ZN_MOM_Q8) {
         size_t at = zn_mom_layout_absmax_at(fmt, n);
         r.m_absmax = (float *)((char *)m + at) + off / ZN_Q8_BLOCK;
@@ -249,14 +294,15 @@ float zn_q8_quant_scalar(const float *x, const zn_q8_table *t, uint8_t *q, size_
         float a = fabsf(x[i]);
         amax = a > amax ? a : amax;
     }
-    if (amax == 0.0f) {
+    float scale = zn_q8_scale(t, amax);
+    if (scale == 0.0f) {
         memset(q, 0, n);
-        return amax;
+        return scale;
     }
-    float inv = 1.0f / amax;
+    float sv = zn_q8_scale_operand(t, scale);
     for (size_t i = 0; i < n; i++)
-        q[i] = zn_q8_scaled_code(t, x[i], inv);
-    return amax;
+        q[i] = zn_q8_scaled_code(t, x[i], sv);
+    return scale;
 }
 
 void zn_bf16_widen_scalar(const uint16_t *h, float *out, size_t n)
@@ -343,6 +389,17 @@ static void mom_range(const mom_job *j, size_t lo, size_t hi)
     }
 }
 
+/* torchao's step constants: its bias corrections are float32 powers of
+ * the float32 betas (beta ** step with step a float32 tensor); the rest as
+ * zn_adam_prepare. */
+static void ao_bias_corrections(const zn_adam_params *hp, zn_adam_consts *k)
+{
+    float t = (float)hp->step;
+    float bc1 = 1.0f - powf((float)hp->beta1, t), bc2 = 1.0f - powf((float)hp->beta2, t);
+    k->step_size = (float)(-(double)hp->lr * sqrt((double)bc2) / (double)bc1);
+    k->eps = (float)((double)hp->eps * sqrt((double)bc2));
+}
+
 int zn_adam_step_mom_with(const zn_optim_ops *ops, const zn_adam_params *hp, float *p,
                           const zn_moments *mv, const void *g, zn_dtype g_dtype, float g_scale,
                           void *c, zn_dtype c_dtype, size_t n)
@@ -362,14 +419,16 @@ int zn_adam_step_mom_with(const zn_optim_ops *ops, const zn_adam_params *hp, flo
         return rc;
     if (mv->fmt == ZN_MOM_Q8 && (!mv->m_absmax || !mv->v_absmax))
         return zn_set_error(-EINVAL, "adam: int8 moments without their absmax arrays");
+    if (mv->fmt == ZN_MOM_Q8 && mv->scheme == ZN_Q8_TORCHAO && hp->bias_correction)
+        ao_bias_corrections(hp, &k);
     k.copy_stream = 1;
     mom_job j = {
         .ops = ops, .k = &k, .fmt = mv->fmt, .p = p, .m = mv->m, .v = mv->v,
         .am = mv->m_absmax, .av = mv->v_absmax, .g = g, .gs = zn_dtype_size(g_dtype),
         .gt = g_dtype, .c = c, .ct = c_dtype,
     };
-    if (mv->fmt == ZN_MOM_Q8 &&
-        (!(j.ts = zn_q8_table_get(1)) || !(j.tu = zn_q8_table_get(0))))
+    if (mv->fmt == ZN_MOM_Q8 && (!(j.ts = zn_q8_table_get(mv->scheme, 1)) ||
+                                 !(j.tu = zn_q8_table_get(mv->scheme, 0))))
         return -EINVAL;
     int nt = zn_optim_threads(hp->threads, n);
     if (nt == 1) {
@@ -412,12 +471,25 @@ int zn_mom_convert(const zn_moments *dst, const zn_moments *src, size_t n)
     int rc;
     if ((rc = mom_ok(dst, n, "destination")) || (rc = mom_ok(src, n, "source")))
         return rc;
+    size_t nb = zn_q8_blocks(n);
+    if (n == 0)
+        return 0;
+    if (dst->fmt == src->fmt) {
+        size_t eb = elem_bytes(dst->fmt);
+        memcpy(dst->m, src->m, n * eb);
+        memcpy(dst->v, src->v, n * eb);
+        if (dst->fmt == ZN_MOM_Q8) {
+            memcpy(dst->m_absmax, src->m_absmax, nb * 4);
+            memcpy(dst->v_absmax, src->v_absmax, nb * 4);
+        }
+        return 0;
+    }
     const zn_optim_ops *o = zn_optim_get_ops(ZN_ISA_AUTO);
-    const zn_q8_table *ts = zn_q8_table_get(1), *tu = zn_q8_table_get(0);
+    zn_q8_scheme dq = dst->fmt == ZN_MOM_Q8 ? dst->scheme : src->scheme;
+    const zn_q8_table *ts = zn_q8_table_get(dq, 1), *tu = zn_q8_table_get(dq, 0);
     if (!ts || !tu)
         return -EINVAL;
     int nthr = zn_optim_threads(0, n);
-    size_t nb = zn_q8_blocks(n);
 #pragma omp parallel for num_threads(nthr) schedule(static)
     for (size_t b = 0; b < nb; b++) {
         float mb[ZN_Q8_BLOCK], vb[ZN_Q8_BLOCK];

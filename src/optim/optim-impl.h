@@ -42,27 +42,49 @@ typedef void (*zn_rmw_fn)(float *p, float *m, float *v, const void *g, zn_dtype 
 typedef void (*zn_triad_fn)(float *a, const float *b, const float *c, float s, size_t n);
 
 /* ---- compressed moments (moments.c drives these block by block) ------
- * The rounding table of one dynamic map: code(y) for y in [-1, 1] is the
- * count of midpoints below y (the nearest entry, ties to the lower one).
- * key[bits(y) >> 16] is that count at the lowest value whose top 16 bits
- * are those; no such range of floats holds two midpoints (checked when the
- * table is built), so code(y) = key + (y > mid[key]). mid[255] is +Inf.
- * key has 4 bytes of padding: the SIMD paths gather it as 32-bit words. */
+ * The rounding table of one dynamic map and scheme: code(y) for y in
+ * [-1, 1] is the count of midpoints below y. For bitsandbytes' scheme
+ * mid[i] is the float midpoint of entries i and i + 1 (the nearest entry,
+ * ties to the lower one); for torchao's it is the largest float that
+ * torchao rounds down to entry i (ties go up). key[bits(y) >> 16] is that
+ * count at the lowest value whose top 16 bits are those; no such range of
+ * floats holds two midpoints (checked when the table is built), so
+ * code(y) = key + (y > mid[key]). mid[255] is +Inf. key has 4 bytes of
+ * padding: the SIMD paths gather it as 32-bit words.
+ * A block is scaled by zn_q8_scale(amax): bitsandbytes' multiplies by
+ * 1 / amax; torchao's divides by max(amax, floor). */
 typedef struct {
     float map[256];
     float mid[256];
+    float floor;      /* the smallest scale: 0, or torchao's 1e-12 */
+    int divide;       /* y = x / scale (torchao), else x * (1 / scale) */
     uint8_t key[65536 + 4];
 } zn_q8_table;
 
-/* The tables of the signed (m) and unsigned (v) maps, built once; NULL
- * (with zn_last_error) if a map broke the one-midpoint rule. */
-const zn_q8_table *zn_q8_table_get(int is_signed);
+/* The tables of the signed (m) and unsigned (v) maps of a scheme, built
+ * once; NULL (with zn_last_error) for an unknown scheme or if a map broke
+ * the one-midpoint rule. */
+const zn_q8_table *zn_q8_table_get(zn_q8_scheme scheme, int is_signed);
+
+/* The scale a block with largest |x| amax stores (0: codes all 0, the
+ * bitsandbytes scheme's zero block), and the operand its elements meet:
+ * the scale itself (divide) or its reciprocal. */
+static inline float zn_q8_scale(const zn_q8_table *t, float amax)
+{
+    return amax > t->floor ? amax : t->floor;
+}
+
+static inline float zn_q8_scale_operand(const zn_q8_table *t, float scale)
+{
+    return t->divide ? scale : 1.0f / scale;
+}
 
 /* out[i] = map[q[i]] * absmax, i < n <= ZN_Q8_BLOCK. */
 typedef void (*zn_q8_dequant_fn)(const uint8_t *q, const float *map, float absmax, float *out,
                                  size_t n);
-/* The block's absmax (largest |x[i]|, i < n <= ZN_Q8_BLOCK) and the codes
- * of x[i] * (1 / absmax) clamped to [-1, 1]; all codes 0 when it is 0. */
+/* The block's scale (zn_q8_scale of its largest |x[i]|, i < n <=
+ * ZN_Q8_BLOCK) and the codes of x[i] scaled by it (zn_q8_scaled_code);
+ * all codes 0 when the scale is 0. */
 typedef float (*zn_q8_quant_fn)(const float *x, const zn_q8_table *t, uint8_t *q, size_t n);
 /* bf16 <-> fp32 of n <= ZN_Q8_BLOCK elements (round to nearest even, as
  * zn_f32_to_bf16). */
@@ -111,11 +133,12 @@ static inline uint8_t zn_q8_code(const zn_q8_table *t, float y)
     return (uint8_t)(lo + (y > t->mid[lo]));
 }
 
-/* The code of x in a block scaled by inv (1 / absmax): x * inv clamped to
- * [-1, 1] (a NaN stays NaN, as the SIMD max/min keep it), then its code. */
-static inline uint8_t zn_q8_scaled_code(const zn_q8_table *t, float x, float inv)
+/* The code of x in a block whose scale operand is sv (zn_q8_scale_operand):
+ * x / sv or x * sv, clamped to [-1, 1] (a NaN stays NaN, as the SIMD
+ * max/min keep it), then its code. */
+static inline uint8_t zn_q8_scaled_code(const zn_q8_table *t, float x, float sv)
 {
-    float y = x * inv;
+    float y = t->divide ? x / sv : x * sv;
     y = -1.0f > y ? -1.0f : y;
     y = 1.0f < y ? 1.0f : y;
     return zn_q8_code(t, y);

@@ -406,16 +406,19 @@ static float avx2_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, siz
         float a = fabsf(x[i]);
         amax = a > amax ? a : amax;
     }
-    if (amax == 0.0f) {
+    float scale = zn_q8_scale(t, amax);
+    if (scale == 0.0f) {
         memset(q, 0, n);
-        return amax;
+        return scale;
     }
-    float invs = 1.0f / amax;
-    const __m256 inv = _mm256_set1_ps(invs), lo = _mm256_set1_ps(-1.0f);
+    float svs = zn_q8_scale_operand(t, scale);
+    const __m256 sv = _mm256_set1_ps(svs), lo = _mm256_set1_ps(-1.0f);
     const __m256 hi = _mm256_set1_ps(1.0f);
     const __m256i byte = _mm256_set1_epi32(0xff);
+    const int divide = t->divide;
     for (i = 0; i + W <= n; i += W) {
-        __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i), inv);
+        __m256 x8 = _mm256_loadu_ps(x + i);
+        __m256 y = divide ? _mm256_div_ps(x8, sv) : _mm256_mul_ps(x8, sv);
         y = _mm256_min_ps(hi, _mm256_max_ps(lo, y));   /* NaN stays NaN */
         __m256i key = _mm256_srli_epi32(_mm256_castps_si256(y), 16);
         __m256i c = _mm256_and_si256(_mm256_i32gather_epi32((const int *)t->key, key, 1), byte);
@@ -425,8 +428,8 @@ static float avx2_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, siz
         _mm_storel_epi64((__m128i *)(q + i), lane_bytes(c));
     }
     for (; i < n; i++)
-        q[i] = zn_q8_scaled_code(t, x[i], invs);
-    return amax;
+        q[i] = zn_q8_scaled_code(t, x[i], svs);
+    return scale;
 }
 
 static void avx2_bf16_widen(const uint16_t *h, float *out, size_t n)

@@ -249,17 +249,19 @@ static float avx512_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, s
             _mm512_castps_si512(_mm512_maskz_loadu_ps(tail_mask(n - i), x + i)), sign));
         mx = _mm512_max_ps(a, mx);   /* a NaN lane keeps mx, as the scalar form */
     }
-    float amax = _mm512_reduce_max_ps(mx);
-    if (amax == 0.0f) {
+    float scale = zn_q8_scale(t, _mm512_reduce_max_ps(mx));
+    if (scale == 0.0f) {
         memset(q, 0, n);
-        return amax;
+        return scale;
     }
-    const __m512 inv = _mm512_set1_ps(1.0f / amax), lo = _mm512_set1_ps(-1.0f);
+    const __m512 sv = _mm512_set1_ps(zn_q8_scale_operand(t, scale)), lo = _mm512_set1_ps(-1.0f);
     const __m512 hi = _mm512_set1_ps(1.0f);
     const __m512i byte = _mm512_set1_epi32(0xff), one = _mm512_set1_epi32(1);
+    const int divide = t->divide;
     for (size_t i = 0; i < n; i += W) {
         __mmask16 mk = tail_mask(n - i);
-        __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + i), inv);
+        __m512 x16 = _mm512_maskz_loadu_ps(mk, x + i);
+        __m512 y = divide ? _mm512_div_ps(x16, sv) : _mm512_mul_ps(x16, sv);
         y = _mm512_min_ps(hi, _mm512_max_ps(lo, y));   /* NaN stays NaN */
         /* zn_q8_code: the candidate from the table of the top 16 bits,
          * then one step up past its midpoint */
@@ -269,7 +271,7 @@ static float avx512_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, s
         c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(y, mid, _CMP_GT_OQ), c, one);
         _mm_mask_storeu_epi8(q + i, mk, _mm512_cvtepi32_epi8(c));
     }
-    return amax;
+    return scale;
 }
 
 static void avx512_bf16_widen(const uint16_t *h, float *out, size_t n)
