@@ -246,6 +246,10 @@ int main(void)
             n += 2;
         }
     }
+    /* torchao's 8-bit scheme: the same storage, one configuration */
+    extra_set = "train.optim=\"adamw_torch_8bit\"";
+    one(&shapes[0], &places[3], 2, 4, "auto", 4, 100000);
+    n++;
     extra_set = NULL;
     printf("%d configurations, %d checked, %d with a tier off the plan\n", n, checked,
            failed_cfgs);

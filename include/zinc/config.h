@@ -78,14 +78,23 @@ typedef enum { ZN_OPT_ADAM = 0, ZN_OPT_ADAMW } zn_optimizer_type;
  * adamw_torch_fused keep fp32 moments; adamw_bnb_8bit, adamw_8bit and
  * paged_adamw_8bit bitsandbytes' 8-bit blockwise moments (paging is
  * bitsandbytes' GPU-memory device; zinc's states live in its own tiers);
- * adamw_bf16 (zinc's name) bf16 moments. The master stays fp32. */
-#define ZN_OPTIM_NAMES \
-    "adamw_torch|adamw_torch_fused|adamw_bnb_8bit|adamw_8bit|paged_adamw_8bit|adamw_bf16"
+ * adamw_torch_8bit torchao's AdamW8bit, the same 8-bit storage quantized
+ * by torchao's rules (ZN_Q8_TORCHAO); adamw_bf16 (zinc's name) bf16
+ * moments. The master stays fp32. */
+#define ZN_OPTIM_NAMES                                                                        \
+    "adamw_torch|adamw_torch_fused|adamw_bnb_8bit|adamw_8bit|paged_adamw_8bit|adamw_bf16|" \
+    "adamw_torch_8bit"
 /* Bytes of each moment per element: 4 (fp32), 2 (bf16), 1 (8-bit, plus a
  * 4-byte absmax per 256). */
 static inline int zn_config_moment_bytes(int optim)
 {
-    return optim >= 2 && optim <= 4 ? 1 : optim == 5 ? 2 : 4;
+    return (optim >= 2 && optim <= 4) || optim == 6 ? 1 : optim == 5 ? 2 : 4;
+}
+/* Whose rules quantize the 8-bit moments: 1 torchao's (adamw_torch_8bit,
+ * zn_q8_scheme ZN_Q8_TORCHAO), else 0 bitsandbytes'. */
+static inline int zn_config_q8_scheme(int optim)
+{
+    return optim == 6;
 }
 
 typedef struct {

@@ -520,6 +520,7 @@ struct zn_trainer {
      * P x 4; else P elements of `mom_elem` bytes padded to 64, and for 8-bit
      * the blocks' absmax after them (zn_tr_moments). */
     zn_mom_fmt mom_fmt;
+    zn_q8_scheme q8_scheme;   /* 8-bit: bitsandbytes' or torchao's quantizer */
     int mom_elem;
     uint64_t mom_bytes;
     double *normc_dev, *normc;
@@ -636,7 +637,9 @@ int zn_tr_ck_save(zn_trainer *tr, int b);
  * an 8-bit block boundary: units are multiples of ZN_Q8_BLOCK then). */
 static inline zn_moments zn_tr_moments(const zn_trainer *tr, uint64_t off)
 {
-    return zn_mom_layout_at(tr->mom_fmt, tr->mom, tr->var, tr->P, off);
+    zn_moments r = zn_mom_layout_at(tr->mom_fmt, tr->mom, tr->var, tr->P, off);
+    r.scheme = tr->q8_scheme;
+    return r;
 }
 
 #endif

@@ -145,6 +145,7 @@ int zn_tr_build_layout(zn_trainer *tr)
     int mb = zn_config_moment_bytes(cfg->train.optim);
     tr->mom_elem = mb;
     tr->mom_fmt = mb == 1 ? ZN_MOM_Q8 : mb == 2 ? ZN_MOM_BF16 : ZN_MOM_F32;
+    tr->q8_scheme = zn_config_q8_scheme(cfg->train.optim) ? ZN_Q8_TORCHAO : ZN_Q8_BNB;
     tr->mom_bytes = zn_mom_layout_bytes(tr->mom_fmt, tr->P);
     if (tr->mom_fmt != ZN_MOM_F32 && tr->opt_home != ZN_OFFLOAD_CPU)
         return zn_set_error(ZN_EUNSUPPORTED, "%s: train.optim keeps Adam's moments as %s, which "

@@ -79,11 +79,14 @@ void zn_run_effective_print(const zn_config *c, int world, FILE *f)
     {
         /* train.optim: the HF Trainer's name and the moments it keeps */
         static const char *names[] = { "adamw_torch", "adamw_torch_fused", "adamw_bnb_8bit",
-                                       "adamw_8bit", "paged_adamw_8bit", "adamw_bf16" };
-        int oi = c->train.optim >= 0 && c->train.optim < 6 ? c->train.optim : 0;
+                                       "adamw_8bit", "paged_adamw_8bit", "adamw_bf16",
+                                       "adamw_torch_8bit" };
+        int oi = c->train.optim >= 0 && c->train.optim < 7 ? c->train.optim : 0;
         int mb = zn_config_moment_bytes(oi);
         fprintf(f, "  moments    %s: Adam m and v as %s (%s per parameter), master fp32 %s\n",
-                names[oi], mb == 4 ? "fp32" : mb == 2 ? "bf16" : "int8, blocks of 256",
+                names[oi], mb == 4 ? "fp32" : mb == 2 ? "bf16"
+                           : zn_config_q8_scheme(oi) ? "int8, blocks of 256, torchao's rounding"
+                                                     : "int8, blocks of 256",
                 mb == 4 ? "8 bytes" : mb == 2 ? "4 bytes" : "2.03 bytes",
                 tag(c, "train.optim", NULL, "adamw_torch", t6, sizeof t6));
     }
