@@ -238,8 +238,17 @@ static void panel(FILE *o, const curve *c, int nc, bool with_zero, double top,
         fprintf(o, "<text x=\"%.2f\" y=\"%g\" text-anchor=\"middle\">%.0f</text>\n",
                 ML + (x - x0) / (x1 - x0) * (W - ML - MR), bot + 16, x);
     fprintf(o, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">step</text>\n", W / 2, bot + 32);
-    for (int j = 0; j < nc; j++) {
+    for (int j = 0; j < nc; j++)
         polyline(o, &c[j], x0, x1, y0, y1, top);
+    /* the legend on a veil, so that curves under it do not hide it
+     * (7 px a character at font-size 12 is a generous guess) */
+    size_t longest = 0;
+    for (int j = 0; j < nc; j++)
+        longest = strlen(c[j].label) > longest ? strlen(c[j].label) : longest;
+    fprintf(o, "<rect x=\"%.1f\" y=\"%g\" width=\"%.1f\" height=\"%d\" fill=\"white\" "
+            "fill-opacity=\"0.8\"/>\n", W - MR - 10 - 7.0 * (double)longest, top + MT,
+            8 + 7.0 * (double)longest, 16 * nc + 4);
+    for (int j = 0; j < nc; j++) {
         fprintf(o, "<text x=\"%g\" y=\"%g\" text-anchor=\"end\" fill=\"%s\">", W - MR - 6,
                 top + MT + 14 + 16 * j, c[j].color);
         xml_text(o, c[j].label);
