@@ -1,5 +1,7 @@
-/* Adam moments in fewer bytes (zn_adam_step_mom): bf16 moments and
- * bitsandbytes' 8-bit blockwise moments. The step works block by block:
+/* Adam moments in fewer bytes (zn_adam_step_mom): bf16 moments and 8-bit
+ * blockwise moments, quantized by bitsandbytes' rules or by torchao's (the
+ * same storage; other rounding tables, floor and scaling, see zn_q8_table).
+ * The step works block by block:
  * a block of ZN_Q8_BLOCK moments is widened (bf16) or dequantized (8-bit)
  * into two fp32 buffers on the stack, the fp32 kernel of the chosen SIMD
  * path steps it exactly as zn_adam_step steps fp32 moments, and the new
