@@ -149,8 +149,10 @@ step "bench comm: world 1 on the GPU (NCCL)" 300 "$zinc" bench comm --device cud
     --sizes 1M..256M
 # the arena sized as a user's run sizes it: tiers.gpu "auto" (the GPU's free
 # memory after NCCL, cuBLAS and the modules, less the margin)
+# (ZINC_LOG=info: the run logs what it found outside the arena, streams'
+# cuBLAS workspaces and scratch, beside what the plan counts)
 step "bench train: params and optimizer in pinned RAM, tiers.gpu auto (full memory)" 300 \
-    "$zinc" bench train "${common[@]}" --set tiers.gpu=\"auto\" --set "$P.device=\"cpu\"" \
+    env ZINC_LOG=info "$zinc" bench train "${common[@]}" --set tiers.gpu=\"auto\" --set "$P.device=\"cpu\"" \
     --set "$O.device=\"cpu\""
 # determinism: the same run twice gives the same losses, bit for bit (the
 # kernels and the schedule fix every sum's order)
