@@ -270,14 +270,7 @@ fi
 # same REF LABEL GOT: GOT's 2 steps have REF's losses within 2e-4
 same() {
     local w
-    w=$(awk '{ s = $0; sub(/.*"step": /, "", s); sub(/,.*/, "", s)
-               l = $0; sub(/.*"loss": /, "", l); sub(/,.*/, "", l)
-               if (l !~ /^-?[0-9.]+(e[-+]?[0-9]+)?$/) l = "bad"   # nan, inf
-               if (FILENAME == ARGV[1]) { ref[s] = l; next }
-               n++
-               if (!(s in ref) || l == "bad" || ref[s] == "bad") { bad = 1; next }
-               d = (ref[s] - l) / ref[s]; if (d < 0) d = -d; if (d > w) w = d }
-             END { if (bad || n != 2) print "none"; else printf "%.3g\n", w }' "$1" "$3" 2>/dev/null)
+    w=$(awk -v want=2 -f "$src/tests/loss_diff.awk" "$1" "$3" 2>/dev/null)
     if [ -n "$w" ] && [ "$w" != none ] && awk -v w="$w" 'BEGIN { exit !(w <= 2e-4) }'; then
         echo "ok: $2 (worst relative difference $w)"
     else

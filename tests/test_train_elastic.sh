@@ -57,14 +57,7 @@ ranks() {
 # within TOL (2e-4)
 same() {
     local w tol=${4:-2e-4}
-    w=$(awk '{ s = $0; sub(/.*"step": /, "", s); sub(/,.*/, "", s)
-               l = $0; sub(/.*"loss": /, "", l); sub(/,.*/, "", l)
-               if (l !~ /^-?[0-9.]+(e[-+]?[0-9]+)?$/) l = "bad"   # nan, inf
-               if (FILENAME == ARGV[1]) { ref[s] = l; next }
-               n++
-               if (!(s in ref) || l == "bad" || ref[s] == "bad") { bad = 1; next }
-               d = (ref[s] - l) / ref[s]; if (d < 0) d = -d; if (d > w) w = d }
-             END { if (bad || n != 3) print "none"; else printf "%.3g\n", w }' "$2" "$3" 2>/dev/null)
+    w=$(awk -v want=3 -f "$src/tests/loss_diff.awk" "$2" "$3" 2>/dev/null)
     if [ -n "$w" ] && [ "$w" != none ] && awk -v w="$w" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then
         echo "ok: $1 (worst relative difference $w)"
     else
