@@ -187,8 +187,13 @@ int zn_rundir__create(zn_rundir *r, const char *path, const char *made_by)
     r->lock_fd = fd;
     r->owned_lock = zn_swap__own(lock, 0);
     /* held for the run's life: a later run tells a live run's directory
-     * (locked) from a dead one's (zn_swap_clean_stale) */
-    if (flock(fd, LOCK_EX | LOCK_NB) < 0)
+     * (locked) from a dead one's (zn_swap_clean_stale). Another run's scan
+     * may hold it for a moment first, having found the directory before
+     * this lock (it sees this run alive and lets go): up to 2 s for that. */
+    int lr = -1;
+    for (int t = 0; t < 100 && (lr = flock(fd, LOCK_EX | LOCK_NB)) < 0 && errno == EWOULDBLOCK; t++)
+        usleep(20 * 1000);
+    if (lr < 0)
         return zn_set_error(-errno, "swap: locking %s: %s", lock, strerror(errno));
     char when[64], text[1024];
     format_start(self_start_s, when, sizeof when);
@@ -385,8 +390,11 @@ static void clean_run_dir(const char *dir, int dfd, const char *name, uint64_t *
             zn_warn("swap: %s (%s): run %ld is gone but its directory is still locked; left "
                     "in place", path, size, pid);
     } else if (!locked && alive) {
-        zn_warn("swap: %s (%s): run %ld still runs but holds no lock on it; left in place",
-                path, size, pid);
+        /* no lock file yet, or an empty one: the run is making its directory */
+        struct stat lst;
+        if (lfd >= 0 && fstat(lfd, &lst) == 0 && lst.st_size > 0)
+            zn_warn("swap: %s (%s): run %ld still runs but holds no lock on it; left in place",
+                    path, size, pid);
     } else if (!locked && lfd >= 0 && says_kept(lfd)) {
         zn_warn("swap: %s holds the swap files run %ld kept (tiers.keep_swap, %s); left in "
                 "place: remove it when done with them", path, pid, size);
