@@ -365,18 +365,6 @@ static int fault_fn(void *user, const zn_aio_fault_site *site)
     return k == f->nth ? f->res : site->res;
 }
 
-static int count_entries(const char *dir, const char *prefix)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        n += !strncmp(e->d_name, prefix, strlen(prefix));
-    closedir(d);
-    return n;
-}
 
 static void read_latest(const char *dir, char *out, size_t n)
 {
@@ -423,8 +411,8 @@ static void io_errors(const placement *pl, uint64_t tiny, const ref_run *ref)
             printf("injected ENOSPC -> %s\n", zn_last_error());
         read_latest(dir, after, sizeof after);
         ZT_CHECK_MSG(!strcmp(before, after), "latest changed to %s after a failed save", after);
-        ZT_EQ_INT(count_entries(dir, ".step-"), 0);
-        ZT_EQ_INT(count_entries(dir, "step-"), 1);
+        ZT_EQ_INT(tn_dir_count(dir, ".step-"), 0);
+        ZT_EQ_INT(tn_dir_count(dir, "step-"), 1);
         ZT_EQ_INT(zn_ckpt_verify(dir), 0);
     }
     so.fault_hook = NULL;
@@ -455,7 +443,7 @@ static void prune_and_refusals(const char **sets, int nsets)
     /* saving the same step twice replaces it atomically */
     ZT_EQ_INT(zn_ckpt_save(tr, &so, NULL, 0), 0);
     zn_train_destroy(tr);
-    ZT_EQ_INT(count_entries(dir, "step-"), 2);
+    ZT_EQ_INT(tn_dir_count(dir, "step-"), 2);
     char lat[64];
     read_latest(dir, lat, sizeof lat);
     ZT_CHECK(!strcmp(lat, "step-00000005\n"));

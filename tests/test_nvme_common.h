@@ -39,6 +39,22 @@ static inline void tn_rmdir(void)
 }
 
 /* A fresh directory under the test's working directory (the build dir). */
+/* Entries of `dir` whose names start with `prefix` ("" = all but . and ..);
+ * -1 if it cannot be opened. */
+static inline int tn_dir_count(const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
+             !strncmp(e->d_name, prefix, strlen(prefix));
+    closedir(d);
+    return n;
+}
+
 static inline const char *tn_tmpdir(const char *tag)
 {
     snprintf(tn_dir, sizeof tn_dir, "nvme-%s-XXXXXX", tag);

@@ -34,18 +34,6 @@ static void rm_tree(void)
         nftw(tn_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-static int entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-    closedir(d);
-    return n;
-}
 
 static int exists(const char *p)
 {
@@ -212,7 +200,7 @@ int main(void)
     snprintf(mark, sizeof mark, "left by run %ld", (long)child);
     ZT_CONTAINS(caught, mark);
     ZT_CONTAINS(caught, "1.00 MiB");
-    ZT_EQ_INT(entries(dir), 0);
+    ZT_EQ_INT(tn_dir_count(dir, ""), 0);
 
     /* 3. this process's own swap space: a new 0700 directory with the lock
      * (held) naming host, PID and start, and the file; all gone at destroy */
@@ -229,7 +217,7 @@ int main(void)
     sc.file_prefix = "zinc-test";
     zn_swap *s;
     ZT_EQ_INT(zn_swap_create(&s, a, &sc), 0);
-    ZT_EQ_INT(entries(dir), 2);
+    ZT_EQ_INT(tn_dir_count(dir, ""), 2);
     char rd[4600], lock[4700];
     snprintf(rd, sizeof rd, "%s", zn_swap_file_path(s, 0));
     *strrchr(rd, '/') = '\0';
@@ -239,7 +227,7 @@ int main(void)
     ZT_CHECK(S_ISDIR(st.st_mode));
     ZT_EQ_INT(st.st_mode & 0777, 0700);
     ZT_CHECK(!strcmp(strrchr(zn_swap_file_path(s, 0), '/') + 1, "zinc-test.0.swp"));
-    ZT_EQ_INT(entries(rd), 2);
+    ZT_EQ_INT(tn_dir_count(rd, ""), 2);
     read_text(lock, text, sizeof text);
     snprintf(mark, sizeof mark, "\npid %ld\n", (long)getpid());
     ZT_CONTAINS(text, mark);
@@ -253,9 +241,9 @@ int main(void)
     /* this process's own directories are live ones to the scan */
     ZT_EQ_INT(zn_swap_clean_stale(dir, "zinc-test", &bytes, &files), 0);
     ZT_EQ_INT(files, 0);
-    ZT_EQ_INT(entries(dir), 2);
+    ZT_EQ_INT(tn_dir_count(dir, ""), 2);
     zn_swap_destroy(s);
-    ZT_EQ_INT(entries(dir), 0);
+    ZT_EQ_INT(tn_dir_count(dir, ""), 0);
 
     /* 4. keep_files keeps the directory, marked; the scan leaves it */
     sc.npaths = 1;
@@ -264,7 +252,7 @@ int main(void)
     snprintf(rd, sizeof rd, "%s", zn_swap_file_path(s, 0));
     *strrchr(rd, '/') = '\0';
     zn_swap_destroy(s);
-    ZT_EQ_INT(entries(rd), 2);
+    ZT_EQ_INT(tn_dir_count(rd, ""), 2);
     snprintf(lock, sizeof lock, "%s/lock", rd);
     ZT_CONTAINS(read_text(lock, text, sizeof text), "\nkept");
     /* as if its run had ended long ago: another PID */
@@ -288,7 +276,7 @@ int main(void)
     *strrchr(rd, '/') = '\0';
     ZT_EQ_INT(zn_swap_remove_all_now(), 3);
     ZT_CHECK_MSG(!exists(rd), "%s survived zn_swap_remove_all_now", rd);
-    ZT_EQ_INT(entries(dir), 0);
+    ZT_EQ_INT(tn_dir_count(dir, ""), 0);
     capture_begin();  /* destroy warns that they are gone already */
     zn_swap_destroy(s);
     capture_end();

@@ -387,18 +387,6 @@ static void test_no_stall_behind_reads(uint64_t budget)
     ZT_CHECK_MSG(stalls == 0, "%d compute stalls behind NVMe reads", stalls);
 }
 
-static int dir_entries(const char *path)
-{
-    DIR *d = opendir(path);
-    if (!d)
-        return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-    closedir(d);
-    return n;
-}
 
 int main(void)
 {
@@ -716,7 +704,7 @@ int main(void)
 
     /* invariant: an infeasible config fails before any work, with the plan's why */
     {
-        char before = (char)dir_entries(nvme_dir);
+        char before = (char)tn_dir_count(nvme_dir, "");
         const char *bad[] = { nvme[0], nvme[1], "tiers.cpu=\"64KiB\"" };
         zn_config cfg;
         ZT_EQ_INT(load_cfg(&cfg, bad, 3), 0);
@@ -736,7 +724,7 @@ int main(void)
         ZT_EQ_INT(rc, ZN_ENOFIT);
         ZT_CONTAINS(zn_last_error(), plan.why);
         ZT_CHECK(tr == NULL);
-        ZT_EQ_INT(dir_entries(nvme_dir), before);
+        ZT_EQ_INT(tn_dir_count(nvme_dir, ""), before);
     }
 
     /* invariant 3: an I/O error mid-step stops training, clearly */
