@@ -2,7 +2,8 @@
  * source, built once per target with -DZN_FUZZ=<name>. Each input is handed
  * to the parser as the user would hand it: a config's text, or a file in a
  * folder of its own (config.json, a .safetensors, a token file, a PEFT
- * adapter_config.json, a checkpoint's manifest.json). A parser may refuse
+ * adapter_config.json, a checkpoint's manifest.json, a LLaMA-Factory recipe,
+ * a model.safetensors.index.json beside real shards). A parser may refuse
  * an input; it may not crash, leak (ASan) or overflow (UBSan). */
 #include <stdint.h>
 #include <stdio.h>
@@ -43,6 +44,8 @@ static const char *put(const char *name, const uint8_t *data, size_t n)
 #define ZN_FUZZ_tokens 4
 #define ZN_FUZZ_peft 5
 #define ZN_FUZZ_manifest 6
+#define ZN_FUZZ_recipe 7
+#define ZN_FUZZ_stindex 8
 #define TARGET_(x) ZN_FUZZ_##x
 #define TARGET(x) TARGET_(x)
 
@@ -80,6 +83,42 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
     zn_ckpt *ck = NULL;
     if (!zn_ckpt_open(&ck, dir))
         zn_ckpt_close(ck);
+#elif TARGET(ZN_FUZZ) == ZN_FUZZ_recipe
+    /* the recipe's folder is the harness's: a dataset_info.json or a
+     * deepspeed file it names is looked up there and found missing */
+    const char *p = put("recipe.yaml", data, n);
+    zn_recipe *r = malloc(sizeof *r);
+    if (!r)
+        abort();
+    zn_recipe_read(p, r);
+    free(r);
+#elif TARGET(ZN_FUZZ) == ZN_FUZZ_stindex
+    /* the index names shards; the real shards of ZN_FUZZ_SHARDS (a model
+     * folder, run_fuzz.sh's caller sets it) lie beside it, copied once, so
+     * an index that names them reaches the cross-checks of names, shards
+     * and offsets rather than stopping at a missing file */
+    static int copied;
+    if (!copied) {
+        copied = 1;
+        const char *from = getenv("ZN_FUZZ_SHARDS");
+        for (int k = 1; from && k <= 2; k++) {
+            char src[4096], name[64];
+            snprintf(name, sizeof name, "model-%05d-of-00002.safetensors", k);
+            snprintf(src, sizeof src, "%s/%s", from, name);
+            FILE *f = fopen(src, "rb");
+            if (!f)
+                continue;
+            static uint8_t buf[1 << 20];
+            size_t got = fread(buf, 1, sizeof buf, f);
+            fclose(f);
+            put(name, buf, got);
+        }
+    }
+    const char *p = put("model.safetensors.index.json", data, n);
+    zn_st *st = NULL;
+    if (!zn_st_open(&st, p) && zn_st_count(st))
+        zn_st_find(st, zn_st_tensor_at(st, 0)->name);
+    zn_st_close(st);
 #else
 #error "ZN_FUZZ names no target"
 #endif
