@@ -167,6 +167,13 @@ ZN_API int zn_run_step(zn_run *r, uint64_t step, zn_train_step_info *info);
 /* Frees everything the run holds, the communicator too (accepts a zeroed
  * or half-opened run). */
 ZN_API void zn_run_close(zn_run *r);
+/* Frees the trainer alone (its swap files are removed; the communicator
+ * stays), for a stop that must say its files are gone before the ranks
+ * part. zn_run_close later frees the rest. */
+ZN_API void zn_run_free_trainer(zn_run *r);
+/* Returns when every rank of the run has called it (at once with one
+ * rank); the communicator's failure (a dead rank, its timeout) otherwise. */
+ZN_API int zn_run_barrier(zn_run *r);
 /* After a failure in a job of several ranks: tells the other ranks
  * (zn_comm_abort); 1 when the caller must end the job with MPI_Abort.
  * 0 and nothing done for one rank. */

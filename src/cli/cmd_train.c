@@ -762,12 +762,11 @@ int zn_cmd_train(int argc, char **argv)
                        trace_path);
         }
     }
-    zn_run_close(&ts);   /* the swap files go here */
-    free(cfg_text);
-    if (recipe && !rc && !stop_sig && zn_cli_recipe_finish(recipe, json_path, cfg.bf16))
-        rc = 1;
-    free(recipe);
     if (stop_sig) {
+        /* Every rank removes its files and says so before any rank exits:
+         * mpirun ends the whole job at the first non-zero exit, and a rank
+         * killed by it then would leave its swap files and no word. */
+        zn_run_free_trainer(&ts);   /* the swap files go here */
         fprintf(stderr, "zinc: %s%s: stopped after step %lld%s%s%s, swap files removed, %.1f s "
                 "after %s (exit %d)\n", strsignal(stop_sig),
                 g_stop_by_peer ? " on another rank" : "", (long long)steps,
@@ -776,7 +775,18 @@ int zn_cmd_train(int argc, char **argv)
                 cc->dir[0] ? "" : " (no train.checkpoint.dir: nothing saved)",
                 since_signal_s(), g_stop_by_peer ? "this rank learned of it" : "the signal",
                 128 + stop_sig);
-        return 128 + stop_sig;
+        fflush(stderr);
+        int brc = zn_run_barrier(&ts);
+        if (brc)
+            fprintf(stderr, "zinc: warning: the ranks did not meet before exiting (%s): a rank "
+                    "may have ended first\n", zn_last_error());
     }
+    zn_run_close(&ts);   /* the swap files go here (on a stop, above) */
+    free(cfg_text);
+    if (recipe && !rc && !stop_sig && zn_cli_recipe_finish(recipe, json_path, cfg.bf16))
+        rc = 1;
+    free(recipe);
+    if (stop_sig)
+        return 128 + stop_sig;
     return rc ? 1 : 0;
 }

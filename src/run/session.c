@@ -37,6 +37,17 @@ void zn_run_close(zn_run *ts)
     memset(ts, 0, sizeof *ts);
 }
 
+void zn_run_free_trainer(zn_run *ts)
+{
+    zn_train_destroy(ts->tr);
+    ts->tr = NULL;
+}
+
+int zn_run_barrier(zn_run *ts)
+{
+    return ts->comm && ts->world > 1 ? zn_comm_barrier(ts->comm) : 0;
+}
+
 int zn_run_abort(zn_run *ts, int code)
 {
     return ts->comm && ts->world > 1 ? zn_comm_abort(ts->comm, code) : 0;
