@@ -109,6 +109,23 @@ ZN_API int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int fla
  * cfg and d) on this machine: zn_run_ceilings, then zn_cost_predict. */
 ZN_API int zn_run_predict(const zn_config *cfg, const zn_model_dims *d, const zn_plan *plan,
                           int flags, zn_cost *out, FILE *note);
+/* What stopping on a signal costs this run: the step in progress ends
+ * (step_s, the caller's measured step time), then the ranks on this machine
+ * (local_ranks) save their master weights and moments (read back from NVMe
+ * where they live there) through the checkpoint folder's disk. The disks
+ * are measured as the cost model measures the NVMe path, once per file
+ * system, and cached with its figures; no device is opened. Returns 0, or
+ * the measurement's failure. */
+typedef struct {
+    uint64_t save_bytes;   /* written by the ranks on this machine */
+    uint64_t read_bytes;   /* of them, read from NVMe first */
+    double write_bps;      /* the checkpoint folder's disk */
+    double read_bps;       /* the NVMe path's */
+    double step_s, save_s, total_s;
+    char disk[ZN_PATH_MAX];  /* the folder measured */
+} zn_stop_estimate;
+ZN_API int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int local_ranks,
+                                double step_s, zn_stop_estimate *e, FILE *note);
 
 ZN_API int zn_run_effective(zn_config *cfg, int world, FILE *out);
 ZN_API void zn_run_effective_print(const zn_config *cfg, int world, FILE *out);
@@ -126,6 +143,7 @@ typedef struct {
     /* the ranks (mpirun / srun / torchrun launch; world 1 otherwise) */
     zn_comm *comm;
     int rank, world;
+    int local_size;            /* ranks on this machine */
     size_t rank_tokens;        /* ids of one rank's micro-batches per step */
     zn_tokens *eval_data;      /* data.eval_path, or NULL */
     zn_loader *eval_loader;    /* its windows in file order, the global batch */

@@ -254,6 +254,44 @@ static void install_stop_signals(void)
     sigaction(SIGUSR1, &sa, NULL);
 }
 
+/* What a signal would cost this run, said after its first step: that
+ * step's time (the step in progress ends first), then the checkpoint's
+ * write. A save of under 1 GiB takes seconds on any disk, so only larger
+ * ones are measured (the disks, once per file system, cached with the cost
+ * model's figures). */
+#define ZN_STOP_NOTICE_S 30.0   /* the shortest spot notice (120 s on some clouds) */
+static void stop_notice(zn_run *ts, const zn_config *cfg, const zn_plan *plan, double step_s)
+{
+    uint64_t per_rank = 0;
+    for (int t = 0; t < ZN_TIER_COUNT; t++)
+        per_rank += plan->bytes[ZN_STATE_MASTER][t] + plan->bytes[ZN_STATE_ADAM_M][t] +
+                    plan->bytes[ZN_STATE_ADAM_V][t];
+    if (per_rank * (uint64_t)(ts->local_size > 0 ? ts->local_size : 1) < ((uint64_t)1 << 30))
+        return;
+    zn_stop_estimate e;
+    int rc = zn_run_stop_estimate(cfg, plan, ts->local_size, step_s, &e, stdout);
+    if (rc) {
+        fprintf(stderr, "zinc: warning: no estimate of the time a stop on SIGTERM takes: %s\n",
+                zn_last_error());
+        return;
+    }
+    char b1[32], b2[32];
+    printf("on SIGTERM the step in progress ends (the first took %.1f s), then %s is saved (", e.step_s,
+           zn_format_size(e.save_bytes, b1, sizeof b1));
+    if (e.read_bytes)
+        printf("%s read from NVMe at %.2f GB/s, ", zn_format_size(e.read_bytes, b2, sizeof b2),
+               e.read_bps / 1e9);
+    printf("written at %.2f GB/s under %s, measured): about %.0f s in all\n", e.write_bps / 1e9,
+           e.disk, e.total_s);
+    fflush(stdout);
+    if (e.total_s > ZN_STOP_NOTICE_S)
+        fprintf(stderr, "zinc: warning: a stop on SIGTERM takes about %.0f s, longer than a %.0f s "
+                "spot notice (some clouds give 120 s): if the machine goes first, the run resumes "
+                "from the last periodic save%s\n", e.total_s, ZN_STOP_NOTICE_S,
+                cfg->train.checkpoint.every > 0 ? " (train.checkpoint.every)"
+                : "; none is set: set train.checkpoint.every");
+}
+
 /* DeepSpeed's monitor folder: output_path/job_name, or job_name. */
 static void monitor_dir(char *out, size_t n, const char *output_path, const char *job)
 {
@@ -609,6 +647,7 @@ int zn_cmd_train(int argc, char **argv)
     }
     for (int64_t s = start; s < steps; s++) {
         zn_train_step_info info;
+        double t_step = zn_now_s();
         if ((rc = zn_run_step(&ts, (uint64_t)s, &info))) {
             zn_cli_fail(rc, NULL);
             zn_cli_end_job(zn_run_abort(&ts, 1), 1);
@@ -709,6 +748,8 @@ int zn_cmd_train(int argc, char **argv)
             fputs(evline, stdout);
             fflush(stdout);
         }
+        if (s == start && cc->dir[0] && ts.rank == 0 && !g_stop_sig)
+            stop_notice(&ts, &cfg, zn_train_get_plan(ts.tr), zn_now_s() - t_step);
         if (cc->dir[0] && cc->every > 0 && (s + 1) % cc->every == 0) {
             if ((rc = save(&ts, &cfg, cfg_text, &so, s + 1)))
                 break;

@@ -263,6 +263,36 @@ static int measure_nvme(const zn_config *cfg, const char *path, zn_ceilings *c)
     return rc ? zn_error_prefix(rc, "cost model: measuring the disk under %s", path) : 0;
 }
 
+/* The disk under `path` (its file system, by st_dev) from the cache entry
+ * m, or measured now into m (*dirty then set). */
+static int disk_speed(const zn_config *cfg, json_t *m, const char *path, FILE *note,
+                      double *read_bps, double *write_bps, bool *dirty)
+{
+    struct stat st;
+    if (stat(path, &st))
+        return zn_set_error(-errno, "cost model: %s: %s", path, strerror(errno));
+    char dkey[64];
+    snprintf(dkey, sizeof dkey, "disk %llu", (unsigned long long)st.st_dev);
+    json_t *dk = json_object_get(m, dkey);
+    if (!json_is_object(dk)) {
+        if (note)
+            fprintf(note, "cost model: measuring the disk under %s (256 MiB written and "
+                    "read back)\n", path);
+        zn_ceilings t;
+        memset(&t, 0, sizeof t);
+        int rc = measure_nvme(cfg, path, &t);
+        if (rc)
+            return rc;
+        dk = json_pack("{s:f,s:f,s:s}", "read_bps", t.nvme_read_bps, "write_bps",
+                       t.nvme_write_bps, "path", path);
+        json_object_set_new(m, dkey, dk);
+        *dirty = true;
+    }
+    *read_bps = jnum(dk, "read_bps");
+    *write_bps = jnum(dk, "write_bps");
+    return 0;
+}
+
 static void shape_key(const zn_model_dims *d, const zn_model_probe_opts *o, char *out, size_t n)
 {
     snprintf(out, n, "%s h%lld i%lld a%lld/%lld d%lld v%lld%s | b%lld s%lld %s ck%d at%d",
@@ -348,26 +378,9 @@ int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags, zn_
     const char *paths[ZN_SWAP_MAX_PATHS];
     int np = zn_config_nvme_paths(cfg, paths, ZN_SWAP_MAX_PATHS);
     struct stat st;
-    if (np > 0 && stat(paths[0], &st) == 0) {
-        char dkey[64];
-        snprintf(dkey, sizeof dkey, "disk %llu", (unsigned long long)st.st_dev);
-        json_t *dk = json_object_get(m, dkey);
-        if (!json_is_object(dk)) {
-            if (note)
-                fprintf(note, "cost model: measuring the disk under %s (256 MiB written and "
-                        "read back)\n", paths[0]);
-            zn_ceilings t;
-            memset(&t, 0, sizeof t);
-            if ((rc = measure_nvme(cfg, paths[0], &t)))
-                goto out;
-            dk = json_pack("{s:f,s:f,s:s}", "read_bps", t.nvme_read_bps, "write_bps",
-                           t.nvme_write_bps, "path", paths[0]);
-            json_object_set_new(m, dkey, dk);
-            dirty = true;
-        }
-        c->nvme_read_bps = jnum(dk, "read_bps");
-        c->nvme_write_bps = jnum(dk, "write_bps");
-    }
+    if (np > 0 && stat(paths[0], &st) == 0 &&
+        (rc = disk_speed(cfg, m, paths[0], note, &c->nvme_read_bps, &c->nvme_write_bps, &dirty)))
+        goto out;
 
     /* the compute of one micro-batch at this shape */
     if (d) {
@@ -435,4 +448,78 @@ int zn_run_predict(const zn_config *cfg, const zn_model_dims *d, const zn_plan *
                       (uint64_t)(cfg->gradient_accumulation_steps > 0
                                      ? cfg->gradient_accumulation_steps : 1);
     return zn_cost_predict(plan, &c, &comp, d->n_layers, tokens, fmt, out);
+}
+
+/* What a stop by signal costs (zn_run_stop_estimate): the step in progress
+ * ends, then every rank on this machine saves its master and moments, those
+ * on NVMe read back first. Only disks are measured here (no device: the
+ * run holds it). */
+int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int local_ranks,
+                         double step_s, zn_stop_estimate *e, FILE *note)
+{
+    memset(e, 0, sizeof *e);
+    static const zn_state_class saved[] = { ZN_STATE_MASTER, ZN_STATE_ADAM_M, ZN_STATE_ADAM_V };
+    for (size_t k = 0; k < sizeof saved / sizeof saved[0]; k++)
+        for (int t = 0; t < ZN_TIER_COUNT; t++) {
+            e->save_bytes += plan->bytes[saved[k]][t];
+            if (t == ZN_TIER_NVME)
+                e->read_bytes += plan->bytes[saved[k]][t];
+        }
+    uint64_t ranks = local_ranks > 0 ? (uint64_t)local_ranks : 1;
+    e->save_bytes *= ranks;
+    e->read_bytes *= ranks;
+
+    e->step_s = step_s;
+    /* the NVMe path's disk (where the states are read back from) */
+    const char *paths[ZN_SWAP_MAX_PATHS];
+    const char *nvme = e->read_bytes && zn_config_nvme_paths(cfg, paths, ZN_SWAP_MAX_PATHS) > 0
+                       ? paths[0] : NULL;
+    int rc;
+    /* the checkpoint folder's disk: the nearest folder of its path that
+     * exists (the run makes the rest) */
+    char dir[ZN_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", cfg->train.checkpoint.dir[0] ? cfg->train.checkpoint.dir : ".");
+    struct stat st;
+    while (stat(dir, &st) != 0) {
+        char *slash = strrchr(dir, '/');
+        if (!slash) {
+            snprintf(dir, sizeof dir, ".");
+            break;
+        }
+        if (slash == dir)
+            slash[1] = '\0';
+        else
+            *slash = '\0';
+        if (!strcmp(dir, "/"))
+            break;
+    }
+    snprintf(e->disk, sizeof e->disk, "%s", dir);
+    char cdir[ZN_PATH_MAX], file[ZN_PATH_MAX + 32], mkey[512];
+    if ((rc = zn_run_cache_path(cdir, sizeof cdir)))
+        return rc;
+    snprintf(file, sizeof file, "%s/ceilings.json", cdir);
+    bool cuda = strcmp(cfg->train.device, "host") && zn_run_has_cuda(cfg);
+    machine_key(cuda ? "cuda" : "host", mkey, sizeof mkey);
+    json_t *root = load_cache(file);
+    json_t *m = json_object_get(root, mkey);
+    if (!json_is_object(m)) {
+        m = json_object();
+        json_object_set_new(root, mkey, m);
+    }
+    bool dirty = false;
+    double ckpt_read = 0, nvme_write = 0;
+    rc = disk_speed(cfg, m, dir, note, &ckpt_read, &e->write_bps, &dirty);
+    if (!rc && nvme)
+        rc = disk_speed(cfg, m, nvme, note, &e->read_bps, &nvme_write, &dirty);
+    if (!rc && dirty)
+        rc = save_cache(root, cdir, file);
+    json_decref(root);
+    if (rc)
+        return rc;
+    if (!(e->write_bps > 0) || (e->read_bytes && !(e->read_bps > 0)))
+        return zn_set_error(ZN_EINTERNAL, "cost model: no disk speed for %s", dir);
+    e->save_s = (double)e->save_bytes / e->write_bps +
+                (e->read_bytes ? (double)e->read_bytes / e->read_bps : 0);
+    e->total_s = e->step_s + e->save_s;
+    return 0;
 }

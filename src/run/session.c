@@ -307,8 +307,9 @@ int zn_run_open(zn_run *ts, zn_config *cfg, int flags, FILE *note)
     zn_model_dims d;
     zn_topo topo;
     zn_plan_budgets budgets;
-    if ((rc = join_ranks(ts, cfg, &local_size)) ||
-        (rc = zn_config_resolve_batch(cfg, ts->world)) || (rc = zn_run_model_dims(cfg, &d)))
+    rc = join_ranks(ts, cfg, &local_size);
+    ts->local_size = local_size;
+    if (rc || (rc = zn_config_resolve_batch(cfg, ts->world)) || (rc = zn_run_model_dims(cfg, &d)))
         goto out;
     if ((rc = zn_topo_discover(&topo))) {
         rc = zn_error_prefix(rc, "topology");
