@@ -1032,6 +1032,91 @@ static void test_flash(zn_dtype dt)
     test_flash_case(dt, c5, 43);
 }
 
+/* The step with compressed moments (zn_dev_adam_mom) against the CPU's
+ * zn_adam_step_mom: bf16 moments and 8-bit ones of both schemes, three
+ * steps from the zero state (the later ones read the device's own codes
+ * and scales), a length that ends inside a block, AdamW with decay and
+ * Adam with L2, a gradient scale. Bit for bit, as the fp32 step: the same
+ * FMA order and the same rounding rules (on the scalar CPU path, which has
+ * no FMA, the parameters within 1e-6 relative and the codes within one
+ * step of the map). */
+static void test_optimizer_mom(void)
+{
+    const size_t n = 70001, nb = zn_q8_blocks(n);
+    bool scalar = zn_adam_get_isa() == ZN_ISA_SCALAR;
+    const struct { zn_mom_fmt fmt; zn_q8_scheme scheme; const char *name; } cases[] = {
+        { ZN_MOM_BF16, ZN_Q8_BNB, "bf16" },
+        { ZN_MOM_Q8, ZN_Q8_BNB, "int8 bitsandbytes" },
+        { ZN_MOM_Q8, ZN_Q8_TORCHAO, "int8 torchao" },
+    };
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+        zn_mom_fmt fmt = cases[t].fmt;
+        size_t eb = fmt == ZN_MOM_Q8 ? 1 : 2;
+        zn_adam_params hp = zn_adam_params_default();
+        hp.lr = 3e-3f;
+        hp.step = 1;
+        hp.weight_decay = 0.1f;
+        hp.threads = 1;
+        hp.adamw_mode = t != 1;
+        float gs = t == 2 ? 0.5f : 1.0f;
+        float *p = host_f32(300 + t, n, 1.0), *g = host_f32(310 + t, n, 0.5);
+        uint8_t *m = calloc(n, eb), *v = calloc(n, eb);
+        float *am = calloc(nb, 4), *av = calloc(nb, 4);
+        float *dp = dev_raw(p, n * 4), *dg = dev_raw(g, n * 4);
+        void *dm = dev_raw(m, n * eb), *dv = dev_raw(v, n * eb);
+        float *dam = dev_raw(am, nb * 4), *dav = dev_raw(av, nb * 4);
+        uint16_t *dc = dev_poison(n, ZN_DTYPE_BF16);
+        uint16_t *c = malloc(n * 2), *cd = malloc(n * 2);
+        zn_moments hm = { fmt, m, v, am, av, cases[t].scheme };
+        zn_moments dmv = { fmt, dm, dv, dam, dav, cases[t].scheme };
+        for (int it = 0; it < 3; it++, hp.step++) {
+            for (size_t i = 0; i < n; i += 97)   /* another gradient each step */
+                g[i] = -g[i];
+            DEV_OK(zn_dev_copy_h2d(D, S, dg, g, n * 4));
+            DEV_OK(zn_dev_stream_sync(D, S));   /* g changes again next step */
+            ZT_CHECK(zn_adam_step_mom(&hp, p, &hm, g, ZN_DTYPE_F32, gs, c, ZN_DTYPE_BF16, n) == 0);
+            DEV_OK(zn_dev_adam_mom(D, S, &hp, dp, &dmv, dg, gs, dc, ZN_DTYPE_BF16, (int64_t)n));
+        }
+        float *gp = malloc(n * 4), *gam = malloc(nb * 4), *gav = malloc(nb * 4);
+        uint8_t *gm = malloc(n * eb), *gv = malloc(n * eb);
+        DEV_OK(zn_dev_copy_d2h(D, S, gp, dp, n * 4));
+        DEV_OK(zn_dev_copy_d2h(D, S, gm, dm, n * eb));
+        DEV_OK(zn_dev_copy_d2h(D, S, gv, dv, n * eb));
+        DEV_OK(zn_dev_copy_d2h(D, S, gam, dam, nb * 4));
+        DEV_OK(zn_dev_copy_d2h(D, S, gav, dav, nb * 4));
+        DEV_OK(zn_dev_copy_d2h(D, S, cd, dc, n * 2));
+        DEV_OK(zn_dev_stream_sync(D, S));
+        size_t diff = 0, far = 0;
+        double worst = 0;
+        for (size_t i = 0; i < n; i++) {
+            bool same = !memcmp(&gp[i], &p[i], 4) && !memcmp(gm + i * eb, m + i * eb, eb) &&
+                        !memcmp(gv + i * eb, v + i * eb, eb) && cd[i] == c[i];
+            diff += !same;
+            if (fmt == ZN_MOM_Q8)
+                far += abs((int)gm[i] - (int)m[i]) > 1 || abs((int)gv[i] - (int)v[i]) > 1;
+            double e = fabs((double)gp[i] - p[i]) / (fabs(p[i]) + 1e-30);
+            worst = e > worst ? e : worst;
+        }
+        if (fmt == ZN_MOM_Q8)
+            diff += (size_t)(memcmp(gam, am, nb * 4) != 0) + (size_t)(memcmp(gav, av, nb * 4) != 0);
+        if (scalar)
+            ZT_CHECK_MSG(worst < 1e-6 && far == 0, "[%s] adam %s: rel err %.3g, %zu codes more "
+                         "than a step off the scalar path", BK, cases[t].name, worst, far);
+        else
+            ZT_CHECK_MSG(diff == 0, "[%s] adam %s moments: %zu of %zu elements (or the scales) "
+                         "differ from zn_adam_step_mom (%s path; worst rel %.3g)", BK,
+                         cases[t].name, diff, n, zn_adam_isa_name(), worst);
+        /* int8 moments without their scales are refused, as on the CPU */
+        zn_moments noabs = dmv;
+        noabs.m_absmax = NULL;
+        if (fmt == ZN_MOM_Q8)
+            ZT_CHECK(zn_dev_adam_mom(D, S, &hp, dp, &noabs, dg, gs, NULL, ZN_DTYPE_BF16, 8) != 0);
+        free(p), free(g), free(m), free(v), free(am), free(av), free(c), free(cd);
+        free(gp), free(gam), free(gav), free(gm), free(gv);
+        dfree(dp), dfree(dg), dfree(dm), dfree(dv), dfree(dam), dfree(dav), dfree(dc);
+    }
+}
+
 static int run_backend(const char *name)
 {
     zn_dev_config c = zn_dev_config_default();
@@ -1063,6 +1148,7 @@ static int run_backend(const char *name)
     }
     test_cast();
     test_optimizer();
+    test_optimizer_mom();
     zn_dev_mem m;
     zn_dev_mem_stats(D, &m);
     ZT_CHECK_MSG(m.n_allocs == 0, "[%s] test leaked %llu device buffers", name,

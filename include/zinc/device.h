@@ -546,6 +546,16 @@ ZN_API int zn_dev_adam(zn_dev *d, zn_stream *s, const zn_adam_params *hp, float 
                        float *v, const float *g, float g_scale, void *c, zn_dtype c_dt,
                        int64_t n);
 
+/* zn_dev_adam with the moments in fewer bytes (zn_adam_step_mom's
+ * contract and bits): mv's m, v and (8-bit) absmax arrays are device
+ * memory laid out as zn_moments says; p, g fp32; c (optional) the bf16
+ * copy. For 8-bit moments each ZN_Q8_BLOCK elements are one block (its
+ * scale found over the block, so the elements start on a block boundary).
+ * Returns as zn_dev_adam; -EINVAL for what zn_adam_step_mom refuses. */
+ZN_API int zn_dev_adam_mom(zn_dev *d, zn_stream *s, const zn_adam_params *hp, float *p,
+                           const zn_moments *mv, const float *g, float g_scale, void *c,
+                           zn_dtype c_dt, int64_t n);
+
 /* Sums of squares of x[0, n) by chunks of ZN_GRAD_NORM_CHUNK elements into
  * out[0, ceil(n / chunk)) (device doubles), each in zn_grad_norm_sq's order:
  * zn_grad_norm_combine of them is zn_grad_norm_sq of x, to the bit. */

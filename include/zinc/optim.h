@@ -172,6 +172,28 @@ ZN_API int zn_adam_step_mom(const zn_adam_params *hp, float *p, const zn_moments
                             const void *g, zn_dtype g_dtype, float g_scale, void *p16_out,
                             zn_dtype p16_dtype, size_t n);
 
+/* What an 8-bit moment's rounding is, for a step that runs elsewhere (the
+ * device op zn_dev_adam_mom): the map, the code boundaries (a value y
+ * scaled into [-1, 1] gets the count of mid[0..254] strictly below it),
+ * the scale's floor and whether values are divided by the scale (torchao)
+ * or multiplied by its float reciprocal (bitsandbytes). */
+typedef struct {
+    float map[256], mid[256];
+    float floor;
+    int divide;
+} zn_q8_rounding;
+
+/* The rounding of a scheme's signed (m) or unsigned (v) map. Returns 0 or
+ * -EINVAL for an unknown scheme. */
+ZN_API int zn_q8_rounding_get(zn_q8_scheme scheme, int is_signed, zn_q8_rounding *out);
+
+/* zn_adam_step_mom's checks and constants (with torchao's bias
+ * corrections for its scheme), for a step that runs elsewhere. Returns 0 or
+ * -EINVAL as zn_adam_step_mom. */
+ZN_API int zn_adam_prepare_mom(const zn_adam_params *hp, float *p, const zn_moments *mv,
+                               const void *g, zn_dtype g_dtype, float g_scale, void *p16_out,
+                               zn_dtype p16_dtype, size_t n, zn_adam_consts *k);
+
 /* bitsandbytes' dynamic quantization maps (create_dynamic_map), sorted,
  * 256 entries: signed (m; -0.99297 .. 1, 0 at code 127) and unsigned (v;
  * 0 .. 1, 0 at code 0). */

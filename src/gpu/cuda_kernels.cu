@@ -158,27 +158,127 @@ struct AdamK {
     int use_l2, use_decay;
 };
 
+// One element: p, m, v updated in place from g.
+__device__ __forceinline__ void adam1(const AdamK &k, float &pv, float &mv, float &vv, float gv)
+{
+    if (k.gs != 1.0f)
+        gv = __fmul_rn(gv, k.gs);
+    if (k.use_l2)
+        gv = __fmaf_rn(pv, k.l2, gv);
+    mv = __fmaf_rn(k.b1, mv, __fmul_rn(k.omb1, gv));
+    vv = __fmaf_rn(k.omb2, __fmaf_rn(gv, gv, -vv), vv);
+    float upd = __fdiv_rn(mv, __fadd_rn(__fsqrt_rn(vv), k.eps));
+    if (k.use_decay)
+        pv = __fadd_rn(pv, __fmaf_rn(pv, k.decay, __fmul_rn(k.step, upd)));
+    else
+        pv = __fmaf_rn(k.step, upd, pv);
+}
+
 __global__ void k_adam(AdamK k, float *p, float *m, float *v, const float *g, uint16_t *c,
                        int64_t n)
 {
     GRID_STRIDE(i, n) {
-        float pv = p[i], mv = m[i], vv = v[i], gv = g[i];
-        if (k.gs != 1.0f)
-            gv = __fmul_rn(gv, k.gs);
-        if (k.use_l2)
-            gv = __fmaf_rn(pv, k.l2, gv);
-        mv = __fmaf_rn(k.b1, mv, __fmul_rn(k.omb1, gv));
-        vv = __fmaf_rn(k.omb2, __fmaf_rn(gv, gv, -vv), vv);
-        float upd = __fdiv_rn(mv, __fadd_rn(__fsqrt_rn(vv), k.eps));
-        if (k.use_decay)
-            pv = __fadd_rn(pv, __fmaf_rn(pv, k.decay, __fmul_rn(k.step, upd)));
-        else
-            pv = __fmaf_rn(k.step, upd, pv);
+        float pv = p[i], mv = m[i], vv = v[i];
+        adam1(k, pv, mv, vv, g[i]);
         p[i] = pv;
         m[i] = mv;
         v[i] = vv;
         if (c)
             c[i] = f2bf(pv);
+    }
+}
+
+// bf16 moments (zn_adam_step_mom, ZN_MOM_BF16): widened exactly, stepped
+// as k_adam, rounded back to nearest even.
+__global__ void k_adam_bf16mom(AdamK k, float *p, uint16_t *m, uint16_t *v, const float *g,
+                               uint16_t *c, int64_t n)
+{
+    GRID_STRIDE(i, n) {
+        float pv = p[i];
+        float mv = __uint_as_float((uint32_t)m[i] << 16), vv = __uint_as_float((uint32_t)v[i] << 16);
+        adam1(k, pv, mv, vv, g[i]);
+        p[i] = pv;
+        m[i] = f2bf(mv);
+        v[i] = f2bf(vv);
+        if (c)
+            c[i] = f2bf(pv);
+    }
+}
+
+// 8-bit blockwise moments (zn_adam_step_mom, ZN_MOM_Q8): one thread block
+// of ZN_Q8_BLOCK threads per quantization block. Dequantize (map[code] *
+// scale), step as k_adam, the block's largest |m| and |v| (a max, so the
+// order of the reduction does not matter; a NaN is passed over as the
+// CPU's `a > amax` does), then each code by the CPU's rule: the value
+// scaled (x * (1 / scale), or x / scale for torchao), clamped to [-1, 1],
+// and the count of the rounding's midpoints strictly below it.
+struct Q8Round {
+    float map[256], mid[256];
+    float floor;
+    int divide;
+};
+static_assert(sizeof(Q8Round) == sizeof(zn_q8_rounding), "Q8Round mirrors zn_q8_rounding");
+static_assert(ZN_Q8_BLOCK == kThreads, "one thread per element of a quantization block");
+
+__device__ __forceinline__ float q8_scale(const Q8Round &r, float amax)
+{
+    return amax > r.floor ? amax : r.floor;
+}
+
+__device__ __forceinline__ uint8_t q8_code(const float *mid, const Q8Round &r, float x, float sv)
+{
+    float y = r.divide ? __fdiv_rn(x, sv) : __fmul_rn(x, sv);
+    y = -1.0f > y ? -1.0f : y;
+    y = 1.0f < y ? 1.0f : y;
+    int lo = 0, hi = 255;
+    while (lo < hi) {
+        int h = (lo + hi) / 2;
+        if (mid[h] < y)
+            lo = h + 1;
+        else
+            hi = h;
+    }
+    return (uint8_t)lo;
+}
+
+__global__ void k_adam_q8(AdamK k, Q8Round rm, Q8Round rv, float *p, uint8_t *mq, uint8_t *vq,
+                          float *am, float *av, const float *g, uint16_t *c, int64_t n)
+{
+    __shared__ float mid_m[256], mid_v[256], red_m[kThreads], red_v[kThreads];
+    mid_m[threadIdx.x] = rm.mid[threadIdx.x];
+    mid_v[threadIdx.x] = rv.mid[threadIdx.x];
+    int64_t b = blockIdx.x, i = b * ZN_Q8_BLOCK + threadIdx.x;
+    bool in = i < n;
+    float pv = 0, mv = 0, vv = 0;
+    if (in) {
+        pv = p[i];
+        mv = __fmul_rn(rm.map[mq[i]], am[b]);
+        vv = __fmul_rn(rv.map[vq[i]], av[b]);
+        adam1(k, pv, mv, vv, g[i]);
+        p[i] = pv;
+        if (c)
+            c[i] = f2bf(pv);
+    }
+    float a = fabsf(mv), e = fabsf(vv);
+    red_m[threadIdx.x] = in && a > 0.0f ? a : 0.0f;
+    red_v[threadIdx.x] = in && e > 0.0f ? e : 0.0f;
+    __syncthreads();
+    for (int s = kThreads / 2; s > 0; s /= 2) {
+        if (threadIdx.x < s) {
+            float x = red_m[threadIdx.x + s], y = red_v[threadIdx.x + s];
+            red_m[threadIdx.x] = x > red_m[threadIdx.x] ? x : red_m[threadIdx.x];
+            red_v[threadIdx.x] = y > red_v[threadIdx.x] ? y : red_v[threadIdx.x];
+        }
+        __syncthreads();
+    }
+    float sm = q8_scale(rm, red_m[0]), sv = q8_scale(rv, red_v[0]);
+    if (in) {
+        mq[i] = sm == 0.0f ? 0 : q8_code(mid_m, rm, mv, rm.divide ? sm : __fdiv_rn(1.0f, sm));
+        vq[i] = sv == 0.0f ? 0 : q8_code(mid_v, rv, vv, rv.divide ? sv : __fdiv_rn(1.0f, sv));
+    }
+    if (threadIdx.x == 0) {
+        am[b] = sm;
+        av[b] = sv;
     }
 }
 
@@ -304,6 +404,23 @@ static cudaError_t run_generic(const zn_op *op, cudaStream_t st, float *scratch,
                     adam.g_scale, adam.l2, adam.decay, adam.use_l2, adam.use_decay };
         return launch(what, "k_adam", k_adam, grid_for(adam.n), st, k, adam.p, adam.m, adam.v,
                       adam.g, (uint16_t *)adam.c, adam.n);
+    }
+    case ZN_OPK_ADAM_MOM: {
+        const auto &adam = op->u.adam;
+        AdamK k = { adam.b1, adam.omb1, adam.b2, adam.omb2, adam.step, adam.eps,
+                    adam.g_scale, adam.l2, adam.decay, adam.use_l2, adam.use_decay };
+        if (adam.mv.fmt == ZN_MOM_BF16)
+            return launch(what, "k_adam_bf16mom", k_adam_bf16mom, grid_for(adam.n), st, k,
+                          adam.p, (uint16_t *)adam.mv.m, (uint16_t *)adam.mv.v, adam.g,
+                          (uint16_t *)adam.c, adam.n);
+        Q8Round rm, rv;   // the kernel's parameters (4 KiB together), copied at launch
+        if (zn_q8_rounding_get(adam.mv.scheme, 1, (zn_q8_rounding *)&rm) ||
+            zn_q8_rounding_get(adam.mv.scheme, 0, (zn_q8_rounding *)&rv))
+            return cudaErrorInvalidValue;
+        return launch_rows(what, "k_adam_q8", k_adam_q8, (int64_t)zn_q8_blocks((size_t)adam.n),
+                           st, k, rm, rv, adam.p, (uint8_t *)adam.mv.m, (uint8_t *)adam.mv.v,
+                           adam.mv.m_absmax, adam.mv.v_absmax, adam.g, (uint16_t *)adam.c,
+                           adam.n);
     }
     case ZN_OPK_NORM_CHUNKS: {
         const auto &normc = op->u.normc;

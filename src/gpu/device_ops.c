@@ -310,6 +310,35 @@ int zn_dev_adam(zn_dev *d, zn_stream *s, const zn_adam_params *hp, float *p, flo
                                    DEV_PTR_OPT(c, nbytes(n, c_dt))));
 }
 
+int zn_dev_adam_mom(zn_dev *d, zn_stream *s, const zn_adam_params *hp, float *p,
+                    const zn_moments *mv, const float *g, float g_scale, void *c, zn_dtype c_dt,
+                    int64_t n)
+{
+    ZN_TRY(check_count("adam_mom", n));
+    CHK(mv, "adam_mom: NULL moments");
+    if (mv->fmt == ZN_MOM_F32)
+        return zn_dev_adam(d, s, hp, p, mv->m, mv->v, g, g_scale, c, c_dt, n);
+    CHK(!c || c_dt == ZN_DTYPE_BF16, "adam_mom: the 16-bit copy must be bf16 on a device, not %s",
+        zn_dtype_name(c_dt));
+    zn_adam_consts k;
+    ZN_TRY(zn_adam_prepare_mom(hp, p, mv, g, ZN_DTYPE_F32, g_scale, c, c_dt, (size_t)n, &k));
+    if (n == 0)
+        return 0;
+    uint64_t b = nbytes(n, ZN_DTYPE_F32);
+    uint64_t eb = mv->fmt == ZN_MOM_Q8 ? (uint64_t)n : (uint64_t)n * 2;
+    uint64_t ab = mv->fmt == ZN_MOM_Q8 ? zn_q8_blocks((size_t)n) * 4 : 0;
+    zn_op op = { .kind = ZN_OPK_ADAM_MOM,
+                 .u.adam = { .p = p, .g = g, .c = c, .c_dt = c_dt, .n = n, .hp = *hp,
+                             .g_scale = g_scale, .b1 = k.b1, .omb1 = k.omb1, .b2 = k.b2,
+                             .omb2 = k.omb2, .step = k.step_size, .eps = k.eps, .l2 = k.l2,
+                             .decay = k.decay, .use_l2 = k.use_l2, .use_decay = k.use_decay,
+                             .mv = *mv } };
+    return submit_checked(d, s, "adam_mom", &op,
+                          DEV_PTRS(DEV_PTR(p, b), DEV_PTR(mv->m, eb), DEV_PTR(mv->v, eb),
+                                   DEV_PTR(g, b), DEV_PTR_OPT(c, nbytes(n, c_dt)),
+                                   DEV_PTR_OPT(mv->m_absmax, ab), DEV_PTR_OPT(mv->v_absmax, ab)));
+}
+
 int zn_dev_norm_sq_chunks(zn_dev *d, zn_stream *s, const float *x, int64_t n, double *out)
 {
     ZN_TRY(check_count("norm_sq_chunks", n));

@@ -67,6 +67,7 @@ typedef enum {
     ZN_OPK_REDUCE,
     ZN_OPK_DROPOUT,
     ZN_OPK_ADAM,
+    ZN_OPK_ADAM_MOM,
     ZN_OPK_NORM_CHUNKS,
     ZN_OPK_FLASH_FWD,
     ZN_OPK_FLASH_BWD,
@@ -147,6 +148,7 @@ typedef struct zn_op {
             zn_adam_params hp; float g_scale;        /* the host runs zn_adam_step */
             /* zn_adam_prepare's constants, for the CUDA kernel */
             float b1, omb1, b2, omb2, step, eps, l2, decay; int use_l2, use_decay;
+            zn_moments mv;   /* ZN_OPK_ADAM_MOM: the moments (m, v unused) */
         } adam;
         struct { const float *x; int64_t n; double *out; } normc;
         struct {

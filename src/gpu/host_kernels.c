@@ -684,6 +684,15 @@ static int adam(const zn_op *op)
                         (size_t)op->u.adam.n);
 }
 
+/* The CPU's step with compressed moments is the device step's reference
+ * (zn_dev_adam_mom) in the same way. */
+static int adam_mom(const zn_op *op)
+{
+    return zn_adam_step_mom(&op->u.adam.hp, op->u.adam.p, &op->u.adam.mv, op->u.adam.g,
+                            ZN_DTYPE_F32, op->u.adam.g_scale, op->u.adam.c, op->u.adam.c_dt,
+                            (size_t)op->u.adam.n);
+}
+
 static void norm_chunks(const zn_op *op)
 {
     const int64_t C = (int64_t)ZN_GRAD_NORM_CHUNK, n = op->u.normc.n;
@@ -734,6 +743,7 @@ int zn_host_run_op(const zn_op *op, float **scratch, size_t *scratch_len)
     case ZN_OPK_REDUCE: reduce(op); return 0;
     case ZN_OPK_DROPOUT: dropout(op); return 0;
     case ZN_OPK_ADAM: return adam(op);
+    case ZN_OPK_ADAM_MOM: return adam_mom(op);
     case ZN_OPK_NORM_CHUNKS: norm_chunks(op); return 0;
     case ZN_OPK_FLASH_FWD: return flash_fwd(op, scratch, scratch_len);
     case ZN_OPK_FLASH_BWD: return flash_bwd(op, scratch, scratch_len);

@@ -450,6 +450,40 @@ int zn_adam_step_mom_with(const zn_optim_ops *ops, const zn_adam_params *hp, flo
     return 0;
 }
 
+int zn_q8_rounding_get(zn_q8_scheme scheme, int is_signed, zn_q8_rounding *r)
+{
+    const zn_q8_table *t = zn_q8_table_get(scheme, is_signed);
+    if (!t)
+        return -EINVAL;
+    memcpy(r->map, t->map, sizeof r->map);
+    memcpy(r->mid, t->mid, sizeof r->mid);
+    r->floor = t->floor;
+    r->divide = t->divide;
+    return 0;
+}
+
+int zn_adam_prepare_mom(const zn_adam_params *hp, float *p, const zn_moments *mv, const void *g,
+                        zn_dtype g_dtype, float g_scale, void *c, zn_dtype c_dtype, size_t n,
+                        zn_adam_consts *k)
+{
+    if (!mv)
+        return zn_set_error(-EINVAL, "adam: NULL moments");
+    if (mv->fmt != ZN_MOM_F32 && mv->fmt != ZN_MOM_BF16 && mv->fmt != ZN_MOM_Q8)
+        return zn_set_error(-EINVAL, "adam: moment format %d is not fp32, bf16 or int8",
+                            (int)mv->fmt);
+    int rc = zn_adam_prepare(hp, p, mv->m, mv->v, g, g_dtype, g_scale, c, c_dtype, n, k);
+    if (rc < 0 || mv->fmt != ZN_MOM_Q8)
+        return rc;
+    if (!mv->m_absmax || !mv->v_absmax)
+        return zn_set_error(-EINVAL, "adam: int8 moments without their absmax arrays");
+    if (mv->scheme != ZN_Q8_BNB && mv->scheme != ZN_Q8_TORCHAO)
+        return zn_set_error(-EINVAL, "q8: scheme %d is neither bitsandbytes' nor torchao's",
+                            (int)mv->scheme);
+    if (mv->scheme == ZN_Q8_TORCHAO && hp->bias_correction)
+        ao_bias_corrections(hp, k);
+    return 0;
+}
+
 int zn_adam_step_mom(const zn_adam_params *hp, float *p, const zn_moments *mv, const void *g,
                      zn_dtype g_dtype, float g_scale, void *p16_out, zn_dtype p16_dtype, size_t n)
 {
