@@ -173,6 +173,11 @@ static int build_table(zn_q8_table *t, const float *map, zn_q8_scheme scheme)
         t->mid[i] = scheme == ZN_Q8_TORCHAO ? ao_below_threshold(map[i], map[i + 1])
                                             : 0.5f * (map[i] + map[i + 1]);
     t->mid[255] = INFINITY;
+    for (int k = 0; k < 16; k++) {
+        t->seg[k] = t->mid[16 * k + 15];
+        for (int j = 0; j < 16; j++)
+            t->tmid[j][k] = t->mid[16 * k + j];
+    }
     t->divide = scheme == ZN_Q8_TORCHAO;
     t->floor = scheme == ZN_Q8_TORCHAO ? AO_SCALE_FLOOR : 0.0f;
     for (uint32_t key = 0; key < 65536; key++) {

@@ -56,6 +56,12 @@ typedef void (*zn_triad_fn)(float *a, const float *b, const float *c, float s, s
 typedef struct {
     float map[256];
     float mid[256];
+    /* mid[] rearranged for a search in registers (optim_avx512.c): seg[k]
+     * is mid[16k + 15], the last midpoint of segment k of 16 codes;
+     * tmid[j][k] is mid[16k + j], midpoint j of every segment side by
+     * side, so that one permute by the segment picks each lane's own. */
+    float seg[16] __attribute__((aligned(64)));
+    float tmid[16][16] __attribute__((aligned(64)));
     float floor;      /* the smallest scale: 0, or torchao's 1e-12 */
     int divide;       /* y = x / scale (torchao), else x * (1 / scale) */
     uint8_t key[65536 + 4];
