@@ -137,9 +137,8 @@ static inline float _mm512_reduce_max_ps(zn_v512 a)
 { float r = a.f[0]; LANES(16) r = a.f[j] > r ? a.f[j] : r; return r; }
 static inline zn_v512 _mm512_mask_add_epi32(zn_v512 src, __mmask16 k, zn_v512 a, zn_v512 b)
 { LANES(16) if (k >> j & 1) src.u[j] = a.u[j] + b.u[j]; return src; }
-/* the register-table lookups of the 8-bit maps: a permute takes the low 4
- * (one table) or 5 (two tables: bit 4 picks the second) bits of each
- * index lane */
+/* the 8-bit maps' lookups: a two-register permute takes the low 5 bits
+ * of each index lane (bit 4 picks the second register) */
 static inline zn_v512 _mm512_loadu_ps(const void *p) { zn_v512 r; memcpy(&r, p, 64); return r; }
 static inline zn_v512 _mm512_setzero_si512(void) { zn_v512 r; LANES(16) r.u[j] = 0; return r; }
 static inline __mmask16 _mm512_test_epi32_mask(zn_v512 a, zn_v512 b)
@@ -148,10 +147,26 @@ static inline zn_v512 _mm512_mask_mov_epi32(zn_v512 src, __mmask16 k, zn_v512 a)
 { LANES(16) if (k >> j & 1) src.u[j] = a.u[j]; return src; }
 static inline zn_v512 _mm512_mask_blend_ps(__mmask16 k, zn_v512 a, zn_v512 b)
 { LANES(16) if (k >> j & 1) a.u[j] = b.u[j]; return a; }
-static inline zn_v512 _mm512_permutexvar_ps(zn_v512 idx, zn_v512 a)
-{ zn_v512 r; LANES(16) r.u[j] = a.u[idx.u[j] & 15]; return r; }
 static inline zn_v512 _mm512_permutex2var_ps(zn_v512 a, zn_v512 idx, zn_v512 b)
 { zn_v512 r; LANES(16) r.u[j] = (idx.u[j] & 16) ? b.u[idx.u[j] & 15] : a.u[idx.u[j] & 15]; return r; }
+#define _MM_CMPINT_LT 1
+#define _MM_CMPINT_GT 6
+static inline __mmask16 _mm512_cmp_epi32_mask(zn_v512 a, zn_v512 b, int pred)
+{
+    __mmask16 k = 0;
+    LANES(16) {
+        int32_t x = (int32_t)a.u[j], y = (int32_t)b.u[j];
+        k |= (__mmask16)((pred == _MM_CMPINT_LT ? x < y : x > y) << j);
+    }
+    return k;
+}
+static inline zn_v512 _mm512_sub_epi32(zn_v512 a, zn_v512 b) { LANES(16) a.u[j] -= b.u[j]; return a; }
+static inline zn_v512 _mm512_min_epi32(zn_v512 a, zn_v512 b)
+{ LANES(16) a.u[j] = (int32_t)a.u[j] < (int32_t)b.u[j] ? a.u[j] : b.u[j]; return a; }
+static inline zn_v512 _mm512_max_epi32(zn_v512 a, zn_v512 b)
+{ LANES(16) a.u[j] = (int32_t)a.u[j] > (int32_t)b.u[j] ? a.u[j] : b.u[j]; return a; }
+static inline zn_v512 _mm512_mask_xor_epi32(zn_v512 src, __mmask16 k, zn_v512 a, zn_v512 b)
+{ LANES(16) if (k >> j & 1) src.u[j] = a.u[j] ^ b.u[j]; return src; }
 #undef LANES
 
 #include "optim/optim_avx512.c"

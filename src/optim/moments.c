@@ -166,6 +166,36 @@ static float ao_below_threshold(float a, float b)
     return ord_f32(lo);
 }
 
+/* The cell table (zn_q8_code_cell). Each cell's count comes from its
+ * lowest float; no cell holds two midpoints (build_table checks the same
+ * ranges), so one compare with the midpoint inside, if any, finishes it. */
+static int build_cells(zn_q8_table *t)
+{
+    float least = INFINITY;
+    for (int i = 0; i < 255; i++)
+        least = fabsf(t->mid[i]) < least ? fabsf(t->mid[i]) : least;
+    /* a power of two below every midpoint's magnitude (strictly: the
+     * values under it, taken as it, must all count the same midpoints) */
+    uint32_t lo = (zn_f32_bits(least) - 1u) & 0x7f800000u;
+    if (!(least > 0.0f) || lo < 0x2f800000u)
+        return zn_set_error(-EINVAL, "q8 map: a midpoint at %a, below the cell table's 2^-32",
+                            (double)least);
+    t->cell_lo = lo;
+    t->cell_n = 0x3f80u - (lo >> 16) + 1;
+    for (uint32_t neg = 0; neg < 2; neg++) {
+        for (uint32_t key = lo >> 16; key <= 0x3f80u; key++) {
+            uint32_t top = neg << 31 | key << 16;
+            float least_y = zn_bits_f32(neg ? top | 0xffffu : top);
+            int base = code_by_count(t->mid, least_y);
+            uint32_t t16 = 0xffffu;
+            if (base < 255 && (zn_f32_bits(t->mid[base]) >> 16) == (top >> 16))
+                t16 = (zn_f32_bits(t->mid[base]) & 0xffffu) ^ (neg ? 0xffffu : 0u);
+            t->cell[key - (lo >> 16) + (neg ? t->cell_n : 0)] = (uint32_t)base | t16 << 16;
+        }
+    }
+    return 0;
+}
+
 static int build_table(zn_q8_table *t, const float *map, zn_q8_scheme scheme)
 {
     memcpy(t->map, map, sizeof t->map);
@@ -173,11 +203,6 @@ static int build_table(zn_q8_table *t, const float *map, zn_q8_scheme scheme)
         t->mid[i] = scheme == ZN_Q8_TORCHAO ? ao_below_threshold(map[i], map[i + 1])
                                             : 0.5f * (map[i] + map[i + 1]);
     t->mid[255] = INFINITY;
-    for (int k = 0; k < 16; k++) {
-        t->seg[k] = t->mid[16 * k + 15];
-        for (int j = 0; j < 16; j++)
-            t->tmid[j][k] = t->mid[16 * k + j];
-    }
     t->divide = scheme == ZN_Q8_TORCHAO;
     t->floor = scheme == ZN_Q8_TORCHAO ? AO_SCALE_FLOOR : 0.0f;
     for (uint32_t key = 0; key < 65536; key++) {
@@ -199,7 +224,7 @@ static int build_table(zn_q8_table *t, const float *map, zn_q8_scheme scheme)
         t->key[key] = (uint8_t)c0;
     }
     memset(t->key + 65536, 0, 4);
-    return 0;
+    return build_cells(t);
 }
 
 static void build_tables(void)

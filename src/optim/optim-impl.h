@@ -56,14 +56,19 @@ typedef void (*zn_triad_fn)(float *a, const float *b, const float *c, float s, s
 typedef struct {
     float map[256];
     float mid[256];
-    /* mid[] rearranged for a search in registers (optim_avx512.c): seg[k]
-     * is mid[16k + 15], the last midpoint of segment k of 16 codes;
-     * tmid[j][k] is mid[16k + j], midpoint j of every segment side by
-     * side, so that one permute by the segment picks each lane's own. */
-    float seg[16] __attribute__((aligned(64)));
-    float tmid[16][16] __attribute__((aligned(64)));
     float floor;      /* the smallest scale: 0, or torchao's 1e-12 */
     int divide;       /* y = x / scale (torchao), else x * (1 / scale) */
+    /* The same code in one 32-bit word per range of floats sharing their
+     * top 16 bits (a cell), for paths that gather (zn_q8_code_cell): the
+     * low byte is key's count, bits 16-31 the low 16 bits of the cell's
+     * midpoint in the float order (0xffff: no midpoint in the cell). Only
+     * |y| in [cell_lo, 1] has cells of its own: cell_lo is the largest
+     * power of two no midpoint's magnitude is below, so smaller |y| share
+     * the cell of cell_lo (its low bits taken as 0). 4 x 2945 cells
+     * of bitsandbytes' maps hold 23 KiB, where key holds 64 KiB. */
+    uint32_t cell_lo;   /* float bits of cell_lo, >= 2^-32 */
+    uint32_t cell_n;    /* cells per sign; the negative ones follow */
+    uint32_t cell[2 * 4097];
     uint8_t key[65536 + 4];
 } zn_q8_table;
 
@@ -137,6 +142,22 @@ static inline uint8_t zn_q8_code(const zn_q8_table *t, float y)
     memcpy(&key, &y, 4);
     uint8_t lo = t->key[key >> 16];
     return (uint8_t)(lo + (y > t->mid[lo]));
+}
+
+/* zn_q8_code from the cell table (the form the gathering paths follow;
+ * tests/test_adam_q8.c checks it against zn_q8_code). y is in [-1, 1] or
+ * NaN (code 0). */
+static inline uint8_t zn_q8_code_cell(const zn_q8_table *t, float y)
+{
+    if (y != y)
+        return 0;
+    uint32_t u;
+    memcpy(&u, &y, 4);
+    uint32_t a = u & 0x7fffffffu, neg = u >> 31;
+    a = a < t->cell_lo ? t->cell_lo : a;
+    uint32_t w = t->cell[(a >> 16) - (t->cell_lo >> 16) + (neg ? t->cell_n : 0)];
+    uint32_t lo = (a & 0xffffu) ^ (neg ? 0xffffu : 0u);
+    return (uint8_t)((w & 0xffu) + (lo > w >> 16));
 }
 
 /* The code of x in a block whose scale operand is sv (zn_q8_scale_operand):
@@ -249,13 +270,18 @@ static inline float zn_f16_widen(uint16_t h)
     return zn_bits_f32(sign | ((e + 112u) << 23) | (mant << 13));
 }
 
+/* x need not be aligned to its element (UBSan reported a misaligned
+ * float load here): memcpy, which compiles to one plain load. */
 static inline float zn_load_elem(const void *x, zn_dtype t, size_t i)
 {
-    if (t == ZN_DTYPE_F32)
-        return ((const float *)x)[i];
-    if (t == ZN_DTYPE_BF16)
-        return zn_bf16_widen(((const uint16_t *)x)[i]);
-    return zn_f16_widen(((const uint16_t *)x)[i]);
+    if (t == ZN_DTYPE_F32) {
+        float f;
+        memcpy(&f, (const char *)x + 4 * i, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, (const char *)x + 2 * i, 2);
+    return t == ZN_DTYPE_BF16 ? zn_bf16_widen(h) : zn_f16_widen(h);
 }
 
 static inline uint16_t zn_round_elem(float x, zn_dtype t)

@@ -230,9 +230,9 @@ static inline __mmask16 tail_mask(size_t left)
 
 /* out = map[q] * absmax with the 256 entries of the map in 16 registers:
  * eight two-register permutes each cover 32 codes (the low 5 bits of the
- * code), and bits 5, 6, 7 choose among the eight. A gather costs about as
- * much as the whole dequantization on AMD Zen 4 (measured: 0.48 ns per
- * element with gathers, see bench/results/adam-states.md). */
+ * code), and bits 5, 6, 7 choose among the eight. On AMD Zen 4 this took
+ * 0.24 ns per element where the 16-lane gather took 0.40 (256 elements in
+ * L1, the same session). */
 static void avx512_q8_dequant(const uint8_t *q, const float *map, float absmax, float *out,
                               size_t n)
 {
@@ -263,19 +263,12 @@ static void avx512_q8_dequant(const uint8_t *q, const float *map, float absmax, 
     }
 }
 
-#ifndef QU
-#define QU 2
-#endif
-#define UNROLL_QU _Pragma("GCC unroll 4")
-
-/* zn_q8_code by its definition, the count of midpoints below y, found by
- * a binary search over mid[] held in registers (the table's seg and tmid):
- * four steps over the 16 segments' last midpoints pick y's segment k, four
- * more inside it, each step a permute by k of the midpoint every lane
- * needs. Every step is one float compare, as the scalar count's, so the
- * codes are the scalar path's bit for bit (a NaN compares false: code 0,
- * as the table's). Replaces two gathers per element, one of them from a
- * 64 KiB table that does not stay in L1. */
+/* zn_q8_code_cell: one gather per element from the cell table (23 KiB per
+ * map, in L1 on most cores), where the key table and its midpoint took two,
+ * one of them from 64 KiB that did not stay in L1. A binary search over the
+ * 255 midpoints held in 16 registers (11 permutes and 8 compares per 16
+ * elements, commit 70f8c24) was slower on AMD Zen 4: 0.83 against 0.65 ns
+ * per element on 256 elements in L1. */
 static float avx512_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, size_t n)
 {
     const __m512i sign = _mm512_set1_epi32(0x7fffffff);
@@ -292,103 +285,33 @@ static float avx512_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, s
     }
     const __m512 sv = _mm512_set1_ps(zn_q8_scale_operand(t, scale)), lo = _mm512_set1_ps(-1.0f);
     const __m512 hi = _mm512_set1_ps(1.0f);
-    const __m512 seg = _mm512_loadu_ps(t->seg), seg7 = _mm512_set1_ps(t->seg[7]);
-    __m512 tm[15];
-    #pragma GCC unroll 15
-    for (int j = 0; j < 15; j++)
-        tm[j] = _mm512_loadu_ps(t->tmid[j]);
-    const __m512i one = _mm512_set1_epi32(1), two = _mm512_set1_epi32(2);
-    const __m512i three = _mm512_set1_epi32(3), four = _mm512_set1_epi32(4);
-    const __m512i eight = _mm512_set1_epi32(8), sixteen = _mm512_set1_epi32(16);
+    const __m512i byte = _mm512_set1_epi32(0xff), low16 = _mm512_set1_epi32(0xffff);
+    const __m512i cell_lo = _mm512_set1_epi32((int)t->cell_lo);
+    const __m512i one_bits = _mm512_set1_epi32(0x3f800000);
+    const __m512i cell_n = _mm512_set1_epi32((int)t->cell_n);
+    const __m512i base = _mm512_set1_epi32((int)(t->cell_lo >> 16)), one = _mm512_set1_epi32(1);
     const __m512i zero = _mm512_setzero_si512();
     const int divide = t->divide;
-    /* QU vectors side by side, step by step: each vector's search is one
-     * chain of dependent permutes and compares (about 100 cycles on Zen 4),
-     * and the out-of-order window alone overlapped too little of them */
-    for (size_t i = 0; i < n; i += QU * W) {
-        __mmask16 mk[QU];
-        __m512 y[QU], s[QU], s0[QU], s1[QU];
-        __m512i k[QU], ix[QU], c[QU];
-        __mmask16 j8[QU], j4[QU], j2[QU], j1[QU];
-        UNROLL_QU
-        for (int u = 0; u < QU; u++) {
-            mk[u] = i + u * W < n ? tail_mask(n - i - u * W) : 0;
-            __m512 x16 = _mm512_maskz_loadu_ps(mk[u], x + i + u * W);
-            y[u] = divide ? _mm512_div_ps(x16, sv) : _mm512_mul_ps(x16, sv);
-            y[u] = _mm512_min_ps(hi, _mm512_max_ps(lo, y[u]));   /* NaN stays NaN */
-        }
-        /* the segment k: how many of seg[0..14] lie below y (seg[15] is
-         * +Inf) */
-        UNROLL_QU
-        for (int u = 0; u < QU; u++)
-            k[u] = _mm512_mask_mov_epi32(zero, _mm512_cmp_ps_mask(y[u], seg7, _CMP_GT_OQ), eight);
-        UNROLL_QU
-        for (int u = 0; u < QU; u++)
-            s[u] = _mm512_permutexvar_ps(_mm512_add_epi32(k[u], three), seg);
-        UNROLL_QU
-        for (int u = 0; u < QU; u++)
-            k[u] = _mm512_mask_add_epi32(k[u], _mm512_cmp_ps_mask(y[u], s[u], _CMP_GT_OQ), k[u],
-                                         four);
-        UNROLL_QU
-        for (int u = 0; u < QU; u++)
-            s[u] = _mm512_permutexvar_ps(_mm512_add_epi32(k[u], one), seg);
-        UNROLL_QU
-        for (int u = 0; u < QU; u++)
-            k[u] = _mm512_mask_add_epi32(k[u], _mm512_cmp_ps_mask(y[u], s[u], _CMP_GT_OQ), k[u],
-                                         two);
-        UNROLL_QU
-        for (int u = 0; u < QU; u++)
-            s[u] = _mm512_permutexvar_ps(k[u], seg);
-        UNROLL_QU
-        for (int u = 0; u < QU; u++)
-            k[u] = _mm512_mask_add_epi32(k[u], _mm512_cmp_ps_mask(y[u], s[u], _CMP_GT_OQ), k[u],
-                                         one);
-        /* j in segment k, bit by bit: mid[16k + j + step - 1] is
-         * tmid[j + step - 1][k]; bit 4 of a two-register permute's index
-         * picks the second register, the masks of the bits found pick
-         * among the pairs */
-        UNROLL_QU
-        for (int u = 0; u < QU; u++)
-            j8[u] = _mm512_cmp_ps_mask(y[u], _mm512_permutexvar_ps(k[u], tm[7]), _CMP_GT_OQ);
-        UNROLL_QU
-        for (int u = 0; u < QU; u++) {
-            ix[u] = _mm512_mask_add_epi32(k[u], j8[u], k[u], sixteen);
-            j4[u] = _mm512_cmp_ps_mask(y[u], _mm512_permutex2var_ps(tm[3], ix[u], tm[11]),
-                                       _CMP_GT_OQ);
-        }
-        UNROLL_QU
-        for (int u = 0; u < QU; u++) {
-            ix[u] = _mm512_mask_add_epi32(k[u], j4[u], k[u], sixteen);
-            s0[u] = _mm512_permutex2var_ps(tm[1], ix[u], tm[5]);
-            s1[u] = _mm512_permutex2var_ps(tm[9], ix[u], tm[13]);
-        }
-        UNROLL_QU
-        for (int u = 0; u < QU; u++)
-            j2[u] = _mm512_cmp_ps_mask(y[u], _mm512_mask_blend_ps(j8[u], s0[u], s1[u]),
-                                       _CMP_GT_OQ);
-        UNROLL_QU
-        for (int u = 0; u < QU; u++) {
-            ix[u] = _mm512_mask_add_epi32(k[u], j2[u], k[u], sixteen);
-            __m512 u0 = _mm512_permutex2var_ps(tm[0], ix[u], tm[2]);
-            __m512 u1 = _mm512_permutex2var_ps(tm[4], ix[u], tm[6]);
-            __m512 u2 = _mm512_permutex2var_ps(tm[8], ix[u], tm[10]);
-            __m512 u3 = _mm512_permutex2var_ps(tm[12], ix[u], tm[14]);
-            s0[u] = _mm512_mask_blend_ps(j4[u], u0, u1);
-            s1[u] = _mm512_mask_blend_ps(j4[u], u2, u3);
-        }
-        UNROLL_QU
-        for (int u = 0; u < QU; u++)
-            j1[u] = _mm512_cmp_ps_mask(y[u], _mm512_mask_blend_ps(j8[u], s0[u], s1[u]),
-                                       _CMP_GT_OQ);
-        UNROLL_QU
-        for (int u = 0; u < QU; u++) {
-            c[u] = _mm512_slli_epi32(k[u], 4);
-            c[u] = _mm512_mask_add_epi32(c[u], j8[u], c[u], eight);
-            c[u] = _mm512_mask_add_epi32(c[u], j4[u], c[u], four);
-            c[u] = _mm512_mask_add_epi32(c[u], j2[u], c[u], two);
-            c[u] = _mm512_mask_add_epi32(c[u], j1[u], c[u], one);
-            _mm_mask_storeu_epi8(q + i + u * W, mk[u], _mm512_cvtepi32_epi8(c[u]));
-        }
+    for (size_t i = 0; i < n; i += W) {
+        __mmask16 mk = tail_mask(n - i);
+        __m512 x16 = _mm512_maskz_loadu_ps(mk, x + i);
+        __m512 y = divide ? _mm512_div_ps(x16, sv) : _mm512_mul_ps(x16, sv);
+        y = _mm512_min_ps(hi, _mm512_max_ps(lo, y));   /* NaN stays NaN */
+        __m512i u = _mm512_castps_si512(y);
+        __mmask16 neg = _mm512_cmp_epi32_mask(u, zero, _MM_CMPINT_LT);
+        /* |y| in [cell_lo, 1] (a NaN, read as 1's cell, is set to 0 below) */
+        __m512i a = _mm512_min_epi32(_mm512_max_epi32(_mm512_and_si512(u, sign), cell_lo),
+                                     one_bits);
+        __m512i idx = _mm512_sub_epi32(_mm512_srli_epi32(a, 16), base);
+        idx = _mm512_mask_add_epi32(idx, neg, idx, cell_n);
+        __m512i w = _mm512_i32gather_epi32(idx, t->cell, 4);
+        __m512i lo16 = _mm512_and_si512(a, low16);
+        lo16 = _mm512_mask_xor_epi32(lo16, neg, lo16, low16);
+        __m512i c = _mm512_and_si512(w, byte);
+        c = _mm512_mask_add_epi32(c, _mm512_cmp_epi32_mask(lo16, _mm512_srli_epi32(w, 16),
+                                                           _MM_CMPINT_GT), c, one);
+        c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), zero);
+        _mm_mask_storeu_epi8(q + i, mk, _mm512_cvtepi32_epi8(c));
     }
     return scale;
 }
