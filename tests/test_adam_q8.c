@@ -75,6 +75,49 @@ static uint64_t mix(uint64_t x)
     return x ^ (x >> 31);
 }
 
+/* The cell table's code (what the gathering paths compute) against the
+ * definition, both schemes and maps: every cell's two ends and random floats
+ * inside, both sides of every midpoint, the values under the smallest cell
+ * (zeros, denormals) and NaN. */
+static void check_cells(void)
+{
+    for (int sc = ZN_Q8_BNB; sc <= ZN_Q8_TORCHAO; sc++) {
+        for (int s = 0; s < 2; s++) {
+            const zn_q8_table *t = zn_q8_table_get((zn_q8_scheme)sc, s);
+            ZT_CHECK_MSG(t != NULL, "table: %s", zn_last_error());
+            if (!t)
+                continue;
+            int bad = 0, probes = 0;
+            for (uint32_t key = 0; key < 65536; key++) {
+                for (int r = 0; r < 6; r++) {
+                    uint32_t low = r == 0 ? 0 : r == 1 ? 0xffffu : (uint32_t)mix(key * 8 + r) & 0xffffu;
+                    float y = zn_bits_f32(key << 16 | low);
+                    if (isnan(y) || fabsf(y) > 1.0f)
+                        continue;
+                    probes++;
+                    bad += zn_q8_code_cell(t, y) != code_def(t->mid, y);
+                }
+            }
+            for (int i = 0; i < 255; i++) {
+                float m = t->mid[i];
+                float ys[3] = { nextafterf(m, -2.0f), m, nextafterf(m, 2.0f) };
+                for (int j = 0; j < 3; j++, probes++)
+                    bad += zn_q8_code_cell(t, ys[j]) != code_def(t->mid, ys[j]);
+            }
+            float lo = zn_bits_f32(t->cell_lo);
+            float special[] = { 0.0f, -0.0f, 0x1p-149f, -0x1p-149f, 0x1p-126f, -0x1p-126f,
+                                lo, -lo, nextafterf(lo, 0.0f), -nextafterf(lo, 0.0f),
+                                nextafterf(lo, 2.0f), -nextafterf(lo, 2.0f), 1.0f, -1.0f };
+            for (size_t j = 0; j < sizeof special / sizeof special[0]; j++, probes++)
+                bad += zn_q8_code_cell(t, special[j]) != code_def(t->mid, special[j]);
+            bad += zn_q8_code_cell(t, NAN) != zn_q8_code(t, NAN);
+            ZT_CHECK_MSG(bad == 0, "%s %s cell table: %d of %d probes off the definition",
+                         sc == ZN_Q8_BNB ? "bitsandbytes" : "torchao",
+                         s ? "signed" : "unsigned", bad, probes);
+        }
+    }
+}
+
 static void check_maps(zn_st *st)
 {
     for (int s = 0; s < 2; s++) {
@@ -107,6 +150,7 @@ static void check_maps(zn_st *st)
         ZT_CHECK_MSG(bad == 0, "%s table: %d probes off the nearest entry", s ? "signed" : "unsigned",
                      bad);
     }
+    check_cells();
 }
 
 /* ---- one step against bitsandbytes --------------------------------------- */
@@ -307,6 +351,123 @@ static void check_identity(const zn_optim_ops *const *ops, int nops)
     }
 }
 
+/* ---- each path's pieces against the scalar forms -------------------------
+ * Quantize and dequantize one block of every kind below with every path and
+ * both schemes; scale and codes must equal the scalar forms' bit for bit,
+ * and nothing past n may be written (outputs start as poison). */
+
+enum { PIECE_KINDS = 9 };
+
+/* block kind `kind` of n elements for the map of table t, seeded */
+static void piece_block(float *x, size_t n, int kind, const zn_q8_table *t, int is_signed,
+                        uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t r = mix(seed * 1009 + i);
+        double u = (double)(r >> 11) * 0x1p-53;
+        float sgn = is_signed && (r & 1) ? -1.0f : 1.0f;
+        float v;
+        switch (kind) {
+        case 0: /* magnitudes over 60 decades */
+            v = sgn * (float)pow(10.0, -40.0 + 60.0 * u);
+            break;
+        case 1: /* ties: the midpoints themselves and their neighbours, at scale 1 */
+        {
+            float m = t->mid[(r >> 8) % 255];
+            int w = (int)((r >> 20) % 3);
+            v = w == 0 ? m : nextafterf(m, w == 1 ? -2.0f : 2.0f);
+            if (!is_signed && v < 0.0f)
+                v = 0.0f;
+            break;
+        }
+        case 2: /* zeros of both signs, denormals, the smallest normals */
+        {
+            static const float z[] = { 0.0f, -0.0f, 0x1p-149f, 0x1.8p-140f, 0x1p-126f,
+                                       0x1.fffffcp-127f };
+            v = z[(r >> 8) % 6];
+            v = is_signed && (r & 2) ? -v : v;
+            break;
+        }
+        case 3: /* only denormals: a scale whose reciprocal overflows */
+            v = sgn * zn_bits_f32((uint32_t)(r >> 40) & 0x7fffffu);
+            break;
+        case 4: /* huge values beside small ones */
+            v = sgn * (u < 0.1 ? 3e38f : (float)u * 1e-3f);
+            break;
+        case 5: /* absmax 0: zeros of both signs */
+            v = is_signed && (r & 2) ? -0.0f : 0.0f;
+            break;
+        case 6: /* a NaN among ordinary values */
+            v = i == 3 ? NAN : sgn * (float)u;
+            break;
+        case 7: /* tiny magnitudes around the smallest midpoints */
+            v = sgn * (float)ldexp(u, -20 - (int)((r >> 30) % 12));
+            break;
+        default: /* ordinary moments */
+            v = sgn * (float)(u * u * 1e-2);
+        }
+        x[i] = v;
+    }
+    /* ties are exact only at scale 1: one element 1 (or -1) */
+    if (kind == 1 && n > 1)
+        x[n / 2] = is_signed && (seed & 1) ? -1.0f : 1.0f;
+}
+
+static void check_pieces(const zn_optim_ops *const *ops, int nops)
+{
+    static const size_t sizes[] = { 256, 255, 200, 17, 16, 15, 1 };
+    float x[ZN_Q8_BLOCK + 16], ref_out[ZN_Q8_BLOCK + 16], out[ZN_Q8_BLOCK + 16];
+    uint8_t ref_q[ZN_Q8_BLOCK + 16], qq[ZN_Q8_BLOCK + 16];
+    for (int sc = ZN_Q8_BNB; sc <= ZN_Q8_TORCHAO; sc++) {
+        for (int sg = 0; sg < 2; sg++) {
+            const zn_q8_table *t = zn_q8_table_get((zn_q8_scheme)sc, sg);
+            if (!t)
+                continue;
+            int bad_q = 0, bad_d = 0, blocks = 0;
+            for (int kind = 0; kind < PIECE_KINDS; kind++) {
+                for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+                    for (uint64_t seed = 1; seed <= 4; seed++) {
+                        size_t n = sizes[si];
+                        piece_block(x, n, kind, t, sg, seed * 31 + (uint64_t)kind);
+                        memset(ref_q, 0xab, sizeof ref_q);
+                        float ref_scale = zn_q8_quant_scalar(x, t, ref_q, n);
+                        /* dequantize the codes just made, and random codes */
+                        uint8_t codes[ZN_Q8_BLOCK];
+                        for (size_t i = 0; i < n; i++)
+                            codes[i] = seed & 1 ? ref_q[i] : (uint8_t)mix(seed * 7 + i);
+                        float absmax = kind == 3 ? 0x1p-140f : kind == 4 ? 3e38f : ref_scale;
+                        memset(ref_out, 0xab, sizeof ref_out);
+                        zn_q8_dequant_scalar(codes, t->map, absmax, ref_out, n);
+                        blocks++;
+                        for (int o = 0; o < nops; o++) {
+                            memset(qq, 0xab, sizeof qq);
+                            float scale = ops[o]->q8_quant(x, t, qq, n);
+                            if (zn_f32_bits(scale) != zn_f32_bits(ref_scale) ||
+                                memcmp(qq, ref_q, sizeof qq)) {
+                                if (bad_q++ < 3)
+                                    fprintf(stderr, "quant %s: kind %d n %zu seed %llu differs\n",
+                                            ops[o]->name, kind, n, (unsigned long long)seed);
+                            }
+                            memset(out, 0xab, sizeof out);
+                            ops[o]->q8_dequant(codes, t->map, absmax, out, n);
+                            if (memcmp(out, ref_out, sizeof out)) {
+                                if (bad_d++ < 3)
+                                    fprintf(stderr, "dequant %s: kind %d n %zu differs\n",
+                                            ops[o]->name, kind, n);
+                            }
+                        }
+                    }
+                }
+            }
+            const char *name = sc == ZN_Q8_BNB ? "bitsandbytes" : "torchao";
+            ZT_CHECK_MSG(bad_q == 0, "%s %s map: %d of %d blocks quantized unlike the scalar "
+                         "form", name, sg ? "signed" : "unsigned", bad_q, blocks * nops);
+            ZT_CHECK_MSG(bad_d == 0, "%s %s map: %d of %d blocks dequantized unlike the scalar "
+                         "form", name, sg ? "signed" : "unsigned", bad_d, blocks * nops);
+        }
+    }
+}
+
 /* ---- bf16 moments against double ------------------------------------------ */
 
 static double bf16_of(double x)
@@ -472,6 +633,7 @@ int main(void)
             for (int th = 1; th <= 2; th++)
                 check_bnb_step(st, &fm, k, ops[o], th);
     check_identity(ops, nops);
+    check_pieces(ops, nops);
     for (int o = 0; o < nops; o++)
         check_bf16(ops[o]);
     check_convert();
