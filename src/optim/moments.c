@@ -177,6 +177,10 @@ static int build_cells(zn_q8_table *t)
     /* a power of two below every midpoint's magnitude (strictly: the
      * values under it, taken as it, must all count the same midpoints) */
     uint32_t lo = (zn_f32_bits(least) - 1u) & 0x7f800000u;
+    /* the vector paths turn a NaN into -1 and need its code to be 0 */
+    if (!(t->mid[0] >= -1.0f))
+        return zn_set_error(-EINVAL, "q8 map: its first midpoint %a is below -1",
+                            (double)t->mid[0]);
     if (!(least > 0.0f) || lo < 0x2f800000u)
         return zn_set_error(-EINVAL, "q8 map: a midpoint at %a, below the cell table's 2^-32",
                             (double)least);

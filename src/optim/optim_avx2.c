@@ -420,19 +420,20 @@ static float avx2_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, siz
     const __m256i byte = _mm256_set1_epi32(0xff), low16 = _mm256_set1_epi32(0xffff);
     const __m256i nosign_i = _mm256_set1_epi32(0x7fffffff);
     const __m256i cell_lo = _mm256_set1_epi32((int)t->cell_lo);
-    const __m256i one_bits = _mm256_set1_epi32(0x3f800000), cell_n = _mm256_set1_epi32((int)t->cell_n);
+    const __m256i cell_n = _mm256_set1_epi32((int)t->cell_n);
     const __m256i base = _mm256_set1_epi32((int)(t->cell_lo >> 16));
     const int *cell = (const int *)t->cell;
     const int divide = t->divide;
     for (i = 0; i + W <= n; i += W) {
         __m256 x8 = _mm256_loadu_ps(x + i);
         __m256 y = divide ? _mm256_div_ps(x8, sv) : _mm256_mul_ps(x8, sv);
-        y = _mm256_min_ps(hi, _mm256_max_ps(lo, y));   /* NaN stays NaN */
+        /* a NaN becomes -1 (maxps gives its second operand), whose code
+         * is NaN's, 0 (the table checks mid[0] >= -1) */
+        y = _mm256_min_ps(hi, _mm256_max_ps(y, lo));
         __m256i u = _mm256_castps_si256(y);
         __m256i neg = _mm256_srai_epi32(u, 31);   /* all ones where the sign is set */
-        /* |y| in [cell_lo, 1] (a NaN, read as 1's cell, is set to 0 below) */
-        __m256i a = _mm256_min_epi32(_mm256_max_epi32(_mm256_and_si256(u, nosign_i), cell_lo),
-                                     one_bits);
+        /* |y| in [cell_lo, 1] */
+        __m256i a = _mm256_max_epi32(_mm256_and_si256(u, nosign_i), cell_lo);
         __m256i idx = _mm256_add_epi32(_mm256_sub_epi32(_mm256_srli_epi32(a, 16), base),
                                        _mm256_and_si256(neg, cell_n));
         __m256i w = _mm256_i32gather_epi32(cell, idx, 4);
@@ -440,7 +441,6 @@ static float avx2_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, siz
         /* a true compare is all ones: minus -1 is plus 1 */
         __m256i c = _mm256_sub_epi32(_mm256_and_si256(w, byte),
                                      _mm256_cmpgt_epi32(lo16, _mm256_srli_epi32(w, 16)));
-        c = _mm256_andnot_si256(_mm256_castps_si256(_mm256_cmp_ps(y, y, _CMP_UNORD_Q)), c);
         _mm_storel_epi64((__m128i *)(q + i), lane_bytes(c));
     }
     for (; i < n; i++)

@@ -287,7 +287,6 @@ static float avx512_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, s
     const __m512 hi = _mm512_set1_ps(1.0f);
     const __m512i byte = _mm512_set1_epi32(0xff), low16 = _mm512_set1_epi32(0xffff);
     const __m512i cell_lo = _mm512_set1_epi32((int)t->cell_lo);
-    const __m512i one_bits = _mm512_set1_epi32(0x3f800000);
     const __m512i cell_n = _mm512_set1_epi32((int)t->cell_n);
     const __m512i base = _mm512_set1_epi32((int)(t->cell_lo >> 16)), one = _mm512_set1_epi32(1);
     const __m512i zero = _mm512_setzero_si512();
@@ -296,12 +295,13 @@ static float avx512_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, s
         __mmask16 mk = tail_mask(n - i);
         __m512 x16 = _mm512_maskz_loadu_ps(mk, x + i);
         __m512 y = divide ? _mm512_div_ps(x16, sv) : _mm512_mul_ps(x16, sv);
-        y = _mm512_min_ps(hi, _mm512_max_ps(lo, y));   /* NaN stays NaN */
+        /* a NaN becomes -1 (maxps gives its second operand), whose code
+         * is NaN's, 0 (the table checks mid[0] >= -1) */
+        y = _mm512_min_ps(hi, _mm512_max_ps(y, lo));
         __m512i u = _mm512_castps_si512(y);
         __mmask16 neg = _mm512_cmp_epi32_mask(u, zero, _MM_CMPINT_LT);
-        /* |y| in [cell_lo, 1] (a NaN, read as 1's cell, is set to 0 below) */
-        __m512i a = _mm512_min_epi32(_mm512_max_epi32(_mm512_and_si512(u, sign), cell_lo),
-                                     one_bits);
+        /* |y| in [cell_lo, 1] */
+        __m512i a = _mm512_max_epi32(_mm512_and_si512(u, sign), cell_lo);
         __m512i idx = _mm512_sub_epi32(_mm512_srli_epi32(a, 16), base);
         idx = _mm512_mask_add_epi32(idx, neg, idx, cell_n);
         __m512i w = _mm512_i32gather_epi32(idx, t->cell, 4);
@@ -310,7 +310,6 @@ static float avx512_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, s
         __m512i c = _mm512_and_si512(w, byte);
         c = _mm512_mask_add_epi32(c, _mm512_cmp_epi32_mask(lo16, _mm512_srli_epi32(w, 16),
                                                            _MM_CMPINT_GT), c, one);
-        c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), zero);
         _mm_mask_storeu_epi8(q + i, mk, _mm512_cvtepi32_epi8(c));
     }
     return scale;
