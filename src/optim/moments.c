@@ -227,7 +227,6 @@ static int build_table(zn_q8_table *t, const float *map, zn_q8_scheme scheme)
                                 (double)lo, (double)hi);
         t->key[key] = (uint8_t)c0;
     }
-    memset(t->key + 65536, 0, 4);
     return build_cells(t);
 }
 

@@ -49,8 +49,7 @@ typedef void (*zn_triad_fn)(float *a, const float *b, const float *c, float s, s
  * torchao rounds down to entry i (ties go up). key[bits(y) >> 16] is that
  * count at the lowest value whose top 16 bits are those; no such range of
  * floats holds two midpoints (checked when the table is built), so
- * code(y) = key + (y > mid[key]). mid[255] is +Inf. key has 4 bytes of
- * padding: the SIMD paths gather it as 32-bit words.
+ * code(y) = key + (y > mid[key]) (the scalar form). mid[255] is +Inf.
  * A block is scaled by zn_q8_scale(amax): bitsandbytes' multiplies by
  * 1 / amax; torchao's divides by max(amax, floor). */
 typedef struct {
@@ -62,14 +61,15 @@ typedef struct {
      * top 16 bits (a cell), for paths that gather (zn_q8_code_cell): the
      * low byte is key's count, bits 16-31 the low 16 bits of the cell's
      * midpoint in the float order (0xffff: no midpoint in the cell). Only
-     * |y| in [cell_lo, 1] has cells of its own: cell_lo is the largest
-     * power of two no midpoint's magnitude is below, so smaller |y| share
-     * the cell of cell_lo (its low bits taken as 0). 4 x 2945 cells
-     * of bitsandbytes' maps hold 23 KiB, where key holds 64 KiB. */
+     * |y| in [cell_lo, 1] has cells of its own: cell_lo is a power of two
+     * below every midpoint's magnitude, so smaller |y| share the cell of
+     * cell_lo (its low bits taken as 0). bitsandbytes' maps have 2 x 2945
+     * cells (23 KiB, in L1 for one pass over a block) where key has 64 KiB;
+     * the table is sized for cell_lo down to 2^-32. */
     uint32_t cell_lo;   /* float bits of cell_lo, >= 2^-32 */
     uint32_t cell_n;    /* cells per sign; the negative ones follow */
     uint32_t cell[2 * 4097];
-    uint8_t key[65536 + 4];
+    uint8_t key[65536];
 } zn_q8_table;
 
 /* The tables of the signed (m) and unsigned (v) maps of a scheme, built
