@@ -75,10 +75,35 @@ static uint64_t mix(uint64_t x)
     return x ^ (x >> 31);
 }
 
+/* Probes of a code function against the definition: every key's two ends
+ * and random floats inside, and both sides of every midpoint. Returns the
+ * count off; *probes counts them. */
+static int probe_codes(const zn_q8_table *t, uint8_t (*code)(const zn_q8_table *, float),
+                       int *probes)
+{
+    int bad = 0;
+    for (uint32_t key = 0; key < 65536; key++) {
+        for (int r = 0; r < 6; r++) {
+            uint32_t low = r == 0 ? 0 : r == 1 ? 0xffffu : (uint32_t)mix(key * 8 + r) & 0xffffu;
+            float y = zn_bits_f32(key << 16 | low);
+            if (isnan(y) || fabsf(y) > 1.0f)
+                continue;
+            (*probes)++;
+            bad += code(t, y) != code_def(t->mid, y);
+        }
+    }
+    for (int i = 0; i < 255; i++) {
+        float m = t->mid[i];
+        float ys[3] = { nextafterf(m, -2.0f), m, nextafterf(m, 2.0f) };
+        for (int j = 0; j < 3; j++, (*probes)++)
+            bad += code(t, ys[j]) != code_def(t->mid, ys[j]);
+    }
+    return bad;
+}
+
 /* The cell table's code (what the gathering paths compute) against the
- * definition, both schemes and maps: every cell's two ends and random floats
- * inside, both sides of every midpoint, the values under the smallest cell
- * (zeros, denormals) and NaN. */
+ * definition, both schemes and maps: the probes above, the values under the
+ * smallest cell (zeros, denormals) and NaN. */
 static void check_cells(void)
 {
     for (int sc = ZN_Q8_BNB; sc <= ZN_Q8_TORCHAO; sc++) {
@@ -87,23 +112,8 @@ static void check_cells(void)
             ZT_CHECK_MSG(t != NULL, "table: %s", zn_last_error());
             if (!t)
                 continue;
-            int bad = 0, probes = 0;
-            for (uint32_t key = 0; key < 65536; key++) {
-                for (int r = 0; r < 6; r++) {
-                    uint32_t low = r == 0 ? 0 : r == 1 ? 0xffffu : (uint32_t)mix(key * 8 + r) & 0xffffu;
-                    float y = zn_bits_f32(key << 16 | low);
-                    if (isnan(y) || fabsf(y) > 1.0f)
-                        continue;
-                    probes++;
-                    bad += zn_q8_code_cell(t, y) != code_def(t->mid, y);
-                }
-            }
-            for (int i = 0; i < 255; i++) {
-                float m = t->mid[i];
-                float ys[3] = { nextafterf(m, -2.0f), m, nextafterf(m, 2.0f) };
-                for (int j = 0; j < 3; j++, probes++)
-                    bad += zn_q8_code_cell(t, ys[j]) != code_def(t->mid, ys[j]);
-            }
+            int probes = 0;
+            int bad = probe_codes(t, zn_q8_code_cell, &probes);
             float lo = zn_bits_f32(t->cell_lo);
             float special[] = { 0.0f, -0.0f, 0x1p-149f, -0x1p-149f, 0x1p-126f, -0x1p-126f,
                                 lo, -lo, nextafterf(lo, 0.0f), -nextafterf(lo, 0.0f),
@@ -129,24 +139,8 @@ static void check_maps(zn_st *st)
         ZT_CHECK_MSG(t != NULL, "table: %s", zn_last_error());
         if (!t)
             continue;
-        /* every key's two ends and random floats inside, and both sides of
-         * every midpoint */
-        int bad = 0;
-        for (uint32_t key = 0; key < 65536; key++) {
-            for (int r = 0; r < 6; r++) {
-                uint32_t low = r == 0 ? 0 : r == 1 ? 0xffffu : (uint32_t)mix(key * 8 + r) & 0xffffu;
-                float y = zn_bits_f32(key << 16 | low);
-                if (isnan(y) || fabsf(y) > 1.0f)
-                    continue;
-                bad += zn_q8_code(t, y) != code_def(t->mid, y);
-            }
-        }
-        for (int i = 0; i < 255; i++) {
-            float m = t->mid[i];
-            float ys[3] = { nextafterf(m, -2.0f), m, nextafterf(m, 2.0f) };
-            for (int j = 0; j < 3; j++)
-                bad += zn_q8_code(t, ys[j]) != code_def(t->mid, ys[j]);
-        }
+        int probes = 0;
+        int bad = probe_codes(t, zn_q8_code, &probes);
         ZT_CHECK_MSG(bad == 0, "%s table: %d probes off the nearest entry", s ? "signed" : "unsigned",
                      bad);
     }
