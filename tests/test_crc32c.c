@@ -83,7 +83,34 @@ int main(void)
             ZT_CHECK_MSG(c == want, "continuation at %zu of %zu", cut, n);
             uint32_t c2 = zn_crc32c_hw(zn_crc32c_sw(0, buf + a, cut), buf + a + cut, n - cut);
             ZT_CHECK_MSG(c2 == want, "sw then hw continuation at %zu of %zu", cut, n);
+            /* the pieces checksummed apart, combined */
+            uint32_t cb = zn_crc32c_combine(zn_crc32c(0, buf + a, cut),
+                                            zn_crc32c(0, buf + a + cut, n - cut), n - cut);
+            ZT_CHECK_MSG(cb == want, "combined at %zu of %zu: 0x%08x, want 0x%08x", cut, n, cb,
+                         want);
         }
+    /* Combining over a long second piece (the 8-bit absmax of a
+     * checkpoint's moments: megabytes): every shift table and the bytes */
+    {
+        size_t big = (5u << 20) + 777;
+        unsigned char *b = malloc(big);
+        if (!b)
+            ZT_SETUP_FAIL("malloc");
+        for (size_t i = 0; i < big; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            b[i] = (unsigned char)(x >> 56);
+        }
+        uint32_t want = zn_crc32c(0, b, big);
+        static const size_t cuts[] = { 0, 1, 4097, 1u << 20, (5u << 20) + 700, (5u << 20) + 777 };
+        for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
+            size_t k = cuts[c];
+            uint32_t got = zn_crc32c_combine(zn_crc32c(0, b, k), zn_crc32c(0, b + k, big - k),
+                                             big - k);
+            ZT_CHECK_MSG(got == want, "combined at %zu of %zu: 0x%08x, want 0x%08x", k, big, got,
+                         want);
+        }
+        free(b);
+    }
     /* A single flipped bit changes the crc. */
     uint32_t before = zn_crc32c(0, buf, 40000);
     buf[20000] ^= 0x10;

@@ -145,6 +145,11 @@ static inline float zn_bf16_widen(uint16_t h)
  * the crc of a followed by b. Uses the SSE4.2 crc32 instruction where the CPU
  * has it (chosen at run time), a table otherwise. Thread-safe. */
 ZN_API uint32_t zn_crc32c(uint32_t crc, const void *buf, size_t len);
+/* The crc of a followed by b from the crc of each and b's length:
+ * zn_crc32c_combine(zn_crc32c(0, a, n), zn_crc32c(0, b, m), m) equals
+ * zn_crc32c(0, a | b, n + m), so pieces checksummed apart (or in another
+ * order) give the whole's. About len_b / 8192 table steps. */
+ZN_API uint32_t zn_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 
 /* ---- TensorBoard event files (src/util/tfevents.c) ------------------------
  * The scalars DeepSpeed's tensorboard monitor writes, in the event format
