@@ -4,8 +4,8 @@
  * frozen base; every placement of params and optimizer; ZeRO stages 1-3;
  * accumulation 1 and 2; param cache on and off; gradients in RAM, on NVMe
  * or split between them; bf16 gradient transfer; the fused attention; cpu
- * checkpointing; buffer counts 4 and 8;
- * sub-groups), zn_train_plan's figure for each tier
+ * checkpointing; buffer counts 4 and 8; Adam's moments as fp32, bf16 and
+ * 8-bit in the cpu tier and on NVMe; sub-groups), zn_train_plan's figure for each tier
  * must hold the run: after two steps on the host backend, every tier's
  * high-water mark is <= the plan and >= 0.9 of it (and 0 where the plan
  * says 0). One rank; the sharded placements are covered by test_train_zero
@@ -234,8 +234,9 @@ int main(void)
         }
     }
     /* Adam's moments in fewer bytes (train.optim), in the cpu optimizer
-     * tier; a sub-group of 100000 is not a whole number of 8-bit blocks,
-     * so the units are rounded up to them */
+     * tier and on NVMe (swap extents and staging at their own size, grads
+     * in RAM or on NVMe); a sub-group of 100000 or 30000 is not a whole
+     * number of 8-bit blocks, so the units are rounded up to them */
     static const char *const optims[] = { "train.optim=\"adamw_bnb_8bit\"",
                                           "train.optim=\"adamw_bf16\"" };
     for (size_t e = 0; e < sizeof optims / sizeof optims[0]; e++) {
@@ -243,13 +244,16 @@ int main(void)
         for (size_t s = 0; s < 2; s++) {
             one(&shapes[s], &places[3], 2, 4, "auto", 4, 100000);
             one(&shapes[s], &places[1], 2, 4, "auto", 4, 100000);
-            n += 2;
+            one(&shapes[s], &places[5], 2, 4, "cpu", 8, 30000);
+            one(&shapes[s], &places[6], 2, 4, "nvme", 4, 100000);
+            n += 4;
         }
     }
     /* torchao's 8-bit scheme: the same storage, one configuration */
     extra_set = "train.optim=\"adamw_torch_8bit\"";
     one(&shapes[0], &places[3], 2, 4, "auto", 4, 100000);
-    n++;
+    one(&shapes[0], &places[6], 1, 1, "auto", 8, 50000);
+    n += 2;
     extra_set = NULL;
     printf("%d configurations, %d checked, %d with a tier off the plan\n", n, checked,
            failed_cfgs);

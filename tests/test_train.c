@@ -2,7 +2,8 @@
  * placement never changes numerics (bit-identical losses for 20 steps and
  * identical final fp32 weights with everything on the device, params and
  * optimizer on CPU, params on CPU and optimizer on NVMe, params and
- * optimizer on NVMe, and a mixed placement), with a GPU budget so small that
+ * optimizer on NVMe, and a mixed placement; and with 8-bit or bf16 Adam
+ * moments in the cpu tier and on NVMe), with a GPU budget so small that
  * only two parameter blocks fit at once; budgets are never exceeded; an
  * infeasible config fails before any work with the planner's explanation;
  * an injected NVMe error stops training with a message naming the tensor
@@ -460,6 +461,7 @@ int main(void)
         { "params+optimizer+grads on nvme", nvme, 4 },
         { "params nvme (one block in cpu) + persistent, optimizer cpu", mixed, 4 },
     };
+    uint64_t f32_nvme_bytes[2] = { 0, 0 };  /* cpu_nvme's and nvme's, read + write */
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         bool dopt = cases[c].sets == cpu_dopt || cases[c].sets == nvme_dopt;
         uint64_t budget = dopt ? tiny + ref.n * 16 + (256u << 10) : tiny;
@@ -475,6 +477,8 @@ int main(void)
                (unsigned long long)o.rep.nvme_write_bytes);
         if (c >= 3 || cases[c].sets == nvme_dopt)
             ZT_CHECK(o.rep.nvme_write_bytes > 0 && o.rep.nvme_read_bytes > 0);
+        if (cases[c].sets == cpu_nvme || cases[c].sets == nvme)
+            f32_nvme_bytes[cases[c].sets == nvme] = o.rep.nvme_read_bytes + o.rep.nvme_write_bytes;
         /* NVMe-home params: the next forward takes the optimizer's pinned
          * copy of the update instead of reading it back */
         if (cases[c].sets == nvme || cases[c].sets == mixed)
@@ -482,6 +486,51 @@ int main(void)
                          "%s: param cache %d buffers served %llu fetches", cases[c].label,
                          o.rep.param_cache_entries, (unsigned long long)o.rep.param_cache_hits);
         free(o.master);
+    }
+
+    /* Adam's moments in fewer bytes (train.optim): 8-bit blockwise and bf16
+     * moments step alike in the cpu tier and swapped through NVMe unit by
+     * unit at their own size (codes and absmax, or halves): bit-identical
+     * losses and weights, the same budgets, and fewer NVMe bytes than the
+     * fp32 moments' runs above (8-bit fewer than bf16). */
+    {
+        static const char *const optims[] = { "train.optim=\"adamw_8bit\"",
+                                              "train.optim=\"adamw_bf16\"" };
+        uint64_t prev[2] = { 0, 0 };
+        for (int f = 0; f < 2; f++) {
+            const char *mc[] = { cpu[0], cpu[1], optims[f] };
+            const char *mcn[] = { cpu_nvme[0], cpu_nvme[1], optims[f] };
+            const char *mn[] = { nvme[0], nvme[1], nvme[2], nvme[3], optims[f] };
+            const char *name = f ? "bf16 moments" : "8-bit moments";
+            char label[128];
+            run_out mref, m1;
+            snprintf(label, sizeof label, "%s, params+optimizer on cpu", name);
+            ZT_EQ_INT(run(label, mc, 3, tiny, STEPS, &mref), 0);
+            ZT_CHECK_MSG(memcmp(mref.loss, ref.loss, sizeof ref.loss) != 0,
+                         "%s: the losses are the fp32 moments' (no compression in use?)", label);
+            struct { const char *where; const char **sets; int n; } nv[] = {
+                { "params cpu, optimizer nvme", mcn, 3 },
+                { "params+optimizer+grads on nvme", mn, 5 },
+            };
+            for (int k = 0; k < 2; k++) {
+                snprintf(label, sizeof label, "%s, %s", name, nv[k].where);
+                ZT_EQ_INT(run(label, nv[k].sets, nv[k].n, tiny, STEPS, &m1), 0);
+                compare(label, &mref, &m1);
+                check_budgets(label, &m1);
+                uint64_t rw = m1.rep.nvme_read_bytes + m1.rep.nvme_write_bytes;
+                ZT_CHECK_MSG(rw < f32_nvme_bytes[k] && (!prev[k] || rw > prev[k]),
+                             "%s: nvme read + write %llu B, fp32 moments %llu B%s", label,
+                             (unsigned long long)rw, (unsigned long long)f32_nvme_bytes[k],
+                             prev[k] ? " (8-bit ones fewer than bf16 ones)" : "");
+                printf("%-60s ok: nvme read %llu B, write %llu B (fp32 moments: %llu B "
+                       "together)\n", label, (unsigned long long)m1.rep.nvme_read_bytes,
+                       (unsigned long long)m1.rep.nvme_write_bytes,
+                       (unsigned long long)f32_nvme_bytes[k]);
+                prev[k] = rw;
+                free(m1.master);
+            }
+            free(mref.master);
+        }
     }
 
     /* Slots to spare: the last (slots - 2) blocks keep their params from

@@ -84,10 +84,14 @@ typedef struct {
     int *fds;          /* reshard: [old world][3]; else 3 */
     char (*paths)[PATHN + 64];
     /* each file's crc32c as the trainer reads it, in order (a read out of
-     * order: the files were verified before) */
+     * order: the files were verified before); a file may also be read as
+     * two runs, its tail first (8-bit moments on NVMe, train-state.h):
+     * [tail, end) summed apart and combined at the end */
     bool sum;
     uint32_t crc[3];
     uint64_t next[3];
+    uint32_t tail_crc[3];
+    uint64_t tail[3], tail_next[3];  /* tail_next 0: no tail run */
 } ld_src;
 
 /* Old rank r's elements [e0, e0 + n) of moment k (1 m, 2 v), stored as
@@ -208,14 +212,34 @@ static int ld_source(void *user, int k, uint64_t off, void *dst, uint64_t n)
 {
     ld_src *s = user;
     int rc = ld_read(s, k, off, dst, n);
-    if (!rc && s->sum) {
-        if (off != s->next[k])
-            return zn_set_error(ZN_EINTERNAL, "checkpoint: state %d read at %" PRIu64 ", not in "
-                                "order (%" PRIu64 ")", k, off, s->next[k]);
+    if (rc || !s->sum || !n)
+        return rc;
+    if (off == s->next[k] && (!s->tail_next[k] || off + n <= s->tail[k])) {
         s->crc[k] = zn_crc32c(s->crc[k], dst, n);
         s->next[k] = off + n;
+    } else if (s->tail_next[k] ? off == s->tail_next[k] : off > s->next[k]) {
+        if (!s->tail_next[k])
+            s->tail[k] = off;
+        s->tail_crc[k] = zn_crc32c(s->tail_crc[k], dst, n);
+        s->tail_next[k] = off + n;
+    } else {
+        return zn_set_error(ZN_EINTERNAL, "checkpoint: state %d read at %" PRIu64 ", not in "
+                            "order (%" PRIu64 ")", k, off, s->next[k]);
     }
-    return rc;
+    return 0;
+}
+
+/* File k's crc32c and the bytes read of it, once the trainer is done: the
+ * head run and the tail run read apart must meet. */
+static uint64_t ld_summed(const ld_src *s, int k, uint32_t *crc)
+{
+    *crc = s->crc[k];
+    if (!s->tail_next[k])
+        return s->next[k];
+    if (s->next[k] != s->tail[k])
+        return 0;   /* a gap or an overlap: not the file */
+    *crc = zn_crc32c_combine(s->crc[k], s->tail_crc[k], s->tail_next[k] - s->tail[k]);
+    return s->tail_next[k];
 }
 
 int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
@@ -235,10 +259,10 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
     bool convert = ck->moments != in.moments;
     bool deq = ck->moments != ZN_MOM_F32 && (reshard || convert);
     zn_mom_fmt from = deq ? ZN_MOM_F32 : ck->moments;
-    if (!rc && !in.flat && from != in.moments)
+    if (!rc && !in.flat && from != in.moments && !(in.from_f32 && from == ZN_MOM_F32))
         rc = zn_set_error(ZN_EINTERNAL, "checkpoint %s: moments as %s into a run keeping them "
-                          "as %s outside the cpu tier", ck->path, zn_mom_fmt_name(from),
-                          zn_mom_fmt_name(in.moments));
+                          "as %s on the %s", ck->path, zn_mom_fmt_name(from),
+                          zn_mom_fmt_name(in.moments), in.from_f32 ? "NVMe tier" : "device");
     /* resharded or converted reads take parts of files out of order, whose
      * crc32c cannot be checked on the way: every file is checked first */
     if (!rc && (reshard || convert))
@@ -287,11 +311,13 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
                 "on %d they are quantized again in this run's blocks (as a step would: "
                 "within a quantization step of the saved values)", ck->path, ck->world,
                 zn_train_world(tr));
-    for (int k = 0; k < 3 && !rc && src.sum; k++)
-        if (src.next[k] != f[k]->bytes || src.crc[k] != f[k]->crc)
+    for (int k = 0; k < 3 && !rc && src.sum; k++) {
+        uint32_t crc;
+        if (ld_summed(&src, k, &crc) != f[k]->bytes || crc != f[k]->crc)
             rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: crc32c 0x%08x, the manifest "
-                              "says 0x%08x (corrupted)", ck->path, f[k]->name, src.crc[k],
+                              "says 0x%08x (corrupted)", ck->path, f[k]->name, crc,
                               f[k]->crc);
+    }
     if (rc) {
         zn_train_state_fail(tr);  /* partly replaced: nothing it holds is valid now */
         goto out;

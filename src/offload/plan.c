@@ -379,9 +379,14 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
     if (p->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME] && (W == 1 || z->stage >= 3))
         add(p, ZN_STATE_WORK, ZN_TIER_CPU, (uint64_t)cfg->tiers.param_cache *
             (z->stage >= 3 ? ceil_div(largest, W) : largest) * pb);
-    if (otier == ZN_TIER_NVME)
-        add(p, ZN_STATE_WORK, ZN_TIER_CPU,
-            (uint64_t)z->offload_optimizer.buffer_count * sub * 4);
+    /* buffer_count x sub_group fp32 buffers hold a quarter as many units'
+     * master, m, v and gradients in flight; the moments take their own
+     * size (the trainer keeps the unit and shrinks the staging) */
+    if (otier == ZN_TIER_NVME) {
+        uint64_t pool = (uint64_t)z->offload_optimizer.buffer_count * sub, flight = pool / 4;
+        add(p, ZN_STATE_WORK, ZN_TIER_CPU, mf == ZN_MOM_F32 ? pool * 4
+                                            : flight * 8 + 2 * zn_mom_layout_bytes(mf, flight));
+    }
     /* Pinned staging for one block's fp32 gradients on their way D2H (this
      * rank's shard of it), two of them so that one block's copy overlaps
      * the previous one's accumulation. */

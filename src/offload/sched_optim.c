@@ -6,7 +6,9 @@
  * parameters, which the next step's forward needs first, are final first.
  * With optimizer states on NVMe, a unit's master/m/v (and its gradients,
  * once final) are read ahead into one of n_oslots staging slots and written
- * behind; a slot is reused only after every write from it completed. The
+ * behind; a slot is reused only after every write from it completed. m and
+ * v move at their own size (fp32, bf16, or 8-bit codes with their blocks'
+ * absmax: one request each, crc32c-checked by the engine like the rest). The
  * updated working parameters go to each block's home (device, pinned,
  * NVMe) first, and each unit records when they have all landed there: the
  * step returns before the job ends and the next step's fetches wait per
@@ -137,10 +139,16 @@ static int slot_drain(zn_trainer *tr, zn_opt_slot *s)
     return rc;
 }
 
+/* Bytes of state k (0 master, 1 m, 2 v) of unit u: one request each. */
+static size_t state_bytes(const zn_trainer *tr, int u, int k)
+{
+    return k ? zn_tr_unit_mom_bytes(tr, tr->units[u].n) : tr->units[u].n * 4;
+}
+
 static int slot_read_states(zn_trainer *tr, zn_opt_slot *s, int u)
 {
     zn_unit *un = &tr->units[u];
-    float *dst[3] = { s->master, s->m, s->v };
+    void *dst[3] = { s->master, s->m, s->v };
     int ids[3] = { un->master_id, un->m_id, un->v_id };
     s->unit = u;
     s->reads_issued = true;
@@ -149,8 +157,9 @@ static int slot_read_states(zn_trainer *tr, zn_opt_slot *s, int u)
     bool zero = atomic_load(&un->mv_zero);
     for (int i = 0; i < 3; i++) {
         if (i > 0 && zero) {
-            /* never written: the initial zeros, no read */
-            memset(dst[i], 0, un->n * 4);
+            /* never written: the initial zeros (m = v = 0 in every
+             * format, 8-bit absmax included), no read */
+            memset(dst[i], 0, state_bytes(tr, u, i));
             s->rd[i].h = 0;
             s->rd[i].status = 0;
             atomic_store(&s->rd[i].done, 1);
@@ -159,7 +168,7 @@ static int slot_read_states(zn_trainer *tr, zn_opt_slot *s, int u)
         char what[48];
         snprintf(what, sizeof what, "%s u%d", state_name[i], u);
         int rc = zn_ioq_submit(&tr->rq, &s->rd[i], 0, &zn_tier_get(&tr->tm, ids[i])->ext, dst[i],
-                               un->n * 4, what);
+                               state_bytes(tr, u, i), what);
         if (rc)
             return zn_ioq_wait(&tr->rq, &s->rd[i]);
     }
@@ -378,13 +387,18 @@ static int params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, in
     return 0;
 }
 
-static int adam_unit(zn_trainer *tr, int u, float *master, float *m, float *v, const float *g,
+/* Adam on unit u: master and gradients fp32, the moments in the run's
+ * format (mv; fp32 ones go to zn_adam_step itself). */
+static int adam_unit(zn_trainer *tr, int u, float *master, const zn_moments *mv, const float *g,
                      void *p16)
 {
     zn_unit *un = &tr->units[u];
     uint64_t t0 = zn_now_ns();
-    int rc = zn_adam_step(&tr->opt.job.hp, master, m, v, g, ZN_DTYPE_F32, tr->opt.job.g_scale, p16,
-                          tr->param_dt, un->n);
+    int rc = mv->fmt == ZN_MOM_F32
+                 ? zn_adam_step(&tr->opt.job.hp, master, mv->m, mv->v, g, ZN_DTYPE_F32,
+                                tr->opt.job.g_scale, p16, tr->param_dt, un->n)
+                 : zn_adam_step_mom(&tr->opt.job.hp, master, mv, g, ZN_DTYPE_F32,
+                                    tr->opt.job.g_scale, p16, tr->param_dt, un->n);
     char name[ZN_TRACE_NAME_LEN];
     snprintf(name, sizeof name, "adam u%d", u);
     zn_trace_span(tr->trace, tr->track[ZN_RES_ADAM], name, t0, zn_now_ns());
@@ -407,19 +421,9 @@ static int run_flat(zn_trainer *tr)
         zn_opt_slot *s = &tr->opt.slot[0];
         if ((rc = slot_drain(tr, s)))
             break;
-        if (tr->mom_fmt == ZN_MOM_F32) {
-            rc = adam_unit(tr, u, tr->master + un->off, tr->mom + un->off, tr->var + un->off,
-                           tr->grad_acc + un->off, p16 ? tr->opt.pout_flat : NULL);
-        } else {
-            uint64_t t0 = zn_now_ns();
-            zn_moments mv = zn_tr_moments(tr, un->off);
-            rc = zn_adam_step_mom(&tr->opt.job.hp, tr->master + un->off, &mv, tr->grad_acc + un->off,
-                                  ZN_DTYPE_F32, tr->opt.job.g_scale, p16 ? tr->opt.pout_flat : NULL,
-                                  tr->param_dt, un->n);
-            char name[ZN_TRACE_NAME_LEN];
-            snprintf(name, sizeof name, "adam u%d", u);
-            zn_trace_span(tr->trace, tr->track[ZN_RES_ADAM], name, t0, zn_now_ns());
-        }
+        zn_moments mv = zn_tr_moments(tr, un->off);
+        rc = adam_unit(tr, u, tr->master + un->off, &mv, tr->grad_acc + un->off,
+                       p16 ? tr->opt.pout_flat : NULL);
         if (rc)
             break;
         rc = params_out(tr, u, p16 ? tr->opt.pout_flat : (void *)(tr->master + un->off), pwr,
@@ -557,12 +561,13 @@ static int run_nvme(zn_trainer *tr)
             break;
         /* gradients: read into the slot (NVMe) or in place (pinned RAM) */
         const float *g = tr->grads_on_nvme ? s->grad : tr->grad_acc + tr->units[u].off;
-        if ((rc = adam_unit(tr, u, s->master, s->m, s->v, g, p16 ? s->pout : NULL)))
+        zn_moments mv = zn_tr_slot_moments(tr, s, u);
+        if ((rc = adam_unit(tr, u, s->master, &mv, g, p16 ? s->pout : NULL)))
             break;
         /* write behind: the working params first (the next step's fetches
          * wait for them), then the states */
         zn_unit *un = &tr->units[u];
-        float *srcs[3] = { s->master, s->m, s->v };
+        void *srcs[3] = { s->master, s->m, s->v };
         int ids[3] = { un->master_id, un->m_id, un->v_id };
         s->writes_pending = true;
         s->n_pwr = 0;
@@ -575,7 +580,7 @@ static int run_nvme(zn_trainer *tr)
             char what[48];
             snprintf(what, sizeof what, "%s u%d", state_name[k], u);
             rc = zn_ioq_submit(&tr->wq, &s->wr[k], 1, &zn_tier_get(&tr->tm, ids[k])->ext,
-                               srcs[k], un->n * 4, what);
+                               srcs[k], state_bytes(tr, u, k), what);
         }
         if (rc)
             break;

@@ -226,7 +226,12 @@ void zn_pcache_release_fn(void *arg);
 
 /* ---- the optimizer pipeline (sched_optim.c) --------------------------------*/
 typedef struct {
-    float *master, *m, *v, *grad;  /* U floats each */
+    /* A unit's states in flight: master and grad U floats each, m and v
+     * the unit's moments in the run's format (zn_tr_slot_mom_bytes each;
+     * for a unit of n elements laid out as zn_mom_layout_at(fmt, m, v, n,
+     * 0): the elements, then an 8-bit block's absmax each) */
+    float *master, *grad;
+    void *m, *v;
     void *pout;                    /* U * param bytes (16-bit params) */
     int unit;                      /* unit held, -1 none */
     bool reads_issued, grads_issued;
@@ -523,6 +528,10 @@ struct zn_trainer {
     zn_q8_scheme q8_scheme;   /* 8-bit: bitsandbytes' or torchao's quantizer */
     int mom_elem;
     uint64_t mom_bytes;
+    /* NVMe optimizer: one moment's area in a staging slot (room for a unit
+     * of U elements, zn_tr_unit_mom_bytes(U), rounded so that the next
+     * area stays aligned for direct I/O; fp32: exactly U x 4, as before) */
+    uint64_t slot_mom_bytes;
     double *normc_dev, *normc;
     void *pdev;
     void *ostage;          /* pinned staging for state in and out (init, checkpoints) */
@@ -638,6 +647,24 @@ int zn_tr_ck_save(zn_trainer *tr, int b);
 static inline zn_moments zn_tr_moments(const zn_trainer *tr, uint64_t off)
 {
     zn_moments r = zn_mom_layout_at(tr->mom_fmt, tr->mom, tr->var, tr->P, off);
+    r.scheme = tr->q8_scheme;
+    return r;
+}
+
+/* Bytes of one moment of a unit of n elements on NVMe (its extent's data,
+ * one request): the unit laid out on its own (zn_mom_layout_bytes), so an
+ * 8-bit unit carries its blocks' absmax with its codes and any unit can be
+ * read, stepped and written without its neighbours. Units start on 8-bit
+ * block boundaries (zn_tr_build_layout). */
+static inline uint64_t zn_tr_unit_mom_bytes(const zn_trainer *tr, uint64_t n)
+{
+    return zn_mom_layout_bytes(tr->mom_fmt, n);
+}
+
+/* The moments of unit u in staging slot s (NVMe optimizer). */
+static inline zn_moments zn_tr_slot_moments(const zn_trainer *tr, const zn_opt_slot *s, int u)
+{
+    zn_moments r = zn_mom_layout_at(tr->mom_fmt, s->m, s->v, tr->units[u].n, 0);
     r.scheme = tr->q8_scheme;
     return r;
 }

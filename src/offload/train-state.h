@@ -52,6 +52,10 @@ typedef struct {
     /* A checkpoint whose moments are in another format (or resharded)
      * loads: the state is flat in host memory (the cpu optimizer tier). */
     bool flat;
+    /* Moments passed as fp32 load into the run's format, whatever it is
+     * (flat, or per unit on NVMe): a checkpoint in another format, or
+     * resharded, is read as fp32 (the device keeps fp32 moments only). */
+    bool from_f32;
     int64_t step, steps_run;
     zn_loss_scaler scaler;
     bool failed;               /* an earlier failure: the state is not valid */
@@ -74,9 +78,13 @@ typedef int (*zn_train_state_source)(void *user, int k, uint64_t off, void *dst,
  * again from the master. The m and v streams are in format `from`: the
  * run's own format is asked for stream by stream (unit by unit on NVMe),
  * each stream in increasing offsets without gaps, so a caller may checksum
- * on the way; another format (flat state only) is read out of order and
- * converted (zn_mom_convert). On failure the trainer is marked failed:
- * its state is partly replaced. */
+ * on the way; with one exception: 8-bit moments on NVMe ask for each
+ * moment stream's tail (its absmax, from zn_mom_layout_absmax_at of the
+ * local elements to the end) first, in order, then the rest from 0 in
+ * order (each unit's extent holds its blocks' absmax beside its codes).
+ * Another format is read out of order and converted (zn_mom_convert): any
+ * format in the flat state, fp32 on NVMe (info.from_f32). On failure the
+ * trainer is marked failed: its state is partly replaced. */
 int zn_train_state_load(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source src,
                         void *user);
 /* Marks the state not valid (a load found the checkpoint damaged after

@@ -330,12 +330,14 @@ int zn_tr_allocate(zn_trainer *tr)
         for (int s = 0; s < tr->opt.n_slots; s++) {
             zn_opt_slot *sl = &tr->opt.slot[s];
             void *buf;
-            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * 16, "optimizer staging", &buf));
+            /* master | m | v | grad: the moments at their own size */
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * 8 + 2 * tr->slot_mom_bytes,
+                                  "optimizer staging", &buf));
             if (!tr->dry) {
                 sl->master = buf;
                 sl->m = sl->master + tr->U;
-                sl->v = sl->m + tr->U;
-                sl->grad = sl->v + tr->U;
+                sl->v = (char *)sl->m + tr->slot_mom_bytes;
+                sl->grad = (float *)((char *)sl->v + tr->slot_mom_bytes);
             }
             if (tr->param_dt != ZN_DTYPE_F32)
                 ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->param_bytes,
@@ -393,10 +395,13 @@ int zn_tr_allocate(zn_trainer *tr)
                 zn_unit *un = &tr->units[u];
                 snprintf(name, sizeof name, "master u%d", u);
                 ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_MASTER, un->n * 4, name, &un->master_id));
+                /* the unit's moments at their compressed size, 8-bit
+                 * absmax included (zn_tr_unit_mom_bytes) */
+                uint64_t mb = zn_tr_unit_mom_bytes(tr, un->n);
                 snprintf(name, sizeof name, "adam m u%d", u);
-                ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_ADAM_M, un->n * 4, name, &un->m_id));
+                ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_ADAM_M, mb, name, &un->m_id));
                 snprintf(name, sizeof name, "adam v u%d", u);
-                ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_ADAM_V, un->n * 4, name, &un->v_id));
+                ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_ADAM_V, mb, name, &un->v_id));
             }
             for (int k = 0; k < tr->n_pieces && tr->grads_on_nvme; k++) {
                 zn_piece *p = &tr->pieces[k];

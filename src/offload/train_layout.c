@@ -140,20 +140,22 @@ int zn_tr_build_layout(zn_trainer *tr)
     uint64_t sg = tr->plan.sub_group ? tr->plan.sub_group : tr->P;
     if (sg > tr->P)
         sg = tr->P;
-    /* Adam's moments (train.optim): compressed ones are stepped in the cpu
-     * tier only so far */
+    /* Adam's moments (train.optim): compressed ones are stepped by the CPU
+     * (the cpu tier, or units swapped in from NVMe at their compressed
+     * size); the device's Adam keeps fp32 moments only */
     int mb = zn_config_moment_bytes(cfg->train.optim);
     tr->mom_elem = mb;
     tr->mom_fmt = mb == 1 ? ZN_MOM_Q8 : mb == 2 ? ZN_MOM_BF16 : ZN_MOM_F32;
     tr->q8_scheme = zn_config_q8_scheme(cfg->train.optim) ? ZN_Q8_TORCHAO : ZN_Q8_BNB;
     tr->mom_bytes = zn_mom_layout_bytes(tr->mom_fmt, tr->P);
-    if (tr->mom_fmt != ZN_MOM_F32 && tr->opt_home != ZN_OFFLOAD_CPU)
+    if (tr->mom_fmt != ZN_MOM_F32 && tr->opt_home == ZN_OFFLOAD_NONE)
         return zn_set_error(ZN_EUNSUPPORTED, "%s: train.optim keeps Adam's moments as %s, which "
-                            "zinc steps in the cpu tier only so far: set zero_optimization."
-                            "offload_optimizer.device to \"cpu\" (it is \"%s\"), or use "
-                            "train.optim adamw_torch", cfg->source, zn_mom_fmt_name(tr->mom_fmt),
-                            tr->opt_home == ZN_OFFLOAD_NONE ? "none" : "nvme");
-    /* 8-bit blocks never straddle two units */
+                            "zinc steps on the CPU only (the optimizer's device step keeps "
+                            "fp32 moments): set zero_optimization.offload_optimizer.device to "
+                            "\"cpu\" or \"nvme\" (it is \"none\"), or use train.optim "
+                            "adamw_torch", cfg->source, zn_mom_fmt_name(tr->mom_fmt));
+    /* 8-bit blocks never straddle two units (the NVMe units below are
+     * multiples of 1024 elements, or this rounded sub-group) */
     if (tr->mom_fmt == ZN_MOM_Q8 && sg < tr->P)
         sg = (sg + ZN_Q8_BLOCK - 1) / ZN_Q8_BLOCK * ZN_Q8_BLOCK;
     tr->U = sg;
@@ -174,6 +176,10 @@ int zn_tr_build_layout(zn_trainer *tr)
             U = sg;
         tr->U = U;
         tr->opt.n_slots = S;
+        /* The unit stays the fp32 one whatever the moments' format: the
+         * staging and the I/O shrink with them, the geometry does not. */
+        tr->slot_mom_bytes = tr->mom_fmt == ZN_MOM_F32
+                                 ? U * 4 : zn_tr_round_up(zn_tr_unit_mom_bytes(tr, U), 4096);
     }
     tr->n_units = (int)((tr->P + tr->U - 1) / tr->U);
     tr->units = calloc((size_t)tr->n_units, sizeof *tr->units);
@@ -240,7 +246,8 @@ uint64_t zn_tr_nvme_bytes_needed(zn_trainer *tr)
     uint64_t bs = (uint64_t)tr->cfg.aio.block_size, need = 0;
     if (tr->opt_home == ZN_OFFLOAD_NVME)
         for (int u = 0; u < tr->n_units; u++)
-            need += 3 * zn_tr_round_up(tr->units[u].n * 4, bs);
+            need += zn_tr_round_up(tr->units[u].n * 4, bs) +
+                    2 * zn_tr_round_up(zn_tr_unit_mom_bytes(tr, tr->units[u].n), bs);
     if (tr->grads_on_nvme)
         for (int k = 0; k < tr->n_pieces; k++)
             if (tr->pieces[k].gram_off < 0)

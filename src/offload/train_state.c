@@ -22,7 +22,10 @@ void zn_train_state_get_info(const zn_trainer *tr, zn_train_state_info *out)
     out->bytes[ZN_TS_MASTER] = tr->P * 4;
     out->bytes[ZN_TS_M] = out->bytes[ZN_TS_V] = tr->mom_bytes;
     out->flat = !tr->opt_on_device && tr->opt_home != ZN_OFFLOAD_NVME;
-    out->max_chunk = tr->opt_on_device ? tr->ostage_bytes : out->flat ? 0 : 8 * tr->U;
+    out->from_f32 = out->flat || tr->opt_home == ZN_OFFLOAD_NVME;
+    /* NVMe: the chunks go out of the first slot's master area (4 U bytes)
+     * while each unit is read into its gradient area */
+    out->max_chunk = tr->opt_on_device ? tr->ostage_bytes : out->flat ? 0 : 4 * tr->U;
     out->step = tr->step;
     out->steps_run = tr->stats.steps_run;
     out->scaler = tr->scaler;
@@ -75,42 +78,82 @@ static int save_flat(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
     return rc;
 }
 
-/* On NVMe: unit by unit into the first optimizer slot's staging (16 U
- * bytes), passed on in chunks of `chunk` <= 8 U bytes; what is left over
- * moves to the front. Moments never written are the initial zeros. */
+/* Bytes pushed to a sink in chunks of exactly `chunk` (the last one
+ * shorter), gathered at B. */
+typedef struct {
+    char *B;
+    uint64_t fill, chunk;
+    zn_train_state_sink sink;
+    void *user;
+} chunker;
+
+static int chunk_put(chunker *c, const void *src, uint64_t len)
+{
+    const char *p = src;
+    int rc = 0;
+    while (len && !rc) {
+        uint64_t take = c->chunk - c->fill < len ? c->chunk - c->fill : len;
+        memcpy(c->B + c->fill, p, take);
+        c->fill += take;
+        len -= take;
+        p += take;
+        if (c->fill == c->chunk) {
+            rc = c->sink(c->user, c->B, c->chunk);
+            c->fill = 0;
+        }
+    }
+    return rc;
+}
+
+/* On NVMe: unit by unit through the first optimizer slot, each unit read
+ * into its gradient area and passed on from its master area in chunks of
+ * `chunk` <= 4 U bytes. The stream is the flat layout of the rank's P
+ * elements (zn_mom_layout_bytes: every element, then every 8-bit block's
+ * absmax), each unit's extent its own layout of its n elements: the
+ * elements (with the last unit's padding, which is the stream's) go out
+ * as the units are read, the 8-bit absmax (P / 64 bytes) are gathered
+ * and go out last. Moments never written are the initial zeros. */
 static int save_nvme(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
                      zn_train_state_sink sink, void *user)
 {
     zn_opt_slot *sl = &tr->opt.slot[0];
-    char *B = (char *)sl->master;
-    int reg = aio ? zn_aio_register_buffer(aio, B, tr->U * 16) : -1;
-    uint64_t fill = 0;
+    const bool q8 = k != ZN_TS_MASTER && tr->mom_fmt == ZN_MOM_Q8;
+    chunker c = { (char *)sl->master, 0, chunk, sink, user };
+    char *rd = (char *)sl->grad;
+    float *absmax = NULL;
+    if (q8 && !(absmax = malloc(zn_q8_blocks(tr->P) * 4)))
+        return zn_set_error(-ENOMEM, "state save: out of memory for the 8-bit absmax");
+    int reg = aio ? zn_aio_register_buffer(aio, c.B, chunk) : -1;
     int rc = 0;
     sl->unit = -1;
     for (int u = 0; u < tr->n_units && !rc; u++) {
         zn_unit *un = &tr->units[u];
         int id = k == ZN_TS_MASTER ? un->master_id : k == ZN_TS_M ? un->m_id : un->v_id;
-        if (k != ZN_TS_MASTER && atomic_load(&un->mv_zero)) {
-            memset(B + fill, 0, un->n * 4);
+        uint64_t bytes = k == ZN_TS_MASTER ? un->n * 4 : zn_tr_unit_mom_bytes(tr, un->n);
+        uint64_t data = k == ZN_TS_MASTER ? bytes : zn_mom_layout_absmax_at(tr->mom_fmt, un->n);
+        bool zero = k != ZN_TS_MASTER && atomic_load(&un->mv_zero);
+        if (zero) {
+            memset(rd, 0, bytes);
         } else {
             zn_io_req r;
-            rc = zn_ioq_submit(&tr->rq, &r, 0, &zn_tier_get(&tr->tm, id)->ext, B + fill,
-                               un->n * 4, "checkpoint read");
+            rc = zn_ioq_submit(&tr->rq, &r, 0, &zn_tier_get(&tr->tm, id)->ext, rd, bytes,
+                               "checkpoint read");
             int r2 = zn_ioq_wait(&tr->rq, &r);
             if (!rc)
                 rc = r2;
         }
-        fill += un->n * 4;
-        while (!rc && fill >= chunk) {
-            rc = sink(user, B, chunk);
-            memmove(B, B + chunk, fill - chunk);
-            fill -= chunk;
-        }
+        if (!rc)
+            rc = chunk_put(&c, rd, data);
+        if (!rc && q8)
+            memcpy(absmax + un->off / ZN_Q8_BLOCK, rd + data, bytes - data);
     }
-    if (!rc && fill)
-        rc = sink(user, B, fill);
+    if (!rc && q8)
+        rc = chunk_put(&c, absmax, zn_q8_blocks(tr->P) * 4);
+    if (!rc && c.fill)
+        rc = sink(user, c.B, c.fill);
     if (reg >= 0)
         zn_aio_unregister_buffer(aio, reg);
+    free(absmax);
     return rc;
 }
 
@@ -229,24 +272,81 @@ static int load_flat(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source src,
     return rc;
 }
 
+/* Zeros the padding of unit u's moments in slot s past their elements
+ * (the last unit's: the checkpoint stream's own padding). */
+static void slot_pad_zero(zn_trainer *tr, zn_opt_slot *s, int u)
+{
+    uint64_t n = tr->units[u].n, eb = (uint64_t)tr->mom_elem;
+    uint64_t at = zn_mom_layout_absmax_at(tr->mom_fmt, n);
+    if (tr->mom_fmt == ZN_MOM_F32 || at == n * eb)
+        return;
+    memset((char *)s->m + n * eb, 0, at - n * eb);
+    memset((char *)s->v + n * eb, 0, at - n * eb);
+}
+
 /* On NVMe: unit by unit through the first optimizer slot, written to the
- * unit's extents. */
-static int load_nvme(zn_trainer *tr, zn_train_state_source src, void *user)
+ * unit's extents. The moments come in the run's format or (`from` fp32:
+ * another format, or resharded) as fp32, read into the slot's gradient
+ * area and converted as the flat load converts them (units start on 8-bit
+ * blocks); the master is read last, its area holding the moment not being
+ * converted meanwhile. 8-bit moments in the run's format read both
+ * streams' absmax (P / 64 bytes each) first, then each unit's codes in
+ * order. */
+static int load_nvme(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source src, void *user)
 {
     zn_opt_slot *s = &tr->opt.slot[0];
-    float *dst[3] = { s->master, s->m, s->v };
+    const zn_mom_fmt fmt = tr->mom_fmt;
+    const bool convert = from != fmt, q8 = !convert && fmt == ZN_MOM_Q8;
+    const uint64_t nabs = q8 ? zn_q8_blocks(tr->P) * 4 : 0;
+    float *absmax[2] = { NULL, NULL };
     int rc = 0;
+    if (convert && from != ZN_MOM_F32)
+        return zn_set_error(ZN_EINTERNAL, "state load: moments as %s into %s ones on NVMe",
+                            zn_mom_fmt_name(from), zn_mom_fmt_name(fmt));
+    for (int k = 0; k < 2 && q8 && !rc; k++) {
+        if (!(absmax[k] = malloc(nabs)))
+            rc = zn_set_error(-ENOMEM, "state load: out of memory for the 8-bit absmax");
+        else
+            rc = src(user, ZN_TS_M + k, zn_mom_layout_absmax_at(fmt, tr->P), absmax[k], nabs);
+    }
     s->unit = -1;
     for (int u = 0; u < tr->n_units && !rc; u++) {
         zn_unit *un = &tr->units[u];
+        void *dst[3] = { s->master, s->m, s->v };
         int ids[3] = { un->master_id, un->m_id, un->v_id };
+        uint64_t mb = zn_tr_unit_mom_bytes(tr, un->n);
+        zn_moments mv = zn_tr_slot_moments(tr, s, u);
+        for (int k = 0; k < 2 && !rc; k++) {
+            if (convert) {
+                /* fp32 in, the other moment's converted values into the
+                 * master area (free until the master is read) */
+                zn_moments f = { ZN_MOM_F32, s->grad, s->grad, NULL, NULL, ZN_Q8_BNB };
+                zn_moments d = zn_mom_layout_at(fmt, k ? s->master : s->m, k ? s->v : s->master,
+                                                un->n, 0);
+                d.scheme = tr->q8_scheme;
+                if (!(rc = src(user, ZN_TS_M + k, un->off * 4, s->grad, un->n * 4)))
+                    rc = zn_mom_convert(&d, &f, un->n);
+            } else if (fmt == ZN_MOM_F32) {
+                rc = src(user, ZN_TS_M + k, un->off * 4, dst[k + 1], un->n * 4);
+            } else {
+                /* the elements (and the stream's padding after the last) */
+                uint64_t eb = (uint64_t)tr->mom_elem;
+                rc = src(user, ZN_TS_M + k, un->off * eb, dst[k + 1],
+                         zn_mom_layout_absmax_at(fmt, un->n));
+                if (!rc && q8)
+                    memcpy(k ? mv.v_absmax : mv.m_absmax, absmax[k] + un->off / ZN_Q8_BLOCK,
+                           zn_q8_blocks(un->n) * 4);
+            }
+        }
+        if (!rc && convert)
+            slot_pad_zero(tr, s, u);
+        if (!rc)
+            rc = src(user, ZN_TS_MASTER, un->off * 4, s->master, un->n * 4);
         zn_io_req w[3];
         int nw = 0;
         for (int k = 0; k < ZN_TS_COUNT && !rc; k++) {
-            if ((rc = src(user, k, un->off * 4, dst[k], un->n * 4)))
-                break;
             rc = zn_ioq_submit(&tr->wq, &w[k], 1, &zn_tier_get(&tr->tm, ids[k])->ext, dst[k],
-                               un->n * 4, "checkpoint load");
+                               k ? mb : un->n * 4, "checkpoint load");
             nw = k + 1;
         }
         for (int k = 0; k < nw; k++) {
@@ -259,6 +359,8 @@ static int load_nvme(zn_trainer *tr, zn_train_state_source src, void *user)
         if (!rc)
             rc = regen_params(tr, u, s->master, s->pout);
     }
+    free(absmax[0]);
+    free(absmax[1]);
     return rc;
 }
 
@@ -268,12 +370,12 @@ int zn_train_state_load(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source s
     if (tr->bad)
         return zn_set_error(ZN_ECORRUPT, "state load: the trainer failed earlier");
     bool nvme = tr->opt_home == ZN_OFFLOAD_NVME && !tr->opt_on_device;
-    if (from != tr->mom_fmt && (tr->opt_on_device || nvme))
+    if (from != tr->mom_fmt && (tr->opt_on_device || (nvme && from != ZN_MOM_F32)))
         return zn_set_error(ZN_EUNSUPPORTED, "state load: moments as %s into a run keeping "
                             "them as %s on the %s", zn_mom_fmt_name(from),
                             zn_mom_fmt_name(tr->mom_fmt), tr->opt_on_device ? "device" : "NVMe tier");
     int rc = tr->opt_on_device ? load_device(tr, src, user)
-             : nvme   ? load_nvme(tr, src, user)
+             : nvme   ? load_nvme(tr, from, src, user)
                       : load_flat(tr, from, src, user);
     /* each rank made its own shard of the working parameters again; a
      * replicated block (stages 1/2 on several ranks) holds the others'

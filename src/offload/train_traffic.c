@@ -130,8 +130,10 @@ int zn_tr_count_traffic(zn_trainer *tr)
         const zn_unit *un = &tr->units[u];
         s->adam_params += un->n;
         if (s->opt_on_nvme) {
-            s->nvme_read += 3 * un->n * 4;  /* m and v too, past the first step */
-            s->nvme_write += 3 * un->n * 4;
+            /* m and v too (past the first step), at their own size */
+            uint64_t st = un->n * 4 + 2 * zn_tr_unit_mom_bytes(tr, un->n);
+            s->nvme_read += st;
+            s->nvme_write += st;
         }
         for (int k = 0; k < un->np; k++) {
             const zn_piece *p = &tr->pieces[un->p0 + k];
