@@ -133,10 +133,12 @@ EOF
     [ -z "$left" ] || { echo "FAIL: $kind: left under the NVMe path: $left"; fail=1; }
 done
 
-# Adam's moments kept compressed (train.optim, in the cpu tier): an 8-bit
-# or bf16 checkpoint of 2 ranks resumes on other numbers of ranks and in
-# other tiers, each old rank's moments read as fp32 from its own layout,
-# and an fp32 one resumes into 8-bit moments on another number of ranks.
+# Adam's moments kept compressed (train.optim, in the cpu tier or swapped
+# through NVMe): an 8-bit or bf16 checkpoint of 2 ranks resumes on other
+# numbers of ranks and in other tiers, each old rank's moments read as fp32
+# from its own layout (and quantized again per unit on NVMe), an fp32 one
+# resumes into 8-bit moments on another number of ranks and on NVMe, and
+# one saved from NVMe resumes in the cpu tier as it is.
 # Within 2e-4 where the moments arrive exactly (bf16 widened, and rounded
 # again to bf16; 8-bit dequantized into fp32 moments) or are quantized once
 # from exact values as a step would (fp32 into 8-bit): what 8-bit runs on
@@ -154,11 +156,22 @@ for optim in adamw_bnb_8bit adamw_bf16; do
         --set train.checkpoint.dir=\"$work/ck-$optim\" --set train.checkpoint.every=3 ||
         { echo "FAIL: 2 ranks with train.optim $optim: $(errors mom-$optim.r*.out)"; fail=1; }
 done
+# the same 8-bit run with params and Adam on NVMe (the moments swapped per
+# unit at their size): as in the cpu tier
+eval "nvme=(${place[s3nvme]})"
+ranks 2 mom-nvme8 "${mom[@]}" "${nvme[@]}" --set train.optim=adamw_bnb_8bit --steps 6 \
+    --set train.checkpoint.dir=\"$work/ck-nvme8\" --set train.checkpoint.every=3 &&
+    same "8-bit moments, 2 ranks at $(desc s3nvme) train as at $(desc s2cpu)" \
+        mom-adamw_bnb_8bit.jsonl <(tail -n 3 mom-nvme8.jsonl) ||
+    { echo "FAIL: 2 ranks with 8-bit moments on NVMe: $(errors mom-nvme8.r*.out)"; fail=1; }
 # SAVED (the saving run's train.optim; adamw_torch: the full run's stage 2
-# checkpoint above), ranks, placement, train.optim, tolerance, what is said
+# checkpoint above; nvme8: the 8-bit run on NVMe), ranks, placement,
+# train.optim, tolerance, what is said
 while read -r saved n to optim tol said; do
     if [ $saved = adamw_torch ]; then
         ck=$work/ck-full-s2cpu/step-00000003 ref=full-s3nvme.jsonl
+    elif [ $saved = nvme8 ]; then
+        ck=$work/ck-nvme8/step-00000003 ref=mom-adamw_bnb_8bit.jsonl
     else
         ck=$work/ck-$saved/step-00000003 ref=mom-$saved.jsonl
     fi
@@ -175,9 +188,14 @@ while read -r saved n to optim tol said; do
 done <<'EOF'
 adamw_bnb_8bit 1 s3nvme adamw_torch 2e-4 converted.at.load
 adamw_bnb_8bit 3 s2cpu adamw_bnb_8bit 1e-3 quantized.again
+adamw_bnb_8bit 1 s3nvme adamw_bnb_8bit 1e-3 quantized.again
 adamw_bf16 3 s2cpu adamw_bf16 2e-4 -
+adamw_bf16 3 s3nvme adamw_bf16 2e-4 -
 adamw_bf16 1 s3nvme adamw_torch 2e-4 converted.at.load
 adamw_torch 3 s2cpu adamw_bnb_8bit 2e-4 converted.at.load
+adamw_torch 1 s3nvme adamw_bnb_8bit 2e-4 converted.at.load
+nvme8 2 s2cpu adamw_bnb_8bit 2e-4 -
+nvme8 3 s3nvme adamw_bnb_8bit 1e-3 quantized.again
 EOF
 left=$(find "$work/swap-mom" -mindepth 1 2>/dev/null | head -3)
 [ -z "$left" ] || { echo "FAIL: left under the NVMe path: $left"; fail=1; }
