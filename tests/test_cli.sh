@@ -64,8 +64,23 @@ expect 1 "adamw_bnb_8bit .*alone fits \(the cpu tier then needs 87.26 GiB\); or 
     plan "$src/examples/a10-qwen2.5-7b.json" --set tiers.cpu=100GiB
 expect 0 "^total +[0-9.]+ GiB +87.26 GiB" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --set tiers.cpu=100GiB --set train.optim=adamw_bnb_8bit
-expect 1 "tiers.nvme has 0 B; train.optim=adamw_bnb_8bit .*not enough alone \(short by 23.26 GiB even so\)" -- \
+expect 1 "tiers.nvme has 0 B; train.optim=adamw_bnb_8bit .*not enough alone \(short by 23.26 GiB even so\); both together need 71.15 GiB on nvme" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --set tiers.cpu=64GiB
+# 8-bit moments on NVMe: an NVMe tier short with fp32 moments on it is told
+# what they save; the wear line says what they would write
+expect 1 "nvme tier needs .*adamw_bnb_8bit keeps Adam's m and v in 8 bits \(27.94 GiB instead of 110.05 GiB\), which saves 82.10 GiB and alone fits" -- \
+    plan "$src/examples/a10-qwen2.5-14b-nvme.json" "${nv14[@]}" \
+    --set 'tiers.nvme=[{"path": "/mnt/nvme0/zinc", "size": "150GiB"}]'
+expect 0 "adamw_bnb_8bit keeps Adam's m and v in 8 bits, on NVMe too: 82.96 GiB of optimizer states per step instead of 165.07 GiB" -- \
+    plan "$src/examples/a10-qwen2.5-14b-nvme.json" "${nv14[@]}"
+expect 0 "^adam m \(int8\) +- +- +13.97 GiB" -- \
+    plan "$src/examples/a10-qwen2.5-14b-nvme.json" "${nv14[@]}" --set train.optim=adamw_bnb_8bit
+# Qwen2.5-14B full fine-tune with nothing on NVMe: 8-bit moments, tiers.cpu
+# 192 GiB; the NVMe example given that much RAM is told its params fit there
+expect 0 "^total +[0-9.]+ GiB +167.74 GiB +0 B" -- plan "$src/examples/a10-qwen2.5-14b-8bit.json"
+expect 0 "the params on NVMe \(26.06 GiB\) would fit in the cpu tier's headroom" -- \
+    plan "$src/examples/a10-qwen2.5-14b-nvme.json" "${nv14[@]}" --set tiers.cpu=192GiB \
+    --set train.optim=adamw_bnb_8bit --set zero_optimization.offload_optimizer.device=cpu
 expect 1 "offload_parm: unknown key \(did you mean 'offload_param'\?\)" -- \
     plan "$src/examples/tiny.json" --set zero_optimization.offload_parm.device=cpu
 expect 0 "attention +fused .*\\[auto\\]" -- plan "$src/examples/a10-qwen2.5-7b.json"

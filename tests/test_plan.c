@@ -149,6 +149,53 @@ static void test_q8_advice(void)
                                       p.bytes[ZN_STATE_ADAM_V][ZN_TIER_CPU]), p.why);
 }
 
+/* Adam's state on NVMe: 8-bit moments are swapped at their size (the NVMe
+ * tier and the pinned staging shrink with them); an NVMe tier short with
+ * fp32 moments on it is told what 8-bit ones save, first when that alone
+ * fits. */
+static void test_q8_nvme(void)
+{
+    zn_config c32, c8;
+    zn_plan p, p8;
+    const char *json = "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\":"
+                       " \"cpu\"}, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\":"
+                       " \"/x\"}}}";
+    const char *f32[] = { "tiers.grads=nvme" };
+    const char *q8[] = { "tiers.grads=nvme", "train.optim=adamw_bnb_8bit" };
+    if (zn_config_parse(&c32, json, "fp32", f32, 1) || zn_config_parse(&c8, json, "q8", q8, 2))
+        ZT_SETUP_FAIL("config: %s", zn_last_error());
+    zn_plan_input in = small_input(1);
+    zn_plan_budgets b = { { 1 << 20, 1 << 20, 1 << 20 } };
+    ZT_EQ_INT(zn_plan_compute(&p, &c32, &in, &b), 0);
+    ZT_EQ_INT(zn_plan_compute(&p8, &c8, &in, &b), 0);
+    /* 2200 elements: master and grads 8800 B each, m and v 2276 B each in
+     * 8 bits (2240 padded codes + 9 absmax) instead of 8800 */
+    ZT_EQ_U64(p.tier_total[ZN_TIER_NVME], 4 * 8800);
+    ZT_EQ_U64(p8.tier_total[ZN_TIER_NVME], 2 * 8800 + 2 * 2276);
+    ZT_EQ_U64(p8.bytes[ZN_STATE_ADAM_M][ZN_TIER_NVME], 2276);
+    /* the staging: buffer_count 4 x the sub-group (2200) fp32, a quarter
+     * of it in flight as master, m, v, grads: the moments at their size */
+    ZT_EQ_U64(p.bytes[ZN_STATE_WORK][ZN_TIER_CPU] - p8.bytes[ZN_STATE_WORK][ZN_TIER_CPU],
+              4 * 2200 * 4 - (8 * 2200 + 2 * 2276));
+    /* what a step writes: the moments at their size */
+    ZT_EQ_U64(p.nvme_write_part[0] - p8.nvme_write_part[0], 2 * (8800 - 2276));
+
+    char want[160];
+    b.bytes[ZN_TIER_NVME] = p8.tier_total[ZN_TIER_NVME];
+    ZT_EQ_INT(zn_plan_compute(&p, &c32, &in, &b), ZN_ENOFIT);
+    ZT_CONTAINS(p.why, "nvme tier needs");
+    ZT_CONTAINS(p.why, "train.optim=adamw_bnb_8bit keeps Adam's m and v in 8 bits");
+    snprintf(want, sizeof want, "alone fits (the nvme tier then needs about %s); or give "
+             "tiers.nvme more space", zn_format_size(p8.tier_total[ZN_TIER_NVME],
+                                                     (char[32]){ 0 }, 32));
+    ZT_CONTAINS(p.why, want);
+    ZT_EQ_INT(zn_plan_compute(&p8, &c8, &in, &b), 0);
+    b.bytes[ZN_TIER_NVME]--;
+    ZT_EQ_INT(zn_plan_compute(&p, &c32, &in, &b), ZN_ENOFIT);
+    ZT_CONTAINS(p.why, "or move state to the cpu tier; train.optim=adamw_bnb_8bit");
+    ZT_CONTAINS(p.why, "not enough alone (short by 1 B even so)");
+}
+
 /* tiers.grads: with the states on NVMe, the gradients stay in pinned RAM
  * when the cpu tier has room after everything else (auto), or go where
  * they are told. */
@@ -369,6 +416,7 @@ int main(void)
     test_fit_optimizer();
     test_hand_computed();
     test_sharded();
+    test_q8_nvme();
     test_grads_tier();
     test_q8_advice();
     test_param_cache();

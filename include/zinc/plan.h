@@ -80,6 +80,9 @@ typedef struct {
                                                        params, gradient accumulators */
     bool opt_fits_cpu;                              /* the states asked on NVMe
                                                        would fit in the cpu tier */
+    bool params_fit_cpu;                            /* so would the params asked
+                                                       on NVMe (their staging
+                                                       still counted) */
     /* One optimizer step's work on this rank, counted by the trainer's own
      * schedule run dry (zn_train_plan; zeros from zn_plan_compute alone):
      * what the cost model (zinc/cost.h) turns into time. */

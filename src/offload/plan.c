@@ -70,24 +70,33 @@ static void add(zn_plan *p, zn_state_class c, zn_tier t, uint64_t bytes)
     p->bytes[c][t] += bytes;
 }
 
-/* The cpu tier short by `short_by` with fp32 Adam moments in it: what
- * train.optim=adamw_bnb_8bit (8-bit blockwise m and v, laid out as the
- * trainer lays them out: zn_mom_layout_bytes) would save, into fix[n].
+/* Bytes of fp32 Adam moments (m + v) in tier t as 8-bit ones would take:
+ * laid out as the trainer lays them out (zn_mom_layout_bytes; the fp32
+ * figures are 4 bytes an element, in the estimate and in the trainer's
+ * items, whose NVMe extents are rounded up to pages: the elements are the
+ * bytes / 4 at most). */
+static uint64_t q8_of(const zn_plan *p, zn_tier t)
+{
+    return zn_mom_layout_bytes(ZN_MOM_Q8, p->bytes[ZN_STATE_ADAM_M][t] / 4) +
+           zn_mom_layout_bytes(ZN_MOM_Q8, p->bytes[ZN_STATE_ADAM_V][t] / 4);
+}
+
+/* Tier t (cpu: the optimizer in RAM; nvme: swapped there) short by
+ * `short_by` with fp32 Adam moments in it: what train.optim=adamw_bnb_8bit
+ * (8-bit blockwise m and v, which both tiers hold at their size) would
+ * save, into fix[n]; on NVMe the figure is about the 8-bit plan's (its
+ * extents are rounded to pages, and the gradients' tier may change).
  * Returns 1 when that alone makes the tier fit, 0 when it does not, -1
  * (fix empty) when the moments are too small a part of the tier to be
  * worth saying: a LoRA run's adapters, whose moments are a few per cent of
  * the frozen base's 16-bit copy. */
-static int q8_advice(const zn_plan *p, uint64_t short_by, char *fix, size_t n)
+static int q8_advice(const zn_plan *p, zn_tier t, uint64_t short_by, char *fix, size_t n)
 {
-    const zn_tier t = ZN_TIER_CPU;
     uint64_t fp = p->bytes[ZN_STATE_ADAM_M][t] + p->bytes[ZN_STATE_ADAM_V][t];
     fix[0] = '\0';
     if (p->moment_bytes != 4 || !fp || fp * 16 < p->tier_total[t])
         return -1;
-    /* fp32 moments are 4 bytes an element, both in the estimate and in the
-     * trainer's items: the elements are the bytes / 4 */
-    uint64_t q8 = zn_mom_layout_bytes(ZN_MOM_Q8, p->bytes[ZN_STATE_ADAM_M][t] / 4) +
-                  zn_mom_layout_bytes(ZN_MOM_Q8, p->bytes[ZN_STATE_ADAM_V][t] / 4);
+    uint64_t q8 = q8_of(p, t);
     if (q8 >= fp)
         return -1;
     uint64_t save = fp - q8;
@@ -97,7 +106,8 @@ static int q8_advice(const zn_plan *p, uint64_t short_by, char *fix, size_t n)
     zn_format_size(save, c, sizeof c);
     if (save >= short_by) {
         snprintf(fix, n, "train.optim=adamw_bnb_8bit keeps Adam's m and v in 8 bits (%s instead "
-                 "of %s), which saves %s and alone fits (the cpu tier then needs %s)", a, b, c,
+                 "of %s), which saves %s and alone fits (the %s tier then needs %s%s)", a, b, c,
+                 zn_tier_name(t), t == ZN_TIER_NVME ? "about " : "",
                  zn_format_size(p->tier_total[t] - save, d, sizeof d));
         return 1;
     }
@@ -144,6 +154,11 @@ static int finish(zn_plan *p, const zn_config *cfg, bool act_ckpt)
     p->opt_fits_cpu = opt_nvme && p->tier_total[ZN_TIER_CPU] + opt_nvme +
                                       p->bytes[ZN_STATE_GRADS][ZN_TIER_NVME] <=
                                       p->budget[ZN_TIER_CPU];
+    /* the same for params on NVMe, which are written back every step (an
+     * example planned for a small machine, given a larger tiers.cpu) */
+    uint64_t par_nvme = p->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME];
+    p->params_fit_cpu = par_nvme && p->nvme_write_part[1] &&
+                        p->tier_total[ZN_TIER_CPU] + par_nvme <= p->budget[ZN_TIER_CPU];
 
     /* Feasibility and the fix for the first tier that is short. */
     p->fits = true;
@@ -161,7 +176,7 @@ static int finish(zn_plan *p, const zn_config *cfg, bool act_ckpt)
                                  used ? "; " : "", zn_tier_name((zn_tier)t), need, have, short_by);
         if (used >= sizeof p->why)
             break;
-        char fix[512] = "";
+        char fix[768] = "";
         uint64_t opt_bytes = (p->bytes[ZN_STATE_MASTER][t] + p->bytes[ZN_STATE_ADAM_M][t] +
                               p->bytes[ZN_STATE_ADAM_V][t] + p->bytes[ZN_STATE_GRADS][t]);
         char ob[32], pbs[32], nv[32];
@@ -187,15 +202,22 @@ static int finish(zn_plan *p, const zn_config *cfg, bool act_ckpt)
             if (otier == ZN_TIER_CPU && opt_bytes) {
                 /* the cheapest fix that fits first: 8-bit moments cost no
                  * I/O and no SSD wear; the states on NVMe cost both */
-                char q8[256], to_nvme[160];
-                int q8_fits = q8_advice(p, p->tier_total[t] - p->budget[t], q8, sizeof q8);
+                char q8[256], to_nvme[160], both[96];
+                int q8_fits = q8_advice(p, ZN_TIER_CPU, p->tier_total[t] - p->budget[t], q8,
+                                        sizeof q8);
                 snprintf(to_nvme, sizeof to_nvme, "zero_optimization.offload_optimizer.device=nvme "
                          "needs %s on nvme; tiers.nvme has %s",
                          zn_format_size(opt_bytes + p->tier_total[ZN_TIER_NVME], ob, sizeof ob), nv);
+                /* the NVMe tier swaps 8-bit moments at their size too */
+                uint64_t fp = p->bytes[ZN_STATE_ADAM_M][t] + p->bytes[ZN_STATE_ADAM_V][t];
+                char nb[32];
+                snprintf(both, sizeof both, "; both together need %s on nvme",
+                         zn_format_size(opt_bytes - fp + q8_of(p, t) +
+                                        p->tier_total[ZN_TIER_NVME], nb, sizeof nb));
                 if (q8_fits == 1)
                     snprintf(fix, sizeof fix, "%s; or %s", q8, to_nvme);
                 else if (q8_fits == 0)
-                    snprintf(fix, sizeof fix, "%s; %s", to_nvme, q8);
+                    snprintf(fix, sizeof fix, "%s; %s%s", to_nvme, q8, both);
                 else
                     snprintf(fix, sizeof fix, "%s", to_nvme);
             } else if (ptier == ZN_TIER_CPU && p->bytes[ZN_STATE_PARAMS][t])
@@ -209,8 +231,19 @@ static int finish(zn_plan *p, const zn_config *cfg, bool act_ckpt)
                 snprintf(fix, sizeof fix, "raise tiers.cpu, or lower buffer_count / "
                          "sub_group_size / buffer_size");
         } else {
-            snprintf(fix, sizeof fix, "give tiers.nvme more space (another path, or a larger "
-                     "size) or move state to the cpu tier");
+            /* fp32 moments swapped there: 8-bit ones take a quarter */
+            char q8[256];
+            int q8_fits = otier == ZN_TIER_NVME
+                              ? q8_advice(p, ZN_TIER_NVME, p->tier_total[t] - p->budget[t], q8,
+                                          sizeof q8) : -1;
+            const char *more = "give tiers.nvme more space (another path, or a larger size) or "
+                               "move state to the cpu tier";
+            if (q8_fits == 1)
+                snprintf(fix, sizeof fix, "%s; or %s", q8, more);
+            else if (q8_fits == 0)
+                snprintf(fix, sizeof fix, "%s; %s", more, q8);
+            else
+                snprintf(fix, sizeof fix, "%s", more);
         }
         used += (size_t)snprintf(p->why + used, sizeof p->why - used, ": %s", fix);
         if (used >= sizeof p->why)
@@ -476,5 +509,22 @@ void zn_plan_print(const zn_plan *p, FILE *f)
             fprintf(f, "the optimizer states would fit in the cpu tier's headroom: "
                     "zero_optimization.offload_optimizer.device=cpu keeps them in RAM and "
                     "writes nothing per step\n");
+        if (p->params_fit_cpu)
+            fprintf(f, "the params on NVMe (%s) would fit in the cpu tier's headroom: "
+                    "zero_optimization.offload_param.device=cpu keeps them in RAM and saves "
+                    "their %s written per step\n",
+                    zn_format_size(p->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME], b3, sizeof b3),
+                    zn_format_size(p->nvme_write_part[1], b4, sizeof b4));
+        /* fp32 moments swapped: 8-bit ones (stepped alike on NVMe) would
+         * write a quarter of their bytes */
+        uint64_t fp = p->bytes[ZN_STATE_ADAM_M][ZN_TIER_NVME] +
+                      p->bytes[ZN_STATE_ADAM_V][ZN_TIER_NVME];
+        uint64_t q8 = q8_of(p, ZN_TIER_NVME);
+        if (p->moment_bytes == 4 && fp && q8 < fp && fp * 16 >= p->nvme_write_part[0])
+            fprintf(f, "train.optim=adamw_bnb_8bit keeps Adam's m and v in 8 bits, on NVMe too: "
+                    "%s of optimizer states per step instead of %s (%s in all)\n",
+                    zn_format_size(opt - fp + q8, b3, sizeof b3),
+                    zn_format_size(opt, b4, sizeof b4),
+                    zn_format_size(p->nvme_write_step - fp + q8, b5, sizeof b5));
     }
 }
