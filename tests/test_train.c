@@ -188,15 +188,15 @@ static void compare(const char *label, const run_out *ref, const run_out *o)
 }
 
 /* ---- fault injection --------------------------------------------------------*/
-static void fault_sweep(uint64_t tiny)
+/* One more setting (NULL: none), and the completions to fail. */
+static void fault_sweep(uint64_t tiny, const char *extra, const uint64_t *nths, int nn)
 {
     const char *sets[] = { "zero_optimization.offload_param.device=\"nvme\"",
-                           "zero_optimization.offload_optimizer.device=\"nvme\"" };
-    uint64_t nths[] = { 1, 4, 9, 17, 40 };
-    for (size_t k = 0; k < sizeof nths / sizeof nths[0]; k++) {
+                           "zero_optimization.offload_optimizer.device=\"nvme\"", extra };
+    for (int k = 0; k < nn; k++) {
         toy_model toy;
         zn_trainer *tr;
-        int rc = create(&tr, &toy, sets, 2, tiny, NULL);
+        int rc = create(&tr, &toy, sets, extra ? 3 : 2, tiny, NULL);
         if (rc)
             ZT_SETUP_FAIL("create: %s", zn_last_error());
         zn_train_step_info info;
@@ -227,7 +227,7 @@ static void fault_sweep(uint64_t tiny)
         ZT_CONTAINS(msg, "offset");
         ZT_CONTAINS(msg, "zinc-train");
         if (k == 0)
-            printf("injected fault -> %s\n", msg);
+            printf("injected fault%s%s -> %s\n", extra ? ", " : "", extra ? extra : "", msg);
         /* nothing is presented as good afterwards */
         ZT_EQ_INT(zn_train_step(tr, ids, tgts, NULL, &info), ZN_ECORRUPT);
         float *w = malloc(zn_train_num_params(tr) * 4);
@@ -777,7 +777,10 @@ int main(void)
     }
 
     /* invariant 3: an I/O error mid-step stops training, clearly */
-    fault_sweep(tiny);
+    static const uint64_t nths[] = { 1, 4, 9, 17, 40 };
+    fault_sweep(tiny, NULL, nths, 5);
+    /* the compressed moments' reads and writes fail as cleanly */
+    fault_sweep(tiny, "train.optim=\"adamw_8bit\"", nths + 1, 3);
     test_no_stall_behind_reads(tiny);
 
     zn_loader_destroy(loader);

@@ -23,9 +23,11 @@ void zn_train_state_get_info(const zn_trainer *tr, zn_train_state_info *out)
     out->bytes[ZN_TS_M] = out->bytes[ZN_TS_V] = tr->mom_bytes;
     out->flat = !tr->opt_on_device && tr->opt_home != ZN_OFFLOAD_NVME;
     out->from_f32 = out->flat || tr->opt_home == ZN_OFFLOAD_NVME;
-    /* NVMe: the chunks go out of the first slot's master area (4 U bytes)
-     * while each unit is read into its gradient area */
-    out->max_chunk = tr->opt_on_device ? tr->ostage_bytes : out->flat ? 0 : 4 * tr->U;
+    /* NVMe: the chunks gather in the first slot's master, m and v areas
+     * while each unit is read into its gradient area after them */
+    out->max_chunk = tr->opt_on_device ? tr->ostage_bytes
+                     : out->flat       ? 0
+                                       : 4 * tr->U + 2 * tr->slot_mom_bytes;
     out->step = tr->step;
     out->steps_run = tr->stats.steps_run;
     out->scaler = tr->scaler;
@@ -106,8 +108,8 @@ static int chunk_put(chunker *c, const void *src, uint64_t len)
 }
 
 /* On NVMe: unit by unit through the first optimizer slot, each unit read
- * into its gradient area and passed on from its master area in chunks of
- * `chunk` <= 4 U bytes. The stream is the flat layout of the rank's P
+ * into its gradient area and passed on from the areas before it (master,
+ * m, v) in chunks of `chunk` <= their size. The stream is the flat layout of the rank's P
  * elements (zn_mom_layout_bytes: every element, then every 8-bit block's
  * absmax), each unit's extent its own layout of its n elements: the
  * elements (with the last unit's padding, which is the stream's) go out
