@@ -147,6 +147,21 @@ check "[ $? -eq 0 ] && grep -q 'converted at load' nr8.out" \
 check "diff <(hexes n8to16.jsonl) <(hexes c8to16.jsonl) > /dev/null" \
     "8-bit checkpoint into bf16 moments: NVMe and the cpu tier differ"
 
+# bf16 moments on NVMe with a sub-group that is no whole number of 256
+# (30001) and the buffers to make it the unit (buffer_count 9): units are
+# rounded to 256 elements, so the checkpoint's moments, the units' halves
+# back to back, are the cpu tier run's files
+"$zinc" train "${nv[@]}" --set train.optim=adamw_bf16 --set zero_optimization.sub_group_size=30001 \
+    --set zero_optimization.offload_optimizer.buffer_count=9 --set train.checkpoint.dir=nck16 \
+    --steps 5 > n16.out 2>&1
+check "[ $? -eq 0 ]" "bf16 moments on NVMe in units of a sub-group of 30001: $(tail -3 n16.out)"
+"$zinc" train "${cpu[@]}" --set train.optim=adamw_bf16 --set train.checkpoint.dir=cck16 --steps 5 \
+    > c16.out 2>&1
+for f in master m v; do
+    check "cmp -s nck16/step-00000005/rank-0/$f.bin cck16/step-00000005/rank-0/$f.bin" \
+        "bf16 moments: the NVMe run's $f.bin at step 5 is not the cpu tier run's"
+done
+
 # refusals
 "$zinc" train --set train.optim=adamw_8bit --set zero_optimization.offload_optimizer.device=none \
     --steps 2 > n.out 2>&1

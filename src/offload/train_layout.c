@@ -155,8 +155,11 @@ int zn_tr_build_layout(zn_trainer *tr)
                             "\"cpu\" or \"nvme\" (it is \"none\"), or use train.optim "
                             "adamw_torch", cfg->source, zn_mom_fmt_name(tr->mom_fmt));
     /* 8-bit blocks never straddle two units (the NVMe units below are
-     * multiples of 1024 elements, or this rounded sub-group) */
-    if (tr->mom_fmt == ZN_MOM_Q8 && sg < tr->P)
+     * multiples of 1024 elements, or this rounded sub-group); bf16 units
+     * are rounded alike, so that on NVMe every unit's moments but the
+     * last's end on a 64-byte boundary: a checkpoint stream is the units'
+     * elements back to back, without the padding each extent has */
+    if (tr->mom_fmt != ZN_MOM_F32 && sg < tr->P)
         sg = (sg + ZN_Q8_BLOCK - 1) / ZN_Q8_BLOCK * ZN_Q8_BLOCK;
     tr->U = sg;
     tr->opt.n_slots = 1;
@@ -181,6 +184,10 @@ int zn_tr_build_layout(zn_trainer *tr)
         tr->slot_mom_bytes = tr->mom_fmt == ZN_MOM_F32
                                  ? U * 4 : zn_tr_round_up(zn_tr_unit_mom_bytes(tr, U), 4096);
     }
+    if (tr->mom_fmt != ZN_MOM_F32 && tr->U < tr->P && tr->U % ZN_Q8_BLOCK)
+        return zn_set_error(ZN_EINTERNAL, "train: optimizer units of %llu elements with %s "
+                            "moments (not whole blocks of %d)", (unsigned long long)tr->U,
+                            zn_mom_fmt_name(tr->mom_fmt), ZN_Q8_BLOCK);
     tr->n_units = (int)((tr->P + tr->U - 1) / tr->U);
     tr->units = calloc((size_t)tr->n_units, sizeof *tr->units);
     if (!tr->units)

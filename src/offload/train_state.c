@@ -109,12 +109,13 @@ static int chunk_put(chunker *c, const void *src, uint64_t len)
 
 /* On NVMe: unit by unit through the first optimizer slot, each unit read
  * into its gradient area and passed on from the areas before it (master,
- * m, v) in chunks of `chunk` <= their size. The stream is the flat layout of the rank's P
- * elements (zn_mom_layout_bytes: every element, then every 8-bit block's
- * absmax), each unit's extent its own layout of its n elements: the
- * elements (with the last unit's padding, which is the stream's) go out
- * as the units are read, the 8-bit absmax (P / 64 bytes) are gathered
- * and go out last. Moments never written are the initial zeros. */
+ * m, v) in chunks of `chunk` <= their size. The stream is the flat layout
+ * of the rank's P elements (zn_mom_layout_bytes: every element, then every
+ * 8-bit block's absmax), each unit's extent its own layout of its n
+ * elements: the elements (with the last unit's padding, which is the
+ * stream's; the others have none, being whole blocks) go out as the units
+ * are read, the 8-bit absmax (P / 64 bytes) are gathered and go out last.
+ * Moments never written are the initial zeros. */
 static int save_nvme(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
                      zn_train_state_sink sink, void *user)
 {
