@@ -234,7 +234,7 @@ int main(void)
         }
     }
     /* Adam's moments in fewer bytes (train.optim), in the cpu optimizer
-     * tier and on NVMe (swap extents and staging at their own size, grads
+     * tier, on the device and on NVMe (swap extents and staging at their own size, grads
      * in RAM or on NVMe); a sub-group of 100000 or 30000 is not a whole
      * number of 8-bit blocks, so the units are rounded up to them */
     static const char *const optims[] = { "train.optim=\"adamw_bnb_8bit\"",
@@ -246,7 +246,10 @@ int main(void)
             one(&shapes[s], &places[1], 2, 4, "auto", 4, 100000);
             one(&shapes[s], &places[5], 2, 4, "cpu", 8, 30000);
             one(&shapes[s], &places[6], 2, 4, "nvme", 4, 100000);
-            n += 4;
+            /* the optimizer on the device (zn_dev_adam_mom) */
+            one(&shapes[s], &places[2], 2, 4, "auto", 4, 100000);
+            one(&shapes[s], &places[7], 2, 4, "auto", 4, 100000);
+            n += 6;
         }
     }
     /* torchao's 8-bit scheme: the same storage, one configuration */

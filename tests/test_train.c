@@ -3,7 +3,7 @@
  * identical final fp32 weights with everything on the device, params and
  * optimizer on CPU, params on CPU and optimizer on NVMe, params and
  * optimizer on NVMe, and a mixed placement; and with 8-bit or bf16 Adam
- * moments in the cpu tier and on NVMe), with a GPU budget so small that
+ * moments in the cpu tier, on NVMe and on the device), with a GPU budget so small that
  * only two parameter blocks fit at once; budgets are never exceeded; an
  * infeasible config fails before any work with the planner's explanation;
  * an injected NVMe error stops training with a message naming the tensor
@@ -527,6 +527,23 @@ int main(void)
                        (unsigned long long)m1.rep.nvme_write_bytes,
                        (unsigned long long)f32_nvme_bytes[k]);
                 prev[k] = rw;
+                free(m1.master);
+            }
+            /* the optimizer on the device (zn_dev_adam_mom, a unit at a
+             * time), its blocks' homes in RAM or on NVMe */
+            const char *mcd[] = { cpu_dopt[0], cpu_dopt[1], optims[f] };
+            const char *mnd[] = { nvme_dopt[0], nvme_dopt[1], nvme_dopt[2], optims[f] };
+            struct { const char *where; const char **sets; int n; } dv[] = {
+                { "params cpu, optimizer on the device", mcd, 3 },
+                { "params nvme, optimizer on the device", mnd, 4 },
+            };
+            for (int k = 0; k < 2; k++) {
+                snprintf(label, sizeof label, "%s, %s", name, dv[k].where);
+                ZT_EQ_INT(run(label, dv[k].sets, dv[k].n, tiny + ref.n * 16 + (256u << 10), STEPS,
+                              &m1), 0);
+                compare(label, &mref, &m1);
+                check_budgets(label, &m1);
+                printf("%-60s ok\n", label);
                 free(m1.master);
             }
             free(mref.master);

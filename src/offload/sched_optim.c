@@ -454,6 +454,18 @@ static int dev_unit(zn_trainer *tr, int u, bool adam, bool track)
     }
     if (adam && (rc = zn_dev_launch_host_fn(d, tr->opt.s_h2d, adam_begin_fn, un)))
         return rc;
+    /* Compressed moments step the whole unit at once (its 8-bit blocks
+     * would straddle pieces); the pieces' copies are then cast from the
+     * updated master as when no step runs. fp32 ones step piece by piece,
+     * the kernel writing each piece's copy. */
+    bool fused = adam && tr->mom_fmt == ZN_MOM_F32;
+    if (adam && !fused) {
+        zn_moments mv = zn_mom_layout_at(tr->mom_fmt, tr->mom, tr->var, tr->P, un->off);
+        mv.scheme = tr->q8_scheme;
+        rc = zn_dev_adam_mom(d, tr->opt.s_h2d, &tr->opt.job.hp, tr->master + un->off, &mv,
+                             tr->grad_acc + un->off, tr->opt.job.g_scale, NULL, ZN_DTYPE_BF16,
+                             (int64_t)un->n);
+    }
     for (int k = 0; k < un->np && !rc; k++) {
         zn_piece *p = &tr->pieces[un->p0 + k];
         zn_block *b = &tr->blocks[p->block];
@@ -461,7 +473,7 @@ static int dev_unit(zn_trainer *tr, int u, bool adam, bool track)
         void *home =
             b->home == ZN_PHOME_DEVICE ? (char *)b->dev_params + piece_home_byte(tr, p) : NULL;
         void *c = !p16 ? NULL : home ? home : (char *)tr->pdev + rel * tr->param_bytes;
-        if (adam)
+        if (fused)
             rc = zn_dev_adam(d, tr->opt.s_h2d, &tr->opt.job.hp, tr->master + o, tr->mom + o, tr->var + o,
                              tr->grad_acc + o, tr->opt.job.g_scale, c, tr->param_dt, (int64_t)p->n);
         else if (c)

@@ -140,20 +140,14 @@ int zn_tr_build_layout(zn_trainer *tr)
     uint64_t sg = tr->plan.sub_group ? tr->plan.sub_group : tr->P;
     if (sg > tr->P)
         sg = tr->P;
-    /* Adam's moments (train.optim): compressed ones are stepped by the CPU
-     * (the cpu tier, or units swapped in from NVMe at their compressed
-     * size); the device's Adam keeps fp32 moments only */
+    /* Adam's moments (train.optim): fp32, bf16 or 8-bit in every home (the
+     * cpu tier, units swapped in from NVMe at their compressed size, or the
+     * device's Adam, zn_dev_adam_mom) */
     int mb = zn_config_moment_bytes(cfg->train.optim);
     tr->mom_elem = mb;
     tr->mom_fmt = mb == 1 ? ZN_MOM_Q8 : mb == 2 ? ZN_MOM_BF16 : ZN_MOM_F32;
     tr->q8_scheme = zn_config_q8_scheme(cfg->train.optim) ? ZN_Q8_TORCHAO : ZN_Q8_BNB;
     tr->mom_bytes = zn_mom_layout_bytes(tr->mom_fmt, tr->P);
-    if (tr->mom_fmt != ZN_MOM_F32 && tr->opt_home == ZN_OFFLOAD_NONE)
-        return zn_set_error(ZN_EUNSUPPORTED, "%s: train.optim keeps Adam's moments as %s, which "
-                            "zinc steps on the CPU only (the optimizer's device step keeps "
-                            "fp32 moments): set zero_optimization.offload_optimizer.device to "
-                            "\"cpu\" or \"nvme\" (it is \"none\"), or use train.optim "
-                            "adamw_torch", cfg->source, zn_mom_fmt_name(tr->mom_fmt));
     /* 8-bit blocks never straddle two units (the NVMe units below are
      * multiples of 1024 elements, or this rounded sub-group); bf16 units
      * are rounded alike, so that on NVMe every unit's moments but the

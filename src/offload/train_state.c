@@ -242,10 +242,11 @@ static int load_convert(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source s
  * parameters made again there. */
 static int load_device(zn_trainer *tr, zn_train_state_source src, void *user)
 {
-    const uint64_t chunk = tr->ostage_bytes, total = tr->P * 4;
+    const uint64_t chunk = tr->ostage_bytes;
     int rc = 0;
     for (int k = 0; k < ZN_TS_COUNT && !rc; k++)
-        for (uint64_t off = 0; off < total && !rc; off += chunk) {
+        for (uint64_t off = 0, total = k ? tr->mom_bytes : tr->P * 4; off < total && !rc;
+             off += chunk) {
             uint64_t n = total - off < chunk ? total - off : chunk;
             if (!(rc = src(user, k, off, tr->ostage, n)) &&
                 !(rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d, (char *)stream_base(tr, k) + off,
