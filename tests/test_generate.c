@@ -20,7 +20,11 @@
  *     allocated after zn_gen_open (its placement is what the run uses);
  *     with the layers homed on NVMe, the swap space the placement reports
  *     is the swap file's size, the streamed layers' weights plus less than
- *     a swap block per layer (one extent per layer, not one per tensor). */
+ *     a swap block per layer (one extent per layer, not one per tensor);
+ *   - the KV cache homed in pinned memory (forced, and chosen by a capped
+ *     arena): the same ids and bit-identical logits as on the device, with
+ *     weights resident and streamed, each step moving the rows it needs
+ *     in and its new rows out; refused when pinned memory is short too. */
 #include <dirent.h>
 #include <jansson.h>
 #include <math.h>
@@ -520,28 +524,50 @@ static void streamed(zn_dev *dev, const char *dir, const char *adapter, int64_t 
         ZT_FAIL_AT("mkdtemp: %s", nvme);
         goto out;
     }
+    for (int kvp = 0; kvp < 2; kvp++)
     for (int home = 0; home < 2; home++)
     for (int ring = 1; ring <= 3; ring++)
-        for (int res = 0; res < L && res <= 1; res++) {
+        for (int ri = 0; ri < 3; ri++) {
+            int res = ri < 2 ? ri : (int)L; /* 0, 1 or every layer resident */
             zn_gen_config c = zn_gen_config_default();
             c.ring = ring;
             c.max_resident_layers = res;
             c.nvme_dir = home ? nvme : NULL; /* streamed layers homed on NVMe */
+            c.kv_home = kvp ? ZN_GEN_KV_PINNED : ZN_GEN_KV_DEVICE;
             zn_gen_placement pl;
             if (gen_with(dev, dir, adapter, &c, 2, ids, lens, max_new, got, got_n, got_last,
                          &pl))
                 goto out;
             ZT_EQ_INT(pl.resident_layers, res);
             ZT_EQ_INT(pl.streamed_layers, L - res);
+            ZT_EQ_INT(pl.kv_pinned, kvp);
+            /* a pinned cache moves each step's cached rows in and its new
+             * rows out: per decoding step, sequence i at position p reads p
+             * rows; every token fed (prefill and decoding) writes one */
+            uint64_t rows_in = 0, rows_out = 0;
             for (int i = 0; i < 2; i++) {
                 ZT_CHECK_MSG(got_n[i] == ref_n[i] && !memcmp(got[i], ref[i], (size_t)got_n[i] * 4),
-                             "%s: streamed (ring %d, %d resident) ids differ from resident", dir,
-                             ring, res);
+                             "%s: streamed (ring %d, %d resident, kv %s) ids differ from "
+                             "resident", dir, ring, res, kvp ? "pinned" : "device");
+                for (int64_t j = 0; j + 1 < got_n[i]; j++)
+                    rows_in += (uint64_t)(lens[i] + j);
+                rows_out += (uint64_t)(lens[i] + got_n[i] - 1);
                 free(got[i]);
                 got[i] = NULL;
             }
             ZT_CHECK_MSG(!memcmp(got_last, ref_last, (size_t)V * 4), "%s: streamed (ring %d, %d "
-                         "resident) logits are not the resident ones", dir, ring, res);
+                         "resident, kv %s) logits are not the resident ones", dir, ring, res,
+                         kvp ? "pinned" : "device");
+            ZT_CHECK_MSG(pl.kv_in_bytes == (kvp ? rows_in * pl.kv_token_bytes : 0) &&
+                         pl.kv_out_bytes == (kvp ? rows_out * pl.kv_token_bytes : 0),
+                         "%s: kv %s: %llu bytes in, %llu out; %llu rows in, %llu out of %llu "
+                         "bytes expected", dir, kvp ? "pinned" : "device",
+                         (unsigned long long)pl.kv_in_bytes, (unsigned long long)pl.kv_out_bytes,
+                         (unsigned long long)rows_in, (unsigned long long)rows_out,
+                         (unsigned long long)pl.kv_token_bytes);
+            ZT_CHECK(pl.kv_device_bytes == (kvp ? 2 * pl.kv_bytes / (uint64_t)L : pl.kv_bytes));
+            if (res == L)
+                continue; /* nothing streams */
             /* steps: 2 prefills, then max_new - 1 decoding steps together;
              * every step streams each layer once (a ring that holds them
              * all loads them once), plus the next step's first slots */
@@ -655,6 +681,86 @@ static void placed_by_budget(void)
     zn_dev_destroy(dev);
 }
 
+/* A cache the device cannot hold: with the arena capped (the host arena
+ * standing in for HBM) the cache of 64 sequences goes to pinned memory by
+ * itself and gives the ids and logits of the cache on the device; with
+ * pinned memory capped too, a refusal that says so. */
+static void kv_by_budget(zn_dev *dev)
+{
+    enum { NP = 64 };
+    const char *dir = FIX "ft-llama";
+    int32_t *ids[NP];
+    int64_t lens[NP], ref_n[NP], got_n[NP];
+    int32_t *ref[NP] = { 0 }, *got[NP] = { 0 };
+    for (int i = 0; i < NP; i++) {
+        lens[i] = 1 + (i * 7) % 20;
+        ids[i] = malloc((size_t)lens[i] * sizeof **ids);
+        for (int64_t k = 0; k < lens[i]; k++)
+            ids[i][k] = (int32_t)((i * 13 + k * 5) % 160);
+    }
+    float ref_last[160], got_last[160];
+    zn_gen_config c = zn_gen_config_default();
+    c.kv_home = ZN_GEN_KV_DEVICE;
+    zn_dev *capped = NULL;
+    zn_dev_config dc = zn_dev_config_default();
+    dc.name = "host";
+    dc.gpu_budget = 2 << 20; /* the model takes about 0.5 MiB of it */
+    if (gen_with(dev, dir, NULL, &c, NP, (const int32_t *const *)ids, lens, 6, ref, ref_n,
+                 ref_last, NULL))
+        goto out;
+    if (zn_dev_create(&capped, &dc)) {
+        ZT_FAIL_AT("device: %s", zn_last_error());
+        goto out;
+    }
+    c.kv_home = ZN_GEN_KV_AUTO;
+    zn_gen_placement pl;
+    if (gen_with(capped, dir, NULL, &c, NP, (const int32_t *const *)ids, lens, 6, got, got_n,
+                 got_last, &pl))
+        goto out;
+    ZT_CHECK_MSG(pl.kv_pinned && pl.kv_device_bytes < pl.kv_bytes, "2 MiB arena: the cache "
+                 "(%llu bytes) stayed on the device", (unsigned long long)pl.kv_bytes);
+    for (int i = 0; i < NP; i++)
+        ZT_CHECK_MSG(got_n[i] == ref_n[i] && !memcmp(got[i], ref[i], (size_t)got_n[i] * 4),
+                     "prompt %d: the pinned cache's ids are not the device cache's", i);
+    ZT_CHECK_MSG(!memcmp(got_last, ref_last, sizeof ref_last), "the pinned cache's logits are "
+                 "not the device cache's");
+    zn_dev_destroy(capped);
+    capped = NULL;
+    /* pinned memory short too: refused, naming both */
+    dc.cpu_budget = 256 << 10;
+    if (zn_dev_create(&capped, &dc)) {
+        ZT_FAIL_AT("device: %s", zn_last_error());
+        goto out;
+    }
+    zn_model_dims d;
+    zn_model_dims_from_hf(&d, dir);
+    zn_model_config cfg = zn_model_config_default(capped);
+    cfg.dtype = ZN_DTYPE_F32;
+    cfg.max_seq = d.max_pos;
+    cfg.attention = ZN_ATTN_GEMM;
+    zn_model *m = NULL;
+    zn_gen *g = NULL;
+    c.max_batch = NP;
+    int rc = zn_model_create(&m, capped, &d, &cfg);
+    ZT_CHECK_MSG(rc == 0, "model: %s", zn_last_error());
+    if (!rc) {
+        rc = zn_gen_open(&g, m, &c);
+        ZT_CHECK_MSG(rc == ZN_EBUDGET && strstr(zn_last_error(), "KV cache") &&
+                     strstr(zn_last_error(), "fits neither the device") &&
+                     strstr(zn_last_error(), "pinned memory"),
+                     "a cache for neither: rc %d, '%s'", rc, zn_last_error());
+    }
+    zn_gen_destroy(g);
+    zn_model_destroy(m);
+out:
+    zn_dev_destroy(capped);
+    for (int i = 0; i < NP; i++) {
+        free(ids[i]);
+        free(ref[i]);
+        free(got[i]);
+    }
+}
+
 int main(void)
 {
     zn_dev *dev = NULL;
@@ -673,6 +779,7 @@ int main(void)
     streamed(dev, FIX "tiny-qwen2", NULL, 320, 2);
     streamed(dev, FIX "ft-llama", FIX "lora-llama/final-adapter", 160, 3);
     streamed_deep(dev);
+    kv_by_budget(dev);
     zn_dev_destroy(dev);
     placed_by_budget();
     return zt_done();

@@ -79,11 +79,25 @@ typedef struct {
      * ahead, each stage then copied to its device slot one use ahead), for
      * a model larger than the host's RAM. */
     const char *nvme_dir;
+    /* Where the KV cache lives. ZN_GEN_KV_AUTO (default): on the device
+     * when it fits beside the least the weights need there (the head, a
+     * tied embedding, the ring), else homed in pinned host memory.
+     * ZN_GEN_KV_DEVICE / ZN_GEN_KV_PINNED: there, or refused. Homed in
+     * pinned memory, each layer's cache passes through one of two device
+     * slots of one layer each: a layer's cached rows are copied in on a
+     * copy stream while the layer before it computes, and the rows the
+     * layer adds are copied back out on another once it has run. The
+     * arithmetic is the device cache's (same kernels on the same values). */
+    int kv_home;
 } zn_gen_config;
+
+enum { ZN_GEN_KV_AUTO = 0, ZN_GEN_KV_DEVICE = 1, ZN_GEN_KV_PINNED = 2 };
 
 ZN_API zn_gen_config zn_gen_config_default(void);
 /* Returns 0, ZN_EARG, ZN_EBUDGET (the head, the ring or a layer does not fit
- * the device, or the pinned homes cpu_budget: named), or a device error. */
+ * the device, or the pinned homes cpu_budget: named; a KV cache that fits
+ * neither the device nor pinned memory: its size and both budgets), or a
+ * device error. */
 ZN_API int zn_gen_open(zn_gen **out, zn_model *m, const zn_gen_config *c);
 /* Reads the weights into their homes: a Hugging Face folder or file, and
  * with adapter_dir (the model made with its LoRA dims) the PEFT adapter,
@@ -113,6 +127,13 @@ typedef struct {
     uint64_t streamed_bytes;       /* copied so far */
     uint64_t kv_bytes_per_seq;     /* the cache of one sequence of max_seq tokens */
     uint64_t kv_bytes;             /* the whole cache */
+    int kv_pinned;                 /* the cache is homed in pinned memory (else the device) */
+    uint64_t kv_device_bytes;      /* the cache's device bytes: the whole cache, or the two
+                                      one-layer slots it passes through when pinned */
+    uint64_t kv_token_bytes;       /* one token's keys and values over every layer: a
+                                      pinned cache moves, per decoding step and sequence at
+                                      context c, c x this in and 1 x this out */
+    uint64_t kv_in_bytes, kv_out_bytes; /* pinned cache: bytes copied in and out so far */
 } zn_gen_placement;
 
 ZN_API void zn_gen_get_placement(const zn_gen *g, zn_gen_placement *p);

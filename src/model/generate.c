@@ -103,9 +103,10 @@ void zn_gen_destroy(zn_gen *g)
     free(g->on_dev);
     free(g->ptr);
     zn_dev_host_free(g->dev, g->hx);
-    for (int64_t l = 0; g->kv && l < g->L; l++)
-        zn_dev_free(g->dev, g->kv[l]);
+    zn_m_gen_kv_release(g);
     free(g->kv);
+    free(g->cur_pos0);
+    free(g->cur_slot);
     zn_dev_free(g->dev, g->xa);
     zn_dev_free(g->dev, g->xb);
     zn_dev_free(g->dev, g->dlogits);
@@ -125,7 +126,8 @@ void zn_gen_get_stats(const zn_gen *g, zn_gen_stats *out)
     *out = g->stats;
 }
 
-/* What every generator allocates: the cache, two activations, the logits. */
+/* What every generator allocates but the cache (zn_m_gen_kv_place): two
+ * activations, the logits. */
 int zn_m_gen_common(zn_gen **out, zn_model *m, int64_t max_batch)
 {
     *out = NULL;
@@ -154,14 +156,13 @@ int zn_m_gen_common(zn_gen **out, zn_model *m, int64_t max_batch)
     g->logits = malloc((size_t)(max_batch * g->V) * sizeof *g->logits);
     g->kv_ids = malloc((size_t)(max_batch * g->max_t) * sizeof *g->kv_ids);
     g->kv_n = calloc((size_t)max_batch, sizeof *g->kv_n);
-    if (!g->kv || !g->logits || !g->kv_ids || !g->kv_n) {
+    g->cur_pos0 = calloc((size_t)max_batch, sizeof *g->cur_pos0);
+    g->cur_slot = calloc((size_t)max_batch, sizeof *g->cur_slot);
+    if (!g->kv || !g->logits || !g->kv_ids || !g->kv_n || !g->cur_pos0 || !g->cur_slot) {
         zn_gen_destroy(g);
         return zn_set_error(-ENOMEM, "out of memory");
     }
-    for (int64_t l = 0; l < g->L && !rc; l++)
-        rc = zn_dev_alloc(g->dev, zn_model_kv_bytes(m, max_batch), "KV cache", &g->kv[l]);
-    if (!rc)
-        rc = zn_dev_alloc(g->dev, zn_model_act_bytes(m), "generate activations", &g->xa);
+    rc = zn_dev_alloc(g->dev, zn_model_act_bytes(m), "generate activations", &g->xa);
     if (!rc)
         rc = zn_dev_alloc(g->dev, zn_model_act_bytes(m), "generate activations", &g->xb);
     if (!rc)
@@ -179,7 +180,12 @@ int zn_gen_create(zn_gen **out, zn_model_state *st, int64_t max_batch)
 {
     ZN_TRY(zn_m_gen_common(out, zn_model_state_model(st), max_batch));
     (*out)->st = st;
-    return 0;
+    int rc = zn_m_gen_kv_place(*out, ZN_GEN_KV_DEVICE, 0);
+    if (rc) {
+        zn_gen_destroy(*out);
+        *out = NULL;
+    }
+    return rc;
 }
 
 const float *zn_gen_last_logits(const zn_gen *g, int64_t seq)
@@ -209,15 +215,18 @@ static int embed(zn_gen *g, const int32_t *ids, int64_t N, void *x)
  * fetched. */
 static int layer(zn_gen *g, int64_t l, void *x, void *y)
 {
-    if (g->st)
-        return zn_model_layer_fwd_kv(g->m, NULL, (int)l, zn_model_state_params(g->st, (int)l + 1),
-                                     x, y, g->kv[l]);
-    if (l < g->r)
-        return zn_model_layer_fwd_kv(g->m, NULL, (int)l, g->ptr[l + 1], x, y, g->kv[l]);
+    void *kv;
+    ZN_TRY(zn_m_gen_kv_enter(g, l, &kv));
+    if (g->st || l < g->r) {
+        void *const *w = g->st ? zn_model_state_params(g->st, (int)l + 1) : g->ptr[l + 1];
+        ZN_TRY(zn_model_layer_fwd_kv(g->m, NULL, (int)l, w, x, y, kv));
+        return zn_m_gen_kv_leave(g, l);
+    }
     int k = (int)(g->use % (uint64_t)g->K);
     ZN_TRY(zn_m_gen_complete(g, k));
     ZN_TRY(zn_dev_stream_wait_event(g->dev, NULL, g->ready[k]));
-    ZN_TRY(zn_model_layer_fwd_kv(g->m, NULL, (int)l, g->ring_ptr[k], x, y, g->kv[l]));
+    ZN_TRY(zn_model_layer_fwd_kv(g->m, NULL, (int)l, g->ring_ptr[k], x, y, kv));
+    ZN_TRY(zn_m_gen_kv_leave(g, l));
     if (!g->fixed) {
         ZN_TRY(zn_dev_event_record(g->dev, g->freed[k], NULL));
         ZN_TRY(zn_m_gen_fetch(g, g->use + (uint64_t)g->K));
@@ -227,14 +236,23 @@ static int layer(zn_gen *g, int64_t l, void *x, void *y)
     return zn_m_gen_complete(g, (int)(g->use % (uint64_t)g->K));
 }
 
-/* One forward over a decoding batch set with zn_model_set_decode (ids: its
- * N tokens): the logits of rows `rows` (each the index of a sequence's last
- * new token) land in g->logits. */
-static int step(zn_gen *g, const int32_t *ids, int64_t N, int64_t nrows, const int64_t *rows)
+/* One forward over a decoding batch of nb sequences of T new tokens each
+ * (cache slots `slot`, first positions `pos0`; ids: their nb x T tokens):
+ * the logits of rows `rows` (each the index of a sequence's last new token)
+ * land in g->logits. */
+static int step(zn_gen *g, const int32_t *ids, int64_t nb, int64_t T, const int64_t *pos0,
+                const int64_t *slot, int64_t nrows, const int64_t *rows)
 {
     zn_model *m = g->m;
     void *x = g->xa, *y = g->xb;
+    int64_t N = nb * T;
+    ZN_TRY(zn_model_set_decode(m, NULL, nb, T, ids, pos0, slot));
+    g->cur_nb = nb;
+    g->cur_T = T;
+    memcpy(g->cur_pos0, pos0, (size_t)nb * sizeof *pos0);
+    memcpy(g->cur_slot, slot, (size_t)nb * sizeof *slot);
     ZN_TRY(embed(g, ids, N, x));
+    ZN_TRY(zn_m_gen_kv_begin(g));
     for (int64_t l = 0; l < g->L; l++) {
         ZN_TRY(layer(g, l, x, y));
         void *t = x;
@@ -358,8 +376,7 @@ int zn_gen_run(zn_gen *g, int64_t n, const int32_t *const *ids, const int64_t *l
                 c++;
             int64_t row = s->len - c - 1;
             g->kv_n[b] = 0; /* until the prefill is in */
-            if ((rc = zn_model_set_decode(g->m, NULL, 1, s->len - c, s->seq + c, &c, &b)) ||
-                (rc = step(g, s->seq + c, s->len - c, 1, &row)))
+            if ((rc = step(g, s->seq + c, 1, s->len - c, &c, &b, 1, &row)))
                 break;
             memcpy(held, s->seq, (size_t)s->len * sizeof *held);
             g->kv_n[b] = s->len;
@@ -384,8 +401,7 @@ int zn_gen_run(zn_gen *g, int64_t n, const int32_t *const *ids, const int64_t *l
             break;
         for (int64_t k = 0; k < nb; k++)
             g->kv_n[slot[k]] = 0; /* until the step is in */
-        if ((rc = zn_model_set_decode(g->m, NULL, nb, 1, bid, pos0, slot)) ||
-            (rc = step(g, bid, nb, nb, rows)))
+        if ((rc = step(g, bid, nb, 1, pos0, slot, nb, rows)))
             break;
         for (int64_t k = 0; k < nb; k++) {
             g->kv_ids[slot[k] * g->max_t + pos0[k]] = bid[k];

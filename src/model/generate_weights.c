@@ -155,6 +155,16 @@ int zn_gen_open(zn_gen **out, zn_model *m, const zn_gen_config *c)
     uint64_t lb = g->bytes[1], need_all = 0;
     for (int b = 0; b < g->nb; b++)
         need_all += g->bytes[b];
+    /* the cache first, on the device when it fits beside the least the
+     * weights need there (the head, a tied embedding, the ring): a step
+     * reads all of it, as it reads the head */
+    {
+        int K = c->ring < 1 ? 1 : c->ring > ZN_M_GEN_MAX_RING ? ZN_M_GEN_MAX_RING : c->ring;
+        uint64_t least = align_up(g->bytes[head]) + (d->tie_embeddings ? align_up(g->bytes[0]) : 0) +
+                         (uint64_t)(K < L ? K : L) * align_up(lb);
+        if ((rc = zn_m_gen_kv_place(g, c->kv_home, least)))
+            goto fail;
+    }
     int want_r = c->max_resident_layers < 0 || c->max_resident_layers > L ? L
                                                                            : c->max_resident_layers;
     if (want_r == L && need_all + (uint64_t)g->nb * ZN_DEV_ALIGN <= dev_room(g)) {
@@ -222,6 +232,11 @@ void zn_gen_get_placement(const zn_gen *g, zn_gen_placement *p)
     p->layers = (int)g->L;
     p->kv_bytes_per_seq = zn_model_kv_bytes(g->m, 1) * (uint64_t)g->L;
     p->kv_bytes = zn_model_kv_bytes(g->m, g->max_batch) * (uint64_t)g->L;
+    p->kv_token_bytes = zn_model_kv_bytes(g->m, 1) / (uint64_t)g->max_t * (uint64_t)g->L;
+    p->kv_pinned = g->kv_pinned;
+    p->kv_device_bytes = g->kv_pinned ? (uint64_t)g->kv_K * g->kv_layer : p->kv_bytes;
+    p->kv_in_bytes = g->kv_in_bytes;
+    p->kv_out_bytes = g->kv_out_bytes;
     if (g->st) {
         p->resident_layers = (int)g->L;
         p->embed_resident = 1;

@@ -301,6 +301,24 @@ struct zn_gen {
     zn_gen_stats stats;
     int32_t *kv_ids;    /* [max_batch][max_t] */
     int64_t *kv_n;
+
+    /* the KV cache homed in pinned memory (generate_kv.c): kv[] is NULL,
+     * layer l's cache is kv_host + l * kv_layer, and a step's use of layer
+     * l (use number kv_use + l) runs from device slot use % kv_K: copied
+     * in (rows [0, pos0) of each sequence) one layer ahead on kv_in, the
+     * new rows copied out on kv_out after the layer ran */
+    int kv_pinned, kv_K;
+    uint64_t kv_layer;  /* one layer's cache: zn_model_kv_bytes(max_batch) */
+    void *kv_host;
+    void *kv_slot[2];
+    zn_event *kv_ready[2], *kv_used[2], *kv_saved[2];
+    zn_stream *kv_in, *kv_out;
+    uint64_t kv_use;
+    uint64_t kv_in_bytes, kv_out_bytes;
+    /* the step being run: its sequences' cache slots, first positions and
+     * new tokens each (zn_model_set_decode's) */
+    int64_t cur_nb, cur_T;
+    int64_t *cur_pos0, *cur_slot;
 };
 
 /* generate.c: a generator's cache, activations and logits, for zn_gen_create
@@ -310,5 +328,15 @@ int zn_m_gen_common(zn_gen **out, zn_model *m, int64_t max_batch);
  * complete waits for slot k's NVMe reads and queues its copy. */
 int zn_m_gen_fetch(zn_gen *g, uint64_t u);
 int zn_m_gen_complete(zn_gen *g, int k);
+/* generate_kv.c: the cache's home. place allocates it (on the device, or
+ * pinned with its two device slots) given the device bytes the weights
+ * need at least; begin queues the step's first layer in; enter gives layer
+ * l's cache on the device (queueing layer l + 1's in); leave queues the
+ * rows layer l added out; release frees what place made. */
+int zn_m_gen_kv_place(zn_gen *g, int kv_home, uint64_t least_weights);
+int zn_m_gen_kv_begin(zn_gen *g);
+int zn_m_gen_kv_enter(zn_gen *g, int64_t l, void **kv);
+int zn_m_gen_kv_leave(zn_gen *g, int64_t l);
+void zn_m_gen_kv_release(zn_gen *g);
 
 #endif
