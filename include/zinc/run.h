@@ -98,10 +98,11 @@ ZN_API int zn_run_fit_optimizer(zn_config *cfg, const zn_train_options *o, int w
  * ~/.cache/zinc) into out. */
 ZN_API int zn_run_cache_path(char *out, size_t n);
 
-enum { ZN_CEIL_RECALIBRATE = 1 };
+enum { ZN_CEIL_RECALIBRATE = 1, ZN_CEIL_CACHED = 2 };
 /* This machine's ceilings (zinc/cost.h) for cfg's device and NVMe path, and
  * with d the compute of one micro-batch at cfg's shape: from the cache, or
- * measured now and cached (ZN_CEIL_RECALIBRATE: measured again). What is
+ * measured now and cached (ZN_CEIL_RECALIBRATE: measured again;
+ * ZN_CEIL_CACHED: nothing measured, what the cache lacks stays 0). What is
  * measured is announced on `note` (NULL: silent). */
 ZN_API int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags,
                            zn_ceilings *c, zn_cost_compute *comp, FILE *note);

@@ -264,8 +264,9 @@ static int measure_nvme(const zn_config *cfg, const char *path, zn_ceilings *c)
 }
 
 /* The disk under `path` (its file system, by st_dev) from the cache entry
- * m, or measured now into m (*dirty then set). */
-static int disk_speed(const zn_config *cfg, json_t *m, const char *path, FILE *note,
+ * m, or (with `measure`) measured now into m (*dirty then set); 0 figures
+ * when it is not cached and not measured. */
+static int disk_speed(const zn_config *cfg, json_t *m, const char *path, bool measure, FILE *note,
                       double *read_bps, double *write_bps, bool *dirty)
 {
     struct stat st;
@@ -274,6 +275,10 @@ static int disk_speed(const zn_config *cfg, json_t *m, const char *path, FILE *n
     char dkey[64];
     snprintf(dkey, sizeof dkey, "disk %llu", (unsigned long long)st.st_dev);
     json_t *dk = json_object_get(m, dkey);
+    if (!json_is_object(dk) && !measure) {
+        *read_bps = *write_bps = 0;
+        return 0;
+    }
     if (!json_is_object(dk)) {
         if (note)
             fprintf(note, "cost model: measuring the disk under %s (256 MiB written and "
@@ -349,7 +354,7 @@ int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags, zn_
             zn_dev_get_info(dev, &di);                                         \
         }                                                                      \
     } while (0)
-    if (!json_is_object(json_object_get(m, "link"))) {
+    if (!json_is_object(json_object_get(m, "link")) && !(flags & ZN_CEIL_CACHED)) {
         NEED_DEVICE();
         if (note)
             fprintf(note, "cost model: measuring this machine's host link, memory and CPU Adam "
@@ -379,7 +384,8 @@ int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags, zn_
     int np = zn_config_nvme_paths(cfg, paths, ZN_SWAP_MAX_PATHS);
     struct stat st;
     if (np > 0 && stat(paths[0], &st) == 0 &&
-        (rc = disk_speed(cfg, m, paths[0], note, &c->nvme_read_bps, &c->nvme_write_bps, &dirty)))
+        (rc = disk_speed(cfg, m, paths[0], !(flags & ZN_CEIL_CACHED), note, &c->nvme_read_bps,
+                         &c->nvme_write_bps, &dirty)))
         goto out;
 
     /* the compute of one micro-batch at this shape */
@@ -398,7 +404,7 @@ int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags, zn_
             json_object_set_new(m, "compute", probes);
         }
         json_t *pk = json_object_get(probes, skey);
-        if (!json_is_object(pk)) {
+        if (!json_is_object(pk) && !(flags & ZN_CEIL_CACHED)) {
             NEED_DEVICE();
             if (note)
                 fprintf(note, "cost model: timing one layer at micro-batch %lld x %lld on %s\n",
@@ -508,9 +514,9 @@ int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int local_ra
     }
     bool dirty = false;
     double ckpt_read = 0, nvme_write = 0;
-    rc = disk_speed(cfg, m, dir, note, &ckpt_read, &e->write_bps, &dirty);
+    rc = disk_speed(cfg, m, dir, true, note, &ckpt_read, &e->write_bps, &dirty);
     if (!rc && nvme)
-        rc = disk_speed(cfg, m, nvme, note, &e->read_bps, &nvme_write, &dirty);
+        rc = disk_speed(cfg, m, nvme, true, note, &e->read_bps, &nvme_write, &dirty);
     if (!rc && dirty)
         rc = save_cache(root, cdir, file);
     json_decref(root);
