@@ -36,7 +36,8 @@ static void usage(FILE *f)
             "                     [--temperature T] [--top-k K] [--top-p P]\n"
             "                     [--repetition-penalty R] [--seed S] [--batch-size B]\n"
             "                     [--context N] [--device auto|host|cuda[:N]] [--dtype f32|bf16]\n"
-            "                     [--gpu-mem SIZE] [--nvme DIR] [--json] [--plan]\n"
+            "                     [--gpu-mem SIZE] [--nvme DIR] [--json]\n"
+            "                     [--plan [--target NAME] [--recalibrate]]\n"
             "  --model      Hugging Face folder (config.json, safetensors; tokenizer.json\n"
             "               and tokenizer_config.json for text), e.g. a `zinc export`\n"
             "  --adapter    a PEFT LoRA adapter folder for that base, applied unmerged\n"
@@ -61,7 +62,11 @@ static void usage(FILE *f)
             "  --nvme DIR   home the streamed layers on NVMe in DIR instead of pinned RAM\n"
             "               (a swap file, removed at exit): for models beyond the RAM\n"
             "  --plan       print what is on the device, what streams, the KV cache and\n"
-            "               the bound streaming puts on a step, then stop (nothing loaded)\n"
+            "               the bound streaming puts on decode tokens/s, then stop\n"
+            "               (nothing loaded); the bound divides by this machine's link\n"
+            "               and disk as the cost model measured them (`zinc plan --tune`)\n"
+            "  --target     the bound on a named machine's figures instead (a10, h100, h200)\n"
+            "  --recalibrate measure this machine's link (and --nvme's disk) again\n"
             "  --context    tokens per sequence the KV cache holds (default: the\n"
             "               longest prompt + max-new-tokens, at most\n"
             "               max_position_embeddings)\n");
@@ -95,15 +100,20 @@ int zn_cmd_generate(int argc, char **argv)
         { "nvme", required_argument, 0, 'V' },
         { "json", no_argument, 0, 'j' },
         { "plan", no_argument, 0, 'L' },
+        { "target", required_argument, 0, 'R' },
+        { "recalibrate", no_argument, 0, 'E' },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
-    int plan_only = 0;
+    int plan_only = 0, recalibrate = 0;
+    const char *target = NULL;
     optind = 1;
     for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
         int bad = 0;
         switch (c) {
         case 'L': plan_only = 1; break;
+        case 'R': target = optarg; break;
+        case 'E': recalibrate = 1; break;
         case 'm': model = optarg; break;
         case 'a': adapter = optarg; break;
         case 'K': ckpt = optarg; break;
@@ -129,6 +139,10 @@ int zn_cmd_generate(int argc, char **argv)
             return 2;
     }
     int sources = !!prompt + !!chat + !!idlist + !!pfile;
+    if ((target || recalibrate) && !plan_only) {
+        fprintf(stderr, "zinc: error: generate: --target and --recalibrate go with --plan\n");
+        return 2;
+    }
     if ((!model && !ckpt) || sources != 1 || optind < argc || (outfile && !pfile)) {
         if ((model || ckpt) && sources != 1)
             fprintf(stderr, "zinc: error: generate: give one of --prompt, --chat, --ids, "
@@ -268,8 +282,10 @@ int zn_cmd_generate(int argc, char **argv)
     }
     ret = 1;
     if (plan_only) {
-        zn_gc_print_plan(&en, ctx, B);
-        ret = 0;
+        zn_ceilings link;
+        if ((ret = zn_gc_link_figures(device, nvme, target, recalibrate, &link, "generate")))
+            goto out;
+        zn_gc_print_plan(&en, ctx, B, &link, &d);
         goto out;
     }
     gen = calloc((size_t)pr.n, sizeof *gen);

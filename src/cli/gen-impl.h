@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "zinc/cost.h"
 #include "zinc/device.h"
 #include "zinc/generate.h"
 #include "zinc/model.h"
@@ -85,7 +86,10 @@ int zn_gc_engine_open(engine *e, const zn_model_dims *d, const char *model, cons
                        int plan_only,
                        const char *cmd);
 void zn_gc_placement_line(const engine *e, char *buf, size_t n);
-void zn_gc_print_plan(const engine *e, int64_t ctx, int64_t B);
+int zn_gc_link_figures(const char *device, const char *nvme, const char *target,
+                       int recalibrate, zn_ceilings *c, const char *cmd);
+void zn_gc_print_plan(const engine *e, int64_t ctx, int64_t B, const zn_ceilings *c,
+                      const zn_model_dims *d);
 /* A signal removes the NVMe swap files before ending the process. */
 void zn_gc_install_signals(void);
 int zn_gc_setup(const decode_flags *f, const char **model, char *model_buf, size_t n,

@@ -17,6 +17,9 @@
 #include <unistd.h>
 
 #include "zinc/ckpt.h"
+#include "zinc/config.h"
+#include "zinc/cost.h"
+#include "zinc/run.h"
 #include "zinc/device.h"
 #include "zinc/generate.h"
 #include "zinc/model.h"
@@ -530,23 +533,63 @@ void zn_gc_placement_line(const engine *e, char *buf, size_t n)
 {
     zn_gen_placement p;
     zn_gen_get_placement(e->g, &p);
+    char a[32];
+    int w;
     if (!p.streamed_layers)
-    {
-        char a[32];
-        snprintf(buf, n, "every weight on the device (%s)",
-                 zn_format_size(p.device_weight_bytes, a, sizeof a));
-    } else {
-        char a[32];
-        snprintf(buf, n, "%d of %d layers on the device, %d streamed from %s through %d slots "
-                 "(%s per step)", p.resident_layers, p.layers, p.streamed_layers,
-                 p.nvme_bytes ? "NVMe" : "pinned RAM", p.ring,
-                 zn_format_size(p.streamed_bytes_per_step, a, sizeof a));
-    }
+        w = snprintf(buf, n, "every weight on the device (%s)",
+                     zn_format_size(p.device_weight_bytes, a, sizeof a));
+    else
+        w = snprintf(buf, n, "%d of %d layers on the device, %d streamed from %s through %d slots "
+                     "(%s per step)", p.resident_layers, p.layers, p.streamed_layers,
+                     p.nvme_bytes ? "NVMe" : "pinned RAM", p.ring,
+                     zn_format_size(p.streamed_bytes_per_step, a, sizeof a));
+    if (p.kv_pinned && w >= 0 && (size_t)w < n)
+        snprintf(buf + w, n - (size_t)w, ", KV cache in pinned RAM");
 }
 
-/* `--plan`: what is where, the cache, and the bound streaming puts on a
- * decoding step. */
-void zn_gc_print_plan(const engine *e, int64_t ctx, int64_t B)
+/* The figures the plan's bound divides by: a named target's (--target),
+ * else this machine's from the cost model's cache (ZINC_CACHE_DIR, as
+ * `zinc plan --tune` keeps them), measured now with --recalibrate. A
+ * figure nobody measured stays 0. Returns 0, or 1 / 2 after printing an
+ * error. */
+int zn_gc_link_figures(const char *device, const char *nvme, const char *target,
+                       int recalibrate, zn_ceilings *c, const char *cmd)
+{
+    memset(c, 0, sizeof *c);
+    if (target) {
+        const zn_ceilings *t = zn_cost_target(target);
+        if (!t) {
+            fprintf(stderr, "zinc: error: %s: --target %s: not a target zinc knows (%s)\n", cmd,
+                    target, zn_cost_target_names());
+            return 2;
+        }
+        *c = *t;
+        return 0;
+    }
+    zn_config cfg;
+    zn_config_default(&cfg);
+    snprintf(cfg.train.device, sizeof cfg.train.device, "%s", device);
+    if (nvme) {
+        cfg.tiers.n_nvme = 1;
+        snprintf(cfg.tiers.nvme[0].path, sizeof cfg.tiers.nvme[0].path, "%s", nvme);
+    }
+    zn_cost_compute comp;
+    int rc = zn_run_ceilings(&cfg, NULL, recalibrate ? ZN_CEIL_RECALIBRATE : ZN_CEIL_CACHED, c,
+                             &comp, stderr);
+    if (rc) {
+        char what[64];
+        snprintf(what, sizeof what, "%s: the link's figures", cmd);
+        return zn_cli_fail(rc, what);
+    }
+    return 0;
+}
+
+/* `--plan`: what is where, the cache, the bytes a decoding step moves, and
+ * the bound they put on decode tokens/s over the link figures `c`
+ * (zn_gc_link_figures): each resource alone, the step no faster than the
+ * busiest (the copies overlap compute and each other). */
+void zn_gc_print_plan(const engine *e, int64_t ctx, int64_t B, const zn_ceilings *c,
+                      const zn_model_dims *d)
 {
     zn_gen_placement p;
     zn_gen_get_placement(e->g, &p);
@@ -554,7 +597,7 @@ void zn_gc_print_plan(const engine *e, int64_t ctx, int64_t B)
     zn_dev_get_info(e->dev, &di);
     zn_dev_mem ms;
     zn_dev_mem_stats(e->dev, &ms);
-    char a[32], b[32], c[32];
+    char a[32], b[32], cc[32];
     printf("device       %s, %s, arena %s, %s allocated\n", di.name, zn_dtype_name(e->dt),
            zn_format_size(ms.budget, a, sizeof a), zn_format_size(ms.used, b, sizeof b));
     printf("layers       %d of %d on the device, %d streamed from %s (%s each) "
@@ -569,21 +612,91 @@ void zn_gc_print_plan(const engine *e, int64_t ctx, int64_t B)
     printf("weights      %s on the device (ring slots included), %s pinned\n",
            zn_format_size(p.device_weight_bytes, a, sizeof a),
            zn_format_size(p.pinned_bytes, b, sizeof b));
-    printf("kv cache     %s per sequence of %lld tokens, %lld sequences: %s\n",
+    printf("kv cache     %s per sequence of %lld tokens, %lld sequences: %s ",
            zn_format_size(p.kv_bytes_per_seq, a, sizeof a), (long long)ctx, (long long)B,
-           zn_format_size(p.kv_bytes, c, sizeof c));
-    printf("per step     %s host to device", zn_format_size(p.streamed_bytes_per_step, a,
-                                                          sizeof a));
-    if (p.streamed_bytes_per_step && di.pcie_peak_gbs > 0)
-        printf(": at most %.1f steps/s over the link's %.1f GB/s peak, %.1f tokens/s with %lld "
-               "sequences", di.pcie_peak_gbs * 1e9 / (double)p.streamed_bytes_per_step,
-               di.pcie_peak_gbs, di.pcie_peak_gbs * 1e9 / (double)p.streamed_bytes_per_step *
-               (double)B, (long long)B);
-    if (p.streamed_layers && !p.streamed_bytes_per_step)
-        printf(" (the slots hold every streamed layer: loaded once)");
-    printf("\n");
-}
+           zn_format_size(p.kv_bytes, cc, sizeof cc));
+    if (p.kv_pinned)
+        printf("in pinned RAM (the device cannot hold it beside the weights): each layer's "
+               "through one of 2 device slots (%s together), its rows copied in while the "
+               "layer before computes\n", zn_format_size(p.kv_device_bytes, a, sizeof a));
+    else
+        printf("on the device\n");
 
+    /* a step's bytes at context t (tokens cached per sequence) */
+    uint64_t w_h2d = p.streamed_bytes_per_step;
+    uint64_t w_nvme = p.nvme_bytes ? p.streamed_bytes_per_step : 0;
+    uint64_t kv_full = p.kv_pinned ? (uint64_t)B * (uint64_t)(ctx - 1) * p.kv_token_bytes : 0;
+    uint64_t kv_out = p.kv_pinned ? (uint64_t)B * p.kv_token_bytes : 0;
+    printf("per step     %s of weights host to device", zn_format_size(w_h2d, a, sizeof a));
+    if (p.streamed_layers && !w_h2d)
+        printf(" (the slots hold every streamed layer: loaded once)");
+    if (w_nvme)
+        printf(", read from NVMe first");
+    if (p.kv_pinned)
+        printf("; kv cache %s in per 1k tokens of context and sequence (%s with %lld at the "
+               "full %lld), %s out", zn_format_size(p.kv_token_bytes * 1000, b, sizeof b),
+               zn_format_size(kv_full, cc, sizeof cc), (long long)B, (long long)ctx,
+               zn_format_size(kv_out, a, sizeof a));
+    printf("\n");
+
+    if (!w_h2d && !p.kv_pinned) {
+        printf("bound        nothing crosses the link per step: decoding is the device's "
+               "compute\n");
+        return;
+    }
+    if (!(c->h2d_bps > 0) || (w_nvme && !(c->nvme_read_bps > 0))) {
+        printf("bound        unknown: no measured %s for this machine (`zinc generate --plan "
+               "--recalibrate` measures it once and keeps it; or --target %s)\n",
+               c->h2d_bps > 0 ? "NVMe read rate" : "host link", zn_cost_target_names());
+        if (di.pcie_peak_gbs > 0 && w_h2d)
+            printf("             the link's %.1f GB/s peak alone would allow %.1f tokens/s "
+                   "with %lld sequences\n", di.pcie_peak_gbs,
+                   di.pcie_peak_gbs * 1e9 / (double)w_h2d * (double)B, (long long)B);
+        return;
+    }
+    /* the busiest resource at contexts 0 (weights alone) and full */
+    double comp_s = 0;
+    if (c->gemm_flops > 0) {
+        uint64_t pc = zn_model_param_count(d);
+        if (!d->tie_embeddings)
+            pc -= (uint64_t)(d->vocab * d->hidden); /* a gather, not a GEMM */
+        comp_s = 2.0 * (double)pc * (double)B /
+                 (c->gemm_flops * (c->model_eff > 0 ? c->model_eff : 1));
+    }
+    double t[2];
+    const char *by[2];
+    for (int full = 0; full < 2; full++) {
+        double h2d = (double)(w_h2d + (full ? kv_full : 0)) / c->h2d_bps;
+        double d2h = c->d2h_bps > 0 ? (double)kv_out / c->d2h_bps : 0;
+        double rd = w_nvme ? (double)w_nvme / c->nvme_read_bps : 0;
+        t[full] = h2d;
+        by[full] = "the host link";
+        if (d2h > t[full])
+            t[full] = d2h, by[full] = "the device-to-host link";
+        if (rd > t[full])
+            t[full] = rd, by[full] = "NVMe reads";
+        if (comp_s > t[full])
+            t[full] = comp_s, by[full] = "compute";
+    }
+    printf("bound        decode at most %.1f tokens/s with %lld sequences (%.2f steps/s, %s)",
+           (double)B / t[0], (long long)B, 1 / t[0], by[0]);
+    if (p.kv_pinned)
+        printf(" as the cache starts, %.1f tokens/s with it full (%s)", (double)B / t[1], by[1]);
+    printf("\n             over host to device %.2f GB/s", c->h2d_bps / 1e9);
+    if (p.kv_pinned && c->d2h_bps > 0)
+        printf(", device to host %.2f GB/s", c->d2h_bps / 1e9);
+    if (w_nvme)
+        printf(", NVMe read %.2f GB/s", c->nvme_read_bps / 1e9);
+    if (comp_s > 0)
+        printf(", GEMM %.0f TFLOP/s x %.2f", c->gemm_flops / 1e12, c->model_eff);
+    if (strcmp(c->name, "this machine"))
+        printf(": the %s target's figures (%s)\n", c->name, c->source);
+    else
+        printf(": %s\n", c->source);
+    if (c->shared_cores)
+        printf("             (the host backend: copies and compute share the cores, so a "
+               "step takes their sum, not the busiest)\n");
+}
 
 /* The model to run (a folder, or --checkpoint with the folder it records
  * or --model), its dims and the decoding settings: zn_gc_ckpt_source then

@@ -34,8 +34,10 @@ static int place_device(zn_gen *g)
     return 0;
 }
 
-/* The cache homed in pinned memory, its device slots and their streams. */
-static int place_pinned(zn_gen *g, uint64_t room)
+/* The cache homed in pinned memory, its device slots and their streams:
+ * refused when the slots leave the device too little for the weights'
+ * least (least_weights). */
+static int place_pinned(zn_gen *g, uint64_t room, uint64_t least_weights)
 {
     char a[32], b[32], c[32], u[32];
     zn_dev_mem ms;
@@ -57,18 +59,17 @@ static int place_pinned(zn_gen *g, uint64_t room)
     }
     if (rc)
         return rc;
+    if (align_up(g->kv_layer) * (uint64_t)g->kv_K + least_weights > room)
+        return zn_set_error(ZN_EBUDGET, "generate: the KV cache is homed in pinned memory, "
+                            "but its %d device slots of one layer (%s each, %lld sequences of "
+                            "%lld tokens) and the least the weights need there (%s: the head "
+                            "and the streamed layers' slots) do not fit the device (%s free): "
+                            "fewer sequences (--batch-size) or a shorter context", g->kv_K,
+                            zn_format_size(g->kv_layer, a, sizeof a), (long long)g->max_batch,
+                            (long long)g->max_t, zn_format_size(least_weights, c, sizeof c),
+                            zn_format_size(room, b, sizeof b));
     for (int k = 0; k < g->kv_K; k++) {
-        rc = zn_dev_alloc(g->dev, g->kv_layer, "KV cache slot", &g->kv_slot[k]);
-        if (rc == ZN_EBUDGET)
-            return zn_set_error(ZN_EBUDGET, "generate: the KV cache is homed in pinned memory, "
-                                "but its %d device slots of one layer (%s each, %lld sequences "
-                                "of %lld tokens) do not fit the device (%s free): fewer "
-                                "sequences (--batch-size) or a shorter context", g->kv_K,
-                                zn_format_size(g->kv_layer, a, sizeof a),
-                                (long long)g->max_batch, (long long)g->max_t,
-                                zn_format_size(room, b, sizeof b));
-        if (rc)
-            return rc;
+        ZN_TRY(zn_dev_alloc(g->dev, g->kv_layer, "KV cache slot", &g->kv_slot[k]));
         ZN_TRY(zn_dev_event_create(g->dev, &g->kv_ready[k]));
         ZN_TRY(zn_dev_event_create(g->dev, &g->kv_used[k]));
         ZN_TRY(zn_dev_event_create(g->dev, &g->kv_saved[k]));
@@ -92,7 +93,7 @@ int zn_m_gen_kv_place(zn_gen *g, int kv_home, uint64_t least_weights)
     if (kv_home != ZN_GEN_KV_PINNED)
         return zn_set_error(ZN_EARG, "generate: kv_home %d (auto 0, device 1, pinned 2)",
                             kv_home);
-    return place_pinned(g, room);
+    return place_pinned(g, room, least_weights);
 }
 
 void zn_m_gen_kv_release(zn_gen *g)
