@@ -24,7 +24,8 @@
  *   - the KV cache homed in pinned memory (forced, and chosen by a capped
  *     arena): the same ids and bit-identical logits as on the device, with
  *     weights resident and streamed, each step moving the rows it needs
- *     in and its new rows out; refused when pinned memory is short too. */
+ *     in and its new rows out; a chat's prefix reuse from the pinned
+ *     home; refused when pinned memory is short too. */
 #include <dirent.h>
 #include <jansson.h>
 #include <math.h>
@@ -681,6 +682,68 @@ static void placed_by_budget(void)
     zn_dev_destroy(dev);
 }
 
+/* A chat's prefix reuse with the cache in pinned memory: the second turn
+ * reads the first turn's rows from the home and gives what the device
+ * cache gives, logits included. */
+static void prefix_reuse_pinned(zn_dev *dev)
+{
+    const char *dir = FIX "tiny-qwen2";
+    zn_model_dims d;
+    int rc = zn_model_dims_from_hf(&d, dir);
+    zn_model_config cfg = zn_model_config_default(dev);
+    cfg.dtype = ZN_DTYPE_F32;
+    cfg.max_seq = d.max_pos;
+    cfg.attention = ZN_ATTN_GEMM;
+    zn_model *m[2] = { 0 };
+    zn_gen *g[2] = { 0 };
+    int32_t first[] = { 9, 40, 7, 3, 11, 12, 60, 2 }, longer[24];
+    memcpy(longer, first, sizeof first);
+    for (int i = 8; i < 24; i++)
+        longer[i] = 20 + 7 * i;
+    const int32_t *p1 = first, *p2 = longer;
+    int64_t n1 = 8, n2 = 24, no[2] = { 0 };
+    int32_t *o[2] = { 0 };
+    float *last[2] = { malloc((size_t)d.vocab * 4), malloc((size_t)d.vocab * 4) };
+    zn_gen_params p = zn_gen_params_default();
+    p.max_new_tokens = 10;
+    for (int k = 0; k < 2 && !rc; k++) {
+        zn_gen_config c = zn_gen_config_default();
+        c.kv_home = k ? ZN_GEN_KV_PINNED : ZN_GEN_KV_DEVICE;
+        int32_t *t = NULL;
+        int64_t tn;
+        rc = zn_model_create(&m[k], dev, &d, &cfg);
+        if (!rc)
+            rc = zn_gen_open(&g[k], m[k], &c);
+        if (!rc)
+            rc = zn_gen_load(g[k], dir, NULL);
+        if (!rc) {
+            zn_gen_set_prefix_reuse(g[k], 1);
+            rc = zn_gen_run(g[k], 1, &p1, &n1, &p, &t, &tn, NULL, NULL);
+            free(t);
+        }
+        if (!rc)
+            rc = zn_gen_run(g[k], 1, &p2, &n2, &p, &o[k], &no[k], NULL, NULL);
+        if (!rc)
+            memcpy(last[k], zn_gen_last_logits(g[k], 0), (size_t)d.vocab * 4);
+    }
+    ZT_CHECK_MSG(rc == 0, "prefix reuse, pinned cache: %s", zn_last_error());
+    if (!rc) {
+        zn_gen_stats st;
+        zn_gen_get_stats(g[1], &st);
+        ZT_CHECK_MSG(st.reused == 8, "pinned cache: %llu tokens reused, not 8",
+                     (unsigned long long)st.reused);
+        ZT_CHECK_MSG(no[0] == no[1] && !memcmp(o[0], o[1], (size_t)no[0] * 4) &&
+                     !memcmp(last[0], last[1], (size_t)d.vocab * 4),
+                     "prefix reuse: the pinned cache's ids or logits are not the device's");
+    }
+    for (int k = 0; k < 2; k++) {
+        free(o[k]);
+        free(last[k]);
+        zn_gen_destroy(g[k]);
+        zn_model_destroy(m[k]);
+    }
+}
+
 /* A cache the device cannot hold: with the arena capped (the host arena
  * standing in for HBM) the cache of 64 sequences goes to pinned memory by
  * itself and gives the ids and logits of the cache on the device; with
@@ -780,6 +843,7 @@ int main(void)
     streamed(dev, FIX "ft-llama", FIX "lora-llama/final-adapter", 160, 3);
     streamed_deep(dev);
     kv_by_budget(dev);
+    prefix_reuse_pinned(dev);
     zn_dev_destroy(dev);
     placed_by_budget();
     return zt_done();
