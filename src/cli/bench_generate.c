@@ -16,6 +16,7 @@
 #include "zinc/generate.h"
 #include "zinc/model.h"
 #include "cli/cli.h"
+#include "cli/gen-impl.h"
 
 static void usage(FILE *f)
 {
@@ -23,7 +24,7 @@ static void usage(FILE *f)
             "usage: zinc bench generate --model DIR [--batches 1,2,4,..] [--prompt-len N]\n"
             "                           [--new-tokens N] [--device D] [--dtype f32|bf16]\n"
             "                           [--gpu-mem SIZE] [--resident N] [--ring K] [--nvme DIR]\n"
-            "                           [--csv FILE]\n"
+            "                           [--target NAME] [--csv FILE]\n"
             "  --batches     prompts decoded together (default 1,2,4,8,16,32,64)\n"
             "  --prompt-len  ids per prompt (default 32), --new-tokens per prompt (default 16)\n"
             "  --gpu-mem     the device arena (what does not fit streams from pinned RAM)\n"
@@ -31,10 +32,15 @@ static void usage(FILE *f)
             "  --ring        device slots for streamed layers (default 2)\n"
             "  --nvme        home the streamed layers on NVMe in DIR (the link ceiling is\n"
             "                then the slower of the reads alone and the copies alone)\n"
+            "  --target      the plan's bound on a named machine's figures (a10, h100,\n"
+            "                h200) instead of this machine's measured link (zinc plan --tune)\n"
             "  --csv         append one line per batch to FILE (header when new)\n"
             "Per batch: prefill tokens/s, decode tokens/s and ms per step; the step's\n"
             "ceilings: link (its streamed bytes copied alone) and compute (every weight\n"
-            "resident, when the arena holds them); ratio = the slower ceiling / the step.\n");
+            "resident, when the arena holds them); ratio = the slower ceiling / the step.\n"
+            "bound t/s: what `zinc generate --plan` bounds decode at (the step's bytes\n"
+            "over the cost model's measured link and disk, or the compute above where\n"
+            "that is slower); of bound = decode t/s / bound t/s.\n");
 }
 
 typedef struct {
@@ -115,7 +121,7 @@ static int run_batch(runner *r, int64_t b, int32_t **ids, const int64_t *lens, i
 int zn_bench_generate(int argc, char **argv)
 {
     const char *model = NULL, *device = "auto", *dtype = NULL, *gpu_mem = NULL, *csv = NULL;
-    const char *nvme = NULL;
+    const char *nvme = NULL, *target = NULL;
     const char *batches = "1,2,4,8,16,32,64";
     int64_t plen = 32, new_tokens = 16;
     int resident = -1, ring = 2, rc;
@@ -125,7 +131,7 @@ int zn_bench_generate(int argc, char **argv)
         { "device", required_argument, 0, 'D' },     { "dtype", required_argument, 0, 't' },
         { "gpu-mem", required_argument, 0, 'g' },    { "resident", required_argument, 0, 'r' },
         { "ring", required_argument, 0, 'k' },       { "csv", required_argument, 0, 'o' },
-        { "nvme", required_argument, 0, 'V' },
+        { "nvme", required_argument, 0, 'V' },     { "target", required_argument, 0, 'R' },
         { "help", no_argument, 0, 'h' },             { 0, 0, 0, 0 },
     };
     optind = 1;
@@ -142,6 +148,7 @@ int zn_bench_generate(int argc, char **argv)
         case 'k': ring = atoi(optarg); break;
         case 'o': csv = optarg; break;
         case 'V': nvme = optarg; break;
+        case 'R': target = optarg; break;
         default: return zn_bench_usage_exit(c, usage);
         }
     }
@@ -224,6 +231,11 @@ int zn_bench_generate(int argc, char **argv)
         if (!have_res)
             runner_close(&res);
     }
+    zn_ceilings fig;
+    if ((rc = zn_gc_link_figures(device, nvme, target, 0, &fig, "bench generate"))) {
+        ret = rc;
+        goto out;
+    }
     zn_dev_info di;
     zn_dev_get_info(dev, &di);
     printf("model    %s: %d layers, %d on the device, %d streamed from %s (%.1f MiB each, "
@@ -231,11 +243,22 @@ int zn_bench_generate(int argc, char **argv)
            pl.nvme_bytes ? "NVMe" : "pinned RAM", (double)pl.layer_bytes / (1 << 20), pl.ring);
     printf("device   %s, %s; prompts of %lld ids, %lld new tokens each\n", di.name,
            zn_dtype_name(dt), (long long)plen, (long long)new_tokens);
-    printf("%6s %12s %12s %10s %10s %10s %7s\n", "batch", "prefill t/s", "decode t/s",
-           "step ms", "link ms", "compute ms", "ratio");
+    if (fig.h2d_bps > 0)
+        printf("bound    host to device %.2f GB/s, device to host %.2f GB/s, NVMe read %.2f GB/s: "
+               "%s%s%s\n", fig.h2d_bps / 1e9, fig.d2h_bps / 1e9, fig.nvme_read_bps / 1e9,
+               strcmp(fig.name, "this machine") ? fig.name : "",
+               strcmp(fig.name, "this machine") ? ", " : "", fig.source);
+    else
+        printf("bound    unknown: no measured link for this machine (`zinc generate --plan "
+               "--recalibrate` measures it)\n");
+    printf("kv cache %s, %.1f KiB a token\n", pl.kv_pinned ? "in pinned RAM" : "on the device",
+           (double)pl.kv_token_bytes / 1024);
+    printf("%6s %12s %12s %10s %10s %10s %7s %10s %8s\n", "batch", "prefill t/s", "decode t/s",
+           "step ms", "link ms", "compute ms", "ratio", "bound t/s", "of bound");
     if (csv && !(out = zn_bench_csv_open(csv, "device,dtype,model,layers,resident,streamed,"
                                               "batch,prompt_len,new_tokens,prefill_tps,"
-                                              "decode_tps,step_ms,link_ms,compute_ms,ratio"))) {
+                                              "decode_tps,step_ms,link_ms,compute_ms,ratio,"
+                                              "bound_tps,of_bound,kv_pinned"))) {
         zn_cli_fail(-errno, "bench generate: --csv");
         goto out;
     }
@@ -282,18 +305,31 @@ int zn_bench_generate(int argc, char **argv)
         double ceil_ms = link_ms > comp_ms ? link_ms : comp_ms;
         double ratio = ceil_ms > 0 ? ceil_ms / step_ms : 0;
         double ptps = (double)(b * plen) / pre, dtps = (double)b * steps / dec;
-        char cs[32] = "-", rs[32] = "-";
+        /* the plan's bound at the decoding steps' mean context (positions
+         * plen .. plen + new_tokens - 2), or the compute where slower */
+        const char *by;
+        double bound_ms = zn_gc_step_bound(&pl, b, plen + (new_tokens - 2) / 2, &fig, &d, &by) *
+                          1e3;
+        if (strcmp(by, "unknown") && comp_ms > bound_ms)
+            bound_ms = comp_ms;
+        double btps = bound_ms > 0 ? (double)b / bound_ms * 1e3 : 0;
+        char cs[32] = "-", rs[32] = "-", bs_[32] = "-", os[32] = "-";
         if (comp_ms >= 0)
             snprintf(cs, sizeof cs, "%.2f", comp_ms);
         if (ratio > 0)
             snprintf(rs, sizeof rs, "%.2f", ratio);
-        printf("%6lld %12.1f %12.1f %10.2f %10.2f %10s %7s\n", (long long)b, ptps, dtps, step_ms,
-               link_ms, cs, rs);
+        if (btps > 0) {
+            snprintf(bs_, sizeof bs_, "%.1f", btps);
+            snprintf(os, sizeof os, "%.2f", dtps / btps);
+        }
+        printf("%6lld %12.1f %12.1f %10.2f %10.2f %10s %7s %10s %8s\n", (long long)b, ptps, dtps,
+               step_ms, link_ms, cs, rs, bs_, os);
         if (out)
-            fprintf(out, "\"%s\",%s,%s,%d,%d,%d,%lld,%lld,%lld,%.1f,%.1f,%.3f,%.3f,%.3f,%.3f\n",
-                    di.name, zn_dtype_name(dt), model, pl.layers, pl.resident_layers,
-                    pl.streamed_layers, (long long)b, (long long)plen, (long long)new_tokens,
-                    ptps, dtps, step_ms, link_ms, comp_ms, ratio);
+            fprintf(out, "\"%s\",%s,%s,%d,%d,%d,%lld,%lld,%lld,%.1f,%.1f,%.3f,%.3f,%.3f,%.3f,"
+                    "%.1f,%.3f,%d\n", di.name, zn_dtype_name(dt), model, pl.layers,
+                    pl.resident_layers, pl.streamed_layers, (long long)b, (long long)plen,
+                    (long long)new_tokens, ptps, dtps, step_ms, link_ms, comp_ms, ratio, btps,
+                    btps > 0 ? dtps / btps : 0, pl.kv_pinned);
     }
     ret = 0;
 out:

@@ -584,6 +584,46 @@ int zn_gc_link_figures(const char *device, const char *nvme, const char *target,
     return 0;
 }
 
+/* The least seconds a decoding step of B sequences at context `ctx_tokens`
+ * (tokens cached per sequence) takes on figures c: each resource alone
+ * (the host link: streamed layers and a pinned cache's rows in; the
+ * device-to-host link: the rows out; NVMe reads; with a GEMM rate, the
+ * compute), the busiest one (*by names it). 0 when nothing moves (*by
+ * "nothing") or a figure it needs is unknown (*by "unknown"). */
+double zn_gc_step_bound(const zn_gen_placement *p, int64_t B, int64_t ctx_tokens,
+                        const zn_ceilings *c, const zn_model_dims *d, const char **by)
+{
+    uint64_t w_h2d = p->streamed_bytes_per_step;
+    uint64_t w_nvme = p->nvme_bytes ? p->streamed_bytes_per_step : 0;
+    uint64_t kv_in = p->kv_pinned ? (uint64_t)B * (uint64_t)ctx_tokens * p->kv_token_bytes : 0;
+    uint64_t kv_out = p->kv_pinned ? (uint64_t)B * p->kv_token_bytes : 0;
+    *by = "nothing";
+    if ((w_h2d + kv_in && !(c->h2d_bps > 0)) || (w_nvme && !(c->nvme_read_bps > 0))) {
+        *by = "unknown";
+        return 0;
+    }
+    double comp = 0;
+    if (c->gemm_flops > 0) {
+        uint64_t pc = zn_model_param_count(d);
+        if (!d->tie_embeddings)
+            pc -= (uint64_t)(d->vocab * d->hidden); /* a gather, not a GEMM */
+        comp = 2.0 * (double)pc * (double)B /
+               (c->gemm_flops * (c->model_eff > 0 ? c->model_eff : 1));
+    }
+    double t = 0, h2d = c->h2d_bps > 0 ? (double)(w_h2d + kv_in) / c->h2d_bps : 0;
+    double d2h = c->d2h_bps > 0 ? (double)kv_out / c->d2h_bps : 0;
+    double rd = w_nvme ? (double)w_nvme / c->nvme_read_bps : 0;
+    if (h2d > t)
+        t = h2d, *by = "the host link";
+    if (d2h > t)
+        t = d2h, *by = "the device-to-host link";
+    if (rd > t)
+        t = rd, *by = "NVMe reads";
+    if (comp > t)
+        t = comp, *by = "compute";
+    return t;
+}
+
 /* `--plan`: what is where, the cache, the bytes a decoding step moves, and
  * the bound they put on decode tokens/s over the link figures `c`
  * (zn_gc_link_figures): each resource alone, the step no faster than the
@@ -655,39 +695,23 @@ void zn_gc_print_plan(const engine *e, int64_t ctx, int64_t B, const zn_ceilings
         return;
     }
     /* the busiest resource at contexts 0 (weights alone) and full */
-    double comp_s = 0;
-    if (c->gemm_flops > 0) {
-        uint64_t pc = zn_model_param_count(d);
-        if (!d->tie_embeddings)
-            pc -= (uint64_t)(d->vocab * d->hidden); /* a gather, not a GEMM */
-        comp_s = 2.0 * (double)pc * (double)B /
-                 (c->gemm_flops * (c->model_eff > 0 ? c->model_eff : 1));
-    }
     double t[2];
     const char *by[2];
-    for (int full = 0; full < 2; full++) {
-        double h2d = (double)(w_h2d + (full ? kv_full : 0)) / c->h2d_bps;
-        double d2h = c->d2h_bps > 0 ? (double)kv_out / c->d2h_bps : 0;
-        double rd = w_nvme ? (double)w_nvme / c->nvme_read_bps : 0;
-        t[full] = h2d;
-        by[full] = "the host link";
-        if (d2h > t[full])
-            t[full] = d2h, by[full] = "the device-to-host link";
-        if (rd > t[full])
-            t[full] = rd, by[full] = "NVMe reads";
-        if (comp_s > t[full])
-            t[full] = comp_s, by[full] = "compute";
-    }
-    printf("bound        decode at most %.1f tokens/s with %lld sequences (%.2f steps/s, %s)",
-           (double)B / t[0], (long long)B, 1 / t[0], by[0]);
-    if (p.kv_pinned)
+    for (int full = 0; full < 2; full++)
+        t[full] = zn_gc_step_bound(&p, B, full ? ctx - 1 : 0, c, d, &by[full]);
+    if (t[0] > 0)
+        printf("bound        decode at most %.1f tokens/s with %lld sequences (%.2f steps/s, %s)",
+               (double)B / t[0], (long long)B, 1 / t[0], by[0]);
+    else
+        printf("bound        none from the link as the cache starts");
+    if (p.kv_pinned && t[1] > 0)
         printf(" as the cache starts, %.1f tokens/s with it full (%s)", (double)B / t[1], by[1]);
     printf("\n             over host to device %.2f GB/s", c->h2d_bps / 1e9);
     if (p.kv_pinned && c->d2h_bps > 0)
         printf(", device to host %.2f GB/s", c->d2h_bps / 1e9);
     if (w_nvme)
         printf(", NVMe read %.2f GB/s", c->nvme_read_bps / 1e9);
-    if (comp_s > 0)
+    if (c->gemm_flops > 0)
         printf(", GEMM %.0f TFLOP/s x %.2f", c->gemm_flops / 1e12, c->model_eff);
     if (strcmp(c->name, "this machine"))
         printf(": the %s target's figures (%s)\n", c->name, c->source);
