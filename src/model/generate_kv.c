@@ -59,6 +59,12 @@ static int place_pinned(zn_gen *g, uint64_t room, uint64_t least_weights)
     }
     if (rc)
         return rc;
+    if (least_weights > room)
+        return zn_set_error(ZN_EBUDGET, "generate: the device (%s free) cannot hold the least "
+                            "the weights need there (%s: the head and the streamed layers' "
+                            "slots), whatever the KV cache: a larger --gpu-mem",
+                            zn_format_size(room, b, sizeof b),
+                            zn_format_size(least_weights, c, sizeof c));
     if (align_up(g->kv_layer) * (uint64_t)g->kv_K + least_weights > room)
         return zn_set_error(ZN_EBUDGET, "generate: the KV cache is homed in pinned memory, "
                             "but its %d device slots of one layer (%s each, %lld sequences of "
