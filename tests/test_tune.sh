@@ -4,7 +4,8 @@
 # prediction beside the measured step; `zinc plan --tune` ranks candidates
 # that all fit and writes a config `zinc plan` accepts; --target plans a
 # public ZeRO-3 config with "auto" precision in bf16 for an A10 from a
-# machine without a GPU. No timing is asserted: times on a shared machine
+# machine without a GPU; the schedule's cost per block use is among the
+# ceilings and counted for every block use. No timing is asserted: times on a shared machine
 # are the benchmark's business (bench/results/tune.md).
 set -u
 zinc=$(realpath "$1")
@@ -39,6 +40,17 @@ for p in "${placements[@]}"; do
     sets=()
     for kv in $p; do sets+=(--set "$kv"); done
     out=$("$zinc" bench train "${base[@]}" "${sets[@]}" 2>&1)
+    # the schedule's term counts every block's forward and backward in each
+    # micro-batch: tiny.json streams 6 blocks (embedding, 4 layers, head),
+    # micro-batches 1 (12 uses) or 2 (24 uses, the last placement)
+    uses=12
+    [[ $p == *gradient_accumulation_steps=2* ]] && uses=24
+    if ! grep -qE "^  schedule overhead +[0-9.]+ ms +- \($uses block uses\)" <<<"$out"; then
+        bad "bench train [$p]: no schedule overhead line of $uses block uses"
+        grep -E "schedule|^predicted" <<<"$out"
+    else
+        ok
+    fi
     line=$(grep "^# traffic per step" <<<"$out")
     if [ -z "$line" ]; then
         bad "bench train [$p]: no traffic line"; echo "$out" | tail -5; continue
@@ -88,6 +100,13 @@ t = [float(x) for x in re.findall(r"^  \d+ +([0-9.]+) s", sys.argv[1], re.M)]
 sys.exit(0 if t and t == sorted(t) else 1)
 EOF
 then ok; else bad "plan --tune rows not sorted by step time"; fi
+# the machine's figures include the schedule's cost per block use, measured
+# by the calibration (kept with the others, refreshed with them)
+if grep -qE "^cost model: measured on this machine \(.*; schedule [0-9]+ us per block use\)" <<<"$out"; then
+    ok
+else
+    bad "plan --tune: the schedule's per-block-use figure is not among the ceilings"
+fi
 # --write without --tune, an unknown target: usage errors
 "$zinc" plan "$src/examples/tiny.json" --write x.json >/dev/null 2>&1
 [ $? -eq 2 ] && ok || bad "--write without --tune not refused"
@@ -101,7 +120,8 @@ mkdir -p q7 && cp "$src/tests/fixtures/configs/qwen2.5-7b.json" q7/config.json
 out=$("$zinc" plan "$cfgs/qwen2.5-sft-ds_config_zero3.json" --target a10 \
       --set model.path=q7 --set model.init=random --data synthetic \
       --set tiers.cpu=128GiB --set 'tiers.nvme=[{"path":"swap","size":"2TiB"}]' 2>&1)
-if grep -q "precision  bf16 params" <<<"$out" && grep -qE "^  1 +[0-9.]+ s" <<<"$out"; then
+if grep -q "precision  bf16 params" <<<"$out" && grep -qE "^  1 +[0-9.]+ s" <<<"$out" &&
+   grep -q "schedule 20 us per block use (an estimate" <<<"$out"; then
     ok
 else
     bad "--target a10: not bf16 or no prediction"; echo "$out" | grep -E "precision|error|^  1" | head

@@ -24,6 +24,9 @@ extern "C" {
  * backward, in seconds (zn_model_probe_blocks, or the analytic model). */
 typedef struct {
     double layer_fwd_s, layer_bwd_s, head_s;
+    int blocks;  /* blocks the trainer streams per pass (zn_model_num_parts:
+                    the embedding's and the head's parts and the layers);
+                    0 = layers + 2 */
 } zn_cost_compute;
 
 /* What a machine moves and computes per second. 0 = not known: a step
@@ -44,6 +47,11 @@ typedef struct {
     double adam_pps[3];       /* CPU Adam params/s by moment format (zn_mom_fmt) */
     double dev_adam_pps;      /* Adam on the device, params/s */
     double gpu_bytes, host_bytes;  /* memory of the target (0: this machine's) */
+    double block_use_s;       /* the schedule's fixed cost per block use (one
+                                 block's forward or backward in one
+                                 micro-batch): submitting its ops to the
+                                 streams, events and marks, the fetch
+                                 handoff, the gradient's host function */
 } zn_ceilings;
 
 /* Figures for a named target (a10, h100, h200) with their sources: the
@@ -58,6 +66,10 @@ typedef struct {
     double opt_s;                 /* the optimizer chain (CPU Adam and its NVMe) */
     double exposed_opt_s;         /* of it, what the compute waits for */
     double fill_s;                /* the first fetch before compute starts */
+    double overhead_s;            /* the schedule's fixed costs: block uses x
+                                     block_use_s (host backend), or what of it
+                                     the GPU waits for (CUDA) */
+    uint64_t block_uses;          /* per step: micro-batches x 2 x blocks */
     double step_s;                /* predicted step time */
     int bound;                    /* the resource that sets it (ZN_RES_*) */
     double tokens_per_s;
@@ -68,8 +80,10 @@ typedef struct {
 /* Predicts one optimizer step of `plan` (with plan->step filled, i.e. from
  * zn_train_plan) at `tokens` tokens per step on this rank, with `comp` the
  * compute of one micro-batch, `layers` decoder layers and the moment format
- * `mom_fmt`. Returns 0, or ZN_EARG when a needed ceiling is 0 (out->missing
- * names it; the other figures are still filled). */
+ * `mom_fmt`. A block_use_s of 0 leaves the schedule's overhead out (the
+ * calibration predicts that way to measure it). Returns 0, or ZN_EARG when
+ * a needed ceiling is 0 (out->missing names it; the other figures are
+ * still filled). */
 ZN_API int zn_cost_predict(const zn_plan *plan, const zn_ceilings *c, const zn_cost_compute *comp,
                            int64_t layers, uint64_t tokens, int mom_fmt, zn_cost *out);
 

@@ -141,6 +141,7 @@ static void evaluate(cand *c, const char *path, const char **user_sets, int n_us
                                    cfg.data.seq_len);
         zn_cost_compute_analytic(target, lf / 3, hf * 4 / 3, cfg.train.activation_checkpointing,
                                  &comp);
+        comp.blocks = zn_model_num_parts(&d);
         rc = zn_cost_predict(&plan, target, &comp, d.n_layers, tokens, fmt, &c->cost);
     } else {
         rc = zn_run_predict(&cfg, &d, &plan, flags, &c->cost, stderr);

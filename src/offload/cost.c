@@ -14,7 +14,14 @@
  *   - on the host backend the "device" is the CPU itself: compute, the
  *     copies, the accumulation and Adam take the same cores, so their
  *     times add; the disk still overlaps them;
- *   - before the first block computes, its fetch has to land (the fill).
+ *   - before the first block computes, its fetch has to land (the fill);
+ *   - every block use (one block's forward or backward in one micro-batch)
+ *     costs the schedule a fixed time beside its compute: its ops handed to
+ *     the stream threads, events and marks, the fetch handoff, the
+ *     gradient's D2H and host function. On the host backend the same cores
+ *     do that work, so it adds; on a GPU it is the host issuing work ahead
+ *     of the device and hides under compute, except where a block computes
+ *     for less than it costs to issue (small models, short sequences).
  * Busy times are per step; tokens/s and the SSD's TB/day follow. */
 #include <math.h>
 #include <stdio.h>
@@ -42,25 +49,37 @@ static double div0(double a, double b)
  * - H100 (SXM, PCIe Gen5): 989.5 TF dense bf16, ~0.67 of it in cuBLAS at
  *   large shapes (660 TF); H2D 35 GB/s and D2H 52.8 GB/s (nvbandwidth #24);
  *   a 2-socket host, Adam ~8 G params/s; 4x Gen4 NVMe in RAID0: 10 / 5
- *   GB/s (DeepNVMe, 08-2024). H200: the same compute and link, 141 GB. */
+ *   GB/s (DeepNVMe, 08-2024). H200: the same compute and link, 141 GB.
+ * - The schedule's cost per block use on all three is an estimate, not a
+ *   measurement (no such GPU has been lent to the project yet; the
+ *   calibration measures it on the machine itself): a block use makes
+ *   about 8 CUDA runtime calls besides its kernels (the forward 4: the
+ *   slot's wait, the mark's two event records, the fence; the backward
+ *   about 12: waits, the gradient memset, marks, the D2H, its events,
+ *   cudaLaunchHostFunc), at the few microseconds of host time each such
+ *   call is commonly quoted at: 8 x 2.5 us = 20 us. A 7B layer computes
+ *   for milliseconds, so the figure matters only for small models. */
 static const zn_ceilings targets[] = {
     { .name = "a10", .source = "NVIDIA A10 24 GB on PCIe Gen4 x16: GEMM 66 TF (A10G measured, "
       "datasheet 125), layer 0.8 of it (llm.c), H2D/D2H 19.7 GB/s (measured on an A10); host: "
-      "1 socket 8-channel DDR4, Adam 4 Gparam/s, NVMe 6.5/3.5 GB/s (PM9A3 rated)",
+      "1 socket 8-channel DDR4, Adam 4 Gparam/s, NVMe 6.5/3.5 GB/s (PM9A3 rated); schedule 20 us per block use (an estimate, not measured)",
       .cuda = true, .gemm_flops = 66e12, .model_eff = 0.8, .h2d_bps = 19.7e9,
       .d2h_bps = 19.7e9, .mem_bps = 100e9, .nvme_read_bps = 6.5e9, .nvme_write_bps = 3.5e9,
-      .adam_pps = { 4e9, 6e9, 8e9 }, .dev_adam_pps = 600e9 / 16, .gpu_bytes = 24ull << 30 },
+      .adam_pps = { 4e9, 6e9, 8e9 }, .dev_adam_pps = 600e9 / 16, .gpu_bytes = 24ull << 30,
+      .block_use_s = 20e-6 },
     { .name = "h100", .source = "NVIDIA H100 SXM 80 GB on PCIe Gen5: GEMM 660 TF (0.67 of the "
       "989.5 dense datasheet), H2D 35 / D2H 52.8 GB/s (nvbandwidth #24); host: 2 sockets, Adam "
-      "8 Gparam/s, 4x Gen4 NVMe RAID0 10/5 GB/s (DeepNVMe)",
+      "8 Gparam/s, 4x Gen4 NVMe RAID0 10/5 GB/s (DeepNVMe); schedule 20 us per block use (an estimate, not measured)",
       .cuda = true, .gemm_flops = 660e12, .model_eff = 0.6, .h2d_bps = 35e9, .d2h_bps = 52.8e9,
       .mem_bps = 200e9, .nvme_read_bps = 10e9, .nvme_write_bps = 5e9,
-      .adam_pps = { 8e9, 12e9, 16e9 }, .dev_adam_pps = 3.35e12 / 16, .gpu_bytes = 80ull << 30 },
+      .adam_pps = { 8e9, 12e9, 16e9 }, .dev_adam_pps = 3.35e12 / 16, .gpu_bytes = 80ull << 30,
+      .block_use_s = 20e-6 },
     { .name = "h200", .source = "NVIDIA H200 SXM 141 GB: as h100 (same compute and link), "
-      "HBM3e 4.8 TB/s",
+      "HBM3e 4.8 TB/s; schedule 20 us per block use (an estimate, not measured)",
       .cuda = true, .gemm_flops = 660e12, .model_eff = 0.6, .h2d_bps = 35e9, .d2h_bps = 52.8e9,
       .mem_bps = 200e9, .nvme_read_bps = 10e9, .nvme_write_bps = 5e9,
-      .adam_pps = { 8e9, 12e9, 16e9 }, .dev_adam_pps = 4.8e12 / 16, .gpu_bytes = 141ull << 30 },
+      .adam_pps = { 8e9, 12e9, 16e9 }, .dev_adam_pps = 4.8e12 / 16, .gpu_bytes = 141ull << 30,
+      .block_use_s = 20e-6 },
 };
 
 const zn_ceilings *zn_cost_target(const char *name)
@@ -134,6 +153,24 @@ int zn_cost_predict(const zn_plan *plan, const zn_ceilings *c, const zn_cost_com
         out->fill_s = per_fetch + per_read;
     }
     out->compute_fwd1_s = fwd;
+    /* the schedule's fixed cost: every block, forward and backward, in
+     * every micro-batch (the uses zn_tr_build_fetches lists: A x 2 x L) */
+    int nb = comp->blocks > 0 ? comp->blocks : (int)layers + 2;
+    out->block_uses = (uint64_t)A * 2u * (uint64_t)nb;
+    double o = c->block_use_s > 0 ? c->block_use_s : 0;
+    if (c->shared_cores) {
+        out->overhead_s = (double)out->block_uses * o;
+    } else {
+        /* the host issues a block's work while the GPU computes the one
+         * before: the GPU waits only where a block computes for less than
+         * its issue costs. The layers' uses by their probed times; the
+         * other blocks' (embedding and head parts) share head_s. */
+        int other = nb - (int)layers > 0 ? nb - (int)layers : 0;
+        double per_mb = (double)layers * (fmax(0, o - comp->layer_fwd_s) +
+                                          fmax(0, o - comp->layer_bwd_s)) +
+                        fmax(0, 2.0 * other * o - comp->head_s);
+        out->overhead_s = (double)A * per_mb;
+    }
     /* the optimizer chain: CPU Adam, or its states' NVMe traffic when longer */
     double opt_io = s->opt_on_nvme ? b[ZN_RES_NVME] : 0;
     out->opt_s = fmax(b[ZN_RES_ADAM], opt_io);
@@ -142,7 +179,8 @@ int zn_cost_predict(const zn_plan *plan, const zn_ceilings *c, const zn_cost_com
     double step;
     if (c->shared_cores) {
         /* one pool of cores: compute, copies, accumulation and Adam add */
-        double cpu = b[ZN_RES_COMPUTE] + b[ZN_RES_H2D] + b[ZN_RES_D2H] + b[ZN_RES_ADAM];
+        double cpu = b[ZN_RES_COMPUTE] + b[ZN_RES_H2D] + b[ZN_RES_D2H] + b[ZN_RES_ADAM] +
+                     out->overhead_s;
         out->exposed_opt_s = 0;
         step = cpu;
         if (b[ZN_RES_NVME] > step)
@@ -151,7 +189,7 @@ int zn_cost_predict(const zn_plan *plan, const zn_ceilings *c, const zn_cost_com
             bound = ZN_RES_ADAM;
     } else {
         out->exposed_opt_s = fmax(0, out->opt_s - window);
-        step = b[ZN_RES_COMPUTE] + out->exposed_opt_s;
+        step = b[ZN_RES_COMPUTE] + out->overhead_s + out->exposed_opt_s;
         if (out->exposed_opt_s > 0)
             bound = b[ZN_RES_ADAM] >= opt_io ? ZN_RES_ADAM : ZN_RES_NVME;
         const int others[] = { ZN_RES_H2D, ZN_RES_D2H, ZN_RES_NVME };
@@ -182,6 +220,9 @@ void zn_cost_print_vs(const zn_cost *p, const zn_train_report *r, int world, FIL
         fprintf(f, "  %-18s %9.1f ms %9.1f ms\n", zn_train_resource_name((zn_train_resource)i),
                 p->busy_s[i] * 1e3, r->busy_s[i] / n * 1e3);
     }
+    if (p->block_uses)
+        fprintf(f, "  %-18s %9.1f ms %12s (%llu block uses)\n", "schedule overhead",
+                p->overhead_s * 1e3, "-", (unsigned long long)p->block_uses);
     fprintf(f, "predicted step time %.3f s (bound: %s), measured %.3f s (%+.0f%%)\n", p->step_s,
             zn_train_resource_name((zn_train_resource)p->bound), ms,
             p->step_s > 0 ? 100.0 * (p->step_s - ms) / ms : 0.0);

@@ -10,7 +10,9 @@
  *     settings;
  *   - one micro-batch's compute at the config's shape: one layer's
  *     forward and backward and the head, on the run's device
- *     (zn_model_probe_blocks), cached by shape.
+ *     (zn_model_probe_blocks), cached by shape;
+ *   - the schedule's fixed cost per block use: the trainer itself run for
+ *     a few steps on a model whose compute is small (see measure_schedule).
  * Each figure is the best of three (a shared machine's noise is one-sided).
  * The cache is ZINC_CACHE_DIR, else XDG_CACHE_HOME/zinc, else
  * ~/.cache/zinc: ceilings.json, written to a temporary file and renamed. */
@@ -36,6 +38,8 @@
 #include "zn_build_config.h"
 
 #define REPS 3
+/* the schedule's rounds: its steps are milliseconds, so more of them */
+#define SCHED_ROUNDS 5
 
 static double now_s(void)
 {
@@ -263,6 +267,154 @@ static int measure_nvme(const zn_config *cfg, const char *path, zn_ceilings *c)
     return rc ? zn_error_prefix(rc, "cost model: measuring the disk under %s", path) : 0;
 }
 
+/* The schedule's fixed cost per block use (zn_ceilings.block_use_s): what a
+ * step costs beyond its compute, copies and optimizer, per block forward or
+ * backward in each micro-batch. Measured by running the trainer as a run
+ * uses it (zn_train_create, zn_train_step) on a model whose blocks compute
+ * for little (hidden 32, 8 layers, 16 tokens, 76k parameters), every
+ * parameter resident on the device and the optimizer on the CPU as most
+ * runs have it, two micro-batches per step; its step is then mostly the
+ * schedule's own work (its Adam and copies are small: the model adds them
+ * where they may have overlapped, which biases the figure low, not high).
+ * The figure is the value at which the cost model (zn_cost_predict, with
+ * this machine's other ceilings and this model's probed compute) predicts
+ * the measured step exactly: on the host backend that is (measured -
+ * predicted without it) / block uses; on a GPU the model counts only what
+ * the device waits for, and the same search finds it. Best step of five
+ * rounds of four, after two warm-up steps (about 0.2 s on a 2-core host). */
+static const char schedule_model_json[] =
+    "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": 2,"
+    " \"gradient_clipping\": 0,"
+    " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}},"
+    " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 1}},"
+    " \"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"none\"},"
+    "  \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true},"
+    "  \"sub_group_size\": 1000000, \"stage3_param_persistence_threshold\": 0},"
+    " \"tiers\": {\"gpu\": \"512MiB\", \"cpu\": \"512MiB\"},"
+    " \"model\": {\"model_type\": \"llama\", \"hidden_size\": 32, \"num_hidden_layers\": 8,"
+    "  \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"intermediate_size\": 64,"
+    "  \"vocab_size\": 64, \"max_position_embeddings\": 64},"
+    " \"data\": {\"seq_len\": 16, \"seed\": 1},"
+    " \"train\": {\"steps\": 22, \"seed\": 1}}";
+
+static int measure_schedule(const zn_config *user, zn_dev *dev, const zn_ceilings *c,
+                            double *block_use_s, double *step_s, double *base_s,
+                            uint64_t *uses)
+{
+    char dset[sizeof user->train.device + 32], tset[64], bset[64];
+    const char *sets[3] = { dset, tset, bset };
+    /* the device the ceilings are keyed by (zn_run_ceilings: cuda or host) */
+    snprintf(dset, sizeof dset, "train.device=\"%s\"",
+             !c->cuda ? "host" : user->train.device[0] ? user->train.device : "auto");
+    snprintf(tset, sizeof tset, "train.threads=%lld", (long long)user->train.threads);
+    snprintf(bset, sizeof bset, "bf16.enabled=%s", user->bf16 && c->cuda ? "true" : "false");
+    zn_config *cfg = malloc(sizeof *cfg);
+    zn_plan *plan = malloc(sizeof *plan);
+    uint64_t *blocks = NULL;
+    zn_train_llama *ll = NULL;
+    zn_trainer *tr = NULL;
+    int32_t *ids = NULL, *tgts = NULL;
+    zn_model_dims d;
+    int rc = cfg && plan ? 0 : zn_set_error(-ENOMEM, "out of memory");
+    if (!rc)
+        rc = zn_config_parse(cfg, schedule_model_json, "(the schedule's calibration model)",
+                             sets, 3);
+    if (!rc && !(rc = zn_config_resolve_batch(cfg, 1)))
+        rc = zn_run_model_dims(cfg, &d);
+    if (rc)
+        goto out;
+    int nb = zn_model_num_parts(&d);
+    int64_t B = cfg->train_micro_batch_size_per_gpu, T = cfg->data.seq_len;
+    int64_t A = cfg->gradient_accumulation_steps;
+    size_t ntok = (size_t)(A * B * T);
+    blocks = calloc((size_t)nb, sizeof *blocks);
+    ids = malloc(ntok * sizeof *ids);
+    tgts = malloc(ntok * sizeof *tgts);
+    if (!blocks || !ids || !tgts) {
+        rc = zn_set_error(-ENOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < ntok; i++)
+        ids[i] = (int32_t)((i * 37 + 11) % (size_t)d.vocab),
+        tgts[i] = (int32_t)((i * 53 + 7) % (size_t)d.vocab);
+    zn_plan_input in;
+    zn_run_plan_input(cfg, &d, 1, blocks, &in);
+    if ((rc = zn_train_llama_create(&ll, &d, B, T, cfg->model.init_std, cfg->model.seed)))
+        goto out;
+    zn_train_llama_set_attention(ll, cfg->train.attention);
+    zn_train_options o = zn_train_options_default();
+    o.cfg = cfg;
+    o.model = zn_train_llama_model(ll);
+    o.plan_in = &in;
+    o.budgets.bytes[ZN_TIER_GPU] = cfg->tiers.gpu;
+    o.budgets.bytes[ZN_TIER_CPU] = cfg->tiers.cpu;
+    if ((rc = zn_train_create(&tr, &o)))
+        goto out;
+    double best = INFINITY;
+    for (int s = 0; s < 2 + SCHED_ROUNDS * 4 && !rc; s++) {
+        zn_train_step_info info;
+        if (s >= 2 && (s - 2) % 4 == 0)
+            zn_train_reset_counters(tr);
+        rc = zn_train_step(tr, ids, tgts, NULL, &info);
+        if (!rc && !isfinite(info.loss))
+            rc = zn_set_error(ZN_EINTERNAL, "the loss is %g", info.loss);
+        if (!rc && s >= 2 && (s - 2) % 4 == 3 && !(rc = zn_train_sync(tr))) {
+            zn_train_report r;
+            zn_train_get_report(tr, &r);
+            if (r.steps > 0)
+                best = fmin(best, r.step_s / (double)r.steps);
+        }
+    }
+    if (rc)
+        goto out;
+    *plan = *zn_train_get_plan(tr);
+    zn_train_destroy(tr);
+    tr = NULL;
+
+    /* this model's compute, probed as a run's is */
+    zn_model_probe_opts po = {
+        .batch = B, .seq = T, .dtype = cfg->bf16 && c->cuda ? ZN_DTYPE_BF16 : ZN_DTYPE_F32,
+        .checkpoint = cfg->train.activation_checkpointing, .attention = cfg->train.attention,
+        .iters = 20,  /* microseconds each: more tries for the best */
+    };
+    zn_model_probe pr;
+    if ((rc = zn_model_probe_blocks(dev, &d, &po, &pr)))
+        goto out;
+    zn_cost_compute comp = { .layer_fwd_s = pr.layer_fwd_s, .layer_bwd_s = pr.layer_bwd_s,
+                             .head_s = pr.head_s, .blocks = nb };
+    zn_ceilings cc = *c;
+    zn_cost p;
+    /* predict(o) grows with o: search the o that predicts the step */
+    double lo = 0, hi = best;
+    cc.block_use_s = 0;
+    if ((rc = zn_cost_predict(plan, &cc, &comp, d.n_layers, ntok, ZN_MOM_F32, &p)))
+        goto out;
+    *base_s = p.step_s;
+    *uses = p.block_uses;
+    for (int it = 0; it < 60 && *base_s < best; it++) {
+        cc.block_use_s = 0.5 * (lo + hi);
+        if ((rc = zn_cost_predict(plan, &cc, &comp, d.n_layers, ntok, ZN_MOM_F32, &p)))
+            goto out;
+        if (p.step_s < best)
+            lo = cc.block_use_s;
+        else
+            hi = cc.block_use_s;
+    }
+    *block_use_s = *base_s < best ? 0.5 * (lo + hi) : 0;
+    *step_s = best;
+out:
+    if (rc)
+        rc = zn_error_prefix(rc, "cost model: measuring the schedule's overhead");
+    zn_train_destroy(tr);
+    zn_train_llama_destroy(ll);
+    free(ids);
+    free(tgts);
+    free(blocks);
+    free(plan);
+    free(cfg);
+    return rc;
+}
+
 /* The disk under `path` (its file system, by st_dev) from the cache entry
  * m, or (with `measure`) measured now into m (*dirty then set); 0 figures
  * when it is not cached and not measured. */
@@ -379,6 +531,24 @@ int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags, zn_
     /* optimizer on the device: the host backend runs the same CPU kernels */
     c->dev_adam_pps = c->shared_cores ? c->adam_pps[0] : 0;
 
+    /* the schedule's cost per block use, with the figures above */
+    if (!json_is_object(json_object_get(m, "schedule"))) {
+        NEED_DEVICE();
+        if (note)
+            fprintf(note, "cost model: measuring the schedule's overhead per block use (a "
+                    "10-block model trained for %d steps; once, kept in %s)\n",
+                    2 + SCHED_ROUNDS * 4, file);
+        double o = 0, t = 0, base = 0;
+        uint64_t uses = 0;
+        if ((rc = measure_schedule(cfg, dev, c, &o, &t, &base, &uses)))
+            goto out;
+        json_object_set_new(m, "schedule", json_pack("{s:f,s:f,s:f,s:I}", "block_use_s", o,
+                                                     "step_s", t, "predicted_without_s", base,
+                                                     "block_uses", (json_int_t)uses));
+        dirty = true;
+    }
+    c->block_use_s = jnum(json_object_get(m, "schedule"), "block_use_s");
+
     /* the disk: by the file system the NVMe path is on */
     const char *paths[ZN_SWAP_MAX_PATHS];
     int np = zn_config_nvme_paths(cfg, paths, ZN_SWAP_MAX_PATHS);
@@ -427,9 +597,10 @@ int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags, zn_
         comp->layer_fwd_s = jnum(pk, "layer_fwd_s");
         comp->layer_bwd_s = jnum(pk, "layer_bwd_s");
         comp->head_s = jnum(pk, "head_s");
+        comp->blocks = zn_model_num_parts(d);
     }
-    snprintf(c->source, sizeof c->source, "measured on this machine (%.200s), kept in %.250s", mkey,
-             file);
+    snprintf(c->source, sizeof c->source, "measured on this machine (%.200s; schedule %.0f us "
+             "per block use), kept in %.200s", mkey, c->block_use_s * 1e6, file);
     if (dirty)
         rc = save_cache(root, dir, file);
 out:
