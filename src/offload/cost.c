@@ -56,20 +56,24 @@ static double div0(double a, double b)
  *   about 8 CUDA runtime calls besides its kernels (the forward 4: the
  *   slot's wait, the mark's two event records, the fence; the backward
  *   about 12: waits, the gradient memset, marks, the D2H, its events,
- *   cudaLaunchHostFunc), at the few microseconds of host time each such
- *   call is commonly quoted at: 8 x 2.5 us = 20 us. A 7B layer computes
- *   for milliseconds, so the figure matters only for small models. */
+ *   cudaLaunchHostFunc), at an assumed 2.5 us of host time each (the
+ *   order of a CUDA runtime call's host cost on a current server CPU; not
+ *   measured by this project): 8 x 2.5 us = 20 us. A 7B layer computes for
+ *   milliseconds, so the figure matters only for small models; replace it
+ *   with the calibration's figure from such a machine when one is lent. */
 static const zn_ceilings targets[] = {
     { .name = "a10", .source = "NVIDIA A10 24 GB on PCIe Gen4 x16: GEMM 66 TF (A10G measured, "
       "datasheet 125), layer 0.8 of it (llm.c), H2D/D2H 19.7 GB/s (measured on an A10); host: "
-      "1 socket 8-channel DDR4, Adam 4 Gparam/s, NVMe 6.5/3.5 GB/s (PM9A3 rated); schedule 20 us per block use (an estimate, not measured)",
+      "1 socket 8-channel DDR4, Adam 4 Gparam/s, NVMe 6.5/3.5 GB/s (PM9A3 rated); schedule 20 us "
+      "per block use (an estimate, not measured)",
       .cuda = true, .gemm_flops = 66e12, .model_eff = 0.8, .h2d_bps = 19.7e9,
       .d2h_bps = 19.7e9, .mem_bps = 100e9, .nvme_read_bps = 6.5e9, .nvme_write_bps = 3.5e9,
       .adam_pps = { 4e9, 6e9, 8e9 }, .dev_adam_pps = 600e9 / 16, .gpu_bytes = 24ull << 30,
       .block_use_s = 20e-6 },
     { .name = "h100", .source = "NVIDIA H100 SXM 80 GB on PCIe Gen5: GEMM 660 TF (0.67 of the "
       "989.5 dense datasheet), H2D 35 / D2H 52.8 GB/s (nvbandwidth #24); host: 2 sockets, Adam "
-      "8 Gparam/s, 4x Gen4 NVMe RAID0 10/5 GB/s (DeepNVMe); schedule 20 us per block use (an estimate, not measured)",
+      "8 Gparam/s, 4x Gen4 NVMe RAID0 10/5 GB/s (DeepNVMe); schedule 20 us per block use (an "
+      "estimate, not measured)",
       .cuda = true, .gemm_flops = 660e12, .model_eff = 0.6, .h2d_bps = 35e9, .d2h_bps = 52.8e9,
       .mem_bps = 200e9, .nvme_read_bps = 10e9, .nvme_write_bps = 5e9,
       .adam_pps = { 8e9, 12e9, 16e9 }, .dev_adam_pps = 3.35e12 / 16, .gpu_bytes = 80ull << 30,
