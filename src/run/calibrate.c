@@ -271,7 +271,7 @@ static int measure_nvme(const zn_config *cfg, const char *path, zn_ceilings *c)
  * step costs beyond its compute, copies and optimizer, per block forward or
  * backward in each micro-batch. Measured by running the trainer as a run
  * uses it (zn_train_create, zn_train_step) on a model whose blocks compute
- * for little (hidden 32, 8 layers, 16 tokens, 76k parameters), every
+ * for little (hidden 32, 8 layers, 16 tokens, about 78k parameters), every
  * parameter resident on the device and the optimizer on the CPU as most
  * runs have it, two micro-batches per step; its step is then mostly the
  * schedule's own work (its Adam and copies are small: the model adds them
