@@ -297,7 +297,9 @@ static const char schedule_model_json[] =
     " \"data\": {\"seq_len\": 16, \"seed\": 1},"
     " \"train\": {\"steps\": 22, \"seed\": 1}}";
 
-static int measure_schedule(const zn_config *user, zn_dev *dev, const zn_ceilings *c,
+static int open_device(const zn_config *cfg, zn_dev **dev);
+
+static int measure_schedule(const zn_config *user, const zn_ceilings *c,
                             double *block_use_s, double *step_s, double *base_s,
                             uint64_t *uses)
 {
@@ -313,6 +315,7 @@ static int measure_schedule(const zn_config *user, zn_dev *dev, const zn_ceiling
     uint64_t *blocks = NULL;
     zn_train_llama *ll = NULL;
     zn_trainer *tr = NULL;
+    zn_dev *dev = NULL;
     int32_t *ids = NULL, *tgts = NULL;
     zn_model_dims d;
     int rc = cfg && plan ? 0 : zn_set_error(-ENOMEM, "out of memory");
@@ -371,7 +374,11 @@ static int measure_schedule(const zn_config *user, zn_dev *dev, const zn_ceiling
     zn_train_destroy(tr);
     tr = NULL;
 
-    /* this model's compute, probed as a run's is */
+    /* this model's compute, probed as a run's is, on a device opened only
+     * now: one device at a time (after a run, its trainer still holds most
+     * of the GPU) */
+    if ((rc = open_device(user, &dev)))
+        goto out;
     zn_model_probe_opts po = {
         .batch = B, .seq = T, .dtype = cfg->bf16 && c->cuda ? ZN_DTYPE_BF16 : ZN_DTYPE_F32,
         .checkpoint = cfg->train.activation_checkpointing, .attention = cfg->train.attention,
@@ -407,6 +414,7 @@ out:
         rc = zn_error_prefix(rc, "cost model: measuring the schedule's overhead");
     zn_train_destroy(tr);
     zn_train_llama_destroy(ll);
+    zn_dev_destroy(dev);
     free(ids);
     free(tgts);
     free(blocks);
@@ -533,14 +541,15 @@ int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags, zn_
 
     /* the schedule's cost per block use, with the figures above */
     if (!json_is_object(json_object_get(m, "schedule"))) {
-        NEED_DEVICE();
+        zn_dev_destroy(dev);  /* the calibration's trainer opens its own */
+        dev = NULL;
         if (note)
             fprintf(note, "cost model: measuring the schedule's overhead per block use (a "
                     "10-block model trained for %d steps; once, kept in %s)\n",
                     2 + SCHED_ROUNDS * 4, file);
         double o = 0, t = 0, base = 0;
         uint64_t uses = 0;
-        if ((rc = measure_schedule(cfg, dev, c, &o, &t, &base, &uses)))
+        if ((rc = measure_schedule(cfg, c, &o, &t, &base, &uses)))
             goto out;
         json_object_set_new(m, "schedule", json_pack("{s:f,s:f,s:f,s:I}", "block_use_s", o,
                                                      "step_s", t, "predicted_without_s", base,
