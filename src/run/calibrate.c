@@ -297,7 +297,7 @@ static const char schedule_model_json[] =
     " \"data\": {\"seq_len\": 16, \"seed\": 1},"
     " \"train\": {\"steps\": 22, \"seed\": 1}}";
 
-static int open_device(const zn_config *cfg, zn_dev **dev);
+static int open_device(const zn_config *cfg, const zn_model_dims *d, zn_dev **dev);
 
 static int measure_schedule(const zn_config *user, const zn_ceilings *c,
                             double *block_use_s, double *step_s, double *base_s,
@@ -377,7 +377,7 @@ static int measure_schedule(const zn_config *user, const zn_ceilings *c,
     /* this model's compute, probed as a run's is, on a device opened only
      * now: one device at a time (after a run, its trainer still holds most
      * of the GPU) */
-    if ((rc = open_device(user, &dev)))
+    if ((rc = open_device(user, NULL, &dev)))
         goto out;
     zn_model_probe_opts po = {
         .batch = B, .seq = T, .dtype = cfg->bf16 && c->cuda ? ZN_DTYPE_BF16 : ZN_DTYPE_F32,
@@ -468,11 +468,22 @@ static void shape_key(const zn_model_dims *d, const zn_model_probe_opts *o, char
              o->attention);
 }
 
-static int open_device(const zn_config *cfg, zn_dev **dev)
+/* A device for measuring. With d, room for the layer probe: a one-layer
+ * model's parameters, gradients and their staging (4 fp32 copies at most)
+ * beside 1 GiB for the activations; a large vocabulary's embedding and head
+ * alone passed the fixed 1 GiB (Qwen2.5's 151936 x 1536: 0.9 GB each), and
+ * the run's report then had no prediction. The host backend's arena is
+ * reserved address space, touched only as the probe uses it. */
+static int open_device(const zn_config *cfg, const zn_model_dims *d, zn_dev **dev)
 {
     zn_dev_config dc = zn_dev_config_default();
     dc.name = cfg->train.device[0] ? cfg->train.device : "auto";
     dc.gpu_budget = (uint64_t)1 << 30;
+    if (d) {
+        zn_model_dims one = *d;
+        one.n_layers = 1;
+        dc.gpu_budget += 16 * zn_model_param_count(&one);
+    }
     return zn_dev_create(dev, &dc);
 }
 
@@ -507,7 +518,7 @@ int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags, zn_
 #define NEED_DEVICE()                                                          \
     do {                                                                       \
         if (!dev) {                                                            \
-            if ((rc = open_device(cfg, &dev))) {                               \
+            if ((rc = open_device(cfg, d, &dev))) {                            \
                 rc = zn_error_prefix(rc, "cost model: device");                \
                 goto out;                                                      \
             }                                                                  \
