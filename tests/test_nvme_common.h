@@ -38,7 +38,6 @@ static inline void tn_rmdir(void)
     tn_dir[0] = '\0';
 }
 
-/* A fresh directory under the test's working directory (the build dir). */
 /* Entries of `dir` whose names start with `prefix` ("" = all but . and ..);
  * -1 if it cannot be opened. */
 static inline int tn_dir_count(const char *dir, const char *prefix)
@@ -55,8 +54,14 @@ static inline int tn_dir_count(const char *dir, const char *prefix)
     return n;
 }
 
+/* A fresh directory under the test's working directory (the build dir),
+ * removed at exit; a test that asks for another (one per configuration)
+ * has the previous one removed first, so none is left behind. */
 static inline const char *tn_tmpdir(const char *tag)
 {
+    static int registered;
+    if (tn_dir[0])
+        tn_rmdir();
     snprintf(tn_dir, sizeof tn_dir, "nvme-%s-XXXXXX", tag);
     if (!mkdtemp(tn_dir))
         ZT_SETUP_FAIL("mkdtemp %s: %s", tn_dir, strerror(errno));
@@ -65,7 +70,8 @@ static inline const char *tn_tmpdir(const char *tag)
         snprintf(tn_dir, sizeof tn_dir, "%s", abs);
         free(abs);
     }
-    atexit(tn_rmdir);
+    if (!registered++)
+        atexit(tn_rmdir);
     return tn_dir;
 }
 
