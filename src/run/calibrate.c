@@ -550,8 +550,9 @@ int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags, zn_
     /* optimizer on the device: the host backend runs the same CPU kernels */
     c->dev_adam_pps = c->shared_cores ? c->adam_pps[0] : 0;
 
-    /* the schedule's cost per block use, with the figures above */
-    if (!json_is_object(json_object_get(m, "schedule"))) {
+    /* the schedule's cost per block use, with the figures above (which a
+     * read-only look, ZN_CEIL_CACHED, may not have) */
+    if (!json_is_object(json_object_get(m, "schedule")) && !(flags & ZN_CEIL_CACHED)) {
         zn_dev_destroy(dev);  /* the calibration's trainer opens its own */
         dev = NULL;
         if (note)
