@@ -423,6 +423,26 @@ out:
     return rc;
 }
 
+/* The nearest folder of `path` that exists (path itself when it does), for
+ * measuring the disk a folder the run will make is going to be on. */
+static void nearest_dir(const char *path, char *out, size_t n)
+{
+    struct stat st;
+    snprintf(out, n, "%s", path);
+    while (stat(out, &st) != 0) {
+        char *slash = strrchr(out, '/');
+        if (!slash) {
+            snprintf(out, n, ".");
+            return;
+        }
+        if (slash == out) {
+            slash[1] = '\0';
+            return;
+        }
+        *slash = '\0';
+    }
+}
+
 /* The disk under `path` (its file system, by st_dev) from the cache entry
  * m, or (with `measure`) measured now into m (*dirty then set); 0 figures
  * when it is not cached and not measured. */
@@ -570,14 +590,19 @@ int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags, zn_
     }
     c->block_use_s = jnum(json_object_get(m, "schedule"), "block_use_s");
 
-    /* the disk: by the file system the NVMe path is on */
+    /* the disk: by the file system the NVMe path is on (or will be on: a
+     * path the run may create, tiers.create_nvme_path, is measured at its
+     * nearest existing folder) */
     const char *paths[ZN_SWAP_MAX_PATHS];
     int np = zn_config_nvme_paths(cfg, paths, ZN_SWAP_MAX_PATHS);
-    struct stat st;
-    if (np > 0 && stat(paths[0], &st) == 0 &&
-        (rc = disk_speed(cfg, m, paths[0], !(flags & ZN_CEIL_CACHED), note, &c->nvme_read_bps,
-                         &c->nvme_write_bps, &dirty)))
-        goto out;
+    char nv[ZN_PATH_MAX];
+    struct stat nst;
+    if (np > 0 && (stat(paths[0], &nst) == 0 || cfg->tiers.create_nvme_path)) {
+        nearest_dir(paths[0], nv, sizeof nv);
+        if ((rc = disk_speed(cfg, m, nv, !(flags & ZN_CEIL_CACHED), note, &c->nvme_read_bps,
+                             &c->nvme_write_bps, &dirty)))
+            goto out;
+    }
 
     /* the compute of one micro-batch at this shape */
     if (d) {
@@ -673,24 +698,9 @@ int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int local_ra
     const char *nvme = e->read_bytes && zn_config_nvme_paths(cfg, paths, ZN_SWAP_MAX_PATHS) > 0
                        ? paths[0] : NULL;
     int rc;
-    /* the checkpoint folder's disk: the nearest folder of its path that
-     * exists (the run makes the rest) */
+    /* the checkpoint folder's disk (the run makes the folder) */
     char dir[ZN_PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", cfg->train.checkpoint.dir[0] ? cfg->train.checkpoint.dir : ".");
-    struct stat st;
-    while (stat(dir, &st) != 0) {
-        char *slash = strrchr(dir, '/');
-        if (!slash) {
-            snprintf(dir, sizeof dir, ".");
-            break;
-        }
-        if (slash == dir)
-            slash[1] = '\0';
-        else
-            *slash = '\0';
-        if (!strcmp(dir, "/"))
-            break;
-    }
+    nearest_dir(cfg->train.checkpoint.dir[0] ? cfg->train.checkpoint.dir : ".", dir, sizeof dir);
     snprintf(e->disk, sizeof e->disk, "%s", dir);
     char cdir[ZN_PATH_MAX], file[ZN_PATH_MAX + 32], mkey[512];
     if ((rc = zn_run_cache_path(cdir, sizeof cdir)))
