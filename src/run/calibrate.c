@@ -36,6 +36,7 @@
 #include "zinc/topo.h"
 #include "zinc/zinc.h"
 #include "zn_build_config.h"
+#include "zn_vcs.h"
 
 #define REPS 3
 /* the schedule's rounds: its steps are milliseconds, so more of them */
@@ -64,16 +65,18 @@ int zn_run_cache_path(char *out, size_t n)
     return 0;
 }
 
-/* The machine the figures belong to: CPU, cores, RAM, device, zinc. */
+/* The machine the figures belong to: CPU, cores, RAM, device, and the zinc
+ * build (its version and commit: a changed Adam kernel or schedule is
+ * measured again, not read from an older build's figures). */
 static void machine_key(const char *devname, char *out, size_t n)
 {
     char cpu[160];
     zn_cpu_model(cpu, sizeof cpu);
-    snprintf(out, n, "%s | %ld cpus | %llu MiB | %s | zinc %s", cpu,
+    snprintf(out, n, "%s | %ld cpus | %llu MiB | %s | zinc %s (%s)", cpu,
              sysconf(_SC_NPROCESSORS_ONLN),
              (unsigned long long)((uint64_t)sysconf(_SC_PHYS_PAGES) *
                                   (uint64_t)sysconf(_SC_PAGESIZE) >> 20),
-             devname, ZN_VERSION);
+             devname, ZN_VERSION, ZN_VCS);
 }
 
 static json_t *load_cache(const char *file)
