@@ -122,31 +122,19 @@ check "[ $? -eq 0 ] && diff <(hexes nref8.jsonl | tail -7) <(hexes nres8c.jsonl)
     --json-log cres8n.jsonl > nr3.out 2>&1
 check "[ $? -eq 0 ] && diff <(hexes nref8.jsonl | tail -7) <(hexes cres8n.jsonl) > /dev/null" \
     "an NVMe 8-bit checkpoint resumed in the cpu tier: $(tail -2 nr3.out)"
-# conversions at load into an NVMe home: as into the cpu tier
-"$zinc" train "${nv[@]}" --set train.optim=adamw_8bit --resume $f5 --steps 8 \
-    --json-log n32to8.jsonl > nr4.out 2>&1
-check "[ $? -eq 0 ] && grep -q 'converted at load' nr4.out" \
-    "fp32 checkpoint into 8-bit moments on NVMe: $(tail -3 nr4.out)"
-"$zinc" train "${cpu[@]}" --set train.optim=adamw_8bit --resume $f5 --steps 8 \
-    --json-log c32to8.jsonl > nr5.out 2>&1
-check "diff <(hexes n32to8.jsonl) <(hexes c32to8.jsonl) > /dev/null" \
-    "fp32 checkpoint into 8-bit moments: NVMe and the cpu tier differ"
-"$zinc" train "${nv[@]}" --set train.optim=adamw_torch --resume $n5 --steps 8 \
-    --json-log n8to32.jsonl > nr6.out 2>&1
-check "[ $? -eq 0 ] && grep -q 'converted at load' nr6.out" \
-    "8-bit checkpoint into fp32 moments on NVMe: $(tail -3 nr6.out)"
-"$zinc" train "${cpu[@]}" --set train.optim=adamw_torch --resume $n5 --steps 8 \
-    --json-log c8to32.jsonl > nr7.out 2>&1
-check "diff <(hexes n8to32.jsonl) <(hexes c8to32.jsonl) > /dev/null" \
-    "8-bit checkpoint into fp32 moments: NVMe and the cpu tier differ"
-"$zinc" train "${nv[@]}" --set train.optim=adamw_bf16 --resume $n5 --steps 8 \
-    --json-log n8to16.jsonl > nr8.out 2>&1
-check "[ $? -eq 0 ] && grep -q 'converted at load' nr8.out" \
-    "8-bit checkpoint into bf16 moments on NVMe: $(tail -3 nr8.out)"
-"$zinc" train "${cpu[@]}" --set train.optim=adamw_bf16 --resume $n5 --steps 8 \
-    --json-log c8to16.jsonl > nr9.out 2>&1
-check "diff <(hexes n8to16.jsonl) <(hexes c8to16.jsonl) > /dev/null" \
-    "8-bit checkpoint into bf16 moments: NVMe and the cpu tier differ"
+# conversions at load into an NVMe home: as into the cpu tier (fp32 into
+# 8-bit, 8-bit into fp32, 8-bit into bf16)
+for conv in "$f5 adamw_8bit 32to8" "$n5 adamw_torch 8to32" "$n5 adamw_bf16 8to16"; do
+    read -r ck o tag <<< "$conv"
+    "$zinc" train "${nv[@]}" --set train.optim=$o --resume "$ck" --steps 8 \
+        --json-log n$tag.jsonl > n$tag.out 2>&1
+    check "[ $? -eq 0 ] && grep -q 'converted at load' n$tag.out" \
+        "checkpoint into $o moments on NVMe ($tag): $(tail -3 n$tag.out)"
+    "$zinc" train "${cpu[@]}" --set train.optim=$o --resume "$ck" --steps 8 \
+        --json-log c$tag.jsonl > c$tag.out 2>&1
+    check "diff <(hexes n$tag.jsonl) <(hexes c$tag.jsonl) > /dev/null" \
+        "checkpoint into $o moments ($tag): NVMe and the cpu tier differ"
+done
 
 # bf16 moments on NVMe with a sub-group that is no whole number of 256
 # (30001) and the buffers to make it the unit (buffer_count 9): units are
