@@ -15,6 +15,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp" || exit 1
 mkdir -p swap
+# a cache of the machine's ceilings of its own: measured by this build now
+export ZINC_CACHE_DIR=$tmp/cache
 ok() { pass=$((pass + 1)); }
 bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
 
@@ -77,6 +79,25 @@ if grep -qE "^predicted step time [0-9.]+ s \(bound: [a-z0-9 +]+\), measured [0-
     ok
 else
     bad "train: no prediction line"; echo "$out" | tail -12
+fi
+
+# the disk's figures (the optimizer on NVMe, as tiny.json ships): each
+# direction, the two at once, and the engine's CPU time per byte, which on
+# the host backend's shared cores the step pays (a crc32c of every byte:
+# never 0)
+if grep -qE "^  disk on the cores +[0-9.]+ ms" <<<"$out" &&
+   python3 - "$ZINC_CACHE_DIR/ceilings.json" <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1]))
+disks = [v for k in m for kk, v in m[k].items() if kk.startswith("disk ")]
+need = ("read_bps", "write_bps", "mixed_bps", "read_cpu_s_per_byte", "write_cpu_s_per_byte")
+sys.exit(0 if disks and all(d.get(k, 0) > 0 for d in disks for k in need) else 1)
+EOF
+then
+    ok
+else
+    bad "train: the disk's mixed rate or CPU time per byte is not measured"
+    grep -E "^  disk|^predicted" <<<"$out"
 fi
 
 # 3. --tune: every candidate shown fits; the written config plans and fits,

@@ -44,6 +44,12 @@ typedef struct {
     double h2d_bps, d2h_bps;  /* the host link, each way alone */
     double mem_bps;           /* host memory, streaming read + write */
     double nvme_read_bps, nvme_write_bps;
+    double nvme_mixed_bps;    /* reads and writes at once (both directions'
+                                 bytes / s): the optimizer's states on NVMe
+                                 move that way; 0 = take the two added */
+    double nvme_read_cpu, nvme_write_cpu;  /* CPU seconds per byte the engine
+                                 spends (crc32c, submission, completion):
+                                 on shared cores they add to the step */
     double adam_pps[3];       /* CPU Adam params/s by moment format (zn_mom_fmt) */
     double dev_adam_pps;      /* Adam on the device, params/s */
     double gpu_bytes, host_bytes;  /* memory of the target (0: this machine's) */
@@ -70,6 +76,7 @@ typedef struct {
                                      block_use_s (host backend), or what of it
                                      the GPU waits for (CUDA) */
     uint64_t block_uses;          /* per step: micro-batches x 2 x blocks */
+    double io_cpu_s;              /* shared cores: the disk engine's CPU time */
     double step_s;                /* predicted step time */
     int bound;                    /* the resource that sets it (ZN_RES_*) */
     double tokens_per_s;

@@ -90,6 +90,8 @@ typedef struct {
         uint64_t h2d, d2h;            /* bytes over the host link */
         uint64_t nvme_read, nvme_write;
         uint64_t accum_bytes;         /* host memory touched accumulating gradients */
+        uint64_t dev_accum_bytes;     /* device memory touched summing them there
+                                         (the optimizer on the device) */
         uint64_t adam_params;         /* elements the optimizer steps */
         uint64_t gather_bytes;        /* parameter all-gathers (world > 1) */
         uint64_t reduce_bytes;        /* gradient reduce-scatters (world > 1) */

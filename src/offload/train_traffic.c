@@ -101,6 +101,10 @@ int zn_tr_count_traffic(zn_trainer *tr)
             s->reduce_bytes += (uint64_t)A * bl->gpad * 4;
         if (tr->opt_on_device) {
             s->d2h += (bl->len + ZN_GRAD_NORM_CHUNK - 1) / ZN_GRAD_NORM_CHUNK * 8;
+            /* zn_tr_accum_on_device: the first micro-batch copies (read,
+             * write), each later one adds (two reads, a write), and the
+             * last's sums are read once more for the norm */
+            s->dev_accum_bytes += bl->len * 4 * (2 + 3 * (uint64_t)(A - 1) + 1);
             continue;
         }
         uint64_t n = bl->len;
