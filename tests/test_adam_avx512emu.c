@@ -167,6 +167,18 @@ static inline zn_v512 _mm512_max_epi32(zn_v512 a, zn_v512 b)
 { LANES(16) a.u[j] = (int32_t)a.u[j] > (int32_t)b.u[j] ? a.u[j] : b.u[j]; return a; }
 static inline zn_v512 _mm512_mask_xor_epi32(zn_v512 src, __mmask16 k, zn_v512 a, zn_v512 b)
 { LANES(16) if (k >> j & 1) src.u[j] = a.u[j] ^ b.u[j]; return src; }
+static inline zn_v512 _mm512_xor_si512(zn_v512 a, zn_v512 b) { LANES(16) a.u[j] ^= b.u[j]; return a; }
+static inline zn_v512 _mm512_or_si512(zn_v512 a, zn_v512 b) { LANES(16) a.u[j] |= b.u[j]; return a; }
+static inline zn_v512 _mm512_mullo_epi32(zn_v512 a, zn_v512 b) { LANES(16) a.u[j] *= b.u[j]; return a; }
+static inline zn_v512 _mm512_setr_epi32(int e0, int e1, int e2, int e3, int e4, int e5, int e6,
+                                         int e7, int e8, int e9, int e10, int e11, int e12,
+                                         int e13, int e14, int e15)
+{
+    const int e[16] = { e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15 };
+    zn_v512 r;
+    LANES(16) r.u[j] = (uint32_t)e[j];
+    return r;
+}
 #undef LANES
 
 #include "optim/optim_avx512.c"

@@ -206,6 +206,45 @@ ZN_API const float *zn_q8_map(int is_signed);
  * and src must not overlap. Returns 0 or -EINVAL. */
 ZN_API int zn_mom_convert(const zn_moments *dst, const zn_moments *src, size_t n);
 
+/* ---- bf16 master weights with stochastic rounding ------------------------
+ * The second, explicit choice beside the fp32 master (train.master_weights
+ * "bf16_sr", torchao's _AdamW(bf16_stochastic_round=True)): the parameters
+ * are kept in bf16 only, 2 bytes instead of 4 + 2. Each step widens p
+ * (exactly), runs the fp32 Adam step of the chosen SIMD path on it (the
+ * scalar path takes the FMA form of the vector paths, so all three give
+ * the same fp32 result) and stores the result rounded stochastically:
+ * the 16 low bits of the fp32 magnitude are added to 16 random bits and
+ * the sum truncated, so the result is one of the two bf16 neighbours of
+ * the fp32 value, the upper one with probability (low bits) / 65536:
+ * unbiased in expectation, where round to nearest would drop every update
+ * smaller than half an ulp of p.
+ * The random bits are a counter-based hash of (seed, step, index0 + i):
+ * no state, so the result is the same for every thread count, placement
+ * and SIMD path, and a resumed run draws the same bits.
+ * Rules at the edges: NaN stays NaN (quiet, its top bits kept) and +-Inf
+ * stays +-Inf, as zn_f32_to_bf16; a finite value never becomes Inf: a
+ * round up past the largest finite bf16 (3.3895e38) stays at it (round to
+ * nearest sends values from 3.3961e38 up to Inf; stochastic rounding
+ * saturates instead, which is never more overflow than round to nearest);
+ * zero and subnormals round like any other value (their bf16 steps are
+ * evenly spaced). */
+
+/* The 16 random bits of element `index` at step `step` of a run seeded
+ * with `seed` (the value the rounding adds to the low half). */
+ZN_API uint32_t zn_sr_bits(uint64_t seed, int64_t step, uint64_t index);
+
+/* x rounded to bf16 with the random bits r16 (< 65536) by the rules
+ * above. */
+ZN_API uint16_t zn_f32_to_bf16_sr(float x, uint32_t r16);
+
+/* zn_adam_step_mom on bf16 master weights p (updated in place, by
+ * stochastic rounding), with no separate 16-bit copy: p is the working
+ * copy. index0 is the global index of p[0] in the model (the hash's
+ * counter), seed the run's seed. Returns as zn_adam_step_mom. */
+ZN_API int zn_adam_step_sr(const zn_adam_params *hp, uint16_t *p, const zn_moments *mv,
+                           const void *g, zn_dtype g_dtype, float g_scale, uint64_t seed,
+                           uint64_t index0, size_t n);
+
 /* SIMD paths. ZN_ISA_AUTO picks the one that is fastest on this CPU
  * (zn_adam_isa_reason says why); the environment variable ZINC_SIMD=avx512|avx2|scalar|auto sets
  * the starting choice (an unknown or unsupported value is warned about and

@@ -107,6 +107,12 @@ typedef void (*zn_bf16_round_fn)(const float *x, uint16_t *out, size_t n);
 typedef void (*zn_rmw_mom_fn)(float *p, void *m, void *v, int mb, float *am, float *av,
                               const void *g, zn_dtype g_dtype, void *c, size_t n);
 
+/* Stochastic rounding of n fp32 values to bf16 (zn_adam_step_sr): element
+ * i takes the random bits zn_sr_hash(k1, k2, idx_lo + i); the caller keeps
+ * idx_lo + n within 2^32 (k1, k2 carry the index's high word). */
+typedef void (*zn_sr_round_fn)(const float *x, uint16_t *out, size_t n, uint32_t k1,
+                               uint32_t k2, uint32_t idx_lo);
+
 typedef struct {
     zn_isa isa;
     const char *name;
@@ -119,12 +125,18 @@ typedef struct {
     zn_bf16_widen_fn bf16_widen;
     zn_bf16_round_fn bf16_round;
     zn_rmw_mom_fn rmw_mom;
+    zn_sr_round_fn sr_round;
 } zn_optim_ops;
 
 /* zn_adam_step_mom with an explicit path (tests, benchmark). */
 int zn_adam_step_mom_with(const zn_optim_ops *ops, const zn_adam_params *hp, float *p,
                           const zn_moments *mv, const void *g, zn_dtype g_dtype, float g_scale,
                           void *c, zn_dtype c_dtype, size_t n);
+
+/* zn_adam_step_sr with an explicit path (tests). */
+int zn_adam_step_sr_with(const zn_optim_ops *ops, const zn_adam_params *hp, uint16_t *p,
+                         const zn_moments *mv, const void *g, zn_dtype g_dtype, float g_scale,
+                         uint64_t seed, uint64_t index0, size_t n);
 
 /* The scalar forms of the four, shared by every table's tails and by the
  * scalar path (moments.c). */
@@ -134,6 +146,16 @@ void zn_bf16_widen_scalar(const uint16_t *h, float *out, size_t n);
 void zn_bf16_round_scalar(const float *x, uint16_t *out, size_t n);
 void zn_rmw_mom_scalar(float *p, void *m, void *v, int mb, float *am, float *av, const void *g,
                        zn_dtype g_dtype, void *c, size_t n);
+void zn_sr_round_scalar(const float *x, uint16_t *out, size_t n, uint32_t k1, uint32_t k2,
+                        uint32_t idx_lo);
+
+/* The fp32 Adam step in the vector paths' operation order (their FMAs as
+ * fmaf, one rounding each): the scalar path of zn_adam_step_sr, so that
+ * its stochastic rounding meets the same fp32 values as the vector
+ * paths'. */
+void zn_adam_fma_scalar_kernel(const zn_adam_consts *k, float *p, float *m, float *v,
+                               const void *g, zn_dtype g_dtype, void *c, zn_dtype c_dtype,
+                               size_t n);
 
 /* One element's code: the formula every path follows. */
 static inline uint8_t zn_q8_code(const zn_q8_table *t, float y)
@@ -322,6 +344,62 @@ static inline void zn_adam_elem(const zn_adam_consts *k, float *pp, float *mp, f
     *pp = p;
     *mp = m;
     *vp = v;
+}
+
+
+/* ---- stochastic rounding (the formulas the SIMD paths follow) -----------
+ * Chris Wellons' lowbias32 (an integer hash with low avalanche bias, from
+ * his hash-prospector search): 32-bit multiplies only, which AVX2 and
+ * AVX-512F both have per lane (64-bit multiplies need AVX-512DQ). */
+static inline uint32_t zn_lowbias32(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
+/* The 16 random bits of the element whose index has low word idx_lo, in a
+ * call keyed by (k1, k2) (zn_sr_key: seed, step, the index's high word).
+ * Two rounds keyed differently, so that steps are not shifts of one
+ * sequence. The top 16 bits: the final xor-shift leaves them the best
+ * mixed. */
+static inline uint32_t zn_sr_hash(uint32_t k1, uint32_t k2, uint32_t idx_lo)
+{
+    return zn_lowbias32(zn_lowbias32(idx_lo ^ k1) + k2) >> 16;
+}
+
+/* splitmix64's finaliser (Steele, Lea, Flood 2014). */
+static inline uint64_t zn_splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static inline void zn_sr_key(uint64_t seed, int64_t step, uint32_t idx_hi, uint32_t *k1,
+                             uint32_t *k2)
+{
+    uint64_t k = zn_splitmix64(zn_splitmix64(zn_splitmix64(seed) ^ (uint64_t)step) ^ idx_hi);
+    *k1 = (uint32_t)k;
+    *k2 = (uint32_t)(k >> 32);
+}
+
+/* x to bf16 adding r16 to its low half (the rules of zn_adam_step_sr):
+ * on the magnitude, so a negative value rounds away from zero with the
+ * same probability; a finite value saturates at the largest finite bf16;
+ * NaN and Inf as zn_bf16_round. */
+static inline uint16_t zn_bf16_round_sr(float x, uint32_t r16)
+{
+    uint32_t u = zn_f32_bits(x);
+    uint32_t a = u & 0x7fffffffu, sign = (u >> 16) & 0x8000u;
+    if (a > 0x7f7fffffu)
+        return (uint16_t)(sign | (a >> 16) | (a > 0x7f800000u ? 0x0040u : 0u));
+    uint32_t t = (a + r16) >> 16;
+    return (uint16_t)(sign | (t < 0x7f7fu ? t : 0x7f7fu));
 }
 
 #endif

@@ -514,8 +514,57 @@ static void avx2_rmw_mom(float *p, void *m, void *v, int mb, float *am, float *a
     }
 }
 
+/* zn_lowbias32 on 8 lanes */
+static inline __m256i lowbias8(__m256i x)
+{
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7feb352d));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)0x846ca68bu));
+    return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+}
+
+/* zn_bf16_round_sr of 8 lanes with the bits of zn_sr_hash, each lane's
+ * result in the low half of its 32-bit lane */
+static inline __m256i sr8(__m256 xv, __m256i idx, __m256i k1, __m256i k2)
+{
+    __m256i r = _mm256_srli_epi32(lowbias8(_mm256_add_epi32(lowbias8(_mm256_xor_si256(idx, k1)),
+                                                            k2)), 16);
+    __m256i u = _mm256_castps_si256(xv);
+    __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x8000));
+    __m256i t = _mm256_min_epu32(_mm256_srli_epi32(_mm256_add_epi32(a, r), 16),
+                                 _mm256_set1_epi32(0x7f7f));
+    /* NaN and Inf: their top bits, NaN made quiet */
+    __m256i nonfin = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f7fffff));
+    __m256i isnan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f800000));
+    __m256i nf = _mm256_or_si256(_mm256_srli_epi32(a, 16),
+                                 _mm256_and_si256(isnan, _mm256_set1_epi32(0x40)));
+    return _mm256_or_si256(sign, _mm256_blendv_epi8(t, nf, nonfin));
+}
+
+static void avx2_sr_round(const float *x, uint16_t *out, size_t n, uint32_t k1, uint32_t k2,
+                          uint32_t idx_lo)
+{
+    const __m256i K1 = _mm256_set1_epi32((int)k1), K2 = _mm256_set1_epi32((int)k2);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    size_t i = 0;
+    for (; i + 2 * W <= n; i += 2 * W) {
+        __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int)(idx_lo + (uint32_t)i)), lane);
+        __m256i r0 = sr8(_mm256_loadu_ps(x + i), idx, K1, K2);
+        __m256i r1 = sr8(_mm256_loadu_ps(x + i + W),
+                         _mm256_add_epi32(idx, _mm256_set1_epi32(W)), K1, K2);
+        /* values <= 0xffff: the unsigned-saturating pack keeps them */
+        _mm256_storeu_si256((__m256i *)(out + i),
+                            _mm256_permute4x64_epi64(_mm256_packus_epi32(r0, r1), 0xd8));
+    }
+    /* the tail: the same integer formula, element by element */
+    zn_sr_round_scalar(x + i, out + i, n - i, k1, k2, idx_lo + (uint32_t)i);
+}
+
 const zn_optim_ops zn_optim_ops_avx2 = {
     ZN_ISA_AVX2, "avx2", avx2_adam, avx2_norm_chunk, avx2_rmw, avx2_triad,
     avx2_q8_dequant, avx2_q8_quant, avx2_bf16_widen, avx2_bf16_round, avx2_rmw_mom,
+    avx2_sr_round,
 };
 #endif
