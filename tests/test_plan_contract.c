@@ -5,7 +5,8 @@
  * accumulation 1 and 2; param cache on and off; gradients in RAM, on NVMe
  * or split between them; bf16 gradient transfer; the fused attention; cpu
  * checkpointing; buffer counts 4 and 8; Adam's moments as fp32, bf16 and
- * 8-bit in the cpu tier and on NVMe; sub-groups), zn_train_plan's figure for each tier
+ * 8-bit in the cpu tier and on NVMe; the bf16 master with stochastic
+ * rounding; sub-groups), zn_train_plan's figure for each tier
  * must hold the run: after two steps on the host backend, every tier's
  * high-water mark is <= the plan and >= 0.9 of it (and 0 where the plan
  * says 0). One rank; the sharded placements are covered by test_train_zero
@@ -252,6 +253,19 @@ int main(void)
             n += 6;
         }
     }
+    /* the bf16 master with stochastic rounding (train.master_weights), in
+     * the cpu optimizer tier (the only home it runs in): 2 bytes per
+     * parameter of master, and the fp32 params' update staging of the host
+     * backend (the master widened); LoRA adapters on a frozen base too */
+    extra_set = "train.master_weights=\"bf16_sr\"";
+    for (size_t s = 0; s < 2; s++) {
+        one(&shapes[s], &places[1], 2, 4, "auto", 4, 100000);
+        one(&shapes[s], &places[3], 2, 4, "auto", 4, 100000);
+        one(&shapes[s], &places[4], 1, 1, "auto", 4, 30000);
+        n += 3;
+    }
+    one(&shapes[3], &places[3], 2, 4, "auto", 4, 100000);
+    n++;
     /* torchao's 8-bit scheme: the same storage, one configuration */
     extra_set = "train.optim=\"adamw_torch_8bit\"";
     one(&shapes[0], &places[3], 2, 4, "auto", 4, 100000);

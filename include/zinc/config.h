@@ -84,6 +84,16 @@ typedef enum { ZN_OPT_ADAM = 0, ZN_OPT_ADAMW } zn_optimizer_type;
 #define ZN_OPTIM_NAMES                                                                        \
     "adamw_torch|adamw_torch_fused|adamw_bnb_8bit|adamw_8bit|paged_adamw_8bit|adamw_bf16|" \
     "adamw_torch_8bit"
+/* train.master_weights: "fp32" (the default: an fp32 master copy beside
+ * the 16-bit working params) or "bf16_sr" (torchao's bf16 stochastic
+ * rounding: the master is bf16, 2 bytes per parameter, updated by
+ * zn_adam_step_sr). An explicit choice, never taken by "auto". */
+#define ZN_MASTER_NAMES "fp32|bf16_sr"
+enum { ZN_MASTER_FP32 = 0, ZN_MASTER_BF16_SR = 1 };
+static inline int zn_config_master_bytes(int master_weights)
+{
+    return master_weights == ZN_MASTER_BF16_SR ? 2 : 4;
+}
 /* Bytes of each moment per element: 4 (fp32), 2 (bf16), 1 (8-bit, plus a
  * 4-byte absmax per 256). */
 static inline int zn_config_moment_bytes(int optim)
@@ -234,6 +244,9 @@ typedef struct {
     int optim;               /* the HF Trainer's optim name, as its index in
                                 ZN_OPTIM_NAMES: how Adam's moments are kept
                                 (zn_config_moments) */
+    int master_weights;      /* ZN_MASTER_NAMES index: 0 fp32 master (4 bytes
+                                per parameter), 1 bf16 master with stochastic
+                                rounding (2 bytes, zn_adam_step_sr) */
     zn_config_checkpoint checkpoint;
     /* zinc's training defaults, named and valued as the HF Trainer's
      * TrainingArguments: what "auto" and a missing optimizer / scheduler

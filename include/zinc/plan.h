@@ -73,6 +73,9 @@ typedef struct {
     uint64_t sub_group;                             /* optimizer sub-group, elements */
     int moment_bytes;                               /* bytes per Adam moment element:
                                                        4 fp32, 2 bf16, 1 int8 (train.optim) */
+    int master_bytes;                               /* bytes per master element: 4
+                                                       fp32, 2 bf16 with stochastic
+                                                       rounding (train.master_weights) */
     zn_tier grads_tier;                             /* fp32 gradient accumulators */
     uint64_t nvme_write_step;                       /* bytes written to NVMe per
                                                        optimizer step (this rank) */

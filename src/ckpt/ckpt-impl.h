@@ -43,6 +43,8 @@ struct zn_ckpt {
     int has_dims;
     zn_model_dims dims;
     zn_mom_fmt moments;       /* how m.bin and v.bin hold them ("moments") */
+    zn_dtype master;          /* how master.bin holds it ("master": fp32, or bf16
+                                 from train.master_weights bf16_sr) */
 };
 
 /* The file entry of `name` ("rank-0/master.bin"), or NULL. */

@@ -435,6 +435,9 @@ static int finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp
     json_object_set_new(m, "config", o->config_text ? json_string(o->config_text) : json_null());
     /* how m.bin and v.bin hold Adam's moments (zn_mom_layout_bytes) */
     json_object_set_new(m, "moments", json_string(zn_mom_fmt_name(in.moments)));
+    /* how master.bin holds the master: fp32, or bf16 (stochastic rounding) */
+    json_object_set_new(m, "master", json_string(in.master_dtype == ZN_DTYPE_BF16 ? "bf16"
+                                                                                 : "fp32"));
     json_object_set_new(m, "client", json_string(o->client_json ? o->client_json : "{}"));
     json_object_set_new(m, "lr_iteration", json_integer((json_int_t)in.step));
     json_object_set_new(m, "param_dtype", json_string(zn_dtype_name(in.param_dtype)));

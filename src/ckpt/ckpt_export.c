@@ -59,16 +59,27 @@ static int read_block_range(const zn_ckpt *ck, ex_rank *rk, int b, uint64_t pos,
         uint64_t take = s->shard_off + s->len - pos;
         if (take > n)
             take = n;
-        uint64_t off = (s->local_off + (pos - s->shard_off)) * 4;
-        int rc = zn_ckpt__pread(rk[r].fd, rk[r].path, off, dst, take * 4);
+        /* master.bin holds fp32, or bf16 (train.master_weights bf16_sr):
+         * read into dst's first half and widened from the top down (element
+         * i's 4 bytes cover halves 2i and 2i + 1, already read) */
+        uint64_t eb = zn_dtype_size(ck->master);
+        uint64_t off = (s->local_off + (pos - s->shard_off)) * eb;
+        int rc = zn_ckpt__pread(rk[r].fd, rk[r].path, off, dst, take * eb);
         if (rc)
             return rc;
         if (off == rk[r].next) {
-            rk[r].crc = zn_crc32c(rk[r].crc, dst, take * 4);
-            rk[r].next += take * 4;
+            rk[r].crc = zn_crc32c(rk[r].crc, dst, take * eb);
+            rk[r].next += take * eb;
         } else {
             rk[r].next = UINT64_MAX; /* out of order: crc not checkable (never expected) */
         }
+        if (eb == 2)
+            for (uint64_t i = take; i-- > 0;) {
+                uint16_t h;   /* memcpy: the bytes alias, both ways */
+                memcpy(&h, (char *)dst + 2 * i, 2);
+                float f = zn_bf16_to_f32(h);
+                memcpy((char *)dst + 4 * i, &f, 4);
+            }
         dst += take;
         pos += take;
         n -= take;

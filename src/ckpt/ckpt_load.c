@@ -265,6 +265,14 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
                           zn_mom_fmt_name(in.moments), in.from_f32 ? "NVMe tier" : "device");
     /* resharded or converted reads take parts of files out of order, whose
      * crc32c cannot be checked on the way: every file is checked first */
+    /* the master: fp32 or bf16 (train.master_weights bf16_sr), converted at
+     * load when the run keeps the other; a bf16 one comes from one rank and
+     * is read only by one (the reshard path reads fp32 elements) */
+    bool mconvert = ck->master != in.master_dtype;
+    if (!rc && ck->master == ZN_DTYPE_BF16 && reshard)
+        rc = zn_set_error(ZN_EUNSUPPORTED, "checkpoint %s: a bf16 master (train.master_weights "
+                          "bf16_sr) resumes on one rank only; this run has %d", ck->path,
+                          zn_train_world(tr));
     if (!rc && (reshard || convert))
         rc = zn_ckpt_verify(ck->path);
     if (rc)
@@ -300,7 +308,12 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
                    .sum = !reshard && !convert };
     uint64_t t0 = zn_now_ns();
     /* From here on the trainer's state is being replaced. */
-    rc = zn_train_state_load(tr, from, ld_source, &src);
+    rc = zn_train_state_load(tr, from, ck->master, ld_source, &src);
+    if (!rc && mconvert)
+        zn_warn("checkpoint: %s holds the master weights as %s; this run keeps them as %s "
+                "(train.master_weights): %s at load", ck->path, zn_dtype_name(ck->master),
+                zn_dtype_name(in.master_dtype),
+                in.master_dtype == ZN_DTYPE_BF16 ? "rounded to nearest even" : "widened (exact)");
     if (!rc && convert)
         zn_warn("checkpoint: %s holds Adam's moments as %s; this run keeps them as %s: "
                 "converted at load%s", ck->path, zn_mom_fmt_name(ck->moments),

@@ -149,6 +149,15 @@ int zn_ckpt_open(zn_ckpt **out, const char *path)
             BAD("checkpoint %s: manifest.json: moments %s is not fp32, bf16 or int8", ck->path,
                 json_is_string(mj) ? json_string_value(mj) : "(not a string)");
         ck->moments = (zn_mom_fmt)mf;
+        json_t *ms = json_object_get(m, "master");   /* absent: fp32 (before bf16_sr) */
+        const char *msn = ms ? json_string_value(ms) : "fp32";
+        if (!msn || (strcmp(msn, "fp32") && strcmp(msn, "bf16")))
+            BAD("checkpoint %s: manifest.json: master %s is not fp32 or bf16", ck->path,
+                msn ? msn : "(not a string)");
+        ck->master = !strcmp(msn, "bf16") ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+        if (ck->master == ZN_DTYPE_BF16 && ck->world != 1)
+            BAD("checkpoint %s: manifest.json: a bf16 master saved by %d ranks (bf16_sr "
+                "runs on one)", ck->path, ck->world);
     }
     json_t *bl = json_object_get(m, "blocks");
     if (!json_is_array(bl) || !json_array_size(bl) || json_array_size(bl) > 1u << 20)
@@ -240,7 +249,7 @@ int zn_ckpt_open(zn_ckpt **out, const char *path)
             if (!f)
                 BAD("checkpoint %s: manifest.json does not list %s", ck->path, rel);
             uint64_t fbytes = k ? zn_mom_layout_bytes(ck->moments, ck->ranks[r].local_params)
-                              : ck->ranks[r].local_params * 4;
+                              : ck->ranks[r].local_params * zn_dtype_size(ck->master);
             if (f->bytes != fbytes)
                 BAD("checkpoint %s: %s holds %" PRIu64 " bytes for %" PRIu64 " parameters",
                     ck->path, rel, f->bytes, ck->ranks[r].local_params);

@@ -297,6 +297,7 @@ const key_spec zn_cfg_schema[] = {
     { "train.grad_transfer", K_ENUM, OFF(train.grad_transfer), 0, 0, "auto|fp32|bf16", 0, NULL },
     { "train.attention", K_ENUM, OFF(train.attention), 0, 0, "auto|gemm|fused", 0, NULL },
     { "train.optim", K_ENUM, OFF(train.optim), 0, 0, ZN_OPTIM_NAMES, 0, NULL },
+    { "train.master_weights", K_ENUM, OFF(train.master_weights), 0, 0, ZN_MASTER_NAMES, 0, NULL },
     { "train.log_every", K_INT, OFF(train.log_every), 1, I64MAX, NULL, 0, NULL },
     { "train.seed", K_INT, OFF(train.seed), 0, I64MAX, NULL, 0, NULL },
     { "train.device", K_STR, OFF(train.device), 0, 0, NULL, 32, NULL },

@@ -349,11 +349,15 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
     int mb = zn_config_moment_bytes(cfg->train.optim);
     p->moment_bytes = mb;
     zn_mom_fmt mf = mb == 1 ? ZN_MOM_Q8 : mb == 2 ? ZN_MOM_BF16 : ZN_MOM_F32;
+    /* the master in train.master_weights' format: fp32, or bf16 (stochastic
+     * rounding) */
+    uint64_t msb = (uint64_t)zn_config_master_bytes(cfg->train.master_weights);
+    p->master_bytes = (int)msb;
     for (int c = ZN_STATE_MASTER; c <= ZN_STATE_ADAM_V; c++) {
         bool mom = c != ZN_STATE_MASTER;
-        uint64_t off_b = mom ? zn_mom_layout_bytes(mf, opt_off) : opt_off * 4;
+        uint64_t off_b = mom ? zn_mom_layout_bytes(mf, opt_off) : opt_off * msb;
         uint64_t dev_n = P_opt - opt_off;
-        uint64_t dev_b = mom ? (dev_n ? zn_mom_layout_bytes(mf, dev_n) : 0) : dev_n * 4;
+        uint64_t dev_b = mom ? (dev_n ? zn_mom_layout_bytes(mf, dev_n) : 0) : dev_n * msb;
         add(p, (zn_state_class)c, otier == ZN_TIER_GPU ? ZN_TIER_GPU : otier, off_b);
         add(p, (zn_state_class)c, ZN_TIER_GPU, dev_b);
     }
@@ -456,6 +460,8 @@ void zn_plan_print(const zn_plan *p, FILE *f)
             snprintf(nm, sizeof nm, "adam %s (%s)", c == ZN_STATE_ADAM_M ? "m" : "v",
                      p->moment_bytes == 1 ? "int8" : "bf16");
             fprintf(f, "%-20s", nm);
+        } else if (c == ZN_STATE_MASTER && p->master_bytes == 2) {
+            fprintf(f, "%-20s", "master (bf16 sr)");
         } else {
             fprintf(f, "%-20s", zn_state_name((zn_state_class)c));
         }
@@ -485,6 +491,17 @@ void zn_plan_print(const zn_plan *p, FILE *f)
         }
     }
     fputc('\n', f);
+    if (p->master_bytes) {
+        /* what each trained parameter costs the optimizer side, with the
+         * master's format named: bf16_sr is a choice, not a default */
+        int mb = p->moment_bytes ? p->moment_bytes : 4;
+        fprintf(f, "per trained parameter: master %d B (%s), adam m + v %s B (%s), "
+                "grads 4 B\n", p->master_bytes,
+                p->master_bytes == 2 ? "bf16, stochastic rounding: train.master_weights "
+                                       "bf16_sr" : "fp32",
+                mb == 4 ? "8" : mb == 2 ? "4" : "2.03",
+                mb == 4 ? "fp32" : mb == 2 ? "bf16" : "int8");
+    }
     if (p->gpu_outside) {
         char b2[32];
         fprintf(f, "(the gpu total holds %s outside the arena: each stream's cuBLAS workspace "

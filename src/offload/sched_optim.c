@@ -405,6 +405,23 @@ static int adam_unit(zn_trainer *tr, int u, float *master, const zn_moments *mv,
     return rc;
 }
 
+/* Adam on unit u with the bf16 master (train.master_weights bf16_sr):
+ * stepped in place with stochastic rounding, the random bits drawn from
+ * (train.seed, step, the element's flat offset), so that a resumed run
+ * draws the ones the uninterrupted run would. */
+static int adam_sr_unit(zn_trainer *tr, int u, const zn_moments *mv, const float *g)
+{
+    zn_unit *un = &tr->units[u];
+    uint64_t t0 = zn_now_ns();
+    int rc = zn_adam_step_sr(&tr->opt.job.hp, zn_tr_master16(tr) + un->off, mv, g,
+                             ZN_DTYPE_F32, tr->opt.job.g_scale, tr->cfg.train.seed, un->off,
+                             un->n);
+    char name[ZN_TRACE_NAME_LEN];
+    snprintf(name, sizeof name, "adam u%d", u);
+    zn_trace_span(tr->trace, tr->track[ZN_RES_ADAM], name, t0, zn_now_ns());
+    return rc;
+}
+
 /* Optimizer states in memory (pinned, or the device arena on the host
  * backend): Adam in place. */
 static int run_flat(zn_trainer *tr)
@@ -422,12 +439,23 @@ static int run_flat(zn_trainer *tr)
         if ((rc = slot_drain(tr, s)))
             break;
         zn_moments mv = zn_tr_moments(tr, un->off);
-        rc = adam_unit(tr, u, tr->master + un->off, &mv, tr->grad_acc + un->off,
-                       p16 ? tr->opt.pout_flat : NULL);
+        const void *out;
+        if (tr->master_bf16) {
+            /* the bf16 master is the bf16 working copy; fp32 params (the
+             * host backend) get it widened, exactly */
+            uint16_t *m16 = zn_tr_master16(tr) + un->off;
+            rc = adam_sr_unit(tr, u, &mv, tr->grad_acc + un->off);
+            if (!rc && !p16)
+                rc = zn_convert(tr->opt.pout_flat, ZN_DTYPE_F32, m16, ZN_DTYPE_BF16, un->n);
+            out = p16 ? (const void *)m16 : tr->opt.pout_flat;
+        } else {
+            rc = adam_unit(tr, u, tr->master + un->off, &mv, tr->grad_acc + un->off,
+                           p16 ? tr->opt.pout_flat : NULL);
+            out = p16 ? tr->opt.pout_flat : (void *)(tr->master + un->off);
+        }
         if (rc)
             break;
-        rc = params_out(tr, u, p16 ? tr->opt.pout_flat : (void *)(tr->master + un->off), pwr,
-                        &s->n_pwr, s->h2d_done, &s->h2d_pending, true, false);
+        rc = params_out(tr, u, out, pwr, &s->n_pwr, s->h2d_done, &s->h2d_pending, true, false);
         slot_params_issued(s);
     }
     int r = slot_drain(tr, &tr->opt.slot[0]);

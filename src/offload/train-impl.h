@@ -526,6 +526,10 @@ struct zn_trainer {
      * the blocks' absmax after them (zn_tr_moments). */
     zn_mom_fmt mom_fmt;
     zn_q8_scheme q8_scheme;   /* 8-bit: bitsandbytes' or torchao's quantizer */
+    /* train.master_weights bf16_sr: `master` holds P bf16 values (read it
+     * through zn_tr_master16), stepped by zn_adam_step_sr; the cpu
+     * optimizer tier and one rank only (checked by the layout) */
+    bool master_bf16;
     int mom_elem;
     uint64_t mom_bytes;
     /* NVMe optimizer: one moment's area in a staging slot (room for a unit
@@ -644,6 +648,17 @@ int zn_tr_ck_save(zn_trainer *tr, int b);
 
 /* The moments of elements [off, ...) of the flat optimizer state (off on
  * an 8-bit block boundary: units are multiples of ZN_Q8_BLOCK then). */
+/* The bf16 master (master_bf16) and its bytes per element. */
+static inline uint16_t *zn_tr_master16(const zn_trainer *tr)
+{
+    return (uint16_t *)(void *)tr->master;
+}
+
+static inline uint64_t zn_tr_master_elem(const zn_trainer *tr)
+{
+    return tr->master_bf16 ? 2 : 4;
+}
+
 static inline zn_moments zn_tr_moments(const zn_trainer *tr, uint64_t off)
 {
     zn_moments r = zn_mom_layout_at(tr->mom_fmt, tr->mom, tr->var, tr->P, off);

@@ -45,6 +45,8 @@ typedef struct {
     uint64_t local_params;     /* this rank's local flat space */
     zn_mom_fmt moments;        /* how the m and v streams hold them */
     zn_dtype param_dtype;      /* the working parameters' */
+    zn_dtype master_dtype;     /* the master stream's: F32, or BF16 (train.master_weights
+                                  bf16_sr) */
     uint64_t bytes[ZN_TS_COUNT];  /* each stream's length */
     /* The largest chunk the streams pass at once (0: any): the state goes
      * through a staging buffer when it is on the device or on NVMe. */
@@ -83,10 +85,14 @@ typedef int (*zn_train_state_source)(void *user, int k, uint64_t off, void *dst,
  * local elements to the end) first, in order, then the rest from 0 in
  * order (each unit's extent holds its blocks' absmax beside its codes).
  * Another format is read out of order and converted (zn_mom_convert): any
- * format in the flat state, fp32 on NVMe (info.from_f32). On failure the
+ * format in the flat state, fp32 on NVMe (info.from_f32). The master
+ * stream is stored as master_from (F32, or BF16 from a bf16_sr run): a
+ * format other than the run's is converted (rounded to nearest, or
+ * widened), into the flat state or NVMe units; not into the device. On
+ * failure the
  * trainer is marked failed: its state is partly replaced. */
-int zn_train_state_load(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source src,
-                        void *user);
+int zn_train_state_load(zn_trainer *tr, zn_mom_fmt from, zn_dtype master_from,
+                        zn_train_state_source src, void *user);
 /* Marks the state not valid (a load found the checkpoint damaged after
  * replacing it): saves and steps are refused from here on. */
 void zn_train_state_fail(zn_trainer *tr);

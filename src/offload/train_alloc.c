@@ -221,7 +221,9 @@ int zn_tr_allocate(zn_trainer *tr)
     /* optimizer states in memory */
     if (tr->opt_home != ZN_OFFLOAD_NVME) {
         zn_tier t = tr->opt_home == ZN_OFFLOAD_NONE ? gpu : cpu;
-        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_MASTER, tr->P * 4, "master (fp32)", (void **)&tr->master));
+        ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_MASTER, tr->P * zn_tr_master_elem(tr),
+                              tr->master_bf16 ? "master (bf16, stochastic rounding)"
+                                              : "master (fp32)", (void **)&tr->master));
         /* (compressed moments: the codes or halves, then the blocks' absmax) */
         ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_ADAM_M, tr->mom_bytes, "adam m", (void **)&tr->mom));
         ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_ADAM_V, tr->mom_bytes, "adam v", (void **)&tr->var));
@@ -229,7 +231,12 @@ int zn_tr_allocate(zn_trainer *tr)
         bool off_dev = false;  /* a trainable block homed off the device */
         for (int b = 0; b < tr->L; b++)
             off_dev |= tr->blocks[b].len > 0 && tr->blocks[b].home != ZN_PHOME_DEVICE;
-        if (!tr->opt_on_device && tr->param_dt != ZN_DTYPE_F32)
+        /* the updated params in their dtype, where the master's differs: a
+         * bf16 master is the bf16 working copy itself (no staging), and
+         * is widened here for fp32 params (the host backend) */
+        bool master_is_param = tr->master_bf16 ? tr->param_dt == ZN_DTYPE_BF16
+                                               : tr->param_dt == ZN_DTYPE_F32;
+        if (!tr->opt_on_device && !master_is_param)
             ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->param_bytes, "param update staging",
                           &tr->opt.pout_flat));
         if (tr->opt_on_device && off_dev) {

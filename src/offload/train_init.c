@@ -153,6 +153,14 @@ int zn_tr_initialise(zn_trainer *tr)
             if (real && (rc = md->init_params(md->ctx, b, x, real, vals)))
                 goto out;
             memset(vals + real, 0, (c - real) * 4);  /* padding of a sharded block */
+            if (tr->master_bf16 && rg[g].train) {
+                /* the bf16 master is the parameters: the trainable ones
+                 * start as its values (round to nearest), in every home */
+                uint64_t a = x > bl->soff ? x : bl->soff;
+                uint64_t e = x + c < bl->soff + bl->len ? x + c : bl->soff + bl->len;
+                for (uint64_t i = a; i < e; i++)
+                    vals[i - x] = zn_bf16_to_f32(zn_f32_to_bf16(vals[i - x]));
+            }
             /* the working copy at its home */
             if (bl->home == ZN_PHOME_DEVICE) {
                 if ((rc = zn_convert(conv, tr->param_dt, vals, ZN_DTYPE_F32, c)) ||
@@ -193,6 +201,10 @@ int zn_tr_initialise(zn_trainer *tr)
                                           tr->master + bl->off + (a - bl->soff), vals + (a - x),
                                           (e - a) * 4)) ||
                     (rc = zn_dev_stream_sync(tr->dev, tr->s_h2d)))
+                    goto out;
+            } else if (!opt_nvme && tr->master_bf16) {
+                if ((rc = zn_convert(zn_tr_master16(tr) + bl->off + (a - bl->soff),
+                                     ZN_DTYPE_BF16, vals + (a - x), ZN_DTYPE_F32, e - a)))
                     goto out;
             } else if (!opt_nvme)
                 memcpy(tr->master + bl->off + (a - bl->soff), vals + (a - x), (e - a) * 4);

@@ -148,6 +148,19 @@ int zn_tr_build_layout(zn_trainer *tr)
     tr->mom_fmt = mb == 1 ? ZN_MOM_Q8 : mb == 2 ? ZN_MOM_BF16 : ZN_MOM_F32;
     tr->q8_scheme = zn_config_q8_scheme(cfg->train.optim) ? ZN_Q8_TORCHAO : ZN_Q8_BNB;
     tr->mom_bytes = zn_mom_layout_bytes(tr->mom_fmt, tr->P);
+    /* train.master_weights: the bf16 master is stepped by the CPU Adam on
+     * the flat state in pinned RAM (the config refuses the other optimizer
+     * homes); the hash that draws its rounding bits counts this rank's
+     * flat offsets, which are the model's only with one rank */
+    tr->master_bf16 = cfg->train.master_weights == ZN_MASTER_BF16_SR;
+    if (tr->master_bf16 && (tr->opt_home != ZN_OFFLOAD_CPU || tr->world > 1))
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: train.master_weights \"bf16_sr\" runs with "
+                            "zero_optimization.offload_optimizer.device \"cpu\" on one rank; "
+                            "this run has the optimizer %s on %d rank(s): use train."
+                            "master_weights \"fp32\"", cfg->source,
+                            tr->opt_home == ZN_OFFLOAD_NVME ? "on NVMe" :
+                            tr->opt_home == ZN_OFFLOAD_NONE ? "on the device" : "in RAM",
+                            tr->world);
     /* 8-bit blocks never straddle two units (the NVMe units below are
      * multiples of 1024 elements, or this rounded sub-group); bf16 units
      * are rounded alike, so that on NVMe every unit's moments but the

@@ -27,6 +27,8 @@ static int read_local_master(zn_trainer *tr, float *out)
         int rc = tr->P ? zn_dev_copy_d2h(tr->dev, tr->s_h2d, out, tr->master, tr->P * 4) : 0;
         return rc ? rc : zn_dev_stream_sync(tr->dev, tr->s_h2d);
     }
+    if (tr->master_bf16)   /* widened: exact */
+        return zn_convert(out, ZN_DTYPE_F32, tr->master, ZN_DTYPE_BF16, tr->P);
     if (tr->opt_home != ZN_OFFLOAD_NVME) {
         memcpy(out, tr->master, tr->P * 4);
         return 0;

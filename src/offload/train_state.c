@@ -19,7 +19,8 @@ void zn_train_state_get_info(const zn_trainer *tr, zn_train_state_info *out)
     out->local_params = tr->P;
     out->moments = tr->mom_fmt;
     out->param_dtype = tr->param_dt;
-    out->bytes[ZN_TS_MASTER] = tr->P * 4;
+    out->master_dtype = tr->master_bf16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+    out->bytes[ZN_TS_MASTER] = tr->P * zn_tr_master_elem(tr);
     out->bytes[ZN_TS_M] = out->bytes[ZN_TS_V] = tr->mom_bytes;
     out->flat = !tr->opt_on_device && tr->opt_home != ZN_OFFLOAD_NVME;
     out->from_f32 = out->flat || tr->opt_home == ZN_OFFLOAD_NVME;
@@ -58,7 +59,7 @@ static void *stream_base(zn_trainer *tr, int k)
 static int save_flat(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
                      zn_train_state_sink sink, void *user)
 {
-    uint64_t total = k ? tr->mom_bytes : tr->P * 4;
+    uint64_t total = k ? tr->mom_bytes : tr->P * zn_tr_master_elem(tr);
     const char *base = stream_base(tr, k);
     void *reg_buf = tr->opt_on_device ? tr->ostage : (void *)base;
     uint64_t reg_len = tr->opt_on_device ? (total < chunk ? total : chunk) : total;
@@ -178,14 +179,15 @@ int zn_train_state_save(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
 /* ---- load ----------------------------------------------------------------------*/
 /* Sends unit u's working parameters (from fp32 master values) to their
  * homes and waits until they are there. */
-static int regen_params(zn_trainer *tr, int u, const float *master, void *p16)
+static int regen_params(zn_trainer *tr, int u, const void *master, zn_dtype master_dt,
+                        void *p16)
 {
     zn_unit *un = &tr->units[u];
     zn_opt_slot *s = &tr->opt.slot[0];
     const void *src = master;
     int rc;
-    if (tr->param_dt != ZN_DTYPE_F32) {
-        if ((rc = zn_convert(p16, tr->param_dt, master, ZN_DTYPE_F32, un->n)))
+    if (tr->param_dt != master_dt) {
+        if ((rc = zn_convert(p16, tr->param_dt, master, master_dt, un->n)))
             return rc;
         src = p16;
     }
@@ -258,13 +260,41 @@ static int load_device(zn_trainer *tr, zn_train_state_source src, void *user)
     return rc;
 }
 
-static int load_flat(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source src, void *user)
+/* The master stream stored as master_from (fp32 or bf16) into the run's
+ * master of the other format, in order: fp32 rounded to nearest even into
+ * a bf16 master, bf16 widened (exactly) into an fp32 one. */
+static int load_master_convert(zn_trainer *tr, zn_dtype master_from, zn_train_state_source src,
+                               void *user)
+{
+    const uint64_t E = (uint64_t)1 << 22;
+    const uint64_t eb = zn_dtype_size(master_from);
+    zn_dtype to = tr->master_bf16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+    char *buf = malloc(E * eb);
+    int rc = buf ? 0 : zn_set_error(-ENOMEM, "state load: out of memory converting the master");
+    for (uint64_t e0 = 0; e0 < tr->P && !rc; e0 += E) {
+        uint64_t n = tr->P - e0 < E ? tr->P - e0 : E;
+        if (!(rc = src(user, ZN_TS_MASTER, e0 * eb, buf, n * eb)))
+            rc = zn_convert((char *)tr->master + e0 * zn_tr_master_elem(tr), to, buf,
+                            master_from, n);
+    }
+    free(buf);
+    return rc;
+}
+
+static int load_flat(zn_trainer *tr, zn_mom_fmt from, zn_dtype master_from,
+                     zn_train_state_source src, void *user)
 {
     const uint64_t chunk = 64u << 20;
     bool convert = from != tr->mom_fmt;
+    zn_dtype mdt = tr->master_bf16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
     int rc = 0;
     for (int k = 0; k < (convert ? 1 : ZN_TS_COUNT) && !rc; k++) {
-        uint64_t total = k ? tr->mom_bytes : tr->P * 4;   /* the same format: as stored */
+        if (k == ZN_TS_MASTER && master_from != mdt) {
+            rc = load_master_convert(tr, master_from, src, user);
+            continue;
+        }
+        /* the same format: as stored */
+        uint64_t total = k ? tr->mom_bytes : tr->P * zn_tr_master_elem(tr);
         char *base = stream_base(tr, k);
         for (uint64_t off = 0; off < total && !rc; off += chunk)
             rc = src(user, k, off, base + off, total - off < chunk ? total - off : chunk);
@@ -272,7 +302,8 @@ static int load_flat(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source src,
     if (!rc && convert)
         rc = load_convert(tr, from, src, user);
     for (int u = 0; u < tr->n_units && !rc; u++)
-        rc = regen_params(tr, u, tr->master + tr->units[u].off, tr->opt.pout_flat);
+        rc = regen_params(tr, u, (char *)tr->master + tr->units[u].off * zn_tr_master_elem(tr),
+                          mdt, tr->opt.pout_flat);
     return rc;
 }
 
@@ -296,7 +327,8 @@ static void slot_pad_zero(zn_trainer *tr, zn_opt_slot *s, int u)
  * converted meanwhile. 8-bit moments in the run's format read both
  * streams' absmax (P / 64 bytes each) first, then each unit's codes in
  * order. */
-static int load_nvme(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source src, void *user)
+static int load_nvme(zn_trainer *tr, zn_mom_fmt from, zn_dtype master_from,
+                     zn_train_state_source src, void *user)
 {
     zn_opt_slot *s = &tr->opt.slot[0];
     const zn_mom_fmt fmt = tr->mom_fmt;
@@ -344,8 +376,21 @@ static int load_nvme(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source src,
         }
         if (!rc && convert)
             slot_pad_zero(tr, s, u);
-        if (!rc)
+        if (!rc && master_from == ZN_DTYPE_BF16) {
+            /* a bf16 master widened into the unit's fp32 one: read into
+             * the area's first half, widened from the top down (element
+             * i's 4 bytes cover halves 2i, 2i + 1, read already) */
+            char *a = (char *)s->master;
+            if (!(rc = src(user, ZN_TS_MASTER, un->off * 2, a, un->n * 2)))
+                for (uint64_t i = un->n; i-- > 0;) {
+                    uint16_t h;   /* memcpy: the bytes alias, both ways */
+                    memcpy(&h, a + 2 * i, 2);
+                    float f = zn_bf16_to_f32(h);
+                    memcpy(a + 4 * i, &f, 4);
+                }
+        } else if (!rc) {
             rc = src(user, ZN_TS_MASTER, un->off * 4, s->master, un->n * 4);
+        }
         zn_io_req w[3];
         int nw = 0;
         for (int k = 0; k < ZN_TS_COUNT && !rc; k++) {
@@ -361,26 +406,33 @@ static int load_nvme(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source src,
         if (!rc)
             atomic_store(&un->mv_zero, false);  /* the loaded m and v are home */
         if (!rc)
-            rc = regen_params(tr, u, s->master, s->pout);
+            rc = regen_params(tr, u, s->master, ZN_DTYPE_F32, s->pout);
     }
     free(absmax[0]);
     free(absmax[1]);
     return rc;
 }
 
-int zn_train_state_load(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source src,
-                        void *user)
+int zn_train_state_load(zn_trainer *tr, zn_mom_fmt from, zn_dtype master_from,
+                        zn_train_state_source src, void *user)
 {
     if (tr->bad)
         return zn_set_error(ZN_ECORRUPT, "state load: the trainer failed earlier");
+    if (master_from != ZN_DTYPE_F32 && master_from != ZN_DTYPE_BF16)
+        return zn_set_error(ZN_EINTERNAL, "state load: a master of %s",
+                            zn_dtype_name(master_from));
+    if (tr->opt_on_device && master_from != ZN_DTYPE_F32)
+        return zn_set_error(ZN_EUNSUPPORTED, "state load: a bf16 master (train.master_weights "
+                            "bf16_sr) into a run whose optimizer is on the device: load it "
+                            "with zero_optimization.offload_optimizer.device \"cpu\"");
     bool nvme = tr->opt_home == ZN_OFFLOAD_NVME && !tr->opt_on_device;
     if (from != tr->mom_fmt && (tr->opt_on_device || (nvme && from != ZN_MOM_F32)))
         return zn_set_error(ZN_EUNSUPPORTED, "state load: moments as %s into a run keeping "
                             "them as %s on the %s", zn_mom_fmt_name(from),
                             zn_mom_fmt_name(tr->mom_fmt), tr->opt_on_device ? "device" : "NVMe tier");
     int rc = tr->opt_on_device ? load_device(tr, src, user)
-             : nvme   ? load_nvme(tr, from, src, user)
-                      : load_flat(tr, from, src, user);
+             : nvme   ? load_nvme(tr, from, master_from, src, user)
+                      : load_flat(tr, from, master_from, src, user);
     /* each rank made its own shard of the working parameters again; a
      * replicated block (stages 1/2 on several ranks) holds the others'
      * shards too, which are still the initial weights until gathered */

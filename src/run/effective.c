@@ -83,11 +83,14 @@ void zn_run_effective_print(const zn_config *c, int world, FILE *f)
                                        "adamw_torch_8bit" };
         int oi = c->train.optim >= 0 && c->train.optim < 7 ? c->train.optim : 0;
         int mb = zn_config_moment_bytes(oi);
-        fprintf(f, "  moments    %s: Adam m and v as %s (%s per parameter), master fp32 %s\n",
+        fprintf(f, "  moments    %s: Adam m and v as %s (%s per parameter), master %s %s\n",
                 names[oi], mb == 4 ? "fp32" : mb == 2 ? "bf16"
                            : zn_config_q8_scheme(oi) ? "int8, blocks of 256, torchao's rounding"
                                                      : "int8, blocks of 256",
                 mb == 4 ? "8 bytes" : mb == 2 ? "4 bytes" : "2.03 bytes",
+                c->train.master_weights == ZN_MASTER_BF16_SR
+                    ? "bf16 with stochastic rounding (train.master_weights bf16_sr, 2 bytes)"
+                    : "fp32",
                 tag(c, "train.optim", NULL, "adamw_torch", t6, sizeof t6));
     }
     if (s->type == ZN_SCHED_NONE) {
