@@ -159,6 +159,28 @@ static void test_bad(void)
     bad("{\"zero_optimization\": {\"offload_param\": {\"device\": \"disk\"}}}",
         "'disk' is not one of none|cpu|nvme");
     bad("{\"optimizer\": {\"type\": \"SGD\"}}", "'SGD' is not one of Adam|AdamW");
+    /* the bf16 master with stochastic rounding: named values, the cpu
+     * optimizer tier, bf16 or fp32 params */
+    bad("{\"train\": {\"master_weights\": \"bf16\"}}",
+        "train.master_weights: 'bf16' is not one of fp32|bf16_sr");
+    bad("{\"train\": {\"master_weights\": \"bf16_sr\"}}",
+        "train.master_weights: \"bf16_sr\" runs in the cpu optimizer tier only, and "
+        "zero_optimization.offload_optimizer.device is \"none\"");
+    bad("{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\", "
+        "\"nvme_path\": \"/tmp\"}}, \"train\": {\"master_weights\": \"bf16_sr\"}}",
+        "is \"nvme\": set it to \"cpu\"");
+    bad("{\"fp16\": {\"enabled\": true}, \"zero_optimization\": {\"stage\": 2, "
+        "\"offload_optimizer\": {\"device\": \"cpu\"}}, \"train\": {\"master_weights\": "
+        "\"bf16_sr\"}}", "fp16.enabled is true");
+    {
+        zn_config c;
+        ZT_EQ_INT(parse(&c, "{\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": "
+                            "{\"device\": \"cpu\"}}, \"train\": {\"master_weights\": "
+                            "\"bf16_sr\"}}"), 0);
+        ZT_EQ_INT(c.train.master_weights, ZN_MASTER_BF16_SR);
+        ZT_EQ_INT(parse(&c, "{}"), 0);
+        ZT_EQ_INT(c.train.master_weights, ZN_MASTER_FP32);
+    }
     bad("{\"optimizer\": {\"params\": {\"betas\": [0.9]}}}", "expected [beta1, beta2]");
     bad("{\"optimizer\": {\"params\": {\"betas\": [0.9, 1.5]}}}", "must be in [0, 1)");
     bad("{\"bf16\": {\"enabled\": 1}}", "expected true or false");
