@@ -142,7 +142,8 @@ static int slot_drain(zn_trainer *tr, zn_opt_slot *s)
 /* Bytes of state k (0 master, 1 m, 2 v) of unit u: one request each. */
 static size_t state_bytes(const zn_trainer *tr, int u, int k)
 {
-    return k ? zn_tr_unit_mom_bytes(tr, tr->units[u].n) : tr->units[u].n * 4;
+    return k ? zn_tr_unit_mom_bytes(tr, tr->units[u].n)
+             : tr->units[u].n * zn_tr_master_elem(tr);
 }
 
 static int slot_read_states(zn_trainer *tr, zn_opt_slot *s, int u)
@@ -409,13 +410,13 @@ static int adam_unit(zn_trainer *tr, int u, float *master, const zn_moments *mv,
  * stepped in place with stochastic rounding, the random bits drawn from
  * (train.seed, step, the element's flat offset), so that a resumed run
  * draws the ones the uninterrupted run would. */
-static int adam_sr_unit(zn_trainer *tr, int u, const zn_moments *mv, const float *g)
+static int adam_sr_unit(zn_trainer *tr, int u, uint16_t *master, const zn_moments *mv,
+                        const float *g)
 {
     zn_unit *un = &tr->units[u];
     uint64_t t0 = zn_now_ns();
-    int rc = zn_adam_step_sr(&tr->opt.job.hp, zn_tr_master16(tr) + un->off, mv, g,
-                             ZN_DTYPE_F32, tr->opt.job.g_scale, tr->cfg.train.seed, un->off,
-                             un->n);
+    int rc = zn_adam_step_sr(&tr->opt.job.hp, master, mv, g, ZN_DTYPE_F32, tr->opt.job.g_scale,
+                             tr->cfg.train.seed, un->off, un->n);
     char name[ZN_TRACE_NAME_LEN];
     snprintf(name, sizeof name, "adam u%d", u);
     zn_trace_span(tr->trace, tr->track[ZN_RES_ADAM], name, t0, zn_now_ns());
@@ -444,7 +445,7 @@ static int run_flat(zn_trainer *tr)
             /* the bf16 master is the bf16 working copy; fp32 params (the
              * host backend) get it widened, exactly */
             uint16_t *m16 = zn_tr_master16(tr) + un->off;
-            rc = adam_sr_unit(tr, u, &mv, tr->grad_acc + un->off);
+            rc = adam_sr_unit(tr, u, m16, &mv, tr->grad_acc + un->off);
             if (!rc && !p16)
                 rc = zn_convert(tr->opt.pout_flat, ZN_DTYPE_F32, m16, ZN_DTYPE_BF16, un->n);
             out = p16 ? (const void *)m16 : tr->opt.pout_flat;
@@ -602,7 +603,20 @@ static int run_nvme(zn_trainer *tr)
         /* gradients: read into the slot (NVMe) or in place (pinned RAM) */
         const float *g = tr->grads_on_nvme ? s->grad : tr->grad_acc + tr->units[u].off;
         zn_moments mv = zn_tr_slot_moments(tr, s, u);
-        if ((rc = adam_unit(tr, u, s->master, &mv, g, p16 ? s->pout : NULL)))
+        const void *pout;
+        if (tr->master_bf16) {
+            /* as run_flat: the bf16 master is the bf16 working copy, and is
+             * widened for fp32 params */
+            uint16_t *m16 = (uint16_t *)(void *)s->master;
+            rc = adam_sr_unit(tr, u, m16, &mv, g);
+            if (!rc && !p16)
+                rc = zn_convert(s->pout, ZN_DTYPE_F32, m16, ZN_DTYPE_BF16, tr->units[u].n);
+            pout = p16 ? (const void *)m16 : s->pout;
+        } else {
+            rc = adam_unit(tr, u, s->master, &mv, g, p16 ? s->pout : NULL);
+            pout = p16 ? s->pout : (void *)s->master;
+        }
+        if (rc)
             break;
         /* write behind: the working params first (the next step's fetches
          * wait for them), then the states */
@@ -613,8 +627,8 @@ static int run_nvme(zn_trainer *tr)
         s->n_pwr = 0;
         for (int k = 0; k < 3; k++)
             atomic_store(&s->wr[k].done, 1), s->wr[k].status = 0;
-        if ((rc = params_out(tr, u, p16 ? s->pout : (void *)s->master, s->pwr, &s->n_pwr,
-                             s->h2d_done, &s->h2d_pending, true, false)))
+        if ((rc = params_out(tr, u, pout, s->pwr, &s->n_pwr, s->h2d_done, &s->h2d_pending, true,
+                             false)))
             break;
         for (int k = 0; k < 3 && !rc; k++) {
             char what[48];

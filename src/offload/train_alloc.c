@@ -346,7 +346,11 @@ int zn_tr_allocate(zn_trainer *tr)
                 sl->v = (char *)sl->m + tr->slot_mom_bytes;
                 sl->grad = (float *)((char *)sl->v + tr->slot_mom_bytes);
             }
-            if (tr->param_dt != ZN_DTYPE_F32)
+            /* (the master area stays U x 4: a bf16 master uses half of it,
+             * and a checkpoint load converts fp32 masters in it) */
+            bool master_is_param = tr->master_bf16 ? tr->param_dt == ZN_DTYPE_BF16
+                                                   : tr->param_dt == ZN_DTYPE_F32;
+            if (!master_is_param)
                 ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->param_bytes,
                               "param update staging", &sl->pout));
         }
@@ -401,7 +405,8 @@ int zn_tr_allocate(zn_trainer *tr)
             for (int u = 0; u < tr->n_units; u++) {
                 zn_unit *un = &tr->units[u];
                 snprintf(name, sizeof name, "master u%d", u);
-                ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_MASTER, un->n * 4, name, &un->master_id));
+                ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_MASTER, un->n * zn_tr_master_elem(tr), name,
+                                      &un->master_id));
                 /* the unit's moments at their compressed size, 8-bit
                  * absmax included (zn_tr_unit_mom_bytes) */
                 uint64_t mb = zn_tr_unit_mom_bytes(tr, un->n);

@@ -36,7 +36,7 @@ static int init_unit_flush(init_units *iu)
     zn_opt_slot *s = &tr->opt.slot[iu->slot];
     /* the master goes home; m = v = 0 stay unwritten (mv_zero) */
     int rc = zn_ioq_submit(&tr->wq, &s->wr[0], 1, &zn_tier_get(&tr->tm, un->master_id)->ext,
-                           s->master, un->n * 4, "initial optimizer state");
+                           s->master, un->n * zn_tr_master_elem(tr), "initial optimizer state");
     atomic_store(&un->mv_zero, true);
     s->unit = iu->unit;
     iu->unit++;
@@ -70,7 +70,14 @@ static int init_units_put(init_units *iu, const float *v, uint64_t n)
             return rc;
         zn_unit *un = &tr->units[iu->unit];
         uint64_t k = un->n - iu->filled < n ? un->n - iu->filled : n;
-        memcpy(tr->opt.slot[iu->slot].master + iu->filled, v, k * 4);
+        if (tr->master_bf16) {
+            /* bf16 master: the values are bf16 already (rounded above) */
+            uint16_t *m16 = (uint16_t *)(void *)tr->opt.slot[iu->slot].master;
+            if ((rc = zn_convert(m16 + iu->filled, ZN_DTYPE_BF16, v, ZN_DTYPE_F32, k)))
+                return rc;
+        } else {
+            memcpy(tr->opt.slot[iu->slot].master + iu->filled, v, k * 4);
+        }
         iu->filled += k;
         v += k;
         n -= k;

@@ -27,7 +27,7 @@ static int read_local_master(zn_trainer *tr, float *out)
         int rc = tr->P ? zn_dev_copy_d2h(tr->dev, tr->s_h2d, out, tr->master, tr->P * 4) : 0;
         return rc ? rc : zn_dev_stream_sync(tr->dev, tr->s_h2d);
     }
-    if (tr->master_bf16)   /* widened: exact */
+    if (tr->master_bf16 && tr->opt_home != ZN_OFFLOAD_NVME)   /* widened: exact */
         return zn_convert(out, ZN_DTYPE_F32, tr->master, ZN_DTYPE_BF16, tr->P);
     if (tr->opt_home != ZN_OFFLOAD_NVME) {
         memcpy(out, tr->master, tr->P * 4);
@@ -38,11 +38,16 @@ static int read_local_master(zn_trainer *tr, float *out)
         zn_unit *un = &tr->units[u];
         zn_io_req r;
         int rc = zn_ioq_submit(&tr->rq, &r, 0, &zn_tier_get(&tr->tm, un->master_id)->ext,
-                               s->master, un->n * 4, "master (read back)");
+                               s->master, un->n * zn_tr_master_elem(tr), "master (read back)");
         int r2 = zn_ioq_wait(&tr->rq, &r);
         if (rc || r2)
             return rc ? rc : r2;
-        memcpy(out + un->off, s->master, un->n * 4);
+        if (tr->master_bf16)
+            rc = zn_convert(out + un->off, ZN_DTYPE_F32, s->master, ZN_DTYPE_BF16, un->n);
+        else
+            memcpy(out + un->off, s->master, un->n * 4);
+        if (rc)
+            return rc;
     }
     s->unit = -1;
     return 0;

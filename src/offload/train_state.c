@@ -133,7 +133,8 @@ static int save_nvme(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
     for (int u = 0; u < tr->n_units && !rc; u++) {
         zn_unit *un = &tr->units[u];
         int id = k == ZN_TS_MASTER ? un->master_id : k == ZN_TS_M ? un->m_id : un->v_id;
-        uint64_t bytes = k == ZN_TS_MASTER ? un->n * 4 : zn_tr_unit_mom_bytes(tr, un->n);
+        uint64_t bytes = k == ZN_TS_MASTER ? un->n * zn_tr_master_elem(tr)
+                                           : zn_tr_unit_mom_bytes(tr, un->n);
         uint64_t data = k == ZN_TS_MASTER ? bytes : zn_mom_layout_absmax_at(tr->mom_fmt, un->n);
         bool zero = k != ZN_TS_MASTER && atomic_load(&un->mv_zero);
         if (zero) {
@@ -376,7 +377,21 @@ static int load_nvme(zn_trainer *tr, zn_mom_fmt from, zn_dtype master_from,
         }
         if (!rc && convert)
             slot_pad_zero(tr, s, u);
-        if (!rc && master_from == ZN_DTYPE_BF16) {
+        if (!rc && tr->master_bf16 && master_from == ZN_DTYPE_BF16) {
+            rc = src(user, ZN_TS_MASTER, un->off * 2, s->master, un->n * 2);
+        } else if (!rc && tr->master_bf16) {
+            /* an fp32 master rounded to nearest into the unit's bf16 one,
+             * in place from the bottom up (half i's 2 bytes lie in element
+             * i / 2's, read already) */
+            char *a = (char *)s->master;
+            if (!(rc = src(user, ZN_TS_MASTER, un->off * 4, a, un->n * 4)))
+                for (uint64_t i = 0; i < un->n; i++) {
+                    float f;   /* memcpy: the bytes alias, both ways */
+                    memcpy(&f, a + 4 * i, 4);
+                    uint16_t h = zn_f32_to_bf16(f);
+                    memcpy(a + 2 * i, &h, 2);
+                }
+        } else if (!rc && master_from == ZN_DTYPE_BF16) {
             /* a bf16 master widened into the unit's fp32 one: read into
              * the area's first half, widened from the top down (element
              * i's 4 bytes cover halves 2i, 2i + 1, read already) */
@@ -395,7 +410,7 @@ static int load_nvme(zn_trainer *tr, zn_mom_fmt from, zn_dtype master_from,
         int nw = 0;
         for (int k = 0; k < ZN_TS_COUNT && !rc; k++) {
             rc = zn_ioq_submit(&tr->wq, &w[k], 1, &zn_tier_get(&tr->tm, ids[k])->ext, dst[k],
-                               k ? mb : un->n * 4, "checkpoint load");
+                               k ? mb : un->n * zn_tr_master_elem(tr), "checkpoint load");
             nw = k + 1;
         }
         for (int k = 0; k < nw; k++) {
@@ -406,7 +421,8 @@ static int load_nvme(zn_trainer *tr, zn_mom_fmt from, zn_dtype master_from,
         if (!rc)
             atomic_store(&un->mv_zero, false);  /* the loaded m and v are home */
         if (!rc)
-            rc = regen_params(tr, u, s->master, ZN_DTYPE_F32, s->pout);
+            rc = regen_params(tr, u, s->master, tr->master_bf16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32,
+                              s->pout);
     }
     free(absmax[0]);
     free(absmax[1]);

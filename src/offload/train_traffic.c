@@ -135,7 +135,7 @@ int zn_tr_count_traffic(zn_trainer *tr)
         s->adam_params += un->n;
         if (s->opt_on_nvme) {
             /* m and v too (past the first step), at their own size */
-            uint64_t st = un->n * 4 + 2 * zn_tr_unit_mom_bytes(tr, un->n);
+            uint64_t st = un->n * zn_tr_master_elem(tr) + 2 * zn_tr_unit_mom_bytes(tr, un->n);
             s->nvme_read += st;
             s->nvme_write += st;
         }
