@@ -446,6 +446,40 @@ static void check_moments(const zn_optim_ops *ref, const zn_optim_ops *emu)
         }
     }
 }
+
+/* Stochastic rounding to bf16 (zn_adam_step_sr): the emulated masks and
+ * tails give AVX2's bits (and the scalar formula's) for every length, the
+ * index low word wrapping inside a call, and NaN, Inf, the largest finite
+ * values and zeros among random values. */
+static void check_sr(const zn_optim_ops *ref, const zn_optim_ops *emu)
+{
+    static const size_t sizes[] = { 1, 7, 15, 16, 17, 33, 1000, 4099 };
+    static const uint32_t edges[] = { 0x7fc00000, 0xff800000, 0x7f800000, 0x7f7fffff,
+                                      0xff7f8001, 0x00000000, 0x80000000, 0x00000001 };
+    const size_t nmax = 4099;
+    float *x = malloc(nmax * 4);
+    uint16_t *a = malloc(nmax * 2), *b = malloc(nmax * 2), *c = malloc(nmax * 2);
+    if (!x || !a || !b || !c)
+        ZT_SETUP_FAIL("out of memory");
+    for (size_t i = 0; i < nmax; i++) {
+        uint32_t u = (uint32_t)zn_splitmix64(i * 2654435761u);
+        x[i] = i % 97 < 8 ? zn_bits_f32(edges[i % 97]) : zn_bits_f32((u & 0x8fffffffu) | 0x30000000u);
+    }
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        size_t n = sizes[si];
+        /* idx_lo near 2^32: the counter wraps inside the call */
+        uint32_t idx = si & 1 ? 0xfffffff0u : (uint32_t)(si * 1000);
+        ref->sr_round(x, a, n, 0x1234567u, 0x89abcdefu, idx);
+        emu->sr_round(x, b, n, 0x1234567u, 0x89abcdefu, idx);
+        zn_sr_round_scalar(x, c, n, 0x1234567u, 0x89abcdefu, idx);
+        ZT_CHECK_MSG(!memcmp(a, b, n * 2) && !memcmp(a, c, n * 2),
+                     "sr_round n=%zu: emulated AVX-512, AVX2 and scalar differ", n);
+    }
+    free(x);
+    free(a);
+    free(b);
+    free(c);
+}
 #endif
 
 int main(void)
@@ -460,6 +494,7 @@ int main(void)
     check_norm(ref, emu);
     check_ceilings(ref, emu);
     check_moments(ref, emu);
+    check_sr(ref, emu);
     return zt_done();
 #else
     ZT_SKIP("not an x86-64 GCC build: there are no AVX-512 kernels to emulate");
