@@ -12,7 +12,8 @@
 #    run's losses bit for bit;
 #  - an fp32-master checkpoint resumes into a bf16_sr run (rounded to
 #    nearest, said so) and a bf16_sr one into an fp32 run (widened, said
-#    so), and `zinc export` reads a bf16 master;
+#    so), and `zinc export` reads a bf16 master (a model, and LoRA adapters
+#    as PEFT);
 #  - with the optimizer on NVMe (units swapped with a 2-byte master): the
 #    cpu tier's losses and checkpoint files bit for bit, fewer bytes
 #    written per step, resume and conversions at load;
@@ -115,6 +116,13 @@ check "[ \"\$(hexes r3.jsonl | head -1)\" = \"\$(hexes res.jsonl | head -1)\" ]"
     "step 6 after widening the bf16 master differs from the bf16_sr resume's"
 "$zinc" export sr5 --out exported --dtype fp32 > ex.out 2>&1
 check "[ $? -eq 0 ]" "export of a bf16 master: $(tail -3 ex.out)"
+# LoRA adapters on a frozen base with a bf16 master, exported as PEFT
+"$zinc" train "${cpu[@]}" "${sr[@]}" --set train.checkpoint.dir=lck --steps 3 \
+    --set 'lora={"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}' > lora.out 2>&1
+check "[ $? -eq 0 ]" "bf16_sr with LoRA adapters: $(tail -3 lora.out)"
+"$zinc" export lck --out lex > lex.out 2>&1
+check "[ $? -eq 0 ] && [ -s lex/adapter_model.safetensors ]" \
+    "PEFT export of a bf16 master: $(tail -3 lex.out)"
 
 # the optimizer on NVMe (the demo's placement): each unit's bf16 master
 # swapped at 2 bytes per element; the cpu tier's losses and checkpoint
