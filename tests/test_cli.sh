@@ -78,6 +78,10 @@ expect 0 "^adam m \(int8\) +- +- +13.97 GiB" -- \
 # Qwen2.5-14B full fine-tune with nothing on NVMe: 8-bit moments, tiers.cpu
 # 192 GiB; the NVMe example given that much RAM is told its params fit there
 expect 0 "^total +[0-9.]+ GiB +167.74 GiB +0 B" -- plan "$src/examples/a10-qwen2.5-14b-8bit.json"
+# and with the bf16 master (stochastic rounding) in what a 192 GB machine's
+# tiers.cpu auto gives (about 158 GiB): 2 bytes per parameter less
+expect 0 "^total +[0-9.]+ GiB +140.04 GiB +0 B" -- plan "$src/examples/a10-qwen2.5-14b-8bit.json" \
+    --set train.master_weights=bf16_sr --set tiers.cpu=158GiB
 expect 0 "the params on NVMe \(26.06 GiB\) would fit in the cpu tier's headroom" -- \
     plan "$src/examples/a10-qwen2.5-14b-nvme.json" "${nv14[@]}" --set tiers.cpu=192GiB \
     --set train.optim=adamw_bnb_8bit --set zero_optimization.offload_optimizer.device=cpu

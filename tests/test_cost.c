@@ -60,6 +60,17 @@ static void test_shared_cores_add(void)
     CLOSE(o.exposed_opt_s, 0.0);
     ZT_EQ_INT(o.bound, ZN_RES_COMPUTE);
 
+    /* the bf16 master's own Adam rate: 10M at 0.5 G/s, 20 ms */
+    c.adam_sr_pps[ZN_MOM_F32] = 0.5e9;
+    p.step.master_sr = true;
+    ZT_EQ_INT(zn_cost_predict(&p, &c, &comp, 4, 256, ZN_MOM_F32, &o), 0);
+    CLOSE(o.step_s, 0.153);
+    /* a target without the figure takes the fp32 master's */
+    c.adam_sr_pps[ZN_MOM_F32] = 0;
+    ZT_EQ_INT(zn_cost_predict(&p, &c, &comp, 4, 256, ZN_MOM_F32, &o), 0);
+    CLOSE(o.step_s, 0.143);
+    p.step.master_sr = false;
+
     /* the schedule's fixed cost: 6 blocks x 2 x 1 micro-batch x 100 us */
     c.block_use_s = 100e-6;
     ZT_EQ_INT(zn_cost_predict(&p, &c, &comp, 4, 256, ZN_MOM_F32, &o), 0);

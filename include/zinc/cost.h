@@ -51,6 +51,8 @@ typedef struct {
                                  spends (crc32c, submission, completion):
                                  on shared cores they add to the step */
     double adam_pps[3];       /* CPU Adam params/s by moment format (zn_mom_fmt) */
+    double adam_sr_pps[3];    /* the same on a bf16 master with stochastic
+                                 rounding (0: taken as adam_pps) */
     double dev_adam_pps;      /* Adam on the device, params/s */
     double gpu_bytes, host_bytes;  /* memory of the target (0: this machine's) */
     double block_use_s;       /* the schedule's fixed cost per block use (one

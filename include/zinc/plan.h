@@ -101,6 +101,8 @@ typedef struct {
         uint32_t fetches, nvme_fetches, cache_fetches;  /* block fetches */
         int micro_batches;
         bool opt_on_device, opt_on_nvme, overlap_step, pipelined;
+        bool master_sr;               /* the bf16 master (train.master_weights
+                                         bf16_sr): Adam's rate is that step's */
     } step;
     bool fits;
     char why[2048];   /* when it does not fit: what is short, by how much, and the fix */

@@ -156,8 +156,9 @@ int zn_cost_predict(const zn_plan *plan, const zn_ceilings *c, const zn_cost_com
         NEED(s->adam_params && c->dev_adam_pps <= 0, "device adam");
     } else {
         int f = mom_fmt >= 0 && mom_fmt < 3 ? mom_fmt : 0;
-        b[ZN_RES_ADAM] = div0((double)s->adam_params, c->adam_pps[f]);
-        NEED(s->adam_params && c->adam_pps[f] <= 0, "cpu adam");
+        double pps = s->master_sr && c->adam_sr_pps[f] > 0 ? c->adam_sr_pps[f] : c->adam_pps[f];
+        b[ZN_RES_ADAM] = div0((double)s->adam_params, pps);
+        NEED(s->adam_params && pps <= 0, "cpu adam");
     }
     /* world > 1: collectives are not modelled yet (0 busy) */
 

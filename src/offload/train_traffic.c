@@ -130,6 +130,7 @@ int zn_tr_count_traffic(zn_trainer *tr)
 
     /* the optimizer: every element this rank owns; its states through the
      * NVMe slots; the updated parameters to each block's home */
+    s->master_sr = tr->cfg.train.master_weights == ZN_MASTER_BF16_SR;
     for (int u = 0; u < tr->n_units; u++) {
         const zn_unit *un = &tr->units[u];
         s->adam_params += un->n;

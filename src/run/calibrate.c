@@ -4,7 +4,8 @@
  *   - the host link: 64 MiB copies each way between pinned memory and the
  *     device (on the host backend, the memcpy its copy streams run);
  *   - host memory: the gradient accumulation's add over 64 MiB;
- *   - CPU Adam, per moment format, over 4M elements at the run's threads;
+ *   - CPU Adam, per moment format, over 4M elements at the run's threads,
+ *     on an fp32 master and on a bf16 one with stochastic rounding;
  *   - the disk under the config's NVMe path: 256 MiB written, read, and
  *     read and written at once, through zinc's engine (io_uring,
  *     O_DIRECT) at the config's aio settings, with the CPU time the
@@ -205,8 +206,30 @@ static int measure_adam(const zn_config *cfg, zn_ceilings *c)
                 c->adam_pps[f] = fmax(c->adam_pps[f], (double)n / t);
         }
     }
-    if (!rc && !isfinite(p[n / 3]))
-        rc = zn_set_error(ZN_EINTERNAL, "cost model: the Adam probe produced %g", (double)p[n / 3]);
+    /* the bf16 master with stochastic rounding (train.master_weights
+     * bf16_sr): its own kernel, on 2-byte weights */
+    uint16_t *pb = rc ? NULL : malloc(n * 2);
+    if (!rc && !pb)
+        rc = zn_set_error(-ENOMEM, "cost model: out of memory");
+    for (size_t i = 0; i < n && !rc; i++)
+        pb[i] = zn_f32_to_bf16(p[i]);
+    for (int f = 0; f < 3 && !rc; f++) {
+        memset(m, 0, zn_mom_layout_bytes(ZN_MOM_F32, n));
+        memset(v, 0, zn_mom_layout_bytes(ZN_MOM_F32, n));
+        zn_moments mv = zn_mom_layout_at((zn_mom_fmt)f, m, v, n, 0);
+        for (int r = 0; r < REPS + 1 && !rc; r++) {
+            hp.step = r + 1;
+            double t0 = now_s();
+            rc = zn_adam_step_sr(&hp, pb, &mv, g, ZN_DTYPE_F32, 1.0f, 1, 0, n);
+            double t = now_s() - t0;
+            if (r)
+                c->adam_sr_pps[f] = fmax(c->adam_sr_pps[f], (double)n / t);
+        }
+    }
+    if (!rc && (!isfinite(p[n / 3]) || !isfinite(zn_bf16_to_f32(pb[n / 3]))))
+        rc = zn_set_error(ZN_EINTERNAL, "cost model: the Adam probe produced %g, %g",
+                          (double)p[n / 3], (double)zn_bf16_to_f32(pb[n / 3]));
+    free(pb);
     free(p);
     free(g);
     free(m);
@@ -606,10 +629,12 @@ int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags, zn_
         memset(&t, 0, sizeof t);
         if ((rc = measure_link(dev, &t)) || (rc = measure_mem(&t)) || (rc = measure_adam(cfg, &t)))
             goto out;
-        json_object_set_new(m, "link", json_pack("{s:f,s:f,s:f,s:[f,f,f]}", "h2d_bps", t.h2d_bps,
-                                                 "d2h_bps", t.d2h_bps, "mem_bps", t.mem_bps,
-                                                 "adam_pps", t.adam_pps[0], t.adam_pps[1],
-                                                 t.adam_pps[2]));
+        json_object_set_new(m, "link", json_pack("{s:f,s:f,s:f,s:[f,f,f],s:[f,f,f]}", "h2d_bps",
+                                                 t.h2d_bps, "d2h_bps", t.d2h_bps, "mem_bps",
+                                                 t.mem_bps, "adam_pps", t.adam_pps[0],
+                                                 t.adam_pps[1], t.adam_pps[2], "adam_sr_pps",
+                                                 t.adam_sr_pps[0], t.adam_sr_pps[1],
+                                                 t.adam_sr_pps[2]));
         dirty = true;
     }
     json_t *l = json_object_get(m, "link");
@@ -617,8 +642,10 @@ int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags, zn_
     c->d2h_bps = jnum(l, "d2h_bps");
     c->mem_bps = jnum(l, "mem_bps");
     json_t *ap = json_object_get(l, "adam_pps");
+    json_t *sp = json_object_get(l, "adam_sr_pps");
     for (int f = 0; f < 3; f++)
-        c->adam_pps[f] = json_number_value(json_array_get(ap, (size_t)f));
+        c->adam_pps[f] = json_number_value(json_array_get(ap, (size_t)f)),
+        c->adam_sr_pps[f] = json_number_value(json_array_get(sp, (size_t)f));
     /* optimizer on the device: the host backend runs the same CPU kernels */
     c->dev_adam_pps = c->shared_cores ? c->adam_pps[0] : 0;
 

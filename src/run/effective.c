@@ -129,8 +129,12 @@ void zn_run_effective_print(const zn_config *c, int world, FILE *f)
                 tag(c, "gradient_clipping", "train.max_grad_norm", "DeepSpeed", t1, sizeof t1));
     const char *prec_key = c->fp16.enabled ? "fp16.enabled" : "bf16.enabled";
     fprintf(f, "  precision  %s %s\n",
-            c->bf16 ? "bf16 params and activations, fp32 master"
-                    : c->fp16.enabled ? "fp16, fp32 master, dynamic loss scale" : "fp32",
+            c->bf16 ? (c->train.master_weights == ZN_MASTER_BF16_SR
+                           ? "bf16 params and activations, bf16 master (stochastic rounding)"
+                           : "bf16 params and activations, fp32 master")
+                    : c->fp16.enabled ? "fp16, fp32 master, dynamic loss scale"
+                    : c->train.master_weights == ZN_MASTER_BF16_SR
+                    ? "fp32 compute, bf16 master (stochastic rounding)" : "fp32",
             tag(c, prec_key, c->fp16.enabled ? "off" : "bf16 where the device computes in bf16",
                 "DeepSpeed", t1, sizeof t1));
     fprintf(f, "  batch      micro %lld %s x accumulation %lld %s x ranks %d = %lld %s\n",
