@@ -124,6 +124,17 @@ static void check_cells(void)
             ZT_CHECK_MSG(bad == 0, "%s %s cell table: %d of %d probes off the definition",
                          sc == ZN_Q8_BNB ? "bitsandbytes" : "torchao",
                          s ? "signed" : "unsigned", bad, probes);
+            /* the VBMI path's search (zn_q8_code_tree), the same probes */
+            probes = 0;
+            bad = probe_codes(t, zn_q8_code_tree, &probes);
+            for (size_t j = 0; j < sizeof special / sizeof special[0]; j++, probes++)
+                bad += zn_q8_code_tree(t, special[j]) != code_def(t->mid, special[j]);
+            bad += zn_q8_code_tree(t, NAN) != zn_q8_code(t, NAN);
+            ZT_CHECK_MSG(t->vbmi_ok, "%s %s map: a midpoint at +-0, the VBMI search refused",
+                         sc == ZN_Q8_BNB ? "bitsandbytes" : "torchao", s ? "signed" : "unsigned");
+            ZT_CHECK_MSG(bad == 0, "%s %s search tree: %d of %d probes off the definition",
+                         sc == ZN_Q8_BNB ? "bitsandbytes" : "torchao",
+                         s ? "signed" : "unsigned", bad, probes);
         }
     }
 }
@@ -431,7 +442,7 @@ static void check_pieces(const zn_optim_ops *const *ops, int nops)
                             codes[i] = seed & 1 ? ref_q[i] : (uint8_t)mix(seed * 7 + i);
                         float absmax = kind == 3 ? 0x1p-140f : kind == 4 ? 3e38f : ref_scale;
                         memset(ref_out, 0xab, sizeof ref_out);
-                        zn_q8_dequant_scalar(codes, t->map, absmax, ref_out, n);
+                        zn_q8_dequant_scalar(codes, t, absmax, ref_out, n);
                         blocks++;
                         for (int o = 0; o < nops; o++) {
                             memset(qq, 0xab, sizeof qq);
@@ -443,7 +454,7 @@ static void check_pieces(const zn_optim_ops *const *ops, int nops)
                                             ops[o]->name, kind, n, (unsigned long long)seed);
                             }
                             memset(out, 0xab, sizeof out);
-                            ops[o]->q8_dequant(codes, t->map, absmax, out, n);
+                            ops[o]->q8_dequant(codes, t, absmax, out, n);
                             if (memcmp(out, ref_out, sizeof out)) {
                                 if (bad_d++ < 3)
                                     fprintf(stderr, "dequant %s: kind %d n %zu differs\n",
@@ -458,6 +469,59 @@ static void check_pieces(const zn_optim_ops *const *ops, int nops)
                          "form", name, sg ? "signed" : "unsigned", bad_q, blocks * nops);
             ZT_CHECK_MSG(bad_d == 0, "%s %s map: %d of %d blocks dequantized unlike the scalar "
                          "form", name, sg ? "signed" : "unsigned", bad_d, blocks * nops);
+        }
+    }
+}
+
+/* Every range of floats sharing their top 16 bits, through each path's
+ * quantize: both ends of each range in [-1, 1] and both neighbours of every
+ * midpoint, 255 to a block beside a 1 that makes the scale 1 (so y is the
+ * value itself), codes against the scalar form. The blocks above reach the
+ * ranges at random; the VBMI path's search has a path per range. */
+static void check_sweep(const zn_optim_ops *const *ops, int nops)
+{
+    enum { PER = ZN_Q8_BLOCK - 1 };
+    for (int sc = ZN_Q8_BNB; sc <= ZN_Q8_TORCHAO; sc++) {
+        for (int sg = 0; sg < 2; sg++) {
+            const zn_q8_table *t = zn_q8_table_get((zn_q8_scheme)sc, sg);
+            if (!t)
+                continue;
+            float *val = xmalloc((2 * 65536 + 3 * 255) * sizeof *val);
+            size_t nv = 0;
+            for (uint32_t key = 0; key < 65536; key++) {
+                for (uint32_t low = 0; low <= 0xffffu; low += 0xffffu) {
+                    float y = zn_bits_f32(key << 16 | low);
+                    if (!isnan(y) && fabsf(y) <= 1.0f)
+                        val[nv++] = y;
+                }
+            }
+            for (int i = 0; i < 255; i++) {
+                val[nv++] = nextafterf(t->mid[i], -2.0f);
+                val[nv++] = t->mid[i];
+                val[nv++] = nextafterf(t->mid[i], 2.0f);
+            }
+            int bad = 0, blocks = 0;
+            for (size_t at = 0; at < nv; at += PER, blocks++) {
+                float x[ZN_Q8_BLOCK];
+                size_t k = nv - at < PER ? nv - at : PER;
+                memcpy(x, val + at, k * sizeof *x);
+                x[k] = 1.0f;
+                uint8_t ref[ZN_Q8_BLOCK], q[ZN_Q8_BLOCK];
+                float rs = zn_q8_quant_scalar(x, t, ref, k + 1);
+                for (int o = 0; o < nops; o++) {
+                    memset(q, 0xab, sizeof q);
+                    float s = ops[o]->q8_quant(x, t, q, k + 1);
+                    if (s != rs || memcmp(q, ref, k + 1)) {
+                        if (bad++ < 3)
+                            fprintf(stderr, "sweep %s: block at %zu differs\n", ops[o]->name,
+                                    at);
+                    }
+                }
+            }
+            ZT_CHECK_MSG(bad == 0, "%s %s map: %d of %d sweep blocks quantized unlike the "
+                         "scalar form", sc == ZN_Q8_BNB ? "bitsandbytes" : "torchao",
+                         sg ? "signed" : "unsigned", bad, blocks * nops);
+            free(val);
         }
     }
 }
@@ -616,18 +680,24 @@ int main(void)
     fm.wd = (float)wd;
 
     check_maps(st);
-    const zn_optim_ops *ops[3];
+    /* every path this CPU has, AVX-512 with and without its VBMI pieces
+     * (whatever ZINC_SIMD_VBMI says) */
+    const zn_optim_ops *ops[4];
     int nops = 0;
-    static const zn_isa isas[] = { ZN_ISA_AVX2, ZN_ISA_AVX512, ZN_ISA_SCALAR };
-    for (int i = 0; i < 3; i++)
-        if (zn_optim_get_ops(isas[i]))
-            ops[nops++] = zn_optim_get_ops(isas[i]);
+    const zn_optim_ops *paths[] = { zn_optim_get_ops(ZN_ISA_AVX2), zn_optim_get_ops_novbmi(),
+                                    zn_optim_get_ops_vbmi(), zn_optim_get_ops(ZN_ISA_SCALAR) };
+    for (int i = 0; i < 4; i++)
+        if (paths[i])
+            ops[nops++] = paths[i];
+    if (!zn_optim_get_ops_vbmi())
+        printf("# no AVX-512 VBMI on this CPU: its path is not run here\n");
     for (int o = 0; o < nops; o++)
         for (int k = 1; k <= steps; k++)
             for (int th = 1; th <= 2; th++)
                 check_bnb_step(st, &fm, k, ops[o], th);
     check_identity(ops, nops);
     check_pieces(ops, nops);
+    check_sweep(ops, nops);
     for (int o = 0; o < nops; o++)
         check_bf16(ops[o]);
     check_convert();

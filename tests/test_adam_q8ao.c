@@ -377,12 +377,14 @@ int main(void)
     fm.wd = (float)wd;
 
     check_table();
-    const zn_optim_ops *ops[3];
+    /* every path this CPU has, AVX-512 with and without its VBMI pieces */
+    const zn_optim_ops *ops[4];
     int nops = 0;
-    static const zn_isa isas[] = { ZN_ISA_AVX2, ZN_ISA_AVX512, ZN_ISA_SCALAR };
-    for (int i = 0; i < 3; i++)
-        if (zn_optim_get_ops(isas[i]))
-            ops[nops++] = zn_optim_get_ops(isas[i]);
+    const zn_optim_ops *paths[] = { zn_optim_get_ops(ZN_ISA_AVX2), zn_optim_get_ops_novbmi(),
+                                    zn_optim_get_ops_vbmi(), zn_optim_get_ops(ZN_ISA_SCALAR) };
+    for (int i = 0; i < 4; i++)
+        if (paths[i])
+            ops[nops++] = paths[i];
     check_probe(ops, nops);
     for (int k = 1; k <= fm.steps; k++) {
         ao_state first = { 0 };

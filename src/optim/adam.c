@@ -260,11 +260,52 @@ const char *zn_adam_isa_reason(void)
     return g_reason;
 }
 
+/* The VBMI table: a copy of the AVX-512 one with the 8-bit pieces that
+ * look codes up with byte permutes instead of gathers and two-register
+ * float permutes (issue 35: on AMD Zen 4 the gather was half of the
+ * quantize time). A copy made at run time, because whether the CPU has
+ * VBMI is only known then. ZINC_SIMD_VBMI=0 keeps the AVX-512 pieces (for
+ * an A/B run on one machine); the codes are the same either way. */
+static zn_optim_ops g_vbmi_ops;
+static int g_vbmi_have, g_vbmi_use;
+static pthread_once_t g_vbmi_once = PTHREAD_ONCE_INIT;
+
+static void init_vbmi(void)
+{
+#if ZN_OPTIM_X86
+    __builtin_cpu_init();
+    if (!zn_adam_isa_available(ZN_ISA_AVX512) || !__builtin_cpu_supports("avx512vbmi"))
+        return;
+    g_vbmi_ops = zn_optim_ops_avx512;
+    g_vbmi_ops.name = "avx512vbmi";
+    g_vbmi_ops.q8_dequant = zn_q8_dequant_vbmi;
+    g_vbmi_ops.q8_quant = zn_q8_quant_vbmi;
+    g_vbmi_have = 1;
+    const char *env = getenv("ZINC_SIMD_VBMI");
+    g_vbmi_use = !(env && !strcmp(env, "0"));
+#endif
+}
+
+const zn_optim_ops *zn_optim_get_ops_vbmi(void)
+{
+    pthread_once(&g_vbmi_once, init_vbmi);
+    return g_vbmi_have ? &g_vbmi_ops : NULL;
+}
+
+const zn_optim_ops *zn_optim_get_ops_novbmi(void)
+{
+    return zn_adam_isa_available(ZN_ISA_AVX512) ? built_ops(ZN_ISA_AVX512) : NULL;
+}
+
 const zn_optim_ops *zn_optim_get_ops(zn_isa isa)
 {
     if (isa == ZN_ISA_AUTO)
         isa = zn_adam_get_isa();
-    return zn_adam_isa_available(isa) ? built_ops(isa) : NULL;
+    if (!zn_adam_isa_available(isa))
+        return NULL;
+    if (isa == ZN_ISA_AVX512 && zn_optim_get_ops_vbmi() && g_vbmi_use)
+        return &g_vbmi_ops;
+    return built_ops(isa);
 }
 
 /* ---- the step ------------------------------------------------------------ */

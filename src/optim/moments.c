@@ -134,11 +134,9 @@ static int code_by_count(const float *mid, float y)
     return lo;
 }
 
-/* Floats in their order as unsigned integers (-0 just below +0). */
 static uint32_t f32_ord(float x)
 {
-    uint32_t u = zn_f32_bits(x);
-    return u & 0x80000000u ? ~u : u | 0x80000000u;
+    return zn_q8_ord(x);
 }
 
 static float ord_f32(uint32_t o)
@@ -200,6 +198,31 @@ static int build_cells(zn_q8_table *t)
     return 0;
 }
 
+/* The byte planes of the VBMI path (see zn_q8_table). */
+static void build_planes(zn_q8_table *t)
+{
+    for (int c = 0; c < 256; c++) {
+        uint32_t mb = zn_f32_bits(t->map[c]), kb = f32_ord(t->mid[c]);
+        for (int b = 0; b < 4; b++) {
+            t->map_plane[b][c] = (uint8_t)(mb >> 8 * b);
+            t->mid_plane[b][c] = (uint8_t)(kb >> 8 * b);
+        }
+    }
+    memset(t->tree16, 0, sizeof t->tree16);
+    for (int l = 0; l < 8; l++) {
+        int s = 128 >> l;
+        for (int j = 0; j < (1 << l); j++) {
+            t->tree16[l][j] = (uint16_t)(f32_ord(t->mid[j * 2 * s + s - 1]) >> 16);
+        }
+    }
+    /* the key order is the float order but at +-0 (and NaN, which the
+     * search never meets: it is clamped to -1 first) */
+    t->vbmi_ok = 1;
+    for (int i = 0; i < 255; i++)
+        if (t->mid[i] == 0.0f)
+            t->vbmi_ok = 0;
+}
+
 static int build_table(zn_q8_table *t, const float *map, zn_q8_scheme scheme)
 {
     memcpy(t->map, map, sizeof t->map);
@@ -227,6 +250,7 @@ static int build_table(zn_q8_table *t, const float *map, zn_q8_scheme scheme)
                                 (double)lo, (double)hi);
         t->key[key] = (uint8_t)c0;
     }
+    build_planes(t);
     return build_cells(t);
 }
 
@@ -316,10 +340,11 @@ const char *zn_mom_fmt_name(zn_mom_fmt fmt)
 
 /* ---- scalar forms -------------------------------------------------------- */
 
-void zn_q8_dequant_scalar(const uint8_t *q, const float *map, float absmax, float *out, size_t n)
+void zn_q8_dequant_scalar(const uint8_t *q, const zn_q8_table *t, float absmax, float *out,
+                          size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        out[i] = map[q[i]] * absmax;
+        out[i] = t->map[q[i]] * absmax;
 }
 
 float zn_q8_quant_scalar(const float *x, const zn_q8_table *t, uint8_t *q, size_t n)
@@ -408,8 +433,8 @@ static void mom_range(const mom_job *j, size_t lo, size_t hi)
         char *c = j->c ? j->c + i * 2 : NULL;
         if (j->fmt == ZN_MOM_Q8) {
             uint8_t *mq = (uint8_t *)j->m + i, *vq = (uint8_t *)j->v + i;
-            o->q8_dequant(mq, j->ts->map, j->am[b], mb, len);
-            o->q8_dequant(vq, j->tu->map, j->av[b], vb, len);
+            o->q8_dequant(mq, j->ts, j->am[b], mb, len);
+            o->q8_dequant(vq, j->tu, j->av[b], vb, len);
             o->adam(j->k, j->p + i, mb, vb, j->g + i * j->gs, j->gt, c, j->ct, len);
             j->am[b] = o->q8_quant(mb, j->ts, mq, len);
             j->av[b] = o->q8_quant(vb, j->tu, vq, len);
@@ -570,8 +595,8 @@ int zn_mom_convert(const zn_moments *dst, const zn_moments *src, size_t n)
             o->bf16_widen((const uint16_t *)src->m + i, mb, len);
             o->bf16_widen((const uint16_t *)src->v + i, vb, len);
         } else {
-            o->q8_dequant((const uint8_t *)src->m + i, ts->map, src->m_absmax[b], mb, len);
-            o->q8_dequant((const uint8_t *)src->v + i, tu->map, src->v_absmax[b], vb, len);
+            o->q8_dequant((const uint8_t *)src->m + i, ts, src->m_absmax[b], mb, len);
+            o->q8_dequant((const uint8_t *)src->v + i, tu, src->v_absmax[b], vb, len);
         }
         if (dst->fmt == ZN_MOM_F32) {
             memcpy((float *)dst->m + i, mb, len * 4);

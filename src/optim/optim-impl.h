@@ -70,7 +70,48 @@ typedef struct {
     uint32_t cell_n;    /* cells per sign; the negative ones follow */
     uint32_t cell[2 * 4097];
     uint8_t key[65536];
+    /* Tables for the AVX-512 VBMI path (optim_avx512vbmi.c), whose byte
+     * and word permutes look up 64 or 32 lanes at once where a gather looks
+     * up 16. Keys are floats in their order as unsigned integers
+     * (zn_q8_ord). map_plane[b][c]: byte b of map[c]'s bits. mid_plane[b][c]:
+     * byte b of mid[c]'s key. tree16[l][j] for l = 0..7, s = 128 >> l: the
+     * top 16 bits of the key of mid[j * 2s + s - 1], the midpoint that step
+     * l of a binary search over the top 16 bits meets after the steps before
+     * it chose j (zn_q8_code_tree, the scalar form of that search). vbmi_ok:
+     * the search gives zn_q8_code's answer for every y in [-1, 1] (no
+     * midpoint is +-0, where the key order and the float order part). */
+    uint8_t map_plane[4][256] __attribute__((aligned(64)));
+    uint8_t mid_plane[4][256] __attribute__((aligned(64)));
+    uint16_t tree16[8][128] __attribute__((aligned(64)));
+    int vbmi_ok;
 } zn_q8_table;
+
+/* A float in its order as an unsigned integer (-0 just below +0). */
+static inline uint32_t zn_q8_ord(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+/* The code of y in [-1, 1] (or NaN, taken as -1 as the vector clamp does)
+ * by the search the VBMI path runs: c = the count of midpoints whose key's
+ * top 16 bits are below y's (an 8-step binary search over tree16), then one
+ * more if the midpoint at c shares y's top 16 bits and its low 16 are
+ * below y's (no 16-bit range holds two midpoints: build_table checks it).
+ * tests/test_adam_q8.c checks it against zn_q8_code. */
+static inline uint8_t zn_q8_code_tree(const zn_q8_table *t, float y)
+{
+    if (y != y)
+        y = -1.0f;
+    uint32_t k = zn_q8_ord(y), k16 = k >> 16, j = 0;
+    for (int l = 0; l < 8; l++) {
+        j = 2 * j + (t->tree16[l][j] < k16);
+    }
+    uint32_t mk = (uint32_t)t->mid_plane[3][j] << 24 | (uint32_t)t->mid_plane[2][j] << 16 |
+                  (uint32_t)t->mid_plane[1][j] << 8 | t->mid_plane[0][j];
+    return (uint8_t)(j + ((mk >> 16) == k16 && (mk & 0xffffu) < (k & 0xffffu)));
+}
 
 /* The tables of the signed (m) and unsigned (v) maps of a scheme, built
  * once; NULL (with zn_last_error) for an unknown scheme or if a map broke
@@ -90,9 +131,10 @@ static inline float zn_q8_scale_operand(const zn_q8_table *t, float scale)
     return t->divide ? scale : 1.0f / scale;
 }
 
-/* out[i] = map[q[i]] * absmax, i < n <= ZN_Q8_BLOCK. */
-typedef void (*zn_q8_dequant_fn)(const uint8_t *q, const float *map, float absmax, float *out,
-                                 size_t n);
+/* out[i] = t->map[q[i]] * absmax, i < n <= ZN_Q8_BLOCK (the whole table,
+ * not only its map: the VBMI path reads the map's byte planes). */
+typedef void (*zn_q8_dequant_fn)(const uint8_t *q, const zn_q8_table *t, float absmax,
+                                 float *out, size_t n);
 /* The block's scale (zn_q8_scale of its largest |x[i]|, i < n <=
  * ZN_Q8_BLOCK) and the codes of x[i] scaled by it (zn_q8_scaled_code);
  * all codes 0 when the scale is 0. */
@@ -140,7 +182,8 @@ int zn_adam_step_sr_with(const zn_optim_ops *ops, const zn_adam_params *hp, uint
 
 /* The scalar forms of the four, shared by every table's tails and by the
  * scalar path (moments.c). */
-void zn_q8_dequant_scalar(const uint8_t *q, const float *map, float absmax, float *out, size_t n);
+void zn_q8_dequant_scalar(const uint8_t *q, const zn_q8_table *t, float absmax, float *out,
+                          size_t n);
 float zn_q8_quant_scalar(const float *x, const zn_q8_table *t, uint8_t *q, size_t n);
 void zn_bf16_widen_scalar(const uint16_t *h, float *out, size_t n);
 void zn_bf16_round_scalar(const float *x, uint16_t *out, size_t n);
@@ -203,9 +246,21 @@ extern const zn_optim_ops zn_optim_ops_scalar;
 extern const zn_optim_ops zn_optim_ops_avx2;
 extern const zn_optim_ops zn_optim_ops_avx512;
 
+/* The VBMI forms of the 8-bit pieces (optim_avx512vbmi.c). */
+extern const zn_q8_dequant_fn zn_q8_dequant_vbmi;
+extern const zn_q8_quant_fn zn_q8_quant_vbmi;
+
 /* The table of `isa` (ZN_ISA_AUTO: the one in use), or NULL when it is not
- * built in or the CPU lacks it. */
+ * built in or the CPU lacks it. For ZN_ISA_AVX512 on a CPU with AVX-512
+ * VBMI that is zn_optim_get_ops_vbmi()'s table, unless ZINC_SIMD_VBMI=0. */
 const zn_optim_ops *zn_optim_get_ops(zn_isa isa);
+
+/* The AVX-512 table with the VBMI 8-bit pieces (named "avx512vbmi"), or
+ * NULL when not built in or the CPU lacks AVX-512 VBMI; whether or not
+ * ZINC_SIMD_VBMI turned it off. zn_optim_get_ops_novbmi: the AVX-512 table
+ * without them (NULL without AVX-512), for tests and the benchmark. */
+const zn_optim_ops *zn_optim_get_ops_vbmi(void);
+const zn_optim_ops *zn_optim_get_ops_novbmi(void);
 
 /* The plain scalar loop of the benchmark (optim_plain.c, built without
  * vectorisation): fp32/bf16/fp16 grads, optional copy. */

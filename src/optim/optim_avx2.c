@@ -379,16 +379,17 @@ static inline __m128i lane_bytes(__m256i c)
     return _mm_unpacklo_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
 }
 
-static void avx2_q8_dequant(const uint8_t *q, const float *map, float absmax, float *out,
+static void avx2_q8_dequant(const uint8_t *q, const zn_q8_table *t, float absmax, float *out,
                             size_t n)
 {
+    const float *map = t->map;
     __m256 a = _mm256_set1_ps(absmax);
     size_t i = 0;
     for (; i + W <= n; i += W) {
         __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)));
         _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_i32gather_ps(map, idx, 4), a));
     }
-    zn_q8_dequant_scalar(q + i, map, absmax, out + i, n - i);
+    zn_q8_dequant_scalar(q + i, t, absmax, out + i, n - i);
 }
 
 static float avx2_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, size_t n)
