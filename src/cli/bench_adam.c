@@ -618,13 +618,24 @@ int zn_bench_adam(int argc, char **argv)
                  zn_mom_fmt_name((zn_mom_fmt)f));
         rows[nrows++] = rr;
         for (size_t i = 0; i < 3; i++) {
-            const zn_optim_ops *ops = zn_optim_get_ops(isas[i]);
+            const zn_optim_ops *ops = zn_optim_get_ops(isas[i]), *chosen = ops;
             if (!ops)
                 continue;
-            row r = { .kind = ROW_ADAM, .fmt = (zn_mom_fmt)f, .ops = ops, .is_auto = ops == best };
-            snprintf(r.name, sizeof r.name, f == ZN_MOM_F32 ? "adam %s" : "adam %s %s",
-                     f == ZN_MOM_F32 ? ops->name : zn_mom_fmt_name((zn_mom_fmt)f), ops->name);
-            rows[nrows++] = r;
+            /* The VBMI table differs from the AVX-512 one only in the 8-bit
+             * pieces: fp32 and bf16 rows name the AVX-512 one; int8 rows
+             * time both, so that one run compares them. */
+            const zn_optim_ops *no_vbmi = zn_optim_get_ops_novbmi();
+            int vbmi = isas[i] == ZN_ISA_AVX512 && ops != no_vbmi;
+            if (vbmi && f != ZN_MOM_Q8)
+                ops = no_vbmi;
+            for (int twice = 0; twice < 1 + (vbmi && f == ZN_MOM_Q8); twice++) {
+                const zn_optim_ops *x = twice ? no_vbmi : ops;
+                row r = { .kind = ROW_ADAM, .fmt = (zn_mom_fmt)f, .ops = x,
+                          .is_auto = chosen == best && !twice };
+                snprintf(r.name, sizeof r.name, f == ZN_MOM_F32 ? "adam %s" : "adam %s %s",
+                         f == ZN_MOM_F32 ? x->name : zn_mom_fmt_name((zn_mom_fmt)f), x->name);
+                rows[nrows++] = r;
+            }
         }
         if (f == ZN_MOM_F32)
             rows[nrows++] = (row){ .kind = ROW_PLAIN, .name = "plain" };
@@ -643,6 +654,9 @@ int zn_bench_adam(int argc, char **argv)
     for (size_t i = 0; i < 3; i++)
         printf(" %s%s", zn_isa_name(isas[i]), zn_adam_isa_available(isas[i]) ? "" : "(no)");
     printf("; the step uses %s (%s)", zn_adam_isa_name(), zn_adam_isa_reason());
+    if (zn_optim_get_ops_vbmi())
+        printf("; AVX-512 VBMI: 8-bit pieces %s", best == zn_optim_get_ops_vbmi()
+               ? "by byte permutes (ZINC_SIMD_VBMI=0 turns them off)" : "off (ZINC_SIMD_VBMI=0)");
     printf("\n# zinc %s, gcc %s, OpenMP %d, %d threads, THP %s\n", ZN_VERSION, __VERSION__,
            _OPENMP, o.threads, thp);
     printf("# %zu params, grad %s, copy %s%s, %d interleaved passes per row (best and mean "
@@ -753,7 +767,7 @@ int zn_bench_adam(int argc, char **argv)
 
     printf("# (fill/first touch %.2f s; %d Adam steps taken; copy check: %llu of %zu wrong)\n",
            fill_s, (int)(hp.step - 1), (unsigned long long)copy_bad, a.c ? o.n : (size_t)0);
-    printf("#\n# %-19s %10s %8s %10s %7s %7s %8s %9s %9s %7s\n", "row", "Mparam/s", "GB/s",
+    printf("#\n# %-22s %10s %8s %10s %7s %7s %8s %9s %9s %7s\n", "row", "Mparam/s", "GB/s",
            "roof GB/s", "ratio", "med", "x fp32", "best ms", "mean ms", "#wrong");
     FILE *csv = NULL;
     if (o.csv && !(csv = zn_bench_csv_open(o.csv, "unix_time,cpu,threads,params,grad,copy,"
@@ -772,8 +786,10 @@ int zn_bench_adam(int argc, char **argv)
         for (int q = 0; q < nrows; q++) {
             if (rows[q].kind == ROW_RMW && rows[q].fmt == w->fmt && !roof)
                 roof = &rows[q];
-            if (rows[q].kind == w->kind && rows[q].fmt == ZN_MOM_F32 && rows[q].ops == w->ops &&
-                !f32)
+            /* the same path: the same table, or AVX-512 with or without VBMI */
+            int same = rows[q].ops == w->ops || (rows[q].ops && w->ops &&
+                                                 rows[q].ops->isa == w->ops->isa);
+            if (rows[q].kind == w->kind && rows[q].fmt == ZN_MOM_F32 && same && !f32)
                 f32 = &rows[q];
         }
         double bpp = bytes_per_param(&o, w->fmt), mps, gbs;
@@ -792,7 +808,7 @@ int zn_bench_adam(int argc, char **argv)
         double vs = f32 && w->kind != ROW_TRIAD ? f32->best_s / w->best_s : NAN;
         char label[40];
         snprintf(label, sizeof label, "%s%s", w->name, w->is_auto ? " *" : "");
-        printf("  %-19s %10.1f %8.2f %10.2f %7.3f %7.3f %8.3f %9.1f %9.1f %7llu\n", label, mps,
+        printf("  %-22s %10.1f %8.2f %10.2f %7.3f %7.3f %8.3f %9.1f %9.1f %7llu\n", label, mps,
                gbs, roof_gbs, ratio, med, vs, w->best_s * 1e3, w->sum_s / w->runs * 1e3,
                (unsigned long long)w->wrong);
         if (csv)
