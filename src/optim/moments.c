@@ -431,7 +431,10 @@ static void mom_range(const mom_job *j, size_t lo, size_t hi)
         size_t len = hi - i < ZN_Q8_BLOCK ? hi - i : ZN_Q8_BLOCK;
         size_t b = i / ZN_Q8_BLOCK;
         char *c = j->c ? j->c + i * 2 : NULL;
-        if (j->fmt == ZN_MOM_Q8) {
+        if (j->fmt == ZN_MOM_Q8 && o->q8_step) {
+            o->q8_step(j->k, j->p + i, (uint8_t *)j->m + i, (uint8_t *)j->v + i, &j->am[b],
+                       &j->av[b], j->ts, j->tu, j->g + i * j->gs, j->gt, c, j->ct, len);
+        } else if (j->fmt == ZN_MOM_Q8) {
             uint8_t *mq = (uint8_t *)j->m + i, *vq = (uint8_t *)j->v + i;
             o->q8_dequant(mq, j->ts, j->am[b], mb, len);
             o->q8_dequant(vq, j->tu, j->av[b], vb, len);

@@ -155,6 +155,15 @@ typedef void (*zn_rmw_mom_fn)(float *p, void *m, void *v, int mb, float *am, flo
 typedef void (*zn_sr_round_fn)(const float *x, uint16_t *out, size_t n, uint32_t k1,
                                uint32_t k2, uint32_t idx_lo);
 
+/* One block of the 8-bit step, fused (n <= ZN_Q8_BLOCK): dequantize m and
+ * v, step them as the path's adam kernel does, store the new absmax
+ * (*am, *av) and codes. Optional (NULL: moments.c runs the pieces); the
+ * same bits as the pieces. */
+typedef void (*zn_q8_step_fn)(const zn_adam_consts *k, float *p, uint8_t *mq, uint8_t *vq,
+                              float *am, float *av, const zn_q8_table *ts,
+                              const zn_q8_table *tu, const void *g, zn_dtype g_dtype, void *c,
+                              zn_dtype c_dtype, size_t n);
+
 typedef struct {
     zn_isa isa;
     const char *name;
@@ -168,6 +177,7 @@ typedef struct {
     zn_bf16_round_fn bf16_round;
     zn_rmw_mom_fn rmw_mom;
     zn_sr_round_fn sr_round;
+    zn_q8_step_fn q8_step;
 } zn_optim_ops;
 
 /* zn_adam_step_mom with an explicit path (tests, benchmark). */
@@ -249,6 +259,7 @@ extern const zn_optim_ops zn_optim_ops_avx512;
 /* The VBMI forms of the 8-bit pieces (optim_avx512vbmi.c). */
 extern const zn_q8_dequant_fn zn_q8_dequant_vbmi;
 extern const zn_q8_quant_fn zn_q8_quant_vbmi;
+extern const zn_q8_step_fn zn_q8_step_vbmi;
 
 /* The table of `isa` (ZN_ISA_AUTO: the one in use), or NULL when it is not
  * built in or the CPU lacks it. For ZN_ISA_AVX512 on a CPU with AVX-512

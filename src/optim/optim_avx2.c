@@ -566,6 +566,6 @@ static void avx2_sr_round(const float *x, uint16_t *out, size_t n, uint32_t k1, 
 const zn_optim_ops zn_optim_ops_avx2 = {
     ZN_ISA_AVX2, "avx2", avx2_adam, avx2_norm_chunk, avx2_rmw, avx2_triad,
     avx2_q8_dequant, avx2_q8_quant, avx2_bf16_widen, avx2_bf16_round, avx2_rmw_mom,
-    avx2_sr_round,
+    avx2_sr_round, NULL,
 };
 #endif

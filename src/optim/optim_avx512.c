@@ -423,5 +423,6 @@ const zn_optim_ops ZN_AVX512_OPS = {
     ZN_ISA_AVX512, "avx512", avx512_adam, avx512_norm_chunk, avx512_rmw, avx512_triad,
     avx512_q8_dequant, avx512_q8_quant, avx512_bf16_widen, avx512_bf16_round, avx512_rmw_mom,
     avx512_sr_round,
+    NULL,   /* no fused 8-bit block: moments.c runs the pieces */
 };
 #endif

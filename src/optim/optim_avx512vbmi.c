@@ -39,36 +39,43 @@ static inline __m512i lookup256(const uint8_t *t, __m512i c, __mmask64 hi)
  * k, comes from position 16L + 4r + k and is element 16r + 4L + k. Where
  * the AVX-512 path runs 8 two-register permutes and 7 blends per 16
  * codes, this runs about 30 instructions per 64. */
-static void vbmi_q8_dequant(const uint8_t *q, const zn_q8_table *t, float absmax, float *out,
-                            size_t n)
-{
-    static const uint8_t order[64] __attribute__((aligned(64))) = {
+static const uint8_t map_order[64] __attribute__((aligned(64))) = {
 #define ROW(L) 4 * L + 0, 4 * L + 1, 4 * L + 2, 4 * L + 3, 16 + 4 * L, 17 + 4 * L, 18 + 4 * L, \
                19 + 4 * L, 32 + 4 * L, 33 + 4 * L, 34 + 4 * L, 35 + 4 * L, 48 + 4 * L,         \
                49 + 4 * L, 50 + 4 * L, 51 + 4 * L
-        ROW(0), ROW(1), ROW(2), ROW(3),
+    ROW(0), ROW(1), ROW(2), ROW(3),
 #undef ROW
-    };
-    const __m512i perm = _mm512_load_si512(order);
+};
+
+/* map[q[e]] for the 64 codes at q (left of them valid) into r[0..3]. */
+static inline __attribute__((always_inline)) void map64(const zn_q8_table *t, const uint8_t *q,
+                                                        size_t left, __m512 r[4])
+{
+    __m512i c = _mm512_maskz_loadu_epi8(mask64(left), q);
+    c = _mm512_permutexvar_epi8(_mm512_load_si512(map_order), c);
+    __mmask64 hi = _mm512_movepi8_mask(c);
+    __m512i b0 = lookup256(t->map_plane[0], c, hi), b1 = lookup256(t->map_plane[1], c, hi);
+    __m512i b2 = lookup256(t->map_plane[2], c, hi), b3 = lookup256(t->map_plane[3], c, hi);
+    __m512i w01lo = _mm512_unpacklo_epi8(b0, b1), w01hi = _mm512_unpackhi_epi8(b0, b1);
+    __m512i w23lo = _mm512_unpacklo_epi8(b2, b3), w23hi = _mm512_unpackhi_epi8(b2, b3);
+    r[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01lo, w23lo));
+    r[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01lo, w23lo));
+    r[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01hi, w23hi));
+    r[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01hi, w23hi));
+}
+
+static void vbmi_q8_dequant(const uint8_t *q, const zn_q8_table *t, float absmax, float *out,
+                            size_t n)
+{
     const __m512 a = _mm512_set1_ps(absmax);
     for (size_t i = 0; i < n; i += V) {
-        __m512i c = _mm512_maskz_loadu_epi8(mask64(n - i), q + i);
-        c = _mm512_permutexvar_epi8(perm, c);
-        __mmask64 hi = _mm512_movepi8_mask(c);
-        __m512i b0 = lookup256(t->map_plane[0], c, hi), b1 = lookup256(t->map_plane[1], c, hi);
-        __m512i b2 = lookup256(t->map_plane[2], c, hi), b3 = lookup256(t->map_plane[3], c, hi);
-        __m512i w01lo = _mm512_unpacklo_epi8(b0, b1), w01hi = _mm512_unpackhi_epi8(b0, b1);
-        __m512i w23lo = _mm512_unpacklo_epi8(b2, b3), w23hi = _mm512_unpackhi_epi8(b2, b3);
-        __m512i r[4] = {
-            _mm512_unpacklo_epi16(w01lo, w23lo), _mm512_unpackhi_epi16(w01lo, w23lo),
-            _mm512_unpacklo_epi16(w01hi, w23hi), _mm512_unpackhi_epi16(w01hi, w23hi),
-        };
+        __m512 r[4];
+        map64(t, q + i, n - i, r);
         #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
             size_t at = i + 16 * (size_t)k;
             if (at < n)
-                _mm512_mask_storeu_ps(out + at, mask16(n - at),
-                                      _mm512_mul_ps(_mm512_castsi512_ps(r[k]), a));
+                _mm512_mask_storeu_ps(out + at, mask16(n - at), _mm512_mul_ps(r[k], a));
         }
     }
 }
@@ -162,16 +169,12 @@ search64(const qconsts *Q, const zn_q8_table *t, const float *x, size_t left)
     return _mm512_mask_add_epi8(j, same & below, j, Q->one);
 }
 
-static float vbmi_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, size_t n)
+/* The codes of x[0, n) for a block whose largest |x| is amax; returns the
+ * scale (zn_q8_quant_fn). */
+static inline __attribute__((always_inline)) float
+quant_codes(const float *x, const zn_q8_table *t, uint8_t *q, size_t n, float amax)
 {
-    const __m512i sign = _mm512_set1_epi32(0x7fffffff);
-    __m512 mx = _mm512_setzero_ps();
-    for (size_t i = 0; i < n; i += 16) {
-        __m512 a = _mm512_castsi512_ps(_mm512_and_si512(
-            _mm512_castps_si512(_mm512_maskz_loadu_ps(mask16(n - i), x + i)), sign));
-        mx = _mm512_max_ps(a, mx);   /* a NaN lane keeps mx, as the scalar form */
-    }
-    float scale = zn_q8_scale(t, _mm512_reduce_max_ps(mx));
+    float scale = zn_q8_scale(t, amax);
     if (scale == 0.0f) {
         memset(q, 0, n);
         return scale;
@@ -226,7 +229,139 @@ static float vbmi_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, siz
     return scale;
 }
 
+static float vbmi_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, size_t n)
+{
+    const __m512i sign = _mm512_set1_epi32(0x7fffffff);
+    __m512 mx = _mm512_setzero_ps();
+    for (size_t i = 0; i < n; i += 16) {
+        __m512 a = _mm512_castsi512_ps(_mm512_and_si512(
+            _mm512_castps_si512(_mm512_maskz_loadu_ps(mask16(n - i), x + i)), sign));
+        mx = _mm512_max_ps(a, mx);   /* a NaN lane keeps mx, as the scalar form */
+    }
+    return quant_codes(x, t, q, n, _mm512_reduce_max_ps(mx));
+}
+
+/* ---- one block fused ------------------------------------------------------
+ * The pieces above, and between them the AVX-512 path's Adam formula
+ * (optim_avx512.c, vec16: the same operations in the same order, so the
+ * same bits; tests/test_adam_q8.c compares the two paths' states), with
+ * the moments taken from the dequantize in registers and their absmax
+ * kept in registers on the way out: the block's fp32 moments are written
+ * to L1 once and read once (by the quantize), where the pieces wrote and
+ * read them three times and ran a separate absmax pass. */
+
+static inline __m512 load_g(const void *g, zn_dtype gt, size_t i, __mmask16 k)
+{
+    if (gt == ZN_DTYPE_F32)
+        return _mm512_maskz_loadu_ps(k, (const float *)g + i);
+    __m256i h = _mm256_maskz_loadu_epi16(k, (const uint16_t *)g + i);
+    if (gt == ZN_DTYPE_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+static inline __m256i round16(__m512 x, zn_dtype ct)
+{
+    if (ct == ZN_DTYPE_F16)
+        return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512i u = _mm512_castps_si512(x);
+    __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)),
+                                                     _mm512_set1_epi32(0x7fff)));
+    r = _mm512_srli_epi32(r, 16);
+    __mmask16 isnan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, isnan, hi, _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+static inline __attribute__((always_inline)) void
+step_body(const zn_adam_consts *k, float *p, uint8_t *mq, uint8_t *vq, float *am, float *av,
+          const zn_q8_table *ts, const zn_q8_table *tu, const void *g, zn_dtype gt, void *c,
+          zn_dtype ct, size_t n)
+{
+    float mb[ZN_Q8_BLOCK] __attribute__((aligned(64)));
+    float vb[ZN_Q8_BLOCK] __attribute__((aligned(64)));
+    const __m512 b1 = _mm512_set1_ps(k->b1), omb1 = _mm512_set1_ps(k->omb1);
+    const __m512 omb2 = _mm512_set1_ps(k->omb2), step = _mm512_set1_ps(k->step_size);
+    const __m512 eps = _mm512_set1_ps(k->eps), gs = _mm512_set1_ps(k->g_scale);
+    const __m512 l2 = _mm512_set1_ps(k->l2), decay = _mm512_set1_ps(k->decay);
+    const __m512 sam = _mm512_set1_ps(*am), sav = _mm512_set1_ps(*av);
+    const __m512i sign = _mm512_set1_epi32(0x7fffffff);
+    const int scale = k->g_scale != 1.0f, use_l2 = k->use_l2, use_decay = k->use_decay;
+    /* as adam_body with copy_stream set (moments.c sets it) */
+    const int nt = zn_optim_nt_copy && c && ((uintptr_t)c & 31) == 0;
+    __m512 mxm = _mm512_setzero_ps(), mxv = _mm512_setzero_ps();
+    for (size_t i = 0; i < n; i += V) {
+        __m512 mr[4], vr[4];
+        map64(ts, mq + i, n - i, mr);
+        map64(tu, vq + i, n - i, vr);
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            size_t at = i + 16 * (size_t)r;
+            if (at >= n)
+                break;
+            __mmask16 mk = mask16(n - at);
+            __m512 pv = _mm512_maskz_loadu_ps(mk, p + at), gv = load_g(g, gt, at, mk);
+            __m512 mv = _mm512_mul_ps(mr[r], sam), vv = _mm512_mul_ps(vr[r], sav);
+            if (scale)
+                gv = _mm512_mul_ps(gv, gs);
+            if (use_l2)
+                gv = _mm512_fmadd_ps(pv, l2, gv);
+            mv = _mm512_fmadd_ps(b1, mv, _mm512_mul_ps(omb1, gv));
+            vv = _mm512_fmadd_ps(omb2, _mm512_fmsub_ps(gv, gv, vv), vv);
+            __m512 upd = _mm512_div_ps(mv, _mm512_add_ps(_mm512_sqrt_ps(vv), eps));
+            if (use_decay) {
+                __m512 dp = _mm512_fmadd_ps(pv, decay, _mm512_mul_ps(step, upd));
+                pv = _mm512_add_ps(pv, dp);
+            } else {
+                pv = _mm512_fmadd_ps(step, upd, pv);
+            }
+            _mm512_mask_storeu_ps(p + at, mk, pv);
+            _mm512_store_ps(mb + at, mv);
+            _mm512_store_ps(vb + at, vv);
+            /* a NaN lane keeps the maximum, as the scalar form */
+            mxm = _mm512_mask_max_ps(mxm, mk, _mm512_castsi512_ps(_mm512_and_si512(
+                                                  _mm512_castps_si512(mv), sign)), mxm);
+            mxv = _mm512_mask_max_ps(mxv, mk, _mm512_castsi512_ps(_mm512_and_si512(
+                                                  _mm512_castps_si512(vv), sign)), mxv);
+            if (c) {
+                __m256i h = round16(pv, ct);
+                if (nt && mk == 0xffff)
+                    _mm256_stream_si256((__m256i *)((uint16_t *)c + at), h);
+                else
+                    _mm256_mask_storeu_epi16((uint16_t *)c + at, mk, h);
+            }
+        }
+    }
+    if (nt)
+        _mm_sfence();
+    *am = quant_codes(mb, ts, mq, n, _mm512_reduce_max_ps(mxm));
+    *av = quant_codes(vb, tu, vq, n, _mm512_reduce_max_ps(mxv));
+}
+
+static void vbmi_q8_step(const zn_adam_consts *k, float *p, uint8_t *mq, uint8_t *vq, float *am,
+                         float *av, const zn_q8_table *ts, const zn_q8_table *tu, const void *g,
+                         zn_dtype gt, void *c, zn_dtype ct, size_t n)
+{
+#define CASE(G, C, CP)                                                              \
+    if (gt == (G) && (CP) == (c != NULL) && (!(CP) || ct == (C))) {                 \
+        step_body(k, p, mq, vq, am, av, ts, tu, g, G, c, C, n);                     \
+        return;                                                                     \
+    }
+    CASE(ZN_DTYPE_F32, ZN_DTYPE_BF16, 0)
+    CASE(ZN_DTYPE_F32, ZN_DTYPE_BF16, 1)
+    CASE(ZN_DTYPE_F32, ZN_DTYPE_F16, 1)
+    CASE(ZN_DTYPE_BF16, ZN_DTYPE_BF16, 0)
+    CASE(ZN_DTYPE_BF16, ZN_DTYPE_BF16, 1)
+    CASE(ZN_DTYPE_BF16, ZN_DTYPE_F16, 1)
+    CASE(ZN_DTYPE_F16, ZN_DTYPE_BF16, 0)
+    CASE(ZN_DTYPE_F16, ZN_DTYPE_BF16, 1)
+    CASE(ZN_DTYPE_F16, ZN_DTYPE_F16, 1)
+#undef CASE
+}
+
 const zn_q8_dequant_fn zn_q8_dequant_vbmi = vbmi_q8_dequant;
+const zn_q8_step_fn zn_q8_step_vbmi = vbmi_q8_step;
 const zn_q8_quant_fn zn_q8_quant_vbmi = vbmi_q8_quant;
 #endif
 
