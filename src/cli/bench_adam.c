@@ -515,7 +515,9 @@ static void usage(FILE *f)
             "             blockwise, bitsandbytes' scheme); each with its own roofline\n"
             "Rows: rmw (Adam's memory pattern, no arithmetic: the roofline), triad\n"
             "(STREAM, same memory), adam <path> for each SIMD path of this CPU (* the\n"
-            "one ZINC_SIMD/auto picks), plain (scalar loop built without vector code).\n");
+            "one ZINC_SIMD/auto picks), plain (scalar loop built without vector code).\n"
+            "On a CPU with AVX-512 VBMI, int8 rows time avx512vbmi (byte-permute lookups,\n"
+            "the default; ZINC_SIMD_VBMI=0 turns it off) and avx512 (gathers) both.\n");
 }
 
 int zn_bench_adam(int argc, char **argv)
