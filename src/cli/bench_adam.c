@@ -611,6 +611,8 @@ int zn_bench_adam(int argc, char **argv)
     const zn_optim_ops *best = zn_optim_get_ops(ZN_ISA_AUTO), *widest = NULL;
     for (size_t i = 0; i < 3 && !widest; i++)
         widest = zn_optim_get_ops(isas[i]);
+    if (widest && widest->isa == ZN_ISA_AVX512)
+        widest = zn_optim_get_ops_novbmi();   /* the same ceilings, by their own name */
     rows[nrows++] = (row){ .kind = ROW_TRIAD, .name = "triad", .ops = widest };
     for (int f = ZN_MOM_F32; f <= ZN_MOM_Q8; f++) {
         if (!((o.fmts >> f) & 1))
