@@ -297,8 +297,19 @@ static int state_same(const state *a, const state *b, zn_mom_fmt f, size_t n)
            (f != ZN_MOM_Q8 || (!memcmp(a->am, b->am, nb * 4) && !memcmp(a->av, b->av, nb * 4)));
 }
 
+static void run_steps_as(const zn_optim_ops *ops, state *s, zn_mom_fmt f, size_t n,
+                         int threads, zn_dtype gt, int adamw, zn_dtype ct);
+
 static void run_steps(const zn_optim_ops *ops, state *s, zn_mom_fmt f, size_t n, int threads,
                       zn_dtype gt)
+{
+    run_steps_as(ops, s, f, n, threads, gt, 1, ZN_DTYPE_BF16);
+}
+
+/* 5 steps with gradients of type gt (f32, bf16 or f16), AdamW or Adam
+ * with L2 (adamw 0), a copy of type ct */
+static void run_steps_as(const zn_optim_ops *ops, state *s, zn_mom_fmt f, size_t n,
+                         int threads, zn_dtype gt, int adamw, zn_dtype ct)
 {
     void *g = xmalloc(n * 4);
     for (int k = 1; k <= 5; k++) {
@@ -307,15 +318,18 @@ static void run_steps(const zn_optim_ops *ops, state *s, zn_mom_fmt f, size_t n,
             float x = (float)(mag * ((double)(mix(k * 31u + i * 3) >> 11) * 0x1p-53 - 0.5));
             if (gt == ZN_DTYPE_F32)
                 ((float *)g)[i] = x;
-            else
+            else if (gt == ZN_DTYPE_BF16)
                 ((uint16_t *)g)[i] = zn_f32_to_bf16(x);
+            else
+                ((uint16_t *)g)[i] = zn_f16_round(x);
         }
         zn_adam_params hp = zn_adam_params_default();
         hp.step = k;
         hp.weight_decay = 0.01f;
+        hp.adamw_mode = adamw;
         hp.threads = threads;
         zn_moments mv = { f, s->m, s->v, s->am, s->av, ZN_Q8_BNB };
-        int rc = zn_adam_step_mom_with(ops, &hp, s->p, &mv, g, gt, 0.5f, s->c, ZN_DTYPE_BF16, n);
+        int rc = zn_adam_step_mom_with(ops, &hp, s->p, &mv, g, gt, 0.5f, s->c, ct, n);
         ZT_CHECK_MSG(rc == 0, "step: %s", zn_last_error());
     }
     free(g);
@@ -350,6 +364,41 @@ static void check_identity(const zn_optim_ops *const *ops, int nops)
                     state_free(&s);
                 }
                 state_free(&one);
+            }
+            state_free(&ref);
+        }
+    }
+}
+
+/* The kernels' other variants (fp16 gradients and copy, Adam with L2) on
+ * every vector path, whose int8 steps must agree bit for bit: the VBMI
+ * path fuses a block into one pass with its own copy of the Adam formula. */
+static void check_identity_variants(const zn_optim_ops *const *ops, int nops)
+{
+    static const size_t sizes[] = { 200, 4097 };
+    const zn_optim_ops *first = NULL;
+    for (int o = 0; o < nops && !first; o++)
+        first = ops[o]->isa != ZN_ISA_SCALAR ? ops[o] : NULL;
+    if (!first)
+        return;
+    for (size_t si = 0; si < 2; si++) {
+        for (int var = 0; var < 3; var++) {
+            size_t n = sizes[si];
+            zn_dtype gt = var == 0 ? ZN_DTYPE_F16 : ZN_DTYPE_BF16;
+            zn_dtype ct = var == 1 ? ZN_DTYPE_F16 : ZN_DTYPE_BF16;
+            int adamw = var != 2;
+            state ref;
+            state_init(&ref, ZN_MOM_Q8, n, n + (size_t)var);
+            run_steps_as(first, &ref, ZN_MOM_Q8, n, 1, gt, adamw, ct);
+            for (int o = 0; o < nops; o++) {
+                if (ops[o]->isa == ZN_ISA_SCALAR || ops[o] == first)
+                    continue;
+                state s;
+                state_init(&s, ZN_MOM_Q8, n, n + (size_t)var);
+                run_steps_as(ops[o], &s, ZN_MOM_Q8, n, 2, gt, adamw, ct);
+                ZT_CHECK_MSG(state_same(&s, &ref, ZN_MOM_Q8, n), "int8 moments, n %zu, variant "
+                             "%d: %s differs from %s", n, var, ops[o]->name, first->name);
+                state_free(&s);
             }
             state_free(&ref);
         }
@@ -696,6 +745,7 @@ int main(void)
             for (int th = 1; th <= 2; th++)
                 check_bnb_step(st, &fm, k, ops[o], th);
     check_identity(ops, nops);
+    check_identity_variants(ops, nops);
     check_pieces(ops, nops);
     check_sweep(ops, nops);
     for (int o = 0; o < nops; o++)
