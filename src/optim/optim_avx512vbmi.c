@@ -1,8 +1,9 @@
-/* The 8-bit moments' dequantize and quantize with AVX-512 VBMI byte
- * permutes (vpermb, vpermi2b: 64 byte lanes looked up in one instruction
- * from a 64- or 128-byte table), for CPUs that have VBMI (Intel since Ice
- * Lake, AMD Zen 4). adam.c checks the CPU and puts these two into a copy
- * of the AVX-512 table; everything else is the AVX-512 path's. */
+/* The 8-bit moments' dequantize, quantize and fused block step with
+ * AVX-512 VBMI byte permutes (vpermb, vpermi2b: 64 byte lanes looked up in
+ * one instruction from a 64- or 128-byte table), for CPUs that have VBMI
+ * (Intel since Ice Lake, AMD Zen 4): no gathers, which are slow on Zen 4.
+ * adam.c checks the CPU and puts these three into a copy of the AVX-512
+ * table; everything else is the AVX-512 path's. */
 #include "optim/optim-impl.h"
 
 #if ZN_OPTIM_X86
@@ -98,7 +99,8 @@ static inline void planes(const __m512i k[4], __m512i idx, __m512i *ph, __m512i 
  * bytes, look up the four byte planes of their midpoint's key, which adds
  * one where that key is below the element's. On AMD Zen 4 (256 elements
  * in L1, best of 200 x 3000 calls, interleaved, one session): 0.605 ns per
- * element against the AVX-512 path's gather 0.628; the same search in 64
+ * element (0.556 with two blocks at once, below) against the AVX-512
+ * path's gather 0.628; the same search in 64
  * byte lanes (two-byte compares in masks) took 0.70, and the gather with
  * its codes packed by one byte permute per 64 instead of a vpmovdb store
  * per 16 took 0.62: the gather, not the store, is that path's cost. */
