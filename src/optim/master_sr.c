@@ -120,8 +120,8 @@ static void sr_range(const sr_job *j, size_t lo, size_t hi)
             o->bf16_round(vb, vh, len);
         } else {
             uint8_t *mq = (uint8_t *)mv->m + i, *vq = (uint8_t *)mv->v + i;
-            o->q8_dequant(mq, j->ts->map, mv->m_absmax[b], mb, len);
-            o->q8_dequant(vq, j->tu->map, mv->v_absmax[b], vb, len);
+            o->q8_dequant(mq, j->ts, mv->m_absmax[b], mb, len);
+            o->q8_dequant(vq, j->tu, mv->v_absmax[b], vb, len);
             j->adam(j->k, pb, mb, vb, g, j->gt, NULL, ZN_DTYPE_BF16, len);
             mv->m_absmax[b] = o->q8_quant(mb, j->ts, mq, len);
             mv->v_absmax[b] = o->q8_quant(vb, j->tu, vq, len);
