@@ -134,6 +134,11 @@ typedef struct {
                                       pinned cache moves, per decoding step and sequence at
                                       context c, c x this in and 1 x this out */
     uint64_t kv_in_bytes, kv_out_bytes; /* pinned cache: bytes copied in and out so far */
+    /* what crosses the link per token whatever the placement: an embedding
+     * row gathered on the host (0 when the embedding is on the device) and a
+     * row of fp32 logits back; and their bytes so far */
+    uint64_t embed_row_bytes, logits_row_bytes;
+    uint64_t embed_in_bytes, logits_out_bytes;
 } zn_gen_placement;
 
 ZN_API void zn_gen_get_placement(const zn_gen *g, zn_gen_placement *p);

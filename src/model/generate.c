@@ -207,6 +207,7 @@ static int embed(zn_gen *g, const int32_t *ids, int64_t N, void *x)
     for (int64_t t = 0; t < N; t++)
         memcpy((unsigned char *)g->hx + (size_t)t * row,
                (const unsigned char *)g->home[0] + (size_t)ids[t] * row, row);
+    g->embed_in_bytes += (uint64_t)N * row;
     return zn_dev_copy_h2d(g->dev, NULL, x, g->hx, (size_t)N * row);
 }
 
@@ -269,6 +270,7 @@ static int step(zn_gen *g, const int32_t *ids, int64_t nb, int64_t T, const int6
         i = j;
     }
     ZN_TRY(zn_dev_copy_d2h(g->dev, NULL, g->logits, g->dlogits, (size_t)(nrows * g->V) * 4));
+    g->logits_out_bytes += (uint64_t)(nrows * g->V) * 4;
     ZN_TRY(zn_dev_stream_sync(g->dev, NULL));
     g->nrows = nrows;
     return 0;

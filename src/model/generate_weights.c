@@ -237,6 +237,9 @@ void zn_gen_get_placement(const zn_gen *g, zn_gen_placement *p)
     p->kv_device_bytes = g->kv_pinned ? (uint64_t)g->kv_K * g->kv_layer : p->kv_bytes;
     p->kv_in_bytes = g->kv_in_bytes;
     p->kv_out_bytes = g->kv_out_bytes;
+    p->logits_row_bytes = (uint64_t)g->V * 4;
+    p->embed_in_bytes = g->embed_in_bytes;
+    p->logits_out_bytes = g->logits_out_bytes;
     if (g->st) {
         p->resident_layers = (int)g->L;
         p->embed_resident = 1;
@@ -247,6 +250,8 @@ void zn_gen_get_placement(const zn_gen *g, zn_gen_placement *p)
     p->ring = g->K;
     p->layer_bytes = g->bytes[1];
     p->embed_resident = g->on_dev[0] || d->tie_embeddings;
+    /* generate.c's embed() gathers on the host exactly when this holds */
+    p->embed_row_bytes = !g->on_dev[0] && g->hx ? (uint64_t)g->H * g->esz : 0;
     for (int b = 0; b < g->nb; b++) {
         if (g->on_dev[b])
             p->device_weight_bytes += g->bytes[b];

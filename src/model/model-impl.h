@@ -315,6 +315,8 @@ struct zn_gen {
     zn_stream *kv_in, *kv_out;
     uint64_t kv_use;
     uint64_t kv_in_bytes, kv_out_bytes;
+    /* gathered embedding rows in, logits out, so far (zn_gen_placement) */
+    uint64_t embed_in_bytes, logits_out_bytes;
     /* the step being run: its sequences' cache slots, first positions and
      * new tokens each (zn_model_set_decode's) */
     int64_t cur_nb, cur_T;
