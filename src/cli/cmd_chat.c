@@ -21,7 +21,7 @@ static void chat_usage(FILE *f)
             "                 [--max-new-tokens N] [--do-sample | --greedy] [--temperature T]\n"
             "                 [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]\n"
             "                 [--context N] [--device auto|host|cuda[:N]] [--dtype f32|bf16]\n"
-            "                 [--gpu-mem SIZE] [--nvme DIR]\n"
+            "                 [--gpu-mem SIZE] [--nvme DIR] [--kv-cache auto|device|pinned]\n"
             "A conversation through the folder's chat template: each line you type is a\n"
             "user turn, the reply streams as it is decoded, and the whole history is the\n"
             "next prompt. /reset forgets the history, /system TEXT sets the system prompt\n"
@@ -37,7 +37,7 @@ int zn_cmd_chat(int argc, char **argv)
     const char *system = NULL;
     double context = 0;
     decode_flags df = DECODE_FLAGS_UNSET;
-    int ret = 1, rc;
+    int ret = 1, rc, kv_home = ZN_GEN_KV_AUTO;
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' },
         { "adapter", required_argument, 0, 'a' },
@@ -49,6 +49,7 @@ int zn_cmd_chat(int argc, char **argv)
         { "dtype", required_argument, 0, 't' },
         { "gpu-mem", required_argument, 0, 'g' },
         { "nvme", required_argument, 0, 'V' },
+        { "kv-cache", required_argument, 0, 'Y' },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
@@ -68,6 +69,7 @@ int zn_cmd_chat(int argc, char **argv)
         case 't': dtype = optarg; break;
         case 'g': gpu_mem = optarg; break;
         case 'V': nvme = optarg; break;
+        case 'Y': bad = zn_gc_kv_flag(optarg, &kv_home, "chat"); break;
         case 'h': chat_usage(stdout); return 0;
         default: chat_usage(stderr); return 2;
         }
@@ -102,8 +104,15 @@ int zn_cmd_chat(int argc, char **argv)
     if (tok.eos && !gp.n_eos)
         zn_gc_eos_from(&gp, tok.eos);
     zn_gc_install_signals();
-    if ((ret = zn_gc_engine_open(&en, &d, model, adapter, ckpt, device, dtype, gpu_mem, nvme,
-                                 ctx, 1, 0, "chat"))) {
+    gen_place gpo = GEN_PLACE_DEFAULT;
+    gpo.device = device;
+    gpo.dtype = dtype;
+    gpo.gpu_mem = gpu_mem;
+    gpo.nvme = nvme;
+    gpo.ctx = ctx;
+    gpo.batch = 1;
+    gpo.kv_home = kv_home;
+    if ((ret = zn_gc_engine_open(&en, &d, model, adapter, ckpt, &gpo, 0, "chat"))) {
         if (ret != 2)
             ret = 1;
         zn_gc_tok_close(&tok);

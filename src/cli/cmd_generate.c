@@ -36,7 +36,7 @@ static void usage(FILE *f)
             "                     [--temperature T] [--top-k K] [--top-p P]\n"
             "                     [--repetition-penalty R] [--seed S] [--batch-size B]\n"
             "                     [--context N] [--device auto|host|cuda[:N]] [--dtype f32|bf16]\n"
-            "                     [--gpu-mem SIZE] [--nvme DIR] [--json]\n"
+            "                     [--gpu-mem SIZE] [--nvme DIR] [--kv-cache WHERE] [--json]\n"
             "                     [--plan [--target NAME] [--recalibrate]]\n"
             "  --model      Hugging Face folder (config.json, safetensors; tokenizer.json\n"
             "               and tokenizer_config.json for text), e.g. a `zinc export`\n"
@@ -61,6 +61,9 @@ static void usage(FILE *f)
             "               and stream through the device layer by layer each step\n"
             "  --nvme DIR   home the streamed layers on NVMe in DIR instead of pinned RAM\n"
             "               (a swap file, removed at exit): for models beyond the RAM\n"
+            "  --kv-cache   auto (default: on the device when it fits beside the weights'\n"
+            "               least, else in pinned RAM), device or pinned: there, or refused;\n"
+            "               pinned, each layer's cache crosses the link around its attention\n"
             "  --plan       print what is on the device, what streams, the KV cache and\n"
             "               the bound streaming puts on decode tokens/s, then stop\n"
             "               (nothing loaded); the bound divides by this machine's link\n"
@@ -98,6 +101,7 @@ int zn_cmd_generate(int argc, char **argv)
         { "dtype", required_argument, 0, 't' },
         { "gpu-mem", required_argument, 0, 'g' },
         { "nvme", required_argument, 0, 'V' },
+        { "kv-cache", required_argument, 0, 'Y' },
         { "json", no_argument, 0, 'j' },
         { "plan", no_argument, 0, 'L' },
         { "target", required_argument, 0, 'R' },
@@ -105,7 +109,7 @@ int zn_cmd_generate(int argc, char **argv)
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
-    int plan_only = 0, recalibrate = 0;
+    int plan_only = 0, recalibrate = 0, kv_home = ZN_GEN_KV_AUTO;
     const char *target = NULL;
     optind = 1;
     for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
@@ -131,6 +135,7 @@ int zn_cmd_generate(int argc, char **argv)
         case 't': dtype = optarg; break;
         case 'g': gpu_mem = optarg; break;
         case 'V': nvme = optarg; break;
+        case 'Y': bad = zn_gc_kv_flag(optarg, &kv_home, "generate"); break;
         case 'j': json_out = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -273,9 +278,15 @@ int zn_cmd_generate(int argc, char **argv)
     int64_t B = (int64_t)batch < pr.n ? (int64_t)batch : pr.n;
 
     zn_gc_install_signals();
-    if ((ret = zn_gc_engine_open(&en, &d, model, adapter, ckpt, device, dtype, gpu_mem, nvme,
-                                 ctx, B, plan_only,
-                           "generate"))) {
+    gen_place gpo = GEN_PLACE_DEFAULT;
+    gpo.device = device;
+    gpo.dtype = dtype;
+    gpo.gpu_mem = gpu_mem;
+    gpo.nvme = nvme;
+    gpo.ctx = ctx;
+    gpo.batch = B;
+    gpo.kv_home = kv_home;
+    if ((ret = zn_gc_engine_open(&en, &d, model, adapter, ckpt, &gpo, plan_only, "generate"))) {
         if (ret != 2)
             ret = 1;
         goto out;

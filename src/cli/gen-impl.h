@@ -50,11 +50,33 @@ typedef struct {
     { "top-k", required_argument, 0, 'k' }, { "top-p", required_argument, 0, 'q' },          \
     { "repetition-penalty", required_argument, 0, 'r' }, { "seed", required_argument, 0, 's' }
 
+/* How a command places the model: `zinc generate`, `zinc chat` and `zinc
+ * bench generate` all go through zn_gc_gen_place with these, so the bench
+ * measures the placement generate would make for the same settings. */
+typedef struct {
+    const char *device, *dtype, *gpu_mem, *nvme; /* --device, --dtype, --gpu-mem, --nvme */
+    int64_t ctx;   /* tokens per sequence (prompt and generated) */
+    int64_t batch; /* sequences decoded together */
+    int kv_home;   /* --kv-cache: ZN_GEN_KV_AUTO, _DEVICE or _PINNED */
+    int resident;  /* bench --resident: at most this many layers on the device; -1: all that fit */
+    int ring;      /* bench --ring: device slots for streamed layers */
+} gen_place;
+
+#define GEN_PLACE_DEFAULT { "auto", NULL, NULL, NULL, 0, 1, ZN_GEN_KV_AUTO, -1, 2 }
+
+/* The bytes one decoding step moves (zn_gc_step_bytes). */
+typedef struct {
+    uint64_t h2d;  /* streamed layers, a pinned cache's rows, gathered embedding rows */
+    uint64_t d2h;  /* a pinned cache's new rows, the logits */
+    uint64_t nvme; /* NVMe-homed layers read */
+} gen_step_bytes;
+
 typedef struct {
     zn_dev *dev;
     zn_model *m;
     zn_gen *g;
     zn_dtype dt;
+    int kv_home; /* as asked (gen_place.kv_home); where it went: zn_gen_get_placement */
     double load_s;
 } engine;
 
@@ -80,14 +102,16 @@ int zn_gc_decode_setup(const decode_flags *f, const char *model, const char *ada
                         const char *cmd, int have_dims, zn_gen_params *gp, zn_model_dims *d);
 int zn_gc_put_ckpt(void *ctx, int block, int i, uint64_t first, const float *v, uint64_t n);
 void zn_gc_engine_close(engine *e);
+int zn_gc_kv_flag(const char *arg, int *kv_home, const char *cmd);
+int zn_gc_gen_place(zn_dev *dev, const zn_model_dims *d, zn_dtype dt, const gen_place *o,
+                    zn_model **m, zn_gen **g);
 int zn_gc_engine_open(engine *e, const zn_model_dims *d, const char *model, const char *adapter,
-                       const char *ckpt, const char *device, const char *dtype,
-                       const char *gpu_mem, const char *nvme, int64_t ctx, int64_t B,
-                       int plan_only,
-                       const char *cmd);
+                       const char *ckpt, const gen_place *o, int plan_only, const char *cmd);
 void zn_gc_placement_line(const engine *e, char *buf, size_t n);
 int zn_gc_link_figures(const char *device, const char *nvme, const char *target,
                        int recalibrate, zn_ceilings *c, const char *cmd);
+void zn_gc_step_bytes(const zn_gen_placement *p, int64_t B, int64_t ctx_tokens,
+                      gen_step_bytes *s);
 double zn_gc_step_bound(const zn_gen_placement *p, int64_t B, int64_t ctx_tokens,
                         const zn_ceilings *c, const zn_model_dims *d, const char **by);
 void zn_gc_print_plan(const engine *e, int64_t ctx, int64_t B, const zn_ceilings *c,

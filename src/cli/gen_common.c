@@ -465,27 +465,75 @@ void zn_gc_engine_close(engine *e)
     memset(e, 0, sizeof *e);
 }
 
-/* The device, the model (GEMM attention, a context of ctx tokens), the
- * generator of B sequences with its weights placed (resident, or streamed
- * from pinned memory where the device has no room) and, unless plan_only,
- * loaded (the base and the adapter, unmerged). Returns 0, 1 after printing
- * an error, 2 after a usage error. */
+/* --kv-cache WHERE: auto (the device when the cache fits beside the least
+ * the weights need there, else pinned RAM), device or pinned (there, or
+ * refused). Returns 0, or 2 after printing a usage error. */
+int zn_gc_kv_flag(const char *arg, int *kv_home, const char *cmd)
+{
+    if (!strcmp(arg, "auto"))
+        *kv_home = ZN_GEN_KV_AUTO;
+    else if (!strcmp(arg, "device"))
+        *kv_home = ZN_GEN_KV_DEVICE;
+    else if (!strcmp(arg, "pinned"))
+        *kv_home = ZN_GEN_KV_PINNED;
+    else {
+        fprintf(stderr, "zinc: error: %s: --kv-cache must be auto, device or pinned (not "
+                "'%s')\n", cmd, arg);
+        return 2;
+    }
+    return 0;
+}
+
+/* The model (GEMM attention, a context of o->ctx tokens) and its generator
+ * of o->batch sequences placed on dev: the one sizing rule generate, chat
+ * and bench generate share, so that a bench measures the placement
+ * generate makes. Returns the library's code (*m and *g NULL on failure). */
+int zn_gc_gen_place(zn_dev *dev, const zn_model_dims *d, zn_dtype dt, const gen_place *o,
+                    zn_model **m, zn_gen **g)
+{
+    *m = NULL;
+    *g = NULL;
+    zn_model_config mc = zn_model_config_default(dev);
+    mc.dtype = dt;
+    /* the workspace holds a prompt or a batch's decoded tokens, whichever is
+     * more (a batch beyond the context was refused when it held a prompt) */
+    mc.max_batch = (o->batch + o->ctx - 1) / o->ctx;
+    mc.max_seq = o->ctx;
+    mc.attention = ZN_ATTN_GEMM;
+    zn_gen_config gc = zn_gen_config_default();
+    gc.max_batch = o->batch;
+    gc.nvme_dir = o->nvme;
+    gc.kv_home = o->kv_home;
+    gc.max_resident_layers = o->resident;
+    gc.ring = o->ring;
+    int rc = zn_model_create(m, dev, d, &mc);
+    if (!rc)
+        rc = zn_gen_open(g, *m, &gc);
+    if (rc) {
+        zn_model_destroy(*m);
+        *m = NULL;
+    }
+    return rc;
+}
+
+/* The device, then the model and its generator (zn_gc_gen_place: weights
+ * resident, or streamed from pinned memory or NVMe where the device has no
+ * room; the KV cache where o->kv_home says) and, unless plan_only, loaded
+ * (the base and the adapter, unmerged). Returns 0, 1 after printing an
+ * error, 2 after a usage error. */
 int zn_gc_engine_open(engine *e, const zn_model_dims *d, const char *model, const char *adapter,
-                       const char *ckpt, const char *device, const char *dtype,
-                       const char *gpu_mem, const char *nvme, int64_t ctx, int64_t B,
-                       int plan_only,
-                       const char *cmd)
+                       const char *ckpt, const gen_place *o, int plan_only, const char *cmd)
 {
     char what[64];
     int rc;
     memset(e, 0, sizeof *e);
     zn_dev_config dc = zn_dev_config_default();
-    dc.name = device;
-    if (gpu_mem && (rc = zn_parse_size(gpu_mem, &dc.gpu_budget))) {
+    dc.name = o->device;
+    if (o->gpu_mem && (rc = zn_parse_size(o->gpu_mem, &dc.gpu_budget))) {
         snprintf(what, sizeof what, "%s: --gpu-mem", cmd);
         return zn_cli_fail(rc, what);
     }
-    if (dtype && strcmp(dtype, "f32") && strcmp(dtype, "bf16")) {
+    if (o->dtype && strcmp(o->dtype, "f32") && strcmp(o->dtype, "bf16")) {
         fprintf(stderr, "zinc: error: %s: --dtype must be f32 or bf16\n", cmd);
         return 2;
     }
@@ -493,17 +541,11 @@ int zn_gc_engine_open(engine *e, const zn_model_dims *d, const char *model, cons
         snprintf(what, sizeof what, "%s: device", cmd);
         return zn_cli_fail(rc, what);
     }
-    zn_model_config mc = zn_model_config_default(e->dev);
-    if (dtype)
-        mc.dtype = strcmp(dtype, "f32") ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
-    e->dt = mc.dtype;
-    mc.max_batch = (B + ctx - 1) / ctx; /* the workspace holds a prompt or B decoded tokens */
-    mc.max_seq = ctx;
-    mc.attention = ZN_ATTN_GEMM;
-    zn_gen_config gc = zn_gen_config_default();
-    gc.max_batch = B;
-    gc.nvme_dir = nvme;
-    if ((rc = zn_model_create(&e->m, e->dev, d, &mc)) || (rc = zn_gen_open(&e->g, e->m, &gc))) {
+    e->dt = zn_model_config_default(e->dev).dtype;
+    if (o->dtype)
+        e->dt = strcmp(o->dtype, "f32") ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+    e->kv_home = o->kv_home;
+    if ((rc = zn_gc_gen_place(e->dev, d, e->dt, o, &e->m, &e->g))) {
         snprintf(what, sizeof what, "%s: placing the model", cmd);
         zn_gc_engine_close(e);
         return zn_cli_fail(rc, what);
@@ -584,21 +626,38 @@ int zn_gc_link_figures(const char *device, const char *nvme, const char *target,
     return 0;
 }
 
+/* The bytes one decoding step of B sequences at context ctx_tokens (tokens
+ * cached per sequence) moves with placement p: the streamed layers, a
+ * pinned cache's cached rows (ctx_tokens per sequence) and the gathered
+ * embedding rows in; a pinned cache's new rows and the logits out; the
+ * NVMe-homed layers read. The plan, its bound and the bench's check of
+ * what a run moved all count with this. */
+void zn_gc_step_bytes(const zn_gen_placement *p, int64_t B, int64_t ctx_tokens,
+                      gen_step_bytes *s)
+{
+    uint64_t b = (uint64_t)B;
+    s->h2d = p->streamed_bytes_per_step + b * p->embed_row_bytes;
+    s->d2h = b * p->logits_row_bytes;
+    s->nvme = p->nvme_bytes ? p->streamed_bytes_per_step : 0;
+    if (p->kv_pinned) {
+        s->h2d += b * (uint64_t)ctx_tokens * p->kv_token_bytes;
+        s->d2h += b * p->kv_token_bytes;
+    }
+}
+
 /* The least seconds a decoding step of B sequences at context `ctx_tokens`
  * (tokens cached per sequence) takes on figures c: each resource alone
- * (the host link: streamed layers and a pinned cache's rows in; the
- * device-to-host link: the rows out; NVMe reads; with a GEMM rate, the
- * compute), the busiest one (*by names it). 0 when nothing moves (*by
- * "nothing") or a figure it needs is unknown (*by "unknown"). */
+ * (the host link, the device-to-host link and NVMe reads with the bytes
+ * of zn_gc_step_bytes; with a GEMM rate, the compute), the busiest one
+ * (*by names it). 0 when nothing moves (*by "nothing") or a figure it
+ * needs is unknown (*by "unknown"). */
 double zn_gc_step_bound(const zn_gen_placement *p, int64_t B, int64_t ctx_tokens,
                         const zn_ceilings *c, const zn_model_dims *d, const char **by)
 {
-    uint64_t w_h2d = p->streamed_bytes_per_step;
-    uint64_t w_nvme = p->nvme_bytes ? p->streamed_bytes_per_step : 0;
-    uint64_t kv_in = p->kv_pinned ? (uint64_t)B * (uint64_t)ctx_tokens * p->kv_token_bytes : 0;
-    uint64_t kv_out = p->kv_pinned ? (uint64_t)B * p->kv_token_bytes : 0;
+    gen_step_bytes sb;
+    zn_gc_step_bytes(p, B, ctx_tokens, &sb);
     *by = "nothing";
-    if ((w_h2d + kv_in && !(c->h2d_bps > 0)) || (w_nvme && !(c->nvme_read_bps > 0))) {
+    if ((sb.h2d && !(c->h2d_bps > 0)) || (sb.nvme && !(c->nvme_read_bps > 0))) {
         *by = "unknown";
         return 0;
     }
@@ -610,9 +669,9 @@ double zn_gc_step_bound(const zn_gen_placement *p, int64_t B, int64_t ctx_tokens
         comp = 2.0 * (double)pc * (double)B /
                (c->gemm_flops * (c->model_eff > 0 ? c->model_eff : 1));
     }
-    double t = 0, h2d = c->h2d_bps > 0 ? (double)(w_h2d + kv_in) / c->h2d_bps : 0;
-    double d2h = c->d2h_bps > 0 ? (double)kv_out / c->d2h_bps : 0;
-    double rd = w_nvme ? (double)w_nvme / c->nvme_read_bps : 0;
+    double t = 0, h2d = c->h2d_bps > 0 ? (double)sb.h2d / c->h2d_bps : 0;
+    double d2h = c->d2h_bps > 0 ? (double)sb.d2h / c->d2h_bps : 0;
+    double rd = sb.nvme ? (double)sb.nvme / c->nvme_read_bps : 0;
     if (h2d > t)
         t = h2d, *by = "the host link";
     if (d2h > t)
@@ -656,9 +715,11 @@ void zn_gc_print_plan(const engine *e, int64_t ctx, int64_t B, const zn_ceilings
            zn_format_size(p.kv_bytes_per_seq, a, sizeof a), (long long)ctx, (long long)B,
            zn_format_size(p.kv_bytes, cc, sizeof cc));
     if (p.kv_pinned)
-        printf("in pinned RAM (the device cannot hold it beside the weights): each layer's "
-               "through one of 2 device slots (%s together), its rows copied in while the "
-               "layer before computes\n", zn_format_size(p.kv_device_bytes, a, sizeof a));
+        printf("in pinned RAM (%s): each layer's through one of 2 device slots (%s "
+               "together), its rows copied in while the layer before computes\n",
+               e->kv_home == ZN_GEN_KV_PINNED ? "--kv-cache pinned"
+                                              : "the device cannot hold it beside the weights",
+               zn_format_size(p.kv_device_bytes, a, sizeof a));
     else
         printf("on the device\n");
 
@@ -677,7 +738,10 @@ void zn_gc_print_plan(const engine *e, int64_t ctx, int64_t B, const zn_ceilings
                "full %lld), %s out", zn_format_size(p.kv_token_bytes * 1000, b, sizeof b),
                zn_format_size(kv_full, cc, sizeof cc), (long long)B, (long long)ctx,
                zn_format_size(kv_out, a, sizeof a));
-    printf("\n");
+    if (p.embed_row_bytes)
+        printf("; embedding rows %s in", zn_format_size((uint64_t)B * p.embed_row_bytes, a,
+                                                          sizeof a));
+    printf("; logits %s out\n", zn_format_size((uint64_t)B * p.logits_row_bytes, a, sizeof a));
 
     if (!w_h2d && !p.kv_pinned) {
         printf("bound        nothing crosses the link per step: decoding is the device's "
