@@ -60,6 +60,12 @@ json.dump({"eos_token_id": [im_end, eot]}, open(os.path.join(model, "generation_
                                                 "w"))
 
 
+def csv_rows(path):
+    import csv
+    with open(path) as f:
+        yield from csv.DictReader(f)
+
+
 def run(*args):
     return subprocess.run([zinc, "generate", "--model", model, "--device", "host"] + list(args),
                           capture_output=True, text=True)
@@ -123,6 +129,80 @@ for cap in (["--gpu-mem", "1800KiB"], []):
     outs.append([json.loads(x)["ids"] for x in open(ido)] if r.returncode == 0 else None)
 check(outs[0] is not None and outs[0] == outs[1],
       "the pinned cache's ids are not the device cache's")
+# --kv-cache pinned forces the cache into pinned RAM even where the device
+# holds it; the ids stay the device cache's
+r = subprocess.run(ft + ["--kv-cache", "pinned", "--out", ido], capture_output=True, text=True)
+check(r.returncode == 0 and outs[1] is not None and
+      [json.loads(x)["ids"] for x in open(ido)] == outs[1],
+      "--kv-cache pinned: other ids than the device cache's: %s" % r.stderr)
+r = subprocess.run(ft + ["--kv-cache", "device", "--gpu-mem", "1800KiB", "--plan"],
+                   capture_output=True, text=True)
+check(r.returncode == 1 and "KV cache" in r.stderr,
+      "--kv-cache device where it does not fit: %d %s" % (r.returncode, r.stderr))
+r = subprocess.run(ft + ["--kv-cache", "gpu", "--plan"], capture_output=True, text=True)
+check(r.returncode == 2 and "--kv-cache must be" in r.stderr, "--kv-cache gpu: %s" % r.stderr)
+
+# zinc bench generate places the model and its cache as generate does for the
+# same settings (64 sequences of 64 tokens: 40 prompt ids + 24 new), and the
+# bytes its decoding steps move are the plan's. The byte counts are exact
+# integers (no timing in them), so they are compared for equality.
+cfg = json.load(open(os.path.join(fix, "ft-llama", "config.json")))
+# one token's keys and values over every layer, f32 on the host backend
+ktb = 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 4 * cfg["num_hidden_layers"]
+P, N, B = 40, 24, 64
+steps = N - 1
+kv_in = B * ktb * sum(P + j for j in range(steps))  # step j: P + j rows cached per sequence
+logits_out = steps * B * cfg["vocab_size"] * 4
+
+
+def placement_plan(out):
+    m1 = re.search(r"layers +(\d+) of (\d+) on the device, (\d+) streamed", out)
+    m2 = re.search(r"kv cache +(\S+ \S+) per sequence of (\d+) tokens, (\d+) sequences: "
+                   r"(\S+ \S+) (in pinned RAM|on the device)", out)
+    return m1 and m2 and (m1.group(1), m1.group(3), m2.group(1), m2.group(2), m2.group(3),
+                          m2.group(4), m2.group(5))
+
+
+def placement_bench(out):
+    m1 = re.search(r": (\d+) layers, (\d+) on the device, (\d+) streamed", out)
+    m2 = re.search(r"kv cache (in pinned RAM|on the device) \(--kv-cache \w+\), (\S+ \S+) per "
+                   r"sequence of (\d+) tokens, (\d+) sequences: (\S+ \S+);", out)
+    return m1 and m2 and (m1.group(2), m1.group(3), m2.group(2), m2.group(3), m2.group(4),
+                          m2.group(5), m2.group(1))
+
+
+for name, extra in (("auto, 1800KiB", ["--gpu-mem", "1800KiB"]),
+                    ("pinned", ["--kv-cache", "pinned"]),
+                    ("device", ["--kv-cache", "device"]),
+                    ("auto", [])):
+    csvf = os.path.join(work, "bench-%s.csv" % name.replace(" ", "").replace(",", "-"))
+    rp = subprocess.run(ft[:-6] + ["--batch-size", str(B), "--context", str(P + N), "--plan",
+                                   "--target", "a10"] + extra, capture_output=True, text=True)
+    rb = subprocess.run([zinc, "bench", "generate", "--model", os.path.join(fix, "ft-llama"),
+                         "--device", "host", "--batches", "1,5,%d" % B, "--prompt-len", str(P),
+                         "--new-tokens", str(N), "--target", "a10", "--csv", csvf] + extra,
+                        capture_output=True, text=True)
+    pp, pb = placement_plan(rp.stdout), placement_bench(rb.stdout)
+    check(rp.returncode == 0 and rb.returncode == 0 and pp and pp == pb,
+          "bench generate (%s) places the model as generate --plan does: %s vs %s\n%s%s%s%s" %
+          (name, pb, pp, rp.stdout, rp.stderr, rb.stdout, rb.stderr))
+    rows = list(csv_rows(csvf)) if rb.returncode == 0 else []
+    check(len(rows) == 3 and all(x["wrong"] == "0" and x["h2d_run"] == x["h2d_plan"] and
+                                 x["d2h_run"] == x["d2h_plan"] and
+                                 x["nvme_run"] == x["nvme_plan"] for x in rows),
+          "bench generate (%s): the bytes moved are not the plan's: %s" % (name, rows))
+    pinned = pp and pp[6] == "in pinned RAM"
+    check(pinned == (name in ("auto, 1800KiB", "pinned")),
+          "bench generate (%s): the cache %s" % (name, pp and pp[6]))
+    if name in ("pinned", "device", "auto") and rows:
+        # every weight on the device: only the cache's rows cross, and the logits
+        r64 = [x for x in rows if x["batch"] == str(B)][0]
+        check(r64["streamed"] == "0" and int(r64["kv_token_bytes"]) == ktb and
+              int(r64["h2d_run"]) == (kv_in if pinned else 0) and
+              int(r64["d2h_run"]) == logits_out + (steps * B * ktb if pinned else 0),
+              "bench generate (%s): batch %d moved %s in, %s out; %d and %d expected" %
+              (name, B, r64["h2d_run"], r64["d2h_run"], kv_in if pinned else 0,
+               logits_out + (steps * B * ktb if pinned else 0)))
 
 r = run("--prompt", prompt, "--max-new-tokens", "12")
 check(r.returncode == 0 and r.stdout == g.get("text", "") + "\n",
