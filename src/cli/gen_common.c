@@ -649,7 +649,8 @@ void zn_gc_step_bytes(const zn_gen_placement *p, int64_t B, int64_t ctx_tokens,
  * (tokens cached per sequence) takes on figures c: each resource alone
  * (the host link, the device-to-host link and NVMe reads with the bytes
  * of zn_gc_step_bytes; with a GEMM rate, the compute), the busiest one
- * (*by names it). 0 when nothing moves (*by "nothing") or a figure it
+ * (*by names it); on shared cores (the host backend) compute and the
+ * copies added, or the disk when longer. 0 when nothing moves (*by "nothing") or a figure it
  * needs is unknown (*by "unknown"). */
 double zn_gc_step_bound(const zn_gen_placement *p, int64_t B, int64_t ctx_tokens,
                         const zn_ceilings *c, const zn_model_dims *d, const char **by)
@@ -672,6 +673,15 @@ double zn_gc_step_bound(const zn_gen_placement *p, int64_t B, int64_t ctx_tokens
     double t = 0, h2d = c->h2d_bps > 0 ? (double)sb.h2d / c->h2d_bps : 0;
     double d2h = c->d2h_bps > 0 ? (double)sb.d2h / c->d2h_bps : 0;
     double rd = sb.nvme ? (double)sb.nvme / c->nvme_read_bps : 0;
+    if (c->shared_cores) {
+        /* the host backend: its copies are memcpy on the cores that
+         * compute, so they add (the cost model's rule); the disk beside */
+        t = comp + h2d + d2h;
+        *by = comp > 0 ? "compute and copies on the shared cores" : "the copies";
+        if (rd > t)
+            t = rd, *by = "NVMe reads";
+        return t;
+    }
     if (h2d > t)
         t = h2d, *by = "the host link";
     if (d2h > t)
@@ -782,8 +792,8 @@ void zn_gc_print_plan(const engine *e, int64_t ctx, int64_t B, const zn_ceilings
     else
         printf(": %s\n", c->source);
     if (c->shared_cores)
-        printf("             (the host backend: copies and compute share the cores, so a "
-               "step takes their sum, not the busiest)\n");
+        printf("             (the host backend: copies and compute share the cores, so the "
+               "bound is their sum, not the busiest)\n");
 }
 
 /* The model to run (a folder, or --checkpoint with the folder it records
