@@ -46,6 +46,8 @@ static zn_plan plan_with(uint64_t h2d, uint64_t d2h, uint64_t rd, uint64_t wr, b
     p.step.micro_batches = 1;
     p.step.pipelined = true;        /* under the next forward */
     p.step.opt_on_nvme = opt_nvme;
+    if (opt_nvme)  /* all of it the optimizer's states */
+        p.step.chain_read = rd, p.step.chain_write = wr;
     return p;
 }
 
@@ -118,8 +120,19 @@ static void test_disk_cpu_and_chain(void)
     CLOSE(o.exposed_opt_s, 0.0);
     CLOSE(o.step_s, 0.125 + 0.010 + 0.009);
 
-    /* parameters on NVMe, optimizer on the CPU: the disk overlaps the
-     * cores whole, and sets the step only when it is the longer */
+    /* params on NVMe too: the backward's fetches (100 MB, 100 ms) are
+     * not in the chain: the disk is busy 145 ms, the chain is 45 ms */
+    p.step.nvme_read += 100000000;
+    p.step.overlap_step = false;
+    c.nvme_read_cpu = c.nvme_write_cpu = 0;
+    ZT_EQ_INT(zn_cost_predict(&p, &c, &comp, 4, 256, ZN_MOM_F32, &o), 0);
+    CLOSE(o.busy_s[ZN_RES_NVME], 0.145);
+    CLOSE(o.exposed_opt_s, 0.005);
+    CLOSE(o.step_s, 0.145);
+    ZT_EQ_INT(o.bound, ZN_RES_NVME);
+
+    /* parameters on NVMe, optimizer on the CPU, nothing written back: the
+     * disk overlaps the cores whole, and sets the step only when longer */
     zn_plan q = plan_with(0, 0, 300000000, 0, false);
     c.nvme_read_cpu = c.nvme_write_cpu = 0;
     ZT_EQ_INT(zn_cost_predict(&q, &c, &comp, 4, 256, ZN_MOM_F32, &o), 0);

@@ -96,6 +96,12 @@ typedef struct {
         uint64_t dev_accum_bytes;     /* device memory touched summing them there
                                          (the optimizer on the device) */
         uint64_t adam_params;         /* elements the optimizer steps */
+        uint64_t chain_read, chain_write;  /* of the NVMe bytes, the optimizer
+                                         chain's: the states read and written,
+                                         the gradients read for it, updated
+                                         params written to an NVMe home and
+                                         read back by the next first forward
+                                         (which waits for them) */
         uint64_t gather_bytes;        /* parameter all-gathers (world > 1) */
         uint64_t reduce_bytes;        /* gradient reduce-scatters (world > 1) */
         uint32_t fetches, nvme_fetches, cache_fetches;  /* block fetches */

@@ -189,13 +189,16 @@ int zn_cost_predict(const zn_plan *plan, const zn_ceilings *c, const zn_cost_com
                         fmax(0, 2.0 * other * o - comp->head_s);
         out->overhead_s = (double)A * per_mb;
     }
-    /* the optimizer chain: CPU Adam, or its states' NVMe traffic when
-     * longer; each unit's read goes on beside the write of the one before,
-     * at the disk's mixed rate where it is measured (slower than the two
-     * directions' times added on a shared virtual disk) */
-    double opt_io = s->opt_on_nvme ? b[ZN_RES_NVME] : 0;
-    if (s->opt_on_nvme && s->nvme_read && s->nvme_write && c->nvme_mixed_bps > 0)
-        opt_io = fmax(opt_io, (double)(s->nvme_read + s->nvme_write) / c->nvme_mixed_bps);
+    /* the optimizer chain: CPU Adam, or its NVMe traffic when longer (the
+     * states, the gradients it reads, the params it writes to an NVMe home
+     * and the next first forward reads back: not the backward's fetches);
+     * each unit's read goes on beside the write of the one before, at the
+     * disk's mixed rate where it is measured and slower than the two
+     * directions' times added */
+    double opt_io = div0((double)s->chain_read, c->nvme_read_bps) +
+                    div0((double)s->chain_write, c->nvme_write_bps);
+    if (s->chain_read && s->chain_write && c->nvme_mixed_bps > 0)
+        opt_io = fmax(opt_io, (double)(s->chain_read + s->chain_write) / c->nvme_mixed_bps);
     out->opt_s = fmax(b[ZN_RES_ADAM], opt_io);
     double window = !s->pipelined ? 0 : s->overlap_step ? fwd + bwd : fwd;
     int bound = ZN_RES_COMPUTE;

@@ -76,6 +76,8 @@ int zn_tr_count_traffic(zn_trainer *tr)
         }
         s->nvme_fetches++;
         s->nvme_read += block_param_bytes(tr, bl);
+        if (fe[j].first_use < L)
+            s->chain_read += block_param_bytes(tr, bl);
     }
     free(fe);
     free(fou);
@@ -124,6 +126,7 @@ int zn_tr_count_traffic(zn_trainer *tr)
                 s->nvme_write += (uint64_t)A * p->n * 4;
                 s->nvme_read += (uint64_t)(A - 1) * p->n * 4;
                 s->nvme_read += p->n * 4;  /* the optimizer's read */
+                s->chain_read += p->n * 4;
             }
         }
     }
@@ -139,6 +142,8 @@ int zn_tr_count_traffic(zn_trainer *tr)
             uint64_t st = un->n * zn_tr_master_elem(tr) + 2 * zn_tr_unit_mom_bytes(tr, un->n);
             s->nvme_read += st;
             s->nvme_write += st;
+            s->chain_read += st;
+            s->chain_write += st;
         }
         for (int k = 0; k < un->np; k++) {
             const zn_piece *p = &tr->pieces[un->p0 + k];
@@ -148,7 +153,7 @@ int zn_tr_count_traffic(zn_trainer *tr)
             else if (bl->home != ZN_PHOME_DEVICE && tr->opt_on_device)
                 s->d2h += p->n * pb;
             if (bl->home == ZN_PHOME_NVME)
-                s->nvme_write += p->n * pb;
+                s->nvme_write += p->n * pb, s->chain_write += p->n * pb;
         }
     }
     return 0;
