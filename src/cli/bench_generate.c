@@ -41,10 +41,12 @@ static void usage(FILE *f)
             "  --csv         append one line per batch to FILE (header when new)\n"
             "Per batch: prefill tokens/s, decode tokens/s and ms per step; the step's\n"
             "ceilings: link (its streamed bytes copied alone) and compute (every weight\n"
-            "resident, when the arena holds them); ratio = the slower ceiling / the step.\n"
+            "resident, when the arena holds them); ratio = the slower ceiling / the step\n"
+            "(on the host backend their sum: its copies run on the cores that compute).\n"
             "bound t/s: what `zinc generate --plan` bounds decode at (the step's bytes\n"
             "over the cost model's measured link and disk, or the compute above where\n"
-            "that is slower); of bound = decode t/s / bound t/s. in/step, out/step: the\n"
+            "that is slower; on the host backend the copies and the compute added);\n"
+            "of bound = decode t/s / bound t/s. in/step, out/step: the\n"
             "bytes a decoding step moved host to device and back (streamed layers, a\n"
             "pinned cache's rows, embedding rows, logits); #wrong: how many of those and\n"
             "the NVMe reads differ from the plan's count (the bench then fails).\n");
@@ -355,16 +357,17 @@ int zn_bench_generate(int argc, char **argv)
         int wrong = (plan.h2d != moved.h2d) + (plan.d2h != moved.d2h) +
                     (plan.nvme != moved.nvme);
         wrong_total += wrong;
-        double ceil_ms = link_ms > comp_ms ? link_ms : comp_ms;
+        /* the run's own copies and compute: on shared cores they add */
+        double ceil_ms = fig.shared_cores && comp_ms > 0 ? link_ms + comp_ms
+                         : link_ms > comp_ms ? link_ms : comp_ms;
         double ratio = ceil_ms > 0 ? ceil_ms / step_ms : 0;
         double ptps = (double)(b * plen) / pre, dtps = (double)b * steps / dec;
         /* the plan's bound at the decoding steps' mean context (positions
-         * plen .. plen + new_tokens - 2), or the compute where slower */
+         * plen .. plen + new_tokens - 2), with the compute measured here
+         * (the busiest of the two; their sum on the host backend) */
         const char *by;
-        double bound_ms = zn_gc_step_bound(&pl, b, plen + (new_tokens - 2) / 2, &fig, &d, &by) *
-                          1e3;
-        if (strcmp(by, "unknown") && comp_ms > bound_ms)
-            bound_ms = comp_ms;
+        double bound_ms = zn_gc_step_bound(&pl, b, plen + (new_tokens - 2) / 2, &fig, &d,
+                                           comp_ms >= 0 ? comp_ms * 1e-3 : -1, &by) * 1e3;
         double btps = bound_ms > 0 ? (double)b / bound_ms * 1e3 : 0;
         char cs[32] = "-", rs[32] = "-", bs_[32] = "-", os[32] = "-";
         if (comp_ms >= 0)

@@ -113,7 +113,8 @@ int zn_gc_link_figures(const char *device, const char *nvme, const char *target,
 void zn_gc_step_bytes(const zn_gen_placement *p, int64_t B, int64_t ctx_tokens,
                       gen_step_bytes *s);
 double zn_gc_step_bound(const zn_gen_placement *p, int64_t B, int64_t ctx_tokens,
-                        const zn_ceilings *c, const zn_model_dims *d, const char **by);
+                        const zn_ceilings *c, const zn_model_dims *d, double comp_s,
+                        const char **by);
 void zn_gc_print_plan(const engine *e, int64_t ctx, int64_t B, const zn_ceilings *c,
                       const zn_model_dims *d);
 /* A signal removes the NVMe swap files before ending the process. */

@@ -648,12 +648,14 @@ void zn_gc_step_bytes(const zn_gen_placement *p, int64_t B, int64_t ctx_tokens,
 /* The least seconds a decoding step of B sequences at context `ctx_tokens`
  * (tokens cached per sequence) takes on figures c: each resource alone
  * (the host link, the device-to-host link and NVMe reads with the bytes
- * of zn_gc_step_bytes; with a GEMM rate, the compute), the busiest one
- * (*by names it); on shared cores (the host backend) compute and the
- * copies added, or the disk when longer. 0 when nothing moves (*by "nothing") or a figure it
+ * of zn_gc_step_bytes; the compute: comp_s when it is measured (>= 0),
+ * else from a GEMM rate), the busiest one (*by names it); on shared cores
+ * (the host backend) compute and the copies added, or the disk when
+ * longer. 0 when nothing moves (*by "nothing") or a figure it
  * needs is unknown (*by "unknown"). */
 double zn_gc_step_bound(const zn_gen_placement *p, int64_t B, int64_t ctx_tokens,
-                        const zn_ceilings *c, const zn_model_dims *d, const char **by)
+                        const zn_ceilings *c, const zn_model_dims *d, double comp_s,
+                        const char **by)
 {
     gen_step_bytes sb;
     zn_gc_step_bytes(p, B, ctx_tokens, &sb);
@@ -662,8 +664,8 @@ double zn_gc_step_bound(const zn_gen_placement *p, int64_t B, int64_t ctx_tokens
         *by = "unknown";
         return 0;
     }
-    double comp = 0;
-    if (c->gemm_flops > 0) {
+    double comp = comp_s >= 0 ? comp_s : 0;
+    if (comp_s < 0 && c->gemm_flops > 0) {
         uint64_t pc = zn_model_param_count(d);
         if (!d->tie_embeddings)
             pc -= (uint64_t)(d->vocab * d->hidden); /* a gather, not a GEMM */
@@ -772,7 +774,7 @@ void zn_gc_print_plan(const engine *e, int64_t ctx, int64_t B, const zn_ceilings
     double t[2];
     const char *by[2];
     for (int full = 0; full < 2; full++)
-        t[full] = zn_gc_step_bound(&p, B, full ? ctx - 1 : 0, c, d, &by[full]);
+        t[full] = zn_gc_step_bound(&p, B, full ? ctx - 1 : 0, c, d, -1, &by[full]);
     if (t[0] > 0)
         printf("bound        decode at most %.1f tokens/s with %lld sequences (%.2f steps/s, %s)",
                (double)B / t[0], (long long)B, 1 / t[0], by[0]);
