@@ -193,37 +193,27 @@ static int measure_adam(const zn_config *cfg, zn_ceilings *c)
         p[i] = 0.01f * (float)(i % 97), g[i] = 1e-3f * (float)(i % 13) - 5e-3f;
     zn_adam_params hp = zn_adam_params_default();
     hp.threads = (int)cfg->train.threads;
-    for (int f = 0; f < 3 && !rc; f++) {
-        memset(m, 0, zn_mom_layout_bytes(ZN_MOM_F32, n));
-        memset(v, 0, zn_mom_layout_bytes(ZN_MOM_F32, n));
-        zn_moments mv = zn_mom_layout_at((zn_mom_fmt)f, m, v, n, 0);
-        for (int r = 0; r < REPS + 1 && !rc; r++) {
-            hp.step = r + 1;
-            double t0 = now_s();
-            rc = zn_adam_step_mom(&hp, p, &mv, g, ZN_DTYPE_F32, 1.0f, NULL, ZN_DTYPE_F32, n);
-            double t = now_s() - t0;
-            if (r)
-                c->adam_pps[f] = fmax(c->adam_pps[f], (double)n / t);
-        }
-    }
-    /* the bf16 master with stochastic rounding (train.master_weights
+    /* and on the bf16 master with stochastic rounding (train.master_weights
      * bf16_sr): its own kernel, on 2-byte weights */
     uint16_t *pb = rc ? NULL : malloc(n * 2);
     if (!rc && !pb)
         rc = zn_set_error(-ENOMEM, "cost model: out of memory");
     for (size_t i = 0; i < n && !rc; i++)
         pb[i] = zn_f32_to_bf16(p[i]);
-    for (int f = 0; f < 3 && !rc; f++) {
+    for (int k = 0; k < 6 && !rc; k++) {
+        int f = k % 3, sr = k / 3;
+        double *pps = sr ? &c->adam_sr_pps[f] : &c->adam_pps[f];
         memset(m, 0, zn_mom_layout_bytes(ZN_MOM_F32, n));
         memset(v, 0, zn_mom_layout_bytes(ZN_MOM_F32, n));
         zn_moments mv = zn_mom_layout_at((zn_mom_fmt)f, m, v, n, 0);
         for (int r = 0; r < REPS + 1 && !rc; r++) {
             hp.step = r + 1;
             double t0 = now_s();
-            rc = zn_adam_step_sr(&hp, pb, &mv, g, ZN_DTYPE_F32, 1.0f, 1, 0, n);
+            rc = sr ? zn_adam_step_sr(&hp, pb, &mv, g, ZN_DTYPE_F32, 1.0f, 1, 0, n)
+                    : zn_adam_step_mom(&hp, p, &mv, g, ZN_DTYPE_F32, 1.0f, NULL, ZN_DTYPE_F32, n);
             double t = now_s() - t0;
             if (r)
-                c->adam_sr_pps[f] = fmax(c->adam_sr_pps[f], (double)n / t);
+                *pps = fmax(*pps, (double)n / t);
         }
     }
     if (!rc && (!isfinite(p[n / 3]) || !isfinite(zn_bf16_to_f32(pb[n / 3]))))
