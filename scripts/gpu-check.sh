@@ -186,6 +186,22 @@ else
     echo "## compute-sanitizer: not found (it ships with the CUDA toolkit)" >> "$out"
     echo >> "$out"
 fi
+# the cost model against measured steps on this GPU (issue 36): the rows
+# of bench/scripts/tune_check.sh, each predicted from this machine's
+# ceilings (measured first) beside its measured step, and --tune's choice
+step "cost model: predicted against measured steps (tune_check)" 900 \
+    env TUNE_REPS=1 bash bench/scripts/tune_check.sh "$zinc" "$log/tune-gpu.csv"
+# offloaded decoding (issue 33): a Qwen2.5-0.5B-shaped folder (seeded bf16
+# values) with every layer streamed from pinned RAM, the KV cache on the
+# GPU and then in pinned RAM, against the plan's bound
+step "bench generate: 0.5B shape, layers streamed from pinned RAM" 900 bash -c "
+    python3 scripts/make_bench_model.py --config tests/fixtures/configs/qwen2.5-0.5b.json \
+        --out '$log/gen-0.5b' --dtype bf16 >/dev/null &&
+    '$zinc' generate --model '$log/gen-0.5b' --plan --recalibrate --ids 1,2,3 >/dev/null &&
+    for kv in device pinned; do
+        '$zinc' bench generate --model '$log/gen-0.5b' --dtype bf16 --resident 0 \
+            --batches 1,8,32,64 --kv-cache \$kv --csv '$log/generate-gpu.csv' || exit 1
+    done"
 # two ranks on one GPU through NCCL (torchrun-style variables, two
 # processes); NCCL may refuse two ranks on one device: recorded, not failed
 {
