@@ -23,29 +23,7 @@
 /* As in optim_avx2.c: small copies stay in cache with ordinary stores. */
 #define NT_MIN ((size_t)1 << 16)
 
-static inline __m512 load_g(const void *g, zn_dtype gt, size_t i, __mmask16 k)
-{
-    if (gt == ZN_DTYPE_F32)
-        return _mm512_maskz_loadu_ps(k, (const float *)g + i);
-    __m256i h = _mm256_maskz_loadu_epi16(k, (const uint16_t *)g + i);
-    if (gt == ZN_DTYPE_BF16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    return _mm512_cvtph_ps(h);
-}
-
-static inline __m256i round16(__m512 x, zn_dtype ct)
-{
-    if (ct == ZN_DTYPE_F16)
-        return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512i u = _mm512_castps_si512(x);
-    __m512i hi = _mm512_srli_epi32(u, 16);
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)),
-                                                     _mm512_set1_epi32(0x7fff)));
-    r = _mm512_srli_epi32(r, 16);
-    __mmask16 isnan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    r = _mm512_mask_or_epi32(r, isnan, hi, _mm512_set1_epi32(0x40));
-    return _mm512_cvtepi32_epi16(r);   /* values < 2^16: truncation is exact */
-}
+#include "optim/optim-avx512-inl.h"
 
 typedef struct {
     __m512 b1, omb1, b2, omb2, step, eps, gs, l2, decay;
