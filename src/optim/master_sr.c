@@ -130,6 +130,12 @@ static void sr_range(const sr_job *j, size_t lo, size_t hi)
     }
 }
 
+/* as zn_optim_by_blocks calls it */
+static void sr_range_of(const void *arg, size_t lo, size_t hi)
+{
+    sr_range(arg, lo, hi);
+}
+
 int zn_adam_step_sr_with(const zn_optim_ops *ops, const zn_adam_params *hp, uint16_t *p,
                          const zn_moments *mv, const void *g, zn_dtype g_dtype, float g_scale,
                          uint64_t seed, uint64_t index0, size_t n)
@@ -151,22 +157,7 @@ int zn_adam_step_sr_with(const zn_optim_ops *ops, const zn_adam_params *hp, uint
     if (mv->fmt == ZN_MOM_Q8 && (!(j.ts = zn_q8_table_get(mv->scheme, 1)) ||
                                  !(j.tu = zn_q8_table_get(mv->scheme, 0))))
         return -EINVAL;
-    int nt = zn_optim_threads(hp->threads, n);
-    if (nt == 1) {
-        sr_range(&j, 0, n);
-        return 0;
-    }
-#pragma omp parallel num_threads(nt)
-    {
-        /* whole blocks per thread (an 8-bit block's absmax is one thread's);
-         * no element's result depends on the split */
-        size_t nb = zn_q8_blocks(n);
-        int t = omp_get_thread_num(), team = omp_get_num_threads();
-        size_t b0 = nb * (size_t)t / (size_t)team, b1 = nb * (size_t)(t + 1) / (size_t)team;
-        size_t lo = b0 * ZN_Q8_BLOCK, hi = b1 * ZN_Q8_BLOCK < n ? b1 * ZN_Q8_BLOCK : n;
-        if (hi > lo)
-            sr_range(&j, lo, hi);
-    }
+    zn_optim_by_blocks(zn_optim_threads(hp->threads, n), n, sr_range_of, &j);
     return 0;
 }
 

@@ -422,6 +422,25 @@ typedef struct {
 } mom_job;
 
 /* Elements [lo, hi) (lo on a block boundary), block by block. */
+void zn_optim_by_blocks(int nt, size_t n, zn_range_fn range, const void *arg)
+{
+    if (nt <= 1) {
+        range(arg, 0, n);
+        return;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        /* whole blocks per thread: a block's absmax is one thread's, and
+         * no element's result depends on the split */
+        size_t nb = zn_q8_blocks(n);
+        int t = omp_get_thread_num(), team = omp_get_num_threads();
+        size_t b0 = nb * (size_t)t / (size_t)team, b1 = nb * (size_t)(t + 1) / (size_t)team;
+        size_t lo = b0 * ZN_Q8_BLOCK, hi = b1 * ZN_Q8_BLOCK < n ? b1 * ZN_Q8_BLOCK : n;
+        if (hi > lo)
+            range(arg, lo, hi);
+    }
+}
+
 static void mom_range(const mom_job *j, size_t lo, size_t hi)
 {
     float mb[ZN_Q8_BLOCK] __attribute__((aligned(64)));
@@ -450,6 +469,12 @@ static void mom_range(const mom_job *j, size_t lo, size_t hi)
             o->bf16_round(vb, vh, len);
         }
     }
+}
+
+/* as zn_optim_by_blocks calls it */
+static void mom_range_of(const void *arg, size_t lo, size_t hi)
+{
+    mom_range(arg, lo, hi);
 }
 
 /* torchao's step constants: its bias corrections are float32 powers of
@@ -493,21 +518,7 @@ int zn_adam_step_mom_with(const zn_optim_ops *ops, const zn_adam_params *hp, flo
     if (mv->fmt == ZN_MOM_Q8 && (!(j.ts = zn_q8_table_get(mv->scheme, 1)) ||
                                  !(j.tu = zn_q8_table_get(mv->scheme, 0))))
         return -EINVAL;
-    int nt = zn_optim_threads(hp->threads, n);
-    if (nt == 1) {
-        mom_range(&j, 0, n);
-        return 0;
-    }
-#pragma omp parallel num_threads(nt)
-    {
-        /* whole blocks per thread: a block's absmax is one thread's */
-        size_t nb = zn_q8_blocks(n);
-        int t = omp_get_thread_num(), team = omp_get_num_threads();
-        size_t b0 = nb * (size_t)t / (size_t)team, b1 = nb * (size_t)(t + 1) / (size_t)team;
-        size_t lo = b0 * ZN_Q8_BLOCK, hi = b1 * ZN_Q8_BLOCK < n ? b1 * ZN_Q8_BLOCK : n;
-        if (hi > lo)
-            mom_range(&j, lo, hi);
-    }
+    zn_optim_by_blocks(zn_optim_threads(hp->threads, n), n, mom_range_of, &j);
     return 0;
 }
 

@@ -288,6 +288,10 @@ int zn_adam_step_with(zn_adam_kernel_fn kern, const zn_adam_params *hp, float *p
  * `threads` (0: OpenMP default): 1 below a size where a parallel region
  * costs more than it saves. */
 int zn_optim_threads(int threads, size_t n);
+/* range(arg, lo, hi) over [0, n) on nt OpenMP threads, each a run of whole
+ * 8-bit blocks (ZN_Q8_BLOCK), or on this thread when nt <= 1. */
+typedef void (*zn_range_fn)(const void *arg, size_t lo, size_t hi);
+void zn_optim_by_blocks(int nt, size_t n, zn_range_fn range, const void *arg);
 
 /* Element range [lo, hi) of thread `t` of `nt` over n elements: contiguous
  * blocks split on multiples of ZN_OPTIM_BLOCK elements, so that every split
