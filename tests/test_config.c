@@ -159,13 +159,10 @@ static void test_bad(void)
     bad("{\"zero_optimization\": {\"offload_param\": {\"device\": \"disk\"}}}",
         "'disk' is not one of none|cpu|nvme");
     bad("{\"optimizer\": {\"type\": \"SGD\"}}", "'SGD' is not one of Adam|AdamW");
-    /* the bf16 master with stochastic rounding: named values, the cpu
+    /* the bf16 master with stochastic rounding: named values, every
      * optimizer tier, bf16 or fp32 params */
     bad("{\"train\": {\"master_weights\": \"bf16\"}}",
         "train.master_weights: 'bf16' is not one of fp32|bf16_sr");
-    bad("{\"train\": {\"master_weights\": \"bf16_sr\"}}",
-        "train.master_weights: \"bf16_sr\" is stepped by the CPU Adam, and "
-        "zero_optimization.offload_optimizer.device is \"none\"");
     bad("{\"fp16\": {\"enabled\": true}, \"zero_optimization\": {\"stage\": 2, "
         "\"offload_optimizer\": {\"device\": \"cpu\"}}, \"train\": {\"master_weights\": "
         "\"bf16_sr\"}}", "fp16.enabled is true");
@@ -178,6 +175,9 @@ static void test_bad(void)
         ZT_EQ_INT(parse(&c, "{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": "
                             "{\"device\": \"nvme\", \"nvme_path\": \"/tmp\"}}, \"train\": "
                             "{\"master_weights\": \"bf16_sr\"}}"), 0);
+        ZT_EQ_INT(c.train.master_weights, ZN_MASTER_BF16_SR);
+        /* the optimizer on the device (zn_dev_adam_sr) */
+        ZT_EQ_INT(parse(&c, "{\"train\": {\"master_weights\": \"bf16_sr\"}}"), 0);
         ZT_EQ_INT(c.train.master_weights, ZN_MASTER_BF16_SR);
         ZT_EQ_INT(parse(&c, "{}"), 0);
         ZT_EQ_INT(c.train.master_weights, ZN_MASTER_FP32);

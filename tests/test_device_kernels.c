@@ -1117,6 +1117,73 @@ static void test_optimizer_mom(void)
     }
 }
 
+/* The bf16 master's step (zn_dev_adam_sr) against the CPU's
+ * zn_adam_step_sr: fp32, bf16 and 8-bit moments, three steps, elements
+ * whose draw indices cross 2^32 (the kernel takes the keys of two high
+ * words), AdamW and Adam with L2, a gradient scale. Bit for bit on every
+ * CPU path: the CPU's scalar step of a bf16 master follows the FMA order
+ * too. */
+static void test_optimizer_sr(void)
+{
+    const size_t n = 70001, nb = zn_q8_blocks(n);
+    const uint64_t seed = 0x5eedf00dull, index0 = ((uint64_t)1 << 32) - 40000;
+    const zn_mom_fmt fmts[] = { ZN_MOM_F32, ZN_MOM_BF16, ZN_MOM_Q8 };
+    for (size_t t = 0; t < sizeof fmts / sizeof fmts[0]; t++) {
+        zn_mom_fmt fmt = fmts[t];
+        size_t eb = fmt == ZN_MOM_F32 ? 4 : fmt == ZN_MOM_BF16 ? 2 : 1;
+        zn_adam_params hp = zn_adam_params_default();
+        hp.lr = 3e-3f;
+        hp.step = 1;
+        hp.weight_decay = 0.1f;
+        hp.threads = 1;
+        hp.adamw_mode = t != 1;
+        float gs = t == 2 ? 0.5f : 1.0f;
+        float *pf = host_f32(320 + t, n, 1.0), *g = host_f32(330 + t, n, 0.5);
+        uint16_t *p = malloc(n * 2);
+        for (size_t i = 0; i < n; i++)
+            p[i] = zn_f32_to_bf16(pf[i]);
+        uint8_t *m = calloc(n, eb), *v = calloc(n, eb);
+        float *am = calloc(nb, 4), *av = calloc(nb, 4);
+        uint16_t *dp = dev_raw(p, n * 2);
+        float *dg = dev_raw(g, n * 4);
+        void *dm = dev_raw(m, n * eb), *dv = dev_raw(v, n * eb);
+        float *dam = dev_raw(am, nb * 4), *dav = dev_raw(av, nb * 4);
+        zn_moments hm = { fmt, m, v, am, av, ZN_Q8_BNB };
+        zn_moments dmv = { fmt, dm, dv, dam, dav, ZN_Q8_BNB };
+        for (int it = 0; it < 3; it++, hp.step++) {
+            for (size_t i = 0; i < n; i += 97)
+                g[i] = -g[i];
+            DEV_OK(zn_dev_copy_h2d(D, S, dg, g, n * 4));
+            DEV_OK(zn_dev_stream_sync(D, S));
+            ZT_CHECK(zn_adam_step_sr(&hp, p, &hm, g, ZN_DTYPE_F32, gs, seed, index0, n) == 0);
+            DEV_OK(zn_dev_adam_sr(D, S, &hp, dp, &dmv, dg, gs, seed, index0, (int64_t)n));
+        }
+        uint16_t *gp = malloc(n * 2);
+        uint8_t *gm = malloc(n * eb), *gv = malloc(n * eb);
+        float *gam = malloc(nb * 4), *gav = malloc(nb * 4);
+        DEV_OK(zn_dev_copy_d2h(D, S, gp, dp, n * 2));
+        DEV_OK(zn_dev_copy_d2h(D, S, gm, dm, n * eb));
+        DEV_OK(zn_dev_copy_d2h(D, S, gv, dv, n * eb));
+        DEV_OK(zn_dev_copy_d2h(D, S, gam, dam, nb * 4));
+        DEV_OK(zn_dev_copy_d2h(D, S, gav, dav, nb * 4));
+        DEV_OK(zn_dev_stream_sync(D, S));
+        size_t diff = 0;
+        for (size_t i = 0; i < n; i++)
+            diff += gp[i] != p[i] || memcmp(gm + i * eb, m + i * eb, eb) ||
+                    memcmp(gv + i * eb, v + i * eb, eb);
+        if (fmt == ZN_MOM_Q8)
+            diff += (size_t)(memcmp(gam, am, nb * 4) != 0) + (size_t)(memcmp(gav, av, nb * 4) != 0);
+        ZT_CHECK_MSG(diff == 0, "[%s] adam (bf16 master, %s moments): %zu of %zu elements (or "
+                     "the scales) differ from zn_adam_step_sr (%s path)", BK,
+                     zn_mom_fmt_name(fmt), diff, n, zn_adam_isa_name());
+        /* a call whose draw indices would pass 2^64 is refused */
+        ZT_CHECK(zn_dev_adam_sr(D, S, &hp, dp, &dmv, dg, gs, seed, UINT64_MAX - 3, 8) != 0);
+        free(pf), free(p), free(g), free(m), free(v), free(am), free(av);
+        free(gp), free(gm), free(gv), free(gam), free(gav);
+        dfree(dp), dfree(dg), dfree(dm), dfree(dv), dfree(dam), dfree(dav);
+    }
+}
+
 static int run_backend(const char *name)
 {
     zn_dev_config c = zn_dev_config_default();
@@ -1149,6 +1216,7 @@ static int run_backend(const char *name)
     test_cast();
     test_optimizer();
     test_optimizer_mom();
+    test_optimizer_sr();
     zn_dev_mem m;
     zn_dev_mem_stats(D, &m);
     ZT_CHECK_MSG(m.n_allocs == 0, "[%s] test leaked %llu device buffers", name,

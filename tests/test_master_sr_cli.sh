@@ -17,7 +17,8 @@
 #  - with the optimizer on NVMe (units swapped with a 2-byte master): the
 #    cpu tier's losses and checkpoint files bit for bit, fewer bytes
 #    written per step, resume and conversions at load;
-#  - refusals: the optimizer on the device, a value not allowed.
+#  - with the optimizer on the device: the same, against the cpu tier;
+#  - refusals: a value not allowed.
 set -u
 zinc=$(realpath "$1")
 fail=0
@@ -158,11 +159,43 @@ check "[ $? -eq 0 ] && grep -q 'widened (exact) at load' nr3.out && \
        diff <(hexes r3.jsonl) <(hexes nr3.jsonl) > /dev/null" \
     "bf16 master checkpoint into an fp32 master on NVMe: not as in the cpu tier: $(tail -2 nr3.out)"
 
+# the optimizer on the device (zn_dev_adam_sr; the host backend runs the
+# CPU's step, a GPU its kernel, checked against it by gpu-check): the cpu
+# tier's losses and checkpoint files bit for bit, with fp32 and 8-bit
+# moments, resume, and conversions at load as in the cpu tier
+# (a gpu tier room for the fp32 master the last conversion loads)
+dv=(--set zero_optimization.offload_optimizer.device=none --set tiers.gpu=96MiB
+    --set train.log_every=100)
+"$zinc" train "${dv[@]}" "${sr[@]}" --steps 12 --json-log dref.jsonl > dref.out 2>&1
+check "[ $? -eq 0 ] && diff <(hexes ref.jsonl) <(hexes dref.jsonl) > /dev/null" \
+    "bf16_sr with the optimizer on the device: not the cpu tier's losses: $(tail -3 dref.out)"
+"$zinc" train "${dv[@]}" "${sr[@]}" --set train.optim=adamw_bnb_8bit --steps 8 \
+    --json-log d8.jsonl > d8.out 2>&1
+check "[ $? -eq 0 ] && diff <(hexes sr-adamw_bnb_8bit.jsonl | head -8) <(hexes d8.jsonl) > /dev/null" \
+    "bf16_sr and 8-bit moments on the device: not the cpu tier's losses: $(tail -3 d8.out)"
+"$zinc" plan tiny.json "${dv[@]}" "${sr[@]}" > dplan.out 2>&1
+check "[ $? -eq 0 ] && grep -q '^master (bf16 sr) *[0-9.]* [KMG]iB' dplan.out" \
+    "the plan does not put the bf16 master on the device: $(grep -i master dplan.out)"
+"$zinc" train "${dv[@]}" "${sr[@]}" --set train.checkpoint.dir=dck --steps 5 > ds1.out 2>&1
+check "[ $? -eq 0 ]" "bf16_sr on the device with a checkpoint: $(tail -3 ds1.out)"
+for f in master m v; do
+    check "cmp -s dck/step-00000005/rank-0/$f.bin sr5/rank-0/$f.bin" \
+        "bf16_sr at step 5: the device run's $f.bin is not the cpu tier run's"
+done
+"$zinc" train "${dv[@]}" "${sr[@]}" --resume sr5 --steps 12 --json-log dres.jsonl > dr1.out 2>&1
+check "[ $? -eq 0 ] && diff <(hexes ref.jsonl | tail -7) <(hexes dres.jsonl) > /dev/null" \
+    "bf16_sr resumed on the device: losses differ from the uninterrupted run: $(tail -2 dr1.out)"
+"$zinc" train "${dv[@]}" "${sr[@]}" --resume f5 --steps 8 --json-log dr2.jsonl > dr2.out 2>&1
+check "[ $? -eq 0 ] && grep -q 'rounded to nearest even at load' dr2.out && \
+       diff <(hexes r2.jsonl) <(hexes dr2.jsonl) > /dev/null" \
+    "fp32 master checkpoint into bf16_sr on the device: not as in the cpu tier: $(tail -2 dr2.out)"
+"$zinc" train "${dv[@]}" --set train.master_weights=fp32 --resume sr5 --steps 8 \
+    --json-log dr3.jsonl > dr3.out 2>&1
+check "[ $? -eq 0 ] && grep -q 'widened (exact) at load' dr3.out && \
+       diff <(hexes r3.jsonl) <(hexes dr3.jsonl) > /dev/null" \
+    "bf16 master checkpoint into an fp32 master on the device: not as in the cpu tier: $(tail -2 dr3.out)"
+
 # refusals
-"$zinc" train "${sr[@]}" --set zero_optimization.offload_optimizer.device=none \
-    --set train.log_every=100 --steps 2 > dv.out 2>&1
-check "[ $? -ne 0 ] && grep -q 'train.master_weights' dv.out && grep -q '\"none\"' dv.out" \
-    "bf16_sr with the optimizer on the device: $(tail -2 dv.out)"
 "$zinc" train "${cpu[@]}" --set train.master_weights=bf16 --steps 2 > u.out 2>&1
 check "[ $? -ne 0 ] && grep -q 'fp32|bf16_sr' u.out" "an unknown master format: $(tail -2 u.out)"
 [ $fail -eq 0 ] && echo "master_sr_cli: ok"

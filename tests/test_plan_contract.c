@@ -254,10 +254,10 @@ int main(void)
         }
     }
     /* the bf16 master with stochastic rounding (train.master_weights), in
-     * the cpu optimizer tier and on NVMe (the homes it runs in): 2 bytes
-     * per parameter of master (NVMe extents too), and the fp32 params'
-     * update staging of the host backend (the master widened); LoRA
-     * adapters on a frozen base too */
+     * the cpu optimizer tier, on NVMe and on the device: 2 bytes per
+     * parameter of master (NVMe extents too), and the fp32 params' update
+     * staging of the host backend (the master widened); LoRA adapters on
+     * a frozen base too */
     extra_set = "train.master_weights=\"bf16_sr\"";
     for (size_t s = 0; s < 2; s++) {
         one(&shapes[s], &places[1], 2, 4, "auto", 4, 100000);
@@ -265,7 +265,10 @@ int main(void)
         one(&shapes[s], &places[4], 1, 1, "auto", 4, 30000);
         one(&shapes[s], &places[5], 2, 4, "cpu", 8, 30000);
         one(&shapes[s], &places[6], 2, 4, "nvme", 4, 100000);
-        n += 5;
+        /* the optimizer on the device (zn_dev_adam_sr) */
+        one(&shapes[s], &places[2], 2, 4, "auto", 4, 100000);
+        one(&shapes[s], &places[7], 2, 4, "auto", 4, 100000);
+        n += 7;
     }
     one(&shapes[3], &places[3], 2, 4, "auto", 4, 100000);
     n++;

@@ -95,20 +95,12 @@ int zn_cfg_validate(parse_ctx *ctx)
                 "offload_optimizer.nvme_path or tiers.nvme");
     if (z->offload_param.buffer_size < z->stage3_param_persistence_threshold)
         zn_debug("%s: offload_param.buffer_size < stage3_param_persistence_threshold", ctx->file);
-    /* A bf16 master with stochastic rounding is stepped by the CPU Adam, on
-     * a master in pinned RAM or swapped from NVMe; the device's Adam keeps
-     * fp32 masters (not built for bf16_sr) */
-    if (c->train.master_weights == ZN_MASTER_BF16_SR) {
-        if (c->fp16.enabled)
-            zn_cfg_err(ctx, "train.master_weights", "\"bf16_sr\" keeps bf16 master weights; "
-                       "fp16.enabled is true: train in bf16 (bf16.enabled), or use "
-                       "train.master_weights \"fp32\"");
-        if (z->offload_optimizer.device == ZN_OFFLOAD_NONE)
-            zn_cfg_err(ctx, "train.master_weights", "\"bf16_sr\" is stepped by the CPU Adam, "
-                       "and zero_optimization.offload_optimizer.device is \"none\" (the "
-                       "device's Adam, which keeps an fp32 master): set it to \"cpu\" or "
-                       "\"nvme\", or use train.master_weights \"fp32\"");
-    }
+    /* A bf16 master with stochastic rounding: bf16 training only (an fp16
+     * run's loss scaling and its overflow steps assume an fp32 master) */
+    if (c->train.master_weights == ZN_MASTER_BF16_SR && c->fp16.enabled)
+        zn_cfg_err(ctx, "train.master_weights", "\"bf16_sr\" keeps bf16 master weights; "
+                   "fp16.enabled is true: train in bf16 (bf16.enabled), or use "
+                   "train.master_weights \"fp32\"");
     if (c->aio.block_size % 4096)
         zn_cfg_err(ctx, "aio.block_size", "%lld is not a multiple of 4096",
                 (long long)c->aio.block_size);

@@ -174,13 +174,40 @@ __device__ __forceinline__ void adam1(const AdamK &k, float &pv, float &mv, floa
         pv = __fmaf_rn(k.step, upd, pv);
 }
 
-__global__ void k_adam(AdamK k, float *p, float *m, float *v, const float *g, uint16_t *c,
-                       int64_t n)
+// The parameter as the step sees it: fp32, or the bf16 master
+// (train.master_weights bf16_sr, zn_adam_step_sr) widened exactly and
+// rounded back with the random bits of (seed, step, its index): the keys
+// of the index's high words come from the host (zn_sr_key), the rest is
+// util/hash-impl.h's, as the CPU computes it.
+struct ParamF32 {
+    float *p;
+    __device__ __forceinline__ float load(int64_t i) const { return p[i]; }
+    __device__ __forceinline__ void store(int64_t i, float x) const { p[i] = x; }
+};
+
+struct ParamSR {
+    uint16_t *p;
+    uint64_t index0;
+    uint32_t hi0, k1[2], k2[2];
+    __device__ __forceinline__ float load(int64_t i) const
+    {
+        return __uint_as_float((uint32_t)p[i] << 16);
+    }
+    __device__ __forceinline__ void store(int64_t i, float x) const
+    {
+        uint64_t idx = index0 + (uint64_t)i;
+        uint32_t h = (uint32_t)(idx >> 32) - hi0;
+        p[i] = zn_bf16_round_sr_bits(__float_as_uint(x), zn_sr_hash(k1[h], k2[h], (uint32_t)idx));
+    }
+};
+
+template <typename P>
+__global__ void k_adam(AdamK k, P p, float *m, float *v, const float *g, uint16_t *c, int64_t n)
 {
     GRID_STRIDE(i, n) {
-        float pv = p[i], mv = m[i], vv = v[i];
+        float pv = p.load(i), mv = m[i], vv = v[i];
         adam1(k, pv, mv, vv, g[i]);
-        p[i] = pv;
+        p.store(i, pv);
         m[i] = mv;
         v[i] = vv;
         if (c)
@@ -190,14 +217,15 @@ __global__ void k_adam(AdamK k, float *p, float *m, float *v, const float *g, ui
 
 // bf16 moments (zn_adam_step_mom, ZN_MOM_BF16): widened exactly, stepped
 // as k_adam, rounded back to nearest even.
-__global__ void k_adam_bf16mom(AdamK k, float *p, uint16_t *m, uint16_t *v, const float *g,
+template <typename P>
+__global__ void k_adam_bf16mom(AdamK k, P p, uint16_t *m, uint16_t *v, const float *g,
                                uint16_t *c, int64_t n)
 {
     GRID_STRIDE(i, n) {
-        float pv = p[i];
+        float pv = p.load(i);
         float mv = __uint_as_float((uint32_t)m[i] << 16), vv = __uint_as_float((uint32_t)v[i] << 16);
         adam1(k, pv, mv, vv, g[i]);
-        p[i] = pv;
+        p.store(i, pv);
         m[i] = f2bf(mv);
         v[i] = f2bf(vv);
         if (c)
@@ -241,7 +269,8 @@ __device__ __forceinline__ uint8_t q8_code(const float *mid, const Q8Round &r, f
     return (uint8_t)lo;
 }
 
-__global__ void k_adam_q8(AdamK k, Q8Round rm, Q8Round rv, float *p, uint8_t *mq, uint8_t *vq,
+template <typename P>
+__global__ void k_adam_q8(AdamK k, Q8Round rm, Q8Round rv, P p, uint8_t *mq, uint8_t *vq,
                           float *am, float *av, const float *g, uint16_t *c, int64_t n)
 {
     __shared__ float mid_m[256], mid_v[256], red_m[kThreads], red_v[kThreads];
@@ -251,11 +280,11 @@ __global__ void k_adam_q8(AdamK k, Q8Round rm, Q8Round rv, float *p, uint8_t *mq
     bool in = i < n;
     float pv = 0, mv = 0, vv = 0;
     if (in) {
-        pv = p[i];
+        pv = p.load(i);
         mv = __fmul_rn(rm.map[mq[i]], am[b]);
         vv = __fmul_rn(rv.map[vq[i]], av[b]);
         adam1(k, pv, mv, vv, g[i]);
-        p[i] = pv;
+        p.store(i, pv);
         if (c)
             c[i] = f2bf(pv);
     }
@@ -280,6 +309,31 @@ __global__ void k_adam_q8(AdamK k, Q8Round rm, Q8Round rv, float *p, uint8_t *mq
         am[b] = sm;
         av[b] = sv;
     }
+}
+
+// The step's constants (zn_adam_prepare's) as the kernels take them.
+template <typename A>
+AdamK adam_k(const A &adam)
+{
+    return AdamK{ adam.b1, adam.omb1, adam.b2, adam.omb2, adam.step, adam.eps,
+                  adam.g_scale, adam.l2, adam.decay, adam.use_l2, adam.use_decay };
+}
+
+// The step with bf16 or 8-bit moments, for either kind of parameter.
+template <typename A, typename P>
+cudaError_t adam_mom(const char **what, cudaStream_t st, const A &adam, P p, uint16_t *c)
+{
+    if (adam.mv.fmt == ZN_MOM_BF16)
+        return launch(what, "k_adam_bf16mom", k_adam_bf16mom<P>, grid_for(adam.n), st,
+                      adam_k(adam), p, (uint16_t *)adam.mv.m, (uint16_t *)adam.mv.v, adam.g, c,
+                      adam.n);
+    Q8Round rm, rv;   // the kernel's parameters (4 KiB together), copied at launch
+    if (zn_q8_rounding_get(adam.mv.scheme, 1, (zn_q8_rounding *)&rm) ||
+        zn_q8_rounding_get(adam.mv.scheme, 0, (zn_q8_rounding *)&rv))
+        return cudaErrorInvalidValue;
+    return launch_rows(what, "k_adam_q8", k_adam_q8<P>, (int64_t)zn_q8_blocks((size_t)adam.n),
+                       st, adam_k(adam), rm, rv, p, (uint8_t *)adam.mv.m, (uint8_t *)adam.mv.v,
+                       adam.mv.m_absmax, adam.mv.v_absmax, adam.g, c, adam.n);
 }
 
 // Sums of squares by chunks of kNormChunk elements in zn_grad_norm_sq's
@@ -400,27 +454,20 @@ static cudaError_t run_generic(const zn_op *op, cudaStream_t st, float *scratch,
     }
     case ZN_OPK_ADAM: {
         const auto &adam = op->u.adam;
-        AdamK k = { adam.b1, adam.omb1, adam.b2, adam.omb2, adam.step, adam.eps,
-                    adam.g_scale, adam.l2, adam.decay, adam.use_l2, adam.use_decay };
-        return launch(what, "k_adam", k_adam, grid_for(adam.n), st, k, adam.p, adam.m, adam.v,
-                      adam.g, (uint16_t *)adam.c, adam.n);
+        return launch(what, "k_adam", k_adam<ParamF32>, grid_for(adam.n), st, adam_k(adam),
+                      ParamF32{ adam.p }, adam.m, adam.v, adam.g, (uint16_t *)adam.c, adam.n);
     }
-    case ZN_OPK_ADAM_MOM: {
+    case ZN_OPK_ADAM_MOM:
+        return adam_mom(what, st, op->u.adam, ParamF32{ op->u.adam.p }, (uint16_t *)op->u.adam.c);
+    case ZN_OPK_ADAM_SR: {
         const auto &adam = op->u.adam;
-        AdamK k = { adam.b1, adam.omb1, adam.b2, adam.omb2, adam.step, adam.eps,
-                    adam.g_scale, adam.l2, adam.decay, adam.use_l2, adam.use_decay };
-        if (adam.mv.fmt == ZN_MOM_BF16)
-            return launch(what, "k_adam_bf16mom", k_adam_bf16mom, grid_for(adam.n), st, k,
-                          adam.p, (uint16_t *)adam.mv.m, (uint16_t *)adam.mv.v, adam.g,
-                          (uint16_t *)adam.c, adam.n);
-        Q8Round rm, rv;   // the kernel's parameters (4 KiB together), copied at launch
-        if (zn_q8_rounding_get(adam.mv.scheme, 1, (zn_q8_rounding *)&rm) ||
-            zn_q8_rounding_get(adam.mv.scheme, 0, (zn_q8_rounding *)&rv))
-            return cudaErrorInvalidValue;
-        return launch_rows(what, "k_adam_q8", k_adam_q8, (int64_t)zn_q8_blocks((size_t)adam.n),
-                           st, k, rm, rv, adam.p, (uint8_t *)adam.mv.m, (uint8_t *)adam.mv.v,
-                           adam.mv.m_absmax, adam.mv.v_absmax, adam.g, (uint16_t *)adam.c,
-                           adam.n);
+        ParamSR p = { adam.p16, adam.sr_index0, adam.sr_hi0,
+                      { adam.sr_k1[0], adam.sr_k1[1] }, { adam.sr_k2[0], adam.sr_k2[1] } };
+        if (adam.mv.fmt == ZN_MOM_F32)
+            return launch(what, "k_adam (bf16 master)", k_adam<ParamSR>, grid_for(adam.n), st,
+                          adam_k(adam), p, (float *)adam.mv.m, (float *)adam.mv.v, adam.g,
+                          (uint16_t *)nullptr, adam.n);
+        return adam_mom(what, st, adam, p, nullptr);
     }
     case ZN_OPK_NORM_CHUNKS: {
         const auto &normc = op->u.normc;

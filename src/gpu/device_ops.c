@@ -3,6 +3,7 @@
  * pointers inside the arena) and handed to the backend as an op
  * descriptor. */
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -336,6 +337,40 @@ int zn_dev_adam_mom(zn_dev *d, zn_stream *s, const zn_adam_params *hp, float *p,
     return submit_checked(d, s, "adam_mom", &op,
                           DEV_PTRS(DEV_PTR(p, b), DEV_PTR(mv->m, eb), DEV_PTR(mv->v, eb),
                                    DEV_PTR(g, b), DEV_PTR_OPT(c, nbytes(n, c_dt)),
+                                   DEV_PTR_OPT(mv->m_absmax, ab), DEV_PTR_OPT(mv->v_absmax, ab)));
+}
+
+int zn_dev_adam_sr(zn_dev *d, zn_stream *s, const zn_adam_params *hp, uint16_t *p,
+                   const zn_moments *mv, const float *g, float g_scale, uint64_t seed,
+                   uint64_t index0, int64_t n)
+{
+    ZN_TRY(check_count("adam_sr", n));
+    CHK(mv, "adam_sr: NULL moments");
+    zn_adam_consts k;
+    /* zn_adam_step_sr's checks (p stands for the fp32 array in the NULL
+     * test) and constants */
+    ZN_TRY(zn_adam_prepare_mom(hp, (float *)(void *)p, mv, g, ZN_DTYPE_F32, g_scale, NULL,
+                               ZN_DTYPE_BF16, (size_t)n, &k));
+    CHK(index0 + (uint64_t)n >= index0 && (uint64_t)n <= ((uint64_t)1 << 32),
+        "adam_sr: elements %" PRIu64 " + %" PRId64 " overflow the draw's index", index0, n);
+    if (n == 0)
+        return 0;
+    uint64_t eb = mv->fmt == ZN_MOM_F32 ? (uint64_t)n * 4
+                  : mv->fmt == ZN_MOM_BF16 ? (uint64_t)n * 2 : (uint64_t)n;
+    uint64_t ab = mv->fmt == ZN_MOM_Q8 ? zn_q8_blocks((size_t)n) * 4 : 0;
+    zn_op op = { .kind = ZN_OPK_ADAM_SR,
+                 .u.adam = { .p16 = p, .g = g, .n = n, .hp = *hp, .g_scale = g_scale,
+                             .b1 = k.b1, .omb1 = k.omb1, .b2 = k.b2, .omb2 = k.omb2,
+                             .step = k.step_size, .eps = k.eps, .l2 = k.l2, .decay = k.decay,
+                             .use_l2 = k.use_l2, .use_decay = k.use_decay, .mv = *mv,
+                             .sr_seed = seed, .sr_index0 = index0,
+                             .sr_hi0 = (uint32_t)(index0 >> 32) } };
+    for (uint32_t h = 0; h < 2; h++)
+        zn_sr_key(seed, hp->step, op.u.adam.sr_hi0 + h, &op.u.adam.sr_k1[h],
+                  &op.u.adam.sr_k2[h]);
+    return submit_checked(d, s, "adam_sr", &op,
+                          DEV_PTRS(DEV_PTR(p, (uint64_t)n * 2), DEV_PTR(mv->m, eb),
+                                   DEV_PTR(mv->v, eb), DEV_PTR(g, (uint64_t)n * 4),
                                    DEV_PTR_OPT(mv->m_absmax, ab), DEV_PTR_OPT(mv->v_absmax, ab)));
 }
 

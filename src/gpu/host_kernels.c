@@ -693,6 +693,14 @@ static int adam_mom(const zn_op *op)
                             (size_t)op->u.adam.n);
 }
 
+/* and the bf16 master's (zn_dev_adam_sr) */
+static int adam_sr(const zn_op *op)
+{
+    return zn_adam_step_sr(&op->u.adam.hp, op->u.adam.p16, &op->u.adam.mv, op->u.adam.g,
+                           ZN_DTYPE_F32, op->u.adam.g_scale, op->u.adam.sr_seed,
+                           op->u.adam.sr_index0, (size_t)op->u.adam.n);
+}
+
 static void norm_chunks(const zn_op *op)
 {
     const int64_t C = (int64_t)ZN_GRAD_NORM_CHUNK, n = op->u.normc.n;
@@ -744,6 +752,7 @@ int zn_host_run_op(const zn_op *op, float **scratch, size_t *scratch_len)
     case ZN_OPK_DROPOUT: dropout(op); return 0;
     case ZN_OPK_ADAM: return adam(op);
     case ZN_OPK_ADAM_MOM: return adam_mom(op);
+    case ZN_OPK_ADAM_SR: return adam_sr(op);
     case ZN_OPK_NORM_CHUNKS: norm_chunks(op); return 0;
     case ZN_OPK_FLASH_FWD: return flash_fwd(op, scratch, scratch_len);
     case ZN_OPK_FLASH_BWD: return flash_bwd(op, scratch, scratch_len);

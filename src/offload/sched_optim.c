@@ -475,7 +475,7 @@ static int dev_unit(zn_trainer *tr, int u, bool adam, bool track)
     zn_dev *d = tr->dev;
     zn_unit *un = &tr->units[u];
     zn_opt_slot *s = &tr->opt.slot[0];
-    bool p16 = tr->param_dt != ZN_DTYPE_F32, on_dev = false, off_dev = false, held = track;
+    bool on_dev = false, off_dev = false, held = track;
     int rc = 0;
     if (track) {
         un->pseq = tr->opt.job.seq;
@@ -484,32 +484,43 @@ static int dev_unit(zn_trainer *tr, int u, bool adam, bool track)
     if (adam && (rc = zn_dev_launch_host_fn(d, tr->opt.s_h2d, adam_begin_fn, un)))
         return rc;
     /* Compressed moments step the whole unit at once (its 8-bit blocks
-     * would straddle pieces); the pieces' copies are then cast from the
-     * updated master as when no step runs. fp32 ones step piece by piece,
-     * the kernel writing each piece's copy. */
-    bool fused = adam && tr->mom_fmt == ZN_MOM_F32;
+     * would straddle pieces), and so does the bf16 master; the pieces'
+     * copies are then cast from the updated master as when no step runs.
+     * fp32 ones step piece by piece, the kernel writing each piece's copy. */
+    bool fused = adam && tr->mom_fmt == ZN_MOM_F32 && !tr->master_bf16;
     if (adam && !fused) {
         zn_moments mv = zn_mom_layout_at(tr->mom_fmt, tr->mom, tr->var, tr->P, un->off);
         mv.scheme = tr->q8_scheme;
-        rc = zn_dev_adam_mom(d, tr->opt.s_h2d, &tr->opt.job.hp, tr->master + un->off, &mv,
-                             tr->grad_acc + un->off, tr->opt.job.g_scale, NULL, ZN_DTYPE_BF16,
-                             (int64_t)un->n);
+        rc = tr->master_bf16
+                 ? zn_dev_adam_sr(d, tr->opt.s_h2d, &tr->opt.job.hp,
+                                  zn_tr_master16(tr) + un->off, &mv, tr->grad_acc + un->off,
+                                  tr->opt.job.g_scale, tr->cfg.train.seed, un->off,
+                                  (int64_t)un->n)
+                 : zn_dev_adam_mom(d, tr->opt.s_h2d, &tr->opt.job.hp, tr->master + un->off,
+                                   &mv, tr->grad_acc + un->off, tr->opt.job.g_scale, NULL,
+                                   ZN_DTYPE_BF16, (int64_t)un->n);
     }
+    /* the master's values in the params' dtype already (an fp32 master
+     * and fp32 params, the bf16 master and bf16 params): copied as they
+     * are; else cast into the home or the device staging */
+    zn_dtype mdt = tr->master_bf16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+    bool same = mdt == tr->param_dt;
     for (int k = 0; k < un->np && !rc; k++) {
         zn_piece *p = &tr->pieces[un->p0 + k];
         zn_block *b = &tr->blocks[p->block];
         uint64_t o = p->start, rel = p->start - un->off;
+        const void *msrc = tr->master_bf16 ? (const void *)(zn_tr_master16(tr) + o)
+                                           : (const void *)(tr->master + o);
         void *home =
             b->home == ZN_PHOME_DEVICE ? (char *)b->dev_params + piece_home_byte(tr, p) : NULL;
-        void *c = !p16 ? NULL : home ? home : (char *)tr->pdev + rel * tr->param_bytes;
+        void *c = same ? NULL : home ? home : (char *)tr->pdev + rel * tr->param_bytes;
         if (fused)
             rc = zn_dev_adam(d, tr->opt.s_h2d, &tr->opt.job.hp, tr->master + o, tr->mom + o, tr->var + o,
                              tr->grad_acc + o, tr->opt.job.g_scale, c, tr->param_dt, (int64_t)p->n);
         else if (c)
-            rc = zn_dev_cast(d, tr->opt.s_h2d, tr->master + o, ZN_DTYPE_F32, c, tr->param_dt,
-                             (int64_t)p->n);
-        if (!rc && !p16 && home)
-            rc = zn_dev_copy_d2d(d, tr->opt.s_h2d, home, tr->master + o, p->n * 4);
+            rc = zn_dev_cast(d, tr->opt.s_h2d, msrc, mdt, c, tr->param_dt, (int64_t)p->n);
+        if (!rc && same && home)
+            rc = zn_dev_copy_d2d(d, tr->opt.s_h2d, home, msrc, p->n * tr->param_bytes);
         if (rc)
             break;
         if (home) {
@@ -520,7 +531,7 @@ static int dev_unit(zn_trainer *tr, int u, bool adam, bool track)
             break;
         off_dev = true;
         rc = zn_dev_copy_d2h(d, tr->opt.s_h2d, (char *)tr->opt.pout_flat + rel * tr->param_bytes,
-                             p16 ? c : (void *)(tr->master + o), p->n * tr->param_bytes);
+                             same ? msrc : c, p->n * tr->param_bytes);
         if (!rc)
             atomic_fetch_add(&tr->tm.d2h, p->n * tr->param_bytes);
     }

@@ -240,7 +240,8 @@ int zn_tr_allocate(zn_trainer *tr)
             ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->param_bytes, "param update staging",
                           &tr->opt.pout_flat));
         if (tr->opt_on_device && off_dev) {
-            if (tr->param_dt != ZN_DTYPE_F32)
+            /* (a bf16 master goes out as it is to bf16 params) */
+            if (!master_is_param)
                 ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, tr->U * tr->param_bytes,
                               "param update staging (device)", &tr->pdev));
             ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->param_bytes, "param update staging",

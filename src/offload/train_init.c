@@ -204,9 +204,17 @@ int zn_tr_initialise(zn_trainer *tr)
                                  vals + (a - x), ZN_DTYPE_F32, e - a)))
                 goto out;
             if (tr->opt_on_device) {
-                if ((rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d,
-                                          tr->master + bl->off + (a - bl->soff), vals + (a - x),
-                                          (e - a) * 4)) ||
+                /* a bf16 master goes up as bf16 (conv holds c elements of
+                 * the params' dtype, 2 bytes or more each) */
+                uint64_t eb = zn_tr_master_elem(tr), at = bl->off + (a - bl->soff);
+                const void *up = vals + (a - x);
+                if (tr->master_bf16 &&
+                    (rc = zn_convert(conv, ZN_DTYPE_BF16, vals + (a - x), ZN_DTYPE_F32, e - a)))
+                    goto out;
+                if (tr->master_bf16)
+                    up = conv;
+                if ((rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d, (char *)tr->master + at * eb, up,
+                                          (e - a) * eb)) ||
                     (rc = zn_dev_stream_sync(tr->dev, tr->s_h2d)))
                     goto out;
             } else if (!opt_nvme && tr->master_bf16) {

@@ -148,19 +148,15 @@ int zn_tr_build_layout(zn_trainer *tr)
     tr->mom_fmt = mb == 1 ? ZN_MOM_Q8 : mb == 2 ? ZN_MOM_BF16 : ZN_MOM_F32;
     tr->q8_scheme = zn_config_q8_scheme(cfg->train.optim) ? ZN_Q8_TORCHAO : ZN_Q8_BNB;
     tr->mom_bytes = zn_mom_layout_bytes(tr->mom_fmt, tr->P);
-    /* train.master_weights: the bf16 master is stepped by the CPU Adam, in
-     * pinned RAM or swapped from NVMe at 2 bytes per element (the config
-     * refuses the device's Adam); the hash that draws its rounding bits
-     * counts this rank's flat offsets, which are the model's only with one
-     * rank */
+    /* train.master_weights: the bf16 master is stepped in pinned RAM, in
+     * units swapped from NVMe at 2 bytes per element, or on the device
+     * (zn_dev_adam_sr); the hash that draws its rounding bits counts this
+     * rank's flat offsets, which are the model's only with one rank */
     tr->master_bf16 = cfg->train.master_weights == ZN_MASTER_BF16_SR;
-    if (tr->master_bf16 && (tr->opt_home == ZN_OFFLOAD_NONE || tr->world > 1))
-        return zn_set_error(ZN_EUNSUPPORTED, "%s: train.master_weights \"bf16_sr\" runs with "
-                            "zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" "
-                            "on one rank; this run has the optimizer %s on %d rank(s): use "
-                            "train.master_weights \"fp32\"", cfg->source,
-                            tr->opt_home == ZN_OFFLOAD_NONE ? "on the device" : "off it",
-                            tr->world);
+    if (tr->master_bf16 && tr->world > 1)
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: train.master_weights \"bf16_sr\" runs on "
+                            "one rank; this run has %d: use train.master_weights \"fp32\"",
+                            cfg->source, tr->world);
     /* 8-bit blocks never straddle two units (the NVMe units below are
      * multiples of 1024 elements, or this rounded sub-group); bf16 units
      * are rounded alike, so that on NVMe every unit's moments but the

@@ -24,8 +24,18 @@ static bool res_counts_for_busiest(int r)
 static int read_local_master(zn_trainer *tr, float *out)
 {
     if (tr->opt_on_device) {
-        int rc = tr->P ? zn_dev_copy_d2h(tr->dev, tr->s_h2d, out, tr->master, tr->P * 4) : 0;
-        return rc ? rc : zn_dev_stream_sync(tr->dev, tr->s_h2d);
+        /* a bf16 master lands in out's upper half and is widened
+         * (exactly) in ascending order: element i's write ends where
+         * element i + 1's read starts, or before */
+        uint64_t eb = zn_tr_master_elem(tr);
+        void *at = (char *)out + tr->P * (4 - eb);
+        int rc = tr->P ? zn_dev_copy_d2h(tr->dev, tr->s_h2d, at, tr->master, tr->P * eb) : 0;
+        if (!rc)
+            rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
+        if (!rc && tr->master_bf16)
+            for (uint64_t i = 0; i < tr->P; i++)
+                out[i] = zn_bf16_to_f32(((const uint16_t *)at)[i]);
+        return rc;
     }
     if (tr->master_bf16 && tr->opt_home != ZN_OFFLOAD_NVME)   /* widened: exact */
         return zn_convert(out, ZN_DTYPE_F32, tr->master, ZN_DTYPE_BF16, tr->P);

@@ -242,20 +242,37 @@ static int load_convert(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source s
 }
 
 /* On the device: through the state staging, then each unit's working
- * parameters made again there. */
-static int load_device(zn_trainer *tr, zn_train_state_source src, void *user)
+ * parameters made again there. A master stored in the other format
+ * (master_from) is converted on the way: fp32 rounded to nearest even
+ * into a bf16 master, bf16 widened (exactly) into an fp32 one. */
+static int load_device(zn_trainer *tr, zn_dtype master_from, zn_train_state_source src,
+                       void *user)
 {
-    const uint64_t chunk = tr->ostage_bytes;
-    int rc = 0;
-    for (int k = 0; k < ZN_TS_COUNT && !rc; k++)
-        for (uint64_t off = 0, total = k ? tr->mom_bytes : tr->P * 4; off < total && !rc;
-             off += chunk) {
-            uint64_t n = total - off < chunk ? total - off : chunk;
-            if (!(rc = src(user, k, off, tr->ostage, n)) &&
-                !(rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d, (char *)stream_base(tr, k) + off,
-                                       tr->ostage, n)))
+    const uint64_t chunk = tr->ostage_bytes, eb = zn_tr_master_elem(tr);
+    const uint64_t fb = zn_dtype_size(master_from);
+    zn_dtype mdt = tr->master_bf16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+    bool conv = master_from != mdt;
+    /* the stored master's chunks, when they are converted */
+    char *buf = conv ? malloc(chunk) : NULL;
+    int rc = conv && !buf ? zn_set_error(-ENOMEM, "state load: out of memory converting the "
+                                                  "master") : 0;
+    for (int k = 0; k < ZN_TS_COUNT && !rc; k++) {
+        bool ck = conv && k == ZN_TS_MASTER;
+        uint64_t total = k ? tr->mom_bytes : tr->P * eb;
+        /* device bytes per chunk: as many elements as both formats fit */
+        uint64_t step = ck ? chunk / (fb > eb ? fb : eb) * eb : chunk;
+        for (uint64_t off = 0; off < total && !rc; off += step) {
+            uint64_t n = total - off < step ? total - off : step;
+            if (!ck)
+                rc = src(user, k, off, tr->ostage, n);
+            else if (!(rc = src(user, k, off / eb * fb, buf, n / eb * fb)))
+                rc = zn_convert(tr->ostage, mdt, buf, master_from, n / eb);
+            if (!rc && !(rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d,
+                                              (char *)stream_base(tr, k) + off, tr->ostage, n)))
                 rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
         }
+    }
+    free(buf);
     for (int u = 0; u < tr->n_units && !rc; u++)
         rc = zn_optsched_dev_regen(tr, u);
     return rc;
@@ -437,16 +454,12 @@ int zn_train_state_load(zn_trainer *tr, zn_mom_fmt from, zn_dtype master_from,
     if (master_from != ZN_DTYPE_F32 && master_from != ZN_DTYPE_BF16)
         return zn_set_error(ZN_EINTERNAL, "state load: a master of %s",
                             zn_dtype_name(master_from));
-    if (tr->opt_on_device && master_from != ZN_DTYPE_F32)
-        return zn_set_error(ZN_EUNSUPPORTED, "state load: a bf16 master (train.master_weights "
-                            "bf16_sr) into a run whose optimizer is on the device: load it "
-                            "with zero_optimization.offload_optimizer.device \"cpu\"");
     bool nvme = tr->opt_home == ZN_OFFLOAD_NVME && !tr->opt_on_device;
     if (from != tr->mom_fmt && (tr->opt_on_device || (nvme && from != ZN_MOM_F32)))
         return zn_set_error(ZN_EUNSUPPORTED, "state load: moments as %s into a run keeping "
                             "them as %s on the %s", zn_mom_fmt_name(from),
                             zn_mom_fmt_name(tr->mom_fmt), tr->opt_on_device ? "device" : "NVMe tier");
-    int rc = tr->opt_on_device ? load_device(tr, src, user)
+    int rc = tr->opt_on_device ? load_device(tr, master_from, src, user)
              : nvme   ? load_nvme(tr, from, master_from, src, user)
                       : load_flat(tr, from, master_from, src, user);
     /* each rank made its own shard of the working parameters again; a

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "util/hash-impl.h"
 #include "zinc/optim.h"
 
 /* The SIMD files are built (with `#pragma GCC target`) for x86-64 GCC. */
@@ -417,59 +418,13 @@ static inline void zn_adam_elem(const zn_adam_consts *k, float *pp, float *mp, f
 }
 
 
-/* ---- stochastic rounding (the formulas the SIMD paths follow) -----------
- * Chris Wellons' lowbias32 (an integer hash with low avalanche bias, from
- * his hash-prospector search): 32-bit multiplies only, which AVX2 and
- * AVX-512F both have per lane (64-bit multiplies need AVX-512DQ). */
-static inline uint32_t zn_lowbias32(uint32_t x)
-{
-    x ^= x >> 16;
-    x *= 0x7feb352du;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    x ^= x >> 16;
-    return x;
-}
-
-/* The 16 random bits of the element whose index has low word idx_lo, in a
- * call keyed by (k1, k2) (zn_sr_key: seed, step, the index's high word).
- * Two rounds keyed differently, so that steps are not shifts of one
- * sequence. The top 16 bits: the final xor-shift leaves them the best
- * mixed. */
-static inline uint32_t zn_sr_hash(uint32_t k1, uint32_t k2, uint32_t idx_lo)
-{
-    return zn_lowbias32(zn_lowbias32(idx_lo ^ k1) + k2) >> 16;
-}
-
-/* splitmix64's finaliser (Steele, Lea, Flood 2014). */
-static inline uint64_t zn_splitmix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-static inline void zn_sr_key(uint64_t seed, int64_t step, uint32_t idx_hi, uint32_t *k1,
-                             uint32_t *k2)
-{
-    uint64_t k = zn_splitmix64(zn_splitmix64(zn_splitmix64(seed) ^ (uint64_t)step) ^ idx_hi);
-    *k1 = (uint32_t)k;
-    *k2 = (uint32_t)(k >> 32);
-}
-
-/* x to bf16 adding r16 to its low half (the rules of zn_adam_step_sr):
- * on the magnitude, so a negative value rounds away from zero with the
- * same probability; a finite value saturates at the largest finite bf16;
- * NaN and Inf as zn_bf16_round. */
+/* ---- stochastic rounding (the formulas the SIMD paths follow; the hash
+ * and the rounding on bits live in util/hash-impl.h, shared with the
+ * device's kernel) ----------------------------------------------------- */
+/* x to bf16 adding r16 to its low half (zn_bf16_round_sr_bits) */
 static inline uint16_t zn_bf16_round_sr(float x, uint32_t r16)
 {
-    uint32_t u = zn_f32_bits(x);
-    uint32_t a = u & 0x7fffffffu, sign = (u >> 16) & 0x8000u;
-    if (a > 0x7f7fffffu)
-        return (uint16_t)(sign | (a >> 16) | (a > 0x7f800000u ? 0x0040u : 0u));
-    uint32_t t = (a + r16) >> 16;
-    return (uint16_t)(sign | (t < 0x7f7fu ? t : 0x7f7fu));
+    return zn_bf16_round_sr_bits(zn_f32_bits(x), r16);
 }
 
 #endif

@@ -38,4 +38,55 @@ ZN_HD uint32_t zn_drop_threshold(double p)
     return (uint32_t)(p * 16777216.0 + 0.5);
 }
 
+/* ---- stochastic rounding to bf16 (zn_adam_step_sr, and the device's
+ * step) ------------------------------------------------------------------
+ * Chris Wellons' lowbias32 (an integer hash with low avalanche bias, from
+ * his hash-prospector search): 32-bit multiplies only, which AVX2 and
+ * AVX-512F both have per lane (64-bit multiplies need AVX-512DQ). */
+ZN_HD uint32_t zn_lowbias32(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
+/* The 16 random bits of the element whose index has low word idx_lo, in a
+ * call keyed by (k1, k2) (zn_sr_key: seed, step, the index's high word).
+ * Two rounds keyed differently, so that steps are not shifts of one
+ * sequence. The top 16 bits: the final xor-shift leaves them the best
+ * mixed. */
+ZN_HD uint32_t zn_sr_hash(uint32_t k1, uint32_t k2, uint32_t idx_lo)
+{
+    return zn_lowbias32(zn_lowbias32(idx_lo ^ k1) + k2) >> 16;
+}
+
+/* splitmix64 (its increment, then the finalizer) */
+ZN_HD uint64_t zn_splitmix64(uint64_t x)
+{
+    return zn_mix64(x + ZN_GOLDEN64);
+}
+
+ZN_HD void zn_sr_key(uint64_t seed, int64_t step, uint32_t idx_hi, uint32_t *k1, uint32_t *k2)
+{
+    uint64_t k = zn_splitmix64(zn_splitmix64(zn_splitmix64(seed) ^ (uint64_t)step) ^ idx_hi);
+    *k1 = (uint32_t)k;
+    *k2 = (uint32_t)(k >> 32);
+}
+
+/* The float with bits u to bf16 adding r16 to its low half (the rules of
+ * zn_adam_step_sr): on the magnitude, so a negative value rounds away from
+ * zero with the same probability; a finite value saturates at the largest
+ * finite bf16; NaN and Inf as zn_bf16_round. */
+ZN_HD uint16_t zn_bf16_round_sr_bits(uint32_t u, uint32_t r16)
+{
+    uint32_t a = u & 0x7fffffffu, sign = (u >> 16) & 0x8000u;
+    if (a > 0x7f7fffffu)
+        return (uint16_t)(sign | (a >> 16) | (a > 0x7f800000u ? 0x0040u : 0u));
+    uint32_t t = (a + r16) >> 16;
+    return (uint16_t)(sign | (t < 0x7f7fu ? t : 0x7f7fu));
+}
+
 #endif
