@@ -480,6 +480,41 @@ static void check_sr(const zn_optim_ops *ref, const zn_optim_ops *emu)
     free(b);
     free(c);
 }
+
+/* The bf16-master ceiling (rmw_sr) of each moment width moves the bytes and
+ * changes none, through the emulated masks and AVX2's scalar tail alike: a
+ * partial 8-bit block at the end. */
+static void check_sr_ceiling(const zn_optim_ops *ref, const zn_optim_ops *emu)
+{
+    const size_t n = 4099, nb = zn_q8_blocks(n);
+    for (int mb = 1; mb <= 4; mb *= 2) {
+        /* p, m, v in one buffer, the absmax (floats) in another */
+        size_t bytes = 2 * n + 2 * n * (size_t)mb;
+        char *x = malloc(bytes), *keep = malloc(bytes);
+        float *g = malloc(n * 4), *am = malloc(2 * nb * 4), *amk = malloc(2 * nb * 4);
+        if (!x || !keep || !g || !am || !amk)
+            ZT_SETUP_FAIL("out of memory");
+        for (size_t i = 0; i < bytes; i++)
+            x[i] = (char)zn_splitmix64(i * 31 + (size_t)mb);
+        for (size_t i = 0; i < n; i++)
+            g[i] = (float)i;
+        for (size_t b = 0; b < 2 * nb; b++)
+            am[b] = (float)b + 0.5f;
+        memcpy(keep, x, bytes);
+        memcpy(amk, am, 2 * nb * 4);
+        uint16_t *p = (uint16_t *)(void *)x;
+        char *m = x + 2 * n, *v = m + n * (size_t)mb;
+        for (int k = 0; k < 2; k++)
+            (k ? emu : ref)->rmw_sr(p, m, v, mb, am, am + nb, g, ZN_DTYPE_F32, n);
+        ZT_CHECK_MSG(!memcmp(x, keep, bytes) && !memcmp(am, amk, 2 * nb * 4),
+                     "rmw_sr (moments of %d bytes) changed the state", mb);
+        free(x);
+        free(keep);
+        free(g);
+        free(am);
+        free(amk);
+    }
+}
 #endif
 
 int main(void)
@@ -495,6 +530,7 @@ int main(void)
     check_ceilings(ref, emu);
     check_moments(ref, emu);
     check_sr(ref, emu);
+    check_sr_ceiling(ref, emu);
     return zt_done();
 #else
     ZT_SKIP("not an x86-64 GCC build: there are no AVX-512 kernels to emulate");

@@ -156,6 +156,13 @@ typedef void (*zn_rmw_mom_fn)(float *p, void *m, void *v, int mb, float *am, flo
 typedef void (*zn_sr_round_fn)(const float *x, uint16_t *out, size_t n, uint32_t k1,
                                uint32_t k2, uint32_t idx_lo);
 
+/* The benchmark ceiling of the bf16-master step (zn_adam_step_sr): reads
+ * p (bf16), g and mb bytes of m and of v per element (4: fp32 moments; 1:
+ * and each block's absmax, n from a block's start), writes p, m, v back
+ * unchanged. No copy: the bf16 master is the working copy. */
+typedef void (*zn_rmw_sr_fn)(uint16_t *p, void *m, void *v, int mb, float *am, float *av,
+                             const void *g, zn_dtype g_dtype, size_t n);
+
 /* One block of the 8-bit step, fused (n <= ZN_Q8_BLOCK): dequantize m and
  * v, step them as the path's adam kernel does, store the new absmax
  * (*am, *av) and codes. Optional (NULL: moments.c runs the pieces); the
@@ -178,6 +185,7 @@ typedef struct {
     zn_bf16_round_fn bf16_round;
     zn_rmw_mom_fn rmw_mom;
     zn_sr_round_fn sr_round;
+    zn_rmw_sr_fn rmw_sr;
     zn_q8_step_fn q8_step;
 } zn_optim_ops;
 
@@ -202,6 +210,8 @@ void zn_rmw_mom_scalar(float *p, void *m, void *v, int mb, float *am, float *av,
                        zn_dtype g_dtype, void *c, size_t n);
 void zn_sr_round_scalar(const float *x, uint16_t *out, size_t n, uint32_t k1, uint32_t k2,
                         uint32_t idx_lo);
+void zn_rmw_sr_scalar(uint16_t *p, void *m, void *v, int mb, float *am, float *av,
+                      const void *g, zn_dtype g_dtype, size_t n);
 
 /* The fp32 Adam step in the vector paths' operation order (their FMAs as
  * fmaf, one rounding each): the scalar path of zn_adam_step_sr, so that

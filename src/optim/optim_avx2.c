@@ -515,6 +515,56 @@ static void avx2_rmw_mom(float *p, void *m, void *v, int mb, float *am, float *a
     }
 }
 
+/* the bf16-master step's ceiling: 16 bf16 params and their moments a turn,
+ * as avx2_rmw_mom turns */
+static void avx2_rmw_sr(uint16_t *p, void *m, void *v, int mb, float *am, float *av,
+                        const void *g, zn_dtype gt, size_t n)
+{
+    if (gt != ZN_DTYPE_F32)
+        gt = ZN_DTYPE_BF16;   /* F16 moves the same bytes */
+    size_t i = 0;
+    for (; i + 2 * W <= n; i += 2 * W) {
+        __m256i pv = _mm256_loadu_si256((const __m256i *)(p + i));
+        __m256 g0 = load_g(g, gt, i), g1 = load_g(g, gt, i + W);
+        __asm__ volatile("" : "+x"(pv), "+x"(g0), "+x"(g1));
+        if (mb == 4) {
+            float *mf = (float *)m + i, *vf = (float *)v + i;
+            __m256 m0 = _mm256_loadu_ps(mf), m1 = _mm256_loadu_ps(mf + W);
+            __m256 v0 = _mm256_loadu_ps(vf), v1 = _mm256_loadu_ps(vf + W);
+            __asm__ volatile("" : "+x"(m0), "+x"(m1), "+x"(v0), "+x"(v1));
+            _mm256_storeu_ps(mf, m0);
+            _mm256_storeu_ps(mf + W, m1);
+            _mm256_storeu_ps(vf, v0);
+            _mm256_storeu_ps(vf + W, v1);
+        } else if (mb == 2) {
+            __m256i mh = _mm256_loadu_si256((const __m256i *)((uint16_t *)m + i));
+            __m256i vh = _mm256_loadu_si256((const __m256i *)((uint16_t *)v + i));
+            __asm__ volatile("" : "+x"(mh), "+x"(vh));
+            _mm256_storeu_si256((__m256i *)((uint16_t *)m + i), mh);
+            _mm256_storeu_si256((__m256i *)((uint16_t *)v + i), vh);
+        } else {
+            __m128i mq = _mm_loadu_si128((const __m128i *)((uint8_t *)m + i));
+            __m128i vq = _mm_loadu_si128((const __m128i *)((uint8_t *)v + i));
+            __asm__ volatile("" : "+x"(mq), "+x"(vq));
+            _mm_storeu_si128((__m128i *)((uint8_t *)m + i), mq);
+            _mm_storeu_si128((__m128i *)((uint8_t *)v + i), vq);
+            if ((i & (ZN_Q8_BLOCK - 1)) == 0) {
+                size_t b = i / ZN_Q8_BLOCK;
+                float x = am[b], y = av[b];
+                __asm__ volatile("" : "+x"(x), "+x"(y));
+                am[b] = x;
+                av[b] = y;
+            }
+        }
+        _mm256_storeu_si256((__m256i *)(p + i), pv);
+    }
+    if (i < n) {
+        size_t gs = zn_dtype_size(gt);
+        zn_rmw_sr_scalar(p + i, (char *)m + i * (size_t)mb, (char *)v + i * (size_t)mb, mb,
+                         NULL, NULL, (const char *)g + i * gs, gt, n - i);
+    }
+}
+
 /* zn_lowbias32 on 8 lanes */
 static inline __m256i lowbias8(__m256i x)
 {
@@ -566,6 +616,6 @@ static void avx2_sr_round(const float *x, uint16_t *out, size_t n, uint32_t k1, 
 const zn_optim_ops zn_optim_ops_avx2 = {
     ZN_ISA_AVX2, "avx2", avx2_adam, avx2_norm_chunk, avx2_rmw, avx2_triad,
     avx2_q8_dequant, avx2_q8_quant, avx2_bf16_widen, avx2_bf16_round, avx2_rmw_mom,
-    avx2_sr_round, NULL,
+    avx2_sr_round, avx2_rmw_sr, NULL,
 };
 #endif

@@ -356,6 +356,52 @@ static void avx512_rmw_mom(float *p, void *m, void *v, int mb, float *am, float 
         _mm_sfence();
 }
 
+/* the bf16-master step's ceiling: 16 bf16 params and their moments a turn,
+ * as avx512_rmw_mom turns */
+static void avx512_rmw_sr(uint16_t *p, void *m, void *v, int mb, float *am, float *av,
+                          const void *g, zn_dtype gt, size_t n)
+{
+    if (gt != ZN_DTYPE_F32)
+        gt = ZN_DTYPE_BF16;   /* F16 moves the same bytes */
+    for (size_t i = 0; i < n; i += W) {
+        __mmask16 mk = tail_mask(n - i);
+        __m256i pv = _mm256_maskz_loadu_epi16(mk, p + i);
+        __m512 gv = load_g(g, gt, i, mk);
+        ZN_OPAQUE(pv);
+        ZN_OPAQUE(gv);
+        if (mb == 4) {
+            __m512 mv = _mm512_maskz_loadu_ps(mk, (float *)m + i);
+            __m512 vv = _mm512_maskz_loadu_ps(mk, (float *)v + i);
+            ZN_OPAQUE(mv);
+            ZN_OPAQUE(vv);
+            _mm512_mask_storeu_ps((float *)m + i, mk, mv);
+            _mm512_mask_storeu_ps((float *)v + i, mk, vv);
+        } else if (mb == 2) {
+            __m256i mh = _mm256_maskz_loadu_epi16(mk, (uint16_t *)m + i);
+            __m256i vh = _mm256_maskz_loadu_epi16(mk, (uint16_t *)v + i);
+            ZN_OPAQUE(mh);
+            ZN_OPAQUE(vh);
+            _mm256_mask_storeu_epi16((uint16_t *)m + i, mk, mh);
+            _mm256_mask_storeu_epi16((uint16_t *)v + i, mk, vh);
+        } else {
+            __m128i mq = _mm_maskz_loadu_epi8(mk, (uint8_t *)m + i);
+            __m128i vq = _mm_maskz_loadu_epi8(mk, (uint8_t *)v + i);
+            ZN_OPAQUE(mq);
+            ZN_OPAQUE(vq);
+            _mm_mask_storeu_epi8((uint8_t *)m + i, mk, mq);
+            _mm_mask_storeu_epi8((uint8_t *)v + i, mk, vq);
+            if ((i & (ZN_Q8_BLOCK - 1)) == 0) {
+                size_t b = i / ZN_Q8_BLOCK;
+                float x = am[b], y = av[b];
+                __asm__ volatile("" : "+v"(x), "+v"(y));
+                am[b] = x;
+                av[b] = y;
+            }
+        }
+        _mm256_mask_storeu_epi16(p + i, mk, pv);
+    }
+}
+
 /* ---- stochastic rounding (master_sr.c) --------------------------------- */
 
 /* zn_lowbias32 on 16 lanes */
@@ -400,7 +446,7 @@ static void avx512_sr_round(const float *x, uint16_t *out, size_t n, uint32_t k1
 const zn_optim_ops ZN_AVX512_OPS = {
     ZN_ISA_AVX512, "avx512", avx512_adam, avx512_norm_chunk, avx512_rmw, avx512_triad,
     avx512_q8_dequant, avx512_q8_quant, avx512_bf16_widen, avx512_bf16_round, avx512_rmw_mom,
-    avx512_sr_round,
+    avx512_sr_round, avx512_rmw_sr,
     NULL,   /* no fused 8-bit block: moments.c runs the pieces */
 };
 #endif
