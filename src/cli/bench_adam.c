@@ -4,7 +4,9 @@
  * STREAM triad; rows for each SIMD path and a plain scalar loop; every row
  * verified against a double-precision step of sampled elements. With
  * --states, the same for moments kept as bf16 or 8-bit blockwise, each
- * against a roofline of its own bytes and against the fp32 step. */
+ * against a roofline of its own bytes and against the fp32 step; with
+ * --master bf16_sr, the same again with bf16 master weights rounded
+ * stochastically (zn_adam_step_sr), against the fp32-master step. */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -26,6 +28,9 @@
 #define MAX_ITERS 200
 #define SLAB_ALIGN ((size_t)2 << 20)   /* 2 MiB: transparent huge pages */
 #define ARRAY_STAGGER (SLAB_ALIGN + 4096)
+/* the hash seed of the bf16-master rows' stochastic rounding: fixed, so a
+ * run's bits are reproducible (the step is each pass's Adam step) */
+#define SR_SEED 0x5eedull
 
 typedef struct {
     size_t n;
@@ -36,6 +41,7 @@ typedef struct {
     int iters;
     const char *csv;
     unsigned fmts;               /* bit per zn_mom_fmt */
+    int sr;                      /* --master bf16_sr|all: the bf16-master rows too */
 } opts;
 
 typedef struct {
@@ -46,6 +52,7 @@ typedef struct {
     float *p, *m, *v;
     void *g;
     uint16_t *c;
+    uint16_t *ps;                /* bf16 master weights (--master bf16_sr) */
     uint16_t *mh, *vh;           /* bf16 moments (--states bf16) */
     uint8_t *mq, *vq;            /* 8-bit codes and their blocks' absmax */
     float *am, *av;
@@ -56,6 +63,7 @@ enum { ROW_RMW, ROW_TRIAD, ROW_ADAM, ROW_PLAIN };
 typedef struct {
     int kind;
     zn_mom_fmt fmt;
+    int sr;                      /* bf16 master (zn_adam_step_sr) and its roofline */
     char name[24];               /* "adam avx2" */
     const zn_optim_ops *ops;       /* ROW_ADAM: the path */
     int is_auto;
@@ -101,6 +109,16 @@ static float grad_value(size_t i, zn_dtype gt)
     return g;
 }
 
+/* Thread t's whole 8-bit blocks of n elements, as zn_adam_step_mom and
+ * zn_adam_step_sr split them. */
+static void block_range(size_t n, int nt, int t, size_t *lo, size_t *hi)
+{
+    size_t nb = zn_q8_blocks(n);
+    *lo = nb * (size_t)t / (size_t)nt * ZN_Q8_BLOCK;
+    *hi = nb * (size_t)(t + 1) / (size_t)nt * ZN_Q8_BLOCK;
+    *hi = *hi < n ? *hi : n;
+}
+
 /* Fills (and so first-touches) the arrays with the threads and split the
  * kernels use, so that each page lands on the NUMA node that updates it. */
 static void fill(const opts *o, arrays *a)
@@ -121,6 +139,16 @@ static void fill(const opts *o, arrays *a)
                 ((uint16_t *)a->g)[i] = zn_f32_to_f16(g);
             if (a->c)
                 a->c[i] = 0;
+        }
+    }
+    if (a->ps) {
+        /* the bf16 master by whole 8-bit blocks, as zn_adam_step_sr splits */
+#pragma omp parallel num_threads(o->threads)
+        {
+            size_t lo, hi;
+            block_range(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+            for (size_t i = lo; i < hi; i++)
+                a->ps[i] = zn_f32_to_bf16(a->p[i]);
         }
     }
     /* the compressed moments start from the same values */
@@ -145,11 +173,14 @@ static zn_moments moments_of(const arrays *a, zn_mom_fmt f)
 
 /* Bytes a step moves per parameter: p read and written, g read, both
  * moments read and written, each 8-bit block's two absmax read and
- * written, the copy written. */
-static double bytes_per_param(const opts *o, zn_mom_fmt f)
+ * written, the copy written. A bf16 master (sr) is 2 bytes each way and
+ * has no copy: it is the working copy. */
+static double bytes_per_param(const opts *o, zn_mom_fmt f, int sr)
 {
     double mom = f == ZN_MOM_F32 ? 4 : f == ZN_MOM_BF16 ? 2 : 1;
     double blk = f == ZN_MOM_Q8 ? 2.0 * 8 / ZN_Q8_BLOCK : 0;
+    if (sr)
+        return 4 + (double)zn_dtype_size(o->gt) + 4 * mom + blk;
     return 8 + (double)zn_dtype_size(o->gt) + 4 * mom + blk + (o->copy ? 2 : 0);
 }
 
@@ -171,7 +202,8 @@ static int alloc_arrays(const opts *o, arrays *a)
     size_t qb = round_up(n, SLAB_ALIGN) + ARRAY_STAGGER;
     size_t ab = round_up(zn_q8_blocks(n) * 4, SLAB_ALIGN) + ARRAY_STAGGER;
     int bf = (o->fmts >> ZN_MOM_BF16) & 1, q8 = (o->fmts >> ZN_MOM_Q8) & 1;
-    a->slab_bytes = 3 * f + gb + cb + (bf ? 2 * hb : 0) + (q8 ? 2 * qb + 2 * ab : 0);
+    a->slab_bytes = 3 * f + gb + cb + (bf ? 2 * hb : 0) + (q8 ? 2 * qb + 2 * ab : 0) +
+                    (o->sr ? hb : 0);
     long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     if (pages > 0 && psz > 0 && (double)a->slab_bytes > 0.85 * (double)pages * (double)psz) {
         char want[32], have[32];
@@ -209,7 +241,10 @@ static int alloc_arrays(const opts *o, arrays *a)
         a->vq = (uint8_t *)(at + qb);
         a->am = (float *)(at + 2 * qb);
         a->av = (float *)(at + 2 * qb + ab);
+        at += 2 * qb + 2 * ab;
     }
+    if (o->sr)
+        a->ps = (uint16_t *)at;
     return 0;
 }
 
@@ -228,11 +263,7 @@ static void run_rmw(const opts *o, const zn_optim_ops *ops, arrays *a, zn_mom_fm
                 ops->rmw(a->p + lo, a->m + lo, a->v + lo, (char *)a->g + lo * gs, o->gt,
                          a->c ? a->c + lo : NULL, hi - lo);
         } else {
-            /* whole 8-bit blocks per thread, as zn_adam_step_mom splits */
-            size_t nb = zn_q8_blocks(n);
-            lo = nb * (size_t)t / (size_t)nt * ZN_Q8_BLOCK;
-            hi = nb * (size_t)(t + 1) / (size_t)nt * ZN_Q8_BLOCK;
-            hi = hi < n ? hi : n;
+            block_range(n, nt, t, &lo, &hi);
             zn_moments mv = moments_of(a, f);
             int mb = f == ZN_MOM_Q8 ? 1 : 2;
             if (hi > lo)
@@ -242,6 +273,25 @@ static void run_rmw(const opts *o, const zn_optim_ops *ops, arrays *a, zn_mom_fm
                              mv.v_absmax ? mv.v_absmax + lo / ZN_Q8_BLOCK : NULL,
                              (char *)a->g + lo * gs, o->gt, a->c ? a->c + lo : NULL, hi - lo);
         }
+    }
+}
+
+/* the bf16-master step's bytes: p 2, g and the moments of format f */
+static void run_rmw_sr(const opts *o, const zn_optim_ops *ops, arrays *a, zn_mom_fmt f)
+{
+    size_t gs = zn_dtype_size(o->gt);
+    zn_moments mv = moments_of(a, f);
+    int mb = f == ZN_MOM_F32 ? 4 : f == ZN_MOM_BF16 ? 2 : 1;
+#pragma omp parallel num_threads(o->threads)
+    {
+        size_t lo, hi;
+        block_range(o->n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+        if (hi > lo)
+            ops->rmw_sr(a->ps + lo, (char *)mv.m + lo * (size_t)mb,
+                        (char *)mv.v + lo * (size_t)mb, mb,
+                        mv.m_absmax ? mv.m_absmax + lo / ZN_Q8_BLOCK : NULL,
+                        mv.v_absmax ? mv.v_absmax + lo / ZN_Q8_BLOCK : NULL,
+                        (char *)a->g + lo * gs, o->gt, hi - lo);
     }
 }
 
@@ -308,11 +358,17 @@ static void moment_at(const arrays *a, zn_mom_fmt f, size_t i, float *m, float *
     }
 }
 
-static void sample_snap(sample *s, const arrays *a, zn_mom_fmt f)
+/* element i's parameter: the fp32 master, or the bf16 one (sr) widened */
+static float param_at(const arrays *a, int sr, size_t i)
+{
+    return sr ? zn_bf16_to_f32(a->ps[i]) : a->p[i];
+}
+
+static void sample_snap(sample *s, const arrays *a, zn_mom_fmt f, int sr)
 {
     for (size_t k = 0; k < NSAMPLE; k++) {
         size_t i = s->idx[k];
-        s->before[k][0] = a->p[i];
+        s->before[k][0] = param_at(a, sr, i);
         moment_at(a, f, i, &s->before[k][1], &s->before[k][2]);
     }
 }
@@ -336,14 +392,45 @@ static int stored_ok(zn_mom_fmt f, int is_signed, float x, int c, float absmax, 
     return y >= below - tol && y <= above + tol;
 }
 
-static uint64_t sample_unchanged(const sample *s, const arrays *a, zn_mom_fmt f)
+/* The bf16 values next to x on the real line: *below <= x <= *above, both
+ * x when it is a bf16 value. On the magnitude's bits: truncation goes
+ * toward zero, one more unit away from it. */
+static void bf16_bracket(float x, float *below, float *above)
+{
+    uint32_t u = zn_f32_bits(x), t = u & 0xffff0000u;
+    float toward = zn_bits_f32(t), away = zn_bits_f32(t + 0x10000u);
+    if (t == u)
+        *below = *above = x;
+    else if (x > 0)
+        *below = toward, *above = away;
+    else
+        *below = away, *above = toward;
+}
+
+/* Whether the bf16 master's new value y (widened) is the stochastic
+ * rounding of some fp32 result within [lo, hi]: one of the two bf16
+ * neighbours of such a value, so any bf16 value from the one below lo
+ * to the one above hi (both taken outward to fp32 first). */
+static int sr_ok(float y, double lo, double hi)
+{
+    float flo = (float)lo, fhi = (float)hi, below, above, above_lo, below_hi;
+    if ((double)flo > lo)
+        flo = nextafterf(flo, -INFINITY);
+    if ((double)fhi < hi)
+        fhi = nextafterf(fhi, INFINITY);
+    bf16_bracket(flo, &below, &above_lo);
+    bf16_bracket(fhi, &below_hi, &above);
+    return y >= below && y <= above;
+}
+
+static uint64_t sample_unchanged(const sample *s, const arrays *a, zn_mom_fmt f, int sr)
 {
     uint64_t bad = 0;
     for (size_t k = 0; k < NSAMPLE; k++) {
         size_t i = s->idx[k];
-        float m, v;
+        float m, v, p = param_at(a, sr, i);
         moment_at(a, f, i, &m, &v);
-        bad += memcmp(&s->before[k][0], &a->p[i], 4) || memcmp(&s->before[k][1], &m, 4) ||
+        bad += memcmp(&s->before[k][0], &p, 4) || memcmp(&s->before[k][1], &m, 4) ||
                memcmp(&s->before[k][2], &v, 4);
     }
     return bad;
@@ -352,9 +439,11 @@ static uint64_t sample_unchanged(const sample *s, const arrays *a, zn_mom_fmt f)
 /* Counts sampled elements whose p, m or v is off the double step by more
  * than TOL (relative to the larger of the value before and after: p moves
  * by about lr a step and may pass near zero), or whose copy is not the
- * rounding of p. */
+ * rounding of p. A bf16 master (sr) is stepped by the same fp32 kernel,
+ * so its fp32 result lies within TOL of the double one; what is stored
+ * is either bf16 neighbour of that result (sr_ok). */
 static uint64_t sample_step(const sample *s, const opts *o, const arrays *a,
-                            const zn_adam_params *hp, float g_scale, zn_mom_fmt f)
+                            const zn_adam_params *hp, float g_scale, zn_mom_fmt f, int sr)
 {
     double b1 = hp->beta1, b2 = hp->beta2, lr = hp->lr, wd = hp->weight_decay, eps = hp->eps;
     double bc1 = hp->bias_correction ? 1 - pow(b1, (double)hp->step) : 1;
@@ -370,21 +459,22 @@ static uint64_t sample_step(const sample *s, const opts *o, const arrays *a,
         double v = b2 * v0 + (1 - b2) * g * g;
         double dec = wd != 0 && hp->adamw_mode ? lr * wd * p0 : 0;
         double p = p0 - (lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps) + dec);
-        double ep = fabs(a->p[i] - p) / fmax(fabs(p0), fabs(p));
-        int ok;
+        double tol_p = TOL * fmax(fabs(p0), fabs(p));
+        int ok = sr ? sr_ok(param_at(a, 1, i), p - tol_p, p + tol_p)
+                    : fabs(a->p[i] - p) <= tol_p;
         if (f == ZN_MOM_F32) {
             double em = fabs(a->m[i] - m) / fmax(fabs(m0), fabs(m));
             double ev = fabs(a->v[i] - v) / fmax(fabs(v0), fabs(v));
-            ok = ep <= TOL && em <= TOL && ev <= TOL;
+            ok = ok && em <= TOL && ev <= TOL;
         } else {
             float mx, vx;
             moment_at(a, f, i, &mx, &vx);
             size_t b = i / ZN_Q8_BLOCK;
-            ok = ep <= TOL &&
+            ok = ok &&
                  stored_ok(f, 1, mx, a->mq ? a->mq[i] : 0, a->am ? a->am[b] : 0, m) &&
                  stored_ok(f, 0, vx, a->vq ? a->vq[i] : 0, a->av ? a->av[b] : 0, v);
         }
-        if (ok && a->c) {
+        if (ok && a->c && !sr) {
             uint16_t want = o->ct == ZN_DTYPE_BF16 ? zn_f32_to_bf16(a->p[i])
                                                     : zn_f32_to_f16(a->p[i]);
             ok = a->c[i] == want;
@@ -505,6 +595,7 @@ static void usage(FILE *f)
             "usage: zinc bench adam [--params N] [--threads N] [--grad fp32|bf16|fp16]\n"
             "                       [--copy none|bf16|fp16] [--iters K] [--csv FILE]\n"
             "                       [--nt-copy 0|1] [--states fp32,bf16,int8|all]\n"
+            "                       [--master fp32|bf16_sr|all]\n"
             "  --params   parameters per step (size syntax: 256M = 2^28), default 256M\n"
             "  --threads  OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
             "  --grad     gradient dtype (default fp32); --copy: 16-bit copy (default none)\n"
@@ -513,9 +604,14 @@ static void usage(FILE *f)
             "  --nt-copy  0: ordinary stores for the copy (default 1: streaming when aligned)\n"
             "  --states   Adam moment formats to time besides fp32: bf16, int8 (8-bit\n"
             "             blockwise, bitsandbytes' scheme); each with its own roofline\n"
+            "  --master   bf16_sr (or all): also time bf16 master weights rounded\n"
+            "             stochastically (train.master_weights bf16_sr), per --states\n"
+            "             format, against their own roofline and the fp32-master step\n"
+            "             (default fp32: those rows alone); --copy does not apply to them\n"
             "Rows: rmw (Adam's memory pattern, no arithmetic: the roofline), triad\n"
             "(STREAM, same memory), adam <path> for each SIMD path of this CPU (* the\n"
             "one ZINC_SIMD/auto picks), plain (scalar loop built without vector code).\n"
+            "With --master bf16_sr: rmw sr, adam sr <path> (sr: the bf16 master).\n"
             "On a CPU with AVX-512 VBMI, int8 rows time avx512vbmi (byte-permute lookups,\n"
             "the default; ZINC_SIMD_VBMI=0 turns it off) and avx512 (gathers) both.\n");
 }
@@ -530,7 +626,7 @@ int zn_bench_adam(int argc, char **argv)
         { "grad", required_argument, 0, 'g' },   { "copy", required_argument, 0, 'c' },
         { "iters", required_argument, 0, 'i' },  { "csv", required_argument, 0, 'o' },
         { "nt-copy", required_argument, 0, 'N' }, { "help", no_argument, 0, 'h' },
-        { "states", required_argument, 0, 's' },
+        { "states", required_argument, 0, 's' }, { "master", required_argument, 0, 'm' },
         { 0, 0, 0, 0 },
     };
     optind = 1;
@@ -586,6 +682,19 @@ int zn_bench_adam(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'm':
+            /* the fp32-master rows always run: the sr rows are compared
+             * with them, as --states keeps fp32 */
+            if (!strcmp(optarg, "fp32")) {
+                o.sr = 0;
+            } else if (!strcmp(optarg, "bf16_sr") || !strcmp(optarg, "all")) {
+                o.sr = 1;
+            } else {
+                fprintf(stderr, "zinc: error: --master wants fp32, bf16_sr or all, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
         default:
             return zn_bench_usage_exit(ch, usage);
         }
@@ -602,8 +711,10 @@ int zn_bench_adam(int argc, char **argv)
         return zn_cli_fail(rc, "bench adam");
 
     /* the rows: per state format its roofline and a row per SIMD path;
-     * the triad once; the plain loop for fp32 */
-    row rows[24];
+     * the triad once; the plain loop for fp32; with --master bf16_sr the
+     * same per format for the bf16 master after the fp32-master ones (at
+     * most 28: 13 per master, the plain loop and the triad) */
+    row rows[32];
     int nrows = 0;
     /* the ceilings run on the widest path the CPU has, whatever ZINC_SIMD
      * picked for the step (marked *) */
@@ -617,36 +728,40 @@ int zn_bench_adam(int argc, char **argv)
     for (int f = ZN_MOM_F32; f <= ZN_MOM_Q8; f++) {
         if (!((o.fmts >> f) & 1))
             continue;
-        row rr = { .kind = ROW_RMW, .fmt = (zn_mom_fmt)f, .ops = widest };
-        snprintf(rr.name, sizeof rr.name, f == ZN_MOM_F32 ? "rmw" : "rmw %s",
-                 zn_mom_fmt_name((zn_mom_fmt)f));
-        rows[nrows++] = rr;
-        for (size_t i = 0; i < 3; i++) {
-            const zn_optim_ops *ops = zn_optim_get_ops(isas[i]), *chosen = ops;
-            if (!ops)
-                continue;
-            /* The VBMI table differs from the AVX-512 one only in the 8-bit
-             * pieces: fp32 and bf16 rows name the AVX-512 one; int8 rows
-             * time both, so that one run compares them. */
-            const zn_optim_ops *no_vbmi = zn_optim_get_ops_novbmi();
-            int vbmi = isas[i] == ZN_ISA_AVX512 && ops != no_vbmi;
-            if (vbmi && f != ZN_MOM_Q8)
-                ops = no_vbmi;
-            for (int twice = 0; twice < 1 + (vbmi && f == ZN_MOM_Q8); twice++) {
-                const zn_optim_ops *x = twice ? no_vbmi : ops;
-                row r = { .kind = ROW_ADAM, .fmt = (zn_mom_fmt)f, .ops = x,
-                          .is_auto = chosen == best && !twice };
-                snprintf(r.name, sizeof r.name, f == ZN_MOM_F32 ? "adam %s" : "adam %s %s",
-                         f == ZN_MOM_F32 ? x->name : zn_mom_fmt_name((zn_mom_fmt)f), x->name);
-                rows[nrows++] = r;
+        const char *fname = zn_mom_fmt_name((zn_mom_fmt)f);
+        for (int sr = 0; sr <= o.sr; sr++) {
+            const char *ms = sr ? " sr" : "";
+            row rr = { .kind = ROW_RMW, .fmt = (zn_mom_fmt)f, .sr = sr, .ops = widest };
+            snprintf(rr.name, sizeof rr.name, f == ZN_MOM_F32 ? "rmw%s" : "rmw%s %s", ms, fname);
+            rows[nrows++] = rr;
+            for (size_t i = 0; i < 3; i++) {
+                const zn_optim_ops *ops = zn_optim_get_ops(isas[i]), *chosen = ops;
+                if (!ops)
+                    continue;
+                /* The VBMI table differs from the AVX-512 one only in the
+                 * 8-bit pieces: fp32 and bf16 rows name the AVX-512 one;
+                 * int8 rows time both, so that one run compares them. */
+                const zn_optim_ops *no_vbmi = zn_optim_get_ops_novbmi();
+                int vbmi = isas[i] == ZN_ISA_AVX512 && ops != no_vbmi;
+                if (vbmi && f != ZN_MOM_Q8)
+                    ops = no_vbmi;
+                for (int twice = 0; twice < 1 + (vbmi && f == ZN_MOM_Q8); twice++) {
+                    const zn_optim_ops *x = twice ? no_vbmi : ops;
+                    row r = { .kind = ROW_ADAM, .fmt = (zn_mom_fmt)f, .sr = sr, .ops = x,
+                              .is_auto = chosen == best && !twice };
+                    snprintf(r.name, sizeof r.name,
+                             f == ZN_MOM_F32 ? "adam%s %s" : "adam%s %s %s", ms,
+                             f == ZN_MOM_F32 ? x->name : fname, x->name);
+                    rows[nrows++] = r;
+                }
             }
+            if (f == ZN_MOM_F32 && !sr)
+                rows[nrows++] = (row){ .kind = ROW_PLAIN, .name = "plain" };
         }
-        if (f == ZN_MOM_F32)
-            rows[nrows++] = (row){ .kind = ROW_PLAIN, .name = "plain" };
     }
 
     size_t gs = zn_dtype_size(o.gt);
-    double bytes_pp = bytes_per_param(&o, ZN_MOM_F32);
+    double bytes_pp = bytes_per_param(&o, ZN_MOM_F32, 0);
 
     char model[256], thp[32], sz[32];
     zn_cpu_model(model, sizeof model);
@@ -675,16 +790,33 @@ int zn_bench_adam(int argc, char **argv)
            o.copy ? " + copy 2" : "", bytes_pp);
     if (o.fmts & (1u << ZN_MOM_BF16))
         printf("# bf16 moments: m and v 2 bytes each way: %.0f bytes per param (rmw bf16 moves "
-               "the same)\n", bytes_per_param(&o, ZN_MOM_BF16));
+               "the same)\n", bytes_per_param(&o, ZN_MOM_BF16, 0));
     if (o.fmts & (1u << ZN_MOM_Q8))
         printf("# int8 moments: m and v 1 byte each way + 2 absmax of 4 bytes each way per %d "
                "params: %.4g bytes per param (rmw int8 moves the same)\n", ZN_Q8_BLOCK,
-               bytes_per_param(&o, ZN_MOM_Q8));
+               bytes_per_param(&o, ZN_MOM_Q8, 0));
+    if (o.sr) {
+        printf("# bf16 master (sr rows, zn_adam_step_sr): read p 2 + g %zu + m, v, write p 2 + "
+               "m, v, no 16-bit copy (the bf16 master is the working copy: --copy does not "
+               "apply to them):", gs);
+        for (int f = ZN_MOM_F32; f <= ZN_MOM_Q8; f++)
+            if ((o.fmts >> f) & 1)
+                printf("%s %s moments %.4g", f == ZN_MOM_F32 ? "" : ",",
+                       zn_mom_fmt_name((zn_mom_fmt)f), bytes_per_param(&o, (zn_mom_fmt)f, 1));
+        printf(" bytes per param (rmw sr of each moves the same)\n");
+        printf("# sr rounding: 16 random bits per element from zn_sr_bits(seed %#llx, step, "
+               "index): seed fixed, step each pass's Adam step (counted over all rows), index "
+               "the element's (index0 0)\n", (unsigned long long)SR_SEED);
+    }
     printf("# AdamW lr 1e-3 betas 0.9/0.999 eps 1e-8 wd 0.01, bias correction; #wrong: of %d "
            "sampled elements per pass vs one double step from their values before it (bf16 and "
            "int8 moments: p as fp32; m, v the format's rounding of the double result), plus "
            "every copy element at the end\n",
            NSAMPLE);
+    if (o.sr)
+        printf("# #wrong of sr rows: p must be one of the two bf16 neighbours of some value "
+               "within %g (relative) of the double result, the fp32 kernel's bound; m, v as "
+               "above\n", TOL);
     fflush(stdout);
 
     double t0 = zn_now_s();
@@ -731,10 +863,16 @@ int zn_bench_adam(int argc, char **argv)
     for (int it = 0; it < o.iters && !failed; it++) {
         for (int r = 1; r < nrows; r++) {
             row *w = &rows[r];
-            sample_snap(&smp, &a, w->fmt);
+            sample_snap(&smp, &a, w->fmt, w->sr);
             double s0 = zn_now_s();
-            if (w->kind == ROW_RMW) {
+            if (w->kind == ROW_RMW && w->sr) {
+                run_rmw_sr(&o, w->ops, &a, w->fmt);
+            } else if (w->kind == ROW_RMW) {
                 run_rmw(&o, w->ops, &a, w->fmt);
+            } else if (w->sr) {
+                zn_moments mv = moments_of(&a, w->fmt);
+                rc = zn_adam_step_sr_with(w->ops, &hp, a.ps, &mv, a.g, o.gt, 1.0f, SR_SEED, 0,
+                                          o.n);
             } else if (w->fmt != ZN_MOM_F32) {
                 zn_moments mv = moments_of(&a, w->fmt);
                 rc = zn_adam_step_mom_with(w->ops, &hp, a.p, &mv, a.g, o.gt, 1.0f, a.c, o.ct,
@@ -753,11 +891,12 @@ int zn_bench_adam(int argc, char **argv)
             w->sum_s += dt;
             w->runs++;
             if (w->kind == ROW_RMW) {
-                w->wrong += sample_unchanged(&smp, &a, w->fmt);
+                w->wrong += sample_unchanged(&smp, &a, w->fmt, w->sr);
             } else {
-                w->wrong += sample_step(&smp, &o, &a, &hp, 1.0f, w->fmt);
+                w->wrong += sample_step(&smp, &o, &a, &hp, 1.0f, w->fmt, w->sr);
                 hp.step++;
-                last_step = r;
+                if (!w->sr)
+                    last_step = r;   /* sr rows write no copy */
             }
         }
     }
@@ -771,7 +910,13 @@ int zn_bench_adam(int argc, char **argv)
 
     printf("# (fill/first touch %.2f s; %d Adam steps taken; copy check: %llu of %zu wrong)\n",
            fill_s, (int)(hp.step - 1), (unsigned long long)copy_bad, a.c ? o.n : (size_t)0);
-    printf("#\n# %-22s %10s %8s %10s %7s %7s %8s %9s %9s %7s\n", "row", "Mparam/s", "GB/s",
+    /* the label column: 22 wide, wider for longer names (sr rows) */
+    int lw = 22;
+    for (int r = 0; r < nrows; r++) {
+        int len = (int)strlen(rows[r].name) + (rows[r].is_auto ? 2 : 0);
+        lw = len > lw ? len : lw;
+    }
+    printf("#\n# %-*s %10s %8s %10s %7s %7s %8s %9s %9s %7s\n", lw, "row", "Mparam/s", "GB/s",
            "roof GB/s", "ratio", "med", "x fp32", "best ms", "mean ms", "#wrong");
     FILE *csv = NULL;
     if (o.csv && !(csv = zn_bench_csv_open(o.csv, "unix_time,cpu,threads,params,grad,copy,"
@@ -784,19 +929,22 @@ int zn_bench_adam(int argc, char **argv)
     uint64_t wrong_total = 0;
     for (int r = 0; r < nrows; r++) {
         row *w = &rows[r];
-        /* this row's own roofline: the rmw row of its format (the triad:
-         * the fp32 one) */
+        /* this row's own roofline: the rmw row of its format and master
+         * (the triad: the fp32 one) */
         const row *roof = NULL, *f32 = NULL;
         for (int q = 0; q < nrows; q++) {
-            if (rows[q].kind == ROW_RMW && rows[q].fmt == w->fmt && !roof)
-                roof = &rows[q];
+            const row *x = &rows[q];
+            if (x->kind == ROW_RMW && x->fmt == w->fmt && x->sr == w->sr && !roof)
+                roof = x;
             /* the same path: the same table, or AVX-512 with or without VBMI */
-            int same = rows[q].ops == w->ops || (rows[q].ops && w->ops &&
-                                                 rows[q].ops->isa == w->ops->isa);
-            if (rows[q].kind == w->kind && rows[q].fmt == ZN_MOM_F32 && same && !f32)
-                f32 = &rows[q];
+            int same = x->ops == w->ops || (x->ops && w->ops && x->ops->isa == w->ops->isa);
+            /* sr rows: the fp32-master row of the same table and format */
+            int base = w->sr ? x->fmt == w->fmt && x->ops == w->ops
+                             : x->fmt == ZN_MOM_F32 && same;
+            if (x->kind == w->kind && !x->sr && base && !f32)
+                f32 = x;
         }
-        double bpp = bytes_per_param(&o, w->fmt), mps, gbs;
+        double bpp = bytes_per_param(&o, w->fmt, w->sr), mps, gbs;
         if (w->kind == ROW_TRIAD) {
             gbs = 12.0 * (double)tn / w->best_s / 1e9;
             mps = gbs * 1e9 / bytes_pp / 1e6;   /* the params/s this bandwidth would give */
@@ -812,7 +960,7 @@ int zn_bench_adam(int argc, char **argv)
         double vs = f32 && w->kind != ROW_TRIAD ? f32->best_s / w->best_s : NAN;
         char label[40];
         snprintf(label, sizeof label, "%s%s", w->name, w->is_auto ? " *" : "");
-        printf("  %-22s %10.1f %8.2f %10.2f %7.3f %7.3f %8.3f %9.1f %9.1f %7llu\n", label, mps,
+        printf("  %-*s %10.1f %8.2f %10.2f %7.3f %7.3f %8.3f %9.1f %9.1f %7llu\n", lw, label, mps,
                gbs, roof_gbs, ratio, med, vs, w->best_s * 1e3, w->sum_s / w->runs * 1e3,
                (unsigned long long)w->wrong);
         if (csv)
@@ -827,6 +975,10 @@ int zn_bench_adam(int argc, char **argv)
            "median over passes of the ratio within one pass; x fp32: params/s over the fp32 "
            "row of the same path\n# triad's Mparam/s: the params/s its bandwidth would carry at "
            "%.0f bytes each\n", bytes_pp);
+    if (o.sr)
+        printf("# sr rows: ratio over rmw sr of their moment format; x fp32: params/s over the "
+               "fp32-master row of the same path and moment format (rmw sr: over rmw of its "
+               "format)\n");
     if (csv && fclose(csv) != 0)
         fprintf(stderr, "zinc: error: writing %s: %s\n", o.csv, strerror(errno));
     munmap(a.map, a.map_len);
