@@ -39,6 +39,11 @@ expect 2 "unknown argument" -- info --bogus
 expect 0 "adam int8 .*[0-9]+ *$" -- bench adam --params 70001 --states all --copy bf16 \
     --grad bf16 --iters 2
 expect 2 "--states wants" -- bench adam --states int4
+# the bf16 master with stochastic rounding beside the fp32 one, every moment
+# format: each pass's bf16 params must be a bf16 neighbour of the step
+expect 0 "adam sr int8 .*[0-9]+ *$" -- bench adam --params 70001 --states all --master all \
+    --iters 2
+expect 2 "--master wants" -- bench adam --master fp16
 expect 0 "fits" -- plan "$src/examples/tiny.json"
 # planned for the A10 machine: its swap folder (/mnt/nvme0/zinc) is not
 # here, which the plan refuses unless the run may create it
