@@ -27,7 +27,7 @@ nearest entry disagree: the test allows zinc's codes to differ from
 bitsandbytes' there and nowhere else.
 
 Usage: .venv-fixtures/bin/python scripts/gen_optim8_fixtures.py
-       [--out tests/fixtures/optim8] [--only bnb|torchao]. Needs torch,
+       [--out tests/fixtures/optim8] [--only bnb|tensors|torchao]. Needs torch,
 bitsandbytes and torchao (scripts/requirements-fixtures.txt) and, for
 torchao's torch.compile'd step, a C++ compiler; CI never runs it.
 """
@@ -162,6 +162,133 @@ def gen_bnb(args):
               os.path.join(args.out, "adamw8bit.safetensors"),
               metadata={"zinc": json.dumps(meta)})
     print("optim8:", json.dumps(meta))
+
+
+# ---- bitsandbytes, several tensors -----------------------------------------
+#
+# bitsandbytes keeps the states of a parameter of fewer than min_8bit_size
+# (4096) elements in fp32, and starts the 8-bit blocks of each parameter at
+# its first element. The fixture: AdamW8bit with its default min_8bit_size
+# over TENSORS (a 4096-element one: 8-bit, the threshold itself; a 3584 and
+# a 512: fp32, as a Qwen2.5-7B norm and k/v bias are; the last not whole
+# blocks), each parameter's state laid out as zinc lays the flat buffer out:
+# codes per element (0 for the fp32 tensors), an absmax per 256-block of
+# the concatenation (0 for the fp32 tensors' blocks), and the fp32
+# tensors' moments in slots of 256, in order. Every tensor but the last is
+# whole blocks, so the concatenation's blocks are the tensors' own.
+
+TENSORS = [4352, 3584, 4096, 512, 1101]
+
+
+def gen_bnb_tensors(args):
+    gen = torch.Generator().manual_seed(4321)
+    ps = [torch.nn.Parameter((torch.randn(n, generator=gen) * 0.05).float()) for n in TENSORS]
+    opt = bnb.optim.AdamW8bit(ps, lr=HP["lr"], betas=(HP["beta1"], HP["beta2"]),
+                              eps=HP["eps"], weight_decay=HP["weight_decay"])
+    map_s = F.create_dynamic_map(signed=True).numpy()
+    map_u = F.create_dynamic_map(signed=False).numpy()
+    small = [n < 4096 for n in TENSORS]
+    N = sum(TENSORS)
+    NB = (N + BLOCK - 1) // BLOCK
+    runs, slot, at = [], 0, 0
+    for n, sm in zip(TENSORS, small):
+        assert at % BLOCK == 0
+        if sm:
+            runs.append([at // BLOCK, (n + BLOCK - 1) // BLOCK, slot])
+            slot += (n + BLOCK - 1) // BLOCK
+        at += n
+    meta = {"n": N, "steps": STEPS, "block": BLOCK, **HP, "tensors": TENSORS,
+            "f32_runs": runs, "f32_slots": slot,
+            "bitsandbytes": bnb.__version__, "torch": torch.__version__}
+
+    def flat_state(states):
+        """The optimizer's states (None before the first step) in zinc's
+        flat layout: codes, absmax per block, fp32 slots."""
+        codes = [np.zeros(N, np.uint8), np.zeros(N, np.uint8)]
+        absmax = [np.zeros(NB, np.float32), np.zeros(NB, np.float32)]
+        f32 = [np.zeros(slot * BLOCK, np.float32), np.zeros(slot * BLOCK, np.float32)]
+        at, sl = 0, 0
+        for p, n, sm in zip(ps, TENSORS, small):
+            st = states.get(p) if states else None
+            for k in range(2):
+                if sm:
+                    if st:
+                        f32[k][sl * BLOCK:sl * BLOCK + n] = st["state%d" % (k + 1)].numpy()
+                elif st:
+                    codes[k][at:at + n] = st["state%d" % (k + 1)].numpy()
+                    a = st["absmax%d" % (k + 1)].numpy()
+                    absmax[k][at // BLOCK:at // BLOCK + a.shape[0]] = a
+            if sm:
+                sl += (n + BLOCK - 1) // BLOCK
+            at += n
+        return codes, absmax, f32
+
+    t = {}
+    for k in range(1, STEPS + 1):
+        gs = []
+        for n in TENSORS:
+            mag = torch.pow(10.0, -torch.rand(n, generator=gen) * 6.0)
+            gs.append((torch.randn(n, generator=gen) * mag).float())
+        codes, absmax, f32 = flat_state(opt.state)
+        t[f"s{k}.p"] = np.concatenate([p.detach().numpy() for p in ps])
+        t[f"s{k}.g"] = np.concatenate([g.numpy() for g in gs])
+        for j, nm in enumerate("mv"):
+            t[f"s{k}.{nm}_codes"] = codes[j]
+            t[f"s{k}.{nm}_absmax"] = absmax[j]
+            t[f"s{k}.{nm}_f32"] = f32[j]
+        # the 8-bit tensors' moments before quantization (as gen_bnb)
+        pre = []
+        for p, g, n, sm in zip(ps, gs, TENSORS, small):
+            if sm:
+                pre.append(None)
+                continue
+            st = opt.state[p] if p in opt.state else None
+            nb = (n + BLOCK - 1) // BLOCK
+            s1 = st["state1"] if st else torch.zeros(n, dtype=torch.uint8)
+            s2 = st["state2"] if st else torch.zeros(n, dtype=torch.uint8)
+            a1 = st["absmax1"] if st else torch.zeros(nb)
+            a2 = st["absmax2"] if st else torch.zeros(nb)
+            m = torch.from_numpy(map_s)[s1.long()] * a1.repeat_interleave(BLOCK)[:n]
+            v = torch.from_numpy(map_u)[s2.long()] * a2.repeat_interleave(BLOCK)[:n]
+            m.mul_(HP["beta1"]).add_(g, alpha=1.0 - HP["beta1"])
+            v.mul_(HP["beta2"]).addcmul_(g, g, value=1.0 - HP["beta2"])
+            pre.append((m.numpy(), v.numpy()))
+        for p, g in zip(ps, gs):
+            p.grad = g.clone()
+        opt.step()
+        for p, n, sm in zip(ps, TENSORS, small):
+            st = opt.state[p]
+            assert (st["state1"].dtype == torch.float32) == sm, "min_8bit_size not as assumed"
+        codes, absmax, f32 = flat_state(opt.state)
+        t[f"s{k}.out.p"] = np.concatenate([p.detach().numpy() for p in ps])
+        near = [np.zeros(N, np.uint8), np.zeros(N, np.uint8)]
+        at = 0
+        for p, n, sm, pr in zip(ps, TENSORS, small, pre):
+            if not sm:
+                st = opt.state[p]
+                for j, (mp, c) in enumerate(((map_s, "1"), (map_u, "2"))):
+                    x = scaled(pr[j], st["absmax" + c].numpy())
+                    assert np.array_equal(lut_codes(x, mp), st["state" + c].numpy()), \
+                        "the table reproduction does not give bitsandbytes' codes"
+                    near[j][at:at + n] = nearest_codes(x, mp)[0]
+            at += n
+        for j, nm in enumerate("mv"):
+            t[f"s{k}.out.{nm}_codes"] = codes[j]
+            t[f"s{k}.out.{nm}_absmax"] = absmax[j]
+            t[f"s{k}.out.{nm}_f32"] = f32[j]
+            t[f"s{k}.out.{nm}_nearest"] = near[j]
+            # the 8-bit tensors' unquantized moments, flat (0 elsewhere)
+            pm = np.zeros(N, np.float32)
+            at = 0
+            for n, pr in zip(TENSORS, pre):
+                if pr is not None:
+                    pm[at:at + n] = pr[j]
+                at += n
+            t[f"s{k}.out.{nm}_pre"] = pm
+    save_file({k: np.ascontiguousarray(v) for k, v in t.items()},
+              os.path.join(args.out, "adamw8bit-tensors.safetensors"),
+              metadata={"zinc": json.dumps(meta)})
+    print("optim8 tensors:", json.dumps(meta))
 
 
 # ---- torchao ---------------------------------------------------------------
@@ -346,12 +473,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests",
                                                     "fixtures", "optim8"))
-    ap.add_argument("--only", choices=["bnb", "torchao"])
+    ap.add_argument("--only", choices=["bnb", "tensors", "torchao"])
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    if args.only != "torchao":
+    if args.only in (None, "bnb"):
         gen_bnb(args)
-    if args.only != "bnb":
+    if args.only in (None, "tensors"):
+        gen_bnb_tensors(args)
+    if args.only in (None, "torchao"):
         gen_torchao(args)
 
 

@@ -419,7 +419,7 @@ static void check_moments(const zn_optim_ops *ref, const zn_optim_ops *emu)
                 hp.weight_decay = 0.01f;
                 hp.threads = 1;
                 for (int k = 0; k < 2; k++) {
-                    zn_moments mv = { (zn_mom_fmt)f, m[k], v[k], am[k], av[k], scheme };
+                    zn_moments mv = zn_moments_of((zn_mom_fmt)f, m[k], v[k], am[k], av[k], scheme);
                     int rc = zn_adam_step_mom_with(k ? emu : ref, &hp, p[k], &mv, g, ZN_DTYPE_F32,
                                                    1.0f, c[k], ZN_DTYPE_BF16, n);
                     ZT_CHECK_MSG(rc == 0, "step: %s", zn_last_error());

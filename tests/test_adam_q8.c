@@ -198,7 +198,7 @@ static void check_bnb_step(zn_st *st, const fixmeta *fm, int k, const zn_optim_o
     hp.adamw_mode = 1;
     hp.step = k;
     hp.threads = threads;
-    zn_moments mv = { ZN_MOM_Q8, mq, vq, am, av, ZN_Q8_BNB };
+    zn_moments mv = zn_moments_of(ZN_MOM_Q8, mq, vq, am, av, ZN_Q8_BNB);
     int rc = zn_adam_step_mom_with(ops, &hp, p, &mv, g, ZN_DTYPE_F32, 1.0f, NULL, ZN_DTYPE_BF16, n);
     ZT_CHECK_MSG(rc == 0, "step: %s", zn_last_error());
 
@@ -256,6 +256,324 @@ static void check_bnb_step(zn_st *st, const fixmeta *fm, int k, const zn_optim_o
                "bound\n", ops->name, k, agree_bnb, 2 * n, table_only, ties, worst_p, worst_a);
     free(p); free(g); free(mq); free(vq); free(am); free(av); free(rp); free(ram); free(rav);
     free(rmq); free(rvq); free(nmq); free(nvq); free(mf); free(vf); free(p0);
+}
+
+/* ---- several tensors: fp32 states for the small ones ---------------------- */
+
+#define FIX_T ZN_SOURCE_ROOT "/tests/fixtures/optim8/adamw8bit-tensors.safetensors"
+
+/* bitsandbytes' AdamW8bit over five parameters with its default
+ * min_8bit_size (4096): the 3584-, 512- and 1101-element ones keep fp32
+ * states, which zinc keeps as fp32 blocks (zn_moments.f32, the fixture's
+ * f32_runs); the others are 8-bit, each from its own first element. Per
+ * step, from bitsandbytes' inputs:
+ *  - p within test_adam's bound, 1e-6 of |p| plus the step taken, the
+ *    step's part scaled by m's cancellation ((|beta1 m| + |(1 - beta1)
+ *    g|) / |m'|, at least 1): where the two terms of the new m nearly
+ *    cancel, both sides' m carry the rounding of the terms, which is that
+ *    many times m's own ulp (one element of this fixture has m' = -4.1e-9
+ *    from terms of 3.6e-7);
+ *  - the fp32 moments within 1e-6 of the terms that make them (|beta1 m|
+ *    + |(1 - beta1) g|, |beta2 v| + |(1 - beta2) g^2|): the same fp32
+ *    formula, each operation rounding to half an ulp of those terms, in
+ *    another order (zinc's FMA);
+ *  - the 8-bit tensors' absmax and codes by check_bnb_step's rules
+ *    (within 1e-6; the nearest entry of bitsandbytes' unquantized moment
+ *    but at near-ties; bitsandbytes' own codes but where its table misses
+ *    the nearest entry);
+ *  - the fp32 blocks' codes and absmax untouched. */
+static void check_bnb_tensors(zn_st *st, const zn_optim_ops *ops, int threads)
+{
+    const char *meta = zn_st_metadata(st, "zinc");
+    size_t n = 0;
+    int steps = 0, slots = 0;
+    unsigned long long r[3][3];
+    double lr, b1, b2, eps, wd;
+    const char *fr = meta ? strstr(meta, "\"f32_runs\"") : NULL;
+    if (!meta || sscanf(meta, "{\"n\": %zu, \"steps\": %d", &n, &steps) != 2 ||
+        sscanf(strstr(meta, "\"lr\""), "\"lr\": %lf, \"beta1\": %lf, \"beta2\": %lf, \"eps\": "
+               "%lf, \"weight_decay\": %lf", &lr, &b1, &b2, &eps, &wd) != 5 || !fr ||
+        sscanf(fr, "\"f32_runs\": [[%llu, %llu, %llu], [%llu, %llu, %llu], [%llu, %llu, "
+               "%llu]], \"f32_slots\": %d", &r[0][0], &r[0][1], &r[0][2], &r[1][0], &r[1][1],
+               &r[1][2], &r[2][0], &r[2][1], &r[2][2], &slots) != 10)
+        ZT_SETUP_FAIL("%s: metadata unreadable", FIX_T);
+    zn_q8_f32_run runs[3];
+    for (int i = 0; i < 3; i++)
+        runs[i] = (zn_q8_f32_run){ r[i][0], r[i][1], r[i][2] };
+    size_t nb = zn_q8_blocks(n), ns = (size_t)slots * ZN_Q8_BLOCK;
+    const zn_q8_table *ts = zn_q8_table_get(ZN_Q8_BNB, 1), *tu = zn_q8_table_get(ZN_Q8_BNB, 0);
+    for (int k = 1; k <= steps; k++) {
+        char nm[64];
+#define L(s) (snprintf(nm, sizeof nm, "s%d." s, k), load(st, nm, NULL))
+        float *p = L("p"), *g = L("g"), *rp = L("out.p");
+        uint8_t *q[2] = { L("m_codes"), L("v_codes") }, *rq[2] = { L("out.m_codes"),
+                                                                    L("out.v_codes") };
+        uint8_t *near[2] = { L("out.m_nearest"), L("out.v_nearest") };
+        float *a[2] = { L("m_absmax"), L("v_absmax") }, *ra[2] = { L("out.m_absmax"),
+                                                                   L("out.v_absmax") };
+        float *f[2] = { L("m_f32"), L("v_f32") }, *rf[2] = { L("out.m_f32"), L("out.v_f32") };
+        float *pre[2] = { L("out.m_pre"), L("out.v_pre") };
+#undef L
+        float *p0 = xmalloc(n * 4), *f0[2] = { xmalloc(ns * 4), xmalloc(ns * 4) };
+        uint8_t *q0[2] = { xmalloc(n), xmalloc(n) };
+        float *a0[2] = { xmalloc(nb * 4), xmalloc(nb * 4) };
+        memcpy(p0, p, n * 4);
+        for (int j = 0; j < 2; j++) {
+            memcpy(f0[j], f[j], ns * 4);
+            memcpy(q0[j], q[j], n);
+            memcpy(a0[j], a[j], nb * 4);
+        }
+        zn_adam_params hp = zn_adam_params_default();
+        hp.lr = (float)lr;
+        hp.beta1 = b1;
+        hp.beta2 = b2;
+        hp.eps = (float)eps;
+        hp.weight_decay = (float)wd;
+        hp.adamw_mode = 1;
+        hp.step = k;
+        hp.threads = threads;
+        zn_moments mv = zn_moments_of(ZN_MOM_Q8, q[0], q[1], a[0], a[1], ZN_Q8_BNB);
+        mv.f32 = runs;
+        mv.n_f32 = 3;
+        mv.m_f32 = f[0];
+        mv.v_f32 = f[1];
+        int rc = zn_adam_step_mom_with(ops, &hp, p, &mv, g, ZN_DTYPE_F32, 1.0f, NULL,
+                                       ZN_DTYPE_BF16, n);
+        ZT_CHECK_MSG(rc == 0, "tensors step: %s", zn_last_error());
+        double worst_p = 0, worst_f = 0, worst_a = 0;
+        /* the step carries m's error: where beta1 m and (1 - beta1) g
+         * cancel, m's relative error (and the step's) grows by their sum
+         * over |m| */
+        const float *map_s = zn_q8_map(1);
+        for (size_t i = 0; i < n; i++) {
+            size_t bl = i / ZN_Q8_BLOCK;
+            int64_t sl = -1;
+            for (int ru = 0; ru < 3; ru++)
+                if (bl >= runs[ru].block && bl < runs[ru].block + runs[ru].n)
+                    sl = (int64_t)((runs[ru].slot + bl - runs[ru].block) * ZN_Q8_BLOCK +
+                                   i % ZN_Q8_BLOCK);
+            double m_in = sl >= 0 ? f0[0][sl] : (double)map_s[q0[0][i]] * a0[0][bl];
+            double m_out = sl >= 0 ? rf[0][sl] : pre[0][i];
+            double cancel = (b1 * fabs(m_in) + (1 - b1) * fabs(g[i])) / (fabs(m_out) + 1e-38);
+            cancel = cancel > 1.0 ? cancel : 1.0;
+            double allow = 1e-6 * (fabs(rp[i]) + fabs((double)rp[i] - p0[i]) * cancel);
+            double e = fabs((double)p[i] - rp[i]) / allow;
+            worst_p = e > worst_p ? e : worst_p;
+        }
+        int untouched = 1, off = 0, other = 0, ties = 0, table_only = 0, f32_codes = 0;
+        for (int j = 0; j < 2; j++) {
+            double b = j ? b2 : b1;
+            for (int ru = 0; ru < 3; ru++)
+                for (size_t e = 0; e < runs[ru].n * ZN_Q8_BLOCK; e++) {
+                    size_t s = runs[ru].slot * ZN_Q8_BLOCK + e;
+                    size_t i = runs[ru].block * ZN_Q8_BLOCK + e;
+                    if (i >= n)
+                        break;
+                    double gt = j ? (1 - b) * (double)g[i] * g[i] : (1 - b) * fabs(g[i]);
+                    double allow = 1e-6 * (b * fabs(f0[j][s]) + gt) + 1e-38;
+                    double d = fabs((double)f[j][s] - rf[j][s]) / allow;
+                    worst_f = d > worst_f ? d : worst_f;
+                    untouched &= q[j][i] == q0[j][i];
+                    f32_codes++;
+                }
+            const uint8_t *z = q[j];
+            const zn_q8_table *t = j ? tu : ts;
+            for (size_t bl = 0; bl < nb; bl++) {
+                int is_f32 = 0;
+                for (int ru = 0; ru < 3; ru++)
+                    is_f32 |= bl >= runs[ru].block && bl < runs[ru].block + runs[ru].n;
+                if (is_f32) {
+                    untouched &= a[j][bl] == a0[j][bl];
+                    continue;
+                }
+                double e = fabs((double)a[j][bl] - ra[j][bl]) / (1e-6 * ra[j][bl] + 1e-38);
+                worst_a = e > worst_a ? e : worst_a;
+                for (size_t i = bl * ZN_Q8_BLOCK; i < n && i < (bl + 1) * ZN_Q8_BLOCK; i++) {
+                    float am = ra[j][bl];
+                    float y = am == 0.0f ? 0.0f : pre[j][i] * (1.0f / am);
+                    y = y < -1.0f ? -1.0f : y > 1.0f ? 1.0f : y;
+                    int tie = abs((int)z[i] - (int)near[j][i]) == 1 &&
+                              nearly_tie(t->mid, y, z[i], near[j][i]);
+                    if (z[i] != near[j][i])
+                        tie ? ties++ : off++;
+                    if (z[i] != rq[j][i] && near[j][i] != rq[j][i])
+                        table_only++;
+                    else if (z[i] != rq[j][i] && !tie)
+                        other++;
+                }
+            }
+        }
+        ZT_CHECK_MSG(worst_p <= 1.0, "%s tensors step %d: p off bitsandbytes' by %.3g of the "
+                     "bound", ops->name, k, worst_p);
+        ZT_CHECK_MSG(worst_f <= 1.0, "%s tensors step %d: the fp32 tensors' moments off "
+                     "bitsandbytes' by %.3g of the bound", ops->name, k, worst_f);
+        ZT_CHECK_MSG(worst_a <= 1.0, "%s tensors step %d: absmax off bitsandbytes' by %.3g of "
+                     "the bound", ops->name, k, worst_a);
+        ZT_CHECK_MSG(off == 0 && other == 0, "%s tensors step %d: %d codes not the nearest "
+                     "entry, %d differ from bitsandbytes' outside its table's bins and the "
+                     "ties", ops->name, k, off, other);
+        ZT_CHECK_MSG(ties <= 20, "%s tensors step %d: %d codes at near-ties", ops->name, k, ties);
+        ZT_CHECK_MSG(untouched, "%s tensors step %d: an fp32 block's codes or absmax changed",
+                     ops->name, k);
+        if (threads == 1)
+            printf("# %s tensors step %d: %d fp32 moments (worst %.3g of the bound), p worst "
+                   "%.3g, absmax %.3g; %d codes differ where bitsandbytes' table misses the "
+                   "nearest entry, %d at near-ties\n", ops->name, k, f32_codes, worst_f,
+                   worst_p, worst_a, table_only, ties);
+        free(p), free(g), free(rp), free(p0);
+        for (int j = 0; j < 2; j++) {
+            free(q[j]), free(rq[j]), free(near[j]), free(a[j]), free(ra[j]), free(f[j]);
+            free(rf[j]), free(pre[j]), free(f0[j]), free(q0[j]), free(a0[j]);
+        }
+    }
+}
+
+/* fp32 blocks in a flat 8-bit state (zn_moments.f32), without a
+ * reference: a run's blocks step exactly as zn_adam_step's fp32 moments
+ * on the same path, the others exactly as a state without runs; any
+ * thread count gives the same bits; the bf16 master's step
+ * (zn_adam_step_sr) takes them too; conversions keep them exactly; bad
+ * runs are refused. */
+static void check_f32_runs(const zn_optim_ops *ops)
+{
+    const size_t n = 40 * ZN_Q8_BLOCK + 77, nb = zn_q8_blocks(n);
+    /* blocks 3-5 and the last, partial one; the state's block numbering
+     * starts at 7 (f32_base) */
+    const zn_q8_f32_run runs[2] = { { 10, 3, 1 }, { 7 + nb - 1, 1, 0 } };
+    float *p[3], *g = xmalloc(n * 4), *mf[3], *vf[3], *fm = xmalloc(n * 4), *fv = xmalloc(n * 4);
+    uint8_t *mq[3], *vq[3];
+    float *am[3], *av[3];
+    for (size_t i = 0; i < n; i++)
+        g[i] = (float)(((double)(mix(77 + i) >> 11) * 0x1p-53 - 0.5) * pow(10.0, -(double)(i % 6)));
+    for (int r = 0; r < 3; r++) {
+        p[r] = xmalloc(n * 4);
+        mq[r] = xmalloc(n), vq[r] = xmalloc(n);
+        am[r] = xmalloc(nb * 4), av[r] = xmalloc(nb * 4);
+        mf[r] = xmalloc(4 * ZN_Q8_BLOCK * 4), vf[r] = xmalloc(4 * ZN_Q8_BLOCK * 4);
+        for (size_t i = 0; i < n; i++)
+            p[r][i] = (float)((double)(mix(5 + i) >> 11) * 0x1p-53 - 0.5);
+        memset(mq[r], 0, n), memset(vq[r], 0, n);
+        memset(am[r], 0, nb * 4), memset(av[r], 0, nb * 4);
+        memset(mf[r], 0, 4 * ZN_Q8_BLOCK * 4), memset(vf[r], 0, 4 * ZN_Q8_BLOCK * 4);
+    }
+    memset(fm, 0, n * 4), memset(fv, 0, n * 4);
+    zn_adam_params hp = zn_adam_params_default();
+    hp.lr = 1e-3f;
+    hp.weight_decay = 0.01f;
+    float *pf = xmalloc(n * 4);
+    memcpy(pf, p[0], n * 4);
+    for (hp.step = 1; hp.step <= 3; hp.step++) {
+        /* r 0: with the runs, 1 thread; r 1: 3 threads; r 2: no runs */
+        for (int r = 0; r < 3; r++) {
+            zn_moments mv = zn_moments_of(ZN_MOM_Q8, mq[r], vq[r], am[r], av[r], ZN_Q8_BNB);
+            if (r < 2) {
+                mv.f32 = runs, mv.n_f32 = 2, mv.f32_base = 7;
+                mv.m_f32 = mf[r], mv.v_f32 = vf[r];
+            }
+            hp.threads = r == 1 ? 3 : 1;
+            ZT_CHECK(zn_adam_step_mom_with(ops, &hp, p[r], &mv, g, ZN_DTYPE_F32, 1.0f, NULL,
+                                           ZN_DTYPE_BF16, n) == 0);
+        }
+        hp.threads = 1;
+        ZT_CHECK(zn_adam_step_with(ops->adam, &hp, pf, fm, fv, g, ZN_DTYPE_F32, 1.0f, NULL,
+                                   ZN_DTYPE_BF16, n) == 0);
+    }
+    ZT_CHECK_MSG(!memcmp(p[0], p[1], n * 4) && !memcmp(mq[0], mq[1], n) &&
+                 !memcmp(am[0], am[1], nb * 4) && !memcmp(mf[0], mf[1], 4 * ZN_Q8_BLOCK * 4) &&
+                 !memcmp(vf[0], vf[1], 4 * ZN_Q8_BLOCK * 4),
+                 "%s: fp32 blocks: 3 threads differ from 1", ops->name);
+    size_t bad_f = 0, bad_q = 0;
+    for (size_t b = 0; b < nb; b++) {
+        int64_t sl = b >= 3 && b < 6 ? (int64_t)(b - 2) : b == nb - 1 ? 0 : -1;
+        for (size_t i = b * ZN_Q8_BLOCK; i < n && i < (b + 1) * ZN_Q8_BLOCK; i++) {
+            size_t e = i % ZN_Q8_BLOCK;
+            if (sl >= 0)
+                bad_f += memcmp(&p[0][i], &pf[i], 4) ||
+                         memcmp(&mf[0][sl * ZN_Q8_BLOCK + e], &fm[i], 4) ||
+                         memcmp(&vf[0][sl * ZN_Q8_BLOCK + e], &fv[i], 4) || mq[0][i] != 0;
+            else
+                bad_q += memcmp(&p[0][i], &p[2][i], 4) || mq[0][i] != mq[2][i] ||
+                         vq[0][i] != vq[2][i];
+        }
+        if (sl < 0)
+            bad_q += am[0][b] != am[2][b] || av[0][b] != av[2][b];
+        else
+            bad_f += am[0][b] != 0.0f;
+    }
+    ZT_CHECK_MSG(bad_f == 0, "%s: %zu elements of fp32 blocks are not the fp32 step's (or their "
+                 "codes were written)", ops->name, bad_f);
+    ZT_CHECK_MSG(bad_q == 0, "%s: %zu elements of 8-bit blocks differ from a state without "
+                 "fp32 blocks", ops->name, bad_q);
+
+    /* the bf16 master steps them too: its fp32 blocks' moments are the
+     * fp32-moment bf16-master step's */
+    uint16_t *h[2];
+    float *hm = xmalloc(n * 4), *hv = xmalloc(n * 4);
+    memset(hm, 0, n * 4), memset(hv, 0, n * 4);
+    for (int r = 0; r < 2; r++) {
+        h[r] = xmalloc(n * 2);
+        for (size_t i = 0; i < n; i++)
+            h[r][i] = zn_f32_to_bf16(p[2][i]);
+    }
+    memset(mf[2], 0, 4 * ZN_Q8_BLOCK * 4), memset(vf[2], 0, 4 * ZN_Q8_BLOCK * 4);
+    memset(mq[2], 0, n), memset(vq[2], 0, n), memset(am[2], 0, nb * 4), memset(av[2], 0, nb * 4);
+    hp.step = 1;
+    zn_moments q = zn_moments_of(ZN_MOM_Q8, mq[2], vq[2], am[2], av[2], ZN_Q8_BNB);
+    q.f32 = runs, q.n_f32 = 2, q.f32_base = 7, q.m_f32 = mf[2], q.v_f32 = vf[2];
+    zn_moments f = zn_moments_of(ZN_MOM_F32, hm, hv, NULL, NULL, ZN_Q8_BNB);
+    ZT_CHECK(zn_adam_step_sr_with(ops, &hp, h[0], &q, g, ZN_DTYPE_F32, 1.0f, 9, 0, n) == 0);
+    ZT_CHECK(zn_adam_step_sr_with(ops, &hp, h[1], &f, g, ZN_DTYPE_F32, 1.0f, 9, 0, n) == 0);
+    size_t bad_sr = 0;
+    for (size_t i = 3 * ZN_Q8_BLOCK; i < 6 * ZN_Q8_BLOCK; i++)
+        bad_sr += h[0][i] != h[1][i] ||
+                  memcmp(&mf[2][(i / ZN_Q8_BLOCK - 2) * ZN_Q8_BLOCK + i % ZN_Q8_BLOCK], &hm[i], 4);
+    ZT_CHECK_MSG(bad_sr == 0, "%s: bf16 master: %zu elements of fp32 blocks are not the fp32 "
+                 "moments' step", ops->name, bad_sr);
+
+    /* conversions: 8-bit with fp32 blocks -> fp32 -> the same, exactly in
+     * the fp32 blocks; 8-bit -> 8-bit as stored */
+    zn_moments src = zn_moments_of(ZN_MOM_Q8, mq[0], vq[0], am[0], av[0], ZN_Q8_BNB);
+    src.f32 = runs, src.n_f32 = 2, src.f32_base = 7, src.m_f32 = mf[0], src.v_f32 = vf[0];
+    zn_moments mid = zn_moments_of(ZN_MOM_F32, fm, fv, NULL, NULL, ZN_Q8_BNB);
+    zn_moments back = zn_moments_of(ZN_MOM_Q8, mq[1], vq[1], am[1], av[1], ZN_Q8_BNB);
+    back.f32 = runs, back.n_f32 = 2, back.f32_base = 7, back.m_f32 = mf[1], back.v_f32 = vf[1];
+    memset(mf[1], 0, 4 * ZN_Q8_BLOCK * 4);
+    ZT_CHECK(zn_mom_convert(&mid, &src, n) == 0);
+    ZT_CHECK(zn_mom_convert(&back, &mid, n) == 0);
+    ZT_CHECK_MSG(!memcmp(mf[0], mf[1], 4 * ZN_Q8_BLOCK * 4) &&
+                 !memcmp(vf[0], vf[1], 4 * ZN_Q8_BLOCK * 4),
+                 "fp32 blocks changed through an fp32 conversion");
+    memset(mq[1], 0xaa, n);
+    zn_moments plain = zn_moments_of(ZN_MOM_Q8, mq[1], vq[1], am[1], av[1], ZN_Q8_BNB);
+    ZT_CHECK(zn_mom_convert(&plain, &src, n) == 0);
+    size_t kept = 0;
+    for (size_t i = 0; i < 3 * ZN_Q8_BLOCK; i++)
+        kept += mq[1][i] == mq[0][i];
+    ZT_CHECK_MSG(kept == 3 * ZN_Q8_BLOCK, "8-bit to 8-bit with fp32 blocks: %zu of %d codes "
+                 "kept", kept, 3 * ZN_Q8_BLOCK);
+
+    /* refused: overlapping or unordered runs, runs without arrays, runs
+     * in bf16 moments */
+    zn_q8_f32_run over[2] = { { 0, 3, 0 }, { 2, 1, 3 } };
+    zn_moments bad = src;
+    bad.f32 = over;
+    ZT_CHECK(zn_adam_step_mom_with(ops, &hp, p[0], &bad, g, ZN_DTYPE_F32, 1.0f, NULL,
+                                   ZN_DTYPE_BF16, n) == -EINVAL);
+    ZT_CHECK(strstr(zn_last_error(), "overlap") != NULL);
+    bad = src;
+    bad.m_f32 = NULL;
+    ZT_CHECK(zn_adam_step_mom_with(ops, &hp, p[0], &bad, g, ZN_DTYPE_F32, 1.0f, NULL,
+                                   ZN_DTYPE_BF16, n) == -EINVAL);
+    bad = src;
+    bad.fmt = ZN_MOM_BF16;
+    ZT_CHECK(zn_adam_step_mom_with(ops, &hp, p[0], &bad, g, ZN_DTYPE_F32, 1.0f, NULL,
+                                   ZN_DTYPE_BF16, n) == -EINVAL);
+    for (int r = 0; r < 3; r++) {
+        free(p[r]), free(mq[r]), free(vq[r]), free(am[r]), free(av[r]), free(mf[r]);
+        free(vf[r]);
+    }
+    free(h[0]), free(h[1]), free(hm), free(hv);
+    free(g), free(fm), free(fv), free(pf);
 }
 
 /* ---- bit-identity across threads, paths and the copy ---------------------- */
@@ -328,7 +646,7 @@ static void run_steps_as(const zn_optim_ops *ops, state *s, zn_mom_fmt f, size_t
         hp.weight_decay = 0.01f;
         hp.adamw_mode = adamw;
         hp.threads = threads;
-        zn_moments mv = { f, s->m, s->v, s->am, s->av, ZN_Q8_BNB };
+        zn_moments mv = zn_moments_of(f, s->m, s->v, s->am, s->av, ZN_Q8_BNB);
         int rc = zn_adam_step_mom_with(ops, &hp, s->p, &mv, g, gt, 0.5f, s->c, ct, n);
         ZT_CHECK_MSG(rc == 0, "step: %s", zn_last_error());
     }
@@ -614,7 +932,7 @@ static void check_bf16(const zn_optim_ops *ops)
     zn_adam_params hp = zn_adam_params_default();
     hp.step = 3;
     hp.weight_decay = 0.1f;
-    zn_moments mv = { ZN_MOM_BF16, m, v, NULL, NULL, ZN_Q8_BNB };
+    zn_moments mv = zn_moments_of(ZN_MOM_BF16, m, v, NULL, NULL, ZN_Q8_BNB);
     int rc = zn_adam_step_mom_with(ops, &hp, p, &mv, g, ZN_DTYPE_F32, 1.0f, NULL, ZN_DTYPE_BF16, n);
     ZT_CHECK_MSG(rc == 0, "bf16 step: %s", zn_last_error());
     double b1 = hp.beta1, b2 = hp.beta2, lr = hp.lr, eps = hp.eps, wd = hp.weight_decay;
@@ -661,11 +979,11 @@ static void check_convert(void)
         m[i] = (float)((double)(mix(i) >> 11) * 0x1p-53 - 0.5);
         v[i] = (float)((double)(mix(i + n) >> 11) * 0x1p-53);
     }
-    zn_moments f = { ZN_MOM_F32, m, v, NULL, NULL, ZN_Q8_BNB };
-    zn_moments f2 = { ZN_MOM_F32, m2, v2, NULL, NULL, ZN_Q8_BNB };
-    zn_moments q = { ZN_MOM_Q8, mq, vq, am, av, ZN_Q8_BNB };
-    zn_moments q2 = { ZN_MOM_Q8, mq2, vq2, am2, av2, ZN_Q8_BNB };
-    zn_moments h = { ZN_MOM_BF16, mh, vh, NULL, NULL, ZN_Q8_BNB };
+    zn_moments f = zn_moments_of(ZN_MOM_F32, m, v, NULL, NULL, ZN_Q8_BNB);
+    zn_moments f2 = zn_moments_of(ZN_MOM_F32, m2, v2, NULL, NULL, ZN_Q8_BNB);
+    zn_moments q = zn_moments_of(ZN_MOM_Q8, mq, vq, am, av, ZN_Q8_BNB);
+    zn_moments q2 = zn_moments_of(ZN_MOM_Q8, mq2, vq2, am2, av2, ZN_Q8_BNB);
+    zn_moments h = zn_moments_of(ZN_MOM_BF16, mh, vh, NULL, NULL, ZN_Q8_BNB);
     ZT_EQ_INT(zn_mom_convert(&q, &f, n), 0);
     ZT_EQ_INT(zn_mom_convert(&f2, &q, n), 0);
     /* the nearest entry: within half the widest gap of the map (1/64 near
@@ -689,7 +1007,7 @@ static void check_convert(void)
         same &= mh[i] == zn_f32_to_bf16(m[i]) && vh[i] == zn_f32_to_bf16(v[i]);
     ZT_CHECK_MSG(same, "fp32 -> bf16 moments is not zn_f32_to_bf16");
     /* bad input */
-    zn_moments bad = { ZN_MOM_Q8, mq, vq, NULL, av, ZN_Q8_BNB };
+    zn_moments bad = zn_moments_of(ZN_MOM_Q8, mq, vq, NULL, av, ZN_Q8_BNB);
     ZT_EQ_INT(zn_mom_convert(&bad, &f, n), -EINVAL);
     zn_adam_params hp = zn_adam_params_default();
     ZT_EQ_INT(zn_adam_step_mom(&hp, m, &bad, v, ZN_DTYPE_F32, 1.0f, NULL, ZN_DTYPE_BF16, n),
@@ -744,6 +1062,15 @@ int main(void)
         for (int k = 1; k <= steps; k++)
             for (int th = 1; th <= 2; th++)
                 check_bnb_step(st, &fm, k, ops[o], th);
+    zn_st *stt = NULL;
+    if (zn_st_open(&stt, FIX_T))
+        ZT_SETUP_FAIL("%s: %s", FIX_T, zn_last_error());
+    for (int o = 0; o < nops; o++)
+        for (int th = 1; th <= 2; th++)
+            check_bnb_tensors(stt, ops[o], th);
+    zn_st_close(stt);
+    for (int o = 0; o < nops; o++)
+        check_f32_runs(ops[o]);
     check_identity(ops, nops);
     check_identity_variants(ops, nops);
     check_pieces(ops, nops);

@@ -233,7 +233,7 @@ static int step(const zn_optim_ops *ops, ao_state *s, const float *g, int k, int
     hp.adamw_mode = 1;
     hp.step = k;
     hp.threads = threads;
-    zn_moments mv = { ZN_MOM_Q8, s->mq, s->vq, s->ms, s->vs, scheme };
+    zn_moments mv = zn_moments_of(ZN_MOM_Q8, s->mq, s->vq, s->ms, s->vs, scheme);
     int rc = zn_adam_step_mom_with(ops, &hp, s->p, &mv, g, ZN_DTYPE_F32, 1.0f, NULL,
                                    ZN_DTYPE_BF16, fm.n);
     ZT_CHECK_MSG(rc == 0, "step: %s", zn_last_error());

@@ -82,7 +82,7 @@ static void make_moms(moms *o, zn_mom_fmt fmt, zn_q8_scheme scheme, const data *
     o->v = xmalloc(bytes);
     o->mv = zn_mom_layout_at(fmt, o->m, o->v, d->n, 0);
     o->mv.scheme = scheme;
-    zn_moments src = { ZN_MOM_F32, d->m, d->v, NULL, NULL, ZN_Q8_BNB };
+    zn_moments src = zn_moments_of(ZN_MOM_F32, d->m, d->v, NULL, NULL, ZN_Q8_BNB);
     if (zn_mom_convert(&o->mv, &src, d->n))
         ZT_SETUP_FAIL("zn_mom_convert: %s", zn_last_error());
 }
@@ -380,11 +380,11 @@ static void check_bad_input(void)
 {
     zn_adam_params hp = zn_adam_params_default();
     float g = 0, m = 0, v = 0;
-    zn_moments mv = { ZN_MOM_F32, &m, &v, NULL, NULL, ZN_Q8_BNB };
+    zn_moments mv = zn_moments_of(ZN_MOM_F32, &m, &v, NULL, NULL, ZN_Q8_BNB);
     uint16_t p = 0x3f80;
     ZT_EQ_INT(zn_adam_step_sr(&hp, NULL, &mv, &g, ZN_DTYPE_F32, 1.0f, 0, 0, 1), -EINVAL);
     ZT_EQ_INT(zn_adam_step_sr(&hp, &p, NULL, &g, ZN_DTYPE_F32, 1.0f, 0, 0, 1), -EINVAL);
-    zn_moments q8 = { ZN_MOM_Q8, &m, &v, NULL, NULL, ZN_Q8_BNB };
+    zn_moments q8 = zn_moments_of(ZN_MOM_Q8, &m, &v, NULL, NULL, ZN_Q8_BNB);
     ZT_EQ_INT(zn_adam_step_sr(&hp, &p, &q8, &g, ZN_DTYPE_F32, 1.0f, 0, 0, 1), -EINVAL);
     hp.step = 0;
     ZT_EQ_INT(zn_adam_step_sr(&hp, &p, &mv, &g, ZN_DTYPE_F32, 1.0f, 0, 0, 1), -EINVAL);

@@ -1067,8 +1067,8 @@ static void test_optimizer_mom(void)
         float *dam = dev_raw(am, nb * 4), *dav = dev_raw(av, nb * 4);
         uint16_t *dc = dev_poison(n, ZN_DTYPE_BF16);
         uint16_t *c = malloc(n * 2), *cd = malloc(n * 2);
-        zn_moments hm = { fmt, m, v, am, av, cases[t].scheme };
-        zn_moments dmv = { fmt, dm, dv, dam, dav, cases[t].scheme };
+        zn_moments hm = zn_moments_of(fmt, m, v, am, av, cases[t].scheme);
+        zn_moments dmv = zn_moments_of(fmt, dm, dv, dam, dav, cases[t].scheme);
         for (int it = 0; it < 3; it++, hp.step++) {
             for (size_t i = 0; i < n; i += 97)   /* another gradient each step */
                 g[i] = -g[i];
@@ -1148,8 +1148,8 @@ static void test_optimizer_sr(void)
         float *dg = dev_raw(g, n * 4);
         void *dm = dev_raw(m, n * eb), *dv = dev_raw(v, n * eb);
         float *dam = dev_raw(am, nb * 4), *dav = dev_raw(av, nb * 4);
-        zn_moments hm = { fmt, m, v, am, av, ZN_Q8_BNB };
-        zn_moments dmv = { fmt, dm, dv, dam, dav, ZN_Q8_BNB };
+        zn_moments hm = zn_moments_of(fmt, m, v, am, av, ZN_Q8_BNB);
+        zn_moments dmv = zn_moments_of(fmt, dm, dv, dam, dav, ZN_Q8_BNB);
         for (int it = 0; it < 3; it++, hp.step++) {
             for (size_t i = 0; i < n; i += 97)
                 g[i] = -g[i];

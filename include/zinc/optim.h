@@ -131,16 +131,44 @@ typedef enum { ZN_Q8_BNB = 0, ZN_Q8_TORCHAO = 1 } zn_q8_scheme;
 
 #define ZN_Q8_BLOCK 256
 
+/* Blocks of 8-bit moments kept in fp32 instead: bitsandbytes and torchao
+ * give a parameter tensor too small to quantize (bitsandbytes: under 4096
+ * elements, its min_8bit_size; torchao: also one that is not whole blocks)
+ * fp32 states. Blocks [block, block + n) of the caller's numbering; the
+ * k-th keeps its moments at slot + k of zn_moments' m_f32 and v_f32. */
+typedef struct {
+    uint64_t block, n, slot;
+} zn_q8_f32_run;
+
 /* The moments of n elements. m, v: float[n] (F32), uint16_t[n] bf16 bits
  * (BF16), uint8_t[n] codes (Q8); m_absmax, v_absmax: float[
  * zn_q8_blocks(n)] (Q8 only, else ignored). For Q8 the elements start on
- * a block boundary: element i belongs to block i / ZN_Q8_BLOCK. */
+ * a block boundary: element i belongs to block i / ZN_Q8_BLOCK.
+ * Q8 only, optional (n_f32 0: none): the blocks whose moments are fp32,
+ * f32[0, n_f32) sorted and disjoint, in which this range's block b is
+ * f32_base + b; a slot s holds elements [s * ZN_Q8_BLOCK, (s + 1) *
+ * ZN_Q8_BLOCK) of m_f32 and v_f32. Such a block's codes and absmax are
+ * neither read nor written. */
 typedef struct {
     zn_mom_fmt fmt;
     void *m, *v;
     float *m_absmax, *v_absmax;
     zn_q8_scheme scheme;   /* Q8 only: how the step quantizes (0: bitsandbytes') */
+    const zn_q8_f32_run *f32;
+    size_t n_f32;
+    uint64_t f32_base;
+    float *m_f32, *v_f32;
 } zn_moments;
+
+/* The moments of arrays m, v (and, 8-bit, absmax arrays am, av) with no
+ * fp32 blocks. */
+static inline zn_moments zn_moments_of(zn_mom_fmt fmt, void *m, void *v, float *am, float *av,
+                                       zn_q8_scheme scheme)
+{
+    zn_moments r = { .fmt = fmt, .m = m, .v = v, .m_absmax = am, .v_absmax = av,
+                     .scheme = scheme };
+    return r;
+}
 
 static inline size_t zn_q8_blocks(size_t n)
 {

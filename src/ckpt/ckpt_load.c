@@ -128,8 +128,9 @@ static int ld_read_deq(const ld_src *s, int k, int r, uint64_t e0, uint64_t n, f
             break;
         /* one stream: it stands for both moments, and the one asked for
          * (m's signed map or v's unsigned one) is kept */
-        zn_moments src = { fmt, raw, raw, absmax, absmax, ZN_Q8_BNB }; /* both schemes read alike */
-        zn_moments f32 = { ZN_MOM_F32, out[0], out[1], NULL, NULL, ZN_Q8_BNB };
+        /* (both schemes read alike) */
+        zn_moments src = zn_moments_of(fmt, raw, raw, absmax, absmax, ZN_Q8_BNB);
+        zn_moments f32 = zn_moments_of(ZN_MOM_F32, out[0], out[1], NULL, NULL, ZN_Q8_BNB);
         if ((rc = zn_mom_convert(&f32, &src, len)))
             break;
         memcpy(dst + done, out[k == ZN_TS_M ? 0 : 1] + (a - from), take * 4);

@@ -152,9 +152,9 @@ static void fill(const opts *o, arrays *a)
         }
     }
     /* the compressed moments start from the same values */
-    zn_moments f32 = { ZN_MOM_F32, a->m, a->v, NULL, NULL, ZN_Q8_BNB };
-    zn_moments h = { ZN_MOM_BF16, a->mh, a->vh, NULL, NULL, ZN_Q8_BNB };
-    zn_moments q = { ZN_MOM_Q8, a->mq, a->vq, a->am, a->av, ZN_Q8_BNB };
+    zn_moments f32 = zn_moments_of(ZN_MOM_F32, a->m, a->v, NULL, NULL, ZN_Q8_BNB);
+    zn_moments h = zn_moments_of(ZN_MOM_BF16, a->mh, a->vh, NULL, NULL, ZN_Q8_BNB);
+    zn_moments q = zn_moments_of(ZN_MOM_Q8, a->mq, a->vq, a->am, a->av, ZN_Q8_BNB);
     if (a->mh)
         zn_mom_convert(&h, &f32, n);
     if (a->mq)
@@ -163,7 +163,7 @@ static void fill(const opts *o, arrays *a)
 
 static zn_moments moments_of(const arrays *a, zn_mom_fmt f)
 {
-    zn_moments r = { f, a->m, a->v, NULL, NULL, ZN_Q8_BNB };
+    zn_moments r = zn_moments_of(f, a->m, a->v, NULL, NULL, ZN_Q8_BNB);
     if (f == ZN_MOM_BF16)
         r.m = a->mh, r.v = a->vh;
     else if (f == ZN_MOM_Q8)

@@ -321,6 +321,8 @@ int zn_dev_adam_mom(zn_dev *d, zn_stream *s, const zn_adam_params *hp, float *p,
         return zn_dev_adam(d, s, hp, p, mv->m, mv->v, g, g_scale, c, c_dt, n);
     CHK(!c || c_dt == ZN_DTYPE_BF16, "adam_mom: the 16-bit copy must be bf16 on a device, not %s",
         zn_dtype_name(c_dt));
+    CHK(!mv->n_f32, "adam_mom: 8-bit moments with fp32 blocks (zn_moments.f32) are not "
+        "stepped on a device yet");
     zn_adam_consts k;
     ZN_TRY(zn_adam_prepare_mom(hp, p, mv, g, ZN_DTYPE_F32, g_scale, c, c_dt, (size_t)n, &k));
     if (n == 0)
@@ -346,6 +348,8 @@ int zn_dev_adam_sr(zn_dev *d, zn_stream *s, const zn_adam_params *hp, uint16_t *
 {
     ZN_TRY(check_count("adam_sr", n));
     CHK(mv, "adam_sr: NULL moments");
+    CHK(!mv->n_f32, "adam_sr: 8-bit moments with fp32 blocks (zn_moments.f32) are not "
+        "stepped on a device yet");
     zn_adam_consts k;
     /* zn_adam_step_sr's checks (p stands for the fp32 array in the NULL
      * test) and constants */

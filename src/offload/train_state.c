@@ -229,8 +229,8 @@ static int load_convert(zn_trainer *tr, zn_mom_fmt from, zn_train_state_source s
             rc = src(user, ZN_TS_M + k, e0 * eb, buf[k], n * eb);
         if (rc)
             break;
-        zn_moments s = { from, buf[0], buf[1], abs[0] + e0 / ZN_Q8_BLOCK,
-                         abs[1] + e0 / ZN_Q8_BLOCK, ZN_Q8_BNB };
+        zn_moments s = zn_moments_of(from, buf[0], buf[1], abs[0] + e0 / ZN_Q8_BLOCK,
+                         abs[1] + e0 / ZN_Q8_BLOCK, ZN_Q8_BNB);
         zn_moments d = zn_tr_moments(tr, e0);
         rc = zn_mom_convert(&d, &s, n);
     }
@@ -374,7 +374,7 @@ static int load_nvme(zn_trainer *tr, zn_mom_fmt from, zn_dtype master_from,
             if (convert) {
                 /* fp32 in, the other moment's converted values into the
                  * master area (free until the master is read) */
-                zn_moments f = { ZN_MOM_F32, s->grad, s->grad, NULL, NULL, ZN_Q8_BNB };
+                zn_moments f = zn_moments_of(ZN_MOM_F32, s->grad, s->grad, NULL, NULL, ZN_Q8_BNB);
                 zn_moments d = zn_mom_layout_at(fmt, k ? s->master : s->m, k ? s->v : s->master,
                                                 un->n, 0);
                 d.scheme = tr->q8_scheme;

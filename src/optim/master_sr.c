@@ -145,6 +145,11 @@ static void sr_range(const sr_job *j, size_t lo, size_t hi)
             j->adam(j->k, pb, mb, vb, g, j->gt, NULL, ZN_DTYPE_BF16, len);
             o->bf16_round(mb, mh, len);
             o->bf16_round(vb, vh, len);
+        } else if (zn_q8_f32_slot(mv, b) >= 0) {
+            /* a block kept in fp32 */
+            size_t at = (size_t)zn_q8_f32_slot(mv, b) * ZN_Q8_BLOCK;
+            j->adam(j->k, pb, mv->m_f32 + at, mv->v_f32 + at, g, j->gt, NULL, ZN_DTYPE_BF16,
+                    len);
         } else {
             uint8_t *mq = (uint8_t *)mv->m + i, *vq = (uint8_t *)mv->v + i;
             o->q8_dequant(mq, j->ts, mv->m_absmax[b], mb, len);

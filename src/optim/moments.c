@@ -310,8 +310,8 @@ size_t zn_mom_layout_bytes(zn_mom_fmt fmt, size_t n)
 zn_moments zn_mom_layout_at(zn_mom_fmt fmt, void *m, void *v, size_t n, size_t off)
 {
     size_t eb = elem_bytes(fmt);
-    zn_moments r = { fmt, (char *)m + off * eb, (char *)v + off * eb, NULL, NULL,
-                     ZN_Q8_BNB };
+    zn_moments r = zn_moments_of(fmt, (char *)m + off * eb, (char *)v + off * eb, NULL, NULL,
+                     ZN_Q8_BNB);
     if (fmt == ZN_MOM_Q8) {
         size_t at = zn_mom_layout_absmax_at(fmt, n);
         r.m_absmax = (float *)((char *)m + at) + off / ZN_Q8_BLOCK;
@@ -410,6 +410,7 @@ typedef struct {
     const zn_optim_ops *ops;
     const zn_adam_consts *k;
     const zn_q8_table *ts, *tu;
+    const zn_moments *mv;   /* (its fp32 blocks) */
     zn_mom_fmt fmt;
     float *p;
     void *m, *v;
@@ -450,7 +451,13 @@ static void mom_range(const mom_job *j, size_t lo, size_t hi)
         size_t len = hi - i < ZN_Q8_BLOCK ? hi - i : ZN_Q8_BLOCK;
         size_t b = i / ZN_Q8_BLOCK;
         char *c = j->c ? j->c + i * 2 : NULL;
-        if (j->fmt == ZN_MOM_Q8 && o->q8_step) {
+        int64_t f = j->fmt == ZN_MOM_Q8 ? zn_q8_f32_slot(j->mv, b) : -1;
+        if (f >= 0) {
+            /* a block kept in fp32: the fp32 step */
+            size_t at = (size_t)f * ZN_Q8_BLOCK;
+            o->adam(j->k, j->p + i, j->mv->m_f32 + at, j->mv->v_f32 + at, j->g + i * j->gs,
+                    j->gt, c, j->ct, len);
+        } else if (j->fmt == ZN_MOM_Q8 && o->q8_step) {
             o->q8_step(j->k, j->p + i, (uint8_t *)j->m + i, (uint8_t *)j->v + i, &j->am[b],
                        &j->av[b], j->ts, j->tu, j->g + i * j->gs, j->gt, c, j->ct, len);
         } else if (j->fmt == ZN_MOM_Q8) {
@@ -488,6 +495,26 @@ static void ao_bias_corrections(const zn_adam_params *hp, zn_adam_consts *k)
     k->eps = (float)((double)hp->eps * sqrt((double)bc2));
 }
 
+int zn_q8_f32_check(const zn_moments *mv, size_t n)
+{
+    if (!mv->n_f32)
+        return 0;
+    if (mv->fmt != ZN_MOM_Q8)
+        return zn_set_error(-EINVAL, "adam: fp32 blocks in %s moments (8-bit ones only)",
+                            zn_mom_fmt_name(mv->fmt));
+    if (!mv->f32 || (n && (!mv->m_f32 || !mv->v_f32)))
+        return zn_set_error(-EINVAL, "adam: fp32 blocks without their runs or arrays");
+    for (size_t r = 0; r < mv->n_f32; r++) {
+        const zn_q8_f32_run *x = &mv->f32[r];
+        if (!x->n || x->block + x->n < x->block)
+            return zn_set_error(-EINVAL, "adam: fp32 block run %zu is empty or wraps", r);
+        if (r && x->block < mv->f32[r - 1].block + mv->f32[r - 1].n)
+            return zn_set_error(-EINVAL, "adam: fp32 block runs %zu and %zu overlap or are out "
+                                "of order", r - 1, r);
+    }
+    return 0;
+}
+
 int zn_adam_step_mom_with(const zn_optim_ops *ops, const zn_adam_params *hp, float *p,
                           const zn_moments *mv, const void *g, zn_dtype g_dtype, float g_scale,
                           void *c, zn_dtype c_dtype, size_t n)
@@ -507,11 +534,13 @@ int zn_adam_step_mom_with(const zn_optim_ops *ops, const zn_adam_params *hp, flo
         return rc;
     if (mv->fmt == ZN_MOM_Q8 && (!mv->m_absmax || !mv->v_absmax))
         return zn_set_error(-EINVAL, "adam: int8 moments without their absmax arrays");
+    if ((rc = zn_q8_f32_check(mv, n)))
+        return rc;
     if (mv->fmt == ZN_MOM_Q8 && mv->scheme == ZN_Q8_TORCHAO && hp->bias_correction)
         ao_bias_corrections(hp, &k);
     k.copy_stream = 1;
     mom_job j = {
-        .ops = ops, .k = &k, .fmt = mv->fmt, .p = p, .m = mv->m, .v = mv->v,
+        .ops = ops, .k = &k, .mv = mv, .fmt = mv->fmt, .p = p, .m = mv->m, .v = mv->v,
         .am = mv->m_absmax, .av = mv->v_absmax, .g = g, .gs = zn_dtype_size(g_dtype),
         .gt = g_dtype, .c = c, .ct = c_dtype,
     };
@@ -544,7 +573,7 @@ int zn_adam_prepare_mom(const zn_adam_params *hp, float *p, const zn_moments *mv
         return zn_set_error(-EINVAL, "adam: moment format %d is not fp32, bf16 or int8",
                             (int)mv->fmt);
     int rc = zn_adam_prepare(hp, p, mv->m, mv->v, g, g_dtype, g_scale, c, c_dtype, n, k);
-    if (rc < 0 || mv->fmt != ZN_MOM_Q8)
+    if (rc < 0 || (rc = zn_q8_f32_check(mv, n)) || mv->fmt != ZN_MOM_Q8)
         return rc;
     if (!mv->m_absmax || !mv->v_absmax)
         return zn_set_error(-EINVAL, "adam: int8 moments without their absmax arrays");
@@ -571,7 +600,7 @@ static int mom_ok(const zn_moments *x, size_t n, const char *which)
         return zn_set_error(-EINVAL, "zn_mom_convert: bad %s moments", which);
     if (n && (!x->m || !x->v || (x->fmt == ZN_MOM_Q8 && (!x->m_absmax || !x->v_absmax))))
         return zn_set_error(-EINVAL, "zn_mom_convert: %s moments lack an array", which);
-    return 0;
+    return zn_q8_f32_check(x, n);
 }
 
 int zn_mom_convert(const zn_moments *dst, const zn_moments *src, size_t n)
@@ -582,7 +611,7 @@ int zn_mom_convert(const zn_moments *dst, const zn_moments *src, size_t n)
     size_t nb = zn_q8_blocks(n);
     if (n == 0)
         return 0;
-    if (dst->fmt == src->fmt) {
+    if (dst->fmt == src->fmt && !dst->n_f32 && !src->n_f32) {
         size_t eb = elem_bytes(dst->fmt);
         memcpy(dst->m, src->m, n * eb);
         memcpy(dst->v, src->v, n * eb);
@@ -602,7 +631,20 @@ int zn_mom_convert(const zn_moments *dst, const zn_moments *src, size_t n)
     for (size_t b = 0; b < nb; b++) {
         float mb[ZN_Q8_BLOCK], vb[ZN_Q8_BLOCK];
         size_t i = b * ZN_Q8_BLOCK, len = n - i < ZN_Q8_BLOCK ? n - i : ZN_Q8_BLOCK;
-        if (src->fmt == ZN_MOM_F32) {
+        int64_t fs = src->fmt == ZN_MOM_Q8 ? zn_q8_f32_slot(src, b) : -1;
+        int64_t fd = dst->fmt == ZN_MOM_Q8 ? zn_q8_f32_slot(dst, b) : -1;
+        if (fs < 0 && fd < 0 && src->fmt == ZN_MOM_Q8 && dst->fmt == ZN_MOM_Q8) {
+            /* 8-bit both sides: as stored (the schemes share the storage) */
+            memcpy((uint8_t *)dst->m + i, (const uint8_t *)src->m + i, len);
+            memcpy((uint8_t *)dst->v + i, (const uint8_t *)src->v + i, len);
+            dst->m_absmax[b] = src->m_absmax[b];
+            dst->v_absmax[b] = src->v_absmax[b];
+            continue;
+        }
+        if (fs >= 0) {
+            memcpy(mb, src->m_f32 + fs * ZN_Q8_BLOCK, len * 4);
+            memcpy(vb, src->v_f32 + fs * ZN_Q8_BLOCK, len * 4);
+        } else if (src->fmt == ZN_MOM_F32) {
             memcpy(mb, (const float *)src->m + i, len * 4);
             memcpy(vb, (const float *)src->v + i, len * 4);
         } else if (src->fmt == ZN_MOM_BF16) {
@@ -612,7 +654,10 @@ int zn_mom_convert(const zn_moments *dst, const zn_moments *src, size_t n)
             o->q8_dequant((const uint8_t *)src->m + i, ts, src->m_absmax[b], mb, len);
             o->q8_dequant((const uint8_t *)src->v + i, tu, src->v_absmax[b], vb, len);
         }
-        if (dst->fmt == ZN_MOM_F32) {
+        if (fd >= 0) {
+            memcpy(dst->m_f32 + fd * ZN_Q8_BLOCK, mb, len * 4);
+            memcpy(dst->v_f32 + fd * ZN_Q8_BLOCK, vb, len * 4);
+        } else if (dst->fmt == ZN_MOM_F32) {
             memcpy((float *)dst->m + i, mb, len * 4);
             memcpy((float *)dst->v + i, vb, len * 4);
         } else if (dst->fmt == ZN_MOM_BF16) {

@@ -428,6 +428,31 @@ static inline void zn_adam_elem(const zn_adam_consts *k, float *pp, float *mp, f
 }
 
 
+/* mv's fp32 blocks (zn_moments.f32): none, or sorted disjoint non-empty
+ * runs with their arrays (8-bit moments only); -EINVAL naming what is
+ * wrong otherwise. */
+int zn_q8_f32_check(const zn_moments *mv, size_t n);
+
+/* The fp32 slot of block b of mv's range (zn_moments.f32), or -1 when the
+ * block is quantized. */
+static inline int64_t zn_q8_f32_slot(const zn_moments *mv, size_t b)
+{
+    if (!mv->n_f32)
+        return -1;
+    uint64_t gb = mv->f32_base + b;
+    size_t lo = 0, hi = mv->n_f32;
+    while (lo < hi) {
+        size_t h = lo + (hi - lo) / 2;
+        if (mv->f32[h].block + mv->f32[h].n <= gb)
+            lo = h + 1;
+        else
+            hi = h;
+    }
+    if (lo < mv->n_f32 && mv->f32[lo].block <= gb)
+        return (int64_t)(mv->f32[lo].slot + (gb - mv->f32[lo].block));
+    return -1;
+}
+
 /* ---- stochastic rounding (the formulas the SIMD paths follow; the hash
  * and the rounding on bits live in util/hash-impl.h, shared with the
  * device's kernel) ----------------------------------------------------- */
