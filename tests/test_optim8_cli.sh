@@ -54,6 +54,10 @@ for o in adamw_bnb_8bit adamw_torch_8bit adamw_bf16; do
 done
 check "! diff <(hexes adamw_bnb_8bit.jsonl) <(hexes adamw_torch_8bit.jsonl) > /dev/null" \
     "adamw_torch_8bit trains exactly as adamw_bnb_8bit: torchao's scheme is not in use"
+# the run says which tensors the references keep in fp32 (the tiny model's
+# 9 norms of 256 elements), and fp32 moments say nothing of it
+check "grep -q 'int8: 9 of 39 trained tensors (2304 parameters) are under 4096 elements; bitsandbytes' adamw_bnb_8bit.out && ! grep -q 'trained tensors' f32.out adamw_bf16.out" \
+    "the small tensors are not reported: $(grep 'trained tensors' adamw_bnb_8bit.out f32.out)"
 
 # the plan: int8 moments at a quarter of fp32 plus 4 bytes per 256
 "$zinc" train --print-default > tiny.json

@@ -139,6 +139,37 @@ static void hooks_from_env(ckpt_hooks *h, zn_ckpt_save_options *so)
 /* What the checkpoint records beside the trainer: where the data loader is
  * (its step index; the shuffle is a function of (seed, epoch)) and what
  * data it reads. */
+/* 8-bit moments: the trained tensors bitsandbytes (under 4096 elements)
+ * or torchao (also those not whole blocks of 256) keep in fp32, which zinc
+ * does not set apart in the trainer yet (zn_moments.f32 is the step's
+ * side of it): said, so that a user comparing with those tools knows. */
+static void say_small_tensors(const zn_model_dims *d, const zn_config *cfg)
+{
+    if (zn_config_moment_bytes(cfg->train.optim) != 1)
+        return;
+    bool ao = zn_config_q8_scheme(cfg->train.optim) != 0;
+    uint64_t tensors = 0, small = 0, elems = 0;
+    for (int b = 0; b <= d->n_layers + 1; b++)
+        for (int i = 0; i < zn_model_block_nparams(d, b); i++) {
+            zn_param_info pi;
+            if (zn_model_block_param(d, b, i, &pi) || pi.owner_block >= 0 ||
+                (d->lora.r > 0 && !pi.lora))
+                continue;   /* a tied head (the embedding's), a frozen base */
+            tensors++;
+            if (pi.numel < 4096 || (ao && pi.numel % ZN_Q8_BLOCK)) {
+                small++;
+                elems += (uint64_t)pi.numel;
+            }
+        }
+    if (small)
+        printf("  moments  int8: %llu of %llu trained tensors (%llu parameters) are under %s; "
+               "%s keeps their states in fp32, zinc quantizes them with the rest\n",
+               (unsigned long long)small, (unsigned long long)tensors,
+               (unsigned long long)elems,
+               ao ? "4096 elements or not whole blocks of 256" : "4096 elements",
+               ao ? "torchao" : "bitsandbytes");
+}
+
 static char *client_state(const zn_run *ts, const zn_config *cfg, int64_t step)
 {
     json_t *j = json_pack("{sIsIsssIsI}", "data_step", (json_int_t)step,
@@ -563,6 +594,7 @@ int zn_cmd_train(int argc, char **argv)
         printf("  weights  %s\n", ts.weights);
     if (ts.lora[0])
         printf("  lora     %s\n", ts.lora);
+    say_small_tensors(&ts.dims, &cfg);
     uint64_t ndocs = zn_tokens_num_docs(ts.data);
     char docs[96] = "";
     if (ndocs)
