@@ -434,7 +434,7 @@ static void check_moments(const zn_optim_ops *ref, const zn_optim_ops *emu)
                          scheme == ZN_Q8_TORCHAO ? " (torchao's scheme)" : "", n);
             for (int k = 0; k < 2; k++) {
                 /* the ceiling moves the bytes and changes none */
-                (k ? emu : ref)->rmw_mom(p[k], m[k], v[k], (int)mb, am[k], av[k], g,
+                (k ? emu : ref)->rmw_mom(p[k], 4, m[k], v[k], (int)mb, am[k], av[k], g,
                                          ZN_DTYPE_F32, c[k], n);
             }
             ZT_CHECK_MSG(!memcmp(m[0], m[1], n * mb) && !memcmp(p[0], p[1], n * 4),
@@ -481,7 +481,7 @@ static void check_sr(const zn_optim_ops *ref, const zn_optim_ops *emu)
     free(c);
 }
 
-/* The bf16-master ceiling (rmw_sr) of each moment width moves the bytes and
+/* The bf16-master ceiling (rmw_mom of 2-byte params) of each moment width moves the bytes and
  * changes none, through the emulated masks and AVX2's scalar tail alike: a
  * partial 8-bit block at the end. */
 static void check_sr_ceiling(const zn_optim_ops *ref, const zn_optim_ops *emu)
@@ -505,9 +505,9 @@ static void check_sr_ceiling(const zn_optim_ops *ref, const zn_optim_ops *emu)
         uint16_t *p = (uint16_t *)(void *)x;
         char *m = x + 2 * n, *v = m + n * (size_t)mb;
         for (int k = 0; k < 2; k++)
-            (k ? emu : ref)->rmw_sr(p, m, v, mb, am, am + nb, g, ZN_DTYPE_F32, n);
+            (k ? emu : ref)->rmw_mom(p, 2, m, v, mb, am, am + nb, g, ZN_DTYPE_F32, NULL, n);
         ZT_CHECK_MSG(!memcmp(x, keep, bytes) && !memcmp(am, amk, 2 * nb * 4),
-                     "rmw_sr (moments of %d bytes) changed the state", mb);
+                     "rmw_mom of bf16 params (moments of %d bytes) changed the state", mb);
         free(x);
         free(keep);
         free(g);

@@ -267,7 +267,7 @@ static void run_rmw(const opts *o, const zn_optim_ops *ops, arrays *a, zn_mom_fm
             zn_moments mv = moments_of(a, f);
             int mb = f == ZN_MOM_Q8 ? 1 : 2;
             if (hi > lo)
-                ops->rmw_mom(a->p + lo, (char *)mv.m + lo * (size_t)mb,
+                ops->rmw_mom(a->p + lo, 4, (char *)mv.m + lo * (size_t)mb,
                              (char *)mv.v + lo * (size_t)mb, mb,
                              mv.m_absmax ? mv.m_absmax + lo / ZN_Q8_BLOCK : NULL,
                              mv.v_absmax ? mv.v_absmax + lo / ZN_Q8_BLOCK : NULL,
@@ -287,11 +287,11 @@ static void run_rmw_sr(const opts *o, const zn_optim_ops *ops, arrays *a, zn_mom
         size_t lo, hi;
         block_range(o->n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
         if (hi > lo)
-            ops->rmw_sr(a->ps + lo, (char *)mv.m + lo * (size_t)mb,
-                        (char *)mv.v + lo * (size_t)mb, mb,
-                        mv.m_absmax ? mv.m_absmax + lo / ZN_Q8_BLOCK : NULL,
-                        mv.v_absmax ? mv.v_absmax + lo / ZN_Q8_BLOCK : NULL,
-                        (char *)a->g + lo * gs, o->gt, hi - lo);
+            ops->rmw_mom(a->ps + lo, 2, (char *)mv.m + lo * (size_t)mb,
+                         (char *)mv.v + lo * (size_t)mb, mb,
+                         mv.m_absmax ? mv.m_absmax + lo / ZN_Q8_BLOCK : NULL,
+                         mv.v_absmax ? mv.v_absmax + lo / ZN_Q8_BLOCK : NULL,
+                         (char *)a->g + lo * gs, o->gt, NULL, hi - lo);
     }
 }
 

@@ -63,33 +63,6 @@ void zn_adam_fma_scalar_kernel(const zn_adam_consts *k, float *p, float *m, floa
     }
 }
 
-/* `zinc bench adam --master bf16_sr`'s ceiling on the scalar path (the
- * bench runs the widest path's; this one is the vector paths' tail). */
-void zn_rmw_sr_scalar(uint16_t *p, void *m, void *v, int mb, float *am, float *av,
-                      const void *g, zn_dtype gt, size_t n)
-{
-    size_t gs = zn_dtype_size(gt);
-    for (size_t i = 0; i < n; i++) {
-        uint32_t pv = p[i], gv = 0, mv = 0, vv = 0;
-        memcpy(&gv, (const char *)g + i * gs, gs);
-        memcpy(&mv, (char *)m + i * (size_t)mb, (size_t)mb);
-        memcpy(&vv, (char *)v + i * (size_t)mb, (size_t)mb);
-        /* opaque to the compiler: the loads and stores must happen */
-        __asm__ volatile("" : "+r"(pv), "+r"(gv), "+r"(mv), "+r"(vv) : : "memory");
-        p[i] = (uint16_t)pv;
-        memcpy((char *)m + i * (size_t)mb, &mv, (size_t)mb);
-        memcpy((char *)v + i * (size_t)mb, &vv, (size_t)mb);
-    }
-    if (mb == 1 && am && av) {
-        for (size_t b = 0; b < zn_q8_blocks(n); b++) {
-            float x = am[b], y = av[b];
-            __asm__ volatile("" : "+r"(x), "+r"(y) : : "memory");
-            am[b] = x;
-            av[b] = y;
-        }
-    }
-}
-
 typedef struct {
     const zn_optim_ops *ops;
     zn_adam_kernel_fn adam;

@@ -377,22 +377,23 @@ void zn_bf16_round_scalar(const float *x, uint16_t *out, size_t n)
         out[i] = zn_bf16_round(x[i]);
 }
 
-void zn_rmw_mom_scalar(float *p, void *m, void *v, int mb, float *am, float *av, const void *g,
-                       zn_dtype gt, void *c, size_t n)
+void zn_rmw_mom_scalar(void *p, int pb, void *m, void *v, int mb, float *am, float *av,
+                       const void *g, zn_dtype gt, void *c, size_t n)
 {
     size_t gs = zn_dtype_size(gt);
     for (size_t i = 0; i < n; i++) {
-        float pv = p[i];
-        uint32_t gv = 0, mv = 0, vv = 0;
+        uint32_t pv = 0, gv = 0, mv = 0, vv = 0;
+        memcpy(&pv, (char *)p + i * (size_t)pb, (size_t)pb);
         memcpy(&gv, (const char *)g + i * gs, gs);
         memcpy(&mv, (char *)m + i * (size_t)mb, (size_t)mb);
         memcpy(&vv, (char *)v + i * (size_t)mb, (size_t)mb);
-        __asm__ volatile("" : "+r"(gv), "+r"(mv), "+r"(vv) : : "memory");
-        p[i] = pv;
+        /* opaque to the compiler: the loads and stores must happen */
+        __asm__ volatile("" : "+r"(pv), "+r"(gv), "+r"(mv), "+r"(vv) : : "memory");
+        memcpy((char *)p + i * (size_t)pb, &pv, (size_t)pb);
         memcpy((char *)m + i * (size_t)mb, &mv, (size_t)mb);
         memcpy((char *)v + i * (size_t)mb, &vv, (size_t)mb);
         if (c)
-            ((uint16_t *)c)[i] = (uint16_t)zn_f32_bits(pv);
+            ((uint16_t *)c)[i] = (uint16_t)pv;
     }
     if (mb == 1 && am && av) {
         for (size_t b = 0; b < zn_q8_blocks(n); b++) {

@@ -144,10 +144,12 @@ typedef float (*zn_q8_quant_fn)(const float *x, const zn_q8_table *t, uint8_t *q
  * zn_f32_to_bf16). */
 typedef void (*zn_bf16_widen_fn)(const uint16_t *h, float *out, size_t n);
 typedef void (*zn_bf16_round_fn)(const float *x, uint16_t *out, size_t n);
-/* The benchmark ceiling of a compressed step: reads p, g and mb bytes of
- * m and of v per element (and each block's absmax when mb is 1), writes
- * them back unchanged, and c as rmw does. */
-typedef void (*zn_rmw_mom_fn)(float *p, void *m, void *v, int mb, float *am, float *av,
+/* The benchmark ceiling of a compressed step: reads p (pb bytes each: 4,
+ * fp32; 2, the bf16 master of zn_adam_step_sr), g and mb bytes of m and of
+ * v per element (4, 2 or 1; with 1 each block's absmax too, n from a
+ * block's start), writes them back unchanged, and c (fp32 p only) as rmw
+ * does. */
+typedef void (*zn_rmw_mom_fn)(void *p, int pb, void *m, void *v, int mb, float *am, float *av,
                               const void *g, zn_dtype g_dtype, void *c, size_t n);
 
 /* Stochastic rounding of n fp32 values to bf16 (zn_adam_step_sr): element
@@ -155,13 +157,6 @@ typedef void (*zn_rmw_mom_fn)(float *p, void *m, void *v, int mb, float *am, flo
  * idx_lo + n within 2^32 (k1, k2 carry the index's high word). */
 typedef void (*zn_sr_round_fn)(const float *x, uint16_t *out, size_t n, uint32_t k1,
                                uint32_t k2, uint32_t idx_lo);
-
-/* The benchmark ceiling of the bf16-master step (zn_adam_step_sr): reads
- * p (bf16), g and mb bytes of m and of v per element (4: fp32 moments; 1:
- * and each block's absmax, n from a block's start), writes p, m, v back
- * unchanged. No copy: the bf16 master is the working copy. */
-typedef void (*zn_rmw_sr_fn)(uint16_t *p, void *m, void *v, int mb, float *am, float *av,
-                             const void *g, zn_dtype g_dtype, size_t n);
 
 /* One block of the 8-bit step, fused (n <= ZN_Q8_BLOCK): dequantize m and
  * v, step them as the path's adam kernel does, store the new absmax
@@ -185,7 +180,6 @@ typedef struct {
     zn_bf16_round_fn bf16_round;
     zn_rmw_mom_fn rmw_mom;
     zn_sr_round_fn sr_round;
-    zn_rmw_sr_fn rmw_sr;
     zn_q8_step_fn q8_step;
 } zn_optim_ops;
 
@@ -206,12 +200,10 @@ void zn_q8_dequant_scalar(const uint8_t *q, const zn_q8_table *t, float absmax, 
 float zn_q8_quant_scalar(const float *x, const zn_q8_table *t, uint8_t *q, size_t n);
 void zn_bf16_widen_scalar(const uint16_t *h, float *out, size_t n);
 void zn_bf16_round_scalar(const float *x, uint16_t *out, size_t n);
-void zn_rmw_mom_scalar(float *p, void *m, void *v, int mb, float *am, float *av, const void *g,
-                       zn_dtype g_dtype, void *c, size_t n);
+void zn_rmw_mom_scalar(void *p, int pb, void *m, void *v, int mb, float *am, float *av,
+                       const void *g, zn_dtype g_dtype, void *c, size_t n);
 void zn_sr_round_scalar(const float *x, uint16_t *out, size_t n, uint32_t k1, uint32_t k2,
                         uint32_t idx_lo);
-void zn_rmw_sr_scalar(uint16_t *p, void *m, void *v, int mb, float *am, float *av,
-                      const void *g, zn_dtype g_dtype, size_t n);
 
 /* The fp32 Adam step in the vector paths' operation order (their FMAs as
  * fmaf, one rounding each): the scalar path of zn_adam_step_sr, so that

@@ -467,7 +467,7 @@ static void avx2_bf16_round(const float *x, uint16_t *out, size_t n)
     zn_bf16_round_scalar(x + i, out + i, n - i);
 }
 
-static void avx2_rmw_mom(float *p, void *m, void *v, int mb, float *am, float *av,
+static void avx2_rmw_mom(void *p, int pb, void *m, void *v, int mb, float *am, float *av,
                          const void *g, zn_dtype gt, void *c, size_t n)
 {
     int nt = zn_optim_nt_copy && c && ((uintptr_t)c & 31) == 0;
@@ -476,57 +476,21 @@ static void avx2_rmw_mom(float *p, void *m, void *v, int mb, float *am, float *a
         gt = ZN_DTYPE_BF16;   /* F16 moves the same bytes */
     size_t i = 0;
     for (; i + 2 * W <= n; i += 2 * W) {
-        __m256 p0 = _mm256_loadu_ps(p + i), p1 = _mm256_loadu_ps(p + i + W);
         __m256 g0 = load_g(g, gt, i), g1 = load_g(g, gt, i + W);
-        __m256i mx, vx;
-        if (mb == 1) {
-            mx = _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)((uint8_t *)m + i)));
-            vx = _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)((uint8_t *)v + i)));
+        __asm__ volatile("" : "+x"(g0), "+x"(g1));
+        if (pb == 4) {
+            float *pf = (float *)p + i;
+            __m256 p0 = _mm256_loadu_ps(pf), p1 = _mm256_loadu_ps(pf + W);
+            __asm__ volatile("" : "+x"(p0), "+x"(p1));
+            _mm256_storeu_ps(pf, p0);
+            _mm256_storeu_ps(pf + W, p1);
+            if (c)
+                store_low_halves(c16 + i, p0, p1, nt);
         } else {
-            mx = _mm256_loadu_si256((const __m256i *)((uint16_t *)m + i));
-            vx = _mm256_loadu_si256((const __m256i *)((uint16_t *)v + i));
+            __m256i ph = _mm256_loadu_si256((const __m256i *)((uint16_t *)p + i));
+            __asm__ volatile("" : "+x"(ph));
+            _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), ph);
         }
-        __asm__ volatile("" : "+x"(p0), "+x"(p1), "+x"(g0), "+x"(g1), "+x"(mx), "+x"(vx));
-        _mm256_storeu_ps(p + i, p0);
-        _mm256_storeu_ps(p + i + W, p1);
-        if (mb == 1) {
-            _mm_storeu_si128((__m128i *)((uint8_t *)m + i), _mm256_castsi256_si128(mx));
-            _mm_storeu_si128((__m128i *)((uint8_t *)v + i), _mm256_castsi256_si128(vx));
-            if ((i & (ZN_Q8_BLOCK - 1)) == 0) {
-                size_t b = i / ZN_Q8_BLOCK;
-                float x = am[b], y = av[b];
-                __asm__ volatile("" : "+x"(x), "+x"(y));
-                am[b] = x;
-                av[b] = y;
-            }
-        } else {
-            _mm256_storeu_si256((__m256i *)((uint16_t *)m + i), mx);
-            _mm256_storeu_si256((__m256i *)((uint16_t *)v + i), vx);
-        }
-        if (c)
-            store_low_halves(c16 + i, p0, p1, nt);
-    }
-    if (nt)
-        _mm_sfence();
-    if (i < n) {
-        size_t gs = zn_dtype_size(gt);
-        zn_rmw_mom_scalar(p + i, (char *)m + i * (size_t)mb, (char *)v + i * (size_t)mb, mb,
-                          NULL, NULL, (const char *)g + i * gs, gt, c ? c16 + i : NULL, n - i);
-    }
-}
-
-/* the bf16-master step's ceiling: 16 bf16 params and their moments a turn,
- * as avx2_rmw_mom turns */
-static void avx2_rmw_sr(uint16_t *p, void *m, void *v, int mb, float *am, float *av,
-                        const void *g, zn_dtype gt, size_t n)
-{
-    if (gt != ZN_DTYPE_F32)
-        gt = ZN_DTYPE_BF16;   /* F16 moves the same bytes */
-    size_t i = 0;
-    for (; i + 2 * W <= n; i += 2 * W) {
-        __m256i pv = _mm256_loadu_si256((const __m256i *)(p + i));
-        __m256 g0 = load_g(g, gt, i), g1 = load_g(g, gt, i + W);
-        __asm__ volatile("" : "+x"(pv), "+x"(g0), "+x"(g1));
         if (mb == 4) {
             float *mf = (float *)m + i, *vf = (float *)v + i;
             __m256 m0 = _mm256_loadu_ps(mf), m1 = _mm256_loadu_ps(mf + W);
@@ -556,12 +520,14 @@ static void avx2_rmw_sr(uint16_t *p, void *m, void *v, int mb, float *am, float 
                 av[b] = y;
             }
         }
-        _mm256_storeu_si256((__m256i *)(p + i), pv);
     }
+    if (nt)
+        _mm_sfence();
     if (i < n) {
         size_t gs = zn_dtype_size(gt);
-        zn_rmw_sr_scalar(p + i, (char *)m + i * (size_t)mb, (char *)v + i * (size_t)mb, mb,
-                         NULL, NULL, (const char *)g + i * gs, gt, n - i);
+        zn_rmw_mom_scalar((char *)p + i * (size_t)pb, pb, (char *)m + i * (size_t)mb,
+                          (char *)v + i * (size_t)mb, mb, NULL, NULL, (const char *)g + i * gs,
+                          gt, c ? c16 + i : NULL, n - i);
     }
 }
 
@@ -616,6 +582,6 @@ static void avx2_sr_round(const float *x, uint16_t *out, size_t n, uint32_t k1, 
 const zn_optim_ops zn_optim_ops_avx2 = {
     ZN_ISA_AVX2, "avx2", avx2_adam, avx2_norm_chunk, avx2_rmw, avx2_triad,
     avx2_q8_dequant, avx2_q8_quant, avx2_bf16_widen, avx2_bf16_round, avx2_rmw_mom,
-    avx2_sr_round, avx2_rmw_sr, NULL,
+    avx2_sr_round, NULL,
 };
 #endif

@@ -312,7 +312,7 @@ static void avx512_bf16_round(const float *x, uint16_t *out, size_t n)
     }
 }
 
-static void avx512_rmw_mom(float *p, void *m, void *v, int mb, float *am, float *av,
+static void avx512_rmw_mom(void *p, int pb, void *m, void *v, int mb, float *am, float *av,
                            const void *g, zn_dtype gt, void *c, size_t n)
 {
     /* the copy is streamed as the compressed step streams it */
@@ -321,54 +321,19 @@ static void avx512_rmw_mom(float *p, void *m, void *v, int mb, float *am, float 
         gt = ZN_DTYPE_BF16;   /* F16 moves the same bytes */
     for (size_t i = 0; i < n; i += W) {
         __mmask16 mk = tail_mask(n - i);
-        __m512 pv = _mm512_maskz_loadu_ps(mk, p + i), gv = load_g(g, gt, i, mk);
-        if (mb == 1) {
-            __m128i mq = _mm_maskz_loadu_epi8(mk, (uint8_t *)m + i);
-            __m128i vq = _mm_maskz_loadu_epi8(mk, (uint8_t *)v + i);
-            ZN_OPAQUE(pv);
-            ZN_OPAQUE(gv);
-            ZN_OPAQUE(mq);
-            ZN_OPAQUE(vq);
-            _mm_mask_storeu_epi8((uint8_t *)m + i, mk, mq);
-            _mm_mask_storeu_epi8((uint8_t *)v + i, mk, vq);
-            if ((i & (ZN_Q8_BLOCK - 1)) == 0) {
-                size_t b = i / ZN_Q8_BLOCK;
-                float x = am[b], y = av[b];
-                __asm__ volatile("" : "+v"(x), "+v"(y));
-                am[b] = x;
-                av[b] = y;
-            }
-        } else {
-            __m256i mh = _mm256_maskz_loadu_epi16(mk, (uint16_t *)m + i);
-            __m256i vh = _mm256_maskz_loadu_epi16(mk, (uint16_t *)v + i);
-            ZN_OPAQUE(pv);
-            ZN_OPAQUE(gv);
-            ZN_OPAQUE(mh);
-            ZN_OPAQUE(vh);
-            _mm256_mask_storeu_epi16((uint16_t *)m + i, mk, mh);
-            _mm256_mask_storeu_epi16((uint16_t *)v + i, mk, vh);
-        }
-        _mm512_mask_storeu_ps(p + i, mk, pv);
-        if (c)
-            store_low_halves((uint16_t *)c + i, pv, mk, nt);
-    }
-    if (nt)
-        _mm_sfence();
-}
-
-/* the bf16-master step's ceiling: 16 bf16 params and their moments a turn,
- * as avx512_rmw_mom turns */
-static void avx512_rmw_sr(uint16_t *p, void *m, void *v, int mb, float *am, float *av,
-                          const void *g, zn_dtype gt, size_t n)
-{
-    if (gt != ZN_DTYPE_F32)
-        gt = ZN_DTYPE_BF16;   /* F16 moves the same bytes */
-    for (size_t i = 0; i < n; i += W) {
-        __mmask16 mk = tail_mask(n - i);
-        __m256i pv = _mm256_maskz_loadu_epi16(mk, p + i);
         __m512 gv = load_g(g, gt, i, mk);
-        ZN_OPAQUE(pv);
         ZN_OPAQUE(gv);
+        if (pb == 4) {
+            __m512 pv = _mm512_maskz_loadu_ps(mk, (float *)p + i);
+            ZN_OPAQUE(pv);
+            _mm512_mask_storeu_ps((float *)p + i, mk, pv);
+            if (c)
+                store_low_halves((uint16_t *)c + i, pv, mk, nt);
+        } else {
+            __m256i ph = _mm256_maskz_loadu_epi16(mk, (uint16_t *)p + i);
+            ZN_OPAQUE(ph);
+            _mm256_mask_storeu_epi16((uint16_t *)p + i, mk, ph);
+        }
         if (mb == 4) {
             __m512 mv = _mm512_maskz_loadu_ps(mk, (float *)m + i);
             __m512 vv = _mm512_maskz_loadu_ps(mk, (float *)v + i);
@@ -398,8 +363,9 @@ static void avx512_rmw_sr(uint16_t *p, void *m, void *v, int mb, float *am, floa
                 av[b] = y;
             }
         }
-        _mm256_mask_storeu_epi16(p + i, mk, pv);
     }
+    if (nt)
+        _mm_sfence();
 }
 
 /* ---- stochastic rounding (master_sr.c) --------------------------------- */
@@ -446,7 +412,7 @@ static void avx512_sr_round(const float *x, uint16_t *out, size_t n, uint32_t k1
 const zn_optim_ops ZN_AVX512_OPS = {
     ZN_ISA_AVX512, "avx512", avx512_adam, avx512_norm_chunk, avx512_rmw, avx512_triad,
     avx512_q8_dequant, avx512_q8_quant, avx512_bf16_widen, avx512_bf16_round, avx512_rmw_mom,
-    avx512_sr_round, avx512_rmw_sr,
+    avx512_sr_round,
     NULL,   /* no fused 8-bit block: moments.c runs the pieces */
 };
 #endif
