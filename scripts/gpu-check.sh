@@ -97,6 +97,10 @@ print(\"gpus:\", d[\"gpus\"], \"absent reason:\", d.get(\"gpu_absent_reason\"))
 sys.exit(0 if d[\"gpus\"] else 1)'"
 step "gpu test suite" 600 bash -c "meson test -C '$bdir' --suite gpu --print-errorlogs &&
     ! grep -q '\"result\": \"SKIP\"' '$bdir/meson-logs/testlog.json'"
+# the bf16 master's step as the CUDA kernel (zn_dev_adam_sr) inside the
+# trainer: the device run's losses and checkpoint files against the cpu
+# tier's, bit for bit, with the same GPU computing both
+step "bf16 master on the device (master_sr_cli)" 300 meson test -C "$bdir" master_sr_cli --print-errorlogs
 if python3 -c "import torch, transformers; assert torch.cuda.is_available()" 2>/dev/null; then
     step "zinc vs PyTorch on this GPU" 600 python3 scripts/gpu_vs_torch.py "$zinc"
 else
