@@ -10,6 +10,11 @@
  *    from the binomial standard deviation (derived below);
  *  - the same bits on every path, for 1, 2 and 3 threads, run to run, and
  *    with the index crossing 2^32 (the hash key changes there);
+ *  - with the indices in runs (zn_adam_step_sr_spans: a rank's share of
+ *    the model), each element rounds as a one-run step whose index0 gives
+ *    it the same index, the moments are the one-run step's (8-bit blocks
+ *    stepped whole across a run's edge), on every path and thread count;
+ *    spans that do not tile the elements are refused;
  *  - NaN stays NaN, Inf stays Inf, a finite value never becomes Inf;
  *  - bad arguments are refused. */
 #include <errno.h>
@@ -326,6 +331,111 @@ static void check_same_bits(void)
     free_data(&d);
 }
 
+/* ---- indices in runs (zn_adam_step_sr_spans) ------------------------------ */
+static void check_spans(void)
+{
+    const size_t n = 70001;
+    data d;
+    make_data(&d, n, 13);
+    /* runs of 1 element to 30000, most not on an 8-bit block's edge, their
+     * indices apart (other ranks' shares between them), one crossing 2^32
+     * (the key changes inside it) and one below the first (the runs need
+     * not rise) */
+    static const uint64_t lens[] = { 1, 7, 300, 255, 1000, 257, 30000, 3, 511, 12000 };
+    zn_sr_span sp[64];
+    size_t ns = 0;
+    uint64_t index = 5000;
+    for (size_t off = 0; off < n; ns++) {
+        uint64_t len = lens[ns % (sizeof lens / sizeof lens[0])];
+        if (len > n - off)
+            len = n - off;
+        if (ns == 6)
+            index = ((uint64_t)1 << 32) - 12345;
+        if (ns == 8)
+            index = 17;
+        sp[ns] = (zn_sr_span){ off, len, index };
+        index += len + 128 * (ns + 1);
+        off += len;
+    }
+    uint16_t *want = xmalloc(n * 2), *one = xmalloc(n * 2), *p = xmalloc(n * 2);
+    const uint64_t seed = 9;
+    for (size_t fi = 0; fi < sizeof formats / sizeof formats[0]; fi++) {
+        zn_adam_params hp = params(2);
+        moms base, first;
+        make_moms(&base, formats[fi].fmt, formats[fi].scheme, &d);
+        copy_moms(&first, &base, n);
+        /* each run's elements as a one-run step with the index0 that gives
+         * them their run's indices (the fp32 values do not depend on the
+         * index; only their rounding does) */
+        for (size_t k = 0; k < ns; k++) {
+            moms sm;
+            copy_moms(&sm, &base, n);
+            memcpy(one, d.p, n * 2);
+            int rc = zn_adam_step_sr_with(zn_optim_get_ops(ZN_ISA_SCALAR), &hp, one, &sm.mv,
+                                          d.g, ZN_DTYPE_F32, 1.0f, seed, sp[k].index - sp[k].off,
+                                          n);
+            ZT_CHECK_MSG(rc == 0, "one-run step: %s", zn_last_error());
+            memcpy(want + sp[k].off, one + sp[k].off, sp[k].n * 2);
+            if (k == 0) {
+                free_moms(&first);
+                first = sm;
+            } else {
+                ZT_CHECK_MSG(same_moms(&sm, &first, n), "the moments depend on index0");
+                free_moms(&sm);
+            }
+        }
+        for (size_t ii = 0; ii < 3; ii++) {
+            const zn_optim_ops *ops = zn_optim_get_ops(all_isas[ii]);
+            if (!ops)
+                continue;
+            static const int tcount[] = { 1, 3 };
+            for (int t = 0; t < 2; t++) {
+                moms sm;
+                copy_moms(&sm, &base, n);
+                memcpy(p, d.p, n * 2);
+                hp.threads = tcount[t];
+                int rc = zn_adam_step_sr_spans_with(ops, &hp, p, &sm.mv, d.g, ZN_DTYPE_F32, 1.0f,
+                                                    seed, sp, ns, n);
+                size_t bad = 0;
+                for (size_t i = 0; i < n; i++)
+                    bad += p[i] != want[i];
+                ZT_CHECK_MSG(rc == 0 && bad == 0 && same_moms(&sm, &first, n),
+                             "%s moments %s, %d threads, %zu runs: rc %d, %zu elements not "
+                             "rounded as their run's index says%s", ops->name,
+                             formats[fi].name, tcount[t], ns, rc, bad,
+                             same_moms(&sm, &first, n) ? "" : ", moments differ");
+                free_moms(&sm);
+            }
+            hp.threads = 1;
+        }
+        free_moms(&base);
+        free_moms(&first);
+    }
+    /* spans that do not tile [0, n): refused, p untouched */
+    zn_adam_params hp = params(0);
+    float m[4] = { 0 }, v[4] = { 0 }, g[4] = { 1, 1, 1, 1 };
+    zn_moments mv = zn_moments_of(ZN_MOM_F32, m, v, NULL, NULL, ZN_Q8_BNB);
+    uint16_t q[4] = { 0x3f80, 0x3f80, 0x3f80, 0x3f80 };
+    static const zn_sr_span bad[][2] = {
+        { { 0, 2, 0 }, { 3, 1, 9 } },   /* a gap */
+        { { 0, 2, 0 }, { 1, 3, 9 } },   /* an overlap */
+        { { 0, 4, 0 }, { 4, 0, 9 } },   /* an empty run */
+        { { 1, 3, 0 }, { 4, 0, 9 } },   /* not from 0 */
+        { { 0, 2, 0 }, { 2, 1, 9 } },   /* short of n */
+        { { 0, 2, 0 }, { 2, 3, 9 } },   /* past n */
+    };
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++)
+        ZT_EQ_INT(zn_adam_step_sr_spans(&hp, q, &mv, g, ZN_DTYPE_F32, 1.0f, 1, bad[b], 2, 4),
+                  -EINVAL);
+    ZT_EQ_INT(zn_adam_step_sr_spans(&hp, q, &mv, g, ZN_DTYPE_F32, 1.0f, 1, NULL, 0, 4), -EINVAL);
+    for (int i = 0; i < 4; i++)
+        ZT_EQ_INT(q[i], 0x3f80);
+    free(want);
+    free(one);
+    free(p);
+    free_data(&d);
+}
+
 /* ---- the edges: NaN, Inf, the largest finite values, zeros, subnormals ---- */
 static void check_edges(void)
 {
@@ -398,6 +508,7 @@ int main(void)
     check_bracket();
     check_fractions();
     check_same_bits();
+    check_spans();
     check_edges();
     check_bad_input();
     return zt_done();

@@ -273,6 +273,26 @@ ZN_API int zn_adam_step_sr(const zn_adam_params *hp, uint16_t *p, const zn_momen
                            const void *g, zn_dtype g_dtype, float g_scale, uint64_t seed,
                            uint64_t index0, size_t n);
 
+/* A run of p's elements whose indices in the model follow each other:
+ * p[off + j] is element index + j, for j < n. */
+typedef struct {
+    uint64_t off, n;
+    uint64_t index;
+} zn_sr_span;
+
+/* zn_adam_step_sr on elements whose indices in the model come in runs (a
+ * rank's share of the model is pieces of the blocks' shards, with the
+ * other ranks' shares between them): span i names the index of p[off,
+ * off + n). The spans are in order and back to back, each of one element
+ * or more, from 0 to n. Only the rounding bits follow them: an 8-bit
+ * moment's block of 256 elements is stepped whole across a span's edge
+ * (its absmax covers them all). One span {0, n, index0} is
+ * zn_adam_step_sr. Returns as zn_adam_step_sr, and -EINVAL for spans that
+ * do not cover [0, n) so. */
+ZN_API int zn_adam_step_sr_spans(const zn_adam_params *hp, uint16_t *p, const zn_moments *mv,
+                                 const void *g, zn_dtype g_dtype, float g_scale, uint64_t seed,
+                                 const zn_sr_span *spans, size_t n_spans, size_t n);
+
 /* SIMD paths. ZN_ISA_AUTO picks the one that is fastest on this CPU
  * (zn_adam_isa_reason says why); the environment variable ZINC_SIMD=avx512|avx2|scalar|auto sets
  * the starting choice (an unknown or unsupported value is warned about and

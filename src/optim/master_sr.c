@@ -1,7 +1,8 @@
 /* bf16 master weights with stochastic rounding (zn_adam_step_sr): the step
  * widens a block of bf16 params into an fp32 buffer on the stack, steps it
  * (and its moments, in any format) with the fp32 kernel of the chosen
- * path, and rounds it back with random bits from a counter-based hash.
+ * path, and rounds it back with random bits from a counter-based hash of
+ * each element's index in the model (runs of indices: zn_sr_span).
  * The scalar kernels here follow the vector paths' operation order, so
  * every path gives the same bits. */
 #include <errno.h>
@@ -73,12 +74,14 @@ typedef struct {
     const char *g;
     size_t gs;
     zn_dtype gt;
-    uint64_t seed, index0;
+    uint64_t seed;
+    const zn_sr_span *spans;
+    size_t n_spans;
     int64_t step;
 } sr_job;
 
-/* The rounding of x[0, n) into out for elements index0 + [i, i + n): one
- * call per run of indices sharing their high word (the key holds it). */
+/* The rounding of x[0, n) into out for elements index + [0, n): one call
+ * per run of indices sharing their high word (the key holds it). */
 static void sr_round_at(const sr_job *j, const float *x, uint16_t *out, size_t n, uint64_t index)
 {
     while (n) {
@@ -94,6 +97,25 @@ static void sr_round_at(const sr_job *j, const float *x, uint16_t *out, size_t n
     }
 }
 
+/* The rounding of x[0, n) into out for p's elements [i, i + n), each with
+ * the index its span gives it; *s is the span that holds i (the caller
+ * walks p upwards, so the search goes on from there). */
+static void sr_round_spans(const sr_job *j, const float *x, uint16_t *out, size_t n, size_t i,
+                           size_t *s)
+{
+    while (n) {
+        while (j->spans[*s].off + j->spans[*s].n <= i)
+            (*s)++;
+        const zn_sr_span *sp = &j->spans[*s];
+        size_t take = sp->off + sp->n - i < n ? (size_t)(sp->off + sp->n - i) : n;
+        sr_round_at(j, x, out, take, sp->index + (i - sp->off));
+        x += take;
+        out += take;
+        i += take;
+        n -= take;
+    }
+}
+
 /* Elements [lo, hi) (lo on a block boundary), block by block: the params
  * and compressed moments widened into L1, stepped, rounded back. */
 static void sr_range(const sr_job *j, size_t lo, size_t hi)
@@ -103,6 +125,15 @@ static void sr_range(const sr_job *j, size_t lo, size_t hi)
     float vb[ZN_Q8_BLOCK] __attribute__((aligned(64)));
     const zn_optim_ops *o = j->ops;
     const zn_moments *mv = j->mv;
+    /* the last span that starts at or before lo (spans are never empty) */
+    size_t s = 0, top = j->n_spans;
+    while (top - s > 1) {
+        size_t mid = s + (top - s) / 2;
+        if (j->spans[mid].off <= lo)
+            s = mid;
+        else
+            top = mid;
+    }
     for (size_t i = lo; i < hi; i += ZN_Q8_BLOCK) {
         size_t len = hi - i < ZN_Q8_BLOCK ? hi - i : ZN_Q8_BLOCK;
         size_t b = i / ZN_Q8_BLOCK;
@@ -131,7 +162,7 @@ static void sr_range(const sr_job *j, size_t lo, size_t hi)
             mv->m_absmax[b] = o->q8_quant(mb, j->ts, mq, len);
             mv->v_absmax[b] = o->q8_quant(vb, j->tu, vq, len);
         }
-        sr_round_at(j, pb, j->p + i, len, j->index0 + i);
+        sr_round_spans(j, pb, j->p + i, len, i, &s);
     }
 }
 
@@ -141,12 +172,27 @@ static void sr_range_of(const void *arg, size_t lo, size_t hi)
     sr_range(arg, lo, hi);
 }
 
-int zn_adam_step_sr_with(const zn_optim_ops *ops, const zn_adam_params *hp, uint16_t *p,
-                         const zn_moments *mv, const void *g, zn_dtype g_dtype, float g_scale,
-                         uint64_t seed, uint64_t index0, size_t n)
+int zn_adam_step_sr_spans_with(const zn_optim_ops *ops, const zn_adam_params *hp, uint16_t *p,
+                               const zn_moments *mv, const void *g, zn_dtype g_dtype,
+                               float g_scale, uint64_t seed, const zn_sr_span *spans,
+                               size_t n_spans, size_t n)
 {
     if (!ops)
         return zn_set_error(ZN_EUNSUPPORTED, "adam (bf16 master): SIMD path not available");
+    /* the spans tile [0, n) in order: the walk in sr_range relies on it */
+    uint64_t at = 0;
+    for (size_t i = 0; i < n_spans && spans; i++) {
+        if (spans[i].off != at || !spans[i].n)
+            return zn_set_error(-EINVAL, "adam (bf16 master): span %zu covers [%llu, %llu); "
+                                "the spans before it end at %llu", i,
+                                (unsigned long long)spans[i].off,
+                                (unsigned long long)(spans[i].off + spans[i].n),
+                                (unsigned long long)at);
+        at += spans[i].n;
+    }
+    if (n && (!spans || at != n))
+        return zn_set_error(-EINVAL, "adam (bf16 master): %zu spans cover %llu of %zu elements",
+                            spans ? n_spans : 0, (unsigned long long)(spans ? at : 0), n);
     zn_adam_consts k;
     /* the checks (p stands for the fp32 array in the NULL test) and, for
      * torchao's 8-bit scheme, its bias corrections */
@@ -157,7 +203,7 @@ int zn_adam_step_sr_with(const zn_optim_ops *ops, const zn_adam_params *hp, uint
     sr_job j = {
         .ops = ops, .adam = ops->isa == ZN_ISA_SCALAR ? zn_adam_fma_scalar_kernel : ops->adam,
         .k = &k, .mv = mv, .p = p, .g = g, .gs = zn_dtype_size(g_dtype), .gt = g_dtype,
-        .seed = seed, .index0 = index0, .step = hp->step,
+        .seed = seed, .spans = spans, .n_spans = n_spans, .step = hp->step,
     };
     if (mv->fmt == ZN_MOM_Q8 && (!(j.ts = zn_q8_table_get(mv->scheme, 1)) ||
                                  !(j.tu = zn_q8_table_get(mv->scheme, 0))))
@@ -166,9 +212,26 @@ int zn_adam_step_sr_with(const zn_optim_ops *ops, const zn_adam_params *hp, uint
     return 0;
 }
 
+int zn_adam_step_sr_with(const zn_optim_ops *ops, const zn_adam_params *hp, uint16_t *p,
+                         const zn_moments *mv, const void *g, zn_dtype g_dtype, float g_scale,
+                         uint64_t seed, uint64_t index0, size_t n)
+{
+    zn_sr_span one = { 0, n, index0 };
+    return zn_adam_step_sr_spans_with(ops, hp, p, mv, g, g_dtype, g_scale, seed, &one, n ? 1 : 0,
+                                      n);
+}
+
 int zn_adam_step_sr(const zn_adam_params *hp, uint16_t *p, const zn_moments *mv, const void *g,
                     zn_dtype g_dtype, float g_scale, uint64_t seed, uint64_t index0, size_t n)
 {
     return zn_adam_step_sr_with(zn_optim_get_ops(ZN_ISA_AUTO), hp, p, mv, g, g_dtype, g_scale,
                                 seed, index0, n);
+}
+
+int zn_adam_step_sr_spans(const zn_adam_params *hp, uint16_t *p, const zn_moments *mv,
+                          const void *g, zn_dtype g_dtype, float g_scale, uint64_t seed,
+                          const zn_sr_span *spans, size_t n_spans, size_t n)
+{
+    return zn_adam_step_sr_spans_with(zn_optim_get_ops(ZN_ISA_AUTO), hp, p, mv, g, g_dtype,
+                                      g_scale, seed, spans, n_spans, n);
 }

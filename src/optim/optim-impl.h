@@ -192,6 +192,10 @@ int zn_adam_step_mom_with(const zn_optim_ops *ops, const zn_adam_params *hp, flo
 int zn_adam_step_sr_with(const zn_optim_ops *ops, const zn_adam_params *hp, uint16_t *p,
                          const zn_moments *mv, const void *g, zn_dtype g_dtype, float g_scale,
                          uint64_t seed, uint64_t index0, size_t n);
+int zn_adam_step_sr_spans_with(const zn_optim_ops *ops, const zn_adam_params *hp, uint16_t *p,
+                               const zn_moments *mv, const void *g, zn_dtype g_dtype,
+                               float g_scale, uint64_t seed, const zn_sr_span *spans,
+                               size_t n_spans, size_t n);
 
 /* The scalar forms of the four, shared by every table's tails and by the
  * scalar path (moments.c). */
