@@ -408,15 +408,17 @@ static int adam_unit(zn_trainer *tr, int u, float *master, const zn_moments *mv,
 
 /* Adam on unit u with the bf16 master (train.master_weights bf16_sr):
  * stepped in place with stochastic rounding, the random bits drawn from
- * (train.seed, step, the element's flat offset), so that a resumed run
- * draws the ones the uninterrupted run would. */
+ * (train.seed, step, the element's index in the model: its piece's span),
+ * so that a resumed run, on any number of ranks, draws the ones the
+ * uninterrupted run would. */
 static int adam_sr_unit(zn_trainer *tr, int u, uint16_t *master, const zn_moments *mv,
                         const float *g)
 {
     zn_unit *un = &tr->units[u];
     uint64_t t0 = zn_now_ns();
-    int rc = zn_adam_step_sr(&tr->opt.job.hp, master, mv, g, ZN_DTYPE_F32, tr->opt.job.g_scale,
-                             tr->cfg.train.seed, un->off, un->n);
+    int rc = zn_adam_step_sr_spans(&tr->opt.job.hp, master, mv, g, ZN_DTYPE_F32,
+                                   tr->opt.job.g_scale, tr->cfg.train.seed,
+                                   tr->sr_spans + un->p0, (size_t)un->np, un->n);
     char name[ZN_TRACE_NAME_LEN];
     snprintf(name, sizeof name, "adam u%d", u);
     zn_trace_span(tr->trace, tr->track[ZN_RES_ADAM], name, t0, zn_now_ns());

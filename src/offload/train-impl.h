@@ -495,6 +495,9 @@ struct zn_trainer {
     uint64_t U;            /* unit size */
     zn_piece *pieces;
     int n_pieces, max_unit_pieces, max_block_pieces;
+    /* master_bf16: each piece's elements' indices in the model (the
+     * rounding's counter; unit u's are sr_spans[units[u].p0, + np)) */
+    zn_sr_span *sr_spans;
     uint64_t largest_block;       /* npad */
     uint64_t largest_grad;        /* gpad: the device gradient buffers */
     uint64_t largest_local;       /* len */
@@ -527,8 +530,9 @@ struct zn_trainer {
     zn_mom_fmt mom_fmt;
     zn_q8_scheme q8_scheme;   /* 8-bit: bitsandbytes' or torchao's quantizer */
     /* train.master_weights bf16_sr: `master` holds P bf16 values (read it
-     * through zn_tr_master16), stepped by zn_adam_step_sr; the cpu
-     * optimizer tier and one rank only (checked by the layout) */
+     * through zn_tr_master16), stepped by zn_adam_step_sr_spans in the
+     * cpu optimizer tier or on NVMe (any number of ranks), by
+     * zn_dev_adam_sr on the device (one rank: checked by the layout) */
     bool master_bf16;
     int mom_elem;
     uint64_t mom_bytes;

@@ -471,6 +471,7 @@ void zn_train_destroy(zn_trainer *tr)
     free(tr->blocks);
     free(tr->units);
     free(tr->pieces);
+    free(tr->sr_spans);
     free(tr->fetch.accum_args);
     free(tr->fetch.n_rows);
     free(tr->fetch.marks);  /* no device: no events in it */

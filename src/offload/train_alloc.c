@@ -540,6 +540,7 @@ int zn_tr_dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cfg
     free(tr->blocks);
     free(tr->units);
     free(tr->pieces);
+    free(tr->sr_spans);
     free(tr->ckpt);
     free(tr->act.host);
     free(tr->act.ordinal);

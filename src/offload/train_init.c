@@ -162,9 +162,12 @@ int zn_tr_initialise(zn_trainer *tr)
             memset(vals + real, 0, (c - real) * 4);  /* padding of a sharded block */
             if (tr->master_bf16 && rg[g].train) {
                 /* the bf16 master is the parameters: the trainable ones
-                 * start as its values (round to nearest), in every home */
-                uint64_t a = x > bl->soff ? x : bl->soff;
-                uint64_t e = x + c < bl->soff + bl->len ? x + c : bl->soff + bl->len;
+                 * start as its values (round to nearest), in every home;
+                 * a replicated block's other shards too (stages 1/2 on
+                 * several ranks), which their owners round alike, so that
+                 * every rank's first forward sees the same weights */
+                uint64_t a = x > bl->frozen ? x : bl->frozen;
+                uint64_t e = x + c < bl->n ? x + c : bl->n;
                 for (uint64_t i = a; i < e; i++)
                     vals[i - x] = zn_bf16_to_f32(zn_f32_to_bf16(vals[i - x]));
             }

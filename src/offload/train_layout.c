@@ -20,6 +20,38 @@ uint64_t zn_tr_frozen_home(const zn_block *bl)
     return bl->fshard ? bl->fshard : bl->frozen;
 }
 
+/* The bf16 master's rounding bits are drawn for each element's index among
+ * the model's trainable elements (every block's [frozen, n), back to back:
+ * the order of a checkpoint's blocks and of `zinc export`), so that a run
+ * on any number of ranks, and a resume on another, rounds an element as
+ * one rank would. A piece is a run of those indices: its block's trainable
+ * elements before this rank's share, plus its place in the share. With one
+ * rank the index is the local flat offset (a block's share is all its
+ * trainable elements, at `off`). One span per piece, relative to its
+ * unit's first element, in the pieces' order. */
+static int build_sr_spans(zn_trainer *tr)
+{
+    tr->sr_spans = calloc((size_t)tr->n_pieces, sizeof *tr->sr_spans);
+    uint64_t *first = calloc((size_t)tr->L, sizeof *first);  /* block's first index */
+    if (!tr->sr_spans || !first) {
+        free(first);
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    }
+    for (int b = 1; b < tr->L; b++)
+        first[b] = first[b - 1] + (tr->blocks[b - 1].n - tr->blocks[b - 1].frozen);
+    for (int k = 0; k < tr->n_pieces; k++) {
+        const zn_piece *p = &tr->pieces[k];
+        const zn_block *bl = &tr->blocks[p->block];
+        tr->sr_spans[k] = (zn_sr_span){
+            .off = p->start - tr->units[p->unit].off,
+            .n = p->n,
+            .index = first[p->block] + (bl->soff - bl->frozen) + (p->start - bl->off),
+        };
+    }
+    free(first);
+    return 0;
+}
+
 int zn_tr_build_layout(zn_trainer *tr)
 {
     const zn_config *cfg = &tr->cfg;
@@ -150,13 +182,17 @@ int zn_tr_build_layout(zn_trainer *tr)
     tr->mom_bytes = zn_mom_layout_bytes(tr->mom_fmt, tr->P);
     /* train.master_weights: the bf16 master is stepped in pinned RAM, in
      * units swapped from NVMe at 2 bytes per element, or on the device
-     * (zn_dev_adam_sr); the hash that draws its rounding bits counts this
-     * rank's flat offsets, which are the model's only with one rank */
+     * (zn_dev_adam_sr). The CPU's step draws its rounding bits for the
+     * model's trainable elements (tr->sr_spans, below), whoever owns them,
+     * so it runs on any number of ranks; the device's counts this rank's
+     * flat offsets (one index0 per unit), the model's only with one rank */
     tr->master_bf16 = cfg->train.master_weights == ZN_MASTER_BF16_SR;
-    if (tr->master_bf16 && tr->world > 1)
-        return zn_set_error(ZN_EUNSUPPORTED, "%s: train.master_weights \"bf16_sr\" runs on "
-                            "one rank; this run has %d: use train.master_weights \"fp32\"",
-                            cfg->source, tr->world);
+    if (tr->master_bf16 && tr->opt_home == ZN_OFFLOAD_NONE && tr->world > 1)
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: train.master_weights \"bf16_sr\" with the "
+                            "optimizer on the device (zero_optimization.offload_optimizer."
+                            "device \"none\") runs on one rank; this run has %d: use "
+                            "offload_optimizer.device \"cpu\" or \"nvme\", or "
+                            "train.master_weights \"fp32\"", cfg->source, tr->world);
     /* 8-bit blocks never straddle two units (the NVMe units below are
      * multiples of 1024 elements, or this rounded sub-group); bf16 units
      * are rounded alike, so that on NVMe every unit's moments but the
@@ -208,7 +244,7 @@ int zn_tr_build_layout(zn_trainer *tr)
     tr->pieces = calloc((size_t)cap, sizeof *tr->pieces);
     if (!tr->pieces)
         return zn_set_error(-ENOMEM, "train: out of memory");
-    int b = 0, u = 0, n = 0;
+    int b = 0, u = 0, n = 0, rc_sr;
     uint64_t pos = 0;
     while (pos < tr->P) {
         while (!tr->blocks[b].len)
@@ -237,6 +273,8 @@ int zn_tr_build_layout(zn_trainer *tr)
             u++;
     }
     tr->n_pieces = n;
+    if (tr->master_bf16 && (rc_sr = build_sr_spans(tr)))
+        return rc_sr;
     for (int i = 0; i < tr->L; i++) {
         /* an NVMe home's frozen part (or shard of it) is one more request */
         int nr = tr->blocks[i].np + (tr->blocks[i].frozen ? 1 : 0);
