@@ -143,17 +143,29 @@ static int ld_read_deq(const ld_src *s, int k, int r, uint64_t e0, uint64_t n, f
     return rc;
 }
 
-/* Old rank r's elements [e0, e0 + n) of state k as fp32 into dst. */
+/* The bytes of one element of state k as the source presents it: the
+ * master as stored (fp32, or bf16: train.master_weights bf16_sr, which the
+ * trainer converts if it keeps the other), Adam's moments as fp32 (as
+ * stored, or dequantized: deq). Resharded reads only (as stored
+ * otherwise). */
+static uint64_t ld_elem(const ld_src *s, int k)
+{
+    return k == ZN_TS_MASTER ? zn_dtype_size(s->ck->master) : 4;
+}
+
+/* Old rank r's elements [e0, e0 + n) of state k into dst, as ld_elem says. */
 static int ld_piece(const ld_src *s, int k, int r, uint64_t e0, uint64_t n, void *dst)
 {
     if (s->deq && k != ZN_TS_MASTER)
         return ld_read_deq(s, k, r, e0, n, dst);
     int i = s->reshard ? r * 3 + k : k;
-    return zn_ckpt__pread(s->fds[i], s->paths[i], e0 * 4, dst, n * 4);
+    uint64_t eb = ld_elem(s, k);
+    return zn_ckpt__pread(s->fds[i], s->paths[i], e0 * eb, dst, n * eb);
 }
 
 /* Bytes [off, off + n) of state k (0 master, 1 m, 2 v) in this rank's
- * local flat space into dst: as stored, or (reshard or deq) as fp32. */
+ * local flat space into dst: as stored, or (reshard or deq) as ld_elem
+ * says. */
 static int ld_read(const ld_src *s, int k, uint64_t off, void *dst, size_t n)
 {
     if (!s->reshard && s->deq && k != ZN_TS_MASTER)
@@ -161,7 +173,8 @@ static int ld_read(const ld_src *s, int k, uint64_t off, void *dst, size_t n)
     if (!s->reshard)
         return zn_ckpt__pread(s->fds[k], s->paths[k], off, dst, n);
     const zn_ckpt *ck = s->ck;
-    uint64_t lo = off / 4, hi = (off + n) / 4;  /* elements, local */
+    const uint64_t eb = ld_elem(s, k);
+    uint64_t lo = off / eb, hi = (off + n) / eb;  /* elements, local */
     uint64_t done = 0;
     for (int b = 0; b < s->nblocks; b++) {
         zn_block_share ns;
@@ -179,7 +192,7 @@ static int ld_read(const ld_src *s, int k, uint64_t off, void *dst, size_t n)
             uint64_t take = c->shard_off + c->len - g0;
             if (take > g1 - g0)
                 take = g1 - g0;
-            char *d = (char *)dst + ((a + (g0 - (ns.shard_off + (a - ns.local_off)))) - lo) * 4;
+            char *d = (char *)dst + ((a + (g0 - (ns.shard_off + (a - ns.local_off)))) - lo) * eb;
             int rc = ld_piece(s, k, r, c->local_off + (g0 - c->shard_off), take, d);
             if (rc)
                 return rc;
@@ -267,13 +280,9 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
     /* resharded or converted reads take parts of files out of order, whose
      * crc32c cannot be checked on the way: every file is checked first */
     /* the master: fp32 or bf16 (train.master_weights bf16_sr), converted at
-     * load when the run keeps the other; a bf16 one comes from one rank and
-     * is read only by one (the reshard path reads fp32 elements) */
+     * load when the run keeps the other; resharded, its elements are
+     * gathered at their stored size (a bf16 one copied exactly) */
     bool mconvert = ck->master != in.master_dtype;
-    if (!rc && ck->master == ZN_DTYPE_BF16 && reshard)
-        rc = zn_set_error(ZN_EUNSUPPORTED, "checkpoint %s: a bf16 master (train.master_weights "
-                          "bf16_sr) resumes on one rank only; this run has %d", ck->path,
-                          zn_train_world(tr));
     if (!rc && (reshard || convert))
         rc = zn_ckpt_verify(ck->path);
     if (rc)

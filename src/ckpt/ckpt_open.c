@@ -155,9 +155,6 @@ int zn_ckpt_open(zn_ckpt **out, const char *path)
             BAD("checkpoint %s: manifest.json: master %s is not fp32 or bf16", ck->path,
                 msn ? msn : "(not a string)");
         ck->master = !strcmp(msn, "bf16") ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
-        if (ck->master == ZN_DTYPE_BF16 && ck->world != 1)
-            BAD("checkpoint %s: manifest.json: a bf16 master saved by %d ranks (bf16_sr "
-                "runs on one)", ck->path, ck->world);
     }
     json_t *bl = json_object_get(m, "blocks");
     if (!json_is_array(bl) || !json_array_size(bl) || json_array_size(bl) > 1u << 20)
