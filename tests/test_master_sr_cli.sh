@@ -18,7 +18,11 @@
 #    cpu tier's losses and checkpoint files bit for bit, fewer bytes
 #    written per step, resume and conversions at load;
 #  - with the optimizer on the device: the same, against the cpu tier;
-#  - refusals: a value not allowed.
+#  - on 2 ranks, full and LoRA: one rank's losses with the same global
+#    batch bit for bit, and the 2-rank checkpoint's master exported as the
+#    one-rank checkpoint's, byte for byte (test_train_ranks.sh and
+#    test_train_elastic.sh cover 3 ranks and resumes across world sizes);
+#  - refusals: a value not allowed, the optimizer on the device on 2 ranks.
 set -u
 zinc=$(realpath "$1")
 fail=0
@@ -195,7 +199,52 @@ check "[ $? -eq 0 ] && grep -q 'widened (exact) at load' dr3.out && \
        diff <(hexes r3.jsonl) <(hexes dr3.jsonl) > /dev/null" \
     "bf16 master checkpoint into an fp32 master on the device: not as in the cpu tier: $(tail -2 dr3.out)"
 
+# On 2 ranks (torchrun-style, TCP): each rank steps its shards, drawing an
+# element's bits for its index in the model, so the run is one rank's that
+# accumulates the same 2 micro-batches bit for bit (each gradient element
+# the same two-term fp32 sum: a + b = b + a; test_train_ranks.sh derives
+# why 3 ranks are not), in the cpu tier and with LoRA adapters (whose
+# indices skip the frozen base) on NVMe; the checkpoints' bf16 masters,
+# exported from 2 ranks' shares and from one rank's, are the same bytes.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo $((20000 + RANDOM % 20000)); }
+run2() {  # run2 TAG ARGS...: 2 ranks, rank 0 logs TAG.jsonl
+    local tag=$1 p r bad=0 pids=()
+    shift
+    p=$(free_port)
+    for r in 0 1; do
+        local log=()
+        [ $r -eq 0 ] && log=(--json-log $tag.jsonl)
+        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
+            MASTER_PORT=$p timeout 120 "$zinc" train "$@" "${log[@]}" > $tag.r$r.out 2>&1 &
+        pids+=($!)
+    done
+    for r in "${pids[@]}"; do wait "$r" || bad=1; done
+    return $bad
+}
+lora=(--set 'lora={"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}')
+for kind in cpu lora; do
+    case $kind in
+    cpu) k=("${cpu[@]}") out=model-00001-of-00001.safetensors ;;
+    lora) k=("${nv[@]}" "${lora[@]}") out=adapter_model.safetensors ;;
+    esac
+    k+=("${sr[@]}" --steps 6 --set train.threads=1)
+    OMP_NUM_THREADS=1 "$zinc" train "${k[@]}" --set gradient_accumulation_steps=2 \
+        --set train.checkpoint.dir=w1-$kind --json-log w1-$kind.jsonl > w1-$kind.out 2>&1
+    check "[ $? -eq 0 ]" "bf16_sr ($kind) on one rank, accumulation 2: $(tail -3 w1-$kind.out)"
+    OMP_NUM_THREADS=1 run2 w2-$kind "${k[@]}" --set train.checkpoint.dir=w2-$kind
+    check "[ $? -eq 0 ]" "bf16_sr ($kind) on 2 ranks: $(grep -h error w2-$kind.r*.out | head -2)"
+    check "[ -s w2-$kind.jsonl ] && diff <(hexes w1-$kind.jsonl) <(hexes w2-$kind.jsonl) > /dev/null" \
+        "bf16_sr ($kind) on 2 ranks: not one rank's losses bit for bit"
+    "$zinc" export w1-$kind --out x1-$kind > x1-$kind.out 2>&1 &&
+        "$zinc" export w2-$kind --out x2-$kind > x2-$kind.out 2>&1
+    check "[ $? -eq 0 ] && cmp -s x1-$kind/$out x2-$kind/$out" \
+        "bf16_sr ($kind): the 2-rank checkpoint's export is not the one-rank one's: $(tail -2 x2-$kind.out)"
+done
+
 # refusals
+OMP_NUM_THREADS=1 run2 w2-dev "${dv[@]}" "${sr[@]}" --steps 2
+check "[ $? -ne 0 ] && grep -q 'bf16_sr.*on the device.*runs on one rank' w2-dev.r0.out" \
+    "bf16_sr with the optimizer on the device on 2 ranks: $(grep -h error w2-dev.r*.out | head -2)"
 "$zinc" train "${cpu[@]}" --set train.master_weights=bf16 --steps 2 > u.out 2>&1
 check "[ $? -ne 0 ] && grep -q 'fp32|bf16_sr' u.out" "an unknown master format: $(tail -2 u.out)"
 [ $fail -eq 0 ] && echo "master_sr_cli: ok"

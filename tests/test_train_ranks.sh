@@ -4,7 +4,10 @@
 # the TCP communicator) and, where MPI is built and mpirun installed, on
 # `mpirun -np 2` and `-np 3`, must print the losses of one rank that
 # accumulates the same global batch (gradient_accumulation_steps x N), to
-# a relative 2e-4 (fp32 sums in another order). Then a rank killed mid-run
+# a relative 2e-4 (fp32 sums in another order); with the bf16 master
+# (bf16_sr) bit for bit on 2 ranks and, on 3, below unrelated draws (the
+# derivation is beside those checks), with checkpoints resumed on 2 and 1
+# ranks bit for bit. Then a rank killed mid-run
 # must end the other rank with an error naming the dead rank, within the
 # communicator's timeout, instead of hanging.
 # A model folder's weights on 2 ranks: each rank reads ~1/2 of them.
@@ -148,6 +151,149 @@ else
     echo "FAIL: LoRA on 2 ranks: rank 0's nvme high-water is $frac of one rank's (want ~1/2)"; fail=1
 fi
 
+# The bf16 master with stochastic rounding (train.master_weights bf16_sr)
+# across ranks. An element's 16 rounding bits are a hash of (train.seed,
+# step, its index among the model's trainable elements), so N ranks draw
+# what one rank draws. How close must they come to one rank accumulating
+# the same global batch? The fp32 argument for 2e-4 does not carry over:
+#  - 2 ranks: every gradient element is the same two-term fp32 sum (a + b
+#    = b + a, whichever rank adds), the loss a two-term sum too; the global
+#    norm's double sums run in another order, which moves the float
+#    clipping factor only when the double lies within a few 2^-53 of a
+#    float rounding boundary (~1e-8 per step). The same gradients give the
+#    same fp32 step values, the same draws the same bf16 weights: the
+#    losses bit for bit, bound 0 (and so for a 2 -> 1 rank resume below).
+#  - 3 ranks: a three-term sum differs by one fp32 rounding (eps = 2^-23),
+#    an fp32 step value then by about lr x eps = 3e-3 x 1.2e-7 = 4e-10
+#    (Adam's update is scale-free in g: it keeps the relative error). The
+#    draws are shared, so a weight differs only where that straddles its
+#    rounding threshold, with probability 4e-10 / ulp: ulp 2^-13 = 1.2e-4
+#    at the init scale 0.02, so ~3e-6 of the 3.07M weights (~10) a step,
+#    each by a whole ulp. Unbiased like the fp32 difference, but
+#    sqrt(ulp / 4e-10) ~ 550 times its size (its rms over the weights);
+#    and each such weight moves the next gradients by far more than a
+#    rounding, so the flips multiply at the rate training amplifies a
+#    perturbation, up to where the draws no longer matter: two runs with
+#    unrelated draws (another train.seed, which nothing else uses). So the
+#    fp32 bound scaled (550 x 2e-4 = 0.1, a tenth of the loss) bounds
+#    nothing, and 2e-4 itself is not derivable for 20 steps; what is, is
+#    that ceiling: the 3-rank run's worst loss difference must be below
+#    that of a 1-rank run with train.seed 2 (measured beside it; a wrong
+#    index draws unrelated bits, so this alone is a coin toss against
+#    that bug). The sharp check is on the weights early: after 3 steps
+#    (lr 0 at the first) shared draws leave ~10 flipped weights a step
+#    and what they moved, while unrelated draws re-round 2f(1 - f) of
+#    every moving weight, 1/3 on average, a step: the 3-rank weights must
+#    differ from one rank's in under 1% of the elements (and the
+#    train.seed 2 run's in over 10%: the check can tell the two apart).
+sr=(--set train.master_weights=bf16_sr)
+hexes() { sed 's/.*"step": \([0-9]*\),.*"loss_hex": "\([^"]*\)".*/\1 \2/' "$1"; }
+# exact LABEL REF GOT: GOT has REF's steps and losses bit for bit
+exact() {
+    if [ -s "$3" ] && diff <(hexes "$2") <(hexes "$3") > /dev/null; then
+        echo "ok: $1: the losses bit for bit ($(wc -l < "$3") steps)"
+    else
+        echo "FAIL: $1: losses differ from one rank's bit for bit"
+        paste <(hexes "$2") <(hexes "$3" 2>/dev/null) | head -20
+        fail=1
+    fi
+}
+# below LABEL REF GOT OTHER: GOT's worst relative loss difference from REF
+# is below OTHER's (the same run with unrelated draws)
+below() {
+    local w o
+    w=$(awk -v want=$STEPS -f "$src/tests/loss_diff.awk" "$2" "$3")
+    o=$(awk -v want=$STEPS -f "$src/tests/loss_diff.awk" "$2" "$4")
+    if [ "$w" != none ] && [ "$o" != none ] && awk -v w="$w" -v o="$o" 'BEGIN { exit !(w < o) }'; then
+        echo "ok: $1: worst relative loss difference $w, below unrelated draws' $o"
+    else
+        echo "FAIL: $1: worst relative loss difference $w, unrelated draws' $o"; fail=1
+    fi
+}
+runn() {  # runn N TAG ARGS...: N torchrun-style ranks, rank 0 logs TAG.jsonl
+    local n=$1 tag=$2; shift 2
+    local p r bad=0 pids=()
+    p=$(free_port)
+    for ((r = 0; r < n; r++)); do
+        local log=()
+        [ $r -eq 0 ] && log=(--json-log $tag.jsonl)
+        RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 \
+            MASTER_PORT=$p timeout 120 "$zinc" train "$@" "${log[@]}" > $tag.r$r.out 2>&1 &
+        pids+=($!)
+    done
+    for r in "${pids[@]}"; do wait "$r" || bad=1; done
+    return $bad
+}
+# the 2-byte words (bf16 weights) in which two exports differ (cmp -l
+# lists the differing bytes in order)
+ndiff() { cmp -l "$1" "$2" | awk 'BEGIN { last = -1 } { w = int(($1 - 1) / 2); if (w != last) n++; last = w } END { print n + 0 }'; }
+skeep=(--set train.checkpoint.every=3 --set train.checkpoint.keep_last=10)
+"$zinc" train "${common[@]}" "${sr[@]}" --set gradient_accumulation_steps=2 \
+    --json-log srref2.jsonl > srref2.out 2>&1 || { echo "FAIL: bf16_sr on one rank: $(tail -3 srref2.out)"; fail=1; }
+for seed in 1 2; do
+    "$zinc" train "${common[@]}" "${sr[@]}" --set gradient_accumulation_steps=3 \
+        --set train.seed=$seed --set train.checkpoint.dir=\"$work/sck1-$seed\" "${skeep[@]}" \
+        --json-log srref3-$seed.jsonl > srref3-$seed.out 2>&1 ||
+        { echo "FAIL: bf16_sr on one rank, seed $seed: $(tail -3 srref3-$seed.out)"; fail=1; }
+done
+if runn 2 sr2 "${common[@]}" "${sr[@]}"; then
+    exact "bf16_sr, 2 ranks (tcp, stage 3, Adam on nvme)" srref2.jsonl sr2.jsonl
+else
+    echo "FAIL: bf16_sr on 2 ranks: $(grep -h error sr2.r*.out)"; fail=1
+fi
+if runn 3 sr3 "${common[@]}" "${sr[@]}" --set train.checkpoint.dir=\"$work/sck3\" "${skeep[@]}"; then
+    below "bf16_sr, 3 ranks (tcp)" srref3-1.jsonl sr3.jsonl srref3-2.jsonl
+    for d in 1-1 1-2 3; do
+        dd=${d/-/}
+        "$zinc" export "$work/sck$d/step-00000003" --out sx$dd > sx$dd.out 2>&1 ||
+            { echo "FAIL: export of the bf16 master of sck$d: $(tail -2 sx$dd.out)"; fail=1; }
+    done
+    st=model-00001-of-00001.safetensors
+    if [ -s sx11/$st ]; then
+        tot=$(( $(stat -c %s sx11/$st) / 2 ))
+        n3=$(ndiff sx11/$st sx3/$st)
+        ns=$(ndiff sx11/$st sx12/$st)
+        if [ "$n3" -lt $((tot / 100)) ] && [ "$ns" -gt $((tot / 10)) ]; then
+            echo "ok: bf16_sr, 3 ranks: after 3 steps $n3 of $tot weights differ from one rank's ($ns with train.seed 2)"
+        else
+            echo "FAIL: bf16_sr, 3 ranks: after 3 steps $n3 of $tot weights differ from one rank's (want < 1%), $ns with train.seed 2 (want > 10%)"; fail=1
+        fi
+    fi
+else
+    echo "FAIL: bf16_sr on 3 ranks: $(grep -h error sr3.r*.out)"; fail=1
+fi
+# checkpoints of a bf16 master across ranks: 2 ranks save at 3 and 6; a
+# 2-rank resume from 3 is bit for bit the uninterrupted run, and so is a
+# 1-rank one (accumulation 2: the two-term sums above, and the saved bf16
+# values copied exactly into the new shares)
+sck=(--steps 6 --set train.checkpoint.dir=\"$work/sck\" --set train.checkpoint.every=3)
+if runn 2 srck6 "${common[@]}" "${sr[@]}" "${sck[@]}"; then
+    c6=sck/step-00000006
+    grep -q '"master": "bf16"' $c6/manifest.json && [ -s $c6/rank-0/master.bin ] &&
+        [ -s $c6/rank-1/master.bin ] ||
+        { echo "FAIL: the 2-rank bf16_sr checkpoint: $(ls -R sck | head)"; fail=1; }
+    cp -r sck sck-keep
+    rm -rf sck/step-00000006
+    printf 'step-00000003\n' > sck/latest
+    if runn 2 srres "${common[@]}" "${sr[@]}" "${sck[@]}" --resume; then
+        tail -3 srck6.jsonl > srck6-tail.jsonl
+        exact "bf16_sr: 2 ranks resumed at step 3" srck6-tail.jsonl srres.jsonl
+    else
+        echo "FAIL: bf16_sr 2-rank resume: $(grep -h error srres.r*.out)"; fail=1
+    fi
+    rm -rf sck && cp -r sck-keep sck
+    rm -rf sck/step-00000006
+    printf 'step-00000003\n' > sck/latest
+    if "$zinc" train "${common[@]}" "${sr[@]}" "${sck[@]}" --resume --json-log srone.jsonl \
+        > srone.out 2>&1 && grep -q "saved by 2 rank(s), resumed on 1" srone.out; then
+        exact "bf16_sr: the 2-rank checkpoint resumed on 1 rank" srck6-tail.jsonl srone.jsonl
+    else
+        echo "FAIL: bf16_sr 2 -> 1 rank resume: $(tail -2 srone.out)"; fail=1
+    fi
+else
+    echo "FAIL: bf16_sr on 2 ranks with checkpoints: $(grep -h error srck6.r*.out)"; fail=1
+fi
+
 # checkpoints across ranks: 2 ranks save every 3 steps (rank-0/, rank-1/ in
 # one folder), a second 2-rank job resumes from `latest` after step 3 and
 # must reproduce the uninterrupted 2-rank run's losses bit for bit; the
@@ -247,6 +393,15 @@ if [ "$have_mpi" = 1 ] && command -v mpirun >/dev/null 2>&1; then
             { echo "FAIL: mpirun -np $n: $(tail -5 mpi$n.out)"; fail=1; }
         grep -q "ranks    $n (mpirun, mpi" mpi$n.out || { echo "FAIL: mpirun -np $n: no ranks line"; fail=1; }
         compare "mpirun -np $n" ref$n.jsonl mpi$n.jsonl
+        # bf16_sr: bit for bit on 2 ranks, below unrelated draws on 3 (above)
+        timeout 180 mpirun -np $n --oversubscribe "$zinc" train "${common[@]}" "${sr[@]}" \
+            --json-log mpisr$n.jsonl > mpisr$n.out 2>&1 ||
+            { echo "FAIL: mpirun -np $n with bf16_sr: $(tail -5 mpisr$n.out)"; fail=1; }
+        if [ $n -eq 2 ]; then
+            exact "bf16_sr, mpirun -np 2" srref2.jsonl mpisr2.jsonl
+        else
+            below "bf16_sr, mpirun -np 3" srref3-1.jsonl mpisr3.jsonl srref3-2.jsonl
+        fi
         # rank 0's NVMe high-water mark (Adam state) against one rank's: ~1/n
         frac=$(awk '/^  nvme .*of plan at peak/{ v=$6; u=$7; m=(u=="GiB"?1024:u=="MiB"?1:u=="KiB"?1/1024:1/1048576); print v*m }' mpi$n.out ref$n.out |
                paste -sd' ' | awk '{ printf "%.3f", $1 / $2 }')
