@@ -9,16 +9,23 @@
  * rounding; sub-groups), zn_train_plan's figure for each tier
  * must hold the run: after two steps on the host backend, every tier's
  * high-water mark is <= the plan and >= 0.9 of it (and 0 where the plan
- * says 0). One rank; the sharded placements are covered by test_train_zero
- * and test_train_ranks (rank 0's NVMe high-water ~ 1/N). */
+ * says 0). Then a few of them on 2 ranks (forked, joined by the TCP
+ * communicator), the bf16 master among them: each rank's high-water
+ * against the plan its trainer made for its own shares (the last rank's
+ * are shorter), and rank 0's is zn_train_plan's for the world size (what
+ * `zinc plan --world 2` prints). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "zinc/comm.h"
 #include "zinc/run.h"
 #include "zinc/config.h"
 #include "zinc/model.h"
 #include "zinc/train.h"
+#include "test_net.h"
 #include "test_nvme_common.h"
 #include "zt.h"
 
@@ -65,13 +72,17 @@ static const char *extra_set;
 /* the last run's plan total per tier */
 static uint64_t last_plan[ZN_TIER_COUNT], last_grads[ZN_TIER_COUNT];
 
-static void one(const shape *sh, const placement *pl, int accum, int pcache, const char *grads,
-                int bcount, int subgroup)
+/* The config of one configuration on `world` ranks, its model's shape and
+ * plan input (blocks: its block sizes); label (256 bytes) names it.
+ * Returns 0, or -1 (a check failed). */
+static int configure(const shape *sh, const placement *pl, int accum, int pcache,
+                     const char *grads, int bcount, int subgroup, int world, zn_config *cfg,
+                     zn_model_dims *d, uint64_t *blocks, zn_plan_input *in, char *label)
 {
-    char label[256];
-    snprintf(label, sizeof label, "%s param=%s opt=%s stage=%d acc=%d pcache=%d grads=%s "
-             "bc=%d sg=%d %s %s", sh->name, pl->param, pl->opt, pl->stage, accum, pcache, grads,
-             bcount, subgroup, cpu_budget, extra_set ? extra_set : "");
+    snprintf(label, 256, "%s param=%s opt=%s stage=%d acc=%d pcache=%d grads=%s "
+             "bc=%d sg=%d %s %s%s", sh->name, pl->param, pl->opt, pl->stage, accum, pcache, grads,
+             bcount, subgroup, cpu_budget, extra_set ? extra_set : "",
+             world > 1 ? " (2 ranks)" : "");
     char s_param[96], s_opt[96], s_stage[64], s_acc[64], s_pc[64], s_gr[64], s_bc[96], s_sg[96];
     char s_nvme[4400];
     snprintf(s_param, sizeof s_param, "zero_optimization.offload_param.device=\"%s\"", pl->param);
@@ -93,20 +104,56 @@ static void one(const shape *sh, const placement *pl, int accum, int pcache, con
         "{\"gradient_clipping\": 1.0,"
         " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}},"
         " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 2}}}";
-    zn_config cfg;
     int nsets = (int)(sizeof sets / sizeof sets[0]) - 2 + (extra_set || sh->lora) +
                 (extra_set && sh->lora);
-    int rc = zn_config_parse(&cfg, json, label, sets, nsets);
+    int rc = zn_config_parse(cfg, json, label, sets, nsets);
     if (!rc)
-        rc = zn_config_resolve_batch(&cfg, 1);
+        rc = zn_config_resolve_batch(cfg, world);
     ZT_CHECK_MSG(rc == 0, "%s: config: %s", label, zn_last_error());
     if (rc)
-        return;
+        return -1;
+    rc = zn_run_model_dims(cfg, d);
+    ZT_CHECK_MSG(rc == 0, "%s: model: %s", label, zn_last_error());
+    if (rc)
+        return -1;
+    zn_run_plan_input(cfg, d, world, blocks, in);
+    return 0;
+}
+
+/* Two steps of `accum` micro-batches of token ids that depend on salt
+ * (each rank its own). */
+static int two_steps(zn_trainer *tr, int accum, int vocab, int salt, const char *label)
+{
+    int n = accum * 2 * 16, rc = 0;
+    int32_t *ids = malloc((size_t)n * sizeof *ids), *tg = malloc((size_t)n * sizeof *tg);
+    if (!ids || !tg)
+        ZT_SETUP_FAIL("out of memory");
+    for (int s = 0; s < 2 && !rc; s++) {
+        for (int i = 0; i < n; i++) {
+            ids[i] = (int32_t)((i * 7919 + s * 104729 + salt * 31) % vocab);
+            tg[i] = (int32_t)((i * 6007 + s * 7 + salt) % vocab);
+        }
+        zn_train_step_info info;
+        rc = zn_train_step(tr, ids, tg, NULL, &info);
+        ZT_CHECK_MSG(rc == 0, "%s: step %d: %s", label, s + 1, zn_last_error());
+    }
+    free(ids);
+    free(tg);
+    return rc;
+}
+
+static void one(const shape *sh, const placement *pl, int accum, int pcache, const char *grads,
+                int bcount, int subgroup)
+{
+    char label[256];
+    zn_config cfg;
     zn_model_dims d;
-    ZT_EQ_INT(zn_run_model_dims(&cfg, &d), 0);
     uint64_t blocks[256]; /* zn_model_num_parts: at most 32 + layers + 32 */
     zn_plan_input in;
-    zn_run_plan_input(&cfg, &d, 1, blocks, &in);
+    if (configure(sh, pl, accum, pcache, grads, bcount, subgroup, 1, &cfg, &d, blocks, &in,
+                  label))
+        return;
+    int rc;
     zn_train_llama *l = NULL;
     zn_trainer *tr = NULL;
     ZT_EQ_INT(zn_train_llama_create(&l, &d, 2, 16, 0.02, 1), 0);
@@ -124,17 +171,8 @@ static void one(const shape *sh, const placement *pl, int accum, int pcache, con
     if (!rc)
         rc = zn_train_create(&tr, &o);
     ZT_CHECK_MSG(rc == 0, "%s: create: %s", label, zn_last_error());
-    int32_t *ids = malloc((size_t)(accum * 2 * 16) * sizeof *ids);
-    int32_t *tg = malloc((size_t)(accum * 2 * 16) * sizeof *tg);
-    for (int s = 0; s < 2 && !rc; s++) {
-        for (int i = 0; i < accum * 2 * 16; i++) {
-            ids[i] = (int32_t)((i * 7919 + s * 104729) % d.vocab);
-            tg[i] = (int32_t)((i * 6007 + s * 7) % d.vocab);
-        }
-        zn_train_step_info info;
-        rc = zn_train_step(tr, ids, tg, NULL, &info);
-        ZT_CHECK_MSG(rc == 0, "%s: step %d: %s", label, s + 1, zn_last_error());
-    }
+    if (!rc)
+        rc = two_steps(tr, accum, (int)d.vocab, 0, label);
     if (!rc)
         rc = zn_train_sync(tr);
     if (!rc) {
@@ -159,14 +197,203 @@ static void one(const shape *sh, const placement *pl, int accum, int pcache, con
         failed_cfgs += bad > 0;
         checked++;
     }
-    free(ids);
-    free(tg);
     zn_train_destroy(tr);
     zn_train_llama_destroy(l);
 }
 
-int main(void)
+/* ---- several ranks ---------------------------------------------------------- */
+typedef struct {
+    int shape, place;
+    const char *grads;
+    int subgroup;
+    const char *extra;
+} rank_case;
+
+static const rank_case rank_cases[] = {
+    /* the bf16 master: stage 3 in RAM, on NVMe (grads in RAM and on NVMe),
+     * stage 2 (replicated params), and LoRA adapters on a frozen base */
+    { 0, 3, "auto", 100000, "train.master_weights=\"bf16_sr\"" },
+    { 0, 5, "cpu", 30000, "train.master_weights=\"bf16_sr\"" },
+    { 0, 6, "nvme", 30000, "train.master_weights=\"bf16_sr\"" },
+    { 0, 1, "auto", 100000, "train.master_weights=\"bf16_sr\"" },
+    { 3, 6, "nvme", 100000, "train.master_weights=\"bf16_sr\"" },
+    { 1, 6, "nvme", 100000, "train.master_weights=\"bf16_sr\"" },
+    /* the fp32 master beside them */
+    { 0, 3, "auto", 100000, NULL },
+    { 0, 6, "nvme", 30000, NULL },
+};
+#define N_RANK_CASES (int)(sizeof rank_cases / sizeof rank_cases[0])
+
+typedef struct {
+    int rc;
+    uint64_t plan[ZN_TIER_COUNT];   /* the plan of this rank's trainer */
+    uint64_t peak[ZN_TIER_COUNT];
+    uint64_t zplan[ZN_TIER_COUNT];  /* rank 0: zn_train_plan for the world size */
+} rank_result;
+
+/* One rank of rank case c (a child process): its result into dir/c<c>.r<rank>. */
+static int rank_worker(int c, const char *dir)
 {
+    const rank_case *rc_ = &rank_cases[c];
+    zn_comm *comm = NULL;
+    zn_comm_config cc = zn_comm_config_default();
+    cc.timeout_s = 60;
+    if (zn_comm_create(&comm, &cc)) {
+        fprintf(stderr, "worker: comm: %s\n", zn_last_error());
+        return 2;
+    }
+    int W = zn_comm_size(comm), R = zn_comm_rank(comm);
+    extra_set = rc_->extra;
+    rank_result res;
+    memset(&res, 0, sizeof res);
+    char label[256];
+    zn_config cfg;
+    zn_model_dims d;
+    uint64_t blocks[256];
+    zn_plan_input in;
+    const shape *sh = &shapes[rc_->shape];
+    const placement *pl = &places[rc_->place];
+    res.rc = configure(sh, pl, 2, 4, rc_->grads, 4, rc_->subgroup, W, &cfg, &d, blocks, &in,
+                       label);
+    zn_train_llama *l = NULL;
+    zn_trainer *tr = NULL;
+    if (!res.rc && (res.rc = zn_train_llama_create(&l, &d, 2, 16, 0.02, 1)))
+        fprintf(stderr, "%s: model: %s\n", label, zn_last_error());
+    zn_train_options o = zn_train_options_default();
+    o.cfg = &cfg;
+    o.model = l ? zn_train_llama_model(l) : NULL;
+    o.plan_in = &in;
+    o.budgets.bytes[ZN_TIER_GPU] = cfg.tiers.gpu;
+    o.budgets.bytes[ZN_TIER_CPU] = cfg.tiers.cpu;
+    o.budgets.bytes[ZN_TIER_NVME] = 1u << 30;
+    o.threads = 1;
+    o.comm = comm;
+    zn_plan plan;
+    if (!res.rc && R == 0 && (res.rc = zn_train_plan(&plan, &o, W)))
+        fprintf(stderr, "%s: plan: %s\n", label, zn_last_error());
+    if (!res.rc && R == 0)
+        for (int t = 0; t < ZN_TIER_COUNT; t++)
+            res.zplan[t] = plan.tier_total[t];
+    if (!res.rc && (res.rc = zn_train_create(&tr, &o)))
+        fprintf(stderr, "%s: rank %d: create: %s\n", label, R, zn_last_error());
+    if (!res.rc)
+        res.rc = two_steps(tr, 2, (int)d.vocab, R + 1, label);
+    if (!res.rc)
+        res.rc = zn_train_sync(tr);
+    if (!res.rc) {
+        zn_train_report r;
+        zn_train_get_report(tr, &r);
+        for (int t = 0; t < ZN_TIER_COUNT; t++)
+            res.plan[t] = r.plan[t], res.peak[t] = r.peak[t];
+    }
+    zn_train_destroy(tr);
+    zn_train_llama_destroy(l);
+    zn_comm_destroy(comm);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/c%d.r%d", dir, c, R);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(&res, sizeof res, 1, f) != 1 || fclose(f)) {
+        fprintf(stderr, "worker: writing %s\n", path);
+        return 2;
+    }
+    return res.rc ? 1 : 0;
+}
+
+/* Rank case c on W forked ranks: each rank's tiers against its plan. */
+static void several(int c, int W, const char *dir)
+{
+    static char self[4096];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (sl <= 0)
+        ZT_SETUP_FAIL("readlink /proc/self/exe: %s", strerror(errno));
+    self[sl] = 0;
+    int port = tnet_free_port();
+    pid_t pids[8];
+    char cs[16];
+    snprintf(cs, sizeof cs, "%d", c);
+    for (int r = 0; r < W; r++) {
+        char e[9][96];
+        char *envp[10];
+        int k = 0;
+        snprintf(e[k++], 96, "RANK=%d", r);
+        snprintf(e[k++], 96, "WORLD_SIZE=%d", W);
+        snprintf(e[k++], 96, "LOCAL_RANK=%d", r);
+        snprintf(e[k++], 96, "LOCAL_WORLD_SIZE=%d", W);
+        snprintf(e[k++], 96, "MASTER_ADDR=127.0.0.1");
+        snprintf(e[k++], 96, "MASTER_PORT=%d", port);
+        snprintf(e[k++], 96, "ZINC_COMM_BACKEND=tcp");
+        snprintf(e[k++], 96, "ZINC_LOG=%s", getenv("ZINC_LOG") ? getenv("ZINC_LOG") : "warn");
+        snprintf(e[k++], 96, "OMP_NUM_THREADS=1");
+        for (int i = 0; i < k; i++)
+            envp[i] = e[i];
+        envp[k] = NULL;
+        pids[r] = fork();
+        if (pids[r] < 0)
+            ZT_SETUP_FAIL("fork: %s", strerror(errno));
+        if (pids[r] == 0) {
+            char *argv[] = { self, (char *)"--rank", cs, (char *)dir, NULL };
+            alarm(200);   /* bound on a runaway rank */
+            execve(self, argv, envp);
+            _exit(99);
+        }
+    }
+    int bad = 0;
+    for (int r = 0; r < W; r++) {
+        int ws;
+        if (waitpid(pids[r], &ws, 0) != pids[r] || !WIFEXITED(ws) || WEXITSTATUS(ws)) {
+            ZT_FAIL_AT("rank case %d, %d ranks: rank %d ended with status %d", c, W, r, ws);
+            bad++;
+        }
+    }
+    if (bad) {
+        failed_cfgs++;
+        return;
+    }
+    const rank_case *rk = &rank_cases[c];
+    for (int r = 0; r < W; r++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/c%d.r%d", dir, c, r);
+        rank_result res;
+        FILE *f = fopen(path, "rb");
+        int got_it = f && fread(&res, sizeof res, 1, f) == 1;
+        if (f)
+            fclose(f);
+        unlink(path);
+        if (!got_it) {
+            ZT_FAIL_AT("cannot read %s", path);
+            failed_cfgs++;
+            continue;
+        }
+        int nbad = 0;
+        for (int t = 0; t < ZN_TIER_COUNT; t++) {
+            uint64_t want = res.plan[t], got = res.peak[t];
+            bool ok = want ? got <= want && (double)got >= 0.9 * (double)want : got == 0;
+            if (r == 0)
+                ok = ok && res.zplan[t] == want;
+            ZT_CHECK_MSG(ok, "%s param=%s opt=%s stage=%d grads=%s sg=%d %s, rank %d of %d: %s "
+                         "tier high-water %llu, its plan %llu (%.3f)%s%llu", shapes[rk->shape].name,
+                         places[rk->place].param, places[rk->place].opt, places[rk->place].stage,
+                         rk->grads, rk->subgroup, rk->extra ? rk->extra : "fp32 master", r, W,
+                         zn_tier_name((zn_tier)t), (unsigned long long)got,
+                         (unsigned long long)want, want ? (double)got / (double)want : 0.0,
+                         r == 0 ? ", zn_train_plan's " : "",
+                         r == 0 ? (unsigned long long)res.zplan[t] : 0ull);
+            nbad += !ok;
+            if (want) {
+                double q = (double)got / (double)want;
+                min_ratio[t] = q < min_ratio[t] ? q : min_ratio[t];
+                max_ratio[t] = q > max_ratio[t] ? q : max_ratio[t];
+            }
+        }
+        failed_cfgs += nbad > 0;
+    }
+    checked++;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 4 && !strcmp(argv[1], "--rank"))
+        return rank_worker(atoi(argv[2]), argv[3]);
     int n = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (size_t p = 0; p < sizeof places / sizeof places[0]; p++) {
@@ -278,6 +505,15 @@ int main(void)
     one(&shapes[0], &places[6], 1, 1, "auto", 8, 50000);
     n += 2;
     extra_set = NULL;
+    /* on 2 ranks */
+    {
+        char rdir[] = "plan-contract-ranks-XXXXXX";
+        if (!mkdtemp(rdir))
+            ZT_SETUP_FAIL("mkdtemp: %s", strerror(errno));
+        for (int c = 0; c < N_RANK_CASES; c++, n++)
+            several(c, 2, rdir);
+        rmdir(rdir);
+    }
     printf("%d configurations, %d checked, %d with a tier off the plan\n", n, checked,
            failed_cfgs);
     for (int t = 0; t < ZN_TIER_COUNT; t++)
