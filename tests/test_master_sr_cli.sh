@@ -18,10 +18,11 @@
 #    cpu tier's losses and checkpoint files bit for bit, fewer bytes
 #    written per step, resume and conversions at load;
 #  - with the optimizer on the device: the same, against the cpu tier;
-#  - on 2 ranks, full and LoRA: one rank's losses with the same global
-#    batch bit for bit, and the 2-rank checkpoint's master exported as the
-#    one-rank checkpoint's, byte for byte (test_train_ranks.sh and
-#    test_train_elastic.sh cover 3 ranks and resumes across world sizes);
+#  - on 2 ranks, full (stages 3 and 2) and LoRA: one rank's losses with
+#    the same global batch bit for bit, and the 2-rank checkpoint's master
+#    exported as the one-rank checkpoint's, byte for byte
+#    (test_train_ranks.sh and test_train_elastic.sh cover 3 ranks and
+#    resumes across world sizes);
 #  - refusals: a value not allowed, the optimizer on the device on 2 ranks.
 set -u
 zinc=$(realpath "$1")
@@ -203,9 +204,11 @@ check "[ $? -eq 0 ] && grep -q 'widened (exact) at load' dr3.out && \
 # element's bits for its index in the model, so the run is one rank's that
 # accumulates the same 2 micro-batches bit for bit (each gradient element
 # the same two-term fp32 sum: a + b = b + a; test_train_ranks.sh derives
-# why 3 ranks are not), in the cpu tier and with LoRA adapters (whose
-# indices skip the frozen base) on NVMe; the checkpoints' bf16 masters,
-# exported from 2 ranks' shares and from one rank's, are the same bytes.
+# why 3 ranks are not), in the cpu tier at stage 3 and at stage 2 (whose
+# params every rank holds whole: each rounds the others' shards at the
+# start as their owners do) and with LoRA adapters (whose indices skip the
+# frozen base) on NVMe; the checkpoints' bf16 masters, exported from 2
+# ranks' shares and from one rank's, are the same bytes.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo $((20000 + RANDOM % 20000)); }
 run2() {  # run2 TAG ARGS...: 2 ranks, rank 0 logs TAG.jsonl
     local tag=$1 p r bad=0 pids=()
@@ -222,9 +225,12 @@ run2() {  # run2 TAG ARGS...: 2 ranks, rank 0 logs TAG.jsonl
     return $bad
 }
 lora=(--set 'lora={"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}')
-for kind in cpu lora; do
+for kind in cpu s2 lora; do
     case $kind in
     cpu) k=("${cpu[@]}") out=model-00001-of-00001.safetensors ;;
+    s2) k=("${cpu[@]}" --set zero_optimization.stage=2
+           --set 'zero_optimization.offload_param.device="none"')
+        out=model-00001-of-00001.safetensors ;;
     lora) k=("${nv[@]}" "${lora[@]}") out=adapter_model.safetensors ;;
     esac
     k+=("${sr[@]}" --steps 6 --set train.threads=1)
