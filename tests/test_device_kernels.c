@@ -1118,15 +1118,17 @@ static void test_optimizer_mom(void)
 }
 
 /* The bf16 master's step (zn_dev_adam_sr) against the CPU's
- * zn_adam_step_sr: fp32, bf16 and 8-bit moments, three steps, elements
- * whose draw indices cross 2^32 (the kernel takes the keys of two high
- * words), AdamW and Adam with L2, a gradient scale. Bit for bit on every
- * CPU path: the CPU's scalar step of a bf16 master follows the FMA order
- * too. */
+ * zn_adam_step_sr_spans: fp32, bf16 and 8-bit moments, three steps, the
+ * elements' indices in three spans (the second jumps to just under 2^32
+ * and crosses it; the third jumps back, inside an 8-bit block), AdamW and
+ * Adam with L2, a gradient scale. Bit for bit on every CPU path: the
+ * CPU's scalar step of a bf16 master follows the FMA order too. */
 static void test_optimizer_sr(void)
 {
     const size_t n = 70001, nb = zn_q8_blocks(n);
-    const uint64_t seed = 0x5eedf00dull, index0 = ((uint64_t)1 << 32) - 40000;
+    const uint64_t seed = 0x5eedf00dull;
+    const zn_sr_span spans[3] = { { 0, 1000, 7 }, { 1000, 60000, ((uint64_t)1 << 32) - 40000 },
+                                  { 61000, n - 61000, 123456 } };
     const zn_mom_fmt fmts[] = { ZN_MOM_F32, ZN_MOM_BF16, ZN_MOM_Q8 };
     for (size_t t = 0; t < sizeof fmts / sizeof fmts[0]; t++) {
         zn_mom_fmt fmt = fmts[t];
@@ -1150,13 +1152,15 @@ static void test_optimizer_sr(void)
         float *dam = dev_raw(am, nb * 4), *dav = dev_raw(av, nb * 4);
         zn_moments hm = zn_moments_of(fmt, m, v, am, av, ZN_Q8_BNB);
         zn_moments dmv = zn_moments_of(fmt, dm, dv, dam, dav, ZN_Q8_BNB);
+        zn_sr_span *ds = dev_raw(spans, sizeof spans);
         for (int it = 0; it < 3; it++, hp.step++) {
             for (size_t i = 0; i < n; i += 97)
                 g[i] = -g[i];
             DEV_OK(zn_dev_copy_h2d(D, S, dg, g, n * 4));
             DEV_OK(zn_dev_stream_sync(D, S));
-            ZT_CHECK(zn_adam_step_sr(&hp, p, &hm, g, ZN_DTYPE_F32, gs, seed, index0, n) == 0);
-            DEV_OK(zn_dev_adam_sr(D, S, &hp, dp, &dmv, dg, gs, seed, index0, (int64_t)n));
+            ZT_CHECK(zn_adam_step_sr_spans(&hp, p, &hm, g, ZN_DTYPE_F32, gs, seed, spans, 3,
+                                           n) == 0);
+            DEV_OK(zn_dev_adam_sr(D, S, &hp, dp, &dmv, dg, gs, seed, ds, 3, (int64_t)n));
         }
         uint16_t *gp = malloc(n * 2);
         uint8_t *gm = malloc(n * eb), *gv = malloc(n * eb);
@@ -1176,11 +1180,11 @@ static void test_optimizer_sr(void)
         ZT_CHECK_MSG(diff == 0, "[%s] adam (bf16 master, %s moments): %zu of %zu elements (or "
                      "the scales) differ from zn_adam_step_sr (%s path)", BK,
                      zn_mom_fmt_name(fmt), diff, n, zn_adam_isa_name());
-        /* a call whose draw indices would pass 2^64 is refused */
-        ZT_CHECK(zn_dev_adam_sr(D, S, &hp, dp, &dmv, dg, gs, seed, UINT64_MAX - 3, 8) != 0);
+        /* a call without its indices is refused */
+        ZT_CHECK(zn_dev_adam_sr(D, S, &hp, dp, &dmv, dg, gs, seed, NULL, 0, 8) != 0);
         free(pf), free(p), free(g), free(m), free(v), free(am), free(av);
         free(gp), free(gm), free(gv), free(gam), free(gav);
-        dfree(dp), dfree(dg), dfree(dm), dfree(dv), dfree(dam), dfree(dav);
+        dfree(dp), dfree(dg), dfree(dm), dfree(dv), dfree(dam), dfree(dav), dfree(ds);
     }
 }
 

@@ -556,14 +556,15 @@ ZN_API int zn_dev_adam_mom(zn_dev *d, zn_stream *s, const zn_adam_params *hp, fl
                            const zn_moments *mv, const float *g, float g_scale, void *c,
                            zn_dtype c_dt, int64_t n);
 
-/* zn_adam_step_sr on the device (train.master_weights bf16_sr with the
- * optimizer there): p is the bf16 master, stepped in place and rounded
- * with the random bits of (seed, hp->step, index0 + i), the CPU's bits;
- * mv any moment format, laid out as zn_dev_adam_mom's; g fp32. n at most
- * 2^32. Returns as zn_dev_adam_mom. */
+/* zn_adam_step_sr_spans on the device (train.master_weights bf16_sr with
+ * the optimizer there): p is the bf16 master, stepped in place and rounded
+ * with the random bits of (seed, hp->step, each element's index: spans[0,
+ * n_spans), device memory, tiling [0, n) in order; the host backend checks
+ * that, a GPU trusts it), the CPU's bits; mv any moment format, laid out
+ * as zn_dev_adam_mom's; g fp32. Returns as zn_dev_adam_mom. */
 ZN_API int zn_dev_adam_sr(zn_dev *d, zn_stream *s, const zn_adam_params *hp, uint16_t *p,
                           const zn_moments *mv, const float *g, float g_scale, uint64_t seed,
-                          uint64_t index0, int64_t n);
+                          const zn_sr_span *spans, int64_t n_spans, int64_t n);
 
 /* Sums of squares of x[0, n) by chunks of ZN_GRAD_NORM_CHUNK elements into
  * out[0, ceil(n / chunk)) (device doubles), each in zn_grad_norm_sq's order:

@@ -165,8 +165,8 @@ typedef struct {
 static inline zn_moments zn_moments_of(zn_mom_fmt fmt, void *m, void *v, float *am, float *av,
                                        zn_q8_scheme scheme)
 {
-    zn_moments r = { .fmt = fmt, .m = m, .v = v, .m_absmax = am, .v_absmax = av,
-                     .scheme = scheme };
+    /* (every member, in order: C and C++ alike) */
+    zn_moments r = { fmt, m, v, am, av, scheme, NULL, 0, 0, NULL, NULL };
     return r;
 }
 

@@ -175,10 +175,10 @@ __device__ __forceinline__ void adam1(const AdamK &k, float &pv, float &mv, floa
 }
 
 // The parameter as the step sees it: fp32, or the bf16 master
-// (train.master_weights bf16_sr, zn_adam_step_sr) widened exactly and
-// rounded back with the random bits of (seed, step, its index): the keys
-// of the index's high words come from the host (zn_sr_key), the rest is
-// util/hash-impl.h's, as the CPU computes it.
+// (train.master_weights bf16_sr, zn_adam_step_sr_spans) widened exactly
+// and rounded back with the random bits of (seed, step, its index in the
+// model, from the span that holds it), util/hash-impl.h's formulas as the
+// CPU computes them.
 struct ParamF32 {
     float *p;
     __device__ __forceinline__ float load(int64_t i) const { return p[i]; }
@@ -187,17 +187,28 @@ struct ParamF32 {
 
 struct ParamSR {
     uint16_t *p;
-    uint64_t index0;
-    uint32_t hi0, k1[2], k2[2];
+    const zn_sr_span *spans;
+    int64_t n_spans;
+    uint64_t seed;
+    int64_t step;
     __device__ __forceinline__ float load(int64_t i) const
     {
         return __uint_as_float((uint32_t)p[i] << 16);
     }
     __device__ __forceinline__ void store(int64_t i, float x) const
     {
-        uint64_t idx = index0 + (uint64_t)i;
-        uint32_t h = (uint32_t)(idx >> 32) - hi0;
-        p[i] = zn_bf16_round_sr_bits(__float_as_uint(x), zn_sr_hash(k1[h], k2[h], (uint32_t)idx));
+        int64_t lo = 0, hi = n_spans - 1;   // the last span starting at or before i
+        while (lo < hi) {
+            int64_t mid = (lo + hi + 1) / 2;
+            if (spans[mid].off <= (uint64_t)i)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        uint64_t idx = spans[lo].index + ((uint64_t)i - spans[lo].off);
+        uint32_t k1, k2;
+        zn_sr_key(seed, step, (uint32_t)(idx >> 32), &k1, &k2);
+        p[i] = zn_bf16_round_sr_bits(__float_as_uint(x), zn_sr_hash(k1, k2, (uint32_t)idx));
     }
 };
 
@@ -461,8 +472,7 @@ static cudaError_t run_generic(const zn_op *op, cudaStream_t st, float *scratch,
         return adam_mom(what, st, op->u.adam, ParamF32{ op->u.adam.p }, (uint16_t *)op->u.adam.c);
     case ZN_OPK_ADAM_SR: {
         const auto &adam = op->u.adam;
-        ParamSR p = { adam.p16, adam.sr_index0, adam.sr_hi0,
-                      { adam.sr_k1[0], adam.sr_k1[1] }, { adam.sr_k2[0], adam.sr_k2[1] } };
+        ParamSR p = { adam.p16, adam.sr_spans, adam.sr_nspans, adam.sr_seed, adam.hp.step };
         if (adam.mv.fmt == ZN_MOM_F32)
             return launch(what, "k_adam (bf16 master)", k_adam<ParamSR>, grid_for(adam.n), st,
                           adam_k(adam), p, (float *)adam.mv.m, (float *)adam.mv.v, adam.g,

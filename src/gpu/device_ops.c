@@ -344,19 +344,19 @@ int zn_dev_adam_mom(zn_dev *d, zn_stream *s, const zn_adam_params *hp, float *p,
 
 int zn_dev_adam_sr(zn_dev *d, zn_stream *s, const zn_adam_params *hp, uint16_t *p,
                    const zn_moments *mv, const float *g, float g_scale, uint64_t seed,
-                   uint64_t index0, int64_t n)
+                   const zn_sr_span *spans, int64_t n_spans, int64_t n)
 {
     ZN_TRY(check_count("adam_sr", n));
     CHK(mv, "adam_sr: NULL moments");
     CHK(!mv->n_f32, "adam_sr: 8-bit moments with fp32 blocks (zn_moments.f32) are not "
         "stepped on a device yet");
+    CHK(n == 0 || (spans && n_spans > 0 && n_spans <= n),
+        "adam_sr: %" PRId64 " spans of indices for %" PRId64 " elements", n_spans, n);
     zn_adam_consts k;
     /* zn_adam_step_sr's checks (p stands for the fp32 array in the NULL
      * test) and constants */
     ZN_TRY(zn_adam_prepare_mom(hp, (float *)(void *)p, mv, g, ZN_DTYPE_F32, g_scale, NULL,
                                ZN_DTYPE_BF16, (size_t)n, &k));
-    CHK(index0 + (uint64_t)n >= index0 && (uint64_t)n <= ((uint64_t)1 << 32),
-        "adam_sr: elements %" PRIu64 " + %" PRId64 " overflow the draw's index", index0, n);
     if (n == 0)
         return 0;
     uint64_t eb = mv->fmt == ZN_MOM_F32 ? (uint64_t)n * 4
@@ -367,14 +367,11 @@ int zn_dev_adam_sr(zn_dev *d, zn_stream *s, const zn_adam_params *hp, uint16_t *
                              .b1 = k.b1, .omb1 = k.omb1, .b2 = k.b2, .omb2 = k.omb2,
                              .step = k.step_size, .eps = k.eps, .l2 = k.l2, .decay = k.decay,
                              .use_l2 = k.use_l2, .use_decay = k.use_decay, .mv = *mv,
-                             .sr_seed = seed, .sr_index0 = index0,
-                             .sr_hi0 = (uint32_t)(index0 >> 32) } };
-    for (uint32_t h = 0; h < 2; h++)
-        zn_sr_key(seed, hp->step, op.u.adam.sr_hi0 + h, &op.u.adam.sr_k1[h],
-                  &op.u.adam.sr_k2[h]);
+                             .sr_seed = seed, .sr_spans = spans, .sr_nspans = n_spans } };
     return submit_checked(d, s, "adam_sr", &op,
                           DEV_PTRS(DEV_PTR(p, (uint64_t)n * 2), DEV_PTR(mv->m, eb),
                                    DEV_PTR(mv->v, eb), DEV_PTR(g, (uint64_t)n * 4),
+                                   DEV_PTR(spans, (uint64_t)n_spans * sizeof *spans),
                                    DEV_PTR_OPT(mv->m_absmax, ab), DEV_PTR_OPT(mv->v_absmax, ab)));
 }
 

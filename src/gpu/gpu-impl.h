@@ -151,9 +151,8 @@ typedef struct zn_op {
             float b1, omb1, b2, omb2, step, eps, l2, decay; int use_l2, use_decay;
             zn_moments mv;   /* ZN_OPK_ADAM_MOM, _SR: the moments (m, v unused) */
             /* ZN_OPK_ADAM_SR: the bf16 master (p unused), the draw's seed
-             * and first index, and zn_sr_key's keys for the index's high
-             * words sr_hi0 and sr_hi0 + 1 (a call spans at most two) */
-            uint16_t *p16; uint64_t sr_seed, sr_index0; uint32_t sr_hi0, sr_k1[2], sr_k2[2];
+             * and the elements' indices (device memory) */
+            uint16_t *p16; uint64_t sr_seed; const zn_sr_span *sr_spans; int64_t sr_nspans;
         } adam;
         struct { const float *x; int64_t n; double *out; } normc;
         struct {

@@ -696,9 +696,10 @@ static int adam_mom(const zn_op *op)
 /* and the bf16 master's (zn_dev_adam_sr) */
 static int adam_sr(const zn_op *op)
 {
-    return zn_adam_step_sr(&op->u.adam.hp, op->u.adam.p16, &op->u.adam.mv, op->u.adam.g,
-                           ZN_DTYPE_F32, op->u.adam.g_scale, op->u.adam.sr_seed,
-                           op->u.adam.sr_index0, (size_t)op->u.adam.n);
+    return zn_adam_step_sr_spans(&op->u.adam.hp, op->u.adam.p16, &op->u.adam.mv, op->u.adam.g,
+                                 ZN_DTYPE_F32, op->u.adam.g_scale, op->u.adam.sr_seed,
+                                 op->u.adam.sr_spans, (size_t)op->u.adam.sr_nspans,
+                                 (size_t)op->u.adam.n);
 }
 
 static void norm_chunks(const zn_op *op)

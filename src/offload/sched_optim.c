@@ -496,8 +496,8 @@ static int dev_unit(zn_trainer *tr, int u, bool adam, bool track)
         rc = tr->master_bf16
                  ? zn_dev_adam_sr(d, tr->opt.s_h2d, &tr->opt.job.hp,
                                   zn_tr_master16(tr) + un->off, &mv, tr->grad_acc + un->off,
-                                  tr->opt.job.g_scale, tr->cfg.train.seed, un->off,
-                                  (int64_t)un->n)
+                                  tr->opt.job.g_scale, tr->cfg.train.seed,
+                                  tr->sr_spans_dev + un->p0, un->np, (int64_t)un->n)
                  : zn_dev_adam_mom(d, tr->opt.s_h2d, &tr->opt.job.hp, tr->master + un->off,
                                    &mv, tr->grad_acc + un->off, tr->opt.job.g_scale, NULL,
                                    ZN_DTYPE_BF16, (int64_t)un->n);

@@ -498,6 +498,7 @@ struct zn_trainer {
     /* master_bf16: each piece's elements' indices in the model (the
      * rounding's counter; unit u's are sr_spans[units[u].p0, + np)) */
     zn_sr_span *sr_spans;
+    zn_sr_span *sr_spans_dev;   /* their copy on the device (the optimizer there) */
     uint64_t largest_block;       /* npad */
     uint64_t largest_grad;        /* gpad: the device gradient buffers */
     uint64_t largest_local;       /* len */

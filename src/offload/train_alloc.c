@@ -256,6 +256,12 @@ int zn_tr_allocate(zn_trainer *tr)
             }
             ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, nc * 8 + 8, "grad norm chunks",
                           (void **)&tr->normc_dev));
+            /* the bf16 master's rounding indices, for zn_dev_adam_sr */
+            if (tr->master_bf16)
+                ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK,
+                                      (uint64_t)tr->n_pieces * sizeof *tr->sr_spans,
+                                      "bf16 master's rounding indices",
+                                      (void **)&tr->sr_spans_dev));
             ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, nc * 8 + 8, "grad norm chunks (host)",
                           (void **)&tr->normc));
             /* states in and out of the device (initial master, checkpoints,

@@ -254,9 +254,14 @@ int zn_tr_initialise(zn_trainer *tr)
         rc = zn_set_error(ZN_EINTERNAL, "train: initial state filled %d of %d optimizer units",
                           iu.unit, tr->n_units);
     if (!rc && tr->opt_on_device) {
-        float *z[3] = { tr->mom, tr->var, tr->grad_acc };
+        /* (the moments at their own size: fp32, bf16 or 8-bit) */
+        void *z[3] = { tr->mom, tr->var, tr->grad_acc };
+        uint64_t zb[3] = { tr->mom_bytes, tr->mom_bytes, tr->P * 4 };
         for (int k = 0; k < 3 && !rc; k++)
-            rc = tr->P ? zn_dev_memset(tr->dev, tr->s_h2d, z[k], 0, tr->P * 4) : 0;
+            rc = tr->P ? zn_dev_memset(tr->dev, tr->s_h2d, z[k], 0, zb[k]) : 0;
+        if (!rc && tr->master_bf16)
+            rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d, tr->sr_spans_dev, tr->sr_spans,
+                                 (uint64_t)tr->n_pieces * sizeof *tr->sr_spans);
         if (!rc)
             rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
     } else if (!opt_nvme) {

@@ -182,17 +182,10 @@ int zn_tr_build_layout(zn_trainer *tr)
     tr->mom_bytes = zn_mom_layout_bytes(tr->mom_fmt, tr->P);
     /* train.master_weights: the bf16 master is stepped in pinned RAM, in
      * units swapped from NVMe at 2 bytes per element, or on the device
-     * (zn_dev_adam_sr). The CPU's step draws its rounding bits for the
-     * model's trainable elements (tr->sr_spans, below), whoever owns them,
-     * so it runs on any number of ranks; the device's counts this rank's
-     * flat offsets (one index0 per unit), the model's only with one rank */
+     * (zn_dev_adam_sr). Each step draws its rounding bits for the model's
+     * trainable elements (tr->sr_spans, below), whoever owns them, so it
+     * runs on any number of ranks */
     tr->master_bf16 = cfg->train.master_weights == ZN_MASTER_BF16_SR;
-    if (tr->master_bf16 && tr->opt_home == ZN_OFFLOAD_NONE && tr->world > 1)
-        return zn_set_error(ZN_EUNSUPPORTED, "%s: train.master_weights \"bf16_sr\" with the "
-                            "optimizer on the device (zero_optimization.offload_optimizer."
-                            "device \"none\") runs on one rank; this run has %d: use "
-                            "offload_optimizer.device \"cpu\" or \"nvme\", or "
-                            "train.master_weights \"fp32\"", cfg->source, tr->world);
     /* 8-bit blocks never straddle two units (the NVMe units below are
      * multiples of 1024 elements, or this rounded sub-group); bf16 units
      * are rounded alike, so that on NVMe every unit's moments but the
