@@ -130,50 +130,54 @@ check "[ $? -eq 0 ]" "bf16_sr with LoRA adapters: $(tail -3 lora.out)"
 check "[ $? -eq 0 ] && [ -s lex/adapter_model.safetensors ]" \
     "PEFT export of a bf16 master: $(tail -3 lex.out)"
 
+# Another optimizer home against the cpu tier: the losses, the checkpoint
+# files bit for bit, resume, and the conversions at load as there.
+# like_cpu_tier TAG WHERE ARGS... (files TAG*)
+like_cpu_tier() {
+    local t=$1 where=$2 f
+    shift 2
+    "$zinc" train "$@" "${sr[@]}" --steps 12 --json-log ${t}ref.jsonl > ${t}ref.out 2>&1
+    check "[ $? -eq 0 ] && diff <(hexes ref.jsonl) <(hexes ${t}ref.jsonl) > /dev/null" \
+        "bf16_sr $where: not the cpu tier's losses: $(tail -3 ${t}ref.out)"
+    "$zinc" train "$@" "${sr[@]}" --set train.checkpoint.dir=${t}ck --steps 5 > ${t}s1.out 2>&1
+    check "[ $? -eq 0 ]" "bf16_sr $where with a checkpoint: $(tail -3 ${t}s1.out)"
+    for f in master m v; do
+        check "cmp -s ${t}ck/step-00000005/rank-0/$f.bin sr5/rank-0/$f.bin" \
+            "bf16_sr at step 5 $where: $f.bin is not the cpu tier run's"
+    done
+    "$zinc" train "$@" "${sr[@]}" --resume sr5 --steps 12 --json-log ${t}res.jsonl \
+        > ${t}r1.out 2>&1
+    check "[ $? -eq 0 ] && diff <(hexes ref.jsonl | tail -7) <(hexes ${t}res.jsonl) > /dev/null" \
+        "bf16_sr resumed $where: losses differ from the uninterrupted run: $(tail -2 ${t}r1.out)"
+    "$zinc" train "$@" "${sr[@]}" --resume f5 --steps 8 --json-log ${t}r2.jsonl > ${t}r2.out 2>&1
+    check "[ $? -eq 0 ] && grep -q 'rounded to nearest even at load' ${t}r2.out && \
+           diff <(hexes r2.jsonl) <(hexes ${t}r2.jsonl) > /dev/null" \
+        "fp32 master checkpoint into bf16_sr $where: not as in the cpu tier: $(tail -2 ${t}r2.out)"
+    "$zinc" train "$@" --set train.master_weights=fp32 --resume sr5 --steps 8 \
+        --json-log ${t}r3.jsonl > ${t}r3.out 2>&1
+    check "[ $? -eq 0 ] && grep -q 'widened (exact) at load' ${t}r3.out && \
+           diff <(hexes r3.jsonl) <(hexes ${t}r3.jsonl) > /dev/null" \
+        "bf16 master checkpoint into an fp32 master $where: not as in the cpu tier: $(tail -2 ${t}r3.out)"
+}
+
 # the optimizer on NVMe (the demo's placement): each unit's bf16 master
-# swapped at 2 bytes per element; the cpu tier's losses and checkpoint
-# files bit for bit, fewer bytes written per step, resume and conversions
-# at load as in the cpu tier
+# swapped at 2 bytes per element, fewer bytes written per step
 nv=(--set train.log_every=100)
 wear() { sed -n 's/^nvme wear: \([0-9.]*\) MiB written per step.*/\1/p' "$1"; }
 "$zinc" train "${nv[@]}" --steps 3 > nf32.out 2>&1
-"$zinc" train "${nv[@]}" "${sr[@]}" --steps 12 --json-log nref.jsonl > nref.out 2>&1
-check "[ $? -eq 0 ] && diff <(hexes ref.jsonl) <(hexes nref.jsonl) > /dev/null" \
-    "bf16_sr on NVMe: not the cpu tier's losses: $(tail -3 nref.out)"
+like_cpu_tier n "on NVMe" "${nv[@]}"
 a=$(wear nf32.out) b=$(wear nref.out)
 check "[ -n '$a' ] && [ -n '$b' ] && awk -v a='$a' -v b='$b' 'BEGIN { exit !(b < a) }'" \
     "bf16_sr on NVMe writes $b MiB per step, the fp32 master $a MiB"
 echo "bf16_sr on NVMe: $b MiB written per step (fp32 master: $a MiB)"
-"$zinc" train "${nv[@]}" "${sr[@]}" --set train.checkpoint.dir=nck --steps 5 > ns1.out 2>&1
-check "[ $? -eq 0 ]" "bf16_sr on NVMe with a checkpoint: $(tail -3 ns1.out)"
-for f in master m v; do
-    check "cmp -s nck/step-00000005/rank-0/$f.bin sr5/rank-0/$f.bin" \
-        "bf16_sr at step 5: the NVMe run's $f.bin is not the cpu tier run's"
-done
-"$zinc" train "${nv[@]}" "${sr[@]}" --resume sr5 --steps 12 --json-log nres.jsonl > nr1.out 2>&1
-check "[ $? -eq 0 ] && diff <(hexes ref.jsonl | tail -7) <(hexes nres.jsonl) > /dev/null" \
-    "bf16_sr resumed on NVMe: losses differ from the uninterrupted run: $(tail -2 nr1.out)"
-"$zinc" train "${nv[@]}" "${sr[@]}" --resume f5 --steps 8 --json-log nr2.jsonl \
-    > nr2.out 2>&1
-check "[ $? -eq 0 ] && grep -q 'rounded to nearest even at load' nr2.out && \
-       diff <(hexes r2.jsonl) <(hexes nr2.jsonl) > /dev/null" \
-    "fp32 master checkpoint into bf16_sr on NVMe: not as in the cpu tier: $(tail -2 nr2.out)"
-"$zinc" train "${nv[@]}" --set train.master_weights=fp32 --resume sr5 --steps 8 \
-    --json-log nr3.jsonl > nr3.out 2>&1
-check "[ $? -eq 0 ] && grep -q 'widened (exact) at load' nr3.out && \
-       diff <(hexes r3.jsonl) <(hexes nr3.jsonl) > /dev/null" \
-    "bf16 master checkpoint into an fp32 master on NVMe: not as in the cpu tier: $(tail -2 nr3.out)"
 
 # the optimizer on the device (zn_dev_adam_sr; the host backend runs the
-# CPU's step, a GPU its kernel, checked against it by gpu-check): the cpu
-# tier's losses and checkpoint files bit for bit, with fp32 and 8-bit
-# moments, resume, and conversions at load as in the cpu tier
+# CPU's step, a GPU its kernel, checked against it by gpu-check), with
+# 8-bit moments too, and the plan puts the master there
 # (a gpu tier room for the fp32 master the last conversion loads)
 dv=(--set zero_optimization.offload_optimizer.device=none --set tiers.gpu=96MiB
     --set train.log_every=100)
-"$zinc" train "${dv[@]}" "${sr[@]}" --steps 12 --json-log dref.jsonl > dref.out 2>&1
-check "[ $? -eq 0 ] && diff <(hexes ref.jsonl) <(hexes dref.jsonl) > /dev/null" \
-    "bf16_sr with the optimizer on the device: not the cpu tier's losses: $(tail -3 dref.out)"
+like_cpu_tier d "with the optimizer on the device" "${dv[@]}"
 "$zinc" train "${dv[@]}" "${sr[@]}" --set train.optim=adamw_bnb_8bit --steps 8 \
     --json-log d8.jsonl > d8.out 2>&1
 check "[ $? -eq 0 ] && diff <(hexes sr-adamw_bnb_8bit.jsonl | head -8) <(hexes d8.jsonl) > /dev/null" \
@@ -181,24 +185,6 @@ check "[ $? -eq 0 ] && diff <(hexes sr-adamw_bnb_8bit.jsonl | head -8) <(hexes d
 "$zinc" plan tiny.json "${dv[@]}" "${sr[@]}" > dplan.out 2>&1
 check "[ $? -eq 0 ] && grep -q '^master (bf16 sr) *[0-9.]* [KMG]iB' dplan.out" \
     "the plan does not put the bf16 master on the device: $(grep -i master dplan.out)"
-"$zinc" train "${dv[@]}" "${sr[@]}" --set train.checkpoint.dir=dck --steps 5 > ds1.out 2>&1
-check "[ $? -eq 0 ]" "bf16_sr on the device with a checkpoint: $(tail -3 ds1.out)"
-for f in master m v; do
-    check "cmp -s dck/step-00000005/rank-0/$f.bin sr5/rank-0/$f.bin" \
-        "bf16_sr at step 5: the device run's $f.bin is not the cpu tier run's"
-done
-"$zinc" train "${dv[@]}" "${sr[@]}" --resume sr5 --steps 12 --json-log dres.jsonl > dr1.out 2>&1
-check "[ $? -eq 0 ] && diff <(hexes ref.jsonl | tail -7) <(hexes dres.jsonl) > /dev/null" \
-    "bf16_sr resumed on the device: losses differ from the uninterrupted run: $(tail -2 dr1.out)"
-"$zinc" train "${dv[@]}" "${sr[@]}" --resume f5 --steps 8 --json-log dr2.jsonl > dr2.out 2>&1
-check "[ $? -eq 0 ] && grep -q 'rounded to nearest even at load' dr2.out && \
-       diff <(hexes r2.jsonl) <(hexes dr2.jsonl) > /dev/null" \
-    "fp32 master checkpoint into bf16_sr on the device: not as in the cpu tier: $(tail -2 dr2.out)"
-"$zinc" train "${dv[@]}" --set train.master_weights=fp32 --resume sr5 --steps 8 \
-    --json-log dr3.jsonl > dr3.out 2>&1
-check "[ $? -eq 0 ] && grep -q 'widened (exact) at load' dr3.out && \
-       diff <(hexes r3.jsonl) <(hexes dr3.jsonl) > /dev/null" \
-    "bf16 master checkpoint into an fp32 master on the device: not as in the cpu tier: $(tail -2 dr3.out)"
 
 # On 2 ranks (torchrun-style, TCP): each rank steps its shards, drawing an
 # element's bits for its index in the model, so the run is one rank's that
