@@ -54,10 +54,42 @@ for o in adamw_bnb_8bit adamw_torch_8bit adamw_bf16; do
 done
 check "! diff <(hexes adamw_bnb_8bit.jsonl) <(hexes adamw_torch_8bit.jsonl) > /dev/null" \
     "adamw_torch_8bit trains exactly as adamw_bnb_8bit: torchao's scheme is not in use"
-# the run says which tensors the references keep in fp32 (the tiny model's
-# 9 norms of 256 elements), and fp32 moments say nothing of it
-check "grep -q 'int8: 9 of 39 trained tensors (2304 parameters) are under 4096 elements; bitsandbytes' adamw_bnb_8bit.out && ! grep -q 'trained tensors' f32.out adamw_bf16.out" \
+# The tensors bitsandbytes keeps in fp32 (under 4096 elements: the tiny
+# model's 9 norms of 256) keep fp32 moments here too, as the run says: the
+# checkpoint lists their blocks (f32_runs) and keeps their floats after
+# the 8-bit layout, and after one step from zero those floats are the
+# fp32-moment run's m and v of the same elements bit for bit (the same
+# gradient, the same fp32 step); fp32 moments say nothing of it.
+check "grep -q 'int8: 9 of 39 trained tensors (2304 parameters) are under 4096 elements; bitsandbytes and zinc keep their states in fp32' adamw_bnb_8bit.out && ! grep -q 'trained tensors' f32.out adamw_bf16.out" \
     "the small tensors are not reported: $(grep 'trained tensors' adamw_bnb_8bit.out f32.out)"
+for o in adamw_bnb_8bit adamw_torch; do
+    "$zinc" train "${cpu[@]}" --set train.optim=$o --steps 1 --set train.checkpoint.dir=one-$o \
+        --set train.checkpoint.every=1 > one-$o.out 2>&1
+    check "[ $? -eq 0 ]" "one step with $o and a checkpoint: $(tail -3 one-$o.out)"
+done
+python3 - one-adamw_bnb_8bit/step-00000001 one-adamw_torch/step-00000001 > f32blocks.out 2>&1 <<'PY'
+import json, sys
+q8, f32 = sys.argv[1], sys.argv[2]
+man = json.load(open(q8 + "/manifest.json"))
+rank = man["ranks"][0]
+P, runs = rank["local_params"], rank.get("f32_runs", [])
+layout = (P + 63) // 64 * 64 + 4 * ((P + 255) // 256)
+bad = 0
+for name in ("m", "v"):
+    a = open(f"{q8}/rank-0/{name}.bin", "rb").read()
+    b = open(f"{f32}/rank-0/{name}.bin", "rb").read()
+    for block, n, slot in runs:
+        for j in range(n):
+            e0 = (block + j) * 256
+            ln = min(256, P - e0) * 4
+            side = a[layout + (slot + j) * 1024:][:ln]
+            bad += side != b[e0 * 4:e0 * 4 + ln]
+blocks = sum(n for _, n, _ in runs)
+print(f"{len(runs)} runs, {blocks} blocks kept in fp32; {bad} differ from the fp32 run's")
+sys.exit(0 if runs and blocks == 9 and not bad else 1)
+PY
+check "[ $? -eq 0 ]" "the fp32 blocks of 8-bit moments: $(cat f32blocks.out)"
+echo "8-bit moments: $(cat f32blocks.out)"
 
 # the plan: int8 moments at a quarter of fp32 plus 4 bytes per 256
 "$zinc" train --print-default > tiny.json

@@ -158,6 +158,9 @@ typedef struct {
     size_t n_f32;
     uint64_t f32_base;
     float *m_f32, *v_f32;
+    /* the device's step (zn_dev_adam_mom, zn_dev_adam_sr): a copy of
+     * f32[0, n_f32) in device memory, which its kernel reads */
+    const zn_q8_f32_run *f32_dev;
 } zn_moments;
 
 /* The moments of arrays m, v (and, 8-bit, absmax arrays am, av) with no
@@ -166,7 +169,7 @@ static inline zn_moments zn_moments_of(zn_mom_fmt fmt, void *m, void *v, float *
                                        zn_q8_scheme scheme)
 {
     /* (every member, in order: C and C++ alike) */
-    zn_moments r = { fmt, m, v, am, av, scheme, NULL, 0, 0, NULL, NULL };
+    zn_moments r = { fmt, m, v, am, av, scheme, NULL, 0, 0, NULL, NULL, NULL };
     return r;
 }
 

@@ -100,6 +100,13 @@ typedef struct zn_train_model {
      * then moves and adds only those rows (one rank, gradients in RAM). */
     const int64_t *block_sparse_row0;
     int64_t row_width;
+    /* Optional: the parameter tensors' parts in block b's flat elements, in
+     * order: part k starts at element off[k] and belongs to a tensor of
+     * numel[k] elements in all. At most cap parts; returns how many, or a
+     * negative error. 8-bit moments keep the states of the tensors
+     * bitsandbytes and torchao keep in fp32 (too small to quantize) in
+     * fp32 too. NULL: every tensor is quantized. */
+    int (*tensor_parts)(void *ctx, int block, uint64_t *off, uint64_t *numel, int cap);
     size_t act_bytes;              /* bytes of one inter-block activation */
     double flops_per_token;        /* model FLOPs per token (fwd + bwd), for TFLOP/s */
     /* Called once after the device exists: allocate scratch (counted in the

@@ -19,6 +19,11 @@ typedef struct {
 typedef struct {
     uint64_t local_params;
     zn_ckpt_share *sh;  /* [nblocks] */
+    /* 8-bit moments: the blocks kept in fp32 (zn_moments.f32) and the
+     * slots their floats take after the layout in m.bin and v.bin */
+    zn_q8_f32_run *f32;
+    size_t n_f32;
+    uint64_t f32_slots;
 } zn_ckpt_rank;
 
 typedef struct {

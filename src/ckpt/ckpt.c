@@ -241,6 +241,19 @@ static int save_rank(zn_trainer *tr, const zn_ckpt_save_options *o, const char *
                            "local_params", (json_int_t)in.local_params,
                            "shares", shares_json(tr, in.nblocks),
                            "files", files);
+    /* 8-bit moments: the blocks m.bin and v.bin keep in fp32, [block, n,
+     * slot] each, their floats after the layout */
+    if (rj && in.n_f32_runs) {
+        json_t *runs = json_array();
+        for (size_t r = 0; r < in.n_f32_runs && runs; r++)
+            json_array_append_new(runs, json_pack("[III]", (json_int_t)in.f32_runs[r].block,
+                                                  (json_int_t)in.f32_runs[r].n,
+                                                  (json_int_t)in.f32_runs[r].slot));
+        if (!runs || json_object_set_new(rj, "f32_runs", runs)) {
+            json_decref(rj);
+            rj = NULL;
+        }
+    }
     char *text = rj ? json_dumps(rj, JSON_INDENT(1) | JSON_SORT_KEYS) : NULL;
     json_decref(rj);
     if (!text)

@@ -88,6 +88,9 @@ typedef struct {
      * two runs, its tail first (8-bit moments on NVMe, train-state.h):
      * [tail, end) summed apart and combined at the end */
     bool sum;
+    /* an old rank's fp32 blocks (8-bit moments), read whole at first use:
+     * [old rank][2] (m, v) */
+    float **side;
     uint32_t crc[3];
     uint64_t next[3];
     uint32_t tail_crc[3];
@@ -130,6 +133,28 @@ static int ld_read_deq(const ld_src *s, int k, int r, uint64_t e0, uint64_t n, f
          * (m's signed map or v's unsigned one) is kept */
         /* (both schemes read alike) */
         zn_moments src = zn_moments_of(fmt, raw, raw, absmax, absmax, ZN_Q8_BNB);
+        const zn_ckpt_rank *cr = &ck->ranks[r];
+        if (fmt == ZN_MOM_Q8 && cr->n_f32) {
+            /* the rank's fp32 blocks, after its layout in the file */
+            float **side = &s->side[r * 2 + (k == ZN_TS_M ? 0 : 1)];
+            uint64_t sb = cr->f32_slots * ZN_Q8_BLOCK * 4;
+            if (!*side) {
+                if (!(*side = malloc(sb))) {
+                    rc = zn_set_error(-ENOMEM, "checkpoint: out of memory for fp32 blocks");
+                    break;
+                }
+                if ((rc = zn_ckpt__pread(s->fds[i], s->paths[i], zn_mom_layout_bytes(fmt, P),
+                                         *side, sb))) {
+                    free(*side);
+                    *side = NULL;
+                    break;
+                }
+            }
+            src.f32 = cr->f32;
+            src.n_f32 = cr->n_f32;
+            src.f32_base = from / ZN_Q8_BLOCK;
+            src.m_f32 = src.v_f32 = *side;
+        }
         zn_moments f32 = zn_moments_of(ZN_MOM_F32, out[0], out[1], NULL, NULL, ZN_Q8_BNB);
         if ((rc = zn_mom_convert(&f32, &src, len)))
             break;
@@ -271,7 +296,15 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
      * other shares) are read as fp32, and the run converts them from fp32
      * (8-bit ones quantized again, in this run's blocks) */
     bool convert = ck->moments != in.moments;
-    bool deq = ck->moments != ZN_MOM_F32 && (reshard || convert);
+    /* 8-bit moments whose fp32 blocks are not this run's (a checkpoint
+     * from before them, or another model's tensors) are read as fp32 too */
+    bool runs_differ = false;
+    if (!reshard && ck->moments == ZN_MOM_Q8 && in.moments == ZN_MOM_Q8) {
+        const zn_ckpt_rank *cr = &ck->ranks[rank];
+        runs_differ = cr->n_f32 != in.n_f32_runs ||
+                      (cr->n_f32 && memcmp(cr->f32, in.f32_runs, cr->n_f32 * sizeof *cr->f32));
+    }
+    bool deq = ck->moments != ZN_MOM_F32 && (reshard || convert || runs_differ);
     zn_mom_fmt from = deq ? ZN_MOM_F32 : ck->moments;
     if (!rc && !in.flat && from != in.moments && !(in.from_f32 && from == ZN_MOM_F32))
         rc = zn_set_error(ZN_EINTERNAL, "checkpoint %s: moments as %s into a run keeping them "
@@ -283,12 +316,13 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
      * load when the run keeps the other; resharded, its elements are
      * gathered at their stored size (a bf16 one copied exactly) */
     bool mconvert = ck->master != in.master_dtype;
-    if (!rc && (reshard || convert))
+    if (!rc && (reshard || convert || runs_differ))
         rc = zn_ckpt_verify(ck->path);
     if (rc)
         return rc;
     int nsrc = reshard ? ck->world : 1;
     int *fd = malloc((size_t)nsrc * 3 * sizeof *fd);
+    float **side = NULL;
     char (*path)[PATHN + 64] = malloc((size_t)nsrc * 3 * sizeof *path);
     const zn_ckpt_file *f[3] = { NULL, NULL, NULL };
     if (!fd || !path) {
@@ -313,9 +347,14 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
         }
         posix_fadvise(fd[i], 0, 0, reshard ? POSIX_FADV_NORMAL : POSIX_FADV_SEQUENTIAL);
     }
+    side = calloc((size_t)ck->world * 2, sizeof *side);
+    if (!side) {
+        rc = zn_set_error(-ENOMEM, "checkpoint: out of memory");
+        goto out;
+    }
     ld_src src = { .ck = ck, .tr = tr, .nblocks = in.nblocks, .rank = rank,
                    .reshard = reshard, .deq = deq, .fds = fd, .paths = path,
-                   .sum = !reshard && !convert };
+                   .sum = !reshard && !convert && !runs_differ, .side = side };
     uint64_t t0 = zn_now_ns();
     /* From here on the trainer's state is being replaced. */
     rc = zn_train_state_load(tr, from, ck->master, ld_source, &src);
@@ -329,6 +368,11 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
                 "converted at load%s", ck->path, zn_mom_fmt_name(ck->moments),
                 zn_mom_fmt_name(in.moments),
                 in.moments == ZN_MOM_Q8 ? " (quantized blockwise, as a step would)" : "");
+    else if (!rc && deq && ck->moments == ZN_MOM_Q8 && !reshard)
+        zn_warn("checkpoint: %s keeps %zu run(s) of 8-bit moment blocks in fp32, this run "
+                "%zu (the tensors too small to quantize): its moments are read as fp32 and "
+                "quantized again where this run quantizes them (within a quantization step "
+                "of the saved values)", ck->path, ck->ranks[rank].n_f32, in.n_f32_runs);
     else if (!rc && deq && ck->moments == ZN_MOM_Q8)
         zn_warn("checkpoint: %s holds 8-bit Adam moments in the blocks of %d rank(s)' shares; "
                 "on %d they are quantized again in this run's blocks (as a step would: "
@@ -356,6 +400,9 @@ out:
     for (int i = 0; i < nsrc * 3; i++)
         if (fd[i] >= 0)
             close(fd[i]);
+    for (int i = 0; side && i < ck->world * 2; i++)
+        free(side[i]);
+    free(side);
     free(fd);
     free(path);
     return rc;

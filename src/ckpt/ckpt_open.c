@@ -64,8 +64,10 @@ void zn_ckpt_close(zn_ckpt *ck)
     if (!ck)
         return;
     if (ck->ranks)
-        for (int r = 0; r < ck->world; r++)
+        for (int r = 0; r < ck->world; r++) {
             free(ck->ranks[r].sh);
+            free(ck->ranks[r].f32);
+        }
     free(ck->ranks);
     for (int i = 0; i < ck->nfiles; i++)
         free(ck->files[i].name);
@@ -205,6 +207,28 @@ int zn_ckpt_open(zn_ckpt **out, const char *path)
                     cr->local_params);
             cr->sh[b] = (zn_ckpt_share){ (uint64_t)so, (uint64_t)len, (uint64_t)lo };
         }
+        /* absent: none (every block 8-bit, and checkpoints before them) */
+        json_t *fr = json_object_get(rj, "f32_runs");
+        if (fr && (!json_is_array(fr) || !json_array_size(fr)))
+            BAD("checkpoint %s: manifest.json: rank %d's f32_runs is not a list of runs",
+                ck->path, r);
+        cr->n_f32 = fr ? json_array_size(fr) : 0;
+        if (cr->n_f32 && !(cr->f32 = calloc(cr->n_f32, sizeof *cr->f32))) {
+            rc = zn_set_error(-ENOMEM, "checkpoint: out of memory");
+            goto fail;
+        }
+        for (size_t i = 0; i < cr->n_f32; i++) {
+            json_int_t b0, n, sl;
+            if (json_unpack(json_array_get(fr, i), "[III]", &b0, &n, &sl) || b0 < 0 || n <= 0 ||
+                sl != (json_int_t)cr->f32_slots ||
+                (uint64_t)(b0 + n) > zn_q8_blocks(cr->local_params) ||
+                (i && (uint64_t)b0 < cr->f32[i - 1].block + cr->f32[i - 1].n))
+                BAD("checkpoint %s: manifest.json: rank %d's fp32 block run %zu is not [block, "
+                    "count, slot] in order within its %" PRIu64 " elements (corrupted)",
+                    ck->path, r, i, cr->local_params);
+            cr->f32[i] = (zn_q8_f32_run){ (uint64_t)b0, (uint64_t)n, (uint64_t)sl };
+            cr->f32_slots += (uint64_t)n;
+        }
     }
     json_t *fo = json_object_get(m, "files");
     if (!json_is_object(fo))
@@ -245,7 +269,8 @@ int zn_ckpt_open(zn_ckpt **out, const char *path)
             const zn_ckpt_file *f = zn_ckpt__file(ck, rel);
             if (!f)
                 BAD("checkpoint %s: manifest.json does not list %s", ck->path, rel);
-            uint64_t fbytes = k ? zn_mom_layout_bytes(ck->moments, ck->ranks[r].local_params)
+            uint64_t fbytes = k ? zn_mom_layout_bytes(ck->moments, ck->ranks[r].local_params) +
+                                      ck->ranks[r].f32_slots * ZN_Q8_BLOCK * 4
                               : ck->ranks[r].local_params * zn_dtype_size(ck->master);
             if (f->bytes != fbytes)
                 BAD("checkpoint %s: %s holds %" PRIu64 " bytes for %" PRIu64 " parameters",

@@ -140,9 +140,9 @@ static void hooks_from_env(ckpt_hooks *h, zn_ckpt_save_options *so)
  * (its step index; the shuffle is a function of (seed, epoch)) and what
  * data it reads. */
 /* 8-bit moments: the trained tensors bitsandbytes (under 4096 elements)
- * or torchao (also those not whole blocks of 256) keep in fp32, which zinc
- * does not set apart in the trainer yet (zn_moments.f32 is the step's
- * side of it): said, so that a user comparing with those tools knows. */
+ * or torchao (also those not whole blocks of 256) keep in fp32 states, as
+ * zinc does (the trainer's fp32 blocks, zn_moments.f32): said, with what
+ * they hold. */
 static void say_small_tensors(const zn_model_dims *d, const zn_config *cfg)
 {
     if (zn_config_moment_bytes(cfg->train.optim) != 1)
@@ -163,7 +163,7 @@ static void say_small_tensors(const zn_model_dims *d, const zn_config *cfg)
         }
     if (small)
         printf("  moments  int8: %llu of %llu trained tensors (%llu parameters) are under %s; "
-               "%s keeps their states in fp32, zinc quantizes them with the rest\n",
+               "%s and zinc keep their states in fp32\n",
                (unsigned long long)small, (unsigned long long)tensors,
                (unsigned long long)elems,
                ao ? "4096 elements or not whole blocks of 256" : "4096 elements",

@@ -280,15 +280,52 @@ __device__ __forceinline__ uint8_t q8_code(const float *mid, const Q8Round &r, f
     return (uint8_t)lo;
 }
 
+// The blocks kept in fp32 (zn_moments.f32: a tensor too small to
+// quantize): the runs, this call's first block's number in them, and the
+// slots' moments.
+struct Q8F32 {
+    const zn_q8_f32_run *runs;
+    int64_t n;
+    uint64_t base;
+    float *m, *v;
+};
+
 template <typename P>
-__global__ void k_adam_q8(AdamK k, Q8Round rm, Q8Round rv, P p, uint8_t *mq, uint8_t *vq,
-                          float *am, float *av, const float *g, uint16_t *c, int64_t n)
+__global__ void k_adam_q8(AdamK k, Q8Round rm, Q8Round rv, Q8F32 f, P p, uint8_t *mq,
+                          uint8_t *vq, float *am, float *av, const float *g, uint16_t *c,
+                          int64_t n)
 {
     __shared__ float mid_m[256], mid_v[256], red_m[kThreads], red_v[kThreads];
-    mid_m[threadIdx.x] = rm.mid[threadIdx.x];
-    mid_v[threadIdx.x] = rv.mid[threadIdx.x];
     int64_t b = blockIdx.x, i = b * ZN_Q8_BLOCK + threadIdx.x;
     bool in = i < n;
+    if (f.n) {
+        // the run that holds this block, if any (the same for all its
+        // threads: the whole block takes one branch)
+        uint64_t gb = f.base + (uint64_t)b;
+        int64_t lo = 0, hi = f.n;
+        while (lo < hi) {
+            int64_t h = (lo + hi) / 2;
+            if (f.runs[h].block + f.runs[h].n <= gb)
+                lo = h + 1;
+            else
+                hi = h;
+        }
+        if (lo < f.n && f.runs[lo].block <= gb) {
+            uint64_t at = (f.runs[lo].slot + (gb - f.runs[lo].block)) * ZN_Q8_BLOCK + threadIdx.x;
+            if (in) {
+                float pv = p.load(i), mv = f.m[at], vv = f.v[at];
+                adam1(k, pv, mv, vv, g[i]);
+                p.store(i, pv);
+                f.m[at] = mv;
+                f.v[at] = vv;
+                if (c)
+                    c[i] = f2bf(pv);
+            }
+            return;
+        }
+    }
+    mid_m[threadIdx.x] = rm.mid[threadIdx.x];
+    mid_v[threadIdx.x] = rv.mid[threadIdx.x];
     float pv = 0, mv = 0, vv = 0;
     if (in) {
         pv = p.load(i);
@@ -342,9 +379,12 @@ cudaError_t adam_mom(const char **what, cudaStream_t st, const A &adam, P p, uin
     if (zn_q8_rounding_get(adam.mv.scheme, 1, (zn_q8_rounding *)&rm) ||
         zn_q8_rounding_get(adam.mv.scheme, 0, (zn_q8_rounding *)&rv))
         return cudaErrorInvalidValue;
+    Q8F32 f = { adam.mv.f32_dev, (int64_t)adam.mv.n_f32, adam.mv.f32_base, adam.mv.m_f32,
+                adam.mv.v_f32 };
     return launch_rows(what, "k_adam_q8", k_adam_q8<P>, (int64_t)zn_q8_blocks((size_t)adam.n),
-                       st, adam_k(adam), rm, rv, p, (uint8_t *)adam.mv.m, (uint8_t *)adam.mv.v,
-                       adam.mv.m_absmax, adam.mv.v_absmax, adam.g, c, adam.n);
+                       st, adam_k(adam), rm, rv, f, p, (uint8_t *)adam.mv.m,
+                       (uint8_t *)adam.mv.v, adam.mv.m_absmax, adam.mv.v_absmax, adam.g, c,
+                       adam.n);
 }
 
 // Sums of squares by chunks of kNormChunk elements in zn_grad_norm_sq's

@@ -288,6 +288,25 @@ int zn_dev_copy_2d(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, int64_
 }
 
 /* ---- the optimizer -------------------------------------------------------------*/
+/* The fp32 blocks of 8-bit moments (zn_moments.f32, read on the host;
+ * f32_dev, its copy the kernel reads): the bytes of their runs' copy and
+ * of the slots they name in m_f32 and v_f32. */
+static int f32_spans(const zn_moments *mv, const char *fn, uint64_t *runs_b, uint64_t *slot_b)
+{
+    *runs_b = *slot_b = 0;
+    if (!mv->n_f32)
+        return 0;
+    if (!mv->f32_dev)
+        return zn_set_error(-EINVAL, "%s: fp32 blocks without their runs in device memory "
+                            "(zn_moments.f32_dev)", fn);
+    uint64_t top = 0;
+    for (size_t r = 0; r < mv->n_f32; r++)
+        top = mv->f32[r].slot + mv->f32[r].n > top ? mv->f32[r].slot + mv->f32[r].n : top;
+    *runs_b = (uint64_t)mv->n_f32 * sizeof *mv->f32;
+    *slot_b = top * ZN_Q8_BLOCK * 4;
+    return 0;
+}
+
 int zn_dev_adam(zn_dev *d, zn_stream *s, const zn_adam_params *hp, float *p, float *m,
                 float *v, const float *g, float g_scale, void *c, zn_dtype c_dt, int64_t n)
 {
@@ -321,15 +340,14 @@ int zn_dev_adam_mom(zn_dev *d, zn_stream *s, const zn_adam_params *hp, float *p,
         return zn_dev_adam(d, s, hp, p, mv->m, mv->v, g, g_scale, c, c_dt, n);
     CHK(!c || c_dt == ZN_DTYPE_BF16, "adam_mom: the 16-bit copy must be bf16 on a device, not %s",
         zn_dtype_name(c_dt));
-    CHK(!mv->n_f32, "adam_mom: 8-bit moments with fp32 blocks (zn_moments.f32) are not "
-        "stepped on a device yet");
     zn_adam_consts k;
     ZN_TRY(zn_adam_prepare_mom(hp, p, mv, g, ZN_DTYPE_F32, g_scale, c, c_dt, (size_t)n, &k));
     if (n == 0)
         return 0;
     uint64_t b = nbytes(n, ZN_DTYPE_F32);
     uint64_t eb = mv->fmt == ZN_MOM_Q8 ? (uint64_t)n : (uint64_t)n * 2;
-    uint64_t ab = mv->fmt == ZN_MOM_Q8 ? zn_q8_blocks((size_t)n) * 4 : 0;
+    uint64_t ab = mv->fmt == ZN_MOM_Q8 ? zn_q8_blocks((size_t)n) * 4 : 0, rb, sb;
+    ZN_TRY(f32_spans(mv, "adam_mom", &rb, &sb));
     zn_op op = { .kind = ZN_OPK_ADAM_MOM,
                  .u.adam = { .p = p, .g = g, .c = c, .c_dt = c_dt, .n = n, .hp = *hp,
                              .g_scale = g_scale, .b1 = k.b1, .omb1 = k.omb1, .b2 = k.b2,
@@ -339,7 +357,9 @@ int zn_dev_adam_mom(zn_dev *d, zn_stream *s, const zn_adam_params *hp, float *p,
     return submit_checked(d, s, "adam_mom", &op,
                           DEV_PTRS(DEV_PTR(p, b), DEV_PTR(mv->m, eb), DEV_PTR(mv->v, eb),
                                    DEV_PTR(g, b), DEV_PTR_OPT(c, nbytes(n, c_dt)),
-                                   DEV_PTR_OPT(mv->m_absmax, ab), DEV_PTR_OPT(mv->v_absmax, ab)));
+                                   DEV_PTR_OPT(mv->m_absmax, ab), DEV_PTR_OPT(mv->v_absmax, ab),
+                                   DEV_PTR_OPT(mv->f32_dev, rb), DEV_PTR_OPT(mv->m_f32, sb),
+                                   DEV_PTR_OPT(mv->v_f32, sb)));
 }
 
 int zn_dev_adam_sr(zn_dev *d, zn_stream *s, const zn_adam_params *hp, uint16_t *p,
@@ -348,8 +368,6 @@ int zn_dev_adam_sr(zn_dev *d, zn_stream *s, const zn_adam_params *hp, uint16_t *
 {
     ZN_TRY(check_count("adam_sr", n));
     CHK(mv, "adam_sr: NULL moments");
-    CHK(!mv->n_f32, "adam_sr: 8-bit moments with fp32 blocks (zn_moments.f32) are not "
-        "stepped on a device yet");
     CHK(n == 0 || (spans && n_spans > 0 && n_spans <= n),
         "adam_sr: %" PRId64 " spans of indices for %" PRId64 " elements", n_spans, n);
     zn_adam_consts k;
@@ -361,7 +379,8 @@ int zn_dev_adam_sr(zn_dev *d, zn_stream *s, const zn_adam_params *hp, uint16_t *
         return 0;
     uint64_t eb = mv->fmt == ZN_MOM_F32 ? (uint64_t)n * 4
                   : mv->fmt == ZN_MOM_BF16 ? (uint64_t)n * 2 : (uint64_t)n;
-    uint64_t ab = mv->fmt == ZN_MOM_Q8 ? zn_q8_blocks((size_t)n) * 4 : 0;
+    uint64_t ab = mv->fmt == ZN_MOM_Q8 ? zn_q8_blocks((size_t)n) * 4 : 0, rb, sb;
+    ZN_TRY(f32_spans(mv, "adam_sr", &rb, &sb));
     zn_op op = { .kind = ZN_OPK_ADAM_SR,
                  .u.adam = { .p16 = p, .g = g, .n = n, .hp = *hp, .g_scale = g_scale,
                              .b1 = k.b1, .omb1 = k.omb1, .b2 = k.b2, .omb2 = k.omb2,
@@ -372,7 +391,9 @@ int zn_dev_adam_sr(zn_dev *d, zn_stream *s, const zn_adam_params *hp, uint16_t *
                           DEV_PTRS(DEV_PTR(p, (uint64_t)n * 2), DEV_PTR(mv->m, eb),
                                    DEV_PTR(mv->v, eb), DEV_PTR(g, (uint64_t)n * 4),
                                    DEV_PTR(spans, (uint64_t)n_spans * sizeof *spans),
-                                   DEV_PTR_OPT(mv->m_absmax, ab), DEV_PTR_OPT(mv->v_absmax, ab)));
+                                   DEV_PTR_OPT(mv->m_absmax, ab), DEV_PTR_OPT(mv->v_absmax, ab),
+                                   DEV_PTR_OPT(mv->f32_dev, rb), DEV_PTR_OPT(mv->m_f32, sb),
+                                   DEV_PTR_OPT(mv->v_f32, sb)));
 }
 
 int zn_dev_norm_sq_chunks(zn_dev *d, zn_stream *s, const float *x, int64_t n, double *out)

@@ -491,8 +491,8 @@ static int dev_unit(zn_trainer *tr, int u, bool adam, bool track)
      * fp32 ones step piece by piece, the kernel writing each piece's copy. */
     bool fused = adam && tr->mom_fmt == ZN_MOM_F32 && !tr->master_bf16;
     if (adam && !fused) {
-        zn_moments mv = zn_mom_layout_at(tr->mom_fmt, tr->mom, tr->var, tr->P, un->off);
-        mv.scheme = tr->q8_scheme;
+        zn_moments mv = zn_tr_moments(tr, un->off);
+        mv.f32_dev = tr->f32_runs_dev;
         rc = tr->master_bf16
                  ? zn_dev_adam_sr(d, tr->opt.s_h2d, &tr->opt.job.hp,
                                   zn_tr_master16(tr) + un->off, &mv, tr->grad_acc + un->off,

@@ -498,6 +498,15 @@ struct zn_trainer {
     /* master_bf16: each piece's elements' indices in the model (the
      * rounding's counter; unit u's are sr_spans[units[u].p0, + np)) */
     zn_sr_span *sr_spans;
+    /* 8-bit moments: the flat blocks kept in fp32 (the tensors bitsandbytes
+     * and torchao keep so; zn_tr_build_layout), f32_slots of them, and
+     * their moments, ZN_Q8_BLOCK floats per slot: after the layout in mom
+     * and var (the cpu tier, the device), or pinned beside NVMe units */
+    zn_q8_f32_run *f32_runs;
+    size_t n_f32_runs;
+    uint64_t f32_slots;
+    float *m32, *v32;
+    zn_q8_f32_run *f32_runs_dev;   /* the runs' copy on the device (the optimizer there) */
     zn_sr_span *sr_spans_dev;   /* their copy on the device (the optimizer there) */
     uint64_t largest_block;       /* npad */
     uint64_t largest_grad;        /* gpad: the device gradient buffers */
@@ -651,8 +660,6 @@ int zn_tr_ck_before_write(zn_trainer *tr, int b);
 int zn_tr_ck_enter_backward(zn_trainer *tr, const zn_block *bl);
 int zn_tr_ck_save(zn_trainer *tr, int b);
 
-/* The moments of elements [off, ...) of the flat optimizer state (off on
- * an 8-bit block boundary: units are multiples of ZN_Q8_BLOCK then). */
 /* The bf16 master (master_bf16) and its bytes per element. */
 static inline uint16_t *zn_tr_master16(const zn_trainer *tr)
 {
@@ -664,10 +671,26 @@ static inline uint64_t zn_tr_master_elem(const zn_trainer *tr)
     return tr->master_bf16 ? 2 : 4;
 }
 
+/* The fp32 blocks of 8-bit moments (tr->f32_runs) for a range whose first
+ * element is flat element off (on a block boundary). */
+static inline void zn_tr_f32_blocks(const zn_trainer *tr, zn_moments *r, uint64_t off)
+{
+    if (r->fmt != ZN_MOM_Q8 || !tr->n_f32_runs)
+        return;
+    r->f32 = tr->f32_runs;
+    r->n_f32 = tr->n_f32_runs;
+    r->f32_base = off / ZN_Q8_BLOCK;
+    r->m_f32 = tr->m32;
+    r->v_f32 = tr->v32;
+}
+
+/* The moments of elements [off, ...) of the flat optimizer state (off on
+ * an 8-bit block boundary: units are multiples of ZN_Q8_BLOCK then). */
 static inline zn_moments zn_tr_moments(const zn_trainer *tr, uint64_t off)
 {
     zn_moments r = zn_mom_layout_at(tr->mom_fmt, tr->mom, tr->var, tr->P, off);
     r.scheme = tr->q8_scheme;
+    zn_tr_f32_blocks(tr, &r, off);
     return r;
 }
 
@@ -686,6 +709,7 @@ static inline zn_moments zn_tr_slot_moments(const zn_trainer *tr, const zn_opt_s
 {
     zn_moments r = zn_mom_layout_at(tr->mom_fmt, s->m, s->v, tr->units[u].n, 0);
     r.scheme = tr->q8_scheme;
+    zn_tr_f32_blocks(tr, &r, tr->units[u].off);
     return r;
 }
 

@@ -44,6 +44,12 @@ typedef struct {
     uint64_t total_params;     /* the model's, frozen parts included */
     uint64_t local_params;     /* this rank's local flat space */
     zn_mom_fmt moments;        /* how the m and v streams hold them */
+    /* 8-bit moments: the blocks kept in fp32 (zn_moments.f32), whose
+     * f32_slots x ZN_Q8_BLOCK floats follow the layout in the m and v
+     * streams */
+    const zn_q8_f32_run *f32_runs;
+    size_t n_f32_runs;
+    uint64_t f32_slots;
     zn_dtype param_dtype;      /* the working parameters' */
     zn_dtype master_dtype;     /* the master stream's: F32, or BF16 (train.master_weights
                                   bf16_sr) */

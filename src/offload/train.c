@@ -472,6 +472,7 @@ void zn_train_destroy(zn_trainer *tr)
     free(tr->units);
     free(tr->pieces);
     free(tr->sr_spans);
+    free(tr->f32_runs);
     free(tr->fetch.accum_args);
     free(tr->fetch.n_rows);
     free(tr->fetch.marks);  /* no device: no events in it */

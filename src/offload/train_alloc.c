@@ -227,6 +227,12 @@ int zn_tr_allocate(zn_trainer *tr)
         /* (compressed moments: the codes or halves, then the blocks' absmax) */
         ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_ADAM_M, tr->mom_bytes, "adam m", (void **)&tr->mom));
         ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_ADAM_V, tr->mom_bytes, "adam v", (void **)&tr->var));
+        /* (8-bit: the fp32 blocks' moments after the layout) */
+        if (tr->f32_slots && !tr->dry) {
+            uint64_t at = zn_mom_layout_bytes(tr->mom_fmt, tr->P);
+            tr->m32 = (float *)(void *)((char *)tr->mom + at);
+            tr->v32 = (float *)(void *)((char *)tr->var + at);
+        }
         ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_GRADS, tr->P * 4, "grads (fp32)", (void **)&tr->grad_acc));
         bool off_dev = false;  /* a trainable block homed off the device */
         for (int b = 0; b < tr->L; b++)
@@ -256,6 +262,12 @@ int zn_tr_allocate(zn_trainer *tr)
             }
             ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK, nc * 8 + 8, "grad norm chunks",
                           (void **)&tr->normc_dev));
+            /* the 8-bit moments' fp32 blocks, for the kernel */
+            if (tr->n_f32_runs)
+                ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK,
+                                      (uint64_t)tr->n_f32_runs * sizeof *tr->f32_runs,
+                                      "8-bit moments' fp32 blocks",
+                                      (void **)&tr->f32_runs_dev));
             /* the bf16 master's rounding indices, for zn_dev_adam_sr */
             if (tr->master_bf16)
                 ZN_TRY_GOTO(alloc_ptr(tr, gpu, ZN_STATE_WORK,
@@ -274,6 +286,16 @@ int zn_tr_allocate(zn_trainer *tr)
     } else if (!tr->grads_on_nvme) {
         /* states on NVMe, gradients in pinned RAM (tiers.grads) */
         ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_GRADS, tr->P * 4, "grads (fp32)", (void **)&tr->grad_acc));
+    }
+
+    /* 8-bit moments on NVMe: the fp32 blocks' moments stay in pinned RAM
+     * (a few KiB per small tensor), never swapped */
+    if (tr->opt_home == ZN_OFFLOAD_NVME && tr->f32_slots) {
+        uint64_t fb = tr->f32_slots * ZN_Q8_BLOCK * 4;
+        ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_ADAM_M, fb, "adam m (fp32 blocks)",
+                              (void **)&tr->m32));
+        ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_ADAM_V, fb, "adam v (fp32 blocks)",
+                              (void **)&tr->v32));
     }
 
     /* pinned: params homed on the CPU, staging */
@@ -547,6 +569,7 @@ int zn_tr_dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cfg
     free(tr->units);
     free(tr->pieces);
     free(tr->sr_spans);
+    free(tr->f32_runs);
     free(tr->ckpt);
     free(tr->act.host);
     free(tr->act.ordinal);

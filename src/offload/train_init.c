@@ -262,12 +262,19 @@ int zn_tr_initialise(zn_trainer *tr)
         if (!rc && tr->master_bf16)
             rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d, tr->sr_spans_dev, tr->sr_spans,
                                  (uint64_t)tr->n_pieces * sizeof *tr->sr_spans);
+        if (!rc && tr->n_f32_runs)
+            rc = zn_dev_copy_h2d(tr->dev, tr->s_h2d, tr->f32_runs_dev, tr->f32_runs,
+                                 (uint64_t)tr->n_f32_runs * sizeof *tr->f32_runs);
         if (!rc)
             rc = zn_dev_stream_sync(tr->dev, tr->s_h2d);
     } else if (!opt_nvme) {
         memset(tr->mom, 0, tr->mom_bytes);   /* zeros: m = v = 0 in every format */
         memset(tr->var, 0, tr->mom_bytes);
         memset(tr->grad_acc, 0, tr->P * 4);
+    } else if (tr->f32_slots) {
+        /* the fp32 blocks' moments beside the NVMe units */
+        memset(tr->m32, 0, tr->f32_slots * ZN_Q8_BLOCK * 4);
+        memset(tr->v32, 0, tr->f32_slots * ZN_Q8_BLOCK * 4);
     }
 out:
     /* every write issued is waited for, also after a failure: its buffer

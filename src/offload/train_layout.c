@@ -52,6 +52,60 @@ static int build_sr_spans(zn_trainer *tr)
     return 0;
 }
 
+/* 8-bit moments: the flat blocks holding elements of a tensor that
+ * bitsandbytes (fewer than 4096 elements, its min_8bit_size) or torchao
+ * (also one that is not whole blocks) keeps in fp32 states; their moments
+ * stay fp32 here too. A block that holds such a tensor's elements and
+ * another's (only where tensors are not whole blocks) is fp32 whole. */
+static int build_f32_runs(zn_trainer *tr)
+{
+    const zn_train_model *md = tr->model;
+    if (tr->mom_fmt != ZN_MOM_Q8 || !md->tensor_parts)
+        return 0;
+    enum { CAP = 64 };
+    uint64_t off[CAP], numel[CAP];
+    bool ao = tr->q8_scheme == ZN_Q8_TORCHAO;
+    size_t cap = 0;
+    for (int b = 0; b < tr->L; b++) {
+        const zn_block *bl = &tr->blocks[b];
+        if (!bl->len)
+            continue;
+        int np = md->tensor_parts(md->ctx, b, off, numel, CAP);
+        if (np < 0)
+            return np;
+        for (int k = 0; k < np; k++) {
+            if (numel[k] >= 4096 && !(ao && numel[k] % ZN_Q8_BLOCK))
+                continue;
+            uint64_t s0 = off[k], s1 = k + 1 < np ? off[k + 1] : bl->n;
+            uint64_t a = s0 > bl->soff ? s0 : bl->soff;
+            uint64_t e = s1 < bl->soff + bl->len ? s1 : bl->soff + bl->len;
+            if (a >= e)
+                continue;
+            uint64_t fa = bl->off + (a - bl->soff), fe = fa + (e - a);
+            uint64_t b0 = fa / ZN_Q8_BLOCK, b1 = (fe - 1) / ZN_Q8_BLOCK + 1;
+            zn_q8_f32_run *last = tr->n_f32_runs ? &tr->f32_runs[tr->n_f32_runs - 1] : NULL;
+            if (last && b0 <= last->block + last->n) {
+                if (b1 > last->block + last->n)
+                    last->n = b1 - last->block;
+                continue;
+            }
+            if (tr->n_f32_runs == cap) {
+                cap = cap ? 2 * cap : 64;
+                zn_q8_f32_run *r = realloc(tr->f32_runs, cap * sizeof *r);
+                if (!r)
+                    return zn_set_error(-ENOMEM, "train: out of memory");
+                tr->f32_runs = r;
+            }
+            tr->f32_runs[tr->n_f32_runs++] = (zn_q8_f32_run){ b0, b1 - b0, 0 };
+        }
+    }
+    for (size_t r = 0; r < tr->n_f32_runs; r++) {
+        tr->f32_runs[r].slot = tr->f32_slots;
+        tr->f32_slots += tr->f32_runs[r].n;
+    }
+    return 0;
+}
+
 int zn_tr_build_layout(zn_trainer *tr)
 {
     const zn_config *cfg = &tr->cfg;
@@ -180,6 +234,11 @@ int zn_tr_build_layout(zn_trainer *tr)
     tr->mom_fmt = mb == 1 ? ZN_MOM_Q8 : mb == 2 ? ZN_MOM_BF16 : ZN_MOM_F32;
     tr->q8_scheme = zn_config_q8_scheme(cfg->train.optim) ? ZN_Q8_TORCHAO : ZN_Q8_BNB;
     tr->mom_bytes = zn_mom_layout_bytes(tr->mom_fmt, tr->P);
+    int rc_f32 = build_f32_runs(tr);
+    if (rc_f32)
+        return rc_f32;
+    /* the fp32 blocks' moments after the layout (in memory homes) */
+    tr->mom_bytes += tr->f32_slots * ZN_Q8_BLOCK * 4;
     /* train.master_weights: the bf16 master is stepped in pinned RAM, in
      * units swapped from NVMe at 2 bytes per element, or on the device
      * (zn_dev_adam_sr). Each step draws its rounding bits for the model's

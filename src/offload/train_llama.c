@@ -27,6 +27,7 @@ typedef struct {
     const zn_st_tensor *src[MAX_TENSORS]; /* loaded: the checkpoint's tensor */
     uint64_t src_off[MAX_TENSORS]; /* the part's first element in the whole tensor */
     int pidx[MAX_TENSORS];       /* its index in zn_model_block_param order */
+    uint64_t numel[MAX_TENSORS]; /* the whole tensor's elements */
     int block, part;             /* the model block and its part (zn_model_part) */
     int tied;                    /* the tied head: its last tensor is block 0's table */
     int64_t row0, rows;          /* an embedding or head part's rows */
@@ -117,6 +118,20 @@ static int read_pieces(zn_train_llama *l, const read_piece *rp, int np)
     }
     int rc = atomic_load(&err);
     return rc ? zn_set_error(rc, "%s", msg) : 0;
+}
+
+static int ll_tensor_parts(void *ctx, int b, uint64_t *off, uint64_t *numel, int cap)
+{
+    const zn_train_llama *l = ctx;
+    const block_layout *ly = &l->lay[b];
+    if (ly->n > cap)
+        return zn_set_error(ZN_EINTERNAL, "block %d: %d tensor parts, room for %d", b, ly->n,
+                            cap);
+    for (int k = 0; k < ly->n; k++) {
+        off[k] = ly->off[k];
+        numel[k] = ly->numel[k];
+    }
+    return ly->n;
 }
 
 static int ll_init(void *ctx, int b, uint64_t first, uint64_t n, float *out)
@@ -421,6 +436,7 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
             size_t nl = strlen(pi.name);
             int k = ly->n++;
             ly->pidx[k] = i;
+            ly->numel[k] = (uint64_t)pi.numel;
             ly->off[k] = a - pt.first;
             ly->src_off[k] = a - ts;
             ly->kind[k] = pi.lora == 1 ? 3 : pi.lora == 2 ? 4
@@ -447,6 +463,7 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
     m->block_frozen = dims->lora.r > 0 ? l->block_frozen : NULL;
     m->block_joins = l->joins;
     m->block_sparse_row0 = l->sparse_row0;
+    m->tensor_parts = ll_tensor_parts;
     m->row_width = dims->hidden;
     m->act_bytes = (size_t)(micro_batch * seq * dims->hidden) * 4;
     m->flops_per_token = zn_model_flops(dims, -1, 1, seq) / (double)seq;

@@ -18,6 +18,9 @@ void zn_train_state_get_info(const zn_trainer *tr, zn_train_state_info *out)
         out->total_params += tr->blocks[b].n;
     out->local_params = tr->P;
     out->moments = tr->mom_fmt;
+    out->f32_runs = tr->f32_runs;
+    out->n_f32_runs = tr->n_f32_runs;
+    out->f32_slots = tr->f32_slots;
     out->param_dtype = tr->param_dt;
     out->master_dtype = tr->master_bf16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
     out->bytes[ZN_TS_MASTER] = tr->P * zn_tr_master_elem(tr);
@@ -154,6 +157,10 @@ static int save_nvme(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
     }
     if (!rc && q8)
         rc = chunk_put(&c, absmax, zn_q8_blocks(tr->P) * 4);
+    /* the fp32 blocks' moments (pinned: never swapped) */
+    if (!rc && q8 && tr->f32_slots)
+        rc = chunk_put(&c, k == ZN_TS_M ? tr->m32 : tr->v32,
+                       tr->f32_slots * ZN_Q8_BLOCK * 4);
     if (!rc && c.fill)
         rc = sink(user, c.B, c.fill);
     if (reg >= 0)
@@ -357,11 +364,22 @@ static int load_nvme(zn_trainer *tr, zn_mom_fmt from, zn_dtype master_from,
     if (convert && from != ZN_MOM_F32)
         return zn_set_error(ZN_EINTERNAL, "state load: moments as %s into %s ones on NVMe",
                             zn_mom_fmt_name(from), zn_mom_fmt_name(fmt));
+    /* converted 8-bit moments with fp32 blocks: the other moment's fp32
+     * blocks land here, as its codes land in the master area */
+    float *junk = NULL;
+    if (convert && tr->f32_slots &&
+        !(junk = malloc(tr->f32_slots * ZN_Q8_BLOCK * 4)))
+        return zn_set_error(-ENOMEM, "state load: out of memory for fp32 blocks");
     for (int k = 0; k < 2 && q8 && !rc; k++) {
         if (!(absmax[k] = malloc(nabs)))
             rc = zn_set_error(-ENOMEM, "state load: out of memory for the 8-bit absmax");
         else
             rc = src(user, ZN_TS_M + k, zn_mom_layout_absmax_at(fmt, tr->P), absmax[k], nabs);
+        /* the fp32 blocks' moments, after the layout, into their pinned
+         * home */
+        if (!rc && tr->f32_slots)
+            rc = src(user, ZN_TS_M + k, zn_mom_layout_bytes(fmt, tr->P), k ? tr->v32 : tr->m32,
+                     tr->f32_slots * ZN_Q8_BLOCK * 4);
     }
     s->unit = -1;
     for (int u = 0; u < tr->n_units && !rc; u++) {
@@ -378,6 +396,14 @@ static int load_nvme(zn_trainer *tr, zn_mom_fmt from, zn_dtype master_from,
                 zn_moments d = zn_mom_layout_at(fmt, k ? s->master : s->m, k ? s->v : s->master,
                                                 un->n, 0);
                 d.scheme = tr->q8_scheme;
+                zn_tr_f32_blocks(tr, &d, un->off);
+                if (d.n_f32) {
+                    /* the fp32 blocks' codes and absmax stay zero, as the
+                     * cpu tier keeps them */
+                    memset(dst[k + 1], 0, mb);
+                    d.m_f32 = k ? junk : tr->m32;
+                    d.v_f32 = k ? tr->v32 : junk;
+                }
                 if (!(rc = src(user, ZN_TS_M + k, un->off * 4, s->grad, un->n * 4)))
                     rc = zn_mom_convert(&d, &f, un->n);
             } else if (fmt == ZN_MOM_F32) {
@@ -443,6 +469,7 @@ static int load_nvme(zn_trainer *tr, zn_mom_fmt from, zn_dtype master_from,
     }
     free(absmax[0]);
     free(absmax[1]);
+    free(junk);
     return rc;
 }
 
