@@ -650,45 +650,9 @@ static void test_single(void)
 static int run_ranks(int n, const char *mode, const char *extra_env, double wait_s,
                      int skip_wait, int *st)
 {
-    static char self[4096];
-    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (sl <= 0)
-        ZT_SETUP_FAIL("readlink /proc/self/exe: %s", strerror(errno));
-    self[sl] = 0;
-    int port = tnet_free_port();
     pid_t pids[8];
-    for (int r = 0; r < n; r++) {
-        char e[12][96];
-        char *envp[16];
-        int k = 0;
-        snprintf(e[k++], 96, "RANK=%d", r);
-        snprintf(e[k++], 96, "WORLD_SIZE=%d", n);
-        snprintf(e[k++], 96, "LOCAL_RANK=%d", r);
-        snprintf(e[k++], 96, "LOCAL_WORLD_SIZE=%d", n);
-        snprintf(e[k++], 96, "MASTER_ADDR=127.0.0.1");
-        snprintf(e[k++], 96, "MASTER_PORT=%d", port);
-        snprintf(e[k++], 96, "ZINC_COMM_BACKEND=tcp");
-        snprintf(e[k++], 96, "ZINC_LOG=%s", getenv("ZINC_LOG") ? getenv("ZINC_LOG") : "warn");
-        snprintf(e[k++], 96, "OMP_NUM_THREADS=1");
-        int ne = k;
-        for (int i = 0; i < ne; i++)
-            envp[i] = e[i];
-        /* extra: "A=1 B=2" */
-        char extra[512];
-        snprintf(extra, sizeof extra, "%s", extra_env ? extra_env : "");
-        for (char *tok = strtok(extra, " "); tok && ne < 15; tok = strtok(NULL, " "))
-            envp[ne++] = tok;
-        envp[ne] = NULL;
-        pids[r] = fork();
-        if (pids[r] < 0)
-            ZT_SETUP_FAIL("fork: %s", strerror(errno));
-        if (pids[r] == 0) {
-            char *argv[] = { self, (char *)"--worker", (char *)mode, NULL };
-            alarm(120);   /* bound on a runaway rank */
-            execve(self, argv, envp);
-            _exit(99);
-        }
-    }
+    const char *args[] = { "--worker", mode, NULL };
+    tnet_spawn_ranks(n, "tcp", extra_env, 120, args, pids);
     int killed = 0;
     uint64_t deadline = zn_now_ns() + (uint64_t)(wait_s * 1e9);
     for (int r = 0; r < n; r++)

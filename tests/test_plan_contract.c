@@ -302,41 +302,11 @@ static int rank_worker(int c, const char *dir)
 /* Rank case c on W forked ranks: each rank's tiers against its plan. */
 static void several(int c, int W, const char *dir)
 {
-    static char self[4096];
-    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (sl <= 0)
-        ZT_SETUP_FAIL("readlink /proc/self/exe: %s", strerror(errno));
-    self[sl] = 0;
-    int port = tnet_free_port();
     pid_t pids[8];
     char cs[16];
     snprintf(cs, sizeof cs, "%d", c);
-    for (int r = 0; r < W; r++) {
-        char e[9][96];
-        char *envp[10];
-        int k = 0;
-        snprintf(e[k++], 96, "RANK=%d", r);
-        snprintf(e[k++], 96, "WORLD_SIZE=%d", W);
-        snprintf(e[k++], 96, "LOCAL_RANK=%d", r);
-        snprintf(e[k++], 96, "LOCAL_WORLD_SIZE=%d", W);
-        snprintf(e[k++], 96, "MASTER_ADDR=127.0.0.1");
-        snprintf(e[k++], 96, "MASTER_PORT=%d", port);
-        snprintf(e[k++], 96, "ZINC_COMM_BACKEND=tcp");
-        snprintf(e[k++], 96, "ZINC_LOG=%s", getenv("ZINC_LOG") ? getenv("ZINC_LOG") : "warn");
-        snprintf(e[k++], 96, "OMP_NUM_THREADS=1");
-        for (int i = 0; i < k; i++)
-            envp[i] = e[i];
-        envp[k] = NULL;
-        pids[r] = fork();
-        if (pids[r] < 0)
-            ZT_SETUP_FAIL("fork: %s", strerror(errno));
-        if (pids[r] == 0) {
-            char *argv[] = { self, (char *)"--rank", cs, (char *)dir, NULL };
-            alarm(200);   /* bound on a runaway rank */
-            execve(self, argv, envp);
-            _exit(99);
-        }
-    }
+    const char *args[] = { "--rank", cs, dir, NULL };
+    tnet_spawn_ranks(W, "tcp", NULL, 200, args, pids);
     int bad = 0;
     for (int r = 0; r < W; r++) {
         int ws;

@@ -225,41 +225,11 @@ static int worker(int c, const char *out_dir)
 /* Runs case c on W forked ranks; returns 0 when every rank exited 0. */
 static int run_world(int c, int W, const char *dir)
 {
-    static char self[4096];
-    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (sl <= 0)
-        ZT_SETUP_FAIL("readlink /proc/self/exe: %s", strerror(errno));
-    self[sl] = 0;
-    int port = tnet_free_port();
     pid_t pids[8];
     char cs[16];
     snprintf(cs, sizeof cs, "%d", c);
-    for (int r = 0; r < W; r++) {
-        char e[10][96];
-        char *envp[11];
-        int k = 0;
-        snprintf(e[k++], 96, "RANK=%d", r);
-        snprintf(e[k++], 96, "WORLD_SIZE=%d", W);
-        snprintf(e[k++], 96, "LOCAL_RANK=%d", r);
-        snprintf(e[k++], 96, "LOCAL_WORLD_SIZE=%d", W);
-        snprintf(e[k++], 96, "MASTER_ADDR=127.0.0.1");
-        snprintf(e[k++], 96, "MASTER_PORT=%d", port);
-        snprintf(e[k++], 96, "ZINC_COMM_BACKEND=%s", W > 1 ? "tcp" : "auto");
-        snprintf(e[k++], 96, "ZINC_LOG=%s", getenv("ZINC_LOG") ? getenv("ZINC_LOG") : "warn");
-        snprintf(e[k++], 96, "OMP_NUM_THREADS=1");
-        for (int i = 0; i < k; i++)
-            envp[i] = e[i];
-        envp[k] = NULL;
-        pids[r] = fork();
-        if (pids[r] < 0)
-            ZT_SETUP_FAIL("fork: %s", strerror(errno));
-        if (pids[r] == 0) {
-            char *argv[] = { self, (char *)"--worker", cs, (char *)dir, NULL };
-            alarm(200);   /* bound on a runaway rank */
-            execve(self, argv, envp);
-            _exit(99);
-        }
-    }
+    const char *args[] = { "--worker", cs, dir, NULL };
+    tnet_spawn_ranks(W, W > 1 ? "tcp" : "auto", NULL, 200, args, pids);
     int bad = 0;
     for (int r = 0; r < W; r++) {
         int ws;
