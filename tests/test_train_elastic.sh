@@ -82,8 +82,10 @@ desc() {
     esac
 }
 
-for kind in full lora; do
-    if [ $kind = full ]; then
+# base_for KIND SWAP: the runs' common arguments into base[], for the full
+# fine-tune or LoRA on it, swapping under SWAP
+base_for() {
+    if [ "$1" = full ]; then
         base=("$fx/ft-llama/train-config.json" --model "$fx/ft-llama")
     else
         base=("$fx/lora-llama/train-config.json" --model "$fx/ft-llama"
@@ -91,7 +93,11 @@ for kind in full lora; do
     fi
     base+=(--data synthetic --set train.threads=1 --set train_micro_batch_size_per_gpu=1
            --set gradient_accumulation_steps=3 --set tiers.create_nvme_path=true
-           --set tiers.nvme=\"$work/swap-$kind\")
+           --set tiers.nvme=\"$2\")
+}
+
+for kind in full lora; do
+    base_for $kind "$work/swap-$kind"
     # the uninterrupted runs, saving at steps 3 and 6, one per placement
     for p in s3nvme s2cpu; do
         eval "pl=(${place[$p]})"
@@ -232,15 +238,7 @@ first() {
 }
 sr=(--set train.master_weights=bf16_sr)
 for kind in full lora; do
-    if [ $kind = full ]; then
-        base=("$fx/ft-llama/train-config.json" --model "$fx/ft-llama")
-    else
-        base=("$fx/lora-llama/train-config.json" --model "$fx/ft-llama"
-              --set "lora.adapter=\"$fx/lora-llama/adapter-init\"")
-    fi
-    base+=(--data synthetic --set train.threads=1 --set train_micro_batch_size_per_gpu=1
-           --set gradient_accumulation_steps=3 --set tiers.create_nvme_path=true
-           --set tiers.nvme=\"$work/swap-sr\")
+    base_for $kind "$work/swap-sr"
     for p in s3nvme s2cpu; do
         eval "pl=(${place[$p]})"
         ranks 2 sr-$kind-$p "${base[@]}" "${pl[@]}" "${sr[@]}" --steps 6 \
