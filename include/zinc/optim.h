@@ -173,6 +173,15 @@ static inline zn_moments zn_moments_of(zn_mom_fmt fmt, void *m, void *v, float *
     return r;
 }
 
+/* Whether a parameter tensor of numel elements keeps fp32 moments beside
+ * 8-bit ones, as the references decide: bitsandbytes below its
+ * min_8bit_size (4096); torchao also when it is not whole blocks. */
+#define ZN_Q8_MIN_SIZE 4096
+static inline int zn_q8_keeps_f32(uint64_t numel, zn_q8_scheme scheme)
+{
+    return numel < ZN_Q8_MIN_SIZE || (scheme == ZN_Q8_TORCHAO && numel % ZN_Q8_BLOCK);
+}
+
 static inline size_t zn_q8_blocks(size_t n)
 {
     return (n + ZN_Q8_BLOCK - 1) / ZN_Q8_BLOCK;

@@ -156,7 +156,7 @@ static void say_small_tensors(const zn_model_dims *d, const zn_config *cfg)
                 (d->lora.r > 0 && !pi.lora))
                 continue;   /* a tied head (the embedding's), a frozen base */
             tensors++;
-            if (pi.numel < 4096 || (ao && pi.numel % ZN_Q8_BLOCK)) {
+            if (zn_q8_keeps_f32((uint64_t)pi.numel, ao ? ZN_Q8_TORCHAO : ZN_Q8_BNB)) {
                 small++;
                 elems += (uint64_t)pi.numel;
             }

@@ -64,7 +64,6 @@ static int build_f32_runs(zn_trainer *tr)
         return 0;
     enum { CAP = 64 };
     uint64_t off[CAP], numel[CAP];
-    bool ao = tr->q8_scheme == ZN_Q8_TORCHAO;
     size_t cap = 0;
     for (int b = 0; b < tr->L; b++) {
         const zn_block *bl = &tr->blocks[b];
@@ -74,7 +73,7 @@ static int build_f32_runs(zn_trainer *tr)
         if (np < 0)
             return np;
         for (int k = 0; k < np; k++) {
-            if (numel[k] >= 4096 && !(ao && numel[k] % ZN_Q8_BLOCK))
+            if (!zn_q8_keeps_f32(numel[k], tr->q8_scheme))
                 continue;
             uint64_t s0 = off[k], s1 = k + 1 < np ? off[k + 1] : bl->n;
             uint64_t a = s0 > bl->soff ? s0 : bl->soff;
