@@ -11,6 +11,15 @@
 # figures. A failing step is recorded and the next one runs. Without a GPU
 # it says so and exits 77. Exit 0 when every step passed, else 1.
 # Usage: scripts/gpu-check.sh [BUILD_DIR]   (default build-gpu)   | make gpu-check
+# Environment:
+#   GPU_CHECK_PREBUILT=1   BUILD_DIR is already built for this GPU (a bundle
+#                          from scripts/gpu-bundle.sh): no setup, no build
+#   GPU_CHECK_BUDGET_S=N   stop starting steps N seconds after the start; a
+#                          step's limit is cut to what is left, and the steps
+#                          not run are listed as such (a lent GPU by the minute)
+#   GPU_CHECK_LOGS=DIR     keep every step's whole output there (NN-name.txt)
+#   GPU_CHECK_ONLY=REGEX   run only the steps whose names match (grep -E);
+#                          the build always runs
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -36,6 +45,11 @@ out="bench/results/gpu-check-$(date +%Y-%m-%d)-$slug.md"
 log=$(mktemp -d gpu-check-XXXXXX --tmpdir)
 trap 'rm -rf "$log"' EXIT
 fails=0
+nstep=0
+t_start=$(date +%s)
+budget=${GPU_CHECK_BUDGET_S:-0}
+keep=${GPU_CHECK_LOGS:-}
+[ -z "$keep" ] || mkdir -p "$keep"
 
 {
     echo "# gpu-check: $gpu"
@@ -53,11 +67,26 @@ step() {
     local name=$1 limit=$2; shift 2
     local t0 rc
     t0=$(date +%s)
+    nstep=$((nstep + 1))
+    if [ -n "${GPU_CHECK_ONLY:-}" ] && [ $nstep -gt 1 ] && ! echo "$name" | grep -qE "$GPU_CHECK_ONLY"; then
+        { echo "## $name: not selected (GPU_CHECK_ONLY)"; echo; } >> "$out"
+        return 0
+    fi
+    if [ "$budget" -gt 0 ]; then
+        local left=$(( t_start + budget - t0 ))
+        if [ $left -lt 20 ]; then
+            echo "== $name: not run (the ${budget} s budget is spent)"
+            { echo "## $name: not run (GPU_CHECK_BUDGET_S=$budget spent)"; echo; } >> "$out"
+            return 1
+        fi
+        [ $left -ge "$limit" ] || limit=$left
+    fi
     echo "== $name"
-    timeout "$limit" "$@" > "$log/step.txt" 2>&1
+    timeout -k 10 "$limit" "$@" > "$log/step.txt" 2>&1
     rc=$?
     local dt=$(( $(date +%s) - t0 ))
     tail -40 "$log/step.txt"
+    [ -z "$keep" ] || cp "$log/step.txt" "$keep/$(printf %02d $nstep)-$(echo "$name" | tr -c 'A-Za-z0-9\n' '-' | cut -c1-60).txt"
     {
         if [ $rc -eq 0 ]; then
             echo "## $name: ok ($dt s)"
@@ -82,6 +111,14 @@ arch=$(echo "$cc" | sed 's/^\([0-9]*\)\.\([0-9]*\)$/\1.\2/')
 build="bash scripts/setup.sh build >/dev/null &&
        { [ -f '$bdir/build.ninja' ] || meson setup '$bdir' -Dcuda=enabled -Dgpu_arch='$arch'; } &&
        ninja -C '$bdir'"
+if [ "${GPU_CHECK_PREBUILT:-0}" = 1 ]; then
+    # built elsewhere for this GPU (scripts/gpu-bundle.sh); meson must not
+    # rebuild here, where the toolchain and libraries may be missing
+    build="[ -x '$bdir/zinc' ] && echo 'prebuilt:' && cat '$bdir/BUNDLE' 2>/dev/null"
+    mtest_opts=(--no-rebuild)
+else
+    mtest_opts=()
+fi
 step "build for compute capability $arch" 900 bash -c "$build" || {
     echo "gpu-check: the build failed; see $out"
     exit 1
@@ -95,27 +132,18 @@ import json, sys
 d = json.load(sys.stdin)
 print(\"gpus:\", d[\"gpus\"], \"absent reason:\", d.get(\"gpu_absent_reason\"))
 sys.exit(0 if d[\"gpus\"] else 1)'"
-step "gpu test suite" 600 bash -c "meson test -C '$bdir' --suite gpu --print-errorlogs &&
+step "gpu test suite" 600 bash -c "meson test -C '$bdir' ${mtest_opts[*]} --suite gpu --print-errorlogs &&
     ! grep -q '\"result\": \"SKIP\"' '$bdir/meson-logs/testlog.json'"
 # the bf16 master's step as the CUDA kernel (zn_dev_adam_sr) inside the
 # trainer: the device run's losses and checkpoint files against the cpu
 # tier's, bit for bit, with the same GPU computing both
-step "bf16 master on the device (master_sr_cli)" 300 meson test -C "$bdir" master_sr_cli --print-errorlogs
+step "bf16 master on the device (master_sr_cli)" 300 meson test -C "$bdir" "${mtest_opts[@]}" master_sr_cli --print-errorlogs
 if python3 -c "import torch, transformers; assert torch.cuda.is_available()" 2>/dev/null; then
     step "zinc vs PyTorch on this GPU" 600 python3 scripts/gpu_vs_torch.py "$zinc"
 else
     echo "## zinc vs PyTorch: skipped (torch with CUDA, or transformers, does not import)" >> "$out"
     echo >> "$out"
 fi
-step "bench pcie" 300 "$zinc" bench pcie --device cuda
-step "bench model (Qwen2.5-0.5B shape, bf16, seq 1024)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
-    --device cuda --batch 1 --seq 1024 --iters 3
-# a long sequence, where attention weighs most: the fused kernels (bf16's
-# default) against the GEMM attention in query blocks of 512
-step "bench model (Qwen2.5-0.5B shape, bf16, seq 4096, fused attention)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
-    --device cuda --batch 1 --seq 4096 --iters 3 --attention fused
-step "bench model (Qwen2.5-0.5B shape, bf16, seq 4096, GEMM attention)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
-    --device cuda --batch 1 --seq 4096 --iters 3 --attention gemm
 P=zero_optimization.offload_param
 O=zero_optimization.offload_optimizer
 swap="$log/swap"
@@ -153,10 +181,10 @@ step "bench comm: world 1 on the GPU (NCCL)" 300 "$zinc" bench comm --device cud
     --sizes 1M..256M
 # the arena sized as a user's run sizes it: tiers.gpu "auto" (the GPU's free
 # memory after NCCL, cuBLAS and the modules, less the margin)
-# (ZINC_LOG=info: the run logs what it found outside the arena, streams'
-# cuBLAS workspaces and scratch, beside what the plan counts)
+# (ZINC_LOG=debug: the run logs what it found outside the arena beside what
+# the plan counts, and what each stream's cublasCreate took)
 step "bench train: params and optimizer in pinned RAM, tiers.gpu auto (full memory)" 300 \
-    env ZINC_LOG=info "$zinc" bench train "${common[@]}" --set tiers.gpu=\"auto\" --set "$P.device=\"cpu\"" \
+    env ZINC_LOG=debug "$zinc" bench train "${common[@]}" --set tiers.gpu=\"auto\" --set "$P.device=\"cpu\"" \
     --set "$O.device=\"cpu\""
 # determinism: the same run twice gives the same losses, bit for bit (the
 # kernels and the schedule fix every sum's order)
@@ -178,18 +206,30 @@ step "checkpoint: save at step 6, resume, the same losses as one run" 600 bash -
 # the kernels under compute-sanitizer: out-of-bounds and misaligned
 # accesses, shared-memory races, barrier misuse
 if command -v compute-sanitizer >/dev/null 2>&1; then
+    # (each test from its own folder, as meson runs it: the fixtures'
+    # paths are relative to it; timeout runs programs, hence bash -c)
+    san="cd '$bdir/tests' && exec compute-sanitizer --error-exitcode 1 --tool"
     for tool in memcheck racecheck synccheck; do
-        step "compute-sanitizer $tool: device kernels" 900 compute-sanitizer --tool "$tool" \
-            --error-exitcode 1 "$bdir/tests/test_device_kernels"
+        step "compute-sanitizer $tool: device kernels" 900 \
+            bash -c "$san $tool ./test_device_kernels"
     done
     step "compute-sanitizer memcheck: the decoder against PyTorch's fixtures" 900 \
-        compute-sanitizer --tool memcheck --error-exitcode 1 "$bdir/tests/test_model_gpu"
-    step "compute-sanitizer memcheck: streams, events, flag waits" 600 \
-        compute-sanitizer --tool memcheck --error-exitcode 1 "$bdir/tests/test_device"
+        bash -c "$san memcheck ./test_model_gpu"
+    step "compute-sanitizer memcheck: streams, events, flag waits" 120 \
+        bash -c "$san memcheck ./test_device"
 else
     echo "## compute-sanitizer: not found (it ships with the CUDA toolkit)" >> "$out"
     echo >> "$out"
 fi
+step "bench pcie" 300 "$zinc" bench pcie --device cuda
+step "bench model (Qwen2.5-0.5B shape, bf16, seq 1024)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
+    --device cuda --batch 1 --seq 1024 --iters 3
+# a long sequence, where attention weighs most: the fused kernels (bf16's
+# default) against the GEMM attention in query blocks of 512
+step "bench model (Qwen2.5-0.5B shape, bf16, seq 4096, fused attention)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
+    --device cuda --batch 1 --seq 4096 --iters 3 --attention fused
+step "bench model (Qwen2.5-0.5B shape, bf16, seq 4096, GEMM attention)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
+    --device cuda --batch 1 --seq 4096 --iters 3 --attention gemm
 # the cost model against measured steps on this GPU (issue 36): the rows
 # of bench/scripts/tune_check.sh, each predicted from this machine's
 # ceilings (measured first) beside its measured step, and --tune's choice
@@ -208,6 +248,11 @@ step "bench generate: 0.5B shape, layers streamed from pinned RAM" 900 bash -c "
     done"
 # two ranks on one GPU through NCCL (torchrun-style variables, two
 # processes); NCCL may refuse two ranks on one device: recorded, not failed
+if [ -n "${GPU_CHECK_ONLY:-}" ] && ! echo "two NCCL ranks" | grep -qE "$GPU_CHECK_ONLY"; then
+    { echo "## two NCCL ranks on one GPU: not selected (GPU_CHECK_ONLY)"; echo; } >> "$out"
+elif [ "$budget" -gt 0 ] && [ $(( t_start + budget - $(date +%s) )) -lt 60 ]; then
+    { echo "## two NCCL ranks on one GPU: not run (GPU_CHECK_BUDGET_S=$budget spent)"; echo; } >> "$out"
+else
 {
     echo "## two NCCL ranks on one GPU (informative)"
     echo
@@ -223,6 +268,7 @@ step "bench generate: 0.5B shape, layers streamed from pinned RAM" 900 bash -c "
     echo '```'
     echo
 } >> "$out" 2>&1
+fi
 
 {
     echo "---"

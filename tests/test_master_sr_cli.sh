@@ -212,6 +212,15 @@ run2() {  # run2 TAG ARGS...: 2 ranks, rank 0 logs TAG.jsonl
     return $bad
 }
 lora=(--set 'lora={"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}')
+# NCCL takes one GPU per rank: where a build with CUDA sees exactly one, two
+# ranks would share it and NCCL refuses them ("Duplicate GPU detected"), so
+# both sides of this comparison run on the host backend there (as in CI)
+ngpu=$("$zinc" info --json 2>/dev/null | python3 -c 'import json, sys; print(len(json.load(sys.stdin)["gpus"]))' 2>/dev/null || echo 0)
+on=()
+if [ "$ngpu" = 1 ]; then
+    on=(--set train.device=\"host\")
+    echo "2 ranks: on the host backend (this machine has one GPU; NCCL takes one per rank)"
+fi
 for kind in cpu s2 lora dev; do
     case $kind in
     cpu) k=("${cpu[@]}") out=model-00001-of-00001.safetensors ;;
@@ -221,7 +230,7 @@ for kind in cpu s2 lora dev; do
         out=model-00001-of-00001.safetensors ;;
     lora) k=("${nv[@]}" "${lora[@]}") out=adapter_model.safetensors ;;
     esac
-    k+=("${sr[@]}" --steps 6 --set train.threads=1)
+    k+=("${sr[@]}" --steps 6 --set train.threads=1 "${on[@]}")
     OMP_NUM_THREADS=1 "$zinc" train "${k[@]}" --set gradient_accumulation_steps=2 \
         --set train.checkpoint.dir=w1-$kind --json-log w1-$kind.jsonl > w1-$kind.out 2>&1
     check "[ $? -eq 0 ]" "bf16_sr ($kind) on one rank, accumulation 2: $(tail -3 w1-$kind.out)"

@@ -134,8 +134,9 @@ ZN_API int zn_dev_arena_reserve(zn_dev *d, uint64_t bytes);
  * since; another process's allocations in between count too); 0 on host. */
 ZN_API uint64_t zn_dev_outside_arena(const zn_dev *d);
 /* The device memory one stream takes outside the arena on CUDA (its cuBLAS
- * workspace, sized for compute capability `cc_major`, 0 = the largest, and
- * its reduction scratch), for plans made before any device exists. */
+ * handle and workspace, sized for compute capability `cc_major`, 0 = the
+ * largest, and its reduction scratch), for plans made before any device
+ * exists. */
 ZN_API uint64_t zn_dev_stream_outside_bytes(int cc_major);
 /* The host backend's GEMM library and the kernel family it runs on this
  * CPU, e.g. "OpenBLAS 0.3.21, Cooperlake kernels" (OPENBLAS_CORETYPE forces

@@ -14,8 +14,14 @@
 
 #include "gpu/gpu-impl.h"
 
+/* A failed runtime call also leaves its error as the thread's "last error",
+ * which the next kernel launch's cudaGetLastError would report as its own
+ * (seen on an H200: an expected cudaEventElapsedTime refusal came back as
+ * k_fill's failure). Reported here once, it is cleared; a sticky error (a
+ * broken context) stays and every later call reports it anyway. */
 static int cuda_fail(cudaError_t e, const char *call, const char *file, int line)
 {
+    (void)cudaGetLastError();
     return zn_set_error(ZN_ECUDA, "%s failed at %s:%d: %s (%s)", call, file, line,
                         cudaGetErrorString(e), cudaGetErrorName(e));
 }
@@ -186,7 +192,14 @@ static int c_stream_create(zn_dev *d, zn_stream *s)
     if ((rc = use(d)))
         goto fail;
     ZN_CUDA_TRY_GOTO(cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking));
+    size_t f0 = 0, f1 = 0, tot = 0;
+    ZN_CUDA_TRY_GOTO(cudaMemGetInfo(&f0, &tot));
     ZN_CUBLAS_TRY_GOTO(cublasCreate(&cs->blas));
+    ZN_CUDA_TRY_GOTO(cudaMemGetInfo(&f1, &tot));
+    /* what the handle itself took (its modules on the first one), beside
+     * the workspace and scratch below that the plan counts per stream */
+    zn_debug("cuda:%d stream '%s': cublasCreate took %llu KiB of device memory",
+             d->info.ordinal, s->name, (unsigned long long)(f0 > f1 ? (f0 - f1) >> 10 : 0));
     ZN_CUBLAS_TRY_GOTO(cublasSetStream(cs->blas, cs->st));
     /* Plain fp32 (no TF32) unless a compute type asks otherwise. */
     ZN_CUBLAS_TRY_GOTO(cublasSetMathMode(cs->blas, CUBLAS_DEFAULT_MATH));

@@ -164,7 +164,8 @@ uint64_t zn_dev_outside_arena(const zn_dev *d)
 
 uint64_t zn_dev_stream_outside_bytes(int cc_major)
 {
-    return (uint64_t)ZN_CUBLAS_WORKSPACE(cc_major) + (uint64_t)ZN_CUDA_SCRATCH * sizeof(float);
+    return (uint64_t)ZN_CUBLAS_HANDLE_BYTES(cc_major) + (uint64_t)ZN_CUBLAS_WORKSPACE(cc_major) +
+           (uint64_t)ZN_CUDA_SCRATCH * sizeof(float);
 }
 
 void zn_dev_destroy(zn_dev *d)

@@ -273,6 +273,14 @@ int zn_gpu_pci_numa_node(const char *bus_id);
  * larger). */
 #define ZN_CUDA_SCRATCH (1u << 20)
 #define ZN_CUBLAS_WORKSPACE(cc_major) ((cc_major) >= 9 || (cc_major) == 0 ? (32u << 20) : (4u << 20))
+/* What cublasCreate itself takes per handle, beside the workspace set
+ * after it: measured 64 MiB for each of a run's five handles on an H200
+ * (cuBLAS of CUDA 13.0, driver 580; gpu-check 2026-11-28), where the plan
+ * had counted only workspace and scratch and the run held 502 MiB outside
+ * the arena against 180 planned. Not yet measured before Hopper: the same
+ * figure is counted there, an upper bound if the handle scales with the
+ * workspace (ZINC_LOG=debug prints each handle's share). */
+#define ZN_CUBLAS_HANDLE_BYTES(cc_major) ((void)(cc_major), (64u << 20))
 
 #if defined(ZN_HAVE_CUDA) && ZN_HAVE_CUDA
 /* The ceiling for `zinc bench pcie`: a plain cudaMemcpyAsync loop on one

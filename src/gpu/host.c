@@ -73,6 +73,17 @@ static void guard_init(void)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGSEGV, &sa, NULL);
     guard_key = k;
+    /* OpenBLAS built on pthreads keeps its own pool, made at load by a
+     * thread without the key's rights, and nothing can give them to it (an
+     * OpenMP build's threads are started by the stream worker and inherit
+     * them). Its GEMMs run on the worker alone then: a test's device guard
+     * must not fault on the library that stands in for cuBLAS (seen on a
+     * Xeon with protection keys and Ubuntu's pthreads OpenBLAS). */
+    if (openblas_get_parallel() == 1) {
+        openblas_set_num_threads(1);
+        zn_info("ZINC_DEVICE_GUARD: OpenBLAS runs its own threads (a pthreads build), which "
+                "cannot enter the guarded arena: its GEMMs run on one thread");
+    }
 }
 
 int zn_host_guard_on(void)

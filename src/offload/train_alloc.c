@@ -122,7 +122,7 @@ int zn_tr_allocate(zn_trainer *tr)
         tr->plan.gpu_outside_nccl = outside > libs ? outside - libs : 0;
         if (outside) {
             tr->dry_gpu += outside;
-            plan_item(tr, gpu, ZN_STATE_WORK, libs, "cuBLAS workspaces, scratch (outside the arena)");
+            plan_item(tr, gpu, ZN_STATE_WORK, libs, "cuBLAS handles, workspaces, scratch (outside the arena)");
             if (tr->plan.gpu_outside_nccl)
                 plan_item(tr, gpu, ZN_STATE_WORK, tr->plan.gpu_outside_nccl,
                           "NCCL buffers (outside the arena)");
