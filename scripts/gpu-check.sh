@@ -224,8 +224,8 @@ fi
 step "bench pcie" 300 "$zinc" bench pcie --device cuda
 step "bench model (Qwen2.5-0.5B shape, bf16, seq 1024)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
     --device cuda --batch 1 --seq 1024 --iters 3
-# a long sequence, where attention weighs most: the fused kernels (bf16's
-# default) against the GEMM attention in query blocks of 512
+# a long sequence, where attention weighs most: the fused kernels (auto's
+# choice beyond 8192 tokens) against the GEMM attention in query blocks of 512
 step "bench model (Qwen2.5-0.5B shape, bf16, seq 4096, fused attention)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
     --device cuda --batch 1 --seq 4096 --iters 3 --attention fused
 step "bench model (Qwen2.5-0.5B shape, bf16, seq 4096, GEMM attention)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \

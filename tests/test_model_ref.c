@@ -3,9 +3,9 @@
  * embeddings, ignored targets). fp32: loss and logits within 1e-5, every
  * gradient norm within 1e-4 of the float64 reference; the same with
  * activation checkpointing off gives bit-identical gradients; bf16 storage
- * (the CUDA precision recipe, emulated) within 2e-2, with the fused
- * attention (bf16's default) and with the GEMM one; the fused attention in
- * fp32 within the fp32 tolerances. */
+ * (the CUDA precision recipe, emulated) within 2e-2, with the GEMM
+ * attention (the default at these lengths) and with the fused one; the
+ * fused attention in fp32 within the fp32 tolerances. */
 #include "test_model_ref.h"
 
 /* Which attention a config gets, and what each costs in the workspace. */
@@ -19,7 +19,16 @@ static void attention_choice(zn_dev *dev)
     c.attn_block = 64;
     c.dtype = ZN_DTYPE_F32;
     ZT_CHECK(!zn_model_attention_fused(&d, &c));
+    /* bf16: AUTO is the GEMM attention up to ZN_ATTN_AUTO_FUSED_SEQ tokens
+     * (the faster one on the first GPU), the fused one beyond */
     c.dtype = ZN_DTYPE_BF16;
+    ZT_CHECK(!zn_model_attention_fused(&d, &c));
+    c.max_seq = ZN_ATTN_AUTO_FUSED_SEQ;
+    ZT_CHECK(!zn_model_attention_fused(&d, &c));
+    c.max_seq = ZN_ATTN_AUTO_FUSED_SEQ + 1;
+    ZT_CHECK(zn_model_attention_fused(&d, &c));
+    c.max_seq = 256;
+    c.attention = ZN_ATTN_FUSED;
     ZT_CHECK(zn_model_attention_fused(&d, &c));
     uint64_t fused = zn_model_workspace_bytes(&d, &c);
     c.attention = ZN_ATTN_GEMM;
@@ -37,12 +46,15 @@ static void attention_choice(zn_dev *dev)
     ZT_CHECK(zn_model_attention_fused(&d, &c));
     c.attention = 7;
     ZT_CHECK(zn_model_workspace_bytes(&d, &c) == 0);
-    /* head_dim beyond the kernels: AUTO falls back, FUSED is refused */
+    /* head_dim beyond the kernels: AUTO falls back at any length, FUSED is
+     * refused */
     zn_model_dims wide = d;
     wide.head_dim = 2 * ZN_FLASH_MAX_HEAD_DIM;
     c.attention = ZN_ATTN_AUTO;
     c.dtype = ZN_DTYPE_BF16;
+    c.max_seq = ZN_ATTN_AUTO_FUSED_SEQ + 1;
     ZT_CHECK(!zn_model_attention_fused(&wide, &c));
+    c.max_seq = 256;
     c.attention = ZN_ATTN_FUSED;
     zn_model *m = NULL;
     int rc = zn_model_create(&m, dev, &wide, &c);
@@ -93,8 +105,9 @@ int main(void)
         ZT_CHECK_MSG(n5 == n6 && g5 && g6 && !memcmp(g5, g6, n5 * 4),
                      "%s: fused attention: gradients with and without checkpointing differ",
                      fixtures[f]);
-        /* bf16 runs fused by default: the GEMM attention in bf16 too */
-        ref_attention = ZN_ATTN_GEMM;
+        /* bf16 above ran the GEMM attention (the default at these
+         * lengths): the fused one in bf16 too */
+        ref_attention = ZN_ATTN_FUSED;
         ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 1, 1.0, &r3, NULL, NULL);
         ref_attention = ZN_ATTN_AUTO;
         free(g5);

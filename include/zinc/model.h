@@ -216,9 +216,15 @@ typedef struct zn_model zn_model;
 /* How attention is computed. FUSED: zn_dev_flash_attn_* (flash-attention
  * style tiles, no score matrix in the workspace; on CUDA bf16 only, head_dim
  * <= ZN_FLASH_MAX_HEAD_DIM). GEMM: batched GEMMs and a softmax kernel over
- * heads x attn_block x seq scores. AUTO (0, the default): FUSED for bf16
- * with head_dim <= ZN_FLASH_MAX_HEAD_DIM, else GEMM. */
+ * heads x attn_block x seq scores. AUTO (0, the default): GEMM up to
+ * ZN_ATTN_AUTO_FUSED_SEQ tokens a sequence, FUSED beyond for bf16 with
+ * head_dim <= ZN_FLASH_MAX_HEAD_DIM, where the GEMM path's scores grow
+ * with the sequence (7B: +0.9 GiB at 8192, +3.6 GiB at 32768). On the
+ * first GPU (an H200, bench/results/gpu-h200.md) the fused kernels ran a
+ * Qwen2.5-0.5B-shaped step 5.2x slower than the GEMM path at seq 4096
+ * (its backward 6.2x), so GEMM is the default where its memory is modest. */
 enum { ZN_ATTN_AUTO = 0, ZN_ATTN_GEMM = 1, ZN_ATTN_FUSED = 2 };
+#define ZN_ATTN_AUTO_FUSED_SEQ 8192
 
 typedef struct {
     zn_dtype dtype;     /* parameters and activations: ZN_DTYPE_F32 or BF16.

@@ -199,7 +199,7 @@ int zn_model_attention_fused(const zn_model_dims *d, const zn_model_config *cfg)
     if (cfg->attention == ZN_ATTN_FUSED)
         return 1;
     return cfg->attention == ZN_ATTN_AUTO && cfg->dtype == ZN_DTYPE_BF16 &&
-           d->head_dim <= ZN_FLASH_MAX_HEAD_DIM;
+           d->head_dim <= ZN_FLASH_MAX_HEAD_DIM && cfg->max_seq > ZN_ATTN_AUTO_FUSED_SEQ;
 }
 
 static int check_attention(const zn_model_dims *d, const zn_model_config *cfg)
