@@ -222,14 +222,26 @@ else
     echo >> "$out"
 fi
 step "bench pcie" 300 "$zinc" bench pcie --device cuda
-step "bench model (Qwen2.5-0.5B shape, bf16, seq 1024)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
-    --device cuda --batch 1 --seq 1024 --iters 3
-# a long sequence, where attention weighs most: the fused kernels (auto's
-# choice beyond 8192 tokens) against the GEMM attention in query blocks of 512
-step "bench model (Qwen2.5-0.5B shape, bf16, seq 4096, fused attention)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
-    --device cuda --batch 1 --seq 4096 --iters 3 --attention fused
-step "bench model (Qwen2.5-0.5B shape, bf16, seq 4096, GEMM attention)" 300 "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
-    --device cuda --batch 1 --seq 4096 --iters 3 --attention gemm
+# both attentions at the lengths around auto's threshold (GEMM up to 8192
+# tokens, the fused kernels beyond): where the fused kernels become the
+# faster (or the only affordable) one on this GPU
+for seq in 1024 4096 8192 16384; do
+    for attn in gemm fused; do
+        step "bench model (Qwen2.5-0.5B shape, bf16, seq $seq, $attn attention)" 300 \
+            "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
+            --device cuda --batch 1 --seq $seq --iters 3 --attention $attn
+    done
+done
+# the fused attention's kernels under Nsight Compute (its backward was 6x
+# the GEMM path's on the first GPU): one layer's step at seq 4096, the
+# flash kernels only, the clocks as they are
+if command -v ncu >/dev/null 2>&1; then
+    step "ncu: the fused attention kernels (seq 4096)" 600 \
+        ncu --clock-control none --kernel-name regex:flash --launch-count 6 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats \
+        "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
+        --device cuda --batch 1 --seq 4096 --iters 1 --attention fused
+fi
 # the cost model against measured steps on this GPU (issue 36): the rows
 # of bench/scripts/tune_check.sh, each predicted from this machine's
 # ceilings (measured first) beside its measured step, and --tune's choice
