@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "comm/comm-impl.h"
 
@@ -68,6 +69,50 @@ static int set_device(zn_nccl *n)
     return e == cudaSuccess ? 0 : cuda_err(e, "cudaSetDevice");
 }
 
+/* Two ranks on one GPU (more ranks on a host than GPUs it shows them, each
+ * taking cuda:LOCAL_RANK % GPUs): NCCL refuses that communicator with
+ * "Duplicate GPU detected" and the GPU's bus number. Every rank learns
+ * where the others are first and refuses in terms of the launch. */
+static int check_gpu_per_rank(zn_comm *c, const zn_dev_info *info)
+{
+    /* a machine is its kernel's boot id (hosts may share a name; containers
+     * on one machine share the id and, with it, the GPUs), as NCCL tells
+     * hosts apart; the name is for the message */
+    typedef struct { char host[64]; char boot[40]; char bus[32]; } ident;
+    ident *all = calloc((size_t)c->size, sizeof *all);
+    if (!all)
+        return zn_set_error(-ENOMEM, "comm/nccl: out of memory");
+    ident *me = &all[c->rank];
+    if (gethostname(me->host, sizeof me->host - 1) != 0)
+        snprintf(me->host, sizeof me->host, "?");
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (!f || !fgets(me->boot, sizeof me->boot, f))
+        snprintf(me->boot, sizeof me->boot, "%.39s", me->host);
+    if (f)
+        fclose(f);
+    snprintf(me->bus, sizeof me->bus, "%s", info->pci_bus_id);
+    int rc = 0;
+    for (int r = 0; r < c->size && !rc; r++)
+        rc = zn_comm_broadcast(c, &all[r], sizeof all[r], r);
+    if (rc) {
+        free(all);
+        return zn_error_prefix(rc, "comm/nccl: sharing each rank's GPU");
+    }
+    for (int i = 0; i < c->size && !rc; i++)
+        for (int j = i + 1; j < c->size && !rc; j++)
+            if (all[i].bus[0] && !strcmp(all[i].boot, all[j].boot) &&
+                !strcmp(all[i].bus, all[j].bus))
+                rc = zn_set_error(ZN_ECONFIG, "comm/nccl: ranks %d and %d are both on the GPU "
+                                  "at %s of host %s, and NCCL takes one GPU per rank: start "
+                                  "at most as many ranks on a host as it has GPUs (this "
+                                  "rank's host runs %d and shows it %d), give each rank its "
+                                  "own CUDA_VISIBLE_DEVICES, or train on the host backend "
+                                  "(train.device \"host\")", i, j, all[i].bus, all[i].host,
+                                  c->li.local_size, zn_comm_cuda_device_count());
+    free(all);
+    return rc;
+}
+
 int zn_nccl_init(zn_comm *c)
 {
     zn_nccl *n = calloc(1, sizeof *n);
@@ -80,6 +125,8 @@ int zn_nccl_init(zn_comm *c)
     int rc = set_device(n);
     if (rc)
         return zn_error_prefix(rc, "comm/nccl");
+    if ((rc = check_gpu_per_rank(c, &info)))
+        return rc;
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     if (c->rank == 0) {
