@@ -54,13 +54,14 @@ fi
 nv14=(--set tiers.create_nvme_path=true)
 expect 0 "14.77B parameters" -- plan "$src/examples/a10-qwen2.5-14b-nvme.json" "${nv14[@]}"
 expect 0 "7.62B parameters" -- plan "$src/examples/a10-qwen2.5-7b.json"
-# a bf16 (CUDA) plan counts what lives outside the device arena: 5 streams x
-# (a 64 MiB cuBLAS handle, as measured on an H200, + a 32 MiB workspace + 4
-# MiB scratch); with 2 ranks a 6th stream and NCCL's planned 288 MiB (2
-# peers x 16 channels x 9 MiB)
-expect 0 "holds 500.00 MiB outside the arena: each stream's cuBLAS handle, workspace and scratch;" -- \
+# a bf16 (CUDA) plan counts what lives outside the device arena: the 2 GEMM
+# streams x (a 64 MiB cuBLAS handle, as measured on an H200, + a 32 MiB
+# workspace + 4 MiB scratch) and 3 copy streams x 4 MiB scratch; with 2
+# ranks a 4th copy stream and NCCL's planned 288 MiB (2 peers x 16 channels
+# x 9 MiB)
+expect 0 "holds 212.00 MiB outside the arena: the GEMM streams' cuBLAS handles and workspaces, every stream's scratch;" -- \
     plan "$src/examples/a10-qwen2.5-7b.json"
-expect 0 "holds 888.00 MiB outside the arena: .*, NCCL's buffers" -- \
+expect 0 "holds 504.00 MiB outside the arena: .*, NCCL's buffers" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --world 2 --set gradient_accumulation_steps=8
 expect 1 "cpu tier needs .*offload_optimizer.device=nvme needs" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --set tiers.cpu=64GiB

@@ -657,6 +657,25 @@ static void test_gemm(zn_dev *d)
     ZT_EQ_INT(zn_dev_gemm(d, s, ZN_NOTRANS, ZN_NOTRANS, 4, 4, 8, 1, x, ZN_DTYPE_F32, 4, x,
                           ZN_DTYPE_F32, 4, 0, x, ZN_DTYPE_F32, 4), ZN_EARG);
     ZT_CONTAINS(zn_last_error(), "lda 4 < 8");
+    /* A copy stream (no cuBLAS on CUDA) runs copies and kernels and
+     * refuses a GEMM by name, here as on a GPU. */
+    zn_stream *cs;
+    DEV_OK(zn_dev_stream_create_copy(d, "copies", &cs));
+    float h[16], back[16];
+    for (int i = 0; i < 16; i++)
+        h[i] = (float)i;
+    DEV_OK(zn_dev_copy_h2d(d, cs, x, h, sizeof h));
+    DEV_OK(zn_dev_fill(d, cs, (float *)x + 8, ZN_DTYPE_F32, 8, -1.0f));
+    DEV_OK(zn_dev_copy_d2h(d, cs, back, x, sizeof back));
+    DEV_OK(zn_dev_stream_sync(d, cs));
+    int bad = 0;
+    for (int i = 0; i < 16; i++)
+        bad += back[i] != (i < 8 ? (float)i : -1.0f);
+    ZT_CHECK_MSG(bad == 0, "[%s] copy stream: %d wrong elements", g_bk, bad);
+    ZT_EQ_INT(zn_dev_gemm(d, cs, ZN_NOTRANS, ZN_NOTRANS, 2, 2, 2, 1, x, ZN_DTYPE_F32, 2, x,
+                          ZN_DTYPE_F32, 2, 0, (float *)x + 8, ZN_DTYPE_F32, 2), ZN_EARG);
+    ZT_CONTAINS(zn_last_error(), "stream 'copies' is a copy stream");
+    zn_dev_stream_destroy(d, cs);
     zn_dev_free(d, x);
     zn_dev_stream_destroy(d, s);
 }

@@ -135,9 +135,9 @@ ZN_API int zn_dev_arena_reserve(zn_dev *d, uint64_t bytes);
 ZN_API uint64_t zn_dev_outside_arena(const zn_dev *d);
 /* The device memory one stream takes outside the arena on CUDA (its cuBLAS
  * handle and workspace, sized for compute capability `cc_major`, 0 = the
- * largest, and its reduction scratch), for plans made before any device
- * exists. */
-ZN_API uint64_t zn_dev_stream_outside_bytes(int cc_major);
+ * largest, and its reduction scratch; a copy stream's scratch alone), for
+ * plans made before any device exists. */
+ZN_API uint64_t zn_dev_stream_outside_bytes(int cc_major, int copy_only);
 /* The host backend's GEMM library and the kernel family it runs on this
  * CPU, e.g. "OpenBLAS 0.3.21, Cooperlake kernels" (OPENBLAS_CORETYPE forces
  * another family). A static string. */
@@ -211,6 +211,11 @@ ZN_API void zn_dev_host_unregister(zn_dev *d, void *p);
 /* Creates an in-order stream. `name` (may be NULL) shows in errors and logs.
  * Returns 0, ZN_ECUDA, ZN_ECUBLAS or -errno. */
 ZN_API int zn_dev_stream_create(zn_dev *d, const char *name, zn_stream **out);
+/* A stream for copies and kernels but no GEMM: on CUDA it has no cuBLAS
+ * handle or workspace (about 100 MiB on Hopper: see
+ * zn_dev_stream_outside_bytes), only its reduction scratch. A GEMM queued
+ * on it is refused (ZN_EARG) on every backend, so host tests catch one. */
+ZN_API int zn_dev_stream_create_copy(zn_dev *d, const char *name, zn_stream **out);
 /* Waits for the work queued on the stream, then destroys it. Accepts NULL
  * (the default stream cannot be destroyed; passing it is a no-op). */
 ZN_API void zn_dev_stream_destroy(zn_dev *d, zn_stream *s);

@@ -218,7 +218,7 @@ int zn_bench_pcie(int argc, char **argv)
     zn_dev_info in;
     zn_dev_get_info(c.d, &in);
     for (int i = 0; i < 2 && !rc; i++)
-        rc = zn_dev_stream_create(c.d, i ? "d2h" : "h2d", &c.s[i]);
+        rc = zn_dev_stream_create_copy(c.d, i ? "d2h" : "h2d", &c.s[i]);
     for (int i = 0; i < 4 && !rc; i++)
         rc = zn_dev_event_create_timed(c.d, &c.ev[i]);
     for (int i = 0; i < 2 && !rc; i++) {

@@ -202,7 +202,7 @@ int zn_comm_attach_device(zn_comm *c, zn_dev *dev)
         return zn_set_error(ZN_EARG, "zn_comm_attach_device: a device is attached already");
     int rc;
     c->dev = dev;
-    if ((rc = zn_dev_stream_create(c->dev, "comm", &c->stream))) {
+    if ((rc = zn_dev_stream_create_copy(c->dev, "comm", &c->stream))) {
         c->dev = NULL;
         return rc;
     }

@@ -192,6 +192,11 @@ static int c_stream_create(zn_dev *d, zn_stream *s)
     if ((rc = use(d)))
         goto fail;
     ZN_CUDA_TRY_GOTO(cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking));
+    ZN_CUDA_TRY_GOTO(cudaMalloc((void **)&cs->scratch, ZN_CUDA_SCRATCH * sizeof(float)));
+    if (s->copy_only) {   /* no GEMM will run here: no cuBLAS */
+        s->impl = cs;
+        return 0;
+    }
     size_t f0 = 0, f1 = 0, tot = 0;
     ZN_CUDA_TRY_GOTO(cudaMemGetInfo(&f0, &tot));
     ZN_CUBLAS_TRY_GOTO(cublasCreate(&cs->blas));
@@ -203,7 +208,6 @@ static int c_stream_create(zn_dev *d, zn_stream *s)
     ZN_CUBLAS_TRY_GOTO(cublasSetStream(cs->blas, cs->st));
     /* Plain fp32 (no TF32) unless a compute type asks otherwise. */
     ZN_CUBLAS_TRY_GOTO(cublasSetMathMode(cs->blas, CUBLAS_DEFAULT_MATH));
-    ZN_CUDA_TRY_GOTO(cudaMalloc((void **)&cs->scratch, ZN_CUDA_SCRATCH * sizeof(float)));
     /* the workspace now, not lazily inside the first GEMM when the arena
      * may have taken the memory */
     size_t ws = ZN_CUBLAS_WORKSPACE(d->info.cc_major);

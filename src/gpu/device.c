@@ -162,10 +162,13 @@ uint64_t zn_dev_outside_arena(const zn_dev *d)
     return d ? d->outside_arena : 0;
 }
 
-uint64_t zn_dev_stream_outside_bytes(int cc_major)
+uint64_t zn_dev_stream_outside_bytes(int cc_major, int copy_only)
 {
+    uint64_t scratch = (uint64_t)ZN_CUDA_SCRATCH * sizeof(float);
+    if (copy_only)
+        return scratch;
     return (uint64_t)ZN_CUBLAS_HANDLE_BYTES(cc_major) + (uint64_t)ZN_CUBLAS_WORKSPACE(cc_major) +
-           (uint64_t)ZN_CUDA_SCRATCH * sizeof(float);
+           scratch;
 }
 
 void zn_dev_destroy(zn_dev *d)
@@ -223,13 +226,14 @@ zn_dev_kind zn_dev_get_kind(const zn_dev *d)
 }
 
 /* ---- streams and events ------------------------------------------------*/
-int zn_dev_stream_create(zn_dev *d, const char *name, zn_stream **out)
+static int stream_create(zn_dev *d, const char *name, int copy_only, zn_stream **out)
 {
     *out = NULL;
     zn_stream *s = calloc(1, sizeof *s);
     if (!s)
         return zn_set_error(-ENOMEM, "stream create: out of memory");
     s->dev = d;
+    s->copy_only = copy_only;
     snprintf(s->name, sizeof s->name, "%s", name ? name : "stream");
     int rc = d->ops->stream_create(d, s);
     if (rc) {
@@ -242,6 +246,16 @@ int zn_dev_stream_create(zn_dev *d, const char *name, zn_stream **out)
     pthread_mutex_unlock(&d->lock);
     *out = s;
     return 0;
+}
+
+int zn_dev_stream_create(zn_dev *d, const char *name, zn_stream **out)
+{
+    return stream_create(d, name, 0, out);
+}
+
+int zn_dev_stream_create_copy(zn_dev *d, const char *name, zn_stream **out)
+{
+    return stream_create(d, name, 1, out);
 }
 
 void zn_dev_stream_destroy(zn_dev *d, zn_stream *s)

@@ -197,6 +197,7 @@ struct zn_stream {
     zn_stream *next;          /* device's list, under dev->lock */
     char name[48];
     void *impl;
+    int copy_only;            /* zn_dev_stream_create_copy: no GEMM, no cuBLAS */
 };
 
 struct zn_event {
@@ -281,6 +282,7 @@ int zn_gpu_pci_numa_node(const char *bus_id);
  * figure is counted there, an upper bound if the handle scales with the
  * workspace (ZINC_LOG=debug prints each handle's share). */
 #define ZN_CUBLAS_HANDLE_BYTES(cc_major) ((void)(cc_major), (64u << 20))
+/* A copy stream (zn_dev_stream_create_copy) has its scratch only. */
 
 #if defined(ZN_HAVE_CUDA) && ZN_HAVE_CUDA
 /* The ceiling for `zinc bench pcie`: a plain cudaMemcpyAsync loop on one

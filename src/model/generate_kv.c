@@ -80,8 +80,8 @@ static int place_pinned(zn_gen *g, uint64_t room, uint64_t least_weights)
         ZN_TRY(zn_dev_event_create(g->dev, &g->kv_used[k]));
         ZN_TRY(zn_dev_event_create(g->dev, &g->kv_saved[k]));
     }
-    ZN_TRY(zn_dev_stream_create(g->dev, "generate-kv-h2d", &g->kv_in));
-    return zn_dev_stream_create(g->dev, "generate-kv-d2h", &g->kv_out);
+    ZN_TRY(zn_dev_stream_create_copy(g->dev, "generate-kv-h2d", &g->kv_in));
+    return zn_dev_stream_create_copy(g->dev, "generate-kv-d2h", &g->kv_out);
 }
 
 int zn_m_gen_kv_place(zn_gen *g, int kv_home, uint64_t least_weights)

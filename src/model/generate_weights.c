@@ -207,7 +207,7 @@ int zn_gen_open(zn_gen **out, zn_model *m, const zn_gen_config *c)
         for (int l = 0; l < L && !rc; l++)
             rc = l < g->r || !g->aio ? home_alloc(g, l + 1, l < g->r) : nvme_alloc(g, l + 1);
         if (!rc)
-            rc = zn_dev_stream_create(g->dev, "generate-h2d", &g->copy);
+            rc = zn_dev_stream_create_copy(g->dev, "generate-h2d", &g->copy);
     }
     if (rc)
         goto fail;

@@ -504,8 +504,8 @@ void zn_plan_print(const zn_plan *p, FILE *f)
     }
     if (p->gpu_outside) {
         char b2[32];
-        fprintf(f, "(the gpu total holds %s outside the arena: each stream's cuBLAS handle, "
-                "workspace and scratch%s; the arena takes %s)\n",
+        fprintf(f, "(the gpu total holds %s outside the arena: the GEMM streams' cuBLAS "
+                "handles and workspaces, every stream's scratch%s; the arena takes %s)\n",
                 zn_format_size(p->gpu_outside, buf, sizeof buf),
                 p->gpu_outside_nccl ? ", NCCL's buffers" : "",
                 zn_format_size(p->tier_total[ZN_TIER_GPU] - p->gpu_outside, b2, sizeof b2));

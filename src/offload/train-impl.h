@@ -626,7 +626,7 @@ uint64_t zn_tr_nvme_bytes_needed(zn_trainer *tr);
 uint64_t zn_tr_piece_stage_off(const zn_block *bl, const zn_piece *p);
 int zn_tr_allocate(zn_trainer *tr);
 /* Streams the run makes, and the GPU bytes it plans outside the arena. */
-int zn_tr_stream_count(const zn_trainer *tr);
+uint64_t zn_tr_streams_outside(const zn_trainer *tr);
 uint64_t zn_tr_gpu_outside(const zn_trainer *tr);
 int zn_tr_dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cfg, const zn_plan_input *in, int world, int rank);
 uint64_t zn_tr_arena_bytes(const zn_plan *p, uint64_t budget);

@@ -284,9 +284,9 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     }
     ZN_TRY_GOTO(zn_tier_init(&tr->tm, tr->dev, &o->budgets));
     ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "compute", &tr->s_comp));
-    ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "h2d", &tr->s_h2d));
-    ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "d2h", &tr->s_d2h));
-    ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "opt-h2d", &tr->opt.s_h2d));
+    ZN_TRY_GOTO(zn_dev_stream_create_copy(tr->dev, "h2d", &tr->s_h2d));
+    ZN_TRY_GOTO(zn_dev_stream_create_copy(tr->dev, "d2h", &tr->s_d2h));
+    ZN_TRY_GOTO(zn_dev_stream_create_copy(tr->dev, "opt-h2d", &tr->opt.s_h2d));
     ZN_TRY_GOTO(zn_accum_start(tr));
 
     tr->grads_on_nvme = tr->opt_home == ZN_OFFLOAD_NVME && tr->plan.grads_tier == ZN_TIER_NVME;
@@ -294,7 +294,7 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     tr->grad_dt = tr->opt_on_device ? ZN_DTYPE_F32 : zn_tr_grad_transfer_dtype(cfg, tr->param_dt);
     tr->act.on = cfg->activation_checkpointing.cpu_checkpointing;
     if (tr->act.on) {
-        ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "activations", &tr->act.stream));
+        ZN_TRY_GOTO(zn_dev_stream_create_copy(tr->dev, "activations", &tr->act.stream));
         for (int i = 0; i < ZN_CK_RING; i++) {
             ZN_TRY_GOTO(make_event(tr, &tr->act.ev_written[i]));
             ZN_TRY_GOTO(make_event(tr, &tr->act.ev_saved[i]));

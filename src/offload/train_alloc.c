@@ -117,12 +117,13 @@ int zn_tr_allocate(zn_trainer *tr)
     act = tr->model->act_bytes;
     if (tr->dry) {
         uint64_t outside = zn_tr_gpu_outside(tr);
-        uint64_t libs = (uint64_t)zn_tr_stream_count(tr) * zn_dev_stream_outside_bytes(0);
+        uint64_t libs = zn_tr_streams_outside(tr);
         tr->plan.gpu_outside = outside;
         tr->plan.gpu_outside_nccl = outside > libs ? outside - libs : 0;
         if (outside) {
             tr->dry_gpu += outside;
-            plan_item(tr, gpu, ZN_STATE_WORK, libs, "cuBLAS handles, workspaces, scratch (outside the arena)");
+            plan_item(tr, gpu, ZN_STATE_WORK, libs,
+                      "cuBLAS handles, workspaces, scratch (outside the arena)");
             if (tr->plan.gpu_outside_nccl)
                 plan_item(tr, gpu, ZN_STATE_WORK, tr->plan.gpu_outside_nccl,
                           "NCCL buffers (outside the arena)");
@@ -582,9 +583,15 @@ int zn_tr_dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cfg
 /* The streams a run makes on its device: the device's default, compute,
  * h2d, d2h and the optimizer's h2d; the activations' with cpu
  * checkpointing; the communicator's with several ranks. */
-int zn_tr_stream_count(const zn_trainer *tr)
+/* The trainer's CUDA streams outside the arena: the device's default
+ * stream and compute run GEMMs (a cuBLAS handle and workspace each); h2d,
+ * d2h, opt-h2d, the activations' stream and the communicator's are copy
+ * streams (their scratch only). */
+uint64_t zn_tr_streams_outside(const zn_trainer *tr)
 {
-    return 5 + (tr->act.on ? 1 : 0) + (tr->world > 1 ? 1 : 0);
+    int copies = 3 + (tr->act.on ? 1 : 0) + (tr->world > 1 ? 1 : 0);
+    return 2 * zn_dev_stream_outside_bytes(0, 0) +
+           (uint64_t)copies * zn_dev_stream_outside_bytes(0, 1);
 }
 
 /* NCCL's buffers for one rank, planned: a ring's two peers x 16 channels x
@@ -597,7 +604,7 @@ uint64_t zn_tr_gpu_outside(const zn_trainer *tr)
 {
     if (tr->param_bytes != 2)
         return 0;  /* fp32: the host backend (a CUDA fp32 run is not planned for) */
-    return (uint64_t)zn_tr_stream_count(tr) * zn_dev_stream_outside_bytes(0) +
+    return zn_tr_streams_outside(tr) +
            (tr->world > 1 ? ZN_NCCL_PLANNED_BYTES : 0);
 }
 
