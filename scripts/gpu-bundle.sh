@@ -25,7 +25,11 @@ export PATH="/usr/local/cuda/bin:$PATH"
 ninja -C "$bdir" >/dev/null
 
 stage=$(mktemp -d gpu-bundle-XXXXXX --tmpdir)
-trap 'rm -rf "$stage"' EXIT
+# nothing left behind: the staging folder and a half-written bundle go on
+# any exit, Ctrl-C and SIGTERM included
+trap 'rm -rf "$stage" "$out.part"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 mkdir -p "$stage/$bdir/tests" "$stage/.gpu/lib" "$stage/.gpu/py"
 
 # the programs: zinc and every test of the gpu suite (meson's own list)
@@ -73,6 +77,6 @@ mb=$(python3 -c 'import os, mesonbuild; print(os.path.dirname(mesonbuild.__file_
 cp -a "$mb" "$stage/.gpu/py/"
 find "$stage/.gpu/py" -name __pycache__ -prune -exec rm -rf {} +
 
-tar -C "$stage" -cf - . | xz -T0 -6 > "$out"
+tar -C "$stage" -cf - . | xz -T0 -6 > "$out.part" && mv "$out.part" "$out"
 echo "gpu-bundle: $out ($(du -h "$out" | cut -f1)): $(echo $progs | wc -w) programs, $(ls "$stage/.gpu/lib" | wc -l) libraries"
 sed 's/^/  /' "$stage/$bdir/BUNDLE"

@@ -26,6 +26,7 @@
 #  - refusals: a value not allowed.
 set -u
 zinc=$(realpath "$1")
+. "$(dirname "$(realpath "$0")")/ranks.sh"   # free_port, run2
 fail=0
 work=$(realpath "$(mktemp -d master-sr-cli-XXXXXX)")
 trap 'rm -rf "$work"' EXIT
@@ -196,21 +197,6 @@ check "[ $? -eq 0 ] && grep -q '^master (bf16 sr) *[0-9.]* [KMG]iB' dplan.out" \
 # frozen base) on NVMe, and with the optimizer on the device (the indices
 # in device memory for zn_dev_adam_sr); the checkpoints' bf16 masters,
 # exported from 2 ranks' shares and from one rank's, are the same bytes.
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo $((20000 + RANDOM % 20000)); }
-run2() {  # run2 TAG ARGS...: 2 ranks, rank 0 logs TAG.jsonl
-    local tag=$1 p r bad=0 pids=()
-    shift
-    p=$(free_port)
-    for r in 0 1; do
-        local log=()
-        [ $r -eq 0 ] && log=(--json-log $tag.jsonl)
-        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
-            MASTER_PORT=$p timeout 120 "$zinc" train "$@" "${log[@]}" > $tag.r$r.out 2>&1 &
-        pids+=($!)
-    done
-    for r in "${pids[@]}"; do wait "$r" || bad=1; done
-    return $bad
-}
 lora=(--set 'lora={"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}')
 # NCCL takes one GPU per rank: where a build with CUDA sees exactly one, two
 # ranks would share it and NCCL refuses them ("Duplicate GPU detected"), so

@@ -21,6 +21,7 @@
 # usage: test_signals_ranks.sh PATH/TO/zinc HAVE_MPI(0|1) SOURCE_ROOT
 set -u
 zinc=$(realpath "$1")
+. "$(dirname "$(realpath "$0")")/ranks.sh"   # free_port, run2
 have_mpi=${2:-0}
 src=$(realpath "${3:-$(dirname "$0")/..}")
 fx="$src/tests/fixtures"
@@ -41,7 +42,6 @@ rnd() {  # rnd N: R = the generator's next number in [0, N)
     lcg=$(( (lcg * 1103515245 + 12345) % 2147483648 ))
     R=$(( (lcg >> 8) % $1 ))
 }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo $((20000 + RANDOM % 20000)); }
 fails() { echo "FAIL: $*"; fail=1; }
 
 # ft-llama, a full fine-tune, and LoRA adapters on it (lora-llama), with

@@ -23,6 +23,7 @@
 # usage: test_train_elastic.sh PATH/TO/zinc SOURCE_ROOT
 set -u
 zinc=$(realpath "$1")
+. "$(dirname "$(realpath "$0")")/ranks.sh"   # free_port, run2
 src=$(realpath "${2:-$(dirname "$0")/..}")
 fx="$src/tests/fixtures"
 fail=0
@@ -33,7 +34,6 @@ unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT ZINC_C
 export OMP_NUM_THREADS=1 ZINC_LOG=${ZINC_LOG:-warn}
 [ -d "$fx/ft-llama" ] && [ -d "$fx/lora-llama" ] || { echo "no fixtures under $fx"; exit 99; }
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo $((20000 + RANDOM % 20000)); }
 # ranks N TAG ARGS...: `zinc train ARGS` on N ranks (N > 1: torchrun-style
 # over TCP), rank 0 logging TAG.jsonl; output in TAG.rK.out
 ranks() {

@@ -14,6 +14,7 @@
 # usage: test_train_ranks.sh PATH/TO/zinc HAVE_MPI(0|1) SOURCE_ROOT
 set -u
 zinc=$(realpath "$1")
+. "$(dirname "$(realpath "$0")")/ranks.sh"   # free_port, run2
 have_mpi=${2:-0}
 src=$(realpath "${3:-$(dirname "$0")/..}")
 fail=0
@@ -41,7 +42,6 @@ compare() {
         fail=1
     fi
 }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo $((20000 + RANDOM % 20000)); }
 
 # the reference: one rank, the global batch by accumulation
 for n in 2 3; do
@@ -104,21 +104,6 @@ else
     echo "FAIL: no tests/fixtures/ft-llama beside $zinc"; fail=1
 fi
 
-run2() {  # run2 TAG ARGS... : two torchrun-style ranks, rank 0 logs TAG.jsonl
-    local tag=$1; shift
-    local p; p=$(free_port)
-    local pids=()
-    for r in 0 1; do
-        local log=()
-        [ $r -eq 0 ] && log=(--json-log $tag.jsonl)
-        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
-            MASTER_PORT=$p timeout 120 "$zinc" train "$@" "${log[@]}" > $tag.r$r.out 2>&1 &
-        pids+=($!)
-    done
-    local bad=0
-    for r in 0 1; do wait "${pids[$r]}" || bad=1; done
-    return $bad
-}
 
 # LoRA with ZeRO stage 3 across 2 ranks: the frozen base sharded and
 # gathered at every use like the adapters (the home holds the rank's shard

@@ -73,8 +73,8 @@ int zn_dev_gemm_strided_batched(zn_dev *d, zn_stream *s, zn_trans ta, zn_trans t
 {
     const char *fn = "gemm";
     const zn_stream *on = s ? s : d ? d->default_stream : NULL;
-    CHK(!on || !on->copy_only, "gemm: stream '%s' is a copy stream (zn_dev_stream_create_copy): it has "
-        "no cuBLAS handle", on->name);
+    CHK(!on || !on->copy_only, "gemm: stream '%s' is a copy stream "
+        "(zn_dev_stream_create_copy): it has no cuBLAS handle", on->name);
     CHK_DTYPES(fn, adt, bdt, cdt);
     if (adt != bdt || (adt == ZN_DTYPE_F32 && cdt != ZN_DTYPE_F32))
         return zn_set_error(ZN_EUNSUPPORTED, "gemm: types A %s, B %s, C %s not supported "

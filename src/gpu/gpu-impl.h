@@ -280,9 +280,9 @@ int zn_gpu_pci_numa_node(const char *bus_id);
  * had counted only workspace and scratch and the run held 502 MiB outside
  * the arena against 180 planned. Not yet measured before Hopper: the same
  * figure is counted there, an upper bound if the handle scales with the
- * workspace (ZINC_LOG=debug prints each handle's share). */
+ * workspace (ZINC_LOG=debug prints each handle's share). A copy stream
+ * (zn_dev_stream_create_copy) has neither, only its scratch. */
 #define ZN_CUBLAS_HANDLE_BYTES(cc_major) ((void)(cc_major), (64u << 20))
-/* A copy stream (zn_dev_stream_create_copy) has its scratch only. */
 
 #if defined(ZN_HAVE_CUDA) && ZN_HAVE_CUDA
 /* The ceiling for `zinc bench pcie`: a plain cudaMemcpyAsync loop on one
