@@ -43,7 +43,8 @@ cuda=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')
 slug=$(echo "$gpu" | tr -c 'A-Za-z0-9\n' '-' | sed 's/--*/-/g; s/-$//')
 out="bench/results/gpu-check-$(date +%Y-%m-%d)-$slug.md"
 log=$(mktemp -d gpu-check-XXXXXX --tmpdir)
-trap 'rm -rf "$log"' EXIT
+# the steps' CSVs (tune_check's, bench generate's) kept with the logs
+trap '[ -z "${GPU_CHECK_LOGS:-}" ] || cp "$log"/*.csv "$GPU_CHECK_LOGS"/ 2>/dev/null; rm -rf "$log"' EXIT
 fails=0
 nstep=0
 t_start=$(date +%s)
@@ -82,9 +83,21 @@ step() {
         [ $left -ge "$limit" ] || limit=$left
     fi
     echo "== $name"
-    timeout -k 10 "$limit" "$@" > "$log/step.txt" 2>&1
+    # its own session, so that what it leaves running (a profiler's target
+    # that outlived the profiler, say) is found and ended before the next
+    # step, rather than holding the GPU's memory under it
+    setsid timeout -k 10 "$limit" "$@" > "$log/step.txt" 2>&1 &
+    local sid=$!
+    wait $sid
     rc=$?
     local dt=$(( $(date +%s) - t0 ))
+    local stray
+    stray=$(pgrep -s "$sid" | tr '\n' ' ')
+    if [ -n "$stray" ]; then
+        echo "gpu-check: the step left processes running: $stray(killed)" >> "$log/step.txt"
+        pkill -KILL -s "$sid"
+        sleep 1
+    fi
     tail -40 "$log/step.txt"
     [ -z "$keep" ] || cp "$log/step.txt" "$keep/$(printf %02d $nstep)-$(echo "$name" | tr -c 'A-Za-z0-9\n' '-' | cut -c1-60).txt"
     {
@@ -234,13 +247,15 @@ for seq in 1024 4096 8192 16384; do
 done
 # the fused attention's kernels under Nsight Compute (its backward was 6x
 # the GEMM path's on the first GPU): one layer's step at seq 4096, the
-# flash kernels only, the clocks as they are
+# flash kernels only, the clocks as they are; the arena kept to 16 GiB, as
+# ncu saves and restores the memory a kernel may write between its passes
+# (with the arena sized to the whole free memory it could not profile)
 if command -v ncu >/dev/null 2>&1; then
     step "ncu: the fused attention kernels (seq 4096)" 600 \
         ncu --clock-control none --kernel-name regex:flash --launch-count 6 \
         --section SpeedOfLight --section Occupancy --section LaunchStats \
         "$zinc" bench model --model tests/fixtures/configs/qwen2.5-0.5b.json \
-        --device cuda --batch 1 --seq 4096 --iters 1 --attention fused
+        --device cuda --batch 1 --seq 4096 --iters 1 --attention fused --gpu-mem 16GiB
 fi
 # the cost model against measured steps on this GPU (issue 36): the rows
 # of bench/scripts/tune_check.sh, each predicted from this machine's

@@ -32,8 +32,10 @@ static void usage(FILE *f)
             "             auto, bf16 on CUDA / f32 on host)\n"
             "  --iters    timed repetitions after one warm-up (default 5; best is reported)\n"
             "  --attention  fused (flash-style kernels), gemm (batched GEMMs + softmax) or\n"
-            "             auto (default: fused for bf16 with head_dim <= 128)\n"
-            "  --csv      append one line per row to FILE (header when new)\n");
+            "             auto (default: gemm up to %d tokens a sequence, fused beyond\n"
+            "             for bf16 with head_dim <= %d)\n"
+            "  --csv      append one line per row to FILE (header when new)\n",
+            ZN_ATTN_AUTO_FUSED_SEQ, ZN_FLASH_MAX_HEAD_DIM);
 }
 
 typedef struct {

@@ -286,6 +286,13 @@ int zn_cmd_generate(int argc, char **argv)
     gpo.ctx = ctx;
     gpo.batch = B;
     gpo.kv_home = kv_home;
+    /* the plan's link figures first: measuring them (--recalibrate) opens a
+     * device of its own, which would not fit beside the engine's arena (on
+     * a GPU that arena takes all the free memory but the margin) */
+    zn_ceilings link;
+    if (plan_only && (ret = zn_gc_link_figures(device, nvme, target, recalibrate, &link,
+                                               "generate")))
+        goto out;
     if ((ret = zn_gc_engine_open(&en, &d, model, adapter, ckpt, &gpo, plan_only, "generate"))) {
         if (ret != 2)
             ret = 1;
@@ -293,10 +300,8 @@ int zn_cmd_generate(int argc, char **argv)
     }
     ret = 1;
     if (plan_only) {
-        zn_ceilings link;
-        if ((ret = zn_gc_link_figures(device, nvme, target, recalibrate, &link, "generate")))
-            goto out;
         zn_gc_print_plan(&en, ctx, B, &link, &d);
+        ret = 0;
         goto out;
     }
     gen = calloc((size_t)pr.n, sizeof *gen);
