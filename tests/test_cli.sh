@@ -63,6 +63,16 @@ expect 0 "holds 212.00 MiB outside the arena: the GEMM streams' cuBLAS handles a
     plan "$src/examples/a10-qwen2.5-7b.json"
 expect 0 "holds 504.00 MiB outside the arena: .*, NCCL's buffers" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --world 2 --set gradient_accumulation_steps=8
+# an fp32 run on a CUDA device holds the same streams: the demo's config
+# with train.device "cuda" counts them (and still fits its 256 MiB tier);
+# on the host backend nothing is held outside the arena
+expect 0 "holds 212.00 MiB outside the arena" -- plan "$src/examples/tiny.json" \
+    --set 'train.device="cuda"'
+if "$zinc" plan "$src/examples/tiny.json" --set 'train.device="host"' 2>&1 | grep -q "outside the arena"; then
+    echo "FAIL: a host-backend plan counts memory outside the arena"; fail=$((fail + 1))
+else
+    pass=$((pass + 1))
+fi
 expect 1 "cpu tier needs .*offload_optimizer.device=nvme needs" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --set tiers.cpu=64GiB
 # fp32 moments in a cpu tier that 8-bit ones would fit: said first, with the

@@ -30,8 +30,8 @@ rows=(
   "cpu/nvme (as shipped)|$tiny|"
   "nvme/nvme|$tiny|zero_optimization.offload_param.device=nvme zero_optimization.offload_param.max_in_cpu=0"
   "nvme/nvme grads nvme|$tiny|zero_optimization.offload_param.device=nvme zero_optimization.offload_param.max_in_cpu=0 tiers.grads=nvme"
-  "gpu/gpu|$tiny|zero_optimization.offload_param.device=none zero_optimization.offload_optimizer.device=none tiers.gpu=256MiB"
-  "gpu/cpu|$tiny|zero_optimization.offload_param.device=none zero_optimization.offload_optimizer.device=cpu tiers.gpu=256MiB"
+  "gpu/gpu|$tiny|zero_optimization.offload_param.device=none zero_optimization.offload_optimizer.device=none tiers.gpu=512MiB"
+  "gpu/cpu|$tiny|zero_optimization.offload_param.device=none zero_optimization.offload_optimizer.device=cpu tiers.gpu=512MiB"
   "micro 2 x acc 2|$tiny|train_micro_batch_size_per_gpu=2 gradient_accumulation_steps=2"
   "micro 1 x acc 4|$tiny|train_micro_batch_size_per_gpu=1 gradient_accumulation_steps=4"
   "cpu checkpointing|$tiny|activation_checkpointing.cpu_checkpointing=true"
@@ -74,7 +74,7 @@ best_run() {
 errs=()
 for r in "${rows[@]}"; do
     IFS='|' read -r name cfg sets <<<"$r"
-    args=(--set "$nv" --set tiers.gpu=256MiB)
+    args=(--set "$nv" --set tiers.gpu=512MiB)
     for kv in $sets; do args+=(--set "$kv"); done
     line=$(best_run "$cfg" "${args[@]}")
     if [ -z "$line" ]; then
@@ -97,12 +97,12 @@ EOF
 
 # --tune's choice against its rivals, each measured
 echo
-out=$("$zinc" plan "$tiny" --tune --set "$nv" --set tiers.gpu=256MiB 2>&1)
+out=$("$zinc" plan "$tiny" --tune --set "$nv" --set tiers.gpu=512MiB 2>&1)
 echo "$out" | sed -n '/^tune:/,$p'
-ZINC_TUNE_DEBUG=1 "$zinc" plan "$tiny" --tune --set "$nv" --set tiers.gpu=256MiB 2>/dev/null |
+ZINC_TUNE_DEBUG=1 "$zinc" plan "$tiny" --tune --set "$nv" --set tiers.gpu=512MiB 2>/dev/null |
     awk '/^  [0-9] /{n=$1} /^        /{print n "|" $1}' >cands.txt
 for i in 1 2 3 4 5; do
-    args=(--set "$nv" --set tiers.gpu=256MiB)
+    args=(--set "$nv" --set tiers.gpu=512MiB)
     while IFS='|' read -r k kv; do [ "$k" = "$i" ] && args+=(--set "$kv"); done <cands.txt
     t=$(best_run "$tiny" "${args[@]}" | sed -E 's/.*measured ([0-9.]+) s.*/\1/')
     echo "candidate $i measured $t s"

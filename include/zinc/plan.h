@@ -47,7 +47,10 @@ typedef struct {
     /* activation shape */
     int64_t n_layers, hidden, n_heads, n_kv_heads, head_dim, intermediate, vocab;
     int64_t micro_batch, seq_len;
-    int param_bytes;                /* 2 (bf16/fp16 on a GPU) or 4 (fp32, host) */
+    int param_bytes;                /* 2 (bf16/fp16 on a GPU) or 4 (fp32) */
+    bool cuda;                      /* on a CUDA device: the plan counts what its
+                                       streams (cuBLAS handles, workspaces,
+                                       scratch) and NCCL hold outside the arena */
     int world_size;
     bool activation_checkpointing;
 } zn_plan_input;

@@ -473,6 +473,7 @@ struct zn_trainer {
     /* placement (train.c, from the config) */
     zn_dtype param_dt;     /* working param dtype on the device */
     size_t param_bytes;    /* its size */
+    bool plan_cuda;        /* a dry plan of a CUDA run (zn_plan_input.cuda) */
     zn_dtype grad_dt;      /* gradients device -> host (train.grad_transfer) */
     zn_offload_device param_home, opt_home;
     bool grads_on_nvme;    /* fp32 gradient accumulators on NVMe (pieces'

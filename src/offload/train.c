@@ -196,6 +196,7 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     /* Plan first: an infeasible config stops here, before any allocation. */
     zn_plan_input in = *o->plan_in;
     in.param_bytes = maybe_cuda && half ? 2 : 4;
+    in.cuda = maybe_cuda;
     if (o->comm)
         in.world_size = zn_comm_size(o->comm);  /* budgets are per rank */
     zn_plan plan;
@@ -257,9 +258,11 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     }
     tr->param_dt = cuda && cfg->bf16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
     tr->param_bytes = zn_dtype_size(tr->param_dt);
-    if ((int)tr->param_bytes != in.param_bytes) {
-        /* auto fell back to the host backend: re-plan with fp32 params */
+    if ((int)tr->param_bytes != in.param_bytes || in.cuda != cuda) {
+        /* auto fell back to the host backend: re-plan with fp32 params and
+         * nothing outside the arena */
         in.param_bytes = (int)tr->param_bytes;
+        in.cuda = cuda;
         rc = zn_tr_dry_plan(&tr->plan, o, cfg, &in, in.world_size, crank);
         if (rc == ZN_ENOFIT) {
             rc = zn_set_error(ZN_ENOFIT, "does not fit: %s", tr->plan.why);

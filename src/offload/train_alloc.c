@@ -547,6 +547,7 @@ int zn_tr_dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cfg
     tr->opt_home = cfg->zero.offload_optimizer.device;
     tr->param_dt = in->param_bytes == 2 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
     tr->param_bytes = zn_dtype_size(tr->param_dt);
+    tr->plan_cuda = in->cuda;
     for (int i = 0; i < ZN_TIER_COUNT; i++)
         tr->tm.budget[i] = o->budgets.bytes[i];
     tr->grads_on_nvme = tr->opt_home == ZN_OFFLOAD_NVME && tr->plan.grads_tier == ZN_TIER_NVME;
@@ -602,8 +603,8 @@ uint64_t zn_tr_streams_outside(const zn_trainer *tr)
 
 uint64_t zn_tr_gpu_outside(const zn_trainer *tr)
 {
-    if (tr->param_bytes != 2)
-        return 0;  /* fp32: the host backend (a CUDA fp32 run is not planned for) */
+    if (!tr->plan_cuda)
+        return 0;  /* the host backend: nothing outside its arena */
     return zn_tr_streams_outside(tr) +
            (tr->world > 1 ? ZN_NCCL_PLANNED_BYTES : 0);
 }

@@ -421,6 +421,9 @@ void zn_run_plan_input(const zn_config *cfg, const zn_model_dims *d, int world,
     in->micro_batch = cfg->train_micro_batch_size_per_gpu;
     in->seq_len = cfg->data.seq_len;
     in->param_bytes = (cfg->bf16 || cfg->fp16.enabled) ? 2 : 4;
+    /* a 16-bit run is a GPU run (its kernels are CUDA's); an fp32 one where
+     * the config names a CUDA device */
+    in->cuda = in->param_bytes == 2 || !strncmp(cfg->train.device, "cuda", 4);
     in->world_size = world;
     in->activation_checkpointing = cfg->train.activation_checkpointing;
 }
