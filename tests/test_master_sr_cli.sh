@@ -175,8 +175,9 @@ echo "bf16_sr on NVMe: $b MiB written per step (fp32 master: $a MiB)"
 # the optimizer on the device (zn_dev_adam_sr; the host backend runs the
 # CPU's step, a GPU its kernel, checked against it by gpu-check), with
 # 8-bit moments too, and the plan puts the master there
-# (a gpu tier room for the fp32 master the last conversion loads)
-dv=(--set zero_optimization.offload_optimizer.device=none --set tiers.gpu=96MiB
+# (a gpu tier room for the fp32 master the last conversion loads, and on a
+# GPU for the streams' 212 MiB outside the arena, which the plan counts)
+dv=(--set zero_optimization.offload_optimizer.device=none --set tiers.gpu=320MiB
     --set train.log_every=100)
 like_cpu_tier d "with the optimizer on the device" "${dv[@]}"
 "$zinc" train "${dv[@]}" "${sr[@]}" --set train.optim=adamw_bnb_8bit --steps 8 \
