@@ -45,6 +45,19 @@ if [ "$mode" = fast ]; then
     check "[ $rc -eq 1 ] && grep -q 'tiers.nvme asks 90.00 TiB on the file system of s1 and the other paths on it' bignv.err" \
           "tiers.nvme 60+30 TiB on one file system: $(cat bignv.err)"
     check "[ ! -e s1 ] && [ ! -e s2 ] && [ ! -e zinc-swap ]" "a refused run created swap space"
+    # after the run, the cost model's measurements (the link, the schedule
+    # probe, the layer probe; a fresh cache makes it measure them all) stay
+    # within the run's own GPU tier: every device arena the run's process
+    # makes, its own 19.91 MiB and the measurements', is at most 20 MiB
+    # (the layer probe asked 1 GiB and more before; on an H200 a 7B run's
+    # probe held 20.7 GiB beside the run's 5.4)
+    ZINC_CACHE_DIR="$work/fresh-cache" ZINC_LOG=debug "$zinc" train --steps 2 \
+        --set 'tiers.gpu="20MiB"' > probe.out 2> probe.err
+    rc=$?
+    big=$(grep -oE 'arena [0-9.]+ [KMG]iB' probe.err | awk '{ v = $2 * ($3 == "GiB" ? 1024 : $3 == "KiB" ? 1 / 1024 : 1); if (v > 20) print }')
+    check "[ $rc -eq 0 ] && grep -q '^predicted step time' probe.out && [ -z \"\$big\" ] &&
+           [ \$(grep -c 'arena' probe.err) -ge 4 ]" \
+          "tiers.gpu=20MiB: the measurements after the run: rc $rc, arenas over 20 MiB: $big $(grep -E 'error|warning' probe.err)"
     # pinned-RAM checkpoints: planned in the cpu column (the device keeps a
     # ring of three), and the run trains with them
     "$zinc" plan "$src/examples/tiny.json" --set activation_checkpointing.cpu_checkpointing=true \

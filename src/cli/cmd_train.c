@@ -814,18 +814,6 @@ int zn_cmd_train(int argc, char **argv)
                    exp(last_eval), (unsigned long long)last_eval_n, cfg.data.eval_path);
         printf("\n\n");
         zn_train_print_report(ts.tr, stdout);
-        /* the cost model against this run (rank 0; this machine's ceilings
-         * from the cache, measured once when missing) */
-        if (ts.rank == 0 && !stop_sig) {
-            zn_train_report trep;
-            zn_train_get_report(ts.tr, &trep);
-            zn_cost pred;
-            int prc = zn_run_predict(&cfg, &ts.dims, zn_train_get_plan(ts.tr), 0, &pred, stdout);
-            if (prc == 0 || prc == ZN_EARG)
-                zn_cost_print_vs(&pred, &trep, ts.world, stdout);
-            else
-                fprintf(stderr, "zinc: warning: no step-time prediction: %s\n", zn_last_error());
-        }
         if (trace_path) {
             int r2 = zn_train_write_trace(ts.tr, trace_path);
             if (r2)
@@ -833,6 +821,26 @@ int zn_cmd_train(int argc, char **argv)
             else
                 printf("trace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
                        trace_path);
+        }
+        /* the cost model against this run (rank 0; this machine's ceilings
+         * from the cache, measured once when missing). The trainer and its
+         * device go first: a probe measured now then has the GPU the run
+         * had, and the process never holds more than its plan (on an H200 a
+         * 7B run's probe beside its trainer held 26.2 GiB against the plan's
+         * 4.70). */
+        zn_plan *pl = ts.rank == 0 && !stop_sig ? malloc(sizeof *pl) : NULL;
+        if (pl) {
+            zn_train_report trep;
+            zn_train_get_report(ts.tr, &trep);
+            *pl = *zn_train_get_plan(ts.tr);
+            zn_run_free_trainer(&ts);
+            zn_cost pred;
+            int prc = zn_run_predict(&cfg, &ts.dims, pl, 0, &pred, stdout);
+            if (prc == 0 || prc == ZN_EARG)
+                zn_cost_print_vs(&pred, &trep, ts.world, stdout);
+            else
+                fprintf(stderr, "zinc: warning: no step-time prediction: %s\n", zn_last_error());
+            free(pl);
         }
     }
     if (stop_sig) {

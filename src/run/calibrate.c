@@ -129,7 +129,18 @@ static double jnum(json_t *o, const char *k)
 /* ---- measurements --------------------------------------------------------*/
 static int measure_link(zn_dev *dev, zn_ceilings *c)
 {
+    /* 64 MiB, or half of an arena smaller than 128 MiB (a run's small
+     * tiers.gpu caps it: open_device); 4 MiB copies already reach 0.97 of
+     * the link's rate (bench/results/gpu-h200.md) */
+    zn_dev_mem ms;
+    zn_dev_mem_stats(dev, &ms);
     size_t n = (size_t)64 << 20;
+    if (n > ms.largest_free / 2)
+        n = (size_t)(ms.largest_free / 2) & ~(((size_t)1 << 20) - 1);
+    if (n < ((size_t)1 << 20))
+        return zn_set_error(ZN_EBUDGET, "cost model: the link's measurement needs 2 MiB of the "
+                            "GPU tier; %llu bytes are free in it",
+                            (unsigned long long)ms.largest_free);
     void *h = NULL, *d = NULL;
     int rc = zn_dev_host_alloc(dev, n, "calibrate host", &h);
     if (!rc)
@@ -360,7 +371,7 @@ static const char schedule_model_json[] =
     " \"data\": {\"seq_len\": 16, \"seed\": 1},"
     " \"train\": {\"steps\": 22, \"seed\": 1}}";
 
-static int open_device(const zn_config *cfg, const zn_model_dims *d, zn_dev **dev);
+static int open_device(const zn_config *cfg, const zn_model_dims *d, bool cuda, zn_dev **dev);
 
 static int measure_schedule(const zn_config *user, const zn_ceilings *c,
                             double *block_use_s, double *step_s, double *base_s,
@@ -440,7 +451,7 @@ static int measure_schedule(const zn_config *user, const zn_ceilings *c,
     /* this model's compute, probed as a run's is, on a device opened only
      * now: one device at a time (after a run, its trainer still holds most
      * of the GPU) */
-    if ((rc = open_device(user, NULL, &dev)))
+    if ((rc = open_device(user, NULL, c->cuda, &dev)))
         goto out;
     zn_model_probe_opts po = {
         .batch = B, .seq = T, .dtype = cfg->bf16 && c->cuda ? ZN_DTYPE_BF16 : ZN_DTYPE_F32,
@@ -559,7 +570,16 @@ static void shape_key(const zn_model_dims *d, const zn_model_probe_opts *o, char
  * alone passed the fixed 1 GiB (Qwen2.5's 151936 x 1536: 0.9 GB each), and
  * the run's report then had no prediction. The host backend's arena is
  * reserved address space, touched only as the probe uses it. */
-static int open_device(const zn_config *cfg, const zn_model_dims *d, zn_dev **dev)
+/* The device the ceilings are measured on, its arena sized for what they
+ * allocate: the link's 64 MiB buffer, and for the layer probe (d) one
+ * layer with the embedding and the head resident (parameters of at most 4
+ * bytes and fp32 gradients: 8 bytes a parameter), the model's workspace at
+ * the run's shape and the probe's activations; 1 GiB of slack. Never more
+ * than the run's own numeric tiers.gpu: after a run (zinc train's
+ * prediction) the measurements must fit where the run did, or not run. On the first H200 a 7B
+ * run's probe, sized at 16 bytes a parameter, reserved 20.7 GiB beside the
+ * run's 5.4. */
+static int open_device(const zn_config *cfg, const zn_model_dims *d, bool cuda, zn_dev **dev)
 {
     zn_dev_config dc = zn_dev_config_default();
     dc.name = cfg->train.device[0] ? cfg->train.device : "auto";
@@ -567,8 +587,18 @@ static int open_device(const zn_config *cfg, const zn_model_dims *d, zn_dev **de
     if (d) {
         zn_model_dims one = *d;
         one.n_layers = 1;
-        dc.gpu_budget += 16 * zn_model_param_count(&one);
+        zn_model_config mc = zn_model_config_default(NULL);
+        mc.dtype = cfg->bf16 && cuda ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+        mc.max_batch = cfg->train_micro_batch_size_per_gpu;
+        mc.max_seq = cfg->data.seq_len;
+        mc.checkpoint = cfg->train.activation_checkpointing;
+        mc.attention = cfg->train.attention;
+        uint64_t tokens = (uint64_t)(mc.max_batch * mc.max_seq);
+        dc.gpu_budget += 8 * zn_model_param_count(&one) + zn_model_workspace_bytes(&one, &mc) +
+                         8 * tokens * (uint64_t)d->hidden * 4;
     }
+    if (!cfg->tiers.gpu_auto && cfg->tiers.gpu && dc.gpu_budget > cfg->tiers.gpu)
+        dc.gpu_budget = cfg->tiers.gpu;
     return zn_dev_create(dev, &dc);
 }
 
@@ -603,7 +633,7 @@ int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags, zn_
 #define NEED_DEVICE()                                                          \
     do {                                                                       \
         if (!dev) {                                                            \
-            if ((rc = open_device(cfg, d, &dev))) {                            \
+            if ((rc = open_device(cfg, d, cuda, &dev))) {                      \
                 rc = zn_error_prefix(rc, "cost model: device");                \
                 goto out;                                                      \
             }                                                                  \
