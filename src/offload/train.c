@@ -196,7 +196,11 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     /* Plan first: an infeasible config stops here, before any allocation. */
     zn_plan_input in = *o->plan_in;
     in.param_bytes = maybe_cuda && half ? 2 : 4;
-    in.cuda = maybe_cuda;
+    /* a 16-bit run is planned as a GPU run; an fp32 one learns whether it
+     * is one from its device (a CUDA build on a machine without a GPU runs
+     * fp32 on the host backend, and must not be refused for the streams
+     * a GPU would hold) and is re-planned below when it is */
+    in.cuda = maybe_cuda && half;
     if (o->comm)
         in.world_size = zn_comm_size(o->comm);  /* budgets are per rank */
     zn_plan plan;
@@ -259,8 +263,9 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     tr->param_dt = cuda && cfg->bf16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
     tr->param_bytes = zn_dtype_size(tr->param_dt);
     if ((int)tr->param_bytes != in.param_bytes || in.cuda != cuda) {
-        /* auto fell back to the host backend: re-plan with fp32 params and
-         * nothing outside the arena */
+        /* auto fell back to the host backend (re-planned with fp32 params
+         * and nothing outside the arena), or an fp32 run found a GPU
+         * (re-planned with its streams outside the arena) */
         in.param_bytes = (int)tr->param_bytes;
         in.cuda = cuda;
         rc = zn_tr_dry_plan(&tr->plan, o, cfg, &in, in.world_size, crank);
@@ -270,12 +275,15 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
         }
         if (rc)
             goto fail;
-        /* and an arena of that plan's size (nothing is allocated yet) */
-        zn_dev_destroy(tr->dev);
-        tr->dev = NULL;
-        dc.name = "host";
+        /* and an arena of that plan's size (nothing is allocated yet; on
+         * CUDA the arena is reserved below, after the streams) */
         dc.gpu_budget = zn_tr_arena_bytes(&tr->plan, o->budgets.bytes[ZN_TIER_GPU]);
-        ZN_TRY_GOTO(zn_dev_create(&tr->dev, &dc));
+        if (!cuda) {
+            zn_dev_destroy(tr->dev);
+            tr->dev = NULL;
+            dc.name = "host";
+            ZN_TRY_GOTO(zn_dev_create(&tr->dev, &dc));
+        }
     }
     if (tr->comm && zn_comm_size(tr->comm) > 1) {
         tr->world = zn_comm_size(tr->comm);
