@@ -36,6 +36,9 @@ typedef struct {
     int n_numa;
     zn_topo_numa numa[ZN_TOPO_MAX_NUMA];
     bool avx2, fma, avx512f, avx512bw, avx512_bf16, f16c, sse42;
+    uint64_t llc_bytes;  /* the last-level caches (L3, else L2), summed over the
+                            machine: a probe of memory bandwidth needs arrays
+                            several times this, or it measures the cache */
     char hwloc_version[32];
 } zn_topo;
 

@@ -35,10 +35,11 @@ static json_t *topo_json(const zn_topo *t)
     json_t *simd = json_pack("{sb sb sb sb sb sb}", "sse4.2", t->sse42, "avx2", t->avx2,
                              "fma", t->fma, "avx512f", t->avx512f, "avx512bw", t->avx512bw,
                              "f16c", t->f16c);
-    return json_pack("{ss sI sI sI sI sI sI so so ss}",
+    return json_pack("{ss sI sI sI sI sI sI sI so so ss}",
         "model", t->cpu_model, "packages", (json_int_t)t->packages,
         "cores", (json_int_t)t->cores, "threads", (json_int_t)t->pus,
         "allowed_threads", (json_int_t)t->allowed_pus,
+        "last_level_cache", (json_int_t)t->llc_bytes,
         "memory_total", (json_int_t)t->mem_total,
         "memory_available", (json_int_t)t->mem_available,
         "numa", numa, "simd", simd, "hwloc", t->hwloc_version);
@@ -169,6 +170,8 @@ int zn_cmd_info(int argc, char **argv)
     printf("  simd         %s%s%s%s%s%s\n", t.sse42 ? "sse4.2 " : "", t.avx2 ? "avx2 " : "",
            t.fma ? "fma " : "", t.f16c ? "f16c " : "", t.avx512f ? "avx512f " : "",
            t.avx512bw ? "avx512bw" : "");
+    printf("  cache        %s of last-level cache (the cost model's memory probes use four times it)\n",
+           t.llc_bytes ? zn_format_size(t.llc_bytes, b1, sizeof b1) : "unknown");
     printf("  adam         %s (%s)\n", zn_adam_isa_name(), zn_adam_isa_reason());
     printf("  blas         %s (host backend; OPENBLAS_CORETYPE forces another family)\n",
            zn_dev_host_blas());

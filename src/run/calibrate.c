@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,15 +168,50 @@ static int measure_link(zn_dev *dev, zn_ceilings *c)
     return rc;
 }
 
+/* The machine's last-level caches, summed (hwloc; 0 when unknown). */
+static uint64_t g_llc;
+static pthread_once_t g_llc_once = PTHREAD_ONCE_INIT;
+
+static void find_llc(void)
+{
+    zn_topo t;
+    if (zn_topo_discover(&t) == 0)
+        g_llc = t.llc_bytes;
+    else
+        zn_clear_error();
+}
+
+/* Elements for a bandwidth probe: at least `min_elems`, and enough that
+ * each of its arrays (`array_elem` bytes an element) is four times the
+ * machine's last-level caches (STREAM's rule), so that the figure is the
+ * memory's and not the cache's; at most 1 GiB an array. On the 2-core Zen
+ * 4 VM (32 MiB of L3) that doubles the old fixed sizes; a server's L3
+ * (over 100 MiB on a Xeon) held most of them, and the figures overstated
+ * what a run's gigabytes of gradients and moments get. */
+#define MEM_MIN ((size_t)16 << 20)   /* floats an array: 64 MiB */
+#define ADAM_MIN ((size_t)4 << 20)   /* parameters */
+
+static size_t probe_elems(size_t array_elem, size_t min_elems)
+{
+    pthread_once(&g_llc_once, find_llc);
+    size_t n = (size_t)(4 * g_llc / array_elem);
+    size_t cap = ((size_t)1 << 30) / array_elem;
+    n = n < min_elems ? min_elems : n;
+    return n > cap ? cap : n;
+}
+
 static int measure_mem(zn_ceilings *c)
 {
-    size_t n = (size_t)16 << 20;
+    size_t n = probe_elems(4, MEM_MIN);
     float *x = malloc(n * 4), *y = malloc(n * 4);
     if (!x || !y) {
         free(x);
         free(y);
         return zn_set_error(-ENOMEM, "cost model: out of memory");
     }
+    /* first touched by the threads that sum them (the same static split):
+     * each thread's pages on its own NUMA node, as a run's are */
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++)
         x[i] = 1.0f, y[i] = 0.5f;
     for (int r = 0; r < REPS; r++) {
@@ -196,7 +232,8 @@ static int measure_mem(zn_ceilings *c)
 
 static int measure_adam(const zn_config *cfg, zn_ceilings *c)
 {
-    size_t n = (size_t)4 << 20;
+    /* p, g, m and v in fp32: 4 arrays of 4 bytes an element */
+    size_t n = probe_elems(4, ADAM_MIN);
     float *p = malloc(n * 4), *g = malloc(n * 4);
     void *m = malloc(zn_mom_layout_bytes(ZN_MOM_F32, n)), *v = malloc(zn_mom_layout_bytes(ZN_MOM_F32, n));
     int rc = p && g && m && v ? 0 : zn_set_error(-ENOMEM, "cost model: out of memory");
@@ -649,12 +686,15 @@ int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags, zn_
         memset(&t, 0, sizeof t);
         if ((rc = measure_link(dev, &t)) || (rc = measure_mem(&t)) || (rc = measure_adam(cfg, &t)))
             goto out;
-        json_object_set_new(m, "link", json_pack("{s:f,s:f,s:f,s:[f,f,f],s:[f,f,f]}", "h2d_bps",
-                                                 t.h2d_bps, "d2h_bps", t.d2h_bps, "mem_bps",
-                                                 t.mem_bps, "adam_pps", t.adam_pps[0],
+        json_object_set_new(m, "link", json_pack("{s:f,s:f,s:f,s:[f,f,f],s:[f,f,f],s:I,s:I}",
+                                                 "h2d_bps", t.h2d_bps, "d2h_bps", t.d2h_bps,
+                                                 "mem_bps", t.mem_bps, "adam_pps", t.adam_pps[0],
                                                  t.adam_pps[1], t.adam_pps[2], "adam_sr_pps",
                                                  t.adam_sr_pps[0], t.adam_sr_pps[1],
-                                                 t.adam_sr_pps[2]));
+                                                 t.adam_sr_pps[2], "mem_probe_array_bytes",
+                                                 (json_int_t)(probe_elems(4, MEM_MIN) * 4),
+                                                 "adam_probe_params",
+                                                 (json_int_t)probe_elems(4, ADAM_MIN)));
         dirty = true;
     }
     json_t *l = json_object_get(m, "link");

@@ -97,6 +97,17 @@ int zn_topo_discover(zn_topo *t)
         hwloc_bitmap_list_snprintf(z->cpuset, sizeof z->cpuset, node->cpuset);
     }
 
+    /* the last level of cache: every L3, or every L2 where there is none */
+    static const hwloc_obj_type_t levels[] = { HWLOC_OBJ_L3CACHE, HWLOC_OBJ_L2CACHE };
+    for (size_t l = 0; l < sizeof levels / sizeof levels[0] && !t->llc_bytes; l++) {
+        int nc = hwloc_get_nbobjs_by_type(topo, levels[l]);
+        for (int i = 0; i < nc; i++) {
+            hwloc_obj_t o = hwloc_get_obj_by_type(topo, levels[l], (unsigned)i);
+            if (o && o->attr)
+                t->llc_bytes += o->attr->cache.size;
+        }
+    }
+
     struct rlimit rl;
     if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0)
         t->memlock_limit = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur;
