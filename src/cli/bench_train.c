@@ -3,6 +3,7 @@
  * the same run (the overlap efficiency: 1.00 means the step takes exactly as
  * long as its slowest resource). nccl-tests style output, --csv for files. */
 #include <math.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/utsname.h>
@@ -212,14 +213,23 @@ int zn_bench_train(int argc, char **argv)
            (double)r.d2h_bytes / ns * 1e-6, (double)ps->nvme_read * 1e-6,
            (double)r.nvme_read_bytes / ns * 1e-6, (double)ps->nvme_write * 1e-6,
            (double)r.nvme_write_bytes / ns * 1e-6);
+    if (trace && (rc = zn_train_write_trace(ts.tr, trace)))
+        zn_cli_fail(rc, "trace");
+    /* as zinc train: the trainer and its device go before the cost model
+     * measures anything (a copy of the plan stays) */
+    zn_plan *pl = malloc(sizeof *pl);
+    int prc = pl ? 1 : zn_set_error(-ENOMEM, "out of memory");
+    if (pl)
+        *pl = *plan;
+    zn_run_free_trainer(&ts);
     zn_cost pred;
-    int prc = ts.rank == 0 ? zn_run_predict(&cfg, &ts.dims, plan, 0, &pred, stdout) : 1;
+    if (pl && ts.rank == 0)
+        prc = zn_run_predict(&cfg, &ts.dims, pl, 0, &pred, stdout);
     if (prc == 0 || prc == ZN_EARG)
         zn_cost_print_vs(&pred, &r, ts.world, stdout);
     if (prc && prc != 1)
         fprintf(stderr, "zinc: warning: no prediction: %s\n", zn_last_error());
-    if (trace && (rc = zn_train_write_trace(ts.tr, trace)))
-        zn_cli_fail(rc, "trace");
+    free(pl);
     zn_run_close(&ts);
     return rc || wrong ? 1 : 0;
 }
