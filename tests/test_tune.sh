@@ -100,23 +100,23 @@ else
     grep -E "^  disk|^predicted" <<<"$out"
 fi
 
-# the memory and Adam probes measure memory, not the cache: each of their
-# arrays is at least four times the last-level cache `zinc info` reports
-# (STREAM's rule; the Adam probe's p, g, m and v are 4 bytes an element)
+# the memory and Adam probes measure memory, not the cache: their arrays
+# together are at least four times the last-level cache `zinc info`
+# reports (the Adam probe's p, g, m and v: 16 bytes an element)
 llc=$("$zinc" info --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["cpu"]["last_level_cache"])')
 if python3 - "$ZINC_CACHE_DIR/ceilings.json" "$llc" <<'EOF'
 import json, sys
 m = json.load(open(sys.argv[1]))
 llc = int(sys.argv[2])
 links = [v["link"] for v in m.values() if isinstance(v, dict) and "link" in v]
-ok = links and llc > 0 and all(l["mem_probe_array_bytes"] >= min(4 * llc, 1 << 30) and
-                               l["adam_probe_params"] * 4 >= min(4 * llc, 1 << 30) for l in links)
+ok = links and llc > 0 and all(l["mem_probe_bytes"] >= min(4 * llc, 4 << 30) and
+                               l["adam_probe_params"] * 16 >= min(4 * llc, 4 << 30) for l in links)
 sys.exit(0 if ok else 1)
 EOF
 then
     ok
 else
-    bad "the memory probes are not 4x the last-level cache ($llc bytes): $(grep -o '"mem_probe[^,]*' "$ZINC_CACHE_DIR/ceilings.json")"
+    bad "the memory probes are not 4x the last-level cache ($llc bytes): $(grep -oE '"(mem_probe_bytes|adam_probe_params)[^,]*' "$ZINC_CACHE_DIR/ceilings.json")"
 fi
 
 # 3. --tune: every candidate shown fits; the written config plans and fits,

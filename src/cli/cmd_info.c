@@ -170,7 +170,7 @@ int zn_cmd_info(int argc, char **argv)
     printf("  simd         %s%s%s%s%s%s\n", t.sse42 ? "sse4.2 " : "", t.avx2 ? "avx2 " : "",
            t.fma ? "fma " : "", t.f16c ? "f16c " : "", t.avx512f ? "avx512f " : "",
            t.avx512bw ? "avx512bw" : "");
-    printf("  cache        %s of last-level cache (the cost model's memory probes use four times it)\n",
+    printf("  cache        %s of last-level cache (the cost model's memory probes span four times it)\n",
            t.llc_bytes ? zn_format_size(t.llc_bytes, b1, sizeof b1) : "unknown");
     printf("  adam         %s (%s)\n", zn_adam_isa_name(), zn_adam_isa_reason());
     printf("  blas         %s (host backend; OPENBLAS_CORETYPE forces another family)\n",

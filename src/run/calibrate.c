@@ -182,27 +182,29 @@ static void find_llc(void)
 }
 
 /* Elements for a bandwidth probe: at least `min_elems`, and enough that
- * each of its arrays (`array_elem` bytes an element) is four times the
- * machine's last-level caches (STREAM's rule), so that the figure is the
- * memory's and not the cache's; at most 1 GiB an array. On the 2-core Zen
- * 4 VM (32 MiB of L3) that doubles the old fixed sizes; a server's L3
- * (over 100 MiB on a Xeon) held most of them, and the figures overstated
- * what a run's gigabytes of gradients and moments get. */
-#define MEM_MIN ((size_t)16 << 20)   /* floats an array: 64 MiB */
+ * the probe's arrays together (`elem_bytes` bytes an element across them)
+ * are four times the machine's last-level caches, so that each pass
+ * evicts the one before and the figure is the memory's, not the cache's
+ * (STREAM asks four times for each array; a sweep over four times the
+ * cache already finds nothing of the pass before); at most 4 GiB in all.
+ * On the 2-core Zen 4 VM (32 MiB of L3) the old fixed sizes hold; a
+ * server's L3 (over 100 MiB on a Xeon) held most of them, and the figures
+ * overstated what a run's gigabytes of gradients and moments get. */
+#define MEM_MIN ((size_t)16 << 20)   /* floats in each of its 2 arrays: 128 MiB */
 #define ADAM_MIN ((size_t)4 << 20)   /* parameters */
 
-static size_t probe_elems(size_t array_elem, size_t min_elems)
+static size_t probe_elems(size_t elem_bytes, size_t min_elems)
 {
     pthread_once(&g_llc_once, find_llc);
-    size_t n = (size_t)(4 * g_llc / array_elem);
-    size_t cap = ((size_t)1 << 30) / array_elem;
+    size_t n = (size_t)(4 * g_llc / elem_bytes);
+    size_t cap = ((size_t)4 << 30) / elem_bytes;
     n = n < min_elems ? min_elems : n;
     return n > cap ? cap : n;
 }
 
 static int measure_mem(zn_ceilings *c)
 {
-    size_t n = probe_elems(4, MEM_MIN);
+    size_t n = probe_elems(8, MEM_MIN);
     float *x = malloc(n * 4), *y = malloc(n * 4);
     if (!x || !y) {
         free(x);
@@ -232,8 +234,8 @@ static int measure_mem(zn_ceilings *c)
 
 static int measure_adam(const zn_config *cfg, zn_ceilings *c)
 {
-    /* p, g, m and v in fp32: 4 arrays of 4 bytes an element */
-    size_t n = probe_elems(4, ADAM_MIN);
+    /* p, g, m and v in fp32: 16 bytes an element */
+    size_t n = probe_elems(16, ADAM_MIN);
     float *p = malloc(n * 4), *g = malloc(n * 4);
     void *m = malloc(zn_mom_layout_bytes(ZN_MOM_F32, n)), *v = malloc(zn_mom_layout_bytes(ZN_MOM_F32, n));
     int rc = p && g && m && v ? 0 : zn_set_error(-ENOMEM, "cost model: out of memory");
@@ -691,10 +693,10 @@ int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int flags, zn_
                                                  "mem_bps", t.mem_bps, "adam_pps", t.adam_pps[0],
                                                  t.adam_pps[1], t.adam_pps[2], "adam_sr_pps",
                                                  t.adam_sr_pps[0], t.adam_sr_pps[1],
-                                                 t.adam_sr_pps[2], "mem_probe_array_bytes",
-                                                 (json_int_t)(probe_elems(4, MEM_MIN) * 4),
+                                                 t.adam_sr_pps[2], "mem_probe_bytes",
+                                                 (json_int_t)(probe_elems(8, MEM_MIN) * 8),
                                                  "adam_probe_params",
-                                                 (json_int_t)probe_elems(4, ADAM_MIN)));
+                                                 (json_int_t)probe_elems(16, ADAM_MIN)));
         dirty = true;
     }
     json_t *l = json_object_get(m, "link");
