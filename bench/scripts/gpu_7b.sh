@@ -14,7 +14,11 @@ z=$PWD/build-gpu/zinc
 nproc; free -g | head -2; nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
 src=$PWD
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+smi= pid=
+# on exit, Ctrl-C or SIGTERM: the run and the sampler end, the folder goes
+trap 'kill $smi $pid 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 cd "$work" || exit 1
 args=(examples/a10-qwen2.5-7b.json --set 'train.optim="adamw_bnb_8bit"' --set 'tiers.cpu="110GiB"'
       --set 'data.path="synthetic"' --set gradient_accumulation_steps=1 --set train_batch_size=1

@@ -190,7 +190,7 @@ static void find_llc(void)
  * On the 2-core Zen 4 VM (32 MiB of L3) the old fixed sizes hold; a
  * server's L3 (over 100 MiB on a Xeon) held most of them, and the figures
  * overstated what a run's gigabytes of gradients and moments get. */
-#define MEM_MIN ((size_t)16 << 20)   /* floats in each of its 2 arrays: 128 MiB */
+#define MEM_MIN ((size_t)16 << 20)   /* floats in each of its 2 arrays: 128 MiB in all */
 #define ADAM_MIN ((size_t)4 << 20)   /* parameters */
 
 static size_t probe_elems(size_t elem_bytes, size_t min_elems)
@@ -603,21 +603,17 @@ static void shape_key(const zn_model_dims *d, const zn_model_probe_opts *o, char
              o->attention);
 }
 
-/* A device for measuring. With d, room for the layer probe: a one-layer
- * model's parameters, gradients and their staging (4 fp32 copies at most)
- * beside 1 GiB for the activations; a large vocabulary's embedding and head
- * alone passed the fixed 1 GiB (Qwen2.5's 151936 x 1536: 0.9 GB each), and
- * the run's report then had no prediction. The host backend's arena is
- * reserved address space, touched only as the probe uses it. */
 /* The device the ceilings are measured on, its arena sized for what they
- * allocate: the link's 64 MiB buffer, and for the layer probe (d) one
- * layer with the embedding and the head resident (parameters of at most 4
- * bytes and fp32 gradients: 8 bytes a parameter), the model's workspace at
- * the run's shape and the probe's activations; 1 GiB of slack. Never more
- * than the run's own numeric tiers.gpu: after a run (zinc train's
- * prediction) the measurements must fit where the run did, or not run. On the first H200 a 7B
- * run's probe, sized at 16 bytes a parameter, reserved 20.7 GiB beside the
- * run's 5.4. */
+ * allocate: the link's buffer (64 MiB at most), and for the layer probe (d)
+ * one layer with the embedding and the head resident (parameters of at
+ * most 4 bytes and fp32 gradients: 8 bytes a parameter; their staging is
+ * in host memory; a large vocabulary's embedding and head are most of it),
+ * the model's workspace at the run's shape and the probe's activations;
+ * 1 GiB of slack. Never more than the run's own numeric tiers.gpu: after a
+ * run (zinc train's prediction) the measurements fit where the run did, or
+ * do not run. On the first H200 a 7B run's probe, then sized at 16 bytes a
+ * parameter, reserved 20.7 GiB beside the run's 5.4. The host backend's
+ * arena is reserved address space, touched only as the probe uses it. */
 static int open_device(const zn_config *cfg, const zn_model_dims *d, bool cuda, zn_dev **dev)
 {
     zn_dev_config dc = zn_dev_config_default();
