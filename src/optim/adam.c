@@ -274,7 +274,8 @@ static void init_vbmi(void)
 {
 #if ZN_OPTIM_X86
     __builtin_cpu_init();
-    if (!zn_adam_isa_available(ZN_ISA_AVX512) || !__builtin_cpu_supports("avx512vbmi"))
+    if (!zn_adam_isa_available(ZN_ISA_AVX512) || !__builtin_cpu_supports("avx512vbmi") ||
+        !__builtin_cpu_supports("avx512dq"))
         return;
     g_vbmi_ops = zn_optim_ops_avx512;
     g_vbmi_ops.name = "avx512vbmi";

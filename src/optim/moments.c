@@ -10,6 +10,7 @@
  * The per-ISA pieces (dequantize, quantize, widen, round) live in the
  * kernel tables of optim_*.c; their scalar forms and the maps live here. */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
@@ -223,6 +224,212 @@ static void build_planes(zn_q8_table *t)
             t->vbmi_ok = 0;
 }
 
+/* ---- the linear estimate (see zn_q8_table) ------------------------------ */
+
+/* U's margin: flagged within 2 eps above an integer. optim_avx512vbmi.c
+ * tests bits 5-15 of 2^16 U, which is 2 eps = 2^-11. */
+#define LIN_EPS 0x1p-12f
+
+/* The group of a map entry: 0 for 0, else its decade of |v| counted from
+ * the lowest decade (kmin) up, from 1. */
+static int lin_group(float v, int kmin)
+{
+    return v == 0.0f ? 0 : (int)floor(log10(fabs((double)v))) - kmin + 1;
+}
+
+/* The boundaries of one side in side order k (k = 0 at |y| = 0): y >= 0
+ * has code cz + k, and k + 1 from above bnd[k] on; y < 0 has code cz - k,
+ * and k + 1 from |y| >= bnd[k] on. Returns how many. */
+static int lin_bounds(const zn_q8_table *t, int neg, int cz, double *bnd)
+{
+    int nb = 0;
+    if (!neg)
+        for (int c = cz; c < 255; c++)
+            bnd[nb++] = t->mid[c];
+    else
+        for (int c = cz - 1; c >= 0; c--)
+            bnd[nb++] = -(double)t->mid[c];
+    return nb;
+}
+
+/* One group's alpha, beta and cap (side order), or -1 if the side's codes
+ * of group d are not one run. */
+static int lin_fit(const zn_q8_table *t, int neg, int cz, int kmin, int d, float out[3])
+{
+    double bnd[256];
+    int nb = lin_bounds(t, neg, cz, bnd), klo = -1, khi = -1;
+    for (int k = 0; k <= nb; k++) {
+        int g = lin_group(t->map[neg ? cz - k : cz + k], kmin);
+        if (g == d) {
+            if (khi >= 0 && khi != k - 1)
+                return -1;
+            klo = klo < 0 ? k : klo;
+            khi = k;
+        }
+    }
+    if (klo < 0) {
+        /* no code of this side in group d: the side's last k above its
+         * groups, its first below them */
+        int top = lin_group(t->map[neg ? cz - nb : cz + nb], kmin) < d;
+        int k = top ? nb : 0;
+        if (!top && lin_group(t->map[cz], kmin) < d)
+            return -1;
+        out[0] = 0.0f;
+        out[1] = out[2] = (float)k + 0.5f;
+        return 0;
+    }
+    int n = khi - klo + 1;
+    if (n == 1) {
+        out[0] = 0.0f;
+        out[1] = out[2] = (float)klo + 0.5f;
+        return 0;
+    }
+    double first = bnd[klo], s;
+    if (n >= 3)
+        s = (bnd[khi - 1] - bnd[klo]) / (n - 2);
+    else
+        s = 1.25 * (klo ? bnd[klo] - bnd[klo - 1] : bnd[klo]);
+    if (!(s > 0.0))
+        return -1;
+    out[0] = (float)(1.0 / s);
+    out[1] = (float)(klo + 1 - first / s) + LIN_EPS;
+    out[2] = (float)khi + 0.5f;
+    return 0;
+}
+
+/* Whether the estimate at y is right or flagged, in the form that also
+ * covers the points between two checked ones: U within [k, k + 1 + 2 eps)
+ * of y's side-order k (U is monotone where nothing changes). */
+static int lin_holds(const zn_q8_table *t, float y)
+{
+    if (!isfinite(y) || (y < 0.0f && -y == FLT_MAX))
+        return 1;   /* U is NaN: flagged (y < 0 at FLT_MAX takes +Inf) */
+    float yc = y < -1.0f ? -1.0f : y > 1.0f ? 1.0f : y;
+    int c = code_by_count(t->mid, yc), neg;
+    float u = zn_q8_lin_u(t, y, &neg);
+    double k = neg ? t->lin_kneg - c : c;
+    return u >= k && u < k + 1.0 + 2.0 * LIN_EPS;
+}
+
+static int lin_check_at(const zn_q8_table *t, float a)
+{
+    float up = nextafterf(a, INFINITY), down = a > 0.0f ? nextafterf(a, 0.0f) : a;
+    float pts[5] = { a, up, nextafterf(up, INFINITY), down, down > 0.0f ? nextafterf(down, 0.0f) : a };
+    for (int i = 0; i < 5; i++)
+        if (!lin_holds(t, pts[i]) || !lin_holds(t, -pts[i]))
+            return 0;
+    return 1;
+}
+
+/* The check (see zn_q8_table): every midpoint's magnitude, group boundary
+ * and binade edge, with the two floats on either side, both signs; U is
+ * monotone between any two of them, where nothing changes. */
+static int lin_check(const zn_q8_table *t, const float *gb, int ngb)
+{
+    for (int c = 0; c < 255; c++)
+        if (!lin_check_at(t, fabsf(t->mid[c])))
+            return 0;
+    for (int j = 0; j < ngb; j++)
+        if (!lin_check_at(t, gb[j]))
+            return 0;
+    for (int e = -31; e <= 1; e++)
+        if (!lin_check_at(t, ldexpf(1.0f, e)))
+            return 0;
+    float ends[] = { 0.0f, 0x1p-149f, FLT_MAX };
+    for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++)
+        if (!lin_check_at(t, ends[i]))
+            return 0;
+    return 1;
+}
+
+static void build_lin(zn_q8_table *t)
+{
+    t->lin_ok = 0;
+    int cz = code_by_count(t->mid, 0.0f), kmin = 0, ng = 0;
+    for (int c = 0; c < 256; c++) {
+        if (t->map[c] != 0.0f) {
+            int k = (int)floor(log10(fabs((double)t->map[c])));
+            kmin = k < kmin ? k : kmin;
+        }
+    }
+    for (int c = 0; c < 256; c++) {
+        int g = lin_group(t->map[c], kmin);
+        ng = g + 1 > ng ? g + 1 : ng;
+    }
+    if (ng > 16)
+        return;
+    memset(t->lin_alpha, 0, sizeof t->lin_alpha);
+    memset(t->lin_beta, 0, sizeof t->lin_beta);
+    memset(t->lin_cap, 0, sizeof t->lin_cap);
+    for (int neg = 0; neg < 2; neg++) {
+        for (int d = 0; d < ng; d++) {
+            float f[3];
+            if (lin_fit(t, neg, cz, kmin, d, f))
+                return;
+            int at = d + 16 * neg;
+            t->lin_alpha[at] = f[0];
+            /* y >= 0: in codes, not side order */
+            t->lin_beta[at] = f[1] + (neg ? 0.0f : (float)cz);
+            t->lin_cap[at] = f[2] + (neg ? 0.0f : (float)cz);
+        }
+    }
+    t->lin_kneg = cz;
+    t->lin_flag = 2.0f * LIN_EPS;
+    /* the group boundaries (the y >= 0 side's): above gb[d], group d + 1 */
+    float gb[32];
+    int ngb = 0;
+    for (int c = cz; c < 255; c++)
+        if (lin_group(t->map[c + 1], kmin) != lin_group(t->map[c], kmin))
+            gb[ngb++] = t->mid[c];
+    if (ngb != ng - 1)
+        return;
+    for (int i = 0; i < 32; i++) {
+        /* binade 2^(i - 31) .. 2^(i - 30); the first takes all below, the
+         * last all above */
+        float lo = i ? ldexpf(1.0f, i - 31) : 0.0f, hi = ldexpf(1.0f, i - 30);
+        int below = 0, inside = 0;
+        float b = INFINITY;
+        for (int j = 0; j < ngb; j++) {
+            below += gb[j] < lo;
+            if (gb[j] >= lo && (i == 31 || gb[j] < hi)) {
+                inside++;
+                b = gb[j];
+            }
+        }
+        if (inside > 1)
+            return;
+        t->lin_dlo[i] = below;
+        t->lin_b[i] = b;
+    }
+    /* y < 0: its own boundaries, in the shifted |y| of zn_q8_lin_u (above
+     * bnd there is at or above it before the shift); the same binades */
+    int k = 0;
+    for (int c = cz; c > 0; c--) {
+        if (lin_group(t->map[c - 1], kmin) != lin_group(t->map[c], kmin)) {
+            if (k >= ngb)
+                return;
+            gb[16 + k++] = -t->mid[c - 1];
+        }
+    }
+    t->lin_two_b = 0;
+    for (int i = 0; i < 32; i++) {
+        float b = t->lin_b[i];
+        int j = 0;
+        while (j < ngb && gb[j] != b)
+            j++;
+        if (j < k) {
+            /* y < 0 has that boundary too (its groups are the first k + 1) */
+            b = gb[16 + j];
+            float lo = i ? ldexpf(1.0f, i - 31) : 0.0f;
+            if (!(b >= lo && (i == 31 || b < ldexpf(1.0f, i - 30))))
+                return;
+        }
+        t->lin_b[32 + i] = b;
+        t->lin_two_b |= b != t->lin_b[i];
+    }
+    t->lin_ok = lin_check(t, gb, ngb) && lin_check(t, gb + 16, k);
+}
+
 static int build_table(zn_q8_table *t, const float *map, zn_q8_scheme scheme)
 {
     memcpy(t->map, map, sizeof t->map);
@@ -251,6 +458,7 @@ static int build_table(zn_q8_table *t, const float *map, zn_q8_scheme scheme)
         t->key[key] = (uint8_t)c0;
     }
     build_planes(t);
+    build_lin(t);
     return build_cells(t);
 }
 

@@ -85,7 +85,68 @@ typedef struct {
     uint8_t mid_plane[4][256] __attribute__((aligned(64)));
     uint16_t tree16[8][128] __attribute__((aligned(64)));
     int vbmi_ok;
+    /* The linear estimate (zn_q8_lin_u, the VBMI path's first try). The
+     * map's entries fall in groups, one per decade of |entry| (bitsandbytes'
+     * maps space their entries evenly within a decade), so within a group
+     * the code is nearly a linear function of |y|. Per side of 0 (index
+     * d, or 16 + d for y < 0), U = min(cap, fma(|y|, alpha, beta)) puts the
+     * group's midpoints on integers (plus eps) and its regions between
+     * them; the cap holds the last region, which reaches past the group's
+     * spacing. floor(U) is the code (y >= 0) or lin_kneg less it (y < 0),
+     * except where U is within 2 eps above an integer (lin_flag): there,
+     * and at NaN, the search decides. The group of |y|: lin_dlo of its
+     * binade (exponents 2^-31 .. 2^0, smaller and larger clamped; y < 0
+     * shifted first, see zn_q8_lin_u), plus one
+     * when above lin_b, the one group boundary inside that binade (+Inf if
+     * none); lin_b[32 + i] for y < 0, the same in bitsandbytes' symmetric
+     * maps (lin_two_b 0), one ulp off in some of torchao's (1). lin_ok: built and checked (build_lin in moments.c checks U at
+     * every point where the code, the side, the binade or the group
+     * changes, and U is monotone in between), else the path searches. */
+    int32_t lin_dlo[32] __attribute__((aligned(64)));
+    float lin_b[64] __attribute__((aligned(64)));
+    float lin_alpha[32] __attribute__((aligned(64)));
+    float lin_beta[32] __attribute__((aligned(64)));
+    float lin_cap[32] __attribute__((aligned(64)));
+    int32_t lin_kneg;
+    float lin_flag;
+    int lin_two_b;
+    int lin_ok;
 } zn_q8_table;
+
+/* The linear estimate's U for y (see zn_q8_table), as the vector path
+ * computes it; *neg: whether y's sign bit is set. */
+static inline float zn_q8_lin_u(const zn_q8_table *t, float y, int *neg)
+{
+    uint32_t u, ab;
+    memcpy(&u, &y, 4);
+    /* y < 0 takes the next float above |y|: its regions are closed below
+     * (code k + 1 from |y| >= bnd on), and "above" is what the group test
+     * and the floor decide */
+    ab = (u & 0x7fffffffu) + (u >> 31);
+    uint32_t ex = ab >> 23;
+    ex = ex < 96 ? 96 : ex > 127 ? 127 : ex;
+    float a;
+    memcpy(&a, &ab, 4);
+    *neg = (int)(u >> 31);
+    int d = t->lin_dlo[ex & 31] + (t->lin_b[(ex & 31) + (*neg ? 32 : 0)] < a) + (*neg ? 16 : 0);
+    float f = fmaf(a, t->lin_alpha[d], t->lin_beta[d]);
+    return t->lin_cap[d] < f ? t->lin_cap[d] : f;   /* vminps(cap, f): a NaN f stays */
+}
+
+/* The code of y by the linear estimate: 1 and *code where it decides, 0
+ * where the search must (tests/test_adam_q8.c checks it against the
+ * definition). */
+static inline int zn_q8_code_lin(const zn_q8_table *t, float y, uint8_t *code)
+{
+    int neg;
+    float U = zn_q8_lin_u(t, y, &neg);
+    float fl = floorf(U);
+    if (!(U - fl >= t->lin_flag))
+        return 0;
+    int e = (int)fl;
+    *code = (uint8_t)(neg ? t->lin_kneg - e : e);
+    return 1;
+}
 
 /* A float in its order as an unsigned integer (-0 just below +0). */
 static inline uint32_t zn_q8_ord(float x)
