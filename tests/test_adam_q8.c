@@ -144,7 +144,8 @@ static void check_lin(const zn_q8_table *t, const char *name)
     uint8_t c;
     float odd[] = { NAN, -NAN, INFINITY, -INFINITY };
     for (int i = 0; i < 4; i++)
-        ZT_CHECK_MSG(!zn_q8_code_lin(t, odd[i], &c) || c == code_def(t->mid, odd[i] > 0 ? 1.0f : -1.0f),
+        ZT_CHECK_MSG(!zn_q8_code_lin(t, odd[i], &c) ||
+                         c == code_def(t->mid, odd[i] > 0 ? 1.0f : -1.0f),
                      "%s: linear estimate decided %g as %d", name, (double)odd[i], c);
 }
 

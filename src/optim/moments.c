@@ -314,7 +314,8 @@ static int lin_holds(const zn_q8_table *t, float y)
 static int lin_check_at(const zn_q8_table *t, float a)
 {
     float up = nextafterf(a, INFINITY), down = a > 0.0f ? nextafterf(a, 0.0f) : a;
-    float pts[5] = { a, up, nextafterf(up, INFINITY), down, down > 0.0f ? nextafterf(down, 0.0f) : a };
+    float pts[5] = { a, up, nextafterf(up, INFINITY), down,
+                     down > 0.0f ? nextafterf(down, 0.0f) : a };
     for (int i = 0; i < 5; i++)
         if (!lin_holds(t, pts[i]) || !lin_holds(t, -pts[i]))
             return 0;

@@ -88,20 +88,21 @@ typedef struct {
     /* The linear estimate (zn_q8_lin_u, the VBMI path's first try). The
      * map's entries fall in groups, one per decade of |entry| (bitsandbytes'
      * maps space their entries evenly within a decade), so within a group
-     * the code is nearly a linear function of |y|. Per side of 0 (index
-     * d, or 16 + d for y < 0), U = min(cap, fma(|y|, alpha, beta)) puts the
-     * group's midpoints on integers (plus eps) and its regions between
-     * them; the cap holds the last region, which reaches past the group's
+     * the code is nearly a linear function of |y|. Per side of 0 (index d,
+     * or 16 + d for y < 0), U = min(cap, fma(|y|, alpha, beta)) puts the
+     * group's midpoints on integers (plus eps) and its regions between them;
+     * the cap holds the group's last region, which reaches past its
      * spacing. floor(U) is the code (y >= 0) or lin_kneg less it (y < 0),
      * except where U is within 2 eps above an integer (lin_flag): there,
-     * and at NaN, the search decides. The group of |y|: lin_dlo of its
-     * binade (exponents 2^-31 .. 2^0, smaller and larger clamped; y < 0
-     * shifted first, see zn_q8_lin_u), plus one
-     * when above lin_b, the one group boundary inside that binade (+Inf if
-     * none); lin_b[32 + i] for y < 0, the same in bitsandbytes' symmetric
-     * maps (lin_two_b 0), one ulp off in some of torchao's (1). lin_ok: built and checked (build_lin in moments.c checks U at
-     * every point where the code, the side, the binade or the group
-     * changes, and U is monotone in between), else the path searches. */
+     * and at NaN, the search decides. The group of |y| (y < 0 shifted
+     * first, see zn_q8_lin_u): lin_dlo of its binade (exponents 2^-31 ..
+     * 2^0, smaller and larger clamped), plus one when above lin_b, the one
+     * group boundary inside that binade (+Inf if none); lin_b[32 + i] for
+     * y < 0, the same in bitsandbytes' symmetric maps (lin_two_b 0), one
+     * ulp off in some of torchao's (1). lin_ok: built and checked
+     * (build_lin in moments.c checks U at every point where the code, the
+     * side, the binade or the group changes, and U is monotone in
+     * between), else the path searches. */
     int32_t lin_dlo[32] __attribute__((aligned(64)));
     float lin_b[64] __attribute__((aligned(64)));
     float lin_alpha[32] __attribute__((aligned(64)));
