@@ -56,6 +56,18 @@ static double div0(double a, double b)
  *   large shapes (660 TF); H2D 35 GB/s and D2H 52.8 GB/s (nvbandwidth #24);
  *   a 2-socket host, Adam ~8 G params/s; 4x Gen4 NVMe in RAID0: 10 / 5
  *   GB/s (DeepNVMe, 08-2024). H200: the same compute and link, 141 GB.
+ * - CPU Adam with bf16 and 8-bit moments: a share of the fp32 step's rate
+ *   measured by this project, not the ratio of the bytes moved, since those
+ *   steps are bound by their arithmetic (widening, quantizing), not by
+ *   memory (bench/results/adam-states.md). On the AVX2 path, which auto
+ *   takes on Intel CPUs and on AMD ones before Zen 4, `zinc bench adam`
+ *   measured the bf16-moment step at 0.83x (0.68-0.98, 2 runs) and the 8-bit
+ *   one at 0.25x (0.22-0.41, 6 runs) the fp32 step of the same run, on the
+ *   project's 2-core Zen 4 guest. The only 8-bit figure from a GPU host: 2.9
+ *   Gparam/s in the Qwen2.5-7B run on the H200's 16-core Xeon
+ *   (bench/results/train-7b-h200.md), where the h200 target's 0.25 x 8 gives
+ *   2.0. (Until 2026-11-28 these were 1.5x and 2x the fp32 rate, by bytes:
+ *   5.5x what that run reached.)
  * - The schedule's cost per block use on all three is an estimate, not a
  *   measurement (no such GPU has been lent to the project yet; the
  *   calibration measures it on the machine itself): a block use makes
@@ -70,25 +82,30 @@ static double div0(double a, double b)
 static const zn_ceilings targets[] = {
     { .name = "a10", .source = "NVIDIA A10 24 GB on PCIe Gen4 x16: GEMM 66 TF (A10G measured, "
       "datasheet 125), layer 0.8 of it (llm.c), H2D/D2H 19.7 GB/s (measured on an A10); host: "
-      "1 socket 8-channel DDR4, Adam 4 Gparam/s, NVMe 6.5/3.5 GB/s (PM9A3 rated); schedule 20 us "
-      "per block use (an estimate, not measured)",
+      "1 socket 8-channel DDR4, Adam 4 Gparam/s (fp32 moments; bf16 0.83x, 8-bit 0.25x as "
+      "measured on the AVX2 path), NVMe 6.5/3.5 GB/s (PM9A3 rated); schedule 20 us per block "
+      "use (an estimate, not measured)",
       .cuda = true, .gemm_flops = 66e12, .model_eff = 0.8, .h2d_bps = 19.7e9,
       .d2h_bps = 19.7e9, .mem_bps = 100e9, .nvme_read_bps = 6.5e9, .nvme_write_bps = 3.5e9,
-      .adam_pps = { 4e9, 6e9, 8e9 }, .dev_adam_pps = 600e9 / 16, .gpu_bytes = 24ull << 30,
+      .adam_pps = { 4e9, 0.83 * 4e9, 0.25 * 4e9 }, .dev_adam_pps = 600e9 / 16,
+      .gpu_bytes = 24ull << 30,
       .block_use_s = 20e-6 },
     { .name = "h100", .source = "NVIDIA H100 SXM 80 GB on PCIe Gen5: GEMM 660 TF (0.67 of the "
       "989.5 dense datasheet), H2D 35 / D2H 52.8 GB/s (nvbandwidth #24); host: 2 sockets, Adam "
-      "8 Gparam/s, 4x Gen4 NVMe RAID0 10/5 GB/s (DeepNVMe); schedule 20 us per block use (an "
-      "estimate, not measured)",
+      "8 Gparam/s (fp32 moments; bf16 0.83x, 8-bit 0.25x as measured on the AVX2 path), 4x Gen4 "
+      "NVMe RAID0 10/5 GB/s (DeepNVMe); schedule 20 us per block use (an estimate, not "
+      "measured)",
       .cuda = true, .gemm_flops = 660e12, .model_eff = 0.6, .h2d_bps = 35e9, .d2h_bps = 52.8e9,
       .mem_bps = 200e9, .nvme_read_bps = 10e9, .nvme_write_bps = 5e9,
-      .adam_pps = { 8e9, 12e9, 16e9 }, .dev_adam_pps = 3.35e12 / 16, .gpu_bytes = 80ull << 30,
+      .adam_pps = { 8e9, 0.83 * 8e9, 0.25 * 8e9 }, .dev_adam_pps = 3.35e12 / 16,
+      .gpu_bytes = 80ull << 30,
       .block_use_s = 20e-6 },
     { .name = "h200", .source = "NVIDIA H200 SXM 141 GB: as h100 (same compute and link), "
       "HBM3e 4.8 TB/s; schedule 20 us per block use (an estimate, not measured)",
       .cuda = true, .gemm_flops = 660e12, .model_eff = 0.6, .h2d_bps = 35e9, .d2h_bps = 52.8e9,
       .mem_bps = 200e9, .nvme_read_bps = 10e9, .nvme_write_bps = 5e9,
-      .adam_pps = { 8e9, 12e9, 16e9 }, .dev_adam_pps = 4.8e12 / 16, .gpu_bytes = 141ull << 30,
+      .adam_pps = { 8e9, 0.83 * 8e9, 0.25 * 8e9 }, .dev_adam_pps = 4.8e12 / 16,
+      .gpu_bytes = 141ull << 30,
       .block_use_s = 20e-6 },
 };
 
