@@ -235,6 +235,13 @@ else
     echo >> "$out"
 fi
 step "bench pcie" 300 "$zinc" bench pcie --device cuda
+# the host's CPU Adam with 8-bit moments on every SIMD path it has: auto
+# takes AVX2 on Intel (chosen for the fp32 step, which is memory-bound);
+# the 8-bit step is bound by its arithmetic, and on AMD Zen 4 the VBMI path
+# ran it 1.6-2.2x the AVX2 one (bench/results/adam-states.md). Whether
+# Intel's VBMI path beats its AVX2 gathers decides auto's choice there.
+step "bench adam: 8-bit moments on every SIMD path of this host" 300 "$zinc" bench adam \
+    --params 256M --states int8 --grad bf16 --copy bf16 --iters 5 --csv "$log/adam-states-host.csv"
 # both attentions at the lengths around auto's threshold (GEMM up to 8192
 # tokens, the fused kernels beyond): where the fused kernels become the
 # faster (or the only affordable) one on this GPU
