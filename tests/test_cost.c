@@ -176,7 +176,39 @@ static void test_gpu_overlap(void)
     ZT_EQ_INT(zn_cost_predict(&p, &c, &comp, 4, 256, ZN_MOM_F32, &o), 0);
     CLOSE(o.step_s, 0.200);
     ZT_EQ_INT(o.bound, ZN_RES_H2D);
+    /* the gradients' way home longer than the backward: 100 MB at 1 GB/s
+     * (100 ms) plus 150 MB summed at 10 GB/s (15 ms) against 85 ms of
+     * backward. With clipping the optimizer starts 30 ms after the
+     * backward's compute: 30 + 10 of Adam - 40 of forward = 0 exposed. */
+    p = plan_with(50000000, 100000000, 0, 0, false);
+    p.step.accum_bytes = 150000000;
+    ZT_EQ_INT(zn_cost_predict(&p, &c, &comp, 4, 256, ZN_MOM_F32, &o), 0);
+    CLOSE(o.busy_s[ZN_RES_D2H], 0.115);
+    CLOSE(o.accum_tail_s, 0.030);
+    CLOSE(o.exposed_opt_s, 0.0);
+    CLOSE(o.step_s, 0.125);
+    /* a slower Adam (50 ms): 30 + 50 - 40 = 40 ms exposed */
+    p.step.adam_params = 50000000;
+    ZT_EQ_INT(zn_cost_predict(&p, &c, &comp, 4, 256, ZN_MOM_F32, &o), 0);
+    CLOSE(o.exposed_opt_s, 0.040);
+    CLOSE(o.step_s, 0.165);
+    ZT_EQ_INT(o.bound, ZN_RES_ADAM);
+    /* without clipping units step as their gradients land: no tail, the
+     * 50 ms hide under the 125 ms window */
+    p.step.overlap_step = true;
+    ZT_EQ_INT(zn_cost_predict(&p, &c, &comp, 4, 256, ZN_MOM_F32, &o), 0);
+    CLOSE(o.accum_tail_s, 0.0);
+    CLOSE(o.step_s, 0.125);
+    /* two micro-batches: only the last one's tail counts (115 / 2 = 57.5
+     * ms of the way home against 85 ms of backward: none) */
+    p.step.overlap_step = false;
+    p.step.micro_batches = 2;
+    ZT_EQ_INT(zn_cost_predict(&p, &c, &comp, 4, 256, ZN_MOM_F32, &o), 0);
+    CLOSE(o.accum_tail_s, 0.0);
+    CLOSE(o.exposed_opt_s, 0.010);
+    CLOSE(o.step_s, 0.260);
     /* a missing ceiling is named */
+    p = plan_with(200000000, 30000000, 30000000, 30000000, true);
     c.nvme_write_bps = 0;
     ZT_EQ_INT(zn_cost_predict(&p, &c, &comp, 4, 256, ZN_MOM_F32, &o), ZN_EARG);
     ZT_CONTAINS(o.missing, "nvme write");

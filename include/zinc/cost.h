@@ -84,6 +84,10 @@ typedef struct {
     double tokens_per_s;
     double nvme_tb_per_day;
     char missing[128];            /* a ceiling the prediction needed and lacked */
+    double accum_tail_s;          /* CUDA, optimizer after the backward (clipping):
+                                     the last micro-batch's D2H and accumulation
+                                     past its backward's compute, which the
+                                     optimizer chain starts after */
 } zn_cost;
 
 /* Predicts one optimizer step of `plan` (with plan->step filled, i.e. from
