@@ -343,6 +343,13 @@ static int lin_check(const zn_q8_table *t, const float *gb, int ngb)
     return 1;
 }
 
+/* Whether b lies in binade i of the group test (2^(i - 31) .. 2^(i - 30);
+ * the first takes everything below, the last everything above). */
+static int in_binade(float b, int i)
+{
+    return b >= (i ? ldexpf(1.0f, i - 31) : 0.0f) && (i == 31 || b < ldexpf(1.0f, i - 30));
+}
+
 static void build_lin(zn_q8_table *t)
 {
     t->lin_ok = 0;
@@ -385,14 +392,12 @@ static void build_lin(zn_q8_table *t)
     if (ngb != ng - 1)
         return;
     for (int i = 0; i < 32; i++) {
-        /* binade 2^(i - 31) .. 2^(i - 30); the first takes all below, the
-         * last all above */
-        float lo = i ? ldexpf(1.0f, i - 31) : 0.0f, hi = ldexpf(1.0f, i - 30);
+        float lo = i ? ldexpf(1.0f, i - 31) : 0.0f;
         int below = 0, inside = 0;
         float b = INFINITY;
         for (int j = 0; j < ngb; j++) {
             below += gb[j] < lo;
-            if (gb[j] >= lo && (i == 31 || gb[j] < hi)) {
+            if (in_binade(gb[j], i)) {
                 inside++;
                 b = gb[j];
             }
@@ -421,8 +426,7 @@ static void build_lin(zn_q8_table *t)
         if (j < k) {
             /* y < 0 has that boundary too (its groups are the first k + 1) */
             b = gb[16 + j];
-            float lo = i ? ldexpf(1.0f, i - 31) : 0.0f;
-            if (!(b >= lo && (i == 31 || b < ldexpf(1.0f, i - 30))))
+            if (!in_binade(b, i))
                 return;
         }
         t->lin_b[32 + i] = b;
