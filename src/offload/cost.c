@@ -64,9 +64,13 @@ static double div0(double a, double b)
  *   steps are bound by their arithmetic (widening, quantizing), not by
  *   memory (bench/results/adam-states.md). On the AVX2 path, which auto
  *   takes on Intel CPUs and on AMD ones before Zen 4, `zinc bench adam`
- *   measured the bf16-moment step at 0.83x (0.68-0.98, 2 runs) and the 8-bit
- *   one at 0.25x (0.22-0.41, 6 runs) the fp32 step of the same run, on the
- *   project's 2-core Zen 4 guest. The only 8-bit figure from a GPU host: 2.9
+ *   measured the 8-bit step at 0.25x (0.22-0.41, 6 runs) the fp32 step of
+ *   the same run, on the project's 2-core Zen 4 guest. The bf16-moment
+ *   step, fused since 2026-11-28 (one pass, widening and rounding in
+ *   registers), measured 0.85-1.39x in 6 runs there: 1.37-1.39x (its
+ *   roofline, by bytes 1.4x) where the guest's memory gave 27 GB/s per
+ *   core, 0.85-0.93x (bound by the Adam arithmetic, as the fp32 step
+ *   nearly is) where it gave 50; 1.0x here, between the two. The only 8-bit figure from a GPU host: 2.9
  *   Gparam/s in the Qwen2.5-7B run on the H200's 16-core Xeon
  *   (bench/results/train-7b-h200.md), where the h200 target's 0.25 x 8 gives
  *   2.0. (Until 2026-11-28 these were 1.5x and 2x the fp32 rate, by bytes:
@@ -85,29 +89,29 @@ static double div0(double a, double b)
 static const zn_ceilings targets[] = {
     { .name = "a10", .source = "NVIDIA A10 24 GB on PCIe Gen4 x16: GEMM 66 TF (A10G measured, "
       "datasheet 125), layer 0.8 of it (llm.c), H2D/D2H 19.7 GB/s (measured on an A10); host: "
-      "1 socket 8-channel DDR4, Adam 4 Gparam/s (fp32 moments; bf16 0.83x, 8-bit 0.25x as "
+      "1 socket 8-channel DDR4, Adam 4 Gparam/s (fp32 moments; bf16 1.0x, 8-bit 0.25x as "
       "measured on the AVX2 path), NVMe 6.5/3.5 GB/s (PM9A3 rated); schedule 20 us per block "
       "use (an estimate, not measured)",
       .cuda = true, .gemm_flops = 66e12, .model_eff = 0.8, .h2d_bps = 19.7e9,
       .d2h_bps = 19.7e9, .mem_bps = 100e9, .nvme_read_bps = 6.5e9, .nvme_write_bps = 3.5e9,
-      .adam_pps = { 4e9, 0.83 * 4e9, 0.25 * 4e9 }, .dev_adam_pps = 600e9 / 16,
+      .adam_pps = { 4e9, 1.0 * 4e9, 0.25 * 4e9 }, .dev_adam_pps = 600e9 / 16,
       .gpu_bytes = 24ull << 30,
       .block_use_s = 20e-6 },
     { .name = "h100", .source = "NVIDIA H100 SXM 80 GB on PCIe Gen5: GEMM 660 TF (0.67 of the "
       "989.5 dense datasheet), H2D 35 / D2H 52.8 GB/s (nvbandwidth #24); host: 2 sockets, Adam "
-      "8 Gparam/s (fp32 moments; bf16 0.83x, 8-bit 0.25x as measured on the AVX2 path), 4x Gen4 "
+      "8 Gparam/s (fp32 moments; bf16 1.0x, 8-bit 0.25x as measured on the AVX2 path), 4x Gen4 "
       "NVMe RAID0 10/5 GB/s (DeepNVMe); schedule 20 us per block use (an estimate, not "
       "measured)",
       .cuda = true, .gemm_flops = 660e12, .model_eff = 0.6, .h2d_bps = 35e9, .d2h_bps = 52.8e9,
       .mem_bps = 200e9, .nvme_read_bps = 10e9, .nvme_write_bps = 5e9,
-      .adam_pps = { 8e9, 0.83 * 8e9, 0.25 * 8e9 }, .dev_adam_pps = 3.35e12 / 16,
+      .adam_pps = { 8e9, 1.0 * 8e9, 0.25 * 8e9 }, .dev_adam_pps = 3.35e12 / 16,
       .gpu_bytes = 80ull << 30,
       .block_use_s = 20e-6 },
     { .name = "h200", .source = "NVIDIA H200 SXM 141 GB: as h100 (same compute and link), "
       "HBM3e 4.8 TB/s; schedule 20 us per block use (an estimate, not measured)",
       .cuda = true, .gemm_flops = 660e12, .model_eff = 0.6, .h2d_bps = 35e9, .d2h_bps = 52.8e9,
       .mem_bps = 200e9, .nvme_read_bps = 10e9, .nvme_write_bps = 5e9,
-      .adam_pps = { 8e9, 0.83 * 8e9, 0.25 * 8e9 }, .dev_adam_pps = 4.8e12 / 16,
+      .adam_pps = { 8e9, 1.0 * 8e9, 0.25 * 8e9 }, .dev_adam_pps = 4.8e12 / 16,
       .gpu_bytes = 141ull << 30,
       .block_use_s = 20e-6 },
 };

@@ -142,6 +142,11 @@ static void sr_range(const sr_job *j, size_t lo, size_t hi)
         if (mv->fmt == ZN_MOM_F32) {
             j->adam(j->k, pb, (float *)mv->m + i, (float *)mv->v + i, g, j->gt, NULL,
                     ZN_DTYPE_BF16, len);
+        } else if (mv->fmt == ZN_MOM_BF16 && o->adam_bf16) {
+            /* the same operations as the pieces below, the moments in
+             * registers */
+            o->adam_bf16(j->k, pb, (uint16_t *)mv->m + i, (uint16_t *)mv->v + i, g, j->gt, NULL,
+                         ZN_DTYPE_BF16, len);
         } else if (mv->fmt == ZN_MOM_BF16) {
             uint16_t *mh = (uint16_t *)mv->m + i, *vh = (uint16_t *)mv->v + i;
             o->bf16_widen(mh, mb, len);

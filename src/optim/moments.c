@@ -661,6 +661,12 @@ static void mom_range(const mom_job *j, size_t lo, size_t hi)
     float mb[ZN_Q8_BLOCK] __attribute__((aligned(64)));
     float vb[ZN_Q8_BLOCK] __attribute__((aligned(64)));
     const zn_optim_ops *o = j->ops;
+    if (j->fmt == ZN_MOM_BF16 && o->adam_bf16) {
+        /* elementwise: the whole range in one pass */
+        o->adam_bf16(j->k, j->p + lo, (uint16_t *)j->m + lo, (uint16_t *)j->v + lo,
+                     j->g + lo * j->gs, j->gt, j->c ? j->c + lo * 2 : NULL, j->ct, hi - lo);
+        return;
+    }
     for (size_t i = lo; i < hi; i += ZN_Q8_BLOCK) {
         size_t len = hi - i < ZN_Q8_BLOCK ? hi - i : ZN_Q8_BLOCK;
         size_t b = i / ZN_Q8_BLOCK;

@@ -229,6 +229,14 @@ typedef void (*zn_q8_step_fn)(const zn_adam_consts *k, float *p, uint8_t *mq, ui
                               const zn_q8_table *tu, const void *g, zn_dtype g_dtype, void *c,
                               zn_dtype c_dtype, size_t n);
 
+/* The step on bf16 moments, fused (any n): widen m and v, step them as the
+ * path's adam kernel does, round them back (zn_bf16_round), in one pass
+ * over memory. Optional (NULL: moments.c runs the pieces block by block);
+ * the same bits as the pieces. */
+typedef void (*zn_adam_bf16_fn)(const zn_adam_consts *k, float *p, uint16_t *m, uint16_t *v,
+                                const void *g, zn_dtype g_dtype, void *c, zn_dtype c_dtype,
+                                size_t n);
+
 typedef struct {
     zn_isa isa;
     const char *name;
@@ -243,6 +251,7 @@ typedef struct {
     zn_rmw_mom_fn rmw_mom;
     zn_sr_round_fn sr_round;
     zn_q8_step_fn q8_step;
+    zn_adam_bf16_fn adam_bf16;
 } zn_optim_ops;
 
 /* zn_adam_step_mom with an explicit path (tests, benchmark). */

@@ -41,14 +41,31 @@ static inline consts load_consts(const zn_adam_consts *k)
     return c;
 }
 
+/* W moments at offset i under mask `mk`: fp32 (mh 0) or bf16 (mh 1),
+ * widened exactly; stored back rounded to nearest even (round16, as
+ * zn_bf16_round). */
+static inline __m512 load_mom(const void *m, int mh, size_t i, __mmask16 mk)
+{
+    return mh ? load_g(m, ZN_DTYPE_BF16, i, mk) : _mm512_maskz_loadu_ps(mk, (const float *)m + i);
+}
+
+static inline void store_mom(void *m, int mh, size_t i, __mmask16 mk, __m512 x)
+{
+    if (mh)
+        _mm256_mask_storeu_epi16((uint16_t *)m + i, mk, round16(x, ZN_DTYPE_BF16));
+    else
+        _mm512_mask_storeu_ps((float *)m + i, mk, x);
+}
+
 /* W elements at offset i under mask `mk` (all ones in the body): the
- * formula of zn_adam_elem with FMAs, as in optim_avx2.c. */
+ * formula of zn_adam_elem with FMAs, as in optim_avx2.c; moments as
+ * load_mom. */
 static inline __attribute__((always_inline)) void
-vec16(const consts *K, int l2, int decay, float *p, float *m, float *v, const void *g,
+vec16(const consts *K, int l2, int decay, float *p, void *m, void *v, int mh, const void *g,
       zn_dtype gt, void *c, zn_dtype ct, int nt, size_t i, __mmask16 mk)
 {
-    __m512 pv = _mm512_maskz_loadu_ps(mk, p + i), mv = _mm512_maskz_loadu_ps(mk, m + i);
-    __m512 vv = _mm512_maskz_loadu_ps(mk, v + i);
+    __m512 pv = _mm512_maskz_loadu_ps(mk, p + i), mv = load_mom(m, mh, i, mk);
+    __m512 vv = load_mom(v, mh, i, mk);
     __m512 gv = load_g(g, gt, i, mk);
     if (K->scale)
         gv = _mm512_mul_ps(gv, K->gs);
@@ -64,8 +81,8 @@ vec16(const consts *K, int l2, int decay, float *p, float *m, float *v, const vo
         pv = _mm512_fmadd_ps(K->step, upd, pv);
     }
     _mm512_mask_storeu_ps(p + i, mk, pv);
-    _mm512_mask_storeu_ps(m + i, mk, mv);
-    _mm512_mask_storeu_ps(v + i, mk, vv);
+    store_mom(m, mh, i, mk, mv);
+    store_mom(v, mh, i, mk, vv);
     if (c) {
         __m256i h = round16(pv, ct);
         if (nt)
@@ -76,8 +93,8 @@ vec16(const consts *K, int l2, int decay, float *p, float *m, float *v, const vo
 }
 
 static inline __attribute__((always_inline)) void
-adam_body(const zn_adam_consts *k, float *p, float *m, float *v, const void *g, zn_dtype gt,
-          void *c, zn_dtype ct, size_t n)
+adam_body(const zn_adam_consts *k, float *p, void *m, void *v, int mh, const void *g,
+          zn_dtype gt, void *c, zn_dtype ct, size_t n)
 {
     consts K = load_consts(k);
     int l2 = k->use_l2, decay = k->use_decay;
@@ -85,32 +102,44 @@ adam_body(const zn_adam_consts *k, float *p, float *m, float *v, const void *g, 
              ((uintptr_t)c & 31) == 0;
     size_t i = 0;
     for (; i + W <= n; i += W)
-        vec16(&K, l2, decay, p, m, v, g, gt, c, ct, nt, i, (__mmask16)0xffff);
+        vec16(&K, l2, decay, p, m, v, mh, g, gt, c, ct, nt, i, (__mmask16)0xffff);
     if (nt)
         _mm_sfence();
     if (i < n)
-        vec16(&K, l2, decay, p, m, v, g, gt, c, ct, 0, i, (__mmask16)((1u << (n - i)) - 1));
+        vec16(&K, l2, decay, p, m, v, mh, g, gt, c, ct, 0, i,
+              (__mmask16)((1u << (n - i)) - 1));
 }
+
+/* one instance per dtype pair and moment format, so that the tests fold */
+#define ADAM_CASES(MH)                                                    \
+    CASE(ZN_DTYPE_F32, ZN_DTYPE_BF16, 0, MH)                              \
+    CASE(ZN_DTYPE_F32, ZN_DTYPE_BF16, 1, MH)                              \
+    CASE(ZN_DTYPE_F32, ZN_DTYPE_F16, 1, MH)                               \
+    CASE(ZN_DTYPE_BF16, ZN_DTYPE_BF16, 0, MH)                             \
+    CASE(ZN_DTYPE_BF16, ZN_DTYPE_BF16, 1, MH)                             \
+    CASE(ZN_DTYPE_BF16, ZN_DTYPE_F16, 1, MH)                              \
+    CASE(ZN_DTYPE_F16, ZN_DTYPE_BF16, 0, MH)                              \
+    CASE(ZN_DTYPE_F16, ZN_DTYPE_BF16, 1, MH)                              \
+    CASE(ZN_DTYPE_F16, ZN_DTYPE_F16, 1, MH)
+#define CASE(G, C, CP, MH)                                                \
+    if (gt == (G) && (CP) == (c != NULL) && (!(CP) || ct == (C))) {       \
+        adam_body(k, p, m, v, MH, g, G, c, C, n);                         \
+        return;                                                           \
+    }
 
 static void avx512_adam(const zn_adam_consts *k, float *p, float *m, float *v, const void *g,
                         zn_dtype gt, void *c, zn_dtype ct, size_t n)
 {
-#define CASE(G, C, CP)                                                    \
-    if (gt == (G) && (CP) == (c != NULL) && (!(CP) || ct == (C))) {       \
-        adam_body(k, p, m, v, g, G, c, C, n);                             \
-        return;                                                           \
-    }
-    CASE(ZN_DTYPE_F32, ZN_DTYPE_BF16, 0)
-    CASE(ZN_DTYPE_F32, ZN_DTYPE_BF16, 1)
-    CASE(ZN_DTYPE_F32, ZN_DTYPE_F16, 1)
-    CASE(ZN_DTYPE_BF16, ZN_DTYPE_BF16, 0)
-    CASE(ZN_DTYPE_BF16, ZN_DTYPE_BF16, 1)
-    CASE(ZN_DTYPE_BF16, ZN_DTYPE_F16, 1)
-    CASE(ZN_DTYPE_F16, ZN_DTYPE_BF16, 0)
-    CASE(ZN_DTYPE_F16, ZN_DTYPE_BF16, 1)
-    CASE(ZN_DTYPE_F16, ZN_DTYPE_F16, 1)
-#undef CASE
+    ADAM_CASES(0)
 }
+
+static void avx512_adam_bf16(const zn_adam_consts *k, float *p, uint16_t *m, uint16_t *v,
+                             const void *g, zn_dtype gt, void *c, zn_dtype ct, size_t n)
+{
+    ADAM_CASES(1)
+}
+#undef CASE
+#undef ADAM_CASES
 
 /* ---- gradient norm: 16 double lanes in two registers ------------------ */
 
@@ -414,5 +443,6 @@ const zn_optim_ops ZN_AVX512_OPS = {
     avx512_q8_dequant, avx512_q8_quant, avx512_bf16_widen, avx512_bf16_round, avx512_rmw_mom,
     avx512_sr_round,
     NULL,   /* no fused 8-bit block: moments.c runs the pieces */
+    avx512_adam_bf16,
 };
 #endif
