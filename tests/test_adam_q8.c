@@ -775,86 +775,114 @@ static void check_identity_variants(const zn_optim_ops *const *ops, int nops)
     }
 }
 
-/* The fused bf16-moment step (adam_bf16) against the same path's pieces
- * (widen, the fp32 kernel, round, block by block): the same bits for every
+/* Each path's fused steps (adam_bf16 for bf16 moments, q8_step for 8-bit
+ * ones) against the same path's pieces (widen or dequantize, the fp32
+ * kernel, round or quantize, block by block): the same bits for every
  * gradient and copy type, Adam with L2 and AdamW, without a copy, on tails
- * of every length, with NaN and infinite gradients and moments near bf16's
- * largest, 1 and 3 threads. */
-static void check_bf16_fused(const zn_optim_ops *const *ops, int nops)
+ * of every length, with NaN and infinite gradients, bf16 moments over 40
+ * decades and near bf16's largest, random 8-bit codes and absmax under
+ * bitsandbytes' and torchao's schemes, 1 and 3 threads. Three steps each. */
+static void check_fused(const zn_optim_ops *const *ops, int nops)
 {
     static const size_t sizes[] = { 1, 7, 15, 16, 17, 31, 255, 256, 257, 4097, 100003 };
     for (int o = 0; o < nops; o++) {
-        if (!ops[o]->adam_bf16)
-            continue;
-        zn_optim_ops pieces = *ops[o];
-        pieces.adam_bf16 = NULL;
-        int bad = 0, runs = 0;
-        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
-            for (int var = 0; var < 5; var++) {
-                size_t n = sizes[si];
-                zn_dtype gt = var == 0 ? ZN_DTYPE_F32 : var == 1 ? ZN_DTYPE_F16 : ZN_DTYPE_BF16;
-                zn_dtype ct = var == 1 ? ZN_DTYPE_F16 : ZN_DTYPE_BF16;
-                int copy = var != 3, adamw = var != 4, threads = 1 + 2 * (var & 1);
-                float *p[2], *g = xmalloc(n * 4);
-                uint16_t *m[2], *v[2], *c[2], *g16 = xmalloc(n * 2);
-                for (int k = 0; k < 2; k++) {
-                    p[k] = xmalloc(n * 4);
-                    m[k] = xmalloc(n * 2);
-                    v[k] = xmalloc(n * 2);
-                    c[k] = xmalloc(n * 2);
-                    for (size_t i = 0; i < n; i++) {
-                        uint64_t r = mix(n * 131 + i);
-                        p[k][i] = (float)((double)(r >> 11) * 0x1p-53 - 0.5);
-                        /* moments over 40 decades, a few near bf16's largest */
-                        double e = pow(10.0, -36.0 + 40.0 * (double)(r & 0xffff) / 65536.0);
-                        float mm = (float)(e * ((r >> 20 & 1) ? -1 : 1));
-                        m[k][i] = zn_f32_to_bf16(i % 97 == 5 ? -3e38f : mm);
-                        v[k][i] = zn_f32_to_bf16(i % 89 == 7 ? 3e38f : (float)(e * e > 3e38 ? e : e * e));
-                    }
-                    memset(c[k], 0xab, n * 2);
-                }
-                for (int step = 1; step <= 3; step++) {
-                    for (size_t i = 0; i < n; i++) {
-                        uint64_t r = mix(step * 7919u + i);
-                        double mag = pow(10.0, -8.0 * (double)(r >> 11) * 0x1p-53);
-                        float x = (float)(mag * ((double)(mix(r) >> 11) * 0x1p-53 - 0.5));
-                        x = i % 211 == 13 ? NAN : i % 223 == 17 ? -INFINITY : x;
-                        g[i] = x;
-                        g16[i] = gt == ZN_DTYPE_BF16 ? zn_f32_to_bf16(x) : zn_f16_round(x);
-                    }
-                    const void *gp = gt == ZN_DTYPE_F32 ? (const void *)g : (const void *)g16;
-                    zn_adam_params hp = zn_adam_params_default();
-                    hp.step = step;
-                    hp.weight_decay = 0.01f;
-                    hp.adamw_mode = adamw;
-                    hp.threads = threads;
+        for (int fv = 0; fv < 3; fv++) {
+            zn_mom_fmt f = fv ? ZN_MOM_Q8 : ZN_MOM_BF16;
+            zn_q8_scheme scheme = fv == 2 ? ZN_Q8_TORCHAO : ZN_Q8_BNB;
+            zn_optim_ops pieces = *ops[o];
+            if (f == ZN_MOM_BF16 ? !pieces.adam_bf16 : !pieces.q8_step)
+                continue;
+            if (f == ZN_MOM_BF16)
+                pieces.adam_bf16 = NULL;
+            else
+                pieces.q8_step = NULL;
+            size_t mb = f == ZN_MOM_Q8 ? 1 : 2;
+            int bad = 0, runs = 0;
+            for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+                for (int var = 0; var < 5; var++) {
+                    size_t n = sizes[si], nb = zn_q8_blocks(n);
+                    zn_dtype gt = var == 0 ? ZN_DTYPE_F32 : var == 1 ? ZN_DTYPE_F16 : ZN_DTYPE_BF16;
+                    zn_dtype ct = var == 1 ? ZN_DTYPE_F16 : ZN_DTYPE_BF16;
+                    int copy = var != 3, adamw = var != 4, threads = 1 + 2 * (var & 1);
+                    float *p[2], *am[2], *av[2], *g = xmalloc(n * 4);
+                    uint8_t *m[2], *v[2];
+                    uint16_t *c[2], *g16 = xmalloc(n * 2);
                     for (int k = 0; k < 2; k++) {
-                        zn_moments mv = zn_moments_of(ZN_MOM_BF16, m[k], v[k], NULL, NULL,
-                                                      ZN_Q8_BNB);
-                        int rc = zn_adam_step_mom_with(k ? &pieces : ops[o], &hp, p[k], &mv, gp,
-                                                       gt, 0.5f, copy ? c[k] : NULL, ct, n);
-                        ZT_CHECK_MSG(rc == 0, "bf16 step: %s", zn_last_error());
+                        p[k] = xmalloc(n * 4);
+                        m[k] = xmalloc(n * mb);
+                        v[k] = xmalloc(n * mb);
+                        am[k] = xmalloc(nb * 4);
+                        av[k] = xmalloc(nb * 4);
+                        c[k] = xmalloc(n * 2);
+                        for (size_t i = 0; i < n; i++) {
+                            uint64_t r = mix(n * 131 + i);
+                            p[k][i] = (float)((double)(r >> 11) * 0x1p-53 - 0.5);
+                            if (f == ZN_MOM_Q8) {
+                                m[k][i] = (uint8_t)(r >> 24);
+                                v[k][i] = (uint8_t)(r >> 32);
+                                continue;
+                            }
+                            /* over 40 decades, a few near bf16's largest */
+                            double e = pow(10.0, -36.0 + 40.0 * (double)(r & 0xffff) / 65536.0);
+                            float mm = (float)(e * ((r >> 20 & 1) ? -1 : 1));
+                            float vv = (float)(e * e > 3e38 ? e : e * e);
+                            ((uint16_t *)m[k])[i] = zn_f32_to_bf16(i % 97 == 5 ? -3e38f : mm);
+                            ((uint16_t *)v[k])[i] = zn_f32_to_bf16(i % 89 == 7 ? 3e38f : vv);
+                        }
+                        for (size_t b = 0; b < nb; b++) {
+                            am[k][b] = (float)pow(10.0, -8.0 + 7.0 * (double)(mix(b + 5) & 0xff) / 256.0);
+                            av[k][b] = am[k][b] * am[k][b];
+                        }
+                        memset(c[k], 0xab, n * 2);
                     }
+                    for (int step = 1; step <= 3; step++) {
+                        for (size_t i = 0; i < n; i++) {
+                            uint64_t r = mix(step * 7919u + i);
+                            double mag = pow(10.0, -8.0 * (double)(r >> 11) * 0x1p-53);
+                            float x = (float)(mag * ((double)(mix(r) >> 11) * 0x1p-53 - 0.5));
+                            x = i % 211 == 13 ? NAN : i % 223 == 17 ? -INFINITY : x;
+                            g[i] = x;
+                            g16[i] = gt == ZN_DTYPE_BF16 ? zn_f32_to_bf16(x) : zn_f16_round(x);
+                        }
+                        const void *gp = gt == ZN_DTYPE_F32 ? (const void *)g : (const void *)g16;
+                        zn_adam_params hp = zn_adam_params_default();
+                        hp.step = step;
+                        hp.weight_decay = 0.01f;
+                        hp.adamw_mode = adamw;
+                        hp.threads = threads;
+                        for (int k = 0; k < 2; k++) {
+                            zn_moments mv = zn_moments_of(f, m[k], v[k], am[k], av[k], scheme);
+                            int rc = zn_adam_step_mom_with(k ? &pieces : ops[o], &hp, p[k], &mv,
+                                                           gp, gt, 0.5f, copy ? c[k] : NULL, ct,
+                                                           n);
+                            ZT_CHECK_MSG(rc == 0, "step: %s", zn_last_error());
+                        }
+                    }
+                    runs++;
+                    if (memcmp(p[0], p[1], n * 4) || memcmp(m[0], m[1], n * mb) ||
+                        memcmp(v[0], v[1], n * mb) || memcmp(c[0], c[1], n * 2) ||
+                        (f == ZN_MOM_Q8 && (memcmp(am[0], am[1], nb * 4) ||
+                                            memcmp(av[0], av[1], nb * 4)))) {
+                        if (bad++ < 3)
+                            fprintf(stderr, "%s fused %s step (scheme %d): n %zu variant %d "
+                                    "differs from the pieces\n", ops[o]->name,
+                                    zn_mom_fmt_name(f), (int)scheme, n, var);
+                    }
+                    for (int k = 0; k < 2; k++) {
+                        free(p[k]);
+                        free(m[k]);
+                        free(v[k]);
+                        free(am[k]);
+                        free(av[k]);
+                        free(c[k]);
+                    }
+                    free(g);
+                    free(g16);
                 }
-                runs++;
-                if (memcmp(p[0], p[1], n * 4) || memcmp(m[0], m[1], n * 2) ||
-                    memcmp(v[0], v[1], n * 2) || memcmp(c[0], c[1], n * 2)) {
-                    if (bad++ < 3)
-                        fprintf(stderr, "%s fused bf16 step: n %zu variant %d differs from the "
-                                "pieces\n", ops[o]->name, n, var);
-                }
-                for (int k = 0; k < 2; k++) {
-                    free(p[k]);
-                    free(m[k]);
-                    free(v[k]);
-                    free(c[k]);
-                }
-                free(g);
-                free(g16);
             }
+            ZT_CHECK_MSG(bad == 0, "%s: %d of %d fused %s runs (scheme %d) differ from the "
+                         "pieces", ops[o]->name, bad, runs, zn_mom_fmt_name(f), (int)scheme);
         }
-        ZT_CHECK_MSG(bad == 0, "%s: %d of %d fused bf16 runs differ from the pieces",
-                     ops[o]->name, bad, runs);
     }
 }
 
@@ -1208,7 +1236,7 @@ int main(void)
         check_f32_runs(ops[o]);
     check_identity(ops, nops);
     check_identity_variants(ops, nops);
-    check_bf16_fused(ops, nops);
+    check_fused(ops, nops);
     check_pieces(ops, nops);
     check_sweep(ops, nops);
     for (int o = 0; o < nops; o++)
