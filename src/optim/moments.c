@@ -383,6 +383,7 @@ static void build_lin(zn_q8_table *t)
     }
     t->lin_kneg = cz;
     t->lin_flag = 2.0f * LIN_EPS;
+    t->lin_pos = !(t->map[0] < 0.0f);
     /* the group boundaries (the y >= 0 side's): above gb[d], group d + 1 */
     float gb[32];
     int ngb = 0;

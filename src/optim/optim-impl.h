@@ -111,6 +111,8 @@ typedef struct {
     int32_t lin_kneg;
     float lin_flag;
     int lin_two_b;
+    int lin_pos;   /* no entry below 0 (an unsigned map): the VBMI path
+                    * leaves every y with its sign bit set to the search */
     int lin_ok;
 } zn_q8_table;
 
