@@ -481,6 +481,75 @@ static void check_sr(const zn_optim_ops *ref, const zn_optim_ops *emu)
     free(c);
 }
 
+/* The bf16-master step (zn_adam_step_sr), fused on the emulated AVX-512
+ * path (adam_sr) and in pieces on AVX2: the same bits for fp32 and bf16
+ * moments, fp32 and bf16 gradients, the three decay modes, every tail,
+ * an index crossing 2^32, NaN and infinite gradients. */
+static void check_sr_step(const zn_optim_ops *ref, const zn_optim_ops *emu)
+{
+    static const size_t sizes[] = { 1, 15, 17, 300, 4099 };
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        size_t n = sizes[si];
+        for (int var = 0; var < 12; var++) {
+            int mh = var & 1, wd = (var >> 1) % 3;
+            zn_dtype gt = var >= 6 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+            size_t mb = mh ? 2 : 4;
+            uint16_t *p[2], *g16 = malloc(n * 2);
+            float *g = malloc(n * 4);
+            void *m[2], *v[2];
+            if (!g16 || !g)
+                ZT_SETUP_FAIL("out of memory");
+            for (int k = 0; k < 2; k++) {
+                p[k] = malloc(n * 2);
+                m[k] = malloc(n * mb);
+                v[k] = malloc(n * mb);
+                if (!p[k] || !m[k] || !v[k])
+                    ZT_SETUP_FAIL("out of memory");
+                for (size_t i = 0; i < n; i++) {
+                    float mm = rndf(si + 3, i, -1e-3f, 1e-3f), vv = rndf(si + 4, i, 0, 1e-6f);
+                    p[k][i] = zn_f32_to_bf16(rndf(si + 5, i, -1, 1));
+                    if (mh) {
+                        ((uint16_t *)m[k])[i] = zn_f32_to_bf16(mm);
+                        ((uint16_t *)v[k])[i] = zn_f32_to_bf16(vv);
+                    } else {
+                        ((float *)m[k])[i] = mm;
+                        ((float *)v[k])[i] = vv;
+                    }
+                }
+            }
+            for (size_t i = 0; i < n; i++) {
+                g[i] = i % 101 == 7 ? NAN : i % 103 == 9 ? INFINITY : rndf(si + 6, i, -1e-2f, 1e-2f);
+                g16[i] = zn_f32_to_bf16(g[i]);
+            }
+            zn_adam_params hp = zn_adam_params_default();
+            hp.step = 4;
+            hp.weight_decay = wd ? 0.1f : 0.0f;
+            hp.adamw_mode = wd == 2;
+            hp.threads = 1;
+            for (int k = 0; k < 2; k++) {
+                zn_moments mv = zn_moments_of(mh ? ZN_MOM_BF16 : ZN_MOM_F32, m[k], v[k], NULL,
+                                              NULL, ZN_Q8_BNB);
+                int rc = zn_adam_step_sr_with(k ? emu : ref, &hp, p[k], &mv,
+                                              gt == ZN_DTYPE_F32 ? (const void *)g : g16, gt,
+                                              0.5f, 3, ((uint64_t)1 << 32) - n / 2, n);
+                ZT_CHECK_MSG(rc == 0, "sr step: %s", zn_last_error());
+            }
+            ZT_CHECK_MSG(!memcmp(p[0], p[1], n * 2) && !memcmp(m[0], m[1], n * mb) &&
+                         !memcmp(v[0], v[1], n * mb),
+                         "bf16-master step, %s moments, n %zu, variant %d: the emulated "
+                         "AVX-512 fused step differs from AVX2's pieces", mh ? "bf16" : "fp32",
+                         n, var);
+            for (int k = 0; k < 2; k++) {
+                free(p[k]);
+                free(m[k]);
+                free(v[k]);
+            }
+            free(g);
+            free(g16);
+        }
+    }
+}
+
 /* The bf16-master ceiling (rmw_mom of 2-byte params) of each moment width moves the bytes and
  * changes none, through the emulated masks and AVX2's scalar tail alike: a
  * partial 8-bit block at the end. */
@@ -530,6 +599,7 @@ int main(void)
     check_ceilings(ref, emu);
     check_moments(ref, emu);
     check_sr(ref, emu);
+    check_sr_step(ref, emu);
     check_sr_ceiling(ref, emu);
     return zt_done();
 #else

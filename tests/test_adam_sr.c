@@ -331,6 +331,80 @@ static void check_same_bits(void)
     free_data(&d);
 }
 
+/* ---- the fused step against the pieces ------------------------------------
+ * Each vector path's fused bf16-master step (adam_sr: fp32 and bf16
+ * moments) against the same path with it off (widen, the fp32 kernel,
+ * round, stochastic rounding, block by block): the same bits for fp32, bf16
+ * and fp16 gradients, no decay, L2 and decoupled decay, gradient scaling,
+ * every tail length, runs of indices with one crossing 2^32, 1 and 3
+ * threads, and NaN and infinite gradients. */
+static void check_fused(void)
+{
+    static const size_t sizes[] = { 1, 7, 15, 16, 17, 255, 257, 4099, 70001 };
+    for (size_t ii = 1; ii < 3; ii++) {
+        const zn_optim_ops *ops = zn_optim_get_ops(all_isas[ii]);
+        if (!ops || !ops->adam_sr)
+            continue;
+        zn_optim_ops pieces = *ops;
+        pieces.adam_sr = NULL;
+        int bad = 0, runs = 0;
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+            size_t n = sizes[si];
+            data d;
+            make_data(&d, n, 17 + si);
+            d.g[n / 2] = NAN;
+            d.g[n / 3] = -INFINITY;
+            uint16_t *g16 = xmalloc(n * 2), *p[2];
+            /* three runs: the second crosses 2^32, the third lies below */
+            zn_sr_span sp[3] = { { 0, n / 3, 77 }, { n / 3, n / 3, ((uint64_t)1 << 32) - n / 5 - 1 },
+                                 { 2 * (n / 3), n - 2 * (n / 3), 3 } };
+            size_t ns = 0;
+            zn_sr_span use[3];
+            for (int k = 0; k < 3; k++)
+                if (sp[k].n)
+                    use[ns++] = sp[k];
+            for (int fi = 0; fi < 2; fi++) {
+                for (int var = 0; var < 6; var++) {
+                    zn_dtype gt = var % 3 == 0 ? ZN_DTYPE_F32 : var % 3 == 1 ? ZN_DTYPE_BF16
+                                                                             : ZN_DTYPE_F16;
+                    for (size_t i = 0; i < n; i++)
+                        g16[i] = gt == ZN_DTYPE_BF16 ? zn_f32_to_bf16(d.g[i]) : zn_f16_round(d.g[i]);
+                    const void *g = gt == ZN_DTYPE_F32 ? (const void *)d.g : (const void *)g16;
+                    zn_adam_params hp = params(var % 3);
+                    hp.threads = 1 + 2 * (var / 3);
+                    moms base, sm[2];
+                    make_moms(&base, formats[fi].fmt, formats[fi].scheme, &d);
+                    for (int k = 0; k < 2; k++) {
+                        copy_moms(&sm[k], &base, n);
+                        p[k] = xmalloc(n * 2);
+                        memcpy(p[k], d.p, n * 2);
+                        int rc = zn_adam_step_sr_spans_with(k ? &pieces : ops, &hp, p[k],
+                                                            &sm[k].mv, g, gt, 0.5f, 11, use, ns,
+                                                            n);
+                        ZT_CHECK_MSG(rc == 0, "step: %s", zn_last_error());
+                    }
+                    runs++;
+                    if (memcmp(p[0], p[1], n * 2) || !same_moms(&sm[0], &sm[1], n)) {
+                        if (bad++ < 3)
+                            fprintf(stderr, "%s fused bf16-master step, %s moments: n %zu "
+                                    "variant %d differs from the pieces\n", ops->name,
+                                    formats[fi].name, n, var);
+                    }
+                    for (int k = 0; k < 2; k++) {
+                        free_moms(&sm[k]);
+                        free(p[k]);
+                    }
+                    free_moms(&base);
+                }
+            }
+            free(g16);
+            free_data(&d);
+        }
+        ZT_CHECK_MSG(bad == 0, "%s: %d of %d fused bf16-master runs differ from the pieces",
+                     ops->name, bad, runs);
+    }
+}
+
 /* ---- indices in runs (zn_adam_step_sr_spans) ------------------------------ */
 static void check_spans(void)
 {
@@ -508,6 +582,7 @@ int main(void)
     check_bracket();
     check_fractions();
     check_same_bits();
+    check_fused();
     check_spans();
     check_edges();
     check_bad_input();

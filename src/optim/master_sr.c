@@ -116,8 +116,29 @@ static void sr_round_spans(const sr_job *j, const float *x, uint16_t *out, size_
     }
 }
 
-/* Elements [lo, hi) (lo on a block boundary), block by block: the params
- * and compressed moments widened into L1, stepped, rounded back. */
+/* The fused step (adam_sr) of elements [i, i + n) of p, whose indices
+ * start at `index`: one call per run of indices sharing their high word. */
+static void sr_fused_at(const sr_job *j, size_t i, size_t n, uint64_t index)
+{
+    const zn_moments *mv = j->mv;
+    int mb = mv->fmt == ZN_MOM_BF16 ? 2 : 4;
+    while (n) {
+        uint64_t to_wrap = ((index >> 32) + 1) * ((uint64_t)1 << 32) - index;
+        size_t len = (uint64_t)n < to_wrap ? n : (size_t)to_wrap;
+        uint32_t k1, k2;
+        zn_sr_key(j->seed, j->step, (uint32_t)(index >> 32), &k1, &k2);
+        j->ops->adam_sr(j->k, j->p + i, (char *)mv->m + i * (size_t)mb,
+                        (char *)mv->v + i * (size_t)mb, mb, j->g + i * j->gs, j->gt, len, k1, k2,
+                        (uint32_t)index);
+        i += len;
+        index += len;
+        n -= len;
+    }
+}
+
+/* Elements [lo, hi) (lo on a block boundary): with fp32 or bf16 moments and
+ * a fused step, run by run of indices in one pass; else block by block, the
+ * params and compressed moments widened into L1, stepped, rounded back. */
 static void sr_range(const sr_job *j, size_t lo, size_t hi)
 {
     float pb[ZN_Q8_BLOCK] __attribute__((aligned(64)));
@@ -133,6 +154,17 @@ static void sr_range(const sr_job *j, size_t lo, size_t hi)
             s = mid;
         else
             top = mid;
+    }
+    if (o->adam_sr && (mv->fmt == ZN_MOM_F32 || mv->fmt == ZN_MOM_BF16)) {
+        for (size_t i = lo; i < hi;) {
+            while (j->spans[s].off + j->spans[s].n <= i)
+                s++;
+            const zn_sr_span *sp = &j->spans[s];
+            size_t take = sp->off + sp->n - i < hi - i ? (size_t)(sp->off + sp->n - i) : hi - i;
+            sr_fused_at(j, i, take, sp->index + (i - sp->off));
+            i += take;
+        }
+        return;
     }
     for (size_t i = lo; i < hi; i += ZN_Q8_BLOCK) {
         size_t len = hi - i < ZN_Q8_BLOCK ? hi - i : ZN_Q8_BLOCK;

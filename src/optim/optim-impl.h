@@ -239,6 +239,16 @@ typedef void (*zn_adam_bf16_fn)(const zn_adam_consts *k, float *p, uint16_t *m, 
                                 const void *g, zn_dtype g_dtype, void *c, zn_dtype c_dtype,
                                 size_t n);
 
+/* The bf16-master step (zn_adam_step_sr) on fp32 (mb 4) or bf16 (mb 2)
+ * moments, fused (any n): widen p (and bf16 moments), step them as the
+ * path's adam kernel does, round the moments to nearest even and p
+ * stochastically with element i's bits zn_sr_hash(k1, k2, idx_lo + i) (the
+ * caller keeps idx_lo + n within 2^32), in one pass over memory. Optional
+ * (NULL: master_sr.c runs the pieces block by block); the same bits. */
+typedef void (*zn_adam_sr_fn)(const zn_adam_consts *k, uint16_t *p, void *m, void *v, int mb,
+                              const void *g, zn_dtype g_dtype, size_t n, uint32_t k1,
+                              uint32_t k2, uint32_t idx_lo);
+
 typedef struct {
     zn_isa isa;
     const char *name;
@@ -254,6 +264,7 @@ typedef struct {
     zn_sr_round_fn sr_round;
     zn_q8_step_fn q8_step;
     zn_adam_bf16_fn adam_bf16;
+    zn_adam_sr_fn adam_sr;
 } zn_optim_ops;
 
 /* zn_adam_step_mom with an explicit path (tests, benchmark). */

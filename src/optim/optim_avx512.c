@@ -57,16 +57,13 @@ static inline void store_mom(void *m, int mh, size_t i, __mmask16 mk, __m512 x)
         _mm512_mask_storeu_ps((float *)m + i, mk, x);
 }
 
-/* W elements at offset i under mask `mk` (all ones in the body): the
- * formula of zn_adam_elem with FMAs, as in optim_avx2.c; moments as
- * load_mom. */
+/* The formula of zn_adam_elem with FMAs, as in optim_avx2.c, on W
+ * elements in registers; vec16: W elements at offset i under mask `mk`
+ * (all ones in the body), moments as load_mom. */
 static inline __attribute__((always_inline)) void
-vec16(const consts *K, int l2, int decay, float *p, void *m, void *v, int mh, const void *g,
-      zn_dtype gt, void *c, zn_dtype ct, int nt, size_t i, __mmask16 mk)
+adam16(const consts *K, int l2, int decay, __m512 *pp, __m512 *mp, __m512 *vp, __m512 gv)
 {
-    __m512 pv = _mm512_maskz_loadu_ps(mk, p + i), mv = load_mom(m, mh, i, mk);
-    __m512 vv = load_mom(v, mh, i, mk);
-    __m512 gv = load_g(g, gt, i, mk);
+    __m512 pv = *pp, mv = *mp, vv = *vp;
     if (K->scale)
         gv = _mm512_mul_ps(gv, K->gs);
     if (l2)
@@ -80,6 +77,18 @@ vec16(const consts *K, int l2, int decay, float *p, void *m, void *v, int mh, co
     } else {
         pv = _mm512_fmadd_ps(K->step, upd, pv);
     }
+    *pp = pv;
+    *mp = mv;
+    *vp = vv;
+}
+
+static inline __attribute__((always_inline)) void
+vec16(const consts *K, int l2, int decay, float *p, void *m, void *v, int mh, const void *g,
+      zn_dtype gt, void *c, zn_dtype ct, int nt, size_t i, __mmask16 mk)
+{
+    __m512 pv = _mm512_maskz_loadu_ps(mk, p + i), mv = load_mom(m, mh, i, mk);
+    __m512 vv = load_mom(v, mh, i, mk);
+    adam16(K, l2, decay, &pv, &mv, &vv, load_g(g, gt, i, mk));
     _mm512_mask_storeu_ps(p + i, mk, pv);
     store_mom(m, mh, i, mk, mv);
     store_mom(v, mh, i, mk, vv);
@@ -409,6 +418,26 @@ static inline __m512i lowbias16(__m512i x)
     return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
 }
 
+/* zn_bf16_round_sr of 16 lanes with the bits zn_sr_hash(k1, k2, idx) */
+static inline __m256i sr16(__m512 x, __m512i idx, __m512i K1, __m512i K2)
+{
+    const __m512i absm = _mm512_set1_epi32(0x7fffffff), maxf = _mm512_set1_epi32(0x7f7fffff);
+    const __m512i inf = _mm512_set1_epi32(0x7f800000), top = _mm512_set1_epi32(0x7f7f);
+    __m512i u = _mm512_castps_si512(x);
+    __m512i r = _mm512_srli_epi32(
+        lowbias16(_mm512_add_epi32(lowbias16(_mm512_xor_si512(idx, K1)), K2)), 16);
+    __m512i a = _mm512_and_si512(u, absm);
+    /* magnitudes are below 2^31: the signed min is the unsigned one */
+    __m512i t = _mm512_min_epi32(_mm512_srli_epi32(_mm512_add_epi32(a, r), 16), top);
+    __mmask16 nonfin = _mm512_cmp_epi32_mask(a, maxf, _MM_CMPINT_GT);
+    __mmask16 isnan = _mm512_cmp_epi32_mask(a, inf, _MM_CMPINT_GT);
+    __m512i ahi = _mm512_srli_epi32(a, 16);
+    t = _mm512_mask_mov_epi32(t, nonfin, ahi);
+    t = _mm512_mask_or_epi32(t, isnan, ahi, _mm512_set1_epi32(0x40));
+    __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x8000));
+    return _mm512_cvtepi32_epi16(_mm512_or_si512(t, sign));
+}
+
 /* zn_sr_round_scalar on 16 lanes at a time; the tail masked (the same
  * vector code, so an element's bits never depend on where a range ends) */
 static void avx512_sr_round(const float *x, uint16_t *out, size_t n, uint32_t k1, uint32_t k2,
@@ -417,25 +446,53 @@ static void avx512_sr_round(const float *x, uint16_t *out, size_t n, uint32_t k1
     const __m512i K1 = _mm512_set1_epi32((int)k1), K2 = _mm512_set1_epi32((int)k2);
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
                                            15);
-    const __m512i absm = _mm512_set1_epi32(0x7fffffff), maxf = _mm512_set1_epi32(0x7f7fffff);
-    const __m512i inf = _mm512_set1_epi32(0x7f800000), top = _mm512_set1_epi32(0x7f7f);
     for (size_t i = 0; i < n; i += W) {
         __mmask16 mk = tail_mask(n - i);
-        __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(mk, x + i));
         __m512i idx = _mm512_add_epi32(_mm512_set1_epi32((int)(idx_lo + (uint32_t)i)), lane);
-        __m512i r = _mm512_srli_epi32(
-            lowbias16(_mm512_add_epi32(lowbias16(_mm512_xor_si512(idx, K1)), K2)), 16);
-        __m512i a = _mm512_and_si512(u, absm);
-        /* magnitudes are below 2^31: the signed min is the unsigned one */
-        __m512i t = _mm512_min_epi32(_mm512_srli_epi32(_mm512_add_epi32(a, r), 16), top);
-        __mmask16 nonfin = _mm512_cmp_epi32_mask(a, maxf, _MM_CMPINT_GT);
-        __mmask16 isnan = _mm512_cmp_epi32_mask(a, inf, _MM_CMPINT_GT);
-        __m512i ahi = _mm512_srli_epi32(a, 16);
-        t = _mm512_mask_mov_epi32(t, nonfin, ahi);
-        t = _mm512_mask_or_epi32(t, isnan, ahi, _mm512_set1_epi32(0x40));
-        __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x8000));
-        _mm256_mask_storeu_epi16(out + i, mk, _mm512_cvtepi32_epi16(_mm512_or_si512(t, sign)));
+        _mm256_mask_storeu_epi16(out + i, mk, sr16(_mm512_maskz_loadu_ps(mk, x + i), idx, K1,
+                                                   K2));
     }
+}
+
+/* The bf16-master step fused (zn_adam_sr_fn): p widened, stepped by
+ * adam16 with its moments (fp32, or bf16 as load_mom), rounded by sr16. */
+static inline __attribute__((always_inline)) void
+sr_body(const zn_adam_consts *k, uint16_t *p, void *m, void *v, int mh, const void *g,
+        zn_dtype gt, size_t n, uint32_t k1, uint32_t k2, uint32_t idx_lo)
+{
+    consts K = load_consts(k);
+    int l2 = k->use_l2, decay = k->use_decay;
+    const __m512i K1 = _mm512_set1_epi32((int)k1), K2 = _mm512_set1_epi32((int)k2);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
+                                           15);
+    for (size_t i = 0; i < n; i += W) {
+        __mmask16 mk = tail_mask(n - i);
+        __m512 pv = load_g(p, ZN_DTYPE_BF16, i, mk), mv = load_mom(m, mh, i, mk);
+        __m512 vv = load_mom(v, mh, i, mk);
+        adam16(&K, l2, decay, &pv, &mv, &vv, load_g(g, gt, i, mk));
+        store_mom(m, mh, i, mk, mv);
+        store_mom(v, mh, i, mk, vv);
+        __m512i idx = _mm512_add_epi32(_mm512_set1_epi32((int)(idx_lo + (uint32_t)i)), lane);
+        _mm256_mask_storeu_epi16(p + i, mk, sr16(pv, idx, K1, K2));
+    }
+}
+
+static void avx512_adam_sr(const zn_adam_consts *k, uint16_t *p, void *m, void *v, int mb,
+                           const void *g, zn_dtype gt, size_t n, uint32_t k1, uint32_t k2,
+                           uint32_t idx_lo)
+{
+#define CASE(G, MH)                                                       \
+    if (gt == (G) && (mb == 2) == (MH)) {                                 \
+        sr_body(k, p, m, v, MH, g, G, n, k1, k2, idx_lo);                 \
+        return;                                                           \
+    }
+    CASE(ZN_DTYPE_F32, 0)
+    CASE(ZN_DTYPE_BF16, 0)
+    CASE(ZN_DTYPE_F16, 0)
+    CASE(ZN_DTYPE_F32, 1)
+    CASE(ZN_DTYPE_BF16, 1)
+    CASE(ZN_DTYPE_F16, 1)
+#undef CASE
 }
 
 const zn_optim_ops ZN_AVX512_OPS = {
@@ -443,6 +500,6 @@ const zn_optim_ops ZN_AVX512_OPS = {
     avx512_q8_dequant, avx512_q8_quant, avx512_bf16_widen, avx512_bf16_round, avx512_rmw_mom,
     avx512_sr_round,
     NULL,   /* no fused 8-bit block: moments.c runs the pieces */
-    avx512_adam_bf16,
+    avx512_adam_bf16, avx512_adam_sr,
 };
 #endif
