@@ -231,6 +231,21 @@ typedef void (*zn_q8_step_fn)(const zn_adam_consts *k, float *p, uint8_t *mq, ui
                               const zn_q8_table *tu, const void *g, zn_dtype g_dtype, void *c,
                               zn_dtype c_dtype, size_t n);
 
+/* The gradient and copy dtype pairs each SIMD kernel is instantiated for,
+ * as CASE(gradient dtype, copy dtype, has a copy, A): one instance per
+ * pair, so that the dtype tests fold away. The kernels' dispatchers define
+ * CASE. */
+#define ZN_ADAM_DTYPE_CASES(CASE, A)                                      \
+    CASE(ZN_DTYPE_F32, ZN_DTYPE_BF16, 0, A)                               \
+    CASE(ZN_DTYPE_F32, ZN_DTYPE_BF16, 1, A)                               \
+    CASE(ZN_DTYPE_F32, ZN_DTYPE_F16, 1, A)                                \
+    CASE(ZN_DTYPE_BF16, ZN_DTYPE_BF16, 0, A)                              \
+    CASE(ZN_DTYPE_BF16, ZN_DTYPE_BF16, 1, A)                              \
+    CASE(ZN_DTYPE_BF16, ZN_DTYPE_F16, 1, A)                               \
+    CASE(ZN_DTYPE_F16, ZN_DTYPE_BF16, 0, A)                               \
+    CASE(ZN_DTYPE_F16, ZN_DTYPE_BF16, 1, A)                               \
+    CASE(ZN_DTYPE_F16, ZN_DTYPE_F16, 1, A)
+
 /* The step on bf16 moments, fused (any n): widen m and v, step them as the
  * path's adam kernel does, round them back (zn_bf16_round), in one pass
  * over memory. Optional (NULL: moments.c runs the pieces block by block);

@@ -260,16 +260,6 @@ adam_body(const zn_adam_consts *k, float *p, void *m, void *v, int mh, const voi
 
 /* one instance per dtype pair and moment format, so that the type tests
  * fold away */
-#define ADAM_CASES(MH)                                                    \
-    CASE(ZN_DTYPE_F32, ZN_DTYPE_BF16, 0, MH)                              \
-    CASE(ZN_DTYPE_F32, ZN_DTYPE_BF16, 1, MH)                              \
-    CASE(ZN_DTYPE_F32, ZN_DTYPE_F16, 1, MH)                               \
-    CASE(ZN_DTYPE_BF16, ZN_DTYPE_BF16, 0, MH)                             \
-    CASE(ZN_DTYPE_BF16, ZN_DTYPE_BF16, 1, MH)                             \
-    CASE(ZN_DTYPE_BF16, ZN_DTYPE_F16, 1, MH)                              \
-    CASE(ZN_DTYPE_F16, ZN_DTYPE_BF16, 0, MH)                              \
-    CASE(ZN_DTYPE_F16, ZN_DTYPE_BF16, 1, MH)                              \
-    CASE(ZN_DTYPE_F16, ZN_DTYPE_F16, 1, MH)
 #define CASE(G, C, CP, MH)                                                \
     if (gt == (G) && (CP) == (c != NULL) && (!(CP) || ct == (C))) {       \
         adam_body(k, p, m, v, MH, g, G, (CP) ? c : NULL, C, n);           \
@@ -279,16 +269,15 @@ adam_body(const zn_adam_consts *k, float *p, void *m, void *v, int mh, const voi
 static void avx2_adam(const zn_adam_consts *k, float *p, float *m, float *v, const void *g,
                       zn_dtype gt, void *c, zn_dtype ct, size_t n)
 {
-    ADAM_CASES(0)
+    ZN_ADAM_DTYPE_CASES(CASE, 0)
 }
 
 static void avx2_adam_bf16(const zn_adam_consts *k, float *p, uint16_t *m, uint16_t *v,
                            const void *g, zn_dtype gt, void *c, zn_dtype ct, size_t n)
 {
-    ADAM_CASES(1)
+    ZN_ADAM_DTYPE_CASES(CASE, 1)
 }
 #undef CASE
-#undef ADAM_CASES
 
 /* ---- gradient norm: 16 double lanes in four registers ----------------- */
 

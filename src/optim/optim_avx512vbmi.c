@@ -470,20 +470,12 @@ static void vbmi_q8_step(const zn_adam_consts *k, float *p, uint8_t *mq, uint8_t
                          float *av, const zn_q8_table *ts, const zn_q8_table *tu, const void *g,
                          zn_dtype gt, void *c, zn_dtype ct, size_t n)
 {
-#define CASE(G, C, CP)                                                              \
+#define CASE(G, C, CP, A)                                                           \
     if (gt == (G) && (CP) == (c != NULL) && (!(CP) || ct == (C))) {                 \
         step_body(k, p, mq, vq, am, av, ts, tu, g, G, c, C, n);                     \
         return;                                                                     \
     }
-    CASE(ZN_DTYPE_F32, ZN_DTYPE_BF16, 0)
-    CASE(ZN_DTYPE_F32, ZN_DTYPE_BF16, 1)
-    CASE(ZN_DTYPE_F32, ZN_DTYPE_F16, 1)
-    CASE(ZN_DTYPE_BF16, ZN_DTYPE_BF16, 0)
-    CASE(ZN_DTYPE_BF16, ZN_DTYPE_BF16, 1)
-    CASE(ZN_DTYPE_BF16, ZN_DTYPE_F16, 1)
-    CASE(ZN_DTYPE_F16, ZN_DTYPE_BF16, 0)
-    CASE(ZN_DTYPE_F16, ZN_DTYPE_BF16, 1)
-    CASE(ZN_DTYPE_F16, ZN_DTYPE_F16, 1)
+    ZN_ADAM_DTYPE_CASES(CASE, 0)
 #undef CASE
 }
 
