@@ -332,9 +332,10 @@ static void check_same_bits(void)
 }
 
 /* ---- the fused step against the pieces ------------------------------------
- * Each vector path's fused bf16-master step (adam_sr: fp32 and bf16
- * moments) against the same path with it off (widen, the fp32 kernel,
- * round, stochastic rounding, block by block): the same bits for fp32, bf16
+ * Each vector path's fused bf16-master steps (adam_sr for fp32 and bf16
+ * moments, q8_sr_step for 8-bit ones under both schemes) against the same
+ * path with them off (widen, the fp32 kernel, round or quantize, stochastic
+ * rounding, block by block): the same bits for fp32, bf16
  * and fp16 gradients, no decay, L2 and decoupled decay, gradient scaling,
  * every tail length, runs of indices with one crossing 2^32, 1 and 3
  * threads, and NaN and infinite gradients. */
@@ -343,10 +344,11 @@ static void check_fused(void)
     static const size_t sizes[] = { 1, 7, 15, 16, 17, 255, 257, 4099, 70001 };
     for (size_t ii = 1; ii < 3; ii++) {
         const zn_optim_ops *ops = zn_optim_get_ops(all_isas[ii]);
-        if (!ops || !ops->adam_sr)
+        if (!ops || (!ops->adam_sr && !ops->q8_sr_step))
             continue;
         zn_optim_ops pieces = *ops;
         pieces.adam_sr = NULL;
+        pieces.q8_sr_step = NULL;
         int bad = 0, runs = 0;
         for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
             size_t n = sizes[si];
@@ -355,7 +357,8 @@ static void check_fused(void)
             d.g[n / 2] = NAN;
             d.g[n / 3] = -INFINITY;
             uint16_t *g16 = xmalloc(n * 2), *p[2];
-            /* three runs: the second crosses 2^32, the third lies below */
+            /* three runs: the second crosses 2^32, the third lies below; their
+             * edges mostly inside 8-bit blocks (which run the pieces) */
             zn_sr_span sp[3] = { { 0, n / 3, 77 }, { n / 3, n / 3, ((uint64_t)1 << 32) - n / 5 - 1 },
                                  { 2 * (n / 3), n - 2 * (n / 3), 3 } };
             size_t ns = 0;
@@ -363,7 +366,7 @@ static void check_fused(void)
             for (int k = 0; k < 3; k++)
                 if (sp[k].n)
                     use[ns++] = sp[k];
-            for (int fi = 0; fi < 2; fi++) {
+            for (size_t fi = 0; fi < sizeof formats / sizeof formats[0]; fi++) {
                 for (int var = 0; var < 6; var++) {
                     zn_dtype gt = var % 3 == 0 ? ZN_DTYPE_F32 : var % 3 == 1 ? ZN_DTYPE_BF16
                                                                              : ZN_DTYPE_F16;

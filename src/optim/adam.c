@@ -105,7 +105,7 @@ static void scalar_triad(float *a, const float *b, const float *c, float s, size
 const zn_optim_ops zn_optim_ops_scalar = {
     ZN_ISA_SCALAR, "scalar", scalar_kernel, scalar_norm_chunk, scalar_rmw, scalar_triad,
     zn_q8_dequant_scalar, zn_q8_quant_scalar, zn_bf16_widen_scalar, zn_bf16_round_scalar,
-    zn_rmw_mom_scalar, zn_sr_round_scalar, NULL, NULL, NULL,
+    zn_rmw_mom_scalar, zn_sr_round_scalar, NULL, NULL, NULL, NULL,
 };
 
 /* ---- path selection ------------------------------------------------------ */
@@ -282,6 +282,7 @@ static void init_vbmi(void)
     g_vbmi_ops.q8_dequant = zn_q8_dequant_vbmi;
     g_vbmi_ops.q8_quant = zn_q8_quant_vbmi;
     g_vbmi_ops.q8_step = zn_q8_step_vbmi;
+    g_vbmi_ops.q8_sr_step = zn_q8_sr_step_vbmi;
     g_vbmi_have = 1;
     const char *env = getenv("ZINC_SIMD_VBMI");
     g_vbmi_use = !(env && !strcmp(env, "0"));

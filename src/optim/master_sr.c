@@ -170,6 +170,22 @@ static void sr_range(const sr_job *j, size_t lo, size_t hi)
         size_t len = hi - i < ZN_Q8_BLOCK ? hi - i : ZN_Q8_BLOCK;
         size_t b = i / ZN_Q8_BLOCK;
         const char *g = j->g + i * j->gs;
+        if (mv->fmt == ZN_MOM_Q8 && o->q8_sr_step && zn_q8_f32_slot(mv, b) < 0) {
+            /* an 8-bit block inside one run of indices sharing their high
+             * word (all but a few): fused */
+            while (j->spans[s].off + j->spans[s].n <= i)
+                s++;
+            const zn_sr_span *sp = &j->spans[s];
+            uint64_t index = sp->index + (i - sp->off);
+            if (sp->off + sp->n >= i + len && index >> 32 == (index + len - 1) >> 32) {
+                uint32_t k1, k2;
+                zn_sr_key(j->seed, j->step, (uint32_t)(index >> 32), &k1, &k2);
+                o->q8_sr_step(j->k, j->p + i, (uint8_t *)mv->m + i, (uint8_t *)mv->v + i,
+                              &mv->m_absmax[b], &mv->v_absmax[b], j->ts, j->tu, g, j->gt, len,
+                              k1, k2, (uint32_t)index);
+                continue;
+            }
+        }
         o->bf16_widen(j->p + i, pb, len);
         if (mv->fmt == ZN_MOM_F32) {
             j->adam(j->k, pb, (float *)mv->m + i, (float *)mv->v + i, g, j->gt, NULL,

@@ -264,6 +264,15 @@ typedef void (*zn_adam_sr_fn)(const zn_adam_consts *k, uint16_t *p, void *m, voi
                               const void *g, zn_dtype g_dtype, size_t n, uint32_t k1,
                               uint32_t k2, uint32_t idx_lo);
 
+/* One block of the bf16-master step with 8-bit moments, fused (n <=
+ * ZN_Q8_BLOCK): zn_q8_step_fn with p the bf16 master, rounded as
+ * zn_adam_sr_fn rounds it (the caller keeps idx_lo + n within 2^32).
+ * Optional (NULL: the pieces); the same bits. */
+typedef void (*zn_q8_sr_step_fn)(const zn_adam_consts *k, uint16_t *p, uint8_t *mq, uint8_t *vq,
+                                 float *am, float *av, const zn_q8_table *ts,
+                                 const zn_q8_table *tu, const void *g, zn_dtype g_dtype,
+                                 size_t n, uint32_t k1, uint32_t k2, uint32_t idx_lo);
+
 typedef struct {
     zn_isa isa;
     const char *name;
@@ -280,6 +289,7 @@ typedef struct {
     zn_q8_step_fn q8_step;
     zn_adam_bf16_fn adam_bf16;
     zn_adam_sr_fn adam_sr;
+    zn_q8_sr_step_fn q8_sr_step;
 } zn_optim_ops;
 
 /* zn_adam_step_mom with an explicit path (tests, benchmark). */
@@ -366,6 +376,7 @@ extern const zn_optim_ops zn_optim_ops_avx512;
 extern const zn_q8_dequant_fn zn_q8_dequant_vbmi;
 extern const zn_q8_quant_fn zn_q8_quant_vbmi;
 extern const zn_q8_step_fn zn_q8_step_vbmi;
+extern const zn_q8_sr_step_fn zn_q8_sr_step_vbmi;
 
 /* The table of `isa` (ZN_ISA_AUTO: the one in use), or NULL when it is not
  * built in or the CPU lacks it. For ZN_ISA_AVX512 on a CPU with AVX-512

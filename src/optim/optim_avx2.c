@@ -600,5 +600,6 @@ const zn_optim_ops zn_optim_ops_avx2 = {
     avx2_q8_dequant, avx2_q8_quant, avx2_bf16_widen, avx2_bf16_round, avx2_rmw_mom,
     avx2_sr_round, NULL, avx2_adam_bf16,
     NULL,   /* no fused bf16-master step: 0.91-0.92x the pieces on Zen 4 */
+    NULL,
 };
 #endif

@@ -397,36 +397,6 @@ static void avx512_rmw_mom(void *p, int pb, void *m, void *v, int mb, float *am,
 
 /* ---- stochastic rounding (master_sr.c) --------------------------------- */
 
-/* zn_lowbias32 on 16 lanes */
-static inline __m512i lowbias16(__m512i x)
-{
-    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
-    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x7feb352d));
-    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
-    x = _mm512_mullo_epi32(x, _mm512_set1_epi32((int)0x846ca68bu));
-    return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
-}
-
-/* zn_bf16_round_sr of 16 lanes with the bits zn_sr_hash(k1, k2, idx) */
-static inline __m256i sr16(__m512 x, __m512i idx, __m512i K1, __m512i K2)
-{
-    const __m512i absm = _mm512_set1_epi32(0x7fffffff), maxf = _mm512_set1_epi32(0x7f7fffff);
-    const __m512i inf = _mm512_set1_epi32(0x7f800000), top = _mm512_set1_epi32(0x7f7f);
-    __m512i u = _mm512_castps_si512(x);
-    __m512i r = _mm512_srli_epi32(
-        lowbias16(_mm512_add_epi32(lowbias16(_mm512_xor_si512(idx, K1)), K2)), 16);
-    __m512i a = _mm512_and_si512(u, absm);
-    /* magnitudes are below 2^31: the signed min is the unsigned one */
-    __m512i t = _mm512_min_epi32(_mm512_srli_epi32(_mm512_add_epi32(a, r), 16), top);
-    __mmask16 nonfin = _mm512_cmp_epi32_mask(a, maxf, _MM_CMPINT_GT);
-    __mmask16 isnan = _mm512_cmp_epi32_mask(a, inf, _MM_CMPINT_GT);
-    __m512i ahi = _mm512_srli_epi32(a, 16);
-    t = _mm512_mask_mov_epi32(t, nonfin, ahi);
-    t = _mm512_mask_or_epi32(t, isnan, ahi, _mm512_set1_epi32(0x40));
-    __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x8000));
-    return _mm512_cvtepi32_epi16(_mm512_or_si512(t, sign));
-}
-
 /* zn_sr_round_scalar on 16 lanes at a time; the tail masked (the same
  * vector code, so an element's bits never depend on where a range ends) */
 static void avx512_sr_round(const float *x, uint16_t *out, size_t n, uint32_t k1, uint32_t k2,
@@ -490,5 +460,6 @@ const zn_optim_ops ZN_AVX512_OPS = {
     avx512_sr_round,
     NULL,   /* no fused 8-bit block: moments.c runs the pieces */
     avx512_adam_bf16, avx512_adam_sr,
+    NULL,   /* no fused 8-bit block for the bf16 master either */
 };
 #endif

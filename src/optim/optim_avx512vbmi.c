@@ -401,10 +401,12 @@ static float vbmi_q8_quant(const float *x, const zn_q8_table *t, uint8_t *q, siz
 
 #include "optim/optim-avx512-inl.h"
 
+/* ph: p is the bf16 master (zn_adam_step_sr), widened on load and rounded
+ * stochastically (sr16) with the bits of indices idx_lo + i; c is NULL. */
 static inline __attribute__((always_inline)) void
-step_body(const zn_adam_consts *k, float *p, uint8_t *mq, uint8_t *vq, float *am, float *av,
-          const zn_q8_table *ts, const zn_q8_table *tu, const void *g, zn_dtype gt, void *c,
-          zn_dtype ct, size_t n)
+step_body(const zn_adam_consts *k, void *p, int ph, uint8_t *mq, uint8_t *vq, float *am,
+          float *av, const zn_q8_table *ts, const zn_q8_table *tu, const void *g, zn_dtype gt,
+          void *c, zn_dtype ct, size_t n, uint32_t k1, uint32_t k2, uint32_t idx_lo)
 {
     float mb[ZN_Q8_BLOCK] __attribute__((aligned(64)));
     float vb[ZN_Q8_BLOCK] __attribute__((aligned(64)));
@@ -414,6 +416,9 @@ step_body(const zn_adam_consts *k, float *p, uint8_t *mq, uint8_t *vq, float *am
     const __m512 l2 = _mm512_set1_ps(k->l2), decay = _mm512_set1_ps(k->decay);
     const __m512 sam = _mm512_set1_ps(*am), sav = _mm512_set1_ps(*av);
     const __m512i sign = _mm512_set1_epi32(0x7fffffff);
+    const __m512i K1 = _mm512_set1_epi32((int)k1), K2 = _mm512_set1_epi32((int)k2);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
+                                           15);
     const int scale = k->g_scale != 1.0f, use_l2 = k->use_l2, use_decay = k->use_decay;
     /* as adam_body with copy_stream set (moments.c sets it) */
     const int nt = zn_optim_nt_copy && c && ((uintptr_t)c & 31) == 0;
@@ -428,7 +433,9 @@ step_body(const zn_adam_consts *k, float *p, uint8_t *mq, uint8_t *vq, float *am
             if (at >= n)
                 break;
             __mmask16 mk = mask16(n - at);
-            __m512 pv = _mm512_maskz_loadu_ps(mk, p + at), gv = load_g(g, gt, at, mk);
+            __m512 pv = ph ? load_g(p, ZN_DTYPE_BF16, at, mk)
+                           : _mm512_maskz_loadu_ps(mk, (float *)p + at);
+            __m512 gv = load_g(g, gt, at, mk);
             __m512 mv = _mm512_mul_ps(mr[r], sam), vv = _mm512_mul_ps(vr[r], sav);
             if (scale)
                 gv = _mm512_mul_ps(gv, gs);
@@ -443,7 +450,13 @@ step_body(const zn_adam_consts *k, float *p, uint8_t *mq, uint8_t *vq, float *am
             } else {
                 pv = _mm512_fmadd_ps(step, upd, pv);
             }
-            _mm512_mask_storeu_ps(p + at, mk, pv);
+            if (ph) {
+                __m512i idx = _mm512_add_epi32(
+                    _mm512_set1_epi32((int)(idx_lo + (uint32_t)at)), lane);
+                _mm256_mask_storeu_epi16((uint16_t *)p + at, mk, sr16(pv, idx, K1, K2));
+            } else {
+                _mm512_mask_storeu_ps((float *)p + at, mk, pv);
+            }
             _mm512_store_ps(mb + at, mv);
             _mm512_store_ps(vb + at, vv);
             /* a NaN lane keeps the maximum, as the scalar form */
@@ -472,14 +485,31 @@ static void vbmi_q8_step(const zn_adam_consts *k, float *p, uint8_t *mq, uint8_t
 {
 #define CASE(G, C, CP, A)                                                           \
     if (gt == (G) && (CP) == (c != NULL) && (!(CP) || ct == (C))) {                 \
-        step_body(k, p, mq, vq, am, av, ts, tu, g, G, c, C, n);                     \
+        step_body(k, p, 0, mq, vq, am, av, ts, tu, g, G, c, C, n, 0, 0, 0);         \
         return;                                                                     \
     }
     ZN_ADAM_DTYPE_CASES(CASE, 0)
 #undef CASE
 }
 
+static void vbmi_q8_sr_step(const zn_adam_consts *k, uint16_t *p, uint8_t *mq, uint8_t *vq,
+                            float *am, float *av, const zn_q8_table *ts, const zn_q8_table *tu,
+                            const void *g, zn_dtype gt, size_t n, uint32_t k1, uint32_t k2,
+                            uint32_t idx_lo)
+{
+    if (gt == ZN_DTYPE_F32)
+        step_body(k, p, 1, mq, vq, am, av, ts, tu, g, ZN_DTYPE_F32, NULL, ZN_DTYPE_BF16, n, k1,
+                  k2, idx_lo);
+    else if (gt == ZN_DTYPE_BF16)
+        step_body(k, p, 1, mq, vq, am, av, ts, tu, g, ZN_DTYPE_BF16, NULL, ZN_DTYPE_BF16, n, k1,
+                  k2, idx_lo);
+    else
+        step_body(k, p, 1, mq, vq, am, av, ts, tu, g, ZN_DTYPE_F16, NULL, ZN_DTYPE_BF16, n, k1,
+                  k2, idx_lo);
+}
+
 const zn_q8_dequant_fn zn_q8_dequant_vbmi = vbmi_q8_dequant;
+const zn_q8_sr_step_fn zn_q8_sr_step_vbmi = vbmi_q8_sr_step;
 const zn_q8_step_fn zn_q8_step_vbmi = vbmi_q8_step;
 const zn_q8_quant_fn zn_q8_quant_vbmi = vbmi_q8_quant;
 #endif
