@@ -518,7 +518,9 @@ static void check_sr_step(const zn_optim_ops *ref, const zn_optim_ops *emu)
                 }
             }
             for (size_t i = 0; i < n; i++) {
-                g[i] = i % 101 == 7 ? NAN : i % 103 == 9 ? INFINITY : rndf(si + 6, i, -1e-2f, 1e-2f);
+                g[i] = i % 101 == 7   ? NAN
+                       : i % 103 == 9 ? INFINITY
+                                      : rndf(si + 6, i, -1e-2f, 1e-2f);
                 g16[i] = zn_f32_to_bf16(g[i]);
             }
             zn_adam_params hp = zn_adam_params_default();

@@ -830,7 +830,8 @@ static void check_fused(const zn_optim_ops *const *ops, int nops)
                             ((uint16_t *)v[k])[i] = zn_f32_to_bf16(i % 89 == 7 ? 3e38f : vv);
                         }
                         for (size_t b = 0; b < nb; b++) {
-                            am[k][b] = (float)pow(10.0, -8.0 + 7.0 * (double)(mix(b + 5) & 0xff) / 256.0);
+                            double e = (double)(mix(b + 5) & 0xff) / 256.0;
+                            am[k][b] = (float)pow(10.0, -8.0 + 7.0 * e);
                             av[k][b] = am[k][b] * am[k][b];
                         }
                         memset(c[k], 0xab, n * 2);

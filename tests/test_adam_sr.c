@@ -359,7 +359,8 @@ static void check_fused(void)
             uint16_t *g16 = xmalloc(n * 2), *p[2];
             /* three runs: the second crosses 2^32, the third lies below; their
              * edges mostly inside 8-bit blocks (which run the pieces) */
-            zn_sr_span sp[3] = { { 0, n / 3, 77 }, { n / 3, n / 3, ((uint64_t)1 << 32) - n / 5 - 1 },
+            zn_sr_span sp[3] = { { 0, n / 3, 77 },
+                                 { n / 3, n / 3, ((uint64_t)1 << 32) - n / 5 - 1 },
                                  { 2 * (n / 3), n - 2 * (n / 3), 3 } };
             size_t ns = 0;
             zn_sr_span use[3];
@@ -371,7 +372,8 @@ static void check_fused(void)
                     zn_dtype gt = var % 3 == 0 ? ZN_DTYPE_F32 : var % 3 == 1 ? ZN_DTYPE_BF16
                                                                              : ZN_DTYPE_F16;
                     for (size_t i = 0; i < n; i++)
-                        g16[i] = gt == ZN_DTYPE_BF16 ? zn_f32_to_bf16(d.g[i]) : zn_f16_round(d.g[i]);
+                        g16[i] = gt == ZN_DTYPE_BF16 ? zn_f32_to_bf16(d.g[i])
+                                                     : zn_f16_round(d.g[i]);
                     const void *g = gt == ZN_DTYPE_F32 ? (const void *)d.g : (const void *)g16;
                     zn_adam_params hp = params(var % 3);
                     hp.threads = 1 + 2 * (var / 3);

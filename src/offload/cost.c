@@ -70,11 +70,11 @@ static double div0(double a, double b)
  *   registers), measured 0.85-1.39x in 6 runs there: 1.37-1.39x (its
  *   roofline, by bytes 1.4x) where the guest's memory gave 27 GB/s per
  *   core, 0.85-0.93x (bound by the Adam arithmetic, as the fp32 step
- *   nearly is) where it gave 50; 1.0x here, between the two. The only 8-bit figure from a GPU host: 2.9
- *   Gparam/s in the Qwen2.5-7B run on the H200's 16-core Xeon
- *   (bench/results/train-7b-h200.md), where the h200 target's 0.25 x 8 gives
- *   2.0. (Until 2026-11-28 these were 1.5x and 2x the fp32 rate, by bytes:
- *   5.5x what that run reached.)
+ *   nearly is) where it gave 50; 1.0x here, between the two. The only
+ *   8-bit figure from a GPU host: 2.9 Gparam/s in the Qwen2.5-7B run on
+ *   the H200's 16-core Xeon (bench/results/train-7b-h200.md), where the
+ *   h200 target's 0.25 x 8 gives 2.0. (Until 2026-11-28 these were 1.5x
+ *   and 2x the fp32 rate, by bytes: 5.5x what that run reached.)
  * - The schedule's cost per block use on all three is an estimate, not a
  *   measurement (no such GPU has been lent to the project yet; the
  *   calibration measures it on the machine itself): a block use makes
