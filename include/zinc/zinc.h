@@ -14,6 +14,7 @@
 #include "zinc/tokens.h"
 #include "zinc/comm.h"
 #include "zinc/trace.h"
+#include "zinc/train_model.h"
 #include "zinc/train.h"
 #include "zinc/ckpt.h"
 #include "zinc/run.h"

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt-impl.h"
-#include "offload/train-state.h"
+#include "train/train-state.h"
 #include "zinc/comm.h"
 
 

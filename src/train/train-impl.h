@@ -19,7 +19,7 @@
 #include "zinc/plan.h"
 #include "zinc/trace.h"
 #include "zinc/train.h"
-#include "offload/train-state.h"
+#include "train/train-state.h"
 
 /* ---- tier manager ----------------------------------------------------------*/
 typedef struct {

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "offload/train-impl.h"
+#include "train/train-impl.h"
 
 static const char *state_name[3] = { "master", "adam m", "adam v" };
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "offload/train-impl.h"
+#include "train/train-impl.h"
 
 void zn_train_state_get_info(const zn_trainer *tr, zn_train_state_info *out)
 {

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "offload/train-impl.h"
+#include "train/train-impl.h"
 #include "util/try-impl.h"
 #include "zn_build_config.h"
 

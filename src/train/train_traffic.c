@@ -13,7 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "offload/train-impl.h"
+#include "train/train-impl.h"
 
 /* Expected distinct rows among `tok` draws from `rows` (uniform). */
 static uint64_t expected_rows(uint64_t rows, uint64_t tok)

@@ -399,7 +399,7 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
      * filled while the other goes D2H), as the trainer allocates them */
     add(p, ZN_STATE_WORK, ZN_TIER_GPU, window * pb + 2 * largest * 4 + work_layer);
     /* a tied embedding's head gradient waits on the GPU for the embedding's
-     * backward (src/offload/train_llama.c) */
+     * backward (src/model/model_train.c) */
     add(p, ZN_STATE_WORK, ZN_TIER_GPU, in->tied_params * 4);
 
     /* Host working set: NVMe staging buffers for parameters and optimizer

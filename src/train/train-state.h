@@ -3,7 +3,7 @@
  * local flat order (the fp32 master, Adam's m and v in the run's moment
  * format) and the scalars around them. ckpt/ includes this header only;
  * the placement cases (flat in RAM, on the device, per unit on NVMe) stay
- * in offload/train_state.c. */
+ * in train/train_state.c. */
 #ifndef ZN_TRAIN_STATE_H
 #define ZN_TRAIN_STATE_H
 

@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "offload/train-impl.h"
+#include "train/train-impl.h"
 
 /* dst = a + b (a may be dst) over n elements, on `threads` threads. */
 static void add_f32(float *dst, const float *a, const float *b, uint64_t n, int threads)

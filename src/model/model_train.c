@@ -13,7 +13,7 @@
 #include "zinc/device.h"
 #include "zinc/model.h"
 #include "zinc/safetensors.h"
-#include "zinc/train.h"
+#include "zinc/train_model.h"
 #include "util/hash-impl.h"
 
 #define MAX_TENSORS 32

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "offload/train-impl.h"
+#include "train/train-impl.h"
 
 int zn_tier_init(zn_tier_mgr *m, zn_dev *dev, const zn_plan_budgets *b)
 {
