@@ -6,6 +6,8 @@ Two tiny random decoders, built and run by Hugging Face transformers:
               weights stored as bf16 (one model.safetensors)
   tiny-qwen2  qwen2, GQA 4/2 heads, q/k/v bias, tied embeddings, weights
               stored as fp32 in two shards + model.safetensors.index.json
+  tiny-mistral mistral (the Llama block under its own model_type), GQA 4/2,
+              sliding_window null, untied, weights as fp32 (one file)
 For each: config.json (as transformers writes it), the weights, and
 reference.json with the batch (inputs, targets; some targets -100 for
 qwen2), the mean cross-entropy, a slice of logits and the L2 norm of every
@@ -30,7 +32,9 @@ cross-entropy of its logits on token windows with `zinc eval` on the same
 folder and ids (zinc's forward), and the exported embedding with the
 checkpoint's fp32 master bytes.
 
-Usage: python3 scripts/gen_fixtures.py [--out tests/fixtures]
+Usage: python3 scripts/gen_fixtures.py [--out tests/fixtures] [--kinds llama,qwen2,mistral]
+       (--kinds mistral makes only that fixture, against the committed
+       tokens.tok, and leaves the others as they are)
        python3 scripts/gen_fixtures.py --check-export build/zinc
 Without torch importable, it makes .venv-fixtures/ beside the repository's
 top folder, installs scripts/requirements-fixtures.txt there with pip and
@@ -124,7 +128,7 @@ def low_precision_pass(model64, dtype, inputs, targets, eval_targets, positions,
 
 
 def make(kind, out, tokens, torch, transformers, save_file):
-    gen = torch.Generator().manual_seed(1 if kind == "llama" else 2)
+    gen = torch.Generator().manual_seed({"llama": 1, "qwen2": 2, "mistral": 3}[kind])
     common = dict(hidden_size=64, intermediate_size=128 if kind == "llama" else 96,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   vocab_size=VOCAB, max_position_embeddings=64, hidden_act="silu")
@@ -135,6 +139,10 @@ def make(kind, out, tokens, torch, transformers, save_file):
                           "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
             rope_theta=10000.0)
         cls = transformers.LlamaForCausalLM
+    elif kind == "mistral":
+        cfg = transformers.MistralConfig(**common, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                         rope_theta=1000000.0, sliding_window=None)
+        cls = transformers.MistralForCausalLM
     else:
         cfg = transformers.Qwen2Config(**common, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                        rope_theta=1000000.0, use_sliding_window=False)
@@ -162,7 +170,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
         os.remove(os.path.join(d, f))
     cfg.save_pretrained(d)
     meta = {"format": "pt"}
-    if kind == "llama":
+    if kind in ("llama", "mistral"):
         save_file(tensors, os.path.join(d, "model.safetensors"), metadata=meta)
     else:
         names = sorted(tensors)
@@ -234,6 +242,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
         "transformers": transformers.__version__,
         "precision": "float64 on the stored values",
         "weights_dtype": "bf16" if kind == "llama" else "f32",
+        "model_type": cfg.model_type,
         "batch": BATCH,
         "seq_len": SEQ,
         "inputs": inputs.reshape(-1).tolist(),
@@ -300,6 +309,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
     ap.add_argument("--check-export", metavar="ZINC", help="check `zinc export` (see above)")
+    ap.add_argument("--kinds", default="llama,qwen2",
+                    help="fixtures to make: llama, qwen2, mistral (comma-separated)")
     args = ap.parse_args()
     ensure_torch()
     if args.check_export:
@@ -315,8 +326,23 @@ def main():
     g = torch.Generator().manual_seed(1234)
     tokens = torch.randint(0, VOCAB, (BATCH * SEQ + 1,), generator=g).tolist()
     os.makedirs(args.out, exist_ok=True)
-    write_tokens(os.path.join(args.out, "tokens.tok"), tokens, VOCAB)
-    for kind in ("llama", "qwen2"):
+    kinds = args.kinds.split(",")
+    tok = os.path.join(args.out, "tokens.tok")
+    if {"llama", "qwen2"} & set(kinds) or not os.path.exists(tok):
+        write_tokens(tok, tokens, VOCAB)
+    else:
+        # a new fixture beside the committed ones: the same token stream
+        with open(tok, "rb") as f:
+            raw = f.read()
+        probe = os.path.join(args.out, ".tokens-probe.tok")
+        write_tokens(probe, tokens, VOCAB)
+        with open(probe, "rb") as f:
+            same = f.read() == raw
+        os.remove(probe)
+        if not same:
+            sys.exit("gen_fixtures: this torch draws another token stream than the committed "
+                     "tokens.tok; regenerate every fixture (--kinds llama,qwen2,mistral)")
+    for kind in kinds:
         make(kind, args.out, tokens, torch, transformers, save_file)
 
 

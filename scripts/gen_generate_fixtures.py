@@ -4,6 +4,7 @@ by transformers' own generate() on the committed fixture models:
 
   tiny-llama            llama, llama3 rope scaling, untied, bf16 on disk
   tiny-qwen2            qwen2, q/k/v bias, tied embeddings, two shards
+  tiny-mistral          mistral, untied, fp32 on disk
   lora-llama            ft-llama plus the PEFT adapter final-adapter,
                         loaded by peft (unmerged)
 
@@ -23,10 +24,12 @@ the first step whose top-2 gap is within the bound (there float32 itself
 may pick either; "tie_step" records it, -1 when there is none).
 
 Run with the fixtures' virtual environment (scripts/requirements-fixtures.txt):
-  .venv-fixtures/bin/python scripts/gen_generate_fixtures.py
+  .venv-fixtures/bin/python scripts/gen_generate_fixtures.py [NAME...]
+(NAMEs: only those fixtures, e.g. tiny-mistral)
 """
 import json
 import os
+import sys
 
 import torch
 import transformers
@@ -102,7 +105,8 @@ def case(name):
 
 
 def main():
-    for name in ("tiny-llama", "tiny-qwen2", "lora-llama"):
+    names = sys.argv[1:] or ["tiny-llama", "tiny-qwen2", "tiny-mistral", "lora-llama"]
+    for name in names:
         ref = case(name)
         path = os.path.join(FIX, name, "generate.json")
         with open(path, "w") as f:

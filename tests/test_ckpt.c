@@ -35,6 +35,7 @@
 #include "zinc/nvme.h"
 #include "zinc/safetensors.h"
 #include "zinc/tokens.h"
+#include "zinc/run.h"
 #include "zinc/train.h"
 #include "test_nvme_common.h"
 #include "test_train_toy.h"
@@ -93,12 +94,13 @@ static int create(zn_trainer **tr, toy_model *toy, const char **sets, int nsets,
     zn_plan_input in;
     toy_plan_input(toy, MB, SEQ, &in);
     zn_train_options o = zn_train_options_default();
-    o.cfg = &cfg;
+    zn_spec o_spec;
+    ZT_EQ_INT(zn_run_spec(&cfg, &in, NULL, &o_spec), 0);
+    o.spec = &o_spec;
     o.model = &toy->model;
-    o.plan_in = &in;
-    o.budgets.bytes[ZN_TIER_GPU] = gpu_budget ? gpu_budget : cfg.tiers.gpu;
-    o.budgets.bytes[ZN_TIER_CPU] = cfg.tiers.cpu;
-    o.budgets.bytes[ZN_TIER_NVME] = 64u << 20;
+    o_spec.budgets.bytes[ZN_TIER_GPU] = gpu_budget ? gpu_budget : cfg.tiers.gpu;
+    o_spec.budgets.bytes[ZN_TIER_CPU] = cfg.tiers.cpu;
+    o_spec.budgets.bytes[ZN_TIER_NVME] = 64u << 20;
     return zn_train_create(tr, &o);
 }
 
@@ -466,11 +468,12 @@ static void prune_and_refusals(const char **sets, int nsets)
         zn_plan_input in;
         toy_plan_input(&wide, MB, SEQ, &in);
         zn_train_options o = zn_train_options_default();
-        o.cfg = &cfg;
+        zn_spec o_spec;
+        ZT_EQ_INT(zn_run_spec(&cfg, &in, NULL, &o_spec), 0);
+        o.spec = &o_spec;
         o.model = &wide.model;
-        o.plan_in = &in;
-        o.budgets.bytes[ZN_TIER_GPU] = 64u << 20;
-        o.budgets.bytes[ZN_TIER_CPU] = 64u << 20;
+        o_spec.budgets.bytes[ZN_TIER_GPU] = 64u << 20;
+        o_spec.budgets.bytes[ZN_TIER_CPU] = 64u << 20;
         ZT_EQ_INT(zn_train_create(&tr2, &o), 0);
         ZT_EQ_INT(zn_ckpt_load(ck, tr2), ZN_ECONFIG);
         ZT_CONTAINS(zn_last_error(), "another model");
@@ -525,11 +528,12 @@ static void export_case(void)
     in.world_size = 1;
     in.activation_checkpointing = true;
     zn_train_options o = zn_train_options_default();
-    o.cfg = &cfg;
+    zn_spec o_spec;
+    ZT_EQ_INT(zn_run_spec(&cfg, &in, NULL, &o_spec), 0);
+    o.spec = &o_spec;
     o.model = zn_train_llama_model(ll);
-    o.plan_in = &in;
-    o.budgets.bytes[ZN_TIER_GPU] = 256u << 20;
-    o.budgets.bytes[ZN_TIER_CPU] = 256u << 20;
+    o_spec.budgets.bytes[ZN_TIER_GPU] = 256u << 20;
+    o_spec.budgets.bytes[ZN_TIER_CPU] = 256u << 20;
     zn_trainer *tr;
     ZT_EQ_INT(zn_train_create(&tr, &o), 0);
     double loss[STEPS];

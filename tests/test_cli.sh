@@ -139,6 +139,21 @@ expect 2 "--set needs KEY=VALUE" -- plan "$src/examples/tiny.json" --set
 expect 2 "unknown option" -- plan "$src/examples/tiny.json" --frob
 expect 2 "expected a rank count" -- plan "$src/examples/tiny.json" --world 0
 expect 0 '"stage": 3' -- plan "$src/examples/tiny.json" --print-config
+# a model folder holding only its config.json (a user planning before the
+# download) plans from the shapes, saying so; training it needs weights
+mkdir -p "$tmp/mistral"
+cp "$src/tests/fixtures/model-configs/Mistral-7B-Instruct-v0.3.json" "$tmp/mistral/config.json"
+expect 0 "holds config.json and no weights: planned from its shapes alone" -- \
+    plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/mistral" --data synthetic
+expect 0 "model +mistral, 7.25B parameters" -- \
+    plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/mistral" --data synthetic
+expect 1 "has no weights .*model.init=random" -- \
+    train "$src/examples/tiny.json" --model "$tmp/mistral" --data synthetic --steps 1
+# a family not built yet is refused naming what it needs
+mkdir -p "$tmp/qwen3"
+cp "$src/tests/fixtures/model-configs/Qwen3-8B.json" "$tmp/qwen3/config.json"
+expect 1 "model_type 'qwen3' is not built yet: it needs .*q_norm, k_norm" -- \
+    plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/qwen3" --data synthetic
 
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -28,6 +28,34 @@ static void bad(const char *json, const char *want)
     ZT_CONTAINS(zn_last_error(), want);
 }
 
+/* Parses `json` (NULL: loads the file `path`) with stderr caught in `out`:
+ * the warnings the parse gave, as a user sees them. Returns the parse's code. */
+static int parse_caught(zn_config *c, const char *json, const char *path, char *out, size_t len)
+{
+    fflush(stderr);
+    FILE *f = tmpfile();
+    int saved = dup(2);
+    if (!f || saved < 0 || dup2(fileno(f), 2) != 2)
+        ZT_SETUP_FAIL("catching stderr: %s", strerror(errno));
+    int rc = json ? parse(c, json) : zn_config_load(c, path, NULL, 0);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(f);
+    size_t n = fread(out, 1, len - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    return rc;
+}
+
+static int count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
 static void test_defaults(void)
 {
     zn_config c;
@@ -150,8 +178,7 @@ static void test_bad(void)
         "zero_optimization.offload_optimizer.device is \"nvme\"");
     bad("{\"zero_optimization\": {\"stage\": 3, \"cpu_offload_param\": true, "
         "\"offload_param\": {\"device\": \"none\"}}}", "cpu_offload_param: true is");
-    bad("{\"flops_profiler\": {\"enabled\": true}}", "flops_profiler is not implemented by zinc");
-    bad("{\"aio\": {\"use_gds\": true}}", "use_gds");
+    bad("{\"aio\": {\"use_gds\": 1}}", "aio.use_gds: expected true or false, got an integer");
     /* Types and ranges. */
     bad("{\"zero_optimization\": {\"stage\": 4}}", "zero_optimization.stage: 4 is out of range [0, 3]");
     bad("{\"zero_optimization\": {\"stage\": \"three\"}}", "expected an integer, got a string");
@@ -377,13 +404,110 @@ static void test_auto(void)
      * monitors are the top-level sections), as LLaMA-Factory's configs have it */
     ZT_EQ_INT(parse(&c, "{\"monitor_config\": {\"enabled\": true, \"tag\": \"DeepSpeedMonitor\", "
                         "\"csv_monitor\": {\"enabled\": false}}}"), 0);
-    bad("{\"wandb\": {\"enabled\": true}}", "wandb is not implemented");
-    bad("{\"wandb\": {\"enabled\": true}}", "wandb sync");
-    /* comet as DeepSpeed's config names it: refused on, accepted off */
-    bad("{\"comet\": {\"enabled\": true, \"project\": \"p\"}}", "comet is not implemented");
+    /* comet as DeepSpeed's config names it: accepted off (on: test_tuning) */
     ZT_EQ_INT(parse(&c, "{\"comet\": {\"enabled\": false, \"project\": \"p\"}}"), 0);
     bad("{\"tensor_parallel\": {\"autotp_size\": 2}}", "autotp_size is not implemented");
     bad("{\"communication_data_type\": \"bf16\"}", "communication_data_type is not implemented");
+}
+
+/* Keys that change only diagnostics or speed, scheduled zinc's own way:
+ * accepted at any value of their type, with one note saying what zinc does
+ * instead; a key that changes the numbers or the memory is still refused. */
+static void test_tuning(void)
+{
+    zn_config c;
+    static char log[16384];
+    char path[1024];
+    /* LLaMA-Factory's partial-offload config with the flops profiler on */
+    snprintf(path, sizeof path, "%s/tests/fixtures/ds-configs/"
+             "llamafactory-ca7359c-ds_z3_partial_offload_config.json", ZN_SOURCE_ROOT);
+    int rc = parse_caught(&c, NULL, path, log, sizeof log);
+    ZT_CHECK_MSG(rc == 0, "partial offload with flops_profiler: %s", zn_last_error());
+    ZT_EQ_INT(count_of(log, "flops_profiler: switched on (enabled) is accepted (it changes no "
+                            "number of the training): DeepSpeed's flops profiler is not run; "
+                            "zinc train prints the achieved TFLOP/s on each log line"), 1);
+    ZT_EQ_INT(count_of(log, "is accepted"), 1);   /* comms_logger is off: nothing to say */
+    ZT_EQ_INT(c.zero.offload_optimizer.device, ZN_OFFLOAD_CPU);
+    ZT_CHECK(!c.zero.offload_optimizer.pin_memory);
+    ZT_EQ_INT(c.n_warnings, 3);                   /* and no optimizer, no scheduler */
+
+    /* ZeRO-3's module grouping (LLaMA-Factory's hparam sweep, E6) */
+    snprintf(path, sizeof path, "%s/tests/fixtures/ds-configs/"
+             "llamafactory-5851f9f-ds_z3_e6_modgran_16.json", ZN_SOURCE_ROOT);
+    rc = parse_caught(&c, NULL, path, log, sizeof log);
+    ZT_CHECK_MSG(rc == 0, "stage3_module_granularity_threshold 16: %s", zn_last_error());
+    ZT_EQ_INT(count_of(log, "zero_optimization.stage3_module_granularity_threshold: 16 is "
+                            "accepted (it changes no number of the training): ZeRO-3 fetches "
+                            "modules smaller than it together"), 1);
+    ZT_CHECK(c.bf16 && c.zero.stage == 3);
+    ZT_EQ_INT(c.zero.stage3_prefetch_bucket_size, 200000000);
+#define GRAN "{\"zero_optimization\": {\"stage3_module_granularity_threshold\": %s}}"
+    char json[512];
+    snprintf(json, sizeof json, GRAN, "0");       /* DeepSpeed's default: nothing to say */
+    ZT_EQ_INT(parse_caught(&c, json, NULL, log, sizeof log), 0);
+    ZT_EQ_INT(count_of(log, "granularity"), 0);
+    snprintf(json, sizeof json, GRAN, "\"1e4\"");
+    ZT_EQ_INT(parse_caught(&c, json, NULL, log, sizeof log), 0);
+    ZT_EQ_INT(count_of(log, "stage3_module_granularity_threshold: 10000 is accepted"), 1);
+    snprintf(json, sizeof json, GRAN, "-1");
+    bad(json, "stage3_module_granularity_threshold: -1 is out of range (must be >= 0)");
+    snprintf(json, sizeof json, GRAN, "1.5");
+    bad(json, "stage3_module_granularity_threshold: expected an integer, got 1.5");
+#undef GRAN
+
+    /* every such key, each said once in the parse (and again in the next) */
+    const char *all =
+        "{\"flops_profiler\": {\"enabled\": true, \"detailed\": {\"enabled\": true}},"
+        " \"comms_logger\": {\"enabled\": true, \"verbose\": true},"
+        " \"wandb\": {\"enabled\": true, \"project\": \"p\"}, \"comet\": {\"enabled\": true},"
+        " \"dump_state\": true, \"aio\": {\"use_gds\": true},"
+        " \"zero_optimization\": {\"stage\": 3, \"allgather_partitions\": false,"
+        "   \"stage3_module_granularity_threshold\": 16,"
+        "   \"offload_optimizer\": {\"device\": \"cpu\", \"fast_init\": true,"
+        "     \"cpuadam_cores_perc\": 0.9}}}";
+    for (int pass = 0; pass < 2; pass++) {
+        rc = parse_caught(&c, all, NULL, log, sizeof log);
+        ZT_CHECK_MSG(rc == 0, "tuning keys: %s", zn_last_error());
+        ZT_EQ_INT(count_of(log, "is accepted (it changes no number of the training)"), 10);
+        ZT_EQ_INT(count_of(log, "flops_profiler: switched on (enabled) is accepted"), 1);
+        ZT_EQ_INT(count_of(log, "comms_logger: switched on (enabled) is accepted"), 1);
+        ZT_EQ_INT(count_of(log, "wandb: switched on (enabled) is accepted"), 1);
+        ZT_EQ_INT(count_of(log, "wandb sync DIR"), 1);
+        ZT_EQ_INT(count_of(log, "comet: switched on (enabled) is accepted"), 1);
+        ZT_EQ_INT(count_of(log, "dump_state: true is accepted"), 1);
+        ZT_EQ_INT(count_of(log, "aio.use_gds: true is accepted"), 1);
+        ZT_EQ_INT(count_of(log, "zero_optimization.allgather_partitions: false is accepted"), 1);
+        ZT_EQ_INT(count_of(log, "offload_optimizer.fast_init: true is accepted"), 1);
+        ZT_EQ_INT(count_of(log, "offload_optimizer.cpuadam_cores_perc: 0.9 is accepted"), 1);
+        ZT_EQ_INT(c.n_warnings, 12);              /* and no optimizer, no scheduler */
+    }
+    /* switched off, at DeepSpeed's defaults, null or "auto": nothing to say */
+    rc = parse_caught(&c, "{\"flops_profiler\": {\"enabled\": false, \"profile_step\": 1},"
+                          " \"comms_logger\": false, \"wandb\": {\"enabled\": false},"
+                          " \"dump_state\": \"false\", \"aio\": {\"use_gds\": null},"
+                          " \"zero_optimization\": {\"allgather_partitions\": true,"
+                          "   \"offload_optimizer\": {\"fast_init\": \"auto\","
+                          "     \"cpuadam_cores_perc\": 0.8}}}", NULL, log, sizeof log);
+    ZT_CHECK_MSG(rc == 0, "tuning keys at their defaults: %s", zn_last_error());
+    ZT_EQ_INT(count_of(log, "is accepted"), 0);
+    ZT_EQ_INT(c.n_warnings, 2);
+    /* their types still hold */
+    bad("{\"flops_profiler\": 1}", "flops_profiler: expected an object, got an integer");
+    bad("{\"zero_optimization\": {\"offload_optimizer\": {\"cpuadam_cores_perc\": 2}}}",
+        "cpuadam_cores_perc: 2 is out of range [0, 1]");
+    bad("{\"zero_optimization\": {\"allgather_partitions\": \"no\"}}",
+        "allgather_partitions: expected true or false, got a string");
+
+    /* a key that changes the numbers or the memory stays refused */
+    bad("{\"zero_optimization\": {\"reduce_scatter\": false}}",
+        "reduce_scatter is not implemented by zinc; only its default (true) is accepted");
+    bad("{\"prescale_gradients\": true}", "prescale_gradients is not implemented by zinc");
+    bad("{\"zero_optimization\": {\"zero_quantized_gradients\": true}}",
+        "zero_quantized_gradients is not implemented by zinc");
+    bad("{\"data_types\": {\"grad_accum_dtype\": \"bf16\"}}", "zinc accumulates gradients in fp32");
+    bad("{\"zero_optimization\": {\"offload_optimizer\": {\"super_offload\": true}}}",
+        "super_offload is not implemented by zinc");
+    bad("{\"compile\": {\"enabled\": true}}", "compile is not implemented by zinc");
 }
 
 /* Every problem of a file in one run: five mistakes, five errors. */
@@ -394,7 +518,7 @@ static void test_all_errors(void)
         "{\"zero_optimization\": {\"stage\": 4, \"offload_parm\": {\"device\": \"cpu\"}},"
         " \"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": \"fast\"}},"
         " \"fp16\": {\"auto_cast\": true},"
-        " \"wandb\": {\"enabled\": true}}";
+        " \"prescale_gradients\": true}";
     ZT_EQ_INT(parse(&c, five), ZN_ECONFIG);
     const char *e = zn_last_error();
     ZT_CONTAINS(e, "t.json: 5 errors:");
@@ -402,7 +526,7 @@ static void test_all_errors(void)
     ZT_CONTAINS(e, "\n  zero_optimization.offload_parm: unknown key (did you mean 'offload_param'?)");
     ZT_CONTAINS(e, "\n  optimizer.params.lr: expected a number or \"auto\", got a string");
     ZT_CONTAINS(e, "\n  fp16.auto_cast: DeepSpeed's auto_cast is not implemented");
-    ZT_CONTAINS(e, "\n  wandb: DeepSpeed's wandb is not implemented");
+    ZT_CONTAINS(e, "\n  prescale_gradients: DeepSpeed's prescale_gradients is not implemented");
     int lines = 0;
     for (const char *p = e; *p; p++)
         lines += *p == '\n';
@@ -515,6 +639,7 @@ int main(void)
     test_overrides();
     test_files();
     test_auto();
+    test_tuning();
     test_all_errors();
     test_origin();
     return zt_done();

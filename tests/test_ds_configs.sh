@@ -52,6 +52,40 @@ else
     pass=$((pass + 1))
 fi
 
+# Diagnostics and tuning keys plan with one note each, saying what zinc does
+# instead: LLaMA-Factory's partial offload with the flops profiler on, and
+# its hparam sweep's ZeRO-3 module grouping (16).
+out=$("$zinc" plan "$dir/llamafactory-ca7359c-ds_z3_partial_offload_config.json" \
+      --set model.path="$model" --data synthetic 2>&1)
+rc=$?
+if [ "$rc" -ne 0 ] || ! grep -q "^fits\.$" <<<"$out" ||
+   [ "$(grep -c "flops_profiler: switched on (enabled) is accepted (it changes no number of the training): DeepSpeed's flops profiler is not run; zinc train prints the achieved TFLOP/s" <<<"$out")" -ne 1 ] ||
+   [ "$(grep -c "is accepted" <<<"$out")" -ne 1 ]; then
+    echo "FAIL: flops_profiler on: exit $rc"; grep -v "^  " <<<"$out" | head -8; fail=$((fail + 1))
+else
+    pass=$((pass + 1))
+fi
+out=$("$zinc" plan "$dir/llamafactory-5851f9f-ds_z3_e6_modgran_16.json" \
+      --set model.path="$model" --data synthetic 2>&1)
+rc=$?
+if [ "$rc" -ne 0 ] || ! grep -q "^fits\.$" <<<"$out" ||
+   [ "$(grep -c "zero_optimization.stage3_module_granularity_threshold: 16 is accepted (it changes no number of the training)" <<<"$out")" -ne 1 ]; then
+    echo "FAIL: stage3_module_granularity_threshold 16: exit $rc"; grep -v "^  " <<<"$out" | head -8
+    fail=$((fail + 1))
+else
+    pass=$((pass + 1))
+fi
+# ... while a key that changes the numbers stays an error, in the same file
+out=$("$zinc" plan "$dir/llamafactory-5851f9f-ds_z3_e6_modgran_16.json" \
+      --set model.path="$model" --data synthetic \
+      --set zero_optimization.zero_quantized_gradients=true 2>&1)
+if [ $? -ne 1 ] ||
+   ! grep -q "zero_optimization.zero_quantized_gradients: DeepSpeed's zero_quantized_gradients is not implemented by zinc" <<<"$out"; then
+    echo "FAIL: zero_quantized_gradients accepted"; echo "$out" | head -5; fail=$((fail + 1))
+else
+    pass=$((pass + 1))
+fi
+
 # Provenance: "auto" and --set are told apart, train.* feeds "auto".
 out=$("$zinc" plan "$dir/transformers-ds_config_zero2.json" --set model.path="$model" --data synthetic \
       --set train.learning_rate=2e-5 --set zero_optimization.reduce_bucket_size=1000 2>&1)

@@ -1,8 +1,11 @@
-/* fp32 <-> bf16 / fp16 rounding, bit for bit: fp32 inputs against an
- * independent value-based reference (bf16) and against the CPU's own
- * vcvtps2ph (fp16, when the CPU has F16C); ties, subnormals, overflow, Inf
- * and NaN against the value-based fp16 reference; every 16-bit input
- * widened; zn_convert for every dtype pair.
+/* fp32 <-> bf16 / fp16 rounding, bit for bit, of the one home of the
+ * scalar conversions (zinc/util.h's inline zn_bf16_round, zn_bf16_widen,
+ * zn_f16_round, zn_f16_widen) and of their out-of-line forms: fp32 inputs
+ * against an independent value-based reference (bf16) and against the
+ * CPU's own vcvtps2ph (fp16, when the CPU has F16C); ties, subnormals,
+ * overflow, Inf and NaN against the value-based fp16 reference; every
+ * 16-bit input widened against a value-based reference and rounded back
+ * to itself; zn_convert for every dtype pair.
  * `test_half full` (suite slow) sweeps all 2^32 inputs: 25 s on 2 idle
  * cores, 52 s beside the rest of the suite. Without it (suite unit) every
  * high half is taken with the low halves that decide its rounding (0,
@@ -15,6 +18,7 @@
 #include <string.h>
 
 #include "zinc/optim.h"
+#include "zinc/util.h"
 #include "optim/optim-impl.h"
 #include "zt.h"
 #include "util/cpu-impl.h"
@@ -81,6 +85,18 @@ static double ref_f16_value(uint16_t h)
     return s * ldexp(1024 + mant, e - 25);
 }
 
+
+/* bf16's value from its fields: 8 exponent bits, 7 of mantissa */
+static double ref_bf16_value(uint16_t h)
+{
+    int e = (h >> 7) & 0xff, mant = h & 0x7f;
+    double s = (h & 0x8000) ? -1 : 1;
+    if (e == 0)
+        return s * ldexp(mant, -133);
+    if (e == 255)
+        return mant ? NAN : s * INFINITY;
+    return s * ldexp(128 + mant, e - 134);
+}
 
 /* ---- sweeps ------------------------------------------------------------ */
 
@@ -238,7 +254,7 @@ static void sweep_f16_ref(void)
     for (uint32_t hi = 0; hi < (1u << 19); hi++) {
         for (size_t j = 0; j < sizeof lows / sizeof lows[0]; j++) {
             uint32_t u = hi << 13 | lows[j];
-            if (zn_f32_to_f16(zn_bits_f32(u)) != ref_f16(u)) {
+            if (zn_f16_round(zn_bits_f32(u)) != ref_f16(u)) {
                 if (!bad)
                     __atomic_store_n(&first, u, __ATOMIC_RELAXED);
                 bad++;
@@ -249,7 +265,7 @@ static void sweep_f16_ref(void)
 #pragma omp parallel for schedule(static) reduction(+ : bad)
     for (uint32_t u = 0x32800000; u < 0x38800000; u++) {
         uint32_t w = u | ((u & 1) << 31);
-        if (zn_f32_to_f16(zn_bits_f32(w)) != ref_f16(w)) {
+        if (zn_f16_round(zn_bits_f32(w)) != ref_f16(w)) {
             if (!bad)
                 __atomic_store_n(&first, w, __ATOMIC_RELAXED);
             bad++;
@@ -288,6 +304,38 @@ static void sweep_f16_ref(void)
             wbad++;
     }
     ZT_CHECK_MSG(wbad == 0, "f16 widen: %zu of 65536 values wrong", wbad);
+}
+
+/* Every 16-bit input of both formats through the inline home: widened
+ * against the value-based reference (and its NaNs made quiet, sign and
+ * payload kept), then rounded back to itself (a NaN to itself made
+ * quiet). */
+static void sweep_home_16(void)
+{
+    size_t bad_w = 0, bad_rt = 0, bad_bw = 0, bad_brt = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        uint16_t x = (uint16_t)h;
+        int nan16 = (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu);
+        float w = zn_f16_widen(x);
+        double want = ref_f16_value(x);
+        if (nan16 ? !isnan(w) || (zn_f32_bits(w) >> 13 & 0x3ffu) != ((h & 0x3ffu) | 0x200u) ||
+                        (zn_f32_bits(w) >> 31) != (h >> 15)
+                  : (double)w != want || !signbit(w) != !(h & 0x8000u))
+            bad_w++;
+        if (zn_f16_round(w) != (nan16 ? (uint16_t)(h | 0x200u) : x))
+            bad_rt++;
+        /* bf16: the top half of the float's bits, by definition */
+        int nanb = (h & 0x7f80u) == 0x7f80u && (h & 0x7fu);
+        float b = zn_bf16_widen(x);
+        if (zn_f32_bits(b) != h << 16 || (!nanb && (double)b != ref_bf16_value(x)))
+            bad_bw++;
+        if (zn_bf16_round(b) != (nanb ? (uint16_t)(h | 0x40u) : x))
+            bad_brt++;
+    }
+    ZT_CHECK_MSG(bad_w == 0, "zn_f16_widen: %zu of 65536 values wrong", bad_w);
+    ZT_CHECK_MSG(bad_rt == 0, "zn_f16_round(zn_f16_widen(h)) != h for %zu of 65536", bad_rt);
+    ZT_CHECK_MSG(bad_bw == 0, "zn_bf16_widen: %zu of 65536 values wrong", bad_bw);
+    ZT_CHECK_MSG(bad_brt == 0, "zn_bf16_round(zn_bf16_widen(h)) != h for %zu of 65536", bad_brt);
 }
 
 static void check_convert(void)
@@ -351,6 +399,7 @@ int main(int argc, char **argv)
     sweep_f16_hw();
     double t2 = zn_now_s();
     sweep_f16_ref();
+    sweep_home_16();
     check_convert();
     printf("%s: bf16 sweep %.1f s, f16 hardware sweep %.1f s, rest %.1f s (%d threads)\n",
            full ? "all 2^32 inputs" : "sampled", t1 - t0, t2 - t1, zn_now_s() - t2,

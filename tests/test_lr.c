@@ -7,7 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "zinc/train.h"
+#include "zinc/optim.h"
+#include "zinc/trace.h"
 #include "zt.h"
 
 #define NEAR(a, b) ZT_CHECK_MSG(fabs((a) - (b)) <= 1e-12 + 1e-9 * fabs(b), \
@@ -15,7 +16,7 @@
 
 static void test_lr(void)
 {
-    zn_config_scheduler s;
+    zn_lr_sched s;
     memset(&s, 0, sizeof s);
     s.type = ZN_SCHED_NONE;
     NEAR(zn_lr_schedule(&s, 0.5, 7), 0.5);
@@ -65,7 +66,7 @@ static void test_lr(void)
 
 static void test_scaler(void)
 {
-    zn_config_fp16 f;
+    zn_loss_scale_config f;
     memset(&f, 0, sizeof f);
     zn_loss_scaler ls;
     zn_loss_scaler_init(&ls, &f);

@@ -3,6 +3,7 @@
  * llama3 rope_scaling block, and clear errors for bad or unsupported keys. */
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "zinc/model.h"
@@ -25,12 +26,27 @@ static void check_count(const char *file, uint64_t want)
     ZT_EQ_U64(zn_model_block_param_count(&d, zn_model_num_blocks(&d)), 0);
 }
 
+/* A real config.json of a family zinc does not build yet: refused, naming
+ * the model_type and what it needs (`what`, a piece of the message). */
+static void check_refused(const char *file, const char *model_type, const char *what)
+{
+    zn_model_dims d;
+    zn_clear_error();
+    int rc = zn_model_dims_from_hf(&d, zt_fixture(file));
+    ZT_CHECK_MSG(rc == ZN_EUNSUPPORTED, "%s: rc %d: %s", file, rc, zn_last_error());
+    char want[96];
+    snprintf(want, sizeof want, "model_type '%s' is not built yet: it needs", model_type);
+    ZT_CONTAINS(zn_last_error(), want);
+    ZT_CONTAINS(zn_last_error(), what);
+}
+
 static int parse(const char *text, zn_model_dims *d)
 {
     zn_clear_error();
     return zn_model_dims_from_json(d, text, "cfg.json");
 }
 
+#define BASE_OTHER "\"model_type\":\"bert\",\"hidden_size\":64"
 #define BASE "\"model_type\":\"llama\",\"hidden_size\":64,\"num_hidden_layers\":2," \
              "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320"
 
@@ -45,6 +61,52 @@ int main(void)
     check_count("configs/qwen2.5-7b.json", 7615616512ull);
     check_count("configs/qwen2.5-14b.json", 14770033664ull);
     check_count("configs/qwen2.5-0.5b.json", 494032768ull); /* tied embeddings */
+
+    /* The real config.json files of the models people fine-tune now
+     * (fixtures/model-configs/README.md): the built families plan from
+     * config.json alone with transformers' parameter count (the figures:
+     * sum of numel over AutoModelForCausalLM.from_config on the meta device,
+     * transformers 5.23, scripts/gen_param_counts.py); the others are
+     * refused naming what they need. */
+    check_count("model-configs/Llama-3.1-8B-Instruct.json", 8030261248ull);
+    check_count("model-configs/Llama-3.2-3B.json", 3212749824ull);
+    check_count("model-configs/Mistral-7B-Instruct-v0.3.json", 7248023552ull);
+    check_count("model-configs/Qwen2.5-7B-Instruct.json", 7615616512ull);
+    check_count("model-configs/Qwen2.5-14B.json", 14770033664ull);
+    check_refused("model-configs/Qwen3-8B.json", "qwen3", "q_norm, k_norm");
+    check_refused("model-configs/Qwen3-14B.json", "qwen3", "q_norm, k_norm");
+    check_refused("model-configs/Qwen3-30B-A3B.json", "qwen3_moe", "mixture-of-experts");
+    check_refused("model-configs/gemma-2-9b-it.json", "gemma2", "soft-capping");
+    check_refused("model-configs/phi-4.json", "phi3", "fused qkv_proj");
+    check_refused("model-configs/Olmo-3.1-32B-Instruct.json", "olmo3", "post-norms");
+    check_refused("model-configs/Qwen3.5-9B.json", "qwen3_5", "linear-attention");
+
+    /* Mistral: the Llama block under its own name; v0.3's sliding_window
+     * null is full attention, a window is kept and a longer sequence is
+     * refused (zinc has no sliding-window mask yet), attention_bias is not
+     * read (MistralAttention has no biases), export writes the family. */
+    ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("model-configs/Mistral-7B-Instruct-v0.3.json")),
+              0);
+    ZT_EQ_INT(d.arch, ZN_ARCH_MISTRAL);
+    ZT_EQ_INT(d.sliding_window, 0);
+    ZT_EQ_INT(d.qkv_bias, 0);
+    ZT_EQ_INT(d.max_pos, 32768);
+    ZT_EQ_INT(zn_model_check_window(&d, 1 << 20), 0);
+    ZT_EQ_INT(parse("{\"model_type\":\"mistral\",\"hidden_size\":64,\"num_hidden_layers\":2,"
+                    "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320,"
+                    "\"sliding_window\":4096,\"attention_bias\":true}", &d), 0);
+    ZT_EQ_INT(d.sliding_window, 4096);
+    ZT_EQ_INT(d.qkv_bias + d.o_bias, 0);
+    ZT_EQ_INT(d.max_pos, 131072);  /* MistralConfig's default */
+    ZT_EQ_INT(zn_model_check_window(&d, 4096), 0);
+    ZT_EQ_INT(zn_model_check_window(&d, 4097), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "sliding_window 4096 is shorter than the sequence (4097");
+    ZT_CHECK(!strcmp(zn_model_arch_name(ZN_ARCH_MISTRAL), "mistral"));
+    ZT_CHECK(!strcmp(zn_model_arch_class(ZN_ARCH_MISTRAL), "MistralForCausalLM"));
+    /* a model_type nobody knows */
+    ZT_EQ_INT(parse("{" BASE_OTHER "}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "model_type 'bert' is not a family zinc knows (it trains llama, "
+                                 "qwen2, mistral)");
 
     /* Fields of a real config. */
     ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("configs/qwen2.5-7b.json")), 0);
@@ -171,6 +233,24 @@ int main(void)
     ZT_EQ_INT(zn_model_dims_write_hf(&a, path), 0);
     ZT_EQ_INT(zn_model_dims_from_hf(&b, path), 0);
     ZT_CHECK(memcmp(&a, &b, sizeof a) == 0);
+    ZT_EQ_INT(zn_model_dims_from_json(&a, "{\"model_type\":\"mistral\",\"hidden_size\":64,"
+                                      "\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+                                      "\"intermediate_size\":128,\"vocab_size\":320,"
+                                      "\"sliding_window\":64}", "m.json"), 0);
+    ZT_EQ_INT(zn_model_dims_write_hf(&a, path), 0);
+    ZT_EQ_INT(zn_model_dims_from_hf(&b, path), 0);
+    ZT_CHECK(memcmp(&a, &b, sizeof a) == 0);
+    FILE *mf = fopen(path, "r");
+    char mtext[4096] = "";
+    ZT_CHECK(mf != NULL);
+    if (mf) {
+        size_t got = fread(mtext, 1, sizeof mtext - 1, mf);
+        mtext[got] = '\0';
+        fclose(mf);
+    }
+    ZT_CONTAINS(mtext, "\"MistralForCausalLM\"");
+    ZT_CONTAINS(mtext, "\"model_type\": \"mistral\"");
+    ZT_CONTAINS(mtext, "\"sliding_window\": 64");
     unlink(path);
     rmdir(tmpl);
 

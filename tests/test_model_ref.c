@@ -73,8 +73,10 @@ int main(void)
     if (zn_dev_create(&dev, &dc))
         ZT_SETUP_FAIL("host device: %s", zn_last_error());
 
-    const char *fixtures[] = { "tiny-llama", "tiny-qwen2" };
-    for (int f = 0; f < 2; f++) {
+    /* tiny-mistral: the Llama block under its own model_type, made by
+     * transformers' MistralForCausalLM */
+    const char *fixtures[] = { "tiny-llama", "tiny-qwen2", "tiny-mistral" };
+    for (int f = 0; f < (int)(sizeof fixtures / sizeof fixtures[0]); f++) {
         ref_result r1, r2, r3;
         float *g1 = NULL, *g2 = NULL;
         size_t n1 = 0, n2 = 0;

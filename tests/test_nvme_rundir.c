@@ -5,7 +5,10 @@
  * stale scan removes a dead run's directory with its size reported (its PID
  * gone, or given to a process that started at another time) and the old
  * flat files of dead runs, and leaves a live run's, a kept one, another
- * host's (with a warning) and anything that is not a run directory. */
+ * host's (with a warning) and anything that is not a run directory. The
+ * count-only scan (zn_swap_scan_stale) finds the same dead runs' bytes as a
+ * removal frees, names what stays (live, kept, another host's) with its
+ * size, and removes and says nothing. */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -106,6 +109,17 @@ static long dead_pid(void)
     return (long)p;
 }
 
+/* The entry of a scan that names `path`, or NULL. */
+static const void *named_in(const zn_swap_scan *sc, const char *path, zn_swap_held_why why,
+                            uint64_t min_bytes)
+{
+    for (int i = 0; i < sc->n_named; i++)
+        if (!strcmp(sc->named[i].path, path) && sc->named[i].why == why &&
+            sc->named[i].bytes >= min_bytes)
+            return &sc->named[i];
+    return NULL;
+}
+
 /* A fake run directory: name, lock file (not held) with `lock_text`, and a
  * swap file of `bytes`. */
 static void fake_run(const char *path, const char *lock_text, size_t bytes)
@@ -130,6 +144,7 @@ int main(void)
     uint64_t bytes;
     int files;
     char p[9400], text[4096];
+    static zn_swap_scan scan;   /* 11 KiB */
 
     /* 1. a live run in another process: a child that holds a swap space
      * with run_dir (forked before this process starts engine threads) */
@@ -179,6 +194,19 @@ int main(void)
     long long child_start = atoll(at + strlen(mark));
     ZT_CHECK(child_start > 1000000000);
 
+    /* the scan counts the live run's directory as held, with its size */
+    capture_begin();
+    ZT_EQ_INT(zn_swap_scan_stale(dir, "zinc-train", &scan), 0);
+    capture_end();
+    ZT_EQ_INT(scan.stale, 0);
+    ZT_CHECK(scan.stale_bytes == 0);
+    ZT_EQ_INT(scan.held, 1);
+    ZT_EQ_INT(scan.n_named, 1);
+    ZT_CHECK_MSG(named_in(&scan, live_dir, ZN_SWAP_HELD_LIVE, 1u << 20),
+                 "the live run's %s is not named as held: %s", live_dir, scan.named[0].path);
+    ZT_EQ_INT((int)scan.named[0].pid, (int)child);
+    ZT_CHECK(scan.held_bytes >= (1u << 20));
+    ZT_CHECK_MSG(!caught[0], "the scan warned: %s", caught);
     capture_begin();
     ZT_EQ_INT(zn_swap_clean_stale(dir, "zinc-train", &bytes, &files), 0);
     capture_end();
@@ -191,10 +219,23 @@ int main(void)
     kill(child, SIGKILL);
     waitpid(child, NULL, 0);
     ZT_CHECK(exists(live_file));
+    /* the scan counts it as a dead run's, removes nothing and says nothing */
+    capture_begin();
+    ZT_EQ_INT(zn_swap_scan_stale(dir, "zinc-train", &scan), 0);
+    capture_end();
+    ZT_EQ_INT(scan.stale, 1);
+    ZT_CHECK_MSG(scan.stale_bytes >= (1u << 20), "%llu bytes counted",
+                 (unsigned long long)scan.stale_bytes);
+    ZT_EQ_INT(scan.held, 0);
+    ZT_CHECK_MSG(exists(live_file), "the scan removed %s", live_file);
+    ZT_CHECK_MSG(!caught[0], "the scan warned: %s", caught);
+    uint64_t counted = scan.stale_bytes;
     capture_begin();
     ZT_EQ_INT(zn_swap_clean_stale(dir, "zinc-train", &bytes, &files), 0);
     capture_end();
     ZT_EQ_INT(files, 1);
+    ZT_CHECK_MSG(bytes == counted, "removed %llu bytes, the scan counted %llu",
+                 (unsigned long long)bytes, (unsigned long long)counted);
     ZT_CHECK_MSG(bytes >= (1u << 20), "%llu bytes freed", (unsigned long long)bytes);
     ZT_CHECK_MSG(!exists(live_dir), "a killed run's directory is still there: %s", live_dir);
     snprintf(mark, sizeof mark, "left by run %ld", (long)child);
@@ -260,6 +301,12 @@ int main(void)
     char kept[4600];
     snprintf(kept, sizeof kept, "%s/zinc-run.%s.%ld.1700000000.0", dir, host, gone);
     ZT_EQ_INT(rename(rd, kept), 0);
+    ZT_EQ_INT(zn_swap_scan_stale(dir, "zinc-test", &scan), 0);
+    ZT_EQ_INT(scan.stale, 0);
+    ZT_EQ_INT(scan.held, 1);
+    ZT_CHECK_MSG(named_in(&scan, kept, ZN_SWAP_HELD_KEPT, 2u << 20), "the kept %s is not named",
+                 kept);
+    ZT_CONTAINS(zn_swap_held_desc(ZN_SWAP_HELD_KEPT), "keep_swap");
     capture_begin();
     ZT_EQ_INT(zn_swap_clean_stale(dir, "zinc-test", &bytes, &files), 0);
     capture_end();
@@ -307,10 +354,28 @@ int main(void)
     write_file(flat_dead, 1 << 20);
     snprintf(flat_live, sizeof flat_live, "%s/zinc-train.%ld.0.0.swp", dir, (long)getppid());
     write_file(flat_live, 4096);
+    /* the scan: the three that go counted, the two that stay named, nothing
+     * removed, nothing said */
+    capture_begin();
+    ZT_EQ_INT(zn_swap_scan_stale(dir, "zinc-train", &scan), 0);
+    capture_end();
+    ZT_CHECK_MSG(!caught[0], "the scan warned: %s", caught);
+    ZT_EQ_INT(scan.stale, 3);
+    ZT_CHECK_MSG(scan.stale_bytes >= (4u << 20), "%llu bytes counted",
+                 (unsigned long long)scan.stale_bytes);
+    ZT_EQ_INT(scan.held, 2);
+    ZT_CHECK(named_in(&scan, d_other, ZN_SWAP_HELD_OTHER_HOST, 1u << 20));
+    ZT_CHECK(named_in(&scan, flat_live, ZN_SWAP_HELD_LIVE, 4096));
+    ZT_CHECK(scan.held_bytes >= (1u << 20) + 4096);
+    ZT_CHECK(exists(d_dead) && exists(d_reused) && exists(flat_dead) && exists(d_other) &&
+             exists(flat_live));
+    counted = scan.stale_bytes;
     capture_begin();
     ZT_EQ_INT(zn_swap_clean_stale(dir, "zinc-train", &bytes, &files), 0);
     capture_end();
     ZT_EQ_INT(files, 3);
+    ZT_CHECK_MSG(bytes == counted, "removed %llu bytes, the scan counted %llu",
+                 (unsigned long long)bytes, (unsigned long long)counted);
     ZT_CHECK_MSG(!exists(d_dead), "a dead run's directory survived: %s", d_dead);
     ZT_CHECK_MSG(!exists(d_reused), "a reused PID's old directory survived: %s", d_reused);
     ZT_CHECK_MSG(!exists(flat_dead), "a dead run's old-layout file survived: %s", flat_dead);
@@ -332,5 +397,7 @@ int main(void)
     snprintf(p, sizeof p, "%s/none", dir);
     ZT_EQ_INT(zn_swap_clean_stale(p, "zinc-train", &bytes, &files), 0);
     ZT_EQ_INT(files, 0);
+    ZT_EQ_INT(zn_swap_scan_stale(p, "zinc-train", &scan), 0);
+    ZT_EQ_INT(scan.stale + scan.held, 0);
     return zt_done();
 }

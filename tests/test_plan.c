@@ -14,6 +14,16 @@
 
 static const uint64_t blocks[] = { 100, 1000, 1000, 100 };
 
+/* zn_plan_compute on the spec the door makes of config c, input in and
+ * budgets b */
+static int plan_of(zn_plan *p, const zn_config *c, const zn_plan_input *in,
+                   const zn_plan_budgets *b)
+{
+    static zn_spec sp;
+    int rc = zn_run_spec(c, in, b, &sp);
+    return rc ? rc : zn_plan_compute(p, &sp);
+}
+
 static zn_plan_input small_input(int world)
 {
     zn_plan_input in = {
@@ -42,7 +52,7 @@ static void test_hand_computed(void)
     zn_plan_input in = small_input(1);
     zn_plan_budgets b = { { 17668, 47580, 35200 } };
     zn_plan p;
-    int rc = zn_plan_compute(&p, &c, &in, &b);
+    int rc = plan_of(&p, &c, &in, &b);
     ZT_CHECK_MSG(rc == 0, "plan: %s", zn_last_error());
     ZT_EQ_U64(p.params_total, 2200);
     ZT_EQ_U64(p.bytes[ZN_STATE_PARAMS][ZN_TIER_GPU], 20);       /* 10 persistent x 2 B */
@@ -64,7 +74,7 @@ static void test_hand_computed(void)
 
     /* One byte short on the GPU: refused, with the amount and the fix. */
     b.bytes[ZN_TIER_GPU] = 17667;
-    rc = zn_plan_compute(&p, &c, &in, &b);
+    rc = plan_of(&p, &c, &in, &b);
     ZT_EQ_INT(rc, ZN_ENOFIT);
     ZT_CHECK(!p.fits);
     ZT_CONTAINS(p.why, "gpu tier needs 17.25 KiB");
@@ -78,7 +88,7 @@ static void test_hand_computed(void)
                             " {\"device\": \"cpu\"}}}", "small", sets, 1))
         ZT_SETUP_FAIL("config: %s", zn_last_error());
     zn_plan_budgets b2 = { { 1 << 20, 1000, 0 } };
-    rc = zn_plan_compute(&p, &c, &in, &b2);
+    rc = plan_of(&p, &c, &in, &b2);
     ZT_EQ_INT(rc, ZN_ENOFIT);
     ZT_CONTAINS(p.why, "cpu tier needs");
     ZT_CONTAINS(p.why, "offload_optimizer.device=nvme needs 34.38 KiB on nvme; tiers.nvme has 0 B");
@@ -99,8 +109,8 @@ static void test_q8_advice(void)
         ZT_SETUP_FAIL("config: %s", zn_last_error());
     zn_plan_input in = small_input(1);
     zn_plan_budgets b = { { 1 << 20, 1 << 20, 0 } };
-    ZT_EQ_INT(zn_plan_compute(&p, &c32, &in, &b), 0);
-    ZT_EQ_INT(zn_plan_compute(&p8, &c8, &in, &b), 0);
+    ZT_EQ_INT(plan_of(&p, &c32, &in, &b), 0);
+    ZT_EQ_INT(plan_of(&p8, &c8, &in, &b), 0);
     ZT_EQ_INT(p.moment_bytes, 4);
     ZT_EQ_INT(p8.moment_bytes, 1);
     uint64_t T = p.tier_total[ZN_TIER_CPU], T8 = p8.tier_total[ZN_TIER_CPU];
@@ -113,36 +123,36 @@ static void test_q8_advice(void)
 
     /* short by exactly what 8 bits save: that alone fits, and comes first */
     b.bytes[ZN_TIER_CPU] = T8;
-    ZT_EQ_INT(zn_plan_compute(&p, &c32, &in, &b), ZN_ENOFIT);
+    ZT_EQ_INT(plan_of(&p, &c32, &in, &b), ZN_ENOFIT);
     snprintf(want, sizeof want, "saves %s and alone fits (the cpu tier then needs %s); or "
              "zero_optimization.offload_optimizer.device=nvme needs", save, need8);
     ZT_CONTAINS(p.why, want);
     ZT_CONTAINS(p.why, "train.optim=adamw_bnb_8bit keeps Adam's m and v in 8 bits");
-    ZT_EQ_INT(zn_plan_compute(&p8, &c8, &in, &b), 0);
+    ZT_EQ_INT(plan_of(&p8, &c8, &in, &b), 0);
 
     /* a byte more short: the NVMe offload first, then what 8 bits save */
     b.bytes[ZN_TIER_CPU] = T8 - 1;
-    ZT_EQ_INT(zn_plan_compute(&p, &c32, &in, &b), ZN_ENOFIT);
+    ZT_EQ_INT(plan_of(&p, &c32, &in, &b), ZN_ENOFIT);
     snprintf(want, sizeof want, "tiers.nvme has 0 B; train.optim=adamw_bnb_8bit keeps Adam's m "
              "and v in 8 bits (4.45 KiB instead of 17.19 KiB) and saves %s, not enough alone "
              "(short by 1 B even so)", save);
     ZT_CONTAINS(p.why, want);
     ZT_CHECK_MSG(strstr(p.why, "offload_optimizer.device=nvme") < strstr(p.why, "adamw_bnb_8bit"),
                  "the NVMe offload is not first: %s", p.why);
-    ZT_EQ_INT(zn_plan_compute(&p8, &c8, &in, &b), ZN_ENOFIT);
+    ZT_EQ_INT(plan_of(&p8, &c8, &in, &b), ZN_ENOFIT);
 
     /* 8-bit moments already: nothing more to say about them */
     b.bytes[ZN_TIER_CPU] = T8 - 1;
-    ZT_EQ_INT(zn_plan_compute(&p8, &c8, &in, &b), ZN_ENOFIT);
+    ZT_EQ_INT(plan_of(&p8, &c8, &in, &b), ZN_ENOFIT);
     ZT_CHECK_MSG(!strstr(p8.why, "adamw_bnb_8bit"), "advice for 8-bit moments: %s", p8.why);
 
     /* LoRA: 20 trainable elements, their moments 160 B of a tier of kilobytes
      * of frozen params: not worth saying, even where it would make it fit */
     in.trainable_params = 20;
     b.bytes[ZN_TIER_CPU] = 1 << 20;
-    ZT_EQ_INT(zn_plan_compute(&p, &c32, &in, &b), 0);
+    ZT_EQ_INT(plan_of(&p, &c32, &in, &b), 0);
     b.bytes[ZN_TIER_CPU] = p.tier_total[ZN_TIER_CPU] - 1;
-    ZT_EQ_INT(zn_plan_compute(&p, &c32, &in, &b), ZN_ENOFIT);
+    ZT_EQ_INT(plan_of(&p, &c32, &in, &b), ZN_ENOFIT);
     ZT_CONTAINS(p.why, "offload_optimizer.device=nvme needs");
     ZT_CHECK_MSG(!strstr(p.why, "adamw_bnb_8bit"), "LoRA: 8-bit advice for %llu B of moments: %s",
                  (unsigned long long)(p.bytes[ZN_STATE_ADAM_M][ZN_TIER_CPU] +
@@ -166,8 +176,8 @@ static void test_q8_nvme(void)
         ZT_SETUP_FAIL("config: %s", zn_last_error());
     zn_plan_input in = small_input(1);
     zn_plan_budgets b = { { 1 << 20, 1 << 20, 1 << 20 } };
-    ZT_EQ_INT(zn_plan_compute(&p, &c32, &in, &b), 0);
-    ZT_EQ_INT(zn_plan_compute(&p8, &c8, &in, &b), 0);
+    ZT_EQ_INT(plan_of(&p, &c32, &in, &b), 0);
+    ZT_EQ_INT(plan_of(&p8, &c8, &in, &b), 0);
     /* 2200 elements: master and grads 8800 B each, m and v 2276 B each in
      * 8 bits (2240 padded codes + 9 absmax) instead of 8800 */
     ZT_EQ_U64(p.tier_total[ZN_TIER_NVME], 4 * 8800);
@@ -182,16 +192,16 @@ static void test_q8_nvme(void)
 
     char want[160];
     b.bytes[ZN_TIER_NVME] = p8.tier_total[ZN_TIER_NVME];
-    ZT_EQ_INT(zn_plan_compute(&p, &c32, &in, &b), ZN_ENOFIT);
+    ZT_EQ_INT(plan_of(&p, &c32, &in, &b), ZN_ENOFIT);
     ZT_CONTAINS(p.why, "nvme tier needs");
     ZT_CONTAINS(p.why, "train.optim=adamw_bnb_8bit keeps Adam's m and v in 8 bits");
     snprintf(want, sizeof want, "alone fits (the nvme tier then needs about %s); or give "
              "tiers.nvme more space", zn_format_size(p8.tier_total[ZN_TIER_NVME],
                                                      (char[32]){ 0 }, 32));
     ZT_CONTAINS(p.why, want);
-    ZT_EQ_INT(zn_plan_compute(&p8, &c8, &in, &b), 0);
+    ZT_EQ_INT(plan_of(&p8, &c8, &in, &b), 0);
     b.bytes[ZN_TIER_NVME]--;
-    ZT_EQ_INT(zn_plan_compute(&p, &c32, &in, &b), ZN_ENOFIT);
+    ZT_EQ_INT(plan_of(&p, &c32, &in, &b), ZN_ENOFIT);
     ZT_CONTAINS(p.why, "or move state to the cpu tier; train.optim=adamw_bnb_8bit");
     ZT_CONTAINS(p.why, "not enough alone (short by 1 B even so)");
 }
@@ -207,12 +217,12 @@ static void test_grads_tier(void)
     zn_plan_budgets roomy = { { 17668, 1 << 20, 35200 } };
     zn_plan_budgets tight = { { 17668, 47580, 35200 } };  /* test_hand_computed's */
     small_config(&c);
-    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &roomy), 0);
+    ZT_EQ_INT(plan_of(&p, &c, &in, &roomy), 0);
     ZT_EQ_INT(p.grads_tier, ZN_TIER_CPU);
     ZT_EQ_U64(p.bytes[ZN_STATE_GRADS][ZN_TIER_CPU], 8800);
     ZT_EQ_U64(p.bytes[ZN_STATE_GRADS][ZN_TIER_NVME], 0);
     ZT_EQ_U64(p.tier_total[ZN_TIER_NVME], 3 * 8800);
-    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &tight), 0);  /* no room: with the states */
+    ZT_EQ_INT(plan_of(&p, &c, &in, &tight), 0);  /* no room: with the states */
     ZT_EQ_INT(p.grads_tier, ZN_TIER_NVME);
     ZT_EQ_U64(p.bytes[ZN_STATE_GRADS][ZN_TIER_NVME], 8800);
 
@@ -221,10 +231,10 @@ static void test_grads_tier(void)
                        " \"/x\"}}}";
     const char *to_nvme[] = { "tiers.grads=nvme" }, *to_cpu[] = { "tiers.grads=cpu" };
     ZT_EQ_INT(zn_config_parse(&c, json, "g", to_nvme, 1), 0);
-    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &roomy), 0);
+    ZT_EQ_INT(plan_of(&p, &c, &in, &roomy), 0);
     ZT_EQ_INT(p.grads_tier, ZN_TIER_NVME);
     ZT_EQ_INT(zn_config_parse(&c, json, "g", to_cpu, 1), 0);
-    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &tight), ZN_ENOFIT);
+    ZT_EQ_INT(plan_of(&p, &c, &in, &tight), ZN_ENOFIT);
     ZT_CONTAINS(p.why, "cpu tier needs");
 
     /* gradients on NVMe without the states there is refused */
@@ -246,17 +256,17 @@ static void test_param_cache(void)
                        " \"nvme\", \"nvme_path\": \"/x\", \"max_in_cpu\": 0},"
                        " \"offload_optimizer\": {\"device\": \"cpu\"}}}";
     ZT_EQ_INT(zn_config_parse(&c, json, "pc", NULL, 0), 0);
-    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &b), 0);
+    ZT_EQ_INT(plan_of(&p, &c, &in, &b), 0);
     uint64_t stage = 5 * 1000 * 2, grads = 2 * 1000 * 4;
     ZT_EQ_U64(p.bytes[ZN_STATE_WORK][ZN_TIER_CPU], stage + 4 * 1000 * 2 + grads);
     const char *off[] = { "tiers.param_cache=0" };
     ZT_EQ_INT(zn_config_parse(&c, json, "pc", off, 1), 0);
-    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &b), 0);
+    ZT_EQ_INT(plan_of(&p, &c, &in, &b), 0);
     ZT_EQ_U64(p.bytes[ZN_STATE_WORK][ZN_TIER_CPU], stage + grads);
     /* two ranks at stage 3: one shard of the largest block per buffer */
     ZT_EQ_INT(zn_config_parse(&c, json, "pc", NULL, 0), 0);
     in = small_input(2);
-    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &b), 0);
+    ZT_EQ_INT(plan_of(&p, &c, &in, &b), 0);
     ZT_EQ_U64(p.bytes[ZN_STATE_WORK][ZN_TIER_CPU], stage + 4 * 500 * 2 + 2 * 500 * 4);
 }
 
@@ -267,7 +277,7 @@ static void test_sharded(void)
     zn_plan_input in = small_input(2);
     zn_plan_budgets b = { { 1 << 30, 1 << 30, 1 << 30 } };
     zn_plan p;
-    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &b), 0);
+    ZT_EQ_INT(plan_of(&p, &c, &in, &b), 0);
     /* Stage 3 over 2 ranks: each rank owns half of everything. */
     ZT_EQ_U64(p.bytes[ZN_STATE_PARAMS][ZN_TIER_GPU], 5 * 2);
     ZT_EQ_U64(p.bytes[ZN_STATE_PARAMS][ZN_TIER_CPU], 1095 * 2);
@@ -278,7 +288,7 @@ static void test_sharded(void)
     if (zn_config_parse(&c, "{\"zero_optimization\": {\"offload_optimizer\": {\"device\":"
                             " \"cpu\"}}}", "s1", sets, 1))
         ZT_SETUP_FAIL("config: %s", zn_last_error());
-    ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &b), 0);
+    ZT_EQ_INT(plan_of(&p, &c, &in, &b), 0);
     ZT_EQ_U64(p.bytes[ZN_STATE_PARAMS][ZN_TIER_GPU], 2200 * 2);
     ZT_EQ_U64(p.bytes[ZN_STATE_MASTER][ZN_TIER_CPU], 1100 * 4);
     ZT_EQ_U64(p.bytes[ZN_STATE_GRADS][ZN_TIER_CPU], 2200 * 4);
@@ -319,7 +329,7 @@ static void test_real_models(void)
         zn_run_plan_input(&c, &d, 1, bl, &in);
         zn_plan_budgets b = { { UINT64_MAX / 4, UINT64_MAX / 4, UINT64_MAX / 4 } };
         zn_plan p;
-        ZT_EQ_INT(zn_plan_compute(&p, &c, &in, &b), 0);
+        ZT_EQ_INT(plan_of(&p, &c, &in, &b), 0);
         ZT_EQ_U64(p.params_total, models[i].params);
         free(bl);
     }
@@ -338,12 +348,13 @@ static int fit_plan_rc(zn_config *c, uint64_t gpu, FILE *note, zn_plan *p, int *
     zn_run_plan_input(c, &d, 1, bl, &in);
     zn_train_llama *ll = NULL;
     ZT_EQ_INT(zn_train_llama_create(&ll, &d, 1, c->data.seq_len, 0.02f, 1), 0);
+    static zn_spec sp;
+    zn_plan_budgets b = { { gpu, 1ull << 40, 1ull << 40 } };
+    ZT_EQ_INT(zn_run_spec(c, &in, &b, &sp), 0);
     zn_train_options to = zn_train_options_default();
-    to.cfg = c;
+    to.spec = &sp;
     to.model = zn_train_llama_model(ll);
-    to.plan_in = &in;
-    to.budgets = (zn_plan_budgets){ { gpu, 1ull << 40, 1ull << 40 } };
-    int moved = zn_run_fit_optimizer(c, &to, 1, note);
+    int moved = zn_run_fit_optimizer(c, &sp, &to, 1, note);
     *plan_rc = zn_train_plan(p, &to, 1);
     zn_train_llama_destroy(ll);
     return moved;

@@ -158,13 +158,14 @@ static void one(const shape *sh, const placement *pl, int accum, int pcache, con
     zn_trainer *tr = NULL;
     ZT_EQ_INT(zn_train_llama_create(&l, &d, 2, 16, 0.02, 1), 0);
     zn_train_options o = zn_train_options_default();
-    o.cfg = &cfg;
+    zn_spec o_spec;
+    ZT_EQ_INT(zn_run_spec(&cfg, &in, NULL, &o_spec), 0);
+    o.spec = &o_spec;
     o.model = zn_train_llama_model(l);
-    o.plan_in = &in;
-    o.budgets.bytes[ZN_TIER_GPU] = cfg.tiers.gpu;
-    o.budgets.bytes[ZN_TIER_CPU] = cfg.tiers.cpu;
-    o.budgets.bytes[ZN_TIER_NVME] = 1u << 30;
-    o.threads = 2;
+    o_spec.budgets.bytes[ZN_TIER_GPU] = cfg.tiers.gpu;
+    o_spec.budgets.bytes[ZN_TIER_CPU] = cfg.tiers.cpu;
+    o_spec.budgets.bytes[ZN_TIER_NVME] = 1u << 30;
+    o_spec.threads = 2;
     zn_plan plan;
     rc = zn_train_plan(&plan, &o, 1);
     ZT_CHECK_MSG(rc == 0, "%s: plan: %s", label, zn_last_error());
@@ -260,13 +261,14 @@ static int rank_worker(int c, const char *dir)
     if (!res.rc && (res.rc = zn_train_llama_create(&l, &d, 2, 16, 0.02, 1)))
         fprintf(stderr, "%s: model: %s\n", label, zn_last_error());
     zn_train_options o = zn_train_options_default();
-    o.cfg = &cfg;
+    zn_spec o_spec;
+    ZT_EQ_INT(zn_run_spec(&cfg, &in, NULL, &o_spec), 0);
+    o.spec = &o_spec;
     o.model = l ? zn_train_llama_model(l) : NULL;
-    o.plan_in = &in;
-    o.budgets.bytes[ZN_TIER_GPU] = cfg.tiers.gpu;
-    o.budgets.bytes[ZN_TIER_CPU] = cfg.tiers.cpu;
-    o.budgets.bytes[ZN_TIER_NVME] = 1u << 30;
-    o.threads = 1;
+    o_spec.budgets.bytes[ZN_TIER_GPU] = cfg.tiers.gpu;
+    o_spec.budgets.bytes[ZN_TIER_CPU] = cfg.tiers.cpu;
+    o_spec.budgets.bytes[ZN_TIER_NVME] = 1u << 30;
+    o_spec.threads = 1;
     o.comm = comm;
     zn_plan plan;
     if (!res.rc && R == 0 && (res.rc = zn_train_plan(&plan, &o, W)))

@@ -23,6 +23,7 @@
 #include "zinc/config.h"
 #include "zinc/nvme.h"
 #include "zinc/tokens.h"
+#include "zinc/run.h"
 #include "zinc/train.h"
 #include "test_nvme_common.h"
 #include "test_train_toy.h"
@@ -96,12 +97,13 @@ static int create(zn_trainer **tr, toy_model *toy, const char **sets, int nsets,
     zn_plan_input in;
     toy_plan_input(toy, MB, SEQ, &in);
     zn_train_options o = zn_train_options_default();
-    o.cfg = &cfg;
+    zn_spec o_spec;
+    ZT_EQ_INT(zn_run_spec(&cfg, &in, NULL, &o_spec), 0);
+    o.spec = &o_spec;
     o.model = &toy->model;
-    o.plan_in = &in;
-    o.budgets.bytes[ZN_TIER_GPU] = gpu_budget ? gpu_budget : cfg.tiers.gpu;
-    o.budgets.bytes[ZN_TIER_CPU] = cfg.tiers.cpu;
-    o.budgets.bytes[ZN_TIER_NVME] = 64u << 20;
+    o_spec.budgets.bytes[ZN_TIER_GPU] = gpu_budget ? gpu_budget : cfg.tiers.gpu;
+    o_spec.budgets.bytes[ZN_TIER_CPU] = cfg.tiers.cpu;
+    o_spec.budgets.bytes[ZN_TIER_NVME] = 64u << 20;
     o.fault_hook = hook;
     o.record_trace = create_trace;
     return zn_train_create(tr, &o);
@@ -795,10 +797,11 @@ int main(void)
         zn_plan_input in;
         toy_plan_input(&toy, MB, SEQ, &in);
         zn_train_options po = zn_train_options_default();
-        po.cfg = &cfg;
+        zn_spec po_spec;
+        ZT_EQ_INT(zn_run_spec(&cfg, &in, NULL, &po_spec), 0);
+        po.spec = &po_spec;
         po.model = &toy.model;
-        po.plan_in = &in;
-        po.budgets = (zn_plan_budgets){ { 64u << 20, 64u << 10, 64u << 20 } };
+        po_spec.budgets = (zn_plan_budgets){ { 64u << 20, 64u << 10, 64u << 20 } };
         zn_plan plan;
         ZT_EQ_INT(zn_train_plan(&plan, &po, 1), ZN_ENOFIT);
         zn_trainer *tr = NULL;

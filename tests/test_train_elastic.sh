@@ -135,6 +135,27 @@ s2cpu 2 s3nvme
 s2cpu 1 s3nvme
 s2cpu 3 s3nvme
 EOF
+    # one door: the resumed run resolves its config once, and the spec the
+    # trainer takes holds the accumulation the resume kept (global batch 6 of
+    # 2 ranks x 3 micro-batches: 6 micro-batches on one rank)
+    if [ $kind = full ]; then
+        eval "pl=(${place[s3nvme]})"
+        if ZINC_LOG=debug ranks 1 once "${base[@]}" "${pl[@]}" --steps 4 \
+            --resume "$work/ck-full-s3nvme/step-00000003"; then
+            nres=$(grep -c 'train-config.json resolved for 1 rank(s): micro-batch 1 x accumulation 6$' once.r0.out)
+            nall=$(grep -c 'train-config.json resolved for ' once.r0.out)
+            nspec=$(grep -c 'run spec: micro-batch 1 x accumulation 6, .*train-config.json$' once.r0.out)
+            if [ "$nres" = 1 ] && [ "$nall" = 1 ] && [ "$nspec" = 1 ]; then
+                echo "ok: a 2-rank checkpoint resumed on 1: resolved once, spec accumulation 6"
+            else
+                echo "FAIL: resolved $nall time(s) ($nres with accumulation 6), spec with 6: $nspec"
+                grep -E 'resolved for|run spec:' once.r0.out | head -5
+                fail=1
+            fi
+        else
+            echo "FAIL: the debug resume: $(errors once.r*.out)"; fail=1
+        fi
+    fi
     # nothing left behind on the NVMe path
     left=$(find "$work/swap-$kind" -mindepth 1 2>/dev/null | head -3)
     [ -z "$left" ] || { echo "FAIL: $kind: left under the NVMe path: $left"; fail=1; }

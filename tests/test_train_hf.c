@@ -206,13 +206,14 @@ static int run(const char *dir, const reference *ref, const char **sets, int nse
             goto out;
     }
     zn_train_options to = zn_train_options_default();
-    to.cfg = &cfg;
+    zn_spec to_spec;
+    ZT_EQ_INT(zn_run_spec(&cfg, &in, NULL, &to_spec), 0);
+    to.spec = &to_spec;
     to.model = zn_train_llama_model(l);
-    to.plan_in = &in;
-    to.budgets.bytes[ZN_TIER_GPU] = cfg.tiers.gpu;
-    to.budgets.bytes[ZN_TIER_CPU] = cfg.tiers.cpu;
-    to.budgets.bytes[ZN_TIER_NVME] = 64u << 20;
-    to.threads = 2;
+    to_spec.budgets.bytes[ZN_TIER_GPU] = cfg.tiers.gpu;
+    to_spec.budgets.bytes[ZN_TIER_CPU] = cfg.tiers.cpu;
+    to_spec.budgets.bytes[ZN_TIER_NVME] = 64u << 20;
+    to_spec.threads = 2;
     if (o->fault_step > 0) {
         to.lr_fault = lr_fault;
         to.lr_fault_user = &o->fault_step;

@@ -32,6 +32,7 @@
 #include "zinc/comm.h"
 #include "zinc/config.h"
 #include "zinc/tokens.h"
+#include "zinc/run.h"
 #include "zinc/train.h"
 #include "test_nvme_common.h"
 #include "test_train_toy.h"
@@ -151,12 +152,13 @@ static int worker(int c, const char *out_dir)
     zn_plan_input in;
     toy_plan_input(&toy, MB, SEQ, &in);
     zn_train_options o = zn_train_options_default();
-    o.cfg = &cfg;
+    zn_spec o_spec;
+    ZT_EQ_INT(zn_run_spec(&cfg, &in, NULL, &o_spec), 0);
+    o.spec = &o_spec;
     o.model = &toy.model;
-    o.plan_in = &in;
-    o.budgets.bytes[ZN_TIER_GPU] = cfg.tiers.gpu;
-    o.budgets.bytes[ZN_TIER_CPU] = cfg.tiers.cpu;
-    o.budgets.bytes[ZN_TIER_NVME] = 64u << 20;
+    o_spec.budgets.bytes[ZN_TIER_GPU] = cfg.tiers.gpu;
+    o_spec.budgets.bytes[ZN_TIER_CPU] = cfg.tiers.cpu;
+    o_spec.budgets.bytes[ZN_TIER_NVME] = 64u << 20;
     o.comm = comm;
     if (zc->slow_rank1 && R == 1)
         o.fault_hook = slow_reads;

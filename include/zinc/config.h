@@ -14,13 +14,14 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "zinc/optim.h"
+#include "zinc/plan.h"
 #include "zinc/util.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define ZN_PATH_MAX 1024
 #define ZN_MAX_NVME_PATHS 16
 
 /* Where a piece of state lives: DeepSpeed's offload "device" strings. */
@@ -114,30 +115,10 @@ typedef struct {
     bool adam_w_mode; /* decoupled weight decay (always true for AdamW) */
 } zn_config_optimizer;
 
-typedef enum {
-    ZN_SCHED_NONE = 0, ZN_SCHED_WARMUP_LR, ZN_SCHED_WARMUP_DECAY_LR, ZN_SCHED_WARMUP_COSINE_LR,
-    /* the HF Trainer's schedules (transformers get_scheduler): linear warmup
-     * from 0 over warmup_num_steps, then as named, on optimizer.lr */
-    ZN_SCHED_HF_LINEAR, ZN_SCHED_HF_COSINE, ZN_SCHED_HF_CONSTANT_WARMUP,
-} zn_scheduler_type;
-
-typedef struct {
-    zn_scheduler_type type;
-    double warmup_min_lr, warmup_max_lr;  /* WarmupLR, WarmupDecayLR */
-    int64_t warmup_num_steps;
-    int64_t total_num_steps;              /* WarmupDecayLR, WarmupCosineLR */
-    int warmup_type;                      /* 0 "log" (DeepSpeed's default), 1 "linear" */
-    double warmup_min_ratio, cos_min_ratio; /* WarmupCosineLR */
-} zn_config_scheduler;
-
-typedef struct {
-    bool enabled;
-    double loss_scale; /* 0 = dynamic */
-    int initial_scale_power;
-    int64_t loss_scale_window;
-    int hysteresis;
-    double min_loss_scale;
-} zn_config_fp16;
+/* The lr schedule and fp16 loss scaling are the optimizer layer's types
+ * (include/zinc/optim.h); the config fills them. */
+typedef zn_lr_sched zn_config_scheduler;
+typedef zn_loss_scale_config zn_config_fp16;
 
 typedef struct {
     bool cpu_checkpointing;  /* keep checkpointed activations in pinned RAM */
@@ -169,16 +150,11 @@ typedef struct {
                                       optimizer to the next forward (0: off) */
 } zn_config_tiers;
 
-typedef enum {
-    ZN_GRADS_AUTO = 0,  /* pinned RAM when the cpu tier has room, else NVMe */
-    ZN_GRADS_CPU,
-    ZN_GRADS_NVME,      /* with the states (DeepSpeed's behaviour) */
-} zn_grads_tier;
 
 /* The model: an HF folder (path) or dimensions with HF config.json's names. */
 typedef struct {
     char path[ZN_PATH_MAX];      /* "" = built from the dimensions below */
-    int arch;                    /* 0 "llama", 1 "qwen2" (HF model_type) */
+    int arch;                    /* 0 "llama", 1 "qwen2", 2 "mistral" (HF model_type) */
     int64_t hidden_size;
     int64_t num_hidden_layers;
     int64_t num_attention_heads;
@@ -273,6 +249,8 @@ typedef enum {
 
 typedef struct zn_config {
     char source[ZN_PATH_MAX];  /* file it came from, or "(embedded)" */
+    int resolved_world;        /* zn_run_resolve has resolved it for this many
+                                  ranks (0: not yet) */
 
     /* DeepSpeed's top-level keys. 0 in a batch key means "derive it". */
     int64_t train_batch_size;

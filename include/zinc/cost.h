@@ -12,12 +12,28 @@
 #include <stdio.h>
 
 #include "zinc/plan.h"
-#include "zinc/train.h"
 #include "zinc/util.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The resources of a step, each on its own stream or thread: what the cost
+ * model predicts and the trainer measures. */
+typedef enum {
+    ZN_RES_COMPUTE = 0,  /* device compute stream */
+    ZN_RES_H2D,          /* host -> device copies */
+    ZN_RES_D2H,          /* device -> host copies + gradient accumulation */
+    ZN_RES_NVME_READ,    /* NVMe reads (params and optimizer states) */
+    ZN_RES_NVME_WRITE,   /* NVMe writes */
+    ZN_RES_ADAM,         /* CPU Adam thread */
+    ZN_RES_COMM,         /* collectives between ranks (world size > 1) */
+    ZN_RES_NVME,         /* NVMe reads and writes together (their union): one
+                            disk is one resource, the honest ceiling */
+    ZN_RES_COUNT
+} zn_train_resource;
+
+ZN_API const char *zn_train_resource_name(zn_train_resource r);
 
 /* One micro-batch's compute at one shape: one layer's forward and backward
  * (with the recompute when checkpointing) and the head's forward +
@@ -105,8 +121,6 @@ ZN_API int zn_cost_predict(const zn_plan *plan, const zn_ceilings *c, const zn_c
 ZN_API void zn_cost_compute_analytic(const zn_ceilings *c, double layer_flops_fwd,
                                      double head_flops, bool checkpoint, zn_cost_compute *out);
 
-/* Prints the prediction beside a run's measured report (per step). */
-ZN_API void zn_cost_print_vs(const zn_cost *pred, const zn_train_report *r, int world, FILE *f);
 
 #ifdef __cplusplus
 }

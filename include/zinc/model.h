@@ -18,7 +18,22 @@ extern "C" {
 typedef enum {
     ZN_ARCH_LLAMA = 1, /* model_type "llama": Llama 2, Llama 3, ... */
     ZN_ARCH_QWEN2 = 2, /* model_type "qwen2": Qwen2, Qwen2.5 (q/k/v bias) */
+    ZN_ARCH_MISTRAL = 3, /* model_type "mistral": the Llama block, its own name */
 } zn_model_arch;
+
+/* The families (src/model/family.c). zn_model_family_lookup: the arch of a
+ * config.json's model_type and its default max_position_embeddings (may be
+ * NULL); ZN_EUNSUPPORTED for one not built, with *missing (when zinc knows
+ * the family) saying what it needs that zinc lacks, NULL for a model_type
+ * zinc does not know. */
+ZN_API int zn_model_family_lookup(const char *model_type, zn_model_arch *arch,
+                                  int64_t *max_pos, const char **missing);
+/* The model_type and the transformers class of an arch ("?" for none). */
+ZN_API const char *zn_model_arch_name(zn_model_arch a);
+ZN_API const char *zn_model_arch_class(zn_model_arch a);
+/* The built families' model_types, ", "-separated, into out; returns how
+ * many. */
+ZN_API int zn_model_families(char *out, size_t len);
 
 typedef enum {
     ZN_ROPE_DEFAULT = 0, /* theta^(-2i/d) */
@@ -52,6 +67,11 @@ typedef struct {
 /* PEFT's module name of target bit t ("q_proj", ...), NULL for another
  * value. */
 ZN_API const char *zn_lora_target_name(unsigned t);
+/* PEFT's target_modules (a jansson value: a list of module names, a full
+ * name counting by its last part, or "all-linear") into zn_lora_target
+ * bits. Returns 0, or ZN_ECONFIG with what is wrong written into msg (the
+ * caller names where it came from). */
+ZN_API int zn_lora_targets_of(const void *json_value, unsigned *out, char *msg, size_t len);
 /* The adapters' scale: alpha / r, or alpha / sqrt(r) with rslora. */
 ZN_API double zn_lora_scale(const zn_lora *l);
 /* Reads a PEFT adapter folder's adapter_config.json (dir/adapter_config.json).
@@ -85,6 +105,9 @@ typedef struct {
     int tie_embeddings;    /* tie_word_embeddings: lm_head shares embed_tokens */
     int qkv_bias;          /* q/k/v projections have a bias (qwen2; llama attention_bias) */
     int o_bias;            /* o_proj has a bias (llama attention_bias) */
+    int64_t sliding_window;/* mistral: keys further back are masked (0: none);
+                              zinc computes full causal attention, so a run
+                              needs every sequence within it */
     zn_lora lora;          /* adapters (not part of config.json); r 0: none */
 } zn_model_dims;
 
@@ -96,6 +119,9 @@ ZN_API void zn_model_dims_default(zn_model_dims *d);
  * n_kv_heads, even head_dim, finite positive theta and eps, ...).
  * Returns 0 or ZN_ECONFIG with a message naming the field. */
 ZN_API int zn_model_dims_validate(const zn_model_dims *d);
+/* Whether sequences of `seq` tokens compute as the family does: a sliding
+ * window shorter than them is ZN_EUNSUPPORTED (named), else 0. */
+ZN_API int zn_model_check_window(const zn_model_dims *d, int64_t seq);
 
 /* Reads a Hugging Face config.json. `path` is the file or the model folder
  * that holds it. Accepts model_type "llama" and "qwen2" (hidden_act "silu").
@@ -109,8 +135,9 @@ ZN_API int zn_model_dims_from_hf(zn_model_dims *d, const char *path);
 ZN_API int zn_model_dims_from_json(zn_model_dims *d, const char *text, const char *name);
 
 /* Writes `d` as a Hugging Face config.json that transformers can load (and
- * zn_model_dims_from_hf reads back to the same dims). Atomic: written to
- * path.tmp and renamed. Returns 0, -errno, or ZN_ECONFIG for invalid dims. */
+ * zn_model_dims_from_hf reads back to the same dims). Atomic: written to a
+ * private temporary and renamed. Returns 0, -errno, or ZN_ECONFIG for
+ * invalid dims. */
 ZN_API int zn_model_dims_write_hf(const zn_model_dims *d, const char *path);
 /* The same, declaring the weights' dtype (torch_dtype and transformers-5's
  * dtype: "float32", "float16" or "bfloat16"); zn_model_dims_write_hf says

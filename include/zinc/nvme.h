@@ -185,6 +185,40 @@ ZN_API int zn_swap_remove_all_now(void);
  * files removed. Returns 0 (a missing dir has nothing) or -errno. */
 ZN_API int zn_swap_clean_stale(const char *dir, const char *prefix, uint64_t *bytes, int *files);
 
+/* Why zn_swap_clean_stale leaves a run directory (or old-layout file). */
+typedef enum {
+    ZN_SWAP_HELD_LIVE,        /* its run still goes (or is making it) */
+    ZN_SWAP_HELD_LOCKED,      /* its run is gone, its lock is still held */
+    ZN_SWAP_HELD_KEPT,        /* its run kept it (tiers.keep_swap) */
+    ZN_SWAP_HELD_OTHER_HOST,  /* another host's: judged on that host only */
+    ZN_SWAP_HELD_UNREADABLE,  /* its lock would not open, or it would not go */
+} zn_swap_held_why;
+
+#define ZN_SWAP_SCAN_NAMED 8
+
+/* What a swap folder holds of zinc's runs, by zn_swap_clean_stale's rules. */
+typedef struct {
+    uint64_t stale_bytes;  /* what it removes: dead runs' leftovers */
+    int stale;             /* their run directories and old-layout files */
+    uint64_t held_bytes;   /* what it leaves, all of it */
+    int held;
+    struct {
+        char path[ZN_PATH_MAX + 320];
+        uint64_t bytes;
+        long pid;          /* the run's, as its name says */
+        zn_swap_held_why why;
+    } named[ZN_SWAP_SCAN_NAMED];  /* the largest of what it leaves */
+    int n_named;
+} zn_swap_scan;
+
+/* Counts, without removing anything or warning, what zn_swap_clean_stale
+ * would remove in `dir` (same rules, same code) and what it would leave.
+ * Like it, may wait up to 2 s on a dead run's lock held past its exit.
+ * Returns 0 (a missing dir holds nothing) or -errno. */
+ZN_API int zn_swap_scan_stale(const char *dir, const char *prefix, zn_swap_scan *out);
+/* The words for a zn_swap_held_why ("a live run's", ...). */
+ZN_API const char *zn_swap_held_desc(zn_swap_held_why why);
+
 /* A tensor's place in a swap space. A value the caller keeps; it owns
  * nothing. Extents of at least block_size bytes start on a stripe boundary
  * and are striped over all paths; smaller ones sit inside one stripe. */

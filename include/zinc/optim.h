@@ -4,6 +4,7 @@
 #ifndef ZINC_OPTIM_H
 #define ZINC_OPTIM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -378,6 +379,76 @@ ZN_API float zn_f16_to_f32(uint16_t h);
  * -EINVAL. */
 ZN_API int zn_convert(void *dst, zn_dtype dst_dtype, const void *src, zn_dtype src_dtype,
                       size_t n);
+
+/* ---- the schedule around the optimizer: learning rate and fp16 loss scale
+ * (src/optim/lr.c, scaler.c). Pure functions of their settings and the
+ * step, so any step can be recomputed (resume, tests). */
+typedef enum {
+    ZN_SCHED_NONE = 0, ZN_SCHED_WARMUP_LR, ZN_SCHED_WARMUP_DECAY_LR, ZN_SCHED_WARMUP_COSINE_LR,
+    /* the HF Trainer's schedules (transformers get_scheduler): linear warmup
+     * from 0 over warmup_num_steps, then as named, on optimizer.lr */
+    ZN_SCHED_HF_LINEAR, ZN_SCHED_HF_COSINE, ZN_SCHED_HF_CONSTANT_WARMUP,
+} zn_scheduler_type;
+
+typedef struct {
+    zn_scheduler_type type;
+    double warmup_min_lr, warmup_max_lr;  /* WarmupLR, WarmupDecayLR */
+    int64_t warmup_num_steps;
+    int64_t total_num_steps;              /* WarmupDecayLR, WarmupCosineLR */
+    int warmup_type;                      /* 0 "log" (DeepSpeed's default), 1 "linear" */
+    double warmup_min_ratio, cos_min_ratio; /* WarmupCosineLR */
+} zn_lr_sched;
+
+typedef struct {
+    bool enabled;
+    double loss_scale; /* 0 = dynamic */
+    int initial_scale_power;
+    int64_t loss_scale_window;
+    int hysteresis;
+    double min_loss_scale;
+} zn_loss_scale_config;
+
+/* ---- learning-rate schedules ---------------------------------------------
+ * DeepSpeed's lr_schedules.py formulas, as a function of DeepSpeed's
+ * `last_batch_iteration` (0-based). WarmupLR: min + (max-min) * gamma,
+ * gamma = log(it+1)/log(W) ("log") or it/W ("linear") while it < W, then 1;
+ * W = max(2, warmup_num_steps). WarmupDecayLR: the same warmup, then
+ * max(0, (T - it) / max(1, T - W)). WarmupCosineLR: ratio of base_lr, warmup
+ * from warmup_min_ratio to 1, then cos_min_ratio + (1 - cos_min_ratio) *
+ * (1 + cos(pi * (it - W + 1) / (T - W))) / 2, floored at 0. No scheduler:
+ * base_lr. iteration < 0 gives DeepSpeed's value before its first step
+ * (warmup_min_lr, or 0 for WarmupCosineLR).
+ * zinc's optimizer step k (1-based) uses iteration k - 1. (DeepSpeed's engine
+ * steps the scheduler after the optimizer, so its step k uses iteration
+ * k - 2 and its first step the pre-start value; zinc does not spend a step
+ * at that value.) */
+ZN_API double zn_lr_schedule(const zn_lr_sched *s, double base_lr, int64_t iteration);
+
+/* ---- dynamic loss scaling (fp16) -------------------------------------------
+ * DeepSpeed's DynamicLossScaler: on overflow the step is skipped and, once
+ * `hysteresis` overflows have been absorbed, the scale is divided by 2 (not
+ * below min_scale); after `window` steps without overflow it is doubled
+ * (and the hysteresis budget refilled). A static scale (fp16.loss_scale > 0)
+ * never changes; overflowed steps are still skipped. */
+typedef struct {
+    double scale;
+    int dynamic;
+    double factor;          /* 2 */
+    int64_t window;         /* loss_scale_window */
+    int hysteresis;         /* delayed shift */
+    int cur_hysteresis;
+    double min_scale;
+    int64_t iter, last_overflow_iter;
+    uint64_t overflows;     /* steps skipped */
+} zn_loss_scaler;
+
+/* Initialises from the config (scale 2^initial_scale_power when dynamic;
+ * scale 1 and dynamic 0 when fp16 is off). */
+ZN_API void zn_loss_scaler_init(zn_loss_scaler *ls, const zn_loss_scale_config *cfg);
+/* Records one step's outcome. Returns 1 when an overflow happened with the
+ * scale already at min_scale (DeepSpeed stops the run there; so does
+ * zn_train_step), else 0. */
+ZN_API int zn_loss_scaler_update(zn_loss_scaler *ls, int overflow);
 
 #ifdef __cplusplus
 }

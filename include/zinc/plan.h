@@ -11,7 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "zinc/config.h"
+#include "zinc/nvme.h"
+#include "zinc/optim.h"
 #include "zinc/util.h"
 
 #ifdef __cplusplus
@@ -59,6 +60,94 @@ typedef struct {
 typedef struct {
     uint64_t bytes[ZN_TIER_COUNT];
 } zn_plan_budgets;
+
+/* Where fp32 gradient accumulators live when the optimizer states are on
+ * NVMe (tiers.grads). */
+typedef enum {
+    ZN_GRADS_AUTO = 0,  /* pinned RAM when the cpu tier has room, else NVMe */
+    ZN_GRADS_CPU,
+    ZN_GRADS_NVME,      /* with the states (DeepSpeed's behaviour) */
+} zn_grads_tier;
+
+/* How the user's config names the settings a message may ask to change.
+ * The door fills it (a DeepSpeed config's keys), so that a plan's fix or a
+ * trainer's refusal says what to edit in the user's own words while the
+ * planner and the trainer know no key. String literals: they outlive
+ * every spec and plan that points to them. */
+typedef struct {
+    const char *opt_home;          /* where the optimizer states live */
+    const char *param_home;        /* where the parameters live */
+    const char *param_max_in_cpu;  /* parameters kept in RAM when their home is NVMe */
+    const char *micro_batch;       /* sequences per micro-batch */
+    const char *opt_unit;          /* elements per optimizer unit */
+    const char *zero_stage;        /* the ZeRO stage */
+} zn_spec_keys;
+
+/* ---- the run spec: everything the planner and the trainer are told ---------
+ * Resolved once per run by src/run/ (zn_run_spec_*, from the user's config,
+ * the command line, the checkpoint being resumed and the fitting rules)
+ * and copied by the trainer; the planner and the trainer read nothing
+ * else: no config struct and no config key reaches src/plan or src/train.
+ * Each field is a decision already taken; they only check what they alone
+ * can know (the device the run got, what fits). */
+typedef struct zn_spec {
+    const char *source;           /* the config's name, for messages */
+    zn_spec_keys key;             /* the user's names of the settings */
+    zn_plan_input plan;           /* the model's shape, the micro-batch, the
+                                     sequence, precision and world: the one copy */
+    zn_plan_budgets budgets;      /* tier budgets, "auto" already resolved */
+    /* the step */
+    int64_t accumulation;         /* micro-batches per optimizer step (>= 1) */
+    uint64_t seed;                /* dropout masks, stochastic rounding, LoRA init */
+    double clip;                  /* global-norm clipping threshold (0: none) */
+    double lr;                    /* the schedule's base */
+    zn_lr_sched sched;
+    double beta1, beta2, eps, weight_decay;
+    bool adamw;                   /* decoupled weight decay */
+    bool bias_correction;
+    /* precision */
+    bool bf16;                    /* 16-bit working parameters: bf16 */
+    bool fp16;                    /* ... fp16, with loss scaling */
+    zn_loss_scale_config loss_scale;
+    int grad_transfer;            /* gradients leave the device in: 0 the
+                                     params' dtype, 1 fp32, 2 bf16 */
+    int moment_bytes;             /* Adam moments: 4 fp32, 2 bf16, 1 8-bit */
+    zn_q8_scheme q8_scheme;       /* 8-bit moments: whose quantization */
+    bool master_bf16_sr;          /* bf16 master with stochastic rounding */
+    /* placement (ZeRO) */
+    int zero_stage;               /* 1, 2 or 3 */
+    zn_tier param_home;           /* where the working parameters live */
+    zn_tier opt_home;             /* where master, moments (and gradients) live */
+    uint64_t persistence_threshold; /* tensors smaller than this stay on the GPU */
+    uint64_t param_max_in_cpu;    /* parameter home in RAM: at most this many
+                                     elements (0: no limit) */
+    int64_t param_buffers;        /* NVMe parameter staging buffers (>= 1) */
+    int64_t opt_buffers;          /* NVMe optimizer units in flight (>= 1) */
+    uint64_t param_buffer_size;   /* elements of one NVMe parameter staging buffer */
+    uint64_t opt_unit;            /* elements per optimizer unit (sub-group) */
+    double opt_ratio;             /* share of the optimizer stepped at opt_home
+                                     (the rest on the GPU) */
+    uint64_t prefetch_bucket;     /* parameter elements fetched ahead */
+    uint64_t max_live_params;     /* parameter elements live on the GPU at once */
+    int param_cache;              /* pinned buffers handing NVMe-home parameters
+                                     from the optimizer to the next forward */
+    zn_grads_tier grads;          /* optimizer on NVMe: where the gradient
+                                     accumulators go */
+    bool cpu_activations;         /* checkpointed layer inputs in pinned RAM */
+    /* the machine */
+    char device[64];              /* "auto", "host", "cuda:N" */
+    int threads;                  /* CPU threads for Adam and norms (0: OpenMP's) */
+    /* NVMe swap */
+    zn_aio_config aio;            /* the engine (fault hooks: zn_train_options) */
+    int n_nvme;                   /* swap folders, striped */
+    int stripe_paths;             /* staging buffers are per striped path: the
+                                     folders the user listed (>= 1) */
+    char nvme_path[ZN_SWAP_MAX_PATHS][ZN_PATH_MAX];
+    bool nvme_create[ZN_SWAP_MAX_PATHS]; /* missing, and the run may create it */
+    char nvme_error[ZN_PATH_MAX + 512]; /* a swap folder the run may not use: why
+                                     (reported when the run opens its swap) */
+    bool keep_swap;               /* keep the swap files after a clean exit */
+} zn_spec;
 
 typedef struct {
     uint64_t params_total;                          /* elements, whole model */
@@ -114,6 +203,7 @@ typedef struct {
                                          bf16_sr): Adam's rate is that step's */
     } step;
     bool fits;
+    zn_spec_keys key; /* the spec's, for the fixes zn_plan_print suggests */
     char why[2048];   /* when it does not fit: what is short, by how much, and the fix */
     /* The allocations the run makes, item by item (zn_train_plan: the
      * trainer's own allocation code run without allocating); n_items 0 when
@@ -136,13 +226,12 @@ ZN_API const char *zn_state_name(zn_state_class c);
  * (plan->why and zn_last_error() say what is short and which setting would
  * fix it), ZN_ECONFIG for inconsistent input. The plan is filled in both
  * of the first two cases. */
-ZN_API int zn_plan_compute(zn_plan *plan, const zn_config *cfg, const zn_plan_input *in,
-                           const zn_plan_budgets *budgets);
+ZN_API int zn_plan_compute(zn_plan *plan, const zn_spec *spec);
 
 /* Replaces the class table with the itemized allocations (plan->items) and
  * decides again whether it fits, with the same explanation and fix as
  * zn_plan_compute. Returns 0 or ZN_ENOFIT. */
-ZN_API int zn_plan_use_items(zn_plan *plan, const zn_config *cfg);
+ZN_API int zn_plan_use_items(zn_plan *plan, const zn_spec *spec);
 
 /* Prints the class x tier table with budgets and headroom. */
 ZN_API void zn_plan_print(const zn_plan *plan, FILE *f);

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "zinc/ckpt.h"
 #include "zinc/comm.h"
 #include "zinc/config.h"
 #include "zinc/cost.h"
@@ -50,7 +51,11 @@ ZN_API int zn_run_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gp
  * explicit tiers.nvme sizes (summed per file system) against each file
  * system's free space; RLIMIT_MEMLOCK below the cpu budget is a warning.
  * strict (a run): a problem is ZN_ECONFIG naming what the machine has; else
- * (a plan, perhaps for another machine) a warning. */
+ * (a plan, perhaps for another machine) a warning. Where the explicit NVMe
+ * sizes are short, what dead runs left in the swap folders counts as free:
+ * a run removes it first (zn_swap_clean_stale), a plan says how much it
+ * found; a shortfall left names the swap zinc may not remove (a live
+ * run's) and the checkpoint folder on the same file system. */
 ZN_API int zn_run_check_budgets(const zn_config *cfg, const zn_topo *topo,
                                 const zn_plan_budgets *b, int strict);
 
@@ -67,7 +72,10 @@ ZN_API int zn_run_check_data(const zn_config *cfg, const zn_model_dims *d, int s
  * before it allocates (every shard's header read, every tensor present
  * with its shape and a dtype zinc trains from, no file truncated, the PEFT
  * adapter of lora.adapter): so a plan that fits is a run that starts.
- * Reads no tensor data. Returns 0 or the run's error. */
+ * Reads no tensor data. Returns 0, 1 when model.path is a folder with no
+ * weights at all (a plan is made from its config.json's shapes alone, as
+ * a user plans before downloading; `zinc train` refuses it), or the run's
+ * error. */
 ZN_API int zn_run_check_weights(const zn_config *cfg, const zn_model_dims *d);
 
 /* The planner's input for a model and a config on `world` ranks. `blocks`
@@ -82,12 +90,12 @@ ZN_API void zn_run_plan_input(const zn_config *cfg, const zn_model_dims *d, int 
  * "none", as the HF Trainer's and LLaMA-Factory's ZeRO configs without
  * offload do): zinc steps it there when the plan fits; when it does not,
  * and would with the states in pinned RAM and the CPU Adam, they move there
- * (cfg is changed) and `note` (may be NULL) says so. Plan and train both
+ * (spec and cfg are changed) and `note` (may be NULL) says so. Plan and train both
  * call this with the same options, so both take the same placement.
  * Returns 1 when it moved them, 0 when not, or a negative error of a dry
  * plan. */
-ZN_API int zn_run_fit_optimizer(zn_config *cfg, const zn_train_options *o, int world,
-                                FILE *note);
+ZN_API int zn_run_fit_optimizer(zn_config *cfg, zn_spec *spec, const zn_train_options *o,
+                                int world, FILE *note);
 
 /* Resolves the config's "auto" values against its model and the device,
  * then the batch keys against `world`, and prints the values that decide
@@ -128,8 +136,35 @@ typedef struct {
 ZN_API int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int local_ranks,
                                 double step_s, zn_stop_estimate *e, FILE *note);
 
+/* Prints the cost model's prediction beside a run's measured report (per
+ * step). */
+ZN_API void zn_run_cost_print_vs(const zn_cost *pred, const zn_train_report *r, int world,
+                                 FILE *f);
+
+/* Resolves the config once for a run on `world` ranks: with `resume` (a
+ * checkpoint saved by another world size, may be NULL) the global batch it
+ * trained with is kept and the accumulation follows (said on `out`); every
+ * "auto" against the model and the device; the batch keys against the
+ * world. Then prints the effective settings to `out` (NULL: silent). A
+ * config already resolved for `world` is left as it is (zn_run_open after
+ * the CLI resolved it): the rules run once per run. Returns 0, ZN_ECONFIG
+ * (named), ZN_EARG (resolved for another world). */
+ZN_API int zn_run_resolve(zn_config *cfg, const zn_ckpt *resume, int world, FILE *out);
+/* zn_run_resolve without a checkpoint. */
 ZN_API int zn_run_effective(zn_config *cfg, int world, FILE *out);
 ZN_API void zn_run_effective_print(const zn_config *cfg, int world, FILE *out);
+
+/* ---- the door: the run spec ------------------------------------------------
+ * The only translation of a config into what the planner and the trainer
+ * take (zn_spec, include/zinc/plan.h): `in` is the planner's input
+ * (zn_run_plan_input), `budgets` the resolved tier budgets (NULL: zeros,
+ * for the caller to set). A swap folder the run could not use is kept in
+ * spec->nvme_error and reported when a run opens its swap. Returns 0 or
+ * ZN_EARG. */
+ZN_API int zn_run_spec(const zn_config *cfg, const zn_plan_input *in,
+                       const zn_plan_budgets *budgets, zn_spec *spec);
+/* The NVMe engine settings of a config's `aio` section. */
+ZN_API zn_aio_config zn_run_aio_config(const zn_config *cfg);
 
 /* ---- the run ------------------------------------------------------------ */
 
@@ -159,6 +194,8 @@ typedef struct {
 #define ZN_RUN_TRACE 1       /* record a trace */
 #define ZN_RUN_NO_WEIGHTS 2  /* a checkpoint will overwrite the state: do not
                                 read model.path's weights (seeded init) */
+#define ZN_RUN_SHAPES_ONLY 4 /* (zn_run_check_weights) a model folder with only
+                                its config.json is planned from its shapes */
 
 /* Joins the job's ranks (a communicator from the launch environment: world
  * 1 when not launched by mpirun / srun / torchrun), resolves batch keys,

@@ -91,14 +91,14 @@ ZN_API int zn_st_read_raw(zn_st *s, const zn_st_tensor *t, void *dst, size_t dst
  * Declare every tensor with zn_st_writer_add (this fixes the header), then
  * write each one's data with zn_st_writer_write, in whole or in consecutive
  * parts, in any order across tensors; zn_st_writer_finish checks that every
- * tensor was written in full, fsyncs and renames path.tmp to path, so a
- * crash never leaves a half-written file under the final name. The file
+ * tensor was written in full, fsyncs and renames its private temporary to
+ * path, so a crash never leaves a half-written file under the final name. The file
  * lays tensors out back to back in the order added, as the reference
  * implementation requires. */
 typedef struct zn_st_writer zn_st_writer;
 
 ZN_API int zn_st_writer_create(zn_st_writer **out, const char *path);
-/* Drops an unfinished file (path.tmp); accepts NULL. */
+/* Drops an unfinished file (its private temporary); accepts NULL. */
 ZN_API void zn_st_writer_destroy(zn_st_writer *w);
 /* Returns 0; ZN_EARG for a duplicate or empty name, a bad dtype or shape,
  * or a call after the first write. */

@@ -73,7 +73,7 @@ ZN_API uint64_t zn_tokens_num_docs(const zn_tokens *t);
 ZN_API int zn_tokens_has_mask(const zn_tokens *t);
 
 /* Writes ids[0..n) as a token file with the given width (2 or 4) and vocab
- * (0 = not recorded). Atomic (path.tmp, fsync, rename). Returns 0; ZN_EARG
+ * (0 = not recorded). Atomic (a private temporary, fsync, rename). Returns 0; ZN_EARG
  * for a bad width or an id that does not fit the width or is >= vocab
  * (message gives its index); -errno. */
 ZN_API int zn_tokens_write(const char *path, const uint32_t *ids, uint64_t n, int width,

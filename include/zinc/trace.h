@@ -53,7 +53,7 @@ ZN_API void zn_trace_reset_busy(zn_trace *t);
 /* Spans kept and spans dropped (past max_spans). */
 ZN_API void zn_trace_counts(zn_trace *t, uint64_t *kept, uint64_t *dropped);
 
-/* Writes the Chrome trace JSON (atomically: path.tmp then rename). Times
+/* Writes the Chrome trace JSON (atomically: a private temporary, then rename). Times
  * are relative to the trace's creation. Returns 0 or -errno (message names
  * the file). */
 ZN_API int zn_trace_write(zn_trace *t, const char *path);

@@ -11,10 +11,11 @@
 #ifndef ZINC_TRAIN_H
 #define ZINC_TRAIN_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
-#include "zinc/config.h"
+#include "zinc/cost.h"
 #include "zinc/device.h"
 #include "zinc/model.h"
 #include "zinc/nvme.h"
@@ -27,60 +28,14 @@
 extern "C" {
 #endif
 
-/* ---- learning-rate schedules ---------------------------------------------
- * DeepSpeed's lr_schedules.py formulas, as a function of DeepSpeed's
- * `last_batch_iteration` (0-based). WarmupLR: min + (max-min) * gamma,
- * gamma = log(it+1)/log(W) ("log") or it/W ("linear") while it < W, then 1;
- * W = max(2, warmup_num_steps). WarmupDecayLR: the same warmup, then
- * max(0, (T - it) / max(1, T - W)). WarmupCosineLR: ratio of base_lr, warmup
- * from warmup_min_ratio to 1, then cos_min_ratio + (1 - cos_min_ratio) *
- * (1 + cos(pi * (it - W + 1) / (T - W))) / 2, floored at 0. No scheduler:
- * base_lr. iteration < 0 gives DeepSpeed's value before its first step
- * (warmup_min_lr, or 0 for WarmupCosineLR).
- * zinc's optimizer step k (1-based) uses iteration k - 1. (DeepSpeed's engine
- * steps the scheduler after the optimizer, so its step k uses iteration
- * k - 2 and its first step the pre-start value; zinc does not spend a step
- * at that value.) */
-ZN_API double zn_lr_schedule(const zn_config_scheduler *s, double base_lr, int64_t iteration);
-
-/* ---- dynamic loss scaling (fp16) -------------------------------------------
- * DeepSpeed's DynamicLossScaler: on overflow the step is skipped and, once
- * `hysteresis` overflows have been absorbed, the scale is divided by 2 (not
- * below min_scale); after `window` steps without overflow it is doubled
- * (and the hysteresis budget refilled). A static scale (fp16.loss_scale > 0)
- * never changes; overflowed steps are still skipped. */
-typedef struct {
-    double scale;
-    int dynamic;
-    double factor;          /* 2 */
-    int64_t window;         /* loss_scale_window */
-    int hysteresis;         /* delayed shift */
-    int cur_hysteresis;
-    double min_scale;
-    int64_t iter, last_overflow_iter;
-    uint64_t overflows;     /* steps skipped */
-} zn_loss_scaler;
-
-/* Initialises from the config (scale 2^initial_scale_power when dynamic;
- * scale 1 and dynamic 0 when fp16 is off). */
-ZN_API void zn_loss_scaler_init(zn_loss_scaler *ls, const zn_config_fp16 *cfg);
-/* Records one step's outcome. Returns 1 when an overflow happened with the
- * scale already at min_scale (DeepSpeed stops the run there; so does
- * zn_train_step), else 0. */
-ZN_API int zn_loss_scaler_update(zn_loss_scaler *ls, int overflow);
-
 /* ---- the trainer ----------------------------------------------------------*/
 typedef struct zn_trainer zn_trainer;
 
+
 typedef struct {
-    const zn_config *cfg;         /* copied */
+    const zn_spec *spec;          /* copied (include/zinc/plan.h) */
     const zn_train_model *model;  /* must outlive the trainer */
-    const zn_plan_input *plan_in; /* the planner's view of the model and run */
-    zn_plan_budgets budgets;      /* resolved budgets ("auto" already done) */
     int record_trace;             /* keep spans for zn_train_write_trace */
-    int threads;                  /* CPU threads for Adam / norms; 0 = cfg.train.threads
-                                     or OpenMP's default */
-    const char *device;           /* overrides cfg->train.device when set */
     zn_aio_fault_fn fault_hook;   /* passed to the NVMe engine (tests) */
     void *fault_user;
     /* Fault injection (tests): each step's learning rate passes through it
@@ -90,8 +45,8 @@ typedef struct {
     void *lr_fault_user;
     /* The ranks of a ZeRO job (include/zinc/comm.h); NULL = one rank. With
      * world size N > 1 every block's parameters, gradients and optimizer
-     * states are sharded N ways (zero_optimization.stage 3). Must outlive the
-     * trainer; every rank creates its trainer with the same config. */
+     * states are sharded N ways (ZeRO stage 3). Must outlive the trainer;
+     * every rank creates its trainer with the same spec. */
     struct zn_comm *comm;
 } zn_train_options;
 
@@ -111,7 +66,7 @@ ZN_API int zn_train_plan(zn_plan *plan, const zn_train_options *o, int world);
  * optimizer states in their home tiers. An infeasible plan fails before any
  * allocation with ZN_ENOFIT and the planner's explanation. Returns 0,
  * ZN_ENOFIT, ZN_EBUDGET (an allocation beyond a tier's budget, named),
- * ZN_EUNSUPPORTED (e.g. offload_optimizer.device none on CUDA: use cpu),
+ * ZN_EUNSUPPORTED (e.g. the optimizer on a CUDA device: use the cpu),
  * ZN_ECONFIG, ZN_ENODEV, -errno. */
 ZN_API int zn_train_create(zn_trainer **out, const zn_train_options *o);
 ZN_API void zn_train_destroy(zn_trainer *tr); /* accepts NULL */
@@ -127,7 +82,7 @@ typedef struct {
     uint64_t tokens;         /* tokens processed */
 } zn_train_step_info;
 
-/* One optimizer step over cfg.gradient_accumulation_steps micro-batches.
+/* One optimizer step over spec.accumulation micro-batches.
  * ids / targets / pos: host int32, accumulation x micro_batch x seq_len
  * each; pos may be NULL (each sequence one document; else each token's
  * position in its packed document, see zn_model_set_batch).
@@ -174,25 +129,7 @@ ZN_API zn_dev *zn_train_device(zn_trainer *tr);
 /* The NVMe engine (NULL when nothing lives on NVMe); tests arm
  * zn_aio_inject_fault on it. */
 ZN_API zn_aio *zn_train_aio(zn_trainer *tr);
-/* The NVMe engine settings of a config's `aio` section (what the run's
- * engine is created with). */
-ZN_API zn_aio_config zn_train_aio_config(const zn_config *cfg);
 
-/* Resources, each on its own stream or thread. */
-typedef enum {
-    ZN_RES_COMPUTE = 0,  /* device compute stream */
-    ZN_RES_H2D,          /* host -> device copies */
-    ZN_RES_D2H,          /* device -> host copies + gradient accumulation */
-    ZN_RES_NVME_READ,    /* NVMe reads (params and optimizer states) */
-    ZN_RES_NVME_WRITE,   /* NVMe writes */
-    ZN_RES_ADAM,         /* CPU Adam thread */
-    ZN_RES_COMM,         /* collectives between ranks (world size > 1) */
-    ZN_RES_NVME,         /* NVMe reads and writes together (their union): one
-                            disk is one resource, the honest ceiling */
-    ZN_RES_COUNT
-} zn_train_resource;
-
-ZN_API const char *zn_train_resource_name(zn_train_resource r);
 
 typedef struct {
     uint64_t budget[ZN_TIER_COUNT];

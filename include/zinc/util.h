@@ -24,6 +24,9 @@ extern "C" {
 #define ZN_PRINTF(f, a)
 #endif
 
+/* Longest path zinc keeps in a fixed buffer (config values, swap folders). */
+#define ZN_PATH_MAX 1024
+
 /* ---- status codes --------------------------------------------------------
  * Functions return 0 on success or a negative code: -errno for OS and
  * io_uring errors, or one of zinc's own codes below (all below -4095, outside
@@ -102,7 +105,8 @@ ZN_API double zn_now_s(void);
 
 /* ---- element types -------------------------------------------------------
  * The floating-point types that zinc stores and moves. The 16-bit ones are
- * raw bit patterns (uint16_t) in memory; include/zinc/optim.h converts. */
+ * raw bit patterns (uint16_t) in memory, converted below (scalars) and by
+ * include/zinc/optim.h (arrays). */
 typedef enum { ZN_DTYPE_F32 = 0, ZN_DTYPE_BF16 = 1, ZN_DTYPE_F16 = 2 } zn_dtype;
 
 /* Bytes per element (4 or 2), or 0 for a value outside the enum. */
@@ -117,10 +121,15 @@ static inline const char *zn_dtype_name(zn_dtype t)
     return t == ZN_DTYPE_F32 ? "f32" : t == ZN_DTYPE_BF16 ? "bf16" : t == ZN_DTYPE_F16 ? "f16" : "?";
 }
 
-/* bf16 <-> fp32 on the host: round to nearest even on the bits; a NaN keeps
- * its sign and top payload and gets the quiet bit. The same rounding as the
- * CUDA kernels and as torch. (Out-of-line forms: zn_f32_to_bf16 and
- * zn_bf16_to_f32 in optim.h, and the SIMD paths there.) */
+/* The scalar 16-bit float conversions on the host, the one home of them
+ * (every layer includes this header; tests/test_half.c checks them against
+ * value-based references and the CPU's own conversions). Out-of-line forms:
+ * zn_f32_to_bf16 and friends in optim.h, with zn_convert for arrays; the
+ * SIMD paths in src/optim/ match these bit for bit.
+ *
+ * bf16 <-> fp32: round to nearest even on the bits; a NaN keeps its sign
+ * and top payload and gets the quiet bit. The same rounding as the CUDA
+ * kernels and as torch. */
 static inline uint16_t zn_bf16_round(float x)
 {
     uint32_t u;
@@ -134,6 +143,60 @@ static inline uint16_t zn_bf16_round(float x)
 static inline float zn_bf16_widen(uint16_t h)
 {
     uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* IEEE binary16 <-> fp32: round to nearest even, the same bits as x86's
+ * vcvtps2ph with imm 0: past 65504 by half an ulp or
+ * more is Inf, subnormal halves are kept (not flushed), a NaN keeps its
+ * sign and top payload and gets the quiet bit. Widening is exact (NaN
+ * made quiet, as vcvtph2ps does). */
+static inline uint16_t zn_f16_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)                       /* NaN */
+        return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u)                      /* >= 65520 (a tie above 65504): Inf */
+        return (uint16_t)(sign | 0x7c00u);
+    if (a >= 0x38800000u) {                    /* >= 2^-14: normal half */
+        uint32_t r = a - 0x38000000u;          /* rebias the exponent: 127 - 15 = 112 */
+        r += 0xfffu + ((r >> 13) & 1u);
+        return (uint16_t)(sign | (r >> 13));
+    }
+    if (a <= 0x33000000u)                      /* <= 2^-25: 0 (2^-25 ties to even 0) */
+        return (uint16_t)sign;
+    /* subnormal half: count units of 2^-24 */
+    uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126u - e;                 /* 14 .. 24 */
+    uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u)))
+        q++;
+    return (uint16_t)(sign | q);
+}
+
+static inline float zn_f16_widen(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
+    if (e == 0x1f) {          /* Inf, or NaN made quiet */
+        u = sign | 0x7f800000u | (mant << 13) | (mant ? 0x400000u : 0u);
+    } else if (e) {
+        u = sign | ((e + 112u) << 23) | (mant << 13);
+    } else if (!mant) {
+        u = sign;
+    } else {                  /* subnormal: shift the leading 1 to the implicit bit */
+        uint32_t s = 0;
+        while (!(mant & 0x400u)) {
+            mant <<= 1;
+            s++;
+        }
+        u = sign | ((113u - s) << 23) | ((mant & 0x3ffu) << 13);
+    }
     float f;
     memcpy(&f, &u, sizeof f);
     return f;

@@ -18,5 +18,6 @@
 #include "zinc/train.h"
 #include "zinc/ckpt.h"
 #include "zinc/run.h"
+#include "zinc/gensession.h"
 
 #endif

@@ -1,6 +1,6 @@
 /* Private side of the checkpoints: the parsed manifest shared by the loader
  * (ckpt.c) and the exporter (ckpt_export.c), and the small file helpers
- * both use. */
+ * both use (fsync, mkdir -p and the durable replace: util/fs-impl.h). */
 #ifndef ZN_CKPT_IMPL_H
 #define ZN_CKPT_IMPL_H
 
@@ -9,6 +9,7 @@
 
 #include "zinc/ckpt.h"
 #include "zinc/optim.h"
+#include "util/fs-impl.h"
 
 #define ZN_CKPT_PATH 4096
 
@@ -57,10 +58,6 @@ const zn_ckpt_file *zn_ckpt__file(const zn_ckpt *ck, const char *name);
 /* Reads [off, off + len) of an open file; a short read is ZN_ECORRUPT
  * naming `path` (truncated). */
 int zn_ckpt__pread(int fd, const char *path, uint64_t off, void *buf, size_t len);
-/* fsyncs a file or a directory. */
-int zn_ckpt__fsync_path(const char *path, int is_dir);
-/* mkdir -p. */
-int zn_ckpt__mkdir_p(const char *path);
 
 /* The three optimizer-state files of a rank and their manifest names
  * (ckpt.c). */

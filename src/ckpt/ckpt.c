@@ -118,7 +118,7 @@ static int sfile_finish(sfile *f)
     if (rename(swp, final) < 0)
         return zn_set_error(-errno, "checkpoint: renaming %s to %s: %s", swp, final,
                             strerror(errno));
-    return zn_ckpt__fsync_path(final, 0);
+    return zn_fs_fsync_path(final, 0);
 }
 
 static void sfile_abort(sfile *f)
@@ -149,15 +149,15 @@ static int agree(zn_trainer *tr, int rc)
 }
 
 /* ---- save: this rank's files ----------------------------------------------------*/
-static int make_engine(const zn_config *cfg, const zn_ckpt_save_options *o, uint64_t bs,
+static int make_engine(const zn_aio_config *run, const zn_ckpt_save_options *o, uint64_t bs,
                        zn_aio **out)
 {
     zn_aio_config ac = zn_aio_config_default();
     ac.block_size = (size_t)bs;
-    ac.queue_depth = (int)cfg->aio.queue_depth;
-    ac.intra_op_parallelism = (int)cfg->aio.intra_op_parallelism;
-    ac.single_submit = cfg->aio.single_submit;
-    ac.overlap_events = cfg->aio.overlap_events;
+    ac.queue_depth = run->queue_depth;
+    ac.intra_op_parallelism = run->intra_op_parallelism;
+    ac.single_submit = run->single_submit;
+    ac.overlap_events = run->overlap_events;
     ac.crc = 0; /* the checkpoint keeps its own crc32c per file */
     ac.fault_hook = o->fault_hook;
     ac.fault_user = o->fault_user;
@@ -211,7 +211,7 @@ static int save_rank(zn_trainer *tr, const zn_ckpt_save_options *o, const char *
     zn_train_state_get_info(tr, &in);
     /* chunks of the state staging, when it goes through one, are whole
      * blocks of the engine */
-    uint64_t bs = (uint64_t)in.cfg->aio.block_size;
+    uint64_t bs = (uint64_t)in.aio.block_size;
     while (in.max_chunk && bs > 4096 && bs > in.max_chunk)
         bs /= 2;
     uint64_t chunk = o->chunk_bytes ? o->chunk_bytes : 64u << 20;
@@ -219,7 +219,7 @@ static int save_rank(zn_trainer *tr, const zn_ckpt_save_options *o, const char *
         chunk = in.max_chunk;
     chunk = chunk < bs ? bs : chunk / bs * bs;
     zn_aio *aio = NULL;
-    if ((rc = make_engine(in.cfg, o, bs, &aio)))
+    if ((rc = make_engine(&in.aio, o, bs, &aio)))
         return rc;
     uint32_t crc[3] = { 0, 0, 0 };
     uint64_t t0 = zn_now_ns();
@@ -262,7 +262,7 @@ static int save_rank(zn_trainer *tr, const zn_ckpt_save_options *o, const char *
     rc = zn_ckpt__write_small(path, text, strlen(text));
     free(text);
     if (!rc)
-        rc = zn_ckpt__fsync_path(rdir, 1);
+        rc = zn_fs_fsync_path(rdir, 1);
     if (!rc)
         zn_ckpt__point(o, "rank");
     return rc;
@@ -311,18 +311,15 @@ static char *manifest_text(json_t *m)
     return json_dumps(m, JSON_INDENT(1) | JSON_SORT_KEYS);
 }
 
+/* `latest` replaced durably; its temporary, .latest.tmp-PID.SEQ, is one
+ * prune() knows to remove when its process died before the rename. */
 static int write_latest(const char *dir, const char *name)
 {
-    char tmp[PATHN + 64], fin[PATHN + 16], text[80];
-    snprintf(tmp, sizeof tmp, "%s/.latest.tmp-%ld", dir, (long)getpid());
+    char fin[PATHN + 16], text[80];
     snprintf(fin, sizeof fin, "%s/latest", dir);
     snprintf(text, sizeof text, "%s\n", name);
-    int rc = zn_ckpt__write_small(tmp, text, strlen(text));
-    if (!rc && rename(tmp, fin) < 0)
-        rc = zn_set_error(-errno, "checkpoint: renaming %s to %s: %s", tmp, fin, strerror(errno));
-    if (rc)
-        unlink(tmp);
-    return rc ? rc : zn_ckpt__fsync_path(dir, 1);
+    int rc = zn_fs_write_atomic(fin, text, strlen(text));
+    return rc ? zn_error_prefix(rc, "checkpoint") : 0;
 }
 
 int zn_ckpt__step_of(const char *name, long long *step)
@@ -394,15 +391,15 @@ static int finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp
         goto out;
     }
     if (o->dims) {
+        /* both writers fsync the file and the folder (zn_fs_write_atomic) */
         snprintf(path, sizeof path, "%s/config.json", tmp);
         if ((rc = zn_model_dims_write_hf(o->dims, path)) ||
-            (rc = zn_ckpt__fsync_path(path, 0)) || (rc = add_file(files, tmp, "config.json")))
+            (rc = add_file(files, tmp, "config.json")))
             goto out;
         /* LoRA: the state is the adapters; say which (PEFT's file) */
         if (o->dims->lora.r > 0) {
             snprintf(path, sizeof path, "%s/adapter_config.json", tmp);
             if ((rc = zn_lora_write_peft_config(&o->dims->lora, path, NULL)) ||
-                (rc = zn_ckpt__fsync_path(path, 0)) ||
                 (rc = add_file(files, tmp, "adapter_config.json")))
                 goto out;
         }
@@ -462,7 +459,7 @@ static int finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp
     if ((rc = zn_ckpt__write_small(path, text, strlen(text))))
         goto out;
     zn_ckpt__point(o, "manifest");
-    if ((rc = zn_ckpt__fsync_path(tmp, 1)))
+    if ((rc = zn_fs_fsync_path(tmp, 1)))
         goto out;
     /* into place: a folder of the same name (a re-save of a step, e.g. after
      * resuming) is swapped out atomically, never removed first */
@@ -480,7 +477,7 @@ static int finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp
         goto out;
     }
     zn_ckpt__point(o, "rename");
-    if ((rc = zn_ckpt__fsync_path(o->dir, 1)))
+    if ((rc = zn_fs_fsync_path(o->dir, 1)))
         goto out;
     if ((rc = write_latest(o->dir, name)))
         goto out;
@@ -514,7 +511,8 @@ int zn_ckpt_save(zn_trainer *tr, const zn_ckpt_save_options *o, char *out_path, 
     uint64_t t0 = zn_now_ns();
     zn_ckpt__point(o, "begin");
     if (rank == 0 && !rc) {
-        rc = zn_ckpt__mkdir_p(o->dir);
+        if ((rc = zn_fs_mkdir_p(o->dir, 0755)))
+            zn_error_prefix(rc, "checkpoint");
         snprintf(tmp, sizeof tmp, "%s/.%s.tmp-%ld", o->dir, name, (long)getpid());
         if (!rc && mkdir(tmp, 0755) < 0)
             rc = zn_set_error(-errno, "checkpoint: creating %s: %s", tmp, strerror(errno));

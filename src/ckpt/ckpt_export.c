@@ -261,7 +261,7 @@ int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64
         }
     }
     nfiles++;
-    if ((rc = ranks_open(ck, rk)) || (rc = zn_ckpt__mkdir_p(out_dir)))
+    if ((rc = ranks_open(ck, rk)) || (rc = zn_fs_mkdir_p(out_dir, 0755)))
         goto out;
     char p[ZN_CKPT_PATH + 64];
     if (lora) {
@@ -396,24 +396,27 @@ static const char *const hf_side_files[] = {
     "added_tokens.json", "chat_template.jinja", "chat_template.json",
 };
 
+/* 1 when `from` does not exist; else 0 or -errno. `to` is replaced
+ * durably, whole or not at all. */
 static int copy_file(const char *from, const char *to)
 {
     FILE *in = fopen(from, "rb");
     if (!in)
         return errno == ENOENT ? 1 : zn_set_error(-errno, "merge: %s: %s", from, strerror(errno));
-    FILE *out = fopen(to, "wb");
-    int rc = out ? 0 : zn_set_error(-errno, "merge: %s: %s", to, strerror(errno));
+    zn_fs_tmp out;
+    int rc = zn_fs_tmp_open(&out, to, 0644);
     char buf[1 << 16];
     size_t n;
     while (!rc && (n = fread(buf, 1, sizeof buf, in)) > 0)
-        if (fwrite(buf, 1, n, out) != n)
-            rc = zn_set_error(-EIO, "merge: writing %s failed", to);
+        rc = zn_fs_write_full(out.fd, buf, n, out.tmp);
     if (!rc && ferror(in))
         rc = zn_set_error(-EIO, "merge: reading %s failed", from);
     fclose(in);
-    if (out && fclose(out) && !rc)
-        rc = zn_set_error(-EIO, "merge: writing %s failed", to);
-    return rc;
+    if (rc)
+        zn_fs_tmp_abort(&out);
+    else
+        rc = zn_fs_tmp_commit(&out);
+    return rc ? zn_error_prefix(rc, "merge") : 0;
 }
 
 /* The base's config.json, with torch_dtype (and transformers 5's dtype)
@@ -433,11 +436,12 @@ static int write_merged_config(const char *base, const char *out_dir, int force,
         if (json_object_get(c, "dtype"))
             json_object_set_new(c, "dtype", json_string(name));
     }
-    int rc = json_dump_file(c, to, JSON_INDENT(2) | JSON_PRESERVE_ORDER)
-                 ? zn_set_error(-EIO, "merge: writing %s failed", to)
-                 : 0;
+    char *text = json_dumps(c, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(c);
-    return rc;
+    int rc = text ? zn_fs_write_atomic(to, text, strlen(text))
+                  : zn_set_error(-ENOMEM, "out of memory");
+    free(text);
+    return rc ? zn_error_prefix(rc, "merge") : 0;
 }
 
 /* The model.path the run recorded, or NULL. */
@@ -637,7 +641,7 @@ int zn_ckpt_export_merged(const char *path, const char *out_dir, const char *bas
             rc = zn_set_error(ZN_EINTERNAL, "--merge: %s has half an adapter", ts[k].name);
             goto out;
         }
-    if ((rc = zn_ckpt__mkdir_p(out_dir)) || (rc = write_merged_config(base, out_dir,
+    if ((rc = zn_fs_mkdir_p(out_dir, 0755)) || (rc = write_merged_config(base, out_dir,
                                                                        force_dtype, dtype)))
         goto out;
     char p[ZN_CKPT_PATH + 64], q[ZN_CKPT_PATH + 64];

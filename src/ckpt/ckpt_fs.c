@@ -1,6 +1,6 @@
-/* The file-system helpers checkpoints are made with: fsync of a file or a
- * folder, mkdir -p, pread of a whole range, small files written and
- * fsynced, a file's crc32c, recursive removal. */
+/* The file helpers checkpoints are made with beyond util/fs-impl.h's:
+ * pread of a whole range, small files written new and fsynced, a file's
+ * crc32c, recursive removal. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -18,45 +18,8 @@
 #include "zinc/comm.h"
 
 
-/* ---- small file helpers -------------------------------------------------------*/
-int zn_ckpt__fsync_path(const char *path, int is_dir)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC | (is_dir ? O_DIRECTORY : 0));
-    if (fd < 0)
-        return zn_set_error(-errno, "checkpoint: opening %s to fsync it: %s", path,
-                            strerror(errno));
-    if (fsync(fd) < 0) {
-        int e = errno;
-        close(fd);
-        return zn_set_error(-e, "checkpoint: fsync %s: %s", path, strerror(e));
-    }
-    if (close(fd) < 0)
-        return zn_set_error(-errno, "checkpoint: closing %s: %s", path, strerror(errno));
-    return 0;
-}
-
-int zn_ckpt__mkdir_p(const char *path)
-{
-    char p[ZN_CKPT_PATH];
-    if ((size_t)snprintf(p, sizeof p, "%s", path) >= sizeof p)
-        return zn_set_error(-ENAMETOOLONG, "checkpoint: path too long: %s", path);
-    for (char *c = p + 1;; c++) {
-        if (*c != '/' && *c)
-            continue;
-        char keep = *c;
-        *c = '\0';
-        if (mkdir(p, 0755) < 0 && errno != EEXIST)
-            return zn_set_error(-errno, "checkpoint: creating folder %s: %s", p, strerror(errno));
-        *c = keep;
-        if (!keep)
-            break;
-    }
-    struct stat st;
-    if (stat(path, &st) < 0 || !S_ISDIR(st.st_mode))
-        return zn_set_error(-ENOTDIR, "checkpoint: %s is not a folder", path);
-    return 0;
-}
-
+/* ---- small file helpers (fsync, mkdir -p and the durable replace are
+ * util/fs-impl.h's) ------------------------------------------------------*/
 int zn_ckpt__pread(int fd, const char *path, uint64_t off, void *buf, size_t len)
 {
     char *p = buf;
@@ -86,29 +49,8 @@ int zn_ckpt__write_small(const char *path, const char *data, size_t len)
     if (unlink(path) < 0 && errno != ENOENT)
         return zn_set_error(-errno, "checkpoint: removing the stale %s: %s", path,
                             strerror(errno));
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return zn_set_error(-errno, "checkpoint: creating %s: %s", path, strerror(errno));
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = write(fd, data + done, len - done);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            int e = n < 0 ? errno : EIO;
-            close(fd);
-            return zn_set_error(-e, "checkpoint: writing %s: %s", path, strerror(e));
-        }
-        done += (size_t)n;
-    }
-    if (fsync(fd) < 0) {
-        int e = errno;
-        close(fd);
-        return zn_set_error(-e, "checkpoint: fsync %s: %s", path, strerror(e));
-    }
-    if (close(fd) < 0)
-        return zn_set_error(-errno, "checkpoint: closing %s: %s", path, strerror(errno));
-    return 0;
+    int rc = zn_fs_write_new(path, data, len, 0644);
+    return rc ? zn_error_prefix(rc, "checkpoint") : 0;
 }
 
 /* Size and crc32c of a whole file. */

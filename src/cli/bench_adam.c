@@ -21,61 +21,13 @@
 #include "zinc/optim.h"
 #include "optim/optim-impl.h"
 #include "cli/cli.h"
+#include "cli/bench-adam-impl.h"
 #include "zinc/topo.h"
 #include "zn_build_config.h"
 
-#define NSAMPLE 4096
-#define MAX_ITERS 200
-#define SLAB_ALIGN ((size_t)2 << 20)   /* 2 MiB: transparent huge pages */
-#define ARRAY_STAGGER (SLAB_ALIGN + 4096)
-/* the hash seed of the bf16-master rows' stochastic rounding: fixed, so a
- * run's bits are reproducible (the step is each pass's Adam step) */
-#define SR_SEED 0x5eedull
-
-typedef struct {
-    size_t n;
-    int threads;
-    zn_dtype gt;
-    int copy;
-    zn_dtype ct;
-    int iters;
-    const char *csv;
-    unsigned fmts;               /* bit per zn_mom_fmt */
-    int sr;                      /* --master bf16_sr|all: the bf16-master rows too */
-} opts;
-
-typedef struct {
-    void *map;                   /* the mapping, for munmap */
-    size_t map_len;
-    char *slab;                  /* map rounded up to SLAB_ALIGN */
-    size_t slab_bytes;
-    float *p, *m, *v;
-    void *g;
-    uint16_t *c;
-    uint16_t *ps;                /* bf16 master weights (--master bf16_sr) */
-    uint16_t *mh, *vh;           /* bf16 moments (--states bf16) */
-    uint8_t *mq, *vq;            /* 8-bit codes and their blocks' absmax */
-    float *am, *av;
-} arrays;
-
-enum { ROW_RMW, ROW_TRIAD, ROW_ADAM, ROW_PLAIN };
-
-typedef struct {
-    int kind;
-    zn_mom_fmt fmt;
-    int sr;                      /* bf16 master (zn_adam_step_sr) and its roofline */
-    char name[24];               /* "adam avx2" */
-    const zn_optim_ops *ops;       /* ROW_ADAM: the path */
-    int is_auto;
-    double best_s, sum_s;
-    int runs;
-    double t[MAX_ITERS];           /* each pass's seconds, in pass order */
-    uint64_t wrong;
-} row;
-
 /* ---- data: a function of the element index ------------------------------- */
 
-static uint64_t mix(uint64_t x)
+uint64_t zn_ba_mix(uint64_t x)
 {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -87,7 +39,7 @@ static uint64_t mix(uint64_t x)
  * the replay can use a plain relative error. */
 static void init_elem(size_t i, float *p, float *m, float *v, float *g)
 {
-    uint64_t h = mix(i);
+    uint64_t h = zn_ba_mix(i);
     double s = (h & 1) ? 1.0 : -1.0;
     double u1 = (double)((h >> 1) & 0xfffff) / 0x100000, u2 = (double)((h >> 21) & 0xfffff) /
                                                               0x100000;
@@ -98,7 +50,7 @@ static void init_elem(size_t i, float *p, float *m, float *v, float *g)
     *g = (float)(s * (0.05 + u1 * u3));
 }
 
-static float grad_value(size_t i, zn_dtype gt)
+float zn_ba_grad_value(size_t i, zn_dtype gt)
 {
     float p, m, v, g;
     init_elem(i, &p, &m, &v, &g);
@@ -314,190 +266,6 @@ static void run_triad(const opts *o, const zn_optim_ops *ops, arrays *a)
     }
 }
 
-/* ---- verification: each pass's sampled elements against a double step ---- */
-
-/* Before every pass the sampled elements' p, m, v are kept; after it, one
- * Adam step in double from those values must land within TOL of what the
- * pass wrote (the roofline must leave them unchanged). Checking each pass
- * from its own start keeps one path's error out of the rows after it. */
-#define TOL 1e-6
-
-typedef struct {
-    size_t idx[NSAMPLE];
-    float before[NSAMPLE][3];    /* p, m, v before the pass */
-} sample;
-
-static void sample_init(sample *s, const opts *o)
-{
-    for (size_t k = 0; k < NSAMPLE; k++) {
-        /* both ends, each thread's split points, then spread at random */
-        size_t i = k < 2 ? (k ? o->n - 1 : 0) : (size_t)(mix(k * 7 + 3) % o->n);
-        if (k >= 2 && k < 2 + 2 * (size_t)o->threads) {
-            size_t lo, hi;
-            zn_optim_range(o->n, o->threads, (int)(k - 2) / 2, &lo, &hi);
-            i = (k & 1) ? (hi > lo ? hi - 1 : lo) : lo;
-            if (i >= o->n)
-                i = o->n - 1;
-        }
-        s->idx[k] = i;
-    }
-}
-
-/* element i's moments in format f, as fp32 (dequantized, widened) */
-static void moment_at(const arrays *a, zn_mom_fmt f, size_t i, float *m, float *v)
-{
-    if (f == ZN_MOM_F32) {
-        *m = a->m[i];
-        *v = a->v[i];
-    } else if (f == ZN_MOM_BF16) {
-        *m = zn_bf16_to_f32(a->mh[i]);
-        *v = zn_bf16_to_f32(a->vh[i]);
-    } else {
-        *m = zn_q8_map(1)[a->mq[i]] * a->am[i / ZN_Q8_BLOCK];
-        *v = zn_q8_map(0)[a->vq[i]] * a->av[i / ZN_Q8_BLOCK];
-    }
-}
-
-/* element i's parameter: the fp32 master, or the bf16 one (sr) widened */
-static float param_at(const arrays *a, int sr, size_t i)
-{
-    return sr ? zn_bf16_to_f32(a->ps[i]) : a->p[i];
-}
-
-static void sample_snap(sample *s, const arrays *a, zn_mom_fmt f, int sr)
-{
-    for (size_t k = 0; k < NSAMPLE; k++) {
-        size_t i = s->idx[k];
-        s->before[k][0] = param_at(a, sr, i);
-        moment_at(a, f, i, &s->before[k][1], &s->before[k][2]);
-    }
-}
-
-/* Whether the stored moment x (format f; for 8-bit, code c of a block with
- * the given absmax) is the format's rounding of the exact value want: bf16
- * within half an ulp (2^-9 relative, allowed 2^-8 for the fp32 step's own
- * error), 8-bit the map entry nearest to want / absmax (within 1e-6 of a
- * midpoint either side is right). */
-static int stored_ok(zn_mom_fmt f, int is_signed, float x, int c, float absmax, double want)
-{
-    if (f == ZN_MOM_BF16)
-        return fabs(x - want) <= 0x1p-8 * fabs(want) + 1e-38;
-    if (absmax == 0)
-        return want == 0;
-    const zn_q8_table *t = zn_q8_table_get(ZN_Q8_BNB, is_signed);
-    double y = want / absmax, tol = 1e-6;
-    if (fabs(y) > 1 + tol)
-        return 0;   /* the absmax is below this element's moment */
-    double below = c > 0 ? t->mid[c - 1] : -2.0, above = c < 255 ? t->mid[c] : 2.0;
-    return y >= below - tol && y <= above + tol;
-}
-
-/* The bf16 values next to x on the real line: *below <= x <= *above, both
- * x when it is a bf16 value. On the magnitude's bits: truncation goes
- * toward zero, one more unit away from it. */
-static void bf16_bracket(float x, float *below, float *above)
-{
-    uint32_t u = zn_f32_bits(x), t = u & 0xffff0000u;
-    float toward = zn_bits_f32(t), away = zn_bits_f32(t + 0x10000u);
-    if (t == u)
-        *below = *above = x;
-    else if (x > 0)
-        *below = toward, *above = away;
-    else
-        *below = away, *above = toward;
-}
-
-/* Whether the bf16 master's new value y (widened) is the stochastic
- * rounding of some fp32 result within [lo, hi]: one of the two bf16
- * neighbours of such a value, so any bf16 value from the one below lo
- * to the one above hi (both taken outward to fp32 first). */
-static int sr_ok(float y, double lo, double hi)
-{
-    float flo = (float)lo, fhi = (float)hi, below, above, above_lo, below_hi;
-    if ((double)flo > lo)
-        flo = nextafterf(flo, -INFINITY);
-    if ((double)fhi < hi)
-        fhi = nextafterf(fhi, INFINITY);
-    bf16_bracket(flo, &below, &above_lo);
-    bf16_bracket(fhi, &below_hi, &above);
-    return y >= below && y <= above;
-}
-
-static uint64_t sample_unchanged(const sample *s, const arrays *a, zn_mom_fmt f, int sr)
-{
-    uint64_t bad = 0;
-    for (size_t k = 0; k < NSAMPLE; k++) {
-        size_t i = s->idx[k];
-        float m, v, p = param_at(a, sr, i);
-        moment_at(a, f, i, &m, &v);
-        bad += memcmp(&s->before[k][0], &p, 4) || memcmp(&s->before[k][1], &m, 4) ||
-               memcmp(&s->before[k][2], &v, 4);
-    }
-    return bad;
-}
-
-/* Counts sampled elements whose p, m or v is off the double step by more
- * than TOL (relative to the larger of the value before and after: p moves
- * by about lr a step and may pass near zero), or whose copy is not the
- * rounding of p. A bf16 master (sr) is stepped by the same fp32 kernel,
- * so its fp32 result lies within TOL of the double one; what is stored
- * is either bf16 neighbour of that result (sr_ok). */
-static uint64_t sample_step(const sample *s, const opts *o, const arrays *a,
-                            const zn_adam_params *hp, float g_scale, zn_mom_fmt f, int sr)
-{
-    double b1 = hp->beta1, b2 = hp->beta2, lr = hp->lr, wd = hp->weight_decay, eps = hp->eps;
-    double bc1 = hp->bias_correction ? 1 - pow(b1, (double)hp->step) : 1;
-    double bc2 = hp->bias_correction ? 1 - pow(b2, (double)hp->step) : 1;
-    uint64_t bad = 0;
-    for (size_t k = 0; k < NSAMPLE; k++) {
-        size_t i = s->idx[k];
-        double p0 = s->before[k][0], m0 = s->before[k][1], v0 = s->before[k][2];
-        double g = (double)grad_value(i, o->gt) * g_scale;
-        if (wd != 0 && !hp->adamw_mode)
-            g += wd * p0;
-        double m = b1 * m0 + (1 - b1) * g;
-        double v = b2 * v0 + (1 - b2) * g * g;
-        double dec = wd != 0 && hp->adamw_mode ? lr * wd * p0 : 0;
-        double p = p0 - (lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps) + dec);
-        double tol_p = TOL * fmax(fabs(p0), fabs(p));
-        int ok = sr ? sr_ok(param_at(a, 1, i), p - tol_p, p + tol_p)
-                    : fabs(a->p[i] - p) <= tol_p;
-        if (f == ZN_MOM_F32) {
-            double em = fabs(a->m[i] - m) / fmax(fabs(m0), fabs(m));
-            double ev = fabs(a->v[i] - v) / fmax(fabs(v0), fabs(v));
-            ok = ok && em <= TOL && ev <= TOL;
-        } else {
-            float mx, vx;
-            moment_at(a, f, i, &mx, &vx);
-            size_t b = i / ZN_Q8_BLOCK;
-            ok = ok &&
-                 stored_ok(f, 1, mx, a->mq ? a->mq[i] : 0, a->am ? a->am[b] : 0, m) &&
-                 stored_ok(f, 0, vx, a->vq ? a->vq[i] : 0, a->av ? a->av[b] : 0, v);
-        }
-        if (ok && a->c && !sr) {
-            uint16_t want = o->ct == ZN_DTYPE_BF16 ? zn_f32_to_bf16(a->p[i])
-                                                    : zn_f32_to_f16(a->p[i]);
-            ok = a->c[i] == want;
-        }
-        bad += !ok;
-    }
-    return bad;
-}
-
-/* After the last step: every copy element is the rounding of its p. */
-static uint64_t full_copy_check(const opts *o, const arrays *a)
-{
-    uint64_t bad = 0;
-    if (!a->c)
-        return 0;
-#pragma omp parallel for num_threads(o->threads) schedule(static) reduction(+ : bad)
-    for (size_t i = 0; i < o->n; i++) {
-        uint16_t want = o->ct == ZN_DTYPE_BF16 ? zn_f32_to_bf16(a->p[i]) : zn_f32_to_f16(a->p[i]);
-        bad += a->c[i] != want || !isfinite(a->p[i]);
-    }
-    return bad;
-}
-
 /* ---- output ---------------------------------------------------------------- */
 
 static int cmp_double(const void *a, const void *b)
@@ -616,11 +384,15 @@ static void usage(FILE *f)
             "the default; ZINC_SIMD_VBMI=0 turns it off) and avx512 (gathers) both.\n");
 }
 
-int zn_bench_adam(int argc, char **argv)
+/* ---- the command ------------------------------------------------------------ */
+
+/* Parses the command line into *o. Returns -1 to go on, or the exit code
+ * to return at once: 0 after --help, 2 on bad usage. */
+static int parse_opts(int argc, char **argv, opts *o)
 {
-    opts o = { .n = (size_t)256 << 20, .threads = omp_get_max_threads(), .gt = ZN_DTYPE_F32,
-               .copy = 0, .ct = ZN_DTYPE_BF16, .iters = 5, .csv = NULL,
-               .fmts = 1u << ZN_MOM_F32 };
+    *o = (opts){ .n = (size_t)256 << 20, .threads = omp_get_max_threads(), .gt = ZN_DTYPE_F32,
+                 .copy = 0, .ct = ZN_DTYPE_BF16, .iters = 5, .csv = NULL,
+                 .fmts = 1u << ZN_MOM_F32 };
     static const struct option lo[] = {
         { "params", required_argument, 0, 'n' }, { "threads", required_argument, 0, 't' },
         { "grad", required_argument, 0, 'g' },   { "copy", required_argument, 0, 'c' },
@@ -641,42 +413,42 @@ int zn_bench_adam(int argc, char **argv)
                         optarg);
                 return 2;
             }
-            o.n = (size_t)u;
+            o->n = (size_t)u;
             break;
         case 't':
-            o.threads = (int)strtol(optarg, &end, 10);
-            if (*end || o.threads < 1 || o.threads > 4096) {
+            o->threads = (int)strtol(optarg, &end, 10);
+            if (*end || o->threads < 1 || o->threads > 4096) {
                 fprintf(stderr, "zinc: error: --threads wants a count >= 1, not '%s'\n", optarg);
                 return 2;
             }
             break;
         case 'g':
-            if (parse_dtype(optarg, 0, &on, &o.gt)) {
+            if (parse_dtype(optarg, 0, &on, &o->gt)) {
                 fprintf(stderr, "zinc: error: --grad wants fp32, bf16 or fp16\n");
                 return 2;
             }
             break;
         case 'c':
-            if (parse_dtype(optarg, 1, &o.copy, &o.ct) || o.ct == ZN_DTYPE_F32) {
+            if (parse_dtype(optarg, 1, &o->copy, &o->ct) || o->ct == ZN_DTYPE_F32) {
                 fprintf(stderr, "zinc: error: --copy wants none, bf16 or fp16\n");
                 return 2;
             }
             break;
         case 'i':
-            o.iters = (int)strtol(optarg, &end, 10);
-            if (*end || o.iters < 1 || o.iters > MAX_ITERS) {
+            o->iters = (int)strtol(optarg, &end, 10);
+            if (*end || o->iters < 1 || o->iters > MAX_ITERS) {
                 fprintf(stderr, "zinc: error: --iters wants 1..%d\n", MAX_ITERS);
                 return 2;
             }
             break;
         case 'o':
-            o.csv = optarg;
+            o->csv = optarg;
             break;
         case 'N':
             zn_optim_nt_copy = strcmp(optarg, "0") != 0;
             break;
         case 's':
-            if (parse_states(optarg, &o.fmts)) {
+            if (parse_states(optarg, &o->fmts)) {
                 fprintf(stderr, "zinc: error: --states wants a comma list of fp32, bf16, int8 "
                         "(or all), not '%s'\n", optarg);
                 return 2;
@@ -686,9 +458,9 @@ int zn_bench_adam(int argc, char **argv)
             /* the fp32-master rows always run: the sr rows are compared
              * with them, as --states keeps fp32 */
             if (!strcmp(optarg, "fp32")) {
-                o.sr = 0;
+                o->sr = 0;
             } else if (!strcmp(optarg, "bf16_sr") || !strcmp(optarg, "all")) {
-                o.sr = 1;
+                o->sr = 1;
             } else {
                 fprintf(stderr, "zinc: error: --master wants fp32, bf16_sr or all, not '%s'\n",
                         optarg);
@@ -704,105 +476,130 @@ int zn_bench_adam(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    return -1;
+}
 
-    arrays a = { 0 };
-    int rc = alloc_arrays(&o, &a);
-    if (rc < 0)
-        return zn_cli_fail(rc, "bench adam");
+/* the SIMD paths, widest first: the ceilings run on the first one there */
+static const zn_isa isas[] = { ZN_ISA_AVX512, ZN_ISA_AVX2, ZN_ISA_SCALAR };
+#define N_ISAS (sizeof isas / sizeof isas[0])
+#define MAX_ROWS 32
 
-    /* the rows: per state format its roofline and a row per SIMD path;
-     * the triad once; the plain loop for fp32; with --master bf16_sr the
-     * same per format for the bf16 master after the fp32-master ones (at
-     * most 28: 13 per master, the plain loop and the triad) */
-    row rows[32];
+/* The op tables the rows name: the one ZINC_SIMD/auto picks for the step
+ * (its rows marked *), and the widest one, which the ceilings run on. */
+typedef struct {
+    const zn_optim_ops *best;
+    const zn_optim_ops *widest;
+} paths;
+
+static paths find_paths(void)
+{
+    paths ps = { .best = zn_optim_get_ops(ZN_ISA_AUTO), .widest = NULL };
+    for (size_t i = 0; i < N_ISAS && !ps.widest; i++)
+        ps.widest = zn_optim_get_ops(isas[i]);
+    if (ps.widest && ps.widest->isa == ZN_ISA_AVX512)
+        ps.widest = zn_optim_get_ops_novbmi();   /* the same ceilings, by their own name */
+    return ps;
+}
+
+/* The step rows of format f and master sr (sr: the bf16 one): one per
+ * SIMD path of this CPU, two for AVX-512 int8 with VBMI. Returns nrows. */
+static int add_adam_rows(row *rows, int nrows, const paths *ps, zn_mom_fmt f, int sr)
+{
+    const char *fname = zn_mom_fmt_name(f), *ms = sr ? " sr" : "";
+    for (size_t i = 0; i < N_ISAS; i++) {
+        const zn_optim_ops *ops = zn_optim_get_ops(isas[i]), *chosen = ops;
+        if (!ops)
+            continue;
+        /* The VBMI table differs from the AVX-512 one only in the
+         * 8-bit pieces: fp32 and bf16 rows name the AVX-512 one;
+         * int8 rows time both, so that one run compares them. */
+        const zn_optim_ops *no_vbmi = zn_optim_get_ops_novbmi();
+        int vbmi = isas[i] == ZN_ISA_AVX512 && ops != no_vbmi;
+        if (vbmi && f != ZN_MOM_Q8)
+            ops = no_vbmi;
+        for (int twice = 0; twice < 1 + (vbmi && f == ZN_MOM_Q8); twice++) {
+            const zn_optim_ops *x = twice ? no_vbmi : ops;
+            row r = { .kind = ROW_ADAM, .fmt = f, .sr = sr, .ops = x,
+                      .is_auto = chosen == ps->best && !twice };
+            snprintf(r.name, sizeof r.name, f == ZN_MOM_F32 ? "adam%s %s" : "adam%s %s %s", ms,
+                     f == ZN_MOM_F32 ? x->name : fname, x->name);
+            rows[nrows++] = r;
+        }
+    }
+    return nrows;
+}
+
+/* The rows: per state format its roofline and a row per SIMD path; the
+ * triad once (first: rows[0]); the plain loop for fp32; with --master
+ * bf16_sr the same per format for the bf16 master after the fp32-master
+ * ones (at most 28: 13 per master, the plain loop and the triad). Returns
+ * the number of rows. */
+static int plan_rows(const opts *o, const paths *ps, row rows[MAX_ROWS])
+{
     int nrows = 0;
-    /* the ceilings run on the widest path the CPU has, whatever ZINC_SIMD
-     * picked for the step (marked *) */
-    static const zn_isa isas[] = { ZN_ISA_AVX512, ZN_ISA_AVX2, ZN_ISA_SCALAR };
-    const zn_optim_ops *best = zn_optim_get_ops(ZN_ISA_AUTO), *widest = NULL;
-    for (size_t i = 0; i < 3 && !widest; i++)
-        widest = zn_optim_get_ops(isas[i]);
-    if (widest && widest->isa == ZN_ISA_AVX512)
-        widest = zn_optim_get_ops_novbmi();   /* the same ceilings, by their own name */
-    rows[nrows++] = (row){ .kind = ROW_TRIAD, .name = "triad", .ops = widest };
+    rows[nrows++] = (row){ .kind = ROW_TRIAD, .name = "triad", .ops = ps->widest };
     for (int f = ZN_MOM_F32; f <= ZN_MOM_Q8; f++) {
-        if (!((o.fmts >> f) & 1))
+        if (!((o->fmts >> f) & 1))
             continue;
         const char *fname = zn_mom_fmt_name((zn_mom_fmt)f);
-        for (int sr = 0; sr <= o.sr; sr++) {
+        for (int sr = 0; sr <= o->sr; sr++) {
             const char *ms = sr ? " sr" : "";
-            row rr = { .kind = ROW_RMW, .fmt = (zn_mom_fmt)f, .sr = sr, .ops = widest };
+            row rr = { .kind = ROW_RMW, .fmt = (zn_mom_fmt)f, .sr = sr, .ops = ps->widest };
             snprintf(rr.name, sizeof rr.name, f == ZN_MOM_F32 ? "rmw%s" : "rmw%s %s", ms, fname);
             rows[nrows++] = rr;
-            for (size_t i = 0; i < 3; i++) {
-                const zn_optim_ops *ops = zn_optim_get_ops(isas[i]), *chosen = ops;
-                if (!ops)
-                    continue;
-                /* The VBMI table differs from the AVX-512 one only in the
-                 * 8-bit pieces: fp32 and bf16 rows name the AVX-512 one;
-                 * int8 rows time both, so that one run compares them. */
-                const zn_optim_ops *no_vbmi = zn_optim_get_ops_novbmi();
-                int vbmi = isas[i] == ZN_ISA_AVX512 && ops != no_vbmi;
-                if (vbmi && f != ZN_MOM_Q8)
-                    ops = no_vbmi;
-                for (int twice = 0; twice < 1 + (vbmi && f == ZN_MOM_Q8); twice++) {
-                    const zn_optim_ops *x = twice ? no_vbmi : ops;
-                    row r = { .kind = ROW_ADAM, .fmt = (zn_mom_fmt)f, .sr = sr, .ops = x,
-                              .is_auto = chosen == best && !twice };
-                    snprintf(r.name, sizeof r.name,
-                             f == ZN_MOM_F32 ? "adam%s %s" : "adam%s %s %s", ms,
-                             f == ZN_MOM_F32 ? x->name : fname, x->name);
-                    rows[nrows++] = r;
-                }
-            }
+            nrows = add_adam_rows(rows, nrows, ps, (zn_mom_fmt)f, sr);
             if (f == ZN_MOM_F32 && !sr)
                 rows[nrows++] = (row){ .kind = ROW_PLAIN, .name = "plain" };
         }
     }
+    return nrows;
+}
 
-    size_t gs = zn_dtype_size(o.gt);
-    double bytes_pp = bytes_per_param(&o, ZN_MOM_F32, 0);
-
-    char model[256], thp[32], sz[32];
-    zn_cpu_model(model, sizeof model);
+/* The '#' lines before the timing: the machine, the build, the options,
+ * the bytes each row moves and how #wrong is counted. */
+static void print_header(const opts *o, const arrays *a, const paths *ps, const char *model)
+{
+    char thp[32], sz[32];
+    size_t gs = zn_dtype_size(o->gt);
+    double bytes_pp = bytes_per_param(o, ZN_MOM_F32, 0);
     thp_mode(thp, sizeof thp);
-    zn_format_size(a.slab_bytes, sz, sizeof sz);
+    zn_format_size(a->slab_bytes, sz, sizeof sz);
     printf("# zinc bench adam: fused CPU Adam/AdamW step vs the read-modify-write roofline\n");
     printf("# machine: %s, %ld CPUs online; SIMD paths here:", model,
            sysconf(_SC_NPROCESSORS_ONLN));
-    for (size_t i = 0; i < 3; i++)
+    for (size_t i = 0; i < N_ISAS; i++)
         printf(" %s%s", zn_isa_name(isas[i]), zn_adam_isa_available(isas[i]) ? "" : "(no)");
     printf("; the step uses %s (%s)", zn_adam_isa_name(), zn_adam_isa_reason());
     if (zn_optim_get_ops_vbmi())
-        printf("; AVX-512 VBMI: 8-bit pieces %s", best == zn_optim_get_ops_vbmi()
+        printf("; AVX-512 VBMI: 8-bit pieces %s", ps->best == zn_optim_get_ops_vbmi()
                ? "by byte permutes (ZINC_SIMD_VBMI=0 turns them off)" : "off (ZINC_SIMD_VBMI=0)");
     printf("\n# zinc %s, gcc %s, OpenMP %d, %d threads, THP %s\n", ZN_VERSION, __VERSION__,
-           _OPENMP, o.threads, thp);
+           _OPENMP, o->threads, thp);
     printf("# %zu params, grad %s, copy %s%s, %d interleaved passes per row (best and mean "
-           "shown), memory %s\n", o.n, zn_dtype_name(o.gt),
-           o.copy ? zn_dtype_name(o.ct) : "none",
-           o.copy ? (zn_optim_nt_copy ? " (streaming stores)" : " (ordinary stores)") : "",
-           o.iters, sz);
+           "shown), memory %s\n", o->n, zn_dtype_name(o->gt),
+           o->copy ? zn_dtype_name(o->ct) : "none",
+           o->copy ? (zn_optim_nt_copy ? " (streaming stores)" : " (ordinary stores)") : "",
+           o->iters, sz);
     printf("# one mmap'd slab (THP advised), arrays staggered by 2 MiB + 4 KiB, first-touched "
-           "with the kernel's threads and split; ceilings run on %s\n", widest->name);
+           "with the kernel's threads and split; ceilings run on %s\n", ps->widest->name);
     printf("# bytes per param: read p 4 + g %zu + m 4 + v 4, write p 4 + m 4 + v 4%s = %.0f "
            "(rmw moves the same; triad: 12 per element over the same memory)\n", gs,
-           o.copy ? " + copy 2" : "", bytes_pp);
-    if (o.fmts & (1u << ZN_MOM_BF16))
+           o->copy ? " + copy 2" : "", bytes_pp);
+    if (o->fmts & (1u << ZN_MOM_BF16))
         printf("# bf16 moments: m and v 2 bytes each way: %.0f bytes per param (rmw bf16 moves "
-               "the same)\n", bytes_per_param(&o, ZN_MOM_BF16, 0));
-    if (o.fmts & (1u << ZN_MOM_Q8))
+               "the same)\n", bytes_per_param(o, ZN_MOM_BF16, 0));
+    if (o->fmts & (1u << ZN_MOM_Q8))
         printf("# int8 moments: m and v 1 byte each way + 2 absmax of 4 bytes each way per %d "
                "params: %.4g bytes per param (rmw int8 moves the same)\n", ZN_Q8_BLOCK,
-               bytes_per_param(&o, ZN_MOM_Q8, 0));
-    if (o.sr) {
+               bytes_per_param(o, ZN_MOM_Q8, 0));
+    if (o->sr) {
         printf("# bf16 master (sr rows, zn_adam_step_sr): read p 2 + g %zu + m, v, write p 2 + "
                "m, v, no 16-bit copy (the bf16 master is the working copy: --copy does not "
                "apply to them):", gs);
         for (int f = ZN_MOM_F32; f <= ZN_MOM_Q8; f++)
-            if ((o.fmts >> f) & 1)
+            if ((o->fmts >> f) & 1)
                 printf("%s %s moments %.4g", f == ZN_MOM_F32 ? "" : ",",
-                       zn_mom_fmt_name((zn_mom_fmt)f), bytes_per_param(&o, (zn_mom_fmt)f, 1));
+                       zn_mom_fmt_name((zn_mom_fmt)f), bytes_per_param(o, (zn_mom_fmt)f, 1));
         printf(" bytes per param (rmw sr of each moves the same)\n");
         printf("# sr rounding: 16 random bits per element from zn_sr_bits(seed %#llx, step, "
                "index): seed fixed, step each pass's Adam step (counted over all rows), index "
@@ -813,103 +610,158 @@ int zn_bench_adam(int argc, char **argv)
            "int8 moments: p as fp32; m, v the format's rounding of the double result), plus "
            "every copy element at the end\n",
            NSAMPLE);
-    if (o.sr)
+    if (o->sr)
         printf("# #wrong of sr rows: p must be one of the two bf16 neighbours of some value "
                "within %g (relative) of the double result, the fp32 kernel's bound; m, v as "
                "above\n", TOL);
     fflush(stdout);
+}
 
-    double t0 = zn_now_s();
-    fill(&o, &a);
-    double fill_s = zn_now_s() - t0;
+/* one timed pass of w took dt seconds */
+static void record_pass(row *w, double dt)
+{
+    w->t[w->runs] = dt;
+    w->best_s = fmin(w->best_s, dt);
+    w->sum_s += dt;
+    w->runs++;
+}
 
-    /* the triad first: it overwrites the data, which is filled again after */
-    row *tr = &rows[0];
+/* The triad's passes, then a check of a sample of a = b + 3c (the last
+ * pass wrote a from b, c). It overwrites the data: fill again after. */
+static void time_triad(const opts *o, arrays *a, row *tr)
+{
     tr->best_s = INFINITY;
-    size_t tn = triad_len(&a);
-    for (int it = 0; it < o.iters; it++) {
+    size_t tn = triad_len(a);
+    for (int it = 0; it < o->iters; it++) {
         double s0 = zn_now_s();
-        run_triad(&o, tr->ops, &a);
-        double dt = zn_now_s() - s0;
-        tr->t[tr->runs] = dt;
-        tr->best_s = fmin(tr->best_s, dt);
-        tr->sum_s += dt;
-        tr->runs++;
+        run_triad(o, tr->ops, a);
+        record_pass(tr, zn_now_s() - s0);
     }
-    {
-        /* check a sample of a = b + 3c (the last pass wrote a from b, c) */
-        const float *x = (float *)a.slab, *y = x + tn, *z = y + tn;
-        for (size_t k = 0; k < NSAMPLE; k++) {
-            size_t i = (size_t)(mix(k + 99) % tn);
-            double want = (double)y[i] + 3.0 * (double)z[i];
-            if (!(fabs((double)y[i]) < 1e30 && fabs((double)z[i]) < 1e30))
-                continue;   /* 8-bit codes and bf16 pairs read as floats: NaN, Inf, huge */
-            /* one rounding of the terms' magnitude (they may cancel) */
-            double mag = fabs((double)y[i]) + 3.0 * fabs((double)z[i]);
-            tr->wrong += !(fabs(x[i] - want) <= 1e-6 * mag + 1e-30);
-        }
+    const float *x = (float *)a->slab, *y = x + tn, *z = y + tn;
+    for (size_t k = 0; k < NSAMPLE; k++) {
+        size_t i = (size_t)(zn_ba_mix(k + 99) % tn);
+        double want = (double)y[i] + 3.0 * (double)z[i];
+        if (!(fabs((double)y[i]) < 1e30 && fabs((double)z[i]) < 1e30))
+            continue;   /* 8-bit codes and bf16 pairs read as floats: NaN, Inf, huge */
+        /* one rounding of the terms' magnitude (they may cancel) */
+        double mag = fabs((double)y[i]) + 3.0 * fabs((double)z[i]);
+        tr->wrong += !(fabs(x[i] - want) <= 1e-6 * mag + 1e-30);
     }
-    fill(&o, &a);
+}
 
+/* One pass of row w (not the triad): its roofline or its Adam step.
+ * Returns 0 or the step's negative code. */
+static int run_row(const opts *o, arrays *a, const row *w, const zn_adam_params *hp)
+{
+    if (w->kind == ROW_RMW && w->sr) {
+        run_rmw_sr(o, w->ops, a, w->fmt);
+        return 0;
+    }
+    if (w->kind == ROW_RMW) {
+        run_rmw(o, w->ops, a, w->fmt);
+        return 0;
+    }
+    if (w->sr) {
+        zn_moments mv = moments_of(a, w->fmt);
+        return zn_adam_step_sr_with(w->ops, hp, a->ps, &mv, a->g, o->gt, 1.0f, SR_SEED, 0,
+                                    o->n);
+    }
+    if (w->fmt != ZN_MOM_F32) {
+        zn_moments mv = moments_of(a, w->fmt);
+        return zn_adam_step_mom_with(w->ops, hp, a->p, &mv, a->g, o->gt, 1.0f, a->c, o->ct,
+                                     o->n);
+    }
+    zn_adam_kernel_fn k = w->kind == ROW_PLAIN ? zn_adam_plain_kernel : w->ops->adam;
+    return zn_adam_step_with(k, hp, a->p, a->m, a->v, a->g, o->gt, 1.0f, a->c, o->ct, o->n);
+}
+
+/* The interleaved passes of every row after the triad, each verified on
+ * the sampled elements; *hp is the step's hyperparameters, its step one
+ * past the last step taken; *last_step the last row whose step wrote the
+ * copy (-1: none). Returns 0 or a step's negative code. */
+static int time_rows(const opts *o, arrays *a, row *rows, int nrows, zn_adam_params *hp,
+                     int *last_step)
+{
     sample smp;
-    sample_init(&smp, &o);
-    zn_adam_params hp = zn_adam_params_default();
-    hp.weight_decay = 0.01f;
-    hp.threads = o.threads;
-    hp.step = 1;
+    zn_ba_sample_init(&smp, o);
+    *hp = zn_adam_params_default();
+    hp->weight_decay = 0.01f;
+    hp->threads = o->threads;
+    hp->step = 1;
     for (int r = 1; r < nrows; r++)
         rows[r].best_s = INFINITY;
-    int failed = 0, last_step = -1;
-    for (int it = 0; it < o.iters && !failed; it++) {
+    *last_step = -1;
+    for (int it = 0; it < o->iters; it++) {
         for (int r = 1; r < nrows; r++) {
             row *w = &rows[r];
-            sample_snap(&smp, &a, w->fmt, w->sr);
+            zn_ba_sample_snap(&smp, a, w->fmt, w->sr);
             double s0 = zn_now_s();
-            if (w->kind == ROW_RMW && w->sr) {
-                run_rmw_sr(&o, w->ops, &a, w->fmt);
-            } else if (w->kind == ROW_RMW) {
-                run_rmw(&o, w->ops, &a, w->fmt);
-            } else if (w->sr) {
-                zn_moments mv = moments_of(&a, w->fmt);
-                rc = zn_adam_step_sr_with(w->ops, &hp, a.ps, &mv, a.g, o.gt, 1.0f, SR_SEED, 0,
-                                          o.n);
-            } else if (w->fmt != ZN_MOM_F32) {
-                zn_moments mv = moments_of(&a, w->fmt);
-                rc = zn_adam_step_mom_with(w->ops, &hp, a.p, &mv, a.g, o.gt, 1.0f, a.c, o.ct,
-                                           o.n);
-            } else {
-                zn_adam_kernel_fn k = w->kind == ROW_PLAIN ? zn_adam_plain_kernel : w->ops->adam;
-                rc = zn_adam_step_with(k, &hp, a.p, a.m, a.v, a.g, o.gt, 1.0f, a.c, o.ct, o.n);
-            }
-            if (rc < 0) {
-                failed = 1;
-                break;
-            }
-            double dt = zn_now_s() - s0;
-            w->t[w->runs] = dt;
-            w->best_s = fmin(w->best_s, dt);
-            w->sum_s += dt;
-            w->runs++;
+            int rc = run_row(o, a, w, hp);
+            if (rc < 0)
+                return rc;
+            record_pass(w, zn_now_s() - s0);
             if (w->kind == ROW_RMW) {
-                w->wrong += sample_unchanged(&smp, &a, w->fmt, w->sr);
+                w->wrong += zn_ba_sample_unchanged(&smp, a, w->fmt, w->sr);
             } else {
-                w->wrong += sample_step(&smp, &o, &a, &hp, 1.0f, w->fmt, w->sr);
-                hp.step++;
+                w->wrong += zn_ba_sample_step(&smp, o, a, hp, 1.0f, w->fmt, w->sr);
+                hp->step++;
                 if (!w->sr)
-                    last_step = r;   /* sr rows write no copy */
+                    *last_step = r;   /* sr rows write no copy */
             }
         }
     }
-    if (failed) {
-        munmap(a.map, a.map_len);
-        return zn_cli_fail(rc, "bench adam");
-    }
-    uint64_t copy_bad = full_copy_check(&o, &a);
-    if (last_step >= 0)
-        rows[last_step].wrong += copy_bad;   /* the last step wrote every copy element */
+    return 0;
+}
 
-    printf("# (fill/first touch %.2f s; %d Adam steps taken; copy check: %llu of %zu wrong)\n",
-           fill_s, (int)(hp.step - 1), (unsigned long long)copy_bad, a.c ? o.n : (size_t)0);
+/* a row's figures in the table */
+typedef struct {
+    double mps, gbs, roof_gbs, ratio, med, vs;
+} row_figures;
+
+static row_figures figures_of(const opts *o, const arrays *a, const row *rows, int nrows,
+                              const row *w)
+{
+    /* this row's own roofline: the rmw row of its format and master
+     * (the triad: the fp32 one) */
+    const row *roof = NULL, *f32 = NULL;
+    for (int q = 0; q < nrows; q++) {
+        const row *x = &rows[q];
+        if (x->kind == ROW_RMW && x->fmt == w->fmt && x->sr == w->sr && !roof)
+            roof = x;
+        /* the same path: the same table, or AVX-512 with or without VBMI */
+        int same = x->ops == w->ops || (x->ops && w->ops && x->ops->isa == w->ops->isa);
+        /* sr rows: the fp32-master row of the same table and format */
+        int base = w->sr ? x->fmt == w->fmt && x->ops == w->ops
+                         : x->fmt == ZN_MOM_F32 && same;
+        if (x->kind == w->kind && !x->sr && base && !f32)
+            f32 = x;
+    }
+    row_figures fg;
+    size_t tn = triad_len(a);
+    double bytes_pp = bytes_per_param(o, ZN_MOM_F32, 0);
+    double bpp = bytes_per_param(o, w->fmt, w->sr);
+    if (w->kind == ROW_TRIAD) {
+        fg.gbs = 12.0 * (double)tn / w->best_s / 1e9;
+        fg.mps = fg.gbs * 1e9 / bytes_pp / 1e6;   /* the params/s this bandwidth would give */
+    } else {
+        fg.mps = (double)o->n / w->best_s / 1e6;
+        fg.gbs = bpp * (double)o->n / w->best_s / 1e9;
+    }
+    fg.roof_gbs = roof ? bpp * (double)o->n / roof->best_s / 1e9 : NAN;
+    fg.ratio = fg.gbs / fg.roof_gbs;
+    double w_bytes = w->kind == ROW_TRIAD ? 12.0 * (double)tn : bpp * (double)o->n;
+    fg.med = roof ? median_ratio(roof, w, w_bytes, bpp * (double)o->n) : NAN;
+    /* params/s over the fp32 row of the same kind and path */
+    fg.vs = f32 && w->kind != ROW_TRIAD ? f32->best_s / w->best_s : NAN;
+    return fg;
+}
+
+/* The table (and with --csv a line per row in FILE) and the notes under
+ * it; *wrong_total the sum of #wrong. Returns 0, or -errno when FILE does
+ * not open. */
+static int print_table(const opts *o, const arrays *a, const row *rows, int nrows,
+                       const char *model, uint64_t *wrong_total)
+{
     /* the label column: 22 wide, wider for longer names (sr rows) */
     int lw = 22;
     for (int r = 0; r < nrows; r++) {
@@ -919,69 +771,84 @@ int zn_bench_adam(int argc, char **argv)
     printf("#\n# %-*s %10s %8s %10s %7s %7s %8s %9s %9s %7s\n", lw, "row", "Mparam/s", "GB/s",
            "roof GB/s", "ratio", "med", "x fp32", "best ms", "mean ms", "#wrong");
     FILE *csv = NULL;
-    if (o.csv && !(csv = zn_bench_csv_open(o.csv, "unix_time,cpu,threads,params,grad,copy,"
-                                           "nt_copy,states,row,auto,mparams_s,gbs,roof_gbs,"
-                                           "ratio,median_ratio,vs_fp32,best_ms,mean_ms,"
-                                           "wrong"))) {
-        munmap(a.map, a.map_len);
-        return zn_cli_fail(-errno, NULL);
-    }
-    uint64_t wrong_total = 0;
+    if (o->csv && !(csv = zn_bench_csv_open(o->csv, "unix_time,cpu,threads,params,grad,copy,"
+                                            "nt_copy,states,row,auto,mparams_s,gbs,roof_gbs,"
+                                            "ratio,median_ratio,vs_fp32,best_ms,mean_ms,"
+                                            "wrong")))
+        return -errno;
+    *wrong_total = 0;
     for (int r = 0; r < nrows; r++) {
-        row *w = &rows[r];
-        /* this row's own roofline: the rmw row of its format and master
-         * (the triad: the fp32 one) */
-        const row *roof = NULL, *f32 = NULL;
-        for (int q = 0; q < nrows; q++) {
-            const row *x = &rows[q];
-            if (x->kind == ROW_RMW && x->fmt == w->fmt && x->sr == w->sr && !roof)
-                roof = x;
-            /* the same path: the same table, or AVX-512 with or without VBMI */
-            int same = x->ops == w->ops || (x->ops && w->ops && x->ops->isa == w->ops->isa);
-            /* sr rows: the fp32-master row of the same table and format */
-            int base = w->sr ? x->fmt == w->fmt && x->ops == w->ops
-                             : x->fmt == ZN_MOM_F32 && same;
-            if (x->kind == w->kind && !x->sr && base && !f32)
-                f32 = x;
-        }
-        double bpp = bytes_per_param(&o, w->fmt, w->sr), mps, gbs;
-        if (w->kind == ROW_TRIAD) {
-            gbs = 12.0 * (double)tn / w->best_s / 1e9;
-            mps = gbs * 1e9 / bytes_pp / 1e6;   /* the params/s this bandwidth would give */
-        } else {
-            mps = (double)o.n / w->best_s / 1e6;
-            gbs = bpp * (double)o.n / w->best_s / 1e9;
-        }
-        double roof_gbs = roof ? bpp * (double)o.n / roof->best_s / 1e9 : NAN;
-        double ratio = gbs / roof_gbs;
-        double w_bytes = w->kind == ROW_TRIAD ? 12.0 * (double)tn : bpp * (double)o.n;
-        double med = roof ? median_ratio(roof, w, w_bytes, bpp * (double)o.n) : NAN;
-        /* params/s over the fp32 row of the same kind and path */
-        double vs = f32 && w->kind != ROW_TRIAD ? f32->best_s / w->best_s : NAN;
+        const row *w = &rows[r];
+        row_figures fg = figures_of(o, a, rows, nrows, w);
         char label[40];
         snprintf(label, sizeof label, "%s%s", w->name, w->is_auto ? " *" : "");
-        printf("  %-*s %10.1f %8.2f %10.2f %7.3f %7.3f %8.3f %9.1f %9.1f %7llu\n", lw, label, mps,
-               gbs, roof_gbs, ratio, med, vs, w->best_s * 1e3, w->sum_s / w->runs * 1e3,
-               (unsigned long long)w->wrong);
+        printf("  %-*s %10.1f %8.2f %10.2f %7.3f %7.3f %8.3f %9.1f %9.1f %7llu\n", lw, label,
+               fg.mps, fg.gbs, fg.roof_gbs, fg.ratio, fg.med, fg.vs, w->best_s * 1e3,
+               w->sum_s / w->runs * 1e3, (unsigned long long)w->wrong);
         if (csv)
             fprintf(csv, "%lld,\"%s\",%d,%zu,%s,%s,%d,%s,%s,%d,%.1f,%.3f,%.3f,%.4f,%.4f,%.4f,"
-                    "%.2f,%.2f,%llu\n", (long long)time(NULL), model, o.threads, o.n,
-                    zn_dtype_name(o.gt), o.copy ? zn_dtype_name(o.ct) : "none", zn_optim_nt_copy,
-                    zn_mom_fmt_name(w->fmt), w->name, w->is_auto, mps, gbs, roof_gbs, ratio, med,
-                    vs, w->best_s * 1e3, w->sum_s / w->runs * 1e3, (unsigned long long)w->wrong);
-        wrong_total += w->wrong;
+                    "%.2f,%.2f,%llu\n", (long long)time(NULL), model, o->threads, o->n,
+                    zn_dtype_name(o->gt), o->copy ? zn_dtype_name(o->ct) : "none",
+                    zn_optim_nt_copy, zn_mom_fmt_name(w->fmt), w->name, w->is_auto, fg.mps,
+                    fg.gbs, fg.roof_gbs, fg.ratio, fg.med, fg.vs, w->best_s * 1e3,
+                    w->sum_s / w->runs * 1e3, (unsigned long long)w->wrong);
+        *wrong_total += w->wrong;
     }
     printf("# ratio: best GB/s over the best GB/s of the roofline of the row's own bytes; med: "
            "median over passes of the ratio within one pass; x fp32: params/s over the fp32 "
            "row of the same path\n# triad's Mparam/s: the params/s its bandwidth would carry at "
-           "%.0f bytes each\n", bytes_pp);
-    if (o.sr)
+           "%.0f bytes each\n", bytes_per_param(o, ZN_MOM_F32, 0));
+    if (o->sr)
         printf("# sr rows: ratio over rmw sr of their moment format; x fp32: params/s over the "
                "fp32-master row of the same path and moment format (rmw sr: over rmw of its "
                "format)\n");
     if (csv && fclose(csv) != 0)
-        fprintf(stderr, "zinc: error: writing %s: %s\n", o.csv, strerror(errno));
+        fprintf(stderr, "zinc: error: writing %s: %s\n", o->csv, strerror(errno));
+    return 0;
+}
+
+int zn_bench_adam(int argc, char **argv)
+{
+    opts o;
+    int code = parse_opts(argc, argv, &o);
+    if (code >= 0)
+        return code;
+
+    arrays a = { 0 };
+    int rc = alloc_arrays(&o, &a);
+    if (rc < 0)
+        return zn_cli_fail(rc, "bench adam");
+
+    row rows[MAX_ROWS];
+    paths ps = find_paths();
+    int nrows = plan_rows(&o, &ps, rows);
+    char model[256];
+    zn_cpu_model(model, sizeof model);
+    print_header(&o, &a, &ps, model);
+
+    double t0 = zn_now_s();
+    fill(&o, &a);
+    double fill_s = zn_now_s() - t0;
+    time_triad(&o, &a, &rows[0]);
+    fill(&o, &a);
+
+    zn_adam_params hp;
+    int last_step;
+    if ((rc = time_rows(&o, &a, rows, nrows, &hp, &last_step)) < 0) {
+        munmap(a.map, a.map_len);
+        return zn_cli_fail(rc, "bench adam");
+    }
+    uint64_t copy_bad = zn_ba_full_copy_check(&o, &a);
+    if (last_step >= 0)
+        rows[last_step].wrong += copy_bad;   /* the last step wrote every copy element */
+
+    printf("# (fill/first touch %.2f s; %d Adam steps taken; copy check: %llu of %zu wrong)\n",
+           fill_s, (int)(hp.step - 1), (unsigned long long)copy_bad, a.c ? o.n : (size_t)0);
+    uint64_t wrong_total = 0;
+    rc = print_table(&o, &a, rows, nrows, model, &wrong_total);
     munmap(a.map, a.map_len);
+    if (rc < 0)
+        return zn_cli_fail(rc, NULL);
     if (wrong_total) {
         fprintf(stderr, "zinc: error: bench adam: %llu wrong results\n",
                 (unsigned long long)wrong_total);

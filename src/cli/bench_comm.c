@@ -224,17 +224,18 @@ static int bench_fail(zn_comm *c, int rc, const char *what)
     return 1;
 }
 
-int zn_bench_comm(int argc, char **argv)
+/* Parses the command line into *o. Returns -1 to go on, or the exit code
+ * to return at once: 0 after --help, 2 on bad usage. */
+static int parse_opts(int argc, char **argv, opts *o)
 {
-    opts o;
-    memset(&o, 0, sizeof o);
-    parse_sizes("1M..1G", &o);
+    memset(o, 0, sizeof *o);
+    parse_sizes("1M..1G", o);
     for (int i = 0; i < N_OPS; i++)
-        o.ops[i] = 1;
-    o.dt = ZN_DTYPE_F32;
-    o.iters = 0;
-    o.warmup = 2;
-    o.timeout = 120;
+        o->ops[i] = 1;
+    o->dt = ZN_DTYPE_F32;
+    o->iters = 0;
+    o->warmup = 2;
+    o->timeout = 120;
     static const struct option lo[] = {
         { "sizes", required_argument, NULL, 's' }, { "ops", required_argument, NULL, 'o' },
         { "dtype", required_argument, NULL, 't' }, { "iters", required_argument, NULL, 'n' },
@@ -248,14 +249,14 @@ int zn_bench_comm(int argc, char **argv)
         char *end;
         switch (ch) {
         case 's':
-            if (parse_sizes(optarg, &o)) {
+            if (parse_sizes(optarg, o)) {
                 fprintf(stderr, "zinc: error: --sizes \"%s\": want A..B or a list (4K,1M)\n",
                         optarg);
                 return 2;
             }
             break;
         case 'o':
-            if (parse_ops(optarg, &o)) {
+            if (parse_ops(optarg, o)) {
                 fprintf(stderr, "zinc: error: --ops \"%s\": allgather, reducescatter, "
                         "allreduce\n", optarg);
                 return 2;
@@ -263,9 +264,9 @@ int zn_bench_comm(int argc, char **argv)
             break;
         case 't':
             if (!strcmp(optarg, "f32"))
-                o.dt = ZN_DTYPE_F32;
+                o->dt = ZN_DTYPE_F32;
             else if (!strcmp(optarg, "bf16"))
-                o.dt = ZN_DTYPE_BF16;
+                o->dt = ZN_DTYPE_BF16;
             else {
                 fprintf(stderr, "zinc: error: --dtype \"%s\": f32 or bf16\n", optarg);
                 return 2;
@@ -280,23 +281,23 @@ int zn_bench_comm(int argc, char **argv)
                 return 2;
             }
             if (ch == 'n')
-                o.iters = (int)v;
+                o->iters = (int)v;
             else
-                o.warmup = (int)v;
+                o->warmup = (int)v;
             break;
         }
         case 'T':
-            o.timeout = strtod(optarg, &end);
-            if (*end || !(o.timeout > 0)) {
+            o->timeout = strtod(optarg, &end);
+            if (*end || !(o->timeout > 0)) {
                 fprintf(stderr, "zinc: error: --timeout \"%s\"\n", optarg);
                 return 2;
             }
             break;
         case 'c':
-            o.csv = optarg;
+            o->csv = optarg;
             break;
         case 'd':
-            o.device = optarg;
+            o->device = optarg;
             break;
         default:
             return zn_bench_usage_exit(ch, usage);
@@ -307,114 +308,256 @@ int zn_bench_comm(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    return -1;
+}
 
-    zn_launch_info li;
-    int rc = zn_launch_detect(&li);
+/* The launch environment into *li, the device of --device (NULL: host
+ * buffers) and the communicator over them. Returns 0, or the exit code
+ * after the error is printed. */
+static int open_comm(const opts *o, zn_launch_info *li, zn_dev **dev_out, zn_comm **c_out)
+{
+    int rc = zn_launch_detect(li);
     if (rc)
         return zn_cli_fail(rc, "launch environment");
     zn_dev *dev = NULL;
-    if (o.device) {
+    if (o->device) {
         zn_dev_config dc = zn_dev_config_default();
         char name[32];
-        if (!strcmp(o.device, "auto")) {
-            if ((rc = zn_launch_device_name(&li, name, sizeof name)))
+        if (!strcmp(o->device, "auto")) {
+            if ((rc = zn_launch_device_name(li, name, sizeof name)))
                 return zn_cli_fail(rc, "device");
             dc.name = name;
         } else {
-            dc.name = o.device;
+            dc.name = o->device;
         }
-        uint64_t need = 3 * o.sizes[o.n_sizes - 1] + (64u << 20);
+        uint64_t need = 3 * o->sizes[o->n_sizes - 1] + (64u << 20);
         dc.gpu_budget = need;
         if ((rc = zn_dev_create(&dev, &dc)))
             return zn_cli_fail(rc, "creating the device");
     }
     zn_comm_config cfg = zn_comm_config_default();
-    cfg.timeout_s = o.timeout;
-    cfg.launch = &li;
+    cfg.timeout_s = o->timeout;
+    cfg.launch = li;
     cfg.dev = dev;
     zn_comm *c = NULL;
     if ((rc = zn_comm_create(&c, &cfg))) {
         zn_dev_destroy(dev);
         return zn_cli_fail(rc, "creating the communicator");
     }
+    *dev_out = dev;
+    *c_out = c;
+    return 0;
+}
+
+/* Rank 0's '#' lines before the table: the machine, the world, the path,
+ * the definitions, the column heads. *topo: the machine, for the CSV. */
+static void print_header(const opts *o, const zn_comm_info *info, const zn_dev *dev,
+                         zn_topo *topo)
+{
+    int world = info->size;
+    if (zn_topo_discover(topo))
+        snprintf(topo->cpu_model, sizeof topo->cpu_model, "unknown CPU");
+    char host[64] = "?";
+    gethostname(host, sizeof host - 1);
+    printf("# zinc bench comm: collective bandwidth, nccl-tests definitions (algbw = size "
+           "/ time, busbw = algbw x factor)\n");
+    printf("# machine: %s (rank 0), %s, %d cores / %d threads, %d NUMA node%s\n", host,
+           topo->cpu_model, topo->cores, topo->pus, topo->n_numa, topo->n_numa == 1 ? "" : "s");
+    printf("# zinc %s; world %d (%s launch, %d rank%s on this host); host backend %s, "
+           "device part %s; %s\n", ZN_VERSION, world, zn_launcher_name(info->launcher),
+           info->local_size, info->local_size == 1 ? "" : "s", info->host_backend,
+           info->dev_backend, info->version);
+    printf("# path: %s buffers%s; dtype %s; sum; time = slowest rank's mean over the timed "
+           "iterations\n", dev ? "device" : "host",
+           dev ? (info->nccl ? " (NCCL on the stream)" : " (collective on the stream's "
+                              "thread)") : "", zn_dtype_name(o->dt));
+    printf("# factor: allreduce 2(n-1)/n = %.3f, allgather and reducescatter (n-1)/n = "
+           "%.3f\n", 2.0 * (world - 1) / world, (double)(world - 1) / world);
+    printf("# link: ring send/recv of min(size, 64 MiB) in the same run (each rank sends "
+           "to its right neighbour while it receives from its left one): the ceiling "
+           "a ring collective's busbw approaches; bus/link = busbw / link\n");
+    if (world == 1)
+        printf("# world size 1: the collectives are copies (single backend), busbw is 0 "
+               "by definition; algbw is the copy speed and link the memcpy speed\n");
+    printf("# shared machines are noisy: compare ratios measured in one run\n#\n");
+    printf("# %10s %11s %6s %-13s %10s %8s %8s %8s %8s %8s\n", "size(B)", "count", "type",
+           "op", "time(us)", "algbw", "busbw", "link", "bus/link", "#wrong");
+    printf("# %10s %11s %6s %-13s %10s %8s %8s %8s %8s %8s\n", "", "(elements)", "", "",
+           "", "(GB/s)", "(GB/s)", "(GB/s)", "", "");
+}
+
+/* --csv FILE, new, with its header line (rank 0). Returns 0 or -errno. */
+static int open_csv(const char *path, FILE **out)
+{
+    FILE *csv = fopen(path, "w");
+    if (!csv)
+        return zn_set_error(-errno, "opening %s: %s", path, strerror(errno));
+    fprintf(csv, "cpu,world,host_backend,dev_backend,path,dtype,op,size_bytes,count,"
+            "time_us,algbw_gbs,busbw_gbs,link_gbs,bus_over_link,wrong\n");
+    *out = csv;
+    return 0;
+}
+
+/* The send and receive buffers for sizes up to max_size, on the device
+ * with host staging, or on the host first-touched. Returns 0 or a
+ * negative code. */
+static int alloc_bufs(bufs *b, zn_comm *c, zn_dev *dev, uint64_t max_size)
+{
+    int rc;
+    memset(b, 0, sizeof *b);
+    b->c = c;
+    b->dev = dev;
+    b->s = dev ? zn_comm_stream(c) : NULL;
+    b->send_bytes = b->recv_bytes = max_size + 4096;
+    if (dev) {
+        rc = zn_dev_alloc(dev, b->send_bytes, "bench send", &b->send);
+        if (!rc)
+            rc = zn_dev_alloc(dev, b->recv_bytes, "bench recv", &b->recv);
+        b->hsend = malloc(b->send_bytes);
+        b->hrecv = malloc(b->recv_bytes);
+        if (!rc && (!b->hsend || !b->hrecv))
+            rc = zn_set_error(-ENOMEM, "bench: host staging of %llu bytes",
+                              (unsigned long long)b->send_bytes);
+    } else {
+        b->send = malloc(b->send_bytes);
+        b->recv = malloc(b->recv_bytes);
+        rc = b->send && b->recv ? 0 : zn_set_error(-ENOMEM, "bench: two buffers of %llu bytes",
+                                                   (unsigned long long)b->send_bytes);
+    }
+    if (rc)
+        return rc;
+    /* First touch outside the timing. */
+    if (!dev) {
+        memset(b->send, 0, b->send_bytes);
+        memset(b->recv, 0, b->recv_bytes);
+    }
+    return 0;
+}
+
+static void free_bufs(bufs *b)
+{
+    if (b->dev) {
+        zn_dev_free(b->dev, b->send);
+        zn_dev_free(b->dev, b->recv);
+        free(b->hsend);
+        free(b->hrecv);
+    } else {
+        free(b->send);
+        free(b->recv);
+    }
+}
+
+/* The ceiling for one size: the ring send/recv of lbytes, the slowest
+ * rank's mean into *link (GB/s). Returns 0 or a negative code. */
+static int time_link(bufs *b, const opts *o, int iters, size_t lbytes, double *link)
+{
+    int rc = 0;
+    for (int w = 0; w < o->warmup && !rc; w++)
+        rc = run_ring(b, lbytes);
+    if (!rc)
+        rc = zn_comm_barrier(b->c);
+    double t0 = zn_now_s();
+    for (int it = 0; it < iters && !rc; it++)
+        rc = run_ring(b, lbytes);
+    float t = (float)((zn_now_s() - t0) / iters);
+    if (!rc)
+        rc = zn_comm_allreduce(b->c, &t, &t, 1, ZN_DTYPE_F32, ZN_REDUCE_MAX);
+    if (rc)
+        return rc;
+    *link = t > 0 ? (double)lbytes / t / 1e9 : 0;
+    return 0;
+}
+
+/* Collective op on count elements (per rank for all-gather and
+ * reduce-scatter), its send buffer staged: the warm-up, the output checked,
+ * the timed iterations, the output checked again. *t: the slowest rank's
+ * mean seconds; *wrong: wrong elements summed over ranks and both checks.
+ * Returns 0 or a negative code. */
+static int time_op(bufs *b, const opts *o, int op, size_t count, int iters, int rank,
+                   int world, float *t, float *wrong)
+{
+    int rc = 0;
+    for (int w = 0; w < o->warmup + 1 && !rc; w++)
+        rc = run_op(b, op, count, o->dt);
+    uint64_t wrong1 = 0;
+    if (!rc)
+        rc = count_wrong(b, op, count, o->dt, rank, world, &wrong1);
+    if (!rc)
+        rc = zn_comm_barrier(b->c);
+    double t0 = zn_now_s();
+    for (int it = 0; it < iters && !rc; it++)
+        rc = run_op(b, op, count, o->dt);
+    float mean = (float)((zn_now_s() - t0) / iters);
+    uint64_t wrong2 = 0;
+    if (!rc)
+        rc = count_wrong(b, op, count, o->dt, rank, world, &wrong2);
+    /* max time over ranks; #wrong summed (float is exact to 2^24) */
+    float stats[2] = { mean, 0 }, wr = (float)(wrong1 + wrong2);
+    if (!rc)
+        rc = zn_comm_allreduce(b->c, stats, stats, 1, ZN_DTYPE_F32, ZN_REDUCE_MAX);
+    if (!rc)
+        rc = zn_comm_allreduce(b->c, &wr, &wr, 1, ZN_DTYPE_F32, ZN_REDUCE_SUM);
+    if (rc)
+        return rc;
+    *t = stats[0];
+    *wrong = wr;
+    return 0;
+}
+
+/* what rank 0 prints of one collective at one size */
+typedef struct {
+    int op;
+    uint64_t used;               /* nccl-tests' size in bytes */
+    size_t count;                /* elements of that size */
+    float t;                     /* seconds */
+    double algbw, busbw, link, ratio;
+    float wrong;
+} op_row;
+
+static void print_row(const opts *o, const zn_comm_info *info, const zn_dev *dev,
+                      const zn_topo *topo, FILE *csv, const op_row *r)
+{
+    printf("  %10llu %11zu %6s %-13s %10.1f %8.3f %8.3f %8.3f %8.3f %8llu\n",
+           (unsigned long long)r->used, r->count, zn_dtype_name(o->dt), op_names[r->op],
+           r->t * 1e6, r->algbw, r->busbw, r->link, r->ratio, (unsigned long long)r->wrong);
+    fflush(stdout);
+    if (csv)
+        fprintf(csv, "\"%s\",%d,%s,%s,%s,%s,%s,%llu,%zu,%.1f,%.4f,%.4f,%.4f,%.4f,"
+                "%llu\n", topo->cpu_model, info->size, info->host_backend, info->dev_backend,
+                dev ? "device" : "host", zn_dtype_name(o->dt), op_names[r->op],
+                (unsigned long long)r->used, r->count, r->t * 1e6, r->algbw, r->busbw, r->link,
+                r->ratio, (unsigned long long)r->wrong);
+}
+
+int zn_bench_comm(int argc, char **argv)
+{
+    opts o;
+    int code = parse_opts(argc, argv, &o);
+    if (code >= 0)
+        return code;
+
+    zn_launch_info li;
+    zn_dev *dev = NULL;
+    zn_comm *c = NULL;
+    if ((code = open_comm(&o, &li, &dev, &c)))
+        return code;
     zn_comm_info info;
     zn_comm_get_info(c, &info);
-    int rank = info.rank, world = info.size;
+    int rank = info.rank, world = info.size, rc;
     size_t es = zn_dtype_size(o.dt);
 
     FILE *csv = NULL;
     zn_topo topo;
     memset(&topo, 0, sizeof topo);
     if (rank == 0) {
-        if (zn_topo_discover(&topo))
-            snprintf(topo.cpu_model, sizeof topo.cpu_model, "unknown CPU");
-        char host[64] = "?";
-        gethostname(host, sizeof host - 1);
-        printf("# zinc bench comm: collective bandwidth, nccl-tests definitions (algbw = size "
-               "/ time, busbw = algbw x factor)\n");
-        printf("# machine: %s (rank 0), %s, %d cores / %d threads, %d NUMA node%s\n", host,
-               topo.cpu_model, topo.cores, topo.pus, topo.n_numa, topo.n_numa == 1 ? "" : "s");
-        printf("# zinc %s; world %d (%s launch, %d rank%s on this host); host backend %s, "
-               "device part %s; %s\n", ZN_VERSION, world, zn_launcher_name(info.launcher),
-               info.local_size, info.local_size == 1 ? "" : "s", info.host_backend,
-               info.dev_backend, info.version);
-        printf("# path: %s buffers%s; dtype %s; sum; time = slowest rank's mean over the timed "
-               "iterations\n", dev ? "device" : "host",
-               dev ? (info.nccl ? " (NCCL on the stream)" : " (collective on the stream's "
-                                  "thread)") : "", zn_dtype_name(o.dt));
-        printf("# factor: allreduce 2(n-1)/n = %.3f, allgather and reducescatter (n-1)/n = "
-               "%.3f\n", 2.0 * (world - 1) / world, (double)(world - 1) / world);
-        printf("# link: ring send/recv of min(size, 64 MiB) in the same run (each rank sends "
-               "to its right neighbour while it receives from its left one): the ceiling "
-               "a ring collective's busbw approaches; bus/link = busbw / link\n");
-        if (world == 1)
-            printf("# world size 1: the collectives are copies (single backend), busbw is 0 "
-                   "by definition; algbw is the copy speed and link the memcpy speed\n");
-        printf("# shared machines are noisy: compare ratios measured in one run\n#\n");
-        printf("# %10s %11s %6s %-13s %10s %8s %8s %8s %8s %8s\n", "size(B)", "count", "type",
-               "op", "time(us)", "algbw", "busbw", "link", "bus/link", "#wrong");
-        printf("# %10s %11s %6s %-13s %10s %8s %8s %8s %8s %8s\n", "", "(elements)", "", "",
-               "", "(GB/s)", "(GB/s)", "(GB/s)", "", "");
-        if (o.csv) {
-            csv = fopen(o.csv, "w");
-            if (!csv) {
-                rc = zn_set_error(-errno, "opening %s: %s", o.csv, strerror(errno));
-                return bench_fail(c, rc, "--csv");
-            }
-            fprintf(csv, "cpu,world,host_backend,dev_backend,path,dtype,op,size_bytes,count,"
-                    "time_us,algbw_gbs,busbw_gbs,link_gbs,bus_over_link,wrong\n");
-        }
+        print_header(&o, &info, dev, &topo);
+        if (o.csv && (rc = open_csv(o.csv, &csv)))
+            return bench_fail(c, rc, "--csv");
     }
 
-    uint64_t max_size = o.sizes[o.n_sizes - 1];
     bufs b;
-    memset(&b, 0, sizeof b);
-    b.c = c;
-    b.dev = dev;
-    b.s = dev ? zn_comm_stream(c) : NULL;
-    b.send_bytes = b.recv_bytes = max_size + 4096;
-    if (dev) {
-        rc = zn_dev_alloc(dev, b.send_bytes, "bench send", &b.send);
-        if (!rc)
-            rc = zn_dev_alloc(dev, b.recv_bytes, "bench recv", &b.recv);
-        b.hsend = malloc(b.send_bytes);
-        b.hrecv = malloc(b.recv_bytes);
-        if (!rc && (!b.hsend || !b.hrecv))
-            rc = zn_set_error(-ENOMEM, "bench: host staging of %llu bytes",
-                              (unsigned long long)b.send_bytes);
-    } else {
-        b.send = malloc(b.send_bytes);
-        b.recv = malloc(b.recv_bytes);
-        rc = b.send && b.recv ? 0 : zn_set_error(-ENOMEM, "bench: two buffers of %llu bytes",
-                                                 (unsigned long long)b.send_bytes);
-    }
-    if (rc)
+    if ((rc = alloc_bufs(&b, c, dev, o.sizes[o.n_sizes - 1])))
         return bench_fail(c, rc, "allocating buffers");
-    /* First touch outside the timing. */
-    if (!dev) {
-        memset(b.send, 0, b.send_bytes);
-        memset(b.recv, 0, b.recv_bytes);
-    }
 
     uint64_t total_wrong = 0;
     for (int si = 0; si < o.n_sizes; si++) {
@@ -424,81 +567,37 @@ int zn_bench_comm(int argc, char **argv)
         /* Ceiling for this size: the ring send/recv. */
         size_t lbytes = size < (64u << 20) ? size : (64u << 20);
         double link = 0;
-        {
-            for (int w = 0; w < o.warmup && !rc; w++)
-                rc = run_ring(&b, lbytes);
-            if (!rc)
-                rc = zn_comm_barrier(c);
-            double t0 = zn_now_s();
-            for (int it = 0; it < iters && !rc; it++)
-                rc = run_ring(&b, lbytes);
-            float t = (float)((zn_now_s() - t0) / iters);
-            if (!rc)
-                rc = zn_comm_allreduce(c, &t, &t, 1, ZN_DTYPE_F32, ZN_REDUCE_MAX);
-            if (rc)
-                return bench_fail(c, rc, "ring send/recv");
-            link = t > 0 ? (double)lbytes / t / 1e9 : 0;
-        }
+        if ((rc = time_link(&b, &o, iters, lbytes, &link)))
+            return bench_fail(c, rc, "ring send/recv");
         for (int op = 0; op < N_OPS; op++) {
             if (!o.ops[op])
                 continue;
             size_t count, n_send;
-            uint64_t used;
+            op_row r = { .op = op, .link = link };
             if (op == OP_ALLREDUCE) {
                 count = size / es;
                 n_send = count;
-                used = count * es;
+                r.used = count * es;
             } else {
                 count = size / es / (size_t)world;   /* per rank */
                 n_send = op == OP_ALLGATHER ? count : count * (size_t)world;
-                used = count * (size_t)world * es;
+                r.used = count * (size_t)world * es;
             }
             if (!count)
                 continue;
             if ((rc = stage_send(&b, n_send, o.dt, rank)))
                 return bench_fail(c, rc, "staging data");
-            for (int w = 0; w < o.warmup + 1 && !rc; w++)
-                rc = run_op(&b, op, count, o.dt);
-            uint64_t wrong = 0;
-            if (!rc)
-                rc = count_wrong(&b, op, count, o.dt, rank, world, &wrong);
-            if (!rc)
-                rc = zn_comm_barrier(c);
-            double t0 = zn_now_s();
-            for (int it = 0; it < iters && !rc; it++)
-                rc = run_op(&b, op, count, o.dt);
-            float t = (float)((zn_now_s() - t0) / iters);
-            uint64_t wrong2 = 0;
-            if (!rc)
-                rc = count_wrong(&b, op, count, o.dt, rank, world, &wrong2);
-            /* max time over ranks; #wrong summed (float is exact to 2^24) */
-            float stats[2] = { t, 0 }, wr = (float)(wrong + wrong2);
-            if (!rc)
-                rc = zn_comm_allreduce(c, stats, stats, 1, ZN_DTYPE_F32, ZN_REDUCE_MAX);
-            if (!rc)
-                rc = zn_comm_allreduce(c, &wr, &wr, 1, ZN_DTYPE_F32, ZN_REDUCE_SUM);
-            if (rc)
+            if ((rc = time_op(&b, &o, op, count, iters, rank, world, &r.t, &r.wrong)))
                 return bench_fail(c, rc, op_names[op]);
-            t = stats[0];
-            double algbw = t > 0 ? (double)used / t / 1e9 : 0;
+            r.count = op == OP_ALLREDUCE ? count : count * world;
+            r.algbw = r.t > 0 ? (double)r.used / r.t / 1e9 : 0;
             double factor = op == OP_ALLREDUCE ? 2.0 * (world - 1) / world
                                                : (double)(world - 1) / world;
-            double busbw = algbw * factor;
-            double ratio = link > 0 ? busbw / link : 0;
-            total_wrong += (uint64_t)wr;
-            if (rank == 0) {
-                printf("  %10llu %11zu %6s %-13s %10.1f %8.3f %8.3f %8.3f %8.3f %8llu\n",
-                       (unsigned long long)used, op == OP_ALLREDUCE ? count : count * world,
-                       zn_dtype_name(o.dt), op_names[op], t * 1e6, algbw, busbw, link, ratio,
-                       (unsigned long long)wr);
-                fflush(stdout);
-                if (csv)
-                    fprintf(csv, "\"%s\",%d,%s,%s,%s,%s,%s,%llu,%zu,%.1f,%.4f,%.4f,%.4f,%.4f,"
-                            "%llu\n", topo.cpu_model, world, info.host_backend, info.dev_backend,
-                            dev ? "device" : "host", zn_dtype_name(o.dt), op_names[op],
-                            (unsigned long long)used, op == OP_ALLREDUCE ? count : count * world,
-                            t * 1e6, algbw, busbw, link, ratio, (unsigned long long)wr);
-            }
+            r.busbw = r.algbw * factor;
+            r.ratio = link > 0 ? r.busbw / link : 0;
+            total_wrong += (uint64_t)r.wrong;
+            if (rank == 0)
+                print_row(&o, &info, dev, &topo, csv, &r);
         }
     }
     if (rank == 0) {
@@ -506,15 +605,7 @@ int zn_bench_comm(int argc, char **argv)
         if (csv && fclose(csv) != 0)
             fprintf(stderr, "zinc: error: writing %s: %s\n", o.csv, strerror(errno));
     }
-    if (dev) {
-        zn_dev_free(dev, b.send);
-        zn_dev_free(dev, b.recv);
-        free(b.hsend);
-        free(b.hrecv);
-    } else {
-        free(b.send);
-        free(b.recv);
-    }
+    free_bufs(&b);
     zn_comm_destroy(c);
     zn_dev_destroy(dev);
     return total_wrong ? 1 : 0;

@@ -104,7 +104,7 @@ int zn_bench_model(int argc, char **argv)
     if (config) {
         zn_config cfg;
         if ((rc = zn_config_load(&cfg, config, sets, n_sets)) ||
-            (rc = zn_config_resolve_batch(&cfg, 1)) || (rc = zn_run_model_dims(&cfg, &d)))
+            (rc = zn_run_resolve(&cfg, NULL, 1, NULL)) || (rc = zn_run_model_dims(&cfg, &d)))
             return zn_cli_fail(rc, "bench model");
         if (!batch)
             batch = cfg.train_micro_batch_size_per_gpu;
@@ -216,7 +216,7 @@ int zn_bench_model(int argc, char **argv)
            sysconf(_SC_NPROCESSORS_ONLN), di.name, di.driver, ZN_VERSION);
     printf("# model: %s hidden %lld, %lld layers, heads %lld/%lld x %lld, intermediate %lld, "
            "vocab %lld%s (%.3g B params); timed: 1 layer + head, params resident\n",
-           d.arch == ZN_ARCH_QWEN2 ? "qwen2" : "llama", (long long)d.hidden,
+           zn_model_arch_name(d.arch), (long long)d.hidden,
            (long long)d.n_layers, (long long)d.n_heads, (long long)d.n_kv_heads,
            (long long)d.head_dim, (long long)d.intermediate, (long long)d.vocab,
            d.tie_embeddings ? " tied" : "", (double)zn_model_param_count(&d) / 1e9);

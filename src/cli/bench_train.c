@@ -226,7 +226,7 @@ int zn_bench_train(int argc, char **argv)
     if (pl && ts.rank == 0)
         prc = zn_run_predict(&cfg, &ts.dims, pl, 0, &pred, stdout);
     if (prc == 0 || prc == ZN_EARG)
-        zn_cost_print_vs(&pred, &r, ts.world, stdout);
+        zn_run_cost_print_vs(&pred, &r, ts.world, stdout);
     if (prc && prc != 1)
         fprintf(stderr, "zinc: warning: no prediction: %s\n", zn_last_error());
     free(pl);

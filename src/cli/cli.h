@@ -112,4 +112,16 @@ int zn_cli_plan_config(const char *path, const char **sets, int n_sets, int worl
 int zn_cli_tune(const char *path, const char **sets, int n_sets, int world, const char *target,
                 bool tune, bool recalibrate, const char *write);
 
+/* zinc train's stop on a signal (train_stop.c): installs the SIGTERM /
+ * SIGINT / SIGUSR1 handlers; the signal received (0: none), whether the
+ * stop came from another rank, the seconds since the signal; every rank's
+ * vote to stop after this step (collective: the signal, or 0); and the
+ * notice at start of what a stop would cost against a spot notice. */
+void zn_cli_stop_install(void);
+int zn_cli_stop_signal(void);
+bool zn_cli_stop_by_peer(void);
+double zn_cli_stop_since_s(void);
+int zn_cli_ranks_stop(zn_run *ts);
+void zn_cli_stop_notice(zn_run *ts, const zn_config *cfg, const zn_plan *plan, double step_s);
+
 #endif

@@ -1,17 +1,28 @@
 /* `zinc chat`: a conversation in the terminal through the model folder's
- * chat template (cli/gen-impl.h holds what it shares with zinc generate). */
+ * chat template. The session and its history are the library's
+ * (include/zinc/gensession.h); this file reads the flags and the lines
+ * typed, streams the replies and says what each turn cost. */
 #include <errno.h>
 #include <getopt.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 #include "zinc/device.h"
 #include "zinc/generate.h"
+#include "zinc/gensession.h"
 #include "zinc/model.h"
 #include "cli/cli.h"
 #include "cli/gen-impl.h"
+
+#ifndef ZN_SOURCE_ROOT
+#define ZN_SOURCE_ROOT "."
+#endif
+
+/* The tokenizer's failures have always been reported as generate's (the
+ * co-process is generate's); chat keeps saying so. */
+#define TOKENIZER_WHAT "generate"
 
 static void chat_usage(FILE *f)
 {
@@ -30,14 +41,16 @@ static void chat_usage(FILE *f)
             "history in tokens.\n");
 }
 
-int zn_cmd_chat(int argc, char **argv)
+typedef struct {
+    const char *model, *adapter, *ckpt, *device, *dtype, *gpu_mem, *nvme, *system;
+    double context;
+    zn_gen_overrides decode;
+    int kv_home;
+} chat_args;
+
+/* Reads argv into a. Returns -1 to go on, or the exit code. */
+static int parse_args(int argc, char **argv, chat_args *a)
 {
-    const char *model = NULL, *adapter = NULL, *ckpt = NULL, *device = "auto", *dtype = NULL, *gpu_mem = NULL,
-               *nvme = NULL;
-    const char *system = NULL;
-    double context = 0;
-    decode_flags df = DECODE_FLAGS_UNSET;
-    int ret = 1, rc, kv_home = ZN_GEN_KV_AUTO;
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' },
         { "adapter", required_argument, 0, 'a' },
@@ -53,84 +66,111 @@ int zn_cmd_chat(int argc, char **argv)
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
+    memset(a, 0, sizeof *a);
+    a->device = "auto";
+    a->decode = zn_gen_session_config_default().decode;
+    a->kv_home = ZN_GEN_KV_AUTO;
     optind = 1;
     for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
         int bad = 0;
         switch (c) {
-        case 'm': model = optarg; break;
-        case 'a': adapter = optarg; break;
-        case 'K': ckpt = optarg; break;
-        case 'y': system = optarg; break; /* copied below */
+        case 'm': a->model = optarg; break;
+        case 'a': a->adapter = optarg; break;
+        case 'K': a->ckpt = optarg; break;
+        case 'y': a->system = optarg; break;
         case 'n': case 'S': case 'G': case 'T': case 'k': case 'q': case 'r': case 's':
-            bad = zn_gc_decode_flag(c, optarg, &df);
+            bad = zn_gc_decode_flag(c, optarg, &a->decode);
             break;
-        case 'C': bad = zn_gc_num_arg("--context", optarg, 2, &context); break;
-        case 'D': device = optarg; break;
-        case 't': dtype = optarg; break;
-        case 'g': gpu_mem = optarg; break;
-        case 'V': nvme = optarg; break;
-        case 'Y': bad = zn_gc_kv_flag(optarg, &kv_home, "chat"); break;
+        case 'C': bad = zn_gc_num_arg("--context", optarg, 2, &a->context); break;
+        case 'D': a->device = optarg; break;
+        case 't': a->dtype = optarg; break;
+        case 'g': a->gpu_mem = optarg; break;
+        case 'V': a->nvme = optarg; break;
+        case 'Y': bad = zn_gc_kv_flag(optarg, &a->kv_home, "chat"); break;
         case 'h': chat_usage(stdout); return 0;
         default: chat_usage(stderr); return 2;
         }
         if (bad)
             return 2;
     }
-    if ((!model && !ckpt) || optind < argc) {
+    if ((!a->model && !a->ckpt) || optind < argc) {
         chat_usage(stderr);
         return 2;
     }
-    zn_gen_params gp;
-    zn_model_dims d;
-    char ck_model[4096];
-    if ((rc = zn_gc_setup(&df, &model, ck_model, sizeof ck_model, adapter, ckpt, "chat", &gp, &d)))
-        return rc;
-    int64_t ctx = context > 0 ? (int64_t)context : (d.max_pos < 4096 ? d.max_pos : 4096);
-    int failed = 0;
-    if (system && !(system = strdup(system)))
-        return zn_cli_fail(-ENOMEM, "chat");
-    if (ctx > d.max_pos)
-        ctx = d.max_pos;
+    return -1;
+}
 
-    tokenizer tok;
-    engine en;
-    streamer sm;
-    memset(&sm, 0, sizeof sm);
-    json_t *msgs = json_array();
+/* The session ready to talk: the chat begun, the tokenizer started, the
+ * model placed and the line saying so printed. Returns -1 to go on, or
+ * the exit code. */
+static int start(zn_gen_session *s, const chat_args *a)
+{
+    int rc;
+    if ((rc = zn_gen_session_chat_begin(s, (int64_t)a->context, a->system)))
+        return zn_cli_fail(rc, "chat");
+    if ((rc = zn_gen_session_open_tokenizer(s)))
+        return zn_cli_fail(rc, TOKENIZER_WHAT);
+    zn_gc_install_signals();
+    zn_gen_place o = zn_gen_place_default();
+    o.device = a->device;
+    o.nvme = a->nvme;
+    o.batch = 1;
+    o.kv_home = a->kv_home;
+    if ((rc = zn_gc_place_flags(&o, a->gpu_mem, a->dtype, "chat")))
+        return rc;
+    if ((rc = zn_gen_session_place(s, &o, 0)))
+        return zn_cli_fail(rc, "chat");
+    zn_gen_session_info info;
+    zn_gen_session_get_info(s, &info);
+    const zn_gen_engine *en = zn_gen_session_engine(s);
+    zn_dev_info di;
+    zn_dev_get_info(en->dev, &di);
+    char where[256];
+    zn_gen_engine_placement_line(en, where, sizeof where);
+    fprintf(stderr, "zinc chat: %s (%s, %.3g M parameters%s) on %s, %s, %s; a history of up "
+            "to %lld tokens. /reset, /system TEXT, /exit.\n", info.model,
+            zn_model_arch_name(info.dims.arch),
+            (double)zn_model_param_count(&info.dims) / 1e6, a->adapter ? ", with the adapter" : "",
+            di.name, zn_dtype_name(en->dt), where, (long long)info.ctx);
+    return -1;
+}
+
+/* One user line: the history rendered, the reply streamed, its cost said.
+ * Returns 0 (a turn too long for the context is refused and forgotten),
+ * or 1 after printing a failure that ends the chat. */
+static int turn(zn_gen_session *s, const char *line, int64_t ctx)
+{
+    int64_t n;
+    int rc = zn_gen_session_chat_prompt(s, line, &n);
+    if (rc)
+        return zn_cli_fail(rc, TOKENIZER_WHAT);
+    if (n >= ctx) {
+        fprintf(stderr, "zinc: error: chat: the conversation is %lld tokens, the context "
+                "holds %lld: /reset (or a larger --context)\n", (long long)n, (long long)ctx);
+        zn_gen_session_chat_undo(s);
+        return 0;
+    }
+    zn_gen_turn t;
+    if ((rc = zn_gen_session_chat_reply(s, zn_gc_print_text, NULL, &t)))
+        return zn_cli_fail(rc, "chat");
+    zn_gen_stats gs;
+    zn_gen_get_stats(zn_gen_session_engine(s)->g, &gs);
+    fprintf(stderr, "[%lld tokens, %.1f tokens/s; %llu prompt tokens from the cache, "
+            "%llu prefilled, in all]\n", (long long)t.tokens,
+            (double)t.tokens / (t.seconds > 0 ? t.seconds : 1e-9),
+            (unsigned long long)gs.reused, (unsigned long long)gs.prefilled);
+    return 0;
+}
+
+/* Lines from stdin until /exit or its end. Returns 0, or 1 after a
+ * failure. */
+static int talk(zn_gen_session *s, int have_system)
+{
+    zn_gen_session_info info;
+    zn_gen_session_get_info(s, &info);
     char *line = NULL;
     size_t cap = 0;
-    if (zn_gc_tok_open(&tok, model))
-        goto out;
-    if (tok.eos && !gp.n_eos)
-        zn_gc_eos_from(&gp, tok.eos);
-    zn_gc_install_signals();
-    gen_place gpo = GEN_PLACE_DEFAULT;
-    gpo.device = device;
-    gpo.dtype = dtype;
-    gpo.gpu_mem = gpu_mem;
-    gpo.nvme = nvme;
-    gpo.ctx = ctx;
-    gpo.batch = 1;
-    gpo.kv_home = kv_home;
-    if ((ret = zn_gc_engine_open(&en, &d, model, adapter, ckpt, &gpo, 0, "chat"))) {
-        if (ret != 2)
-            ret = 1;
-        zn_gc_tok_close(&tok);
-        goto out;
-    }
-    zn_dev_info di;
-    zn_dev_get_info(en.dev, &di);
-    char where[256];
-    zn_gc_placement_line(&en, where, sizeof where);
-    fprintf(stderr, "zinc chat: %s (%s, %.3g M parameters%s) on %s, %s, %s; a history of up "
-            "to %lld tokens. /reset, /system TEXT, /exit.\n", model,
-            d.arch == ZN_ARCH_QWEN2 ? "qwen2" : "llama",
-            (double)zn_model_param_count(&d) / 1e6, adapter ? ", with the adapter" : "",
-            di.name, zn_dtype_name(en.dt), where, (long long)ctx);
-    sm.tok = &tok;
-    sm.stream = 1;
-    /* each turn's prompt is the history so far: its cache stays */
-    zn_gen_set_prefix_reuse(en.g, 1);
+    int failed = 0;
     for (;;) {
         fputs("> ", stdout);
         fflush(stdout);
@@ -149,77 +189,45 @@ int zn_cmd_chat(int argc, char **argv)
             if (!strncmp(line, "/system", 7)) {
                 const char *t = line + 7;
                 t += strspn(t, " \t");
-                free((void *)system);
-                system = *t ? strdup(t) : NULL;
-                if (*t && !system) {
-                    failed = zn_cli_fail(-ENOMEM, "chat");
+                have_system = *t != 0;
+                int rc = zn_gen_session_chat_system(s, t);
+                if (rc) {
+                    failed = zn_cli_fail(rc, "chat");
                     break;
                 }
+            } else {
+                zn_gen_session_chat_reset(s);
             }
-            json_array_clear(msgs);
-            fprintf(stderr, "[history cleared%s]\n", system ? "; system prompt set" : "");
+            fprintf(stderr, "[history cleared%s]\n", have_system ? "; system prompt set" : "");
             continue;
         }
-        if (!json_array_size(msgs) && system)
-            json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content",
-                                                  system));
-        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", line));
-        json_t *req = json_object();
-        json_object_set(req, "messages", msgs);
-        json_t *ids = zn_gc_tok_ask(&tok, req, "ids");
-        prompts pr;
-        memset(&pr, 0, sizeof pr);
-        if (!ids || zn_gc_prompts_add(&pr, ids, "chat")) {
-            json_decref(ids);
-            failed = 1; /* the tokenizer said why */
+        if ((failed = turn(s, line, info.ctx)))
             break;
-        }
-        json_decref(ids);
-        if (pr.len[0] >= ctx) {
-            fprintf(stderr, "zinc: error: chat: the conversation is %lld tokens, the context "
-                    "holds %lld: /reset (or a larger --context)\n", (long long)pr.len[0],
-                    (long long)ctx);
-            json_array_remove(msgs, json_array_size(msgs) - 1);
-            zn_gc_prompts_free(&pr);
-            continue;
-        }
-        int32_t *gen = NULL;
-        int64_t gn = 0;
-        sm.n = 0;
-        sm.printed = 0;
-        double t0 = zn_now_s();
-        rc = zn_gen_run(en.g, 1, (const int32_t *const *)pr.ids, pr.len, &gp, &gen, &gn,
-                        zn_gc_on_token, &sm);
-        double t1 = zn_now_s();
-        zn_gc_prompts_free(&pr);
-        if (rc) {
-            failed = zn_cli_fail(rc, "chat");
-            break;
-        }
-        char *text = zn_gc_tok_decode(&tok, gen, gn);
-        free(gen);
-        if (!text) {
-            failed = 1;
-            break;
-        }
-        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant", "content",
-                                              text));
-        free(text);
-        zn_gen_stats gs;
-        zn_gen_get_stats(en.g, &gs);
-        fprintf(stderr, "[%lld tokens, %.1f tokens/s; %llu prompt tokens from the cache, "
-                "%llu prefilled, in all]\n", (long long)gn,
-                (double)gn / (t1 - t0 > 0 ? t1 - t0 : 1e-9), (unsigned long long)gs.reused,
-                (unsigned long long)gs.prefilled);
     }
-    ret = failed;
-    zn_gc_engine_close(&en);
-    zn_gc_tok_close(&tok);
-out:
     free(line);
-    free(sm.gen);
-    free((void *)system);
-    json_decref(msgs);
-    return ret;
+    return failed;
 }
 
+int zn_cmd_chat(int argc, char **argv)
+{
+    chat_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0)
+        return rc;
+    zn_gen_session_config cfg = zn_gen_session_config_default();
+    cfg.model = a.model;
+    cfg.adapter = a.adapter;
+    cfg.checkpoint = a.ckpt;
+    cfg.decode = a.decode;
+    cfg.source_root = ZN_SOURCE_ROOT;
+    zn_gen_session *s;
+    if ((rc = zn_gen_session_open(&s, &cfg))) {
+        zn_cli_fail(rc, "chat");
+        return rc == ZN_EARG ? 2 : 1;
+    }
+    int ret = start(s, &a);
+    if (ret < 0)
+        ret = talk(s, a.system != NULL);
+    zn_gen_session_close(s);
+    return ret;
+}

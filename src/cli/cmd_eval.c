@@ -140,13 +140,13 @@ int zn_cmd_eval(int argc, char **argv)
                "\"device\": \"%s\", \"dtype\": \"%s\", \"seq_len\": %lld, \"batch\": %lld, "
                "\"batches\": %lld, \"tokens\": %lld, \"loss\": %.9g, \"perplexity\": %.9g, "
                "\"load_s\": %.3f, \"eval_s\": %.3f}\n",
-               model, d.arch == ZN_ARCH_QWEN2 ? "qwen2" : "llama",
+               model, zn_model_arch_name(d.arch),
                (unsigned long long)zn_model_param_count(&d), zn_tokens_name(tok), di.name,
                zn_dtype_name(mc.dtype), (long long)seq, (long long)batch, (long long)nbat,
                (long long)ntok, loss, exp(loss), t1 - t0, t2 - t1);
     } else {
         printf("model:   %s (%s, %.3g M parameters)\n", model,
-               d.arch == ZN_ARCH_QWEN2 ? "qwen2" : "llama",
+               zn_model_arch_name(d.arch),
                (double)zn_model_param_count(&d) / 1e6);
         printf("data:    %s: %lld batches x %lld x %lld tokens (%lld predicted)\n",
                zn_tokens_name(tok), (long long)nbat, (long long)batch, (long long)seq,

@@ -1,30 +1,27 @@
 /* `zinc generate`: text from a Hugging Face model folder (or a base and a
- * PEFT adapter, unmerged), decoded with a KV cache (include/zinc/generate.h).
- * Text goes through the folder's own tokenizer and chat template in a
- * Python co-process (scripts/zinc_tokenize.py, the renderer zinc prepare
- * uses); --ids and --prompts with "ids" need no tokenizer. Decoding
- * defaults come from the folder's generation_config.json as transformers
- * reads them; the flags carry transformers' generate() names. */
+ * PEFT adapter, unmerged, or a training checkpoint), decoded with a KV
+ * cache. The session (the tokenizer, the prompts, the decoding settings,
+ * the placed model) is the library's (include/zinc/gensession.h); this
+ * file reads the flags, prints the plan, the text or its JSON lines and
+ * the summary, and chooses the exit code. */
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include "zinc/ckpt.h"
+#include "zinc/cost.h"
 #include "zinc/device.h"
 #include "zinc/generate.h"
+#include "zinc/gensession.h"
 #include "zinc/model.h"
 #include "cli/cli.h"
+#include "cli/gen-impl.h"
 
 #ifndef ZN_SOURCE_ROOT
 #define ZN_SOURCE_ROOT "."
 #endif
-
-#include "cli/gen-impl.h"
 
 static void usage(FILE *f)
 {
@@ -75,16 +72,21 @@ static void usage(FILE *f)
             "               max_position_embeddings)\n");
 }
 
-/* ---- the command --------------------------------------------------------------------- */
+/* What the flags ask for. */
+typedef struct {
+    const char *model, *adapter, *ckpt;
+    const char *prompt, *chat, *idlist, *pfile, *outfile; /* the prompts, one of four */
+    const char *device, *dtype, *gpu_mem, *nvme;
+    const char *target;
+    double batch, context;
+    zn_gen_overrides decode;
+    int json_out, plan_only, recalibrate, kv_home;
+} gen_args;
 
-int zn_cmd_generate(int argc, char **argv)
+/* Reads argv into a. Returns -1 to go on, or the exit code (0 after
+ * --help, 2 after a usage error). */
+static int parse_args(int argc, char **argv, gen_args *a)
 {
-    const char *model = NULL, *adapter = NULL, *ckpt = NULL, *prompt = NULL, *chat = NULL, *idlist = NULL;
-    const char *pfile = NULL, *outfile = NULL, *device = "auto", *dtype = NULL, *gpu_mem = NULL,
-               *nvme = NULL;
-    double batch = 8, context = 0;
-    decode_flags df = DECODE_FLAGS_UNSET;
-    int json_out = 0, ret = 1, rc;
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' },
         { "adapter", required_argument, 0, 'a' },
@@ -109,285 +111,350 @@ int zn_cmd_generate(int argc, char **argv)
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
-    int plan_only = 0, recalibrate = 0, kv_home = ZN_GEN_KV_AUTO;
-    const char *target = NULL;
+    memset(a, 0, sizeof *a);
+    a->device = "auto";
+    a->batch = 8;
+    a->decode = zn_gen_session_config_default().decode;
+    a->kv_home = ZN_GEN_KV_AUTO;
     optind = 1;
     for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
         int bad = 0;
         switch (c) {
-        case 'L': plan_only = 1; break;
-        case 'R': target = optarg; break;
-        case 'E': recalibrate = 1; break;
-        case 'm': model = optarg; break;
-        case 'a': adapter = optarg; break;
-        case 'K': ckpt = optarg; break;
-        case 'p': prompt = optarg; break;
-        case 'c': chat = optarg; break;
-        case 'i': idlist = optarg; break;
-        case 'P': pfile = optarg; break;
-        case 'o': outfile = optarg; break;
+        case 'L': a->plan_only = 1; break;
+        case 'R': a->target = optarg; break;
+        case 'E': a->recalibrate = 1; break;
+        case 'm': a->model = optarg; break;
+        case 'a': a->adapter = optarg; break;
+        case 'K': a->ckpt = optarg; break;
+        case 'p': a->prompt = optarg; break;
+        case 'c': a->chat = optarg; break;
+        case 'i': a->idlist = optarg; break;
+        case 'P': a->pfile = optarg; break;
+        case 'o': a->outfile = optarg; break;
         case 'n': case 'S': case 'G': case 'T': case 'k': case 'q': case 'r': case 's':
-            bad = zn_gc_decode_flag(c, optarg, &df);
+            bad = zn_gc_decode_flag(c, optarg, &a->decode);
             break;
-        case 'b': bad = zn_gc_num_arg("--batch-size", optarg, 1, &batch); break;
-        case 'C': bad = zn_gc_num_arg("--context", optarg, 2, &context); break;
-        case 'D': device = optarg; break;
-        case 't': dtype = optarg; break;
-        case 'g': gpu_mem = optarg; break;
-        case 'V': nvme = optarg; break;
-        case 'Y': bad = zn_gc_kv_flag(optarg, &kv_home, "generate"); break;
-        case 'j': json_out = 1; break;
+        case 'b': bad = zn_gc_num_arg("--batch-size", optarg, 1, &a->batch); break;
+        case 'C': bad = zn_gc_num_arg("--context", optarg, 2, &a->context); break;
+        case 'D': a->device = optarg; break;
+        case 't': a->dtype = optarg; break;
+        case 'g': a->gpu_mem = optarg; break;
+        case 'V': a->nvme = optarg; break;
+        case 'Y': bad = zn_gc_kv_flag(optarg, &a->kv_home, "generate"); break;
+        case 'j': a->json_out = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
         if (bad)
             return 2;
     }
-    int sources = !!prompt + !!chat + !!idlist + !!pfile;
-    if ((target || recalibrate) && !plan_only) {
+    int sources = !!a->prompt + !!a->chat + !!a->idlist + !!a->pfile;
+    if ((a->target || a->recalibrate) && !a->plan_only) {
         fprintf(stderr, "zinc: error: generate: --target and --recalibrate go with --plan\n");
         return 2;
     }
-    if ((!model && !ckpt) || sources != 1 || optind < argc || (outfile && !pfile)) {
-        if ((model || ckpt) && sources != 1)
+    if ((!a->model && !a->ckpt) || sources != 1 || optind < argc || (a->outfile && !a->pfile)) {
+        if ((a->model || a->ckpt) && sources != 1)
             fprintf(stderr, "zinc: error: generate: give one of --prompt, --chat, --ids, "
                     "--prompts\n");
         usage(stderr);
         return 2;
     }
+    return -1;
+}
 
-    zn_gen_params gp;
-    zn_model_dims d;
-    char ck_model[4096];
-    if ((rc = zn_gc_setup(&df, &model, ck_model, sizeof ck_model, adapter, ckpt, "generate", &gp, &d)))
-        return rc;
-
-    tokenizer tok;
-    memset(&tok, 0, sizeof tok);
-    prompts pr;
-    memset(&pr, 0, sizeof pr);
-    streamer sm;
-    memset(&sm, 0, sizeof sm);
-    FILE *out = stdout;
-    engine en;
-    memset(&en, 0, sizeof en);
-    int32_t **gen = NULL;
-    int64_t *gen_len = NULL;
-    int need_text = !idlist && !pfile; /* --prompts: when a line has no "ids" */
-    json_t *recs = json_array();
-    if (pfile) {
-        FILE *f = fopen(pfile, "r");
-        if (!f) {
-            fprintf(stderr, "zinc: error: generate: %s: %s\n", pfile, strerror(errno));
-            goto out;
+/* --ids ID,ID,..: malloc'd into *ids. 0, or 1 after printing the error. */
+static int parse_ids(const char *idlist, int64_t **ids, int64_t *n)
+{
+    int64_t cap = 64;
+    *n = 0;
+    if (!(*ids = malloc((size_t)cap * sizeof **ids))) /* set even when empty: ids given */
+        return zn_cli_fail(-ENOMEM, "generate");
+    for (const char *s = idlist; *s;) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(s, &end, 10);
+        if (end == s || errno || (*end && *end != ',')) {
+            fprintf(stderr, "zinc: error: generate: --ids: '%s' is not a list of ids\n", idlist);
+            free(*ids);
+            *ids = NULL;
+            return 1;
         }
-        char *line = NULL;
-        size_t cap = 0;
-        int lineno = 0, bad = 0;
-        while (getline(&line, &cap, f) >= 0) {
-            lineno++;
-            if (strspn(line, " \t\r\n") == strlen(line))
-                continue;
-            json_error_t je;
-            json_t *r = json_loads(line, 0, &je);
-            if (!json_is_object(r)) {
-                fprintf(stderr, "zinc: error: generate: %s:%d: %s\n", pfile, lineno,
-                        r ? "a line must be a JSON object" : je.text);
-                json_decref(r);
-                bad = 1;
-                break;
+        if (*n == cap) {
+            int64_t *a = realloc(*ids, (size_t)(cap *= 2) * sizeof *a);
+            if (!a) {
+                free(*ids);
+                *ids = NULL;
+                return zn_cli_fail(-ENOMEM, "generate");
             }
-            json_object_set_new(r, "_line", json_integer(lineno));
-            need_text |= !json_object_get(r, "ids");
-            json_array_append_new(recs, r);
+            *ids = a;
         }
-        free(line);
-        fclose(f);
-        if (bad)
-            goto out;
-        if (!json_array_size(recs)) {
-            fprintf(stderr, "zinc: error: generate: %s: no prompts\n", pfile);
-            goto out;
-        }
+        (*ids)[(*n)++] = v;
+        s = *end == ',' ? end + 1 : end;
     }
-    if (need_text && zn_gc_tok_open(&tok, model))
-        goto out;
-    if (tok.eos && !gp.n_eos)
-        zn_gc_eos_from(&gp, tok.eos);
-    if (prompt || chat) {
-        json_t *r = json_object();
-        if (prompt)
-            json_object_set_new(r, "prompt", json_string(prompt));
-        else
-            json_object_set_new(r, "messages",
-                                json_pack("[{s:s, s:s}]", "role", "user", "content", chat));
-        int e = zn_gc_prompt_from(&pr, &tok, r, prompt ? "--prompt" : "--chat");
-        json_decref(r);
-        if (e)
-            goto out;
-    } else if (idlist) {
-        json_t *a = json_array();
-        for (const char *s = idlist; *s;) {
-            char *end;
-            errno = 0;
-            long long v = strtoll(s, &end, 10);
-            if (end == s || errno) {
-                fprintf(stderr, "zinc: error: generate: --ids: '%s' is not a list of ids\n",
-                        idlist);
-                json_decref(a);
-                goto out;
-            }
-            json_array_append_new(a, json_integer(v));
-            s = *end == ',' ? end + 1 : end;
-            if (*end && *end != ',') {
-                fprintf(stderr, "zinc: error: generate: --ids: '%s' is not a list of ids\n",
-                        idlist);
-                json_decref(a);
-                goto out;
-            }
-        }
-        int e = zn_gc_prompts_add(&pr, a, "--ids");
-        json_decref(a);
-        if (e)
-            goto out;
-    } else {
-        size_t i;
-        json_t *r;
-        json_array_foreach(recs, i, r) {
-            char where[4200];
-            snprintf(where, sizeof where, "%s:%lld", pfile,
-                     (long long)json_integer_value(json_object_get(r, "_line")));
-            if (zn_gc_prompt_from(&pr, &tok, r, where))
-                goto out;
-        }
-    }
+    return 0;
+}
 
-    /* the context: the longest prompt and the new tokens, within the model's */
-    int64_t longest = 0;
-    for (int64_t i = 0; i < pr.n; i++)
-        longest = pr.len[i] > longest ? pr.len[i] : longest;
-    int64_t ctx = context > 0 ? (int64_t)context : longest + gp.max_new_tokens;
-    if (ctx > d.max_pos)
-        ctx = d.max_pos;
-    if (longest >= ctx) {
-        fprintf(stderr, "zinc: error: generate: a prompt of %lld tokens leaves no room in a "
-                "context of %lld (max_position_embeddings %lld%s)\n", (long long)longest,
-                (long long)ctx, (long long)d.max_pos, context > 0 ? ", --context" : "");
-        goto out;
-    }
-    int64_t B = (int64_t)batch < pr.n ? (int64_t)batch : pr.n;
+/* `--plan`: what is where, the cache, the bytes a decoding step moves, and
+ * the bound they put on decode tokens/s over the link figures `c`
+ * (zn_gen_link_figures): each resource alone, the step no faster than the
+ * busiest (the copies overlap compute and each other). */
+static void print_plan(const zn_gen_engine *e, const zn_ceilings *c, const zn_model_dims *d)
+{
+    int64_t ctx = e->ctx, B = e->batch;
+    zn_gen_placement p;
+    zn_gen_get_placement(e->g, &p);
+    zn_dev_info di;
+    zn_dev_get_info(e->dev, &di);
+    zn_dev_mem ms;
+    zn_dev_mem_stats(e->dev, &ms);
+    char a[32], b[32], cc[32];
+    printf("device       %s, %s, arena %s, %s allocated\n", di.name, zn_dtype_name(e->dt),
+           zn_format_size(ms.budget, a, sizeof a), zn_format_size(ms.used, b, sizeof b));
+    printf("layers       %d of %d on the device, %d streamed from %s (%s each) "
+           "through %d device slots\n", p.resident_layers, p.layers, p.streamed_layers,
+           p.nvme_bytes ? "NVMe" : "pinned RAM", zn_format_size(p.layer_bytes, a, sizeof a),
+           p.ring);
+    if (p.nvme_bytes)
+        printf("nvme         %s of swap for the streamed layers; each read into a pinned stage "
+               "per slot\n", zn_format_size(p.nvme_bytes, a, sizeof a));
+    printf("embedding    %s\n", p.embed_resident ? "on the device"
+                                                 : "pinned RAM (its rows gathered per step)");
+    printf("weights      %s on the device (ring slots included), %s pinned\n",
+           zn_format_size(p.device_weight_bytes, a, sizeof a),
+           zn_format_size(p.pinned_bytes, b, sizeof b));
+    printf("kv cache     %s per sequence of %lld tokens, %lld sequences: %s ",
+           zn_format_size(p.kv_bytes_per_seq, a, sizeof a), (long long)ctx, (long long)B,
+           zn_format_size(p.kv_bytes, cc, sizeof cc));
+    if (p.kv_pinned)
+        printf("in pinned RAM (%s): each layer's through one of 2 device slots (%s "
+               "together), its rows copied in while the layer before computes\n",
+               e->kv_home == ZN_GEN_KV_PINNED ? "--kv-cache pinned"
+                                              : "the device cannot hold it beside the weights",
+               zn_format_size(p.kv_device_bytes, a, sizeof a));
+    else
+        printf("on the device\n");
 
-    zn_gc_install_signals();
-    gen_place gpo = GEN_PLACE_DEFAULT;
-    gpo.device = device;
-    gpo.dtype = dtype;
-    gpo.gpu_mem = gpu_mem;
-    gpo.nvme = nvme;
-    gpo.ctx = ctx;
-    gpo.batch = B;
-    gpo.kv_home = kv_home;
-    /* the plan's link figures first: measuring them (--recalibrate) opens a
-     * device of its own, which would not fit beside the engine's arena (on
-     * a GPU that arena takes all the free memory but the margin) */
-    zn_ceilings link;
-    if (plan_only && (ret = zn_gc_link_figures(device, nvme, target, recalibrate, &link,
-                                               "generate")))
-        goto out;
-    if ((ret = zn_gc_engine_open(&en, &d, model, adapter, ckpt, &gpo, plan_only, "generate"))) {
-        if (ret != 2)
-            ret = 1;
-        goto out;
+    /* a step's bytes at context t (tokens cached per sequence) */
+    uint64_t w_h2d = p.streamed_bytes_per_step;
+    uint64_t w_nvme = p.nvme_bytes ? p.streamed_bytes_per_step : 0;
+    uint64_t kv_full = p.kv_pinned ? (uint64_t)B * (uint64_t)(ctx - 1) * p.kv_token_bytes : 0;
+    uint64_t kv_out = p.kv_pinned ? (uint64_t)B * p.kv_token_bytes : 0;
+    printf("per step     %s of weights host to device", zn_format_size(w_h2d, a, sizeof a));
+    if (p.streamed_layers && !w_h2d)
+        printf(" (the slots hold every streamed layer: loaded once)");
+    if (w_nvme)
+        printf(", read from NVMe first");
+    if (p.kv_pinned)
+        printf("; kv cache %s in per 1k tokens of context and sequence (%s with %lld at the "
+               "full %lld), %s out", zn_format_size(p.kv_token_bytes * 1000, b, sizeof b),
+               zn_format_size(kv_full, cc, sizeof cc), (long long)B, (long long)ctx,
+               zn_format_size(kv_out, a, sizeof a));
+    if (p.embed_row_bytes)
+        printf("; embedding rows %s in", zn_format_size((uint64_t)B * p.embed_row_bytes, a,
+                                                          sizeof a));
+    printf("; logits %s out\n", zn_format_size((uint64_t)B * p.logits_row_bytes, a, sizeof a));
+
+    if (!w_h2d && !p.kv_pinned) {
+        printf("bound        nothing crosses the link per step: decoding is the device's "
+               "compute\n");
+        return;
     }
-    ret = 1;
-    if (plan_only) {
-        zn_gc_print_plan(&en, ctx, B, &link, &d);
-        ret = 0;
-        goto out;
+    if (!(c->h2d_bps > 0) || (w_nvme && !(c->nvme_read_bps > 0))) {
+        printf("bound        unknown: no measured %s for this machine (`zinc generate --plan "
+               "--recalibrate` measures it once and keeps it; or --target %s)\n",
+               c->h2d_bps > 0 ? "NVMe read rate" : "host link", zn_cost_target_names());
+        if (di.pcie_peak_gbs > 0 && w_h2d)
+            printf("             the link's %.1f GB/s peak alone would allow %.1f tokens/s "
+                   "with %lld sequences\n", di.pcie_peak_gbs,
+                   di.pcie_peak_gbs * 1e9 / (double)w_h2d * (double)B, (long long)B);
+        return;
     }
-    gen = calloc((size_t)pr.n, sizeof *gen);
-    gen_len = calloc((size_t)pr.n, sizeof *gen_len);
-    if (!gen || !gen_len) {
-        zn_cli_fail(-ENOMEM, "generate");
-        goto out;
-    }
-    sm.tok = &tok;
-    sm.stream = !json_out && !pfile && tok.pid;
-    double t0 = zn_now_s();
-    rc = zn_gen_run(en.g, pr.n, (const int32_t *const *)pr.ids, pr.len, &gp, gen, gen_len,
-                    zn_gc_on_token, &sm);
-    double t1 = zn_now_s();
-    if (rc) {
-        zn_cli_fail(rc, "generate");
-        goto out;
-    }
-    if (outfile && !(out = fopen(outfile, "w"))) {
-        fprintf(stderr, "zinc: error: generate: %s: %s\n", outfile, strerror(errno));
-        out = stdout;
-        goto out;
-    }
-    int64_t total = 0;
-    for (int64_t i = 0; i < pr.n; i++) {
-        total += gen_len[i];
-        if (sm.stream)
-            continue;
-        int eos = 0;
-        for (int k = 0; k < gp.n_eos && gen_len[i]; k++)
-            eos |= gen[i][gen_len[i] - 1] == gp.eos[k];
-        char *text = tok.pid ? zn_gc_tok_decode(&tok, gen[i], gen_len[i]) : NULL;
-        if (json_out || pfile) {
-            json_t *o = json_pack("{s:I, s:o, s:o, s:s}", "index", (json_int_t)i, "prompt_ids",
-                                  zn_gc_ids_json(pr.ids[i], pr.len[i]), "ids",
-                                  zn_gc_ids_json(gen[i], gen_len[i]), "finish",
-                                  eos ? "eos" : "length");
+    /* the busiest resource at contexts 0 (weights alone) and full */
+    double t[2];
+    const char *by[2];
+    for (int full = 0; full < 2; full++)
+        t[full] = zn_gen_step_bound(&p, B, full ? ctx - 1 : 0, c, d, -1, &by[full]);
+    if (t[0] > 0)
+        printf("bound        decode at most %.1f tokens/s with %lld sequences (%.2f steps/s, %s)",
+               (double)B / t[0], (long long)B, 1 / t[0], by[0]);
+    else
+        printf("bound        none from the link as the cache starts");
+    if (p.kv_pinned && t[1] > 0)
+        printf(" as the cache starts, %.1f tokens/s with it full (%s)", (double)B / t[1], by[1]);
+    printf("\n             over host to device %.2f GB/s", c->h2d_bps / 1e9);
+    if (p.kv_pinned && c->d2h_bps > 0)
+        printf(", device to host %.2f GB/s", c->d2h_bps / 1e9);
+    if (w_nvme)
+        printf(", NVMe read %.2f GB/s", c->nvme_read_bps / 1e9);
+    if (c->gemm_flops > 0)
+        printf(", GEMM %.0f TFLOP/s x %.2f", c->gemm_flops / 1e12, c->model_eff);
+    if (strcmp(c->name, "this machine"))
+        printf(": the %s target's figures (%s)\n", c->name, c->source);
+    else
+        printf(": %s\n", c->source);
+    if (c->shared_cores)
+        printf("             (the host backend: copies and compute share the cores, so the "
+               "bound is their sum, not the busiest)\n");
+}
+
+static json_t *ids_json(const int32_t *ids, int64_t n)
+{
+    json_t *a = json_array();
+    for (int64_t i = 0; i < n; i++)
+        json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
+/* Each prompt's result on `out`: a JSON object a line (--json, --prompts),
+ * else its text, else its ids. A text the tokenizer could not give is said
+ * and left out. */
+static void write_outputs(zn_gen_session *s, const gen_args *a, FILE *out, int64_t n)
+{
+    zn_gen_session_info info;
+    zn_gen_session_get_info(s, &info);
+    for (int64_t i = 0; i < n; i++) {
+        zn_gen_output o;
+        zn_gen_session_output(s, i, &o);
+        char *text = NULL;
+        int rc;
+        if (info.tokenizer && (rc = zn_gen_session_decode(s, o.ids, o.len, &text)))
+            zn_cli_fail(rc, "generate");
+        if (a->json_out || a->pfile) {
+            json_t *j = json_pack("{s:I, s:o, s:o, s:s}", "index", (json_int_t)i, "prompt_ids",
+                                  ids_json(o.prompt, o.prompt_len), "ids",
+                                  ids_json(o.ids, o.len), "finish", o.eos ? "eos" : "length");
             if (text)
-                json_object_set_new(o, "text", json_string(text));
-            char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
-            if (s)
-                fprintf(out, "%s\n", s);
-            free(s);
-            json_decref(o);
+                json_object_set_new(j, "text", json_string(text));
+            char *line = json_dumps(j, JSON_COMPACT | JSON_ENSURE_ASCII);
+            if (line)
+                fprintf(out, "%s\n", line);
+            free(line);
+            json_decref(j);
         } else if (text) {
             fprintf(out, "%s\n", text);
         } else {
-            for (int64_t k = 0; k < gen_len[i]; k++)
-                fprintf(out, "%s%d", k ? "," : "", gen[i][k]);
+            for (int64_t k = 0; k < o.len; k++)
+                fprintf(out, "%s%d", k ? "," : "", o.ids[k]);
             fprintf(out, "\n");
         }
         free(text);
     }
-    if (out != stdout && fclose(out)) {
-        out = stdout;
-        fprintf(stderr, "zinc: error: generate: %s: %s\n", outfile, strerror(errno));
-        goto out;
-    }
-    out = stdout;
-    zn_dev_info di;
-    zn_dev_get_info(en.dev, &di);
-    char where[256];
-    zn_gc_placement_line(&en, where, sizeof where);
-    zn_gen_placement gpl;
-    zn_gen_get_placement(en.g, &gpl);
-    fprintf(stderr, "zinc: generate: %lld prompts, %lld new tokens in %.2f s (%.1f tokens/s; "
-            "weights loaded in %.2f s), %s, %s, %s", (long long)pr.n, (long long)total, t1 - t0,
-            (double)total / (t1 - t0 > 0 ? t1 - t0 : 1e-9), en.load_s, di.name,
-            zn_dtype_name(en.dt), where);
-    if (gpl.streamed_bytes)
-        fprintf(stderr, ", %.2f GB streamed (%.2f GB/s)", (double)gpl.streamed_bytes / 1e9,
-                (double)gpl.streamed_bytes / 1e9 / (t1 - t0 > 0 ? t1 - t0 : 1e-9));
-    fputc('\n', stderr);
-    ret = 0;
-out:
-    if (out != stdout)
-        fclose(out);
-    for (int64_t i = 0; gen && i < pr.n; i++)
-        free(gen[i]);
-    free(gen);
-    free(gen_len);
-    free(sm.gen);
-    zn_gc_engine_close(&en);
-    zn_gc_prompts_free(&pr);
-    zn_gc_tok_close(&tok);
-    json_decref(recs);
-    return ret;
 }
 
+/* The line on stderr after a generation: how much, how fast, where. */
+static void print_summary(zn_gen_session *s, double secs)
+{
+    zn_gen_session_info info;
+    zn_gen_session_get_info(s, &info);
+    const zn_gen_engine *en = zn_gen_session_engine(s);
+    int64_t total = 0;
+    for (int64_t i = 0; i < info.prompts; i++) {
+        zn_gen_output o;
+        zn_gen_session_output(s, i, &o);
+        total += o.len;
+    }
+    zn_dev_info di;
+    zn_dev_get_info(en->dev, &di);
+    char where[256];
+    zn_gen_engine_placement_line(en, where, sizeof where);
+    zn_gen_placement gpl;
+    zn_gen_get_placement(en->g, &gpl);
+    fprintf(stderr, "zinc: generate: %lld prompts, %lld new tokens in %.2f s (%.1f tokens/s; "
+            "weights loaded in %.2f s), %s, %s, %s", (long long)info.prompts, (long long)total,
+            secs, (double)total / (secs > 0 ? secs : 1e-9), en->load_s, di.name,
+            zn_dtype_name(en->dt), where);
+    if (gpl.streamed_bytes)
+        fprintf(stderr, ", %.2f GB streamed (%.2f GB/s)", (double)gpl.streamed_bytes / 1e9,
+                (double)gpl.streamed_bytes / 1e9 / (secs > 0 ? secs : 1e-9));
+    fputc('\n', stderr);
+}
+
+/* The prompts, then the model placed (and with --plan its plan printed).
+ * Returns -1 to go on generating, or the exit code. */
+static int prepare(zn_gen_session *s, const gen_args *a)
+{
+    int64_t *ids = NULL, n_ids = 0;
+    int rc;
+    if (a->idlist && parse_ids(a->idlist, &ids, &n_ids))
+        return 1;
+    zn_gen_prompt_source src = { a->prompt, a->chat, ids, n_ids, a->pfile };
+    rc = zn_gen_session_prompts(s, &src, (int64_t)a->context);
+    free(ids);
+    if (rc)
+        return zn_cli_fail(rc, "generate");
+    zn_gc_install_signals();
+    zn_gen_place o = zn_gen_place_default();
+    o.device = a->device;
+    o.nvme = a->nvme;
+    o.batch = (int64_t)a->batch;
+    o.kv_home = a->kv_home;
+    /* the plan's link figures first: measuring them (--recalibrate) opens a
+     * device of its own, which would not fit beside the engine's arena (on
+     * a GPU that arena takes all the free memory but the margin) */
+    zn_ceilings link;
+    if (a->plan_only &&
+        (rc = zn_gen_link_figures(a->device, a->nvme, a->target, a->recalibrate, &link,
+                                  stderr))) {
+        zn_cli_fail(rc, "generate");
+        return a->target ? 2 : 1; /* with a target, only its name can be wrong */
+    }
+    if ((rc = zn_gc_place_flags(&o, a->gpu_mem, a->dtype, "generate")))
+        return rc;
+    if ((rc = zn_gen_session_place(s, &o, a->plan_only)))
+        return zn_cli_fail(rc, "generate");
+    if (a->plan_only) {
+        zn_gen_session_info info;
+        zn_gen_session_get_info(s, &info);
+        print_plan(zn_gen_session_engine(s), &link, &info.dims);
+        return 0;
+    }
+    return -1;
+}
+
+int zn_cmd_generate(int argc, char **argv)
+{
+    gen_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0)
+        return rc;
+    zn_gen_session_config cfg = zn_gen_session_config_default();
+    cfg.model = a.model;
+    cfg.adapter = a.adapter;
+    cfg.checkpoint = a.ckpt;
+    cfg.decode = a.decode;
+    cfg.source_root = ZN_SOURCE_ROOT;
+    zn_gen_session *s;
+    if ((rc = zn_gen_session_open(&s, &cfg))) {
+        zn_cli_fail(rc, "generate");
+        return rc == ZN_EARG ? 2 : 1;
+    }
+    int ret = prepare(s, &a);
+    if (ret >= 0)
+        goto out;
+    ret = 1;
+    zn_gen_session_info info;
+    zn_gen_session_get_info(s, &info);
+    int stream = !a.json_out && !a.pfile && info.tokenizer;
+    double secs;
+    if ((rc = zn_gen_session_generate(s, stream ? zn_gc_print_text : NULL, NULL, &secs))) {
+        zn_cli_fail(rc, "generate");
+        goto out;
+    }
+    FILE *out = stdout;
+    if (a.outfile && !(out = fopen(a.outfile, "w"))) {
+        fprintf(stderr, "zinc: error: generate: %s: %s\n", a.outfile, strerror(errno));
+        goto out;
+    }
+    if (!stream)
+        write_outputs(s, &a, out, info.prompts);
+    if (out != stdout && fclose(out)) {
+        fprintf(stderr, "zinc: error: generate: %s: %s\n", a.outfile, strerror(errno));
+        goto out;
+    }
+    print_summary(s, secs);
+    ret = 0;
+out:
+    zn_gen_session_close(s);
+    return ret;
+}

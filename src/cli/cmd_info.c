@@ -107,6 +107,8 @@ int zn_cmd_info(int argc, char **argv)
 {
     const char *path = ".";
     bool as_json = false;
+    char families[160];
+    zn_model_families(families, sizeof families);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
@@ -151,6 +153,7 @@ int zn_cmd_info(int argc, char **argv)
             json_object_set_new(root, "storage", storage_json(path, &probe));
         json_object_set_new(root, "build", json_pack("{sb sb sb}", "cuda", ZN_HAVE_CUDA,
                                                      "nccl", ZN_HAVE_NCCL, "mpi", ZN_HAVE_MPI));
+        json_object_set_new(root, "model_families", json_string(families));
         char *s = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         json_decref(root);
         if (!s)
@@ -163,6 +166,7 @@ int zn_cmd_info(int argc, char **argv)
     char b1[32], b2[32];
     printf("zinc %s (CUDA %s, NCCL %s, MPI %s)\n", ZN_VERSION, ZN_HAVE_CUDA ? "on" : "off",
            ZN_HAVE_NCCL ? "on" : "off", ZN_HAVE_MPI ? "on" : "off");
+    printf("  models       %s (HF model_type)\n", families);
     printf("\ncpu\n");
     printf("  model        %s\n", t.cpu_model);
     printf("  cores        %d cores, %d threads in %d package(s); %d threads usable here\n",

@@ -151,8 +151,13 @@ int zn_cli_plan_config(const char *path, const char **sets, int n_sets, int worl
         free(s);
     }
     if ((rc = zn_run_model_dims(cfg, d)) || (rc = zn_run_check_data(cfg, d, 0)) ||
-        (rc = zn_run_check_weights(cfg, d)))
+        (rc = zn_run_check_weights(cfg, d)) < 0)
         return rc;
+    if (rc == 1 && note)
+        fprintf(note, "  note       %s holds config.json and no weights: planned from its "
+                "shapes alone (zinc train needs the weights, or model.init=random)\n",
+                cfg->model.path);
+    rc = 0;
     zn_topo topo;
     if ((rc = zn_topo_discover(&topo)))
         return zn_error_prefix(rc, "topology");
@@ -172,14 +177,16 @@ int zn_cli_plan_config(const char *path, const char **sets, int n_sets, int worl
                                cfg->model.init_std, cfg->model.seed);
     if (!rc) {
         zn_train_llama_set_attention(ll, cfg->train.attention);
+        zn_spec *sp = calloc(1, sizeof *sp);
         zn_train_options to = zn_train_options_default();
-        to.cfg = cfg;
+        to.spec = sp;
         to.model = zn_train_llama_model(ll);
-        to.plan_in = in;
-        to.budgets = budgets;
-        rc = zn_run_fit_optimizer(cfg, &to, world, note);
+        rc = sp ? zn_run_spec(cfg, in, &budgets, sp) : zn_set_error(-12, "out of memory");
+        if (!rc)
+            rc = zn_run_fit_optimizer(cfg, sp, &to, world, note);
         if (rc >= 0)
             rc = zn_train_plan(plan, &to, world);
+        free(sp);
     }
     zn_train_llama_destroy(ll);
     free(blocks);
@@ -265,7 +272,7 @@ int zn_cmd_plan(int argc, char **argv)
     printf("plan for %s\n", path);
     double pc = (double)plan.params_total;
     printf("  model        %s, %.2f%s parameters (%lld layers, hidden %lld, heads %lld/%lld, "
-           "vocab %lld)\n", d.arch == ZN_ARCH_QWEN2 ? "qwen2" : "llama",
+           "vocab %lld)\n", zn_model_arch_name(d.arch),
            pc >= 1e9 ? pc / 1e9 : pc / 1e6, pc >= 1e9 ? "B" : "M", (long long)d.n_layers, (long long)d.hidden,
            (long long)d.n_heads, (long long)d.n_kv_heads, (long long)d.vocab);
     int vparts = zn_model_block_parts(&d, 0);

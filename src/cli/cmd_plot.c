@@ -17,6 +17,7 @@
 #include <jansson.h>
 
 #include "cli/cli.h"
+#include "util/fs-impl.h"
 
 enum { S_LOSS, S_EVAL, S_LR, S_TPS, S_COUNT };
 
@@ -307,34 +308,22 @@ static int rel_diff(const series *a, const series *b, series *out)
     return 0;
 }
 
-static FILE *svg_begin(const char *svg, char *tmp, size_t cap, double height, int *rc)
+static FILE *svg_begin(const char *svg, zn_fs_tmp *tmp, double height, int *rc)
 {
-    snprintf(tmp, cap, "%s.tmp", svg);
-    FILE *o = fopen(tmp, "w");
-    if (!o) {
-        *rc = zn_set_error(-errno, "%s: %s", tmp, strerror(errno));
+    if ((*rc = zn_fs_tmp_fopen(tmp, svg, 0644)))
         return NULL;
-    }
+    FILE *o = tmp->f;
     fprintf(o, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" "
             "font-family=\"sans-serif\" font-size=\"12\">\n", W, height);
     fprintf(o, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
     return o;
 }
 
-/* Closes the picture and renames it into place: whole or not at all. */
-static int svg_end(FILE *o, const char *tmp, const char *svg)
+/* Closes the picture and puts it in place durably: whole or not at all. */
+static int svg_end(zn_fs_tmp *tmp)
 {
-    fprintf(o, "</svg>\n");
-    if (ferror(o) | fclose(o)) {
-        remove(tmp);
-        return zn_set_error(-EIO, "%s: write error", tmp);
-    }
-    if (rename(tmp, svg) < 0) {
-        int rc = zn_set_error(-errno, "%s: %s", svg, strerror(errno));
-        remove(tmp);
-        return rc;
-    }
-    return 0;
+    fprintf(tmp->f, "</svg>\n");
+    return zn_fs_tmp_commit(tmp);
 }
 
 static const char *base_name(const char *path)
@@ -346,8 +335,8 @@ static const char *base_name(const char *path)
 static int draw_one(const series *s, const char *svg, const char *title)
 {
     int panels = 1 + has(s, S_LR) + has(s, S_TPS), rc = 0;
-    char tmp[4200];
-    FILE *o = svg_begin(svg, tmp, sizeof tmp, PANEL_H * panels, &rc);
+    zn_fs_tmp tmp;
+    FILE *o = svg_begin(svg, &tmp, PANEL_H * panels, &rc);
     if (!o)
         return rc;
     curve c[S_COUNT];
@@ -364,7 +353,7 @@ static int draw_one(const series *s, const char *svg, const char *title)
     }
     if (has(s, S_TPS))
         panel(o, &c[S_TPS], 1, false, top, "tokens/s (each step's tokens over its seconds)");
-    return svg_end(o, tmp, svg);
+    return svg_end(&tmp);
 }
 
 static const char *const run_color[ZN_PLOT_MAX_RUNS] = {
@@ -377,8 +366,9 @@ static int draw_compare(const series *s, const series *d, const char *const *nam
                         const char *svg, const char *title)
 {
     int rc = 0;
-    char tmp[4200], cls[ZN_PLOT_MAX_RUNS][2][16];
-    FILE *o = svg_begin(svg, tmp, sizeof tmp, 2 * PANEL_H, &rc);
+    char cls[ZN_PLOT_MAX_RUNS][2][16];
+    zn_fs_tmp tmp;
+    FILE *o = svg_begin(svg, &tmp, 2 * PANEL_H, &rc);
     if (!o)
         return rc;
     curve loss[ZN_PLOT_MAX_RUNS], rel[ZN_PLOT_MAX_RUNS];
@@ -393,7 +383,7 @@ static int draw_compare(const series *s, const series *d, const char *const *nam
     panel(o, loss, n, false, 0, t);
     snprintf(t, sizeof t, "loss relative to %s: (run - it) / it", base_name(names[0]));
     panel(o, rel + 1, n - 1, true, PANEL_H, t);
-    return svg_end(o, tmp, svg);
+    return svg_end(&tmp);
 }
 
 int zn_cli_plot_runs(const char *const *jsonl, int n, const char *svg, const char *title)

@@ -10,26 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "cli/cli.h"
+#include "util/fs-impl.h"
 #include "zinc/ckpt.h"
 #include "zinc/comm.h"
-
-static int mkdir_p(const char *dir)
-{
-    char p[4096];
-    snprintf(p, sizeof p, "%s", dir);
-    for (char *s = p + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = 0;
-        if (mkdir(p, 0755) && errno != EEXIST)
-            return -errno;
-        *s = '/';
-    }
-    return mkdir(p, 0755) && errno != EEXIST ? -errno : 0;
-}
 
 int zn_cli_recipe_open(const char *path, zn_recipe **out, char *log_path, size_t log_len)
 {
@@ -56,9 +41,9 @@ int zn_cli_recipe_open(const char *path, zn_recipe **out, char *log_path, size_t
         free(r);
         return 2;
     }
-    if ((rc = mkdir_p(r->output_dir))) {
+    if ((rc = zn_fs_mkdir_p(r->output_dir, 0755))) {
         fprintf(stderr, "zinc: error: %s: output_dir %s: %s\n", path, r->output_dir,
-                strerror(-rc));
+                zn_last_error());
         free(r);
         return 1;
     }

@@ -9,7 +9,6 @@
  * user's JSON with the chosen keys set, and a "_tune" object saying where
  * each value came from). */
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +17,7 @@
 #include <jansson.h>
 
 #include "cli/cli.h"
+#include "util/fs-impl.h"
 #include "zinc/cost.h"
 #include "zinc/run.h"
 #include "zinc/zinc.h"
@@ -202,22 +202,12 @@ static int write_config(const char *src, const char *dst, const cand *c, const z
                                                  c->cost.step_s, "given_predicted_step_s",
                                                  given && given->fits == 1 ? given->cost.step_s : 0.0,
                                                  "ceilings", ceil_name, "settings", prov));
-    char tmp[ZN_PATH_MAX + 32];
-    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", dst, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    int rc = fd < 0 ? -errno : 0;
-    if (!rc && json_dumpfd(root, fd, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0)
-        rc = -EIO;
-    if (fd >= 0 && close(fd) < 0 && !rc)
-        rc = -errno;
-    if (!rc && rename(tmp, dst) < 0)
-        rc = -errno;
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(root);
-    if (rc) {
-        unlink(tmp);
-        return zn_set_error(rc, "--write %s: %s", dst, strerror(-rc));
-    }
-    return 0;
+    int rc = text ? zn_fs_write_atomic(dst, text, strlen(text))
+                  : zn_set_error(-ENOMEM, "out of memory");
+    free(text);
+    return rc ? zn_error_prefix(rc, "--write %s", dst) : 0;
 }
 
 int zn_cli_tune(const char *path, const char **sets, int n_sets, int world, const char *target_name,

@@ -31,6 +31,12 @@ typedef enum {
     K_UNSUPP,    /* DeepSpeed key zinc does not implement */
     K_OFFSEC,    /* DeepSpeed section accepted only switched off ("enabled" not
                     true, "disable" not false, anywhere inside it) */
+    K_TUNING,    /* DeepSpeed key that changes only diagnostics or speed, which
+                    zinc does its own way: every value of its type accepted.
+                    `choices`: DeepSpeed's default as JSON (its type: bool, or
+                    a number in [min, max]); NULL: a section. A value that asks
+                    for something (not the default; a section switched on) gets
+                    one warning with `note`, what zinc does instead */
 } key_kind;
 
 /* What "auto" resolves to (the HF Trainer integration's rules, from
@@ -46,9 +52,11 @@ typedef struct {
     key_kind kind;
     size_t off;       /* offset in zn_config (leaf keys) */
     double min, max;  /* K_INT, K_INT32, K_NUM */
-    const char *choices; /* K_ENUM choices; K_FIXED JSON value; K_ACCEPT JSON type */
+    const char *choices; /* K_ENUM choices; K_FIXED JSON value; K_ACCEPT JSON type;
+                            K_TUNING default */
     int aux;          /* K_ENUM base; K_SIZE: offset+1 of the "auto" bool; K_STR cap */
-    const char *note; /* why a K_ACCEPT/K_UNSUPP key is what it is */
+    const char *note; /* why a K_ACCEPT/K_UNSUPP key is what it is; K_TUNING: what
+                         zinc does instead */
     int autorule;     /* auto_rule; omitted (0) in most entries */
 } key_spec;
 
@@ -72,6 +80,9 @@ typedef struct {
     int n_err;
     const char *const *overrides; /* "key.path=value": leaves under a key are --set */
     int n_overrides;
+    /* the K_TUNING notes given: each is said once a parse */
+    const char *noted[32];
+    int n_noted;
 } parse_ctx;
 
 /* schema.c: the schema entry of a key path (NULL: none), the last part of

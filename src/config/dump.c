@@ -52,7 +52,7 @@ char *zn_config_dump(const zn_config *c)
     for (size_t i = 0; i < zn_cfg_n_schema; i++) {
         const key_spec *k = &zn_cfg_schema[i];
         if (k->kind == K_OBJ || k->kind == K_FIXED || k->kind == K_ACCEPT ||
-            k->kind == K_UNSUPP || is_alias(k))
+            k->kind == K_UNSUPP || k->kind == K_TUNING || is_alias(k))
             continue;
         /* steps_per_print is DeepSpeed's name for train.log_every: dump the latter;
          * the deprecated offload spellings are dumped as the keys they set */

@@ -12,6 +12,7 @@
 
 #include <jansson.h>
 
+#include "zinc/model.h"
 #include "config/config-impl.h"
 
 /* ---- the parser ---------------------------------------------------------- */
@@ -168,59 +169,10 @@ static int parse_enum(parse_ctx *ctx, const key_spec *k, const char *path, const
     return zn_cfg_err(ctx, path, "'%s' is not one of %s", s, k->choices);
 }
 
-/* PEFT's target_modules for these decoders: module names (a full
- * "model.layers.3.self_attn.q_proj" counts by its last part) or
- * "all-linear" (every projection of the layers; not lm_head). Writes what is
- * wrong into msg and returns ZN_ECONFIG. */
-static int targets_of(const json_t *v, unsigned *out, char *msg, size_t len)
-{
-    static const char *const names[] = { "q_proj", "k_proj", "v_proj", "o_proj",
-                                          "gate_proj", "up_proj", "down_proj" };
-    *out = 0;
-    if (json_is_string(v) && !strcmp(json_string_value(v), "all-linear")) {
-        *out = 127;
-        return 0;
-    }
-    json_t *one = json_is_string(v) ? json_pack("[O]", v) : NULL;
-    const json_t *arr = one ? one : v;
-    if (!json_is_array(arr)) {
-        snprintf(msg, len, "expected a list of module names (q_proj, k_proj, v_proj, o_proj, "
-                 "gate_proj, up_proj, down_proj) or \"all-linear\", got %s", json_kind(v));
-        return ZN_ECONFIG;
-    }
-    size_t i;
-    json_t *e;
-    int rc = 0;
-    json_array_foreach(arr, i, e) {
-        const char *n = json_is_string(e) ? json_string_value(e) : NULL;
-        const char *leaf = n ? strrchr(n, '.') : NULL;
-        leaf = leaf ? leaf + 1 : n;
-        int k = 0;
-        while (leaf && k < 7 && strcmp(leaf, names[k]))
-            k++;
-        if (!leaf || k == 7) {
-            char *got = json_dumps(e, JSON_ENCODE_ANY | JSON_COMPACT);
-            snprintf(msg, len, "[%zu] = %s is not a projection zinc adapts: one of q_proj, "
-                     "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (lm_head and "
-                     "embed_tokens adapters are not supported)", i, got ? got : "?");
-            free(got);
-            rc = ZN_ECONFIG;
-            break;
-        }
-        *out |= 1u << k;
-    }
-    json_decref(one);
-    if (!rc && !*out) {
-        snprintf(msg, len, "names no module");
-        rc = ZN_ECONFIG;
-    }
-    return rc;
-}
-
 int zn_config_lora_targets(const void *json_value, unsigned *out, const char *where)
 {
     char msg[400];
-    if (targets_of(json_value, out, msg, sizeof msg))
+    if (zn_lora_targets_of(json_value, out, msg, sizeof msg))
         return zn_set_error(ZN_ECONFIG, "%s: %s", where, msg);
     return 0;
 }
@@ -228,7 +180,7 @@ int zn_config_lora_targets(const void *json_value, unsigned *out, const char *wh
 static int parse_targets(parse_ctx *ctx, const char *path, const json_t *v, unsigned *out)
 {
     char msg[400];
-    if (targets_of(v, out, msg, sizeof msg))
+    if (zn_lora_targets_of(v, out, msg, sizeof msg))
         return zn_cfg_err(ctx, path, "%s", msg);
     return 0;
 }
@@ -357,6 +309,90 @@ static const char *switched_on(const json_t *v, char *where, size_t len)
         }
     }
     return NULL;
+}
+
+/* Says a K_TUNING key's note once a parse (a run parses its config once):
+ * two spellings that share a note give one line. */
+static void note_once(parse_ctx *ctx, const key_spec *k, const char *path, const char *what)
+{
+    for (int i = 0; i < ctx->n_noted; i++)
+        if (!strcmp(ctx->noted[i], k->note))
+            return;
+    if (ctx->n_noted < (int)(sizeof ctx->noted / sizeof ctx->noted[0]))
+        ctx->noted[ctx->n_noted++] = k->note;
+    zn_cfg_warn(ctx, path, "%s is accepted (it changes no number of the training): %s", what,
+                k->note);
+}
+
+/* A key that changes only diagnostics or speed (K_TUNING): any value of its
+ * type is accepted, and one that asks for something zinc does its own way
+ * says so once. "auto" is DeepSpeed's default (its config model drops an
+ * "auto" nothing fills). */
+static int parse_tuning(parse_ctx *ctx, const key_spec *k, const char *path, const json_t *v)
+{
+    char where[300], what[400];
+    if (!k->choices) {
+        if (!json_is_object(v) && !json_is_boolean(v))
+            return zn_cfg_err(ctx, path, "expected an object, got %s", json_kind(v));
+        if (json_is_false(v) || (json_is_object(v) && !switched_on(v, where, sizeof where))) {
+            zn_debug("%s: %s accepted: switched off", ctx->file, path);
+            return 0;
+        }
+        snprintf(what, sizeof what, "switched on (%s)", json_is_true(v) ? "true" : where);
+        note_once(ctx, k, path, what);
+        return 0;
+    }
+    if (json_is_string(v) && !strcmp(json_string_value(v), "auto")) {
+        zn_debug("%s: %s: \"auto\": DeepSpeed's default %s", ctx->file, path, k->choices);
+        return 0;
+    }
+    json_t *def = json_loads(k->choices, JSON_DECODE_ANY, NULL);
+    if (!def)
+        return zn_cfg_err(ctx, path, "internal: bad K_TUNING default '%s'", k->choices);
+    bool asks;
+    if (json_is_boolean(def)) {
+        bool b;
+        if (json_is_string(v) && (!strcmp(json_string_value(v), "true") ||
+                                  !strcmp(json_string_value(v), "false"))) {
+            b = !strcmp(json_string_value(v), "true");
+        } else if (json_is_boolean(v)) {
+            b = json_is_true(v);
+        } else {
+            json_decref(def);
+            return zn_cfg_err(ctx, path, "expected true or false, got %s", json_kind(v));
+        }
+        asks = b != json_is_true(def);
+        snprintf(what, sizeof what, "%s", b ? "true" : "false");
+    } else {
+        double d;
+        int64_t n;
+        if (json_is_integer(def)) {
+            if (get_int(ctx, path, v, &n)) {
+                json_decref(def);
+                return ZN_ECONFIG;
+            }
+            d = (double)n;
+            snprintf(what, sizeof what, "%lld", (long long)n);
+        } else if (num_string(v, &d) || json_is_number(v)) {
+            if (json_is_number(v))
+                d = json_number_value(v);
+            snprintf(what, sizeof what, "%g", d);
+        } else {
+            json_decref(def);
+            return zn_cfg_err(ctx, path, "expected a number, got %s", json_kind(v));
+        }
+        if (check_range(ctx, k, path, d)) {
+            json_decref(def);
+            return ZN_ECONFIG;
+        }
+        asks = d != json_number_value(def);
+    }
+    json_decref(def);
+    if (asks)
+        note_once(ctx, k, path, what);
+    else
+        zn_debug("%s: %s accepted: DeepSpeed's default %s", ctx->file, path, k->choices);
+    return 0;
 }
 
 static int parse_value(parse_ctx *ctx, const key_spec *k, const char *path, json_t *v)
@@ -532,6 +568,8 @@ static int parse_value(parse_ctx *ctx, const key_spec *k, const char *path, json
                        "only switched off (\"enabled\": false)%s%s", zn_cfg_leaf_of(path),
                        k->note ? "; " : "", k->note ? k->note : "");
     }
+    case K_TUNING:
+        return parse_tuning(ctx, k, path, v);
     case K_UNSUPP:
         return zn_cfg_err(ctx, path, "DeepSpeed's %s is not implemented by zinc%s%s",
                        zn_cfg_leaf_of(path), k->note ? "; " : "", k->note ? k->note : "");

@@ -37,22 +37,28 @@ const key_spec zn_cfg_schema[] = {
     { "prescale_gradients", K_FIXED, 0, 0, 0, "false", 0, NULL },
     { "gradient_predivide_factor", K_FIXED, 0, 0, 0, "1.0", 0, NULL },
     { "sparse_gradients", K_FIXED, 0, 0, 0, "false", 0, NULL },
-    { "dump_state", K_FIXED, 0, 0, 0, "false", 0, NULL },
+    /* diagnostics and speed knobs (K_TUNING): accepted at any value, with
+     * a note where the value asks for something zinc does its own way */
+    { "dump_state", K_TUNING, 0, 0, 0, "false", 0,
+      "DeepSpeed's engine-state dump is not printed; zinc train prints its effective config "
+      "at the start, zinc plan the memory plan" },
     { "communication_data_type", K_FIXED, 0, 0, 0, "null|\"fp32\"", 0, NULL },
     { "seq_parallel_communication_data_type", K_UNSUPP, 0, 0, 0, NULL, 0, NULL },
     { "amp", K_OFFSEC, 0, 0, 0, NULL, 0, "use bf16.enabled or fp16.enabled" },
     { "zenflow", K_UNSUPP, 0, 0, 0, NULL, 0, NULL },
-    { "flops_profiler", K_OFFSEC, 0, 0, 0, NULL, 0, "zinc train prints achieved TFLOP/s" },
+    { "flops_profiler", K_TUNING, 0, 0, 0, NULL, 0,
+      "DeepSpeed's flops profiler is not run; zinc train prints the achieved TFLOP/s on each "
+      "log line" },
     { "tensorboard", K_OBJ, 0, 0, 0, NULL, 0, NULL },
     { "tensorboard.enabled", K_BOOL, OFF(tensorboard.enabled), 0, 0, NULL, 0, NULL },
     { "tensorboard.output_path", K_STR, OFF(tensorboard.output_path), 0, 0, NULL, ZN_PATH_MAX, NULL },
     { "tensorboard.job_name", K_STR, OFF(tensorboard.job_name), 0, 0, NULL, 256, NULL },
     /* the services: zinc sends nothing over the network; the files it
      * writes are what they import */
-    { "wandb", K_OFFSEC, 0, 0, 0, NULL, 0,
+    { "wandb", K_TUNING, 0, 0, 0, NULL, 0,
       "zinc sends no metrics to a service: enable the tensorboard section (W&B imports its "
       "event files with wandb sync DIR) or use zinc train --json-log" },
-    { "comet", K_OFFSEC, 0, 0, 0, NULL, 0,
+    { "comet", K_TUNING, 0, 0, 0, NULL, 0,
       "zinc sends no metrics to a service: the tensorboard and csv_monitor sections write "
       "files, zinc train --json-log writes JSON lines" },
     { "csv_monitor", K_OBJ, 0, 0, 0, NULL, 0, NULL },
@@ -66,7 +72,9 @@ const key_spec zn_cfg_schema[] = {
     { "monitor_config", K_ACCEPT, 0, 0, 0, "any", 0,
       "DeepSpeed does not read a top-level monitor_config (its monitors are the top-level "
       "tensorboard, wandb, csv_monitor and comet sections)" },
-    { "comms_logger", K_OFFSEC, 0, 0, 0, NULL, 0, NULL },
+    { "comms_logger", K_TUNING, 0, 0, 0, NULL, 0,
+      "DeepSpeed's communication logger is not run; zinc's collectives are its own, and the "
+      "step-time breakdown at the end of zinc train gives their busy time (comm)" },
     { "comms_config", K_ACCEPT, 0, 0, 0, "any", 0,
       "communication logging and verbosity; zinc's collectives are its own" },
     { "hybrid_engine", K_OFFSEC, 0, 0, 0, NULL, 0, "zinc has no RLHF generation engine" },
@@ -151,7 +159,11 @@ const key_spec zn_cfg_schema[] = {
     { "zero_optimization.overlap_comm", K_BOOL, OFF(zero.overlap_comm), 0, 0, NULL, 0, NULL },
     { "zero_optimization.contiguous_gradients", K_BOOL, OFF(zero.contiguous_gradients), 0, 0, NULL, 0, NULL },
     { "zero_optimization.reduce_scatter", K_FIXED, 0, 0, 0, "true", 0, NULL },
-    { "zero_optimization.allgather_partitions", K_FIXED, 0, 0, 0, "true", 0, NULL },
+    /* a gather copies: an allgather or a series of broadcasts give the same
+     * bits (a reduction's collective may not: reduce_scatter stays fixed) */
+    { "zero_optimization.allgather_partitions", K_TUNING, 0, 0, 0, "true", 0,
+      "an allgather or a series of broadcasts gather the same values; zinc gathers the "
+      "updated parameters with its own collectives" },
     { "zero_optimization.use_multi_rank_bucket_allreduce", K_FIXED, 0, 0, 0, "true", 0, NULL },
     { "zero_optimization.load_from_fp32_weights", K_FIXED, 0, 0, 0, "true", 0, NULL },
     { "zero_optimization.elastic_checkpoint", K_FIXED, 0, 0, 0, "false", 0, NULL },
@@ -168,7 +180,10 @@ const key_spec zn_cfg_schema[] = {
     { "zero_optimization.mics_shard_size", K_FIXED, 0, 0, 0, "-1", 0, NULL },
     { "zero_optimization.mics_hierarchical_params_gather", K_FIXED, 0, 0, 0, "false", 0, NULL },
     { "zero_optimization.stage3_use_all_reduce_for_fetch_params", K_FIXED, 0, 0, 0, "false", 0, NULL },
-    { "zero_optimization.stage3_module_granularity_threshold", K_FIXED, 0, 0, 0, "0", 0, NULL },
+    { "zero_optimization.stage3_module_granularity_threshold", K_TUNING, 0, 0, I64MAX, "0", 0,
+      "ZeRO-3 fetches modules smaller than it together, to cut its hooks' overhead; zinc "
+      "fetches each block (a decoder layer, a part of the embedding or the head) as one "
+      "buffer, whatever the value" },
     { "zero_optimization.pipeline_loading_checkpoint", K_FIXED, 0, 0, 0, "false", 0, NULL },
     { "zero_optimization.override_module_apply", K_FIXED, 0, 0, 0, "true", 0, NULL },
     { "zero_optimization.stage3_gather_16bit_weights_on_model_save", K_ACCEPT, 0, 0, 0, "bool", 0,
@@ -203,10 +218,13 @@ const key_spec zn_cfg_schema[] = {
     { "zero_optimization.offload_optimizer.pipeline_read", K_BOOL, OFF(zero.offload_optimizer.pipeline_read), 0, 0, NULL, 0, NULL },
     { "zero_optimization.offload_optimizer.pipeline_write", K_BOOL, OFF(zero.offload_optimizer.pipeline_write), 0, 0, NULL, 0, NULL },
     { "zero_optimization.offload_optimizer.pipeline", K_BOOL, OFF(zero.offload_optimizer.pipeline_read), 0, 0, NULL, 0, NULL },
-    { "zero_optimization.offload_optimizer.fast_init", K_FIXED, 0, 0, 0, "false", 0, NULL },
+    { "zero_optimization.offload_optimizer.fast_init", K_TUNING, 0, 0, 0, "false", 0,
+      "how DeepSpeed first writes the optimizer states to NVMe; zinc writes the initial master "
+      "weights once and starts Adam's moments as zeros without reading them" },
     { "zero_optimization.offload_optimizer.super_offload", K_FIXED, 0, 0, 0, "false", 0, NULL },
-    { "zero_optimization.offload_optimizer.cpuadam_cores_perc", K_UNSUPP, 0, 0, 0, NULL, 0,
-      "use train.threads" },
+    { "zero_optimization.offload_optimizer.cpuadam_cores_perc", K_TUNING, 0, 0, 1, "0.8", 0,
+      "DeepSpeed reads it only with super_offload; zinc's CPU Adam runs train.threads "
+      "threads" },
 
     /* ---- DeepSpeed: async I/O ---- */
     { "aio", K_OBJ, 0, 0, 0, NULL, 0, NULL },
@@ -216,7 +234,9 @@ const key_spec zn_cfg_schema[] = {
     { "aio.thread_count", K_INT, OFF(aio.intra_op_parallelism), 1, 256, NULL, 0, NULL },
     { "aio.single_submit", K_BOOL, OFF(aio.single_submit), 0, 0, NULL, 0, NULL },
     { "aio.overlap_events", K_BOOL, OFF(aio.overlap_events), 0, 0, NULL, 0, NULL },
-    { "aio.use_gds", K_FIXED, 0, 0, 0, "false", 0, NULL },
+    { "aio.use_gds", K_TUNING, 0, 0, 0, "false", 0,
+      "zinc moves NVMe data through pinned host buffers (io_uring, or a thread pool), not "
+      "GPUDirect Storage" },
 
     /* ---- DeepSpeed: activation checkpointing ---- */
     { "activation_checkpointing", K_OBJ, 0, 0, 0, NULL, 0, NULL },
@@ -244,7 +264,7 @@ const key_spec zn_cfg_schema[] = {
     /* ---- zinc: model (HF config.json names) ---- */
     { "model", K_OBJ, 0, 0, 0, NULL, 0, NULL },
     { "model.path", K_STR, OFF(model.path), 0, 0, NULL, ZN_PATH_MAX, NULL },
-    { "model.model_type", K_ENUM, OFF(model.arch), 0, 0, "llama|qwen2", 0, NULL },
+    { "model.model_type", K_ENUM, OFF(model.arch), 0, 0, "llama|qwen2|mistral", 0, NULL },
     { "model.hidden_size", K_INT, OFF(model.hidden_size), 1, 1 << 20, NULL, 0, NULL },
     { "model.num_hidden_layers", K_INT, OFF(model.num_hidden_layers), 1, 4096, NULL, 0, NULL },
     { "model.num_attention_heads", K_INT, OFF(model.num_attention_heads), 1, 4096, NULL, 0, NULL },

@@ -70,6 +70,12 @@ static int start_backend(zn_dev *d, int kind, int ordinal)
 #endif
 }
 
+/* "auto" says once a process which backend it took: a run opens "auto"
+ * for several purposes (the trainer, the cost model's calibration behind
+ * the step-time prediction), each time with the same answer. Any thread
+ * may be the first. */
+static int auto_told;
+
 int zn_dev_create(zn_dev **out, const zn_dev_config *cfg)
 {
     zn_dev_config def = zn_dev_config_default();
@@ -105,11 +111,14 @@ int zn_dev_create(zn_dev **out, const zn_dev_config *cfg)
         rc = start_backend(d, ZN_DEV_CUDA, 0);
         if (rc == ZN_ENODEV) {
             /* A backend that fails to start leaves nothing behind. */
-            zn_info("device auto: no usable GPU (%s); using the host backend", zn_last_error());
+            if (!__atomic_exchange_n(&auto_told, 1, __ATOMIC_ACQ_REL))
+                zn_info("device auto: no usable GPU (%s); using the host backend",
+                        zn_last_error());
             rc = start_backend(d, ZN_DEV_HOST, 0);
         }
 #else
-        zn_info("device auto: zinc built without CUDA; using the host backend");
+        if (!__atomic_exchange_n(&auto_told, 1, __ATOMIC_ACQ_REL))
+            zn_info("device auto: zinc built without CUDA; using the host backend");
         rc = start_backend(d, ZN_DEV_HOST, 0);
 #endif
     } else {

@@ -742,10 +742,9 @@ int zn_host_run_op(const zn_op *op, float **scratch, size_t *scratch_len)
     case ZN_OPK_SCALE: ew_op(op); return 0;
     case ZN_OPK_BIAS_ADD: bias_add(op); return 0;
     case ZN_OPK_BIAS_GRAD: bias_grad(op); return 0;
-    case ZN_OPK_CAST:
-        for (int64_t i = 0; i < op->u.cast.n; i++)
-            stf(op->u.cast.y, op->u.cast.y_dt, i, ldf(op->u.cast.x, op->u.cast.x_dt, i));
-        return 0;
+    case ZN_OPK_CAST: /* the CPU's array conversion: same rounding, threaded */
+        return zn_convert(op->u.cast.y, op->u.cast.y_dt, op->u.cast.x, op->u.cast.x_dt,
+                          (size_t)op->u.cast.n);
     case ZN_OPK_XENT_FWD: xent_fwd(op); return 0;
     case ZN_OPK_XENT_FINISH: xent_finish(op); return 0;
     case ZN_OPK_XENT_BWD: xent_bwd(op); return 0;

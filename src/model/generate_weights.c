@@ -10,6 +10,7 @@
 #include "zinc/device.h"
 #include "zinc/nvme.h"
 #include "zinc/generate.h"
+#include "zinc/optim.h"
 #include "model/model-impl.h"
 #include "util/try-impl.h"
 
@@ -425,9 +426,9 @@ int zn_gen_put(zn_gen *g, int block, int i, uint64_t first, const float *v, uint
     uint16_t *h = malloc((size_t)n * 2);
     if (!h)
         return zn_set_error(-ENOMEM, "out of memory");
-    for (uint64_t k = 0; k < n; k++)
-        h[k] = zn_m_f32_to_bf16(v[k]);
-    int rc = put_home(g, block, i, first * 2, h, (size_t)n * 2);
+    int rc = zn_convert(h, ZN_DTYPE_BF16, v, ZN_DTYPE_F32, (size_t)n);
+    if (!rc)
+        rc = put_home(g, block, i, first * 2, h, (size_t)n * 2);
     free(h);
     return rc;
 }

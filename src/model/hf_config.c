@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 
 #include "zinc/model.h"
 #include "model/model-impl.h"
+#include "util/fs-impl.h"
 
 void zn_model_dims_default(zn_model_dims *d)
 {
@@ -45,8 +47,11 @@ int zn_model_dims_validate(const zn_model_dims *d)
     if (d->f <= 0 || d->f > (max))                                             \
         return zn_set_error(ZN_ECONFIG, "model dims: " #f " = %lld must be in 1..%lld", \
                             (long long)d->f, (long long)(max));
-    if (d->arch != ZN_ARCH_LLAMA && d->arch != ZN_ARCH_QWEN2)
+    if (d->arch != ZN_ARCH_LLAMA && d->arch != ZN_ARCH_QWEN2 && d->arch != ZN_ARCH_MISTRAL)
         return zn_set_error(ZN_ECONFIG, "model dims: unknown arch %d", (int)d->arch);
+    if (d->sliding_window < 0)
+        return zn_set_error(ZN_ECONFIG, "model dims: sliding_window = %lld must be >= 0",
+                            (long long)d->sliding_window);
     POS(hidden, DIM_MAX);
     POS(n_layers, LAYERS_MAX);
     POS(n_heads, 4096);
@@ -249,14 +254,17 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
         return rc;
     if (!s)
         return zn_set_error(ZN_ECONFIG, "%s: missing key 'model_type'", c->name);
-    if (!strcmp(s, "llama"))
-        d->arch = ZN_ARCH_LLAMA;
-    else if (!strcmp(s, "qwen2"))
-        d->arch = ZN_ARCH_QWEN2;
-    else
-        return zn_set_error(ZN_EUNSUPPORTED,
-                            "%s: model_type '%s' is not supported (zinc implements 'llama' and "
-                            "'qwen2')", c->name, s);
+    const char *missing;
+    int64_t max_pos_default = 2048;
+    if (zn_model_family_lookup(s, &d->arch, &max_pos_default, &missing)) {
+        char built[128];
+        zn_model_families(built, sizeof built);
+        if (missing)
+            return zn_set_error(ZN_EUNSUPPORTED, "%s: model_type '%s' is not built yet: it "
+                                "needs %s (zinc trains %s)", c->name, s, missing, built);
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: model_type '%s' is not a family zinc knows "
+                            "(it trains %s)", c->name, s, built);
+    }
 
     if ((rc = get_str(c, "hidden_act", &s)))
         return rc;
@@ -270,8 +278,7 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
         (rc = get_int(c, "intermediate_size", 1, 0, &d->intermediate)) ||
         (rc = get_int(c, "vocab_size", 1, 0, &d->vocab)) ||
         (rc = get_int(c, "num_key_value_heads", 0, d->n_heads, &d->n_kv_heads)) ||
-        (rc = get_int(c, "max_position_embeddings", 0,
-                      d->arch == ZN_ARCH_QWEN2 ? 32768 : 2048, &d->max_pos)))
+        (rc = get_int(c, "max_position_embeddings", 0, max_pos_default, &d->max_pos)))
         return rc;
     if (d->hidden % d->n_heads && !json_object_get(c->root, "head_dim"))
         return zn_set_error(ZN_ECONFIG,
@@ -297,6 +304,13 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
                                 "%s: use_sliding_window=true is not supported (zinc computes full "
                                 "causal attention)", c->name);
     }
+    if (d->arch == ZN_ARCH_MISTRAL) {
+        /* MistralConfig's sliding_window: null (v0.2 on) or the window */
+        json_t *sw = json_object_get(c->root, "sliding_window");
+        if (sw && !json_is_null(sw) && (rc = get_int(c, "sliding_window", 1, 0,
+                                                     &d->sliding_window)))
+            return rc;
+    }
     /* transformers 5: per-layer attention kinds. */
     json_t *lt = json_object_get(c->root, "layer_types");
     if (lt && !json_is_null(lt)) {
@@ -313,6 +327,9 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
     }
     if (d->arch == ZN_ARCH_QWEN2) {
         d->qkv_bias = 1; /* Qwen2Attention: q/k/v bias=True, o_proj bias=False */
+    } else if (d->arch == ZN_ARCH_MISTRAL) {
+        /* MistralAttention: no bias on any projection (it reads no
+         * attention_bias) */
     } else {
         if ((rc = get_bool(c, "attention_bias", 0, &flag)))
             return rc;
@@ -397,16 +414,17 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
                                         "alike; qkv_bias != o_bias cannot be written");
     if (d->arch == ZN_ARCH_QWEN2 && (!d->qkv_bias || d->o_bias))
         return zn_set_error(ZN_ECONFIG, "model dims: qwen2 always has q/k/v bias and no o bias");
+    if (d->arch == ZN_ARCH_MISTRAL && (d->qkv_bias || d->o_bias))
+        return zn_set_error(ZN_ECONFIG, "model dims: mistral has no attention bias");
 
     int is_qwen = d->arch == ZN_ARCH_QWEN2;
     json_t *o = json_object();
     int bad = !o;
     if (!bad) {
         json_t *arch = json_array();
-        bad |= !arch || json_array_append_new(arch, json_string(is_qwen ? "Qwen2ForCausalLM"
-                                                                        : "LlamaForCausalLM"));
+        bad |= !arch || json_array_append_new(arch, json_string(zn_model_arch_class(d->arch)));
         bad |= set_or_fail(o, "architectures", arch);
-        bad |= set_or_fail(o, "model_type", json_string(is_qwen ? "qwen2" : "llama"));
+        bad |= set_or_fail(o, "model_type", json_string(zn_model_arch_name(d->arch)));
         bad |= set_or_fail(o, "hidden_act", json_string("silu"));
         bad |= set_or_fail(o, "hidden_size", json_integer(d->hidden));
         bad |= set_or_fail(o, "intermediate_size", json_integer(d->intermediate));
@@ -425,10 +443,14 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
                           : dtype == ZN_DTYPE_F16 ? "float16" : "bfloat16";
         bad |= set_or_fail(o, "torch_dtype", json_string(tdt));
         bad |= set_or_fail(o, "dtype", json_string(tdt));
-        if (!is_qwen)
+        if (d->arch == ZN_ARCH_LLAMA)
             bad |= set_or_fail(o, "attention_bias", json_boolean(d->qkv_bias));
-        else
+        else if (is_qwen)
             bad |= set_or_fail(o, "use_sliding_window", json_false());
+        else
+            bad |= set_or_fail(o, "sliding_window", d->sliding_window
+                                                        ? json_integer(d->sliding_window)
+                                                        : json_null());
         if (d->rope_type == ZN_ROPE_LLAMA3) {
             json_t *rs = json_object();
             bad |= !rs;
@@ -449,24 +471,13 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
         json_decref(o);
         return zn_set_error(-ENOMEM, "%s: out of memory building config.json", path);
     }
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
-        json_decref(o);
-        return zn_set_error(-ENAMETOOLONG, "%s: path too long", path);
-    }
-    rc = json_dump_file(o, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+    char *text = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
     json_decref(o);
-    if (rc) {
-        int e = errno ? errno : EIO;
-        unlink(tmp);
-        return zn_set_error(-e, "%s: cannot write: %s", tmp, strerror(e));
-    }
-    if (rename(tmp, path)) {
-        int e = errno;
-        unlink(tmp);
-        return zn_set_error(-e, "%s: rename from %s: %s", path, tmp, strerror(e));
-    }
-    return 0;
+    if (!text)
+        return zn_set_error(-ENOMEM, "%s: out of memory writing config.json", path);
+    rc = zn_fs_write_atomic(path, text, strlen(text));
+    free(text);
+    return rc;
 }
 
 /* ---- parameter counts --------------------------------------------------- */

@@ -216,6 +216,8 @@ int zn_model_config_check(const zn_model_dims *d, const zn_model_config *cfg)
     int rc = zn_model_dims_validate(d);
     if (!rc)
         rc = check_config(cfg);
+    if (!rc)
+        rc = zn_model_check_window(d, cfg->max_seq);
     return rc ? rc : check_attention(d, cfg);
 }
 

@@ -367,6 +367,8 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
 {
     *out = NULL;
     int rc = zn_model_dims_validate(dims);
+    if (!rc)
+        rc = zn_model_check_window(dims, seq);
     if (rc)
         return rc;
     zn_train_llama *l = calloc(1, sizeof *l);
@@ -609,7 +611,7 @@ int zn_train_llama_load(zn_train_llama *l, const char *path, char *summary, size
         rc = zn_set_error(ZN_ECONFIG, "model weights %s: tensor '%s' is not a parameter of "
                           "this %s model (config.json and the weights disagree?)",
                           zn_st_shard_path(st, t->shard), t->name,
-                          l->d.arch == ZN_ARCH_QWEN2 ? "qwen2" : "llama");
+                          zn_model_arch_name(l->d.arch));
     }
     free(seen);
     if (rc) {

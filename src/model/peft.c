@@ -9,8 +9,76 @@
 
 #include <jansson.h>
 
-#include "zinc/config.h"
 #include "zinc/model.h"
+#include "util/fs-impl.h"
+
+/* What a JSON value is, for messages. */
+static const char *kind_of(const json_t *v)
+{
+    if (!v)
+        return "nothing (the key is missing)";
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "?";
+}
+
+/* PEFT's target_modules for these decoders: module names (a full
+ * "model.layers.3.self_attn.q_proj" counts by its last part) or
+ * "all-linear" (every projection of the layers; not lm_head): the model
+ * knows its projections, and both the config parser and adapter_config.json
+ * take them from here. */
+int zn_lora_targets_of(const void *json_value, unsigned *out, char *msg, size_t len)
+{
+    const json_t *v = json_value;
+    static const char *const names[] = { "q_proj", "k_proj", "v_proj", "o_proj",
+                                          "gate_proj", "up_proj", "down_proj" };
+    *out = 0;
+    if (json_is_string(v) && !strcmp(json_string_value(v), "all-linear")) {
+        *out = 127;
+        return 0;
+    }
+    json_t *one = json_is_string(v) ? json_pack("[O]", v) : NULL;
+    const json_t *arr = one ? one : v;
+    if (!json_is_array(arr)) {
+        snprintf(msg, len, "expected a list of module names (q_proj, k_proj, v_proj, o_proj, "
+                 "gate_proj, up_proj, down_proj) or \"all-linear\", got %s", kind_of(v));
+        return ZN_ECONFIG;
+    }
+    size_t i;
+    json_t *e;
+    int rc = 0;
+    json_array_foreach(arr, i, e) {
+        const char *n = json_is_string(e) ? json_string_value(e) : NULL;
+        const char *leaf = n ? strrchr(n, '.') : NULL;
+        leaf = leaf ? leaf + 1 : n;
+        int k = 0;
+        while (leaf && k < 7 && strcmp(leaf, names[k]))
+            k++;
+        if (!leaf || k == 7) {
+            char *got = json_dumps(e, JSON_ENCODE_ANY | JSON_COMPACT);
+            snprintf(msg, len, "[%zu] = %s is not a projection zinc adapts: one of q_proj, "
+                     "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (lm_head and "
+                     "embed_tokens adapters are not supported)", i, got ? got : "?");
+            free(got);
+            rc = ZN_ECONFIG;
+            break;
+        }
+        *out |= 1u << k;
+    }
+    json_decref(one);
+    if (!rc && !*out) {
+        snprintf(msg, len, "names no module");
+        rc = ZN_ECONFIG;
+    }
+    return rc;
+}
 
 int zn_lora_read_peft_config(const char *dir, zn_lora *l)
 {
@@ -65,7 +133,9 @@ int zn_lora_read_peft_config(const char *dir, zn_lora *l)
         /* target_modules: the config parser's rules (names or "all-linear") */
         char where[4300];
         snprintf(where, sizeof where, "%s: target_modules", path);
-        rc = zn_config_lora_targets(t, &l->targets, where);
+        char msg[400];
+        if (zn_lora_targets_of(t, &l->targets, msg, sizeof msg))
+            rc = zn_set_error(ZN_ECONFIG, "%s: %s", where, msg);
     }
     json_decref(root);
     return rc;
@@ -87,13 +157,11 @@ int zn_lora_write_peft_config(const zn_lora *l, const char *path, const char *ba
                           "modules_to_save", "layers_to_transform", "init_lora_weights", 1);
     if (!o)
         return zn_set_error(-ENOMEM, "adapter_config.json: out of memory");
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int rc = 0;
-    if (json_dump_file(o, tmp, JSON_INDENT(2) | JSON_PRESERVE_ORDER))
-        rc = zn_set_error(-EIO, "writing %s failed", tmp);
-    else if (rename(tmp, path))
-        rc = zn_set_error(-errno, "renaming %s: %s", tmp, strerror(errno));
+    char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(o);
+    if (!text)
+        return zn_set_error(-ENOMEM, "%s: out of memory writing adapter_config.json", path);
+    int rc = zn_fs_write_atomic(path, text, strlen(text));
+    free(text);
     return rc;
 }

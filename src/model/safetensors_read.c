@@ -29,12 +29,12 @@ static float load_elem(const void *src, zn_st_dtype t, size_t i)
     case ZN_ST_BF16: {
         uint16_t h;
         memcpy(&h, p + 2 * i, 2);
-        return zn_m_bf16_to_f32(h);
+        return zn_bf16_widen(h);
     }
     case ZN_ST_F16: {
         uint16_t h;
         memcpy(&h, p + 2 * i, 2);
-        return zn_m_f16_to_f32(h);
+        return zn_f16_widen(h);
     }
     default:
         return 0.0f;
@@ -50,11 +50,11 @@ static void store_elem(void *dst, zn_st_dtype t, size_t i, float f)
         memcpy(p + 4 * i, &f, 4);
         break;
     case ZN_ST_BF16:
-        h = zn_m_f32_to_bf16(f);
+        h = zn_bf16_round(f);
         memcpy(p + 2 * i, &h, 2);
         break;
     case ZN_ST_F16:
-        h = zn_m_f32_to_f16(f);
+        h = zn_f16_round(f);
         memcpy(p + 2 * i, &h, 2);
         break;
     default:
@@ -63,12 +63,13 @@ static void store_elem(void *dst, zn_st_dtype t, size_t i, float f)
 }
 
 /* bf16 -> fp32 is the top half of the word: one shift, a loop the compiler
- * vectorises (the loading of a model is bound by it once the disk is fast). */
+ * vectorises (the loading of a model is bound by it once the disk is fast).
+ * Serial, not zn_convert: the reader runs inside the loader's own OpenMP
+ * loop (model_train.c, read_pieces), one 1 MiB chunk at a time. */
 static void bf16_to_f32(float *restrict dst, const uint16_t *restrict src, size_t n)
 {
-    uint32_t *d = (uint32_t *)dst;
     for (size_t i = 0; i < n; i++)
-        d[i] = (uint32_t)src[i] << 16;
+        dst[i] = zn_bf16_widen(src[i]);
 }
 
 void zn_m_st_convert(void *dst, zn_st_dtype to, const void *src, zn_st_dtype from, size_t n)
@@ -149,7 +150,7 @@ int zn_st_read_range(zn_st *s, const zn_st_tensor *t, uint64_t first, uint64_t c
          * place front to back. Element i's write [4i, 4i+4) never reaches
          * the unread source at [2n + 2j, ...) for j > i (that would need
          * i > n - 1), also 8 at a time. */
-        uint32_t *d32 = dst;
+        float *df = dst;
         const uint16_t *s16 = (const uint16_t *)((unsigned char *)dst + count * 2);
         if ((rc = zn_m_st_pread_full(sh->fd, (void *)s16, (size_t)count * 2, off, sh->path, what)))
             return rc;
@@ -158,10 +159,13 @@ int zn_st_read_range(zn_st *s, const zn_st_tensor *t, uint64_t first, uint64_t c
             uint16_t v[8];
             memcpy(v, s16 + i, sizeof v);
             for (int k = 0; k < 8; k++)
-                d32[i + (uint64_t)k] = (uint32_t)v[k] << 16;
+                df[i + (uint64_t)k] = zn_bf16_widen(v[k]);
         }
-        for (; i < count; i++)
-            d32[i] = (uint32_t)s16[i] << 16;
+        for (; i < count; i++) {
+            uint16_t v;
+            memcpy(&v, s16 + i, sizeof v);
+            df[i] = zn_bf16_widen(v);
+        }
         return 0;
     }
     if (!zn_m_st_is_float_io(t->dtype) && t->dtype != ZN_ST_F64)

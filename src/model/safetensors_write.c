@@ -2,7 +2,6 @@
  * pieces (converted on the way), the header first and the file renamed into
  * place once complete; and the index.json of a sharded checkpoint. */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +11,7 @@
 
 #include "zinc/safetensors.h"
 #include "model/model-impl.h"
+#include "util/fs-impl.h"
 
 static int pwrite_full(int fd, const void *buf, size_t len, uint64_t off, const char *path)
 {
@@ -46,8 +46,8 @@ typedef struct {
 } wt_tensor;
 
 struct zn_st_writer {
-    char *path, *tmp;
-    int fd;
+    char *path;
+    zn_fs_tmp out;  /* the temporary the file is written in, until finish */
     wt_tensor *t;
     size_t n, cap;
     json_t *meta;
@@ -61,22 +61,17 @@ int zn_st_writer_create(zn_st_writer **out, const char *path)
     zn_st_writer *w = calloc(1, sizeof *w);
     if (!w)
         return zn_set_error(-ENOMEM, "out of memory");
-    w->fd = -1;
+    w->out.fd = -1;
     w->path = strdup(path);
-    w->tmp = malloc(strlen(path) + 5);
     w->meta = json_object();
-    if (!w->path || !w->tmp || !w->meta) {
+    if (!w->path || !w->meta) {
         zn_st_writer_destroy(w);
         return zn_set_error(-ENOMEM, "out of memory");
     }
-    sprintf(w->tmp, "%s.tmp", path);
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (w->fd < 0) {
-        int e = errno;
-        free(w->tmp);
-        w->tmp = NULL; /* nothing to unlink */
+    int rc = zn_fs_tmp_open(&w->out, path, 0644);
+    if (rc) {
         zn_st_writer_destroy(w);
-        return zn_set_error(-e, "%s.tmp: %s", path, strerror(e));
+        return rc;
     }
     *out = w;
     return 0;
@@ -86,17 +81,12 @@ void zn_st_writer_destroy(zn_st_writer *w)
 {
     if (!w)
         return;
-    if (w->fd >= 0) {
-        close(w->fd);
-        if (w->tmp)
-            unlink(w->tmp);
-    }
+    zn_fs_tmp_abort(&w->out); /* unfinished: no file under the final name */
     for (size_t i = 0; i < w->n; i++)
         free(w->t[i].name);
     free(w->t);
     json_decref(w->meta);
     free(w->path);
-    free(w->tmp);
     free(w);
 }
 
@@ -194,7 +184,7 @@ static int write_header(zn_st_writer *w)
     memcpy(buf + 8, text, len);
     memset(buf + 8 + len, ' ', padded - len);
     free(text);
-    int rc = pwrite_full(w->fd, buf, 8 + padded, 0, w->tmp);
+    int rc = pwrite_full(w->out.fd, buf, 8 + padded, 0, w->out.tmp);
     free(buf);
     if (rc)
         return rc;
@@ -226,7 +216,7 @@ int zn_st_writer_write(zn_st_writer *w, const char *name, zn_dtype from, const v
     uint64_t off = w->data_start + t->begin + first * esz;
     zn_st_dtype src_st = zn_st_dtype_from(from);
     if (!zn_m_st_is_float_io(t->dtype) || src_st == t->dtype) {
-        if ((rc = pwrite_full(w->fd, src, count * esz, off, w->tmp)))
+        if ((rc = pwrite_full(w->out.fd, src, count * esz, off, w->out.tmp)))
             return rc;
     } else {
         size_t per = ZN_M_ST_CONVERT_CHUNK / esz, fsz = zn_dtype_size(from);
@@ -237,7 +227,7 @@ int zn_st_writer_write(zn_st_writer *w, const char *name, zn_dtype from, const v
         for (uint64_t done = 0; done < count && !rc; done += per) {
             size_t m = count - done < per ? (size_t)(count - done) : per;
             zn_m_st_convert(bounce, t->dtype, sp + done * fsz, src_st, m);
-            rc = pwrite_full(w->fd, bounce, m * esz, off + done * esz, w->tmp);
+            rc = pwrite_full(w->out.fd, bounce, m * esz, off + done * esz, w->out.tmp);
         }
         free(bounce);
         if (rc)
@@ -250,6 +240,8 @@ int zn_st_writer_write(zn_st_writer *w, const char *name, zn_dtype from, const v
 int zn_st_writer_finish(zn_st_writer *w)
 {
     int rc;
+    if (!w->out.tmp)
+        return zn_set_error(ZN_EARG, "%s: finished already, or its file failed", w->path);
     if (!w->header_done && (rc = write_header(w)))
         return rc;
     for (size_t i = 0; i < w->n; i++)
@@ -258,23 +250,11 @@ int zn_st_writer_finish(zn_st_writer *w)
                                 w->path, w->t[i].name, (unsigned long long)w->t[i].written,
                                 (unsigned long long)w->t[i].numel);
     uint64_t total = w->data_start + (w->n ? w->t[w->n - 1].begin + w->t[w->n - 1].nbytes : 0);
-    if (ftruncate(w->fd, (off_t)total) || fsync(w->fd)) {
+    if (ftruncate(w->out.fd, (off_t)total)) {
         int e = errno;
-        return zn_set_error(-e, "%s: %s", w->tmp, strerror(e));
+        return zn_set_error(-e, "%s: ftruncate %s: %s", w->path, w->out.tmp, strerror(e));
     }
-    if (close(w->fd)) {
-        int e = errno;
-        w->fd = -1;
-        unlink(w->tmp);
-        return zn_set_error(-e, "%s: close: %s", w->tmp, strerror(e));
-    }
-    w->fd = -1;
-    if (rename(w->tmp, w->path)) {
-        int e = errno;
-        unlink(w->tmp);
-        return zn_set_error(-e, "%s: rename: %s", w->path, strerror(e));
-    }
-    return 0;
+    return zn_fs_tmp_commit(&w->out);
 }
 
 int zn_st_write_index(const char *path, size_t n, const char *const *names,
@@ -304,17 +284,11 @@ int zn_st_write_index(const char *path, size_t n, const char *const *names,
         json_decref(root);
         return zn_set_error(ZN_EARG, "%s: cannot build the index (names not UTF-8?)", path);
     }
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
-        json_decref(root);
-        return zn_set_error(-ENAMETOOLONG, "%s: path too long", path);
-    }
-    int rc = json_dump_file(root, tmp, JSON_INDENT(2) | JSON_SORT_KEYS);
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(root);
-    if (rc || rename(tmp, path)) {
-        int e = errno ? errno : EIO;
-        unlink(tmp);
-        return zn_set_error(-e, "%s: %s", path, strerror(e));
-    }
-    return 0;
+    if (!text)
+        return zn_set_error(-ENOMEM, "%s: out of memory writing the index", path);
+    int rc = zn_fs_write_atomic(path, text, strlen(text));
+    free(text);
+    return rc;
 }

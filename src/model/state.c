@@ -10,6 +10,7 @@
 
 #include "zinc/device.h"
 #include "zinc/model.h"
+#include "zinc/optim.h"
 #include "zinc/safetensors.h"
 #include "zinc/tokens.h"
 #include "model/model-impl.h"
@@ -187,16 +188,6 @@ static float normal_at(uint64_t seed, uint64_t tensor, uint64_t i)
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
-static void to_dtype(void *dst, zn_dtype dt, const float *src, size_t n)
-{
-    if (dt == ZN_DTYPE_F32) {
-        memcpy(dst, src, n * 4);
-        return;
-    }
-    uint16_t *h = dst;
-    for (size_t i = 0; i < n; i++)
-        h[i] = zn_m_f32_to_bf16(src[i]);
-}
 
 int zn_model_state_init_random(zn_model_state *st, uint64_t seed)
 {
@@ -226,10 +217,11 @@ int zn_model_state_init_random(zn_model_state *st, uint64_t seed)
                     f[k] = is_norm ? 1.0f : is_bias ? 0.0f
                                                     : 0.02f * normal_at(seed, tensor,
                                                                         (uint64_t)first + k);
-                to_dtype(h, dt, f, n);
-                rc = zn_dev_copy_h2d(st->dev, NULL,
-                                     (unsigned char *)st->params[b][i] + (size_t)first * esz, h,
-                                     n * esz);
+                rc = zn_convert(h, dt, f, ZN_DTYPE_F32, n);
+                if (!rc)
+                    rc = zn_dev_copy_h2d(st->dev, NULL,
+                                         (unsigned char *)st->params[b][i] + (size_t)first * esz,
+                                         h, n * esz);
                 if (!rc)
                     rc = zn_dev_stream_sync(st->dev, NULL);
             }

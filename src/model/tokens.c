@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "zinc/tokens.h"
+#include "util/fs-impl.h"
 
 struct zn_tokens {
     char *name;
@@ -341,12 +342,11 @@ int zn_tokens_write2(const char *path, const uint32_t *ids, uint64_t n, int widt
             return zn_set_error(ZN_EARG, "%s: token %llu = %u does not fit %s", path,
                                 (unsigned long long)i, ids[i],
                                 vocab && ids[i] >= vocab ? "the vocab" : "16 bits");
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
-        return zn_set_error(-ENAMETOOLONG, "%s: path too long", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return zn_set_error(-errno, "%s: %s", tmp, strerror(errno));
+    zn_fs_tmp tf;
+    int rc = zn_fs_tmp_fopen(&tf, path, 0644);
+    if (rc)
+        return rc;
+    FILE *f = tf.f;
     unsigned char h[ZN_TOKENS_HEADER] = { 0 };
     memcpy(h, ZN_TOKENS_MAGIC, 8);
     uint32_t version = v2 ? ZN_TOKENS_VERSION2 : ZN_TOKENS_VERSION;
@@ -391,17 +391,13 @@ int zn_tokens_write2(const char *path, const uint32_t *ids, uint64_t n, int widt
             le[b] = (unsigned char)(v >> (8 * b));
         ok = fwrite(le, 1, 8, f) == 8;
     }
-    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    int e = errno ? errno : EIO;
-    if (fclose(f))
-        ok = 0;
-    if (!ok || rename(tmp, path)) {
-        if (ok)
-            e = errno;
-        unlink(tmp);
-        return zn_set_error(-e, "%s: write: %s", path, strerror(e));
+    if (!ok) {
+        int e = errno ? errno : EIO;
+        zn_set_error(-e, "%s: writing %s: %s", path, tf.tmp, strerror(e));
+        zn_fs_tmp_abort(&tf);
+        return -e;
     }
-    return 0;
+    return zn_fs_tmp_commit(&tf);
 }
 
 /* ---- loader ---------------------------------------------------------------- */

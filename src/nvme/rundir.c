@@ -21,6 +21,7 @@
 
 #include "nvme/nvme-impl.h"
 #include "zinc/util.h"
+#include "util/fs-impl.h"
 
 #define RUN_DIR_PREFIX "zinc-run."
 #define RUN_LOCK "lock"
@@ -181,9 +182,9 @@ int zn_rundir__create(zn_rundir *r, const char *path, const char *made_by)
     r->dir = dir;
     r->lock = lock;
     r->owned_dir = zn_swap__own(dir, 1);
-    int fd = open(lock, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int fd = zn_fs_create_excl(lock, 0600);
     if (fd < 0)
-        return zn_set_error(-errno, "swap: creating %s: %s", lock, strerror(errno));
+        return zn_error_prefix(fd, "swap");
     r->lock_fd = fd;
     r->owned_lock = zn_swap__own(lock, 0);
     /* held for the run's life: a later run tells a live run's directory
@@ -333,11 +334,58 @@ static bool says_kept(int fd)
     return strstr(buf, "\nkept") != NULL;
 }
 
-/* One run directory in `dir` (open as dfd): removed when its run is gone. */
-static void clean_run_dir(const char *dir, int dfd, const char *name, uint64_t *bytes,
-                          int *files)
+/* A walk over one swap folder: zn_swap_clean_stale removes what dead runs
+ * left and warns each removal; zn_swap_scan_stale only counts it, quietly.
+ * Both take every decision here, so a count is what a removal would free. */
+typedef struct {
+    const char *dir;
+    int dfd;
+    bool remove;
+    zn_swap_scan *out;
+} walk;
+
+#define WARN(w, ...)              \
+    do {                          \
+        if ((w)->remove)          \
+            zn_warn(__VA_ARGS__); \
+    } while (0)
+
+static void note_stale(walk *w, uint64_t used)
+{
+    w->out->stale_bytes += used;
+    w->out->stale++;
+}
+
+/* Something the walk leaves in place, with its size: all summed, the
+ * largest ZN_SWAP_SCAN_NAMED named. */
+static void note_held(walk *w, const char *path, uint64_t used, long pid, zn_swap_held_why why)
+{
+    zn_swap_scan *o = w->out;
+    o->held_bytes += used;
+    o->held++;
+    int k = o->n_named;
+    if (k == ZN_SWAP_SCAN_NAMED) {
+        k = 0;
+        for (int j = 1; j < ZN_SWAP_SCAN_NAMED; j++)
+            if (o->named[j].bytes < o->named[k].bytes)
+                k = j;
+        if (o->named[k].bytes >= used)
+            return;
+    } else {
+        o->n_named++;
+    }
+    snprintf(o->named[k].path, sizeof o->named[k].path, "%s", path);
+    o->named[k].bytes = used;
+    o->named[k].pid = pid;
+    o->named[k].why = why;
+}
+
+/* One run directory in the folder: removed (or counted) when its run is gone. */
+static void walk_run_dir(walk *w, const char *name)
 {
     char host[256], size[32], when[64], path[4600];
+    const char *dir = w->dir;
+    int dfd = w->dfd;
     long pid;
     int64_t start;
     if (parse_run_name(name, host, sizeof host, &pid, &start) < 0)
@@ -348,13 +396,13 @@ static void clean_run_dir(const char *dir, int dfd, const char *name, uint64_t *
         return;
     if (!S_ISDIR(sb.st_mode)) {
         if (S_ISLNK(sb.st_mode))
-            zn_warn("swap: %s is a symbolic link, not a run directory; left in place", path);
+            WARN(w, "swap: %s is a symbolic link, not a run directory; left in place", path);
         return;
     }
     int rfd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (rfd < 0) {
         if (errno != ENOENT)
-            zn_warn("swap: %s: cannot look into it (%s); left in place", path, strerror(errno));
+            WARN(w, "swap: %s: cannot look into it (%s); left in place", path, strerror(errno));
         return;
     }
     uint64_t used = dir_bytes(rfd);
@@ -363,15 +411,17 @@ static void clean_run_dir(const char *dir, int dfd, const char *name, uint64_t *
     /* flock does not reach across the hosts sharing a network file system:
      * another host's run can only be judged on that host */
     if (strcmp(host, self_host)) {
-        zn_warn("swap: %s (%s) belongs to run %ld on host %s, started %s; left in place: from "
+        WARN(w, "swap: %s (%s) belongs to run %ld on host %s, started %s; left in place: from "
                 "%s zinc cannot tell whether that run still goes. Remove it by hand once it "
                 "is over", path, size, pid, host, when, self_host);
+        note_held(w, path, used, pid, ZN_SWAP_HELD_OTHER_HOST);
         close(rfd);
         return;
     }
     int lfd = openat(rfd, RUN_LOCK, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (lfd < 0 && errno != ENOENT) {
-        zn_warn("swap: %s: cannot open its lock (%s); left in place", path, strerror(errno));
+        WARN(w, "swap: %s: cannot open its lock (%s); left in place", path, strerror(errno));
+        note_held(w, path, used, pid, ZN_SWAP_HELD_UNREADABLE);
         close(rfd);
         return;
     }
@@ -386,28 +436,39 @@ static void clean_run_dir(const char *dir, int dfd, const char *name, uint64_t *
             usleep(50 * 1000);
             locked = flock(lfd, LOCK_EX | LOCK_NB) < 0;
         }
-        if (locked)
-            zn_warn("swap: %s (%s): run %ld is gone but its directory is still locked; left "
+        if (locked) {
+            WARN(w, "swap: %s (%s): run %ld is gone but its directory is still locked; left "
                     "in place", path, size, pid);
-    } else if (!locked && alive) {
+            note_held(w, path, used, pid, ZN_SWAP_HELD_LOCKED);
+        }
+    }
+    if (locked && alive) {
+        note_held(w, path, used, pid, ZN_SWAP_HELD_LIVE);
+    } else if (locked) {
+        /* noted above */
+    } else if (alive) {
         /* no lock file yet, or an empty one: the run is making its directory */
         struct stat lst;
         if (lfd >= 0 && fstat(lfd, &lst) == 0 && lst.st_size > 0)
-            zn_warn("swap: %s (%s): run %ld still runs but holds no lock on it; left in place",
+            WARN(w, "swap: %s (%s): run %ld still runs but holds no lock on it; left in place",
                     path, size, pid);
-    } else if (!locked && lfd >= 0 && says_kept(lfd)) {
-        zn_warn("swap: %s holds the swap files run %ld kept (tiers.keep_swap, %s); left in "
+        note_held(w, path, used, pid, ZN_SWAP_HELD_LIVE);
+    } else if (lfd >= 0 && says_kept(lfd)) {
+        WARN(w, "swap: %s holds the swap files run %ld kept (tiers.keep_swap, %s); left in "
                 "place: remove it when done with them", path, pid, size);
-    } else if (!locked) {
+        note_held(w, path, used, pid, ZN_SWAP_HELD_KEPT);
+    } else if (!w->remove) {
+        note_stale(w, used);
+    } else {
         int rc = empty_dir(rfd);
         if (!rc && unlinkat(dfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
             rc = -errno;
         if (rc) {
             zn_warn("swap: %s, left by run %ld which is gone: removing it: %s; the rest is "
                     "left in place", path, pid, strerror(-rc));
+            note_held(w, path, dir_bytes(rfd), pid, ZN_SWAP_HELD_UNREADABLE);
         } else {
-            *bytes += used;
-            (*files)++;
+            note_stale(w, used);
             zn_warn("swap: removed %s, left by run %ld (started %s), which is gone%s (%s)",
                     path, pid, when, kill((pid_t)pid, 0) == 0 || errno == EPERM
                         ? ": its PID is another process's now, started at another time" : "",
@@ -420,10 +481,9 @@ static void clean_run_dir(const char *dir, int dfd, const char *name, uint64_t *
 }
 
 /* One swap file of the layout before run directories,
- * "<prefix>.<pid>.<n>.<i>.swp" in `dir` itself: removed when its run is
- * gone (no lock on it, its PID gone), as it was then. */
-static void clean_flat_file(const char *dir, const char *prefix, const char *name,
-                            uint64_t *bytes, int *files)
+ * "<prefix>.<pid>.<n>.<i>.swp" in the folder itself: removed (or counted)
+ * when its run is gone (no lock on it, its PID gone), as it was then. */
+static void walk_flat_file(walk *w, const char *prefix, const char *name)
 {
     size_t pl = strlen(prefix);
     long pid;
@@ -433,13 +493,17 @@ static void clean_flat_file(const char *dir, const char *prefix, const char *nam
         sscanf(name + pl + 1, "%ld.%u.%d.swp%n", &pid, &n, &k, &end) != 3 ||
         name[pl + 1 + end] != '\0')
         return;
-    if (pid == (long)getpid())
-        return;
     char path[4600];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    /* a PID that still runs (perhaps another program now) is left alone */
-    if (!(kill((pid_t)pid, 0) < 0 && errno == ESRCH))
+    snprintf(path, sizeof path, "%s/%s", w->dir, name);
+    struct stat sb;
+    if (fstatat(w->dfd, name, &sb, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(sb.st_mode))
         return;
+    uint64_t used = (uint64_t)sb.st_blocks * 512;
+    /* a PID that still runs (perhaps another program now) is left alone */
+    if (pid == (long)getpid() || !(kill((pid_t)pid, 0) < 0 && errno == ESRCH)) {
+        note_held(w, path, used, pid, ZN_SWAP_HELD_LIVE);
+        return;
+    }
     int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
         return;
@@ -447,24 +511,28 @@ static void clean_flat_file(const char *dir, const char *prefix, const char *nam
     bool dead = false;
     for (int t = 0; t < 40 && !(dead = flock(fd, LOCK_EX | LOCK_NB) == 0); t++)
         usleep(50 * 1000);
-    if (!dead)
-        zn_warn("swap: %s: run %ld is gone but its file is still locked; left in place", path,
-                pid);
-    struct stat sb;
-    if (dead && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && unlink(path) == 0) {
-        char size[32];
-        *bytes += (uint64_t)sb.st_blocks * 512;
-        (*files)++;
-        zn_warn("swap: removed %s, left by run %ld, which is gone (%s)", path, pid,
-                zn_format_size((uint64_t)sb.st_blocks * 512, size, sizeof size));
+    if (!dead) {
+        WARN(w, "swap: %s: run %ld is gone but its file is still locked; left in place", path,
+             pid);
+        note_held(w, path, used, pid, ZN_SWAP_HELD_LOCKED);
+    } else if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        used = (uint64_t)sb.st_blocks * 512;
+        if (!w->remove) {
+            note_stale(w, used);
+        } else if (unlink(path) == 0) {
+            char size[32];
+            note_stale(w, used);
+            zn_warn("swap: removed %s, left by run %ld, which is gone (%s)", path, pid,
+                    zn_format_size(used, size, sizeof size));
+        }
     }
     close(fd);
 }
 
-int zn_swap_clean_stale(const char *dir, const char *prefix, uint64_t *bytes, int *files)
+/* Walks `dir` (a missing one has nothing) into *out. */
+static int walk_folder(const char *dir, const char *prefix, bool remove, zn_swap_scan *out)
 {
-    *bytes = 0;
-    *files = 0;
+    memset(out, 0, sizeof *out);
     pthread_once(&self_once, init_self);
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0)
@@ -479,14 +547,42 @@ int zn_swap_clean_stale(const char *dir, const char *prefix, uint64_t *bytes, in
         close(dfd);
         return zn_set_error(-e, "swap: reading %s: %s", dir, strerror(e));
     }
+    walk w = { dir, dfd, remove, out };
     struct dirent *e;
     while ((e = readdir(d))) {
         if (!strncmp(e->d_name, RUN_DIR_PREFIX, strlen(RUN_DIR_PREFIX)))
-            clean_run_dir(dir, dfd, e->d_name, bytes, files);
+            walk_run_dir(&w, e->d_name);
         else if (prefix && prefix[0])
-            clean_flat_file(dir, prefix, e->d_name, bytes, files);
+            walk_flat_file(&w, prefix, e->d_name);
     }
     closedir(d);
     close(dfd);
     return 0;
+}
+#undef WARN
+
+int zn_swap_scan_stale(const char *dir, const char *prefix, zn_swap_scan *out)
+{
+    return walk_folder(dir, prefix, false, out);
+}
+
+int zn_swap_clean_stale(const char *dir, const char *prefix, uint64_t *bytes, int *files)
+{
+    zn_swap_scan s;
+    int rc = walk_folder(dir, prefix, true, &s);
+    *bytes = s.stale_bytes;
+    *files = s.stale;
+    return rc;
+}
+
+const char *zn_swap_held_desc(zn_swap_held_why why)
+{
+    switch (why) {
+    case ZN_SWAP_HELD_LIVE: return "a live run's";
+    case ZN_SWAP_HELD_LOCKED: return "a dead run's, its lock still held";
+    case ZN_SWAP_HELD_KEPT: return "kept (tiers.keep_swap)";
+    case ZN_SWAP_HELD_OTHER_HOST: return "another host's";
+    case ZN_SWAP_HELD_UNREADABLE: return "not removable";
+    }
+    return "left";
 }

@@ -17,6 +17,7 @@
 
 #include "nvme/nvme-impl.h"
 #include "zinc/util.h"
+#include "util/fs-impl.h"
 
 static atomic_uint swap_counter;
 
@@ -77,9 +78,9 @@ static int open_file(zn_swap *s, const zn_swap_config *cfg, int i, unsigned n, u
         snprintf(s->path[i], len, "%s/%s.%d.swp", in, prefix, i);
     else
         snprintf(s->path[i], len, "%s/%s.%ld.%u.%d.swp", in, prefix, (long)getpid(), n, i);
-    int fd = open(s->path[i], O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int fd = zn_fs_create_excl(s->path[i], 0600);
     if (fd < 0)
-        return zn_set_error(-errno, "swap: creating %s: %s", s->path[i], strerror(errno));
+        return zn_error_prefix(fd, "swap");
     s->fd[i] = fd;
     /* held for the run's life: a later run tells a live run's file (locked)
      * from a dead one's (zn_swap_clean_stale); in a run directory, its lock

@@ -1,6 +1,6 @@
-/* fp32 <-> bf16 / fp16 conversion: the public wrappers of the scalar
- * rounding in optim-impl.h (which the SIMD kernels match bit for bit), and
- * an array conversion. */
+/* fp32 <-> bf16 / fp16 conversion: the out-of-line forms of the scalar
+ * rounding in zinc/util.h (which the SIMD kernels match bit for bit), and
+ * the array conversion every layer uses (zn_convert). */
 #include <errno.h>
 #include <omp.h>
 #include <string.h>

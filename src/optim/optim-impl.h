@@ -439,45 +439,7 @@ static inline float zn_bits_f32(uint32_t u)
     return x;
 }
 
-/* IEEE binary16, round to nearest even, the same bits as x86's vcvtps2ph
- * with imm 0 (checked exhaustively by tests/test_half.c). */
-static inline uint16_t zn_f16_round(float x)
-{
-    uint32_t u = zn_f32_bits(x);
-    uint32_t sign = (u >> 16) & 0x8000u;
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u)                       /* NaN */
-        return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-    if (a >= 0x477ff000u)                      /* >= 65520 (a tie above 65504): Inf */
-        return (uint16_t)(sign | 0x7c00u);
-    if (a >= 0x38800000u) {                    /* >= 2^-14: normal half */
-        uint32_t r = a - 0x38000000u;          /* rebias the exponent: 127 - 15 = 112 */
-        r += 0xfffu + ((r >> 13) & 1u);
-        return (uint16_t)(sign | (r >> 13));
-    }
-    if (a <= 0x33000000u)                      /* <= 2^-25: 0 (2^-25 ties to even 0) */
-        return (uint16_t)sign;
-    /* subnormal half: count units of 2^-24 */
-    uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126u - e;                 /* 14 .. 24 */
-    uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-    if (rem > half || (rem == half && (q & 1u)))
-        q++;
-    return (uint16_t)(sign | q);
-}
-
-static inline float zn_f16_widen(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t e = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-    if (e == 0x1f)   /* Inf, or NaN made quiet as vcvtph2ps does */
-        return zn_bits_f32(sign | 0x7f800000u | (mant << 13) | (mant ? 0x400000u : 0u));
-    if (e == 0) {
-        float f = (float)mant * 0x1p-24f;      /* exact: mant < 2^10 */
-        return zn_bits_f32(sign | zn_f32_bits(f));
-    }
-    return zn_bits_f32(sign | ((e + 112u) << 23) | (mant << 13));
-}
+/* zn_f16_round and zn_f16_widen, like the bf16 pair, are zinc/util.h's. */
 
 /* x need not be aligned to its element (UBSan reported a misaligned
  * float load here): memcpy, which compiles to one plain load. */

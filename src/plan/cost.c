@@ -271,34 +271,12 @@ int zn_cost_predict(const zn_plan *plan, const zn_ceilings *c, const zn_cost_com
     return mo ? ZN_EARG : 0;
 }
 
-void zn_cost_print_vs(const zn_cost *p, const zn_train_report *r, int world, FILE *f)
+static const char *res_names[ZN_RES_COUNT] = {
+    "gpu compute", "h2d", "d2h + grad accum", "nvme read", "nvme write", "adam",
+    "comm", "nvme read+write",
+};
+
+const char *zn_train_resource_name(zn_train_resource r)
 {
-    if (!r->steps)
-        return;
-    double n = (double)r->steps, ms = r->step_s / n;
-    fprintf(f, "cost model (per step)    predicted    measured\n");
-    for (int i = 0; i < ZN_RES_COUNT; i++) {
-        if (i == ZN_RES_COMM && world == 1)
-            continue;
-        if (p->busy_s[i] <= 0 && r->busy_s[i] / n < 1e-4)
-            continue;
-        fprintf(f, "  %-18s %9.1f ms %9.1f ms\n", zn_train_resource_name((zn_train_resource)i),
-                p->busy_s[i] * 1e3, r->busy_s[i] / n * 1e3);
-    }
-    if (p->block_uses)
-        fprintf(f, "  %-18s %9.1f ms %12s (%llu block uses)\n", "schedule overhead",
-                p->overhead_s * 1e3, "-", (unsigned long long)p->block_uses);
-    if (p->io_cpu_s > 0)
-        fprintf(f, "  %-18s %9.1f ms %12s (the engine's CPU time per disk byte)\n",
-                "disk on the cores", p->io_cpu_s * 1e3, "-");
-    if (p->accum_tail_s > 0)
-        fprintf(f, "  %-18s %9.1f ms %12s (the last backward's gradient copies and sums past "
-                "its compute, before the optimizer)\n", "accumulation tail",
-                p->accum_tail_s * 1e3, "-");
-    if (p->exposed_opt_s > 0)
-        fprintf(f, "  %-18s %9.1f ms %12s (the optimizer chain past the window)\n",
-                "optimizer exposed", p->exposed_opt_s * 1e3, "-");
-    fprintf(f, "predicted step time %.3f s (bound: %s), measured %.3f s (%+.0f%%)\n", p->step_s,
-            zn_train_resource_name((zn_train_resource)p->bound), ms,
-            p->step_s > 0 ? 100.0 * (p->step_s - ms) / ms : 0.0);
+    return (unsigned)r < ZN_RES_COUNT ? res_names[r] : "?";
 }

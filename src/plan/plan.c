@@ -40,11 +40,6 @@ static uint64_t max_u64(uint64_t a, uint64_t b)
     return a > b ? a : b;
 }
 
-static zn_tier tier_of(zn_offload_device d)
-{
-    return d == ZN_OFFLOAD_NONE ? ZN_TIER_GPU : d == ZN_OFFLOAD_CPU ? ZN_TIER_CPU : ZN_TIER_NVME;
-}
-
 /* Bytes of one decoder layer's transient activations during its backward
  * (recompute + gradients), per micro-batch. Per token: the layer input, two
  * norm outputs, q, attention output, o-proj output, MLP output (7 x hidden),
@@ -120,11 +115,10 @@ static int q8_advice(const zn_plan *p, zn_tier t, uint64_t short_by, char *fix, 
 /* What follows from the bytes per class and tier: SSD wear per step,
  * whether the states asked on NVMe would fit in RAM, and whether it all
  * fits (with what is short and the fix). */
-static int finish(zn_plan *p, const zn_config *cfg, bool act_ckpt)
+static int finish(zn_plan *p, const zn_spec *sp, bool act_ckpt)
 {
-    const zn_config_zero *z = &cfg->zero;
-    zn_tier ptier = tier_of(z->offload_param.device);
-    zn_tier otier = tier_of(z->offload_optimizer.device);
+    zn_tier ptier = sp->param_home;
+    zn_tier otier = sp->opt_home;
     for (int t = 0; t < ZN_TIER_COUNT; t++) {
         p->tier_total[t] = 0;
         for (int c = 0; c < ZN_STATE_COUNT; c++)
@@ -134,7 +128,7 @@ static int finish(zn_plan *p, const zn_config *cfg, bool act_ckpt)
     /* SSD wear: what one optimizer step writes to NVMe on this rank. The
      * updated master, m and v go back; so do NVMe-homed params; gradient
      * accumulators on NVMe are written once per micro-batch. */
-    uint64_t A = cfg->gradient_accumulation_steps > 0 ? (uint64_t)cfg->gradient_accumulation_steps : 1;
+    uint64_t A = sp->accumulation > 0 ? (uint64_t)sp->accumulation : 1;
     p->nvme_write_part[0] = p->bytes[ZN_STATE_MASTER][ZN_TIER_NVME] +
                             p->bytes[ZN_STATE_ADAM_M][ZN_TIER_NVME] +
                             p->bytes[ZN_STATE_ADAM_V][ZN_TIER_NVME];
@@ -183,21 +177,21 @@ static int finish(zn_plan *p, const zn_config *cfg, bool act_ckpt)
         zn_format_size(p->budget[ZN_TIER_NVME], nv, sizeof nv);
         if (t == ZN_TIER_GPU) {
             if (otier == ZN_TIER_GPU && opt_bytes)
-                snprintf(fix, sizeof fix, "zero_optimization.offload_optimizer.device=cpu "
-                         "moves %s of optimizer state off the GPU (needs stage >= 1)",
-                         zn_format_size(opt_bytes, ob, sizeof ob));
+                snprintf(fix, sizeof fix, "%s=cpu moves %s of optimizer state off the GPU "
+                         "(needs stage >= 1)", p->key.opt_home, zn_format_size(opt_bytes, ob, sizeof ob));
             else if (ptier == ZN_TIER_GPU)
-                snprintf(fix, sizeof fix, "zero_optimization.offload_param.device=cpu moves "
-                         "%s of parameters off the GPU (needs stage 3)",
-                         zn_format_size(p->bytes[ZN_STATE_PARAMS][t], pbs, sizeof pbs));
+                snprintf(fix, sizeof fix, "%s=cpu moves %s of parameters off the GPU "
+                         "(needs stage 3)", p->key.param_home, zn_format_size(p->bytes[ZN_STATE_PARAMS][t], pbs, sizeof pbs));
             else if (p->bytes[ZN_STATE_ACT_CKPT][t] && act_ckpt)
                 snprintf(fix, sizeof fix, "activation_checkpointing.cpu_checkpointing=true "
                          "moves the checkpointed activations (%s) to pinned RAM, the GPU keeps "
-                         "three of them; or lower train_micro_batch_size_per_gpu or data.seq_len",
-                         zn_format_size(p->bytes[ZN_STATE_ACT_CKPT][t], ob, sizeof ob));
+                         "three of them; or lower %s or data.seq_len",
+                         zn_format_size(p->bytes[ZN_STATE_ACT_CKPT][t], ob, sizeof ob),
+                         p->key.micro_batch);
             else
-                snprintf(fix, sizeof fix, "lower train_micro_batch_size_per_gpu, data.seq_len "
-                         "or stage3_max_live_parameters / stage3_prefetch_bucket_size");
+                snprintf(fix, sizeof fix, "lower %s, data.seq_len "
+                         "or stage3_max_live_parameters / stage3_prefetch_bucket_size",
+                         p->key.micro_batch);
         } else if (t == ZN_TIER_CPU) {
             if (otier == ZN_TIER_CPU && opt_bytes) {
                 /* the cheapest fix that fits first: 8-bit moments cost no
@@ -205,9 +199,8 @@ static int finish(zn_plan *p, const zn_config *cfg, bool act_ckpt)
                 char q8[256], to_nvme[160], both[96];
                 int q8_fits = q8_advice(p, ZN_TIER_CPU, p->tier_total[t] - p->budget[t], q8,
                                         sizeof q8);
-                snprintf(to_nvme, sizeof to_nvme, "zero_optimization.offload_optimizer.device=nvme "
-                         "needs %s on nvme; tiers.nvme has %s",
-                         zn_format_size(opt_bytes + p->tier_total[ZN_TIER_NVME], ob, sizeof ob), nv);
+                snprintf(to_nvme, sizeof to_nvme, "%s=nvme needs %s on nvme; tiers.nvme has %s",
+                         p->key.opt_home, zn_format_size(opt_bytes + p->tier_total[ZN_TIER_NVME], ob, sizeof ob), nv);
                 /* the NVMe tier swaps 8-bit moments at their size too */
                 uint64_t fp = p->bytes[ZN_STATE_ADAM_M][t] + p->bytes[ZN_STATE_ADAM_V][t];
                 char nb[32];
@@ -221,15 +214,14 @@ static int finish(zn_plan *p, const zn_config *cfg, bool act_ckpt)
                 else
                     snprintf(fix, sizeof fix, "%s", to_nvme);
             } else if (ptier == ZN_TIER_CPU && p->bytes[ZN_STATE_PARAMS][t])
-                snprintf(fix, sizeof fix, "zero_optimization.offload_param.device=nvme "
-                         "needs %s on nvme; tiers.nvme has %s",
-                         zn_format_size(p->bytes[ZN_STATE_PARAMS][t] +
+                snprintf(fix, sizeof fix, "%s=nvme needs %s on nvme; tiers.nvme has %s",
+                         p->key.param_home, zn_format_size(p->bytes[ZN_STATE_PARAMS][t] +
                                         p->tier_total[ZN_TIER_NVME], ob, sizeof ob), nv);
             else if (ptier == ZN_TIER_NVME && p->bytes[ZN_STATE_PARAMS][t])
-                snprintf(fix, sizeof fix, "lower zero_optimization.offload_param.max_in_cpu");
+                snprintf(fix, sizeof fix, "lower %s", p->key.param_max_in_cpu);
             else
-                snprintf(fix, sizeof fix, "raise tiers.cpu, or lower buffer_count / "
-                         "sub_group_size / buffer_size");
+                snprintf(fix, sizeof fix, "raise tiers.cpu, or lower buffer_count / %s / "
+                         "buffer_size", p->key.opt_unit);
         } else {
             /* fp32 moments swapped there: 8-bit ones take a quarter */
             char q8[256];
@@ -255,7 +247,7 @@ static int finish(zn_plan *p, const zn_config *cfg, bool act_ckpt)
 }
 
 
-int zn_plan_use_items(zn_plan *p, const zn_config *cfg)
+int zn_plan_use_items(zn_plan *p, const zn_spec *sp)
 {
     if (!p->n_items)
         return zn_set_error(ZN_EARG, "plan: no itemized allocations");
@@ -266,7 +258,7 @@ int zn_plan_use_items(zn_plan *p, const zn_config *cfg)
      * rounded to engine blocks: keep zn_plan_compute's figure */
     uint64_t wear = p->nvme_write_step, part[3];
     memcpy(part, p->nvme_write_part, sizeof part);
-    int rc = finish(p, cfg, cfg->train.activation_checkpointing);
+    int rc = finish(p, sp, sp->plan.activation_checkpointing);
     p->nvme_write_step = wear;
     memcpy(p->nvme_write_part, part, sizeof part);
     return rc;
@@ -286,10 +278,12 @@ void zn_plan_print_items(const zn_plan *p, FILE *f)
                 zn_format_size(p->items[i].bytes, b2, sizeof b2));
 }
 
-int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
-                    const zn_plan_budgets *b)
+int zn_plan_compute(zn_plan *p, const zn_spec *sp)
 {
+    const zn_plan_input *in = &sp->plan;
+    const zn_plan_budgets *b = &sp->budgets;
     memset(p, 0, sizeof *p);
+    p->key = sp->key;
     if (in->n_blocks < 1 || !in->block_params || in->world_size < 1 ||
         (in->param_bytes != 2 && in->param_bytes != 4) || in->micro_batch < 1 ||
         in->seq_len < 1)
@@ -297,7 +291,6 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
                             "param bytes %d, micro batch %lld, seq %lld)", in->n_blocks,
                             in->world_size, in->param_bytes, (long long)in->micro_batch,
                             (long long)in->seq_len);
-    const zn_config_zero *z = &cfg->zero;
     const uint64_t W = (uint64_t)in->world_size;
     const uint64_t pb = (uint64_t)in->param_bytes;
 
@@ -311,47 +304,47 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
 
     /* ZeRO sharding: stage 1 shards optimizer states, 2 adds gradients,
      * 3 adds parameters. */
-    uint64_t P_param = z->stage >= 3 ? ceil_div(P, W) : P;
+    uint64_t P_param = sp->zero_stage >= 3 ? ceil_div(P, W) : P;
     /* optimizer states and gradients: only what trains (a LoRA base has none) */
     uint64_t PT = in->trainable_params && in->trainable_params < P ? in->trainable_params : P;
     p->params_trainable = PT;
-    uint64_t P_opt = z->stage >= 1 ? ceil_div(PT, W) : PT;
-    uint64_t P_grad = z->stage >= 2 ? ceil_div(PT, W) : PT;
+    uint64_t P_opt = sp->zero_stage >= 1 ? ceil_div(PT, W) : PT;
+    uint64_t P_grad = sp->zero_stage >= 2 ? ceil_div(PT, W) : PT;
     uint64_t persistent = min_u64(in->persistent_params, P);
 
     /* 16-bit params. */
-    zn_tier ptier = tier_of(z->offload_param.device);
+    zn_tier ptier = sp->param_home;
     if (ptier == ZN_TIER_GPU) {
         add(p, ZN_STATE_PARAMS, ZN_TIER_GPU, P_param * pb);
     } else {
-        uint64_t pers_shard = z->stage >= 3 ? ceil_div(persistent, W) : persistent;
+        uint64_t pers_shard = sp->zero_stage >= 3 ? ceil_div(persistent, W) : persistent;
         uint64_t rest = P_param > pers_shard ? P_param - pers_shard : 0;
         add(p, ZN_STATE_PARAMS, ZN_TIER_GPU, pers_shard * pb);
         if (ptier == ZN_TIER_CPU) {
             add(p, ZN_STATE_PARAMS, ZN_TIER_CPU, rest * pb);
         } else {
-            uint64_t in_cpu = min_u64((uint64_t)z->offload_param.max_in_cpu, rest);
+            uint64_t in_cpu = min_u64(sp->param_max_in_cpu, rest);
             add(p, ZN_STATE_PARAMS, ZN_TIER_CPU, in_cpu * pb);
             add(p, ZN_STATE_PARAMS, ZN_TIER_NVME, (rest - in_cpu) * pb);
         }
     }
 
     /* Optimizer states (+ gradient accumulators, which follow them: DeepSpeed
-     * swaps gradients to NVMe with the optimizer). offload_optimizer.ratio is
+     * swaps gradients to NVMe with the optimizer). The spec's opt_ratio is
      * the fraction of sub-groups stepped on the CPU; the rest stay on the GPU. */
-    zn_tier otier = tier_of(z->offload_optimizer.device);
-    double ratio = otier == ZN_TIER_GPU ? 0.0 : z->offload_optimizer.ratio;
+    zn_tier otier = sp->opt_home;
+    double ratio = otier == ZN_TIER_GPU ? 0.0 : sp->opt_ratio;
     uint64_t opt_off = (uint64_t)((double)P_opt * ratio);
     uint64_t grad_off = (uint64_t)((double)P_grad * ratio);
     /* the moments in train.optim's format: 4, 2 or 1 bytes per element,
      * 8-bit ones with a 4-byte absmax per 256 and padded as the trainer
      * pads them (zn_tr_moments) */
-    int mb = zn_config_moment_bytes(cfg->train.optim);
+    int mb = sp->moment_bytes;
     p->moment_bytes = mb;
     zn_mom_fmt mf = mb == 1 ? ZN_MOM_Q8 : mb == 2 ? ZN_MOM_BF16 : ZN_MOM_F32;
     /* the master in train.master_weights' format: fp32, or bf16 (stochastic
      * rounding) */
-    uint64_t msb = (uint64_t)zn_config_master_bytes(cfg->train.master_weights);
+    uint64_t msb = sp->master_bf16_sr ? 2 : 4;
     p->master_bytes = (int)msb;
     for (int c = ZN_STATE_MASTER; c <= ZN_STATE_ADAM_V; c++) {
         bool mom = c != ZN_STATE_MASTER;
@@ -364,7 +357,7 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
     /* With the states on NVMe the gradients follow them (tiers.grads nvme),
      * or stay in pinned RAM (cpu; auto decides once the rest is placed). */
     zn_tier gtier = otier;
-    if (otier == ZN_TIER_NVME && cfg->tiers.grads == ZN_GRADS_CPU)
+    if (otier == ZN_TIER_NVME && sp->grads == ZN_GRADS_CPU)
         gtier = ZN_TIER_CPU;
     add(p, ZN_STATE_GRADS, gtier, grad_off * 4);
     add(p, ZN_STATE_GRADS, ZN_TIER_GPU, (P_grad - grad_off) * 4);
@@ -388,8 +381,8 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
      * go to the host, and one layer's transient activations. */
     uint64_t window = 0;
     if (ptier != ZN_TIER_GPU || W > 1) {
-        uint64_t want = largest + (uint64_t)z->stage3_prefetch_bucket_size;
-        window = max_u64(largest, min_u64((uint64_t)z->stage3_max_live_parameters, want));
+        uint64_t want = largest + sp->prefetch_bucket;
+        window = max_u64(largest, min_u64(sp->max_live_params, want));
         window = min_u64(window, P);
         /* The window holds whole blocks: at least the largest one. */
         window = max_u64(window, largest);
@@ -404,23 +397,23 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
 
     /* Host working set: NVMe staging buffers for parameters and optimizer
      * sub-groups (DeepSpeed's buffer_count x buffer_size and buffer_count x
-     * sub_group_size). */
-    uint64_t sub = min_u64((uint64_t)z->sub_group_size, P_opt);
+     * the spec's opt_unit). */
+    uint64_t sub = min_u64(sp->opt_unit, P_opt);
     p->sub_group = sub;
     if (ptier == ZN_TIER_NVME)
-        add(p, ZN_STATE_WORK, ZN_TIER_CPU, (uint64_t)z->offload_param.buffer_count *
-            min_u64((uint64_t)z->offload_param.buffer_size, max_u64(largest, 1)) * pb);
+        add(p, ZN_STATE_WORK, ZN_TIER_CPU, (uint64_t)sp->param_buffers *
+            min_u64(sp->param_buffer_size, max_u64(largest, 1)) * pb);
     /* The param cache (tiers.param_cache blocks) hands NVMe-home params
      * from the optimizer to the next forward where the step is pipelined:
      * one rank, or stage 3 (whose blocks' homes hold this rank's shard). */
-    if (p->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME] && (W == 1 || z->stage >= 3))
-        add(p, ZN_STATE_WORK, ZN_TIER_CPU, (uint64_t)cfg->tiers.param_cache *
-            (z->stage >= 3 ? ceil_div(largest, W) : largest) * pb);
+    if (p->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME] && (W == 1 || sp->zero_stage >= 3))
+        add(p, ZN_STATE_WORK, ZN_TIER_CPU, (uint64_t)sp->param_cache *
+            (sp->zero_stage >= 3 ? ceil_div(largest, W) : largest) * pb);
     /* buffer_count x sub_group fp32 buffers hold a quarter as many units'
      * master, m, v and gradients in flight; the moments take their own
      * size (the trainer keeps the unit and shrinks the staging) */
     if (otier == ZN_TIER_NVME) {
-        uint64_t pool = (uint64_t)z->offload_optimizer.buffer_count * sub, flight = pool / 4;
+        uint64_t pool = (uint64_t)sp->opt_buffers * sub, flight = pool / 4;
         add(p, ZN_STATE_WORK, ZN_TIER_CPU, mf == ZN_MOM_F32 ? pool * 4
                                             : flight * 8 + 2 * zn_mom_layout_bytes(mf, flight));
     }
@@ -436,7 +429,7 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
     }
     /* auto: the fastest tier with room (pinned RAM beats NVMe) */
     uint64_t gb = p->bytes[ZN_STATE_GRADS][ZN_TIER_NVME];
-    if (otier == ZN_TIER_NVME && cfg->tiers.grads == ZN_GRADS_AUTO && gb &&
+    if (otier == ZN_TIER_NVME && sp->grads == ZN_GRADS_AUTO && gb &&
         p->tier_total[ZN_TIER_CPU] + gb <= p->budget[ZN_TIER_CPU]) {
         p->bytes[ZN_STATE_GRADS][ZN_TIER_NVME] = 0;
         p->bytes[ZN_STATE_GRADS][ZN_TIER_CPU] += gb;
@@ -446,7 +439,7 @@ int zn_plan_compute(zn_plan *p, const zn_config *cfg, const zn_plan_input *in,
     }
     p->grads_tier = gtier;
 
-    return finish(p, cfg, in->activation_checkpointing);
+    return finish(p, sp, in->activation_checkpointing);
 }
 
 void zn_plan_print(const zn_plan *p, FILE *f)
@@ -524,13 +517,12 @@ void zn_plan_print(const zn_plan *p, FILE *f)
                 zn_format_size(gr, b5, sizeof b5));
         if (p->opt_fits_cpu)
             fprintf(f, "the optimizer states would fit in the cpu tier's headroom: "
-                    "zero_optimization.offload_optimizer.device=cpu keeps them in RAM and "
-                    "writes nothing per step\n");
+                    "%s=cpu keeps them in RAM and writes nothing per step\n", p->key.opt_home);
         if (p->params_fit_cpu)
             fprintf(f, "the params on NVMe (%s) would fit in the cpu tier's headroom: "
-                    "zero_optimization.offload_param.device=cpu keeps them in RAM and saves "
-                    "their %s written per step\n",
+                    "%s=cpu keeps them in RAM and saves their %s written per step\n",
                     zn_format_size(p->bytes[ZN_STATE_PARAMS][ZN_TIER_NVME], b3, sizeof b3),
+                    p->key.param_home,
                     zn_format_size(p->nvme_write_part[1], b4, sizeof b4));
         /* fp32 moments swapped: 8-bit ones (stepped alike on NVMe) would
          * write a quarter of their bytes */

@@ -38,7 +38,7 @@
 #include "zinc/optim.h"
 #include "zinc/run.h"
 #include "zinc/topo.h"
-#include "zinc/zinc.h"
+#include "util/fs-impl.h"
 #include "zn_build_config.h"
 #include "zn_vcs.h"
 
@@ -96,28 +96,19 @@ static json_t *load_cache(const char *file)
 
 static int save_cache(json_t *j, const char *dir, const char *file)
 {
-    char tmp[ZN_PATH_MAX + 64];
-    /* the directory chain, private to the user */
-    char p[ZN_PATH_MAX];
-    snprintf(p, sizeof p, "%s", dir);
-    for (char *s = p + 1; *s; s++)
-        if (*s == '/') {
-            *s = '\0';
-            mkdir(p, 0700);
-            *s = '/';
-        }
-    if (mkdir(p, 0700) < 0 && errno != EEXIST)
-        return zn_set_error(-errno, "cost model: creating %s: %s", dir, strerror(errno));
-    snprintf(tmp, sizeof tmp, "%s/.ceilings.json.%ld", dir, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return zn_set_error(-errno, "cost model: writing %s: %s", tmp, strerror(errno));
-    int rc = json_dumpfd(j, fd, JSON_INDENT(1) | JSON_SORT_KEYS);
-    if (close(fd) < 0 || rc < 0 || rename(tmp, file) < 0) {
-        int e = errno;
-        unlink(tmp);
-        return zn_set_error(-e, "cost model: writing %s: %s", file, strerror(e));
+    /* the directory chain and the file, private to the user */
+    int rc = zn_fs_mkdir_p(dir, 0700);
+    if (rc)
+        return zn_error_prefix(rc, "cost model");
+    zn_fs_tmp h;
+    if ((rc = zn_fs_tmp_open(&h, file, 0600)))
+        return zn_error_prefix(rc, "cost model");
+    if (json_dumpfd(j, h.fd, JSON_INDENT(1) | JSON_SORT_KEYS) < 0) {
+        zn_fs_tmp_abort(&h);
+        return zn_set_error(-EIO, "cost model: writing %s failed", file);
     }
+    if ((rc = zn_fs_tmp_commit(&h)))
+        return zn_error_prefix(rc, "cost model");
     return 0;
 }
 
@@ -315,7 +306,7 @@ static int io_pair(zn_aio *a, const zn_extent e[2], char *buf, size_t h, bool re
  * those cycles come out of the cores that compute. */
 static int measure_nvme(const zn_config *cfg, const char *path, zn_ceilings *c)
 {
-    zn_aio_config ac = zn_train_aio_config(cfg);
+    zn_aio_config ac = zn_run_aio_config(cfg);
     size_t n = (size_t)256 << 20, h = n / 2;
     zn_aio *a = NULL;
     zn_swap *s = NULL;
@@ -428,6 +419,7 @@ static int measure_schedule(const zn_config *user, const zn_ceilings *c,
     uint64_t *blocks = NULL;
     zn_train_llama *ll = NULL;
     zn_trainer *tr = NULL;
+    zn_spec *sp = NULL;
     zn_dev *dev = NULL;
     int32_t *ids = NULL, *tgts = NULL;
     zn_model_dims d;
@@ -435,7 +427,7 @@ static int measure_schedule(const zn_config *user, const zn_ceilings *c,
     if (!rc)
         rc = zn_config_parse(cfg, schedule_model_json, "(the schedule's calibration model)",
                              sets, 3);
-    if (!rc && !(rc = zn_config_resolve_batch(cfg, 1)))
+    if (!rc && !(rc = zn_run_resolve(cfg, NULL, 1, NULL)))
         rc = zn_run_model_dims(cfg, &d);
     if (rc)
         goto out;
@@ -458,12 +450,16 @@ static int measure_schedule(const zn_config *user, const zn_ceilings *c,
     if ((rc = zn_train_llama_create(&ll, &d, B, T, cfg->model.init_std, cfg->model.seed)))
         goto out;
     zn_train_llama_set_attention(ll, cfg->train.attention);
+    zn_plan_budgets budgets = { .bytes = { cfg->tiers.gpu, cfg->tiers.cpu, 0 } };
+    if (!(sp = calloc(1, sizeof *sp))) {
+        rc = zn_set_error(-ENOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = zn_run_spec(cfg, &in, &budgets, sp)))
+        goto out;
     zn_train_options o = zn_train_options_default();
-    o.cfg = cfg;
+    o.spec = sp;
     o.model = zn_train_llama_model(ll);
-    o.plan_in = &in;
-    o.budgets.bytes[ZN_TIER_GPU] = cfg->tiers.gpu;
-    o.budgets.bytes[ZN_TIER_CPU] = cfg->tiers.cpu;
     if ((rc = zn_train_create(&tr, &o)))
         goto out;
     double best = INFINITY;
@@ -531,6 +527,7 @@ out:
     free(ids);
     free(tgts);
     free(blocks);
+    free(sp);
     free(plan);
     free(cfg);
     return rc;
@@ -596,7 +593,7 @@ static int disk_speed(const zn_config *cfg, json_t *m, const char *path, bool me
 static void shape_key(const zn_model_dims *d, const zn_model_probe_opts *o, char *out, size_t n)
 {
     snprintf(out, n, "%s h%lld i%lld a%lld/%lld d%lld v%lld%s | b%lld s%lld %s ck%d at%d",
-             d->arch == ZN_ARCH_QWEN2 ? "qwen2" : "llama", (long long)d->hidden,
+             zn_model_arch_name(d->arch), (long long)d->hidden,
              (long long)d->intermediate, (long long)d->n_heads, (long long)d->n_kv_heads,
              (long long)d->head_dim, (long long)d->vocab, d->tie_embeddings ? " tied" : "",
              (long long)o->batch, (long long)o->seq, zn_dtype_name(o->dtype), o->checkpoint,
@@ -873,4 +870,37 @@ int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int local_ra
                 (e->read_bytes ? (double)e->read_bytes / e->read_bps : 0);
     e->total_s = e->step_s + e->save_s;
     return 0;
+}
+
+/* The prediction beside the run's measured report, per step. */
+void zn_run_cost_print_vs(const zn_cost *p, const zn_train_report *r, int world, FILE *f)
+{
+    if (!r->steps)
+        return;
+    double n = (double)r->steps, ms = r->step_s / n;
+    fprintf(f, "cost model (per step)    predicted    measured\n");
+    for (int i = 0; i < ZN_RES_COUNT; i++) {
+        if (i == ZN_RES_COMM && world == 1)
+            continue;
+        if (p->busy_s[i] <= 0 && r->busy_s[i] / n < 1e-4)
+            continue;
+        fprintf(f, "  %-18s %9.1f ms %9.1f ms\n", zn_train_resource_name((zn_train_resource)i),
+                p->busy_s[i] * 1e3, r->busy_s[i] / n * 1e3);
+    }
+    if (p->block_uses)
+        fprintf(f, "  %-18s %9.1f ms %12s (%llu block uses)\n", "schedule overhead",
+                p->overhead_s * 1e3, "-", (unsigned long long)p->block_uses);
+    if (p->io_cpu_s > 0)
+        fprintf(f, "  %-18s %9.1f ms %12s (the engine's CPU time per disk byte)\n",
+                "disk on the cores", p->io_cpu_s * 1e3, "-");
+    if (p->accum_tail_s > 0)
+        fprintf(f, "  %-18s %9.1f ms %12s (the last backward's gradient copies and sums past "
+                "its compute, before the optimizer)\n", "accumulation tail",
+                p->accum_tail_s * 1e3, "-");
+    if (p->exposed_opt_s > 0)
+        fprintf(f, "  %-18s %9.1f ms %12s (the optimizer chain past the window)\n",
+                "optimizer exposed", p->exposed_opt_s * 1e3, "-");
+    fprintf(f, "predicted step time %.3f s (bound: %s), measured %.3f s (%+.0f%%)\n", p->step_s,
+            zn_train_resource_name((zn_train_resource)p->bound), ms,
+            p->step_s > 0 ? 100.0 * (p->step_s - ms) / ms : 0.0);
 }

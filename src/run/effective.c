@@ -8,19 +8,6 @@
 
 #include "zinc/run.h"
 #include "zinc/device.h"
-#include "zinc/zinc.h"
-
-/* Whether the device `train.device` names computes in bf16 (CUDA does; the
- * host backend computes in fp32). Probed only when precision is "auto". */
-static int device_bf16(const zn_config *cfg)
-{
-    /* a config that names a CUDA device is planned for it, wherever the
-     * plan is made (a login node, a laptop): it computes in bf16 there */
-    const char *dev = cfg->train.device;
-    if (!strncmp(dev, "cuda", 4))
-        return 1;
-    return zn_run_has_cuda(cfg);
-}
 
 /* "[origin]" for a key; `rule` says what "auto" resolved from, `deflt` where
  * a default came from (a train.* key, whose own origin is shown). */
@@ -168,21 +155,3 @@ void zn_run_effective_print(const zn_config *c, int world, FILE *f)
     fprintf(f, "  steps      %lld %s\n", (long long)c->train.steps,
             tag(c, "train.steps", NULL, "zinc", t1, sizeof t1));
 }
-
-int zn_run_effective(zn_config *cfg, int world, FILE *out)
-{
-    zn_model_dims d;
-    int rc = zn_run_model_dims(cfg, &d);
-    if (rc)
-        return rc;
-    bool prec_auto = zn_config_get_origin(cfg, "bf16.enabled") == ZN_ORIGIN_AUTO;
-    if ((rc = zn_config_resolve_auto(cfg, d.hidden, prec_auto ? device_bf16(cfg) : -1)) ||
-        (rc = zn_config_resolve_batch(cfg, world)))
-        return rc;
-    if (out) {
-        zn_run_effective_print(cfg, world, out);
-        fflush(out);
-    }
-    return 0;
-}
-

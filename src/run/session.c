@@ -15,9 +15,9 @@
 #include "zinc/ckpt.h"
 #include "zinc/comm.h"
 #include "zinc/run.h"
+#include "zinc/safetensors.h"
 #include "zinc/tokens.h"
 #include "zinc/train.h"
-#include "zinc/zinc.h"
 
 void zn_run_close(zn_run *ts)
 {
@@ -195,7 +195,12 @@ static int choose_weights(zn_run *ts, const zn_config *cfg, int flags)
     struct stat st;
     snprintf(a, sizeof a, "%s/model.safetensors", mp);
     snprintf(b, sizeof b, "%s/model.safetensors.index.json", mp);
-    if (!stat(mp, &st) && S_ISDIR(st.st_mode) && access(a, F_OK) && access(b, F_OK))
+    bool none = !stat(mp, &st) && S_ISDIR(st.st_mode) && access(a, F_OK) && access(b, F_OK);
+    if (none && (flags & ZN_RUN_SHAPES_ONLY)) {
+        snprintf(ts->weights, sizeof ts->weights, "none in %s: its config.json's shapes", mp);
+        return 1;
+    }
+    if (none)
         return zn_set_error(-ENOENT, "%s: model.path %s has no weights (no model.safetensors or "
                             "model.safetensors.index.json); to train this shape from a seeded "
                             "random init, set model.init=random", cfg->source, mp);
@@ -304,12 +309,14 @@ int zn_run_open(zn_run *ts, zn_config *cfg, int flags, FILE *note)
     ts->world = 1;
     int rc, local_size = 1;
     uint64_t *blocks = NULL;
+    zn_spec *sp = NULL;
     zn_model_dims d;
     zn_topo topo;
     zn_plan_budgets budgets;
     rc = join_ranks(ts, cfg, &local_size);
     ts->local_size = local_size;
-    if (rc || (rc = zn_config_resolve_batch(cfg, ts->world)) || (rc = zn_run_model_dims(cfg, &d)))
+    if (rc || (rc = zn_run_resolve(cfg, NULL, ts->world, ts->rank == 0 ? note : NULL)) ||
+        (rc = zn_run_model_dims(cfg, &d)))
         goto out;
     if ((rc = zn_topo_discover(&topo))) {
         rc = zn_error_prefix(rc, "topology");
@@ -328,7 +335,8 @@ int zn_run_open(zn_run *ts, zn_config *cfg, int flags, FILE *note)
     }
     int nb = zn_model_num_parts(&d);
     blocks = calloc((size_t)nb, sizeof *blocks);
-    if (!blocks) {
+    sp = calloc(1, sizeof *sp);
+    if (!blocks || !sp) {
         rc = zn_set_error(-ENOMEM, "out of memory");
         goto out;
     }
@@ -343,14 +351,14 @@ int zn_run_open(zn_run *ts, zn_config *cfg, int flags, FILE *note)
         (rc = choose_weights(ts, cfg, flags)))
         goto out;
     zn_train_llama_set_attention(ts->llama, cfg->train.attention);
+    if ((rc = zn_run_spec(cfg, &in, &budgets, sp)))
+        goto out;
     zn_train_options o = zn_train_options_default();
-    o.cfg = cfg;
+    o.spec = sp;
     o.model = zn_train_llama_model(ts->llama);
-    o.plan_in = &in;
-    o.budgets = budgets;
     o.record_trace = (flags & ZN_RUN_TRACE) != 0;
     o.comm = ts->comm;
-    if ((rc = zn_run_fit_optimizer(cfg, &o, ts->world, ts->rank == 0 ? note : NULL)) < 0)
+    if ((rc = zn_run_fit_optimizer(cfg, sp, &o, ts->world, ts->rank == 0 ? note : NULL)) < 0)
         goto out;
     double t0 = zn_now_s();
     if ((rc = zn_train_create(&ts->tr, &o)))
@@ -369,6 +377,7 @@ int zn_run_open(zn_run *ts, zn_config *cfg, int flags, FILE *note)
     ts->params = zn_model_param_count(&d);
 out:
     free(blocks);
+    free(sp);
     if (rc) {
         /* everything but the communicator: the caller reports, then may
          * end the other ranks with it (zn_run_abort) */
@@ -403,7 +412,7 @@ int zn_run_check_weights(const zn_config *cfg, const zn_model_dims *d)
     int rc = zn_train_llama_create(&ts.llama, d, cfg->train_micro_batch_size_per_gpu,
                                    cfg->data.seq_len, cfg->model.init_std, cfg->model.seed);
     if (!rc)
-        rc = choose_weights(&ts, cfg, 0);
+        rc = choose_weights(&ts, cfg, ZN_RUN_SHAPES_ONLY);
     zn_train_llama_destroy(ts.llama);
     return rc;
 }

@@ -1,6 +1,8 @@
 /* The model a config describes, as zn_model_dims: from an HF folder
  * (model.path) or from the dimensions in the config's `model` section. */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -11,6 +13,7 @@
 #include "zinc/config.h"
 #include "zinc/device.h"
 #include "zinc/model.h"
+#include "zinc/nvme.h"
 #include "zinc/run.h"
 #include "zinc/tokens.h"
 
@@ -64,7 +67,7 @@ int zn_run_model_dims(const zn_config *cfg, zn_model_dims *d)
         return zn_set_error(ZN_ECONFIG, "%s: no model: set model.path to an HF model folder "
                             "or give model.hidden_size, num_hidden_layers, ...", cfg->source);
     zn_model_dims_default(d);
-    d->arch = m->arch == 1 ? ZN_ARCH_QWEN2 : ZN_ARCH_LLAMA;
+    d->arch = m->arch == 1 ? ZN_ARCH_QWEN2 : m->arch == 2 ? ZN_ARCH_MISTRAL : ZN_ARCH_LLAMA;
     d->hidden = m->hidden_size;
     d->n_layers = m->num_hidden_layers;
     d->n_heads = m->num_attention_heads;
@@ -77,7 +80,7 @@ int zn_run_model_dims(const zn_config *cfg, zn_model_dims *d)
     d->rope_type = ZN_ROPE_DEFAULT;
     d->rms_eps = m->rms_norm_eps;
     d->tie_embeddings = m->tie_word_embeddings;
-    d->qkv_bias = d->arch == ZN_ARCH_QWEN2 ? 1 : m->attention_bias;
+    d->qkv_bias = d->arch == ZN_ARCH_QWEN2 ? 1 : d->arch == ZN_ARCH_LLAMA && m->attention_bias;
     d->o_bias = d->arch == ZN_ARCH_LLAMA ? m->attention_bias : 0;
     int rc = zn_model_dims_validate(d);
     if (rc)
@@ -189,25 +192,30 @@ int zn_run_has_cuda(const zn_config *cfg)
  * would run out of memory), and `note` says so. Plan and train both call
  * this with the same options, so both take the same placement. Returns 1
  * when it moved them, 0 when not, or a negative error of a dry plan. */
-int zn_run_fit_optimizer(zn_config *cfg, const zn_train_options *o, int world, FILE *note)
+int zn_run_fit_optimizer(zn_config *cfg, zn_spec *sp, const zn_train_options *o, int world,
+                          FILE *note)
 {
-    if (cfg->zero.offload_optimizer.device != ZN_OFFLOAD_NONE)
+    if (sp->opt_home != ZN_TIER_GPU)
         return 0;
     zn_plan p;
-    int rc = zn_train_plan(&p, o, world);
+    zn_train_options po = *o;
+    po.spec = sp;
+    int rc = zn_train_plan(&p, &po, world);
     if (rc != ZN_ENOFIT)
         return rc < 0 ? rc : 0;
     char why[sizeof p.why];
     snprintf(why, sizeof why, "%s", p.why);
-    zn_config moved = *cfg;
-    moved.zero.offload_optimizer.device = ZN_OFFLOAD_CPU;
-    zn_train_options mo = *o;
-    mo.cfg = &moved;
-    rc = zn_train_plan(&p, &mo, world);
+    zn_spec moved = *sp;
+    moved.opt_home = ZN_TIER_CPU;
+    po.spec = &moved;
+    rc = zn_train_plan(&p, &po, world);
     if (rc == ZN_ENOFIT)
         return 0;   /* it does not fit either way: the run reports "none"'s reason */
     if (rc < 0)
         return rc;
+    /* the spec is what runs; the config says it too, for the effective
+     * config and the checkpoint's record of where the states lived */
+    sp->opt_home = ZN_TIER_CPU;
     cfg->zero.offload_optimizer.device = ZN_OFFLOAD_CPU;
     if (note) {
         fprintf(note, "  note       zero_optimization.offload_optimizer.device \"none\" -> \"cpu\": "
@@ -300,6 +308,122 @@ static int nvme_path_writable(const zn_config *cfg, const char *key, const char 
     return 0;
 }
 
+/* ---- what else holds space on a swap path's file system ---------------------
+ * The trainer's swap files are "zinc-train" ones (src/train/tier.c); what
+ * dead runs left of them in the swap folders (kill -9) a run removes before
+ * it takes its space, so that space counts as free. */
+#define TRAIN_SWAP_PREFIX "zinc-train"
+
+/* The tiers.nvme folders on file system `dev` that exist, each once. */
+static int folders_on(const zn_config *cfg, uint64_t dev, const char **out, int max)
+{
+    uint64_t ino[ZN_MAX_NVME_PATHS];
+    int n = 0;
+    for (int i = 0; i < cfg->tiers.n_nvme && n < max && n < ZN_MAX_NVME_PATHS; i++) {
+        struct stat st;
+        if (stat(cfg->tiers.nvme[i].path, &st) || !S_ISDIR(st.st_mode) ||
+            (uint64_t)st.st_dev != dev)
+            continue;
+        bool seen = false;
+        for (int j = 0; j < n; j++)
+            seen |= ino[j] == (uint64_t)st.st_ino;
+        if (seen)
+            continue;
+        ino[n] = (uint64_t)st.st_ino;
+        out[n++] = cfg->tiers.nvme[i].path;
+    }
+    return n;
+}
+
+/* Bytes the files under an open directory take, on its file system only. */
+static uint64_t tree_bytes(int dfd, uint64_t dev, int depth)
+{
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
+        return 0;
+    }
+    uint64_t sum = 0;
+    struct dirent *e;
+    struct stat sb;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
+            fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) ||
+            (uint64_t)sb.st_dev != dev)
+            continue;
+        sum += (uint64_t)sb.st_blocks * 512;
+        int sub;
+        if (S_ISDIR(sb.st_mode) && depth < 16 &&
+            (sub = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+                          O_CLOEXEC)) >= 0)
+            sum += tree_bytes(sub, dev, depth + 1);
+    }
+    closedir(d);
+    return sum;
+}
+
+/* The dead runs' leftovers in the folders on file system `dev`: a run
+ * (strict) removes them, each removal warned with its size; a plan counts
+ * them. *bytes and *n what they held. */
+static void leftovers(const zn_config *cfg, uint64_t dev, int strict, uint64_t *bytes, int *n)
+{
+    const char *dirs[ZN_MAX_NVME_PATHS];
+    int nd = folders_on(cfg, dev, dirs, ZN_MAX_NVME_PATHS);
+    *bytes = 0;
+    *n = 0;
+    for (int i = 0; i < nd; i++) {
+        uint64_t b = 0;
+        int f = 0;
+        zn_swap_scan sc;
+        int rc = strict ? zn_swap_clean_stale(dirs[i], TRAIN_SWAP_PREFIX, &b, &f)
+                        : zn_swap_scan_stale(dirs[i], TRAIN_SWAP_PREFIX, &sc);
+        if (rc) {
+            zn_warn("swap: looking for dead runs' files in %s: %s", dirs[i], zn_last_error());
+            continue;
+        }
+        *bytes += strict ? b : sc.stale_bytes;
+        *n += strict ? f : sc.stale;
+    }
+}
+
+/* What else zinc knows holds space on file system `dev`, for a refusal:
+ * swap folders it may not remove (a live run's, a kept one, another
+ * host's) and the checkpoint directory when it is there. */
+static void held_text(const zn_config *cfg, uint64_t dev, char *out, size_t len)
+{
+    const char *dirs[ZN_MAX_NVME_PATHS];
+    int nd = folders_on(cfg, dev, dirs, ZN_MAX_NVME_PATHS);
+    size_t o = 0;
+    char sz[32];
+    out[0] = '\0';
+#define ADD(...)                                                          \
+    do {                                                                  \
+        if (o < len)                                                      \
+            o += (size_t)snprintf(out + o, len - o, __VA_ARGS__);         \
+    } while (0)
+    for (int i = 0; i < nd; i++) {
+        zn_swap_scan sc;
+        if (zn_swap_scan_stale(dirs[i], TRAIN_SWAP_PREFIX, &sc) || !sc.held)
+            continue;
+        ADD("; %s holds %s of swap that zinc may not remove (%d run%s:", dirs[i],
+            zn_format_size(sc.held_bytes, sz, sizeof sz), sc.held, sc.held > 1 ? "s" : "");
+        for (int j = 0; j < sc.n_named; j++)
+            ADD("%s %s (%s, %s, run %ld)", j ? "," : "", sc.named[j].path,
+                zn_format_size(sc.named[j].bytes, sz, sizeof sz),
+                zn_swap_held_desc(sc.named[j].why), sc.named[j].pid);
+        ADD("%s)", sc.held > sc.n_named ? ", ..." : "");
+    }
+    const char *ck = cfg->train.checkpoint.dir;
+    struct stat st;
+    if (ck[0] && stat(ck, &st) == 0 && S_ISDIR(st.st_mode) && (uint64_t)st.st_dev == dev) {
+        int fd = open(ck, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        uint64_t b = fd < 0 ? 0 : tree_bytes(fd, dev, 0);
+        ADD("; train.checkpoint.dir %s is on it too and holds %s", ck,
+            zn_format_size(b, sz, sizeof sz));
+    }
+#undef ADD
+}
+
 int zn_run_check_budgets(const zn_config *cfg, const zn_topo *topo, const zn_plan_budgets *b,
                          int strict)
 {
@@ -332,7 +456,7 @@ int zn_run_check_budgets(const zn_config *cfg, const zn_topo *topo, const zn_pla
         if (rc)
             return rc;
     }
-    char msg[2048] = "", x[32], y[32];
+    char msg[4096] = "", x[32], y[32];
     size_t o = 0;
     int n = 0;
 #define PROBLEM(...)                                                              \
@@ -365,15 +489,49 @@ int zn_run_check_budgets(const zn_config *cfg, const zn_topo *topo, const zn_pla
         fs[k].want += np->size;
         fs[k].paths++;
     }
-    for (int k = 0; k < nfs; k++)
-        if (fs[k].want > fs[k].fr) {
-            char z[32];
-            PROBLEM("tiers.nvme asks %s on the file system of %s%s, which has %s free "
-                    "(short by %s)", zn_format_size(fs[k].want, x, sizeof x), fs[k].path,
-                    fs[k].paths > 1 ? " and the other paths on it" : "",
-                    zn_format_size(fs[k].fr, y, sizeof y),
-                    zn_format_size(fs[k].want - fs[k].fr, z, sizeof z));
+    for (int k = 0; k < nfs; k++) {
+        if (fs[k].want <= fs[k].fr)
+            continue;
+        /* short: what dead runs left there is the run's to take. A run
+         * removes it now and measures again; a plan counts it as free. */
+        uint64_t stale = 0, fr2, dev2;
+        int nstale = 0;
+        char z[32], held[1536];
+        leftovers(cfg, fs[k].dev, strict, &stale, &nstale);
+        /* an unlinked file's blocks come back when its last reference goes:
+         * a run killed a moment ago may still hold them (its io_uring's
+         * registered files close after it is reaped); up to 5 s for that */
+        for (int t = 0; strict && nstale && t < 100; t++) {
+            if (fs_stat(fs[k].path, &fr2, &dev2))
+                break;
+            bool done = fr2 >= fs[k].want || fr2 >= fs[k].fr + stale;
+            if (done || t == 99) {
+                fs[k].fr = fr2;
+                break;
+            }
+            usleep(50 * 1000);
         }
+        if (!strict)
+            fs[k].fr += stale;
+        if (!strict && nstale)
+            zn_warn("tiers.nvme: the file system of %s holds %s of swap files that dead runs "
+                    "left (%d, in its swap folders); a run removes them before it starts, so "
+                    "the plan counts them as free: %s", fs[k].path,
+                    zn_format_size(stale, x, sizeof x), nstale,
+                    fs[k].want <= fs[k].fr ? "with them gone tiers.nvme fits"
+                                           : "even with them gone it is short");
+        if (fs[k].want <= fs[k].fr)
+            continue;
+        held_text(cfg, fs[k].dev, held, sizeof held);
+        PROBLEM("tiers.nvme asks %s on the file system of %s%s, which has %s free "
+                "(short by %s)%s%s", zn_format_size(fs[k].want, x, sizeof x), fs[k].path,
+                fs[k].paths > 1 ? " and the other paths on it" : "",
+                zn_format_size(fs[k].fr, y, sizeof y),
+                zn_format_size(fs[k].want - fs[k].fr, z, sizeof z),
+                !nstale ? "" : strict ? ", after removing what dead runs left there"
+                                      : ", counting what dead runs left there",
+                held);
+    }
 #undef PROBLEM
     /* pinning beyond RLIMIT_MEMLOCK is refused and the buffers stay pageable
      * (slower H2D/D2H, still correct): a warning, not an error. Root has

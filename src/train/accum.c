@@ -210,8 +210,8 @@ static void accum_job(zn_accum_arg *a)
         zn_train_fail(tr, rc, "gradients of block %d: %s", a->block, zn_last_error());
         return;
     }
-    if (a->mb == tr->cfg.gradient_accumulation_steps - 1 ||
-        tr->cfg.gradient_accumulation_steps < 1) {
+    if (a->mb == tr->spec.accumulation - 1 ||
+        tr->spec.accumulation < 1) {
         zn_grad_span sp = { sum, bl->len, ZN_DTYPE_F32 };
         double sq = 0;
         int nonfinite = 0;

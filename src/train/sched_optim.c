@@ -417,7 +417,7 @@ static int adam_sr_unit(zn_trainer *tr, int u, uint16_t *master, const zn_moment
     zn_unit *un = &tr->units[u];
     uint64_t t0 = zn_now_ns();
     int rc = zn_adam_step_sr_spans(&tr->opt.job.hp, master, mv, g, ZN_DTYPE_F32,
-                                   tr->opt.job.g_scale, tr->cfg.train.seed,
+                                   tr->opt.job.g_scale, tr->spec.seed,
                                    tr->sr_spans + un->p0, (size_t)un->np, un->n);
     char name[ZN_TRACE_NAME_LEN];
     snprintf(name, sizeof name, "adam u%d", u);
@@ -496,7 +496,7 @@ static int dev_unit(zn_trainer *tr, int u, bool adam, bool track)
         rc = tr->master_bf16
                  ? zn_dev_adam_sr(d, tr->opt.s_h2d, &tr->opt.job.hp,
                                   zn_tr_master16(tr) + un->off, &mv, tr->grad_acc + un->off,
-                                  tr->opt.job.g_scale, tr->cfg.train.seed,
+                                  tr->opt.job.g_scale, tr->spec.seed,
                                   tr->sr_spans_dev + un->p0, un->np, (int64_t)un->n)
                  : zn_dev_adam_mom(d, tr->opt.s_h2d, &tr->opt.job.hp, tr->master + un->off,
                                    &mv, tr->grad_acc + un->off, tr->opt.job.g_scale, NULL,
@@ -690,7 +690,7 @@ static void *opt_main(void *arg)
         tr->opt.cancel = false;
         pthread_cond_broadcast(&tr->opt.cv);
         pthread_mutex_unlock(&tr->opt.lock);
-        int rc = tr->opt_home == ZN_OFFLOAD_NVME ? run_nvme(tr) : tr->opt_on_device ? run_dev(tr)
+        int rc = tr->opt_home == ZN_TIER_NVME ? run_nvme(tr) : tr->opt_on_device ? run_dev(tr)
                                                                       : run_flat(tr);
         if (rc && rc != -ECANCELED)
             zn_train_fail(tr, rc, "optimizer step %lld: %s", (long long)tr->opt.job.hp.step,

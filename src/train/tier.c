@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "train/train-impl.h"
+#include "util/fs-impl.h"
 
 int zn_tier_init(zn_tier_mgr *m, zn_dev *dev, const zn_plan_budgets *b)
 {
@@ -24,35 +25,7 @@ int zn_tier_init(zn_tier_mgr *m, zn_dev *dev, const zn_plan_budgets *b)
     return 0;
 }
 
-static int mkdirs(const char *path)
-{
-    char p[ZN_PATH_MAX];
-    snprintf(p, sizeof p, "%s", path);
-    for (char *s = p + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = '\0';
-        if (mkdir(p, 0700) < 0 && errno != EEXIST)
-            return -errno;
-        *s = '/';
-    }
-    if (mkdir(p, 0700) < 0 && errno != EEXIST)
-        return -errno;
-    return 0;
-}
-
-zn_aio_config zn_train_aio_config(const zn_config *cfg)
-{
-    zn_aio_config ac = zn_aio_config_default();
-    ac.block_size = (size_t)cfg->aio.block_size;
-    ac.queue_depth = (int)cfg->aio.queue_depth;
-    ac.intra_op_parallelism = (int)cfg->aio.intra_op_parallelism;
-    ac.single_submit = cfg->aio.single_submit;
-    ac.overlap_events = cfg->aio.overlap_events;
-    return ac;
-}
-
-int zn_tier_open_nvme(zn_tier_mgr *m, const zn_config *cfg, uint64_t bytes,
+int zn_tier_open_nvme(zn_tier_mgr *m, const zn_spec *sp, uint64_t bytes,
                       zn_aio_fault_fn hook, void *hook_user)
 {
     char b1[32], b2[32];
@@ -60,7 +33,9 @@ int zn_tier_open_nvme(zn_tier_mgr *m, const zn_config *cfg, uint64_t bytes,
         return zn_set_error(ZN_EBUDGET, "nvme tier: the swap space needs %s, its budget is %s",
                             zn_format_size(bytes, b1, sizeof b1),
                             zn_format_size(m->budget[ZN_TIER_NVME], b2, sizeof b2));
-    zn_aio_config ac = zn_train_aio_config(cfg);
+    if (sp->nvme_error[0])
+        return zn_set_error(ZN_ECONFIG, "%s", sp->nvme_error);
+    zn_aio_config ac = sp->aio;
     ac.fault_hook = hook;
     ac.fault_user = hook_user;
     int rc = zn_aio_create(&m->aio, &ac);
@@ -68,30 +43,26 @@ int zn_tier_open_nvme(zn_tier_mgr *m, const zn_config *cfg, uint64_t bytes,
         return zn_error_prefix(rc, "nvme tier");
 
     zn_swap_config sc = zn_swap_config_default();
-    const char *paths[ZN_SWAP_MAX_PATHS];
-    int np = zn_config_nvme_paths(cfg, paths, ZN_SWAP_MAX_PATHS);
+    int np = sp->n_nvme;
     if (!np)
-        return zn_set_error(ZN_ECONFIG, "%s: state is placed on nvme but no path is given: "
-                            "set tiers.nvme or zero_optimization.offload_*.nvme_path",
-                            cfg->source);
-    /* each folder there, or made when tiers.create_nvme_path allows, and
-     * used as its real path: messages and the run directory name where the
-     * swap really is when a symbolic link leads there */
+        return zn_set_error(ZN_ECONFIG, "%s: state is placed on nvme but no swap folder is "
+                            "given", sp->source ? sp->source : "run");
+    /* each folder there, or made when the spec says the run may, and used
+     * as its real path: messages and the run directory name where the swap
+     * really is when a symbolic link leads there */
     char *real[ZN_SWAP_MAX_PATHS] = { 0 };
     for (int i = 0; i < np && !rc; i++) {
-        int missing = 0;
-        if ((rc = zn_config_nvme_path_check(cfg, i, &missing)))
-            break;
-        if (missing) {
-            if ((rc = mkdirs(paths[i]))) {
-                zn_set_error(rc, "nvme tier: creating the swap folder %s "
-                             "(tiers.create_nvme_path): %s", paths[i], strerror(-rc));
+        const char *path = sp->nvme_path[i];
+        if (sp->nvme_create[i]) {
+            if ((rc = zn_fs_mkdir_p(path, 0700))) {
+                zn_error_prefix(rc, "nvme tier: creating the swap folder %s "
+                                "(tiers.create_nvme_path)", path);
                 break;
             }
-            zn_info("nvme tier: created the swap folder %s (tiers.create_nvme_path)", paths[i]);
+            zn_info("nvme tier: created the swap folder %s (tiers.create_nvme_path)", path);
         }
-        if (!(real[i] = realpath(paths[i], NULL))) {
-            rc = zn_set_error(-errno, "nvme tier: resolving the swap folder %s: %s", paths[i],
+        if (!(real[i] = realpath(path, NULL))) {
+            rc = zn_set_error(-errno, "nvme tier: resolving the swap folder %s: %s", path,
                               strerror(errno));
             break;
         }
@@ -104,7 +75,7 @@ int zn_tier_open_nvme(zn_tier_mgr *m, const zn_config *cfg, uint64_t bytes,
     }
     sc.npaths = np;
     sc.bytes = bytes;
-    sc.keep_files = cfg->tiers.keep_swap;
+    sc.keep_files = sp->keep_swap;
     sc.file_prefix = "zinc-train";
     sc.run_dir = 1;
     /* what dead runs left in these folders (kill -9, a reclaimed machine):

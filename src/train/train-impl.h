@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "zinc/comm.h"
-#include "zinc/config.h"
+
 #include "zinc/device.h"
 #include "zinc/nvme.h"
 #include "zinc/optim.h"
@@ -47,7 +47,7 @@ int zn_tier_init(zn_tier_mgr *m, zn_dev *dev, const zn_plan_budgets *b);
 /* Creates the NVMe engine and a swap space of `bytes` over the config's
  * paths (tiers.nvme, else the offload nvme_path directories, created when
  * missing). Fails with ZN_EBUDGET when bytes exceed the NVMe budget. */
-int zn_tier_open_nvme(zn_tier_mgr *m, const zn_config *cfg, uint64_t bytes,
+int zn_tier_open_nvme(zn_tier_mgr *m, const zn_spec *sp, uint64_t bytes,
                       zn_aio_fault_fn hook, void *hook_user);
 /* Allocates `bytes` in `tier` and registers it; returns the tensor id
  * (>= 0) or a negative status (ZN_EBUDGET names the tensor). */
@@ -450,7 +450,7 @@ typedef struct {
 } zn_tr_stats;
 
 struct zn_trainer {
-    zn_config cfg;
+    zn_spec spec;                  /* the run spec, as created (const after) */
     /* dry: the layout and allocation code runs without allocating, recording
      * each allocation into plan.items (the plan the run then allocates) */
     bool dry;
@@ -475,10 +475,10 @@ struct zn_trainer {
     size_t param_bytes;    /* its size */
     bool plan_cuda;        /* a dry plan of a CUDA run (zn_plan_input.cuda) */
     zn_dtype grad_dt;      /* gradients device -> host (train.grad_transfer) */
-    zn_offload_device param_home, opt_home;
+    zn_tier param_home, opt_home;
     bool grads_on_nvme;    /* fp32 gradient accumulators on NVMe (pieces'
                               grad_id); else flat in memory (grad_acc) */
-    /* The optimizer on the device (offload_optimizer none): master, m, v
+    /* The optimizer on the device (the spec's opt_home GPU): master, m, v
      * and the gradient sums live in the arena; gradients are summed there,
      * their norm is taken there by chunks (normc_dev, copied to the pinned
      * normc), and zn_dev_adam steps on opt.s_h2d. A block homed off the
@@ -616,7 +616,7 @@ typedef struct {
 } zn_fetch_ent;
 
 /* train.c */
-zn_dtype zn_tr_grad_transfer_dtype(const zn_config *cfg, zn_dtype pdt);
+zn_dtype zn_tr_grad_transfer_dtype(const zn_spec *sp, zn_dtype pdt);
 
 /* train_layout.c: where each block's pieces live */
 uint64_t zn_tr_frozen_home(const zn_block *bl);
@@ -629,9 +629,8 @@ int zn_tr_allocate(zn_trainer *tr);
 /* Streams the run makes, and the GPU bytes it plans outside the arena. */
 uint64_t zn_tr_streams_outside(const zn_trainer *tr);
 uint64_t zn_tr_gpu_outside(const zn_trainer *tr);
-int zn_tr_dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cfg, const zn_plan_input *in, int world, int rank);
+int zn_tr_dry_plan(zn_plan *out, const zn_train_options *o, const zn_spec *sp, int world, int rank);
 uint64_t zn_tr_arena_bytes(const zn_plan *p, uint64_t budget);
-int zn_tr_check_plan_input(const zn_config *cfg, const zn_plan_input *in);
 
 /* train_init.c */
 int zn_tr_initialise(zn_trainer *tr);
@@ -643,11 +642,12 @@ int zn_tr_ensure_capacity(zn_trainer *tr, int A);
 int zn_tr_issue_fetches(zn_trainer *tr, const zn_fetch_ent *fe, int nfe, int *next_fetch, int next_use, uint64_t *nvme_fetches);
 int64_t zn_tr_lower_bound_i32(const int32_t *u, int64_t n, int64_t x);
 int zn_tr_stage_rows(zn_trainer *tr, int mb, const int32_t *ids, int64_t ntok);
-
-/* train_step.c: the step's fetch list over `nuse` block uses */
+/* the schedule's fetch list over `nuse` block uses (the step, eval and the
+ * dry run's traffic count all build it) */
 int zn_tr_build_fetches(zn_trainer *tr, int nuse, int L, bool with_bwd, zn_fetch_ent **fe_out,
                         int **fou_out, int *nfe_out);
-/* ZeRO stages 1/2 on N > 1 ranks: every rank's updated shard of the
+
+/* train_step.c: ZeRO stages 1/2 on N > 1 ranks: every rank's updated shard of the
  * replicated blocks all-gathered in place (after a step, and after a
  * checkpoint load, which makes only this rank's shard again). Collective. */
 int zn_tr_gather_replicated(zn_trainer *tr);

@@ -10,7 +10,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "zinc/config.h"
 #include "zinc/nvme.h"
 #include "zinc/optim.h"
 #include "zinc/train.h"
@@ -39,7 +38,7 @@ int zn_train_world(const zn_trainer *tr);
 enum { ZN_TS_MASTER = 0, ZN_TS_M = 1, ZN_TS_V = 2, ZN_TS_COUNT = 3 };
 
 typedef struct {
-    const zn_config *cfg;
+    zn_aio_config aio;         /* the run's NVMe engine settings (a save's engine too) */
     int nblocks;
     uint64_t total_params;     /* the model's, frozen parts included */
     uint64_t local_params;     /* this rank's local flat space */

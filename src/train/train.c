@@ -20,15 +20,6 @@
 #include "util/try-impl.h"
 #include "zn_build_config.h"
 
-static const char *res_names[ZN_RES_COUNT] = {
-    "gpu compute", "h2d", "d2h + grad accum", "nvme read", "nvme write", "adam",
-    "comm", "nvme read+write",
-};
-
-const char *zn_train_resource_name(zn_train_resource r)
-{
-    return (unsigned)r < ZN_RES_COUNT ? res_names[r] : "?";
-}
 
 zn_train_options zn_train_options_default(void)
 {
@@ -163,49 +154,43 @@ static int make_event(zn_trainer *tr, zn_event **e)
 /* The dtype a block's gradients leave the device in: the params' (bf16
  * halves the D2H bytes; the host accumulates in fp32, as DeepSpeed's bf16
  * gradients are), or what train.grad_transfer says. */
-zn_dtype zn_tr_grad_transfer_dtype(const zn_config *cfg, zn_dtype pdt)
+zn_dtype zn_tr_grad_transfer_dtype(const zn_spec *sp, zn_dtype pdt)
 {
-    switch (cfg->train.grad_transfer) {
+    switch (sp->grad_transfer) {
     case 1: return ZN_DTYPE_F32;
     case 2: return ZN_DTYPE_BF16;
     default: return pdt == ZN_DTYPE_BF16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
     }
 }
 
-static int pick_device(const zn_config *cfg, const zn_train_options *o, const char **name)
-{
-    *name = o->device ? o->device : cfg->train.device[0] ? cfg->train.device : "auto";
-    return 0;
-}
-
 int zn_train_create(zn_trainer **out, const zn_train_options *o)
 {
     *out = NULL;
-    if (!o || !o->cfg || !o->model || !o->plan_in || o->model->n_blocks < 1 ||
+    if (!o || !o->spec || !o->model || o->model->n_blocks < 1 ||
         !o->model->block_params || !o->model->forward || !o->model->backward ||
         !o->model->init_params || !o->model->set_batch || !o->model->read_loss)
-        return zn_set_error(ZN_EARG, "train: incomplete options (config, model, plan input)");
-    const zn_config *cfg = o->cfg;
-    if (zn_tr_check_plan_input(cfg, o->plan_in))
-        return ZN_EARG;
-    const char *devname;
-    pick_device(cfg, o, &devname);
+        return zn_set_error(ZN_EARG, "train: incomplete options (spec, model)");
+    /* the spec as this rank plans it: the planner's input completed with
+     * what only the trainer learns (the device, the ranks) */
+    zn_spec spl = *o->spec;
+    zn_spec *sp = &spl;
+    zn_plan_input *in = &spl.plan;
+    const char *devname = sp->device[0] ? sp->device : "auto";
     bool maybe_cuda = ZN_HAVE_CUDA && strcmp(devname, "host") != 0;
-    bool half = cfg->bf16 || cfg->fp16.enabled;
+    bool half = sp->bf16 || sp->fp16;
 
     /* Plan first: an infeasible config stops here, before any allocation. */
-    zn_plan_input in = *o->plan_in;
-    in.param_bytes = maybe_cuda && half ? 2 : 4;
+    in->param_bytes = maybe_cuda && half ? 2 : 4;
     /* a 16-bit run is planned as a GPU run; an fp32 one learns whether it
      * is one from its device (a CUDA build on a machine without a GPU runs
      * fp32 on the host backend, and must not be refused for the streams
      * a GPU would hold) and is re-planned below when it is */
-    in.cuda = maybe_cuda && half;
+    in->cuda = maybe_cuda && half;
     if (o->comm)
-        in.world_size = zn_comm_size(o->comm);  /* budgets are per rank */
+        in->world_size = zn_comm_size(o->comm);  /* budgets are per rank */
     zn_plan plan;
     int crank = o->comm ? zn_comm_rank(o->comm) : 0;
-    int rc = zn_tr_dry_plan(&plan, o, cfg, &in, in.world_size, crank);
+    int rc = zn_tr_dry_plan(&plan, o, sp, in->world_size, crank);
     if (rc == ZN_ENOFIT)
         return zn_set_error(ZN_ENOFIT, "does not fit: %s", plan.why);
     if (rc)
@@ -214,7 +199,8 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     zn_trainer *tr = calloc(1, sizeof *tr);
     if (!tr)
         return zn_set_error(-ENOMEM, "train: out of memory");
-    tr->cfg = *cfg;
+    tr->spec = *o->spec;
+    tr->spec.plan.block_params = NULL;  /* the caller's; the model's are the record */
     tr->model = o->model;
     tr->comm = o->comm;
     tr->rank = 0;
@@ -225,21 +211,21 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     tr->lr_fault = o->lr_fault;
     tr->lr_fault_user = o->lr_fault_user;
     pthread_mutex_init(&tr->elock, NULL);
-    tr->param_home = cfg->zero.offload_param.device;
-    tr->opt_home = cfg->zero.offload_optimizer.device;
-    if (cfg->zero.stage < 3 && tr->param_home != ZN_OFFLOAD_NONE) {
-        rc = zn_set_error(ZN_ECONFIG, "%s: zero_optimization.offload_param needs stage 3 "
-                          "(stage is %d)", cfg->source, cfg->zero.stage);
+    tr->param_home = sp->param_home;
+    tr->opt_home = sp->opt_home;
+    if (sp->zero_stage < 3 && tr->param_home != ZN_TIER_GPU) {
+        rc = zn_set_error(ZN_ECONFIG, "%s: %s needs stage 3 (stage is %d)", sp->source,
+                          sp->key.param_home, sp->zero_stage);
         goto fail;
     }
-    tr->threads = o->threads ? o->threads : (int)cfg->train.threads;
+    tr->threads = sp->threads;
     ZN_TRY_GOTO(zn_trace_create(&tr->trace, o->record_trace, 0));
     for (int r = 0; r < ZN_RES_COUNT; r++) {
         tr->track[r] = r == ZN_RES_NVME
-                           ? zn_trace_add_union(tr->trace, res_names[r],
+                           ? zn_trace_add_union(tr->trace, zn_train_resource_name(r),
                                                 tr->track[ZN_RES_NVME_READ],
                                                 tr->track[ZN_RES_NVME_WRITE])
-                           : zn_trace_add_track(tr->trace, res_names[r]);
+                           : zn_trace_add_track(tr->trace, zn_train_resource_name(r));
         if (tr->track[r] < 0)
             ZN_TRY_GOTO(tr->track[r]);
     }
@@ -250,25 +236,25 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
      * loaded kernels, which allocate outside the arena. */
     zn_dev_config dc = zn_dev_config_default();
     dc.name = devname;
-    dc.gpu_budget = zn_tr_arena_bytes(&tr->plan, o->budgets.bytes[ZN_TIER_GPU]);
-    dc.cpu_budget = o->budgets.bytes[ZN_TIER_CPU];
+    dc.gpu_budget = zn_tr_arena_bytes(&tr->plan, sp->budgets.bytes[ZN_TIER_GPU]);
+    dc.cpu_budget = sp->budgets.bytes[ZN_TIER_CPU];
     dc.defer_arena = 1;  /* reserved once the streams and NCCL have taken theirs */
     ZN_TRY_GOTO(zn_dev_create(&tr->dev, &dc));
     bool cuda = zn_dev_get_kind(tr->dev) == ZN_DEV_CUDA;
-    if (cuda && cfg->fp16.enabled) {
+    if (cuda && sp->fp16) {
         rc = zn_set_error(ZN_EUNSUPPORTED, "%s: fp16 compute is not implemented on CUDA; use "
-                          "\"bf16\": {\"enabled\": true}", cfg->source);
+                          "\"bf16\": {\"enabled\": true}", sp->source);
         goto fail;
     }
-    tr->param_dt = cuda && cfg->bf16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
+    tr->param_dt = cuda && sp->bf16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
     tr->param_bytes = zn_dtype_size(tr->param_dt);
-    if ((int)tr->param_bytes != in.param_bytes || in.cuda != cuda) {
+    if ((int)tr->param_bytes != in->param_bytes || in->cuda != cuda) {
         /* auto fell back to the host backend (re-planned with fp32 params
          * and nothing outside the arena), or an fp32 run found a GPU
          * (re-planned with its streams outside the arena) */
-        in.param_bytes = (int)tr->param_bytes;
-        in.cuda = cuda;
-        rc = zn_tr_dry_plan(&tr->plan, o, cfg, &in, in.world_size, crank);
+        in->param_bytes = (int)tr->param_bytes;
+        in->cuda = cuda;
+        rc = zn_tr_dry_plan(&tr->plan, o, sp, in->world_size, crank);
         if (rc == ZN_ENOFIT) {
             rc = zn_set_error(ZN_ENOFIT, "does not fit: %s", tr->plan.why);
             goto fail;
@@ -277,7 +263,7 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
             goto fail;
         /* and an arena of that plan's size (nothing is allocated yet; on
          * CUDA the arena is reserved below, after the streams) */
-        dc.gpu_budget = zn_tr_arena_bytes(&tr->plan, o->budgets.bytes[ZN_TIER_GPU]);
+        dc.gpu_budget = zn_tr_arena_bytes(&tr->plan, sp->budgets.bytes[ZN_TIER_GPU]);
         if (!cuda) {
             zn_dev_destroy(tr->dev);
             tr->dev = NULL;
@@ -293,17 +279,17 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
         tr->comm_attached = true;
         tr->s_comm = zn_comm_stream(tr->comm);
     }
-    ZN_TRY_GOTO(zn_tier_init(&tr->tm, tr->dev, &o->budgets));
+    ZN_TRY_GOTO(zn_tier_init(&tr->tm, tr->dev, &sp->budgets));
     ZN_TRY_GOTO(zn_dev_stream_create(tr->dev, "compute", &tr->s_comp));
     ZN_TRY_GOTO(zn_dev_stream_create_copy(tr->dev, "h2d", &tr->s_h2d));
     ZN_TRY_GOTO(zn_dev_stream_create_copy(tr->dev, "d2h", &tr->s_d2h));
     ZN_TRY_GOTO(zn_dev_stream_create_copy(tr->dev, "opt-h2d", &tr->opt.s_h2d));
     ZN_TRY_GOTO(zn_accum_start(tr));
 
-    tr->grads_on_nvme = tr->opt_home == ZN_OFFLOAD_NVME && tr->plan.grads_tier == ZN_TIER_NVME;
-    tr->opt_on_device = tr->opt_home == ZN_OFFLOAD_NONE;
-    tr->grad_dt = tr->opt_on_device ? ZN_DTYPE_F32 : zn_tr_grad_transfer_dtype(cfg, tr->param_dt);
-    tr->act.on = cfg->activation_checkpointing.cpu_checkpointing;
+    tr->grads_on_nvme = tr->opt_home == ZN_TIER_NVME && tr->plan.grads_tier == ZN_TIER_NVME;
+    tr->opt_on_device = tr->opt_home == ZN_TIER_GPU;
+    tr->grad_dt = tr->opt_on_device ? ZN_DTYPE_F32 : zn_tr_grad_transfer_dtype(sp, tr->param_dt);
+    tr->act.on = sp->cpu_activations;
     if (tr->act.on) {
         ZN_TRY_GOTO(zn_dev_stream_create_copy(tr->dev, "activations", &tr->act.stream));
         for (int i = 0; i < ZN_CK_RING; i++) {
@@ -402,8 +388,8 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     /* ZeRO stages 1/2 on several ranks all-gather the updated shards after
      * the optimizer (gather_replicated); everything else lets the step
      * return while its optimizer job still runs. */
-    tr->opt.pipeline = tr->world == 1 || cfg->zero.stage >= 3;
-    zn_loss_scaler_init(&tr->scaler, &cfg->fp16);
+    tr->opt.pipeline = tr->world == 1 || sp->zero_stage >= 3;
+    zn_loss_scaler_init(&tr->scaler, &sp->loss_scale);
     *out = tr;
     return 0;
 fail:

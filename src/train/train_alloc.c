@@ -105,16 +105,12 @@ uint64_t zn_tr_piece_stage_off(const zn_block *bl, const zn_piece *p)
     return (bl->replicated ? bl->soff : bl->fshard) + (p->start - bl->off);
 }
 
-int zn_tr_allocate(zn_trainer *tr)
+/* The model's scratch first: the activation size may depend on the dtype. */
+static int alloc_scratch(zn_trainer *tr, size_t *act_out)
 {
     int rc = 0;
-    char name[64];
-    const zn_config *cfg = &tr->cfg;
-    zn_tier gpu = ZN_TIER_GPU, cpu = ZN_TIER_CPU;
-    size_t act;
-
-    /* model scratch first: the activation size may depend on the dtype */
-    act = tr->model->act_bytes;
+    zn_tier gpu = ZN_TIER_GPU;
+    size_t act = tr->model->act_bytes;
     if (tr->dry) {
         uint64_t outside = zn_tr_gpu_outside(tr);
         uint64_t libs = zn_tr_streams_outside(tr);
@@ -140,7 +136,20 @@ int zn_tr_allocate(zn_trainer *tr)
         ZN_TRY_GOTO(tr->model->prepare(tr->model->ctx, tr->dev, tr->s_comp, tr->param_dt));
         act = tr->model->act_bytes;
     }
+    *act_out = act;
+    return 0;
+fail:
+    return rc;
+}
 
+/* The device's working set: resident params, activations and their
+ * checkpoints, block gradients, the sparse rows' buffers. */
+static int alloc_device(zn_trainer *tr, size_t act)
+{
+    int rc = 0;
+    char name[64];
+    const zn_spec *sp = &tr->spec;
+    zn_tier gpu = ZN_TIER_GPU, cpu = ZN_TIER_CPU;
     /* device: resident params, activations, grads, batch */
     for (int b = 0; b < tr->L; b++) {
         zn_block *bl = &tr->blocks[b];
@@ -184,8 +193,8 @@ int zn_tr_allocate(zn_trainer *tr)
      * the accumulators in RAM, only the rows of the micro-batch's tokens
      * leave the device and are added */
     const zn_train_model *md = tr->model;
-    int64_t A = cfg->gradient_accumulation_steps > 0 ? cfg->gradient_accumulation_steps : 1;
-    int64_t ntok = cfg->train_micro_batch_size_per_gpu * cfg->data.seq_len;
+    int64_t A = sp->accumulation > 0 ? sp->accumulation : 1;
+    int64_t ntok = sp->plan.micro_batch * sp->plan.seq_len;
     uint64_t cast_elems = tr->grad_dt != ZN_DTYPE_F32 ? tr->largest_local : 0;
     tr->any_sparse = false;
     for (int b = 0; b < tr->L; b++) {
@@ -219,9 +228,20 @@ int zn_tr_allocate(zn_trainer *tr)
             return zn_set_error(-ENOMEM, "train: out of memory");
     }
 
+    return 0;
+fail:
+    return rc;
+}
+
+/* The optimizer states where they live in memory (device or pinned RAM),
+ * their staging, and the fp32 blocks of 8-bit moments on NVMe. */
+static int alloc_optimizer(zn_trainer *tr)
+{
+    int rc = 0;
+    zn_tier gpu = ZN_TIER_GPU, cpu = ZN_TIER_CPU;
     /* optimizer states in memory */
-    if (tr->opt_home != ZN_OFFLOAD_NVME) {
-        zn_tier t = tr->opt_home == ZN_OFFLOAD_NONE ? gpu : cpu;
+    if (tr->opt_home != ZN_TIER_NVME) {
+        zn_tier t = tr->opt_home == ZN_TIER_GPU ? gpu : cpu;
         ZN_TRY_GOTO(alloc_ptr(tr, t, ZN_STATE_MASTER, tr->P * zn_tr_master_elem(tr),
                               tr->master_bf16 ? "master (bf16, stochastic rounding)"
                                               : "master (fp32)", (void **)&tr->master));
@@ -291,7 +311,7 @@ int zn_tr_allocate(zn_trainer *tr)
 
     /* 8-bit moments on NVMe: the fp32 blocks' moments stay in pinned RAM
      * (a few KiB per small tensor), never swapped */
-    if (tr->opt_home == ZN_OFFLOAD_NVME && tr->f32_slots) {
+    if (tr->opt_home == ZN_TIER_NVME && tr->f32_slots) {
         uint64_t fb = tr->f32_slots * ZN_Q8_BLOCK * 4;
         ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_ADAM_M, fb, "adam m (fp32 blocks)",
                               (void **)&tr->m32));
@@ -299,6 +319,19 @@ int zn_tr_allocate(zn_trainer *tr)
                               (void **)&tr->v32));
     }
 
+    return 0;
+fail:
+    return rc;
+}
+
+/* Pinned RAM: params homed on the CPU, gradient and parameter staging, the
+ * stream flags, the param cache and the NVMe optimizer's slots. */
+static int alloc_pinned(zn_trainer *tr)
+{
+    int rc = 0;
+    char name[64];
+    const zn_spec *sp = &tr->spec;
+    zn_tier cpu = ZN_TIER_CPU;
     /* pinned: params homed on the CPU, staging */
     for (int b = 0; b < tr->L; b++) {
         zn_block *bl = &tr->blocks[b];
@@ -325,7 +358,7 @@ int zn_tr_allocate(zn_trainer *tr)
             largest_nvme = h;
     }
     if (largest_nvme) {
-        int64_t bc = cfg->zero.offload_param.buffer_count;
+        int64_t bc = sp->param_buffers;
         tr->fetch.n_stage = (int)(bc < 2 ? 2 : bc > 64 ? 64 : bc);
         for (int i = 0; i < tr->fetch.n_stage; i++)
             ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_nvme * tr->param_bytes, "param staging",
@@ -334,7 +367,7 @@ int zn_tr_allocate(zn_trainer *tr)
     /* the param cache: only where the step is pipelined (a replicated block
      * on several ranks gets the other ranks' parts later, by all-gather) */
     uint64_t largest_pc = 0;
-    bool pipelined = tr->world == 1 || cfg->zero.stage >= 3;
+    bool pipelined = tr->world == 1 || sp->zero_stage >= 3;
     for (int b = 0; b < tr->L; b++) {
         zn_block *bl = &tr->blocks[b];
         /* (a frozen base is never updated: nothing of it to cache) */
@@ -344,15 +377,15 @@ int zn_tr_allocate(zn_trainer *tr)
         if (bl->pc_ok && fetched > largest_pc)
             largest_pc = fetched;
     }
-    if (largest_pc && cfg->tiers.param_cache > 0 && tr->dry) {
-        for (int e = 0; e < cfg->tiers.param_cache; e++)
+    if (largest_pc && sp->param_cache > 0 && tr->dry) {
+        for (int e = 0; e < sp->param_cache; e++)
             ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, largest_pc * tr->param_bytes, "param cache",
                           (void **)&(void *){ NULL }));
-    } else if (largest_pc && cfg->tiers.param_cache > 0) {
-        tr->opt.pcache = calloc((size_t)cfg->tiers.param_cache, sizeof *tr->opt.pcache);
+    } else if (largest_pc && sp->param_cache > 0) {
+        tr->opt.pcache = calloc((size_t)sp->param_cache, sizeof *tr->opt.pcache);
         if (!tr->opt.pcache)
             return zn_set_error(-ENOMEM, "train: out of memory");
-        tr->opt.n_pcache = cfg->tiers.param_cache;
+        tr->opt.n_pcache = sp->param_cache;
         for (int e = 0; e < tr->opt.n_pcache; e++) {
             tr->opt.pcache[e].tr = tr;
             tr->opt.pcache[e].block = -1;
@@ -363,7 +396,7 @@ int zn_tr_allocate(zn_trainer *tr)
         for (int b = 0; b < tr->L; b++)
             tr->blocks[b].pc_ok = false;
     }
-    if (tr->opt_home == ZN_OFFLOAD_NVME) {
+    if (tr->opt_home == ZN_TIER_NVME) {
         for (int s = 0; s < tr->opt.n_slots; s++) {
             zn_opt_slot *sl = &tr->opt.slot[s];
             void *buf;
@@ -384,11 +417,22 @@ int zn_tr_allocate(zn_trainer *tr)
                 ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->param_bytes,
                               "param update staging", &sl->pout));
         }
-        if (tr->grads_on_nvme && (cfg->gradient_accumulation_steps > 1 || tr->grad_dt != ZN_DTYPE_F32))
+        if (tr->grads_on_nvme && (sp->accumulation > 1 || tr->grad_dt != ZN_DTYPE_F32))
             ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->largest_local * 4, "grad readback",
                           (void **)&tr->gtmp));
     }
 
+    return 0;
+fail:
+    return rc;
+}
+
+static int alloc_grads_in_ram(zn_trainer *tr)
+{
+    int rc = 0;
+    const zn_spec *sp = &tr->spec;
+    zn_tier cpu = ZN_TIER_CPU;
+    int64_t A = sp->accumulation > 0 ? sp->accumulation : 1;
     /* Gradient accumulators on NVMe with tiers.grads auto: the pinned room
      * left after everything above (all but 5% of it) keeps as many pieces
      * as fit in RAM, which saves their write and read-back every
@@ -397,7 +441,7 @@ int zn_tr_allocate(zn_trainer *tr)
     for (int k = 0; k < tr->n_pieces; k++)
         tr->pieces[k].gram_off = -1;
     tr->gram_elems = 0;
-    if (tr->grads_on_nvme && cfg->tiers.grads == ZN_GRADS_AUTO) {
+    if (tr->grads_on_nvme && sp->grads == ZN_GRADS_AUTO) {
         uint64_t used = tr->dry_cpu;
         if (!tr->dry) {
             uint64_t u[ZN_TIER_COUNT], pk[ZN_TIER_COUNT];
@@ -425,13 +469,24 @@ int zn_tr_allocate(zn_trainer *tr)
         }
     }
 
-    /* NVMe extents */
+    return 0;
+fail:
+    return rc;
+}
+
+/* The NVMe extents: per optimizer unit, per gradient and parameter piece,
+ * and each frozen part. */
+static int alloc_nvme(zn_trainer *tr)
+{
+    int rc = 0;
+    char name[64];
+    const zn_spec *sp = &tr->spec;
     uint64_t need = zn_tr_nvme_bytes_needed(tr);
     if (need) {
         uint64_t bytes = need < tr->tm.budget[ZN_TIER_NVME] ? need : tr->tm.budget[ZN_TIER_NVME];
         if (!tr->dry)
-            ZN_TRY_GOTO(zn_tier_open_nvme(&tr->tm, cfg, bytes, tr->fault_hook, tr->fault_user));
-        if (tr->opt_home == ZN_OFFLOAD_NVME) {
+            ZN_TRY_GOTO(zn_tier_open_nvme(&tr->tm, sp, bytes, tr->fault_hook, tr->fault_user));
+        if (tr->opt_home == ZN_TIER_NVME) {
             for (int u = 0; u < tr->n_units; u++) {
                 zn_unit *un = &tr->units[u];
                 snprintf(name, sizeof name, "master u%d", u);
@@ -470,7 +525,17 @@ int zn_tr_allocate(zn_trainer *tr)
         }
     }
 
-    /* the ring of device parameter slots, last: it takes what is left */
+    return 0;
+fail:
+    return rc;
+}
+
+/* The ring of device parameter slots, last: it takes what is left. */
+static int alloc_param_ring(zn_trainer *tr)
+{
+    int rc = 0;
+    char name[64];
+    zn_tier gpu = ZN_TIER_GPU;
     if (tr->largest_ring_block) {
         uint64_t slot_bytes = zn_tr_round_up(tr->largest_ring_block * tr->param_bytes, ZN_DEV_ALIGN);
         uint64_t want = tr->plan.live_window / tr->largest_ring_block;
@@ -498,11 +563,12 @@ int zn_tr_allocate(zn_trainer *tr)
             char b1[32], b2[32];
             return zn_set_error(ZN_EBUDGET, "gpu tier: two parameter slots of %s do not fit "
                                 "(largest free block %s after activations and buffers): raise "
-                                "tiers.gpu%s or lower train_micro_batch_size_per_gpu",
+                                "tiers.gpu%s or lower %s",
                                 zn_format_size(slot_bytes, b1, sizeof b1),
                                 zn_format_size(dm.largest_free, b2, sizeof b2),
                                 tr->act.on ? "" : ", set activation_checkpointing."
-                                "cpu_checkpointing=true (the layers' checkpoints to pinned RAM)");
+                                "cpu_checkpointing=true (the layers' checkpoints to pinned RAM)",
+                                tr->spec.key.micro_batch);
         }
         tr->fetch.n_slots = (int)want;
         if (tr->dry) {
@@ -527,33 +593,46 @@ fail:
     return rc;
 }
 
-int zn_tr_dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cfg,
-                    const zn_plan_input *in, int world, int rank)
+int zn_tr_allocate(zn_trainer *tr)
 {
-    int rc = zn_plan_compute(out, cfg, in, &o->budgets);
+    size_t act;
+    ZN_TRY(alloc_scratch(tr, &act));
+    ZN_TRY(alloc_device(tr, act));
+    ZN_TRY(alloc_optimizer(tr));
+    ZN_TRY(alloc_pinned(tr));
+    ZN_TRY(alloc_grads_in_ram(tr));
+    ZN_TRY(alloc_nvme(tr));
+    return alloc_param_ring(tr);
+}
+
+int zn_tr_dry_plan(zn_plan *out, const zn_train_options *o, const zn_spec *sp, int world,
+                   int rank)
+{
+    const zn_plan_input *in = &sp->plan;
+    int rc = zn_plan_compute(out, sp);
     if (rc && rc != ZN_ENOFIT)
         return rc;
     zn_trainer *tr = calloc(1, sizeof *tr);
     if (!tr)
         return zn_set_error(-ENOMEM, "train: out of memory");
     tr->dry = true;
-    tr->cfg = *cfg;
+    tr->spec = *sp;
     tr->model = o->model;
     tr->plan = *out;
     tr->plan.n_items = 0;
     tr->world = world > 0 ? world : 1;
     tr->rank = rank;
-    tr->param_home = cfg->zero.offload_param.device;
-    tr->opt_home = cfg->zero.offload_optimizer.device;
+    tr->param_home = sp->param_home;
+    tr->opt_home = sp->opt_home;
     tr->param_dt = in->param_bytes == 2 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
     tr->param_bytes = zn_dtype_size(tr->param_dt);
     tr->plan_cuda = in->cuda;
     for (int i = 0; i < ZN_TIER_COUNT; i++)
-        tr->tm.budget[i] = o->budgets.bytes[i];
-    tr->grads_on_nvme = tr->opt_home == ZN_OFFLOAD_NVME && tr->plan.grads_tier == ZN_TIER_NVME;
-    tr->opt_on_device = tr->opt_home == ZN_OFFLOAD_NONE;
-    tr->grad_dt = tr->opt_on_device ? ZN_DTYPE_F32 : zn_tr_grad_transfer_dtype(cfg, tr->param_dt);
-    tr->act.on = cfg->activation_checkpointing.cpu_checkpointing;
+        tr->tm.budget[i] = sp->budgets.bytes[i];
+    tr->grads_on_nvme = tr->opt_home == ZN_TIER_NVME && tr->plan.grads_tier == ZN_TIER_NVME;
+    tr->opt_on_device = tr->opt_home == ZN_TIER_GPU;
+    tr->grad_dt = tr->opt_on_device ? ZN_DTYPE_F32 : zn_tr_grad_transfer_dtype(sp, tr->param_dt);
+    tr->act.on = sp->cpu_activations;
     rc = zn_tr_build_layout(tr);
     if (!rc)
         rc = zn_tr_allocate(tr);
@@ -562,7 +641,7 @@ int zn_tr_dry_plan(zn_plan *out, const zn_train_options *o, const zn_config *cfg
     if (!rc) {
         char why[sizeof out->why];
         *out = tr->plan;
-        rc = zn_plan_use_items(out, cfg);
+        rc = zn_plan_use_items(out, sp);
         snprintf(why, sizeof why, "%s", out->why);
         if (rc == ZN_ENOFIT)
             zn_set_error(rc, "%s", why);
@@ -617,33 +696,11 @@ uint64_t zn_tr_arena_bytes(const zn_plan *p, uint64_t budget)
     return want < budget ? want : budget;
 }
 
-/* The plan input and the config must describe one run: each value has one
- * source (the config; zn_run_plan_input copies it), and a caller that
- * changed one without the other gets an error, not a plan of another run. */
-int zn_tr_check_plan_input(const zn_config *cfg, const zn_plan_input *in)
-{
-    if (in->micro_batch != cfg->train_micro_batch_size_per_gpu || in->seq_len != cfg->data.seq_len)
-        return zn_set_error(ZN_EARG, "train: the plan input's micro-batch %lld x %lld tokens is "
-                            "not the config's train_micro_batch_size_per_gpu %lld x data.seq_len "
-                            "%lld", (long long)in->micro_batch, (long long)in->seq_len,
-                            (long long)cfg->train_micro_batch_size_per_gpu,
-                            (long long)cfg->data.seq_len);
-    if (in->activation_checkpointing != cfg->train.activation_checkpointing)
-        return zn_set_error(ZN_EARG, "train: the plan input's activation checkpointing (%d) is "
-                            "not the config's (%d)", in->activation_checkpointing,
-                            cfg->train.activation_checkpointing);
-    return 0;
-}
-
 int zn_train_plan(zn_plan *plan, const zn_train_options *o, int world)
 {
-    if (!o || !o->cfg || !o->model || !o->plan_in || o->model->n_blocks < 1 ||
-        !o->model->block_params)
-        return zn_set_error(ZN_EARG, "train plan: incomplete options (config, model, plan input)");
-    int rc = zn_tr_check_plan_input(o->cfg, o->plan_in);
-    if (rc)
-        return rc;
-    zn_plan_input in = *o->plan_in;
-    in.world_size = world > 0 ? world : 1;
-    return zn_tr_dry_plan(plan, o, o->cfg, &in, in.world_size, 0);
+    if (!o || !o->spec || !o->model || o->model->n_blocks < 1 || !o->model->block_params)
+        return zn_set_error(ZN_EARG, "train plan: incomplete options (spec, model)");
+    zn_spec sp = *o->spec;
+    sp.plan.world_size = world > 0 ? world : 1;
+    return zn_tr_dry_plan(plan, o, &sp, sp.plan.world_size, 0);
 }

@@ -340,7 +340,7 @@ int zn_tr_accum_on_device(zn_trainer *tr, int mb, int b, int g, const float *gsr
         return rc;
     if ((rc = zn_dev_event_record(d, tr->ev_gfree[g], tr->s_d2h)))
         return rc;
-    int A = (int)tr->cfg.gradient_accumulation_steps;
+    int A = (int)tr->spec.accumulation;
     if (mb == (A > 1 ? A - 1 : 0)) {
         uint64_t nc = ((uint64_t)n + ZN_GRAD_NORM_CHUNK - 1) / ZN_GRAD_NORM_CHUNK;
         if (nc && ((rc = zn_dev_norm_sq_chunks(d, tr->s_d2h, sum, n,
@@ -361,5 +361,77 @@ int zn_tr_accum_on_device(zn_trainer *tr, int mb, int b, int g, const float *gsr
         tr->acc.posted[g]++;  /* the job the D2H stream waits on before refilling g */
     }
     zn_train_mark_end(tr, tr->s_d2h, mk);
+    return 0;
+}
+
+/* The fetch list over `nuse` uses (forward and backward of each micro-batch,
+ * or forward only): consecutive uses of one ring block share a fetch, and
+ * so do the forward and backward of the last (slots - 2) ring blocks. */
+int zn_tr_build_fetches(zn_trainer *tr, int nuse, int L, bool with_bwd, zn_fetch_ent **fe_out,
+                         int **fou_out, int *nfe_out)
+{
+    zn_fetch_ent *fe = calloc((size_t)nuse, sizeof *fe);
+    int *fetch_of_use = malloc((size_t)nuse * sizeof *fetch_of_use);
+    int *held = malloc((size_t)L * sizeof *held);
+    if (!fe || !fetch_of_use || !held) {
+        free(fe);
+        free(fetch_of_use);
+        free(held);
+        return zn_set_error(-ENOMEM, "train: out of memory");
+    }
+    /* Keep from forward to backward: the last K ring blocks of the model
+     * hold their slot from their forward to their backward in the same
+     * micro-batch instead of being fetched twice. K = slots - 2 leaves two
+     * slots for the ring (its prefetch) while all K are held at the turn;
+     * the check below proves every fetch still finds its slot free. */
+    int keep = with_bwd ? tr->fetch.n_slots - 2 : 0;
+    for (int b = L - 1; b >= 0; b--) {
+        held[b] = -1;
+        if (!tr->blocks[b].persistent && keep > 0) {
+            held[b] = -2; /* eligible */
+            keep--;
+        }
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        int nfe = 0, per = with_bwd ? 2 * L : L;
+        for (int i = 0; i < nuse; i++) {
+            int k = i % per;
+            int b = k >= L ? 2 * L - 1 - k : k;
+            fetch_of_use[i] = -1;
+            if (tr->blocks[b].persistent)
+                continue;
+            bool merge = nfe && fe[nfe - 1].block == b && fe[nfe - 1].last_use == i - 1;
+            if (!merge && pass == 0 && k >= L && held[b] >= 0) {
+                fe[held[b]].last_use = i; /* kept since its forward */
+                fetch_of_use[i] = held[b];
+                held[b] = -2;
+                continue;
+            }
+            if (merge) {
+                fe[nfe - 1].last_use = i;
+            } else {
+                fe[nfe].block = b;
+                fe[nfe].first_use = fe[nfe].last_use = i;
+                nfe++;
+            }
+            fetch_of_use[i] = nfe - 1;
+            if (pass == 0 && k < L && held[b] == -2)
+                held[b] = nfe - 1;
+        }
+        /* the ring's rule: fetch j reuses fetch (j - slots)'s slot, which
+         * must be past its last use when fetch j's first use comes */
+        bool ok = true;
+        for (int e = tr->fetch.n_slots; e < nfe && ok; e++)
+            ok = fe[e - tr->fetch.n_slots].last_use < fe[e].first_use;
+        *nfe_out = nfe;
+        if (ok || pass == 1)
+            break;
+        for (int b = 0; b < L; b++)
+            held[b] = -1; /* no keeping: the plain ring */
+        memset(fe, 0, (size_t)nuse * sizeof *fe);
+    }
+    free(held);
+    *fe_out = fe;
+    *fou_out = fetch_of_use;
     return 0;
 }

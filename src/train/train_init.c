@@ -117,7 +117,7 @@ int zn_tr_initialise(zn_trainer *tr)
     int np_pending[64] = { 0 };
     int nvme_blocks = 0;
     init_units iu = { tr, 0, 0, 0 };
-    bool opt_nvme = tr->opt_home == ZN_OFFLOAD_NVME;
+    bool opt_nvme = tr->opt_home == ZN_TIER_NVME;
     if (!vals || !conv || !chunk) {
         rc = zn_set_error(ZN_EINTERNAL, "train: no staging for the initial state");
         goto out;

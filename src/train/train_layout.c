@@ -107,14 +107,14 @@ static int build_f32_runs(zn_trainer *tr)
 
 int zn_tr_build_layout(zn_trainer *tr)
 {
-    const zn_config *cfg = &tr->cfg;
+    const zn_spec *sp = &tr->spec;
     const zn_train_model *md = tr->model;
     tr->L = md->n_blocks;
     tr->blocks = calloc((size_t)tr->L, sizeof *tr->blocks);
     if (!tr->blocks)
         return zn_set_error(-ENOMEM, "train: out of memory");
     uint64_t off = 0, in_cpu = 0, full = 0;
-    uint64_t thresh = (uint64_t)cfg->zero.stage3_param_persistence_threshold;
+    uint64_t thresh = (uint64_t)sp->persistence_threshold;
     /* the layers: runs of blocks joined to the one before */
     for (int b = 0, g = -1; b < tr->L; b++) {
         bool joins = b > 0 && md->block_joins && md->block_joins[b];
@@ -138,7 +138,7 @@ int zn_tr_build_layout(zn_trainer *tr)
             return zn_set_error(ZN_EINTERNAL, "train: block %d: %llu frozen of %llu", b,
                                 (unsigned long long)bl->frozen, (unsigned long long)bl->n);
         uint64_t tn = bl->n - bl->frozen;  /* the elements that train */
-        bool repl = tr->world == 1 || cfg->zero.stage < 3;
+        bool repl = tr->world == 1 || sp->zero_stage < 3;
         zn_shard sh;
         int rc = zn_comm_shard(bl->n, tr->world, tr->rank, tr->world > 1 ? 128 : 1, &sh);
         if (rc)
@@ -180,27 +180,27 @@ int zn_tr_build_layout(zn_trainer *tr)
         off += bl->len;
         full += tn;
         /* stages 1/2 keep whole parameters on every rank (they are never
-         * offloaded: offload_param needs stage 3) */
+         * offloaded: parameters off the GPU need stage 3) */
         bl->replicated = repl;
         if (bl->npad > tr->largest_block)
             tr->largest_block = bl->npad;
         if (bl->len > tr->largest_local)
             tr->largest_local = bl->len;
         /* a block other blocks read (a tied embedding) stays on the device */
-        bool small = tr->param_home == ZN_OFFLOAD_NONE || bl->n < thresh ||
+        bool small = tr->param_home == ZN_TIER_GPU || bl->n < thresh ||
                      (bl->group == 0 && md->keep_block0);
         if (bl->group == 0 && md->keep_block0 && !bl->replicated)
             return zn_set_error(ZN_EUNSUPPORTED, "%s: tied embeddings (tie_word_embeddings) with "
                                 "ZeRO stage 3 across %d ranks are not supported yet: the "
                                 "embedding must stay whole on every device; use "
-                                "zero_optimization.stage 2 (or one rank)",
-                                cfg->source, tr->world);
+                                "%s 2 (or one rank)",
+                                sp->source, tr->world, sp->key.zero_stage);
         if (small) {
             bl->home = ZN_PHOME_DEVICE;
-        } else if (tr->param_home == ZN_OFFLOAD_CPU) {
+        } else if (tr->param_home == ZN_TIER_CPU) {
             bl->home = ZN_PHOME_CPU;
         } else if (in_cpu + (bl->replicated ? bl->n : bl->len) <=
-                   (uint64_t)cfg->zero.offload_param.max_in_cpu) {
+                   (uint64_t)sp->param_max_in_cpu) {
             bl->home = ZN_PHOME_CPU;
             in_cpu += bl->replicated ? bl->n : bl->len;
         } else {
@@ -228,10 +228,10 @@ int zn_tr_build_layout(zn_trainer *tr)
     /* Adam's moments (train.optim): fp32, bf16 or 8-bit in every home (the
      * cpu tier, units swapped in from NVMe at their compressed size, or the
      * device's Adam, zn_dev_adam_mom) */
-    int mb = zn_config_moment_bytes(cfg->train.optim);
+    int mb = sp->moment_bytes;
     tr->mom_elem = mb;
     tr->mom_fmt = mb == 1 ? ZN_MOM_Q8 : mb == 2 ? ZN_MOM_BF16 : ZN_MOM_F32;
-    tr->q8_scheme = zn_config_q8_scheme(cfg->train.optim) ? ZN_Q8_TORCHAO : ZN_Q8_BNB;
+    tr->q8_scheme = sp->q8_scheme;
     tr->mom_bytes = zn_mom_layout_bytes(tr->mom_fmt, tr->P);
     int rc_f32 = build_f32_runs(tr);
     if (rc_f32)
@@ -243,7 +243,7 @@ int zn_tr_build_layout(zn_trainer *tr)
      * (zn_dev_adam_sr). Each step draws its rounding bits for the model's
      * trainable elements (tr->sr_spans, below), whoever owns them, so it
      * runs on any number of ranks */
-    tr->master_bf16 = cfg->train.master_weights == ZN_MASTER_BF16_SR;
+    tr->master_bf16 = sp->master_bf16_sr;
     /* 8-bit blocks never straddle two units (the NVMe units below are
      * multiples of 1024 elements, or this rounded sub-group); bf16 units
      * are rounded alike, so that on NVMe every unit's moments but the
@@ -253,8 +253,8 @@ int zn_tr_build_layout(zn_trainer *tr)
         sg = (sg + ZN_Q8_BLOCK - 1) / ZN_Q8_BLOCK * ZN_Q8_BLOCK;
     tr->U = sg;
     tr->opt.n_slots = 1;
-    if (tr->opt_home == ZN_OFFLOAD_NVME) {
-        int64_t bc = cfg->zero.offload_optimizer.buffer_count;
+    if (tr->opt_home == ZN_TIER_NVME) {
+        int64_t bc = sp->opt_buffers;
         int S = (int)(bc / 4);
         if (S < 2)
             S = 2;
@@ -342,8 +342,8 @@ int zn_tr_build_layout(zn_trainer *tr)
  * rounded to the engine's block (extents of a block or more are striped). */
 uint64_t zn_tr_nvme_bytes_needed(zn_trainer *tr)
 {
-    uint64_t bs = (uint64_t)tr->cfg.aio.block_size, need = 0;
-    if (tr->opt_home == ZN_OFFLOAD_NVME)
+    uint64_t bs = (uint64_t)tr->spec.aio.block_size, need = 0;
+    if (tr->opt_home == ZN_TIER_NVME)
         for (int u = 0; u < tr->n_units; u++)
             need += zn_tr_round_up(tr->units[u].n * zn_tr_master_elem(tr), bs) +
                     2 * zn_tr_round_up(zn_tr_unit_mom_bytes(tr, tr->units[u].n), bs);
@@ -358,6 +358,6 @@ uint64_t zn_tr_nvme_bytes_needed(zn_trainer *tr)
         if (tr->blocks[b].home == ZN_PHOME_NVME && tr->blocks[b].frozen)
             need += zn_tr_round_up(zn_tr_frozen_home(&tr->blocks[b]) * tr->param_bytes, bs);
     if (need)
-        need += 2 * bs * (uint64_t)(tr->cfg.tiers.n_nvme > 0 ? tr->cfg.tiers.n_nvme : 1);
+        need += 2 * bs * (uint64_t)(tr->spec.stripe_paths > 0 ? tr->spec.stripe_paths : 1);
     return need;
 }

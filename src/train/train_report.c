@@ -37,9 +37,9 @@ static int read_local_master(zn_trainer *tr, float *out)
                 out[i] = zn_bf16_to_f32(((const uint16_t *)at)[i]);
         return rc;
     }
-    if (tr->master_bf16 && tr->opt_home != ZN_OFFLOAD_NVME)   /* widened: exact */
+    if (tr->master_bf16 && tr->opt_home != ZN_TIER_NVME)   /* widened: exact */
         return zn_convert(out, ZN_DTYPE_F32, tr->master, ZN_DTYPE_BF16, tr->P);
-    if (tr->opt_home != ZN_OFFLOAD_NVME) {
+    if (tr->opt_home != ZN_TIER_NVME) {
         memcpy(out, tr->master, tr->P * 4);
         return 0;
     }
@@ -171,7 +171,7 @@ void zn_train_get_report(zn_trainer *tr, zn_train_report *r)
         r->persistent_blocks += tr->blocks[b].persistent;
     r->opt_unit = tr->U;
     r->opt_units = tr->n_units;
-    r->opt_inflight = tr->opt_home == ZN_OFFLOAD_NVME ? tr->opt.n_slots : 1;
+    r->opt_inflight = tr->opt_home == ZN_TIER_NVME ? tr->opt.n_slots : 1;
     r->overlap_step = tr->opt.overlap_step;
     r->param_dtype = zn_dtype_name(tr->param_dt);
     zn_dev_info di;

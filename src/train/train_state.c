@@ -12,7 +12,7 @@
 void zn_train_state_get_info(const zn_trainer *tr, zn_train_state_info *out)
 {
     memset(out, 0, sizeof *out);
-    out->cfg = &tr->cfg;
+    out->aio = tr->spec.aio;
     out->nblocks = tr->L;
     for (int b = 0; b < tr->L; b++)
         out->total_params += tr->blocks[b].n;
@@ -25,8 +25,8 @@ void zn_train_state_get_info(const zn_trainer *tr, zn_train_state_info *out)
     out->master_dtype = tr->master_bf16 ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
     out->bytes[ZN_TS_MASTER] = tr->P * zn_tr_master_elem(tr);
     out->bytes[ZN_TS_M] = out->bytes[ZN_TS_V] = tr->mom_bytes;
-    out->flat = !tr->opt_on_device && tr->opt_home != ZN_OFFLOAD_NVME;
-    out->from_f32 = out->flat || tr->opt_home == ZN_OFFLOAD_NVME;
+    out->flat = !tr->opt_on_device && tr->opt_home != ZN_TIER_NVME;
+    out->from_f32 = out->flat || tr->opt_home == ZN_TIER_NVME;
     /* NVMe: the chunks gather in the first slot's master, m and v areas
      * while each unit is read into its gradient area after them */
     out->max_chunk = tr->opt_on_device ? tr->ostage_bytes
@@ -180,7 +180,7 @@ int zn_train_state_save(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
                             (unsigned long long)in.max_chunk);
     if (tr->bad)
         return zn_set_error(ZN_ECORRUPT, "state save: the trainer failed earlier");
-    return tr->opt_home == ZN_OFFLOAD_NVME && !tr->opt_on_device ? save_nvme(tr, k, chunk, aio, sink, user)
+    return tr->opt_home == ZN_TIER_NVME && !tr->opt_on_device ? save_nvme(tr, k, chunk, aio, sink, user)
                                                     : save_flat(tr, k, chunk, aio, sink, user);
 }
 
@@ -481,7 +481,7 @@ int zn_train_state_load(zn_trainer *tr, zn_mom_fmt from, zn_dtype master_from,
     if (master_from != ZN_DTYPE_F32 && master_from != ZN_DTYPE_BF16)
         return zn_set_error(ZN_EINTERNAL, "state load: a master of %s",
                             zn_dtype_name(master_from));
-    bool nvme = tr->opt_home == ZN_OFFLOAD_NVME && !tr->opt_on_device;
+    bool nvme = tr->opt_home == ZN_TIER_NVME && !tr->opt_on_device;
     if (from != tr->mom_fmt && (tr->opt_on_device || (nvme && from != ZN_MOM_F32)))
         return zn_set_error(ZN_EUNSUPPORTED, "state load: moments as %s into a run keeping "
                             "them as %s on the %s", zn_mom_fmt_name(from),

@@ -112,7 +112,7 @@ static int run_micro_batch(zn_trainer *tr, int mb, const zn_fetch_ent *fe, int n
             if (bl->srow0 >= 0) {
                 /* the rows of this micro-batch's tokens only: gathered (and
                  * cast) on the D2H stream, gdev[g] then free */
-                int64_t ntok = tr->cfg.train_micro_batch_size_per_gpu * tr->cfg.data.seq_len;
+                int64_t ntok = tr->spec.plan.micro_batch * tr->spec.plan.seq_len;
                 int64_t W = md->row_width, nr = (int64_t)(bl->len / (uint64_t)W);
                 const int32_t *u = tr->fetch.rows + (size_t)mb * (size_t)ntok;
                 int64_t lo = zn_tr_lower_bound_i32(u, tr->fetch.n_rows[mb], bl->srow0);
@@ -282,89 +282,17 @@ static int step_failed(zn_trainer *tr, int rc, int64_t step)
                         (long long)step, msg[0] ? msg : zn_strerror(rc));
 }
 
-/* The fetch list over `nuse` uses (forward and backward of each micro-batch,
- * or forward only): consecutive uses of one ring block share a fetch, and
- * so do the forward and backward of the last (slots - 2) ring blocks. */
-int zn_tr_build_fetches(zn_trainer *tr, int nuse, int L, bool with_bwd, zn_fetch_ent **fe_out,
-                         int **fou_out, int *nfe_out)
-{
-    zn_fetch_ent *fe = calloc((size_t)nuse, sizeof *fe);
-    int *fetch_of_use = malloc((size_t)nuse * sizeof *fetch_of_use);
-    int *held = malloc((size_t)L * sizeof *held);
-    if (!fe || !fetch_of_use || !held) {
-        free(fe);
-        free(fetch_of_use);
-        free(held);
-        return zn_set_error(-ENOMEM, "train: out of memory");
-    }
-    /* Keep from forward to backward: the last K ring blocks of the model
-     * hold their slot from their forward to their backward in the same
-     * micro-batch instead of being fetched twice. K = slots - 2 leaves two
-     * slots for the ring (its prefetch) while all K are held at the turn;
-     * the check below proves every fetch still finds its slot free. */
-    int keep = with_bwd ? tr->fetch.n_slots - 2 : 0;
-    for (int b = L - 1; b >= 0; b--) {
-        held[b] = -1;
-        if (!tr->blocks[b].persistent && keep > 0) {
-            held[b] = -2; /* eligible */
-            keep--;
-        }
-    }
-    for (int pass = 0; pass < 2; pass++) {
-        int nfe = 0, per = with_bwd ? 2 * L : L;
-        for (int i = 0; i < nuse; i++) {
-            int k = i % per;
-            int b = k >= L ? 2 * L - 1 - k : k;
-            fetch_of_use[i] = -1;
-            if (tr->blocks[b].persistent)
-                continue;
-            bool merge = nfe && fe[nfe - 1].block == b && fe[nfe - 1].last_use == i - 1;
-            if (!merge && pass == 0 && k >= L && held[b] >= 0) {
-                fe[held[b]].last_use = i; /* kept since its forward */
-                fetch_of_use[i] = held[b];
-                held[b] = -2;
-                continue;
-            }
-            if (merge) {
-                fe[nfe - 1].last_use = i;
-            } else {
-                fe[nfe].block = b;
-                fe[nfe].first_use = fe[nfe].last_use = i;
-                nfe++;
-            }
-            fetch_of_use[i] = nfe - 1;
-            if (pass == 0 && k < L && held[b] == -2)
-                held[b] = nfe - 1;
-        }
-        /* the ring's rule: fetch j reuses fetch (j - slots)'s slot, which
-         * must be past its last use when fetch j's first use comes */
-        bool ok = true;
-        for (int e = tr->fetch.n_slots; e < nfe && ok; e++)
-            ok = fe[e - tr->fetch.n_slots].last_use < fe[e].first_use;
-        *nfe_out = nfe;
-        if (ok || pass == 1)
-            break;
-        for (int b = 0; b < L; b++)
-            held[b] = -1; /* no keeping: the plain ring */
-        memset(fe, 0, (size_t)nuse * sizeof *fe);
-    }
-    free(held);
-    *fe_out = fe;
-    *fou_out = fetch_of_use;
-    return 0;
-}
-
 int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
                   const int32_t *pos, zn_train_step_info *info)
 {
     if (tr->bad)
         return zn_set_error(ZN_ECORRUPT, "the trainer failed in an earlier step; its state "
                             "is not valid");
-    const zn_config *cfg = &tr->cfg;
-    int L = tr->L, A = (int)cfg->gradient_accumulation_steps, rc;
+    const zn_spec *sp = &tr->spec;
+    int L = tr->L, A = (int)sp->accumulation, rc;
     if (A < 1)
         A = 1;
-    int64_t B = cfg->train_micro_batch_size_per_gpu, T = cfg->data.seq_len;
+    int64_t B = sp->plan.micro_batch, T = sp->plan.seq_len;
     uint64_t ntok = (uint64_t)(B * T);
     uint64_t t_start = zn_now_ns();
     if ((rc = zn_tr_ensure_capacity(tr, A)))
@@ -375,19 +303,19 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         return step_failed(tr, atomic_load(&tr->err), tr->stats.steps_run + 1);
     zn_tr_marks_drop(tr);
 
-    bool clip = cfg->gradient_clipping > 0, fp16 = cfg->fp16.enabled;
+    bool clip = sp->clip > 0, fp16 = sp->fp16;
     double scale = tr->scaler.scale;
-    double lr = zn_lr_schedule(&cfg->scheduler, cfg->optimizer.lr, tr->step);
+    double lr = zn_lr_schedule(&sp->sched, sp->lr, tr->step);
     if (tr->lr_fault)
         lr = tr->lr_fault(tr->lr_fault_user, tr->step + 1, lr);
     zn_adam_params hp = zn_adam_params_default();
     hp.lr = (float)lr;
-    hp.beta1 = cfg->optimizer.beta1;
-    hp.beta2 = cfg->optimizer.beta2;
-    hp.eps = (float)cfg->optimizer.eps;
-    hp.weight_decay = (float)cfg->optimizer.weight_decay;
-    hp.adamw_mode = cfg->optimizer.type == ZN_OPT_ADAMW || cfg->optimizer.adam_w_mode;
-    hp.bias_correction = cfg->optimizer.bias_correction;
+    hp.beta1 = sp->beta1;
+    hp.beta2 = sp->beta2;
+    hp.eps = (float)sp->eps;
+    hp.weight_decay = (float)sp->weight_decay;
+    hp.adamw_mode = sp->adamw;
+    hp.bias_correction = sp->bias_correction;
     hp.step = tr->step + 1;
     hp.threads = tr->threads;
 
@@ -466,7 +394,7 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     if (!tr->opt.overlap_step && !overflow) {
         double coef = 1.0;
         if (clip && norm + 1e-6 > 0) {
-            double c = cfg->gradient_clipping / (norm + 1e-6);
+            double c = sp->clip / (norm + 1e-6);
             if (c < 1.0)
                 coef = c;
         }
@@ -531,10 +459,10 @@ int zn_train_eval(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         return zn_set_error(ZN_EARG, "train eval: %d micro-batches", n_micro);
     if (atomic_load(&tr->err))
         return step_failed(tr, atomic_load(&tr->err), tr->stats.steps_run);
-    const zn_config *cfg = &tr->cfg;
+    const zn_spec *sp = &tr->spec;
     const zn_train_model *md = tr->model;
     int L = tr->L, rc;
-    int64_t B = cfg->train_micro_batch_size_per_gpu, T = cfg->data.seq_len;
+    int64_t B = sp->plan.micro_batch, T = sp->plan.seq_len;
     uint64_t ntok = (uint64_t)(B * T);
     if ((rc = zn_tr_ensure_capacity(tr, n_micro)))
         return rc;

@@ -36,16 +36,16 @@ static uint64_t block_param_bytes(const zn_trainer *tr, const zn_block *bl)
 
 int zn_tr_count_traffic(zn_trainer *tr)
 {
-    const zn_config *cfg = &tr->cfg;
-    int L = tr->L, A = (int)(cfg->gradient_accumulation_steps > 0 ? cfg->gradient_accumulation_steps : 1);
-    uint64_t ntok = (uint64_t)(cfg->train_micro_batch_size_per_gpu * cfg->data.seq_len);
+    const zn_spec *sp = &tr->spec;
+    int L = tr->L, A = (int)(sp->accumulation > 0 ? sp->accumulation : 1);
+    uint64_t ntok = (uint64_t)(sp->plan.micro_batch * sp->plan.seq_len);
     __typeof__(tr->plan.step) *s = &tr->plan.step;
     memset(s, 0, sizeof *s);
     s->micro_batches = A;
     s->opt_on_device = tr->opt_on_device;
-    s->opt_on_nvme = tr->opt_home == ZN_OFFLOAD_NVME;
-    s->overlap_step = !(cfg->gradient_clipping > 0) && !cfg->fp16.enabled;
-    s->pipelined = tr->world == 1 || cfg->zero.stage >= 3;
+    s->opt_on_nvme = tr->opt_home == ZN_TIER_NVME;
+    s->overlap_step = !(sp->clip > 0) && !sp->fp16;
+    s->pipelined = tr->world == 1 || sp->zero_stage >= 3;
     const uint64_t pb = (uint64_t)tr->param_bytes, gb = zn_dtype_size(tr->grad_dt);
 
     /* parameter fetches: the step's fetch list */
@@ -133,7 +133,7 @@ int zn_tr_count_traffic(zn_trainer *tr)
 
     /* the optimizer: every element this rank owns; its states through the
      * NVMe slots; the updated parameters to each block's home */
-    s->master_sr = tr->cfg.train.master_weights == ZN_MASTER_BF16_SR;
+    s->master_sr = tr->spec.master_bf16_sr;
     for (int u = 0; u < tr->n_units; u++) {
         const zn_unit *un = &tr->units[u];
         s->adam_params += un->n;

@@ -7,9 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "zinc/util.h"
+#include "util/fs-impl.h"
 
 #define CSV_MAX_FILES 32
 
@@ -26,18 +26,10 @@ int zn_csvmon_open(zn_csvmon **out, const char *dir)
     if (!m)
         return zn_set_error(-ENOMEM, "csv_monitor: out of memory");
     snprintf(m->dir, sizeof m->dir, "%s", dir);
-    char d[4096];
-    snprintf(d, sizeof d, "%s", dir);
-    for (char *p = d + 1; *p; p++)
-        if (*p == '/') {
-            *p = '\0';
-            mkdir(d, 0755);
-            *p = '/';
-        }
-    if (mkdir(d, 0755) < 0 && errno != EEXIST) {
-        int e = errno;
+    int rc = zn_fs_mkdir_p(dir, 0755);
+    if (rc) {
         free(m);
-        return zn_set_error(-e, "csv_monitor: creating %s: %s", dir, strerror(e));
+        return zn_error_prefix(rc, "csv_monitor");
     }
     *out = m;
     return 0;

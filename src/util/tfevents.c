@@ -8,11 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "zinc/util.h"
+#include "util/fs-impl.h"
 
 struct zn_tb {
     FILE *f;
@@ -98,32 +98,24 @@ int zn_tb_open(zn_tb **out, const char *dir)
     zn_tb *t = calloc(1, sizeof *t);
     if (!t)
         return zn_set_error(-ENOMEM, "tensorboard: out of memory");
-    /* the folder, as mkdir -p */
-    char d[4096];
-    snprintf(d, sizeof d, "%s", dir);
-    for (char *p = d + 1; *p; p++)
-        if (*p == '/') {
-            *p = '\0';
-            mkdir(d, 0755);
-            *p = '/';
-        }
-    if (mkdir(d, 0755) < 0 && errno != EEXIST) {
-        int e = errno;
+    int rc = zn_fs_mkdir_p(dir, 0755);
+    if (rc) {
         free(t);
-        return zn_set_error(-e, "tensorboard: creating %s: %s", dir, strerror(e));
+        return zn_error_prefix(rc, "tensorboard");
     }
     snprintf(t->path, sizeof t->path, "%s/events.out.tfevents.%lld.%s.%ld", dir,
              (long long)time(NULL), host, (long)getpid());
     t->f = fopen(t->path, "wbx");
     if (!t->f) {
         int e = errno;
+        zn_set_error(-e, "tensorboard: creating %s: %s", t->path, strerror(e));
         free(t);
-        return zn_set_error(-e, "tensorboard: creating %s: %s", dir, strerror(e));
+        return -e;
     }
     pb m = { .n = 0 };
     event_head(&m, wall_now(), 0);
     pb_bytes(&m, 3, "brain.Event:2", 13);
-    int rc = write_record(t, &m);
+    rc = write_record(t, &m);
     if (rc) {
         zn_tb_close(t);
         return rc;

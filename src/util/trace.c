@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "zinc/trace.h"
+#include "util/fs-impl.h"
 
 typedef struct {
     uint64_t t0, t1;
@@ -270,11 +271,11 @@ static void put_json_str(FILE *f, const char *s)
 
 int zn_trace_write(zn_trace *t, const char *path)
 {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return zn_set_error(-errno, "trace: cannot create %s: %s", tmp, strerror(errno));
+    zn_fs_tmp h;
+    int rc = zn_fs_tmp_fopen(&h, path, 0644);
+    if (rc)
+        return zn_error_prefix(rc, "trace");
+    FILE *f = h.f;
     pthread_mutex_lock(&t->lock);
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
     fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,"
@@ -302,16 +303,6 @@ int zn_trace_write(zn_trace *t, const char *path)
     }
     fprintf(f, "\n]}\n");
     pthread_mutex_unlock(&t->lock);
-    int bad = ferror(f);
-    if (fclose(f) != 0 || bad) {
-        int e = errno ? errno : EIO;
-        remove(tmp);
-        return zn_set_error(-e, "trace: writing %s: %s", tmp, strerror(e));
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        remove(tmp);
-        return zn_set_error(-e, "trace: rename %s -> %s: %s", tmp, path, strerror(e));
-    }
-    return 0;
+    rc = zn_fs_tmp_commit(&h);
+    return rc ? zn_error_prefix(rc, "trace") : 0;
 }

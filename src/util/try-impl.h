@@ -1,4 +1,4 @@
-/* The two ways a function passes a failed call's status on (STYLE.md: one
+/* The two ways a function passes a failed call's status on (docs/style.md: one
  * macro, one meaning). ZN_TRY returns it at once, for functions that hold
  * nothing to undo; ZN_TRY_GOTO stores it in the caller's `rc` and jumps to
  * its `fail` label, which undoes in reverse order. */

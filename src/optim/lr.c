@@ -5,16 +5,16 @@
  * be recomputed (resume, tests). */
 #include <math.h>
 
-#include "zinc/train.h"
+#include "zinc/optim.h"
 
-static double warmup_gamma(const zn_config_scheduler *s, int64_t it, int64_t W)
+static double warmup_gamma(const zn_lr_sched *s, int64_t it, int64_t W)
 {
     if (s->warmup_type == 1) /* linear */
         return (double)it / (double)W;
     return log((double)it + 1.0) / log((double)W);
 }
 
-double zn_lr_schedule(const zn_config_scheduler *s, double base_lr, int64_t it)
+double zn_lr_schedule(const zn_lr_sched *s, double base_lr, int64_t it)
 {
     int64_t W = s->warmup_num_steps < 2 ? 2 : s->warmup_num_steps;
     double T = (double)s->total_num_steps;

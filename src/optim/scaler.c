@@ -3,9 +3,9 @@
  * consecutive_hysteresis false, min scale). */
 #include <math.h>
 
-#include "zinc/train.h"
+#include "zinc/optim.h"
 
-void zn_loss_scaler_init(zn_loss_scaler *ls, const zn_config_fp16 *cfg)
+void zn_loss_scaler_init(zn_loss_scaler *ls, const zn_loss_scale_config *cfg)
 {
     ls->factor = 2.0;
     ls->iter = 0;

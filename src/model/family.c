@@ -1,0 +1,125 @@
+/* The model families: each HF model_type zinc knows, the architecture it
+ * computes with, its transformers class (written on export), its defaults,
+ * and, for the families not built yet, what they need that zinc lacks, so
+ * that a refusal names the missing piece instead of "not supported". One
+ * table: config.json parsing, export, the plan and `zinc info` read it. */
+#include <stdio.h>
+#include <string.h>
+
+#include "zinc/model.h"
+
+typedef struct {
+    const char *model_type;  /* config.json's */
+    zn_model_arch arch;      /* 0: known, not built */
+    const char *cls;         /* transformers' *ForCausalLM */
+    int64_t max_pos;         /* max_position_embeddings when absent (its
+                                PretrainedConfig's default) */
+    const char *missing;     /* not built: what the family needs */
+} family;
+
+static const family families[] = {
+    { "llama", ZN_ARCH_LLAMA, "LlamaForCausalLM", 2048, NULL },
+    { "qwen2", ZN_ARCH_QWEN2, "Qwen2ForCausalLM", 32768, NULL },
+    /* the Llama block under its own name (MistralConfig's defaults: 4096 x
+     * 32 positions, a 4096-token sliding window unless null) */
+    { "mistral", ZN_ARCH_MISTRAL, "MistralForCausalLM", 131072, NULL },
+    { "qwen3", 0, NULL, 0,
+      "the per-head RMSNorm of the queries and keys before RoPE (q_norm, k_norm)" },
+    { "qwen3_moe", 0, NULL, 0,
+      "mixture-of-experts layers (a router over num_experts experts, "
+      "num_experts_per_tok of them per token) and the per-head q/k RMSNorm" },
+    { "mixtral", 0, NULL, 0, "mixture-of-experts layers (a router and its experts)" },
+    { "qwen2_moe", 0, NULL, 0, "mixture-of-experts layers and a shared expert" },
+    { "gemma", 0, NULL, 0,
+      "the (1 + w) RMSNorm, the embedding scaled by sqrt(hidden_size) and GeGLU" },
+    { "gemma2", 0, NULL, 0,
+      "the (1 + w) RMSNorm, four norms a layer, GeGLU (gelu_pytorch_tanh), the embedding "
+      "scaled by sqrt(hidden_size), attention and final logit soft-capping and sliding-"
+      "window layers" },
+    { "gemma3_text", 0, NULL, 0,
+      "the (1 + w) RMSNorm, GeGLU, the per-head q/k RMSNorm, sliding-window layers and "
+      "per-layer RoPE bases" },
+    { "gemma3", 0, NULL, 0,
+      "a vision tower (Gemma 3's multimodal model), and for its text_config the families' "
+      "gemma3_text pieces" },
+    { "phi3", 0, NULL, 0,
+      "the fused qkv_proj and gate_up_proj tensors, split at load and fused at export" },
+    { "olmo2", 0, NULL, 0,
+      "norms after attention and the MLP instead of before, and the RMSNorm over the whole "
+      "q and k projections" },
+    { "olmo3", 0, NULL, 0,
+      "OLMo 2's post-norms and q/k RMSNorm, and sliding-window layers" },
+    { "qwen3_5", 0, NULL, 0,
+      "linear-attention (gated delta) layers between the full-attention ones, and a vision "
+      "wrapper" },
+    { "qwen3_next", 0, NULL, 0, "linear-attention layers and mixture-of-experts layers" },
+};
+
+#define N_FAMILIES (int)(sizeof families / sizeof families[0])
+
+static const family *by_arch(zn_model_arch a)
+{
+    for (int i = 0; i < N_FAMILIES; i++)
+        if (families[i].arch && families[i].arch == a)
+            return &families[i];
+    return NULL;
+}
+
+int zn_model_family_lookup(const char *model_type, zn_model_arch *arch, int64_t *max_pos,
+                           const char **missing)
+{
+    *arch = 0;
+    *missing = NULL;
+    for (int i = 0; i < N_FAMILIES; i++) {
+        if (strcmp(families[i].model_type, model_type))
+            continue;
+        *arch = families[i].arch;
+        *missing = families[i].missing;
+        if (max_pos)
+            *max_pos = families[i].max_pos;
+        return families[i].arch ? 0 : ZN_EUNSUPPORTED;
+    }
+    return ZN_EUNSUPPORTED;
+}
+
+const char *zn_model_arch_name(zn_model_arch a)
+{
+    const family *f = by_arch(a);
+    return f ? f->model_type : "?";
+}
+
+const char *zn_model_arch_class(zn_model_arch a)
+{
+    const family *f = by_arch(a);
+    return f ? f->cls : "?";
+}
+
+int zn_model_check_window(const zn_model_dims *d, int64_t seq)
+{
+    if (d->sliding_window > 0 && seq > d->sliding_window)
+        return zn_set_error(ZN_EUNSUPPORTED, "model: %s's sliding_window %lld is shorter than "
+                            "the sequence (%lld tokens): zinc computes full causal attention and "
+                            "has no sliding-window mask yet; use sequences of at most %lld "
+                            "tokens (data.seq_len)", zn_model_arch_name(d->arch),
+                            (long long)d->sliding_window, (long long)seq,
+                            (long long)d->sliding_window);
+    return 0;
+}
+
+int zn_model_families(char *out, size_t len)
+{
+    size_t at = 0;
+    int n = 0;
+    if (len)
+        out[0] = '\0';
+    for (int i = 0; i < N_FAMILIES; i++) {
+        if (!families[i].arch)
+            continue;
+        int w = snprintf(out + at, at < len ? len - at : 0, "%s%s", n ? ", " : "",
+                         families[i].model_type);
+        if (w > 0)
+            at += (size_t)w;
+        n++;
+    }
+    return n;
+}
