@@ -89,6 +89,17 @@ check $? "zinc plan does not say the machine cannot run it"
 [ -d "$deaddir" ]
 check $? "zinc plan removed nothing"
 
+# an "auto" size (the folder alone) counts the dead run's files as free too
+"$zinc" plan "$tiny" --set "tiers.nvme=\"$mnt/swap\"" \
+    --set "zero_optimization.offload_optimizer.nvme_path=\"$mnt/swap\"" > auto.out 2> auto.err
+auto=$(awk '/^budget/ { v = $(NF-1); u = $NF
+                        m = u == "GiB" ? v * 1024 : u == "KiB" ? v / 1024 : u == "B" ? 0 : v
+                        printf "%d", m }' auto.out)
+[ -n "$auto" ] && [ "$auto" -ge $((left + used - 1)) ]
+check $? "an auto tiers.nvme counts the dead run's $used MiB: budget ${auto:-?} MiB, $left MiB free"
+[ -d "$deaddir" ]
+check $? "the auto plan removed nothing"
+
 # 3. the second run: removes the leftovers, then its space fits, and trains
 "$zinc" train --steps 3 "${sw[@]}" > second.txt 2>&1
 rc=$?

@@ -241,6 +241,20 @@ uint64_t zn_run_gpu_free(const zn_config *cfg)
  * RAM, as its arena does); CPU, 90% of MemAvailable; NVMe, the free space of
  * each path's file system. nvme_path directories of the offload sections
  * count as auto-sized NVMe paths when tiers.nvme does not list them. */
+/* ---- what else holds space on a swap path's file system ---------------------
+ * The trainer's swap files are "zinc-train" ones (src/train/tier.c); what
+ * dead runs left of them in the swap folders (kill -9) a run removes before
+ * it takes its space, so that space counts as free. */
+#define TRAIN_SWAP_PREFIX "zinc-train"
+
+/* What dead runs left in swap folder `dir` (zn_swap_scan_stale): a run
+ * removes it before it takes its space, so an "auto" size counts it free. */
+static uint64_t reclaimable(const char *dir)
+{
+    zn_swap_scan sc;
+    return zn_swap_scan_stale(dir, TRAIN_SWAP_PREFIX, &sc) ? 0 : sc.stale_bytes;
+}
+
 int zn_run_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gpu_free,
                    zn_plan_budgets *b)
 {
@@ -267,7 +281,7 @@ int zn_run_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gpu_free,
         if (rc)
             return zn_set_error(rc, "%s: tiers.nvme[%d].path %s: %s", cfg->source, i,
                                 np->path, strerror(-rc));
-        b->bytes[ZN_TIER_NVME] += fs_once(dev, fr, seen, &nseen);
+        b->bytes[ZN_TIER_NVME] += fs_once(dev, fr + reclaimable(np->path), seen, &nseen);
     }
     for (int j = 0; j < 2; j++) {
         if (!extra[j][0] || (j == 1 && !strcmp(extra[0], extra[1])))
@@ -283,7 +297,7 @@ int zn_run_budgets(const zn_config *cfg, const zn_topo *topo, uint64_t gpu_free,
             return zn_set_error(rc, "%s: zero_optimization.%s.nvme_path %s: %s", cfg->source,
                                 j ? "offload_optimizer" : "offload_param", extra[j],
                                 strerror(-rc));
-        b->bytes[ZN_TIER_NVME] += fs_once(dev, fr, seen, &nseen);
+        b->bytes[ZN_TIER_NVME] += fs_once(dev, fr + reclaimable(extra[j]), seen, &nseen);
     }
     return 0;
 }
@@ -308,11 +322,6 @@ static int nvme_path_writable(const zn_config *cfg, const char *key, const char 
     return 0;
 }
 
-/* ---- what else holds space on a swap path's file system ---------------------
- * The trainer's swap files are "zinc-train" ones (src/train/tier.c); what
- * dead runs left of them in the swap folders (kill -9) a run removes before
- * it takes its space, so that space counts as free. */
-#define TRAIN_SWAP_PREFIX "zinc-train"
 
 /* The tiers.nvme folders on file system `dev` that exist, each once. */
 static int folders_on(const zn_config *cfg, uint64_t dev, const char **out, int max)
