@@ -214,17 +214,9 @@ int zn_cmd_chat(int argc, char **argv)
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0)
         return rc;
-    zn_gen_session_config cfg = zn_gen_session_config_default();
-    cfg.model = a.model;
-    cfg.adapter = a.adapter;
-    cfg.checkpoint = a.ckpt;
-    cfg.decode = a.decode;
-    cfg.source_root = ZN_SOURCE_ROOT;
     zn_gen_session *s;
-    if ((rc = zn_gen_session_open(&s, &cfg))) {
-        zn_cli_fail(rc, "chat");
-        return rc == ZN_EARG ? 2 : 1;
-    }
+    if ((rc = zn_gc_open(&s, a.model, a.adapter, a.ckpt, &a.decode, "chat")))
+        return rc;
     int ret = start(s, &a);
     if (ret < 0)
         ret = talk(s, a.system != NULL);

@@ -28,6 +28,11 @@ int zn_gc_place_flags(zn_gen_place *o, const char *gpu_mem, const char *dtype, c
 /* A zn_gen_text_fn that writes the text to stdout as it comes and ends the
  * sequence with a newline. */
 int zn_gc_print_text(void *ctx, const char *text, size_t len, int last);
+/* Opens the library's session on a model (and an adapter or checkpoint)
+ * with the decoding overrides: 0, or the command's exit code after printing
+ * the failure under `cmd` (2 for a usage error, 1 otherwise). */
+int zn_gc_open(zn_gen_session **s, const char *model, const char *adapter, const char *ckpt,
+               const zn_gen_overrides *decode, const char *cmd);
 /* A signal removes the NVMe swap files before ending the process. */
 void zn_gc_install_signals(void);
 

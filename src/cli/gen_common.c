@@ -113,3 +113,19 @@ void zn_gc_install_signals(void)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
 }
+
+int zn_gc_open(zn_gen_session **s, const char *model, const char *adapter, const char *ckpt,
+               const zn_gen_overrides *decode, const char *cmd)
+{
+    zn_gen_session_config cfg = zn_gen_session_config_default();
+    cfg.model = model;
+    cfg.adapter = adapter;
+    cfg.checkpoint = ckpt;
+    cfg.decode = *decode;
+    cfg.source_root = ZN_SOURCE_ROOT;
+    int rc = zn_gen_session_open(s, &cfg);
+    if (!rc)
+        return 0;
+    zn_cli_fail(rc, cmd);
+    return rc == ZN_EARG ? 2 : 1;
+}

@@ -14,6 +14,7 @@
 
 #include "zinc/model.h"
 #include "config/config-impl.h"
+#include "util/json-impl.h"
 
 /* ---- the parser ---------------------------------------------------------- */
 
@@ -81,22 +82,6 @@ static void set_origin(parse_ctx *ctx, const key_spec *k, const char *path, bool
     ctx->cfg->origin[zn_cfg_canon_index(k)] = (unsigned char)o;
 }
 
-static const char *json_kind(const json_t *v)
-{
-    if (!v)
-        return "nothing (the key is missing)";
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "?";
-}
-
 /* A JSON number that is a whole number (5e8 counts) as int64. */
 /* DeepSpeed's pydantic models take numbers written as strings ("0", "1e9"). */
 static bool num_string(const json_t *v, double *out)
@@ -135,7 +120,7 @@ static int get_int(parse_ctx *ctx, const char *path, const json_t *v, int64_t *o
         }
         return zn_cfg_err(ctx, path, "expected an integer, got %g", d);
     }
-    return zn_cfg_err(ctx, path, "expected an integer, got %s", json_kind(v));
+    return zn_cfg_err(ctx, path, "expected an integer, got %s", zn_json_kind(v));
 }
 
 static int check_range(parse_ctx *ctx, const key_spec *k, const char *path, double v)
@@ -151,7 +136,7 @@ static int check_range(parse_ctx *ctx, const key_spec *k, const char *path, doub
 static int parse_enum(parse_ctx *ctx, const key_spec *k, const char *path, const json_t *v, int *out)
 {
     if (!json_is_string(v))
-        return zn_cfg_err(ctx, path, "expected one of %s, got %s", k->choices, json_kind(v));
+        return zn_cfg_err(ctx, path, "expected one of %s, got %s", k->choices, zn_json_kind(v));
     const char *s = json_string_value(v);
     const char *c = k->choices;
     int idx = 0;
@@ -202,7 +187,7 @@ static int parse_nvme(parse_ctx *ctx, const char *path, const json_t *v)
         return 0;
     if (!json_is_array(v))
         return zn_cfg_err(ctx, path, "expected a list of {\"path\": DIR, \"size\": SIZE} "
-                       "or a path string, got %s", json_kind(v));
+                       "or a path string, got %s", zn_json_kind(v));
     if (json_array_size(v) > ZN_MAX_NVME_PATHS)
         return zn_cfg_err(ctx, path, "%zu paths given; at most %d are supported",
                        json_array_size(v), ZN_MAX_NVME_PATHS);
@@ -249,7 +234,7 @@ static int parse_nvme(parse_ctx *ctx, const char *path, const json_t *v)
                 }
             }
         } else {
-            return zn_cfg_err(ctx, ep, "expected {\"path\": DIR, \"size\": SIZE}, got %s", json_kind(e));
+            return zn_cfg_err(ctx, ep, "expected {\"path\": DIR, \"size\": SIZE}, got %s", zn_json_kind(e));
         }
         if (!np->path[0])
             return zn_cfg_err(ctx, ep, "missing 'path'");
@@ -333,7 +318,7 @@ static int parse_tuning(parse_ctx *ctx, const key_spec *k, const char *path, con
     char where[300], what[400];
     if (!k->choices) {
         if (!json_is_object(v) && !json_is_boolean(v))
-            return zn_cfg_err(ctx, path, "expected an object, got %s", json_kind(v));
+            return zn_cfg_err(ctx, path, "expected an object, got %s", zn_json_kind(v));
         if (json_is_false(v) || (json_is_object(v) && !switched_on(v, where, sizeof where))) {
             zn_debug("%s: %s accepted: switched off", ctx->file, path);
             return 0;
@@ -359,7 +344,7 @@ static int parse_tuning(parse_ctx *ctx, const key_spec *k, const char *path, con
             b = json_is_true(v);
         } else {
             json_decref(def);
-            return zn_cfg_err(ctx, path, "expected true or false, got %s", json_kind(v));
+            return zn_cfg_err(ctx, path, "expected true or false, got %s", zn_json_kind(v));
         }
         asks = b != json_is_true(def);
         snprintf(what, sizeof what, "%s", b ? "true" : "false");
@@ -379,7 +364,7 @@ static int parse_tuning(parse_ctx *ctx, const key_spec *k, const char *path, con
             snprintf(what, sizeof what, "%g", d);
         } else {
             json_decref(def);
-            return zn_cfg_err(ctx, path, "expected a number, got %s", json_kind(v));
+            return zn_cfg_err(ctx, path, "expected a number, got %s", zn_json_kind(v));
         }
         if (check_range(ctx, k, path, d)) {
             json_decref(def);
@@ -413,7 +398,7 @@ static int parse_value(parse_ctx *ctx, const key_spec *k, const char *path, json
     switch (k->kind) {
     case K_OBJ:
         if (!json_is_object(v))
-            return zn_cfg_err(ctx, path, "expected an object, got %s", json_kind(v));
+            return zn_cfg_err(ctx, path, "expected an object, got %s", zn_json_kind(v));
         return parse_object(ctx, path, v);
     case K_BOOL:
         if (json_is_string(v) && (!strcmp(json_string_value(v), "true") ||
@@ -422,7 +407,7 @@ static int parse_value(parse_ctx *ctx, const key_spec *k, const char *path, json
             break;
         }
         if (!json_is_boolean(v))
-            return zn_cfg_err(ctx, path, "expected true or false, got %s", json_kind(v));
+            return zn_cfg_err(ctx, path, "expected true or false, got %s", zn_json_kind(v));
         *(bool *)(base + k->off) = json_is_true(v);
         break;
     case K_INT: {
@@ -447,7 +432,7 @@ static int parse_value(parse_ctx *ctx, const key_spec *k, const char *path, json
             d = json_number_value(v);
         else
             return zn_cfg_err(ctx, path, "expected a number%s, got %s",
-                           k->autorule ? " or \"auto\"" : "", json_kind(v));
+                           k->autorule ? " or \"auto\"" : "", zn_json_kind(v));
         if (check_range(ctx, k, path, d))
             return ZN_ECONFIG;
         *(double *)(base + k->off) = d;
@@ -488,7 +473,7 @@ static int parse_value(parse_ctx *ctx, const key_spec *k, const char *path, json
             bytes = (uint64_t)n;
         } else {
             return zn_cfg_err(ctx, path, "expected a size (\"24GiB\", bytes%s), got %s",
-                           autof ? " or \"auto\"" : "", json_kind(v));
+                           autof ? " or \"auto\"" : "", zn_json_kind(v));
         }
         *(uint64_t *)(base + k->off) = bytes;
         if (autof)
@@ -497,7 +482,7 @@ static int parse_value(parse_ctx *ctx, const key_spec *k, const char *path, json
     }
     case K_STR: {
         if (!json_is_string(v))
-            return zn_cfg_err(ctx, path, "expected a string, got %s", json_kind(v));
+            return zn_cfg_err(ctx, path, "expected a string, got %s", zn_json_kind(v));
         if (json_string_length(v) >= (size_t)k->aux)
             return zn_cfg_err(ctx, path, "longer than %d bytes", k->aux - 1);
         snprintf(base + k->off, (size_t)k->aux, "%s", json_string_value(v));
@@ -551,7 +536,7 @@ static int parse_value(parse_ctx *ctx, const key_spec *k, const char *path, json
                  (!strcmp(k->choices, "int") && !json_is_integer(v)))
             return zn_cfg_err(ctx, path, "expected %s, got %s",
                            !strcmp(k->choices, "bool") ? "true or false" : "an integer",
-                           json_kind(v));
+                           zn_json_kind(v));
         zn_debug("%s: %s accepted and ignored: %s", ctx->file, path, k->note);
         return 0;
     case K_OFFSEC: {
@@ -563,7 +548,7 @@ static int parse_value(parse_ctx *ctx, const key_spec *k, const char *path, json
             }
         }
         if (!json_is_object(v) && !json_is_true(v))
-            return zn_cfg_err(ctx, path, "expected an object, got %s", json_kind(v));
+            return zn_cfg_err(ctx, path, "expected an object, got %s", zn_json_kind(v));
         return zn_cfg_err(ctx, path, "DeepSpeed's %s is not implemented by zinc; it is accepted "
                        "only switched off (\"enabled\": false)%s%s", zn_cfg_leaf_of(path),
                        k->note ? "; " : "", k->note ? k->note : "");
@@ -690,7 +675,7 @@ int zn_config_parse(zn_config *cfg, const char *json, const char *name,
                       .n_overrides = n_overrides };
     if (!json_is_object(root)) {
         rc = zn_set_error(ZN_ECONFIG, "%s: the top level must be an object, got %s",
-                          name, json_kind(root));
+                          name, zn_json_kind(root));
         goto out;
     }
     for (int i = 0; i < n_overrides; i++)

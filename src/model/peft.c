@@ -11,23 +11,7 @@
 
 #include "zinc/model.h"
 #include "util/fs-impl.h"
-
-/* What a JSON value is, for messages. */
-static const char *kind_of(const json_t *v)
-{
-    if (!v)
-        return "nothing (the key is missing)";
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "?";
-}
+#include "util/json-impl.h"
 
 /* PEFT's target_modules for these decoders: module names (a full
  * "model.layers.3.self_attn.q_proj" counts by its last part) or
@@ -48,7 +32,7 @@ int zn_lora_targets_of(const void *json_value, unsigned *out, char *msg, size_t 
     const json_t *arr = one ? one : v;
     if (!json_is_array(arr)) {
         snprintf(msg, len, "expected a list of module names (q_proj, k_proj, v_proj, o_proj, "
-                 "gate_proj, up_proj, down_proj) or \"all-linear\", got %s", kind_of(v));
+                 "gate_proj, up_proj, down_proj) or \"all-linear\", got %s", zn_json_kind(v));
         return ZN_ECONFIG;
     }
     size_t i;
