@@ -5,7 +5,8 @@ tokenizer (tokenizer.json, through the HF `tokenizers` library) and, for
 chat data, rendered with the folder's chat template (tokenizer_config.json's
 chat_template, Jinja, as transformers renders it).
 
-Input records (jsonl lines, or whole plain-text files as documents):
+Input records (jsonl lines, a .json file holding one JSON array of them,
+or whole plain-text files as documents):
   text                  {"text": "..."}: every token a target
   prompt / completion   {"prompt": "...", "completion": "..."}: the
                         completion (and EOS) are targets
@@ -170,9 +171,20 @@ class Records:
                 fail("%s: no such file" % path)
             if path.endswith(".jsonl") or path.endswith(".json"):
                 with open(path, encoding="utf-8") as f:
-                    for n, line in enumerate(f, 1):
-                        if line.strip():
-                            yield "%s:%d" % (path, n), line
+                    text = f.read()
+                if text.lstrip().startswith("["):
+                    # a JSON array of records (LLaMA-Factory ships its data so;
+                    # HF datasets' json loader reads both forms)
+                    try:
+                        recs = json.loads(text)
+                    except ValueError as e:
+                        fail("%s: invalid JSON array (%s)" % (path, e))
+                    for i, rec in enumerate(recs):
+                        yield "%s[%d]" % (path, i), rec
+                    continue
+                for n, line in enumerate(text.splitlines(), 1):
+                    if line.strip():
+                        yield "%s:%d" % (path, n), line
             elif path.endswith(".parquet"):
                 try:
                     import pyarrow.parquet as pq

@@ -113,6 +113,23 @@ asst = tok.decode([i for i, m in zip(ids[:len(enc.ids)], mask) if m])
 check("four, of course" in asst and "sat on the mat" in asst and "what is" not in asst
       and "be brief" not in asst, "assistant mask decodes to %r" % asst)
 
+# the same records as one JSON array in a .json file (LLaMA-Factory's and HF
+# datasets' other form): the same tokens
+arr = os.path.join(work, "data.json")
+with open(arr, "w") as f:
+    json.dump(records, f, indent=1)
+out2 = os.path.join(work, "train-array.tok")
+r = run(arr, "--model", model, "--out", out2)
+check(r.returncode == 0, "prepare of a JSON array failed: %s%s" % (r.stdout, r.stderr))
+check(r.returncode == 0 and read_tok(out2)[3:] == (ids, mask, ends),
+      "a JSON array file gives other tokens than the same records as JSON lines")
+badarr = os.path.join(work, "bad.json")
+with open(badarr, "w") as f:
+    f.write('[{"text": "a"},\n {"text": }]\n')
+r = run(badarr, "--model", model, "--out", os.path.join(work, "bad-array.tok"))
+check(r.returncode == 1 and "bad.json: invalid JSON array" in r.stderr,
+      "a malformed array: %s" % r.stderr)
+
 # a malformed line: fatal by default, named with its line number
 bad = os.path.join(work, "bad.jsonl")
 with open(bad, "w") as f:
