@@ -30,6 +30,12 @@ rc=$?; check "[ \$rc -eq 0 ]" "LoRA training failed: $(cat t.err)"
 check "grep -q 'lora     r 4, alpha 8, q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj; trainable params: 8448 || all params: 77136' t.out" \
       "header: $(grep lora t.out)"
 check "grep -q 'adapters 42 adapter tensors from' t.out" "adapter source: $(grep lora t.out)"
+# a step folder records its adapters' shape (lora_config.json) but is no
+# PEFT adapter: no adapter_config.json that PeftModel.from_pretrained would
+# take for one and then miss adapter_model.safetensors (`zinc export` makes it)
+stepdir=$(ls -d ck/step-* 2>/dev/null | tail -1)
+check "[ -n '$stepdir' ] && [ -f '$stepdir/lora_config.json' ] && [ ! -e '$stepdir/adapter_config.json' ]" \
+      "step folder $stepdir: $(ls "$stepdir" 2>&1 | tr '\n' ' ')"
 
 "$zinc" export ck --out adapter > e.out 2>&1
 rc=$?; check "[ \$rc -eq 0 ] && [ -f adapter/adapter_config.json ] && [ -f adapter/adapter_model.safetensors ]" \

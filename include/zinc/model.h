@@ -79,6 +79,9 @@ ZN_API double zn_lora_scale(const zn_lora *l);
  * ZN_EUNSUPPORTED (DoRA, a bias, modules_to_save, per-layer patterns, another
  * peft_type). */
 ZN_API int zn_lora_read_peft_config(const char *dir, zn_lora *l);
+/* The same from a file of that format at `path` (a checkpoint's
+ * lora_config.json). */
+ZN_API int zn_lora_read_peft_file(const char *path, zn_lora *l);
 /* Writes PEFT's adapter_config.json for `l` at path (atomically);
  * base_model (may be NULL) becomes base_model_name_or_path. */
 ZN_API int zn_lora_write_peft_config(const zn_lora *l, const char *path, const char *base_model);

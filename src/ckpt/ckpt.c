@@ -396,11 +396,15 @@ static int finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp
         if ((rc = zn_model_dims_write_hf(o->dims, path)) ||
             (rc = add_file(files, tmp, "config.json")))
             goto out;
-        /* LoRA: the state is the adapters; say which (PEFT's file) */
+        /* LoRA: the state is the adapters; say which, in PEFT's format
+         * but not under PEFT's name: a folder with adapter_config.json is
+         * taken for a PEFT adapter (PeftModel.from_pretrained), and this
+         * one holds zinc's state, not adapter_model.safetensors (`zinc
+         * export` makes the adapter) */
         if (o->dims->lora.r > 0) {
-            snprintf(path, sizeof path, "%s/adapter_config.json", tmp);
+            snprintf(path, sizeof path, "%s/lora_config.json", tmp);
             if ((rc = zn_lora_write_peft_config(&o->dims->lora, path, NULL)) ||
-                (rc = add_file(files, tmp, "adapter_config.json")))
+                (rc = add_file(files, tmp, "lora_config.json")))
                 goto out;
         }
     }

@@ -131,7 +131,7 @@ static int check_blocks(const zn_ckpt *ck, const zn_model_dims *d)
         if (want != ck->blocks[b])
             return zn_set_error(ZN_ECORRUPT, "checkpoint %s: block %d holds %" PRIu64
                                 " parameters, its config.json%s says %" PRIu64, ck->path, b,
-                                ck->blocks[b], lora ? " and adapter_config.json" : "", want);
+                                ck->blocks[b], lora ? " and lora_config.json" : "", want);
     }
     return 0;
 }

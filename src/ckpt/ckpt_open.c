@@ -285,9 +285,16 @@ int zn_ckpt_open(zn_ckpt **out, const char *path)
         snprintf(mp, sizeof mp, "%s/config.json", ck->path);
         if ((rc = zn_model_dims_from_hf(&ck->dims, mp)))
             goto fail;
-        if (zn_ckpt__file(ck, "adapter_config.json") &&
-            (rc = zn_lora_read_peft_config(ck->path, &ck->dims.lora)))
-            goto fail;
+        /* lora_config.json; checkpoints before 2026-12 named it
+         * adapter_config.json */
+        const char *lname = zn_ckpt__file(ck, "lora_config.json") ? "lora_config.json"
+                            : zn_ckpt__file(ck, "adapter_config.json") ? "adapter_config.json"
+                                                                       : NULL;
+        if (lname) {
+            snprintf(mp, sizeof mp, "%s/%s", ck->path, lname);
+            if ((rc = zn_lora_read_peft_file(mp, &ck->dims.lora)))
+                goto fail;
+        }
         ck->has_dims = 1;
     }
     *out = ck;

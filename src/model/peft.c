@@ -72,6 +72,12 @@ int zn_lora_read_peft_config(const char *dir, zn_lora *l)
     if (access(path, F_OK))
         return zn_set_error(-ENOENT, "%s: no such file (a PEFT adapter folder holds "
                             "adapter_config.json and adapter_model.safetensors)", path);
+    return zn_lora_read_peft_file(path, l);
+}
+
+int zn_lora_read_peft_file(const char *path, zn_lora *l)
+{
+    memset(l, 0, sizeof *l);
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
     if (!root)
