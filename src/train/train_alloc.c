@@ -105,6 +105,13 @@ uint64_t zn_tr_piece_stage_off(const zn_block *bl, const zn_piece *p)
     return (bl->replicated ? bl->soff : bl->fshard) + (p->start - bl->off);
 }
 
+/* The updated master is itself the working parameters' dtype (a bf16 master
+ * with bf16 params, an fp32 one with fp32 params): no staging to convert. */
+static bool master_is_params(const zn_trainer *tr)
+{
+    return tr->master_bf16 ? tr->param_dt == ZN_DTYPE_BF16 : tr->param_dt == ZN_DTYPE_F32;
+}
+
 /* The model's scratch first: the activation size may depend on the dtype. */
 static int alloc_scratch(zn_trainer *tr, size_t *act_out)
 {
@@ -261,8 +268,7 @@ static int alloc_optimizer(zn_trainer *tr)
         /* the updated params in their dtype, where the master's differs: a
          * bf16 master is the bf16 working copy itself (no staging), and
          * is widened here for fp32 params (the host backend) */
-        bool master_is_param = tr->master_bf16 ? tr->param_dt == ZN_DTYPE_BF16
-                                               : tr->param_dt == ZN_DTYPE_F32;
+        bool master_is_param = master_is_params(tr);
         if (!tr->opt_on_device && !master_is_param)
             ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->param_bytes, "param update staging",
                           &tr->opt.pout_flat));
@@ -411,8 +417,7 @@ static int alloc_pinned(zn_trainer *tr)
             }
             /* (the master area stays U x 4: a bf16 master uses half of it,
              * and a checkpoint load converts fp32 masters in it) */
-            bool master_is_param = tr->master_bf16 ? tr->param_dt == ZN_DTYPE_BF16
-                                                   : tr->param_dt == ZN_DTYPE_F32;
+            bool master_is_param = master_is_params(tr);
             if (!master_is_param)
                 ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, tr->U * tr->param_bytes,
                               "param update staging", &sl->pout));
