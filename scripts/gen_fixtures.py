@@ -8,6 +8,9 @@ Two tiny random decoders, built and run by Hugging Face transformers:
               stored as fp32 in two shards + model.safetensors.index.json
   tiny-mistral mistral (the Llama block under its own model_type), GQA 4/2,
               sliding_window null, untied, weights as fp32 (one file)
+  tiny-qwen3  qwen3 (per-head q/k RMSNorm before RoPE), GQA 4/2, head_dim 24
+              (heads x head_dim 96 wider than hidden 64), tied embeddings,
+              weights as bf16 (one file); some targets -100
 For each: config.json (as transformers writes it), the weights, and
 reference.json with the batch (inputs, targets; some targets -100 for
 qwen2), the mean cross-entropy, a slice of logits and the L2 norm of every
@@ -128,7 +131,7 @@ def low_precision_pass(model64, dtype, inputs, targets, eval_targets, positions,
 
 
 def make(kind, out, tokens, torch, transformers, save_file):
-    gen = torch.Generator().manual_seed({"llama": 1, "qwen2": 2, "mistral": 3}[kind])
+    gen = torch.Generator().manual_seed({"llama": 1, "qwen2": 2, "mistral": 3, "qwen3": 4}[kind])
     common = dict(hidden_size=64, intermediate_size=128 if kind == "llama" else 96,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   vocab_size=VOCAB, max_position_embeddings=64, hidden_act="silu")
@@ -143,6 +146,11 @@ def make(kind, out, tokens, torch, transformers, save_file):
         cfg = transformers.MistralConfig(**common, rms_norm_eps=1e-5, tie_word_embeddings=False,
                                          rope_theta=1000000.0, sliding_window=None)
         cls = transformers.MistralForCausalLM
+    elif kind == "qwen3":
+        cfg = transformers.Qwen3Config(**common, head_dim=24, rms_norm_eps=1e-6,
+                                       tie_word_embeddings=True, rope_theta=1000000.0,
+                                       attention_bias=False, use_sliding_window=False)
+        cls = transformers.Qwen3ForCausalLM
     else:
         cfg = transformers.Qwen2Config(**common, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                        rope_theta=1000000.0, use_sliding_window=False)
@@ -150,11 +158,11 @@ def make(kind, out, tokens, torch, transformers, save_file):
     cfg._attn_implementation = "eager"
     model = cls(cfg).to(torch.float64)
     randomize(model, torch, gen)
-    if kind == "qwen2":
+    if kind in ("qwen2", "qwen3"):
         model.tie_weights()
 
     # What goes on disk, and the exact values the reference computes with.
-    disk_dtype = torch.bfloat16 if kind == "llama" else torch.float32
+    disk_dtype = torch.bfloat16 if kind in ("llama", "qwen3") else torch.float32
     tensors = {}
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -170,7 +178,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
         os.remove(os.path.join(d, f))
     cfg.save_pretrained(d)
     meta = {"format": "pt"}
-    if kind in ("llama", "mistral"):
+    if kind in ("llama", "mistral", "qwen3"):
         save_file(tensors, os.path.join(d, "model.safetensors"), metadata=meta)
     else:
         names = sorted(tensors)
@@ -192,7 +200,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
     inputs = torch.stack([ids[b * SEQ: b * SEQ + SEQ] for b in range(BATCH)])
     targets = torch.stack([ids[b * SEQ + 1: b * SEQ + SEQ + 1] for b in range(BATCH)])
     eval_targets = targets.clone()
-    if kind == "qwen2":
+    if kind in ("qwen2", "qwen3"):
         targets[0, 3] = -100
         targets[1, 0] = -100
         targets[1, 15] = -100
@@ -241,7 +249,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "precision": "float64 on the stored values",
-        "weights_dtype": "bf16" if kind == "llama" else "f32",
+        "weights_dtype": "bf16" if kind in ("llama", "qwen3") else "f32",
         "model_type": cfg.model_type,
         "batch": BATCH,
         "seq_len": SEQ,
@@ -310,7 +318,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
     ap.add_argument("--check-export", metavar="ZINC", help="check `zinc export` (see above)")
     ap.add_argument("--kinds", default="llama,qwen2",
-                    help="fixtures to make: llama, qwen2, mistral (comma-separated)")
+                    help="fixtures to make: llama, qwen2, mistral, qwen3 (comma-separated)")
     args = ap.parse_args()
     ensure_torch()
     if args.check_export:
@@ -341,7 +349,7 @@ def main():
         os.remove(probe)
         if not same:
             sys.exit("gen_fixtures: this torch draws another token stream than the committed "
-                     "tokens.tok; regenerate every fixture (--kinds llama,qwen2,mistral)")
+                     "tokens.tok; regenerate every fixture (--kinds llama,qwen2,mistral,qwen3)")
     for kind in kinds:
         make(kind, args.out, tokens, torch, transformers, save_file)
 

@@ -5,6 +5,7 @@ by transformers' own generate() on the committed fixture models:
   tiny-llama            llama, llama3 rope scaling, untied, bf16 on disk
   tiny-qwen2            qwen2, q/k/v bias, tied embeddings, two shards
   tiny-mistral          mistral, untied, fp32 on disk
+  tiny-qwen3            qwen3, per-head q/k norm, tied, bf16 on disk
   lora-llama            ft-llama plus the PEFT adapter final-adapter,
                         loaded by peft (unmerged)
 
@@ -105,7 +106,8 @@ def case(name):
 
 
 def main():
-    names = sys.argv[1:] or ["tiny-llama", "tiny-qwen2", "tiny-mistral", "lora-llama"]
+    names = sys.argv[1:] or ["tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
+                             "lora-llama"]
     for name in names:
         ref = case(name)
         path = os.path.join(FIX, name, "generate.json")

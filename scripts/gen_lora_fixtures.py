@@ -10,6 +10,9 @@ reproduce from the same base folder and the same initial adapter
   lora-qwen2  base ../ft-qwen2 (fp16, two shards, q/k/v bias), r 2,
               alpha 5, rslora (scaling alpha / sqrt(r) = 3.5355),
               q_proj + v_proj + down_proj
+  lora-qwen3  base ../ft-qwen3 (bf16, per-head q/k norm), r 4, alpha 8,
+              the seven projections by name: the q and k adapters feed
+              the q/k norm
   lora-dropout base ../ft-llama, r 4, alpha 16, q/k/o/up/down, lora_dropout
               0.2 with zinc's masks: torch's dropout RNG cannot be
               reproduced in C, so each LoRA module's nn.Dropout is replaced
@@ -66,6 +69,7 @@ from gen_train_fixtures import (ACCUM, MICRO, SEQ, noise_and_bounds,  # noqa: E4
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+TARGETS_ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 FIXTURES = {
     "llama": dict(base="ft-llama", r=4, alpha=8, targets="all-linear", rslora=False, seed=31,
                   data_seed=41),
@@ -76,6 +80,11 @@ FIXTURES = {
     "dropout": dict(base="ft-llama", r=4, alpha=16,
                     targets=["q_proj", "k_proj", "o_proj", "up_proj", "down_proj"],
                     rslora=False, seed=33, data_seed=43, dropout=0.2, lora_seed=7),
+    # qwen3: every projection, so the q and k adapters feed the per-head q/k
+    # norm (named: peft 0.21 expands all-linear on Qwen3 to per-layer module
+    # paths, which lora-llama's all-linear already covers in its own form)
+    "qwen3": dict(base="ft-qwen3", r=4, alpha=8, targets=TARGETS_ALL, rslora=False, seed=34,
+                  data_seed=44),
 }
 TARGET_ORDER = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 M64 = (1 << 64) - 1
@@ -248,7 +257,7 @@ def make(kind, out, torch, transformers, peft):
         "transformers": transformers.__version__,
         "peft": peft.__version__,
         "precision": "float32, eager attention, CPU; adapters fp32, base frozen",
-        "weights_dtype": {"ft-llama": "bf16", "ft-qwen2": "f16"}[spec["base"]],
+        "weights_dtype": {"ft-llama": "bf16", "ft-qwen2": "f16", "ft-qwen3": "bf16"}[spec["base"]],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "steps": steps,
     }
@@ -354,6 +363,7 @@ def main():
     ap.add_argument("--check-merge", nargs=2, metavar=("MERGED", "ADAPTER"),
                     help="zinc export --merge's folder and the PEFT adapter folder it merged")
     ap.add_argument("--fixture", choices=sorted(FIXTURES), default="llama")
+    ap.add_argument("--only", choices=sorted(FIXTURES), help="make this fixture only")
     a = ap.parse_args()
     ensure_torch()
     try:
@@ -371,7 +381,8 @@ def main():
         return
     torch.set_num_threads(1)  # one summation order, run to run
     for kind in FIXTURES:
-        make(kind, a.out, torch, transformers, peft)
+        if not a.only or kind == a.only:
+            make(kind, a.out, torch, transformers, peft)
 
 
 if __name__ == "__main__":

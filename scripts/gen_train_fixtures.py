@@ -16,6 +16,8 @@ Two small decoders with shapes unlike the other fixtures:
             and lm_head in four row parts (zn_model_part)
   ft-tiedvocab  the same shape as a tied llama: the resident embedding in
             four parts that the head reads as its lm_head
+  ft-qwen3  qwen3 (per-head q/k RMSNorm, trained), 2 layers, hidden 32, GQA
+            4/2 heads of head_dim 16 (q wider than hidden), untied, bf16
 For each folder: config.json (transformers' own), the weights,
 train-config.json (the zinc config the test trains with: DeepSpeed's
 optimizer / scheduler / clipping keys and the batch shape), and
@@ -90,6 +92,10 @@ def shapes(kind):
     if kind in ("vocab", "tiedvocab"):
         return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                    max_position_embeddings=64, hidden_act="silu")
+    if kind == "qwen3":
+        return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
                     max_position_embeddings=64, hidden_act="silu")
     if kind == "llama":
         return dict(hidden_size=48, intermediate_size=80, num_hidden_layers=3,
@@ -261,7 +267,7 @@ def noise_and_bounds(torch, init, variants, final64, steps64, extra=None):
 
 def make(kind, out, torch, transformers, save_file):
     gen = torch.Generator().manual_seed({"llama": 11, "qwen2": 12, "tied": 13, "vocab": 14,
-                                     "tiedvocab": 15}[kind])
+                                     "tiedvocab": 15, "qwen3": 16}[kind])
     if kind in ("tied", "tiedvocab"):
         cfg = transformers.LlamaConfig(**shapes(kind), rms_norm_eps=1e-5, tie_word_embeddings=True,
                                        attention_bias=False, rope_theta=500000.0)
@@ -271,6 +277,12 @@ def make(kind, out, torch, transformers, save_file):
         cfg = transformers.LlamaConfig(**shapes(kind), rms_norm_eps=1e-5, tie_word_embeddings=False,
                                        attention_bias=False, rope_theta=500000.0)
         cls = transformers.LlamaForCausalLM
+        disk = torch.bfloat16
+    elif kind == "qwen3":
+        cfg = transformers.Qwen3Config(**shapes(kind), rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                       attention_bias=False, rope_theta=1000000.0,
+                                       use_sliding_window=False)
+        cls = transformers.Qwen3ForCausalLM
         disk = torch.bfloat16
     else:
         cfg = transformers.Qwen2Config(**shapes(kind), rms_norm_eps=1e-6, tie_word_embeddings=False,
@@ -317,7 +329,7 @@ def make(kind, out, torch, transformers, save_file):
     with open(os.path.join(d, "train-config.json"), "w") as f:
         json.dump(zcfg, f, indent=2)
 
-    dseed = {"llama": 21, "qwen2": 22, "tied": 23, "vocab": 24, "tiedvocab": 25}[kind]
+    dseed = {"llama": 21, "qwen2": 22, "tied": 23, "vocab": 24, "tiedvocab": 25, "qwen3": 26}[kind]
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
     fresh = copy.deepcopy(model)  # the same values, ties kept
 
@@ -346,7 +358,7 @@ def make(kind, out, torch, transformers, save_file):
         "transformers": transformers.__version__,
         "precision": "float32, eager attention, CPU",
         "weights_dtype": {"llama": "bf16", "qwen2": "f16", "tied": "f32", "vocab": "f32",
-                          "tiedvocab": "f32"}[kind],
+                          "tiedvocab": "f32", "qwen3": "bf16"}[kind],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "float64": f64,
         "noise": noise,
@@ -368,7 +380,7 @@ def check_export(zinc, torch, transformers):
     from gen_fixtures import write_tokens
     fx = os.path.join(ROOT, "tests", "fixtures")
     bad = 0
-    for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab"):
+    for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3"):
         src = os.path.join(fx, "ft-" + kind)
         V = json.load(open(os.path.join(src, "config.json")))["vocab_size"]
         with tempfile.TemporaryDirectory() as tmp:
@@ -378,7 +390,7 @@ def check_export(zinc, torch, transformers):
                     sys.exit("check-export: zinc %s failed:\n%s%s" % (" ".join(args), r.stdout, r.stderr))
                 return r.stdout
             run("train", os.path.join(src, "train-config.json"), "--model", src, "--steps", "10",
-                "--set", "train.checkpoint.dir=\"ck\"")
+                "--data", "synthetic", "--set", "train.checkpoint.dir=\"ck\"")
             seq, windows = 12, 6
             g = torch.Generator().manual_seed(5)
             ids = torch.randint(0, V, (windows * seq + 1,), generator=g).tolist()
@@ -412,7 +424,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
     ap.add_argument("--check-export", metavar="ZINC", help="check zinc's fine-tuned exports "
                     "in transformers (see check_export)")
-    ap.add_argument("--only", choices=("llama", "qwen2", "tied", "vocab", "tiedvocab"),
+    ap.add_argument("--only", choices=("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3"),
                     help="make this fixture only")
     args = ap.parse_args()
     ensure_torch()
@@ -426,7 +438,7 @@ def main():
     from safetensors.torch import save_file
     torch.manual_seed(0)
     torch.set_num_threads(1)  # one summation order, run to run
-    for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab"):
+    for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3"):
         if not args.only or kind == args.only:
             make(kind, args.out, torch, transformers, save_file)
 

@@ -50,8 +50,26 @@ def fail(msg):
     sys.exit(1)
 
 
+def parse_template_args(pairs):
+    """KEY=VALUE strings (--template-arg) as the chat template's extra
+    variables: VALUE as JSON when it parses (true, 3, "x", [..]), else the
+    string itself."""
+    args = {}
+    for p in pairs or []:
+        key, eq, val = p.partition("=")
+        if not eq or not key.isidentifier():
+            fail("--template-arg %r: expected KEY=VALUE (for example enable_thinking=true)" % p)
+        if key in ("messages", "add_generation_prompt", "bos_token", "eos_token"):
+            fail("--template-arg %s: zinc sets that variable itself" % key)
+        try:
+            args[key] = json.loads(val)
+        except ValueError:
+            args[key] = val
+    return args
+
+
 class Model:
-    def __init__(self, folder):
+    def __init__(self, folder, template_args=None):
         try:
             import tokenizers
         except ImportError:
@@ -83,6 +101,21 @@ class Model:
         if isinstance(self.template, list):  # [{"name": "default", "template": ...}]
             named = {t.get("name"): t.get("template") for t in self.template}
             self.template = named.get("default") or next(iter(named.values()), None)
+        jinja_path = os.path.join(folder, "chat_template.jinja")
+        if not self.template and os.path.isfile(jinja_path):
+            # transformers >= 4.43 saves the template beside the config
+            with open(jinja_path, encoding="utf-8") as f:
+                self.template = f.read()
+        # the template's extra variables (transformers passes apply_chat_template's
+        # keyword arguments through); a thinking switch the template reads
+        # (Qwen3's enable_thinking) is off unless set: the assistant turns
+        # train and chat without a reasoning block
+        self.template_args = dict(template_args or {})
+        self.defaulted = []
+        if self.template and "enable_thinking" in self.template and \
+                "enable_thinking" not in self.template_args:
+            self.template_args["enable_thinking"] = False
+            self.defaulted.append("enable_thinking=false")
         self._jinja = None
 
     def _special(self, key):
@@ -118,7 +151,8 @@ class Model:
             self._jinja = env.from_string(self.template)
         return self._jinja.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                   bos_token=self.bos[0] if self.bos else "",
-                                  eos_token=self.eos[0] if self.eos else "")
+                                  eos_token=self.eos[0] if self.eos else "",
+                                  **self.template_args)
 
 
 def doc_text(m, text):
@@ -136,21 +170,44 @@ def doc_prompt(m, prompt, completion):
     return p + c, [0] * len(p) + [1] * len(c)
 
 
+def turn_by_content(full, through, content, cursor, k):
+    """An assistant turn of a template that renders a turn one way when it
+    ends the conversation and another way inside it (Qwen3's drops the
+    reasoning block of earlier turns): its content, found in the full
+    render after `cursor`, through the closing text the template puts after
+    it (what follows the content in the render that ends with this turn,
+    when the full render has it there too)."""
+    body = content.strip() if isinstance(content, str) else ""
+    a = full.find(body, cursor) if body else -1
+    if a < 0:
+        raise ValueError("the chat template does not render assistant turn %d's content as "
+                         "given, nor the conversation as a growing prefix" % k)
+    b = a + len(body)
+    at = through.rfind(body)
+    closing = through[at + len(body):] if at >= 0 else ""
+    if closing and full.startswith(closing, b):
+        b += len(closing)
+    return a, b
+
+
 def doc_chat(m, messages):
     """The conversation as the template renders it; the mask covers each
     assistant turn: the characters between the render of the messages
-    before it with the generation prompt and the render through it."""
+    before it with the generation prompt and the render through it, or,
+    where the template renders a turn inside the conversation otherwise
+    than at its end, the turn's content and its closing text."""
     full = m.render(messages, False)
     spans = []
+    cursor = 0
     for k, msg in enumerate(messages):
         if msg.get("role") != "assistant":
             continue
         head, through = m.render(messages[:k], True), m.render(messages[:k + 1], False)
         a, b = len(head), len(through)
         if not full.startswith(through) or not through.startswith(head):
-            raise ValueError("the chat template does not render the conversation as a "
-                             "growing prefix (assistant turn %d)" % k)
+            a, b = turn_by_content(full, through, msg.get("content"), cursor, k)
         spans.append((a, b))
+        cursor = b
     enc = m.encode(full)
     mask = []
     for (s, e) in enc.offsets:
@@ -418,6 +475,10 @@ def main():
     ap.add_argument("--messages-field", default="messages")
     ap.add_argument("--prompt-field", default="prompt")
     ap.add_argument("--completion-field", default="completion")
+    ap.add_argument("--template-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="a variable of the chat template (VALUE as JSON, else a string), as "
+                         "apply_chat_template's keyword arguments; Qwen3's enable_thinking is "
+                         "false unless set")
     ap.add_argument("--quiet", action="store_true", help="no progress line")
     a = ap.parse_args()
     if bool(a.inputs) == bool(a.datasets):
@@ -432,7 +493,12 @@ def main():
         fail("--eval-fraction / --eval need --eval-out")
     if a.eval_fraction and a.eval:
         fail("give --eval-fraction or --eval, not both")
-    m = Model(a.model)
+    m = Model(a.model, parse_template_args(a.template_arg))
+    if m.defaulted:
+        print("zinc prepare: the chat template reads %s: set to false (a chat's last "
+              "assistant turn gets an empty reasoning block, outside the loss; "
+              "--template-arg enable_thinking=true trains the reasoning blocks)"
+              % ", ".join(d.split("=")[0] for d in m.defaulted), file=sys.stderr)
     rng = random.Random(a.seed)
     stats = {"docs": 0, "skipped": 0, "truncated": 0, "longest": 0}
     t0 = last = time.time()

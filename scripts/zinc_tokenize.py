@@ -29,8 +29,8 @@ def out(obj):
 
 
 def main():
-    if len(sys.argv) != 2:
-        out({"error": "usage: zinc_tokenize.py MODEL_DIR"})
+    if len(sys.argv) not in (2, 3):
+        out({"error": "usage: zinc_tokenize.py MODEL_DIR [TEMPLATE_ARGS_JSON]"})
         return 1
     import zinc_prepare
 
@@ -41,8 +41,13 @@ def main():
 
     zinc_prepare.fail = fail
     try:
-        m = zinc_prepare.Model(sys.argv[1])
-    except RuntimeError as e:
+        targs = {}
+        if len(sys.argv) == 3:
+            targs = json.loads(sys.argv[2])
+            if not isinstance(targs, dict):
+                raise RuntimeError("the chat template's variables must be a JSON object")
+        m = zinc_prepare.Model(sys.argv[1], targs)
+    except (RuntimeError, ValueError) as e:
         out({"error": str(e)})
         return 1
     eos = [m.eos[1]] if m.eos else []

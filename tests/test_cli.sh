@@ -149,11 +149,17 @@ expect 0 "model +mistral, 7.25B parameters" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/mistral" --data synthetic
 expect 1 "has no weights .*model.init=random" -- \
     train "$src/examples/tiny.json" --model "$tmp/mistral" --data synthetic --steps 1
-# a family not built yet is refused naming what it needs
+# Qwen3-8B's config.json (no head_dim: Qwen3Config's 128) plans with
+# transformers' parameter count, the q/k norm weights included
 mkdir -p "$tmp/qwen3"
 cp "$src/tests/fixtures/model-configs/Qwen3-8B.json" "$tmp/qwen3/config.json"
-expect 1 "model_type 'qwen3' is not built yet: it needs .*q_norm, k_norm" -- \
+expect 0 "model +qwen3, 8.19B parameters \(36 layers, hidden 4096, heads 32/8" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/qwen3" --data synthetic
+# a family not built yet is refused naming what it needs
+mkdir -p "$tmp/gemma2"
+cp "$src/tests/fixtures/model-configs/gemma-2-9b-it.json" "$tmp/gemma2/config.json"
+expect 1 "model_type 'gemma2' is not built yet: it needs .*soft-capping" -- \
+    plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/gemma2" --data synthetic
 
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

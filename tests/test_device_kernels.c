@@ -282,6 +282,76 @@ static void test_rmsnorm(zn_dtype dt)
     dfree(dx), dfree(dw), dfree(dy), dfree(drs), dfree(dR), dfree(ddx), dfree(ddw);
 }
 
+/* The per-head norm (Qwen3's q/k norm) on groups inside padded rows: the
+ * same arithmetic as the plain norm on the groups gathered, the padding
+ * between and after the groups untouched, dx in place over dy. */
+static void test_rmsnorm_heads(zn_dtype dt)
+{
+    const int64_t T = 4, nh = 3, hd = 64, ldx = nh * hd + 16, ldd = nh * hd + 40;
+    rms_ctx c = { T * nh, hd, 1e-6, NULL, NULL, 0 };
+    size_t n = (size_t)(T * nh * hd), nx = (size_t)(T * ldx), nd = (size_t)(T * ldd);
+    double *x = rnd(20, n, 2.0, dt), *w = rnd(21, (size_t)hd, 1.0, dt), *R = rnd(22, n, 1.0, dt);
+    double *y = malloc(n * 8), *rstd = malloc((size_t)(T * nh) * 8);
+    c.w = w;
+    c.x = x;
+    rms_ref_full(x, w, y, rstd, &c);
+    /* strided copies: every element outside the groups holds 7 */
+    double *xs = malloc(nx * 8), *Rs = malloc(nd * 8), *pad = malloc(nd * 8);
+    for (size_t i = 0; i < nx; i++)
+        xs[i] = 7.0;
+    for (size_t i = 0; i < nd; i++)
+        Rs[i] = pad[i] = 7.0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < nh * hd; j++) {
+            xs[t * ldx + j] = x[t * nh * hd + j];
+            Rs[t * ldd + j] = R[t * nh * hd + j];
+        }
+    void *dx = dev_up(xs, nx, dt), *dw = dev_up(w, (size_t)hd, dt), *dy = dev_up(pad, nd, dt);
+    float *drs = dev_poison((size_t)(T * nh), ZN_DTYPE_F32);
+    DEV_OK(zn_dev_rmsnorm_heads_fwd(D, S, dx, dt, ldx, dw, dt, dy, dt, ldd, drs, T, nh, hd,
+                                    (float)c.eps));
+    double *gy = dev_down(dy, nd, dt), *grs = dev_down(drs, (size_t)(T * nh), ZN_DTYPE_F32);
+    double *gyc = malloc(n * 8);
+    int pad_ok = 1;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < ldd; j++) {
+            if (j < nh * hd)
+                gyc[t * nh * hd + j] = gy[t * ldd + j];
+            else
+                pad_ok &= gy[t * ldd + j] == 7.0;
+        }
+    ZT_CHECK(pad_ok);
+    CMP("rmsnorm_heads_fwd y", dt, gyc, y, n, tol_fwd(dt));
+    CMP("rmsnorm_heads_fwd rstd", dt, grs, rstd, (size_t)(T * nh), 1e-5);
+    double *gx = malloc(n * 8), *gw = malloc((size_t)hd * 8);
+    fd_grad(rms_ref, &c, x, n, n, R, gx);
+    c.wrt_w = 1;
+    fd_grad(rms_ref, &c, w, (size_t)hd, n, R, gw);
+    double *base = rnd(23, (size_t)hd, 1.0, ZN_DTYPE_F32);
+    void *dR = dev_up(Rs, nd, dt);
+    float *ddw = dev_up(base, (size_t)hd, ZN_DTYPE_F32);
+    DEV_OK(zn_dev_rmsnorm_heads_bwd(D, S, dx, dt, ldx, dw, dt, drs, dR, dt, dR, dt, ldd, ddw, T,
+                                    nh, hd));
+    double *hd_ = dev_down(dR, nd, dt), *hdw = dev_down(ddw, (size_t)hd, ZN_DTYPE_F32);
+    double *hdx = malloc(n * 8);
+    pad_ok = 1;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < ldd; j++) {
+            if (j < nh * hd)
+                hdx[t * nh * hd + j] = hd_[t * ldd + j];
+            else
+                pad_ok &= hd_[t * ldd + j] == 7.0;
+        }
+    ZT_CHECK(pad_ok);
+    for (int64_t j = 0; j < hd; j++)
+        hdw[j] -= base[j];
+    CMP("rmsnorm_heads_bwd dx", dt, hdx, gx, n, tol_bwd(dt));
+    CMP("rmsnorm_heads_bwd dw", dt, hdw, gw, (size_t)hd, tol_bwd(dt));
+    free(x), free(w), free(R), free(y), free(rstd), free(xs), free(Rs), free(pad), free(gy);
+    free(grs), free(gyc), free(gx), free(gw), free(base), free(hd_), free(hdw), free(hdx);
+    dfree(dx), dfree(dw), dfree(dy), dfree(drs), dfree(dR), dfree(ddw);
+}
+
 /* ---- RoPE --------------------------------------------------------------------*/
 typedef struct { int64_t tokens, heads, hd, ld; const int32_t *pos; const float *inv; } rope_ctx;
 
@@ -1294,6 +1364,7 @@ static int run_backend(const char *name)
         zn_dtype dt = k ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
         test_embedding(dt);
         test_rmsnorm(dt);
+        test_rmsnorm_heads(dt);
         test_rope(dt);
         test_softmax(dt);
         test_swiglu(dt);

@@ -219,6 +219,34 @@ check(c.get("prompt_ids") == tok.encode(rendered).ids, "--chat ids are not the t
 if c.get("finish") == "eos":
     check(c["ids"][-1] in (im_end, eot), "finish eos without an eos id")
 
+# Qwen3's own chat template (tests/fixtures/templates/qwen3.jinja) as the
+# folder's chat_template.jinja: enable_thinking false unless set (the
+# generation prompt ends in an empty reasoning block), --template-arg sets
+# it, a malformed one is a usage error
+import shutil
+q3 = os.path.join(work, "model-qwen3")
+shutil.copytree(model, q3)
+cfg = json.load(open(os.path.join(q3, "tokenizer_config.json")))
+del cfg["chat_template"]
+json.dump(cfg, open(os.path.join(q3, "tokenizer_config.json"), "w"))
+q3t = open(os.path.join(fix, "templates", "qwen3.jinja")).read()
+with open(os.path.join(q3, "chat_template.jinja"), "w") as f:
+    f.write(q3t)
+for targs, think in (([], False), (["--template-arg", "enable_thinking=true"], True)):
+    r = subprocess.run([zinc, "generate", "--model", q3, "--device", "host", "--chat", question,
+                        "--max-new-tokens", "2", "--json"] + targs, capture_output=True,
+                       text=True)
+    check(r.returncode == 0, "qwen3 template %s: %s" % (targs, r.stderr))
+    want = env.from_string(q3t).render(messages=[{"role": "user", "content": question}],
+                                       add_generation_prompt=True, enable_thinking=think)
+    check(r.returncode == 0 and json.loads(r.stdout).get("prompt_ids") == tok.encode(want).ids
+          and want.endswith("</think>\n\n") != think,
+          "qwen3 --chat ids (thinking %s) are not the template's" % think)
+r = subprocess.run([zinc, "generate", "--model", q3, "--chat", question, "--template-arg",
+                    "enable_thinking"], capture_output=True, text=True)
+check(r.returncode == 2 and "--template-arg 'enable_thinking': expected KEY=VALUE" in r.stderr,
+      "a malformed --template-arg: %d %s" % (r.returncode, r.stderr))
+
 # --prompts with --out: each as alone
 recs = [{"prompt": prompt}, {"messages": [{"role": "user", "content": question}]},
         {"ids": tok.encode("hello there").ids}]

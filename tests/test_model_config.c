@@ -73,8 +73,8 @@ int main(void)
     check_count("model-configs/Mistral-7B-Instruct-v0.3.json", 7248023552ull);
     check_count("model-configs/Qwen2.5-7B-Instruct.json", 7615616512ull);
     check_count("model-configs/Qwen2.5-14B.json", 14770033664ull);
-    check_refused("model-configs/Qwen3-8B.json", "qwen3", "q_norm, k_norm");
-    check_refused("model-configs/Qwen3-14B.json", "qwen3", "q_norm, k_norm");
+    check_count("model-configs/Qwen3-8B.json", 8190735360ull);
+    check_count("model-configs/Qwen3-14B.json", 14768307200ull);
     check_refused("model-configs/Qwen3-30B-A3B.json", "qwen3_moe", "mixture-of-experts");
     check_refused("model-configs/gemma-2-9b-it.json", "gemma2", "soft-capping");
     check_refused("model-configs/phi-4.json", "phi3", "fused qkv_proj");
@@ -106,7 +106,29 @@ int main(void)
     /* a model_type nobody knows */
     ZT_EQ_INT(parse("{" BASE_OTHER "}", &d), ZN_EUNSUPPORTED);
     ZT_CONTAINS(zn_last_error(), "model_type 'bert' is not a family zinc knows (it trains llama, "
-                                 "qwen2, mistral)");
+                                 "qwen2, mistral, qwen3)");
+
+    /* Qwen3: head_dim 128 when config.json leaves it out (Qwen3-8B's does;
+     * Qwen3Config's default, whatever hidden_size / heads is), the per-head
+     * q/k norm, attention_bias on all four projections, export writes the
+     * family and its head_dim back. */
+    ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("model-configs/Qwen3-8B.json")), 0);
+    ZT_EQ_INT(d.arch, ZN_ARCH_QWEN3);
+    ZT_EQ_INT(d.head_dim, 128);
+    ZT_EQ_INT(d.qk_norm, 1);
+    ZT_EQ_INT(d.qkv_bias + d.o_bias, 0);
+    ZT_EQ_INT(d.max_pos, 40960);
+    ZT_EQ_INT(parse("{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":2,"
+                    "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320,"
+                    "\"attention_bias\":true}", &d), 0);
+    ZT_EQ_INT(d.head_dim, 128);
+    ZT_EQ_INT(d.qkv_bias + d.o_bias, 2);
+    ZT_EQ_INT(d.max_pos, 32768);
+    ZT_EQ_INT(parse("{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":2,"
+                    "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320,"
+                    "\"use_sliding_window\":true}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "use_sliding_window=true");
+    ZT_CHECK(!strcmp(zn_model_arch_class(ZN_ARCH_QWEN3), "Qwen3ForCausalLM"));
 
     /* Fields of a real config. */
     ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("configs/qwen2.5-7b.json")), 0);

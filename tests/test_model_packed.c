@@ -16,22 +16,23 @@ int main(void)
     zn_dev *dev;
     if (zn_dev_create(&dev, &dc))
         ZT_SETUP_FAIL("host device: %s", zn_last_error());
-    const char *fixtures[] = { "tiny-llama", "tiny-qwen2", "tiny-mistral" };
-    for (int f = 0; f < 3; f++) {
+    const char *fixtures[] = { "tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3" };
+    const int nf = (int)(sizeof fixtures / sizeof fixtures[0]);
+    for (int f = 0; f < nf; f++) {
         packed_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-5);
         packed_run(dev, fixtures[f], ZN_DTYPE_F32, 0, 1e-5);
         packed_run(dev, fixtures[f], ZN_DTYPE_BF16, 1, 2e-2);
     }
     /* attention in query blocks of 5 rows, starting inside documents */
     pk_attn_block = 5;
-    for (int f = 0; f < 3; f++) {
+    for (int f = 0; f < nf; f++) {
         packed_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-5);
         packed_run(dev, fixtures[f], ZN_DTYPE_BF16, 0, 2e-2);
     }
     pk_attn_block = 0;
     /* the fused attention's key starts in fp32 and in bf16 (bf16 above ran
      * the GEMM attention, the default at these lengths) */
-    for (int f = 0; f < 3; f++) {
+    for (int f = 0; f < nf; f++) {
         pk_attention = ZN_ATTN_FUSED;
         packed_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-5);
         packed_run(dev, fixtures[f], ZN_DTYPE_F32, 0, 1e-5);

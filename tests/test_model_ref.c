@@ -74,8 +74,9 @@ int main(void)
         ZT_SETUP_FAIL("host device: %s", zn_last_error());
 
     /* tiny-mistral: the Llama block under its own model_type, made by
-     * transformers' MistralForCausalLM */
-    const char *fixtures[] = { "tiny-llama", "tiny-qwen2", "tiny-mistral" };
+     * transformers' MistralForCausalLM; tiny-qwen3: the per-head q/k norm,
+     * heads x head_dim wider than hidden */
+    const char *fixtures[] = { "tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3" };
     for (int f = 0; f < (int)(sizeof fixtures / sizeof fixtures[0]); f++) {
         ref_result r1, r2, r3;
         float *g1 = NULL, *g2 = NULL;

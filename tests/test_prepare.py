@@ -179,6 +179,51 @@ r = run(notpq, "--model", model, "--out", os.path.join(work, "q.tok"))
 check(r.returncode == 1 and "not.parquet: not a readable parquet file" in r.stderr,
       "not parquet: %s" % r.stderr)
 
+# Qwen3's own chat template (tests/fixtures/templates/qwen3.jinja, as its
+# tokenizer_config.json ships it), here as chat_template.jinja beside a
+# tokenizer_config.json without one (transformers >= 4.43 saves it so). It
+# renders an assistant turn inside the conversation without the reasoning
+# block it gives the last one, so the turns are found by their content;
+# enable_thinking is false unless set: the last turn's empty block is
+# prompt, not target, and --template-arg enable_thinking=true trains it.
+import shutil
+q3 = os.path.join(work, "model-qwen3")
+os.makedirs(q3, exist_ok=True)
+shutil.copy(os.path.join(model, "tokenizer.json"), q3)
+json.dump({"eos_token": "<|endoftext|>", "add_bos_token": False},
+          open(os.path.join(q3, "tokenizer_config.json"), "w"))
+q3t = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "templates",
+                        "qwen3.jinja")).read()
+with open(os.path.join(q3, "chat_template.jinja"), "w") as f:
+    f.write(q3t)
+q3data = os.path.join(work, "qwen3.jsonl")
+with open(q3data, "w") as f:
+    f.write(json.dumps({"messages": chat}) + "\n")
+t3 = env.from_string(q3t)
+for targs, think in (([], False), (["--template-arg", "enable_thinking=true"], True)):
+    o3 = os.path.join(work, "qwen3-%d.tok" % think)
+    r = run(q3data, "--model", q3, "--out", o3, *targs)
+    check(r.returncode == 0, "qwen3 template: %s%s" % (r.stdout, r.stderr))
+    if r.returncode:
+        continue
+    check(("enable_thinking" in r.stderr) != think, "qwen3 note: %r" % r.stderr)
+    _, _, _, ids3, mask3, _ = read_tok(o3)
+    full3 = t3.render(messages=chat, add_generation_prompt=False, enable_thinking=think)
+    enc3 = tok.encode(full3, add_special_tokens=False)
+    first = full3.index("four, of course")
+    last_hdr = full3.rindex("<|im_start|>assistant\n") + len("<|im_start|>assistant\n")
+    last = last_hdr if think else full3.index("sat on the mat")
+    spans3 = [(first, first + len("four, of course<|im_end|>\n")), (last, len(full3))]
+    check("<think>\n\n</think>\n\nsat on the mat" in full3 and
+          "<think>" not in full3[:last_hdr], "qwen3 render: %r" % full3)
+    check(ids3 == list(enc3.ids), "qwen3 ids differ from the tokenizer's encoding")
+    want3 = [1 if any(a <= st < b for a, b in spans3) else 0 for st, _ in enc3.offsets]
+    check(mask3 == want3, "qwen3 mask (thinking %s): %s vs %s" % (think, mask3, want3))
+r = run(q3data, "--model", q3, "--out", os.path.join(work, "q3bad.tok"), "--template-arg",
+        "messages=1")
+check(r.returncode == 1 and "--template-arg messages: zinc sets that variable itself"
+      in r.stderr, "template-arg messages: %s" % r.stderr)
+
 print("%d failure(s)" % fails)
 
 # alpaca and sharegpt records (LLaMA-Factory's formats) prepare to the very

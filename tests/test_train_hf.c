@@ -767,10 +767,14 @@ int main(int argc, char **argv)
      * head reads as its lm_head */
     check_parts("ft-tiedvocab", 4, 1);
     fixture("ft-tiedvocab");
+    /* qwen3: the per-head q/k norm's weights trained too, q wider than the
+     * hidden size */
+    fixture("ft-qwen3");
     /* LoRA on a frozen base (lora_B nonzero from the start, so both adapter
      * gradients count), every placement of the base */
     fixture("lora-llama");
     fixture("lora-qwen2");
+    fixture("lora-qwen3"); /* the q and k adapters feed the per-head q/k norm */
     /* lora_dropout 0.2 with zinc's masks on PEFT's side; eval without */
     fixture("lora-dropout");
     tn_rmdir();

@@ -368,6 +368,24 @@ ZN_API int zn_dev_rmsnorm_bwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x
                               const void *dy, zn_dtype dy_dt, void *dx, zn_dtype dx_dt,
                               float *dw, int64_t rows, int64_t dim);
 
+/* The same norm on each of `heads` groups of head_dim in every token's row:
+ * group h of token t is x[t * ldx + h * head_dim ...] (y: ldy), its rstd
+ * rstd[t * heads + h], one weight w[head_dim] for all. Qwen3's and Gemma
+ * 3's per-head q/k norm (heads = the projection's heads), OLMo 2's norm
+ * over the whole projection (heads 1, head_dim its width); ldx and ldy
+ * let q or k sit inside a fused qkv row. y may alias x (ldy == ldx). The
+ * backward's dy and dx share ldd (dx may alias dy); dw sums over every
+ * token and head. */
+ZN_API int zn_dev_rmsnorm_heads_fwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt,
+                                    int64_t ldx, const void *w, zn_dtype w_dt, void *y,
+                                    zn_dtype y_dt, int64_t ldy, float *rstd, int64_t tokens,
+                                    int64_t heads, int64_t head_dim, float eps);
+ZN_API int zn_dev_rmsnorm_heads_bwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt,
+                                    int64_t ldx, const void *w, zn_dtype w_dt,
+                                    const float *rstd, const void *dy, zn_dtype dy_dt, void *dx,
+                                    zn_dtype dx_dt, int64_t ldd, float *dw, int64_t tokens,
+                                    int64_t heads, int64_t head_dim);
+
 /* RoPE, rotate-half convention (HF Llama / Qwen2), IN PLACE on x:
  * x is [tokens][n_heads][head_dim] with rows ld elements apart (ld >=
  * n_heads*head_dim, so q or k inside a fused qkv row works). For each token

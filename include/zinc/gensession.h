@@ -184,6 +184,12 @@ ZN_API void zn_gen_session_get_info(const zn_gen_session *s, zn_gen_session_info
  * ZN_ECONFIG (its own refusal, such as no tokenizer.json) or ZN_ECORRUPT
  * (an answer that is not JSON). */
 ZN_API int zn_gen_session_open_tokenizer(zn_gen_session *s);
+/* The chat template's extra variables, as apply_chat_template's keyword
+ * arguments (a JSON object, e.g. {"enable_thinking": true}), for the
+ * tokenizer started after this; NULL: none (a template that reads
+ * enable_thinking then gets false, as zinc prepare gives it). ZN_EARG when
+ * not a JSON object or the tokenizer already runs. */
+ZN_API int zn_gen_session_set_template_args(zn_gen_session *s, const char *json_object);
 
 /* The prompts of one batch: exactly one of the four. */
 typedef struct {

@@ -19,15 +19,17 @@ typedef enum {
     ZN_ARCH_LLAMA = 1, /* model_type "llama": Llama 2, Llama 3, ... */
     ZN_ARCH_QWEN2 = 2, /* model_type "qwen2": Qwen2, Qwen2.5 (q/k/v bias) */
     ZN_ARCH_MISTRAL = 3, /* model_type "mistral": the Llama block, its own name */
+    ZN_ARCH_QWEN3 = 4, /* model_type "qwen3": Qwen3 dense (per-head q/k RMSNorm) */
 } zn_model_arch;
 
 /* The families (src/model/family.c). zn_model_family_lookup: the arch of a
- * config.json's model_type and its default max_position_embeddings (may be
- * NULL); ZN_EUNSUPPORTED for one not built, with *missing (when zinc knows
+ * config.json's model_type, its default max_position_embeddings and
+ * head_dim (0: hidden_size / num_attention_heads; either may be NULL);
+ * ZN_EUNSUPPORTED for one not built, with *missing (when zinc knows
  * the family) saying what it needs that zinc lacks, NULL for a model_type
  * zinc does not know. */
 ZN_API int zn_model_family_lookup(const char *model_type, zn_model_arch *arch,
-                                  int64_t *max_pos, const char **missing);
+                                  int64_t *max_pos, int64_t *head_dim, const char **missing);
 /* The model_type and the transformers class of an arch ("?" for none). */
 ZN_API const char *zn_model_arch_name(zn_model_arch a);
 ZN_API const char *zn_model_arch_class(zn_model_arch a);
@@ -107,7 +109,9 @@ typedef struct {
     double rms_eps;        /* rms_norm_eps */
     int tie_embeddings;    /* tie_word_embeddings: lm_head shares embed_tokens */
     int qkv_bias;          /* q/k/v projections have a bias (qwen2; llama attention_bias) */
-    int o_bias;            /* o_proj has a bias (llama attention_bias) */
+    int o_bias;            /* o_proj has a bias (llama, qwen3 attention_bias) */
+    int qk_norm;           /* qwen3: RMSNorm over head_dim on each query and key
+                              head before RoPE (self_attn.q_norm, k_norm) */
     int64_t sliding_window;/* mistral: keys further back are masked (0: none);
                               zinc computes full causal attention, so a run
                               needs every sequence within it */

@@ -33,12 +33,15 @@ static void chat_usage(FILE *f)
             "                 [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]\n"
             "                 [--context N] [--device auto|host|cuda[:N]] [--dtype f32|bf16]\n"
             "                 [--gpu-mem SIZE] [--nvme DIR] [--kv-cache auto|device|pinned]\n"
+            "                 [--template-arg KEY=VALUE]...\n"
             "A conversation through the folder's chat template: each line you type is a\n"
             "user turn, the reply streams as it is decoded, and the whole history is the\n"
             "next prompt. /reset forgets the history, /system TEXT sets the system prompt\n"
             "(and resets), /exit or end of input ends. Decoding as `zinc generate`;\n"
             "--context (default: max_position_embeddings, at most 4096) bounds the\n"
-            "history in tokens.\n");
+            "history in tokens. --template-arg sets a variable of the chat template\n"
+            "(VALUE as JSON, else a string), e.g. enable_thinking=true: Qwen3's is false\n"
+            "unless set.\n");
 }
 
 typedef struct {
@@ -46,6 +49,7 @@ typedef struct {
     double context;
     zn_gen_overrides decode;
     int kv_home;
+    zn_gc_targs targs;
 } chat_args;
 
 /* Reads argv into a. Returns -1 to go on, or the exit code. */
@@ -54,6 +58,7 @@ static int parse_args(int argc, char **argv, chat_args *a)
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' },
         { "adapter", required_argument, 0, 'a' },
+        { "template-arg", required_argument, 0, 'X' },
         { "checkpoint", required_argument, 0, 'K' },
         { "system", required_argument, 0, 'y' },
         DECODE_OPTIONS,
@@ -76,6 +81,7 @@ static int parse_args(int argc, char **argv, chat_args *a)
         switch (c) {
         case 'm': a->model = optarg; break;
         case 'a': a->adapter = optarg; break;
+        case 'X': bad = zn_gc_template_arg(&a->targs, optarg, "chat"); break;
         case 'K': a->ckpt = optarg; break;
         case 'y': a->system = optarg; break;
         case 'n': case 'S': case 'G': case 'T': case 'k': case 'q': case 'r': case 's':
@@ -217,6 +223,10 @@ int zn_cmd_chat(int argc, char **argv)
     zn_gen_session *s;
     if ((rc = zn_gc_open(&s, a.model, a.adapter, a.ckpt, &a.decode, "chat")))
         return rc;
+    if ((rc = zn_gc_template_args(s, &a.targs, "chat"))) {
+        zn_gen_session_close(s);
+        return rc;
+    }
     int ret = start(s, &a);
     if (ret < 0)
         ret = talk(s, a.system != NULL);

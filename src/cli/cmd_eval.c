@@ -19,7 +19,7 @@ static void usage(FILE *f)
             "                 [--batch B] [--device auto|host|cuda[:N]] [--dtype f32|bf16]\n"
             "                 [--gpu-mem SIZE] [--json]\n"
             "  --model    Hugging Face folder: config.json and model.safetensors or a\n"
-            "             sharded model.safetensors.index.json (llama or qwen2)\n"
+            "             sharded model.safetensors.index.json (a family `zinc info` lists)\n"
             "  --data     token file (docs/tokens.md) or 'synthetic' (seeded Markov chain)\n"
             "  --seq-len  tokens per sequence (default 512, at most max_position_embeddings)\n"
             "  --batches  evaluate the first K batches (default: all full batches)\n"

@@ -35,6 +35,7 @@ static void usage(FILE *f)
             "                     [--context N] [--device auto|host|cuda[:N]] [--dtype f32|bf16]\n"
             "                     [--gpu-mem SIZE] [--nvme DIR] [--kv-cache WHERE] [--json]\n"
             "                     [--plan [--target NAME] [--recalibrate]]\n"
+            "                     [--template-arg KEY=VALUE]...\n"
             "  --model      Hugging Face folder (config.json, safetensors; tokenizer.json\n"
             "               and tokenizer_config.json for text), e.g. a `zinc export`\n"
             "  --adapter    a PEFT LoRA adapter folder for that base, applied unmerged\n"
@@ -43,6 +44,9 @@ static void usage(FILE *f)
             "               run's base) from --model or the folder the run recorded\n"
             "  --prompt     raw text (no chat template; BOS as add_bos_token says)\n"
             "  --chat       one user turn through the folder's chat template\n"
+            "  --template-arg KEY=VALUE  a variable of the chat template (VALUE as JSON,\n"
+            "               else a string), e.g. enable_thinking=true: Qwen3's is false\n"
+            "               unless set\n"
             "  --ids        the prompt as token ids (no tokenizer needed)\n"
             "  --prompts    jsonl, one prompt per line: {\"prompt\": TEXT}, {\"messages\":\n"
             "               [{\"role\", \"content\"}, ..]} or {\"ids\": [..]}; generated\n"
@@ -81,6 +85,7 @@ typedef struct {
     double batch, context;
     zn_gen_overrides decode;
     int json_out, plan_only, recalibrate, kv_home;
+    zn_gc_targs targs;
 } gen_args;
 
 /* Reads argv into a. Returns -1 to go on, or the exit code (0 after
@@ -90,6 +95,7 @@ static int parse_args(int argc, char **argv, gen_args *a)
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' },
         { "adapter", required_argument, 0, 'a' },
+        { "template-arg", required_argument, 0, 'X' },
         { "checkpoint", required_argument, 0, 'K' },
         { "prompt", required_argument, 0, 'p' },
         { "chat", required_argument, 0, 'c' },
@@ -125,6 +131,7 @@ static int parse_args(int argc, char **argv, gen_args *a)
         case 'E': a->recalibrate = 1; break;
         case 'm': a->model = optarg; break;
         case 'a': a->adapter = optarg; break;
+        case 'X': bad = zn_gc_template_arg(&a->targs, optarg, "generate"); break;
         case 'K': a->ckpt = optarg; break;
         case 'p': a->prompt = optarg; break;
         case 'c': a->chat = optarg; break;
@@ -421,6 +428,10 @@ int zn_cmd_generate(int argc, char **argv)
     zn_gen_session *s;
     if ((rc = zn_gc_open(&s, a.model, a.adapter, a.ckpt, &a.decode, "generate")))
         return rc;
+    if ((rc = zn_gc_template_args(s, &a.targs, "generate"))) {
+        zn_gen_session_close(s);
+        return rc;
+    }
     int ret = prepare(s, &a);
     if (ret >= 0)
         goto out;

@@ -33,6 +33,19 @@ int zn_gc_print_text(void *ctx, const char *text, size_t len, int last);
  * the failure under `cmd` (2 for a usage error, 1 otherwise). */
 int zn_gc_open(zn_gen_session **s, const char *model, const char *adapter, const char *ckpt,
                const zn_gen_overrides *decode, const char *cmd);
+/* --template-arg KEY=VALUE (at most ZN_GC_MAX_TARGS): the chat template's
+ * variables. zn_gc_template_arg keeps one (2 after printing a usage error:
+ * no '=', KEY not a name, one zinc sets itself, too many);
+ * zn_gc_template_args gives those kept to the session as a JSON object
+ * (VALUE as JSON when it parses, else the string): 0, or 1 after printing
+ * the failure. */
+#define ZN_GC_MAX_TARGS 16
+typedef struct {
+    const char *kv[ZN_GC_MAX_TARGS];
+    int n;
+} zn_gc_targs;
+int zn_gc_template_arg(zn_gc_targs *t, const char *kv, const char *cmd);
+int zn_gc_template_args(zn_gen_session *s, const zn_gc_targs *t, const char *cmd);
 /* A signal removes the NVMe swap files before ending the process. */
 void zn_gc_install_signals(void);
 

@@ -2,7 +2,9 @@
  * generate` share (cli/gen-impl.h): their flags, text on the terminal and
  * the signals. The session they drive is the library's (src/run/
  * gen_session.c). */
+#include <ctype.h>
 #include <errno.h>
+#include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,65 @@
 #include "zinc/util.h"
 #include "cli/cli.h"
 #include "cli/gen-impl.h"
+
+int zn_gc_template_arg(zn_gc_targs *t, const char *kv, const char *cmd)
+{
+    const char *eq = strchr(kv, '=');
+    size_t klen = eq ? (size_t)(eq - kv) : 0;
+    int name = klen > 0 && (isalpha((unsigned char)kv[0]) || kv[0] == '_');
+    for (size_t i = 0; name && i < klen; i++)
+        name = isalnum((unsigned char)kv[i]) || kv[i] == '_';
+    if (!name) {
+        fprintf(stderr, "zinc: error: %s: --template-arg '%s': expected KEY=VALUE (for example "
+                "enable_thinking=true)\n", cmd, kv);
+        return 2;
+    }
+    static const char *const own[] = { "messages", "add_generation_prompt", "bos_token",
+                                       "eos_token" };
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+        if (strlen(own[i]) == klen && !strncmp(kv, own[i], klen)) {
+            fprintf(stderr, "zinc: error: %s: --template-arg %s: zinc sets that variable "
+                    "itself\n", cmd, own[i]);
+            return 2;
+        }
+    if (t->n == ZN_GC_MAX_TARGS) {
+        fprintf(stderr, "zinc: error: %s: more than %d --template-arg\n", cmd, ZN_GC_MAX_TARGS);
+        return 2;
+    }
+    t->kv[t->n++] = kv;
+    return 0;
+}
+
+int zn_gc_template_args(zn_gen_session *s, const zn_gc_targs *t, const char *cmd)
+{
+    if (!t->n)
+        return 0;
+    json_t *o = json_object();
+    int bad = !o;
+    for (int i = 0; i < t->n && !bad; i++) {
+        const char *eq = strchr(t->kv[i], '=');
+        char key[256];
+        snprintf(key, sizeof key, "%.*s", (int)(eq - t->kv[i]), t->kv[i]);
+        json_error_t e;
+        json_t *v = json_loads(eq + 1, JSON_DECODE_ANY, &e);
+        if (!v)
+            v = json_string(eq + 1);
+        bad = !v || json_object_set_new(o, key, v);
+    }
+    char *text = bad ? NULL : json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!text) {
+        fprintf(stderr, "zinc: error: %s: --template-arg: out of memory\n", cmd);
+        return 1;
+    }
+    int rc = zn_gen_session_set_template_args(s, text);
+    free(text);
+    if (rc) {
+        fprintf(stderr, "zinc: error: %s: --template-arg: %s\n", cmd, zn_last_error());
+        return 1;
+    }
+    return 0;
+}
 
 int zn_gc_num_arg(const char *name, const char *s, double lo, double *out)
 {

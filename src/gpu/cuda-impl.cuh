@@ -18,12 +18,14 @@
 //     SwiGLU, cross-entropy); scratch as for zn_cuda_run_kernel.
 //   zn_cuda_run_flash: the fused attention, forward or backward.
 //   zn_cuda_colsum: out[j] += the sum over rows of dy[r][j] (mode 0) or of
-//     dy[r][j] * x[r][j] * rstd[r] (mode 1), deterministic, through scratch.
+//     dy[r][j] * x[r][j] * rstd[r] (mode 1), deterministic, through scratch;
+//     row r at r / heads rows of ld (x: ldx) and r % heads groups of cols in
+//     (heads 1 and ldx == ld: plain rows).
 cudaError_t zn_cuda_run_nn(const zn_op *op, cudaStream_t st, float *scratch, const char **what);
 cudaError_t zn_cuda_run_flash(const zn_op *op, cudaStream_t st, const char **what);
 cudaError_t zn_cuda_colsum(cudaStream_t st, const void *dy, int dydt, int64_t ld, const void *x,
                            int xdt, const float *rstd, int mode, int64_t rows, int64_t cols,
-                           float *scratch, float *out);
+                           float *scratch, float *out, int64_t heads, int64_t ldx);
 
 // Internal to each kernel file (its own copy of each helper, of the shared
 // memory of the block reductions included).

@@ -106,9 +106,11 @@ __global__ void k_reduce_final(const float *part, int nparts, float *out, int ac
 
 // Column sums in two phases. Phase 1: chunk c of the rows, column j ->
 // part[c * cols + j]. mode 0: sum dy; mode 1: sum dy * x * rstd[row].
+// Row r sits at r / heads rows of ld (ldx in x) and r % heads groups of
+// cols in: a per-head norm's groups (heads 1: plain rows).
 __global__ void k_colsum_part(const void *dy, int dydt, int64_t ld, const void *x, int xdt,
                               const float *rstd, int mode, int64_t rows, int64_t cols,
-                              int64_t rows_per_chunk, float *part)
+                              int64_t rows_per_chunk, float *part, int64_t heads, int64_t ldx)
 {
     const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t c = blockIdx.y;
@@ -119,9 +121,10 @@ __global__ void k_colsum_part(const void *dy, int dydt, int64_t ld, const void *
         r1 = rows;
     float acc = 0.0f;
     for (int64_t r = r0; r < r1; r++) {
-        float v = ldv(dy, dydt, r * ld + j);
+        const int64_t in = r % heads * cols + j;
+        float v = ldv(dy, dydt, r / heads * ld + in);
         if (mode == 1)
-            v *= ldv(x, xdt, r * ld + j) * rstd[r];
+            v *= ldv(x, xdt, r / heads * ldx + in) * rstd[r];
         acc += v;
     }
     part[c * cols + j] = acc;
@@ -421,15 +424,15 @@ __global__ void k_norm_chunks(const float *x, int64_t n, double *out)
 
 cudaError_t zn_cuda_colsum(cudaStream_t st, const void *dy, int dydt, int64_t ld, const void *x,
                            int xdt, const float *rstd, int mode, int64_t rows, int64_t cols,
-                           float *scratch, float *out)
+                           float *scratch, float *out, int64_t heads, int64_t ldx)
 {
-    if ((uint64_t)cols > ZN_CUDA_SCRATCH)
+    if ((uint64_t)cols > ZN_CUDA_SCRATCH || heads < 1)
         return cudaErrorInvalidValue;
     int64_t ch = col_chunks(rows, cols), rpc = (rows + ch - 1) / ch;
     ch = (rows + rpc - 1) / rpc;
     dim3 g((unsigned)((cols + kThreads - 1) / kThreads), (unsigned)ch);
     k_colsum_part<<<g, kThreads, 0, st>>>(dy, dydt, ld, x, xdt, rstd, mode, rows, cols, rpc,
-                                          scratch);
+                                          scratch, heads, ldx);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return e;
@@ -480,7 +483,7 @@ static cudaError_t run_generic(const zn_op *op, cudaStream_t st, float *scratch,
         const auto &bias = op->u.bias;
         *what = "bias grad column sum";
         return zn_cuda_colsum(st, bias.dy, bias.y_dt, bias.ld, nullptr, 0, nullptr, 0,
-                              bias.rows, bias.cols, scratch, bias.dbias);
+                              bias.rows, bias.cols, scratch, bias.dbias, 1, bias.ld);
     }
     case ZN_OPK_CAST: {
         const auto &cast = op->u.cast;

@@ -45,10 +45,19 @@ __global__ void k_emb_bwd(const int32_t *ids, int64_t nt, int64_t row0, int64_t 
     }
 }
 
-__global__ void k_rms_fwd(const void *x, int xdt, const void *w, int wdt, void *y, int ydt,
-                          float *rstd, int64_t dim, float eps)
+// Group r of the rows x heads groups starts at r / heads rows of ld and
+// r % heads groups of dim in (the plain norm: heads 1, ld dim).
+__device__ __forceinline__ int64_t rms_at(int64_t r, int64_t heads, int64_t ld, int64_t dim)
 {
-    const int64_t r = blockIdx.x, o = r * dim;
+    return r / heads * ld + r % heads * dim;
+}
+
+// One block per group.
+__global__ void k_rms_fwd(const void *x, int xdt, const void *w, int wdt, void *y, int ydt,
+                          float *rstd, int64_t dim, float eps, int64_t heads, int64_t ldx,
+                          int64_t ldy)
+{
+    const int64_t r = blockIdx.x, o = rms_at(r, heads, ldx, dim), oy = rms_at(r, heads, ldy, dim);
     float ss = 0.0f;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
         float v = ldv(x, xdt, o + j);
@@ -57,24 +66,25 @@ __global__ void k_rms_fwd(const void *x, int xdt, const void *w, int wdt, void *
     ss = block_sum(ss);
     const float rs = 1.0f / sqrtf(ss / (float)dim + eps);
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-        stv(y, ydt, o + j, ldv(w, wdt, j) * (ldv(x, xdt, o + j) * rs));
+        stv(y, ydt, oy + j, ldv(w, wdt, j) * (ldv(x, xdt, o + j) * rs));
     if (rstd && threadIdx.x == 0)
         rstd[r] = rs;
 }
 
 __global__ void k_rms_bwd(const void *x, int xdt, const void *w, int wdt, const float *rstd,
-                          const void *dy, int dydt, void *dx, int dxdt, int64_t dim)
+                          const void *dy, int dydt, void *dx, int dxdt, int64_t dim,
+                          int64_t heads, int64_t ldx, int64_t ldd)
 {
-    const int64_t r = blockIdx.x, o = r * dim;
+    const int64_t r = blockIdx.x, o = rms_at(r, heads, ldx, dim), od = rms_at(r, heads, ldd, dim);
     const float rs = rstd[r];
     float dot = 0.0f;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-        dot += ldv(w, wdt, j) * ldv(dy, dydt, o + j) * ldv(x, xdt, o + j);
+        dot += ldv(w, wdt, j) * ldv(dy, dydt, od + j) * ldv(x, xdt, o + j);
     dot = block_sum(dot);
     const float c = dot / (float)dim * rs * rs;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-        float xv = ldv(x, xdt, o + j), dyv = ldv(dy, dydt, o + j);
-        stv(dx, dxdt, o + j, rs * (ldv(w, wdt, j) * dyv - xv * c));
+        float xv = ldv(x, xdt, o + j), dyv = ldv(dy, dydt, od + j);
+        stv(dx, dxdt, od + j, rs * (ldv(w, wdt, j) * dyv - xv * c));
     }
 }
 
@@ -253,23 +263,26 @@ cudaError_t zn_cuda_run_nn(const zn_op *op, cudaStream_t st, float *scratch, con
     }
     case ZN_OPK_RMS_FWD: {
         const auto &rms = op->u.rms_fwd;
-        return launch_rows(what, "k_rms_fwd", k_rms_fwd, rms.rows, st, rms.x, rms.x_dt, rms.w,
-                           rms.w_dt, rms.y, rms.y_dt, rms.rstd, rms.dim, rms.eps);
+        return launch_rows(what, "k_rms_fwd", k_rms_fwd, rms.rows * rms.heads, st, rms.x,
+                           rms.x_dt, rms.w, rms.w_dt, rms.y, rms.y_dt, rms.rstd, rms.dim, rms.eps,
+                           rms.heads, rms.ldx, rms.ldy);
     }
     case ZN_OPK_RMS_BWD: {
         const auto &rms = op->u.rms_bwd;
-        if (rms.rows > kMaxBlocks)
+        if (rms.rows * rms.heads > kMaxBlocks)
             return cudaErrorInvalidValue;
         // dw first: dx may overwrite dy.
         if (rms.dw) {
             *what = "rmsnorm dw column sum";
-            cudaError_t e = zn_cuda_colsum(st, rms.dy, rms.dy_dt, rms.dim, rms.x, rms.x_dt,
-                                           rms.rstd, 1, rms.rows, rms.dim, scratch, rms.dw);
+            cudaError_t e = zn_cuda_colsum(st, rms.dy, rms.dy_dt, rms.ldd, rms.x, rms.x_dt,
+                                           rms.rstd, 1, rms.rows * rms.heads, rms.dim, scratch,
+                                           rms.dw, rms.heads, rms.ldx);
             if (e != cudaSuccess)
                 return e;
         }
-        return launch_rows(what, "k_rms_bwd", k_rms_bwd, rms.rows, st, rms.x, rms.x_dt, rms.w,
-                           rms.w_dt, rms.rstd, rms.dy, rms.dy_dt, rms.dx, rms.dx_dt, rms.dim);
+        return launch_rows(what, "k_rms_bwd", k_rms_bwd, rms.rows * rms.heads, st, rms.x,
+                           rms.x_dt, rms.w, rms.w_dt, rms.rstd, rms.dy, rms.dy_dt, rms.dx,
+                           rms.dx_dt, rms.dim, rms.heads, rms.ldx, rms.ldd);
     }
     case ZN_OPK_ROPE: {
         const auto &rope = op->u.rope;

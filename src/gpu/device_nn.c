@@ -98,44 +98,89 @@ static int check_rms_sizes(const char *fn, int64_t rows, int64_t dim)
     return 0;
 }
 
-int zn_dev_rmsnorm_fwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, const void *w,
-                       zn_dtype w_dt, void *y, zn_dtype y_dt, float *rstd, int64_t rows,
-                       int64_t dim, float eps)
+static int rms_fwd(zn_dev *d, zn_stream *s, const char *fn, const void *x, zn_dtype x_dt,
+                   int64_t ldx, const void *w, zn_dtype w_dt, void *y, zn_dtype y_dt,
+                   int64_t ldy, float *rstd, int64_t rows, int64_t heads, int64_t dim, float eps)
 {
-    const char *fn = "rmsnorm_fwd";
     CHK_DTYPES(fn, x_dt, w_dt, y_dt);
     ZN_TRY(check_rms_sizes(fn, rows, dim));
+    CHK(heads > 0 && ldx >= heads * dim && ldy >= heads * dim, "%s: bad layout (heads %lld "
+        "of %lld, ldx %lld, ldy %lld)", fn, (long long)heads, (long long)dim, (long long)ldx,
+        (long long)ldy);
     if (rows == 0)
         return 0;
     zn_op op = { .kind = ZN_OPK_RMS_FWD,
                  .u.rms_fwd = { .x = x, .x_dt = x_dt, .w = w, .w_dt = w_dt, .y = y,
                                 .y_dt = y_dt, .rstd = rstd, .rows = rows, .dim = dim,
-                                .eps = eps } };
-    return submit_checked(d, s, fn, &op, DEV_PTRS(DEV_PTR(x, span(rows, dim, dim, x_dt)),
-                                                  DEV_PTR(w, nbytes(dim, w_dt)),
-                                                  DEV_PTR(y, span(rows, dim, dim, y_dt)),
-                                                  DEV_PTR_OPT(rstd, (uint64_t)rows * 4)));
+                                .eps = eps, .heads = heads, .ldx = ldx, .ldy = ldy } };
+    int64_t width = heads * dim;
+    return submit_checked(d, s, fn, &op,
+                          DEV_PTRS(DEV_PTR(x, span(rows, width, ldx, x_dt)),
+                                   DEV_PTR(w, nbytes(dim, w_dt)),
+                                   DEV_PTR(y, span(rows, width, ldy, y_dt)),
+                                   DEV_PTR_OPT(rstd, (uint64_t)(rows * heads) * 4)));
+}
+
+static int rms_bwd(zn_dev *d, zn_stream *s, const char *fn, const void *x, zn_dtype x_dt,
+                   int64_t ldx, const void *w, zn_dtype w_dt, const float *rstd, const void *dy,
+                   zn_dtype dy_dt, void *dx, zn_dtype dx_dt, int64_t ldd, float *dw,
+                   int64_t rows, int64_t heads, int64_t dim)
+{
+    CHK_DTYPES(fn, x_dt, w_dt, dy_dt, dx_dt);
+    ZN_TRY(check_rms_sizes(fn, rows, dim));
+    CHK(heads > 0 && ldx >= heads * dim && ldd >= heads * dim, "%s: bad layout (heads %lld "
+        "of %lld, ldx %lld, ldd %lld)", fn, (long long)heads, (long long)dim, (long long)ldx,
+        (long long)ldd);
+    if (rows == 0)
+        return 0;
+    zn_op op = { .kind = ZN_OPK_RMS_BWD,
+                 .u.rms_bwd = { .x = x, .x_dt = x_dt, .w = w, .w_dt = w_dt, .rstd = rstd,
+                                .dy = dy, .dy_dt = dy_dt, .dx = dx, .dx_dt = dx_dt, .dw = dw,
+                                .rows = rows, .dim = dim, .heads = heads, .ldx = ldx,
+                                .ldd = ldd } };
+    int64_t width = heads * dim;
+    return submit_checked(d, s, fn, &op,
+                          DEV_PTRS(DEV_PTR(x, span(rows, width, ldx, x_dt)),
+                                   DEV_PTR(w, nbytes(dim, w_dt)),
+                                   DEV_PTR(rstd, (uint64_t)(rows * heads) * 4),
+                                   DEV_PTR(dy, span(rows, width, ldd, dy_dt)),
+                                   DEV_PTR(dx, span(rows, width, ldd, dx_dt)),
+                                   DEV_PTR_OPT(dw, (uint64_t)dim * 4)));
+}
+
+int zn_dev_rmsnorm_fwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, const void *w,
+                       zn_dtype w_dt, void *y, zn_dtype y_dt, float *rstd, int64_t rows,
+                       int64_t dim, float eps)
+{
+    return rms_fwd(d, s, "rmsnorm_fwd", x, x_dt, dim, w, w_dt, y, y_dt, dim, rstd, rows, 1, dim,
+                   eps);
 }
 
 int zn_dev_rmsnorm_bwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, const void *w,
                        zn_dtype w_dt, const float *rstd, const void *dy, zn_dtype dy_dt,
                        void *dx, zn_dtype dx_dt, float *dw, int64_t rows, int64_t dim)
 {
-    const char *fn = "rmsnorm_bwd";
-    CHK_DTYPES(fn, x_dt, w_dt, dy_dt, dx_dt);
-    ZN_TRY(check_rms_sizes(fn, rows, dim));
-    if (rows == 0)
-        return 0;
-    zn_op op = { .kind = ZN_OPK_RMS_BWD,
-                 .u.rms_bwd = { .x = x, .x_dt = x_dt, .w = w, .w_dt = w_dt, .rstd = rstd,
-                                .dy = dy, .dy_dt = dy_dt, .dx = dx, .dx_dt = dx_dt, .dw = dw,
-                                .rows = rows, .dim = dim } };
-    return submit_checked(d, s, fn, &op, DEV_PTRS(DEV_PTR(x, span(rows, dim, dim, x_dt)),
-                                                  DEV_PTR(w, nbytes(dim, w_dt)),
-                                                  DEV_PTR(rstd, (uint64_t)rows * 4),
-                                                  DEV_PTR(dy, span(rows, dim, dim, dy_dt)),
-                                                  DEV_PTR(dx, span(rows, dim, dim, dx_dt)),
-                                                  DEV_PTR_OPT(dw, (uint64_t)dim * 4)));
+    return rms_bwd(d, s, "rmsnorm_bwd", x, x_dt, dim, w, w_dt, rstd, dy, dy_dt, dx, dx_dt, dim,
+                   dw, rows, 1, dim);
+}
+
+int zn_dev_rmsnorm_heads_fwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt,
+                             int64_t ldx, const void *w, zn_dtype w_dt, void *y, zn_dtype y_dt,
+                             int64_t ldy, float *rstd, int64_t tokens, int64_t heads,
+                             int64_t head_dim, float eps)
+{
+    return rms_fwd(d, s, "rmsnorm_heads_fwd", x, x_dt, ldx, w, w_dt, y, y_dt, ldy, rstd, tokens,
+                   heads, head_dim, eps);
+}
+
+int zn_dev_rmsnorm_heads_bwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt,
+                             int64_t ldx, const void *w, zn_dtype w_dt, const float *rstd,
+                             const void *dy, zn_dtype dy_dt, void *dx, zn_dtype dx_dt,
+                             int64_t ldd, float *dw, int64_t tokens, int64_t heads,
+                             int64_t head_dim)
+{
+    return rms_bwd(d, s, "rmsnorm_heads_bwd", x, x_dt, ldx, w, w_dt, rstd, dy, dy_dt, dx, dx_dt,
+                   ldd, dw, tokens, heads, head_dim);
 }
 
 static int rope(zn_dev *d, zn_stream *s, void *x, zn_dtype dt, int64_t tokens,

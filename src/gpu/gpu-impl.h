@@ -105,11 +105,16 @@ typedef struct zn_op {
         struct {
             const void *x; zn_dtype x_dt; const void *w; zn_dtype w_dt;
             void *y; zn_dtype y_dt; float *rstd; int64_t rows, dim; float eps;
+            /* each of the rows holds `heads` groups of dim (heads >= 1), group
+             * h of row r at r * ldx + h * dim in x (ldy in y); rstd has
+             * rows * heads entries, group (r, h) at r * heads + h */
+            int64_t heads, ldx, ldy;
         } rms_fwd;
         struct {
             const void *x; zn_dtype x_dt; const void *w; zn_dtype w_dt;
             const float *rstd; const void *dy; zn_dtype dy_dt; void *dx; zn_dtype dx_dt;
             float *dw; int64_t rows, dim;
+            int64_t heads, ldx, ldd; /* as rms_fwd's; ldd: dy's and dx's */
         } rms_bwd;
         struct {
             void *x; zn_dtype dt; int64_t tokens, n_heads, head_dim, ld;

@@ -172,22 +172,31 @@ static void emb_bwd(const zn_op *op)
     }
 }
 
+/* Group g of the rows x heads groups: its first element at g / heads rows
+ * of ld and g % heads groups of dim in (the plain norm: heads 1, ld dim). */
+static inline int64_t rms_at(int64_t g, int64_t heads, int64_t ld, int64_t dim)
+{
+    return g / heads * ld + g % heads * dim;
+}
+
 static void rms_fwd(const zn_op *op)
 {
-    const int64_t dim = op->u.rms_fwd.dim;
+    const int64_t dim = op->u.rms_fwd.dim, heads = op->u.rms_fwd.heads;
     const zn_dtype xt = op->u.rms_fwd.x_dt;
-    for (int64_t r = 0; r < op->u.rms_fwd.rows; r++) {
+    for (int64_t r = 0; r < op->u.rms_fwd.rows * heads; r++) {
+        const int64_t ox = rms_at(r, heads, op->u.rms_fwd.ldx, dim);
+        const int64_t oy = rms_at(r, heads, op->u.rms_fwd.ldy, dim);
         double ss = 0;
         for (int64_t j = 0; j < dim; j++) {
-            double v = ldf(op->u.rms_fwd.x, xt, r * dim + j);
+            double v = ldf(op->u.rms_fwd.x, xt, ox + j);
             ss += v * v;
         }
         float rs = 1.0f / sqrtf((float)(ss / (double)dim) + op->u.rms_fwd.eps);
         /* Read the whole row's x before y overwrites it (y may alias x). */
         for (int64_t j = 0; j < dim; j++) {
-            float x = ldf(op->u.rms_fwd.x, xt, r * dim + j);
+            float x = ldf(op->u.rms_fwd.x, xt, ox + j);
             float w = ldf(op->u.rms_fwd.w, op->u.rms_fwd.w_dt, j);
-            stf(op->u.rms_fwd.y, op->u.rms_fwd.y_dt, r * dim + j, w * (x * rs));
+            stf(op->u.rms_fwd.y, op->u.rms_fwd.y_dt, oy + j, w * (x * rs));
         }
         if (op->u.rms_fwd.rstd)
             op->u.rms_fwd.rstd[r] = rs;
@@ -196,34 +205,40 @@ static void rms_fwd(const zn_op *op)
 
 static void rms_bwd(const zn_op *op)
 {
-    const int64_t dim = op->u.rms_bwd.dim, rows = op->u.rms_bwd.rows;
+    const int64_t dim = op->u.rms_bwd.dim, heads = op->u.rms_bwd.heads;
+    const int64_t groups = op->u.rms_bwd.rows * heads;
     const zn_dtype xt = op->u.rms_bwd.x_dt, wt = op->u.rms_bwd.w_dt, dyt = op->u.rms_bwd.dy_dt;
-    for (int64_t r = 0; r < rows; r++) {
+    for (int64_t r = 0; r < groups; r++) {
+        const int64_t ox = rms_at(r, heads, op->u.rms_bwd.ldx, dim);
+        const int64_t od = rms_at(r, heads, op->u.rms_bwd.ldd, dim);
         const float rs = op->u.rms_bwd.rstd[r];
         double dot = 0;
         for (int64_t j = 0; j < dim; j++)
-            dot += (double)ldf(op->u.rms_bwd.w, wt, j) * ldf(op->u.rms_bwd.dy, dyt, r * dim + j) *
-                   ldf(op->u.rms_bwd.x, xt, r * dim + j);
+            dot += (double)ldf(op->u.rms_bwd.w, wt, j) * ldf(op->u.rms_bwd.dy, dyt, od + j) *
+                   ldf(op->u.rms_bwd.x, xt, ox + j);
         const float c = (float)(dot / (double)dim) * rs * rs;
         for (int64_t j = 0; j < dim; j++) {
-            float x = ldf(op->u.rms_bwd.x, xt, r * dim + j);
-            float dy = ldf(op->u.rms_bwd.dy, dyt, r * dim + j);
+            float x = ldf(op->u.rms_bwd.x, xt, ox + j);
+            float dy = ldf(op->u.rms_bwd.dy, dyt, od + j);
             float w = ldf(op->u.rms_bwd.w, wt, j);
-            stf(op->u.rms_bwd.dx, op->u.rms_bwd.dx_dt, r * dim + j, rs * (w * dy - x * c));
+            stf(op->u.rms_bwd.dx, op->u.rms_bwd.dx_dt, od + j, rs * (w * dy - x * c));
         }
     }
 }
 
-/* dw[j] += sum_r dy*x*rstd in row order; runs before rms_bwd because dx may
- * alias dy. */
+/* dw[j] += sum over the groups of dy*x*rstd in group order; runs before
+ * rms_bwd because dx may alias dy. */
 static void rms_bwd_dw(const zn_op *op)
 {
-    const int64_t dim = op->u.rms_bwd.dim, rows = op->u.rms_bwd.rows;
+    const int64_t dim = op->u.rms_bwd.dim, heads = op->u.rms_bwd.heads;
+    const int64_t groups = op->u.rms_bwd.rows * heads;
     for (int64_t j = 0; j < dim; j++) {
         double acc = 0;
-        for (int64_t r = 0; r < rows; r++)
-            acc += (double)ldf(op->u.rms_bwd.dy, op->u.rms_bwd.dy_dt, r * dim + j) *
-                   ldf(op->u.rms_bwd.x, op->u.rms_bwd.x_dt, r * dim + j) * op->u.rms_bwd.rstd[r];
+        for (int64_t r = 0; r < groups; r++)
+            acc += (double)ldf(op->u.rms_bwd.dy, op->u.rms_bwd.dy_dt,
+                               rms_at(r, heads, op->u.rms_bwd.ldd, dim) + j) *
+                   ldf(op->u.rms_bwd.x, op->u.rms_bwd.x_dt,
+                       rms_at(r, heads, op->u.rms_bwd.ldx, dim) + j) * op->u.rms_bwd.rstd[r];
         op->u.rms_bwd.dw[j] += (float)acc;
     }
 }

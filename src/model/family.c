@@ -14,45 +14,46 @@ typedef struct {
     const char *cls;         /* transformers' *ForCausalLM */
     int64_t max_pos;         /* max_position_embeddings when absent (its
                                 PretrainedConfig's default) */
+    int64_t head_dim;        /* head_dim when absent (0: hidden / heads) */
     const char *missing;     /* not built: what the family needs */
 } family;
 
 static const family families[] = {
-    { "llama", ZN_ARCH_LLAMA, "LlamaForCausalLM", 2048, NULL },
-    { "qwen2", ZN_ARCH_QWEN2, "Qwen2ForCausalLM", 32768, NULL },
+    { "llama", ZN_ARCH_LLAMA, "LlamaForCausalLM", 2048, 0, NULL },
+    { "qwen2", ZN_ARCH_QWEN2, "Qwen2ForCausalLM", 32768, 0, NULL },
     /* the Llama block under its own name (MistralConfig's defaults: 4096 x
      * 32 positions, a 4096-token sliding window unless null) */
-    { "mistral", ZN_ARCH_MISTRAL, "MistralForCausalLM", 131072, NULL },
-    { "qwen3", 0, NULL, 0,
-      "the per-head RMSNorm of the queries and keys before RoPE (q_norm, k_norm)" },
-    { "qwen3_moe", 0, NULL, 0,
+    { "mistral", ZN_ARCH_MISTRAL, "MistralForCausalLM", 131072, 0, NULL },
+    /* Qwen3Config: head_dim 128 whatever the width (Qwen3-8B's config.json
+     * leaves it out) */
+    { "qwen3", ZN_ARCH_QWEN3, "Qwen3ForCausalLM", 32768, 128, NULL },
+    { "qwen3_moe", 0, NULL, 0, 0,
       "mixture-of-experts layers (a router over num_experts experts, "
-      "num_experts_per_tok of them per token) and the per-head q/k RMSNorm" },
-    { "mixtral", 0, NULL, 0, "mixture-of-experts layers (a router and its experts)" },
-    { "qwen2_moe", 0, NULL, 0, "mixture-of-experts layers and a shared expert" },
-    { "gemma", 0, NULL, 0,
+      "num_experts_per_tok of them per token)" },
+    { "mixtral", 0, NULL, 0, 0, "mixture-of-experts layers (a router and its experts)" },
+    { "qwen2_moe", 0, NULL, 0, 0, "mixture-of-experts layers and a shared expert" },
+    { "gemma", 0, NULL, 0, 0,
       "the (1 + w) RMSNorm, the embedding scaled by sqrt(hidden_size) and GeGLU" },
-    { "gemma2", 0, NULL, 0,
+    { "gemma2", 0, NULL, 0, 0,
       "the (1 + w) RMSNorm, four norms a layer, GeGLU (gelu_pytorch_tanh), the embedding "
       "scaled by sqrt(hidden_size), attention and final logit soft-capping and sliding-"
       "window layers" },
-    { "gemma3_text", 0, NULL, 0,
-      "the (1 + w) RMSNorm, GeGLU, the per-head q/k RMSNorm, sliding-window layers and "
-      "per-layer RoPE bases" },
-    { "gemma3", 0, NULL, 0,
+    { "gemma3_text", 0, NULL, 0, 0,
+      "the (1 + w) RMSNorm, GeGLU, sliding-window layers and per-layer RoPE bases" },
+    { "gemma3", 0, NULL, 0, 0,
       "a vision tower (Gemma 3's multimodal model), and for its text_config the families' "
       "gemma3_text pieces" },
-    { "phi3", 0, NULL, 0,
+    { "phi3", 0, NULL, 0, 0,
       "the fused qkv_proj and gate_up_proj tensors, split at load and fused at export" },
-    { "olmo2", 0, NULL, 0,
+    { "olmo2", 0, NULL, 0, 0,
       "norms after attention and the MLP instead of before, and the RMSNorm over the whole "
       "q and k projections" },
-    { "olmo3", 0, NULL, 0,
+    { "olmo3", 0, NULL, 0, 0,
       "OLMo 2's post-norms and q/k RMSNorm, and sliding-window layers" },
-    { "qwen3_5", 0, NULL, 0,
+    { "qwen3_5", 0, NULL, 0, 0,
       "linear-attention (gated delta) layers between the full-attention ones, and a vision "
       "wrapper" },
-    { "qwen3_next", 0, NULL, 0, "linear-attention layers and mixture-of-experts layers" },
+    { "qwen3_next", 0, NULL, 0, 0, "linear-attention layers and mixture-of-experts layers" },
 };
 
 #define N_FAMILIES (int)(sizeof families / sizeof families[0])
@@ -66,7 +67,7 @@ static const family *by_arch(zn_model_arch a)
 }
 
 int zn_model_family_lookup(const char *model_type, zn_model_arch *arch, int64_t *max_pos,
-                           const char **missing)
+                           int64_t *head_dim, const char **missing)
 {
     *arch = 0;
     *missing = NULL;
@@ -77,6 +78,8 @@ int zn_model_family_lookup(const char *model_type, zn_model_arch *arch, int64_t 
         *missing = families[i].missing;
         if (max_pos)
             *max_pos = families[i].max_pos;
+        if (head_dim)
+            *head_dim = families[i].head_dim;
         return families[i].arch ? 0 : ZN_EUNSUPPORTED;
     }
     return ZN_EUNSUPPORTED;

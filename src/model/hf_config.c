@@ -47,7 +47,8 @@ int zn_model_dims_validate(const zn_model_dims *d)
     if (d->f <= 0 || d->f > (max))                                             \
         return zn_set_error(ZN_ECONFIG, "model dims: " #f " = %lld must be in 1..%lld", \
                             (long long)d->f, (long long)(max));
-    if (d->arch != ZN_ARCH_LLAMA && d->arch != ZN_ARCH_QWEN2 && d->arch != ZN_ARCH_MISTRAL)
+    if (d->arch != ZN_ARCH_LLAMA && d->arch != ZN_ARCH_QWEN2 && d->arch != ZN_ARCH_MISTRAL &&
+        d->arch != ZN_ARCH_QWEN3)
         return zn_set_error(ZN_ECONFIG, "model dims: unknown arch %d", (int)d->arch);
     if (d->sliding_window < 0)
         return zn_set_error(ZN_ECONFIG, "model dims: sliding_window = %lld must be >= 0",
@@ -255,8 +256,8 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
     if (!s)
         return zn_set_error(ZN_ECONFIG, "%s: missing key 'model_type'", c->name);
     const char *missing;
-    int64_t max_pos_default = 2048;
-    if (zn_model_family_lookup(s, &d->arch, &max_pos_default, &missing)) {
+    int64_t max_pos_default = 2048, head_dim_default = 0;
+    if (zn_model_family_lookup(s, &d->arch, &max_pos_default, &head_dim_default, &missing)) {
         char built[128];
         zn_model_families(built, sizeof built);
         if (missing)
@@ -280,12 +281,13 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
         (rc = get_int(c, "num_key_value_heads", 0, d->n_heads, &d->n_kv_heads)) ||
         (rc = get_int(c, "max_position_embeddings", 0, max_pos_default, &d->max_pos)))
         return rc;
-    if (d->hidden % d->n_heads && !json_object_get(c->root, "head_dim"))
+    if (d->hidden % d->n_heads && !head_dim_default && !json_object_get(c->root, "head_dim"))
         return zn_set_error(ZN_ECONFIG,
                             "%s: hidden_size (%lld) is not a multiple of num_attention_heads "
                             "(%lld) and there is no 'head_dim'", c->name, (long long)d->hidden,
                             (long long)d->n_heads);
-    if ((rc = get_int(c, "head_dim", 0, d->hidden / d->n_heads, &d->head_dim)))
+    if ((rc = get_int(c, "head_dim", 0, head_dim_default ? head_dim_default
+                                                         : d->hidden / d->n_heads, &d->head_dim)))
         return rc;
 
     if ((rc = get_num_in(c, c->root, "", "rms_norm_eps", 0, 1e-6, &d->rms_eps)))
@@ -296,7 +298,7 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
         return rc;
 
     int flag;
-    if (d->arch == ZN_ARCH_QWEN2) {
+    if (d->arch == ZN_ARCH_QWEN2 || d->arch == ZN_ARCH_QWEN3) {
         if ((rc = get_bool(c, "use_sliding_window", 0, &flag)))
             return rc;
         if (flag)
@@ -331,6 +333,9 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
         /* MistralAttention: no bias on any projection (it reads no
          * attention_bias) */
     } else {
+        /* llama and qwen3: attention_bias on q, k, v and o alike; qwen3's
+         * q_norm and k_norm always */
+        d->qk_norm = d->arch == ZN_ARCH_QWEN3;
         if ((rc = get_bool(c, "attention_bias", 0, &flag)))
             return rc;
         d->qkv_bias = d->o_bias = flag;
@@ -409,9 +414,13 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
     int rc = zn_model_dims_validate(d);
     if (rc)
         return rc;
-    if (d->o_bias != d->qkv_bias && d->arch == ZN_ARCH_LLAMA)
-        return zn_set_error(ZN_ECONFIG, "model dims: llama's attention_bias covers q/k/v and o "
-                                        "alike; qkv_bias != o_bias cannot be written");
+    if (d->o_bias != d->qkv_bias && (d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3))
+        return zn_set_error(ZN_ECONFIG, "model dims: %s's attention_bias covers q/k/v and o "
+                                        "alike; qkv_bias != o_bias cannot be written",
+                            zn_model_arch_name(d->arch));
+    if (d->qk_norm != (d->arch == ZN_ARCH_QWEN3))
+        return zn_set_error(ZN_ECONFIG, "model dims: %s %s the per-head q/k norm",
+                            zn_model_arch_name(d->arch), d->qk_norm ? "has no" : "always has");
     if (d->arch == ZN_ARCH_QWEN2 && (!d->qkv_bias || d->o_bias))
         return zn_set_error(ZN_ECONFIG, "model dims: qwen2 always has q/k/v bias and no o bias");
     if (d->arch == ZN_ARCH_MISTRAL && (d->qkv_bias || d->o_bias))
@@ -443,11 +452,11 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
                           : dtype == ZN_DTYPE_F16 ? "float16" : "bfloat16";
         bad |= set_or_fail(o, "torch_dtype", json_string(tdt));
         bad |= set_or_fail(o, "dtype", json_string(tdt));
-        if (d->arch == ZN_ARCH_LLAMA)
+        if (d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3)
             bad |= set_or_fail(o, "attention_bias", json_boolean(d->qkv_bias));
-        else if (is_qwen)
+        if (is_qwen || d->arch == ZN_ARCH_QWEN3)
             bad |= set_or_fail(o, "use_sliding_window", json_false());
-        else
+        else if (d->arch == ZN_ARCH_MISTRAL)
             bad |= set_or_fail(o, "sliding_window", d->sliding_window
                                                         ? json_integer(d->sliding_window)
                                                         : json_null());
@@ -503,6 +512,8 @@ static uint64_t base_count(const zn_model_dims *d, int block)
         n += qd + 2 * kvd;
     if (d->o_bias)
         n += h;
+    if (d->qk_norm)
+        n += 2 * (uint64_t)d->head_dim;           /* q_norm, k_norm */
     n += 3 * h * (uint64_t)d->intermediate;       /* gate, up, down */
     return n;
 }

@@ -35,7 +35,8 @@ int zn_m_load_tensors(const zn_model_dims *d, zn_dtype dt, const char *path, con
 /* Layer parameter slots, in the order of zn_model_block_param. */
 enum {
     ZN_M_P_IN_NORM, ZN_M_P_WQ, ZN_M_P_WK, ZN_M_P_WV, ZN_M_P_WO, ZN_M_P_POST_NORM, ZN_M_P_WG,
-    ZN_M_P_WU, ZN_M_P_WD, ZN_M_P_BQ, ZN_M_P_BK, ZN_M_P_BV, ZN_M_P_BO, ZN_M_P_NSLOTS
+    ZN_M_P_WU, ZN_M_P_WD, ZN_M_P_BQ, ZN_M_P_BK, ZN_M_P_BV, ZN_M_P_BO, ZN_M_P_QN, ZN_M_P_KN,
+    ZN_M_P_NSLOTS
 };
 
 /* Activations of one layer (forward results needed by the backward). */
@@ -51,6 +52,8 @@ typedef struct {
     void *up;      /* [N][I] */
     void *act;     /* [N][I]   silu(gate) * up */
     float *lse;    /* fused attention: [B][nh][T] log-sum-exp of each query's scores */
+    void *qk_pre;  /* q/k norm: [N][qd + kvd] q | k before their norm (NULL: none) */
+    float *qk_rstd;/* q/k norm: [max_n][nh] then [max_n][nkv], each head's rstd */
 } zn_m_layer_acts;
 
 struct zn_model {
@@ -109,8 +112,7 @@ typedef struct {
     uint64_t off;
 } zn_m_carver;
 
-void zn_m_carve_acts(zn_m_carver *c, zn_m_layer_acts *a, int64_t N, int64_t H, int64_t qkv_ld,
-                     int64_t qd, int64_t I, size_t esz, int64_t n_lse);
+void zn_m_carve_acts(zn_m_carver *c, zn_m_layer_acts *a, const zn_model *m);
 int64_t zn_m_lse_floats(const zn_model *m);
 int zn_m_need_batch(const zn_model *m); /* ZN_EARG until a batch is set */
 

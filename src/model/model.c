@@ -30,9 +30,11 @@ static void *carve(zn_m_carver *c, uint64_t bytes)
     return p;
 }
 
-void zn_m_carve_acts(zn_m_carver *c, zn_m_layer_acts *a, int64_t N, int64_t H, int64_t qkv_ld,
-                     int64_t qd, int64_t I, size_t esz, int64_t n_lse)
+void zn_m_carve_acts(zn_m_carver *c, zn_m_layer_acts *a, const zn_model *m)
 {
+    int64_t N = m->max_n, H = m->H, qkv_ld = m->qkv_ld, qd = m->qd, I = m->I;
+    int64_t n_lse = zn_m_lse_floats(m);
+    size_t esz = m->esz;
     a->h1 = carve(c, (uint64_t)(N * H) * esz);
     a->rstd1 = carve(c, (uint64_t)N * 4);
     a->qkv = carve(c, (uint64_t)(N * qkv_ld) * esz);
@@ -44,6 +46,11 @@ void zn_m_carve_acts(zn_m_carver *c, zn_m_layer_acts *a, int64_t N, int64_t H, i
     a->up = carve(c, (uint64_t)(N * I) * esz);
     a->act = carve(c, (uint64_t)(N * I) * esz);
     a->lse = n_lse ? carve(c, (uint64_t)n_lse * 4) : NULL;
+    a->qk_pre = a->qk_rstd = NULL;
+    if (m->d.qk_norm) {
+        a->qk_pre = carve(c, (uint64_t)(N * (qd + m->kvd)) * esz);
+        a->qk_rstd = carve(c, (uint64_t)(N * (m->nh + m->nkv)) * 4);
+    }
 }
 
 /* Floats of the fused attention's per-query statistics (lse, delta). */
@@ -99,7 +106,7 @@ static void layout(zn_model *m, unsigned char *base)
     m->logits = carve(&c, (uint64_t)(N * m->chunk) * 4);
     m->dlogits = f32 ? (void *)m->logits : carve(&c, (uint64_t)(N * m->chunk) * esz);
 
-    zn_m_carve_acts(&c, &m->w, N, H, m->qkv_ld, m->qd, m->I, esz, zn_m_lse_floats(m));
+    zn_m_carve_acts(&c, &m->w, m);
     if (m->fused) {
         /* no score matrices: the kernels keep their tiles to themselves */
         m->SS = m->dP = NULL;
@@ -445,7 +452,7 @@ uint64_t zn_model_layer_saved_bytes(const zn_model *m)
 {
     zn_m_carver c = { NULL, 0 };
     zn_m_layer_acts a;
-    zn_m_carve_acts(&c, &a, m->max_n, m->H, m->qkv_ld, m->qd, m->I, m->esz, zn_m_lse_floats(m));
+    zn_m_carve_acts(&c, &a, m);
     return c.off;
 }
 

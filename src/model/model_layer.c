@@ -319,20 +319,35 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *par
 
     ZN_TRY(zn_dev_rmsnorm_fwd(m->dev, s, x_in, dt, PRM(ZN_M_P_IN_NORM), dt, a->h1, dt, a->rstd1,
                               N, H, eps));
-    ZN_TRY(linear(m, s, a->h1, H, PRM(ZN_M_P_WQ), qd, H, 0.0f, a->qkv, dt, ld));
-    ZN_TRY(linear(m, s, a->h1, H, PRM(ZN_M_P_WK), kvd, H, 0.0f, zn_m_at(a->qkv, qd, e), dt, ld));
+    /* q and k go to qkv, or with a q/k norm to qk_pre ([N][qd + kvd]), which
+     * the backward needs, the norm writing them into qkv */
+    void *q = a->qkv, *k = zn_m_at(a->qkv, qd, e);
+    int64_t qk_ld = ld;
+    if (m->d.qk_norm) {
+        q = a->qk_pre;
+        k = zn_m_at(a->qk_pre, qd, e);
+        qk_ld = qd + kvd;
+    }
+    ZN_TRY(linear(m, s, a->h1, H, PRM(ZN_M_P_WQ), qd, H, 0.0f, q, dt, qk_ld));
+    ZN_TRY(linear(m, s, a->h1, H, PRM(ZN_M_P_WK), kvd, H, 0.0f, k, dt, qk_ld));
     ZN_TRY(linear(m, s, a->h1, H, PRM(ZN_M_P_WV), kvd, H, 0.0f, zn_m_at(a->qkv, qd + kvd, e), dt,
                   ld));
-    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_Q, a->h1, H, H, qd, a->qkv, ld));
-    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_K, a->h1, H, H, kvd, zn_m_at(a->qkv, qd, e), ld));
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_Q, a->h1, H, H, qd, q, qk_ld));
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_K, a->h1, H, H, kvd, k, qk_ld));
     ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_V, a->h1, H, H, kvd,
                     zn_m_at(a->qkv, qd + kvd, e), ld));
     if (m->d.qkv_bias) {
-        ZN_TRY(zn_dev_bias_add(m->dev, s, a->qkv, dt, ld, PRM(ZN_M_P_BQ), dt, N, qd));
-        ZN_TRY(zn_dev_bias_add(m->dev, s, zn_m_at(a->qkv, qd, e), dt, ld, PRM(ZN_M_P_BK), dt, N,
-                               kvd));
+        ZN_TRY(zn_dev_bias_add(m->dev, s, q, dt, qk_ld, PRM(ZN_M_P_BQ), dt, N, qd));
+        ZN_TRY(zn_dev_bias_add(m->dev, s, k, dt, qk_ld, PRM(ZN_M_P_BK), dt, N, kvd));
         ZN_TRY(zn_dev_bias_add(m->dev, s, zn_m_at(a->qkv, qd + kvd, e), dt, ld, PRM(ZN_M_P_BV), dt,
                                N, kvd));
+    }
+    if (m->d.qk_norm) {
+        ZN_TRY(zn_dev_rmsnorm_heads_fwd(m->dev, s, q, dt, qk_ld, PRM(ZN_M_P_QN), dt, a->qkv, dt,
+                                        ld, a->qk_rstd, N, m->nh, m->hd, eps));
+        ZN_TRY(zn_dev_rmsnorm_heads_fwd(m->dev, s, k, dt, qk_ld, PRM(ZN_M_P_KN), dt,
+                                        zn_m_at(a->qkv, qd, e), dt, ld,
+                                        a->qk_rstd + m->max_n * m->nh, N, m->nkv, m->hd, eps));
     }
     ZN_TRY(zn_dev_rope_fwd(m->dev, s, a->qkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
     ZN_TRY(zn_dev_rope_fwd(m->dev, s, zn_m_at(a->qkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
@@ -372,7 +387,7 @@ static int layer_fwd(zn_model *m, zn_stream *s, int layer, void *const *params,
     zn_m_layer_acts a = m->w;
     if (saved) {
         zn_m_carver c = { saved, 0 };
-        zn_m_carve_acts(&c, &a, m->max_n, m->H, m->qkv_ld, m->qd, m->I, m->esz, zn_m_lse_floats(m));
+        zn_m_carve_acts(&c, &a, m);
     }
     ZN_TRY(layer_fwd_core(m, s, layer, params, x_in, &a, kv));
     /* x_out = x_mid + act Wd^T */
@@ -413,7 +428,7 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
     zn_m_layer_acts a = m->w;
     if (saved) {
         zn_m_carver c = { (unsigned char *)saved, 0 };
-        zn_m_carve_acts(&c, &a, m->max_n, H, ld, qd, I, e, zn_m_lse_floats(m));
+        zn_m_carve_acts(&c, &a, m);
     } else {
         ZN_TRY(layer_fwd_core(m, s, layer, params, x_in, &a, NULL)); /* activation checkpointing */
     }
@@ -449,6 +464,15 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
     ZN_TRY(zn_dev_rope_bwd(m->dev, s, m->dqkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
     ZN_TRY(zn_dev_rope_bwd(m->dev, s, zn_m_at(m->dqkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
                         m->inv_freq));
+    if (m->d.qk_norm) { /* dqkv's q and k: through their norms, in place */
+        ZN_TRY(zn_dev_rmsnorm_heads_bwd(m->dev, s, a.qk_pre, dt, qd + kvd, PRM(ZN_M_P_QN), dt,
+                                        a.qk_rstd, m->dqkv, dt, m->dqkv, dt, ld, GRD(ZN_M_P_QN),
+                                        N, m->nh, m->hd));
+        ZN_TRY(zn_dev_rmsnorm_heads_bwd(m->dev, s, zn_m_at(a.qk_pre, qd, e), dt, qd + kvd,
+                                        PRM(ZN_M_P_KN), dt, a.qk_rstd + m->max_n * m->nh,
+                                        zn_m_at(m->dqkv, qd, e), dt, zn_m_at(m->dqkv, qd, e), dt,
+                                        ld, GRD(ZN_M_P_KN), N, m->nkv, m->hd));
+    }
     if (m->d.qkv_bias && GRD(ZN_M_P_BQ)) {
         ZN_TRY(zn_dev_bias_grad(m->dev, s, m->dqkv, dt, ld, GRD(ZN_M_P_BQ), N, qd));
         ZN_TRY(zn_dev_bias_grad(m->dev, s, zn_m_at(m->dqkv, qd, e), dt, ld, GRD(ZN_M_P_BK), N,

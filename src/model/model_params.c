@@ -15,6 +15,8 @@ static int layer_slot_present(const zn_model_dims *d, int slot)
         return d->qkv_bias;
     if (slot == ZN_M_P_BO)
         return d->o_bias;
+    if (slot == ZN_M_P_QN || slot == ZN_M_P_KN)
+        return d->qk_norm;
     return slot >= 0 && slot < ZN_M_P_NSLOTS;
 }
 
@@ -125,13 +127,16 @@ int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_param_info
             [ZN_M_P_BK] = { "self_attn.k_proj.bias", 1 },
             [ZN_M_P_BV] = { "self_attn.v_proj.bias", 1 },
             [ZN_M_P_BO] = { "self_attn.o_proj.bias", 1 },
+            [ZN_M_P_QN] = { "self_attn.q_norm.weight", 1 },
+            [ZN_M_P_KN] = { "self_attn.k_norm.weight", 1 },
         };
         const int64_t shapes[ZN_M_P_NSLOTS][2] = {
             [ZN_M_P_IN_NORM] = { H, 0 }, [ZN_M_P_WQ] = { qd, H },  [ZN_M_P_WK] = { kvd, H },
             [ZN_M_P_WV] = { kvd, H },    [ZN_M_P_WO] = { H, qd },  [ZN_M_P_POST_NORM] = { H, 0 },
             [ZN_M_P_WG] = { I, H },      [ZN_M_P_WU] = { I, H },   [ZN_M_P_WD] = { H, I },
             [ZN_M_P_BQ] = { qd, 0 },     [ZN_M_P_BK] = { kvd, 0 }, [ZN_M_P_BV] = { kvd, 0 },
-            [ZN_M_P_BO] = { H, 0 },
+            [ZN_M_P_BO] = { H, 0 },      [ZN_M_P_QN] = { d->head_dim, 0 },
+            [ZN_M_P_KN] = { d->head_dim, 0 },
         };
         snprintf(out->name, sizeof out->name, "model.layers.%d.%s", block - 1, slots[slot].name);
         out->ndim = slots[slot].ndim;

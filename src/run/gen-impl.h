@@ -42,12 +42,13 @@ typedef struct {
     char *text;
 } zn_gs_stream;
 
-/* Starts `python script model` (the script: source_root/scripts/
- * zinc_tokenize.py; python NULL: $ZINC_PYTHON, else source_root/.venv/
- * bin/python) and reads its greeting. 0 or a code with the reason set;
- * *t is zeroed on failure. */
+/* Starts `python script model [template_args]` (the script: source_root/
+ * scripts/zinc_tokenize.py; python NULL: $ZINC_PYTHON, else source_root/
+ * .venv/bin/python; template_args: the chat template's variables as a JSON
+ * object, or NULL) and reads its greeting. 0 or a code with the reason
+ * set; *t is zeroed on failure. */
 int zn_gs_tok_open(zn_gs_tok *t, const char *python, const char *source_root,
-                   const char *model);
+                   const char *model, const char *template_args);
 void zn_gs_tok_close(zn_gs_tok *t);
 /* Sends `req` (stolen) and returns the answer's `key` (a new reference) in
  * *out. 0 or a code with the reason set. */

@@ -56,7 +56,7 @@ static int tok_read(zn_gs_tok *t, json_t **out)
 
 /* The child's end: the pipes on stdin and stdout, then the script. */
 static void tok_exec(int in[2], int out[2], const char *py, const char *script,
-                     const char *model)
+                     const char *model, const char *targs)
 {
     dup2(in[0], 0);
     dup2(out[1], 1);
@@ -64,7 +64,7 @@ static void tok_exec(int in[2], int out[2], const char *py, const char *script,
     close(in[1]);
     close(out[0]);
     close(out[1]);
-    execl(py, py, script, model, (char *)NULL);
+    execl(py, py, script, model, targs, (char *)NULL); /* targs NULL ends the list */
     /* the parent reads no greeting and says the process ended: the reason
      * can only be told from here */
     fprintf(stderr, "zinc: error: generate: exec %s: %s\n", py, strerror(errno));
@@ -72,7 +72,7 @@ static void tok_exec(int in[2], int out[2], const char *py, const char *script,
 }
 
 int zn_gs_tok_open(zn_gs_tok *t, const char *python, const char *source_root,
-                   const char *model)
+                   const char *model, const char *template_args)
 {
     char script[4096], py[4096];
     const char *root = source_root ? source_root : ".";
@@ -116,7 +116,7 @@ int zn_gs_tok_open(zn_gs_tok *t, const char *python, const char *source_root,
         return rc;
     }
     if (!pid)
-        tok_exec(in, out, py, script, model);
+        tok_exec(in, out, py, script, model, template_args);
     close(in[0]);
     close(out[1]);
     t->pid = pid;

@@ -239,6 +239,7 @@ double zn_gen_step_bound(const zn_gen_placement *p, int64_t B, int64_t ctx_token
 struct zn_gen_session {
     char *model, *adapter, *ckpt;   /* the folder (a checkpoint's recorded one), or NULL */
     char *source_root, *python;
+    char *template_args;            /* the chat template's variables (JSON), or NULL */
     zn_gen_params gp;
     zn_model_dims d;
     zn_gs_tok tok;
@@ -358,6 +359,7 @@ void zn_gen_session_close(zn_gen_session *s)
     free(s->ckpt);
     free(s->source_root);
     free(s->python);
+    free(s->template_args);
     free(s);
 }
 
@@ -403,9 +405,31 @@ void zn_gen_session_get_info(const zn_gen_session *s, zn_gen_session_info *out)
     out->ctx = s->ctx;
 }
 
+int zn_gen_session_set_template_args(zn_gen_session *s, const char *json_object)
+{
+    if (s->tok.pid)
+        return zn_set_error(ZN_EARG, "the chat template's variables are set before the "
+                            "tokenizer starts");
+    char *copy = NULL;
+    if (json_object) {
+        json_error_t e;
+        json_t *o = json_loads(json_object, 0, &e);
+        int ok = json_is_object(o);
+        json_decref(o);
+        if (!ok)
+            return zn_set_error(ZN_EARG, "the chat template's variables must be a JSON object, "
+                                "not %.80s", json_object);
+        if (!(copy = strdup(json_object)))
+            return zn_set_error(-ENOMEM, "out of memory");
+    }
+    free(s->template_args);
+    s->template_args = copy;
+    return 0;
+}
+
 int zn_gen_session_open_tokenizer(zn_gen_session *s)
 {
-    int rc = zn_gs_tok_open(&s->tok, s->python, s->source_root, s->model);
+    int rc = zn_gs_tok_open(&s->tok, s->python, s->source_root, s->model, s->template_args);
     if (!rc && s->tok.eos && !s->gp.n_eos)
         zn_gs_eos_from(&s->gp, s->tok.eos);
     return rc;

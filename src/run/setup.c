@@ -67,7 +67,9 @@ int zn_run_model_dims(const zn_config *cfg, zn_model_dims *d)
         return zn_set_error(ZN_ECONFIG, "%s: no model: set model.path to an HF model folder "
                             "or give model.hidden_size, num_hidden_layers, ...", cfg->source);
     zn_model_dims_default(d);
-    d->arch = m->arch == 1 ? ZN_ARCH_QWEN2 : m->arch == 2 ? ZN_ARCH_MISTRAL : ZN_ARCH_LLAMA;
+    static const zn_model_arch archs[] = { ZN_ARCH_LLAMA, ZN_ARCH_QWEN2, ZN_ARCH_MISTRAL,
+                                           ZN_ARCH_QWEN3 };
+    d->arch = archs[m->arch >= 0 && m->arch < 4 ? m->arch : 0];
     d->hidden = m->hidden_size;
     d->n_layers = m->num_hidden_layers;
     d->n_heads = m->num_attention_heads;
@@ -80,8 +82,12 @@ int zn_run_model_dims(const zn_config *cfg, zn_model_dims *d)
     d->rope_type = ZN_ROPE_DEFAULT;
     d->rms_eps = m->rms_norm_eps;
     d->tie_embeddings = m->tie_word_embeddings;
-    d->qkv_bias = d->arch == ZN_ARCH_QWEN2 ? 1 : d->arch == ZN_ARCH_LLAMA && m->attention_bias;
-    d->o_bias = d->arch == ZN_ARCH_LLAMA ? m->attention_bias : 0;
+    /* as config.json would give them: qwen2's q/k/v bias, llama's and
+     * qwen3's attention_bias on all four, qwen3's q/k norm */
+    int ab = (d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3) && m->attention_bias;
+    d->qkv_bias = d->arch == ZN_ARCH_QWEN2 || ab;
+    d->o_bias = ab;
+    d->qk_norm = d->arch == ZN_ARCH_QWEN3;
     int rc = zn_model_dims_validate(d);
     if (rc)
         return zn_error_prefix(rc, "%s: model", cfg->source);
@@ -92,21 +98,16 @@ int zn_run_model_dims(const zn_config *cfg, zn_model_dims *d)
  * the GPU (DeepSpeed's stage3_param_persistence_threshold). */
 uint64_t zn_run_persistent_params(const zn_model_dims *d, uint64_t threshold)
 {
-    uint64_t H = (uint64_t)d->hidden, hd = (uint64_t)d->head_dim;
-    uint64_t q = (uint64_t)d->n_heads * hd, kv = (uint64_t)d->n_kv_heads * hd;
-    uint64_t I = (uint64_t)d->intermediate, V = (uint64_t)d->vocab;
-    /* One decoder layer's tensors, then the embedding, final norm, head. */
-    uint64_t layer[] = {
-        H, H,                                    /* input / post-attention norms */
-        H * q, H * kv, H * kv, q * H,            /* q, k, v, o projections */
-        d->qkv_bias ? q : 0, d->qkv_bias ? kv : 0, d->qkv_bias ? kv : 0,
-        d->o_bias ? H : 0,
-        H * I, H * I, I * H,                     /* gate, up, down */
-    };
+    uint64_t H = (uint64_t)d->hidden, V = (uint64_t)d->vocab;
+    /* One decoder layer's base tensors (the model's own list), then the
+     * embedding, final norm, head. */
     uint64_t per_layer = 0;
-    for (size_t i = 0; i < sizeof layer / sizeof layer[0]; i++)
-        if (layer[i] && layer[i] < threshold)
-            per_layer += layer[i];
+    int np = zn_model_block_nparams(d, 1);
+    for (int i = 0; i < np; i++) {
+        zn_param_info pi;
+        if (zn_model_block_param(d, 1, i, &pi) == 0 && !pi.lora && (uint64_t)pi.numel < threshold)
+            per_layer += (uint64_t)pi.numel;
+    }
     uint64_t total = per_layer * (uint64_t)d->n_layers;
     if (d->tie_embeddings)
         total += V * H;  /* one table, resident: the head reads it too */
