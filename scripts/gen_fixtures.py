@@ -11,6 +11,8 @@ Two tiny random decoders, built and run by Hugging Face transformers:
   tiny-qwen3  qwen3 (per-head q/k RMSNorm before RoPE), GQA 4/2, head_dim 24
               (heads x head_dim 96 wider than hidden 64), tied embeddings,
               weights as bf16 (one file); some targets -100
+  tiny-phi3   phi3 (qkv_proj and gate_up_proj stored fused), GQA 4/2,
+              untied, weights as fp32 (one file)
 For each: config.json (as transformers writes it), the weights, and
 reference.json with the batch (inputs, targets; some targets -100 for
 qwen2), the mean cross-entropy, a slice of logits and the L2 norm of every
@@ -131,7 +133,8 @@ def low_precision_pass(model64, dtype, inputs, targets, eval_targets, positions,
 
 
 def make(kind, out, tokens, torch, transformers, save_file):
-    gen = torch.Generator().manual_seed({"llama": 1, "qwen2": 2, "mistral": 3, "qwen3": 4}[kind])
+    gen = torch.Generator().manual_seed({"llama": 1, "qwen2": 2, "mistral": 3, "qwen3": 4,
+                                       "phi3": 5}[kind])
     common = dict(hidden_size=64, intermediate_size=128 if kind == "llama" else 96,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   vocab_size=VOCAB, max_position_embeddings=64, hidden_act="silu")
@@ -151,6 +154,12 @@ def make(kind, out, tokens, torch, transformers, save_file):
                                        tie_word_embeddings=True, rope_theta=1000000.0,
                                        attention_bias=False, use_sliding_window=False)
         cls = transformers.Qwen3ForCausalLM
+    elif kind == "phi3":
+        # token ids inside the tiny vocabulary (Phi3Config's are 32000's)
+        cfg = transformers.Phi3Config(**common, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                      rope_theta=250000.0, bos_token_id=1, eos_token_id=2,
+                                      pad_token_id=0, sliding_window=None)
+        cls = transformers.Phi3ForCausalLM
     else:
         cfg = transformers.Qwen2Config(**common, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                        rope_theta=1000000.0, use_sliding_window=False)
@@ -178,7 +187,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
         os.remove(os.path.join(d, f))
     cfg.save_pretrained(d)
     meta = {"format": "pt"}
-    if kind in ("llama", "mistral", "qwen3"):
+    if kind in ("llama", "mistral", "qwen3", "phi3"):
         save_file(tensors, os.path.join(d, "model.safetensors"), metadata=meta)
     else:
         names = sorted(tensors)
@@ -318,7 +327,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
     ap.add_argument("--check-export", metavar="ZINC", help="check `zinc export` (see above)")
     ap.add_argument("--kinds", default="llama,qwen2",
-                    help="fixtures to make: llama, qwen2, mistral, qwen3 (comma-separated)")
+                    help="fixtures to make: llama, qwen2, mistral, qwen3, phi3 (comma-separated)")
     args = ap.parse_args()
     ensure_torch()
     if args.check_export:

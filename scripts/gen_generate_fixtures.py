@@ -6,6 +6,7 @@ by transformers' own generate() on the committed fixture models:
   tiny-qwen2            qwen2, q/k/v bias, tied embeddings, two shards
   tiny-mistral          mistral, untied, fp32 on disk
   tiny-qwen3            qwen3, per-head q/k norm, tied, bf16 on disk
+  tiny-phi3             phi3, fused qkv_proj and gate_up_proj, fp32 on disk
   lora-llama            ft-llama plus the PEFT adapter final-adapter,
                         loaded by peft (unmerged)
 
@@ -107,7 +108,7 @@ def case(name):
 
 def main():
     names = sys.argv[1:] or ["tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
-                             "lora-llama"]
+                             "tiny-phi3", "lora-llama"]
     for name in names:
         ref = case(name)
         path = os.path.join(FIX, name, "generate.json")

@@ -13,6 +13,8 @@ reproduce from the same base folder and the same initial adapter
   lora-qwen3  base ../ft-qwen3 (bf16, per-head q/k norm), r 4, alpha 8,
               the seven projections by name: the q and k adapters feed
               the q/k norm
+  lora-phi3   base ../ft-phi3 (bf16, fused qkv_proj and gate_up_proj), r 4,
+              alpha 8, o_proj + down_proj (the unfused projections)
   lora-dropout base ../ft-llama, r 4, alpha 16, q/k/o/up/down, lora_dropout
               0.2 with zinc's masks: torch's dropout RNG cannot be
               reproduced in C, so each LoRA module's nn.Dropout is replaced
@@ -85,6 +87,10 @@ FIXTURES = {
     # paths, which lora-llama's all-linear already covers in its own form)
     "qwen3": dict(base="ft-qwen3", r=4, alpha=8, targets=TARGETS_ALL, rslora=False, seed=34,
                   data_seed=44),
+    # phi3: the projections it does not fuse (zinc has no adapters on the
+    # fused qkv_proj and gate_up_proj yet)
+    "phi3": dict(base="ft-phi3", r=4, alpha=8, targets=["o_proj", "down_proj"], rslora=False,
+                 seed=35, data_seed=45),
 }
 TARGET_ORDER = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 M64 = (1 << 64) - 1
@@ -257,7 +263,8 @@ def make(kind, out, torch, transformers, peft):
         "transformers": transformers.__version__,
         "peft": peft.__version__,
         "precision": "float32, eager attention, CPU; adapters fp32, base frozen",
-        "weights_dtype": {"ft-llama": "bf16", "ft-qwen2": "f16", "ft-qwen3": "bf16"}[spec["base"]],
+        "weights_dtype": {"ft-llama": "bf16", "ft-qwen2": "f16", "ft-qwen3": "bf16",
+                          "ft-phi3": "bf16"}[spec["base"]],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "steps": steps,
     }

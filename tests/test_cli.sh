@@ -155,6 +155,12 @@ mkdir -p "$tmp/qwen3"
 cp "$src/tests/fixtures/model-configs/Qwen3-8B.json" "$tmp/qwen3/config.json"
 expect 0 "model +qwen3, 8.19B parameters \(36 layers, hidden 4096, heads 32/8" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/qwen3" --data synthetic
+# phi-4's (phi3: qkv_proj and gate_up_proj fused) likewise; 14.7B does not
+# fit the 7B example's RAM, and the plan says so with the count
+mkdir -p "$tmp/phi4"
+cp "$src/tests/fixtures/model-configs/phi-4.json" "$tmp/phi4/config.json"
+expect 1 "model +phi3, 14.66B parameters \(40 layers, hidden 5120, heads 40/10" -- \
+    plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/phi4" --data synthetic
 # a family not built yet is refused naming what it needs
 mkdir -p "$tmp/gemma2"
 cp "$src/tests/fixtures/model-configs/gemma-2-9b-it.json" "$tmp/gemma2/config.json"

@@ -77,7 +77,7 @@ int main(void)
     check_count("model-configs/Qwen3-14B.json", 14768307200ull);
     check_refused("model-configs/Qwen3-30B-A3B.json", "qwen3_moe", "mixture-of-experts");
     check_refused("model-configs/gemma-2-9b-it.json", "gemma2", "soft-capping");
-    check_refused("model-configs/phi-4.json", "phi3", "fused qkv_proj");
+    check_count("model-configs/phi-4.json", 14659507200ull);
     check_refused("model-configs/Olmo-3.1-32B-Instruct.json", "olmo3", "post-norms");
     check_refused("model-configs/Qwen3.5-9B.json", "qwen3_5", "linear-attention");
 
@@ -106,7 +106,7 @@ int main(void)
     /* a model_type nobody knows */
     ZT_EQ_INT(parse("{" BASE_OTHER "}", &d), ZN_EUNSUPPORTED);
     ZT_CONTAINS(zn_last_error(), "model_type 'bert' is not a family zinc knows (it trains llama, "
-                                 "qwen2, mistral, qwen3)");
+                                 "qwen2, mistral, qwen3, phi3)");
 
     /* Qwen3: head_dim 128 when config.json leaves it out (Qwen3-8B's does;
      * Qwen3Config's default, whatever hidden_size / heads is), the per-head
@@ -129,6 +129,47 @@ int main(void)
                     "\"use_sliding_window\":true}", &d), ZN_EUNSUPPORTED);
     ZT_CONTAINS(zn_last_error(), "use_sliding_window=true");
     ZT_CHECK(!strcmp(zn_model_arch_class(ZN_ARCH_QWEN3), "Qwen3ForCausalLM"));
+
+    /* phi3 (phi-4): q, k, v in one qkv_proj and gate, up in one
+     * gate_up_proj, as zinc's own tensors; a rotary share below 1
+     * (phi-4-mini's 0.75) and training dropouts are refused by name;
+     * adapters on the fused projections are not built, o_proj and
+     * down_proj are */
+    ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("model-configs/phi-4.json")), 0);
+    ZT_EQ_INT(d.arch, ZN_ARCH_PHI3);
+    ZT_EQ_INT(d.fused_proj, 1);
+    ZT_EQ_INT(d.n_kv_heads, 10);
+    {
+        zn_param_info pi;
+        ZT_EQ_INT(zn_model_block_nparams(&d, 1), 6);
+        ZT_EQ_INT(zn_model_block_param(&d, 1, 4, &pi), 0);
+        ZT_CHECK(!strcmp(pi.name, "model.layers.0.self_attn.qkv_proj.weight"));
+        ZT_EQ_INT(pi.shape[0], 5120 + 2 * 1280);
+        ZT_EQ_INT(zn_model_block_param(&d, 1, 5, &pi), 0);
+        ZT_CHECK(!strcmp(pi.name, "model.layers.0.mlp.gate_up_proj.weight"));
+        ZT_EQ_INT(pi.shape[0], 2 * 17920);
+        zn_model_dims l = d;
+        l.lora.r = 8;
+        l.lora.alpha = 16;
+        l.lora.targets = ZN_LORA_O | ZN_LORA_DOWN;
+        ZT_EQ_INT(zn_model_dims_validate(&l), 0);
+        l.lora.targets = ZN_LORA_ALL;
+        ZT_EQ_INT(zn_model_dims_validate(&l), ZN_EUNSUPPORTED);
+        ZT_CONTAINS(zn_last_error(), "fuses q, k and v into qkv_proj");
+    }
+    ZT_EQ_INT(parse("{\"model_type\":\"phi3\",\"hidden_size\":64,\"num_hidden_layers\":2,"
+                    "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320,"
+                    "\"partial_rotary_factor\":0.75}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "partial_rotary_factor 0.75 is not supported");
+    ZT_EQ_INT(parse("{\"model_type\":\"phi3\",\"hidden_size\":64,\"num_hidden_layers\":2,"
+                    "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320,"
+                    "\"resid_pdrop\":0.1}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "resid_pdrop 0.1 is not supported");
+    ZT_EQ_INT(parse("{\"model_type\":\"phi3\",\"hidden_size\":64,\"num_hidden_layers\":2,"
+                    "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320,"
+                    "\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1],"
+                    "\"long_factor\":[1]}}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "'longrope' is not supported");
 
     /* Fields of a real config. */
     ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("configs/qwen2.5-7b.json")), 0);

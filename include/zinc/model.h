@@ -20,6 +20,7 @@ typedef enum {
     ZN_ARCH_QWEN2 = 2, /* model_type "qwen2": Qwen2, Qwen2.5 (q/k/v bias) */
     ZN_ARCH_MISTRAL = 3, /* model_type "mistral": the Llama block, its own name */
     ZN_ARCH_QWEN3 = 4, /* model_type "qwen3": Qwen3 dense (per-head q/k RMSNorm) */
+    ZN_ARCH_PHI3 = 5,  /* model_type "phi3": Phi-3, phi-4 (qkv_proj, gate_up_proj fused) */
 } zn_model_arch;
 
 /* The families (src/model/family.c). zn_model_family_lookup: the arch of a
@@ -112,6 +113,12 @@ typedef struct {
     int o_bias;            /* o_proj has a bias (llama, qwen3 attention_bias) */
     int qk_norm;           /* qwen3: RMSNorm over head_dim on each query and key
                               head before RoPE (self_attn.q_norm, k_norm) */
+    int has_pad;           /* pad_token_id is set: transformers' nn.Embedding takes it
+                              as padding_idx, so that row's lookup passes no gradient */
+    int64_t pad_id;        /* with has_pad: pad_token_id, in [0, vocab) */
+    int fused_proj;        /* phi3: q, k, v are one tensor (self_attn.qkv_proj, rows
+                              q | k | v) and gate, up another (mlp.gate_up_proj,
+                              rows gate | up), as on disk and in PEFT */
     int64_t sliding_window;/* mistral: keys further back are masked (0: none);
                               zinc computes full causal attention, so a run
                               needs every sequence within it */

@@ -43,8 +43,8 @@ static const family families[] = {
     { "gemma3", 0, NULL, 0, 0,
       "a vision tower (Gemma 3's multimodal model), and for its text_config the families' "
       "gemma3_text pieces" },
-    { "phi3", 0, NULL, 0, 0,
-      "the fused qkv_proj and gate_up_proj tensors, split at load and fused at export" },
+    /* Phi3Config: 4096 positions; its fused projections are zinc's tensors */
+    { "phi3", ZN_ARCH_PHI3, "Phi3ForCausalLM", 4096, 0, NULL },
     { "olmo2", 0, NULL, 0, 0,
       "norms after attention and the MLP instead of before, and the RMSNorm over the whole "
       "q and k projections" },

@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "zinc/model.h"
+#include "util/json-impl.h"
 #include "model/model-impl.h"
 #include "util/fs-impl.h"
 
@@ -48,11 +49,16 @@ int zn_model_dims_validate(const zn_model_dims *d)
         return zn_set_error(ZN_ECONFIG, "model dims: " #f " = %lld must be in 1..%lld", \
                             (long long)d->f, (long long)(max));
     if (d->arch != ZN_ARCH_LLAMA && d->arch != ZN_ARCH_QWEN2 && d->arch != ZN_ARCH_MISTRAL &&
-        d->arch != ZN_ARCH_QWEN3)
+        d->arch != ZN_ARCH_QWEN3 && d->arch != ZN_ARCH_PHI3)
         return zn_set_error(ZN_ECONFIG, "model dims: unknown arch %d", (int)d->arch);
     if (d->sliding_window < 0)
         return zn_set_error(ZN_ECONFIG, "model dims: sliding_window = %lld must be >= 0",
                             (long long)d->sliding_window);
+    if (d->has_pad && (d->pad_id < 0 || d->pad_id >= d->vocab))
+        return zn_set_error(ZN_ECONFIG, "model dims: pad_token_id %lld is outside the vocabulary",
+                            (long long)d->pad_id);
+    if (d->fused_proj != (d->arch == ZN_ARCH_PHI3))
+        return zn_set_error(ZN_ECONFIG, "model dims: only phi3 stores its projections fused");
     POS(hidden, DIM_MAX);
     POS(n_layers, LAYERS_MAX);
     POS(n_heads, 4096);
@@ -81,6 +87,13 @@ int zn_model_dims_validate(const zn_model_dims *d)
     if (d->lora.r > 0) {
         if (!d->lora.targets || (d->lora.targets & ~(unsigned)ZN_LORA_ALL))
             return zn_set_error(ZN_ECONFIG, "lora: target_modules names no projection");
+        unsigned split = ZN_LORA_Q | ZN_LORA_K | ZN_LORA_V | ZN_LORA_GATE | ZN_LORA_UP;
+        if (d->fused_proj && (d->lora.targets & split))
+            return zn_set_error(ZN_EUNSUPPORTED, "lora: %s fuses q, k and v into qkv_proj and "
+                                "gate and up into gate_up_proj; zinc adapts o_proj and "
+                                "down_proj of it (target_modules [\"o_proj\", \"down_proj\"]): "
+                                "adapters on the fused projections are not built yet",
+                                zn_model_arch_name(d->arch));
         if (!isfinite(d->lora.alpha) || d->lora.alpha == 0)
             return zn_set_error(ZN_ECONFIG, "lora: lora_alpha must be a finite nonzero number");
         if (!(d->lora.dropout >= 0 && d->lora.dropout < 1))
@@ -297,6 +310,21 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
     if ((rc = get_bool(c, "tie_word_embeddings", 0, &d->tie_embeddings)))
         return rc;
 
+    /* every family's embedding is nn.Embedding(vocab, hidden, padding_idx=
+     * pad_token_id): the pad row gets no gradient from the lookup */
+    json_t *pad = json_object_get(c->root, "pad_token_id");
+    if (pad && !json_is_null(pad)) {
+        if (!json_is_integer(pad))
+            return zn_set_error(ZN_ECONFIG, "%s: key 'pad_token_id' must be an integer or null, "
+                                "got %s", c->name, zn_json_kind(pad));
+        d->pad_id = (int64_t)json_integer_value(pad);
+        if (d->pad_id < 0 || d->pad_id >= d->vocab)
+            return zn_set_error(ZN_ECONFIG, "%s: pad_token_id %lld is outside the vocabulary "
+                                "(vocab_size %lld; transformers' embedding refuses it too)",
+                                c->name, (long long)d->pad_id, (long long)d->vocab);
+        d->has_pad = 1;
+    }
+
     int flag;
     if (d->arch == ZN_ARCH_QWEN2 || d->arch == ZN_ARCH_QWEN3) {
         if ((rc = get_bool(c, "use_sliding_window", 0, &flag)))
@@ -306,7 +334,27 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
                                 "%s: use_sliding_window=true is not supported (zinc computes full "
                                 "causal attention)", c->name);
     }
-    if (d->arch == ZN_ARCH_MISTRAL) {
+    if (d->arch == ZN_ARCH_PHI3) {
+        /* Phi3Config: the rotary dims (phi-4-mini rotates 3/4 of each
+         * head) and the training dropouts transformers applies */
+        double f;
+        if ((rc = get_num_in(c, c->root, "", "partial_rotary_factor", 0, 1.0, &f)))
+            return rc;
+        if (f != 1.0)
+            return zn_set_error(ZN_EUNSUPPORTED, "%s: partial_rotary_factor %g is not supported "
+                                "(zinc rotates every dimension of a head)", c->name, f);
+        static const char *const drops[] = { "resid_pdrop", "embd_pdrop", "attention_dropout" };
+        for (size_t i = 0; i < sizeof drops / sizeof drops[0]; i++) {
+            if ((rc = get_num_in(c, c->root, "", drops[i], 0, 0.0, &f)))
+                return rc;
+            if (f != 0)
+                return zn_set_error(ZN_EUNSUPPORTED, "%s: %s %g is not supported (zinc trains "
+                                    "without dropout in the model; set it to 0)", c->name,
+                                    drops[i], f);
+        }
+        d->fused_proj = 1;
+    }
+    if (d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3) {
         /* MistralConfig's sliding_window: null (v0.2 on) or the window */
         json_t *sw = json_object_get(c->root, "sliding_window");
         if (sw && !json_is_null(sw) && (rc = get_int(c, "sliding_window", 1, 0,
@@ -329,9 +377,9 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
     }
     if (d->arch == ZN_ARCH_QWEN2) {
         d->qkv_bias = 1; /* Qwen2Attention: q/k/v bias=True, o_proj bias=False */
-    } else if (d->arch == ZN_ARCH_MISTRAL) {
-        /* MistralAttention: no bias on any projection (it reads no
-         * attention_bias) */
+    } else if (d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3) {
+        /* MistralAttention, Phi3Attention: no bias on any projection
+         * (neither reads attention_bias) */
     } else {
         /* llama and qwen3: attention_bias on q, k, v and o alike; qwen3's
          * q_norm and k_norm always */
@@ -423,8 +471,9 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
                             zn_model_arch_name(d->arch), d->qk_norm ? "has no" : "always has");
     if (d->arch == ZN_ARCH_QWEN2 && (!d->qkv_bias || d->o_bias))
         return zn_set_error(ZN_ECONFIG, "model dims: qwen2 always has q/k/v bias and no o bias");
-    if (d->arch == ZN_ARCH_MISTRAL && (d->qkv_bias || d->o_bias))
-        return zn_set_error(ZN_ECONFIG, "model dims: mistral has no attention bias");
+    if ((d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3) && (d->qkv_bias || d->o_bias))
+        return zn_set_error(ZN_ECONFIG, "model dims: %s has no attention bias",
+                            zn_model_arch_name(d->arch));
 
     int is_qwen = d->arch == ZN_ARCH_QWEN2;
     json_t *o = json_object();
@@ -446,6 +495,8 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
         bad |= set_or_fail(o, "rope_theta", json_real(d->rope_theta));
         bad |= set_or_fail(o, "rms_norm_eps", json_real(d->rms_eps));
         bad |= set_or_fail(o, "tie_word_embeddings", json_boolean(d->tie_embeddings));
+        if (d->has_pad)
+            bad |= set_or_fail(o, "pad_token_id", json_integer(d->pad_id));
         /* transformers < 5 reads torch_dtype, 5 and later dtype: write both,
          * so that a default from_pretrained loads the weights as stored */
         const char *tdt = dtype == ZN_DTYPE_F32 ? "float32"
@@ -456,7 +507,7 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
             bad |= set_or_fail(o, "attention_bias", json_boolean(d->qkv_bias));
         if (is_qwen || d->arch == ZN_ARCH_QWEN3)
             bad |= set_or_fail(o, "use_sliding_window", json_false());
-        else if (d->arch == ZN_ARCH_MISTRAL)
+        else if (d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3)
             bad |= set_or_fail(o, "sliding_window", d->sliding_window
                                                         ? json_integer(d->sliding_window)
                                                         : json_null());

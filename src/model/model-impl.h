@@ -36,8 +36,10 @@ int zn_m_load_tensors(const zn_model_dims *d, zn_dtype dt, const char *path, con
 enum {
     ZN_M_P_IN_NORM, ZN_M_P_WQ, ZN_M_P_WK, ZN_M_P_WV, ZN_M_P_WO, ZN_M_P_POST_NORM, ZN_M_P_WG,
     ZN_M_P_WU, ZN_M_P_WD, ZN_M_P_BQ, ZN_M_P_BK, ZN_M_P_BV, ZN_M_P_BO, ZN_M_P_QN, ZN_M_P_KN,
-    ZN_M_P_NSLOTS
+    ZN_M_P_WQKV, ZN_M_P_WGU, ZN_M_P_NSLOTS
 };
+/* With fused projections (dims.fused_proj) WQ, WK, WV are row blocks of
+ * WQKV and WG, WU of WGU: zn_m_slot_part says which and where. */
 
 /* Activations of one layer (forward results needed by the backward). */
 typedef struct {
@@ -71,6 +73,8 @@ struct zn_model {
     uint64_t mem_bytes;
     int32_t *ids, *targets, *pos; /* pos: each token's position in its document */
     int32_t *kstart;              /* each token's document's first position */
+    int32_t *bwd_ids;             /* with a pad id: ids, the pad's as -1 (the embedding's
+                                     backward skips them); else NULL: ids */
     float *inv_freq;
     float *loss;        /* scalar */
     /* head */
@@ -98,7 +102,7 @@ struct zn_model {
     int64_t B, T, N, n_valid;
     int packed;         /* the batch packs documents: attention uses kstart */
     float loss_scale;
-    int32_t *staging;   /* host: 4 x max_n */
+    int32_t *staging;   /* host: 5 x max_n */
     /* decoding (zn_model_set_decode): the batch's tokens follow cached ones */
     int decode;
     int64_t *kv_pos0;   /* host, per sequence: tokens already in its cache */
@@ -126,6 +130,9 @@ static inline void *zn_m_at(const void *p, int64_t elems, size_t esz)
  * Where a layer slot (ZN_M_P_*) or target t's lora_A (lora_B follows) sits
  * in a layer's parameter array; -1 when the model has none. */
 int zn_m_slot_index(const zn_model_dims *d, int slot);
+/* A slot absent as a tensor of its own but a row block of a fused one: 1
+ * with the fused slot and the block's first element in it; else 0. */
+int zn_m_slot_part(const zn_model_dims *d, int slot, int *fused, int64_t *elem);
 int zn_m_lora_index(const zn_model_dims *d, unsigned t);
 
 /* ---- safetensors (safetensors.c opens, safetensors_read.c reads,

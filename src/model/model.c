@@ -93,6 +93,7 @@ static void layout(zn_model *m, unsigned char *base)
     m->targets = carve(&c, (uint64_t)N * 4);
     m->pos = carve(&c, (uint64_t)N * 4);
     m->kstart = carve(&c, (uint64_t)N * 4);
+    m->bwd_ids = m->d.has_pad ? carve(&c, (uint64_t)N * 4) : NULL;
     m->inv_freq = carve(&c, (uint64_t)m->hd / 2 * 4);
     m->loss = carve(&c, 4);
     m->hN = carve(&c, (uint64_t)(N * H) * esz);
@@ -261,7 +262,7 @@ int zn_model_create(zn_model **out, zn_dev *dev, const zn_model_dims *d,
     m->dev = dev;
     set_shapes(m, d, cfg);
     layout(m, NULL);
-    m->staging = malloc((size_t)m->max_n * 4 * sizeof *m->staging);
+    m->staging = malloc((size_t)m->max_n * 5 * sizeof *m->staging);
     m->kv_pos0 = malloc((size_t)m->max_n * sizeof *m->kv_pos0);
     m->kv_slot = malloc((size_t)m->max_n * sizeof *m->kv_slot);
     if (!m->staging || !m->kv_pos0 || !m->kv_slot) {
@@ -359,8 +360,11 @@ int zn_model_set_batch(zn_model *m, zn_stream *s, int64_t batch, int64_t seq,
         h[N + i] = targets ? targets[i] : -1;
         h[2 * N + i] = p;
         h[3 * N + i] = t - p; /* the first key of the token's document */
+        h[4 * N + i] = m->d.has_pad && ids[i] == m->d.pad_id ? -1 : ids[i];
     }
     ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->ids, h, (size_t)N * 4));
+    if (m->bwd_ids)
+        ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->bwd_ids, h + 4 * N, (size_t)N * 4));
     ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->targets, h + N, (size_t)N * 4));
     ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->pos, h + 2 * N, (size_t)N * 4));
     ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->kstart, h + 3 * N, (size_t)N * 4));

@@ -22,7 +22,8 @@ int zn_model_embed_bwd(zn_model *m, zn_stream *s, void *const *params, const voi
     ZN_TRY(zn_m_need_batch(m));
     if (!grads[0])
         return 0; /* frozen */
-    return zn_dev_embedding_bwd(m->dev, s, m->ids, m->N, dx, m->dt, m->V, m->H, grads[0]);
+    return zn_dev_embedding_bwd(m->dev, s, m->bwd_ids ? m->bwd_ids : m->ids, m->N, dx, m->dt,
+                                m->V, m->H, grads[0]);
 }
 
 /* Part `part` of block `block`, checked. */
@@ -57,8 +58,8 @@ int zn_model_embed_bwd_part(zn_model *m, zn_stream *s, int part, const void *dx,
     ZN_TRY(part_of(m, 0, part, &pi));
     if (!dtable)
         return 0; /* frozen */
-    return zn_dev_embedding_rows_bwd(m->dev, s, m->ids, m->N, dx, m->dt, pi.row0, pi.rows, m->H,
-                                     dtable);
+    return zn_dev_embedding_rows_bwd(m->dev, s, m->bwd_ids ? m->bwd_ids : m->ids, m->N, dx,
+                                     m->dt, pi.row0, pi.rows, m->H, dtable);
 }
 
 /* ---- head ------------------------------------------------------------------------ */

@@ -200,8 +200,30 @@ static int attn_bwd(zn_model *m, zn_stream *s, const zn_m_layer_acts *a)
 
 /* ---- decoder layer ----------------------------------------------------------------- */
 
-#define PRM(slot) params[zn_m_slot_index(&m->d, (slot))]
-#define GRD(slot) grads[zn_m_slot_index(&m->d, (slot))]
+/* A slot's parameter (or its fp32 gradient, NULL when frozen): its own
+ * tensor, or its row block of a fused one (phi3's qkv_proj, gate_up_proj). */
+static void *slot_param(const zn_model *m, void *const *params, int slot)
+{
+    int f;
+    int64_t at;
+    if (zn_m_slot_part(&m->d, slot, &f, &at))
+        return zn_m_at(params[zn_m_slot_index(&m->d, f)], at, m->esz);
+    return params[zn_m_slot_index(&m->d, slot)];
+}
+
+static float *slot_grad(const zn_model *m, float *const *grads, int slot)
+{
+    int f;
+    int64_t at;
+    if (zn_m_slot_part(&m->d, slot, &f, &at)) {
+        float *g = grads[zn_m_slot_index(&m->d, f)];
+        return g ? g + at : NULL;
+    }
+    return grads[zn_m_slot_index(&m->d, slot)];
+}
+
+#define PRM(slot) slot_param(m, params, (slot))
+#define GRD(slot) slot_grad(m, grads, (slot))
 
 /* y[N][out] = x[N][in] W[out][in]^T (+ beta y). */
 static int linear(zn_model *m, zn_stream *s, const void *x, int64_t ldx, const void *W,

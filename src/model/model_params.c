@@ -17,6 +17,11 @@ static int layer_slot_present(const zn_model_dims *d, int slot)
         return d->o_bias;
     if (slot == ZN_M_P_QN || slot == ZN_M_P_KN)
         return d->qk_norm;
+    if (slot == ZN_M_P_WQKV || slot == ZN_M_P_WGU)
+        return d->fused_proj;
+    if (slot == ZN_M_P_WQ || slot == ZN_M_P_WK || slot == ZN_M_P_WV || slot == ZN_M_P_WG ||
+        slot == ZN_M_P_WU)
+        return !d->fused_proj;
     return slot >= 0 && slot < ZN_M_P_NSLOTS;
 }
 
@@ -29,6 +34,21 @@ int zn_m_slot_index(const zn_model_dims *d, int slot)
     for (int s = 0; s < slot; s++)
         idx += layer_slot_present(d, s);
     return idx;
+}
+
+int zn_m_slot_part(const zn_model_dims *d, int slot, int *fused, int64_t *elem)
+{
+    if (!d->fused_proj)
+        return 0;
+    int64_t H = d->hidden, qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
+    switch (slot) {
+    case ZN_M_P_WQ: *fused = ZN_M_P_WQKV, *elem = 0; return 1;
+    case ZN_M_P_WK: *fused = ZN_M_P_WQKV, *elem = qd * H; return 1;
+    case ZN_M_P_WV: *fused = ZN_M_P_WQKV, *elem = (qd + kvd) * H; return 1;
+    case ZN_M_P_WG: *fused = ZN_M_P_WGU, *elem = 0; return 1;
+    case ZN_M_P_WU: *fused = ZN_M_P_WGU, *elem = d->intermediate * H; return 1;
+    default: return 0;
+    }
 }
 
 static int layer_base_nparams(const zn_model_dims *d)
@@ -129,6 +149,8 @@ int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_param_info
             [ZN_M_P_BO] = { "self_attn.o_proj.bias", 1 },
             [ZN_M_P_QN] = { "self_attn.q_norm.weight", 1 },
             [ZN_M_P_KN] = { "self_attn.k_norm.weight", 1 },
+            [ZN_M_P_WQKV] = { "self_attn.qkv_proj.weight", 2 },
+            [ZN_M_P_WGU] = { "mlp.gate_up_proj.weight", 2 },
         };
         const int64_t shapes[ZN_M_P_NSLOTS][2] = {
             [ZN_M_P_IN_NORM] = { H, 0 }, [ZN_M_P_WQ] = { qd, H },  [ZN_M_P_WK] = { kvd, H },
@@ -137,6 +159,7 @@ int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_param_info
             [ZN_M_P_BQ] = { qd, 0 },     [ZN_M_P_BK] = { kvd, 0 }, [ZN_M_P_BV] = { kvd, 0 },
             [ZN_M_P_BO] = { H, 0 },      [ZN_M_P_QN] = { d->head_dim, 0 },
             [ZN_M_P_KN] = { d->head_dim, 0 },
+            [ZN_M_P_WQKV] = { qd + 2 * kvd, H }, [ZN_M_P_WGU] = { 2 * I, H },
         };
         snprintf(out->name, sizeof out->name, "model.layers.%d.%s", block - 1, slots[slot].name);
         out->ndim = slots[slot].ndim;

@@ -68,8 +68,8 @@ int zn_run_model_dims(const zn_config *cfg, zn_model_dims *d)
                             "or give model.hidden_size, num_hidden_layers, ...", cfg->source);
     zn_model_dims_default(d);
     static const zn_model_arch archs[] = { ZN_ARCH_LLAMA, ZN_ARCH_QWEN2, ZN_ARCH_MISTRAL,
-                                           ZN_ARCH_QWEN3 };
-    d->arch = archs[m->arch >= 0 && m->arch < 4 ? m->arch : 0];
+                                           ZN_ARCH_QWEN3, ZN_ARCH_PHI3 };
+    d->arch = archs[m->arch >= 0 && m->arch < 5 ? m->arch : 0];
     d->hidden = m->hidden_size;
     d->n_layers = m->num_hidden_layers;
     d->n_heads = m->num_attention_heads;
@@ -88,6 +88,7 @@ int zn_run_model_dims(const zn_config *cfg, zn_model_dims *d)
     d->qkv_bias = d->arch == ZN_ARCH_QWEN2 || ab;
     d->o_bias = ab;
     d->qk_norm = d->arch == ZN_ARCH_QWEN3;
+    d->fused_proj = d->arch == ZN_ARCH_PHI3;
     int rc = zn_model_dims_validate(d);
     if (rc)
         return zn_error_prefix(rc, "%s: model", cfg->source);
