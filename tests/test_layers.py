@@ -32,8 +32,10 @@ RULES = {
     "config": ["util", "optim", "nvme", "model", "plan"],
     "run": ["util", "optim", "nvme", "gpu", "comm", "model", "plan", "train", "ckpt",
             "config"],
+    "bench": ["util", "optim", "nvme", "gpu", "comm", "model", "plan", "train", "ckpt",
+              "config", "run"],
     "cli": ["util", "optim", "nvme", "gpu", "comm", "model", "plan", "train", "ckpt",
-            "config", "run", "ALL"],
+            "config", "run", "bench", "ALL"],
 }
 
 # public header (include/zinc/NAME.h) -> the folder that owns it
@@ -50,6 +52,7 @@ OWNER = {
     "ckpt": "ckpt",
     "config": "config",
     "run": "run", "gensession": "run",
+    "bench": "bench",
     "zinc": "ALL",   # the umbrella: every layer at once
 }
 

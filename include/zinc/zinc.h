@@ -19,5 +19,6 @@
 #include "zinc/ckpt.h"
 #include "zinc/run.h"
 #include "zinc/gensession.h"
+#include "zinc/bench.h"
 
 #endif

@@ -1,4 +1,5 @@
-/* `zinc bench <what>`: dispatches to the benchmark drivers. */
+/* `zinc bench <what>`: dispatches to the benchmark drivers (their flags and
+ * tables here in src/cli/bench_*.c, their measuring in src/bench/). */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -8,14 +9,14 @@
 #include "zinc/util.h"
 
 static const zn_cli_cmd benches[] = {
-    { "adam", zn_bench_adam, "fused CPU Adam step vs the read-modify-write roofline" },
-    { "nvme", zn_bench_nvme, "NVMe engine vs fio on the same file, block size and queue depth" },
-    { "pcie", zn_bench_pcie, "host<->GPU copy bandwidth vs a plain cudaMemcpyAsync loop and the PCIe link" },
-    { "model", zn_bench_model, "decoder layer/head forward+backward TFLOP/s vs the GEMM peak" },
-    { "comm", zn_bench_comm, "all-gather / reduce-scatter / all-reduce algbw and busbw (nccl-tests definitions)" },
-    { "train", zn_bench_train, "training steps: step time vs the busiest resource (overlap)" },
-    { "generate", zn_bench_generate, "prefill/decode tokens/s per batch vs the link and compute ceilings of a step" },
-    { "load", zn_bench_load, "loading an HF folder's weights vs a plain sequential read of it" },
+    { "adam", zn_cli_bench_adam, "fused CPU Adam step vs the read-modify-write roofline" },
+    { "nvme", zn_cli_bench_nvme, "NVMe engine vs fio on the same file, block size and queue depth" },
+    { "pcie", zn_cli_bench_pcie, "host<->GPU copy bandwidth vs a plain cudaMemcpyAsync loop and the PCIe link" },
+    { "model", zn_cli_bench_model, "decoder layer/head forward+backward TFLOP/s vs the GEMM peak" },
+    { "comm", zn_cli_bench_comm, "all-gather / reduce-scatter / all-reduce algbw and busbw (nccl-tests definitions)" },
+    { "train", zn_cli_bench_train, "training steps: step time vs the busiest resource (overlap)" },
+    { "generate", zn_cli_bench_generate, "prefill/decode tokens/s per batch vs the link and compute ceilings of a step" },
+    { "load", zn_cli_bench_load, "loading an HF folder's weights vs a plain sequential read of it" },
     { NULL, NULL, NULL },
 };
 
@@ -44,7 +45,7 @@ int zn_cmd_bench(int argc, char **argv)
     return 2;
 }
 
-FILE *zn_bench_csv_open(const char *path, const char *header)
+FILE *zn_cli_bench_csv_open(const char *path, const char *header)
 {
     int fresh = access(path, F_OK) != 0;
     FILE *f = fopen(path, "a");
@@ -59,7 +60,7 @@ FILE *zn_bench_csv_open(const char *path, const char *header)
     return f;
 }
 
-int zn_bench_usage_exit(int c, void (*print_usage)(FILE *f))
+int zn_cli_bench_usage_exit(int c, void (*print_usage)(FILE *f))
 {
     print_usage(c == 'h' ? stdout : stderr);
     return c == 'h' ? 0 : 2;

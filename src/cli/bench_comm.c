@@ -1,14 +1,9 @@
-/* `zinc bench comm`: all-gather, reduce-scatter and all-reduce bandwidth of
- * the communicator, with nccl-tests' definitions so that the figures can be
- * compared with theirs: size = the bytes of the full buffer (all-reduce: each
- * rank's buffer; all-gather: the gathered output; reduce-scatter: the
- * input), algbw = size / time, busbw = algbw * 2(n-1)/n (all-reduce) or
- * (n-1)/n (all-gather, reduce-scatter); time = the slowest rank's mean.
- * The ceiling beside it, measured in the same run: a ring send/recv (every
- * rank sends to its right neighbour and receives from its left one at once)
- * over the same transport, which is the link a ring collective's busbw
- * approaches. Every size is verified on seeded data (#wrong). Run it under
- * mpirun / srun / torchrun variables; rank 0 prints. */
+/* `zinc bench comm`: the flags and the table of all-gather, reduce-scatter
+ * and all-reduce bandwidth with nccl-tests' definitions (size, algbw =
+ * size / time, busbw = algbw * 2(n-1)/n or (n-1)/n) beside the ring
+ * send/recv of the same run; the collectives, their verification and the
+ * figures are src/bench/comm.c's. Run it under mpirun / srun / torchrun
+ * variables; rank 0 prints. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -16,25 +11,16 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "zinc/bench.h"
 #include "zinc/comm.h"
 #include "zinc/device.h"
 #include "zinc/topo.h"
-#include "comm/comm-impl.h"
 #include "cli/cli.h"
 #include "zn_build_config.h"
 
-enum { OP_ALLGATHER = 0, OP_REDUCESCATTER, OP_ALLREDUCE, N_OPS };
-static const char *op_names[N_OPS] = { "allgather", "reducescatter", "allreduce" };
-
 typedef struct {
-    uint64_t sizes[64];
-    int n_sizes;
-    int ops[N_OPS];
-    zn_dtype dt;
-    int iters, warmup;
+    zn_bench_comm_config c;
     const char *csv;
-    const char *device;
-    double timeout;
 } opts;
 
 static void usage(FILE *f)
@@ -59,157 +45,42 @@ static int parse_sizes(const char *s, opts *o)
     char buf[256];
     snprintf(buf, sizeof buf, "%s", s);
     char *dots = strstr(buf, "..");
-    o->n_sizes = 0;
+    o->c.n_sizes = 0;
     if (dots) {
         *dots = 0;
         uint64_t a, b;
         if (zn_parse_size(buf, &a) || zn_parse_size(dots + 2, &b) || a == 0 || b < a)
             return -1;
-        for (uint64_t x = a; x <= b && o->n_sizes < 64; x *= 2)
-            o->sizes[o->n_sizes++] = x;
+        for (uint64_t x = a; x <= b && o->c.n_sizes < 64; x *= 2)
+            o->c.sizes[o->c.n_sizes++] = x;
         return 0;
     }
-    for (char *tok = strtok(buf, ","); tok && o->n_sizes < 64; tok = strtok(NULL, ",")) {
+    for (char *tok = strtok(buf, ","); tok && o->c.n_sizes < 64; tok = strtok(NULL, ",")) {
         uint64_t x;
         if (zn_parse_size(tok, &x) || x == 0)
             return -1;
-        o->sizes[o->n_sizes++] = x;
+        o->c.sizes[o->c.n_sizes++] = x;
     }
-    return o->n_sizes ? 0 : -1;
+    return o->c.n_sizes ? 0 : -1;
 }
 
 static int parse_ops(const char *s, opts *o)
 {
     char buf[128];
     snprintf(buf, sizeof buf, "%s", s);
-    memset(o->ops, 0, sizeof o->ops);
+    memset(o->c.ops, 0, sizeof o->c.ops);
     int any = 0;
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
         int k = -1;
-        for (int i = 0; i < N_OPS; i++)
-            if (!strcmp(tok, op_names[i]))
+        for (int i = 0; i < ZN_BENCH_COMM_OPS; i++)
+            if (!strcmp(tok, zn_bench_comm_op_name(i)))
                 k = i;
         if (k < 0)
             return -1;
-        o->ops[k] = 1;
+        o->c.ops[k] = 1;
         any = 1;
     }
     return any ? 0 : -1;
-}
-
-/* Seeded data: small integers, so that sums over ranks are exact. */
-static float val(int rank, size_t i)
-{
-    return (float)((int)((i * 7 + (size_t)rank * 13 + 5) % 17) - 8);
-}
-
-static void fill(void *buf, zn_dtype dt, size_t n, int rank)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (dt == ZN_DTYPE_F32)
-            ((float *)buf)[i] = val(rank, i);
-        else
-            ((uint16_t *)buf)[i] = zn_bf16_round(val(rank, i));
-    }
-}
-
-static float get(const void *buf, zn_dtype dt, size_t i)
-{
-    return dt == ZN_DTYPE_F32 ? ((const float *)buf)[i]
-                              : zn_bf16_widen(((const uint16_t *)buf)[i]);
-}
-
-static float sum_ref(int world, size_t i)
-{
-    float s = 0;
-    for (int r = 0; r < world; r++)
-        s += val(r, i);
-    return s;
-}
-
-/* Buffers and the collective on host memory or on device memory. */
-typedef struct {
-    zn_comm *c;
-    zn_dev *dev;
-    zn_stream *s;
-    void *send, *recv;         /* host or device */
-    void *hsend, *hrecv;       /* host staging for fill/verify on a device */
-    size_t send_bytes, recv_bytes;
-} bufs;
-
-static int run_op(bufs *b, int op, size_t count, zn_dtype dt)
-{
-    int rc;
-    if (!b->dev) {
-        switch (op) {
-        case OP_ALLGATHER:
-            return zn_comm_allgather(b->c, b->send, b->recv, count, dt);
-        case OP_REDUCESCATTER:
-            return zn_comm_reduce_scatter(b->c, b->send, b->recv, count, dt, ZN_REDUCE_SUM);
-        default:
-            return zn_comm_allreduce(b->c, b->send, b->recv, count, dt, ZN_REDUCE_SUM);
-        }
-    }
-    switch (op) {
-    case OP_ALLGATHER:
-        rc = zn_comm_allgather_on(b->c, b->s, b->send, b->recv, count, dt);
-        break;
-    case OP_REDUCESCATTER:
-        rc = zn_comm_reduce_scatter_on(b->c, b->s, b->send, b->recv, count, dt, ZN_REDUCE_SUM);
-        break;
-    default:
-        rc = zn_comm_allreduce_on(b->c, b->s, b->send, b->recv, count, dt, ZN_REDUCE_SUM);
-        break;
-    }
-    return rc ? rc : zn_comm_sync_on(b->c, b->s);
-}
-
-static int run_ring(bufs *b, size_t bytes)
-{
-    if (!b->dev)
-        return zn_comm_ring_xfer(b->c, b->send, b->recv, bytes);
-    int rc = zn_comm_ring_xfer_on(b->c, b->s, b->send, b->recv, bytes);
-    return rc ? rc : zn_comm_sync_on(b->c, b->s);
-}
-
-/* Fills the send buffer of op; returns the number of wrong elements of the
- * output (after the caller ran the op), summed over ranks by the caller. */
-static int stage_send(bufs *b, size_t n_send, zn_dtype dt, int rank)
-{
-    fill(b->dev ? b->hsend : b->send, dt, n_send, rank);
-    if (!b->dev)
-        return 0;
-    int rc = zn_dev_copy_h2d(b->dev, b->s, b->send, b->hsend, n_send * zn_dtype_size(dt));
-    return rc ? rc : zn_dev_stream_sync(b->dev, b->s);
-}
-
-static int count_wrong(bufs *b, int op, size_t count, zn_dtype dt, int rank, int world,
-                       uint64_t *wrong)
-{
-    size_t n_out = op == OP_ALLGATHER ? count * (size_t)world : count;
-    size_t es = zn_dtype_size(dt);
-    const void *out = b->recv;
-    if (b->dev) {
-        int rc = zn_dev_copy_d2h(b->dev, b->s, b->hrecv, b->recv, n_out * es);
-        if (!rc)
-            rc = zn_dev_stream_sync(b->dev, b->s);
-        if (rc)
-            return rc;
-        out = b->hrecv;
-    }
-    uint64_t bad = 0;
-    for (size_t i = 0; i < n_out; i++) {
-        float want;
-        if (op == OP_ALLGATHER)
-            want = val((int)(i / count), i % count);
-        else if (op == OP_REDUCESCATTER)
-            want = sum_ref(world, (size_t)rank * count + i);
-        else
-            want = sum_ref(world, i);
-        bad += get(out, dt, i) != want;
-    }
-    *wrong = bad;
-    return 0;
 }
 
 static int bench_fail(zn_comm *c, int rc, const char *what)
@@ -230,12 +101,12 @@ static int parse_opts(int argc, char **argv, opts *o)
 {
     memset(o, 0, sizeof *o);
     parse_sizes("1M..1G", o);
-    for (int i = 0; i < N_OPS; i++)
-        o->ops[i] = 1;
-    o->dt = ZN_DTYPE_F32;
-    o->iters = 0;
-    o->warmup = 2;
-    o->timeout = 120;
+    for (int i = 0; i < ZN_BENCH_COMM_OPS; i++)
+        o->c.ops[i] = 1;
+    o->c.dtype = ZN_DTYPE_F32;
+    o->c.iters = 0;
+    o->c.warmup = 2;
+    o->c.timeout = 120;
     static const struct option lo[] = {
         { "sizes", required_argument, NULL, 's' }, { "ops", required_argument, NULL, 'o' },
         { "dtype", required_argument, NULL, 't' }, { "iters", required_argument, NULL, 'n' },
@@ -264,9 +135,9 @@ static int parse_opts(int argc, char **argv, opts *o)
             break;
         case 't':
             if (!strcmp(optarg, "f32"))
-                o->dt = ZN_DTYPE_F32;
+                o->c.dtype = ZN_DTYPE_F32;
             else if (!strcmp(optarg, "bf16"))
-                o->dt = ZN_DTYPE_BF16;
+                o->c.dtype = ZN_DTYPE_BF16;
             else {
                 fprintf(stderr, "zinc: error: --dtype \"%s\": f32 or bf16\n", optarg);
                 return 2;
@@ -281,14 +152,14 @@ static int parse_opts(int argc, char **argv, opts *o)
                 return 2;
             }
             if (ch == 'n')
-                o->iters = (int)v;
+                o->c.iters = (int)v;
             else
-                o->warmup = (int)v;
+                o->c.warmup = (int)v;
             break;
         }
         case 'T':
-            o->timeout = strtod(optarg, &end);
-            if (*end || !(o->timeout > 0)) {
+            o->c.timeout = strtod(optarg, &end);
+            if (*end || !(o->c.timeout > 0)) {
                 fprintf(stderr, "zinc: error: --timeout \"%s\"\n", optarg);
                 return 2;
             }
@@ -297,10 +168,10 @@ static int parse_opts(int argc, char **argv, opts *o)
             o->csv = optarg;
             break;
         case 'd':
-            o->device = optarg;
+            o->c.device = optarg;
             break;
         default:
-            return zn_bench_usage_exit(ch, usage);
+            return zn_cli_bench_usage_exit(ch, usage);
         }
     }
     if (optind < argc) {
@@ -311,48 +182,9 @@ static int parse_opts(int argc, char **argv, opts *o)
     return -1;
 }
 
-/* The launch environment into *li, the device of --device (NULL: host
- * buffers) and the communicator over them. Returns 0, or the exit code
- * after the error is printed. */
-static int open_comm(const opts *o, zn_launch_info *li, zn_dev **dev_out, zn_comm **c_out)
-{
-    int rc = zn_launch_detect(li);
-    if (rc)
-        return zn_cli_fail(rc, "launch environment");
-    zn_dev *dev = NULL;
-    if (o->device) {
-        zn_dev_config dc = zn_dev_config_default();
-        char name[32];
-        if (!strcmp(o->device, "auto")) {
-            if ((rc = zn_launch_device_name(li, name, sizeof name)))
-                return zn_cli_fail(rc, "device");
-            dc.name = name;
-        } else {
-            dc.name = o->device;
-        }
-        uint64_t need = 3 * o->sizes[o->n_sizes - 1] + (64u << 20);
-        dc.gpu_budget = need;
-        if ((rc = zn_dev_create(&dev, &dc)))
-            return zn_cli_fail(rc, "creating the device");
-    }
-    zn_comm_config cfg = zn_comm_config_default();
-    cfg.timeout_s = o->timeout;
-    cfg.launch = li;
-    cfg.dev = dev;
-    zn_comm *c = NULL;
-    if ((rc = zn_comm_create(&c, &cfg))) {
-        zn_dev_destroy(dev);
-        return zn_cli_fail(rc, "creating the communicator");
-    }
-    *dev_out = dev;
-    *c_out = c;
-    return 0;
-}
-
 /* Rank 0's '#' lines before the table: the machine, the world, the path,
  * the definitions, the column heads. *topo: the machine, for the CSV. */
-static void print_header(const opts *o, const zn_comm_info *info, const zn_dev *dev,
-                         zn_topo *topo)
+static void print_header(const opts *o, const zn_comm_info *info, int dev, zn_topo *topo)
 {
     int world = info->size;
     if (zn_topo_discover(topo))
@@ -370,7 +202,7 @@ static void print_header(const opts *o, const zn_comm_info *info, const zn_dev *
     printf("# path: %s buffers%s; dtype %s; sum; time = slowest rank's mean over the timed "
            "iterations\n", dev ? "device" : "host",
            dev ? (info->nccl ? " (NCCL on the stream)" : " (collective on the stream's "
-                              "thread)") : "", zn_dtype_name(o->dt));
+                              "thread)") : "", zn_dtype_name(o->c.dtype));
     printf("# factor: allreduce 2(n-1)/n = %.3f, allgather and reducescatter (n-1)/n = "
            "%.3f\n", 2.0 * (world - 1) / world, (double)(world - 1) / world);
     printf("# link: ring send/recv of min(size, 64 MiB) in the same run (each rank sends "
@@ -398,215 +230,67 @@ static int open_csv(const char *path, FILE **out)
     return 0;
 }
 
-/* The send and receive buffers for sizes up to max_size, on the device
- * with host staging, or on the host first-touched. Returns 0 or a
- * negative code. */
-static int alloc_bufs(bufs *b, zn_comm *c, zn_dev *dev, uint64_t max_size)
-{
-    int rc;
-    memset(b, 0, sizeof *b);
-    b->c = c;
-    b->dev = dev;
-    b->s = dev ? zn_comm_stream(c) : NULL;
-    b->send_bytes = b->recv_bytes = max_size + 4096;
-    if (dev) {
-        rc = zn_dev_alloc(dev, b->send_bytes, "bench send", &b->send);
-        if (!rc)
-            rc = zn_dev_alloc(dev, b->recv_bytes, "bench recv", &b->recv);
-        b->hsend = malloc(b->send_bytes);
-        b->hrecv = malloc(b->recv_bytes);
-        if (!rc && (!b->hsend || !b->hrecv))
-            rc = zn_set_error(-ENOMEM, "bench: host staging of %llu bytes",
-                              (unsigned long long)b->send_bytes);
-    } else {
-        b->send = malloc(b->send_bytes);
-        b->recv = malloc(b->recv_bytes);
-        rc = b->send && b->recv ? 0 : zn_set_error(-ENOMEM, "bench: two buffers of %llu bytes",
-                                                   (unsigned long long)b->send_bytes);
-    }
-    if (rc)
-        return rc;
-    /* First touch outside the timing. */
-    if (!dev) {
-        memset(b->send, 0, b->send_bytes);
-        memset(b->recv, 0, b->recv_bytes);
-    }
-    return 0;
-}
-
-static void free_bufs(bufs *b)
-{
-    if (b->dev) {
-        zn_dev_free(b->dev, b->send);
-        zn_dev_free(b->dev, b->recv);
-        free(b->hsend);
-        free(b->hrecv);
-    } else {
-        free(b->send);
-        free(b->recv);
-    }
-}
-
-/* The ceiling for one size: the ring send/recv of lbytes, the slowest
- * rank's mean into *link (GB/s). Returns 0 or a negative code. */
-static int time_link(bufs *b, const opts *o, int iters, size_t lbytes, double *link)
-{
-    int rc = 0;
-    for (int w = 0; w < o->warmup && !rc; w++)
-        rc = run_ring(b, lbytes);
-    if (!rc)
-        rc = zn_comm_barrier(b->c);
-    double t0 = zn_now_s();
-    for (int it = 0; it < iters && !rc; it++)
-        rc = run_ring(b, lbytes);
-    float t = (float)((zn_now_s() - t0) / iters);
-    if (!rc)
-        rc = zn_comm_allreduce(b->c, &t, &t, 1, ZN_DTYPE_F32, ZN_REDUCE_MAX);
-    if (rc)
-        return rc;
-    *link = t > 0 ? (double)lbytes / t / 1e9 : 0;
-    return 0;
-}
-
-/* Collective op on count elements (per rank for all-gather and
- * reduce-scatter), its send buffer staged: the warm-up, the output checked,
- * the timed iterations, the output checked again. *t: the slowest rank's
- * mean seconds; *wrong: wrong elements summed over ranks and both checks.
- * Returns 0 or a negative code. */
-static int time_op(bufs *b, const opts *o, int op, size_t count, int iters, int rank,
-                   int world, float *t, float *wrong)
-{
-    int rc = 0;
-    for (int w = 0; w < o->warmup + 1 && !rc; w++)
-        rc = run_op(b, op, count, o->dt);
-    uint64_t wrong1 = 0;
-    if (!rc)
-        rc = count_wrong(b, op, count, o->dt, rank, world, &wrong1);
-    if (!rc)
-        rc = zn_comm_barrier(b->c);
-    double t0 = zn_now_s();
-    for (int it = 0; it < iters && !rc; it++)
-        rc = run_op(b, op, count, o->dt);
-    float mean = (float)((zn_now_s() - t0) / iters);
-    uint64_t wrong2 = 0;
-    if (!rc)
-        rc = count_wrong(b, op, count, o->dt, rank, world, &wrong2);
-    /* max time over ranks; #wrong summed (float is exact to 2^24) */
-    float stats[2] = { mean, 0 }, wr = (float)(wrong1 + wrong2);
-    if (!rc)
-        rc = zn_comm_allreduce(b->c, stats, stats, 1, ZN_DTYPE_F32, ZN_REDUCE_MAX);
-    if (!rc)
-        rc = zn_comm_allreduce(b->c, &wr, &wr, 1, ZN_DTYPE_F32, ZN_REDUCE_SUM);
-    if (rc)
-        return rc;
-    *t = stats[0];
-    *wrong = wr;
-    return 0;
-}
-
-/* what rank 0 prints of one collective at one size */
 typedef struct {
-    int op;
-    uint64_t used;               /* nccl-tests' size in bytes */
-    size_t count;                /* elements of that size */
-    float t;                     /* seconds */
-    double algbw, busbw, link, ratio;
-    float wrong;
-} op_row;
+    const opts *o;
+    const zn_comm_info *info;
+    int dev;
+    const zn_topo *topo;
+    FILE *csv;
+} printer;
 
-static void print_row(const opts *o, const zn_comm_info *info, const zn_dev *dev,
-                      const zn_topo *topo, FILE *csv, const op_row *r)
+static int print_row(void *ctx, const zn_bench_comm_row *r)
 {
+    const printer *p = ctx;
+    const zn_comm_info *info = p->info;
+    const char *op = zn_bench_comm_op_name(r->op);
+    if (info->rank != 0)
+        return 0;
     printf("  %10llu %11zu %6s %-13s %10.1f %8.3f %8.3f %8.3f %8.3f %8llu\n",
-           (unsigned long long)r->used, r->count, zn_dtype_name(o->dt), op_names[r->op],
+           (unsigned long long)r->used, r->count, zn_dtype_name(p->o->c.dtype), op,
            r->t * 1e6, r->algbw, r->busbw, r->link, r->ratio, (unsigned long long)r->wrong);
     fflush(stdout);
-    if (csv)
-        fprintf(csv, "\"%s\",%d,%s,%s,%s,%s,%s,%llu,%zu,%.1f,%.4f,%.4f,%.4f,%.4f,"
-                "%llu\n", topo->cpu_model, info->size, info->host_backend, info->dev_backend,
-                dev ? "device" : "host", zn_dtype_name(o->dt), op_names[r->op],
+    if (p->csv)
+        fprintf(p->csv, "\"%s\",%d,%s,%s,%s,%s,%s,%llu,%zu,%.1f,%.4f,%.4f,%.4f,%.4f,"
+                "%llu\n", p->topo->cpu_model, info->size, info->host_backend,
+                info->dev_backend, p->dev ? "device" : "host", zn_dtype_name(p->o->c.dtype), op,
                 (unsigned long long)r->used, r->count, r->t * 1e6, r->algbw, r->busbw, r->link,
                 r->ratio, (unsigned long long)r->wrong);
+    return 0;
 }
 
-int zn_bench_comm(int argc, char **argv)
+int zn_cli_bench_comm(int argc, char **argv)
 {
     opts o;
     int code = parse_opts(argc, argv, &o);
     if (code >= 0)
         return code;
 
-    zn_launch_info li;
-    zn_dev *dev = NULL;
-    zn_comm *c = NULL;
-    if ((code = open_comm(&o, &li, &dev, &c)))
-        return code;
+    zn_bench_comm *b = NULL;
+    int rc = zn_bench_comm_create(&b, &o.c);
+    if (rc)
+        return zn_cli_fail(rc, NULL);
+    zn_comm *c = zn_bench_comm_comm(b);
     zn_comm_info info;
-    zn_comm_get_info(c, &info);
-    int rank = info.rank, world = info.size, rc;
-    size_t es = zn_dtype_size(o.dt);
+    zn_bench_comm_get_info(b, &info);
+    int dev = zn_bench_comm_on_device(b);
 
-    FILE *csv = NULL;
+    printer p = { &o, &info, dev, NULL, NULL };
     zn_topo topo;
     memset(&topo, 0, sizeof topo);
-    if (rank == 0) {
+    p.topo = &topo;
+    if (info.rank == 0) {
         print_header(&o, &info, dev, &topo);
-        if (o.csv && (rc = open_csv(o.csv, &csv)))
+        if (o.csv && (rc = open_csv(o.csv, &p.csv)))
             return bench_fail(c, rc, "--csv");
     }
-
-    bufs b;
-    if ((rc = alloc_bufs(&b, c, dev, o.sizes[o.n_sizes - 1])))
-        return bench_fail(c, rc, "allocating buffers");
-
     uint64_t total_wrong = 0;
-    for (int si = 0; si < o.n_sizes; si++) {
-        uint64_t size = o.sizes[si];
-        int iters = o.iters ? o.iters
-                            : (int)(size >= (256u << 20) ? 3 : size >= (32u << 20) ? 8 : 20);
-        /* Ceiling for this size: the ring send/recv. */
-        size_t lbytes = size < (64u << 20) ? size : (64u << 20);
-        double link = 0;
-        if ((rc = time_link(&b, &o, iters, lbytes, &link)))
-            return bench_fail(c, rc, "ring send/recv");
-        for (int op = 0; op < N_OPS; op++) {
-            if (!o.ops[op])
-                continue;
-            size_t count, n_send;
-            op_row r = { .op = op, .link = link };
-            if (op == OP_ALLREDUCE) {
-                count = size / es;
-                n_send = count;
-                r.used = count * es;
-            } else {
-                count = size / es / (size_t)world;   /* per rank */
-                n_send = op == OP_ALLGATHER ? count : count * (size_t)world;
-                r.used = count * (size_t)world * es;
-            }
-            if (!count)
-                continue;
-            if ((rc = stage_send(&b, n_send, o.dt, rank)))
-                return bench_fail(c, rc, "staging data");
-            if ((rc = time_op(&b, &o, op, count, iters, rank, world, &r.t, &r.wrong)))
-                return bench_fail(c, rc, op_names[op]);
-            r.count = op == OP_ALLREDUCE ? count : count * world;
-            r.algbw = r.t > 0 ? (double)r.used / r.t / 1e9 : 0;
-            double factor = op == OP_ALLREDUCE ? 2.0 * (world - 1) / world
-                                               : (double)(world - 1) / world;
-            r.busbw = r.algbw * factor;
-            r.ratio = link > 0 ? r.busbw / link : 0;
-            total_wrong += (uint64_t)r.wrong;
-            if (rank == 0)
-                print_row(&o, &info, dev, &topo, csv, &r);
-        }
-    }
-    if (rank == 0) {
+    if ((rc = zn_bench_comm_run(b, print_row, &p, &total_wrong)))
+        return bench_fail(c, rc, NULL);
+    if (info.rank == 0) {
         printf("# total #wrong: %llu\n", (unsigned long long)total_wrong);
-        if (csv && fclose(csv) != 0)
+        if (p.csv && fclose(p.csv) != 0)
             fprintf(stderr, "zinc: error: writing %s: %s\n", o.csv, strerror(errno));
     }
-    free_bufs(&b);
-    zn_comm_destroy(c);
-    zn_dev_destroy(dev);
+    zn_bench_comm_destroy(b);
     return total_wrong ? 1 : 0;
 }

@@ -1,20 +1,16 @@
-/* `zinc bench nvme`: zinc's I/O engine against fio on the same swap file,
- * block size and queue depth (io_uring, O_DIRECT), runs interleaved so that
- * the ratio is measured under the same conditions. Every zinc read is
- * checked against the seeded pattern that zinc wrote. */
+/* `zinc bench nvme`: the flags and the table of zinc's I/O engine against
+ * fio on the same swap file, block size and queue depth; the runs, their
+ * verification and the figures are src/bench/nvme.c's. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/utsname.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "zinc/topo.h"
+#include "zinc/bench.h"
 #include "zinc/nvme.h"
 #include "zinc/util.h"
 #include "zn_build_config.h"
@@ -22,55 +18,13 @@
 #define MAXL 16
 
 typedef struct {
-    const char *paths[ZN_SWAP_MAX_PATHS];
-    int npaths;
-    uint64_t size;
+    zn_bench_nvme_config c;
     uint64_t bs[MAXL];
     int nbs;
     int qd[MAXL];
     int nqd;
-    int rw[2]; /* order of "write"(1) / "read"(0) */
-    int nrw;
-    int reps;
-    int fio;
-    int crc;
-    int huge;
     const char *csv;
 } opts_t;
-
-typedef struct {
-    double gbs, iops, p50_us, p99_us;
-    int ok;
-} result_t;
-
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-/* The data is a function of (seed, offset): any block can be checked. */
-static void fill(uint64_t *p, uint64_t n, uint64_t seed)
-{
-    for (uint64_t i = 0; i < n / 8; i++)
-        p[i] = mix(seed ^ (i * 0xD6E8FEB86659FD93ull));
-}
-
-static uint64_t count_wrong(const uint64_t *p, uint64_t n, uint64_t seed)
-{
-    uint64_t bad = 0;
-    for (uint64_t i = 0; i < n / 8; i++) {
-        uint64_t w = mix(seed ^ (i * 0xD6E8FEB86659FD93ull));
-        if (p[i] != w) {
-            const unsigned char *a = (const unsigned char *)&p[i], *b = (const unsigned char *)&w;
-            for (int k = 0; k < 8; k++)
-                bad += a[k] != b[k];
-        }
-    }
-    return bad;
-}
 
 static int parse_list_u64(const char *s, uint64_t *out, int *n, const char *what)
 {
@@ -86,102 +40,6 @@ static int parse_list_u64(const char *s, uint64_t *out, int *n, const char *what
         (*n)++;
     }
     return *n ? 0 : -1;
-}
-
-static int fio_version(char *buf, size_t len)
-{
-    FILE *p = popen("fio --version 2>/dev/null", "r");
-    if (!p)
-        return -1;
-    int ok = fgets(buf, (int)len, p) != NULL;
-    int rc = pclose(p);
-    if (!ok || rc != 0)
-        return -1;
-    buf[strcspn(buf, "\n")] = '\0';
-    return 0;
-}
-
-/* One fio run on the swap files. */
-static result_t run_fio(const opts_t *o, zn_swap *s, int is_write, uint64_t bs, int qd)
-{
-    result_t r = { 0 };
-    char files[8192] = "";
-    for (int i = 0; i < o->npaths; i++) {
-        size_t l = strlen(files);
-        snprintf(files + l, sizeof files - l, "%s%s", i ? ":" : "", zn_swap_file_path(s, i));
-    }
-    char out[] = "/tmp/zinc-fio-XXXXXX";
-    int fd = mkstemp(out);
-    if (fd < 0)
-        return r;
-    close(fd);
-    char cmd[12288];
-    snprintf(cmd, sizeof cmd,
-             "fio --name=zinc-bench --filename='%s' --rw=%s --bs=%" PRIu64 " --iodepth=%d "
-             "--ioengine=io_uring --direct=1 --fixedbufs=1 --registerfiles=1 --size=%" PRIu64
-             " --numjobs=1 --allow_file_create=0 --output-format=json --output='%s' "
-             ">/dev/null 2>&1",
-             files, is_write ? "write" : "read", bs, qd, o->size, out);
-    int rc = system(cmd);
-    json_error_t jerr;
-    json_t *root = rc == 0 ? json_load_file(out, 0, &jerr) : NULL;
-    unlink(out);
-    if (!root) {
-        fprintf(stderr, "zinc: warning: fio failed (%s)\n", rc ? "exit status" : jerr.text);
-        return r;
-    }
-    json_t *job = json_array_get(json_object_get(root, "jobs"), 0);
-    json_t *sec = json_object_get(job, is_write ? "write" : "read");
-    json_t *bw = json_object_get(sec, "bw_bytes");
-    if (bw) {
-        r.gbs = json_number_value(bw) / 1e9;
-        r.iops = json_number_value(json_object_get(sec, "iops"));
-        json_t *pct = json_object_get(json_object_get(sec, "clat_ns"), "percentile");
-        r.p50_us = json_number_value(json_object_get(pct, "50.000000")) / 1e3;
-        r.p99_us = json_number_value(json_object_get(pct, "99.000000")) / 1e3;
-        r.ok = 1;
-    }
-    json_decref(root);
-    return r;
-}
-
-static result_t run_zinc(zn_aio *a, const zn_extent *e, void *buf, uint64_t size, int is_write,
-                         uint64_t bs)
-{
-    result_t r = { 0 };
-    zn_aio_handle h;
-    zn_aio_reset_stats(a);
-    double t0 = zn_now_s();
-    int rc = is_write ? zn_aio_submit_write(a, e, buf, size, &h)
-                      : zn_aio_submit_read(a, e, buf, size, &h);
-    if (rc == 0)
-        rc = zn_aio_wait(a, h);
-    double dt = zn_now_s() - t0;
-    if (rc) {
-        fprintf(stderr, "zinc: error: %s: %s\n", is_write ? "write" : "read", zn_last_error());
-        return r;
-    }
-    zn_aio_stats st;
-    zn_aio_get_stats(a, &st);
-    r.gbs = (double)size / dt / 1e9;
-    r.iops = (double)(size / bs) / dt;
-    r.p50_us = st.lat_p50_us;
-    r.p99_us = st.lat_p99_us;
-    r.ok = 1;
-    return r;
-}
-
-/* zn_aio_buffer_alloc, or plain 4 KiB pages to show what they cost. */
-static void *alloc_buf(uint64_t size, int huge)
-{
-    if (huge)
-        return zn_aio_buffer_alloc(size);
-    void *p = NULL;
-    if (posix_memalign(&p, 1u << 21, size))
-        return NULL;
-    if (madvise(p, size, MADV_NOHUGEPAGE) < 0)
-        fprintf(stderr, "zinc: warning: madvise(MADV_NOHUGEPAGE): %s\n", strerror(errno));
-    return p;
 }
 
 static void usage(FILE *f)
@@ -205,19 +63,13 @@ static void usage(FILE *f)
 static int parse(int argc, char **argv, opts_t *o)
 {
     memset(o, 0, sizeof *o);
-    o->size = 1ull << 30;
+    o->c = zn_bench_nvme_config_default();
+    o->c.diag = stderr;
     o->bs[0] = 1 << 20;
     o->nbs = 1;
     o->qd[0] = 16;
     o->qd[1] = 32;
     o->nqd = 2;
-    o->rw[0] = 1;
-    o->rw[1] = 0;
-    o->nrw = 2;
-    o->reps = 2;
-    o->fio = 1;
-    o->crc = 1;
-    o->huge = 1;
     static char paths_buf[4096];
     static const struct option lo[] = {
         { "path", required_argument, 0, 'p' }, { "paths", required_argument, 0, 'P' },
@@ -235,20 +87,20 @@ static int parse(int argc, char **argv, opts_t *o)
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
         case 'p':
-            o->paths[0] = optarg;
-            o->npaths = 1;
+            o->c.paths[0] = optarg;
+            o->c.npaths = 1;
             break;
         case 'P': {
             snprintf(paths_buf, sizeof paths_buf, "%s", optarg);
-            o->npaths = 0;
+            o->c.npaths = 0;
             char *save = NULL;
-            for (char *t = strtok_r(paths_buf, ",", &save); t && o->npaths < ZN_SWAP_MAX_PATHS;
+            for (char *t = strtok_r(paths_buf, ",", &save); t && o->c.npaths < ZN_SWAP_MAX_PATHS;
                  t = strtok_r(NULL, ",", &save))
-                o->paths[o->npaths++] = t;
+                o->c.paths[o->c.npaths++] = t;
             break;
         }
         case 's':
-            if (zn_parse_size(optarg, &o->size) || o->size < (1 << 20)) {
+            if (zn_parse_size(optarg, &o->c.size) || o->c.size < (1 << 20)) {
                 fprintf(stderr, "zinc: error: --size %s: need at least 1 MiB\n", optarg);
                 return -1;
             }
@@ -267,32 +119,32 @@ static int parse(int argc, char **argv, opts_t *o)
         case 'r': {
             char buf[64];
             snprintf(buf, sizeof buf, "%s", optarg);
-            o->nrw = 0;
+            o->c.nrw = 0;
             char *save = NULL;
             for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                if (o->nrw >= 2 || (strcmp(t, "read") && strcmp(t, "write"))) {
+                if (o->c.nrw >= 2 || (strcmp(t, "read") && strcmp(t, "write"))) {
                     fprintf(stderr, "zinc: error: --rw: read and/or write, not '%s'\n", t);
                     return -1;
                 }
-                o->rw[o->nrw++] = !strcmp(t, "write");
+                o->c.rw[o->c.nrw++] = !strcmp(t, "write");
             }
             break;
         }
         case 'n':
-            o->reps = atoi(optarg);
-            if (o->reps < 1 || o->reps > 100) {
+            o->c.reps = atoi(optarg);
+            if (o->c.reps < 1 || o->c.reps > 100) {
                 fprintf(stderr, "zinc: error: --reps %s\n", optarg);
                 return -1;
             }
             break;
         case 'F':
-            o->fio = 0;
+            o->c.fio = 0;
             break;
         case 'C':
-            o->crc = 0;
+            o->c.crc = 0;
             break;
         case 'H':
-            o->huge = 0;
+            o->c.huge = 0;
             break;
         case 'o':
             o->csv = optarg;
@@ -305,70 +157,90 @@ static int parse(int argc, char **argv, opts_t *o)
             return -1;
         }
     }
-    if (!o->npaths) {
+    if (!o->c.npaths) {
         fprintf(stderr, "zinc: error: --path DIR is required\n");
         usage(stderr);
         return -1;
     }
     /* Writes first, so that reads see data zinc wrote. */
-    if (o->nrw == 2 && o->rw[0] == 0) {
-        o->rw[0] = 1;
-        o->rw[1] = 0;
+    if (o->c.nrw == 2 && o->c.rw[0] == 0) {
+        o->c.rw[0] = 1;
+        o->c.rw[1] = 0;
     }
     return 0;
 }
 
-static void best(result_t *b, result_t r)
+/* One row: the table's line and, with --csv, the file's. */
+static void print_row(const opts_t *o, const zn_bench_nvme_info *in, FILE *csv, uint64_t bs,
+                      int qd, const zn_bench_nvme_row *r)
 {
-    if (r.ok && (!b->ok || r.gbs > b->gbs))
-        *b = r;
+    const zn_bench_nvme_figures *z = &r->zinc, *f = &r->fio;
+    char fg[16] = "-", fp[16] = "-", rt[16] = "-";
+    if (f->ok) {
+        snprintf(fg, sizeof fg, "%.3f", f->gbs);
+        snprintf(fp, sizeof fp, "%.0f", f->p99_us);
+        snprintf(rt, sizeof rt, "%.3f", r->ratio);
+    }
+    char bsz[32];
+    zn_format_size(bs, bsz, sizeof bsz);
+    printf("  %-5s %7s %4d %9.3f %9.0f %9.0f %9.0f | %9s %9s | %7s %7" PRIu64 "\n",
+           r->is_write ? "write" : "read", bsz, qd, z->gbs, z->iops, z->p50_us, z->p99_us, fg,
+           fp, rt, r->wrong);
+    if (!csv)
+        return;
+    char paths[4096] = "";
+    for (int k = 0; k < o->c.npaths; k++) {
+        size_t l = strlen(paths);
+        snprintf(paths + l, sizeof paths - l, "%s%s", k ? ";" : "", o->c.paths[k]);
+    }
+    const zn_nvme_probe_info *pi = &in->probe;
+    fprintf(csv, "\"%s\",%s,%s,%s,\"%s\",%" PRIu64 ",%s,%" PRIu64 ",%d,%d,%d,%.4f,%.0f,"
+            "%.1f,%.1f,%.4f,%.1f,%.1f,%.4f,%" PRIu64 "\n",
+            in->cpu, in->kernel, pi->fstype, pi->device[0] ? pi->device : "?", paths,
+            o->c.size, r->is_write ? "write" : "read", bs, qd, o->c.crc, o->c.huge, z->gbs,
+            z->iops, z->p50_us, z->p99_us, f->ok ? f->gbs : 0, f->p50_us, f->p99_us, r->ratio,
+            r->wrong);
 }
 
-int zn_bench_nvme(int argc, char **argv)
+static void print_header(const opts_t *o, const zn_bench_nvme_info *in)
+{
+    const zn_nvme_probe_info *pi = &in->probe;
+    printf("# zinc bench nvme: zinc's engine vs fio, same file, block size and queue depth\n");
+    printf("# machine: %s, %ld CPUs online; kernel %s; zinc %s; %s\n", in->cpu,
+           sysconf(_SC_NPROCESSORS_ONLN), in->kernel, ZN_VERSION,
+           in->have_fio ? in->fio_version : o->c.fio ? "fio not found" : "fio skipped (--no-fio)");
+    for (int i = 0; i < o->c.npaths; i++)
+        printf("# path %d: %s\n", i, o->c.paths[i]);
+    printf("# storage: %s on %s%s%s%s (rotational %d, block %u, %s); free %.1f GB\n", pi->fstype,
+           pi->device[0] ? pi->device : "?", pi->partition[0] ? "/" : "", pi->partition,
+           pi->model[0] ? " " : "", pi->rotational, pi->logical_block, pi->backend_reason,
+           (double)pi->free_bytes / 1e9);
+    printf("# %.2f GB per run, %d rep(s) per row interleaved with fio, best shown; crc32c %s; "
+           "zinc buffer on %s; latency = per block, submit to completion (fio: clat)\n",
+           (double)o->c.size / 1e9, o->c.reps, o->c.crc ? "on" : "off",
+           o->c.huge ? "transparent huge pages" : "4 KiB pages");
+    printf("# fio: ioengine=io_uring direct=1 fixedbufs registerfiles numjobs=1; #wrong: bytes "
+           "that differ from the seeded pattern in zinc's reads (write rows: the read after)\n");
+}
+
+int zn_cli_bench_nvme(int argc, char **argv)
 {
     opts_t o;
     int prc = parse(argc, argv, &o);
     if (prc)
         return prc > 0 ? 0 : 2;
-    char model[256], fiov[64] = "";
-    zn_cpu_model(model, sizeof model);
-    int have_fio = o.fio && fio_version(fiov, sizeof fiov) == 0;
-    struct utsname un;
-    uname(&un);
-    zn_nvme_probe_info pi;
-    if (zn_nvme_probe(o.paths[0], &pi))
-        return zn_cli_fail(ZN_EARG, "probing --path");
-
-    /* what killed runs left there goes first, as in zinc train */
-    for (int i = 0; i < o.npaths; i++) {
-        uint64_t stale_bytes;
-        int stale;
-        if (zn_swap_clean_stale(o.paths[i], "zinc-bench", &stale_bytes, &stale))
-            zn_warn("swap: looking for dead runs' files in %s: %s", o.paths[i], zn_last_error());
-    }
-
-    printf("# zinc bench nvme: zinc's engine vs fio, same file, block size and queue depth\n");
-    printf("# machine: %s, %ld CPUs online; kernel %s; zinc %s; %s\n", model,
-           sysconf(_SC_NPROCESSORS_ONLN), un.release, ZN_VERSION,
-           have_fio ? fiov : o.fio ? "fio not found" : "fio skipped (--no-fio)");
-    for (int i = 0; i < o.npaths; i++)
-        printf("# path %d: %s\n", i, o.paths[i]);
-    printf("# storage: %s on %s%s%s%s (rotational %d, block %u, %s); free %.1f GB\n", pi.fstype,
-           pi.device[0] ? pi.device : "?", pi.partition[0] ? "/" : "", pi.partition,
-           pi.model[0] ? " " : "", pi.rotational, pi.logical_block, pi.backend_reason,
-           (double)pi.free_bytes / 1e9);
-    printf("# %.2f GB per run, %d rep(s) per row interleaved with fio, best shown; crc32c %s; "
-           "zinc buffer on %s; latency = per block, submit to completion (fio: clat)\n",
-           (double)o.size / 1e9, o.reps, o.crc ? "on" : "off",
-           o.huge ? "transparent huge pages" : "4 KiB pages");
-    printf("# fio: ioengine=io_uring direct=1 fixedbufs registerfiles numjobs=1; #wrong: bytes "
-           "that differ from the seeded pattern in zinc's reads (write rows: the read after)\n");
+    zn_bench_nvme_info in;
+    int rc = zn_bench_nvme_prepare(&o.c, &in);
+    if (rc)
+        return zn_cli_fail(rc, NULL);
+    print_header(&o, &in);
+    o.c.fio = in.have_fio;   /* the points run fio only when it is here */
 
     FILE *csv = NULL;
-    if (o.csv && !(csv = zn_bench_csv_open(o.csv, "cpu,kernel,fs,device,paths,size,rw,bs,qd,"
-                                           "crc,huge,zinc_gbs,zinc_iops,zinc_p50_us,"
-                                           "zinc_p99_us,fio_gbs,fio_p50_us,fio_p99_us,ratio,"
-                                           "wrong")))
+    if (o.csv && !(csv = zn_cli_bench_csv_open(o.csv, "cpu,kernel,fs,device,paths,size,rw,bs,"
+                                               "qd,crc,huge,zinc_gbs,zinc_iops,zinc_p50_us,"
+                                               "zinc_p99_us,fio_gbs,fio_p50_us,fio_p99_us,"
+                                               "ratio,wrong")))
         return zn_cli_fail(-errno, NULL);
     int failed = 0;
     uint64_t total_wrong = 0;
@@ -376,127 +248,27 @@ int zn_bench_nvme(int argc, char **argv)
         for (int qi = 0; qi < o.nqd; qi++) {
             uint64_t bs = o.bs[bi];
             int qd = o.qd[qi];
-            zn_aio_config c = zn_aio_config_default();
-            c.block_size = bs;
-            c.queue_depth = qd;
-            c.crc = o.crc;
-            c.collect_latency = 1;
-            zn_aio *a = NULL;
-            zn_swap *s = NULL;
-            void *buf = NULL;
-            int rc = zn_aio_create(&a, &c);
-            if (rc) {
-                zn_cli_fail(rc, "creating the engine");
+            zn_bench_nvme_point *p = NULL;
+            zn_bench_nvme_result res;
+            if ((rc = zn_bench_nvme_point_open(&p, &o.c, bs, qd))) {
+                zn_cli_fail(rc, NULL);
                 failed = 1;
-                goto next;
-            }
-            zn_swap_config sc = zn_swap_config_default();
-            sc.npaths = o.npaths;
-            for (int i = 0; i < o.npaths; i++)
-                sc.paths[i] = o.paths[i];
-            sc.bytes = o.size;
-            sc.file_prefix = "zinc-bench";
-            sc.run_dir = 1;  /* a killed bench's files: removed by the next zinc run */
-            if ((rc = zn_swap_create(&s, a, &sc))) {
-                zn_cli_fail(rc, "creating the swap file");
-                failed = 1;
-                goto next;
-            }
-            zn_extent e;
-            if ((rc = zn_swap_alloc(s, o.size, "bench", &e)) ||
-                (rc = (buf = alloc_buf(o.size, o.huge)) ? 0 : -ENOMEM)) {
-                zn_cli_fail(rc, "allocating");
-                failed = 1;
-                goto next;
+                continue;
             }
             if (bi == 0 && qi == 0)
                 printf("# engine: %s\n#\n# %-5s %7s %4s %9s %9s %9s %9s | %9s %9s | %7s %7s\n",
-                       zn_aio_backend_desc(a), "rw", "bs", "qd", "GB/s", "IOPS", "p50 us",
-                       "p99 us", "fio GB/s", "fio p99", "zn/fio", "#wrong");
-            if (zn_aio_register_buffer(a, buf, o.size) < 0)
-                fprintf(stderr, "zinc: warning: %s\n", zn_last_error());
-            uint64_t seed = 0x5EEDull + bs * 131 + (uint64_t)qd;
-            fill(buf, o.size, seed);
-            /* Prefill (untimed): both tools then find written extents. */
-            result_t pre = run_zinc(a, &e, buf, o.size, 1, bs);
-            if (!pre.ok) {
-                failed = 1;
-                goto next;
+                       zn_bench_nvme_point_engine(p), "rw", "bs", "qd", "GB/s", "IOPS",
+                       "p50 us", "p99 us", "fio GB/s", "fio p99", "zn/fio", "#wrong");
+            /* a failed prefill said why on stderr and gave no rows */
+            rc = zn_bench_nvme_point_run(p, &res);
+            failed |= res.failed;
+            for (int i = 0; !rc && i < res.nrows; i++) {
+                print_row(&o, &in, csv, bs, qd, &res.rows[i]);
+                total_wrong += res.rows[i].wrong;
             }
-            result_t zb[2] = { { 0 } }, fb[2] = { { 0 } };
-            uint64_t wrong[2] = { 0, 0 };
-            int have_read = 0;
-            for (int i = 0; i < o.nrw; i++)
-                have_read |= o.rw[i] == 0;
-            for (int r = 0; r < o.reps; r++)
-                for (int i = 0; i < o.nrw; i++) {
-                    int w = o.rw[i];
-                    if (w) {
-                        if (have_fio)
-                            best(&fb[w], run_fio(&o, s, 1, bs, qd));
-                        result_t z = run_zinc(a, &e, buf, o.size, 1, bs);
-                        failed |= !z.ok;
-                        best(&zb[w], z);
-                        if (!have_read) {
-                            /* Check what was written with an untimed read. */
-                            memset(buf, 0xA5, o.size);
-                            failed |= !run_zinc(a, &e, buf, o.size, 0, bs).ok;
-                            wrong[w] += count_wrong(buf, o.size, seed);
-                            fill(buf, o.size, seed);
-                        }
-                    } else {
-                        memset(buf, 0xA5, o.size);
-                        result_t z = { 0 };
-                        if (r % 2 == 0 && have_fio)
-                            best(&fb[w], run_fio(&o, s, 0, bs, qd));
-                        z = run_zinc(a, &e, buf, o.size, 0, bs);
-                        if (r % 2 == 1 && have_fio)
-                            best(&fb[w], run_fio(&o, s, 0, bs, qd));
-                        failed |= !z.ok;
-                        best(&zb[w], z);
-                        uint64_t bad = count_wrong(buf, o.size, seed);
-                        wrong[0] += bad;
-                        if (o.nrw == 2)
-                            wrong[1] += bad;
-                        if (bad)
-                            fill(buf, o.size, seed);
-                    }
-                }
-            for (int i = 0; i < o.nrw; i++) {
-                int w = o.rw[i];
-                double ratio = fb[w].ok && fb[w].gbs > 0 ? zb[w].gbs / fb[w].gbs : 0;
-                char fg[16] = "-", fp[16] = "-", rt[16] = "-";
-                if (fb[w].ok) {
-                    snprintf(fg, sizeof fg, "%.3f", fb[w].gbs);
-                    snprintf(fp, sizeof fp, "%.0f", fb[w].p99_us);
-                    snprintf(rt, sizeof rt, "%.3f", ratio);
-                }
-                char bsz[32];
-                zn_format_size(bs, bsz, sizeof bsz);
-                printf("  %-5s %7s %4d %9.3f %9.0f %9.0f %9.0f | %9s %9s | %7s %7" PRIu64 "\n",
-                       w ? "write" : "read", bsz, qd, zb[w].gbs, zb[w].iops, zb[w].p50_us,
-                       zb[w].p99_us, fg, fp, rt, wrong[w]);
-                total_wrong += wrong[w];
-                if (csv) {
-                    char paths[4096] = "";
-                    for (int k = 0; k < o.npaths; k++) {
-                        size_t l = strlen(paths);
-                        snprintf(paths + l, sizeof paths - l, "%s%s", k ? ";" : "", o.paths[k]);
-                    }
-                    fprintf(csv, "\"%s\",%s,%s,%s,\"%s\",%" PRIu64 ",%s,%" PRIu64 ",%d,%d,%d,%.4f,%.0f,"
-                            "%.1f,%.1f,%.4f,%.1f,%.1f,%.4f,%" PRIu64 "\n",
-                            model, un.release, pi.fstype, pi.device[0] ? pi.device : "?", paths,
-                            o.size, w ? "write" : "read", bs, qd, o.crc, o.huge, zb[w].gbs,
-                            zb[w].iops,
-                            zb[w].p50_us, zb[w].p99_us, fb[w].ok ? fb[w].gbs : 0,
-                            fb[w].p50_us, fb[w].p99_us, ratio, wrong[w]);
-                }
-            }
-            fflush(stdout);
-        next:
-            zn_swap_destroy(s);
-            zn_aio_destroy(a);
-            zn_aio_buffer_free(buf);
+            if (!rc)
+                fflush(stdout);
+            zn_bench_nvme_point_close(p);
         }
     if (csv && fclose(csv) != 0) {
         fprintf(stderr, "zinc: error: writing %s: %s\n", o.csv, strerror(errno));

@@ -1,14 +1,13 @@
-/* `zinc bench train --config FILE`: a few training steps after a warm-up,
- * then the step time against the busiest resource's busy time measured in
- * the same run (the overlap efficiency: 1.00 means the step takes exactly as
- * long as its slowest resource). nccl-tests style output, --csv for files. */
-#include <math.h>
-#include <errno.h>
+/* `zinc bench train --config FILE`: the flags and the report of a few
+ * training steps after a warm-up, the step time against the busiest
+ * resource's busy time measured in the same run (src/bench/train.c
+ * measures), nccl-tests style, --csv for files. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/utsname.h>
 
 #include "cli/cli.h"
+#include "zinc/bench.h"
 #include "zinc/run.h"
 #include "zinc/nvme.h"
 #include "zinc/topo.h"
@@ -27,7 +26,7 @@ static void usage(FILE *f)
         "time to the busiest one (target <= 1.15).\n");
 }
 
-int zn_bench_train(int argc, char **argv)
+int zn_cli_bench_train(int argc, char **argv)
 {
     const char *sets[64];
     int n_sets;
@@ -110,47 +109,17 @@ int zn_bench_train(int argc, char **argv)
     printf("# #wrong: non-finite losses or gradient norms, and non-finite master weights "
            "read back after the run\n");
 
-    uint64_t wrong = 0;
-    double loss0 = NAN, loss1 = NAN;
-    for (long s = 0; s < warmup + steps && !rc; s++) {
-        zn_train_step_info info;
-        if ((rc = zn_run_step(&ts, (uint64_t)s, &info)))
-            break;
-        wrong += !isfinite(info.loss) || !isfinite(info.grad_norm);
-        if (s == 0)
-            loss0 = info.loss;
-        loss1 = info.loss;
-        if (s + 1 == warmup && !(rc = zn_train_sync(ts.tr)))
-            zn_train_reset_counters(ts.tr);
-    }
-    /* the last step's pipelined optimizer tail counts as step time */
-    if (!rc)
-        rc = zn_train_sync(ts.tr);
-    if (rc) {
+    zn_bench_train_result res;
+    if ((rc = zn_bench_train_steps(&ts, warmup, steps, &res))) {
         zn_cli_fail(rc, NULL);
         zn_run_close(&ts);
         return 1;
     }
-    /* the counters of the measured steps, before the check below reads
-     * the master back (from NVMe, when it lives there) */
-    zn_train_get_report(ts.tr, &r);
-    uint64_t n = zn_train_num_params(ts.tr);
-    float *w = malloc(n * sizeof *w);
-    if (w && !zn_train_read_master(ts.tr, w, n))
-        for (uint64_t i = 0; i < n; i++)
-            wrong += !isfinite(w[i]);
-    else
-        wrong++;
-    free(w);
-    int busiest = 0;
-    /* one disk's reads and writes are one resource: their union (ZN_RES_NVME)
-     * stands for both */
-    for (int i = 0; i < ZN_RES_COUNT; i++)
-        if (i != ZN_RES_NVME_READ && i != ZN_RES_NVME_WRITE && r.busy_s[i] > r.busy_s[busiest])
-            busiest = i;
-    double step_s = r.step_s / (double)r.steps, busy = r.busy_s[busiest] / (double)r.steps;
-    double ratio = busy > 0 ? step_s / busy : 0;
-    printf("# loss %.4f -> %.4f over the run\n", loss0, loss1);
+    r = res.report;
+    uint64_t wrong = res.wrong;
+    int busiest = res.busiest;
+    double step_s = res.step_s, busy = res.busy_s, ratio = res.ratio;
+    printf("# loss %.4f -> %.4f over the run\n", res.loss_first, res.loss_last);
     if (r.param_cache_entries)
         printf("# param cache: %d buffers served %.1f block fetches per step (%.1f MB) "
                "instead of NVMe\n", r.param_cache_entries,
@@ -168,7 +137,7 @@ int zn_bench_train(int argc, char **argv)
            zn_train_resource_name((zn_train_resource)busiest), busy * 1e3, ratio);
     for (int i = 0; i < ZN_RES_COUNT; i++)
         printf(" %12.1f", r.busy_s[i] / (double)r.steps * 1e3);
-    printf(" %10.0f %7llu\n", (double)r.tokens / r.step_s, (unsigned long long)wrong);
+    printf(" %10.0f %7llu\n", res.tokens_s, (unsigned long long)wrong);
     if (csv) {
         FILE *f = fopen(csv, "a");
         if (!f) {
@@ -215,21 +184,13 @@ int zn_bench_train(int argc, char **argv)
            (double)r.nvme_write_bytes / ns * 1e-6);
     if (trace && (rc = zn_train_write_trace(ts.tr, trace)))
         zn_cli_fail(rc, "trace");
-    /* as zinc train: the trainer and its device go before the cost model
-     * measures anything (a copy of the plan stays) */
-    zn_plan *pl = malloc(sizeof *pl);
-    int prc = pl ? 1 : zn_set_error(-ENOMEM, "out of memory");
-    if (pl)
-        *pl = *plan;
-    zn_run_free_trainer(&ts);
     zn_cost pred;
-    if (pl && ts.rank == 0)
-        prc = zn_run_predict(&cfg, &ts.dims, pl, 0, &pred, stdout);
-    if (prc == 0 || prc == ZN_EARG)
+    int predicted;
+    int prc = zn_bench_train_predict(&ts, &cfg, &pred, stdout, &predicted);
+    if (predicted && (prc == 0 || prc == ZN_EARG))
         zn_run_cost_print_vs(&pred, &r, ts.world, stdout);
-    if (prc && prc != 1)
+    if (prc)
         fprintf(stderr, "zinc: warning: no prediction: %s\n", zn_last_error());
-    free(pl);
     zn_run_close(&ts);
     return rc || wrong ? 1 : 0;
 }

@@ -72,22 +72,23 @@ int zn_cli_recipe_open(const char *path, zn_recipe **out, char *log_path, size_t
 int zn_cli_recipe_finish(const zn_recipe *r, const char *log_path, int bf16);
 
 /* `zinc bench <what>` subcommands (bench.c holds the table and what the
- * drivers share). */
+ * drivers share); each parses its flags and prints what src/bench/
+ * (include/zinc/bench.h) measured. */
 /* Opens `path` to append rows, writing `header` (without the newline)
  * first when the file is new. NULL with errno and zn_last_error() set. */
-FILE *zn_bench_csv_open(const char *path, const char *header);
+FILE *zn_cli_bench_csv_open(const char *path, const char *header);
 /* The end of a bench's getopt switch: -h ('h') prints the usage to stdout
  * and returns 0, anything else prints it to stderr and returns 2 (the
  * exit codes of a bench that stops there). */
-int zn_bench_usage_exit(int c, void (*print_usage)(FILE *f));
-int zn_bench_pcie(int argc, char **argv);
-int zn_bench_nvme(int argc, char **argv);
-int zn_bench_adam(int argc, char **argv);
-int zn_bench_model(int argc, char **argv);
-int zn_bench_train(int argc, char **argv);
-int zn_bench_comm(int argc, char **argv);
-int zn_bench_load(int argc, char **argv);
-int zn_bench_generate(int argc, char **argv);
+int zn_cli_bench_usage_exit(int c, void (*print_usage)(FILE *f));
+int zn_cli_bench_pcie(int argc, char **argv);
+int zn_cli_bench_nvme(int argc, char **argv);
+int zn_cli_bench_adam(int argc, char **argv);
+int zn_cli_bench_model(int argc, char **argv);
+int zn_cli_bench_train(int argc, char **argv);
+int zn_cli_bench_comm(int argc, char **argv);
+int zn_cli_bench_load(int argc, char **argv);
+int zn_cli_bench_generate(int argc, char **argv);
 
 /* --model DIR of train and plan: appends "model.path=DIR" to sets (after
  * the other --sets). Returns 0, or 2 after printing the usage error. */

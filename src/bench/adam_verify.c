@@ -7,7 +7,8 @@
 #include <string.h>
 
 #include "zinc/optim.h"
-#include "cli/bench-adam-impl.h"
+#include "bench/bench-adam-impl.h"
+#include "util/hash-impl.h"
 
 /* ---- verification: each pass's sampled elements against a double step ---- */
 
@@ -20,7 +21,7 @@ void zn_ba_sample_init(sample *s, const opts *o)
 {
     for (size_t k = 0; k < NSAMPLE; k++) {
         /* both ends, each thread's split points, then spread at random */
-        size_t i = k < 2 ? (k ? o->n - 1 : 0) : (size_t)(zn_ba_mix(k * 7 + 3) % o->n);
+        size_t i = k < 2 ? (k ? o->n - 1 : 0) : (size_t)(zn_splitmix64(k * 7 + 3) % o->n);
         if (k >= 2 && k < 2 + 2 * (size_t)o->threads) {
             size_t lo, hi;
             zn_optim_range(o->n, o->threads, (int)(k - 2) / 2, &lo, &hi);

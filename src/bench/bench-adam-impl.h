@@ -1,22 +1,23 @@
 /* zinc bench adam's shared pieces: the options, the arrays under test, the
- * table's rows, and the verification of each timed pass (bench_adam_verify.c)
+ * table's rows, and the verification of each timed pass (adam_verify.c)
  * against a double-precision Adam step. Private to the two files. */
-#ifndef ZN_CLI_BENCH_ADAM_IMPL_H
-#define ZN_CLI_BENCH_ADAM_IMPL_H
+#ifndef ZN_BENCH_ADAM_IMPL_H
+#define ZN_BENCH_ADAM_IMPL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "zinc/bench.h"
 #include "zinc/optim.h"
 #include "optim/optim-impl.h"
 
-#define NSAMPLE 4096
-#define MAX_ITERS 200
+#define NSAMPLE ZN_BENCH_ADAM_SAMPLES
+#define MAX_ITERS ZN_BENCH_ADAM_MAX_ITERS
 #define SLAB_ALIGN ((size_t)2 << 20)   /* 2 MiB: transparent huge pages */
 #define ARRAY_STAGGER (SLAB_ALIGN + 4096)
 /* the hash seed of the bf16-master rows' stochastic rounding: fixed, so a
  * run's bits are reproducible (the step is each pass's Adam step) */
-#define SR_SEED 0x5eedull
+#define SR_SEED ZN_BENCH_ADAM_SR_SEED
 
 typedef struct {
     size_t n;
@@ -25,9 +26,8 @@ typedef struct {
     int copy;
     zn_dtype ct;
     int iters;
-    const char *csv;
     unsigned fmts;               /* bit per zn_mom_fmt */
-    int sr;                      /* --master bf16_sr|all: the bf16-master rows too */
+    int sr;                      /* the bf16-master rows too */
 } opts;
 
 typedef struct {
@@ -38,8 +38,8 @@ typedef struct {
     float *p, *m, *v;
     void *g;
     uint16_t *c;
-    uint16_t *ps;                /* bf16 master weights (--master bf16_sr) */
-    uint16_t *mh, *vh;           /* bf16 moments (--states bf16) */
+    uint16_t *ps;                /* bf16 master weights (master_sr) */
+    uint16_t *mh, *vh;           /* bf16 moments */
     uint8_t *mq, *vq;            /* 8-bit codes and their blocks' absmax */
     float *am, *av;
 } arrays;
@@ -59,14 +59,13 @@ typedef struct {
     uint64_t wrong;
 } row;
 
-#define TOL 1e-6
+#define TOL ZN_BENCH_ADAM_TOL
 
 typedef struct {
     size_t idx[NSAMPLE];
     float before[NSAMPLE][3];    /* p, m, v before the pass */
 } sample;
 
-uint64_t zn_ba_mix(uint64_t x);
 float zn_ba_grad_value(size_t i, zn_dtype gt);
 void zn_ba_sample_init(sample *s, const opts *o);
 void zn_ba_sample_snap(sample *s, const arrays *a, zn_mom_fmt f, int sr);
