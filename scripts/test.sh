@@ -39,7 +39,8 @@ run build --no-suite scale "$@"
 # the same suites on other kernels: a bound fitted to one BLAS or SIMD path
 # fails here
 read -r -a run_env <<<"$(bash scripts/numeric-paths.sh second build)" || run_env=()
-run build-nocuda "$@"
+# (suite once: the launcher's ssh plumbing, no numeric path of its own)
+run build-nocuda --no-suite once "$@"
 run_env=()
 run build-asan --suite unit "$@"
 run build-tsan --suite gpu "$@"

@@ -51,7 +51,7 @@ OWNER = {
     "train": "train",
     "ckpt": "ckpt",
     "config": "config",
-    "run": "run", "gensession": "run",
+    "run": "run", "gensession": "run", "launch": "run",
     "bench": "bench",
     "zinc": "ALL",   # the umbrella: every layer at once
 }

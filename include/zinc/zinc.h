@@ -20,5 +20,6 @@
 #include "zinc/run.h"
 #include "zinc/gensession.h"
 #include "zinc/bench.h"
+#include "zinc/launch.h"
 
 #endif

@@ -46,6 +46,7 @@ int zn_cmd_prepare(int argc, char **argv);
 int zn_cmd_generate(int argc, char **argv);
 int zn_cmd_chat(int argc, char **argv);
 int zn_cmd_plot(int argc, char **argv);
+int zn_cmd_launch(int argc, char **argv);
 
 /* A run's JSON lines as an SVG picture (cmd_plot.c): loss (and eval loss),
  * lr and tokens/s against the step. 0 or a negative code with the reason

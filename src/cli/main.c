@@ -20,6 +20,7 @@ static const zn_cli_cmd commands[] = {
     { "plot", zn_cmd_plot, "draw a run's --json-log as an SVG picture (loss, lr, tokens/s)" },
     { "export", zn_cmd_export, "write a checkpoint as a Hugging Face folder (or --verify it)" },
     { "bench", zn_cmd_bench, "offload bandwidth benchmarks (nvme, adam, pcie, ...)" },
+    { "launch", zn_cmd_launch, "start a command on every slot of a DeepSpeed hostfile (ssh)" },
 };
 
 int zn_cli_fail(int rc, const char *what)

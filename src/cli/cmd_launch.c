@@ -1,0 +1,260 @@
+/* `zinc launch [flags] -- zinc train ...`: DeepSpeed's launcher flags in,
+ * the hostfile read and selected, every host checked, one rank per slot
+ * started over ssh (src/run/launch_ssh.c does all of it); this file
+ * parses, prints and returns the worst rank's status. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "zinc/launch.h"
+
+/* DeepSpeed's default hostfile (DLTS_HOSTFILE, deepspeed/launcher/runner.py) */
+#define DEFAULT_HOSTFILE "/job/hostfile"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: zinc launch [--hostfile FILE] [--include S | --exclude S] [--num_nodes N]\n"
+        "                   [--num_gpus N] [--master_addr A] [--master_port P]\n"
+        "                   [--launcher ssh|pdsh] [--launcher_args \"...\"]\n"
+        "                   [--check_timeout S] [--fail_grace S] [--] COMMAND [ARGS...]\n"
+        "\n"
+        "Starts COMMAND (zinc train ...) once per slot of a DeepSpeed hostfile\n"
+        "(`HOST slots=N` lines), over ssh, with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE,\n"
+        "MASTER_ADDR, MASTER_PORT, CUDA_VISIBLE_DEVICES and ZINC_COMM_BACKEND=tcp set.\n"
+        "Every host is checked first (ssh -o BatchMode=yes, the folder, the command).\n"
+        "\n"
+        "  -H, --hostfile FILE  the hosts (default %s; without it, localhost)\n"
+        "  -i, --include S      only these hosts / slots: host1:0,1@host2\n"
+        "  -e, --exclude S      all but these (excludes --include, --num_nodes, --num_gpus)\n"
+        "  --num_nodes N        the first N hosts\n"
+        "  --num_gpus N         slots 0..N-1 of each host (localhost: N slots)\n"
+        "  --master_addr A      where rank 0 listens (default: the first host)\n"
+        "  --master_port P      its port (default 29500)\n"
+        "  --launcher ssh|pdsh  how the ranks are started (default ssh)\n"
+        "  --launcher_args S    options for ssh or pdsh, split on blanks (\"-F cfg\")\n"
+        "  --check_timeout S    ssh ConnectTimeout of the check and the ranks (default 10)\n"
+        "  --fail_grace S       after a rank fails, seconds before the rest get SIGTERM\n"
+        "                       (default 60)\n"
+        "\n"
+        "Output lines come prefixed [host:rank]. SIGINT/SIGTERM are forwarded to every rank\n"
+        "(a third one kills them). Exit status: the worst rank's. Hosts named localhost or\n"
+        "127.0.0.1 run without ssh. docs/launch.md has the details.\n", DEFAULT_HOSTFILE);
+}
+
+static int parse_int(const char *flag, const char *s, int lo, int hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "zinc: error: %s %s: want a whole number from %d to %d\n", flag, s, lo,
+                hi);
+        return 2;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_seconds(const char *flag, const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v > 0) || v > 86400) {
+        fprintf(stderr, "zinc: error: %s %s: want seconds, above 0\n", flag, s);
+        return 2;
+    }
+    *out = v;
+    return 0;
+}
+
+static void print_note(void *arg, const char *msg)
+{
+    (void)arg;
+    fprintf(stderr, "zinc launch: %s\n", msg);
+    fflush(stderr);
+}
+
+/* "--flag VALUE" or "--flag=VALUE"; returns the value (NULL: not this flag)
+ * and advances *i; *missing when the value is absent. */
+static const char *flag_value(int argc, char **argv, int *i, const char *lng, const char *shrt,
+                              int *missing)
+{
+    const char *a = argv[*i];
+    size_t l = strlen(lng);
+    if (!strncmp(a, lng, l) && a[l] == '=')
+        return a + l + 1;
+    if (strcmp(a, lng) && (!shrt || strcmp(a, shrt)))
+        return NULL;
+    if (*i + 1 >= argc) {
+        *missing = 1;
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int zn_cmd_launch(int argc, char **argv)
+{
+    const char *hostfile = NULL, *master_addr = NULL, *launcher = "ssh";
+    zn_host_select sel = zn_host_select_default();
+    zn_cluster_config cc = zn_cluster_config_default();
+    int i = 1, rc;
+    for (; i < argc; i++) {
+        const char *a = argv[i], *v;
+        int missing = 0;
+        if (!strcmp(a, "--")) {
+            i++;
+            break;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (a[0] != '-')
+            break;   /* the command starts here */
+        if ((v = flag_value(argc, argv, &i, "--hostfile", "-H", &missing)))
+            hostfile = v;
+        else if (!missing && (v = flag_value(argc, argv, &i, "--include", "-i", &missing)))
+            sel.include = v;
+        else if (!missing && (v = flag_value(argc, argv, &i, "--exclude", "-e", &missing)))
+            sel.exclude = v;
+        else if (!missing && (v = flag_value(argc, argv, &i, "--num_nodes", NULL, &missing))) {
+            if ((rc = parse_int("--num_nodes", v, 1, 1 << 20, &sel.num_nodes)))
+                return rc;
+        } else if (!missing && (v = flag_value(argc, argv, &i, "--num_gpus", NULL, &missing))) {
+            if ((rc = parse_int("--num_gpus", v, 1, ZN_HOST_SLOTS_MAX, &sel.num_gpus)))
+                return rc;
+        } else if (!missing && (v = flag_value(argc, argv, &i, "--master_addr", NULL, &missing)))
+            master_addr = v;
+        else if (!missing && (v = flag_value(argc, argv, &i, "--master_port", NULL, &missing))) {
+            if ((rc = parse_int("--master_port", v, 1, 65535, &cc.master_port)))
+                return rc;
+        } else if (!missing && (v = flag_value(argc, argv, &i, "--launcher", NULL, &missing)))
+            launcher = v;
+        else if (!missing &&
+                 (v = flag_value(argc, argv, &i, "--launcher_args", NULL, &missing)))
+            cc.launcher_args = v;
+        else if (!missing &&
+                 (v = flag_value(argc, argv, &i, "--check_timeout", NULL, &missing))) {
+            if ((rc = parse_seconds("--check_timeout", v, &cc.check_timeout_s)))
+                return rc;
+        } else if (!missing && (v = flag_value(argc, argv, &i, "--fail_grace", NULL, &missing))) {
+            if ((rc = parse_seconds("--fail_grace", v, &cc.fail_grace_s)))
+                return rc;
+        } else {
+            if (missing)
+                fprintf(stderr, "zinc: error: %s needs a value\n", a);
+            else
+                fprintf(stderr, "zinc: error: launch: unknown option %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (i >= argc) {
+        fprintf(stderr, "zinc: error: launch: no command to run (zinc launch [flags] -- zinc "
+                        "train ...)\n");
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(launcher, "ssh"))
+        cc.remote = ZN_REMOTE_SSH;
+    else if (!strcmp(launcher, "pdsh"))
+        cc.remote = ZN_REMOTE_PDSH;
+    else {
+        fprintf(stderr, "zinc: error: --launcher %s: zinc launches with ssh or pdsh (mpirun "
+                        "and srun start zinc train themselves)\n", launcher);
+        return 2;
+    }
+
+    zn_hostfile *hf = NULL;
+    if (!hostfile && access(DEFAULT_HOSTFILE, F_OK) == 0)
+        hostfile = DEFAULT_HOSTFILE;
+    if (hostfile) {
+        rc = zn_hostfile_read(hostfile, &hf);
+    } else {
+        if (sel.num_nodes > 1) {
+            fprintf(stderr, "zinc: error: --num_nodes %d without a hostfile (only localhost "
+                            "is known)\n", sel.num_nodes);
+            return 2;
+        }
+        rc = zn_hostfile_local(sel.num_gpus > 0 ? sel.num_gpus : 1, &hf);
+    }
+    if (rc)
+        return zn_cli_fail(rc, NULL);
+    if ((rc = zn_hostfile_select(hf, &sel))) {
+        zn_hostfile_destroy(hf);
+        return rc == ZN_EARG ? (zn_cli_fail(rc, NULL), 2) : zn_cli_fail(rc, NULL);
+    }
+    int world = zn_hostfile_world(hf);
+    cc.hosts = hf;
+    cc.argv = (const char *const *)(argv + i);
+    cc.argc = argc - i;
+    cc.master_addr = master_addr;
+    cc.note = print_note;
+    const char *maddr;
+    if ((rc = zn_cluster_master_addr(&cc, &maddr))) {
+        zn_hostfile_destroy(hf);
+        zn_cli_fail(rc, NULL);
+        return 2;
+    }
+
+    fprintf(stderr, "zinc launch: %d rank%s on %d host%s (%s), rank 0 at %s:%d:\n", world,
+            world == 1 ? "" : "s", hf->n_hosts, hf->n_hosts == 1 ? "" : "s",
+            hostfile ? hostfile : "no hostfile: localhost", maddr, cc.master_port);
+    for (int h = 0, r = 0; h < hf->n_hosts; h++) {
+        char devs[4096];
+        if (zn_hostfile_devices(hf, h, devs, sizeof devs))
+            snprintf(devs, sizeof devs, "(%d slots)", hf->hosts[h].n_slots);
+        fprintf(stderr, "  %-24s ranks %d-%d, CUDA_VISIBLE_DEVICES=%s%s\n", hf->hosts[h].name,
+                r, r + hf->hosts[h].n_slots - 1, devs,
+                !strcmp(hf->hosts[h].name, "localhost") || !strcmp(hf->hosts[h].name,
+                                                                    "127.0.0.1")
+                    ? " (here, without ssh)" : "");
+        r += hf->hosts[h].n_slots;
+    }
+    fflush(stderr);
+
+    double t0 = zn_now_s();
+    if ((rc = zn_cluster_check(&cc))) {
+        zn_hostfile_destroy(hf);
+        return zn_cli_fail(rc, NULL);
+    }
+    fprintf(stderr, "zinc launch: every host answers (the folder, %s) in %.1f s; starting %d "
+            "rank%s\n", cc.argv[0], zn_now_s() - t0, world, world == 1 ? "" : "s");
+    fflush(stderr);
+    int *status = calloc((size_t)world, sizeof *status);
+    if (!status) {
+        zn_hostfile_destroy(hf);
+        return zn_cli_fail(-ENOMEM, "launch");
+    }
+    zn_cluster_result res = { 0, -1, -1, 0, status };
+    rc = zn_cluster_run(&cc, &res);
+    if (rc)
+        zn_cli_fail(rc, "launch");
+    int code = res.exit_code;
+    if (code) {
+        zn_rank_place pl;
+        int failed = 0;
+        for (int r = 0; r < world; r++)
+            failed += status[r] != 0;
+        if (zn_hostfile_place(hf, res.worst_rank, &pl) == 0)
+            fprintf(stderr, "zinc launch: %d of %d rank%s failed; the worst, rank %d on %s, "
+                            "exited %d%s\n", failed, world, world == 1 ? "" : "s",
+                    res.worst_rank, hf->hosts[pl.host].name, code,
+                    code == 255 ? " (ssh's own failure, or the rank killed by a signal "
+                                  "there)" : "");
+        if (res.first_failed >= 0 && res.first_failed != res.worst_rank && !res.signal &&
+            zn_hostfile_place(hf, res.first_failed, &pl) == 0)
+            fprintf(stderr, "zinc launch: the first to fail was rank %d on %s (exit %d)\n",
+                    res.first_failed, hf->hosts[pl.host].name, status[res.first_failed]);
+    } else if (rc) {
+        code = 1;
+    }
+    free(status);
+    zn_hostfile_destroy(hf);
+    return code;
+}

@@ -1,0 +1,60 @@
+/* Shared by the launcher's files: launch_cmd.c makes the command lines
+ * (the rank's environment, quoting for the remote shell, ssh / pdsh / sh
+ * argv), launch_check.c checks the hosts, launch_ssh.c runs the ranks
+ * (their output and signals) and holds the process helpers. Private to
+ * src/run. */
+#ifndef ZN_RUN_LAUNCH_IMPL_H
+#define ZN_RUN_LAUNCH_IMPL_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "zinc/launch.h"
+
+/* A growing string; after an allocation failure `oom` is set and further
+ * appends do nothing, so a builder checks once at the end. */
+typedef struct {
+    char *s;
+    size_t n, cap;
+    int oom;
+} zn_sbuf;
+
+void zn_sbuf_add(zn_sbuf *b, const char *s, size_t n);
+void zn_sbuf_adds(zn_sbuf *b, const char *s);
+void zn_sbuf_addf(zn_sbuf *b, const char *fmt, ...) ZN_PRINTF(2, 3);
+/* s as one word for a POSIX shell: '...' with each ' as '\'' */
+void zn_sbuf_addq(zn_sbuf *b, const char *s);
+
+/* Hosts run without ssh: "localhost" and "127.0.0.1" (docs/launch.md). */
+int zn_cluster_host_is_local(const char *host);
+
+/* The program's argv that runs the shell command `cmd` on `host`: /bin/sh
+ * -c CMD for a local host, else ssh (check: with ConnectTimeout) or pdsh.
+ * One allocation holding the pointers and the strings; free() it. */
+int zn_cluster_transport_argv(const zn_cluster_config *c, const char *host, const char *cmd,
+                              int check, char ***argv);
+
+/* ---- processes (launch_ssh.c) ----
+ * posix_spawnp of argv with fds in/out/err as its 0/1/2, default signal
+ * actions and an empty mask; own_group: a process group of its own (a
+ * terminal's Ctrl-C then reaches the launcher alone). 0 or -errno named. */
+int zn_cluster_spawn(char *const *argv, int in, int out, int err, int own_group, pid_t *pid);
+/* pipe2(O_CLOEXEC), end nonblock_end (0, 1; -1 none) nonblocking. */
+int zn_cluster_pipe(int fds[2], int nonblock_end);
+/* close(*fd) once; *fd = -1. */
+void zn_cluster_close_fd(int *fd);
+/* A waitpid status as an exit code: the code, 128 + a signal, or 255. */
+int zn_cluster_wait_status(int st);
+/* Raises the soft RLIMIT_NOFILE toward children * per_child + 64. */
+void zn_cluster_raise_fd_limit(int children, int per_child);
+/* Seconds a child's output may stay open after it ended (something it
+ * left, a ControlPersist master, holding it). */
+#define ZN_CLUSTER_DRAIN_S 2.0
+
+/* The rank's stdin lines the watcher of zn_cluster_rank_command obeys. */
+#define ZN_WATCH_INT "INT\n"
+#define ZN_WATCH_TERM "TERM\n"
+/* Under pdsh, the first line a rank prints: its pid, for kill. */
+#define ZN_PDSH_PID_TAG "@zinc-launch-pid "
+
+#endif

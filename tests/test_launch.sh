@@ -1,0 +1,322 @@
+#!/usr/bin/env bash
+# `zinc launch` over real OpenSSH (issue 54): two nodes made as network
+# namespaces joined by a veth pair (10.234.0.1 and 10.234.0.2, a private
+# range that exists only inside them), each with its own sshd on a host
+# key, config and authorized key this test makes. From node A, zinc launch
+# with a hostfile of the two (slots 2 and 1) trains the tiny model on 3
+# ranks with the TCP backend; the losses must be those of 3 ranks on one
+# host bit for bit (the same ring sums in the same order). Each rank's
+# environment (RANK, LOCAL_RANK with unequal slots, CUDA_VISIBLE_DEVICES)
+# is checked where it ran; a bad hostfile line is refused with its line
+# number and an unreachable host by its name, both before any rank starts;
+# SIGTERM to the launcher reaches every rank (each saves nothing here but
+# stops cleanly: 143, no swap file left), and so does the launcher's death
+# by kill -9 (the ranks' watchers see their ssh channel close).
+# Namespaces, daemons, ranks and files go in a trap whatever happens.
+# usage: test_launch.sh PATH/TO/zinc SOURCE_ROOT
+set -u
+zinc=$(realpath "$1")
+src=$(realpath "${2:-$(dirname "$0")/..}")
+. "$src/tests/ranks.sh"   # free_port
+if [ "$(id -u)" != 0 ]; then
+    echo "SKIP: network namespaces and sshd need root"
+    exit 77
+fi
+for p in ip ssh ssh-keygen; do
+    command -v $p >/dev/null 2>&1 || { echo "SKIP: $p is not installed (iproute2, openssh-client)"; exit 77; }
+done
+sshd=$(command -v sshd || echo /usr/sbin/sshd)
+[ -x "$sshd" ] || { echo "SKIP: sshd is not installed (Debian: openssh-server)"; exit 77; }
+
+tag=$$
+nsA=znlA$tag nsB=znlB$tag vA=zlA$tag vB=zlB$tag
+ipA=10.234.0.1 ipB=10.234.0.2 ipX=10.234.0.3   # X: on the link, never assigned
+tmp=$(mktemp -d /tmp/zinc-launch-XXXXXX)
+made_run_sshd=0
+cleanup() {
+    {
+        # this shell's own children not yet waited for (never a pid that
+        # may since have gone to another process)
+        for p in $(jobs -p); do kill -9 "$p"; done
+        # everything still running in the test's namespaces is the test's
+        for ns in "$nsA" "$nsB"; do
+            for p in $(ip netns pids "$ns"); do kill -9 "$p"; done
+        done
+        wait
+    } 2>/dev/null
+    ip netns del "$nsA" 2>/dev/null
+    ip netns del "$nsB" 2>/dev/null
+    [ "$made_run_sshd" = 1 ] && rmdir /run/sshd 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+t_start=$(date +%s)
+
+if ! ip netns add "$nsA" 2>"$tmp/err"; then
+    echo "SKIP: ip netns add failed: $(cat "$tmp/err")"
+    exit 77
+fi
+ip netns add "$nsB" || { echo "setup: ip netns add $nsB failed"; exit 99; }
+if ! { ip link add "$vA" type veth peer name "$vB" &&
+       ip link set "$vA" netns "$nsA" && ip link set "$vB" netns "$nsB" &&
+       ip -n "$nsA" addr add $ipA/24 dev "$vA" && ip -n "$nsB" addr add $ipB/24 dev "$vB" &&
+       ip -n "$nsA" link set lo up && ip -n "$nsB" link set lo up &&
+       ip -n "$nsA" link set "$vA" up && ip -n "$nsB" link set "$vB" up; } 2>"$tmp/err"; then
+    echo "SKIP: cannot make the veth pair: $(cat "$tmp/err")"
+    exit 77
+fi
+
+# sshd: its privilege-separation folder is compiled in (/run/sshd)
+if [ ! -d /run/sshd ]; then
+    mkdir -m 755 /run/sshd && made_run_sshd=1 || { echo "SKIP: cannot make /run/sshd"; exit 77; }
+fi
+ssh-keygen -q -t ed25519 -N '' -f "$tmp/host_key" -C zinc-test-host &&
+ssh-keygen -q -t ed25519 -N '' -f "$tmp/id" -C zinc-test-user &&
+cp "$tmp/id.pub" "$tmp/authorized_keys" || { echo "setup: ssh-keygen failed"; exit 99; }
+user=$(id -un)
+for n in A B; do
+    ip=$ipA; [ $n = B ] && ip=$ipB
+    cat > "$tmp/sshd_$n.conf" <<EOF
+ListenAddress $ip:2222
+HostKey $tmp/host_key
+AuthorizedKeysFile $tmp/authorized_keys
+PidFile $tmp/sshd_$n.pid
+AllowUsers $user
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+StrictModes no
+UsePAM no
+UseDNS no
+PrintMotd no
+X11Forwarding no
+AllowTcpForwarding no
+EOF
+    echo "[$ip]:2222 $(cat "$tmp/host_key.pub")" >> "$tmp/known_hosts"
+done
+cat > "$tmp/ssh_config" <<EOF
+Host *
+  Port 2222
+  User $user
+  IdentityFile $tmp/id
+  IdentitiesOnly yes
+  UserKnownHostsFile $tmp/known_hosts
+  GlobalKnownHostsFile /dev/null
+  StrictHostKeyChecking yes
+  LogLevel ERROR
+EOF
+if ! "$sshd" -t -f "$tmp/sshd_A.conf" 2>"$tmp/err"; then
+    echo "SKIP: sshd refuses its test config: $(cat "$tmp/err")"
+    exit 77
+fi
+ip netns exec "$nsA" "$sshd" -D -f "$tmp/sshd_A.conf" -E "$tmp/sshd_A.log" &
+ip netns exec "$nsB" "$sshd" -D -f "$tmp/sshd_B.conf" -E "$tmp/sshd_B.log" &
+ssh_ok=0
+for _ in $(seq 50); do
+    if ip netns exec "$nsA" ssh -F "$tmp/ssh_config" -o BatchMode=yes $ipB true 2>"$tmp/err" &&
+       ip netns exec "$nsA" ssh -F "$tmp/ssh_config" -o BatchMode=yes $ipA true 2>>"$tmp/err"; then
+        ssh_ok=1
+        break
+    fi
+    sleep 0.2
+done
+if [ $ssh_ok != 1 ]; then
+    echo "SKIP: cannot ssh into the namespaces' sshd: $(tail -2 "$tmp/err"; tail -3 "$tmp/sshd_"*.log)"
+    exit 77
+fi
+echo "ok: sshd answers in both namespaces ($ipA, $ipB)"
+
+work=$tmp/work
+mkdir -p "$work"
+cd "$work"
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT ZINC_COMM_BACKEND
+export OMP_NUM_THREADS=1 ZINC_LOG=${ZINC_LOG:-warn}
+printf '# the two nodes\n%s slots=2\n\n%s slots=1   # unequal on purpose\n' $ipA $ipB > hostfile
+fail=0
+STEPS=6
+train=("$zinc" train --steps $STEPS --set train.threads=1)
+# launch [zinc launch flags...] -- COMMAND: from node A, over the test's ssh config
+launch() { ip netns exec "$nsA" timeout 180 "$zinc" launch --launcher_args "-F $tmp/ssh_config" "$@"; }
+hexes() { sed 's/.*"step": \([0-9]*\),.*"loss_hex": "\([^"]*\)".*/\1 \2/' "$1"; }
+
+# 1. each rank's environment, printed where it runs; the worst rank's
+# status (ranks ending 0, 7, 3) is the launcher's, that rank named
+envcmd='echo "env $RANK $LOCAL_RANK $LOCAL_SIZE $WORLD_SIZE $CUDA_VISIBLE_DEVICES $MASTER_ADDR:$MASTER_PORT $ZINC_COMM_BACKEND $OMP_NUM_THREADS $(ip -4 -o addr show scope global | awk "{print \$4}")"'
+want="[$ipA:0] env 0 0 2 3 0,1 $ipA:29500 tcp 1 $ipA/24
+[$ipA:1] env 1 1 2 3 0,1 $ipA:29500 tcp 1 $ipA/24
+[$ipB:2] env 2 0 1 3 0 $ipA:29500 tcp 1 $ipB/24"
+launch --hostfile hostfile -- sh -c "$envcmd"'; [ "$RANK" = 1 ] && exit 7; [ "$RANK" = 2 ] && exit 3; exit 0' \
+    > env.out 2> env.err
+rc=$?
+if [ $rc -eq 7 ] && [ "$(sort env.out)" = "$want" ]; then
+    echo "ok: every rank's RANK, LOCAL_RANK, LOCAL_SIZE, WORLD_SIZE, CUDA_VISIBLE_DEVICES where it ran:"
+    sort env.out | sed 's/^/    /'
+else
+    echo "FAIL: the ranks' environment (exit $rc):"; cat env.out env.err; echo "want:"; echo "$want"; fail=1
+fi
+if [ $rc -eq 7 ] && grep -q "the worst, rank 1 on $ipA, exited 7" env.err; then
+    echo "ok: ranks ending 0, 7, 3: the launcher exits 7: $(grep worst env.err)"
+else
+    echo "FAIL: ranks ending 0, 7, 3: the launcher exited $rc: $(cat env.err)"; fail=1
+fi
+
+# a rank that fails while the others run on: after --fail_grace they get
+# SIGTERM, and the launcher names the rank that failed first
+t0=$(date +%s.%N)
+launch --hostfile hostfile --fail_grace 1 -- sh -c '[ "$RANK" = 2 ] && { sleep 0.5; exit 3; }
+    trap "echo stopped; exit 143" TERM; while :; do sleep 0.1; done' > grace.out 2>&1
+rc=$?
+took=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}")
+if [ $rc -eq 143 ] && grep -q "still running 1 s after rank 2 failed: sending SIGTERM" grace.out &&
+   [ "$(grep -c '] stopped$' grace.out)" -eq 2 ] &&
+   grep -q "the first to fail was rank 2 on $ipB (exit 3)" grace.out; then
+    echo "ok: rank 2 failed: the 2 others got SIGTERM after the grace (${took}s in all): $(grep 'first to fail' grace.out)"
+else
+    echo "FAIL: a failed rank's peers (exit $rc, ${took}s):"; cat grace.out; fail=1
+fi
+
+# 2. the tiny model on 3 ranks over the two nodes, against 3 ranks on one host
+port=$(free_port)
+pids=()
+for r in 0 1 2; do
+    log=()
+    [ $r -eq 0 ] && log=(--json-log ref3.jsonl)
+    RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        ZINC_COMM_BACKEND=tcp timeout 120 "${train[@]}" "${log[@]}" > ref.r$r.out 2>&1 &
+    pids+=($!)
+done
+for r in 0 1 2; do
+    wait "${pids[$r]}" || { echo "FAIL: the one-host reference, rank $r: $(tail -3 ref.r$r.out)"; fail=1; }
+done
+t0=$(date +%s.%N)
+launch --hostfile hostfile -- "${train[@]}" --json-log launch3.jsonl > train.out 2> train.err
+rc=$?
+took=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}")
+if [ $rc -ne 0 ]; then
+    echo "FAIL: zinc launch of 3 ranks exited $rc:"; tail -20 train.err; fail=1
+elif ! grep -q "^\[$ipA:0\]  *ranks  *3 (torchrun, tcp" train.out; then
+    echo "FAIL: rank 0's output has no [host:rank]-prefixed ranks line:"; head -20 train.out; fail=1
+elif [ "$(wc -l < launch3.jsonl)" -ne $STEPS ] || ! diff <(hexes ref3.jsonl) <(hexes launch3.jsonl) > /dev/null; then
+    echo "FAIL: the launched run's losses differ from 3 ranks on one host:"
+    paste <(hexes ref3.jsonl) <(hexes launch3.jsonl); fail=1
+else
+    echo "ok: 3 ranks on 2 nodes over ssh (${took}s): the losses of 3 ranks on one host bit for bit ($STEPS steps)"
+fi
+
+# 3. a bad hostfile line: refused with its number, nothing started
+printf '%s slots=2\n# fine so far\n%s slots=one\n' $ipA $ipB > bad_hostfile
+launch --hostfile bad_hostfile -- sh -c 'touch started' > bad.out 2>&1
+rc=$?
+if [ $rc -ne 0 ] && grep -q "bad_hostfile:3: slots=one is not a whole number" bad.out && [ ! -e started ]; then
+    echo "ok: a bad hostfile line is refused with its number: $(grep error bad.out)"
+else
+    echo "FAIL: a bad hostfile line (exit $rc): $(cat bad.out)"; fail=1
+fi
+
+# 4. an unreachable host: named by the check, before any rank starts
+printf '%s slots=1\n%s slots=1\n' $ipA $ipX > gone_hostfile
+t0=$(date +%s.%N)
+launch --hostfile gone_hostfile --check_timeout 3 -- sh -c 'touch started' > gone.out 2>&1
+rc=$?
+took=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}")
+if [ $rc -eq 1 ] && grep -q "host $ipX does not answer over ssh" gone.out && ! grep -q "host $ipA" gone.out &&
+   [ ! -e started ]; then
+    echo "ok: an unreachable host is refused by name in ${took}s, no rank started: $(grep error gone.out)"
+else
+    echo "FAIL: an unreachable host (exit $rc, ${took}s): $(cat gone.out)"; fail=1
+fi
+
+# 5. SIGTERM to the launcher: every rank stops as zinc train does on it
+# (143) and leaves no swap file; then the launcher killed with -9: its
+# ranks' watchers see the ssh channel close and stop them too
+ranks_left() { for ns in "$nsA" "$nsB"; do ip netns pids "$ns"; done | while read -r p; do
+                   tr '\0' ' ' 2>/dev/null < /proc/$p/cmdline | grep -q "zinc train --steps 100000" &&
+                   echo $p; done; }
+for how in TERM KILL; do
+    rm -f long.out long.err
+    ip netns exec "$nsA" "$zinc" launch --launcher_args "-F $tmp/ssh_config" --hostfile hostfile \
+        -- "$zinc" train --steps 100000 --set train.threads=1 > long.out 2> long.err &
+    lpid=$!
+    up=0
+    for _ in $(seq 300); do
+        grep -q "^\[$ipA:0\] step " long.out 2>/dev/null && { up=1; break; }
+        sleep 0.1
+    done
+    if [ $up != 1 ]; then
+        echo "FAIL: SIG$how: the long run did not start: $(tail -5 long.err)"; fail=1
+        kill -9 $lpid 2>/dev/null; wait $lpid 2>/dev/null
+        continue
+    fi
+    t0=$(date +%s.%N)
+    kill -$how $lpid
+    { wait $lpid; } 2>/dev/null
+    rc=$?
+    gone=0
+    for _ in $(seq 300); do
+        [ -z "$(ranks_left)" ] && { gone=1; break; }
+        sleep 0.1
+    done
+    took=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}")
+    left=$(find zinc-swap -type f 2>/dev/null | head -3)
+    if [ $how = TERM ]; then
+        n143=$(grep -c "ended with status 143" long.err)
+        if [ $rc -eq 143 ] && [ $gone = 1 ] && [ -z "$left" ] &&
+           grep -q "forwarded SIGTERM to 3 ranks" long.err; then
+            echo "ok: SIGTERM to the launcher reached all 3 ranks: they ended in ${took}s, launcher exit 143, no swap file left"
+        else
+            echo "FAIL: SIGTERM: launcher exit $rc (want 143), ranks gone $gone after ${took}s, swap left: '$left', $n143 ranks said 143:"
+            tail -12 long.err; fail=1
+        fi
+    else
+        if [ $gone = 1 ] && [ -z "$left" ]; then
+            echo "ok: the launcher killed with -9: its 3 ranks stopped by themselves in ${took}s, no swap file left"
+        else
+            echo "FAIL: kill -9 of the launcher: ranks gone $gone after ${took}s (left: $(ranks_left | tr '\n' ' ')), swap left: '$left'"
+            fail=1
+        fi
+    fi
+done
+
+# 6. pdsh (where installed) as the transport: the same ranks, and SIGTERM
+# forwarded by `pdsh -w HOST kill` (pdsh passes no stdin to a watcher)
+if command -v pdsh >/dev/null 2>&1; then
+    export PDSH_SSH_ARGS_APPEND="-F $tmp/ssh_config -o BatchMode=yes"
+    rm -f long.out long.err   # (the last run's: not to be read as this one's)
+    ip netns exec "$nsA" "$zinc" launch --launcher pdsh --hostfile hostfile \
+        -- sh -c "$envcmd"'; exec "$0" "$@"' "$zinc" train --steps 100000 --set train.threads=1 \
+        > long.out 2> long.err &
+    lpid=$!
+    up=0
+    for _ in $(seq 300); do
+        grep -q "^\[$ipA:0\] step " long.out 2>/dev/null && { up=1; break; }
+        sleep 0.1
+    done
+    [ $up = 1 ] || { echo "FAIL: --launcher pdsh: the run did not start: $(tail -5 long.err)"; fail=1; }
+    if [ "$(grep '] env ' long.out | sort)" = "$want" ]; then
+        echo "ok: --launcher pdsh: every rank's environment where it ran"
+    else
+        echo "FAIL: --launcher pdsh: the ranks' environment:"; grep env long.out; tail -5 long.err; fail=1
+    fi
+    t0=$(date +%s.%N)
+    kill -TERM $lpid
+    { wait $lpid; } 2>/dev/null
+    rc=$?
+    for _ in $(seq 300); do
+        [ -z "$(ranks_left)" ] && break
+        sleep 0.1
+    done
+    took=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}")
+    if [ $rc -eq 143 ] && [ -z "$(ranks_left)" ] && [ "$(grep -c "ended with status 143" long.err)" -eq 3 ]; then
+        echo "ok: --launcher pdsh: SIGTERM reached all 3 ranks (${took}s, exit 143)"
+    else
+        echo "FAIL: --launcher pdsh: SIGTERM: launcher exit $rc after ${took}s, left: $(ranks_left | tr '\n' ' ')"
+        tail -12 long.err; fail=1
+    fi
+    unset PDSH_SSH_ARGS_APPEND
+else
+    echo "skip: --launcher pdsh (pdsh is not installed)"
+fi
+
+echo "test_launch: $(( $(date +%s) - t_start )) s"
+[ $fail -eq 0 ] && echo ok
+exit $fail
