@@ -14,7 +14,8 @@ reproduce from the same base folder and the same initial adapter
               the seven projections by name: the q and k adapters feed
               the q/k norm
   lora-phi3   base ../ft-phi3 (bf16, fused qkv_proj and gate_up_proj), r 4,
-              alpha 8, o_proj + down_proj (the unfused projections)
+              alpha 8, qkv_proj + o_proj + gate_up_proj + down_proj: the
+              adapters of the fused projections span q | k | v and gate | up
   lora-dropout base ../ft-llama, r 4, alpha 16, q/k/o/up/down, lora_dropout
               0.2 with zinc's masks: torch's dropout RNG cannot be
               reproduced in C, so each LoRA module's nn.Dropout is replaced
@@ -87,12 +88,14 @@ FIXTURES = {
     # paths, which lora-llama's all-linear already covers in its own form)
     "qwen3": dict(base="ft-qwen3", r=4, alpha=8, targets=TARGETS_ALL, rslora=False, seed=34,
                   data_seed=44),
-    # phi3: the projections it does not fuse (zinc has no adapters on the
-    # fused qkv_proj and gate_up_proj yet)
-    "phi3": dict(base="ft-phi3", r=4, alpha=8, targets=["o_proj", "down_proj"], rslora=False,
+    # phi3: its four projections, two of them fused (what LLaMA-Factory's
+    # lora_target all gives it)
+    "phi3": dict(base="ft-phi3", r=4, alpha=8,
+                 targets=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], rslora=False,
                  seed=35, data_seed=45),
 }
-TARGET_ORDER = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+TARGET_ORDER = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                "qkv_proj", "gate_up_proj"]  # zinc's target bits, in order
 M64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
 

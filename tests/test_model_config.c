@@ -133,8 +133,7 @@ int main(void)
     /* phi3 (phi-4): q, k, v in one qkv_proj and gate, up in one
      * gate_up_proj, as zinc's own tensors; a rotary share below 1
      * (phi-4-mini's 0.75) and training dropouts are refused by name;
-     * adapters on the fused projections are not built, o_proj and
-     * down_proj are */
+     * LoRA targets its own module names, "all-linear" becoming them */
     ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("model-configs/phi-4.json")), 0);
     ZT_EQ_INT(d.arch, ZN_ARCH_PHI3);
     ZT_EQ_INT(d.fused_proj, 1);
@@ -151,11 +150,31 @@ int main(void)
         zn_model_dims l = d;
         l.lora.r = 8;
         l.lora.alpha = 16;
-        l.lora.targets = ZN_LORA_O | ZN_LORA_DOWN;
+        l.lora.targets = ZN_LORA_O | ZN_LORA_DOWN | ZN_LORA_QKV;
         ZT_EQ_INT(zn_model_dims_validate(&l), 0);
+        l.lora.targets = ZN_LORA_Q | ZN_LORA_V;
+        ZT_EQ_INT(zn_model_dims_validate(&l), ZN_ECONFIG);
+        ZT_CONTAINS(zn_last_error(), "phi3 has no q_proj, k_proj, v_proj");
         l.lora.targets = ZN_LORA_ALL;
-        ZT_EQ_INT(zn_model_dims_validate(&l), ZN_EUNSUPPORTED);
-        ZT_CONTAINS(zn_last_error(), "fuses q, k and v into qkv_proj");
+        zn_lora_fit_family(&l);
+        ZT_EQ_INT(l.lora.targets, ZN_LORA_QKV | ZN_LORA_O | ZN_LORA_GATE_UP | ZN_LORA_DOWN);
+        ZT_EQ_INT(zn_model_dims_validate(&l), 0);
+        ZT_EQ_U64(zn_model_block_param_count(&l, 1) - zn_model_block_param_count(&d, 1),
+                  8ull * (5120 + 7680 + 5120 + 5120 + 5120 + 35840 + 17920 + 5120));
+        ZT_EQ_INT(zn_model_block_param(&l, 1, 10, &pi), 0);
+        ZT_CHECK(!strcmp(pi.name, "model.layers.0.self_attn.qkv_proj.lora_A.weight"));
+        ZT_EQ_INT(zn_model_block_param(&l, 1, 13, &pi), 0);
+        ZT_CHECK(!strcmp(pi.name, "model.layers.0.mlp.gate_up_proj.lora_B.weight"));
+        ZT_EQ_INT(pi.shape[0], 2 * 17920);
+        /* and a llama has no fused projection to adapt */
+        zn_model_dims q;
+        ZT_EQ_INT(zn_model_dims_from_hf(&q, zt_fixture("model-configs/Llama-3.2-3B.json")), 0);
+        q.lora = l.lora;
+        ZT_EQ_INT(zn_model_dims_validate(&q), ZN_ECONFIG);
+        ZT_CONTAINS(zn_last_error(), "llama has no qkv_proj or gate_up_proj");
+        q.lora.targets = ZN_LORA_ALL;
+        zn_lora_fit_family(&q);
+        ZT_EQ_INT(q.lora.targets, ZN_LORA_ALL);
     }
     ZT_EQ_INT(parse("{\"model_type\":\"phi3\",\"hidden_size\":64,\"num_hidden_layers\":2,"
                     "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320,"

@@ -56,7 +56,12 @@ typedef enum {
     ZN_LORA_GATE = 1 << 4, /* mlp.gate_proj */
     ZN_LORA_UP = 1 << 5,   /* mlp.up_proj */
     ZN_LORA_DOWN = 1 << 6, /* mlp.down_proj */
-    ZN_LORA_ALL = 127,     /* PEFT's "all-linear" on these decoders */
+    ZN_LORA_ALL = 127,     /* PEFT's "all-linear" (zn_lora_fit_family maps it to a
+                              fused family's projections) */
+    ZN_LORA_QKV = 1 << 7,  /* self_attn.qkv_proj (phi3: q, k, v fused) */
+    ZN_LORA_GATE_UP = 1 << 8, /* mlp.gate_up_proj (phi3: gate, up fused) */
+    ZN_LORA_LAST = ZN_LORA_GATE_UP,
+    ZN_LORA_ANY = 511,     /* every target bit */
 } zn_lora_target;
 
 typedef struct {
@@ -124,6 +129,12 @@ typedef struct {
                               needs every sequence within it */
     zn_lora lora;          /* adapters (not part of config.json); r 0: none */
 } zn_model_dims;
+
+/* "all-linear" (every projection, ZN_LORA_ALL) for d's family: a fused
+ * family's (phi3) are qkv_proj, o_proj, gate_up_proj and down_proj. Any
+ * other set is left as given (zn_model_dims_validate refuses a target the
+ * family does not have). Call once the lora targets are in d. */
+ZN_API void zn_lora_fit_family(zn_model_dims *d);
 
 /* A small Llama-shaped default (the demo's tiny model): hidden 256, 4 layers,
  * 8 heads / 4 kv heads, intermediate 688, vocab 320. Never fails. */

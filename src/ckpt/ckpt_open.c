@@ -294,6 +294,7 @@ int zn_ckpt_open(zn_ckpt **out, const char *path)
             snprintf(mp, sizeof mp, "%s/%s", ck->path, lname);
             if ((rc = zn_lora_read_peft_file(mp, &ck->dims.lora)))
                 goto fail;
+            zn_lora_fit_family(&ck->dims);
         }
         ck->has_dims = 1;
     }

@@ -85,15 +85,19 @@ int zn_model_dims_validate(const zn_model_dims *d)
     if (d->lora.r < 0 || d->lora.r > 65536)
         return zn_set_error(ZN_ECONFIG, "lora: r = %d must be in 0..65536", d->lora.r);
     if (d->lora.r > 0) {
-        if (!d->lora.targets || (d->lora.targets & ~(unsigned)ZN_LORA_ALL))
+        if (!d->lora.targets || (d->lora.targets & ~(unsigned)ZN_LORA_ANY))
             return zn_set_error(ZN_ECONFIG, "lora: target_modules names no projection");
         unsigned split = ZN_LORA_Q | ZN_LORA_K | ZN_LORA_V | ZN_LORA_GATE | ZN_LORA_UP;
+        unsigned fused = ZN_LORA_QKV | ZN_LORA_GATE_UP;
         if (d->fused_proj && (d->lora.targets & split))
-            return zn_set_error(ZN_EUNSUPPORTED, "lora: %s fuses q, k and v into qkv_proj and "
-                                "gate and up into gate_up_proj; zinc adapts o_proj and "
-                                "down_proj of it (target_modules [\"o_proj\", \"down_proj\"]): "
-                                "adapters on the fused projections are not built yet",
-                                zn_model_arch_name(d->arch));
+            return zn_set_error(ZN_ECONFIG, "lora: %s has no q_proj, k_proj, v_proj, gate_proj "
+                                "or up_proj: it fuses them into qkv_proj and gate_up_proj "
+                                "(target_modules of it: qkv_proj, o_proj, gate_up_proj, "
+                                "down_proj, or \"all-linear\")", zn_model_arch_name(d->arch));
+        if (!d->fused_proj && (d->lora.targets & fused))
+            return zn_set_error(ZN_ECONFIG, "lora: %s has no qkv_proj or gate_up_proj (those are "
+                                "phi3's fused projections): name q_proj, k_proj, v_proj, "
+                                "gate_proj, up_proj", zn_model_arch_name(d->arch));
         if (!isfinite(d->lora.alpha) || d->lora.alpha == 0)
             return zn_set_error(ZN_ECONFIG, "lora: lora_alpha must be a finite nonzero number");
         if (!(d->lora.dropout >= 0 && d->lora.dropout < 1))
@@ -580,6 +584,8 @@ static void lora_shape(const zn_model_dims *d, unsigned t, uint64_t *in, uint64_
     case ZN_LORA_K: case ZN_LORA_V: *out = kvd; break;
     case ZN_LORA_O: *in = qd; *out = h; break;
     case ZN_LORA_GATE: case ZN_LORA_UP: *out = i; break;
+    case ZN_LORA_QKV: *out = qd + 2 * kvd; break;
+    case ZN_LORA_GATE_UP: *out = 2 * i; break;
     default: *in = i; *out = h; break; /* down */
     }
 }
@@ -588,7 +594,7 @@ uint64_t zn_model_block_param_count(const zn_model_dims *d, int block)
 {
     uint64_t n = base_count(d, block);
     if (d->lora.r > 0 && block >= 1 && block <= d->n_layers)
-        for (unsigned t = 1; t <= ZN_LORA_DOWN; t <<= 1)
+        for (unsigned t = 1; t <= ZN_LORA_LAST; t <<= 1)
             if (d->lora.targets & t) {
                 uint64_t in, out;
                 lora_shape(d, t, &in, &out);
@@ -681,6 +687,13 @@ uint64_t zn_model_trainable_count(const zn_model_dims *d)
     return n;
 }
 
+void zn_lora_fit_family(zn_model_dims *d)
+{
+    unsigned split = ZN_LORA_Q | ZN_LORA_K | ZN_LORA_V | ZN_LORA_GATE | ZN_LORA_UP;
+    if (d->fused_proj && (d->lora.targets & ZN_LORA_ALL) == ZN_LORA_ALL)
+        d->lora.targets = (d->lora.targets & ~split) | ZN_LORA_QKV | ZN_LORA_GATE_UP;
+}
+
 const char *zn_lora_target_name(unsigned t)
 {
     switch (t) {
@@ -691,6 +704,8 @@ const char *zn_lora_target_name(unsigned t)
     case ZN_LORA_GATE: return "gate_proj";
     case ZN_LORA_UP: return "up_proj";
     case ZN_LORA_DOWN: return "down_proj";
+    case ZN_LORA_QKV: return "qkv_proj";
+    case ZN_LORA_GATE_UP: return "gate_up_proj";
     default: return NULL;
     }
 }

@@ -72,7 +72,8 @@ static int64_t default_chunk(int64_t V, int64_t N)
 static int64_t lora_max_in(const zn_model_dims *d)
 {
     int64_t in = 0, qd = d->n_heads * d->head_dim;
-    if (d->lora.targets & (ZN_LORA_Q | ZN_LORA_K | ZN_LORA_V | ZN_LORA_GATE | ZN_LORA_UP))
+    if (d->lora.targets & (ZN_LORA_Q | ZN_LORA_K | ZN_LORA_V | ZN_LORA_GATE | ZN_LORA_UP |
+                           ZN_LORA_QKV | ZN_LORA_GATE_UP))
         in = d->hidden;
     if ((d->lora.targets & ZN_LORA_O) && qd > in)
         in = qd;

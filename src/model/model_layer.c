@@ -287,6 +287,21 @@ static int lora_fwd(zn_model *m, zn_stream *s, void *const *params, int layer, u
                        params[i + 1], m->dt, r, 1.0f, y, m->dt, ldy);
 }
 
+/* gate_up_proj's adapter (phi3): one u = A x, its B's first `out` rows add
+ * into y0 (gate), the next into y1 (up), zinc's two buffers. */
+static int lora_fwd_pair(zn_model *m, zn_stream *s, void *const *params, int layer, unsigned t,
+                         const void *x, int64_t ldx, int64_t in, int64_t out, void *y0,
+                         void *y1, int64_t ldy)
+{
+    int i = zn_m_lora_index(&m->d, t);
+    if (i < 0)
+        return 0;
+    int64_t r = m->d.lora.r;
+    ZN_TRY(lora_fwd(m, s, params, layer, t, x, ldx, in, out, y0, ldy)); /* u, then y0 */
+    return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, m->N, out, r, m->lscale, m->lu, m->dt, r,
+                       zn_m_at(params[i + 1], out * r, m->esz), m->dt, r, 1.0f, y1, m->dt, ldy);
+}
+
 /* The adapter's weight gradients from its input x and dy: u = A x again,
  * dB += scale dy^T u, du = scale dy B (kept in ldu for lora_bwd_x),
  * dA += du^T x. Runs before the input x's buffer is reused. */
@@ -307,6 +322,36 @@ static int lora_bwd_w(zn_model *m, zn_stream *s, void *const *params, float *con
                         m->lu, dt, r, 1.0f, grads[i + 1], ZN_DTYPE_F32, r));
     ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, N, r, out, m->lscale, dy, dt, lddy,
                     params[i + 1], dt, r, 0.0f, m->ldu, dt, r));
+    if (grads[i])
+        ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, r, in, N, 1.0f, m->ldu, dt, r, x, dt,
+                        ldx, 1.0f, grads[i], ZN_DTYPE_F32, in));
+    return 0;
+}
+
+/* lora_bwd_w for gate_up_proj's adapter, dy in two buffers (dy0 for B's
+ * first `out` rows, dy1 for the rest): dB's two halves, du summed over both. */
+static int lora_bwd_w_pair(zn_model *m, zn_stream *s, void *const *params, float *const *grads,
+                           int layer, unsigned t, const void *x, int64_t ldx, int64_t in,
+                           int64_t out, const void *dy0, const void *dy1, int64_t lddy)
+{
+    int i = zn_m_lora_index(&m->d, t);
+    if (i < 0)
+        return 0;
+    int64_t r = m->d.lora.r, N = m->N;
+    zn_dtype dt = m->dt;
+    ZN_TRY(lora_input(m, s, layer, t, &x, &ldx, in));
+    ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, r, in, 1.0f, x, dt, ldx, params[i], dt,
+                    in, 0.0f, m->lu, dt, r));
+    const void *dys[2] = { dy0, dy1 };
+    for (int h = 0; h < 2; h++) {
+        if (grads[i + 1])
+            ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, out, r, N, m->lscale, dys[h], dt,
+                            lddy, m->lu, dt, r, 1.0f, grads[i + 1] + h * out * r, ZN_DTYPE_F32,
+                            r));
+        ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, N, r, out, m->lscale, dys[h], dt,
+                        lddy, zn_m_at(params[i + 1], h * out * r, m->esz), dt, r,
+                        h ? 1.0f : 0.0f, m->ldu, dt, r));
+    }
     if (grads[i])
         ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, r, in, N, 1.0f, m->ldu, dt, r, x, dt,
                         ldx, 1.0f, grads[i], ZN_DTYPE_F32, in));
@@ -358,6 +403,8 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *par
     ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_K, a->h1, H, H, kvd, k, qk_ld));
     ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_V, a->h1, H, H, kvd,
                     zn_m_at(a->qkv, qd + kvd, e), ld));
+    /* phi3's qkv_proj adapter: B's rows are q | k | v, qkv's columns */
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_QKV, a->h1, H, H, ld, a->qkv, ld));
     if (m->d.qkv_bias) {
         ZN_TRY(zn_dev_bias_add(m->dev, s, q, dt, qk_ld, PRM(ZN_M_P_BQ), dt, N, qd));
         ZN_TRY(zn_dev_bias_add(m->dev, s, k, dt, qk_ld, PRM(ZN_M_P_BK), dt, N, kvd));
@@ -387,6 +434,8 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *par
     ZN_TRY(linear(m, s, a->h2, H, PRM(ZN_M_P_WU), I, H, 0.0f, a->up, dt, I));
     ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_GATE, a->h2, H, H, I, a->gate, I));
     ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_UP, a->h2, H, H, I, a->up, I));
+    ZN_TRY(lora_fwd_pair(m, s, params, layer, ZN_LORA_GATE_UP, a->h2, H, H, I, a->gate, a->up,
+                         I));
     return zn_dev_swiglu_fwd(m->dev, s, a->gate, a->up, a->act, dt, N * I);
 }
 
@@ -469,6 +518,9 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
     ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_UP, a.h2, H, H, I, w->up, I));
     ZN_TRY(linear_dx(m, s, w->up, I, PRM(ZN_M_P_WU), I, H, 1.0f, m->dh, ZN_DTYPE_F32, H));
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_UP, H, m->dh, ZN_DTYPE_F32, H));
+    ZN_TRY(lora_bwd_w_pair(m, s, params, grads, layer, ZN_LORA_GATE_UP, a.h2, H, H, I, w->gate,
+                           w->up, I));
+    ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_GATE_UP, H, m->dh, ZN_DTYPE_F32, H));
     ZN_TRY(zn_dev_rmsnorm_bwd(m->dev, s, a.x_mid, dt, PRM(ZN_M_P_POST_NORM), dt, a.rstd2, m->dh,
                            ZN_DTYPE_F32, m->dxm32, ZN_DTYPE_F32, GRD(ZN_M_P_POST_NORM), N, H));
     ZN_TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, dy, dt, N * H)); /* residual */
@@ -518,6 +570,8 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
     ZN_TRY(linear_dx(m, s, zn_m_at(m->dqkv, qd + kvd, e), ld, PRM(ZN_M_P_WV), kvd, H, 1.0f, m->dh,
                   ZN_DTYPE_F32, H));
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_V, H, m->dh, ZN_DTYPE_F32, H));
+    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_QKV, a.h1, H, H, ld, m->dqkv, ld));
+    ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_QKV, H, m->dh, ZN_DTYPE_F32, H));
     ZN_TRY(zn_dev_rmsnorm_bwd(m->dev, s, x_in, dt, PRM(ZN_M_P_IN_NORM), dt, a.rstd1, m->dh,
                               ZN_DTYPE_F32, m->dh, ZN_DTYPE_F32, GRD(ZN_M_P_IN_NORM), N, H));
     ZN_TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, m->dh, ZN_DTYPE_F32, N * H));

@@ -61,7 +61,7 @@ static int layer_base_nparams(const zn_model_dims *d)
 
 static int lora_nparams(const zn_model_dims *d)
 {
-    return d->lora.r > 0 ? 2 * __builtin_popcount(d->lora.targets & ZN_LORA_ALL) : 0;
+    return d->lora.r > 0 ? 2 * __builtin_popcount(d->lora.targets & ZN_LORA_ANY) : 0;
 }
 
 /* Index of target t's lora_A in a layer's parameter array (lora_B follows),
@@ -115,11 +115,14 @@ int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_param_info
         case ZN_LORA_Q: o = qd; break;
         case ZN_LORA_K: case ZN_LORA_V: o = kvd; break;
         case ZN_LORA_O: in = qd; o = H; break;
+        case ZN_LORA_QKV: o = qd + 2 * kvd; break;
+        case ZN_LORA_GATE_UP: o = 2 * I; break;
         case ZN_LORA_GATE: case ZN_LORA_UP: o = I; break;
         default: in = I; o = H; break;
         }
         snprintf(out->name, sizeof out->name, "model.layers.%d.%s.%s.lora_%c.weight", block - 1,
-                 t <= ZN_LORA_O ? "self_attn" : "mlp", zn_lora_target_name(t), B ? 'B' : 'A');
+                 t <= ZN_LORA_O || t == ZN_LORA_QKV ? "self_attn" : "mlp",
+                 zn_lora_target_name(t), B ? 'B' : 'A');
         out->ndim = 2;
         out->shape[0] = B ? o : d->lora.r;
         out->shape[1] = B ? d->lora.r : in;

@@ -22,7 +22,9 @@ int zn_lora_targets_of(const void *json_value, unsigned *out, char *msg, size_t 
 {
     const json_t *v = json_value;
     static const char *const names[] = { "q_proj", "k_proj", "v_proj", "o_proj",
-                                          "gate_proj", "up_proj", "down_proj" };
+                                          "gate_proj", "up_proj", "down_proj",
+                                          "qkv_proj", "gate_up_proj" };
+    const int nn = (int)(sizeof names / sizeof names[0]);
     *out = 0;
     if (json_is_string(v) && !strcmp(json_string_value(v), "all-linear")) {
         *out = 127;
@@ -43,12 +45,13 @@ int zn_lora_targets_of(const void *json_value, unsigned *out, char *msg, size_t 
         const char *leaf = n ? strrchr(n, '.') : NULL;
         leaf = leaf ? leaf + 1 : n;
         int k = 0;
-        while (leaf && k < 7 && strcmp(leaf, names[k]))
+        while (leaf && k < nn && strcmp(leaf, names[k]))
             k++;
-        if (!leaf || k == 7) {
+        if (!leaf || k == nn) {
             char *got = json_dumps(e, JSON_ENCODE_ANY | JSON_COMPACT);
             snprintf(msg, len, "[%zu] = %s is not a projection zinc adapts: one of q_proj, "
-                     "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (lm_head and "
+                     "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or phi3's fused "
+                     "qkv_proj and gate_up_proj (lm_head and "
                      "embed_tokens adapters are not supported)", i, got ? got : "?");
             free(got);
             rc = ZN_ECONFIG;
@@ -136,7 +139,7 @@ int zn_lora_write_peft_config(const zn_lora *l, const char *path, const char *ba
     if (l->r <= 0)
         return zn_set_error(ZN_EARG, "adapter_config.json: no adapters (r = 0)");
     json_t *tm = json_array();
-    for (unsigned t = 1; t <= ZN_LORA_DOWN; t <<= 1)
+    for (unsigned t = 1; t <= ZN_LORA_LAST; t <<= 1)
         if (l->targets & t)
             json_array_append_new(tm, json_string(zn_lora_target_name(t)));
     json_t *o = json_pack("{ss ss* ss si sf sf so ss sb sb sb sb sn sn sb}", "peft_type", "LORA",

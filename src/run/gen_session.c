@@ -337,6 +337,8 @@ static int decode_setup(const zn_gen_overrides *f, const char *model, const char
      * conflict's alone */
     if (adapter && (rc = zn_lora_read_peft_config(adapter, &d->lora)))
         return zn_error_prefix(rc == ZN_EARG ? ZN_ECONFIG : rc, "--adapter");
+    if (adapter)
+        zn_lora_fit_family(d);
     return 0;
 }
 

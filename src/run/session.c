@@ -140,7 +140,7 @@ static int choose_adapters(zn_run *ts, const zn_config *cfg, int flags)
     if (l->r <= 0)
         return 0;
     char from[ZN_PATH_MAX + 64], tg[96] = "";
-    for (unsigned t = 1; t <= ZN_LORA_DOWN; t <<= 1)
+    for (unsigned t = 1; t <= ZN_LORA_LAST; t <<= 1)
         if (l->targets & t)
             snprintf(tg + strlen(tg), sizeof tg - strlen(tg), "%s%s", tg[0] ? "," : "",
                      zn_lora_target_name(t));

@@ -29,11 +29,19 @@ static int lora_dims(const zn_config *cfg, zn_model_dims *d)
     d->lora.dropout = c->lora_dropout;
     d->lora.rslora = c->use_rslora;
     d->lora.targets = c->targets;
+    /* PEFT's default for a fused family (phi3) is qkv_proj, not q_proj + v_proj */
+    if (d->fused_proj && zn_config_get_origin(cfg, "lora.target_modules") == ZN_ORIGIN_DEFAULT)
+        d->lora.targets = ZN_LORA_QKV;
+    zn_lora_fit_family(d); /* "all-linear" as the family's projections */
     if (c->adapter[0]) {
         zn_lora a;
         int rc = zn_lora_read_peft_config(c->adapter, &a);
         if (rc)
             return zn_error_prefix(rc, "%s: lora.adapter", cfg->source);
+        zn_model_dims fit = *d;
+        fit.lora = a;
+        zn_lora_fit_family(&fit);
+        a = fit.lora;
         /* what the config says must agree with the adapter */
 #define AGREE(key, cond, fmt, x, y)                                                         \
         if (zn_config_get_origin(cfg, key) != ZN_ORIGIN_DEFAULT && !(cond))                 \
@@ -43,7 +51,8 @@ static int lora_dims(const zn_config *cfg, zn_model_dims *d)
         AGREE("lora.lora_alpha", c->lora_alpha == a.alpha, "%g", c->lora_alpha, a.alpha)
         AGREE("lora.use_rslora", c->use_rslora == (a.rslora != 0), "%d", (int)c->use_rslora,
               a.rslora)
-        AGREE("lora.target_modules", c->targets == a.targets, "0x%x", c->targets, a.targets)
+        AGREE("lora.target_modules", d->lora.targets == a.targets, "0x%x", d->lora.targets,
+              a.targets)
 #undef AGREE
         double dropout = zn_config_get_origin(cfg, "lora.lora_dropout") != ZN_ORIGIN_DEFAULT
                              ? c->lora_dropout : a.dropout;
