@@ -13,6 +13,9 @@ Two tiny random decoders, built and run by Hugging Face transformers:
               weights as bf16 (one file); some targets -100
   tiny-phi3   phi3 (qkv_proj and gate_up_proj stored fused), GQA 4/2,
               untied, weights as fp32 (one file)
+  tiny-olmo2  olmo2 (norms after attention and the MLP, none before; RMSNorm
+              over the whole q and k projections), GQA 4/2, untied, pad id 1,
+              weights as bf16 (one file)
 For each: config.json (as transformers writes it), the weights, and
 reference.json with the batch (inputs, targets; some targets -100 for
 qwen2), the mean cross-entropy, a slice of logits and the L2 norm of every
@@ -134,7 +137,7 @@ def low_precision_pass(model64, dtype, inputs, targets, eval_targets, positions,
 
 def make(kind, out, tokens, torch, transformers, save_file):
     gen = torch.Generator().manual_seed({"llama": 1, "qwen2": 2, "mistral": 3, "qwen3": 4,
-                                       "phi3": 5}[kind])
+                                       "phi3": 5, "olmo2": 6}[kind])
     common = dict(hidden_size=64, intermediate_size=128 if kind == "llama" else 96,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   vocab_size=VOCAB, max_position_embeddings=64, hidden_act="silu")
@@ -160,6 +163,11 @@ def make(kind, out, tokens, torch, transformers, save_file):
                                       rope_theta=250000.0, bos_token_id=1, eos_token_id=2,
                                       pad_token_id=0, sliding_window=None)
         cls = transformers.Phi3ForCausalLM
+    elif kind == "olmo2":
+        cfg = transformers.Olmo2Config(**common, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                       rope_theta=500000.0, attention_bias=False,
+                                       pad_token_id=1, bos_token_id=None, eos_token_id=2)
+        cls = transformers.Olmo2ForCausalLM
     else:
         cfg = transformers.Qwen2Config(**common, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                        rope_theta=1000000.0, use_sliding_window=False)
@@ -171,7 +179,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
         model.tie_weights()
 
     # What goes on disk, and the exact values the reference computes with.
-    disk_dtype = torch.bfloat16 if kind in ("llama", "qwen3") else torch.float32
+    disk_dtype = torch.bfloat16 if kind in ("llama", "qwen3", "olmo2") else torch.float32
     tensors = {}
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -187,7 +195,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
         os.remove(os.path.join(d, f))
     cfg.save_pretrained(d)
     meta = {"format": "pt"}
-    if kind in ("llama", "mistral", "qwen3", "phi3"):
+    if kind in ("llama", "mistral", "qwen3", "phi3", "olmo2"):
         save_file(tensors, os.path.join(d, "model.safetensors"), metadata=meta)
     else:
         names = sorted(tensors)
@@ -258,7 +266,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "precision": "float64 on the stored values",
-        "weights_dtype": "bf16" if kind in ("llama", "qwen3") else "f32",
+        "weights_dtype": "bf16" if kind in ("llama", "qwen3", "olmo2") else "f32",
         "model_type": cfg.model_type,
         "batch": BATCH,
         "seq_len": SEQ,
@@ -327,7 +335,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
     ap.add_argument("--check-export", metavar="ZINC", help="check `zinc export` (see above)")
     ap.add_argument("--kinds", default="llama,qwen2",
-                    help="fixtures to make: llama, qwen2, mistral, qwen3, phi3 (comma-separated)")
+                    help="fixtures to make: llama, qwen2, mistral, qwen3, phi3, olmo2 "
+                         "(comma-separated)")
     args = ap.parse_args()
     ensure_torch()
     if args.check_export:

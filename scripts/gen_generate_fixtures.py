@@ -7,6 +7,7 @@ by transformers' own generate() on the committed fixture models:
   tiny-mistral          mistral, untied, fp32 on disk
   tiny-qwen3            qwen3, per-head q/k norm, tied, bf16 on disk
   tiny-phi3             phi3, fused qkv_proj and gate_up_proj, fp32 on disk
+  tiny-olmo2            olmo2, post-norms, full-width q/k norm, bf16 on disk
   lora-llama            ft-llama plus the PEFT adapter final-adapter,
                         loaded by peft (unmerged)
 
@@ -108,7 +109,7 @@ def case(name):
 
 def main():
     names = sys.argv[1:] or ["tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
-                             "tiny-phi3", "lora-llama"]
+                             "tiny-phi3", "tiny-olmo2", "lora-llama"]
     for name in names:
         ref = case(name)
         path = os.path.join(FIX, name, "generate.json")

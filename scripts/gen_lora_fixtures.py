@@ -90,6 +90,10 @@ FIXTURES = {
                   data_seed=44),
     # phi3: its four projections, two of them fused (what LLaMA-Factory's
     # lora_target all gives it)
+    # olmo2: the q and k adapters feed the full-width q/k norm, o's and
+    # down's the post-norms
+    "olmo2": dict(base="ft-olmo2", r=4, alpha=8, targets=TARGETS_ALL, rslora=False, seed=36,
+                  data_seed=46),
     "phi3": dict(base="ft-phi3", r=4, alpha=8,
                  targets=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], rslora=False,
                  seed=35, data_seed=45),
@@ -267,7 +271,7 @@ def make(kind, out, torch, transformers, peft):
         "peft": peft.__version__,
         "precision": "float32, eager attention, CPU; adapters fp32, base frozen",
         "weights_dtype": {"ft-llama": "bf16", "ft-qwen2": "f16", "ft-qwen3": "bf16",
-                          "ft-phi3": "bf16"}[spec["base"]],
+                          "ft-phi3": "bf16", "ft-olmo2": "bf16"}[spec["base"]],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "steps": steps,
     }

@@ -20,6 +20,8 @@ Two small decoders with shapes unlike the other fixtures:
             4/2 heads of head_dim 16 (q wider than hidden), untied, bf16
   ft-phi3   phi3 (qkv_proj and gate_up_proj fused, trained as one tensor
             each), 2 layers, hidden 32, GQA 4/2, untied, bf16
+  ft-olmo2  olmo2 (post-norms, full-width q/k norm, all trained), 2 layers,
+            hidden 32, GQA 4/2, untied, pad id 1, bf16
 For each folder: config.json (transformers' own), the weights,
 train-config.json (the zinc config the test trains with: DeepSpeed's
 optimizer / scheduler / clipping keys and the batch shape), and
@@ -94,6 +96,10 @@ def shapes(kind):
     if kind in ("vocab", "tiedvocab"):
         return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                    max_position_embeddings=64, hidden_act="silu")
+    if kind == "olmo2":
+        return dict(hidden_size=32, intermediate_size=56, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
                     max_position_embeddings=64, hidden_act="silu")
     if kind == "phi3":
         return dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -273,7 +279,8 @@ def noise_and_bounds(torch, init, variants, final64, steps64, extra=None):
 
 def make(kind, out, torch, transformers, save_file):
     gen = torch.Generator().manual_seed({"llama": 11, "qwen2": 12, "tied": 13, "vocab": 14,
-                                     "tiedvocab": 15, "qwen3": 16, "phi3": 17}[kind])
+                                     "tiedvocab": 15, "qwen3": 16, "phi3": 17,
+                                     "olmo2": 18}[kind])
     if kind in ("tied", "tiedvocab"):
         cfg = transformers.LlamaConfig(**shapes(kind), rms_norm_eps=1e-5, tie_word_embeddings=True,
                                        attention_bias=False, rope_theta=500000.0)
@@ -295,6 +302,12 @@ def make(kind, out, torch, transformers, save_file):
                                       rope_theta=250000.0, bos_token_id=1, eos_token_id=2,
                                       pad_token_id=0, sliding_window=None)
         cls = transformers.Phi3ForCausalLM
+        disk = torch.bfloat16
+    elif kind == "olmo2":
+        cfg = transformers.Olmo2Config(**shapes(kind), rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                       rope_theta=500000.0, attention_bias=False,
+                                       pad_token_id=1, bos_token_id=None, eos_token_id=2)
+        cls = transformers.Olmo2ForCausalLM
         disk = torch.bfloat16
     else:
         cfg = transformers.Qwen2Config(**shapes(kind), rms_norm_eps=1e-6, tie_word_embeddings=False,
@@ -342,7 +355,7 @@ def make(kind, out, torch, transformers, save_file):
         json.dump(zcfg, f, indent=2)
 
     dseed = {"llama": 21, "qwen2": 22, "tied": 23, "vocab": 24, "tiedvocab": 25, "qwen3": 26,
-             "phi3": 27}[kind]
+             "phi3": 27, "olmo2": 28}[kind]
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
     fresh = copy.deepcopy(model)  # the same values, ties kept
 
@@ -371,7 +384,8 @@ def make(kind, out, torch, transformers, save_file):
         "transformers": transformers.__version__,
         "precision": "float32, eager attention, CPU",
         "weights_dtype": {"llama": "bf16", "qwen2": "f16", "tied": "f32", "vocab": "f32",
-                          "tiedvocab": "f32", "qwen3": "bf16", "phi3": "bf16"}[kind],
+                          "tiedvocab": "f32", "qwen3": "bf16", "phi3": "bf16",
+                          "olmo2": "bf16"}[kind],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "float64": f64,
         "noise": noise,
@@ -393,7 +407,8 @@ def check_export(zinc, torch, transformers):
     from gen_fixtures import write_tokens
     fx = os.path.join(ROOT, "tests", "fixtures")
     bad = 0
-    for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3"):
+    for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
+                 "olmo2"):
         src = os.path.join(fx, "ft-" + kind)
         V = json.load(open(os.path.join(src, "config.json")))["vocab_size"]
         with tempfile.TemporaryDirectory() as tmp:
@@ -437,7 +452,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
     ap.add_argument("--check-export", metavar="ZINC", help="check zinc's fine-tuned exports "
                     "in transformers (see check_export)")
-    ap.add_argument("--only", choices=("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3"),
+    ap.add_argument("--only", choices=("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
+                 "olmo2"),
                     help="make this fixture only")
     args = ap.parse_args()
     ensure_torch()
@@ -451,7 +467,8 @@ def main():
     from safetensors.torch import save_file
     torch.manual_seed(0)
     torch.set_num_threads(1)  # one summation order, run to run
-    for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3"):
+    for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
+                 "olmo2"):
         if not args.only or kind == args.only:
             make(kind, args.out, torch, transformers, save_file)
 

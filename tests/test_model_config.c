@@ -78,7 +78,7 @@ int main(void)
     check_refused("model-configs/Qwen3-30B-A3B.json", "qwen3_moe", "mixture-of-experts");
     check_refused("model-configs/gemma-2-9b-it.json", "gemma2", "soft-capping");
     check_count("model-configs/phi-4.json", 14659507200ull);
-    check_refused("model-configs/Olmo-3.1-32B-Instruct.json", "olmo3", "post-norms");
+    check_refused("model-configs/Olmo-3.1-32B-Instruct.json", "olmo3", "sliding-window layers");
     check_refused("model-configs/Qwen3.5-9B.json", "qwen3_5", "linear-attention");
 
     /* Mistral: the Llama block under its own name; v0.3's sliding_window
@@ -106,7 +106,7 @@ int main(void)
     /* a model_type nobody knows */
     ZT_EQ_INT(parse("{" BASE_OTHER "}", &d), ZN_EUNSUPPORTED);
     ZT_CONTAINS(zn_last_error(), "model_type 'bert' is not a family zinc knows (it trains llama, "
-                                 "qwen2, mistral, qwen3, phi3)");
+                                 "qwen2, mistral, qwen3, phi3, olmo2)");
 
     /* Qwen3: head_dim 128 when config.json leaves it out (Qwen3-8B's does;
      * Qwen3Config's default, whatever hidden_size / heads is), the per-head

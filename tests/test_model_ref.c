@@ -76,9 +76,10 @@ int main(void)
     /* tiny-mistral: the Llama block under its own model_type, made by
      * transformers' MistralForCausalLM; tiny-qwen3: the per-head q/k norm,
      * heads x head_dim wider than hidden; tiny-phi3: q, k, v and gate, up
-     * as row blocks of the fused tensors */
+     * as row blocks of the fused tensors; tiny-olmo2: post-norms and the
+     * full-width q/k norm */
     const char *fixtures[] = { "tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
-                               "tiny-phi3" };
+                               "tiny-phi3", "tiny-olmo2" };
     for (int f = 0; f < (int)(sizeof fixtures / sizeof fixtures[0]); f++) {
         ref_result r1, r2, r3;
         float *g1 = NULL, *g2 = NULL;

@@ -772,12 +772,15 @@ int main(int argc, char **argv)
     fixture("ft-qwen3");
     /* phi3: qkv_proj and gate_up_proj trained as the fused tensors they are */
     fixture("ft-phi3");
+    /* olmo2: the post-norms and the full-width q/k norm trained, pad id 1 */
+    fixture("ft-olmo2");
     /* LoRA on a frozen base (lora_B nonzero from the start, so both adapter
      * gradients count), every placement of the base */
     fixture("lora-llama");
     fixture("lora-qwen2");
     fixture("lora-qwen3"); /* the q and k adapters feed the per-head q/k norm */
-    fixture("lora-phi3");  /* o_proj and down_proj beside the fused projections */
+    fixture("lora-phi3");  /* qkv_proj and gate_up_proj adapters on the fused tensors */
+    fixture("lora-olmo2"); /* q/k adapters before the q/k norm, o/down before the post-norms */
     /* lora_dropout 0.2 with zinc's masks on PEFT's side; eval without */
     fixture("lora-dropout");
     tn_rmdir();

@@ -154,8 +154,8 @@ typedef struct {
 /* The model: an HF folder (path) or dimensions with HF config.json's names. */
 typedef struct {
     char path[ZN_PATH_MAX];      /* "" = built from the dimensions below */
-    int arch;                    /* 0 "llama", 1 "qwen2", 2 "mistral", 3 "qwen3", 4 "phi3"
-                                    (HF model_type) */
+    int arch;                    /* 0 "llama", 1 "qwen2", 2 "mistral", 3 "qwen3", 4 "phi3",
+                                    5 "olmo2" (HF model_type) */
     int64_t hidden_size;
     int64_t num_hidden_layers;
     int64_t num_attention_heads;

@@ -21,6 +21,7 @@ typedef enum {
     ZN_ARCH_MISTRAL = 3, /* model_type "mistral": the Llama block, its own name */
     ZN_ARCH_QWEN3 = 4, /* model_type "qwen3": Qwen3 dense (per-head q/k RMSNorm) */
     ZN_ARCH_PHI3 = 5,  /* model_type "phi3": Phi-3, phi-4 (qkv_proj, gate_up_proj fused) */
+    ZN_ARCH_OLMO2 = 6, /* model_type "olmo2": OLMo 2 (post-norms, full-width q/k norm) */
 } zn_model_arch;
 
 /* The families (src/model/family.c). zn_model_family_lookup: the arch of a
@@ -116,8 +117,13 @@ typedef struct {
     int tie_embeddings;    /* tie_word_embeddings: lm_head shares embed_tokens */
     int qkv_bias;          /* q/k/v projections have a bias (qwen2; llama attention_bias) */
     int o_bias;            /* o_proj has a bias (llama, qwen3 attention_bias) */
-    int qk_norm;           /* qwen3: RMSNorm over head_dim on each query and key
-                              head before RoPE (self_attn.q_norm, k_norm) */
+    int qk_norm;           /* RMSNorm of the queries and keys before RoPE
+                              (self_attn.q_norm, k_norm): 1 over head_dim on
+                              each head (qwen3), 2 over the whole projection
+                              (olmo2) */
+    int post_norm;         /* olmo2: no norm before attention or the MLP; their
+                              outputs are normed (post_attention_layernorm,
+                              post_feedforward_layernorm) before the residual */
     int has_pad;           /* pad_token_id is set: transformers' nn.Embedding takes it
                               as padding_idx, so that row's lookup passes no gradient */
     int64_t pad_id;        /* with has_pad: pad_token_id, in [0, vocab) */

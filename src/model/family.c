@@ -45,11 +45,10 @@ static const family families[] = {
       "gemma3_text pieces" },
     /* Phi3Config: 4096 positions; its fused projections are zinc's tensors */
     { "phi3", ZN_ARCH_PHI3, "Phi3ForCausalLM", 4096, 0, NULL },
-    { "olmo2", 0, NULL, 0, 0,
-      "norms after attention and the MLP instead of before, and the RMSNorm over the whole "
-      "q and k projections" },
+    /* Olmo2Config: 2048 positions */
+    { "olmo2", ZN_ARCH_OLMO2, "Olmo2ForCausalLM", 2048, 0, NULL },
     { "olmo3", 0, NULL, 0, 0,
-      "OLMo 2's post-norms and q/k RMSNorm, and sliding-window layers" },
+      "sliding-window layers beside OLMo 2's block (and, for OLMo 3.1, YaRN rope scaling)" },
     { "qwen3_5", 0, NULL, 0, 0,
       "linear-attention (gated delta) layers between the full-attention ones, and a vision "
       "wrapper" },

@@ -49,7 +49,7 @@ int zn_model_dims_validate(const zn_model_dims *d)
         return zn_set_error(ZN_ECONFIG, "model dims: " #f " = %lld must be in 1..%lld", \
                             (long long)d->f, (long long)(max));
     if (d->arch != ZN_ARCH_LLAMA && d->arch != ZN_ARCH_QWEN2 && d->arch != ZN_ARCH_MISTRAL &&
-        d->arch != ZN_ARCH_QWEN3 && d->arch != ZN_ARCH_PHI3)
+        d->arch != ZN_ARCH_QWEN3 && d->arch != ZN_ARCH_PHI3 && d->arch != ZN_ARCH_OLMO2)
         return zn_set_error(ZN_ECONFIG, "model dims: unknown arch %d", (int)d->arch);
     if (d->sliding_window < 0)
         return zn_set_error(ZN_ECONFIG, "model dims: sliding_window = %lld must be >= 0",
@@ -59,6 +59,11 @@ int zn_model_dims_validate(const zn_model_dims *d)
                             (long long)d->pad_id);
     if (d->fused_proj != (d->arch == ZN_ARCH_PHI3))
         return zn_set_error(ZN_ECONFIG, "model dims: only phi3 stores its projections fused");
+    if (d->post_norm != (d->arch == ZN_ARCH_OLMO2) ||
+        d->qk_norm != (d->arch == ZN_ARCH_QWEN3 ? 1 : d->arch == ZN_ARCH_OLMO2 ? 2 : 0))
+        return zn_set_error(ZN_ECONFIG, "model dims: %s's norms are its family's (qk_norm %d, "
+                            "post_norm %d)", zn_model_arch_name(d->arch), d->qk_norm,
+                            d->post_norm);
     POS(hidden, DIM_MAX);
     POS(n_layers, LAYERS_MAX);
     POS(n_heads, 4096);
@@ -385,9 +390,11 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
         /* MistralAttention, Phi3Attention: no bias on any projection
          * (neither reads attention_bias) */
     } else {
-        /* llama and qwen3: attention_bias on q, k, v and o alike; qwen3's
-         * q_norm and k_norm always */
-        d->qk_norm = d->arch == ZN_ARCH_QWEN3;
+        /* llama, qwen3, olmo2: attention_bias on q, k, v and o alike;
+         * qwen3's per-head q/k norm, olmo2's full-width one and its
+         * post-norms always */
+        d->qk_norm = d->arch == ZN_ARCH_QWEN3 ? 1 : d->arch == ZN_ARCH_OLMO2 ? 2 : 0;
+        d->post_norm = d->arch == ZN_ARCH_OLMO2;
         if ((rc = get_bool(c, "attention_bias", 0, &flag)))
             return rc;
         d->qkv_bias = d->o_bias = flag;
@@ -466,13 +473,12 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
     int rc = zn_model_dims_validate(d);
     if (rc)
         return rc;
-    if (d->o_bias != d->qkv_bias && (d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3))
+    if (d->o_bias != d->qkv_bias &&
+        (d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_OLMO2))
         return zn_set_error(ZN_ECONFIG, "model dims: %s's attention_bias covers q/k/v and o "
                                         "alike; qkv_bias != o_bias cannot be written",
                             zn_model_arch_name(d->arch));
-    if (d->qk_norm != (d->arch == ZN_ARCH_QWEN3))
-        return zn_set_error(ZN_ECONFIG, "model dims: %s %s the per-head q/k norm",
-                            zn_model_arch_name(d->arch), d->qk_norm ? "has no" : "always has");
+
     if (d->arch == ZN_ARCH_QWEN2 && (!d->qkv_bias || d->o_bias))
         return zn_set_error(ZN_ECONFIG, "model dims: qwen2 always has q/k/v bias and no o bias");
     if ((d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3) && (d->qkv_bias || d->o_bias))
@@ -507,7 +513,7 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
                           : dtype == ZN_DTYPE_F16 ? "float16" : "bfloat16";
         bad |= set_or_fail(o, "torch_dtype", json_string(tdt));
         bad |= set_or_fail(o, "dtype", json_string(tdt));
-        if (d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3)
+        if (d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_OLMO2)
             bad |= set_or_fail(o, "attention_bias", json_boolean(d->qkv_bias));
         if (is_qwen || d->arch == ZN_ARCH_QWEN3)
             bad |= set_or_fail(o, "use_sliding_window", json_false());
@@ -567,8 +573,10 @@ static uint64_t base_count(const zn_model_dims *d, int block)
         n += qd + 2 * kvd;
     if (d->o_bias)
         n += h;
-    if (d->qk_norm)
-        n += 2 * (uint64_t)d->head_dim;           /* q_norm, k_norm */
+    if (d->qk_norm == 1)
+        n += 2 * (uint64_t)d->head_dim;           /* q_norm, k_norm: per head */
+    else if (d->qk_norm == 2)
+        n += qd + kvd;                            /* over the whole projections */
     n += 3 * h * (uint64_t)d->intermediate;       /* gate, up, down */
     return n;
 }

@@ -36,19 +36,19 @@ int zn_m_load_tensors(const zn_model_dims *d, zn_dtype dt, const char *path, con
 enum {
     ZN_M_P_IN_NORM, ZN_M_P_WQ, ZN_M_P_WK, ZN_M_P_WV, ZN_M_P_WO, ZN_M_P_POST_NORM, ZN_M_P_WG,
     ZN_M_P_WU, ZN_M_P_WD, ZN_M_P_BQ, ZN_M_P_BK, ZN_M_P_BV, ZN_M_P_BO, ZN_M_P_QN, ZN_M_P_KN,
-    ZN_M_P_WQKV, ZN_M_P_WGU, ZN_M_P_NSLOTS
+    ZN_M_P_WQKV, ZN_M_P_WGU, ZN_M_P_FF_NORM, ZN_M_P_NSLOTS
 };
 /* With fused projections (dims.fused_proj) WQ, WK, WV are row blocks of
  * WQKV and WG, WU of WGU: zn_m_slot_part says which and where. */
 
 /* Activations of one layer (forward results needed by the backward). */
 typedef struct {
-    void *h1;      /* [N][H]   rmsnorm(x_in) */
+    void *h1;      /* [N][H]   rmsnorm(x_in); post-norm: o_proj's output before its norm */
     float *rstd1;  /* [N] */
     void *qkv;     /* [N][qkv_ld] q | k | v, q and k after RoPE */
     void *attn;    /* [N][qd]  attention output before o_proj */
     void *x_mid;   /* [N][H]   x_in + o_proj(attn) */
-    void *h2;      /* [N][H]   rmsnorm(x_mid) */
+    void *h2;      /* [N][H]   rmsnorm(x_mid); post-norm: down_proj's output before its norm */
     float *rstd2;  /* [N] */
     void *gate;    /* [N][I] */
     void *up;      /* [N][I] */

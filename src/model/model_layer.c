@@ -375,6 +375,30 @@ static int lora_bwd_x(zn_model *m, zn_stream *s, void *const *params, int layer,
                           m->d.lora.dropout, lora_key(m, layer, t), 1);
 }
 
+/* The q/k norm's groups: per head over head_dim (qwen3), or one over the
+ * whole projection (olmo2). */
+typedef struct {
+    int64_t qh, qdim, kh, kdim;
+} qk_norm_shape;
+
+static qk_norm_shape qk_shape(const zn_model *m)
+{
+    if (m->d.qk_norm == 2)
+        return (qk_norm_shape){ 1, m->qd, 1, m->kvd };
+    return (qk_norm_shape){ m->nh, m->hd, m->nkv, m->hd };
+}
+
+/* post-norm: h2 = act Wd^T (+ LoRA), its norm's rstd in rstd2, the norm
+ * written to y (x_out, or a scratch when only h2 and rstd2 are wanted). */
+static int down_post(zn_model *m, zn_stream *s, void *const *params, int layer,
+                     const zn_m_layer_acts *a, void *y)
+{
+    ZN_TRY(linear(m, s, a->act, m->I, PRM(ZN_M_P_WD), m->H, m->I, 0.0f, a->h2, m->dt, m->H));
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_DOWN, a->act, m->I, m->I, m->H, a->h2, m->H));
+    return zn_dev_rmsnorm_fwd(m->dev, s, a->h2, m->dt, PRM(ZN_M_P_FF_NORM), m->dt, y, m->dt,
+                              a->rstd2, m->N, m->H, (float)m->d.rms_eps);
+}
+
 /* Forward up to (not including) the down projection. */
 static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *params,
                           const void *x_in, const zn_m_layer_acts *a, void *kv)
@@ -384,8 +408,13 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *par
     size_t e = m->esz;
     float eps = (float)m->d.rms_eps;
 
-    ZN_TRY(zn_dev_rmsnorm_fwd(m->dev, s, x_in, dt, PRM(ZN_M_P_IN_NORM), dt, a->h1, dt, a->rstd1,
-                              N, H, eps));
+    /* post-norm (olmo2): the projections read x_in itself, and h1 / h2
+     * hold what o_proj and down_proj make before their norms */
+    const int post = m->d.post_norm;
+    const void *xa = post ? x_in : a->h1;
+    if (!post)
+        ZN_TRY(zn_dev_rmsnorm_fwd(m->dev, s, x_in, dt, PRM(ZN_M_P_IN_NORM), dt, a->h1, dt,
+                                  a->rstd1, N, H, eps));
     /* q and k go to qkv, or with a q/k norm to qk_pre ([N][qd + kvd]), which
      * the backward needs, the norm writing them into qkv */
     void *q = a->qkv, *k = zn_m_at(a->qkv, qd, e);
@@ -395,16 +424,16 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *par
         k = zn_m_at(a->qk_pre, qd, e);
         qk_ld = qd + kvd;
     }
-    ZN_TRY(linear(m, s, a->h1, H, PRM(ZN_M_P_WQ), qd, H, 0.0f, q, dt, qk_ld));
-    ZN_TRY(linear(m, s, a->h1, H, PRM(ZN_M_P_WK), kvd, H, 0.0f, k, dt, qk_ld));
-    ZN_TRY(linear(m, s, a->h1, H, PRM(ZN_M_P_WV), kvd, H, 0.0f, zn_m_at(a->qkv, qd + kvd, e), dt,
+    ZN_TRY(linear(m, s, xa, H, PRM(ZN_M_P_WQ), qd, H, 0.0f, q, dt, qk_ld));
+    ZN_TRY(linear(m, s, xa, H, PRM(ZN_M_P_WK), kvd, H, 0.0f, k, dt, qk_ld));
+    ZN_TRY(linear(m, s, xa, H, PRM(ZN_M_P_WV), kvd, H, 0.0f, zn_m_at(a->qkv, qd + kvd, e), dt,
                   ld));
-    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_Q, a->h1, H, H, qd, q, qk_ld));
-    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_K, a->h1, H, H, kvd, k, qk_ld));
-    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_V, a->h1, H, H, kvd,
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_Q, xa, H, H, qd, q, qk_ld));
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_K, xa, H, H, kvd, k, qk_ld));
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_V, xa, H, H, kvd,
                     zn_m_at(a->qkv, qd + kvd, e), ld));
     /* phi3's qkv_proj adapter: B's rows are q | k | v, qkv's columns */
-    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_QKV, a->h1, H, H, ld, a->qkv, ld));
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_QKV, xa, H, H, ld, a->qkv, ld));
     if (m->d.qkv_bias) {
         ZN_TRY(zn_dev_bias_add(m->dev, s, q, dt, qk_ld, PRM(ZN_M_P_BQ), dt, N, qd));
         ZN_TRY(zn_dev_bias_add(m->dev, s, k, dt, qk_ld, PRM(ZN_M_P_BK), dt, N, kvd));
@@ -412,30 +441,39 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *par
                                N, kvd));
     }
     if (m->d.qk_norm) {
+        qk_norm_shape g = qk_shape(m);
         ZN_TRY(zn_dev_rmsnorm_heads_fwd(m->dev, s, q, dt, qk_ld, PRM(ZN_M_P_QN), dt, a->qkv, dt,
-                                        ld, a->qk_rstd, N, m->nh, m->hd, eps));
+                                        ld, a->qk_rstd, N, g.qh, g.qdim, eps));
         ZN_TRY(zn_dev_rmsnorm_heads_fwd(m->dev, s, k, dt, qk_ld, PRM(ZN_M_P_KN), dt,
                                         zn_m_at(a->qkv, qd, e), dt, ld,
-                                        a->qk_rstd + m->max_n * m->nh, N, m->nkv, m->hd, eps));
+                                        a->qk_rstd + m->max_n * m->nh, N, g.kh, g.kdim, eps));
     }
     ZN_TRY(zn_dev_rope_fwd(m->dev, s, a->qkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
     ZN_TRY(zn_dev_rope_fwd(m->dev, s, zn_m_at(a->qkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
                         m->inv_freq));
     ZN_TRY(kv ? attn_fwd_kv(m, s, a, kv) : attn_fwd(m, s, a));
-    /* x_mid = x_in + attn Wo^T (+ bo) */
-    ZN_TRY(zn_dev_copy_d2d(m->dev, s, a->x_mid, x_in, (size_t)(N * H) * e));
-    ZN_TRY(linear(m, s, a->attn, qd, PRM(ZN_M_P_WO), H, qd, 1.0f, a->x_mid, dt, H));
-    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_O, a->attn, qd, qd, H, a->x_mid, H));
+    /* x_mid = x_in + attn Wo^T (+ bo); post-norm: x_in + norm(attn Wo^T (+ bo)) */
+    void *o = post ? a->h1 : a->x_mid;
+    if (!post)
+        ZN_TRY(zn_dev_copy_d2d(m->dev, s, a->x_mid, x_in, (size_t)(N * H) * e));
+    ZN_TRY(linear(m, s, a->attn, qd, PRM(ZN_M_P_WO), H, qd, post ? 0.0f : 1.0f, o, dt, H));
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_O, a->attn, qd, qd, H, o, H));
     if (m->d.o_bias)
-        ZN_TRY(zn_dev_bias_add(m->dev, s, a->x_mid, dt, H, PRM(ZN_M_P_BO), dt, N, H));
-    ZN_TRY(zn_dev_rmsnorm_fwd(m->dev, s, a->x_mid, dt, PRM(ZN_M_P_POST_NORM), dt, a->h2, dt,
-                              a->rstd2, N, H, eps));
-    ZN_TRY(linear(m, s, a->h2, H, PRM(ZN_M_P_WG), I, H, 0.0f, a->gate, dt, I));
-    ZN_TRY(linear(m, s, a->h2, H, PRM(ZN_M_P_WU), I, H, 0.0f, a->up, dt, I));
-    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_GATE, a->h2, H, H, I, a->gate, I));
-    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_UP, a->h2, H, H, I, a->up, I));
-    ZN_TRY(lora_fwd_pair(m, s, params, layer, ZN_LORA_GATE_UP, a->h2, H, H, I, a->gate, a->up,
-                         I));
+        ZN_TRY(zn_dev_bias_add(m->dev, s, o, dt, H, PRM(ZN_M_P_BO), dt, N, H));
+    if (post) {
+        ZN_TRY(zn_dev_rmsnorm_fwd(m->dev, s, a->h1, dt, PRM(ZN_M_P_POST_NORM), dt, a->x_mid, dt,
+                                  a->rstd1, N, H, eps));
+        ZN_TRY(zn_dev_add_inplace(m->dev, s, a->x_mid, dt, x_in, dt, N * H));
+    } else {
+        ZN_TRY(zn_dev_rmsnorm_fwd(m->dev, s, a->x_mid, dt, PRM(ZN_M_P_POST_NORM), dt, a->h2, dt,
+                                  a->rstd2, N, H, eps));
+    }
+    const void *xm = post ? a->x_mid : a->h2; /* the MLP's input */
+    ZN_TRY(linear(m, s, xm, H, PRM(ZN_M_P_WG), I, H, 0.0f, a->gate, dt, I));
+    ZN_TRY(linear(m, s, xm, H, PRM(ZN_M_P_WU), I, H, 0.0f, a->up, dt, I));
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_GATE, xm, H, H, I, a->gate, I));
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_UP, xm, H, H, I, a->up, I));
+    ZN_TRY(lora_fwd_pair(m, s, params, layer, ZN_LORA_GATE_UP, xm, H, H, I, a->gate, a->up, I));
     return zn_dev_swiglu_fwd(m->dev, s, a->gate, a->up, a->act, dt, N * I);
 }
 
@@ -461,6 +499,10 @@ static int layer_fwd(zn_model *m, zn_stream *s, int layer, void *const *params,
         zn_m_carve_acts(&c, &a, m);
     }
     ZN_TRY(layer_fwd_core(m, s, layer, params, x_in, &a, kv));
+    if (m->d.post_norm) { /* x_out = x_mid + norm(act Wd^T) */
+        ZN_TRY(down_post(m, s, params, layer, &a, x_out));
+        return zn_dev_add_inplace(m->dev, s, x_out, m->dt, a.x_mid, m->dt, m->N * m->H);
+    }
     /* x_out = x_mid + act Wd^T */
     ZN_TRY(zn_dev_copy_d2d(m->dev, s, x_out, a.x_mid, (size_t)(m->N * m->H) * m->esz));
     ZN_TRY(linear(m, s, a.act, m->I, PRM(ZN_M_P_WD), m->H, m->I, 1.0f, x_out, m->dt, m->H));
@@ -504,48 +546,74 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
         ZN_TRY(layer_fwd_core(m, s, layer, params, x_in, &a, NULL)); /* activation checkpointing */
     }
 
+    const int post = m->d.post_norm;
+    const void *xa = post ? x_in : a.h1;  /* the attention's input */
+    const void *xm = post ? a.x_mid : a.h2; /* the MLP's */
+    /* post-norm: through the MLP's output norm first (its input h2 and
+     * rstd2 recomputed when not saved), d(down's output) in dxm */
+    const void *dyd = dy;
+    if (post) {
+        if (!saved)
+            ZN_TRY(down_post(m, s, params, layer, &a, m->dxm));
+        ZN_TRY(zn_dev_rmsnorm_bwd(m->dev, s, a.h2, dt, PRM(ZN_M_P_FF_NORM), dt, a.rstd2, dy, dt,
+                                  m->dxm, dt, GRD(ZN_M_P_FF_NORM), N, H));
+        dyd = m->dxm;
+    }
+
     /* MLP: out = act Wd^T */
-    ZN_TRY(linear_dw(m, s, dy, H, a.act, I, H, I, GRD(ZN_M_P_WD)));
-    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_DOWN, a.act, I, I, H, dy, H));
-    ZN_TRY(linear_dx(m, s, dy, H, PRM(ZN_M_P_WD), H, I, 0.0f, w->act, dt, I));       /* d_act */
+    ZN_TRY(linear_dw(m, s, dyd, H, a.act, I, H, I, GRD(ZN_M_P_WD)));
+    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_DOWN, a.act, I, I, H, dyd, H));
+    ZN_TRY(linear_dx(m, s, dyd, H, PRM(ZN_M_P_WD), H, I, 0.0f, w->act, dt, I));       /* d_act */
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_DOWN, I, w->act, dt, I));
     ZN_TRY(zn_dev_swiglu_bwd(m->dev, s, a.gate, a.up, w->act, w->gate, w->up, dt, N * I));
-    ZN_TRY(linear_dw(m, s, w->gate, I, a.h2, H, I, H, GRD(ZN_M_P_WG)));
-    ZN_TRY(linear_dw(m, s, w->up, I, a.h2, H, I, H, GRD(ZN_M_P_WU)));
-    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_GATE, a.h2, H, H, I, w->gate, I));
+    ZN_TRY(linear_dw(m, s, w->gate, I, xm, H, I, H, GRD(ZN_M_P_WG)));
+    ZN_TRY(linear_dw(m, s, w->up, I, xm, H, I, H, GRD(ZN_M_P_WU)));
+    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_GATE, xm, H, H, I, w->gate, I));
     ZN_TRY(linear_dx(m, s, w->gate, I, PRM(ZN_M_P_WG), I, H, 0.0f, m->dh, ZN_DTYPE_F32, H));
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_GATE, H, m->dh, ZN_DTYPE_F32, H));
-    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_UP, a.h2, H, H, I, w->up, I));
+    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_UP, xm, H, H, I, w->up, I));
     ZN_TRY(linear_dx(m, s, w->up, I, PRM(ZN_M_P_WU), I, H, 1.0f, m->dh, ZN_DTYPE_F32, H));
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_UP, H, m->dh, ZN_DTYPE_F32, H));
-    ZN_TRY(lora_bwd_w_pair(m, s, params, grads, layer, ZN_LORA_GATE_UP, a.h2, H, H, I, w->gate,
+    ZN_TRY(lora_bwd_w_pair(m, s, params, grads, layer, ZN_LORA_GATE_UP, xm, H, H, I, w->gate,
                            w->up, I));
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_GATE_UP, H, m->dh, ZN_DTYPE_F32, H));
-    ZN_TRY(zn_dev_rmsnorm_bwd(m->dev, s, a.x_mid, dt, PRM(ZN_M_P_POST_NORM), dt, a.rstd2, m->dh,
-                           ZN_DTYPE_F32, m->dxm32, ZN_DTYPE_F32, GRD(ZN_M_P_POST_NORM), N, H));
+    if (post)
+        ZN_TRY(zn_dev_copy_d2d(m->dev, s, m->dxm32, m->dh, (size_t)(N * H) * 4));
+    else
+        ZN_TRY(zn_dev_rmsnorm_bwd(m->dev, s, a.x_mid, dt, PRM(ZN_M_P_POST_NORM), dt, a.rstd2,
+                                  m->dh, ZN_DTYPE_F32, m->dxm32, ZN_DTYPE_F32,
+                                  GRD(ZN_M_P_POST_NORM), N, H));
     ZN_TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, dy, dt, N * H)); /* residual */
     if (dt != ZN_DTYPE_F32)
         ZN_TRY(zn_dev_cast(m->dev, s, m->dxm32, ZN_DTYPE_F32, m->dxm, dt, N * H));
 
-    /* attention output projection */
-    ZN_TRY(linear_dw(m, s, m->dxm, H, a.attn, qd, H, qd, GRD(ZN_M_P_WO)));
+    /* attention output projection; post-norm: through its norm first, into
+     * the workspace's h2 (free by now) */
+    const void *dov = m->dxm;
+    if (post) {
+        ZN_TRY(zn_dev_rmsnorm_bwd(m->dev, s, a.h1, dt, PRM(ZN_M_P_POST_NORM), dt, a.rstd1, m->dxm,
+                                  dt, w->h2, dt, GRD(ZN_M_P_POST_NORM), N, H));
+        dov = w->h2;
+    }
+    ZN_TRY(linear_dw(m, s, dov, H, a.attn, qd, H, qd, GRD(ZN_M_P_WO)));
     if (m->d.o_bias && GRD(ZN_M_P_BO))
-        ZN_TRY(zn_dev_bias_grad(m->dev, s, m->dxm, dt, H, GRD(ZN_M_P_BO), N, H));
-    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_O, a.attn, qd, qd, H, m->dxm, H));
-    ZN_TRY(linear_dx(m, s, m->dxm, H, PRM(ZN_M_P_WO), H, qd, 0.0f, m->d_attn, dt, qd));
+        ZN_TRY(zn_dev_bias_grad(m->dev, s, dov, dt, H, GRD(ZN_M_P_BO), N, H));
+    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_O, a.attn, qd, qd, H, dov, H));
+    ZN_TRY(linear_dx(m, s, dov, H, PRM(ZN_M_P_WO), H, qd, 0.0f, m->d_attn, dt, qd));
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_O, qd, m->d_attn, dt, qd));
     ZN_TRY(attn_bwd(m, s, &a));
     ZN_TRY(zn_dev_rope_bwd(m->dev, s, m->dqkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
     ZN_TRY(zn_dev_rope_bwd(m->dev, s, zn_m_at(m->dqkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
                         m->inv_freq));
     if (m->d.qk_norm) { /* dqkv's q and k: through their norms, in place */
+        qk_norm_shape g = qk_shape(m);
         ZN_TRY(zn_dev_rmsnorm_heads_bwd(m->dev, s, a.qk_pre, dt, qd + kvd, PRM(ZN_M_P_QN), dt,
                                         a.qk_rstd, m->dqkv, dt, m->dqkv, dt, ld, GRD(ZN_M_P_QN),
-                                        N, m->nh, m->hd));
+                                        N, g.qh, g.qdim));
         ZN_TRY(zn_dev_rmsnorm_heads_bwd(m->dev, s, zn_m_at(a.qk_pre, qd, e), dt, qd + kvd,
                                         PRM(ZN_M_P_KN), dt, a.qk_rstd + m->max_n * m->nh,
                                         zn_m_at(m->dqkv, qd, e), dt, zn_m_at(m->dqkv, qd, e), dt,
-                                        ld, GRD(ZN_M_P_KN), N, m->nkv, m->hd));
+                                        ld, GRD(ZN_M_P_KN), N, g.kh, g.kdim));
     }
     if (m->d.qkv_bias && GRD(ZN_M_P_BQ)) {
         ZN_TRY(zn_dev_bias_grad(m->dev, s, m->dqkv, dt, ld, GRD(ZN_M_P_BQ), N, qd));
@@ -554,26 +622,27 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
         ZN_TRY(zn_dev_bias_grad(m->dev, s, zn_m_at(m->dqkv, qd + kvd, e), dt, ld, GRD(ZN_M_P_BV),
                                 N, kvd));
     }
-    ZN_TRY(linear_dw(m, s, m->dqkv, ld, a.h1, H, qd, H, GRD(ZN_M_P_WQ)));
-    ZN_TRY(linear_dw(m, s, zn_m_at(m->dqkv, qd, e), ld, a.h1, H, kvd, H, GRD(ZN_M_P_WK)));
-    ZN_TRY(linear_dw(m, s, zn_m_at(m->dqkv, qd + kvd, e), ld, a.h1, H, kvd, H, GRD(ZN_M_P_WV)));
-    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_Q, a.h1, H, H, qd, m->dqkv, ld));
+    ZN_TRY(linear_dw(m, s, m->dqkv, ld, xa, H, qd, H, GRD(ZN_M_P_WQ)));
+    ZN_TRY(linear_dw(m, s, zn_m_at(m->dqkv, qd, e), ld, xa, H, kvd, H, GRD(ZN_M_P_WK)));
+    ZN_TRY(linear_dw(m, s, zn_m_at(m->dqkv, qd + kvd, e), ld, xa, H, kvd, H, GRD(ZN_M_P_WV)));
+    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_Q, xa, H, H, qd, m->dqkv, ld));
     ZN_TRY(linear_dx(m, s, m->dqkv, ld, PRM(ZN_M_P_WQ), qd, H, 0.0f, m->dh, ZN_DTYPE_F32, H));
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_Q, H, m->dh, ZN_DTYPE_F32, H));
-    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_K, a.h1, H, H, kvd,
+    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_K, xa, H, H, kvd,
                       zn_m_at(m->dqkv, qd, e), ld));
     ZN_TRY(linear_dx(m, s, zn_m_at(m->dqkv, qd, e), ld, PRM(ZN_M_P_WK), kvd, H, 1.0f, m->dh,
                      ZN_DTYPE_F32, H));
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_K, H, m->dh, ZN_DTYPE_F32, H));
-    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_V, a.h1, H, H, kvd,
+    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_V, xa, H, H, kvd,
                       zn_m_at(m->dqkv, qd + kvd, e), ld));
     ZN_TRY(linear_dx(m, s, zn_m_at(m->dqkv, qd + kvd, e), ld, PRM(ZN_M_P_WV), kvd, H, 1.0f, m->dh,
                   ZN_DTYPE_F32, H));
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_V, H, m->dh, ZN_DTYPE_F32, H));
-    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_QKV, a.h1, H, H, ld, m->dqkv, ld));
+    ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_QKV, xa, H, H, ld, m->dqkv, ld));
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_QKV, H, m->dh, ZN_DTYPE_F32, H));
-    ZN_TRY(zn_dev_rmsnorm_bwd(m->dev, s, x_in, dt, PRM(ZN_M_P_IN_NORM), dt, a.rstd1, m->dh,
-                              ZN_DTYPE_F32, m->dh, ZN_DTYPE_F32, GRD(ZN_M_P_IN_NORM), N, H));
+    if (!post)
+        ZN_TRY(zn_dev_rmsnorm_bwd(m->dev, s, x_in, dt, PRM(ZN_M_P_IN_NORM), dt, a.rstd1, m->dh,
+                                  ZN_DTYPE_F32, m->dh, ZN_DTYPE_F32, GRD(ZN_M_P_IN_NORM), N, H));
     ZN_TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, m->dh, ZN_DTYPE_F32, N * H));
     return zn_dev_cast(m->dev, s, m->dxm32, ZN_DTYPE_F32, dx, dt, N * H);
 }

@@ -16,9 +16,13 @@ static int layer_slot_present(const zn_model_dims *d, int slot)
     if (slot == ZN_M_P_BO)
         return d->o_bias;
     if (slot == ZN_M_P_QN || slot == ZN_M_P_KN)
-        return d->qk_norm;
+        return d->qk_norm != 0;
     if (slot == ZN_M_P_WQKV || slot == ZN_M_P_WGU)
         return d->fused_proj;
+    if (slot == ZN_M_P_IN_NORM)
+        return !d->post_norm;
+    if (slot == ZN_M_P_FF_NORM)
+        return d->post_norm;
     if (slot == ZN_M_P_WQ || slot == ZN_M_P_WK || slot == ZN_M_P_WV || slot == ZN_M_P_WG ||
         slot == ZN_M_P_WU)
         return !d->fused_proj;
@@ -154,15 +158,18 @@ int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_param_info
             [ZN_M_P_KN] = { "self_attn.k_norm.weight", 1 },
             [ZN_M_P_WQKV] = { "self_attn.qkv_proj.weight", 2 },
             [ZN_M_P_WGU] = { "mlp.gate_up_proj.weight", 2 },
+            [ZN_M_P_FF_NORM] = { "post_feedforward_layernorm.weight", 1 },
         };
         const int64_t shapes[ZN_M_P_NSLOTS][2] = {
             [ZN_M_P_IN_NORM] = { H, 0 }, [ZN_M_P_WQ] = { qd, H },  [ZN_M_P_WK] = { kvd, H },
             [ZN_M_P_WV] = { kvd, H },    [ZN_M_P_WO] = { H, qd },  [ZN_M_P_POST_NORM] = { H, 0 },
             [ZN_M_P_WG] = { I, H },      [ZN_M_P_WU] = { I, H },   [ZN_M_P_WD] = { H, I },
             [ZN_M_P_BQ] = { qd, 0 },     [ZN_M_P_BK] = { kvd, 0 }, [ZN_M_P_BV] = { kvd, 0 },
-            [ZN_M_P_BO] = { H, 0 },      [ZN_M_P_QN] = { d->head_dim, 0 },
-            [ZN_M_P_KN] = { d->head_dim, 0 },
+            [ZN_M_P_BO] = { H, 0 },
+            [ZN_M_P_QN] = { d->qk_norm == 2 ? qd : d->head_dim, 0 },
+            [ZN_M_P_KN] = { d->qk_norm == 2 ? kvd : d->head_dim, 0 },
             [ZN_M_P_WQKV] = { qd + 2 * kvd, H }, [ZN_M_P_WGU] = { 2 * I, H },
+            [ZN_M_P_FF_NORM] = { H, 0 },
         };
         snprintf(out->name, sizeof out->name, "model.layers.%d.%s", block - 1, slots[slot].name);
         out->ndim = slots[slot].ndim;
