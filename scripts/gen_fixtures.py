@@ -13,6 +13,9 @@ Two tiny random decoders, built and run by Hugging Face transformers:
               weights as bf16 (one file); some targets -100
   tiny-phi3   phi3 (qkv_proj and gate_up_proj stored fused), GQA 4/2,
               untied, weights as fp32 (one file)
+  tiny-mistral-window  mistral with sliding_window 5 against sequences of
+              16: each query sees its last 5 keys (transformers' sliding
+              mask), otherwise tiny-mistral's shape, fp32
   tiny-olmo2  olmo2 (norms after attention and the MLP, none before; RMSNorm
               over the whole q and k projections), GQA 4/2, untied, pad id 1,
               weights as bf16 (one file)
@@ -137,7 +140,7 @@ def low_precision_pass(model64, dtype, inputs, targets, eval_targets, positions,
 
 def make(kind, out, tokens, torch, transformers, save_file):
     gen = torch.Generator().manual_seed({"llama": 1, "qwen2": 2, "mistral": 3, "qwen3": 4,
-                                       "phi3": 5, "olmo2": 6}[kind])
+                                       "phi3": 5, "olmo2": 6, "mistral-window": 7}[kind])
     common = dict(hidden_size=64, intermediate_size=128 if kind == "llama" else 96,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   vocab_size=VOCAB, max_position_embeddings=64, hidden_act="silu")
@@ -148,9 +151,10 @@ def make(kind, out, tokens, torch, transformers, save_file):
                           "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
             rope_theta=10000.0)
         cls = transformers.LlamaForCausalLM
-    elif kind == "mistral":
+    elif kind in ("mistral", "mistral-window"):
         cfg = transformers.MistralConfig(**common, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                                         rope_theta=1000000.0, sliding_window=None)
+                                         rope_theta=1000000.0,
+                                         sliding_window=5 if kind == "mistral-window" else None)
         cls = transformers.MistralForCausalLM
     elif kind == "qwen3":
         cfg = transformers.Qwen3Config(**common, head_dim=24, rms_norm_eps=1e-6,
@@ -195,7 +199,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
         os.remove(os.path.join(d, f))
     cfg.save_pretrained(d)
     meta = {"format": "pt"}
-    if kind in ("llama", "mistral", "qwen3", "phi3", "olmo2"):
+    if kind in ("llama", "mistral", "qwen3", "phi3", "olmo2", "mistral-window"):
         save_file(tensors, os.path.join(d, "model.safetensors"), metadata=meta)
     else:
         names = sorted(tensors)
@@ -335,8 +339,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
     ap.add_argument("--check-export", metavar="ZINC", help="check `zinc export` (see above)")
     ap.add_argument("--kinds", default="llama,qwen2",
-                    help="fixtures to make: llama, qwen2, mistral, qwen3, phi3, olmo2 "
-                         "(comma-separated)")
+                    help="fixtures to make: llama, qwen2, mistral, qwen3, phi3, olmo2, "
+                         "mistral-window (comma-separated)")
     args = ap.parse_args()
     ensure_torch()
     if args.check_export:

@@ -839,6 +839,7 @@ int main(void)
     run_model(dev, "tiny-qwen3");    /* the per-head q/k norm on the KV-cache path too */
     run_model(dev, "tiny-phi3");     /* the fused projections */
     run_model(dev, "tiny-olmo2");    /* post-norms, full-width q/k norm */
+    run_model(dev, "tiny-mistral-window"); /* the window over the KV cache */
     run_model(dev, "lora-llama");
     bad_input(dev);
     prefix_reuse(dev);

@@ -77,9 +77,10 @@ int main(void)
      * transformers' MistralForCausalLM; tiny-qwen3: the per-head q/k norm,
      * heads x head_dim wider than hidden; tiny-phi3: q, k, v and gate, up
      * as row blocks of the fused tensors; tiny-olmo2: post-norms and the
-     * full-width q/k norm */
+     * full-width q/k norm; tiny-mistral-window: a 5-key sliding window over
+     * 16-token sequences */
     const char *fixtures[] = { "tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
-                               "tiny-phi3", "tiny-olmo2" };
+                               "tiny-phi3", "tiny-olmo2", "tiny-mistral-window" };
     for (int f = 0; f < (int)(sizeof fixtures / sizeof fixtures[0]); f++) {
         ref_result r1, r2, r3;
         float *g1 = NULL, *g2 = NULL;

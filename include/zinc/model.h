@@ -130,9 +130,8 @@ typedef struct {
     int fused_proj;        /* phi3: q, k, v are one tensor (self_attn.qkv_proj, rows
                               q | k | v) and gate, up another (mlp.gate_up_proj,
                               rows gate | up), as on disk and in PEFT */
-    int64_t sliding_window;/* mistral: keys further back are masked (0: none);
-                              zinc computes full causal attention, so a run
-                              needs every sequence within it */
+    int64_t sliding_window;/* mistral, phi3: a query sees only the last
+                              sliding_window keys, itself included (0: none) */
     zn_lora lora;          /* adapters (not part of config.json); r 0: none */
 } zn_model_dims;
 
@@ -150,8 +149,9 @@ ZN_API void zn_model_dims_default(zn_model_dims *d);
  * n_kv_heads, even head_dim, finite positive theta and eps, ...).
  * Returns 0 or ZN_ECONFIG with a message naming the field. */
 ZN_API int zn_model_dims_validate(const zn_model_dims *d);
-/* Whether sequences of `seq` tokens compute as the family does: a sliding
- * window shorter than them is ZN_EUNSUPPORTED (named), else 0. */
+/* Whether sequences of `seq` tokens compute as the family does (0; a
+ * sliding window shorter than them masks the keys before it), ZN_EARG for
+ * sizes out of range. */
 ZN_API int zn_model_check_window(const zn_model_dims *d, int64_t seq);
 
 /* Reads a Hugging Face config.json. `path` is the file or the model folder

@@ -98,13 +98,11 @@ const char *zn_model_arch_class(zn_model_arch a)
 
 int zn_model_check_window(const zn_model_dims *d, int64_t seq)
 {
-    if (d->sliding_window > 0 && seq > d->sliding_window)
-        return zn_set_error(ZN_EUNSUPPORTED, "model: %s's sliding_window %lld is shorter than "
-                            "the sequence (%lld tokens): zinc computes full causal attention and "
-                            "has no sliding-window mask yet; use sequences of at most %lld "
-                            "tokens (data.seq_len)", zn_model_arch_name(d->arch),
-                            (long long)d->sliding_window, (long long)seq,
-                            (long long)d->sliding_window);
+    /* a window shorter than the sequence masks the keys before it, in both
+     * attentions and over the KV cache */
+    if (d->sliding_window < 0 || seq <= 0)
+        return zn_set_error(ZN_EARG, "model: sliding_window %lld, sequence %lld",
+                            (long long)d->sliding_window, (long long)seq);
     return 0;
 }
 

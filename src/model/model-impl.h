@@ -75,6 +75,9 @@ struct zn_model {
     int32_t *kstart;              /* each token's document's first position */
     int32_t *bwd_ids;             /* with a pad id: ids, the pad's as -1 (the embedding's
                                      backward skips them); else NULL: ids */
+    int32_t *kwin;                /* a sliding window (dims.sliding_window): each token's
+                                     first key, its window's or its document's, the later;
+                                     else NULL */
     float *inv_freq;
     float *loss;        /* scalar */
     /* head */
@@ -101,8 +104,9 @@ struct zn_model {
     /* current batch */
     int64_t B, T, N, n_valid;
     int packed;         /* the batch packs documents: attention uses kstart */
+    int win_on;         /* the batch reaches past the window: attention uses kwin */
     float loss_scale;
-    int32_t *staging;   /* host: 5 x max_n */
+    int32_t *staging;   /* host: 6 x max_n */
     /* decoding (zn_model_set_decode): the batch's tokens follow cached ones */
     int decode;
     int64_t *kv_pos0;   /* host, per sequence: tokens already in its cache */

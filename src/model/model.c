@@ -95,6 +95,7 @@ static void layout(zn_model *m, unsigned char *base)
     m->pos = carve(&c, (uint64_t)N * 4);
     m->kstart = carve(&c, (uint64_t)N * 4);
     m->bwd_ids = m->d.has_pad ? carve(&c, (uint64_t)N * 4) : NULL;
+    m->kwin = m->d.sliding_window > 0 ? carve(&c, (uint64_t)N * 4) : NULL;
     m->inv_freq = carve(&c, (uint64_t)m->hd / 2 * 4);
     m->loss = carve(&c, 4);
     m->hN = carve(&c, (uint64_t)(N * H) * esz);
@@ -263,7 +264,7 @@ int zn_model_create(zn_model **out, zn_dev *dev, const zn_model_dims *d,
     m->dev = dev;
     set_shapes(m, d, cfg);
     layout(m, NULL);
-    m->staging = malloc((size_t)m->max_n * 5 * sizeof *m->staging);
+    m->staging = malloc((size_t)m->max_n * 6 * sizeof *m->staging);
     m->kv_pos0 = malloc((size_t)m->max_n * sizeof *m->kv_pos0);
     m->kv_slot = malloc((size_t)m->max_n * sizeof *m->kv_slot);
     if (!m->staging || !m->kv_pos0 || !m->kv_slot) {
@@ -362,10 +363,16 @@ int zn_model_set_batch(zn_model *m, zn_stream *s, int64_t batch, int64_t seq,
         h[2 * N + i] = p;
         h[3 * N + i] = t - p; /* the first key of the token's document */
         h[4 * N + i] = m->d.has_pad && ids[i] == m->d.pad_id ? -1 : ids[i];
+        /* the window keeps keys (t - W, t]: transformers' sliding mask */
+        int64_t w0 = (int64_t)t - m->d.sliding_window + 1;
+        h[5 * N + i] = w0 > t - p ? (int32_t)w0 : t - p;
     }
     ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->ids, h, (size_t)N * 4));
     if (m->bwd_ids)
         ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->bwd_ids, h + 4 * N, (size_t)N * 4));
+    m->win_on = m->kwin && seq > m->d.sliding_window;
+    if (m->win_on)
+        ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->kwin, h + 5 * N, (size_t)N * 4));
     ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->targets, h + N, (size_t)N * 4));
     ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->pos, h + 2 * N, (size_t)N * 4));
     ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->kstart, h + 3 * N, (size_t)N * 4));
@@ -408,14 +415,21 @@ int zn_model_set_decode(zn_model *m, zn_stream *s, int64_t batch, int64_t seq,
                                 "vocab (%lld)", ids[i], (long long)(i / seq), (long long)m->V);
     int32_t *h = m->staging;
     memcpy(h, ids, (size_t)N * 4);
+    m->win_on = 0;
     for (int64_t i = 0; i < N; i++) {
         h[N + i] = -1;
         h[2 * N + i] = (int32_t)(pos0[i / seq] + i % seq);
         h[3 * N + i] = 0;
+        /* the window's first key among the cache's (absolute positions) */
+        int64_t w0 = (int64_t)h[2 * N + i] - m->d.sliding_window + 1;
+        h[5 * N + i] = w0 > 0 ? (int32_t)w0 : 0;
+        m->win_on |= m->kwin && w0 > 0;
     }
     ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->ids, h, (size_t)N * 4));
     ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->targets, h + N, (size_t)N * 4));
     ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->pos, h + 2 * N, (size_t)N * 4));
+    if (m->win_on)
+        ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->kwin, h + 5 * N, (size_t)N * 4));
     ZN_TRY(zn_dev_stream_sync(m->dev, s));
     m->B = batch;
     m->T = seq;

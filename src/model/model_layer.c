@@ -11,11 +11,19 @@
 
 /* ---- attention (one sequence at a time) ------------------------------------------- */
 
-/* Sequence b's first key per query (block-diagonal attention over packed
- * documents), or NULL when each sequence is one document. */
+/* Every token's first key: its window's (a sliding window shorter than
+ * the batch's reach) or its document's (packed documents), else NULL:
+ * plain causal attention from key 0. */
+static const int32_t *key_starts(const zn_model *m)
+{
+    return m->win_on ? m->kwin : m->packed ? m->kstart : NULL;
+}
+
+/* Sequence b's first key per query, or NULL. */
 static const int32_t *key_start(const zn_model *m, int64_t b)
 {
-    return m->packed ? m->kstart + b * m->T : NULL;
+    const int32_t *k = key_starts(m);
+    return k ? k + b * m->T : NULL;
 }
 
 /* Causal attention in query blocks: block [q0, q0 + qn) of a sequence
@@ -56,14 +64,14 @@ static int attn_probs(zn_model *m, zn_stream *s, const zn_m_layer_acts *a, int64
 static int attn_fwd_fused(zn_model *m, zn_stream *s, const zn_m_layer_acts *a)
 {
     return zn_dev_flash_attn_fwd(m->dev, s, a->qkv, m->dt, m->qkv_ld, m->B, m->T, m->nh, m->nkv,
-                                 m->hd, m->packed ? m->kstart : NULL, 1.0f / sqrtf((float)m->hd),
+                                 m->hd, key_starts(m), 1.0f / sqrtf((float)m->hd),
                                  a->attn, m->qd, a->lse);
 }
 
 static int attn_bwd_fused(zn_model *m, zn_stream *s, const zn_m_layer_acts *a)
 {
     return zn_dev_flash_attn_bwd(m->dev, s, a->qkv, m->dt, m->qkv_ld, m->B, m->T, m->nh, m->nkv,
-                                 m->hd, m->packed ? m->kstart : NULL, 1.0f / sqrtf((float)m->hd),
+                                 m->hd, key_starts(m), 1.0f / sqrtf((float)m->hd),
                                  a->attn, m->d_attn, m->qd, a->lse, m->fdelta, m->dqkv,
                                  m->qkv_ld);
 }
@@ -113,8 +121,9 @@ static int attn_fwd_kv(zn_model *m, zn_stream *s, const zn_m_layer_acts *a, void
                                                    m->dt, ld, hd, zn_m_at(cb, j * hd, e), m->dt,
                                                    kld, 0, 0.0f, m->SS + j * g * qn * kn,
                                                    ZN_DTYPE_F32, kn, qn * kn, g));
+            const int32_t *ks = key_start(m, b); /* the window's, over the cache */
             ZN_TRY(zn_dev_softmax_causal_fwd(m->dev, s, m->SS, ZN_DTYPE_F32, m->P, m->dt, m->nh,
-                                             qn, kn, p0 + q0, NULL,
+                                             qn, kn, p0 + q0, ks ? ks + q0 : NULL,
                                              1.0f / sqrtf((float)hd)));
             void *ob = zn_m_at(a->attn, (b * T + q0) * m->qd, e);
             for (int64_t j = 0; j < m->nkv; j++)
