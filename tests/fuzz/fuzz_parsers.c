@@ -3,7 +3,9 @@
  * to the parser as the user would hand it: a config's text, or a file in a
  * folder of its own (config.json, a .safetensors, a token file, a PEFT
  * adapter_config.json, a checkpoint's manifest.json, a LLaMA-Factory recipe,
- * a model.safetensors.index.json beside real shards). A parser may refuse
+ * a model.safetensors.index.json beside real shards, a generation_config.json
+ * beside a model's config.json, read as `zinc generate` opens the folder). A
+ * parser may refuse
  * an input; it may not crash, leak (ASan) or overflow (UBSan). */
 #include <stdint.h>
 #include <stdio.h>
@@ -13,6 +15,7 @@
 
 #include "zinc/ckpt.h"
 #include "zinc/config.h"
+#include "zinc/gensession.h"
 #include "zinc/model.h"
 #include "zinc/safetensors.h"
 #include "zinc/tokens.h"
@@ -46,6 +49,7 @@ static const char *put(const char *name, const uint8_t *data, size_t n)
 #define ZN_FUZZ_manifest 6
 #define ZN_FUZZ_recipe 7
 #define ZN_FUZZ_stindex 8
+#define ZN_FUZZ_genconfig 9
 #define TARGET_(x) ZN_FUZZ_##x
 #define TARGET(x) TARGET_(x)
 
@@ -119,6 +123,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
     if (!zn_st_open(&st, p) && zn_st_count(st))
         zn_st_find(st, zn_st_tensor_at(st, 0)->name);
     zn_st_close(st);
+#elif TARGET(ZN_FUZZ) == ZN_FUZZ_genconfig
+    /* the decoding defaults of a model folder: a fixed config.json (the
+     * model, ZN_FUZZ_MODEL's) beside the input as generation_config.json */
+    static int have_config;
+    if (!have_config) {
+        const char *from = getenv("ZN_FUZZ_MODEL");
+        char src[4096];
+        snprintf(src, sizeof src, "%s/config.json", from ? from : ".");
+        FILE *f = fopen(src, "rb");
+        if (!f)
+            abort();
+        static uint8_t cfg[1 << 16];
+        size_t got = fread(cfg, 1, sizeof cfg, f);
+        fclose(f);
+        put("config.json", cfg, got);
+        have_config = 1;
+    }
+    put("generation_config.json", data, n);
+    zn_gen_session_config gc = zn_gen_session_config_default();
+    gc.model = dir;
+    zn_gen_session *s = NULL;
+    if (!zn_gen_session_open(&s, &gc))
+        zn_gen_session_close(s);
 #else
 #error "ZN_FUZZ names no target"
 #endif
