@@ -5,7 +5,13 @@
 # collective is checked across the link; then the ranks all-reduce in a
 # loop and the link is cut (once by `ip link set down`, once by deleting
 # the veth): both ranks must end with an error naming the operation within
-# the timeout (+ grace), not hang. Namespaces are removed on every exit.
+# the timeout (+ grace), not hang. Last, with a job secret (ZINC_JOB_SECRET,
+# as zinc launch sets it), strangers in the other namespace connect to the
+# rendezvous port while rank 0 waits there: one says nothing and leaves,
+# one sends garbage, one stalls mid-handshake, one is a zinc rank with
+# another secret; each is refused and logged by address, and the real
+# ranks' collectives pass their checks after it (about 5 s more).
+# Namespaces are removed on every exit.
 # usage: test_comm_netns.sh PATH/TO/test_comm
 set -u
 exe=$1
@@ -139,4 +145,80 @@ for how in down delete; do
         ip -n "$nsA" link set "$vA" up
     fi
 done
+# 3. The job secret: strangers at the rendezvous port are refused and
+# logged, and the run goes on. Rank 0 waits in A; the strangers come from B.
+# (The link was deleted above: made again.)
+if ! setup_link 2>"$tmp/err"; then
+    echo "setup: cannot make the veth pair again: $(cat "$tmp/err")"
+    exit 99
+fi
+secret=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+other=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+port=$((port + 1))
+# rank R SECRET -> starts one check rank in its namespace, pid in pids[]
+start_rank() {
+    local r=$1 key=$2 ns=$nsA
+    [ "$r" != 0 ] && ns=$nsB
+    ip netns exec "$ns" env RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+        MASTER_ADDR=10.231.0.1 MASTER_PORT=$port ZINC_COMM_BACKEND=tcp \
+        ZINC_COMM_TIMEOUT=20 ZINC_COMM_CONNECT_TIMEOUT=40 ZINC_JOB_SECRET="$key" \
+        ZINC_JOB_ID=netns-test ZINC_LOG=warn OMP_NUM_THREADS=1 \
+        timeout 90 "$exe" --worker check >>"$tmp/out$r" 2>&1 &
+    pids+=($!)
+}
+# stranger MODE: one connection from B to the rendezvous port
+stranger() {
+    ip netns exec "$nsB" python3 - "$1" 10.231.0.1 $port <<'PY'
+import socket, sys, time
+mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for _ in range(300):
+    try:
+        s = socket.create_connection((host, port), timeout=2)
+        break
+    except OSError:
+        time.sleep(0.1)
+else:
+    sys.exit(99)
+if mode == "garbage":          # a web client, say: 100 bytes of anything
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 4)
+    time.sleep(0.5)
+elif mode == "stall":          # reads the challenge, starts an answer, stops
+    s.recv(40)
+    s.sendall(b"\x31\x41\x4e\x5a\x01\x00\x00\x00")
+    time.sleep(4.5)
+s.close()
+PY
+}
+: > "$tmp/out0"; : > "$tmp/out1"; : > "$tmp/outx"
+pids=()
+start_rank 0 "$secret"
+t0=$(date +%s.%N)
+sok=1
+for m in silent garbage stall; do stranger $m || sok=0; done
+# a zinc rank with another secret: refused too (it ends with an error)
+ip netns exec "$nsB" env RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+    MASTER_ADDR=10.231.0.1 MASTER_PORT=$port ZINC_COMM_BACKEND=tcp ZINC_COMM_CONNECT_TIMEOUT=10 \
+    ZINC_JOB_SECRET="$other" ZINC_LOG=warn OMP_NUM_THREADS=1 \
+    timeout 30 "$exe" --worker check >"$tmp/outx" 2>&1
+xrc=$?
+start_rank 1 "$secret"
+wait_pair 90
+el=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}")
+refused() { grep -c "warn: comm/tcp: refused a connection from 10.231.0.2 to MASTER_PORT $port: $1" "$tmp/out0"; }
+n_silent=$(refused "it closed the connection before its answer")
+n_garbage=$(refused "it sent 72 bytes that are not a zinc handshake")
+n_stall=$(refused "it sent no complete answer within 3.0 s (stalled mid-handshake)")
+n_wrong=$(refused "its answer (as rank 1) does not prove the job's secret")
+if [ "$sok" = 1 ] && [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] && [ "$xrc" -ne 0 ] &&
+   [ "$n_silent" = 1 ] && [ "$n_garbage" = 1 ] && [ "$n_stall" = 1 ] && [ "$n_wrong" = 1 ] &&
+   grep -q "ZINC_JOB_SECRET" "$tmp/outx" && grep -q " 0 failed" "$tmp/out0" &&
+   grep -q " 0 failed" "$tmp/out1"; then
+    echo "ok: with a job secret, 4 strangers at the rendezvous port were refused and logged, then every collective passed (${el}s):"
+    grep -h "refused\|checks" "$tmp/out0" "$tmp/out1" | sed 's/^/    /'
+    echo "    the rank with another secret: $(grep -m1 zn_comm_create "$tmp/outx")"
+else
+    echo "FAIL: the job secret: strangers ok $sok, exits $rc0 $rc1 (want 0 0), wrong-secret rank $xrc (want != 0), refusals silent $n_silent garbage $n_garbage stall $n_stall wrong $n_wrong (want 1 each), ${el}s:"
+    cat "$tmp/out0" "$tmp/out1" "$tmp/outx"
+    fail=1
+fi
 exit $fail

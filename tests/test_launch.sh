@@ -11,7 +11,10 @@
 # number and an unreachable host by its name, both before any rank starts;
 # SIGTERM to the launcher reaches every rank (each saves nothing here but
 # stops cleanly: 143, no swap file left), and so does the launcher's death
-# by kill -9 (the ranks' watchers see their ssh channel close).
+# by kill -9 (the ranks' watchers see their ssh channel close). A remote
+# rank killed with -9 mid-training: the others end naming it and its host
+# within ZINC_COMM_TIMEOUT + grace, the launcher fails; each rank has the
+# job's secret, which no command line shows.
 # Namespaces, daemons, ranks and files go in a trap whatever happens.
 # usage: test_launch.sh PATH/TO/zinc SOURCE_ROOT
 set -u
@@ -276,6 +279,64 @@ for how in TERM KILL; do
         fi
     fi
 done
+
+# 5b. a remote rank killed with -9 mid-training: the other ranks notice at
+# once (its sockets close), each names rank 2 and its host, all end
+# non-zero well within ZINC_COMM_TIMEOUT (20 s here) + grace, the launcher
+# exits non-zero; the survivors remove their swap files, and what the
+# killed rank could not remove is reclaimed by the next run there
+rm -f long.out long.err
+ip netns exec "$nsA" env ZINC_COMM_TIMEOUT=20 "$zinc" launch --launcher_args "-F $tmp/ssh_config" \
+    --hostfile hostfile -- "$zinc" train --steps 100000 --set train.threads=1 > long.out 2> long.err &
+lpid=$!
+up=0
+for _ in $(seq 300); do
+    grep -q "^\[$ipA:0\] step " long.out 2>/dev/null && { up=1; break; }
+    sleep 0.1
+done
+victim=$(for p in $(ip netns pids "$nsB"); do
+             tr '\0' ' ' 2>/dev/null < /proc/$p/cmdline | grep -q "^$zinc train --steps 100000" && echo $p
+         done | head -1)
+if [ $up != 1 ] || [ -z "$victim" ]; then
+    echo "FAIL: kill -9 of rank 2: the run did not start (up $up, rank 2's pid '$victim'): $(tail -5 long.err)"
+    fail=1
+    kill -9 $lpid 2>/dev/null; wait $lpid 2>/dev/null
+else
+    # the job's secret reached the rank, and no command line shows it, nor RANK=
+    key=$(tr '\0' '\n' < /proc/$victim/environ | sed -n 's/^ZINC_JOB_SECRET=//p')
+    shown=$(for ns in "$nsA" "$nsB"; do ip netns pids "$ns"; done | while read -r p; do
+                tr '\0' ' ' 2>/dev/null < /proc/$p/cmdline | grep -q -e "${key:-none}" -e "RANK=" && echo $p
+            done)
+    if echo "$key" | grep -qx '[0-9a-f]\{64\}' && [ -z "$shown" ]; then
+        echo "ok: rank 2 has its job's ZINC_JOB_SECRET (64 hex digits), on no command line of either node, nor RANK="
+    else
+        echo "FAIL: the job secret: rank 2 has '$key'; command lines showing it or RANK=: $shown"; fail=1
+    fi
+    t0=$(date +%s.%N)
+    kill -9 "$victim"
+    for _ in $(seq 600); do kill -0 $lpid 2>/dev/null || break; sleep 0.1; done
+    { wait $lpid; } 2>/dev/null
+    rc=$?
+    took=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}")
+    named=0
+    for r in 0 1; do
+        grep -q "^\[$ipA:$r\] .*rank 2 ($ipB) died" long.err && named=$((named + 1))
+    done
+    s0=$(grep -c "rank [01] on $ipA ended with status [1-9]" long.err)
+    left=$(find zinc-swap -type f 2>/dev/null | grep -v "\.$victim\." | head -3)
+    dead_left=$(find zinc-swap -type f 2>/dev/null | grep -c "\.$victim\.")
+    # the next run on that folder removes what the dead rank left
+    "${train[@]}" --steps 1 > reclaim.out 2>&1
+    after=$(find zinc-swap -type f 2>/dev/null | head -3)
+    if [ $rc -ne 0 ] && [ $named -eq 2 ] && [ "$s0" -eq 2 ] && [ -z "$left" ] && [ -z "$after" ] &&
+       [ -z "$(ranks_left)" ] && awk "BEGIN{exit !($took < 20 + 10)}"; then
+        echo "ok: rank 2 killed with -9: ranks 0 and 1 ended non-zero naming it in ${took}s (ZINC_COMM_TIMEOUT 20 s), launcher exit $rc, survivors left no swap file, the dead rank's $dead_left files reclaimed by the next run:"
+        grep "^\[$ipA:0\] .*rank 2 ($ipB) died" long.err | head -1 | cut -c1-300 | sed 's/^/    /'
+    else
+        echo "FAIL: kill -9 of rank 2: launcher exit $rc (want != 0), $named of 2 ranks named rank 2 ($ipB), $s0 of 2 ended non-zero, ${took}s, survivors' swap left '$left', after the next run '$after', ranks left: $(ranks_left | tr '\n' ' ')"
+        tail -12 long.err; fail=1
+    fi
+fi
 
 # 6. pdsh (where installed) as the transport: the same ranks, and SIGTERM
 # forwarded by `pdsh -w HOST kill` (pdsh passes no stdin to a watcher)

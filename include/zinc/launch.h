@@ -117,7 +117,12 @@ ZN_API int zn_hostfile_devices(const zn_hostfile *h, int host, char *buf, size_t
  * without ssh (and with this process's whole environment). pdsh (-R ssh,
  * one per rank) forwards no stdin: its ranks print their pid first and a
  * signal is forwarded by `pdsh -w HOST kill -s SIG PID`; a launcher killed
- * with -9 leaves pdsh ranks running, as under DeepSpeed. */
+ * with -9 leaves pdsh ranks running, as under DeepSpeed.
+ * zn_cluster_run itself (ssh and local hosts) keeps the variables off the
+ * command line: the watcher reads them first from its stdin, KEY=VALUE
+ * lines up to an empty one, the job's ZINC_JOB_SECRET among them, and
+ * CMD is `cd CWD && exec env sh -c WATCH' zinc-rank ARGV...` (a value
+ * with a line break alone stays on the command line). */
 typedef enum { ZN_REMOTE_SSH = 0, ZN_REMOTE_PDSH = 1 } zn_remote;
 
 /* A note from the launcher while it runs (a rank that ended badly, a
@@ -143,6 +148,11 @@ typedef struct zn_cluster_config {
     const char *ssh, *pdsh;         /* the programs: "ssh", "pdsh" */
     zn_cluster_note_fn note;        /* NULL: none */
     void *note_arg;
+    /* 1 (default): zn_cluster_run makes a secret for the job (32 bytes of
+     * getrandom) and gives it to every rank over ssh as ZINC_JOB_SECRET
+     * (with ZINC_JOB_ID), so that the TCP backend lets only the job's
+     * ranks connect; 0: none. Not under pdsh (it carries no stdin). */
+    int job_secret;
 } zn_cluster_config;
 
 ZN_API zn_cluster_config zn_cluster_config_default(void);

@@ -95,6 +95,8 @@ typedef struct zn_comm_host_ops {
      * (MPI: ctl_send only posts, so that one stuck rank does not hold up
      * the verdict to the others). */
     void (*ctl_flush)(zn_comm *c, uint64_t deadline_ns);
+    /* Optional: rank r's host address for the messages, NULL unknown. */
+    const char *(*peer_addr)(zn_comm *c, int r);
 } zn_comm_host_ops;
 
 struct zn_comm {
@@ -143,6 +145,8 @@ int zn_comm_fail(zn_comm *c, const zn_comm_op *op, int kind, int peer, int code,
 /* Rank 0 records a control message / a closed channel from rank `from`. */
 void zn_comm_note_msg(zn_comm *c, int from, const zn_ctl_msg *m);
 void zn_comm_note_dead(zn_comm *c, int from);
+/* "rank R (ADDR)" when the backend knows R's address, else "rank R". */
+const char *zn_comm_peer_name(zn_comm *c, int r, char *buf, size_t len);
 /* The broken status with its message set, or 0. */
 int zn_comm_check_broken(zn_comm *c);
 
@@ -161,11 +165,43 @@ int zn_comm_mpi_create(zn_comm *c);
 /* ---- TCP backend internals (comm_tcp.c, comm_tcp_ring.c) -------------------*/
 #define ZN_TCP_SEG_BYTES (4u << 20)   /* ring pipeline segment per chunk */
 
+/* The job-secret handshake (comm_tcp_auth.c), on when ZINC_JOB_SECRET is
+ * set: 64 hex digits, one crypto_auth key; ZINC_JOB_ID (optional) is MACed
+ * too. A listener gives a connector ZN_TCP_AUTH_S seconds to answer. */
+#define ZN_TCP_KEY_BYTES 32
+#define ZN_TCP_AUTH_S 3.0
+enum { ZN_TCP_CH_RENDEZVOUS = 0, ZN_TCP_CH_RING = 1 };
+
+typedef struct zn_tcp_auth {
+    int on;
+    unsigned char key[ZN_TCP_KEY_BYTES];
+    char job_id[128];
+} zn_tcp_auth;
+
+/* Reads ZINC_JOB_SECRET / ZINC_JOB_ID: 0 (on or off) or ZN_ECONFIG naming
+ * the variable. clear: wipes the key. */
+int zn_comm_tcp_auth_init(zn_tcp_auth *a);
+void zn_comm_tcp_auth_clear(zn_tcp_auth *a);
+/* The listener's side on an accepted socket: a challenge, the connector's
+ * answer within ZN_TCP_AUTH_S (or by deadline, the sooner), its proof
+ * checked for a rank of [1, world) (expect < 0) or rank `expect`, this
+ * rank's own proof sent. 0 with *rank, or < 0 with the reason in `why`
+ * (for the caller's warning naming the address; no error is set). */
+int zn_comm_tcp_auth_accept(const zn_tcp_auth *a, int fd, int channel, int self, int world,
+                            int expect, uint64_t deadline, int *rank, char *why, size_t wlen);
+/* The connector's side, to rank `peer` (named `who` in errors): answers
+ * its challenge and checks its proof, by the deadline. 0, or < 0 with the
+ * error set. */
+int zn_comm_tcp_auth_connect(const zn_tcp_auth *a, int fd, int channel, int self, int world,
+                             int peer, uint64_t deadline, const char *who);
+
 typedef struct zn_tcp {
     int left, right;        /* data sockets of the ring */
     int *ctl;               /* rank 0: ctl[r] for r >= 1; others: ctl[0] */
     uint8_t *ctl_gone;      /* BYE or EOF read on that channel */
     unsigned char *scratch; /* 2 segments */
+    char (*addr)[64];       /* every rank's numeric address, for the messages */
+    zn_tcp_auth auth;
 } zn_tcp;
 
 /* comm_tcp.c: milliseconds to wait in one poll() (at most cap_ms, 0 once the

@@ -45,13 +45,28 @@ void zn_comm_note_dead(zn_comm *c, int from)
         c->dead[from] = 1;
 }
 
-static void list_ranks(char *buf, size_t len, const int *ranks, int n)
+const char *zn_comm_peer_name(zn_comm *c, int r, char *buf, size_t len)
+{
+    const char *a = c->ops && c->ops->peer_addr ? c->ops->peer_addr(c, r) : NULL;
+    if (a)
+        snprintf(buf, len, "rank %d (%s)", r, a);
+    else
+        snprintf(buf, len, "rank %d", r);
+    return buf;
+}
+
+/* "1 (10.0.0.2), 3 (10.0.0.4)": the ranks with their addresses where known */
+static void list_ranks(zn_comm *c, char *buf, size_t len, const int *ranks, int n)
 {
     size_t o = 0;
     buf[0] = 0;
-    for (int i = 0; i < n && o + 16 < len; i++)
+    for (int i = 0; i < n && o + 90 < len; i++) {
+        const char *a = c->ops->peer_addr ? c->ops->peer_addr(c, ranks[i]) : NULL;
         o += (size_t)snprintf(buf + o, len - o, "%s%d", i ? ", " : "", ranks[i]);
-    if (n && o + 16 >= len)
+        if (a)
+            o += (size_t)snprintf(buf + o, len - o, " (%s)", a);
+    }
+    if (n && o + 90 >= len)
         snprintf(buf + o, len - o, ", ...");
 }
 
@@ -103,9 +118,10 @@ static int judge(zn_comm *c, const zn_comm_op *op, int kind, int peer, int code,
         if (c->dead[r] && !c->departed[r])
             ranks[n++] = r;
     if (n) {
-        list_ranks(list, sizeof list, ranks, n);
-        snprintf(text, tlen, "rank%s %s died (connection closed without a goodbye)",
-                 n > 1 ? "s" : "", list);
+        list_ranks(c, list, sizeof list, ranks, n);
+        snprintf(text, tlen, "rank%s %s died (connection closed without a goodbye; "
+                 "noticed at once, not after ZINC_COMM_TIMEOUT %.0f s)", n > 1 ? "s" : "", list,
+                 c->timeout_s);
         vcode = -ECONNRESET;
         goto decided;
     }
@@ -113,8 +129,9 @@ static int judge(zn_comm *c, const zn_comm_op *op, int kind, int peer, int code,
         const zn_ctl_msg *m = &c->reports[r];
         if (m->type == ZN_CTL_REPORT && m->kind == ZN_FAIL_CLOSED && m->peer >= 0 &&
             m->peer < c->size && c->reports[m->peer].type != ZN_CTL_REPORT) {
-            snprintf(text, tlen, "rank %d is gone: rank %d saw its connection close (%.200s)",
-                     m->peer, r, m->text);
+            char who[96];
+            snprintf(text, tlen, "%s is gone: rank %d saw its connection close (%.200s)",
+                     zn_comm_peer_name(c, m->peer, who, sizeof who), r, m->text);
             vcode = -ECONNRESET;
             goto decided;
         }
@@ -123,11 +140,11 @@ static int judge(zn_comm *c, const zn_comm_op *op, int kind, int peer, int code,
         if (c->reports[r].type != ZN_CTL_REPORT && !c->departed[r])
             ranks[n++] = r;
     if (n) {
-        list_ranks(list, sizeof list, ranks, n);
+        list_ranks(c, list, sizeof list, ranks, n);
         snprintf(text, tlen, "rank%s %s did not join or %s unreachable: no data and no "
-                 "report within %.1f s + %.1f s grace (stuck outside the collective, dead, "
-                 "or cut off by the network)", n > 1 ? "s" : "", list, n > 1 ? "are" : "is",
-                 c->timeout_s, c->grace_s);
+                 "report within ZINC_COMM_TIMEOUT %.1f s + %.1f s grace (stuck outside the "
+                 "collective, dead, or cut off by the network)", n > 1 ? "s" : "", list,
+                 n > 1 ? "are" : "is", c->timeout_s, c->grace_s);
         vcode = ZN_ETIMEOUT;
         goto decided;
     }
@@ -135,7 +152,7 @@ static int judge(zn_comm *c, const zn_comm_op *op, int kind, int peer, int code,
         if (c->departed[r])
             ranks[n++] = r;
     if (n) {
-        list_ranks(list, sizeof list, ranks, n);
+        list_ranks(c, list, sizeof list, ranks, n);
         snprintf(text, tlen, "rank%s %s left (destroyed the communicator) before the "
                  "collective finished", n > 1 ? "s" : "", list);
         vcode = -ECONNRESET;
@@ -180,9 +197,11 @@ static int follow(zn_comm *c, const zn_comm_op *op, int kind, int peer, int code
         snprintf(text, tlen, "%s", c->verdict.text);
         return c->verdict.code ? c->verdict.code : code;
     }
+    char who0[80];
+    zn_comm_peer_name(c, 0, who0, sizeof who0);
     if (c->dead[0]) {
-        snprintf(text, tlen, "rank 0 died (its control connection closed without a goodbye); "
-                 "here: %s", local);
+        snprintf(text, tlen, "%s died (its control connection closed without a goodbye); "
+                 "here: %.400s", who0, local);
         return -ECONNRESET;
     }
     zn_ctl_msg m;
@@ -219,11 +238,11 @@ static int follow(zn_comm *c, const zn_comm_op *op, int kind, int peer, int code
         return c->verdict.code ? c->verdict.code : code;
     }
     if (c->dead[0])
-        snprintf(text, tlen, "rank 0 died (its control connection closed without a goodbye); "
-                 "here: %s", local);
+        snprintf(text, tlen, "%s died (its control connection closed without a goodbye); "
+                 "here: %.400s", who0, local);
     else
-        snprintf(text, tlen, "%s; rank 0 sent no verdict within %.1f s (it may be stuck, dead "
-                 "or unreachable)", local, wait_s);
+        snprintf(text, tlen, "%.400s; %s sent no verdict within %.1f s (it may be stuck, "
+                 "dead or unreachable)", local, who0, wait_s);
     return code;
 }
 

@@ -2,8 +2,10 @@
  * This file holds its connections: socket helpers with deadlines, the
  * rendezvous at rank 0 (MASTER_ADDR:MASTER_PORT), which keeps a control
  * socket to every rank (the failure protocol's channel), the ring of data
- * sockets, goodbye and close. Every wait is a poll() with a deadline;
- * sockets are nonblocking; EINTR and partial transfers are handled. */
+ * sockets, goodbye and close; with ZINC_JOB_SECRET each connection first
+ * passes the job-secret handshake (comm_tcp_auth.c). Every wait is a
+ * poll() with a deadline; sockets are nonblocking; EINTR and partial
+ * transfers are handled. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -200,11 +202,18 @@ static int listen_on(const struct sockaddr *sa, socklen_t len, int reuse, int *o
     return 0;
 }
 
-static int accept_until(int lfd, uint64_t deadline, int *out)
+static void numeric_host(const struct sockaddr_storage *ss, socklen_t len, char *buf,
+                         size_t blen);
+
+/* Accepts one connection by the deadline; its numeric address in peer. */
+static int accept_until(int lfd, uint64_t deadline, int *out, char *peer, size_t plen)
 {
     for (int guard = 0; guard < 1000000; guard++) {
-        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd >= 0) {
+            numeric_host(&ss, sl, peer, plen);
             *out = fd;
             return 0;
         }
@@ -272,6 +281,8 @@ static void tcp_destroy(zn_comm *c, int healthy)
                 (void)zn_comm_tcp_ctl_send(c, r, &m, dl);
     }
     tcp_close_all(t, c->size, 0);
+    zn_comm_tcp_auth_clear(&t->auth);
+    free(t->addr);
     free(t->ctl);
     free(t->ctl_gone);
     free(t->scratch);
@@ -288,8 +299,15 @@ static int tcp_abort(zn_comm *c, int code)
     return 0;
 }
 
+static const char *tcp_peer_addr(zn_comm *c, int r)
+{
+    zn_tcp *t = c->host;
+    return t && t->addr && r >= 0 && r < c->size && t->addr[r][0] ? t->addr[r] : NULL;
+}
+
 static const zn_comm_host_ops tcp_ops = {
     .name = "tcp",
+    .peer_addr = tcp_peer_addr,
     .destroy = tcp_destroy,
     .run = zn_comm_tcp_run,
     .abort = tcp_abort,
@@ -333,8 +351,9 @@ static int rendezvous_master(zn_comm *c, zn_tcp *t, uint64_t deadline, int *data
                                c->li.master_port);
     int joined = 1;
     for (int guard = 0; joined < c->size && guard < 100000; guard++) {
-        int fd;
-        rc = accept_until(lfd, deadline, &fd);
+        int fd, arank = -1;
+        char peer_host[64];
+        rc = accept_until(lfd, deadline, &fd, peer_host, sizeof peer_host);
         if (rc == ZN_ETIMEOUT) {
             char missing[256];
             size_t o = 0;
@@ -353,12 +372,28 @@ static int rendezvous_master(zn_comm *c, zn_tcp *t, uint64_t deadline, int *data
             rc = zn_set_error(rc, "comm/tcp: accept: %s", strerror(-rc));
             goto out;
         }
+        if (t->auth.on) {
+            char why[256];
+            if (zn_comm_tcp_auth_accept(&t->auth, fd, ZN_TCP_CH_RENDEZVOUS, 0, c->size, -1,
+                                        deadline, &arank, why, sizeof why)) {
+                zn_warn("comm/tcp: refused a connection from %s to MASTER_PORT %d: %s",
+                        peer_host, c->li.master_port, why);
+                close(fd);
+                continue;
+            }
+        }
         tcp_hello h;
         uint64_t hd = zn_now_ns() + 5000000000ull;
         if (zn_comm_tcp_io_all(fd, &h, sizeof h, 0, hd < deadline ? hd : deadline) ||
             h.magic != ZN_CTL_MAGIC || h.version != TCP_PROTO) {
-            zn_warn("comm/tcp: dropped a connection to MASTER_PORT %d that is not a zinc rank",
-                    c->li.master_port);
+            zn_warn("comm/tcp: dropped a connection from %s to MASTER_PORT %d that is not a "
+                    "zinc rank", peer_host, c->li.master_port);
+            close(fd);
+            continue;
+        }
+        if (t->auth.on && h.rank != arank) {
+            zn_warn("comm/tcp: refused a connection from %s to MASTER_PORT %d: it proved rank "
+                    "%d but says RANK=%d", peer_host, c->li.master_port, arank, h.rank);
             close(fd);
             continue;
         }
@@ -399,11 +434,15 @@ static int rendezvous_worker(zn_comm *c, zn_tcp *t, uint64_t deadline, int *data
                              tcp_entry *table)
 {
     int rc, fd, port;
-    char who[64];
+    char who[96];
     snprintf(who, sizeof who, "rank 0 (MASTER_ADDR)");
     if ((rc = connect_retry(c->li.master_addr, c->li.master_port, deadline, who, &fd)))
         return rc;
     t->ctl[0] = fd;
+    snprintf(who, sizeof who, "rank 0 at %.64s:%d", c->li.master_addr, c->li.master_port);
+    if (t->auth.on && (rc = zn_comm_tcp_auth_connect(&t->auth, fd, ZN_TCP_CH_RENDEZVOUS,
+                                                    c->rank, c->size, 0, deadline, who)))
+        return rc;
     struct sockaddr_storage me;
     socklen_t ml = sizeof me;
     if (getsockname(fd, (struct sockaddr *)&me, &ml) < 0)
@@ -421,6 +460,55 @@ static int rendezvous_worker(zn_comm *c, zn_tcp *t, uint64_t deadline, int *data
         return zn_set_error(rc, "comm/tcp: waiting for rank 0's address table: %s%s",
                             zn_strerror(rc), rc == -ECONNRESET ? " (rank 0 closed the "
                             "connection: see its error)" : "");
+    return 0;
+}
+
+/* ---- the ring ------------------------------------------------------------------------*/
+static int ring_connect_right(zn_comm *c, zn_tcp *t, const tcp_entry *table, uint64_t deadline)
+{
+    int right = (c->rank + 1) % c->size, rc;
+    const char *rhost = t->addr[right];
+    char who[96];
+    snprintf(who, sizeof who, "rank %d", right);
+    if ((rc = connect_retry(rhost, table[right].port, deadline, who, &t->right)))
+        return rc;
+    snprintf(who, sizeof who, "rank %d at %s:%d", right, rhost, table[right].port);
+    if (t->auth.on && (rc = zn_comm_tcp_auth_connect(&t->auth, t->right, ZN_TCP_CH_RING,
+                                                    c->rank, c->size, right, deadline, who)))
+        return rc;
+    tcp_ring_hello rh = { ZN_CTL_MAGIC, c->rank };
+    if ((rc = zn_comm_tcp_io_all(t->right, &rh, sizeof rh, 1, deadline)))
+        return zn_set_error(rc, "comm/tcp: hello to rank %d: %s", right, zn_strerror(rc));
+    return 0;
+}
+
+static int ring_accept_left(zn_comm *c, zn_tcp *t, int data_lfd, uint64_t deadline)
+{
+    int left = (c->rank + c->size - 1) % c->size, rc;
+    for (int guard = 0; t->left < 0 && guard < 1000; guard++) {
+        int fd, arank;
+        char peer_host[64], why[256];
+        if ((rc = accept_until(data_lfd, deadline, &fd, peer_host, sizeof peer_host)))
+            return zn_set_error(rc, "comm/tcp: waiting for rank %d (%s) to connect: %s", left,
+                                t->addr[left], zn_strerror(rc));
+        if (t->auth.on && zn_comm_tcp_auth_accept(&t->auth, fd, ZN_TCP_CH_RING, c->rank, c->size,
+                                                  left, deadline, &arank, why, sizeof why)) {
+            zn_warn("comm/tcp: refused a connection from %s to rank %d's ring port: %s",
+                    peer_host, c->rank, why);
+            close(fd);
+            continue;
+        }
+        tcp_ring_hello in;
+        if (zn_comm_tcp_io_all(fd, &in, sizeof in, 0, deadline) || in.magic != ZN_CTL_MAGIC ||
+            in.rank != left) {
+            close(fd);
+            continue;
+        }
+        t->left = fd;
+    }
+    if (t->left < 0)
+        return zn_set_error(ZN_ETIMEOUT, "comm/tcp: rank %d (%s) never connected", left,
+                            t->addr[left]);
     return 0;
 }
 
@@ -443,7 +531,10 @@ int zn_comm_tcp_create(zn_comm *c)
     t->ctl = malloc(sizeof *t->ctl * (size_t)c->size);
     t->ctl_gone = calloc((size_t)c->size, 1);
     t->scratch = malloc(2 * (size_t)ZN_TCP_SEG_BYTES);
-    if (!table || !t->ctl || !t->ctl_gone || !t->scratch) {
+    t->addr = calloc((size_t)c->size, sizeof *t->addr);
+    if ((rc = zn_comm_tcp_auth_init(&t->auth)))
+        goto out;
+    if (!table || !t->ctl || !t->ctl_gone || !t->scratch || !t->addr) {
         rc = zn_set_error(-ENOMEM, "comm/tcp: out of memory");
         goto out;
     }
@@ -455,37 +546,23 @@ int zn_comm_tcp_create(zn_comm *c)
     if (rc)
         goto out;
 
-    int right = (c->rank + 1) % c->size, left = (c->rank + c->size - 1) % c->size;
-    const char *rhost = table[right].host[0] && right != 0 ? table[right].host
-                                                           : c->li.master_addr;
-    char who[32];
-    snprintf(who, sizeof who, "rank %d", right);
-    if ((rc = connect_retry(rhost, table[right].port, deadline, who, &t->right)))
+    for (int r = 0; r < c->size; r++)
+        snprintf(t->addr[r], sizeof t->addr[r], "%.63s",
+                 table[r].host[0] && r != 0 ? table[r].host : c->li.master_addr);
+    /* Without the secret: connect right (the hello only fills a socket
+     * buffer), then accept left. With it every connection is a
+     * handshake that needs both ends at once, and the same order would
+     * wait around the ring forever; odd ranks connect first and even
+     * ones accept first, so some pair always completes (rank 0 and an
+     * odd-sized ring's last rank are both even: the last waits for its
+     * left neighbour, which is odd and connects first). */
+    int accept_first = t->auth.on && c->rank % 2 == 0;
+    if (accept_first && (rc = ring_accept_left(c, t, data_lfd, deadline)))
         goto out;
-    tcp_ring_hello rh = { ZN_CTL_MAGIC, c->rank };
-    if ((rc = zn_comm_tcp_io_all(t->right, &rh, sizeof rh, 1, deadline))) {
-        rc = zn_set_error(rc, "comm/tcp: hello to rank %d: %s", right, zn_strerror(rc));
+    if ((rc = ring_connect_right(c, t, table, deadline)))
         goto out;
-    }
-    for (int guard = 0; t->left < 0 && guard < 1000; guard++) {
-        int fd;
-        if ((rc = accept_until(data_lfd, deadline, &fd))) {
-            rc = zn_set_error(rc, "comm/tcp: waiting for rank %d to connect: %s", left,
-                              zn_strerror(rc));
-            goto out;
-        }
-        tcp_ring_hello in;
-        if (zn_comm_tcp_io_all(fd, &in, sizeof in, 0, deadline) || in.magic != ZN_CTL_MAGIC ||
-            in.rank != left) {
-            close(fd);
-            continue;
-        }
-        t->left = fd;
-    }
-    if (t->left < 0) {
-        rc = zn_set_error(ZN_ETIMEOUT, "comm/tcp: rank %d never connected", left);
+    if (!accept_first && (rc = ring_accept_left(c, t, data_lfd, deadline)))
         goto out;
-    }
     tune(t->left);
     tune(t->right);
     if ((rc = set_nonblock(t->left)) || (rc = set_nonblock(t->right)))

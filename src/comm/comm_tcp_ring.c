@@ -123,8 +123,10 @@ static int ctl_event(zn_comm *c, const zn_comm_op *op, int idx)
     if (m.type == ZN_CTL_VERDICT)
         return zn_comm_fail(c, op, ZN_FAIL_REMOTE, 0, m.code ? m.code : ZN_ETIMEOUT, "%s",
                             m.text);
+    char who[96];
     return zn_comm_fail(c, op, ZN_FAIL_REMOTE, from, m.code ? m.code : ZN_ETIMEOUT,
-                        "rank %d reported: %.300s", from, m.text);
+                        "%s reported: %.300s", zn_comm_peer_name(c, from, who, sizeof who),
+                        m.text);
 }
 
 /* ---- data movement ------------------------------------------------------------*/
@@ -136,6 +138,9 @@ static int xfer(zn_comm *c, const zn_comm_op *op, const void *sbuf, size_t slen,
     zn_tcp *t = c->host;
     int left = (c->rank + c->size - 1) % c->size, right = (c->rank + 1) % c->size;
     size_t so = 0, ro = 0;
+    char lname[96], rname[96];
+    zn_comm_peer_name(c, left, lname, sizeof lname);
+    zn_comm_peer_name(c, right, rname, sizeof rname);
     struct pollfd stackp[66];
     int stackw[66];
     struct pollfd *p = c->size + 2 <= 66 ? stackp : calloc((size_t)c->size + 2, sizeof *p);
@@ -167,12 +172,12 @@ static int xfer(zn_comm *c, const zn_comm_op *op, const void *sbuf, size_t slen,
             double waited = (double)(zn_now_ns() - t0) / 1e9;
             if (ro < rlen)
                 rc = zn_comm_fail(c, op, ZN_FAIL_TIMEOUT, left, ZN_ETIMEOUT,
-                                  "waited %.1f s for data from rank %d (%zu of %zu bytes of "
-                                  "this step arrived)", waited, left, ro, rlen);
+                                  "waited %.1f s (ZINC_COMM_TIMEOUT) for data from %s (%zu of "
+                                  "%zu bytes of this step arrived)", waited, lname, ro, rlen);
             else
                 rc = zn_comm_fail(c, op, ZN_FAIL_TIMEOUT, right, ZN_ETIMEOUT,
-                                  "rank %d took no data for %.1f s (%zu of %zu bytes of this "
-                                  "step sent)", right, waited, so, slen);
+                                  "%s took no data for %.1f s (ZINC_COMM_TIMEOUT; %zu of %zu "
+                                  "bytes of this step sent)", rname, waited, so, slen);
             goto out;
         }
         int pr = poll(p, (nfds_t)n, ms);
@@ -193,7 +198,7 @@ static int xfer(zn_comm *c, const zn_comm_op *op, const void *sbuf, size_t slen,
                 int e = errno;
                 int closed = e == EPIPE || e == ECONNRESET;
                 rc = zn_comm_fail(c, op, closed ? ZN_FAIL_CLOSED : ZN_FAIL_IO, right,
-                                  closed ? -ECONNRESET : -e, "sending to rank %d: %s", right,
+                                  closed ? -ECONNRESET : -e, "sending to %s: %s", rname,
                                   strerror(e));
                 goto out;
             }
@@ -204,15 +209,15 @@ static int xfer(zn_comm *c, const zn_comm_op *op, const void *sbuf, size_t slen,
                 ro += (size_t)r;
             } else if (r == 0) {
                 rc = zn_comm_fail(c, op, ZN_FAIL_CLOSED, left, -ECONNRESET,
-                                  "rank %d closed its connection (%zu of %zu bytes of this "
-                                  "step arrived)", left, ro, rlen);
+                                  "%s closed its connection (%zu of %zu bytes of this "
+                                  "step arrived)", lname, ro, rlen);
                 goto out;
             } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
                 int e = errno;
                 int closed = e == ECONNRESET;
                 rc = zn_comm_fail(c, op, closed ? ZN_FAIL_CLOSED : ZN_FAIL_IO, left,
-                                  closed ? -ECONNRESET : -e, "receiving from rank %d: %s",
-                                  left, strerror(e));
+                                  closed ? -ECONNRESET : -e, "receiving from %s: %s",
+                                  lname, strerror(e));
                 goto out;
             }
         }

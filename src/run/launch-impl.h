@@ -34,6 +34,23 @@ int zn_cluster_host_is_local(const char *host);
 int zn_cluster_transport_argv(const zn_cluster_config *c, const char *host, const char *cmd,
                               int check, char ***argv);
 
+/* zn_cluster_rank_command's work. With block non-NULL and a transport that
+ * carries stdin (ssh, a local sh; not pdsh), the variables go into *block
+ * instead of the command line, as KEY=VALUE lines ending with an empty
+ * line, which the rank's watcher reads first from its stdin (one with a
+ * line break in its value stays on the command line), together with
+ * ZINC_JOB_SECRET=secret and ZINC_JOB_ID=job_id when given; *block stays
+ * NULL otherwise. The launcher's own ZINC_JOB_SECRET / ZINC_JOB_ID are
+ * never passed on. Free *block with zn_cluster_free_secret_block. */
+int zn_cluster_rank_launch(const zn_cluster_config *c, int rank, const char *secret,
+                           const char *job_id, char ***argv, char **cmd, char **block);
+/* Wipes and frees; accepts NULL. */
+void zn_cluster_free_secret_block(char *block);
+/* The job's secret as 64 hex digits (32 bytes of getrandom) and a job id
+ * (16 hex digits): 0 or -errno named. */
+#define ZN_JOB_SECRET_HEX 64
+int zn_cluster_make_secret(char secret[ZN_JOB_SECRET_HEX + 1], char job_id[17]);
+
 /* ---- processes (launch_ssh.c) ----
  * posix_spawnp of argv with fds in/out/err as its 0/1/2, default signal
  * actions and an empty mask; own_group: a process group of its own (a

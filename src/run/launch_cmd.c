@@ -1,12 +1,15 @@
 /* The launcher's command lines: the environment a rank gets (DeepSpeed's
- * forwarded prefixes, .deepspeed_env, the rank's own variables), the shell
- * command that runs it on its host, every word quoted for the remote
- * shell, and the ssh / pdsh / sh argv that carries it there. */
+ * forwarded prefixes, .deepspeed_env, the rank's own variables, the job's
+ * secret), the shell command that runs it on its host, every word quoted
+ * for the remote shell, the lines its watcher reads first (the variables,
+ * kept off every command line), and the ssh / pdsh / sh argv that carries
+ * it there. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "run/launch-impl.h"
@@ -32,6 +35,19 @@ static const char watch_ssh[] =
     "(while read -r s <&3; do case $s in INT|TERM) kill -s \"$s\" $$;; esac; done;"
     " kill -s TERM $$) >/dev/null 2>&1 &\n"
     "exec \"$@\" 3<&-\n";
+/* The same, first reading the rank's variables from the channel (zn_cluster_run
+ * writes them there): KEY=VALUE lines up to an empty one. The channel
+ * closing before that line ends the rank before it starts: it never runs
+ * without its RANK or its secret. */
+static const char watch_ssh_env[] =
+    "trap '' PIPE\n"
+    "while :; do IFS= read -r zn_kv || { echo \"zinc-rank: the launcher's channel closed "
+    "before this rank's environment arrived\" >&2; exit 1; }\n"
+    " [ -z \"$zn_kv\" ] && break; export \"$zn_kv\"; done; unset zn_kv\n"
+    "exec 3<&0 </dev/null\n"
+    "(while read -r s <&3; do case $s in INT|TERM) kill -s \"$s\" $$;; esac; done;"
+    " kill -s TERM $$) >/dev/null 2>&1 &\n"
+    "exec \"$@\" 3<&-\n";
 /* pdsh forwards no stdin (its remote stdin never ends): the rank says its
  * pid, and the launcher signals it with a second pdsh. */
 static const char watch_pdsh[] =
@@ -49,7 +65,52 @@ zn_cluster_config zn_cluster_config_default(void)
     c.err_fd = 2;
     c.ssh = "ssh";
     c.pdsh = "pdsh";
+    c.job_secret = 1;
     return c;
+}
+
+/* memset that the compiler may not drop (the secret's copies) */
+static void wipe(char *s, size_t n)
+{
+    volatile char *v = s;
+    while (n--)
+        *v++ = 0;
+}
+
+static int random_bytes(unsigned char *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = getrandom(buf + got, n - got, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return zn_set_error(-errno, "launch: getrandom (the job's secret): %s",
+                                strerror(errno));
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+int zn_cluster_make_secret(char secret[ZN_JOB_SECRET_HEX + 1], char job_id[17])
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char key[ZN_JOB_SECRET_HEX / 2 + 8];
+    int rc = random_bytes(key, sizeof key);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < ZN_JOB_SECRET_HEX / 2; i++) {
+        secret[2 * i] = hex[key[i] >> 4];
+        secret[2 * i + 1] = hex[key[i] & 15];
+    }
+    secret[ZN_JOB_SECRET_HEX] = 0;
+    for (size_t i = 0; i < 8; i++) {
+        job_id[2 * i] = hex[key[ZN_JOB_SECRET_HEX / 2 + i] >> 4];
+        job_id[2 * i + 1] = hex[key[ZN_JOB_SECRET_HEX / 2 + i] & 15];
+    }
+    job_id[16] = 0;
+    wipe((char *)key, sizeof key);
+    return 0;
 }
 
 /* ---- strings ---------------------------------------------------------------------*/
@@ -356,10 +417,25 @@ int zn_cluster_transport_argv(const zn_cluster_config *c, const char *host, cons
 
 int zn_cluster_rank_command(const zn_cluster_config *c, int rank, char ***argv, char **cmd)
 {
+    return zn_cluster_rank_launch(c, rank, NULL, NULL, argv, cmd, NULL);
+}
+
+void zn_cluster_free_secret_block(char *block)
+{
+    if (block)
+        wipe(block, strlen(block));
+    free(block);
+}
+
+int zn_cluster_rank_launch(const zn_cluster_config *c, int rank, const char *secret,
+                           const char *job_id, char ***argv, char **cmd, char **block)
+{
     if (argv)
         *argv = NULL;
     if (cmd)
         *cmd = NULL;
+    if (block)
+        *block = NULL;
     if (!c || !c->hosts || !c->argv || c->argc < 1)
         return zn_set_error(ZN_EARG, "zn_cluster_rank_command: no hosts or no command");
     zn_rank_place pl;
@@ -385,7 +461,22 @@ int zn_cluster_rank_command(const zn_cluster_config *c, int rank, char ***argv, 
         return rc;
 
     envlist e = { 0 };
+    zn_sbuf lines = { 0 };
+    /* the watcher reads the variables from the channel: ssh and a local sh
+     * carry stdin, pdsh does not */
+    int by_channel = block && !(c->remote == ZN_REMOTE_PDSH && !zn_cluster_host_is_local(host));
     if ((rc = env_forwarded(&e, home, cwd)))
+        goto out;
+    /* a secret of the launcher's own environment is never passed on: it
+     * would be on a command line, and the job's is made afresh */
+    for (int i = 0; i < e.n; i++)
+        if (!strncmp(e.kv[i], "ZINC_JOB_SECRET=", 16) || !strncmp(e.kv[i], "ZINC_JOB_ID=", 12)) {
+            free(e.kv[i]);
+            e.kv[i--] = e.kv[--e.n];
+        }
+    if (by_channel && secret &&
+        ((rc = env_put(&e, "ZINC_JOB_SECRET", 15, secret, strlen(secret))) ||
+         (job_id && (rc = env_put(&e, "ZINC_JOB_ID", 11, job_id, strlen(job_id))))))
         goto out;
     struct { const char *k; int v; } ints[] = {
         { "RANK", pl.rank }, { "LOCAL_RANK", pl.local_rank }, { "WORLD_SIZE", pl.world_size },
@@ -410,12 +501,21 @@ int zn_cluster_rank_command(const zn_cluster_config *c, int rank, char ***argv, 
     zn_sbuf_addq(&b, cwd);
     zn_sbuf_adds(&b, " && exec env");
     for (int i = 0; i < e.n; i++) {
+        /* a value with a line break cannot be one line of the channel: it
+         * alone stays on the command line */
+        if (by_channel && !strchr(e.kv[i], '\n')) {
+            zn_sbuf_adds(&lines, e.kv[i]);
+            zn_sbuf_add(&lines, "\n", 1);
+            continue;
+        }
         zn_sbuf_add(&b, " ", 1);
         zn_sbuf_addq(&b, e.kv[i]);
     }
+    zn_sbuf_add(&lines, "\n", 1);
     zn_sbuf_adds(&b, " sh -c ");
-    zn_sbuf_addq(&b, c->remote == ZN_REMOTE_PDSH && !zn_cluster_host_is_local(host)
-                         ? watch_pdsh : watch_ssh);
+    zn_sbuf_addq(&b, by_channel ? watch_ssh_env
+                 : c->remote == ZN_REMOTE_PDSH && !zn_cluster_host_is_local(host) ? watch_pdsh
+                 : watch_ssh);
     zn_sbuf_adds(&b, " zinc-rank");
     for (int i = 0; i < c->argc; i++) {
         if (!c->argv[i]) {
@@ -426,7 +526,7 @@ int zn_cluster_rank_command(const zn_cluster_config *c, int rank, char ***argv, 
         zn_sbuf_add(&b, " ", 1);
         zn_sbuf_addq(&b, c->argv[i]);
     }
-    if (b.oom) {
+    if (b.oom || lines.oom) {
         free(b.s);
         rc = zn_set_error(-ENOMEM, "launch: out of memory");
         goto out;
@@ -439,7 +539,14 @@ int zn_cluster_rank_command(const zn_cluster_config *c, int rank, char ***argv, 
         *cmd = b.s;
     else
         free(b.s);
+    if (by_channel) {
+        *block = lines.s;
+        lines.s = NULL;
+    }
 out:
+    for (int i = 0; i < e.n; i++)
+        wipe(e.kv[i], strlen(e.kv[i]));
     env_free(&e);
+    zn_cluster_free_secret_block(lines.s);
     return rc;
 }

@@ -2,7 +2,8 @@
  * output copied line by line with a [host:rank] prefix, signals forwarded
  * through each rank's watcher (launch_cmd.c), a failed rank's peers given a
  * grace before they are stopped, every child reaped; and the process
- * helpers the check (launch_check.c) shares. posix_spawn and poll(); the
+ * helpers the check (launch_check.c) shares; each rank's variables and the
+ * job's secret go down its channel first. posix_spawn and poll(); the
  * signals are read from a signalfd, so no handler runs. */
 #include <errno.h>
 #include <fcntl.h>
@@ -272,6 +273,33 @@ static void pdsh_kill(run_state *s, rank_proc *r, const char *sig)
         close(null);
 }
 
+/* The rank's variables, the first lines its watcher reads (launch_cmd.c),
+ * into the channel's nonblocking pipe: a few KiB, so the pipe takes them
+ * at once; a stuck ssh gets 10 s. */
+static int send_block(int fd, const char *block)
+{
+    size_t n = strlen(block), done = 0;
+    uint64_t deadline = zn_now_ns() + 10000000000ull;
+    while (done < n) {
+        ssize_t w = write(fd, block + done, n - done);
+        if (w > 0) {
+            done += (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno != EAGAIN)
+            return zn_set_error(-errno, "launch: sending the rank its environment (%zu bytes) "
+                                "over its ssh channel: %s", n, strerror(errno));
+        if (zn_now_ns() >= deadline)
+            return zn_set_error(ZN_ETIMEOUT, "launch: sending the rank its environment: its "
+                                "ssh took %zu of %zu bytes in 10 s", done, n);
+        struct pollfd p = { fd, POLLOUT, 0 };
+        poll(&p, 1, 100);
+    }
+    return 0;
+}
+
 /* Sends every rank still running the signal through its watcher. */
 static int forward(run_state *s, const char *sig)
 {
@@ -344,6 +372,8 @@ int zn_cluster_run(const zn_cluster_config *c, zn_cluster_result *res)
     s.line = malloc(ZN_HOST_NAME_MAX + 24 + LINE_BYTES + 1);
     int rc = 0, start_rc = 0, sfd = -1, masked = 0;
     sigset_t take, old;
+    char secret[ZN_JOB_SECRET_HEX + 1], job_id[17];
+    secret[0] = job_id[0] = 0;
     if (!s.r || !s.line) {
         rc = zn_set_error(-ENOMEM, "launch: out of memory");
         goto out;
@@ -365,6 +395,15 @@ int zn_cluster_run(const zn_cluster_config *c, zn_cluster_result *res)
         }
     }
     zn_cluster_raise_fd_limit(world, 3);
+    if (c->job_secret && (rc = zn_cluster_make_secret(secret, job_id)))
+        goto out;
+    if (c->job_secret && c->remote == ZN_REMOTE_PDSH)
+        for (int i = 0; i < world; i++)
+            if (!zn_cluster_host_is_local(s.r[i].host)) {
+                note(c, "--launcher pdsh carries no stdin: the ranks get no job secret, so "
+                     "their TCP ports take a connection from anyone (use ssh for that)");
+                break;
+            }
     sigemptyset(&take);
     sigaddset(&take, SIGINT);
     sigaddset(&take, SIGTERM);
@@ -384,16 +423,23 @@ int zn_cluster_run(const zn_cluster_config *c, zn_cluster_result *res)
     /* start every rank; one that cannot start stops the ones before it */
     for (int i = 0; i < world && !start_rc; i++) {
         rank_proc *r = &s.r[i];
-        char **argv = NULL;
+        char **argv = NULL, *block = NULL;
         int pi[2] = { -1, -1 }, po[2] = { -1, -1 }, pe[2] = { -1, -1 };
-        if ((start_rc = zn_cluster_rank_command(c, i, &argv, NULL)) ||
+        if ((start_rc = zn_cluster_rank_launch(c, i, c->job_secret ? secret : NULL,
+                                               c->job_secret ? job_id : NULL, &argv, NULL,
+                                               &block)) ||
             (start_rc = zn_cluster_pipe(pi, 1)) || (start_rc = zn_cluster_pipe(po, 0)) ||
             (start_rc = zn_cluster_pipe(pe, 0)) ||
             (start_rc = zn_cluster_spawn(argv, pi[0], po[1], pe[1], 1, &r->pid))) {
             zn_error_prefix(start_rc, "starting rank %d on %s", i, r->host);
             r->pid = 0;
+        } else if (block && (start_rc = send_block(pi[1], block))) {
+            /* started, but it cannot run without its environment (its
+             * watcher ends it at the channel's end): stopped below */
+            zn_error_prefix(start_rc, "starting rank %d on %s", i, r->host);
         }
         free(argv);
+        zn_cluster_free_secret_block(block);
         int *ends[] = { &pi[0], &po[1], &pe[1] };
         for (int k = 0; k < 3; k++)
             zn_cluster_close_fd(ends[k]);
@@ -553,5 +599,7 @@ out:
     }
     free(s.r);
     free(s.line);
+    for (volatile char *v = secret; v < secret + sizeof secret; v++)
+        *v = 0;
     return rc;
 }
