@@ -282,6 +282,16 @@ static int lora_input(zn_model *m, zn_stream *s, int layer, unsigned t, const vo
     return 0;
 }
 
+/* u = A x into lu (the input dropped where training drops it; x and ldx
+ * then name the dropped copy): the forward's, and again the backward's. */
+static int lora_u(zn_model *m, zn_stream *s, const void *A, int layer, unsigned t,
+                  const void **x, int64_t *ldx, int64_t in)
+{
+    ZN_TRY(lora_input(m, s, layer, t, x, ldx, in));
+    return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, m->N, m->d.lora.r, in, 1.0f, *x, m->dt,
+                       *ldx, A, m->dt, in, 0.0f, m->lu, m->dt, m->d.lora.r);
+}
+
 static int lora_fwd(zn_model *m, zn_stream *s, void *const *params, int layer, unsigned t,
                     const void *x, int64_t ldx, int64_t in, int64_t out, void *y, int64_t ldy)
 {
@@ -289,9 +299,7 @@ static int lora_fwd(zn_model *m, zn_stream *s, void *const *params, int layer, u
     if (i < 0)
         return 0;
     int64_t r = m->d.lora.r;
-    ZN_TRY(lora_input(m, s, layer, t, &x, &ldx, in));
-    ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, m->N, r, in, 1.0f, x, m->dt, ldx, params[i],
-                    m->dt, in, 0.0f, m->lu, m->dt, r));
+    ZN_TRY(lora_u(m, s, params[i], layer, t, &x, &ldx, in));
     return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, m->N, out, r, m->lscale, m->lu, m->dt, r,
                        params[i + 1], m->dt, r, 1.0f, y, m->dt, ldy);
 }
@@ -323,9 +331,7 @@ static int lora_bwd_w(zn_model *m, zn_stream *s, void *const *params, float *con
         return 0;
     int64_t r = m->d.lora.r, N = m->N;
     zn_dtype dt = m->dt;
-    ZN_TRY(lora_input(m, s, layer, t, &x, &ldx, in));
-    ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, r, in, 1.0f, x, dt, ldx, params[i], dt,
-                    in, 0.0f, m->lu, dt, r));
+    ZN_TRY(lora_u(m, s, params[i], layer, t, &x, &ldx, in));
     if (grads[i + 1])
         ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, out, r, N, m->lscale, dy, dt, lddy,
                         m->lu, dt, r, 1.0f, grads[i + 1], ZN_DTYPE_F32, r));
@@ -348,9 +354,7 @@ static int lora_bwd_w_pair(zn_model *m, zn_stream *s, void *const *params, float
         return 0;
     int64_t r = m->d.lora.r, N = m->N;
     zn_dtype dt = m->dt;
-    ZN_TRY(lora_input(m, s, layer, t, &x, &ldx, in));
-    ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, r, in, 1.0f, x, dt, ldx, params[i], dt,
-                    in, 0.0f, m->lu, dt, r));
+    ZN_TRY(lora_u(m, s, params[i], layer, t, &x, &ldx, in));
     const void *dys[2] = { dy0, dy1 };
     for (int h = 0; h < 2; h++) {
         if (grads[i + 1])

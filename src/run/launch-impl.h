@@ -27,6 +27,8 @@ void zn_sbuf_addq(zn_sbuf *b, const char *s);
 
 /* Hosts run without ssh: "localhost" and "127.0.0.1" (docs/launch.md). */
 int zn_cluster_host_is_local(const char *host);
+/* The folder the ranks start in: c->cwd, or this process's (into buf). */
+int zn_cluster_cwd(const zn_cluster_config *c, char *buf, size_t n, const char **cwd);
 
 /* The program's argv that runs the shell command `cmd` on `host`: /bin/sh
  * -c CMD for a local host, else ssh (check: with ConnectTimeout) or pdsh.

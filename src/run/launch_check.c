@@ -67,12 +67,9 @@ int zn_cluster_check(const zn_cluster_config *c)
         return zn_set_error(ZN_EARG, "zn_cluster_check: no hosts or no command");
     int nh = c->hosts->n_hosts, rc = 0, devnull = -1;
     char cwd_buf[ZN_PATH_MAX];
-    const char *cwd = c->cwd;
-    if (!cwd) {
-        if (!getcwd(cwd_buf, sizeof cwd_buf))
-            return zn_set_error(-errno, "launch: getcwd: %s", strerror(errno));
-        cwd = cwd_buf;
-    }
+    const char *cwd;
+    if ((rc = zn_cluster_cwd(c, cwd_buf, sizeof cwd_buf, &cwd)))
+        return rc;
     const char *maddr;
     if ((rc = zn_cluster_master_addr(c, &maddr)))
         return rc;

@@ -170,6 +170,17 @@ void zn_sbuf_addq(zn_sbuf *b, const char *s)
     zn_sbuf_add(b, "'", 1);
 }
 
+int zn_cluster_cwd(const zn_cluster_config *c, char *buf, size_t n, const char **cwd)
+{
+    *cwd = c->cwd;
+    if (*cwd)
+        return 0;
+    if (!getcwd(buf, n))
+        return zn_set_error(-errno, "launch: getcwd: %s", strerror(errno));
+    *cwd = buf;
+    return 0;
+}
+
 int zn_cluster_host_is_local(const char *host)
 {
     return !strcmp(host, "localhost") || !strcmp(host, "127.0.0.1");
@@ -446,12 +457,9 @@ int zn_cluster_rank_launch(const zn_cluster_config *c, int rank, const char *sec
         return zn_set_error(ZN_EARG, "--master_port %d: want 1 to 65535", c->master_port);
     const char *host = c->hosts->hosts[pl.host].name;
     char cwd_buf[ZN_PATH_MAX];
-    const char *cwd = c->cwd;
-    if (!cwd) {
-        if (!getcwd(cwd_buf, sizeof cwd_buf))
-            return zn_set_error(-errno, "launch: getcwd: %s", strerror(errno));
-        cwd = cwd_buf;
-    }
+    const char *cwd;
+    if ((rc = zn_cluster_cwd(c, cwd_buf, sizeof cwd_buf, &cwd)))
+        return rc;
     const char *home = c->home ? c->home : getenv("HOME");
     const char *maddr;
     if ((rc = zn_cluster_master_addr(c, &maddr)))
