@@ -16,6 +16,8 @@ Two tiny random decoders, built and run by Hugging Face transformers:
   tiny-mistral-window  mistral with sliding_window 5 against sequences of
               16: each query sees its last 5 keys (transformers' sliding
               mask), otherwise tiny-mistral's shape, fp32
+  tiny-gemma  gemma ((1 + w) RMSNorm, GeGLU with tanh GELU, the embedding
+              times sqrt(hidden)), MQA 4/1, head_dim 24, tied, pad id 0, fp32
   tiny-olmo2  olmo2 (norms after attention and the MLP, none before; RMSNorm
               over the whole q and k projections), GQA 4/2, untied, pad id 1,
               weights as bf16 (one file)
@@ -106,8 +108,11 @@ def randomize(model, torch, gen):
             elif name.endswith(".bias"):
                 p.copy_(0.3 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
             elif "embed_tokens" in name:
-                # Tied: the same matrix makes the logits, keep them O(1).
+                # Tied: the same matrix makes the logits, keep them O(1)
+                # (Gemma's rows enter the layers times sqrt(hidden): less).
                 std = 0.3 if model.config.tie_word_embeddings else 1.0
+                if model.config.model_type == "gemma":
+                    std = 0.1
                 p.copy_(std * torch.randn(p.shape, generator=gen, dtype=torch.float64))
             else:
                 fan_in = p.shape[1]
@@ -140,7 +145,8 @@ def low_precision_pass(model64, dtype, inputs, targets, eval_targets, positions,
 
 def make(kind, out, tokens, torch, transformers, save_file):
     gen = torch.Generator().manual_seed({"llama": 1, "qwen2": 2, "mistral": 3, "qwen3": 4,
-                                       "phi3": 5, "olmo2": 6, "mistral-window": 7}[kind])
+                                       "phi3": 5, "olmo2": 6, "mistral-window": 7,
+                                       "gemma": 8}[kind])
     common = dict(hidden_size=64, intermediate_size=128 if kind == "llama" else 96,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   vocab_size=VOCAB, max_position_embeddings=64, hidden_act="silu")
@@ -172,6 +178,13 @@ def make(kind, out, tokens, torch, transformers, save_file):
                                        rope_theta=500000.0, attention_bias=False,
                                        pad_token_id=1, bos_token_id=None, eos_token_id=2)
         cls = transformers.Olmo2ForCausalLM
+    elif kind == "gemma":
+        g = dict(common, num_key_value_heads=1)
+        cfg = transformers.GemmaConfig(**dict(g, hidden_act="gelu_pytorch_tanh"), head_dim=24,
+                                       rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                       rope_theta=10000.0, attention_bias=False, pad_token_id=0,
+                                       bos_token_id=2, eos_token_id=1)
+        cls = transformers.GemmaForCausalLM
     else:
         cfg = transformers.Qwen2Config(**common, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                        rope_theta=1000000.0, use_sliding_window=False)
@@ -179,7 +192,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
     cfg._attn_implementation = "eager"
     model = cls(cfg).to(torch.float64)
     randomize(model, torch, gen)
-    if kind in ("qwen2", "qwen3"):
+    if kind in ("qwen2", "qwen3", "gemma"):
         model.tie_weights()
 
     # What goes on disk, and the exact values the reference computes with.
@@ -199,7 +212,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
         os.remove(os.path.join(d, f))
     cfg.save_pretrained(d)
     meta = {"format": "pt"}
-    if kind in ("llama", "mistral", "qwen3", "phi3", "olmo2", "mistral-window"):
+    if kind in ("llama", "mistral", "qwen3", "phi3", "olmo2", "mistral-window", "gemma"):
         save_file(tensors, os.path.join(d, "model.safetensors"), metadata=meta)
     else:
         names = sorted(tensors)
@@ -340,7 +353,7 @@ def main():
     ap.add_argument("--check-export", metavar="ZINC", help="check `zinc export` (see above)")
     ap.add_argument("--kinds", default="llama,qwen2",
                     help="fixtures to make: llama, qwen2, mistral, qwen3, phi3, olmo2, "
-                         "mistral-window (comma-separated)")
+                         "mistral-window, gemma (comma-separated)")
     args = ap.parse_args()
     ensure_torch()
     if args.check_export:

@@ -210,6 +210,26 @@ static void test_embedding(zn_dtype dt)
     for (int64_t i = 0; i < nr * c.dim; i++)
         ggp[i] -= base[r0 * c.dim + i];
     CMP("embedding_rows_bwd", dt, ggp, g + r0 * c.dim, (size_t)(nr * c.dim), 1e-5);
+    /* the same rows times a scale (Gemma's sqrt(hidden)): out and the
+     * scatter both scaled */
+    const float sc = 7.5f;
+    void *dsc = dev_up(held, no, dt); /* an id outside the table leaves its row */
+    DEV_OK(zn_dev_embedding_scaled_fwd(D, S, dids, c.nt, dtab, dt, 0, c.vocab, c.dim, dsc, dt,
+                                       sc));
+    double *gsc = dev_down(dsc, no, dt), *wsc = malloc(no * 8);
+    for (int64_t t = 0; t < c.nt; t++)
+        for (int64_t j = 0; j < c.dim; j++)
+            wsc[t * c.dim + j] = ids[t] >= 0 && ids[t] < c.vocab ? ref[t * c.dim + j] * sc
+                                                                 : held[t * c.dim + j];
+    CMP("embedding_scaled_fwd", dt, gsc, wsc, no, tol_fwd(dt));
+    void *dgs = dev_up(base, nt, ZN_DTYPE_F32);
+    DEV_OK(zn_dev_embedding_scaled_bwd(D, S, dids, c.nt, dR, dt, 0, c.vocab, c.dim, dgs, sc));
+    double *ggs = dev_down(dgs, nt, ZN_DTYPE_F32);
+    for (size_t i = 0; i < nt; i++)
+        ggs[i] = (ggs[i] - base[i]) / sc;
+    CMP("embedding_scaled_bwd", dt, ggs, g, nt, 1e-5);
+    free(gsc), free(wsc), free(ggs);
+    dfree(dsc), dfree(dgs);
     free(held), free(want), free(gotp), free(ggp);
     dfree(dpart), dfree(dheld), dfree(dgp);
 
@@ -218,7 +238,7 @@ static void test_embedding(zn_dtype dt)
 }
 
 /* ---- RMSNorm --------------------------------------------------------------*/
-typedef struct { int64_t rows, dim; double eps; const double *w, *x; int wrt_w; } rms_ctx;
+typedef struct { int64_t rows, dim; double eps; const double *w, *x; int wrt_w; double off; } rms_ctx;
 
 static void rms_ref_full(const double *x, const double *w, double *y, double *rstd,
                          const rms_ctx *c)
@@ -231,7 +251,7 @@ static void rms_ref_full(const double *x, const double *w, double *y, double *rs
         if (rstd)
             rstd[r] = rs;
         for (int64_t j = 0; j < c->dim; j++)
-            y[r * c->dim + j] = w[j] * x[r * c->dim + j] * rs;
+            y[r * c->dim + j] = (w[j] + c->off) * x[r * c->dim + j] * rs;
     }
 }
 
@@ -246,7 +266,7 @@ static void rms_ref(const double *in, double *y, const void *cv)
 
 static void test_rmsnorm(zn_dtype dt)
 {
-    rms_ctx c = { 5, 300, 1e-5, NULL, NULL, 0 };
+    rms_ctx c = { 5, 300, 1e-5, NULL, NULL, 0, 0.0 };
     size_t n = (size_t)(c.rows * c.dim);
     double *x = rnd(10, n, 2.0, dt), *w = rnd(11, (size_t)c.dim, 1.0, dt);
     double *R = rnd(12, n, 1.0, dt), *y = malloc(n * 8), *rstd = malloc(5 * 8);
@@ -285,10 +305,10 @@ static void test_rmsnorm(zn_dtype dt)
 /* The per-head norm (Qwen3's q/k norm) on groups inside padded rows: the
  * same arithmetic as the plain norm on the groups gathered, the padding
  * between and after the groups untouched, dx in place over dy. */
-static void test_rmsnorm_heads(zn_dtype dt)
+static void test_rmsnorm_heads(zn_dtype dt, float off)
 {
     const int64_t T = 4, nh = 3, hd = 64, ldx = nh * hd + 16, ldd = nh * hd + 40;
-    rms_ctx c = { T * nh, hd, 1e-6, NULL, NULL, 0 };
+    rms_ctx c = { T * nh, hd, 1e-6, NULL, NULL, 0, off };
     size_t n = (size_t)(T * nh * hd), nx = (size_t)(T * ldx), nd = (size_t)(T * ldd);
     double *x = rnd(20, n, 2.0, dt), *w = rnd(21, (size_t)hd, 1.0, dt), *R = rnd(22, n, 1.0, dt);
     double *y = malloc(n * 8), *rstd = malloc((size_t)(T * nh) * 8);
@@ -309,7 +329,7 @@ static void test_rmsnorm_heads(zn_dtype dt)
     void *dx = dev_up(xs, nx, dt), *dw = dev_up(w, (size_t)hd, dt), *dy = dev_up(pad, nd, dt);
     float *drs = dev_poison((size_t)(T * nh), ZN_DTYPE_F32);
     DEV_OK(zn_dev_rmsnorm_heads_fwd(D, S, dx, dt, ldx, dw, dt, dy, dt, ldd, drs, T, nh, hd,
-                                    (float)c.eps));
+                                    (float)c.eps, off));
     double *gy = dev_down(dy, nd, dt), *grs = dev_down(drs, (size_t)(T * nh), ZN_DTYPE_F32);
     double *gyc = malloc(n * 8);
     int pad_ok = 1;
@@ -331,7 +351,7 @@ static void test_rmsnorm_heads(zn_dtype dt)
     void *dR = dev_up(Rs, nd, dt);
     float *ddw = dev_up(base, (size_t)hd, ZN_DTYPE_F32);
     DEV_OK(zn_dev_rmsnorm_heads_bwd(D, S, dx, dt, ldx, dw, dt, drs, dR, dt, dR, dt, ldd, ddw, T,
-                                    nh, hd));
+                                    nh, hd, off));
     double *hd_ = dev_down(dR, nd, dt), *hdw = dev_down(ddw, (size_t)hd, ZN_DTYPE_F32);
     double *hdx = malloc(n * 8);
     pad_ok = 1;
@@ -497,36 +517,43 @@ static void test_softmax(zn_dtype dt)
 }
 
 /* ---- SwiGLU -------------------------------------------------------------------*/
-typedef struct { int64_t n; const double *other; int wrt_up; } sw_ctx;
+typedef struct { int64_t n; const double *other; int wrt_up, gelu; } sw_ctx;
 
 static void sw_ref(const double *in, double *y, const void *cv)
 {
     const sw_ctx *c = cv;
     for (int64_t i = 0; i < c->n; i++) {
         double g = c->wrt_up ? c->other[i] : in[i], u = c->wrt_up ? in[i] : c->other[i];
-        y[i] = g / (1 + exp(-g)) * u;
+        /* GeGLU's gate: the tanh GELU as transformers' gelu_pytorch_tanh */
+        double a = c->gelu ? 0.5 * g * (1 + tanh(sqrt(2 / 3.14159265358979323846) * (g + 0.044715 * g * g * g)))
+                           : g / (1 + exp(-g));
+        y[i] = a * u;
     }
 }
 
-static void test_swiglu(zn_dtype dt)
+/* SwiGLU (gelu 0) and GeGLU (gelu 1) against their float64 forms. */
+static void test_swiglu(zn_dtype dt, int gelu)
 {
     const int64_t n = 301;
+    const char *fw = gelu ? "geglu_fwd" : "swiglu_fwd";
     double *g = rnd(50, n, 4.0, dt), *u = rnd(51, n, 2.0, dt), *R = rnd(52, n, 1.0, dt);
     double *y = malloc(n * 8), *gg = malloc(n * 8), *gu = malloc(n * 8);
-    sw_ctx c = { n, u, 0 };
+    sw_ctx c = { n, u, 0, gelu };
     sw_ref(g, y, &c);
     void *dg = dev_up(g, n, dt), *du = dev_up(u, n, dt), *dout = dev_poison(n, dt);
-    DEV_OK(zn_dev_swiglu_fwd(D, S, dg, du, dout, dt, n));
+    DEV_OK(gelu ? zn_dev_geglu_fwd(D, S, dg, du, dout, dt, n)
+                : zn_dev_swiglu_fwd(D, S, dg, du, dout, dt, n));
     double *got = dev_down(dout, n, dt);
-    CMP("swiglu_fwd", dt, got, y, n, tol_fwd(dt));
+    CMP(fw, dt, got, y, n, tol_fwd(dt));
     fd_grad(sw_ref, &c, g, n, n, R, gg);
-    sw_ctx cu = { n, g, 1 };
+    sw_ctx cu = { n, g, 1, gelu };
     fd_grad(sw_ref, &cu, u, n, n, R, gu);
     void *dR = dev_up(R, n, dt), *ddg = dev_poison(n, dt), *ddu = dev_poison(n, dt);
-    DEV_OK(zn_dev_swiglu_bwd(D, S, dg, du, dR, ddg, ddu, dt, n));
+    DEV_OK(gelu ? zn_dev_geglu_bwd(D, S, dg, du, dR, ddg, ddu, dt, n)
+                : zn_dev_swiglu_bwd(D, S, dg, du, dR, ddg, ddu, dt, n));
     double *hg = dev_down(ddg, n, dt), *hu = dev_down(ddu, n, dt);
-    CMP("swiglu_bwd dgate", dt, hg, gg, n, tol_bwd(dt));
-    CMP("swiglu_bwd dup", dt, hu, gu, n, tol_bwd(dt));
+    CMP(gelu ? "geglu_bwd dgate" : "swiglu_bwd dgate", dt, hg, gg, n, tol_bwd(dt));
+    CMP(gelu ? "geglu_bwd dup" : "swiglu_bwd dup", dt, hu, gu, n, tol_bwd(dt));
     free(g), free(u), free(R), free(y), free(gg), free(gu), free(got), free(hg), free(hu);
     dfree(dg), dfree(du), dfree(dout), dfree(dR), dfree(ddg), dfree(ddu);
 }
@@ -1364,10 +1391,12 @@ static int run_backend(const char *name)
         zn_dtype dt = k ? ZN_DTYPE_BF16 : ZN_DTYPE_F32;
         test_embedding(dt);
         test_rmsnorm(dt);
-        test_rmsnorm_heads(dt);
+        test_rmsnorm_heads(dt, 0.0f);
+        test_rmsnorm_heads(dt, 1.0f); /* Gemma's (1 + w) */
         test_rope(dt);
         test_softmax(dt);
-        test_swiglu(dt);
+        test_swiglu(dt, 0);
+        test_swiglu(dt, 1);
         test_dropout(dt);
         test_elementwise(dt);
         test_bias(dt);

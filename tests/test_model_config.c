@@ -105,7 +105,7 @@ int main(void)
     /* a model_type nobody knows */
     ZT_EQ_INT(parse("{" BASE_OTHER "}", &d), ZN_EUNSUPPORTED);
     ZT_CONTAINS(zn_last_error(), "model_type 'bert' is not a family zinc knows (it trains llama, "
-                                 "qwen2, mistral, qwen3, phi3, olmo2)");
+                                 "qwen2, mistral, qwen3, gemma, phi3, olmo2)");
 
     /* Qwen3: head_dim 128 when config.json leaves it out (Qwen3-8B's does;
      * Qwen3Config's default, whatever hidden_size / heads is), the per-head
@@ -128,6 +128,22 @@ int main(void)
                     "\"use_sliding_window\":true}", &d), ZN_EUNSUPPORTED);
     ZT_CONTAINS(zn_last_error(), "use_sliding_window=true");
     ZT_CHECK(!strcmp(zn_model_arch_class(ZN_ARCH_QWEN3), "Qwen3ForCausalLM"));
+
+    /* Gemma: GemmaConfig's head_dim 256 and tied embeddings by default; its
+     * activation in hidden_activation where a config has both (older
+     * Gemma folders say hidden_act "gelu" beside it), exact GELU refused */
+    ZT_EQ_INT(parse("{\"model_type\":\"gemma\",\"hidden_size\":64,\"num_hidden_layers\":2,"
+                    "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320,"
+                    "\"hidden_act\":\"gelu\",\"hidden_activation\":\"gelu_pytorch_tanh\"}",
+                    &d), 0);
+    ZT_EQ_INT(d.arch, ZN_ARCH_GEMMA);
+    ZT_EQ_INT(d.head_dim, 256);
+    ZT_EQ_INT(d.tie_embeddings, 1);
+    ZT_EQ_INT(d.gemma_norm + d.gelu_mlp + d.embed_scaled, 3);
+    ZT_EQ_INT(parse("{\"model_type\":\"gemma\",\"hidden_size\":64,\"num_hidden_layers\":2,"
+                    "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320,"
+                    "\"hidden_act\":\"gelu\"}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "'gelu' is not supported (gemma computes 'gelu_pytorch_tanh')");
 
     /* phi3 (phi-4): q, k, v in one qkv_proj and gate, up in one
      * gate_up_proj, as zinc's own tensors; a rotary share below 1

@@ -2,7 +2,8 @@
  * documents compute what the same documents compute one at a time. A batch
  * of two 24-token sequences packs five documents (7 + 10 + 7 and 5 + 19
  * tokens, positions restarting at 0 at each); the packed forward and
- * backward must give, within tol, each token's logits, the loss (the mean
+ * backward must give, within tol (gradients: or the fixture's own float32
+ * or bfloat16 bound where that is wider), each token's logits, the loss (the mean
  * over every document's targets) and every gradient of the documents run
  * one by one as their own sequences (gradients added up, the loss scaled
  * by 1 / all targets). And the same batch without positions (every token
@@ -10,6 +11,7 @@
 #ifndef ZN_TEST_MODEL_PACKED_H
 #define ZN_TEST_MODEL_PACKED_H
 
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +62,22 @@ static double pk_rel(const float *a, const float *b, size_t n)
         den += (double)b[i] * b[i];
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* The fixture's own bound on gradients in dt (reference.json: 4 x how far
+ * PyTorch's pass in that precision lands from float64's), 0 when absent:
+ * two summation orders of zinc's may differ by as much. */
+static double pk_grad_bound(const char *dir, zn_dtype dt)
+{
+    char p[4300];
+    snprintf(p, sizeof p, "%s/reference.json", dir);
+    json_t *r = json_load_file(p, 0, NULL);
+    json_t *b = json_object_get(json_object_get(json_object_get(r, "bounds"),
+                                                dt == ZN_DTYPE_BF16 ? "bfloat16" : "float32"),
+                                "grad_norm");
+    double v = json_is_number(b) ? json_number_value(b) : 0.0;
+    json_decref(r);
+    return v;
 }
 
 static void packed_run(zn_dev *dev, const char *name, zn_dtype dt, int checkpoint, double tol)
@@ -139,7 +157,9 @@ static void packed_run(zn_dev *dev, const char *name, zn_dtype dt, int checkpoin
     ZT_CHECK_MSG(el <= tol, "%s %s: packed loss %.8f vs one at a time %.8f (rel %.2e)", name,
                  zn_dtype_name(dt), loss_p, loss_s, el);
     ZT_CHECK_MSG(elg <= tol, "%s %s: packed logits rel %.2e", name, zn_dtype_name(dt), elg);
-    ZT_CHECK_MSG(eg <= tol, "%s %s: packed gradients rel %.2e", name, zn_dtype_name(dt), eg);
+    double tol_g = pk_grad_bound(dir, dt) > tol ? pk_grad_bound(dir, dt) : tol;
+    ZT_CHECK_MSG(eg <= tol_g, "%s %s: packed gradients rel %.2e (bound %.1e)", name,
+                 zn_dtype_name(dt), eg, tol_g);
 
     /* without positions the documents see each other: far off */
     float loss_x = NAN;

@@ -80,7 +80,8 @@ int main(void)
      * full-width q/k norm; tiny-mistral-window: a 5-key sliding window over
      * 16-token sequences */
     const char *fixtures[] = { "tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
-                               "tiny-phi3", "tiny-olmo2", "tiny-mistral-window" };
+                               "tiny-phi3", "tiny-olmo2", "tiny-mistral-window",
+                               "tiny-gemma" };
     for (int f = 0; f < (int)(sizeof fixtures / sizeof fixtures[0]); f++) {
         ref_result r1, r2, r3;
         float *g1 = NULL, *g2 = NULL;

@@ -774,6 +774,8 @@ int main(int argc, char **argv)
     fixture("ft-phi3");
     /* olmo2: the post-norms and the full-width q/k norm trained, pad id 1 */
     fixture("ft-olmo2");
+    /* gemma: (1 + w) norms, GeGLU, the embedding times sqrt(hidden), tied */
+    fixture("ft-gemma");
     /* LoRA on a frozen base (lora_B nonzero from the start, so both adapter
      * gradients count), every placement of the base */
     fixture("lora-llama");

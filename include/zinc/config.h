@@ -155,7 +155,7 @@ typedef struct {
 typedef struct {
     char path[ZN_PATH_MAX];      /* "" = built from the dimensions below */
     int arch;                    /* 0 "llama", 1 "qwen2", 2 "mistral", 3 "qwen3", 4 "phi3",
-                                    5 "olmo2" (HF model_type) */
+                                    5 "olmo2", 6 "gemma" (HF model_type) */
     int64_t hidden_size;
     int64_t num_hidden_layers;
     int64_t num_attention_heads;

@@ -375,16 +375,30 @@ ZN_API int zn_dev_rmsnorm_bwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x
  * over the whole projection (heads 1, head_dim its width); ldx and ldy
  * let q or k sit inside a fused qkv row. y may alias x (ldy == ldx). The
  * backward's dy and dx share ldd (dx may alias dy); dw sums over every
- * token and head. */
+ * token and head. w_off is added to every weight (Gemma's RMSNorm scales
+ * by 1 + w: w_off 1; else 0), in the forward and the backward's dx; dw is
+ * the gradient of w itself. */
 ZN_API int zn_dev_rmsnorm_heads_fwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt,
                                     int64_t ldx, const void *w, zn_dtype w_dt, void *y,
                                     zn_dtype y_dt, int64_t ldy, float *rstd, int64_t tokens,
-                                    int64_t heads, int64_t head_dim, float eps);
+                                    int64_t heads, int64_t head_dim, float eps, float w_off);
 ZN_API int zn_dev_rmsnorm_heads_bwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt,
                                     int64_t ldx, const void *w, zn_dtype w_dt,
                                     const float *rstd, const void *dy, zn_dtype dy_dt, void *dx,
                                     zn_dtype dx_dt, int64_t ldd, float *dw, int64_t tokens,
-                                    int64_t heads, int64_t head_dim);
+                                    int64_t heads, int64_t head_dim, float w_off);
+
+/* zn_dev_embedding_rows_fwd / _bwd with the rows scaled: out = row x scale,
+ * dtable += dout x scale (Gemma's embedding times sqrt(hidden_size), in the
+ * table's type as transformers casts it). */
+ZN_API int zn_dev_embedding_scaled_fwd(zn_dev *d, zn_stream *s, const int32_t *ids,
+                                       int64_t n_tokens, const void *table, zn_dtype table_dt,
+                                       int64_t row0, int64_t rows, int64_t dim, void *out,
+                                       zn_dtype out_dt, float scale);
+ZN_API int zn_dev_embedding_scaled_bwd(zn_dev *d, zn_stream *s, const int32_t *ids,
+                                       int64_t n_tokens, const void *dout, zn_dtype dout_dt,
+                                       int64_t row0, int64_t rows, int64_t dim, float *dtable,
+                                       float scale);
 
 /* RoPE, rotate-half convention (HF Llama / Qwen2), IN PLACE on x:
  * x is [tokens][n_heads][head_dim] with rows ld elements apart (ld >=
@@ -483,6 +497,15 @@ ZN_API int zn_dev_swiglu_fwd(zn_dev *d, zn_stream *s, const void *gate, const vo
 ZN_API int zn_dev_swiglu_bwd(zn_dev *d, zn_stream *s, const void *gate, const void *up,
                              const void *dout, void *dgate, void *dup, zn_dtype dt,
                              int64_t n);
+
+/* GeGLU (Gemma): out = gelu_tanh(gate) * up with transformers'
+ * gelu_pytorch_tanh, gelu_tanh(g) = g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715
+ * g^3))); the backward as SwiGLU's with that activation's derivative. The
+ * same aliasing rules. */
+ZN_API int zn_dev_geglu_fwd(zn_dev *d, zn_stream *s, const void *gate, const void *up,
+                            void *out, zn_dtype dt, int64_t n);
+ZN_API int zn_dev_geglu_bwd(zn_dev *d, zn_stream *s, const void *gate, const void *up,
+                            const void *dout, void *dgate, void *dup, zn_dtype dt, int64_t n);
 
 /* y = a + b (all of type dt; y may alias a or b). */
 ZN_API int zn_dev_add(zn_dev *d, zn_stream *s, const void *a, const void *b, void *y,

@@ -22,6 +22,7 @@ typedef enum {
     ZN_ARCH_QWEN3 = 4, /* model_type "qwen3": Qwen3 dense (per-head q/k RMSNorm) */
     ZN_ARCH_PHI3 = 5,  /* model_type "phi3": Phi-3, phi-4 (qkv_proj, gate_up_proj fused) */
     ZN_ARCH_OLMO2 = 6, /* model_type "olmo2": OLMo 2 (post-norms, full-width q/k norm) */
+    ZN_ARCH_GEMMA = 7, /* model_type "gemma": Gemma (1 + w norms, GeGLU, scaled embedding) */
 } zn_model_arch;
 
 /* The families (src/model/family.c). zn_model_family_lookup: the arch of a
@@ -127,6 +128,10 @@ typedef struct {
     int has_pad;           /* pad_token_id is set: transformers' nn.Embedding takes it
                               as padding_idx, so that row's lookup passes no gradient */
     int64_t pad_id;        /* with has_pad: pad_token_id, in [0, vocab) */
+    int gemma_norm;        /* gemma: every RMSNorm scales by (1 + w), w stored as is */
+    int gelu_mlp;          /* gemma: the MLP's gate is tanh GELU (GeGLU), not silu */
+    int embed_scaled;      /* gemma: the embedding's rows times sqrt(hidden_size), in
+                              the compute type */
     int fused_proj;        /* phi3: q, k, v are one tensor (self_attn.qkv_proj, rows
                               q | k | v) and gate, up another (mlp.gate_up_proj,
                               rows gate | up), as on disk and in PEFT */

@@ -264,7 +264,7 @@ const key_spec zn_cfg_schema[] = {
     /* ---- zinc: model (HF config.json names) ---- */
     { "model", K_OBJ, 0, 0, 0, NULL, 0, NULL },
     { "model.path", K_STR, OFF(model.path), 0, 0, NULL, ZN_PATH_MAX, NULL },
-    { "model.model_type", K_ENUM, OFF(model.arch), 0, 0, "llama|qwen2|mistral|qwen3|phi3|olmo2", 0, NULL },
+    { "model.model_type", K_ENUM, OFF(model.arch), 0, 0, "llama|qwen2|mistral|qwen3|phi3|olmo2|gemma", 0, NULL },
     { "model.hidden_size", K_INT, OFF(model.hidden_size), 1, 1 << 20, NULL, 0, NULL },
     { "model.num_hidden_layers", K_INT, OFF(model.num_hidden_layers), 1, 4096, NULL, 0, NULL },
     { "model.num_attention_heads", K_INT, OFF(model.num_attention_heads), 1, 4096, NULL, 0, NULL },

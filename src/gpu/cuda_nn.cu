@@ -11,7 +11,8 @@
 namespace {
 
 __global__ void k_emb_fwd(const int32_t *ids, int64_t nt, int64_t row0, int64_t vocab,
-                          int64_t dim, int skip, const void *table, int tdt, void *out, int odt)
+                          int64_t dim, int skip, const void *table, int tdt, void *out, int odt,
+                          float scale)
 {
     GRID_STRIDE(i, nt * dim)
     {
@@ -20,7 +21,8 @@ __global__ void k_emb_fwd(const int32_t *ids, int64_t nt, int64_t row0, int64_t 
         bool ok = id >= 0 && id < vocab;
         if (!ok && skip)
             continue; // another part's row
-        stv(out, odt, i, ok ? ldv(table, tdt, id * dim + j) : 0.0f);
+        float v = ok ? ldv(table, tdt, id * dim + j) : 0.0f;
+        stv(out, odt, i, scale != 1.0f ? v * scale : v);
     }
 }
 
@@ -32,15 +34,17 @@ __global__ void k_emb_fwd(const int32_t *ids, int64_t nt, int64_t row0, int64_t 
 // thread per column (and the host reference), with gridDim.y times the
 // blocks (20 blocks on 132 SMs at dim 5120 before, 640 with 32 buckets).
 __global__ void k_emb_bwd(const int32_t *ids, int64_t nt, int64_t row0, int64_t vocab,
-                          int64_t dim, const void *dout, int ddt, float *dtable)
+                          int64_t dim, const void *dout, int ddt, float *dtable, float scale)
 {
     const int64_t nb = gridDim.y, bucket = blockIdx.y;
     GRID_STRIDE(j, dim)
     {
         for (int64_t t = 0; t < nt; t++) {
             int64_t id = (int64_t)ids[t] - row0;
-            if (id >= 0 && id < vocab && id % nb == bucket)
-                dtable[id * dim + j] += ldv(dout, ddt, t * dim + j);
+            if (id >= 0 && id < vocab && id % nb == bucket) {
+                float g = ldv(dout, ddt, t * dim + j);
+                dtable[id * dim + j] += scale != 1.0f ? g * scale : g;
+            }
         }
     }
 }
@@ -52,10 +56,16 @@ __device__ __forceinline__ int64_t rms_at(int64_t r, int64_t heads, int64_t ld, 
     return r / heads * ld + r % heads * dim;
 }
 
+// A norm weight with Gemma's offset (1 + w), or as it is (0).
+__device__ __forceinline__ float wof(float w, float off)
+{
+    return off != 0.0f ? w + off : w;
+}
+
 // One block per group.
 __global__ void k_rms_fwd(const void *x, int xdt, const void *w, int wdt, void *y, int ydt,
                           float *rstd, int64_t dim, float eps, int64_t heads, int64_t ldx,
-                          int64_t ldy)
+                          int64_t ldy, float w_off)
 {
     const int64_t r = blockIdx.x, o = rms_at(r, heads, ldx, dim), oy = rms_at(r, heads, ldy, dim);
     float ss = 0.0f;
@@ -66,25 +76,25 @@ __global__ void k_rms_fwd(const void *x, int xdt, const void *w, int wdt, void *
     ss = block_sum(ss);
     const float rs = 1.0f / sqrtf(ss / (float)dim + eps);
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-        stv(y, ydt, oy + j, ldv(w, wdt, j) * (ldv(x, xdt, o + j) * rs));
+        stv(y, ydt, oy + j, wof(ldv(w, wdt, j), w_off) * (ldv(x, xdt, o + j) * rs));
     if (rstd && threadIdx.x == 0)
         rstd[r] = rs;
 }
 
 __global__ void k_rms_bwd(const void *x, int xdt, const void *w, int wdt, const float *rstd,
                           const void *dy, int dydt, void *dx, int dxdt, int64_t dim,
-                          int64_t heads, int64_t ldx, int64_t ldd)
+                          int64_t heads, int64_t ldx, int64_t ldd, float w_off)
 {
     const int64_t r = blockIdx.x, o = rms_at(r, heads, ldx, dim), od = rms_at(r, heads, ldd, dim);
     const float rs = rstd[r];
     float dot = 0.0f;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-        dot += ldv(w, wdt, j) * ldv(dy, dydt, od + j) * ldv(x, xdt, o + j);
+        dot += wof(ldv(w, wdt, j), w_off) * ldv(dy, dydt, od + j) * ldv(x, xdt, o + j);
     dot = block_sum(dot);
     const float c = dot / (float)dim * rs * rs;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
         float xv = ldv(x, xdt, o + j), dyv = ldv(dy, dydt, od + j);
-        stv(dx, dxdt, od + j, rs * (ldv(w, wdt, j) * dyv - xv * c));
+        stv(dx, dxdt, od + j, rs * (wof(ldv(w, wdt, j), w_off) * dyv - xv * c));
     }
 }
 
@@ -165,21 +175,42 @@ __device__ __forceinline__ float sigm(float g)
     return 1.0f / (1.0f + expf(-g));
 }
 
-__global__ void k_swiglu_fwd(const void *gate, const void *up, void *out, int dt, int64_t n)
+// tanh GELU (transformers' gelu_pytorch_tanh) and its derivative, as the
+// host reference computes them
+#define GELU_K 0.7978845608028654f
+__device__ __forceinline__ float gelu_tanh(float g)
+{
+    return 0.5f * g * (1.0f + tanhf(GELU_K * (g + 0.044715f * g * g * g)));
+}
+
+__device__ __forceinline__ float gelu_tanh_grad(float g)
+{
+    float t = tanhf(GELU_K * (g + 0.044715f * g * g * g));
+    return 0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * 0.044715f * g * g);
+}
+
+// act 0: SwiGLU (silu gate), 1: GeGLU (tanh GELU gate)
+__global__ void k_swiglu_fwd(const void *gate, const void *up, void *out, int dt, int64_t n,
+                             int act)
 {
     GRID_STRIDE(i, n)
     {
         float g = ldv(gate, dt, i), u = ldv(up, dt, i);
-        stv(out, dt, i, g * sigm(g) * u);
+        stv(out, dt, i, act ? gelu_tanh(g) * u : g * sigm(g) * u);
     }
 }
 
 __global__ void k_swiglu_bwd(const void *gate, const void *up, const void *dout, void *dgate,
-                             void *dup, int dt, int64_t n)
+                             void *dup, int dt, int64_t n, int act)
 {
     GRID_STRIDE(i, n)
     {
         float g = ldv(gate, dt, i), u = ldv(up, dt, i), d = ldv(dout, dt, i);
+        if (act) {
+            stv(dgate, dt, i, d * u * gelu_tanh_grad(g));
+            stv(dup, dt, i, d * gelu_tanh(g));
+            continue;
+        }
         float sg = sigm(g);
         stv(dgate, dt, i, d * u * sg * (1.0f + g * (1.0f - sg)));
         stv(dup, dt, i, d * g * sg);
@@ -253,19 +284,19 @@ cudaError_t zn_cuda_run_nn(const zn_op *op, cudaStream_t st, float *scratch, con
         const auto &emb = op->u.emb;
         return launch(what, "k_emb_fwd", k_emb_fwd, grid_for(emb.n_tokens * emb.dim), st,
                       emb.ids, emb.n_tokens, emb.row0, emb.vocab, emb.dim, emb.skip, emb.table,
-                      emb.table_dt, emb.out, emb.out_dt);
+                      emb.table_dt, emb.out, emb.out_dt, emb.scale);
     }
     case ZN_OPK_EMB_BWD: {
         const auto &emb = op->u.emb;
         dim3 grid(grid_for(emb.dim), (unsigned)(emb.vocab < 32 ? emb.vocab : 32));
         return launch(what, "k_emb_bwd", k_emb_bwd, grid, st, emb.ids, emb.n_tokens, emb.row0,
-                      emb.vocab, emb.dim, emb.dout, emb.dout_dt, emb.dtable);
+                      emb.vocab, emb.dim, emb.dout, emb.dout_dt, emb.dtable, emb.scale);
     }
     case ZN_OPK_RMS_FWD: {
         const auto &rms = op->u.rms_fwd;
         return launch_rows(what, "k_rms_fwd", k_rms_fwd, rms.rows * rms.heads, st, rms.x,
                            rms.x_dt, rms.w, rms.w_dt, rms.y, rms.y_dt, rms.rstd, rms.dim, rms.eps,
-                           rms.heads, rms.ldx, rms.ldy);
+                           rms.heads, rms.ldx, rms.ldy, rms.w_off);
     }
     case ZN_OPK_RMS_BWD: {
         const auto &rms = op->u.rms_bwd;
@@ -282,7 +313,7 @@ cudaError_t zn_cuda_run_nn(const zn_op *op, cudaStream_t st, float *scratch, con
         }
         return launch_rows(what, "k_rms_bwd", k_rms_bwd, rms.rows * rms.heads, st, rms.x,
                            rms.x_dt, rms.w, rms.w_dt, rms.rstd, rms.dy, rms.dy_dt, rms.dx,
-                           rms.dx_dt, rms.dim, rms.heads, rms.ldx, rms.ldd);
+                           rms.dx_dt, rms.dim, rms.heads, rms.ldx, rms.ldd, rms.w_off);
     }
     case ZN_OPK_ROPE: {
         const auto &rope = op->u.rope;
@@ -306,12 +337,12 @@ cudaError_t zn_cuda_run_nn(const zn_op *op, cudaStream_t st, float *scratch, con
     case ZN_OPK_SWIGLU_FWD: {
         const auto &sw = op->u.swiglu;
         return launch(what, "k_swiglu_fwd", k_swiglu_fwd, grid_for(sw.n), st, sw.gate, sw.up,
-                      sw.out, sw.dt, sw.n);
+                      sw.out, sw.dt, sw.n, sw.act);
     }
     case ZN_OPK_SWIGLU_BWD: {
         const auto &sw = op->u.swiglu;
         return launch(what, "k_swiglu_bwd", k_swiglu_bwd, grid_for(sw.n), st, sw.gate, sw.up,
-                      sw.dout, sw.dgate, sw.dup, sw.dt, sw.n);
+                      sw.dout, sw.dgate, sw.dup, sw.dt, sw.n, sw.act);
     }
     case ZN_OPK_XENT_FWD: {
         const auto &xent = op->u.xent;

@@ -24,7 +24,8 @@ static int check_emb_sizes(const char *fn, int64_t n_tokens, int64_t row0, int64
 
 static int emb_fwd_op(zn_dev *d, zn_stream *s, const char *fn, const int32_t *ids,
                       int64_t n_tokens, const void *table, zn_dtype table_dt, int64_t row0,
-                      int64_t vocab, int64_t dim, void *out, zn_dtype out_dt, int skip)
+                      int64_t vocab, int64_t dim, void *out, zn_dtype out_dt, int skip,
+                      float scale)
 {
     CHK_DTYPES(fn, table_dt, out_dt);
     ZN_TRY(check_emb_sizes(fn, n_tokens, row0, vocab, dim));
@@ -33,7 +34,7 @@ static int emb_fwd_op(zn_dev *d, zn_stream *s, const char *fn, const int32_t *id
     zn_op op = { .kind = ZN_OPK_EMB_FWD,
                  .u.emb = { .ids = ids, .n_tokens = n_tokens, .vocab = vocab, .dim = dim,
                             .row0 = row0, .skip = skip, .table = table, .table_dt = table_dt,
-                            .out = out, .out_dt = out_dt } };
+                            .out = out, .out_dt = out_dt, .scale = scale } };
     return submit_checked(d, s, fn, &op,
                           DEV_PTRS(DEV_PTR(ids, (uint64_t)n_tokens * 4),
                                    DEV_PTR(table, span(vocab, dim, dim, table_dt)),
@@ -42,7 +43,7 @@ static int emb_fwd_op(zn_dev *d, zn_stream *s, const char *fn, const int32_t *id
 
 static int emb_bwd_op(zn_dev *d, zn_stream *s, const char *fn, const int32_t *ids,
                       int64_t n_tokens, const void *dout, zn_dtype dout_dt, int64_t row0,
-                      int64_t vocab, int64_t dim, float *dtable)
+                      int64_t vocab, int64_t dim, float *dtable, float scale)
 {
     CHK_DTYPES(fn, dout_dt);
     ZN_TRY(check_emb_sizes(fn, n_tokens, row0, vocab, dim));
@@ -51,7 +52,7 @@ static int emb_bwd_op(zn_dev *d, zn_stream *s, const char *fn, const int32_t *id
     zn_op op = { .kind = ZN_OPK_EMB_BWD,
                  .u.emb = { .ids = ids, .n_tokens = n_tokens, .vocab = vocab, .dim = dim,
                             .row0 = row0, .skip = 1, .dout = dout, .dout_dt = dout_dt,
-                            .dtable = dtable } };
+                            .dtable = dtable, .scale = scale } };
     return submit_checked(d, s, fn, &op,
                           DEV_PTRS(DEV_PTR(ids, (uint64_t)n_tokens * 4),
                                    DEV_PTR(dout, span(n_tokens, dim, dim, dout_dt)),
@@ -63,7 +64,7 @@ int zn_dev_embedding_fwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64_t n_
                          void *out, zn_dtype out_dt)
 {
     return emb_fwd_op(d, s, "embedding_fwd", ids, n_tokens, table, table_dt, 0, vocab, dim, out,
-                      out_dt, 0);
+                      out_dt, 0, 1.0f);
 }
 
 int zn_dev_embedding_rows_fwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64_t n_tokens,
@@ -71,7 +72,7 @@ int zn_dev_embedding_rows_fwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64
                               int64_t dim, void *out, zn_dtype out_dt)
 {
     return emb_fwd_op(d, s, "embedding_rows_fwd", ids, n_tokens, table, table_dt, row0, rows,
-                      dim, out, out_dt, 1);
+                      dim, out, out_dt, 1, 1.0f);
 }
 
 int zn_dev_embedding_bwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64_t n_tokens,
@@ -79,7 +80,7 @@ int zn_dev_embedding_bwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64_t n_
                          float *dtable)
 {
     return emb_bwd_op(d, s, "embedding_bwd", ids, n_tokens, dout, dout_dt, 0, vocab, dim,
-                      dtable);
+                      dtable, 1.0f);
 }
 
 int zn_dev_embedding_rows_bwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64_t n_tokens,
@@ -87,7 +88,23 @@ int zn_dev_embedding_rows_bwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64
                               int64_t dim, float *dtable)
 {
     return emb_bwd_op(d, s, "embedding_rows_bwd", ids, n_tokens, dout, dout_dt, row0, rows, dim,
-                      dtable);
+                      dtable, 1.0f);
+}
+
+int zn_dev_embedding_scaled_fwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64_t n_tokens,
+                                const void *table, zn_dtype table_dt, int64_t row0, int64_t rows,
+                                int64_t dim, void *out, zn_dtype out_dt, float scale)
+{
+    return emb_fwd_op(d, s, "embedding_scaled_fwd", ids, n_tokens, table, table_dt, row0, rows,
+                      dim, out, out_dt, 1, scale);
+}
+
+int zn_dev_embedding_scaled_bwd(zn_dev *d, zn_stream *s, const int32_t *ids, int64_t n_tokens,
+                                const void *dout, zn_dtype dout_dt, int64_t row0, int64_t rows,
+                                int64_t dim, float *dtable, float scale)
+{
+    return emb_bwd_op(d, s, "embedding_scaled_bwd", ids, n_tokens, dout, dout_dt, row0, rows, dim,
+                      dtable, scale);
 }
 
 /* ---- RMSNorm, RoPE ---------------------------------------------------------*/
@@ -100,7 +117,8 @@ static int check_rms_sizes(const char *fn, int64_t rows, int64_t dim)
 
 static int rms_fwd(zn_dev *d, zn_stream *s, const char *fn, const void *x, zn_dtype x_dt,
                    int64_t ldx, const void *w, zn_dtype w_dt, void *y, zn_dtype y_dt,
-                   int64_t ldy, float *rstd, int64_t rows, int64_t heads, int64_t dim, float eps)
+                   int64_t ldy, float *rstd, int64_t rows, int64_t heads, int64_t dim, float eps,
+                   float w_off)
 {
     CHK_DTYPES(fn, x_dt, w_dt, y_dt);
     ZN_TRY(check_rms_sizes(fn, rows, dim));
@@ -112,7 +130,8 @@ static int rms_fwd(zn_dev *d, zn_stream *s, const char *fn, const void *x, zn_dt
     zn_op op = { .kind = ZN_OPK_RMS_FWD,
                  .u.rms_fwd = { .x = x, .x_dt = x_dt, .w = w, .w_dt = w_dt, .y = y,
                                 .y_dt = y_dt, .rstd = rstd, .rows = rows, .dim = dim,
-                                .eps = eps, .heads = heads, .ldx = ldx, .ldy = ldy } };
+                                .eps = eps, .heads = heads, .ldx = ldx, .ldy = ldy,
+                                .w_off = w_off } };
     int64_t width = heads * dim;
     return submit_checked(d, s, fn, &op,
                           DEV_PTRS(DEV_PTR(x, span(rows, width, ldx, x_dt)),
@@ -124,7 +143,7 @@ static int rms_fwd(zn_dev *d, zn_stream *s, const char *fn, const void *x, zn_dt
 static int rms_bwd(zn_dev *d, zn_stream *s, const char *fn, const void *x, zn_dtype x_dt,
                    int64_t ldx, const void *w, zn_dtype w_dt, const float *rstd, const void *dy,
                    zn_dtype dy_dt, void *dx, zn_dtype dx_dt, int64_t ldd, float *dw,
-                   int64_t rows, int64_t heads, int64_t dim)
+                   int64_t rows, int64_t heads, int64_t dim, float w_off)
 {
     CHK_DTYPES(fn, x_dt, w_dt, dy_dt, dx_dt);
     ZN_TRY(check_rms_sizes(fn, rows, dim));
@@ -137,7 +156,7 @@ static int rms_bwd(zn_dev *d, zn_stream *s, const char *fn, const void *x, zn_dt
                  .u.rms_bwd = { .x = x, .x_dt = x_dt, .w = w, .w_dt = w_dt, .rstd = rstd,
                                 .dy = dy, .dy_dt = dy_dt, .dx = dx, .dx_dt = dx_dt, .dw = dw,
                                 .rows = rows, .dim = dim, .heads = heads, .ldx = ldx,
-                                .ldd = ldd } };
+                                .ldd = ldd, .w_off = w_off } };
     int64_t width = heads * dim;
     return submit_checked(d, s, fn, &op,
                           DEV_PTRS(DEV_PTR(x, span(rows, width, ldx, x_dt)),
@@ -153,7 +172,7 @@ int zn_dev_rmsnorm_fwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, co
                        int64_t dim, float eps)
 {
     return rms_fwd(d, s, "rmsnorm_fwd", x, x_dt, dim, w, w_dt, y, y_dt, dim, rstd, rows, 1, dim,
-                   eps);
+                   eps, 0.0f);
 }
 
 int zn_dev_rmsnorm_bwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, const void *w,
@@ -161,26 +180,28 @@ int zn_dev_rmsnorm_bwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, co
                        void *dx, zn_dtype dx_dt, float *dw, int64_t rows, int64_t dim)
 {
     return rms_bwd(d, s, "rmsnorm_bwd", x, x_dt, dim, w, w_dt, rstd, dy, dy_dt, dx, dx_dt, dim,
-                   dw, rows, 1, dim);
+                   dw, rows, 1, dim, 0.0f);
 }
 
 int zn_dev_rmsnorm_heads_fwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt,
                              int64_t ldx, const void *w, zn_dtype w_dt, void *y, zn_dtype y_dt,
                              int64_t ldy, float *rstd, int64_t tokens, int64_t heads,
-                             int64_t head_dim, float eps)
+                             int64_t head_dim, float eps, float w_off)
 {
+    CHK(isfinite(w_off), "rmsnorm_heads_fwd: w_off %g", (double)w_off);
     return rms_fwd(d, s, "rmsnorm_heads_fwd", x, x_dt, ldx, w, w_dt, y, y_dt, ldy, rstd, tokens,
-                   heads, head_dim, eps);
+                   heads, head_dim, eps, w_off);
 }
 
 int zn_dev_rmsnorm_heads_bwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt,
                              int64_t ldx, const void *w, zn_dtype w_dt, const float *rstd,
                              const void *dy, zn_dtype dy_dt, void *dx, zn_dtype dx_dt,
                              int64_t ldd, float *dw, int64_t tokens, int64_t heads,
-                             int64_t head_dim)
+                             int64_t head_dim, float w_off)
 {
+    CHK(isfinite(w_off), "rmsnorm_heads_bwd: w_off %g", (double)w_off);
     return rms_bwd(d, s, "rmsnorm_heads_bwd", x, x_dt, ldx, w, w_dt, rstd, dy, dy_dt, dx, dx_dt,
-                   ldd, dw, tokens, heads, head_dim);
+                   ldd, dw, tokens, heads, head_dim, w_off);
 }
 
 static int rope(zn_dev *d, zn_stream *s, void *x, zn_dtype dt, int64_t tokens,

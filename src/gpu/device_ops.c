@@ -134,7 +134,8 @@ int zn_dev_gemm(zn_dev *d, zn_stream *s, zn_trans ta, zn_trans tb, int64_t m, in
 static int swiglu(zn_dev *d, zn_stream *s, const zn_op *op)
 {
     const int bwd = op->kind == ZN_OPK_SWIGLU_BWD;
-    const char *fn = bwd ? "swiglu_bwd" : "swiglu_fwd";
+    const char *fn = op->u.swiglu.act ? (bwd ? "geglu_bwd" : "geglu_fwd")
+                                      : (bwd ? "swiglu_bwd" : "swiglu_fwd");
     const void *gate = op->u.swiglu.gate, *up = op->u.swiglu.up, *out = op->u.swiglu.out;
     const void *dout = op->u.swiglu.dout, *dgate = op->u.swiglu.dgate, *dup = op->u.swiglu.dup;
     const int64_t n = op->u.swiglu.n;
@@ -165,6 +166,23 @@ int zn_dev_swiglu_bwd(zn_dev *d, zn_stream *s, const void *gate, const void *up,
     zn_op op = { .kind = ZN_OPK_SWIGLU_BWD,
                  .u.swiglu = { .gate = gate, .up = up, .dout = dout, .dgate = dgate,
                                .dup = dup, .dt = dt, .n = n } };
+    return swiglu(d, s, &op);
+}
+
+int zn_dev_geglu_fwd(zn_dev *d, zn_stream *s, const void *gate, const void *up, void *out,
+                     zn_dtype dt, int64_t n)
+{
+    zn_op op = { .kind = ZN_OPK_SWIGLU_FWD,
+                 .u.swiglu = { .gate = gate, .up = up, .out = out, .dt = dt, .n = n, .act = 1 } };
+    return swiglu(d, s, &op);
+}
+
+int zn_dev_geglu_bwd(zn_dev *d, zn_stream *s, const void *gate, const void *up,
+                     const void *dout, void *dgate, void *dup, zn_dtype dt, int64_t n)
+{
+    zn_op op = { .kind = ZN_OPK_SWIGLU_BWD,
+                 .u.swiglu = { .gate = gate, .up = up, .dout = dout, .dgate = dgate,
+                               .dup = dup, .dt = dt, .n = n, .act = 1 } };
     return swiglu(d, s, &op);
 }
 

@@ -101,6 +101,7 @@ typedef struct zn_op {
             int64_t row0; int skip;  /* rows [row0, row0 + vocab); skip: leave other rows */
             const void *table; zn_dtype table_dt; void *out; zn_dtype out_dt;
             const void *dout; zn_dtype dout_dt; float *dtable;
+            float scale;   /* out = table row x scale; dtable += dout x scale */
         } emb;
         struct {
             const void *x; zn_dtype x_dt; const void *w; zn_dtype w_dt;
@@ -109,12 +110,14 @@ typedef struct zn_op {
              * h of row r at r * ldx + h * dim in x (ldy in y); rstd has
              * rows * heads entries, group (r, h) at r * heads + h */
             int64_t heads, ldx, ldy;
+            float w_off;   /* y = (w + w_off) x rstd: 0, or Gemma's 1 */
         } rms_fwd;
         struct {
             const void *x; zn_dtype x_dt; const void *w; zn_dtype w_dt;
             const float *rstd; const void *dy; zn_dtype dy_dt; void *dx; zn_dtype dx_dt;
             float *dw; int64_t rows, dim;
             int64_t heads, ldx, ldd; /* as rms_fwd's; ldd: dy's and dx's */
+            float w_off;
         } rms_bwd;
         struct {
             void *x; zn_dtype dt; int64_t tokens, n_heads, head_dim, ld;
@@ -128,6 +131,7 @@ typedef struct zn_op {
         struct {
             const void *gate, *up, *dout; void *out, *dgate, *dup;
             zn_dtype dt; int64_t n;
+            int act;   /* the gate's activation: 0 silu (SwiGLU), 1 tanh GELU (GeGLU) */
         } swiglu;
         struct {   /* add: y = a + b; axpy: y += alpha x; scale: x *= alpha */
             const void *a, *b; void *y; zn_dtype a_dt, y_dt; int64_t n; float alpha;

@@ -153,9 +153,11 @@ static void emb_fwd(const zn_op *op)
         int ok = id >= 0 && id < op->u.emb.vocab;
         if (!ok && op->u.emb.skip)
             continue; /* another part's row */
-        for (int64_t j = 0; j < dim; j++)
-            stf(op->u.emb.out, op->u.emb.out_dt, t * dim + j,
-                ok ? ldf(op->u.emb.table, op->u.emb.table_dt, id * dim + j) : 0.0f);
+        const float sc = op->u.emb.scale;
+        for (int64_t j = 0; j < dim; j++) {
+            float v = ok ? ldf(op->u.emb.table, op->u.emb.table_dt, id * dim + j) : 0.0f;
+            stf(op->u.emb.out, op->u.emb.out_dt, t * dim + j, sc != 1.0f ? v * sc : v);
+        }
     }
 }
 
@@ -167,8 +169,11 @@ static void emb_bwd(const zn_op *op)
         if (id < 0 || id >= op->u.emb.vocab)
             continue;
         float *row = op->u.emb.dtable + id * dim;
-        for (int64_t j = 0; j < dim; j++)
-            row[j] += ldf(op->u.emb.dout, op->u.emb.dout_dt, t * dim + j);
+        const float sc = op->u.emb.scale;
+        for (int64_t j = 0; j < dim; j++) {
+            float g = ldf(op->u.emb.dout, op->u.emb.dout_dt, t * dim + j);
+            row[j] += sc != 1.0f ? g * sc : g;
+        }
     }
 }
 
@@ -196,6 +201,8 @@ static void rms_fwd(const zn_op *op)
         for (int64_t j = 0; j < dim; j++) {
             float x = ldf(op->u.rms_fwd.x, xt, ox + j);
             float w = ldf(op->u.rms_fwd.w, op->u.rms_fwd.w_dt, j);
+            if (op->u.rms_fwd.w_off != 0.0f)
+                w += op->u.rms_fwd.w_off;
             stf(op->u.rms_fwd.y, op->u.rms_fwd.y_dt, oy + j, w * (x * rs));
         }
         if (op->u.rms_fwd.rstd)
@@ -212,15 +219,22 @@ static void rms_bwd(const zn_op *op)
         const int64_t ox = rms_at(r, heads, op->u.rms_bwd.ldx, dim);
         const int64_t od = rms_at(r, heads, op->u.rms_bwd.ldd, dim);
         const float rs = op->u.rms_bwd.rstd[r];
+        const float off = op->u.rms_bwd.w_off;
         double dot = 0;
-        for (int64_t j = 0; j < dim; j++)
-            dot += (double)ldf(op->u.rms_bwd.w, wt, j) * ldf(op->u.rms_bwd.dy, dyt, od + j) *
+        for (int64_t j = 0; j < dim; j++) {
+            float w = ldf(op->u.rms_bwd.w, wt, j);
+            if (off != 0.0f)
+                w += off;
+            dot += (double)w * ldf(op->u.rms_bwd.dy, dyt, od + j) *
                    ldf(op->u.rms_bwd.x, xt, ox + j);
+        }
         const float c = (float)(dot / (double)dim) * rs * rs;
         for (int64_t j = 0; j < dim; j++) {
             float x = ldf(op->u.rms_bwd.x, xt, ox + j);
             float dy = ldf(op->u.rms_bwd.dy, dyt, od + j);
             float w = ldf(op->u.rms_bwd.w, wt, j);
+            if (off != 0.0f)
+                w += off;
             stf(op->u.rms_bwd.dx, op->u.rms_bwd.dx_dt, od + j, rs * (w * dy - x * c));
         }
     }
@@ -543,12 +557,26 @@ static inline float sigm(float g)
     return 1.0f / (1.0f + expf(-g));
 }
 
+/* tanh GELU (transformers' gelu_pytorch_tanh) and its derivative, fp32 */
+#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+static inline float gelu_tanh(float g)
+{
+    return 0.5f * g * (1.0f + tanhf(GELU_K * (g + 0.044715f * g * g * g)));
+}
+
+static inline float gelu_tanh_grad(float g)
+{
+    float t = tanhf(GELU_K * (g + 0.044715f * g * g * g));
+    return 0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * 0.044715f * g * g);
+}
+
 static void swiglu_fwd(const zn_op *op)
 {
     const zn_dtype dt = op->u.swiglu.dt;
+    const int gelu = op->u.swiglu.act == 1;
     for (int64_t i = 0; i < op->u.swiglu.n; i++) {
         float g = ldf(op->u.swiglu.gate, dt, i), u = ldf(op->u.swiglu.up, dt, i);
-        stf(op->u.swiglu.out, dt, i, g * sigm(g) * u);
+        stf(op->u.swiglu.out, dt, i, gelu ? gelu_tanh(g) * u : g * sigm(g) * u);
     }
 }
 
@@ -558,6 +586,11 @@ static void swiglu_bwd(const zn_op *op)
     for (int64_t i = 0; i < op->u.swiglu.n; i++) {
         float g = ldf(op->u.swiglu.gate, dt, i), u = ldf(op->u.swiglu.up, dt, i);
         float d = ldf(op->u.swiglu.dout, dt, i);
+        if (op->u.swiglu.act == 1) {
+            stf(op->u.swiglu.dgate, dt, i, d * u * gelu_tanh_grad(g));
+            stf(op->u.swiglu.dup, dt, i, d * gelu_tanh(g));
+            continue;
+        }
         float sg = sigm(g);
         stf(op->u.swiglu.dgate, dt, i, d * u * sg * (1.0f + g * (1.0f - sg)));
         stf(op->u.swiglu.dup, dt, i, d * g * sg);

@@ -32,14 +32,15 @@ static const family families[] = {
       "num_experts_per_tok of them per token)" },
     { "mixtral", 0, NULL, 0, 0, "mixture-of-experts layers (a router and its experts)" },
     { "qwen2_moe", 0, NULL, 0, 0, "mixture-of-experts layers and a shared expert" },
-    { "gemma", 0, NULL, 0, 0,
-      "the (1 + w) RMSNorm, the embedding scaled by sqrt(hidden_size) and GeGLU" },
+    /* GemmaConfig: 8192 positions, head_dim 256 */
+    { "gemma", ZN_ARCH_GEMMA, "GemmaForCausalLM", 8192, 256, NULL },
     { "gemma2", 0, NULL, 0, 0,
-      "the (1 + w) RMSNorm, four norms a layer, GeGLU (gelu_pytorch_tanh), the embedding "
-      "scaled by sqrt(hidden_size), attention and final logit soft-capping and sliding-"
-      "window layers" },
+      "four norms a layer, attention scaled by query_pre_attn_scalar, attention and final "
+      "logit soft-capping and sliding-window layers (beside Gemma's (1 + w) norm, GeGLU and "
+      "scaled embedding, which zinc has)" },
     { "gemma3_text", 0, NULL, 0, 0,
-      "the (1 + w) RMSNorm, GeGLU, sliding-window layers and per-layer RoPE bases" },
+      "four norms a layer, sliding-window layers and per-layer RoPE bases (beside the (1 + w) "
+      "norm, GeGLU, scaled embedding and per-head q/k norm, which zinc has)" },
     { "gemma3", 0, NULL, 0, 0,
       "a vision tower (Gemma 3's multimodal model), and for its text_config the families' "
       "gemma3_text pieces" },

@@ -208,7 +208,11 @@ static int embed(zn_gen *g, const int32_t *ids, int64_t N, void *x)
         memcpy((unsigned char *)g->hx + (size_t)t * row,
                (const unsigned char *)g->home[0] + (size_t)ids[t] * row, row);
     g->embed_in_bytes += (uint64_t)N * row;
-    return zn_dev_copy_h2d(g->dev, NULL, x, g->hx, (size_t)N * row);
+    ZN_TRY(zn_dev_copy_h2d(g->dev, NULL, x, g->hx, (size_t)N * row));
+    /* the rows as the device's embedding makes them (Gemma scales them) */
+    if (g->m->emb_scale != 1.0f)
+        ZN_TRY(zn_dev_scale(g->dev, NULL, x, g->m->dt, N * g->H, g->m->emb_scale));
+    return 0;
 }
 
 /* Layer l's forward: from its resident tensors, or from the ring slot its

@@ -49,7 +49,8 @@ int zn_model_dims_validate(const zn_model_dims *d)
         return zn_set_error(ZN_ECONFIG, "model dims: " #f " = %lld must be in 1..%lld", \
                             (long long)d->f, (long long)(max));
     if (d->arch != ZN_ARCH_LLAMA && d->arch != ZN_ARCH_QWEN2 && d->arch != ZN_ARCH_MISTRAL &&
-        d->arch != ZN_ARCH_QWEN3 && d->arch != ZN_ARCH_PHI3 && d->arch != ZN_ARCH_OLMO2)
+        d->arch != ZN_ARCH_QWEN3 && d->arch != ZN_ARCH_PHI3 && d->arch != ZN_ARCH_OLMO2 &&
+        d->arch != ZN_ARCH_GEMMA)
         return zn_set_error(ZN_ECONFIG, "model dims: unknown arch %d", (int)d->arch);
     if (d->sliding_window < 0)
         return zn_set_error(ZN_ECONFIG, "model dims: sliding_window = %lld must be >= 0",
@@ -59,6 +60,10 @@ int zn_model_dims_validate(const zn_model_dims *d)
                             (long long)d->pad_id);
     if (d->fused_proj != (d->arch == ZN_ARCH_PHI3))
         return zn_set_error(ZN_ECONFIG, "model dims: only phi3 stores its projections fused");
+    int gem = d->arch == ZN_ARCH_GEMMA;
+    if (d->gemma_norm != gem || d->gelu_mlp != gem || d->embed_scaled != gem)
+        return zn_set_error(ZN_ECONFIG, "model dims: only gemma has the (1 + w) norm, GeGLU and "
+                            "the scaled embedding");
     if (d->post_norm != (d->arch == ZN_ARCH_OLMO2) ||
         d->qk_norm != (d->arch == ZN_ARCH_QWEN3 ? 1 : d->arch == ZN_ARCH_OLMO2 ? 2 : 0))
         return zn_set_error(ZN_ECONFIG, "model dims: %s's norms are its family's (qk_norm %d, "
@@ -289,11 +294,18 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
                             "(it trains %s)", c->name, s, built);
     }
 
-    if ((rc = get_str(c, "hidden_act", &s)))
+    /* the MLP's gate: silu; Gemma's tanh GELU (older Gemma configs say it in
+     * hidden_activation, beside a hidden_act transformers no longer reads) */
+    int gemma = d->arch == ZN_ARCH_GEMMA;
+    if ((rc = get_str(c, gemma && json_object_get(c->root, "hidden_activation")
+                             ? "hidden_activation" : "hidden_act", &s)))
         return rc;
-    if (s && strcmp(s, "silu"))
-        return zn_set_error(ZN_EUNSUPPORTED, "%s: hidden_act '%s' is not supported (only 'silu')",
-                            c->name, s);
+    const char *want_act = gemma ? "gelu_pytorch_tanh" : "silu";
+    if (s && strcmp(s, want_act))
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: %s '%s' is not supported (%s computes '%s')",
+                            c->name, gemma ? "the activation" : "hidden_act", s,
+                            zn_model_arch_name(d->arch), want_act);
+    d->gemma_norm = d->gelu_mlp = d->embed_scaled = gemma;
 
     if ((rc = get_int(c, "hidden_size", 1, 0, &d->hidden)) ||
         (rc = get_int(c, "num_hidden_layers", 1, 0, &d->n_layers)) ||
@@ -316,7 +328,8 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
         return rc;
     if ((rc = parse_rope(c, d)))
         return rc;
-    if ((rc = get_bool(c, "tie_word_embeddings", 0, &d->tie_embeddings)))
+    /* GemmaConfig ties by default; the others do not */
+    if ((rc = get_bool(c, "tie_word_embeddings", d->arch == ZN_ARCH_GEMMA, &d->tie_embeddings)))
         return rc;
 
     /* every family's embedding is nn.Embedding(vocab, hidden, padding_idx=
@@ -390,7 +403,7 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
         /* MistralAttention, Phi3Attention: no bias on any projection
          * (neither reads attention_bias) */
     } else {
-        /* llama, qwen3, olmo2: attention_bias on q, k, v and o alike;
+        /* llama, qwen3, olmo2, gemma: attention_bias on q, k, v and o alike;
          * qwen3's per-head q/k norm, olmo2's full-width one and its
          * post-norms always */
         d->qk_norm = d->arch == ZN_ARCH_QWEN3 ? 1 : d->arch == ZN_ARCH_OLMO2 ? 2 : 0;
@@ -473,8 +486,8 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
     int rc = zn_model_dims_validate(d);
     if (rc)
         return rc;
-    if (d->o_bias != d->qkv_bias &&
-        (d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_OLMO2))
+    if (d->o_bias != d->qkv_bias && (d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3 ||
+                                     d->arch == ZN_ARCH_OLMO2 || d->arch == ZN_ARCH_GEMMA))
         return zn_set_error(ZN_ECONFIG, "model dims: %s's attention_bias covers q/k/v and o "
                                         "alike; qkv_bias != o_bias cannot be written",
                             zn_model_arch_name(d->arch));
@@ -493,7 +506,8 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
         bad |= !arch || json_array_append_new(arch, json_string(zn_model_arch_class(d->arch)));
         bad |= set_or_fail(o, "architectures", arch);
         bad |= set_or_fail(o, "model_type", json_string(zn_model_arch_name(d->arch)));
-        bad |= set_or_fail(o, "hidden_act", json_string("silu"));
+        bad |= set_or_fail(o, "hidden_act",
+                           json_string(d->gelu_mlp ? "gelu_pytorch_tanh" : "silu"));
         bad |= set_or_fail(o, "hidden_size", json_integer(d->hidden));
         bad |= set_or_fail(o, "intermediate_size", json_integer(d->intermediate));
         bad |= set_or_fail(o, "num_hidden_layers", json_integer(d->n_layers));
@@ -513,7 +527,8 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
                           : dtype == ZN_DTYPE_F16 ? "float16" : "bfloat16";
         bad |= set_or_fail(o, "torch_dtype", json_string(tdt));
         bad |= set_or_fail(o, "dtype", json_string(tdt));
-        if (d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_OLMO2)
+        if (d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_OLMO2 ||
+            d->arch == ZN_ARCH_GEMMA)
             bad |= set_or_fail(o, "attention_bias", json_boolean(d->qkv_bias));
         if (is_qwen || d->arch == ZN_ARCH_QWEN3)
             bad |= set_or_fail(o, "use_sliding_window", json_false());

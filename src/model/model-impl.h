@@ -98,6 +98,9 @@ struct zn_model {
     void *lxd;          /* LoRA dropout: [N][max in] the dropped input (cfg.dtype) */
     float *ltmp;        /* LoRA dropout: [N][max in] du A before its mask (fp32) */
     float lscale;       /* LoRA scale */
+    float woff;         /* every norm's weight offset: 1 for Gemma's (1 + w), else 0 */
+    float emb_scale;    /* the embedding's scale (Gemma's sqrt(hidden) in the compute type),
+                           else 1 */
     int drop_on;        /* training with lora.dropout > 0 (zn_model_set_dropout) */
     uint64_t drop_key;
 
@@ -123,6 +126,45 @@ typedef struct {
 void zn_m_carve_acts(zn_m_carver *c, zn_m_layer_acts *a, const zn_model *m);
 int64_t zn_m_lse_floats(const zn_model *m);
 int zn_m_need_batch(const zn_model *m); /* ZN_EARG until a batch is set */
+
+/* The norms, the MLP's activation and the embedding as the family computes
+ * them (Gemma: 1 + w, tanh GELU, scaled rows), on the device ops. */
+static inline int zn_m_rms_fwd(const zn_model *m, zn_stream *s, const void *x, zn_dtype x_dt,
+                               const void *w, zn_dtype w_dt, void *y, zn_dtype y_dt, float *rstd,
+                               int64_t rows, int64_t dim, float eps)
+{
+    if (m->woff == 0.0f)
+        return zn_dev_rmsnorm_fwd(m->dev, s, x, x_dt, w, w_dt, y, y_dt, rstd, rows, dim, eps);
+    return zn_dev_rmsnorm_heads_fwd(m->dev, s, x, x_dt, dim, w, w_dt, y, y_dt, dim, rstd, rows, 1,
+                                    dim, eps, m->woff);
+}
+
+static inline int zn_m_rms_bwd(const zn_model *m, zn_stream *s, const void *x, zn_dtype x_dt,
+                               const void *w, zn_dtype w_dt, const float *rstd, const void *dy,
+                               zn_dtype dy_dt, void *dx, zn_dtype dx_dt, float *dw, int64_t rows,
+                               int64_t dim)
+{
+    if (m->woff == 0.0f)
+        return zn_dev_rmsnorm_bwd(m->dev, s, x, x_dt, w, w_dt, rstd, dy, dy_dt, dx, dx_dt, dw,
+                                  rows, dim);
+    /* the heads form takes one ld for dy and dx: the same here (dim) */
+    return zn_dev_rmsnorm_heads_bwd(m->dev, s, x, x_dt, dim, w, w_dt, rstd, dy, dy_dt, dx, dx_dt,
+                                    dim, dw, rows, 1, dim, m->woff);
+}
+
+static inline int zn_m_glu_fwd(const zn_model *m, zn_stream *s, const void *gate, const void *up,
+                               void *out, zn_dtype dt, int64_t n)
+{
+    return m->d.gelu_mlp ? zn_dev_geglu_fwd(m->dev, s, gate, up, out, dt, n)
+                         : zn_dev_swiglu_fwd(m->dev, s, gate, up, out, dt, n);
+}
+
+static inline int zn_m_glu_bwd(const zn_model *m, zn_stream *s, const void *gate, const void *up,
+                               const void *dout, void *dgate, void *dup, zn_dtype dt, int64_t n)
+{
+    return m->d.gelu_mlp ? zn_dev_geglu_bwd(m->dev, s, gate, up, dout, dgate, dup, dt, n)
+                         : zn_dev_swiglu_bwd(m->dev, s, gate, up, dout, dgate, dup, dt, n);
+}
 
 /* Byte offset helper for typed device pointers. */
 static inline void *zn_m_at(const void *p, int64_t elems, size_t esz)

@@ -164,6 +164,13 @@ static void set_shapes(zn_model *m, const zn_model_dims *d, const zn_model_confi
     m->I = d->intermediate;
     m->V = d->vocab;
     m->lscale = (float)zn_lora_scale(&d->lora);
+    m->woff = d->gemma_norm ? 1.0f : 0.0f;
+    /* transformers multiplies by sqrt(hidden) cast to the weights' type */
+    m->emb_scale = 1.0f;
+    if (d->embed_scaled) {
+        float sc = sqrtf((float)d->hidden);
+        m->emb_scale = cfg->dtype == ZN_DTYPE_BF16 ? zn_bf16_widen(zn_bf16_round(sc)) : sc;
+    }
     m->max_t = cfg->max_seq;
     m->max_n = cfg->max_batch * cfg->max_seq;
     m->chunk = cfg->xent_chunk > 0 ? (cfg->xent_chunk < d->vocab ? cfg->xent_chunk : d->vocab)

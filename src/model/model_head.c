@@ -11,6 +11,9 @@
 int zn_model_embed_fwd(zn_model *m, zn_stream *s, void *const *params, void *x_out)
 {
     ZN_TRY(zn_m_need_batch(m));
+    if (m->emb_scale != 1.0f)
+        return zn_dev_embedding_scaled_fwd(m->dev, s, m->ids, m->N, params[0], m->dt, 0, m->V,
+                                           m->H, x_out, m->dt, m->emb_scale);
     return zn_dev_embedding_fwd(m->dev, s, m->ids, m->N, params[0], m->dt, m->V, m->H, x_out,
                                 m->dt);
 }
@@ -22,8 +25,11 @@ int zn_model_embed_bwd(zn_model *m, zn_stream *s, void *const *params, const voi
     ZN_TRY(zn_m_need_batch(m));
     if (!grads[0])
         return 0; /* frozen */
-    return zn_dev_embedding_bwd(m->dev, s, m->bwd_ids ? m->bwd_ids : m->ids, m->N, dx, m->dt,
-                                m->V, m->H, grads[0]);
+    const int32_t *ids = m->bwd_ids ? m->bwd_ids : m->ids;
+    if (m->emb_scale != 1.0f)
+        return zn_dev_embedding_scaled_bwd(m->dev, s, ids, m->N, dx, m->dt, 0, m->V, m->H,
+                                           grads[0], m->emb_scale);
+    return zn_dev_embedding_bwd(m->dev, s, ids, m->N, dx, m->dt, m->V, m->H, grads[0]);
 }
 
 /* Part `part` of block `block`, checked. */
@@ -44,6 +50,9 @@ int zn_model_embed_fwd_part(zn_model *m, zn_stream *s, int part, const void *tab
     zn_model_part_info pi;
     ZN_TRY(zn_m_need_batch(m));
     ZN_TRY(part_of(m, 0, part, &pi));
+    if (m->emb_scale != 1.0f)
+        return zn_dev_embedding_scaled_fwd(m->dev, s, m->ids, m->N, table, m->dt, pi.row0,
+                                           pi.rows, m->H, x_out, m->dt, m->emb_scale);
     if (pi.nparts == 1)
         return zn_dev_embedding_fwd(m->dev, s, m->ids, m->N, table, m->dt, m->V, m->H, x_out,
                                     m->dt);
@@ -58,8 +67,12 @@ int zn_model_embed_bwd_part(zn_model *m, zn_stream *s, int part, const void *dx,
     ZN_TRY(part_of(m, 0, part, &pi));
     if (!dtable)
         return 0; /* frozen */
-    return zn_dev_embedding_rows_bwd(m->dev, s, m->bwd_ids ? m->bwd_ids : m->ids, m->N, dx,
-                                     m->dt, pi.row0, pi.rows, m->H, dtable);
+    const int32_t *ids = m->bwd_ids ? m->bwd_ids : m->ids;
+    if (m->emb_scale != 1.0f)
+        return zn_dev_embedding_scaled_bwd(m->dev, s, ids, m->N, dx, m->dt, pi.row0, pi.rows,
+                                           m->H, dtable, m->emb_scale);
+    return zn_dev_embedding_rows_bwd(m->dev, s, ids, m->N, dx, m->dt, pi.row0, pi.rows, m->H,
+                                     dtable);
 }
 
 /* ---- head ------------------------------------------------------------------------ */
@@ -73,7 +86,7 @@ static int head_fwd_rows(zn_model *m, zn_stream *s, const void *norm_w, const vo
     ZN_TRY(zn_m_need_batch(m));
     int64_t N = m->N, H = m->H, C = m->chunk;
     if (first)
-        ZN_TRY(zn_dev_rmsnorm_fwd(m->dev, s, x_in, m->dt, norm_w, m->dt, m->hN, m->dt, m->rstdN, N,
+        ZN_TRY(zn_m_rms_fwd(m, s, x_in, m->dt, norm_w, m->dt, m->hN, m->dt, m->rstdN, N,
                                H, (float)m->d.rms_eps));
     for (int64_t v0 = r0; v0 < r0 + nr; v0 += C) {
         int64_t c = r0 + nr - v0 < C ? r0 + nr - v0 : C;
@@ -115,7 +128,7 @@ static int head_bwd_rows(zn_model *m, zn_stream *s, const void *norm_w, const vo
     }
     if (!first)
         return 0;
-    return zn_dev_rmsnorm_bwd(m->dev, s, x_in, m->dt, norm_w, m->dt, m->rstdN, m->dhN,
+    return zn_m_rms_bwd(m, s, x_in, m->dt, norm_w, m->dt, m->rstdN, m->dhN,
                               ZN_DTYPE_F32, dx, m->dt, dnorm, N, H);
 }
 
@@ -169,7 +182,7 @@ int zn_model_head_logits(zn_model *m, zn_stream *s, void *const *params, const v
         return zn_set_error(ZN_EARG, "model: logits rows [%lld, +%lld) outside the batch (%lld)",
                             (long long)row0, (long long)nrows, (long long)m->N);
     int64_t H = m->H;
-    ZN_TRY(zn_dev_rmsnorm_fwd(m->dev, s, zn_m_at(x_in, row0 * H, m->esz), m->dt, params[0], m->dt,
+    ZN_TRY(zn_m_rms_fwd(m, s, zn_m_at(x_in, row0 * H, m->esz), m->dt, params[0], m->dt,
                            m->hN, m->dt, m->rstdN, nrows, H, (float)m->d.rms_eps));
     return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, nrows, m->V, H, 1.0f, m->hN, m->dt, H,
                        params[1], m->dt, H, 0.0f, out, ZN_DTYPE_F32, m->V);

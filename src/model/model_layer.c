@@ -408,7 +408,7 @@ static int down_post(zn_model *m, zn_stream *s, void *const *params, int layer,
 {
     ZN_TRY(linear(m, s, a->act, m->I, PRM(ZN_M_P_WD), m->H, m->I, 0.0f, a->h2, m->dt, m->H));
     ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_DOWN, a->act, m->I, m->I, m->H, a->h2, m->H));
-    return zn_dev_rmsnorm_fwd(m->dev, s, a->h2, m->dt, PRM(ZN_M_P_FF_NORM), m->dt, y, m->dt,
+    return zn_m_rms_fwd(m, s, a->h2, m->dt, PRM(ZN_M_P_FF_NORM), m->dt, y, m->dt,
                               a->rstd2, m->N, m->H, (float)m->d.rms_eps);
 }
 
@@ -426,7 +426,7 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *par
     const int post = m->d.post_norm;
     const void *xa = post ? x_in : a->h1;
     if (!post)
-        ZN_TRY(zn_dev_rmsnorm_fwd(m->dev, s, x_in, dt, PRM(ZN_M_P_IN_NORM), dt, a->h1, dt,
+        ZN_TRY(zn_m_rms_fwd(m, s, x_in, dt, PRM(ZN_M_P_IN_NORM), dt, a->h1, dt,
                                   a->rstd1, N, H, eps));
     /* q and k go to qkv, or with a q/k norm to qk_pre ([N][qd + kvd]), which
      * the backward needs, the norm writing them into qkv */
@@ -456,10 +456,10 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *par
     if (m->d.qk_norm) {
         qk_norm_shape g = qk_shape(m);
         ZN_TRY(zn_dev_rmsnorm_heads_fwd(m->dev, s, q, dt, qk_ld, PRM(ZN_M_P_QN), dt, a->qkv, dt,
-                                        ld, a->qk_rstd, N, g.qh, g.qdim, eps));
+                                        ld, a->qk_rstd, N, g.qh, g.qdim, eps, m->woff));
         ZN_TRY(zn_dev_rmsnorm_heads_fwd(m->dev, s, k, dt, qk_ld, PRM(ZN_M_P_KN), dt,
                                         zn_m_at(a->qkv, qd, e), dt, ld,
-                                        a->qk_rstd + m->max_n * m->nh, N, g.kh, g.kdim, eps));
+                                        a->qk_rstd + m->max_n * m->nh, N, g.kh, g.kdim, eps, m->woff));
     }
     ZN_TRY(zn_dev_rope_fwd(m->dev, s, a->qkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
     ZN_TRY(zn_dev_rope_fwd(m->dev, s, zn_m_at(a->qkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
@@ -474,11 +474,11 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *par
     if (m->d.o_bias)
         ZN_TRY(zn_dev_bias_add(m->dev, s, o, dt, H, PRM(ZN_M_P_BO), dt, N, H));
     if (post) {
-        ZN_TRY(zn_dev_rmsnorm_fwd(m->dev, s, a->h1, dt, PRM(ZN_M_P_POST_NORM), dt, a->x_mid, dt,
+        ZN_TRY(zn_m_rms_fwd(m, s, a->h1, dt, PRM(ZN_M_P_POST_NORM), dt, a->x_mid, dt,
                                   a->rstd1, N, H, eps));
         ZN_TRY(zn_dev_add_inplace(m->dev, s, a->x_mid, dt, x_in, dt, N * H));
     } else {
-        ZN_TRY(zn_dev_rmsnorm_fwd(m->dev, s, a->x_mid, dt, PRM(ZN_M_P_POST_NORM), dt, a->h2, dt,
+        ZN_TRY(zn_m_rms_fwd(m, s, a->x_mid, dt, PRM(ZN_M_P_POST_NORM), dt, a->h2, dt,
                                   a->rstd2, N, H, eps));
     }
     const void *xm = post ? a->x_mid : a->h2; /* the MLP's input */
@@ -487,7 +487,7 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *par
     ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_GATE, xm, H, H, I, a->gate, I));
     ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_UP, xm, H, H, I, a->up, I));
     ZN_TRY(lora_fwd_pair(m, s, params, layer, ZN_LORA_GATE_UP, xm, H, H, I, a->gate, a->up, I));
-    return zn_dev_swiglu_fwd(m->dev, s, a->gate, a->up, a->act, dt, N * I);
+    return zn_m_glu_fwd(m, s, a->gate, a->up, a->act, dt, N * I);
 }
 
 static int check_layer(const zn_model *m, int layer)
@@ -568,7 +568,7 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
     if (post) {
         if (!saved)
             ZN_TRY(down_post(m, s, params, layer, &a, m->dxm));
-        ZN_TRY(zn_dev_rmsnorm_bwd(m->dev, s, a.h2, dt, PRM(ZN_M_P_FF_NORM), dt, a.rstd2, dy, dt,
+        ZN_TRY(zn_m_rms_bwd(m, s, a.h2, dt, PRM(ZN_M_P_FF_NORM), dt, a.rstd2, dy, dt,
                                   m->dxm, dt, GRD(ZN_M_P_FF_NORM), N, H));
         dyd = m->dxm;
     }
@@ -578,7 +578,7 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
     ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_DOWN, a.act, I, I, H, dyd, H));
     ZN_TRY(linear_dx(m, s, dyd, H, PRM(ZN_M_P_WD), H, I, 0.0f, w->act, dt, I));       /* d_act */
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_DOWN, I, w->act, dt, I));
-    ZN_TRY(zn_dev_swiglu_bwd(m->dev, s, a.gate, a.up, w->act, w->gate, w->up, dt, N * I));
+    ZN_TRY(zn_m_glu_bwd(m, s, a.gate, a.up, w->act, w->gate, w->up, dt, N * I));
     ZN_TRY(linear_dw(m, s, w->gate, I, xm, H, I, H, GRD(ZN_M_P_WG)));
     ZN_TRY(linear_dw(m, s, w->up, I, xm, H, I, H, GRD(ZN_M_P_WU)));
     ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_GATE, xm, H, H, I, w->gate, I));
@@ -593,7 +593,7 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
     if (post)
         ZN_TRY(zn_dev_copy_d2d(m->dev, s, m->dxm32, m->dh, (size_t)(N * H) * 4));
     else
-        ZN_TRY(zn_dev_rmsnorm_bwd(m->dev, s, a.x_mid, dt, PRM(ZN_M_P_POST_NORM), dt, a.rstd2,
+        ZN_TRY(zn_m_rms_bwd(m, s, a.x_mid, dt, PRM(ZN_M_P_POST_NORM), dt, a.rstd2,
                                   m->dh, ZN_DTYPE_F32, m->dxm32, ZN_DTYPE_F32,
                                   GRD(ZN_M_P_POST_NORM), N, H));
     ZN_TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, dy, dt, N * H)); /* residual */
@@ -604,7 +604,7 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
      * the workspace's h2 (free by now) */
     const void *dov = m->dxm;
     if (post) {
-        ZN_TRY(zn_dev_rmsnorm_bwd(m->dev, s, a.h1, dt, PRM(ZN_M_P_POST_NORM), dt, a.rstd1, m->dxm,
+        ZN_TRY(zn_m_rms_bwd(m, s, a.h1, dt, PRM(ZN_M_P_POST_NORM), dt, a.rstd1, m->dxm,
                                   dt, w->h2, dt, GRD(ZN_M_P_POST_NORM), N, H));
         dov = w->h2;
     }
@@ -622,11 +622,11 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
         qk_norm_shape g = qk_shape(m);
         ZN_TRY(zn_dev_rmsnorm_heads_bwd(m->dev, s, a.qk_pre, dt, qd + kvd, PRM(ZN_M_P_QN), dt,
                                         a.qk_rstd, m->dqkv, dt, m->dqkv, dt, ld, GRD(ZN_M_P_QN),
-                                        N, g.qh, g.qdim));
+                                        N, g.qh, g.qdim, m->woff));
         ZN_TRY(zn_dev_rmsnorm_heads_bwd(m->dev, s, zn_m_at(a.qk_pre, qd, e), dt, qd + kvd,
                                         PRM(ZN_M_P_KN), dt, a.qk_rstd + m->max_n * m->nh,
                                         zn_m_at(m->dqkv, qd, e), dt, zn_m_at(m->dqkv, qd, e), dt,
-                                        ld, GRD(ZN_M_P_KN), N, g.kh, g.kdim));
+                                        ld, GRD(ZN_M_P_KN), N, g.kh, g.kdim, m->woff));
     }
     if (m->d.qkv_bias && GRD(ZN_M_P_BQ)) {
         ZN_TRY(zn_dev_bias_grad(m->dev, s, m->dqkv, dt, ld, GRD(ZN_M_P_BQ), N, qd));
@@ -654,7 +654,7 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
     ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_QKV, xa, H, H, ld, m->dqkv, ld));
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_QKV, H, m->dh, ZN_DTYPE_F32, H));
     if (!post)
-        ZN_TRY(zn_dev_rmsnorm_bwd(m->dev, s, x_in, dt, PRM(ZN_M_P_IN_NORM), dt, a.rstd1, m->dh,
+        ZN_TRY(zn_m_rms_bwd(m, s, x_in, dt, PRM(ZN_M_P_IN_NORM), dt, a.rstd1, m->dh,
                                   ZN_DTYPE_F32, m->dh, ZN_DTYPE_F32, GRD(ZN_M_P_IN_NORM), N, H));
     ZN_TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, m->dh, ZN_DTYPE_F32, N * H));
     return zn_dev_cast(m->dev, s, m->dxm32, ZN_DTYPE_F32, dx, dt, N * H);

@@ -77,8 +77,9 @@ int zn_run_model_dims(const zn_config *cfg, zn_model_dims *d)
                             "or give model.hidden_size, num_hidden_layers, ...", cfg->source);
     zn_model_dims_default(d);
     static const zn_model_arch archs[] = { ZN_ARCH_LLAMA, ZN_ARCH_QWEN2, ZN_ARCH_MISTRAL,
-                                           ZN_ARCH_QWEN3, ZN_ARCH_PHI3, ZN_ARCH_OLMO2 };
-    d->arch = archs[m->arch >= 0 && m->arch < 6 ? m->arch : 0];
+                                           ZN_ARCH_QWEN3, ZN_ARCH_PHI3, ZN_ARCH_OLMO2,
+                                           ZN_ARCH_GEMMA };
+    d->arch = archs[m->arch >= 0 && m->arch < 7 ? m->arch : 0];
     d->hidden = m->hidden_size;
     d->n_layers = m->num_hidden_layers;
     d->n_heads = m->num_attention_heads;
@@ -93,12 +94,14 @@ int zn_run_model_dims(const zn_config *cfg, zn_model_dims *d)
     d->tie_embeddings = m->tie_word_embeddings;
     /* as config.json would give them: qwen2's q/k/v bias, llama's and
      * qwen3's attention_bias on all four, qwen3's q/k norm */
-    int ab = (d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_OLMO2) &&
+    int ab = (d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_OLMO2 ||
+              d->arch == ZN_ARCH_GEMMA) &&
              m->attention_bias;
     d->qkv_bias = d->arch == ZN_ARCH_QWEN2 || ab;
     d->o_bias = ab;
     d->qk_norm = d->arch == ZN_ARCH_QWEN3 ? 1 : d->arch == ZN_ARCH_OLMO2 ? 2 : 0;
     d->post_norm = d->arch == ZN_ARCH_OLMO2;
+    d->gemma_norm = d->gelu_mlp = d->embed_scaled = d->arch == ZN_ARCH_GEMMA;
     d->fused_proj = d->arch == ZN_ARCH_PHI3;
     int rc = zn_model_dims_validate(d);
     if (rc)
