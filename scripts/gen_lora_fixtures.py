@@ -13,6 +13,8 @@ reproduce from the same base folder and the same initial adapter
   lora-qwen3  base ../ft-qwen3 (bf16, per-head q/k norm), r 4, alpha 8,
               the seven projections by name: the q and k adapters feed
               the q/k norm
+  lora-mistral  base ../ft-mistral (sliding_window 5 over 12 tokens), r 4,
+              alpha 8, the seven projections
   lora-phi3   base ../ft-phi3 (bf16, fused qkv_proj and gate_up_proj), r 4,
               alpha 8, qkv_proj + o_proj + gate_up_proj + down_proj: the
               adapters of the fused projections span q | k | v and gate | up
@@ -94,6 +96,9 @@ FIXTURES = {
     # down's the post-norms
     "olmo2": dict(base="ft-olmo2", r=4, alpha=8, targets=TARGETS_ALL, rslora=False, seed=36,
                   data_seed=46),
+    # mistral: its windowed attention under every projection's adapter
+    "mistral": dict(base="ft-mistral", r=4, alpha=8, targets=TARGETS_ALL, rslora=False,
+                    seed=37, data_seed=47),
     "phi3": dict(base="ft-phi3", r=4, alpha=8,
                  targets=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], rslora=False,
                  seed=35, data_seed=45),
@@ -271,7 +276,8 @@ def make(kind, out, torch, transformers, peft):
         "peft": peft.__version__,
         "precision": "float32, eager attention, CPU; adapters fp32, base frozen",
         "weights_dtype": {"ft-llama": "bf16", "ft-qwen2": "f16", "ft-qwen3": "bf16",
-                          "ft-phi3": "bf16", "ft-olmo2": "bf16"}[spec["base"]],
+                          "ft-phi3": "bf16", "ft-olmo2": "bf16",
+                          "ft-mistral": "bf16"}[spec["base"]],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "steps": steps,
     }

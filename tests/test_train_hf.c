@@ -776,6 +776,9 @@ int main(int argc, char **argv)
     fixture("ft-olmo2");
     /* gemma: (1 + w) norms, GeGLU, the embedding times sqrt(hidden), tied */
     fixture("ft-gemma");
+    /* mistral with a 5-key window over 12-token sequences: the mask trained
+     * through */
+    fixture("ft-mistral");
     /* LoRA on a frozen base (lora_B nonzero from the start, so both adapter
      * gradients count), every placement of the base */
     fixture("lora-llama");
@@ -783,6 +786,7 @@ int main(int argc, char **argv)
     fixture("lora-qwen3"); /* the q and k adapters feed the per-head q/k norm */
     fixture("lora-phi3");  /* qkv_proj and gate_up_proj adapters on the fused tensors */
     fixture("lora-olmo2"); /* q/k adapters before the q/k norm, o/down before the post-norms */
+    fixture("lora-mistral"); /* the windowed attention under every adapter */
     /* lora_dropout 0.2 with zinc's masks on PEFT's side; eval without */
     fixture("lora-dropout");
     tn_rmdir();
