@@ -302,6 +302,21 @@ static void test_rmsnorm(zn_dtype dt)
     dfree(dx), dfree(dw), dfree(dy), dfree(drs), dfree(dR), dfree(ddx), dfree(ddw);
 }
 
+/* The first w of each of `rows` rows of ld into out (rows of w); 1 when
+ * every element after them in each row still holds 7 (untouched). */
+static int gather_rows(const double *in, int64_t rows, int64_t ld, int64_t w, double *out)
+{
+    int pad_ok = 1;
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t j = 0; j < ld; j++) {
+            if (j < w)
+                out[t * w + j] = in[t * ld + j];
+            else
+                pad_ok &= in[t * ld + j] == 7.0;
+        }
+    return pad_ok;
+}
+
 /* The per-head norm (Qwen3's q/k norm) on groups inside padded rows: the
  * same arithmetic as the plain norm on the groups gathered, the padding
  * between and after the groups untouched, dx in place over dy. */
@@ -332,15 +347,7 @@ static void test_rmsnorm_heads(zn_dtype dt, float off)
                                     (float)c.eps, off));
     double *gy = dev_down(dy, nd, dt), *grs = dev_down(drs, (size_t)(T * nh), ZN_DTYPE_F32);
     double *gyc = malloc(n * 8);
-    int pad_ok = 1;
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < ldd; j++) {
-            if (j < nh * hd)
-                gyc[t * nh * hd + j] = gy[t * ldd + j];
-            else
-                pad_ok &= gy[t * ldd + j] == 7.0;
-        }
-    ZT_CHECK(pad_ok);
+    ZT_CHECK(gather_rows(gy, T, ldd, nh * hd, gyc));
     CMP("rmsnorm_heads_fwd y", dt, gyc, y, n, tol_fwd(dt));
     CMP("rmsnorm_heads_fwd rstd", dt, grs, rstd, (size_t)(T * nh), 1e-5);
     double *gx = malloc(n * 8), *gw = malloc((size_t)hd * 8);
@@ -354,15 +361,7 @@ static void test_rmsnorm_heads(zn_dtype dt, float off)
                                     nh, hd, off));
     double *hd_ = dev_down(dR, nd, dt), *hdw = dev_down(ddw, (size_t)hd, ZN_DTYPE_F32);
     double *hdx = malloc(n * 8);
-    pad_ok = 1;
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < ldd; j++) {
-            if (j < nh * hd)
-                hdx[t * nh * hd + j] = hd_[t * ldd + j];
-            else
-                pad_ok &= hd_[t * ldd + j] == 7.0;
-        }
-    ZT_CHECK(pad_ok);
+    ZT_CHECK(gather_rows(hd_, T, ldd, nh * hd, hdx));
     for (int64_t j = 0; j < hd; j++)
         hdw[j] -= base[j];
     CMP("rmsnorm_heads_bwd dx", dt, hdx, gx, n, tol_bwd(dt));

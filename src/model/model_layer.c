@@ -321,10 +321,13 @@ static int lora_fwd_pair(zn_model *m, zn_stream *s, void *const *params, int lay
 
 /* The adapter's weight gradients from its input x and dy: u = A x again,
  * dB += scale dy^T u, du = scale dy B (kept in ldu for lora_bwd_x),
- * dA += du^T x. Runs before the input x's buffer is reused. */
-static int lora_bwd_w(zn_model *m, zn_stream *s, void *const *params, float *const *grads,
-                      int layer, unsigned t, const void *x, int64_t ldx, int64_t in, int64_t out,
-                      const void *dy, int64_t lddy)
+ * dA += du^T x. Runs before the input x's buffer is reused. dy may come in
+ * `parts` buffers of `out` columns each, B's rows in the same blocks
+ * (gate_up_proj's adapter: gate's and up's): dB's blocks and du summed. */
+static int lora_bwd_w_parts(zn_model *m, zn_stream *s, void *const *params,
+                            float *const *grads, int layer, unsigned t, const void *x,
+                            int64_t ldx, int64_t in, int64_t out, const void *const *dys,
+                            int parts, int64_t lddy)
 {
     int i = zn_m_lora_index(&m->d, t);
     if (i < 0)
@@ -332,31 +335,7 @@ static int lora_bwd_w(zn_model *m, zn_stream *s, void *const *params, float *con
     int64_t r = m->d.lora.r, N = m->N;
     zn_dtype dt = m->dt;
     ZN_TRY(lora_u(m, s, params[i], layer, t, &x, &ldx, in));
-    if (grads[i + 1])
-        ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, out, r, N, m->lscale, dy, dt, lddy,
-                        m->lu, dt, r, 1.0f, grads[i + 1], ZN_DTYPE_F32, r));
-    ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, N, r, out, m->lscale, dy, dt, lddy,
-                    params[i + 1], dt, r, 0.0f, m->ldu, dt, r));
-    if (grads[i])
-        ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, r, in, N, 1.0f, m->ldu, dt, r, x, dt,
-                        ldx, 1.0f, grads[i], ZN_DTYPE_F32, in));
-    return 0;
-}
-
-/* lora_bwd_w for gate_up_proj's adapter, dy in two buffers (dy0 for B's
- * first `out` rows, dy1 for the rest): dB's two halves, du summed over both. */
-static int lora_bwd_w_pair(zn_model *m, zn_stream *s, void *const *params, float *const *grads,
-                           int layer, unsigned t, const void *x, int64_t ldx, int64_t in,
-                           int64_t out, const void *dy0, const void *dy1, int64_t lddy)
-{
-    int i = zn_m_lora_index(&m->d, t);
-    if (i < 0)
-        return 0;
-    int64_t r = m->d.lora.r, N = m->N;
-    zn_dtype dt = m->dt;
-    ZN_TRY(lora_u(m, s, params[i], layer, t, &x, &ldx, in));
-    const void *dys[2] = { dy0, dy1 };
-    for (int h = 0; h < 2; h++) {
+    for (int h = 0; h < parts; h++) {
         if (grads[i + 1])
             ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, out, r, N, m->lscale, dys[h], dt,
                             lddy, m->lu, dt, r, 1.0f, grads[i + 1] + h * out * r, ZN_DTYPE_F32,
@@ -369,6 +348,21 @@ static int lora_bwd_w_pair(zn_model *m, zn_stream *s, void *const *params, float
         ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, r, in, N, 1.0f, m->ldu, dt, r, x, dt,
                         ldx, 1.0f, grads[i], ZN_DTYPE_F32, in));
     return 0;
+}
+
+static int lora_bwd_w(zn_model *m, zn_stream *s, void *const *params, float *const *grads,
+                      int layer, unsigned t, const void *x, int64_t ldx, int64_t in, int64_t out,
+                      const void *dy, int64_t lddy)
+{
+    return lora_bwd_w_parts(m, s, params, grads, layer, t, x, ldx, in, out, &dy, 1, lddy);
+}
+
+static int lora_bwd_w_pair(zn_model *m, zn_stream *s, void *const *params, float *const *grads,
+                           int layer, unsigned t, const void *x, int64_t ldx, int64_t in,
+                           int64_t out, const void *dy0, const void *dy1, int64_t lddy)
+{
+    const void *dys[2] = { dy0, dy1 };
+    return lora_bwd_w_parts(m, s, params, grads, layer, t, x, ldx, in, out, dys, 2, lddy);
 }
 
 /* dx += dropout'(du A), after the base projection wrote its part of dx. */
