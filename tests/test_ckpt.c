@@ -19,11 +19,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -428,6 +432,153 @@ static void io_errors(const placement *pl, uint64_t tiny, const ref_run *ref)
     printf("%-75s ok\n", "ENOSPC/EIO during saves: previous checkpoint kept, training goes on");
 }
 
+/* ---- the background save and the stop flag ---------------------------------------*/
+static volatile sig_atomic_t stop_flag;
+
+static void *raise_later(void *arg)
+{
+    struct timespec ts = { 0, (long)(intptr_t)arg * 1000000L };  /* ms */
+    nanosleep(&ts, NULL);
+    stop_flag = 1;
+    return NULL;
+}
+
+/* Steps [from, to) as steps() does, each step's stop flag raised after a
+ * few milliseconds: a step the flag stopped (-ECANCELED) left the state as
+ * it was, so it runs again with the flag down. Returns how many stopped. */
+static int steps_with_stops(zn_trainer *tr, int from, int to, double *loss)
+{
+    int stopped = 0;
+    for (int s = from; s < to; s++) {
+        if (zn_loader_get(loader, (uint64_t)s, ids, tgts, NULL))
+            ZT_SETUP_FAIL("loader: %s", zn_last_error());
+        stop_flag = 0;
+        pthread_t th;
+        pthread_create(&th, NULL, raise_later, (void *)(intptr_t)(s % 4 * 15));
+        zn_train_step_info info;
+        int rc = zn_train_step(tr, ids, tgts, NULL, &info);
+        pthread_join(th, NULL);
+        stop_flag = 0;
+        if (rc == -ECANCELED) {
+            ZT_CONTAINS(zn_last_error(), "stopped before its update");
+            stopped++;
+            rc = zn_train_step(tr, ids, tgts, NULL, &info);
+        }
+        ZT_EQ_INT(rc, 0);
+        ZT_EQ_INT(info.step, s + 1);
+        loss[s] = info.loss;
+    }
+    return stopped;
+}
+
+/* Files of checkpoint folders a and b equal, byte for byte (the state). */
+static void same_state(const char *a, const char *b)
+{
+    for (int k = 0; k < 3; k++) {
+        char pa[4700], pb[4700];
+        snprintf(pa, sizeof pa, "%s/rank-0/%s", a, zn_ckpt__state_file[k]);
+        snprintf(pb, sizeof pb, "%s/rank-0/%s", b, zn_ckpt__state_file[k]);
+        uint64_t na = 0, nb = 0;
+        uint32_t ca = 1, cb = 2;
+        ZT_EQ_INT(zn_ckpt__file_crc(pa, &na, &ca), 0);
+        ZT_EQ_INT(zn_ckpt__file_crc(pb, &nb, &cb), 0);
+        ZT_CHECK_MSG(na == nb && ca == cb, "%s: %llu bytes crc %08x, the save at once's %llu "
+                     "crc %08x", pa, (unsigned long long)na, ca, (unsigned long long)nb, cb);
+    }
+}
+
+/* A save written in the background while three more steps run (their
+ * updates wait for it): its files equal a save's at once of the same step,
+ * it resumes to the uninterrupted run; a dropped one leaves nothing; a
+ * failing one keeps the previous latest; the stop flag stops steps before
+ * their update with the state kept. NVMe state is refused. */
+static void background_case(const placement *pl, const placement *nv, uint64_t tiny,
+                            const ref_run *ref)
+{
+    char dir[4400], now[4400];
+    snprintf(dir, sizeof dir, "%s/bg", ck_root);
+    snprintf(now, sizeof now, "%s/bg-now", ck_root);
+    toy_model toy;
+    zn_trainer *tr;
+    ref_run o;
+    memset(&o, 0, sizeof o);
+    if (create(&tr, &toy, pl->sets, pl->n, 0))
+        ZT_SETUP_FAIL("create: %s", zn_last_error());
+    ZT_CHECK(zn_ckpt_save_background(tr));
+    ZT_EQ_INT(zn_train_set_stop(tr, &stop_flag), 0);
+    int stopped = steps_with_stops(tr, 0, HALF, o.loss);
+    zn_ckpt_save_options so = save_opts(dir);
+    zn_ckpt_bg *bg;
+    ZT_EQ_INT(zn_ckpt_save_start(tr, &so, 0.05, &bg), 0);   /* paced: still writing below */
+    ZT_EQ_INT(zn_ckpt_save_step(bg), HALF);
+    double later[STEPS];
+    ZT_EQ_INT(steps(tr, HALF, HALF + 3, later), 0);
+    char where[4500];
+    zn_ckpt_bg_stats st;
+    ZT_EQ_INT(zn_ckpt_save_end(bg, where, sizeof where, &st), 0);
+    ZT_CONTAINS(where, "step-00000010");
+    ZT_CHECK(st.bytes > 0 && st.write_s >= 0.04);
+    ZT_EQ_INT(zn_ckpt_verify(dir), 0);
+    ZT_EQ_INT(tn_dir_count(dir, ".step-"), 0);
+    /* the rest of this run is the reference's: the steps ran while it wrote */
+    memcpy(&o.loss[HALF], &later[HALF], 3 * sizeof(double));
+    stopped += steps_with_stops(tr, HALF + 3, STEPS, o.loss);
+    read_master(tr, &o);
+    compare("training on during a background save, stop flag raised", ref, &o, 0);
+    free(o.master);
+    o.master = NULL;
+    /* a dropped save leaves nothing; a failing one keeps latest */
+    char before[64], after[64];
+    read_latest(dir, before, sizeof before);
+    ZT_EQ_INT(zn_ckpt_save_start(tr, &so, 1.0, &bg), 0);
+    zn_ckpt_save_drop(bg);
+    fault_state fs = { 0, 2, -EIO };
+    so.fault_hook = fault_fn;
+    so.fault_user = &fs;
+    ZT_EQ_INT(zn_ckpt_save_start(tr, &so, 0, &bg), 0);
+    int rc = zn_ckpt_save_end(bg, NULL, 0, NULL);
+    ZT_CHECK_MSG(rc == -EIO, "a failing background save returned %d (%s)", rc, zn_last_error());
+    ZT_CONTAINS(zn_last_error(), ".bin");
+    read_latest(dir, after, sizeof after);
+    ZT_CHECK_MSG(!strcmp(before, after), "latest %s became %s", before, after);
+    ZT_EQ_INT(tn_dir_count(dir, ".step-"), 0);
+    zn_train_destroy(tr);
+
+    /* the same step saved at once: the same files */
+    if (create(&tr, &toy, pl->sets, pl->n, 0))
+        ZT_SETUP_FAIL("create: %s", zn_last_error());
+    ZT_EQ_INT(steps(tr, 0, HALF, o.loss), 0);
+    so = save_opts(now);
+    ZT_EQ_INT(zn_ckpt_save(tr, &so, NULL, 0), 0);
+    zn_train_destroy(tr);
+    char a[4600], b[4600];
+    snprintf(a, sizeof a, "%s/step-00000010", dir);
+    snprintf(b, sizeof b, "%s/step-00000010", now);
+    same_state(a, b);
+
+    /* resumed from the background save: the uninterrupted run */
+    if (create(&tr, &toy, pl->sets, pl->n, 0))
+        ZT_SETUP_FAIL("create: %s", zn_last_error());
+    zn_ckpt *ck;
+    ZT_EQ_INT(zn_ckpt_open(&ck, a), 0);
+    ZT_EQ_INT(zn_ckpt_load(ck, tr), 0);
+    zn_ckpt_close(ck);
+    ZT_EQ_INT(steps(tr, HALF, STEPS, o.loss), 0);
+    read_master(tr, &o);
+    zn_train_destroy(tr);
+    compare("resumed from a background save", ref, &o, HALF);
+    free(o.master);
+
+    /* the optimizer on NVMe: not in the background */
+    if (create(&tr, &toy, nv->sets, nv->n, nv->tiny ? tiny : 0))
+        ZT_SETUP_FAIL("create: %s", zn_last_error());
+    ZT_CHECK(!zn_ckpt_save_background(tr));
+    ZT_EQ_INT(zn_ckpt_save_start(tr, &so, 0, &bg), ZN_EARG);
+    zn_train_destroy(tr);
+    printf("%-75s ok (%d of %d steps stopped by the flag and run again)\n",
+           "background save: same files, resumes, drop, fault; stop flag", stopped, STEPS - 3);
+}
+
 static void prune_and_refusals(const char **sets, int nsets)
 {
     char dir[4400];
@@ -786,6 +937,7 @@ int main(void)
         zn_train_destroy(tr);
         corruption(where, cpu, 2);
     }
+    background_case(&pl[1], &pl[2], tiny, &ref);
     io_errors(&pl[0], tiny, &ref);
     io_errors(&pl[3], tiny, &ref);
     prune_and_refusals(cpu, 2);

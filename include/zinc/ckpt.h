@@ -21,6 +21,7 @@
 #ifndef ZINC_CKPT_H
 #define ZINC_CKPT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -75,6 +76,44 @@ ZN_API zn_ckpt_save_options zn_ckpt_save_options_default(void);
  * state is not saved); ZN_EARG. */
 ZN_API int zn_ckpt_save(zn_trainer *tr, const zn_ckpt_save_options *o, char *out_path,
                         size_t out_len);
+
+/* ---- a save written while the training goes on --------------------------------
+ * zn_ckpt_save_start (between steps, every rank, like zn_ckpt_save) begins
+ * the save of the state the last step left: the temporary folder is made
+ * now, and this rank's files are written by a thread of its own while the
+ * next steps run; their optimizer updates wait to begin until the files
+ * are written (their forward and backward do not), so the state saved is
+ * exactly that step's. pace_s > 0 spreads the writes over about that many
+ * seconds (the step's time, so that the disk is shared with the step's
+ * own traffic); 0 writes as fast as the disk takes them. The options and
+ * their strings are copied. zn_ckpt_save_written says whether the files
+ * are written; zn_ckpt_save_end (between steps, every rank) waits for them
+ * and completes the checkpoint as zn_ckpt_save does (same results and
+ * guarantees: until then `latest` names the previous one); st (may be
+ * NULL) gets the bytes, the writer's time and the time end waited.
+ * zn_ckpt_save_drop abandons it (its writes stop, the temporary folder
+ * goes, no rank completes it). end and drop free `bg`; one of them must be
+ * called before the trainer is destroyed. Only where
+ * zn_ckpt_save_background(tr): the optimizer state flat in host memory
+ * (the cpu tier); on the device or on NVMe, zn_ckpt_save. */
+typedef struct zn_ckpt_bg zn_ckpt_bg;
+typedef struct {
+    uint64_t bytes;    /* this rank's state files */
+    double write_s;    /* from the start until they were written */
+    double wait_s;     /* what zn_ckpt_save_end waited for them */
+} zn_ckpt_bg_stats;
+ZN_API bool zn_ckpt_save_background(const zn_trainer *tr);
+ZN_API int zn_ckpt_save_start(zn_trainer *tr, const zn_ckpt_save_options *o, double pace_s,
+                              zn_ckpt_bg **out);
+ZN_API bool zn_ckpt_save_written(zn_ckpt_bg *bg);
+ZN_API int64_t zn_ckpt_save_step(const zn_ckpt_bg *bg);   /* the step it saves */
+ZN_API int zn_ckpt_save_end(zn_ckpt_bg *bg, char *out_path, size_t out_len,
+                            zn_ckpt_bg_stats *st);
+ZN_API void zn_ckpt_save_drop(zn_ckpt_bg *bg);
+/* Its remaining writes unpaced (a stop is waiting for them). */
+ZN_API void zn_ckpt_save_hurry(zn_ckpt_bg *bg);
+/* This rank's state bytes not yet written (0 once written). */
+ZN_API uint64_t zn_ckpt_save_left(zn_ckpt_bg *bg);
 
 /* Resolves PATH to a checkpoint folder: a folder holding manifest.json is
  * itself; a root holding `latest` resolves to the folder it names. Returns

@@ -204,6 +204,8 @@ typedef struct {
     int64_t every;           /* steps; 0 = only at the end */
     int64_t keep_last;
     bool continue_on_error;  /* a failed save warns and training goes on */
+    bool background;         /* saves written while the next step runs (the cpu tier) */
+    double notice_s;         /* the spot notice a stop should fit (warned when it does not) */
 } zn_config_checkpoint;
 
 typedef struct {

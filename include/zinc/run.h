@@ -118,23 +118,37 @@ ZN_API int zn_run_ceilings(const zn_config *cfg, const zn_model_dims *d, int fla
  * cfg and d) on this machine: zn_run_ceilings, then zn_cost_predict. */
 ZN_API int zn_run_predict(const zn_config *cfg, const zn_model_dims *d, const zn_plan *plan,
                           int flags, zn_cost *out, FILE *note);
-/* What stopping on a signal costs this run: the step in progress ends
- * (step_s, the caller's measured step time), then the ranks on this machine
- * (local_ranks) save their master weights and moments (read back from NVMe
- * where they live there) through the checkpoint folder's disk. The disks
- * are measured as the cost model measures the NVMe path, once per file
- * system, and cached with its figures; no device is opened. Returns 0, or
- * the measurement's failure. */
+/* What stopping on a signal costs this run, and how old the checkpoint it
+ * leaves can be. One rank stops inside the step in progress, before its
+ * update; ranks finish it (step_s, the caller's measured step time; 0 in a
+ * plan). Then: with the optimizer state in the cpu tier, saves in the
+ * background (train.checkpoint.background) and one every step, the save of
+ * the last step, written while the next runs, completes when what is left
+ * of it fits half the notice (train.checkpoint.notice_s), else it is
+ * dropped and the one before it stays (one step old); otherwise the ranks
+ * on this machine (local_ranks) save the last finished step's master and
+ * moments (read back from NVMe where they live there) through the
+ * checkpoint folder's disk. The disks are measured as the cost model
+ * measures the NVMe path, once per file system, and cached with its
+ * figures (measure false: the cached figures, or 1 GB/s assumed, said by
+ * `assumed`); no device is opened. Returns 0, or the measurement's
+ * failure. */
 typedef struct {
     uint64_t save_bytes;   /* written by the ranks on this machine */
     uint64_t read_bytes;   /* of them, read from NVMe first */
     double write_bps;      /* the checkpoint folder's disk */
     double read_bps;       /* the NVMe path's */
-    double step_s, save_s, total_s;
+    double step_s, save_s, total_s;   /* total_s: stop_s */
+    bool background;       /* the saves written while the next step runs */
+    bool cpu_state;        /* the optimizer state all in the cpu tier (it could be) */
+    bool assumed;          /* no figure measured or cached: 1 GB/s assumed */
+    double stop_s;         /* from the signal to the exit, at most */
+    int64_t age_steps;     /* finished steps the checkpoint left may lack (0 or 1) */
     char disk[ZN_PATH_MAX];  /* the folder measured */
 } zn_stop_estimate;
-ZN_API int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int local_ranks,
-                                double step_s, zn_stop_estimate *e, FILE *note);
+ZN_API int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int world,
+                                int local_ranks, double step_s, bool measure,
+                                zn_stop_estimate *e, FILE *note);
 
 /* Prints the cost model's prediction beside a run's measured report (per
  * step). */

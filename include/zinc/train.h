@@ -11,6 +11,7 @@
 #ifndef ZINC_TRAIN_H
 #define ZINC_TRAIN_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -98,6 +99,18 @@ typedef struct {
  * model. */
 ZN_API int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
                          const int32_t *pos, zn_train_step_info *info);
+
+/* A flag (a signal handler's) that ends a step early: while *flag is
+ * nonzero, zn_train_step stops before its next block as long as its
+ * optimizer update has not begun (without clipping or fp16 a unit steps
+ * as soon as its gradients are final, late in the backward; after that the
+ * step runs to its end), drops its update and returns -ECANCELED; the
+ * trainer is then valid and holds the previous step's state (the previous
+ * step's own update, finishing under this step's forward, goes on:
+ * zn_train_sync), so it may be saved. NULL: off (the default). One rank
+ * only (ZN_EARG with ranks: the others would wait in the step's
+ * collectives). */
+ZN_API int zn_train_set_stop(zn_trainer *tr, const volatile sig_atomic_t *flag);
 
 /* Evaluation: the forward of n_micro micro-batches (ids / targets / pos like
  * zn_train_step's) through the same schedule, without gradients or an

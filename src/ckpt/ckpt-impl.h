@@ -5,10 +5,12 @@
 #define ZN_CKPT_IMPL_H
 
 #include <jansson.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "zinc/ckpt.h"
 #include "zinc/optim.h"
+#include "train/train-state.h"
 #include "util/fs-impl.h"
 
 #define ZN_CKPT_PATH 4096
@@ -70,5 +72,41 @@ int zn_ckpt__file_crc(const char *path, uint64_t *bytes, uint32_t *crc);
 void zn_ckpt__rm_rf(const char *path);
 void zn_ckpt__point(const zn_ckpt_save_options *o, const char *where);
 int zn_ckpt__step_of(const char *name, long long *step);
+
+/* ---- a save in parts (ckpt.c), for zn_ckpt_save and the background save
+ * (ckpt_bg.c) ------------------------------------------------------------*/
+typedef struct {
+    char name[64];                 /* step-NNNNNNNN */
+    char final[ZN_CKPT_PATH];      /* DIR/step-NNNNNNNN */
+    char tmp[ZN_CKPT_PATH];        /* the temporary folder ("" once removed) */
+    zn_train_state_info in;        /* the state as the save began */
+    uint64_t t0;
+} zn_ckpt__job;
+
+/* A background save's pacing: after each chunk written, sleeps what the
+ * chunk is ahead of `bytes` over `seconds` (0: no pacing) and answers
+ * -ECANCELED once `quit` is set. */
+typedef struct {
+    uint64_t bytes;
+    _Atomic uint64_t done;
+    double seconds;
+    uint64_t t0;
+    _Atomic int quit;
+    _Atomic int hurry;   /* no more pacing */
+} zn_ckpt__pace;
+int zn_ckpt__pace_after(zn_ckpt__pace *p, uint64_t len);
+
+/* Every rank, between steps (collective): j filled, the temporary folder
+ * made (rank 0) and its name shared; rc: an earlier failure to agree on. */
+int zn_ckpt__prepare(zn_trainer *tr, const zn_ckpt_save_options *o, zn_ckpt__job *j, int rc);
+/* This rank's files (any thread; pace may be NULL). */
+int zn_ckpt__save_rank(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp,
+                       const zn_train_state_info *in, zn_ckpt__pace *pace);
+/* Every rank (collective): agree on wrc, rank 0 completes the checkpoint;
+ * on failure the temporary folder goes. */
+int zn_ckpt__commit(zn_trainer *tr, const zn_ckpt_save_options *o, zn_ckpt__job *j, int wrc,
+                    char *out_path, size_t out_len);
+/* Rank 0 removes the temporary folder (the message of rc kept). */
+void zn_ckpt__abandon(zn_trainer *tr, zn_ckpt__job *j, int rc);
 
 #endif

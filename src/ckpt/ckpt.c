@@ -48,6 +48,7 @@ typedef struct {
     int k;
     uint64_t total, done, bs;
     uint32_t crc;
+    zn_ckpt__pace *pace;   /* a background save's pacing, or NULL */
     char dir[PATHN + 32];
 } sfile;
 
@@ -98,7 +99,7 @@ static int sfile_write(sfile *f, const void *buf, uint64_t len)
         return zn_error_prefix(rc, "checkpoint: writing %s/%s at offset %" PRIu64 "", f->dir,
                                zn_ckpt__state_file[f->k], f->done);
     f->done += len;
-    return 0;
+    return f->pace ? zn_ckpt__pace_after(f->pace, len) : 0;
 }
 
 static int sfile_finish(sfile *f)
@@ -172,12 +173,13 @@ static int sfile_sink(void *user, const void *buf, uint64_t len)
 }
 
 static int save_stream(zn_trainer *tr, zn_aio *aio, const char *rdir, int k, uint64_t total,
-                       uint64_t chunk, uint32_t *crc)
+                       uint64_t chunk, zn_ckpt__pace *pace, uint32_t *crc)
 {
     sfile f;
     int rc = sfile_open(&f, aio, rdir, k, total);
     if (rc)
         return rc;
+    f.pace = pace;
     if ((rc = zn_train_state_save(tr, k, chunk, aio, sfile_sink, &f))) {
         sfile_abort(&f);
         return rc;
@@ -200,15 +202,17 @@ static json_t *shares_json(const zn_trainer *tr, int nblocks)
     return a;
 }
 
-static int save_rank(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp)
+/* This rank's files: its state streams and rank.json (in: the state as
+ * the save began; pace: a background save's, or NULL). */
+int zn_ckpt__save_rank(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp,
+                       const zn_train_state_info *inp, zn_ckpt__pace *pace)
 {
     int rank = zn_train_rank(tr), rc;
     char rdir[PATHN + 32], path[PATHN + 64];
     snprintf(rdir, sizeof rdir, "%s/rank-%d", tmp, rank);
     if (mkdir(rdir, 0755) < 0)
         return zn_set_error(-errno, "checkpoint: creating %s: %s", rdir, strerror(errno));
-    zn_train_state_info in;
-    zn_train_state_get_info(tr, &in);
+    zn_train_state_info in = *inp;
     /* chunks of the state staging, when it goes through one, are whole
      * blocks of the engine */
     uint64_t bs = (uint64_t)in.aio.block_size;
@@ -224,7 +228,7 @@ static int save_rank(zn_trainer *tr, const zn_ckpt_save_options *o, const char *
     uint32_t crc[3] = { 0, 0, 0 };
     uint64_t t0 = zn_now_ns();
     for (int k = 0; k < ZN_TS_COUNT && !rc; k++)
-        rc = save_stream(tr, aio, rdir, k, in.bytes[k], chunk, &crc[k]);
+        rc = save_stream(tr, aio, rdir, k, in.bytes[k], chunk, pace, &crc[k]);
     zn_aio_destroy(aio);
     if (rc)
         return rc;
@@ -377,12 +381,11 @@ static void prune(const char *dir, int keep_last, const char *keep)
 }
 
 static int finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp,
-                  const char *final, const char *name)
+                  const char *final, const char *name, const zn_train_state_info *inp)
 {
     int rc = 0, world = zn_train_world(tr);
     char path[PATHN];
-    zn_train_state_info in;
-    zn_train_state_get_info(tr, &in);
+    zn_train_state_info in = *inp;
     json_t *files = json_object(), *ranks = json_array(), *blocks = json_array();
     json_t *m = NULL;
     char *text = NULL;
@@ -497,6 +500,72 @@ out:
     return rc;
 }
 
+/* Every rank: the folder names, the state as it is now (in) and, on rank
+ * 0, the temporary folder, shared with the others. */
+int zn_ckpt__prepare(zn_trainer *tr, const zn_ckpt_save_options *o, zn_ckpt__job *j, int rc)
+{
+    memset(j, 0, sizeof *j);
+    zn_train_state_get_info(tr, &j->in);
+    int rank = zn_train_rank(tr), world = zn_train_world(tr);
+    snprintf(j->name, sizeof j->name, "step-%08lld", (long long)j->in.step);
+    if ((size_t)snprintf(j->final, sizeof j->final, "%s/%s", o->dir, j->name) >=
+        sizeof j->final - 64)
+        return zn_set_error(-ENAMETOOLONG, "checkpoint: folder name too long: %s", o->dir);
+    j->t0 = zn_now_ns();
+    zn_ckpt__point(o, "begin");
+    if (rank == 0 && !rc) {
+        if ((rc = zn_fs_mkdir_p(o->dir, 0755)))
+            zn_error_prefix(rc, "checkpoint");
+        snprintf(j->tmp, sizeof j->tmp, "%s/.%s.tmp-%ld", o->dir, j->name, (long)getpid());
+        if (!rc && mkdir(j->tmp, 0755) < 0)
+            rc = zn_set_error(-errno, "checkpoint: creating %s: %s", j->tmp, strerror(errno));
+    }
+    rc = agree(tr, rc);
+    if (world > 1 && !rc) {
+        int r2 = zn_comm_broadcast(zn_train_comm(tr), j->tmp, sizeof j->tmp, 0);
+        if (r2)
+            rc = zn_error_prefix(r2, "checkpoint: sharing the folder name");
+    }
+    if (!rc)
+        zn_ckpt__point(o, "tmpdir");
+    else
+        zn_ckpt__abandon(tr, j, rc);
+    return rc;
+}
+
+/* Every rank, after its files (wrc: how they went): the ranks agree, rank 0
+ * completes the checkpoint, they agree again; a failure removes the
+ * temporary folder. */
+int zn_ckpt__commit(zn_trainer *tr, const zn_ckpt_save_options *o, zn_ckpt__job *j, int wrc,
+                    char *out_path, size_t out_len)
+{
+    int rc = agree(tr, wrc);
+    if (!rc && zn_train_rank(tr) == 0)
+        rc = finish(tr, o, j->tmp, j->final, j->name, &j->in);
+    rc = agree(tr, rc);
+    if (rc) {
+        zn_ckpt__abandon(tr, j, rc);
+        return rc;
+    }
+    zn_debug("checkpoint: %s saved in %.3f s", j->final, (double)(zn_now_ns() - j->t0) * 1e-9);
+    if (out_path && out_len)
+        snprintf(out_path, out_len, "%s", j->final);
+    return 0;
+}
+
+/* Rank 0 removes the temporary folder, keeping the error message. */
+void zn_ckpt__abandon(zn_trainer *tr, zn_ckpt__job *j, int rc)
+{
+    if (zn_train_rank(tr) != 0 || !j->tmp[0])
+        return;
+    char keep[1024];
+    snprintf(keep, sizeof keep, "%s", zn_last_error());
+    zn_ckpt__rm_rf(j->tmp);
+    j->tmp[0] = '\0';
+    if (rc)
+        zn_set_error(rc, "%s", keep);
+}
+
 int zn_ckpt_save(zn_trainer *tr, const zn_ckpt_save_options *o, char *out_path, size_t out_len)
 {
     if (!tr || !o || !o->dir || !o->dir[0])
@@ -507,44 +576,10 @@ int zn_ckpt_save(zn_trainer *tr, const zn_ckpt_save_options *o, char *out_path, 
         return zn_set_error(ZN_ECORRUPT, "checkpoint: the trainer failed in an earlier step; "
                             "its state is not saved");
     /* the last step's optimizer job first (it may still be writing state) */
-    int rank = zn_train_rank(tr), world = zn_train_world(tr), rc = zn_train_sync(tr);
-    char name[64], final[PATHN], tmp[PATHN] = "";
-    snprintf(name, sizeof name, "step-%08lld", (long long)in.step);
-    if ((size_t)snprintf(final, sizeof final, "%s/%s", o->dir, name) >= sizeof final - 64)
-        return zn_set_error(-ENAMETOOLONG, "checkpoint: folder name too long: %s", o->dir);
-    uint64_t t0 = zn_now_ns();
-    zn_ckpt__point(o, "begin");
-    if (rank == 0 && !rc) {
-        if ((rc = zn_fs_mkdir_p(o->dir, 0755)))
-            zn_error_prefix(rc, "checkpoint");
-        snprintf(tmp, sizeof tmp, "%s/.%s.tmp-%ld", o->dir, name, (long)getpid());
-        if (!rc && mkdir(tmp, 0755) < 0)
-            rc = zn_set_error(-errno, "checkpoint: creating %s: %s", tmp, strerror(errno));
-    }
-    rc = agree(tr, rc);
-    if (world > 1 && !rc) {
-        int r2 = zn_comm_broadcast(zn_train_comm(tr), tmp, sizeof tmp, 0);
-        if (r2)
-            rc = zn_error_prefix(r2, "checkpoint: sharing the folder name");
-    }
-    if (!rc) {
-        zn_ckpt__point(o, "tmpdir");
-        rc = agree(tr, save_rank(tr, o, tmp));
-    }
-    if (!rc && rank == 0)
-        rc = finish(tr, o, tmp, final, name);
-    rc = agree(tr, rc);
-    if (rc) {
-        if (rank == 0 && tmp[0]) {
-            char keep[1024];
-            snprintf(keep, sizeof keep, "%s", zn_last_error());
-            zn_ckpt__rm_rf(tmp);
-            zn_set_error(rc, "%s", keep);
-        }
+    int rc = zn_train_sync(tr);
+    zn_ckpt__job j;
+    if ((rc = zn_ckpt__prepare(tr, o, &j, rc)))
         return rc;
-    }
-    zn_debug("checkpoint: %s saved in %.3f s", final, (double)(zn_now_ns() - t0) * 1e-9);
-    if (out_path && out_len)
-        snprintf(out_path, out_len, "%s", final);
-    return 0;
+    rc = zn_ckpt__save_rank(tr, o, j.tmp, &j.in, NULL);
+    return zn_ckpt__commit(tr, o, &j, rc, out_path, out_len);
 }

@@ -13,6 +13,7 @@
 #include "zinc/topo.h"
 #include "zinc/run.h"
 #include "zinc/train.h"
+#include "zinc/ckpt.h"
 
 typedef struct {
     const char *name;
@@ -125,5 +126,41 @@ bool zn_cli_stop_by_peer(void);
 double zn_cli_stop_since_s(void);
 int zn_cli_ranks_stop(zn_run *ts);
 void zn_cli_stop_notice(zn_run *ts, const zn_config *cfg, const zn_plan *plan, double step_s);
+/* The flag the signal handler sets (zn_train_set_stop's), and what the
+ * handler says: the step stops inside (one rank) or at its end. */
+const volatile sig_atomic_t *zn_cli_stop_flag(void);
+void zn_cli_stop_mode(bool in_step);
+void zn_cli_stop_print(const zn_stop_estimate *e, const zn_config *cfg, int world, double step_s,
+                       FILE *f);
+bool zn_cli_stop_finish_save(const zn_config *cfg, uint64_t left, double *secs);
+
+/* zinc train's saves (train_save.c): at once, or begun in the background
+ * (where train.checkpoint.background and the state allow) and completed by
+ * the next settle (between steps), which every save and the end call
+ * first. Each returns 0, or the failure, reported (0 after a failure with
+ * continue_on_error, said). saved_at: the step of the newest complete
+ * checkpoint (the run's start before any). */
+struct zn_cli_hooks;
+typedef struct {
+    zn_run *ts;
+    const zn_config *cfg;
+    const char *cfg_text;
+    zn_ckpt_save_options so;
+    struct zn_cli_hooks *hooks;   /* so's test hooks (ZINC_CKPT_KILL, ZINC_CKPT_FAULT) */
+    bool background;
+    struct zn_ckpt_bg *bg;        /* the save in the background, or NULL */
+    int64_t bg_step, saved_at;
+    bool stopped;                 /* a stop dropped the save in progress: no more saves */
+} zn_cli_saver;
+void zn_cli_saver_init(zn_cli_saver *sv, zn_run *ts, const zn_config *cfg, const char *cfg_text,
+                       int64_t start);
+int zn_cli_save(zn_cli_saver *sv, int64_t step);
+int zn_cli_save_begin(zn_cli_saver *sv, int64_t step, double pace_s);
+int zn_cli_save_settle(zn_cli_saver *sv);
+/* A stop: the save in progress completes unpaced when what is left fits
+ * half of train.checkpoint.notice_s, else it is dropped (said) and no
+ * later save is made: the newest complete checkpoint stays. */
+void zn_cli_save_on_stop(zn_cli_saver *sv);
+void zn_cli_saver_fini(zn_cli_saver *sv);   /* drops a save not completed */
 
 #endif

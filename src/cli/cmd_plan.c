@@ -334,6 +334,15 @@ int zn_cmd_plan(int argc, char **argv)
                 "true} (or train.device=\"host\")\n");
         return 1;
     }
+    /* what a stop on SIGTERM would cost, from the disk figures cached by
+     * an earlier run or benchmark on this machine (none measured here) */
+    if (cfg.train.checkpoint.dir[0]) {
+        zn_stop_estimate se;
+        if (!zn_run_stop_estimate(&cfg, &plan, world, 1, 0, false, &se, NULL)) {
+            printf("\n");
+            zn_cli_stop_print(&se, &cfg, world, 0, stdout);
+        }
+    }
     printf("\nfits.\n");
     return 0;
 }

@@ -76,69 +76,6 @@ static void fmt_eta(double s, char *buf, size_t n)
         snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
 }
 
-/* ---- test hooks (environment): ZINC_CKPT_KILL=POINT[:N[:SIG]] sends SIGKILL
- * (or SIG: TERM, INT or USR1, a stop signal arriving in the middle of a
- * save) to this process at the N-th time a save reaches POINT
- * (zn_ckpt_point_fn);
- * ZINC_CKPT_FAULT=N[:ENOSPC|EIO] fails the N-th block write of the
- * checkpoint engine(s) of this process. ---------------------------------------*/
-typedef struct {
-    char point[32];
-    long nth, seen;
-    int sig;
-    long fault_nth;
-    int fault_res;
-    _Atomic long fault_seen;
-} ckpt_hooks;
-
-static void hook_point(void *user, const char *where)
-{
-    ckpt_hooks *h = user;
-    if (h->point[0] && !strcmp(where, h->point) && ++h->seen == h->nth) {
-        fflush(NULL);
-        raise(h->sig);
-    }
-}
-
-static int hook_fault(void *user, const zn_aio_fault_site *site)
-{
-    ckpt_hooks *h = user;
-    if (!site->is_write)
-        return site->res;
-    return atomic_fetch_add(&h->fault_seen, 1) + 1 == h->fault_nth ? h->fault_res : site->res;
-}
-
-static void hooks_from_env(ckpt_hooks *h, zn_ckpt_save_options *so)
-{
-    memset(h, 0, sizeof *h);
-    const char *k = getenv("ZINC_CKPT_KILL"), *f = getenv("ZINC_CKPT_FAULT");
-    if (k && *k) {
-        snprintf(h->point, sizeof h->point, "%s", k);
-        char *c = strchr(h->point, ':');
-        h->nth = 1;
-        h->sig = SIGKILL;
-        if (c) {
-            *c = '\0';
-            h->nth = strtol(c + 1, &c, 10);
-            if (*c == ':')
-                h->sig = !strcmp(c + 1, "TERM") ? SIGTERM : !strcmp(c + 1, "INT") ? SIGINT
-                         : !strcmp(c + 1, "USR1") ? SIGUSR1 : SIGKILL;
-        }
-        so->point = hook_point;
-        so->point_user = h;
-    }
-    if (f && *f) {
-        char *end;
-        h->fault_nth = strtol(f, &end, 10);
-        h->fault_res = *end == ':' && !strcmp(end + 1, "EIO") ? -EIO : -ENOSPC;
-        so->fault_hook = hook_fault;
-        so->fault_user = h;
-    }
-}
-
-/* What the checkpoint records beside the trainer: where the data loader is
- * (its step index; the shuffle is a function of (seed, epoch)) and what
- * data it reads. */
 /* 8-bit moments: the trained tensors bitsandbytes (under 4096 elements)
  * or torchao (also those not whole blocks of 256) keep in fp32 states, as
  * zinc does (the trainer's fp32 blocks, zn_moments.f32): said, with what
@@ -168,49 +105,6 @@ static void say_small_tensors(const zn_model_dims *d, const zn_config *cfg)
                (unsigned long long)elems,
                ao ? "4096 elements or not whole blocks of 256" : "4096 elements",
                ao ? "torchao" : "bitsandbytes");
-}
-
-static char *client_state(const zn_run *ts, const zn_config *cfg, int64_t step)
-{
-    json_t *j = json_pack("{sIsIsssIsI}", "data_step", (json_int_t)step,
-                          "data_seed", (json_int_t)cfg->data.seed, "data",
-                          zn_tokens_name(ts->data), "data_tokens",
-                          (json_int_t)zn_tokens_count(ts->data), "model_seed",
-                          (json_int_t)cfg->model.seed);
-    char *s = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
-    json_decref(j);
-    return s;
-}
-
-/* Saves; returns 0, or the failure (already reported) when the run must
- * stop. With continue_on_error a failure only warns. */
-static int save(zn_run *ts, const zn_config *cfg, const char *cfg_text,
-                zn_ckpt_save_options *so, int64_t step)
-{
-    char *client = client_state(ts, cfg, step);
-    so->client_json = client;
-    so->config_text = cfg_text;
-    so->dims = &ts->dims;
-    char where[4200];
-    double t0 = zn_now_s();
-    int rc = client ? zn_ckpt_save(ts->tr, so, where, sizeof where)
-                    : zn_set_error(-ENOMEM, "out of memory");
-    free(client);
-    so->client_json = NULL;
-    if (!rc) {
-        printf("checkpoint %s (%.2f s)\n", where, zn_now_s() - t0);
-        fflush(stdout);
-        return 0;
-    }
-    if (cfg->train.checkpoint.continue_on_error) {
-        fprintf(stderr, "zinc: warning: checkpoint at step %lld failed, training goes on "
-                "(train.checkpoint.continue_on_error); the previous checkpoint is intact: %s\n",
-                (long long)step, zn_last_error());
-        return 0;
-    }
-    zn_cli_fail(rc, "checkpoint (the previous one is intact; set "
-                "train.checkpoint.continue_on_error to train on)");
-    return rc;
 }
 
 static int resume(zn_run *ts, zn_ckpt *ck, const zn_config *cfg)
@@ -433,12 +327,11 @@ typedef struct {
     zn_run *ts;
     zn_config *cfg;
     const char *cfg_text;
-    zn_ckpt_save_options so;
-    ckpt_hooks hooks;            /* so's test hooks point here */
+    zn_cli_saver sv;             /* the checkpoints (train_save.c) */
     FILE *jf;                    /* --json-log */
     zn_tb *tb;
     zn_csvmon *cm;
-    int64_t start, steps, every, saved_at;
+    int64_t start, steps, every;
     double t0, t_last, first_loss, last_loss, last_eval;
     uint64_t last_eval_n;
     zn_train_report prev;        /* at the last progress line */
@@ -701,7 +594,15 @@ static int train_steps(train_loop *L)
     for (int64_t s = L->start; s < L->steps; s++) {
         zn_train_step_info info;
         double t_step = zn_now_s();
-        if ((rc = zn_run_step(ts, (uint64_t)s, &info)))
+        if ((rc = zn_run_step(ts, (uint64_t)s, &info)) == -ECANCELED && zn_cli_stop_signal()) {
+            /* stopped before its update (zn_train_set_stop): the state is
+             * step s's, as a save of it or the one in the background keeps */
+            L->stop_sig = zn_cli_stop_signal();
+            L->steps = s;
+            zn_cli_save_on_stop(&L->sv);
+            break;
+        }
+        if (rc)
             goto fail;
         if (s == L->start)
             L->first_loss = info.loss;
@@ -727,12 +628,15 @@ static int train_steps(train_loop *L)
         }
         if (s == L->start && cc->dir[0] && ts->rank == 0 && !zn_cli_stop_signal())
             zn_cli_stop_notice(ts, cfg, zn_train_get_plan(ts->tr), zn_now_s() - t_step);
-        if (cc->dir[0] && cc->every > 0 && (s + 1) % cc->every == 0) {
-            if ((rc = save(ts, cfg, L->cfg_text, &L->so, s + 1)))
-                return rc;
-            L->saved_at = s + 1;
-        }
+        /* the save begun after the previous step completes now (its files
+         * were written while this step ran), then this step's begins */
+        if ((rc = zn_cli_save_settle(&L->sv)))
+            return rc;
+        if (cc->dir[0] && cc->every > 0 && (s + 1) % cc->every == 0 &&
+            (rc = zn_cli_save_begin(&L->sv, s + 1, 0.7 * (zn_now_s() - t_step))))
+            return rc;
         if ((L->stop_sig = zn_cli_ranks_stop(ts))) {
+            zn_cli_save_on_stop(&L->sv);
             L->steps = s + 1;  /* the end is here: save as at the end */
             break;
         }
@@ -810,11 +714,13 @@ static void say_stopped(train_loop *L, bool saved)
 {
     const zn_config_checkpoint *cc = &L->cfg->train.checkpoint;
     zn_run_free_trainer(L->ts);   /* the swap files go here */
-    fprintf(stderr, "zinc: %s%s: stopped after step %lld%s%s%s, swap files removed, %.1f s "
+    char ck[ZN_PATH_MAX + 64] = "";
+    if (cc->dir[0] && saved)
+        snprintf(ck, sizeof ck, ", checkpoint %s in %s",
+                 L->sv.saved_at == L->steps ? "saved" : "of an earlier step kept", cc->dir);
+    fprintf(stderr, "zinc: %s%s: stopped after step %lld%s%s, swap files removed, %.1f s "
             "after %s (exit %d)\n", strsignal(L->stop_sig),
-            zn_cli_stop_by_peer() ? " on another rank" : "", (long long)L->steps,
-            cc->dir[0] && saved ? ", checkpoint saved in " : "",
-            cc->dir[0] && saved ? cc->dir : "",
+            zn_cli_stop_by_peer() ? " on another rank" : "", (long long)L->steps, ck,
             cc->dir[0] ? "" : " (no train.checkpoint.dir: nothing saved)",
             zn_cli_stop_since_s(), zn_cli_stop_by_peer() ? "this rank learned of it" : "the signal",
             128 + L->stop_sig);
@@ -831,8 +737,9 @@ static void say_stopped(train_loop *L, bool saved)
 static int finish_run(train_loop *L, int rc, const char *trace_path)
 {
     const zn_config_checkpoint *cc = &L->cfg->train.checkpoint;
-    if (!rc && cc->dir[0] && L->saved_at != L->steps && L->steps > L->start)
-        rc = save(L->ts, L->cfg, L->cfg_text, &L->so, L->steps);
+    if (!rc && cc->dir[0] && L->steps > L->start)
+        rc = zn_cli_save(&L->sv, L->steps);   /* settles the one in the background first */
+    zn_cli_saver_fini(&L->sv);
     if (L->jf)
         fclose(L->jf);
     L->jf = NULL;
@@ -869,20 +776,21 @@ static int run_job(train_args *a, train_setup *su)
     zn_train_get_report(ts.tr, &rep);
     print_header(&ts, L.cfg, a->path, &rep, t_setup);
 
-    L.so = zn_ckpt_save_options_default();
-    L.so.dir = L.cfg->train.checkpoint.dir;
-    L.so.keep_last = (int)L.cfg->train.checkpoint.keep_last;
-    hooks_from_env(&L.hooks, &L.so);
     L.steps = L.cfg->train.steps;
     L.every = L.cfg->train.log_every > 0 ? L.cfg->train.log_every : 1;
     L.t0 = L.t_last = zn_now_s();
     L.first_loss = L.last_loss = L.last_eval = NAN;
     L.prev = rep;
-    L.saved_at = L.start;
+    zn_cli_saver_init(&L.sv, &ts, L.cfg, L.cfg_text, L.start);
+    /* one rank: a stop signal ends the step in progress before its
+     * update, whose state a checkpoint then keeps */
+    if (ts.world == 1 && !zn_train_set_stop(ts.tr, zn_cli_stop_flag()))
+        zn_cli_stop_mode(true);
     if (open_monitors(&L))
         goto done;
     code = finish_run(&L, train_steps(&L), a->trace_path);
 done:
+    zn_cli_saver_fini(&L.sv);   /* before the trainer goes */
     zn_run_close(&ts);   /* the swap files go here (on a stop, in say_stopped) */
     zn_ckpt_close(su->ck);
     su->ck = NULL;

@@ -16,16 +16,26 @@
 #include "zinc/train.h"
 
 /* ---- stopping on a signal ---------------------------------------------------
- * SIGTERM (a spot instance's notice), SIGINT (Ctrl-C) and SIGUSR1: the
- * step in progress finishes (a step cannot be abandoned halfway without
- * losing its optimizer update's consistency), the ranks agree to stop
- * after the same step, a checkpoint is written when train.checkpoint.dir
- * is set, the swap files go, and zinc exits with 128 + the signal's number
+ * SIGTERM (a spot instance's notice), SIGINT (Ctrl-C) and SIGUSR1: one
+ * rank ends the step in progress before its optimizer update begins
+ * (zn_train_set_stop; once the update has begun the step runs to its end);
+ * ranks finish it and agree to stop after the same step. A checkpoint of
+ * the state is completed when train.checkpoint.dir is set (the one being
+ * written in the background, or a save), the swap files go, and zinc exits with 128 + the signal's number
  * (143 for SIGTERM, 130 for SIGINT, 138 for SIGUSR1). A second signal ends
  * the run at once: the swap files are unlinked in the handler, then the
  * signal is raised again with its default action. */
 static volatile sig_atomic_t g_stop_sig;
 static struct timespec g_stop_ts;
+/* what the handler says (zn_cli_stop_mode): one rank stops inside the step
+ * (zn_train_set_stop), ranks after it */
+static const char msg_after_step[] = "\nzinc: signal received: finishing the step in progress, "
+                                     "then saving and cleaning up (a second signal stops at "
+                                     "once)\n";
+static const char msg_in_step[] = "\nzinc: signal received: stopping the step in progress "
+                                  "before its update (the state stays the last step's), then "
+                                  "saving and cleaning up (a second signal stops at once)\n";
+static const char *volatile g_stop_msg = msg_after_step;
 
 static void on_stop_signal(int sig)
 {
@@ -39,10 +49,14 @@ static void on_stop_signal(int sig)
     }
     g_stop_sig = sig;
     clock_gettime(CLOCK_MONOTONIC, &g_stop_ts);
-    static const char msg[] = "\nzinc: signal received: finishing the step in progress, then "
-                              "saving and cleaning up (a second signal stops at once)\n";
-    ssize_t w = write(2, msg, sizeof msg - 1);
+    const char *msg = g_stop_msg;
+    ssize_t w = write(2, msg, strlen(msg));
     (void)w;
+}
+
+void zn_cli_stop_mode(bool in_step)
+{
+    g_stop_msg = in_step ? msg_in_step : msg_after_step;
 }
 
 void zn_cli_stop_install(void)
@@ -57,12 +71,17 @@ void zn_cli_stop_install(void)
     sigaction(SIGUSR1, &sa, NULL);
 }
 
-/* What a signal would cost this run, said after its first step: that
- * step's time (the step in progress ends first), then the checkpoint's
- * write. A save of under 1 GiB takes seconds on any disk, so only larger
- * ones are measured (the disks, once per file system, cached with the cost
- * model's figures). */
-#define ZN_STOP_NOTICE_S 30.0   /* the shortest spot notice (120 s on some clouds) */
+/* What a signal would cost this run, said after its first step: the stop
+ * (the step in progress stopped or, with ranks, finished; the checkpoint's
+ * writes) and how old the checkpoint it leaves can be, from
+ * zn_run_stop_estimate; with saves in the background also what one costs
+ * against the step. A save of under 1 GiB takes seconds on any disk, so
+ * only larger ones are measured (the disks, once per file system, cached
+ * with the cost model's figures). The estimate is kept for the stop
+ * (zn_cli_stop_finish_s). */
+static zn_stop_estimate g_est;
+static bool g_have_est;
+
 void zn_cli_stop_notice(zn_run *ts, const zn_config *cfg, const zn_plan *plan, double step_s)
 {
     uint64_t per_rank = 0;
@@ -72,27 +91,72 @@ void zn_cli_stop_notice(zn_run *ts, const zn_config *cfg, const zn_plan *plan, d
     if (per_rank * (uint64_t)(ts->local_size > 0 ? ts->local_size : 1) < ((uint64_t)1 << 30))
         return;
     zn_stop_estimate e;
-    int rc = zn_run_stop_estimate(cfg, plan, ts->local_size, step_s, &e, stdout);
+    int rc = zn_run_stop_estimate(cfg, plan, ts->world, ts->local_size, step_s, true, &e, stdout);
     if (rc) {
         fprintf(stderr, "zinc: warning: no estimate of the time a stop on SIGTERM takes: %s\n",
                 zn_last_error());
         return;
     }
-    char b1[32], b2[32];
-    printf("on SIGTERM the step in progress ends (the first took %.1f s), then %s is saved (", e.step_s,
-           zn_format_size(e.save_bytes, b1, sizeof b1));
-    if (e.read_bytes)
-        printf("%s read from NVMe at %.2f GB/s, ", zn_format_size(e.read_bytes, b2, sizeof b2),
-               e.read_bps / 1e9);
-    printf("written at %.2f GB/s under %s, measured): about %.0f s in all\n", e.write_bps / 1e9,
-           e.disk, e.total_s);
+    g_est = e;
+    g_have_est = true;
+    const zn_config_checkpoint *cc = &cfg->train.checkpoint;
+    zn_cli_stop_print(&e, cfg, ts->world, step_s, stdout);
     fflush(stdout);
-    if (e.total_s > ZN_STOP_NOTICE_S)
-        fprintf(stderr, "zinc: warning: a stop on SIGTERM takes about %.0f s, longer than a %.0f s "
-                "spot notice (some clouds give 120 s): if the machine goes first, the run resumes "
-                "from the last periodic save%s\n", e.total_s, ZN_STOP_NOTICE_S,
-                cfg->train.checkpoint.every > 0 ? " (train.checkpoint.every)"
+    if (e.stop_s > cc->notice_s)
+        fprintf(stderr, "zinc: warning: a stop on SIGTERM takes about %.0f s, longer than the "
+                "%.0f s spot notice of train.checkpoint.notice_s: if the machine goes first, the "
+                "run resumes from the last complete checkpoint%s\n", e.stop_s, cc->notice_s,
+                e.background ? "" : cc->every > 0
+                ? " (optimizer state in the cpu tier with train.checkpoint.every 1 saves in the "
+                  "background and stops in seconds)"
                 : "; none is set: set train.checkpoint.every");
+}
+
+/* The lines zinc train (after its first step) and zinc plan print. */
+void zn_cli_stop_print(const zn_stop_estimate *e, const zn_config *cfg, int world, double step_s,
+                       FILE *f)
+{
+    const zn_config_checkpoint *cc = &cfg->train.checkpoint;
+    char b1[32], b2[32];
+    fprintf(f, "on SIGTERM %s, then %s (%s", world > 1 ? "the step in progress ends" :
+            "the step in progress stops before its update",
+            e->background && cc->every == 1 ? "the background save of the last step completes"
+                                            : "the last finished step is saved",
+            zn_format_size(e->save_bytes, b1, sizeof b1));
+    if (e->read_bytes)
+        fprintf(f, ", %s read from NVMe at %.2f GB/s", zn_format_size(e->read_bytes, b2, sizeof b2),
+                e->read_bps / 1e9);
+    fprintf(f, ", written at %.2f GB/s under %s, %s): about %.0f s at most", e->write_bps / 1e9,
+            e->disk, e->assumed ? "assumed: not measured yet" : "measured", e->stop_s);
+    if (e->age_steps)
+        fprintf(f, " (a save with more than half of the %.0f s notice left is dropped: the "
+                "checkpoint left is then one step old)", cc->notice_s);
+    else
+        fprintf(f, "; the checkpoint left is the last finished step");
+    fprintf(f, "\n");
+    double half = cc->notice_s / 2;
+    if (e->background && step_s > 0)
+        fprintf(f, "checkpoints in the background: %s written in about %.1f s a save, under the "
+                "next step (%.1f s)%s\n", b1, e->save_s, step_s,
+                e->save_s > step_s * (double)cc->every
+                ? "; longer: the next update waits for the rest" : "");
+    else if (e->cpu_state && cc->every != 1)
+        fprintf(f, "  (with train.checkpoint.every 1 each step's save is written in the "
+                "background, about %.0f s of writes under the next step, and a stop takes at "
+                "most %.0f s, leaving a checkpoint at most one step old)\n", e->save_s,
+                e->save_s < half ? e->save_s : half);
+    else if (e->read_bytes)
+        fprintf(f, "  (the state on NVMe is read back and copied: zinc does not yet use the "
+                "NVMe tier as its own checkpoint)\n");
+}
+
+/* Whether the background save in progress (`left` bytes still to write)
+ * should complete on a stop: what is left fits half the notice at the
+ * disk's measured rate (no estimate: a save under 1 GiB, which does). */
+bool zn_cli_stop_finish_save(const zn_config *cfg, uint64_t left, double *secs)
+{
+    *secs = g_have_est && g_est.write_bps > 0 ? (double)left / g_est.write_bps : 0;
+    return cfg->train.checkpoint.notice_s <= 0 || *secs <= cfg->train.checkpoint.notice_s / 2;
 }
 
 /* DeepSpeed's monitor folder: output_path/job_name, or job_name. */
@@ -120,6 +184,11 @@ int zn_cli_ranks_stop(zn_run *ts)
         clock_gettime(CLOCK_MONOTONIC, &g_stop_ts);
     }
     return (int)all;
+}
+
+const volatile sig_atomic_t *zn_cli_stop_flag(void)
+{
+    return &g_stop_sig;
 }
 
 int zn_cli_stop_signal(void)

@@ -813,33 +813,42 @@ int zn_run_predict(const zn_config *cfg, const zn_model_dims *d, const zn_plan *
 }
 
 /* What a stop by signal costs (zn_run_stop_estimate): the step in progress
- * ends, then every rank on this machine saves its master and moments, those
- * on NVMe read back first. Only disks are measured here (no device: the
- * run holds it). */
-int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int local_ranks,
-                         double step_s, zn_stop_estimate *e, FILE *note)
+ * stopped (one rank) or finished (ranks), then the checkpoint: the
+ * background save of the last step completed or dropped, or a save of
+ * every rank on this machine's master and moments, those on NVMe read back
+ * first. Only disks are measured here (no device: the run holds it). */
+#define ZN_ASSUMED_DISK_BPS 1e9
+int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int world, int local_ranks,
+                         double step_s, bool measure, zn_stop_estimate *e, FILE *note)
 {
     memset(e, 0, sizeof *e);
     static const zn_state_class saved[] = { ZN_STATE_MASTER, ZN_STATE_ADAM_M, ZN_STATE_ADAM_V };
+    uint64_t off_cpu = 0;
     for (size_t k = 0; k < sizeof saved / sizeof saved[0]; k++)
         for (int t = 0; t < ZN_TIER_COUNT; t++) {
             e->save_bytes += plan->bytes[saved[k]][t];
             if (t == ZN_TIER_NVME)
                 e->read_bytes += plan->bytes[saved[k]][t];
+            if (t != ZN_TIER_CPU)
+                off_cpu += plan->bytes[saved[k]][t];
         }
     uint64_t ranks = local_ranks > 0 ? (uint64_t)local_ranks : 1;
     e->save_bytes *= ranks;
     e->read_bytes *= ranks;
+    const zn_config_checkpoint *cc = &cfg->train.checkpoint;
+    e->cpu_state = !off_cpu;
+    e->background = cc->background && cc->every > 0 && !off_cpu;
 
-    e->step_s = step_s;
+    e->step_s = world > 1 ? step_s : 0;   /* one rank stops inside the step */
     /* the NVMe path's disk (where the states are read back from) */
     const char *paths[ZN_SWAP_MAX_PATHS];
-    const char *nvme = e->read_bytes && zn_config_nvme_paths(cfg, paths, ZN_SWAP_MAX_PATHS) > 0
-                       ? paths[0] : NULL;
+    char nvme[ZN_PATH_MAX] = "";
+    if (e->read_bytes && zn_config_nvme_paths(cfg, paths, ZN_SWAP_MAX_PATHS) > 0)
+        nearest_dir(paths[0], nvme, sizeof nvme);
     int rc;
     /* the checkpoint folder's disk (the run makes the folder) */
     char dir[ZN_PATH_MAX];
-    nearest_dir(cfg->train.checkpoint.dir[0] ? cfg->train.checkpoint.dir : ".", dir, sizeof dir);
+    nearest_dir(cc->dir[0] ? cc->dir : ".", dir, sizeof dir);
     snprintf(e->disk, sizeof e->disk, "%s", dir);
     char cdir[ZN_PATH_MAX], file[ZN_PATH_MAX + 32], mkey[512];
     if ((rc = zn_run_cache_path(cdir, sizeof cdir)))
@@ -855,20 +864,32 @@ int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int local_ra
     }
     bool dirty = false;
     zn_ceilings ck, nv;
-    rc = disk_speed(cfg, m, dir, true, note, &ck, &dirty);
+    rc = disk_speed(cfg, m, dir, measure, note, &ck, &dirty);
     e->write_bps = ck.nvme_write_bps;
-    if (!rc && nvme && !(rc = disk_speed(cfg, m, nvme, true, note, &nv, &dirty)))
+    if (!rc && nvme[0] && !(rc = disk_speed(cfg, m, nvme, measure, note, &nv, &dirty)))
         e->read_bps = nv.nvme_read_bps;
     if (!rc && dirty)
         rc = save_cache(root, cdir, file);
     json_decref(root);
     if (rc)
         return rc;
+    if (!measure && (!(e->write_bps > 0) || (e->read_bytes && !(e->read_bps > 0)))) {
+        e->assumed = true;
+        e->write_bps = e->read_bps = ZN_ASSUMED_DISK_BPS;
+    }
     if (!(e->write_bps > 0) || (e->read_bytes && !(e->read_bps > 0)))
         return zn_set_error(ZN_EINTERNAL, "cost model: no disk speed for %s", dir);
     e->save_s = (double)e->save_bytes / e->write_bps +
                 (e->read_bytes ? (double)e->read_bytes / e->read_bps : 0);
-    e->total_s = e->step_s + e->save_s;
+    double half = cc->notice_s > 0 ? cc->notice_s / 2 : 1e30;
+    if (e->background && cc->every == 1 && e->save_s > half) {
+        e->stop_s = e->step_s + half;   /* the save in progress dropped at worst */
+        e->age_steps = 1;
+    } else {
+        e->stop_s = e->step_s + e->save_s;
+        e->age_steps = 0;
+    }
+    e->total_s = e->stop_s;
     return 0;
 }
 

@@ -51,6 +51,8 @@ static int wait_ready(zn_trainer *tr, int u)
            job_live(tr))
         pthread_cond_wait(&tr->opt.cv, &tr->opt.lock);
     int rc = atomic_load(&tr->err) ? atomic_load(&tr->err) : !job_live(tr) ? -ECANCELED : 0;
+    if (!rc)
+        tr->opt.stepped = true;  /* from here on the job changes the state */
     pthread_mutex_unlock(&tr->opt.lock);
     return rc;
 }
@@ -680,7 +682,10 @@ static void *opt_main(void *arg)
     zn_trainer *tr = arg;
     pthread_mutex_lock(&tr->opt.lock);
     for (;;) {
-        while (!tr->opt.quit && !tr->opt.pending)
+        /* a job posted after a background checkpoint's hold waits for
+         * its release */
+        while (!tr->opt.quit &&
+               (!tr->opt.pending || (tr->opt.hold && tr->opt.next_job.seq > tr->opt.hold_seq)))
             pthread_cond_wait(&tr->opt.cv, &tr->opt.lock);
         if (tr->opt.quit)
             break;
@@ -688,6 +693,7 @@ static void *opt_main(void *arg)
         tr->opt.pending = false;
         tr->opt.running = true;
         tr->opt.cancel = false;
+        tr->opt.stepped = false;
         pthread_cond_broadcast(&tr->opt.cv);
         pthread_mutex_unlock(&tr->opt.lock);
         int rc = tr->opt_home == ZN_TIER_NVME ? run_nvme(tr) : tr->opt_on_device ? run_dev(tr)
@@ -697,6 +703,7 @@ static void *opt_main(void *arg)
                           zn_last_error());
         pthread_mutex_lock(&tr->opt.lock);
         tr->opt.running = false;
+        tr->opt.done_seq = tr->opt.job.seq;
         if (rc && rc != -ECANCELED && !tr->opt.status)
             tr->opt.status = rc;
         pthread_cond_broadcast(&tr->opt.cv);
@@ -711,7 +718,9 @@ int zn_optsched_init(zn_trainer *tr)
         pthread_mutex_init(&tr->opt.land_lock, NULL) || pthread_cond_init(&tr->opt.land_cv, NULL))
         return zn_set_error(-ENOMEM, "optimizer thread: pthread init failed");
     tr->opt.running = tr->opt.pending = tr->opt.cancel = tr->opt.quit = false;
+    tr->opt.hold = tr->opt.stepped = false;
     tr->opt.status = 0;
+    tr->opt.done_seq = tr->opt.hold_seq = 0;
     int rc = pthread_create(&tr->opt.thread, NULL, opt_main, tr);
     if (rc)
         return zn_set_error(-rc, "optimizer thread: pthread_create: %s", strerror(rc));
@@ -800,6 +809,50 @@ int zn_optsched_wait(zn_trainer *tr)
     tr->opt.status = 0;
     pthread_mutex_unlock(&tr->opt.lock);
     return rc;
+}
+
+void zn_optsched_hold(zn_trainer *tr)
+{
+    pthread_mutex_lock(&tr->opt.lock);
+    tr->opt.hold = true;
+    tr->opt.hold_seq = tr->opt.seq;
+    pthread_mutex_unlock(&tr->opt.lock);
+}
+
+int zn_optsched_wait_held(zn_trainer *tr)
+{
+    pthread_mutex_lock(&tr->opt.lock);
+    while (!tr->opt.quit && !atomic_load(&tr->err) &&
+           ((tr->opt.running && tr->opt.job.seq <= tr->opt.hold_seq) ||
+            (tr->opt.pending && tr->opt.next_job.seq <= tr->opt.hold_seq)))
+        pthread_cond_wait(&tr->opt.cv, &tr->opt.lock);
+    int rc = atomic_load(&tr->err);
+    pthread_mutex_unlock(&tr->opt.lock);
+    return rc;
+}
+
+void zn_optsched_release(zn_trainer *tr)
+{
+    pthread_mutex_lock(&tr->opt.lock);
+    tr->opt.hold = false;
+    pthread_cond_broadcast(&tr->opt.cv);
+    pthread_mutex_unlock(&tr->opt.lock);
+}
+
+bool zn_optsched_abandon(zn_trainer *tr, int64_t seq)
+{
+    bool done = false;
+    pthread_mutex_lock(&tr->opt.lock);
+    if (tr->opt.pending && tr->opt.next_job.seq == seq) {
+        tr->opt.pending = false;
+        done = true;
+    } else if (tr->opt.running && tr->opt.job.seq == seq && !tr->opt.stepped) {
+        tr->opt.cancel = true;   /* it leaves at its first wait_ready */
+        done = true;
+    }
+    pthread_cond_broadcast(&tr->opt.cv);
+    pthread_mutex_unlock(&tr->opt.lock);
+    return done;
 }
 
 /* params_out for the checkpoint loader (ckpt.c), which regenerates the

@@ -7,6 +7,7 @@
 #define ZN_TRAIN_IMPL_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -280,6 +281,16 @@ void zn_optsched_cancel(zn_trainer *tr, bool all);
 /* Waits until no job runs or waits; returns the first failure of the jobs
  * since the last call (0 when none; a cancelled job is not a failure). */
 int zn_optsched_wait(zn_trainer *tr);
+/* A background checkpoint's hold (train_state.c): hold marks the jobs
+ * posted so far as the last to run until release; wait_held returns once
+ * they have ended (the trainer's first error, if one failed). */
+void zn_optsched_hold(zn_trainer *tr);
+int zn_optsched_wait_held(zn_trainer *tr);
+void zn_optsched_release(zn_trainer *tr);
+/* Abandons job `seq` (a step stopped by its stop flag) when it has not
+ * begun changing the state: a pending one is dropped, a running one that
+ * waits for its first unit cancelled. Returns whether it did. */
+bool zn_optsched_abandon(zn_trainer *tr, int64_t seq);
 /* Wakes the threads that wait for parameters to land (after a failure). */
 void zn_optsched_notify_params(zn_trainer *tr);
 /* Wakes the thread when units become ready or an error is recorded. */
@@ -431,6 +442,12 @@ typedef struct {
     bool running, pending, cancel, quit;
     int status;             /* first failure since the last zn_optsched_wait */
     int64_t seq;            /* the last job posted */
+    int64_t done_seq;       /* the last job that ended */
+    bool stepped;           /* the running job has begun changing the state */
+    /* a background checkpoint holds the state (zn_train_state_hold): jobs
+     * posted after hold_seq wait to begin */
+    bool hold;
+    int64_t hold_seq;
     /* parameters landed (zn_unit.pdone) */
     pthread_mutex_t land_lock;
     pthread_cond_t land_cv;
@@ -574,6 +591,14 @@ struct zn_trainer {
     char errmsg[512];
     pthread_mutex_t elock;
     bool bad;              /* a failed step: state not valid */
+    /* zn_train_set_stop: a step stops at its next block while *stop_flag
+     * is nonzero and its update has not begun */
+    const volatile sig_atomic_t *stop_flag;
+    /* with a stop flag, the step queues at most n_stop_ev - 1 block uses
+     * ahead of the compute (each use's end recorded in stop_ev), so that a
+     * stop drains little */
+    zn_event *stop_ev[8];
+    int n_stop_ev;
 };
 
 /* Records the first failure (thread-safe) and wakes waiters. */

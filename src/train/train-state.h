@@ -101,6 +101,22 @@ int zn_train_state_load(zn_trainer *tr, zn_mom_fmt from, zn_dtype master_from,
 /* Marks the state not valid (a load found the checkpoint damaged after
  * replacing it): saves and steps are refused from here on. */
 void zn_train_state_fail(zn_trainer *tr);
+/* ---- a save on another thread while the steps go on ---------------------------------
+ * zn_train_state_hold, called between steps on the thread that steps,
+ * holds the state at the last step: the optimizer jobs of later steps wait
+ * to begin (their steps' forward and backward run meanwhile) until
+ * zn_train_state_release. zn_train_state_wait_held, on any thread, returns
+ * once the held step's own job has ended: master, m and v are then that
+ * step's and stay so until the release (its return is the trainer's first
+ * error, if a job failed). zn_train_state_background says whether
+ * zn_train_state_save may run on another thread meanwhile: the state flat
+ * in host memory, not on the device (whose copies would share the step's
+ * streams) nor on NVMe (whose reads go through the optimizer's slot). */
+void zn_train_state_hold(zn_trainer *tr);
+int zn_train_state_wait_held(zn_trainer *tr);
+void zn_train_state_release(zn_trainer *tr);
+bool zn_train_state_background(const zn_trainer *tr);
+
 /* The step counters and the loss scaler a checkpoint carries. */
 void zn_train_state_set_progress(zn_trainer *tr, int64_t step, int64_t steps_run,
                                  const zn_loss_scaler *scaler);

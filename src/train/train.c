@@ -408,6 +408,8 @@ void zn_train_destroy(zn_trainer *tr)
     if (tr->opt.started)
         zn_optsched_wait(tr);  /* a pipelined job ends before anything is freed */
     zn_optsched_fini(tr);
+    for (int i = 0; tr->dev && i < tr->n_stop_ev; i++)
+        zn_dev_event_destroy(tr->dev, tr->stop_ev[i]);
     if (tr->dev)
         zn_dev_sync(tr->dev);
     zn_accum_stop(tr); /* its jobs use the NVMe queues */

@@ -38,6 +38,26 @@ void zn_train_state_get_info(const zn_trainer *tr, zn_train_state_info *out)
     out->failed = tr->bad;
 }
 
+void zn_train_state_hold(zn_trainer *tr)
+{
+    zn_optsched_hold(tr);
+}
+
+int zn_train_state_wait_held(zn_trainer *tr)
+{
+    return zn_optsched_wait_held(tr);
+}
+
+void zn_train_state_release(zn_trainer *tr)
+{
+    zn_optsched_release(tr);
+}
+
+bool zn_train_state_background(const zn_trainer *tr)
+{
+    return !tr->opt_on_device && tr->opt_home != ZN_TIER_NVME;
+}
+
 void zn_train_state_fail(zn_trainer *tr)
 {
     tr->bad = true;

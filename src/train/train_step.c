@@ -16,9 +16,27 @@
 /* Queues one micro-batch's forward and backward. `fe` is the step's fetch
  * list over ring blocks, *next_fetch the next entry to issue, *use the
  * running use index. */
+/* run_micro_batch's return when the stop flag ended the step (its job
+ * abandoned, nothing of the state changed) */
+#define STEP_STOPPED 1
+
+/* Whether the step ends here for the stop flag: only while its optimizer
+ * job `job` has not begun changing the state (then it is abandoned: the
+ * state stays the previous step's); after that the step goes on to its
+ * end. */
+static bool stop_here(zn_trainer *tr, int64_t job, bool *past)
+{
+    if (!tr->stop_flag || !*tr->stop_flag || *past)
+        return false;
+    if (zn_optsched_abandon(tr, job))
+        return true;
+    *past = true;
+    return false;
+}
+
 static int run_micro_batch(zn_trainer *tr, int mb, const zn_fetch_ent *fe, int nfe,
                            int *next_fetch, int *use, const int *fetch_of_use,
-                           uint64_t *nvme_fetches)
+                           uint64_t *nvme_fetches, int64_t job, bool *past)
 {
     zn_dev *d = tr->dev;
     const zn_train_model *md = tr->model;
@@ -30,6 +48,13 @@ static int run_micro_batch(zn_trainer *tr, int mb, const zn_fetch_ent *fe, int n
         int b = bwd ? 2 * L - 1 - k : k;
         int i = (*use)++;
         zn_block *bl = &tr->blocks[b];
+        /* with a stop flag: the use n_stop_ev - 1 before this one done
+         * first, then the flag looked at */
+        if (tr->stop_flag && tr->n_stop_ev && i >= tr->n_stop_ev - 1 &&
+            (rc = zn_dev_event_sync(d, tr->stop_ev[(i - (tr->n_stop_ev - 1)) % tr->n_stop_ev])))
+            return rc;
+        if (stop_here(tr, job, past))
+            return STEP_STOPPED;
         if ((rc = zn_tr_issue_fetches(tr, fe, nfe, next_fetch, i, nvme_fetches)))
             return rc;
         void *params = bl->dev_params;
@@ -159,6 +184,9 @@ static int run_micro_batch(zn_trainer *tr, int mb, const zn_fetch_ent *fe, int n
             tr->acc.posted[g]++;  /* the job the D2H stream waits on before refilling g */
         }
     consumed:
+        if (tr->stop_flag && tr->n_stop_ev &&
+            (rc = zn_dev_event_record(d, tr->stop_ev[i % tr->n_stop_ev], tr->s_comp)))
+            return rc;
         if (slot >= 0 && fe[f].last_use == i &&
             (rc = zn_dev_event_record(d, tr->fetch.ev_consumed[slot], tr->s_comp)))
             return rc;
@@ -282,6 +310,43 @@ static int step_failed(zn_trainer *tr, int rc, int64_t step)
                         (long long)step, msg[0] ? msg : zn_strerror(rc));
 }
 
+/* A step the stop flag ended: its queued work drained, its job dropped
+ * (zn_optsched_abandon); the previous step's job, which the state is, goes
+ * on to its end (zn_train_sync). The trainer stays valid. */
+static int step_stopped(zn_trainer *tr, int64_t step)
+{
+    zn_dev_sync(tr->dev);
+    zn_tr_marks_drop(tr);
+    zn_accum_drain(tr);
+    if (tr->tm.aio)
+        zn_aio_wait_all(tr->tm.aio);
+    int e = atomic_load(&tr->err);
+    if (e)
+        return step_failed(tr, e, step);
+    return zn_set_error(-ECANCELED, "step %lld stopped before its update (the stop flag); "
+                        "the state is step %lld's", (long long)step, (long long)tr->step);
+}
+
+int zn_train_set_stop(zn_trainer *tr, const volatile sig_atomic_t *flag)
+{
+    if (flag && tr->world > 1)
+        return zn_set_error(ZN_EARG, "train: a step cannot stop halfway on one of %d ranks "
+                            "(the others would wait in its collectives)", tr->world);
+    /* as far ahead as the parameter slots let the fetches run, and two
+     * block uses at least */
+    int want = tr->fetch.n_slots + 1 > 3 ? tr->fetch.n_slots + 1 : 3;
+    if (want > (int)(sizeof tr->stop_ev / sizeof tr->stop_ev[0]))
+        want = (int)(sizeof tr->stop_ev / sizeof tr->stop_ev[0]);
+    while (flag && tr->n_stop_ev < want) {
+        int rc = zn_dev_event_create(tr->dev, &tr->stop_ev[tr->n_stop_ev]);
+        if (rc)
+            return zn_error_prefix(rc, "train: the stop flag's events");
+        tr->n_stop_ev++;
+    }
+    tr->stop_flag = flag;
+    return 0;
+}
+
 int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
                   const int32_t *pos, zn_train_step_info *info)
 {
@@ -338,6 +403,7 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         return step_failed(tr, rc, tr->stats.steps_run + 1);
     int next_fetch = 0, use = 0;
     uint64_t nvme_fetches = 0;
+    bool past_stop = false;
     /* the mean over the targets of the global batch (every micro-batch of
      * every rank; an ignored target, < 0, counts nowhere), as the HF
      * Trainer computes it */
@@ -361,13 +427,18 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
                                            (uint64_t)A + (uint64_t)mb);
         if (tr->any_sparse && (rc = zn_tr_stage_rows(tr, mb, ids + (size_t)mb * ntok, (int64_t)ntok)))
             break;
-        rc = run_micro_batch(tr, mb, fe, nfe, &next_fetch, &use, fetch_of_use, &nvme_fetches);
+        rc = run_micro_batch(tr, mb, fe, nfe, &next_fetch, &use, fetch_of_use, &nvme_fetches,
+                             job, &past_stop);
+        if (rc == STEP_STOPPED)
+            break;
         float l = 0;
         if (!rc && !(rc = tr->model->read_loss(tr->model->ctx, tr->s_comp, &l)))
             loss_sum += (double)l;
     }
     free(fe);
     free(fetch_of_use);
+    if (rc == STEP_STOPPED)
+        return step_stopped(tr, tr->stats.steps_run + 1);
     if (!rc)
         rc = zn_dev_stream_sync(tr->dev, tr->s_comp);
     if (!rc)

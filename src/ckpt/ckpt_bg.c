@@ -1,0 +1,213 @@
+/* A checkpoint written while the training goes on (include/zinc/ckpt.h,
+ * zn_ckpt_save_start): the folder is made between steps, this rank's files
+ * are written by a thread of their own from the state the last step left,
+ * and the checkpoint is completed (manifest, rename, latest) between later
+ * steps. The trainer holds the state meanwhile (zn_train_state_hold): the
+ * later steps' forward and backward run, their optimizer updates wait until
+ * the files are written. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ckpt/ckpt-impl.h"
+
+struct zn_ckpt_bg {
+    zn_trainer *tr;
+    zn_ckpt_save_options o;
+    char *dir, *config_text, *client_json;   /* the options' strings, copied */
+    zn_ckpt__job job;
+    zn_ckpt__pace pace;
+    pthread_t thread;
+    bool started;
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    bool written;           /* the thread ended (wrc its status) */
+    int wrc;
+    char wmsg[1024];        /* its message */
+    double write_s;         /* from the start to the files written */
+    uint64_t bytes;
+};
+
+int zn_ckpt__pace_after(zn_ckpt__pace *p, uint64_t len)
+{
+    if (atomic_load(&p->quit))
+        return zn_set_error(-ECANCELED, "checkpoint: the background save was abandoned");
+    uint64_t done = atomic_fetch_add(&p->done, len) + len;
+    if (p->seconds <= 0 || !p->bytes || atomic_load(&p->hurry))
+        return 0;
+    double due = p->seconds * (double)done / (double)p->bytes;
+    double now = (double)(zn_now_ns() - p->t0) * 1e-9;
+    /* in slices of at most 50 ms, so that an abandon is seen soon */
+    while (due > now && !atomic_load(&p->quit) && !atomic_load(&p->hurry)) {
+        double d = due - now < 0.05 ? due - now : 0.05;
+        struct timespec ts = { 0, (long)(d * 1e9) };
+        nanosleep(&ts, NULL);
+        now = (double)(zn_now_ns() - p->t0) * 1e-9;
+    }
+    return atomic_load(&p->quit) ? zn_set_error(-ECANCELED, "checkpoint: the background save "
+                                                "was abandoned") : 0;
+}
+
+static void *writer(void *arg)
+{
+    zn_ckpt_bg *bg = arg;
+    uint64_t t0 = zn_now_ns();
+    /* the held step's own optimizer update first: it is the state saved */
+    int rc = zn_train_state_wait_held(bg->tr);
+    if (rc)
+        rc = zn_set_error(rc, "checkpoint: the optimizer step %lld it saves failed",
+                          (long long)bg->job.in.step);
+    if (!rc) {
+        bg->pace.t0 = zn_now_ns();
+        rc = zn_ckpt__save_rank(bg->tr, &bg->o, bg->job.tmp, &bg->job.in, &bg->pace);
+    }
+    /* later updates may change the state from here on */
+    zn_train_state_release(bg->tr);
+    pthread_mutex_lock(&bg->lock);
+    bg->wrc = rc;
+    snprintf(bg->wmsg, sizeof bg->wmsg, "%s", rc ? zn_last_error() : "");
+    bg->write_s = (double)(zn_now_ns() - t0) * 1e-9;
+    bg->written = true;
+    pthread_cond_broadcast(&bg->cv);
+    pthread_mutex_unlock(&bg->lock);
+    return NULL;
+}
+
+bool zn_ckpt_save_background(const zn_trainer *tr)
+{
+    return tr && zn_train_state_background(tr);
+}
+
+static char *dup_or_null(const char *s, bool *oom)
+{
+    if (!s)
+        return NULL;
+    char *d = strdup(s);
+    if (!d)
+        *oom = true;
+    return d;
+}
+
+static void bg_free(zn_ckpt_bg *bg)
+{
+    if (!bg)
+        return;
+    pthread_cond_destroy(&bg->cv);
+    pthread_mutex_destroy(&bg->lock);
+    free(bg->dir);
+    free(bg->config_text);
+    free(bg->client_json);
+    free(bg);
+}
+
+int zn_ckpt_save_start(zn_trainer *tr, const zn_ckpt_save_options *o, double pace_s,
+                       zn_ckpt_bg **out)
+{
+    *out = NULL;
+    if (!tr || !o || !o->dir || !o->dir[0])
+        return zn_set_error(ZN_EARG, "checkpoint: no trainer or no folder");
+    if (!zn_train_state_background(tr))
+        return zn_set_error(ZN_EARG, "checkpoint: the optimizer state is on the device or "
+                            "on NVMe, not written in the background (zn_ckpt_save)");
+    zn_train_state_info in;
+    zn_train_state_get_info(tr, &in);
+    if (in.failed)
+        return zn_set_error(ZN_ECORRUPT, "checkpoint: the trainer failed in an earlier step; "
+                            "its state is not saved");
+    zn_ckpt_bg *bg = calloc(1, sizeof *bg);
+    if (!bg)
+        return zn_set_error(-ENOMEM, "checkpoint: out of memory");
+    bool oom = false;
+    bg->tr = tr;
+    bg->o = *o;
+    bg->o.dir = bg->dir = dup_or_null(o->dir, &oom);
+    bg->o.config_text = bg->config_text = dup_or_null(o->config_text, &oom);
+    bg->o.client_json = bg->client_json = dup_or_null(o->client_json, &oom);
+    pthread_mutex_init(&bg->lock, NULL);
+    pthread_cond_init(&bg->cv, NULL);
+    /* the agreement on the folder goes first: a failure holds nothing */
+    int rc = zn_ckpt__prepare(tr, &bg->o, &bg->job, oom ? zn_set_error(-ENOMEM, "checkpoint: "
+                                                                        "out of memory") : 0);
+    if (rc) {
+        bg_free(bg);
+        return rc;
+    }
+    for (int k = 0; k < ZN_TS_COUNT; k++)
+        bg->bytes += bg->job.in.bytes[k];
+    bg->pace.bytes = bg->bytes;
+    bg->pace.seconds = pace_s;
+    zn_train_state_hold(tr);
+    if ((rc = pthread_create(&bg->thread, NULL, writer, bg))) {
+        zn_train_state_release(tr);
+        rc = zn_set_error(-rc, "checkpoint: starting the writer: %s", strerror(rc));
+        zn_ckpt__abandon(tr, &bg->job, rc);
+        bg_free(bg);
+        return rc;
+    }
+    bg->started = true;
+    *out = bg;
+    return 0;
+}
+
+bool zn_ckpt_save_written(zn_ckpt_bg *bg)
+{
+    pthread_mutex_lock(&bg->lock);
+    bool w = bg->written;
+    pthread_mutex_unlock(&bg->lock);
+    return w;
+}
+
+int64_t zn_ckpt_save_step(const zn_ckpt_bg *bg)
+{
+    return bg->job.in.step;
+}
+
+/* Joins the writer; its status (with its message set again). */
+static int join(zn_ckpt_bg *bg)
+{
+    if (bg->started)
+        pthread_join(bg->thread, NULL);
+    bg->started = false;
+    if (bg->wrc)
+        zn_set_error(bg->wrc, "%s", bg->wmsg);
+    return bg->wrc;
+}
+
+int zn_ckpt_save_end(zn_ckpt_bg *bg, char *out_path, size_t out_len, zn_ckpt_bg_stats *st)
+{
+    uint64_t t0 = zn_now_ns();
+    int wrc = join(bg);
+    if (st) {
+        st->bytes = bg->bytes;
+        st->write_s = bg->write_s;
+        st->wait_s = (double)(zn_now_ns() - t0) * 1e-9;
+    }
+    int rc = zn_ckpt__commit(bg->tr, &bg->o, &bg->job, wrc, out_path, out_len);
+    bg_free(bg);
+    return rc;
+}
+
+void zn_ckpt_save_drop(zn_ckpt_bg *bg)
+{
+    if (!bg)
+        return;
+    atomic_store(&bg->pace.quit, 1);
+    int rc = join(bg);
+    zn_ckpt__abandon(bg->tr, &bg->job, rc);
+    bg_free(bg);
+}
+
+void zn_ckpt_save_hurry(zn_ckpt_bg *bg)
+{
+    atomic_store(&bg->pace.hurry, 1);
+}
+
+uint64_t zn_ckpt_save_left(zn_ckpt_bg *bg)
+{
+    if (zn_ckpt_save_written(bg))
+        return 0;
+    uint64_t done = atomic_load(&bg->pace.done);
+    return done < bg->bytes ? bg->bytes - done : 0;
+}

@@ -1,0 +1,216 @@
+/* zinc train's checkpoints: the saves the step loop asks for, in the
+ * background where the state allows (the cpu tier: zn_ckpt_save_start,
+ * its files written while the next step runs, completed between steps) or
+ * at once (zn_ckpt_save), what each records beside the trainer, and the
+ * test hooks of the environment. cmd_train.c runs the loop. */
+#include <errno.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "zinc/ckpt.h"
+#include "zinc/run.h"
+#include "zinc/tokens.h"
+
+struct zn_cli_hooks {
+    char point[32];
+    long nth, seen;
+    int sig;
+    long fault_nth;
+    int fault_res;
+    _Atomic long fault_seen;
+};
+
+/* ---- test hooks (environment): ZINC_CKPT_KILL=POINT[:N[:SIG]] sends SIGKILL
+ * (or SIG: TERM, INT or USR1, a stop signal arriving in the middle of a
+ * save) to this process at the N-th time a save reaches POINT
+ * (zn_ckpt_point_fn);
+ * ZINC_CKPT_FAULT=N[:ENOSPC|EIO] fails the N-th block write of the
+ * checkpoint engine(s) of this process. ---------------------------------------*/
+
+static void hook_point(void *user, const char *where)
+{
+    struct zn_cli_hooks *h = user;
+    if (h->point[0] && !strcmp(where, h->point) && ++h->seen == h->nth) {
+        fflush(NULL);
+        raise(h->sig);
+    }
+}
+
+static int hook_fault(void *user, const zn_aio_fault_site *site)
+{
+    struct zn_cli_hooks *h = user;
+    if (!site->is_write)
+        return site->res;
+    return atomic_fetch_add(&h->fault_seen, 1) + 1 == h->fault_nth ? h->fault_res : site->res;
+}
+
+static void hooks_from_env(struct zn_cli_hooks *h, zn_ckpt_save_options *so)
+{
+    memset(h, 0, sizeof *h);
+    const char *k = getenv("ZINC_CKPT_KILL"), *f = getenv("ZINC_CKPT_FAULT");
+    if (k && *k) {
+        snprintf(h->point, sizeof h->point, "%s", k);
+        char *c = strchr(h->point, ':');
+        h->nth = 1;
+        h->sig = SIGKILL;
+        if (c) {
+            *c = '\0';
+            h->nth = strtol(c + 1, &c, 10);
+            if (*c == ':')
+                h->sig = !strcmp(c + 1, "TERM") ? SIGTERM : !strcmp(c + 1, "INT") ? SIGINT
+                         : !strcmp(c + 1, "USR1") ? SIGUSR1 : SIGKILL;
+        }
+        so->point = hook_point;
+        so->point_user = h;
+    }
+    if (f && *f) {
+        char *end;
+        h->fault_nth = strtol(f, &end, 10);
+        h->fault_res = *end == ':' && !strcmp(end + 1, "EIO") ? -EIO : -ENOSPC;
+        so->fault_hook = hook_fault;
+        so->fault_user = h;
+    }
+}
+
+/* What the checkpoint records beside the trainer: where the data loader is
+ * (its step index; the shuffle is a function of (seed, epoch)) and what
+ * data it reads. */
+static char *client_state(const zn_run *ts, const zn_config *cfg, int64_t step)
+{
+    json_t *j = json_pack("{sIsIsssIsI}", "data_step", (json_int_t)step,
+                          "data_seed", (json_int_t)cfg->data.seed, "data",
+                          zn_tokens_name(ts->data), "data_tokens",
+                          (json_int_t)zn_tokens_count(ts->data), "model_seed",
+                          (json_int_t)cfg->model.seed);
+    char *s = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(j);
+    return s;
+}
+
+
+void zn_cli_saver_init(zn_cli_saver *sv, zn_run *ts, const zn_config *cfg, const char *cfg_text,
+                       int64_t start)
+{
+    memset(sv, 0, sizeof *sv);
+    sv->ts = ts;
+    sv->cfg = cfg;
+    sv->cfg_text = cfg_text;
+    sv->so = zn_ckpt_save_options_default();
+    sv->so.dir = cfg->train.checkpoint.dir;
+    sv->so.keep_last = (int)cfg->train.checkpoint.keep_last;
+    sv->so.config_text = cfg_text;
+    sv->so.dims = &ts->dims;
+    sv->hooks = calloc(1, sizeof *sv->hooks);
+    if (sv->hooks)
+        hooks_from_env(sv->hooks, &sv->so);
+    sv->saved_at = start;
+    sv->background = cfg->train.checkpoint.background && zn_ckpt_save_background(ts->tr);
+}
+
+/* A failed save: returns 0 with continue_on_error (said), else the
+ * failure, reported. */
+static int save_failed(zn_cli_saver *sv, int rc, int64_t step)
+{
+    if (sv->cfg->train.checkpoint.continue_on_error) {
+        fprintf(stderr, "zinc: warning: checkpoint at step %lld failed, training goes on "
+                "(train.checkpoint.continue_on_error); the previous checkpoint is intact: %s\n",
+                (long long)step, zn_last_error());
+        return 0;
+    }
+    zn_cli_fail(rc, "checkpoint (the previous one is intact; set "
+                "train.checkpoint.continue_on_error to train on)");
+    return rc;
+}
+
+int zn_cli_save(zn_cli_saver *sv, int64_t step)
+{
+    int rc = zn_cli_save_settle(sv);
+    if (rc || sv->saved_at == step || sv->stopped)
+        return rc;
+    char *client = client_state(sv->ts, sv->cfg, step);
+    sv->so.client_json = client;
+    char where[4200];
+    double t0 = zn_now_s();
+    rc = client ? zn_ckpt_save(sv->ts->tr, &sv->so, where, sizeof where)
+                : zn_set_error(-ENOMEM, "out of memory");
+    free(client);
+    sv->so.client_json = NULL;
+    if (rc)
+        return save_failed(sv, rc, step);
+    printf("checkpoint %s (%.2f s)\n", where, zn_now_s() - t0);
+    fflush(stdout);
+    sv->saved_at = step;
+    return 0;
+}
+
+int zn_cli_save_begin(zn_cli_saver *sv, int64_t step, double pace_s)
+{
+    if (!sv->background)
+        return zn_cli_save(sv, step);
+    int rc = zn_cli_save_settle(sv);
+    if (rc || sv->saved_at == step)
+        return rc;
+    char *client = client_state(sv->ts, sv->cfg, step);
+    sv->so.client_json = client;
+    rc = client ? zn_ckpt_save_start(sv->ts->tr, &sv->so, pace_s, &sv->bg)
+                : zn_set_error(-ENOMEM, "out of memory");
+    free(client);
+    sv->so.client_json = NULL;
+    if (rc)
+        return save_failed(sv, rc, step);
+    sv->bg_step = step;
+    return 0;
+}
+
+int zn_cli_save_settle(zn_cli_saver *sv)
+{
+    if (!sv->bg)
+        return 0;
+    zn_ckpt_bg *bg = sv->bg;
+    sv->bg = NULL;
+    char where[4200];
+    zn_ckpt_bg_stats st;
+    int rc = zn_ckpt_save_end(bg, where, sizeof where, &st);
+    if (rc)
+        return save_failed(sv, rc, sv->bg_step);
+    char sz[32];
+    printf("checkpoint %s (%s written in the background in %.2f s; %.2f s waited for)\n", where,
+           zn_format_size(st.bytes, sz, sizeof sz), st.write_s, st.wait_s);
+    fflush(stdout);
+    sv->saved_at = sv->bg_step;
+    return 0;
+}
+
+void zn_cli_save_on_stop(zn_cli_saver *sv)
+{
+    if (!sv->bg)
+        return;
+    uint64_t left = zn_ckpt_save_left(sv->bg);
+    double secs;
+    if (zn_cli_stop_finish_save(sv->cfg, left, &secs)) {
+        zn_ckpt_save_hurry(sv->bg);
+        return;
+    }
+    char sz[32];
+    fprintf(stderr, "zinc: the background save of step %lld has %s left to write (about %.0f s, "
+            "more than half of train.checkpoint.notice_s %.0f s): dropped; the newest "
+            "checkpoint is step %lld's\n", (long long)sv->bg_step,
+            zn_format_size(left, sz, sizeof sz), secs, sv->cfg->train.checkpoint.notice_s,
+            (long long)sv->saved_at);
+    zn_ckpt_save_drop(sv->bg);
+    sv->bg = NULL;
+    sv->stopped = true;
+}
+
+void zn_cli_saver_fini(zn_cli_saver *sv)
+{
+    zn_ckpt_save_drop(sv->bg);   /* a save not completed: its folder goes */
+    sv->bg = NULL;
+    free(sv->hooks);
+    sv->hooks = NULL;
+}
