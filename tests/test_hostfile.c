@@ -2,7 +2,9 @@
  * format read and refused with the file and line, --include / --exclude /
  * --num_nodes / --num_gpus as DeepSpeed applies them, RANK / LOCAL_RANK /
  * LOCAL_SIZE with unequal slot counts, and the rank's command line, run
- * through a real sh to see that every word and value arrives intact. */
+ * through a real sh to see that every word and value arrives intact; the
+ * folders a launched zinc train writes (for the check before the start),
+ * and the cluster check's verdict on its links. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "zinc/bench.h"
 #include "zinc/launch.h"
 #include "zt.h"
 
@@ -365,8 +368,92 @@ static void test_command(void)
     zn_hostfile_destroy(h);
 }
 
+/* The swap and checkpoint folders of a zinc train line, read as zinc
+ * train reads its config: CONFIG (here the default text) under --set. */
+static void test_train_paths(void)
+{
+    static const char dflt[] = "{ \"tiers\": { \"nvme\": [ { \"path\": \"swap-a\", "
+                               "\"size\": \"64MiB\" } ], \"create_nvme_path\": true } }";
+    zn_cluster_paths p;
+    const char *a1[] = { "/opt/zinc", "train", "--steps", "3", "--set",
+                         "train.checkpoint.dir=ck/run1", "--json-log", "x.jsonl" };
+    ZT_EQ_INT(zn_cluster_train_paths(a1, 8, dflt, &p), 0);
+    ZT_EQ_INT(p.n, 2);
+    if (p.n == 2) {
+        ZT_EQ_STR(p.p[0].path, "swap-a");
+        ZT_CONTAINS(p.p[0].what, "swap folder");
+        ZT_EQ_INT(p.p[0].must_exist, 0);   /* create_nvme_path: the run makes it */
+        ZT_EQ_STR(p.p[1].path, "ck/run1");
+        ZT_CONTAINS(p.p[1].what, "train.checkpoint.dir");
+    }
+    /* without create_nvme_path a missing swap folder is an error there */
+    const char *a2[] = { "zinc", "train", "--set=tiers.create_nvme_path=false" };
+    ZT_EQ_INT(zn_cluster_train_paths(a2, 3, dflt, &p), 0);
+    ZT_EQ_INT(p.n, 1);
+    ZT_EQ_INT(p.n >= 1 && p.p[0].must_exist, 1);
+    /* not zinc train: nothing, and why */
+    const char *a3[] = { "sh", "-c", "true" };
+    ZT_EQ_INT(zn_cluster_train_paths(a3, 3, dflt, &p), 0);
+    ZT_EQ_INT(p.n, 0);
+    ZT_CONTAINS(p.note, "not zinc train");
+    /* a CONFIG that is not here: not checked, said */
+    const char *a4[] = { "zinc", "train", "/nonexistent/ds_config.json" };
+    ZT_EQ_INT(zn_cluster_train_paths(a4, 3, dflt, &p), 0);
+    ZT_EQ_INT(p.n, 0);
+    ZT_CONTAINS(p.note, "/nonexistent/ds_config.json");
+    /* a bad key is refused, named */
+    const char *a5[] = { "zinc", "train", "--set", "tiers.no_such_key=1" };
+    ZT_CHECK(zn_cluster_train_paths(a5, 4, dflt, &p) != 0);
+    ZT_CONTAINS(zn_last_error(), "no_such_key");
+}
+
+/* The cluster check's verdict: 4 ranks on hosts a, a, b, c; the ring's
+ * links a:0->a:1 (local), a:1->b:2, b:2->c:3, c:3->a:0 (network). */
+static void test_judge(void)
+{
+    zn_cluster_rank r[4];
+    memset(r, 0, sizeof r);
+    const char *host[4] = { "a", "a", "b", "c" };
+    for (int i = 0; i < 4; i++) {
+        r[i].rank = i;
+        snprintf(r[i].host, sizeof r[i].host, "%s", host[i]);
+        r[i].nic_mbps = i == 3 ? 0 : 10000;   /* c's speed unknown */
+    }
+    zn_bench_link_row l[4];
+    double gbs[4] = { 9.0, 1.1, 1.0, 0.3 };   /* c:3 -> a:0 is slow */
+    for (int i = 0; i < 4; i++)
+        l[i] = (zn_bench_link_row){ .from = i, .to = (i + 1) % 4, .bytes = 1 << 20,
+                                    .t = 1e-3f, .gbs = gbs[i] };
+    zn_cluster_link_verdict v[4];
+    int slow_host[4];
+    ZT_EQ_INT(zn_bench_cluster_judge(r, l, 4, v, slow_host), 1);
+    ZT_EQ_INT(v[0].network, 0);
+    ZT_EQ_INT(v[0].slow, 0);   /* a local link is not judged against the network */
+    ZT_EQ_INT(v[1].network && v[2].network && v[3].network, 1);
+    ZT_CHECK(v[1].nic_gbs > 1.249 && v[1].nic_gbs < 1.251);   /* 10000 Mb/s */
+    ZT_CHECK(v[3].nic_gbs == 0);                              /* unknown */
+    ZT_CHECK(v[3].peers_gbs > 1.049 && v[3].peers_gbs < 1.051);   /* median of 1.1, 1.0 */
+    ZT_EQ_INT(v[1].slow || v[2].slow, 0);
+    ZT_EQ_INT(v[3].slow, 1);
+    /* c has one link out slow and its link in fine: the link is named, not the host */
+    for (int i = 0; i < 4; i++)
+        ZT_EQ_INT(slow_host[i], 0);
+    /* below a quarter of the NIC with no peers to compare: two ranks, two hosts */
+    zn_bench_link_row l2[2] = { { .from = 0, .to = 1, .gbs = 0.2 }, { .from = 1, .to = 0,
+                                                                       .gbs = 0.25 } };
+    zn_cluster_rank r2[2];
+    memset(r2, 0, sizeof r2);
+    snprintf(r2[0].host, sizeof r2[0].host, "a");
+    snprintf(r2[1].host, sizeof r2[1].host, "b");
+    r2[0].nic_mbps = r2[1].nic_mbps = 10000;
+    ZT_EQ_INT(zn_bench_cluster_judge(r2, l2, 2, v, slow_host), 2);
+    ZT_EQ_INT(slow_host[0] && slow_host[1], 1);
+}
+
 int main(void)
 {
+    test_train_paths();
+    test_judge();
     test_parse();
     test_places();
     test_select();

@@ -14,7 +14,13 @@
 # by kill -9 (the ranks' watchers see their ssh channel close). A remote
 # rank killed with -9 mid-training: the others end naming it and its host
 # within ZINC_COMM_TIMEOUT + grace, the launcher fails; each rank has the
-# job's secret, which no command line shows.
+# job's secret, which no command line shows. The cluster check (zinc
+# launch --check) across the two: every rank's row, each ring link's
+# bandwidth with the veth's speed as its ceiling, a broadcast and
+# all-reduces with #wrong 0; a host that is down named with a non-zero
+# exit; a checkpoint folder read-only on node B alone (its sshd runs in a
+# mount namespace of its own with that folder bound read-only) named with
+# its host; a link slowed by tc (where the kernel has tbf) flagged SLOW.
 # Namespaces, daemons, ranks and files go in a trap whatever happens.
 # usage: test_launch.sh PATH/TO/zinc SOURCE_ROOT
 set -u
@@ -113,7 +119,22 @@ if ! "$sshd" -t -f "$tmp/sshd_A.conf" 2>"$tmp/err"; then
     exit 77
 fi
 ip netns exec "$nsA" "$sshd" -D -f "$tmp/sshd_A.conf" -E "$tmp/sshd_A.log" &
-ip netns exec "$nsB" "$sshd" -D -f "$tmp/sshd_B.conf" -E "$tmp/sshd_B.log" &
+# node B's sshd in a mount namespace of its own where $tmp/ro is read-only
+# (only there: the check must name B alone); without unshare or the
+# mount it runs as A's does and that part of the test skips
+mkdir -p "$tmp/ro"
+cat > "$tmp/sshd_ro.sh" <<'EOF'
+ro=$1 mark=$2; shift 2
+mount --bind "$ro" "$ro" && mount -o remount,bind,ro "$ro" || : > "$mark"
+exec "$@"
+EOF
+if command -v unshare >/dev/null 2>&1; then
+    ip netns exec "$nsB" unshare -m --propagation private sh "$tmp/sshd_ro.sh" "$tmp/ro" \
+        "$tmp/ro_failed" "$sshd" -D -f "$tmp/sshd_B.conf" -E "$tmp/sshd_B.log" &
+else
+    : > "$tmp/ro_failed"
+    ip netns exec "$nsB" "$sshd" -D -f "$tmp/sshd_B.conf" -E "$tmp/sshd_B.log" &
+fi
 ssh_ok=0
 for _ in $(seq 50); do
     if ip netns exec "$nsA" ssh -F "$tmp/ssh_config" -o BatchMode=yes $ipB true 2>"$tmp/err" &&
@@ -376,6 +397,74 @@ if command -v pdsh >/dev/null 2>&1; then
     unset PDSH_SSH_ARGS_APPEND
 else
     echo "skip: --launcher pdsh (pdsh is not installed)"
+fi
+
+# 7. the cluster check across the two nodes: one rank per slot runs zinc
+# bench cluster; the table names every rank and host, each ring link
+# (two cross the veth, one is node A's loopback) with the veth's speed as
+# its ceiling, and every collective and link verified (#wrong 0)
+t0=$(date +%s.%N)
+checkargs="--sizes 64K,1M --link-bytes 4M --iters 3"
+launch --hostfile hostfile --check --check_args "$checkargs" -- "${train[@]}" > check.out 2> check.err
+rc=$?
+took=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}")
+rows=$(grep -cE "^\[$ipA:0\] +[012] +($ipA|$ipB) " check.out)
+# (a link may be flagged SLOW here: two shared cores make one direction
+# half the other's now and then; the tc run below is the flag's test)
+net=$(grep -cE "^\[$ipA:0\] +($ipA:1 +-> $ipB:2|$ipB:2 +-> $ipA:0) +network .* 0( +SLOW)?$" check.out)
+loc=$(grep -cE "^\[$ipA:0\] +$ipA:0 +-> $ipA:1 +local .* 0$" check.out)
+colls=$(grep -cE "^\[$ipA:0\] +(allreduce|broadcast) +[0-9]+ .* 0$" check.out)
+if [ $rc -eq 0 ] && [ "$rows" -eq 3 ] && [ "$net" -eq 2 ] && [ "$loc" -eq 1 ] && [ "$colls" -eq 4 ] &&
+   grep -q "verdict: every rank answered and every collective and link delivered the right data" check.out &&
+   grep -q "the cluster check passed: 3 ranks on 2 hosts" check.err &&
+   ! grep -q "ranks  *3 (torchrun" check.out; then
+    echo "ok: zinc launch --check over the two nodes (${took}s): 3 rank rows, 2 network links and 1 local, 2 broadcasts and 2 all-reduces, all verified:"
+    grep -E "\] +[0-9.]+:[0-9] +-> .* network |\] +allreduce " check.out | sed 's/^/    /'
+else
+    echo "FAIL: zinc launch --check (exit $rc, ${took}s; rows $rows, network links $net, local $loc, collectives $colls):"
+    cat check.out; tail -5 check.err; fail=1
+fi
+
+# a host that is down: named, non-zero, nothing started
+launch --hostfile gone_hostfile --check --check_timeout 2 > gone_check.out 2>&1
+rc=$?
+if [ $rc -ne 0 ] && grep -q "host $ipX does not answer over ssh" gone_check.out &&
+   ! grep -q "cluster check passed" gone_check.out; then
+    echo "ok: zinc launch --check with a host down exits $rc naming it: $(grep error gone_check.out | cut -c1-160)"
+else
+    echo "FAIL: zinc launch --check with $ipX down (exit $rc): $(cat gone_check.out)"; fail=1
+fi
+
+# the train command's checkpoint folder, read-only on node B alone: the
+# check before the start names B and the folder, and starts nothing
+if [ -e "$tmp/ro_failed" ]; then
+    echo "skip: a folder read-only on one node (no private mount namespace for node B's sshd)"
+else
+    launch --hostfile hostfile -- "${train[@]}" --set train.checkpoint.dir="$tmp/ro/ckpt" > ro.out 2>&1
+    rc=$?
+    if [ $rc -ne 0 ] && grep -q "host $ipB cannot write the checkpoint folder (train.checkpoint.dir) $tmp/ro/ckpt: no file can be made in $tmp/ro: Read-only file system" ro.out &&
+       ! grep -q "host $ipA cannot" ro.out && ! grep -q "] step " ro.out; then
+        echo "ok: a checkpoint folder read-only on $ipB alone is named before any rank starts: $(grep error ro.out | cut -c1-220)"
+    else
+        echo "FAIL: a read-only checkpoint folder on $ipB (exit $rc): $(cat ro.out)"; fail=1
+    fi
+fi
+
+# a slow link: node B's side of the veth limited by tc to 40 Mbit/s, so
+# B -> A is flagged SLOW by name against the other direction
+if ip netns exec "$nsB" tc qdisc add dev "$vB" root tbf rate 40mbit burst 64kb latency 200ms 2>"$tmp/err"; then
+    launch --hostfile hostfile --check --check_args "--sizes 16K --link-bytes 512K --iters 2" > slow.out 2>&1
+    rc=$?
+    ip netns exec "$nsB" tc qdisc del dev "$vB" root 2>/dev/null
+    if [ $rc -eq 0 ] && grep -qE "\] +$ipB:2 +-> $ipA:0 +network .* SLOW" slow.out &&
+       ! grep -qE "\] +$ipA:1 +-> $ipB:2 .*SLOW" slow.out &&
+       grep -q "SLOW link $ipB:2 -> $ipA:0" slow.out; then
+        echo "ok: a link slowed to 40 Mbit/s is flagged by name: $(grep "# SLOW link" slow.out | sed 's/^\[[^]]*\] //')"
+    else
+        echo "FAIL: the slowed link $ipB -> $ipA (exit $rc):"; cat slow.out; fail=1
+    fi
+else
+    echo "skip: a slow link (tc tbf refused: $(head -1 "$tmp/err"))"
 fi
 
 echo "test_launch: $(( $(date +%s) - t_start )) s"

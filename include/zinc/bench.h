@@ -267,7 +267,9 @@ ZN_API int zn_bench_train_predict(zn_run *ts, const zn_config *cfg, zn_cost *pre
 
 /* ---- comm: collectives' algbw and busbw against a ring send/recv ---- */
 
-enum { ZN_BENCH_ALLGATHER = 0, ZN_BENCH_REDUCESCATTER, ZN_BENCH_ALLREDUCE, ZN_BENCH_COMM_OPS };
+/* broadcast: from rank 0, in place; nccl-tests' busbw = algbw */
+enum { ZN_BENCH_ALLGATHER = 0, ZN_BENCH_REDUCESCATTER, ZN_BENCH_ALLREDUCE, ZN_BENCH_BROADCAST,
+       ZN_BENCH_COMM_OPS };
 #define ZN_BENCH_COMM_MAX_SIZES 64
 
 typedef struct {
@@ -279,9 +281,11 @@ typedef struct {
     int warmup;
     const char *device;           /* device buffers of this device; NULL: host buffers */
     double timeout;               /* seconds */
+    double connect_timeout;       /* the rendezvous' seconds; 0: the communicator's default */
+    uint64_t link_bytes;          /* the largest zn_bench_comm_links transfer; 0: none */
 } zn_bench_comm_config;
 
-/* "allgather", "reducescatter", "allreduce" (NULL past them). */
+/* "allgather", "reducescatter", "allreduce", "broadcast" (NULL past them). */
 ZN_API const char *zn_bench_comm_op_name(int op);
 
 typedef struct zn_bench_comm zn_bench_comm;
@@ -310,7 +314,65 @@ ZN_API int zn_bench_comm_on_device(const zn_bench_comm *b);
  * "allocating buffers", "ring send/recv", "staging data", the op's name). */
 ZN_API int zn_bench_comm_run(zn_bench_comm *b, zn_bench_comm_row_fn fn, void *ctx,
                              uint64_t *total_wrong);
+/* One link of the ring at a time (the cluster check's pair bandwidths):
+ * for each rank r, r alone sends `bytes` of seeded data to rank r + 1
+ * (mod world) while the others wait; timed at the receiver, which verifies
+ * every byte. Collective; rows[world] on every rank, rows[r] the link from
+ * r. bytes <= the config's link_bytes. Returns 0 or a negative code
+ * (stage "link r -> r+1"). */
+typedef struct {
+    int from, to;           /* ranks */
+    uint64_t bytes;
+    float t;                /* the receiver's mean seconds per transfer */
+    double gbs;             /* bytes / t / 1e9 */
+    float wrong;            /* wrong bytes at the receiver */
+} zn_bench_link_row;
+ZN_API int zn_bench_comm_links(zn_bench_comm *b, uint64_t bytes, int iters,
+                               zn_bench_link_row *rows);
 ZN_API void zn_bench_comm_destroy(zn_bench_comm *b);
+/* The device of the collectives; NULL for host buffers. */
+ZN_API zn_dev *zn_bench_comm_device(const zn_bench_comm *b);
+
+/* ---- cluster: what `zinc launch --check` runs on every rank ----
+ * Each rank's place (its host as the launcher names it, the machine's
+ * hostname, its device and NUMA node, the interface toward its right
+ * neighbour and that interface's speed), gathered to every rank; then the
+ * verdict on the ring's links measured by zn_bench_comm_links. */
+#define ZN_CLUSTER_NAME 64
+typedef struct {
+    int rank, local_rank, local_size;
+    int numa;                          /* the NUMA node it runs on (the GPU's); -1 unknown */
+    int nic_mbps;                      /* the interface's speed (Mb/s), 0 unknown */
+    char host[ZN_CLUSTER_NAME];        /* $ZINC_LAUNCH_HOST (zinc launch sets it), else hostname */
+    char hostname[ZN_CLUSTER_NAME];    /* gethostname() */
+    char device[ZN_CLUSTER_NAME];      /* "cuda:0 NVIDIA A10", "host" */
+    char addr[ZN_CLUSTER_NAME];        /* its address toward its right neighbour, "" unknown */
+    char nic[32];                      /* that interface ("eth0"), "" unknown */
+    char pad[512 - 5 * 4 - 4 * ZN_CLUSTER_NAME - 32];   /* 512 bytes, one allgather row */
+} zn_cluster_rank;
+
+/* Collective: every rank's zn_cluster_rank into out[world]. 0 or a code. */
+ZN_API int zn_bench_cluster_ranks(zn_bench_comm *b, zn_cluster_rank *out);
+
+/* A link of the ring judged: network when its two ranks are on different
+ * hosts; the ceiling is the slower NIC's speed where both are known (0:
+ * unknown); slow when a network link moves less than half the median of
+ * the other network links (a link unlike its peers), or less than a
+ * quarter of its NIC's speed. */
+#define ZN_CLUSTER_SLOW_PEERS 0.5
+#define ZN_CLUSTER_SLOW_NIC 0.25
+typedef struct {
+    int network;
+    double nic_gbs;          /* ceiling (GB/s), 0 unknown */
+    double peers_gbs;        /* median of the other network links, 0 none */
+    int slow;                /* 1: flagged */
+} zn_cluster_link_verdict;
+
+/* Judges every link (v[world]); *slow_host[n] (n = world, by rank: 1 when
+ * that rank's host has every network link in and out of it slow, at least
+ * two of them) may be NULL. Returns the number of slow links. */
+ZN_API int zn_bench_cluster_judge(const zn_cluster_rank *ranks, const zn_bench_link_row *links,
+                                  int world, zn_cluster_link_verdict *v, int *slow_host);
 
 /* ---- load: the trainer's weight load against a plain sequential read ---- */
 

@@ -104,8 +104,9 @@ ZN_API int zn_hostfile_devices(const zn_hostfile *h, int host, char *buf, size_t
  * MLFLOW, MV2, ZINC_ or OMP_, then those of a .deepspeed_env file in $HOME
  * and in CWD (KEY=VALUE lines), then the rank's own: RANK, LOCAL_RANK,
  * WORLD_SIZE, LOCAL_SIZE, LOCAL_WORLD_SIZE, CROSS_RANK, CROSS_SIZE,
- * MASTER_ADDR, MASTER_PORT, CUDA_VISIBLE_DEVICES and ZINC_COMM_BACKEND=tcp
- * (unless this process sets ZINC_COMM_BACKEND). WATCH is a small sh
+ * MASTER_ADDR, MASTER_PORT, CUDA_VISIBLE_DEVICES, ZINC_LAUNCH_HOST (the
+ * host as the hostfile names it) and ZINC_COMM_BACKEND=tcp (unless this
+ * process sets ZINC_COMM_BACKEND). WATCH is a small sh
  * script that runs ARGV in its place (exec, so the rank's status is ssh's)
  * and a watcher beside it reading the rank's stdin, which is the ssh
  * channel: a line "INT" or "TERM" sends the rank that signal, and end of
@@ -128,6 +129,33 @@ typedef enum { ZN_REMOTE_SSH = 0, ZN_REMOTE_PDSH = 1 } zn_remote;
 /* A note from the launcher while it runs (a rank that ended badly, a
  * signal forwarded), for the caller to print. */
 typedef void (*zn_cluster_note_fn)(void *arg, const char *msg);
+
+/* A folder the run writes on every host (its swap or checkpoint folder),
+ * for zn_cluster_check to try there. */
+typedef struct zn_cluster_path {
+    const char *path;         /* relative: to the ranks' folder (cwd) */
+    const char *what;         /* "the swap folder (tiers.nvme)", for the message */
+    int must_exist;           /* 1: a missing folder fails (the run may not create it) */
+} zn_cluster_path;
+
+/* The folders `zinc train ...` (argv, as given to the launcher) writes:
+ * the swap folders (zn_config_nvme_paths; must exist unless
+ * tiers.create_nvme_path) and train.checkpoint.dir, from its CONFIG (or
+ * recipe) under its --sets, or default_json (zinc train's embedded
+ * default) without one. Returns 0 with out->n folders, or with none and
+ * out->note saying why (not zinc train, CONFIG not readable here, a
+ * --resume whose config is the checkpoint's); ZN_ECONFIG naming what is
+ * wrong in the config, -ENOMEM. */
+#define ZN_CLUSTER_PATHS_MAX (16 + 1)
+typedef struct zn_cluster_paths {
+    zn_cluster_path p[ZN_CLUSTER_PATHS_MAX];
+    int n;
+    char path[ZN_CLUSTER_PATHS_MAX][ZN_PATH_MAX];
+    char what[ZN_CLUSTER_PATHS_MAX][64];
+    char note[512];
+} zn_cluster_paths;
+ZN_API int zn_cluster_train_paths(const char *const *argv, int argc, const char *default_json,
+                                  zn_cluster_paths *out);
 
 typedef struct zn_cluster_config {
     const zn_hostfile *hosts;       /* after zn_hostfile_select; not copied */
@@ -153,6 +181,9 @@ typedef struct zn_cluster_config {
      * (with ZINC_JOB_ID), so that the TCP backend lets only the job's
      * ranks connect; 0: none. Not under pdsh (it carries no stdin). */
     int job_secret;
+    /* folders zn_cluster_check tries to write on every host; NULL / 0: none */
+    const zn_cluster_path *paths;
+    int n_paths;
 } zn_cluster_config;
 
 ZN_API zn_cluster_config zn_cluster_config_default(void);
@@ -174,7 +205,9 @@ ZN_API int zn_cluster_master_addr(const zn_cluster_config *c, const char **addr)
 
 /* Before anything starts: every host answers over ssh (ssh -o BatchMode=yes
  * -o ConnectTimeout=T, all hosts at once), has the folder CWD and the
- * command argv[0], and, when that is zinc, runs zinc of this version.
+ * command argv[0], can write each of paths[] (a file made and removed in
+ * the folder, or in the nearest one above it that is there when the run
+ * may create it), and, when the command is zinc, runs zinc of this version.
  * Returns 0, or ZN_ECONFIG naming each host that does not, with ssh's
  * own words (a host silent past T + 10 s is killed and named too);
  * -errno when ssh cannot be started. */

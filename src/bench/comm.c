@@ -1,14 +1,16 @@
-/* zinc bench comm's measuring half: all-gather, reduce-scatter and
- * all-reduce bandwidth of the communicator, with nccl-tests' definitions so
+/* zinc bench comm's measuring half: all-gather, reduce-scatter,
+ * all-reduce and broadcast bandwidth of the communicator, with nccl-tests' definitions so
  * that the figures can be compared with theirs: size = the bytes of the
  * full buffer (all-reduce: each rank's buffer; all-gather: the gathered
  * output; reduce-scatter: the input), algbw = size / time, busbw = algbw *
- * 2(n-1)/n (all-reduce) or (n-1)/n (all-gather, reduce-scatter); time = the
+ * 2(n-1)/n (all-reduce), (n-1)/n (all-gather, reduce-scatter) or 1
+ * (broadcast); time = the
  * slowest rank's mean. The ceiling beside it, measured in the same run: a
  * ring send/recv (every rank sends to its right neighbour and receives from
  * its left one at once) over the same transport, which is the link a ring
  * collective's busbw approaches. Every size is verified on seeded data
- * (#wrong). */
+ * (#wrong). The cluster check's links (each ring link alone, verified at
+ * its receiver) use the same buffers. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,8 +22,10 @@
 #include "comm/comm-impl.h"
 
 enum { OP_ALLGATHER = ZN_BENCH_ALLGATHER, OP_REDUCESCATTER = ZN_BENCH_REDUCESCATTER,
-       OP_ALLREDUCE = ZN_BENCH_ALLREDUCE, N_OPS = ZN_BENCH_COMM_OPS };
-static const char *op_names[N_OPS] = { "allgather", "reducescatter", "allreduce" };
+       OP_ALLREDUCE = ZN_BENCH_ALLREDUCE, OP_BROADCAST = ZN_BENCH_BROADCAST,
+       N_OPS = ZN_BENCH_COMM_OPS };
+static const char *op_names[N_OPS] = { "allgather", "reducescatter", "allreduce", "broadcast" };
+#define BCAST_ROOT 0
 
 typedef zn_bench_comm_config opts;
 
@@ -79,6 +83,8 @@ static int run_op(bufs *b, int op, size_t count, zn_dtype dt)
             return zn_comm_allgather(b->c, b->send, b->recv, count, dt);
         case OP_REDUCESCATTER:
             return zn_comm_reduce_scatter(b->c, b->send, b->recv, count, dt, ZN_REDUCE_SUM);
+        case OP_BROADCAST:
+            return zn_comm_broadcast(b->c, b->recv, count * zn_dtype_size(dt), BCAST_ROOT);
         default:
             return zn_comm_allreduce(b->c, b->send, b->recv, count, dt, ZN_REDUCE_SUM);
         }
@@ -89,6 +95,9 @@ static int run_op(bufs *b, int op, size_t count, zn_dtype dt)
         break;
     case OP_REDUCESCATTER:
         rc = zn_comm_reduce_scatter_on(b->c, b->s, b->send, b->recv, count, dt, ZN_REDUCE_SUM);
+        break;
+    case OP_BROADCAST:
+        rc = zn_comm_broadcast_on(b->c, b->s, b->recv, count * zn_dtype_size(dt), BCAST_ROOT);
         break;
     default:
         rc = zn_comm_allreduce_on(b->c, b->s, b->send, b->recv, count, dt, ZN_REDUCE_SUM);
@@ -105,13 +114,22 @@ static int run_ring(bufs *b, size_t bytes)
     return rc ? rc : zn_comm_sync_on(b->c, b->s);
 }
 
-/* Fills the send buffer of op (and copies it to the device). */
-static int stage_send(bufs *b, size_t n_send, zn_dtype dt, int rank)
+/* Fills the send buffer of op (and copies it to the device). A broadcast
+ * is in place: the root's receive buffer holds the data, every other
+ * rank's a poison (all bits set: NaN in f32 and bf16) that shows an
+ * element the broadcast did not write. */
+static int stage_send(bufs *b, int op, size_t n_send, zn_dtype dt, int rank)
 {
-    fill(b->dev ? b->hsend : b->send, dt, n_send, rank);
+    int bcast = op == OP_BROADCAST;
+    void *h = bcast ? (b->dev ? b->hrecv : b->recv) : (b->dev ? b->hsend : b->send);
+    if (bcast && rank != BCAST_ROOT)
+        memset(h, 0xff, n_send * zn_dtype_size(dt));
+    else
+        fill(h, dt, n_send, rank);
     if (!b->dev)
         return 0;
-    int rc = zn_dev_copy_h2d(b->dev, b->s, b->send, b->hsend, n_send * zn_dtype_size(dt));
+    int rc = zn_dev_copy_h2d(b->dev, b->s, bcast ? b->recv : b->send, h,
+                             n_send * zn_dtype_size(dt));
     return rc ? rc : zn_dev_stream_sync(b->dev, b->s);
 }
 
@@ -138,6 +156,8 @@ static int count_wrong(bufs *b, int op, size_t count, zn_dtype dt, int rank, int
             want = val((int)(i / count), i % count);
         else if (op == OP_REDUCESCATTER)
             want = sum_ref(world, (size_t)rank * count + i);
+        else if (op == OP_BROADCAST)
+            want = val(BCAST_ROOT, i);
         else
             want = sum_ref(world, i);
         bad += get(out, dt, i) != want;
@@ -164,13 +184,17 @@ static int open_comm(const opts *o, zn_launch_info *li, zn_dev **dev_out, zn_com
         } else {
             dc.name = o->device;
         }
-        uint64_t need = 3 * o->sizes[o->n_sizes - 1] + (64u << 20);
+        uint64_t big = o->sizes[o->n_sizes - 1] > o->link_bytes ? o->sizes[o->n_sizes - 1]
+                                                                  : o->link_bytes;
+        uint64_t need = 3 * big + (64u << 20);
         dc.gpu_budget = need;
         if ((rc = zn_dev_create(&dev, &dc)))
             return zn_error_prefix(rc, "creating the device");
     }
     zn_comm_config cfg = zn_comm_config_default();
     cfg.timeout_s = o->timeout;
+    if (o->connect_timeout > 0)
+        cfg.connect_timeout_s = o->connect_timeout;
     cfg.launch = li;
     cfg.dev = dev;
     zn_comm *c = NULL;
@@ -187,9 +211,14 @@ static int open_comm(const opts *o, zn_launch_info *li, zn_dev **dev_out, zn_com
 /* The send and receive buffers for sizes up to max_size, on the device
  * with host staging, or on the host first-touched. Returns 0 or a
  * negative code. */
+static void free_bufs(bufs *b);
+
 static int alloc_bufs(bufs *b, zn_comm *c, zn_dev *dev, uint64_t max_size)
 {
     int rc;
+    if (b->send && b->send_bytes >= max_size + 4096)
+        return 0;   /* made by an earlier call, big enough */
+    free_bufs(b);
     memset(b, 0, sizeof *b);
     b->c = c;
     b->dev = dev;
@@ -342,7 +371,7 @@ static int measure(zn_bench_comm *bc, int op, uint64_t size, int iters, double l
     size_t es = zn_dtype_size(o->dtype);
     size_t count, n_send;
     *r = (zn_bench_comm_row){ .op = op, .link = link };
-    if (op == OP_ALLREDUCE) {
+    if (op == OP_ALLREDUCE || op == OP_BROADCAST) {
         count = size / es;
         n_send = count;
         r->used = count * es;
@@ -354,14 +383,14 @@ static int measure(zn_bench_comm *bc, int op, uint64_t size, int iters, double l
     *skip = !count;
     if (!count)
         return 0;
-    if ((rc = stage_send(&bc->b, n_send, o->dtype, rank)))
+    if ((rc = stage_send(&bc->b, op, n_send, o->dtype, rank)))
         return zn_error_prefix(rc, "staging data");
     if ((rc = time_op(&bc->b, o, op, count, iters, rank, world, &r->t, &r->wrong)))
         return zn_error_prefix(rc, "%s", op_names[op]);
-    r->count = op == OP_ALLREDUCE ? count : count * world;
+    r->count = op == OP_ALLREDUCE || op == OP_BROADCAST ? count : count * world;
     r->algbw = r->t > 0 ? (double)r->used / r->t / 1e9 : 0;
     double factor = op == OP_ALLREDUCE ? 2.0 * (world - 1) / world
-                                       : (double)(world - 1) / world;
+                    : op == OP_BROADCAST ? 1.0 : (double)(world - 1) / world;
     r->busbw = r->algbw * factor;
     r->ratio = link > 0 ? r->busbw / link : 0;
     return 0;
@@ -399,6 +428,104 @@ int zn_bench_comm_run(zn_bench_comm *bc, zn_bench_comm_row_fn fn, void *ctx,
         }
     }
     return 0;
+}
+
+/* One link's timed transfers, its receiver's mean seconds in *t and its
+ * wrong bytes in *wrong (the receiver's; 0 elsewhere). */
+static int time_one_link(bufs *b, const opts *o, int from, size_t bytes, int iters, int rank,
+                         int world, float *t, float *wrong)
+{
+    int to = (from + 1) % world, rc = 0;
+    *t = 0;
+    *wrong = 0;
+    if (rank == to) {
+        /* the poison: whatever the transfer leaves unwritten shows */
+        memset(b->dev ? b->hrecv : b->recv, 0xa5, bytes);
+        if (b->dev && (rc = zn_dev_copy_h2d(b->dev, b->s, b->recv, b->hrecv, bytes)) == 0)
+            rc = zn_dev_stream_sync(b->dev, b->s);
+    }
+    for (int w = 0; w < o->warmup + 1 && !rc; w++)
+        rc = b->dev ? zn_comm_link_xfer_on(b->c, b->s, b->send, b->recv, bytes, from)
+                    : zn_comm_link_xfer(b->c, b->send, b->recv, bytes, from);
+    if (!rc && b->dev)
+        rc = zn_comm_sync_on(b->c, b->s);
+    if (!rc)
+        rc = zn_comm_barrier(b->c);
+    double t0 = zn_now_s();
+    for (int it = 0; it < iters && !rc; it++) {
+        rc = b->dev ? zn_comm_link_xfer_on(b->c, b->s, b->send, b->recv, bytes, from)
+                    : zn_comm_link_xfer(b->c, b->send, b->recv, bytes, from);
+        if (!rc && b->dev)
+            rc = zn_comm_sync_on(b->c, b->s);
+    }
+    double mean = (zn_now_s() - t0) / iters;
+    if (rc || rank != to)
+        return rc;
+    const unsigned char *got = b->recv;
+    if (b->dev) {
+        if ((rc = zn_dev_copy_d2h(b->dev, b->s, b->hrecv, b->recv, bytes)) ||
+            (rc = zn_dev_stream_sync(b->dev, b->s)))
+            return rc;
+        got = b->hrecv;
+    }
+    /* the sender's seeded f32 elements (its rank, the offset), byte by byte */
+    uint64_t bad = 0;
+    for (size_t i = 0; i < bytes / 4; i++) {
+        float want = val(from, i);
+        bad += memcmp(got + 4 * i, &want, 4) != 0;
+    }
+    *t = (float)mean;
+    *wrong = (float)bad * 4;
+    return 0;
+}
+
+int zn_bench_comm_links(zn_bench_comm *bc, uint64_t bytes, int iters, zn_bench_link_row *rows)
+{
+    const opts *o = &bc->o;
+    int rank = zn_comm_rank(bc->c), world = zn_comm_size(bc->c), rc;
+    bytes &= ~(uint64_t)3;
+    if (bytes < 4 || bytes > o->link_bytes || iters < 1)
+        return zn_set_error(ZN_EARG, "links: %llu bytes (4 .. link_bytes %llu), %d iterations",
+                            (unsigned long long)bytes, (unsigned long long)o->link_bytes, iters);
+    uint64_t big = o->sizes[o->n_sizes - 1] > o->link_bytes ? o->sizes[o->n_sizes - 1]
+                                                              : o->link_bytes;
+    if ((rc = alloc_bufs(&bc->b, bc->c, bc->dev, big)))
+        return zn_error_prefix(rc, "allocating buffers");
+    if ((rc = stage_send(&bc->b, OP_ALLREDUCE, bytes / 4, ZN_DTYPE_F32, rank)))
+        return zn_error_prefix(rc, "staging data");
+    float *acc = calloc(2 * (size_t)world, sizeof *acc);
+    if (!acc)
+        return zn_set_error(-ENOMEM, "links: out of memory");
+    for (int from = 0; from < world && !rc; from++) {
+        float t, wrong;
+        rc = time_one_link(&bc->b, o, from, bytes, iters, rank, world, &t, &wrong);
+        if (rc) {
+            zn_error_prefix(rc, "link %d -> %d", from, (from + 1) % world);
+            break;
+        }
+        acc[2 * from] += t;
+        acc[2 * from + 1] += wrong;
+    }
+    /* every receiver's figures to every rank (one non-zero term each) */
+    if (!rc)
+        rc = zn_comm_allreduce(bc->c, acc, acc, 2 * (size_t)world, ZN_DTYPE_F32,
+                               ZN_REDUCE_SUM);
+    for (int from = 0; from < world && !rc; from++) {
+        zn_bench_link_row *r = &rows[from];
+        r->from = from;
+        r->to = (from + 1) % world;
+        r->bytes = bytes;
+        r->t = acc[2 * from];
+        r->wrong = acc[2 * from + 1];
+        r->gbs = r->t > 0 ? (double)bytes / r->t / 1e9 : 0;
+    }
+    free(acc);
+    return rc;
+}
+
+zn_dev *zn_bench_comm_device(const zn_bench_comm *bc)
+{
+    return bc ? bc->dev : NULL;
 }
 
 void zn_bench_comm_destroy(zn_bench_comm *bc)

@@ -14,6 +14,7 @@ static const zn_cli_cmd benches[] = {
     { "pcie", zn_cli_bench_pcie, "host<->GPU copy bandwidth vs a plain cudaMemcpyAsync loop and the PCIe link" },
     { "model", zn_cli_bench_model, "decoder layer/head forward+backward TFLOP/s vs the GEMM peak" },
     { "comm", zn_cli_bench_comm, "all-gather / reduce-scatter / all-reduce algbw and busbw (nccl-tests definitions)" },
+    { "cluster", zn_cli_bench_cluster, "the cluster check (zinc launch --check): ranks, broadcast, each link, all-reduce busbw vs the link" },
     { "train", zn_cli_bench_train, "training steps: step time vs the busiest resource (overlap)" },
     { "generate", zn_cli_bench_generate, "prefill/decode tokens/s per batch vs the link and compute ceilings of a step" },
     { "load", zn_cli_bench_load, "loading an HF folder's weights vs a plain sequential read of it" },

@@ -28,7 +28,8 @@ static void usage(FILE *f)
     fprintf(f,
         "usage: [mpirun -np N | torchrun-style env] zinc bench comm [options]\n"
         "  --sizes A..B     sizes from A to B doubling (default 1M..1G); or a list 4K,1M\n"
-        "  --ops LIST       allgather,reducescatter,allreduce (default all three)\n"
+        "  --ops LIST       allgather,reducescatter,allreduce,broadcast (default the\n"
+        "                   first three; broadcast: from rank 0, busbw = algbw)\n"
         "  --dtype T        f32 (default) or bf16\n"
         "  --iters N        timed iterations per size (default: 20, fewer for big sizes)\n"
         "  --warmup N       untimed iterations first (default 2)\n"
@@ -101,8 +102,8 @@ static int parse_opts(int argc, char **argv, opts *o)
 {
     memset(o, 0, sizeof *o);
     parse_sizes("1M..1G", o);
-    for (int i = 0; i < ZN_BENCH_COMM_OPS; i++)
-        o->c.ops[i] = 1;
+    o->c.ops[ZN_BENCH_ALLGATHER] = o->c.ops[ZN_BENCH_REDUCESCATTER] =
+        o->c.ops[ZN_BENCH_ALLREDUCE] = 1;   /* broadcast when asked */
     o->c.dtype = ZN_DTYPE_F32;
     o->c.iters = 0;
     o->c.warmup = 2;
@@ -129,7 +130,7 @@ static int parse_opts(int argc, char **argv, opts *o)
         case 'o':
             if (parse_ops(optarg, o)) {
                 fprintf(stderr, "zinc: error: --ops \"%s\": allgather, reducescatter, "
-                        "allreduce\n", optarg);
+                        "allreduce, broadcast\n", optarg);
                 return 2;
             }
             break;
@@ -204,7 +205,7 @@ static void print_header(const opts *o, const zn_comm_info *info, int dev, zn_to
            dev ? (info->nccl ? " (NCCL on the stream)" : " (collective on the stream's "
                               "thread)") : "", zn_dtype_name(o->c.dtype));
     printf("# factor: allreduce 2(n-1)/n = %.3f, allgather and reducescatter (n-1)/n = "
-           "%.3f\n", 2.0 * (world - 1) / world, (double)(world - 1) / world);
+           "%.3f, broadcast 1\n", 2.0 * (world - 1) / world, (double)(world - 1) / world);
     printf("# link: ring send/recv of min(size, 64 MiB) in the same run (each rank sends "
            "to its right neighbour while it receives from its left one): the ceiling "
            "a ring collective's busbw approaches; bus/link = busbw / link\n");

@@ -89,6 +89,7 @@ int zn_cli_bench_adam(int argc, char **argv);
 int zn_cli_bench_model(int argc, char **argv);
 int zn_cli_bench_train(int argc, char **argv);
 int zn_cli_bench_comm(int argc, char **argv);
+int zn_cli_bench_cluster(int argc, char **argv);
 int zn_cli_bench_load(int argc, char **argv);
 int zn_cli_bench_generate(int argc, char **argv);
 

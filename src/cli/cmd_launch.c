@@ -1,7 +1,9 @@
 /* `zinc launch [flags] -- zinc train ...`: DeepSpeed's launcher flags in,
- * the hostfile read and selected, every host checked, one rank per slot
- * started over ssh (src/run/launch_ssh.c does all of it); this file
- * parses, prints and returns the worst rank's status. */
+ * the hostfile read and selected, every host checked (with the train
+ * command's swap and checkpoint folders), one rank per slot started over
+ * ssh (src/run/launch_ssh.c does all of it); this file parses, prints and
+ * returns the worst rank's status. `zinc launch --check` starts the
+ * cluster check (`zinc bench cluster`) on every slot instead. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +23,7 @@ static void usage(FILE *f)
         "                   [--num_gpus N] [--master_addr A] [--master_port P]\n"
         "                   [--launcher ssh|pdsh] [--launcher_args \"...\"]\n"
         "                   [--check_timeout S] [--fail_grace S] [--] COMMAND [ARGS...]\n"
+        "       zinc launch --check [--check_args \"...\"] [same flags] [-- zinc train ...]\n"
         "\n"
         "Starts COMMAND (zinc train ...) once per slot of a DeepSpeed hostfile\n"
         "(`HOST slots=N` lines), over ssh, with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE,\n"
@@ -39,6 +42,12 @@ static void usage(FILE *f)
         "  --check_timeout S    ssh ConnectTimeout of the check and the ranks (default 10)\n"
         "  --fail_grace S       after a rank fails, seconds before the rest get SIGTERM\n"
         "                       (default 60)\n"
+        "  --check              the cluster check instead of COMMAND: one rank per slot\n"
+        "                       runs zinc bench cluster (every rank's place, a broadcast,\n"
+        "                       each link alone, all-reduce busbw against the link), all\n"
+        "                       data verified, slow links named; a zinc train COMMAND\n"
+        "                       given too has its folders checked, and is not started\n"
+        "  --check_args S       options for zinc bench cluster (\"--sizes 1M,64M\")\n"
         "\n"
         "Output lines come prefixed [host:rank]. SIGINT/SIGTERM are forwarded to every rank\n"
         "(a third one kills them). Exit status: the worst rank's. Hosts named localhost or\n"
@@ -97,9 +106,138 @@ static const char *flag_value(int argc, char **argv, int *i, const char *lng, co
     return argv[++*i];
 }
 
+/* The folders of a zinc train command (swap, checkpoint) into cc for the
+ * check. Returns 0 or the exit code (the config is wrong). */
+static int train_folders(zn_cluster_config *cc, zn_cluster_paths *paths)
+{
+    int rc = zn_cluster_train_paths(cc->argv, cc->argc, zn_cli_default_config(), paths);
+    if (rc)
+        return zn_cli_fail(rc, NULL);
+    if (paths->n) {
+        cc->paths = paths->p;
+        cc->n_paths = paths->n;
+    } else if (cc->argc >= 2 && !strcmp(cc->argv[1], "train")) {
+        fprintf(stderr, "zinc launch: the run's folders are not checked: %s\n", paths->note);
+    }
+    return 0;
+}
+
+/* The command every slot runs for --check: this zinc (the train command's
+ * when one is given) `bench cluster` with --check_args split on blanks.
+ * *words is one allocation; returns 0 or the exit code. */
+static int check_argv(const zn_cluster_config *cc, const char *check_args, char ***words,
+                      int *n)
+{
+    char self[4096];
+    const char *zinc = "zinc";
+    const char *b = cc->argc > 0 ? strrchr(cc->argv[0], '/') : NULL;
+    if (cc->argc > 0 && !strcmp(b ? b + 1 : cc->argv[0], "zinc")) {
+        zinc = cc->argv[0];
+    } else {
+        ssize_t l = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (l > 0) {
+            self[l] = 0;
+            zinc = self;
+        }
+    }
+    size_t len = strlen(zinc) + 1 + (check_args ? strlen(check_args) + 1 : 0);
+    int max = 4 + (check_args ? (int)strlen(check_args) / 2 + 1 : 0);
+    char **w = malloc(sizeof *w * (size_t)max + len);
+    if (!w)
+        return zn_cli_fail(-ENOMEM, "launch");
+    char *s = (char *)(w + max);
+    strcpy(s, zinc);
+    int k = 0;
+    w[k++] = s;
+    w[k++] = "bench";
+    w[k++] = "cluster";
+    s += strlen(s) + 1;
+    if (check_args) {
+        strcpy(s, check_args);
+        char *save = NULL;
+        for (char *t = strtok_r(s, " \t\n", &save); t && k < max - 1;
+             t = strtok_r(NULL, " \t\n", &save))
+            w[k++] = t;
+    }
+    w[k] = NULL;
+    *words = w;
+    *n = k;
+    return 0;
+}
+
+/* The check of every host, then every rank run (the command, or the
+ * cluster check's); returns the exit code. */
+static int run_ranks(const zn_cluster_config *cc, const zn_hostfile *hf, const char *hostfile,
+                     int world, int check)
+{
+    int rc;
+    const char *maddr;
+    if ((rc = zn_cluster_master_addr(cc, &maddr))) {
+        zn_cli_fail(rc, NULL);
+        return 2;
+    }
+
+    fprintf(stderr, "zinc launch: %d rank%s on %d host%s (%s), rank 0 at %s:%d:\n", world,
+            world == 1 ? "" : "s", hf->n_hosts, hf->n_hosts == 1 ? "" : "s",
+            hostfile ? hostfile : "no hostfile: localhost", maddr, cc->master_port);
+    for (int h = 0, r = 0; h < hf->n_hosts; h++) {
+        char devs[4096];
+        if (zn_hostfile_devices(hf, h, devs, sizeof devs))
+            snprintf(devs, sizeof devs, "(%d slots)", hf->hosts[h].n_slots);
+        fprintf(stderr, "  %-24s ranks %d-%d, CUDA_VISIBLE_DEVICES=%s%s\n", hf->hosts[h].name,
+                r, r + hf->hosts[h].n_slots - 1, devs,
+                !strcmp(hf->hosts[h].name, "localhost") || !strcmp(hf->hosts[h].name,
+                                                                    "127.0.0.1")
+                    ? " (here, without ssh)" : "");
+        r += hf->hosts[h].n_slots;
+    }
+    fflush(stderr);
+
+    double t0 = zn_now_s();
+    if ((rc = zn_cluster_check(cc)))
+        return zn_cli_fail(rc, NULL);
+    fprintf(stderr, "zinc launch: every host answers (the folder, %s%s) in %.1f s; starting %d "
+            "rank%s%s\n", cc->argv[0], cc->n_paths ? ", the run's folders writable" : "",
+            zn_now_s() - t0, world, world == 1 ? "" : "s", check ? " of the cluster check" : "");
+    fflush(stderr);
+    int *status = calloc((size_t)world, sizeof *status);
+    if (!status)
+        return zn_cli_fail(-ENOMEM, "launch");
+    zn_cluster_result res = { 0, -1, -1, 0, status };
+    rc = zn_cluster_run(cc, &res);
+    if (rc)
+        zn_cli_fail(rc, "launch");
+    int code = res.exit_code;
+    if (code) {
+        zn_rank_place pl;
+        int failed = 0;
+        for (int r = 0; r < world; r++)
+            failed += status[r] != 0;
+        if (zn_hostfile_place(hf, res.worst_rank, &pl) == 0)
+            fprintf(stderr, "zinc launch: %d of %d rank%s failed; the worst, rank %d on %s, "
+                            "exited %d%s\n", failed, world, world == 1 ? "" : "s",
+                    res.worst_rank, hf->hosts[pl.host].name, code,
+                    code == 255 ? " (ssh's own failure, or the rank killed by a signal "
+                                  "there)" : "");
+        if (res.first_failed >= 0 && res.first_failed != res.worst_rank && !res.signal &&
+            zn_hostfile_place(hf, res.first_failed, &pl) == 0)
+            fprintf(stderr, "zinc launch: the first to fail was rank %d on %s (exit %d)\n",
+                    res.first_failed, hf->hosts[pl.host].name, status[res.first_failed]);
+    } else if (rc) {
+        code = 1;
+    } else if (check) {
+        fprintf(stderr, "zinc launch: the cluster check passed: %d rank%s on %d host%s "
+                "answered, every collective and link verified\n", world, world == 1 ? "" : "s",
+                hf->n_hosts, hf->n_hosts == 1 ? "" : "s");
+    }
+    free(status);
+    return code;
+}
+
 int zn_cmd_launch(int argc, char **argv)
 {
-    const char *hostfile = NULL, *master_addr = NULL, *launcher = "ssh";
+    const char *hostfile = NULL, *master_addr = NULL, *launcher = "ssh", *check_args = NULL;
+    int check = 0;
     zn_host_select sel = zn_host_select_default();
     zn_cluster_config cc = zn_cluster_config_default();
     int i = 1, rc;
@@ -116,6 +254,10 @@ int zn_cmd_launch(int argc, char **argv)
         }
         if (a[0] != '-')
             break;   /* the command starts here */
+        if (!strcmp(a, "--check")) {
+            check = 1;
+            continue;
+        }
         if ((v = flag_value(argc, argv, &i, "--hostfile", "-H", &missing)))
             hostfile = v;
         else if (!missing && (v = flag_value(argc, argv, &i, "--include", "-i", &missing)))
@@ -145,6 +287,8 @@ int zn_cmd_launch(int argc, char **argv)
         } else if (!missing && (v = flag_value(argc, argv, &i, "--fail_grace", NULL, &missing))) {
             if ((rc = parse_seconds("--fail_grace", v, &cc.fail_grace_s)))
                 return rc;
+        } else if (!missing && (v = flag_value(argc, argv, &i, "--check_args", NULL, &missing))) {
+            check_args = v;
         } else {
             if (missing)
                 fprintf(stderr, "zinc: error: %s needs a value\n", a);
@@ -154,7 +298,11 @@ int zn_cmd_launch(int argc, char **argv)
             return 2;
         }
     }
-    if (i >= argc) {
+    if (check_args && !check) {
+        fprintf(stderr, "zinc: error: --check_args goes with --check\n");
+        return 2;
+    }
+    if (i >= argc && !check) {
         fprintf(stderr, "zinc: error: launch: no command to run (zinc launch [flags] -- zinc "
                         "train ...)\n");
         usage(stderr);
@@ -195,66 +343,27 @@ int zn_cmd_launch(int argc, char **argv)
     cc.argc = argc - i;
     cc.master_addr = master_addr;
     cc.note = print_note;
-    const char *maddr;
-    if ((rc = zn_cluster_master_addr(&cc, &maddr))) {
-        zn_hostfile_destroy(hf);
-        zn_cli_fail(rc, NULL);
-        return 2;
-    }
-
-    fprintf(stderr, "zinc launch: %d rank%s on %d host%s (%s), rank 0 at %s:%d:\n", world,
-            world == 1 ? "" : "s", hf->n_hosts, hf->n_hosts == 1 ? "" : "s",
-            hostfile ? hostfile : "no hostfile: localhost", maddr, cc.master_port);
-    for (int h = 0, r = 0; h < hf->n_hosts; h++) {
-        char devs[4096];
-        if (zn_hostfile_devices(hf, h, devs, sizeof devs))
-            snprintf(devs, sizeof devs, "(%d slots)", hf->hosts[h].n_slots);
-        fprintf(stderr, "  %-24s ranks %d-%d, CUDA_VISIBLE_DEVICES=%s%s\n", hf->hosts[h].name,
-                r, r + hf->hosts[h].n_slots - 1, devs,
-                !strcmp(hf->hosts[h].name, "localhost") || !strcmp(hf->hosts[h].name,
-                                                                    "127.0.0.1")
-                    ? " (here, without ssh)" : "");
-        r += hf->hosts[h].n_slots;
-    }
-    fflush(stderr);
-
-    double t0 = zn_now_s();
-    if ((rc = zn_cluster_check(&cc))) {
-        zn_hostfile_destroy(hf);
-        return zn_cli_fail(rc, NULL);
-    }
-    fprintf(stderr, "zinc launch: every host answers (the folder, %s) in %.1f s; starting %d "
-            "rank%s\n", cc.argv[0], zn_now_s() - t0, world, world == 1 ? "" : "s");
-    fflush(stderr);
-    int *status = calloc((size_t)world, sizeof *status);
-    if (!status) {
+    zn_cluster_paths *paths = malloc(sizeof *paths);
+    char **check_words = NULL;
+    int n_words = 0;
+    if (!paths) {
         zn_hostfile_destroy(hf);
         return zn_cli_fail(-ENOMEM, "launch");
     }
-    zn_cluster_result res = { 0, -1, -1, 0, status };
-    rc = zn_cluster_run(&cc, &res);
-    if (rc)
-        zn_cli_fail(rc, "launch");
-    int code = res.exit_code;
-    if (code) {
-        zn_rank_place pl;
-        int failed = 0;
-        for (int r = 0; r < world; r++)
-            failed += status[r] != 0;
-        if (zn_hostfile_place(hf, res.worst_rank, &pl) == 0)
-            fprintf(stderr, "zinc launch: %d of %d rank%s failed; the worst, rank %d on %s, "
-                            "exited %d%s\n", failed, world, world == 1 ? "" : "s",
-                    res.worst_rank, hf->hosts[pl.host].name, code,
-                    code == 255 ? " (ssh's own failure, or the rank killed by a signal "
-                                  "there)" : "");
-        if (res.first_failed >= 0 && res.first_failed != res.worst_rank && !res.signal &&
-            zn_hostfile_place(hf, res.first_failed, &pl) == 0)
-            fprintf(stderr, "zinc launch: the first to fail was rank %d on %s (exit %d)\n",
-                    res.first_failed, hf->hosts[pl.host].name, status[res.first_failed]);
-    } else if (rc) {
-        code = 1;
+    if ((rc = train_folders(&cc, paths)) ||
+        (check && (rc = check_argv(&cc, check_args, &check_words, &n_words)))) {
+        free(paths);
+        zn_hostfile_destroy(hf);
+        return rc;
     }
-    free(status);
+    if (check) {
+        /* the train command's folders are checked; the check runs in its place */
+        cc.argv = (const char *const *)check_words;
+        cc.argc = n_words;
+    }
+    rc = run_ranks(&cc, hf, hostfile, world, check);
+    free(check_words);
+    free(paths);
     zn_hostfile_destroy(hf);
-    return code;
+    return rc;
 }

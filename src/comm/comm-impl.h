@@ -21,6 +21,10 @@ typedef enum {
     /* bench ceiling: send `count` bytes of `send` to the right neighbour and
      * receive `count` bytes from the left one into `recv`, at once. */
     ZN_COP_RING,
+    /* cluster check: one link of the ring alone: rank `root` sends `count`
+     * bytes of `send` to its right neighbour, which receives them into
+     * `recv`; every other rank takes part only in the numbering. */
+    ZN_COP_LINK,
 } zn_cop_kind;
 
 typedef struct zn_comm_op {
@@ -226,6 +230,11 @@ int zn_comm_ring_xfer(zn_comm *c, const void *send, void *recv, size_t bytes);
  * ZN_EUNSUPPORTED. */
 int zn_comm_ring_xfer_on(zn_comm *c, zn_stream *s, const void *send, void *recv,
                          size_t bytes);
+/* Cluster check: the ring's link from rank `from` to its right neighbour
+ * alone (ZN_COP_LINK); every rank calls it, in the same order. */
+int zn_comm_link_xfer(zn_comm *c, const void *send, void *recv, size_t bytes, int from);
+int zn_comm_link_xfer_on(zn_comm *c, zn_stream *s, const void *send, void *recv,
+                         size_t bytes, int from);
 
 /* ---- NCCL device part (comm_nccl.c, only with ZN_HAVE_NCCL) ----------------*/
 #if ZN_HAVE_NCCL

@@ -70,6 +70,10 @@ void zn_comm_describe(zn_comm_op *op)
     case ZN_COP_RING:
         snprintf(op->desc, sizeof op->desc, "ring send/recv #%llu (%zu bytes)", s, op->count);
         break;
+    case ZN_COP_LINK:
+        snprintf(op->desc, sizeof op->desc, "link send/recv #%llu (%zu bytes from rank %d to "
+                 "its right neighbour)", s, op->count, op->root);
+        break;
     }
 }
 
@@ -85,6 +89,7 @@ static int single_run(zn_comm_op *op)
             memmove(op->recv, op->send, op->count * es);
         break;
     case ZN_COP_RING:
+    case ZN_COP_LINK:
         if (op->count && op->send != op->recv)
             memmove(op->recv, op->send, op->count);
         break;
@@ -135,7 +140,8 @@ static int check_args(zn_comm *c, const zn_comm_op *op, const char *fn)
 {
     if (!c)
         return zn_set_error(ZN_EARG, "%s: NULL communicator", fn);
-    if (op->kind != ZN_COP_BROADCAST && op->kind != ZN_COP_BARRIER && op->kind != ZN_COP_RING) {
+    if (op->kind != ZN_COP_BROADCAST && op->kind != ZN_COP_BARRIER && op->kind != ZN_COP_RING &&
+        op->kind != ZN_COP_LINK) {
         if (op->dt != ZN_DTYPE_F32 && op->dt != ZN_DTYPE_BF16)
             return zn_set_error(ZN_EARG, "%s: element type %s is not supported (f32, bf16)",
                                 fn, zn_dtype_name(op->dt));
@@ -146,7 +152,8 @@ static int check_args(zn_comm *c, const zn_comm_op *op, const char *fn)
             return zn_set_error(ZN_EARG, "%s: %zu elements x %d ranks overflow", fn, op->count,
                                 c->size);
     }
-    if (op->kind == ZN_COP_BROADCAST && (op->root < 0 || op->root >= c->size))
+    if ((op->kind == ZN_COP_BROADCAST || op->kind == ZN_COP_LINK) &&
+        (op->root < 0 || op->root >= c->size))
         return zn_set_error(ZN_EARG, "%s: root %d is not a rank of this world (size %d)", fn,
                             op->root, c->size);
     if (op->count && op->kind != ZN_COP_BARRIER && (!op->recv ||
@@ -332,6 +339,12 @@ int zn_comm_ring_xfer(zn_comm *c, const void *send, void *recv, size_t bytes)
     return issue_checked(c, &o, "zn_comm_ring_xfer", NULL);
 }
 
+int zn_comm_link_xfer(zn_comm *c, const void *send, void *recv, size_t bytes, int from)
+{
+    zn_comm_op o = mkop(ZN_COP_LINK, send, recv, bytes, ZN_DTYPE_F32, ZN_REDUCE_SUM, from);
+    return issue_checked(c, &o, "zn_comm_link_xfer", NULL);
+}
+
 #define REQ_CHECK(fn)                                                                   \
     do {                                                                                \
         if (!req)                                                                       \
@@ -423,8 +436,8 @@ static int enqueue_on(zn_comm *c, zn_stream *s, zn_comm_op *op, const char *fn)
         return zn_nccl_enqueue(c, s, op);
 #endif
     if (c->size == 1) {
-        size_t bytes = op->count * (op->kind == ZN_COP_BROADCAST || op->kind == ZN_COP_RING
-                                        ? 1 : zn_dtype_size(op->dt));
+        size_t bytes = op->count * (op->kind == ZN_COP_BROADCAST || op->kind == ZN_COP_RING ||
+                                    op->kind == ZN_COP_LINK ? 1 : zn_dtype_size(op->dt));
         if (!bytes || op->send == op->recv || op->kind == ZN_COP_BROADCAST ||
             op->kind == ZN_COP_BARRIER)
             return 0;
@@ -476,6 +489,13 @@ int zn_comm_ring_xfer_on(zn_comm *c, zn_stream *s, const void *send, void *recv,
 {
     zn_comm_op o = mkop(ZN_COP_RING, send, recv, bytes, ZN_DTYPE_F32, ZN_REDUCE_SUM, 0);
     return enqueue_on(c, s, &o, "zn_comm_ring_xfer_on");
+}
+
+int zn_comm_link_xfer_on(zn_comm *c, zn_stream *s, const void *send, void *recv, size_t bytes,
+                         int from)
+{
+    zn_comm_op o = mkop(ZN_COP_LINK, send, recv, bytes, ZN_DTYPE_F32, ZN_REDUCE_SUM, from);
+    return enqueue_on(c, s, &o, "zn_comm_link_xfer_on");
 }
 
 int zn_comm_sync_on(zn_comm *c, zn_stream *s)

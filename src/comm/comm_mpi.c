@@ -125,6 +125,15 @@ static int mpi_start(zn_comm *c, zn_comm_req *r)
         q->n = 2;
         break;
     }
+    case ZN_COP_LINK: {
+        int to = (op->root + 1) % c->size;
+        q->n = 0;   /* the ranks outside the link: nothing to wait for */
+        if (c->rank == to)
+            MPI_TRY(MPI_Irecv(op->recv, n, MPI_BYTE, op->root, 2, m->comm, &q->req[q->n++]));
+        if (c->rank == op->root)
+            MPI_TRY(MPI_Isend(op->send, n, MPI_BYTE, to, 2, m->comm, &q->req[q->n++]));
+        break;
+    }
     }
     pthread_mutex_unlock(&m->lk);
     return 0;

@@ -241,6 +241,13 @@ int zn_nccl_enqueue(zn_comm *c, zn_stream *s, zn_comm_op *op)
                 r = e;
         }
         break;
+    case ZN_COP_LINK:
+        /* NCCL's send/recv involve the two ranks alone */
+        if (c->rank == op->root)
+            r = ncclSend(op->send, op->count, ncclInt8, right, n->comm, cs);
+        else if (c->rank == (op->root + 1) % c->size)
+            r = ncclRecv(op->recv, op->count, ncclInt8, left, n->comm, cs);
+        break;
     }
     if (r == ncclInProgress)
         rc = wait_ready(n, zn_now_ns() + (uint64_t)(c->timeout_s * 1e9), op->desc);

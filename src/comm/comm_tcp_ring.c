@@ -385,6 +385,12 @@ static int tcp_run_op(zn_comm *c, zn_comm_op *op, uint64_t deadline)
     }
     case ZN_COP_RING:
         return xfer(c, op, send, op->count, recv, op->count, deadline);
+    case ZN_COP_LINK: {
+        /* the sender's right socket is the receiver's left one */
+        int to = (op->root + 1) % c->size;
+        return xfer(c, op, send, c->rank == op->root ? op->count : 0, recv,
+                    c->rank == to ? op->count : 0, deadline);
+    }
     }
     return zn_set_error(ZN_EINTERNAL, "comm/tcp: unknown op %d", (int)op->kind);
 }

@@ -1,6 +1,7 @@
 /* The check before anything starts (zn_cluster_check, launch.h): every
  * host at once over ssh (pdsh, or sh for a local host) runs `cd FOLDER`,
- * looks the command up and, for zinc, compares its version; each host that
+ * looks the command up, tries the folders the run writes (its swap and
+ * checkpoint folders) and, for zinc, compares its version; each host that
  * fails is named with ssh's own words. */
 #include <errno.h>
 #include <fcntl.h>
@@ -61,6 +62,64 @@ static void keep(char *buf, size_t *n, const char *src, size_t len)
     *n += len;
 }
 
+/* A folder the run writes, tried where it runs: the folder itself or, when
+ * it is not there yet, the nearest folder above it that is (the run makes
+ * the rest), gets a file made and removed. A swap folder the run may not
+ * create must be there. On failure the host prints `zinc-check-path I WHY
+ * FOLDER[: REASON]` and exits 92. */
+static const char path_fn[] =
+    "zn_p() { p=$1; while [ ! -e \"$p\" ]; do [ \"$2\" = m ] && { echo \"zinc-check-path $3 "
+    "missing $1\"; exit 92; }; p=$(dirname -- \"$p\"); done; [ -d \"$p\" ] || { echo "
+    "\"zinc-check-path $3 notdir $p\"; exit 92; }; f=$p/.zinc-check-$$; if e=$( (: > \"$f\") "
+    "2>&1 ); then rm -f -- \"$f\"; else echo \"zinc-check-path $3 ro $p: ${e##*: }\"; exit 92; "
+    "fi; }; ";
+
+static void check_command(const zn_cluster_config *c, const char *cwd, int zinc, zn_sbuf *cmd)
+{
+    zn_sbuf_adds(cmd, "cd ");
+    zn_sbuf_addq(cmd, cwd);
+    zn_sbuf_adds(cmd, " || exit 90; command -v ");
+    zn_sbuf_addq(cmd, c->argv[0]);
+    zn_sbuf_adds(cmd, " >/dev/null 2>&1 || exit 91; ");
+    if (c->n_paths > 0)
+        zn_sbuf_adds(cmd, path_fn);
+    for (int i = 0; i < c->n_paths; i++) {
+        zn_sbuf_adds(cmd, "zn_p ");
+        zn_sbuf_addq(cmd, c->paths[i].path);
+        zn_sbuf_addf(cmd, " %s %d; ", c->paths[i].must_exist ? "m" : "c", i);
+    }
+    if (zinc) {
+        zn_sbuf_adds(cmd, "exec ");
+        zn_sbuf_addq(cmd, c->argv[0]);
+        zn_sbuf_adds(cmd, " --version");
+    } else {
+        zn_sbuf_adds(cmd, "exit 0");
+    }
+}
+
+/* A host's answer `zinc-check-path I WHY REST` (exit 92) as words. */
+static void path_failure(const zn_cluster_config *c, const char *h, const char *line,
+                         zn_sbuf *why)
+{
+    int i = -1, n = 0;
+    char kind[16] = "";
+    if (sscanf(line, "zinc-check-path %d %15s %n", &i, kind, &n) < 2 || i < 0 ||
+        i >= c->n_paths || !n) {
+        zn_sbuf_addf(why, "host %s: a folder check answered \"%.200s\"", h, line);
+        return;
+    }
+    const zn_cluster_path *p = &c->paths[i];
+    const char *rest = line + n;
+    zn_sbuf_addf(why, "host %s cannot write %s %.300s: ", h, p->what ? p->what : "the folder",
+                 p->path);
+    if (!strcmp(kind, "missing"))
+        zn_sbuf_addf(why, "it is not there (and the run may not create it)");
+    else if (!strcmp(kind, "notdir"))
+        zn_sbuf_addf(why, "%.300s is not a folder", rest);
+    else
+        zn_sbuf_addf(why, "no file can be made in %.400s", rest);
+}
+
 int zn_cluster_check(const zn_cluster_config *c)
 {
     if (!c || !c->hosts || c->hosts->n_hosts < 1 || !c->argv || c->argc < 1 || !c->argv[0])
@@ -75,18 +134,7 @@ int zn_cluster_check(const zn_cluster_config *c)
         return rc;
     int zinc = argv0_is_zinc(c->argv[0]);
     zn_sbuf cmd = { 0 };
-    zn_sbuf_adds(&cmd, "cd ");
-    zn_sbuf_addq(&cmd, cwd);
-    zn_sbuf_adds(&cmd, " || exit 90; command -v ");
-    zn_sbuf_addq(&cmd, c->argv[0]);
-    zn_sbuf_adds(&cmd, " >/dev/null 2>&1 || exit 91; ");
-    if (zinc) {
-        zn_sbuf_adds(&cmd, "exec ");
-        zn_sbuf_addq(&cmd, c->argv[0]);
-        zn_sbuf_adds(&cmd, " --version");
-    } else {
-        zn_sbuf_adds(&cmd, "exit 0");
-    }
+    check_command(c, cwd, zinc, &cmd);
     check_proc *p = calloc((size_t)nh, sizeof *p);
     if (!p || cmd.oom) {
         free(p);
@@ -219,7 +267,11 @@ int zn_cluster_check(const zn_cluster_config *c)
             zn_sbuf_addf(&why, "%shost %s cannot run \"%.200s\" (not found on the PATH of a "
                          "non-interactive ssh session there)", bad++ ? "; " : "", h,
                          c->argv[0]);
-        else if (q->status != 0)
+        else if (q->status == 92 && !strncmp(out1, "zinc-check-path ", 16)) {
+            if (bad++)
+                zn_sbuf_adds(&why, "; ");
+            path_failure(c, h, out1, &why);
+        } else if (q->status != 0)
             zn_sbuf_addf(&why, "%shost %s does not answer over %s (exit %d): %.600s",
                          bad++ ? "; " : "", h,
                          zn_cluster_host_is_local(h) ? "sh" :

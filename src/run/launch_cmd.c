@@ -498,6 +498,7 @@ int zn_cluster_rank_launch(const zn_cluster_config *c, int rank, const char *sec
             goto out;
     }
     if ((rc = env_put(&e, "MASTER_ADDR", 11, maddr, strlen(maddr))) ||
+        (rc = env_put(&e, "ZINC_LAUNCH_HOST", 16, host, strlen(host))) ||
         (rc = env_put(&e, "CUDA_VISIBLE_DEVICES", 20, devs, strlen(devs))))
         goto out;
     if (!env_has(&e, "ZINC_COMM_BACKEND") &&
