@@ -18,6 +18,11 @@ Two tiny random decoders, built and run by Hugging Face transformers:
               mask), otherwise tiny-mistral's shape, fp32
   tiny-gemma  gemma ((1 + w) RMSNorm, GeGLU with tanh GELU, the embedding
               times sqrt(hidden)), MQA 4/1, head_dim 24, tied, pad id 0, fp32
+  tiny-gemma2 gemma2 (gemma's pieces, four norms a layer, scores scaled by
+              query_pre_attn_scalar 32 (head_dim 24), attention logits capped
+              at 8 (|scores| 6.5 on average), final logits at 3 (|logits| 1.3),
+              a 5-key window on layers 0 and 2 of 4
+              over 16-token sequences), GQA 4/2, tied, pad id 0, fp32
   tiny-olmo2  olmo2 (norms after attention and the MLP, none before; RMSNorm
               over the whole q and k projections), GQA 4/2, untied, pad id 1,
               weights as bf16 (one file)
@@ -111,7 +116,7 @@ def randomize(model, torch, gen):
                 # Tied: the same matrix makes the logits, keep them O(1)
                 # (Gemma's rows enter the layers times sqrt(hidden): less).
                 std = 0.3 if model.config.tie_word_embeddings else 1.0
-                if model.config.model_type == "gemma":
+                if model.config.model_type in ("gemma", "gemma2"):
                     std = 0.1
                 p.copy_(std * torch.randn(p.shape, generator=gen, dtype=torch.float64))
             else:
@@ -146,7 +151,7 @@ def low_precision_pass(model64, dtype, inputs, targets, eval_targets, positions,
 def make(kind, out, tokens, torch, transformers, save_file):
     gen = torch.Generator().manual_seed({"llama": 1, "qwen2": 2, "mistral": 3, "qwen3": 4,
                                        "phi3": 5, "olmo2": 6, "mistral-window": 7,
-                                       "gemma": 8}[kind])
+                                       "gemma": 8, "gemma2": 9}[kind])
     common = dict(hidden_size=64, intermediate_size=128 if kind == "llama" else 96,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   vocab_size=VOCAB, max_position_embeddings=64, hidden_act="silu")
@@ -185,6 +190,19 @@ def make(kind, out, tokens, torch, transformers, save_file):
                                        rope_theta=10000.0, attention_bias=False, pad_token_id=0,
                                        bos_token_id=2, eos_token_id=1)
         cls = transformers.GemmaForCausalLM
+    elif kind == "gemma2":
+        # every Gemma 2 piece biting: caps the scores and logits reach, a
+        # scalar other than head_dim, windows shorter than the sequence on
+        # alternate layers (Gemma2Config's default layer_types)
+        g = dict(common, num_hidden_layers=4)
+        cfg = transformers.Gemma2Config(**dict(g, hidden_act="gelu_pytorch_tanh"), head_dim=24,
+                                        hidden_activation="gelu_pytorch_tanh",
+                                        rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                        rope_theta=10000.0, attention_bias=False,
+                                        query_pre_attn_scalar=32, attn_logit_softcapping=8.0,
+                                        final_logit_softcapping=3.0, sliding_window=5,
+                                        pad_token_id=0, bos_token_id=2, eos_token_id=1)
+        cls = transformers.Gemma2ForCausalLM
     else:
         cfg = transformers.Qwen2Config(**common, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                        rope_theta=1000000.0, use_sliding_window=False)
@@ -192,7 +210,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
     cfg._attn_implementation = "eager"
     model = cls(cfg).to(torch.float64)
     randomize(model, torch, gen)
-    if kind in ("qwen2", "qwen3", "gemma"):
+    if kind in ("qwen2", "qwen3", "gemma", "gemma2"):
         model.tie_weights()
 
     # What goes on disk, and the exact values the reference computes with.
@@ -212,7 +230,8 @@ def make(kind, out, tokens, torch, transformers, save_file):
         os.remove(os.path.join(d, f))
     cfg.save_pretrained(d)
     meta = {"format": "pt"}
-    if kind in ("llama", "mistral", "qwen3", "phi3", "olmo2", "mistral-window", "gemma"):
+    if kind in ("llama", "mistral", "qwen3", "phi3", "olmo2", "mistral-window", "gemma",
+                "gemma2"):
         save_file(tensors, os.path.join(d, "model.safetensors"), metadata=meta)
     else:
         names = sorted(tensors)
@@ -353,7 +372,7 @@ def main():
     ap.add_argument("--check-export", metavar="ZINC", help="check `zinc export` (see above)")
     ap.add_argument("--kinds", default="llama,qwen2",
                     help="fixtures to make: llama, qwen2, mistral, qwen3, phi3, olmo2, "
-                         "mistral-window, gemma (comma-separated)")
+                         "mistral-window, gemma, gemma2 (comma-separated)")
     args = ap.parse_args()
     ensure_torch()
     if args.check_export:

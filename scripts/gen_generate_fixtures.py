@@ -10,6 +10,8 @@ by transformers' own generate() on the committed fixture models:
   tiny-olmo2            olmo2, post-norms, full-width q/k norm, bf16 on disk
   tiny-mistral-window   mistral, sliding_window 5: the cache's keys beyond it masked
   tiny-gemma            gemma, (1 + w) norms, GeGLU, scaled embedding, tied, fp32
+  tiny-gemma2           gemma2, four norms, soft-capped scores and logits, a 5-key
+                        window on alternate layers over the cache, tied, fp32
   lora-llama            ft-llama plus the PEFT adapter final-adapter,
                         loaded by peft (unmerged)
 
@@ -112,7 +114,7 @@ def case(name):
 def main():
     names = sys.argv[1:] or ["tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
                              "tiny-phi3", "tiny-olmo2", "tiny-mistral-window",
-                             "tiny-gemma", "lora-llama"]
+                             "tiny-gemma", "tiny-gemma2", "lora-llama"]
     for name in names:
         ref = case(name)
         path = os.path.join(FIX, name, "generate.json")

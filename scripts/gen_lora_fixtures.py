@@ -15,6 +15,9 @@ reproduce from the same base folder and the same initial adapter
               the q/k norm
   lora-mistral  base ../ft-mistral (sliding_window 5 over 12 tokens), r 4,
               alpha 8, the seven projections
+  lora-gemma2  base ../ft-gemma2 (four norms, soft-capped scores and logits,
+              a 5-key window on alternate layers), r 4, alpha 8, the seven
+              projections: o's and down's adapters before the post-norms
   lora-phi3   base ../ft-phi3 (bf16, fused qkv_proj and gate_up_proj), r 4,
               alpha 8, qkv_proj + o_proj + gate_up_proj + down_proj: the
               adapters of the fused projections span q | k | v and gate | up
@@ -97,6 +100,9 @@ FIXTURES = {
     "olmo2": dict(base="ft-olmo2", r=4, alpha=8, targets=TARGETS_ALL, rslora=False, seed=36,
                   data_seed=46),
     # mistral: its windowed attention under every projection's adapter
+    # gemma2: the adapters under the caps, the window and the four norms
+    "gemma2": dict(base="ft-gemma2", r=4, alpha=8, targets=TARGETS_ALL, rslora=False,
+                   seed=38, data_seed=48),
     "mistral": dict(base="ft-mistral", r=4, alpha=8, targets=TARGETS_ALL, rslora=False,
                     seed=37, data_seed=47),
     "phi3": dict(base="ft-phi3", r=4, alpha=8,
@@ -277,7 +283,7 @@ def make(kind, out, torch, transformers, peft):
         "precision": "float32, eager attention, CPU; adapters fp32, base frozen",
         "weights_dtype": {"ft-llama": "bf16", "ft-qwen2": "f16", "ft-qwen3": "bf16",
                           "ft-phi3": "bf16", "ft-olmo2": "bf16",
-                          "ft-mistral": "bf16"}[spec["base"]],
+                          "ft-mistral": "bf16", "ft-gemma2": "bf16"}[spec["base"]],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "steps": steps,
     }

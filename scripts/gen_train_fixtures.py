@@ -26,6 +26,10 @@ Two small decoders with shapes unlike the other fixtures:
             2 layers, hidden 32, MQA 4/1 of head_dim 16, tied, pad id 0, fp32
   ft-mistral  mistral with sliding_window 5 over the 12-token sequences: the
             window's mask trained through, 2 layers, hidden 32, GQA 4/2, bf16
+  ft-gemma2 gemma2 (four norms, query_pre_attn_scalar 24 against head_dim
+            16, the scores capped at 4 and the logits at 2, a 5-key window
+            on layers 0 and 2 of 3 over the 12-token sequences), hidden 32,
+            GQA 4/2, tied, pad id 0, bf16
 For each folder: config.json (transformers' own), the weights,
 train-config.json (the zinc config the test trains with: DeepSpeed's
 optimizer / scheduler / clipping keys and the batch shape), and
@@ -105,6 +109,10 @@ def shapes(kind):
         return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
                     max_position_embeddings=64, hidden_act="silu")
+    if kind == "gemma2":
+        return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
+                    max_position_embeddings=64, hidden_activation="gelu_pytorch_tanh")
     if kind == "gemma":
         return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=1, head_dim=16, vocab_size=128,
@@ -142,7 +150,7 @@ def randomize(model, torch, gen):
             elif "embed_tokens" in name:
                 # tied: the same table makes the logits, keep them O(1)
                 std = 0.3 if model.config.tie_word_embeddings else 1.0
-                if model.config.model_type == "gemma":
+                if model.config.model_type in ("gemma", "gemma2"):
                     std = 0.1  # its rows enter the layers times sqrt(hidden)
                 v = std * torch.randn(p.shape, generator=gen)
             else:
@@ -294,7 +302,8 @@ def noise_and_bounds(torch, init, variants, final64, steps64, extra=None):
 def make(kind, out, torch, transformers, save_file):
     gen = torch.Generator().manual_seed({"llama": 11, "qwen2": 12, "tied": 13, "vocab": 14,
                                      "tiedvocab": 15, "qwen3": 16, "phi3": 17,
-                                     "olmo2": 18, "gemma": 19, "mistral": 20}[kind])
+                                     "olmo2": 18, "gemma": 19, "mistral": 20,
+                                     "gemma2": 31}[kind])
     if kind in ("tied", "tiedvocab"):
         cfg = transformers.LlamaConfig(**shapes(kind), rms_norm_eps=1e-5, tie_word_embeddings=True,
                                        attention_bias=False, rope_theta=500000.0)
@@ -329,6 +338,15 @@ def make(kind, out, torch, transformers, save_file):
                                        bos_token_id=2, eos_token_id=1)
         cls = transformers.GemmaForCausalLM
         disk = torch.float32
+    elif kind == "gemma2":
+        cfg = transformers.Gemma2Config(**shapes(kind), rms_norm_eps=1e-6,
+                                        tie_word_embeddings=True, rope_theta=10000.0,
+                                        attention_bias=False, query_pre_attn_scalar=24,
+                                        attn_logit_softcapping=4.0, final_logit_softcapping=2.0,
+                                        sliding_window=5, pad_token_id=0, bos_token_id=2,
+                                        eos_token_id=1)
+        cls = transformers.Gemma2ForCausalLM
+        disk = torch.bfloat16
     elif kind == "mistral":
         cfg = transformers.MistralConfig(**shapes(kind), rms_norm_eps=1e-5,
                                          tie_word_embeddings=False, rope_theta=1000000.0,
@@ -381,7 +399,7 @@ def make(kind, out, torch, transformers, save_file):
         json.dump(zcfg, f, indent=2)
 
     dseed = {"llama": 21, "qwen2": 22, "tied": 23, "vocab": 24, "tiedvocab": 25, "qwen3": 26,
-             "phi3": 27, "olmo2": 28, "gemma": 29, "mistral": 30}[kind]
+             "phi3": 27, "olmo2": 28, "gemma": 29, "mistral": 30, "gemma2": 32}[kind]
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
     fresh = copy.deepcopy(model)  # the same values, ties kept
 
@@ -411,7 +429,8 @@ def make(kind, out, torch, transformers, save_file):
         "precision": "float32, eager attention, CPU",
         "weights_dtype": {"llama": "bf16", "qwen2": "f16", "tied": "f32", "vocab": "f32",
                           "tiedvocab": "f32", "qwen3": "bf16", "phi3": "bf16",
-                          "olmo2": "bf16", "gemma": "f32", "mistral": "bf16"}[kind],
+                          "olmo2": "bf16", "gemma": "f32", "mistral": "bf16",
+                          "gemma2": "bf16"}[kind],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "float64": f64,
         "noise": noise,
@@ -434,7 +453,7 @@ def check_export(zinc, torch, transformers):
     fx = os.path.join(ROOT, "tests", "fixtures")
     bad = 0
     for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
-                 "olmo2", "gemma", "mistral"):
+                 "olmo2", "gemma", "mistral", "gemma2"):
         src = os.path.join(fx, "ft-" + kind)
         V = json.load(open(os.path.join(src, "config.json")))["vocab_size"]
         with tempfile.TemporaryDirectory() as tmp:
@@ -479,7 +498,7 @@ def main():
     ap.add_argument("--check-export", metavar="ZINC", help="check zinc's fine-tuned exports "
                     "in transformers (see check_export)")
     ap.add_argument("--only", choices=("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
-                 "olmo2", "gemma", "mistral"),
+                 "olmo2", "gemma", "mistral", "gemma2"),
                     help="make this fixture only")
     args = ap.parse_args()
     ensure_torch()
@@ -494,7 +513,7 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)  # one summation order, run to run
     for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
-                 "olmo2", "gemma", "mistral"):
+                 "olmo2", "gemma", "mistral", "gemma2"):
         if not args.only or kind == args.only:
             make(kind, args.out, torch, transformers, save_file)
 

@@ -161,11 +161,17 @@ mkdir -p "$tmp/phi4"
 cp "$src/tests/fixtures/model-configs/phi-4.json" "$tmp/phi4/config.json"
 expect 1 "model +phi3, 14.66B parameters \(40 layers, hidden 5120, heads 40/10" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/phi4" --data synthetic
-# a family not built yet is refused naming what it needs
+# gemma-2-9b-it's (gemma2: four norms a layer, the tied 256000-row table
+# in row parts) with transformers' count
 mkdir -p "$tmp/gemma2"
 cp "$src/tests/fixtures/model-configs/gemma-2-9b-it.json" "$tmp/gemma2/config.json"
-expect 1 "model_type 'gemma2' is not built yet: it needs .*soft-capping" -- \
+expect 0 "model +gemma2, 9.24B parameters \(42 layers, hidden 3584, heads 16/8, vocab 256000" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/gemma2" --data synthetic
+# a family not built yet is refused naming what it needs
+mkdir -p "$tmp/olmo3"
+cp "$src/tests/fixtures/model-configs/Olmo-3.1-32B-Instruct.json" "$tmp/olmo3/config.json"
+expect 1 "model_type 'olmo3' is not built yet: it needs .*sliding-window layers" -- \
+    plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/olmo3" --data synthetic
 
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -736,15 +736,22 @@ static void test_bias(zn_dtype dt)
 }
 
 /* ---- cross-entropy over vocabulary chunks ------------------------------------*/
-typedef struct { int64_t rows, vocab; const int32_t *tg; double gs; } xe_ctx;
+typedef struct { int64_t rows, vocab; const int32_t *tg; double gs, cap; } xe_ctx;
 
-/* y[0] = grad_scale * sum of per-row losses (a scalar), y[1 + r] = loss r */
+/* y[0] = grad_scale * sum of per-row losses (a scalar), y[1 + r] = loss r;
+ * cap > 0: of the logits soft-capped, cap tanh(x / cap) (Gemma 2) */
 static void xe_ref(const double *lg, double *y, const void *cv)
 {
     const xe_ctx *c = cv;
+    double *capped = malloc((size_t)c->vocab * sizeof *capped);
     y[0] = 0;
     for (int64_t r = 0; r < c->rows; r++) {
         const double *x = lg + r * c->vocab;
+        if (c->cap > 0) {
+            for (int64_t j = 0; j < c->vocab; j++)
+                capped[j] = c->cap * tanh(x[j] / c->cap);
+            x = capped;
+        }
         double mx = -INFINITY, s = 0;
         for (int64_t j = 0; j < c->vocab; j++)
             mx = fmax(mx, x[j]);
@@ -754,31 +761,40 @@ static void xe_ref(const double *lg, double *y, const void *cv)
         y[1 + r] = loss;
         y[0] += c->gs * loss;
     }
+    free(capped);
 }
 
-static void test_xent(zn_dtype dt)
+/* cap > 0: the forward over the logits capped by zn_dev_softcap_fwd, the
+ * backward from the raw ones through the cap (the head's Gemma 2 path) */
+static void test_xent(zn_dtype dt, double cap)
 {
     static const int32_t tg[] = { 3, 17, -100, 49, 0, 33 };
     static const int64_t chunk[][2] = { { 0, 16 }, { 16, 16 }, { 32, 16 }, { 48, 2 } };
-    xe_ctx c = { 6, 50, tg, 1.0 / 5.0 };
+    xe_ctx c = { 6, 50, tg, 1.0 / 5.0, cap };
     size_t n = (size_t)(c.rows * c.vocab);
     double *lg = rnd(80, n, 4.0, dt), *ref = malloc((size_t)(c.rows + 1) * 8);
     xe_ref(lg, ref, &c);
-    void *dl = dev_up(lg, n, dt);
+    /* capped: into fp32, as the head caps its fp32 logits */
+    void *dl = dev_up(lg, n, dt), *dc = dl;
+    zn_dtype fdt = cap > 0 ? ZN_DTYPE_F32 : dt;
+    if (cap > 0) {
+        dc = dev_poison(n, fdt);
+        DEV_OK(zn_dev_softcap_fwd(D, S, dl, dt, dc, fdt, (int64_t)n, 1.0f, (float)cap));
+    }
     int32_t *dtg = dev_i32(tg, 6);
     float *m = dev_poison(6, ZN_DTYPE_F32), *s = dev_poison(6, ZN_DTYPE_F32);
     float *t = dev_poison(6, ZN_DTYPE_F32), *lse = dev_poison(6, ZN_DTYPE_F32);
     float *loss = dev_poison(6, ZN_DTYPE_F32), *tot = dev_poison(1, ZN_DTYPE_F32);
     for (int k = 0; k < 4; k++)
-        DEV_OK(zn_dev_xent_fwd_chunk(D, S, (char *)dl + chunk[k][0] * (int64_t)zn_dtype_size(dt),
-                                     dt, c.rows, chunk[k][1], c.vocab, chunk[k][0], dtg, m, s, t,
+        DEV_OK(zn_dev_xent_fwd_chunk(D, S, (char *)dc + chunk[k][0] * (int64_t)zn_dtype_size(fdt),
+                                     fdt, c.rows, chunk[k][1], c.vocab, chunk[k][0], dtg, m, s, t,
                                      k == 0));
     DEV_OK(zn_dev_xent_finish(D, S, m, s, t, dtg, c.rows, lse, loss));
     DEV_OK(zn_dev_sum(D, S, loss, ZN_DTYPE_F32, c.rows, tot, 0));
     double *gl = dev_down(loss, 6, ZN_DTYPE_F32), *gt = dev_down(tot, 1, ZN_DTYPE_F32);
-    CMP("xent loss per row", dt, gl, ref + 1, 6, 1e-5);
+    CMP(cap > 0 ? "xent loss per row, capped" : "xent loss per row", dt, gl, ref + 1, 6, 1e-5);
     double want = ref[0] / c.gs;
-    CMP("xent loss sum", dt, gt, &want, 1, 1e-5);
+    CMP(cap > 0 ? "xent loss sum, capped" : "xent loss sum", dt, gt, &want, 1, 1e-5);
     /* backward: chunk by chunk into a separate buffer, the last chunk in place */
     double *R = calloc((size_t)c.rows + 1, 8), *g = malloc(n * 8);
     R[0] = 1.0;
@@ -788,16 +804,63 @@ static void test_xent(zn_dtype dt)
         size_t off = (size_t)chunk[k][0] * zn_dtype_size(dt);
         void *dst = k == 3 ? (char *)dl + off : (char *)dd + off;
         DEV_OK(zn_dev_xent_bwd_chunk(D, S, (char *)dl + off, dt, c.rows, chunk[k][1], c.vocab,
-                                     chunk[k][0], dtg, lse, (float)c.gs, dst, dt, c.vocab));
+                                     chunk[k][0], dtg, lse, (float)c.gs, (float)cap, dst, dt,
+                                     c.vocab));
     }
     double *gd = dev_down(dd, n, dt), *gin = dev_down(dl, n, dt);
     for (int64_t r = 0; r < c.rows; r++)     /* the in-place chunk came back in dl */
         for (int64_t j = 48; j < 50; j++)
             gd[r * c.vocab + j] = gin[r * c.vocab + j];
-    CMP("xent_bwd_chunk", dt, gd, g, n, tol_bwd(dt));
+    CMP(cap > 0 ? "xent_bwd_chunk, capped" : "xent_bwd_chunk", dt, gd, g, n, tol_bwd(dt));
     free(lg), free(ref), free(gl), free(gt), free(R), free(g), free(gd), free(gin);
     dfree(dl), dfree(dtg), dfree(m), dfree(s), dfree(t), dfree(lse), dfree(loss), dfree(tot);
     dfree(dd);
+    if (dc != dl)
+        dfree(dc);
+}
+
+/* ---- soft-capping ---------------------------------------------------------------*/
+typedef struct { int64_t n; double scale, cap; } sc_ctx;
+
+static void sc_ref(const double *x, double *y, const void *cv)
+{
+    const sc_ctx *c = cv;
+    for (int64_t i = 0; i < c->n; i++)
+        y[i] = c->cap * tanh(x[i] * c->scale / c->cap);
+}
+
+/* y = cap tanh(scale x / cap) against float64, out of place and in place;
+ * the backward from the forward's y against the finite differences, f32
+ * gradients into dt and in place over dy */
+static void test_softcap(zn_dtype dt)
+{
+    sc_ctx c = { 301, 0.25, 1.5 };
+    double *x = rnd(56, (size_t)c.n, 12.0, dt), *R = rnd(57, (size_t)c.n, 1.0, ZN_DTYPE_F32);
+    double *y = malloc((size_t)c.n * 8), *g = malloc((size_t)c.n * 8);
+    sc_ref(x, y, &c);
+    void *dx = dev_up(x, (size_t)c.n, dt), *dy = dev_poison((size_t)c.n, dt);
+    DEV_OK(zn_dev_softcap_fwd(D, S, dx, dt, dy, dt, c.n, (float)c.scale, (float)c.cap));
+    double *got = dev_down(dy, (size_t)c.n, dt);
+    CMP("softcap_fwd", dt, got, y, (size_t)c.n, tol_fwd(dt));
+    fd_grad(sc_ref, &c, x, (size_t)c.n, (size_t)c.n, R, g);
+    float *dR = dev_up(R, (size_t)c.n, ZN_DTYPE_F32);
+    void *dg = dev_poison((size_t)c.n, dt);
+    DEV_OK(zn_dev_softcap_bwd(D, S, dy, dt, dR, ZN_DTYPE_F32, dg, dt, c.n, (float)c.scale,
+                              (float)c.cap));
+    double *gg = dev_down(dg, (size_t)c.n, dt);
+    CMP("softcap_bwd", dt, gg, g, (size_t)c.n, tol_bwd(dt));
+    DEV_OK(zn_dev_softcap_bwd(D, S, dy, dt, dR, ZN_DTYPE_F32, dR, ZN_DTYPE_F32, c.n,
+                              (float)c.scale, (float)c.cap));
+    double *gi = dev_down(dR, (size_t)c.n, ZN_DTYPE_F32);
+    CMP("softcap_bwd in place", dt, gi, g, (size_t)c.n, tol_bwd(dt));
+    DEV_OK(zn_dev_softcap_fwd(D, S, dx, dt, dx, dt, c.n, (float)c.scale, (float)c.cap));
+    double *gx = dev_down(dx, (size_t)c.n, dt);
+    CMP("softcap_fwd in place", dt, gx, got, (size_t)c.n, 0.0);
+    zt_checks++;
+    ZT_CHECK_MSG(zn_dev_softcap_fwd(D, S, dx, dt, dy, dt, c.n, 1.0f, 0.0f) == ZN_EARG,
+                 "[%s] softcap_fwd with cap 0 accepted", BK);
+    free(x), free(R), free(y), free(g), free(got), free(gg), free(gi), free(gx);
+    dfree(dx), dfree(dy), dfree(dR), dfree(dg);
 }
 
 /* ---- reductions ---------------------------------------------------------------*/
@@ -936,7 +999,14 @@ static void test_optimizer(void)
 typedef struct {
     int64_t B, T, nh, nkv, hd, ld, ldo, ldd;
     const int32_t *ks; /* [B*T] or NULL */
+    double cap;        /* the scaled scores soft-capped (0: not) */
+    double scale;      /* 0: 1 / sqrt(hd) */
 } fl_ctx;
+
+static double fl_scale(const fl_ctx *c)
+{
+    return c->scale > 0 ? c->scale : 1.0 / sqrt((double)c->hd);
+}
 
 static int64_t fl_lo_ref(const fl_ctx *c, int64_t b, int64_t t)
 {
@@ -950,8 +1020,9 @@ static void fl_ref(const fl_ctx *c, const double *x, double *out, double *lse,
                    const double *dout, double *dx)
 {
     int64_t T = c->T, hd = c->hd, g = c->nh / c->nkv, qd = c->nh * hd, kvd = c->nkv * hd;
-    double sc = 1.0 / sqrt((double)hd);
+    double sc = fl_scale(c);
     double *P = malloc((size_t)(T * T) * sizeof *P), *dP = malloc((size_t)(T * T) * sizeof *dP);
+    double *G = malloc((size_t)(T * T) * sizeof *G); /* d capped / d scaled */
     if (dx)
         for (int64_t i = 0; i < c->B * T * c->ldd; i++)
             dx[i] = 0;
@@ -966,8 +1037,15 @@ static void fl_ref(const fl_ctx *c, const double *x, double *out, double *lse,
                     double d = 0;
                     for (int64_t e = 0; e < hd; e++)
                         d += X[t * c->ld + h * hd + e] * X[u * c->ld + qd + j * hd + e];
-                    P[t * T + u] = d * sc;
-                    mx = fmax(mx, d * sc);
+                    d *= sc;
+                    G[t * T + u] = 1;
+                    if (c->cap > 0) {
+                        double th = tanh(d / c->cap);
+                        d = c->cap * th;
+                        G[t * T + u] = 1 - th * th;
+                    }
+                    P[t * T + u] = d;
+                    mx = fmax(mx, d);
                 }
                 for (int64_t u = lo; u <= t; u++)
                     sum += exp(P[t * T + u] - mx);
@@ -995,7 +1073,7 @@ static void fl_ref(const fl_ctx *c, const double *x, double *out, double *lse,
                     rs += P[t * T + u] * d;
                 }
                 for (int64_t u = 0; u < T; u++)
-                    dP[t * T + u] = P[t * T + u] * (dP[t * T + u] - rs) * sc; /* dS */
+                    dP[t * T + u] = P[t * T + u] * (dP[t * T + u] - rs) * sc * G[t * T + u];
             }
             for (int64_t t = 0; t < T; t++)
                 for (int64_t u = 0; u < T; u++) {
@@ -1011,6 +1089,7 @@ static void fl_ref(const fl_ctx *c, const double *x, double *out, double *lse,
         }
     free(P);
     free(dP);
+    free(G);
 }
 
 /* The reference's forward as a function of qkv, for a finite-difference
@@ -1035,9 +1114,9 @@ static void test_flash_case(zn_dtype dt, fl_ctx c, uint64_t seed)
     void *dOut = dev_poison(no, dt), *dDx = dev_poison(nd, dt);
     float *dL = dev_poison((size_t)st, ZN_DTYPE_F32), *dD = dev_poison((size_t)st, ZN_DTYPE_F32);
     int32_t *dks = c.ks ? dev_i32(c.ks, (size_t)N) : NULL;
-    float sc = 1.0f / sqrtf((float)c.hd);
-    DEV_OK(zn_dev_flash_attn_fwd(D, S, dX, dt, c.ld, c.B, c.T, c.nh, c.nkv, c.hd, dks, sc, dOut,
-                                 c.ldo, dL));
+    float sc = c.scale > 0 ? (float)c.scale : 1.0f / sqrtf((float)c.hd);
+    DEV_OK(zn_dev_flash_attn_fwd(D, S, dX, dt, c.ld, c.B, c.T, c.nh, c.nkv, c.hd, dks, sc,
+                                 (float)c.cap, dOut, c.ldo, dL));
     double *got = dev_down(dOut, no, dt), *gl = dev_down(dL, (size_t)st, ZN_DTYPE_F32);
     /* only the written columns: the gaps of ldo > qd stay NaN */
     for (int64_t i = 0; i < N; i++)
@@ -1046,8 +1125,8 @@ static void test_flash_case(zn_dtype dt, fl_ctx c, uint64_t seed)
     CMP("flash_attn_fwd out", dt, got, out, no, tol_fwd(dt));
     CMP("flash_attn_fwd lse", dt, gl, lse, (size_t)st, tol_fwd(dt));
     /* the backward takes the forward's own out and lse */
-    DEV_OK(zn_dev_flash_attn_bwd(D, S, dX, dt, c.ld, c.B, c.T, c.nh, c.nkv, c.hd, dks, sc, dOut,
-                                 dO, c.ldo, dL, dD, dDx, c.ldd));
+    DEV_OK(zn_dev_flash_attn_bwd(D, S, dX, dt, c.ld, c.B, c.T, c.nh, c.nkv, c.hd, dks, sc,
+                                 (float)c.cap, dOut, dO, c.ldo, dL, dD, dDx, c.ldd));
     double *gd = dev_down(dDx, nd, dt);
     int64_t cols = (c.nh + 2 * c.nkv) * c.hd;
     for (int64_t i = 0; i < N; i++)
@@ -1079,7 +1158,7 @@ static void test_flash(zn_dtype dt)
         void *x = dev_poison(64, dt), *o = dev_poison(64, dt);
         float *l = dev_poison(8, ZN_DTYPE_F32);
         zt_checks++;
-        int rc = zn_dev_flash_attn_fwd(D, S, x, dt, 12, 1, 2, 2, 1, 4, NULL, 0.5f, o, 8, l);
+        int rc = zn_dev_flash_attn_fwd(D, S, x, dt, 12, 1, 2, 2, 1, 4, NULL, 0.5f, 0.0f, o, 8, l);
         ZT_CHECK_MSG(rc == ZN_EUNSUPPORTED, "[%s] f32 fused attention on CUDA: rc %d", BK, rc);
         dfree(x);
         dfree(o);
@@ -1087,9 +1166,9 @@ static void test_flash(zn_dtype dt)
         return;
     }
     /* the reference's backward against its forward's finite differences */
-    if (dt == ZN_DTYPE_F32) {
+    for (int capped = 0; capped < 2 && dt == ZN_DTYPE_F32; capped++) {
         int32_t ks5[5] = { 0, 0, 2, 2, 2 };
-        fl_ctx c = { 1, 5, 2, 1, 4, 16, 8, 16, ks5 };
+        fl_ctx c = { 1, 5, 2, 1, 4, 16, 8, 16, ks5, capped ? 0.4 : 0.0, capped ? 0.3 : 0.0 };
         size_t nx = 5 * 16, no = 5 * 8;
         double *x = rnd(91, nx, 1.0, dt), *R = rnd(92, no, 1.0, dt);
         double *y = calloc(no, sizeof *y), *lse = malloc(10 * sizeof *lse);
@@ -1105,7 +1184,7 @@ static void test_flash(zn_dtype dt)
         free(fd);
     }
     /* several tiles, GQA (2 heads per kv head) */
-    fl_ctx a = { 2, 70, 4, 2, 8, 64, 32, 64, NULL };
+    fl_ctx a = { 2, 70, 4, 2, 8, 64, 32, 64, NULL, 0.0, 0.0 };
     test_flash_case(dt, a, 11);
     /* head_dim 24 (not a multiple of 16), packed documents [0,40) [40,41)
      * [41,100) [100,130) (the last starts past a tile: tiles before it are
@@ -1113,19 +1192,31 @@ static void test_flash(zn_dtype dt)
     int32_t *ks = malloc(130 * sizeof *ks);
     for (int t = 0; t < 130; t++)
         ks[t] = t < 40 ? 0 : t == 40 ? 40 : t < 100 ? 41 : 100;
-    fl_ctx b = { 1, 130, 2, 1, 24, 4 * 24 + 5, 2 * 24 + 3, 4 * 24 + 2, ks };
+    fl_ctx b = { 1, 130, 2, 1, 24, 4 * 24 + 5, 2 * 24 + 3, 4 * 24 + 2, ks, 0.0, 0.0 };
     test_flash_case(dt, b, 23);
     free(ks);
     /* no GQA, a short sequence, head_dim 6 */
-    fl_ctx c3 = { 3, 9, 3, 3, 6, 54, 18, 54, NULL };
+    fl_ctx c3 = { 3, 9, 3, 3, 6, 54, 18, 54, NULL, 0.0, 0.0 };
     test_flash_case(dt, c3, 37);
     /* the shapes that train: head_dim 128 (Llama, Qwen2.5 7B/14B; the
      * kernels' largest shared-memory footprint) with 4 heads per kv head,
      * and head_dim 64 (Qwen2.5-0.5B) */
-    fl_ctx c4 = { 1, 200, 4, 1, 128, 6 * 128, 4 * 128, 6 * 128, NULL };
+    fl_ctx c4 = { 1, 200, 4, 1, 128, 6 * 128, 4 * 128, 6 * 128, NULL, 0.0, 0.0 };
     test_flash_case(dt, c4, 41);
-    fl_ctx c5 = { 2, 100, 2, 2, 64, 6 * 64, 2 * 64, 6 * 64, NULL };
+    fl_ctx c5 = { 2, 100, 2, 2, 64, 6 * 64, 2 * 64, 6 * 64, NULL, 0.0, 0.0 };
     test_flash_case(dt, c5, 43);
+    /* Gemma 2's soft-capping (a cap the scores reach, another scale) over
+     * b's packed documents, and with GQA over several tiles */
+    ks = malloc(130 * sizeof *ks);
+    for (int t = 0; t < 130; t++)
+        ks[t] = t < 40 ? 0 : t == 40 ? 40 : t < 100 ? 41 : 100;
+    b.ks = ks;
+    b.cap = 1.0;
+    b.scale = 0.3;
+    test_flash_case(dt, b, 29);
+    free(ks);
+    a.cap = 0.8;
+    test_flash_case(dt, a, 31);
 }
 
 /* The step with compressed moments (zn_dev_adam_mom) against the CPU's
@@ -1399,9 +1490,11 @@ static int run_backend(const char *name)
         test_dropout(dt);
         test_elementwise(dt);
         test_bias(dt);
-        test_xent(dt);
+        test_xent(dt, 0.0);
+        test_xent(dt, 3.0); /* Gemma 2's final_logit_softcapping */
         test_reduce(dt);
         test_flash(dt);
+        test_softcap(dt);
     }
     test_cast();
     test_optimizer();

@@ -841,6 +841,7 @@ int main(void)
     run_model(dev, "tiny-olmo2");    /* post-norms, full-width q/k norm */
     run_model(dev, "tiny-mistral-window"); /* the window over the KV cache */
     run_model(dev, "tiny-gemma");    /* (1 + w) norms, GeGLU, scaled embedding */
+    run_model(dev, "tiny-gemma2");   /* four norms, soft-caps, windows on alternate layers */
     run_model(dev, "lora-llama");
     bad_input(dev);
     prefix_reuse(dev);

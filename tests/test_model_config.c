@@ -76,7 +76,7 @@ int main(void)
     check_count("model-configs/Qwen3-8B.json", 8190735360ull);
     check_count("model-configs/Qwen3-14B.json", 14768307200ull);
     check_refused("model-configs/Qwen3-30B-A3B.json", "qwen3_moe", "mixture-of-experts");
-    check_refused("model-configs/gemma-2-9b-it.json", "gemma2", "soft-capping");
+    check_count("model-configs/gemma-2-9b-it.json", 9241705984ull);
     check_count("model-configs/phi-4.json", 14659507200ull);
     check_refused("model-configs/Olmo-3.1-32B-Instruct.json", "olmo3", "sliding-window layers");
     check_refused("model-configs/Qwen3.5-9B.json", "qwen3_5", "linear-attention");
@@ -105,7 +105,7 @@ int main(void)
     /* a model_type nobody knows */
     ZT_EQ_INT(parse("{" BASE_OTHER "}", &d), ZN_EUNSUPPORTED);
     ZT_CONTAINS(zn_last_error(), "model_type 'bert' is not a family zinc knows (it trains llama, "
-                                 "qwen2, mistral, qwen3, gemma, phi3, olmo2)");
+                                 "qwen2, mistral, qwen3, gemma, gemma2, phi3, olmo2)");
 
     /* Qwen3: head_dim 128 when config.json leaves it out (Qwen3-8B's does;
      * Qwen3Config's default, whatever hidden_size / heads is), the per-head
@@ -144,6 +144,49 @@ int main(void)
                     "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320,"
                     "\"hidden_act\":\"gelu\"}", &d), ZN_EUNSUPPORTED);
     ZT_CONTAINS(zn_last_error(), "'gelu' is not supported (gemma computes 'gelu_pytorch_tanh')");
+
+    /* Gemma 2: gemma's pieces, the four norms, query_pre_attn_scalar, the
+     * two soft-caps and windows on every other layer from layer 0
+     * (Gemma2Config's default layer_types); other patterns of layer_types
+     * read as written, irregular ones, a null window, bidirectional
+     * attention and attention dropout refused by name */
+    ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("model-configs/gemma-2-9b-it.json")), 0);
+    ZT_EQ_INT(d.arch, ZN_ARCH_GEMMA2);
+    ZT_EQ_INT(d.post_norm, 2);
+    ZT_EQ_INT(d.gemma_norm + d.gelu_mlp + d.embed_scaled + d.tie_embeddings, 4);
+    ZT_CHECK(d.attn_scalar == 224 && d.attn_softcap == 50 && d.final_softcap == 30);
+    ZT_EQ_INT(d.sliding_window, 4096);
+    ZT_EQ_INT(d.head_dim, 256);
+    ZT_EQ_INT(zn_model_layer_slides(&d, 0), 1);
+    ZT_EQ_INT(zn_model_layer_slides(&d, 1), 0);
+    ZT_EQ_INT(zn_model_layer_slides(&d, 40), 1);
+    ZT_CHECK(!strcmp(zn_model_arch_class(ZN_ARCH_GEMMA2), "Gemma2ForCausalLM"));
+#define G2 "\"model_type\":\"gemma2\",\"hidden_size\":64,\"num_hidden_layers\":4," \
+           "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320"
+    ZT_EQ_INT(parse("{" G2 ",\"attn_logit_softcapping\":null,\"layer_types\":[\"sliding_attention\","
+                    "\"sliding_attention\",\"full_attention\",\"sliding_attention\"]}", &d), 0);
+    ZT_CHECK(d.attn_softcap == 0 && d.final_softcap == 30 && d.attn_scalar == 256);
+    ZT_EQ_INT(d.full_every, 3);
+    ZT_EQ_INT(zn_model_layer_slides(&d, 2) + 2 * zn_model_layer_slides(&d, 3), 2);
+    ZT_EQ_INT(parse("{" G2 ",\"layer_types\":[\"full_attention\",\"full_attention\","
+                    "\"full_attention\",\"full_attention\"]}", &d), 0);
+    ZT_EQ_INT(zn_model_layer_slides(&d, 0) + zn_model_layer_slides(&d, 3), 0);
+    ZT_EQ_INT(parse("{" G2 ",\"layer_types\":[\"sliding_attention\",\"full_attention\","
+                    "\"full_attention\",\"sliding_attention\"]}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "layer_types[2] is not \"sliding_attention\"");
+    ZT_EQ_INT(parse("{" G2 ",\"layer_types\":[\"full_attention\"]}", &d), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "num_hidden_layers (4)");
+    ZT_EQ_INT(parse("{" G2 ",\"sliding_window\":null}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "sliding_window null");
+    ZT_EQ_INT(parse("{" G2 ",\"use_bidirectional_attention\":true}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "use_bidirectional_attention");
+    ZT_EQ_INT(parse("{" G2 ",\"attention_dropout\":0.1}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "attention_dropout");
+    ZT_EQ_INT(parse("{" G2 ",\"final_logit_softcapping\":-1}", &d), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "final_logit_softcapping");
+    ZT_EQ_INT(parse("{" G2 ",\"query_pre_attn_scalar\":0}", &d), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "query_pre_attn_scalar");
+#undef G2
 
     /* phi3 (phi-4): q, k, v in one qkv_proj and gate, up in one
      * gate_up_proj, as zinc's own tensors; a rotary share below 1
@@ -348,6 +391,11 @@ int main(void)
     ZT_CONTAINS(mtext, "\"MistralForCausalLM\"");
     ZT_CONTAINS(mtext, "\"model_type\": \"mistral\"");
     ZT_CONTAINS(mtext, "\"sliding_window\": 64");
+    /* gemma2: the scalar, the caps and the layer pattern come back */
+    ZT_EQ_INT(zn_model_dims_from_hf(&a, zt_fixture("model-configs/gemma-2-9b-it.json")), 0);
+    ZT_EQ_INT(zn_model_dims_write_hf(&a, path), 0);
+    ZT_EQ_INT(zn_model_dims_from_hf(&b, path), 0);
+    ZT_CHECK(memcmp(&a, &b, sizeof a) == 0);
     unlink(path);
     rmdir(tmpl);
 

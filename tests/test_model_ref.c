@@ -78,10 +78,12 @@ int main(void)
      * heads x head_dim wider than hidden; tiny-phi3: q, k, v and gate, up
      * as row blocks of the fused tensors; tiny-olmo2: post-norms and the
      * full-width q/k norm; tiny-mistral-window: a 5-key sliding window over
-     * 16-token sequences */
+     * 16-token sequences; tiny-gemma2: four norms a layer, the scores and
+     * the logits soft-capped, query_pre_attn_scalar, the window on layers
+     * 0 and 2 of 4 */
     const char *fixtures[] = { "tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
                                "tiny-phi3", "tiny-olmo2", "tiny-mistral-window",
-                               "tiny-gemma" };
+                               "tiny-gemma", "tiny-gemma2" };
     for (int f = 0; f < (int)(sizeof fixtures / sizeof fixtures[0]); f++) {
         ref_result r1, r2, r3;
         float *g1 = NULL, *g2 = NULL;

@@ -779,6 +779,9 @@ int main(int argc, char **argv)
     /* mistral with a 5-key window over 12-token sequences: the mask trained
      * through */
     fixture("ft-mistral");
+    /* gemma2: four norms, soft-capped scores and logits, the window on
+     * layers 0 and 2 of 3 */
+    fixture("ft-gemma2");
     /* LoRA on a frozen base (lora_B nonzero from the start, so both adapter
      * gradients count), every placement of the base */
     fixture("lora-llama");
@@ -787,6 +790,7 @@ int main(int argc, char **argv)
     fixture("lora-phi3");  /* qkv_proj and gate_up_proj adapters on the fused tensors */
     fixture("lora-olmo2"); /* q/k adapters before the q/k norm, o/down before the post-norms */
     fixture("lora-mistral"); /* the windowed attention under every adapter */
+    fixture("lora-gemma2");  /* under the caps, the alternating window, the four norms */
     /* lora_dropout 0.2 with zinc's masks on PEFT's side; eval without */
     fixture("lora-dropout");
     tn_rmdir();

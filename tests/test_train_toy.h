@@ -161,7 +161,8 @@ static int toy_backward(void *ctx, zn_stream *s, int b, void *params, const void
     if (b == t->n_mid + 1) {
         TOY_TRY(toy_head_logits(t, s, params, in));
         TOY_TRY(zn_dev_xent_bwd_chunk(d, s, t->logits, ZN_DTYPE_F32, N, V, V, 0, t->targets,
-                                      t->lse, t->loss_scale, t->logits, ZN_DTYPE_F32, V));
+                                      t->lse, t->loss_scale, 0.0f, t->logits, ZN_DTYPE_F32,
+                                      V));
         /* dW[V][H] += dlogits^T x ; dx = dlogits W */
         TOY_TRY(zn_dev_gemm(d, s, ZN_TRANS, ZN_NOTRANS, V, H, N, 1.0f, t->logits, ZN_DTYPE_F32,
                             V, in, t->dt, H, 1.0f, dparams, ZN_DTYPE_F32, H));

@@ -465,13 +465,16 @@ ZN_API int zn_dev_softmax_causal_bwd(zn_dev *d, zn_stream *s, const void *P, zn_
  *   lse[(b*n_heads + h)*seq + t] = log sum exp of the scaled scores (fp32),
  * kept for the backward. Keys go in tiles with a running maximum and sum
  * (online softmax); the probabilities meet V rounded to dt, as a 16-bit
- * tensor-core product takes them. head_dim <= 128. On CUDA: bf16 only
+ * tensor-core product takes them. softcap > 0 (Gemma 2's
+ * attn_logit_softcapping) makes each scaled score s softcap tanh(s /
+ * softcap) before the mask and the softmax, in both directions (0: none).
+ * head_dim <= 128. On CUDA: bf16 only
  * (tensor cores; f32 is refused: use the GEMM attention); on the host
  * backend f32 and bf16 (the C reference, tiles through OpenBLAS). */
 ZN_API int zn_dev_flash_attn_fwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt,
                                  int64_t ld, int64_t batch, int64_t seq, int64_t n_heads,
                                  int64_t n_kv_heads, int64_t head_dim, const int32_t *key_start,
-                                 float scale, void *out, int64_t ldo, float *lse);
+                                 float scale, float softcap, void *out, int64_t ldo, float *lse);
 /* Its backward: from out, dout (both leading dimension ldo) and lse of the
  * forward, writes dq, dk, dv into dqkv (qkv's layout, leading dimension
  * ldd, dtype dt; every q/k/v column of every row is written, nothing is
@@ -483,8 +486,9 @@ ZN_API int zn_dev_flash_attn_fwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dt
 ZN_API int zn_dev_flash_attn_bwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt,
                                  int64_t ld, int64_t batch, int64_t seq, int64_t n_heads,
                                  int64_t n_kv_heads, int64_t head_dim, const int32_t *key_start,
-                                 float scale, const void *out, const void *dout, int64_t ldo,
-                                 const float *lse, float *delta, void *dqkv, int64_t ldd);
+                                 float scale, float softcap, const void *out, const void *dout,
+                                 int64_t ldo, const float *lse, float *delta, void *dqkv,
+                                 int64_t ldd);
 /* The largest head_dim the fused attention takes. */
 #define ZN_FLASH_MAX_HEAD_DIM 128
 
@@ -569,11 +573,26 @@ ZN_API int zn_dev_xent_finish(zn_dev *d, zn_stream *s, const float *run_max,
                               float *loss);
 /* dlogits = grad_scale * (exp(logit - lse) - onehot(target)) for the chunk
  * (0 for ignored rows); grad_scale is typically 1/(number of target tokens).
+ * softcap > 0: `logits` are the raw ones whose capped values c = softcap
+ * tanh(logit / softcap) (zn_dev_softcap_fwd, scale 1) the forward took,
+ * and dlogits = grad_scale (exp(c - lse) - onehot) (1 - (c / softcap)^2),
+ * the gradient of the raw logits (Gemma 2's final_logit_softcapping).
  * dlogits may alias logits (same dtype and ld). */
 ZN_API int zn_dev_xent_bwd_chunk(zn_dev *d, zn_stream *s, const void *logits, zn_dtype dt,
                                  int64_t rows, int64_t cols, int64_t ld, int64_t v0,
                                  const int32_t *targets, const float *lse, float grad_scale,
-                                 void *dlogits, zn_dtype dlogits_dt, int64_t ld_d);
+                                 float softcap, void *dlogits, zn_dtype dlogits_dt, int64_t ld_d);
+
+/* Soft-capping (Gemma 2's attention scores and final logits), elementwise
+ * over n: y = cap tanh(scale x / cap) (scale x / cap rounded to fp32 as
+ * transformers' (x * scale) / cap is), fp32 math, y may alias x (same
+ * dtype). The backward takes the forward's y and its gradient dy: dx =
+ * scale dy (1 - (y / cap)^2); dx may alias dy (same dtype). cap > 0. */
+ZN_API int zn_dev_softcap_fwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, void *y,
+                              zn_dtype y_dt, int64_t n, float scale, float cap);
+ZN_API int zn_dev_softcap_bwd(zn_dev *d, zn_stream *s, const void *y, zn_dtype y_dt,
+                              const void *dy, zn_dtype dy_dt, void *dx, zn_dtype dx_dt, int64_t n,
+                              float scale, float cap);
 
 /* Reductions into one device float: *out = sum x[i]^2 (sumsq) or sum x[i]
  * (sum); with accumulate != 0, *out += instead (e.g. a grad norm over many

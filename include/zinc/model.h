@@ -23,6 +23,8 @@ typedef enum {
     ZN_ARCH_PHI3 = 5,  /* model_type "phi3": Phi-3, phi-4 (qkv_proj, gate_up_proj fused) */
     ZN_ARCH_OLMO2 = 6, /* model_type "olmo2": OLMo 2 (post-norms, full-width q/k norm) */
     ZN_ARCH_GEMMA = 7, /* model_type "gemma": Gemma (1 + w norms, GeGLU, scaled embedding) */
+    ZN_ARCH_GEMMA2 = 8, /* model_type "gemma2": Gemma 2 (Gemma's pieces, four norms a layer,
+                           soft-capping, sliding windows on alternate layers) */
 } zn_model_arch;
 
 /* The families (src/model/family.c). zn_model_family_lookup: the arch of a
@@ -122,21 +124,32 @@ typedef struct {
                               (self_attn.q_norm, k_norm): 1 over head_dim on
                               each head (qwen3), 2 over the whole projection
                               (olmo2) */
-    int post_norm;         /* olmo2: no norm before attention or the MLP; their
-                              outputs are normed (post_attention_layernorm,
-                              post_feedforward_layernorm) before the residual */
+    int post_norm;         /* the attention's and the MLP's outputs are normed
+                              (post_attention_layernorm, post_feedforward_layernorm)
+                              before the residual: 1 with no norm before them
+                              (olmo2), 2 beside the input_layernorm and
+                              pre_feedforward_layernorm before them (gemma2) */
     int has_pad;           /* pad_token_id is set: transformers' nn.Embedding takes it
                               as padding_idx, so that row's lookup passes no gradient */
     int64_t pad_id;        /* with has_pad: pad_token_id, in [0, vocab) */
-    int gemma_norm;        /* gemma: every RMSNorm scales by (1 + w), w stored as is */
-    int gelu_mlp;          /* gemma: the MLP's gate is tanh GELU (GeGLU), not silu */
-    int embed_scaled;      /* gemma: the embedding's rows times sqrt(hidden_size), in
+    int gemma_norm;        /* gemma, gemma2: every RMSNorm scales by (1 + w), w stored as is */
+    int gelu_mlp;          /* gemma, gemma2: the MLP's gate is tanh GELU (GeGLU), not silu */
+    int embed_scaled;      /* gemma, gemma2: the embedding's rows times sqrt(hidden_size), in
                               the compute type */
     int fused_proj;        /* phi3: q, k, v are one tensor (self_attn.qkv_proj, rows
                               q | k | v) and gate, up another (mlp.gate_up_proj,
                               rows gate | up), as on disk and in PEFT */
-    int64_t sliding_window;/* mistral, phi3: a query sees only the last
+    int64_t sliding_window;/* mistral, phi3, gemma2: a query sees only the last
                               sliding_window keys, itself included (0: none) */
+    int64_t full_every;    /* gemma2's layer_types: 0, every layer alike; k >= 1,
+                              layer l attends fully when l % k == k - 1 and the
+                              others slide (k 1: none slides; zn_model_layer_slides) */
+    double attn_scalar;    /* gemma2: query_pre_attn_scalar, the scores scaled by
+                              its -1/2 power (0: head_dim's) */
+    double attn_softcap;   /* gemma2: attn_logit_softcapping, the scaled scores
+                              become cap tanh(s / cap) before the mask (0: none) */
+    double final_softcap;  /* gemma2: final_logit_softcapping, the logits likewise
+                              (0: none) */
     zn_lora lora;          /* adapters (not part of config.json); r 0: none */
 } zn_model_dims;
 
@@ -154,6 +167,8 @@ ZN_API void zn_model_dims_default(zn_model_dims *d);
  * n_kv_heads, even head_dim, finite positive theta and eps, ...).
  * Returns 0 or ZN_ECONFIG with a message naming the field. */
 ZN_API int zn_model_dims_validate(const zn_model_dims *d);
+/* Whether layer `layer` (0-based) attends within the sliding window. */
+ZN_API int zn_model_layer_slides(const zn_model_dims *d, int64_t layer);
 /* Whether sequences of `seq` tokens compute as the family does (0; a
  * sliding window shorter than them masks the keys before it), ZN_EARG for
  * sizes out of range. */
@@ -489,9 +504,9 @@ ZN_API int zn_model_head_bwd_part(zn_model *m, zn_stream *s, int part, const voi
                                   const void *W, const void *x_in, void *dx, float *dnorm,
                                   float *dW);
 /* Logits of rows [row0, row0 + nrows) of the batch (row = b * seq + t),
- * all vocabulary columns, as fp32 into device memory out[nrows][vocab].
- * For tests and eval. It reuses the head's saved state: run head_fwd again
- * before a head_bwd. */
+ * all vocabulary columns (soft-capped where the family caps them: Gemma 2),
+ * as fp32 into device memory out[nrows][vocab]. For tests and eval. It
+ * reuses the head's saved state: run head_fwd again before a head_bwd. */
 ZN_API int zn_model_head_logits(zn_model *m, zn_stream *s, void *const *params,
                                 const void *x_in, int64_t row0, int64_t nrows, float *out);
 /* Waits for `s` and returns the loss of the last head_fwd. */

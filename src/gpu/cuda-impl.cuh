@@ -61,6 +61,12 @@ __device__ __forceinline__ void stv(void *p, int dt, int64_t i, float v)
         ((uint16_t *)p)[i] = f2bf(v);
 }
 
+// Soft-capping (Gemma 2): cap tanh(scale x / cap), host_kernels.c's softcapf.
+__device__ __forceinline__ float softcapf(float x, float scale, float cap)
+{
+    return cap * tanhf(x * scale / cap);
+}
+
 struct SumOp {
     __device__ float operator()(float a, float b) const { return a + b; }
 };

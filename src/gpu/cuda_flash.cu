@@ -34,6 +34,7 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FlAcc;
 
 struct FlArgs {
     const uint16_t *qkv; int64_t ld, B, T, nh, nkv, hd; const int32_t *ks; float scale;
+    float cap; // the scaled scores soft-capped, cap tanh(s / cap) (0: not)
     uint16_t *out; const uint16_t *dout; int64_t ldo; float *lse, *delta;
     uint16_t *dqkv; int64_t ldd;
 };
@@ -77,6 +78,21 @@ __device__ void fl_load_kv(uint16_t *sK, uint16_t *sV, int lds, const uint16_t *
 {
     fl_load(sK, lds, x, a.ld, (a.nh + j) * a.hd, k0, rows, a.T, (int)a.hd, hdp);
     fl_load(sV, lds, x, a.ld, (a.nh + a.nkv + j) * a.hd, k0, rows, a.T, (int)a.hd, hdp);
+}
+
+// A raw score's softmax input (scaled, capped when a.cap > 0) and, for the
+// backward, d(input)/d(raw) / scale, 1 - tanh^2 (1 without a cap).
+__device__ __forceinline__ float fl_score(float raw, const FlArgs &a, float *grad)
+{
+    float v = raw * a.scale;
+    if (a.cap > 0.0f) {
+        v = softcapf(v, 1.0f, a.cap);
+        float t = v / a.cap;
+        *grad = 1.0f - t * t;
+    } else {
+        *grad = 1.0f;
+    }
+    return v;
 }
 
 // Whether query t sees key k (both within the sequence).
@@ -305,7 +321,8 @@ __global__ void __launch_bounds__(128) k_flash_fwd(FlArgs a, int hdp)
         for (int r = w0; r < w0 + 16; r++) {
             int64_t t = q0 + r, k = k0 + lane;
             bool ok = fl_sees(ks, T, t, k);
-            float sv = ok ? sS[r * LS + lane] * a.scale : -INFINITY;
+            float gr;
+            float sv = ok ? fl_score(sS[r * LS + lane], a, &gr) : -INFINITY;
             float mo = sM[r], mn = fmaxf(mo, warp_all(sv, MaxOp())), p = 0.0f, alpha = 1.0f;
             if (mn != -INFINITY) {
                 alpha = expf(mo - mn);
@@ -403,9 +420,11 @@ __global__ void __launch_bounds__(64) k_flash_bwd_kv(FlArgs a, int hdp)
             for (int r = w0; r < w0 + 16; r++) {
                 int64_t k = k0 + r, t = q0 + lane;
                 bool ok = fl_sees(ks, T, t, k);
-                float p = ok ? expf(sST[r * LS + lane] * a.scale - sLse[lane]) : 0.0f;
+                float gr, sv = fl_score(sST[r * LS + lane], a, &gr);
+                float p = ok ? expf(sv - sLse[lane]) : 0.0f;
+                float ds = p * (sdPT[r * LS + lane] - sD[lane]) * a.scale;
                 sPT[r * LP + lane] = f2bf(p);
-                sdST[r * LP + lane] = f2bf(p * (sdPT[r * LS + lane] - sD[lane]) * a.scale);
+                sdST[r * LP + lane] = f2bf(a.cap > 0.0f ? ds * gr : ds);
             }
             __syncwarp();
             fl_mm_acc(sdV + w0 * LO, LO, sPT + w0 * LP, LP, sdO, LQ, hdp);
@@ -452,8 +471,10 @@ __global__ void __launch_bounds__(64) k_flash_bwd_q(FlArgs a, int hdp)
         for (int r = w0; r < w0 + 16; r++) {
             int64_t t = q0 + r, k = k0 + lane;
             bool ok = fl_sees(ks, T, t, k);
-            float p = ok ? expf(sS[r * LS + lane] * a.scale - sLse[r]) : 0.0f;
-            sdS[r * LP + lane] = f2bf(p * (sdP[r * LS + lane] - sD[r]) * a.scale);
+            float gr, sv = fl_score(sS[r * LS + lane], a, &gr);
+            float p = ok ? expf(sv - sLse[r]) : 0.0f;
+            float ds = p * (sdP[r * LS + lane] - sD[r]) * a.scale;
+            sdS[r * LP + lane] = f2bf(a.cap > 0.0f ? ds * gr : ds);
         }
         __syncwarp();
         fl_mm_acc(sdQ + w0 * LO, LO, sdS + w0 * LP, LP, sK, LQ, hdp);
@@ -483,7 +504,8 @@ cudaError_t zn_cuda_run_flash(const zn_op *op, cudaStream_t st, const char **wha
 {
     const auto &fl = op->u.flash;
     const FlArgs a = { (const uint16_t *)fl.qkv, fl.ld, fl.batch, fl.seq, fl.nh, fl.nkv, fl.hd,
-                       fl.key_start, fl.scale, (uint16_t *)fl.out, (const uint16_t *)fl.dout,
+                       fl.key_start, fl.scale, fl.softcap, (uint16_t *)fl.out,
+                       (const uint16_t *)fl.dout,
                        fl.ldo, fl.lse, fl.delta, (uint16_t *)fl.dqkv, fl.ldd };
     *what = "fused attention (sizes)";
     if (fl.dt != ZN_DTYPE_BF16 || a.hd > ZN_FLASH_MAX_HEAD_DIM || a.B > 65535 || a.nh > 65535 ||

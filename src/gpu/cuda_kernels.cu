@@ -555,6 +555,8 @@ extern "C" int zn_cuda_run_kernel(const zn_op *op, void *stream, float *scratch,
     case ZN_OPK_XENT_FWD:
     case ZN_OPK_XENT_FINISH:
     case ZN_OPK_XENT_BWD:
+    case ZN_OPK_SOFTCAP_FWD:
+    case ZN_OPK_SOFTCAP_BWD:
         return (int)zn_cuda_run_nn(op, st, scratch, what);
     case ZN_OPK_FLASH_FWD:
     case ZN_OPK_FLASH_BWD:

@@ -259,18 +259,37 @@ __global__ void k_xent_finish(const float *m, const float *s, const float *tgt,
 
 __global__ void k_xent_bwd(const void *logits, int dt, int64_t rows, int64_t cols, int64_t ld,
                            int64_t v0, const int32_t *targets, const float *lse, float gs,
-                           void *dl, int ddt, int64_t ldd)
+                           void *dl, int ddt, int64_t ldd, float cap)
 {
     GRID_STRIDE(i, rows * cols)
     {
         int64_t r = i / cols, j = i % cols;
         int64_t t = targets[r];
         float g = 0.0f;
-        if (t >= 0) {
+        if (t >= 0 && cap > 0.0f) { // through c = cap tanh(x / cap)
+            float c = softcapf(ldv(logits, dt, r * ld + j), 1.0f, cap), tc = c / cap;
+            g = gs * (expf(c - lse[r]) - (v0 + j == t ? 1.0f : 0.0f)) * (1.0f - tc * tc);
+        } else if (t >= 0) {
             float p = expf(ldv(logits, dt, r * ld + j) - lse[r]);
             g = gs * (p - (v0 + j == t ? 1.0f : 0.0f));
         }
         stv(dl, ddt, r * ldd + j, g);
+    }
+}
+
+// fwd: y = cap tanh(scale x / cap); bwd (x the forward's y): y = scale dy (1 - (x / cap)^2)
+__global__ void k_softcap(const void *x, int xdt, const void *dy, int dydt, void *y, int ydt,
+                          int64_t n, float scale, float cap, int bwd)
+{
+    GRID_STRIDE(i, n)
+    {
+        float v = ldv(x, xdt, i);
+        if (bwd) {
+            float t = v / cap;
+            stv(y, ydt, i, scale * ldv(dy, dydt, i) * (1.0f - t * t));
+        } else {
+            stv(y, ydt, i, softcapf(v, scale, cap));
+        }
     }
 }
 
@@ -360,7 +379,14 @@ cudaError_t zn_cuda_run_nn(const zn_op *op, cudaStream_t st, float *scratch, con
         return launch(what, "k_xent_bwd", k_xent_bwd, grid_for(xent.rows * xent.cols), st,
                       xent.logits, xent.dt, xent.rows, xent.cols, xent.ld, xent.v0,
                       xent.targets, xent.lse, xent.grad_scale, xent.dlogits, xent.d_dt,
-                      xent.ld_d);
+                      xent.ld_d, xent.softcap);
+    }
+    case ZN_OPK_SOFTCAP_FWD:
+    case ZN_OPK_SOFTCAP_BWD: {
+        const auto &sc = op->u.softcap;
+        return launch(what, "k_softcap", k_softcap, grid_for(sc.n), st, sc.x, sc.x_dt, sc.dy,
+                      sc.dy_dt, sc.y, sc.y_dt, sc.n, sc.scale, sc.cap,
+                      op->kind == ZN_OPK_SOFTCAP_BWD ? 1 : 0);
     }
     default:
         *what = "zn_cuda_run_nn (not a decoder op)";

@@ -352,6 +352,8 @@ static int flash(zn_dev *d, zn_stream *s, const zn_op *op)
         "%s: leading dimensions %lld / %lld below the rows' %lld / %lld columns", fn,
         (long long)ld, (long long)ldo, (long long)cols, (long long)(nh * hd));
     CHK(isfinite(op->u.flash.scale), "%s: scale %g", fn, (double)op->u.flash.scale);
+    CHK(op->u.flash.softcap >= 0 && isfinite(op->u.flash.softcap), "%s: softcap %g", fn,
+        (double)op->u.flash.softcap);
     int64_t N = B * T;
     if (N == 0)
         return 0;
@@ -381,21 +383,22 @@ static int flash(zn_dev *d, zn_stream *s, const zn_op *op)
 /* The fields both directions share. */
 static zn_op flash_op(zn_op_kind kind, const void *qkv, zn_dtype dt, int64_t ld, int64_t batch,
                       int64_t seq, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                      const int32_t *key_start, float scale)
+                      const int32_t *key_start, float scale, float softcap)
 {
     return (zn_op){ .kind = kind,
                     .u.flash = { .qkv = qkv, .dt = dt, .ld = ld, .batch = batch, .seq = seq,
                                  .nh = n_heads, .nkv = n_kv_heads, .hd = head_dim,
-                                 .key_start = key_start, .scale = scale } };
+                                 .key_start = key_start, .scale = scale,
+                                 .softcap = softcap } };
 }
 
 int zn_dev_flash_attn_fwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt, int64_t ld,
                           int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
-                          int64_t head_dim, const int32_t *key_start, float scale, void *out,
-                          int64_t ldo, float *lse)
+                          int64_t head_dim, const int32_t *key_start, float scale,
+                          float softcap, void *out, int64_t ldo, float *lse)
 {
     zn_op op = flash_op(ZN_OPK_FLASH_FWD, qkv, dt, ld, batch, seq, n_heads, n_kv_heads,
-                        head_dim, key_start, scale);
+                        head_dim, key_start, scale, softcap);
     op.u.flash.out = out;
     op.u.flash.ldo = ldo;
     op.u.flash.lse = lse;
@@ -405,11 +408,11 @@ int zn_dev_flash_attn_fwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt,
 int zn_dev_flash_attn_bwd(zn_dev *d, zn_stream *s, const void *qkv, zn_dtype dt, int64_t ld,
                           int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
                           int64_t head_dim, const int32_t *key_start, float scale,
-                          const void *out, const void *dout, int64_t ldo, const float *lse,
-                          float *delta, void *dqkv, int64_t ldd)
+                          float softcap, const void *out, const void *dout, int64_t ldo,
+                          const float *lse, float *delta, void *dqkv, int64_t ldd)
 {
     zn_op op = flash_op(ZN_OPK_FLASH_BWD, qkv, dt, ld, batch, seq, n_heads, n_kv_heads,
-                        head_dim, key_start, scale);
+                        head_dim, key_start, scale, softcap);
     op.u.flash.out = (void *)out;
     op.u.flash.dout = dout;
     op.u.flash.ldo = ldo;
@@ -465,10 +468,11 @@ int zn_dev_xent_finish(zn_dev *d, zn_stream *s, const float *run_max, const floa
 int zn_dev_xent_bwd_chunk(zn_dev *d, zn_stream *s, const void *logits, zn_dtype dt,
                           int64_t rows, int64_t cols, int64_t ld, int64_t v0,
                           const int32_t *targets, const float *lse, float grad_scale,
-                          void *dlogits, zn_dtype dlogits_dt, int64_t ld_d)
+                          float softcap, void *dlogits, zn_dtype dlogits_dt, int64_t ld_d)
 {
     const char *fn = "xent_bwd_chunk";
     CHK_DTYPES(fn, dt, dlogits_dt);
+    CHK(softcap >= 0 && isfinite(softcap), "%s: softcap %g", fn, (double)softcap);
     CHK(rows >= 0 && cols > 0 && ld >= cols && ld_d >= cols && v0 >= 0,
         "%s: bad sizes (rows %lld cols %lld ld %lld ld_d %lld v0 %lld)", fn, (long long)rows,
         (long long)cols, (long long)ld, (long long)ld_d, (long long)v0);
@@ -480,12 +484,56 @@ int zn_dev_xent_bwd_chunk(zn_dev *d, zn_stream *s, const void *logits, zn_dtype 
                  .u.xent = { .logits = logits, .dt = dt, .rows = rows, .cols = cols, .ld = ld,
                              .v0 = v0, .targets = targets, .lse = lse,
                              .grad_scale = grad_scale, .dlogits = dlogits, .d_dt = dlogits_dt,
-                             .ld_d = ld_d } };
+                             .ld_d = ld_d, .softcap = softcap } };
     return submit_checked(d, s, fn, &op,
                           DEV_PTRS(DEV_PTR(logits, span(rows, cols, ld, dt)),
                                    DEV_PTR(dlogits, span(rows, cols, ld_d, dlogits_dt)),
                                    DEV_PTR(targets, (uint64_t)rows * 4),
                                    DEV_PTR(lse, (uint64_t)rows * 4)));
+}
+
+/* ---- soft-capping --------------------------------------------------------*/
+/* Both directions: x (the forward's input, or its output y) and, backward,
+ * dy in; y (or dx) out. */
+static int softcap(zn_dev *d, zn_stream *s, const zn_op *op)
+{
+    const int bwd = op->kind == ZN_OPK_SOFTCAP_BWD;
+    const char *fn = bwd ? "softcap_bwd" : "softcap_fwd";
+    const void *x = op->u.softcap.x, *dy = op->u.softcap.dy, *y = op->u.softcap.y;
+    const int64_t n = op->u.softcap.n;
+    CHK_DTYPES(fn, op->u.softcap.x_dt, op->u.softcap.y_dt, bwd ? op->u.softcap.dy_dt
+                                                                : ZN_DTYPE_F32);
+    ZN_TRY(check_count(fn, n));
+    CHK(op->u.softcap.cap > 0 && isfinite(op->u.softcap.cap) && isfinite(op->u.softcap.scale),
+        "%s: cap %g, scale %g", fn, (double)op->u.softcap.cap, (double)op->u.softcap.scale);
+    if (n == 0)
+        return 0;
+    const void *src = bwd ? dy : x; /* what y may alias, elementwise */
+    zn_dtype src_dt = bwd ? op->u.softcap.dy_dt : op->u.softcap.x_dt;
+    CHK(y != src || src_dt == op->u.softcap.y_dt, "%s: in place needs one dtype", fn);
+    return submit_checked(d, s, fn, op,
+                          DEV_PTRS(DEV_PTR(x, nbytes(n, op->u.softcap.x_dt)),
+                                   DEV_PTR_IF(bwd, dy, nbytes(n, op->u.softcap.dy_dt)),
+                                   DEV_PTR(y, nbytes(n, op->u.softcap.y_dt))));
+}
+
+int zn_dev_softcap_fwd(zn_dev *d, zn_stream *s, const void *x, zn_dtype x_dt, void *y,
+                       zn_dtype y_dt, int64_t n, float scale, float cap)
+{
+    zn_op op = { .kind = ZN_OPK_SOFTCAP_FWD,
+                 .u.softcap = { .x = x, .x_dt = x_dt, .y = y, .y_dt = y_dt, .n = n,
+                                .scale = scale, .cap = cap } };
+    return softcap(d, s, &op);
+}
+
+int zn_dev_softcap_bwd(zn_dev *d, zn_stream *s, const void *y, zn_dtype y_dt, const void *dy,
+                       zn_dtype dy_dt, void *dx, zn_dtype dx_dt, int64_t n, float scale,
+                       float cap)
+{
+    zn_op op = { .kind = ZN_OPK_SOFTCAP_BWD,
+                 .u.softcap = { .x = y, .x_dt = y_dt, .dy = dy, .dy_dt = dy_dt, .y = dx,
+                                .y_dt = dx_dt, .n = n, .scale = scale, .cap = cap } };
+    return softcap(d, s, &op);
 }
 
 /* ---- reductions ------------------------------------------------------------*/

@@ -72,6 +72,8 @@ typedef enum {
     ZN_OPK_NORM_CHUNKS,
     ZN_OPK_FLASH_FWD,
     ZN_OPK_FLASH_BWD,
+    ZN_OPK_SOFTCAP_FWD,
+    ZN_OPK_SOFTCAP_BWD,
     /* host backend only: stream bookkeeping */
     ZN_OPK_WAIT_VALUE,     /* the stream waits until a 32-bit flag reaches a value */
     ZN_OPK_STREAM_FN,      /* host backend: a function run on the stream's worker */
@@ -141,12 +143,18 @@ typedef struct zn_op {
             const void *bias; zn_dtype bias_dt; float *dbias; int64_t rows, cols;
         } bias;
         struct { const void *x; zn_dtype x_dt; void *y; zn_dtype y_dt; int64_t n; } cast;
+        struct {   /* forward: y = cap tanh(scale x / cap); backward: x is the
+                    * forward's y, y = scale dy (1 - (x / cap)^2) */
+            const void *x; zn_dtype x_dt; const void *dy; zn_dtype dy_dt;
+            void *y; zn_dtype y_dt; int64_t n; float scale, cap;
+        } softcap;
         struct {
             const void *logits; zn_dtype dt; int64_t rows, cols, ld, v0;
             const int32_t *targets; float *run_max, *run_sum, *tgt; int first;
             const float *lse; float *lse_out, *loss; float grad_scale;
             const float *cmax, *csum, *ctgt;
             void *dlogits; zn_dtype d_dt; int64_t ld_d;
+            float softcap;  /* backward: the logits capped (0: not) */
         } xent;
         struct { const void *x; zn_dtype dt; int64_t n; float *out; int accumulate, square; } reduce;
         struct {
@@ -167,6 +175,7 @@ typedef struct zn_op {
         struct {
             const void *qkv; zn_dtype dt; int64_t ld, batch, seq, nh, nkv, hd;
             const int32_t *key_start; float scale;
+            float softcap;  /* the scaled scores capped (0: not) */
             void *out; const void *dout; int64_t ldo; float *lse, *delta;
             void *dqkv; int64_t ldd;
         } flash;

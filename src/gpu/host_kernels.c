@@ -342,6 +342,30 @@ static void softmax_bwd(const zn_op *op)
         }
 }
 
+/* ---- soft-capping (Gemma 2): y = cap tanh(scale x / cap) ------------------
+ * (scale x) / cap in fp32, as transformers divides the scaled scores; the
+ * backward from the forward's y. */
+static inline float softcapf(float x, float scale, float cap)
+{
+    return cap * tanhf(x * scale / cap);
+}
+
+static void softcap_op(const zn_op *op)
+{
+    const float scale = op->u.softcap.scale, cap = op->u.softcap.cap;
+    const zn_dtype xt = op->u.softcap.x_dt, yt = op->u.softcap.y_dt;
+    for (int64_t i = 0; i < op->u.softcap.n; i++) {
+        float x = ldf(op->u.softcap.x, xt, i);
+        if (op->kind == ZN_OPK_SOFTCAP_FWD) {
+            stf(op->u.softcap.y, yt, i, softcapf(x, scale, cap));
+        } else {
+            float t = x / cap;
+            stf(op->u.softcap.y, yt, i,
+                scale * ldf(op->u.softcap.dy, op->u.softcap.dy_dt, i) * (1.0f - t * t));
+        }
+    }
+}
+
 /* ---- fused attention (the C reference of k_flash_*) ---------------------
  * Per sequence, per kv head: K and V widened to fp32 once; per head of the
  * group, query tiles of FL_BQ rows meet key tiles of FL_BC keys through
@@ -398,7 +422,7 @@ static int flash_fwd(const zn_op *op, float **scratch, size_t *len)
     const zn_dtype dt = op->u.flash.dt;
     const int64_t T = op->u.flash.seq, nh = op->u.flash.nh, nkv = op->u.flash.nkv;
     const int64_t hd = op->u.flash.hd, g = nh / nkv, ld = op->u.flash.ld, ldo = op->u.flash.ldo;
-    const float scale = op->u.flash.scale;
+    const float scale = op->u.flash.scale, cap = op->u.flash.softcap;
     if (grow(scratch, len, (size_t)(3 * T * hd + FL_BQ * FL_BC + FL_BQ * hd + 2 * FL_BQ)))
         return -ENOMEM;
     float *K = *scratch, *V = K + T * hd, *Q = V + T * hd, *S = Q + T * hd;
@@ -432,6 +456,8 @@ static int flash_fwd(const zn_op *op, float **scratch, size_t *len)
                                 int64_t k = k0 + u;
                                 if (k < lo || k > t)
                                     sr[u] = -INFINITY;
+                                else if (cap > 0.0f)
+                                    sr[u] = softcapf(sr[u], 1.0f, cap);
                                 mx = sr[u] > mx ? sr[u] : mx;
                             }
                             float mn = mx > m[r] ? mx : m[r];
@@ -475,12 +501,13 @@ static int flash_bwd(const zn_op *op, float **scratch, size_t *len)
     const int64_t T = op->u.flash.seq, nh = op->u.flash.nh, nkv = op->u.flash.nkv;
     const int64_t hd = op->u.flash.hd, g = nh / nkv, ld = op->u.flash.ld;
     const int64_t ldo = op->u.flash.ldo, ldd = op->u.flash.ldd;
-    const float scale = op->u.flash.scale;
+    const float scale = op->u.flash.scale, cap = op->u.flash.softcap;
     const size_t th = (size_t)(T * hd);
-    if (grow(scratch, len, 7 * th + 3 * FL_BQ * FL_BC))
+    if (grow(scratch, len, 7 * th + 4 * FL_BQ * FL_BC))
         return -ENOMEM;
     float *K = *scratch, *V = K + th, *Q = V + th, *dO = Q + th, *dQ = dO + th, *dK = dQ + th;
     float *dV = dK + th, *P = dV + th, *Pb = P + FL_BQ * FL_BC, *dS = Pb + FL_BQ * FL_BC;
+    float *G = dS + FL_BQ * FL_BC; /* softcap: each score's 1 - tanh^2 */
     for (int64_t b = 0; b < op->u.flash.batch; b++) {
         const void *x = cadv(op->u.flash.qkv, dt, b * T * ld);
         const void *o = cadv(op->u.flash.out, dt, b * T * ldo);
@@ -515,8 +542,13 @@ static int flash_bwd(const zn_op *op, float **scratch, size_t *len)
                             int64_t t = q0 + r, lo = fl_lo(ks, t);
                             for (int64_t u = 0; u < kn; u++) {
                                 int64_t k = k0 + u;
-                                float p = k < lo || k > t ? 0.0f
-                                                          : expf(P[r * FL_BC + u] - lse[t]);
+                                float sc = P[r * FL_BC + u];
+                                if (cap > 0.0f) {
+                                    float c = softcapf(sc, 1.0f, cap), tc = c / cap;
+                                    G[r * FL_BC + u] = 1.0f - tc * tc;
+                                    sc = c;
+                                }
+                                float p = k < lo || k > t ? 0.0f : expf(sc - lse[t]);
                                 P[r * FL_BC + u] = p;
                                 Pb[r * FL_BC + u] = rnd_dt(p, dt);
                             }
@@ -532,7 +564,8 @@ static int flash_bwd(const zn_op *op, float **scratch, size_t *len)
                         for (int64_t r = 0; r < qn; r++)
                             for (int64_t u = 0; u < kn; u++) {
                                 float *e = dS + r * FL_BC + u;
-                                *e = rnd_dt(P[r * FL_BC + u] * (*e - D[q0 + r]) * scale, dt);
+                                float v = P[r * FL_BC + u] * (*e - D[q0 + r]) * scale;
+                                *e = rnd_dt(cap > 0.0f ? v * G[r * FL_BC + u] : v, dt);
                             }
                         /* dQ += dS K; dK += dS^T Q */
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qn, (int)hd,
@@ -696,13 +729,17 @@ static void xent_bwd(const zn_op *op)
 {
     const int64_t cols = op->u.xent.cols, v0 = op->u.xent.v0;
     const zn_dtype dt = op->u.xent.dt, ddt = op->u.xent.d_dt;
-    const float gs = op->u.xent.grad_scale;
+    const float gs = op->u.xent.grad_scale, cap = op->u.xent.softcap;
     for (int64_t r = 0; r < op->u.xent.rows; r++) {
         const int64_t t = op->u.xent.targets[r];
         const float lse = op->u.xent.lse[r];
         for (int64_t j = 0; j < cols; j++) {
             float g = 0.0f;
-            if (t >= 0) {
+            if (t >= 0 && cap > 0.0f) { /* through c = cap tanh(x / cap) */
+                float c = softcapf(ldf(op->u.xent.logits, dt, r * op->u.xent.ld + j), 1.0f, cap);
+                float tc = c / cap;
+                g = gs * (expf(c - lse) - (v0 + j == t ? 1.0f : 0.0f)) * (1.0f - tc * tc);
+            } else if (t >= 0) {
                 float p = expf(ldf(op->u.xent.logits, dt, r * op->u.xent.ld + j) - lse);
                 g = gs * (p - (v0 + j == t ? 1.0f : 0.0f));
             }
@@ -804,6 +841,8 @@ int zn_host_run_op(const zn_op *op, float **scratch, size_t *scratch_len)
     case ZN_OPK_NORM_CHUNKS: norm_chunks(op); return 0;
     case ZN_OPK_FLASH_FWD: return flash_fwd(op, scratch, scratch_len);
     case ZN_OPK_FLASH_BWD: return flash_bwd(op, scratch, scratch_len);
+    case ZN_OPK_SOFTCAP_FWD:
+    case ZN_OPK_SOFTCAP_BWD: softcap_op(op); return 0;
     default:
         return zn_set_error(ZN_EINTERNAL, "host kernels: op kind %d is not a kernel",
                             (int)op->kind);

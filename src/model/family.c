@@ -34,13 +34,13 @@ static const family families[] = {
     { "qwen2_moe", 0, NULL, 0, 0, "mixture-of-experts layers and a shared expert" },
     /* GemmaConfig: 8192 positions, head_dim 256 */
     { "gemma", ZN_ARCH_GEMMA, "GemmaForCausalLM", 8192, 256, NULL },
-    { "gemma2", 0, NULL, 0, 0,
-      "four norms a layer, attention scaled by query_pre_attn_scalar, attention and final "
-      "logit soft-capping and sliding-window layers (beside Gemma's (1 + w) norm, GeGLU and "
-      "scaled embedding, which zinc has)" },
+    /* Gemma2Config: 8192 positions, head_dim 256; four norms a layer,
+     * soft-capping, every other layer within a 4096-token window */
+    { "gemma2", ZN_ARCH_GEMMA2, "Gemma2ForCausalLM", 8192, 256, NULL },
     { "gemma3_text", 0, NULL, 0, 0,
-      "four norms a layer, sliding-window layers and per-layer RoPE bases (beside the (1 + w) "
-      "norm, GeGLU, scaled embedding and per-head q/k norm, which zinc has)" },
+      "per-layer RoPE bases (rope_local_base_freq on the sliding layers) and its "
+      "sliding-window pattern (beside the four norms, (1 + w) norm, GeGLU, scaled embedding, "
+      "per-head q/k norm and windows on some layers, which zinc has for gemma2)" },
     { "gemma3", 0, NULL, 0, 0,
       "a vision tower (Gemma 3's multimodal model), and for its text_config the families' "
       "gemma3_text pieces" },
@@ -95,6 +95,14 @@ const char *zn_model_arch_class(zn_model_arch a)
 {
     const family *f = by_arch(a);
     return f ? f->cls : "?";
+}
+
+int zn_model_layer_slides(const zn_model_dims *d, int64_t layer)
+{
+    if (d->sliding_window <= 0)
+        return 0;
+    /* full_every k: every k-th layer full (k 1: all), 0: none */
+    return d->full_every <= 0 || layer % d->full_every != d->full_every - 1;
 }
 
 int zn_model_check_window(const zn_model_dims *d, int64_t seq)

@@ -50,7 +50,7 @@ int zn_model_dims_validate(const zn_model_dims *d)
                             (long long)d->f, (long long)(max));
     if (d->arch != ZN_ARCH_LLAMA && d->arch != ZN_ARCH_QWEN2 && d->arch != ZN_ARCH_MISTRAL &&
         d->arch != ZN_ARCH_QWEN3 && d->arch != ZN_ARCH_PHI3 && d->arch != ZN_ARCH_OLMO2 &&
-        d->arch != ZN_ARCH_GEMMA)
+        d->arch != ZN_ARCH_GEMMA && d->arch != ZN_ARCH_GEMMA2)
         return zn_set_error(ZN_ECONFIG, "model dims: unknown arch %d", (int)d->arch);
     if (d->sliding_window < 0)
         return zn_set_error(ZN_ECONFIG, "model dims: sliding_window = %lld must be >= 0",
@@ -60,11 +60,26 @@ int zn_model_dims_validate(const zn_model_dims *d)
                             (long long)d->pad_id);
     if (d->fused_proj != (d->arch == ZN_ARCH_PHI3))
         return zn_set_error(ZN_ECONFIG, "model dims: only phi3 stores its projections fused");
-    int gem = d->arch == ZN_ARCH_GEMMA;
+    int gem = d->arch == ZN_ARCH_GEMMA || d->arch == ZN_ARCH_GEMMA2;
     if (d->gemma_norm != gem || d->gelu_mlp != gem || d->embed_scaled != gem)
-        return zn_set_error(ZN_ECONFIG, "model dims: only gemma has the (1 + w) norm, GeGLU and "
-                            "the scaled embedding");
-    if (d->post_norm != (d->arch == ZN_ARCH_OLMO2) ||
+        return zn_set_error(ZN_ECONFIG, "model dims: only gemma and gemma2 have the (1 + w) norm, "
+                            "GeGLU and the scaled embedding");
+    if (d->arch != ZN_ARCH_GEMMA2 && (d->full_every || d->attn_scalar != 0 ||
+                                      d->attn_softcap != 0 || d->final_softcap != 0))
+        return zn_set_error(ZN_ECONFIG, "model dims: only gemma2 has query_pre_attn_scalar, "
+                            "soft-capping and windows on some layers");
+    if (d->full_every < 0 || !(d->attn_scalar >= 0) || !isfinite(d->attn_scalar) ||
+        !(d->attn_softcap >= 0) || !isfinite(d->attn_softcap) || !(d->final_softcap >= 0) ||
+        !isfinite(d->final_softcap))
+        return zn_set_error(ZN_ECONFIG, "model dims: layer pattern %lld, query_pre_attn_scalar "
+                            "%g, soft-caps %g / %g must be >= 0", (long long)d->full_every,
+                            d->attn_scalar, d->attn_softcap, d->final_softcap);
+    if (d->arch == ZN_ARCH_GEMMA2 && (d->sliding_window <= 0 || !(d->attn_scalar > 0)))
+        return zn_set_error(ZN_ECONFIG, "model dims: gemma2 needs a sliding_window and "
+                            "query_pre_attn_scalar (got %lld, %g)", (long long)d->sliding_window,
+                            d->attn_scalar);
+    int pn = d->arch == ZN_ARCH_OLMO2 ? 1 : d->arch == ZN_ARCH_GEMMA2 ? 2 : 0;
+    if (d->post_norm != pn ||
         d->qk_norm != (d->arch == ZN_ARCH_QWEN3 ? 1 : d->arch == ZN_ARCH_OLMO2 ? 2 : 0))
         return zn_set_error(ZN_ECONFIG, "model dims: %s's norms are its family's (qk_norm %d, "
                             "post_norm %d)", zn_model_arch_name(d->arch), d->qk_norm,
@@ -269,6 +284,82 @@ static int parse_rope(cfg_ctx *c, zn_model_dims *d)
     return 0;
 }
 
+/* A soft-cap key of Gemma2Config: its default when absent, null for none,
+ * else a positive number. */
+static int get_cap(cfg_ctx *c, const char *key, double def, double *out)
+{
+    json_t *v = json_object_get(c->root, key);
+    if (v && json_is_null(v)) {
+        *out = 0;
+        return 0;
+    }
+    int rc = get_num_in(c, c->root, "", key, 0, def, out);
+    if (!rc && !(*out > 0))
+        return zn_set_error(ZN_ECONFIG, "%s: key '%s' must be positive or null, got %g", c->name,
+                            key, *out);
+    return rc;
+}
+
+/* Gemma2Config's own keys: the scores' scalar, the two soft-caps, the
+ * window and which layers slide (layer_types; by default every other one
+ * from layer 0, Gemma2Config's (i + 1) % 2: zinc's full_every 2). */
+static int parse_gemma2(cfg_ctx *c, zn_model_dims *d)
+{
+    int rc, flag;
+    if ((rc = get_num_in(c, c->root, "", "query_pre_attn_scalar", 0, 256, &d->attn_scalar)))
+        return rc;
+    if (!(d->attn_scalar > 0))
+        return zn_set_error(ZN_ECONFIG, "%s: key 'query_pre_attn_scalar' must be positive, got "
+                            "%g", c->name, d->attn_scalar);
+    if ((rc = get_cap(c, "attn_logit_softcapping", 50.0, &d->attn_softcap)) ||
+        (rc = get_cap(c, "final_logit_softcapping", 30.0, &d->final_softcap)))
+        return rc;
+    json_t *sw = json_object_get(c->root, "sliding_window");
+    if (sw && json_is_null(sw))
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: sliding_window null is not supported (Gemma 2's "
+                            "sliding layers need a window; transformers refuses it too)", c->name);
+    if ((rc = get_int(c, "sliding_window", 0, 4096, &d->sliding_window)))
+        return rc;
+    if ((rc = get_bool(c, "use_bidirectional_attention", 0, &flag)))
+        return rc;
+    if (flag)
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: use_bidirectional_attention=true is not "
+                            "supported (zinc computes causal attention)", c->name);
+    double drop;
+    if ((rc = get_num_in(c, c->root, "", "attention_dropout", 0, 0.0, &drop)))
+        return rc;
+    if (drop != 0)
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: attention_dropout %g is not supported (zinc "
+                            "trains without dropout in the model; set it to 0)", c->name, drop);
+    d->full_every = 2;
+    json_t *lt = json_object_get(c->root, "layer_types");
+    if (!lt || json_is_null(lt))
+        return 0;
+    if (!json_is_array(lt) || (int64_t)json_array_size(lt) != d->n_layers)
+        return zn_set_error(ZN_ECONFIG, "%s: key 'layer_types' must be an array of "
+                            "num_hidden_layers (%lld) strings", c->name, (long long)d->n_layers);
+    /* the pattern: every k-th layer full (k - 1 sliding ones before each),
+     * k = 1 none sliding, none full: all sliding (full_every 0) */
+    int64_t k = 0;
+    for (size_t i = 0; i < json_array_size(lt) && !k; i++) {
+        json_t *x = json_array_get(lt, i);
+        if (json_is_string(x) && !strcmp(json_string_value(x), "full_attention"))
+            k = (int64_t)i + 1;
+    }
+    d->full_every = k;
+    for (size_t i = 0; i < json_array_size(lt); i++) {
+        json_t *x = json_array_get(lt, i);
+        const char *want = zn_model_layer_slides(d, (int64_t)i) ? "sliding_attention"
+                                                                : "full_attention";
+        if (!json_is_string(x) || strcmp(json_string_value(x), want))
+            return zn_set_error(ZN_EUNSUPPORTED, "%s: layer_types[%zu] is not \"%s\": zinc "
+                                "computes a full-attention layer every k layers (k - 1 "
+                                "sliding_attention ones before each), or all alike", c->name, i,
+                                want);
+    }
+    return 0;
+}
+
 static int parse_root(cfg_ctx *c, zn_model_dims *d)
 {
     int rc;
@@ -296,7 +387,7 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
 
     /* the MLP's gate: silu; Gemma's tanh GELU (older Gemma configs say it in
      * hidden_activation, beside a hidden_act transformers no longer reads) */
-    int gemma = d->arch == ZN_ARCH_GEMMA;
+    int gemma = d->arch == ZN_ARCH_GEMMA || d->arch == ZN_ARCH_GEMMA2;
     if ((rc = get_str(c, gemma && json_object_get(c->root, "hidden_activation")
                              ? "hidden_activation" : "hidden_act", &s)))
         return rc;
@@ -328,8 +419,8 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
         return rc;
     if ((rc = parse_rope(c, d)))
         return rc;
-    /* GemmaConfig ties by default; the others do not */
-    if ((rc = get_bool(c, "tie_word_embeddings", d->arch == ZN_ARCH_GEMMA, &d->tie_embeddings)))
+    /* GemmaConfig and Gemma2Config tie by default; the others do not */
+    if ((rc = get_bool(c, "tie_word_embeddings", gemma, &d->tie_embeddings)))
         return rc;
 
     /* every family's embedding is nn.Embedding(vocab, hidden, padding_idx=
@@ -383,9 +474,11 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
                                                      &d->sliding_window)))
             return rc;
     }
-    /* transformers 5: per-layer attention kinds. */
+    if (d->arch == ZN_ARCH_GEMMA2 && (rc = parse_gemma2(c, d)))
+        return rc;
+    /* transformers 5: per-layer attention kinds (gemma2's read above). */
     json_t *lt = json_object_get(c->root, "layer_types");
-    if (lt && !json_is_null(lt)) {
+    if (lt && !json_is_null(lt) && d->arch != ZN_ARCH_GEMMA2) {
         if (!json_is_array(lt))
             return zn_set_error(ZN_ECONFIG, "%s: key 'layer_types' must be an array", c->name);
         size_t i;
@@ -403,11 +496,11 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
         /* MistralAttention, Phi3Attention: no bias on any projection
          * (neither reads attention_bias) */
     } else {
-        /* llama, qwen3, olmo2, gemma: attention_bias on q, k, v and o alike;
+        /* llama, qwen3, olmo2, gemma, gemma2: attention_bias on q, k, v and o alike;
          * qwen3's per-head q/k norm, olmo2's full-width one and its
          * post-norms always */
         d->qk_norm = d->arch == ZN_ARCH_QWEN3 ? 1 : d->arch == ZN_ARCH_OLMO2 ? 2 : 0;
-        d->post_norm = d->arch == ZN_ARCH_OLMO2;
+        d->post_norm = d->arch == ZN_ARCH_OLMO2 ? 1 : d->arch == ZN_ARCH_GEMMA2 ? 2 : 0;
         if ((rc = get_bool(c, "attention_bias", 0, &flag)))
             return rc;
         d->qkv_bias = d->o_bias = flag;
@@ -476,6 +569,30 @@ static int set_or_fail(json_t *o, const char *k, json_t *v)
     return 0;
 }
 
+/* Gemma2Config's keys, layer_types spelled out (transformers 5 reads it;
+ * 4.x computes the same default pattern). Nonzero on a failed set. */
+static int write_gemma2(json_t *o, const zn_model_dims *d)
+{
+    int bad = set_or_fail(o, "hidden_activation", json_string("gelu_pytorch_tanh"));
+    /* Gemma2Config types it int: written as one when it is whole */
+    double qs = d->attn_scalar;
+    bad |= set_or_fail(o, "query_pre_attn_scalar", qs == floor(qs) && qs < 1e15
+                                                       ? json_integer((json_int_t)qs)
+                                                       : json_real(qs));
+    bad |= set_or_fail(o, "attn_logit_softcapping",
+                       d->attn_softcap > 0 ? json_real(d->attn_softcap) : json_null());
+    bad |= set_or_fail(o, "final_logit_softcapping",
+                       d->final_softcap > 0 ? json_real(d->final_softcap) : json_null());
+    bad |= set_or_fail(o, "sliding_window", json_integer(d->sliding_window));
+    json_t *lt = json_array();
+    bad |= !lt;
+    for (int64_t l = 0; lt && l < d->n_layers; l++)
+        bad |= json_array_append_new(lt, json_string(zn_model_layer_slides(d, l)
+                                                         ? "sliding_attention"
+                                                         : "full_attention"));
+    return bad | set_or_fail(o, "layer_types", lt);
+}
+
 int zn_model_dims_write_hf(const zn_model_dims *d, const char *path)
 {
     return zn_model_dims_write_hf_as(d, path, ZN_DTYPE_BF16);
@@ -486,8 +603,9 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
     int rc = zn_model_dims_validate(d);
     if (rc)
         return rc;
-    if (d->o_bias != d->qkv_bias && (d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3 ||
-                                     d->arch == ZN_ARCH_OLMO2 || d->arch == ZN_ARCH_GEMMA))
+    int ab = d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_OLMO2 ||
+             d->arch == ZN_ARCH_GEMMA || d->arch == ZN_ARCH_GEMMA2; /* writes attention_bias */
+    if (d->o_bias != d->qkv_bias && ab)
         return zn_set_error(ZN_ECONFIG, "model dims: %s's attention_bias covers q/k/v and o "
                                         "alike; qkv_bias != o_bias cannot be written",
                             zn_model_arch_name(d->arch));
@@ -527,9 +645,10 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
                           : dtype == ZN_DTYPE_F16 ? "float16" : "bfloat16";
         bad |= set_or_fail(o, "torch_dtype", json_string(tdt));
         bad |= set_or_fail(o, "dtype", json_string(tdt));
-        if (d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_OLMO2 ||
-            d->arch == ZN_ARCH_GEMMA)
+        if (ab)
             bad |= set_or_fail(o, "attention_bias", json_boolean(d->qkv_bias));
+        if (d->arch == ZN_ARCH_GEMMA2)
+            bad |= write_gemma2(o, d);
         if (is_qwen || d->arch == ZN_ARCH_QWEN3)
             bad |= set_or_fail(o, "use_sliding_window", json_false());
         else if (d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3)
@@ -583,6 +702,8 @@ static uint64_t base_count(const zn_model_dims *d, int block)
     if (block == d->n_layers + 1)
         return h + (d->tie_embeddings ? 0 : v * h);
     uint64_t n = 2 * h;                           /* input + post-attention RMSNorm */
+    if (d->post_norm == 2)
+        n += 2 * h;                               /* pre- and post-feedforward */
     n += h * qd + 2 * h * kvd + qd * h;           /* q, k, v, o */
     if (d->qkv_bias)
         n += qd + 2 * kvd;

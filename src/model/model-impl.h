@@ -36,8 +36,12 @@ int zn_m_load_tensors(const zn_model_dims *d, zn_dtype dt, const char *path, con
 enum {
     ZN_M_P_IN_NORM, ZN_M_P_WQ, ZN_M_P_WK, ZN_M_P_WV, ZN_M_P_WO, ZN_M_P_POST_NORM, ZN_M_P_WG,
     ZN_M_P_WU, ZN_M_P_WD, ZN_M_P_BQ, ZN_M_P_BK, ZN_M_P_BV, ZN_M_P_BO, ZN_M_P_QN, ZN_M_P_KN,
-    ZN_M_P_WQKV, ZN_M_P_WGU, ZN_M_P_FF_NORM, ZN_M_P_NSLOTS
+    ZN_M_P_WQKV, ZN_M_P_WGU, ZN_M_P_FF_NORM, ZN_M_P_PRE_FF_NORM, ZN_M_P_NSLOTS
 };
+/* POST_NORM is post_attention_layernorm: the MLP's input norm in the
+ * pre-norm families, the attention output's with post-norms (olmo2,
+ * gemma2), where FF_NORM is post_feedforward_layernorm and, with both
+ * (gemma2), PRE_FF_NORM pre_feedforward_layernorm the MLP's input norm. */
 /* With fused projections (dims.fused_proj) WQ, WK, WV are row blocks of
  * WQKV and WG, WU of WGU: zn_m_slot_part says which and where. */
 
@@ -56,6 +60,12 @@ typedef struct {
     float *lse;    /* fused attention: [B][nh][T] log-sum-exp of each query's scores */
     void *qk_pre;  /* q/k norm: [N][qd + kvd] q | k before their norm (NULL: none) */
     float *qk_rstd;/* q/k norm: [max_n][nh] then [max_n][nkv], each head's rstd */
+    /* pre- and post-norms both (gemma2; else NULL): o_proj's and
+     * down_proj's outputs before their norms, with their rstds */
+    void *o_pre;   /* [N][H] */
+    float *rstd3;  /* [N] */
+    void *d_pre;   /* [N][H] */
+    float *rstd4;  /* [N] */
 } zn_m_layer_acts;
 
 struct zn_model {
@@ -87,6 +97,8 @@ struct zn_model {
     /* layer workspace */
     zn_m_layer_acts w;
     float *SS, *dP;     /* [nh][T][T] fp32 scores; dP (may alias) */
+    float *SC;          /* attention soft-capping, GEMM path: [nh][qb][T] the capped
+                           scores (the backward's 1 - tanh^2); else NULL */
     void *P, *dS;       /* [nh][T][T] probabilities / score grads (cfg.dtype) */
     float *dh, *dxm32;  /* [N][H] fp32 */
     void *dxm;          /* [N][H] cfg.dtype (aliases dxm32 for f32) */
@@ -99,6 +111,8 @@ struct zn_model {
     float *ltmp;        /* LoRA dropout: [N][max in] du A before its mask (fp32) */
     float lscale;       /* LoRA scale */
     float woff;         /* every norm's weight offset: 1 for Gemma's (1 + w), else 0 */
+    float attn_scale;   /* the scores' scale: head_dim^-1/2, or query_pre_attn_scalar's */
+    float attn_cap, final_cap; /* soft-capping of the scores and the logits (0: none) */
     float emb_scale;    /* the embedding's scale (Gemma's sqrt(hidden) in the compute type),
                            else 1 */
     int drop_on;        /* training with lora.dropout > 0 (zn_model_set_dropout) */

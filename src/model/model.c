@@ -51,6 +51,14 @@ void zn_m_carve_acts(zn_m_carver *c, zn_m_layer_acts *a, const zn_model *m)
         a->qk_pre = carve(c, (uint64_t)(N * (qd + m->kvd)) * esz);
         a->qk_rstd = carve(c, (uint64_t)(N * (m->nh + m->nkv)) * 4);
     }
+    a->o_pre = a->d_pre = NULL;
+    a->rstd3 = a->rstd4 = NULL;
+    if (m->d.post_norm == 2) {
+        a->o_pre = carve(c, (uint64_t)(N * H) * esz);
+        a->rstd3 = carve(c, (uint64_t)N * 4);
+        a->d_pre = carve(c, (uint64_t)(N * H) * esz);
+        a->rstd4 = carve(c, (uint64_t)N * 4);
+    }
 }
 
 /* Floats of the fused attention's per-query statistics (lse, delta). */
@@ -112,12 +120,13 @@ static void layout(zn_model *m, unsigned char *base)
     zn_m_carve_acts(&c, &m->w, m);
     if (m->fused) {
         /* no score matrices: the kernels keep their tiles to themselves */
-        m->SS = m->dP = NULL;
+        m->SS = m->dP = m->SC = NULL;
         m->P = m->dS = NULL;
         m->fdelta = carve(&c, (uint64_t)zn_m_lse_floats(m) * 4);
     } else {
         uint64_t sq = (uint64_t)(m->nh * (m->qb < T ? m->qb : T) * T);
         m->SS = carve(&c, sq * 4);
+        m->SC = m->d.attn_softcap > 0 ? carve(&c, sq * 4) : NULL;
         if (f32) {
             m->P = m->SS;
             m->dP = carve(&c, sq * 4);
@@ -165,6 +174,11 @@ static void set_shapes(zn_model *m, const zn_model_dims *d, const zn_model_confi
     m->V = d->vocab;
     m->lscale = (float)zn_lora_scale(&d->lora);
     m->woff = d->gemma_norm ? 1.0f : 0.0f;
+    /* transformers: query_pre_attn_scalar**-0.5 in Python's float64 */
+    m->attn_scale = d->attn_scalar > 0 ? (float)pow(d->attn_scalar, -0.5)
+                                       : 1.0f / sqrtf((float)d->head_dim);
+    m->attn_cap = (float)d->attn_softcap;
+    m->final_cap = (float)d->final_softcap;
     /* transformers multiplies by sqrt(hidden) cast to the weights' type */
     m->emb_scale = 1.0f;
     if (d->embed_scaled) {

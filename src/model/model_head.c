@@ -93,6 +93,9 @@ static int head_fwd_rows(zn_model *m, zn_stream *s, const void *norm_w, const vo
         ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, c, H, 1.0f, m->hN, m->dt, H,
                         zn_m_at(W, (v0 - r0) * H, m->esz), m->dt, H, 0.0f, m->logits, ZN_DTYPE_F32,
                         c));
+        if (m->final_cap > 0.0f) /* Gemma 2: cap tanh(logit / cap), in place */
+            ZN_TRY(zn_dev_softcap_fwd(m->dev, s, m->logits, ZN_DTYPE_F32, m->logits,
+                                      ZN_DTYPE_F32, N * c, 1.0f, m->final_cap));
         ZN_TRY(zn_dev_xent_fwd_chunk(m->dev, s, m->logits, ZN_DTYPE_F32, N, c, c, v0, m->targets,
                                   m->run_max, m->run_sum, m->tgt, first && v0 == r0));
     }
@@ -118,7 +121,7 @@ static int head_bwd_rows(zn_model *m, zn_stream *s, const void *norm_w, const vo
         ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, N, c, H, 1.0f, m->hN, m->dt, H, Wc,
                         m->dt, H, 0.0f, m->logits, ZN_DTYPE_F32, c));
         ZN_TRY(zn_dev_xent_bwd_chunk(m->dev, s, m->logits, ZN_DTYPE_F32, N, c, c, v0, m->targets,
-                                  m->lse, m->loss_scale, m->dlogits, m->dt, c));
+                                  m->lse, m->loss_scale, m->final_cap, m->dlogits, m->dt, c));
         /* dW[v0:v0+c] += dlogits^T hN;  dhN (+)= dlogits W[v0:v0+c] */
         if (dW)
             ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, c, H, N, 1.0f, m->dlogits, m->dt,
@@ -184,8 +187,12 @@ int zn_model_head_logits(zn_model *m, zn_stream *s, void *const *params, const v
     int64_t H = m->H;
     ZN_TRY(zn_m_rms_fwd(m, s, zn_m_at(x_in, row0 * H, m->esz), m->dt, params[0], m->dt,
                            m->hN, m->dt, m->rstdN, nrows, H, (float)m->d.rms_eps));
-    return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, nrows, m->V, H, 1.0f, m->hN, m->dt, H,
-                       params[1], m->dt, H, 0.0f, out, ZN_DTYPE_F32, m->V);
+    ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, nrows, m->V, H, 1.0f, m->hN, m->dt, H,
+                       params[1], m->dt, H, 0.0f, out, ZN_DTYPE_F32, m->V));
+    if (m->final_cap <= 0.0f)
+        return 0;
+    return zn_dev_softcap_fwd(m->dev, s, out, ZN_DTYPE_F32, out, ZN_DTYPE_F32, nrows * m->V, 1.0f,
+                              m->final_cap);
 }
 
 int zn_model_read_loss(zn_model *m, zn_stream *s, float *loss)

@@ -11,19 +11,39 @@
 
 /* ---- attention (one sequence at a time) ------------------------------------------- */
 
-/* Every token's first key: its window's (a sliding window shorter than
- * the batch's reach) or its document's (packed documents), else NULL:
- * plain causal attention from key 0. */
-static const int32_t *key_starts(const zn_model *m)
+/* Every token's first key in layer `layer`: its window's (a sliding
+ * window shorter than the batch's reach, on a layer that slides) or its
+ * document's (packed documents), else NULL: plain causal attention from
+ * key 0. */
+static const int32_t *key_starts(const zn_model *m, int layer)
 {
-    return m->win_on ? m->kwin : m->packed ? m->kstart : NULL;
+    if (m->win_on && zn_model_layer_slides(&m->d, layer))
+        return m->kwin;
+    return m->packed ? m->kstart : NULL;
 }
 
 /* Sequence b's first key per query, or NULL. */
-static const int32_t *key_start(const zn_model *m, int64_t b)
+static const int32_t *key_start(const zn_model *m, int layer, int64_t b)
 {
-    const int32_t *k = key_starts(m);
+    const int32_t *k = key_starts(m, layer);
     return k ? k + b * m->T : NULL;
+}
+
+/* The softmax's input from the raw scores SS ([nh][qn][kn]): scaled in the
+ * softmax, or (soft-capping) capped into `into` (SS itself, or SC for a
+ * backward that needs them) and taken as they are. Returns what to pass
+ * the softmax and sets *scale to its scale. */
+static const float *capped_scores(zn_model *m, zn_stream *s, int64_t n, float *into,
+                                  float *scale, int *rc)
+{
+    *scale = m->attn_scale;
+    *rc = 0;
+    if (m->attn_cap <= 0.0f)
+        return m->SS;
+    *scale = 1.0f;
+    *rc = zn_dev_softcap_fwd(m->dev, s, m->SS, ZN_DTYPE_F32, into, ZN_DTYPE_F32, n,
+                             m->attn_scale, m->attn_cap);
+    return into;
 }
 
 /* Causal attention in query blocks: block [q0, q0 + qn) of a sequence
@@ -43,8 +63,8 @@ static int64_t attn_rows(const zn_model *m)
 
 /* Scores and probabilities of queries [q0, q0 + qn) of sequence b against
  * keys [0, q0 + qn), into m->SS / m->P as [nh][qn][kn]. */
-static int attn_probs(zn_model *m, zn_stream *s, const zn_m_layer_acts *a, int64_t b, int64_t q0,
-                      int64_t qn)
+static int attn_probs(zn_model *m, zn_stream *s, int layer, const zn_m_layer_acts *a, int64_t b,
+                      int64_t q0, int64_t qn)
 {
     int64_t T = m->T, ld = m->qkv_ld, hd = m->hd, g = m->g, kn = q0 + qn;
     size_t e = m->esz;
@@ -54,38 +74,42 @@ static int attn_probs(zn_model *m, zn_stream *s, const zn_m_layer_acts *a, int64
                                         zn_m_at(qb, q0 * ld + j * g * hd, e), m->dt, ld, hd,
                                         zn_m_at(qb, m->qd + j * hd, e), m->dt, ld, 0, 0.0f,
                                         m->SS + j * g * qn * kn, ZN_DTYPE_F32, kn, qn * kn, g));
-    const int32_t *ks = key_start(m, b);
-    return zn_dev_softmax_causal_fwd(m->dev, s, m->SS, ZN_DTYPE_F32, m->P, m->dt, m->nh, qn, kn,
-                                     q0, ks ? ks + q0 : NULL, 1.0f / sqrtf((float)hd));
+    const int32_t *ks = key_start(m, layer, b);
+    float scale;
+    int rc;
+    const float *S = capped_scores(m, s, m->nh * qn * kn, m->SC, &scale, &rc);
+    ZN_TRY(rc);
+    return zn_dev_softmax_causal_fwd(m->dev, s, S, ZN_DTYPE_F32, m->P, m->dt, m->nh, qn, kn,
+                                     q0, ks ? ks + q0 : NULL, scale);
 }
 
 /* The fused kernels take every sequence of the batch in one call; key
  * starts only when documents are packed. */
-static int attn_fwd_fused(zn_model *m, zn_stream *s, const zn_m_layer_acts *a)
+static int attn_fwd_fused(zn_model *m, zn_stream *s, int layer, const zn_m_layer_acts *a)
 {
     return zn_dev_flash_attn_fwd(m->dev, s, a->qkv, m->dt, m->qkv_ld, m->B, m->T, m->nh, m->nkv,
-                                 m->hd, key_starts(m), 1.0f / sqrtf((float)m->hd),
+                                 m->hd, key_starts(m, layer), m->attn_scale, m->attn_cap,
                                  a->attn, m->qd, a->lse);
 }
 
-static int attn_bwd_fused(zn_model *m, zn_stream *s, const zn_m_layer_acts *a)
+static int attn_bwd_fused(zn_model *m, zn_stream *s, int layer, const zn_m_layer_acts *a)
 {
     return zn_dev_flash_attn_bwd(m->dev, s, a->qkv, m->dt, m->qkv_ld, m->B, m->T, m->nh, m->nkv,
-                                 m->hd, key_starts(m), 1.0f / sqrtf((float)m->hd),
+                                 m->hd, key_starts(m, layer), m->attn_scale, m->attn_cap,
                                  a->attn, m->d_attn, m->qd, a->lse, m->fdelta, m->dqkv,
                                  m->qkv_ld);
 }
 
-static int attn_fwd(zn_model *m, zn_stream *s, const zn_m_layer_acts *a)
+static int attn_fwd(zn_model *m, zn_stream *s, int layer, const zn_m_layer_acts *a)
 {
     if (m->fused)
-        return attn_fwd_fused(m, s, a);
+        return attn_fwd_fused(m, s, layer, a);
     int64_t T = m->T, ld = m->qkv_ld, hd = m->hd, g = m->g, QB = attn_rows(m);
     size_t e = m->esz;
     for (int64_t b = 0; b < m->B; b++)
         for (int64_t q0 = 0; q0 < T; q0 += QB) {
             int64_t qn = T - q0 < QB ? T - q0 : QB, kn = q0 + qn;
-            ZN_TRY(attn_probs(m, s, a, b, q0, qn));
+            ZN_TRY(attn_probs(m, s, layer, a, b, q0, qn));
             const void *vb = zn_m_at(a->qkv, b * T * ld + m->qd + m->kvd, e);
             void *ob = zn_m_at(a->attn, (b * T + q0) * m->qd, e);
             /* O_h = P_h V_j, the group's heads in one batch */
@@ -102,7 +126,8 @@ static int attn_fwd(zn_model *m, zn_stream *s, const zn_m_layer_acts *a)
  * its slot of the cache (kv: [slot][max_t][k | v]), then its queries meet
  * every cached key up to their own position (the causal mask with the
  * query offset at the cached length). */
-static int attn_fwd_kv(zn_model *m, zn_stream *s, const zn_m_layer_acts *a, void *kv)
+static int attn_fwd_kv(zn_model *m, zn_stream *s, int layer, const zn_m_layer_acts *a,
+                       void *kv)
 {
     int64_t T = m->T, ld = m->qkv_ld, hd = m->hd, g = m->g, kvd = m->kvd, kld = 2 * kvd;
     int64_t QB = attn_rows(m);
@@ -121,10 +146,13 @@ static int attn_fwd_kv(zn_model *m, zn_stream *s, const zn_m_layer_acts *a, void
                                                    m->dt, ld, hd, zn_m_at(cb, j * hd, e), m->dt,
                                                    kld, 0, 0.0f, m->SS + j * g * qn * kn,
                                                    ZN_DTYPE_F32, kn, qn * kn, g));
-            const int32_t *ks = key_start(m, b); /* the window's, over the cache */
-            ZN_TRY(zn_dev_softmax_causal_fwd(m->dev, s, m->SS, ZN_DTYPE_F32, m->P, m->dt, m->nh,
-                                             qn, kn, p0 + q0, ks ? ks + q0 : NULL,
-                                             1.0f / sqrtf((float)hd)));
+            const int32_t *ks = key_start(m, layer, b); /* the window's, over the cache */
+            float scale;
+            int rc;
+            const float *S = capped_scores(m, s, m->nh * qn * kn, m->SS, &scale, &rc);
+            ZN_TRY(rc);
+            ZN_TRY(zn_dev_softmax_causal_fwd(m->dev, s, S, ZN_DTYPE_F32, m->P, m->dt, m->nh,
+                                             qn, kn, p0 + q0, ks ? ks + q0 : NULL, scale));
             void *ob = zn_m_at(a->attn, (b * T + q0) * m->qd, e);
             for (int64_t j = 0; j < m->nkv; j++)
                 ZN_TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, qn, hd, kn,
@@ -142,14 +170,15 @@ static int attn_fwd_kv(zn_model *m, zn_stream *s, const zn_m_layer_acts *a, void
  * backward). The query blocks run last to first: the last covers every
  * key, so its dK / dV products initialize them (beta 0) and the earlier,
  * shorter ones add. */
-static int attn_bwd(zn_model *m, zn_stream *s, const zn_m_layer_acts *a)
+static int attn_bwd(zn_model *m, zn_stream *s, int layer, const zn_m_layer_acts *a)
 {
     if (m->fused)
-        return attn_bwd_fused(m, s, a);
+        return attn_bwd_fused(m, s, layer, a);
     int64_t T = m->T, ld = m->qkv_ld, hd = m->hd, g = m->g, qd = m->qd, kvd = m->kvd;
     int64_t QB = attn_rows(m), nblk = (T + QB - 1) / QB;
     size_t e = m->esz;
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = m->attn_scale;
+    const int cap = m->attn_cap > 0.0f;
     for (int64_t b = 0; b < m->B; b++) {
         const void *qb = zn_m_at(a->qkv, b * T * ld, e);
         void *dqb = zn_m_at(m->dqkv, b * T * ld, e);
@@ -165,7 +194,7 @@ static int attn_bwd(zn_model *m, zn_stream *s, const zn_m_layer_acts *a)
         for (int64_t k = nblk - 1; k >= 0; k--) {
             int64_t q0 = k * QB, qn = T - q0 < QB ? T - q0 : QB, kn = q0 + qn;
             int first = k == nblk - 1;
-            ZN_TRY(attn_probs(m, s, a, b, q0, qn));
+            ZN_TRY(attn_probs(m, s, layer, a, b, q0, qn));
             const void *dob = zn_m_at(m->d_attn, (b * T + q0) * qd, e);
             const void *qblk = zn_m_at(qb, q0 * ld, e);
             /* dP_h = dO_h V_j^T */
@@ -181,9 +210,18 @@ static int attn_bwd(zn_model *m, zn_stream *s, const zn_m_layer_acts *a)
                                 zn_m_at(m->P, h * qn * kn, e), m->dt, kn, zn_m_at(dob, h * hd, e),
                                 m->dt, qd, first && h % g == 0 ? 0.0f : 1.0f,
                                 zn_m_at(dv, (h / g) * hd, ae), adt, ald));
-            const int32_t *ks = key_start(m, b);
-            ZN_TRY(zn_dev_softmax_causal_bwd(m->dev, s, m->P, m->dt, m->dP, ZN_DTYPE_F32, m->dS,
-                                          m->dt, m->nh, qn, kn, q0, ks ? ks + q0 : NULL, scale));
+            const int32_t *ks = key_start(m, layer, b);
+            if (!cap) {
+                ZN_TRY(zn_dev_softmax_causal_bwd(m->dev, s, m->P, m->dt, m->dP, ZN_DTYPE_F32,
+                                                 m->dS, m->dt, m->nh, qn, kn, q0,
+                                                 ks ? ks + q0 : NULL, scale));
+            } else { /* dC in fp32 over dP, then through the cap (SC) into dS */
+                ZN_TRY(zn_dev_softmax_causal_bwd(m->dev, s, m->P, m->dt, m->dP, ZN_DTYPE_F32,
+                                                 m->dP, ZN_DTYPE_F32, m->nh, qn, kn, q0,
+                                                 ks ? ks + q0 : NULL, 1.0f));
+                ZN_TRY(zn_dev_softcap_bwd(m->dev, s, m->SC, ZN_DTYPE_F32, m->dP, ZN_DTYPE_F32,
+                                          m->dS, m->dt, m->nh * qn * kn, scale, m->attn_cap));
+            }
             /* dQ_h = dS_h K_j, the group's heads in one batch */
             for (int64_t j = 0; j < m->nkv; j++)
                 ZN_TRY(zn_dev_gemm_strided_batched(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, qn, hd, kn,
@@ -395,15 +433,38 @@ static qk_norm_shape qk_shape(const zn_model *m)
     return (qk_norm_shape){ m->nh, m->hd, m->nkv, m->hd };
 }
 
-/* post-norm: h2 = act Wd^T (+ LoRA), its norm's rstd in rstd2, the norm
- * written to y (x_out, or a scratch when only h2 and rstd2 are wanted). */
+/* Where a post-norm's input (o_proj's or down_proj's output) and its rstd
+ * live: with no pre-norms (olmo2) in the pre-norms' h1 / h2, beside them
+ * (gemma2) in o_pre / d_pre. */
+static void *post_in(const zn_model *m, const zn_m_layer_acts *a, int mlp, float **rstd)
+{
+    if (m->d.post_norm == 2) {
+        *rstd = mlp ? a->rstd4 : a->rstd3;
+        return mlp ? a->d_pre : a->o_pre;
+    }
+    *rstd = mlp ? a->rstd2 : a->rstd1;
+    return mlp ? a->h2 : a->h1;
+}
+
+/* The MLP's input norm: post_attention_layernorm in the pre-norm families,
+ * gemma2's pre_feedforward_layernorm. */
+static int mlp_norm_slot(const zn_model *m)
+{
+    return m->d.post_norm == 2 ? ZN_M_P_PRE_FF_NORM : ZN_M_P_POST_NORM;
+}
+
+/* post-norm: d = act Wd^T (+ LoRA) into post_in's buffer, its norm's rstd
+ * beside it, the norm written to y (x_out, or a scratch when only d and its
+ * rstd are wanted). */
 static int down_post(zn_model *m, zn_stream *s, void *const *params, int layer,
                      const zn_m_layer_acts *a, void *y)
 {
-    ZN_TRY(linear(m, s, a->act, m->I, PRM(ZN_M_P_WD), m->H, m->I, 0.0f, a->h2, m->dt, m->H));
-    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_DOWN, a->act, m->I, m->I, m->H, a->h2, m->H));
-    return zn_m_rms_fwd(m, s, a->h2, m->dt, PRM(ZN_M_P_FF_NORM), m->dt, y, m->dt,
-                              a->rstd2, m->N, m->H, (float)m->d.rms_eps);
+    float *rs;
+    void *d = post_in(m, a, 1, &rs);
+    ZN_TRY(linear(m, s, a->act, m->I, PRM(ZN_M_P_WD), m->H, m->I, 0.0f, d, m->dt, m->H));
+    ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_DOWN, a->act, m->I, m->I, m->H, d, m->H));
+    return zn_m_rms_fwd(m, s, d, m->dt, PRM(ZN_M_P_FF_NORM), m->dt, y, m->dt, rs, m->N, m->H,
+                        (float)m->d.rms_eps);
 }
 
 /* Forward up to (not including) the down projection. */
@@ -415,11 +476,12 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *par
     size_t e = m->esz;
     float eps = (float)m->d.rms_eps;
 
-    /* post-norm (olmo2): the projections read x_in itself, and h1 / h2
-     * hold what o_proj and down_proj make before their norms */
-    const int post = m->d.post_norm;
-    const void *xa = post ? x_in : a->h1;
-    if (!post)
+    /* post-norms alone (olmo2): the projections read x_in itself, and h1 /
+     * h2 hold what o_proj and down_proj make before their norms; beside
+     * pre-norms (gemma2) o_pre / d_pre hold them */
+    const int pre = m->d.post_norm != 1, post = m->d.post_norm != 0;
+    const void *xa = pre ? a->h1 : x_in;
+    if (pre)
         ZN_TRY(zn_m_rms_fwd(m, s, x_in, dt, PRM(ZN_M_P_IN_NORM), dt, a->h1, dt,
                                   a->rstd1, N, H, eps));
     /* q and k go to qkv, or with a q/k norm to qk_pre ([N][qd + kvd]), which
@@ -458,9 +520,10 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *par
     ZN_TRY(zn_dev_rope_fwd(m->dev, s, a->qkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
     ZN_TRY(zn_dev_rope_fwd(m->dev, s, zn_m_at(a->qkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
                         m->inv_freq));
-    ZN_TRY(kv ? attn_fwd_kv(m, s, a, kv) : attn_fwd(m, s, a));
+    ZN_TRY(kv ? attn_fwd_kv(m, s, layer, a, kv) : attn_fwd(m, s, layer, a));
     /* x_mid = x_in + attn Wo^T (+ bo); post-norm: x_in + norm(attn Wo^T (+ bo)) */
-    void *o = post ? a->h1 : a->x_mid;
+    float *ro = NULL;
+    void *o = post ? post_in(m, a, 0, &ro) : a->x_mid;
     if (!post)
         ZN_TRY(zn_dev_copy_d2d(m->dev, s, a->x_mid, x_in, (size_t)(N * H) * e));
     ZN_TRY(linear(m, s, a->attn, qd, PRM(ZN_M_P_WO), H, qd, post ? 0.0f : 1.0f, o, dt, H));
@@ -468,14 +531,14 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *par
     if (m->d.o_bias)
         ZN_TRY(zn_dev_bias_add(m->dev, s, o, dt, H, PRM(ZN_M_P_BO), dt, N, H));
     if (post) {
-        ZN_TRY(zn_m_rms_fwd(m, s, a->h1, dt, PRM(ZN_M_P_POST_NORM), dt, a->x_mid, dt,
-                                  a->rstd1, N, H, eps));
+        ZN_TRY(zn_m_rms_fwd(m, s, o, dt, PRM(ZN_M_P_POST_NORM), dt, a->x_mid, dt, ro, N, H,
+                            eps));
         ZN_TRY(zn_dev_add_inplace(m->dev, s, a->x_mid, dt, x_in, dt, N * H));
-    } else {
-        ZN_TRY(zn_m_rms_fwd(m, s, a->x_mid, dt, PRM(ZN_M_P_POST_NORM), dt, a->h2, dt,
-                                  a->rstd2, N, H, eps));
     }
-    const void *xm = post ? a->x_mid : a->h2; /* the MLP's input */
+    if (pre)
+        ZN_TRY(zn_m_rms_fwd(m, s, a->x_mid, dt, PRM(mlp_norm_slot(m)), dt, a->h2, dt, a->rstd2,
+                            N, H, eps));
+    const void *xm = pre ? a->h2 : a->x_mid; /* the MLP's input */
     ZN_TRY(linear(m, s, xm, H, PRM(ZN_M_P_WG), I, H, 0.0f, a->gate, dt, I));
     ZN_TRY(linear(m, s, xm, H, PRM(ZN_M_P_WU), I, H, 0.0f, a->up, dt, I));
     ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_GATE, xm, H, H, I, a->gate, I));
@@ -553,17 +616,19 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
         ZN_TRY(layer_fwd_core(m, s, layer, params, x_in, &a, NULL)); /* activation checkpointing */
     }
 
-    const int post = m->d.post_norm;
-    const void *xa = post ? x_in : a.h1;  /* the attention's input */
-    const void *xm = post ? a.x_mid : a.h2; /* the MLP's */
-    /* post-norm: through the MLP's output norm first (its input h2 and
-     * rstd2 recomputed when not saved), d(down's output) in dxm */
+    const int pre = m->d.post_norm != 1, post = m->d.post_norm != 0;
+    const void *xa = pre ? a.h1 : x_in;  /* the attention's input */
+    const void *xm = pre ? a.h2 : a.x_mid; /* the MLP's */
+    /* post-norm: through the MLP's output norm first (its input and rstd
+     * recomputed when not saved), d(down's output) in dxm */
     const void *dyd = dy;
     if (post) {
         if (!saved)
             ZN_TRY(down_post(m, s, params, layer, &a, m->dxm));
-        ZN_TRY(zn_m_rms_bwd(m, s, a.h2, dt, PRM(ZN_M_P_FF_NORM), dt, a.rstd2, dy, dt,
-                                  m->dxm, dt, GRD(ZN_M_P_FF_NORM), N, H));
+        float *rd;
+        const void *dpre = post_in(m, &a, 1, &rd);
+        ZN_TRY(zn_m_rms_bwd(m, s, dpre, dt, PRM(ZN_M_P_FF_NORM), dt, rd, dy, dt, m->dxm, dt,
+                            GRD(ZN_M_P_FF_NORM), N, H));
         dyd = m->dxm;
     }
 
@@ -584,12 +649,12 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
     ZN_TRY(lora_bwd_w_pair(m, s, params, grads, layer, ZN_LORA_GATE_UP, xm, H, H, I, w->gate,
                            w->up, I));
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_GATE_UP, H, m->dh, ZN_DTYPE_F32, H));
-    if (post)
+    if (!pre)
         ZN_TRY(zn_dev_copy_d2d(m->dev, s, m->dxm32, m->dh, (size_t)(N * H) * 4));
     else
-        ZN_TRY(zn_m_rms_bwd(m, s, a.x_mid, dt, PRM(ZN_M_P_POST_NORM), dt, a.rstd2,
+        ZN_TRY(zn_m_rms_bwd(m, s, a.x_mid, dt, PRM(mlp_norm_slot(m)), dt, a.rstd2,
                                   m->dh, ZN_DTYPE_F32, m->dxm32, ZN_DTYPE_F32,
-                                  GRD(ZN_M_P_POST_NORM), N, H));
+                                  GRD(mlp_norm_slot(m)), N, H));
     ZN_TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, dy, dt, N * H)); /* residual */
     if (dt != ZN_DTYPE_F32)
         ZN_TRY(zn_dev_cast(m->dev, s, m->dxm32, ZN_DTYPE_F32, m->dxm, dt, N * H));
@@ -598,8 +663,10 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
      * the workspace's h2 (free by now) */
     const void *dov = m->dxm;
     if (post) {
-        ZN_TRY(zn_m_rms_bwd(m, s, a.h1, dt, PRM(ZN_M_P_POST_NORM), dt, a.rstd1, m->dxm,
-                                  dt, w->h2, dt, GRD(ZN_M_P_POST_NORM), N, H));
+        float *ro;
+        const void *opre = post_in(m, &a, 0, &ro);
+        ZN_TRY(zn_m_rms_bwd(m, s, opre, dt, PRM(ZN_M_P_POST_NORM), dt, ro, m->dxm, dt, w->h2, dt,
+                            GRD(ZN_M_P_POST_NORM), N, H));
         dov = w->h2;
     }
     ZN_TRY(linear_dw(m, s, dov, H, a.attn, qd, H, qd, GRD(ZN_M_P_WO)));
@@ -608,7 +675,7 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
     ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_O, a.attn, qd, qd, H, dov, H));
     ZN_TRY(linear_dx(m, s, dov, H, PRM(ZN_M_P_WO), H, qd, 0.0f, m->d_attn, dt, qd));
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_O, qd, m->d_attn, dt, qd));
-    ZN_TRY(attn_bwd(m, s, &a));
+    ZN_TRY(attn_bwd(m, s, layer, &a));
     ZN_TRY(zn_dev_rope_bwd(m->dev, s, m->dqkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
     ZN_TRY(zn_dev_rope_bwd(m->dev, s, zn_m_at(m->dqkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
                         m->inv_freq));
@@ -647,7 +714,7 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_V, H, m->dh, ZN_DTYPE_F32, H));
     ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_QKV, xa, H, H, ld, m->dqkv, ld));
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_QKV, H, m->dh, ZN_DTYPE_F32, H));
-    if (!post)
+    if (pre)
         ZN_TRY(zn_m_rms_bwd(m, s, x_in, dt, PRM(ZN_M_P_IN_NORM), dt, a.rstd1, m->dh,
                                   ZN_DTYPE_F32, m->dh, ZN_DTYPE_F32, GRD(ZN_M_P_IN_NORM), N, H));
     ZN_TRY(zn_dev_add_inplace(m->dev, s, m->dxm32, ZN_DTYPE_F32, m->dh, ZN_DTYPE_F32, N * H));

@@ -20,9 +20,11 @@ static int layer_slot_present(const zn_model_dims *d, int slot)
     if (slot == ZN_M_P_WQKV || slot == ZN_M_P_WGU)
         return d->fused_proj;
     if (slot == ZN_M_P_IN_NORM)
-        return !d->post_norm;
+        return d->post_norm != 1;
     if (slot == ZN_M_P_FF_NORM)
-        return d->post_norm;
+        return d->post_norm != 0;
+    if (slot == ZN_M_P_PRE_FF_NORM)
+        return d->post_norm == 2;
     if (slot == ZN_M_P_WQ || slot == ZN_M_P_WK || slot == ZN_M_P_WV || slot == ZN_M_P_WG ||
         slot == ZN_M_P_WU)
         return !d->fused_proj;
@@ -159,6 +161,7 @@ int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_param_info
             [ZN_M_P_WQKV] = { "self_attn.qkv_proj.weight", 2 },
             [ZN_M_P_WGU] = { "mlp.gate_up_proj.weight", 2 },
             [ZN_M_P_FF_NORM] = { "post_feedforward_layernorm.weight", 1 },
+            [ZN_M_P_PRE_FF_NORM] = { "pre_feedforward_layernorm.weight", 1 },
         };
         const int64_t shapes[ZN_M_P_NSLOTS][2] = {
             [ZN_M_P_IN_NORM] = { H, 0 }, [ZN_M_P_WQ] = { qd, H },  [ZN_M_P_WK] = { kvd, H },
@@ -169,7 +172,7 @@ int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_param_info
             [ZN_M_P_QN] = { d->qk_norm == 2 ? qd : d->head_dim, 0 },
             [ZN_M_P_KN] = { d->qk_norm == 2 ? kvd : d->head_dim, 0 },
             [ZN_M_P_WQKV] = { qd + 2 * kvd, H }, [ZN_M_P_WGU] = { 2 * I, H },
-            [ZN_M_P_FF_NORM] = { H, 0 },
+            [ZN_M_P_FF_NORM] = { H, 0 }, [ZN_M_P_PRE_FF_NORM] = { H, 0 },
         };
         snprintf(out->name, sizeof out->name, "model.layers.%d.%s", block - 1, slots[slot].name);
         out->ndim = slots[slot].ndim;
