@@ -15,26 +15,12 @@
 #     run's temporary folder goes with the next save.
 # Usage: test_ckpt_background.sh ZINC
 set -u
+. "$(dirname "$(realpath "$0")")/common.sh"   # check, wait_for
 zinc=$(readlink -f "$1")
 work=$(mktemp -d "${TMPDIR:-/tmp}/zn_ckbg.XXXXXX")
 trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 cd "$work" || exit 99
 fail=0
-check() {  # check CONDITION-EXIT-CODE MESSAGE
-    if [ "$1" -ne 0 ]; then
-        echo "FAIL: $2"
-        fail=1
-    else
-        echo "ok: $2"
-    fi
-}
-wait_for() {  # FILE PATTERN: up to 60 s
-    for _ in $(seq 600); do
-        grep -q "$2" "$1" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    return 1
-}
 STEPS=6
 # the demo model with its Adam state in the cpu tier, steps of a few tenths
 # of a second on 2 cores
@@ -67,14 +53,28 @@ for s in 3 4; do
 done
 check $same "steps 3 and 4: master.bin, m.bin and v.bin the same byte for byte"
 
+# start_run DIR: a long run saving every step into DIR, in the background
+# ($pid), once it has completed a checkpoint, then a random wait of up to
+# one second
+start_run() {
+    "$zinc" train --steps 100 "${A[@]}" --set train.checkpoint.dir=$1 \
+        --set train.checkpoint.every=1 > $1.out 2> $1.err &
+    pid=$!
+    wait_for $1.out '^checkpoint ' || { echo "run $1 made no checkpoint"; cat $1.err; exit 1; }
+    sleep "0.$(( RANDOM % 10 ))$(( RANDOM % 10 ))"
+}
+# resumed DIR STEP: the run resumed from DIR's latest (step STEP) to $STEPS,
+# saving every step, gives the uninterrupted run's later losses
+resumed() {
+    "$zinc" train --steps $STEPS "${A[@]}" --set train.checkpoint.dir=$1 --resume \
+        --set train.checkpoint.every=1 --json-log $1.jsonl > $1.res 2>&1 &&
+        [ "$(losses $1.jsonl 1)" = "$(losses ref.jsonl $(($2 + 1)))" ]
+}
+
 # 2. SIGTERM at random moments
 for i in 1 2 3; do
     d=term$i
-    "$zinc" train --steps 100 "${A[@]}" --set train.checkpoint.dir=$d \
-        --set train.checkpoint.every=1 > $d.out 2> $d.err &
-    pid=$!
-    wait_for $d.out '^checkpoint ' || { echo "run $d made no checkpoint"; cat $d.err; exit 1; }
-    sleep "0.$(( RANDOM % 10 ))$(( RANDOM % 10 ))"
+    start_run $d
     t0=$(date +%s.%N)
     kill -TERM $pid
     wait $pid
@@ -87,11 +87,8 @@ for i in 1 2 3; do
     check $? "$d: latest is the step the run stopped after (${step:-?}): $(cat $d/latest 2>/dev/null)"
     "$zinc" export $d --verify > /dev/null 2>&1
     check $? "$d: the checkpoint verifies"
-    "$zinc" train --steps $STEPS "${A[@]}" --set train.checkpoint.dir=$d --resume \
-        --json-log $d.jsonl > $d.res 2>&1
-    r2=$?
     if [ "${step:-99}" -lt $STEPS ]; then
-        [ $r2 -eq 0 ] && [ "$(losses $d.jsonl 1)" = "$(losses ref.jsonl $((step + 1)))" ]
+        resumed $d $step
         check $? "$d: resumed at step $step, steps $((step + 1))-$STEPS equal the uninterrupted run's"
     fi
 done
@@ -99,11 +96,7 @@ done
 # 3. kill -9 at random moments
 for i in 1 2 3 4; do
     d=kill$i
-    "$zinc" train --steps 100 "${A[@]}" --set train.checkpoint.dir=$d \
-        --set train.checkpoint.every=1 > $d.out 2> $d.err &
-    pid=$!
-    wait_for $d.out '^checkpoint ' || { echo "run $d made no checkpoint"; cat $d.err; exit 1; }
-    sleep "0.$(( RANDOM % 10 ))$(( RANDOM % 10 ))"
+    start_run $d
     kill -9 $pid
     wait $pid 2>/dev/null
     said=$(sed -n 's/^checkpoint [^ ]*step-0*\([0-9]*\) .*/\1/p' $d.out | tail -1)
@@ -111,9 +104,7 @@ for i in 1 2 3 4; do
     "$zinc" export $d --verify > /dev/null 2>&1 && [ -n "$got" ] && [ "$got" -ge "$said" ]
     check $? "$d: latest (step ${got:-?}) verifies, not older than the last completed ($said)"
     if [ $i -le 2 ] && [ -n "$got" ] && [ "$got" -lt $STEPS ]; then
-        "$zinc" train --steps $STEPS "${A[@]}" --set train.checkpoint.dir=$d --resume \
-            --set train.checkpoint.every=1 --json-log $d.jsonl > $d.res 2>&1 &&
-            [ "$(losses $d.jsonl 1)" = "$(losses ref.jsonl $((got + 1)))" ]
+        resumed $d $got
         check $? "$d: resumed at step $got, the uninterrupted run's losses"
         [ -z "$(ls -A $d | grep '^\.step-')" ]
         check $? "$d: the dead run's temporary folder is gone after the next save ($(ls -A $d))"

@@ -8,27 +8,12 @@
 # latest checkpoint falls back to the newest that verifies.
 # Usage: test_signals.sh ZINC
 set -u
+. "$(dirname "$(realpath "$0")")/common.sh"   # check, wait_for
 zinc=$(readlink -f "$1")
 work=$(mktemp -d "${TMPDIR:-/tmp}/zn_signals.XXXXXX")
 trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 cd "$work" || exit 99
 fail=0
-check() {  # check CONDITION-EXIT-CODE MESSAGE
-    if [ "$1" -ne 0 ]; then
-        echo "FAIL: $2"
-        fail=1
-    else
-        echo "ok: $2"
-    fi
-}
-# waits (up to 60 s) until FILE has a line matching PATTERN
-wait_for() {
-    for _ in $(seq 600); do
-        grep -q "$2" "$1" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    return 1
-}
 swaps() { find "$1" -name 'zinc-train.*.swp' 2>/dev/null | wc -l; }
 # run directories in FOLDER: zinc-run.<host>.<pid>.<start>.<k>
 rundirs() { find "$1" -mindepth 1 -maxdepth 1 -name 'zinc-run.*' 2>/dev/null | wc -l; }

@@ -8,6 +8,7 @@
 # directory on that file system).
 # Usage: test_swap_reclaim.sh ZINC SOURCE_ROOT
 set -u
+. "$(dirname "$(realpath "$0")")/common.sh"   # check, wait_for
 zinc=$(readlink -f "$1")
 tiny=$(readlink -f "$2")/examples/tiny.json
 work=$(mktemp -d "${TMPDIR:-/tmp}/zn_reclaim.XXXXXX")
@@ -21,21 +22,6 @@ cleanup() {
 trap cleanup EXIT
 cd "$work" || exit 99
 fail=0
-check() {  # check CONDITION-EXIT-CODE MESSAGE
-    if [ "$1" -ne 0 ]; then
-        echo "FAIL: $2"
-        fail=1
-    else
-        echo "ok: $2"
-    fi
-}
-wait_for() {  # waits (up to 60 s) until FILE has a line matching PATTERN
-    for _ in $(seq 600); do
-        grep -q "$2" "$1" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    return 1
-}
 rundir_of() { find "$1" -mindepth 1 -maxdepth 1 -name "zinc-run.*.$2.*" 2>/dev/null; }
 mib() { echo $(( $(du -s -B1 "$1" | cut -f1) / 1048576 )); }  # disk use, MiB down
 free_mib() { echo $(( $(df -B1 --output=avail "$1" | tail -1) / 1048576 )); }

@@ -100,6 +100,8 @@ typedef struct zn_ckpt_bg zn_ckpt_bg;
 typedef struct {
     uint64_t bytes;    /* this rank's state files */
     double write_s;    /* from the start until they were written */
+    double busy_s;     /* of it, writing: without the wait for the step's own update
+                          and the pacing's sleeps (bytes / busy_s: the disk's rate) */
     double wait_s;     /* what zn_ckpt_save_end waited for them */
 } zn_ckpt_bg_stats;
 ZN_API bool zn_ckpt_save_background(const zn_trainer *tr);

@@ -93,6 +93,7 @@ typedef struct {
     uint64_t t0;
     _Atomic int quit;
     _Atomic int hurry;   /* no more pacing */
+    double slept_s;      /* the pacing's sleeps (the writer's thread only) */
 } zn_ckpt__pace;
 int zn_ckpt__pace_after(zn_ckpt__pace *p, uint64_t len);
 

@@ -27,6 +27,7 @@ struct zn_ckpt_bg {
     int wrc;
     char wmsg[1024];        /* its message */
     double write_s;         /* from the start to the files written */
+    double busy_s;          /* of it, writing (no wait for the step, no pacing) */
     uint64_t bytes;
 };
 
@@ -44,7 +45,9 @@ int zn_ckpt__pace_after(zn_ckpt__pace *p, uint64_t len)
         double d = due - now < 0.05 ? due - now : 0.05;
         struct timespec ts = { 0, (long)(d * 1e9) };
         nanosleep(&ts, NULL);
+        double then = now;
         now = (double)(zn_now_ns() - p->t0) * 1e-9;
+        p->slept_s += now - then;
     }
     return atomic_load(&p->quit) ? zn_set_error(-ECANCELED, "checkpoint: the background save "
                                                 "was abandoned") : 0;
@@ -62,6 +65,7 @@ static void *writer(void *arg)
     if (!rc) {
         bg->pace.t0 = zn_now_ns();
         rc = zn_ckpt__save_rank(bg->tr, &bg->o, bg->job.tmp, &bg->job.in, &bg->pace);
+        bg->busy_s = (double)(zn_now_ns() - bg->pace.t0) * 1e-9 - bg->pace.slept_s;
     }
     /* later updates may change the state from here on */
     zn_train_state_release(bg->tr);
@@ -182,6 +186,7 @@ int zn_ckpt_save_end(zn_ckpt_bg *bg, char *out_path, size_t out_len, zn_ckpt_bg_
     if (st) {
         st->bytes = bg->bytes;
         st->write_s = bg->write_s;
+        st->busy_s = bg->busy_s;
         st->wait_s = (double)(zn_now_ns() - t0) * 1e-9;
     }
     int rc = zn_ckpt__commit(bg->tr, &bg->o, &bg->job, wrc, out_path, out_len);

@@ -133,7 +133,7 @@ const volatile sig_atomic_t *zn_cli_stop_flag(void);
 void zn_cli_stop_mode(bool in_step);
 void zn_cli_stop_print(const zn_stop_estimate *e, const zn_config *cfg, int world, double step_s,
                        FILE *f);
-bool zn_cli_stop_finish_save(const zn_config *cfg, uint64_t left, double *secs);
+bool zn_cli_stop_finish_save(const zn_config *cfg, uint64_t left, double bps, double *secs);
 
 /* zinc train's saves (train_save.c): at once, or begun in the background
  * (where train.checkpoint.background and the state allow) and completed by
@@ -152,6 +152,7 @@ typedef struct {
     struct zn_ckpt_bg *bg;        /* the save in the background, or NULL */
     int64_t bg_step, saved_at;
     bool stopped;                 /* a stop dropped the save in progress: no more saves */
+    double write_bps;             /* the slowest rate a background save was written at */
 } zn_cli_saver;
 void zn_cli_saver_init(zn_cli_saver *sv, zn_run *ts, const zn_config *cfg, const char *cfg_text,
                        int64_t start);

@@ -179,8 +179,21 @@ int zn_cli_save_settle(zn_cli_saver *sv)
     if (rc)
         return save_failed(sv, rc, sv->bg_step);
     char sz[32];
-    printf("checkpoint %s (%s written in the background in %.2f s; %.2f s waited for)\n", where,
-           zn_format_size(st.bytes, sz, sizeof sz), st.write_s, st.wait_s);
+    double bps = st.busy_s > 0 ? (double)st.bytes / st.busy_s : 0;
+    printf("checkpoint %s (%s written in the background in %.2f s, %.2f s of it writing: "
+           "%.2f GB/s; %.2f s waited for)\n", where, zn_format_size(st.bytes, sz, sizeof sz),
+           st.write_s, st.busy_s, bps / 1e9, st.wait_s);
+    /* the slowest rate the disk took a save at is what a stop's rest of
+     * one is judged by: said at the first save and whenever it falls by
+     * a fifth, with what a stop then takes */
+    if (bps > 0 && (!(sv->write_bps > 0) || bps < 0.8 * sv->write_bps)) {
+        double half = sv->cfg->train.checkpoint.notice_s / 2, all = (double)st.bytes / bps;
+        printf("on SIGTERM now: the step in progress stops, then the rest of the save in "
+               "progress is written at this rate, at most %.1f s%s\n", all < half ? all : half,
+               all < half ? "" : " (beyond half of train.checkpoint.notice_s it is dropped: the "
+               "checkpoint left is then one step old)");
+        sv->write_bps = bps;
+    }
     fflush(stdout);
     sv->saved_at = sv->bg_step;
     return 0;
@@ -192,7 +205,7 @@ void zn_cli_save_on_stop(zn_cli_saver *sv)
         return;
     uint64_t left = zn_ckpt_save_left(sv->bg);
     double secs;
-    if (zn_cli_stop_finish_save(sv->cfg, left, &secs)) {
+    if (zn_cli_stop_finish_save(sv->cfg, left, sv->write_bps, &secs)) {
         zn_ckpt_save_hurry(sv->bg);
         return;
     }

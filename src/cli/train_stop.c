@@ -151,11 +151,14 @@ void zn_cli_stop_print(const zn_stop_estimate *e, const zn_config *cfg, int worl
 }
 
 /* Whether the background save in progress (`left` bytes still to write)
- * should complete on a stop: what is left fits half the notice at the
- * disk's measured rate (no estimate: a save under 1 GiB, which does). */
-bool zn_cli_stop_finish_save(const zn_config *cfg, uint64_t left, double *secs)
+ * should complete on a stop: what is left fits half the notice at `bps`
+ * (the rate the last save went at; 0: the disk's measured one; neither: a
+ * save under 1 GiB, which does). */
+bool zn_cli_stop_finish_save(const zn_config *cfg, uint64_t left, double bps, double *secs)
 {
-    *secs = g_have_est && g_est.write_bps > 0 ? (double)left / g_est.write_bps : 0;
+    if (!(bps > 0))
+        bps = g_have_est ? g_est.write_bps : 0;
+    *secs = bps > 0 ? (double)left / bps : 0;
     return cfg->train.checkpoint.notice_s <= 0 || *secs <= cfg->train.checkpoint.notice_s / 2;
 }
 
