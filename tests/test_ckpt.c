@@ -511,6 +511,10 @@ static void background_case(const placement *pl, const placement *nv, uint64_t t
     zn_ckpt_bg *bg;
     ZT_EQ_INT(zn_ckpt_save_start(tr, &so, 0.05, &bg), 0);   /* paced: still writing below */
     ZT_EQ_INT(zn_ckpt_save_step(bg), HALF);
+    zn_ckpt_bg *bg2 = NULL;
+    ZT_EQ_INT(zn_ckpt_save_start(tr, &so, 0, &bg2), -EBUSY);   /* one at a time */
+    ZT_CHECK(bg2 == NULL);
+    ZT_EQ_INT(tn_dir_count(dir, ".step-"), 1);
     double later[STEPS];
     ZT_EQ_INT(steps(tr, HALF, HALF + 3, later), 0);
     char where[4500];

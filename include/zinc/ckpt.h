@@ -93,7 +93,8 @@ ZN_API int zn_ckpt_save(zn_trainer *tr, const zn_ckpt_save_options *o, char *out
  * NULL) gets the bytes, the writer's time and the time end waited.
  * zn_ckpt_save_drop abandons it (its writes stop, the temporary folder
  * goes, no rank completes it). end and drop free `bg`; one of them must be
- * called before the trainer is destroyed. Only where
+ * called before the trainer is destroyed. One at a time: a start while
+ * another is in progress is refused (-EBUSY). Only where
  * zn_ckpt_save_background(tr): the optimizer state flat in host memory
  * (the cpu tier); on the device or on NVMe, zn_ckpt_save. */
 typedef struct zn_ckpt_bg zn_ckpt_bg;

@@ -131,10 +131,14 @@ int zn_ckpt_save_start(zn_trainer *tr, const zn_ckpt_save_options *o, double pac
     bg->o.client_json = bg->client_json = dup_or_null(o->client_json, &oom);
     pthread_mutex_init(&bg->lock, NULL);
     pthread_cond_init(&bg->cv, NULL);
-    /* the agreement on the folder goes first: a failure holds nothing */
-    int rc = zn_ckpt__prepare(tr, &bg->o, &bg->job, oom ? zn_set_error(-ENOMEM, "checkpoint: "
-                                                                        "out of memory") : 0);
-    if (rc) {
+    /* the hold (one background save at a time), then the folder: the
+     * ranks agree on both */
+    int hold = zn_train_state_hold(tr);
+    int rc = hold ? zn_error_prefix(hold, "checkpoint")
+             : oom ? zn_set_error(-ENOMEM, "checkpoint: out of memory") : 0;
+    if ((rc = zn_ckpt__prepare(tr, &bg->o, &bg->job, rc))) {
+        if (!hold)
+            zn_train_state_release(tr);
         bg_free(bg);
         return rc;
     }
@@ -142,7 +146,6 @@ int zn_ckpt_save_start(zn_trainer *tr, const zn_ckpt_save_options *o, double pac
         bg->bytes += bg->job.in.bytes[k];
     bg->pace.bytes = bg->bytes;
     bg->pace.seconds = pace_s;
-    zn_train_state_hold(tr);
     if ((rc = pthread_create(&bg->thread, NULL, writer, bg))) {
         zn_train_state_release(tr);
         rc = zn_set_error(-rc, "checkpoint: starting the writer: %s", strerror(rc));

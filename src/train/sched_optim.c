@@ -685,7 +685,7 @@ static void *opt_main(void *arg)
         /* a job posted after a background checkpoint's hold waits for
          * its release */
         while (!tr->opt.quit &&
-               (!tr->opt.pending || (tr->opt.hold && tr->opt.next_job.seq > tr->opt.hold_seq)))
+               (!tr->opt.pending || (tr->opt.hold > 0 && tr->opt.next_job.seq > tr->opt.hold_seq)))
             pthread_cond_wait(&tr->opt.cv, &tr->opt.lock);
         if (tr->opt.quit)
             break;
@@ -718,7 +718,8 @@ int zn_optsched_init(zn_trainer *tr)
         pthread_mutex_init(&tr->opt.land_lock, NULL) || pthread_cond_init(&tr->opt.land_cv, NULL))
         return zn_set_error(-ENOMEM, "optimizer thread: pthread init failed");
     tr->opt.running = tr->opt.pending = tr->opt.cancel = tr->opt.quit = false;
-    tr->opt.hold = tr->opt.stepped = false;
+    tr->opt.stepped = false;
+    tr->opt.hold = 0;
     tr->opt.status = 0;
     tr->opt.done_seq = tr->opt.hold_seq = 0;
     int rc = pthread_create(&tr->opt.thread, NULL, opt_main, tr);
@@ -811,12 +812,16 @@ int zn_optsched_wait(zn_trainer *tr)
     return rc;
 }
 
-void zn_optsched_hold(zn_trainer *tr)
+int zn_optsched_hold(zn_trainer *tr)
 {
     pthread_mutex_lock(&tr->opt.lock);
-    tr->opt.hold = true;
-    tr->opt.hold_seq = tr->opt.seq;
+    bool busy = tr->opt.hold > 0;   /* one save at a time: its step bounds the jobs */
+    if (!busy) {
+        tr->opt.hold = 1;
+        tr->opt.hold_seq = tr->opt.seq;
+    }
     pthread_mutex_unlock(&tr->opt.lock);
+    return busy ? zn_set_error(-EBUSY, "train: another background save holds the state") : 0;
 }
 
 int zn_optsched_wait_held(zn_trainer *tr)
@@ -834,7 +839,7 @@ int zn_optsched_wait_held(zn_trainer *tr)
 void zn_optsched_release(zn_trainer *tr)
 {
     pthread_mutex_lock(&tr->opt.lock);
-    tr->opt.hold = false;
+    tr->opt.hold = 0;
     pthread_cond_broadcast(&tr->opt.cv);
     pthread_mutex_unlock(&tr->opt.lock);
 }

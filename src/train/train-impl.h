@@ -284,7 +284,7 @@ int zn_optsched_wait(zn_trainer *tr);
 /* A background checkpoint's hold (train_state.c): hold marks the jobs
  * posted so far as the last to run until release; wait_held returns once
  * they have ended (the trainer's first error, if one failed). */
-void zn_optsched_hold(zn_trainer *tr);
+int zn_optsched_hold(zn_trainer *tr);
 int zn_optsched_wait_held(zn_trainer *tr);
 void zn_optsched_release(zn_trainer *tr);
 /* Abandons job `seq` (a step stopped by its stop flag) when it has not
@@ -444,9 +444,9 @@ typedef struct {
     int64_t seq;            /* the last job posted */
     int64_t done_seq;       /* the last job that ended */
     bool stepped;           /* the running job has begun changing the state */
-    /* a background checkpoint holds the state (zn_train_state_hold): jobs
-     * posted after hold_seq wait to begin */
-    bool hold;
+    /* a background checkpoint holds the state (zn_train_state_hold; one
+     * at a time): jobs posted after hold_seq wait to begin */
+    int hold;
     int64_t hold_seq;
     /* parameters landed (zn_unit.pdone) */
     pthread_mutex_t land_lock;

@@ -112,7 +112,7 @@ void zn_train_state_fail(zn_trainer *tr);
  * zn_train_state_save may run on another thread meanwhile: the state flat
  * in host memory, not on the device (whose copies would share the step's
  * streams) nor on NVMe (whose reads go through the optimizer's slot). */
-void zn_train_state_hold(zn_trainer *tr);
+int zn_train_state_hold(zn_trainer *tr);   /* -EBUSY: a save holds it already */
 int zn_train_state_wait_held(zn_trainer *tr);
 void zn_train_state_release(zn_trainer *tr);
 bool zn_train_state_background(const zn_trainer *tr);

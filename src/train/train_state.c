@@ -38,9 +38,9 @@ void zn_train_state_get_info(const zn_trainer *tr, zn_train_state_info *out)
     out->failed = tr->bad;
 }
 
-void zn_train_state_hold(zn_trainer *tr)
+int zn_train_state_hold(zn_trainer *tr)
 {
-    zn_optsched_hold(tr);
+    return zn_optsched_hold(tr);
 }
 
 int zn_train_state_wait_held(zn_trainer *tr)
