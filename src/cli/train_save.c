@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli/cli.h"
 #include "zinc/ckpt.h"
@@ -171,6 +172,15 @@ int zn_cli_save_settle(zn_cli_saver *sv)
 {
     if (!sv->bg)
         return 0;
+    /* a stop signal while this waits: the rest goes unpaced */
+    while (!zn_ckpt_save_written(sv->bg)) {
+        if (zn_cli_stop_signal()) {
+            zn_ckpt_save_hurry(sv->bg);
+            break;
+        }
+        struct timespec ts = { 0, 20 * 1000000L };
+        nanosleep(&ts, NULL);
+    }
     zn_ckpt_bg *bg = sv->bg;
     sv->bg = NULL;
     char where[4200];
