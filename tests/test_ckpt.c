@@ -444,9 +444,9 @@ static void *raise_later(void *arg)
 }
 
 /* Steps [from, to) as steps() does, each step's stop flag raised after a
- * few milliseconds: a step the flag stopped (-ECANCELED) left the state as
+ * few milliseconds (step s: s %% ms_n x ms_a): a step the flag stopped (-ECANCELED) left the state as
  * it was, so it runs again with the flag down. Returns how many stopped. */
-static int steps_with_stops(zn_trainer *tr, int from, int to, double *loss)
+static int steps_with_stops(zn_trainer *tr, int from, int to, double *loss, int ms_a, int ms_n)
 {
     int stopped = 0;
     for (int s = from; s < to; s++) {
@@ -454,7 +454,7 @@ static int steps_with_stops(zn_trainer *tr, int from, int to, double *loss)
             ZT_SETUP_FAIL("loader: %s", zn_last_error());
         stop_flag = 0;
         pthread_t th;
-        pthread_create(&th, NULL, raise_later, (void *)(intptr_t)(s % 4 * 15));
+        pthread_create(&th, NULL, raise_later, (void *)(intptr_t)(s % ms_n * ms_a));
         zn_train_step_info info;
         int rc = zn_train_step(tr, ids, tgts, NULL, &info);
         pthread_join(th, NULL);
@@ -506,7 +506,7 @@ static void background_case(const placement *pl, const placement *nv, uint64_t t
         ZT_SETUP_FAIL("create: %s", zn_last_error());
     ZT_CHECK(zn_ckpt_save_background(tr));
     ZT_EQ_INT(zn_train_set_stop(tr, &stop_flag), 0);
-    int stopped = steps_with_stops(tr, 0, HALF, o.loss);
+    int stopped = steps_with_stops(tr, 0, HALF, o.loss, 15, 4);
     zn_ckpt_save_options so = save_opts(dir);
     zn_ckpt_bg *bg;
     ZT_EQ_INT(zn_ckpt_save_start(tr, &so, 0.05, &bg), 0);   /* paced: still writing below */
@@ -526,7 +526,7 @@ static void background_case(const placement *pl, const placement *nv, uint64_t t
     ZT_EQ_INT(tn_dir_count(dir, ".step-"), 0);
     /* the rest of this run is the reference's: the steps ran while it wrote */
     memcpy(&o.loss[HALF], &later[HALF], 3 * sizeof(double));
-    stopped += steps_with_stops(tr, HALF + 3, STEPS, o.loss);
+    stopped += steps_with_stops(tr, HALF + 3, STEPS, o.loss, 15, 4);
     read_master(tr, &o);
     compare("training on during a background save, stop flag raised", ref, &o, 0);
     free(o.master);
@@ -572,6 +572,36 @@ static void background_case(const placement *pl, const placement *nv, uint64_t t
     zn_train_destroy(tr);
     compare("resumed from a background save", ref, &o, HALF);
     free(o.master);
+
+    /* without clipping each unit steps as soon as its gradients are
+     * final, late in the backward: from there a step must run to its end
+     * (the flag's guard), and the run still equals one without stops */
+    {
+        const char *noclip[8];
+        int nn = 0;
+        for (int i = 0; i < pl->n; i++)
+            noclip[nn++] = pl->sets[i];
+        noclip[nn++] = "gradient_clipping=0";
+        ref_run ra, b2;
+        memset(&ra, 0, sizeof ra);
+        memset(&b2, 0, sizeof b2);
+        if (create(&tr, &toy, noclip, nn, 0))
+            ZT_SETUP_FAIL("create: %s", zn_last_error());
+        ZT_EQ_INT(steps(tr, 0, STEPS, ra.loss), 0);
+        read_master(tr, &ra);
+        zn_train_destroy(tr);
+        if (create(&tr, &toy, noclip, nn, 0))
+            ZT_SETUP_FAIL("create: %s", zn_last_error());
+        ZT_EQ_INT(zn_train_set_stop(tr, &stop_flag), 0);
+        int st2 = steps_with_stops(tr, 0, STEPS, b2.loss, 3, 20);
+        read_master(tr, &b2);
+        zn_train_destroy(tr);
+        compare("stop flag without clipping", &ra, &b2, 0);
+        printf("%-75s ok (%d of %d stopped)\n", "stop flag, units stepping during the backward",
+               st2, STEPS);
+        free(ra.master);
+        free(b2.master);
+    }
 
     /* the optimizer on NVMe: not in the background */
     if (create(&tr, &toy, nv->sets, nv->n, nv->tiny ? tiny : 0))
