@@ -26,6 +26,16 @@ Two tiny random decoders, built and run by Hugging Face transformers:
   tiny-olmo2  olmo2 (norms after attention and the MLP, none before; RMSNorm
               over the whole q and k projections), GQA 4/2, untied, pad id 1,
               weights as bf16 (one file)
+  tiny-gemma3 gemma3_text (gemma2's four norms, (1 + w) per-head q/k norm,
+              no soft-caps, query_pre_attn_scalar 32 (head_dim 24), a 5-key
+              window on layers 0, 1 and 3 of 4 (sliding_window_pattern 3)
+              rotating with rope_local_base_freq 100, layer 2 full with
+              rope_theta 10000 and linear scaling by 4), GQA 4/2, tied, pad
+              id 0, fp32
+  tiny-olmo3  olmo3 (olmo2's block, a 5-key window on layers 0-2 of 4,
+              layer 3 full with YaRN: factor 4 over 32 original positions,
+              the default attention_factor 0.1 ln 4 + 1), GQA 4/2, untied,
+              pad id 1, fp32
 For each: config.json (as transformers writes it), the weights, and
 reference.json with the batch (inputs, targets; some targets -100 for
 qwen2), the mean cross-entropy, a slice of logits and the L2 norm of every
@@ -116,7 +126,7 @@ def randomize(model, torch, gen):
                 # Tied: the same matrix makes the logits, keep them O(1)
                 # (Gemma's rows enter the layers times sqrt(hidden): less).
                 std = 0.3 if model.config.tie_word_embeddings else 1.0
-                if model.config.model_type in ("gemma", "gemma2"):
+                if model.config.model_type in ("gemma", "gemma2", "gemma3_text"):
                     std = 0.1
                 p.copy_(std * torch.randn(p.shape, generator=gen, dtype=torch.float64))
             else:
@@ -151,7 +161,7 @@ def low_precision_pass(model64, dtype, inputs, targets, eval_targets, positions,
 def make(kind, out, tokens, torch, transformers, save_file):
     gen = torch.Generator().manual_seed({"llama": 1, "qwen2": 2, "mistral": 3, "qwen3": 4,
                                        "phi3": 5, "olmo2": 6, "mistral-window": 7,
-                                       "gemma": 8, "gemma2": 9}[kind])
+                                       "gemma": 8, "gemma2": 9, "gemma3": 10, "olmo3": 11}[kind])
     common = dict(hidden_size=64, intermediate_size=128 if kind == "llama" else 96,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   vocab_size=VOCAB, max_position_embeddings=64, hidden_act="silu")
@@ -203,6 +213,32 @@ def make(kind, out, tokens, torch, transformers, save_file):
                                         final_logit_softcapping=3.0, sliding_window=5,
                                         pad_token_id=0, bos_token_id=2, eos_token_id=1)
         cls = transformers.Gemma2ForCausalLM
+    elif kind == "gemma3":
+        # the two RoPE bases both biting (a local base far from the global
+        # one, the global one scaled), windows shorter than the sequence on
+        # the sliding layers, the pattern from sliding_window_pattern
+        g = dict(common, num_hidden_layers=4)
+        cfg = transformers.Gemma3TextConfig(**dict(g, hidden_act="gelu_pytorch_tanh"),
+                                            head_dim=24, hidden_activation="gelu_pytorch_tanh",
+                                            rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                            rope_theta=10000.0, rope_local_base_freq=100.0,
+                                            rope_scaling={"rope_type": "linear", "factor": 4.0},
+                                            attention_bias=False, query_pre_attn_scalar=32,
+                                            sliding_window=5, sliding_window_pattern=3,
+                                            pad_token_id=0, bos_token_id=2, eos_token_id=1)
+        cls = transformers.Gemma3ForCausalLM
+    elif kind == "olmo3":
+        # YaRN's ramp inside the tiny head (dims 0-2 of 12 between the
+        # unscaled and the / factor frequencies), given per layer type
+        g = dict(common, num_hidden_layers=4, max_position_embeddings=128)
+        rope = {"full_attention": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                   "original_max_position_embeddings": 32},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+        cfg = transformers.Olmo3Config(**g, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                       rope_parameters=rope, attention_bias=False,
+                                       sliding_window=5, pad_token_id=1, bos_token_id=None,
+                                       eos_token_id=2)
+        cls = transformers.Olmo3ForCausalLM
     else:
         cfg = transformers.Qwen2Config(**common, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                        rope_theta=1000000.0, use_sliding_window=False)
@@ -210,7 +246,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
     cfg._attn_implementation = "eager"
     model = cls(cfg).to(torch.float64)
     randomize(model, torch, gen)
-    if kind in ("qwen2", "qwen3", "gemma", "gemma2"):
+    if kind in ("qwen2", "qwen3", "gemma", "gemma2", "gemma3"):
         model.tie_weights()
 
     # What goes on disk, and the exact values the reference computes with.
@@ -231,7 +267,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
     cfg.save_pretrained(d)
     meta = {"format": "pt"}
     if kind in ("llama", "mistral", "qwen3", "phi3", "olmo2", "mistral-window", "gemma",
-                "gemma2"):
+                "gemma2", "gemma3", "olmo3"):
         save_file(tensors, os.path.join(d, "model.safetensors"), metadata=meta)
     else:
         names = sorted(tensors)
@@ -372,7 +408,7 @@ def main():
     ap.add_argument("--check-export", metavar="ZINC", help="check `zinc export` (see above)")
     ap.add_argument("--kinds", default="llama,qwen2",
                     help="fixtures to make: llama, qwen2, mistral, qwen3, phi3, olmo2, "
-                         "mistral-window, gemma, gemma2 (comma-separated)")
+                         "mistral-window, gemma, gemma2, gemma3, olmo3 (comma-separated)")
     args = ap.parse_args()
     ensure_torch()
     if args.check_export:

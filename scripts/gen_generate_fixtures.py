@@ -12,6 +12,9 @@ by transformers' own generate() on the committed fixture models:
   tiny-gemma            gemma, (1 + w) norms, GeGLU, scaled embedding, tied, fp32
   tiny-gemma2           gemma2, four norms, soft-capped scores and logits, a 5-key
                         window on alternate layers over the cache, tied, fp32
+  tiny-gemma3           gemma3_text, per-head q/k norm, the window and the local
+                        RoPE base on 3 of 4 layers, linear-scaled global RoPE
+  tiny-olmo3            olmo3, the window on 3 of 4 layers, YaRN on the full one
   lora-llama            ft-llama plus the PEFT adapter final-adapter,
                         loaded by peft (unmerged)
 
@@ -114,7 +117,7 @@ def case(name):
 def main():
     names = sys.argv[1:] or ["tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
                              "tiny-phi3", "tiny-olmo2", "tiny-mistral-window",
-                             "tiny-gemma", "tiny-gemma2", "lora-llama"]
+                             "tiny-gemma", "tiny-gemma2", "tiny-gemma3", "tiny-olmo3", "lora-llama"]
     for name in names:
         ref = case(name)
         path = os.path.join(FIX, name, "generate.json")

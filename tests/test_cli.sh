@@ -167,11 +167,17 @@ mkdir -p "$tmp/gemma2"
 cp "$src/tests/fixtures/model-configs/gemma-2-9b-it.json" "$tmp/gemma2/config.json"
 expect 0 "model +gemma2, 9.24B parameters \(42 layers, hidden 3584, heads 16/8, vocab 256000" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/gemma2" --data synthetic
-# a family not built yet is refused naming what it needs
+# OLMo 3.1 32B's (olmo3: sliding-window layers, YaRN on the full ones)
+# with transformers' count; 32B does not fit the 7B example's RAM
 mkdir -p "$tmp/olmo3"
 cp "$src/tests/fixtures/model-configs/Olmo-3.1-32B-Instruct.json" "$tmp/olmo3/config.json"
-expect 1 "model_type 'olmo3' is not built yet: it needs .*sliding-window layers" -- \
+expect 1 "model +olmo3, 32.23B parameters \(64 layers, hidden 5120, heads 40/8, vocab 100278" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/olmo3" --data synthetic
+# a family not built yet is refused naming what it needs
+mkdir -p "$tmp/qwen3_5"
+cp "$src/tests/fixtures/model-configs/Qwen3.5-9B.json" "$tmp/qwen3_5/config.json"
+expect 1 "model_type 'qwen3_5' is not built yet: it needs linear-attention" -- \
+    plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/qwen3_5" --data synthetic
 
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -842,6 +842,8 @@ int main(void)
     run_model(dev, "tiny-mistral-window"); /* the window over the KV cache */
     run_model(dev, "tiny-gemma");    /* (1 + w) norms, GeGLU, scaled embedding */
     run_model(dev, "tiny-gemma2");   /* four norms, soft-caps, windows on alternate layers */
+    run_model(dev, "tiny-gemma3");   /* q/k norm, the local RoPE base on the sliding layers */
+    run_model(dev, "tiny-olmo3");    /* windows on 3 of 4 layers, YaRN on the full one */
     run_model(dev, "lora-llama");
     bad_input(dev);
     prefix_reuse(dev);

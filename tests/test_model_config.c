@@ -2,6 +2,7 @@
  * models (from their config.json files, weights not needed), defaults, the
  * llama3 rope_scaling block, and clear errors for bad or unsupported keys. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -78,7 +79,7 @@ int main(void)
     check_refused("model-configs/Qwen3-30B-A3B.json", "qwen3_moe", "mixture-of-experts");
     check_count("model-configs/gemma-2-9b-it.json", 9241705984ull);
     check_count("model-configs/phi-4.json", 14659507200ull);
-    check_refused("model-configs/Olmo-3.1-32B-Instruct.json", "olmo3", "sliding-window layers");
+    check_count("model-configs/Olmo-3.1-32B-Instruct.json", 32233522176ull);
     check_refused("model-configs/Qwen3.5-9B.json", "qwen3_5", "linear-attention");
 
     /* Mistral: the Llama block under its own name; v0.3's sliding_window
@@ -105,7 +106,8 @@ int main(void)
     /* a model_type nobody knows */
     ZT_EQ_INT(parse("{" BASE_OTHER "}", &d), ZN_EUNSUPPORTED);
     ZT_CONTAINS(zn_last_error(), "model_type 'bert' is not a family zinc knows (it trains llama, "
-                                 "qwen2, mistral, qwen3, gemma, gemma2, phi3, olmo2)");
+                                 "qwen2, mistral, qwen3, gemma, gemma2, gemma3_text, phi3, olmo2, "
+                                 "olmo3)");
 
     /* Qwen3: head_dim 128 when config.json leaves it out (Qwen3-8B's does;
      * Qwen3Config's default, whatever hidden_size / heads is), the per-head
@@ -187,6 +189,148 @@ int main(void)
     ZT_EQ_INT(parse("{" G2 ",\"query_pre_attn_scalar\":0}", &d), ZN_ECONFIG);
     ZT_CONTAINS(zn_last_error(), "query_pre_attn_scalar");
 #undef G2
+
+    /* Gemma 3 (gemma3_text): Gemma 2's block with the per-head (1 + w) q/k
+     * norm, no soft-caps unless set, one full layer every
+     * sliding_window_pattern (6) when layer_types is absent, and two RoPE
+     * bases: rope_local_base_freq unscaled on the sliding layers, rope_theta
+     * with its scaling on the full ones. Gemma3TextConfig()'s defaults and a
+     * config of gemma-3-12b-it's text shape (written here, the published
+     * file is not vendored) count transformers 5.23's parameters. */
+#define G3 "\"model_type\":\"gemma3_text\",\"hidden_size\":64,\"num_hidden_layers\":7," \
+           "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320"
+    ZT_EQ_INT(parse("{\"model_type\":\"gemma3_text\",\"hidden_size\":2304,\"num_hidden_layers\":26,"
+                    "\"num_attention_heads\":8,\"num_key_value_heads\":4,"
+                    "\"intermediate_size\":9216,\"vocab_size\":262208}", &d), 0);
+    ZT_EQ_U64(zn_model_param_count(&d), 2628658432ull);
+    ZT_EQ_INT(d.arch, ZN_ARCH_GEMMA3);
+    ZT_EQ_INT(d.head_dim, 256);
+    ZT_EQ_INT(d.max_pos, 131072);
+    ZT_EQ_INT(d.qk_norm, 1);
+    ZT_EQ_INT(d.post_norm, 2);
+    ZT_EQ_INT(d.gemma_norm + d.gelu_mlp + d.embed_scaled + d.tie_embeddings, 4);
+    ZT_CHECK(d.attn_scalar == 256 && d.attn_softcap == 0 && d.final_softcap == 0);
+    ZT_EQ_INT(d.sliding_window, 4096);
+    ZT_EQ_INT(d.full_every, 6);
+    ZT_CHECK(d.rope_theta == 1e6 && d.rope_local_theta == 1e4);
+    ZT_EQ_INT(d.rope_type, ZN_ROPE_DEFAULT);
+    ZT_EQ_INT(zn_model_layer_slides(&d, 4) + 2 * zn_model_layer_slides(&d, 5), 1);
+    ZT_CHECK(!strcmp(zn_model_arch_class(ZN_ARCH_GEMMA3), "Gemma3ForCausalLM"));
+    ZT_EQ_INT(parse("{\"model_type\":\"gemma3_text\",\"hidden_size\":3840,\"num_hidden_layers\":48,"
+                    "\"num_attention_heads\":16,\"num_key_value_heads\":8,"
+                    "\"intermediate_size\":15360,\"vocab_size\":262208,\"sliding_window\":1024,"
+                    "\"rope_scaling\":{\"factor\":8.0,\"rope_type\":\"linear\"}}", &d), 0);
+    ZT_EQ_U64(zn_model_param_count(&d), 11766034176ull);
+    ZT_EQ_INT(d.rope_type, ZN_ROPE_LINEAR);
+    ZT_CHECK(d.rope_factor == 8);
+    {
+        /* the global layers' frequencies / 8 (transformers: 0.125,
+         * 0.11221089214086533, ..., 1.3924673680776323e-07), the local
+         * ones unscaled at 10000 */
+        float inv[128];
+        double fac;
+        ZT_EQ_INT(zn_model_rope_table(&d, 5, inv, &fac), 0);
+        ZT_CHECK(fac == 1.0);
+        ZT_CHECK(inv[0] == 0.125f && fabs(inv[1] / 0.11221089214086533 - 1) < 1e-6 &&
+                 fabs(inv[127] / 1.3924673680776323e-07 - 1) < 1e-6);
+        ZT_EQ_INT(zn_model_rope_table(&d, 4, inv, &fac), 0);
+        ZT_CHECK(inv[0] == 1.0f && fabs(inv[64] / 0.01 - 1) < 1e-6);
+        ZT_EQ_INT(zn_model_rope_table(&d, 48, inv, &fac), ZN_EARG);
+    }
+    /* transformers 5's rope_parameters per layer type, and 4.x's keys */
+    ZT_EQ_INT(parse("{" G3 ",\"rope_parameters\":{\"full_attention\":{\"rope_type\":\"linear\","
+                    "\"factor\":4.0,\"rope_theta\":5000.0},\"sliding_attention\":{\"rope_type\":"
+                    "\"default\",\"rope_theta\":100.0}}}", &d), 0);
+    ZT_CHECK(d.rope_theta == 5000 && d.rope_local_theta == 100 && d.rope_factor == 4);
+    ZT_EQ_INT(parse("{" G3 ",\"rope_theta\":5000,\"rope_local_base_freq\":100,"
+                    "\"sliding_window_pattern\":3,\"final_logit_softcapping\":30}", &d), 0);
+    ZT_CHECK(d.rope_theta == 5000 && d.rope_local_theta == 100 && d.final_softcap == 30);
+    ZT_EQ_INT(d.full_every, 3);
+    ZT_EQ_INT(parse("{" G3 ",\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":1.0}}",
+                    &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "rope_parameters.rope_type");
+    ZT_EQ_INT(parse("{" G3 ",\"rope_parameters\":{\"sliding_attention\":{\"rope_type\":\"linear\","
+                    "\"factor\":2.0}}}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "rope_parameters.sliding_attention.rope_type");
+    ZT_EQ_INT(parse("{" G3 ",\"rope_theta\":5000,\"rope_parameters\":{}}", &d), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "keep rope_parameters alone");
+    ZT_EQ_INT(parse("{" G3 ",\"rope_scaling\":{\"rope_type\":\"dynamic\",\"factor\":2.0}}", &d),
+              ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "'dynamic' is not supported");
+    ZT_EQ_INT(parse("{" G3 ",\"sliding_window\":null}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "Gemma 3's sliding layers need a window");
+    ZT_EQ_INT(parse("{" G3 ",\"use_bidirectional_attention\":true}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "use_bidirectional_attention");
+    ZT_EQ_INT(parse("{" G3 ",\"layer_types\":[\"sliding_attention\",\"full_attention\","
+                    "\"sliding_attention\",\"sliding_attention\",\"sliding_attention\","
+                    "\"full_attention\",\"sliding_attention\"]}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "layer_types[3] is not \"full_attention\"");
+    /* the multimodal checkpoint stays refused, naming the vision tower */
+    ZT_EQ_INT(parse("{\"model_type\":\"gemma3\",\"text_config\":{}}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "a vision tower");
+    /* linear and yarn stay the layered families' */
+    ZT_EQ_INT(parse("{" BASE ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":2.0}}", &d),
+              ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "zinc implements 'default' and 'llama3')");
+#undef G3
+
+    /* OLMo 3: OLMo 2's block, one full layer every 4 by default, the
+     * window on the others, YaRN on the full ones only (OLMo 3.1: factor 8
+     * over 8192 positions, attention_factor 1.2079..., transformers'
+     * _compute_yarn_parameters: inv_freq[5] 0.3587302267551422, [20]
+     * 0.01485569030046463, [63] 3.068925877869333e-07), the sliding ones
+     * unscaled at rope_theta */
+    ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("model-configs/Olmo-3.1-32B-Instruct.json")), 0);
+    ZT_EQ_INT(d.arch, ZN_ARCH_OLMO3);
+    ZT_EQ_INT(d.qk_norm, 2);
+    ZT_EQ_INT(d.post_norm, 1);
+    ZT_EQ_INT(d.full_every, 4);
+    ZT_EQ_INT(d.sliding_window, 4096);
+    ZT_EQ_INT(d.rope_type, ZN_ROPE_YARN);
+    ZT_CHECK(d.rope_local_theta == 500000 && d.rope_theta == 500000);
+    ZT_CHECK(d.rope_attn_factor == 1.2079441541679836 && d.rope_beta_fast == 32 &&
+             d.rope_beta_slow == 1 && d.rope_factor == 8);
+    ZT_EQ_INT(d.rope_orig_max_pos, 8192);
+    ZT_CHECK(!strcmp(zn_model_arch_class(ZN_ARCH_OLMO3), "Olmo3ForCausalLM"));
+    {
+        float inv[64];
+        double fac;
+        ZT_EQ_INT(zn_model_rope_table(&d, 3, inv, &fac), 0);
+        ZT_CHECK(fabs(fac - 1.2079441541679836 * 1.2079441541679836) < 1e-12);
+        static const struct { int i; double v; } want[] = {
+            { 0, 1.0 }, { 5, 0.3587302267551422 }, { 10, 0.12868738174438477 },
+            { 15, 0.046164050698280334 }, { 20, 0.01485569030046463 },
+            { 25, 0.003800320206210017 }, { 30, 0.000814839790109545 },
+            { 40, 3.428102354519069e-05 }, { 63, 3.068925877869333e-07 },
+        };
+        for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
+            ZT_CHECK_MSG(fabs(inv[want[k].i] / want[k].v - 1) < 1e-6, "yarn inv_freq[%d] %.9g, "
+                         "transformers %.9g", want[k].i, inv[want[k].i], want[k].v);
+        ZT_EQ_INT(zn_model_rope_table(&d, 2, inv, &fac), 0);
+        ZT_CHECK(fac == 1.0 && fabs(inv[20] / pow(500000.0, -40.0 / 128) - 1) < 1e-6);
+    }
+#define O3 "\"model_type\":\"olmo3\",\"hidden_size\":64,\"num_hidden_layers\":4," \
+           "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320"
+    ZT_EQ_INT(parse("{" O3 ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0,"
+                    "\"original_max_position_embeddings\":512}}", &d), 0);
+    ZT_CHECK(fabs(d.rope_attn_factor - (0.1 * log(4.0) + 1)) < 1e-15);
+    ZT_CHECK(d.rope_theta == 500000 && d.rope_local_theta == 500000);
+    ZT_EQ_INT(zn_model_layer_slides(&d, 2) + 2 * zn_model_layer_slides(&d, 3), 1);
+    ZT_EQ_INT(parse("{" O3 ",\"rope_theta\":10000}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "ambiguous for olmo3");
+    ZT_EQ_INT(parse("{" O3 ",\"rope_local_base_freq\":10000}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "rope_local_base_freq");
+    ZT_EQ_INT(parse("{" O3 ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0,"
+                    "\"mscale\":1.0,\"mscale_all_dim\":1.0}}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "rope_scaling.mscale");
+    ZT_EQ_INT(parse("{" O3 ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0,"
+                    "\"truncate\":false}}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "rope_scaling.truncate");
+    ZT_EQ_INT(parse("{" O3 ",\"sliding_window\":null}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "OLMo 3's sliding layers need a window");
+    ZT_EQ_INT(parse("{" O3 ",\"attention_dropout\":0.1}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "attention_dropout");
+#undef O3
 
     /* phi3 (phi-4): q, k, v in one qkv_proj and gate, up in one
      * gate_up_proj, as zinc's own tensors; a rotary share below 1
@@ -391,11 +535,17 @@ int main(void)
     ZT_CONTAINS(mtext, "\"MistralForCausalLM\"");
     ZT_CONTAINS(mtext, "\"model_type\": \"mistral\"");
     ZT_CONTAINS(mtext, "\"sliding_window\": 64");
-    /* gemma2: the scalar, the caps and the layer pattern come back */
-    ZT_EQ_INT(zn_model_dims_from_hf(&a, zt_fixture("model-configs/gemma-2-9b-it.json")), 0);
-    ZT_EQ_INT(zn_model_dims_write_hf(&a, path), 0);
-    ZT_EQ_INT(zn_model_dims_from_hf(&b, path), 0);
-    ZT_CHECK(memcmp(&a, &b, sizeof a) == 0);
+    /* gemma2: the scalar, the caps and the layer pattern come back;
+     * gemma3_text and olmo3 their RoPE per layer type too */
+    static const char *const windowed[] = { "model-configs/gemma-2-9b-it.json",
+                                            "tiny-gemma3", "tiny-olmo3",
+                                            "model-configs/Olmo-3.1-32B-Instruct.json" };
+    for (size_t i = 0; i < sizeof windowed / sizeof windowed[0]; i++) {
+        ZT_EQ_INT(zn_model_dims_from_hf(&a, zt_fixture(windowed[i])), 0);
+        ZT_EQ_INT(zn_model_dims_write_hf(&a, path), 0);
+        ZT_EQ_INT(zn_model_dims_from_hf(&b, path), 0);
+        ZT_CHECK_MSG(memcmp(&a, &b, sizeof a) == 0, "%s: config.json round trip", windowed[i]);
+    }
     unlink(path);
     rmdir(tmpl);
 

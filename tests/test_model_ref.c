@@ -80,10 +80,13 @@ int main(void)
      * full-width q/k norm; tiny-mistral-window: a 5-key sliding window over
      * 16-token sequences; tiny-gemma2: four norms a layer, the scores and
      * the logits soft-capped, query_pre_attn_scalar, the window on layers
-     * 0 and 2 of 4 */
+     * 0 and 2 of 4; tiny-gemma3: the per-head (1 + w) q/k norm, the
+     * window and rope_local_base_freq on layers 0, 1 and 3, linear-scaled
+     * rope_theta on layer 2; tiny-olmo3: olmo2's block, the window on
+     * layers 0-2, YaRN (its attention factor too) on layer 3 */
     const char *fixtures[] = { "tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
                                "tiny-phi3", "tiny-olmo2", "tiny-mistral-window",
-                               "tiny-gemma", "tiny-gemma2" };
+                               "tiny-gemma", "tiny-gemma2", "tiny-gemma3", "tiny-olmo3" };
     for (int f = 0; f < (int)(sizeof fixtures / sizeof fixtures[0]); f++) {
         ref_result r1, r2, r3;
         float *g1 = NULL, *g2 = NULL;

@@ -25,6 +25,10 @@ typedef enum {
     ZN_ARCH_GEMMA = 7, /* model_type "gemma": Gemma (1 + w norms, GeGLU, scaled embedding) */
     ZN_ARCH_GEMMA2 = 8, /* model_type "gemma2": Gemma 2 (Gemma's pieces, four norms a layer,
                            soft-capping, sliding windows on alternate layers) */
+    ZN_ARCH_GEMMA3 = 9, /* model_type "gemma3_text": Gemma 3's text model (Gemma 2's block,
+                           per-head q/k norm, two RoPE bases, 5 local : 1 global) */
+    ZN_ARCH_OLMO3 = 10, /* model_type "olmo3": OLMo 3 (OLMo 2's block, sliding-window
+                           layers, YaRN on the full-attention ones) */
 } zn_model_arch;
 
 /* The families (src/model/family.c). zn_model_family_lookup: the arch of a
@@ -45,6 +49,10 @@ ZN_API int zn_model_families(char *out, size_t len);
 typedef enum {
     ZN_ROPE_DEFAULT = 0, /* theta^(-2i/d) */
     ZN_ROPE_LLAMA3 = 1,  /* Llama 3.1 frequency rescaling (rope_scaling.rope_type "llama3") */
+    ZN_ROPE_LINEAR = 2,  /* every frequency / factor ("linear": gemma-3-12b/27b's global layers) */
+    ZN_ROPE_YARN = 3,    /* YaRN ("yarn": OLMo 3.1's full-attention layers): frequencies
+                            blended by beta_fast / beta_slow, and cos, sin times
+                            attention_factor (the scores times its square) */
 } zn_rope_type;
 
 /* LoRA adapters (PEFT's LoraConfig) on the decoder layers' linear
@@ -115,40 +123,47 @@ typedef struct {
     double rope_factor;          /* llama3: factor */
     double rope_low_freq_factor; /* llama3: low_freq_factor */
     double rope_high_freq_factor;/* llama3: high_freq_factor */
-    int64_t rope_orig_max_pos;   /* llama3: original_max_position_embeddings */
+    int64_t rope_orig_max_pos;   /* llama3, yarn: original_max_position_embeddings */
+    double rope_beta_fast;       /* yarn: beta_fast (32) */
+    double rope_beta_slow;       /* yarn: beta_slow (1) */
+    double rope_attn_factor;     /* yarn: attention_factor (given, or 0.1 ln(factor) + 1) */
+    double rope_local_theta;     /* gemma3, olmo3: the sliding layers' RoPE base, unscaled
+                                    (gemma3's rope_local_base_freq, olmo3's rope_theta);
+                                    rope_theta and rope_type then apply to the
+                                    full-attention layers only. 0: every layer alike */
     double rms_eps;        /* rms_norm_eps */
     int tie_embeddings;    /* tie_word_embeddings: lm_head shares embed_tokens */
     int qkv_bias;          /* q/k/v projections have a bias (qwen2; llama attention_bias) */
     int o_bias;            /* o_proj has a bias (llama, qwen3 attention_bias) */
     int qk_norm;           /* RMSNorm of the queries and keys before RoPE
                               (self_attn.q_norm, k_norm): 1 over head_dim on
-                              each head (qwen3), 2 over the whole projection
-                              (olmo2) */
+                              each head (qwen3, gemma3), 2 over the whole projection
+                              (olmo2, olmo3) */
     int post_norm;         /* the attention's and the MLP's outputs are normed
                               (post_attention_layernorm, post_feedforward_layernorm)
                               before the residual: 1 with no norm before them
-                              (olmo2), 2 beside the input_layernorm and
-                              pre_feedforward_layernorm before them (gemma2) */
+                              (olmo2, olmo3), 2 beside the input_layernorm and
+                              pre_feedforward_layernorm before them (gemma2, gemma3) */
     int has_pad;           /* pad_token_id is set: transformers' nn.Embedding takes it
                               as padding_idx, so that row's lookup passes no gradient */
     int64_t pad_id;        /* with has_pad: pad_token_id, in [0, vocab) */
-    int gemma_norm;        /* gemma, gemma2: every RMSNorm scales by (1 + w), w stored as is */
-    int gelu_mlp;          /* gemma, gemma2: the MLP's gate is tanh GELU (GeGLU), not silu */
-    int embed_scaled;      /* gemma, gemma2: the embedding's rows times sqrt(hidden_size), in
+    int gemma_norm;        /* gemma, gemma2, gemma3: every RMSNorm scales by (1 + w), w stored as is */
+    int gelu_mlp;          /* gemma, gemma2, gemma3: the MLP's gate is tanh GELU (GeGLU), not silu */
+    int embed_scaled;      /* gemma, gemma2, gemma3: the embedding's rows times sqrt(hidden_size), in
                               the compute type */
     int fused_proj;        /* phi3: q, k, v are one tensor (self_attn.qkv_proj, rows
                               q | k | v) and gate, up another (mlp.gate_up_proj,
                               rows gate | up), as on disk and in PEFT */
-    int64_t sliding_window;/* mistral, phi3, gemma2: a query sees only the last
+    int64_t sliding_window;/* mistral, phi3, gemma2/3, olmo3: a query sees only the last
                               sliding_window keys, itself included (0: none) */
-    int64_t full_every;    /* gemma2's layer_types: 0, every layer alike; k >= 1,
+    int64_t full_every;    /* gemma2/3's, olmo3's layer_types: 0, every layer alike; k >= 1,
                               layer l attends fully when l % k == k - 1 and the
                               others slide (k 1: none slides; zn_model_layer_slides) */
-    double attn_scalar;    /* gemma2: query_pre_attn_scalar, the scores scaled by
+    double attn_scalar;    /* gemma2, gemma3: query_pre_attn_scalar, the scores scaled by
                               its -1/2 power (0: head_dim's) */
-    double attn_softcap;   /* gemma2: attn_logit_softcapping, the scaled scores
+    double attn_softcap;   /* gemma2 (gemma3 when set): attn_logit_softcapping, the scaled scores
                               become cap tanh(s / cap) before the mask (0: none) */
-    double final_softcap;  /* gemma2: final_logit_softcapping, the logits likewise
+    double final_softcap;  /* gemma2 (gemma3 when set): final_logit_softcapping, the logits likewise
                               (0: none) */
     zn_lora lora;          /* adapters (not part of config.json); r 0: none */
 } zn_model_dims;
@@ -169,6 +184,16 @@ ZN_API void zn_model_dims_default(zn_model_dims *d);
 ZN_API int zn_model_dims_validate(const zn_model_dims *d);
 /* Whether layer `layer` (0-based) attends within the sliding window. */
 ZN_API int zn_model_layer_slides(const zn_model_dims *d, int64_t layer);
+/* Layer `layer`'s RoPE: inv_freq[head_dim / 2] (the table zn_dev_rope_fwd
+ * takes) and *score_factor, what its scores are multiplied by beyond the
+ * family's scale (YaRN's attention_factor squared: transformers multiplies
+ * cos and sin by it, so q.k carries it twice; else 1). The sliding layers
+ * of gemma3 and olmo3 (rope_local_theta > 0) take the unscaled table of
+ * rope_local_theta, every other layer rope_theta with rope_type, as
+ * transformers' rotary embeddings compute them in fp32. Returns 0 or
+ * ZN_EARG for a layer out of range. */
+ZN_API int zn_model_rope_table(const zn_model_dims *d, int64_t layer, float *inv_freq,
+                               double *score_factor);
 /* Whether sequences of `seq` tokens compute as the family does (0; a
  * sliding window shorter than them masks the keys before it), ZN_EARG for
  * sizes out of range. */

@@ -37,19 +37,19 @@ static const family families[] = {
     /* Gemma2Config: 8192 positions, head_dim 256; four norms a layer,
      * soft-capping, every other layer within a 4096-token window */
     { "gemma2", ZN_ARCH_GEMMA2, "Gemma2ForCausalLM", 8192, 256, NULL },
-    { "gemma3_text", 0, NULL, 0, 0,
-      "per-layer RoPE bases (rope_local_base_freq on the sliding layers) and its "
-      "sliding-window pattern (beside the four norms, (1 + w) norm, GeGLU, scaled embedding, "
-      "per-head q/k norm and windows on some layers, which zinc has for gemma2)" },
+    /* Gemma3TextConfig: 131072 positions, head_dim 256; Gemma 2's block with
+     * a per-head q/k norm, 5 local layers (rope_local_base_freq) : 1 global */
+    { "gemma3_text", ZN_ARCH_GEMMA3, "Gemma3ForCausalLM", 131072, 256, NULL },
     { "gemma3", 0, NULL, 0, 0,
-      "a vision tower (Gemma 3's multimodal model), and for its text_config the families' "
-      "gemma3_text pieces" },
+      "a vision tower (Gemma 3's multimodal model; its text_config alone is a gemma3_text "
+      "config.json, which zinc trains, but the checkpoint's weights are the multimodal "
+      "model's)" },
     /* Phi3Config: 4096 positions; its fused projections are zinc's tensors */
     { "phi3", ZN_ARCH_PHI3, "Phi3ForCausalLM", 4096, 0, NULL },
     /* Olmo2Config: 2048 positions */
     { "olmo2", ZN_ARCH_OLMO2, "Olmo2ForCausalLM", 2048, 0, NULL },
-    { "olmo3", 0, NULL, 0, 0,
-      "sliding-window layers beside OLMo 2's block (and, for OLMo 3.1, YaRN rope scaling)" },
+    /* Olmo3Config: 2048 positions; OLMo 2's block, 3 sliding layers : 1 full */
+    { "olmo3", ZN_ARCH_OLMO3, "Olmo3ForCausalLM", 2048, 0, NULL },
     { "qwen3_5", 0, NULL, 0, 0,
       "linear-attention (gated delta) layers between the full-attention ones, and a vision "
       "wrapper" },

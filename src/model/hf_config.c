@@ -50,7 +50,8 @@ int zn_model_dims_validate(const zn_model_dims *d)
                             (long long)d->f, (long long)(max));
     if (d->arch != ZN_ARCH_LLAMA && d->arch != ZN_ARCH_QWEN2 && d->arch != ZN_ARCH_MISTRAL &&
         d->arch != ZN_ARCH_QWEN3 && d->arch != ZN_ARCH_PHI3 && d->arch != ZN_ARCH_OLMO2 &&
-        d->arch != ZN_ARCH_GEMMA && d->arch != ZN_ARCH_GEMMA2)
+        d->arch != ZN_ARCH_GEMMA && d->arch != ZN_ARCH_GEMMA2 && d->arch != ZN_ARCH_GEMMA3 &&
+        d->arch != ZN_ARCH_OLMO3)
         return zn_set_error(ZN_ECONFIG, "model dims: unknown arch %d", (int)d->arch);
     if (d->sliding_window < 0)
         return zn_set_error(ZN_ECONFIG, "model dims: sliding_window = %lld must be >= 0",
@@ -60,27 +61,40 @@ int zn_model_dims_validate(const zn_model_dims *d)
                             (long long)d->pad_id);
     if (d->fused_proj != (d->arch == ZN_ARCH_PHI3))
         return zn_set_error(ZN_ECONFIG, "model dims: only phi3 stores its projections fused");
-    int gem = d->arch == ZN_ARCH_GEMMA || d->arch == ZN_ARCH_GEMMA2;
+    int gem = d->arch == ZN_ARCH_GEMMA || d->arch == ZN_ARCH_GEMMA2 || d->arch == ZN_ARCH_GEMMA3;
+    int g23 = d->arch == ZN_ARCH_GEMMA2 || d->arch == ZN_ARCH_GEMMA3;
+    int layered = d->arch == ZN_ARCH_GEMMA3 || d->arch == ZN_ARCH_OLMO3; /* two RoPE tables */
     if (d->gemma_norm != gem || d->gelu_mlp != gem || d->embed_scaled != gem)
-        return zn_set_error(ZN_ECONFIG, "model dims: only gemma and gemma2 have the (1 + w) norm, "
-                            "GeGLU and the scaled embedding");
-    if (d->arch != ZN_ARCH_GEMMA2 && (d->full_every || d->attn_scalar != 0 ||
-                                      d->attn_softcap != 0 || d->final_softcap != 0))
-        return zn_set_error(ZN_ECONFIG, "model dims: only gemma2 has query_pre_attn_scalar, "
-                            "soft-capping and windows on some layers");
+        return zn_set_error(ZN_ECONFIG, "model dims: only gemma, gemma2 and gemma3_text have the "
+                            "(1 + w) norm, GeGLU and the scaled embedding");
+    if (!g23 && (d->attn_scalar != 0 || d->attn_softcap != 0 || d->final_softcap != 0))
+        return zn_set_error(ZN_ECONFIG, "model dims: only gemma2 and gemma3_text have "
+                            "query_pre_attn_scalar and soft-capping");
+    if (!g23 && !layered && d->full_every)
+        return zn_set_error(ZN_ECONFIG, "model dims: only gemma2, gemma3_text and olmo3 have "
+                            "windows on some layers");
+    if (!layered && d->rope_local_theta != 0)
+        return zn_set_error(ZN_ECONFIG, "model dims: only gemma3_text and olmo3 have a second "
+                            "RoPE base for their sliding layers");
     if (d->full_every < 0 || !(d->attn_scalar >= 0) || !isfinite(d->attn_scalar) ||
         !(d->attn_softcap >= 0) || !isfinite(d->attn_softcap) || !(d->final_softcap >= 0) ||
         !isfinite(d->final_softcap))
         return zn_set_error(ZN_ECONFIG, "model dims: layer pattern %lld, query_pre_attn_scalar "
                             "%g, soft-caps %g / %g must be >= 0", (long long)d->full_every,
                             d->attn_scalar, d->attn_softcap, d->final_softcap);
-    if (d->arch == ZN_ARCH_GEMMA2 && (d->sliding_window <= 0 || !(d->attn_scalar > 0)))
-        return zn_set_error(ZN_ECONFIG, "model dims: gemma2 needs a sliding_window and "
-                            "query_pre_attn_scalar (got %lld, %g)", (long long)d->sliding_window,
-                            d->attn_scalar);
-    int pn = d->arch == ZN_ARCH_OLMO2 ? 1 : d->arch == ZN_ARCH_GEMMA2 ? 2 : 0;
-    if (d->post_norm != pn ||
-        d->qk_norm != (d->arch == ZN_ARCH_QWEN3 ? 1 : d->arch == ZN_ARCH_OLMO2 ? 2 : 0))
+    if (g23 && (d->sliding_window <= 0 || !(d->attn_scalar > 0)))
+        return zn_set_error(ZN_ECONFIG, "model dims: %s needs a sliding_window and "
+                            "query_pre_attn_scalar (got %lld, %g)", zn_model_arch_name(d->arch),
+                            (long long)d->sliding_window, d->attn_scalar);
+    if (layered && (d->sliding_window <= 0 || !(d->rope_local_theta > 0) ||
+                    !isfinite(d->rope_local_theta)))
+        return zn_set_error(ZN_ECONFIG, "model dims: %s needs a sliding_window and its sliding "
+                            "layers' RoPE base (got %lld, %g)", zn_model_arch_name(d->arch),
+                            (long long)d->sliding_window, d->rope_local_theta);
+    int olmo = d->arch == ZN_ARCH_OLMO2 || d->arch == ZN_ARCH_OLMO3;
+    int pn = olmo ? 1 : g23 ? 2 : 0;
+    int qn = d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_GEMMA3 ? 1 : olmo ? 2 : 0;
+    if (d->post_norm != pn || d->qk_norm != qn)
         return zn_set_error(ZN_ECONFIG, "model dims: %s's norms are its family's (qk_norm %d, "
                             "post_norm %d)", zn_model_arch_name(d->arch), d->qk_norm,
                             d->post_norm);
@@ -138,6 +152,22 @@ int zn_model_dims_validate(const zn_model_dims *d)
         if (d->rope_orig_max_pos <= 0)
             return zn_set_error(ZN_ECONFIG, "model dims: rope_scaling."
                                             "original_max_position_embeddings must be positive");
+    } else if (d->rope_type == ZN_ROPE_LINEAR || d->rope_type == ZN_ROPE_YARN) {
+        if (!layered)
+            return zn_set_error(ZN_ECONFIG, "model dims: %s rope scaling is built for gemma3_text "
+                                "and olmo3 only", d->rope_type == ZN_ROPE_YARN ? "yarn" : "linear");
+        if (!(d->rope_factor > 0) || !isfinite(d->rope_factor))
+            return zn_set_error(ZN_ECONFIG, "model dims: rope factor %g must be positive",
+                                d->rope_factor);
+        if (d->rope_type == ZN_ROPE_YARN &&
+            (d->rope_orig_max_pos <= 0 || !(d->rope_beta_fast > 0) || !(d->rope_beta_slow > 0) ||
+             !isfinite(d->rope_beta_fast) || !isfinite(d->rope_beta_slow) ||
+             !(d->rope_attn_factor > 0) || !isfinite(d->rope_attn_factor)))
+            return zn_set_error(ZN_ECONFIG, "model dims: yarn needs a positive "
+                                "original_max_position_embeddings, beta_fast, beta_slow and "
+                                "attention_factor (got %lld, %g, %g, %g)",
+                                (long long)d->rope_orig_max_pos, d->rope_beta_fast,
+                                d->rope_beta_slow, d->rope_attn_factor);
     } else if (d->rope_type != ZN_ROPE_DEFAULT) {
         return zn_set_error(ZN_ECONFIG, "model dims: unknown rope type %d", (int)d->rope_type);
     }
@@ -214,6 +244,9 @@ static int get_str(cfg_ctx *c, const char *key, const char **out)
     return 0;
 }
 
+static int parse_scaling(cfg_ctx *c, json_t *rs, const char *rs_name, int theta_only,
+                         int layered, zn_model_dims *d);
+
 /* RoPE: transformers < 5 writes rope_theta and rope_scaling (null or
  * {rope_type|type, ...}); transformers 5 writes rope_parameters {rope_type,
  * rope_theta, ...}. Both are read; where both give a theta they must agree. */
@@ -254,10 +287,70 @@ static int parse_rope(cfg_ctx *c, zn_model_dims *d)
     if (!json_is_object(rs))
         return zn_set_error(ZN_ECONFIG, "%s: key 'rope_scaling' must be an object or null",
                             c->name);
+    return parse_scaling(c, rs, rs_name, rs == rp, 0, d);
+}
+
+/* YaRN's keys (_compute_yarn_parameters): factor (default
+ * max_position_embeddings / original_max_position_embeddings),
+ * attention_factor (default 0.1 ln(factor) + 1), beta_fast 32, beta_slow 1
+ * (0 or null: those); DeepSeek's mscale pair and truncate false are
+ * refused by name. */
+static int parse_yarn(cfg_ctx *c, json_t *rs, const char *rs_name, zn_model_dims *d)
+{
+    int rc;
+    double orig, af;
+    if ((rc = get_num_in(c, rs, rs_name, "original_max_position_embeddings", 0,
+                         (double)d->max_pos, &orig)))
+        return rc;
+    if (orig != floor(orig) || orig <= 0 || orig > 1e12)
+        return zn_set_error(ZN_ECONFIG, "%s: key '%soriginal_max_position_embeddings' must be a "
+                            "positive integer", c->name, rs_name);
+    d->rope_orig_max_pos = (int64_t)orig;
+    if ((rc = get_num_in(c, rs, rs_name, "factor", 0, (double)d->max_pos / orig,
+                         &d->rope_factor)) ||
+        (rc = get_num_in(c, rs, rs_name, "beta_fast", 0, 0, &d->rope_beta_fast)) ||
+        (rc = get_num_in(c, rs, rs_name, "beta_slow", 0, 0, &d->rope_beta_slow)) ||
+        (rc = get_num_in(c, rs, rs_name, "attention_factor", 0, 0, &af)))
+        return rc;
+    if (d->rope_beta_fast == 0)
+        d->rope_beta_fast = 32;
+    if (d->rope_beta_slow == 0)
+        d->rope_beta_slow = 1;
+    static const char *const refused[] = { "mscale", "mscale_all_dim" };
+    for (size_t i = 0; i < 2; i++) {
+        json_t *v = json_object_get(rs, refused[i]);
+        if (v && !json_is_null(v))
+            return zn_set_error(ZN_EUNSUPPORTED, "%s: key '%s%s' is not supported (zinc's yarn "
+                                "takes attention_factor, or 0.1 ln(factor) + 1)", c->name,
+                                rs_name, refused[i]);
+    }
+    json_t *tr = json_object_get(rs, "truncate");
+    if (tr && !json_is_null(tr) && !json_is_true(tr))
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: key '%struncate' other than true is not "
+                            "supported (zinc's yarn rounds the ramp's ends to whole "
+                            "dimensions)", c->name, rs_name);
+    if (!(d->rope_factor > 0))
+        return zn_set_error(ZN_ECONFIG, "%s: key '%sfactor' must be positive, got %g", c->name,
+                            rs_name, d->rope_factor);
+    d->rope_attn_factor = af != 0 ? af : d->rope_factor <= 1 ? 1.0
+                                                             : 0.1 * log(d->rope_factor) + 1.0;
+    d->rope_type = ZN_ROPE_YARN;
+    return 0;
+}
+
+/* One rope_scaling / rope_parameters object's type and its keys into d:
+ * 'default' and 'llama3'; with `layered` (gemma3_text's and olmo3's
+ * full-attention layers) also 'linear' and 'yarn'. `theta_only`: an object
+ * without a type is a theta alone (transformers 5's rope_parameters). */
+static int parse_scaling(cfg_ctx *c, json_t *rs, const char *rs_name, int theta_only,
+                         int layered, zn_model_dims *d)
+{
+    int rc;
+    d->rope_type = ZN_ROPE_DEFAULT;
     json_t *t = json_object_get(rs, "rope_type");
     if (!t)
         t = json_object_get(rs, "type"); /* older transformers spelling */
-    if (!t && rs == rp)
+    if (!t && theta_only)
         return 0; /* rope_parameters with only a theta */
     if (!t || !json_is_string(t))
         return zn_set_error(ZN_ECONFIG, "%s: key '%srope_type' must be a string", c->name,
@@ -265,10 +358,22 @@ static int parse_rope(cfg_ctx *c, zn_model_dims *d)
     const char *type = json_string_value(t);
     if (!strcmp(type, "default"))
         return 0;
+    if (layered && !strcmp(type, "linear")) {
+        if ((rc = get_num_in(c, rs, rs_name, "factor", 1, 0, &d->rope_factor)))
+            return rc;
+        if (!(d->rope_factor > 0))
+            return zn_set_error(ZN_ECONFIG, "%s: key '%sfactor' must be positive, got %g",
+                                c->name, rs_name, d->rope_factor);
+        d->rope_type = ZN_ROPE_LINEAR;
+        return 0;
+    }
+    if (layered && !strcmp(type, "yarn"))
+        return parse_yarn(c, rs, rs_name, d);
     if (strcmp(type, "llama3"))
         return zn_set_error(ZN_EUNSUPPORTED,
                             "%s: %srope_type '%s' is not supported (zinc implements 'default' "
-                            "and 'llama3')", c->name, rs_name, type);
+                            "and 'llama3'%s)", c->name, rs_name, type,
+                            layered ? ", 'linear' and 'yarn'" : "");
     double orig;
     d->rope_type = ZN_ROPE_LLAMA3;
     if ((rc = get_num_in(c, rs, rs_name, "factor", 1, 0, &d->rope_factor)) ||
@@ -284,12 +389,12 @@ static int parse_rope(cfg_ctx *c, zn_model_dims *d)
     return 0;
 }
 
-/* A soft-cap key of Gemma2Config: its default when absent, null for none,
- * else a positive number. */
+/* A soft-cap key of Gemma2Config / Gemma3TextConfig: its default when
+ * absent (0: none), null for none, else a positive number. */
 static int get_cap(cfg_ctx *c, const char *key, double def, double *out)
 {
     json_t *v = json_object_get(c->root, key);
-    if (v && json_is_null(v)) {
+    if ((v && json_is_null(v)) || (!v && def == 0)) {
         *out = 0;
         return 0;
     }
@@ -300,38 +405,50 @@ static int get_cap(cfg_ctx *c, const char *key, double def, double *out)
     return rc;
 }
 
-/* Gemma2Config's own keys: the scores' scalar, the two soft-caps, the
- * window and which layers slide (layer_types; by default every other one
- * from layer 0, Gemma2Config's (i + 1) % 2: zinc's full_every 2). */
-static int parse_gemma2(cfg_ctx *c, zn_model_dims *d)
+/* The keys of the families with windows on some layers (Gemma2Config,
+ * Gemma3TextConfig, Olmo3Config): the scores' scalar and the two soft-caps
+ * (Gemma's; capped by default in Gemma 2, not in Gemma 3), the window and
+ * which layers slide (layer_types; by default one full layer every k, the
+ * (i + 1) % k of the configs: Gemma 2's k 2, Gemma 3's
+ * sliding_window_pattern 6, OLMo 3's 4; zinc's full_every k). */
+static int parse_windowed(cfg_ctx *c, zn_model_dims *d)
 {
     int rc, flag;
-    if ((rc = get_num_in(c, c->root, "", "query_pre_attn_scalar", 0, 256, &d->attn_scalar)))
-        return rc;
-    if (!(d->attn_scalar > 0))
-        return zn_set_error(ZN_ECONFIG, "%s: key 'query_pre_attn_scalar' must be positive, got "
-                            "%g", c->name, d->attn_scalar);
-    if ((rc = get_cap(c, "attn_logit_softcapping", 50.0, &d->attn_softcap)) ||
-        (rc = get_cap(c, "final_logit_softcapping", 30.0, &d->final_softcap)))
-        return rc;
+    int g23 = d->arch == ZN_ARCH_GEMMA2 || d->arch == ZN_ARCH_GEMMA3;
+    int gemma3 = d->arch == ZN_ARCH_GEMMA3;
+    const char *who = d->arch == ZN_ARCH_GEMMA2 ? "Gemma 2" : gemma3 ? "Gemma 3" : "OLMo 3";
+    if (g23) {
+        if ((rc = get_num_in(c, c->root, "", "query_pre_attn_scalar", 0, 256, &d->attn_scalar)))
+            return rc;
+        if (!(d->attn_scalar > 0))
+            return zn_set_error(ZN_ECONFIG, "%s: key 'query_pre_attn_scalar' must be positive, "
+                                "got %g", c->name, d->attn_scalar);
+        if ((rc = get_cap(c, "attn_logit_softcapping", gemma3 ? 0 : 50.0, &d->attn_softcap)) ||
+            (rc = get_cap(c, "final_logit_softcapping", gemma3 ? 0 : 30.0, &d->final_softcap)))
+            return rc;
+        if ((rc = get_bool(c, "use_bidirectional_attention", 0, &flag)))
+            return rc;
+        if (flag)
+            return zn_set_error(ZN_EUNSUPPORTED, "%s: use_bidirectional_attention=true is not "
+                                "supported (zinc computes causal attention)", c->name);
+    }
     json_t *sw = json_object_get(c->root, "sliding_window");
     if (sw && json_is_null(sw))
-        return zn_set_error(ZN_EUNSUPPORTED, "%s: sliding_window null is not supported (Gemma 2's "
-                            "sliding layers need a window; transformers refuses it too)", c->name);
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: sliding_window null is not supported (%s's "
+                            "sliding layers need a window; transformers refuses it too)", c->name,
+                            who);
     if ((rc = get_int(c, "sliding_window", 0, 4096, &d->sliding_window)))
         return rc;
-    if ((rc = get_bool(c, "use_bidirectional_attention", 0, &flag)))
-        return rc;
-    if (flag)
-        return zn_set_error(ZN_EUNSUPPORTED, "%s: use_bidirectional_attention=true is not "
-                            "supported (zinc computes causal attention)", c->name);
     double drop;
     if ((rc = get_num_in(c, c->root, "", "attention_dropout", 0, 0.0, &drop)))
         return rc;
     if (drop != 0)
         return zn_set_error(ZN_EUNSUPPORTED, "%s: attention_dropout %g is not supported (zinc "
                             "trains without dropout in the model; set it to 0)", c->name, drop);
-    d->full_every = 2;
+    d->full_every = d->arch == ZN_ARCH_GEMMA2 ? 2 : 4;
+    /* Gemma3TextConfig reads sliding_window_pattern when layer_types is absent */
+    if (gemma3 && (rc = get_int(c, "sliding_window_pattern", 0, 6, &d->full_every)))
+        return rc;
     json_t *lt = json_object_get(c->root, "layer_types");
     if (!lt || json_is_null(lt))
         return 0;
@@ -358,6 +475,94 @@ static int parse_gemma2(cfg_ctx *c, zn_model_dims *d)
                                 want);
     }
     return 0;
+}
+
+/* gemma3_text's and olmo3's RoPE, per layer type. transformers 5 writes
+ * rope_parameters {"sliding_attention": {rope_type, rope_theta},
+ * "full_attention": {rope_type, rope_theta, factor, ...}}; 4.x wrote
+ * rope_theta and rope_scaling (the full-attention layers') and, for
+ * gemma3, rope_local_base_freq (the sliding layers'). The sliding layers
+ * rotate unscaled. */
+static int parse_rope_layered(cfg_ctx *c, zn_model_dims *d)
+{
+    int rc, gemma3 = d->arch == ZN_ARCH_GEMMA3;
+    /* Gemma3TextConfig.default_theta (global, local), Olmo3Config's */
+    double def_full = gemma3 ? 1000000.0 : 500000.0, def_local = gemma3 ? 10000.0 : 500000.0;
+    json_t *rp = json_object_get(c->root, "rope_parameters");
+    json_t *rs = json_object_get(c->root, "rope_scaling");
+    json_t *lb = json_object_get(c->root, "rope_local_base_freq");
+    double theta, local;
+    if ((rc = get_num_in(c, c->root, "", "rope_theta", 0, 0.0, &theta)) ||
+        (rc = get_num_in(c, c->root, "", "rope_local_base_freq", 0, 0.0, &local)))
+        return rc;
+    if (!gemma3 && lb && !json_is_null(lb))
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: key 'rope_local_base_freq' is Gemma 3's, not "
+                            "%s's (its sliding layers rotate with rope_theta)", c->name,
+                            zn_model_arch_name(d->arch));
+    d->rope_type = ZN_ROPE_DEFAULT;
+    if (rp && !json_is_null(rp)) {
+        if (!json_is_object(rp))
+            return zn_set_error(ZN_ECONFIG, "%s: key 'rope_parameters' must be an object",
+                                c->name);
+        if ((rs && !json_is_null(rs)) || theta != 0 || local != 0)
+            return zn_set_error(ZN_ECONFIG, "%s: rope_parameters beside rope_scaling, rope_theta "
+                                "or rope_local_base_freq: keep rope_parameters alone (one "
+                                "object per layer type)", c->name);
+        const char *key;
+        json_t *v;
+        json_object_foreach(rp, key, v) {
+            if (strcmp(key, "sliding_attention") && strcmp(key, "full_attention"))
+                return zn_set_error(ZN_EUNSUPPORTED, "%s: key 'rope_parameters.%s' is not "
+                                    "supported (%s's rope_parameters holds one object per layer "
+                                    "type: sliding_attention, full_attention)", c->name, key,
+                                    zn_model_arch_name(d->arch));
+            if (!json_is_null(v) && !json_is_object(v))
+                return zn_set_error(ZN_ECONFIG, "%s: key 'rope_parameters.%s' must be an object",
+                                    c->name, key);
+        }
+        json_t *full = json_object_get(rp, "full_attention");
+        json_t *sl = json_object_get(rp, "sliding_attention");
+        d->rope_theta = def_full;
+        d->rope_local_theta = def_local;
+        if (full && !json_is_null(full) &&
+            ((rc = get_num_in(c, full, "rope_parameters.full_attention.", "rope_theta", 0,
+                              def_full, &d->rope_theta)) ||
+             (rc = parse_scaling(c, full, "rope_parameters.full_attention.", 1, 1, d))))
+            return rc;
+        if (sl && !json_is_null(sl)) {
+            zn_model_dims tmp = *d;
+            if ((rc = get_num_in(c, sl, "rope_parameters.sliding_attention.", "rope_theta", 0,
+                                 def_local, &d->rope_local_theta)) ||
+                (rc = parse_scaling(c, sl, "rope_parameters.sliding_attention.", 1, 1, &tmp)))
+                return rc;
+            if (tmp.rope_type != ZN_ROPE_DEFAULT)
+                return zn_set_error(ZN_EUNSUPPORTED, "%s: a rope_parameters.sliding_attention."
+                                    "rope_type other than 'default' is not supported (zinc "
+                                    "scales the full-attention layers' RoPE only, as %s's "
+                                    "checkpoints do)", c->name, zn_model_arch_name(d->arch));
+        }
+        return 0;
+    }
+    d->rope_theta = theta != 0 ? theta : def_full;
+    if (gemma3) {
+        d->rope_local_theta = local != 0 ? local : def_local;
+    } else {
+        /* transformers 4.x rotates OLMo 3's sliding layers with rope_theta;
+         * 5.x (Olmo3Config.convert_rope_params_to_dict) with its default
+         * 500000 whatever rope_theta says: they agree only there */
+        if (theta != 0 && theta != def_full)
+            return zn_set_error(ZN_EUNSUPPORTED, "%s: rope_theta %g without rope_parameters is "
+                                "ambiguous for olmo3 (transformers 4.x rotates the sliding "
+                                "layers with it, 5.x with 500000): give rope_parameters per "
+                                "layer type", c->name, theta);
+        d->rope_local_theta = d->rope_theta;
+    }
+    if (!rs || json_is_null(rs))
+        return 0;
+    if (!json_is_object(rs))
+        return zn_set_error(ZN_ECONFIG, "%s: key 'rope_scaling' must be an object or null",
+                            c->name);
+    return parse_scaling(c, rs, "rope_scaling.", 0, 1, d);
 }
 
 static int parse_root(cfg_ctx *c, zn_model_dims *d)
@@ -387,7 +592,7 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
 
     /* the MLP's gate: silu; Gemma's tanh GELU (older Gemma configs say it in
      * hidden_activation, beside a hidden_act transformers no longer reads) */
-    int gemma = d->arch == ZN_ARCH_GEMMA || d->arch == ZN_ARCH_GEMMA2;
+    int gemma = d->arch == ZN_ARCH_GEMMA || d->arch == ZN_ARCH_GEMMA2 || d->arch == ZN_ARCH_GEMMA3;
     if ((rc = get_str(c, gemma && json_object_get(c->root, "hidden_activation")
                              ? "hidden_activation" : "hidden_act", &s)))
         return rc;
@@ -417,9 +622,11 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
 
     if ((rc = get_num_in(c, c->root, "", "rms_norm_eps", 0, 1e-6, &d->rms_eps)))
         return rc;
-    if ((rc = parse_rope(c, d)))
+    int layered = d->arch == ZN_ARCH_GEMMA3 || d->arch == ZN_ARCH_OLMO3;
+    if ((rc = layered ? parse_rope_layered(c, d) : parse_rope(c, d)))
         return rc;
-    /* GemmaConfig and Gemma2Config tie by default; the others do not */
+    /* GemmaConfig, Gemma2Config and Gemma3TextConfig tie by default; the
+     * others do not */
     if ((rc = get_bool(c, "tie_word_embeddings", gemma, &d->tie_embeddings)))
         return rc;
 
@@ -474,11 +681,13 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
                                                      &d->sliding_window)))
             return rc;
     }
-    if (d->arch == ZN_ARCH_GEMMA2 && (rc = parse_gemma2(c, d)))
+    int windowed = d->arch == ZN_ARCH_GEMMA2 || layered;
+    if (windowed && (rc = parse_windowed(c, d)))
         return rc;
-    /* transformers 5: per-layer attention kinds (gemma2's read above). */
+    /* transformers 5: per-layer attention kinds (the windowed families'
+     * read above). */
     json_t *lt = json_object_get(c->root, "layer_types");
-    if (lt && !json_is_null(lt) && d->arch != ZN_ARCH_GEMMA2) {
+    if (lt && !json_is_null(lt) && !windowed) {
         if (!json_is_array(lt))
             return zn_set_error(ZN_ECONFIG, "%s: key 'layer_types' must be an array", c->name);
         size_t i;
@@ -496,11 +705,13 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
         /* MistralAttention, Phi3Attention: no bias on any projection
          * (neither reads attention_bias) */
     } else {
-        /* llama, qwen3, olmo2, gemma, gemma2: attention_bias on q, k, v and o alike;
-         * qwen3's per-head q/k norm, olmo2's full-width one and its
-         * post-norms always */
-        d->qk_norm = d->arch == ZN_ARCH_QWEN3 ? 1 : d->arch == ZN_ARCH_OLMO2 ? 2 : 0;
-        d->post_norm = d->arch == ZN_ARCH_OLMO2 ? 1 : d->arch == ZN_ARCH_GEMMA2 ? 2 : 0;
+        /* llama, qwen3, olmo2/3, gemma, gemma2/3: attention_bias on q, k, v
+         * and o alike; qwen3's and gemma3's per-head q/k norm, olmo2/3's
+         * full-width one and their post-norms always */
+        int olmo = d->arch == ZN_ARCH_OLMO2 || d->arch == ZN_ARCH_OLMO3;
+        int g23 = d->arch == ZN_ARCH_GEMMA2 || d->arch == ZN_ARCH_GEMMA3;
+        d->qk_norm = d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_GEMMA3 ? 1 : olmo ? 2 : 0;
+        d->post_norm = olmo ? 1 : g23 ? 2 : 0;
         if ((rc = get_bool(c, "attention_bias", 0, &flag)))
             return rc;
         d->qkv_bias = d->o_bias = flag;
@@ -569,20 +780,68 @@ static int set_or_fail(json_t *o, const char *k, json_t *v)
     return 0;
 }
 
-/* Gemma2Config's keys, layer_types spelled out (transformers 5 reads it;
- * 4.x computes the same default pattern). Nonzero on a failed set. */
-static int write_gemma2(json_t *o, const zn_model_dims *d)
+/* One layer type's RoPE object of transformers 5's rope_parameters. */
+static json_t *rope_object(double theta, const zn_model_dims *d, int scaled)
 {
-    int bad = set_or_fail(o, "hidden_activation", json_string("gelu_pytorch_tanh"));
-    /* Gemma2Config types it int: written as one when it is whole */
-    double qs = d->attn_scalar;
-    bad |= set_or_fail(o, "query_pre_attn_scalar", qs == floor(qs) && qs < 1e15
-                                                       ? json_integer((json_int_t)qs)
-                                                       : json_real(qs));
-    bad |= set_or_fail(o, "attn_logit_softcapping",
-                       d->attn_softcap > 0 ? json_real(d->attn_softcap) : json_null());
-    bad |= set_or_fail(o, "final_logit_softcapping",
-                       d->final_softcap > 0 ? json_real(d->final_softcap) : json_null());
+    json_t *r = json_object();
+    if (!r)
+        return NULL;
+    int bad = set_or_fail(r, "rope_theta", json_real(theta));
+    zn_rope_type t = scaled ? d->rope_type : ZN_ROPE_DEFAULT;
+    const char *name = t == ZN_ROPE_LLAMA3 ? "llama3" : t == ZN_ROPE_LINEAR ? "linear"
+                       : t == ZN_ROPE_YARN ? "yarn" : "default";
+    bad |= set_or_fail(r, "rope_type", json_string(name));
+    if (t != ZN_ROPE_DEFAULT)
+        bad |= set_or_fail(r, "factor", json_real(d->rope_factor));
+    if (t == ZN_ROPE_LLAMA3) {
+        bad |= set_or_fail(r, "low_freq_factor", json_real(d->rope_low_freq_factor));
+        bad |= set_or_fail(r, "high_freq_factor", json_real(d->rope_high_freq_factor));
+    }
+    if (t == ZN_ROPE_LLAMA3 || t == ZN_ROPE_YARN)
+        bad |= set_or_fail(r, "original_max_position_embeddings",
+                           json_integer(d->rope_orig_max_pos));
+    if (t == ZN_ROPE_YARN) {
+        bad |= set_or_fail(r, "beta_fast", json_real(d->rope_beta_fast));
+        bad |= set_or_fail(r, "beta_slow", json_real(d->rope_beta_slow));
+        bad |= set_or_fail(r, "attention_factor", json_real(d->rope_attn_factor));
+    }
+    if (bad) {
+        json_decref(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* The windowed families' keys (Gemma2Config, Gemma3TextConfig,
+ * Olmo3Config), layer_types spelled out (transformers 5 reads it; 4.x
+ * computes the same default pattern), and for gemma3_text and olmo3 the
+ * RoPE of each layer type as transformers 5's rope_parameters (5.x reads
+ * OLMo 3's 4.x keys with the sliding layers at 500000 whatever rope_theta
+ * says). Nonzero on a failed set. */
+static int write_windowed(json_t *o, const zn_model_dims *d)
+{
+    int bad = 0;
+    if (d->arch != ZN_ARCH_OLMO3) {
+        bad |= set_or_fail(o, "hidden_activation", json_string("gelu_pytorch_tanh"));
+        /* Gemma2Config types it int: written as one when it is whole */
+        double qs = d->attn_scalar;
+        bad |= set_or_fail(o, "query_pre_attn_scalar", qs == floor(qs) && qs < 1e15
+                                                           ? json_integer((json_int_t)qs)
+                                                           : json_real(qs));
+        bad |= set_or_fail(o, "attn_logit_softcapping",
+                           d->attn_softcap > 0 ? json_real(d->attn_softcap) : json_null());
+        bad |= set_or_fail(o, "final_logit_softcapping",
+                           d->final_softcap > 0 ? json_real(d->final_softcap) : json_null());
+    }
+    if (d->rope_local_theta > 0) {
+        json_t *rp = json_object();
+        bad |= !rp;
+        if (rp) {
+            bad |= set_or_fail(rp, "full_attention", rope_object(d->rope_theta, d, 1));
+            bad |= set_or_fail(rp, "sliding_attention", rope_object(d->rope_local_theta, d, 0));
+        }
+        bad |= set_or_fail(o, "rope_parameters", rp);
+    }
     bad |= set_or_fail(o, "sliding_window", json_integer(d->sliding_window));
     json_t *lt = json_array();
     bad |= !lt;
@@ -604,7 +863,10 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
     if (rc)
         return rc;
     int ab = d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_OLMO2 ||
-             d->arch == ZN_ARCH_GEMMA || d->arch == ZN_ARCH_GEMMA2; /* writes attention_bias */
+             d->arch == ZN_ARCH_GEMMA || d->arch == ZN_ARCH_GEMMA2 || d->arch == ZN_ARCH_GEMMA3 ||
+             d->arch == ZN_ARCH_OLMO3; /* writes attention_bias */
+    int windowed = d->arch == ZN_ARCH_GEMMA2 || d->arch == ZN_ARCH_GEMMA3 ||
+                   d->arch == ZN_ARCH_OLMO3;
     if (d->o_bias != d->qkv_bias && ab)
         return zn_set_error(ZN_ECONFIG, "model dims: %s's attention_bias covers q/k/v and o "
                                         "alike; qkv_bias != o_bias cannot be written",
@@ -634,7 +896,8 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
         bad |= set_or_fail(o, "head_dim", json_integer(d->head_dim));
         bad |= set_or_fail(o, "vocab_size", json_integer(d->vocab));
         bad |= set_or_fail(o, "max_position_embeddings", json_integer(d->max_pos));
-        bad |= set_or_fail(o, "rope_theta", json_real(d->rope_theta));
+        if (d->rope_local_theta <= 0) /* else in rope_parameters */
+            bad |= set_or_fail(o, "rope_theta", json_real(d->rope_theta));
         bad |= set_or_fail(o, "rms_norm_eps", json_real(d->rms_eps));
         bad |= set_or_fail(o, "tie_word_embeddings", json_boolean(d->tie_embeddings));
         if (d->has_pad)
@@ -647,15 +910,17 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
         bad |= set_or_fail(o, "dtype", json_string(tdt));
         if (ab)
             bad |= set_or_fail(o, "attention_bias", json_boolean(d->qkv_bias));
-        if (d->arch == ZN_ARCH_GEMMA2)
-            bad |= write_gemma2(o, d);
+        if (windowed)
+            bad |= write_windowed(o, d);
         if (is_qwen || d->arch == ZN_ARCH_QWEN3)
             bad |= set_or_fail(o, "use_sliding_window", json_false());
         else if (d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3)
             bad |= set_or_fail(o, "sliding_window", d->sliding_window
                                                         ? json_integer(d->sliding_window)
                                                         : json_null());
-        if (d->rope_type == ZN_ROPE_LLAMA3) {
+        if (d->rope_local_theta > 0) {
+            /* in rope_parameters (write_windowed) */
+        } else if (d->rope_type == ZN_ROPE_LLAMA3) {
             json_t *rs = json_object();
             bad |= !rs;
             if (rs) {

@@ -88,7 +88,8 @@ struct zn_model {
     int32_t *kwin;                /* a sliding window (dims.sliding_window): each token's
                                      first key, its window's or its document's, the later;
                                      else NULL */
-    float *inv_freq;
+    float *inv_freq;    /* RoPE: [hd / 2] the full-attention layers' (every layer's
+                           unless rope_local_theta), then the sliding layers' */
     float *loss;        /* scalar */
     /* head */
     void *hN;
@@ -112,6 +113,8 @@ struct zn_model {
     float lscale;       /* LoRA scale */
     float woff;         /* every norm's weight offset: 1 for Gemma's (1 + w), else 0 */
     float attn_scale;   /* the scores' scale: head_dim^-1/2, or query_pre_attn_scalar's */
+    float attn_scale_full; /* the full-attention layers' (yarn's attention_factor squared
+                              times attn_scale); attn_scale where no yarn */
     float attn_cap, final_cap; /* soft-capping of the scores and the logits (0: none) */
     float emb_scale;    /* the embedding's scale (Gemma's sqrt(hidden) in the compute type),
                            else 1 */

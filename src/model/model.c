@@ -104,7 +104,7 @@ static void layout(zn_model *m, unsigned char *base)
     m->kstart = carve(&c, (uint64_t)N * 4);
     m->bwd_ids = m->d.has_pad ? carve(&c, (uint64_t)N * 4) : NULL;
     m->kwin = m->d.sliding_window > 0 ? carve(&c, (uint64_t)N * 4) : NULL;
-    m->inv_freq = carve(&c, (uint64_t)m->hd / 2 * 4);
+    m->inv_freq = carve(&c, (uint64_t)m->hd * 4); /* two tables */
     m->loss = carve(&c, 4);
     m->hN = carve(&c, (uint64_t)(N * H) * esz);
     m->rstdN = carve(&c, (uint64_t)N * 4);
@@ -177,6 +177,7 @@ static void set_shapes(zn_model *m, const zn_model_dims *d, const zn_model_confi
     /* transformers: query_pre_attn_scalar**-0.5 in Python's float64 */
     m->attn_scale = d->attn_scalar > 0 ? (float)pow(d->attn_scalar, -0.5)
                                        : 1.0f / sqrtf((float)d->head_dim);
+    m->attn_scale_full = m->attn_scale;
     m->attn_cap = (float)d->attn_softcap;
     m->final_cap = (float)d->final_softcap;
     /* transformers multiplies by sqrt(hidden) cast to the weights' type */
@@ -301,16 +302,25 @@ int zn_model_create(zn_model **out, zn_dev *dev, const zn_model_dims *d,
     }
     layout(m, m->mem);
 
-    /* RoPE frequencies, once. */
-    float *inv = malloc((size_t)m->hd / 2 * sizeof *inv);
+    /* RoPE frequencies, once: the full-attention layers' table (every
+     * layer's but gemma3's and olmo3's sliding ones) and the sliding
+     * layers' (the same where they have none of their own); yarn's score
+     * factor on the full-attention layers */
+    float *inv = malloc((size_t)m->hd * sizeof *inv);
     if (!inv) {
         zn_model_destroy(m);
         return zn_set_error(-ENOMEM, "out of memory");
     }
-    zn_rope_scaling sc = { d->rope_factor, d->rope_low_freq_factor, d->rope_high_freq_factor,
-                           (double)d->rope_orig_max_pos };
-    zn_rope_inv_freq(inv, m->hd, d->rope_theta, d->rope_type == ZN_ROPE_LLAMA3 ? &sc : NULL);
-    rc = zn_dev_copy_h2d(dev, NULL, m->inv_freq, inv, (size_t)m->hd / 2 * 4);
+    int64_t full = -1, slide = -1;
+    for (int64_t l = 0; l < d->n_layers; l++)
+        *(zn_model_layer_slides(d, l) ? &slide : &full) = l;
+    double fac = 1.0, unused;
+    rc = zn_model_rope_table(d, full >= 0 ? full : 0, inv, &fac);
+    if (!rc)
+        rc = zn_model_rope_table(d, slide >= 0 ? slide : 0, inv + m->hd / 2, &unused);
+    m->attn_scale_full = (float)(m->attn_scale * fac);
+    if (!rc)
+        rc = zn_dev_copy_h2d(dev, NULL, m->inv_freq, inv, (size_t)m->hd * 4);
     if (!rc)
         rc = zn_dev_stream_sync(dev, NULL);
     free(inv);

@@ -22,6 +22,22 @@ static const int32_t *key_starts(const zn_model *m, int layer)
     return m->packed ? m->kstart : NULL;
 }
 
+/* Layer `layer`'s RoPE table and scores' scale: gemma3's and olmo3's
+ * sliding layers rotate with their own base, and yarn scales the
+ * full-attention layers' scores. */
+static const float *layer_rope(const zn_model *m, int layer)
+{
+    return m->d.rope_local_theta > 0 && zn_model_layer_slides(&m->d, layer)
+               ? m->inv_freq + m->hd / 2
+               : m->inv_freq;
+}
+
+static float layer_scale(const zn_model *m, int layer)
+{
+    return zn_model_layer_slides(&m->d, layer) && m->d.rope_local_theta > 0 ? m->attn_scale
+                                                                           : m->attn_scale_full;
+}
+
 /* Sequence b's first key per query, or NULL. */
 static const int32_t *key_start(const zn_model *m, int layer, int64_t b)
 {
@@ -33,16 +49,16 @@ static const int32_t *key_start(const zn_model *m, int layer, int64_t b)
  * softmax, or (soft-capping) capped into `into` (SS itself, or SC for a
  * backward that needs them) and taken as they are. Returns what to pass
  * the softmax and sets *scale to its scale. */
-static const float *capped_scores(zn_model *m, zn_stream *s, int64_t n, float *into,
+static const float *capped_scores(zn_model *m, zn_stream *s, int layer, int64_t n, float *into,
                                   float *scale, int *rc)
 {
-    *scale = m->attn_scale;
+    *scale = layer_scale(m, layer);
     *rc = 0;
     if (m->attn_cap <= 0.0f)
         return m->SS;
     *scale = 1.0f;
     *rc = zn_dev_softcap_fwd(m->dev, s, m->SS, ZN_DTYPE_F32, into, ZN_DTYPE_F32, n,
-                             m->attn_scale, m->attn_cap);
+                             layer_scale(m, layer), m->attn_cap);
     return into;
 }
 
@@ -77,7 +93,7 @@ static int attn_probs(zn_model *m, zn_stream *s, int layer, const zn_m_layer_act
     const int32_t *ks = key_start(m, layer, b);
     float scale;
     int rc;
-    const float *S = capped_scores(m, s, m->nh * qn * kn, m->SC, &scale, &rc);
+    const float *S = capped_scores(m, s, layer, m->nh * qn * kn, m->SC, &scale, &rc);
     ZN_TRY(rc);
     return zn_dev_softmax_causal_fwd(m->dev, s, S, ZN_DTYPE_F32, m->P, m->dt, m->nh, qn, kn,
                                      q0, ks ? ks + q0 : NULL, scale);
@@ -88,14 +104,14 @@ static int attn_probs(zn_model *m, zn_stream *s, int layer, const zn_m_layer_act
 static int attn_fwd_fused(zn_model *m, zn_stream *s, int layer, const zn_m_layer_acts *a)
 {
     return zn_dev_flash_attn_fwd(m->dev, s, a->qkv, m->dt, m->qkv_ld, m->B, m->T, m->nh, m->nkv,
-                                 m->hd, key_starts(m, layer), m->attn_scale, m->attn_cap,
+                                 m->hd, key_starts(m, layer), layer_scale(m, layer), m->attn_cap,
                                  a->attn, m->qd, a->lse);
 }
 
 static int attn_bwd_fused(zn_model *m, zn_stream *s, int layer, const zn_m_layer_acts *a)
 {
     return zn_dev_flash_attn_bwd(m->dev, s, a->qkv, m->dt, m->qkv_ld, m->B, m->T, m->nh, m->nkv,
-                                 m->hd, key_starts(m, layer), m->attn_scale, m->attn_cap,
+                                 m->hd, key_starts(m, layer), layer_scale(m, layer), m->attn_cap,
                                  a->attn, m->d_attn, m->qd, a->lse, m->fdelta, m->dqkv,
                                  m->qkv_ld);
 }
@@ -149,7 +165,7 @@ static int attn_fwd_kv(zn_model *m, zn_stream *s, int layer, const zn_m_layer_ac
             const int32_t *ks = key_start(m, layer, b); /* the window's, over the cache */
             float scale;
             int rc;
-            const float *S = capped_scores(m, s, m->nh * qn * kn, m->SS, &scale, &rc);
+            const float *S = capped_scores(m, s, layer, m->nh * qn * kn, m->SS, &scale, &rc);
             ZN_TRY(rc);
             ZN_TRY(zn_dev_softmax_causal_fwd(m->dev, s, S, ZN_DTYPE_F32, m->P, m->dt, m->nh,
                                              qn, kn, p0 + q0, ks ? ks + q0 : NULL, scale));
@@ -177,7 +193,7 @@ static int attn_bwd(zn_model *m, zn_stream *s, int layer, const zn_m_layer_acts 
     int64_t T = m->T, ld = m->qkv_ld, hd = m->hd, g = m->g, qd = m->qd, kvd = m->kvd;
     int64_t QB = attn_rows(m), nblk = (T + QB - 1) / QB;
     size_t e = m->esz;
-    float scale = m->attn_scale;
+    float scale = layer_scale(m, layer);
     const int cap = m->attn_cap > 0.0f;
     for (int64_t b = 0; b < m->B; b++) {
         const void *qb = zn_m_at(a->qkv, b * T * ld, e);
@@ -517,9 +533,10 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *par
                                         zn_m_at(a->qkv, qd, e), dt, ld,
                                         a->qk_rstd + m->max_n * m->nh, N, g.kh, g.kdim, eps, m->woff));
     }
-    ZN_TRY(zn_dev_rope_fwd(m->dev, s, a->qkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
+    const float *rope = layer_rope(m, layer);
+    ZN_TRY(zn_dev_rope_fwd(m->dev, s, a->qkv, dt, N, m->nh, m->hd, ld, m->pos, rope));
     ZN_TRY(zn_dev_rope_fwd(m->dev, s, zn_m_at(a->qkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
-                        m->inv_freq));
+                           rope));
     ZN_TRY(kv ? attn_fwd_kv(m, s, layer, a, kv) : attn_fwd(m, s, layer, a));
     /* x_mid = x_in + attn Wo^T (+ bo); post-norm: x_in + norm(attn Wo^T (+ bo)) */
     float *ro = NULL;
@@ -676,9 +693,10 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
     ZN_TRY(linear_dx(m, s, dov, H, PRM(ZN_M_P_WO), H, qd, 0.0f, m->d_attn, dt, qd));
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_O, qd, m->d_attn, dt, qd));
     ZN_TRY(attn_bwd(m, s, layer, &a));
-    ZN_TRY(zn_dev_rope_bwd(m->dev, s, m->dqkv, dt, N, m->nh, m->hd, ld, m->pos, m->inv_freq));
+    const float *rope = layer_rope(m, layer);
+    ZN_TRY(zn_dev_rope_bwd(m->dev, s, m->dqkv, dt, N, m->nh, m->hd, ld, m->pos, rope));
     ZN_TRY(zn_dev_rope_bwd(m->dev, s, zn_m_at(m->dqkv, qd, e), dt, N, m->nkv, m->hd, ld, m->pos,
-                        m->inv_freq));
+                           rope));
     if (m->d.qk_norm) { /* dqkv's q and k: through their norms, in place */
         qk_norm_shape g = qk_shape(m);
         ZN_TRY(zn_dev_rmsnorm_heads_bwd(m->dev, s, a.qk_pre, dt, qd + kvd, PRM(ZN_M_P_QN), dt,
