@@ -30,6 +30,15 @@ Two small decoders with shapes unlike the other fixtures:
             16, the scores capped at 4 and the logits at 2, a 5-key window
             on layers 0 and 2 of 3 over the 12-token sequences), hidden 32,
             GQA 4/2, tied, pad id 0, bf16
+  ft-gemma3 gemma3_text (gemma2's norms with the per-head (1 + w) q/k norm,
+            no caps, a 5-key window and rope_local_base_freq 100 on layers 0
+            and 1 of 3 (sliding_window_pattern 3), rope_theta 10000 scaled
+            linearly by 2 on layer 2), hidden 32, GQA 4/2 of head_dim 16,
+            tied, pad id 0, bf16
+  ft-olmo3  olmo3 (olmo2's block, layer_types sliding, sliding, full: a
+            5-key window on layers 0 and 1, YaRN on layer 2 with factor 2
+            over 16 original positions and attention_factor 1.1 given),
+            hidden 32, GQA 4/2, untied, pad id 1, bf16
 For each folder: config.json (transformers' own), the weights,
 train-config.json (the zinc config the test trains with: DeepSpeed's
 optimizer / scheduler / clipping keys and the batch shape), and
@@ -113,6 +122,14 @@ def shapes(kind):
         return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
                     max_position_embeddings=64, hidden_activation="gelu_pytorch_tanh")
+    if kind == "gemma3":
+        return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
+                    max_position_embeddings=64, hidden_activation="gelu_pytorch_tanh")
+    if kind == "olmo3":
+        return dict(hidden_size=32, intermediate_size=56, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                    max_position_embeddings=64, hidden_act="silu")
     if kind == "gemma":
         return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=1, head_dim=16, vocab_size=128,
@@ -150,7 +167,7 @@ def randomize(model, torch, gen):
             elif "embed_tokens" in name:
                 # tied: the same table makes the logits, keep them O(1)
                 std = 0.3 if model.config.tie_word_embeddings else 1.0
-                if model.config.model_type in ("gemma", "gemma2"):
+                if model.config.model_type in ("gemma", "gemma2", "gemma3_text"):
                     std = 0.1  # its rows enter the layers times sqrt(hidden)
                 v = std * torch.randn(p.shape, generator=gen)
             else:
@@ -303,7 +320,7 @@ def make(kind, out, torch, transformers, save_file):
     gen = torch.Generator().manual_seed({"llama": 11, "qwen2": 12, "tied": 13, "vocab": 14,
                                      "tiedvocab": 15, "qwen3": 16, "phi3": 17,
                                      "olmo2": 18, "gemma": 19, "mistral": 20,
-                                     "gemma2": 31}[kind])
+                                     "gemma2": 31, "gemma3": 33, "olmo3": 35}[kind])
     if kind in ("tied", "tiedvocab"):
         cfg = transformers.LlamaConfig(**shapes(kind), rms_norm_eps=1e-5, tie_word_embeddings=True,
                                        attention_bias=False, rope_theta=500000.0)
@@ -346,6 +363,29 @@ def make(kind, out, torch, transformers, save_file):
                                         sliding_window=5, pad_token_id=0, bos_token_id=2,
                                         eos_token_id=1)
         cls = transformers.Gemma2ForCausalLM
+        disk = torch.bfloat16
+    elif kind == "gemma3":
+        cfg = transformers.Gemma3TextConfig(**shapes(kind), rms_norm_eps=1e-6,
+                                            tie_word_embeddings=True, rope_theta=10000.0,
+                                            rope_local_base_freq=100.0,
+                                            rope_scaling={"rope_type": "linear", "factor": 2.0},
+                                            attention_bias=False, query_pre_attn_scalar=24,
+                                            sliding_window=5, sliding_window_pattern=3,
+                                            pad_token_id=0, bos_token_id=2, eos_token_id=1)
+        cls = transformers.Gemma3ForCausalLM
+        disk = torch.bfloat16
+    elif kind == "olmo3":
+        rope = {"full_attention": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
+                                   "original_max_position_embeddings": 16,
+                                   "attention_factor": 1.1},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+        cfg = transformers.Olmo3Config(**shapes(kind), rms_norm_eps=1e-6,
+                                       tie_word_embeddings=False, rope_parameters=rope,
+                                       attention_bias=False, sliding_window=5,
+                                       layer_types=["sliding_attention", "sliding_attention",
+                                                    "full_attention"],
+                                       pad_token_id=1, bos_token_id=None, eos_token_id=2)
+        cls = transformers.Olmo3ForCausalLM
         disk = torch.bfloat16
     elif kind == "mistral":
         cfg = transformers.MistralConfig(**shapes(kind), rms_norm_eps=1e-5,
@@ -399,7 +439,8 @@ def make(kind, out, torch, transformers, save_file):
         json.dump(zcfg, f, indent=2)
 
     dseed = {"llama": 21, "qwen2": 22, "tied": 23, "vocab": 24, "tiedvocab": 25, "qwen3": 26,
-             "phi3": 27, "olmo2": 28, "gemma": 29, "mistral": 30, "gemma2": 32}[kind]
+             "phi3": 27, "olmo2": 28, "gemma": 29, "mistral": 30, "gemma2": 32,
+             "gemma3": 34, "olmo3": 36}[kind]
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
     fresh = copy.deepcopy(model)  # the same values, ties kept
 
@@ -430,7 +471,7 @@ def make(kind, out, torch, transformers, save_file):
         "weights_dtype": {"llama": "bf16", "qwen2": "f16", "tied": "f32", "vocab": "f32",
                           "tiedvocab": "f32", "qwen3": "bf16", "phi3": "bf16",
                           "olmo2": "bf16", "gemma": "f32", "mistral": "bf16",
-                          "gemma2": "bf16"}[kind],
+                          "gemma2": "bf16", "gemma3": "bf16", "olmo3": "bf16"}[kind],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "float64": f64,
         "noise": noise,
@@ -453,7 +494,7 @@ def check_export(zinc, torch, transformers):
     fx = os.path.join(ROOT, "tests", "fixtures")
     bad = 0
     for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
-                 "olmo2", "gemma", "mistral", "gemma2"):
+                 "olmo2", "gemma", "mistral", "gemma2", "gemma3", "olmo3"):
         src = os.path.join(fx, "ft-" + kind)
         V = json.load(open(os.path.join(src, "config.json")))["vocab_size"]
         with tempfile.TemporaryDirectory() as tmp:
@@ -498,7 +539,7 @@ def main():
     ap.add_argument("--check-export", metavar="ZINC", help="check zinc's fine-tuned exports "
                     "in transformers (see check_export)")
     ap.add_argument("--only", choices=("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
-                 "olmo2", "gemma", "mistral", "gemma2"),
+                 "olmo2", "gemma", "mistral", "gemma2", "gemma3", "olmo3"),
                     help="make this fixture only")
     args = ap.parse_args()
     ensure_torch()
@@ -513,7 +554,7 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)  # one summation order, run to run
     for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
-                 "olmo2", "gemma", "mistral", "gemma2"):
+                 "olmo2", "gemma", "mistral", "gemma2", "gemma3", "olmo3"):
         if not args.only or kind == args.only:
             make(kind, args.out, torch, transformers, save_file)
 

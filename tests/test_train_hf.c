@@ -782,6 +782,11 @@ int main(int argc, char **argv)
     /* gemma2: four norms, soft-capped scores and logits, the window on
      * layers 0 and 2 of 3 */
     fixture("ft-gemma2");
+    /* gemma3_text: the per-head (1 + w) q/k norm trained, the window and
+     * the local RoPE base on layers 0 and 1, linear-scaled RoPE on 2 */
+    fixture("ft-gemma3");
+    /* olmo3: the window on layers 0 and 1, YaRN (attention_factor 1.1) on 2 */
+    fixture("ft-olmo3");
     /* LoRA on a frozen base (lora_B nonzero from the start, so both adapter
      * gradients count), every placement of the base */
     fixture("lora-llama");
