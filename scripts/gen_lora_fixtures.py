@@ -18,6 +18,11 @@ reproduce from the same base folder and the same initial adapter
   lora-gemma2  base ../ft-gemma2 (four norms, soft-capped scores and logits,
               a 5-key window on alternate layers), r 4, alpha 8, the seven
               projections: o's and down's adapters before the post-norms
+  lora-gemma3  base ../ft-gemma3 (per-head q/k norm, two RoPE bases, the
+              window on 2 of 3 layers), r 4, alpha 8, the seven projections:
+              q's and k's adapters before the q/k norm
+  lora-olmo3  base ../ft-olmo3 (the window on 2 of 3 layers, YaRN on the
+              third), r 4, alpha 8, the seven projections
   lora-phi3   base ../ft-phi3 (bf16, fused qkv_proj and gate_up_proj), r 4,
               alpha 8, qkv_proj + o_proj + gate_up_proj + down_proj: the
               adapters of the fused projections span q | k | v and gate | up
@@ -105,6 +110,12 @@ FIXTURES = {
                    seed=38, data_seed=48),
     "mistral": dict(base="ft-mistral", r=4, alpha=8, targets=TARGETS_ALL, rslora=False,
                     seed=37, data_seed=47),
+    # gemma3: the q and k adapters under the per-head (1 + w) norm, the two
+    # RoPE bases; olmo3: the window and YaRN under every adapter
+    "gemma3": dict(base="ft-gemma3", r=4, alpha=8, targets=TARGETS_ALL, rslora=False,
+                   seed=39, data_seed=49),
+    "olmo3": dict(base="ft-olmo3", r=4, alpha=8, targets=TARGETS_ALL, rslora=False,
+                  seed=40, data_seed=50),
     "phi3": dict(base="ft-phi3", r=4, alpha=8,
                  targets=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], rslora=False,
                  seed=35, data_seed=45),
@@ -283,7 +294,8 @@ def make(kind, out, torch, transformers, peft):
         "precision": "float32, eager attention, CPU; adapters fp32, base frozen",
         "weights_dtype": {"ft-llama": "bf16", "ft-qwen2": "f16", "ft-qwen3": "bf16",
                           "ft-phi3": "bf16", "ft-olmo2": "bf16",
-                          "ft-mistral": "bf16", "ft-gemma2": "bf16"}[spec["base"]],
+                          "ft-mistral": "bf16", "ft-gemma2": "bf16", "ft-gemma3": "bf16",
+                          "ft-olmo3": "bf16"}[spec["base"]],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "steps": steps,
     }

@@ -796,6 +796,8 @@ int main(int argc, char **argv)
     fixture("lora-olmo2"); /* q/k adapters before the q/k norm, o/down before the post-norms */
     fixture("lora-mistral"); /* the windowed attention under every adapter */
     fixture("lora-gemma2");  /* under the caps, the alternating window, the four norms */
+    fixture("lora-gemma3");  /* q/k adapters under the (1 + w) q/k norm, two RoPE bases */
+    fixture("lora-olmo3");   /* the window and YaRN under every adapter */
     /* lora_dropout 0.2 with zinc's masks on PEFT's side; eval without */
     fixture("lora-dropout");
     tn_rmdir();
