@@ -482,7 +482,7 @@ def make(kind, out, torch, transformers, save_file):
         json.dump(ref, f, indent=1)
 
 
-def check_export(zinc, torch, transformers):
+def check_export(zinc, torch, transformers, only=None):
     """Fine-tunes each ft-* folder with zinc (10 steps from its weights,
     checkpoint at the end), exports it as fp32 and bf16, loads each export in
     transformers with default arguments (the dtype must be the one written)
@@ -495,6 +495,8 @@ def check_export(zinc, torch, transformers):
     bad = 0
     for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
                  "olmo2", "gemma", "mistral", "gemma2", "gemma3", "olmo3"):
+        if only and kind != only:
+            continue
         src = os.path.join(fx, "ft-" + kind)
         V = json.load(open(os.path.join(src, "config.json")))["vocab_size"]
         with tempfile.TemporaryDirectory() as tmp:
@@ -546,7 +548,7 @@ def main():
     if args.check_export:
         import torch
         import transformers
-        check_export(os.path.abspath(args.check_export), torch, transformers)
+        check_export(os.path.abspath(args.check_export), torch, transformers, args.only)
         return
     import torch
     import transformers
