@@ -12,6 +12,9 @@ by transformers' own generate() on the committed fixture models:
   tiny-gemma            gemma, (1 + w) norms, GeGLU, scaled embedding, tied, fp32
   tiny-gemma2           gemma2, four norms, soft-capped scores and logits, a 5-key
                         window on alternate layers over the cache, tied, fp32
+  tiny-qwen3moe         qwen3_moe, 8 experts, 2 a token, a dense middle layer, the
+                        published per-expert tensors (transformers 5 fuses them at
+                        load), bf16 on disk
   lora-llama            ft-llama plus the PEFT adapter final-adapter,
                         loaded by peft (unmerged)
 
@@ -54,7 +57,10 @@ def load(name, dtype):
         base = AutoModelForCausalLM.from_pretrained(os.path.join(FIX, "ft-llama"), dtype=dtype)
         m = peft.PeftModel.from_pretrained(base, os.path.join(FIX, "lora-llama", "final-adapter"))
     else:
-        m = AutoModelForCausalLM.from_pretrained(os.path.join(FIX, name), dtype=dtype)
+        # the experts as transformers' own loop runs them (grouped_mm takes
+        # no float64)
+        kw = {"experts_implementation": "eager"} if "moe" in name else {}
+        m = AutoModelForCausalLM.from_pretrained(os.path.join(FIX, name), dtype=dtype, **kw)
     return m.eval()
 
 
@@ -114,7 +120,7 @@ def case(name):
 def main():
     names = sys.argv[1:] or ["tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
                              "tiny-phi3", "tiny-olmo2", "tiny-mistral-window",
-                             "tiny-gemma", "tiny-gemma2", "lora-llama"]
+                             "tiny-gemma", "tiny-gemma2", "tiny-qwen3moe", "lora-llama"]
     for name in names:
         ref = case(name)
         path = os.path.join(FIX, name, "generate.json")

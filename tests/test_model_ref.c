@@ -80,10 +80,11 @@ int main(void)
      * full-width q/k norm; tiny-mistral-window: a 5-key sliding window over
      * 16-token sequences; tiny-gemma2: four norms a layer, the scores and
      * the logits soft-capped, query_pre_attn_scalar, the window on layers
-     * 0 and 2 of 4 */
+     * 0 and 2 of 4; tiny-qwen3moe: 8 experts, 2 a token, renormalized,
+     * the middle of 3 layers dense (mlp_only_layers) */
     const char *fixtures[] = { "tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
                                "tiny-phi3", "tiny-olmo2", "tiny-mistral-window",
-                               "tiny-gemma", "tiny-gemma2" };
+                               "tiny-gemma", "tiny-gemma2", "tiny-qwen3moe" };
     for (int f = 0; f < (int)(sizeof fixtures / sizeof fixtures[0]); f++) {
         ref_result r1, r2, r3;
         float *g1 = NULL, *g2 = NULL;

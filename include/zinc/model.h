@@ -25,6 +25,8 @@ typedef enum {
     ZN_ARCH_GEMMA = 7, /* model_type "gemma": Gemma (1 + w norms, GeGLU, scaled embedding) */
     ZN_ARCH_GEMMA2 = 8, /* model_type "gemma2": Gemma 2 (Gemma's pieces, four norms a layer,
                            soft-capping, sliding windows on alternate layers) */
+    ZN_ARCH_QWEN3_MOE = 9, /* model_type "qwen3_moe": Qwen3's attention, mixture-of-experts
+                              MLPs (a softmax router, top-k experts) */
 } zn_model_arch;
 
 /* The families (src/model/family.c). zn_model_family_lookup: the arch of a
@@ -150,8 +152,25 @@ typedef struct {
                               become cap tanh(s / cap) before the mask (0: none) */
     double final_softcap;  /* gemma2: final_logit_softcapping, the logits likewise
                               (0: none) */
+    /* mixture of experts (qwen3_moe; n_experts 0: every MLP dense) */
+    int64_t n_experts;     /* num_experts */
+    int64_t top_k;         /* num_experts_per_tok */
+    int64_t moe_intermediate; /* moe_intermediate_size: each expert's SwiGLU width */
+    int norm_topk;         /* norm_topk_prob: the top-k probabilities renormalized */
+    int64_t sparse_step;   /* decoder_sparse_step: layer l is sparse when (l + 1) % step == 0 */
+    uint64_t mlp_only[4];  /* mlp_only_layers as a bitmap (layers < 256): dense MLPs of
+                              intermediate_size */
+    int router_logits;     /* output_router_logits: the load-balancing loss is added */
+    double router_aux_coef;/* router_aux_loss_coef */
     zn_lora lora;          /* adapters (not part of config.json); r 0: none */
 } zn_model_dims;
+
+/* Whether decoder layer `layer` (0-based) has a mixture-of-experts MLP
+ * (its block: the attention, mlp.gate.weight [n_experts][hidden], then
+ * each expert's gate_proj, up_proj and down_proj, as the published
+ * checkpoints name them) rather than a dense one. */
+ZN_API int zn_model_layer_moe(const zn_model_dims *d, int64_t layer);
+#define ZN_MODEL_MLP_ONLY_MAX 256
 
 /* "all-linear" (every projection, ZN_LORA_ALL) for d's family: a fused
  * family's (phi3) are qkv_proj, o_proj, gate_up_proj and down_proj. Any

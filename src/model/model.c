@@ -153,7 +153,68 @@ static void layout(zn_model *m, unsigned char *base)
             m->ltmp = carve(&c, (uint64_t)(N * in) * 4);
         }
     }
+    if (m->d.n_experts > 0) {
+        int64_t E = m->d.n_experts, R = N * m->d.top_k, Im = m->d.moe_intermediate;
+        m->moe_log = carve(&c, (uint64_t)(N * E) * esz);
+        m->moe_idx = carve(&c, (uint64_t)R * 4);
+        m->moe_w = carve(&c, (uint64_t)R * 4);
+        m->moe_dw = carve(&c, (uint64_t)R * 4);
+        m->moe_xg = carve(&c, (uint64_t)(R * H) * esz);
+        m->moe_eo = carve(&c, (uint64_t)(R * H) * esz);
+        m->moe_g = carve(&c, (uint64_t)(R * Im) * esz);
+        m->moe_u = carve(&c, (uint64_t)(R * Im) * esz);
+        m->moe_a = carve(&c, (uint64_t)(R * Im) * esz);
+        m->moe_acc = carve(&c, (uint64_t)(N * H) * 4);
+        m->moe_dxg = carve(&c, (uint64_t)(R * H) * 4);
+    }
     m->mem_bytes = c.off;
+}
+
+/* The host side of the routing (model_moe.c), one layer's at a time. */
+static void moe_host_free(zn_m_moe_host *h)
+{
+    free(h->raw);
+    free(h->p);
+    free(h->sel);
+    free(h->val);
+    free(h->vsum);
+    free(h->wt);
+    free(h->slot);
+    free(h->off);
+    free(h->idx);
+    free(h->w);
+    free(h->dw);
+    free(h->dp);
+    free(h->dv);
+    memset(h, 0, sizeof *h);
+}
+
+static int moe_host_alloc(zn_model *m)
+{
+    zn_m_moe_host *h = &m->moe;
+    if (m->d.n_experts <= 0)
+        return 0;
+    size_t N = (size_t)m->max_n, E = (size_t)m->d.n_experts, K = (size_t)m->d.top_k;
+    h->raw = malloc(N * E * 4);
+    h->p = malloc(N * E * sizeof *h->p);
+    h->sel = malloc(N * K * sizeof *h->sel);
+    h->val = malloc(N * K * sizeof *h->val);
+    h->vsum = malloc(N * sizeof *h->vsum);
+    h->wt = malloc(N * K * sizeof *h->wt);
+    h->slot = malloc(N * K * sizeof *h->slot);
+    h->off = malloc((E + 1) * sizeof *h->off);
+    h->idx = malloc(N * K * sizeof *h->idx);
+    h->w = malloc(N * K * sizeof *h->w);
+    h->dw = malloc(N * K * sizeof *h->dw);
+    h->dp = malloc(E * sizeof *h->dp);
+    h->dv = malloc(K * sizeof *h->dv);
+    if (!h->raw || !h->p || !h->sel || !h->val || !h->vsum || !h->wt || !h->slot || !h->off ||
+        !h->idx || !h->w || !h->dw || !h->dp || !h->dv) {
+        moe_host_free(h);
+        return zn_set_error(-ENOMEM, "model: out of memory for the routing of %zu tokens over "
+                            "%zu experts", N, E);
+    }
+    return 0;
 }
 
 static void set_shapes(zn_model *m, const zn_model_dims *d, const zn_model_config *cfg)
@@ -295,7 +356,8 @@ int zn_model_create(zn_model **out, zn_dev *dev, const zn_model_dims *d,
         free(m);
         return zn_set_error(-ENOMEM, "out of memory");
     }
-    if ((rc = zn_dev_alloc(dev, m->mem_bytes, "model workspace", &m->mem))) {
+    if ((rc = moe_host_alloc(m)) ||
+        (rc = zn_dev_alloc(dev, m->mem_bytes, "model workspace", &m->mem))) {
         zn_model_destroy(m);
         return rc;
     }
@@ -328,6 +390,7 @@ void zn_model_destroy(zn_model *m)
         return;
     if (m->mem)
         zn_dev_free(m->dev, m->mem);
+    moe_host_free(&m->moe);
     free(m->staging);
     free(m->kv_pos0);
     free(m->kv_slot);

@@ -1,0 +1,239 @@
+/* A mixture-of-experts MLP (qwen3_moe), as transformers' Qwen3MoeSparseMoeBlock
+ * computes it: router logits x Wr^T, their softmax in fp32, the top k
+ * experts of each token (their probabilities renormalized with
+ * norm_topk_prob, then cast to the compute type), each expert a SwiGLU MLP
+ * over the rows routed to it, the outputs weighted and summed per token in
+ * expert order. The routing is decided on the host from the logits read
+ * back (so it is one C function, the same on every placement and backend);
+ * the rows move with the device's gather / scatter-add / dot ops and the
+ * experts run as one GEMM each over their rows. The backward recomputes
+ * the forward from the layer's MLP input and goes through the experts, the
+ * routing weights, the renormalization, the top-k selection and the
+ * softmax as autograd does. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "zinc/device.h"
+#include "zinc/model.h"
+#include "model/model-impl.h"
+#include "util/try-impl.h"
+
+/* y[n][out] = x[n][in] W[out][in]^T */
+static int rows_linear(zn_model *m, zn_stream *s, int64_t n, const void *x, const void *W,
+                       int64_t out, int64_t in, void *y)
+{
+    return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_TRANS, n, out, in, 1.0f, x, m->dt, in, W,
+                       m->dt, in, 0.0f, y, m->dt, out);
+}
+
+/* Reads the router logits back and routes on the host: per expert its rows
+ * (tokens in top-k slot order, then token order, as torch.where over
+ * transformers' expert mask lists them) and their weights, uploaded to
+ * moe_idx / moe_w. Ties in the top-k go to the lower expert index. */
+static int route(zn_model *m, zn_stream *s)
+{
+    const int64_t N = m->N, E = m->d.n_experts, K = m->d.top_k;
+    zn_m_moe_host *h = &m->moe;
+    ZN_TRY(zn_dev_copy_d2h(m->dev, s, h->raw, m->moe_log, (size_t)(N * E) * m->esz));
+    ZN_TRY(zn_dev_stream_sync(m->dev, s));
+    for (int64_t t = 0; t < N; t++) {
+        float *p = h->p + t * E;
+        for (int64_t e = 0; e < E; e++)
+            p[e] = m->dt == ZN_DTYPE_F32 ? ((const float *)h->raw)[t * E + e]
+                                         : zn_bf16_widen(((const uint16_t *)h->raw)[t * E + e]);
+        float mx = p[0];
+        for (int64_t e = 1; e < E; e++)
+            mx = p[e] > mx ? p[e] : mx;
+        float sum = 0.0f;
+        for (int64_t e = 0; e < E; e++) {
+            p[e] = expf(p[e] - mx);
+            sum += p[e];
+        }
+        for (int64_t e = 0; e < E; e++)
+            p[e] /= sum;
+        /* the top k, largest first */
+        int32_t *sel = h->sel + t * K;
+        float *v = h->val + t * K;
+        for (int64_t j = 0; j < K; j++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++) {
+                int taken = 0;
+                for (int64_t i = 0; i < j; i++)
+                    taken |= sel[i] == e;
+                if (!taken && (best < 0 || p[e] > p[best]))
+                    best = e;
+            }
+            sel[j] = (int32_t)best;
+            v[j] = p[best];
+        }
+        float vs = 0.0f;
+        for (int64_t j = 0; j < K; j++)
+            vs += v[j];
+        h->vsum[t] = vs;
+        for (int64_t j = 0; j < K; j++) {
+            float w = m->d.norm_topk ? v[j] / vs : v[j];
+            h->wt[t * K + j] = m->dt == ZN_DTYPE_F32 ? w : zn_bf16_widen(zn_bf16_round(w));
+        }
+    }
+    int64_t at = 0;
+    for (int64_t e = 0; e < E; e++) {
+        h->off[e] = at;
+        for (int64_t j = 0; j < K; j++)
+            for (int64_t t = 0; t < N; t++)
+                if (h->sel[t * K + j] == e) {
+                    h->idx[at] = (int32_t)t;
+                    h->w[at] = h->wt[t * K + j];
+                    h->slot[t * K + j] = (int32_t)at;
+                    at++;
+                }
+    }
+    h->off[E] = at;
+    ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->moe_idx, h->idx, (size_t)at * 4));
+    ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->moe_w, h->w, (size_t)at * 4));
+    /* the host arrays are the next layer's: the copies must have read them */
+    return zn_dev_stream_sync(m->dev, s);
+}
+
+/* Expert e's three tensors (or gradients) in the layer's array. */
+static void *expert_param(const zn_model *m, int layer, void *const *params, int64_t e, int w)
+{
+    return params[zn_m_moe_index(&m->d, layer) + 1 + 3 * e + w];
+}
+
+static float *expert_grad(const zn_model *m, int layer, float *const *grads, int64_t e, int w)
+{
+    return grads[zn_m_moe_index(&m->d, layer) + 1 + 3 * e + w];
+}
+
+/* Routing and every expert's rows up to their outputs (moe_eo), from the
+ * MLP input x. */
+static int experts_fwd(zn_model *m, zn_stream *s, int layer, void *const *params, const void *x)
+{
+    const int64_t N = m->N, H = m->H, E = m->d.n_experts, Im = m->d.moe_intermediate;
+    const size_t es = m->esz;
+    ZN_TRY(rows_linear(m, s, N, x, params[zn_m_moe_index(&m->d, layer)], E, H, m->moe_log));
+    ZN_TRY(route(m, s));
+    for (int64_t e = 0; e < E; e++) {
+        int64_t o = m->moe.off[e], n = m->moe.off[e + 1] - o;
+        if (!n)
+            continue;
+        void *xg = zn_m_at(m->moe_xg, o * H, es), *g = zn_m_at(m->moe_g, o * Im, es);
+        void *u = zn_m_at(m->moe_u, o * Im, es), *a = zn_m_at(m->moe_a, o * Im, es);
+        ZN_TRY(zn_dev_rows_gather(m->dev, s, m->moe_idx + o, n, NULL, x, m->dt, N, H, xg, m->dt));
+        ZN_TRY(rows_linear(m, s, n, xg, expert_param(m, layer, params, e, 0), Im, H, g));
+        ZN_TRY(rows_linear(m, s, n, xg, expert_param(m, layer, params, e, 1), Im, H, u));
+        ZN_TRY(zn_dev_swiglu_fwd(m->dev, s, g, u, a, m->dt, n * Im));
+        ZN_TRY(rows_linear(m, s, n, a, expert_param(m, layer, params, e, 2), H, Im,
+                           zn_m_at(m->moe_eo, o * H, es)));
+    }
+    return 0;
+}
+
+int zn_m_moe_fwd(zn_model *m, zn_stream *s, int layer, void *const *params, const void *x,
+                 void *y)
+{
+    const int64_t N = m->N, H = m->H, E = m->d.n_experts;
+    ZN_TRY(experts_fwd(m, s, layer, params, x));
+    ZN_TRY(zn_dev_memset(m->dev, s, m->moe_acc, 0, (size_t)(N * H) * 4));
+    for (int64_t e = 0; e < E; e++) {
+        int64_t o = m->moe.off[e], n = m->moe.off[e + 1] - o;
+        ZN_TRY(zn_dev_rows_scatter_add(m->dev, s, m->moe_idx + o, n, m->moe_w + o,
+                                       zn_m_at(m->moe_eo, o * H, m->esz), m->dt, N, H,
+                                       m->moe_acc));
+    }
+    return zn_dev_add_inplace(m->dev, s, y, m->dt, m->moe_acc, ZN_DTYPE_F32, N * H);
+}
+
+/* The routing weights' gradient (dw, one per routed row) to the router
+ * logits' (into moe_log, the compute type): through the cast, the
+ * renormalization, the top-k's scatter and the softmax. */
+static int router_bwd(zn_model *m, zn_stream *s)
+{
+    const int64_t N = m->N, E = m->d.n_experts, K = m->d.top_k;
+    zn_m_moe_host *h = &m->moe;
+    ZN_TRY(zn_dev_copy_d2h(m->dev, s, h->dw, m->moe_dw, (size_t)h->off[E] * 4));
+    ZN_TRY(zn_dev_stream_sync(m->dev, s));
+    for (int64_t t = 0; t < N; t++) {
+        const float *p = h->p + t * E, *v = h->val + t * K;
+        float *dp = h->dp;
+        for (int64_t e = 0; e < E; e++)
+            dp[e] = 0.0f;
+        float dot = 0.0f;
+        for (int64_t j = 0; j < K; j++) {
+            float g = h->dw[h->slot[t * K + j]];
+            if (m->dt != ZN_DTYPE_F32) /* the weights' gradient in their type */
+                g = zn_bf16_widen(zn_bf16_round(g));
+            h->dv[j] = g;
+            dot += g * v[j];
+        }
+        for (int64_t j = 0; j < K; j++) {
+            /* v / S: dv = (g - sum_i g_i v_i / S) / S */
+            float g = m->d.norm_topk ? (h->dv[j] - dot / h->vsum[t]) / h->vsum[t] : h->dv[j];
+            dp[h->sel[t * K + j]] += g;
+        }
+        float pd = 0.0f;
+        for (int64_t e = 0; e < E; e++)
+            pd += p[e] * dp[e];
+        for (int64_t e = 0; e < E; e++) {
+            float dl = p[e] * (dp[e] - pd);
+            if (m->dt == ZN_DTYPE_F32)
+                ((float *)h->raw)[t * E + e] = dl;
+            else
+                ((uint16_t *)h->raw)[t * E + e] = zn_bf16_round(dl);
+        }
+    }
+    ZN_TRY(zn_dev_copy_h2d(m->dev, s, m->moe_log, h->raw, (size_t)(N * E) * m->esz));
+    return zn_dev_stream_sync(m->dev, s);
+}
+
+int zn_m_moe_bwd(zn_model *m, zn_stream *s, int layer, void *const *params, float *const *grads,
+                 const void *x, const void *dy, float *dx)
+{
+    const int64_t N = m->N, H = m->H, E = m->d.n_experts, Im = m->d.moe_intermediate;
+    const size_t es = m->esz;
+    const zn_dtype dt = m->dt;
+    ZN_TRY(experts_fwd(m, s, layer, params, x));
+    ZN_TRY(zn_dev_memset(m->dev, s, dx, 0, (size_t)(N * H) * 4));
+    for (int64_t e = 0; e < E; e++) {
+        int64_t o = m->moe.off[e], n = m->moe.off[e + 1] - o;
+        if (!n)
+            continue;
+        const int32_t *idx = m->moe_idx + o;
+        void *xg = zn_m_at(m->moe_xg, o * H, es), *g = zn_m_at(m->moe_g, o * Im, es);
+        void *u = zn_m_at(m->moe_u, o * Im, es), *a = zn_m_at(m->moe_a, o * Im, es);
+        void *eo = zn_m_at(m->moe_eo, o * H, es);
+        float *dxg = m->moe_dxg + o * H;
+        const void *Wg = expert_param(m, layer, params, e, 0);
+        const void *Wu = expert_param(m, layer, params, e, 1);
+        const void *Wd = expert_param(m, layer, params, e, 2);
+        float *dWg = expert_grad(m, layer, grads, e, 0), *dWu = expert_grad(m, layer, grads, e, 1);
+        float *dWd = expert_grad(m, layer, grads, e, 2);
+        /* d(weight) = dy . expert output; then d(output) = w dy, over eo */
+        ZN_TRY(zn_dev_rows_dot(m->dev, s, idx, n, dy, dt, N, eo, dt, H, m->moe_dw + o));
+        ZN_TRY(zn_dev_rows_gather(m->dev, s, idx, n, m->moe_w + o, dy, dt, N, H, eo, dt));
+        if (dWd)
+            ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, H, Im, n, 1.0f, eo, dt, H, a, dt,
+                               Im, 1.0f, dWd, ZN_DTYPE_F32, Im));
+        ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, n, Im, H, 1.0f, eo, dt, H, Wd, dt,
+                           Im, 0.0f, a, dt, Im)); /* d(act), over act */
+        ZN_TRY(zn_dev_swiglu_bwd(m->dev, s, g, u, a, g, u, dt, n * Im));
+        if (dWg)
+            ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, Im, H, n, 1.0f, g, dt, Im, xg, dt,
+                               H, 1.0f, dWg, ZN_DTYPE_F32, H));
+        if (dWu)
+            ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, Im, H, n, 1.0f, u, dt, Im, xg, dt,
+                               H, 1.0f, dWu, ZN_DTYPE_F32, H));
+        ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, n, H, Im, 1.0f, g, dt, Im, Wg, dt,
+                           H, 0.0f, dxg, ZN_DTYPE_F32, H));
+        ZN_TRY(zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, n, H, Im, 1.0f, u, dt, Im, Wu, dt,
+                           H, 1.0f, dxg, ZN_DTYPE_F32, H));
+        ZN_TRY(zn_dev_rows_scatter_add(m->dev, s, idx, n, NULL, dxg, ZN_DTYPE_F32, N, H, dx));
+    }
+    ZN_TRY(router_bwd(m, s));
+    int ri = zn_m_moe_index(&m->d, layer);
+    if (grads[ri])
+        ZN_TRY(zn_dev_gemm(m->dev, s, ZN_TRANS, ZN_NOTRANS, E, H, N, 1.0f, m->moe_log, dt, E, x,
+                           dt, H, 1.0f, grads[ri], ZN_DTYPE_F32, H));
+    return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, N, H, E, 1.0f, m->moe_log, dt, E,
+                       params[ri], dt, H, 1.0f, dx, ZN_DTYPE_F32, H);
+}
