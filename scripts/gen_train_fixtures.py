@@ -30,6 +30,10 @@ Two small decoders with shapes unlike the other fixtures:
             16, the scores capped at 4 and the logits at 2, a 5-key window
             on layers 0 and 2 of 3 over the 12-token sequences), hidden 32,
             GQA 4/2, tied, pad id 0, bf16
+  ft-qwen3moe qwen3_moe (8 experts of width 16, 2 a token, renormalized;
+            the router and every expert trained), 2 layers of which layer 1
+            is dense (mlp_only_layers), hidden 32, GQA 4/2 of head_dim 16,
+            untied, bf16, the published per-expert tensor names
 For each folder: config.json (transformers' own), the weights,
 train-config.json (the zinc config the test trains with: DeepSpeed's
 optimizer / scheduler / clipping keys and the batch shape), and
@@ -70,7 +74,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gen_fixtures import ensure_torch  # noqa: E402
+from gen_fixtures import ensure_torch, published  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 10
@@ -129,6 +133,10 @@ def shapes(kind):
         return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
                     max_position_embeddings=64, hidden_act="silu")
+    if kind == "qwen3moe":
+        return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
+                    max_position_embeddings=64, hidden_act="silu")
     if kind == "llama":
         return dict(hidden_size=48, intermediate_size=80, num_hidden_layers=3,
                     num_attention_heads=6, num_key_value_heads=2, vocab_size=160,
@@ -154,7 +162,7 @@ def randomize(model, torch, gen):
                     std = 0.1  # its rows enter the layers times sqrt(hidden)
                 v = std * torch.randn(p.shape, generator=gen)
             else:
-                v = torch.randn(p.shape, generator=gen) * (1.0 / p.shape[1] ** 0.5)
+                v = torch.randn(p.shape, generator=gen) * (1.0 / p.shape[-1] ** 0.5)
             p.copy_(v)
 
 
@@ -303,7 +311,7 @@ def make(kind, out, torch, transformers, save_file):
     gen = torch.Generator().manual_seed({"llama": 11, "qwen2": 12, "tied": 13, "vocab": 14,
                                      "tiedvocab": 15, "qwen3": 16, "phi3": 17,
                                      "olmo2": 18, "gemma": 19, "mistral": 20,
-                                     "gemma2": 31}[kind])
+                                     "gemma2": 31, "qwen3moe": 33}[kind])
     if kind in ("tied", "tiedvocab"):
         cfg = transformers.LlamaConfig(**shapes(kind), rms_norm_eps=1e-5, tie_word_embeddings=True,
                                        attention_bias=False, rope_theta=500000.0)
@@ -347,6 +355,17 @@ def make(kind, out, torch, transformers, save_file):
                                         eos_token_id=1)
         cls = transformers.Gemma2ForCausalLM
         disk = torch.bfloat16
+    elif kind == "qwen3moe":
+        cfg = transformers.Qwen3MoeConfig(**shapes(kind), rms_norm_eps=1e-6,
+                                          tie_word_embeddings=False, attention_bias=False,
+                                          rope_theta=1000000.0, use_sliding_window=False,
+                                          num_experts=8, num_experts_per_tok=2,
+                                          moe_intermediate_size=16, norm_topk_prob=True,
+                                          decoder_sparse_step=1, mlp_only_layers=[1],
+                                          output_router_logits=False)
+        cfg._experts_implementation = "eager"  # transformers' loop over the experts
+        cls = transformers.Qwen3MoeForCausalLM
+        disk = torch.bfloat16
     elif kind == "mistral":
         cfg = transformers.MistralConfig(**shapes(kind), rms_norm_eps=1e-5,
                                          tie_word_embeddings=False, rope_theta=1000000.0,
@@ -360,6 +379,8 @@ def make(kind, out, torch, transformers, save_file):
         disk = torch.float32 if kind == "vocab" else torch.float16
     cfg._attn_implementation = "eager"
     model = cls(cfg).to(torch.float32)
+    if kind == "qwen3moe":
+        model.config._experts_implementation = "eager"  # float64 too (grouped_mm: no)
     randomize(model, torch, gen)
     if cfg.tie_word_embeddings:
         model.tie_weights()
@@ -367,9 +388,15 @@ def make(kind, out, torch, transformers, save_file):
     tensors = {}
     with torch.no_grad():
         for name, p in model.named_parameters():
-            q = p.to(disk).contiguous()
-            p.copy_(q.to(torch.float32))  # train from exactly what is on disk
-            tensors[name] = q
+            p.copy_(p.to(disk).to(torch.float32))  # train from exactly what is on disk
+        for name, p, view in published(model):
+            tensors[name] = view(p.detach().to(disk)).contiguous()
+    # the module's names -> the published ones (experts one by one)
+    modname = {id(p): n for n, p in model.named_parameters()}
+    pub = [(n, modname[id(p)], view) for n, p, view in published(model)]
+
+    def as_published(named):
+        return {n: view(named[mn]).contiguous() for n, mn, view in pub}
 
     d = os.path.join(out, "ft-" + kind)
     os.makedirs(d, exist_ok=True)
@@ -399,15 +426,16 @@ def make(kind, out, torch, transformers, save_file):
         json.dump(zcfg, f, indent=2)
 
     dseed = {"llama": 21, "qwen2": 22, "tied": 23, "vocab": 24, "tiedvocab": 25, "qwen3": 26,
-             "phi3": 27, "olmo2": 28, "gemma": 29, "mistral": 30, "gemma2": 32}[kind]
-    init = {n: p.detach().clone() for n, p in model.named_parameters()}
+             "phi3": 27, "olmo2": 28, "gemma": 29, "mistral": 30, "gemma2": 32,
+             "qwen3moe": 34}[kind]
+    init = as_published({n: p.detach().clone() for n, p in model.named_parameters()})
     fresh = copy.deepcopy(model)  # the same values, ties kept
 
     def run(reverse, flip, dtype=torch.float32, m=None):
         m = m or copy.deepcopy(fresh).to(dtype)
         st = train(m, list(m.parameters()), cfg.vocab_size, torch.Generator().manual_seed(dseed),
                    kind if m is model else "-", torch, reverse=reverse, flip=flip)
-        return {n: p.detach() for n, p in m.named_parameters()}, st
+        return as_published({n: p.detach() for n, p in m.named_parameters()}), st
 
     made = []
 
@@ -419,7 +447,7 @@ def make(kind, out, torch, transformers, save_file):
     final64, steps64 = run(False, False, torch.float64)
     assert all(a["ids"] == b["ids"] for a, b in zip(steps, steps64))
     f64, noise, bounds, update64 = noise_and_bounds(torch, init, variants, final64, steps64)
-    save_file({n: p.detach().contiguous() for n, p in model.named_parameters()},
+    save_file(as_published({n: p.detach() for n, p in model.named_parameters()}),
               os.path.join(d, "final.safetensors"), metadata=meta)
     save_file(update64, os.path.join(d, "update64.safetensors"), metadata=meta)
     ref = {
@@ -430,7 +458,7 @@ def make(kind, out, torch, transformers, save_file):
         "weights_dtype": {"llama": "bf16", "qwen2": "f16", "tied": "f32", "vocab": "f32",
                           "tiedvocab": "f32", "qwen3": "bf16", "phi3": "bf16",
                           "olmo2": "bf16", "gemma": "f32", "mistral": "bf16",
-                          "gemma2": "bf16"}[kind],
+                          "gemma2": "bf16", "qwen3moe": "bf16"}[kind],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "float64": f64,
         "noise": noise,
@@ -498,7 +526,7 @@ def main():
     ap.add_argument("--check-export", metavar="ZINC", help="check zinc's fine-tuned exports "
                     "in transformers (see check_export)")
     ap.add_argument("--only", choices=("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
-                 "olmo2", "gemma", "mistral", "gemma2"),
+                 "olmo2", "gemma", "mistral", "gemma2", "qwen3moe"),
                     help="make this fixture only")
     args = ap.parse_args()
     ensure_torch()
@@ -513,7 +541,7 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)  # one summation order, run to run
     for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
-                 "olmo2", "gemma", "mistral", "gemma2"):
+                 "olmo2", "gemma", "mistral", "gemma2", "qwen3moe"):
         if not args.only or kind == args.only:
             make(kind, args.out, torch, transformers, save_file)
 

@@ -782,6 +782,9 @@ int main(int argc, char **argv)
     /* gemma2: four norms, soft-capped scores and logits, the window on
      * layers 0 and 2 of 3 */
     fixture("ft-gemma2");
+    /* qwen3_moe: the router and every expert trained through the top-k
+     * routing, a dense layer beside the sparse one */
+    fixture("ft-qwen3moe");
     /* LoRA on a frozen base (lora_B nonzero from the start, so both adapter
      * gradients count), every placement of the base */
     fixture("lora-llama");
