@@ -469,19 +469,21 @@ def make(kind, out, torch, transformers, save_file):
         json.dump(ref, f, indent=1)
 
 
-def check_export(zinc, torch, transformers):
+def check_export(zinc, torch, transformers, only=None):
     """Fine-tunes each ft-* folder with zinc (10 steps from its weights,
     checkpoint at the end), exports it as fp32 and bf16, loads each export in
     transformers with default arguments (the dtype must be the one written)
     and compares transformers' mean cross-entropy on fresh token windows with
-    `zinc eval` on the same export and ids."""
+    `zinc eval` on the same export and ids (only: that ft-* kind alone)."""
     import subprocess
     import tempfile
     from gen_fixtures import write_tokens
     fx = os.path.join(ROOT, "tests", "fixtures")
     bad = 0
     for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
-                 "olmo2", "gemma", "mistral", "gemma2"):
+                 "olmo2", "gemma", "mistral", "gemma2", "qwen3moe"):
+        if only and kind != only:
+            continue
         src = os.path.join(fx, "ft-" + kind)
         V = json.load(open(os.path.join(src, "config.json")))["vocab_size"]
         with tempfile.TemporaryDirectory() as tmp:
@@ -533,7 +535,7 @@ def main():
     if args.check_export:
         import torch
         import transformers
-        check_export(os.path.abspath(args.check_export), torch, transformers)
+        check_export(os.path.abspath(args.check_export), torch, transformers, args.only)
         return
     import torch
     import transformers

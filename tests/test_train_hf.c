@@ -794,6 +794,7 @@ int main(int argc, char **argv)
     fixture("lora-olmo2"); /* q/k adapters before the q/k norm, o/down before the post-norms */
     fixture("lora-mistral"); /* the windowed attention under every adapter */
     fixture("lora-gemma2");  /* under the caps, the alternating window, the four norms */
+    fixture("lora-qwen3moe"); /* the attention's adapters beside the routing */
     /* lora_dropout 0.2 with zinc's masks on PEFT's side; eval without */
     fixture("lora-dropout");
     tn_rmdir();
