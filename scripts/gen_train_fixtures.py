@@ -34,6 +34,13 @@ Two small decoders with shapes unlike the other fixtures:
             the router and every expert trained), 2 layers of which layer 1
             is dense (mlp_only_layers), hidden 32, GQA 4/2 of head_dim 16,
             untied, bf16, the published per-expert tensor names
+  ft-qwen3moeaux  the same shape with output_router_logits true and
+            router_aux_loss_coef 0.05: each micro-batch's loss is its
+            cross-entropy (over the step's targets) plus 0.05 times its
+            load-balancing loss (transformers' load_balancing_loss_func, no
+            attention mask), added in full per micro-batch as the HF
+            Trainer's loss-kwargs path does; "aux_loss" per step is its mean
+            over the micro-batches, with its own noise and bound
 For each folder: config.json (transformers' own), the weights,
 train-config.json (the zinc config the test trains with: DeepSpeed's
 optimizer / scheduler / clipping keys and the batch shape), and
@@ -133,7 +140,7 @@ def shapes(kind):
         return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
                     max_position_embeddings=64, hidden_act="silu")
-    if kind == "qwen3moe":
+    if kind in ("qwen3moe", "qwen3moeaux"):
         return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
                     max_position_embeddings=64, hidden_act="silu")
@@ -198,6 +205,9 @@ def train(model, params, V, dgen, label, torch, before_micro=None, reverse=False
     opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     steps = []
     model.train()
+    # a mixture of experts' load-balancing loss, when its config asks for it
+    aux_coef = (model.config.router_aux_loss_coef
+                if getattr(model.config, "output_router_logits", False) else 0.0)
     for step in range(1, STEPS + 1):
         ids = torch.randint(0, V, (ACCUM, MICRO, SEQ + 1), generator=dgen)
         x, y = ids[..., :-1].clone(), ids[..., 1:].clone()
@@ -206,15 +216,20 @@ def train(model, params, V, dgen, label, torch, before_micro=None, reverse=False
         y[ACCUM - 1, MICRO - 1, SEQ - 1] = -100
         n_tgt = int((y >= 0).sum())
         opt.zero_grad(set_to_none=True)
-        loss_sum = 0.0
+        loss_sum = aux_sum = 0.0
         for a in (reversed(range(ACCUM)) if reverse else range(ACCUM)):
             if before_micro:
                 before_micro(step, a)
             xa, ya = (x[a].flip(0), y[a].flip(0)) if flip else (x[a], y[a])
-            logits = model(input_ids=xa).logits
+            out = model(input_ids=xa)
+            logits = out.logits
             l = torch.nn.functional.cross_entropy(logits.reshape(-1, V), ya.reshape(-1),
                                                   ignore_index=-100, reduction="sum")
-            (l / n_tgt).backward()
+            if aux_coef:
+                (l / n_tgt + aux_coef * out.aux_loss).backward()
+                aux_sum += out.aux_loss.item()
+            else:
+                (l / n_tgt).backward()
             loss_sum += l.item()
         norm = torch.nn.utils.clip_grad_norm_(params, CLIP).item()
         lr = lr_at(step)
@@ -222,7 +237,9 @@ def train(model, params, V, dgen, label, torch, before_micro=None, reverse=False
             g["lr"] = lr
         opt.step()
         steps.append({"step": step, "ids": x.reshape(-1).tolist(), "targets": y.reshape(-1).tolist(),
-                      "loss": loss_sum / n_tgt, "lr": lr, "grad_norm": norm})
+                      "loss": loss_sum / n_tgt + aux_coef * aux_sum, "lr": lr, "grad_norm": norm})
+        if aux_coef:
+            steps[-1]["aux_loss"] = aux_sum / ACCUM
         if not label.startswith("-"):
             print("%s step %2d loss %.6f lr %.2e norm %.4f" % (label, step, loss_sum / n_tgt, lr,
                                                              norm))
@@ -311,7 +328,7 @@ def make(kind, out, torch, transformers, save_file):
     gen = torch.Generator().manual_seed({"llama": 11, "qwen2": 12, "tied": 13, "vocab": 14,
                                      "tiedvocab": 15, "qwen3": 16, "phi3": 17,
                                      "olmo2": 18, "gemma": 19, "mistral": 20,
-                                     "gemma2": 31, "qwen3moe": 33}[kind])
+                                     "gemma2": 31, "qwen3moe": 33, "qwen3moeaux": 35}[kind])
     if kind in ("tied", "tiedvocab"):
         cfg = transformers.LlamaConfig(**shapes(kind), rms_norm_eps=1e-5, tie_word_embeddings=True,
                                        attention_bias=False, rope_theta=500000.0)
@@ -355,14 +372,16 @@ def make(kind, out, torch, transformers, save_file):
                                         eos_token_id=1)
         cls = transformers.Gemma2ForCausalLM
         disk = torch.bfloat16
-    elif kind == "qwen3moe":
+    elif kind in ("qwen3moe", "qwen3moeaux"):
         cfg = transformers.Qwen3MoeConfig(**shapes(kind), rms_norm_eps=1e-6,
                                           tie_word_embeddings=False, attention_bias=False,
                                           rope_theta=1000000.0, use_sliding_window=False,
                                           num_experts=8, num_experts_per_tok=2,
                                           moe_intermediate_size=16, norm_topk_prob=True,
                                           decoder_sparse_step=1, mlp_only_layers=[1],
-                                          output_router_logits=False)
+                                          output_router_logits=kind == "qwen3moeaux",
+                                          router_aux_loss_coef=0.05 if kind == "qwen3moeaux"
+                                          else 0.001)
         cfg._experts_implementation = "eager"  # transformers' loop over the experts
         cls = transformers.Qwen3MoeForCausalLM
         disk = torch.bfloat16
@@ -379,7 +398,7 @@ def make(kind, out, torch, transformers, save_file):
         disk = torch.float32 if kind == "vocab" else torch.float16
     cfg._attn_implementation = "eager"
     model = cls(cfg).to(torch.float32)
-    if kind == "qwen3moe":
+    if kind in ("qwen3moe", "qwen3moeaux"):
         model.config._experts_implementation = "eager"  # float64 too (grouped_mm: no)
     randomize(model, torch, gen)
     if cfg.tie_word_embeddings:
@@ -427,7 +446,7 @@ def make(kind, out, torch, transformers, save_file):
 
     dseed = {"llama": 21, "qwen2": 22, "tied": 23, "vocab": 24, "tiedvocab": 25, "qwen3": 26,
              "phi3": 27, "olmo2": 28, "gemma": 29, "mistral": 30, "gemma2": 32,
-             "qwen3moe": 34}[kind]
+             "qwen3moe": 34, "qwen3moeaux": 36}[kind]
     init = as_published({n: p.detach().clone() for n, p in model.named_parameters()})
     fresh = copy.deepcopy(model)  # the same values, ties kept
 
@@ -447,6 +466,12 @@ def make(kind, out, torch, transformers, save_file):
     final64, steps64 = run(False, False, torch.float64)
     assert all(a["ids"] == b["ids"] for a, b in zip(steps, steps64))
     f64, noise, bounds, update64 = noise_and_bounds(torch, init, variants, final64, steps64)
+    if "aux_loss" in steps64[0]:
+        # the load-balancing loss apart: its own noise over the orders
+        f64["aux_loss"] = [s["aux_loss"] for s in steps64]
+        noise["aux_loss"] = max(max(rel(a["aux_loss"], b["aux_loss"]) for _, st in variants
+                                    for a, b in zip(st, steps64)), 2.0 ** -24)
+        bounds["aux_loss"] = BOUND_FACTOR * noise["aux_loss"]
     save_file(as_published({n: p.detach() for n, p in model.named_parameters()}),
               os.path.join(d, "final.safetensors"), metadata=meta)
     save_file(update64, os.path.join(d, "update64.safetensors"), metadata=meta)
@@ -458,7 +483,7 @@ def make(kind, out, torch, transformers, save_file):
         "weights_dtype": {"llama": "bf16", "qwen2": "f16", "tied": "f32", "vocab": "f32",
                           "tiedvocab": "f32", "qwen3": "bf16", "phi3": "bf16",
                           "olmo2": "bf16", "gemma": "f32", "mistral": "bf16",
-                          "gemma2": "bf16", "qwen3moe": "bf16"}[kind],
+                          "gemma2": "bf16", "qwen3moe": "bf16", "qwen3moeaux": "bf16"}[kind],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "float64": f64,
         "noise": noise,
@@ -528,7 +553,7 @@ def main():
     ap.add_argument("--check-export", metavar="ZINC", help="check zinc's fine-tuned exports "
                     "in transformers (see check_export)")
     ap.add_argument("--only", choices=("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
-                 "olmo2", "gemma", "mistral", "gemma2", "qwen3moe"),
+                 "olmo2", "gemma", "mistral", "gemma2", "qwen3moe", "qwen3moeaux"),
                     help="make this fixture only")
     args = ap.parse_args()
     ensure_torch()
@@ -543,7 +568,7 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)  # one summation order, run to run
     for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
-                 "olmo2", "gemma", "mistral", "gemma2", "qwen3moe"):
+                 "olmo2", "gemma", "mistral", "gemma2", "qwen3moe", "qwen3moeaux"):
         if not args.only or kind == args.only:
             make(kind, args.out, torch, transformers, save_file)
 

@@ -182,6 +182,18 @@ expect 0 "trainable 13369344 of 30545491968 parameters" -- \
 expect 1 "experts' projections\) are not built" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/qwen3moe" --data synthetic \
     --set lora.r=16 --set 'lora.target_modules=["q_proj","down_proj"]'
+# the load-balancing loss (output_router_logits) is reported apart from
+# the loss that holds it weighted: the step line and the JSON log
+expect 0 "loss +[0-9.]+  aux [0-9.]+  lr" -- \
+    train "$src/tests/fixtures/ft-qwen3moeaux/train-config.json" \
+    --model "$src/tests/fixtures/ft-qwen3moeaux" --steps 2 --data synthetic \
+    --json-log "$tmp/aux.jsonl"
+if grep -qE '"aux_loss": [0-9]' "$tmp/aux.jsonl" 2>/dev/null; then
+    pass=$((pass + 1))
+else
+    echo "FAIL: --json-log of a run with the load-balancing loss has no aux_loss"
+    fail=$((fail + 1))
+fi
 # a family not built yet is refused naming what it needs
 mkdir -p "$tmp/olmo3"
 cp "$src/tests/fixtures/model-configs/Olmo-3.1-32B-Instruct.json" "$tmp/olmo3/config.json"

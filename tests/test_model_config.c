@@ -196,8 +196,12 @@ int main(void)
     ZT_EQ_INT(d.moe_intermediate, 768);
     ZT_EQ_INT(parse(MOE "\"num_experts\":4,\"num_experts_per_tok\":5}", &d), ZN_ECONFIG);
     ZT_CONTAINS(zn_last_error(), "num_experts_per_tok 5");
-    ZT_EQ_INT(parse(MOE "\"output_router_logits\":true}", &d), ZN_EUNSUPPORTED);
-    ZT_CONTAINS(zn_last_error(), "output_router_logits=true is not supported yet");
+    ZT_EQ_INT(parse(MOE "\"output_router_logits\":true,\"router_aux_loss_coef\":0.02}", &d),
+              0);
+    ZT_CHECK(d.router_logits == 1 && d.router_aux_coef == 0.02);
+    ZT_EQ_INT(parse(MOE "\"output_router_logits\":true,\"router_aux_loss_coef\":-1}", &d),
+              ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "router_aux_loss_coef -1 must be >= 0");
     ZT_EQ_INT(parse(MOE "\"num_experts\":4,\"num_local_experts\":8}", &d), ZN_ECONFIG);
     ZT_CONTAINS(zn_last_error(), "disagree");
     ZT_EQ_INT(parse(MOE "\"mlp_only_layers\":[4]}", &d), ZN_ECONFIG);

@@ -160,7 +160,8 @@ typedef struct {
     int64_t sparse_step;   /* decoder_sparse_step: layer l is sparse when (l + 1) % step == 0 */
     uint64_t mlp_only[4];  /* mlp_only_layers as a bitmap (layers < 256): dense MLPs of
                               intermediate_size */
-    int router_logits;     /* output_router_logits: the load-balancing loss is added */
+    int router_logits;     /* output_router_logits: the load-balancing loss is added
+                              (zn_model_aux_loss) */
     double router_aux_coef;/* router_aux_loss_coef */
     zn_lora lora;          /* adapters (not part of config.json); r 0: none */
 } zn_model_dims;
@@ -528,6 +529,17 @@ ZN_API int zn_model_head_bwd_part(zn_model *m, zn_stream *s, int part, const voi
  * reuses the head's saved state: run head_fwd again before a head_bwd. */
 ZN_API int zn_model_head_logits(zn_model *m, zn_stream *s, void *const *params,
                                 const void *x_in, int64_t row0, int64_t nrows, float *out);
+/* The load-balancing loss of the current batch (mixture of experts with
+ * output_router_logits: transformers' load_balancing_loss_func over every
+ * sparse layer's router of the forwards since zn_model_set_batch,
+ * unweighted; 0 before any). The layers' backward adds the gradient of
+ * router_aux_loss_coef times it (the assignment counts held fixed, as
+ * torch.histc passes none), not scaled by zn_model_set_loss_scale: the
+ * training loss of a micro-batch is its scaled cross-entropy plus
+ * router_aux_loss_coef x this, which zn_model_read_loss leaves out.
+ * Returns 0, or ZN_EARG for a model without it. Host state: call after the
+ * forward's layers (their routing synchronizes the stream). */
+ZN_API int zn_model_aux_loss(const zn_model *m, float *aux);
 /* Waits for `s` and returns the loss of the last head_fwd. */
 ZN_API int zn_model_read_loss(zn_model *m, zn_stream *s, float *loss);
 

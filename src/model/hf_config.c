@@ -405,10 +405,6 @@ static int parse_moe(cfg_ctx *c, zn_model_dims *d)
         (rc = get_bool(c, "output_router_logits", 0, &d->router_logits)) ||
         (rc = get_num_in(c, c->root, "", "router_aux_loss_coef", 0, 0.001, &d->router_aux_coef)))
         return rc;
-    if (d->router_logits)
-        return zn_set_error(ZN_EUNSUPPORTED, "%s: output_router_logits=true is not supported yet "
-                            "(the load-balancing loss it adds at router_aux_loss_coef is not "
-                            "built; set it to false)", c->name);
     if (d->top_k > d->n_experts)
         return zn_set_error(ZN_ECONFIG, "%s: num_experts_per_tok %lld is more than num_experts "
                             "%lld", c->name, (long long)d->top_k, (long long)d->n_experts);

@@ -149,6 +149,13 @@ struct zn_model {
     float *moe_acc;     /* [N][H] */
     float *moe_dxg;     /* [N K][H] */
     zn_m_moe_host moe;
+    /* the load-balancing loss (dims.router_logits): the current batch's
+     * top-k assignments and probability sums per expert over the sparse
+     * layers' forwards (not the backward's recompute, in_bwd), host */
+    double *aux_cnt;    /* [E] */
+    float *aux_psum;    /* [E] */
+    int64_t aux_rows;
+    int in_bwd;
     int drop_on;        /* training with lora.dropout > 0 (zn_model_set_dropout) */
     uint64_t drop_key;
 

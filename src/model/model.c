@@ -189,6 +189,15 @@ static void moe_host_free(zn_m_moe_host *h)
     memset(h, 0, sizeof *h);
 }
 
+static void aux_reset(zn_model *m)
+{
+    if (m->aux_cnt)
+        memset(m->aux_cnt, 0, (size_t)m->d.n_experts * sizeof *m->aux_cnt);
+    if (m->aux_psum)
+        memset(m->aux_psum, 0, (size_t)m->d.n_experts * sizeof *m->aux_psum);
+    m->aux_rows = 0;
+}
+
 static int moe_host_alloc(zn_model *m)
 {
     zn_m_moe_host *h = &m->moe;
@@ -208,8 +217,13 @@ static int moe_host_alloc(zn_model *m)
     h->dw = malloc(N * K * sizeof *h->dw);
     h->dp = malloc(E * sizeof *h->dp);
     h->dv = malloc(K * sizeof *h->dv);
+    if (m->d.router_logits) {
+        m->aux_cnt = calloc(E, sizeof *m->aux_cnt);
+        m->aux_psum = calloc(E, sizeof *m->aux_psum);
+    }
     if (!h->raw || !h->p || !h->sel || !h->val || !h->vsum || !h->wt || !h->slot || !h->off ||
-        !h->idx || !h->w || !h->dw || !h->dp || !h->dv) {
+        !h->idx || !h->w || !h->dw || !h->dp || !h->dv ||
+        (m->d.router_logits && (!m->aux_cnt || !m->aux_psum))) {
         moe_host_free(h);
         return zn_set_error(-ENOMEM, "model: out of memory for the routing of %zu tokens over "
                             "%zu experts", N, E);
@@ -391,6 +405,8 @@ void zn_model_destroy(zn_model *m)
     if (m->mem)
         zn_dev_free(m->dev, m->mem);
     moe_host_free(&m->moe);
+    free(m->aux_cnt);
+    free(m->aux_psum);
     free(m->staging);
     free(m->kv_pos0);
     free(m->kv_slot);
@@ -465,6 +481,7 @@ int zn_model_set_batch(zn_model *m, zn_stream *s, int64_t batch, int64_t seq,
     m->T = seq;
     m->N = N;
     m->decode = 0;
+    aux_reset(m); /* a new batch: its own load-balancing statistics */
     m->n_valid = valid;
     m->loss_scale = valid ? 1.0f / (float)valid : 0.0f;
     /* one document per sequence needs no key starts: plain causal softmax */

@@ -75,6 +75,22 @@ static int route(zn_model *m, zn_stream *s)
             h->wt[t * K + j] = m->dt == ZN_DTYPE_F32 ? w : zn_bf16_widen(zn_bf16_round(w));
         }
     }
+    if (m->aux_cnt && !m->in_bwd && !m->decode) {
+        /* the load-balancing loss's statistics (load_balancing_loss_func):
+         * every top-k assignment and every token's probabilities, summed
+         * per expert in fp32 over this forward's sparse layers */
+        for (int64_t t = 0; t < N; t++) {
+            for (int64_t j = 0; j < K; j++)
+                m->aux_cnt[h->sel[t * K + j]] += 1.0;
+        }
+        for (int64_t e = 0; e < E; e++) {
+            float sum = 0.0f;
+            for (int64_t t = 0; t < N; t++)
+                sum += h->p[t * E + e];
+            m->aux_psum[e] += sum;
+        }
+        m->aux_rows += N;
+    }
     int64_t at = 0;
     for (int64_t e = 0; e < E; e++) {
         h->off[e] = at;
@@ -166,6 +182,13 @@ static int router_bwd(zn_model *m, zn_stream *s)
             h->dv[j] = g;
             dot += g * v[j];
         }
+        if (m->aux_cnt && m->aux_rows) {
+            /* coef x E sum_e (count_e / R) (sum_t p_te / R): d / d p_te =
+             * coef E count_e / R^2, the counts held fixed (torch's histc) */
+            const double R = (double)m->aux_rows;
+            for (int64_t e = 0; e < E; e++)
+                dp[e] = (float)(m->d.router_aux_coef * (double)E * (m->aux_cnt[e] / R) / R);
+        }
         for (int64_t j = 0; j < K; j++) {
             /* v / S: dv = (g - sum_i g_i v_i / S) / S */
             float g = m->d.norm_topk ? (h->dv[j] - dot / h->vsum[t]) / h->vsum[t] : h->dv[j];
@@ -192,7 +215,10 @@ int zn_m_moe_bwd(zn_model *m, zn_stream *s, int layer, void *const *params, floa
     const int64_t N = m->N, H = m->H, E = m->d.n_experts, Im = m->d.moe_intermediate;
     const size_t es = m->esz;
     const zn_dtype dt = m->dt;
-    ZN_TRY(experts_fwd(m, s, layer, params, x));
+    m->in_bwd = 1; /* the recompute adds nothing to the load-balancing statistics */
+    int rc = experts_fwd(m, s, layer, params, x);
+    m->in_bwd = 0;
+    ZN_TRY(rc);
     ZN_TRY(zn_dev_memset(m->dev, s, dx, 0, (size_t)(N * H) * 4));
     for (int64_t e = 0; e < E; e++) {
         int64_t o = m->moe.off[e], n = m->moe.off[e + 1] - o;
@@ -236,4 +262,22 @@ int zn_m_moe_bwd(zn_model *m, zn_stream *s, int layer, void *const *params, floa
                            dt, H, 1.0f, grads[ri], ZN_DTYPE_F32, H));
     return zn_dev_gemm(m->dev, s, ZN_NOTRANS, ZN_NOTRANS, N, H, E, 1.0f, m->moe_log, dt, E,
                        params[ri], dt, H, 1.0f, dx, ZN_DTYPE_F32, H);
+}
+
+int zn_model_aux_loss(const zn_model *m, float *aux)
+{
+    *aux = 0.0f;
+    if (!m->aux_cnt)
+        return zn_set_error(ZN_EARG, "model: %s computes no load-balancing loss "
+                            "(output_router_logits is false)", zn_model_arch_name(m->d.arch));
+    if (!m->aux_rows)
+        return 0;
+    /* tokens_per_expert x router_prob_per_expert, summed, times num_experts
+     * (each quotient in fp32, as torch divides its fp32 sums) */
+    const float R = (float)m->aux_rows;
+    float sum = 0.0f;
+    for (int64_t e = 0; e < m->d.n_experts; e++)
+        sum += ((float)m->aux_cnt[e] / R) * (m->aux_psum[e] / R);
+    *aux = sum * (float)m->d.n_experts;
+    return 0;
 }

@@ -278,6 +278,18 @@ static int ll_read_loss(void *ctx, zn_stream *s, float *loss)
     return zn_model_read_loss(l->m, s, loss);
 }
 
+static int ll_read_aux_loss(void *ctx, double *weighted, double *aux)
+{
+    zn_train_llama *l = ctx;
+    float a = 0;
+    int rc = zn_model_aux_loss(l->m, &a);
+    if (rc)
+        return rc;
+    *aux = a;
+    *weighted = l->d.router_aux_coef * (double)a;
+    return 0;
+}
+
 /* The block calls' tensor pointers: its own tensors in its flat buffer; a
  * tied head's lm_head is the resident embedding (params) or the tied
  * gradient buffer (grads). */
@@ -479,6 +491,7 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
     m->init_params = ll_init;
     m->set_batch = ll_set_batch;
     m->read_loss = ll_read_loss;
+    m->read_aux_loss = dims->router_logits ? ll_read_aux_loss : NULL;
     m->set_dropout = ll_set_dropout;
     m->forward = ll_forward;
     m->backward = ll_backward;
