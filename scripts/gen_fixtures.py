@@ -33,6 +33,11 @@ Two tiny random decoders, built and run by Hugging Face transformers:
               names); each router is solved so that on this batch every
               token's second expert leads its third by 1.5 logits (no
               precision flips a routing decision); some targets -100
+  tiny-mixtral mixtral (Mistral's attention, every MLP 4 experts of width 32,
+              2 a token, always renormalized, the routing weights kept fp32),
+              2 layers, GQA 4/2, untied, bf16, the published
+              block_sparse_moe.experts.E.w1/w2/w3 names; routers solved as
+              tiny-qwen3moe's
 For each: config.json (as transformers writes it), the weights, and
 reference.json with the batch (inputs, targets; some targets -100 for
 qwen2), the mean cross-entropy, a slice of logits and the L2 norm of every
@@ -137,18 +142,25 @@ def published(model):
     [E][2I][H], experts.down_proj [E][H][I]), the checkpoints and zinc as
     experts.E.gate_proj / up_proj / down_proj.weight."""
     out = []
+    # Mixtral's checkpoints: block_sparse_moe.gate, experts.E.w1 (gate),
+    # w3 (up), w2 (down)
+    mix = getattr(model.config, "model_type", "") == "mixtral"
+    names = ("w1", "w3", "w2") if mix else ("gate_proj", "up_proj", "down_proj")
     for name, p in model.named_parameters():
+        pub = name.replace(".mlp.", ".block_sparse_moe.") if mix else name
         if name.endswith("mlp.experts.gate_up_proj"):
-            pre, half = name[:-len("gate_up_proj")], p.shape[1] // 2
+            pre, half = pub[:-len("gate_up_proj")], p.shape[1] // 2
             for e in range(p.shape[0]):
-                out.append((pre + "%d.gate_proj.weight" % e, p, lambda t, e=e: t[e, :half]))
-                out.append((pre + "%d.up_proj.weight" % e, p, lambda t, e=e: t[e, half:]))
+                out.append((pre + "%d.%s.weight" % (e, names[0]), p,
+                            lambda t, e=e: t[e, :half]))
+                out.append((pre + "%d.%s.weight" % (e, names[1]), p,
+                            lambda t, e=e: t[e, half:]))
         elif name.endswith("mlp.experts.down_proj"):
-            pre = name[:-len("down_proj")]
+            pre = pub[:-len("down_proj")]
             for e in range(p.shape[0]):
-                out.append((pre + "%d.down_proj.weight" % e, p, lambda t, e=e: t[e]))
+                out.append((pre + "%d.%s.weight" % (e, names[2]), p, lambda t, e=e: t[e]))
         else:
-            out.append((name, p, lambda t: t))
+            out.append((pub, p, lambda t: t))
     return out
 
 
@@ -225,7 +237,8 @@ def low_precision_pass(model64, dtype, inputs, targets, eval_targets, positions,
 def make(kind, out, tokens, torch, transformers, save_file):
     gen = torch.Generator().manual_seed({"llama": 1, "qwen2": 2, "mistral": 3, "qwen3": 4,
                                        "phi3": 5, "olmo2": 6, "mistral-window": 7,
-                                       "gemma": 8, "gemma2": 9, "qwen3moe": 10}[kind])
+                                       "gemma": 8, "gemma2": 9, "qwen3moe": 10,
+                                       "mixtral": 11}[kind])
     common = dict(hidden_size=64, intermediate_size=128 if kind == "llama" else 96,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   vocab_size=VOCAB, max_position_embeddings=64, hidden_act="silu")
@@ -288,28 +301,35 @@ def make(kind, out, tokens, torch, transformers, save_file):
                                           norm_topk_prob=True, decoder_sparse_step=1,
                                           mlp_only_layers=[1], output_router_logits=False)
         cls = transformers.Qwen3MoeForCausalLM
+    elif kind == "mixtral":
+        cfg = transformers.MixtralConfig(**dict(common, intermediate_size=32), rms_norm_eps=1e-5,
+                                         tie_word_embeddings=False, rope_theta=1000000.0,
+                                         sliding_window=None, num_local_experts=4,
+                                         num_experts_per_tok=2, output_router_logits=False,
+                                         router_jitter_noise=0.0)
+        cls = transformers.MixtralForCausalLM
     else:
         cfg = transformers.Qwen2Config(**common, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                        rope_theta=1000000.0, use_sliding_window=False)
         cls = transformers.Qwen2ForCausalLM
     cfg._attn_implementation = "eager"
-    if kind == "qwen3moe":
+    if kind in ("qwen3moe", "mixtral"):
         cfg._experts_implementation = "eager"
     model = cls(cfg).to(torch.float64)
-    if kind == "qwen3moe":
+    if kind in ("qwen3moe", "mixtral"):
         model.config._experts_implementation = "eager"  # float64 (grouped_mm takes none)
     randomize(model, torch, gen)
     if kind in ("qwen2", "qwen3", "gemma", "gemma2"):
         model.tie_weights()
 
     # What goes on disk, and the exact values the reference computes with.
-    disk_dtype = (torch.bfloat16 if kind in ("llama", "qwen3", "olmo2", "qwen3moe")
+    disk_dtype = (torch.bfloat16 if kind in ("llama", "qwen3", "olmo2", "qwen3moe", "mixtral")
                   else torch.float32)
     # The batch: rows are the loader's windows of tokens.tok.
     ids = torch.tensor(tokens, dtype=torch.long)
     inputs = torch.stack([ids[b * SEQ: b * SEQ + SEQ] for b in range(BATCH)])
     targets = torch.stack([ids[b * SEQ + 1: b * SEQ + SEQ + 1] for b in range(BATCH)])
-    if kind == "qwen3moe":
+    if kind in ("qwen3moe", "mixtral"):
         decisive_routers(model, inputs, torch, gen)
     tensors = {}
     with torch.no_grad():
@@ -318,9 +338,9 @@ def make(kind, out, tokens, torch, transformers, save_file):
             p.copy_(q.to(torch.float64))
         for name, p, view in published(model):
             tensors[name] = view(p.detach().to(disk_dtype)).contiguous()
-    if kind == "qwen3moe":
-        print("tiny-qwen3moe: smallest routing lead %.3f logits" % route_margin(model, inputs,
-                                                                               torch))
+    if kind in ("qwen3moe", "mixtral"):
+        print("tiny-%s: smallest routing lead %.3f logits" % (kind, route_margin(model, inputs,
+                                                                                torch)))
     if cfg.tie_word_embeddings:
         assert "lm_head.weight" not in tensors
 
@@ -331,7 +351,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
     cfg.save_pretrained(d)
     meta = {"format": "pt"}
     if kind in ("llama", "mistral", "qwen3", "phi3", "olmo2", "mistral-window", "gemma",
-                "gemma2", "qwen3moe"):
+                "gemma2", "qwen3moe", "mixtral"):
         save_file(tensors, os.path.join(d, "model.safetensors"), metadata=meta)
     else:
         names = sorted(tensors)
@@ -398,7 +418,8 @@ def make(kind, out, tokens, torch, transformers, save_file):
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "precision": "float64 on the stored values",
-        "weights_dtype": "bf16" if kind in ("llama", "qwen3", "olmo2", "qwen3moe") else "f32",
+        "weights_dtype": ("bf16" if kind in ("llama", "qwen3", "olmo2", "qwen3moe", "mixtral")
+                          else "f32"),
         "model_type": cfg.model_type,
         "batch": BATCH,
         "seq_len": SEQ,
@@ -468,7 +489,7 @@ def main():
     ap.add_argument("--check-export", metavar="ZINC", help="check `zinc export` (see above)")
     ap.add_argument("--kinds", default="llama,qwen2",
                     help="fixtures to make: llama, qwen2, mistral, qwen3, phi3, olmo2, "
-                         "mistral-window, gemma, gemma2, qwen3moe (comma-separated)")
+                         "mistral-window, gemma, gemma2, qwen3moe, mixtral (comma-separated)")
     args = ap.parse_args()
     ensure_torch()
     if args.check_export:

@@ -15,6 +15,8 @@ by transformers' own generate() on the committed fixture models:
   tiny-qwen3moe         qwen3_moe, 8 experts, 2 a token, a dense middle layer, the
                         published per-expert tensors (transformers 5 fuses them at
                         load), bf16 on disk
+  tiny-mixtral          mixtral, 4 experts, 2 a token, fp32 routing weights, the
+                        published block_sparse_moe names, bf16 on disk
   lora-llama            ft-llama plus the PEFT adapter final-adapter,
                         loaded by peft (unmerged)
 
@@ -59,7 +61,8 @@ def load(name, dtype):
     else:
         # the experts as transformers' own loop runs them (grouped_mm takes
         # no float64)
-        kw = {"experts_implementation": "eager"} if "moe" in name else {}
+        kw = ({"experts_implementation": "eager"} if "moe" in name or "mixtral" in name
+              else {})
         m = AutoModelForCausalLM.from_pretrained(os.path.join(FIX, name), dtype=dtype, **kw)
     return m.eval()
 
@@ -120,7 +123,8 @@ def case(name):
 def main():
     names = sys.argv[1:] or ["tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
                              "tiny-phi3", "tiny-olmo2", "tiny-mistral-window",
-                             "tiny-gemma", "tiny-gemma2", "tiny-qwen3moe", "lora-llama"]
+                             "tiny-gemma", "tiny-gemma2", "tiny-qwen3moe", "tiny-mixtral",
+                             "lora-llama"]
     for name in names:
         ref = case(name)
         path = os.path.join(FIX, name, "generate.json")

@@ -41,6 +41,10 @@ Two small decoders with shapes unlike the other fixtures:
             attention mask), added in full per micro-batch as the HF
             Trainer's loss-kwargs path does; "aux_loss" per step is its mean
             over the micro-batches, with its own noise and bound
+  ft-mixtral  mixtral (4 experts of width 24, 2 a token, renormalized, fp32
+            routing weights; Mistral's attention with sliding_window 5 over
+            the 12-token sequences), 2 layers, hidden 32, GQA 4/2, untied,
+            bf16, the published block_sparse_moe.experts.E.w1/w2/w3 names
 For each folder: config.json (transformers' own), the weights,
 train-config.json (the zinc config the test trains with: DeepSpeed's
 optimizer / scheduler / clipping keys and the batch shape), and
@@ -139,6 +143,10 @@ def shapes(kind):
     if kind == "qwen3":
         return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
+                    max_position_embeddings=64, hidden_act="silu")
+    if kind == "mixtral":
+        return dict(hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
                     max_position_embeddings=64, hidden_act="silu")
     if kind in ("qwen3moe", "qwen3moeaux"):
         return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -328,7 +336,8 @@ def make(kind, out, torch, transformers, save_file):
     gen = torch.Generator().manual_seed({"llama": 11, "qwen2": 12, "tied": 13, "vocab": 14,
                                      "tiedvocab": 15, "qwen3": 16, "phi3": 17,
                                      "olmo2": 18, "gemma": 19, "mistral": 20,
-                                     "gemma2": 31, "qwen3moe": 33, "qwen3moeaux": 35}[kind])
+                                     "gemma2": 31, "qwen3moe": 33, "qwen3moeaux": 35,
+                                     "mixtral": 37}[kind])
     if kind in ("tied", "tiedvocab"):
         cfg = transformers.LlamaConfig(**shapes(kind), rms_norm_eps=1e-5, tie_word_embeddings=True,
                                        attention_bias=False, rope_theta=500000.0)
@@ -385,6 +394,15 @@ def make(kind, out, torch, transformers, save_file):
         cfg._experts_implementation = "eager"  # transformers' loop over the experts
         cls = transformers.Qwen3MoeForCausalLM
         disk = torch.bfloat16
+    elif kind == "mixtral":
+        cfg = transformers.MixtralConfig(**shapes(kind), rms_norm_eps=1e-5,
+                                         tie_word_embeddings=False, rope_theta=1000000.0,
+                                         sliding_window=5, num_local_experts=4,
+                                         num_experts_per_tok=2, output_router_logits=False,
+                                         router_jitter_noise=0.0)
+        cfg._experts_implementation = "eager"
+        cls = transformers.MixtralForCausalLM
+        disk = torch.bfloat16
     elif kind == "mistral":
         cfg = transformers.MistralConfig(**shapes(kind), rms_norm_eps=1e-5,
                                          tie_word_embeddings=False, rope_theta=1000000.0,
@@ -398,7 +416,7 @@ def make(kind, out, torch, transformers, save_file):
         disk = torch.float32 if kind == "vocab" else torch.float16
     cfg._attn_implementation = "eager"
     model = cls(cfg).to(torch.float32)
-    if kind in ("qwen3moe", "qwen3moeaux"):
+    if kind in ("qwen3moe", "qwen3moeaux", "mixtral"):
         model.config._experts_implementation = "eager"  # float64 too (grouped_mm: no)
     randomize(model, torch, gen)
     if cfg.tie_word_embeddings:
@@ -446,7 +464,7 @@ def make(kind, out, torch, transformers, save_file):
 
     dseed = {"llama": 21, "qwen2": 22, "tied": 23, "vocab": 24, "tiedvocab": 25, "qwen3": 26,
              "phi3": 27, "olmo2": 28, "gemma": 29, "mistral": 30, "gemma2": 32,
-             "qwen3moe": 34, "qwen3moeaux": 36}[kind]
+             "qwen3moe": 34, "qwen3moeaux": 36, "mixtral": 38}[kind]
     init = as_published({n: p.detach().clone() for n, p in model.named_parameters()})
     fresh = copy.deepcopy(model)  # the same values, ties kept
 
@@ -483,7 +501,8 @@ def make(kind, out, torch, transformers, save_file):
         "weights_dtype": {"llama": "bf16", "qwen2": "f16", "tied": "f32", "vocab": "f32",
                           "tiedvocab": "f32", "qwen3": "bf16", "phi3": "bf16",
                           "olmo2": "bf16", "gemma": "f32", "mistral": "bf16",
-                          "gemma2": "bf16", "qwen3moe": "bf16", "qwen3moeaux": "bf16"}[kind],
+                          "gemma2": "bf16", "qwen3moe": "bf16", "qwen3moeaux": "bf16",
+                          "mixtral": "bf16"}[kind],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "float64": f64,
         "noise": noise,
@@ -506,7 +525,7 @@ def check_export(zinc, torch, transformers, only=None):
     fx = os.path.join(ROOT, "tests", "fixtures")
     bad = 0
     for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
-                 "olmo2", "gemma", "mistral", "gemma2", "qwen3moe"):
+                 "olmo2", "gemma", "mistral", "gemma2", "qwen3moe", "mixtral"):
         if only and kind != only:
             continue
         src = os.path.join(fx, "ft-" + kind)
@@ -553,7 +572,8 @@ def main():
     ap.add_argument("--check-export", metavar="ZINC", help="check zinc's fine-tuned exports "
                     "in transformers (see check_export)")
     ap.add_argument("--only", choices=("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
-                 "olmo2", "gemma", "mistral", "gemma2", "qwen3moe", "qwen3moeaux"),
+                 "olmo2", "gemma", "mistral", "gemma2", "qwen3moe", "qwen3moeaux",
+                 "mixtral"),
                     help="make this fixture only")
     args = ap.parse_args()
     ensure_torch()
@@ -568,7 +588,7 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)  # one summation order, run to run
     for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
-                 "olmo2", "gemma", "mistral", "gemma2", "qwen3moe", "qwen3moeaux"):
+                 "olmo2", "gemma", "mistral", "gemma2", "qwen3moe", "qwen3moeaux", "mixtral"):
         if not args.only or kind == args.only:
             make(kind, args.out, torch, transformers, save_file)
 

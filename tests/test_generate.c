@@ -851,6 +851,7 @@ int main(void)
     run_model(dev, "tiny-gemma");    /* (1 + w) norms, GeGLU, scaled embedding */
     run_model(dev, "tiny-gemma2");   /* four norms, soft-caps, windows on alternate layers */
     run_model(dev, "tiny-qwen3moe"); /* routing each decoded token, a dense layer between */
+    run_model(dev, "tiny-mixtral");  /* block_sparse_moe's w1/w2/w3, fp32 routing weights */
     run_model(dev, "lora-llama");
     bad_input(dev);
     prefix_reuse(dev);

@@ -105,7 +105,7 @@ int main(void)
     /* a model_type nobody knows */
     ZT_EQ_INT(parse("{" BASE_OTHER "}", &d), ZN_EUNSUPPORTED);
     ZT_CONTAINS(zn_last_error(), "model_type 'bert' is not a family zinc knows (it trains llama, "
-                                 "qwen2, mistral, qwen3, qwen3_moe, gemma, gemma2, phi3, olmo2)");
+                                 "qwen2, mistral, qwen3, qwen3_moe, mixtral, gemma, gemma2, phi3, olmo2)");
 
     /* Qwen3: head_dim 128 when config.json leaves it out (Qwen3-8B's does;
      * Qwen3Config's default, whatever hidden_size / heads is), the per-head
@@ -211,6 +211,41 @@ int main(void)
     ZT_CHECK(!zn_model_layer_moe(&d, 0) && zn_model_layer_moe(&d, 1) &&
              !zn_model_layer_moe(&d, 3));
 #undef MOE
+
+    /* Mixtral: Mistral's attention, every layer sparse, the experts
+     * intermediate_size wide, always renormalized; the published names
+     * block_sparse_moe.gate and experts.E.w1 (gate), w3 (up), w2 (down).
+     * tiny-mixtral: transformers' count 115,520. */
+    check_count("tiny-mixtral", 115520ull);
+    ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("tiny-mixtral")), 0);
+    ZT_EQ_INT(d.arch, ZN_ARCH_MIXTRAL);
+    ZT_CHECK(d.n_experts == 4 && d.top_k == 2 && d.moe_intermediate == 32 && d.norm_topk);
+    ZT_CHECK(zn_model_layer_moe(&d, 0) && zn_model_layer_moe(&d, 1));
+    ZT_EQ_INT(d.qk_norm + d.qkv_bias + d.o_bias, 0);
+    {
+        zn_param_info pi;
+        ZT_EQ_INT(zn_model_block_param(&d, 1, 6, &pi), 0);
+        ZT_CHECK(!strcmp(pi.name, "model.layers.0.block_sparse_moe.gate.weight"));
+        ZT_EQ_INT(zn_model_block_param(&d, 2, 7, &pi), 0);
+        ZT_CHECK(!strcmp(pi.name, "model.layers.1.block_sparse_moe.experts.0.w1.weight"));
+        ZT_EQ_INT(zn_model_block_param(&d, 2, 8, &pi), 0);
+        ZT_CHECK(!strcmp(pi.name, "model.layers.1.block_sparse_moe.experts.0.w3.weight"));
+        ZT_EQ_INT(zn_model_block_param(&d, 2, 9 + 3 * 3, &pi), 0);
+        ZT_CHECK(!strcmp(pi.name, "model.layers.1.block_sparse_moe.experts.3.w2.weight"));
+        ZT_EQ_INT(pi.shape[0], 64);
+        ZT_EQ_INT(pi.shape[1], 32);
+    }
+#define MIX "{\"model_type\":\"mixtral\",\"hidden_size\":64,\"num_hidden_layers\":2," \
+            "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320"
+    ZT_EQ_INT(parse(MIX "}", &d), 0);
+    ZT_CHECK(d.n_experts == 8 && d.top_k == 2 && d.max_pos == 131072 && !d.sliding_window);
+    ZT_EQ_INT(parse(MIX ",\"router_jitter_noise\":0.01}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "router_jitter_noise 0.01");
+    ZT_EQ_INT(parse(MIX ",\"num_experts\":4,\"num_local_experts\":8}", &d), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "disagree");
+    ZT_EQ_INT(parse(MIX ",\"sliding_window\":4096}", &d), 0);
+    ZT_EQ_INT(d.sliding_window, 4096);
+#undef MIX
 
     /* Gemma: GemmaConfig's head_dim 256 and tied embeddings by default; its
      * activation in hidden_activation where a config has both (older
@@ -476,6 +511,10 @@ int main(void)
     ZT_CONTAINS(mtext, "\"sliding_window\": 64");
     /* qwen3_moe: the experts' keys and the dense layers come back */
     ZT_EQ_INT(zn_model_dims_from_hf(&a, zt_fixture("tiny-qwen3moe")), 0);
+    ZT_EQ_INT(zn_model_dims_write_hf(&a, path), 0);
+    ZT_EQ_INT(zn_model_dims_from_hf(&b, path), 0);
+    ZT_CHECK(memcmp(&a, &b, sizeof a) == 0);
+    ZT_EQ_INT(zn_model_dims_from_hf(&a, zt_fixture("tiny-mixtral")), 0);
     ZT_EQ_INT(zn_model_dims_write_hf(&a, path), 0);
     ZT_EQ_INT(zn_model_dims_from_hf(&b, path), 0);
     ZT_CHECK(memcmp(&a, &b, sizeof a) == 0);

@@ -84,7 +84,8 @@ int main(void)
      * the middle of 3 layers dense (mlp_only_layers) */
     const char *fixtures[] = { "tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
                                "tiny-phi3", "tiny-olmo2", "tiny-mistral-window",
-                               "tiny-gemma", "tiny-gemma2", "tiny-qwen3moe" };
+                               "tiny-gemma", "tiny-gemma2", "tiny-qwen3moe",
+                               "tiny-mixtral" };
     for (int f = 0; f < (int)(sizeof fixtures / sizeof fixtures[0]); f++) {
         ref_result r1, r2, r3;
         float *g1 = NULL, *g2 = NULL;

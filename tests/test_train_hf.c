@@ -813,6 +813,9 @@ int main(int argc, char **argv)
     /* with output_router_logits: the load-balancing loss (coefficient 0.05)
      * in every micro-batch's loss, its gradient through the routers */
     fixture("ft-qwen3moeaux");
+    /* mixtral: block_sparse_moe's experts under the 5-key window, fp32
+     * routing weights */
+    fixture("ft-mixtral");
     /* LoRA on a frozen base (lora_B nonzero from the start, so both adapter
      * gradients count), every placement of the base */
     fixture("lora-llama");

@@ -27,6 +27,8 @@ typedef enum {
                            soft-capping, sliding windows on alternate layers) */
     ZN_ARCH_QWEN3_MOE = 9, /* model_type "qwen3_moe": Qwen3's attention, mixture-of-experts
                               MLPs (a softmax router, top-k experts) */
+    ZN_ARCH_MIXTRAL = 10,  /* model_type "mixtral": Mistral's attention, every MLP 8 experts,
+                              2 a token, always renormalized */
 } zn_model_arch;
 
 /* The families (src/model/family.c). zn_model_family_lookup: the arch of a
@@ -152,7 +154,7 @@ typedef struct {
                               become cap tanh(s / cap) before the mask (0: none) */
     double final_softcap;  /* gemma2: final_logit_softcapping, the logits likewise
                               (0: none) */
-    /* mixture of experts (qwen3_moe; n_experts 0: every MLP dense) */
+    /* mixture of experts (qwen3_moe, mixtral; n_experts 0: every MLP dense) */
     int64_t n_experts;     /* num_experts */
     int64_t top_k;         /* num_experts_per_tok */
     int64_t moe_intermediate; /* moe_intermediate_size: each expert's SwiGLU width */

@@ -30,7 +30,9 @@ static const family families[] = {
     /* Qwen3MoeConfig: 32768 positions, head_dim 128; experts inside the
      * layer's block */
     { "qwen3_moe", ZN_ARCH_QWEN3_MOE, "Qwen3MoeForCausalLM", 32768, 128, NULL },
-    { "mixtral", 0, NULL, 0, 0, "mixture-of-experts layers (a router and its experts)" },
+    /* MixtralConfig: 4096 x 32 positions; experts inside the layer's block,
+     * under the published block_sparse_moe names */
+    { "mixtral", ZN_ARCH_MIXTRAL, "MixtralForCausalLM", 131072, 0, NULL },
     { "qwen2_moe", 0, NULL, 0, 0, "mixture-of-experts layers and a shared expert" },
     /* GemmaConfig: 8192 positions, head_dim 256 */
     { "gemma", ZN_ARCH_GEMMA, "GemmaForCausalLM", 8192, 256, NULL },

@@ -50,13 +50,19 @@ int zn_model_dims_validate(const zn_model_dims *d)
                             (long long)d->f, (long long)(max));
     if (d->arch != ZN_ARCH_LLAMA && d->arch != ZN_ARCH_QWEN2 && d->arch != ZN_ARCH_MISTRAL &&
         d->arch != ZN_ARCH_QWEN3 && d->arch != ZN_ARCH_PHI3 && d->arch != ZN_ARCH_OLMO2 &&
-        d->arch != ZN_ARCH_GEMMA && d->arch != ZN_ARCH_GEMMA2 && d->arch != ZN_ARCH_QWEN3_MOE)
+        d->arch != ZN_ARCH_GEMMA && d->arch != ZN_ARCH_GEMMA2 && d->arch != ZN_ARCH_QWEN3_MOE &&
+        d->arch != ZN_ARCH_MIXTRAL)
         return zn_set_error(ZN_ECONFIG, "model dims: unknown arch %d", (int)d->arch);
-    if ((d->n_experts > 0) != (d->arch == ZN_ARCH_QWEN3_MOE))
+    int moe = d->arch == ZN_ARCH_QWEN3_MOE || d->arch == ZN_ARCH_MIXTRAL;
+    if ((d->n_experts > 0) != moe)
         return zn_set_error(ZN_ECONFIG, "model dims: %s %s experts (num_experts %lld)",
-                            zn_model_arch_name(d->arch),
-                            d->arch == ZN_ARCH_QWEN3_MOE ? "needs" : "has no",
+                            zn_model_arch_name(d->arch), moe ? "needs" : "has no",
                             (long long)d->n_experts);
+    if (d->arch == ZN_ARCH_MIXTRAL &&
+        (!d->norm_topk || d->sparse_step != 1 || d->mlp_only[0] || d->mlp_only[1] ||
+         d->mlp_only[2] || d->mlp_only[3] || d->moe_intermediate != d->intermediate))
+        return zn_set_error(ZN_ECONFIG, "model dims: mixtral's layers are all sparse, its "
+                            "experts intermediate_size wide, their weights renormalized");
     if (d->n_experts > 0) {
         if (d->n_experts > 65536 || d->top_k <= 0 || d->top_k > d->n_experts ||
             d->moe_intermediate <= 0 || d->moe_intermediate > DIM_MAX || d->sparse_step <= 0)
@@ -431,6 +437,38 @@ static int parse_moe(cfg_ctx *c, zn_model_dims *d)
     return 0;
 }
 
+/* MixtralConfig's experts (its defaults when absent: 8, 2 a token, as wide
+ * as intermediate_size, always renormalized; no aux loss at 0.001). */
+static int parse_mixtral(cfg_ctx *c, zn_model_dims *d)
+{
+    int rc;
+    int64_t named = 0;
+    double jitter;
+    /* num_local_experts; num_experts is its attribute_map name */
+    if ((rc = get_int(c, "num_experts", 0, 0, &named)) ||
+        (rc = get_int(c, "num_local_experts", 0, named ? named : 8, &d->n_experts)) ||
+        (rc = get_int(c, "num_experts_per_tok", 0, 2, &d->top_k)) ||
+        (rc = get_bool(c, "output_router_logits", 0, &d->router_logits)) ||
+        (rc = get_num_in(c, c->root, "", "router_aux_loss_coef", 0, 0.001, &d->router_aux_coef)) ||
+        (rc = get_num_in(c, c->root, "", "router_jitter_noise", 0, 0.0, &jitter)))
+        return rc;
+    if (named && named != d->n_experts)
+        return zn_set_error(ZN_ECONFIG, "%s: num_experts (%lld) and num_local_experts (%lld) "
+                            "disagree", c->name, (long long)named, (long long)d->n_experts);
+    if (jitter != 0)
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: router_jitter_noise %g is not supported (zinc "
+                            "routes without the training-time jitter; set it to 0)", c->name,
+                            jitter);
+    if (d->top_k > d->n_experts)
+        return zn_set_error(ZN_ECONFIG, "%s: num_experts_per_tok %lld is more than "
+                            "num_local_experts %lld", c->name, (long long)d->top_k,
+                            (long long)d->n_experts);
+    d->moe_intermediate = d->intermediate;
+    d->norm_topk = 1;
+    d->sparse_step = 1;
+    return 0;
+}
+
 static int parse_root(cfg_ctx *c, zn_model_dims *d)
 {
     int rc;
@@ -512,6 +550,8 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
     int flag;
     if (d->arch == ZN_ARCH_QWEN3_MOE && (rc = parse_moe(c, d)))
         return rc;
+    if (d->arch == ZN_ARCH_MIXTRAL && (rc = parse_mixtral(c, d)))
+        return rc;
     if (d->arch == ZN_ARCH_QWEN2 || d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_QWEN3_MOE) {
         if ((rc = get_bool(c, "use_sliding_window", 0, &flag)))
             return rc;
@@ -540,7 +580,7 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
         }
         d->fused_proj = 1;
     }
-    if (d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3) {
+    if (d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3 || d->arch == ZN_ARCH_MIXTRAL) {
         /* MistralConfig's sliding_window: null (v0.2 on) or the window */
         json_t *sw = json_object_get(c->root, "sliding_window");
         if (sw && !json_is_null(sw) && (rc = get_int(c, "sliding_window", 1, 0,
@@ -565,9 +605,10 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
     }
     if (d->arch == ZN_ARCH_QWEN2) {
         d->qkv_bias = 1; /* Qwen2Attention: q/k/v bias=True, o_proj bias=False */
-    } else if (d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3) {
-        /* MistralAttention, Phi3Attention: no bias on any projection
-         * (neither reads attention_bias) */
+    } else if (d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3 ||
+               d->arch == ZN_ARCH_MIXTRAL) {
+        /* MistralAttention, Phi3Attention, MixtralAttention: no bias on any
+         * projection (none reads attention_bias) */
     } else {
         /* llama, qwen3, olmo2, gemma, gemma2: attention_bias on q, k, v and o alike;
          * qwen3's per-head q/k norm, olmo2's full-width one and its
@@ -667,9 +708,17 @@ static int write_gemma2(json_t *o, const zn_model_dims *d)
     return bad | set_or_fail(o, "layer_types", lt);
 }
 
-/* Qwen3MoeConfig's keys. Nonzero on a failed set. */
+/* Qwen3MoeConfig's keys (MixtralConfig's: its experts and the aux loss).
+ * Nonzero on a failed set. */
 static int write_moe(json_t *o, const zn_model_dims *d)
 {
+    if (d->arch == ZN_ARCH_MIXTRAL) {
+        int bad = set_or_fail(o, "num_local_experts", json_integer(d->n_experts));
+        bad |= set_or_fail(o, "num_experts_per_tok", json_integer(d->top_k));
+        bad |= set_or_fail(o, "output_router_logits", json_boolean(d->router_logits));
+        bad |= set_or_fail(o, "router_aux_loss_coef", json_real(d->router_aux_coef));
+        return bad | set_or_fail(o, "router_jitter_noise", json_real(0.0));
+    }
     int bad = set_or_fail(o, "num_experts", json_integer(d->n_experts));
     bad |= set_or_fail(o, "num_experts_per_tok", json_integer(d->top_k));
     bad |= set_or_fail(o, "moe_intermediate_size", json_integer(d->moe_intermediate));
@@ -705,7 +754,8 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
 
     if (d->arch == ZN_ARCH_QWEN2 && (!d->qkv_bias || d->o_bias))
         return zn_set_error(ZN_ECONFIG, "model dims: qwen2 always has q/k/v bias and no o bias");
-    if ((d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3) && (d->qkv_bias || d->o_bias))
+    if ((d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3 || d->arch == ZN_ARCH_MIXTRAL) &&
+        (d->qkv_bias || d->o_bias))
         return zn_set_error(ZN_ECONFIG, "model dims: %s has no attention bias",
                             zn_model_arch_name(d->arch));
 
@@ -746,7 +796,8 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
             bad |= write_moe(o, d);
         if (is_qwen || d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_QWEN3_MOE)
             bad |= set_or_fail(o, "use_sliding_window", json_false());
-        else if (d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3)
+        else if (d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3 ||
+                 d->arch == ZN_ARCH_MIXTRAL)
             bad |= set_or_fail(o, "sliding_window", d->sliding_window
                                                         ? json_integer(d->sliding_window)
                                                         : json_null());

@@ -1,5 +1,5 @@
-/* A mixture-of-experts MLP (qwen3_moe), as transformers' Qwen3MoeSparseMoeBlock
- * computes it: router logits x Wr^T, their softmax in fp32, the top k
+/* A mixture-of-experts MLP (qwen3_moe, mixtral), as transformers'
+ * Qwen3MoeSparseMoeBlock and MixtralSparseMoeBlock compute it: router logits x Wr^T, their softmax in fp32, the top k
  * experts of each token (their probabilities renormalized with
  * norm_topk_prob, then cast to the compute type), each expert a SwiGLU MLP
  * over the rows routed to it, the outputs weighted and summed per token in
@@ -26,6 +26,14 @@ static int rows_linear(zn_model *m, zn_stream *s, int64_t n, const void *x, cons
                        m->dt, in, 0.0f, y, m->dt, out);
 }
 
+/* Qwen3-MoE casts the routing weights to the compute type before they
+ * scale the experts' outputs; Mixtral keeps them fp32 (torch promotes the
+ * product). */
+static int weights_rounded(const zn_model *m)
+{
+    return m->d.arch == ZN_ARCH_QWEN3_MOE;
+}
+
 /* Reads the router logits back and routes on the host: per expert its rows
  * (tokens in top-k slot order, then token order, as torch.where over
  * transformers' expert mask lists them) and their weights, uploaded to
@@ -33,6 +41,7 @@ static int rows_linear(zn_model *m, zn_stream *s, int64_t n, const void *x, cons
 static int route(zn_model *m, zn_stream *s)
 {
     const int64_t N = m->N, E = m->d.n_experts, K = m->d.top_k;
+    const int round_w = weights_rounded(m);
     zn_m_moe_host *h = &m->moe;
     ZN_TRY(zn_dev_copy_d2h(m->dev, s, h->raw, m->moe_log, (size_t)(N * E) * m->esz));
     ZN_TRY(zn_dev_stream_sync(m->dev, s));
@@ -72,7 +81,8 @@ static int route(zn_model *m, zn_stream *s)
         h->vsum[t] = vs;
         for (int64_t j = 0; j < K; j++) {
             float w = m->d.norm_topk ? v[j] / vs : v[j];
-            h->wt[t * K + j] = m->dt == ZN_DTYPE_F32 ? w : zn_bf16_widen(zn_bf16_round(w));
+            h->wt[t * K + j] = m->dt == ZN_DTYPE_F32 || !round_w ? w
+                                                                  : zn_bf16_widen(zn_bf16_round(w));
         }
     }
     if (m->aux_cnt && !m->in_bwd && !m->decode) {
@@ -177,7 +187,8 @@ static int router_bwd(zn_model *m, zn_stream *s)
         float dot = 0.0f;
         for (int64_t j = 0; j < K; j++) {
             float g = h->dw[h->slot[t * K + j]];
-            if (m->dt != ZN_DTYPE_F32) /* the weights' gradient in their type */
+            if (m->dt != ZN_DTYPE_F32 && weights_rounded(m)) /* the weights' gradient in
+                                                                their type */
                 g = zn_bf16_widen(zn_bf16_round(g));
             h->dv[j] = g;
             dot += g * v[j];

@@ -185,15 +185,21 @@ int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_param_info
     } else if (slot_at(d, block - 1, i) < 0) { /* the router, or an expert's projection */
         int j = i - common_slots(d);
         int64_t Im = d->moe_intermediate;
+        /* the published checkpoints' names: Mixtral's block_sparse_moe with
+         * w1 (gate), w3 (up), w2 (down), Qwen3-MoE's mlp with the MLP's */
+        const int mix = d->arch == ZN_ARCH_MIXTRAL;
+        const char *blk = mix ? "block_sparse_moe" : "mlp";
         if (j == 0) {
-            snprintf(out->name, sizeof out->name, "model.layers.%d.mlp.gate.weight", block - 1);
+            snprintf(out->name, sizeof out->name, "model.layers.%d.%s.gate.weight", block - 1,
+                     blk);
             out->shape[0] = d->n_experts;
             out->shape[1] = H;
         } else {
-            static const char *const proj[3] = { "gate_proj", "up_proj", "down_proj" };
+            static const char *const proj[2][3] = { { "gate_proj", "up_proj", "down_proj" },
+                                                    { "w1", "w3", "w2" } };
             int w = (j - 1) % 3;
-            snprintf(out->name, sizeof out->name, "model.layers.%d.mlp.experts.%d.%s.weight",
-                     block - 1, (j - 1) / 3, proj[w]);
+            snprintf(out->name, sizeof out->name, "model.layers.%d.%s.experts.%d.%s.weight",
+                     block - 1, blk, (j - 1) / 3, proj[mix][w]);
             out->shape[0] = w == 2 ? H : Im;
             out->shape[1] = w == 2 ? Im : H;
         }
@@ -255,12 +261,20 @@ double zn_model_flops(const zn_model_dims *d, int block, int64_t batch, int64_t 
                    /* QK^T and PV: 2 x 2 x T^2 x qd per sequence forward, half
                     * masked (causal); backward twice the forward. */
                    3.0 * 2.0 * (double)batch * (double)seq * (double)seq * qd;
+    /* a sparse layer: the router and each token's top_k experts instead of
+     * the dense MLP (the rows routed, not every expert over every token) */
+    double sparse = layer - 6.0 * tokens * 3 * H * I +
+                    6.0 * tokens * (H * (double)d->n_experts +
+                                    (double)d->top_k * 3 * H * (double)d->moe_intermediate);
     double head = 6.0 * tokens * H * (double)d->vocab;
     if (block == 0)
         return 0;
     if (block > 0 && block <= d->n_layers)
-        return layer;
+        return zn_model_layer_moe(d, block - 1) ? sparse : layer;
     if (block == d->n_layers + 1)
         return head;
-    return layer * (double)d->n_layers + head;
+    double all = head;
+    for (int64_t l = 0; l < d->n_layers; l++)
+        all += zn_model_layer_moe(d, l) ? sparse : layer;
+    return all;
 }
