@@ -68,6 +68,12 @@ typedef struct {
     float *rstd4;  /* [N] */
 } zn_m_layer_acts;
 
+/* A (probability, expert) pair of the top-k selection (model_moe.c). */
+typedef struct {
+    float v;
+    int32_t i;
+} zn_m_topk_el;
+
 /* The routing of the current mixture-of-experts layer, on the host
  * (model_moe.c): N tokens, E experts, K per token. */
 typedef struct {
@@ -83,8 +89,12 @@ typedef struct {
     float *w;         /* [N K] their weights */
     float *dw;        /* [N K] their weights' gradients */
     float *dp, *dv;   /* [E], [K] per-token scratch */
+    zn_m_topk_el *q;  /* [E] the top-k's working array */
 } zn_m_moe_host;
 
+/* The k largest of p[0..n) into sel (their indices, largest first) and
+ * val, with ties as torch.topk breaks them on the CPU; q: n scratch. */
+void zn_m_topk(const float *p, int64_t n, int64_t k, zn_m_topk_el *q, int32_t *sel, float *val);
 int zn_m_moe_fwd(zn_model *m, zn_stream *s, int layer, void *const *params, const void *x,
                  void *y); /* y += moe(x) */
 int zn_m_moe_bwd(zn_model *m, zn_stream *s, int layer, void *const *params, float *const *grads,

@@ -186,6 +186,7 @@ static void moe_host_free(zn_m_moe_host *h)
     free(h->dw);
     free(h->dp);
     free(h->dv);
+    free(h->q);
     memset(h, 0, sizeof *h);
 }
 
@@ -217,12 +218,13 @@ static int moe_host_alloc(zn_model *m)
     h->dw = malloc(N * K * sizeof *h->dw);
     h->dp = malloc(E * sizeof *h->dp);
     h->dv = malloc(K * sizeof *h->dv);
+    h->q = malloc(E * sizeof *h->q);
     if (m->d.router_logits) {
         m->aux_cnt = calloc(E, sizeof *m->aux_cnt);
         m->aux_psum = calloc(E, sizeof *m->aux_psum);
     }
     if (!h->raw || !h->p || !h->sel || !h->val || !h->vsum || !h->wt || !h->slot || !h->off ||
-        !h->idx || !h->w || !h->dw || !h->dp || !h->dv ||
+        !h->idx || !h->w || !h->dw || !h->dp || !h->dv || !h->q ||
         (m->d.router_logits && (!m->aux_cnt || !m->aux_psum))) {
         moe_host_free(h);
         return zn_set_error(-ENOMEM, "model: out of memory for the routing of %zu tokens over "

@@ -4,7 +4,8 @@
  * norm_topk_prob, then cast to the compute type), each expert a SwiGLU MLP
  * over the rows routed to it, the outputs weighted and summed per token in
  * expert order. The routing is decided on the host from the logits read
- * back (so it is one C function, the same on every placement and backend);
+ * back (so it is one C function, the same on every placement and backend;
+ * ties in the top-k as torch.topk breaks them on the CPU);
  * the rows move with the device's gather / scatter-add / dot ops and the
  * experts run as one GEMM each over their rows. The backward recomputes
  * the forward from the layer's MLP input and goes through the experts, the
@@ -12,6 +13,7 @@
  * softmax as autograd does. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "zinc/device.h"
 #include "zinc/model.h"
@@ -26,6 +28,223 @@ static int rows_linear(zn_model *m, zn_stream *s, int64_t n, const void *x, cons
                        m->dt, in, 0.0f, y, m->dt, out);
 }
 
+/* ---- top-k as torch.topk computes it on the CPU ------------------------------------
+ * ATen's CPU topk puts (value, index) pairs in a vector and, largest first,
+ * runs libstdc++'s std::partial_sort when k * 64 <= n, else std::nth_element
+ * on the k-th and std::sort over the k - 1 before it. Which of several
+ * equal probabilities are chosen, and their order, is those algorithms'
+ * (not the lower index): a zero-initialized router ties every expert. The
+ * functions below are those algorithms step for step (introselect with
+ * median-of-three pivots, introsort, insertion sorts, the binary heap);
+ * checked against torch.topk on 12,200 tie-heavy rows (n 2..256, k 1..8)
+ * when written. */
+static int before(const zn_m_topk_el *a, const zn_m_topk_el *b)
+{
+    return a->v > b->v;
+}
+
+static void el_swap(zn_m_topk_el *q, int64_t a, int64_t b)
+{
+    zn_m_topk_el t = q[a];
+    q[a] = q[b];
+    q[b] = t;
+}
+
+static int64_t lg2(int64_t n)
+{
+    int64_t l = 0;
+    while (n >>= 1)
+        l++;
+    return l;
+}
+
+static void median_to_first(zn_m_topk_el *q, int64_t r, int64_t a, int64_t b, int64_t c)
+{
+    if (before(&q[a], &q[b])) {
+        if (before(&q[b], &q[c]))
+            el_swap(q, r, b);
+        else if (before(&q[a], &q[c]))
+            el_swap(q, r, c);
+        else
+            el_swap(q, r, a);
+    } else if (before(&q[a], &q[c])) {
+        el_swap(q, r, a);
+    } else if (before(&q[b], &q[c])) {
+        el_swap(q, r, c);
+    } else {
+        el_swap(q, r, b);
+    }
+}
+
+static int64_t unguarded_partition(zn_m_topk_el *q, int64_t first, int64_t last, int64_t pivot)
+{
+    for (;;) {
+        while (before(&q[first], &q[pivot]))
+            first++;
+        last--;
+        while (before(&q[pivot], &q[last]))
+            last--;
+        if (!(first < last))
+            return first;
+        el_swap(q, first, last);
+        first++;
+    }
+}
+
+static int64_t partition_pivot(zn_m_topk_el *q, int64_t first, int64_t last)
+{
+    median_to_first(q, first, first + 1, first + (last - first) / 2, last - 1);
+    return unguarded_partition(q, first + 1, last, first);
+}
+
+static void linear_insert(zn_m_topk_el *q, int64_t i)
+{
+    zn_m_topk_el val = q[i];
+    while (before(&val, &q[i - 1])) {
+        q[i] = q[i - 1];
+        i--;
+    }
+    q[i] = val;
+}
+
+static void insertion_sort(zn_m_topk_el *q, int64_t first, int64_t last)
+{
+    for (int64_t i = first + 1; i < last; i++) {
+        if (before(&q[i], &q[first])) {
+            zn_m_topk_el val = q[i];
+            memmove(&q[first + 1], &q[first], (size_t)(i - first) * sizeof *q);
+            q[first] = val;
+        } else {
+            linear_insert(q, i);
+        }
+    }
+}
+
+static void adjust_heap(zn_m_topk_el *q, int64_t first, int64_t hole, int64_t len,
+                        zn_m_topk_el value)
+{
+    const int64_t top = hole;
+    int64_t second = hole;
+    while (second < (len - 1) / 2) {
+        second = 2 * (second + 1);
+        if (before(&q[first + second], &q[first + second - 1]))
+            second--;
+        q[first + hole] = q[first + second];
+        hole = second;
+    }
+    if ((len & 1) == 0 && second == (len - 2) / 2) {
+        second = 2 * (second + 1);
+        q[first + hole] = q[first + second - 1];
+        hole = second - 1;
+    }
+    int64_t parent = (hole - 1) / 2;
+    while (hole > top && before(&q[first + parent], &value)) {
+        q[first + hole] = q[first + parent];
+        hole = parent;
+        parent = (hole - 1) / 2;
+    }
+    q[first + hole] = value;
+}
+
+static void make_heap(zn_m_topk_el *q, int64_t first, int64_t last)
+{
+    int64_t n = last - first;
+    if (n < 2)
+        return;
+    for (int64_t parent = (n - 2) / 2;; parent--) {
+        adjust_heap(q, first, parent, n, q[first + parent]);
+        if (parent == 0)
+            return;
+    }
+}
+
+static void pop_heap(zn_m_topk_el *q, int64_t first, int64_t last, int64_t result)
+{
+    zn_m_topk_el value = q[result];
+    q[result] = q[first];
+    adjust_heap(q, first, 0, last - first, value);
+}
+
+static void heap_select(zn_m_topk_el *q, int64_t first, int64_t middle, int64_t last)
+{
+    make_heap(q, first, middle);
+    for (int64_t i = middle; i < last; i++)
+        if (before(&q[i], &q[first]))
+            pop_heap(q, first, middle, i);
+}
+
+static void sort_heap(zn_m_topk_el *q, int64_t first, int64_t last)
+{
+    while (last - first > 1) {
+        last--;
+        pop_heap(q, first, last, last);
+    }
+}
+
+static void introselect(zn_m_topk_el *q, int64_t first, int64_t nth, int64_t last, int64_t depth)
+{
+    while (last - first > 3) {
+        if (depth == 0) {
+            heap_select(q, first, nth + 1, last);
+            el_swap(q, first, nth);
+            return;
+        }
+        depth--;
+        int64_t cut = partition_pivot(q, first, last);
+        if (cut <= nth)
+            first = cut;
+        else
+            last = cut;
+    }
+    insertion_sort(q, first, last);
+}
+
+static void introsort_loop(zn_m_topk_el *q, int64_t first, int64_t last, int64_t depth)
+{
+    while (last - first > 16) {
+        if (depth == 0) {
+            heap_select(q, first, last, last);
+            sort_heap(q, first, last);
+            return;
+        }
+        depth--;
+        int64_t cut = partition_pivot(q, first, last);
+        introsort_loop(q, cut, last, depth);
+        last = cut;
+    }
+}
+
+static void std_sort(zn_m_topk_el *q, int64_t first, int64_t last)
+{
+    if (first == last)
+        return;
+    introsort_loop(q, first, last, 2 * lg2(last - first));
+    if (last - first > 16) {
+        insertion_sort(q, first, first + 16);
+        for (int64_t i = first + 16; i < last; i++)
+            linear_insert(q, i);
+    } else {
+        insertion_sort(q, first, last);
+    }
+}
+
+void zn_m_topk(const float *p, int64_t n, int64_t k, zn_m_topk_el *q, int32_t *sel, float *val)
+{
+    for (int64_t e = 0; e < n; e++)
+        q[e] = (zn_m_topk_el){ p[e], (int32_t)e };
+    if (k * 64 <= n) {
+        heap_select(q, 0, k, n);
+        sort_heap(q, 0, k);
+    } else {
+        introselect(q, 0, k - 1, n, 2 * lg2(n));
+        std_sort(q, 0, k - 1);
+    }
+    for (int64_t j = 0; j < k; j++) {
+        sel[j] = q[j].i;
+        val[j] = q[j].v;
+    }
+}
+
 /* Qwen3-MoE casts the routing weights to the compute type before they
  * scale the experts' outputs; Mixtral keeps them fp32 (torch promotes the
  * product). */
@@ -37,7 +256,7 @@ static int weights_rounded(const zn_model *m)
 /* Reads the router logits back and routes on the host: per expert its rows
  * (tokens in top-k slot order, then token order, as torch.where over
  * transformers' expert mask lists them) and their weights, uploaded to
- * moe_idx / moe_w. Ties in the top-k go to the lower expert index. */
+ * moe_idx / moe_w. */
 static int route(zn_model *m, zn_stream *s)
 {
     const int64_t N = m->N, E = m->d.n_experts, K = m->d.top_k;
@@ -60,21 +279,9 @@ static int route(zn_model *m, zn_stream *s)
         }
         for (int64_t e = 0; e < E; e++)
             p[e] /= sum;
-        /* the top k, largest first */
-        int32_t *sel = h->sel + t * K;
+        /* the top k, largest first, ties as torch.topk has them */
         float *v = h->val + t * K;
-        for (int64_t j = 0; j < K; j++) {
-            int64_t best = -1;
-            for (int64_t e = 0; e < E; e++) {
-                int taken = 0;
-                for (int64_t i = 0; i < j; i++)
-                    taken |= sel[i] == e;
-                if (!taken && (best < 0 || p[e] > p[best]))
-                    best = e;
-            }
-            sel[j] = (int32_t)best;
-            v[j] = p[best];
-        }
+        zn_m_topk(p, E, K, h->q, h->sel + t * K, v);
         float vs = 0.0f;
         for (int64_t j = 0; j < K; j++)
             vs += v[j];
