@@ -36,6 +36,18 @@ Two tiny random decoders, built and run by Hugging Face transformers:
               layer 3 full with YaRN: factor 4 over 32 original positions,
               the default attention_factor 0.1 ln 4 + 1), GQA 4/2, untied,
               pad id 1, fp32
+  tiny-qwen3moe qwen3_moe (qwen3's attention, mixture-of-experts MLPs: 8
+              experts of width 24, 2 a token, renormalized), 3 layers, the
+              middle one dense (mlp_only_layers), GQA 4/2, head_dim 24,
+              untied, weights as bf16 (one file, the published per-expert
+              names); each router is solved so that on this batch every
+              token's second expert leads its third by 1.5 logits (no
+              precision flips a routing decision); some targets -100
+  tiny-mixtral mixtral (Mistral's attention, every MLP 4 experts of width 32,
+              2 a token, always renormalized, the routing weights kept fp32),
+              2 layers, GQA 4/2, untied, bf16, the published
+              block_sparse_moe.experts.E.w1/w2/w3 names; routers solved as
+              tiny-qwen3moe's
 For each: config.json (as transformers writes it), the weights, and
 reference.json with the batch (inputs, targets; some targets -100 for
 qwen2), the mean cross-entropy, a slice of logits and the L2 norm of every
@@ -130,8 +142,82 @@ def randomize(model, torch, gen):
                     std = 0.1
                 p.copy_(std * torch.randn(p.shape, generator=gen, dtype=torch.float64))
             else:
-                fan_in = p.shape[1]
+                fan_in = p.shape[-1]
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * (1.5 / fan_in ** 0.5))
+
+
+def published(model):
+    """(name, parameter, view) in the names published checkpoints use:
+    transformers 5 keeps a layer's experts as 3-D tensors (experts.gate_up_proj
+    [E][2I][H], experts.down_proj [E][H][I]), the checkpoints and zinc as
+    experts.E.gate_proj / up_proj / down_proj.weight."""
+    out = []
+    # Mixtral's checkpoints: block_sparse_moe.gate, experts.E.w1 (gate),
+    # w3 (up), w2 (down)
+    mix = getattr(model.config, "model_type", "") == "mixtral"
+    names = ("w1", "w3", "w2") if mix else ("gate_proj", "up_proj", "down_proj")
+    for name, p in model.named_parameters():
+        pub = name.replace(".mlp.", ".block_sparse_moe.") if mix else name
+        if name.endswith("mlp.experts.gate_up_proj"):
+            pre, half = pub[:-len("gate_up_proj")], p.shape[1] // 2
+            for e in range(p.shape[0]):
+                out.append((pre + "%d.%s.weight" % (e, names[0]), p,
+                            lambda t, e=e: t[e, :half]))
+                out.append((pre + "%d.%s.weight" % (e, names[1]), p,
+                            lambda t, e=e: t[e, half:]))
+        elif name.endswith("mlp.experts.down_proj"):
+            pre = pub[:-len("down_proj")]
+            for e in range(p.shape[0]):
+                out.append((pre + "%d.%s.weight" % (e, names[2]), p, lambda t, e=e: t[e]))
+        else:
+            out.append((pub, p, lambda t: t))
+    return out
+
+
+def decisive_routers(model, inputs, torch, gen, margin=1.5):
+    """Sets each sparse layer's router, first to last, so that on `inputs`
+    its logits are chosen values: per token a random order of the experts,
+    the first two at 2.5 + u and 1 + u (u in [0, 0.5)), the rest at most
+    -0.5, solved as the least-norm W with h W^T = logits (32 tokens, hidden
+    64: exact). A routing decision then moves only with a 1.5-logit error,
+    which no precision here makes."""
+    layers = model.model.layers
+    for li, layer in enumerate(layers):
+        if not hasattr(layer.mlp, "gate"):
+            continue
+        seen = {}
+        hook = layer.post_attention_layernorm.register_forward_hook(
+            lambda mod, a, out: seen.__setitem__("h", out.detach()))
+        with torch.no_grad():
+            model(input_ids=inputs)
+        hook.remove()
+        h = seen["h"].reshape(-1, seen["h"].shape[-1])
+        E, k = layer.mlp.gate.weight.shape[0], model.config.num_experts_per_tok
+        want = torch.empty(h.shape[0], E, dtype=torch.float64)
+        for t in range(h.shape[0]):
+            order = torch.randperm(E, generator=gen)
+            u = 0.5 * torch.rand(1, generator=gen, dtype=torch.float64).item()
+            vals = [2.5 + u, 1.0 + u] + [-0.5 - 0.5 * j for j in range(E - k)]
+            for j, e in enumerate(order.tolist()):
+                want[t, e] = vals[j]
+        w = torch.linalg.lstsq(h, want).solution.T  # [E][H], h w^T = want
+        with torch.no_grad():
+            layer.mlp.gate.weight.copy_(w)
+
+
+def route_margin(model, inputs, torch):
+    """The smallest lead of a token's k-th router logit over its next, over
+    every sparse layer (the stored weights' forward)."""
+    got = []
+    hooks = [l.mlp.gate.register_forward_hook(lambda mod, a, out: got.append(out[0].detach()))
+             for l in model.model.layers if hasattr(l.mlp, "gate")]
+    with torch.no_grad():
+        model(input_ids=inputs)
+    for hk in hooks:
+        hk.remove()
+    k = model.config.num_experts_per_tok
+    return min((g.sort(dim=-1, descending=True).values[:, k - 1] -
+                g.sort(dim=-1, descending=True).values[:, k]).min().item() for g in got)
 
 
 def low_precision_pass(model64, dtype, inputs, targets, eval_targets, positions, torch,
@@ -154,14 +240,15 @@ def low_precision_pass(model64, dtype, inputs, targets, eval_targets, positions,
     with torch.no_grad():
         ev = ce(logits.reshape(-1, VOCAB), ey.reshape(-1)).item()
     rows = [logits[b, t].double() for b, t in positions]
-    norms = {n: p.grad.double().norm().item() for n, p in m.named_parameters()}
+    norms = {n: v(p.grad).double().norm().item() for n, p, v in published(m)}
     return loss.item(), ev, rows, norms
 
 
 def make(kind, out, tokens, torch, transformers, save_file):
     gen = torch.Generator().manual_seed({"llama": 1, "qwen2": 2, "mistral": 3, "qwen3": 4,
                                        "phi3": 5, "olmo2": 6, "mistral-window": 7,
-                                       "gemma": 8, "gemma2": 9, "gemma3": 10, "olmo3": 11}[kind])
+                                       "gemma": 8, "gemma2": 9, "gemma3": 10, "olmo3": 11,
+                                       "qwen3moe": 10, "mixtral": 11}[kind])
     common = dict(hidden_size=64, intermediate_size=128 if kind == "llama" else 96,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   vocab_size=VOCAB, max_position_embeddings=64, hidden_act="silu")
@@ -239,24 +326,57 @@ def make(kind, out, tokens, torch, transformers, save_file):
                                        sliding_window=5, pad_token_id=1, bos_token_id=None,
                                        eos_token_id=2)
         cls = transformers.Olmo3ForCausalLM
+    elif kind == "qwen3moe":
+        # the experts as transformers' own loop computes them (its eager
+        # path: one expert at a time over the rows routed to it)
+        cfg = transformers.Qwen3MoeConfig(**dict(common, num_hidden_layers=3), head_dim=24,
+                                          rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                          rope_theta=1000000.0, attention_bias=False,
+                                          use_sliding_window=False, num_experts=8,
+                                          num_experts_per_tok=2, moe_intermediate_size=24,
+                                          norm_topk_prob=True, decoder_sparse_step=1,
+                                          mlp_only_layers=[1], output_router_logits=False)
+        cls = transformers.Qwen3MoeForCausalLM
+    elif kind == "mixtral":
+        cfg = transformers.MixtralConfig(**dict(common, intermediate_size=32), rms_norm_eps=1e-5,
+                                         tie_word_embeddings=False, rope_theta=1000000.0,
+                                         sliding_window=None, num_local_experts=4,
+                                         num_experts_per_tok=2, output_router_logits=False,
+                                         router_jitter_noise=0.0)
+        cls = transformers.MixtralForCausalLM
     else:
         cfg = transformers.Qwen2Config(**common, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                        rope_theta=1000000.0, use_sliding_window=False)
         cls = transformers.Qwen2ForCausalLM
     cfg._attn_implementation = "eager"
+    if kind in ("qwen3moe", "mixtral"):
+        cfg._experts_implementation = "eager"
     model = cls(cfg).to(torch.float64)
+    if kind in ("qwen3moe", "mixtral"):
+        model.config._experts_implementation = "eager"  # float64 (grouped_mm takes none)
     randomize(model, torch, gen)
     if kind in ("qwen2", "qwen3", "gemma", "gemma2", "gemma3"):
         model.tie_weights()
 
     # What goes on disk, and the exact values the reference computes with.
-    disk_dtype = torch.bfloat16 if kind in ("llama", "qwen3", "olmo2") else torch.float32
+    disk_dtype = (torch.bfloat16 if kind in ("llama", "qwen3", "olmo2", "qwen3moe", "mixtral")
+                  else torch.float32)
+    # The batch: rows are the loader's windows of tokens.tok.
+    ids = torch.tensor(tokens, dtype=torch.long)
+    inputs = torch.stack([ids[b * SEQ: b * SEQ + SEQ] for b in range(BATCH)])
+    targets = torch.stack([ids[b * SEQ + 1: b * SEQ + SEQ + 1] for b in range(BATCH)])
+    if kind in ("qwen3moe", "mixtral"):
+        decisive_routers(model, inputs, torch, gen)
     tensors = {}
     with torch.no_grad():
         for name, p in model.named_parameters():
             q = p.to(disk_dtype)
             p.copy_(q.to(torch.float64))
-            tensors[name] = q.contiguous()
+        for name, p, view in published(model):
+            tensors[name] = view(p.detach().to(disk_dtype)).contiguous()
+    if kind in ("qwen3moe", "mixtral"):
+        print("tiny-%s: smallest routing lead %.3f logits" % (kind, route_margin(model, inputs,
+                                                                                torch)))
     if cfg.tie_word_embeddings:
         assert "lm_head.weight" not in tensors
 
@@ -267,7 +387,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
     cfg.save_pretrained(d)
     meta = {"format": "pt"}
     if kind in ("llama", "mistral", "qwen3", "phi3", "olmo2", "mistral-window", "gemma",
-                "gemma2", "gemma3", "olmo3"):
+                "gemma2", "gemma3", "olmo3", "qwen3moe", "mixtral"):
         save_file(tensors, os.path.join(d, "model.safetensors"), metadata=meta)
     else:
         names = sorted(tensors)
@@ -284,12 +404,8 @@ def make(kind, out, tokens, torch, transformers, save_file):
         with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": wm}, f, indent=2, sort_keys=True)
 
-    # The batch: rows are the loader's windows of tokens.tok.
-    ids = torch.tensor(tokens, dtype=torch.long)
-    inputs = torch.stack([ids[b * SEQ: b * SEQ + SEQ] for b in range(BATCH)])
-    targets = torch.stack([ids[b * SEQ + 1: b * SEQ + SEQ + 1] for b in range(BATCH)])
     eval_targets = targets.clone()
-    if kind in ("qwen2", "qwen3"):
+    if kind in ("qwen2", "qwen3", "qwen3moe"):
         targets[0, 3] = -100
         targets[1, 0] = -100
         targets[1, 15] = -100
@@ -316,8 +432,8 @@ def make(kind, out, tokens, torch, transformers, save_file):
             for r, (b, t) in zip(rows, positions):
                 want = logits[b, t].detach()
                 nlg = max(nlg, ((r - want).norm() / want.norm()).item())
-            for n, p in model.named_parameters():
-                g = p.grad.norm().item()
+            for n, p, v in published(model):
+                g = v(p.grad).norm().item()
                 ng = max(ng, abs(norms[n] - g) / g)
         # a loss zinc reports as a float32 is half an ulp from any other
         # at best: no noise below float32's unit roundoff
@@ -338,7 +454,8 @@ def make(kind, out, tokens, torch, transformers, save_file):
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "precision": "float64 on the stored values",
-        "weights_dtype": "bf16" if kind in ("llama", "qwen3", "olmo2") else "f32",
+        "weights_dtype": ("bf16" if kind in ("llama", "qwen3", "olmo2", "qwen3moe", "mixtral")
+                          else "f32"),
         "model_type": cfg.model_type,
         "batch": BATCH,
         "seq_len": SEQ,
@@ -348,7 +465,7 @@ def make(kind, out, tokens, torch, transformers, save_file):
         "eval_loss": eval_loss,
         "logits": {"positions": positions,
                    "values": [logits[b, t].tolist() for b, t in positions]},
-        "grad_norms": {n: p.grad.norm().item() for n, p in model.named_parameters()},
+        "grad_norms": {n: v(p.grad).norm().item() for n, p, v in published(model)},
         "noise": dict(noise, rule="largest distance of PyTorch's pass in that precision from "
                       "this float64 one (scripts/gen_fixtures.py, tests/README.md)"),
         "bounds": dict(bounds, factor=BOUND_FACTOR),
@@ -408,7 +525,8 @@ def main():
     ap.add_argument("--check-export", metavar="ZINC", help="check `zinc export` (see above)")
     ap.add_argument("--kinds", default="llama,qwen2",
                     help="fixtures to make: llama, qwen2, mistral, qwen3, phi3, olmo2, "
-                         "mistral-window, gemma, gemma2, gemma3, olmo3 (comma-separated)")
+                         "mistral-window, gemma, gemma2, gemma3, olmo3, qwen3moe, mixtral "
+                         "(comma-separated)")
     args = ap.parse_args()
     ensure_torch()
     if args.check_export:

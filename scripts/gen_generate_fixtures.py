@@ -15,6 +15,11 @@ by transformers' own generate() on the committed fixture models:
   tiny-gemma3           gemma3_text, per-head q/k norm, the window and the local
                         RoPE base on 3 of 4 layers, linear-scaled global RoPE
   tiny-olmo3            olmo3, the window on 3 of 4 layers, YaRN on the full one
+  tiny-qwen3moe         qwen3_moe, 8 experts, 2 a token, a dense middle layer, the
+                        published per-expert tensors (transformers 5 fuses them at
+                        load), bf16 on disk
+  tiny-mixtral          mixtral, 4 experts, 2 a token, fp32 routing weights, the
+                        published block_sparse_moe names, bf16 on disk
   lora-llama            ft-llama plus the PEFT adapter final-adapter,
                         loaded by peft (unmerged)
 
@@ -57,7 +62,11 @@ def load(name, dtype):
         base = AutoModelForCausalLM.from_pretrained(os.path.join(FIX, "ft-llama"), dtype=dtype)
         m = peft.PeftModel.from_pretrained(base, os.path.join(FIX, "lora-llama", "final-adapter"))
     else:
-        m = AutoModelForCausalLM.from_pretrained(os.path.join(FIX, name), dtype=dtype)
+        # the experts as transformers' own loop runs them (grouped_mm takes
+        # no float64)
+        kw = ({"experts_implementation": "eager"} if "moe" in name or "mixtral" in name
+              else {})
+        m = AutoModelForCausalLM.from_pretrained(os.path.join(FIX, name), dtype=dtype, **kw)
     return m.eval()
 
 
@@ -117,7 +126,8 @@ def case(name):
 def main():
     names = sys.argv[1:] or ["tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
                              "tiny-phi3", "tiny-olmo2", "tiny-mistral-window",
-                             "tiny-gemma", "tiny-gemma2", "tiny-gemma3", "tiny-olmo3", "lora-llama"]
+                             "tiny-gemma", "tiny-gemma2", "tiny-gemma3", "tiny-olmo3",
+                             "tiny-qwen3moe", "tiny-mixtral", "lora-llama"]
     for name in names:
         ref = case(name)
         path = os.path.join(FIX, name, "generate.json")

@@ -23,6 +23,9 @@ reproduce from the same base folder and the same initial adapter
               q's and k's adapters before the q/k norm
   lora-olmo3  base ../ft-olmo3 (the window on 2 of 3 layers, YaRN on the
               third), r 4, alpha 8, the seven projections
+  lora-qwen3moe  base ../ft-qwen3moe (8 experts, 2 a token, a dense layer),
+              r 4, alpha 8, q_proj + k_proj + v_proj + o_proj (zinc builds no
+              adapters on the experts yet), under the routing
   lora-phi3   base ../ft-phi3 (bf16, fused qkv_proj and gate_up_proj), r 4,
               alpha 8, qkv_proj + o_proj + gate_up_proj + down_proj: the
               adapters of the fused projections span q | k | v and gate | up
@@ -116,6 +119,11 @@ FIXTURES = {
                    seed=39, data_seed=49),
     "olmo3": dict(base="ft-olmo3", r=4, alpha=8, targets=TARGETS_ALL, rslora=False,
                   seed=40, data_seed=50),
+    # qwen3moe: the attention's four projections (adapters on the experts are
+    # not built), q and k feeding the per-head norm, beside the routing
+    "qwen3moe": dict(base="ft-qwen3moe", r=4, alpha=8,
+                     targets=["q_proj", "k_proj", "v_proj", "o_proj"], rslora=False, seed=39,
+                     data_seed=49),
     "phi3": dict(base="ft-phi3", r=4, alpha=8,
                  targets=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], rslora=False,
                  seed=35, data_seed=45),
@@ -201,8 +209,10 @@ ALL_LINEAR = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj",
 
 def load_base(out, spec, torch, transformers):
     base = os.path.join(out, spec["base"])
+    # the experts as transformers' own loop runs them (float64 too)
+    kw = {"experts_implementation": "eager"} if "moe" in spec["base"] else {}
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        base, dtype=torch.float32, attn_implementation="eager")
+        base, dtype=torch.float32, attn_implementation="eager", **kw)
     return base, model
 
 
@@ -295,7 +305,7 @@ def make(kind, out, torch, transformers, peft):
         "weights_dtype": {"ft-llama": "bf16", "ft-qwen2": "f16", "ft-qwen3": "bf16",
                           "ft-phi3": "bf16", "ft-olmo2": "bf16",
                           "ft-mistral": "bf16", "ft-gemma2": "bf16", "ft-gemma3": "bf16",
-                          "ft-olmo3": "bf16"}[spec["base"]],
+                          "ft-olmo3": "bf16", "ft-qwen3moe": "bf16"}[spec["base"]],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "steps": steps,
     }
@@ -378,8 +388,9 @@ def check_merge(merged, adapter, kind, out, torch, transformers, peft):
     spec = FIXTURES[kind]
     _, model = load_base(out, spec, torch, transformers)
     ref = peft.PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    kw = {"experts_implementation": "eager"} if "moe" in spec["base"] else {}
     mine = transformers.AutoModelForCausalLM.from_pretrained(
-        merged, dtype=torch.float32, attn_implementation="eager")
+        merged, dtype=torch.float32, attn_implementation="eager", **kw)
     rs, ms = ref.state_dict(), mine.state_dict()
     assert set(rs) == set(ms), "tensor names differ: %s" % (set(rs) ^ set(ms))
     worst, wn = 0.0, ""

@@ -39,6 +39,21 @@ Two small decoders with shapes unlike the other fixtures:
             5-key window on layers 0 and 1, YaRN on layer 2 with factor 2
             over 16 original positions and attention_factor 1.1 given),
             hidden 32, GQA 4/2, untied, pad id 1, bf16
+  ft-qwen3moe qwen3_moe (8 experts of width 16, 2 a token, renormalized;
+            the router and every expert trained), 2 layers of which layer 1
+            is dense (mlp_only_layers), hidden 32, GQA 4/2 of head_dim 16,
+            untied, bf16, the published per-expert tensor names
+  ft-qwen3moeaux  the same shape with output_router_logits true and
+            router_aux_loss_coef 0.05: each micro-batch's loss is its
+            cross-entropy (over the step's targets) plus 0.05 times its
+            load-balancing loss (transformers' load_balancing_loss_func, no
+            attention mask), added in full per micro-batch as the HF
+            Trainer's loss-kwargs path does; "aux_loss" per step is its mean
+            over the micro-batches, with its own noise and bound
+  ft-mixtral  mixtral (4 experts of width 24, 2 a token, renormalized, fp32
+            routing weights; Mistral's attention with sliding_window 5 over
+            the 12-token sequences), 2 layers, hidden 32, GQA 4/2, untied,
+            bf16, the published block_sparse_moe.experts.E.w1/w2/w3 names
 For each folder: config.json (transformers' own), the weights,
 train-config.json (the zinc config the test trains with: DeepSpeed's
 optimizer / scheduler / clipping keys and the batch shape), and
@@ -79,7 +94,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gen_fixtures import ensure_torch  # noqa: E402
+from gen_fixtures import ensure_torch, published  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 10
@@ -146,6 +161,14 @@ def shapes(kind):
         return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
                     max_position_embeddings=64, hidden_act="silu")
+    if kind == "mixtral":
+        return dict(hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                    max_position_embeddings=64, hidden_act="silu")
+    if kind in ("qwen3moe", "qwen3moeaux"):
+        return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
+                    max_position_embeddings=64, hidden_act="silu")
     if kind == "llama":
         return dict(hidden_size=48, intermediate_size=80, num_hidden_layers=3,
                     num_attention_heads=6, num_key_value_heads=2, vocab_size=160,
@@ -171,7 +194,7 @@ def randomize(model, torch, gen):
                     std = 0.1  # its rows enter the layers times sqrt(hidden)
                 v = std * torch.randn(p.shape, generator=gen)
             else:
-                v = torch.randn(p.shape, generator=gen) * (1.0 / p.shape[1] ** 0.5)
+                v = torch.randn(p.shape, generator=gen) * (1.0 / p.shape[-1] ** 0.5)
             p.copy_(v)
 
 
@@ -207,6 +230,9 @@ def train(model, params, V, dgen, label, torch, before_micro=None, reverse=False
     opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     steps = []
     model.train()
+    # a mixture of experts' load-balancing loss, when its config asks for it
+    aux_coef = (model.config.router_aux_loss_coef
+                if getattr(model.config, "output_router_logits", False) else 0.0)
     for step in range(1, STEPS + 1):
         ids = torch.randint(0, V, (ACCUM, MICRO, SEQ + 1), generator=dgen)
         x, y = ids[..., :-1].clone(), ids[..., 1:].clone()
@@ -215,15 +241,20 @@ def train(model, params, V, dgen, label, torch, before_micro=None, reverse=False
         y[ACCUM - 1, MICRO - 1, SEQ - 1] = -100
         n_tgt = int((y >= 0).sum())
         opt.zero_grad(set_to_none=True)
-        loss_sum = 0.0
+        loss_sum = aux_sum = 0.0
         for a in (reversed(range(ACCUM)) if reverse else range(ACCUM)):
             if before_micro:
                 before_micro(step, a)
             xa, ya = (x[a].flip(0), y[a].flip(0)) if flip else (x[a], y[a])
-            logits = model(input_ids=xa).logits
+            out = model(input_ids=xa)
+            logits = out.logits
             l = torch.nn.functional.cross_entropy(logits.reshape(-1, V), ya.reshape(-1),
                                                   ignore_index=-100, reduction="sum")
-            (l / n_tgt).backward()
+            if aux_coef:
+                (l / n_tgt + aux_coef * out.aux_loss).backward()
+                aux_sum += out.aux_loss.item()
+            else:
+                (l / n_tgt).backward()
             loss_sum += l.item()
         norm = torch.nn.utils.clip_grad_norm_(params, CLIP).item()
         lr = lr_at(step)
@@ -231,7 +262,9 @@ def train(model, params, V, dgen, label, torch, before_micro=None, reverse=False
             g["lr"] = lr
         opt.step()
         steps.append({"step": step, "ids": x.reshape(-1).tolist(), "targets": y.reshape(-1).tolist(),
-                      "loss": loss_sum / n_tgt, "lr": lr, "grad_norm": norm})
+                      "loss": loss_sum / n_tgt + aux_coef * aux_sum, "lr": lr, "grad_norm": norm})
+        if aux_coef:
+            steps[-1]["aux_loss"] = aux_sum / ACCUM
         if not label.startswith("-"):
             print("%s step %2d loss %.6f lr %.2e norm %.4f" % (label, step, loss_sum / n_tgt, lr,
                                                              norm))
@@ -320,7 +353,8 @@ def make(kind, out, torch, transformers, save_file):
     gen = torch.Generator().manual_seed({"llama": 11, "qwen2": 12, "tied": 13, "vocab": 14,
                                      "tiedvocab": 15, "qwen3": 16, "phi3": 17,
                                      "olmo2": 18, "gemma": 19, "mistral": 20,
-                                     "gemma2": 31, "gemma3": 33, "olmo3": 35}[kind])
+                                     "gemma2": 31, "gemma3": 33, "olmo3": 35,
+                                     "qwen3moe": 33, "qwen3moeaux": 35, "mixtral": 37}[kind])
     if kind in ("tied", "tiedvocab"):
         cfg = transformers.LlamaConfig(**shapes(kind), rms_norm_eps=1e-5, tie_word_embeddings=True,
                                        attention_bias=False, rope_theta=500000.0)
@@ -386,6 +420,27 @@ def make(kind, out, torch, transformers, save_file):
                                                     "full_attention"],
                                        pad_token_id=1, bos_token_id=None, eos_token_id=2)
         cls = transformers.Olmo3ForCausalLM
+    elif kind in ("qwen3moe", "qwen3moeaux"):
+        cfg = transformers.Qwen3MoeConfig(**shapes(kind), rms_norm_eps=1e-6,
+                                          tie_word_embeddings=False, attention_bias=False,
+                                          rope_theta=1000000.0, use_sliding_window=False,
+                                          num_experts=8, num_experts_per_tok=2,
+                                          moe_intermediate_size=16, norm_topk_prob=True,
+                                          decoder_sparse_step=1, mlp_only_layers=[1],
+                                          output_router_logits=kind == "qwen3moeaux",
+                                          router_aux_loss_coef=0.05 if kind == "qwen3moeaux"
+                                          else 0.001)
+        cfg._experts_implementation = "eager"  # transformers' loop over the experts
+        cls = transformers.Qwen3MoeForCausalLM
+        disk = torch.bfloat16
+    elif kind == "mixtral":
+        cfg = transformers.MixtralConfig(**shapes(kind), rms_norm_eps=1e-5,
+                                         tie_word_embeddings=False, rope_theta=1000000.0,
+                                         sliding_window=5, num_local_experts=4,
+                                         num_experts_per_tok=2, output_router_logits=False,
+                                         router_jitter_noise=0.0)
+        cfg._experts_implementation = "eager"
+        cls = transformers.MixtralForCausalLM
         disk = torch.bfloat16
     elif kind == "mistral":
         cfg = transformers.MistralConfig(**shapes(kind), rms_norm_eps=1e-5,
@@ -400,6 +455,8 @@ def make(kind, out, torch, transformers, save_file):
         disk = torch.float32 if kind == "vocab" else torch.float16
     cfg._attn_implementation = "eager"
     model = cls(cfg).to(torch.float32)
+    if kind in ("qwen3moe", "qwen3moeaux", "mixtral"):
+        model.config._experts_implementation = "eager"  # float64 too (grouped_mm: no)
     randomize(model, torch, gen)
     if cfg.tie_word_embeddings:
         model.tie_weights()
@@ -407,9 +464,15 @@ def make(kind, out, torch, transformers, save_file):
     tensors = {}
     with torch.no_grad():
         for name, p in model.named_parameters():
-            q = p.to(disk).contiguous()
-            p.copy_(q.to(torch.float32))  # train from exactly what is on disk
-            tensors[name] = q
+            p.copy_(p.to(disk).to(torch.float32))  # train from exactly what is on disk
+        for name, p, view in published(model):
+            tensors[name] = view(p.detach().to(disk)).contiguous()
+    # the module's names -> the published ones (experts one by one)
+    modname = {id(p): n for n, p in model.named_parameters()}
+    pub = [(n, modname[id(p)], view) for n, p, view in published(model)]
+
+    def as_published(named):
+        return {n: view(named[mn]).contiguous() for n, mn, view in pub}
 
     d = os.path.join(out, "ft-" + kind)
     os.makedirs(d, exist_ok=True)
@@ -440,15 +503,15 @@ def make(kind, out, torch, transformers, save_file):
 
     dseed = {"llama": 21, "qwen2": 22, "tied": 23, "vocab": 24, "tiedvocab": 25, "qwen3": 26,
              "phi3": 27, "olmo2": 28, "gemma": 29, "mistral": 30, "gemma2": 32,
-             "gemma3": 34, "olmo3": 36}[kind]
-    init = {n: p.detach().clone() for n, p in model.named_parameters()}
+             "gemma3": 34, "olmo3": 36, "qwen3moe": 34, "qwen3moeaux": 36, "mixtral": 38}[kind]
+    init = as_published({n: p.detach().clone() for n, p in model.named_parameters()})
     fresh = copy.deepcopy(model)  # the same values, ties kept
 
     def run(reverse, flip, dtype=torch.float32, m=None):
         m = m or copy.deepcopy(fresh).to(dtype)
         st = train(m, list(m.parameters()), cfg.vocab_size, torch.Generator().manual_seed(dseed),
                    kind if m is model else "-", torch, reverse=reverse, flip=flip)
-        return {n: p.detach() for n, p in m.named_parameters()}, st
+        return as_published({n: p.detach() for n, p in m.named_parameters()}), st
 
     made = []
 
@@ -460,7 +523,13 @@ def make(kind, out, torch, transformers, save_file):
     final64, steps64 = run(False, False, torch.float64)
     assert all(a["ids"] == b["ids"] for a, b in zip(steps, steps64))
     f64, noise, bounds, update64 = noise_and_bounds(torch, init, variants, final64, steps64)
-    save_file({n: p.detach().contiguous() for n, p in model.named_parameters()},
+    if "aux_loss" in steps64[0]:
+        # the load-balancing loss apart: its own noise over the orders
+        f64["aux_loss"] = [s["aux_loss"] for s in steps64]
+        noise["aux_loss"] = max(max(rel(a["aux_loss"], b["aux_loss"]) for _, st in variants
+                                    for a, b in zip(st, steps64)), 2.0 ** -24)
+        bounds["aux_loss"] = BOUND_FACTOR * noise["aux_loss"]
+    save_file(as_published({n: p.detach() for n, p in model.named_parameters()}),
               os.path.join(d, "final.safetensors"), metadata=meta)
     save_file(update64, os.path.join(d, "update64.safetensors"), metadata=meta)
     ref = {
@@ -471,7 +540,8 @@ def make(kind, out, torch, transformers, save_file):
         "weights_dtype": {"llama": "bf16", "qwen2": "f16", "tied": "f32", "vocab": "f32",
                           "tiedvocab": "f32", "qwen3": "bf16", "phi3": "bf16",
                           "olmo2": "bf16", "gemma": "f32", "mistral": "bf16",
-                          "gemma2": "bf16", "gemma3": "bf16", "olmo3": "bf16"}[kind],
+                          "gemma2": "bf16", "gemma3": "bf16", "olmo3": "bf16",
+                          "qwen3moe": "bf16", "qwen3moeaux": "bf16", "mixtral": "bf16"}[kind],
         "micro_batch": MICRO, "accumulation": ACCUM, "seq_len": SEQ,
         "float64": f64,
         "noise": noise,
@@ -487,14 +557,15 @@ def check_export(zinc, torch, transformers, only=None):
     checkpoint at the end), exports it as fp32 and bf16, loads each export in
     transformers with default arguments (the dtype must be the one written)
     and compares transformers' mean cross-entropy on fresh token windows with
-    `zinc eval` on the same export and ids."""
+    `zinc eval` on the same export and ids (only: that ft-* kind alone)."""
     import subprocess
     import tempfile
     from gen_fixtures import write_tokens
     fx = os.path.join(ROOT, "tests", "fixtures")
     bad = 0
     for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
-                 "olmo2", "gemma", "mistral", "gemma2", "gemma3", "olmo3"):
+                 "olmo2", "gemma", "mistral", "gemma2", "gemma3", "olmo3", "qwen3moe",
+                 "mixtral"):
         if only and kind != only:
             continue
         src = os.path.join(fx, "ft-" + kind)
@@ -541,7 +612,8 @@ def main():
     ap.add_argument("--check-export", metavar="ZINC", help="check zinc's fine-tuned exports "
                     "in transformers (see check_export)")
     ap.add_argument("--only", choices=("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
-                 "olmo2", "gemma", "mistral", "gemma2", "gemma3", "olmo3"),
+                 "olmo2", "gemma", "mistral", "gemma2", "gemma3", "olmo3", "qwen3moe",
+                 "qwen3moeaux", "mixtral"),
                     help="make this fixture only")
     args = ap.parse_args()
     ensure_torch()
@@ -556,7 +628,8 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)  # one summation order, run to run
     for kind in ("llama", "qwen2", "tied", "vocab", "tiedvocab", "qwen3", "phi3",
-                 "olmo2", "gemma", "mistral", "gemma2", "gemma3", "olmo3"):
+                 "olmo2", "gemma", "mistral", "gemma2", "gemma3", "olmo3", "qwen3moe",
+                 "qwen3moeaux", "mixtral"):
         if not args.only or kind == args.only:
             make(kind, args.out, torch, transformers, save_file)
 

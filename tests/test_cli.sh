@@ -167,6 +167,33 @@ mkdir -p "$tmp/gemma2"
 cp "$src/tests/fixtures/model-configs/gemma-2-9b-it.json" "$tmp/gemma2/config.json"
 expect 0 "model +gemma2, 9.24B parameters \(42 layers, hidden 3584, heads 16/8, vocab 256000" -- \
     plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/gemma2" --data synthetic
+# Qwen3-30B-A3B's (qwen3_moe: 128 experts of 768 a layer, inside the
+# layer's block) with transformers' 30,532,122,624: full fine-tuning is
+# 517 GiB of RAM state (the plan says what is short), LoRA on the
+# attention (all-linear: transformers 5 keeps the experts as 3-D tensors,
+# no nn.Linear for PEFT) fits the 7B example's RAM
+mkdir -p "$tmp/qwen3moe"
+cp "$src/tests/fixtures/model-configs/Qwen3-30B-A3B.json" "$tmp/qwen3moe/config.json"
+expect 1 "model +qwen3_moe, 30.53B parameters \(48 layers, hidden 2048, heads 32/4" -- \
+    plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/qwen3moe" --data synthetic
+expect 0 "trainable 13369344 of 30545491968 parameters" -- \
+    plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/qwen3moe" --data synthetic \
+    --set lora.r=16 --set lora.target_modules=all-linear
+expect 1 "experts' projections\) are not built" -- \
+    plan "$src/examples/a10-qwen2.5-7b.json" --model "$tmp/qwen3moe" --data synthetic \
+    --set lora.r=16 --set 'lora.target_modules=["q_proj","down_proj"]'
+# the load-balancing loss (output_router_logits) is reported apart from
+# the loss that holds it weighted: the step line and the JSON log
+expect 0 "loss +[0-9.]+  aux [0-9.]+  lr" -- \
+    train "$src/tests/fixtures/ft-qwen3moeaux/train-config.json" \
+    --model "$src/tests/fixtures/ft-qwen3moeaux" --steps 2 --data synthetic \
+    --json-log "$tmp/aux.jsonl"
+if grep -qE '"aux_loss": [0-9]' "$tmp/aux.jsonl" 2>/dev/null; then
+    pass=$((pass + 1))
+else
+    echo "FAIL: --json-log of a run with the load-balancing loss has no aux_loss"
+    fail=$((fail + 1))
+fi
 # OLMo 3.1 32B's (olmo3: sliding-window layers, YaRN on the full ones)
 # with transformers' count; 32B does not fit the 7B example's RAM
 mkdir -p "$tmp/olmo3"

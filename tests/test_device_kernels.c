@@ -863,6 +863,62 @@ static void test_softcap(zn_dtype dt)
     dfree(dx), dfree(dy), dfree(dR), dfree(dg);
 }
 
+/* ---- mixture-of-experts rows ----------------------------------------------------*/
+/* gather (weighted and not), scatter-add into an fp32 base with a row
+ * repeated (each element must sum its rows in order), row dots, against
+ * float64; a row index list out of order, an empty list a no-op */
+static void test_rows(zn_dtype dt)
+{
+    const int64_t rows = 37, dim = 70, n = 23;
+    int32_t idx[23];
+    for (int64_t r = 0; r < n; r++)
+        idx[r] = (int32_t)((r * 11 + 5) % rows);
+    idx[7] = idx[3]; /* scatter: one token twice */
+    double *x = rnd(61, (size_t)(rows * dim), 2.0, dt), *xr = rnd(62, (size_t)(n * dim), 2.0, dt);
+    double *w = rnd(63, (size_t)n, 1.0, ZN_DTYPE_F32), *base = rnd(64, (size_t)(rows * dim), 1.0,
+                                                                   ZN_DTYPE_F32);
+    double *yg = malloc((size_t)(n * dim) * 8), *yw = malloc((size_t)(n * dim) * 8);
+    double *ys = malloc((size_t)(rows * dim) * 8), *yd = malloc((size_t)n * 8);
+    memcpy(ys, base, (size_t)(rows * dim) * 8);
+    for (int64_t r = 0; r < n; r++) {
+        double acc = 0;
+        for (int64_t c = 0; c < dim; c++) {
+            yg[r * dim + c] = x[idx[r] * dim + c];
+            yw[r * dim + c] = w[r] * x[idx[r] * dim + c];
+            ys[idx[r] * dim + c] += w[r] * xr[r * dim + c];
+            acc += x[idx[r] * dim + c] * xr[r * dim + c];
+        }
+        yd[r] = acc;
+    }
+    void *dx = dev_up(x, (size_t)(rows * dim), dt), *dxr = dev_up(xr, (size_t)(n * dim), dt);
+    float *dw = dev_up(w, (size_t)n, ZN_DTYPE_F32);
+    float *dbase = dev_up(base, (size_t)(rows * dim), ZN_DTYPE_F32);
+    int32_t *di = dev_i32(idx, (size_t)n);
+    void *dy = dev_poison((size_t)(n * dim), dt);
+    float *dd = dev_poison((size_t)n, ZN_DTYPE_F32);
+    DEV_OK(zn_dev_rows_gather(D, S, di, n, NULL, dx, dt, rows, dim, dy, dt));
+    double *g1 = dev_down(dy, (size_t)(n * dim), dt);
+    CMP("rows_gather", dt, g1, yg, (size_t)(n * dim), 0.0);
+    DEV_OK(zn_dev_rows_gather(D, S, di, n, dw, dx, dt, rows, dim, dy, dt));
+    double *g2 = dev_down(dy, (size_t)(n * dim), dt);
+    CMP("rows_gather weighted", dt, g2, yw, (size_t)(n * dim), tol_fwd(dt));
+    DEV_OK(zn_dev_rows_scatter_add(D, S, di, n, dw, dxr, dt, rows, dim, dbase));
+    double *g3 = dev_down(dbase, (size_t)(rows * dim), ZN_DTYPE_F32);
+    CMP("rows_scatter_add", dt, g3, ys, (size_t)(rows * dim), 1e-6);
+    DEV_OK(zn_dev_rows_dot(D, S, di, n, dx, dt, rows, dxr, dt, dim, dd));
+    double *g4 = dev_down(dd, (size_t)n, ZN_DTYPE_F32);
+    CMP("rows_dot", dt, g4, yd, (size_t)n, 1e-5);
+    DEV_OK(zn_dev_rows_scatter_add(D, S, di, 0, dw, dxr, dt, rows, dim, dbase));
+    double *g5 = dev_down(dbase, (size_t)(rows * dim), ZN_DTYPE_F32);
+    CMP("rows_scatter_add of no rows", dt, g5, g3, (size_t)(rows * dim), 0.0);
+    zt_checks++;
+    ZT_CHECK_MSG(zn_dev_rows_gather(D, S, di, n, NULL, dx, dt, 0, dim, dy, dt) == ZN_EARG,
+                 "[%s] rows_gather from 0 rows accepted", BK);
+    free(x), free(xr), free(w), free(base), free(yg), free(yw), free(ys), free(yd);
+    free(g1), free(g2), free(g3), free(g4), free(g5);
+    dfree(dx), dfree(dxr), dfree(dw), dfree(dbase), dfree(di), dfree(dy), dfree(dd);
+}
+
 /* ---- reductions ---------------------------------------------------------------*/
 static void test_reduce(zn_dtype dt)
 {
@@ -1495,6 +1551,7 @@ static int run_backend(const char *name)
         test_reduce(dt);
         test_flash(dt);
         test_softcap(dt);
+        test_rows(dt);
     }
     test_cast();
     test_optimizer();

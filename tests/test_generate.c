@@ -520,6 +520,13 @@ static void streamed(zn_dev *dev, const char *dir, const char *adapter, int64_t 
     float *ref_last = malloc((size_t)V * 4), *got_last = malloc((size_t)V * 4);
     if (gen_with(dev, dir, adapter, NULL, 2, ids, lens, max_new, ref, ref_n, ref_last, NULL))
         goto out;
+    /* a mixture-of-experts model's dense layers are another size */
+    zn_model_dims dm;
+    int uniform = 1;
+    if (zn_model_dims_from_hf(&dm, dir) == 0)
+        for (int64_t l = 1; l < dm.n_layers; l++)
+            uniform &= zn_model_block_param_count(&dm, (int)l + 1) ==
+                       zn_model_block_param_count(&dm, 1);
     char nvme[] = "gen-nvme-XXXXXX";
     if (!mkdtemp(nvme)) {
         ZT_FAIL_AT("mkdtemp: %s", nvme);
@@ -567,8 +574,9 @@ static void streamed(zn_dev *dev, const char *dir, const char *adapter, int64_t 
                          (unsigned long long)rows_in, (unsigned long long)rows_out,
                          (unsigned long long)pl.kv_token_bytes);
             ZT_CHECK(pl.kv_device_bytes == (kvp ? 2 * pl.kv_bytes / (uint64_t)L : pl.kv_bytes));
-            if (res == L)
-                continue; /* nothing streams */
+            if (res == L || !uniform)
+                continue; /* nothing streams; layers of two sizes: the counts below are
+                             per layer of one size (the ids and logits above are checked) */
             /* steps: 2 prefills, then max_new - 1 decoding steps together;
              * every step streams each layer once (a ring that holds them
              * all loads them once), plus the next step's first slots */
@@ -844,11 +852,14 @@ int main(void)
     run_model(dev, "tiny-gemma2");   /* four norms, soft-caps, windows on alternate layers */
     run_model(dev, "tiny-gemma3");   /* q/k norm, the local RoPE base on the sliding layers */
     run_model(dev, "tiny-olmo3");    /* windows on 3 of 4 layers, YaRN on the full one */
+    run_model(dev, "tiny-qwen3moe"); /* routing each decoded token, a dense layer between */
+    run_model(dev, "tiny-mixtral");  /* block_sparse_moe's w1/w2/w3, fp32 routing weights */
     run_model(dev, "lora-llama");
     bad_input(dev);
     prefix_reuse(dev);
     streamed(dev, FIX "tiny-llama", NULL, 320, 2);
     streamed(dev, FIX "tiny-qwen2", NULL, 320, 2);
+    streamed(dev, FIX "tiny-qwen3moe", NULL, 320, 3); /* layers of two sizes through the ring */
     streamed(dev, FIX "ft-llama", FIX "lora-llama/final-adapter", 160, 3);
     streamed_deep(dev);
     kv_by_budget(dev);

@@ -76,7 +76,7 @@ int main(void)
     check_count("model-configs/Qwen2.5-14B.json", 14770033664ull);
     check_count("model-configs/Qwen3-8B.json", 8190735360ull);
     check_count("model-configs/Qwen3-14B.json", 14768307200ull);
-    check_refused("model-configs/Qwen3-30B-A3B.json", "qwen3_moe", "mixture-of-experts");
+    check_count("model-configs/Qwen3-30B-A3B.json", 30532122624ull);
     check_count("model-configs/gemma-2-9b-it.json", 9241705984ull);
     check_count("model-configs/phi-4.json", 14659507200ull);
     check_count("model-configs/Olmo-3.1-32B-Instruct.json", 32233522176ull);
@@ -106,8 +106,8 @@ int main(void)
     /* a model_type nobody knows */
     ZT_EQ_INT(parse("{" BASE_OTHER "}", &d), ZN_EUNSUPPORTED);
     ZT_CONTAINS(zn_last_error(), "model_type 'bert' is not a family zinc knows (it trains llama, "
-                                 "qwen2, mistral, qwen3, gemma, gemma2, gemma3_text, phi3, olmo2, "
-                                 "olmo3)");
+                                 "qwen2, mistral, qwen3, qwen3_moe, mixtral, gemma, gemma2, "
+                                 "gemma3_text, phi3, olmo2, olmo3)");
 
     /* Qwen3: head_dim 128 when config.json leaves it out (Qwen3-8B's does;
      * Qwen3Config's default, whatever hidden_size / heads is), the per-head
@@ -130,6 +130,124 @@ int main(void)
                     "\"use_sliding_window\":true}", &d), ZN_EUNSUPPORTED);
     ZT_CONTAINS(zn_last_error(), "use_sliding_window=true");
     ZT_CHECK(!strcmp(zn_model_arch_class(ZN_ARCH_QWEN3), "Qwen3ForCausalLM"));
+
+    /* Qwen3-MoE: Qwen3's attention, 128 experts of 768, 8 a token,
+     * renormalized, every layer sparse; the block lists the attention, the
+     * router and each expert's three projections under the published names.
+     * tiny-qwen3moe (transformers' count: 190,032) has layer 1 dense
+     * (mlp_only_layers) with intermediate_size. */
+    ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("model-configs/Qwen3-30B-A3B.json")), 0);
+    ZT_EQ_INT(d.arch, ZN_ARCH_QWEN3_MOE);
+    ZT_EQ_INT(d.n_experts, 128);
+    ZT_EQ_INT(d.top_k, 8);
+    ZT_EQ_INT(d.moe_intermediate, 768);
+    ZT_EQ_INT(d.norm_topk, 1);
+    ZT_EQ_INT(d.router_logits, 0);
+    ZT_EQ_INT(d.qk_norm, 1);
+    ZT_CHECK(zn_model_layer_moe(&d, 0) && zn_model_layer_moe(&d, 47));
+    ZT_EQ_INT(zn_model_block_nparams(&d, 1), 8 + 1 + 3 * 128);
+    {
+        zn_param_info pi;
+        ZT_EQ_INT(zn_model_block_param(&d, 48, 8, &pi), 0);
+        ZT_CHECK(!strcmp(pi.name, "model.layers.47.mlp.gate.weight"));
+        ZT_EQ_INT(pi.shape[0], 128);
+        ZT_EQ_INT(zn_model_block_param(&d, 48, 8 + 3 * 127 + 3, &pi), 0);
+        ZT_CHECK(!strcmp(pi.name, "model.layers.47.mlp.experts.127.down_proj.weight"));
+        ZT_EQ_INT(pi.shape[0], 2048);
+        ZT_EQ_INT(pi.shape[1], 768);
+    }
+    check_count("tiny-qwen3moe", 190032ull);
+    ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("tiny-qwen3moe")), 0);
+    ZT_CHECK(zn_model_layer_moe(&d, 0) && !zn_model_layer_moe(&d, 1) && zn_model_layer_moe(&d, 2));
+    {
+        zn_param_info pi;
+        ZT_EQ_INT(zn_model_block_nparams(&d, 2), 8 + 3);
+        ZT_EQ_INT(zn_model_block_param(&d, 2, 8, &pi), 0);
+        ZT_CHECK(!strcmp(pi.name, "model.layers.1.mlp.gate_proj.weight"));
+        ZT_EQ_INT(pi.shape[0], 96);
+        ZT_EQ_INT(zn_model_block_param(&d, 3, 9, &pi), 0);
+        ZT_CHECK(!strcmp(pi.name, "model.layers.2.mlp.experts.0.gate_proj.weight"));
+        ZT_EQ_INT(pi.shape[0], 24);
+    }
+    /* LoRA on the experts is not built: refused by name; all-linear is the
+     * attention when every layer is sparse (PEFT finds no nn.Linear in
+     * transformers 5's experts), and refused with a dense layer's MLP */
+    ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("model-configs/Qwen3-30B-A3B.json")), 0);
+    d.lora.r = 8;
+    d.lora.alpha = 16;
+    d.lora.targets = ZN_LORA_Q | ZN_LORA_UP;
+    ZT_EQ_INT(zn_model_dims_validate(&d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "experts' projections");
+    d.lora.targets = ZN_LORA_ALL;
+    zn_lora_fit_family(&d);
+    ZT_EQ_INT(d.lora.targets, ZN_LORA_Q | ZN_LORA_K | ZN_LORA_V | ZN_LORA_O);
+    ZT_EQ_INT(zn_model_dims_validate(&d), 0);
+    ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("tiny-qwen3moe")), 0);
+    d.lora.r = 8;
+    d.lora.alpha = 16;
+    d.lora.targets = ZN_LORA_ALL;
+    zn_lora_fit_family(&d);
+    ZT_EQ_INT(zn_model_dims_validate(&d), ZN_EUNSUPPORTED);
+#define MOE "{\"model_type\":\"qwen3_moe\",\"hidden_size\":64,\"num_hidden_layers\":4," \
+            "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320,"
+    ZT_EQ_INT(parse(MOE "\"num_experts\":4,\"num_experts_per_tok\":2,"
+                        "\"decoder_sparse_step\":2}", &d), 0);
+    ZT_CHECK(!zn_model_layer_moe(&d, 0) && zn_model_layer_moe(&d, 1) &&
+             !zn_model_layer_moe(&d, 2) && zn_model_layer_moe(&d, 3));
+    ZT_EQ_INT(d.norm_topk, 0); /* Qwen3MoeConfig's default */
+    ZT_EQ_INT(d.moe_intermediate, 768);
+    ZT_EQ_INT(parse(MOE "\"num_experts\":4,\"num_experts_per_tok\":5}", &d), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "num_experts_per_tok 5");
+    ZT_EQ_INT(parse(MOE "\"output_router_logits\":true,\"router_aux_loss_coef\":0.02}", &d),
+              0);
+    ZT_CHECK(d.router_logits == 1 && d.router_aux_coef == 0.02);
+    ZT_EQ_INT(parse(MOE "\"output_router_logits\":true,\"router_aux_loss_coef\":-1}", &d),
+              ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "router_aux_loss_coef -1 must be >= 0");
+    ZT_EQ_INT(parse(MOE "\"num_experts\":4,\"num_local_experts\":8}", &d), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "disagree");
+    ZT_EQ_INT(parse(MOE "\"mlp_only_layers\":[4]}", &d), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "mlp_only_layers[0]");
+    ZT_EQ_INT(parse(MOE "\"mlp_only_layers\":[0, 3], \"num_experts\": 4, "
+                        "\"num_experts_per_tok\": 1}", &d), 0);
+    ZT_CHECK(!zn_model_layer_moe(&d, 0) && zn_model_layer_moe(&d, 1) &&
+             !zn_model_layer_moe(&d, 3));
+#undef MOE
+
+    /* Mixtral: Mistral's attention, every layer sparse, the experts
+     * intermediate_size wide, always renormalized; the published names
+     * block_sparse_moe.gate and experts.E.w1 (gate), w3 (up), w2 (down).
+     * tiny-mixtral: transformers' count 115,520. */
+    check_count("tiny-mixtral", 115520ull);
+    ZT_EQ_INT(zn_model_dims_from_hf(&d, zt_fixture("tiny-mixtral")), 0);
+    ZT_EQ_INT(d.arch, ZN_ARCH_MIXTRAL);
+    ZT_CHECK(d.n_experts == 4 && d.top_k == 2 && d.moe_intermediate == 32 && d.norm_topk);
+    ZT_CHECK(zn_model_layer_moe(&d, 0) && zn_model_layer_moe(&d, 1));
+    ZT_EQ_INT(d.qk_norm + d.qkv_bias + d.o_bias, 0);
+    {
+        zn_param_info pi;
+        ZT_EQ_INT(zn_model_block_param(&d, 1, 6, &pi), 0);
+        ZT_CHECK(!strcmp(pi.name, "model.layers.0.block_sparse_moe.gate.weight"));
+        ZT_EQ_INT(zn_model_block_param(&d, 2, 7, &pi), 0);
+        ZT_CHECK(!strcmp(pi.name, "model.layers.1.block_sparse_moe.experts.0.w1.weight"));
+        ZT_EQ_INT(zn_model_block_param(&d, 2, 8, &pi), 0);
+        ZT_CHECK(!strcmp(pi.name, "model.layers.1.block_sparse_moe.experts.0.w3.weight"));
+        ZT_EQ_INT(zn_model_block_param(&d, 2, 9 + 3 * 3, &pi), 0);
+        ZT_CHECK(!strcmp(pi.name, "model.layers.1.block_sparse_moe.experts.3.w2.weight"));
+        ZT_EQ_INT(pi.shape[0], 64);
+        ZT_EQ_INT(pi.shape[1], 32);
+    }
+#define MIX "{\"model_type\":\"mixtral\",\"hidden_size\":64,\"num_hidden_layers\":2," \
+            "\"num_attention_heads\":4,\"intermediate_size\":128,\"vocab_size\":320"
+    ZT_EQ_INT(parse(MIX "}", &d), 0);
+    ZT_CHECK(d.n_experts == 8 && d.top_k == 2 && d.max_pos == 131072 && !d.sliding_window);
+    ZT_EQ_INT(parse(MIX ",\"router_jitter_noise\":0.01}", &d), ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "router_jitter_noise 0.01");
+    ZT_EQ_INT(parse(MIX ",\"num_experts\":4,\"num_local_experts\":8}", &d), ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "disagree");
+    ZT_EQ_INT(parse(MIX ",\"sliding_window\":4096}", &d), 0);
+    ZT_EQ_INT(d.sliding_window, 4096);
+#undef MIX
 
     /* Gemma: GemmaConfig's head_dim 256 and tied embeddings by default; its
      * activation in hidden_activation where a config has both (older
@@ -535,6 +653,15 @@ int main(void)
     ZT_CONTAINS(mtext, "\"MistralForCausalLM\"");
     ZT_CONTAINS(mtext, "\"model_type\": \"mistral\"");
     ZT_CONTAINS(mtext, "\"sliding_window\": 64");
+    /* qwen3_moe: the experts' keys and the dense layers come back */
+    ZT_EQ_INT(zn_model_dims_from_hf(&a, zt_fixture("tiny-qwen3moe")), 0);
+    ZT_EQ_INT(zn_model_dims_write_hf(&a, path), 0);
+    ZT_EQ_INT(zn_model_dims_from_hf(&b, path), 0);
+    ZT_CHECK(memcmp(&a, &b, sizeof a) == 0);
+    ZT_EQ_INT(zn_model_dims_from_hf(&a, zt_fixture("tiny-mixtral")), 0);
+    ZT_EQ_INT(zn_model_dims_write_hf(&a, path), 0);
+    ZT_EQ_INT(zn_model_dims_from_hf(&b, path), 0);
+    ZT_CHECK(memcmp(&a, &b, sizeof a) == 0);
     /* gemma2: the scalar, the caps and the layer pattern come back;
      * gemma3_text and olmo3 their RoPE per layer type too */
     static const char *const windowed[] = { "model-configs/gemma-2-9b-it.json",

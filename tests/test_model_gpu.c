@@ -24,7 +24,8 @@ int main(void)
         ZT_SETUP_FAIL("cuda device: %s", zn_last_error());
     const char *fixtures[] = { "tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
                                "tiny-phi3", "tiny-olmo2", "tiny-mistral-window",
-                               "tiny-gemma", "tiny-gemma2", "tiny-gemma3", "tiny-olmo3" };
+                               "tiny-gemma", "tiny-gemma2", "tiny-gemma3", "tiny-olmo3",
+                               "tiny-qwen3moe", "tiny-mixtral" };
     for (int f = 0; f < (int)(sizeof fixtures / sizeof fixtures[0]); f++) {
         ref_result r;
         ref_run(dev, fixtures[f], ZN_DTYPE_BF16, 1, 1.0, &r, NULL, NULL);

@@ -18,7 +18,8 @@ int main(void)
         ZT_SETUP_FAIL("host device: %s", zn_last_error());
     const char *fixtures[] = { "tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
                                "tiny-phi3", "tiny-olmo2", "tiny-mistral-window",
-                               "tiny-gemma", "tiny-gemma2", "tiny-gemma3", "tiny-olmo3" };
+                               "tiny-gemma", "tiny-gemma2", "tiny-gemma3", "tiny-olmo3",
+                               "tiny-qwen3moe", "tiny-mixtral" };
     const int nf = (int)(sizeof fixtures / sizeof fixtures[0]);
     for (int f = 0; f < nf; f++) {
         packed_run(dev, fixtures[f], ZN_DTYPE_F32, 1, 1e-5);

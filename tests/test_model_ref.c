@@ -83,10 +83,13 @@ int main(void)
      * 0 and 2 of 4; tiny-gemma3: the per-head (1 + w) q/k norm, the
      * window and rope_local_base_freq on layers 0, 1 and 3, linear-scaled
      * rope_theta on layer 2; tiny-olmo3: olmo2's block, the window on
-     * layers 0-2, YaRN (its attention factor too) on layer 3 */
+     * layers 0-2, YaRN (its attention factor too) on layer 3; tiny-qwen3moe:
+     * 8 experts, 2 a token, renormalized, the middle of 3 layers dense
+     * (mlp_only_layers) */
     const char *fixtures[] = { "tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3",
                                "tiny-phi3", "tiny-olmo2", "tiny-mistral-window",
-                               "tiny-gemma", "tiny-gemma2", "tiny-gemma3", "tiny-olmo3" };
+                               "tiny-gemma", "tiny-gemma2", "tiny-gemma3", "tiny-olmo3",
+                               "tiny-qwen3moe", "tiny-mixtral" };
     for (int f = 0; f < (int)(sizeof fixtures / sizeof fixtures[0]); f++) {
         ref_result r1, r2, r3;
         float *g1 = NULL, *g2 = NULL;

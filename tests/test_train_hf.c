@@ -54,6 +54,10 @@ typedef struct {
     /* the same PyTorch run in float64, and the bounds against it */
     double loss64[MAX_STEPS], norm64[MAX_STEPS], eval64;
     double b_loss, b_norm, b_update, b_eval;
+    /* a mixture of experts' load-balancing loss (float64 "aux_loss"): each
+     * step's mean over its micro-batches, and its bound; has_aux 0: none */
+    int has_aux;
+    double aux64[MAX_STEPS], b_aux;
     json_t *b_tensors; /* tensor name -> bound on its update's relative L2 */
 } reference;
 
@@ -64,6 +68,8 @@ typedef struct {
 
 typedef struct {
     double loss[MAX_STEPS], lr[MAX_STEPS], norm[MAX_STEPS];
+    double aux[MAX_STEPS]; /* the step's load-balancing loss (has_aux) */
+    int has_aux;
     float *master0;  /* before training */
     float *master;   /* after */
     uint64_t P;
@@ -120,6 +126,11 @@ static int load_reference(const char *dir, reference *r)
         r->norm64[s] = json_number_value(json_array_get(n64, (size_t)s));
     }
     r->eval64 = json_number_value(json_object_get(f64, "eval_step1_final"));
+    json_t *a64 = json_object_get(f64, "aux_loss");
+    r->has_aux = json_array_size(a64) == (size_t)r->steps;
+    for (int s = 0; s < r->steps && r->has_aux; s++)
+        r->aux64[s] = json_number_value(json_array_get(a64, (size_t)s));
+    r->b_aux = json_number_value(json_object_get(b, "aux_loss")) * (on_gpu ? GPU_SLACK : 1.0);
     r->b_loss = json_number_value(json_object_get(b, "loss"));
     r->b_norm = json_number_value(json_object_get(b, "grad_norm"));
     r->b_update = json_number_value(json_object_get(b, "update"));
@@ -230,6 +241,8 @@ static int run(const char *dir, const reference *ref, const char **sets, int nse
         if ((rc = zn_train_step(tr, ref->ids[s], ref->tgts[s], NULL, &info)))
             goto out;
         o->loss[s] = info.loss;
+        o->aux[s] = info.aux_loss;
+        o->has_aux = info.has_aux;
         o->lr[s] = info.lr;
         o->norm[s] = info.grad_norm;
     }
@@ -602,6 +615,18 @@ static void fixture(const char *name)
         ZT_CHECK_MSG(fabs(ro[0].lr[s] - ref.lr[s]) <= 1e-12 * ref.lr[s] + 1e-15,
                      "%s step %d: lr %.9g, torch %.9g", name, s + 1, ro[0].lr[s], ref.lr[s]);
     }
+    /* the load-balancing loss, reported apart (and in the loss above with
+     * its coefficient) */
+    ZT_CHECK_MSG(ro[0].has_aux == ref.has_aux, "%s: aux loss reported %d, the reference has "
+                 "%d", name, ro[0].has_aux, ref.has_aux);
+    for (int s = 0; s < ref.steps && ref.has_aux; s++) {
+        double ra = fabs(ro[0].aux[s] - ref.aux64[s]) / fabs(ref.aux64[s]);
+        ZT_CHECK_MSG(ra <= ref.b_aux, "%s step %d: aux loss %.9f, torch float64 %.9f (rel %.1e, "
+                     "bound %.1e)", name, s + 1, ro[0].aux[s], ref.aux64[s], ra, ref.b_aux);
+        if (s == ref.steps - 1)
+            printf("  %s: aux loss of step %d %.9f, torch float64 %.9f (rel %.1e of %.1e)\n",
+                   name, s + 1, ro[0].aux[s], ref.aux64[s], ra, ref.b_aux);
+    }
     /* the run's bits, to compare across builds and refactors */
     printf("  %s: crc32c of the final master %08x, of the losses %08x\n", name,
            zn_crc32c(0, ro[0].master, ro[0].P * 4), zn_crc32c(0, ro[0].loss, sizeof ro[0].loss));
@@ -787,6 +812,15 @@ int main(int argc, char **argv)
     fixture("ft-gemma3");
     /* olmo3: the window on layers 0 and 1, YaRN (attention_factor 1.1) on 2 */
     fixture("ft-olmo3");
+    /* qwen3_moe: the router and every expert trained through the top-k
+     * routing, a dense layer beside the sparse one */
+    fixture("ft-qwen3moe");
+    /* with output_router_logits: the load-balancing loss (coefficient 0.05)
+     * in every micro-batch's loss, its gradient through the routers */
+    fixture("ft-qwen3moeaux");
+    /* mixtral: block_sparse_moe's experts under the 5-key window, fp32
+     * routing weights */
+    fixture("ft-mixtral");
     /* LoRA on a frozen base (lora_B nonzero from the start, so both adapter
      * gradients count), every placement of the base */
     fixture("lora-llama");
@@ -798,6 +832,7 @@ int main(int argc, char **argv)
     fixture("lora-gemma2");  /* under the caps, the alternating window, the four norms */
     fixture("lora-gemma3");  /* q/k adapters under the (1 + w) q/k norm, two RoPE bases */
     fixture("lora-olmo3");   /* the window and YaRN under every adapter */
+    fixture("lora-qwen3moe"); /* the attention's adapters beside the routing */
     /* lora_dropout 0.2 with zinc's masks on PEFT's side; eval without */
     fixture("lora-dropout");
     tn_rmdir();

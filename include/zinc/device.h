@@ -511,6 +511,25 @@ ZN_API int zn_dev_geglu_fwd(zn_dev *d, zn_stream *s, const void *gate, const voi
 ZN_API int zn_dev_geglu_bwd(zn_dev *d, zn_stream *s, const void *gate, const void *up,
                             const void *dout, void *dgate, void *dup, zn_dtype dt, int64_t n);
 
+/* Rows of a mixture-of-experts layer: the tokens routed to one expert
+ * (idx: device int32[n], each in [0, rows)), their routing weights w
+ * (device float[n]; NULL: 1), rows of dim elements.
+ * gather:      y[r][:] = w[r] x[idx[r]][:]       (x [rows][dim], y [n][dim])
+ * scatter_add: y[idx[r]][:] += w[r] x[r][:]      (x [n][dim], y fp32 [rows][dim];
+ *              each element sums its rows in r order, no atomics)
+ * dot:         out[r] = sum_c a[idx[r]][c] x[r][c] (a [rows][dim], x [n][dim], fp32
+ *              sums in c order)
+ * Mixed types allowed. Returns 0 or ZN_EARG. */
+ZN_API int zn_dev_rows_gather(zn_dev *d, zn_stream *s, const int32_t *idx, int64_t n,
+                              const float *w, const void *x, zn_dtype x_dt, int64_t rows,
+                              int64_t dim, void *y, zn_dtype y_dt);
+ZN_API int zn_dev_rows_scatter_add(zn_dev *d, zn_stream *s, const int32_t *idx, int64_t n,
+                                   const float *w, const void *x, zn_dtype x_dt, int64_t rows,
+                                   int64_t dim, float *y);
+ZN_API int zn_dev_rows_dot(zn_dev *d, zn_stream *s, const int32_t *idx, int64_t n,
+                           const void *a, zn_dtype a_dt, int64_t rows, const void *x,
+                           zn_dtype x_dt, int64_t dim, float *out);
+
 /* y = a + b (all of type dt; y may alias a or b). */
 ZN_API int zn_dev_add(zn_dev *d, zn_stream *s, const void *a, const void *b, void *y,
                       zn_dtype dt, int64_t n);

@@ -29,6 +29,10 @@ typedef enum {
                            per-head q/k norm, two RoPE bases, 5 local : 1 global) */
     ZN_ARCH_OLMO3 = 10, /* model_type "olmo3": OLMo 3 (OLMo 2's block, sliding-window
                            layers, YaRN on the full-attention ones) */
+    ZN_ARCH_QWEN3_MOE = 11, /* model_type "qwen3_moe": Qwen3's attention, mixture-of-experts
+                              MLPs (a softmax router, top-k experts) */
+    ZN_ARCH_MIXTRAL = 12, /* model_type "mixtral": Mistral's attention, every MLP 8 experts,
+                              2 a token, always renormalized */
 } zn_model_arch;
 
 /* The families (src/model/family.c). zn_model_family_lookup: the arch of a
@@ -165,8 +169,26 @@ typedef struct {
                               become cap tanh(s / cap) before the mask (0: none) */
     double final_softcap;  /* gemma2 (gemma3 when set): final_logit_softcapping, the logits likewise
                               (0: none) */
+    /* mixture of experts (qwen3_moe, mixtral; n_experts 0: every MLP dense) */
+    int64_t n_experts;     /* num_experts */
+    int64_t top_k;         /* num_experts_per_tok */
+    int64_t moe_intermediate; /* moe_intermediate_size: each expert's SwiGLU width */
+    int norm_topk;         /* norm_topk_prob: the top-k probabilities renormalized */
+    int64_t sparse_step;   /* decoder_sparse_step: layer l is sparse when (l + 1) % step == 0 */
+    uint64_t mlp_only[4];  /* mlp_only_layers as a bitmap (layers < 256): dense MLPs of
+                              intermediate_size */
+    int router_logits;     /* output_router_logits: the load-balancing loss is added
+                              (zn_model_aux_loss) */
+    double router_aux_coef;/* router_aux_loss_coef */
     zn_lora lora;          /* adapters (not part of config.json); r 0: none */
 } zn_model_dims;
+
+/* Whether decoder layer `layer` (0-based) has a mixture-of-experts MLP
+ * (its block: the attention, mlp.gate.weight [n_experts][hidden], then
+ * each expert's gate_proj, up_proj and down_proj, as the published
+ * checkpoints name them) rather than a dense one. */
+ZN_API int zn_model_layer_moe(const zn_model_dims *d, int64_t layer);
+#define ZN_MODEL_MLP_ONLY_MAX 256
 
 /* "all-linear" (every projection, ZN_LORA_ALL) for d's family: a fused
  * family's (phi3) are qkv_proj, o_proj, gate_up_proj and down_proj. Any
@@ -534,6 +556,17 @@ ZN_API int zn_model_head_bwd_part(zn_model *m, zn_stream *s, int part, const voi
  * reuses the head's saved state: run head_fwd again before a head_bwd. */
 ZN_API int zn_model_head_logits(zn_model *m, zn_stream *s, void *const *params,
                                 const void *x_in, int64_t row0, int64_t nrows, float *out);
+/* The load-balancing loss of the current batch (mixture of experts with
+ * output_router_logits: transformers' load_balancing_loss_func over every
+ * sparse layer's router of the forwards since zn_model_set_batch,
+ * unweighted; 0 before any). The layers' backward adds the gradient of
+ * router_aux_loss_coef times it (the assignment counts held fixed, as
+ * torch.histc passes none), not scaled by zn_model_set_loss_scale: the
+ * training loss of a micro-batch is its scaled cross-entropy plus
+ * router_aux_loss_coef x this, which zn_model_read_loss leaves out.
+ * Returns 0, or ZN_EARG for a model without it. Host state: call after the
+ * forward's layers (their routing synchronizes the stream). */
+ZN_API int zn_model_aux_loss(const zn_model *m, float *aux);
 /* Waits for `s` and returns the loss of the last head_fwd. */
 ZN_API int zn_model_read_loss(zn_model *m, zn_stream *s, float *loss);
 

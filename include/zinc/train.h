@@ -81,6 +81,9 @@ typedef struct {
     int skipped;             /* fp16 overflow: the update was skipped */
     double seconds;          /* wall time of the step */
     uint64_t tokens;         /* tokens processed */
+    int has_aux;             /* the model adds a load-balancing loss (read_aux_loss) */
+    double aux_loss;         /* its mean over the step's micro-batches, unweighted (in
+                                `loss` with its coefficient) */
 } zn_train_step_info;
 
 /* One optimizer step over spec.accumulation micro-batches.

@@ -109,6 +109,12 @@ typedef struct zn_train_model {
      * act_bytes it will set, for param dtype dt, without a device.
      * Optional (without it the plan counts no model scratch). */
     int (*plan_prepare)(void *ctx, zn_dtype dt, uint64_t *device_bytes, size_t *act_bytes);
+    /* Optional (a mixture of experts' load-balancing loss): after a
+     * training micro-batch's forward, the term its backward added beyond
+     * the scaled cross-entropy (coefficient x aux, not loss-scaled) and the
+     * unweighted aux loss. The trainer adds the term to the step's loss and
+     * reports the aux loss apart (its mean over the micro-batches). */
+    int (*read_aux_loss)(void *ctx, double *weighted, double *aux);
 } zn_train_model;
 
 /* ---- the Llama / Qwen2 decoder as a trainer model ---------------------------

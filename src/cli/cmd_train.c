@@ -542,6 +542,8 @@ static void step_json(FILE *jf, const zn_train_step_info *info, bool do_eval, do
             info->loss, info->loss, info->lr, info->grad_norm, info->loss_scale,
             info->skipped ? "true" : "false", info->seconds,
             (unsigned long long)info->tokens);
+    if (info->has_aux)
+        fprintf(jf, ", \"aux_loss\": %.6f", info->aux_loss);
     if (do_eval)
         fprintf(jf, ", \"eval_loss\": %.6f, \"eval_ppl\": %.6g, \"eval_targets\": %llu",
                 ev, exp(ev), (unsigned long long)ev_n);
@@ -567,9 +569,12 @@ static void step_progress(train_loop *L, const zn_train_step_info *info, int64_t
     double g = dt > 0 ? 1e-9 / dt : 0;
     char eta[32];
     fmt_eta(ds > 0 ? dt / ds * (double)(L->steps - s - 1) : -1, eta, sizeof eta);
-    printf("step %5lld/%lld  loss %7.4f  lr %.2e  %8.0f tok/s  %6.3f TFLOP/s  "
+    char aux[48] = "";
+    if (info->has_aux) /* the load-balancing loss, apart (`loss` holds it weighted) */
+        snprintf(aux, sizeof aux, "  aux %.4f", info->aux_loss);
+    printf("step %5lld/%lld  loss %7.4f%s  lr %.2e  %8.0f tok/s  %6.3f TFLOP/s  "
            "GB/s h2d %.2f d2h %.2f nvme r %.2f w %.2f  eta %s%s\n",
-           (long long)info->step, (long long)L->steps, info->loss, info->lr, tps, tf,
+           (long long)info->step, (long long)L->steps, info->loss, aux, info->lr, tps, tf,
            (double)(r.h2d_bytes - prev->h2d_bytes) * g,
            (double)(r.d2h_bytes - prev->d2h_bytes) * g,
            (double)(r.nvme_read_bytes - prev->nvme_read_bytes) * g,

@@ -557,6 +557,7 @@ extern "C" int zn_cuda_run_kernel(const zn_op *op, void *stream, float *scratch,
     case ZN_OPK_XENT_BWD:
     case ZN_OPK_SOFTCAP_FWD:
     case ZN_OPK_SOFTCAP_BWD:
+    case ZN_OPK_ROWS:
         return (int)zn_cuda_run_nn(op, st, scratch, what);
     case ZN_OPK_FLASH_FWD:
     case ZN_OPK_FLASH_BWD:

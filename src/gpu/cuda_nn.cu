@@ -293,6 +293,51 @@ __global__ void k_softcap(const void *x, int xdt, const void *dy, int dydt, void
     }
 }
 
+// Mixture-of-experts rows (host_kernels.c's rows_op). Gather: one thread an
+// element. Scatter-add: one thread per (column, row bucket) walks the rows
+// in order, as k_emb_bwd does, so repeated rows add in the reference's
+// order without atomics. Dot: one thread a row, summing in column order
+// (the reference's bits).
+__global__ void k_rows_gather(const int32_t *idx, int64_t n, int64_t dim, const float *w,
+                              const void *x, int xdt, void *y, int ydt)
+{
+    GRID_STRIDE(i, n * dim)
+    {
+        int64_t r = i / dim, c = i % dim;
+        float v = ldv(x, xdt, (int64_t)idx[r] * dim + c);
+        stv(y, ydt, i, w ? w[r] * v : v);
+    }
+}
+
+__global__ void k_rows_scatter(const int32_t *idx, int64_t n, int64_t dim, const float *w,
+                               const void *x, int xdt, float *y)
+{
+    const int64_t nb = gridDim.y, bucket = blockIdx.y;
+    GRID_STRIDE(c, dim)
+    {
+        for (int64_t r = 0; r < n; r++) {
+            int64_t t = idx[r];
+            if (t % nb != bucket)
+                continue;
+            float v = ldv(x, xdt, r * dim + c);
+            y[t * dim + c] += w ? w[r] * v : v;
+        }
+    }
+}
+
+__global__ void k_rows_dot(const int32_t *idx, int64_t n, int64_t dim, const void *a, int adt,
+                           const void *x, int xdt, float *out)
+{
+    GRID_STRIDE(r, n)
+    {
+        int64_t t = idx[r];
+        float acc = 0.0f;
+        for (int64_t c = 0; c < dim; c++)
+            acc += ldv(a, adt, t * dim + c) * ldv(x, xdt, r * dim + c);
+        out[r] = acc;
+    }
+}
+
 } // namespace
 
 // Launches the kernel(s) of one of the decoder's ops (zn_cuda_run_kernel).
@@ -387,6 +432,19 @@ cudaError_t zn_cuda_run_nn(const zn_op *op, cudaStream_t st, float *scratch, con
         return launch(what, "k_softcap", k_softcap, grid_for(sc.n), st, sc.x, sc.x_dt, sc.dy,
                       sc.dy_dt, sc.y, sc.y_dt, sc.n, sc.scale, sc.cap,
                       op->kind == ZN_OPK_SOFTCAP_BWD ? 1 : 0);
+    }
+    case ZN_OPK_ROWS: {
+        const auto &rw = op->u.rows;
+        if (rw.mode == 0)
+            return launch(what, "k_rows_gather", k_rows_gather, grid_for(rw.n * rw.dim), st,
+                          rw.idx, rw.n, rw.dim, rw.w, rw.x, rw.x_dt, rw.y, rw.y_dt);
+        if (rw.mode == 1) {
+            dim3 grid(grid_for(rw.dim), (unsigned)(rw.rows < 32 ? rw.rows : 32));
+            return launch(what, "k_rows_scatter", k_rows_scatter, grid, st, rw.idx, rw.n,
+                          rw.dim, rw.w, rw.x, rw.x_dt, rw.y32);
+        }
+        return launch(what, "k_rows_dot", k_rows_dot, grid_for(rw.n), st, rw.idx, rw.n, rw.dim,
+                      rw.a, rw.a_dt, rw.x, rw.x_dt, rw.out);
     }
     default:
         *what = "zn_cuda_run_nn (not a decoder op)";

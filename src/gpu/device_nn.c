@@ -536,6 +536,62 @@ int zn_dev_softcap_bwd(zn_dev *d, zn_stream *s, const void *y, zn_dtype y_dt, co
     return softcap(d, s, &op);
 }
 
+/* ---- mixture-of-experts rows ----------------------------------------------*/
+static int rows_op(zn_dev *d, zn_stream *s, const char *fn, zn_op *op)
+{
+    const int64_t n = op->u.rows.n, dim = op->u.rows.dim, rows = op->u.rows.rows;
+    CHK(n >= 0 && dim > 0 && rows > 0 && rows <= INT32_MAX, "%s: bad sizes (%lld rows of %lld "
+        "from %lld)", fn, (long long)n, (long long)dim, (long long)rows);
+    if (n == 0)
+        return 0;
+    const int mode = op->u.rows.mode;
+    CHK_DTYPES(fn, op->u.rows.x_dt, mode == 0 ? op->u.rows.y_dt : ZN_DTYPE_F32,
+               mode == 2 ? op->u.rows.a_dt : ZN_DTYPE_F32);
+    uint64_t xb = mode == 0 ? span(rows, dim, dim, op->u.rows.x_dt)
+                            : span(n, dim, dim, op->u.rows.x_dt);
+    return submit_checked(d, s, fn, op,
+                          DEV_PTRS(DEV_PTR(op->u.rows.idx, (uint64_t)n * 4),
+                                   DEV_PTR_OPT(op->u.rows.w, (uint64_t)n * 4),
+                                   DEV_PTR(op->u.rows.x, xb),
+                                   DEV_PTR_IF(mode == 0, op->u.rows.y,
+                                              span(n, dim, dim, op->u.rows.y_dt)),
+                                   DEV_PTR_IF(mode == 1, op->u.rows.y32,
+                                              span(rows, dim, dim, ZN_DTYPE_F32)),
+                                   DEV_PTR_IF(mode == 2, op->u.rows.a,
+                                              span(rows, dim, dim, op->u.rows.a_dt)),
+                                   DEV_PTR_IF(mode == 2, op->u.rows.out, (uint64_t)n * 4)));
+}
+
+int zn_dev_rows_gather(zn_dev *d, zn_stream *s, const int32_t *idx, int64_t n, const float *w,
+                       const void *x, zn_dtype x_dt, int64_t rows, int64_t dim, void *y,
+                       zn_dtype y_dt)
+{
+    zn_op op = { .kind = ZN_OPK_ROWS,
+                 .u.rows = { .mode = 0, .idx = idx, .n = n, .dim = dim, .rows = rows, .w = w,
+                             .x = x, .x_dt = x_dt, .y = y, .y_dt = y_dt } };
+    return rows_op(d, s, "rows_gather", &op);
+}
+
+int zn_dev_rows_scatter_add(zn_dev *d, zn_stream *s, const int32_t *idx, int64_t n,
+                            const float *w, const void *x, zn_dtype x_dt, int64_t rows,
+                            int64_t dim, float *y)
+{
+    zn_op op = { .kind = ZN_OPK_ROWS,
+                 .u.rows = { .mode = 1, .idx = idx, .n = n, .dim = dim, .rows = rows, .w = w,
+                             .x = x, .x_dt = x_dt, .y32 = y } };
+    return rows_op(d, s, "rows_scatter_add", &op);
+}
+
+int zn_dev_rows_dot(zn_dev *d, zn_stream *s, const int32_t *idx, int64_t n, const void *a,
+                    zn_dtype a_dt, int64_t rows, const void *x, zn_dtype x_dt, int64_t dim,
+                    float *out)
+{
+    zn_op op = { .kind = ZN_OPK_ROWS,
+                 .u.rows = { .mode = 2, .idx = idx, .n = n, .dim = dim, .rows = rows, .x = x,
+                             .x_dt = x_dt, .a = a, .a_dt = a_dt, .out = out } };
+    return rows_op(d, s, "rows_dot", &op);
+}
+
 /* ---- reductions ------------------------------------------------------------*/
 static int reduce(zn_dev *d, zn_stream *s, const void *x, zn_dtype dt, int64_t n, float *out,
                   int accumulate, int square)

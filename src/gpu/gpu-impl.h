@@ -74,6 +74,7 @@ typedef enum {
     ZN_OPK_FLASH_BWD,
     ZN_OPK_SOFTCAP_FWD,
     ZN_OPK_SOFTCAP_BWD,
+    ZN_OPK_ROWS,           /* mixture of experts: gather, weighted scatter-add, row dots */
     /* host backend only: stream bookkeeping */
     ZN_OPK_WAIT_VALUE,     /* the stream waits until a 32-bit flag reaches a value */
     ZN_OPK_STREAM_FN,      /* host backend: a function run on the stream's worker */
@@ -148,6 +149,12 @@ typedef struct zn_op {
             const void *x; zn_dtype x_dt; const void *dy; zn_dtype dy_dt;
             void *y; zn_dtype y_dt; int64_t n; float scale, cap;
         } softcap;
+        struct {   /* mode 0 gather: y[r] = w[r] x[idx[r]]; 1 scatter: y32[idx[r]] +=
+                    * w[r] x[r]; 2 dot: out[r] = sum_c a[idx[r]][c] x[r][c] (w NULL: 1) */
+            int mode; const int32_t *idx; int64_t n, dim, rows; const float *w;
+            const void *x; zn_dtype x_dt; void *y; zn_dtype y_dt; float *y32;
+            const void *a; zn_dtype a_dt; float *out;
+        } rows;
         struct {
             const void *logits; zn_dtype dt; int64_t rows, cols, ld, v0;
             const int32_t *targets; float *run_max, *run_sum, *tgt; int first;

@@ -797,6 +797,32 @@ static void norm_chunks(const zn_op *op)
     }
 }
 
+/* The mixture-of-experts rows (the C reference of k_rows_*). */
+static void rows_op(const zn_op *op)
+{
+    const int64_t n = op->u.rows.n, dim = op->u.rows.dim;
+    const float *w = op->u.rows.w;
+    for (int64_t r = 0; r < n; r++) {
+        const int64_t t = op->u.rows.idx[r];
+        const float wr = w ? w[r] : 1.0f;
+        if (op->u.rows.mode == 0) {
+            for (int64_t c = 0; c < dim; c++)
+                stf(op->u.rows.y, op->u.rows.y_dt, r * dim + c,
+                    wr * ldf(op->u.rows.x, op->u.rows.x_dt, t * dim + c));
+        } else if (op->u.rows.mode == 1) {
+            float *y = op->u.rows.y32 + t * dim;
+            for (int64_t c = 0; c < dim; c++)
+                y[c] += wr * ldf(op->u.rows.x, op->u.rows.x_dt, r * dim + c);
+        } else {
+            float acc = 0.0f;
+            for (int64_t c = 0; c < dim; c++)
+                acc += ldf(op->u.rows.a, op->u.rows.a_dt, t * dim + c) *
+                       ldf(op->u.rows.x, op->u.rows.x_dt, r * dim + c);
+            op->u.rows.out[r] = acc;
+        }
+    }
+}
+
 int zn_host_run_op(const zn_op *op, float **scratch, size_t *scratch_len)
 {
     switch (op->kind) {
@@ -843,6 +869,7 @@ int zn_host_run_op(const zn_op *op, float **scratch, size_t *scratch_len)
     case ZN_OPK_FLASH_BWD: return flash_bwd(op, scratch, scratch_len);
     case ZN_OPK_SOFTCAP_FWD:
     case ZN_OPK_SOFTCAP_BWD: softcap_op(op); return 0;
+    case ZN_OPK_ROWS: rows_op(op); return 0;
     default:
         return zn_set_error(ZN_EINTERNAL, "host kernels: op kind %d is not a kernel",
                             (int)op->kind);

@@ -27,10 +27,12 @@ static const family families[] = {
     /* Qwen3Config: head_dim 128 whatever the width (Qwen3-8B's config.json
      * leaves it out) */
     { "qwen3", ZN_ARCH_QWEN3, "Qwen3ForCausalLM", 32768, 128, NULL },
-    { "qwen3_moe", 0, NULL, 0, 0,
-      "mixture-of-experts layers (a router over num_experts experts, "
-      "num_experts_per_tok of them per token)" },
-    { "mixtral", 0, NULL, 0, 0, "mixture-of-experts layers (a router and its experts)" },
+    /* Qwen3MoeConfig: 32768 positions, head_dim 128; experts inside the
+     * layer's block */
+    { "qwen3_moe", ZN_ARCH_QWEN3_MOE, "Qwen3MoeForCausalLM", 32768, 128, NULL },
+    /* MixtralConfig: 4096 x 32 positions; experts inside the layer's block,
+     * under the published block_sparse_moe names */
+    { "mixtral", ZN_ARCH_MIXTRAL, "MixtralForCausalLM", 131072, 0, NULL },
     { "qwen2_moe", 0, NULL, 0, 0, "mixture-of-experts layers and a shared expert" },
     /* GemmaConfig: 8192 positions, head_dim 256 */
     { "gemma", ZN_ARCH_GEMMA, "GemmaForCausalLM", 8192, 256, NULL },
@@ -103,6 +105,15 @@ int zn_model_layer_slides(const zn_model_dims *d, int64_t layer)
         return 0;
     /* full_every k: every k-th layer full (k 1: all), 0: none */
     return d->full_every <= 0 || layer % d->full_every != d->full_every - 1;
+}
+
+int zn_model_layer_moe(const zn_model_dims *d, int64_t layer)
+{
+    if (d->n_experts <= 0 || layer < 0 || layer >= d->n_layers)
+        return 0;
+    if (layer < ZN_MODEL_MLP_ONLY_MAX && (d->mlp_only[layer / 64] >> (layer % 64) & 1))
+        return 0;
+    return d->sparse_step > 0 && (layer + 1) % d->sparse_step == 0;
 }
 
 int zn_model_check_window(const zn_model_dims *d, int64_t seq)

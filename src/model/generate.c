@@ -230,6 +230,7 @@ static int layer(zn_gen *g, int64_t l, void *x, void *y)
     int k = (int)(g->use % (uint64_t)g->K);
     ZN_TRY(zn_m_gen_complete(g, k));
     ZN_TRY(zn_dev_stream_wait_event(g->dev, NULL, g->ready[k]));
+    zn_m_gen_bind_slot(g, k, l);
     ZN_TRY(zn_model_layer_fwd_kv(g->m, NULL, (int)l, g->ring_ptr[k], x, y, kv));
     ZN_TRY(zn_m_gen_kv_leave(g, l));
     if (!g->fixed) {

@@ -49,6 +49,10 @@ static int layout_blocks(zn_gen *g)
                 o += align_up((uint64_t)pi.numel * g->esz);
         }
         g->bytes[b] = o;
+        if (b >= 1 && b <= g->L) {
+            g->lmax = o > g->lmax ? o : g->lmax;
+            g->npmax = g->np[b] > g->npmax ? g->np[b] : g->npmax;
+        }
     }
     return 0;
 }
@@ -106,7 +110,9 @@ static int nvme_open(zn_gen *g, const char *dir)
 {
     zn_aio_config ac = zn_aio_config_default();
     uint64_t blk = ac.block_size;
-    uint64_t need = (g->bytes[1] + blk - 1) / blk * blk * (uint64_t)g->n;
+    uint64_t need = 0;
+    for (int j = 0; j < g->n; j++)
+        need += (g->bytes[1 + g->r + j] + blk - 1) / blk * blk;
     g->on_nvme = calloc((size_t)g->nb, 1);
     g->ext = calloc((size_t)g->nb, sizeof *g->ext);
     if (!g->on_nvme || !g->ext)
@@ -124,7 +130,7 @@ static int nvme_open(zn_gen *g, const char *dir)
     zn_swap_get_stats(g->swap, &ss);
     g->nvme_bytes = ss.capacity;
     for (int k = 0; k < g->K; k++)
-        ZN_TRY(zn_dev_host_alloc(g->dev, g->bytes[1], "streamed layer stage", &g->stage[k]));
+        ZN_TRY(zn_dev_host_alloc(g->dev, g->lmax, "streamed layer stage", &g->stage[k]));
     return 0;
 }
 
@@ -153,7 +159,7 @@ int zn_gen_open(zn_gen **out, zn_model *m, const zn_gen_config *c)
         goto fail;
     /* the head (and a tied embedding, its lm_head) stays on the device:
      * every step reads all of it */
-    uint64_t lb = g->bytes[1], need_all = 0;
+    uint64_t lb = g->lmax, need_all = 0;
     for (int b = 0; b < g->nb; b++)
         need_all += g->bytes[b];
     /* the cache first, on the device when it fits beside the least the
@@ -194,10 +200,9 @@ int zn_gen_open(zn_gen **out, zn_model *m, const zn_gen_config *c)
             char what[64];
             snprintf(what, sizeof what, "weights: streamed layer slot %d", k);
             rc = zn_dev_alloc(g->dev, lb, what, &g->ring[k]);
-            if (!rc && !(g->ring_ptr[k] = calloc((size_t)g->np[1] + 1, sizeof(void *))))
+            /* bound to a layer at each use (zn_m_gen_bind_slot) */
+            if (!rc && !(g->ring_ptr[k] = calloc((size_t)g->npmax + 1, sizeof(void *))))
                 rc = zn_set_error(-ENOMEM, "out of memory");
-            if (!rc)
-                bind(g, 1, g->ring[k], g->ring_ptr[k]);
             if (!rc)
                 rc = zn_dev_event_create(g->dev, &g->ready[k]);
             if (!rc)
@@ -249,7 +254,7 @@ void zn_gen_get_placement(const zn_gen *g, zn_gen_placement *p)
     p->resident_layers = g->r;
     p->streamed_layers = g->n;
     p->ring = g->K;
-    p->layer_bytes = g->bytes[1];
+    p->layer_bytes = g->lmax;
     p->embed_resident = g->on_dev[0] || d->tie_embeddings;
     /* generate.c's embed() gathers on the host exactly when this holds */
     p->embed_row_bytes = !g->on_dev[0] && g->hx ? (uint64_t)g->H * g->esz : 0;
@@ -259,12 +264,14 @@ void zn_gen_get_placement(const zn_gen *g, zn_gen_placement *p)
         else if (!(g->on_nvme && g->on_nvme[b]))
             p->pinned_bytes += g->bytes[b];
     }
-    p->device_weight_bytes += (uint64_t)g->K * g->bytes[1];
+    p->device_weight_bytes += (uint64_t)g->K * g->lmax;
     for (int k = 0; k < g->K; k++)
-        p->pinned_bytes += g->stage[k] ? g->bytes[1] : 0;
+        p->pinned_bytes += g->stage[k] ? g->lmax : 0;
     p->nvme_bytes = g->nvme_bytes;
     p->nvme_read = g->nvme_read;
-    p->streamed_bytes_per_step = g->fixed ? 0 : (uint64_t)g->n * g->bytes[1];
+    p->streamed_bytes_per_step = 0;
+    for (int j = 0; j < g->n && !g->fixed; j++)
+        p->streamed_bytes_per_step += g->bytes[1 + g->r + j];
     p->streamed_bytes = g->streamed;
 }
 
@@ -308,9 +315,9 @@ static int put_nvme(zn_gen *g, int b, int i, uint64_t off, const void *h, size_t
 {
     if (g->asm_block != b) {
         ZN_TRY(nvme_flush(g));
-        if (!g->asm_buf && !(g->asm_buf = zn_aio_buffer_alloc(g->bytes[1])))
+        if (!g->asm_buf && !(g->asm_buf = zn_aio_buffer_alloc(g->lmax)))
             return zn_set_error(-ENOMEM, "generate: no buffer of %llu bytes to load layer %d "
-                                "onto NVMe", (unsigned long long)g->bytes[1], b - 1);
+                                "onto NVMe", (unsigned long long)g->lmax, b - 1);
         g->asm_block = -1;
         if (g->on_nvme[b] == 2) {
             zn_aio_handle hd;
@@ -349,6 +356,7 @@ static int read_stage(zn_gen *g, uint64_t u)
     ZN_TRY(zn_dev_event_sync(g->dev, g->ready[k]));
     ZN_TRY(zn_aio_submit_read(g->aio, &g->ext[b], g->stage[k], g->bytes[b], &g->rd[k]));
     g->pending[k] = 1;
+    g->slot_block[k] = b;
     g->nvme_read += g->bytes[b];
     return 0;
 }
@@ -362,9 +370,15 @@ int zn_m_gen_complete(zn_gen *g, int k)
     g->pending[k] = 0;
     ZN_TRY(zn_aio_wait(g->aio, g->rd[k]));
     ZN_TRY(zn_dev_stream_wait_event(g->dev, g->copy, g->freed[k]));
-    ZN_TRY(zn_dev_copy_h2d(g->dev, g->copy, g->ring[k], g->stage[k], g->bytes[1]));
-    g->streamed += g->bytes[1];
+    int b = g->slot_block[k];
+    ZN_TRY(zn_dev_copy_h2d(g->dev, g->copy, g->ring[k], g->stage[k], g->bytes[b]));
+    g->streamed += g->bytes[b];
     return zn_dev_event_record(g->dev, g->ready[k], g->copy);
+}
+
+void zn_m_gen_bind_slot(zn_gen *g, int k, int64_t l)
+{
+    bind(g, (int)l + 1, g->ring[k], g->ring_ptr[k]);
 }
 
 /* Queues the move of use u's layer into its slot, after the slot's last
@@ -449,15 +463,15 @@ int zn_gen_time_link(zn_gen *g, double *seconds)
         double t0 = zn_now_s();
         for (int j = 0; j < g->n; j++) {
             zn_aio_handle h;
-            ZN_TRY(zn_aio_submit_read(g->aio, &g->ext[1 + g->r + j], g->stage[0], g->bytes[1],
-                                      &h));
+            ZN_TRY(zn_aio_submit_read(g->aio, &g->ext[1 + g->r + j], g->stage[0],
+                                      g->bytes[1 + g->r + j], &h));
             ZN_TRY(zn_aio_wait(g->aio, h));
         }
         double t_read = zn_now_s() - t0;
         t0 = zn_now_s();
         for (int j = 0; j < g->n; j++)
             ZN_TRY(zn_dev_copy_h2d(g->dev, g->copy, g->ring[j % g->K], g->stage[0],
-                                   g->bytes[1]));
+                                   g->bytes[1 + g->r + j]));
         ZN_TRY(zn_dev_stream_sync(g->dev, g->copy));
         double t_copy = zn_now_s() - t0;
         *seconds = t_read > t_copy ? t_read : t_copy;

@@ -51,8 +51,35 @@ int zn_model_dims_validate(const zn_model_dims *d)
     if (d->arch != ZN_ARCH_LLAMA && d->arch != ZN_ARCH_QWEN2 && d->arch != ZN_ARCH_MISTRAL &&
         d->arch != ZN_ARCH_QWEN3 && d->arch != ZN_ARCH_PHI3 && d->arch != ZN_ARCH_OLMO2 &&
         d->arch != ZN_ARCH_GEMMA && d->arch != ZN_ARCH_GEMMA2 && d->arch != ZN_ARCH_GEMMA3 &&
-        d->arch != ZN_ARCH_OLMO3)
+        d->arch != ZN_ARCH_OLMO3 && d->arch != ZN_ARCH_QWEN3_MOE && d->arch != ZN_ARCH_MIXTRAL)
         return zn_set_error(ZN_ECONFIG, "model dims: unknown arch %d", (int)d->arch);
+    int moe = d->arch == ZN_ARCH_QWEN3_MOE || d->arch == ZN_ARCH_MIXTRAL;
+    if ((d->n_experts > 0) != moe)
+        return zn_set_error(ZN_ECONFIG, "model dims: %s %s experts (num_experts %lld)",
+                            zn_model_arch_name(d->arch), moe ? "needs" : "has no",
+                            (long long)d->n_experts);
+    if (d->arch == ZN_ARCH_MIXTRAL &&
+        (!d->norm_topk || d->sparse_step != 1 || d->mlp_only[0] || d->mlp_only[1] ||
+         d->mlp_only[2] || d->mlp_only[3] || d->moe_intermediate != d->intermediate))
+        return zn_set_error(ZN_ECONFIG, "model dims: mixtral's layers are all sparse, its "
+                            "experts intermediate_size wide, their weights renormalized");
+    if (d->n_experts > 0) {
+        if (d->n_experts > 65536 || d->top_k <= 0 || d->top_k > d->n_experts ||
+            d->moe_intermediate <= 0 || d->moe_intermediate > DIM_MAX || d->sparse_step <= 0)
+            return zn_set_error(ZN_ECONFIG, "model dims: num_experts %lld (1..65536), "
+                                "num_experts_per_tok %lld (1..num_experts), "
+                                "moe_intermediate_size %lld, decoder_sparse_step %lld (>= 1)",
+                                (long long)d->n_experts, (long long)d->top_k,
+                                (long long)d->moe_intermediate, (long long)d->sparse_step);
+        if (!(d->router_aux_coef >= 0) || !isfinite(d->router_aux_coef))
+            return zn_set_error(ZN_ECONFIG, "model dims: router_aux_loss_coef %g must be >= 0",
+                                d->router_aux_coef);
+        if (d->lora.r > 0 && (d->lora.targets & (ZN_LORA_GATE | ZN_LORA_UP | ZN_LORA_DOWN)))
+            return zn_set_error(ZN_EUNSUPPORTED, "lora: %s: adapters on the MLP (gate_proj, "
+                                "up_proj, down_proj: the experts' projections) are not built; "
+                                "target q_proj, k_proj, v_proj, o_proj",
+                                zn_model_arch_name(d->arch));
+    }
     if (d->sliding_window < 0)
         return zn_set_error(ZN_ECONFIG, "model dims: sliding_window = %lld must be >= 0",
                             (long long)d->sliding_window);
@@ -93,7 +120,8 @@ int zn_model_dims_validate(const zn_model_dims *d)
                             (long long)d->sliding_window, d->rope_local_theta);
     int olmo = d->arch == ZN_ARCH_OLMO2 || d->arch == ZN_ARCH_OLMO3;
     int pn = olmo ? 1 : g23 ? 2 : 0;
-    int qn = d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_GEMMA3 ? 1 : olmo ? 2 : 0;
+    int qn = d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_QWEN3_MOE || d->arch == ZN_ARCH_GEMMA3
+                 ? 1 : olmo ? 2 : 0;
     if (d->post_norm != pn || d->qk_norm != qn)
         return zn_set_error(ZN_ECONFIG, "model dims: %s's norms are its family's (qk_norm %d, "
                             "post_norm %d)", zn_model_arch_name(d->arch), d->qk_norm,
@@ -565,6 +593,86 @@ static int parse_rope_layered(cfg_ctx *c, zn_model_dims *d)
     return parse_scaling(c, rs, "rope_scaling.", 0, 1, d);
 }
 
+/* Qwen3MoeConfig's experts (its defaults when absent: 128 experts, 8 a
+ * token, 768 wide, renormalized, every layer sparse, no aux loss at
+ * coefficient 0.001). */
+static int parse_moe(cfg_ctx *c, zn_model_dims *d)
+{
+    int rc;
+    int64_t local = 0;
+    /* the published configs say num_experts, transformers 5 writes it as
+     * num_local_experts (its attribute_map) */
+    if ((rc = get_int(c, "num_local_experts", 0, 0, &local)) ||
+        (rc = get_int(c, "num_experts", 0, local ? local : 128, &d->n_experts)))
+        return rc;
+    if (local && local != d->n_experts)
+        return zn_set_error(ZN_ECONFIG, "%s: num_experts (%lld) and num_local_experts (%lld) "
+                            "disagree", c->name, (long long)d->n_experts, (long long)local);
+    if ((rc = get_int(c, "num_experts_per_tok", 0, 8, &d->top_k)) ||
+        (rc = get_int(c, "moe_intermediate_size", 0, 768, &d->moe_intermediate)) ||
+        (rc = get_int(c, "decoder_sparse_step", 0, 1, &d->sparse_step)) ||
+        (rc = get_bool(c, "norm_topk_prob", 0, &d->norm_topk)) ||
+        (rc = get_bool(c, "output_router_logits", 0, &d->router_logits)) ||
+        (rc = get_num_in(c, c->root, "", "router_aux_loss_coef", 0, 0.001, &d->router_aux_coef)))
+        return rc;
+    if (d->top_k > d->n_experts)
+        return zn_set_error(ZN_ECONFIG, "%s: num_experts_per_tok %lld is more than num_experts "
+                            "%lld", c->name, (long long)d->top_k, (long long)d->n_experts);
+    json_t *ml = json_object_get(c->root, "mlp_only_layers");
+    if (ml && !json_is_null(ml)) {
+        if (!json_is_array(ml))
+            return zn_set_error(ZN_ECONFIG, "%s: key 'mlp_only_layers' must be an array of layer "
+                                "indices", c->name);
+        size_t i;
+        json_t *x;
+        json_array_foreach(ml, i, x) {
+            if (!json_is_integer(x) || json_integer_value(x) < 0 ||
+                json_integer_value(x) >= d->n_layers)
+                return zn_set_error(ZN_ECONFIG, "%s: mlp_only_layers[%zu] must be a layer index "
+                                    "in 0..%lld", c->name, i, (long long)d->n_layers - 1);
+            json_int_t l = json_integer_value(x);
+            if (l >= ZN_MODEL_MLP_ONLY_MAX)
+                return zn_set_error(ZN_EUNSUPPORTED, "%s: mlp_only_layers[%zu] = %lld: zinc "
+                                    "takes dense layers below %d", c->name, i, (long long)l,
+                                    ZN_MODEL_MLP_ONLY_MAX);
+            d->mlp_only[l / 64] |= (uint64_t)1 << (l % 64);
+        }
+    }
+    return 0;
+}
+
+/* MixtralConfig's experts (its defaults when absent: 8, 2 a token, as wide
+ * as intermediate_size, always renormalized; no aux loss at 0.001). */
+static int parse_mixtral(cfg_ctx *c, zn_model_dims *d)
+{
+    int rc;
+    int64_t named = 0;
+    double jitter;
+    /* num_local_experts; num_experts is its attribute_map name */
+    if ((rc = get_int(c, "num_experts", 0, 0, &named)) ||
+        (rc = get_int(c, "num_local_experts", 0, named ? named : 8, &d->n_experts)) ||
+        (rc = get_int(c, "num_experts_per_tok", 0, 2, &d->top_k)) ||
+        (rc = get_bool(c, "output_router_logits", 0, &d->router_logits)) ||
+        (rc = get_num_in(c, c->root, "", "router_aux_loss_coef", 0, 0.001, &d->router_aux_coef)) ||
+        (rc = get_num_in(c, c->root, "", "router_jitter_noise", 0, 0.0, &jitter)))
+        return rc;
+    if (named && named != d->n_experts)
+        return zn_set_error(ZN_ECONFIG, "%s: num_experts (%lld) and num_local_experts (%lld) "
+                            "disagree", c->name, (long long)named, (long long)d->n_experts);
+    if (jitter != 0)
+        return zn_set_error(ZN_EUNSUPPORTED, "%s: router_jitter_noise %g is not supported (zinc "
+                            "routes without the training-time jitter; set it to 0)", c->name,
+                            jitter);
+    if (d->top_k > d->n_experts)
+        return zn_set_error(ZN_ECONFIG, "%s: num_experts_per_tok %lld is more than "
+                            "num_local_experts %lld", c->name, (long long)d->top_k,
+                            (long long)d->n_experts);
+    d->moe_intermediate = d->intermediate;
+    d->norm_topk = 1;
+    d->sparse_step = 1;
+    return 0;
+}
+
 static int parse_root(cfg_ctx *c, zn_model_dims *d)
 {
     int rc;
@@ -646,7 +754,11 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
     }
 
     int flag;
-    if (d->arch == ZN_ARCH_QWEN2 || d->arch == ZN_ARCH_QWEN3) {
+    if (d->arch == ZN_ARCH_QWEN3_MOE && (rc = parse_moe(c, d)))
+        return rc;
+    if (d->arch == ZN_ARCH_MIXTRAL && (rc = parse_mixtral(c, d)))
+        return rc;
+    if (d->arch == ZN_ARCH_QWEN2 || d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_QWEN3_MOE) {
         if ((rc = get_bool(c, "use_sliding_window", 0, &flag)))
             return rc;
         if (flag)
@@ -674,7 +786,7 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
         }
         d->fused_proj = 1;
     }
-    if (d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3) {
+    if (d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3 || d->arch == ZN_ARCH_MIXTRAL) {
         /* MistralConfig's sliding_window: null (v0.2 on) or the window */
         json_t *sw = json_object_get(c->root, "sliding_window");
         if (sw && !json_is_null(sw) && (rc = get_int(c, "sliding_window", 1, 0,
@@ -701,16 +813,18 @@ static int parse_root(cfg_ctx *c, zn_model_dims *d)
     }
     if (d->arch == ZN_ARCH_QWEN2) {
         d->qkv_bias = 1; /* Qwen2Attention: q/k/v bias=True, o_proj bias=False */
-    } else if (d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3) {
-        /* MistralAttention, Phi3Attention: no bias on any projection
-         * (neither reads attention_bias) */
+    } else if (d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3 ||
+               d->arch == ZN_ARCH_MIXTRAL) {
+        /* MistralAttention, Phi3Attention, MixtralAttention: no bias on any
+         * projection (none reads attention_bias) */
     } else {
-        /* llama, qwen3, olmo2/3, gemma, gemma2/3: attention_bias on q, k, v
+        /* llama, qwen3, qwen3_moe, olmo2/3, gemma, gemma2/3: attention_bias on q, k, v
          * and o alike; qwen3's and gemma3's per-head q/k norm, olmo2/3's
          * full-width one and their post-norms always */
         int olmo = d->arch == ZN_ARCH_OLMO2 || d->arch == ZN_ARCH_OLMO3;
         int g23 = d->arch == ZN_ARCH_GEMMA2 || d->arch == ZN_ARCH_GEMMA3;
-        d->qk_norm = d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_GEMMA3 ? 1 : olmo ? 2 : 0;
+        d->qk_norm = d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_QWEN3_MOE || d->arch == ZN_ARCH_GEMMA3
+                         ? 1 : olmo ? 2 : 0;
         d->post_norm = olmo ? 1 : g23 ? 2 : 0;
         if ((rc = get_bool(c, "attention_bias", 0, &flag)))
             return rc;
@@ -852,6 +966,32 @@ static int write_windowed(json_t *o, const zn_model_dims *d)
     return bad | set_or_fail(o, "layer_types", lt);
 }
 
+/* Qwen3MoeConfig's keys (MixtralConfig's: its experts and the aux loss).
+ * Nonzero on a failed set. */
+static int write_moe(json_t *o, const zn_model_dims *d)
+{
+    if (d->arch == ZN_ARCH_MIXTRAL) {
+        int bad = set_or_fail(o, "num_local_experts", json_integer(d->n_experts));
+        bad |= set_or_fail(o, "num_experts_per_tok", json_integer(d->top_k));
+        bad |= set_or_fail(o, "output_router_logits", json_boolean(d->router_logits));
+        bad |= set_or_fail(o, "router_aux_loss_coef", json_real(d->router_aux_coef));
+        return bad | set_or_fail(o, "router_jitter_noise", json_real(0.0));
+    }
+    int bad = set_or_fail(o, "num_experts", json_integer(d->n_experts));
+    bad |= set_or_fail(o, "num_experts_per_tok", json_integer(d->top_k));
+    bad |= set_or_fail(o, "moe_intermediate_size", json_integer(d->moe_intermediate));
+    bad |= set_or_fail(o, "norm_topk_prob", json_boolean(d->norm_topk));
+    bad |= set_or_fail(o, "decoder_sparse_step", json_integer(d->sparse_step));
+    bad |= set_or_fail(o, "output_router_logits", json_boolean(d->router_logits));
+    bad |= set_or_fail(o, "router_aux_loss_coef", json_real(d->router_aux_coef));
+    json_t *ml = json_array();
+    bad |= !ml;
+    for (int64_t l = 0; ml && l < d->n_layers && l < ZN_MODEL_MLP_ONLY_MAX; l++)
+        if (d->mlp_only[l / 64] >> (l % 64) & 1)
+            bad |= json_array_append_new(ml, json_integer(l));
+    return bad | set_or_fail(o, "mlp_only_layers", ml);
+}
+
 int zn_model_dims_write_hf(const zn_model_dims *d, const char *path)
 {
     return zn_model_dims_write_hf_as(d, path, ZN_DTYPE_BF16);
@@ -863,8 +1003,8 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
     if (rc)
         return rc;
     int ab = d->arch == ZN_ARCH_LLAMA || d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_OLMO2 ||
-             d->arch == ZN_ARCH_GEMMA || d->arch == ZN_ARCH_GEMMA2 || d->arch == ZN_ARCH_GEMMA3 ||
-             d->arch == ZN_ARCH_OLMO3; /* writes attention_bias */
+             d->arch == ZN_ARCH_QWEN3_MOE || d->arch == ZN_ARCH_GEMMA || d->arch == ZN_ARCH_GEMMA2 ||
+             d->arch == ZN_ARCH_GEMMA3 || d->arch == ZN_ARCH_OLMO3; /* writes attention_bias */
     int windowed = d->arch == ZN_ARCH_GEMMA2 || d->arch == ZN_ARCH_GEMMA3 ||
                    d->arch == ZN_ARCH_OLMO3;
     if (d->o_bias != d->qkv_bias && ab)
@@ -874,7 +1014,8 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
 
     if (d->arch == ZN_ARCH_QWEN2 && (!d->qkv_bias || d->o_bias))
         return zn_set_error(ZN_ECONFIG, "model dims: qwen2 always has q/k/v bias and no o bias");
-    if ((d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3) && (d->qkv_bias || d->o_bias))
+    if ((d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3 || d->arch == ZN_ARCH_MIXTRAL) &&
+        (d->qkv_bias || d->o_bias))
         return zn_set_error(ZN_ECONFIG, "model dims: %s has no attention bias",
                             zn_model_arch_name(d->arch));
 
@@ -912,9 +1053,12 @@ int zn_model_dims_write_hf_as(const zn_model_dims *d, const char *path, zn_dtype
             bad |= set_or_fail(o, "attention_bias", json_boolean(d->qkv_bias));
         if (windowed)
             bad |= write_windowed(o, d);
-        if (is_qwen || d->arch == ZN_ARCH_QWEN3)
+        if (d->n_experts > 0)
+            bad |= write_moe(o, d);
+        if (is_qwen || d->arch == ZN_ARCH_QWEN3 || d->arch == ZN_ARCH_QWEN3_MOE)
             bad |= set_or_fail(o, "use_sliding_window", json_false());
-        else if (d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3)
+        else if (d->arch == ZN_ARCH_MISTRAL || d->arch == ZN_ARCH_PHI3 ||
+                 d->arch == ZN_ARCH_MIXTRAL)
             bad |= set_or_fail(o, "sliding_window", d->sliding_window
                                                         ? json_integer(d->sliding_window)
                                                         : json_null());
@@ -978,7 +1122,10 @@ static uint64_t base_count(const zn_model_dims *d, int block)
         n += 2 * (uint64_t)d->head_dim;           /* q_norm, k_norm: per head */
     else if (d->qk_norm == 2)
         n += qd + kvd;                            /* over the whole projections */
-    n += 3 * h * (uint64_t)d->intermediate;       /* gate, up, down */
+    if (zn_model_layer_moe(d, block - 1))         /* the router, each expert's three */
+        n += (uint64_t)d->n_experts * (h + 3 * h * (uint64_t)d->moe_intermediate);
+    else
+        n += 3 * h * (uint64_t)d->intermediate;   /* gate, up, down */
     return n;
 }
 
@@ -1101,6 +1248,17 @@ void zn_lora_fit_family(zn_model_dims *d)
     unsigned split = ZN_LORA_Q | ZN_LORA_K | ZN_LORA_V | ZN_LORA_GATE | ZN_LORA_UP;
     if (d->fused_proj && (d->lora.targets & ZN_LORA_ALL) == ZN_LORA_ALL)
         d->lora.targets = (d->lora.targets & ~split) | ZN_LORA_QKV | ZN_LORA_GATE_UP;
+    /* qwen3_moe: PEFT's all-linear finds the attention's nn.Linear layers
+     * (transformers 5 keeps the experts as 3-D parameters and the router
+     * as its own module); the dense layers' MLPs (mlp_only_layers) it would
+     * would adapt too are not built for adapters: with every layer sparse
+     * all-linear is the attention, with a dense one zn_model_dims_validate
+     * refuses its MLP targets */
+    int dense = 0;
+    for (int64_t l = 0; l < d->n_layers; l++)
+        dense |= !zn_model_layer_moe(d, l);
+    if (d->n_experts > 0 && !dense && (d->lora.targets & ZN_LORA_ALL) == ZN_LORA_ALL)
+        d->lora.targets &= ~(unsigned)(ZN_LORA_GATE | ZN_LORA_UP | ZN_LORA_DOWN);
 }
 
 const char *zn_lora_target_name(unsigned t)

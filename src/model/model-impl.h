@@ -68,6 +68,38 @@ typedef struct {
     float *rstd4;  /* [N] */
 } zn_m_layer_acts;
 
+/* A (probability, expert) pair of the top-k selection (model_moe.c). */
+typedef struct {
+    float v;
+    int32_t i;
+} zn_m_topk_el;
+
+/* The routing of the current mixture-of-experts layer, on the host
+ * (model_moe.c): N tokens, E experts, K per token. */
+typedef struct {
+    void *raw;        /* [N][E] the logits read back (compute type), then their gradient */
+    float *p;         /* [N][E] softmax probabilities */
+    int32_t *sel;     /* [N][K] the chosen experts, best first */
+    float *val;       /* [N][K] their probabilities */
+    float *vsum;      /* [N] the sum of those */
+    float *wt;        /* [N][K] the weights (renormalized, in the compute type's values) */
+    int32_t *slot;    /* [N][K] the routed row of (token, choice) */
+    int64_t *off;     /* [E + 1] each expert's first routed row */
+    int32_t *idx;     /* [N K] the routed rows' tokens, expert by expert */
+    float *w;         /* [N K] their weights */
+    float *dw;        /* [N K] their weights' gradients */
+    float *dp, *dv;   /* [E], [K] per-token scratch */
+    zn_m_topk_el *q;  /* [E] the top-k's working array */
+} zn_m_moe_host;
+
+/* The k largest of p[0..n) into sel (their indices, largest first) and
+ * val, with ties as torch.topk breaks them on the CPU; q: n scratch. */
+void zn_m_topk(const float *p, int64_t n, int64_t k, zn_m_topk_el *q, int32_t *sel, float *val);
+int zn_m_moe_fwd(zn_model *m, zn_stream *s, int layer, void *const *params, const void *x,
+                 void *y); /* y += moe(x) */
+int zn_m_moe_bwd(zn_model *m, zn_stream *s, int layer, void *const *params, float *const *grads,
+                 const void *x, const void *dy, float *dx); /* dx = d moe / dx (fp32) */
+
 struct zn_model {
     zn_dev *dev;
     zn_model_dims d;
@@ -118,6 +150,25 @@ struct zn_model {
     float attn_cap, final_cap; /* soft-capping of the scores and the logits (0: none) */
     float emb_scale;    /* the embedding's scale (Gemma's sqrt(hidden) in the compute type),
                            else 1 */
+    /* mixture of experts (dims.n_experts > 0): the router's logits (then their
+     * gradient), the routed rows' tokens and weights, every routed row's
+     * gathered input, gate, up, act and output (then d output), the fp32
+     * combine, the rows' input gradients, the weights' gradients */
+    void *moe_log;      /* [N][E] */
+    int32_t *moe_idx;   /* [N K] */
+    float *moe_w, *moe_dw; /* [N K] */
+    void *moe_xg, *moe_eo; /* [N K][H] */
+    void *moe_g, *moe_u, *moe_a; /* [N K][moe_intermediate] */
+    float *moe_acc;     /* [N][H] */
+    float *moe_dxg;     /* [N K][H] */
+    zn_m_moe_host moe;
+    /* the load-balancing loss (dims.router_logits): the current batch's
+     * top-k assignments and probability sums per expert over the sparse
+     * layers' forwards (not the backward's recompute, in_bwd), host */
+    double *aux_cnt;    /* [E] */
+    float *aux_psum;    /* [E] */
+    int64_t aux_rows;
+    int in_bwd;
     int drop_on;        /* training with lora.dropout > 0 (zn_model_set_dropout) */
     uint64_t drop_key;
 
@@ -192,11 +243,14 @@ static inline void *zn_m_at(const void *p, int64_t elems, size_t esz)
 /* ---- parameter lists (model_params.c) -----------------------------------------------
  * Where a layer slot (ZN_M_P_*) or target t's lora_A (lora_B follows) sits
  * in a layer's parameter array; -1 when the model has none. */
-int zn_m_slot_index(const zn_model_dims *d, int slot);
+int zn_m_slot_index(const zn_model_dims *d, int layer, int slot);
+/* A sparse layer's router (mlp.gate.weight); expert e's gate_proj, up_proj
+ * and down_proj follow at + 1 + 3 e, + 2 + 3 e, + 3 + 3 e. -1: a dense layer. */
+int zn_m_moe_index(const zn_model_dims *d, int layer);
 /* A slot absent as a tensor of its own but a row block of a fused one: 1
  * with the fused slot and the block's first element in it; else 0. */
 int zn_m_slot_part(const zn_model_dims *d, int slot, int *fused, int64_t *elem);
-int zn_m_lora_index(const zn_model_dims *d, unsigned t);
+int zn_m_lora_index(const zn_model_dims *d, int layer, unsigned t);
 
 /* ---- safetensors (safetensors.c opens, safetensors_read.c reads,
  * safetensors_write.c writes) -------------------------------------------------------- */
@@ -244,8 +298,9 @@ int zn_m_st_valid_shard_name(const char *f);
 
 /* Weights the generator owns (zn_gen_open): each block's tensors back to
  * back (each at a ZN_DEV_ALIGN offset) in one buffer at its home, the
- * device or pinned host memory. Decoder layers share one layout, so a
- * streamed layer runs from whichever ring slot holds it. */
+ * device or pinned host memory. A ring slot holds the largest decoder
+ * layer, and a streamed layer's tensors are bound in its slot at its use
+ * (layers of a mixture-of-experts family differ: dense and sparse). */
 #define ZN_M_GEN_MAX_RING 8
 
 struct zn_gen {
@@ -274,6 +329,10 @@ struct zn_gen {
      * u % K, and the copy for use u + K goes into that slot once use u
      * is done */
     int r, n, K, fixed; /* resident layers, streamed, slots; fixed: n <= K (loaded once) */
+    uint64_t lmax;      /* the largest decoder layer's buffer (a slot's size; a
+                           mixture-of-experts family's dense layers are smaller) */
+    int npmax;          /* the most tensors of a decoder layer */
+    int slot_block[ZN_M_GEN_MAX_RING]; /* the block each slot's pending read is for */
     void *ring[ZN_M_GEN_MAX_RING];
     void **ring_ptr[ZN_M_GEN_MAX_RING];
     zn_event *ready[ZN_M_GEN_MAX_RING], *freed[ZN_M_GEN_MAX_RING];
@@ -335,6 +394,8 @@ int zn_m_gen_common(zn_gen **out, zn_model *m, int64_t max_batch);
  * complete waits for slot k's NVMe reads and queues its copy. */
 int zn_m_gen_fetch(zn_gen *g, uint64_t u);
 int zn_m_gen_complete(zn_gen *g, int k);
+/* Slot k's tensor pointers (ring_ptr[k]) for layer l's layout. */
+void zn_m_gen_bind_slot(zn_gen *g, int k, int64_t l);
 /* generate_kv.c: the cache's home. place allocates it (on the device, or
  * pinned with its two device slots) given the device bytes the weights
  * need at least; begin queues the step's first layer in; enter gives layer

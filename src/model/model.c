@@ -153,7 +153,84 @@ static void layout(zn_model *m, unsigned char *base)
             m->ltmp = carve(&c, (uint64_t)(N * in) * 4);
         }
     }
+    if (m->d.n_experts > 0) {
+        int64_t E = m->d.n_experts, R = N * m->d.top_k, Im = m->d.moe_intermediate;
+        m->moe_log = carve(&c, (uint64_t)(N * E) * esz);
+        m->moe_idx = carve(&c, (uint64_t)R * 4);
+        m->moe_w = carve(&c, (uint64_t)R * 4);
+        m->moe_dw = carve(&c, (uint64_t)R * 4);
+        m->moe_xg = carve(&c, (uint64_t)(R * H) * esz);
+        m->moe_eo = carve(&c, (uint64_t)(R * H) * esz);
+        m->moe_g = carve(&c, (uint64_t)(R * Im) * esz);
+        m->moe_u = carve(&c, (uint64_t)(R * Im) * esz);
+        m->moe_a = carve(&c, (uint64_t)(R * Im) * esz);
+        m->moe_acc = carve(&c, (uint64_t)(N * H) * 4);
+        m->moe_dxg = carve(&c, (uint64_t)(R * H) * 4);
+    }
     m->mem_bytes = c.off;
+}
+
+/* The host side of the routing (model_moe.c), one layer's at a time. */
+static void moe_host_free(zn_m_moe_host *h)
+{
+    free(h->raw);
+    free(h->p);
+    free(h->sel);
+    free(h->val);
+    free(h->vsum);
+    free(h->wt);
+    free(h->slot);
+    free(h->off);
+    free(h->idx);
+    free(h->w);
+    free(h->dw);
+    free(h->dp);
+    free(h->dv);
+    free(h->q);
+    memset(h, 0, sizeof *h);
+}
+
+static void aux_reset(zn_model *m)
+{
+    if (m->aux_cnt)
+        memset(m->aux_cnt, 0, (size_t)m->d.n_experts * sizeof *m->aux_cnt);
+    if (m->aux_psum)
+        memset(m->aux_psum, 0, (size_t)m->d.n_experts * sizeof *m->aux_psum);
+    m->aux_rows = 0;
+}
+
+static int moe_host_alloc(zn_model *m)
+{
+    zn_m_moe_host *h = &m->moe;
+    if (m->d.n_experts <= 0)
+        return 0;
+    size_t N = (size_t)m->max_n, E = (size_t)m->d.n_experts, K = (size_t)m->d.top_k;
+    h->raw = malloc(N * E * 4);
+    h->p = malloc(N * E * sizeof *h->p);
+    h->sel = malloc(N * K * sizeof *h->sel);
+    h->val = malloc(N * K * sizeof *h->val);
+    h->vsum = malloc(N * sizeof *h->vsum);
+    h->wt = malloc(N * K * sizeof *h->wt);
+    h->slot = malloc(N * K * sizeof *h->slot);
+    h->off = malloc((E + 1) * sizeof *h->off);
+    h->idx = malloc(N * K * sizeof *h->idx);
+    h->w = malloc(N * K * sizeof *h->w);
+    h->dw = malloc(N * K * sizeof *h->dw);
+    h->dp = malloc(E * sizeof *h->dp);
+    h->dv = malloc(K * sizeof *h->dv);
+    h->q = malloc(E * sizeof *h->q);
+    if (m->d.router_logits) {
+        m->aux_cnt = calloc(E, sizeof *m->aux_cnt);
+        m->aux_psum = calloc(E, sizeof *m->aux_psum);
+    }
+    if (!h->raw || !h->p || !h->sel || !h->val || !h->vsum || !h->wt || !h->slot || !h->off ||
+        !h->idx || !h->w || !h->dw || !h->dp || !h->dv || !h->q ||
+        (m->d.router_logits && (!m->aux_cnt || !m->aux_psum))) {
+        moe_host_free(h);
+        return zn_set_error(-ENOMEM, "model: out of memory for the routing of %zu tokens over "
+                            "%zu experts", N, E);
+    }
+    return 0;
 }
 
 static void set_shapes(zn_model *m, const zn_model_dims *d, const zn_model_config *cfg)
@@ -296,7 +373,8 @@ int zn_model_create(zn_model **out, zn_dev *dev, const zn_model_dims *d,
         free(m);
         return zn_set_error(-ENOMEM, "out of memory");
     }
-    if ((rc = zn_dev_alloc(dev, m->mem_bytes, "model workspace", &m->mem))) {
+    if ((rc = moe_host_alloc(m)) ||
+        (rc = zn_dev_alloc(dev, m->mem_bytes, "model workspace", &m->mem))) {
         zn_model_destroy(m);
         return rc;
     }
@@ -338,6 +416,9 @@ void zn_model_destroy(zn_model *m)
         return;
     if (m->mem)
         zn_dev_free(m->dev, m->mem);
+    moe_host_free(&m->moe);
+    free(m->aux_cnt);
+    free(m->aux_psum);
     free(m->staging);
     free(m->kv_pos0);
     free(m->kv_slot);
@@ -412,6 +493,7 @@ int zn_model_set_batch(zn_model *m, zn_stream *s, int64_t batch, int64_t seq,
     m->T = seq;
     m->N = N;
     m->decode = 0;
+    aux_reset(m); /* a new batch: its own load-balancing statistics */
     m->n_valid = valid;
     m->loss_scale = valid ? 1.0f / (float)valid : 0.0f;
     /* one document per sequence needs no key starts: plain causal softmax */

@@ -265,28 +265,28 @@ static int attn_bwd(zn_model *m, zn_stream *s, int layer, const zn_m_layer_acts 
 
 /* A slot's parameter (or its fp32 gradient, NULL when frozen): its own
  * tensor, or its row block of a fused one (phi3's qkv_proj, gate_up_proj). */
-static void *slot_param(const zn_model *m, void *const *params, int slot)
+static void *slot_param(const zn_model *m, int layer, void *const *params, int slot)
 {
     int f;
     int64_t at;
     if (zn_m_slot_part(&m->d, slot, &f, &at))
-        return zn_m_at(params[zn_m_slot_index(&m->d, f)], at, m->esz);
-    return params[zn_m_slot_index(&m->d, slot)];
+        return zn_m_at(params[zn_m_slot_index(&m->d, layer, f)], at, m->esz);
+    return params[zn_m_slot_index(&m->d, layer, slot)];
 }
 
-static float *slot_grad(const zn_model *m, float *const *grads, int slot)
+static float *slot_grad(const zn_model *m, int layer, float *const *grads, int slot)
 {
     int f;
     int64_t at;
     if (zn_m_slot_part(&m->d, slot, &f, &at)) {
-        float *g = grads[zn_m_slot_index(&m->d, f)];
+        float *g = grads[zn_m_slot_index(&m->d, layer, f)];
         return g ? g + at : NULL;
     }
-    return grads[zn_m_slot_index(&m->d, slot)];
+    return grads[zn_m_slot_index(&m->d, layer, slot)];
 }
 
-#define PRM(slot) slot_param(m, params, (slot))
-#define GRD(slot) slot_grad(m, grads, (slot))
+#define PRM(slot) slot_param(m, layer, params, (slot))
+#define GRD(slot) slot_grad(m, layer, grads, (slot))
 
 /* y[N][out] = x[N][in] W[out][in]^T (+ beta y). */
 static int linear(zn_model *m, zn_stream *s, const void *x, int64_t ldx, const void *W,
@@ -349,7 +349,7 @@ static int lora_u(zn_model *m, zn_stream *s, const void *A, int layer, unsigned 
 static int lora_fwd(zn_model *m, zn_stream *s, void *const *params, int layer, unsigned t,
                     const void *x, int64_t ldx, int64_t in, int64_t out, void *y, int64_t ldy)
 {
-    int i = zn_m_lora_index(&m->d, t);
+    int i = zn_m_lora_index(&m->d, layer, t);
     if (i < 0)
         return 0;
     int64_t r = m->d.lora.r;
@@ -364,7 +364,7 @@ static int lora_fwd_pair(zn_model *m, zn_stream *s, void *const *params, int lay
                          const void *x, int64_t ldx, int64_t in, int64_t out, void *y0,
                          void *y1, int64_t ldy)
 {
-    int i = zn_m_lora_index(&m->d, t);
+    int i = zn_m_lora_index(&m->d, layer, t);
     if (i < 0)
         return 0;
     int64_t r = m->d.lora.r;
@@ -383,7 +383,7 @@ static int lora_bwd_w_parts(zn_model *m, zn_stream *s, void *const *params,
                             int64_t ldx, int64_t in, int64_t out, const void *const *dys,
                             int parts, int64_t lddy)
 {
-    int i = zn_m_lora_index(&m->d, t);
+    int i = zn_m_lora_index(&m->d, layer, t);
     if (i < 0)
         return 0;
     int64_t r = m->d.lora.r, N = m->N;
@@ -423,7 +423,7 @@ static int lora_bwd_w_pair(zn_model *m, zn_stream *s, void *const *params, float
 static int lora_bwd_x(zn_model *m, zn_stream *s, void *const *params, int layer, unsigned t,
                       int64_t in, void *dx, zn_dtype dxdt, int64_t lddx)
 {
-    int i = zn_m_lora_index(&m->d, t);
+    int i = zn_m_lora_index(&m->d, layer, t);
     if (i < 0)
         return 0;
     int64_t r = m->d.lora.r;
@@ -556,6 +556,8 @@ static int layer_fwd_core(zn_model *m, zn_stream *s, int layer, void *const *par
         ZN_TRY(zn_m_rms_fwd(m, s, a->x_mid, dt, PRM(mlp_norm_slot(m)), dt, a->h2, dt, a->rstd2,
                             N, H, eps));
     const void *xm = pre ? a->h2 : a->x_mid; /* the MLP's input */
+    if (zn_model_layer_moe(&m->d, layer))
+        return 0; /* the experts run in layer_fwd and in the backward (model_moe.c) */
     ZN_TRY(linear(m, s, xm, H, PRM(ZN_M_P_WG), I, H, 0.0f, a->gate, dt, I));
     ZN_TRY(linear(m, s, xm, H, PRM(ZN_M_P_WU), I, H, 0.0f, a->up, dt, I));
     ZN_TRY(lora_fwd(m, s, params, layer, ZN_LORA_GATE, xm, H, H, I, a->gate, I));
@@ -590,8 +592,10 @@ static int layer_fwd(zn_model *m, zn_stream *s, int layer, void *const *params,
         ZN_TRY(down_post(m, s, params, layer, &a, x_out));
         return zn_dev_add_inplace(m->dev, s, x_out, m->dt, a.x_mid, m->dt, m->N * m->H);
     }
-    /* x_out = x_mid + act Wd^T */
+    /* x_out = x_mid + act Wd^T, or + the experts' weighted sum */
     ZN_TRY(zn_dev_copy_d2d(m->dev, s, x_out, a.x_mid, (size_t)(m->N * m->H) * m->esz));
+    if (zn_model_layer_moe(&m->d, layer))
+        return zn_m_moe_fwd(m, s, layer, params, a.h2, x_out);
     ZN_TRY(linear(m, s, a.act, m->I, PRM(ZN_M_P_WD), m->H, m->I, 1.0f, x_out, m->dt, m->H));
     return lora_fwd(m, s, params, layer, ZN_LORA_DOWN, a.act, m->I, m->I, m->H, x_out, m->H);
 }
@@ -649,6 +653,10 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
         dyd = m->dxm;
     }
 
+    if (zn_model_layer_moe(&m->d, layer)) {
+        ZN_TRY(zn_m_moe_bwd(m, s, layer, params, grads, xm, dyd, m->dh));
+        goto mlp_done;
+    }
     /* MLP: out = act Wd^T */
     ZN_TRY(linear_dw(m, s, dyd, H, a.act, I, H, I, GRD(ZN_M_P_WD)));
     ZN_TRY(lora_bwd_w(m, s, params, grads, layer, ZN_LORA_DOWN, a.act, I, I, H, dyd, H));
@@ -666,6 +674,7 @@ int zn_model_layer_bwd(zn_model *m, zn_stream *s, int layer, void *const *params
     ZN_TRY(lora_bwd_w_pair(m, s, params, grads, layer, ZN_LORA_GATE_UP, xm, H, H, I, w->gate,
                            w->up, I));
     ZN_TRY(lora_bwd_x(m, s, params, layer, ZN_LORA_GATE_UP, H, m->dh, ZN_DTYPE_F32, H));
+mlp_done:
     if (!pre)
         ZN_TRY(zn_dev_copy_d2d(m->dev, s, m->dxm32, m->dh, (size_t)(N * H) * 4));
     else

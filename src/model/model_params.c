@@ -9,8 +9,15 @@
 
 /* ---- parameter lists ---------------------------------------------------------- */
 
-static int layer_slot_present(const zn_model_dims *d, int slot)
+static int is_mlp_slot(int slot)
 {
+    return slot == ZN_M_P_WG || slot == ZN_M_P_WU || slot == ZN_M_P_WD;
+}
+
+static int layer_slot_present(const zn_model_dims *d, int layer, int slot)
+{
+    if (is_mlp_slot(slot) && d->n_experts > 0)
+        return !zn_model_layer_moe(d, layer);
     if (slot >= ZN_M_P_BQ && slot <= ZN_M_P_BV)
         return d->qkv_bias;
     if (slot == ZN_M_P_BO)
@@ -31,15 +38,53 @@ static int layer_slot_present(const zn_model_dims *d, int slot)
     return slot >= 0 && slot < ZN_M_P_NSLOTS;
 }
 
-/* Index of `slot` in a layer's parameter array, or -1 when absent. */
-int zn_m_slot_index(const zn_model_dims *d, int slot)
+/* With experts (qwen3_moe) a layer's tensors are the slots every layer has
+ * (the attention and the norms, in slot order), then its MLP: a dense
+ * layer's gate, up and down, or a sparse one's router and experts; the
+ * other families' follow the slot order. The slot at base index i, or -1
+ * for a router or expert tensor. */
+static int common_slots(const zn_model_dims *d)
 {
-    if (!layer_slot_present(d, slot))
+    int n = 0;
+    for (int s = 0; s < ZN_M_P_NSLOTS; s++)
+        n += !is_mlp_slot(s) && layer_slot_present(d, 0, s);
+    return n;
+}
+
+static int slot_at(const zn_model_dims *d, int layer, int i)
+{
+    int k = -1;
+    if (d->n_experts <= 0) {
+        for (int s = 0; s < ZN_M_P_NSLOTS; s++)
+            if (layer_slot_present(d, layer, s) && ++k == i)
+                return s;
+        return -1;
+    }
+    int nc = common_slots(d);
+    if (i >= nc)
+        return zn_model_layer_moe(d, layer) ? -1 : ZN_M_P_WG + (i - nc);
+    for (int s = 0; s < ZN_M_P_NSLOTS; s++)
+        if (!is_mlp_slot(s) && layer_slot_present(d, layer, s) && ++k == i)
+            return s;
+    return -1;
+}
+
+/* Index of `slot` in layer `layer`'s parameter array, or -1 when absent. */
+int zn_m_slot_index(const zn_model_dims *d, int layer, int slot)
+{
+    if (!layer_slot_present(d, layer, slot))
         return -1;
     int idx = 0;
+    if (d->n_experts > 0 && is_mlp_slot(slot))
+        return common_slots(d) + (slot - ZN_M_P_WG);
     for (int s = 0; s < slot; s++)
-        idx += layer_slot_present(d, s);
+        idx += layer_slot_present(d, layer, s) && !(d->n_experts > 0 && is_mlp_slot(s));
     return idx;
+}
+
+int zn_m_moe_index(const zn_model_dims *d, int layer)
+{
+    return zn_model_layer_moe(d, layer) ? common_slots(d) : -1;
 }
 
 int zn_m_slot_part(const zn_model_dims *d, int slot, int *fused, int64_t *elem)
@@ -57,11 +102,13 @@ int zn_m_slot_part(const zn_model_dims *d, int slot, int *fused, int64_t *elem)
     }
 }
 
-static int layer_base_nparams(const zn_model_dims *d)
+static int layer_base_nparams(const zn_model_dims *d, int layer)
 {
+    if (d->n_experts > 0)
+        return common_slots(d) + (zn_model_layer_moe(d, layer) ? 1 + 3 * (int)d->n_experts : 3);
     int n = 0;
     for (int s = 0; s < ZN_M_P_NSLOTS; s++)
-        n += layer_slot_present(d, s);
+        n += layer_slot_present(d, layer, s);
     return n;
 }
 
@@ -72,11 +119,11 @@ static int lora_nparams(const zn_model_dims *d)
 
 /* Index of target t's lora_A in a layer's parameter array (lora_B follows),
  * -1 when t has no adapter. */
-int zn_m_lora_index(const zn_model_dims *d, unsigned t)
+int zn_m_lora_index(const zn_model_dims *d, int layer, unsigned t)
 {
     if (d->lora.r <= 0 || !(d->lora.targets & t))
         return -1;
-    return layer_base_nparams(d) + 2 * __builtin_popcount(d->lora.targets & (t - 1));
+    return layer_base_nparams(d, layer) + 2 * __builtin_popcount(d->lora.targets & (t - 1));
 }
 
 int zn_model_block_nparams(const zn_model_dims *d, int block)
@@ -87,7 +134,7 @@ int zn_model_block_nparams(const zn_model_dims *d, int block)
         return 1;
     if (block == d->n_layers + 1)
         return 2;
-    return layer_base_nparams(d) + lora_nparams(d);
+    return layer_base_nparams(d, block - 1) + lora_nparams(d);
 }
 
 int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_param_info *out)
@@ -110,8 +157,9 @@ int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_param_info
         snprintf(out->name, sizeof out->name, "model.norm.weight");
         out->ndim = 1;
         out->shape[0] = H;
-    } else if (i >= layer_base_nparams(d)) {
-        int k = (i - layer_base_nparams(d)) / 2, B = (i - layer_base_nparams(d)) % 2;
+    } else if (i >= layer_base_nparams(d, block - 1)) {
+        int nb = layer_base_nparams(d, block - 1);
+        int k = (i - nb) / 2, B = (i - nb) % 2;
         unsigned t = 1;
         for (int seen = -1;; t <<= 1)
             if ((d->lora.targets & t) && ++seen == k)
@@ -134,11 +182,30 @@ int zn_model_block_param(const zn_model_dims *d, int block, int i, zn_param_info
         out->shape[1] = B ? d->lora.r : in;
         out->lora = B ? 2 : 1;
         out->target = t;
+    } else if (slot_at(d, block - 1, i) < 0) { /* the router, or an expert's projection */
+        int j = i - common_slots(d);
+        int64_t Im = d->moe_intermediate;
+        /* the published checkpoints' names: Mixtral's block_sparse_moe with
+         * w1 (gate), w3 (up), w2 (down), Qwen3-MoE's mlp with the MLP's */
+        const int mix = d->arch == ZN_ARCH_MIXTRAL;
+        const char *blk = mix ? "block_sparse_moe" : "mlp";
+        if (j == 0) {
+            snprintf(out->name, sizeof out->name, "model.layers.%d.%s.gate.weight", block - 1,
+                     blk);
+            out->shape[0] = d->n_experts;
+            out->shape[1] = H;
+        } else {
+            static const char *const proj[2][3] = { { "gate_proj", "up_proj", "down_proj" },
+                                                    { "w1", "w3", "w2" } };
+            int w = (j - 1) % 3;
+            snprintf(out->name, sizeof out->name, "model.layers.%d.%s.experts.%d.%s.weight",
+                     block - 1, blk, (j - 1) / 3, proj[mix][w]);
+            out->shape[0] = w == 2 ? H : Im;
+            out->shape[1] = w == 2 ? Im : H;
+        }
+        out->ndim = 2;
     } else {
-        int slot = 0, k = -1;
-        for (slot = 0; slot < ZN_M_P_NSLOTS; slot++)
-            if (layer_slot_present(d, slot) && ++k == i)
-                break;
+        int slot = slot_at(d, block - 1, i);
         static const struct {
             const char *name;
             int ndim;
@@ -194,12 +261,20 @@ double zn_model_flops(const zn_model_dims *d, int block, int64_t batch, int64_t 
                    /* QK^T and PV: 2 x 2 x T^2 x qd per sequence forward, half
                     * masked (causal); backward twice the forward. */
                    3.0 * 2.0 * (double)batch * (double)seq * (double)seq * qd;
+    /* a sparse layer: the router and each token's top_k experts instead of
+     * the dense MLP (the rows routed, not every expert over every token) */
+    double sparse = layer - 6.0 * tokens * 3 * H * I +
+                    6.0 * tokens * (H * (double)d->n_experts +
+                                    (double)d->top_k * 3 * H * (double)d->moe_intermediate);
     double head = 6.0 * tokens * H * (double)d->vocab;
     if (block == 0)
         return 0;
     if (block > 0 && block <= d->n_layers)
-        return layer;
+        return zn_model_layer_moe(d, block - 1) ? sparse : layer;
     if (block == d->n_layers + 1)
         return head;
-    return layer * (double)d->n_layers + head;
+    double all = head;
+    for (int64_t l = 0; l < d->n_layers; l++)
+        all += zn_model_layer_moe(d, l) ? sparse : layer;
+    return all;
 }

@@ -16,7 +16,10 @@
 #include "zinc/train_model.h"
 #include "util/hash-impl.h"
 
-#define MAX_TENSORS 32
+/* A block's tensors: a dense layer has up to 19 and 18 adapters; a
+ * mixture-of-experts layer its router and 3 per expert (Qwen3-30B-A3B:
+ * 128 experts, 393 tensors), up to 512 experts here */
+#define MAX_TENSORS (3 * 512 + 64)
 
 typedef struct {
     int n;
@@ -275,6 +278,18 @@ static int ll_read_loss(void *ctx, zn_stream *s, float *loss)
     return zn_model_read_loss(l->m, s, loss);
 }
 
+static int ll_read_aux_loss(void *ctx, double *weighted, double *aux)
+{
+    zn_train_llama *l = ctx;
+    float a = 0;
+    int rc = zn_model_aux_loss(l->m, &a);
+    if (rc)
+        return rc;
+    *aux = a;
+    *weighted = l->d.router_aux_coef * (double)a;
+    return 0;
+}
+
 /* The block calls' tensor pointers: its own tensors in its flat buffer; a
  * tied head's lm_head is the resident embedding (params) or the tied
  * gradient buffer (grads). */
@@ -407,7 +422,9 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
         ly->n_all = zn_model_block_nparams(dims, pt.block);
         if (ly->n_all > MAX_TENSORS) {
             zn_train_llama_destroy(l);
-            return zn_set_error(ZN_EINTERNAL, "block %d has %d tensors", pt.block, ly->n_all);
+            return zn_set_error(ZN_EUNSUPPORTED, "block %d has %d tensors: the trainer takes "
+                                "up to %d (512 experts a layer)", pt.block, ly->n_all,
+                                MAX_TENSORS);
         }
         /* the block's own tensors, cut to the part's range of its flat order */
         uint64_t toff = 0, end = pt.first + pt.n;
@@ -474,6 +491,7 @@ int zn_train_llama_create(zn_train_llama **out, const zn_model_dims *dims, int64
     m->init_params = ll_init;
     m->set_batch = ll_set_batch;
     m->read_loss = ll_read_loss;
+    m->read_aux_loss = dims->router_logits ? ll_read_aux_loss : NULL;
     m->set_dropout = ll_set_dropout;
     m->forward = ll_forward;
     m->backward = ll_backward;

@@ -114,16 +114,19 @@ int zn_run_model_dims(const zn_config *cfg, zn_model_dims *d)
 uint64_t zn_run_persistent_params(const zn_model_dims *d, uint64_t threshold)
 {
     uint64_t H = (uint64_t)d->hidden, V = (uint64_t)d->vocab;
-    /* One decoder layer's base tensors (the model's own list), then the
-     * embedding, final norm, head. */
-    uint64_t per_layer = 0;
-    int np = zn_model_block_nparams(d, 1);
-    for (int i = 0; i < np; i++) {
-        zn_param_info pi;
-        if (zn_model_block_param(d, 1, i, &pi) == 0 && !pi.lora && (uint64_t)pi.numel < threshold)
-            per_layer += (uint64_t)pi.numel;
+    /* Every decoder layer's base tensors (the model's own list: a mixture
+     * of experts' dense and sparse layers differ), then the embedding,
+     * final norm, head. */
+    uint64_t total = 0;
+    for (int b = 1; b <= (int)d->n_layers; b++) {
+        int np = zn_model_block_nparams(d, b);
+        for (int i = 0; i < np; i++) {
+            zn_param_info pi;
+            if (zn_model_block_param(d, b, i, &pi) == 0 && !pi.lora &&
+                (uint64_t)pi.numel < threshold)
+                total += (uint64_t)pi.numel;
+        }
     }
-    uint64_t total = per_layer * (uint64_t)d->n_layers;
     if (d->tie_embeddings)
         total += V * H;  /* one table, resident: the head reads it too */
     else if (V * H < threshold)

@@ -271,6 +271,14 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
             ZN_TRY_GOTO(zn_dev_create(&tr->dev, &dc));
         }
     }
+    /* the load-balancing loss is added unscaled and per rank: with fp16's
+     * loss scaling or several ranks its weight would be another */
+    if (o->model->read_aux_loss && (sp->fp16 || (tr->comm && zn_comm_size(tr->comm) > 1)))
+        ZN_TRY_GOTO(zn_set_error(ZN_EUNSUPPORTED, "train: the load-balancing loss "
+                                 "(output_router_logits) trains on one rank without fp16 "
+                                 "loss scaling only (this run: %s, %d ranks)",
+                                 sp->fp16 ? "fp16" : "no fp16",
+                                 tr->comm ? zn_comm_size(tr->comm) : 1));
     if (tr->comm && zn_comm_size(tr->comm) > 1) {
         tr->world = zn_comm_size(tr->comm);
         tr->rank = zn_comm_rank(tr->comm);

@@ -62,7 +62,7 @@ static int build_f32_runs(zn_trainer *tr)
     const zn_train_model *md = tr->model;
     if (tr->mom_fmt != ZN_MOM_Q8 || !md->tensor_parts)
         return 0;
-    enum { CAP = 64 };
+    enum { CAP = 2048 }; /* a block's tensors: a mixture-of-experts layer has 3 per expert */
     uint64_t off[CAP], numel[CAP];
     size_t cap = 0;
     for (int b = 0; b < tr->L; b++) {

@@ -411,7 +411,7 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     if ((rc = count_targets(tr, targets, ntok * (uint64_t)A, &ntgt)))
         return step_failed(tr, rc, tr->stats.steps_run + 1);
     float loss_scale = (float)(scale / (double)(ntgt ? ntgt : 1));
-    double loss_sum = 0;
+    double loss_sum = 0, aux_sum = 0;
     rc = 0;
     for (int mb = 0; mb < A && !rc; mb++) {
         rc = tr->model->set_batch(tr->model->ctx, tr->s_comp, ids + (size_t)mb * ntok,
@@ -434,6 +434,12 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         float l = 0;
         if (!rc && !(rc = tr->model->read_loss(tr->model->ctx, tr->s_comp, &l)))
             loss_sum += (double)l;
+        double aux_w = 0, aux = 0;
+        if (!rc && tr->model->read_aux_loss &&
+            !(rc = tr->model->read_aux_loss(tr->model->ctx, &aux_w, &aux))) {
+            loss_sum += aux_w * scale; /* 1: fp16 scaling is refused with it (train.c) */
+            aux_sum += aux;
+        }
     }
     free(fe);
     free(fetch_of_use);
@@ -516,6 +522,8 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         info->skipped = overflow;
         info->seconds = secs;
         info->tokens = ntok * (uint64_t)A * (uint64_t)tr->world;  /* all ranks */
+        info->has_aux = tr->model->read_aux_loss != NULL;
+        info->aux_loss = aux_sum / (double)A;
     }
     return 0;
 }
