@@ -163,6 +163,53 @@ static void test_q8_advice(void)
  * tier and the pinned staging shrink with them); an NVMe tier short with
  * fp32 moments on it is told what 8-bit ones save, first when that alone
  * fits. */
+/* The speculative step's second copy of the NVMe optimizer states: auto
+ * takes it when the nvme tier has room for it, true counts it whatever
+ * the room (and a short plan names the way out), false never. */
+static void test_spec_nvme(void)
+{
+    const char *json = "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\":"
+                       " \"cpu\"}, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\":"
+                       " \"/x\"}}}";
+    const char *sets[3][2] = { { "tiers.grads=nvme", "train.speculative_step=auto" },
+                               { "tiers.grads=nvme", "train.speculative_step=true" },
+                               { "tiers.grads=nvme", "train.speculative_step=false" } };
+    zn_config c[3];
+    for (int i = 0; i < 3; i++)
+        if (zn_config_parse(&c[i], json, "spec", sets[i], 2))
+            ZT_SETUP_FAIL("config: %s", zn_last_error());
+    zn_plan_input in = small_input(1);
+    zn_plan_budgets b = { { 1 << 20, 1 << 20, 1 << 20 } };
+    zn_plan p[3];
+    for (int i = 0; i < 3; i++)
+        ZT_EQ_INT(plan_of(&p[i], &c[i], &in, &b), 0);
+    /* 2200 elements: master, m, v 8800 B each, once more for the copy */
+    ZT_EQ_U64(p[0].spec_shadow, 3 * 8800);
+    ZT_EQ_U64(p[1].spec_shadow, 3 * 8800);
+    ZT_EQ_U64(p[2].spec_shadow, 0);
+    ZT_EQ_U64(p[0].tier_total[ZN_TIER_NVME], p[2].tier_total[ZN_TIER_NVME] + 3 * 8800);
+    ZT_EQ_U64(p[0].bytes[ZN_STATE_WORK][ZN_TIER_NVME], 3 * 8800);
+    /* what a step writes is one copy */
+    ZT_EQ_U64(p[0].nvme_write_step, p[2].nvme_write_step);
+    /* room for the states but not the copy: auto goes without it, true
+     * is short and says what to turn off */
+    b.bytes[ZN_TIER_NVME] = p[2].tier_total[ZN_TIER_NVME];
+    ZT_EQ_INT(plan_of(&p[0], &c[0], &in, &b), 0);
+    ZT_EQ_U64(p[0].spec_shadow, 0);
+    ZT_EQ_INT(plan_of(&p[1], &c[1], &in, &b), ZN_ENOFIT);
+    ZT_CONTAINS(p[1].why, "train.speculative_step=false");
+    /* the states in pinned RAM: no copy */
+    const char *cpu = "{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": "
+                      "{\"device\": \"cpu\"}}}";
+    zn_config cc;
+    const char *on[] = { "train.speculative_step=true" };
+    if (zn_config_parse(&cc, cpu, "cpu", on, 1))
+        ZT_SETUP_FAIL("config: %s", zn_last_error());
+    b.bytes[ZN_TIER_NVME] = 1 << 20;
+    ZT_EQ_INT(plan_of(&p[0], &cc, &in, &b), 0);
+    ZT_EQ_U64(p[0].spec_shadow, 0);
+}
+
 static void test_q8_nvme(void)
 {
     zn_config c32, c8;
@@ -170,9 +217,11 @@ static void test_q8_nvme(void)
     const char *json = "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\":"
                        " \"cpu\"}, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\":"
                        " \"/x\"}}}";
-    const char *f32[] = { "tiers.grads=nvme" };
-    const char *q8[] = { "tiers.grads=nvme", "train.optim=adamw_bnb_8bit" };
-    if (zn_config_parse(&c32, json, "fp32", f32, 1) || zn_config_parse(&c8, json, "q8", q8, 2))
+    /* (without the speculative step's second copy, test_spec_nvme's) */
+    const char *f32[] = { "tiers.grads=nvme", "train.speculative_step=false" };
+    const char *q8[] = { "tiers.grads=nvme", "train.optim=adamw_bnb_8bit",
+                         "train.speculative_step=false" };
+    if (zn_config_parse(&c32, json, "fp32", f32, 2) || zn_config_parse(&c8, json, "q8", q8, 3))
         ZT_SETUP_FAIL("config: %s", zn_last_error());
     zn_plan_input in = small_input(1);
     zn_plan_budgets b = { { 1 << 20, 1 << 20, 1 << 20 } };
@@ -428,6 +477,7 @@ int main(void)
     test_hand_computed();
     test_sharded();
     test_q8_nvme();
+    test_spec_nvme();
     test_grads_tier();
     test_q8_advice();
     test_param_cache();

@@ -85,6 +85,7 @@ static int load_cfg(zn_config *cfg, const char **sets, int nsets)
 }
 
 static int create_trace;  /* the next create()s keep a trace */
+static int create_settle; /* ... and settle speculative jobs before the go */
 
 static int create(zn_trainer **tr, toy_model *toy, const char **sets, int nsets,
                   uint64_t gpu_budget, zn_aio_fault_fn hook)
@@ -106,6 +107,7 @@ static int create(zn_trainer **tr, toy_model *toy, const char **sets, int nsets,
     o_spec.budgets.bytes[ZN_TIER_NVME] = 64u << 20;
     o.fault_hook = hook;
     o.record_trace = create_trace;
+    o.spec_settle = create_settle;
     return zn_train_create(tr, &o);
 }
 
@@ -187,6 +189,85 @@ static void compare(const char *label, const run_out *ref, const run_out *o)
                      (unsigned long long)diff, (unsigned long long)first,
                      (double)o->master[first], (double)ref->master[first]);
     }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The speculative step (NVMe states with their second copy): units step
+ * before the global norm is known, unclipped, and are stepped again when
+ * the norm clips. With the clip at a quantile of an unclipped run's norms
+ * some steps clip and some do not; each NVMe placement equals the device
+ * run bit for bit, and both of speculation's ends ran (units committed as
+ * stepped, units stepped again: spec_settle makes each go wait until the
+ * job has speculated what it may, whatever the threads' timing). Without
+ * settling, the same; with train.speculative_step=false nothing
+ * speculates. */
+static void test_speculative(const char **dev, const char **cpu_nvme, const char **nvme,
+                             uint64_t tiny)
+{
+    run_out nc, ref, o;
+    const char *dnc[] = { dev[0], dev[1], "gradient_clipping=0" };
+    ZT_EQ_INT(run("device, no clipping (the norms)", dnc, 3, 0, STEPS, &nc), 0);
+    double sorted[STEPS];
+    memcpy(sorted, nc.norm, sizeof sorted);
+    qsort(sorted, STEPS, sizeof sorted[0], cmp_double);
+    free(nc.master);
+    uint64_t commits = 0, redos = 0;
+    for (int q = 1; q <= 2; q++) {
+        double clipv = sorted[q * STEPS / 3];
+        char cs[64];
+        snprintf(cs, sizeof cs, "gradient_clipping=%.17g", clipv);
+        const char *dc[] = { dev[0], dev[1], cs };
+        ZT_EQ_INT(run("device, clipping at a norm quantile", dc, 3, 0, STEPS, &ref), 0);
+        int clipped = 0;
+        for (int st = 0; st < STEPS; st++)
+            clipped += ref.norm[st] + 1e-6 > clipv;
+        printf("%-60s ok: clip %.4g, %d of %d steps clipped\n", "speculative step: reference",
+               clipv, clipped, STEPS);
+        const char *sp = "train.speculative_step=true";
+        const char *a[] = { cpu_nvme[0], cpu_nvme[1], cs, sp };
+        const char *b[] = { nvme[0], nvme[1], nvme[2], nvme[3], cs, sp };
+        struct { const char *label; const char **sets; int n; } pl[] = {
+            { "speculative: params cpu, optimizer nvme", a, 4 },
+            { "speculative: params+optimizer+grads nvme", b, 6 },
+        };
+        create_settle = 1;
+        for (int i = 0; i < 2; i++) {
+            ZT_EQ_INT(run(pl[i].label, pl[i].sets, pl[i].n, tiny, STEPS, &o), 0);
+            compare(pl[i].label, &ref, &o);
+            check_budgets(pl[i].label, &o);
+            ZT_EQ_INT(o.rep.speculative, 1);
+            ZT_CHECK_MSG(o.rep.spec_units > 0, "%s: nothing speculated", pl[i].label);
+            commits += o.rep.spec_commits;
+            redos += o.rep.spec_redos;
+            printf("%-60s ok: %llu units speculated, %llu committed, %llu stepped again\n",
+                   pl[i].label, (unsigned long long)o.rep.spec_units,
+                   (unsigned long long)o.rep.spec_commits, (unsigned long long)o.rep.spec_redos);
+            free(o.master);
+        }
+        create_settle = 0;
+        /* the default (auto: the copy fits), threads as they come */
+        const char *c[] = { nvme[0], nvme[1], nvme[2], nvme[3], cs };
+        ZT_EQ_INT(run("speculative (auto), unsettled", c, 5, tiny, STEPS, &o), 0);
+        compare("speculative (auto), unsettled", &ref, &o);
+        ZT_EQ_INT(o.rep.speculative, 1);
+        free(o.master);
+        const char *d[] = { nvme[0], nvme[1], nvme[2], nvme[3], cs,
+                            "train.speculative_step=false" };
+        ZT_EQ_INT(run("speculative step off", d, 6, tiny, STEPS, &o), 0);
+        compare("speculative step off", &ref, &o);
+        ZT_EQ_INT(o.rep.speculative, 0);
+        ZT_CHECK(o.rep.spec_units == 0);
+        free(o.master);
+        free(ref.master);
+    }
+    ZT_CHECK_MSG(commits > 0 && redos > 0, "speculation: %llu commits, %llu units stepped "
+                 "again: one of its ends never ran", (unsigned long long)commits,
+                 (unsigned long long)redos);
 }
 
 /* ---- fault injection --------------------------------------------------------*/
@@ -454,6 +535,7 @@ int main(void)
                             "zero_optimization.offload_optimizer.device=\"cpu\"",
                             "zero_optimization.stage3_param_persistence_threshold=12289" };
     run_out ref, o;
+    test_speculative(dev, cpu_nvme, nvme, tiny);
     ZT_EQ_INT(run("device", dev, 2, 0, STEPS, &ref), 0);
     check_budgets("device", &ref);
     printf("device run: loss %.4f -> %.4f, grad norm %.4f -> %.4f\n", ref.loss[0],

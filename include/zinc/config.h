@@ -226,6 +226,13 @@ typedef struct {
     int master_weights;      /* ZN_MASTER_NAMES index: 0 fp32 master (4 bytes
                                 per parameter), 1 bf16 master with stochastic
                                 rounding (2 bytes, zn_adam_step_sr) */
+    /* optimizer states on NVMe: 0 auto, 1 true, 2 false. Each unit steps
+     * as soon as its gradients are final, before the global norm is known,
+     * writing its states to a second copy on NVMe that becomes the current
+     * one when the norm says no clipping applied (else the unit is stepped
+     * again from the first copy): the step bit for bit the same, twice the
+     * states' bytes on NVMe. auto: when the second copy fits the tier. */
+    int speculative_step;
     zn_config_checkpoint checkpoint;
     /* zinc's training defaults, named and valued as the HF Trainer's
      * TrainingArguments: what "auto" and a missing optimizer / scheduler

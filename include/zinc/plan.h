@@ -114,6 +114,7 @@ typedef struct zn_spec {
     int moment_bytes;             /* Adam moments: 4 fp32, 2 bf16, 1 8-bit */
     zn_q8_scheme q8_scheme;       /* 8-bit moments: whose quantization */
     bool master_bf16_sr;          /* bf16 master with stochastic rounding */
+    int speculate;                /* train.speculative_step: 0 auto, 1 on, 2 off */
     /* placement (ZeRO) */
     int zero_stage;               /* 1, 2 or 3 */
     zn_tier param_home;           /* where the working parameters live */
@@ -169,6 +170,9 @@ typedef struct {
                                                        fp32, 2 bf16 with stochastic
                                                        rounding (train.master_weights) */
     zn_tier grads_tier;                             /* fp32 gradient accumulators */
+    uint64_t spec_shadow;                           /* the speculative step's second
+                                                       copy of the NVMe optimizer
+                                                       states (in nvme work; 0: off) */
     uint64_t nvme_write_step;                       /* bytes written to NVMe per
                                                        optimizer step (this rank) */
     uint64_t nvme_write_part[3];                    /* of which: optimizer states,

@@ -44,6 +44,11 @@ typedef struct {
      * error into one step's update and see its bounds catch it. NULL: none. */
     double (*lr_fault)(void *user, int64_t step, double lr);
     void *lr_fault_user;
+    /* Tests: with the speculative step, each step gives the optimizer its
+     * go only once the job has stepped every unit it may before the norm,
+     * so that commits and second steps happen whatever the threads'
+     * timing. */
+    int spec_settle;
     /* The ranks of a ZeRO job (include/zinc/comm.h); NULL = one rank. With
      * world size N > 1 every block's parameters, gradients and optimizer
      * states are sharded N ways (ZeRO stage 3). Must outlive the trainer;
@@ -164,6 +169,12 @@ typedef struct {
                                        instead of NVMe */
     uint64_t param_cache_bytes;     /* bytes those fetches did not read */
     int param_cache_entries;        /* its buffers (0: off) */
+    /* the speculative step (train.speculative_step): optimizer units stepped
+     * before the global norm was known; of them, those committed as they
+     * were and those stepped again because clipping or an fp16 overflow
+     * changed the step */
+    uint64_t spec_units, spec_commits, spec_redos;
+    int speculative;                /* 1: the NVMe states have the second copy */
     int64_t steps;
     uint64_t tokens;
     double flops;                   /* model FLOPs of the steps run */

@@ -125,6 +125,13 @@ int zn_cli_bench_train(int argc, char **argv)
                "instead of NVMe\n", r.param_cache_entries,
                (double)r.param_cache_hits / (double)r.steps,
                (double)r.param_cache_bytes / (double)r.steps * 1e-6);
+    if (r.speculative)
+        printf("# speculative step: %.1f units per step stepped before the global norm, %.1f "
+               "committed as they were, %.1f stepped again (clipping)\n",
+               (double)r.spec_units / (double)r.steps, (double)r.spec_commits / (double)r.steps,
+               (double)r.spec_redos / (double)r.steps);
+    else
+        printf("# speculative step: off\n");
     printf("#\n");
     printf("# %-6s %10s %-18s %10s %7s", "steps", "step ms", "busiest", "busy ms", "ratio");
     for (int i = 0; i < ZN_RES_COUNT; i++) {

@@ -135,9 +135,11 @@ static int check_range(parse_ctx *ctx, const key_spec *k, const char *path, doub
 
 static int parse_enum(parse_ctx *ctx, const key_spec *k, const char *path, const json_t *v, int *out)
 {
-    if (!json_is_string(v))
+    /* a JSON true / false names the choice "true" / "false" where there is one */
+    if (!json_is_string(v) && !json_is_boolean(v))
         return zn_cfg_err(ctx, path, "expected one of %s, got %s", k->choices, zn_json_kind(v));
-    const char *s = json_string_value(v);
+    const char *s = json_is_boolean(v) ? (json_is_true(v) ? "true" : "false")
+                                       : json_string_value(v);
     const char *c = k->choices;
     int idx = 0;
     while (*c) {

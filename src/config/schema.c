@@ -322,6 +322,7 @@ const key_spec zn_cfg_schema[] = {
     { "train.seed", K_INT, OFF(train.seed), 0, I64MAX, NULL, 0, NULL },
     { "train.device", K_STR, OFF(train.device), 0, 0, NULL, 32, NULL },
     { "train.threads", K_INT, OFF(train.threads), 0, 4096, NULL, 0, NULL },
+    { "train.speculative_step", K_ENUM, OFF(train.speculative_step), 0, 0, "auto|true|false", 0, NULL },
     { "train.activation_checkpointing", K_BOOL, OFF(train.activation_checkpointing), 0, 0, NULL, 0, NULL },
     { "train.checkpoint", K_OBJ, 0, 0, 0, NULL, 0, NULL },
     { "train.checkpoint.dir", K_STR, OFF(train.checkpoint.dir), 0, 0, NULL, ZN_PATH_MAX, NULL },

@@ -228,8 +228,16 @@ static int finish(zn_plan *p, const zn_spec *sp, bool act_ckpt)
             int q8_fits = otier == ZN_TIER_NVME
                               ? q8_advice(p, ZN_TIER_NVME, p->tier_total[t] - p->budget[t], q8,
                                           sizeof q8) : -1;
-            const char *more = "give tiers.nvme more space (another path, or a larger size) or "
-                               "move state to the cpu tier";
+            char more[256];
+            char sb[32];
+            if (p->spec_shadow)
+                snprintf(more, sizeof more, "train.speculative_step=false drops the optimizer "
+                         "states' second copy (%s); or give tiers.nvme more space (another "
+                         "path, or a larger size) or move state to the cpu tier",
+                         zn_format_size(p->spec_shadow, sb, sizeof sb));
+            else
+                snprintf(more, sizeof more, "give tiers.nvme more space (another path, or a "
+                         "larger size) or move state to the cpu tier");
             if (q8_fits == 1)
                 snprintf(fix, sizeof fix, "%s; or %s", q8, more);
             else if (q8_fits == 0)
@@ -439,6 +447,21 @@ int zn_plan_compute(zn_plan *p, const zn_spec *sp)
     }
     p->grads_tier = gtier;
 
+    /* The speculative step (train.speculative_step): a second copy of the
+     * optimizer states on NVMe, which a unit stepped before the global norm
+     * is known writes to; auto takes it when the tier has room. */
+    uint64_t shadow = p->bytes[ZN_STATE_MASTER][ZN_TIER_NVME] +
+                      p->bytes[ZN_STATE_ADAM_M][ZN_TIER_NVME] +
+                      p->bytes[ZN_STATE_ADAM_V][ZN_TIER_NVME];
+    p->spec_shadow = 0;
+    if (otier == ZN_TIER_NVME && shadow && sp->speculate != 2 &&
+        (sp->speculate == 1 ||
+         p->tier_total[ZN_TIER_NVME] + shadow <= p->budget[ZN_TIER_NVME])) {
+        p->spec_shadow = shadow;
+        add(p, ZN_STATE_WORK, ZN_TIER_NVME, shadow);
+        p->tier_total[ZN_TIER_NVME] += shadow;
+    }
+
     return finish(p, sp, in->activation_checkpointing);
 }
 
@@ -495,6 +518,11 @@ void zn_plan_print(const zn_plan *p, FILE *f)
                 mb == 4 ? "8" : mb == 2 ? "4" : "2.03",
                 mb == 4 ? "fp32" : mb == 2 ? "bf16" : "int8");
     }
+    if (p->spec_shadow)
+        fprintf(f, "(the nvme work holds the optimizer states' second copy, %s: units step "
+                "before the global norm is known and are stepped again when clipping applies; "
+                "train.speculative_step=false drops it)\n",
+                zn_format_size(p->spec_shadow, buf, sizeof buf));
     if (p->gpu_outside) {
         char b2[32];
         fprintf(f, "(the gpu total holds %s outside the arena: the GEMM streams' cuBLAS "

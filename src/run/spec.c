@@ -88,6 +88,7 @@ int zn_run_spec(const zn_config *cfg, const zn_plan_input *in, const zn_plan_bud
     sp->moment_bytes = zn_config_moment_bytes(cfg->train.optim);
     sp->q8_scheme = zn_config_q8_scheme(cfg->train.optim) ? ZN_Q8_TORCHAO : ZN_Q8_BNB;
     sp->master_bf16_sr = cfg->train.master_weights == ZN_MASTER_BF16_SR;
+    sp->speculate = cfg->train.speculative_step;
     sp->zero_stage = (int)z->stage;
     sp->param_home = tier_of(z->offload_param.device);
     sp->opt_home = tier_of(z->offload_optimizer.device);

@@ -70,13 +70,57 @@ void zn_optsched_notify_params(zn_trainer *tr)
     pthread_mutex_unlock(&tr->opt.land_lock);
 }
 
-/* One copy of a unit's update reached its home; the last one lands it. */
+static void publish(zn_unit *un)
+{
+    atomic_store(&un->pdone, un->pseq);
+    zn_optsched_notify_params(un->tr);
+}
+
+/* One copy of a unit's update reached its home; the last one lands it: the
+ * next step's uses may take it, unless it is a speculative update not yet
+ * committed (then the commit publishes it). */
 static void land(zn_unit *un)
 {
-    if (atomic_fetch_sub(&un->plive, 1) == 1) {
-        atomic_store(&un->pdone, un->pseq);
-        zn_optsched_notify_params(un->tr);
+    if (atomic_fetch_sub(&un->plive, 1) != 1)
+        return;
+    zn_trainer *tr = un->tr;
+    pthread_mutex_lock(&tr->opt.land_lock);
+    bool held = un->spec;
+    if (held) {
+        un->spec_landed = true;
+        pthread_cond_broadcast(&tr->opt.land_cv);
     }
+    pthread_mutex_unlock(&tr->opt.land_lock);
+    if (!held)
+        publish(un);
+}
+
+/* A speculative update stands: its states' copy becomes current and its
+ * parameters are published (now, or when they land). */
+static void spec_commit(zn_trainer *tr, zn_unit *un)
+{
+    pthread_mutex_lock(&tr->opt.land_lock);
+    bool landed = un->spec_landed;
+    un->spec = un->spec_landed = false;
+    pthread_mutex_unlock(&tr->opt.land_lock);
+    un->cur ^= 1;
+    atomic_store(&un->mv_zero, false);
+    atomic_fetch_add(&tr->opt.spec_commits, 1);
+    if (landed)
+        publish(un);
+}
+
+/* A speculative update is void: waits until every copy of it landed (its
+ * NVMe writes are done before the unit's parameters are written again),
+ * then the unit is an ordinary one. */
+static int spec_void(zn_trainer *tr, zn_unit *un)
+{
+    pthread_mutex_lock(&tr->opt.land_lock);
+    while (!un->spec_landed && !atomic_load(&tr->err))
+        pthread_cond_wait(&tr->opt.land_cv, &tr->opt.land_lock);
+    un->spec = un->spec_landed = false;
+    pthread_mutex_unlock(&tr->opt.land_lock);
+    return atomic_load(&tr->err);
 }
 
 /* NVMe queue thread: a parameter write completed. */
@@ -152,7 +196,7 @@ static int slot_read_states(zn_trainer *tr, zn_opt_slot *s, int u)
 {
     zn_unit *un = &tr->units[u];
     void *dst[3] = { s->master, s->m, s->v };
-    int ids[3] = { un->master_id, un->m_id, un->v_id };
+    int ids[3] = { zn_tr_unit_sid(un, 0), zn_tr_unit_sid(un, 1), zn_tr_unit_sid(un, 2) };
     s->unit = u;
     s->reads_issued = true;
     s->grads_issued = false;
@@ -357,7 +401,9 @@ static int params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, in
             atomic_fetch_add(&tr->tm.h2d, bytes);
             h2d = true;
         } else {
-            zn_pcache_ent *c = track ? pcache_entry(tr, p->block) : NULL;
+            /* (a speculative update never goes to the cache: a fetch
+             * takes READY entries without looking at the landing) */
+            zn_pcache_ent *c = track && !un->spec ? pcache_entry(tr, p->block) : NULL;
             if (c) {
                 memcpy((char *)c->buf + in_block, from, bytes);
                 pcache_piece_in(tr, c);
@@ -393,15 +439,15 @@ static int params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, in
 /* Adam on unit u: master and gradients fp32, the moments in the run's
  * format (mv; fp32 ones go to zn_adam_step itself). */
 static int adam_unit(zn_trainer *tr, int u, float *master, const zn_moments *mv, const float *g,
-                     void *p16)
+                     void *p16, float g_scale)
 {
     zn_unit *un = &tr->units[u];
     uint64_t t0 = zn_now_ns();
     int rc = mv->fmt == ZN_MOM_F32
                  ? zn_adam_step(&tr->opt.job.hp, master, mv->m, mv->v, g, ZN_DTYPE_F32,
-                                tr->opt.job.g_scale, p16, tr->param_dt, un->n)
+                                g_scale, p16, tr->param_dt, un->n)
                  : zn_adam_step_mom(&tr->opt.job.hp, master, mv, g, ZN_DTYPE_F32,
-                                    tr->opt.job.g_scale, p16, tr->param_dt, un->n);
+                                    g_scale, p16, tr->param_dt, un->n);
     char name[ZN_TRACE_NAME_LEN];
     snprintf(name, sizeof name, "adam u%d", u);
     zn_trace_span(tr->trace, tr->track[ZN_RES_ADAM], name, t0, zn_now_ns());
@@ -414,12 +460,12 @@ static int adam_unit(zn_trainer *tr, int u, float *master, const zn_moments *mv,
  * so that a resumed run, on any number of ranks, draws the ones the
  * uninterrupted run would. */
 static int adam_sr_unit(zn_trainer *tr, int u, uint16_t *master, const zn_moments *mv,
-                        const float *g)
+                        const float *g, float g_scale)
 {
     zn_unit *un = &tr->units[u];
     uint64_t t0 = zn_now_ns();
     int rc = zn_adam_step_sr_spans(&tr->opt.job.hp, master, mv, g, ZN_DTYPE_F32,
-                                   tr->opt.job.g_scale, tr->spec.seed,
+                                   g_scale, tr->spec.seed,
                                    tr->sr_spans + un->p0, (size_t)un->np, un->n);
     char name[ZN_TRACE_NAME_LEN];
     snprintf(name, sizeof name, "adam u%d", u);
@@ -449,13 +495,13 @@ static int run_flat(zn_trainer *tr)
             /* the bf16 master is the bf16 working copy; fp32 params (the
              * host backend) get it widened, exactly */
             uint16_t *m16 = zn_tr_master16(tr) + un->off;
-            rc = adam_sr_unit(tr, u, m16, &mv, tr->grad_acc + un->off);
+            rc = adam_sr_unit(tr, u, m16, &mv, tr->grad_acc + un->off, tr->opt.job.g_scale);
             if (!rc && !p16)
                 rc = zn_convert(tr->opt.pout_flat, ZN_DTYPE_F32, m16, ZN_DTYPE_BF16, un->n);
             out = p16 ? (const void *)m16 : tr->opt.pout_flat;
         } else {
             rc = adam_unit(tr, u, tr->master + un->off, &mv, tr->grad_acc + un->off,
-                           p16 ? tr->opt.pout_flat : NULL);
+                           p16 ? tr->opt.pout_flat : NULL, tr->opt.job.g_scale);
             out = p16 ? tr->opt.pout_flat : (void *)(tr->master + un->off);
         }
         if (rc)
@@ -581,11 +627,83 @@ int zn_optsched_dev_regen(zn_trainer *tr, int u)
     return rc;
 }
 
+/* Steps unit u, whose states (and gradients) slot s read, with g_scale:
+ * waits for the reads, runs Adam, then writes behind: the working params
+ * first (the next step's fetches wait for them), then the states, to the
+ * unit's current extents, or with `next` to the other copy (the
+ * speculative step's). */
+static int nvme_step(zn_trainer *tr, zn_opt_slot *s, int u, float g_scale, bool next)
+{
+    bool p16 = tr->param_dt != ZN_DTYPE_F32;
+    int rc = 0;
+    if (tr->grads_on_nvme && !s->grads_issued && (rc = slot_read_grads(tr, s, u)))
+        return rc;
+    for (int k = 0; k < 3 && !rc; k++)
+        rc = zn_ioq_wait(&tr->rq, &s->rd[k]);
+    for (int k = 0; k < s->n_grd && !rc; k++)
+        rc = zn_ioq_wait(&tr->rq, &s->grd[k]);
+    if (rc)
+        return rc;
+    /* gradients: read into the slot (NVMe) or in place (pinned RAM) */
+    const float *g = tr->grads_on_nvme ? s->grad : tr->grad_acc + tr->units[u].off;
+    zn_moments mv = zn_tr_slot_moments(tr, s, u);
+    const void *pout;
+    if (tr->master_bf16) {
+        /* as run_flat: the bf16 master is the bf16 working copy, and is
+         * widened for fp32 params */
+        uint16_t *m16 = (uint16_t *)(void *)s->master;
+        rc = adam_sr_unit(tr, u, m16, &mv, g, g_scale);
+        if (!rc && !p16)
+            rc = zn_convert(s->pout, ZN_DTYPE_F32, m16, ZN_DTYPE_BF16, tr->units[u].n);
+        pout = p16 ? (const void *)m16 : s->pout;
+    } else {
+        rc = adam_unit(tr, u, s->master, &mv, g, p16 ? s->pout : NULL, g_scale);
+        pout = p16 ? s->pout : (void *)s->master;
+    }
+    if (rc)
+        return rc;
+    zn_unit *un = &tr->units[u];
+    void *srcs[3] = { s->master, s->m, s->v };
+    s->writes_pending = true;
+    s->n_pwr = 0;
+    for (int k = 0; k < 3; k++)
+        atomic_store(&s->wr[k].done, 1), s->wr[k].status = 0;
+    if ((rc = params_out(tr, u, pout, s->pwr, &s->n_pwr, s->h2d_done, &s->h2d_pending, true,
+                         false)))
+        return rc;
+    for (int k = 0; k < 3 && !rc; k++) {
+        char what[48];
+        snprintf(what, sizeof what, "%s u%d", state_name[k], u);
+        int id = next ? zn_tr_unit_sid_next(un, k) : zn_tr_unit_sid(un, k);
+        rc = zn_ioq_submit(&tr->wq, &s->wr[k], 1, &zn_tier_get(&tr->tm, id)->ext, srcs[k],
+                           state_bytes(tr, u, k), what);
+    }
+    if (rc)
+        return rc;
+    s->unit = -1 - u - 1; /* consumed: never matches a unit again */
+    return 0;
+}
+
+/* Waits for everything of slot s in flight: writes, reads, H2D copies. */
+static int slot_quiesce(zn_trainer *tr, zn_opt_slot *s)
+{
+    int rc = slot_drain(tr, s);
+    if (s->reads_issued) {
+        /* (a failed read of a unit that never stepped loses nothing) */
+        for (int k = 0; k < 3; k++)
+            zn_ioq_wait(&tr->rq, &s->rd[k]);
+        for (int k = 0; k < s->n_grd; k++)
+            zn_ioq_wait(&tr->rq, &s->grd[k]);
+        s->reads_issued = false;
+        s->n_grd = 0;
+    }
+    return rc;
+}
+
 /* Optimizer states on NVMe: read ahead, step, write behind. */
 static int run_nvme(zn_trainer *tr)
 {
     int S = tr->opt.n_slots, nu = tr->n_units, rc = 0;
-    bool p16 = tr->param_dt != ZN_DTYPE_F32;
     for (int j = 0; j < S; j++)
         tr->opt.slot[j].unit = -1;
     for (int i = 0; i < nu && !rc; i++) {
@@ -607,73 +725,267 @@ static int run_nvme(zn_trainer *tr)
         }
         if (rc || (rc = wait_ready(tr, u)))
             break;
-        if (tr->grads_on_nvme && !s->grads_issued && (rc = slot_read_grads(tr, s, u)))
-            break;
-        for (int k = 0; k < 3 && !rc; k++)
-            rc = zn_ioq_wait(&tr->rq, &s->rd[k]);
-        for (int k = 0; k < s->n_grd && !rc; k++)
-            rc = zn_ioq_wait(&tr->rq, &s->grd[k]);
-        if (rc)
-            break;
-        /* gradients: read into the slot (NVMe) or in place (pinned RAM) */
-        const float *g = tr->grads_on_nvme ? s->grad : tr->grad_acc + tr->units[u].off;
-        zn_moments mv = zn_tr_slot_moments(tr, s, u);
-        const void *pout;
-        if (tr->master_bf16) {
-            /* as run_flat: the bf16 master is the bf16 working copy, and is
-             * widened for fp32 params */
-            uint16_t *m16 = (uint16_t *)(void *)s->master;
-            rc = adam_sr_unit(tr, u, m16, &mv, g);
-            if (!rc && !p16)
-                rc = zn_convert(s->pout, ZN_DTYPE_F32, m16, ZN_DTYPE_BF16, tr->units[u].n);
-            pout = p16 ? (const void *)m16 : s->pout;
-        } else {
-            rc = adam_unit(tr, u, s->master, &mv, g, p16 ? s->pout : NULL);
-            pout = p16 ? s->pout : (void *)s->master;
-        }
-        if (rc)
-            break;
-        /* write behind: the working params first (the next step's fetches
-         * wait for them), then the states */
-        zn_unit *un = &tr->units[u];
-        void *srcs[3] = { s->master, s->m, s->v };
-        int ids[3] = { un->master_id, un->m_id, un->v_id };
-        s->writes_pending = true;
-        s->n_pwr = 0;
-        for (int k = 0; k < 3; k++)
-            atomic_store(&s->wr[k].done, 1), s->wr[k].status = 0;
-        if ((rc = params_out(tr, u, pout, s->pwr, &s->n_pwr, s->h2d_done, &s->h2d_pending, true,
-                             false)))
-            break;
-        for (int k = 0; k < 3 && !rc; k++) {
-            char what[48];
-            snprintf(what, sizeof what, "%s u%d", state_name[k], u);
-            rc = zn_ioq_submit(&tr->wq, &s->wr[k], 1, &zn_tier_get(&tr->tm, ids[k])->ext,
-                               srcs[k], state_bytes(tr, u, k), what);
-        }
-        if (rc)
+        if ((rc = nvme_step(tr, s, u, tr->opt.job.g_scale, false)))
             break;
         /* m and v have their own bytes on NVMe now (the job waits for these
          * writes before any later read of the unit) */
-        atomic_store(&un->mv_zero, false);
-        s->unit = -1 - u - 1; /* consumed: never matches a unit again */
+        atomic_store(&tr->units[u].mv_zero, false);
     }
     /* Write behind ends here: nothing is reused or presented before every
      * write completed successfully. Reads still in flight are waited too. */
     for (int j = 0; j < S; j++) {
-        zn_opt_slot *s = &tr->opt.slot[j];
-        int r = slot_drain(tr, s);
+        int r = slot_quiesce(tr, &tr->opt.slot[j]);
         if (r && !rc)
             rc = r;
-        if (s->reads_issued) {
-            for (int k = 0; k < 3; k++)
-                zn_ioq_wait(&tr->rq, &s->rd[k]);
-            for (int k = 0; k < s->n_grd; k++)
-                zn_ioq_wait(&tr->rq, &s->grd[k]);
-            s->reads_issued = false;
-            s->n_grd = 0;
+    }
+    return rc;
+}
+
+/* ---- the speculative step ---------------------------------------------------
+ * A job with `spec` (NVMe states with their second copy; clipping or fp16
+ * asked for the go): before the go, each unit whose gradients are final
+ * steps at once, from the top down, with the scale of an unclipped step,
+ * writing its states to the second copy and its parameters home unpublished.
+ * At the go the units below step upwards, as in run_nvme, and the speculated
+ * ones commit when the final scale is the one they used (the same floats,
+ * bit for bit), else step again from their first copy; with an fp16
+ * overflow (the job cancelled) their parameters are written back from the
+ * first copy's master. Speculation stops early once the final blocks' sum
+ * of squares makes clipping certain (sq_limit) or an fp16 gradient is not
+ * finite. */
+typedef struct {
+    int nu;
+    int hi;               /* units [hi, nu) were stepped speculatively */
+    int lo;               /* after the go: the next unit of [0, hi) */
+    int rlo;              /* after the go, with redo: the next of [hi, nu) */
+    bool go, redo, stop;
+    double sq;            /* the final blocks' sum of squares counted so far */
+    bool nonfinite;
+    unsigned char *seen;  /* blocks counted in sq */
+    int *want;            /* n_slots: the units to read ahead */
+} spec_walk;
+
+/* The k-th unit after the one being stepped, in the walk's order (-1: none
+ * known yet). */
+static int walk_next(const spec_walk *w, int k)
+{
+    if (w->go || w->stop) {
+        if (w->lo + k < w->hi)
+            return w->lo + k;
+        k -= w->hi - w->lo;
+        return w->go && w->redo && w->rlo + k < w->nu ? w->rlo + k : -1;
+    }
+    return w->hi - 1 - k >= 0 ? w->hi - 1 - k : -1;
+}
+
+static zn_opt_slot *slot_of(zn_trainer *tr, int u)
+{
+    for (int j = 0; j < tr->opt.n_slots; j++)
+        if (tr->opt.slot[j].unit == u)
+            return &tr->opt.slot[j];
+    return NULL;
+}
+
+/* Reads ahead: unit `first` (>= 0: the one about to step) and the walk's
+ * next ones into the slots, a slot whose unit is not wanted reused once
+ * its I/O is done; then the gradients of wanted units already final. */
+static int walk_fill(zn_trainer *tr, spec_walk *w, int first)
+{
+    int S = tr->opt.n_slots, n = 0, rc = 0;
+    if (first >= 0)
+        w->want[n++] = first;
+    for (int k = 0; n < S; k++) {
+        int u = walk_next(w, k);
+        if (u < 0)
+            break;
+        w->want[n++] = u;
+    }
+    for (int i = 0; i < n && !rc; i++) {
+        int u = w->want[i];
+        zn_opt_slot *s = slot_of(tr, u);
+        if (!s) {
+            for (int j = 0; j < S && !s; j++) {
+                zn_opt_slot *c = &tr->opt.slot[j];
+                bool wanted = false;
+                for (int q = 0; q < n && !wanted; q++)
+                    wanted = c->unit == w->want[q];
+                if (!wanted)
+                    s = c;
+            }
+            if ((rc = slot_quiesce(tr, s)))
+                break;
+            if ((rc = slot_read_states(tr, s, u)))
+                break;
+        }
+        if (tr->grads_on_nvme && !s->grads_issued && grads_final(tr, u))
+            rc = slot_read_grads(tr, s, u);
+    }
+    return rc;
+}
+
+/* olock held: counts unit u's blocks into the sum of squares; whether
+ * clipping or an overflow is now certain. */
+static bool walk_doomed(zn_trainer *tr, spec_walk *w, int u)
+{
+    zn_unit *un = &tr->units[u];
+    for (int k = 0; k < un->np; k++) {
+        int b = tr->pieces[un->p0 + k].block;
+        if (w->seen[b])
+            continue;
+        w->seen[b] = 1;
+        w->sq += tr->blocks[b].grad_sq;
+        w->nonfinite |= tr->blocks[b].grad_nonfinite != 0;
+    }
+    const zn_opt_job *j = &tr->opt.job;
+    return (j->sq_limit > 0 && w->sq > j->sq_limit) || (j->stop_nonfinite && w->nonfinite);
+}
+
+/* The fp16 overflow voided the speculated units [hi, nu): their states were
+ * never current, their parameters get the first copy's master back. */
+static int spec_restore(zn_trainer *tr, int hi, int nu)
+{
+    bool p16 = tr->param_dt != ZN_DTYPE_F32;
+    zn_opt_slot *s = &tr->opt.slot[0];
+    int rc = 0;
+    for (int u = hi; u < nu && !rc; u++) {
+        zn_unit *un = &tr->units[u];
+        if ((rc = spec_void(tr, un)) || (rc = slot_quiesce(tr, s)))
+            break;
+        s->unit = -1;
+        rc = zn_ioq_submit(&tr->rq, &s->rd[0], 0, &zn_tier_get(&tr->tm, zn_tr_unit_sid(un, 0))->ext,
+                           s->master, state_bytes(tr, u, 0), "master (speculative step undone)");
+        int r = zn_ioq_wait(&tr->rq, &s->rd[0]);
+        if (rc || (rc = r))
+            break;
+        const void *pout = s->master;
+        if (tr->master_bf16 && !p16)
+            rc = zn_convert(s->pout, ZN_DTYPE_F32, s->master, ZN_DTYPE_BF16, un->n);
+        else if (!tr->master_bf16 && p16)
+            rc = zn_convert(s->pout, tr->param_dt, s->master, ZN_DTYPE_F32, un->n);
+        if (tr->master_bf16 != p16)
+            pout = s->pout;
+        if (!rc)
+            rc = params_out(tr, u, pout, s->pwr, &s->n_pwr, s->h2d_done, &s->h2d_pending, false,
+                            false);
+        slot_params_issued(s);
+        int r2 = slot_drain(tr, s);
+        if (!rc)
+            rc = r2;
+    }
+    return rc;
+}
+
+static int run_nvme_spec(zn_trainer *tr)
+{
+    int S = tr->opt.n_slots, nu = tr->n_units, rc = 0;
+    spec_walk w = { .nu = nu, .hi = nu };
+    w.seen = calloc((size_t)tr->L, 1);
+    w.want = calloc((size_t)S, sizeof *w.want);
+    if (!w.seen || !w.want) {
+        free(w.seen);
+        free(w.want);
+        return zn_set_error(-ENOMEM, "optimizer: out of memory");
+    }
+    for (int j = 0; j < S; j++)
+        tr->opt.slot[j].unit = -1;
+    const float spec_scale = tr->opt.job.spec_scale;
+    for (;;) {
+        if ((rc = walk_fill(tr, &w, -1)))
+            break;
+        int u = -1;
+        bool spec = false, commit = false, done = false;
+        float gs = spec_scale;
+        pthread_mutex_lock(&tr->opt.lock);
+        rc = atomic_load(&tr->err) ? atomic_load(&tr->err) : !job_live(tr) ? -ECANCELED : 0;
+        if (!rc && !w.go && tr->opt.job.go) {
+            w.go = true;
+            /* float equality: the unclipped scale again, bit for bit (a
+             * NaN norm never commits) */
+            w.redo = w.hi < nu && !(tr->opt.job.g_scale == spec_scale);
+            commit = w.hi < nu && !w.redo;
+            w.rlo = w.hi;
+        }
+        if (rc) {
+        } else if (w.go) {
+            gs = tr->opt.job.g_scale;
+            if (w.lo < w.hi)
+                u = w.lo++;
+            else if (w.redo && w.rlo < nu)
+                u = w.rlo++;
+            else
+                done = true;
+        } else if (!w.stop && w.hi > 0 && unit_final(tr, w.hi - 1)) {
+            if (walk_doomed(tr, &w, w.hi - 1)) {
+                w.stop = true;
+            } else {
+                u = --w.hi;
+                spec = true;
+            }
+        } else {
+            if (w.stop || w.hi == 0) {
+                tr->opt.spec_parked = tr->opt.job.seq;  /* nothing more before the go */
+                pthread_cond_broadcast(&tr->opt.cv);
+            }
+            pthread_cond_wait(&tr->opt.cv, &tr->opt.lock);
+        }
+        if (u >= 0)
+            tr->opt.stepped = true;  /* from here on the job changes the state */
+        pthread_mutex_unlock(&tr->opt.lock);
+        if (rc)
+            break;
+        for (int v = w.hi; commit && v < nu; v++)
+            spec_commit(tr, &tr->units[v]);
+        if (done)
+            break;
+        if (u < 0)
+            continue;
+        zn_unit *un = &tr->units[u];
+        bool again = w.go && u >= w.hi;
+        if (again) {
+            /* its first copy is read again; its states and parameters are
+             * written again once the speculative writes are done */
+            for (int j = 0; j < S && u == w.hi && !rc; j++)
+                rc = slot_drain(tr, &tr->opt.slot[j]);
+            if (rc || (rc = spec_void(tr, un)))
+                break;
+            atomic_fetch_add(&tr->opt.spec_redos, 1);
+        }
+        if (spec) {
+            pthread_mutex_lock(&tr->opt.land_lock);
+            un->spec = true;
+            un->spec_landed = false;
+            pthread_mutex_unlock(&tr->opt.land_lock);
+            atomic_fetch_add(&tr->opt.spec_units, 1);
+        }
+        if ((rc = walk_fill(tr, &w, u)))
+            break;
+        zn_opt_slot *s = slot_of(tr, u);
+        /* every unit writes the other copy: a speculated one commits by
+         * switching to it; the others switch at once (nothing reads the
+         * unit before this job's writes are done) */
+        if ((rc = nvme_step(tr, s, u, gs, true)))
+            break;
+        if (!spec) {
+            un->cur ^= 1;
+            atomic_store(&un->mv_zero, false);
         }
     }
+    /* an fp16 overflow cancelled the job after speculation began: the
+     * speculated units' parameters go back to the first copy's */
+    if (rc == -ECANCELED && w.hi < nu && !w.go && !atomic_load(&tr->err)) {
+        for (int j = 0; j < S; j++)
+            slot_quiesce(tr, &tr->opt.slot[j]);
+        int r = spec_restore(tr, w.hi, nu);
+        if (r)
+            rc = r;
+    }
+    for (int j = 0; j < S; j++) {
+        int r = slot_quiesce(tr, &tr->opt.slot[j]);
+        if (r && !rc)
+            rc = r;
+    }
+    free(w.seen);
+    free(w.want);
     return rc;
 }
 
@@ -696,8 +1008,9 @@ static void *opt_main(void *arg)
         tr->opt.stepped = false;
         pthread_cond_broadcast(&tr->opt.cv);
         pthread_mutex_unlock(&tr->opt.lock);
-        int rc = tr->opt_home == ZN_TIER_NVME ? run_nvme(tr) : tr->opt_on_device ? run_dev(tr)
-                                                                      : run_flat(tr);
+        int rc = tr->opt_home == ZN_TIER_NVME ? (tr->opt.job.spec ? run_nvme_spec(tr) : run_nvme(tr))
+                 : tr->opt_on_device ? run_dev(tr)
+                                     : run_flat(tr);
         if (rc && rc != -ECANCELED)
             zn_train_fail(tr, rc, "optimizer step %lld: %s", (long long)tr->opt.job.hp.step,
                           zn_last_error());
@@ -746,7 +1059,7 @@ void zn_optsched_fini(zn_trainer *tr)
 }
 
 int64_t zn_optsched_begin(zn_trainer *tr, const zn_adam_params *hp, float g_scale,
-                          bool need_go)
+                          bool need_go, const zn_opt_spec *spec)
 {
     pthread_mutex_lock(&tr->opt.lock);
     while (tr->opt.pending && !tr->opt.quit)
@@ -758,11 +1071,28 @@ int64_t zn_optsched_begin(zn_trainer *tr, const zn_adam_params *hp, float g_scal
     j->go = false;
     j->all_ready = false;
     j->asc = need_go;
+    j->spec = spec && need_go && tr->opt_home == ZN_TIER_NVME && tr->plan.spec_shadow;
+    j->spec_scale = g_scale;
+    j->sq_limit = spec ? spec->sq_limit : 0;
+    j->stop_nonfinite = spec && spec->stop_nonfinite;
     j->seq = ++tr->opt.seq;
     tr->opt.pending = true;
     pthread_cond_broadcast(&tr->opt.cv);
     pthread_mutex_unlock(&tr->opt.lock);
     return j->seq;
+}
+
+void zn_optsched_settle(zn_trainer *tr, int64_t seq)
+{
+    pthread_mutex_lock(&tr->opt.lock);
+    for (;;) {
+        const zn_opt_job *j = tr->opt.pending && tr->opt.next_job.seq == seq ? &tr->opt.next_job
+                              : tr->opt.running && tr->opt.job.seq == seq ? &tr->opt.job : NULL;
+        if (!j || !j->spec || tr->opt.spec_parked >= seq || atomic_load(&tr->err) || tr->opt.quit)
+            break;
+        pthread_cond_wait(&tr->opt.cv, &tr->opt.lock);
+    }
+    pthread_mutex_unlock(&tr->opt.lock);
 }
 
 /* olock held: the job posted last */

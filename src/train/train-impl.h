@@ -177,7 +177,16 @@ typedef struct zn_trainer zn_trainer;
 typedef struct {
     uint64_t off, n;
     int p0, np;
-    int master_id, m_id, v_id;  /* NVMe: per-unit extents */
+    /* NVMe: the unit's extents of master, m and v (that order), two
+     * copies: sid[cur] holds the state, and a step writes sid[cur ^ 1],
+     * which becomes current when the unit commits. Without the speculative
+     * step's second copy both rows name the same extents. */
+    int sid[2][3];
+    int cur;
+    /* stepped before the global norm by the running job and not committed:
+     * its states are in sid[cur ^ 1], its parameters' landing is not
+     * published (spec_landed records it, under opt.land_lock) */
+    bool spec, spec_landed;
     _Atomic int pieces_done;
     zn_trainer *tr;
     _Atomic int plive;          /* copies of the update in flight (+1 while issuing) */
@@ -190,6 +199,18 @@ typedef struct {
      * bytes per parameter the setup wrote, and the first step's reads. */
     _Atomic bool mv_zero;
 } zn_unit;
+
+/* Extent of the unit's current state k (0 master, 1 m, 2 v) / the one a
+ * step writes. */
+static inline int zn_tr_unit_sid(const zn_unit *un, int k)
+{
+    return un->sid[un->cur][k];
+}
+
+static inline int zn_tr_unit_sid_next(const zn_unit *un, int k)
+{
+    return un->sid[un->cur ^ 1][k];
+}
 
 /* ---- the param cache --------------------------------------------------------
  * A few pinned buffers, each holding one NVMe-home block's parameters as the
@@ -258,8 +279,23 @@ typedef struct {
     bool all_ready;    /* every unit's gradients are final */
     bool asc;          /* walk units in ascending order (after go: the next
                           forward needs block 0 first) */
+    /* The speculative step (NVMe states with their second copy, need_go):
+     * before the go, units whose gradients are final step from the top
+     * down with spec_scale (the scale when nothing is clipped), until the
+     * final blocks' sum of squares passes sq_limit (clipping is certain)
+     * or, with stop_nonfinite (fp16), one is not finite. */
+    bool spec;
+    float spec_scale;
+    double sq_limit;   /* 0: none */
+    bool stop_nonfinite;
     int64_t seq;
 } zn_opt_job;
+
+/* What begin tells a job about speculation (NULL: none). */
+typedef struct {
+    double sq_limit;
+    bool stop_nonfinite;
+} zn_opt_spec;
 
 int zn_optsched_init(zn_trainer *tr);
 void zn_optsched_fini(zn_trainer *tr);
@@ -269,7 +305,10 @@ void zn_optsched_fini(zn_trainer *tr);
  * and steps after zn_optsched_go, in ascending order. If a job is already
  * pending (the one before still running), waits until the thread took it. */
 int64_t zn_optsched_begin(zn_trainer *tr, const zn_adam_params *hp, float g_scale,
-                          bool need_go);
+                          bool need_go, const zn_opt_spec *spec);
+/* Tests (spec_settle): waits until job seq, if it speculates, has stepped
+ * every unit it may before its go. */
+void zn_optsched_settle(zn_trainer *tr, int64_t seq);
 /* The newest job: the gradient scale is final (global norm known), step. */
 void zn_optsched_go(zn_trainer *tr, float g_scale);
 /* The newest job: every unit's gradients are final (backward finished), so
@@ -431,6 +470,13 @@ typedef struct {
     int n_pcache;
     _Atomic uint64_t pcache_hits;   /* fetches served from it */
     _Atomic uint64_t pcache_bytes;
+    /* the speculative step: units stepped before the norm, of them
+     * committed as they were and stepped again (clipping, fp16 overflow) */
+    _Atomic uint64_t spec_units, spec_commits, spec_redos;
+    bool spec_clipped;      /* main thread: the last step clipped or overflowed */
+    bool spec_settle;       /* tests: the go waits for spec_parked (zn_train_options) */
+    int64_t spec_parked;    /* (lock) the speculative job that has nothing left to
+                               step before its go */
     bool overlap_step;      /* no clipping/fp16: units step during backward */
     bool pipeline;          /* a step returns before its optimizer job ends */
     pthread_t thread;

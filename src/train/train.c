@@ -210,6 +210,7 @@ int zn_train_create(zn_trainer **out, const zn_train_options *o)
     tr->fault_user = o->fault_user;
     tr->lr_fault = o->lr_fault;
     tr->lr_fault_user = o->lr_fault_user;
+    tr->opt.spec_settle = o->spec_settle != 0;
     pthread_mutex_init(&tr->elock, NULL);
     tr->param_home = sp->param_home;
     tr->opt_home = sp->opt_home;

@@ -494,16 +494,24 @@ static int alloc_nvme(zn_trainer *tr)
         if (tr->opt_home == ZN_TIER_NVME) {
             for (int u = 0; u < tr->n_units; u++) {
                 zn_unit *un = &tr->units[u];
-                snprintf(name, sizeof name, "master u%d", u);
-                ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_MASTER, un->n * zn_tr_master_elem(tr), name,
-                                      &un->master_id));
                 /* the unit's moments at their compressed size, 8-bit
-                 * absmax included (zn_tr_unit_mom_bytes) */
+                 * absmax included (zn_tr_unit_mom_bytes); with the
+                 * speculative step a second copy of all three (nvme work) */
                 uint64_t mb = zn_tr_unit_mom_bytes(tr, un->n);
-                snprintf(name, sizeof name, "adam m u%d", u);
-                ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_ADAM_M, mb, name, &un->m_id));
-                snprintf(name, sizeof name, "adam v u%d", u);
-                ZN_TRY_GOTO(alloc_ext(tr, ZN_STATE_ADAM_V, mb, name, &un->v_id));
+                uint64_t by[3] = { un->n * zn_tr_master_elem(tr), mb, mb };
+                static const char *const what[3] = { "master", "adam m", "adam v" };
+                static const zn_state_class cls[3] = { ZN_STATE_MASTER, ZN_STATE_ADAM_M,
+                                                       ZN_STATE_ADAM_V };
+                for (int c = 0; c < (tr->plan.spec_shadow ? 2 : 1); c++)
+                    for (int k = 0; k < 3; k++) {
+                        snprintf(name, sizeof name, "%s u%d%s", what[k], u,
+                                 c ? " (second copy)" : "");
+                        ZN_TRY_GOTO(alloc_ext(tr, c ? ZN_STATE_WORK : cls[k], by[k], name,
+                                              &un->sid[c][k]));
+                    }
+                if (!tr->plan.spec_shadow)
+                    memcpy(un->sid[1], un->sid[0], sizeof un->sid[0]);
+                un->cur = 0;
             }
             for (int k = 0; k < tr->n_pieces && tr->grads_on_nvme; k++) {
                 zn_piece *p = &tr->pieces[k];

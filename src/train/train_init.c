@@ -35,7 +35,7 @@ static int init_unit_flush(init_units *iu)
     zn_unit *un = &tr->units[iu->unit];
     zn_opt_slot *s = &tr->opt.slot[iu->slot];
     /* the master goes home; m = v = 0 stay unwritten (mv_zero) */
-    int rc = zn_ioq_submit(&tr->wq, &s->wr[0], 1, &zn_tier_get(&tr->tm, un->master_id)->ext,
+    int rc = zn_ioq_submit(&tr->wq, &s->wr[0], 1, &zn_tier_get(&tr->tm, zn_tr_unit_sid(un, 0))->ext,
                            s->master, un->n * zn_tr_master_elem(tr), "initial optimizer state");
     atomic_store(&un->mv_zero, true);
     s->unit = iu->unit;
@@ -56,7 +56,7 @@ static int init_unit_wait(zn_trainer *tr, int k)
             rc = r2;
     }
     if (!rc && s->unit >= 0)
-        zn_tier_set_valid(&tr->tm, tr->units[s->unit].master_id, ZN_TIER_NVME, true);
+        zn_tier_set_valid(&tr->tm, zn_tr_unit_sid(&tr->units[s->unit], 0), ZN_TIER_NVME, true);
     s->unit = -1;
     return rc;
 }

@@ -287,7 +287,10 @@ int zn_tr_build_layout(zn_trainer *tr)
         tr->units[u].n = tr->U;
         if (tr->units[u].off + tr->U > tr->P)
             tr->units[u].n = tr->P - tr->units[u].off;
-        tr->units[u].master_id = tr->units[u].m_id = tr->units[u].v_id = -1;
+        for (int c = 0; c < 2; c++)
+            for (int k = 0; k < 3; k++)
+                tr->units[u].sid[c][k] = -1;
+        tr->units[u].cur = 0;
         tr->units[u].tr = tr;
     }
     /* Pieces: blocks x units, in flat order. */
@@ -345,8 +348,9 @@ uint64_t zn_tr_nvme_bytes_needed(zn_trainer *tr)
     uint64_t bs = (uint64_t)tr->spec.aio.block_size, need = 0;
     if (tr->opt_home == ZN_TIER_NVME)
         for (int u = 0; u < tr->n_units; u++)
-            need += zn_tr_round_up(tr->units[u].n * zn_tr_master_elem(tr), bs) +
-                    2 * zn_tr_round_up(zn_tr_unit_mom_bytes(tr, tr->units[u].n), bs);
+            need += (tr->plan.spec_shadow ? 2 : 1) *
+                    (zn_tr_round_up(tr->units[u].n * zn_tr_master_elem(tr), bs) +
+                     2 * zn_tr_round_up(zn_tr_unit_mom_bytes(tr, tr->units[u].n), bs));
     if (tr->grads_on_nvme)
         for (int k = 0; k < tr->n_pieces; k++)
             if (tr->pieces[k].gram_off < 0)

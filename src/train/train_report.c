@@ -47,7 +47,7 @@ static int read_local_master(zn_trainer *tr, float *out)
     for (int u = 0; u < tr->n_units; u++) {
         zn_unit *un = &tr->units[u];
         zn_io_req r;
-        int rc = zn_ioq_submit(&tr->rq, &r, 0, &zn_tier_get(&tr->tm, un->master_id)->ext,
+        int rc = zn_ioq_submit(&tr->rq, &r, 0, &zn_tier_get(&tr->tm, zn_tr_unit_sid(un, 0))->ext,
                                s->master, un->n * zn_tr_master_elem(tr), "master (read back)");
         int r2 = zn_ioq_wait(&tr->rq, &r);
         if (rc || r2)
@@ -163,6 +163,10 @@ void zn_train_get_report(zn_trainer *tr, zn_train_report *r)
     r->param_cache_hits = atomic_load(&tr->opt.pcache_hits);
     r->param_cache_bytes = atomic_load(&tr->opt.pcache_bytes);
     r->param_cache_entries = tr->opt.n_pcache;
+    r->spec_units = atomic_load(&tr->opt.spec_units);
+    r->spec_commits = atomic_load(&tr->opt.spec_commits);
+    r->spec_redos = atomic_load(&tr->opt.spec_redos);
+    r->speculative = tr->plan.spec_shadow > 0;
     r->steps = tr->stats.steps_run;
     r->tokens = tr->stats.tokens;
     r->flops = tr->stats.flops;
@@ -187,6 +191,9 @@ void zn_train_reset_counters(zn_trainer *tr)
     tr->stats.param_wait_s = 0;
     atomic_store(&tr->opt.pcache_hits, 0);
     atomic_store(&tr->opt.pcache_bytes, 0);
+    atomic_store(&tr->opt.spec_units, 0);
+    atomic_store(&tr->opt.spec_commits, 0);
+    atomic_store(&tr->opt.spec_redos, 0);
     zn_trace_reset_busy(tr->trace);
     atomic_store(&tr->tm.h2d, 0);
     atomic_store(&tr->tm.d2h, 0);
@@ -259,6 +266,11 @@ void zn_train_print_report(zn_trainer *tr, FILE *f)
         fprintf(f, "  %-18s %9llu blocks (%s from the optimizer's pinned copy, not NVMe; "
                 "%d buffers)\n", "param cache", (unsigned long long)r.param_cache_hits,
                 zn_format_size(r.param_cache_bytes, a, sizeof a), r.param_cache_entries);
+    if (r.speculative)
+        fprintf(f, "  %-18s %9llu units (stepped before the global norm; %llu committed as "
+                "they were, %llu stepped again for clipping or an overflow)\n", "speculative",
+                (unsigned long long)r.spec_units, (unsigned long long)r.spec_commits,
+                (unsigned long long)r.spec_redos);
     if (r.busy_s[busiest] > 0)
         fprintf(f, "  step time / busiest resource (%s) = %.2f  (1.00 = perfectly overlapped)\n",
                 zn_train_resource_name((zn_train_resource)busiest), r.step_s / r.busy_s[busiest]);

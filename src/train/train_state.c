@@ -155,7 +155,7 @@ static int save_nvme(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
     sl->unit = -1;
     for (int u = 0; u < tr->n_units && !rc; u++) {
         zn_unit *un = &tr->units[u];
-        int id = k == ZN_TS_MASTER ? un->master_id : k == ZN_TS_M ? un->m_id : un->v_id;
+        int id = zn_tr_unit_sid(un, k == ZN_TS_MASTER ? 0 : k == ZN_TS_M ? 1 : 2);
         uint64_t bytes = k == ZN_TS_MASTER ? un->n * zn_tr_master_elem(tr)
                                            : zn_tr_unit_mom_bytes(tr, un->n);
         uint64_t data = k == ZN_TS_MASTER ? bytes : zn_mom_layout_absmax_at(tr->mom_fmt, un->n);
@@ -405,7 +405,7 @@ static int load_nvme(zn_trainer *tr, zn_mom_fmt from, zn_dtype master_from,
     for (int u = 0; u < tr->n_units && !rc; u++) {
         zn_unit *un = &tr->units[u];
         void *dst[3] = { s->master, s->m, s->v };
-        int ids[3] = { un->master_id, un->m_id, un->v_id };
+        int ids[3] = { zn_tr_unit_sid(un, 0), zn_tr_unit_sid(un, 1), zn_tr_unit_sid(un, 2) };
         uint64_t mb = zn_tr_unit_mom_bytes(tr, un->n);
         zn_moments mv = zn_tr_slot_moments(tr, s, u);
         for (int k = 0; k < 2 && !rc; k++) {

@@ -394,7 +394,16 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
     /* Without clipping or overflow checks each unit steps as soon as its
      * grads are final; otherwise the job starts now too, but only reads
      * optimizer states ahead until the global norm gives the go. */
-    int64_t job = zn_optsched_begin(tr, &hp, (float)(1.0 / scale), !tr->opt.overlap_step);
+    /* With the NVMe states' second copy the job speculates (steps units
+     * before the norm, unclipped) unless the last step clipped or
+     * overflowed; it stops once clipping is certain: the final blocks'
+     * norm alone above train's clip (the test below, in squares of the
+     * scaled gradients). */
+    zn_opt_spec spec = { 0, fp16 };
+    if (clip && sp->clip > 1e-6)
+        spec.sq_limit = ((sp->clip - 1e-6) * scale) * ((sp->clip - 1e-6) * scale);
+    int64_t job = zn_optsched_begin(tr, &hp, (float)(1.0 / scale), !tr->opt.overlap_step,
+                                    tr->opt.spec_clipped ? NULL : &spec);
 
     /* the step's fetch list: consecutive uses of one ring block share a fetch */
     zn_fetch_ent *fe;
@@ -468,6 +477,9 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
         return step_failed(tr, rc, tr->stats.steps_run + 1);
     double norm = sqrt(sq) / scale;
     bool overflow = fp16 && (nonfinite || !isfinite(norm));
+    tr->opt.spec_clipped = overflow;
+    if (tr->opt.spec_settle)
+        zn_optsched_settle(tr, job);
     if (!tr->opt.overlap_step && !overflow) {
         double coef = 1.0;
         if (clip && norm + 1e-6 > 0) {
@@ -475,9 +487,14 @@ int zn_train_step(zn_trainer *tr, const int32_t *ids, const int32_t *targets,
             if (c < 1.0)
                 coef = c;
         }
+        tr->opt.spec_clipped = coef < 1.0;
         zn_optsched_go(tr, (float)(coef / scale));
     } else if (overflow) {
         zn_optsched_cancel(tr, false);
+        /* a speculative job puts the parameters it rewrote back before the
+         * next step may fetch them (its uses wait for no newer job) */
+        if ((rc = zn_optsched_wait(tr)) || (rc = atomic_load(&tr->err)))
+            return step_failed(tr, rc, tr->stats.steps_run + 1);
     } else {
         zn_optsched_all_final(tr);
     }

@@ -44,7 +44,12 @@ int zn_tr_count_traffic(zn_trainer *tr)
     s->micro_batches = A;
     s->opt_on_device = tr->opt_on_device;
     s->opt_on_nvme = tr->opt_home == ZN_TIER_NVME;
-    s->overlap_step = !(sp->clip > 0) && !sp->fp16;
+    /* the optimizer under the backward: without clipping or fp16, or with
+     * the speculative step (the NVMe states' second copy), for the steps
+     * that do not clip (one that clips steps its speculated units again
+     * after the norm) */
+    s->overlap_step = (!(sp->clip > 0) && !sp->fp16) ||
+                      (tr->opt_home == ZN_TIER_NVME && tr->plan.spec_shadow);
     s->pipelined = tr->world == 1 || sp->zero_stage >= 3;
     const uint64_t pb = (uint64_t)tr->param_bytes, gb = zn_dtype_size(tr->grad_dt);
 
