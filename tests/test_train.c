@@ -86,6 +86,7 @@ static int load_cfg(zn_config *cfg, const char **sets, int nsets)
 
 static int create_trace;  /* the next create()s keep a trace */
 static int create_settle; /* ... and settle speculative jobs before the go */
+static int64_t create_poison; /* ... and poison that embedding backward (toy_model) */
 
 static int create(zn_trainer **tr, toy_model *toy, const char **sets, int nsets,
                   uint64_t gpu_budget, zn_aio_fault_fn hook)
@@ -95,6 +96,7 @@ static int create(zn_trainer **tr, toy_model *toy, const char **sets, int nsets,
     if (rc)
         return rc;
     toy_setup(toy, V, H, NMID, MB * SEQ, 7);
+    toy->poison_at = create_poison;
     zn_plan_input in;
     toy_plan_input(toy, MB, SEQ, &in);
     zn_train_options o = zn_train_options_default();
@@ -268,6 +270,31 @@ static void test_speculative(const char **dev, const char **cpu_nvme, const char
     ZT_CHECK_MSG(commits > 0 && redos > 0, "speculation: %llu commits, %llu units stepped "
                  "again: one of its ends never ran", (unsigned long long)commits,
                  (unsigned long long)redos);
+
+    /* fp16's overflow check without clipping: the go waits for the norm,
+     * units speculate, and the step whose last micro-batch leaves a NaN in
+     * the embedding's gradient (block 0: final last, after every other
+     * unit speculated) is skipped, the speculated units' parameters
+     * written back; the same steps as the device run's, bit for bit */
+    const char *f16 = "fp16.enabled=true", *nclip = "gradient_clipping=0";
+    const char *fd[] = { dev[0], dev[1], f16, nclip };
+    create_poison = 2 * 6;  /* step 6's second micro-batch */
+    ZT_EQ_INT(run("device, fp16, a NaN in step 6", fd, 4, 0, STEPS, &ref), 0);
+    const char *fn[] = { nvme[0], nvme[1], nvme[2], nvme[3], f16, nclip,
+                         "train.speculative_step=true" };
+    create_settle = 1;
+    ZT_EQ_INT(run("speculative: nvme, fp16, a NaN in step 6", fn, 7, tiny, STEPS, &o), 0);
+    create_settle = 0;
+    create_poison = 0;
+    compare("speculative: nvme, fp16, a NaN in step 6", &ref, &o);
+    ZT_CHECK_MSG(o.rep.spec_units > 0 && o.rep.spec_redos > 0,
+                 "fp16 overflow: %llu units speculated, %llu written back",
+                 (unsigned long long)o.rep.spec_units, (unsigned long long)o.rep.spec_redos);
+    printf("%-60s ok: %llu units speculated, %llu committed, %llu written back\n",
+           "speculative: nvme, fp16, a NaN in step 6", (unsigned long long)o.rep.spec_units,
+           (unsigned long long)o.rep.spec_commits, (unsigned long long)o.rep.spec_redos);
+    free(o.master);
+    free(ref.master);
 }
 
 /* ---- fault injection --------------------------------------------------------*/

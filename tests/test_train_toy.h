@@ -26,6 +26,9 @@ typedef struct {
     int32_t *ids, *targets;
     int64_t N;
     float loss_scale;
+    /* tests of skipped steps: the poison_at-th backward of the embedding
+     * (counting from 1; 0: never) leaves a NaN in its gradient */
+    int64_t poison_at, emb_bwd_calls;
     zn_train_model model;
 } toy_model;
 
@@ -156,8 +159,12 @@ static int toy_backward(void *ctx, zn_stream *s, int b, void *params, const void
     toy_model *t = ctx;
     zn_dev *d = t->dev;
     int64_t N = t->N, H = t->H, V = t->V;
-    if (b == 0)
-        return zn_dev_embedding_bwd(d, s, t->ids, N, dout, t->dt, V, H, dparams);
+    if (b == 0) {
+        TOY_TRY(zn_dev_embedding_bwd(d, s, t->ids, N, dout, t->dt, V, H, dparams));
+        if (++t->emb_bwd_calls == t->poison_at)
+            return zn_dev_scale(d, s, dparams, ZN_DTYPE_F32, 1, NAN);
+        return 0;
+    }
     if (b == t->n_mid + 1) {
         TOY_TRY(toy_head_logits(t, s, params, in));
         TOY_TRY(zn_dev_xent_bwd_chunk(d, s, t->logits, ZN_DTYPE_F32, N, V, V, 0, t->targets,

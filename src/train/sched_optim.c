@@ -871,6 +871,7 @@ static int spec_restore(zn_trainer *tr, int hi, int nu)
         int r2 = slot_drain(tr, s);
         if (!rc)
             rc = r2;
+        atomic_fetch_add(&tr->opt.spec_redos, 1);
     }
     return rc;
 }
@@ -983,6 +984,13 @@ static int run_nvme_spec(zn_trainer *tr)
         int r = slot_quiesce(tr, &tr->opt.slot[j]);
         if (r && !rc)
             rc = r;
+    }
+    /* a failure left speculated units uncommitted: no later landing of
+     * theirs may wait for a commit (the trainer is failed anyway) */
+    for (int v = w.hi; v < nu && rc && rc != -ECANCELED; v++) {
+        pthread_mutex_lock(&tr->opt.land_lock);
+        tr->units[v].spec = tr->units[v].spec_landed = false;
+        pthread_mutex_unlock(&tr->opt.land_lock);
     }
     free(w.seen);
     free(w.want);
