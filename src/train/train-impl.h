@@ -306,6 +306,31 @@ void zn_optsched_fini(zn_trainer *tr);
  * pending (the one before still running), waits until the thread took it. */
 int64_t zn_optsched_begin(zn_trainer *tr, const zn_adam_params *hp, float g_scale,
                           bool need_go, const zn_opt_spec *spec);
+/* Inside the pipeline (sched_optim.c, sched_nvme.c): the job's state under
+ * opt.lock (unit_final, job_live: olock held), the slots' I/O, a unit's
+ * Adam with an explicit scale, its parameters sent home (params_out, as
+ * zn_optsched_params_out with tracking: the unit lands when every copy
+ * did), publishing a landed unit, and the NVMe walks. */
+extern const char *const zn_sched_state_name[3];
+bool zn_sched_unit_final(zn_trainer *tr, int u);
+bool zn_sched_job_live(zn_trainer *tr);
+bool zn_sched_grads_final(zn_trainer *tr, int u);
+int zn_sched_wait_ready(zn_trainer *tr, int u);
+int zn_sched_unit_at(zn_trainer *tr, int i);
+void zn_sched_publish(zn_unit *un);
+int zn_sched_slot_drain(zn_trainer *tr, zn_opt_slot *s);
+size_t zn_sched_state_bytes(const zn_trainer *tr, int u, int k);
+int zn_sched_slot_read_states(zn_trainer *tr, zn_opt_slot *s, int u);
+int zn_sched_slot_read_grads(zn_trainer *tr, zn_opt_slot *s, int u);
+void zn_sched_slot_params_issued(zn_opt_slot *s);
+int zn_sched_params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, int *n_pwr,
+                        zn_event *ev, bool *h2d_pending, bool track, bool host_only);
+int zn_sched_adam_unit(zn_trainer *tr, int u, float *master, const zn_moments *mv,
+                       const float *g, void *p16, float g_scale);
+int zn_sched_adam_sr_unit(zn_trainer *tr, int u, uint16_t *master, const zn_moments *mv,
+                          const float *g, float g_scale);
+int zn_sched_run_nvme(zn_trainer *tr);
+int zn_sched_run_nvme_spec(zn_trainer *tr);
 /* Tests (spec_settle): waits until job seq, if it speculates, has stepped
  * every unit it may before its go. */
 void zn_optsched_settle(zn_trainer *tr, int64_t seq);
