@@ -191,11 +191,18 @@ static void test_spec_nvme(void)
     ZT_EQ_U64(p[0].bytes[ZN_STATE_WORK][ZN_TIER_NVME], 3 * 8800);
     /* what a step writes is one copy */
     ZT_EQ_U64(p[0].nvme_write_step, p[2].nvme_write_step);
-    /* room for the states but not the copy: auto goes without it, true
-     * is short and says what to turn off */
-    b.bytes[ZN_TIER_NVME] = p[2].tier_total[ZN_TIER_NVME];
+    /* auto keeps room for the states once more beside the copy: one byte
+     * short of that, it goes without the copy and says so */
+    b.bytes[ZN_TIER_NVME] = p[2].tier_total[ZN_TIER_NVME] + 2 * 3 * 8800;
+    ZT_EQ_INT(plan_of(&p[0], &c[0], &in, &b), 0);
+    ZT_EQ_U64(p[0].spec_shadow, 3 * 8800);
+    b.bytes[ZN_TIER_NVME]--;
     ZT_EQ_INT(plan_of(&p[0], &c[0], &in, &b), 0);
     ZT_EQ_U64(p[0].spec_shadow, 0);
+    ZT_EQ_U64(p[0].spec_declined, 3 * 8800);
+    /* room for the states but not the copy: true is short and says what
+     * to turn off */
+    b.bytes[ZN_TIER_NVME] = p[2].tier_total[ZN_TIER_NVME];
     ZT_EQ_INT(plan_of(&p[1], &c[1], &in, &b), ZN_ENOFIT);
     ZT_CONTAINS(p[1].why, "train.speculative_step=false");
     /* the states in pinned RAM: no copy */

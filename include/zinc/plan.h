@@ -173,6 +173,8 @@ typedef struct {
     uint64_t spec_shadow;                           /* the speculative step's second
                                                        copy of the NVMe optimizer
                                                        states (in nvme work; 0: off) */
+    uint64_t spec_declined;                         /* auto left that copy out for
+                                                       want of room (its bytes) */
     uint64_t nvme_write_step;                       /* bytes written to NVMe per
                                                        optimizer step (this rank) */
     uint64_t nvme_write_part[3];                    /* of which: optimizer states,

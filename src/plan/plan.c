@@ -449,17 +449,22 @@ int zn_plan_compute(zn_plan *p, const zn_spec *sp)
 
     /* The speculative step (train.speculative_step): a second copy of the
      * optimizer states on NVMe, which a unit stepped before the global norm
-     * is known writes to; auto takes it when the tier has room. */
+     * is known writes to; auto takes it when the tier has room for it and
+     * for the states once more beside it (a checkpoint of them, which on
+     * the same disk would otherwise find it full). */
     uint64_t shadow = p->bytes[ZN_STATE_MASTER][ZN_TIER_NVME] +
                       p->bytes[ZN_STATE_ADAM_M][ZN_TIER_NVME] +
                       p->bytes[ZN_STATE_ADAM_V][ZN_TIER_NVME];
-    p->spec_shadow = 0;
-    if (otier == ZN_TIER_NVME && shadow && sp->speculate != 2 &&
-        (sp->speculate == 1 ||
-         p->tier_total[ZN_TIER_NVME] + shadow <= p->budget[ZN_TIER_NVME])) {
-        p->spec_shadow = shadow;
-        add(p, ZN_STATE_WORK, ZN_TIER_NVME, shadow);
-        p->tier_total[ZN_TIER_NVME] += shadow;
+    p->spec_shadow = p->spec_declined = 0;
+    if (otier == ZN_TIER_NVME && shadow && sp->speculate != 2) {
+        if (sp->speculate == 1 ||
+            p->tier_total[ZN_TIER_NVME] + 2 * shadow <= p->budget[ZN_TIER_NVME]) {
+            p->spec_shadow = shadow;
+            add(p, ZN_STATE_WORK, ZN_TIER_NVME, shadow);
+            p->tier_total[ZN_TIER_NVME] += shadow;
+        } else {
+            p->spec_declined = shadow;
+        }
     }
 
     return finish(p, sp, in->activation_checkpointing);
@@ -523,6 +528,11 @@ void zn_plan_print(const zn_plan *p, FILE *f)
                 "before the global norm is known and are stepped again when clipping applies; "
                 "train.speculative_step=false drops it)\n",
                 zn_format_size(p->spec_shadow, buf, sizeof buf));
+    if (p->spec_declined)
+        fprintf(f, "(no speculative step: its second copy of the optimizer states, %s, and the "
+                "states once more beside it do not fit the nvme tier; without it every unit "
+                "waits for the global norm. train.speculative_step=true takes it anyway)\n",
+                zn_format_size(p->spec_declined, buf, sizeof buf));
     if (p->gpu_outside) {
         char b2[32];
         fprintf(f, "(the gpu total holds %s outside the arena: the GEMM streams' cuBLAS "
