@@ -720,6 +720,14 @@ static void test_model_keys(void)
     ZT_CHECK(a.arch == ZN_ARCH_MIXTRAL && a.n_experts == 4 && a.top_k == 2 &&
              a.moe_intermediate == 128 && a.max_pos == 131072);
 
+    /* an unset head_dim is the family's HF default: qwen3_moe's 128 whatever
+     * hidden / heads is (here 64 / 3, no whole number) */
+    from_keys(&a, "\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, "
+                  "\"num_hidden_layers\": 2, \"num_attention_heads\": 3, "
+                  "\"intermediate_size\": 128, \"vocab_size\": 320, \"num_experts\": 2, "
+                  "\"num_experts_per_tok\": 1", 0);
+    ZT_CHECK(a.head_dim == 128 && a.n_heads == 3 && a.n_kv_heads == 3);
+
     /* a key another family reads is refused, not ignored */
     from_keys(&a, "\"model_type\": \"gemma2\", " SHAPE ", \"num_experts\": 4", ZN_EUNSUPPORTED);
     ZT_CONTAINS(zn_last_error(), "model.num_experts is not a key of model_type gemma2");
