@@ -6,6 +6,7 @@
 
 #include "zinc/config.h"
 #include "zinc/model.h"
+#include "zinc/run.h"
 #include <stdio.h>
 #include <unistd.h>
 #include "zt.h"
@@ -627,8 +628,156 @@ static void test_no_scheduler(void)
                  "an HF Trainer config: scheduler %d", (int)c.scheduler.type);
 }
 
+/* The families described by model.* keys alone (no folder): the dims and
+ * the parameter count equal those of the same shape's config.json read by
+ * zn_model_dims_from_hf, the keys a config does not set take the family's
+ * HF default, and a key of another family is refused by name. */
+static void from_keys(zn_model_dims *d, const char *model, int want_rc)
+{
+    char json[2048];
+    snprintf(json, sizeof json, "{\"model\": {%s}}", model);
+    zn_config c;
+    int rc = zn_config_parse(&c, json, "keys.json", NULL, 0);
+    ZT_CHECK_MSG(rc == 0, "%s: %s", json, zn_last_error());
+    rc = zn_run_model_dims(&c, d);
+    ZT_CHECK_MSG(rc == want_rc, "%s: rc %d (want %d): %s", json, rc, want_rc,
+                 rc ? zn_last_error() : "");
+}
+
+static void from_folder(zn_model_dims *d, const char *config_json)
+{
+    char dir[] = "/tmp/zn_keys_XXXXXX", path[64];
+    if (!mkdtemp(dir))
+        ZT_SETUP_FAIL("mkdtemp");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        ZT_SETUP_FAIL("fopen %s", path);
+    fputs(config_json, f);
+    fclose(f);
+    int rc = zn_model_dims_from_hf(d, dir);
+    ZT_CHECK_MSG(rc == 0, "%s: %s", config_json, zn_last_error());
+    unlink(path);
+    rmdir(dir);
+}
+
+#define SHAPE "\"hidden_size\": 64, \"num_hidden_layers\": 4, \"num_attention_heads\": 4, " \
+              "\"num_key_value_heads\": 2, \"intermediate_size\": 128, \"vocab_size\": 320"
+static void test_model_keys(void)
+{
+    zn_model_dims a, b;
+    /* qwen3_moe: 4 experts, 2 a token, 32 wide, every second layer sparse.
+     * By hand: embedding 320 x 64 = 20480, head 20480 + the norm 64; a
+     * layer's norms 128, q/k/v/o 12288, q/k norm 32, a dense MLP 24576, a
+     * sparse one 4 x (64 + 3 x 64 x 32) = 24832: 189632 */
+    const char *moe = "\"model_type\": \"qwen3_moe\", " SHAPE ", \"head_dim\": 16, "
+                      "\"num_experts\": 4, \"num_experts_per_tok\": 2, "
+                      "\"moe_intermediate_size\": 32, \"decoder_sparse_step\": 2, "
+                      "\"norm_topk_prob\": true";
+    char hf[2048];
+    from_keys(&a, moe, 0);
+    snprintf(hf, sizeof hf, "{%s}", moe);
+    from_folder(&b, hf);
+    ZT_EQ_U64(zn_model_param_count(&a), 189632);
+    ZT_EQ_U64(zn_model_param_count(&a), zn_model_param_count(&b));
+    ZT_CHECK(a.arch == ZN_ARCH_QWEN3_MOE && a.n_experts == 4 && a.top_k == 2 &&
+             a.moe_intermediate == 32 && a.sparse_step == 2 && a.norm_topk && a.qk_norm == 1);
+    ZT_CHECK(!zn_model_layer_moe(&a, 0) && zn_model_layer_moe(&a, 1));
+    /* unset: Qwen3MoeConfig's max_position_embeddings, rms_norm_eps,
+     * rope_theta, aux loss, as the folder without them */
+    ZT_CHECK(a.max_pos == b.max_pos && a.rms_eps == b.rms_eps && a.rope_theta == b.rope_theta &&
+             a.router_aux_coef == 0.001 && !a.router_logits && !a.tie_embeddings);
+
+    /* gemma2: head_dim 256, tied, 50 / 30 soft-caps, 8192 positions, one
+     * full layer in two by Gemma2Config's defaults. By hand: embedding
+     * 20480, head the norm 64, a layer's four norms 256, q/k/v/o 196608,
+     * MLP 24576: 906304 */
+    const char *g2 = "\"model_type\": \"gemma2\", " SHAPE ", \"sliding_window\": 16";
+    from_keys(&a, g2, 0);
+    snprintf(hf, sizeof hf, "{%s}", g2);
+    from_folder(&b, hf);
+    ZT_EQ_U64(zn_model_param_count(&a), 906304);
+    ZT_EQ_U64(zn_model_param_count(&a), zn_model_param_count(&b));
+    ZT_CHECK(a.head_dim == 256 && a.tie_embeddings && a.attn_scalar == 256 &&
+             a.attn_softcap == 50 && a.final_softcap == 30 && a.max_pos == 8192 &&
+             a.sliding_window == 16 && a.full_every == 2);
+    ZT_CHECK(zn_model_layer_slides(&a, 0) && !zn_model_layer_slides(&a, 1));
+    /* a soft-cap of 0 is config.json's null: none */
+    from_keys(&a, "\"model_type\": \"gemma2\", " SHAPE ", \"attn_logit_softcapping\": 0, "
+                  "\"query_pre_attn_scalar\": 64", 0);
+    ZT_CHECK(a.attn_softcap == 0 && a.final_softcap == 30 && a.attn_scalar == 64);
+
+    /* the other three by their defaults; gemma3_text's pattern and local
+     * base, mixtral's num_local_experts */
+    from_keys(&a, "\"model_type\": \"gemma3_text\", " SHAPE ", \"sliding_window_pattern\": 2, "
+                  "\"rope_local_base_freq\": 20000", 0);
+    ZT_CHECK(a.arch == ZN_ARCH_GEMMA3 && a.full_every == 2 && a.rope_local_theta == 20000 &&
+             a.rope_theta == 1000000.0 && a.qk_norm == 1);
+    from_keys(&a, "\"model_type\": \"olmo3\", " SHAPE, 0);
+    ZT_CHECK(a.arch == ZN_ARCH_OLMO3 && a.full_every == 4 && a.sliding_window == 4096 &&
+             a.rope_theta == 500000.0);
+    from_keys(&a, "\"model_type\": \"mixtral\", " SHAPE ", \"num_experts\": 4", 0);
+    ZT_CHECK(a.arch == ZN_ARCH_MIXTRAL && a.n_experts == 4 && a.top_k == 2 &&
+             a.moe_intermediate == 128 && a.max_pos == 131072);
+
+    /* an unset head_dim is the family's HF default: qwen3_moe's 128 whatever
+     * hidden / heads is (here 64 / 3, no whole number) */
+    from_keys(&a, "\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, "
+                  "\"num_hidden_layers\": 2, \"num_attention_heads\": 3, "
+                  "\"intermediate_size\": 128, \"vocab_size\": 320, \"num_experts\": 2, "
+                  "\"num_experts_per_tok\": 1", 0);
+    ZT_CHECK(a.head_dim == 128 && a.n_heads == 3 && a.n_kv_heads == 3);
+
+    /* a key another family reads is refused, not ignored */
+    from_keys(&a, "\"model_type\": \"gemma2\", " SHAPE ", \"num_experts\": 4", ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "model.num_experts is not a key of model_type gemma2");
+    from_keys(&a, "\"model_type\": \"mixtral\", " SHAPE ", \"moe_intermediate_size\": 32",
+              ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "model.moe_intermediate_size is not a key of model_type mixtral");
+    from_keys(&a, "\"model_type\": \"llama\", " SHAPE ", \"query_pre_attn_scalar\": 64",
+              ZN_EUNSUPPORTED);
+    ZT_CONTAINS(zn_last_error(), "query_pre_attn_scalar");
+    /* and the family's parser names what is wrong, under the config's name */
+    from_keys(&a, "\"model_type\": \"qwen3_moe\", " SHAPE ", \"num_experts\": 2, "
+                  "\"num_experts_per_tok\": 4", ZN_ECONFIG);
+    ZT_CONTAINS(zn_last_error(), "keys.json: model: num_experts_per_tok 4 is more than num_experts 2");
+    /* the dump of a config recorded by a checkpoint leaves the keys it did
+     * not set unset: parsed again it is the same model (gemma3_text's
+     * rope_theta its HF default, not zinc's 10000 of the other families) */
+    {
+        zn_config c, c2;
+        ZT_EQ_INT(zn_config_parse(&c, "{\"model\": {\"model_type\": \"gemma3_text\", " SHAPE
+                                  ", \"sliding_window\": 32}}", "keys.json", NULL, 0), 0);
+        ZT_EQ_INT(zn_config_resolve_batch(&c, 1), 0);
+        char *text = zn_config_dump(&c);
+        ZT_CHECK(text != NULL);
+        ZT_EQ_INT(zn_config_parse(&c2, text ? text : "{}", "dump", NULL, 0), 0);
+        free(text);
+        ZT_EQ_INT(zn_run_model_dims(&c2, &b), 0);
+        ZT_EQ_INT(zn_run_model_dims(&c, &a), 0);
+        ZT_CHECK(b.rope_theta == 1000000.0 && b.max_pos == a.max_pos && b.sliding_window == 32 &&
+                 zn_model_param_count(&a) == zn_model_param_count(&b));
+        /* and a dimension-given llama's dump still parses to the same dims */
+        ZT_EQ_INT(zn_config_parse(&c, "{\"model\": {\"model_type\": \"llama\", " SHAPE
+                                  ", \"rope_theta\": 500000}}", "keys.json", NULL, 0), 0);
+        ZT_EQ_INT(zn_config_resolve_batch(&c, 1), 0);
+        text = zn_config_dump(&c);
+        ZT_EQ_INT(zn_config_parse(&c2, text ? text : "{}", "dump", NULL, 0), 0);
+        free(text);
+        ZT_EQ_INT(zn_run_model_dims(&c2, &b), 0);
+        ZT_EQ_INT(zn_run_model_dims(&c, &a), 0);
+        ZT_CHECK(b.rope_theta == 500000.0 && b.max_pos == a.max_pos && b.rms_eps == a.rms_eps &&
+                 zn_model_param_count(&a) == zn_model_param_count(&b));
+    }
+    /* mistral's window, as its config.json gives it */
+    from_keys(&a, "\"model_type\": \"mistral\", " SHAPE ", \"sliding_window\": 64", 0);
+    ZT_CHECK(a.arch == ZN_ARCH_MISTRAL && a.sliding_window == 64);
+}
+#undef SHAPE
+
 int main(void)
 {
+    test_model_keys();
     test_batch_overflow();
     test_no_scheduler();
     test_lora_no_targets();

@@ -155,7 +155,8 @@ typedef struct {
 typedef struct {
     char path[ZN_PATH_MAX];      /* "" = built from the dimensions below */
     int arch;                    /* 0 "llama", 1 "qwen2", 2 "mistral", 3 "qwen3", 4 "phi3",
-                                    5 "olmo2", 6 "gemma" (HF model_type) */
+                                    5 "olmo2", 6 "gemma", 7 "gemma2", 8 "gemma3_text",
+                                    9 "olmo3", 10 "qwen3_moe", 11 "mixtral" (HF model_type) */
     int64_t hidden_size;
     int64_t num_hidden_layers;
     int64_t num_attention_heads;
@@ -168,6 +169,22 @@ typedef struct {
     double rms_norm_eps;
     bool tie_word_embeddings;
     bool attention_bias;         /* q/k/v bias (Qwen2 always has it) */
+    /* the windowed families' (gemma2, gemma3_text, olmo3) and the experts'
+     * (qwen3_moe, mixtral) keys, HF config.json's names; a key not set
+     * takes the family's HF default (zn_config_get_origin tells) */
+    int64_t sliding_window;
+    int64_t sliding_window_pattern; /* gemma3_text */
+    double query_pre_attn_scalar;   /* gemma2, gemma3_text */
+    double attn_logit_softcapping;  /* gemma2, gemma3_text; 0: none (null) */
+    double final_logit_softcapping;
+    double rope_local_base_freq;    /* gemma3_text's sliding layers' RoPE base */
+    int64_t num_experts;            /* mixtral's num_local_experts */
+    int64_t num_experts_per_tok;
+    int64_t moe_intermediate_size;  /* qwen3_moe */
+    int64_t decoder_sparse_step;    /* qwen3_moe */
+    bool norm_topk_prob;            /* qwen3_moe */
+    bool output_router_logits;
+    double router_aux_loss_coef;
     double init_std;
     uint64_t seed;
     int init;                    /* model.init: 0 "weights" (path's safetensors, an

@@ -59,6 +59,12 @@ char *zn_config_dump(const zn_config *c)
         if (!strcmp(k->path, "steps_per_print") ||
             !strncmp(k->path, "zero_optimization.cpu_offload", 29))
             continue;
+        /* a model key the config did not set stays unset when the dump is
+         * parsed again (a checkpoint's recorded config): the dimension-given
+         * families gemma2 .. mixtral read an unset key as their HF default,
+         * not as zinc's default of that key (src/run/setup.c) */
+        if (!strncmp(k->path, "model.", 6) && zn_config_get_origin(c, k->path) == ZN_ORIGIN_DEFAULT)
+            continue;
         json_t *o = obj_at(root, k->path);
         const char *leaf = zn_cfg_leaf_of(k->path);
         json_t *v = NULL;

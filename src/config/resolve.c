@@ -132,7 +132,11 @@ int zn_cfg_validate(parse_ctx *ctx)
                     "vocab_size");
         } else {
             int64_t kv = m->num_key_value_heads ? m->num_key_value_heads : m->num_attention_heads;
-            if (!m->head_dim && m->hidden_size % m->num_attention_heads)
+            /* gemma2, gemma3_text (256) and qwen3_moe (128): an unset
+             * head_dim is their HF default, not hidden / heads (the
+             * config.json parser checks it, src/run/setup.c) */
+            bool own_head_dim = m->arch == 7 || m->arch == 8 || m->arch == 10;
+            if (!m->head_dim && !own_head_dim && m->hidden_size % m->num_attention_heads)
                 zn_cfg_err(ctx, "model.hidden_size", "%lld is not a multiple of "
                         "num_attention_heads (%lld); set model.head_dim",
                         (long long)m->hidden_size, (long long)m->num_attention_heads);
@@ -141,7 +145,7 @@ int zn_cfg_validate(parse_ctx *ctx)
                         "num_key_value_heads (%lld)", (long long)m->num_attention_heads,
                         (long long)kv);
             int64_t hd = m->head_dim ? m->head_dim : m->hidden_size / m->num_attention_heads;
-            if (hd % 2)
+            if (hd % 2 && (m->head_dim || !own_head_dim))
                 zn_cfg_err(ctx, "model", "head dimension %lld is odd; RoPE needs an even one",
                         (long long)hd);
         }

@@ -264,7 +264,7 @@ const key_spec zn_cfg_schema[] = {
     /* ---- zinc: model (HF config.json names) ---- */
     { "model", K_OBJ, 0, 0, 0, NULL, 0, NULL },
     { "model.path", K_STR, OFF(model.path), 0, 0, NULL, ZN_PATH_MAX, NULL },
-    { "model.model_type", K_ENUM, OFF(model.arch), 0, 0, "llama|qwen2|mistral|qwen3|phi3|olmo2|gemma", 0, NULL },
+    { "model.model_type", K_ENUM, OFF(model.arch), 0, 0, "llama|qwen2|mistral|qwen3|phi3|olmo2|gemma|gemma2|gemma3_text|olmo3|qwen3_moe|mixtral", 0, NULL },
     { "model.hidden_size", K_INT, OFF(model.hidden_size), 1, 1 << 20, NULL, 0, NULL },
     { "model.num_hidden_layers", K_INT, OFF(model.num_hidden_layers), 1, 4096, NULL, 0, NULL },
     { "model.num_attention_heads", K_INT, OFF(model.num_attention_heads), 1, 4096, NULL, 0, NULL },
@@ -277,6 +277,21 @@ const key_spec zn_cfg_schema[] = {
     { "model.rms_norm_eps", K_NUM, OFF(model.rms_norm_eps), 0, 1, NULL, 0, NULL },
     { "model.tie_word_embeddings", K_BOOL, OFF(model.tie_word_embeddings), 0, 0, NULL, 0, NULL },
     { "model.attention_bias", K_BOOL, OFF(model.attention_bias), 0, 0, NULL, 0, NULL },
+    /* the windowed and mixture-of-experts families' keys (src/run/setup.c:
+     * unset, the family's HF default) */
+    { "model.sliding_window", K_INT, OFF(model.sliding_window), 1, 1 << 24, NULL, 0, NULL },
+    { "model.sliding_window_pattern", K_INT, OFF(model.sliding_window_pattern), 1, 4096, NULL, 0, NULL },
+    { "model.query_pre_attn_scalar", K_NUM, OFF(model.query_pre_attn_scalar), 0, 1e12, NULL, 0, NULL },
+    { "model.attn_logit_softcapping", K_NUM, OFF(model.attn_logit_softcapping), 0, 1e12, NULL, 0, NULL },
+    { "model.final_logit_softcapping", K_NUM, OFF(model.final_logit_softcapping), 0, 1e12, NULL, 0, NULL },
+    { "model.rope_local_base_freq", K_NUM, OFF(model.rope_local_base_freq), 1, 1e12, NULL, 0, NULL },
+    { "model.num_experts", K_INT, OFF(model.num_experts), 1, 65536, NULL, 0, NULL },
+    { "model.num_experts_per_tok", K_INT, OFF(model.num_experts_per_tok), 1, 65536, NULL, 0, NULL },
+    { "model.moe_intermediate_size", K_INT, OFF(model.moe_intermediate_size), 1, 1 << 22, NULL, 0, NULL },
+    { "model.decoder_sparse_step", K_INT, OFF(model.decoder_sparse_step), 1, 4096, NULL, 0, NULL },
+    { "model.norm_topk_prob", K_BOOL, OFF(model.norm_topk_prob), 0, 0, NULL, 0, NULL },
+    { "model.output_router_logits", K_BOOL, OFF(model.output_router_logits), 0, 0, NULL, 0, NULL },
+    { "model.router_aux_loss_coef", K_NUM, OFF(model.router_aux_loss_coef), 0, 1e6, NULL, 0, NULL },
     { "model.init_std", K_NUM, OFF(model.init_std), 0, 10, NULL, 0, NULL },
     { "model.seed", K_INT, OFF(model.seed), 0, I64MAX, NULL, 0, NULL },
     { "model.init", K_ENUM, OFF(model.init), 0, 0, "weights|random", 0, NULL },
@@ -431,6 +446,7 @@ void zn_config_default(zn_config *c)
     c->model.rms_norm_eps = 1e-6;
     c->model.max_position_embeddings = 4096;
     c->model.init_std = 0.02;
+    c->model.router_aux_loss_coef = 0.001; /* Qwen3MoeConfig's, MixtralConfig's */
     c->lora.lora_alpha = 8;
     c->lora.init_lora_weights = true;
     c->lora.targets = 1u | 4u; /* PEFT's default for llama / qwen2: q_proj, v_proj */

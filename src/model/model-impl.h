@@ -17,6 +17,34 @@
 /* The scalar fp conversions (zn_bf16_round, zn_f16_widen, ...) are
  * zinc/util.h's, the arrays' zn_convert (zinc/optim.h). */
 
+/* ---- config.json (hf_config.c parses its top level and reads typed keys;
+ * hf_rope.c, hf_window.c, hf_moe.c parse their families' keys into d) -------- */
+
+struct json_t;
+typedef struct {
+    const char *name; /* file name for messages */
+    struct json_t *root;
+} zn_m_cfg;
+
+/* A key of the top level (or of obj, named where + key in messages): absent
+ * or null takes def unless required; 0 or ZN_ECONFIG naming the key. The
+ * integers must be positive. */
+int zn_m_cfg_int(zn_m_cfg *c, const char *key, int required, int64_t def, int64_t *out);
+int zn_m_cfg_num(zn_m_cfg *c, struct json_t *obj, const char *where, const char *key,
+                 int required, double def, double *out);
+int zn_m_cfg_bool(zn_m_cfg *c, const char *key, int def, int *out);
+int zn_m_cfg_str(zn_m_cfg *c, const char *key, const char **out); /* NULL when absent */
+/* rope_theta and rope_scaling / rope_parameters of the one-table families */
+int zn_m_cfg_rope(zn_m_cfg *c, zn_model_dims *d);
+/* gemma3_text's and olmo3's per-layer-type RoPE */
+int zn_m_cfg_rope_layered(zn_m_cfg *c, zn_model_dims *d);
+/* gemma2's, gemma3_text's and olmo3's windows, pattern, scalar, soft-caps
+ * (after num_hidden_layers) */
+int zn_m_cfg_windowed(zn_m_cfg *c, zn_model_dims *d);
+/* qwen3_moe's and mixtral's experts (after intermediate_size) */
+int zn_m_cfg_moe(zn_m_cfg *c, zn_model_dims *d);
+int zn_m_cfg_mixtral(zn_m_cfg *c, zn_model_dims *d);
+
 /* ---- reading a checkpoint's tensors (state.c) ---------------------------------------
  * Every parameter tensor `which` selects (all, the decoder's own, or the
  * LoRA adapters) of dims d, named prefix + its Hugging Face name in the

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -63,6 +64,127 @@ static int lora_dims(const zn_config *cfg, zn_model_dims *d)
     return rc ? zn_error_prefix(rc, "%s", cfg->source) : 0;
 }
 
+/* The model.* keys only some families read: each names its families (bits
+ * of 1 << arch); set for another family it is refused, never ignored. */
+#define FAM(a) (1u << (a))
+static const struct {
+    const char *key;
+    unsigned families;
+} family_keys[] = {
+    { "model.sliding_window", FAM(ZN_ARCH_GEMMA2) | FAM(ZN_ARCH_GEMMA3) | FAM(ZN_ARCH_OLMO3) |
+                              FAM(ZN_ARCH_MISTRAL) | FAM(ZN_ARCH_PHI3) | FAM(ZN_ARCH_MIXTRAL) },
+    { "model.sliding_window_pattern", FAM(ZN_ARCH_GEMMA3) },
+    { "model.query_pre_attn_scalar", FAM(ZN_ARCH_GEMMA2) | FAM(ZN_ARCH_GEMMA3) },
+    { "model.attn_logit_softcapping", FAM(ZN_ARCH_GEMMA2) | FAM(ZN_ARCH_GEMMA3) },
+    { "model.final_logit_softcapping", FAM(ZN_ARCH_GEMMA2) | FAM(ZN_ARCH_GEMMA3) },
+    { "model.rope_local_base_freq", FAM(ZN_ARCH_GEMMA3) },
+    { "model.num_experts", FAM(ZN_ARCH_QWEN3_MOE) | FAM(ZN_ARCH_MIXTRAL) },
+    { "model.num_experts_per_tok", FAM(ZN_ARCH_QWEN3_MOE) | FAM(ZN_ARCH_MIXTRAL) },
+    { "model.moe_intermediate_size", FAM(ZN_ARCH_QWEN3_MOE) },
+    { "model.decoder_sparse_step", FAM(ZN_ARCH_QWEN3_MOE) },
+    { "model.norm_topk_prob", FAM(ZN_ARCH_QWEN3_MOE) },
+    { "model.output_router_logits", FAM(ZN_ARCH_QWEN3_MOE) | FAM(ZN_ARCH_MIXTRAL) },
+    { "model.router_aux_loss_coef", FAM(ZN_ARCH_QWEN3_MOE) | FAM(ZN_ARCH_MIXTRAL) },
+};
+
+static int key_set(const zn_config *cfg, const char *key)
+{
+    return zn_config_get_origin(cfg, key) != ZN_ORIGIN_DEFAULT;
+}
+
+/* Appends `"name": value,` to buf (the value printed by the caller's
+ * format); nonzero when buf is full. */
+static int put(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int put(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *len, cap - *len, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= cap - *len)
+        return -1;
+    *len += (size_t)n;
+    return 0;
+}
+
+/* gemma2, gemma3_text, olmo3, qwen3_moe, mixtral from the model.* keys: the
+ * keys written as the config.json they name and read by the folder's own
+ * parser (zn_model_dims_from_json), so a key not set takes the family's HF
+ * default exactly as a config.json without it would. */
+static int dims_as_hf(const zn_config *cfg, zn_model_arch arch, zn_model_dims *d)
+{
+    const zn_config_model *m = &cfg->model;
+    char buf[4096], name[ZN_PATH_MAX + 16];
+    size_t len = 0;
+    int bad = put(buf, sizeof buf, &len, "{\"model_type\": \"%s\"", zn_model_arch_name(arch));
+#define PUT_INT(k, v) bad |= put(buf, sizeof buf, &len, ", \"" k "\": %lld", (long long)(v))
+#define PUT_NUM(k, v) bad |= put(buf, sizeof buf, &len, ", \"" k "\": %.17g", (double)(v))
+#define PUT_BOOL(k, v) bad |= put(buf, sizeof buf, &len, ", \"" k "\": %s", (v) ? "true" : "false")
+    /* the required dimensions: absent (0), the parser names the key */
+    if (m->hidden_size) PUT_INT("hidden_size", m->hidden_size);
+    if (m->num_hidden_layers) PUT_INT("num_hidden_layers", m->num_hidden_layers);
+    if (m->num_attention_heads) PUT_INT("num_attention_heads", m->num_attention_heads);
+    if (m->intermediate_size) PUT_INT("intermediate_size", m->intermediate_size);
+    if (m->vocab_size) PUT_INT("vocab_size", m->vocab_size);
+    if (m->num_key_value_heads) PUT_INT("num_key_value_heads", m->num_key_value_heads);
+    if (m->head_dim) PUT_INT("head_dim", m->head_dim);
+    /* the rest only where the config sets them: zinc's own defaults of
+     * these keys (max_position_embeddings 4096, ...) are not these
+     * families' */
+    if (key_set(cfg, "model.max_position_embeddings"))
+        PUT_INT("max_position_embeddings", m->max_position_embeddings);
+    if (key_set(cfg, "model.rope_theta")) PUT_NUM("rope_theta", m->rope_theta);
+    if (key_set(cfg, "model.rms_norm_eps")) PUT_NUM("rms_norm_eps", m->rms_norm_eps);
+    if (key_set(cfg, "model.tie_word_embeddings"))
+        PUT_BOOL("tie_word_embeddings", m->tie_word_embeddings);
+    if (key_set(cfg, "model.attention_bias")) PUT_BOOL("attention_bias", m->attention_bias);
+    if (key_set(cfg, "model.sliding_window")) PUT_INT("sliding_window", m->sliding_window);
+    if (key_set(cfg, "model.sliding_window_pattern"))
+        PUT_INT("sliding_window_pattern", m->sliding_window_pattern);
+    if (key_set(cfg, "model.query_pre_attn_scalar"))
+        PUT_NUM("query_pre_attn_scalar", m->query_pre_attn_scalar);
+    /* a soft-cap of 0 is none: config.json's null */
+    if (key_set(cfg, "model.attn_logit_softcapping"))
+        bad |= m->attn_logit_softcapping > 0
+                   ? put(buf, sizeof buf, &len, ", \"attn_logit_softcapping\": %.17g",
+                         m->attn_logit_softcapping)
+                   : put(buf, sizeof buf, &len, ", \"attn_logit_softcapping\": null");
+    if (key_set(cfg, "model.final_logit_softcapping"))
+        bad |= m->final_logit_softcapping > 0
+                   ? put(buf, sizeof buf, &len, ", \"final_logit_softcapping\": %.17g",
+                         m->final_logit_softcapping)
+                   : put(buf, sizeof buf, &len, ", \"final_logit_softcapping\": null");
+    if (key_set(cfg, "model.rope_local_base_freq"))
+        PUT_NUM("rope_local_base_freq", m->rope_local_base_freq);
+    if (key_set(cfg, "model.num_experts")) {
+        if (arch == ZN_ARCH_MIXTRAL)
+            PUT_INT("num_local_experts", m->num_experts);
+        else
+            PUT_INT("num_experts", m->num_experts);
+    }
+    if (key_set(cfg, "model.num_experts_per_tok"))
+        PUT_INT("num_experts_per_tok", m->num_experts_per_tok);
+    if (key_set(cfg, "model.moe_intermediate_size"))
+        PUT_INT("moe_intermediate_size", m->moe_intermediate_size);
+    if (key_set(cfg, "model.decoder_sparse_step"))
+        PUT_INT("decoder_sparse_step", m->decoder_sparse_step);
+    if (key_set(cfg, "model.norm_topk_prob")) PUT_BOOL("norm_topk_prob", m->norm_topk_prob);
+    if (key_set(cfg, "model.output_router_logits"))
+        PUT_BOOL("output_router_logits", m->output_router_logits);
+    if (key_set(cfg, "model.router_aux_loss_coef"))
+        PUT_NUM("router_aux_loss_coef", m->router_aux_loss_coef);
+#undef PUT_INT
+#undef PUT_NUM
+#undef PUT_BOOL
+    bad |= put(buf, sizeof buf, &len, "}");
+    if (bad)
+        return zn_set_error(ZN_ECONFIG, "%s: model: the keys do not fit in %zu bytes",
+                            cfg->source, sizeof buf);
+    snprintf(name, sizeof name, "%s: model", cfg->source);
+    return zn_model_dims_from_json(d, buf, name);
+}
+
 int zn_run_model_dims(const zn_config *cfg, zn_model_dims *d)
 {
     const zn_config_model *m = &cfg->model;
@@ -75,11 +197,25 @@ int zn_run_model_dims(const zn_config *cfg, zn_model_dims *d)
     if (!m->hidden_size)
         return zn_set_error(ZN_ECONFIG, "%s: no model: set model.path to an HF model folder "
                             "or give model.hidden_size, num_hidden_layers, ...", cfg->source);
-    zn_model_dims_default(d);
+    /* model.model_type's order (src/config/schema.c) */
     static const zn_model_arch archs[] = { ZN_ARCH_LLAMA, ZN_ARCH_QWEN2, ZN_ARCH_MISTRAL,
                                            ZN_ARCH_QWEN3, ZN_ARCH_PHI3, ZN_ARCH_OLMO2,
-                                           ZN_ARCH_GEMMA };
-    d->arch = archs[m->arch >= 0 && m->arch < 7 ? m->arch : 0];
+                                           ZN_ARCH_GEMMA, ZN_ARCH_GEMMA2, ZN_ARCH_GEMMA3,
+                                           ZN_ARCH_OLMO3, ZN_ARCH_QWEN3_MOE, ZN_ARCH_MIXTRAL };
+    int na = (int)(sizeof archs / sizeof archs[0]);
+    zn_model_arch arch = archs[m->arch >= 0 && m->arch < na ? m->arch : 0];
+    for (size_t i = 0; i < sizeof family_keys / sizeof family_keys[0]; i++)
+        if (key_set(cfg, family_keys[i].key) && !(family_keys[i].families & FAM(arch)))
+            return zn_set_error(ZN_EUNSUPPORTED, "%s: %s is not a key of model_type %s "
+                                "(docs/config.md names the families that read it)", cfg->source,
+                                family_keys[i].key, zn_model_arch_name(arch));
+    if (arch == ZN_ARCH_GEMMA2 || arch == ZN_ARCH_GEMMA3 || arch == ZN_ARCH_OLMO3 ||
+        arch == ZN_ARCH_QWEN3_MOE || arch == ZN_ARCH_MIXTRAL) {
+        int rc = dims_as_hf(cfg, arch, d);
+        return rc ? rc : lora_dims(cfg, d);
+    }
+    zn_model_dims_default(d);
+    d->arch = arch;
     d->hidden = m->hidden_size;
     d->n_layers = m->num_hidden_layers;
     d->n_heads = m->num_attention_heads;
@@ -103,6 +239,8 @@ int zn_run_model_dims(const zn_config *cfg, zn_model_dims *d)
     d->post_norm = d->arch == ZN_ARCH_OLMO2;
     d->gemma_norm = d->gelu_mlp = d->embed_scaled = d->arch == ZN_ARCH_GEMMA;
     d->fused_proj = d->arch == ZN_ARCH_PHI3;
+    if (key_set(cfg, "model.sliding_window")) /* mistral's, phi3's (else none: null) */
+        d->sliding_window = m->sliding_window;
     int rc = zn_model_dims_validate(d);
     if (rc)
         return zn_error_prefix(rc, "%s: model", cfg->source);
