@@ -14,13 +14,15 @@ zinc=${1:-build/zinc}
 csv=${2:-bench/results/spec-step.csv}
 big=${3:-}
 mid=(--set model.hidden_size=768 --set model.num_hidden_layers=8 --set model.intermediate_size=2048
-     --set model.num_attention_heads=12 --set model.num_key_value_heads=4 --set model.vocab_size=8192)
+     --set model.num_attention_heads=12 --set model.num_key_value_heads=4 --set model.vocab_size=8192
+     --set 'tiers.nvme=[{"path": "zinc-swap", "size": "4GiB"}]' --set tiers.cpu=4GiB
+     --set tiers.gpu=2GiB)
 run() {  # label, accumulation, speculative, then config args
     local label=$1 acc=$2 spec=$3; shift 3
     echo "== $label, accumulation $acc, speculative_step $spec"
     "$zinc" bench train "$@" --set gradient_accumulation_steps="$acc" \
         --set train.speculative_step="$spec" --set gradient_clipping=1000 --csv "$csv" |
-        grep -E "^# (speculative|param cache)|^  [0-9]"
+        grep -E "^# (speculative|param cache|steps)|^  [0-9]"
 }
 for acc in 1 4; do
     for spec in false true; do
