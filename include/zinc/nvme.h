@@ -277,9 +277,10 @@ ZN_API int zn_aio_wait(zn_aio *a, zn_aio_handle h);
 /* Like zn_aio_wait, but returns -EINPROGRESS at once (keeping the handle)
  * while the request is still running. */
 ZN_API int zn_aio_poll(zn_aio *a, zn_aio_handle h);
-/* Waits for every request submitted so far and releases all their handles
- * (handles held elsewhere become invalid). Returns 0 or the status of the
- * first failed one, with its message. */
+/* Waits for every request submitted so far and releases their handles
+ * (handles held elsewhere become invalid), except those another thread is
+ * blocked on in zn_aio_wait: that thread releases its own. Returns 0 or the
+ * status of the first failed one, with its message. */
 ZN_API int zn_aio_wait_all(zn_aio *a);
 
 /* Arms fault injection: the nth completion from now returns `res` (a

@@ -153,8 +153,10 @@ int zn_aio_wait(zn_aio *a, zn_aio_handle h)
         pthread_mutex_unlock(&a->lock);
         return zn_set_error(-ENOENT, "aio: unknown or already released handle 0x%" PRIx64, h);
     }
+    r->waiters++;
     while (!r->done)
         pthread_cond_wait(&a->done_cv, &a->lock);
+    r->waiters--;
     int st = release(a, r);
     pthread_mutex_unlock(&a->lock);
     return st;
@@ -192,7 +194,7 @@ int zn_aio_wait_all(zn_aio *a)
     char keep[1024];
     snprintf(keep, sizeof keep, "%s", st ? zn_last_error() : "");
     for (uint32_t i = 0; i < a->nslots; i++)
-        if (a->slots[i])
+        if (a->slots[i] && !a->slots[i]->waiters)
             release(a, a->slots[i]);
     if (st)
         zn_set_error(st, "%s", keep);

@@ -127,6 +127,8 @@ struct zn_req {
     int status;
     char *errmsg;
     int done;
+    int waiters;             /* threads inside zn_aio_wait on it: they
+                                release it, never wait_all */
     zn_req *next;            /* pending-queue link */
 };
 

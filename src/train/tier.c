@@ -220,6 +220,7 @@ static void *ioq_main(void *arg)
 
         pthread_mutex_lock(&q->lock);
         atomic_store(&r->done, 1);
+        q->n_completed++;
         pthread_cond_broadcast(&q->cv_done);
     }
     pthread_mutex_unlock(&q->lock);
@@ -293,9 +294,21 @@ int zn_ioq_submit_cb(zn_ioq *q, zn_io_req *r, int is_write, const zn_extent *e, 
     else
         q->head = r;
     q->tail = r;
+    q->n_queued++;
     pthread_cond_signal(&q->cv_in);
     pthread_mutex_unlock(&q->lock);
     return 0;
+}
+
+void zn_ioq_fence(zn_ioq *q)
+{
+    if (!q->started)
+        return;
+    pthread_mutex_lock(&q->lock);
+    uint64_t upto = q->n_queued;
+    while (q->n_completed < upto)
+        pthread_cond_wait(&q->cv_done, &q->lock);
+    pthread_mutex_unlock(&q->lock);
 }
 
 int zn_ioq_wait(zn_ioq *q, zn_io_req *r)

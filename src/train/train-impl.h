@@ -92,6 +92,7 @@ typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t cv_in, cv_done;
     zn_io_req *head, *tail;
+    uint64_t n_queued, n_completed;  /* under lock; requests complete in order */
     _Atomic uint64_t *bytes_counter;
 } zn_ioq;
 
@@ -108,6 +109,10 @@ int zn_ioq_submit_cb(zn_ioq *q, zn_io_req *r, int is_write, const zn_extent *e, 
 /* Waits until r completed; returns its status with zn_last_error set. A
  * request never submitted (h == 0 and done) returns its status. */
 int zn_ioq_wait(zn_ioq *q, zn_io_req *r);
+/* Waits until every request queued before the call has completed (those
+ * queued after it, by another thread, are not waited for). The requests'
+ * owners still wait on them for their status. */
+void zn_ioq_fence(zn_ioq *q);
 
 /* ---- the flat parameter space ----------------------------------------------*/
 typedef struct {

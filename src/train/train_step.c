@@ -295,8 +295,9 @@ static int step_failed(zn_trainer *tr, int rc, int64_t step)
     zn_accum_drain(tr);
     zn_optsched_wait(tr);
     tr->opt.inflight = false;
-    if (tr->tm.aio)
-        zn_aio_wait_all(tr->tm.aio);
+    zn_ioq_fence(&tr->rq);  /* the step's reads and writes; never the */
+    zn_ioq_fence(&tr->wq);  /* engine's wait_all, which would free requests
+                               the queues' threads wait on */
     tr->bad = true;
     char msg[1024];
     int e = atomic_load(&tr->err);
@@ -318,8 +319,9 @@ static int step_stopped(zn_trainer *tr, int64_t step)
     zn_dev_sync(tr->dev);
     zn_tr_marks_drop(tr);
     zn_accum_drain(tr);
-    if (tr->tm.aio)
-        zn_aio_wait_all(tr->tm.aio);
+    zn_ioq_fence(&tr->rq);  /* the step's reads and writes; never the */
+    zn_ioq_fence(&tr->wq);  /* engine's wait_all, which would free requests
+                               the queues' threads wait on */
     int e = atomic_load(&tr->err);
     if (e)
         return step_failed(tr, e, step);
