@@ -50,9 +50,27 @@ setup_venv() {
     cp "$req" "$stamp"
 }
 
+# The fuzz suite's Python side: the prepare requirements and atheris
+# (scripts/requirements-fuzz.txt) in .venv-fuzz, apart from the users' .venv.
+setup_venv_fuzz() {
+    local stamp=.venv-fuzz/.requirements
+    if [ -x .venv-fuzz/bin/python ] &&
+        cat scripts/requirements-prepare.txt scripts/requirements-fuzz.txt | cmp -s - "$stamp"; then
+        return 0
+    fi
+    echo "setup: making .venv-fuzz for the Python fuzz harness"
+    rm -rf .venv-fuzz
+    python3 -m venv .venv-fuzz || { echo "setup: python3 -m venv failed" >&2; return 1; }
+    .venv-fuzz/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+        -r scripts/requirements-prepare.txt -r scripts/requirements-fuzz.txt ||
+        { rm -rf .venv-fuzz; echo "setup: pip could not install the fuzz requirements" >&2; return 1; }
+    cat scripts/requirements-prepare.txt scripts/requirements-fuzz.txt > "$stamp"
+}
+
 for d in "$@"; do
     case "$d" in
         venv)         setup_venv ;;
+        venv-fuzz)    setup_venv_fuzz ;;
         build)        setup_dir build ;;
         build-nocuda) setup_dir build-nocuda -Dcuda=disabled -Dnccl=disabled ;;
         build-asan)   setup_dir build-asan -Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false ;;

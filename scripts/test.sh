@@ -12,6 +12,8 @@ bash scripts/setup.sh build build-nocuda build-asan build-tsan build-fuzz || exi
 # zinc prepare's Python side (PyPI: tokenizers, jinja2); without it the
 # prepare test skips, saying so
 bash scripts/setup.sh venv || echo "test: no .venv for zinc prepare: its test will skip"
+# the Python fuzz harness's (atheris); without it fuzz_template skips, saying so
+bash scripts/setup.sh venv-fuzz || echo "test: no .venv-fuzz: fuzz_template will skip"
 
 jobs=$(nproc)
 pass=0 fail=0 skip=0

@@ -90,22 +90,44 @@ class Model:
         self.cfg = {}
         if os.path.isfile(cfg_path):
             try:
-                self.cfg = json.load(open(cfg_path, encoding="utf-8"))
-            except ValueError as e:
+                with open(cfg_path, encoding="utf-8") as f:
+                    self.cfg = json.load(f)
+            except (ValueError, UnicodeDecodeError, RecursionError) as e:
                 fail("%s: invalid JSON: %s" % (cfg_path, e))
+            if not isinstance(self.cfg, dict):
+                fail("%s: expected a JSON object, found %s" % (cfg_path, type(self.cfg).__name__))
+        self.cfg_path = cfg_path
         self.vocab = self.tok.get_vocab_size(with_added_tokens=True)
         self.bos = self._special("bos_token")
         self.eos = self._special("eos_token")
-        self.add_bos = bool(self.cfg.get("add_bos_token", False)) and self.bos is not None
+        add_bos = self.cfg.get("add_bos_token", False)
+        if add_bos is not None and not isinstance(add_bos, bool):
+            fail("%s: add_bos_token: expected true or false, found %s" % (cfg_path,
+                                                                          json.dumps(add_bos)))
+        self.add_bos = bool(add_bos) and self.bos is not None
         self.template = self.cfg.get("chat_template")
+        self.template_src = cfg_path + ": chat_template"
         if isinstance(self.template, list):  # [{"name": "default", "template": ...}]
-            named = {t.get("name"): t.get("template") for t in self.template}
-            self.template = named.get("default") or next(iter(named.values()), None)
+            if not all(isinstance(t, dict) and isinstance(t.get("name"), str) and
+                       isinstance(t.get("template"), str) for t in self.template):
+                fail("%s: chat_template: a list of templates must hold {\"name\": ..., "
+                     "\"template\": ...} objects of strings" % cfg_path)
+            named = {t["name"]: t["template"] for t in self.template}
+            pick = "default" if "default" in named else next(iter(named), None)
+            self.template = named.get(pick)
+            self.template_src = "%s: chat_template '%s'" % (cfg_path, pick)
+        elif self.template is not None and not isinstance(self.template, str):
+            fail("%s: chat_template: expected a string or a list of {\"name\", \"template\"} "
+                 "objects, found %s" % (cfg_path, type(self.template).__name__))
         jinja_path = os.path.join(folder, "chat_template.jinja")
         if not self.template and os.path.isfile(jinja_path):
             # transformers >= 4.43 saves the template beside the config
-            with open(jinja_path, encoding="utf-8") as f:
-                self.template = f.read()
+            try:
+                with open(jinja_path, encoding="utf-8") as f:
+                    self.template = f.read()
+            except (OSError, UnicodeDecodeError) as e:
+                fail("%s: %s" % (jinja_path, e))
+            self.template_src = jinja_path
         # the template's extra variables (transformers passes apply_chat_template's
         # keyword arguments through); a thinking switch the template reads
         # (Qwen3's enable_thinking) is off unless set: the assistant turns
@@ -120,39 +142,80 @@ class Model:
 
     def _special(self, key):
         v = self.cfg.get(key)
-        if isinstance(v, dict):
+        if isinstance(v, dict):  # an AddedToken: {"content": ..., ...}
             v = v.get("content")
         if not v:
             return None
+        if not isinstance(v, str):
+            fail("%s: %s: expected a token string or {\"content\": ...}, found %s"
+                 % (self.cfg_path, key, json.dumps(v)[:80]))
         i = self.tok.token_to_id(v)
         return (v, i) if i is not None else None
 
     def encode(self, text):
         return self.tok.encode(text, add_special_tokens=False)
 
-    def render(self, messages, add_generation_prompt):
-        if self._jinja is None:
-            if not self.template:
-                fail("the model folder's tokenizer_config.json has no chat_template: chat data "
-                     "needs one")
-            try:
-                import jinja2
-                import jinja2.sandbox
-            except ImportError:
-                fail("jinja2 is not installed (scripts/setup.sh venv installs it into .venv)")
+    def _compile(self):
+        if not self.template:
+            fail("the model folder's tokenizer_config.json has no chat_template: chat data "
+                 "needs one")
+        try:
+            import jinja2
+            import jinja2.ext
+            import jinja2.sandbox
+        except ImportError:
+            fail("jinja2 is not installed (scripts/setup.sh venv installs it into .venv)")
 
-            def raise_exception(msg):
-                raise jinja2.exceptions.TemplateError(msg)
+        class Generation(jinja2.ext.Extension):
+            """transformers' {% generation %} ... {% endgeneration %}: the
+            assistant text a template marks; rendered as it stands (the
+            mask comes from the turns, as for every template)."""
+            tags = {"generation"}
 
-            env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True,
-                                                               lstrip_blocks=True)
-            env.globals["raise_exception"] = raise_exception
-            env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+            def parse(self, parser):
+                lineno = next(parser.stream).lineno
+                body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+                return jinja2.nodes.Scope(body, lineno=lineno)
+
+        def raise_exception(msg):
+            raise jinja2.exceptions.TemplateError(msg)
+
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                           extensions=[Generation])
+        env.globals["raise_exception"] = raise_exception
+        env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+        try:
             self._jinja = env.from_string(self.template)
-        return self._jinja.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                  bos_token=self.bos[0] if self.bos else "",
-                                  eos_token=self.eos[0] if self.eos else "",
-                                  **self.template_args)
+        except jinja2.exceptions.TemplateSyntaxError as e:
+            fail("%s: line %s: %s" % (self.template_src, e.lineno, e.message))
+        except Exception as e:  # jinja2's parser on what it cannot read at all
+            fail("%s: %s: %s" % (self.template_src, type(e).__name__, e))
+        self._template_error = jinja2.exceptions.TemplateError
+
+    def render(self, messages, add_generation_prompt):
+        """The conversation through the chat template. ValueError when the
+        template refuses it (its raise_exception) or fails on it, naming
+        the template."""
+        if self._jinja is None:
+            self._compile()
+        try:
+            out = self._jinja.render(messages=messages,
+                                     add_generation_prompt=add_generation_prompt,
+                                     bos_token=self.bos[0] if self.bos else "",
+                                     eos_token=self.eos[0] if self.eos else "",
+                                     **self.template_args)
+        except self._template_error as e:
+            if type(e) is self._template_error:  # raise_exception: the template's own words
+                raise ValueError("the chat template refuses this conversation: %s" % e)
+            raise ValueError("the chat template (%s) failed on this conversation: %s: %s"
+                             % (self.template_src, type(e).__name__, e))
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError,
+                RecursionError, OverflowError, MemoryError) as e:
+            raise ValueError("the chat template (%s) failed on this conversation: %s: %s"
+                             % (self.template_src, type(e).__name__, e))
+        if not isinstance(out, str):
+            raise ValueError("the chat template (%s) did not render text" % self.template_src)
+        return out
 
 
 def doc_text(m, text):

@@ -50,6 +50,9 @@ def main():
     except (RuntimeError, ValueError) as e:
         out({"error": str(e)})
         return 1
+    except Exception as e:  # anything else the folder's files make the libraries raise
+        out({"error": "%s: %s: %s" % (sys.argv[1], type(e).__name__, e)})
+        return 1
     eos = [m.eos[1]] if m.eos else []
     out({"ready": True, "vocab": m.vocab, "eos": eos, "bos": m.bos[1] if m.bos else None})
     for line in sys.stdin:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 import jinja2
+import jinja2.ext
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from venv_fixtures import CHATML, model_folder  # noqa: E402
@@ -223,6 +224,106 @@ r = run(q3data, "--model", q3, "--out", os.path.join(work, "q3bad.tok"), "--temp
         "messages=1")
 check(r.returncode == 1 and "--template-arg messages: zinc sets that variable itself"
       in r.stderr, "template-arg messages: %s" % r.stderr)
+
+# Gemma's and phi-4's own templates (tests/fixtures/templates/README.md),
+# and one marking its assistant text with transformers' {% generation %}:
+# each chat prepares to the tokenizer's encoding of jinja2's own render,
+# the mask covering each assistant turn's text and its end marker; Gemma's
+# refusal of a system turn is reported with the record's line and the
+# template's words.
+tdir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "templates")
+GENERATION = ("{% for m in messages %}{% if m['role'] == 'assistant' %}<|im_start|>assistant\n"
+              "{% generation %}{{ m['content'] }}<|im_end|>\n{% endgeneration %}{% else %}"
+              "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+class _Gen(jinja2.ext.Extension):  # the reference render: the block's body as it is
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
+genv = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, extensions=[_Gen])
+two_turns = [{"role": "user", "content": "what is two plus two"},
+             {"role": "assistant", "content": "  four, of course "},
+             {"role": "user", "content": "and the cat?"},
+             {"role": "assistant", "content": "sat on the mat"}]
+for name, src, hdr, end in (
+        ("gemma", open(os.path.join(tdir, "gemma.jinja")).read(), "<start_of_turn>model\n",
+         "<end_of_turn>\n"),
+        ("phi4", open(os.path.join(tdir, "phi4.jinja")).read(),
+         "<|im_start|>assistant<|im_sep|>", "<|im_end|>"),
+        ("generation", GENERATION, "<|im_start|>assistant\n", "<|im_end|>\n")):
+    d = os.path.join(work, "model-" + name)
+    os.makedirs(d, exist_ok=True)
+    shutil.copy(os.path.join(model, "tokenizer.json"), d)
+    json.dump({"chat_template": src, "bos_token": "<|im_start|>", "eos_token": "<|endoftext|>",
+               "add_bos_token": False}, open(os.path.join(d, "tokenizer_config.json"), "w"))
+    dj = os.path.join(work, name + ".jsonl")
+    with open(dj, "w") as f:
+        f.write(json.dumps({"messages": two_turns}) + "\n")
+    o = os.path.join(work, name + ".tok")
+    r = run(dj, "--model", d, "--out", o)
+    check(r.returncode == 0, "%s template: %s%s" % (name, r.stdout, r.stderr))
+    if r.returncode:
+        continue
+    _, _, _, ids_t, mask_t, _ = read_tok(o)
+    full_t = genv.from_string(src).render(messages=two_turns, add_generation_prompt=False,
+                                          bos_token="<|im_start|>", eos_token="<|endoftext|>")
+    enc_t = tok.encode(full_t, add_special_tokens=False)
+    spans_t, at = [], 0
+    for m_ in two_turns:
+        if m_["role"] == "assistant":
+            body = m_["content"] if name != "gemma" else m_["content"].strip()
+            a_ = full_t.index(hdr + body, at) + len(hdr)
+            b_ = a_ + len(body) + len(end)
+            check(full_t[a_ + len(body):b_] == end, "%s: %r ends %r" % (name, body, full_t))
+            spans_t.append((a_, b_))
+            at = b_
+    check(ids_t == list(enc_t.ids), "%s: ids differ from the tokenizer's encoding" % name)
+    want_t = [1 if any(a_ <= st < b_ for a_, b_ in spans_t) else 0 for st, _ in enc_t.offsets]
+    check(mask_t == want_t, "%s mask: %s vs %s" % (name, mask_t, want_t))
+gj = os.path.join(work, "gemma-sys.jsonl")
+with open(gj, "w") as f:
+    f.write(json.dumps({"messages": two_turns}) + "\n")
+    f.write(json.dumps({"messages": [{"role": "system", "content": "be brief"}] + two_turns}) + "\n")
+r = run(gj, "--model", os.path.join(work, "model-gemma"), "--out", os.path.join(work, "gs.tok"))
+check(r.returncode == 1 and "gemma-sys.jsonl:2: the chat template refuses this conversation: "
+      "System role not supported" in r.stderr, "gemma system turn: %s" % r.stderr)
+
+# tokenizer_config.json fields of the wrong shape, and templates that do not
+# compile or fail on a conversation: one line naming the file, the field (or
+# the template's line) and what is wrong; never a traceback
+bad_cfgs = [
+    ([], "tokenizer_config.json: expected a JSON object, found list"),
+    # found by tests/fuzz/fuzz_template.py: nesting past Python's recursion limit
+    ("[" * 100000 + "]" * 100000, "tokenizer_config.json: invalid JSON: maximum recursion depth"),
+    ({"chat_template": 5}, "chat_template: expected a string or a list"),
+    ({"chat_template": [{"name": "default"}]}, "chat_template: a list of templates must hold"),
+    ({"chat_template": "{% for m in messages %}{{ m['content'] }}"},
+     "chat_template: line 1: Unexpected end of template"),
+    ({"chat_template": CHATML, "bos_token": 7}, "bos_token: expected a token string"),
+    ({"chat_template": CHATML, "add_bos_token": "yes"}, 'add_bos_token: expected true or false'),
+    ({"chat_template": "{{ messages[0]['content'] + 1 }}"},
+     "data.jsonl:1: the chat template (%s: chat_template) failed on this conversation: TypeError"),
+]
+for k_, (cfg_, want_) in enumerate(bad_cfgs):
+    d = os.path.join(work, "model-bad%d" % k_)
+    os.makedirs(d, exist_ok=True)
+    shutil.copy(os.path.join(model, "tokenizer.json"), d)
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        f.write(cfg_ if isinstance(cfg_, str) else json.dumps(cfg_))
+    if "%s" in want_:
+        want_ = want_ % os.path.join(d, "tokenizer_config.json")
+    r = run(data, "--model", d, "--out", os.path.join(work, "bad%d.tok" % k_))
+    check(r.returncode == 1 and want_ in r.stderr and "Traceback" not in r.stderr,
+          "bad tokenizer_config %d (%s): %s" % (k_, json.dumps(cfg_)[:60], r.stderr))
+    check(not os.path.exists(os.path.join(work, "bad%d.tok" % k_)),
+          "bad tokenizer_config %d left its output" % k_)
 
 print("%d failure(s)" % fails)
 
