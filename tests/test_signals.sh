@@ -2,7 +2,7 @@
 # A run stopped by its machine (issue 32): SIGTERM finishes the step in
 # progress, saves a checkpoint, removes the swap files and exits 143, and the
 # run resumes from that checkpoint; a second SIGINT stops at once and still
-# leaves no swap file; the run directory of a run killed with -9 is found and
+# leaves no swap file, nor does SIGTERM to zinc bench train; the run directory of a run killed with -9 is found and
 # removed by the next run, never that of a run that is alive (nor one whose
 # lock is held, nor another host's); a damaged
 # latest checkpoint falls back to the newest that verifies.
@@ -64,6 +64,24 @@ rc=$?
 check $? "two SIGINTs: ended by the signal (exit $rc)"
 [ "$(swaps zinc-swap)" -eq 0 ] && [ -z "$(ls -A zinc-swap)" ]
 check $? "two SIGINTs: no swap file or run directory left ($(ls -A zinc-swap))"
+cd ..
+
+# 2b. the other commands that swap to disk (here zinc bench train, which
+# has no step to finish): SIGTERM removes their swap files and run
+# directory, then ends them by the signal
+mkdir bt && cd bt || exit 99
+"$zinc" bench train --steps 100000 --warmup 1 > out.txt 2> err.txt &
+pid=$!
+for _ in $(seq 600); do [ "$(swaps zinc-swap)" -ge 1 ] && break; sleep 0.05; done
+[ "$(swaps zinc-swap)" -eq 1 ]
+check $? "zinc bench train runs with its swap file"
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 143 ]
+check $? "zinc bench train on SIGTERM: ended by the signal (exit $rc)"
+[ "$(swaps zinc-swap)" -eq 0 ] && [ -z "$(ls -A zinc-swap)" ]
+check $? "zinc bench train on SIGTERM: no swap file or run directory left ($(ls -A zinc-swap))"
 cd ..
 
 # 3. kill -9 leaves a run directory; the next run removes it, but never the

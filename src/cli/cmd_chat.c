@@ -116,7 +116,6 @@ static int start(zn_gen_session *s, const chat_args *a)
         return zn_cli_fail(rc, "chat");
     if ((rc = zn_gen_session_open_tokenizer(s)))
         return zn_cli_fail(rc, TOKENIZER_WHAT);
-    zn_gc_install_signals();
     zn_gen_place o = zn_gen_place_default();
     o.device = a->device;
     o.nvme = a->nvme;

@@ -390,7 +390,6 @@ static int prepare(zn_gen_session *s, const gen_args *a)
     free(ids);
     if (rc)
         return zn_cli_fail(rc, "generate");
-    zn_gc_install_signals();
     zn_gen_place o = zn_gen_place_default();
     o.device = a->device;
     o.nvme = a->nvme;

@@ -47,6 +47,5 @@ typedef struct {
 int zn_gc_template_arg(zn_gc_targs *t, const char *kv, const char *cmd);
 int zn_gc_template_args(zn_gen_session *s, const zn_gc_targs *t, const char *cmd);
 /* A signal removes the NVMe swap files before ending the process. */
-void zn_gc_install_signals(void);
 
 #endif

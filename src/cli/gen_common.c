@@ -5,7 +5,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,26 +152,6 @@ int zn_gc_print_text(void *ctx, const char *text, size_t len, int last)
     if (last)
         putchar('\n');
     return 0;
-}
-
-/* SIGINT, SIGTERM, SIGHUP: the NVMe swap files go first (unlink only:
- * async-signal-safe), then the signal takes its default course. */
-static void on_signal(int sig)
-{
-    zn_swap_remove_all_now();
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-void zn_gc_install_signals(void)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
 }
 
 int zn_gc_open(zn_gen_session **s, const char *model, const char *adapter, const char *ckpt,

@@ -1,4 +1,5 @@
 /* Entry point of the `zinc` command: dispatches to the subcommands. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -47,6 +48,29 @@ void zn_cli_end_job(int launcher_must_end, int code)
 #endif
 }
 
+/* Every command's SIGINT, SIGTERM and SIGHUP until it installs its own (zinc
+ * train stops its step and saves; zinc launch forwards them): the NVMe swap
+ * files and run directories this process made go first (unlink and rmdir:
+ * async-signal-safe), then the signal takes its default course, so nothing
+ * a benchmark, an eval or a generation swapped to disk outlives it. */
+static void on_signal(int sig)
+{
+    zn_swap_remove_all_now();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void install_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: zinc <command> [args]\n\ncommands:\n");
@@ -70,6 +94,7 @@ int main(int argc, char **argv)
         printf("zinc %s\n", ZN_VERSION);
         return 0;
     }
+    install_signals();
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name))
             return commands[i].run(argc - 1, argv + 1);
