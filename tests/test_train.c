@@ -232,10 +232,11 @@ static void test_speculative(const char **dev, const char **cpu_nvme, const char
                clipv, clipped, STEPS);
         const char *sp = "train.speculative_step=true";
         const char *a[] = { cpu_nvme[0], cpu_nvme[1], cs, sp };
-        const char *b[] = { nvme[0], nvme[1], nvme[2], nvme[3], cs, sp };
+        /* (the param cache on: committed speculative updates fill it) */
+        const char *b[] = { nvme[0], nvme[1], nvme[2], nvme[3], cs, sp, "tiers.param_cache=4" };
         struct { const char *label; const char **sets; int n; } pl[] = {
             { "speculative: params cpu, optimizer nvme", a, 4 },
-            { "speculative: params+optimizer+grads nvme", b, 6 },
+            { "speculative: params+optimizer+grads nvme", b, 7 },
         };
         create_settle = 1;
         for (int i = 0; i < 2; i++) {
@@ -246,9 +247,22 @@ static void test_speculative(const char **dev, const char **cpu_nvme, const char
             ZT_CHECK_MSG(o.rep.spec_units > 0, "%s: nothing speculated", pl[i].label);
             commits += o.rep.spec_commits;
             redos += o.rep.spec_redos;
-            printf("%-60s ok: %llu units speculated, %llu committed, %llu stepped again\n",
+            /* a committed speculative update's block is served from the
+             * cache like any other (every unit of a step that did not clip
+             * speculated: a block's pieces all commit or all go again) */
+            if (i == 1 && o.rep.spec_commits)
+                ZT_CHECK_MSG(o.rep.spec_cache_fills > 0 && o.rep.param_cache_hits > 0,
+                             "%s: %llu committed units, %llu cache blocks filled by them, "
+                             "%llu cache hits", pl[i].label,
+                             (unsigned long long)o.rep.spec_commits,
+                             (unsigned long long)o.rep.spec_cache_fills,
+                             (unsigned long long)o.rep.param_cache_hits);
+            printf("%-60s ok: %llu units speculated, %llu committed, %llu stepped again; "
+                   "%llu cache blocks filled by them, %llu cache hits\n",
                    pl[i].label, (unsigned long long)o.rep.spec_units,
-                   (unsigned long long)o.rep.spec_commits, (unsigned long long)o.rep.spec_redos);
+                   (unsigned long long)o.rep.spec_commits, (unsigned long long)o.rep.spec_redos,
+                   (unsigned long long)o.rep.spec_cache_fills,
+                   (unsigned long long)o.rep.param_cache_hits);
             free(o.master);
         }
         create_settle = 0;

@@ -174,6 +174,9 @@ typedef struct {
      * were and those stepped again because clipping or an fp16 overflow
      * changed the step */
     uint64_t spec_units, spec_commits, spec_redos;
+    /* param cache entries whose block a speculative update filled, ready
+     * (for the next forward) once the update committed */
+    uint64_t spec_cache_fills;
     int speculative;                /* 1: the NVMe states have the second copy */
     int64_t steps;
     uint64_t tokens;

@@ -127,9 +127,10 @@ int zn_cli_bench_train(int argc, char **argv)
                (double)r.param_cache_bytes / (double)r.steps * 1e-6);
     if (r.speculative)
         printf("# speculative step: %.1f units per step stepped before the global norm, %.1f "
-               "committed as they were, %.1f stepped again (clipping)\n",
+               "committed as they were, %.1f stepped again (clipping); %.1f param cache blocks "
+               "a step filled by them\n",
                (double)r.spec_units / (double)r.steps, (double)r.spec_commits / (double)r.steps,
-               (double)r.spec_redos / (double)r.steps);
+               (double)r.spec_redos / (double)r.steps, (double)r.spec_cache_fills / (double)r.steps);
     else
         printf("# speculative step: off\n");
     printf("#\n");

@@ -18,6 +18,7 @@ static void spec_commit(zn_trainer *tr, zn_unit *un)
     un->cur ^= 1;
     atomic_store(&un->mv_zero, false);
     atomic_fetch_add(&tr->opt.spec_commits, 1);
+    zn_pcache_spec_commit(tr, un);
     if (landed)
         zn_sched_publish(un);
 }
@@ -32,6 +33,7 @@ static int spec_void(zn_trainer *tr, zn_unit *un)
         pthread_cond_wait(&tr->opt.land_cv, &tr->opt.land_lock);
     un->spec = un->spec_landed = false;
     pthread_mutex_unlock(&tr->opt.land_lock);
+    zn_pcache_spec_void(tr, un);
     return atomic_load(&tr->err);
 }
 
@@ -399,6 +401,7 @@ int zn_sched_run_nvme_spec(zn_trainer *tr)
         pthread_mutex_lock(&tr->opt.land_lock);
         tr->units[v].spec = tr->units[v].spec_landed = false;
         pthread_mutex_unlock(&tr->opt.land_lock);
+        zn_pcache_spec_void(tr, &tr->units[v]);
     }
     free(w.seen);
     free(w.want);

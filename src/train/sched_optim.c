@@ -289,6 +289,7 @@ static zn_pcache_ent *pcache_entry(zn_trainer *tr, int b)
             r->block = b;
             r->seq = seq;
             r->left = bl->np;
+            r->held = 0;
             r->state = ZN_PC_FILLING;
         }
         bl->pc_skip = seq;  /* claimed or not: no second claim this job */
@@ -297,13 +298,59 @@ static zn_pcache_ent *pcache_entry(zn_trainer *tr, int b)
     return r;
 }
 
-/* Optimizer thread: one piece of the entry's block is in. */
-static void pcache_piece_in(zn_trainer *tr, zn_pcache_ent *c)
+/* Optimizer thread: piece p of the entry's block is in; a speculative
+ * update's piece is held until it commits. */
+static void pcache_piece_in(zn_trainer *tr, zn_pcache_ent *c, zn_piece *p, bool spec)
 {
     pthread_mutex_lock(&tr->opt.land_lock);
-    if (--c->left == 0) {
+    c->left--;
+    if (spec) {
+        c->held++;
+        p->pc_ent1 = (int)(c - tr->opt.pcache) + 1;
+        p->pc_seq = c->seq;
+    }
+    if (c->left == 0 && c->held == 0) {
         c->state = ZN_PC_READY;
         pthread_cond_broadcast(&tr->opt.land_cv);
+    }
+    pthread_mutex_unlock(&tr->opt.land_lock);
+}
+
+/* The entry piece p's speculative update went into, if it still collects
+ * that block for that job (it may have been evicted and reused since).
+ * opt.land_lock held. */
+static zn_pcache_ent *pcache_held_of(zn_trainer *tr, zn_piece *p)
+{
+    zn_pcache_ent *c = p->pc_ent1 ? &tr->opt.pcache[p->pc_ent1 - 1] : NULL;
+    p->pc_ent1 = 0;
+    if (c && c->block == p->block && c->seq == p->pc_seq && c->state == ZN_PC_FILLING)
+        return c;
+    return NULL;
+}
+
+void zn_pcache_spec_commit(zn_trainer *tr, zn_unit *un)
+{
+    pthread_mutex_lock(&tr->opt.land_lock);
+    for (int k = 0; k < un->np; k++) {
+        zn_pcache_ent *c = pcache_held_of(tr, &tr->pieces[un->p0 + k]);
+        if (c && --c->held == 0 && c->left == 0) {
+            c->state = ZN_PC_READY;
+            atomic_fetch_add(&tr->opt.spec_cache_fills, 1);
+            pthread_cond_broadcast(&tr->opt.land_cv);
+        }
+    }
+    pthread_mutex_unlock(&tr->opt.land_lock);
+}
+
+void zn_pcache_spec_void(zn_trainer *tr, zn_unit *un)
+{
+    pthread_mutex_lock(&tr->opt.land_lock);
+    for (int k = 0; k < un->np; k++) {
+        zn_pcache_ent *c = pcache_held_of(tr, &tr->pieces[un->p0 + k]);
+        if (c) {  /* the block's later pieces find no entry and claim none */
+            c->state = ZN_PC_FREE;
+            c->block = -1;
+        }
     }
     pthread_mutex_unlock(&tr->opt.land_lock);
 }
@@ -374,12 +421,13 @@ int zn_sched_params_out(zn_trainer *tr, int u, const void *src, zn_io_req *pwr, 
             atomic_fetch_add(&tr->tm.h2d, bytes);
             h2d = true;
         } else {
-            /* (a speculative update never goes to the cache: a fetch
-             * takes READY entries without looking at the landing) */
-            zn_pcache_ent *c = track && !un->spec ? pcache_entry(tr, p->block) : NULL;
+            /* (a speculative update's piece is held in its entry until
+             * the update commits: a fetch takes READY entries without
+             * looking at the landing) */
+            zn_pcache_ent *c = track ? pcache_entry(tr, p->block) : NULL;
             if (c) {
                 memcpy((char *)c->buf + in_block, from, bytes);
-                pcache_piece_in(tr, c);
+                pcache_piece_in(tr, c, p, un->spec);
             }
             char what[48];
             snprintf(what, sizeof what, "params b%d u%d", p->block, u);

@@ -123,6 +123,11 @@ typedef struct {
                                room tiers.grads=auto found): its offset in
                                tr->gram (elements); -1 otherwise */
     int param_id;           /* NVMe param piece (-1 otherwise) */
+    /* optimizer thread: the param cache entry (index + 1; 0: none) a
+     * speculative update of this piece went into, for job pc_seq; held
+     * there until the update commits (sched_optim.c) */
+    int pc_ent1;
+    int64_t pc_seq;
 } zn_piece;
 
 typedef enum { ZN_PHOME_DEVICE = 0, ZN_PHOME_CPU, ZN_PHOME_NVME } zn_param_home;
@@ -224,7 +229,8 @@ static inline int zn_tr_unit_sid_next(const zn_unit *un, int k)
  * needs neither the NVMe write to land nor a read back of the same bytes.
  * The NVMe write still goes out (the home stays the copy of record). An
  * entry is filled by the optimizer thread (FILLING -> READY once every piece
- * of the block is in), taken by one fetch (READY -> READING) and freed by a
+ * of the block is in and every speculative update among them committed: a
+ * speculative piece is held, zn_pcache_spec_commit / _spec_void), taken by one fetch (READY -> READING) and freed by a
  * host function after that fetch's H2D copy. The optimizer reclaims FREE
  * entries and READY/FILLING ones of an older job (stale: the step that
  * could use them has fetched all its blocks), else evicts its own entry of
@@ -240,6 +246,8 @@ typedef struct {
     int block;
     int64_t seq;            /* the optimizer job whose update it holds */
     int left;               /* pieces still to copy */
+    int held;               /* pieces in from speculative updates not yet
+                               committed: READY waits for them too */
     zn_pc_state state;
 } zn_pcache_ent;
 
@@ -248,6 +256,12 @@ bool zn_pcache_ready_locked(zn_trainer *tr, int b, int64_t seq);
 /* Takes block b's READY entry of job seq for a fetch (-> READING); returns
  * its index or -1. */
 int zn_pcache_take(zn_trainer *tr, int b, int64_t seq);
+/* Optimizer thread: unit un's speculative update stands: its pieces' cache
+ * entries stop waiting for it. */
+void zn_pcache_spec_commit(zn_trainer *tr, zn_unit *un);
+/* Optimizer thread: unit un's speculative update is void: the entries its
+ * pieces went into are dropped (their block goes the NVMe way). */
+void zn_pcache_spec_void(zn_trainer *tr, zn_unit *un);
 /* Host function after the fetch's H2D copy from an entry: frees it. */
 void zn_pcache_release_fn(void *arg);
 
@@ -502,7 +516,7 @@ typedef struct {
     _Atomic uint64_t pcache_bytes;
     /* the speculative step: units stepped before the norm, of them
      * committed as they were and stepped again (clipping, fp16 overflow) */
-    _Atomic uint64_t spec_units, spec_commits, spec_redos;
+    _Atomic uint64_t spec_units, spec_commits, spec_redos, spec_cache_fills;
     bool spec_clipped;      /* main thread: the last step clipped or overflowed */
     bool spec_settle;       /* tests: the go waits for spec_parked (zn_train_options) */
     int64_t spec_parked;    /* (lock) the speculative job that has nothing left to

@@ -166,6 +166,7 @@ void zn_train_get_report(zn_trainer *tr, zn_train_report *r)
     r->spec_units = atomic_load(&tr->opt.spec_units);
     r->spec_commits = atomic_load(&tr->opt.spec_commits);
     r->spec_redos = atomic_load(&tr->opt.spec_redos);
+    r->spec_cache_fills = atomic_load(&tr->opt.spec_cache_fills);
     r->speculative = tr->plan.spec_shadow > 0;
     r->steps = tr->stats.steps_run;
     r->tokens = tr->stats.tokens;
@@ -194,6 +195,7 @@ void zn_train_reset_counters(zn_trainer *tr)
     atomic_store(&tr->opt.spec_units, 0);
     atomic_store(&tr->opt.spec_commits, 0);
     atomic_store(&tr->opt.spec_redos, 0);
+    atomic_store(&tr->opt.spec_cache_fills, 0);
     zn_trace_reset_busy(tr->trace);
     atomic_store(&tr->tm.h2d, 0);
     atomic_store(&tr->tm.d2h, 0);
@@ -268,9 +270,10 @@ void zn_train_print_report(zn_trainer *tr, FILE *f)
                 zn_format_size(r.param_cache_bytes, a, sizeof a), r.param_cache_entries);
     if (r.speculative)
         fprintf(f, "  %-18s %9llu units (stepped before the global norm; %llu committed as "
-                "they were, %llu stepped again for clipping or an overflow)\n", "speculative",
+                "they were, %llu stepped again for clipping or an overflow; %llu param cache "
+                "blocks filled by them)\n", "speculative",
                 (unsigned long long)r.spec_units, (unsigned long long)r.spec_commits,
-                (unsigned long long)r.spec_redos);
+                (unsigned long long)r.spec_redos, (unsigned long long)r.spec_cache_fills);
     if (r.busy_s[busiest] > 0)
         fprintf(f, "  step time / busiest resource (%s) = %.2f  (1.00 = perfectly overlapped)\n",
                 zn_train_resource_name((zn_train_resource)busiest), r.step_s / r.busy_s[busiest]);
