@@ -21,6 +21,9 @@
 # exit; a checkpoint folder read-only on node B alone (its sshd runs in a
 # mount namespace of its own with that folder bound read-only) named with
 # its host; a link slowed by tc (where the kernel has tbf) flagged SLOW.
+# Node B's link set down mid-training: every rank ends naming the one it
+# lost, no swap file is left, the checkpoint verifies, and zinc launch on
+# node A alone with --resume continues as the uninterrupted run.
 # Namespaces, daemons, ranks and files go in a trap whatever happens.
 # usage: test_launch.sh PATH/TO/zinc SOURCE_ROOT
 set -u
@@ -356,6 +359,100 @@ else
     else
         echo "FAIL: kill -9 of rank 2: launcher exit $rc (want != 0), $named of 2 ranks named rank 2 ($ipB), $s0 of 2 ended non-zero, ${took}s, survivors' swap left '$left', after the next run '$after', ranks left: $(ranks_left | tr '\n' ' ')"
         tail -12 long.err; fail=1
+    fi
+fi
+
+# 5c. node B's link set down mid-training (no socket closes: the ranks only
+# stop hearing each other): ranks 0 and 1 end non-zero within
+# ZINC_COMM_TIMEOUT (6 s here) naming rank 2 and its host; rank 2 ends on
+# its own on B the same way; the launcher, which cannot reach B's ssh any
+# more, stops waiting after its grace (3 s, twice) and exits non-zero; no
+# swap file is left on either node and the last checkpoint verifies. Then
+# the path a user takes after a reclaim: zinc launch with node A alone (2
+# slots) and --resume continues from that checkpoint with the global batch
+# kept (accumulation 2 on 3 ranks, 3 on 2), and its three steps' losses are
+# those of the same checkpoint continued on 3 ranks (the uninterrupted run)
+# within the rank tests' relative 2e-4
+# (test_train_elastic.sh: another number of ranks sums the same fp32
+# gradients in another order).
+ckl=(--set 'train.checkpoint.dir="ckl"' --set train.checkpoint.every=2
+     --set gradient_accumulation_steps=2)
+on_B() { for p in $(ip netns pids "$nsB"); do
+             tr '\0' ' ' 2>/dev/null < /proc/$p/cmdline | grep -q "^$zinc train --steps 100000" && echo $p
+         done; }
+rm -rf ckl long.out long.err
+ip netns exec "$nsA" env ZINC_COMM_TIMEOUT=6 "$zinc" launch --launcher_args "-F $tmp/ssh_config" \
+    --hostfile hostfile --fail_grace 3 -- "$zinc" train --steps 100000 --set train.threads=1 \
+    "${ckl[@]}" > long.out 2> long.err &
+lpid=$!
+up=0
+for _ in $(seq 600); do
+    grep -q "^\[$ipA:0\] checkpoint .*step-" long.out 2>/dev/null && [ -n "$(on_B)" ] && { up=1; break; }
+    sleep 0.1
+done
+if [ $up != 1 ]; then
+    echo "FAIL: link down: the run did not reach its first checkpoint: $(tail -5 long.err)"
+    fail=1
+    kill -9 $lpid 2>/dev/null; wait $lpid 2>/dev/null
+else
+    t0=$(date +%s.%N)
+    ip -n "$nsB" link set "$vB" down
+    for _ in $(seq 600); do kill -0 $lpid 2>/dev/null || break; sleep 0.1; done
+    { wait $lpid; } 2>/dev/null
+    rc=$?
+    took=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}")
+    for _ in $(seq 300); do [ -z "$(on_B)" ] && break; sleep 0.1; done
+    b_left=$(on_B)
+    took_b=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}")
+    ip -n "$nsB" link set "$vB" up
+    named=0
+    for r in 0 1; do
+        grep -q "^\[$ipA:$r\] .*rank 2 ($ipB)" long.err && named=$((named + 1))
+    done
+    s0=$(grep -c "rank [01] on $ipA ended with status [1-9]" long.err)
+    left=$(find zinc-swap -type f 2>/dev/null | head -3)
+    "$zinc" export ckl --verify > verify.out 2>&1
+    vrc=$?
+    if [ $rc -ne 0 ] && [ $named -ge 1 ] && [ "$s0" -eq 2 ] && [ -z "$b_left" ] && [ -z "$left" ] &&
+       [ $vrc -eq 0 ] && awk "BEGIN{exit !($took < 6 + 3 + 3 + 15)}"; then
+        echo "ok: link down on B: ranks 0 and 1 ended non-zero in ${took}s, $named of them naming rank 2 ($ipB), rank 2 ended on B by ${took_b}s, launcher exit $rc, no swap file left, $(cat ckl/latest) verifies:"
+        grep "^\[$ipA:[01]\] .*rank 2 ($ipB)" long.err | head -1 | cut -c1-300 | sed 's/^/    /'
+    else
+        echo "FAIL: link down on B: launcher exit $rc (want != 0) in ${took}s, $named of 2 ranks named rank 2 ($ipB), $s0 of 2 ended non-zero, rank 2 left on B: '$b_left', swap left '$left', verify exit $vrc ($(tail -1 verify.out))"
+        tail -12 long.err; fail=1
+    fi
+    if [ -f ckl/latest ]; then
+        at=$(sed 's/^step-0*//' ckl/latest)
+        rm -rf ckl3
+        cp -r ckl ckl3
+        printf '%s slots=2\n' $ipA > hostfile_a
+        launch --hostfile hostfile_a -- "$zinc" train --steps $((at + 3)) --set train.threads=1 \
+            "${ckl[@]}" --resume --json-log resumed.jsonl > resumed.out 2> resumed.err
+        rrc=$?
+        # the uninterrupted run: the same checkpoint continued on 3 ranks
+        # (one host; a resume at the same world size is the uninterrupted
+        # run bit for bit, test_train_elastic.sh), on the same synthetic
+        # set (its size follows the run's steps: the checkpoint keeps it)
+        port=$(free_port)
+        pids=()
+        for r in 0 1 2; do
+            log=()
+            [ $r -eq 0 ] && log=(--json-log whole.jsonl)
+            RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 \
+                MASTER_PORT=$port ZINC_COMM_BACKEND=tcp timeout 120 "$zinc" train \
+                --steps $((at + 3)) --set train.threads=1 "${ckl[@]}" \
+                --set 'train.checkpoint.dir="ckl3"' --resume "${log[@]}" > whole.r$r.out 2>&1 &
+            pids+=($!)
+        done
+        for r in 0 1 2; do wait "${pids[$r]}"; done
+        worst=$(awk -v want=3 -f "$src/tests/loss_diff.awk" whole.jsonl resumed.jsonl 2>/dev/null)
+        if [ $rrc -eq 0 ] && grep -q "^\[$ipA:0\]  *ranks  *2 " resumed.out &&
+           [ "$worst" != none ] && awk "BEGIN{exit !(${worst:-1} <= 2e-4)}"; then
+            echo "ok: resumed on node A alone (2 ranks) from step $at: steps $((at + 1))-$((at + 3)) within $worst of the uninterrupted 3-rank run"
+        else
+            echo "FAIL: the resume on node A alone from step $at: exit $rrc, worst relative loss difference '$worst' (bound 2e-4)"
+            tail -5 resumed.err; paste <(hexes whole.jsonl) <(hexes resumed.jsonl) | tail -4; fail=1
+        fi
     fi
 fi
 
