@@ -247,6 +247,34 @@ r = subprocess.run([zinc, "generate", "--model", q3, "--chat", question, "--temp
 check(r.returncode == 2 and "--template-arg 'enable_thinking': expected KEY=VALUE" in r.stderr,
       "a malformed --template-arg: %d %s" % (r.returncode, r.stderr))
 
+# Gemma's own template (tests/fixtures/templates/gemma.jinja): --chat's ids
+# are its render with the generation prompt; a conversation with a system
+# turn, which it refuses, fails naming the template's words
+gm = os.path.join(work, "model-gemma")
+shutil.copytree(model, gm)
+cfg = json.load(open(os.path.join(gm, "tokenizer_config.json")))
+gmt = open(os.path.join(fix, "templates", "gemma.jinja")).read()
+cfg["chat_template"] = gmt
+json.dump(cfg, open(os.path.join(gm, "tokenizer_config.json"), "w"))
+r = subprocess.run([zinc, "generate", "--model", gm, "--device", "host", "--chat", question,
+                    "--max-new-tokens", "2", "--json"], capture_output=True, text=True)
+bos = cfg.get("bos_token")
+bos = bos.get("content") if isinstance(bos, dict) else bos
+want = env.from_string(gmt).render(messages=[{"role": "user", "content": question}],
+                                   add_generation_prompt=True, bos_token=bos or "")
+check(r.returncode == 0 and json.loads(r.stdout).get("prompt_ids") == tok.encode(want).ids
+      and want.endswith("<start_of_turn>model\n"),
+      "gemma --chat ids are not the template's: %s" % r.stderr)
+gp = os.path.join(work, "gemma-sys.jsonl")
+with open(gp, "w") as f:
+    f.write(json.dumps({"messages": [{"role": "system", "content": "be brief"},
+                                     {"role": "user", "content": question}]}) + "\n")
+r = subprocess.run([zinc, "generate", "--model", gm, "--device", "host", "--prompts", gp,
+                    "--max-new-tokens", "2"], capture_output=True, text=True)
+check(r.returncode != 0 and "the chat template refuses this conversation: System role not "
+      "supported" in r.stderr and "Traceback" not in r.stderr,
+      "gemma, a system turn: %d %s" % (r.returncode, r.stderr))
+
 # --prompts with --out: each as alone
 recs = [{"prompt": prompt}, {"messages": [{"role": "user", "content": question}]},
         {"ids": tok.encode("hello there").ids}]

@@ -124,7 +124,10 @@ ZN_API int zn_hostfile_devices(const zn_hostfile *h, int host, char *buf, size_t
  * lines up to an empty one, the job's ZINC_JOB_SECRET among them, and
  * CMD is `cd CWD && exec env sh -c WATCH' zinc-rank ARGV...` (a value
  * with a line break alone stays on the command line). */
-typedef enum { ZN_REMOTE_SSH = 0, ZN_REMOTE_PDSH = 1 } zn_remote;
+/* ZN_REMOTE_MPIRUN: Open MPI's mpirun starts the ranks (its own ssh and
+ * daemons; ZINC_COMM_BACKEND=mpi); zinc checks the hosts first, rewrites
+ * mpirun's tagged output as [host:rank] and forwards signals to it. */
+typedef enum { ZN_REMOTE_SSH = 0, ZN_REMOTE_PDSH = 1, ZN_REMOTE_MPIRUN = 2 } zn_remote;
 
 /* A note from the launcher while it runs (a rank that ended badly, a
  * signal forwarded), for the caller to print. */
@@ -174,6 +177,7 @@ typedef struct zn_cluster_config {
     double fail_grace_s;
     int out_fd, err_fd;             /* where the ranks' stdout / stderr lines go: 1, 2 */
     const char *ssh, *pdsh;         /* the programs: "ssh", "pdsh" */
+    const char *mpirun;             /* "mpirun" */
     zn_cluster_note_fn note;        /* NULL: none */
     void *note_arg;
     /* 1 (default): zn_cluster_run makes a secret for the job (32 bytes of

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "zn_build_config.h"
 #include "zinc/launch.h"
 
 /* DeepSpeed's default hostfile (DLTS_HOSTFILE, deepspeed/launcher/runner.py) */
@@ -21,7 +22,7 @@ static void usage(FILE *f)
     fprintf(f,
         "usage: zinc launch [--hostfile FILE] [--include S | --exclude S] [--num_nodes N]\n"
         "                   [--num_gpus N] [--master_addr A] [--master_port P]\n"
-        "                   [--launcher ssh|pdsh] [--launcher_args \"...\"]\n"
+        "                   [--launcher ssh|pdsh|openmpi] [--launcher_args \"...\"]\n"
         "                   [--check_timeout S] [--fail_grace S] [--] COMMAND [ARGS...]\n"
         "       zinc launch --check [--check_args \"...\"] [same flags] [-- zinc train ...]\n"
         "\n"
@@ -37,8 +38,11 @@ static void usage(FILE *f)
         "  --num_gpus N         slots 0..N-1 of each host (localhost: N slots)\n"
         "  --master_addr A      where rank 0 listens (default: the first host)\n"
         "  --master_port P      its port (default 29500)\n"
-        "  --launcher ssh|pdsh  how the ranks are started (default ssh)\n"
-        "  --launcher_args S    options for ssh or pdsh, split on blanks (\"-F cfg\")\n"
+        "  --launcher L         how the ranks are started: ssh (default), pdsh, or openmpi\n"
+        "                       (Open MPI's mpirun, its own ssh and daemons, the MPI\n"
+        "                       communicator; mpirun also works)\n"
+        "  --launcher_args S    options for ssh or pdsh, split on blanks (\"-F cfg\"); with\n"
+        "                       openmpi, for the ssh mpirun starts its daemons with\n"
         "  --check_timeout S    ssh ConnectTimeout of the check and the ranks (default 10)\n"
         "  --fail_grace S       after a rank fails, seconds before the rest get SIGTERM\n"
         "                       (default 60)\n"
@@ -312,9 +316,19 @@ int zn_cmd_launch(int argc, char **argv)
         cc.remote = ZN_REMOTE_SSH;
     else if (!strcmp(launcher, "pdsh"))
         cc.remote = ZN_REMOTE_PDSH;
-    else {
-        fprintf(stderr, "zinc: error: --launcher %s: zinc launches with ssh or pdsh (mpirun "
-                        "and srun start zinc train themselves)\n", launcher);
+    else if (!strcmp(launcher, "openmpi") || !strcmp(launcher, "mpirun")) {
+#if ZN_HAVE_MPI
+        cc.remote = ZN_REMOTE_MPIRUN;
+        cc.job_secret = 0;  /* no TCP rendezvous: mpirun's own channels */
+#else
+        fprintf(stderr, "zinc: error: --launcher %s: this zinc is built without MPI (Open "
+                        "MPI's development files at build time: libopenmpi-dev)\n", launcher);
+        return 2;
+#endif
+    } else {
+        fprintf(stderr, "zinc: error: --launcher %s: zinc launches with ssh, pdsh or openmpi "
+                        "(Open MPI's mpirun); DeepSpeed's mvapich, mpich, impi and slurm "
+                        "launchers are not built\n", launcher);
         return 2;
     }
 

@@ -48,7 +48,7 @@ void zn_cli_end_job(int launcher_must_end, int code)
 #endif
 }
 
-/* Every command's SIGINT, SIGTERM and SIGHUP until it installs its own (zinc
+/* Every command's SIGINT, SIGTERM, SIGHUP and SIGUSR1 until it installs its own (zinc
  * train stops its step and saves; zinc launch forwards them): the NVMe swap
  * files and run directories this process made go first (unlink and rmdir:
  * async-signal-safe), then the signal takes its default course, so nothing
@@ -69,6 +69,7 @@ static void install_signals(void)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);  /* what mpirun passes on (zinc launch --launcher openmpi) */
 }
 
 static void usage(FILE *f)

@@ -46,6 +46,18 @@ int zn_cluster_transport_argv(const zn_cluster_config *c, const char *host, cons
  * never passed on. Free *block with zn_cluster_free_secret_block. */
 int zn_cluster_rank_launch(const zn_cluster_config *c, int rank, const char *secret,
                            const char *job_id, char ***argv, char **cmd, char **block);
+/* The variables every rank gets from the launcher's environment and the
+ * .deepspeed_env files (home's, then cwd's), as KEY=VALUE strings; free
+ * with zn_cluster_env_free. The launcher's ZINC_JOB_SECRET / ZINC_JOB_ID
+ * are never among them. */
+int zn_cluster_env_list(const zn_cluster_config *c, const char *cwd, char ***kv, int *n);
+void zn_cluster_env_free(char **kv, int n);
+/* argv of n words (copied) in one allocation, NULL-terminated. */
+int zn_cluster_pack_argv(const char *const *words, int n, char ***out);
+/* --launcher openmpi (launch_mpi.c): mpirun's command line for the job, and
+ * zn_cluster_run's work for it. */
+int zn_cluster_mpirun_argv(const zn_cluster_config *c, char ***argv);
+int zn_cluster_run_mpirun(const zn_cluster_config *c, zn_cluster_result *res);
 /* Wipes and frees; accepts NULL. */
 void zn_cluster_free_secret_block(char *block);
 /* The job's secret as 64 hex digits (32 bytes of getrandom) and a job id

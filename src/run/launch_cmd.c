@@ -65,6 +65,7 @@ zn_cluster_config zn_cluster_config_default(void)
     c.err_fd = 2;
     c.ssh = "ssh";
     c.pdsh = "pdsh";
+    c.mpirun = "mpirun";
     c.job_secret = 1;
     return c;
 }
@@ -312,6 +313,38 @@ static int env_forwarded(envlist *e, const char *home, const char *cwd)
     return 0;
 }
 
+/* The launcher's own ZINC_JOB_SECRET / ZINC_JOB_ID are never passed on. */
+static void env_drop_secret(envlist *e)
+{
+    for (int i = 0; i < e->n; i++)
+        if (!strncmp(e->kv[i], "ZINC_JOB_SECRET=", 16) || !strncmp(e->kv[i], "ZINC_JOB_ID=", 12)) {
+            free(e->kv[i]);
+            e->kv[i--] = e->kv[--e->n];
+        }
+}
+
+int zn_cluster_env_list(const zn_cluster_config *c, const char *cwd, char ***kv, int *n)
+{
+    envlist e = { 0 };
+    *kv = NULL;
+    *n = 0;
+    int rc = env_forwarded(&e, c->home ? c->home : getenv("HOME"), cwd);
+    if (rc) {
+        env_free(&e);
+        return rc;
+    }
+    env_drop_secret(&e);
+    *kv = e.kv;
+    *n = e.n;
+    return 0;
+}
+
+void zn_cluster_env_free(char **kv, int n)
+{
+    envlist e = { kv, n, n };
+    env_free(&e);
+}
+
 int zn_cluster_master_addr(const zn_cluster_config *c, const char **addr)
 {
     if (!c || !c->hosts || c->hosts->n_hosts < 1 || !addr)
@@ -337,7 +370,7 @@ int zn_cluster_master_addr(const zn_cluster_config *c, const char **addr)
 /* ---- argv -------------------------------------------------------------------------------*/
 /* words[0..n) copied into one allocation: the pointer array, NULL, then the
  * strings. */
-static int pack_argv(const char *const *words, int n, char ***out)
+int zn_cluster_pack_argv(const char *const *words, int n, char ***out)
 {
     size_t bytes = sizeof(char *) * (size_t)(n + 1);
     for (int i = 0; i < n; i++)
@@ -370,7 +403,7 @@ int zn_cluster_transport_argv(const zn_cluster_config *c, const char *host, cons
         w[n++] = "/bin/sh";
         w[n++] = "-c";
         w[n++] = cmd;
-        return pack_argv(w, n, argv);
+        return zn_cluster_pack_argv(w, n, argv);
     }
     double t = c->check_timeout_s > 0 ? c->check_timeout_s : 10;
     if (c->remote == ZN_REMOTE_PDSH) {
@@ -421,7 +454,7 @@ int zn_cluster_transport_argv(const zn_cluster_config *c, const char *host, cons
     }
     w[n++] = host;
     w[n++] = cmd;
-    rc = pack_argv(w, n, argv);
+    rc = zn_cluster_pack_argv(w, n, argv);
     free(args);
     return rc;
 }
@@ -477,11 +510,7 @@ int zn_cluster_rank_launch(const zn_cluster_config *c, int rank, const char *sec
         goto out;
     /* a secret of the launcher's own environment is never passed on: it
      * would be on a command line, and the job's is made afresh */
-    for (int i = 0; i < e.n; i++)
-        if (!strncmp(e.kv[i], "ZINC_JOB_SECRET=", 16) || !strncmp(e.kv[i], "ZINC_JOB_ID=", 12)) {
-            free(e.kv[i]);
-            e.kv[i--] = e.kv[--e.n];
-        }
+    env_drop_secret(&e);
     if (by_channel && secret &&
         ((rc = env_put(&e, "ZINC_JOB_SECRET", 15, secret, strlen(secret))) ||
          (job_id && (rc = env_put(&e, "ZINC_JOB_ID", 11, job_id, strlen(job_id))))))

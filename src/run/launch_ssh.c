@@ -360,6 +360,8 @@ int zn_cluster_run(const zn_cluster_config *c, zn_cluster_result *res)
     int world = zn_hostfile_world(c->hosts);
     if (world < 1)
         return zn_set_error(ZN_EARG, "zn_cluster_run: no slot selected");
+    if (c->remote == ZN_REMOTE_MPIRUN)
+        return zn_cluster_run_mpirun(c, res);
     res->exit_code = 0;
     res->worst_rank = -1;
     res->first_failed = -1;
