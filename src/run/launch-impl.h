@@ -6,6 +6,7 @@
 #ifndef ZN_RUN_LAUNCH_IMPL_H
 #define ZN_RUN_LAUNCH_IMPL_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -70,6 +71,11 @@ int zn_cluster_make_secret(char secret[ZN_JOB_SECRET_HEX + 1], char job_id[17]);
  * actions and an empty mask; own_group: a process group of its own (a
  * terminal's Ctrl-C then reaches the launcher alone). 0 or -errno named. */
 int zn_cluster_spawn(char *const *argv, int in, int out, int err, int own_group, pid_t *pid);
+/* Blocks SIGINT, SIGTERM, SIGHUP, SIGCHLD and SIGPIPE (the old mask in
+ * *old) and takes them on a signalfd (*sfd); 0 or a negative code named.
+ * give_signals closes it, drops what is pending and restores the mask. */
+int zn_cluster_take_signals(sigset_t *take, sigset_t *old, int *sfd);
+void zn_cluster_give_signals(const sigset_t *take, const sigset_t *old, int *sfd);
 /* pipe2(O_CLOEXEC), end nonblock_end (0, 1; -1 none) nonblocking. */
 int zn_cluster_pipe(int fds[2], int nonblock_end);
 /* close(*fd) once; *fd = -1. */

@@ -8,14 +8,12 @@
  * on to every rank, as it does not SIGTERM) and returns its status. */
 #include <errno.h>
 #include <poll.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "run/launch-impl.h"
@@ -170,24 +168,12 @@ int zn_cluster_run_mpirun(const zn_cluster_config *c, zn_cluster_result *res)
         return rc;
     int in[2] = { -1, -1 }, po[2] = { -1, -1 }, pe[2] = { -1, -1 }, sfd = -1;
     sigset_t take, old;
-    sigemptyset(&take);
-    sigaddset(&take, SIGINT);
-    sigaddset(&take, SIGTERM);
-    sigaddset(&take, SIGHUP);
-    sigaddset(&take, SIGCHLD);
-    sigaddset(&take, SIGPIPE);
     int masked = 0;
     pid_t pid = 0;
     mpi_stream so = { .out_fd = c->out_fd }, se = { .out_fd = c->err_fd, .is_err = 1 };
-    if ((rc = pthread_sigmask(SIG_BLOCK, &take, &old))) {
-        rc = zn_set_error(-rc, "launch: pthread_sigmask: %s", strerror(rc));
+    if ((rc = zn_cluster_take_signals(&take, &old, &sfd)))
         goto out;
-    }
     masked = 1;
-    if ((sfd = signalfd(-1, &take, SFD_CLOEXEC | SFD_NONBLOCK)) < 0) {
-        rc = zn_set_error(-errno, "launch: signalfd: %s", strerror(errno));
-        goto out;
-    }
     /* mpirun's stdin: nothing (it would forward it to rank 0) */
     if ((rc = zn_cluster_pipe(in, -1)) || (rc = zn_cluster_pipe(po, 0)) ||
         (rc = zn_cluster_pipe(pe, 0)))
@@ -272,16 +258,8 @@ out:
     zn_cluster_close_fd(&pe[1]);
     zn_cluster_close_fd(&so.fd);
     zn_cluster_close_fd(&se.fd);
-    if (sfd >= 0)
-        close(sfd);
-    if (masked) {
-        /* signals that came while blocked stay pending: taken here, not
-         * delivered to the caller afterwards */
-        struct timespec zero = { 0, 0 };
-        while (sigtimedwait(&take, NULL, &zero) > 0) {
-        }
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-    }
+    if (masked)
+        zn_cluster_give_signals(&take, &old, &sfd);
     free(argv);
     return rc;
 }

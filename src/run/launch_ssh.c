@@ -31,6 +31,37 @@ extern char **environ;
 /* Starts argv with fds in/out/err as its 0/1/2, default signal actions and
  * an empty mask; own_group: in a process group of its own, so that a
  * terminal's Ctrl-C reaches the launcher alone (which forwards it). */
+int zn_cluster_take_signals(sigset_t *take, sigset_t *old, int *sfd)
+{
+    *sfd = -1;
+    sigemptyset(take);
+    int sigs[] = { SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE };
+    for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++)
+        sigaddset(take, sigs[i]);
+    int rc = pthread_sigmask(SIG_BLOCK, take, old);
+    if (rc)
+        return zn_set_error(-rc, "launch: pthread_sigmask: %s", strerror(rc));
+    if ((*sfd = signalfd(-1, take, SFD_CLOEXEC | SFD_NONBLOCK)) < 0) {
+        rc = zn_set_error(-errno, "launch: signalfd: %s", strerror(errno));
+        pthread_sigmask(SIG_SETMASK, old, NULL);
+        return rc;
+    }
+    return 0;
+}
+
+void zn_cluster_give_signals(const sigset_t *take, const sigset_t *old, int *sfd)
+{
+    if (*sfd >= 0)
+        close(*sfd);
+    *sfd = -1;
+    /* what was taken stays taken: a pending SIGPIPE or SIGCHLD must not
+     * be delivered (SIGPIPE's default ends the process) */
+    struct timespec zero = { 0, 0 };
+    while (sigtimedwait(take, NULL, &zero) > 0)
+        ;
+    pthread_sigmask(SIG_SETMASK, old, NULL);
+}
+
 int zn_cluster_spawn(char *const *argv, int in, int out, int err, int own_group, pid_t *pid)
 {
     posix_spawn_file_actions_t fa;
@@ -406,21 +437,9 @@ int zn_cluster_run(const zn_cluster_config *c, zn_cluster_result *res)
                      "their TCP ports take a connection from anyone (use ssh for that)");
                 break;
             }
-    sigemptyset(&take);
-    sigaddset(&take, SIGINT);
-    sigaddset(&take, SIGTERM);
-    sigaddset(&take, SIGHUP);
-    sigaddset(&take, SIGCHLD);
-    sigaddset(&take, SIGPIPE);
-    if ((rc = pthread_sigmask(SIG_BLOCK, &take, &old))) {
-        rc = zn_set_error(-rc, "launch: pthread_sigmask: %s", strerror(rc));
+    if ((rc = zn_cluster_take_signals(&take, &old, &sfd)))
         goto out;
-    }
     masked = 1;
-    if ((sfd = signalfd(-1, &take, SFD_CLOEXEC | SFD_NONBLOCK)) < 0) {
-        rc = zn_set_error(-errno, "launch: signalfd: %s", strerror(errno));
-        goto out;
-    }
 
     /* start every rank; one that cannot start stops the ones before it */
     for (int i = 0; i < world && !start_rc; i++) {
@@ -589,16 +608,8 @@ out:
         free(r->out.buf);
         free(r->err.buf);
     }
-    if (sfd >= 0)
-        close(sfd);
-    if (masked) {
-        /* what was taken stays taken: a pending SIGPIPE or SIGCHLD must not
-         * be delivered (SIGPIPE's default ends the process) */
-        struct timespec zero = { 0, 0 };
-        while (sigtimedwait(&take, NULL, &zero) > 0)
-            ;
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-    }
+    if (masked)  /* (sfd is -1 when the signals were never taken) */
+        zn_cluster_give_signals(&take, &old, &sfd);
     free(s.r);
     free(s.line);
     for (volatile char *v = secret; v < secret + sizeof secret; v++)
