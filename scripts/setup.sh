@@ -8,6 +8,7 @@ pkgs=(build-essential meson ninja-build pkg-config liburing-dev libhwloc-dev
       libjansson-dev libyaml-dev libsodium-dev libopenblas-openmp-dev libomp-dev libopenmpi-dev openmpi-bin
       fio e2fsprogs iproute2 python3 python3-venv
       openssh-client openssh-server    # (zinc launch's ssh; tests/test_launch.sh runs an sshd)
+      pdsh                             # (zinc launch --launcher pdsh, tested there too)
       clang libclang-rt-14-dev)    # (clang: the libFuzzer harnesses of build-fuzz)
 missing=()
 for p in "${pkgs[@]}"; do
