@@ -217,7 +217,10 @@ static int run_ranks(const zn_cluster_config *cc, const zn_hostfile *hf, const c
         int failed = 0;
         for (int r = 0; r < world; r++)
             failed += status[r] != 0;
-        if (zn_hostfile_place(hf, res.worst_rank, &pl) == 0)
+        if (res.worst_rank < 0)  /* mpirun: it knows the ranks' statuses, zinc does not */
+            fprintf(stderr, "zinc launch: mpirun exited %d (a rank's status, or mpirun's own "
+                            "failure: its lines above name the rank)\n", code);
+        else if (zn_hostfile_place(hf, res.worst_rank, &pl) == 0)
             fprintf(stderr, "zinc launch: %d of %d rank%s failed; the worst, rank %d on %s, "
                             "exited %d%s\n", failed, world, world == 1 ? "" : "s",
                     res.worst_rank, hf->hosts[pl.host].name, code,
