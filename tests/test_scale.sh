@@ -64,8 +64,11 @@ for t in gpu cpu nvme; do
 done
 if [ $stop -eq 1 ]; then
     # the signal comes just after step 1 has said what a stop costs: the
-    # run stops after step 1 or, when step 2 had begun, after step 2
-    est=$(grep "^on SIGTERM the step in progress ends" out.txt)
+    # run stops after step 1 or, when step 2 had begun, before step 2's
+    # update (its state is step 1's) or after it
+    # (one rank: "the step in progress stops before its update"; ranks:
+    # "... ends")
+    est=$(grep -E "^on SIGTERM the step in progress (stops before its update|ends)" out.txt)
     [ -n "$est" ] || { echo "FAIL: the run does not say what a stop costs after its first step"; fail=1; }
     s=$(sed -n 's/.*Terminated: stopped after step \([12]\), checkpoint saved in ck, swap files removed.*/\1/p' out.txt)
     [ -n "$s" ] || { echo "FAIL: not stopped after step 1 or 2 with a checkpoint: $(tail -n 2 out.txt)"; fail=1; }
