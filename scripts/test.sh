@@ -41,7 +41,9 @@ run build --no-suite scale "$@"
 # the same suites on other kernels: a bound fitted to one BLAS or SIMD path
 # fails here
 read -r -a run_env <<<"$(bash scripts/numeric-paths.sh second build)" || run_env=()
-# (suite once: the launcher's ssh plumbing, no numeric path of its own)
+# (suite once: tests whose checks do not depend on the SIMD or BLAS kernel,
+# or that run every SIMD path themselves: the launcher, plan_contract,
+# master_sr_cli, ckpt_background)
 run build-nocuda --no-suite once "$@"
 run_env=()
 run build-asan --suite unit "$@"
