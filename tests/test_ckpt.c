@@ -364,6 +364,144 @@ typedef struct {
     int res;
 } fault_state;
 
+/* ---- a final save keeps the NVMe state in place -----------------------------------
+ * A save with final_save of a trainer whose optimizer state is on NVMe links
+ * the swap file into the rank's folder: the same bytes and crc32c as a
+ * copying save of the same state, the trainer refuses to step after it, the
+ * checkpoint outlives the trainer's swap and resumes bit for bit; damage in
+ * what it refers to is found, damage in the ranges it punched out is not
+ * its concern; a missing or truncated swap file is refused by name. A save
+ * at once cancelled by its flag leaves nothing and the trainer goes on. */
+static const zn_ckpt_file *file_of(const zn_ckpt *ck, const char *name)
+{
+    const zn_ckpt_file *f = zn_ckpt__file(ck, name);
+    if (!f)
+        ZT_SETUP_FAIL("checkpoint %s lists no %s", ck->path, name);
+    return f;
+}
+
+static void flip_at(const char *path, uint64_t off)
+{
+    int fd = open(path, O_RDWR);
+    unsigned char b = 0;
+    if (fd < 0 || pread(fd, &b, 1, (off_t)off) != 1)
+        ZT_SETUP_FAIL("%s: %s", path, strerror(errno));
+    b ^= 0x5a;
+    if (pwrite(fd, &b, 1, (off_t)off) != 1)
+        ZT_SETUP_FAIL("%s: %s", path, strerror(errno));
+    close(fd);
+}
+
+static void final_case(const placement *a, const placement *b, uint64_t tiny, const ref_run *ref)
+{
+    char label[256], dcopy[4400], dref[4400], where[4500], path[4800];
+    snprintf(label, sizeof label, "final save in place [%s] -> resume [%s]", a->label, b->label);
+    snprintf(dcopy, sizeof dcopy, "%s/fcopy-%d", ck_root, rand());
+    snprintf(dref, sizeof dref, "%s/fref-%d", ck_root, rand());
+    toy_model toy;
+    zn_trainer *tr;
+    ref_run o;
+    memset(&o, 0, sizeof o);
+    if (create(&tr, &toy, a->sets, a->n, budget_of(a, tiny, ref->n)))
+        ZT_SETUP_FAIL("%s: create: %s", label, zn_last_error());
+    ZT_EQ_INT(steps(tr, 0, HALF, o.loss), 0);
+    /* cancelled: nothing left, the trainer untouched */
+    static volatile sig_atomic_t cancel = 1;
+    zn_ckpt_save_options so = save_opts(dcopy);
+    so.cancel = &cancel;
+    ZT_EQ_INT(zn_ckpt_save(tr, &so, where, sizeof where), -ECANCELED);
+    DIR *dd = opendir(dcopy);
+    int left = 0;
+    for (struct dirent *e; dd && (e = readdir(dd));)
+        left += e->d_name[0] != '.' || (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."));
+    if (dd)
+        closedir(dd);
+    ZT_CHECK_MSG(!left, "%s: a cancelled save left %d entries in %s", label, left, dcopy);
+    so.cancel = NULL;
+    ZT_EQ_INT(zn_ckpt_save(tr, &so, where, sizeof where), 0);
+    ZT_CHECK(zn_ckpt_save_keeps_nvme(tr, dref));
+    so = save_opts(dref);
+    so.final_save = true;
+    int rc = zn_ckpt_save(tr, &so, where, sizeof where);
+    ZT_CHECK_MSG(rc == 0, "%s: final save: %s", label, zn_last_error());
+    /* the trainer gave its state away */
+    zn_train_step_info info;
+    zn_loader_get(loader, HALF, ids, tgts, NULL);
+    ZT_CHECK(zn_train_step(tr, ids, tgts, NULL, &info) != 0);
+    zn_train_destroy(tr);   /* its swap file goes: the checkpoint's link stays */
+    if (rc)
+        return;
+    snprintf(path, sizeof path, "%s/rank-0/state.swp", where);
+    struct stat st;
+    ZT_CHECK_MSG(stat(path, &st) == 0, "%s: no %s", label, path);
+    snprintf(path, sizeof path, "%s/rank-0/m.bin", where);
+    ZT_CHECK_MSG(stat(path, &st) < 0, "%s: %s was copied", label, path);
+    ZT_EQ_INT(zn_ckpt_verify(dref), 0);
+    zn_ckpt *cc, *cr;
+    char cpath[4500];
+    snprintf(cpath, sizeof cpath, "%s/step-%08d", dcopy, HALF);
+    ZT_EQ_INT(zn_ckpt_open(&cc, cpath), 0);
+    ZT_EQ_INT(zn_ckpt_open(&cr, where), 0);
+    for (int k = 0; k < 3; k++) {
+        char rel[64];
+        snprintf(rel, sizeof rel, "rank-0/%s", zn_ckpt__state_file[k]);
+        const zn_ckpt_file *fc = file_of(cc, rel), *fr = file_of(cr, rel);
+        ZT_CHECK_MSG(fr->nref && !fc->nref && fr->bytes == fc->bytes && fr->crc == fc->crc,
+                     "%s: %s in place: %llu bytes crc %08x (%d refs), copied: %llu crc %08x",
+                     label, rel, (unsigned long long)fr->bytes, fr->crc, fr->nref,
+                     (unsigned long long)fc->bytes, fc->crc);
+    }
+    zn_ckpt_close(cc);
+
+    /* resumed (from a copy of the folder: the damage below is to the original) */
+    char dup[4600];
+    snprintf(dup, sizeof dup, "%s-dup", where);
+    copy_tree(where, dup);
+    if (create(&tr, &toy, b->sets, b->n, budget_of(b, tiny, ref->n)))
+        ZT_SETUP_FAIL("%s: create: %s", label, zn_last_error());
+    zn_ckpt *ck;
+    ZT_EQ_INT(zn_ckpt_open(&ck, dup), 0);
+    rc = zn_ckpt_load(ck, tr);
+    ZT_CHECK_MSG(rc == 0, "%s: load: %s", label, zn_last_error());
+    zn_ckpt_close(ck);
+    ZT_EQ_INT(steps(tr, HALF, STEPS, o.loss), 0);
+    read_master(tr, &o);
+    zn_train_destroy(tr);
+    compare(label, ref, &o, HALF);
+
+    /* a byte of v.bin's first piece, in the swap file: found; a byte
+     * nothing refers to: not the checkpoint's concern */
+    const zn_ckpt_file *fv = file_of(cr, "rank-0/v.bin");
+    uint64_t used_end = 0, hole = UINT64_MAX;
+    for (int k = 0; k < 3; k++) {
+        char rel[64];
+        snprintf(rel, sizeof rel, "rank-0/%s", zn_ckpt__state_file[k]);
+        const zn_ckpt_file *f = file_of(cr, rel);
+        for (size_t i = 0; i < f->npc; i++)
+            if (f->pc[i].src == 0 && f->pc[i].off + f->pc[i].len > used_end)
+                used_end = f->pc[i].off + f->pc[i].len;
+    }
+    snprintf(path, sizeof path, "%s/rank-0/state.swp", where);
+    if (stat(path, &st) == 0 && (uint64_t)st.st_size > used_end + 8192)
+        hole = used_end + 4096;
+    ZT_CHECK(fv->npc > 0 && fv->pc[0].src == 0);
+    if (hole != UINT64_MAX) {
+        flip_at(path, hole);
+        ZT_EQ_INT(zn_ckpt_verify(where), 0);
+    }
+    uint64_t first = fv->pc[0].off;
+    flip_at(path, first + fv->pc[0].len / 2);
+    zn_ckpt_close(cr);
+    expect_refused("a flipped byte v.bin refers to", where, "v.bin", 1, a->sets, a->n);
+    /* truncated, then missing */
+    ZT_EQ_INT(truncate(path, (off_t)(first + 1)), 0);
+    expect_refused("state.swp truncated", where, "state.swp", 0, a->sets, a->n);
+    ZT_EQ_INT(unlink(path), 0);
+    expect_refused("state.swp missing", where, "state.swp", 0, a->sets, a->n);
+    printf("%-75s ok%s\n", label, hole == UINT64_MAX ? " (no unused range to damage)" : "");
+    free(o.master);
+}
+
 static int fault_fn(void *user, const zn_aio_fault_site *site)
 {
     fault_state *f = user;
@@ -954,6 +1092,8 @@ int main(void)
     resume_case(&dopt_off, &dopt_off, tiny, &ref);
     resume_case(&pl[1], &dopt_off, tiny, &ref);
     rewind_case(&nvme_home, tiny, &ref);
+    final_case(&pl[2], &pl[2], tiny, &ref);
+    final_case(&pl[3], &pl[1], tiny, &ref);
 
     /* a good checkpoint to damage */
     {

@@ -89,6 +89,47 @@ for delay in $delays; do
     fi
 done
 
+# The final save keeps the state on NVMe in place (the swap file linked into
+# the checkpoint, its unused ranges punched out): its files refer to the
+# swap file, it verifies, and takes about the space of a copy; kill -9 at
+# its points leaves a latest that verifies and resumes bit for bit, and the
+# dead run's swap folder, reclaimed by the resume, takes nothing of the
+# checkpoint with it.
+fin=(--steps $S --set train.log_every=100 --set train.checkpoint.every=3
+     --set train.checkpoint.keep_last=3)
+rm -rf ck zinc-swap
+"$zinc" train "${fin[@]}" --set train.checkpoint.dir=ck > fin.out 2>&1
+rc=$?; check "[ \$rc -eq 0 ]" "a run with saves at steps 3, 6 and the end: $(tail -3 fin.out)"
+f8=ck/step-0000000$S/rank-0
+kind() { python3 "$(dirname "$(realpath "$0")")/ckpt_state.py" kind "$1" "$2"; }
+kinds=""
+for f in master.bin m.bin v.bin; do kinds+="$(kind $f8 $f) "; done
+check "[ '$kinds' = 'ref ref ref ' ] && [ -f $f8/state.swp ] && [ ! -e $f8/m.bin ]" \
+    "the final save did not keep the state in place: $kinds($(ls $f8))"
+check "[ \"\$(kind ck/step-00000006/rank-0 m.bin)\" = copy ]" \
+    "a periodic save (step 6) is not a copy"
+"$zinc" export ck --verify > verify.out 2>&1
+rc=$?; check "[ \$rc -eq 0 ]" "the in-place checkpoint does not verify: $(cat verify.out)"
+state=$(( $(du -B1 -s ck/step-00000006/rank-0 | cut -f1) ))
+kept=$(( $(du -B1 -s $f8 | cut -f1) ))
+if grep -q "cannot punch holes" fin.out; then
+    echo "in-place checkpoint: this file system cannot punch holes: $kept bytes kept (a copy: $state)"
+else
+    check "[ $kept -le $((state + state / 10 + (1 << 20))) ]" \
+        "the in-place checkpoint takes $kept bytes on disk, a copy $state"
+    echo "in-place checkpoint: $kept bytes on disk, a copy $state, the swap file $(stat -c %s $f8/state.swp)"
+fi
+for point in data manifest latest; do
+    rm -rf ck zinc-swap
+    ZINC_CKPT_KILL=$point:3 "$zinc" train "${fin[@]}" --set train.checkpoint.dir=ck \
+        > kill.out 2>&1
+    rc=$?
+    check "[ $rc -eq 137 ]" "kill at $point of the final save: exit $rc, expected 137 (SIGKILL)"
+    resume_and_check "kill -9 at '$point' of the final save (in place)"
+    "$zinc" export ck --verify > verify.out 2>&1
+    rc=$?; check "[ \$rc -eq 0 ]" "after the resume reclaimed the dead run's swap: $(cat verify.out)"
+done
+
 # ENOSPC injected into the 2nd save's writes (a save writes ~39 blocks of 1 MiB)
 enospc() { # $1 dir, $2 continue(true/false), $3 latest expected, $4.. env
     local dir=$1 cont=$2 want=$3; shift 3

@@ -145,23 +145,26 @@ mkdir d && cd d || exit 99
 "$zinc" train --steps 6 --set train.checkpoint.dir=\"ck\" --set train.checkpoint.every=2 \
     --set train.checkpoint.keep_last=3 > t.out 2>&1
 check $? "a run with checkpoints at steps 2, 4 and 6"
-flip() {  # flips one byte in the middle of FILE
-    local f=$1 size
-    size=$(stat -c %s "$f")
-    printf '\x5a' | dd of="$f" bs=1 seek=$((size / 2)) conv=notrunc status=none
-}
-flip ck/step-00000006/rank-0/m.bin
+# flip RANKDIR FILE: one byte in the middle of FILE's bytes, in the file or
+# (a final save on NVMe keeps the state in place) in the swap file linked
+# into the folder
+flip() { python3 "$(dirname "$(realpath "$0")")/ckpt_state.py" flip "$1" "$2"; }
+flip ck/step-00000006/rank-0 m.bin
 "$zinc" train --steps 8 --set train.checkpoint.dir=\"ck\" --resume > r.out 2> r.err
 check $? "a damaged latest: the run resumes"
 grep -q "damaged.*m.bin.*resuming from step-00000004" r.err
 check $? "it names the damaged file and the step it resumes from: $(grep damaged r.err)"
 grep -q "trained 4 steps" r.out
 check $? "it trained steps 5-8 again"
-for s in 2 4 6 8; do [ -d ck/step-0000000$s ] && flip ck/step-0000000$s/rank-0/v.bin; done
+# (step 8 is the resumed run's final save: in place)
+ckpt_kind=$(python3 "$(dirname "$(realpath "$0")")/ckpt_state.py" kind ck/step-00000008/rank-0 v.bin)
+for s in 2 4 6 8; do [ -d ck/step-0000000$s ] && flip ck/step-0000000$s/rank-0 v.bin; done
 "$zinc" train --steps 10 --set train.checkpoint.dir=\"ck\" --resume > n.out 2> n.err
 rc=$?
 [ $rc -eq 1 ] && grep -q "v.bin" n.err && grep -q "no older checkpoint" n.err
-check $? "nothing verifies: refused (exit $rc) naming the file: $(tail -1 n.err)"
+check $? "nothing verifies (the newest kept in place: $ckpt_kind): refused (exit $rc) naming the file: $(tail -1 n.err)"
+[ "$ckpt_kind" = ref ]
+check $? "the final save of a run with its optimizer on NVMe keeps it in place ($ckpt_kind)"
 cd ..
 
 [ $fail -eq 0 ] && echo "signals: all passed" || echo "signals: FAILED"

@@ -21,6 +21,7 @@
 #ifndef ZINC_CKPT_H
 #define ZINC_CKPT_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -61,6 +62,20 @@ typedef struct {
     void *fault_user;
     zn_ckpt_point_fn point;     /* tests */
     void *point_user;
+    /* The trainer takes no further step (the end of a run, a stop): a rank
+     * whose optimizer state lives on the NVMe tier (one swap path, on the
+     * checkpoint's file system) links its swap file into the checkpoint
+     * instead of reading the state back and writing it again; its files
+     * then refer to pieces of that file (zn_ckpt_verify, load and export
+     * read through them) and the file's other ranges are punched out. The
+     * trainer cannot step after it, whether the save succeeds or not.
+     * Where the link cannot be made the state is copied as usual. */
+    bool final_save;
+    /* A save at once (zn_ckpt_save) that finds *cancel set between two of
+     * its writes stops with -ECANCELED, its temporary folder removed, the
+     * trainer untouched: one rank's stop signal, when the final save that
+     * follows keeps the state in place and costs seconds. NULL: none. */
+    const volatile sig_atomic_t *cancel;
 } zn_ckpt_save_options;
 
 ZN_API zn_ckpt_save_options zn_ckpt_save_options_default(void);
@@ -76,6 +91,10 @@ ZN_API zn_ckpt_save_options zn_ckpt_save_options_default(void);
  * state is not saved); ZN_EARG. */
 ZN_API int zn_ckpt_save(zn_trainer *tr, const zn_ckpt_save_options *o, char *out_path,
                         size_t out_len);
+/* Whether a final save (final_save) of this rank into `dir` (or the folder
+ * it would be made in) keeps the optimizer state where it is on NVMe: the
+ * state all on the NVMe tier, one swap path, on dir's file system. */
+ZN_API bool zn_ckpt_save_keeps_nvme(zn_trainer *tr, const char *dir);
 
 /* ---- a save written while the training goes on --------------------------------
  * zn_ckpt_save_start (between steps, every rank, like zn_ckpt_save) begins

@@ -253,6 +253,16 @@ typedef struct {
 ZN_API void zn_swap_get_stats(zn_swap *s, zn_swap_stats *out);
 /* Path of the file on path i, or NULL. Valid until destroy. */
 ZN_API const char *zn_swap_file_path(const zn_swap *s, int i);
+/* The crc32c of bytes [off, off + len) of an extent as last written, for
+ * a checkpoint that takes the swap file over instead of copying it: the
+ * per-block crc32c the engine recorded where the range covers a block's
+ * written bytes whole, the rest (all of it when the engine records none)
+ * read from the file. One path only: the extent is then bytes
+ * [e->offset, e->offset + e->bytes) of that file. Returns 0; -EINVAL for a
+ * range beyond the extent or a stale extent; -ENOTSUP for a striped space;
+ * -errno of a read (each with a message). */
+ZN_API int zn_swap_extent_crc(zn_swap *s, const zn_extent *e, uint64_t off, uint64_t len,
+                              uint32_t *crc);
 
 /* ---- requests ------------------------------------------------------------
  * A request moves [0, len) of an extent from or to `buf` (len <= e->bytes).

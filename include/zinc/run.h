@@ -128,7 +128,10 @@ ZN_API int zn_run_predict(const zn_config *cfg, const zn_model_dims *d, const zn
  * dropped and the one before it stays (one step old); otherwise the ranks
  * on this machine (local_ranks) save the last finished step's master and
  * moments (read back from NVMe where they live there) through the
- * checkpoint folder's disk. The disks are measured as the cost model
+ * checkpoint folder's disk, except what the final save keeps in place:
+ * the NVMe tier's state when it is on one path on the checkpoint folder's
+ * file system (one rank cancels a periodic save in progress for it; ranks
+ * finish one, which save_s bounds). The disks are measured as the cost model
  * measures the NVMe path, once per file system, and cached with its
  * figures (measure false: the cached figures, or 1 GB/s assumed, said by
  * `assumed`); no device is opened. Returns 0, or the measurement's
@@ -136,6 +139,11 @@ ZN_API int zn_run_predict(const zn_config *cfg, const zn_model_dims *d, const zn
 typedef struct {
     uint64_t save_bytes;   /* written by the ranks on this machine */
     uint64_t read_bytes;   /* of them, read from NVMe first */
+    uint64_t inplace_bytes;  /* of them, on NVMe and kept in place by the final
+                                save (the swap file linked into the checkpoint:
+                                the NVMe tier on one path, on the checkpoint
+                                folder's file system) */
+    double final_s;        /* the stop's own save: the rest written (and read) */
     double write_bps;      /* the checkpoint folder's disk */
     double read_bps;       /* the NVMe path's */
     double step_s, save_s, total_s;   /* total_s: stop_s */

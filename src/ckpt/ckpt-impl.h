@@ -29,10 +29,28 @@ typedef struct {
     uint64_t f32_slots;
 } zn_ckpt_rank;
 
+/* A piece of a state file kept by reference: `len` bytes of the entry's
+ * reference file `src` from `off` (src -1: zeros); `at` is where it starts
+ * in the file's bytes. */
+typedef struct {
+    int src;
+    uint64_t off, len, at;
+} zn_ckpt_piece;
+
+#define ZN_CKPT_MAX_REFS 2
+
 typedef struct {
     char *name;         /* relative to the checkpoint folder */
     uint64_t bytes;
     uint32_t crc;
+    /* by reference (a final save of a rank whose optimizer state is on
+     * the NVMe tier: the run's swap file linked into the rank's folder):
+     * the bytes are these pieces of these files, relative to the checkpoint
+     * folder; nref 0: the file itself */
+    char *ref[ZN_CKPT_MAX_REFS];
+    int nref;
+    zn_ckpt_piece *pc;
+    size_t npc;
 } zn_ckpt_file;
 
 struct zn_ckpt {
@@ -60,6 +78,22 @@ const zn_ckpt_file *zn_ckpt__file(const zn_ckpt *ck, const char *name);
 /* Reads [off, off + len) of an open file; a short read is ZN_ECORRUPT
  * naming `path` (truncated). */
 int zn_ckpt__pread(int fd, const char *path, uint64_t off, void *buf, size_t len);
+
+/* A checkpoint file open for reading, itself or through its references. */
+typedef struct {
+    const zn_ckpt_file *f;
+    char path[ZN_CKPT_PATH + 512];  /* the file's, for messages */
+    char rpath[ZN_CKPT_MAX_REFS][ZN_CKPT_PATH + 512];
+    int fd[ZN_CKPT_MAX_REFS];       /* fd[0]: the file itself when f->nref is 0 */
+    int nfd;                        /* open in fd[] */
+} zn_ckpt_rd;
+/* Opens file entry f of ck (posix_fadvise `advice` on what it reads);
+ * a missing file is ZN_ECORRUPT naming it. */
+int zn_ckpt__rd_open(zn_ckpt_rd *r, const zn_ckpt *ck, const zn_ckpt_file *f, int advice);
+/* Bytes [off, off + len) of the file, as zn_ckpt__pread. */
+int zn_ckpt__rd_read(zn_ckpt_rd *r, uint64_t off, void *buf, size_t len);
+/* Accepts a zeroed, failed or closed one. */
+void zn_ckpt__rd_close(zn_ckpt_rd *r);
 
 /* The three optimizer-state files of a rank and their manifest names
  * (ckpt.c). */

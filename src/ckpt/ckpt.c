@@ -49,6 +49,7 @@ typedef struct {
     uint64_t total, done, bs;
     uint32_t crc;
     zn_ckpt__pace *pace;   /* a background save's pacing, or NULL */
+    const volatile sig_atomic_t *cancel;   /* zn_ckpt_save_options.cancel */
     char dir[PATHN + 32];
 } sfile;
 
@@ -99,6 +100,9 @@ static int sfile_write(sfile *f, const void *buf, uint64_t len)
         return zn_error_prefix(rc, "checkpoint: writing %s/%s at offset %" PRIu64 "", f->dir,
                                zn_ckpt__state_file[f->k], f->done);
     f->done += len;
+    if (f->cancel && *f->cancel && f->done < f->total)
+        return zn_set_error(-ECANCELED, "checkpoint: %s/%s: cancelled by a stop", f->dir,
+                            zn_ckpt__state_file[f->k]);
     return f->pace ? zn_ckpt__pace_after(f->pace, len) : 0;
 }
 
@@ -173,13 +177,15 @@ static int sfile_sink(void *user, const void *buf, uint64_t len)
 }
 
 static int save_stream(zn_trainer *tr, zn_aio *aio, const char *rdir, int k, uint64_t total,
-                       uint64_t chunk, zn_ckpt__pace *pace, uint32_t *crc)
+                       uint64_t chunk, zn_ckpt__pace *pace,
+                       const volatile sig_atomic_t *cancel, uint32_t *crc)
 {
     sfile f;
     int rc = sfile_open(&f, aio, rdir, k, total);
     if (rc)
         return rc;
     f.pace = pace;
+    f.cancel = cancel;
     if ((rc = zn_train_state_save(tr, k, chunk, aio, sfile_sink, &f))) {
         sfile_abort(&f);
         return rc;
@@ -188,6 +194,169 @@ static int save_stream(zn_trainer *tr, zn_aio *aio, const char *rdir, int k, uin
         return rc;
     *crc = f.crc;
     return 0;
+}
+
+/* ---- a final save by reference ---------------------------------------------------*/
+static int cmp_piece(const void *a, const void *b)
+{
+    const zn_ts_piece *x = a, *y = b;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Punches out of the linked swap file every range no stream refers to
+ * (the parameters, gradients, the speculative step's second copies),
+ * inward to whole pages, so that the checkpoint holds about what a copy
+ * would. A file system that cannot punch keeps the whole file (said). */
+static int punch_unused(const char *path, const zn_ts_ref ref[3])
+{
+    size_t n = 0;
+    for (int k = 0; k < 3; k++)
+        n += ref[k].npc;
+    zn_ts_piece *all = malloc((n ? n : 1) * sizeof *all);
+    if (!all)
+        return zn_set_error(-ENOMEM, "checkpoint: out of memory");
+    n = 0;
+    for (int k = 0; k < 3; k++)
+        for (size_t i = 0; i < ref[k].npc; i++)
+            if (ref[k].pc[i].src == 0)
+                all[n++] = ref[k].pc[i];
+    qsort(all, n, sizeof *all, cmp_piece);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        free(all);
+        return zn_set_error(-e, "checkpoint: opening %s: %s", path, strerror(e));
+    }
+    const uint64_t pg = 4096, size = (uint64_t)st.st_size;
+    uint64_t at = 0, punched = 0;
+    int rc = 0;
+    static int warned;
+    for (size_t i = 0; i <= n && !rc; i++) {
+        uint64_t end = i < n ? all[i].off : size;
+        uint64_t a = (at + pg - 1) / pg * pg, z = end / pg * pg;
+        if (z > a) {
+            if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)a,
+                          (off_t)(z - a)) < 0) {
+                if (errno == EOPNOTSUPP || errno == ENOSYS) {
+                    char sz[32];
+                    zn_warn_once(&warned, "checkpoint: the file system of %s cannot punch "
+                                 "holes: the checkpoint keeps the whole swap file (%s)", path,
+                                 zn_format_size(size, sz, sizeof sz));
+                    break;
+                }
+                rc = zn_set_error(-errno, "checkpoint: punching the unused ranges out of %s: "
+                                  "%s", path, strerror(errno));
+            }
+            punched += z - a;
+        }
+        if (i < n && all[i].off + all[i].len > at)
+            at = all[i].off + all[i].len;
+    }
+    if (!rc && fdatasync(fd) < 0)
+        rc = zn_set_error(-errno, "checkpoint: fdatasync of %s: %s", path, strerror(errno));
+    close(fd);
+    free(all);
+    if (!rc)
+        zn_debug("checkpoint: %" PRIu64 " of the %" PRIu64 " bytes of %s punched out", punched,
+                 size, path);
+    return rc;
+}
+
+static json_t *ref_json(const zn_ts_ref *r, const char *tail_name)
+{
+    json_t *pcs = json_array();
+    for (size_t i = 0; pcs && i < r->npc; i++)
+        json_array_append_new(pcs, json_pack("[iII]", r->pc[i].src, (json_int_t)r->pc[i].off,
+                                             (json_int_t)r->pc[i].len));
+    json_t *names = tail_name ? json_pack("[ss]", "state.swp", tail_name)
+                              : json_pack("[s]", "state.swp");
+    return json_pack("{sIsIs{soso}}", "bytes", (json_int_t)r->bytes, "crc32c",
+                     (json_int_t)r->crc, "ref", "files", names, "pieces", pcs);
+}
+
+bool zn_ckpt_save_keeps_nvme(zn_trainer *tr, const char *dir)
+{
+    const char *swp = tr && dir && dir[0] ? zn_train_state_swap_file(tr) : NULL;
+    struct stat a, b;
+    if (!swp || stat(swp, &a) < 0)
+        return false;
+    /* the folder, or the nearest one above it that exists */
+    char p[PATHN];
+    snprintf(p, sizeof p, "%s", dir);
+    while (stat(p, &b) < 0) {
+        char *sl = strrchr(p, '/');
+        if (!sl || sl == p) {
+            snprintf(p, sizeof p, "%s", sl == p ? "/" : ".");
+            if (stat(p, &b) < 0)
+                return false;
+            break;
+        }
+        *sl = '\0';
+    }
+    return a.st_dev == b.st_dev;
+}
+
+/* A final save of a rank whose optimizer state is on the NVMe tier: the
+ * swap file, flushed, is linked into the rank's folder as state.swp, each
+ * stream becomes pieces of it (an 8-bit moment's fp32 blocks, in memory,
+ * a small file beside it) and the ranges nothing refers to are punched out.
+ * Returns 1 with files[] set, 0 when the state must be copied instead (no
+ * such state, or the link cannot be made: another file system), or <0. */
+static int save_by_ref(zn_trainer *tr, const char *rdir, json_t *files)
+{
+    const char *swp = zn_train_state_swap_file(tr);
+    if (!swp)
+        return 0;
+    char link_path[PATHN + 64];
+    snprintf(link_path, sizeof link_path, "%s/state.swp", rdir);
+    int fd = open(swp, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return zn_set_error(-errno, "checkpoint: opening %s: %s", swp, strerror(errno));
+    int rc = fdatasync(fd) < 0 ? zn_set_error(-errno, "checkpoint: fdatasync of %s: %s", swp,
+                                              strerror(errno)) : 0;
+    close(fd);
+    if (rc)
+        return rc;
+    if (link(swp, link_path) < 0) {
+        if (errno == EXDEV || errno == EPERM || errno == EMLINK || errno == ENOTSUP) {
+            zn_info("checkpoint: the swap file %s cannot be linked into %s (%s): the state on "
+                    "NVMe is copied", swp, rdir, strerror(errno));
+            return 0;
+        }
+        return zn_set_error(-errno, "checkpoint: linking %s as %s: %s", swp, link_path,
+                            strerror(errno));
+    }
+    /* from here on the checkpoint's file is the trainer's swap: no step
+     * may write it again */
+    zn_train_state_fail(tr);
+    zn_ts_ref ref[3];
+    memset(ref, 0, sizeof ref);
+    for (int k = 0; k < 3 && !rc; k++) {
+        rc = zn_train_state_ref(tr, k, &ref[k]);
+        char tail[32], path[PATHN + 64];
+        snprintf(tail, sizeof tail, "%s.f32.bin", zn_ckpt__state_prefix[k]);
+        snprintf(path, sizeof path, "%s/%s", rdir, tail);
+        if (!rc && ref[k].tail_len)
+            rc = zn_ckpt__write_small(path, ref[k].tail, ref[k].tail_len);
+        json_t *e = rc ? NULL : ref_json(&ref[k], ref[k].tail_len ? tail : NULL);
+        if (!rc && (!e || json_object_set_new(files, zn_ckpt__state_file[k], e)))
+            rc = zn_set_error(-ENOMEM, "checkpoint: out of memory");
+    }
+    if (!rc)
+        rc = punch_unused(link_path, ref);
+    if (!rc) {
+        char sz[32];
+        zn_info("checkpoint: rank %d's optimizer state (%s) kept where it is on NVMe: %s "
+                "linked into the checkpoint, not copied", zn_train_rank(tr),
+                zn_format_size(ref[0].bytes + ref[1].bytes + ref[2].bytes, sz, sizeof sz),
+                swp);
+    }
+    for (int k = 0; k < 3; k++)
+        zn_ts_ref_free(&ref[k]);
+    return rc ? rc : 1;
 }
 
 static json_t *shares_json(const zn_trainer *tr, int nblocks)
@@ -222,25 +391,32 @@ int zn_ckpt__save_rank(zn_trainer *tr, const zn_ckpt_save_options *o, const char
     if (in.max_chunk && chunk > in.max_chunk)
         chunk = in.max_chunk;
     chunk = chunk < bs ? bs : chunk / bs * bs;
-    zn_aio *aio = NULL;
-    if ((rc = make_engine(&in.aio, o, bs, &aio)))
-        return rc;
-    uint32_t crc[3] = { 0, 0, 0 };
-    uint64_t t0 = zn_now_ns();
-    for (int k = 0; k < ZN_TS_COUNT && !rc; k++)
-        rc = save_stream(tr, aio, rdir, k, in.bytes[k], chunk, pace, &crc[k]);
-    zn_aio_destroy(aio);
-    if (rc)
-        return rc;
-    zn_debug("checkpoint: rank %d wrote %" PRIu64 " bytes in %.3f s", rank,
-             in.bytes[0] + in.bytes[1] + in.bytes[2],
-             (double)(zn_now_ns() - t0) * 1e-9);
-    zn_ckpt__point(o, "data");
     json_t *files = json_object();
-    for (int k = 0; k < 3; k++)
-        json_object_set_new(files, zn_ckpt__state_file[k], json_pack("{sIsI}", "bytes",
-                            (json_int_t)in.bytes[k], "crc32c",
-                            (json_int_t)crc[k]));
+    if (!files)
+        return zn_set_error(-ENOMEM, "checkpoint: out of memory");
+    uint64_t t0 = zn_now_ns();
+    rc = o->final_save && !pace ? save_by_ref(tr, rdir, files) : 0;
+    if (rc == 0) {
+        zn_aio *aio = NULL;
+        uint32_t crc[3] = { 0, 0, 0 };
+        rc = make_engine(&in.aio, o, bs, &aio);
+        for (int k = 0; k < ZN_TS_COUNT && !rc; k++)
+            rc = save_stream(tr, aio, rdir, k, in.bytes[k], chunk, pace,
+                             pace ? NULL : o->cancel, &crc[k]);
+        zn_aio_destroy(aio);
+        for (int k = 0; k < 3 && !rc; k++)
+            json_object_set_new(files, zn_ckpt__state_file[k], json_pack("{sIsI}", "bytes",
+                                (json_int_t)in.bytes[k], "crc32c", (json_int_t)crc[k]));
+        if (!rc)
+            zn_debug("checkpoint: rank %d wrote %" PRIu64 " bytes in %.3f s", rank,
+                     in.bytes[0] + in.bytes[1] + in.bytes[2],
+                     (double)(zn_now_ns() - t0) * 1e-9);
+    }
+    if (rc < 0) {
+        json_decref(files);
+        return rc;
+    }
+    zn_ckpt__point(o, "data");
     json_t *rj = json_pack("{sisisIsoso}", "rank", rank, "world", zn_train_world(tr),
                            "local_params", (json_int_t)in.local_params,
                            "shares", shares_json(tr, in.nblocks),

@@ -126,6 +126,7 @@ int zn_ckpt_save_start(zn_trainer *tr, const zn_ckpt_save_options *o, double pac
     bool oom = false;
     bg->tr = tr;
     bg->o = *o;
+    bg->o.final_save = false;   /* the training goes on */
     bg->o.dir = bg->dir = dup_or_null(o->dir, &oom);
     bg->o.config_text = bg->config_text = dup_or_null(o->config_text, &oom);
     bg->o.client_json = bg->client_json = dup_or_null(o->client_json, &oom);

@@ -33,8 +33,7 @@ typedef struct {
 } ex_tensor;
 
 typedef struct {
-    int fd;
-    char path[ZN_CKPT_PATH + 64];
+    zn_ckpt_rd rd;
     const zn_ckpt_file *f;
     uint64_t next;   /* next byte expected, for the running crc */
     uint32_t crc;
@@ -64,7 +63,7 @@ static int read_block_range(const zn_ckpt *ck, ex_rank *rk, int b, uint64_t pos,
          * i's 4 bytes cover halves 2i and 2i + 1, already read) */
         uint64_t eb = zn_dtype_size(ck->master);
         uint64_t off = (s->local_off + (pos - s->shard_off)) * eb;
-        int rc = zn_ckpt__pread(rk[r].fd, rk[r].path, off, dst, take * eb);
+        int rc = zn_ckpt__rd_read(&rk[r].rd, off, dst, take * eb);
         if (rc)
             return rc;
         if (off == rk[r].next) {
@@ -142,11 +141,12 @@ static int ranks_open(const zn_ckpt *ck, ex_rank *rk)
     for (int r = 0; r < ck->world; r++) {
         char rel[64];
         snprintf(rel, sizeof rel, "rank-%d/master.bin", r);
-        rk[r].f = zn_ckpt__file(ck, rel);
-        snprintf(rk[r].path, sizeof rk[r].path, "%s/%s", ck->path, rel);
-        if ((rk[r].fd = open(rk[r].path, O_RDONLY | O_CLOEXEC)) < 0)
-            return zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: %s", ck->path, rel,
-                                strerror(errno));
+        if (!(rk[r].f = zn_ckpt__file(ck, rel)))
+            return zn_set_error(ZN_ECORRUPT, "checkpoint %s: manifest.json does not list %s",
+                                ck->path, rel);
+        int rc = zn_ckpt__rd_open(&rk[r].rd, ck, rk[r].f, POSIX_FADV_NORMAL);
+        if (rc)
+            return rc;
     }
     return 0;
 }
@@ -156,7 +156,7 @@ static int ranks_check(const zn_ckpt *ck, const ex_rank *rk)
 {
     for (int r = 0; r < ck->world; r++) {
         if (rk[r].next != rk[r].f->bytes)
-            return zn_set_error(ZN_EINTERNAL, "export: %s read out of order", rk[r].path);
+            return zn_set_error(ZN_EINTERNAL, "export: %s read out of order", rk[r].rd.path);
         if (rk[r].crc != rk[r].f->crc)
             return zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: crc32c 0x%08x, the "
                                 "manifest says 0x%08x (corrupted)", ck->path, rk[r].f->name,
@@ -168,8 +168,7 @@ static int ranks_check(const zn_ckpt *ck, const ex_rank *rk)
 static void ranks_close(const zn_ckpt *ck, ex_rank *rk)
 {
     for (int r = 0; rk && r < ck->world; r++)
-        if (rk[r].fd >= 0)
-            close(rk[r].fd);
+        zn_ckpt__rd_close(&rk[r].rd);
     free(rk);
 }
 
@@ -202,8 +201,6 @@ int zn_ckpt_export(const char *path, const char *out_dir, zn_dtype dtype, uint64
     float *buf = NULL;
     char **names = NULL, **files = NULL;
     int nt = 0, nfiles = 0;
-    for (int r = 0; rk && r < ck->world; r++)
-        rk[r].fd = -1;
     if (!rk) {
         rc = zn_set_error(-ENOMEM, "export: out of memory");
         goto out;
@@ -342,8 +339,6 @@ int zn_ckpt_read_weights(const char *path, zn_ckpt_weights_fn fn, void *ctx)
         return rc;
     ex_rank *rk = calloc((size_t)ck->world, sizeof *rk);
     float *buf = malloc((size_t)CHUNK_ELEMS * 4);
-    for (int r = 0; rk && r < ck->world; r++)
-        rk[r].fd = -1;
     zn_model_dims d;
     if (!rk || !buf)
         rc = zn_set_error(-ENOMEM, "out of memory");
@@ -513,8 +508,6 @@ int zn_ckpt_export_merged(const char *path, const char *out_dir, const char *bas
     zn_st_dtype *tdt = NULL;
     merge_pair *pair = NULL;
     int nt = 0, nfiles = 0;
-    for (int r = 0; rk && r < ck->world; r++)
-        rk[r].fd = -1;
     zn_model_dims d, bd;
     char base[ZN_CKPT_PATH];
     if (!rk) {

@@ -40,6 +40,68 @@ int zn_ckpt__pread(int fd, const char *path, uint64_t off, void *buf, size_t len
     return 0;
 }
 
+int zn_ckpt__rd_open(zn_ckpt_rd *r, const zn_ckpt *ck, const zn_ckpt_file *f, int advice)
+{
+    memset(r, 0, sizeof *r);
+    r->f = f;
+    snprintf(r->path, sizeof r->path, "%s/%s", ck->path, f->name);
+    int n = f->nref ? f->nref : 1;
+    for (int i = 0; i < n; i++) {
+        snprintf(r->rpath[i], sizeof r->rpath[i], "%s/%s", ck->path,
+                 f->nref ? f->ref[i] : f->name);
+        if ((r->fd[i] = open(r->rpath[i], O_RDONLY | O_CLOEXEC)) < 0) {
+            int e = errno;
+            r->fd[i] = 0;
+            zn_ckpt__rd_close(r);
+            return zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: %s", ck->path,
+                                f->nref ? f->ref[i] : f->name, strerror(e));
+        }
+        r->nfd++;
+        posix_fadvise(r->fd[i], 0, 0, advice);
+    }
+    return 0;
+}
+
+int zn_ckpt__rd_read(zn_ckpt_rd *r, uint64_t off, void *buf, size_t len)
+{
+    const zn_ckpt_file *f = r->f;
+    if (!f->nref)
+        return zn_ckpt__pread(r->fd[0], r->path, off, buf, len);
+    if (off + len > f->bytes)
+        return zn_set_error(ZN_ECORRUPT, "checkpoint: %s ends at offset %" PRIu64 " (truncated)",
+                            r->path, f->bytes);
+    /* the piece holding off: the last with at <= off */
+    size_t lo = 0, hi = f->npc;
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if (f->pc[mid].at <= off)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    char *p = buf;
+    for (size_t i = lo; len && i < f->npc; i++) {
+        const zn_ckpt_piece *pc = &f->pc[i];
+        uint64_t in = off - pc->at, take = pc->len - in < len ? pc->len - in : len;
+        int rc = 0;
+        if (pc->src < 0)
+            memset(p, 0, take);
+        else if ((rc = zn_ckpt__pread(r->fd[pc->src], r->rpath[pc->src], pc->off + in, p, take)))
+            return zn_error_prefix(rc, "%s", r->path);
+        p += take;
+        off += take;
+        len -= take;
+    }
+    return 0;
+}
+
+void zn_ckpt__rd_close(zn_ckpt_rd *r)
+{
+    for (int i = 0; i < r->nfd; i++)
+        close(r->fd[i]);
+    r->nfd = 0;
+}
+
 /* Writes a small file whole and fsyncs it. */
 int zn_ckpt__write_small(const char *path, const char *data, size_t len)
 {

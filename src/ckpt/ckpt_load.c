@@ -81,8 +81,7 @@ typedef struct {
     zn_trainer *tr;
     int nblocks, rank;
     bool reshard, deq;
-    int *fds;          /* reshard: [old world][3]; else 3 */
-    char (*paths)[PATHN + 64];
+    zn_ckpt_rd *rd;    /* reshard: [old world][3]; else 3 */
     /* each file's crc32c as the trainer reads it, in order (a read out of
      * order: the files were verified before); a file may also be read as
      * two runs, its tail first (8-bit moments on NVMe, train-state.h):
@@ -122,12 +121,12 @@ static int ld_read_deq(const ld_src *s, int k, int r, uint64_t e0, uint64_t n, f
         uint64_t a = e0 + done, take = n - done < E ? n - done : E;
         uint64_t from = fmt == ZN_MOM_Q8 ? a / ZN_Q8_BLOCK * ZN_Q8_BLOCK : a;
         uint64_t len = a + take - from;
-        if ((rc = zn_ckpt__pread(s->fds[i], s->paths[i], from * eb, raw, len * eb)))
+        if ((rc = zn_ckpt__rd_read(&s->rd[i], from * eb, raw, len * eb)))
             break;
         if (fmt == ZN_MOM_Q8 &&
-            (rc = zn_ckpt__pread(s->fds[i], s->paths[i],
-                                 zn_mom_layout_absmax_at(fmt, P) + from / ZN_Q8_BLOCK * 4,
-                                 absmax, zn_q8_blocks(len) * 4)))
+            (rc = zn_ckpt__rd_read(&s->rd[i],
+                                   zn_mom_layout_absmax_at(fmt, P) + from / ZN_Q8_BLOCK * 4,
+                                   absmax, zn_q8_blocks(len) * 4)))
             break;
         /* one stream: it stands for both moments, and the one asked for
          * (m's signed map or v's unsigned one) is kept */
@@ -143,7 +142,7 @@ static int ld_read_deq(const ld_src *s, int k, int r, uint64_t e0, uint64_t n, f
                     rc = zn_set_error(-ENOMEM, "checkpoint: out of memory for fp32 blocks");
                     break;
                 }
-                if ((rc = zn_ckpt__pread(s->fds[i], s->paths[i], zn_mom_layout_bytes(fmt, P),
+                if ((rc = zn_ckpt__rd_read(&s->rd[i], zn_mom_layout_bytes(fmt, P),
                                          *side, sb))) {
                     free(*side);
                     *side = NULL;
@@ -185,7 +184,7 @@ static int ld_piece(const ld_src *s, int k, int r, uint64_t e0, uint64_t n, void
         return ld_read_deq(s, k, r, e0, n, dst);
     int i = s->reshard ? r * 3 + k : k;
     uint64_t eb = ld_elem(s, k);
-    return zn_ckpt__pread(s->fds[i], s->paths[i], e0 * eb, dst, n * eb);
+    return zn_ckpt__rd_read(&s->rd[i], e0 * eb, dst, n * eb);
 }
 
 /* Bytes [off, off + n) of state k (0 master, 1 m, 2 v) in this rank's
@@ -196,7 +195,7 @@ static int ld_read(const ld_src *s, int k, uint64_t off, void *dst, size_t n)
     if (!s->reshard && s->deq && k != ZN_TS_MASTER)
         return ld_read_deq(s, k, s->rank, off / 4, n / 4, dst);
     if (!s->reshard)
-        return zn_ckpt__pread(s->fds[k], s->paths[k], off, dst, n);
+        return zn_ckpt__rd_read(&s->rd[k], off, dst, n);
     const zn_ckpt *ck = s->ck;
     const uint64_t eb = ld_elem(s, k);
     uint64_t lo = off / eb, hi = (off + n) / eb;  /* elements, local */
@@ -321,31 +320,26 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
     if (rc)
         return rc;
     int nsrc = reshard ? ck->world : 1;
-    int *fd = malloc((size_t)nsrc * 3 * sizeof *fd);
+    zn_ckpt_rd *rd = calloc((size_t)nsrc * 3, sizeof *rd);
     float **side = NULL;
-    char (*path)[PATHN + 64] = malloc((size_t)nsrc * 3 * sizeof *path);
     const zn_ckpt_file *f[3] = { NULL, NULL, NULL };
-    if (!fd || !path) {
-        free(fd);
-        free(path);
+    if (!rd)
         return zn_set_error(-ENOMEM, "checkpoint: out of memory");
-    }
-    for (int i = 0; i < nsrc * 3; i++)
-        fd[i] = -1;
     for (int i = 0; i < nsrc * 3; i++) {
         int r = reshard ? i / 3 : rank, k = i % 3;
         char rel[64];
         snprintf(rel, sizeof rel, "rank-%d/%s", r, zn_ckpt__state_file[k]);
+        const zn_ckpt_file *fe = zn_ckpt__file(ck, rel);
         if (!reshard)
-            f[k] = zn_ckpt__file(ck, rel);
-        snprintf(path[i], sizeof path[i], "%s/%s", ck->path, rel);
-        fd[i] = open(path[i], O_RDONLY | O_CLOEXEC);
-        if (fd[i] < 0) {
-            rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: %s", ck->path, rel,
-                              strerror(errno));
+            f[k] = fe;
+        if (!fe) {
+            rc = zn_set_error(ZN_ECORRUPT, "checkpoint %s: manifest.json does not list %s",
+                              ck->path, rel);
             goto out;
         }
-        posix_fadvise(fd[i], 0, 0, reshard ? POSIX_FADV_NORMAL : POSIX_FADV_SEQUENTIAL);
+        if ((rc = zn_ckpt__rd_open(&rd[i], ck, fe,
+                                   reshard ? POSIX_FADV_NORMAL : POSIX_FADV_SEQUENTIAL)))
+            goto out;
     }
     side = calloc((size_t)ck->world * 2, sizeof *side);
     if (!side) {
@@ -353,7 +347,7 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
         goto out;
     }
     ld_src src = { .ck = ck, .tr = tr, .nblocks = in.nblocks, .rank = rank,
-                   .reshard = reshard, .deq = deq, .fds = fd, .paths = path,
+                   .reshard = reshard, .deq = deq, .rd = rd,
                    .sum = !reshard && !convert && !runs_differ, .side = side };
     uint64_t t0 = zn_now_ns();
     /* From here on the trainer's state is being replaced. */
@@ -398,12 +392,10 @@ int zn_ckpt_load(zn_ckpt *ck, zn_trainer *tr)
                 zn_train_world(tr));
 out:
     for (int i = 0; i < nsrc * 3; i++)
-        if (fd[i] >= 0)
-            close(fd[i]);
+        zn_ckpt__rd_close(&rd[i]);
     for (int i = 0; side && i < ck->world * 2; i++)
         free(side[i]);
     free(side);
-    free(fd);
-    free(path);
+    free(rd);
     return rc;
 }

@@ -69,8 +69,12 @@ void zn_ckpt_close(zn_ckpt *ck)
             free(ck->ranks[r].f32);
         }
     free(ck->ranks);
-    for (int i = 0; i < ck->nfiles; i++)
+    for (int i = 0; i < ck->nfiles; i++) {
         free(ck->files[i].name);
+        for (int j = 0; j < ck->files[i].nref; j++)
+            free(ck->files[i].ref[j]);
+        free(ck->files[i].pc);
+    }
     free(ck->files);
     free(ck->blocks);
     json_decref(ck->man);
@@ -83,6 +87,70 @@ static int get_u64(json_t *o, const char *key, uint64_t *v)
     if (!json_is_integer(x) || json_integer_value(x) < 0)
         return -1;
     *v = (uint64_t)json_integer_value(x);
+    return 0;
+}
+
+/* A state file kept by reference (a final save on NVMe): its entry's
+ * "ref" is {"files": [names in the entry's folder], "pieces": [[src, off,
+ * len], ...]}, src indexing files or -1 for zeros. Checks that the pieces
+ * make the entry's bytes and that the files hold them. */
+static int parse_ref(const zn_ckpt *ck, const char *fname, json_t *ref, zn_ckpt_file *f)
+{
+    json_t *fl = json_object_get(ref, "files"), *pcs = json_object_get(ref, "pieces");
+    size_t nf = json_array_size(fl), np = json_array_size(pcs);
+    if (!json_is_array(fl) || !nf || nf > ZN_CKPT_MAX_REFS || !json_is_array(pcs) || !np)
+        return zn_set_error(ZN_ECORRUPT, "checkpoint %s: manifest.json: the reference of file "
+                            "'%s'", ck->path, fname);
+    const char *slash = strrchr(fname, '/');
+    int dl = slash ? (int)(slash - fname + 1) : 0;
+    for (size_t i = 0; i < nf; i++) {
+        const char *n = json_string_value(json_array_get(fl, i));
+        if (!n || !n[0] || strchr(n, '/') || !strcmp(n, ".") || !strcmp(n, ".."))
+            return zn_set_error(ZN_ECORRUPT, "checkpoint %s: manifest.json: file '%s' refers "
+                                "to a bad name", ck->path, fname);
+        size_t len = (size_t)dl + strlen(n) + 1;
+        if (!(f->ref[i] = malloc(len)))
+            return zn_set_error(-ENOMEM, "checkpoint: out of memory");
+        snprintf(f->ref[i], len, "%.*s%s", dl, fname, n);
+        f->nref++;
+    }
+    if (!(f->pc = calloc(np, sizeof *f->pc)))
+        return zn_set_error(-ENOMEM, "checkpoint: out of memory");
+    uint64_t at = 0, need[ZN_CKPT_MAX_REFS] = { 0 };
+    for (size_t i = 0; i < np; i++) {
+        json_t *e = json_array_get(pcs, i);
+        json_int_t src = json_integer_value(json_array_get(e, 0)),
+                   off = json_integer_value(json_array_get(e, 1)),
+                   len = json_integer_value(json_array_get(e, 2));
+        if (!json_is_array(e) || json_array_size(e) != 3 ||
+            !json_is_integer(json_array_get(e, 0)) || !json_is_integer(json_array_get(e, 1)) ||
+            src < -1 || src >= (json_int_t)nf ||
+            off < 0 || len <= 0 || at + (uint64_t)len < at ||
+            (uint64_t)off + (uint64_t)len < (uint64_t)off)
+            return zn_set_error(ZN_ECORRUPT, "checkpoint %s: manifest.json: piece %zu of file "
+                                "'%s'", ck->path, i, fname);
+        f->pc[i] = (zn_ckpt_piece){ (int)src, (uint64_t)off, (uint64_t)len, at };
+        f->npc++;
+        at += (uint64_t)len;
+        if (src >= 0 && need[src] < (uint64_t)(off + len))
+            need[src] = (uint64_t)(off + len);
+    }
+    if (at != f->bytes)
+        return zn_set_error(ZN_ECORRUPT, "checkpoint %s: manifest.json: the pieces of file '%s' "
+                            "make %" PRIu64 " bytes, not %" PRIu64, ck->path, fname, at,
+                            f->bytes);
+    for (int i = 0; i < f->nref; i++) {
+        char fp[ZN_CKPT_PATH + 512];
+        snprintf(fp, sizeof fp, "%s/%s", ck->path, f->ref[i]);
+        struct stat st;
+        if (stat(fp, &st) < 0)
+            return zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s (which %s refers to) is "
+                                "missing", ck->path, f->ref[i], fname);
+        if ((uint64_t)st.st_size < need[i])
+            return zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s has %lld bytes, %s refers "
+                                "to %" PRIu64 " (truncated)", ck->path, f->ref[i],
+                                (long long)st.st_size, fname, need[i]);
+    }
     return 0;
 }
 
@@ -253,6 +321,12 @@ int zn_ckpt_open(zn_ckpt **out, const char *path)
             goto fail;
         }
         ck->nfiles++;
+        json_t *ref = json_object_get(fv, "ref");
+        if (ref) {
+            if ((rc = parse_ref(ck, fname, ref, f)))
+                goto fail;
+            continue;
+        }
         char fp[PATHN + 512];
         snprintf(fp, sizeof fp, "%s/%s", ck->path, fname);
         struct stat st;
@@ -367,23 +441,21 @@ int zn_ckpt_check_dims(const zn_ckpt *ck, const zn_model_dims *d)
     return 0;
 }
 
-/* Streams a file through crc32c in bounded reads, comparing with its entry. */
+/* Streams a file (or what it refers to) through crc32c in bounded reads,
+ * comparing with its entry. */
 static int verify_file(const zn_ckpt *ck, const zn_ckpt_file *f, char *buf, size_t cap)
 {
-    char p[PATHN + 512];
-    snprintf(p, sizeof p, "%s/%s", ck->path, f->name);
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return zn_set_error(ZN_ECORRUPT, "checkpoint %s: file %s: %s", ck->path, f->name,
-                            strerror(errno));
+    zn_ckpt_rd rd;
+    int rc = zn_ckpt__rd_open(&rd, ck, f, POSIX_FADV_SEQUENTIAL);
+    if (rc)
+        return rc;
     uint32_t crc = 0;
-    int rc = 0;
     for (uint64_t off = 0; off < f->bytes && !rc; off += cap) {
         size_t n = f->bytes - off < cap ? (size_t)(f->bytes - off) : cap;
-        if (!(rc = zn_ckpt__pread(fd, p, off, buf, n)))
+        if (!(rc = zn_ckpt__rd_read(&rd, off, buf, n)))
             crc = zn_crc32c(crc, buf, n);
     }
-    close(fd);
+    zn_ckpt__rd_close(&rd);
     if (rc)
         return rc;
     if (crc != f->crc)

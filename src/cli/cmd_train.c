@@ -637,10 +637,17 @@ static int train_steps(train_loop *L)
          * were written while this step ran), then this step's begins */
         if ((rc = zn_cli_save_settle(&L->sv)))
             return rc;
-        if (cc->dir[0] && cc->every > 0 && (s + 1) % cc->every == 0 &&
-            (rc = zn_cli_save_begin(&L->sv, s + 1, 0.7 * (zn_now_s() - t_step))))
+        /* saves at once: a stop skips this step's, which the final save
+         * makes (in place, where the state is on NVMe) */
+        if (!L->sv.background && (L->stop_sig = zn_cli_ranks_stop(ts))) {
+            L->steps = s + 1;
+            break;
+        }
+        bool save = cc->dir[0] && cc->every > 0 && (s + 1) % cc->every == 0;
+        if (save && (rc = zn_cli_save_begin(&L->sv, s + 1, 0.7 * (zn_now_s() - t_step))))
             return rc;
-        if ((L->stop_sig = zn_cli_ranks_stop(ts))) {
+        /* (a stop during a save at once is seen here too) */
+        if ((L->sv.background || save) && (L->stop_sig = zn_cli_ranks_stop(ts))) {
             zn_cli_save_on_stop(&L->sv);
             L->steps = s + 1;  /* the end is here: save as at the end */
             break;
@@ -742,8 +749,12 @@ static void say_stopped(train_loop *L, bool saved)
 static int finish_run(train_loop *L, int rc, const char *trace_path)
 {
     const zn_config_checkpoint *cc = &L->cfg->train.checkpoint;
-    if (!rc && cc->dir[0] && L->steps > L->start)
+    if (!rc && cc->dir[0] && L->steps > L->start) {
+        /* no step follows: a rank whose optimizer state is on NVMe links
+         * its swap file into the checkpoint instead of copying it */
+        L->sv.so.final_save = cc->in_place;
         rc = zn_cli_save(&L->sv, L->steps);   /* settles the one in the background first */
+    }
     zn_cli_saver_fini(&L->sv);
     if (L->jf)
         fclose(L->jf);

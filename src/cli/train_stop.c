@@ -123,7 +123,10 @@ void zn_cli_stop_print(const zn_stop_estimate *e, const zn_config *cfg, int worl
             e->background && cc->every == 1 ? "the background save of the last step completes"
                                             : "the last finished step is saved",
             zn_format_size(e->save_bytes, b1, sizeof b1));
-    if (e->read_bytes)
+    if (e->inplace_bytes)
+        fprintf(f, ", %s of it on NVMe kept in place: the swap file linked into the checkpoint",
+                zn_format_size(e->inplace_bytes, b2, sizeof b2));
+    else if (e->read_bytes)
         fprintf(f, ", %s read from NVMe at %.2f GB/s", zn_format_size(e->read_bytes, b2, sizeof b2),
                 e->read_bps / 1e9);
     fprintf(f, ", written at %.2f GB/s under %s, %s): about %.0f s at most", e->write_bps / 1e9,
@@ -145,9 +148,15 @@ void zn_cli_stop_print(const zn_stop_estimate *e, const zn_config *cfg, int worl
                 "background, about %.0f s of writes under the next step, and a stop takes at "
                 "most %.0f s, leaving a checkpoint at most one step old)\n", e->save_s,
                 e->save_s < half ? e->save_s : half);
+    else if (e->inplace_bytes && cc->every > 0 && world > 1)
+        fprintf(f, "  (a periodic save in progress is finished first: it copies the state, "
+                "about %.0f s; only the stop's own save keeps it in place)\n", e->save_s);
+    else if (e->inplace_bytes && cc->every > 0)
+        fprintf(f, "  (a periodic save copies the state, about %.0f s; a stop during one "
+                "cancels it and saves in place)\n", e->save_s);
     else if (e->read_bytes)
-        fprintf(f, "  (the state on NVMe is read back and copied: zinc does not yet use the "
-                "NVMe tier as its own checkpoint)\n");
+        fprintf(f, "  (the state on NVMe is read back and copied: to keep it in place, put the "
+                "checkpoint folder on the swap folder's file system, with one NVMe path)\n");
 }
 
 /* Whether the background save in progress (`left` bytes still to write)

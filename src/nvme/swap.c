@@ -419,3 +419,69 @@ const char *zn_swap_file_path(const zn_swap *s, int i)
 {
     return s && i >= 0 && i < s->npaths ? s->path[i] : NULL;
 }
+
+/* Reads [off, off + len) of fd into buf, crc32c'd on the way. */
+static int crc_read(int fd, const char *path, uint64_t off, uint64_t len, uint32_t *crc)
+{
+    char buf[1 << 16];
+    uint32_t c = 0;
+    while (len) {
+        size_t n = len < sizeof buf ? (size_t)len : sizeof buf;
+        ssize_t got = pread(fd, buf, n, (off_t)off);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0)
+            return zn_set_error(-errno, "swap: reading %s at offset %" PRIu64 ": %s", path, off,
+                                strerror(errno));
+        if (got == 0)
+            return zn_set_error(-EIO, "swap: %s ends at offset %" PRIu64, path, off);
+        c = zn_crc32c(c, buf, (size_t)got);
+        off += (uint64_t)got;
+        len -= (uint64_t)got;
+    }
+    *crc = c;
+    return 0;
+}
+
+int zn_swap_extent_crc(zn_swap *s, const zn_extent *e, uint64_t off, uint64_t len,
+                       uint32_t *crc)
+{
+    *crc = 0;
+    if (s->npaths != 1)
+        return zn_set_error(-ENOTSUP, "swap: the crc32c of a range of a striped space");
+    zn_ext_rec *rec;
+    int rc = zn_swap__lookup(s, e, &rec);
+    if (rc)
+        return rc;
+    if (off + len > rec->bytes || off + len < off)
+        return zn_set_error(-EINVAL, "swap: bytes [%" PRIu64 ", +%" PRIu64 ") of tensor '%s' "
+                            "(%" PRIu64 " bytes)", off, len, rec->name, rec->bytes);
+    if (!len)
+        return 0;
+    const bool table = zn_aio_get_config(s->aio)->crc;
+    /* a plain descriptor: the run's may be O_DIRECT, and the pieces read
+     * here are any length */
+    int fd = open(s->path[0], O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return zn_set_error(-errno, "swap: opening %s: %s", s->path[0], strerror(errno));
+    uint32_t c = 0;
+    for (uint64_t u = off / s->stripe; !rc && u * s->stripe < off + len; u++) {
+        /* block u of the last write: [u * stripe, min((u + 1) * stripe, written)) */
+        uint64_t b0 = u * s->stripe, b1 = b0 + s->stripe;
+        if (b1 > rec->written)
+            b1 = rec->written;
+        uint64_t a = off > b0 ? off : b0, z = off + len < b0 + s->stripe ? off + len
+                                                                           : b0 + s->stripe;
+        uint32_t part;
+        if (table && a == b0 && z == b1 && u < rec->nunits)
+            part = rec->crc[u];
+        else
+            rc = crc_read(fd, s->path[0], rec->offset + a, z - a, &part);
+        if (!rc)
+            c = zn_crc32c_combine(c, part, z - a);
+    }
+    close(fd);
+    if (!rc)
+        *crc = c;
+    return rc;
+}

@@ -881,12 +881,26 @@ int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int world, i
         return zn_set_error(ZN_EINTERNAL, "cost model: no disk speed for %s", dir);
     e->save_s = (double)e->save_bytes / e->write_bps +
                 (e->read_bytes ? (double)e->read_bytes / e->read_bps : 0);
+    /* the final save keeps the NVMe tier's state in place: the optimizer
+     * all there, one path, the checkpoint folder's file system (as
+     * zn_ckpt_save_keeps_nvme judges it in the run) */
+    struct stat sn, sc;
+    if (cc->in_place && e->read_bytes && off_cpu == e->read_bytes / ranks &&
+        zn_config_nvme_paths(cfg, paths, ZN_SWAP_MAX_PATHS) == 1 && stat(nvme, &sn) == 0 &&
+        stat(dir, &sc) == 0 && sn.st_dev == sc.st_dev)
+        e->inplace_bytes = e->read_bytes;
+    e->final_s = (double)(e->save_bytes - e->inplace_bytes) / e->write_bps +
+                 (e->read_bytes > e->inplace_bytes
+                      ? (double)(e->read_bytes - e->inplace_bytes) / e->read_bps : 0);
     double half = cc->notice_s > 0 ? cc->notice_s / 2 : 1e30;
     if (e->background && cc->every == 1 && e->save_s > half) {
         e->stop_s = e->step_s + half;   /* the save in progress dropped at worst */
         e->age_steps = 1;
     } else {
-        e->stop_s = e->step_s + e->save_s;
+        e->stop_s = e->step_s + e->final_s;
+        /* ranks finish a periodic save in progress (one rank cancels it) */
+        if (e->inplace_bytes && world > 1 && cc->every > 0 && e->save_s + e->final_s > e->stop_s)
+            e->stop_s = e->save_s + e->final_s;
         e->age_steps = 0;
     }
     e->total_s = e->stop_s;

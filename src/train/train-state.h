@@ -79,6 +79,37 @@ typedef int (*zn_train_state_sink)(void *user, const void *buf, uint64_t len);
 int zn_train_state_save(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
                         zn_train_state_sink sink, void *user);
 
+/* ---- a final save by reference ------------------------------------------------------
+ * A rank whose optimizer state lives on the NVMe tier already has it on
+ * disk, in the run's swap file. A save after which the trainer takes no
+ * further step (the end of a run, a stop signal) links that file into the
+ * checkpoint and describes each stream as pieces of it, instead of reading
+ * it back and writing it again. */
+typedef struct {
+    int src;            /* 0: the swap file; 1: `tail`; -1: zeros */
+    uint64_t off, len;  /* in the source */
+} zn_ts_piece;
+
+typedef struct {
+    zn_ts_piece *pc;
+    size_t npc;
+    uint64_t bytes;     /* the stream's length: the pieces' sum */
+    uint32_t crc;       /* the stream's crc32c */
+    const void *tail;   /* memory the stream ends with (8-bit moments' fp32
+                           blocks, never swapped), or NULL */
+    uint64_t tail_len;
+} zn_ts_ref;
+
+/* The swap file holding this rank's whole optimizer state (NVMe tier, one
+ * swap path), or NULL when a save must copy. */
+const char *zn_train_state_swap_file(zn_trainer *tr);
+/* Stream k as pieces of that file, the same bytes zn_train_state_save
+ * passes; its crc32c from the I/O engine's per-block crc32c of the last
+ * writes (the bytes they do not cover read from the file). The trainer must
+ * be synced. Free with zn_ts_ref_free. */
+int zn_train_state_ref(zn_trainer *tr, int k, zn_ts_ref *out);
+void zn_ts_ref_free(zn_ts_ref *r);
+
 /* Fills dst with bytes [off, off + len) of stream k as saved. */
 typedef int (*zn_train_state_source)(void *user, int k, uint64_t off, void *dst, uint64_t len);
 /* Replaces the optimizer state from `src` and makes the working parameters

@@ -204,6 +204,118 @@ int zn_train_state_save(zn_trainer *tr, int k, uint64_t chunk, zn_aio *aio,
                                                     : save_flat(tr, k, chunk, aio, sink, user);
 }
 
+/* ---- a final save by reference ------------------------------------------------*/
+static const char *swap_file_of(zn_trainer *tr)
+{
+    if (tr->opt_home != ZN_TIER_NVME || tr->opt_on_device || !tr->tm.swap)
+        return NULL;
+    zn_swap_stats st;
+    zn_swap_get_stats(tr->tm.swap, &st);
+    return st.npaths == 1 ? zn_swap_file_path(tr->tm.swap, 0) : NULL;
+}
+
+const char *zn_train_state_swap_file(zn_trainer *tr)
+{
+    return tr->bad ? NULL : swap_file_of(tr);
+}
+
+void zn_ts_ref_free(zn_ts_ref *r)
+{
+    free(r->pc);
+    memset(r, 0, sizeof *r);
+}
+
+static uint32_t zeros_crc(uint64_t len)
+{
+    static const char z[1 << 16];
+    uint32_t c = 0;
+    for (; len; len -= len < sizeof z ? len : sizeof z)
+        c = zn_crc32c(c, z, len < sizeof z ? (size_t)len : sizeof z);
+    return c;
+}
+
+/* Appends a piece (merged with the last one where it continues it) and
+ * its crc32c. */
+static int ref_add(zn_ts_ref *r, size_t *cap, int src, uint64_t off, uint64_t len, uint32_t crc)
+{
+    if (!len)
+        return 0;
+    r->crc = zn_crc32c_combine(r->crc, crc, len);
+    r->bytes += len;
+    zn_ts_piece *l = r->npc ? &r->pc[r->npc - 1] : NULL;
+    if (l && l->src == src && (src < 0 || l->off + l->len == off)) {
+        l->len += len;
+        return 0;
+    }
+    if (r->npc == *cap) {
+        size_t nc = *cap ? *cap * 2 : 64;
+        zn_ts_piece *p = realloc(r->pc, nc * sizeof *p);
+        if (!p)
+            return zn_set_error(-ENOMEM, "state save: out of memory");
+        r->pc = p;
+        *cap = nc;
+    }
+    r->pc[r->npc++] = (zn_ts_piece){ src, off, len };
+    return 0;
+}
+
+/* Bytes [a, b) of a unit's extent (zero: never written, the initial
+ * zeros). */
+static int ref_unit(zn_trainer *tr, zn_ts_ref *r, size_t *cap, int id, bool zero, uint64_t a,
+                    uint64_t b)
+{
+    if (b <= a)
+        return 0;
+    if (zero)
+        return ref_add(r, cap, -1, 0, b - a, zeros_crc(b - a));
+    const zn_extent *e = &zn_tier_get(&tr->tm, id)->ext;
+    uint32_t crc;
+    int rc = zn_swap_extent_crc(tr->tm.swap, e, a, b - a, &crc);
+    if (rc)
+        return zn_error_prefix(rc, "state save by reference");
+    return ref_add(r, cap, 0, e->offset + a, b - a, crc);
+}
+
+/* The layout is save_nvme's: each unit's elements in turn, then (8-bit)
+ * every unit's absmax, then the fp32 blocks' moments. */
+int zn_train_state_ref(zn_trainer *tr, int k, zn_ts_ref *out)
+{
+    memset(out, 0, sizeof *out);
+    /* (the save has marked the trainer failed: it owns the file now) */
+    if (k < 0 || k >= ZN_TS_COUNT || !swap_file_of(tr))
+        return zn_set_error(ZN_EINTERNAL, "state save: stream %d cannot be given by reference",
+                            k);
+    const bool q8 = k != ZN_TS_MASTER && tr->mom_fmt == ZN_MOM_Q8;
+    size_t cap = 0;
+    int rc = 0;
+    for (int pass = 0; pass < (q8 ? 2 : 1) && !rc; pass++)
+        for (int u = 0; u < tr->n_units && !rc; u++) {
+            zn_unit *un = &tr->units[u];
+            int id = zn_tr_unit_sid(un, k);
+            uint64_t bytes = k == ZN_TS_MASTER ? un->n * zn_tr_master_elem(tr)
+                                               : zn_tr_unit_mom_bytes(tr, un->n);
+            uint64_t data = k == ZN_TS_MASTER ? bytes
+                                              : zn_mom_layout_absmax_at(tr->mom_fmt, un->n);
+            bool zero = k != ZN_TS_MASTER && atomic_load(&un->mv_zero);
+            rc = pass ? ref_unit(tr, out, &cap, id, zero, data, bytes)
+                      : ref_unit(tr, out, &cap, id, zero, 0, data);
+        }
+    if (!rc && q8 && tr->f32_slots) {
+        out->tail = k == ZN_TS_M ? tr->m32 : tr->v32;
+        out->tail_len = tr->f32_slots * ZN_Q8_BLOCK * 4;
+        rc = ref_add(out, &cap, 1, 0, out->tail_len, zn_crc32c(0, out->tail, out->tail_len));
+    }
+    zn_train_state_info in;
+    zn_train_state_get_info(tr, &in);
+    if (!rc && out->bytes != in.bytes[k])
+        rc = zn_set_error(ZN_EINTERNAL, "state save: stream %d by reference has %llu bytes, "
+                          "not %llu", k, (unsigned long long)out->bytes,
+                          (unsigned long long)in.bytes[k]);
+    if (rc)
+        zn_ts_ref_free(out);
+    return rc;
+}
+
 /* ---- load ----------------------------------------------------------------------*/
 /* Sends unit u's working parameters (from fp32 master values) to their
  * homes and waits until they are there. */
