@@ -184,6 +184,38 @@ static uint64_t budget_of(const placement *p, uint64_t tiny, uint64_t n_params)
     return !p->tiny ? 0 : p->tiny == 1 ? tiny : tiny + n_params * 16 + (256u << 10);
 }
 
+/* A trainer of placement a after HALF steps (their losses into o). */
+static zn_trainer *run_half(const char *label, const placement *a, uint64_t tiny,
+                            const ref_run *ref, toy_model *toy, ref_run *o)
+{
+    zn_trainer *tr;
+    memset(o, 0, sizeof *o);
+    if (create(&tr, toy, a->sets, a->n, budget_of(a, tiny, ref->n)))
+        ZT_SETUP_FAIL("%s: create: %s", label, zn_last_error());
+    ZT_EQ_INT(steps(tr, 0, HALF, o->loss), 0);
+    return tr;
+}
+
+/* Loads ck into a new trainer of placement b, runs the second half and
+ * compares it with the uninterrupted run. Closes ck. */
+static void finish_from(const char *label, zn_ckpt *ck, const placement *b, uint64_t tiny,
+                        const ref_run *ref, ref_run *o)
+{
+    toy_model toy;
+    zn_trainer *tr;
+    if (create(&tr, &toy, b->sets, b->n, budget_of(b, tiny, ref->n)))
+        ZT_SETUP_FAIL("%s: create: %s", label, zn_last_error());
+    int rc = zn_ckpt_load(ck, tr);
+    ZT_CHECK_MSG(rc == 0, "%s: load: %s", label, zn_last_error());
+    zn_ckpt_close(ck);
+    ZT_EQ_INT(steps(tr, HALF, STEPS, o->loss), 0);
+    read_master(tr, o);
+    zn_train_destroy(tr);
+    compare(label, ref, o, HALF);
+    free(o->master);
+    o->master = NULL;
+}
+
 /* Saves after HALF steps with placement a, resumes with placement b. */
 static void resume_case(const placement *a, const placement *b, uint64_t tiny, const ref_run *ref)
 {
@@ -191,12 +223,8 @@ static void resume_case(const placement *a, const placement *b, uint64_t tiny, c
     snprintf(label, sizeof label, "save [%s] -> resume [%s]", a->label, b->label);
     snprintf(dir, sizeof dir, "%s/resume-%d", ck_root, rand());
     toy_model toy;
-    zn_trainer *tr;
     ref_run o;
-    memset(&o, 0, sizeof o);
-    if (create(&tr, &toy, a->sets, a->n, budget_of(a, tiny, ref->n)))
-        ZT_SETUP_FAIL("%s: create: %s", label, zn_last_error());
-    ZT_EQ_INT(steps(tr, 0, HALF, o.loss), 0);
+    zn_trainer *tr = run_half(label, a, tiny, ref, &toy, &o);
     zn_ckpt_save_options so = save_opts(dir);
     char where[4500];
     int rc = zn_ckpt_save(tr, &so, where, sizeof where);
@@ -205,24 +233,14 @@ static void resume_case(const placement *a, const placement *b, uint64_t tiny, c
     if (rc)
         return;
     ZT_EQ_INT(zn_ckpt_verify(dir), 0);
-
-    if (create(&tr, &toy, b->sets, b->n, budget_of(b, tiny, ref->n)))
-        ZT_SETUP_FAIL("%s: create: %s", label, zn_last_error());
     zn_ckpt *ck;
     ZT_EQ_INT(zn_ckpt_open(&ck, dir), 0);
     ZT_CHECK(!strcmp(zn_ckpt_path(ck), where));
     ZT_EQ_INT(zn_ckpt_step(ck), HALF);
     ZT_CONTAINS(zn_ckpt_client_json(ck), "data_step");
     ZT_CHECK(zn_ckpt_config_text(ck) && !strcmp(zn_ckpt_config_text(ck), base_json));
-    rc = zn_ckpt_load(ck, tr);
-    ZT_CHECK_MSG(rc == 0, "%s: load: %s", label, zn_last_error());
-    zn_ckpt_close(ck);
-    ZT_EQ_INT(steps(tr, HALF, STEPS, o.loss), 0);
-    read_master(tr, &o);
-    zn_train_destroy(tr);
-    compare(label, ref, &o, HALF);
+    finish_from(label, ck, b, tiny, ref, &o);
     printf("%-75s ok\n", label);
-    free(o.master);
 }
 
 /* Loads a checkpoint into the trainer that saved it after it ran past it
@@ -399,12 +417,8 @@ static void final_case(const placement *a, const placement *b, uint64_t tiny, co
     snprintf(dcopy, sizeof dcopy, "%s/fcopy-%d", ck_root, rand());
     snprintf(dref, sizeof dref, "%s/fref-%d", ck_root, rand());
     toy_model toy;
-    zn_trainer *tr;
     ref_run o;
-    memset(&o, 0, sizeof o);
-    if (create(&tr, &toy, a->sets, a->n, budget_of(a, tiny, ref->n)))
-        ZT_SETUP_FAIL("%s: create: %s", label, zn_last_error());
-    ZT_EQ_INT(steps(tr, 0, HALF, o.loss), 0);
+    zn_trainer *tr = run_half(label, a, tiny, ref, &toy, &o);
     /* cancelled: nothing left, the trainer untouched */
     static volatile sig_atomic_t cancel = 1;
     zn_ckpt_save_options so = save_opts(dcopy);
@@ -457,17 +471,9 @@ static void final_case(const placement *a, const placement *b, uint64_t tiny, co
     char dup[4600];
     snprintf(dup, sizeof dup, "%s-dup", where);
     copy_tree(where, dup);
-    if (create(&tr, &toy, b->sets, b->n, budget_of(b, tiny, ref->n)))
-        ZT_SETUP_FAIL("%s: create: %s", label, zn_last_error());
     zn_ckpt *ck;
     ZT_EQ_INT(zn_ckpt_open(&ck, dup), 0);
-    rc = zn_ckpt_load(ck, tr);
-    ZT_CHECK_MSG(rc == 0, "%s: load: %s", label, zn_last_error());
-    zn_ckpt_close(ck);
-    ZT_EQ_INT(steps(tr, HALF, STEPS, o.loss), 0);
-    read_master(tr, &o);
-    zn_train_destroy(tr);
-    compare(label, ref, &o, HALF);
+    finish_from(label, ck, b, tiny, ref, &o);
 
     /* a byte of v.bin's first piece, in the swap file: found; a byte
      * nothing refers to: not the checkpoint's concern */
@@ -499,7 +505,6 @@ static void final_case(const placement *a, const placement *b, uint64_t tiny, co
     ZT_EQ_INT(unlink(path), 0);
     expect_refused("state.swp missing", where, "state.swp", 0, a->sets, a->n);
     printf("%-75s ok%s\n", label, hole == UINT64_MAX ? " (no unused range to damage)" : "");
-    free(o.master);
 }
 
 static int fault_fn(void *user, const zn_aio_fault_site *site)
