@@ -53,6 +53,21 @@ if [ ! -e /mnt/nvme0/zinc ]; then
 fi
 nv14=(--set tiers.create_nvme_path=true)
 expect 0 "14.77B parameters" -- plan "$src/examples/a10-qwen2.5-14b-nvme.json" "${nv14[@]}"
+# its stop on SIGTERM: the last finished step's update, still running under
+# the next step, lands first (it reads and writes the 165.07 GiB of state on
+# NVMe: at least their write at the disk's rate), then the save keeps that
+# state in place; the total is no less than the update
+stop=$("$zinc" plan "$src/examples/a10-qwen2.5-14b-nvme.json" "${nv14[@]}" 2>&1 | grep '^on SIGTERM')
+u=$(sed -n 's/.*update still running lands (about \([0-9]*\) s).*/\1/p' <<<"$stop")
+t=$(sed -n 's/.*: about \([0-9]*\) s at most.*/\1/p' <<<"$stop")
+w=$(sed -n 's/.*written at \([0-9.]*\) GB\/s.*/\1/p' <<<"$stop")
+if [ -n "$u" ] && [ -n "$t" ] && [ -n "$w" ] && grep -q "165.07 GiB of it on NVMe kept in place" <<<"$stop" &&
+   awk -v u="$u" -v t="$t" -v w="$w" 'BEGIN { exit !(t >= u && (u + 1) * w * 1e9 >= 165.07 * 2^30) }'; then
+    pass=$((pass + 1))
+else
+    echo "FAIL: the 14B NVMe plan's stop on SIGTERM (update '$u' s, total '$t' s, disk '$w' GB/s): $stop"
+    fail=$((fail + 1))
+fi
 expect 0 "7.62B parameters" -- plan "$src/examples/a10-qwen2.5-7b.json"
 # a bf16 (CUDA) plan counts what lives outside the device arena: the 2 GEMM
 # streams x (a 64 MiB cuBLAS handle, as measured on an H200, + a 32 MiB

@@ -121,7 +121,9 @@ ZN_API int zn_run_predict(const zn_config *cfg, const zn_model_dims *d, const zn
 /* What stopping on a signal costs this run, and how old the checkpoint it
  * leaves can be. One rank stops inside the step in progress, before its
  * update; ranks finish it (step_s, the caller's measured step time; 0 in a
- * plan). Then: with the optimizer state in the cpu tier, saves in the
+ * plan). Either way the last finished step's update, which the optimizer
+ * runs under the next step's forward, must land first: update_s, the
+ * cost model's optimizer chain (zn_cost.opt_s; 0: not known). Then: with the optimizer state in the cpu tier, saves in the
  * background (train.checkpoint.background) and one every step, the save of
  * the last step, written while the next runs, completes when what is left
  * of it fits half the notice (train.checkpoint.notice_s), else it is
@@ -147,6 +149,10 @@ typedef struct {
     double write_bps;      /* the checkpoint folder's disk */
     double read_bps;       /* the NVMe path's */
     double step_s, save_s, total_s;   /* total_s: stop_s */
+    double update_s;       /* the last finished step's update, when it is still
+                              running under the next step (the optimizer
+                              pipelined after the step): the stop waits for
+                              it, since the checkpoint is that step's state */
     bool background;       /* the saves written while the next step runs */
     bool cpu_state;        /* the optimizer state all in the cpu tier (it could be) */
     bool assumed;          /* no figure measured or cached: 1 GB/s assumed */
@@ -155,7 +161,7 @@ typedef struct {
     char disk[ZN_PATH_MAX];  /* the folder measured */
 } zn_stop_estimate;
 ZN_API int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int world,
-                                int local_ranks, double step_s, bool measure,
+                                int local_ranks, double step_s, double update_s, bool measure,
                                 zn_stop_estimate *e, FILE *note);
 
 /* Prints the cost model's prediction beside a run's measured report (per

@@ -338,7 +338,8 @@ int zn_cmd_plan(int argc, char **argv)
      * an earlier run or benchmark on this machine (none measured here) */
     if (cfg.train.checkpoint.dir[0]) {
         zn_stop_estimate se;
-        if (!zn_run_stop_estimate(&cfg, &plan, world, 1, 0, false, &se, NULL)) {
+        if (!zn_run_stop_estimate(&cfg, &plan, world, 1, 0, zn_cli_stop_update_s(&cfg, &d, &plan),
+                                  false, &se, NULL)) {
             printf("\n");
             zn_cli_stop_print(&se, &cfg, world, 0, stdout);
         }

@@ -71,6 +71,17 @@ void zn_cli_stop_install(void)
     sigaction(SIGUSR1, &sa, NULL);
 }
 
+/* The optimizer chain of one step (the cost model's, from the figures
+ * cached for this machine: nothing is measured with the trainer open), which
+ * a stop waits for when it runs under the next step; 0 when the cache lacks
+ * what it needs. */
+double zn_cli_stop_update_s(const zn_config *cfg, const zn_model_dims *d, const zn_plan *plan)
+{
+    zn_cost c;
+    int rc = zn_run_predict(cfg, d, plan, ZN_CEIL_CACHED, &c, NULL);
+    return (rc == 0 || rc == ZN_EARG) && c.opt_s > 0 && c.opt_s < 1e9 ? c.opt_s : 0;
+}
+
 /* What a signal would cost this run, said after its first step: the stop
  * (the step in progress stopped or, with ranks, finished; the checkpoint's
  * writes) and how old the checkpoint it leaves can be, from
@@ -91,7 +102,8 @@ void zn_cli_stop_notice(zn_run *ts, const zn_config *cfg, const zn_plan *plan, d
     if (per_rank * (uint64_t)(ts->local_size > 0 ? ts->local_size : 1) < ((uint64_t)1 << 30))
         return;
     zn_stop_estimate e;
-    int rc = zn_run_stop_estimate(cfg, plan, ts->world, ts->local_size, step_s, true, &e, stdout);
+    int rc = zn_run_stop_estimate(cfg, plan, ts->world, ts->local_size, step_s,
+                                  zn_cli_stop_update_s(cfg, &ts->dims, plan), true, &e, stdout);
     if (rc) {
         fprintf(stderr, "zinc: warning: no estimate of the time a stop on SIGTERM takes: %s\n",
                 zn_last_error());
@@ -118,10 +130,14 @@ void zn_cli_stop_print(const zn_stop_estimate *e, const zn_config *cfg, int worl
 {
     const zn_config_checkpoint *cc = &cfg->train.checkpoint;
     char b1[32], b2[32];
-    fprintf(f, "on SIGTERM %s, then %s (%s", world > 1 ? "the step in progress ends" :
-            "the step in progress stops before its update",
-            e->background && cc->every == 1 ? "the background save of the last step completes"
-                                            : "the last finished step is saved",
+    fprintf(f, "on SIGTERM %s, then ", world > 1 ? "the step in progress ends" :
+            "the step in progress stops before its update");
+    if (e->update_s >= 0.5)
+        fprintf(f, "the last finished step's update still running lands (about %.0f s), then ",
+                e->update_s);
+    fprintf(f, "%s (%s", e->background && cc->every == 1
+                             ? "the background save of the last step completes"
+                             : "the last finished step is saved",
             zn_format_size(e->save_bytes, b1, sizeof b1));
     if (e->inplace_bytes)
         fprintf(f, ", %s of it on NVMe kept in place: the swap file linked into the checkpoint",
@@ -154,7 +170,7 @@ void zn_cli_stop_print(const zn_stop_estimate *e, const zn_config *cfg, int worl
     else if (e->inplace_bytes && cc->every > 0)
         fprintf(f, "  (a periodic save copies the state, about %.0f s; a stop during one "
                 "cancels it and saves in place)\n", e->save_s);
-    else if (e->read_bytes)
+    else if (e->read_bytes && !e->inplace_bytes)
         fprintf(f, "  (the state on NVMe is read back and copied: to keep it in place, put the "
                 "checkpoint folder on the swap folder's file system, with one NVMe path)\n");
 }

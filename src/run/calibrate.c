@@ -819,7 +819,8 @@ int zn_run_predict(const zn_config *cfg, const zn_model_dims *d, const zn_plan *
  * first. Only disks are measured here (no device: the run holds it). */
 #define ZN_ASSUMED_DISK_BPS 1e9
 int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int world, int local_ranks,
-                         double step_s, bool measure, zn_stop_estimate *e, FILE *note)
+                         double step_s, double update_s, bool measure, zn_stop_estimate *e,
+                         FILE *note)
 {
     memset(e, 0, sizeof *e);
     static const zn_state_class saved[] = { ZN_STATE_MASTER, ZN_STATE_ADAM_M, ZN_STATE_ADAM_V };
@@ -840,6 +841,7 @@ int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int world, i
     e->background = cc->background && cc->every > 0 && !off_cpu;
 
     e->step_s = world > 1 ? step_s : 0;   /* one rank stops inside the step */
+    e->update_s = update_s > 0 ? update_s : 0;
     /* the NVMe path's disk (where the states are read back from) */
     const char *paths[ZN_SWAP_MAX_PATHS];
     char nvme[ZN_PATH_MAX] = "";
@@ -864,6 +866,7 @@ int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int world, i
     }
     bool dirty = false;
     zn_ceilings ck, nv;
+    memset(&nv, 0, sizeof nv);
     rc = disk_speed(cfg, m, dir, measure, note, &ck, &dirty);
     e->write_bps = ck.nvme_write_bps;
     if (!rc && nvme[0] && !(rc = disk_speed(cfg, m, nvme, measure, note, &nv, &dirty)))
@@ -879,6 +882,14 @@ int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int world, i
     }
     if (!(e->write_bps > 0) || (e->read_bytes && !(e->read_bps > 0)))
         return zn_set_error(ZN_EINTERNAL, "cost model: no disk speed for %s", dir);
+    /* the update in flight reads the NVMe-homed state and writes it back:
+     * at the disk's own speed at least, whatever the cost model knows */
+    if (e->read_bytes) {
+        double w = nv.nvme_write_bps > 0 ? nv.nvme_write_bps : e->write_bps;
+        double io = (double)e->read_bytes / e->read_bps + (double)e->read_bytes / w;
+        if (io > e->update_s)
+            e->update_s = io;
+    }
     e->save_s = (double)e->save_bytes / e->write_bps +
                 (e->read_bytes ? (double)e->read_bytes / e->read_bps : 0);
     /* the final save keeps the NVMe tier's state in place: the optimizer
@@ -894,12 +905,13 @@ int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int world, i
                       ? (double)(e->read_bytes - e->inplace_bytes) / e->read_bps : 0);
     double half = cc->notice_s > 0 ? cc->notice_s / 2 : 1e30;
     if (e->background && cc->every == 1 && e->save_s > half) {
-        e->stop_s = e->step_s + half;   /* the save in progress dropped at worst */
+        e->stop_s = e->step_s + e->update_s + half;   /* the save in progress dropped at worst */
         e->age_steps = 1;
     } else {
-        e->stop_s = e->step_s + e->final_s;
+        e->stop_s = e->step_s + e->update_s + e->final_s;
         /* ranks finish a periodic save in progress (one rank cancels it) */
-        if (e->inplace_bytes && world > 1 && cc->every > 0 && e->save_s + e->final_s > e->stop_s)
+        if (e->inplace_bytes && world > 1 && cc->every > 0 &&
+            e->save_s + e->final_s > e->stop_s)
             e->stop_s = e->save_s + e->final_s;
         e->age_steps = 0;
     }
