@@ -405,6 +405,39 @@ static void test_train_paths(void)
     const char *a5[] = { "zinc", "train", "--set", "tiers.no_such_key=1" };
     ZT_CHECK(zn_cluster_train_paths(a5, 4, dflt, &p) != 0);
     ZT_CONTAINS(zn_last_error(), "no_such_key");
+    /* --resume DIR: every host must have DIR to read (2); without CONFIG
+     * the config is the one DIR recorded, read here: a folder with no
+     * checkpoint in it says so and is still checked on the hosts */
+    char dir[] = "/tmp/zn-train-paths-XXXXXX";
+    if (!mkdtemp(dir))
+        ZT_SETUP_FAIL("mkdtemp: %s", strerror(errno));
+    const char *a6[] = { "zinc", "train", "--resume", dir };
+    ZT_EQ_INT(zn_cluster_train_paths(a6, 4, dflt, &p), 0);
+    ZT_EQ_INT(p.n, 1);
+    if (p.n == 1) {
+        ZT_EQ_STR(p.p[0].path, dir);
+        ZT_EQ_INT(p.p[0].must_exist, 2);
+        ZT_CONTAINS(p.p[0].what, "--resume");
+    }
+    ZT_CONTAINS(p.note, "without CONFIG");
+    ZT_CONTAINS(p.note, dir);
+    /* with CONFIG (here the default) its folders too */
+    const char *a7[] = { "zinc", "train", "--resume", dir, "--set",
+                         "train.checkpoint.dir=ck/run2" };
+    ZT_EQ_INT(zn_cluster_train_paths(a7, 6, dflt, &p), 0);
+    ZT_EQ_INT(p.n, 1);   /* no CONFIG: DIR's recorded config is what counts */
+    rmdir(dir);
+    /* --resume without a folder: train.checkpoint.dir is read (its latest)
+     * and written */
+    const char *a8[] = { "zinc", "train", "--resume", "--set", "train.checkpoint.dir=ck/run2" };
+    ZT_EQ_INT(zn_cluster_train_paths(a8, 5, dflt, &p), 0);
+    ZT_EQ_INT(p.n, 3);
+    if (p.n == 3) {
+        ZT_EQ_STR(p.p[1].path, "ck/run2");
+        ZT_EQ_INT(p.p[1].must_exist, 0);
+        ZT_EQ_STR(p.p[2].path, "ck/run2");
+        ZT_EQ_INT(p.p[2].must_exist, 2);
+    }
 }
 
 /* The cluster check's verdict: 4 ranks on hosts a, a, b, c; the ring's

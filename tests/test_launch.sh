@@ -124,17 +124,19 @@ if ! "$sshd" -t -f "$tmp/sshd_A.conf" 2>"$tmp/err"; then
 fi
 ip netns exec "$nsA" "$sshd" -D -f "$tmp/sshd_A.conf" -E "$tmp/sshd_A.log" &
 # node B's sshd in a mount namespace of its own where $tmp/ro is read-only
-# (only there: the check must name B alone); without unshare or the
-# mount it runs as A's does and that part of the test skips
-mkdir -p "$tmp/ro"
+# and $tmp/hide an empty tmpfs (only there: the check must name B alone);
+# without unshare or the mounts it runs as A's does and those parts of the
+# test skip
+mkdir -p "$tmp/ro" "$tmp/hide"
 cat > "$tmp/sshd_ro.sh" <<'EOF'
-ro=$1 mark=$2; shift 2
-mount --bind "$ro" "$ro" && mount -o remount,bind,ro "$ro" || : > "$mark"
+ro=$1 mark=$2 hide=$3; shift 3
+{ mount --bind "$ro" "$ro" && mount -o remount,bind,ro "$ro" &&
+  mount -t tmpfs zinc-test-hide "$hide"; } || : > "$mark"
 exec "$@"
 EOF
 if command -v unshare >/dev/null 2>&1; then
     ip netns exec "$nsB" unshare -m --propagation private sh "$tmp/sshd_ro.sh" "$tmp/ro" \
-        "$tmp/ro_failed" "$sshd" -D -f "$tmp/sshd_B.conf" -E "$tmp/sshd_B.log" &
+        "$tmp/ro_failed" "$tmp/hide" "$sshd" -D -f "$tmp/sshd_B.conf" -E "$tmp/sshd_B.log" &
 else
     : > "$tmp/ro_failed"
     ip netns exec "$nsB" "$sshd" -D -f "$tmp/sshd_B.conf" -E "$tmp/sshd_B.log" &
@@ -545,6 +547,22 @@ else
         echo "ok: a checkpoint folder read-only on $ipB alone is named before any rank starts: $(grep error ro.out | cut -c1-220)"
     else
         echo "FAIL: a read-only checkpoint folder on $ipB (exit $rc): $(cat ro.out)"; fail=1
+    fi
+fi
+# a checkpoint to resume that node B does not have (its copy of
+# $tmp/hide is empty), resumed without CONFIG (with the config it recorded,
+# read here): the check names B and the folder, and starts nothing
+if [ -e "$tmp/ro_failed" ] || [ ! -f ckl/latest ]; then
+    echo "skip: a checkpoint on one node alone (no private mount namespace for node B's sshd, or no checkpoint from part 5)"
+else
+    rm -rf "$tmp/hide/ck" && cp -r "ckl/$(cat ckl/latest)" "$tmp/hide/ck"
+    launch --hostfile hostfile -- "$zinc" train --resume "$tmp/hide/ck" > hide.out 2>&1
+    rc=$?
+    if [ $rc -ne 0 ] && grep -q "host $ipB cannot read the checkpoint to resume (--resume) $tmp/hide/ck: neither manifest.json nor latest is there" hide.out &&
+       ! grep -q "host $ipA cannot" hide.out && ! grep -q "] step " hide.out; then
+        echo "ok: a checkpoint to resume missing on $ipB alone is named before any rank starts: $(grep error hide.out | cut -c1-200)"
+    else
+        echo "FAIL: a checkpoint to resume missing on $ipB (exit $rc): $(cat hide.out)"; fail=1
     fi
 fi
 

@@ -138,16 +138,20 @@ typedef void (*zn_cluster_note_fn)(void *arg, const char *msg);
 typedef struct zn_cluster_path {
     const char *path;         /* relative: to the ranks' folder (cwd) */
     const char *what;         /* "the swap folder (tiers.nvme)", for the message */
-    int must_exist;           /* 1: a missing folder fails (the run may not create it) */
+    int must_exist;           /* 1: a missing folder fails (the run may not create it);
+                                 2: a checkpoint to read (manifest.json or latest
+                                 in it), not written */
 } zn_cluster_path;
 
 /* The folders `zinc train ...` (argv, as given to the launcher) writes:
  * the swap folders (zn_config_nvme_paths; must exist unless
  * tiers.create_nvme_path) and train.checkpoint.dir, from its CONFIG (or
  * recipe) under its --sets, or default_json (zinc train's embedded
- * default) without one. Returns 0 with out->n folders, or with none and
- * out->note saying why (not zinc train, CONFIG not readable here, a
- * --resume whose config is the checkpoint's); ZN_ECONFIG naming what is
+ * default) without one, or the config a `--resume DIR` recorded (read
+ * from this host's DIR) without CONFIG; and the checkpoint --resume reads
+ * (must_exist 2). Returns 0 with out->n folders, or with none and
+ * out->note saying why (not zinc train, CONFIG or the --resume folder's
+ * config not readable here); ZN_ECONFIG naming what is
  * wrong in the config, -ENOMEM. */
 #define ZN_CLUSTER_PATHS_MAX (16 + 1)
 typedef struct zn_cluster_paths {

@@ -65,11 +65,14 @@ static void keep(char *buf, size_t *n, const char *src, size_t len)
 /* A folder the run writes, tried where it runs: the folder itself or, when
  * it is not there yet, the nearest folder above it that is (the run makes
  * the rest), gets a file made and removed. A swap folder the run may not
- * create must be there. On failure the host prints `zinc-check-path I WHY
- * FOLDER[: REASON]` and exits 92. */
+ * create must be there. A checkpoint to resume (r) must hold manifest.json
+ * or latest, and is not written. On failure the host prints
+ * `zinc-check-path I WHY FOLDER[: REASON]` and exits 92. */
 static const char path_fn[] =
-    "zn_p() { p=$1; while [ ! -e \"$p\" ]; do [ \"$2\" = m ] && { echo \"zinc-check-path $3 "
-    "missing $1\"; exit 92; }; p=$(dirname -- \"$p\"); done; [ -d \"$p\" ] || { echo "
+    "zn_p() { if [ \"$2\" = r ]; then [ -r \"$1/manifest.json\" ] || [ -r \"$1/latest\" ] || "
+    "{ echo \"zinc-check-path $3 nockpt $1\"; exit 92; }; return 0; fi; p=$1; "
+    "while [ ! -e \"$p\" ]; do [ \"$2\" = m ] && { echo \"zinc-check-path $3 missing $1\"; "
+    "exit 92; }; p=$(dirname -- \"$p\"); done; [ -d \"$p\" ] || { echo "
     "\"zinc-check-path $3 notdir $p\"; exit 92; }; f=$p/.zinc-check-$$; if e=$( (: > \"$f\") "
     "2>&1 ); then rm -f -- \"$f\"; else echo \"zinc-check-path $3 ro $p: ${e##*: }\"; exit 92; "
     "fi; }; ";
@@ -86,7 +89,8 @@ static void check_command(const zn_cluster_config *c, const char *cwd, int zinc,
     for (int i = 0; i < c->n_paths; i++) {
         zn_sbuf_adds(cmd, "zn_p ");
         zn_sbuf_addq(cmd, c->paths[i].path);
-        zn_sbuf_addf(cmd, " %s %d; ", c->paths[i].must_exist ? "m" : "c", i);
+        zn_sbuf_addf(cmd, " %s %d; ", c->paths[i].must_exist == 2 ? "r"
+                                      : c->paths[i].must_exist ? "m" : "c", i);
     }
     if (zinc) {
         zn_sbuf_adds(cmd, "exec ");
@@ -110,6 +114,11 @@ static void path_failure(const zn_cluster_config *c, const char *h, const char *
     }
     const zn_cluster_path *p = &c->paths[i];
     const char *rest = line + n;
+    if (!strcmp(kind, "nockpt")) {
+        zn_sbuf_addf(why, "host %s cannot read %s %.300s: neither manifest.json nor latest is "
+                     "there", h, p->what ? p->what : "the checkpoint", p->path);
+        return;
+    }
     zn_sbuf_addf(why, "host %s cannot write %s %.300s: ", h, p->what ? p->what : "the folder",
                  p->path);
     if (!strcmp(kind, "missing"))

@@ -1,14 +1,16 @@
 /* The folders a launched `zinc train` writes on every host (its swap
  * folders and its checkpoint folder), read from the train command line the
- * launcher was given, for the check before anything starts
- * (zn_cluster_train_paths, launch.h). Reads the config as zinc train
- * does: CONFIG (or a LLaMA-Factory recipe), under the line's --set. */
+ * launcher was given, and the checkpoint it resumes from, for the check
+ * before anything starts (zn_cluster_train_paths, launch.h). Reads the
+ * config as zinc train does: CONFIG (or a LLaMA-Factory recipe), or the
+ * config a --resume folder recorded, under the line's --set. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "zinc/ckpt.h"
 #include "zinc/config.h"
 #include "zinc/launch.h"
 
@@ -27,7 +29,7 @@ static int add(zn_cluster_paths *out, const char *path, const char *what, int mu
     if (!*path)
         return 0;
     for (int i = 0; i < out->n; i++)
-        if (!strcmp(out->path[i], path))
+        if (!strcmp(out->path[i], path) && out->p[i].must_exist == must_exist)
             return 0;   /* one folder named twice is tried once */
     if (out->n >= ZN_CLUSTER_PATHS_MAX)
         return zn_set_error(ZN_EARG, "launch: more than %d folders to check",
@@ -79,8 +81,9 @@ int zn_cluster_train_paths(const char *const *argv, int argc, const char *defaul
     }
     const char **sets = calloc((size_t)argc, sizeof *sets);
     zn_config *cfg = malloc(sizeof *cfg);
-    const char *path = NULL;
+    const char *path = NULL, *resume_dir = NULL;
     int n_sets = 0, rc = 0, resume = 0;
+    zn_ckpt *ck = NULL;
     if (!sets || !cfg) {
         rc = zn_set_error(-ENOMEM, "launch: out of memory");
         goto out;
@@ -97,8 +100,11 @@ int zn_cluster_train_paths(const char *const *argv, int argc, const char *defaul
              * folder (a file is CONFIG) */
             struct stat st;
             if (i + 1 < argc && (!strcmp(argv[i + 1], "latest") ||
-                                 (stat(argv[i + 1], &st) == 0 && S_ISDIR(st.st_mode))))
+                                 (stat(argv[i + 1], &st) == 0 && S_ISDIR(st.st_mode)))) {
                 i++;
+                if (strcmp(argv[i], "latest"))
+                    resume_dir = argv[i];
+            }
         } else if (a[0] == '-') {
             for (int k = 0; valued[k]; k++)
                 if (!strcmp(a, valued[k]) && i + 1 < argc) {
@@ -109,18 +115,33 @@ int zn_cluster_train_paths(const char *const *argv, int argc, const char *defaul
             path = a;
         }
     }
-    if (!path && resume) {
-        /* the config recorded in the checkpoint: not read here */
-        snprintf(out->note, sizeof out->note, "zinc train --resume without CONFIG: the "
-                 "checkpoint's config is not read here");
+    /* every rank reads the checkpoint it resumes from: there on each host
+     * (a folder this host sees; one it does not see is the ranks' to name) */
+    if (resume_dir && (rc = add(out, resume_dir, "the checkpoint to resume (--resume)", 2)))
         goto out;
-    }
     /* the config's warnings are the ranks' to give (each gives them when
      * it reads it): quiet here, errors still said */
     zn_log_level lvl = zn_log_get_level();
     if (lvl < ZN_LOG_ERROR)
         zn_log_set_level(ZN_LOG_ERROR);
-    rc = load(cfg, path, sets, n_sets, default_json);
+    if (!path && resume_dir) {
+        /* zinc train --resume DIR without CONFIG trains with the config the
+         * checkpoint recorded, under the line's --sets: read from this
+         * host's copy (its manifest; nothing verified here) */
+        const char *text = NULL;
+        if (zn_ckpt_open(&ck, resume_dir) || !(text = zn_ckpt_config_text(ck))) {
+            zn_log_set_level(lvl);
+            snprintf(out->note, sizeof out->note, "zinc train --resume %.240s without CONFIG: "
+                     "its recorded config is not readable here (%.120s): its folders are not "
+                     "checked", resume_dir, ck ? "no config recorded" : zn_last_error());
+            goto out;
+        }
+        char name[ZN_PATH_MAX + 32];
+        snprintf(name, sizeof name, "(config recorded in %s)", zn_ckpt_path(ck));
+        rc = zn_config_parse(cfg, text, name, sets, n_sets);
+    } else {
+        rc = load(cfg, path, sets, n_sets, default_json);
+    }
     zn_log_set_level(lvl);
     if (rc) {
         if (rc == -ENOENT) {
@@ -140,7 +161,12 @@ int zn_cluster_train_paths(const char *const *argv, int argc, const char *defaul
     if (!rc)
         rc = add(out, cfg->train.checkpoint.dir, "the checkpoint folder (train.checkpoint.dir)",
                  0);
+    /* --resume without a folder: the checkpoint folder's latest */
+    if (!rc && resume && !resume_dir)
+        rc = add(out, cfg->train.checkpoint.dir, "the checkpoint to resume (--resume: "
+                 "train.checkpoint.dir)", 2);
 out:
+    zn_ckpt_close(ck);
     free(sets);
     free(cfg);
     return rc;
