@@ -255,6 +255,22 @@ moment tcp "0 1"
 moment tcp "1"
 moment tcp "0"
 hook_draw; moment tcp "$HT" "$HP"
+# a stop during a periodic save (which copies the NVMe state) on rank 1
+# alone: the save is cancelled on both ranks, rank 1 for its signal, rank 0
+# (which finishes its part first) for rank 1's stop, saying so (a rank past
+# 0 prints nothing on stdout); the stop's own save of the same step keeps
+# each rank's state in place
+nb=$nm
+moment tcp "1" "tmpdir:1"
+if [ $nm -gt $nb ] && [ -n "${M_DIR[$nm]:-}" ]; then
+    d=${M_DIR[$nm]}
+    if grep -q "checkpoint of step 2 cancelled by a stop on another rank after" "$d/r0.out" &&
+       [ -f "$d/ck/step-00000002/rank-0/state.swp" ] && [ -f "$d/ck/step-00000002/rank-1/state.swp" ]; then
+        echo "ok: a periodic save cancelled on both ranks by rank 1's stop, the stop's save in place"
+    else
+        fails "a periodic save during rank 1's stop: $(grep -h '^checkpoint' "$d"/r0.out | head -3); $(ls "$d/ck/step-00000002"/rank-* 2>&1 | tr '\n' ' ')"
+    fi
+fi
 use lora
 rnd 3; moment tcp "$( [ $R -eq 2 ] && echo "0 1" || echo $R)"
 hook_draw; moment tcp "$HT" "$HP"

@@ -73,8 +73,10 @@ typedef struct {
     bool final_save;
     /* A save at once (zn_ckpt_save) that finds *cancel set between two of
      * its writes stops with -ECANCELED, its temporary folder removed, the
-     * trainer untouched: one rank's stop signal, when the final save that
-     * follows keeps the state in place and costs seconds. NULL: none. */
+     * trainer untouched: a stop signal, when the final save that follows
+     * keeps the state in place and costs seconds. With ranks, one rank's
+     * cancel drops the save on all of them: each returns -ECANCELED once the
+     * others have reached the end of their part. NULL: none. */
     const volatile sig_atomic_t *cancel;
 } zn_ckpt_save_options;
 

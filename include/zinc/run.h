@@ -132,8 +132,9 @@ ZN_API int zn_run_predict(const zn_config *cfg, const zn_model_dims *d, const zn
  * moments (read back from NVMe where they live there) through the
  * checkpoint folder's disk, except what the final save keeps in place:
  * the NVMe tier's state when it is on one path on the checkpoint folder's
- * file system (one rank cancels a periodic save in progress for it; ranks
- * finish one, which save_s bounds). The disks are measured as the cost model
+ * file system (a periodic save in progress is cancelled for it where the
+ * signal arrives; ranks the signal did not reach finish their part first,
+ * which save_s bounds). The disks are measured as the cost model
  * measures the NVMe path, once per file system, and cached with its
  * figures (measure false: the cached figures, or 1 GB/s assumed, said by
  * `assumed`); no device is opened. Returns 0, or the measurement's

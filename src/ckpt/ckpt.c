@@ -83,6 +83,10 @@ static int sfile_write(sfile *f, const void *buf, uint64_t len)
     if (f->done + len > f->total || (f->done + len < f->total && len % f->bs))
         return zn_set_error(ZN_EINTERNAL, "checkpoint: chunk of %" PRIu64 " bytes at %" PRIu64
                             " of %s (block %" PRIu64 ")", len, f->done, zn_ckpt__state_file[f->k], f->bs);
+    /* a stop's cancel, seen before each write (a file of one chunk too) */
+    if (f->cancel && *f->cancel)
+        return zn_set_error(-ECANCELED, "checkpoint: %s/%s: cancelled by a stop", f->dir,
+                            zn_ckpt__state_file[f->k]);
     char name[64];
     snprintf(name, sizeof name, "%s @%" PRIu64, zn_ckpt__state_file[f->k], f->done);
     zn_extent e;
@@ -100,9 +104,6 @@ static int sfile_write(sfile *f, const void *buf, uint64_t len)
         return zn_error_prefix(rc, "checkpoint: writing %s/%s at offset %" PRIu64 "", f->dir,
                                zn_ckpt__state_file[f->k], f->done);
     f->done += len;
-    if (f->cancel && *f->cancel && f->done < f->total)
-        return zn_set_error(-ECANCELED, "checkpoint: %s/%s: cancelled by a stop", f->dir,
-                            zn_ckpt__state_file[f->k]);
     return f->pace ? zn_ckpt__pace_after(f->pace, len) : 0;
 }
 
@@ -134,7 +135,8 @@ static void sfile_abort(sfile *f)
 
 /* ---- ranks agree ---------------------------------------------------------------*/
 /* Every rank's status: a local failure stays as it is; a rank that
- * succeeded learns that another failed. */
+ * succeeded learns that another failed, or that another cancelled its part
+ * for a stop (-ECANCELED: the save is dropped on every rank, none failed). */
 static int agree(zn_trainer *tr, int rc)
 {
     struct zn_comm *c = zn_train_comm(tr);
@@ -142,14 +144,16 @@ static int agree(zn_trainer *tr, int rc)
         return rc;
     char keep[1024];
     snprintf(keep, sizeof keep, "%s", zn_last_error());
-    float f = rc ? 1.0f : 0.0f, g = 0;
+    float f = rc == -ECANCELED ? 1.0f : rc ? 2.0f : 0.0f, g = 0;
     int r2 = zn_comm_allreduce(c, &f, &g, 1, ZN_DTYPE_F32, ZN_REDUCE_MAX);
     if (rc)
         return zn_set_error(rc, "%s", keep);
     if (r2)
         return zn_error_prefix(r2, "checkpoint: ranks agreeing");
-    if (g > 0)
+    if (g > 1)
         return zn_set_error(-EIO, "checkpoint: another rank failed to save its part");
+    if (g > 0)
+        return zn_set_error(-ECANCELED, "checkpoint: cancelled by a stop on another rank");
     return 0;
 }
 

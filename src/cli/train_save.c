@@ -137,20 +137,22 @@ int zn_cli_save(zn_cli_saver *sv, int64_t step)
     sv->so.client_json = client;
     char where[4200];
     double t0 = zn_now_s();
-    /* one rank whose final save keeps its NVMe state in place: a stop
-     * signal cancels this copy, and the run's final save of the same step
-     * takes seconds */
-    sv->so.cancel = !sv->so.final_save && sv->ts->world == 1 &&
-                    sv->cfg->train.checkpoint.in_place &&
+    /* a rank whose final save keeps its NVMe state in place: a stop
+     * signal cancels this copy (on every rank: the ranks agree at its end),
+     * and the run's final save of the same step takes seconds */
+    sv->so.cancel = !sv->so.final_save && sv->cfg->train.checkpoint.in_place &&
                     zn_ckpt_save_keeps_nvme(sv->ts->tr, sv->so.dir) ? zn_cli_stop_flag() : NULL;
     rc = client ? zn_ckpt_save(sv->ts->tr, &sv->so, where, sizeof where)
                 : zn_set_error(-ENOMEM, "out of memory");
     free(client);
     sv->so.client_json = NULL;
     sv->so.cancel = NULL;
-    if (rc == -ECANCELED && zn_cli_stop_signal()) {
-        printf("checkpoint of step %lld cancelled by the stop signal after %.2f s: the stop "
-               "saves it in place\n", (long long)step, zn_now_s() - t0);
+    /* (a rank the signal did not reach learns of the stop from the step's
+     * stop all-reduce right after this) */
+    if (rc == -ECANCELED && (zn_cli_stop_signal() || sv->ts->world > 1)) {
+        printf("checkpoint of step %lld cancelled by %s after %.2f s: the stop saves it in "
+               "place\n", (long long)step, zn_cli_stop_signal() ? "the stop signal"
+               : "a stop on another rank", zn_now_s() - t0);
         fflush(stdout);
         return 0;
     }

@@ -165,8 +165,9 @@ void zn_cli_stop_print(const zn_stop_estimate *e, const zn_config *cfg, int worl
                 "most %.0f s, leaving a checkpoint at most one step old)\n", e->save_s,
                 e->save_s < half ? e->save_s : half);
     else if (e->inplace_bytes && cc->every > 0 && world > 1)
-        fprintf(f, "  (a periodic save in progress is finished first: it copies the state, "
-                "about %.0f s; only the stop's own save keeps it in place)\n", e->save_s);
+        fprintf(f, "  (a periodic save copies the state, about %.0f s; a stop during one "
+                "cancels it on the ranks the signal reaches, the others finish their part "
+                "first, and the stop's own save keeps the state in place)\n", e->save_s);
     else if (e->inplace_bytes && cc->every > 0)
         fprintf(f, "  (a periodic save copies the state, about %.0f s; a stop during one "
                 "cancels it and saves in place)\n", e->save_s);

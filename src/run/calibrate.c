@@ -909,7 +909,8 @@ int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int world, i
         e->age_steps = 1;
     } else {
         e->stop_s = e->step_s + e->update_s + e->final_s;
-        /* ranks finish a periodic save in progress (one rank cancels it) */
+        /* a periodic save in progress is cancelled where the signal
+         * arrives; ranks it did not reach finish their part first */
         if (e->inplace_bytes && world > 1 && cc->every > 0 &&
             e->save_s + e->final_s > e->stop_s)
             e->stop_s = e->save_s + e->final_s;
