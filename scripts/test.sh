@@ -53,8 +53,9 @@ run build --no-suite scale "$@"
 # fails here
 read -r -a run_env <<<"$(bash scripts/numeric-paths.sh second build)" || run_env=()
 # (suite once: tests whose checks do not depend on the SIMD or BLAS kernel,
-# or that run every SIMD path themselves: the launcher, plan_contract,
-# master_sr_cli, ckpt_background)
+# or that run every SIMD path themselves: the launcher, the plan contract,
+# signals, checkpoints compared bit for bit, ranks against one rank;
+# `meson test --list` shows them, tests/meson.build says why for each)
 run build-nocuda --no-suite once "$@"
 run_env=()
 run build-asan --suite unit "$@"
