@@ -49,15 +49,26 @@ same_state() {
 }
 hexes() { sed 's/.*"step": \([0-9]*\),.*"loss_hex": "\([^"]*\)".*/\1 \2/' "$1"; }
 
-"$zinc" train "${cpu[@]}" --steps 30 --json-log f32.jsonl > f32.out 2>&1
+# Under a sanitizer (ZINC_TEST_SANITIZED=1, tests/meson.build) these runs
+# are 8 steps and the 2% bound, which holds after 30, is left to the plain
+# builds: the sanitizer looks for memory errors, which 8 steps reach on
+# every code path of the 30 (under ASan the 30-step runs were a third of
+# this test's 199 s in stop 66's fresh clone).
+long=30
+[ "${ZINC_TEST_SANITIZED:-0}" = 1 ] && long=8
+"$zinc" train "${cpu[@]}" --steps $long --json-log f32.jsonl > f32.out 2>&1
 check "[ $? -eq 0 ]" "fp32 run: $(tail -3 f32.out)"
 for o in adamw_bnb_8bit adamw_torch_8bit adamw_bf16; do
-    "$zinc" train "${cpu[@]}" --set train.optim=$o --steps 30 --json-log $o.jsonl > $o.out 2>&1
+    "$zinc" train "${cpu[@]}" --set train.optim=$o --steps $long --json-log $o.jsonl > $o.out 2>&1
     check "[ $? -eq 0 ]" "$o run: $(tail -3 $o.out)"
     a=$(last_loss f32.jsonl) b=$(last_loss $o.jsonl)
-    check "awk -v a=$a -v b=$b 'BEGIN { d = (b - a) / a; exit !(d < 0.02 && d > -0.02) }'" \
-        "$o: loss $b after 30 steps, fp32 moments $a: more than 2% apart"
-    echo "$o: loss $b after 30 steps (fp32 moments: $a)"
+    if [ $long -eq 30 ]; then
+        check "awk -v a=$a -v b=$b 'BEGIN { d = (b - a) / a; exit !(d < 0.02 && d > -0.02) }'" \
+            "$o: loss $b after 30 steps, fp32 moments $a: more than 2% apart"
+        echo "$o: loss $b after 30 steps (fp32 moments: $a)"
+    else
+        echo "$o: loss $b after $long steps (fp32 moments: $a; the 2% bound after 30 is the plain builds')"
+    fi
 done
 check "! diff <(hexes adamw_bnb_8bit.jsonl) <(hexes adamw_torch_8bit.jsonl) > /dev/null" \
     "adamw_torch_8bit trains exactly as adamw_bnb_8bit: torchao's scheme is not in use"
@@ -203,7 +214,7 @@ same_state nck16/step-00000005 cck16/step-00000005 \
 # cpu tier's losses bit for bit, and its checkpoint files
 dev=(--set zero_optimization.offload_optimizer.device=none --set train.log_every=100)
 for o in adamw_bnb_8bit adamw_bf16; do
-    "$zinc" train "${dev[@]}" --set train.optim=$o --steps 30 --json-log dev-$o.jsonl > dev-$o.out 2>&1
+    "$zinc" train "${dev[@]}" --set train.optim=$o --steps $long --json-log dev-$o.jsonl > dev-$o.out 2>&1
     check "[ $? -eq 0 ] && diff <(hexes $o.jsonl) <(hexes dev-$o.jsonl) > /dev/null" \
         "$o moments with the optimizer on the device: not the cpu tier's losses: $(tail -3 dev-$o.out)"
 done
