@@ -61,6 +61,7 @@ typedef struct {
     uint64_t n;
     zn_train_report rep;
     int steps_done;
+    double wall_s;   /* from the first step to the report */
 } run_out;
 
 static zn_tokens *data;
@@ -141,6 +142,7 @@ static int run(const char *label, const char **sets, int nsets, uint64_t gpu_bud
         fprintf(stderr, "%s: create: %s\n", label, zn_last_error());
         return rc;
     }
+    double t0 = zn_now_s();
     for (int s = 0; s < steps; s++) {
         if ((rc = zn_loader_get(loader, (uint64_t)s, ids, tgts, NULL)))
             ZT_SETUP_FAIL("loader: %s", zn_last_error());
@@ -159,6 +161,7 @@ static int run(const char *label, const char **sets, int nsets, uint64_t gpu_bud
     if (!rc && out->master)
         rc = zn_train_read_master(tr, out->master, out->n);
     zn_train_get_report(tr, &out->rep);
+    out->wall_s = zn_now_s() - t0;
     zn_train_destroy(tr);
     return rc;
 }
@@ -872,6 +875,12 @@ int main(void)
                o.rep.param_wait_s);
         ZT_CHECK_MSG(o.rep.param_wait_s > 0, "%s: no use waited for the optimizer",
                      lag[c].label);
+        /* the longest optimizer job (what a stop may wait for) is measured:
+         * each job reads its units' states from NVMe, every read slowed by
+         * 400 us, and it ran inside the run's wall time */
+        ZT_CHECK_MSG(o.rep.opt_job_max_s >= 400e-6 && o.rep.opt_job_max_s <= o.wall_s,
+                     "%s: longest optimizer job %.6f s (the run %.3f s)", lag[c].label,
+                     o.rep.opt_job_max_s, o.wall_s);
         free(o.master);
     }
     run_hook = NULL;

@@ -159,11 +159,15 @@ typedef struct {
     bool assumed;          /* no figure measured or cached: 1 GB/s assumed */
     double stop_s;         /* from the signal to the exit, at most */
     int64_t age_steps;     /* finished steps the checkpoint left may lack (0 or 1) */
+    int world;
     char disk[ZN_PATH_MAX];  /* the folder measured */
 } zn_stop_estimate;
 ZN_API int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int world,
                                 int local_ranks, double step_s, double update_s, bool measure,
                                 zn_stop_estimate *e, FILE *note);
+/* The same estimate with the update taken as `update_s` (a run's measured
+ * longest, zn_train_report.opt_job_max_s): stop_s and total_s again. */
+ZN_API void zn_run_stop_set_update(zn_stop_estimate *e, const zn_config *cfg, double update_s);
 
 /* Prints the cost model's prediction beside a run's measured report (per
  * step). */

@@ -187,6 +187,12 @@ typedef struct {
     int opt_units;                  /* units (sub-groups) per step */
     int opt_inflight;               /* units in flight on NVMe */
     int overlap_step;               /* 1: optimizer overlapped with backward */
+    double opt_job_max_s;           /* the longest optimizer job so far, from its
+                                       start to its end (a step's update; the
+                                       next step's compute runs beside it): what
+                                       a stop waits for at most when it comes as
+                                       one begins. Not cleared by
+                                       zn_train_reset_counters */
     const char *param_dtype;        /* "f32" / "bf16" */
     const char *backend;            /* device name */
 } zn_train_report;

@@ -124,6 +124,25 @@ void zn_cli_stop_notice(zn_run *ts, const zn_config *cfg, const zn_plan *plan, d
                 : "; none is set: set train.checkpoint.every");
 }
 
+/* After a later step: the longest update measured so far. Where it moves
+ * the update's figure by a fifth (and a second) or more from the one said
+ * last, the stop's figure is said again with it, and kept for the stop. */
+void zn_cli_stop_recheck(zn_run *ts, const zn_config *cfg)
+{
+    if (!g_have_est)
+        return;
+    zn_train_report r;
+    zn_train_get_report(ts->tr, &r);
+    double u = r.opt_job_max_s, was = g_est.update_s;
+    if (!(u > 0) || fabs(u - was) < 1.0 || fabs(u - was) < 0.2 * was)
+        return;
+    zn_run_stop_set_update(&g_est, cfg, u);
+    printf("on SIGTERM now: the last finished step's update, measured here (the longest so "
+           "far: %.1f s against %.0f s predicted), lands first; a stop takes about %.0f s at "
+           "most\n", u, was, g_est.stop_s);
+    fflush(stdout);
+}
+
 /* The lines zinc train (after its first step) and zinc plan print. */
 void zn_cli_stop_print(const zn_stop_estimate *e, const zn_config *cfg, int world, double step_s,
                        FILE *f)

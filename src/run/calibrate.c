@@ -818,6 +818,25 @@ int zn_run_predict(const zn_config *cfg, const zn_model_dims *d, const zn_plan *
  * every rank on this machine's master and moments, those on NVMe read back
  * first. Only disks are measured here (no device: the run holds it). */
 #define ZN_ASSUMED_DISK_BPS 1e9
+/* The stop's total from its parts (e's step, update, saves). */
+static void stop_total(zn_stop_estimate *e, const zn_config_checkpoint *cc)
+{
+    double half = cc->notice_s > 0 ? cc->notice_s / 2 : 1e30;
+    if (e->background && cc->every == 1 && e->save_s > half) {
+        e->stop_s = e->step_s + e->update_s + half;   /* the save in progress dropped at worst */
+        e->age_steps = 1;
+    } else {
+        e->stop_s = e->step_s + e->update_s + e->final_s;
+        /* a periodic save in progress is cancelled where the signal
+         * arrives; ranks it did not reach finish their part first */
+        if (e->inplace_bytes && e->world > 1 && cc->every > 0 &&
+            e->save_s + e->final_s > e->stop_s)
+            e->stop_s = e->save_s + e->final_s;
+        e->age_steps = 0;
+    }
+    e->total_s = e->stop_s;
+}
+
 int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int world, int local_ranks,
                          double step_s, double update_s, bool measure, zn_stop_estimate *e,
                          FILE *note)
@@ -903,21 +922,15 @@ int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int world, i
     e->final_s = (double)(e->save_bytes - e->inplace_bytes) / e->write_bps +
                  (e->read_bytes > e->inplace_bytes
                       ? (double)(e->read_bytes - e->inplace_bytes) / e->read_bps : 0);
-    double half = cc->notice_s > 0 ? cc->notice_s / 2 : 1e30;
-    if (e->background && cc->every == 1 && e->save_s > half) {
-        e->stop_s = e->step_s + e->update_s + half;   /* the save in progress dropped at worst */
-        e->age_steps = 1;
-    } else {
-        e->stop_s = e->step_s + e->update_s + e->final_s;
-        /* a periodic save in progress is cancelled where the signal
-         * arrives; ranks it did not reach finish their part first */
-        if (e->inplace_bytes && world > 1 && cc->every > 0 &&
-            e->save_s + e->final_s > e->stop_s)
-            e->stop_s = e->save_s + e->final_s;
-        e->age_steps = 0;
-    }
-    e->total_s = e->stop_s;
+    e->world = world;
+    stop_total(e, cc);
     return 0;
+}
+
+void zn_run_stop_set_update(zn_stop_estimate *e, const zn_config *cfg, double update_s)
+{
+    e->update_s = update_s > 0 ? update_s : 0;
+    stop_total(e, &cfg->train.checkpoint);
 }
 
 /* The prediction beside the run's measured report, per step. */

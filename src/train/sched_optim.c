@@ -667,15 +667,19 @@ static void *opt_main(void *arg)
         tr->opt.stepped = false;
         pthread_cond_broadcast(&tr->opt.cv);
         pthread_mutex_unlock(&tr->opt.lock);
+        double t0 = zn_now_s();
         int rc = tr->opt_home == ZN_TIER_NVME ? (tr->opt.job.spec ? zn_sched_run_nvme_spec(tr) : zn_sched_run_nvme(tr))
                  : tr->opt_on_device ? run_dev(tr)
                                      : run_flat(tr);
+        double job_s = zn_now_s() - t0;
         if (rc && rc != -ECANCELED)
             zn_train_fail(tr, rc, "optimizer step %lld: %s", (long long)tr->opt.job.hp.step,
                           zn_last_error());
         pthread_mutex_lock(&tr->opt.lock);
         tr->opt.running = false;
         tr->opt.done_seq = tr->opt.job.seq;
+        if (!rc && job_s > tr->opt.job_max_s)
+            tr->opt.job_max_s = job_s;
         if (rc && rc != -ECANCELED && !tr->opt.status)
             tr->opt.status = rc;
         pthread_cond_broadcast(&tr->opt.cv);
@@ -694,6 +698,7 @@ int zn_optsched_init(zn_trainer *tr)
     tr->opt.hold = 0;
     tr->opt.status = 0;
     tr->opt.done_seq = tr->opt.hold_seq = 0;
+    tr->opt.job_max_s = 0;
     int rc = pthread_create(&tr->opt.thread, NULL, opt_main, tr);
     if (rc)
         return zn_set_error(-rc, "optimizer thread: pthread_create: %s", strerror(rc));

@@ -533,6 +533,9 @@ typedef struct {
     int status;             /* first failure since the last zn_optsched_wait */
     int64_t seq;            /* the last job posted */
     int64_t done_seq;       /* the last job that ended */
+    double job_max_s;       /* the longest job that ended well, from its start
+                               to its end (under lock): what a stop may wait
+                               for when the last step's job still runs */
     bool stepped;           /* the running job has begun changing the state */
     /* a background checkpoint holds the state (zn_train_state_hold; one
      * at a time): jobs posted after hold_seq wait to begin */

@@ -178,6 +178,11 @@ void zn_train_get_report(zn_trainer *tr, zn_train_report *r)
     r->opt_units = tr->n_units;
     r->opt_inflight = tr->opt_home == ZN_TIER_NVME ? tr->opt.n_slots : 1;
     r->overlap_step = tr->opt.overlap_step;
+    if (tr->opt.started) {
+        pthread_mutex_lock(&tr->opt.lock);
+        r->opt_job_max_s = tr->opt.job_max_s;
+        pthread_mutex_unlock(&tr->opt.lock);
+    }
     r->param_dtype = zn_dtype_name(tr->param_dt);
     zn_dev_info di;
     zn_dev_get_info(tr->dev, &di);
