@@ -507,6 +507,88 @@ static void final_case(const placement *a, const placement *b, uint64_t tiny, co
     printf("%-75s ok%s\n", label, hole == UINT64_MAX ? " (no unused range to damage)" : "");
 }
 
+/* Every step committed by reference (zn_ckpt_commit_start): the NVMe
+ * states in two copies, so the commit of step HALF stays whole while step
+ * HALF + 1 runs; the next commit removes it; a stop seals the newest with
+ * the update in flight dropped; a resume from a commit is bit for bit the
+ * uninterrupted run (clipping off: every unit steps in the norm-first
+ * walk, as its gradients are final). */
+static void commit_case(uint64_t tiny)
+{
+    const char *sets[] = { "zero_optimization.offload_param.device=\"nvme\"",
+                           "zero_optimization.offload_optimizer.device=\"nvme\"",
+                           "gradient_clipping=0" };
+    placement pl = { "params+optimizer nvme, no clipping", sets, 3, 1 };
+    char label[256], dir[4400], where[4500], path[4800], dup[4600], seal[4500];
+    snprintf(label, sizeof label, "every step committed [%s]", pl.label);
+    snprintf(dir, sizeof dir, "%s/commit-%d", ck_root, rand());
+    toy_model toy;
+    zn_trainer *tr;
+    ref_run ref, o;
+    memset(&ref, 0, sizeof ref);
+    if (create(&tr, &toy, pl.sets, pl.n, tiny))
+        ZT_SETUP_FAIL("%s: create: %s", label, zn_last_error());
+    ZT_EQ_INT(steps(tr, 0, STEPS, ref.loss), 0);
+    read_master(tr, &ref);
+    zn_train_destroy(tr);
+
+    tr = run_half(label, &pl, tiny, &ref, &toy, &o);
+    ZT_CHECK_MSG(zn_ckpt_commit_possible(tr, dir), "%s: no commit possible", label);
+    zn_ckpt_save_options so = save_opts(dir);
+    zn_ckpt_bg *bg = NULL;
+    ZT_EQ_INT(zn_ckpt_commit_start(tr, &so, &bg), 0);
+    int rc = bg ? zn_ckpt_save_end(bg, where, sizeof where, NULL) : -1;
+    ZT_CHECK_MSG(rc == 0, "%s: commit: %s", label, zn_last_error());
+    if (rc) {
+        zn_train_destroy(tr);
+        return;
+    }
+    struct stat st;
+    snprintf(path, sizeof path, "%s/rank-0/state.swp", where);
+    ZT_CHECK_MSG(stat(path, &st) == 0, "%s: no %s", label, path);
+    snprintf(path, sizeof path, "%s/rank-0/m.bin", where);
+    ZT_CHECK_MSG(stat(path, &st) < 0, "%s: %s was copied", label, path);
+    /* the next step writes the other copy: the commit stays whole */
+    double l2[STEPS];
+    ZT_EQ_INT(steps(tr, HALF, HALF + 1, l2), 0);
+    ZT_EQ_INT(zn_train_sync(tr), 0);
+    ZT_CHECK_MSG(zn_ckpt_verify(where) == 0, "%s: the commit of step %d after step %d: %s",
+                 label, HALF, HALF + 1, zn_last_error());
+    snprintf(dup, sizeof dup, "%s-dup", where);
+    copy_tree(where, dup);
+    /* the next commit removes it (the step after overwrites its copy) */
+    char where1[4500];
+    ZT_EQ_INT(zn_ckpt_commit_start(tr, &so, &bg), 0);
+    ZT_EQ_INT(bg ? zn_ckpt_save_end(bg, where1, sizeof where1, NULL) : -1, 0);
+    ZT_CHECK_MSG(stat(where, &st) < 0, "%s: %s outlived the next commit", label, where);
+    /* a stop: the next step's update in flight and its commit waiting for
+     * it are dropped; the newest complete commit is sealed */
+    ZT_EQ_INT(steps(tr, HALF + 1, HALF + 2, l2), 0);
+    ZT_EQ_INT(zn_ckpt_commit_start(tr, &so, &bg), 0);
+    ZT_EQ_INT(zn_ckpt_commit_seal(tr, where1, true, &bg, seal, sizeof seal), 0);
+    ZT_CHECK(bg == NULL);
+    ZT_CHECK_MSG(zn_ckpt_verify(seal) == 0, "%s: sealed %s: %s", label, seal, zn_last_error());
+    zn_train_step_info info;
+    zn_loader_get(loader, HALF + 2, ids, tgts, NULL);
+    ZT_CHECK(zn_train_step(tr, ids, tgts, NULL, &info) != 0);
+    zn_train_destroy(tr);   /* its swap file goes: the commit's link stays */
+    ZT_CHECK_MSG(zn_ckpt_verify(seal) == 0, "%s: %s after the run: %s", label, seal,
+                 zn_last_error());
+    /* sealed: the ranges nothing refers to punched out (the swap file
+     * holds the parameters, gradients and both copies: a commit refers to
+     * one copy) */
+    snprintf(path, sizeof path, "%s/rank-0/state.swp", seal);
+    ZT_CHECK(stat(path, &st) == 0);
+    ZT_CHECK_MSG((uint64_t)st.st_blocks * 512 < (uint64_t)st.st_size * 3 / 4,
+                 "%s: %s holds %llu of its %llu bytes after the seal", label, path,
+                 (unsigned long long)st.st_blocks * 512, (unsigned long long)st.st_size);
+    zn_ckpt *ck;
+    ZT_EQ_INT(zn_ckpt_open(&ck, dup), 0);
+    finish_from(label, ck, &pl, tiny, &ref, &o);
+    free(ref.master);
+    printf("%-75s ok\n", label);
+}
+
 static int fault_fn(void *user, const zn_aio_fault_site *site)
 {
     fault_state *f = user;
@@ -1099,6 +1181,7 @@ int main(void)
     rewind_case(&nvme_home, tiny, &ref);
     final_case(&pl[2], &pl[2], tiny, &ref);
     final_case(&pl[3], &pl[1], tiny, &ref);
+    commit_case(tiny);
 
     /* a good checkpoint to damage */
     {

@@ -53,11 +53,28 @@ if [ ! -e /mnt/nvme0/zinc ]; then
 fi
 nv14=(--set tiers.create_nvme_path=true)
 expect 0 "14.77B parameters" -- plan "$src/examples/a10-qwen2.5-14b-nvme.json" "${nv14[@]}"
-# its stop on SIGTERM: the last finished step's update, still running under
-# the next step, lands first (it reads and writes the 165.07 GiB of state on
-# NVMe: at least their write at the disk's rate), then the save keeps that
-# state in place; the total is no less than the update
+# its stop on SIGTERM: every step is committed in place (the example takes
+# the states' second copy), so the stop drops the update in flight: a
+# unit's reads and writes, far less than the 165.07 GiB update itself at
+# the printed rate
 stop=$("$zinc" plan "$src/examples/a10-qwen2.5-14b-nvme.json" "${nv14[@]}" 2>&1 | grep '^on SIGTERM')
+d=$(sed -n 's/.*: about \([0-9.]*\) s at most (a unit.s reads and writes in flight at \([0-9.]*\) GB\/s.*/\1/p' <<<"$stop")
+r=$(sed -n 's/.*: about \([0-9.]*\) s at most (a unit.s reads and writes in flight at \([0-9.]*\) GB\/s.*/\2/p' <<<"$stop")
+if [ -n "$d" ] && [ -n "$r" ] && grep -q "every step is committed in place (165.07 GiB on NVMe" <<<"$stop" &&
+   grep -q "at most one step old" <<<"$stop" &&
+   awk -v d="$d" -v r="$r" 'BEGIN { exit !(d * r * 1e9 < 165.07 * 2^30 / 10) }'; then
+    pass=$((pass + 1))
+else
+    echo "FAIL: the 14B NVMe plan's stop on SIGTERM with every step committed (drain '$d' s at '$r' GB/s): $stop"
+    fail=$((fail + 1))
+fi
+# without the commits (train.checkpoint.commit false) the last finished
+# step's update, still running under the next step, lands first (it reads
+# and writes the 165.07 GiB of state on NVMe: at least their write at the
+# disk's rate), then the save keeps that state in place; the total is no
+# less than the update
+stop=$("$zinc" plan "$src/examples/a10-qwen2.5-14b-nvme.json" "${nv14[@]}" \
+       --set train.checkpoint.commit=false 2>&1 | grep '^on SIGTERM')
 u=$(sed -n 's/.*update still running lands (about \([0-9]*\) s).*/\1/p' <<<"$stop")
 t=$(sed -n 's/.*: about \([0-9]*\) s at most.*/\1/p' <<<"$stop")
 w=$(sed -n 's/.*written at \([0-9.]*\) GB\/s.*/\1/p' <<<"$stop")
@@ -101,7 +118,7 @@ expect 1 "tiers.nvme has 0 B; train.optim=adamw_bnb_8bit .*not enough alone \(sh
 # 8-bit moments on NVMe: an NVMe tier short with fp32 moments on it is told
 # what they save; the wear line says what they would write
 expect 1 "nvme tier needs .*adamw_bnb_8bit keeps Adam's m and v in 8 bits \(27.94 GiB instead of 110.05 GiB\), which saves 82.10 GiB and alone fits" -- \
-    plan "$src/examples/a10-qwen2.5-14b-nvme.json" "${nv14[@]}" \
+    plan "$src/examples/a10-qwen2.5-14b-nvme.json" "${nv14[@]}" --set train.speculative_step=auto \
     --set 'tiers.nvme=[{"path": "/mnt/nvme0/zinc", "size": "150GiB"}]'
 expect 0 "adamw_bnb_8bit keeps Adam's m and v in 8 bits, on NVMe too: 82.96 GiB of optimizer states per step instead of 165.07 GiB" -- \
     plan "$src/examples/a10-qwen2.5-14b-nvme.json" "${nv14[@]}"

@@ -76,7 +76,7 @@ if [ $stop -eq 1 ]; then
     "$zinc" export ck --verify > verify.txt 2>&1 || { echo "FAIL: $(tail -n 2 verify.txt)"; fail=1; }
     left=$(find zinc-swap -mindepth 1 | head -n 3)
     [ -z "$left" ] || { echo "FAIL: left in the swap folder: $left"; fail=1; }
-    echo "scale: stop on SIGTERM after step ${s:-?}: predicted $(echo "$est" | sed -n 's/.*: about \([0-9]*\) s at most.*/\1/p') s ($est)"
+    echo "scale: stop on SIGTERM after step ${s:-?}: predicted $(echo "$est" | sed -n 's/.*: about \([0-9.]*\) s at most.*/\1/p') s ($est)"
     echo "scale: stop on SIGTERM: measured $took s from the signal to the exit"
 else
     grep -q "step     2/2" out.txt || { echo "FAIL: no step 2"; fail=1; }

@@ -139,6 +139,40 @@ ZN_API void zn_ckpt_save_hurry(zn_ckpt_bg *bg);
 /* This rank's state bytes not yet written (0 once written). */
 ZN_API uint64_t zn_ckpt_save_left(zn_ckpt_bg *bg);
 
+/* ---- every step committed by reference -------------------------------------------
+ * With the optimizer state on the NVMe tier in two copies (each update
+ * writes the copy the last step did not, train.speculative_step's second
+ * copy), the last step's states are whole on disk while the next step
+ * runs: zn_ckpt_commit_start (between steps) makes them the newest
+ * checkpoint without copying them. A thread waits for the step's update to
+ * land, links the swap file into the checkpoint (its files refer to pieces
+ * of it, as a final save's do, nothing punched), completes it (manifest,
+ * rename, `latest`) and removes this run's earlier commits, whose copy the
+ * next update overwrites; that update waits to begin until then (the
+ * forward and backward do not). A kill at any moment then leaves `latest`
+ * naming the last committed step, whole. zn_ckpt_save_end (or _drop) ends
+ * it as for a background save; a failure has removed this run's commits.
+ * One rank only (zn_ckpt_commit_possible: one rank, the state on NVMe in
+ * two copies, one swap path, on dir's file system). */
+ZN_API bool zn_ckpt_commit_possible(zn_trainer *tr, const char *dir);
+ZN_API int zn_ckpt_commit_start(zn_trainer *tr, const zn_ckpt_save_options *o,
+                                zn_ckpt_bg **out);
+/* The run takes no further step and the commit PATH (the newest
+ * complete one) is its final checkpoint: with drop_update the update in
+ * flight is abandoned at its next unit (it writes the other copy; the step
+ * it had is lost), and the trainer is marked failed either way. *pending
+ * (may be NULL), a commit begun and not ended, is ended too: it is dropped
+ * with the update it waits for, unless it completed first, and then it is
+ * the one kept. The kept one's folder goes to out; the ranges of the swap
+ * file it does not refer to are punched out, as a final save's are.
+ * Returns 0, or the punch's failure (the checkpoint stays whole). */
+ZN_API int zn_ckpt_commit_seal(zn_trainer *tr, const char *path, bool drop_update,
+                               zn_ckpt_bg **pending, char *out, size_t out_len);
+/* Punches out of every rank's state.swp in checkpoint PATH the ranges
+ * its files do not refer to (a commit's swap file once no run writes it).
+ * Returns 0 or -errno / ZN_ECORRUPT. */
+ZN_API int zn_ckpt_punch(const char *path);
+
 /* Resolves PATH to a checkpoint folder: a folder holding manifest.json is
  * itself; a root holding `latest` resolves to the folder it names. Returns
  * 0 or -ENOENT / ZN_ECORRUPT with a message. */

@@ -223,6 +223,7 @@ typedef struct {
     bool continue_on_error;  /* a failed save warns and training goes on */
     bool background;         /* saves written while the next step runs (the cpu tier) */
     bool in_place;           /* the final save keeps NVMe state in place (linked) */
+    bool commit;             /* every step committed by reference (NVMe state, two copies) */
     double notice_s;         /* the spot notice a stop should fit (warned when it does not) */
 } zn_config_checkpoint;
 

@@ -115,6 +115,10 @@ typedef struct zn_spec {
     zn_q8_scheme q8_scheme;       /* 8-bit moments: whose quantization */
     bool master_bf16_sr;          /* bf16 master with stochastic rounding */
     int speculate;                /* train.speculative_step: 0 auto, 1 on, 2 off */
+    bool commit_only;             /* every step committed by reference and no periodic
+                                     save copies the states (train.checkpoint.commit,
+                                     every 0, one rank): auto's second copy needs no
+                                     room for a copy of the states beside it */
     /* placement (ZeRO) */
     int zero_stage;               /* 1, 2 or 3 */
     zn_tier param_home;           /* where the working parameters live */

@@ -159,6 +159,10 @@ typedef struct {
     bool assumed;          /* no figure measured or cached: 1 GB/s assumed */
     double stop_s;         /* from the signal to the exit, at most */
     int64_t age_steps;     /* finished steps the checkpoint left may lack (0 or 1) */
+    bool commit;           /* every step committed in place (train.checkpoint.commit: one
+                              rank, the NVMe states in two copies, kept in place): a
+                              stop drops the update in flight, drain_s */
+    double drain_s;        /* that update's I/O in flight: a unit's read and write */
     int world;
     char disk[ZN_PATH_MAX];  /* the folder measured */
 } zn_stop_estimate;

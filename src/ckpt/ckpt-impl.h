@@ -134,9 +134,22 @@ int zn_ckpt__pace_after(zn_ckpt__pace *p, uint64_t len);
 /* Every rank, between steps (collective): j filled, the temporary folder
  * made (rank 0) and its name shared; rc: an earlier failure to agree on. */
 int zn_ckpt__prepare(zn_trainer *tr, const zn_ckpt_save_options *o, zn_ckpt__job *j, int rc);
-/* This rank's files (any thread; pace may be NULL). */
+/* This rank's files (any thread; pace may be NULL). live_ref: a step's
+ * commit, its NVMe state by reference to the live swap file. */
 int zn_ckpt__save_rank(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp,
-                       const zn_train_state_info *in, zn_ckpt__pace *pace);
+                       const zn_train_state_info *in, zn_ckpt__pace *pace, bool live_ref);
+/* Rank 0: the manifest, the rename, `latest`, the pruning (the folders
+ * of this run's earlier commits included; live: this is a commit, which
+ * keep_last does not count). */
+int zn_ckpt__finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp,
+                    const char *final, const char *name, const zn_train_state_info *in,
+                    bool live);
+/* Removes the step folders before `keep` (step-NNNNNNNN) whose
+ * rank-R/state.swp is this rank's live swap file. */
+int zn_ckpt__prune_own(zn_trainer *tr, const char *dir, const char *keep);
+/* Punches out of rank `rank`'s state.swp in checkpoint `path` every range
+ * its files do not refer to (nothing may write that file any more). */
+int zn_ckpt__punch_rank(const char *path, int rank);
 /* Every rank (collective): agree on wrc, rank 0 completes the checkpoint;
  * on failure the temporary folder goes. */
 int zn_ckpt__commit(zn_trainer *tr, const zn_ckpt_save_options *o, zn_ckpt__job *j, int wrc,

@@ -200,38 +200,30 @@ static int save_stream(zn_trainer *tr, zn_aio *aio, const char *rdir, int k, uin
     return 0;
 }
 
-/* ---- a final save by reference ---------------------------------------------------*/
-static int cmp_piece(const void *a, const void *b)
+/* ---- a save by reference -------------------------------------------------------*/
+typedef struct {
+    uint64_t off, len;
+} span;
+
+static int cmp_span(const void *a, const void *b)
 {
-    const zn_ts_piece *x = a, *y = b;
+    const span *x = a, *y = b;
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
-/* Punches out of the linked swap file every range no stream refers to
- * (the parameters, gradients, the speculative step's second copies),
- * inward to whole pages, so that the checkpoint holds about what a copy
- * would. A file system that cannot punch keeps the whole file (said). */
-static int punch_unused(const char *path, const zn_ts_ref ref[3])
+/* Punches out of a linked swap file every range outside `keep` (the
+ * parameters, gradients, the other copy of the optimizer states), inward
+ * to whole pages, so that the checkpoint holds about what a copy would. A
+ * file system that cannot punch keeps the whole file (said). */
+static int punch_outside(const char *path, span *keep, size_t n)
 {
-    size_t n = 0;
-    for (int k = 0; k < 3; k++)
-        n += ref[k].npc;
-    zn_ts_piece *all = malloc((n ? n : 1) * sizeof *all);
-    if (!all)
-        return zn_set_error(-ENOMEM, "checkpoint: out of memory");
-    n = 0;
-    for (int k = 0; k < 3; k++)
-        for (size_t i = 0; i < ref[k].npc; i++)
-            if (ref[k].pc[i].src == 0)
-                all[n++] = ref[k].pc[i];
-    qsort(all, n, sizeof *all, cmp_piece);
+    qsort(keep, n, sizeof *keep, cmp_span);
     int fd = open(path, O_WRONLY | O_CLOEXEC);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) < 0) {
         int e = errno;
         if (fd >= 0)
             close(fd);
-        free(all);
         return zn_set_error(-e, "checkpoint: opening %s: %s", path, strerror(e));
     }
     const uint64_t pg = 4096, size = (uint64_t)st.st_size;
@@ -239,7 +231,7 @@ static int punch_unused(const char *path, const zn_ts_ref ref[3])
     int rc = 0;
     static int warned;
     for (size_t i = 0; i <= n && !rc; i++) {
-        uint64_t end = i < n ? all[i].off : size;
+        uint64_t end = i < n ? keep[i].off : size;
         uint64_t a = (at + pg - 1) / pg * pg, z = end / pg * pg;
         if (z > a) {
             if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)a,
@@ -256,16 +248,77 @@ static int punch_unused(const char *path, const zn_ts_ref ref[3])
             }
             punched += z - a;
         }
-        if (i < n && all[i].off + all[i].len > at)
-            at = all[i].off + all[i].len;
+        if (i < n && keep[i].off + keep[i].len > at)
+            at = keep[i].off + keep[i].len;
     }
     if (!rc && fdatasync(fd) < 0)
         rc = zn_set_error(-errno, "checkpoint: fdatasync of %s: %s", path, strerror(errno));
     close(fd);
-    free(all);
     if (!rc)
         zn_debug("checkpoint: %" PRIu64 " of the %" PRIu64 " bytes of %s punched out", punched,
                  size, path);
+    return rc;
+}
+
+int zn_ckpt__punch_rank(const char *path, int rank)
+{
+    zn_ckpt *ck;
+    int rc = zn_ckpt_open(&ck, path);
+    if (rc)
+        return rc;
+    char swp[64], prefix[32];
+    snprintf(swp, sizeof swp, "rank-%d/state.swp", rank);
+    snprintf(prefix, sizeof prefix, "rank-%d/", rank);
+    size_t n = 0, cap = 0;
+    span *keep = NULL;
+    bool any = false;
+    for (int i = 0; i < ck->nfiles && !rc; i++) {
+        const zn_ckpt_file *f = &ck->files[i];
+        if (strncmp(f->name, prefix, strlen(prefix)))
+            continue;
+        for (int r = 0; r < f->nref; r++) {
+            if (strcmp(f->ref[r], swp))
+                continue;
+            any = true;
+            for (size_t k = 0; k < f->npc && !rc; k++) {
+                if (f->pc[k].src != r)
+                    continue;
+                if (n == cap) {
+                    size_t nc = cap ? 2 * cap : 64;
+                    span *t = realloc(keep, nc * sizeof *t);
+                    if (!t) {
+                        rc = zn_set_error(-ENOMEM, "checkpoint: out of memory");
+                        break;
+                    }
+                    keep = t;
+                    cap = nc;
+                }
+                keep[n++] = (span){ f->pc[k].off, f->pc[k].len };
+            }
+        }
+    }
+    if (!rc && any) {
+        char fp[PATHN + 64];
+        snprintf(fp, sizeof fp, "%s/%s", ck->path, swp);
+        rc = punch_outside(fp, keep, n);
+    }
+    free(keep);
+    zn_ckpt_close(ck);
+    return rc;
+}
+
+int zn_ckpt_punch(const char *path)
+{
+    zn_ckpt *ck;
+    int rc = zn_ckpt_open(&ck, path);
+    if (rc)
+        return rc;
+    int world = ck->world;
+    char p[PATHN];
+    snprintf(p, sizeof p, "%s", ck->path);
+    zn_ckpt_close(ck);
+    for (int r = 0; r < world && !rc; r++)
+        rc = zn_ckpt__punch_rank(p, r);
     return rc;
 }
 
@@ -303,13 +356,17 @@ bool zn_ckpt_save_keeps_nvme(zn_trainer *tr, const char *dir)
     return a.st_dev == b.st_dev;
 }
 
-/* A final save of a rank whose optimizer state is on the NVMe tier: the
- * swap file, flushed, is linked into the rank's folder as state.swp, each
- * stream becomes pieces of it (an 8-bit moment's fp32 blocks, in memory,
- * a small file beside it) and the ranges nothing refers to are punched out.
- * Returns 1 with files[] set, 0 when the state must be copied instead (no
- * such state, or the link cannot be made: another file system), or <0. */
-static int save_by_ref(zn_trainer *tr, const char *rdir, json_t *files)
+/* A save by reference of a rank whose optimizer state is on the NVMe
+ * tier: the swap file, flushed, is linked into the rank's folder as
+ * state.swp, each stream becomes pieces of it (an 8-bit moment's fp32
+ * blocks, in memory, a small file beside it). A final save marks the
+ * trainer failed (the file is the checkpoint's from here on) and the
+ * ranges nothing refers to are punched out once the checkpoint is in place
+ * (zn_ckpt__punch_rank); a live one (a step's commit) leaves both: the
+ * steps go on writing the file's other ranges. Returns 1 with files[] set,
+ * 0 when the state must be copied instead (no such state, or the link
+ * cannot be made: another file system), or <0. */
+static int save_by_ref(zn_trainer *tr, const char *rdir, json_t *files, bool live)
 {
     const char *swp = zn_train_state_swap_file(tr);
     if (!swp)
@@ -333,9 +390,10 @@ static int save_by_ref(zn_trainer *tr, const char *rdir, json_t *files)
         return zn_set_error(-errno, "checkpoint: linking %s as %s: %s", swp, link_path,
                             strerror(errno));
     }
-    /* from here on the checkpoint's file is the trainer's swap: no step
-     * may write it again */
-    zn_train_state_fail(tr);
+    /* a final save: from here on the checkpoint's file is the trainer's
+     * swap, no step may write it again */
+    if (!live)
+        zn_train_state_fail(tr);
     zn_ts_ref ref[3];
     memset(ref, 0, sizeof ref);
     for (int k = 0; k < 3 && !rc; k++) {
@@ -349,9 +407,10 @@ static int save_by_ref(zn_trainer *tr, const char *rdir, json_t *files)
         if (!rc && (!e || json_object_set_new(files, zn_ckpt__state_file[k], e)))
             rc = zn_set_error(-ENOMEM, "checkpoint: out of memory");
     }
-    if (!rc)
-        rc = punch_unused(link_path, ref);
-    if (!rc) {
+    if (!rc && live) {
+        zn_debug("checkpoint: rank %d's optimizer state committed by reference (%s)",
+                 zn_train_rank(tr), link_path);
+    } else if (!rc) {
         char sz[32];
         zn_info("checkpoint: rank %d's optimizer state (%s) kept where it is on NVMe: %s "
                 "linked into the checkpoint, not copied", zn_train_rank(tr),
@@ -378,7 +437,7 @@ static json_t *shares_json(const zn_trainer *tr, int nblocks)
 /* This rank's files: its state streams and rank.json (in: the state as
  * the save began; pace: a background save's, or NULL). */
 int zn_ckpt__save_rank(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp,
-                       const zn_train_state_info *inp, zn_ckpt__pace *pace)
+                       const zn_train_state_info *inp, zn_ckpt__pace *pace, bool live_ref)
 {
     int rank = zn_train_rank(tr), rc;
     char rdir[PATHN + 32], path[PATHN + 64];
@@ -399,7 +458,11 @@ int zn_ckpt__save_rank(zn_trainer *tr, const zn_ckpt_save_options *o, const char
     if (!files)
         return zn_set_error(-ENOMEM, "checkpoint: out of memory");
     uint64_t t0 = zn_now_ns();
-    rc = o->final_save && !pace ? save_by_ref(tr, rdir, files) : 0;
+    rc = (o->final_save || live_ref) && !pace ? save_by_ref(tr, rdir, files, live_ref) : 0;
+    if (rc == 0 && live_ref) {
+        zn_set_error(ZN_EINTERNAL, "checkpoint: a commit by reference found no state to link");
+        rc = ZN_EINTERNAL;
+    }
     if (rc == 0) {
         zn_aio *aio = NULL;
         uint32_t crc[3] = { 0, 0, 0 };
@@ -560,8 +623,45 @@ static void prune(const char *dir, int keep_last, const char *keep)
     }
 }
 
-static int finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp,
-                  const char *final, const char *name, const zn_train_state_info *inp)
+/* The step folders before `keep` that refer to this rank's live swap
+ * file (a step's commit by reference, zn_ckpt_commit_start) go: the next
+ * step writes the other copy of the states, which they hold. Returns 0 or
+ * the first failure to remove one (-errno). */
+int zn_ckpt__prune_own(zn_trainer *tr, const char *dir, const char *keep)
+{
+    const char *swp = zn_train_state_swap_path(tr);
+    struct stat own, st;
+    long long ks;
+    if (!swp || stat(swp, &own) < 0 || !zn_ckpt__step_of(keep, &ks))
+        return 0;
+    DIR *d = opendir(dir);
+    if (!d)
+        return zn_set_error(-errno, "checkpoint: opening %s: %s", dir, strerror(errno));
+    int rc = 0;
+    char path[PATHN + 64];
+    struct dirent *e;
+    while ((e = readdir(d)) && !rc) {
+        long long s;
+        if (!zn_ckpt__step_of(e->d_name, &s) || s >= ks)
+            continue;
+        snprintf(path, sizeof path, "%s/%s/rank-%d/state.swp", dir, e->d_name,
+                 zn_train_rank(tr));
+        if (stat(path, &st) < 0 || st.st_dev != own.st_dev || st.st_ino != own.st_ino)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        zn_debug("checkpoint: removing %s (a commit the next step overwrites)", path);
+        zn_ckpt__rm_rf(path);
+        if (access(path, F_OK) == 0)
+            rc = zn_set_error(-EIO, "checkpoint: could not remove %s, which refers to the run's "
+                              "swap file", path);
+    }
+    closedir(d);
+    return rc;
+}
+
+int zn_ckpt__finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp,
+                    const char *final, const char *name, const zn_train_state_info *inp,
+                    bool live)
 {
     int rc = 0, world = zn_train_world(tr);
     char path[PATHN];
@@ -669,7 +769,12 @@ static int finish(zn_trainer *tr, const zn_ckpt_save_options *o, const char *tmp
     if ((rc = write_latest(o->dir, name)))
         goto out;
     zn_ckpt__point(o, "latest");
-    prune(o->dir, o->keep_last, name);
+    /* this run's earlier commits first (the next update overwrites what
+     * they hold); a commit itself does not count in keep_last: the next
+     * step's replaces it */
+    if ((rc = zn_ckpt__prune_own(tr, o->dir, name)))
+        goto out;
+    prune(o->dir, o->keep_last > 0 && live ? o->keep_last + 1 : o->keep_last, name);
     zn_ckpt__point(o, "prune");
 out:
     free(text);
@@ -721,7 +826,7 @@ int zn_ckpt__commit(zn_trainer *tr, const zn_ckpt_save_options *o, zn_ckpt__job 
 {
     int rc = agree(tr, wrc);
     if (!rc && zn_train_rank(tr) == 0)
-        rc = finish(tr, o, j->tmp, j->final, j->name, &j->in);
+        rc = zn_ckpt__finish(tr, o, j->tmp, j->final, j->name, &j->in, false);
     rc = agree(tr, rc);
     if (rc) {
         zn_ckpt__abandon(tr, j, rc);
@@ -760,6 +865,20 @@ int zn_ckpt_save(zn_trainer *tr, const zn_ckpt_save_options *o, char *out_path, 
     zn_ckpt__job j;
     if ((rc = zn_ckpt__prepare(tr, o, &j, rc)))
         return rc;
-    rc = zn_ckpt__save_rank(tr, o, j.tmp, &j.in, NULL);
-    return zn_ckpt__commit(tr, o, &j, rc, out_path, out_len);
+    rc = zn_ckpt__save_rank(tr, o, j.tmp, &j.in, NULL, false);
+    if ((rc = zn_ckpt__commit(tr, o, &j, rc, out_path, out_len)))
+        return rc;
+    /* a final save by reference: what nothing refers to goes, now that
+     * the checkpoint is in place (a crash before leaves it whole, and
+     * larger) */
+    if (o->final_save) {
+        char rs[PATHN + 64];
+        snprintf(rs, sizeof rs, "%s/rank-%d/state.swp", j.final, zn_train_rank(tr));
+        if (access(rs, F_OK) == 0 && (rc = zn_ckpt__punch_rank(j.final, zn_train_rank(tr)))) {
+            zn_warn("%s (the checkpoint %s is whole; it keeps the swap file's other ranges)",
+                    zn_last_error(), j.final);
+            rc = 0;
+        }
+    }
+    return 0;
 }

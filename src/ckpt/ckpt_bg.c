@@ -29,6 +29,8 @@ struct zn_ckpt_bg {
     double write_s;         /* from the start to the files written */
     double busy_s;          /* of it, writing (no wait for the step, no pacing) */
     uint64_t bytes;
+    bool commit;            /* zn_ckpt_commit_start: by reference, completed by the thread */
+    char final[ZN_CKPT_PATH];
 };
 
 int zn_ckpt__pace_after(zn_ckpt__pace *p, uint64_t len)
@@ -62,10 +64,41 @@ static void *writer(void *arg)
     if (rc)
         rc = zn_set_error(rc, "checkpoint: the optimizer step %lld it saves failed",
                           (long long)bg->job.in.step);
-    if (!rc) {
+    if (!rc && bg->commit && atomic_load(&bg->pace.quit)) {
+        /* a stop dropped the update it waited for (zn_ckpt_commit_stop) */
+        zn_ckpt__abandon(bg->tr, &bg->job, 0);
+        rc = zn_set_error(-ECANCELED, "checkpoint: the commit of step %lld was dropped by a "
+                          "stop", (long long)bg->job.in.step);
+    } else if (!rc && bg->commit) {
+        /* the step's commit: its files refer to the swap file, and the
+         * checkpoint is completed here (one rank), before any later update
+         * may write the other copy the previous commit refers to */
         bg->pace.t0 = zn_now_ns();
-        rc = zn_ckpt__save_rank(bg->tr, &bg->o, bg->job.tmp, &bg->job.in, &bg->pace);
+        rc = zn_ckpt__save_rank(bg->tr, &bg->o, bg->job.tmp, &bg->job.in, NULL, true);
+        if (!rc)
+            rc = zn_ckpt__finish(bg->tr, &bg->o, bg->job.tmp, bg->job.final, bg->job.name,
+                                 &bg->job.in, true);
+        bg->busy_s = (double)(zn_now_ns() - bg->pace.t0) * 1e-9;
+        if (rc) {
+            /* nothing of this run's may stay that the next update makes
+             * wrong: this commit and the earlier ones go (`latest` may then
+             * name a folder that is gone: a resume falls back past it) */
+            char keep[128], msg[1024];
+            snprintf(msg, sizeof msg, "%s", zn_last_error());
+            zn_ckpt__abandon(bg->tr, &bg->job, rc);
+            snprintf(keep, sizeof keep, "step-%08lld", (long long)bg->job.in.step + 1);
+            zn_ckpt__prune_own(bg->tr, bg->o.dir, keep);
+            zn_set_error(rc, "%s", msg);
+        } else {
+            snprintf(bg->final, sizeof bg->final, "%s", bg->job.final);
+            bg->job.tmp[0] = '\0';
+        }
+    } else if (!rc) {
+        bg->pace.t0 = zn_now_ns();
+        rc = zn_ckpt__save_rank(bg->tr, &bg->o, bg->job.tmp, &bg->job.in, &bg->pace, false);
         bg->busy_s = (double)(zn_now_ns() - bg->pace.t0) * 1e-9 - bg->pace.slept_s;
+    } else if (bg->commit) {
+        zn_ckpt__abandon(bg->tr, &bg->job, rc);
     }
     /* later updates may change the state from here on */
     zn_train_state_release(bg->tr);
@@ -106,13 +139,23 @@ static void bg_free(zn_ckpt_bg *bg)
     free(bg);
 }
 
-int zn_ckpt_save_start(zn_trainer *tr, const zn_ckpt_save_options *o, double pace_s,
-                       zn_ckpt_bg **out)
+bool zn_ckpt_commit_possible(zn_trainer *tr, const char *dir)
+{
+    return tr && zn_train_world(tr) == 1 && zn_train_state_two_copies(tr) &&
+           zn_ckpt_save_keeps_nvme(tr, dir);
+}
+
+static int start(zn_trainer *tr, const zn_ckpt_save_options *o, double pace_s, bool commit,
+                 zn_ckpt_bg **out)
 {
     *out = NULL;
     if (!tr || !o || !o->dir || !o->dir[0])
         return zn_set_error(ZN_EARG, "checkpoint: no trainer or no folder");
-    if (!zn_train_state_background(tr))
+    if (commit && !zn_ckpt_commit_possible(tr, o->dir))
+        return zn_set_error(ZN_EARG, "checkpoint: no commit by reference: it takes one rank "
+                            "whose optimizer state is on the NVMe tier in two copies, one swap "
+                            "path, on the file system of %s", o->dir);
+    if (!commit && !zn_train_state_background(tr))
         return zn_set_error(ZN_EARG, "checkpoint: the optimizer state is on the device or "
                             "on NVMe, not written in the background (zn_ckpt_save)");
     zn_train_state_info in;
@@ -127,6 +170,8 @@ int zn_ckpt_save_start(zn_trainer *tr, const zn_ckpt_save_options *o, double pac
     bg->tr = tr;
     bg->o = *o;
     bg->o.final_save = false;   /* the training goes on */
+    bg->o.cancel = NULL;
+    bg->commit = commit;
     bg->o.dir = bg->dir = dup_or_null(o->dir, &oom);
     bg->o.config_text = bg->config_text = dup_or_null(o->config_text, &oom);
     bg->o.client_json = bg->client_json = dup_or_null(o->client_json, &oom);
@@ -157,6 +202,17 @@ int zn_ckpt_save_start(zn_trainer *tr, const zn_ckpt_save_options *o, double pac
     bg->started = true;
     *out = bg;
     return 0;
+}
+
+int zn_ckpt_save_start(zn_trainer *tr, const zn_ckpt_save_options *o, double pace_s,
+                       zn_ckpt_bg **out)
+{
+    return start(tr, o, pace_s, false, out);
+}
+
+int zn_ckpt_commit_start(zn_trainer *tr, const zn_ckpt_save_options *o, zn_ckpt_bg **out)
+{
+    return start(tr, o, 0, true, out);
 }
 
 bool zn_ckpt_save_written(zn_ckpt_bg *bg)
@@ -193,7 +249,13 @@ int zn_ckpt_save_end(zn_ckpt_bg *bg, char *out_path, size_t out_len, zn_ckpt_bg_
         st->busy_s = bg->busy_s;
         st->wait_s = (double)(zn_now_ns() - t0) * 1e-9;
     }
-    int rc = zn_ckpt__commit(bg->tr, &bg->o, &bg->job, wrc, out_path, out_len);
+    int rc = wrc;
+    if (bg->commit) {
+        if (!rc && out_path && out_len)
+            snprintf(out_path, out_len, "%s", bg->final);
+    } else {
+        rc = zn_ckpt__commit(bg->tr, &bg->o, &bg->job, wrc, out_path, out_len);
+    }
     bg_free(bg);
     return rc;
 }
@@ -204,7 +266,9 @@ void zn_ckpt_save_drop(zn_ckpt_bg *bg)
         return;
     atomic_store(&bg->pace.quit, 1);
     int rc = join(bg);
-    zn_ckpt__abandon(bg->tr, &bg->job, rc);
+    /* (a commit completed itself, or removed what it made) */
+    if (!bg->commit)
+        zn_ckpt__abandon(bg->tr, &bg->job, rc);
     bg_free(bg);
 }
 
@@ -219,4 +283,37 @@ uint64_t zn_ckpt_save_left(zn_ckpt_bg *bg)
         return 0;
     uint64_t done = atomic_load(&bg->pace.done);
     return done < bg->bytes ? bg->bytes - done : 0;
+}
+
+int zn_ckpt_commit_seal(zn_trainer *tr, const char *path, bool drop_update,
+                        zn_ckpt_bg **pending, char *out, size_t out_len)
+{
+    if (!tr || !path || !path[0])
+        return zn_set_error(ZN_EARG, "checkpoint: no trainer or no checkpoint to seal");
+    char keep[ZN_CKPT_PATH];
+    snprintf(keep, sizeof keep, "%s", path);
+    zn_ckpt_bg *bg = pending ? *pending : NULL;
+    if (bg && bg->commit)
+        atomic_store(&bg->pace.quit, 1);   /* it links nothing once the update ends */
+    if (drop_update || bg)
+        zn_train_state_drop_update(tr);
+    else
+        zn_train_state_fail(tr);   /* no step may write the file again */
+    if (bg) {
+        /* it may have completed before the drop: then it is the newest */
+        int wrc = join(bg);
+        if (!wrc && bg->commit && bg->final[0])
+            snprintf(keep, sizeof keep, "%s", bg->final);
+        else if (!bg->commit)
+            zn_ckpt__abandon(bg->tr, &bg->job, wrc);
+    }
+    if (out && out_len)
+        snprintf(out, out_len, "%s", keep);
+    int rc = zn_ckpt__punch_rank(keep, zn_train_rank(tr));
+    if (bg) {
+        bg_free(bg);
+        *pending = NULL;
+    }
+    return rc ? zn_error_prefix(rc, "checkpoint: sealing %s (it is whole, and keeps the swap "
+                                "file's other ranges)", keep) : 0;
 }

@@ -155,12 +155,27 @@ typedef struct {
     int64_t bg_step, saved_at;
     bool stopped;                 /* a stop dropped the save in progress: no more saves */
     double write_bps;             /* the slowest rate a background save was written at */
+    bool commit;                  /* every step committed by reference (zn_ckpt_commit_start) */
+    bool bg_commit;               /* bg is such a commit */
+    bool saved_commit;            /* saved_at's checkpoint is one (last_path) */
+    int64_t commits;              /* made so far */
+    double commit_s_max;          /* the longest, from its start to its end */
+    char last_path[4200];
 } zn_cli_saver;
 void zn_cli_saver_init(zn_cli_saver *sv, zn_run *ts, const zn_config *cfg, const char *cfg_text,
                        int64_t start);
 int zn_cli_save(zn_cli_saver *sv, int64_t step);
 int zn_cli_save_begin(zn_cli_saver *sv, int64_t step, double pace_s);
 int zn_cli_save_settle(zn_cli_saver *sv);
+/* The step's commit by reference (sv->commit), completed by the next
+ * settle. */
+int zn_cli_commit_begin(zn_cli_saver *sv, int64_t step);
+/* A stop with every step committed: the update in flight (and the
+ * commit waiting for it) is dropped and the newest complete commit is the
+ * run's last checkpoint (sealed); *steps gets its step. Returns 1 when
+ * done so, 0 when it does not apply (no commit yet: the stop goes the
+ * usual way). */
+int zn_cli_commit_stop(zn_cli_saver *sv, int64_t *steps);
 /* A stop: the save in progress completes unpaced when what is left fits
  * half of train.checkpoint.notice_s, else it is dropped (said) and no
  * later save is made: the newest complete checkpoint stays. */

@@ -328,6 +328,7 @@ typedef struct {
     zn_config *cfg;
     const char *cfg_text;
     zn_cli_saver sv;             /* the checkpoints (train_save.c) */
+    bool dropped;                /* a stop dropped the last step's update (its commit sealed) */
     FILE *jf;                    /* --json-log */
     zn_tb *tb;
     zn_csvmon *cm;
@@ -605,6 +606,10 @@ static int train_steps(train_loop *L)
             L->stop_sig = zn_cli_stop_signal();
             L->steps = s;
             zn_cli_save_on_stop(&L->sv);
+            if (zn_cli_commit_stop(&L->sv, &L->steps)) {
+                L->dropped = true;
+                return 0;
+            }
             break;
         }
         if (rc)
@@ -640,13 +645,25 @@ static int train_steps(train_loop *L)
         if ((rc = zn_cli_save_settle(&L->sv)))
             return rc;
         /* saves at once: a stop skips this step's, which the final save
-         * makes (in place, where the state is on NVMe) */
+         * makes (in place, where the state is on NVMe); with every step
+         * committed, the update still running is dropped instead and the
+         * last commit stays (one step older, at once) */
         if (!L->sv.background && (L->stop_sig = zn_cli_ranks_stop(ts))) {
+            L->steps = s + 1;
+            if (zn_cli_commit_stop(&L->sv, &L->steps)) {
+                L->dropped = true;
+                return 0;
+            }
             L->steps = s + 1;
             break;
         }
         bool save = cc->dir[0] && cc->every > 0 && (s + 1) % cc->every == 0;
         if (save && (rc = zn_cli_save_begin(&L->sv, s + 1, 0.7 * (zn_now_s() - t_step))))
+            return rc;
+        /* the other steps (but the last: the final save follows) commit
+         * by reference while the next one runs */
+        if (!save && L->sv.commit && s + 1 < L->steps &&
+            (rc = zn_cli_commit_begin(&L->sv, s + 1)))
             return rc;
         /* (a stop during a save at once is seen here too) */
         if ((L->sv.background || save) && (L->stop_sig = zn_cli_ranks_stop(ts))) {
@@ -751,12 +768,16 @@ static void say_stopped(train_loop *L, bool saved)
 static int finish_run(train_loop *L, int rc, const char *trace_path)
 {
     const zn_config_checkpoint *cc = &L->cfg->train.checkpoint;
-    if (!rc && cc->dir[0] && L->steps > L->start) {
+    if (!rc && cc->dir[0] && L->steps > L->start && !L->dropped) {
         /* no step follows: a rank whose optimizer state is on NVMe links
          * its swap file into the checkpoint instead of copying it */
         L->sv.so.final_save = cc->in_place;
         rc = zn_cli_save(&L->sv, L->steps);   /* settles the one in the background first */
     }
+    if (L->sv.commits)
+        printf("%lld steps committed in place, the longest commit %.3f s from its start (its "
+               "step's update landing included) to its end\n", (long long)L->sv.commits,
+               L->sv.commit_s_max);
     zn_cli_saver_fini(&L->sv);
     if (L->jf)
         fclose(L->jf);

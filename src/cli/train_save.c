@@ -111,6 +111,9 @@ void zn_cli_saver_init(zn_cli_saver *sv, zn_run *ts, const zn_config *cfg, const
         hooks_from_env(sv->hooks, &sv->so);
     sv->saved_at = start;
     sv->background = cfg->train.checkpoint.background && zn_ckpt_save_background(ts->tr);
+    const zn_config_checkpoint *cc = &cfg->train.checkpoint;
+    sv->commit = cc->dir[0] && cc->commit && cc->in_place &&
+                 zn_ckpt_commit_possible(ts->tr, cc->dir);
 }
 
 /* A failed save: returns 0 with continue_on_error (said), else the
@@ -131,8 +134,22 @@ static int save_failed(zn_cli_saver *sv, int rc, int64_t step)
 int zn_cli_save(zn_cli_saver *sv, int64_t step)
 {
     int rc = zn_cli_save_settle(sv);
-    if (rc || sv->saved_at == step || sv->stopped)
+    if (rc || sv->stopped)
         return rc;
+    if (sv->saved_at == step && sv->saved_commit && sv->so.final_save) {
+        /* the step's commit is the final checkpoint: no step follows, so
+         * what it does not refer to goes, as a final save's would */
+        double t0 = zn_now_s();
+        sv->saved_commit = false;
+        if ((rc = zn_ckpt_commit_seal(sv->ts->tr, sv->last_path, false, NULL, NULL, 0)))
+            fprintf(stderr, "zinc: warning: %s\n", zn_last_error());
+        printf("checkpoint %s (step %lld's commit, kept as the final checkpoint: %.2f s)\n",
+               sv->last_path, (long long)step, zn_now_s() - t0);
+        fflush(stdout);
+        return 0;
+    }
+    if (sv->saved_at == step)
+        return 0;
     char *client = client_state(sv->ts, sv->cfg, step);
     sv->so.client_json = client;
     char where[4200];
@@ -161,7 +178,54 @@ int zn_cli_save(zn_cli_saver *sv, int64_t step)
     printf("checkpoint %s (%.2f s)\n", where, zn_now_s() - t0);
     fflush(stdout);
     sv->saved_at = step;
+    sv->saved_commit = false;
     return 0;
+}
+
+int zn_cli_commit_begin(zn_cli_saver *sv, int64_t step)
+{
+    int rc = zn_cli_save_settle(sv);
+    if (rc || sv->saved_at == step || sv->stopped || !sv->commit)
+        return rc;
+    char *client = client_state(sv->ts, sv->cfg, step);
+    sv->so.client_json = client;
+    rc = client ? zn_ckpt_commit_start(sv->ts->tr, &sv->so, &sv->bg)
+                : zn_set_error(-ENOMEM, "out of memory");
+    free(client);
+    sv->so.client_json = NULL;
+    if (rc)
+        return save_failed(sv, rc, step);
+    sv->bg_step = step;
+    sv->bg_commit = true;
+    return 0;
+}
+
+int zn_cli_commit_stop(zn_cli_saver *sv, int64_t *steps)
+{
+    if (!sv->commit || sv->stopped)
+        return 0;
+    bool pending = sv->bg && sv->bg_commit;
+    /* nothing committed yet, or a save that is not a commit in progress:
+     * the stop goes the usual way (the commit in progress settles) */
+    if (!sv->saved_commit || (sv->bg && !sv->bg_commit))
+        return 0;
+    double t0 = zn_now_s();
+    char where[sizeof sv->last_path];
+    sv->saved_commit = false;
+    sv->stopped = true;   /* the trainer is done: no more saves */
+    if (zn_ckpt_commit_seal(sv->ts->tr, sv->last_path, true, pending ? &sv->bg : NULL, where,
+                            sizeof where))
+        fprintf(stderr, "zinc: warning: %s\n", zn_last_error());
+    if (pending && strcmp(where, sv->last_path))
+        sv->saved_at = sv->bg_step;   /* that commit completed first */
+    sv->bg = NULL;
+    sv->bg_commit = false;
+    snprintf(sv->last_path, sizeof sv->last_path, "%s", where);
+    printf("on the stop the update in flight was dropped (%.2f s): %s, step %lld's commit, is "
+           "the checkpoint\n", zn_now_s() - t0, where, (long long)sv->saved_at);
+    fflush(stdout);
+    *steps = sv->saved_at;
+    return 1;
 }
 
 int zn_cli_save_begin(zn_cli_saver *sv, int64_t step, double pace_s)
@@ -201,8 +265,28 @@ int zn_cli_save_settle(zn_cli_saver *sv)
     char where[4200];
     zn_ckpt_bg_stats st;
     int rc = zn_ckpt_save_end(bg, where, sizeof where, &st);
-    if (rc)
+    bool commit = sv->bg_commit;
+    sv->bg_commit = false;
+    if (rc) {
+        if (commit)
+            sv->commit = false;   /* its folders are gone: no more commits */
         return save_failed(sv, rc, sv->bg_step);
+    }
+    if (commit) {
+        /* said once; every step's is in the report */
+        if (!sv->commits++)
+            printf("checkpoint %s: step %lld committed in place (%.2f s, none of the state "
+                   "copied); from here on every step is, and a kill at any moment loses at "
+                   "most the steps since the last commit\n", where, (long long)sv->bg_step,
+                   st.write_s);
+        if (st.write_s > sv->commit_s_max)
+            sv->commit_s_max = st.write_s;
+        snprintf(sv->last_path, sizeof sv->last_path, "%s", where);
+        fflush(stdout);
+        sv->saved_at = sv->bg_step;
+        sv->saved_commit = true;
+        return 0;
+    }
     char sz[32];
     double bps = st.busy_s > 0 ? (double)st.bytes / st.busy_s : 0;
     printf("checkpoint %s (%s written in the background in %.2f s, %.2f s of it writing: "
@@ -221,6 +305,7 @@ int zn_cli_save_settle(zn_cli_saver *sv)
     }
     fflush(stdout);
     sv->saved_at = sv->bg_step;
+    sv->saved_commit = false;
     return 0;
 }
 
@@ -228,6 +313,14 @@ void zn_cli_save_on_stop(zn_cli_saver *sv)
 {
     if (!sv->bg)
         return;
+    if (sv->bg_commit) {
+        /* the first commit (no earlier one to fall back on) costs
+         * milliseconds once its step's update landed; a later one is
+         * dropped with that update (zn_cli_commit_stop) */
+        if (!sv->saved_commit && zn_cli_save_settle(sv))
+            sv->stopped = true;
+        return;
+    }
     uint64_t left = zn_ckpt_save_left(sv->bg);
     double secs;
     if (zn_cli_stop_finish_save(sv->cfg, left, sv->write_bps, &secs)) {

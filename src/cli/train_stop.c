@@ -129,7 +129,7 @@ void zn_cli_stop_notice(zn_run *ts, const zn_config *cfg, const zn_plan *plan, d
  * last, the stop's figure is said again with it, and kept for the stop. */
 void zn_cli_stop_recheck(zn_run *ts, const zn_config *cfg)
 {
-    if (!g_have_est)
+    if (!g_have_est || g_est.commit)   /* a commit's stop waits for no update */
         return;
     zn_train_report r;
     zn_train_get_report(ts->tr, &r);
@@ -149,6 +149,22 @@ void zn_cli_stop_print(const zn_stop_estimate *e, const zn_config *cfg, int worl
 {
     const zn_config_checkpoint *cc = &cfg->train.checkpoint;
     char b1[32], b2[32];
+    if (e->commit) {
+        fprintf(f, "on SIGTERM the step in progress stops before its update and the update "
+                "still running is dropped: every step is committed in place (%s on NVMe, "
+                "linked, none of it copied), so the checkpoint left is the last committed "
+                "step, at most one step old: about %.1f s at most (a unit's reads and writes "
+                "in flight at %.2f GB/s, %s); a kill at any moment loses at most the steps "
+                "since the last commit; before the run's first commit (its first step's, "
+                "once that update lands: about %.0f s) a stop waits for it\n",
+                zn_format_size(e->inplace_bytes, b2, sizeof b2), e->drain_s, e->read_bps / 1e9,
+                e->assumed ? "assumed" : "measured", e->update_s);
+        if (cc->every > 0)
+            fprintf(f, "  (the periodic saves of train.checkpoint.every still copy the state, "
+                    "about %.0f s each; with every step committed they only keep older "
+                    "steps)\n", e->save_s);
+        return;
+    }
     fprintf(f, "on SIGTERM %s, then ", world > 1 ? "the step in progress ends" :
             "the step in progress stops before its update");
     if (e->update_s >= 0.5)

@@ -346,6 +346,7 @@ const key_spec zn_cfg_schema[] = {
     { "train.checkpoint.continue_on_error", K_BOOL, OFF(train.checkpoint.continue_on_error), 0, 0, NULL, 0, NULL },
     { "train.checkpoint.background", K_BOOL, OFF(train.checkpoint.background), 0, 0, NULL, 0, NULL },
     { "train.checkpoint.in_place", K_BOOL, OFF(train.checkpoint.in_place), 0, 0, NULL, 0, NULL },
+    { "train.checkpoint.commit", K_BOOL, OFF(train.checkpoint.commit), 0, 0, NULL, 0, NULL },
     { "train.checkpoint.notice_s", K_NUM, OFF(train.checkpoint.notice_s), 0, 1e6, NULL, 0, NULL },
     /* the HF Trainer's TrainingArguments names and defaults: what "auto"
      * and a missing optimizer / scheduler section take */
@@ -465,6 +466,7 @@ void zn_config_default(zn_config *c)
     c->train.checkpoint.keep_last = 2;
     c->train.checkpoint.background = true;
     c->train.checkpoint.in_place = true;
+    c->train.checkpoint.commit = true;
     c->train.checkpoint.notice_s = 30;
     /* transformers TrainingArguments' defaults */
     c->train.learning_rate = 5e-5;

@@ -448,17 +448,23 @@ int zn_plan_compute(zn_plan *p, const zn_spec *sp)
     p->grads_tier = gtier;
 
     /* The speculative step (train.speculative_step): a second copy of the
-     * optimizer states on NVMe, which a unit stepped before the global norm
-     * is known writes to; auto takes it when the tier has room for it and
-     * for the states once more beside it (a checkpoint of them, which on
-     * the same disk would otherwise find it full). */
+     * optimizer states on NVMe, which every update writes in turn (a unit
+     * stepped before the global norm is known too), so that the last
+     * step's states stay whole and each step can be committed by
+     * reference; auto takes it when the tier has room for it and for the
+     * states once more beside it (a checkpoint copy of them, which on the
+     * same disk would otherwise find it full), or for it alone when no
+     * periodic save copies them (commit_only). */
     uint64_t shadow = p->bytes[ZN_STATE_MASTER][ZN_TIER_NVME] +
                       p->bytes[ZN_STATE_ADAM_M][ZN_TIER_NVME] +
                       p->bytes[ZN_STATE_ADAM_V][ZN_TIER_NVME];
     p->spec_shadow = p->spec_declined = 0;
+    uint64_t nv_now = 0;   /* the tier's bytes as placed so far */
+    for (int c = 0; c < ZN_STATE_COUNT; c++)
+        nv_now += p->bytes[c][ZN_TIER_NVME];
     if (otier == ZN_TIER_NVME && shadow && sp->speculate != 2) {
         if (sp->speculate == 1 ||
-            p->tier_total[ZN_TIER_NVME] + 2 * shadow <= p->budget[ZN_TIER_NVME]) {
+            nv_now + (sp->commit_only ? 1 : 2) * shadow <= p->budget[ZN_TIER_NVME]) {
             p->spec_shadow = shadow;
             add(p, ZN_STATE_WORK, ZN_TIER_NVME, shadow);
             p->tier_total[ZN_TIER_NVME] += shadow;
@@ -524,14 +530,17 @@ void zn_plan_print(const zn_plan *p, FILE *f)
                 mb == 4 ? "fp32" : mb == 2 ? "bf16" : "int8");
     }
     if (p->spec_shadow)
-        fprintf(f, "(the nvme work holds the optimizer states' second copy, %s: units step "
-                "before the global norm is known and are stepped again when clipping applies; "
-                "train.speculative_step=false drops it)\n",
+        fprintf(f, "(the nvme work holds the optimizer states' second copy, %s: each update "
+                "writes the copy the last one did not, so that with checkpoints every step is "
+                "committed in place, and units step before the global norm is known, stepped "
+                "again when clipping applies; train.speculative_step=false drops it)\n",
                 zn_format_size(p->spec_shadow, buf, sizeof buf));
     if (p->spec_declined)
-        fprintf(f, "(no speculative step: its second copy of the optimizer states, %s, and the "
-                "states once more beside it do not fit the nvme tier; without it every unit "
-                "waits for the global norm. train.speculative_step=true takes it anyway)\n",
+        fprintf(f, "(no second copy of the optimizer states: it, %s, and the states once more "
+                "beside it (a periodic save's copy) do not fit the nvme tier; without it every "
+                "unit waits for the global norm and no step is committed in place (with "
+                "train.checkpoint.every 0 the copy needs no room beside it). "
+                "train.speculative_step=true takes it anyway)\n",
                 zn_format_size(p->spec_declined, buf, sizeof buf));
     if (p->gpu_outside) {
         char b2[32];

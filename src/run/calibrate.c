@@ -822,7 +822,11 @@ int zn_run_predict(const zn_config *cfg, const zn_model_dims *d, const zn_plan *
 static void stop_total(zn_stop_estimate *e, const zn_config_checkpoint *cc)
 {
     double half = cc->notice_s > 0 ? cc->notice_s / 2 : 1e30;
-    if (e->background && cc->every == 1 && e->save_s > half) {
+    if (e->commit) {
+        /* the last finished step's commit stands; its update is dropped */
+        e->stop_s = e->drain_s;
+        e->age_steps = 1;
+    } else if (e->background && cc->every == 1 && e->save_s > half) {
         e->stop_s = e->step_s + e->update_s + half;   /* the save in progress dropped at worst */
         e->age_steps = 1;
     } else {
@@ -923,6 +927,17 @@ int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int world, i
                  (e->read_bytes > e->inplace_bytes
                       ? (double)(e->read_bytes - e->inplace_bytes) / e->read_bps : 0);
     e->world = world;
+    /* every step committed by reference (as zn_ckpt_commit_possible and
+     * zinc train judge it): one rank, the states kept in place, in two
+     * copies */
+    if (cc->commit && cc->in_place && e->inplace_bytes && world == 1 && plan->spec_shadow) {
+        int mb = plan->moment_bytes ? plan->moment_bytes : 4;
+        int ms = plan->master_bytes ? plan->master_bytes : 4;
+        double unit = (double)plan->sub_group * (double)(ms + 2 * mb);
+        e->commit = true;
+        e->drain_s = unit / e->read_bps + unit / (nv.nvme_write_bps > 0 ? nv.nvme_write_bps
+                                                                         : e->write_bps);
+    }
     stop_total(e, cc);
     return 0;
 }

@@ -89,6 +89,11 @@ int zn_run_spec(const zn_config *cfg, const zn_plan_input *in, const zn_plan_bud
     sp->q8_scheme = zn_config_q8_scheme(cfg->train.optim) ? ZN_Q8_TORCHAO : ZN_Q8_BNB;
     sp->master_bf16_sr = cfg->train.master_weights == ZN_MASTER_BF16_SR;
     sp->speculate = cfg->train.speculative_step;
+    {
+        const zn_config_checkpoint *cc = &cfg->train.checkpoint;
+        sp->commit_only = cc->dir[0] && cc->commit && cc->in_place && cc->every == 0 &&
+                          in->world_size <= 1;
+    }
     sp->zero_stage = (int)z->stage;
     sp->param_home = tier_of(z->offload_param.device);
     sp->opt_home = tier_of(z->offload_optimizer.device);

@@ -135,8 +135,15 @@ int zn_sched_run_nvme(zn_trainer *tr)
         }
         if (rc || (rc = zn_sched_wait_ready(tr, u)))
             break;
-        if ((rc = nvme_step(tr, s, u, tr->opt.job.g_scale, false)))
+        /* with the second copy the states go to it and it becomes
+         * current at once (nothing reads the unit before this job's writes
+         * are done): a step never overwrites the only copy of the last
+         * step's states, so that a checkpoint of them by reference
+         * (zn_ckpt_commit_start) stays whole while the next step runs.
+         * Without it both rows name the same extents. */
+        if ((rc = nvme_step(tr, s, u, tr->opt.job.g_scale, true)))
             break;
+        tr->units[u].cur ^= 1;
         /* m and v have their own bytes on NVMe now (the job waits for these
          * writes before any later read of the unit) */
         atomic_store(&tr->units[u].mv_zero, false);

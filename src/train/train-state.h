@@ -103,6 +103,13 @@ typedef struct {
 /* The swap file holding this rank's whole optimizer state (NVMe tier, one
  * swap path), or NULL when a save must copy. */
 const char *zn_train_state_swap_file(zn_trainer *tr);
+/* The same file whatever the trainer's state (a final save has marked it
+ * failed): which checkpoint folders refer to it. */
+const char *zn_train_state_swap_path(zn_trainer *tr);
+/* Whether every update writes the other of two copies of the NVMe
+ * states (the speculative step's second copy): the last step's states
+ * then stay whole while the next step runs. */
+bool zn_train_state_two_copies(const zn_trainer *tr);
 /* Stream k as pieces of that file, the same bytes zn_train_state_save
  * passes; its crc32c from the I/O engine's per-block crc32c of the last
  * writes (the bytes they do not cover read from the file). The trainer must
@@ -132,6 +139,11 @@ int zn_train_state_load(zn_trainer *tr, zn_mom_fmt from, zn_dtype master_from,
 /* Marks the state not valid (a load found the checkpoint damaged after
  * replacing it): saves and steps are refused from here on. */
 void zn_train_state_fail(zn_trainer *tr);
+/* The update in flight is abandoned at its next unit (the writes it
+ * issued are waited for) and the trainer marked failed: its units are
+ * partly stepped. With two copies (zn_train_state_two_copies) a commit of
+ * the step before stays whole. */
+void zn_train_state_drop_update(zn_trainer *tr);
 /* ---- a save on another thread while the steps go on ---------------------------------
  * zn_train_state_hold, called between steps on the thread that steps,
  * holds the state at the last step: the optimizer jobs of later steps wait

@@ -63,6 +63,19 @@ void zn_train_state_fail(zn_trainer *tr)
     tr->bad = true;
 }
 
+void zn_train_state_drop_update(zn_trainer *tr)
+{
+    pthread_mutex_lock(&tr->opt.lock);
+    tr->opt.pending = false;
+    if (tr->opt.running)
+        tr->opt.cancel = true;   /* it leaves at its next unit, its writes waited */
+    pthread_cond_broadcast(&tr->opt.cv);
+    pthread_mutex_unlock(&tr->opt.lock);
+    zn_optsched_wait(tr);
+    tr->opt.inflight = false;
+    tr->bad = true;
+}
+
 void zn_train_state_set_progress(zn_trainer *tr, int64_t step, int64_t steps_run,
                                  const zn_loss_scaler *scaler)
 {
@@ -217,6 +230,17 @@ static const char *swap_file_of(zn_trainer *tr)
 const char *zn_train_state_swap_file(zn_trainer *tr)
 {
     return tr->bad ? NULL : swap_file_of(tr);
+}
+
+const char *zn_train_state_swap_path(zn_trainer *tr)
+{
+    return swap_file_of(tr);
+}
+
+bool zn_train_state_two_copies(const zn_trainer *tr)
+{
+    return tr->opt_home == ZN_TIER_NVME && !tr->opt_on_device && tr->plan.spec_shadow > 0 &&
+           tr->n_units > 0 && tr->units[0].sid[0][0] != tr->units[0].sid[1][0];
 }
 
 void zn_ts_ref_free(zn_ts_ref *r)

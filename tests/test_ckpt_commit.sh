@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# Every step committed in place (train.checkpoint.commit, issue 55), through
+# `zinc train` on the embedded tiny model (Adam state on NVMe swap, in two
+# copies: each update writes the copy the last one did not):
+#  - a run with checkpoints and no periodic save commits each step as the
+#    newest checkpoint by reference and ends with one checkpoint, its swap
+#    file's unused ranges punched out;
+#  - kill -9 at random moments (after the first commit): `latest` always
+#    verifies, lacks at most the steps since the last commit (the last
+#    logged step and the one before), and `--resume` from it reproduces the
+#    uninterrupted run's losses bit for bit (loss_hex), with 8-bit moments
+#    (their fp32 blocks in RAM, written beside each commit) too;
+#  - SIGTERM at random moments: exit 143 within 10 s, the update in flight
+#    dropped or the commit kept as the final checkpoint, which verifies,
+#    is punched and resumes bit for bit;
+#  - train.checkpoint.commit false: no commits, the final save as before.
+# The delays are random and printed (a failure names its moment); "quick"
+# mode kills at five moments instead of twenty.
+set -u
+zinc=$(realpath "$1")
+mode=${2:-full}
+fail=0
+work=$(realpath "$(mktemp -d ckpt-commit-XXXXXX)")
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+check() { if ! eval "$1"; then echo "FAIL: $2"; fail=1; fi; }
+S=10
+base=(--steps $S --set train.log_every=1)
+
+# ref.jsonl holds the uninterrupted run of $1 (extra settings after it)
+reference() {
+    rm -rf zinc-swap
+    "$zinc" train "${base[@]}" "$@" --json-log ref.jsonl > ref.out 2>&1
+    local rc=$?
+    check "[ $rc -eq 0 ]" "reference run failed: $(tail -3 ref.out)"
+}
+
+# compares every step of $1 with ref.jsonl
+same_as_ref() {
+    local n=0 first=""
+    while read -r line; do
+        step=$(echo "$line" | sed 's/.*"step": \([0-9]*\),.*/\1/')
+        hex=$(echo "$line" | sed 's/.*"loss_hex": "\([^"]*\)".*/\1/')
+        want=$(grep "\"step\": $step," ref.jsonl | sed 's/.*"loss_hex": "\([^"]*\)".*/\1/')
+        [ -z "$first" ] && first=$step
+        if [ "$hex" != "$want" ]; then echo "step $step: loss $hex, uninterrupted $want"; return 1; fi
+        n=$((n + 1))
+    done < "$1"
+    [ $n -gt 0 ] || { echo "no steps"; return 1; }
+    echo "steps $first..$((first + n - 1)) identical"
+}
+
+latest_step() { sed -n 's/^step-0*\([0-9][0-9]*\)$/\1/p' ck/latest 2>/dev/null; }
+last_logged() { grep -o '^step *[0-9]*/' "$1" | tail -1 | tr -dc '0-9'; }
+
+# its allocated bytes are under 3/4 of its size: the ranges the commit does
+# not refer to (params, gradients, the other copy) were punched out
+punched() {
+    local f; f=$(ls ck/"$(cat ck/latest)"/rank-0/state.swp 2>/dev/null) || return 1
+    local alloc size
+    alloc=$(($(stat -c %b "$f") * $(stat -c %B "$f")))
+    size=$(stat -c %s "$f")
+    [ $((alloc * 4)) -lt $((size * 3)) ]
+}
+
+# verify, the age bound, resume bit for bit. $1 label, $2 last logged step,
+# extra settings after
+check_resume() {
+    local label=$1 logged=$2
+    shift 2
+    "$zinc" export ck --verify > verify.out 2>&1
+    local rc=$?
+    check "[ $rc -eq 0 ]" "$label: latest does not verify: $(cat verify.out)"
+    local ls; ls=$(latest_step)
+    check "[ -n '$ls' ] && [ '${ls:-0}' -ge $((${logged:-0} - 2)) ]" \
+          "$label: latest is step '${ls}', the run had logged step '${logged}'"
+    if [ "${ls:-0}" -ge $S ]; then   # killed after the final save
+        echo "$label: latest step $ls, the run's end: nothing to resume"
+        return
+    fi
+    rm -f res.jsonl
+    "$zinc" train --resume ck "${base[@]}" "$@" --json-log res.jsonl > res.out 2>&1
+    rc=$?
+    check "[ $rc -eq 0 ]" "$label: resume exited $rc: $(tail -3 res.out)"
+    local r; r=$(same_as_ref res.jsonl)
+    rc=$?
+    check "[ $rc -eq 0 ]" "$label: resumed losses differ: $r"
+    check "[ -z \"\$(ls -a ck | grep '^\.step-')\" ]" "$label: temporary folders left: $(ls -a ck)"
+    echo "$label: latest step $ls (logged $logged), $r"
+}
+
+# starts a committing run, waits for its first commit, then sleeps $1 and
+# sends $2; leaves its exit code in krc and the signal-to-exit time in ktook
+kill_run() {
+    local delay=$1 sig=$2
+    shift 2
+    rm -rf ck zinc-swap
+    "$zinc" train "${base[@]}" --set train.checkpoint.dir=ck "$@" > kill.out 2>&1 &
+    local pid=$!
+    for _ in $(seq 600); do
+        grep -q "committed in place" kill.out 2>/dev/null && break
+        kill -0 $pid 2>/dev/null || break
+        sleep 0.05
+    done
+    sleep "$delay"
+    local t0; t0=$(date +%s.%N)
+    kill -"$sig" $pid 2>/dev/null
+    wait $pid 2>/dev/null
+    krc=$?
+    ktook=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+}
+
+rnd_delay() { awk -v r=$RANDOM 'BEGIN { printf "%.2f", r / 32767 * 1.2 }'; }
+
+reference
+
+# an uninterrupted run: every step committed, one checkpoint at the end
+rm -rf ck zinc-swap
+"$zinc" train "${base[@]}" --set train.checkpoint.dir=ck > run.out 2>&1
+rc=$?
+check "[ $rc -eq 0 ]" "committing run exited $rc: $(tail -3 run.out)"
+check "grep -q 'step 1 committed in place' run.out" "no commit said: $(grep -i checkp run.out)"
+check "[ \"\$(ls ck)\" = \"latest
+step-0000000$S\" ] || [ \"\$(ls ck)\" = \"latest
+step-000000$S\" ]" "the run left $(ls ck | tr '\n' ' ')"
+check "punched" "the final checkpoint's swap file was not punched: $(du -h ck/*/rank-0/state.swp)"
+check "[ -z \"\$(ls zinc-swap 2>/dev/null)\" ]" "swap files left: $(ls zinc-swap)"
+"$zinc" export ck --verify > verify.out 2>&1
+check "[ $? -eq 0 ]" "the final checkpoint does not verify: $(cat verify.out)"
+
+# periodic copies among the commits: keep_last counts the copies and the
+# final save, not the running run's commit (two commits after the copy of
+# step 3 must not prune it)
+rm -rf ck zinc-swap
+"$zinc" train --steps 6 --set train.log_every=1 --set train.checkpoint.dir=ck \
+    --set train.checkpoint.every=3 --set train.checkpoint.keep_last=2 > keep.out 2>&1
+rc=$?
+check "[ $rc -eq 0 ]" "every 3 with commits exited $rc: $(tail -3 keep.out)"
+check "[ \"\$(ls ck | tr '\n' ' ')\" = 'latest step-00000003 step-00000006 ' ]" \
+      "every 3, keep 2: the run left $(ls ck | tr '\n' ' ')"
+
+n=20
+[ "$mode" = quick ] && n=5
+for i in $(seq $n); do
+    d=$(rnd_delay)
+    kill_run "$d" KILL
+    if [ $krc -ne 137 ]; then
+        # the run ended first: its end is no kill
+        check "[ $krc -eq 0 ]" "kill -9 $i (+${d} s): exit $krc: $(tail -3 kill.out)"
+        continue
+    fi
+    check_resume "kill -9 $i at +${d} s" "$(last_logged kill.out)"
+done
+
+for i in 1 2 3; do
+    d=$(rnd_delay)
+    kill_run "$d" TERM
+    [ $krc -eq 0 ] && continue   # the run ended first
+    check "[ $krc -eq 143 ]" "SIGTERM $i (+${d} s): exit $krc, expected 143: $(tail -3 kill.out)"
+    check "awk -v t=$ktook 'BEGIN { exit !(t < 10) }'" "SIGTERM $i: $ktook s to exit"
+    check "grep -q -E 'update in flight was dropped|kept as the final checkpoint' kill.out" \
+          "SIGTERM $i: neither dropped nor kept: $(grep -i -E 'checkp|stop' kill.out)"
+    check "punched" "SIGTERM $i: the checkpoint's swap file was not punched"
+    check_resume "SIGTERM $i at +${d} s (exit in $ktook s)" "$(last_logged kill.out)"
+done
+
+# 8-bit moments: their fp32 blocks stay in RAM and go beside each commit
+reference --set train.optim=adamw_bnb_8bit
+d=$(rnd_delay)
+kill_run "$d" KILL --set train.optim=adamw_bnb_8bit
+if [ $krc -eq 137 ]; then
+    check_resume "8-bit moments, kill -9 at +${d} s" "$(last_logged kill.out)" \
+        --set train.optim=adamw_bnb_8bit
+fi
+
+# off: no commits; the stop's final save keeps the state in place as before
+reference
+rm -rf ck zinc-swap
+"$zinc" train "${base[@]}" --set train.checkpoint.dir=ck --set train.checkpoint.commit=false \
+    > off.out 2>&1
+rc=$?
+check "[ $rc -eq 0 ]" "commit=false run exited $rc"
+check "! grep -q 'committed in place' off.out" "commit=false still committed"
+check "[ -e ck/\"\$(cat ck/latest)\"/rank-0/state.swp ]" "commit=false: the final save not in place: $(ls ck/*/rank-0)"
+
+[ $fail -eq 0 ] && echo "ckpt commit: all checks passed"
+exit $fail
