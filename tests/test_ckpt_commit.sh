@@ -98,7 +98,7 @@ kill_run() {
     "$zinc" train "${base[@]}" --set train.checkpoint.dir=ck "$@" > kill.out 2>&1 &
     local pid=$!
     for _ in $(seq 600); do
-        grep -q "committed in place" kill.out 2>/dev/null && break
+        grep -q "step [0-9]* committed in place" kill.out 2>/dev/null && break
         kill -0 $pid 2>/dev/null || break
         sleep 0.05
     done

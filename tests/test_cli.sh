@@ -58,8 +58,8 @@ expect 0 "14.77B parameters" -- plan "$src/examples/a10-qwen2.5-14b-nvme.json" "
 # unit's reads and writes, far less than the 165.07 GiB update itself at
 # the printed rate
 stop=$("$zinc" plan "$src/examples/a10-qwen2.5-14b-nvme.json" "${nv14[@]}" 2>&1 | grep '^on SIGTERM')
-d=$(sed -n 's/.*: about \([0-9.]*\) s at most (a unit.s reads and writes in flight at \([0-9.]*\) GB\/s.*/\1/p' <<<"$stop")
-r=$(sed -n 's/.*: about \([0-9.]*\) s at most (a unit.s reads and writes in flight at \([0-9.]*\) GB\/s.*/\2/p' <<<"$stop")
+d=$(sed -n 's/.*: about \([0-9.]*\) s at most (the reads and writes in flight, of offload_optimizer.buffer_count units, at \([0-9.]*\) GB\/s.*/\1/p' <<<"$stop")
+r=$(sed -n 's/.*: about \([0-9.]*\) s at most (the reads and writes in flight, of offload_optimizer.buffer_count units, at \([0-9.]*\) GB\/s.*/\2/p' <<<"$stop")
 if [ -n "$d" ] && [ -n "$r" ] && grep -q "every step is committed in place (165.07 GiB on NVMe" <<<"$stop" &&
    grep -q "at most one step old" <<<"$stop" &&
    awk -v d="$d" -v r="$r" 'BEGIN { exit !(d * r * 1e9 < 165.07 * 2^30 / 10) }'; then

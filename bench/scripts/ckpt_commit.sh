@@ -65,7 +65,7 @@ signal_run() {
     "$z" train "$cfg" "${nv[@]}" --set train.checkpoint.dir=ck > k.out 2>&1 &
     local pid=$!
     for _ in $(seq 3000); do
-        grep -q "committed in place" k.out 2>/dev/null && break
+        grep -q "step [0-9]* committed in place" k.out 2>/dev/null && break
         kill -0 $pid 2>/dev/null || break
         sleep 0.1
     done

@@ -162,7 +162,8 @@ typedef struct {
     bool commit;           /* every step committed in place (train.checkpoint.commit: one
                               rank, the NVMe states in two copies, kept in place): a
                               stop drops the update in flight, drain_s */
-    double drain_s;        /* that update's I/O in flight: a unit's read and write */
+    double drain_s;        /* that update's I/O in flight: the read and write of its
+                              buffer_count units in flight */
     int world;
     char disk[ZN_PATH_MAX];  /* the folder measured */
 } zn_stop_estimate;

@@ -160,6 +160,7 @@ typedef struct {
     bool saved_commit;            /* saved_at's checkpoint is one (last_path) */
     int64_t commits;              /* made so far */
     double commit_s_max;          /* the longest, from its start to its end */
+    double commit_busy_max;       /* the longest one's own work (after its step's update) */
     char last_path[4200];
 } zn_cli_saver;
 void zn_cli_saver_init(zn_cli_saver *sv, zn_run *ts, const zn_config *cfg, const char *cfg_text,

@@ -775,9 +775,10 @@ static int finish_run(train_loop *L, int rc, const char *trace_path)
         rc = zn_cli_save(&L->sv, L->steps);   /* settles the one in the background first */
     }
     if (L->sv.commits)
-        printf("%lld steps committed in place, the longest commit %.3f s from its start (its "
-               "step's update landing included) to its end\n", (long long)L->sv.commits,
-               L->sv.commit_s_max);
+        printf("%lld steps committed in place: the longest commit %.3f s from its start (its "
+               "step's update landing included) to its end, the longest one's own work (link, "
+               "references, manifest, fsyncs) %.3f s\n", (long long)L->sv.commits,
+               L->sv.commit_s_max, L->sv.commit_busy_max);
     zn_cli_saver_fini(&L->sv);
     if (L->jf)
         fclose(L->jf);

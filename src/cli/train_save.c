@@ -281,6 +281,8 @@ int zn_cli_save_settle(zn_cli_saver *sv)
                    st.write_s);
         if (st.write_s > sv->commit_s_max)
             sv->commit_s_max = st.write_s;
+        if (st.busy_s > sv->commit_busy_max)
+            sv->commit_busy_max = st.busy_s;
         snprintf(sv->last_path, sizeof sv->last_path, "%s", where);
         fflush(stdout);
         sv->saved_at = sv->bg_step;

@@ -153,8 +153,8 @@ void zn_cli_stop_print(const zn_stop_estimate *e, const zn_config *cfg, int worl
         fprintf(f, "on SIGTERM the step in progress stops before its update and the update "
                 "still running is dropped: every step is committed in place (%s on NVMe, "
                 "linked, none of it copied), so the checkpoint left is the last committed "
-                "step, at most one step old: about %.1f s at most (a unit's reads and writes "
-                "in flight at %.2f GB/s, %s); a kill at any moment loses at most the steps "
+                "step, at most one step old: about %.1f s at most (the reads and writes in "
+                "flight, of offload_optimizer.buffer_count units, at %.2f GB/s, %s); a kill at any moment loses at most the steps "
                 "since the last commit; before the run's first commit (its first step's, "
                 "once that update lands: about %.0f s) a stop waits for it\n",
                 zn_format_size(e->inplace_bytes, b2, sizeof b2), e->drain_s, e->read_bps / 1e9,

@@ -933,7 +933,10 @@ int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int world, i
     if (cc->commit && cc->in_place && e->inplace_bytes && world == 1 && plan->spec_shadow) {
         int mb = plan->moment_bytes ? plan->moment_bytes : 4;
         int ms = plan->master_bytes ? plan->master_bytes : 4;
-        double unit = (double)plan->sub_group * (double)(ms + 2 * mb);
+        /* the units in flight: the optimizer's read-ahead slots */
+        int64_t slots = cfg->zero.offload_optimizer.buffer_count;
+        double unit = (double)plan->sub_group * (double)(ms + 2 * mb) *
+                      (double)(slots > 1 ? slots : 1);
         e->commit = true;
         e->drain_s = unit / e->read_bps + unit / (nv.nvme_write_bps > 0 ? nv.nvme_write_bps
                                                                          : e->write_bps);
