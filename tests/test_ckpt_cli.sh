@@ -15,6 +15,7 @@
 # The fast mode (suite unit) kills at three points and one delay; "slow"
 # at every point and two delays.
 set -u
+here=$(dirname "$(realpath "$0")")
 zinc=$(realpath "$1")
 mode=${2:-fast}
 fail=0
@@ -32,19 +33,8 @@ common=(--steps $S --set train.log_every=100 --set train.checkpoint.every=1
 "$zinc" train --steps $S --set train.log_every=100 --json-log ref.jsonl > ref.out 2>&1
 rc=$?; check "[ \$rc -eq 0 ]" "reference run failed: $(tail -3 ref.out)"
 
-# compares every step of $1 with the reference; prints the first step
-same_as_ref() {
-    local n=0 first=""
-    while read -r line; do
-        step=$(echo "$line" | sed 's/.*"step": \([0-9]*\),.*/\1/')
-        hex=$(echo "$line" | sed 's/.*"loss_hex": "\([^"]*\)".*/\1/')
-        want=$(grep "\"step\": $step," ref.jsonl | sed 's/.*"loss_hex": "\([^"]*\)".*/\1/')
-        [ -z "$first" ] && first=$step
-        if [ "$hex" != "$want" ]; then echo "step $step: loss $hex, uninterrupted $want"; return 1; fi
-        n=$((n + 1))
-    done < "$1"
-    echo "steps $first..$((first + n - 1)) identical"
-}
+# same_as_ref JSONL: every step against ref.jsonl, bit for bit
+. "$here/loss_ref.sh"
 
 resume_and_check() { # $1 label
     "$zinc" export ck --verify > verify.out 2>&1

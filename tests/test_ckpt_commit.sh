@@ -17,6 +17,7 @@
 # The delays are random and printed (a failure names its moment); "quick"
 # mode kills at five moments instead of twenty.
 set -u
+here=$(dirname "$(realpath "$0")")
 zinc=$(realpath "$1")
 mode=${2:-full}
 fail=0
@@ -35,20 +36,8 @@ reference() {
     check "[ $rc -eq 0 ]" "reference run failed: $(tail -3 ref.out)"
 }
 
-# compares every step of $1 with ref.jsonl
-same_as_ref() {
-    local n=0 first=""
-    while read -r line; do
-        step=$(echo "$line" | sed 's/.*"step": \([0-9]*\),.*/\1/')
-        hex=$(echo "$line" | sed 's/.*"loss_hex": "\([^"]*\)".*/\1/')
-        want=$(grep "\"step\": $step," ref.jsonl | sed 's/.*"loss_hex": "\([^"]*\)".*/\1/')
-        [ -z "$first" ] && first=$step
-        if [ "$hex" != "$want" ]; then echo "step $step: loss $hex, uninterrupted $want"; return 1; fi
-        n=$((n + 1))
-    done < "$1"
-    [ $n -gt 0 ] || { echo "no steps"; return 1; }
-    echo "steps $first..$((first + n - 1)) identical"
-}
+# same_as_ref JSONL: every step against ref.jsonl, bit for bit
+. "$here/loss_ref.sh"
 
 latest_step() { sed -n 's/^step-0*\([0-9][0-9]*\)$/\1/p' ck/latest 2>/dev/null; }
 last_logged() { grep -o '^step *[0-9]*/' "$1" | tail -1 | tr -dc '0-9'; }
@@ -84,6 +73,7 @@ check_resume() {
     check "[ $rc -eq 0 ]" "$label: resume exited $rc: $(tail -3 res.out)"
     local r; r=$(same_as_ref res.jsonl)
     rc=$?
+    [ -s res.jsonl ] || { r="no steps"; rc=1; }
     check "[ $rc -eq 0 ]" "$label: resumed losses differ: $r"
     check "[ -z \"\$(ls -a ck | grep '^\.step-')\" ]" "$label: temporary folders left: $(ls -a ck)"
     echo "$label: latest step $ls (logged $logged), $r"

@@ -182,22 +182,30 @@ int zn_cli_save(zn_cli_saver *sv, int64_t step)
     return 0;
 }
 
-int zn_cli_commit_begin(zn_cli_saver *sv, int64_t step)
+/* Begins this step's save in the background (or, with commit, its commit
+ * by reference), completed by the next settle. */
+static int start_bg(zn_cli_saver *sv, int64_t step, double pace_s, bool commit)
 {
     int rc = zn_cli_save_settle(sv);
-    if (rc || sv->saved_at == step || sv->stopped || !sv->commit)
+    if (rc || sv->saved_at == step || (commit && (sv->stopped || !sv->commit)))
         return rc;
     char *client = client_state(sv->ts, sv->cfg, step);
     sv->so.client_json = client;
-    rc = client ? zn_ckpt_commit_start(sv->ts->tr, &sv->so, &sv->bg)
-                : zn_set_error(-ENOMEM, "out of memory");
+    rc = !client ? zn_set_error(-ENOMEM, "out of memory")
+         : commit ? zn_ckpt_commit_start(sv->ts->tr, &sv->so, &sv->bg)
+                  : zn_ckpt_save_start(sv->ts->tr, &sv->so, pace_s, &sv->bg);
     free(client);
     sv->so.client_json = NULL;
     if (rc)
         return save_failed(sv, rc, step);
     sv->bg_step = step;
-    sv->bg_commit = true;
+    sv->bg_commit = commit;
     return 0;
+}
+
+int zn_cli_commit_begin(zn_cli_saver *sv, int64_t step)
+{
+    return start_bg(sv, step, 0, true);
 }
 
 int zn_cli_commit_stop(zn_cli_saver *sv, int64_t *steps)
@@ -230,21 +238,7 @@ int zn_cli_commit_stop(zn_cli_saver *sv, int64_t *steps)
 
 int zn_cli_save_begin(zn_cli_saver *sv, int64_t step, double pace_s)
 {
-    if (!sv->background)
-        return zn_cli_save(sv, step);
-    int rc = zn_cli_save_settle(sv);
-    if (rc || sv->saved_at == step)
-        return rc;
-    char *client = client_state(sv->ts, sv->cfg, step);
-    sv->so.client_json = client;
-    rc = client ? zn_ckpt_save_start(sv->ts->tr, &sv->so, pace_s, &sv->bg)
-                : zn_set_error(-ENOMEM, "out of memory");
-    free(client);
-    sv->so.client_json = NULL;
-    if (rc)
-        return save_failed(sv, rc, step);
-    sv->bg_step = step;
-    return 0;
+    return sv->background ? start_bg(sv, step, pace_s, false) : zn_cli_save(sv, step);
 }
 
 int zn_cli_save_settle(zn_cli_saver *sv)
