@@ -2,9 +2,11 @@
 # Every step committed in place (train.checkpoint.commit, issue 55), through
 # `zinc train` on the embedded tiny model (Adam state on NVMe swap, in two
 # copies: each update writes the copy the last one did not):
-#  - a run with checkpoints and no periodic save commits each step as the
-#    newest checkpoint by reference and ends with one checkpoint, its swap
-#    file's unused ranges punched out;
+#  - a run with checkpoints and no periodic save commits its initial state
+#    and each step as the newest checkpoint by reference and ends with one
+#    checkpoint, its swap file's unused ranges punched out; killed at its
+#    first commit it resumes from step 0; a resumed run stopped before its
+#    own first commit leaves the checkpoint it resumed from;
 #  - kill -9 at random moments (after the first commit): `latest` always
 #    verifies, lacks at most the steps since the last commit (the last
 #    logged step and the one before), and `--resume` from it reproduces the
@@ -85,6 +87,7 @@ kill_run() {
     local delay=$1 sig=$2
     shift 2
     rm -rf ck zinc-swap
+    : > kill.out   # (emptied here: the loop below must not read the last run's)
     "$zinc" train "${base[@]}" --set train.checkpoint.dir=ck "$@" > kill.out 2>&1 &
     local pid=$!
     for _ in $(seq 600); do
@@ -109,7 +112,7 @@ rm -rf ck zinc-swap
 "$zinc" train "${base[@]}" --set train.checkpoint.dir=ck > run.out 2>&1
 rc=$?
 check "[ $rc -eq 0 ]" "committing run exited $rc: $(tail -3 run.out)"
-check "grep -q 'step 1 committed in place' run.out" "no commit said: $(grep -i checkp run.out)"
+check "grep -q 'step 0 committed in place' run.out" "no commit said: $(grep -i checkp run.out)"
 check "[ \"\$(ls ck)\" = \"latest
 step-0000000$S\" ] || [ \"\$(ls ck)\" = \"latest
 step-000000$S\" ]" "the run left $(ls ck | tr '\n' ' ')"
@@ -153,6 +156,40 @@ for i in 1 2 3; do
     check "punched" "SIGTERM $i: the checkpoint's swap file was not punched"
     check_resume "SIGTERM $i at +${d} s (exit in $ktook s)" "$(last_logged kill.out)"
 done
+
+# a fresh run commits its initial state: killed as soon as `latest` names
+# it (before any step's commit), it resumes from step 0 bit for bit
+rm -rf ck zinc-swap
+"$zinc" train "${base[@]}" --set train.checkpoint.dir=ck > kill.out 2>&1 &
+pid=$!
+for _ in $(seq 1000); do [ -e ck/latest ] && break; sleep 0.01; done
+kill -KILL $pid 2>/dev/null
+wait $pid 2>/dev/null
+check "[ \"\$(cat ck/latest 2>/dev/null)\" = step-00000000 ] || [ \"\$(cat ck/latest 2>/dev/null)\" = step-00000001 ]" \
+      "the first commit is not step 0's: latest '$(cat ck/latest 2>/dev/null)'"
+check_resume "kill -9 at the first commit" ""
+
+# a resumed run falls back on the checkpoint it resumed from: SIGTERM once
+# its first step is logged (that step's commit waits for its update) exits
+# at once, leaving that checkpoint or the commit if it landed first
+rm -rf ck zinc-swap
+"$zinc" train --steps 3 --set train.log_every=1 --set train.checkpoint.dir=ck > first.out 2>&1
+: > kill.out
+"$zinc" train --resume ck "${base[@]}" > kill.out 2>&1 &
+pid=$!
+for _ in $(seq 1000); do grep -q '^step *4/' kill.out 2>/dev/null && break; sleep 0.005; done
+t0=$(date +%s.%N)
+kill -TERM $pid 2>/dev/null
+wait $pid 2>/dev/null
+krc=$?
+ktook=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+if [ $krc -ne 0 ]; then
+    check "[ $krc -eq 143 ]" "resumed run, SIGTERM at step 4: exit $krc: $(tail -3 kill.out)"
+    check "awk -v t=$ktook 'BEGIN { exit !(t < 10) }'" "resumed run, SIGTERM: $ktook s to exit"
+    check "[ \"\$(latest_step)\" -ge 3 ]" "resumed run, SIGTERM: latest $(latest_step)"
+    echo "resumed run, SIGTERM at step 4: $(grep -o -E 'is the checkpoint \(.*\)|kept as the final checkpoint' kill.out) in $ktook s"
+    check_resume "resumed run, SIGTERM at step 4" "$(last_logged kill.out)"
+fi
 
 # 8-bit moments: their fp32 blocks stay in RAM and go beside each commit
 reference --set train.optim=adamw_bnb_8bit

@@ -62,6 +62,7 @@ logged() { grep -o '^step *[0-9]*/' "$1" | tail -1 | tr -dc '0-9'; }
 # a committing run, signalled $2 s after its first commit with $1
 signal_run() {
     rm -rf ck zinc-swap
+    : > k.out
     "$z" train "$cfg" "${nv[@]}" --set train.checkpoint.dir=ck > k.out 2>&1 &
     local pid=$!
     for _ in $(seq 3000); do

@@ -163,8 +163,11 @@ ZN_API int zn_ckpt_commit_start(zn_trainer *tr, const zn_ckpt_save_options *o,
  * it had is lost), and the trainer is marked failed either way. *pending
  * (may be NULL), a commit begun and not ended, is ended too: it is dropped
  * with the update it waits for, unless it completed first, and then it is
- * the one kept. The kept one's folder goes to out; the ranges of the swap
- * file it does not refer to are punched out, as a final save's are.
+ * the one kept. PATH may be NULL (no commit of this run complete: a
+ * resumed run's stop falls back on the checkpoint it resumed from); out
+ * then gets "" unless the pending one completed. The kept one's folder goes
+ * to out; the ranges of the swap file it does not refer to are punched
+ * out, as a final save's are.
  * Returns 0, or the punch's failure (the checkpoint stays whole). */
 ZN_API int zn_ckpt_commit_seal(zn_trainer *tr, const char *path, bool drop_update,
                                zn_ckpt_bg **pending, char *out, size_t out_len);

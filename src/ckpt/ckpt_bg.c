@@ -288,10 +288,10 @@ uint64_t zn_ckpt_save_left(zn_ckpt_bg *bg)
 int zn_ckpt_commit_seal(zn_trainer *tr, const char *path, bool drop_update,
                         zn_ckpt_bg **pending, char *out, size_t out_len)
 {
-    if (!tr || !path || !path[0])
+    if (!tr || (!path && !(pending && *pending)))
         return zn_set_error(ZN_EARG, "checkpoint: no trainer or no checkpoint to seal");
     char keep[ZN_CKPT_PATH];
-    snprintf(keep, sizeof keep, "%s", path);
+    snprintf(keep, sizeof keep, "%s", path ? path : "");
     zn_ckpt_bg *bg = pending ? *pending : NULL;
     if (bg && bg->commit)
         atomic_store(&bg->pace.quit, 1);   /* it links nothing once the update ends */
@@ -309,7 +309,7 @@ int zn_ckpt_commit_seal(zn_trainer *tr, const char *path, bool drop_update,
     }
     if (out && out_len)
         snprintf(out, out_len, "%s", keep);
-    int rc = zn_ckpt__punch_rank(keep, zn_train_rank(tr));
+    int rc = keep[0] ? zn_ckpt__punch_rank(keep, zn_train_rank(tr)) : 0;
     if (bg) {
         bg_free(bg);
         *pending = NULL;

@@ -162,6 +162,7 @@ typedef struct {
     double commit_s_max;          /* the longest, from its start to its end */
     double commit_busy_max;       /* the longest one's own work (after its step's update) */
     char last_path[4200];
+    char resumed[ZN_PATH_MAX + 64];  /* the checkpoint the run resumed from ("" none) */
 } zn_cli_saver;
 void zn_cli_saver_init(zn_cli_saver *sv, zn_run *ts, const zn_config *cfg, const char *cfg_text,
                        int64_t start);

@@ -329,6 +329,7 @@ typedef struct {
     const char *cfg_text;
     zn_cli_saver sv;             /* the checkpoints (train_save.c) */
     bool dropped;                /* a stop dropped the last step's update (its commit sealed) */
+    char resumed[ZN_PATH_MAX + 64];  /* the checkpoint the run resumed from ("" none) */
     FILE *jf;                    /* --json-log */
     zn_tb *tb;
     zn_csvmon *cm;
@@ -382,6 +383,7 @@ static int load_resume(train_loop *L, zn_ckpt **ck)
         zn_cli_end_job(zn_run_abort(L->ts, 1), 1);
     } else {
         L->start = zn_ckpt_steps_run(*ck);
+        snprintf(L->resumed, sizeof L->resumed, "%s", zn_ckpt_path(*ck));
         printf("resumed from %s: step %lld (%.2f s)\n", zn_ckpt_path(*ck), (long long)L->start,
                zn_now_s() - t_load);
     }
@@ -597,6 +599,11 @@ static int train_steps(train_loop *L)
     const zn_config *cfg = L->cfg;
     const zn_config_checkpoint *cc = &cfg->train.checkpoint;
     int rc = 0;
+    /* a fresh run commits its initial state too: from here on a stop always
+     * has a commit to fall back on (a resumed run has the checkpoint it
+     * resumed from) */
+    if (L->sv.commit && L->start == 0 && L->steps > 0 && (rc = zn_cli_commit_begin(&L->sv, 0)))
+        return rc;
     for (int64_t s = L->start; s < L->steps; s++) {
         zn_train_step_info info;
         double t_step = zn_now_s();
@@ -822,6 +829,7 @@ static int run_job(train_args *a, train_setup *su)
     L.first_loss = L.last_loss = L.last_eval = NAN;
     L.prev = rep;
     zn_cli_saver_init(&L.sv, &ts, L.cfg, L.cfg_text, L.start);
+    snprintf(L.sv.resumed, sizeof L.sv.resumed, "%s", L.resumed);
     /* one rank: a stop signal ends the step in progress before its
      * update, whose state a checkpoint then keeps */
     if (ts.world == 1 && !zn_train_set_stop(ts.tr, zn_cli_stop_flag()))

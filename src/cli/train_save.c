@@ -187,7 +187,9 @@ int zn_cli_save(zn_cli_saver *sv, int64_t step)
 static int start_bg(zn_cli_saver *sv, int64_t step, double pace_s, bool commit)
 {
     int rc = zn_cli_save_settle(sv);
-    if (rc || sv->saved_at == step || (commit && (sv->stopped || !sv->commit)))
+    /* (a fresh run's commit of step 0 has saved_at 0 and nothing saved) */
+    if (rc || (sv->saved_at == step && (step > 0 || !commit)) ||
+        (commit && (sv->stopped || !sv->commit)))
         return rc;
     char *client = client_state(sv->ts, sv->cfg, step);
     sv->so.client_json = client;
@@ -213,24 +215,32 @@ int zn_cli_commit_stop(zn_cli_saver *sv, int64_t *steps)
     if (!sv->commit || sv->stopped)
         return 0;
     bool pending = sv->bg && sv->bg_commit;
-    /* nothing committed yet, or a save that is not a commit in progress:
-     * the stop goes the usual way (the commit in progress settles) */
-    if (!sv->saved_commit || (sv->bg && !sv->bg_commit))
+    /* a save that is not a commit in progress, or nothing to fall back on
+     * (no commit yet, no checkpoint resumed from): the stop goes the usual
+     * way (the commit in progress settles) */
+    bool fallback = !sv->saved_commit && sv->resumed[0] && sv->saved_at == sv->bg_step - 1;
+    if ((sv->bg && !sv->bg_commit) || (!sv->saved_commit && !(pending && fallback)))
         return 0;
     double t0 = zn_now_s();
     char where[sizeof sv->last_path];
+    bool had = sv->saved_commit;
     sv->saved_commit = false;
     sv->stopped = true;   /* the trainer is done: no more saves */
-    if (zn_ckpt_commit_seal(sv->ts->tr, sv->last_path, true, pending ? &sv->bg : NULL, where,
-                            sizeof where))
+    if (zn_ckpt_commit_seal(sv->ts->tr, had ? sv->last_path : NULL, true,
+                            pending ? &sv->bg : NULL, where, sizeof where))
         fprintf(stderr, "zinc: warning: %s\n", zn_last_error());
-    if (pending && strcmp(where, sv->last_path))
+    if (pending && where[0] && strcmp(where, sv->last_path))
         sv->saved_at = sv->bg_step;   /* that commit completed first */
+    if (!where[0]) {
+        /* none of this run's: the checkpoint it resumed from stands */
+        snprintf(where, sizeof where, "%s", sv->resumed);
+    }
     sv->bg = NULL;
     sv->bg_commit = false;
     snprintf(sv->last_path, sizeof sv->last_path, "%s", where);
-    printf("on the stop the update in flight was dropped (%.2f s): %s, step %lld's commit, is "
-           "the checkpoint\n", zn_now_s() - t0, where, (long long)sv->saved_at);
+    printf("on the stop the update in flight was dropped (%.2f s): %s is the checkpoint (step "
+           "%lld's %s)\n", zn_now_s() - t0, where, (long long)sv->saved_at,
+           strcmp(where, sv->resumed) ? "commit" : "checkpoint, the one this run resumed from");
     fflush(stdout);
     *steps = sv->saved_at;
     return 1;
@@ -313,7 +323,7 @@ void zn_cli_save_on_stop(zn_cli_saver *sv)
         /* the first commit (no earlier one to fall back on) costs
          * milliseconds once its step's update landed; a later one is
          * dropped with that update (zn_cli_commit_stop) */
-        if (!sv->saved_commit && zn_cli_save_settle(sv))
+        if (!sv->saved_commit && !sv->resumed[0] && zn_cli_save_settle(sv))
             sv->stopped = true;
         return;
     }

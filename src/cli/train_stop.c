@@ -152,13 +152,13 @@ void zn_cli_stop_print(const zn_stop_estimate *e, const zn_config *cfg, int worl
     if (e->commit) {
         fprintf(f, "on SIGTERM the step in progress stops before its update and the update "
                 "still running is dropped: every step is committed in place (%s on NVMe, "
-                "linked, none of it copied), so the checkpoint left is the last committed "
-                "step, at most one step old: about %.1f s at most (the reads and writes in "
-                "flight, of offload_optimizer.buffer_count units, at %.2f GB/s, %s); a kill at any moment loses at most the steps "
-                "since the last commit; before the run's first commit (its first step's, "
-                "once that update lands: about %.0f s) a stop waits for it\n",
+                "linked, none of it copied; a fresh run commits its initial state too, a "
+                "resumed one has its checkpoint), so the checkpoint left is the last "
+                "committed step, at most one step old: about %.1f s at most (the reads and "
+                "writes in flight, of offload_optimizer.buffer_count units, at %.2f GB/s, "
+                "%s); a kill at any moment loses at most the steps since the last commit\n",
                 zn_format_size(e->inplace_bytes, b2, sizeof b2), e->drain_s, e->read_bps / 1e9,
-                e->assumed ? "assumed" : "measured", e->update_s);
+                e->assumed ? "assumed" : "measured");
         if (cc->every > 0)
             fprintf(f, "  (the periodic saves of train.checkpoint.every still copy the state, "
                     "about %.0f s each; with every step committed they only keep older "
