@@ -134,6 +134,7 @@ check "[ \"\$(ls ck | tr '\n' ' ')\" = 'latest step-00000003 step-00000006 ' ]" 
 
 n=20
 [ "$mode" = quick ] && n=5
+punch_checked=0
 for i in $(seq $n); do
     d=$(rnd_delay)
     kill_run "$d" KILL
@@ -142,8 +143,18 @@ for i in $(seq $n); do
         check "[ $krc -eq 0 ]" "kill -9 $i (+${d} s): exit $krc: $(tail -3 kill.out)"
         continue
     fi
+    killed=$(cat ck/latest 2>/dev/null)
     check_resume "kill -9 $i at +${d} s" "$(last_logged kill.out)"
+    # the resume punched the killed run's commit (its swap folder reclaimed,
+    # the commit's state.swp had no other name); keep_last kept it
+    f=ck/$killed/rank-0/state.swp
+    if [ $punch_checked -eq 0 ] && [ -e "$f" ] && [ "$killed" != step-00000000 ]; then
+        punch_checked=1
+        check "[ \$((\$(stat -c %b $f) * \$(stat -c %B $f) * 4)) -lt \$((\$(stat -c %s $f) * 3)) ]" \
+              "the killed run's commit $killed was not punched at the resume: $(du -h $f)"
+    fi
 done
+check "[ $punch_checked -eq 1 ]" "no killed run's commit was left to check the resume's punch on"
 
 for i in 1 2 3; do
     d=$(rnd_delay)

@@ -175,6 +175,10 @@ ZN_API int zn_ckpt_commit_seal(zn_trainer *tr, const char *path, bool drop_updat
  * its files do not refer to (a commit's swap file once no run writes it).
  * Returns 0 or -errno / ZN_ECORRUPT. */
 ZN_API int zn_ckpt_punch(const char *path);
+/* zn_ckpt_punch for the ranks whose state.swp has no other name (no run's
+ * swap file: a killed run's commit once its swap folder was reclaimed).
+ * Safe beside readers: what the checkpoint holds does not change. */
+ZN_API int zn_ckpt_punch_unlinked(const char *path);
 
 /* Resolves PATH to a checkpoint folder: a folder holding manifest.json is
  * itself; a root holding `latest` resolves to the folder it names. Returns

@@ -307,6 +307,59 @@ int zn_ckpt__punch_rank(const char *path, int rank)
     return rc;
 }
 
+/* Whether NAME in a checkpoint root is a temporary (.step-... or
+ * .latest...) of a process that is gone: a save that did not finish. */
+static bool stale_tmp(const char *name)
+{
+    const char *t = strstr(name, ".tmp-");
+    if (!t || (strncmp(name, ".step-", 6) && strncmp(name, ".latest", 7)))
+        return false;
+    long pid = strtol(t + 5, NULL, 10);
+    return pid > 0 && pid != (long)getpid() && kill((pid_t)pid, 0) < 0 && errno == ESRCH;
+}
+
+static void remove_stale(const char *dir, const char *name)
+{
+    char path[PATHN + 256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    zn_debug("checkpoint: removing %s (left by a save that did not finish)", path);
+    zn_ckpt__rm_rf(path);
+}
+
+int zn_ckpt_punch_unlinked(const char *path)
+{
+    zn_ckpt *ck;
+    int rc = zn_ckpt_open(&ck, path);
+    if (rc)
+        return rc;
+    int world = ck->world;
+    char p[PATHN], swp[PATHN + 64], root[PATHN];
+    snprintf(p, sizeof p, "%s", ck->path);
+    zn_ckpt_close(ck);
+    /* a killed run's save in progress may link the same file: its
+     * temporary folder goes first (as the next save's pruning would) */
+    snprintf(root, sizeof root, "%s", p);
+    char *sl = strrchr(root, '/');
+    if (sl && sl != root)
+        *sl = '\0';
+    else
+        snprintf(root, sizeof root, "%s", sl ? "/" : ".");
+    DIR *d = opendir(root);
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (stale_tmp(e->d_name))
+            remove_stale(root, e->d_name);
+    if (d)
+        closedir(d);
+    for (int r = 0; r < world && !rc; r++) {
+        struct stat st;
+        snprintf(swp, sizeof swp, "%s/rank-%d/state.swp", p, r);
+        /* one name: no run's swap file is this inode any more */
+        if (stat(swp, &st) == 0 && st.st_nlink == 1)
+            rc = zn_ckpt__punch_rank(p, r);
+    }
+    return rc;
+}
+
 int zn_ckpt_punch(const char *path)
 {
     zn_ckpt *ck;
@@ -597,14 +650,8 @@ static void prune(const char *dir, int keep_last, const char *keep)
     struct dirent *e;
     while ((e = readdir(d))) {
         long long s;
-        const char *t = strstr(e->d_name, ".tmp-");
-        if ((!strncmp(e->d_name, ".step-", 6) || !strncmp(e->d_name, ".latest", 7)) && t) {
-            long pid = strtol(t + 5, NULL, 10);
-            if (pid > 0 && pid != (long)getpid() && kill((pid_t)pid, 0) < 0 && errno == ESRCH) {
-                snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-                zn_debug("checkpoint: removing %s (left by a save that did not finish)", path);
-                zn_ckpt__rm_rf(path);
-            }
+        if (stale_tmp(e->d_name)) {
+            remove_stale(dir, e->d_name);
         } else if (zn_ckpt__step_of(e->d_name, &s) && n < 4096) {
             steps[n++] = s;
         }

@@ -384,6 +384,11 @@ static int load_resume(train_loop *L, zn_ckpt **ck)
     } else {
         L->start = zn_ckpt_steps_run(*ck);
         snprintf(L->resumed, sizeof L->resumed, "%s", zn_ckpt_path(*ck));
+        /* a killed run's commit holds its whole swap file (the params,
+         * gradients, the other copy): now that the reclaim has unlinked
+         * that run's name for it, what the checkpoint does not refer to goes */
+        if (L->ts->rank == 0 && zn_ckpt_punch_unlinked(zn_ckpt_path(*ck)))
+            zn_warn("%s (the checkpoint is whole)", zn_last_error());
         printf("resumed from %s: step %lld (%.2f s)\n", zn_ckpt_path(*ck), (long long)L->start,
                zn_now_s() - t_load);
     }
