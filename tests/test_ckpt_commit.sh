@@ -112,7 +112,7 @@ rm -rf ck zinc-swap
 "$zinc" train "${base[@]}" --set train.checkpoint.dir=ck > run.out 2>&1
 rc=$?
 check "[ $rc -eq 0 ]" "committing run exited $rc: $(tail -3 run.out)"
-check "grep -q 'step 0 committed in place' run.out" "no commit said: $(grep -i checkp run.out)"
+check "grep -q 'step 1 committed in place' run.out" "no commit said: $(grep -i checkp run.out)"
 check "[ \"\$(ls ck)\" = \"latest
 step-0000000$S\" ] || [ \"\$(ls ck)\" = \"latest
 step-000000$S\" ]" "the run left $(ls ck | tr '\n' ' ')"

@@ -604,11 +604,6 @@ static int train_steps(train_loop *L)
     const zn_config *cfg = L->cfg;
     const zn_config_checkpoint *cc = &cfg->train.checkpoint;
     int rc = 0;
-    /* a fresh run commits its initial state too: from here on a stop always
-     * has a commit to fall back on (a resumed run has the checkpoint it
-     * resumed from) */
-    if (L->sv.commit && L->start == 0 && L->steps > 0 && (rc = zn_cli_commit_begin(&L->sv, 0)))
-        return rc;
     for (int64_t s = L->start; s < L->steps; s++) {
         zn_train_step_info info;
         double t_step = zn_now_s();

@@ -152,8 +152,8 @@ void zn_cli_stop_print(const zn_stop_estimate *e, const zn_config *cfg, int worl
     if (e->commit) {
         fprintf(f, "on SIGTERM the step in progress stops before its update and the update "
                 "still running is dropped: every step is committed in place (%s on NVMe, "
-                "linked, none of it copied; a fresh run commits its initial state too, a "
-                "resumed one has its checkpoint), so the checkpoint left is the last "
+                "linked, none of it copied; a resumed run has its checkpoint until its "
+                "first commit), so the checkpoint left is the last "
                 "committed step, at most one step old: about %.1f s at most (the reads and "
                 "writes in flight, of offload_optimizer.buffer_count units, at %.2f GB/s, "
                 "%s); a kill at any moment loses at most the steps since the last commit\n",
