@@ -202,6 +202,49 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The speculative step with compressed moments (train.optim): each unit's
+ * codes and absmax (or halves) are in its NVMe copies, but the moments of
+ * the tensors too small for 8-bit blocks are fp32 in RAM, outside the
+ * copies. A unit stepped again after clipping must start from its first
+ * copy's moments there too: settled (every unit whose gradients are final
+ * speculates) at a clip that some steps reach, the run is the cpu tier's
+ * bit for bit, and units were stepped again. */
+static void test_speculative_mom(const char **cpu, const char **nvme, uint64_t tiny)
+{
+    static const char *const optims[] = { "train.optim=\"adamw_8bit\"",
+                                          "train.optim=\"adamw_bf16\"" };
+    static const char *const names[] = { "8-bit moments", "bf16 moments" };
+    for (int f = 0; f < 2; f++) {
+        run_out nc, ref, o;
+        const char *nclip[] = { cpu[0], cpu[1], optims[f], "gradient_clipping=0" };
+        ZT_EQ_INT(run("moments, no clipping (the norms)", nclip, 4, tiny, STEPS, &nc), 0);
+        double sorted[STEPS];
+        memcpy(sorted, nc.norm, sizeof sorted);
+        qsort(sorted, STEPS, sizeof sorted[0], cmp_double);
+        free(nc.master);
+        char cs[64], label[128];
+        snprintf(cs, sizeof cs, "gradient_clipping=%.17g", sorted[2 * STEPS / 3]);
+        const char *rc[] = { cpu[0], cpu[1], optims[f], cs };
+        snprintf(label, sizeof label, "%s, cpu tier, clipping", names[f]);
+        ZT_EQ_INT(run(label, rc, 4, tiny, STEPS, &ref), 0);
+        const char *sn[] = { nvme[0], nvme[1], nvme[2], nvme[3], optims[f], cs,
+                             "train.speculative_step=true" };
+        snprintf(label, sizeof label, "%s, speculative on nvme, clipping", names[f]);
+        create_settle = 1;
+        ZT_EQ_INT(run(label, sn, 7, tiny, STEPS, &o), 0);
+        create_settle = 0;
+        compare(label, &ref, &o);
+        ZT_CHECK_MSG(o.rep.spec_redos > 0 && o.rep.spec_commits > 0,
+                     "%s: %llu units committed, %llu stepped again: one end never ran", label,
+                     (unsigned long long)o.rep.spec_commits, (unsigned long long)o.rep.spec_redos);
+        printf("%-60s ok: %llu units speculated, %llu committed, %llu stepped again\n", label,
+               (unsigned long long)o.rep.spec_units, (unsigned long long)o.rep.spec_commits,
+               (unsigned long long)o.rep.spec_redos);
+        free(o.master);
+        free(ref.master);
+    }
+}
+
 /* The speculative step (NVMe states with their second copy): units step
  * before the global norm is known, unclipped, and are stepped again when
  * the norm clips. With the clip at a quantile of an unclipped run's norms
@@ -580,6 +623,7 @@ int main(void)
                             "zero_optimization.stage3_param_persistence_threshold=12289" };
     run_out ref, o;
     test_speculative(dev, cpu_nvme, nvme, tiny);
+    test_speculative_mom(cpu, nvme, tiny);
     ZT_EQ_INT(run("device", dev, 2, 0, STEPS, &ref), 0);
     check_budgets("device", &ref);
     printf("device run: loss %.4f -> %.4f, grad norm %.4f -> %.4f\n", ref.loss[0],

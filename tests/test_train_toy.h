@@ -194,6 +194,24 @@ static int toy_backward(void *ctx, zn_stream *s, int b, void *params, const void
                        t->dt, H, 1.0f, din, t->dt, H);
 }
 
+/* The toy's tensors as 8-bit moments see them: each residual block's Wg
+ * starts with H elements of a tensor of their own (as a decoder layer's
+ * norm weight: fewer than bitsandbytes' 4096, so its moments stay fp32 in
+ * 8-bit runs); every other block is one tensor. */
+static int toy_tensor_parts(void *ctx, int block, uint64_t *off, uint64_t *numel, int cap)
+{
+    const toy_model *t = ctx;
+    uint64_t H = (uint64_t)t->H, n = t->block_params[block];
+    if (block == 0 || block == t->n_mid + 1 || cap < 2) {
+        off[0] = 0;
+        numel[0] = n;
+        return 1;
+    }
+    off[0] = 0, numel[0] = H;
+    off[1] = H, numel[1] = n - H;
+    return 2;
+}
+
 /* A toy with V tokens, hidden H, n_mid residual blocks, up to max_n tokens
  * per micro-batch. fp32 only (the host backend). */
 static void toy_setup(toy_model *t, int64_t V, int64_t H, int64_t n_mid, int64_t max_n,
@@ -222,6 +240,7 @@ static void toy_setup(toy_model *t, int64_t V, int64_t H, int64_t n_mid, int64_t
     m->read_loss = toy_read_loss;
     m->forward = toy_forward;
     m->backward = toy_backward;
+    m->tensor_parts = toy_tensor_parts;
 }
 
 /* The planner's view of the toy (shaped like a tiny decoder). */

@@ -7,6 +7,35 @@
 
 #include "train/train-impl.h"
 
+/* The fp32 moments (8-bit moments' small tensors, in RAM) of unit u's
+ * blocks: with `save` copied aside before it speculates, else put back
+ * when its speculative update is void, so that its step again starts from
+ * the moments its first NVMe copy goes with. */
+static void spec_f32(zn_trainer *tr, int u, bool save)
+{
+    if (!tr->mv32_first)
+        return;
+    const zn_unit *un = &tr->units[u];
+    uint64_t b0 = un->off / ZN_Q8_BLOCK, b1 = (un->off + un->n + ZN_Q8_BLOCK - 1) / ZN_Q8_BLOCK;
+    float *first_v = tr->mv32_first + tr->f32_slots * ZN_Q8_BLOCK;
+    for (size_t r = 0; r < tr->n_f32_runs; r++) {
+        const zn_q8_f32_run *fr = &tr->f32_runs[r];
+        uint64_t a = fr->block > b0 ? fr->block : b0;
+        uint64_t e = fr->block + fr->n < b1 ? fr->block + fr->n : b1;
+        if (a >= e)
+            continue;
+        size_t at = (size_t)(fr->slot + (a - fr->block)) * ZN_Q8_BLOCK;
+        size_t len = (size_t)(e - a) * ZN_Q8_BLOCK * sizeof(float);
+        if (save) {
+            memcpy(tr->mv32_first + at, tr->m32 + at, len);
+            memcpy(first_v + at, tr->v32 + at, len);
+        } else {
+            memcpy(tr->m32 + at, tr->mv32_first + at, len);
+            memcpy(tr->v32 + at, first_v + at, len);
+        }
+    }
+}
+
 /* A speculative update stands: its states' copy becomes current and its
  * parameters are published (now, or when they land). */
 static void spec_commit(zn_trainer *tr, zn_unit *un)
@@ -34,6 +63,7 @@ static int spec_void(zn_trainer *tr, zn_unit *un)
     un->spec = un->spec_landed = false;
     pthread_mutex_unlock(&tr->opt.land_lock);
     zn_pcache_spec_void(tr, un);
+    spec_f32(tr, (int)(un - tr->units), false);
     return atomic_load(&tr->err);
 }
 
@@ -377,6 +407,8 @@ int zn_sched_run_nvme_spec(zn_trainer *tr)
         }
         if ((rc = walk_fill(tr, &w, u)))
             break;
+        if (spec)
+            spec_f32(tr, u, true);
         zn_opt_slot *s = slot_of(tr, u);
         /* every unit writes the other copy: a speculated one commits by
          * switching to it; the others switch at once (nothing reads the

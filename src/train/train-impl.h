@@ -617,6 +617,11 @@ struct zn_trainer {
     size_t n_f32_runs;
     uint64_t f32_slots;
     float *m32, *v32;
+    /* ... and, with the speculative step on NVMe, the speculated units'
+     * first copy of them (m then v, f32_slots blocks each): they live
+     * outside the units' two NVMe copies, so a unit stepped again starts
+     * from these (zn_sched_spec_f32) */
+    float *mv32_first;
     zn_q8_f32_run *f32_runs_dev;   /* the runs' copy on the device (the optimizer there) */
     zn_sr_span *sr_spans_dev;   /* their copy on the device (the optimizer there) */
     uint64_t largest_block;       /* npad */

@@ -323,6 +323,10 @@ static int alloc_optimizer(zn_trainer *tr)
                               (void **)&tr->m32));
         ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_ADAM_V, fb, "adam v (fp32 blocks)",
                               (void **)&tr->v32));
+        if (tr->plan.spec_shadow)
+            ZN_TRY_GOTO(alloc_ptr(tr, cpu, ZN_STATE_WORK, 2 * fb,
+                                  "adam m, v (fp32 blocks, speculated units' first copy)",
+                                  (void **)&tr->mv32_first));
     }
 
     return 0;
