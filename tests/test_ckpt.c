@@ -589,6 +589,89 @@ static void commit_case(uint64_t tiny)
     printf("%-75s ok\n", label);
 }
 
+typedef struct {
+    _Atomic int writing, go;
+} hold_state;
+
+static void *go_later(void *arg)
+{
+    usleep(200 * 1000);   /* (the seal has dropped the update by now, or waits for it) */
+    atomic_store(&((hold_state *)arg)->go, 1);
+    return NULL;
+}
+
+/* A commit held as it begins its files until the test says go: a stop
+ * can land while the commit is past its wait for the update it commits. */
+static void hold_point(void *user, const char *point)
+{
+    hold_state *h = user;
+    if (strcmp(point, "rank-dir"))
+        return;
+    atomic_store(&h->writing, 1);
+    for (int i = 0; i < 5000 && !atomic_load(&h->go); i++)
+        usleep(1000);
+}
+
+/* A stop while a commit writes (its update done, the next one waiting for
+ * it): the seal lets it finish and seals it, and the commit before is
+ * gone; marking the trainer failed first made the commit's reads of the
+ * state fail, and the failed commit took this run's earlier ones with it
+ * (nothing left to resume from). */
+static void commit_stop_while_writing(uint64_t tiny)
+{
+    const char *sets[] = { "zero_optimization.offload_param.device=\"nvme\"",
+                           "zero_optimization.offload_optimizer.device=\"nvme\"",
+                           "gradient_clipping=0" };
+    placement pl = { "params+optimizer nvme, no clipping", sets, 3, 1 };
+    const char *label = "a stop while a commit writes";
+    char dir[4400], first[4500], seal[4500];
+    snprintf(dir, sizeof dir, "%s/commit-stop-%d", ck_root, rand());
+    toy_model toy;
+    zn_trainer *tr;
+    if (create(&tr, &toy, pl.sets, pl.n, tiny))
+        ZT_SETUP_FAIL("%s: create: %s", label, zn_last_error());
+    double l[STEPS];
+    ZT_EQ_INT(steps(tr, 0, HALF, l), 0);
+    zn_ckpt_save_options so = save_opts(dir);
+    zn_ckpt_bg *bg = NULL;
+    ZT_EQ_INT(zn_ckpt_commit_start(tr, &so, &bg), 0);
+    ZT_EQ_INT(bg ? zn_ckpt_save_end(bg, first, sizeof first, NULL) : -1, 0);
+    ZT_EQ_INT(steps(tr, HALF, HALF + 1, l), 0);
+    ZT_EQ_INT(zn_train_sync(tr), 0);
+    hold_state h = { 0, 0 };
+    so.point = hold_point;
+    so.point_user = &h;
+    ZT_EQ_INT(zn_ckpt_commit_start(tr, &so, &bg), 0);
+    for (int i = 0; i < 5000 && !atomic_load(&h.writing); i++)
+        usleep(1000);
+    ZT_CHECK_MSG(atomic_load(&h.writing), "%s: the commit began no files in 5 s", label);
+    /* the seal waits for it: let it go once the seal has begun */
+    pthread_t t;
+    int started = pthread_create(&t, NULL, go_later, &h) == 0;
+    ZT_CHECK(started);
+    int rc = zn_ckpt_commit_seal(tr, first, true, &bg, seal, sizeof seal);
+    if (started)
+        pthread_join(t, NULL);
+    ZT_CHECK_MSG(rc == 0, "%s: seal: %s", label, zn_last_error());
+    ZT_CHECK_MSG(strcmp(seal, first) != 0, "%s: sealed the commit before (%s), not the one "
+                 "writing", label, seal);
+    ZT_CHECK_MSG(zn_ckpt_verify(seal) == 0, "%s: sealed %s: %s", label, seal, zn_last_error());
+    struct stat st;
+    ZT_CHECK_MSG(stat(first, &st) < 0, "%s: %s outlived the next commit", label, first);
+    char latest[4500], want[64];
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    FILE *f = fopen(latest, "r");
+    snprintf(want, sizeof want, "step-%08d\n", HALF + 1);
+    ZT_CHECK_MSG(f && fgets(latest, sizeof latest, f) && !strcmp(latest, want),
+                 "%s: latest is not step %d", label, HALF + 1);
+    if (f)
+        fclose(f);
+    zn_train_destroy(tr);
+    ZT_CHECK_MSG(zn_ckpt_verify(seal) == 0, "%s: %s after the run: %s", label, seal,
+                 zn_last_error());
+    printf("%-75s ok\n", label);
+}
+
 static int fault_fn(void *user, const zn_aio_fault_site *site)
 {
     fault_state *f = user;
@@ -1182,6 +1265,7 @@ int main(void)
     final_case(&pl[2], &pl[2], tiny, &ref);
     final_case(&pl[3], &pl[1], tiny, &ref);
     commit_case(tiny);
+    commit_stop_while_writing(tiny);
 
     /* a good checkpoint to damage */
     {

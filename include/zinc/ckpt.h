@@ -39,9 +39,9 @@ extern "C" {
 
 typedef struct zn_trainer zn_trainer; /* include/zinc/train.h */
 
-/* Test hook: called at named points of a save ("begin", "tmpdir", "data",
- * "fsync", "rank", "manifest", "rename", "latest", "prune"), e.g. to kill
- * the process there. */
+/* Test hook: called at named points of a save ("begin", "tmpdir",
+ * "rank-dir", "data", "fsync", "rank", "manifest", "rename", "latest",
+ * "prune"), e.g. to kill the process there. */
 typedef void (*zn_ckpt_point_fn)(void *user, const char *point);
 
 typedef struct {

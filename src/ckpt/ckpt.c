@@ -497,6 +497,7 @@ int zn_ckpt__save_rank(zn_trainer *tr, const zn_ckpt_save_options *o, const char
     snprintf(rdir, sizeof rdir, "%s/rank-%d", tmp, rank);
     if (mkdir(rdir, 0755) < 0)
         return zn_set_error(-errno, "checkpoint: creating %s: %s", rdir, strerror(errno));
+    zn_ckpt__point(o, "rank-dir");
     zn_train_state_info in = *inp;
     /* chunks of the state staging, when it goes through one, are whole
      * blocks of the engine */

@@ -297,16 +297,19 @@ int zn_ckpt_commit_seal(zn_trainer *tr, const char *path, bool drop_update,
         atomic_store(&bg->pace.quit, 1);   /* it links nothing once the update ends */
     if (drop_update || bg)
         zn_train_state_drop_update(tr);
-    else
-        zn_train_state_fail(tr);   /* no step may write the file again */
     if (bg) {
-        /* it may have completed before the drop: then it is the newest */
+        /* it may have completed before the drop, or be past its wait for
+         * the update it commits (which then ran whole: the next one waits
+         * for its hold): then it is the newest. The trainer is marked
+         * failed only after it, or its reads of the state would fail and
+         * take this run's commits with them. */
         int wrc = join(bg);
         if (!wrc && bg->commit && bg->final[0])
             snprintf(keep, sizeof keep, "%s", bg->final);
         else if (!bg->commit)
             zn_ckpt__abandon(bg->tr, &bg->job, wrc);
     }
+    zn_train_state_fail(tr);   /* no step may write the file again */
     if (out && out_len)
         snprintf(out, out_len, "%s", keep);
     int rc = keep[0] ? zn_ckpt__punch_rank(keep, zn_train_rank(tr)) : 0;

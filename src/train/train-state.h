@@ -140,9 +140,10 @@ int zn_train_state_load(zn_trainer *tr, zn_mom_fmt from, zn_dtype master_from,
  * replacing it): saves and steps are refused from here on. */
 void zn_train_state_fail(zn_trainer *tr);
 /* The update in flight is abandoned at its next unit (the writes it
- * issued are waited for) and the trainer marked failed: its units are
- * partly stepped. With two copies (zn_train_state_two_copies) a commit of
- * the step before stays whole. */
+ * issued are waited for): its units are partly stepped, so the caller
+ * marks the trainer failed (zn_train_state_fail) once a commit of the
+ * step before, which stays whole with two copies
+ * (zn_train_state_two_copies), is done reading it. */
 void zn_train_state_drop_update(zn_trainer *tr);
 /* ---- a save on another thread while the steps go on ---------------------------------
  * zn_train_state_hold, called between steps on the thread that steps,

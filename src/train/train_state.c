@@ -73,7 +73,6 @@ void zn_train_state_drop_update(zn_trainer *tr)
     pthread_mutex_unlock(&tr->opt.lock);
     zn_optsched_wait(tr);
     tr->opt.inflight = false;
-    tr->bad = true;
 }
 
 void zn_train_state_set_progress(zn_trainer *tr, int64_t step, int64_t steps_run,
