@@ -58,10 +58,12 @@ use() { kind=$1; eval "base=(\"\${base_$1[@]}\")"; }
 # the stopped runs' own arguments in folder $1: 3000 steps, far more than a
 # run lasts here, and few enough that the synthetic set has its smallest
 # size, 2^18 tokens, as the shorter uninterrupted run's (src/run/session.c
-# sizes it from train.steps)
+# sizes it from train.steps); the saves every 2 steps and the stop's final
+# save, not every step committed in place (train.checkpoint.commit: its
+# ranks are test_ckpt_commit.sh's)
 run_args() {
     echo --steps 3000 --set "tiers.nvme=\"$1/swap\"" --set "train.checkpoint.dir=\"$1/ck\"" \
-        --set train.checkpoint.every=2
+        --set train.checkpoint.every=2 --set train.checkpoint.commit=false
 }
 
 # start_tcp DIR HOOK0 HOOK1: 2 ranks train in DIR (rank r with

@@ -152,9 +152,14 @@ ZN_API uint64_t zn_ckpt_save_left(zn_ckpt_bg *bg);
  * forward and backward do not). A kill at any moment then leaves `latest`
  * naming the last committed step, whole. zn_ckpt_save_end (or _drop) ends
  * it as for a background save; a failure has removed this run's commits.
- * One rank only (zn_ckpt_commit_possible: one rank, the state on NVMe in
- * two copies, one swap path, on dir's file system). */
+ * With several ranks each rank's thread links its own part and the commit
+ * is completed by zn_ckpt_save_end between steps, on every rank (the ranks
+ * agree, rank 0 writes the manifest and `latest`, they agree again); the
+ * next update waits for that. zn_ckpt_commit_possible: this rank's state on
+ * NVMe in two copies, one swap path, on dir's file system;
+ * zn_ckpt_commit_agree: on every rank (collective). */
 ZN_API bool zn_ckpt_commit_possible(zn_trainer *tr, const char *dir);
+ZN_API bool zn_ckpt_commit_agree(zn_trainer *tr, const char *dir);
 ZN_API int zn_ckpt_commit_start(zn_trainer *tr, const zn_ckpt_save_options *o,
                                 zn_ckpt_bg **out);
 /* The run takes no further step and the commit PATH (the newest

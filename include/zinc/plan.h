@@ -117,7 +117,7 @@ typedef struct zn_spec {
     int speculate;                /* train.speculative_step: 0 auto, 1 on, 2 off */
     bool commit_only;             /* every step committed by reference and no periodic
                                      save copies the states (train.checkpoint.commit,
-                                     every 0, one rank): auto's second copy needs no
+                                     every 0): auto's second copy needs no
                                      room for a copy of the states beside it */
     /* placement (ZeRO) */
     int zero_stage;               /* 1, 2 or 3 */

@@ -150,10 +150,11 @@ int zn_ckpt__prune_own(zn_trainer *tr, const char *dir, const char *keep);
 /* Punches out of rank `rank`'s state.swp in checkpoint `path` every range
  * its files do not refer to (nothing may write that file any more). */
 int zn_ckpt__punch_rank(const char *path, int rank);
-/* Every rank (collective): agree on wrc, rank 0 completes the checkpoint;
- * on failure the temporary folder goes. */
+/* Every rank (collective): agree on wrc, rank 0 completes the checkpoint
+ * (live: a commit by reference, zn_ckpt__finish's); on failure the
+ * temporary folder goes. */
 int zn_ckpt__commit(zn_trainer *tr, const zn_ckpt_save_options *o, zn_ckpt__job *j, int wrc,
-                    char *out_path, size_t out_len);
+                    bool live, char *out_path, size_t out_len);
 /* Rank 0 removes the temporary folder (the message of rc kept). */
 void zn_ckpt__abandon(zn_trainer *tr, zn_ckpt__job *j, int rc);
 

@@ -870,11 +870,11 @@ int zn_ckpt__prepare(zn_trainer *tr, const zn_ckpt_save_options *o, zn_ckpt__job
  * completes the checkpoint, they agree again; a failure removes the
  * temporary folder. */
 int zn_ckpt__commit(zn_trainer *tr, const zn_ckpt_save_options *o, zn_ckpt__job *j, int wrc,
-                    char *out_path, size_t out_len)
+                    bool live, char *out_path, size_t out_len)
 {
     int rc = agree(tr, wrc);
     if (!rc && zn_train_rank(tr) == 0)
-        rc = zn_ckpt__finish(tr, o, j->tmp, j->final, j->name, &j->in, false);
+        rc = zn_ckpt__finish(tr, o, j->tmp, j->final, j->name, &j->in, live);
     rc = agree(tr, rc);
     if (rc) {
         zn_ckpt__abandon(tr, j, rc);
@@ -914,7 +914,7 @@ int zn_ckpt_save(zn_trainer *tr, const zn_ckpt_save_options *o, char *out_path, 
     if ((rc = zn_ckpt__prepare(tr, o, &j, rc)))
         return rc;
     rc = zn_ckpt__save_rank(tr, o, j.tmp, &j.in, NULL, false);
-    if ((rc = zn_ckpt__commit(tr, o, &j, rc, out_path, out_len)))
+    if ((rc = zn_ckpt__commit(tr, o, &j, rc, false, out_path, out_len)))
         return rc;
     /* a final save by reference: what nothing refers to goes, now that
      * the checkpoint is in place (a crash before leaves it whole, and

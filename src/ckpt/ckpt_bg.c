@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "ckpt/ckpt-impl.h"
+#include "zinc/comm.h"
 
 struct zn_ckpt_bg {
     zn_trainer *tr;
@@ -30,6 +31,8 @@ struct zn_ckpt_bg {
     double busy_s;          /* of it, writing (no wait for the step, no pacing) */
     uint64_t bytes;
     bool commit;            /* zn_ckpt_commit_start: by reference, completed by the thread */
+    bool ranks;             /* ... of several ranks: completed between steps (zn_ckpt_save_end,
+                             * a collective), which ends the hold */
     char final[ZN_CKPT_PATH];
 };
 
@@ -66,9 +69,16 @@ static void *writer(void *arg)
                           (long long)bg->job.in.step);
     if (!rc && bg->commit && atomic_load(&bg->pace.quit)) {
         /* a stop dropped the update it waited for (zn_ckpt_commit_stop) */
-        zn_ckpt__abandon(bg->tr, &bg->job, 0);
+        if (!bg->ranks)
+            zn_ckpt__abandon(bg->tr, &bg->job, 0);
         rc = zn_set_error(-ECANCELED, "checkpoint: the commit of step %lld was dropped by a "
                           "stop", (long long)bg->job.in.step);
+    } else if (!rc && bg->commit && bg->ranks) {
+        /* this rank's part; the ranks complete it together between steps,
+         * and only then may the next update write the other copy */
+        bg->pace.t0 = zn_now_ns();
+        rc = zn_ckpt__save_rank(bg->tr, &bg->o, bg->job.tmp, &bg->job.in, NULL, true);
+        bg->busy_s = (double)(zn_now_ns() - bg->pace.t0) * 1e-9;
     } else if (!rc && bg->commit) {
         /* the step's commit: its files refer to the swap file, and the
          * checkpoint is completed here (one rank), before any later update
@@ -97,11 +107,13 @@ static void *writer(void *arg)
         bg->pace.t0 = zn_now_ns();
         rc = zn_ckpt__save_rank(bg->tr, &bg->o, bg->job.tmp, &bg->job.in, &bg->pace, false);
         bg->busy_s = (double)(zn_now_ns() - bg->pace.t0) * 1e-9 - bg->pace.slept_s;
-    } else if (bg->commit) {
+    } else if (bg->commit && !bg->ranks) {
         zn_ckpt__abandon(bg->tr, &bg->job, rc);
     }
-    /* later updates may change the state from here on */
-    zn_train_state_release(bg->tr);
+    /* later updates may change the state from here on (a commit of
+     * several ranks: once it is complete, bg_complete) */
+    if (!(bg->commit && bg->ranks))
+        zn_train_state_release(bg->tr);
     pthread_mutex_lock(&bg->lock);
     bg->wrc = rc;
     snprintf(bg->wmsg, sizeof bg->wmsg, "%s", rc ? zn_last_error() : "");
@@ -141,8 +153,41 @@ static void bg_free(zn_ckpt_bg *bg)
 
 bool zn_ckpt_commit_possible(zn_trainer *tr, const char *dir)
 {
-    return tr && zn_train_world(tr) == 1 && zn_train_state_two_copies(tr) &&
-           zn_ckpt_save_keeps_nvme(tr, dir);
+    return tr && zn_train_state_two_copies(tr) && zn_ckpt_save_keeps_nvme(tr, dir);
+}
+
+bool zn_ckpt_commit_agree(zn_trainer *tr, const char *dir)
+{
+    bool mine = zn_ckpt_commit_possible(tr, dir);
+    struct zn_comm *c = tr ? zn_train_comm(tr) : NULL;
+    if (!c || zn_train_world(tr) <= 1)
+        return mine;
+    float no = mine ? 0.0f : 1.0f, any = 1.0f;
+    if (zn_comm_allreduce(c, &no, &any, 1, ZN_DTYPE_F32, ZN_REDUCE_MAX))
+        return false;   /* (the run's next collective says what failed) */
+    return any == 0;
+}
+
+/* A commit of several ranks, its parts written (wrc: this rank's): the
+ * ranks agree and rank 0 completes it. On a failure (a rank's part, or a
+ * rank gone) the commit before stays latest, whole: the next update, which
+ * would write the copy it refers to, is dropped and the trainer failed
+ * (with `stop` the stop has done both). Then the hold ends. Every rank
+ * (collective). */
+static int bg_complete(zn_ckpt_bg *bg, int wrc, bool stop, char *out, size_t out_len)
+{
+    int rc = zn_ckpt__commit(bg->tr, &bg->o, &bg->job, wrc, true, out, out_len);
+    if (rc && !stop) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", zn_last_error());
+        zn_train_state_drop_update(bg->tr);
+        zn_train_state_fail(bg->tr);
+        zn_set_error(rc, "%s", msg);
+    }
+    if (!rc)
+        snprintf(bg->final, sizeof bg->final, "%s", bg->job.final);
+    zn_train_state_release(bg->tr);
+    return rc;
 }
 
 static int start(zn_trainer *tr, const zn_ckpt_save_options *o, double pace_s, bool commit,
@@ -172,6 +217,7 @@ static int start(zn_trainer *tr, const zn_ckpt_save_options *o, double pace_s, b
     bg->o.final_save = false;   /* the training goes on */
     bg->o.cancel = NULL;
     bg->commit = commit;
+    bg->ranks = commit && zn_train_world(tr) > 1;
     bg->o.dir = bg->dir = dup_or_null(o->dir, &oom);
     bg->o.config_text = bg->config_text = dup_or_null(o->config_text, &oom);
     bg->o.client_json = bg->client_json = dup_or_null(o->client_json, &oom);
@@ -250,11 +296,13 @@ int zn_ckpt_save_end(zn_ckpt_bg *bg, char *out_path, size_t out_len, zn_ckpt_bg_
         st->wait_s = (double)(zn_now_ns() - t0) * 1e-9;
     }
     int rc = wrc;
-    if (bg->commit) {
+    if (bg->ranks) {
+        rc = bg_complete(bg, wrc, false, out_path, out_len);
+    } else if (bg->commit) {
         if (!rc && out_path && out_len)
             snprintf(out_path, out_len, "%s", bg->final);
     } else {
-        rc = zn_ckpt__commit(bg->tr, &bg->o, &bg->job, wrc, out_path, out_len);
+        rc = zn_ckpt__commit(bg->tr, &bg->o, &bg->job, wrc, false, out_path, out_len);
     }
     bg_free(bg);
     return rc;
@@ -266,9 +314,12 @@ void zn_ckpt_save_drop(zn_ckpt_bg *bg)
         return;
     atomic_store(&bg->pace.quit, 1);
     int rc = join(bg);
-    /* (a commit completed itself, or removed what it made) */
-    if (!bg->commit)
+    /* (a commit of one rank completed itself, or removed what it made;
+     * one of several is abandoned here, without the others) */
+    if (!bg->commit || bg->ranks)
         zn_ckpt__abandon(bg->tr, &bg->job, rc);
+    if (bg->ranks)
+        zn_train_state_release(bg->tr);
     bg_free(bg);
 }
 
@@ -304,6 +355,12 @@ int zn_ckpt_commit_seal(zn_trainer *tr, const char *path, bool drop_update,
          * failed only after it, or its reads of the state would fail and
          * take this run's commits with them. */
         int wrc = join(bg);
+        /* several ranks: it completes if every rank's part is written
+         * (every rank seals at the same step) */
+        if (bg->ranks && !bg_complete(bg, wrc, true, NULL, 0))
+            wrc = 0;
+        else if (bg->ranks)
+            wrc = -ECANCELED;
         if (!wrc && bg->commit && bg->final[0])
             snprintf(keep, sizeof keep, "%s", bg->final);
         else if (!bg->commit)

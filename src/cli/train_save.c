@@ -112,8 +112,9 @@ void zn_cli_saver_init(zn_cli_saver *sv, zn_run *ts, const zn_config *cfg, const
     sv->saved_at = start;
     sv->background = cfg->train.checkpoint.background && zn_ckpt_save_background(ts->tr);
     const zn_config_checkpoint *cc = &cfg->train.checkpoint;
+    /* (every rank: the ranks agree) */
     sv->commit = cc->dir[0] && cc->commit && cc->in_place &&
-                 zn_ckpt_commit_possible(ts->tr, cc->dir);
+                 zn_ckpt_commit_agree(ts->tr, cc->dir);
 }
 
 /* A failed save: returns 0 with continue_on_error (said), else the
@@ -271,6 +272,15 @@ int zn_cli_save_settle(zn_cli_saver *sv)
     int rc = zn_ckpt_save_end(bg, where, sizeof where, &st);
     bool commit = sv->bg_commit;
     sv->bg_commit = false;
+    if (rc && commit && sv->ts->world > 1) {
+        /* the ranks' commit: the trainer is failed, the commit before kept */
+        char why[160];
+        snprintf(why, sizeof why, "commit of step %lld (step %lld's is latest and whole)",
+                 (long long)sv->bg_step, (long long)sv->saved_at);
+        zn_cli_fail(rc, why);
+        sv->commit = false;
+        return rc;
+    }
     if (rc) {
         if (commit)
             sv->commit = false;   /* its folders are gone: no more commits */

@@ -928,9 +928,9 @@ int zn_run_stop_estimate(const zn_config *cfg, const zn_plan *plan, int world, i
                       ? (double)(e->read_bytes - e->inplace_bytes) / e->read_bps : 0);
     e->world = world;
     /* every step committed by reference (as zn_ckpt_commit_possible and
-     * zinc train judge it): one rank, the states kept in place, in two
-     * copies */
-    if (cc->commit && cc->in_place && e->inplace_bytes && world == 1 && plan->spec_shadow) {
+     * zinc train judge it): the states kept in place, in two copies, on
+     * every rank */
+    if (cc->commit && cc->in_place && e->inplace_bytes && plan->spec_shadow) {
         int mb = plan->moment_bytes ? plan->moment_bytes : 4;
         int ms = plan->master_bytes ? plan->master_bytes : 4;
         /* the units in flight: the optimizer's read-ahead slots */

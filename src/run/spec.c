@@ -91,8 +91,7 @@ int zn_run_spec(const zn_config *cfg, const zn_plan_input *in, const zn_plan_bud
     sp->speculate = cfg->train.speculative_step;
     {
         const zn_config_checkpoint *cc = &cfg->train.checkpoint;
-        sp->commit_only = cc->dir[0] && cc->commit && cc->in_place && cc->every == 0 &&
-                          in->world_size <= 1;
+        sp->commit_only = cc->dir[0] && cc->commit && cc->in_place && cc->every == 0;
     }
     sp->zero_stage = (int)z->stage;
     sp->param_home = tier_of(z->offload_param.device);
