@@ -154,6 +154,12 @@ for i in $(seq $n); do
         punch_checked=1
         check "[ \$((\$(stat -c %b $f) * \$(stat -c %B $f) * 4)) -lt \$((\$(stat -c %s $f) * 3)) ]" \
               "the killed run's commit $killed was not punched at the resume: $(du -h $f)"
+        # ... before the resumed run sized its nvme tier: the dead run's
+        # folder went first, its swap file said to stay the commit's
+        a=$(grep -n "stays a checkpoint's (its state.swp)" res.out | head -1 | cut -d: -f1)
+        b=$(grep -n '^  budgets' res.out | head -1 | cut -d: -f1)
+        check "[ -n '$a' ] && [ -n '$b' ] && [ '${a:-0}' -lt '${b:-0}' ]" \
+              "the resume did not reclaim the killed run's folder before sizing its tiers: $(grep -n -E 'swap:|budgets' res.out)"
     fi
 done
 check "[ $punch_checked -eq 1 ]" "no killed run's commit was left to check the resume's punch on"

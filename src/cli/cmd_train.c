@@ -107,6 +107,29 @@ static void say_small_tensors(const zn_model_dims *d, const zn_config *cfg)
                ao ? "torchao" : "bitsandbytes");
 }
 
+/* A resume from a killed run's commit: that run's swap folder is removed
+ * (what dead runs left, as the nvme tier would remove it) and the commit's
+ * state.swp, then the file's only name, punched to what it refers to,
+ * before this run sizes its nvme tier and takes its space. Otherwise the
+ * whole old swap file (parameters, gradients, the other copy) would still
+ * hold its blocks while the new one is allocated. Rank 0; a failure is only
+ * said (the run's own reclaim and the punch after the load come later). */
+static void punch_dead_commit(const zn_config *cfg, zn_ckpt *ck)
+{
+    const char *paths[ZN_SWAP_MAX_PATHS];
+    int n = zn_config_nvme_paths(cfg, paths, ZN_SWAP_MAX_PATHS);
+    for (int i = 0; i < n; i++) {
+        uint64_t bytes = 0;
+        int files = 0;
+        struct stat st;
+        if (stat(paths[i], &st) == 0 && S_ISDIR(st.st_mode) &&
+            zn_swap_clean_stale(paths[i], "zinc-train", &bytes, &files))
+            zn_warn("swap: looking for dead runs' files in %s: %s", paths[i], zn_last_error());
+    }
+    if (zn_ckpt_punch_unlinked(zn_ckpt_path(ck)))
+        zn_warn("--resume: %s (the checkpoint stays whole)", zn_last_error());
+}
+
 static int resume(zn_run *ts, zn_ckpt *ck, const zn_config *cfg)
 {
     int rc = zn_ckpt_check_dims(ck, &ts->dims);
@@ -313,6 +336,8 @@ static int load_config(train_args *a, train_setup *su)
         what = "config";
         goto fail;
     }
+    if (su->ck && li.rank == 0)
+        punch_dead_commit(&su->cfg, su->ck);
     return TRAIN_GO_ON;
 fail:
     zn_ckpt_close(su->ck);
@@ -720,9 +745,14 @@ static int print_result(train_loop *L, const char *trace_path)
     zn_run *ts = L->ts;
     const zn_config *cfg = L->cfg;
     int rc = 0;
-    printf("\ntrained %lld steps in %.1f s: loss %.4f -> %.4f", (long long)(L->steps - L->start),
-           zn_now_s() - L->t0, L->first_loss, L->last_loss);
-    if (ZN_DATA_SYNTHETIC(&cfg->data))
+    if (L->steps <= L->start)
+        printf("\nno step to train: the run resumed at step %lld of %lld (train.steps, "
+               "--steps)", (long long)L->start, (long long)L->steps);
+    else
+        printf("\ntrained %lld steps in %.1f s: loss %.4f -> %.4f",
+               (long long)(L->steps - L->start), zn_now_s() - L->t0, L->first_loss,
+               L->last_loss);
+    if (ZN_DATA_SYNTHETIC(&cfg->data) && L->steps > L->start)
         printf(" (the synthetic chain's entropy, the lowest reachable, is %.2f)",
                zn_tokens_synthetic_entropy());
     if (L->last_eval_n)
@@ -738,7 +768,7 @@ static int print_result(train_loop *L, const char *trace_path)
             printf("trace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
                    trace_path);
     }
-    if (ts->rank == 0 && !L->stop_sig)
+    if (ts->rank == 0 && !L->stop_sig && L->steps > L->start)
         say_cost_vs_run(ts, cfg);
     return rc;
 }

@@ -277,8 +277,11 @@ static int parse_run_name(const char *name, char *host, size_t hn, long *pid, in
     return 0;
 }
 
-/* Bytes the files of an open directory take on disk. */
-static uint64_t dir_bytes(int dfd)
+/* Bytes the files of an open directory take on disk; with `freed` only
+ * those of files with no other name, which removing them frees (a swap
+ * file a checkpoint links as its state.swp keeps its blocks until that
+ * checkpoint goes or is punched). */
+static uint64_t dir_bytes_of(int dfd, bool freed)
 {
     int fd = dup(dfd);
     DIR *d = fd < 0 ? NULL : fdopendir(fd);
@@ -292,10 +295,16 @@ static uint64_t dir_bytes(int dfd)
     struct dirent *e;
     struct stat sb;
     while ((e = readdir(d)))
-        if (fstatat(dfd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode))
+        if (fstatat(dfd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode) &&
+            (!freed || sb.st_nlink <= 1))
             sum += (uint64_t)sb.st_blocks * 512;
     closedir(d);
     return sum;
+}
+
+static uint64_t dir_bytes(int dfd)
+{
+    return dir_bytes_of(dfd, false);
 }
 
 /* Unlinks every entry of an open directory; 0, or the -errno of the first
@@ -458,8 +467,9 @@ static void walk_run_dir(walk *w, const char *name)
                 "place: remove it when done with them", path, pid, size);
         note_held(w, path, used, pid, ZN_SWAP_HELD_KEPT);
     } else if (!w->remove) {
-        note_stale(w, used);
+        note_stale(w, dir_bytes_of(rfd, true));
     } else {
+        uint64_t freed = dir_bytes_of(rfd, true);
         int rc = empty_dir(rfd);
         if (!rc && unlinkat(dfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
             rc = -errno;
@@ -468,11 +478,18 @@ static void walk_run_dir(walk *w, const char *name)
                     "left in place", path, pid, strerror(-rc));
             note_held(w, path, dir_bytes(rfd), pid, ZN_SWAP_HELD_UNREADABLE);
         } else {
-            note_stale(w, used);
-            zn_warn("swap: removed %s, left by run %ld (started %s), which is gone%s (%s)",
-                    path, pid, when, kill((pid_t)pid, 0) == 0 || errno == EPERM
-                        ? ": its PID is another process's now, started at another time" : "",
-                    size);
+            note_stale(w, freed);
+            char kept[96] = "";
+            if (freed < used) {
+                char ks[32];
+                snprintf(kept, sizeof kept, "; %s of it stays a checkpoint's (its state.swp)",
+                         zn_format_size(used - freed, ks, sizeof ks));
+            }
+            bool reused = kill((pid_t)pid, 0) == 0 || errno == EPERM;
+            zn_warn("swap: removed %s, left by run %ld (started %s), which is gone%s (%s%s)",
+                    path, pid, when,
+                    reused ? ": its PID is another process's now, started at another time" : "",
+                    size, kept);
         }
     }
     if (lfd >= 0)
@@ -516,7 +533,8 @@ static void walk_flat_file(walk *w, const char *prefix, const char *name)
              pid);
         note_held(w, path, used, pid, ZN_SWAP_HELD_LOCKED);
     } else if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode)) {
-        used = (uint64_t)sb.st_blocks * 512;
+        /* (what removing it frees: nothing while a checkpoint links it) */
+        used = sb.st_nlink <= 1 ? (uint64_t)sb.st_blocks * 512 : 0;
         if (!w->remove) {
             note_stale(w, used);
         } else if (unlink(path) == 0) {

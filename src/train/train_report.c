@@ -229,9 +229,10 @@ void zn_train_print_report(zn_trainer *tr, FILE *f)
                 r.budget[t] ? 100.0 * (double)r.peak[t] / (double)r.budget[t] : 0.0,
                 r.plan[t] ? 100.0 * (double)r.peak[t] / (double)r.plan[t] : 0.0);
     }
-    if (!r.steps) {
+    if (!r.steps || !(r.step_s > 0)) {
         /* the counters hold only the setup's traffic (initial state written
-         * home): rates over no step time would be noise */
+         * home): rates over no step time would be noise (a resumed run with
+         * no step left counts the checkpoint's steps, none of them here) */
         fprintf(f, "no steps run (setup wrote %s to nvme, %s to the device)\n",
                 zn_format_size(tr->stats.setup_nvme_write, a, sizeof a),
                 zn_format_size(tr->stats.setup_h2d, b, sizeof b));
