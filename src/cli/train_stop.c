@@ -150,14 +150,24 @@ void zn_cli_stop_print(const zn_stop_estimate *e, const zn_config *cfg, int worl
     const zn_config_checkpoint *cc = &cfg->train.checkpoint;
     char b1[32], b2[32];
     if (e->commit) {
-        fprintf(f, "on SIGTERM the step in progress stops before its update and the update "
-                "still running is dropped: every step is committed in place (%s on NVMe, "
-                "linked, none of it copied; a resumed run has its checkpoint until its "
-                "first commit), so the checkpoint left is the last "
-                "committed step, at most one step old: about %.1f s at most (the reads and "
+        /* several ranks: the step in progress ends first (no rank leaves
+         * its collectives), then its update is dropped */
+        char ends[96] = "the step in progress ends";
+        double at_most = e->drain_s;
+        if (world > 1 && step_s > 0) {
+            snprintf(ends, sizeof ends, "the step in progress ends (about %.1f s, the first "
+                     "step's time)", step_s);
+            at_most += step_s;
+        }
+        fprintf(f, "on SIGTERM %s and the update still running is dropped: every step is "
+                "committed in place (%s on NVMe, linked, none of it copied; a resumed run has "
+                "its checkpoint until its first commit), so the checkpoint left is the last "
+                "committed step, at most one step old: about %.1f s at most (%sthe reads and "
                 "writes in flight, of offload_optimizer.buffer_count units, at %.2f GB/s, "
                 "%s); a kill at any moment loses at most the steps since the last commit\n",
-                zn_format_size(e->inplace_bytes, b2, sizeof b2), e->drain_s, e->read_bps / 1e9,
+                world > 1 ? ends : "the step in progress stops before its update",
+                zn_format_size(e->inplace_bytes, b2, sizeof b2), at_most,
+                world > 1 && step_s > 0 ? "that step, then " : "", e->read_bps / 1e9,
                 e->assumed ? "assumed" : "measured");
         if (cc->every > 0)
             fprintf(f, "  (the periodic saves of train.checkpoint.every still copy the state, "
