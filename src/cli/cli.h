@@ -128,7 +128,7 @@ double zn_cli_stop_since_s(void);
 int zn_cli_ranks_stop(zn_run *ts);
 void zn_cli_stop_notice(zn_run *ts, const zn_config *cfg, const zn_plan *plan, double step_s);
 double zn_cli_stop_update_s(const zn_config *cfg, const zn_model_dims *d, const zn_plan *plan);
-void zn_cli_stop_recheck(zn_run *ts, const zn_config *cfg);
+void zn_cli_stop_recheck(zn_run *ts, const zn_config *cfg, double step_s);
 /* The flag the signal handler sets (zn_train_set_stop's), and what the
  * handler says: the step stops inside (one rank) or at its end. */
 const volatile sig_atomic_t *zn_cli_stop_flag(void);

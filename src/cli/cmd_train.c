@@ -671,7 +671,7 @@ static int train_steps(train_loop *L)
         if (s == L->start && cc->dir[0] && ts->rank == 0 && !zn_cli_stop_signal())
             zn_cli_stop_notice(ts, cfg, zn_train_get_plan(ts->tr), zn_now_s() - t_step);
         else if (s > L->start && ts->rank == 0 && !zn_cli_stop_signal())
-            zn_cli_stop_recheck(ts, cfg);
+            zn_cli_stop_recheck(ts, cfg, zn_now_s() - t_step);
         /* the save begun after the previous step completes now (its files
          * were written while this step ran), then this step's begins */
         if ((rc = zn_cli_save_settle(&L->sv)))

@@ -92,6 +92,7 @@ double zn_cli_stop_update_s(const zn_config *cfg, const zn_model_dims *d, const 
  * (zn_cli_stop_finish_s). */
 static zn_stop_estimate g_est;
 static bool g_have_est;
+static double g_step_s;      /* the step time the commit line counted (several ranks) */
 
 void zn_cli_stop_notice(zn_run *ts, const zn_config *cfg, const zn_plan *plan, double step_s)
 {
@@ -111,6 +112,7 @@ void zn_cli_stop_notice(zn_run *ts, const zn_config *cfg, const zn_plan *plan, d
     }
     g_est = e;
     g_have_est = true;
+    g_step_s = step_s;
     const zn_config_checkpoint *cc = &cfg->train.checkpoint;
     zn_cli_stop_print(&e, cfg, ts->world, step_s, stdout);
     fflush(stdout);
@@ -124,11 +126,26 @@ void zn_cli_stop_notice(zn_run *ts, const zn_config *cfg, const zn_plan *plan, d
                 : "; none is set: set train.checkpoint.every");
 }
 
-/* After a later step: the longest update measured so far. Where it moves
- * the update's figure by a fifth (and a second) or more from the one said
- * last, the stop's figure is said again with it, and kept for the stop. */
-void zn_cli_stop_recheck(zn_run *ts, const zn_config *cfg)
+/* After a later step (step_s its time): the longest update measured so
+ * far. Where it moves the update's figure by a fifth (and a second) or
+ * more from the one said last, the stop's figure is said again with it,
+ * and kept for the stop. With every step committed on several ranks the
+ * step's own time is what the figure waits for: a step longer by a fifth
+ * (and a second) than the one said is said the same way. */
+void zn_cli_stop_recheck(zn_run *ts, const zn_config *cfg, double step_s)
 {
+    if (g_have_est && g_est.commit && ts->world > 1) {
+        /* several ranks: the step in progress ends first, and a later step
+         * can be longer than the first one the figure took */
+        if (!(step_s > g_step_s + 1.0 && step_s > 1.2 * g_step_s))
+            return;
+        printf("on SIGTERM now: the step in progress ends first (the longest so far %.1f s, "
+               "against %.1f s said), then the update still running is dropped: about %.1f s "
+               "at most\n", step_s, g_step_s, step_s + g_est.drain_s);
+        fflush(stdout);
+        g_step_s = step_s;
+        return;
+    }
     if (!g_have_est || g_est.commit)   /* a commit's stop waits for no update */
         return;
     zn_train_report r;
