@@ -113,7 +113,9 @@ ZN_API bool zn_ckpt_save_keeps_nvme(zn_trainer *tr, const char *dir);
  * guarantees: until then `latest` names the previous one); st (may be
  * NULL) gets the bytes, the writer's time and the time end waited.
  * zn_ckpt_save_drop abandons it (its writes stop, the temporary folder
- * goes, no rank completes it). end and drop free `bg`; one of them must be
+ * goes, no rank completes it; a commit of several ranks also drops the
+ * next update and fails the trainer, whose other copy the commit before
+ * refers to). end and drop free `bg`; one of them must be
  * called before the trainer is destroyed. One at a time: a start while
  * another is in progress is refused (-EBUSY). Only where
  * zn_ckpt_save_background(tr): the optimizer state flat in host memory

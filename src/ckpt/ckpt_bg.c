@@ -318,8 +318,12 @@ void zn_ckpt_save_drop(zn_ckpt_bg *bg)
      * one of several is abandoned here, without the others) */
     if (!bg->commit || bg->ranks)
         zn_ckpt__abandon(bg->tr, &bg->job, rc);
-    if (bg->ranks)
+    if (bg->ranks) {
+        /* the commit before stays latest: nothing may write its copy */
+        zn_train_state_drop_update(bg->tr);
+        zn_train_state_fail(bg->tr);
         zn_train_state_release(bg->tr);
+    }
     bg_free(bg);
 }
 
